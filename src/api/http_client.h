@@ -1,0 +1,55 @@
+// A blocking HTTP/1.1 client on Boost.Beast for loopback calls: the gateway's
+// control calls to workers, health checks, tests and benchmarks. One call, one
+// connection unless a Connection is reused.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace spillway::http {
+
+struct ClientResponse {
+  int status = 0;
+  std::map<std::string, std::string> headers;  // lower-case names
+  std::string body;                            // chunked bodies arrive de-chunked
+  std::string Header(const std::string& lower_name) const {
+    auto it = headers.find(lower_name);
+    return it == headers.end() ? std::string() : it->second;
+  }
+};
+
+using HeaderList = std::vector<std::pair<std::string, std::string>>;
+
+// Opens a connection, sends one request and reads the whole response.
+// Transport failures (refused, reset, timeout) return kUnavailable or
+// kDeadlineExceeded; any HTTP status is a successful call.
+StatusOr<ClientResponse> Fetch(const std::string& host, uint16_t port, const std::string& method,
+                               const std::string& target, const std::string& body = "",
+                               const HeaderList& headers = {},
+                               std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+// A kept-alive connection for many sequential requests (benchmarks, probes).
+class Connection {
+ public:
+  Connection(std::string host, uint16_t port);
+  ~Connection();
+  StatusOr<ClientResponse> Send(const std::string& method, const std::string& target, const std::string& body = "",
+                                const HeaderList& headers = {},
+                                std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Parses a text/event-stream body into the payloads of its "data:" lines.
+std::vector<std::string> ParseSseData(const std::string& body);
+
+}  // namespace spillway::http

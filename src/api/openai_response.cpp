@@ -1,0 +1,84 @@
+#include "api/openai_response.h"
+
+namespace spillway::api {
+
+using nlohmann::json;
+
+namespace {
+
+json UsageJson(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+json Envelope(Endpoint ep, bool chunk, const std::string& id, const std::string& model, int64_t created) {
+  const char* object = ep == Endpoint::kChat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+  return {{"id", id}, {"object", object}, {"created", created}, {"model", model}};
+}
+
+}  // namespace
+
+json GenerationBody(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
+                    const GenerationResult& r) {
+  json body = Envelope(ep, false, id, model, created);
+  json choice = {{"index", 0}, {"finish_reason", r.finish_reason}, {"logprobs", nullptr}};
+  if (ep == Endpoint::kChat) {
+    choice["message"] = {{"role", "assistant"}, {"content", r.text}};
+  } else {
+    choice["text"] = r.text;
+  }
+  body["choices"] = json::array({choice});
+  body["usage"] = UsageJson(r.usage);
+  return body;
+}
+
+json GenerationChunk(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
+                     const std::string& delta, bool role_first, const std::optional<std::string>& finish_reason) {
+  json body = Envelope(ep, true, id, model, created);
+  json choice = {{"index", 0}, {"logprobs", nullptr}};
+  choice["finish_reason"] = finish_reason ? json(*finish_reason) : json(nullptr);
+  if (ep == Endpoint::kChat) {
+    json d = json::object();
+    if (role_first) d["role"] = "assistant";
+    if (!delta.empty() || role_first) d["content"] = delta;
+    choice["delta"] = d;
+  } else {
+    choice["text"] = delta;
+  }
+  body["choices"] = json::array({choice});
+  return body;
+}
+
+json UsageChunk(Endpoint ep, const std::string& id, const std::string& model, int64_t created, const Usage& usage) {
+  json body = Envelope(ep, true, id, model, created);
+  body["choices"] = json::array();
+  body["usage"] = UsageJson(usage);
+  return body;
+}
+
+json EmbeddingsBody(const std::string& model, const std::vector<std::vector<float>>& vectors, int prompt_tokens) {
+  json data = json::array();
+  for (size_t i = 0; i < vectors.size(); ++i) {
+    data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", vectors[i]}});
+  }
+  return {{"object", "list"},
+          {"data", std::move(data)},
+          {"model", model},
+          {"usage", {{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens}}}};
+}
+
+json ErrorBody(const Status& status) {
+  json err = {{"message", status.message()},
+              {"type", OpenAiErrorType(status.code())},
+              {"code", StatusCodeName(status.code())},
+              {"param", nullptr}};
+  if (status.phase() != FailurePhase::kNone) err["phase"] = FailurePhaseName(status.phase());
+  return {{"error", std::move(err)}};
+}
+
+std::string SseEvent(const json& payload) {
+  return "data: " + payload.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+}  // namespace spillway::api

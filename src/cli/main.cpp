@@ -1,0 +1,18 @@
+// spillway: the command-line entry point. Subcommands register themselves here.
+#include <CLI/CLI.hpp>
+
+#include "cli/mkmodel_command.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Spillway: a gateway and resource manager for local AI servers.\n"
+               "It admits requests before accelerator memory runs out and fails over to a compatible CPU path."};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  spillway::cli::AddMkmodelCommand(app, &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  return exit_code;
+}

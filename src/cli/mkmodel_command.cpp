@@ -1,0 +1,74 @@
+#include "cli/mkmodel_command.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "gguf/demo_model.h"
+
+namespace spillway::cli {
+
+namespace {
+
+struct MkmodelArgs {
+  std::string preset = "tiny";
+  std::string out;
+  std::string vocab;
+  DemoModelSpec overrides;
+  bool set_layers = false, set_embd = false, set_heads = false, set_kv = false, set_ff = false, set_ctx = false,
+       set_type = false, set_seed = false, embedding = false;
+};
+
+}  // namespace
+
+void AddMkmodelCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<MkmodelArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "mkmodel",
+      "Write a deterministic llama-architecture GGUF with random weights and a real tokenizer.\n"
+      "Its output is meaningless text; it exists so that every code path runs without real weights.");
+  cmd->add_option("--preset", args->preset, "tiny | demo-chat | demo-embed | bench | bench-large")->capture_default_str();
+  cmd->add_option("--out", args->out, "output .gguf path")->required();
+  cmd->add_option("--vocab", args->vocab, "vocabulary GGUF (llama.cpp's models/ggml-vocab-llama-spm.gguf)")->required();
+  cmd->add_option("--layers", args->overrides.n_layer, "override: layer count");
+  cmd->add_option("--width", args->overrides.n_embd, "override: embedding width");
+  cmd->add_option("--heads", args->overrides.n_head, "override: attention heads");
+  cmd->add_option("--kv-heads", args->overrides.n_head_kv, "override: KV heads");
+  cmd->add_option("--ffn", args->overrides.n_ff, "override: feed-forward width");
+  cmd->add_option("--ctx", args->overrides.n_ctx_train, "override: training context length");
+  cmd->add_option("--type", args->overrides.type, "override: f32 | f16 | q8_0 | q4_0");
+  cmd->add_option("--seed", args->overrides.seed, "override: weight seed");
+  cmd->add_flag("--embedding", args->embedding, "make an embedding model (mean pooling)");
+  cmd->callback([args, exit_code, cmd] {
+    auto spec = DemoModelPreset(args->preset);
+    if (!spec.ok()) {
+      std::fprintf(stderr, "spillway mkmodel: %s\n", spec.status().message().c_str());
+      *exit_code = 2;
+      return;
+    }
+    DemoModelSpec s = *spec;
+    const auto& o = args->overrides;
+    if (cmd->count("--layers")) s.n_layer = o.n_layer;
+    if (cmd->count("--width")) s.n_embd = o.n_embd;
+    if (cmd->count("--heads")) s.n_head = o.n_head;
+    if (cmd->count("--kv-heads")) s.n_head_kv = o.n_head_kv;
+    if (cmd->count("--ffn")) s.n_ff = o.n_ff;
+    if (cmd->count("--ctx")) s.n_ctx_train = o.n_ctx_train;
+    if (cmd->count("--type")) s.type = o.type;
+    if (cmd->count("--seed")) s.seed = o.seed;
+    if (args->embedding) s.embedding = true;
+    s.vocab_path = args->vocab;
+    Status st = WriteDemoModel(s, args->out);
+    if (!st.ok()) {
+      std::fprintf(stderr, "spillway mkmodel: %s\n", st.message().c_str());
+      *exit_code = 1;
+      return;
+    }
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(args->out, ec);
+    std::printf("wrote %s (%s, %u layers, width %u, %s, %.1f MiB)\n", args->out.c_str(), s.name.c_str(), s.n_layer,
+                s.n_embd, s.type.c_str(), static_cast<double>(size) / (1 << 20));
+  });
+}
+
+}  // namespace spillway::cli

@@ -1,0 +1,15 @@
+// SHA-256 of byte strings and files (OpenSSL EVP), as lowercase hex.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace spillway {
+
+std::string Sha256Hex(std::string_view data);
+// Streams the file in 1 MiB blocks; never loads it whole.
+StatusOr<std::string> Sha256File(const std::string& path);
+
+}  // namespace spillway

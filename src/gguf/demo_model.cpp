@@ -1,0 +1,246 @@
+#include "gguf/demo_model.h"
+
+#include <ggml.h>
+#include <gguf.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+namespace spillway {
+
+const char* const kDemoChatTemplate =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+namespace {
+
+struct GgufFree {
+  void operator()(gguf_context* c) const { gguf_free(c); }
+};
+struct GgmlFree {
+  void operator()(ggml_context* c) const { ggml_free(c); }
+};
+using GgufPtr = std::unique_ptr<gguf_context, GgufFree>;
+
+// splitmix64: a tiny, portable generator, so the same seed gives the same bytes
+// with every standard library.
+struct SplitMix64 {
+  uint64_t state;
+  uint64_t Next() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [-1, 1).
+  float NextUnit() { return static_cast<float>((Next() >> 40) * (1.0 / 8388608.0) - 1.0); }
+};
+
+uint64_t HashName(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
+}
+
+StatusOr<ggml_type> ParseType(const std::string& t) {
+  if (t == "f32") return GGML_TYPE_F32;
+  if (t == "f16") return GGML_TYPE_F16;
+  if (t == "q8_0") return GGML_TYPE_Q8_0;
+  if (t == "q4_0") return GGML_TYPE_Q4_0;
+  return Status::InvalidArgument("unknown weight type '" + t + "' (use f32, f16, q8_0 or q4_0)");
+}
+
+// llama_ftype values (llama.h) for general.file_type.
+uint32_t FileTypeFor(ggml_type t) {
+  switch (t) {
+    case GGML_TYPE_F32: return 0;
+    case GGML_TYPE_F16: return 1;
+    case GGML_TYPE_Q4_0: return 2;
+    case GGML_TYPE_Q8_0: return 7;
+    default: return 0;
+  }
+}
+
+struct TensorPlan {
+  std::string name;
+  int64_t ne0, ne1;  // ne1 == 1 for vectors
+  ggml_type type;
+  bool is_norm;
+};
+
+std::vector<TensorPlan> PlanTensors(const DemoModelSpec& s, int64_t n_vocab, ggml_type wtype) {
+  const int64_t e = s.n_embd, kv = int64_t(s.n_embd) / s.n_head * s.n_head_kv, ff = s.n_ff;
+  std::vector<TensorPlan> t;
+  t.push_back({"token_embd.weight", e, n_vocab, wtype, false});
+  t.push_back({"output_norm.weight", e, 1, GGML_TYPE_F32, true});
+  for (uint32_t i = 0; i < s.n_layer; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    t.push_back({p + "attn_norm.weight", e, 1, GGML_TYPE_F32, true});
+    t.push_back({p + "attn_q.weight", e, e, wtype, false});
+    t.push_back({p + "attn_k.weight", e, kv, wtype, false});
+    t.push_back({p + "attn_v.weight", e, kv, wtype, false});
+    t.push_back({p + "attn_output.weight", e, e, wtype, false});
+    t.push_back({p + "ffn_norm.weight", e, 1, GGML_TYPE_F32, true});
+    t.push_back({p + "ffn_gate.weight", e, ff, wtype, false});
+    t.push_back({p + "ffn_down.weight", ff, e, wtype, false});
+    t.push_back({p + "ffn_up.weight", e, ff, wtype, false});
+  }
+  return t;
+}
+
+// Fills one tensor's bytes deterministically from (seed, tensor name).
+std::vector<uint8_t> TensorBytes(const DemoModelSpec& s, const TensorPlan& tp) {
+  const int64_t n = tp.ne0 * tp.ne1;
+  std::vector<float> f(static_cast<size_t>(n));
+  if (tp.is_norm) {
+    for (auto& x : f) x = 1.0f;
+  } else {
+    SplitMix64 rng{s.seed ^ HashName(tp.name)};
+    // Uniform with the spread of a N(0, 0.02)-initialised model; token
+    // embeddings a little wider so that logits are not all equal.
+    const float scale = tp.name == "token_embd.weight" ? 0.5f : 0.035f;
+    for (auto& x : f) x = rng.NextUnit() * scale;
+  }
+  std::vector<uint8_t> out(ggml_row_size(tp.type, tp.ne0) * static_cast<size_t>(tp.ne1));
+  switch (tp.type) {
+    case GGML_TYPE_F32:
+      std::memcpy(out.data(), f.data(), out.size());
+      break;
+    case GGML_TYPE_F16:
+      ggml_fp32_to_fp16_row(f.data(), reinterpret_cast<ggml_fp16_t*>(out.data()), n);
+      break;
+    default:
+      ggml_quantize_chunk(tp.type, f.data(), out.data(), 0, tp.ne1, tp.ne0, nullptr);
+      break;
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<DemoModelSpec> DemoModelPreset(const std::string& name) {
+  DemoModelSpec s;
+  s.name = "spillway-" + name;
+  if (name == "tiny") return s;
+  if (name == "demo-chat") {
+    s.n_layer = 4; s.n_embd = 256; s.n_head = 8; s.n_head_kv = 4; s.n_ff = 768;
+    s.n_ctx_train = 4096; s.type = "q8_0"; s.seed = 7;
+    return s;
+  }
+  if (name == "demo-embed") {
+    s.n_layer = 2; s.n_embd = 128; s.n_head = 4; s.n_head_kv = 4; s.n_ff = 256;
+    s.n_ctx_train = 512; s.type = "f16"; s.embedding = true; s.seed = 11;
+    return s;
+  }
+  if (name == "bench") {  // ~300 MB f16
+    s.n_layer = 12; s.n_embd = 1024; s.n_head = 16; s.n_head_kv = 4; s.n_ff = 4096;
+    s.n_ctx_train = 8192; s.type = "f16"; s.seed = 3;
+    return s;
+  }
+  if (name == "bench-large") {  // ~1.2 GB f16: decodes from DRAM, not cache
+    s.n_layer = 16; s.n_embd = 2048; s.n_head = 16; s.n_head_kv = 8; s.n_ff = 5632;
+    s.n_ctx_train = 8192; s.type = "f16"; s.seed = 5;
+    return s;
+  }
+  return Status::InvalidArgument("unknown preset '" + name +
+                                 "' (tiny, demo-chat, demo-embed, bench, bench-large)");
+}
+
+Status ValidateDemoModelSpec(const DemoModelSpec& s) {
+  auto bad = [](const std::string& m) { return Status::InvalidArgument(m); };
+  if (s.n_layer < 1 || s.n_layer > 256) return bad("layers must be in [1, 256]");
+  if (s.n_embd < 32 || s.n_embd > 16384 || s.n_embd % 32) return bad("width must be a multiple of 32 in [32, 16384]");
+  if (s.n_head < 1 || s.n_embd % s.n_head) return bad("heads must divide the width");
+  if ((s.n_embd / s.n_head) % 2) return bad("head dimension (width/heads) must be even");
+  if (s.n_head_kv < 1 || s.n_head % s.n_head_kv) return bad("kv heads must divide heads");
+  if (s.n_ff < 32 || s.n_ff > 65536 || s.n_ff % 32) return bad("ffn width must be a multiple of 32 in [32, 65536]");
+  if (s.n_ctx_train < 16 || s.n_ctx_train > (1u << 20)) return bad("context must be in [16, 1048576]");
+  auto t = ParseType(s.type);
+  if (!t.ok()) return t.status();
+  if (s.vocab_path.empty()) return bad("a vocabulary file is required");
+  return Status::Ok();
+}
+
+Status WriteDemoModel(const DemoModelSpec& spec, const std::string& out_path) {
+  SPILLWAY_RETURN_IF_ERROR(ValidateDemoModelSpec(spec));
+  const ggml_type wtype = *ParseType(spec.type);
+
+  gguf_init_params vp{/*no_alloc=*/true, /*ctx=*/nullptr};
+  GgufPtr vocab(gguf_init_from_file(spec.vocab_path.c_str(), vp));
+  if (!vocab) return Status::InvalidArgument("cannot read vocabulary GGUF " + spec.vocab_path);
+  const int64_t tok_key = gguf_find_key(vocab.get(), "tokenizer.ggml.tokens");
+  if (tok_key < 0) return Status::InvalidArgument(spec.vocab_path + " has no tokenizer.ggml.tokens");
+  const int64_t n_vocab = static_cast<int64_t>(gguf_get_arr_n(vocab.get(), tok_key));
+
+  GgufPtr out(gguf_init_empty());
+  // Copy the tokenizer, drop everything else the vocabulary file carries.
+  gguf_set_kv(out.get(), vocab.get());
+  for (int64_t i = gguf_get_n_kv(out.get()) - 1; i >= 0; --i) {
+    const std::string key = gguf_get_key(out.get(), i);
+    if (key.rfind("tokenizer.", 0) != 0) gguf_remove_key(out.get(), key.c_str());
+  }
+  gguf_set_val_str(out.get(), "general.architecture", "llama");
+  gguf_set_val_str(out.get(), "general.name", spec.name.c_str());
+  gguf_set_val_str(out.get(), "general.type", "model");
+  gguf_set_val_u32(out.get(), "general.file_type", FileTypeFor(wtype));
+  if (ggml_is_quantized(wtype)) gguf_set_val_u32(out.get(), "general.quantization_version", GGML_QNT_VERSION);
+  gguf_set_val_u32(out.get(), "llama.vocab_size", static_cast<uint32_t>(n_vocab));
+  gguf_set_val_u32(out.get(), "llama.context_length", spec.n_ctx_train);
+  gguf_set_val_u32(out.get(), "llama.embedding_length", spec.n_embd);
+  gguf_set_val_u32(out.get(), "llama.block_count", spec.n_layer);
+  gguf_set_val_u32(out.get(), "llama.feed_forward_length", spec.n_ff);
+  gguf_set_val_u32(out.get(), "llama.attention.head_count", spec.n_head);
+  gguf_set_val_u32(out.get(), "llama.attention.head_count_kv", spec.n_head_kv);
+  gguf_set_val_u32(out.get(), "llama.rope.dimension_count", spec.n_embd / spec.n_head);
+  gguf_set_val_f32(out.get(), "llama.rope.freq_base", 10000.0f);
+  gguf_set_val_f32(out.get(), "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  gguf_set_val_str(out.get(), "spillway.demo.note", "random weights: output is meaningless text");
+  gguf_set_val_u64(out.get(), "spillway.demo.seed", spec.seed);
+  if (spec.embedding) {
+    gguf_set_val_u32(out.get(), "llama.pooling_type", 1);  // LLAMA_POOLING_TYPE_MEAN
+  } else {
+    gguf_set_val_str(out.get(), "tokenizer.chat_template", kDemoChatTemplate);
+  }
+
+  const auto plan = PlanTensors(spec, n_vocab, wtype);
+  ggml_init_params gp{ggml_tensor_overhead() * (plan.size() + 1), nullptr, /*no_alloc=*/true};
+  std::unique_ptr<ggml_context, GgmlFree> meta(ggml_init(gp));
+  for (const auto& tp : plan) {
+    ggml_tensor* t = tp.ne1 == 1 ? ggml_new_tensor_1d(meta.get(), tp.type, tp.ne0)
+                                 : ggml_new_tensor_2d(meta.get(), tp.type, tp.ne0, tp.ne1);
+    ggml_set_name(t, tp.name.c_str());
+    gguf_add_tensor(out.get(), t);
+  }
+
+  const std::string tmp = out_path + ".tmp";
+  std::error_code ec;
+  const auto parent = std::filesystem::path(out_path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  if (!gguf_write_to_file(out.get(), tmp.c_str(), /*only_meta=*/true)) {
+    return Status::Internal("cannot write " + tmp);
+  }
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(tmp.c_str(), "ab"), &std::fclose);
+  if (!f) return Status::Internal("cannot append to " + tmp);
+  const size_t align = GGUF_DEFAULT_ALIGNMENT;
+  const std::vector<uint8_t> zeros(align, 0);
+  for (const auto& tp : plan) {
+    const auto bytes = TensorBytes(spec, tp);
+    if (std::fwrite(bytes.data(), 1, bytes.size(), f.get()) != bytes.size()) {
+      return Status::Internal("short write to " + tmp);
+    }
+    const size_t pad = (align - bytes.size() % align) % align;
+    if (pad && std::fwrite(zeros.data(), 1, pad, f.get()) != pad) return Status::Internal("short write to " + tmp);
+  }
+  if (std::fflush(f.get()) != 0) return Status::Internal("flush failed on " + tmp);
+  f.reset();
+  std::filesystem::rename(tmp, out_path, ec);
+  if (ec) return Status::Internal("cannot rename " + tmp + " to " + out_path + ": " + ec.message());
+  return Status::Ok();
+}
+
+}  // namespace spillway

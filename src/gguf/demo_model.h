@@ -1,0 +1,43 @@
+// Writes deterministic llama-architecture GGUF files with random weights and a
+// real tokenizer vocabulary, for tests, benchmarks and the built-in demo.
+//
+// The text these models produce is meaningless: the weights are random. They
+// exist so that every code path of llama.cpp (load, offload, KV cache,
+// decode, sampling, embeddings) runs for real on machines that have no model
+// weights. Same spec (including seed) -> byte-identical file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace spillway {
+
+struct DemoModelSpec {
+  std::string vocab_path;       // a llama.cpp models/ggml-vocab-*.gguf file
+  std::string name = "spillway-demo";
+  uint32_t n_layer = 2;
+  uint32_t n_embd = 64;         // multiple of 32 (quantization blocks) and of n_head
+  uint32_t n_head = 4;
+  uint32_t n_head_kv = 2;       // divides n_head
+  uint32_t n_ff = 128;          // multiple of 32
+  uint32_t n_ctx_train = 2048;
+  std::string type = "f16";     // f32 | f16 | q8_0 | q4_0 (matrices; norms stay f32)
+  bool embedding = false;       // mean pooling, announced as an embedding model
+  uint64_t seed = 42;
+};
+
+// Named presets: "tiny" (tests, a few MB), "demo-chat", "demo-embed",
+// "bench" (~300 MB), "bench-large" (~1.2 GB, memory-bound regime).
+StatusOr<DemoModelSpec> DemoModelPreset(const std::string& name);
+
+Status ValidateDemoModelSpec(const DemoModelSpec& spec);
+
+// Writes the model to `out_path` (via a temporary file renamed into place).
+Status WriteDemoModel(const DemoModelSpec& spec, const std::string& out_path);
+
+// The chat template written into demo models (ChatML).
+extern const char* const kDemoChatTemplate;
+
+}  // namespace spillway

@@ -1,0 +1,459 @@
+#include "worker/engine.h"
+
+#include <llama.h>
+#include <llama-ext.h>
+
+#include <ggml-backend.h>
+
+#include <cmath>
+#include <exception>
+
+#include "worker/output_text.h"
+
+namespace spillway::worker {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+double MsSince(Clock::time_point t0, Clock::time_point t1) {
+  return std::chrono::duration<double, std::milli>(t1 - t0).count();
+}
+}  // namespace
+
+struct Engine::Slot {
+  int id = 0;
+  std::shared_ptr<Job> job;
+  llama_sampler* smpl = nullptr;
+  std::unique_ptr<OutputText> out;
+  size_t n_prompt_done = 0;
+  int n_past = 0;
+  int32_t next_token = -1;  // sampled, not yet decoded
+  int batch_index = -1;     // logits row in the current batch
+  std::vector<int32_t> generated;
+  Clock::time_point t_submit, t_start, t_prompt_done;
+};
+
+Engine::Engine(const Model& model, EngineOptions opts) : model_(model), opts_(opts) {
+  slots_.resize(static_cast<size_t>(opts_.slots));
+  for (int i = 0; i < opts_.slots; ++i) slots_[static_cast<size_t>(i)].id = i;
+}
+
+Engine::~Engine() {
+  Stop();
+  for (auto& s : slots_) {
+    if (s.smpl) llama_sampler_free(s.smpl);
+  }
+  if (ctx_) llama_free(ctx_);
+}
+
+Status Engine::CreateContext() {
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = static_cast<uint32_t>(opts_.ctx);
+  cp.n_seq_max = static_cast<uint32_t>(opts_.slots);
+  cp.kv_unified = true;
+  cp.no_perf = true;
+  const int threads = opts_.threads > 0 ? opts_.threads : static_cast<int>(std::thread::hardware_concurrency());
+  cp.n_threads = threads;
+  cp.n_threads_batch = threads;
+  if (opts_.embedding) {
+    cp.embeddings = true;
+    cp.pooling_type = LLAMA_POOLING_TYPE_MEAN;
+    cp.n_batch = cp.n_ubatch = static_cast<uint32_t>(opts_.ctx);
+  } else {
+    cp.n_batch = static_cast<uint32_t>(opts_.batch);
+    cp.n_ubatch = static_cast<uint32_t>(std::min(opts_.batch, 512));
+  }
+  try {
+    ctx_ = llama_init_from_model(model_.raw(), cp);
+  } catch (const std::exception& e) {
+    ctx_ = nullptr;
+  }
+  if (!ctx_) {
+    // llama.cpp returns NULL both for the KV cache and for the compute buffers;
+    // its log names which. Both are accelerator (or host) allocations made here.
+    return Status::ResourceExhausted("llama.cpp could not create a context of " + std::to_string(opts_.ctx) +
+                                     " cells x " + std::to_string(opts_.slots) +
+                                     " slots (KV cache or compute buffers do not fit)")
+        .WithPhase(FailurePhase::kKv);
+  }
+  breakdown_.clear();
+  for (const auto& [buft, mb] : llama_get_memory_breakdown(ctx_)) {
+    breakdown_.push_back({ggml_backend_buft_name(buft), mb.model, mb.context, mb.compute});
+  }
+  return Status::Ok();
+}
+
+Status Engine::Start() {
+  SPILLWAY_RETURN_IF_ERROR(CreateContext());
+  thread_ = std::thread([this] { Loop(); });
+  return Status::Ok();
+}
+
+void Engine::Stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+int32_t Engine::CellsNeeded(const Job& job) const {
+  if (job.embedding) return 0;  // embedding jobs run one at a time on a cleared cache
+  return static_cast<int32_t>(job.prompt.size()) + job.max_tokens;
+}
+
+Status Engine::Submit(std::shared_ptr<Job> job) {
+  const int32_t cells_total = static_cast<int32_t>(opts_.ctx);
+  if (job->embedding != opts_.embedding) {
+    return Status::InvalidArgument(opts_.embedding ? "this worker serves an embedding model; use /v1/embeddings"
+                                                   : "this worker serves a generative model, not embeddings");
+  }
+  if (job->embedding) {
+    for (const auto& in : job->inputs) {
+      if (static_cast<int32_t>(in.size()) > cells_total) {
+        return Status::InvalidArgument("input of " + std::to_string(in.size()) + " tokens exceeds the context of " +
+                                       std::to_string(cells_total));
+      }
+    }
+  } else {
+    if (job->prompt.empty()) return Status::InvalidArgument("the prompt is empty after tokenization");
+    if (job->max_tokens < 1) return Status::InvalidArgument("max_tokens must be at least 1");
+    const int32_t need = CellsNeeded(*job);
+    if (need > cells_total) {
+      return Status::InvalidArgument("prompt (" + std::to_string(job->prompt.size()) + " tokens) + max_tokens (" +
+                                     std::to_string(job->max_tokens) + ") = " + std::to_string(need) +
+                                     " exceeds the context of " + std::to_string(cells_total) + " tokens");
+    }
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  if (stop_) return Status::Unavailable("worker is shutting down");
+  if (!healthy_) return Status::Unavailable("worker context is unusable: " + last_error_).WithPhase(FailurePhase::kCompute);
+  if (auto it = by_id_.find(job->id); it != by_id_.end() && !it->second.expired()) {
+    return Status::Conflict("request id '" + job->id + "' is already running");
+  }
+  if (busy_ >= opts_.slots) {
+    return Status::ResourceExhausted("all " + std::to_string(opts_.slots) + " slots are busy").WithRetryAfter(1);
+  }
+  const int32_t need = CellsNeeded(*job);
+  if (cells_reserved_ + need > cells_total) {
+    return Status::ResourceExhausted("KV cache: request needs " + std::to_string(need) + " cells, " +
+                                     std::to_string(cells_total - cells_reserved_) + " of " +
+                                     std::to_string(cells_total) + " are free")
+        .WithRetryAfter(1)
+        .WithPhase(FailurePhase::kKv);
+  }
+  cells_reserved_ += need;
+  ++busy_;
+  by_id_[job->id] = job;
+  pending_.push_back(std::move(job));
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+bool Engine::Cancel(const std::string& id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return false;
+  auto job = it->second.lock();
+  if (!job) return false;
+  job->cancelled = true;
+  cv_.notify_all();
+  return true;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  EngineStats s;
+  s.slots_total = opts_.slots;
+  s.queued = static_cast<int>(pending_.size());
+  s.slots_busy = busy_ - s.queued;
+  s.cells_total = opts_.ctx;
+  s.cells_reserved = cells_reserved_;
+  s.completed = completed_;
+  s.failed = failed_;
+  s.cancelled = cancelled_;
+  s.contexts_rebuilt = rebuilt_;
+  s.healthy = healthy_;
+  s.last_error = last_error_;
+  return s;
+}
+
+std::vector<MemoryBuffer> Engine::memory_breakdown() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return breakdown_;
+}
+
+void Engine::ReleaseReservation(const Job& job) {
+  std::lock_guard<std::mutex> lk(mu_);
+  cells_reserved_ -= CellsNeeded(job);
+  --busy_;
+  by_id_.erase(job.id);
+}
+
+void Engine::Loop() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] {
+        if (stop_ || !pending_.empty()) return true;
+        for (const auto& s : slots_) {
+          if (s.job) return true;
+        }
+        return false;
+      });
+      if (stop_) break;
+    }
+    if (opts_.embedding) {
+      std::shared_ptr<Job> job;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!pending_.empty()) {
+          job = std::move(pending_.front());
+          pending_.pop_front();
+        }
+      }
+      if (job) RunEmbeddingJob(job);
+      continue;
+    }
+    AssignPending();
+    for (auto& s : slots_) {
+      if (s.job && s.job->cancelled) FinishSlot(s, Status::Cancelled("request cancelled"), "");
+    }
+    RunGenerationStep();
+  }
+  // Shutting down: everything still owned ends with an error.
+  FailAllActive(Status::Unavailable("worker is shutting down"));
+  std::deque<std::shared_ptr<Job>> rest;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    rest.swap(pending_);
+  }
+  for (auto& job : rest) {
+    ReleaseReservation(*job);
+    JobResult r;
+    r.status = Status::Unavailable("worker is shutting down");
+    job->on_done(std::move(r));
+  }
+}
+
+void Engine::AssignPending() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& s : slots_) {
+    if (pending_.empty()) return;
+    if (s.job) continue;
+    s.job = std::move(pending_.front());
+    pending_.pop_front();
+    s.smpl = BuildSamplerChain(s.job->sampling, model_.vocab(), s.job->ignore_eos);
+    s.out = std::make_unique<OutputText>(s.job->stop);
+    s.n_prompt_done = 0;
+    s.n_past = 0;
+    s.next_token = -1;
+    s.batch_index = -1;
+    s.generated.clear();
+    s.t_start = Clock::now();
+  }
+}
+
+void Engine::RunGenerationStep() {
+  llama_batch batch = llama_batch_init(opts_.batch + opts_.slots, 0, 1);
+  int budget = opts_.batch;
+  for (auto& s : slots_) {
+    s.batch_index = -1;
+    if (!s.job || s.next_token < 0) continue;
+    const int i = batch.n_tokens++;
+    batch.token[i] = s.next_token;
+    batch.pos[i] = s.n_past;
+    batch.n_seq_id[i] = 1;
+    batch.seq_id[i][0] = s.id;
+    batch.logits[i] = 1;
+    s.batch_index = i;
+    --budget;
+  }
+  std::vector<std::pair<Slot*, int>> prompt_chunks;
+  for (auto& s : slots_) {
+    if (!s.job || s.next_token >= 0 || budget <= 0) continue;
+    const auto& prompt = s.job->prompt;
+    const int take = std::min<int>(budget, static_cast<int>(prompt.size() - s.n_prompt_done));
+    for (int k = 0; k < take; ++k) {
+      const int i = batch.n_tokens++;
+      batch.token[i] = prompt[s.n_prompt_done + static_cast<size_t>(k)];
+      batch.pos[i] = s.n_past + k;
+      batch.n_seq_id[i] = 1;
+      batch.seq_id[i][0] = s.id;
+      batch.logits[i] = 0;
+    }
+    budget -= take;
+    if (s.n_prompt_done + static_cast<size_t>(take) == prompt.size()) {
+      batch.logits[batch.n_tokens - 1] = 1;
+      s.batch_index = batch.n_tokens - 1;
+    }
+    prompt_chunks.emplace_back(&s, take);
+  }
+  if (batch.n_tokens == 0) {
+    llama_batch_free(batch);
+    return;
+  }
+
+  int rc = 0;
+  std::string what;
+  try {
+    rc = llama_decode(ctx_, batch);
+  } catch (const std::exception& e) {
+    rc = -1000;
+    what = e.what();
+  } catch (...) {
+    rc = -1000;
+    what = "unknown exception";
+  }
+  llama_batch_free(batch);
+
+  if (rc == -1000) {
+    // The context is poisoned: its graph allocator is in an undefined state.
+    const std::string msg = "compute buffer allocation failed inside llama_decode: " + what;
+    FailAllActive(Status::Unavailable(msg).WithPhase(FailurePhase::kCompute));
+    llama_free(ctx_);
+    ctx_ = nullptr;
+    Status st = CreateContext();
+    std::lock_guard<std::mutex> lk(mu_);
+    ++rebuilt_;
+    last_error_ = msg;
+    if (!st.ok()) {
+      healthy_ = false;
+      last_error_ = msg + "; rebuilding the context failed: " + st.message();
+    }
+    return;
+  }
+  if (rc != 0) {
+    Status st = rc == 1 ? Status::ResourceExhausted("no free space in the KV cache").WithPhase(FailurePhase::kKv)
+                        : Status::Internal("llama_decode failed with code " + std::to_string(rc))
+                              .WithPhase(FailurePhase::kCompute);
+    FailAllActive(st);
+    return;
+  }
+
+  for (auto& [slot, take] : prompt_chunks) {
+    slot->n_prompt_done += static_cast<size_t>(take);
+    slot->n_past += take;
+  }
+  const auto now = Clock::now();
+  for (auto& s : slots_) {
+    if (!s.job || s.batch_index < 0) continue;
+    if (s.next_token >= 0) {
+      ++s.n_past;  // the token sampled last step is now in the cache
+    } else {
+      s.t_prompt_done = now;
+    }
+    const int32_t tok = llama_sampler_sample(s.smpl, ctx_, s.batch_index);
+    if (model_.IsEndOfGeneration(tok)) {
+      FinishSlot(s, Status::Ok(), "stop");
+      continue;
+    }
+    s.generated.push_back(tok);
+    const bool stopped = s.out->Append(model_.TokenPiece(tok));
+    if (std::string ready = s.out->TakeReady(); !ready.empty() && s.job->on_text) s.job->on_text(ready);
+    if (stopped) {
+      FinishSlot(s, Status::Ok(), "stop");
+    } else if (static_cast<int32_t>(s.generated.size()) >= s.job->max_tokens) {
+      FinishSlot(s, Status::Ok(), "length");
+    } else {
+      s.next_token = tok;
+    }
+  }
+}
+
+void Engine::FinishSlot(Slot& s, Status status, const std::string& finish_reason) {
+  auto job = std::move(s.job);
+  s.job.reset();
+  if (ctx_) llama_memory_seq_rm(llama_get_memory(ctx_), s.id, -1, -1);
+  if (s.smpl) {
+    llama_sampler_free(s.smpl);
+    s.smpl = nullptr;
+  }
+  const auto now = Clock::now();
+  JobResult r;
+  if (status.ok()) {
+    if (std::string rest = s.out->TakeRest(); !rest.empty() && job->on_text) job->on_text(rest);
+  }
+  r.text = s.out->text();
+  r.finish_reason = finish_reason;
+  r.prompt_tokens = static_cast<int>(job->prompt.size());
+  r.completion_tokens = static_cast<int>(s.generated.size());
+  r.tokens = std::move(s.generated);
+  r.prompt_ms = s.t_prompt_done > s.t_start ? MsSince(s.t_start, s.t_prompt_done) : MsSince(s.t_start, now);
+  r.generation_ms = s.t_prompt_done > s.t_start ? MsSince(s.t_prompt_done, now) : 0;
+  s.next_token = -1;
+  s.out.reset();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (status.ok()) ++completed_;
+    else if (status.code() == StatusCode::kCancelled) ++cancelled_;
+    else ++failed_;
+  }
+  r.status = std::move(status);
+  ReleaseReservation(*job);
+  job->on_done(std::move(r));
+}
+
+void Engine::FailAllActive(const Status& status) {
+  for (auto& s : slots_) {
+    if (s.job) FinishSlot(s, status, "");
+  }
+  if (ctx_) llama_memory_clear(llama_get_memory(ctx_), true);
+}
+
+void Engine::RunEmbeddingJob(const std::shared_ptr<Job>& job) {
+  JobResult r;
+  const auto t0 = Clock::now();
+  const int n_embd = model_.n_embd();
+  for (const auto& input : job->inputs) {
+    if (job->cancelled) {
+      r.status = Status::Cancelled("request cancelled");
+      break;
+    }
+    llama_memory_clear(llama_get_memory(ctx_), true);
+    llama_batch batch = llama_batch_init(static_cast<int32_t>(input.size()), 0, 1);
+    for (size_t i = 0; i < input.size(); ++i) {
+      batch.token[i] = input[i];
+      batch.pos[i] = static_cast<int32_t>(i);
+      batch.n_seq_id[i] = 1;
+      batch.seq_id[i][0] = 0;
+      batch.logits[i] = 1;
+    }
+    batch.n_tokens = static_cast<int32_t>(input.size());
+    int rc;
+    try {
+      rc = llama_decode(ctx_, batch);
+    } catch (const std::exception& e) {
+      rc = -1000;
+    }
+    llama_batch_free(batch);
+    const float* e = rc == 0 ? llama_get_embeddings_seq(ctx_, 0) : nullptr;
+    if (!e) {
+      r.status = Status::Internal("embedding decode failed (code " + std::to_string(rc) + ")")
+                     .WithPhase(FailurePhase::kCompute);
+      break;
+    }
+    std::vector<float> v(e, e + n_embd);
+    double norm = 0;
+    for (float x : v) norm += double(x) * x;
+    norm = std::sqrt(norm);
+    if (norm > 0) {
+      for (auto& x : v) x = static_cast<float>(x / norm);
+    }
+    r.embeddings.push_back(std::move(v));
+    r.prompt_tokens += static_cast<int>(input.size());
+  }
+  llama_memory_clear(llama_get_memory(ctx_), true);
+  r.prompt_ms = MsSince(t0, Clock::now());
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (r.status.ok()) ++completed_;
+    else if (r.status.code() == StatusCode::kCancelled) ++cancelled_;
+    else ++failed_;
+  }
+  ReleaseReservation(*job);
+  job->on_done(std::move(r));
+}
+
+}  // namespace spillway::worker

@@ -1,0 +1,141 @@
+// The decode loop: one thread owns the llama.cpp context and every slot, and
+// batches all running requests into each llama_decode (continuous batching).
+//
+// KV cells: the context has one unified pool of `ctx` cells shared by the
+// slots. A job reserves prompt + max_tokens cells when it is submitted, so a
+// running job can never run out of cache mid-generation; a job that does not
+// fit now is refused with kResourceExhausted (503, retry later), one that can
+// never fit with kInvalidArgument (400, with the numbers).
+//
+// Ownership: Submit() takes the job on success and then calls its on_done
+// exactly once, from the engine thread; on failure the caller keeps it and no
+// callback runs. Cancel() may be called from any thread.
+//
+// Failure containment: an exception out of llama_decode (a failed compute
+// buffer re-reservation) poisons the context. The engine fails the jobs that
+// were running with phase=compute, discards the context and builds a new one.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "worker/model.h"
+#include "worker/sampling.h"
+
+struct llama_context;
+
+namespace spillway::worker {
+
+struct JobResult {
+  Status status;
+  std::string text;
+  std::string finish_reason;  // "stop" | "length" (when status is OK)
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  std::vector<int32_t> tokens;                   // generated token ids
+  std::vector<std::vector<float>> embeddings;    // embedding jobs
+  double queue_ms = 0, prompt_ms = 0, generation_ms = 0;
+};
+
+struct Job {
+  std::string id;
+  bool embedding = false;
+  std::vector<int32_t> prompt;                   // generation jobs
+  std::vector<std::vector<int32_t>> inputs;      // embedding jobs
+  SamplerSettings sampling;
+  int32_t max_tokens = 16;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  std::atomic<bool> cancelled{false};
+  // Both run on the engine thread and must not block.
+  std::function<void(std::string_view ready_text)> on_text;
+  std::function<void(JobResult)> on_done;
+};
+
+struct EngineOptions {
+  int slots = 4;
+  int ctx = 4096;
+  int batch = 512;
+  int threads = 0;
+  bool embedding = false;
+};
+
+struct MemoryBuffer {
+  std::string name;
+  size_t model = 0, context = 0, compute = 0;
+};
+
+struct EngineStats {
+  int slots_total = 0, slots_busy = 0, queued = 0;
+  int cells_total = 0, cells_reserved = 0;
+  uint64_t completed = 0, failed = 0, cancelled = 0, contexts_rebuilt = 0;
+  bool healthy = true;
+  std::string last_error;
+};
+
+class Engine {
+ public:
+  Engine(const Model& model, EngineOptions opts);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Creates the context (allocating KV and compute buffers) and starts the
+  // loop. A KV or compute allocation failure returns phase=kv / phase=compute.
+  Status Start();
+  void Stop();
+
+  Status Submit(std::shared_ptr<Job> job);
+  // True if a job with this id was queued or running (it will end cancelled).
+  bool Cancel(const std::string& id);
+
+  EngineStats stats() const;
+  std::vector<MemoryBuffer> memory_breakdown() const;
+  const EngineOptions& options() const { return opts_; }
+
+ private:
+  struct Slot;
+  Status CreateContext();
+  void Loop();
+  void AssignPending();
+  void RunGenerationStep();
+  void RunEmbeddingJob(const std::shared_ptr<Job>& job);
+  void FinishSlot(Slot& slot, Status status, const std::string& finish_reason);
+  void FailAllActive(const Status& status);
+  void ReleaseReservation(const Job& job);
+  int32_t CellsNeeded(const Job& job) const;
+
+  const Model& model_;
+  EngineOptions opts_;
+  llama_context* ctx_ = nullptr;
+  std::vector<Slot> slots_;
+  std::vector<MemoryBuffer> breakdown_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> pending_;
+  std::map<std::string, std::weak_ptr<Job>> by_id_;
+  int busy_ = 0;              // pending + running, guarded by mu_
+  int32_t cells_reserved_ = 0;
+  bool stop_ = false;
+  bool healthy_ = true;
+  std::string last_error_;
+  uint64_t completed_ = 0, failed_ = 0, cancelled_ = 0, rebuilt_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace spillway::worker

@@ -1,0 +1,155 @@
+// spillway-worker: serves one model on one placement over loopback HTTP.
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <ggml-backend.h>
+#include <llama.h>
+
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "api/http_server.h"
+#include "worker/engine.h"
+#include "worker/model.h"
+#include "worker/worker_service.h"
+
+namespace {
+
+using namespace spillway;
+
+// Exit codes a supervisor can act on.
+constexpr int kExitUsage = 2;
+constexpr int kExitLoad = 3;     // model could not be loaded (phase=load)
+constexpr int kExitContext = 4;  // context could not be created (phase=kv/compute)
+constexpr int kExitListen = 5;
+
+int g_log_level = GGML_LOG_LEVEL_WARN;
+
+void LlamaLog(ggml_log_level level, const char* text, void*) {
+  if (level == GGML_LOG_LEVEL_CONT || level >= g_log_level) std::fputs(text, stderr);
+}
+
+// One JSON line on stderr describing why the worker stopped.
+int Fatal(int code, const Status& st) {
+  nlohmann::json j = {{"fatal", true}, {"code", StatusCodeName(st.code())}, {"message", st.message()},
+                      {"phase", FailurePhaseName(st.phase())}, {"exit_code", code}};
+  std::fprintf(stderr, "%s\n", j.dump().c_str());
+  return code;
+}
+
+bool SplitHostPort(const std::string& s, std::string* host, uint16_t* port) {
+  auto colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  *host = s.substr(0, colon);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
+  try {
+    size_t used = 0;
+    int p = std::stoi(s.substr(colon + 1), &used);
+    if (used != s.size() - colon - 1 || p < 0 || p > 65535) return false;
+    *port = static_cast<uint16_t>(p);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"spillway-worker: serves one GGUF model on one placement (device, GPU layers, context, slots)\n"
+               "over loopback HTTP with OpenAI-compatible routes and Spillway's control routes."};
+  std::string model_path, listen = "127.0.0.1:0", port_file, backend_dir;
+  worker::Placement placement;
+  int default_max_tokens = 256;
+  size_t max_body = 8 << 20;
+  bool no_mmap = false, verbose = false;
+  app.add_option("--model", model_path, "GGUF model file")->required();
+  app.add_option("--listen", listen, "HOST:PORT to listen on (loopback only; port 0 picks a free port)")
+      ->capture_default_str();
+  app.add_option("--port-file", port_file, "write the bound port to this file once listening");
+  app.add_option("--device", placement.device, "cpu or cuda:N")->capture_default_str();
+  app.add_option("--gpu-layers", placement.gpu_layers, "layers to offload to --device (-1 = all)")
+      ->check(CLI::Range(-1, 100000))->capture_default_str();
+  app.add_option("--ctx", placement.ctx, "KV cache cells shared by all slots")
+      ->check(CLI::Range(16, 1 << 22))->capture_default_str();
+  app.add_option("--slots", placement.slots, "concurrent requests")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--threads", placement.threads, "CPU threads (0 = all cores)")
+      ->check(CLI::Range(0, 1024))->capture_default_str();
+  app.add_option("--batch", placement.batch, "tokens per llama_decode")->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_flag("--no-mmap", no_mmap, "read the weights into memory instead of mapping the file");
+  app.add_option("--default-max-tokens", default_max_tokens, "max_tokens when a request sets none")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--max-body", max_body, "largest accepted request body in bytes")->capture_default_str();
+  app.add_option("--backend-dir", backend_dir, "directory with the ggml backend modules (default: next to this binary)");
+  app.add_flag("-v,--verbose", verbose, "log llama.cpp's info messages");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kExitUsage;
+  }
+  placement.mmap = !no_mmap;
+  if (verbose) g_log_level = GGML_LOG_LEVEL_INFO;
+
+  std::string host;
+  uint16_t port = 0;
+  if (!SplitHostPort(listen, &host, &port)) return Fatal(kExitUsage, Status::InvalidArgument("--listen must be HOST:PORT"));
+  if (!http::IsLoopbackAddress(host)) {
+    return Fatal(kExitUsage, Status::InvalidArgument("--listen must be a loopback address: the worker has no "
+                                                     "authentication; expose it through the gateway"));
+  }
+  if (backend_dir.empty()) {
+    std::error_code ec;
+    backend_dir = std::filesystem::canonical("/proc/self/exe", ec).parent_path().string();
+  }
+
+  llama_log_set(LlamaLog, nullptr);
+  if (Status st = worker::LoadBackends(backend_dir, placement.device); !st.ok()) return Fatal(kExitUsage, st);
+  llama_backend_init();
+
+  auto model = worker::Model::Load(model_path, placement);
+  if (!model.ok()) return Fatal(kExitLoad, model.status());
+  worker::EngineOptions eo;
+  eo.slots = placement.slots;
+  eo.ctx = placement.ctx;
+  eo.batch = placement.batch;
+  eo.threads = placement.threads;
+  eo.embedding = (*model)->is_embedding();
+  worker::Engine engine(**model, eo);
+  if (Status st = engine.Start(); !st.ok()) return Fatal(kExitContext, st);
+
+  worker::WorkerService service(**model, engine, placement, {default_max_tokens});
+  boost::asio::io_context ioc;
+  http::ServerOptions so;
+  so.max_body_bytes = max_body;
+  http::Server server(ioc, so, [&service](http::Request req, std::shared_ptr<http::Exchange> ex) {
+    service.Handle(std::move(req), std::move(ex));
+  });
+  if (Status st = server.Listen(host, port); !st.ok()) return Fatal(kExitListen, st);
+  const uint16_t bound = server.port();
+  if (!port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    { std::ofstream(tmp) << bound << "\n"; }
+    std::filesystem::rename(tmp, port_file);
+  }
+  std::printf("spillway-worker listening on http://%s:%u model=%s device=%s\n", host.c_str(), bound,
+              (*model)->name().c_str(), placement.device.c_str());
+  std::fflush(stdout);
+
+  boost::asio::signal_set signals(ioc, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code&, int) {
+    server.Stop();
+    ioc.stop();
+  });
+  std::signal(SIGPIPE, SIG_IGN);
+  std::vector<std::thread> io_threads;
+  for (int i = 0; i < 1; ++i) io_threads.emplace_back([&] { ioc.run(); });
+  ioc.run();
+  for (auto& t : io_threads) t.join();
+  engine.Stop();
+  return 0;
+}

@@ -1,0 +1,241 @@
+#include "worker/model.h"
+
+#include <ggml-backend.h>
+#include <llama.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "common/hash.h"
+
+namespace spillway::worker {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+json Placement::ToJson() const {
+  return {{"device", device}, {"gpu_layers", gpu_layers}, {"ctx", ctx},   {"slots", slots},
+          {"threads", threads}, {"batch", batch},         {"mmap", mmap}};
+}
+
+json Fingerprint::ToJson() const {
+  return {{"id", id},
+          {"model_sha256", model_sha256},
+          {"tokenizer_sha256", tokenizer_sha256},
+          {"chat_template_sha256", chat_template_sha256},
+          {"quantization", quantization},
+          {"sampler_defaults", sampler_defaults},
+          {"stop_rules", stop_rules}};
+}
+
+namespace {
+
+bool IsAccelerator(const std::string& device) { return device != "cpu"; }
+
+// "cuda:1" -> {"cuda", 1}
+bool SplitDevice(const std::string& device, std::string* kind, int* index) {
+  auto colon = device.find(':');
+  if (colon == std::string::npos) return false;
+  *kind = device.substr(0, colon);
+  try {
+    size_t used = 0;
+    *index = std::stoi(device.substr(colon + 1), &used);
+    return used == device.size() - colon - 1 && *index >= 0;
+  } catch (...) {
+    return false;
+  }
+}
+
+Status LoadModule(const fs::path& dir, const std::string& stem) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string f = e.path().filename().string();
+    if (f.rfind("lib" + stem, 0) == 0 && e.path().extension() == ".so") {
+      if (ggml_backend_load(e.path().c_str()) != nullptr) return Status::Ok();
+    }
+  }
+  return Status::NotFound("no loadable ggml backend '" + stem + "' in " + dir.string());
+}
+
+}  // namespace
+
+Status LoadBackends(const std::string& dir, const std::string& device) {
+  if (ggml_backend_reg_by_name("CPU") == nullptr) SPILLWAY_RETURN_IF_ERROR(LoadModule(dir, "ggml-cpu"));
+  if (!IsAccelerator(device)) return Status::Ok();
+  std::string kind;
+  int index = 0;
+  if (!SplitDevice(device, &kind, &index)) return Status::InvalidArgument("bad device '" + device + "' (cpu or cuda:N)");
+  if (kind == "cuda") {
+    if (ggml_backend_reg_by_name("CUDA") == nullptr) SPILLWAY_RETURN_IF_ERROR(LoadModule(dir, "ggml-cuda"));
+    return Status::Ok();
+  }
+  return Status::InvalidArgument("unknown device kind '" + kind + "' (cpu or cuda:N)");
+}
+
+namespace {
+
+StatusOr<std::vector<ggml_backend_dev_t>> DevicesFor(const std::string& device) {
+  std::vector<ggml_backend_dev_t> out;
+  if (!IsAccelerator(device)) return out;
+  std::string kind;
+  int index = 0;
+  if (!SplitDevice(device, &kind, &index)) return Status::InvalidArgument("bad device '" + device + "'");
+  std::string reg_name = kind == "cuda" ? "CUDA" : kind;
+  ggml_backend_reg_t reg = ggml_backend_reg_by_name(reg_name.c_str());
+  if (!reg) return Status::Unavailable("backend for '" + device + "' is not loaded");
+  if (index >= static_cast<int>(ggml_backend_reg_dev_count(reg))) {
+    return Status::Unavailable("device '" + device + "' does not exist");
+  }
+  out.push_back(ggml_backend_reg_dev_get(reg, index));
+  return out;
+}
+
+std::string MetaString(const llama_model* m, const char* key) {
+  char buf[512];
+  int n = llama_model_meta_val_str(m, key, buf, sizeof buf);
+  return n < 0 ? std::string() : std::string(buf, std::min<size_t>(n, sizeof buf - 1));
+}
+
+}  // namespace
+
+Model::~Model() {
+  if (model_) llama_model_free(model_);
+}
+
+StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, const Placement& placement) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return Status::NotFound("model file not found: " + path);
+  auto devices = DevicesFor(placement.device);
+  if (!devices.ok()) return devices.status();
+
+  std::unique_ptr<Model> m(new Model());
+  m->path_ = path;
+  m->devices_ = *devices;
+  std::vector<ggml_backend_dev_t> list = m->devices_;
+  list.push_back(nullptr);  // an explicit list: a CPU placement offloads nowhere
+
+  llama_model_params mp = llama_model_default_params();
+  mp.devices = list.data();
+  mp.n_gpu_layers = m->devices_.empty() ? 0 : placement.gpu_layers;
+  mp.load_mode = placement.mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
+  mp.split_mode = LLAMA_SPLIT_MODE_LAYER;
+  m->model_ = llama_model_load_from_file(path.c_str(), mp);
+  if (!m->model_) {
+    // llama.cpp reports invalid files and failed buffer allocations the same
+    // way; an allocation on an accelerator is the likely cause when one is used.
+    return Status::ResourceExhausted("llama.cpp could not load " + path +
+                                     " (invalid GGUF or weights do not fit on " + placement.device + ")")
+        .WithPhase(FailurePhase::kLoad);
+  }
+  m->vocab_ = llama_model_get_vocab(m->model_);
+  m->name_ = MetaString(m->model_, "general.name");
+  if (m->name_.empty()) m->name_ = fs::path(path).stem().string();
+  const std::string arch = MetaString(m->model_, "general.architecture");
+  m->embedding_ = !MetaString(m->model_, (arch + ".pooling_type").c_str()).empty();
+  if (const char* t = llama_model_chat_template(m->model_, nullptr)) m->chat_template_ = t;
+  SPILLWAY_RETURN_IF_ERROR(m->ComputeFingerprint());
+  return m;
+}
+
+int Model::n_ctx_train() const { return llama_model_n_ctx_train(model_); }
+int Model::n_embd() const { return llama_model_n_embd(model_); }
+
+Status Model::ComputeFingerprint() {
+  auto sha = Sha256File(path_);
+  if (!sha.ok()) return sha.status();
+  fingerprint_.model_sha256 = *sha;
+
+  // The tokenizer as llama.cpp sees it: every token's text, score and
+  // attributes, the special tokens and the BOS/EOS policy.
+  std::string tok;
+  const int n = llama_vocab_n_tokens(vocab_);
+  tok.reserve(static_cast<size_t>(n) * 16);
+  tok += std::to_string(llama_vocab_type(vocab_)) + "|" + std::to_string(n) + "|";
+  for (int i = 0; i < n; ++i) {
+    tok += llama_vocab_get_text(vocab_, i);
+    tok += '\x1f' + std::to_string(llama_vocab_get_score(vocab_, i)) + '\x1f' +
+           std::to_string(static_cast<int>(llama_vocab_get_attr(vocab_, i))) + '\x1e';
+  }
+  tok += std::to_string(llama_vocab_bos(vocab_)) + "|" + std::to_string(llama_vocab_eos(vocab_)) + "|" +
+         std::to_string(llama_vocab_get_add_bos(vocab_));
+  fingerprint_.tokenizer_sha256 = Sha256Hex(tok);
+  fingerprint_.chat_template_sha256 = Sha256Hex(chat_template_);
+
+  char desc[256];
+  llama_model_desc(model_, desc, sizeof desc);
+  fingerprint_.quantization = MetaString(model_, "general.file_type");
+  fingerprint_.quantization = std::string(desc) + " (file_type " + fingerprint_.quantization + ")";
+  fingerprint_.sampler_defaults = SamplingJson(sampler_defaults_, false);
+  json eog = json::array();
+  for (int i = 0; i < n; ++i) {
+    if (llama_vocab_is_eog(vocab_, i)) eog.push_back(i);
+  }
+  fingerprint_.stop_rules = {{"eog_tokens", eog}, {"stop_strings_from_request", true}};
+  json all = fingerprint_.ToJson();
+  all.erase("id");
+  fingerprint_.id = Sha256Hex(all.dump());
+  return Status::Ok();
+}
+
+StatusOr<std::string> Model::ApplyChatTemplate(const std::vector<api::ChatMessage>& messages) const {
+  std::vector<llama_chat_message> chat;
+  chat.reserve(messages.size());
+  size_t total = 0;
+  for (const auto& m : messages) {
+    chat.push_back({m.role.c_str(), m.content.c_str()});
+    total += m.content.size() + m.role.size();
+  }
+  const char* tmpl = chat_template_.empty() ? "chatml" : chat_template_.c_str();
+  std::string buf(total * 2 + 256, '\0');
+  int n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), true, buf.data(), static_cast<int32_t>(buf.size()));
+  if (n > static_cast<int>(buf.size())) {
+    buf.resize(static_cast<size_t>(n));
+    n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), true, buf.data(), static_cast<int32_t>(buf.size()));
+  }
+  if (n < 0) return Status::Internal("the model's chat template is not supported by llama.cpp");
+  buf.resize(static_cast<size_t>(n));
+  return buf;
+}
+
+StatusOr<std::vector<int32_t>> Model::Tokenize(const std::string& text, bool add_special) const {
+  if (text.size() > static_cast<size_t>(INT32_MAX / 2)) return Status::PayloadTooLarge("text too long");
+  std::vector<llama_token> out(text.size() + 8);
+  int n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), out.data(),
+                         static_cast<int32_t>(out.size()), add_special, /*parse_special=*/true);
+  if (n < 0) {
+    out.resize(static_cast<size_t>(-n));
+    n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), out.data(),
+                       static_cast<int32_t>(out.size()), add_special, true);
+  }
+  if (n < 0) return Status::InvalidArgument("text could not be tokenized");
+  out.resize(static_cast<size_t>(n));
+  return std::vector<int32_t>(out.begin(), out.end());
+}
+
+std::string Model::TokenPiece(int32_t token) const {
+  char buf[256];
+  int n = llama_token_to_piece(vocab_, token, buf, sizeof buf, 0, /*special=*/false);
+  if (n >= 0) return std::string(buf, static_cast<size_t>(n));
+  std::string big(static_cast<size_t>(-n), '\0');
+  n = llama_token_to_piece(vocab_, token, big.data(), static_cast<int32_t>(big.size()), 0, false);
+  return n < 0 ? std::string() : big.substr(0, static_cast<size_t>(n));
+}
+
+bool Model::IsEndOfGeneration(int32_t token) const { return llama_vocab_is_eog(vocab_, token); }
+
+json Model::Describe() const {
+  char desc[256];
+  llama_model_desc(model_, desc, sizeof desc);
+  return {{"path", path_},
+          {"name", name_},
+          {"description", desc},
+          {"kind", embedding_ ? "embedding" : "chat"},
+          {"size_bytes", llama_model_size(model_)},
+          {"n_params", llama_model_n_params(model_)},
+          {"n_layer", llama_model_n_layer(model_)},
+          {"n_embd", llama_model_n_embd(model_)},
+          {"n_ctx_train", llama_model_n_ctx_train(model_)},
+          {"n_vocab", llama_vocab_n_tokens(vocab_)}};
+}
+
+}  // namespace spillway::worker

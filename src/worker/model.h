@@ -1,0 +1,91 @@
+// A loaded model and what the worker knows about it: backends, devices,
+// tokenizer, chat template and fingerprint. Wraps llama.cpp's C API; only
+// src/worker includes llama.h.
+//
+// Thread contract: after Load() returns, every const method may be called from
+// any thread (llama.cpp's vocabulary and template functions are read-only).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/openai_request.h"
+#include "common/status.h"
+#include "worker/sampling.h"
+
+struct llama_model;
+struct llama_vocab;
+struct ggml_backend_device;
+
+namespace spillway::worker {
+
+struct Placement {
+  std::string device = "cpu";  // cpu | cuda:N
+  int gpu_layers = 0;          // layers offloaded to `device` (-1 = all)
+  int ctx = 4096;              // KV cells shared by all slots (unified pool)
+  int slots = 4;
+  int threads = 0;             // 0 = hardware concurrency
+  int batch = 512;
+  bool mmap = true;
+  nlohmann::json ToJson() const;
+};
+
+// Loads ggml backend modules from `dir`: always the CPU backend; an
+// accelerator's module only when `device` names one. A CPU placement never
+// loads a GPU backend.
+Status LoadBackends(const std::string& dir, const std::string& device);
+
+struct Fingerprint {
+  std::string model_sha256;
+  std::string tokenizer_sha256;
+  std::string chat_template_sha256;
+  std::string quantization;
+  nlohmann::json sampler_defaults;
+  nlohmann::json stop_rules;
+  std::string id;  // sha256 over all of the above
+  nlohmann::json ToJson() const;
+};
+
+class Model {
+ public:
+  ~Model();
+  // Loads weights onto the placement's devices. Allocation failures return
+  // kResourceExhausted with phase=load.
+  static StatusOr<std::unique_ptr<Model>> Load(const std::string& path, const Placement& placement);
+
+  llama_model* raw() const { return model_; }
+  const llama_vocab* vocab() const { return vocab_; }
+  const std::vector<ggml_backend_device*>& devices() const { return devices_; }
+  const std::string& path() const { return path_; }
+  const std::string& name() const { return name_; }
+  bool is_embedding() const { return embedding_; }
+  int n_ctx_train() const;
+  int n_embd() const;
+
+  // Applies the model's chat template (ChatML when it has none).
+  StatusOr<std::string> ApplyChatTemplate(const std::vector<api::ChatMessage>& messages) const;
+  StatusOr<std::vector<int32_t>> Tokenize(const std::string& text, bool add_special) const;
+  std::string TokenPiece(int32_t token) const;
+  bool IsEndOfGeneration(int32_t token) const;
+
+  const Fingerprint& fingerprint() const { return fingerprint_; }
+  const SamplerSettings& sampler_defaults() const { return sampler_defaults_; }
+  nlohmann::json Describe() const;
+
+ private:
+  Model() = default;
+  Status ComputeFingerprint();
+
+  llama_model* model_ = nullptr;
+  const llama_vocab* vocab_ = nullptr;
+  std::vector<ggml_backend_device*> devices_;  // accelerators used; empty for CPU
+  std::string path_, name_, chat_template_;
+  bool embedding_ = false;
+  SamplerSettings sampler_defaults_;
+  Fingerprint fingerprint_;
+};
+
+}  // namespace spillway::worker

@@ -1,0 +1,63 @@
+#include "worker/sampling.h"
+
+#include <llama.h>
+
+#include <cmath>
+#include <vector>
+
+namespace spillway::worker {
+
+SamplerSettings ResolveSampling(const api::SamplingRequest& r, const SamplerSettings& d, uint32_t fresh_seed) {
+  SamplerSettings s = d;
+  s.temperature = r.temperature.value_or(d.temperature);
+  s.top_p = r.top_p.value_or(d.top_p);
+  s.top_k = r.top_k.value_or(d.top_k);
+  s.min_p = r.min_p.value_or(d.min_p);
+  s.repeat_penalty = r.repeat_penalty.value_or(d.repeat_penalty);
+  s.repeat_last_n = r.repeat_last_n.value_or(d.repeat_last_n);
+  s.frequency_penalty = r.frequency_penalty.value_or(d.frequency_penalty);
+  s.presence_penalty = r.presence_penalty.value_or(d.presence_penalty);
+  s.seed = r.seed.value_or(fresh_seed);
+  return s;
+}
+
+llama_sampler* BuildSamplerChain(const SamplerSettings& s, const llama_vocab* vocab, bool ban_end_of_generation) {
+  auto params = llama_sampler_chain_default_params();
+  params.no_perf = true;
+  llama_sampler* chain = llama_sampler_chain_init(params);
+  const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+  if (ban_end_of_generation) {
+    std::vector<llama_logit_bias> bias;
+    for (int32_t t = 0; t < n_vocab; ++t) {
+      if (llama_vocab_is_eog(vocab, t)) bias.push_back({t, -INFINITY});
+    }
+    llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(n_vocab, static_cast<int32_t>(bias.size()), bias.data()));
+  }
+  if (s.repeat_penalty != 1.0f || s.frequency_penalty != 0.0f || s.presence_penalty != 0.0f) {
+    llama_sampler_chain_add(chain, llama_sampler_init_penalties(n_vocab, s.repeat_last_n,
+                                                                s.repeat_penalty, s.frequency_penalty,
+                                                                s.presence_penalty));
+  }
+  if (s.temperature <= 0.0f) {
+    llama_sampler_chain_add(chain, llama_sampler_init_greedy());
+    return chain;
+  }
+  if (s.top_k > 0) llama_sampler_chain_add(chain, llama_sampler_init_top_k(s.top_k));
+  if (s.top_p < 1.0f) llama_sampler_chain_add(chain, llama_sampler_init_top_p(s.top_p, 1));
+  if (s.min_p > 0.0f) llama_sampler_chain_add(chain, llama_sampler_init_min_p(s.min_p, 1));
+  llama_sampler_chain_add(chain, llama_sampler_init_temp(s.temperature));
+  llama_sampler_chain_add(chain, llama_sampler_init_dist(s.seed));
+  return chain;
+}
+
+nlohmann::json SamplingJson(const SamplerSettings& s, bool with_seed) {
+  nlohmann::json j = {{"temperature", s.temperature},   {"top_p", s.top_p},
+                      {"top_k", s.top_k},               {"min_p", s.min_p},
+                      {"repeat_penalty", s.repeat_penalty}, {"repeat_last_n", s.repeat_last_n},
+                      {"frequency_penalty", s.frequency_penalty}, {"presence_penalty", s.presence_penalty},
+                      {"order", "penalties,top_k,top_p,min_p,temperature,dist"}};
+  if (with_seed) j["seed"] = s.seed;
+  return j;
+}
+
+}  // namespace spillway::worker

@@ -1,0 +1,276 @@
+#include "worker/worker_service.h"
+
+#include <ggml-backend.h>
+
+#include <nlohmann/json.hpp>
+
+#include "api/openai_request.h"
+#include "api/openai_response.h"
+
+namespace spillway::worker {
+
+using nlohmann::json;
+namespace bhttp = boost::beast::http;
+
+namespace {
+
+http::Response JsonResponse(unsigned status, const json& body, unsigned version) {
+  return http::MakeResponse(status, body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json",
+                            version);
+}
+
+http::Response ErrorResponse(const Status& st, unsigned version) {
+  auto res = JsonResponse(static_cast<unsigned>(HttpStatusFor(st.code())), api::ErrorBody(st), version);
+  if (st.retry_after_s() > 0) res.set(bhttp::field::retry_after, std::to_string(st.retry_after_s()));
+  return res;
+}
+
+bool ValidRequestId(std::string_view id) {
+  if (id.empty() || id.size() > 128) return false;
+  for (char c : id) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' || c == ':')) return false;
+  }
+  return true;
+}
+
+int64_t UnixNow() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+WorkerService::WorkerService(const Model& model, Engine& engine, Placement placement, ServiceOptions opts)
+    : model_(model),
+      engine_(engine),
+      placement_(std::move(placement)),
+      opts_(opts),
+      started_(std::chrono::system_clock::now()),
+      rng_(std::random_device{}()) {}
+
+std::string WorkerService::RequestId(const http::Request& req) {
+  auto it = req.find("x-request-id");
+  if (it != req.end()) {
+    const std::string v(it->value());
+    if (ValidRequestId(v)) return v;
+  }
+  std::lock_guard<std::mutex> lk(rng_mu_);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "req-%016llx", static_cast<unsigned long long>(rng_()));
+  return buf;
+}
+
+uint32_t WorkerService::FreshSeed() {
+  std::lock_guard<std::mutex> lk(rng_mu_);
+  return static_cast<uint32_t>(rng_() % 0xFFFFFFFFull);  // never LLAMA_DEFAULT_SEED
+}
+
+void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
+  const std::string target(req.target());
+  const std::string path = target.substr(0, target.find('?'));
+  const auto method = req.method();
+  const unsigned v = req.version();
+  auto respond_error = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
+
+  if (path == "/health") {
+    if (method != bhttp::verb::get) return respond_error(Status(StatusCode::kInvalidArgument, "use GET"));
+    auto st = engine_.stats();
+    json body = {{"status", st.healthy ? "ok" : "error"}};
+    if (!st.healthy) body["error"] = st.last_error;
+    return ex->Respond(JsonResponse(st.healthy ? 200 : 503, body, v));
+  }
+  if (path == "/v1/worker/info" && method == bhttp::verb::get) return ex->Respond(JsonResponse(200, Info(), v));
+  if (path == "/v1/models" && method == bhttp::verb::get) {
+    json body = {{"object", "list"},
+                 {"data", json::array({{{"id", model_.name()}, {"object", "model"}, {"owned_by", "spillway"},
+                                        {"created", std::chrono::duration_cast<std::chrono::seconds>(
+                                                        started_.time_since_epoch()).count()}}})}};
+    return ex->Respond(JsonResponse(200, body, v));
+  }
+  static const std::string kCancelPrefix = "/v1/worker/requests/";
+  if (path.rfind(kCancelPrefix, 0) == 0 && method == bhttp::verb::delete_) {
+    const std::string id = path.substr(kCancelPrefix.size());
+    if (!ValidRequestId(id)) return respond_error(Status::InvalidArgument("malformed request id"));
+    if (!engine_.Cancel(id)) return respond_error(Status::NotFound("no queued or running request '" + id + "'"));
+    return ex->Respond(JsonResponse(200, json{{"id", id}, {"cancelled", true}}, v));
+  }
+  const bool chat = path == "/v1/chat/completions";
+  if (chat || path == "/v1/completions" || path == "/v1/embeddings") {
+    if (method != bhttp::verb::post) return respond_error(Status::InvalidArgument("use POST for " + path));
+    requests_.fetch_add(1);
+    if (path == "/v1/embeddings") return HandleEmbeddings(req, std::move(ex));
+    return HandleGeneration(req, std::move(ex), chat);
+  }
+  return respond_error(Status::NotFound("no route for " + std::string(req.method_string()) + " " + path));
+}
+
+void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<http::Exchange> ex, bool chat) {
+  const unsigned v = req.version();
+  auto fail = [&](const Status& st) {
+    auto res = ErrorResponse(st, v);
+    ex->Respond(std::move(res));
+  };
+  if (model_.is_embedding()) return fail(Status::InvalidArgument("this worker serves an embedding model; use /v1/embeddings"));
+  auto body = api::ParseJsonBody(req.body());
+  if (!body.ok()) return fail(body.status());
+
+  api::GenerationRequest gen;
+  std::string prompt_text;
+  if (chat) {
+    auto r = api::ParseChatRequest(*body);
+    if (!r.ok()) return fail(r.status());
+    auto text = model_.ApplyChatTemplate(r->messages);
+    if (!text.ok()) return fail(text.status());
+    gen = std::move(r->gen);
+    prompt_text = std::move(*text);
+  } else {
+    auto r = api::ParseCompletionRequest(*body);
+    if (!r.ok()) return fail(r.status());
+    gen = std::move(r->gen);
+    prompt_text = std::move(r->prompt);
+  }
+  auto tokens = model_.Tokenize(prompt_text, /*add_special=*/true);
+  if (!tokens.ok()) return fail(tokens.status());
+  const int ctx = engine_.options().ctx;
+  const int n_prompt = static_cast<int>(tokens->size());
+  if (n_prompt >= ctx) {
+    return fail(Status::InvalidArgument("prompt of " + std::to_string(n_prompt) + " tokens does not fit the context of " +
+                                        std::to_string(ctx) + " tokens"));
+  }
+
+  auto job = std::make_shared<Job>();
+  job->id = RequestId(req);
+  job->prompt = std::move(*tokens);
+  job->max_tokens = gen.max_tokens.value_or(std::min(opts_.default_max_tokens, ctx - n_prompt));
+  job->stop = gen.stop;
+  job->ignore_eos = gen.ignore_eos;
+  job->sampling = ResolveSampling(gen.sampling, model_.sampler_defaults(), FreshSeed());
+
+  const api::Endpoint ep = chat ? api::Endpoint::kChat : api::Endpoint::kCompletion;
+  const std::string model_name = gen.model.empty() ? model_.name() : gen.model;
+  const int64_t created = UnixNow();
+  const std::string id = job->id;
+  json meta = {{"request_id", id},
+               {"placement", placement_.ToJson()},
+               {"seed", job->sampling.seed},
+               {"max_tokens", job->max_tokens},
+               {"fingerprint", model_.fingerprint().id}};
+
+  auto finish_meta = [meta](const JobResult& r) {
+    json m = meta;
+    m["timings"] = {{"prompt_ms", r.prompt_ms}, {"generation_ms", r.generation_ms},
+                    {"prompt_tokens", r.prompt_tokens}, {"generated_tokens", r.completion_tokens}};
+    return m;
+  };
+
+  // The stream header must reach the connection before the engine's first
+  // chunk: the callbacks take this mutex, which is held from Submit() until
+  // the header is queued.
+  auto gate = std::make_shared<std::mutex>();
+  if (!gen.stream) {
+    job->on_done = [ex, v, ep, id, model_name, created, finish_meta](JobResult r) {
+      if (!r.status.ok()) return ex->Respond(ErrorResponse(r.status, v));
+      api::GenerationResult g{r.text, r.finish_reason, {r.prompt_tokens, r.completion_tokens}};
+      json out = api::GenerationBody(ep, id, model_name, created, g);
+      out["spillway"] = finish_meta(r);
+      auto res = JsonResponse(200, out, v);
+      res.set("X-Request-Id", id);
+      ex->Respond(std::move(res));
+    };
+  } else {
+    auto first = std::make_shared<bool>(true);
+    const bool include_usage = gen.include_usage;
+    job->on_text = [ex, ep, id, model_name, created, first, gate](std::string_view text) {
+      std::lock_guard<std::mutex> g(*gate);
+      ex->Write(api::SseEvent(api::GenerationChunk(ep, id, model_name, created, std::string(text), *first, std::nullopt)));
+      *first = false;
+    };
+    job->on_done = [ex, ep, id, model_name, created, first, include_usage, finish_meta, gate](JobResult r) {
+      std::lock_guard<std::mutex> g(*gate);
+      if (!r.status.ok()) {
+        ex->Write(api::SseEvent(api::ErrorBody(r.status)));
+      } else {
+        json last = api::GenerationChunk(ep, id, model_name, created, "", *first, r.finish_reason);
+        last["spillway"] = finish_meta(r);
+        ex->Write(api::SseEvent(last));
+        if (include_usage) {
+          ex->Write(api::SseEvent(api::UsageChunk(ep, id, model_name, created, {r.prompt_tokens, r.completion_tokens})));
+        }
+      }
+      ex->Write(api::kSseDone);
+      ex->End();
+    };
+  }
+  Engine* engine = &engine_;
+  std::unique_lock<std::mutex> header_lock(*gate);
+  Status st = engine_.Submit(job);
+  if (!st.ok()) return fail(st);
+  if (gen.stream) {
+    auto head = http::MakeResponse(200, "", "text/event-stream", v);
+    head.set(bhttp::field::cache_control, "no-cache");
+    head.set("X-Request-Id", id);
+    ex->StartStream(std::move(head));
+  }
+  header_lock.unlock();
+  ex->OnDisconnect([engine, id] { engine->Cancel(id); });
+}
+
+void WorkerService::HandleEmbeddings(const http::Request& req, std::shared_ptr<http::Exchange> ex) {
+  const unsigned v = req.version();
+  auto fail = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
+  if (!model_.is_embedding()) return fail(Status::InvalidArgument("this worker serves a generative model, not embeddings"));
+  auto body = api::ParseJsonBody(req.body());
+  if (!body.ok()) return fail(body.status());
+  auto r = api::ParseEmbeddingRequest(*body);
+  if (!r.ok()) return fail(r.status());
+  auto job = std::make_shared<Job>();
+  job->id = RequestId(req);
+  job->embedding = true;
+  for (const auto& in : r->inputs) {
+    auto t = model_.Tokenize(in, true);
+    if (!t.ok()) return fail(t.status());
+    job->inputs.push_back(std::move(*t));
+  }
+  const std::string model_name = r->model.empty() ? model_.name() : r->model;
+  const std::string id = job->id;
+  job->on_done = [ex, v, model_name, id](JobResult res) {
+    if (!res.status.ok()) return ex->Respond(ErrorResponse(res.status, v));
+    auto out = JsonResponse(200, api::EmbeddingsBody(model_name, res.embeddings, res.prompt_tokens), v);
+    out.set("X-Request-Id", id);
+    ex->Respond(std::move(out));
+  };
+  Engine* engine = &engine_;
+  Status st = engine_.Submit(job);
+  if (!st.ok()) return fail(st);
+  ex->OnDisconnect([engine, id] { engine->Cancel(id); });
+}
+
+json WorkerService::Info() const {
+  const auto st = engine_.stats();
+  json buffers = json::array();
+  for (const auto& b : engine_.memory_breakdown()) {
+    buffers.push_back({{"name", b.name}, {"model", b.model}, {"context", b.context}, {"compute", b.compute},
+                       {"total", b.model + b.context + b.compute}});
+  }
+  json devices = json::array();
+  auto add_device = [&](ggml_backend_dev_t dev) {
+    size_t free = 0, total = 0;
+    ggml_backend_dev_memory(dev, &free, &total);
+    devices.push_back({{"name", ggml_backend_dev_name(dev)}, {"description", ggml_backend_dev_description(dev)},
+                       {"free", free}, {"total", total}});
+  };
+  for (auto* dev : model_.devices()) add_device(dev);
+  if (auto* cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)) add_device(cpu);
+  return {{"protocol_version", 1},
+          {"model", model_.Describe()},
+          {"placement", placement_.ToJson()},
+          {"fingerprint", model_.fingerprint().ToJson()},
+          {"memory", {{"buffers", buffers}, {"devices", devices}}},
+          {"slots", {{"total", st.slots_total}, {"busy", st.slots_busy}, {"queued", st.queued}}},
+          {"kv_cells", {{"total", st.cells_total}, {"reserved", st.cells_reserved}}},
+          {"requests", {{"received", requests_.load()}, {"completed", st.completed}, {"failed", st.failed},
+                        {"cancelled", st.cancelled}}},
+          {"health", {{"ok", st.healthy}, {"contexts_rebuilt", st.contexts_rebuilt}, {"last_error", st.last_error}}},
+          {"defaults", {{"max_tokens", opts_.default_max_tokens}}}};
+}
+
+}  // namespace spillway::worker

@@ -1,0 +1,57 @@
+// The worker's HTTP surface: OpenAI routes served by one Engine, plus the
+// control routes the gateway uses (health, info, cancel).
+//
+//   GET    /health                    200 {"status":"ok"} | 503 when the context is unusable
+//   GET    /v1/worker/info            placement, fingerprint, memory breakdown, slots, KV cells
+//   GET    /v1/models
+//   POST   /v1/chat/completions       (stream and non-stream)
+//   POST   /v1/completions            (stream and non-stream)
+//   POST   /v1/embeddings
+//   DELETE /v1/worker/requests/{id}   cancel a queued or running request
+//
+// Requests carry their id in X-Request-Id (the gateway sets it; otherwise the
+// worker makes one). A client that disconnects cancels its request.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <random>
+#include <mutex>
+#include <string>
+
+#include "api/http_server.h"
+#include "worker/engine.h"
+#include "worker/model.h"
+
+namespace spillway::worker {
+
+struct ServiceOptions {
+  int default_max_tokens = 256;  // when a request does not set max_tokens
+};
+
+class WorkerService {
+ public:
+  WorkerService(const Model& model, Engine& engine, Placement placement, ServiceOptions opts);
+
+  // The http::Handler. Thread-safe.
+  void Handle(http::Request req, std::shared_ptr<http::Exchange> ex);
+
+  nlohmann::json Info() const;
+
+ private:
+  void HandleGeneration(const http::Request& req, std::shared_ptr<http::Exchange> ex, bool chat);
+  void HandleEmbeddings(const http::Request& req, std::shared_ptr<http::Exchange> ex);
+  std::string RequestId(const http::Request& req);
+  uint32_t FreshSeed();
+
+  const Model& model_;
+  Engine& engine_;
+  Placement placement_;
+  ServiceOptions opts_;
+  std::chrono::system_clock::time_point started_;
+  std::mutex rng_mu_;
+  std::mt19937_64 rng_;
+  std::atomic<uint64_t> requests_{0};
+};
+
+}  // namespace spillway::worker

@@ -1,0 +1,136 @@
+#include "worker_process.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+extern char** environ;
+
+namespace spillway::testing {
+
+namespace fs = std::filesystem;
+
+std::string BinDir() {
+  const char* b = std::getenv("SPILLWAY_BIN");
+  return b ? b : "build/bin";
+}
+
+std::string ModelPath(const std::string& name) {
+  const char* m = std::getenv("SPILLWAY_MODELS");
+  return std::string(m ? m : "build/models") + "/" + name + ".gguf";
+}
+
+namespace {
+
+pid_t Spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) throw std::runtime_error("posix_spawn failed for " + args[0]);
+  return pid;
+}
+
+int DecodeStatus(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return -WTERMSIG(status);
+  return -1000;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string MakeTempDir() {
+  std::string tmpl = (fs::temp_directory_path() / "spillway-test-XXXXXX").string();
+  if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+  return tmpl;
+}
+
+}  // namespace
+
+WorkerProcess::WorkerProcess(const std::string& model, std::vector<std::string> extra, std::chrono::seconds timeout) {
+  dir_ = MakeTempDir();
+  const std::string port_file = dir_ + "/port";
+  std::vector<std::string> args = {BinDir() + "/spillway-worker", "--model", model, "--listen", "127.0.0.1:0",
+                                   "--port-file", port_file};
+  args.insert(args.end(), extra.begin(), extra.end());
+  pid_ = Spawn(args, dir_ + "/stdout", dir_ + "/stderr");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (fs::exists(port_file)) {
+      port_ = static_cast<uint16_t>(std::stoi(ReadFile(port_file)));
+      return;
+    }
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      exited_ = true;
+      exit_code_ = DecodeStatus(status);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+int WorkerProcess::Wait(std::chrono::seconds timeout) {
+  if (exited_) return exit_code_;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      exited_ = true;
+      exit_code_ = DecodeStatus(status);
+      return exit_code_;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -2000;
+}
+
+std::string WorkerProcess::Stderr() const { return ReadFile(dir_ + "/stderr"); }
+
+WorkerProcess::~WorkerProcess() {
+  if (!exited_ && pid_ > 0) {
+    kill(pid_, SIGTERM);
+    if (Wait(std::chrono::seconds(10)) == -2000) {
+      kill(pid_, SIGKILL);
+      Wait(std::chrono::seconds(10));
+    }
+  }
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+}
+
+int RunWorkerToExit(const std::vector<std::string>& args, std::string* stderr_text) {
+  const std::string dir = MakeTempDir();
+  std::vector<std::string> full = {BinDir() + "/spillway-worker"};
+  full.insert(full.end(), args.begin(), args.end());
+  pid_t pid = Spawn(full, dir + "/stdout", dir + "/stderr");
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (stderr_text) *stderr_text = ReadFile(dir + "/stderr");
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  return DecodeStatus(status);
+}
+
+}  // namespace spillway::testing

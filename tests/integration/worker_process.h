@@ -1,0 +1,44 @@
+// Starts a real spillway-worker process on port 0 for integration tests and
+// stops it (SIGTERM, then SIGKILL) when destroyed.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace spillway::testing {
+
+std::string BinDir();
+std::string ModelPath(const std::string& name);  // e.g. "tiny-chat"
+
+class WorkerProcess {
+ public:
+  // Starts `spillway-worker --model <model> --listen 127.0.0.1:0 <extra>` and
+  // waits until it listens (or exits).
+  WorkerProcess(const std::string& model, std::vector<std::string> extra = {},
+                std::chrono::seconds timeout = std::chrono::seconds(60));
+  ~WorkerProcess();
+  WorkerProcess(const WorkerProcess&) = delete;
+  WorkerProcess& operator=(const WorkerProcess&) = delete;
+
+  bool running() const { return port_ != 0; }
+  uint16_t port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  // Waits for the process to exit; returns its exit code (or -signal).
+  int Wait(std::chrono::seconds timeout = std::chrono::seconds(30));
+  std::string Stderr() const;  // what the worker wrote to stderr so far
+
+ private:
+  pid_t pid_ = -1;
+  uint16_t port_ = 0;
+  int exit_code_ = 0;
+  bool exited_ = false;
+  std::string dir_;
+};
+
+// Runs spillway-worker to completion (for startup-failure tests).
+int RunWorkerToExit(const std::vector<std::string>& args, std::string* stderr_text);
+
+}  // namespace spillway::testing

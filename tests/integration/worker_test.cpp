@@ -1,0 +1,388 @@
+// Integration tests: real spillway-worker processes on port 0, tiny generated models.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "api/http_client.h"
+#include "worker_process.h"
+
+namespace spillway::testing {
+namespace {
+
+using nlohmann::json;
+
+json Body(const http::ClientResponse& r) { return json::parse(r.body); }
+
+http::ClientResponse Post(const WorkerProcess& w, const std::string& path, const json& body,
+                          const http::HeaderList& headers = {}) {
+  auto r = http::Fetch("127.0.0.1", w.port(), "POST", path, body.dump(), headers);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : http::ClientResponse{};
+}
+
+http::ClientResponse Get(const WorkerProcess& w, const std::string& path) {
+  auto r = http::Fetch("127.0.0.1", w.port(), "GET", path);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : http::ClientResponse{};
+}
+
+json Completion(const WorkerProcess& w, const json& extra) {
+  json body = {{"prompt", "The quick brown fox"}, {"max_tokens", 16}, {"temperature", 0}};
+  if (extra.is_object()) body.update(extra);
+  auto r = Post(w, "/v1/completions", body);
+  EXPECT_EQ(r.status, 200) << r.body;
+  return Body(r);
+}
+
+std::string Text(const json& completion) { return completion["choices"][0]["text"].get<std::string>(); }
+
+// Waits (polling the info route) until the worker reports no busy slot.
+json WaitIdle(const WorkerProcess& w) {
+  json info;
+  for (int i = 0; i < 500; ++i) {
+    info = Body(Get(w, "/v1/worker/info"));
+    if (info["slots"]["busy"] == 0 && info["slots"]["queued"] == 0 && info["kv_cells"]["reserved"] == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return info;
+}
+
+class WorkerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    chat_ = new WorkerProcess(ModelPath("tiny-chat"), {"--slots", "4", "--ctx", "2048", "--threads", "2"});
+    ASSERT_TRUE(chat_->running()) << chat_->Stderr();
+  }
+  static void TearDownTestSuite() {
+    delete chat_;
+    chat_ = nullptr;
+  }
+  static WorkerProcess* chat_;
+};
+WorkerProcess* WorkerTest::chat_ = nullptr;
+
+TEST_F(WorkerTest, HealthAndInfoReportPlacementFingerprintAndMemory) {
+  auto h = Get(*chat_, "/health");
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(Body(h)["status"], "ok");
+  json info = Body(Get(*chat_, "/v1/worker/info"));
+  EXPECT_EQ(info["placement"]["device"], "cpu");
+  EXPECT_EQ(info["placement"]["slots"], 4);
+  EXPECT_EQ(info["fingerprint"]["model_sha256"].get<std::string>().size(), 64u);
+  EXPECT_EQ(info["fingerprint"]["tokenizer_sha256"].get<std::string>().size(), 64u);
+  EXPECT_FALSE(info["fingerprint"]["quantization"].get<std::string>().empty());
+  ASSERT_FALSE(info["memory"]["buffers"].empty());
+  size_t model_bytes = 0, context_bytes = 0;
+  for (const auto& b : info["memory"]["buffers"]) {
+    model_bytes += b["model"].get<size_t>();
+    context_bytes += b["context"].get<size_t>();
+  }
+  EXPECT_GT(model_bytes, 1u << 20);  // the tiny model's weights
+  EXPECT_GT(context_bytes, 0u);      // its KV cache
+  ASSERT_FALSE(info["memory"]["devices"].empty());
+  EXPECT_GT(info["memory"]["devices"][0]["total"].get<size_t>(), 0u);
+  EXPECT_EQ(info["kv_cells"]["total"], 2048);
+}
+
+TEST_F(WorkerTest, GreedyOutputIsIdenticalAcrossRunsAndProcesses) {
+  const std::string a = Text(Completion(*chat_, {}));
+  const std::string b = Text(Completion(*chat_, {}));
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, b);
+  WorkerProcess other(ModelPath("tiny-chat"), {"--slots", "1", "--ctx", "512", "--threads", "1"});
+  ASSERT_TRUE(other.running()) << other.Stderr();
+  EXPECT_EQ(Text(Completion(other, {})), a);
+}
+
+TEST_F(WorkerTest, SeededSamplingIsReproducible) {
+  const json seeded = {{"temperature", 1.0}, {"top_k", 0}, {"top_p", 1.0}, {"min_p", 0}, {"seed", 1234}, {"max_tokens", 24}};
+  const std::string a = Text(Completion(*chat_, seeded));
+  const std::string b = Text(Completion(*chat_, seeded));
+  EXPECT_EQ(a, b);
+  json other_seed = seeded;
+  other_seed["seed"] = 99;
+  EXPECT_NE(Text(Completion(*chat_, other_seed)), a);
+  // The seed used is reported, so an unseeded request can be replayed.
+  json unseeded = seeded;
+  unseeded.erase("seed");
+  json first = Completion(*chat_, unseeded);
+  json replay = seeded;
+  replay["seed"] = first["spillway"]["seed"];
+  EXPECT_EQ(Text(Completion(*chat_, replay)), Text(first));
+}
+
+TEST_F(WorkerTest, MaxTokensEndsGenerationExactly) {
+  json c = Completion(*chat_, {{"max_tokens", 7}, {"ignore_eos", true}});
+  EXPECT_EQ(c["usage"]["completion_tokens"], 7);
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(c["spillway"]["max_tokens"], 7);
+}
+
+TEST_F(WorkerTest, StopStringEndsGenerationBeforeIt) {
+  const std::string full = Text(Completion(*chat_, {{"max_tokens", 40}, {"ignore_eos", true}}));
+  ASSERT_GE(full.size(), 12u) << full;
+  const std::string stop = full.substr(6, 3);
+  json c = Completion(*chat_, {{"max_tokens", 40}, {"ignore_eos", true}, {"stop", json::array({stop})}});
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(Text(c), full.substr(0, full.find(stop)));
+}
+
+TEST_F(WorkerTest, StreamedAndNonStreamedCarryTheSameText) {
+  const json req = {{"messages", json::array({{{"role", "user"}, {"content", "Tell me a story"}}})},
+                    {"max_tokens", 30}, {"temperature", 0}, {"ignore_eos", true}};
+  auto plain = Post(*chat_, "/v1/chat/completions", req);
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const json pj = Body(plain);
+  EXPECT_EQ(pj["object"], "chat.completion");
+  EXPECT_EQ(pj["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(plain.Header("x-request-id"), pj["id"]);
+
+  json sreq = req;
+  sreq["stream"] = true;
+  sreq["stream_options"] = {{"include_usage", true}};
+  auto streamed = Post(*chat_, "/v1/chat/completions", sreq);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  EXPECT_EQ(streamed.Header("content-type"), "text/event-stream");
+  auto events = http::ParseSseData(streamed.body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string text;
+  std::string finish;
+  int usage_tokens = -1;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json e = json::parse(events[i]);
+    EXPECT_EQ(e["object"], "chat.completion.chunk");
+    if (e.contains("usage")) usage_tokens = e["usage"]["completion_tokens"];
+    if (e["choices"].empty()) continue;
+    const auto& d = e["choices"][0]["delta"];
+    if (d.contains("content")) text += d["content"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(text, pj["choices"][0]["message"]["content"]);
+  EXPECT_EQ(finish, "length");
+  EXPECT_EQ(usage_tokens, 30);
+}
+
+TEST_F(WorkerTest, ConcurrentRequestsAllCompleteOnSeveralSlots) {
+  std::vector<std::future<json>> futures;
+  for (int i = 0; i < 4; ++i) {
+    futures.push_back(std::async(std::launch::async, [i] {
+      return Completion(*chat_, {{"prompt", "request number " + std::to_string(i)}, {"max_tokens", 20}, {"ignore_eos", true}});
+    }));
+  }
+  std::vector<std::string> texts;
+  for (auto& f : futures) {
+    json c = f.get();
+    EXPECT_EQ(c["usage"]["completion_tokens"], 20);
+    texts.push_back(Text(c));
+  }
+  // Batched together, each still equals its own solo greedy run.
+  EXPECT_EQ(texts[2], Text(Completion(*chat_, {{"prompt", "request number 2"}, {"max_tokens", 20}, {"ignore_eos", true}})));
+  WaitIdle(*chat_);
+}
+
+TEST_F(WorkerTest, CancelFreesTheSlotWhileOthersContinue) {
+  auto long_req = std::async(std::launch::async, [] {
+    return Post(*chat_, "/v1/completions",
+                {{"prompt", "long"}, {"max_tokens", 1500}, {"ignore_eos", true}, {"temperature", 0}},
+                {{"X-Request-Id", "cancel-me-1"}});
+  });
+  auto other = std::async(std::launch::async, [] {
+    return Completion(*chat_, {{"prompt", "short one"}, {"max_tokens", 10}, {"ignore_eos", true}});
+  });
+  bool cancelled = false;
+  for (int i = 0; i < 200 && !cancelled; ++i) {
+    auto r = http::Fetch("127.0.0.1", chat_->port(), "DELETE", "/v1/worker/requests/cancel-me-1");
+    ASSERT_TRUE(r.ok());
+    cancelled = r->status == 200;
+    if (!cancelled) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(cancelled);
+  auto lr = long_req.get();
+  EXPECT_EQ(lr.status, 499) << lr.body;
+  EXPECT_EQ(Body(lr)["error"]["code"], "cancelled");
+  EXPECT_EQ(other.get()["usage"]["completion_tokens"], 10);
+  json info = WaitIdle(*chat_);
+  EXPECT_EQ(info["slots"]["busy"], 0);
+  EXPECT_EQ(info["kv_cells"]["reserved"], 0);
+  // Cancelling an unknown id is a 404.
+  auto r = http::Fetch("127.0.0.1", chat_->port(), "DELETE", "/v1/worker/requests/nope");
+  EXPECT_EQ(r->status, 404);
+}
+
+TEST_F(WorkerTest, ClientDisconnectCancelsTheRequest) {
+  const uint64_t before = Body(Get(*chat_, "/v1/worker/info"))["requests"]["cancelled"];
+  {
+    namespace net = boost::asio;
+    net::io_context ioc;
+    net::ip::tcp::socket sock(ioc);
+    sock.connect({net::ip::make_address("127.0.0.1"), chat_->port()});
+    const std::string body = json{{"prompt", "x"}, {"max_tokens", 1800}, {"stream", true}, {"ignore_eos", true}}.dump();
+    const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    net::write(sock, net::buffer(req));
+    char buf[256];
+    sock.read_some(net::buffer(buf));  // the stream has started
+    sock.close();
+  }
+  json info;
+  for (int i = 0; i < 500; ++i) {
+    info = Body(Get(*chat_, "/v1/worker/info"));
+    if (info["requests"]["cancelled"].get<uint64_t>() > before && info["slots"]["busy"] == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GT(info["requests"]["cancelled"].get<uint64_t>(), before);
+  EXPECT_EQ(info["slots"]["busy"], 0);
+}
+
+struct BadCase {
+  std::string path;
+  std::string body;
+  int status;
+  std::string fragment;
+};
+
+TEST_F(WorkerTest, BadInputsGetTheirStatusAndTheWorkerKeepsServing) {
+  const std::string big_prompt(40000, 'a');
+  const std::vector<BadCase> cases = {
+      {"/v1/completions", "{not json", 400, "not valid JSON"},
+      {"/v1/completions", "[1,2]", 400, "JSON object"},
+      {"/v1/completions", R"({"prompt": 5})", 400, "'prompt'"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": -3})", 400, "'max_tokens'"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": "ten"})", 400, "'max_tokens'"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": 1e12})", 400, "'max_tokens'"},
+      {"/v1/completions", R"({"prompt": "x", "temperature": 99})", 400, "'temperature'"},
+      {"/v1/completions", R"({"prompt": "x", "top_k": -1})", 400, "'top_k'"},
+      {"/v1/completions", R"({"prompt": "x", "seed": -1})", 400, "'seed'"},
+      {"/v1/completions", R"({"prompt": "x", "stop": [1]})", 400, "'stop'"},
+      {"/v1/completions", R"({"prompt": "x", "n": 3})", 400, "'n'"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": 5000})", 400, "exceeds the context"},
+      {"/v1/completions", json{{"prompt", big_prompt}}.dump(), 400, "does not fit the context"},
+      {"/v1/chat/completions", R"({"messages": []})", 400, "'messages'"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "wizard", "content": "x"}]})", 400, "role"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": 12}]})", 400, "content"},
+      {"/v1/embeddings", R"({"input": "x"})", 400, "generative model"},
+      {"/v1/nothing", "{}", 404, "no route"},
+  };
+  for (const auto& c : cases) {
+    auto r = http::Fetch("127.0.0.1", chat_->port(), "POST", c.path, c.body);
+    ASSERT_TRUE(r.ok()) << c.body;
+    EXPECT_EQ(r->status, c.status) << c.body << " -> " << r->body;
+    json e = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(e.is_object()) << r->body;
+    ASSERT_TRUE(e.contains("error")) << r->body;
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(c.fragment), std::string::npos)
+        << c.body << " -> " << r->body;
+    EXPECT_TRUE(e["error"].contains("type"));
+    EXPECT_TRUE(e["error"].contains("code"));
+  }
+  // A body over the limit is refused before it is read whole.
+  auto huge = http::Fetch("127.0.0.1", chat_->port(), "POST", "/v1/completions", std::string(9 << 20, 'x'));
+  ASSERT_TRUE(huge.ok()) << huge.status().ToString();
+  EXPECT_EQ(huge->status, 413);
+  // Garbage on the wire gets a 400, not a crash.
+  {
+    namespace net = boost::asio;
+    net::io_context ioc;
+    net::ip::tcp::socket sock(ioc);
+    sock.connect({net::ip::make_address("127.0.0.1"), chat_->port()});
+    net::write(sock, net::buffer(std::string("\x01\x02 NOT HTTP\r\n\r\n")));
+    char buf[512];
+    boost::system::error_code ec;
+    size_t n = sock.read_some(net::buffer(buf), ec);
+    EXPECT_NE(std::string(buf, n).find("400"), std::string::npos);
+  }
+  EXPECT_EQ(Get(*chat_, "/health").status, 200);
+  EXPECT_FALSE(Text(Completion(*chat_, {})).empty());
+}
+
+TEST(WorkerSlotsTest, AllSlotsBusyIs503WithRetryAfter) {
+  WorkerProcess w(ModelPath("tiny-chat"), {"--slots", "1", "--ctx", "2048", "--threads", "1"});
+  ASSERT_TRUE(w.running()) << w.Stderr();
+  auto busy = std::async(std::launch::async, [&] {
+    return Post(w, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2000}, {"ignore_eos", true}},
+                {{"X-Request-Id", "hold-slot"}});
+  });
+  for (int i = 0; i < 500 && Body(Get(w, "/v1/worker/info"))["slots"]["busy"] != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  auto r = Post(w, "/v1/completions", {{"prompt", "y"}, {"max_tokens", 4}});
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.Header("retry-after"), "1");
+  EXPECT_EQ(Body(r)["error"]["code"], "resource_exhausted");
+  http::Fetch("127.0.0.1", w.port(), "DELETE", "/v1/worker/requests/hold-slot");
+  busy.get();
+  EXPECT_EQ(Post(w, "/v1/completions", {{"prompt", "y"}, {"max_tokens", 4}}).status, 200);
+}
+
+std::string FingerprintOf(const std::string& model) {
+  WorkerProcess w(model, {"--slots", "1", "--ctx", "256", "--threads", "1"});
+  EXPECT_TRUE(w.running()) << w.Stderr();
+  return Body(Get(w, "/v1/worker/info"))["fingerprint"]["id"];
+}
+
+TEST(WorkerFingerprintTest, StableAcrossRestartsAndChangesWithTheFile) {
+  const std::string a1 = FingerprintOf(ModelPath("tiny-chat"));
+  const std::string a2 = FingerprintOf(ModelPath("tiny-chat"));
+  const std::string b = FingerprintOf(ModelPath("tiny-chat-b"));
+  EXPECT_EQ(a1.size(), 64u);
+  EXPECT_EQ(a1, a2);
+  EXPECT_NE(a1, b);
+}
+
+TEST(WorkerEmbeddingTest, EmbeddingsAreNormalizedAndDeterministic) {
+  WorkerProcess w(ModelPath("tiny-embed"), {"--slots", "2", "--ctx", "512", "--threads", "1"});
+  ASSERT_TRUE(w.running()) << w.Stderr();
+  auto r = Post(w, "/v1/embeddings", {{"input", json::array({"hello world", "another text", "hello world"})}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = Body(r);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 3u);
+  const auto v0 = j["data"][0]["embedding"].get<std::vector<float>>();
+  const auto v1 = j["data"][1]["embedding"].get<std::vector<float>>();
+  const auto v2 = j["data"][2]["embedding"].get<std::vector<float>>();
+  EXPECT_EQ(v0.size(), 64u);
+  double norm = 0;
+  for (float x : v0) norm += double(x) * x;
+  EXPECT_NEAR(norm, 1.0, 1e-3);
+  EXPECT_EQ(v0, v2);
+  EXPECT_NE(v0, v1);
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 0);
+  EXPECT_EQ(Post(w, "/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", "x"}}})}}).status,
+            400);
+  EXPECT_EQ(Post(w, "/v1/embeddings", {{"input", json::array()}}).status, 400);
+  EXPECT_EQ(Post(w, "/v1/embeddings", {{"input", json::array({1, 2})}}).status, 400);
+}
+
+TEST(WorkerStartupTest, MissingOrCorruptModelExitsCleanlyWithPhaseLoad) {
+  std::string err;
+  EXPECT_EQ(RunWorkerToExit({"--model", "/nonexistent.gguf", "--listen", "127.0.0.1:0"}, &err), 3);
+  EXPECT_NE(err.find("\"fatal\":true"), std::string::npos) << err;
+
+  const std::string bad = (std::filesystem::temp_directory_path() / "spillway-corrupt.gguf").string();
+  {
+    std::ofstream f(bad, std::ios::binary);
+    f << "GGUF" << std::string(64, '\xff');
+  }
+  EXPECT_EQ(RunWorkerToExit({"--model", bad, "--listen", "127.0.0.1:0"}, &err), 3);
+  EXPECT_NE(err.find("\"phase\":\"load\""), std::string::npos) << err;
+  std::filesystem::remove(bad);
+
+  EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("tiny-chat"), "--listen", "0.0.0.0:0"}, &err), 2);
+  EXPECT_NE(err.find("loopback"), std::string::npos) << err;
+  EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("tiny-chat"), "--slots", "0"}, &err), 2);
+  EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("tiny-chat"), "--device", "tpu:0"}, &err), 2);
+}
+
+}  // namespace
+}  // namespace spillway::testing

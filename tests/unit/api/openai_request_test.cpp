@@ -1,0 +1,128 @@
+#include "api/openai_request.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace spillway::api {
+namespace {
+
+using nlohmann::json;
+
+TEST(OpenAiRequestTest, ParsesAFullChatRequest) {
+  json body = json::parse(R"({
+    "model": "chat", "stream": true, "stream_options": {"include_usage": true},
+    "max_tokens": 64, "temperature": 0.2, "top_p": 0.9, "top_k": 20, "min_p": 0.1, "seed": 7,
+    "stop": ["\n\n", "END"], "frequency_penalty": 0.5, "unknown_field": {"ignored": true},
+    "messages": [{"role": "system", "content": "be brief"},
+                 {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
+                 {"role": "developer", "content": "dev"}]})");
+  auto r = ParseChatRequest(body);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->gen.model, "chat");
+  EXPECT_TRUE(r->gen.stream);
+  EXPECT_TRUE(r->gen.include_usage);
+  EXPECT_EQ(*r->gen.max_tokens, 64);
+  EXPECT_FLOAT_EQ(*r->gen.sampling.temperature, 0.2f);
+  EXPECT_EQ(*r->gen.sampling.top_k, 20);
+  EXPECT_EQ(*r->gen.sampling.seed, 7u);
+  EXPECT_EQ(r->gen.stop.size(), 2u);
+  ASSERT_EQ(r->messages.size(), 3u);
+  EXPECT_EQ(r->messages[1].content, "hi there");
+  EXPECT_EQ(r->messages[2].role, "system");
+}
+
+TEST(OpenAiRequestTest, MaxTokensWinsOverMaxCompletionTokens) {
+  auto r = ParseCompletionRequest(json::parse(R"({"prompt":"x","max_completion_tokens":9,"max_tokens":3})"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r->gen.max_tokens, 3);
+  r = ParseCompletionRequest(json::parse(R"({"prompt":["only"],"max_completion_tokens":9})"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r->gen.max_tokens, 9);
+  EXPECT_EQ(r->prompt, "only");
+}
+
+TEST(OpenAiRequestTest, NullMeansUnset) {
+  auto r = ParseCompletionRequest(json::parse(R"({"prompt":"x","max_tokens":null,"temperature":null,"stop":null})"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->gen.max_tokens.has_value());
+  EXPECT_FALSE(r->gen.sampling.temperature.has_value());
+}
+
+struct Bad {
+  const char* body;
+  const char* field;
+};
+
+TEST(OpenAiRequestTest, RejectsWrongTypesAndOutOfRangeNumbers) {
+  const Bad cases[] = {
+      {R"({"prompt": 1})", "'prompt'"},
+      {R"({"prompt": ["a", "b"]})", "'prompt'"},
+      {R"({"prompt": [1, 2]})", "'prompt'"},
+      {R"({})", "'prompt'"},
+      {R"({"prompt": "x", "max_tokens": 0})", "'max_tokens'"},
+      {R"({"prompt": "x", "max_tokens": 2.5})", "'max_tokens'"},
+      {R"({"prompt": "x", "max_tokens": 1e300})", "'max_tokens'"},
+      {R"({"prompt": "x", "temperature": -0.1})", "'temperature'"},
+      {R"({"prompt": "x", "temperature": "hot"})", "'temperature'"},
+      {R"({"prompt": "x", "top_p": 1.5})", "'top_p'"},
+      {R"({"prompt": "x", "min_p": -1})", "'min_p'"},
+      {R"({"prompt": "x", "repeat_penalty": 0})", "'repeat_penalty'"},
+      {R"({"prompt": "x", "presence_penalty": 3})", "'presence_penalty'"},
+      {R"({"prompt": "x", "seed": 4294967295})", "'seed'"},
+      {R"({"prompt": "x", "seed": 1.5})", "'seed'"},
+      {R"({"prompt": "x", "stream": "yes"})", "'stream'"},
+      {R"({"prompt": "x", "stream_options": 1})", "'stream_options'"},
+      {R"({"prompt": "x", "stop": ["a","b","c","d","e"]})", "'stop'"},
+      {R"({"prompt": "x", "stop": [""]})", "'stop'"},
+      {R"({"prompt": "x", "stop": 3})", "'stop'"},
+      {R"({"prompt": "x", "n": 2})", "'n'"},
+      {R"({"prompt": "x", "model": 5})", "'model'"},
+  };
+  for (const auto& c : cases) {
+    auto r = ParseCompletionRequest(json::parse(c.body));
+    ASSERT_FALSE(r.ok()) << c.body;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(c.field), std::string::npos) << c.body << ": " << r.status().message();
+  }
+}
+
+TEST(OpenAiRequestTest, RejectsBadMessages) {
+  const char* cases[] = {
+      R"({"messages": "hi"})",
+      R"({"messages": []})",
+      R"({"messages": [1]})",
+      R"({"messages": [{"content": "x"}]})",
+      R"({"messages": [{"role": "robot", "content": "x"}]})",
+      R"({"messages": [{"role": "user"}]})",
+      R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
+      R"({"messages": [{"role": "user", "content": [{"type": "text"}]}]})",
+      R"({"messages": [{"role": "user", "content": {"a": 1}}]})",
+  };
+  for (const char* c : cases) {
+    auto r = ParseChatRequest(json::parse(c));
+    EXPECT_FALSE(r.ok()) << c;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c;
+  }
+}
+
+TEST(OpenAiRequestTest, Embeddings) {
+  auto r = ParseEmbeddingRequest(json::parse(R"({"input": ["a", "b"], "model": "embed"})"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->inputs.size(), 2u);
+  EXPECT_TRUE(r->input_was_array);
+  EXPECT_FALSE(ParseEmbeddingRequest(json::parse(R"({"input": ""})")).ok());
+  EXPECT_FALSE(ParseEmbeddingRequest(json::parse(R"({"input": [[1,2]]})")).ok());
+  EXPECT_FALSE(ParseEmbeddingRequest(json::parse(R"({"input": "x", "encoding_format": "base64"})")).ok());
+  EXPECT_FALSE(ParseEmbeddingRequest(json::parse(R"({})")).ok());
+}
+
+TEST(OpenAiRequestTest, BodyMustBeAJsonObject) {
+  EXPECT_FALSE(ParseJsonBody("{").ok());
+  EXPECT_FALSE(ParseJsonBody("[]").ok());
+  EXPECT_FALSE(ParseJsonBody("").ok());
+  EXPECT_FALSE(ParseJsonBody("\"s\"").ok());
+  EXPECT_TRUE(ParseJsonBody("{}").ok());
+}
+
+}  // namespace
+}  // namespace spillway::api
