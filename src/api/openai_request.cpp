@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 namespace spillway::api {
@@ -163,8 +164,17 @@ StatusOr<CompletionRequest> ParseCompletionRequest(const json& body) {
     r.prompt = it->get<std::string>();
   } else if (it->is_array() && it->size() == 1 && (*it)[0].is_string()) {
     r.prompt = (*it)[0].get<std::string>();
+  } else if (it->is_array() && !it->empty() && (*it)[0].is_number()) {
+    if (it->size() > kMaxPromptTokens) return Bad("prompt", "has more than 1048576 tokens");
+    r.prompt_tokens.reserve(it->size());
+    for (const auto& t : *it) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
+        return Bad("prompt", "token arrays must hold non-negative integers");
+      }
+      r.prompt_tokens.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
   } else {
-    return Bad("prompt", "must be a string (or an array of one string)");
+    return Bad("prompt", "must be a string, an array of one string, or an array of token ids");
   }
   return r;
 }

@@ -52,7 +52,8 @@ struct ChatRequest {
 
 struct CompletionRequest {
   GenerationRequest gen;
-  std::string prompt;
+  std::string prompt;                 // text, or
+  std::vector<int32_t> prompt_tokens; // token ids (OpenAI's integer-array prompt), used as given
 };
 
 struct EmbeddingRequest {
@@ -67,6 +68,7 @@ inline constexpr size_t kMaxStopStrings = 4;
 inline constexpr size_t kMaxStopLength = 256;
 inline constexpr size_t kMaxMessages = 4096;
 inline constexpr size_t kMaxEmbeddingInputs = 2048;
+inline constexpr size_t kMaxPromptTokens = 1 << 20;
 
 // Parses raw body text; malformed JSON is an error naming the offset.
 StatusOr<nlohmann::json> ParseJsonBody(const std::string& body);

@@ -4,6 +4,7 @@
 #include <llama-ext.h>
 
 #include <ggml-backend.h>
+#include <ggml-cpu.h>
 
 #include <cmath>
 #include <exception>
@@ -44,6 +45,13 @@ Engine::~Engine() {
     if (s.smpl) llama_sampler_free(s.smpl);
   }
   if (ctx_) llama_free(ctx_);
+  if (threadpool_) {
+    if (auto* cpu = ggml_backend_reg_by_name("CPU")) {
+      auto* free_fn = reinterpret_cast<decltype(ggml_threadpool_free)*>(
+          ggml_backend_reg_get_proc_address(cpu, "ggml_threadpool_free"));
+      if (free_fn) free_fn(threadpool_);
+    }
+  }
 }
 
 Status Engine::CreateContext() {
@@ -63,6 +71,19 @@ Status Engine::CreateContext() {
     cp.n_batch = static_cast<uint32_t>(opts_.batch);
     cp.n_ubatch = static_cast<uint32_t>(std::min(opts_.batch, 512));
   }
+  // A persistent thread pool polling briefly between graphs, as llama.cpp's
+  // own server and llama-bench use; without one ggml starts threads per graph.
+  if (!threadpool_) {
+    if (auto* cpu = ggml_backend_reg_by_name("CPU")) {
+      auto* make = reinterpret_cast<decltype(ggml_threadpool_new)*>(
+          ggml_backend_reg_get_proc_address(cpu, "ggml_threadpool_new"));
+      if (make) {
+        ggml_threadpool_params tpp = ggml_threadpool_params_default(threads);
+        tpp.poll = 50;
+        threadpool_ = make(&tpp);
+      }
+    }
+  }
   try {
     ctx_ = llama_init_from_model(model_.raw(), cp);
   } catch (const std::exception& e) {
@@ -76,6 +97,7 @@ Status Engine::CreateContext() {
                                      " slots (KV cache or compute buffers do not fit)")
         .WithPhase(FailurePhase::kKv);
   }
+  if (threadpool_) llama_attach_threadpool(ctx_, threadpool_, nullptr);
   breakdown_.clear();
   for (const auto& [buft, mb] : llama_get_memory_breakdown(ctx_)) {
     breakdown_.push_back({ggml_backend_buft_name(buft), mb.model, mb.context, mb.compute});

@@ -37,6 +37,7 @@
 #include "worker/sampling.h"
 
 struct llama_context;
+struct ggml_threadpool;
 
 namespace spillway::worker {
 
@@ -122,6 +123,7 @@ class Engine {
   const Model& model_;
   EngineOptions opts_;
   llama_context* ctx_ = nullptr;
+  ggml_threadpool* threadpool_ = nullptr;  // outlives every context it is attached to
   std::vector<Slot> slots_;
   std::vector<MemoryBuffer> breakdown_;
 

@@ -119,6 +119,7 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, const Plac
   mp.n_gpu_layers = m->devices_.empty() ? 0 : placement.gpu_layers;
   mp.load_mode = placement.mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
   mp.split_mode = LLAMA_SPLIT_MODE_LAYER;
+  mp.progress_callback = [](float, void*) { return true; };  // no progress dots on stderr
   m->model_ = llama_model_load_from_file(path.c_str(), mp);
   if (!m->model_) {
     // llama.cpp reports invalid files and failed buffer allocations the same
@@ -210,6 +211,17 @@ StatusOr<std::vector<int32_t>> Model::Tokenize(const std::string& text, bool add
   if (n < 0) return Status::InvalidArgument("text could not be tokenized");
   out.resize(static_cast<size_t>(n));
   return std::vector<int32_t>(out.begin(), out.end());
+}
+
+StatusOr<std::vector<int32_t>> Model::CheckTokens(std::vector<int32_t> tokens) const {
+  const int32_t n = llama_vocab_n_tokens(vocab_);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= n) {
+      return Status::InvalidArgument("prompt token " + std::to_string(i) + " (" + std::to_string(tokens[i]) +
+                                     ") is outside the vocabulary of " + std::to_string(n));
+    }
+  }
+  return tokens;
 }
 
 std::string Model::TokenPiece(int32_t token) const {

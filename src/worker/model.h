@@ -68,6 +68,8 @@ class Model {
   // Applies the model's chat template (ChatML when it has none).
   StatusOr<std::string> ApplyChatTemplate(const std::vector<api::ChatMessage>& messages) const;
   StatusOr<std::vector<int32_t>> Tokenize(const std::string& text, bool add_special) const;
+  // Returns the tokens when every id is in the vocabulary.
+  StatusOr<std::vector<int32_t>> CheckTokens(std::vector<int32_t> tokens) const;
   std::string TokenPiece(int32_t token) const;
   bool IsEndOfGeneration(int32_t token) const;
 

@@ -115,6 +115,7 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
 
   api::GenerationRequest gen;
   std::string prompt_text;
+  std::vector<int32_t> given_tokens;
   if (chat) {
     auto r = api::ParseChatRequest(*body);
     if (!r.ok()) return fail(r.status());
@@ -127,8 +128,10 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
     if (!r.ok()) return fail(r.status());
     gen = std::move(r->gen);
     prompt_text = std::move(r->prompt);
+    given_tokens = std::move(r->prompt_tokens);
   }
-  auto tokens = model_.Tokenize(prompt_text, /*add_special=*/true);
+  StatusOr<std::vector<int32_t>> tokens =
+      given_tokens.empty() ? model_.Tokenize(prompt_text, /*add_special=*/true) : model_.CheckTokens(given_tokens);
   if (!tokens.ok()) return fail(tokens.status());
   const int ctx = engine_.options().ctx;
   const int n_prompt = static_cast<int>(tokens->size());

@@ -266,6 +266,7 @@ TEST_F(WorkerTest, BadInputsGetTheirStatusAndTheWorkerKeepsServing) {
       {"/v1/completions", R"({"prompt": "x", "seed": -1})", 400, "'seed'"},
       {"/v1/completions", R"({"prompt": "x", "stop": [1]})", 400, "'stop'"},
       {"/v1/completions", R"({"prompt": "x", "n": 3})", 400, "'n'"},
+      {"/v1/completions", R"({"prompt": [1, 99999999]})", 400, "outside the vocabulary"},
       {"/v1/completions", R"({"prompt": "x", "max_tokens": 5000})", 400, "exceeds the context"},
       {"/v1/completions", json{{"prompt", big_prompt}}.dump(), 400, "does not fit the context"},
       {"/v1/chat/completions", R"({"messages": []})", 400, "'messages'"},

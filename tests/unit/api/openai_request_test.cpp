@@ -41,6 +41,13 @@ TEST(OpenAiRequestTest, MaxTokensWinsOverMaxCompletionTokens) {
   EXPECT_EQ(r->prompt, "only");
 }
 
+TEST(OpenAiRequestTest, TokenArrayPrompt) {
+  auto r = ParseCompletionRequest(json::parse(R"({"prompt":[1, 15043, 3186]})"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->prompt_tokens, (std::vector<int32_t>{1, 15043, 3186}));
+  EXPECT_TRUE(r->prompt.empty());
+}
+
 TEST(OpenAiRequestTest, NullMeansUnset) {
   auto r = ParseCompletionRequest(json::parse(R"({"prompt":"x","max_tokens":null,"temperature":null,"stop":null})"));
   ASSERT_TRUE(r.ok());
@@ -57,7 +64,9 @@ TEST(OpenAiRequestTest, RejectsWrongTypesAndOutOfRangeNumbers) {
   const Bad cases[] = {
       {R"({"prompt": 1})", "'prompt'"},
       {R"({"prompt": ["a", "b"]})", "'prompt'"},
-      {R"({"prompt": [1, 2]})", "'prompt'"},
+      {R"({"prompt": [1, -2]})", "'prompt'"},
+      {R"({"prompt": [1, 2.5]})", "'prompt'"},
+      {R"({"prompt": [1, "a"]})", "'prompt'"},
       {R"({})", "'prompt'"},
       {R"({"prompt": "x", "max_tokens": 0})", "'max_tokens'"},
       {R"({"prompt": "x", "max_tokens": 2.5})", "'max_tokens'"},
