@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/mkmodel_command.h"
+#include "cli/sim_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Spillway: a gateway and resource manager for local AI servers.\n"
@@ -9,6 +10,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int exit_code = 0;
   spillway::cli::AddMkmodelCommand(app, &exit_code);
+  spillway::cli::AddSimCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -9,13 +9,17 @@
 #include <cmath>
 #include <exception>
 
+#include "worker/faults.h"
 #include "worker/output_text.h"
+#include "worker/sim_control.h"
 
 namespace spillway::worker {
 
 using Clock = std::chrono::steady_clock;
 
 namespace {
+constexpr int kDecodeThrew = -1000;
+
 double MsSince(Clock::time_point t0, Clock::time_point t1) {
   return std::chrono::duration<double, std::milli>(t1 - t0).count();
 }
@@ -84,11 +88,13 @@ Status Engine::CreateContext() {
       }
     }
   }
+  if (opts_.sim) opts_.sim->SetPhase(SPILLWAY_SIM_PHASE_KV);
   try {
     ctx_ = llama_init_from_model(model_.raw(), cp);
   } catch (const std::exception& e) {
     ctx_ = nullptr;
   }
+  if (opts_.sim) opts_.sim->SetPhase(SPILLWAY_SIM_PHASE_COMPUTE);
   if (!ctx_) {
     // llama.cpp returns NULL both for the KV cache and for the compute buffers;
     // its log names which. Both are accelerator (or host) allocations made here.
@@ -150,6 +156,7 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
   }
   std::lock_guard<std::mutex> lk(mu_);
   if (stop_) return Status::Unavailable("worker is shutting down");
+  if (device_lost_) return Status::Unavailable("the device was lost: " + last_error_).WithPhase(FailurePhase::kDevice);
   if (!healthy_) return Status::Unavailable("worker context is unusable: " + last_error_).WithPhase(FailurePhase::kCompute);
   if (auto it = by_id_.find(job->id); it != by_id_.end() && !it->second.expired()) {
     return Status::Conflict("request id '" + job->id + "' is already running");
@@ -197,6 +204,7 @@ EngineStats Engine::stats() const {
   s.cancelled = cancelled_;
   s.contexts_rebuilt = rebuilt_;
   s.healthy = healthy_;
+  s.device_lost = device_lost_;
   s.last_error = last_error_;
   return s;
 }
@@ -317,42 +325,25 @@ void Engine::RunGenerationStep() {
     return;
   }
 
+  if (opts_.faults && opts_.faults->TakeForceReserve()) {
+    // What a server does when it switches attention mode, embeddings or a
+    // LoRA: the next llama_decode must re-reserve its compute buffers.
+    llama_set_causal_attn(ctx_, false);
+    llama_set_causal_attn(ctx_, true);
+  }
   int rc = 0;
   std::string what;
   try {
     rc = llama_decode(ctx_, batch);
   } catch (const std::exception& e) {
-    rc = -1000;
+    rc = kDecodeThrew;
     what = e.what();
   } catch (...) {
-    rc = -1000;
+    rc = kDecodeThrew;
     what = "unknown exception";
   }
   llama_batch_free(batch);
-
-  if (rc == -1000) {
-    // The context is poisoned: its graph allocator is in an undefined state.
-    const std::string msg = "compute buffer allocation failed inside llama_decode: " + what;
-    FailAllActive(Status::Unavailable(msg).WithPhase(FailurePhase::kCompute));
-    llama_free(ctx_);
-    ctx_ = nullptr;
-    Status st = CreateContext();
-    std::lock_guard<std::mutex> lk(mu_);
-    ++rebuilt_;
-    last_error_ = msg;
-    if (!st.ok()) {
-      healthy_ = false;
-      last_error_ = msg + "; rebuilding the context failed: " + st.message();
-    }
-    return;
-  }
-  if (rc != 0) {
-    Status st = rc == 1 ? Status::ResourceExhausted("no free space in the KV cache").WithPhase(FailurePhase::kKv)
-                        : Status::Internal("llama_decode failed with code " + std::to_string(rc))
-                              .WithPhase(FailurePhase::kCompute);
-    FailAllActive(st);
-    return;
-  }
+  if (rc != 0) return HandleDecodeFailure(rc, what);
 
   for (auto& [slot, take] : prompt_chunks) {
     slot->n_prompt_done += static_cast<size_t>(take);
@@ -367,6 +358,7 @@ void Engine::RunGenerationStep() {
       s.t_prompt_done = now;
     }
     const int32_t tok = llama_sampler_sample(s.smpl, ctx_, s.batch_index);
+    if (opts_.faults) opts_.faults->OnToken();
     if (model_.IsEndOfGeneration(tok)) {
       FinishSlot(s, Status::Ok(), "stop");
       continue;
@@ -382,6 +374,49 @@ void Engine::RunGenerationStep() {
       s.next_token = tok;
     }
   }
+}
+
+bool Engine::DeviceLost() const { return opts_.sim && opts_.sim->lost(); }
+
+void Engine::HandleDecodeFailure(int rc, const std::string& what) {
+  if (DeviceLost()) {
+    // Nothing on the device can be trusted again: fail fast from now on
+    // (the supervisor restarts the worker, as after a driver reset).
+    const std::string msg = "the device was lost during decode";
+    FailAllActive(Status::Unavailable(msg).WithPhase(FailurePhase::kDevice));
+    std::lock_guard<std::mutex> lk(mu_);
+    device_lost_ = true;
+    healthy_ = false;
+    last_error_ = msg;
+    return;
+  }
+  if (rc == 1) {
+    FailAllActive(Status::ResourceExhausted("no free space in the KV cache").WithPhase(FailurePhase::kKv));
+    return;
+  }
+  if (rc == kDecodeThrew || rc == -2) {
+    // An exception (failed re-reservation) or a failed graph allocation leaves
+    // the graph allocator in an undefined state: discard the context.
+    const std::string msg = rc == kDecodeThrew
+                                ? "compute buffer allocation failed inside llama_decode (exception: " + what + ")"
+                                : "compute buffer allocation failed inside llama_decode";
+    FailAllActive(Status::Unavailable(msg).WithPhase(FailurePhase::kCompute));
+    llama_free(ctx_);
+    ctx_ = nullptr;
+    Status st = CreateContext();
+    std::lock_guard<std::mutex> lk(mu_);
+    ++rebuilt_;
+    last_error_ = msg;
+    if (!st.ok()) {
+      healthy_ = false;
+      last_error_ = msg + "; rebuilding the context failed: " + st.message();
+    }
+    return;
+  }
+  FailAllActive(Status::Unavailable("llama_decode failed with code " + std::to_string(rc) + " (compute error)")
+                    .WithPhase(FailurePhase::kCompute));
+  std::lock_guard<std::mutex> lk(mu_);
+  last_error_ = "llama_decode failed with code " + std::to_string(rc);
 }
 
 void Engine::FinishSlot(Slot& s, Status status, const std::string& finish_reason) {
@@ -428,6 +463,8 @@ void Engine::RunEmbeddingJob(const std::shared_ptr<Job>& job) {
   JobResult r;
   const auto t0 = Clock::now();
   const int n_embd = model_.n_embd();
+  int rc = 0;
+  std::string what;
   for (const auto& input : job->inputs) {
     if (job->cancelled) {
       r.status = Status::Cancelled("request cancelled");
@@ -443,17 +480,18 @@ void Engine::RunEmbeddingJob(const std::shared_ptr<Job>& job) {
       batch.logits[i] = 1;
     }
     batch.n_tokens = static_cast<int32_t>(input.size());
-    int rc;
     try {
       rc = llama_decode(ctx_, batch);
     } catch (const std::exception& e) {
-      rc = -1000;
+      rc = kDecodeThrew;
+      what = e.what();
     }
     llama_batch_free(batch);
     const float* e = rc == 0 ? llama_get_embeddings_seq(ctx_, 0) : nullptr;
     if (!e) {
-      r.status = Status::Internal("embedding decode failed (code " + std::to_string(rc) + ")")
-                     .WithPhase(FailurePhase::kCompute);
+      r.status = Status::Unavailable("embedding decode failed (code " + std::to_string(rc) + ")")
+                     .WithPhase(DeviceLost() ? FailurePhase::kDevice : FailurePhase::kCompute);
+      if (rc == 0) rc = -3;
       break;
     }
     std::vector<float> v(e, e + n_embd);
@@ -466,7 +504,7 @@ void Engine::RunEmbeddingJob(const std::shared_ptr<Job>& job) {
     r.embeddings.push_back(std::move(v));
     r.prompt_tokens += static_cast<int>(input.size());
   }
-  llama_memory_clear(llama_get_memory(ctx_), true);
+  if (rc == 0) llama_memory_clear(llama_get_memory(ctx_), true);
   r.prompt_ms = MsSince(t0, Clock::now());
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -476,6 +514,7 @@ void Engine::RunEmbeddingJob(const std::shared_ptr<Job>& job) {
   }
   ReleaseReservation(*job);
   job->on_done(std::move(r));
+  if (rc != 0) HandleDecodeFailure(rc, what);
 }
 
 }  // namespace spillway::worker

@@ -37,6 +37,10 @@
 #include "worker/sampling.h"
 
 struct llama_context;
+namespace spillway::worker {
+class FaultInjector;
+class SimControl;
+}
 struct ggml_threadpool;
 
 namespace spillway::worker {
@@ -73,6 +77,8 @@ struct EngineOptions {
   int batch = 512;
   int threads = 0;
   bool embedding = false;
+  FaultInjector* faults = nullptr;   // optional; must outlive the engine
+  const SimControl* sim = nullptr;   // set when the placement is on a sim device
 };
 
 struct MemoryBuffer {
@@ -85,6 +91,7 @@ struct EngineStats {
   int cells_total = 0, cells_reserved = 0;
   uint64_t completed = 0, failed = 0, cancelled = 0, contexts_rebuilt = 0;
   bool healthy = true;
+  bool device_lost = false;
   std::string last_error;
 };
 
@@ -117,6 +124,8 @@ class Engine {
   void RunEmbeddingJob(const std::shared_ptr<Job>& job);
   void FinishSlot(Slot& slot, Status status, const std::string& finish_reason);
   void FailAllActive(const Status& status);
+  void HandleDecodeFailure(int rc, const std::string& exception_what);
+  bool DeviceLost() const;
   void ReleaseReservation(const Job& job);
   int32_t CellsNeeded(const Job& job) const;
 
@@ -135,6 +144,7 @@ class Engine {
   int32_t cells_reserved_ = 0;
   bool stop_ = false;
   bool healthy_ = true;
+  bool device_lost_ = false;
   std::string last_error_;
   uint64_t completed_ = 0, failed_ = 0, cancelled_ = 0, rebuilt_ = 0;
   std::thread thread_;

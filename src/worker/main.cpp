@@ -14,6 +14,8 @@
 
 #include "api/http_server.h"
 #include "worker/engine.h"
+#include "worker/faults.h"
+#include "worker/sim_control.h"
 #include "worker/model.h"
 #include "worker/worker_service.h"
 
@@ -71,7 +73,8 @@ int main(int argc, char** argv) {
   app.add_option("--listen", listen, "HOST:PORT to listen on (loopback only; port 0 picks a free port)")
       ->capture_default_str();
   app.add_option("--port-file", port_file, "write the bound port to this file once listening");
-  app.add_option("--device", placement.device, "cpu or cuda:N")->capture_default_str();
+  app.add_option("--device", placement.device, "cpu, cuda:N or sim:N (simulated accelerator, see `spillway sim`)")
+      ->capture_default_str();
   app.add_option("--gpu-layers", placement.gpu_layers, "layers to offload to --device (-1 = all)")
       ->check(CLI::Range(-1, 100000))->capture_default_str();
   app.add_option("--ctx", placement.ctx, "KV cache cells shared by all slots")
@@ -86,6 +89,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--max-body", max_body, "largest accepted request body in bytes")->capture_default_str();
   app.add_option("--backend-dir", backend_dir, "directory with the ggml backend modules (default: next to this binary)");
+  std::vector<std::string> fault_specs;
+  app.add_option("--fault", fault_specs,
+                 "arm a fault on a sim device (repeatable; also $SPILLWAY_FAULTS): fail-next=load|kv|compute|reserve, "
+                 "fail-after-bytes=N, compute-error, compute-abort, hang=SECONDS, lose-at-token=K, lose-device");
   app.add_flag("-v,--verbose", verbose, "log llama.cpp's info messages");
   try {
     app.parse(argc, argv);
@@ -111,6 +118,15 @@ int main(int argc, char** argv) {
   if (Status st = worker::LoadBackends(backend_dir, placement.device); !st.ok()) return Fatal(kExitUsage, st);
   llama_backend_init();
 
+  auto sim = worker::SimControl::Find();
+  worker::FaultInjector faults(sim.get());
+  if (const char* env = std::getenv("SPILLWAY_FAULTS"); env && *env) {
+    if (Status st = faults.ArmAll(env); !st.ok()) return Fatal(kExitUsage, st);
+  }
+  for (const auto& f : fault_specs) {
+    if (Status st = faults.Arm(f); !st.ok()) return Fatal(kExitUsage, st);
+  }
+
   auto model = worker::Model::Load(model_path, placement);
   if (!model.ok()) return Fatal(kExitLoad, model.status());
   worker::EngineOptions eo;
@@ -119,10 +135,12 @@ int main(int argc, char** argv) {
   eo.batch = placement.batch;
   eo.threads = placement.threads;
   eo.embedding = (*model)->is_embedding();
+  eo.faults = &faults;
+  eo.sim = sim.get();
   worker::Engine engine(**model, eo);
   if (Status st = engine.Start(); !st.ok()) return Fatal(kExitContext, st);
 
-  worker::WorkerService service(**model, engine, placement, {default_max_tokens});
+  worker::WorkerService service(**model, engine, placement, {default_max_tokens}, &faults);
   boost::asio::io_context ioc;
   http::ServerOptions so;
   so.max_body_bytes = max_body;

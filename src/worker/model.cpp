@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "common/hash.h"
+#include "worker/sim_control.h"
 
 namespace spillway::worker {
 
@@ -64,12 +65,18 @@ Status LoadBackends(const std::string& dir, const std::string& device) {
   if (!IsAccelerator(device)) return Status::Ok();
   std::string kind;
   int index = 0;
-  if (!SplitDevice(device, &kind, &index)) return Status::InvalidArgument("bad device '" + device + "' (cpu or cuda:N)");
+  if (!SplitDevice(device, &kind, &index)) {
+    return Status::InvalidArgument("bad device '" + device + "' (cpu, cuda:N or sim:N)");
+  }
   if (kind == "cuda") {
     if (ggml_backend_reg_by_name("CUDA") == nullptr) SPILLWAY_RETURN_IF_ERROR(LoadModule(dir, "ggml-cuda"));
     return Status::Ok();
   }
-  return Status::InvalidArgument("unknown device kind '" + kind + "' (cpu or cuda:N)");
+  if (kind == "sim") {
+    if (ggml_backend_reg_by_name("SIM") == nullptr) SPILLWAY_RETURN_IF_ERROR(LoadModule(dir, "ggml-sim"));
+    return Status::Ok();
+  }
+  return Status::InvalidArgument("unknown device kind '" + kind + "' (cpu, cuda:N or sim:N)");
 }
 
 namespace {
@@ -80,6 +87,15 @@ StatusOr<std::vector<ggml_backend_dev_t>> DevicesFor(const std::string& device) 
   std::string kind;
   int index = 0;
   if (!SplitDevice(device, &kind, &index)) return Status::InvalidArgument("bad device '" + device + "'");
+  if (kind == "sim") {
+    // Devices are named after their ledger: SIM<N> is sim:N.
+    if (ggml_backend_dev_t dev = ggml_backend_dev_by_name(("SIM" + std::to_string(index)).c_str())) {
+      out.push_back(dev);
+      return out;
+    }
+    return Status::Unavailable("simulated device '" + device + "' does not exist (create it with `spillway sim create " +
+                               device + " --capacity-mib N`)");
+  }
   std::string reg_name = kind == "cuda" ? "CUDA" : kind;
   ggml_backend_reg_t reg = ggml_backend_reg_by_name(reg_name.c_str());
   if (!reg) return Status::Unavailable("backend for '" + device + "' is not loaded");
@@ -120,7 +136,10 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, const Plac
   mp.load_mode = placement.mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
   mp.split_mode = LLAMA_SPLIT_MODE_LAYER;
   mp.progress_callback = [](float, void*) { return true; };  // no progress dots on stderr
+  auto sim = SimControl::Find();
+  if (sim) sim->SetPhase(SPILLWAY_SIM_PHASE_LOAD);
   m->model_ = llama_model_load_from_file(path.c_str(), mp);
+  if (sim) sim->SetPhase(SPILLWAY_SIM_PHASE_NONE);
   if (!m->model_) {
     // llama.cpp reports invalid files and failed buffer allocations the same
     // way; an allocation on an accelerator is the likely cause when one is used.

@@ -39,11 +39,13 @@ int64_t UnixNow() {
 
 }  // namespace
 
-WorkerService::WorkerService(const Model& model, Engine& engine, Placement placement, ServiceOptions opts)
+WorkerService::WorkerService(const Model& model, Engine& engine, Placement placement, ServiceOptions opts,
+                             FaultInjector* faults)
     : model_(model),
       engine_(engine),
       placement_(std::move(placement)),
       opts_(opts),
+      faults_(faults),
       started_(std::chrono::system_clock::now()),
       rng_(std::random_device{}()) {}
 
@@ -74,7 +76,7 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
   if (path == "/health") {
     if (method != bhttp::verb::get) return respond_error(Status(StatusCode::kInvalidArgument, "use GET"));
     auto st = engine_.stats();
-    json body = {{"status", st.healthy ? "ok" : "error"}};
+    json body = {{"status", st.healthy ? "ok" : (st.device_lost ? "device_lost" : "error")}};
     if (!st.healthy) body["error"] = st.last_error;
     return ex->Respond(JsonResponse(st.healthy ? 200 : 503, body, v));
   }
@@ -92,6 +94,18 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
     if (!ValidRequestId(id)) return respond_error(Status::InvalidArgument("malformed request id"));
     if (!engine_.Cancel(id)) return respond_error(Status::NotFound("no queued or running request '" + id + "'"));
     return ex->Respond(JsonResponse(200, json{{"id", id}, {"cancelled", true}}, v));
+  }
+  if (path == "/v1/worker/faults" && method == bhttp::verb::post) {
+    if (!faults_) return respond_error(Status::InvalidArgument("fault injection is not available"));
+    auto body = api::ParseJsonBody(req.body());
+    if (!body.ok()) return respond_error(body.status());
+    auto it = body->find("faults");
+    if (it == body->end() || !it->is_array()) return respond_error(Status::InvalidArgument("'faults' must be an array of strings"));
+    for (const auto& f : *it) {
+      if (!f.is_string()) return respond_error(Status::InvalidArgument("'faults' must be an array of strings"));
+      if (Status st = faults_->Arm(f.get<std::string>()); !st.ok()) return respond_error(st);
+    }
+    return ex->Respond(JsonResponse(200, faults_->ToJson(), v));
   }
   const bool chat = path == "/v1/chat/completions";
   if (chat || path == "/v1/completions" || path == "/v1/embeddings") {
@@ -272,7 +286,9 @@ json WorkerService::Info() const {
           {"kv_cells", {{"total", st.cells_total}, {"reserved", st.cells_reserved}}},
           {"requests", {{"received", requests_.load()}, {"completed", st.completed}, {"failed", st.failed},
                         {"cancelled", st.cancelled}}},
-          {"health", {{"ok", st.healthy}, {"contexts_rebuilt", st.contexts_rebuilt}, {"last_error", st.last_error}}},
+          {"health", {{"ok", st.healthy}, {"device_lost", st.device_lost}, {"contexts_rebuilt", st.contexts_rebuilt},
+                      {"last_error", st.last_error}}},
+          {"faults", faults_ ? faults_->ToJson() : json(nullptr)},
           {"defaults", {{"max_tokens", opts_.default_max_tokens}}}};
 }
 

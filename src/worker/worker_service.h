@@ -8,6 +8,7 @@
 //   POST   /v1/completions            (stream and non-stream)
 //   POST   /v1/embeddings
 //   DELETE /v1/worker/requests/{id}   cancel a queued or running request
+//   POST   /v1/worker/faults          {"faults": ["fail-next=kv", ...]} arm faults (sim devices)
 //
 // Requests carry their id in X-Request-Id (the gateway sets it; otherwise the
 // worker makes one). A client that disconnects cancels its request.
@@ -21,6 +22,7 @@
 
 #include "api/http_server.h"
 #include "worker/engine.h"
+#include "worker/faults.h"
 #include "worker/model.h"
 
 namespace spillway::worker {
@@ -31,7 +33,8 @@ struct ServiceOptions {
 
 class WorkerService {
  public:
-  WorkerService(const Model& model, Engine& engine, Placement placement, ServiceOptions opts);
+  // `faults` may be null (no fault injection).
+  WorkerService(const Model& model, Engine& engine, Placement placement, ServiceOptions opts, FaultInjector* faults);
 
   // The http::Handler. Thread-safe.
   void Handle(http::Request req, std::shared_ptr<http::Exchange> ex);
@@ -48,6 +51,7 @@ class WorkerService {
   Engine& engine_;
   Placement placement_;
   ServiceOptions opts_;
+  FaultInjector* faults_;
   std::chrono::system_clock::time_point started_;
   std::mutex rng_mu_;
   std::mt19937_64 rng_;

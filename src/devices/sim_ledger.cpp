@@ -1,0 +1,272 @@
+#include "devices/sim_ledger.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+namespace spillway::devices {
+
+namespace {
+
+constexpr char kMagic[8] = {'S', 'W', 'S', 'I', 'M', '0', '1', '\0'};
+
+bool SameEntry(const LedgerEntry& e, int32_t pid, LedgerKind kind, const std::string& label) {
+  return e.pid == pid && e.kind == static_cast<uint32_t>(kind) && label == e.label;
+}
+
+void RemoveAt(LedgerData* d, uint32_t i) {
+  d->entries[i] = d->entries[d->n_entries - 1];
+  --d->n_entries;
+}
+
+std::mutex& ProcessMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+}  // namespace
+
+void LedgerInit(LedgerData* d, uint64_t capacity) {
+  std::memset(d, 0, sizeof *d);
+  std::memcpy(d->magic, kMagic, sizeof kMagic);
+  d->capacity = capacity;
+  d->version = 1;
+}
+
+bool LedgerValid(const LedgerData& d) {
+  return std::memcmp(d.magic, kMagic, sizeof kMagic) == 0 && d.n_entries <= kLedgerMaxEntries;
+}
+
+uint64_t LedgerReap(LedgerData* d, const AliveFn& alive, uint64_t now_ms) {
+  uint64_t freed = 0;
+  for (uint32_t i = 0; i < d->n_entries;) {
+    const LedgerEntry& e = d->entries[i];
+    const bool expired = e.expires_ms != 0 && e.expires_ms <= now_ms;
+    if (expired || !alive(e.pid, e.start_time)) {
+      freed += e.bytes;
+      RemoveAt(d, i);
+    } else {
+      ++i;
+    }
+  }
+  return freed;
+}
+
+uint64_t LedgerUsed(const LedgerData& d) {
+  uint64_t used = 0;
+  for (uint32_t i = 0; i < d.n_entries; ++i) used += d.entries[i].bytes;
+  return used;
+}
+
+bool LedgerReserve(LedgerData* d, int32_t pid, uint64_t start_time, LedgerKind kind, const std::string& label,
+                   uint64_t bytes, uint64_t expires_ms) {
+  const uint64_t used = LedgerUsed(*d);
+  if (bytes > d->capacity || used > d->capacity - bytes) return false;
+  for (uint32_t i = 0; i < d->n_entries; ++i) {
+    if (SameEntry(d->entries[i], pid, kind, label)) {
+      d->entries[i].bytes += bytes;
+      if (expires_ms) d->entries[i].expires_ms = expires_ms;
+      return true;
+    }
+  }
+  if (d->n_entries >= kLedgerMaxEntries) return false;
+  LedgerEntry& e = d->entries[d->n_entries++];
+  std::memset(&e, 0, sizeof e);
+  e.pid = pid;
+  e.kind = static_cast<uint32_t>(kind);
+  e.start_time = start_time;
+  e.bytes = bytes;
+  e.expires_ms = expires_ms;
+  std::strncpy(e.label, label.c_str(), sizeof e.label - 1);
+  return true;
+}
+
+void LedgerRelease(LedgerData* d, int32_t pid, LedgerKind kind, const std::string& label, uint64_t bytes) {
+  for (uint32_t i = 0; i < d->n_entries; ++i) {
+    if (SameEntry(d->entries[i], pid, kind, label)) {
+      LedgerEntry& e = d->entries[i];
+      e.bytes = bytes >= e.bytes ? 0 : e.bytes - bytes;
+      if (e.bytes == 0) RemoveAt(d, i);
+      return;
+    }
+  }
+}
+
+uint64_t UnixMillis() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
+
+uint64_t ProcessStartTime(int32_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  // Field 22 (starttime) counts from after the ")" closing the command name.
+  auto close = s.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(s.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i) {
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  }
+  return 0;
+}
+
+bool ProcessAlive(int32_t pid, uint64_t start_time) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  // A zombie has released its memory as far as the device is concerned.
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto close = s.rfind(')');
+  if (close != std::string::npos && close + 2 < s.size() && s[close + 2] == 'Z') return false;
+  return start_time == 0 || ProcessStartTime(pid) == start_time;
+}
+
+std::string SimLedger::DirPath() {
+  const char* d = std::getenv("SPILLWAY_SIM_DIR");
+  return d && *d ? d : "/dev/shm";
+}
+
+std::string SimLedger::PathFor(int device_index) {
+  return DirPath() + "/spillway-sim-" + std::to_string(device_index) + ".ledger";
+}
+
+namespace {
+
+StatusOr<std::pair<int, LedgerData*>> MapFile(const std::string& path, bool create) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0666);
+  if (fd < 0) {
+    if (!create && errno == ENOENT) {
+      return Status::NotFound("simulated device ledger " + path + " does not exist (run `spillway sim create`)");
+    }
+    return Status::Unavailable("cannot open " + path + ": " + std::strerror(errno));
+  }
+  struct stat st {};
+  fstat(fd, &st);
+  if (static_cast<size_t>(st.st_size) < sizeof(LedgerData)) {
+    if (!create) {
+      ::close(fd);
+      return Status::Unavailable(path + " is not a simulated device ledger (too short)");
+    }
+    if (ftruncate(fd, sizeof(LedgerData)) != 0) {
+      ::close(fd);
+      return Status::Unavailable("cannot size " + path);
+    }
+  }
+  void* p = mmap(nullptr, sizeof(LedgerData), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    ::close(fd);
+    return Status::Unavailable("cannot map " + path);
+  }
+  return std::make_pair(fd, static_cast<LedgerData*>(p));
+}
+
+}  // namespace
+
+template <typename Fn>
+auto SimLedger::Locked(Fn&& fn) {
+  std::lock_guard<std::mutex> lk(ProcessMutex());
+  flock(fd_, LOCK_EX);
+  struct Unlock {
+    int fd;
+    ~Unlock() { flock(fd, LOCK_UN); }
+  } unlock{fd_};
+  LedgerReap(data_, ProcessAlive, UnixMillis());
+  return fn(data_);
+}
+
+SimLedger::~SimLedger() {
+  munmap(data_, sizeof(LedgerData));
+  ::close(fd_);
+}
+
+StatusOr<std::unique_ptr<SimLedger>> SimLedger::Create(int device_index, uint64_t capacity) {
+  std::error_code ec;
+  std::filesystem::create_directories(DirPath(), ec);
+  auto m = MapFile(PathFor(device_index), true);
+  if (!m.ok()) return m.status();
+  std::unique_ptr<SimLedger> l(new SimLedger(device_index, m->first, m->second));
+  l->Locked([capacity](LedgerData* d) {
+    if (!LedgerValid(*d)) {
+      LedgerInit(d, capacity);
+    } else {
+      d->capacity = capacity;
+    }
+    return 0;
+  });
+  return l;
+}
+
+StatusOr<std::unique_ptr<SimLedger>> SimLedger::Open(int device_index) {
+  auto m = MapFile(PathFor(device_index), false);
+  if (!m.ok()) return m.status();
+  std::unique_ptr<SimLedger> l(new SimLedger(device_index, m->first, m->second));
+  const bool valid = l->Locked([](LedgerData* d) { return LedgerValid(*d); });
+  if (!valid) return Status::Unavailable(PathFor(device_index) + " is not a simulated device ledger");
+  return l;
+}
+
+Status SimLedger::Remove(int device_index) {
+  std::error_code ec;
+  if (!std::filesystem::remove(PathFor(device_index), ec)) {
+    return Status::NotFound("no simulated device sim:" + std::to_string(device_index));
+  }
+  return Status::Ok();
+}
+
+std::vector<int> SimLedger::List() {
+  std::vector<int> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(DirPath(), ec)) {
+    const std::string f = e.path().filename().string();
+    int n = -1;
+    char tail[16] = {0};
+    if (std::sscanf(f.c_str(), "spillway-sim-%d.%15s", &n, tail) == 2 && std::string(tail) == "ledger" && n >= 0) {
+      out.push_back(n);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool SimLedger::Reserve(LedgerKind kind, const std::string& label, uint64_t bytes, uint64_t expires_ms) {
+  static const int32_t pid = getpid();
+  static const uint64_t start = ProcessStartTime(pid);
+  return Locked([&](LedgerData* d) { return LedgerReserve(d, pid, start, kind, label, bytes, expires_ms); });
+}
+
+void SimLedger::Release(LedgerKind kind, const std::string& label, uint64_t bytes) {
+  const int32_t pid = getpid();
+  Locked([&](LedgerData* d) {
+    LedgerRelease(d, pid, kind, label, bytes);
+    return 0;
+  });
+}
+
+LedgerSnapshot SimLedger::Snapshot() {
+  return Locked([](LedgerData* d) {
+    LedgerSnapshot s;
+    s.capacity = d->capacity;
+    s.used = LedgerUsed(*d);
+    s.entries.assign(d->entries, d->entries + d->n_entries);
+    return s;
+  });
+}
+
+}  // namespace spillway::devices

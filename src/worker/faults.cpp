@@ -1,0 +1,136 @@
+#include "worker/faults.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+namespace spillway::worker {
+
+using nlohmann::json;
+
+namespace {
+
+bool ParseInt(const std::string& s, int64_t* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno || *end || v < 0) return false;
+  *out = v;
+  return true;
+}
+
+bool ParseSeconds(const std::string& s, int64_t* ms) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (*end || !(v >= 0) || v > 86400) return false;
+  *ms = static_cast<int64_t>(v * 1000);
+  return true;
+}
+
+}  // namespace
+
+void FaultInjector::Log(const std::string& what) {
+  std::fprintf(stderr, "spillway-worker: fault %s\n", what.c_str());
+  std::lock_guard<std::mutex> lk(mu_);
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::system_clock::now().time_since_epoch()).count();
+  history_.push_back({{"unix_ms", now}, {"event", what}});
+  if (history_.size() > 100) history_.erase(history_.begin());
+}
+
+Status FaultInjector::Arm(const std::string& spec) {
+  const auto eq = spec.find('=');
+  const std::string name = spec.substr(0, eq);
+  const std::string arg = eq == std::string::npos ? "" : spec.substr(eq + 1);
+  if (name.empty()) return Status::InvalidArgument("empty fault");
+  if (!sim_) return Status::InvalidArgument("fault '" + spec + "' needs a sim device (--device sim:N)");
+  int64_t n = 0;
+  if (name == "fail-next") {
+    if (arg == "load") sim_->Arm(SPILLWAY_SIM_FAIL_NEXT_ALLOC, SPILLWAY_SIM_PHASE_LOAD);
+    else if (arg == "kv") sim_->Arm(SPILLWAY_SIM_FAIL_NEXT_ALLOC, SPILLWAY_SIM_PHASE_KV);
+    else if (arg == "compute" || arg == "reserve") {
+      sim_->Arm(SPILLWAY_SIM_GROW_COMPUTE);
+      sim_->Arm(SPILLWAY_SIM_FAIL_NEXT_ALLOC, SPILLWAY_SIM_PHASE_COMPUTE);
+      if (arg == "reserve") force_reserve_ = true;
+    } else {
+      return Status::InvalidArgument("fail-next needs load, kv, compute or reserve");
+    }
+  } else if (name == "fail-after-bytes") {
+    if (!ParseInt(arg, &n)) return Status::InvalidArgument("fail-after-bytes needs a byte count");
+    sim_->Arm(SPILLWAY_SIM_FAIL_AFTER_BYTES, n);
+  } else if (name == "compute-error" && arg.empty()) {
+    sim_->Arm(SPILLWAY_SIM_COMPUTE_ERROR);
+  } else if (name == "compute-abort" && arg.empty()) {
+    sim_->Arm(SPILLWAY_SIM_COMPUTE_ABORT);
+  } else if (name == "hang") {
+    if (!ParseSeconds(arg, &n)) return Status::InvalidArgument("hang needs seconds in [0, 86400]");
+    sim_->Arm(SPILLWAY_SIM_HANG_MS, n);
+  } else if (name == "lose-at-token") {
+    if (!ParseInt(arg, &n) || n < 1) return Status::InvalidArgument("lose-at-token needs a token count >= 1");
+    lose_at_token_ = n;
+  } else if (name == "lose-device" && arg.empty()) {
+    sim_->Arm(SPILLWAY_SIM_LOSE_DEVICE);
+  } else if (name == "clear" && arg.empty()) {
+    sim_->Arm(SPILLWAY_SIM_CLEAR);
+    lose_at_token_ = -1;
+    force_reserve_ = false;
+  } else {
+    return Status::InvalidArgument("unknown fault '" + spec +
+                                   "' (fail-next=, fail-after-bytes=, compute-error, compute-abort, hang=, "
+                                   "lose-at-token=, lose-device, clear)");
+  }
+  Log("armed " + spec);
+  return Status::Ok();
+}
+
+Status FaultInjector::ArmAll(const std::string& list) {
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t end = list.find_first_of(";,", pos);
+    if (end == std::string::npos) end = list.size();
+    std::string spec = list.substr(pos, end - pos);
+    while (!spec.empty() && spec.front() == ' ') spec.erase(0, 1);
+    while (!spec.empty() && spec.back() == ' ') spec.pop_back();
+    if (!spec.empty()) SPILLWAY_RETURN_IF_ERROR(Arm(spec));
+    pos = end + 1;
+  }
+  return Status::Ok();
+}
+
+void FaultInjector::OnToken() {
+  int64_t left = lose_at_token_.load();
+  if (left < 0) return;
+  if (left <= 1) {
+    lose_at_token_ = -1;
+    if (sim_) sim_->Arm(SPILLWAY_SIM_LOSE_DEVICE);
+    Log("fired lose-at-token: device lost");
+    return;
+  }
+  lose_at_token_ = left - 1;
+}
+
+json FaultInjector::ToJson() const {
+  json j = {{"sim", sim_ != nullptr}};
+  if (sim_) {
+    auto s = sim_->State();
+    j["device_lost"] = s.lost != 0;
+    j["armed"] = {{"fail_next_phase", s.fail_next_phase},
+                  {"fail_after_bytes", s.fail_after_bytes},
+                  {"compute_error", s.compute_error != 0},
+                  {"compute_abort", s.compute_abort != 0},
+                  {"grow_compute", s.grow_compute != 0},
+                  {"hang_ms", s.hang_ms},
+                  {"lose_at_token", lose_at_token_.load()}};
+    j["faults_fired"] = s.faults_fired;
+    j["allocations_failed"] = s.allocations_failed;
+    j["last_failure"] = s.last_failure;
+    j["device_bytes"] = s.process_bytes;
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  j["history"] = history_;
+  return j;
+}
+
+}  // namespace spillway::worker
