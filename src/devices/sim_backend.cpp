@@ -180,13 +180,16 @@ ggml_backend_buffer_t BuftAlloc(ggml_backend_buffer_type_t buft, size_t size) {
 
 size_t BuftAlignment(ggml_backend_buffer_type_t) { return kAlignment; }
 
-// While a compute-growth fault is armed, tensors claim twice their size, so
-// the graph allocator must allocate larger compute buffers at the next graph
-// (as when a batch shape or a re-reservation needs more than was reserved).
+// While a compute-growth fault is armed, the results of the ops whose
+// allocation ggml allows to expand (matrix products, flash attention: CUDA
+// pads these) claim twice their size, so the graph allocator must allocate
+// larger compute buffers at the next graph, as when a batch shape or a
+// re-reservation needs more than was reserved.
 size_t BuftAllocSize(ggml_backend_buffer_type_t, const ggml_tensor* t) {
+  const size_t n = ggml_nbytes(t);
+  if (!ggml_op_alloc_size_may_expand(t->op)) return n;
   auto& f = Faults();
   std::lock_guard<std::mutex> lk(f.mu);
-  const size_t n = ggml_nbytes(t);
   return f.grow_compute && f.phase == SPILLWAY_SIM_PHASE_COMPUTE ? n * 2 : n;
 }
 
@@ -215,6 +218,16 @@ ggml_status BackendCompute(ggml_backend_t b, ggml_cgraph* graph) {
                    s->device->name.c_str());
       std::fflush(stderr);
       std::abort();
+    }
+    if (f.fail_next_phase == SPILLWAY_SIM_PHASE_COMPUTE) {
+      // The armed compute allocation did not happen while reserving (llama.cpp
+      // reuses graphs): fail the scratch allocation a device's memory pool
+      // makes while computing, as an allocation error.
+      f.fail_next_phase = 0;
+      f.grow_compute = false;
+      ++f.fired;
+      RecordFailure(s->device->name + ": memory pool allocation failed during compute: injected fault");
+      return GGML_STATUS_ALLOC_FAILED;
     }
     if (f.compute_error) {
       f.compute_error = false;

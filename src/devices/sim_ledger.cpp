@@ -246,8 +246,15 @@ std::vector<int> SimLedger::List() {
 }
 
 bool SimLedger::Reserve(LedgerKind kind, const std::string& label, uint64_t bytes, uint64_t expires_ms) {
-  static const int32_t pid = getpid();
-  static const uint64_t start = ProcessStartTime(pid);
+  // Not cached across fork(): a child reserves under its own pid.
+  static thread_local int32_t cached_pid = 0;
+  static thread_local uint64_t cached_start = 0;
+  const int32_t pid = getpid();
+  if (pid != cached_pid) {
+    cached_pid = pid;
+    cached_start = ProcessStartTime(pid);
+  }
+  const uint64_t start = cached_start;
   return Locked([&](LedgerData* d) { return LedgerReserve(d, pid, start, kind, label, bytes, expires_ms); });
 }
 

@@ -89,6 +89,7 @@ Status Engine::CreateContext() {
     }
   }
   if (opts_.sim) opts_.sim->SetPhase(SPILLWAY_SIM_PHASE_KV);
+  ClearLlamaErrors();
   try {
     ctx_ = llama_init_from_model(model_.raw(), cp);
   } catch (const std::exception& e) {
@@ -96,12 +97,14 @@ Status Engine::CreateContext() {
   }
   if (opts_.sim) opts_.sim->SetPhase(SPILLWAY_SIM_PHASE_COMPUTE);
   if (!ctx_) {
-    // llama.cpp returns NULL both for the KV cache and for the compute buffers;
-    // its log names which. Both are accelerator (or host) allocations made here.
+    // llama.cpp returns NULL both for the KV cache and for the compute
+    // buffers; only its log says which.
+    const std::string log = RecentLlamaErrors();
+    const bool compute = log.find("compute") != std::string::npos;
     return Status::ResourceExhausted("llama.cpp could not create a context of " + std::to_string(opts_.ctx) +
-                                     " cells x " + std::to_string(opts_.slots) +
-                                     " slots (KV cache or compute buffers do not fit)")
-        .WithPhase(FailurePhase::kKv);
+                                     " cells for " + std::to_string(opts_.slots) + " slots: " +
+                                     (compute ? "the compute buffers" : "the KV cache") + " do not fit")
+        .WithPhase(compute ? FailurePhase::kCompute : FailurePhase::kKv);
   }
   if (threadpool_) llama_attach_threadpool(ctx_, threadpool_, nullptr);
   breakdown_.clear();

@@ -40,46 +40,68 @@ void FaultInjector::Log(const std::string& what) {
   if (history_.size() > 100) history_.erase(history_.begin());
 }
 
-Status FaultInjector::Arm(const std::string& spec) {
+StatusOr<FaultSpec> ParseFault(const std::string& spec) {
   const auto eq = spec.find('=');
   const std::string name = spec.substr(0, eq);
   const std::string arg = eq == std::string::npos ? "" : spec.substr(eq + 1);
-  if (name.empty()) return Status::InvalidArgument("empty fault");
-  if (!sim_) return Status::InvalidArgument("fault '" + spec + "' needs a sim device (--device sim:N)");
-  int64_t n = 0;
+  const bool has_arg = eq != std::string::npos;
+  FaultSpec f{FaultSpec::kClear};
   if (name == "fail-next") {
-    if (arg == "load") sim_->Arm(SPILLWAY_SIM_FAIL_NEXT_ALLOC, SPILLWAY_SIM_PHASE_LOAD);
-    else if (arg == "kv") sim_->Arm(SPILLWAY_SIM_FAIL_NEXT_ALLOC, SPILLWAY_SIM_PHASE_KV);
+    f.kind = FaultSpec::kFailNext;
+    if (arg == "load") f.arg = SPILLWAY_SIM_PHASE_LOAD;
+    else if (arg == "kv") f.arg = SPILLWAY_SIM_PHASE_KV;
     else if (arg == "compute" || arg == "reserve") {
-      sim_->Arm(SPILLWAY_SIM_GROW_COMPUTE);
-      sim_->Arm(SPILLWAY_SIM_FAIL_NEXT_ALLOC, SPILLWAY_SIM_PHASE_COMPUTE);
-      if (arg == "reserve") force_reserve_ = true;
+      f.arg = SPILLWAY_SIM_PHASE_COMPUTE;
+      f.via_reserve = arg == "reserve";
     } else {
       return Status::InvalidArgument("fail-next needs load, kv, compute or reserve");
     }
   } else if (name == "fail-after-bytes") {
-    if (!ParseInt(arg, &n)) return Status::InvalidArgument("fail-after-bytes needs a byte count");
-    sim_->Arm(SPILLWAY_SIM_FAIL_AFTER_BYTES, n);
-  } else if (name == "compute-error" && arg.empty()) {
-    sim_->Arm(SPILLWAY_SIM_COMPUTE_ERROR);
-  } else if (name == "compute-abort" && arg.empty()) {
-    sim_->Arm(SPILLWAY_SIM_COMPUTE_ABORT);
+    f.kind = FaultSpec::kFailAfterBytes;
+    if (!ParseInt(arg, &f.arg)) return Status::InvalidArgument("fail-after-bytes needs a byte count");
   } else if (name == "hang") {
-    if (!ParseSeconds(arg, &n)) return Status::InvalidArgument("hang needs seconds in [0, 86400]");
-    sim_->Arm(SPILLWAY_SIM_HANG_MS, n);
+    f.kind = FaultSpec::kHang;
+    if (!ParseSeconds(arg, &f.arg)) return Status::InvalidArgument("hang needs seconds in [0, 86400]");
   } else if (name == "lose-at-token") {
-    if (!ParseInt(arg, &n) || n < 1) return Status::InvalidArgument("lose-at-token needs a token count >= 1");
-    lose_at_token_ = n;
-  } else if (name == "lose-device" && arg.empty()) {
-    sim_->Arm(SPILLWAY_SIM_LOSE_DEVICE);
-  } else if (name == "clear" && arg.empty()) {
-    sim_->Arm(SPILLWAY_SIM_CLEAR);
-    lose_at_token_ = -1;
-    force_reserve_ = false;
+    f.kind = FaultSpec::kLoseAtToken;
+    if (!ParseInt(arg, &f.arg) || f.arg < 1) return Status::InvalidArgument("lose-at-token needs a token count >= 1");
+  } else if (!has_arg && name == "compute-error") {
+    f.kind = FaultSpec::kComputeError;
+  } else if (!has_arg && name == "compute-abort") {
+    f.kind = FaultSpec::kComputeAbort;
+  } else if (!has_arg && name == "lose-device") {
+    f.kind = FaultSpec::kLoseDevice;
+  } else if (!has_arg && name == "clear") {
+    f.kind = FaultSpec::kClear;
   } else {
     return Status::InvalidArgument("unknown fault '" + spec +
                                    "' (fail-next=, fail-after-bytes=, compute-error, compute-abort, hang=, "
                                    "lose-at-token=, lose-device, clear)");
+  }
+  return f;
+}
+
+Status FaultInjector::Arm(const std::string& spec) {
+  auto f = ParseFault(spec);
+  if (!f.ok()) return f.status();
+  if (!sim_) return Status::InvalidArgument("fault '" + spec + "' needs a sim device (--device sim:N)");
+  switch (f->kind) {
+    case FaultSpec::kFailNext:
+      if (f->arg == SPILLWAY_SIM_PHASE_COMPUTE) sim_->Arm(SPILLWAY_SIM_GROW_COMPUTE);
+      sim_->Arm(SPILLWAY_SIM_FAIL_NEXT_ALLOC, f->arg);
+      if (f->via_reserve) force_reserve_ = true;
+      break;
+    case FaultSpec::kFailAfterBytes: sim_->Arm(SPILLWAY_SIM_FAIL_AFTER_BYTES, f->arg); break;
+    case FaultSpec::kComputeError: sim_->Arm(SPILLWAY_SIM_COMPUTE_ERROR); break;
+    case FaultSpec::kComputeAbort: sim_->Arm(SPILLWAY_SIM_COMPUTE_ABORT); break;
+    case FaultSpec::kHang: sim_->Arm(SPILLWAY_SIM_HANG_MS, f->arg); break;
+    case FaultSpec::kLoseAtToken: lose_at_token_ = f->arg; break;
+    case FaultSpec::kLoseDevice: sim_->Arm(SPILLWAY_SIM_LOSE_DEVICE); break;
+    case FaultSpec::kClear:
+      sim_->Arm(SPILLWAY_SIM_CLEAR);
+      lose_at_token_ = -1;
+      force_reserve_ = false;
+      break;
   }
   Log("armed " + spec);
   return Status::Ok();

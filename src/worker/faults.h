@@ -29,6 +29,16 @@
 
 namespace spillway::worker {
 
+struct FaultSpec {
+  enum Kind { kFailNext, kFailAfterBytes, kComputeError, kComputeAbort, kHang, kLoseAtToken, kLoseDevice, kClear };
+  Kind kind;
+  int64_t arg = 0;            // bytes, ms, tokens, or a spillway_sim_phase
+  bool via_reserve = false;   // fail-next=reserve
+};
+
+// Parses one fault spec (pure; no device needed).
+StatusOr<FaultSpec> ParseFault(const std::string& spec);
+
 class FaultInjector {
  public:
   explicit FaultInjector(SimControl* sim) : sim_(sim) {}

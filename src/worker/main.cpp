@@ -29,12 +29,6 @@ constexpr int kExitLoad = 3;     // model could not be loaded (phase=load)
 constexpr int kExitContext = 4;  // context could not be created (phase=kv/compute)
 constexpr int kExitListen = 5;
 
-int g_log_level = GGML_LOG_LEVEL_WARN;
-
-void LlamaLog(ggml_log_level level, const char* text, void*) {
-  if (level == GGML_LOG_LEVEL_CONT || level >= g_log_level) std::fputs(text, stderr);
-}
-
 // One JSON line on stderr describing why the worker stopped.
 int Fatal(int code, const Status& st) {
   nlohmann::json j = {{"fatal", true}, {"code", StatusCodeName(st.code())}, {"message", st.message()},
@@ -100,7 +94,6 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
   }
   placement.mmap = !no_mmap;
-  if (verbose) g_log_level = GGML_LOG_LEVEL_INFO;
 
   std::string host;
   uint16_t port = 0;
@@ -114,7 +107,7 @@ int main(int argc, char** argv) {
     backend_dir = std::filesystem::canonical("/proc/self/exe", ec).parent_path().string();
   }
 
-  llama_log_set(LlamaLog, nullptr);
+  worker::InstallLlamaLog(verbose ? GGML_LOG_LEVEL_INFO : GGML_LOG_LEVEL_WARN);
   if (Status st = worker::LoadBackends(backend_dir, placement.device); !st.ok()) return Fatal(kExitUsage, st);
   llama_backend_init();
 

@@ -3,7 +3,9 @@
 #include <ggml-backend.h>
 #include <llama.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
 #include "common/hash.h"
@@ -27,6 +29,41 @@ json Fingerprint::ToJson() const {
           {"quantization", quantization},
           {"sampler_defaults", sampler_defaults},
           {"stop_rules", stop_rules}};
+}
+
+namespace {
+
+std::mutex g_log_mu;
+std::string g_recent_errors;
+int g_log_level = GGML_LOG_LEVEL_WARN;
+ggml_log_level g_last_level = GGML_LOG_LEVEL_NONE;
+
+void LlamaLog(ggml_log_level level, const char* text, void*) {
+  const ggml_log_level effective = level == GGML_LOG_LEVEL_CONT ? g_last_level : level;
+  if (level != GGML_LOG_LEVEL_CONT) g_last_level = level;
+  if (effective >= g_log_level) std::fputs(text, stderr);
+  if (effective == GGML_LOG_LEVEL_ERROR) {
+    std::lock_guard<std::mutex> lk(g_log_mu);
+    g_recent_errors += text;
+    if (g_recent_errors.size() > 4096) g_recent_errors.erase(0, g_recent_errors.size() - 4096);
+  }
+}
+
+}  // namespace
+
+void InstallLlamaLog(int min_level) {
+  g_log_level = min_level;
+  llama_log_set(LlamaLog, nullptr);
+}
+
+std::string RecentLlamaErrors() {
+  std::lock_guard<std::mutex> lk(g_log_mu);
+  return g_recent_errors;
+}
+
+void ClearLlamaErrors() {
+  std::lock_guard<std::mutex> lk(g_log_mu);
+  g_recent_errors.clear();
 }
 
 namespace {

@@ -33,6 +33,12 @@ struct Placement {
   nlohmann::json ToJson() const;
 };
 
+// Routes llama.cpp's log to stderr (at `min_level` and above) and remembers
+// the most recent error lines, which name what failed inside llama.cpp.
+void InstallLlamaLog(int min_level);
+std::string RecentLlamaErrors();
+void ClearLlamaErrors();
+
 // Loads ggml backend modules from `dir`: always the CPU backend; an
 // accelerator's module only when `device` names one. A CPU placement never
 // loads a GPU backend.

@@ -120,6 +120,12 @@ WorkerProcess::~WorkerProcess() {
   fs::remove_all(dir_, ec);
 }
 
+pid_t SpawnTool(const std::vector<std::string>& args_after_binary, const std::string& binary) {
+  std::vector<std::string> full = {BinDir() + "/" + binary};
+  full.insert(full.end(), args_after_binary.begin(), args_after_binary.end());
+  return Spawn(full, "/dev/null", "/dev/null");
+}
+
 int RunWorkerToExit(const std::vector<std::string>& args, std::string* stderr_text) {
   const std::string dir = MakeTempDir();
   std::vector<std::string> full = {BinDir() + "/spillway-worker"};

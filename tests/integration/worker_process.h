@@ -38,6 +38,8 @@ class WorkerProcess {
   std::string dir_;
 };
 
+// Starts any binary from BinDir() with its output discarded; returns its pid.
+pid_t SpawnTool(const std::vector<std::string>& args_after_binary, const std::string& binary);
 // Runs spillway-worker to completion (for startup-failure tests).
 int RunWorkerToExit(const std::vector<std::string>& args, std::string* stderr_text);
 

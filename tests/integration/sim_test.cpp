@@ -1,0 +1,249 @@
+// Integration tests of the simulated accelerator: real workers on sim:N,
+// real llama.cpp allocation failures, injected faults, competing holds.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include "api/http_client.h"
+#include "devices/sim_ledger.h"
+#include "worker_process.h"
+
+namespace spillway::testing {
+namespace {
+
+using nlohmann::json;
+constexpr uint64_t kMiB = 1 << 20;
+
+json Body(const http::ClientResponse& r) { return json::parse(r.body, nullptr, false); }
+
+http::ClientResponse Call(const WorkerProcess& w, const std::string& method, const std::string& path,
+                          const json& body = nullptr) {
+  auto r = http::Fetch("127.0.0.1", w.port(), method, path, body.is_null() ? "" : body.dump());
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : http::ClientResponse{};
+}
+
+http::ClientResponse Complete(const WorkerProcess& w, int max_tokens = 12, const std::string& prompt = "The sim") {
+  return Call(w, "POST", "/v1/completions",
+              {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}});
+}
+
+std::string Text(const http::ClientResponse& r) { return Body(r)["choices"][0]["text"]; }
+
+class SimTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("spillway-simtest-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+    setenv("SPILLWAY_SIM_DIR", dir_.c_str(), 1);
+  }
+  void TearDown() override {
+    unsetenv("SPILLWAY_SIM_DIR");
+    std::filesystem::remove_all(dir_);
+  }
+  void MakeDevice(int index, uint64_t mib) { ASSERT_TRUE(devices::SimLedger::Create(index, mib * kMiB).ok()); }
+  uint64_t Used(int index) { return (*devices::SimLedger::Open(index))->Snapshot().used; }
+
+  std::filesystem::path dir_;
+};
+
+std::vector<std::string> SimArgs(const std::string& device, int gpu_layers, int ctx = 512,
+                                 std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = {"--device", device, "--gpu-layers", std::to_string(gpu_layers), "--ctx",
+                                std::to_string(ctx), "--slots", "2", "--threads", "2", "--batch", "64"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+TEST_F(SimTest, WeightsOverCapacityFailToLoadWithPhaseLoad) {
+  MakeDevice(0, 2);  // the tiny model's offloaded weights take ~4 MiB
+  std::string err;
+  std::vector<std::string> args = {"--model", ModelPath("tiny-chat"), "--listen", "127.0.0.1:0"};
+  auto sim = SimArgs("sim:0", 99);
+  args.insert(args.end(), sim.begin(), sim.end());
+  EXPECT_EQ(RunWorkerToExit(args, &err), 3) << err;  // a clean exit, not a signal
+  EXPECT_NE(err.find("\"phase\":\"load\""), std::string::npos) << err;
+  EXPECT_NE(err.find("out of memory"), std::string::npos) << err;
+  EXPECT_EQ(Used(0), 0u);  // nothing leaked
+}
+
+TEST_F(SimTest, KvCacheOverCapacityFailsWithPhaseKv) {
+  MakeDevice(0, 12);  // weights fit; 65536 cells of KV (16 MiB) do not
+  std::string err;
+  std::vector<std::string> args = {"--model", ModelPath("tiny-chat"), "--listen", "127.0.0.1:0"};
+  auto sim = SimArgs("sim:0", 99, 65536);
+  args.insert(args.end(), sim.begin(), sim.end());
+  EXPECT_EQ(RunWorkerToExit(args, &err), 4) << err;
+  EXPECT_NE(err.find("\"phase\":\"kv\""), std::string::npos) << err;
+  EXPECT_EQ(Used(0), 0u);
+}
+
+TEST_F(SimTest, ComputeBuffersOverCapacityFailWithPhaseCompute) {
+  MakeDevice(0, 8);  // weights and KV fit; the compute buffers (logits of a 64-token batch, 8 MiB) do not
+  std::string err;
+  std::vector<std::string> args = {"--model", ModelPath("tiny-chat"), "--listen", "127.0.0.1:0"};
+  auto sim = SimArgs("sim:0", 99, 512);
+  args.insert(args.end(), sim.begin(), sim.end());
+  EXPECT_EQ(RunWorkerToExit(args, &err), 4) << err;
+  EXPECT_NE(err.find("\"phase\":\"compute\""), std::string::npos) << err;
+}
+
+TEST_F(SimTest, PartialOffloadSplitsMemoryAndMatchesTheCpuOutput) {
+  MakeDevice(0, 256);
+  WorkerProcess cpu(ModelPath("tiny-chat"), {"--ctx", "512", "--slots", "2", "--threads", "2", "--batch", "64"});
+  WorkerProcess part(ModelPath("tiny-chat"), SimArgs("sim:0", 1));
+  WorkerProcess full(ModelPath("tiny-chat"), SimArgs("sim:0", 99));
+  ASSERT_TRUE(cpu.running() && part.running() && full.running()) << part.Stderr() << full.Stderr();
+  json info = Body(Call(part, "GET", "/v1/worker/info"));
+  size_t sim_model = 0, cpu_model = 0;
+  for (const auto& b : info["memory"]["buffers"]) {
+    const std::string name = b["name"];
+    if (name == "SIM0") sim_model += b["model"].get<size_t>();
+    else if (name.rfind("CPU", 0) == 0) cpu_model += b["model"].get<size_t>();
+  }
+  EXPECT_GT(sim_model, 0u) << info["memory"].dump();
+  EXPECT_GT(cpu_model, 0u) << info["memory"].dump();
+  bool sim_listed = false;
+  for (const auto& d : info["memory"]["devices"]) sim_listed |= d["name"] == "SIM0" && d["total"] == 256 * kMiB;
+  EXPECT_TRUE(sim_listed) << info["memory"].dump();
+  const std::string expected = Text(Complete(cpu, 24));
+  EXPECT_EQ(Text(Complete(part, 24)), expected);
+  EXPECT_EQ(Text(Complete(full, 24)), expected);
+  // Both sim workers draw from the one ledger.
+  EXPECT_GT(Used(0), 2 * sim_model);
+}
+
+TEST_F(SimTest, InjectedComputeFailuresFailOneRequestAndTheNextSucceeds) {
+  MakeDevice(0, 256);
+  WorkerProcess w(ModelPath("tiny-chat"), SimArgs("sim:0", 99));
+  ASSERT_TRUE(w.running()) << w.Stderr();
+  const std::string expected = Text(Complete(w));
+  for (const char* fault : {"compute-error", "fail-next=compute", "fail-next=reserve"}) {
+    auto armed = Call(w, "POST", "/v1/worker/faults", {{"faults", json::array({fault})}});
+    ASSERT_EQ(armed.status, 200) << armed.body;
+    auto failed = Complete(w);
+    EXPECT_EQ(failed.status, 503) << fault << ": " << failed.body;
+    EXPECT_EQ(Body(failed)["error"]["phase"], "compute") << fault << ": " << failed.body;
+    auto next = Complete(w);
+    ASSERT_EQ(next.status, 200) << fault << ": " << next.body;
+    EXPECT_EQ(Text(next), expected) << fault;
+    EXPECT_EQ(Call(w, "GET", "/health").status, 200);
+  }
+  json info = Body(Call(w, "GET", "/v1/worker/info"));
+  // The failed re-reservation threw out of llama_decode; the context was rebuilt.
+  EXPECT_GE(info["health"]["contexts_rebuilt"].get<int>(), 1);
+  EXPECT_GE(info["faults"]["faults_fired"].get<int>(), 3);
+  EXPECT_GE(info["faults"]["history"].size(), 3u);
+}
+
+TEST_F(SimTest, ComputeAbortKillsTheProcessLikeACudaPoolFailure) {
+  MakeDevice(0, 256);
+  WorkerProcess w(ModelPath("tiny-chat"), SimArgs("sim:0", 99, 512, {"--fault", "compute-abort"}));
+  ASSERT_TRUE(w.running()) << w.Stderr();
+  auto r = http::Fetch("127.0.0.1", w.port(), "POST", "/v1/completions", R"({"prompt":"x","max_tokens":4})");
+  EXPECT_FALSE(r.ok() && r->status == 200);
+  EXPECT_EQ(w.Wait(), -SIGABRT);
+  EXPECT_NE(w.Stderr().find("injected fatal error"), std::string::npos);
+  EXPECT_EQ(Used(0), 0u);  // the dead worker's device memory is reclaimed
+}
+
+TEST_F(SimTest, LostDeviceFailsFastAndHealthReportsIt) {
+  MakeDevice(0, 256);
+  setenv("SPILLWAY_FAULTS", "lose-at-token=3", 1);
+  WorkerProcess w(ModelPath("tiny-chat"), SimArgs("sim:0", 99));
+  unsetenv("SPILLWAY_FAULTS");
+  ASSERT_TRUE(w.running()) << w.Stderr();
+  auto during = Complete(w, 20);
+  EXPECT_EQ(during.status, 503) << during.body;
+  EXPECT_EQ(Body(during)["error"]["phase"], "device") << during.body;
+  auto health = Call(w, "GET", "/health");
+  EXPECT_EQ(health.status, 503);
+  EXPECT_EQ(Body(health)["status"], "device_lost");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto later = Complete(w, 4);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(200));
+  EXPECT_EQ(later.status, 503);
+  EXPECT_EQ(Body(later)["error"]["phase"], "device");
+}
+
+TEST_F(SimTest, HangStallsDecodeWhileHealthStillAnswers) {
+  MakeDevice(0, 256);
+  WorkerProcess w(ModelPath("tiny-chat"), SimArgs("sim:0", 99));
+  ASSERT_TRUE(w.running()) << w.Stderr();
+  ASSERT_EQ(Call(w, "POST", "/v1/worker/faults", {{"faults", {"hang=1.2"}}}).status, 200);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto pending = std::async(std::launch::async, [&] { return Complete(w, 4); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto h0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(Call(w, "GET", "/health").status, 200);  // exactly why health needs token progress too
+  EXPECT_LT(std::chrono::steady_clock::now() - h0, std::chrono::milliseconds(300));
+  EXPECT_EQ(pending.get().status, 200);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1200));
+}
+
+TEST_F(SimTest, CompetingHoldReducesFreeMemoryUntilKilled) {
+  MakeDevice(0, 256);
+  WorkerProcess w(ModelPath("tiny-chat"), SimArgs("sim:0", 99));
+  ASSERT_TRUE(w.running()) << w.Stderr();
+  auto sim_free = [&] {
+    const json info = Body(Call(w, "GET", "/v1/worker/info"));  // a named object: the loop must not outlive it
+    for (const auto& d : info["memory"]["devices"]) {
+      if (d["name"] == "SIM0") return d["free"].get<uint64_t>();
+    }
+    return uint64_t{0};
+  };
+  const uint64_t before = sim_free();
+  pid_t holder = SpawnTool({"sim", "hold", "sim:0", "--mib", "100", "--seconds", "60"}, "spillway");
+  uint64_t during = before;
+  for (int i = 0; i < 200 && during == before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    during = sim_free();
+  }
+  EXPECT_EQ(before - during, 100 * kMiB);
+  kill(holder, SIGKILL);
+  waitpid(holder, nullptr, 0);
+  EXPECT_EQ(sim_free(), before);
+  // A graceful holder releases too.
+  holder = SpawnTool({"sim", "hold", "sim:0", "--mib", "50", "--seconds", "0.3"}, "spillway");
+  waitpid(holder, nullptr, 0);
+  EXPECT_EQ(sim_free(), before);
+}
+
+TEST_F(SimTest, HoldBeyondFreeMemoryIsRefusedAndWorkersCannotStart) {
+  MakeDevice(0, 64);
+  pid_t holder = SpawnTool({"sim", "hold", "sim:0", "--mib", "62", "--seconds", "60"}, "spillway");
+  for (int i = 0; i < 200 && Used(0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::string err;
+  std::vector<std::string> args = {"--model", ModelPath("tiny-chat"), "--listen", "127.0.0.1:0"};
+  auto sim = SimArgs("sim:0", 99);
+  args.insert(args.end(), sim.begin(), sim.end());
+  EXPECT_EQ(RunWorkerToExit(args, &err), 3) << err;
+  kill(holder, SIGTERM);
+  waitpid(holder, nullptr, 0);
+  EXPECT_EQ(Used(0), 0u);
+}
+
+TEST_F(SimTest, BadDevicesAndFaultsAreClearErrors) {
+  std::string err;
+  EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("tiny-chat"), "--device", "sim:7"}, &err), 3);
+  EXPECT_NE(err.find("spillway sim create"), std::string::npos) << err;
+  EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("tiny-chat"), "--fault", "compute-error"}, &err), 2);
+  EXPECT_NE(err.find("sim device"), std::string::npos) << err;
+  MakeDevice(0, 256);
+  EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("tiny-chat"), "--device", "sim:0", "--fault", "boom"}, &err), 2);
+  WorkerProcess w(ModelPath("tiny-chat"), SimArgs("sim:0", 99));
+  ASSERT_TRUE(w.running());
+  EXPECT_EQ(Call(w, "POST", "/v1/worker/faults", {{"faults", {"explode"}}}).status, 400);
+  EXPECT_EQ(Call(w, "POST", "/v1/worker/faults", {{"faults", "compute-error"}}).status, 400);
+  EXPECT_EQ(Call(w, "POST", "/v1/worker/faults", {{"nothing", 1}}).status, 400);
+  EXPECT_EQ(Complete(w).status, 200);
+}
+
+}  // namespace
+}  // namespace spillway::testing
