@@ -58,13 +58,17 @@ int main(int argc, char** argv) {
   app.add_option("--n-prompt", n_prompt)->capture_default_str();
   app.add_option("--n-gen", n_gen)->capture_default_str();
   app.add_option("--reps", reps, "repetitions per round")->capture_default_str();
+  std::string device = "cpu";
+  int gpu_layers = 0;
+  app.add_option("--device", device, "worker --device (llama-bench then offloads --gpu-layers too)")->capture_default_str();
+  app.add_option("--gpu-layers", gpu_layers)->capture_default_str();
   app.add_option("--rounds", rounds, "interleaved rounds of llama-bench and worker")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   // The peer: llama-bench, run once per round.
   const std::string cmd = llama_bench + " -m " + model + " -p " + std::to_string(n_prompt) + " -n " +
                           std::to_string(n_gen) + " -t " + std::to_string(threads) + " -r " + std::to_string(reps) +
-                          " -o json 2>/dev/null";
+                          " -ngl " + std::to_string(device == "cpu" ? 0 : gpu_layers) + " -o json 2>/dev/null";
   auto run_peer = [&](double* pp, double* tg) {
     json lb = json::parse(RunCapture(cmd), nullptr, false);
     *pp = *tg = 0;
@@ -82,7 +86,8 @@ int main(int argc, char** argv) {
   const std::string port_file = dir + "/port";
   std::vector<std::string> args = {worker, "--model", model, "--listen", "127.0.0.1:0", "--port-file", port_file,
                                    "--threads", std::to_string(threads), "--slots", "1",
-                                   "--ctx", std::to_string(n_prompt + n_gen + 64), "--batch", std::to_string(n_prompt)};
+                                   "--ctx", std::to_string(n_prompt + n_gen + 64), "--batch", std::to_string(n_prompt),
+                                   "--device", device, "--gpu-layers", std::to_string(gpu_layers)};
   std::vector<char*> argvv;
   for (auto& a : args) argvv.push_back(a.data());
   argvv.push_back(nullptr);

@@ -1,0 +1,201 @@
+#include "devices/telemetry.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "devices/sim_ledger.h"
+
+namespace spillway::devices {
+
+namespace {
+
+bool ReadWhole(const std::string& path, std::string* out) {
+  std::ifstream f(path);
+  if (!f) return false;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+// "MemAvailable:   123456 kB" -> bytes
+std::optional<uint64_t> KbField(const std::string& text, const std::string& key) {
+  size_t pos = 0;
+  while ((pos = text.find(key, pos)) != std::string::npos) {
+    if (pos == 0 || text[pos - 1] == '\n') {
+      std::istringstream line(text.substr(pos + key.size()));
+      uint64_t kb = 0;
+      if (line >> kb) return kb * 1024;
+      return std::nullopt;
+    }
+    pos += key.size();
+  }
+  return std::nullopt;
+}
+
+bool SplitDevice(const std::string& device, std::string* kind, int* index) {
+  auto colon = device.find(':');
+  if (colon == std::string::npos || colon + 1 >= device.size() || device.size() - colon > 6) return false;
+  *kind = device.substr(0, colon);
+  *index = 0;
+  for (size_t i = colon + 1; i < device.size(); ++i) {
+    if (device[i] < '0' || device[i] > '9') return false;
+    *index = *index * 10 + (device[i] - '0');
+  }
+  return true;
+}
+
+class SimTelemetry final : public DeviceTelemetry {
+ public:
+  SimTelemetry(std::string name, std::unique_ptr<SimLedger> ledger) : name_(std::move(name)), ledger_(std::move(ledger)) {}
+  const std::string& device() const override { return name_; }
+  StatusOr<DeviceReading> Read() override {
+    auto snap = ledger_->Snapshot();
+    DeviceReading r{name_, snap.capacity, snap.free(), {}};
+    for (const auto& e : snap.entries) {
+      r.processes.push_back({e.pid, e.bytes, e.kind == static_cast<uint32_t>(LedgerKind::kHold) ? "hold" : "alloc"});
+    }
+    return r;
+  }
+
+ private:
+  std::string name_;
+  std::unique_ptr<SimLedger> ledger_;
+};
+
+// The few NVML entry points used, declared here so that no NVML header or
+// library is needed at build time.
+struct NvmlMemory {
+  unsigned long long total, free, used;
+};
+struct NvmlProcessInfo {  // nvmlProcessInfo_v2_t
+  unsigned int pid;
+  unsigned long long used_gpu_memory;
+  unsigned int gpu_instance_id, compute_instance_id;
+};
+using NvmlInit = int (*)();
+using NvmlGetHandle = int (*)(unsigned int, void**);
+using NvmlGetMemory = int (*)(void*, NvmlMemory*);
+using NvmlGetProcesses = int (*)(void*, unsigned int*, NvmlProcessInfo*);
+
+class NvmlTelemetry final : public DeviceTelemetry {
+ public:
+  static StatusOr<std::unique_ptr<DeviceTelemetry>> Open(const std::string& name, int index) {
+    void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return Status::Unavailable("NVML (libnvidia-ml.so.1) is not available: cannot observe " + name);
+    auto init = reinterpret_cast<NvmlInit>(dlsym(lib, "nvmlInit_v2"));
+    auto handle = reinterpret_cast<NvmlGetHandle>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+    auto memory = reinterpret_cast<NvmlGetMemory>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
+    auto procs = reinterpret_cast<NvmlGetProcesses>(dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v2"));
+    void* dev = nullptr;
+    if (!init || !handle || !memory || init() != 0 || handle(static_cast<unsigned>(index), &dev) != 0) {
+      dlclose(lib);
+      return Status::Unavailable("NVML cannot open " + name);
+    }
+    std::unique_ptr<NvmlTelemetry> t(new NvmlTelemetry());
+    t->name_ = name;
+    t->lib_ = lib;
+    t->dev_ = dev;
+    t->memory_ = memory;
+    t->procs_ = procs;
+    return std::unique_ptr<DeviceTelemetry>(std::move(t));
+  }
+  ~NvmlTelemetry() override {
+    if (lib_) dlclose(lib_);
+  }
+  const std::string& device() const override { return name_; }
+  StatusOr<DeviceReading> Read() override {
+    NvmlMemory m{};
+    if (memory_(dev_, &m) != 0) return Status::Unavailable("NVML memory query failed for " + name_);
+    DeviceReading r{name_, m.total, m.free, {}};
+    if (procs_) {
+      NvmlProcessInfo info[64];
+      unsigned int n = 64;
+      if (procs_(dev_, &n, info) == 0) {
+        for (unsigned i = 0; i < n && i < 64; ++i) {
+          r.processes.push_back({static_cast<int32_t>(info[i].pid), info[i].used_gpu_memory, ""});
+        }
+      }
+    }
+    return r;
+  }
+
+ private:
+  NvmlTelemetry() = default;
+  std::string name_;
+  void* lib_ = nullptr;
+  void* dev_ = nullptr;
+  NvmlGetMemory memory_ = nullptr;
+  NvmlGetProcesses procs_ = nullptr;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<DeviceTelemetry>> OpenDeviceTelemetry(const std::string& device) {
+  std::string kind;
+  int index = 0;
+  if (!SplitDevice(device, &kind, &index)) return Status::InvalidArgument("bad device '" + device + "' (sim:N or cuda:N)");
+  if (kind == "sim") {
+    auto ledger = SimLedger::Open(index);
+    if (!ledger.ok()) return Status::Unavailable(ledger.status().message());
+    return std::unique_ptr<DeviceTelemetry>(new SimTelemetry(device, std::move(*ledger)));
+  }
+  if (kind == "cuda") return NvmlTelemetry::Open(device, index);
+  return Status::InvalidArgument("unknown device kind '" + kind + "' (sim:N or cuda:N)");
+}
+
+uint64_t HostReading::effective_available() const {
+  uint64_t avail = available;
+  if (cgroup_limit && cgroup_current) {
+    const uint64_t room = *cgroup_current >= *cgroup_limit ? 0 : *cgroup_limit - *cgroup_current;
+    avail = std::min(avail, room);
+  }
+  return avail;
+}
+
+HostTelemetry::HostTelemetry(std::string proc_root, std::string cgroup_root)
+    : proc_root_(std::move(proc_root)), cgroup_root_(std::move(cgroup_root)) {}
+
+StatusOr<HostReading> HostTelemetry::Read() const {
+  std::string meminfo;
+  if (!ReadWhole(proc_root_ + "/meminfo", &meminfo)) return Status::Unavailable("cannot read " + proc_root_ + "/meminfo");
+  HostReading r;
+  auto total = KbField(meminfo, "MemTotal:");
+  auto avail = KbField(meminfo, "MemAvailable:");
+  if (!total || !avail) return Status::Unavailable(proc_root_ + "/meminfo lacks MemTotal or MemAvailable");
+  r.total = *total;
+  r.available = *avail;
+  // cgroup v2: "0::/some/path" in /proc/self/cgroup.
+  std::string cg;
+  if (ReadWhole(proc_root_ + "/self/cgroup", &cg)) {
+    auto pos = cg.find("0::");
+    if (pos != std::string::npos) {
+      std::string path = cg.substr(pos + 3);
+      path = path.substr(0, path.find('\n'));
+      if (path == "/") path.clear();
+      std::string max, cur;
+      if (ReadWhole(cgroup_root_ + path + "/memory.max", &max) && max.rfind("max", 0) != 0) {
+        r.cgroup_limit = std::strtoull(max.c_str(), nullptr, 10);
+      }
+      if (ReadWhole(cgroup_root_ + path + "/memory.current", &cur)) {
+        r.cgroup_current = std::strtoull(cur.c_str(), nullptr, 10);
+      }
+    }
+  }
+  return r;
+}
+
+StatusOr<uint64_t> HostTelemetry::ProcessRss(int32_t pid) const {
+  std::string status;
+  if (pid <= 0 || !ReadWhole(proc_root_ + "/" + std::to_string(pid) + "/status", &status)) {
+    return Status::NotFound("no process " + std::to_string(pid));
+  }
+  auto rss = KbField(status, "VmRSS:");
+  return rss ? *rss : 0;  // kernel threads and zombies have no VmRSS
+}
+
+}  // namespace spillway::devices

@@ -1,0 +1,69 @@
+// Device and host memory telemetry behind one interface, for the gateway's
+// ledger and admission decisions (which never include llama.h).
+//
+//   sim:N   the simulated device's shared ledger (capacity, per-process use)
+//   cuda:N  NVML, loaded with dlopen when present (total/free, per-process use);
+//           absent NVML is a clean kUnavailable, never a crash
+//   host    MemAvailable from /proc/meminfo, cgroup v2 memory.max and
+//           memory.current when a limit is set, per-process RSS
+//
+// Readers are cheap to call repeatedly; each Read() is a fresh observation.
+// Not thread-safe: one reader per thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace spillway::devices {
+
+struct ProcessMemory {
+  int32_t pid = 0;
+  uint64_t bytes = 0;
+  std::string label;  // "alloc", "hold", or empty
+};
+
+struct DeviceReading {
+  std::string device;
+  uint64_t total = 0;
+  uint64_t free = 0;
+  std::vector<ProcessMemory> processes;
+};
+
+class DeviceTelemetry {
+ public:
+  virtual ~DeviceTelemetry() = default;
+  virtual const std::string& device() const = 0;
+  virtual StatusOr<DeviceReading> Read() = 0;
+};
+
+// "sim:N" or "cuda:N". kInvalidArgument for other names, kUnavailable when
+// the device cannot be observed (no ledger, no NVML, no such GPU).
+StatusOr<std::unique_ptr<DeviceTelemetry>> OpenDeviceTelemetry(const std::string& device);
+
+struct HostReading {
+  uint64_t total = 0;       // MemTotal
+  uint64_t available = 0;   // MemAvailable
+  std::optional<uint64_t> cgroup_limit;    // memory.max when not "max"
+  std::optional<uint64_t> cgroup_current;  // memory.current
+  // What this process group may still use: MemAvailable, capped by the cgroup.
+  uint64_t effective_available() const;
+};
+
+class HostTelemetry {
+ public:
+  // The roots are parameters so that tests can point them at fake trees.
+  explicit HostTelemetry(std::string proc_root = "/proc", std::string cgroup_root = "/sys/fs/cgroup");
+  StatusOr<HostReading> Read() const;
+  // Resident set size of a process (VmRSS), kNotFound when it is gone.
+  StatusOr<uint64_t> ProcessRss(int32_t pid) const;
+
+ private:
+  std::string proc_root_, cgroup_root_;
+};
+
+}  // namespace spillway::devices

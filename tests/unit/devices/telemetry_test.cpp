@@ -1,0 +1,108 @@
+#include "devices/telemetry.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "devices/sim_ledger.h"
+
+namespace spillway::devices {
+namespace {
+
+namespace fs = std::filesystem;
+
+class FakeTree : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("spillway-telemetry-" + std::to_string(getpid()));
+    fs::create_directories(root_ / "proc/self");
+    fs::create_directories(root_ / "proc/42");
+    fs::create_directories(root_ / "cg/svc");
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  void Write(const fs::path& p, const std::string& text) { std::ofstream(root_ / p) << text; }
+  HostTelemetry Host() { return HostTelemetry((root_ / "proc").string(), (root_ / "cg").string()); }
+  fs::path root_;
+};
+
+TEST_F(FakeTree, HostReadsMeminfo) {
+  Write("proc/meminfo", "MemTotal:       16000000 kB\nMemFree:  100 kB\nMemAvailable:    8000000 kB\n");
+  auto r = Host().Read();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->total, 16000000ull * 1024);
+  EXPECT_EQ(r->available, 8000000ull * 1024);
+  EXPECT_FALSE(r->cgroup_limit.has_value());
+  EXPECT_EQ(r->effective_available(), 8000000ull * 1024);
+}
+
+TEST_F(FakeTree, CgroupLimitCapsAvailableMemory) {
+  Write("proc/meminfo", "MemTotal: 16000000 kB\nMemAvailable: 8000000 kB\n");
+  Write("proc/self/cgroup", "0::/svc\n");
+  Write("cg/svc/memory.max", "2147483648\n");
+  Write("cg/svc/memory.current", "1073741824\n");
+  auto r = Host().Read();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r->cgroup_limit, 2147483648ull);
+  EXPECT_EQ(r->effective_available(), 1073741824ull);
+  Write("cg/svc/memory.max", "max\n");
+  EXPECT_FALSE(Host().Read()->cgroup_limit.has_value());
+}
+
+TEST_F(FakeTree, MissingOrMalformedFilesAreErrors) {
+  EXPECT_EQ(Host().Read().status().code(), StatusCode::kUnavailable);
+  Write("proc/meminfo", "MemTotal: lots\n");
+  EXPECT_EQ(Host().Read().status().code(), StatusCode::kUnavailable);
+}
+
+TEST_F(FakeTree, ProcessRss) {
+  Write("proc/42/status", "Name: worker\nVmRSS:     2048 kB\n");
+  EXPECT_EQ(*Host().ProcessRss(42), 2048u * 1024);
+  EXPECT_EQ(Host().ProcessRss(43).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(Host().ProcessRss(-1).status().code(), StatusCode::kNotFound);
+}
+
+TEST(HostTelemetryTest, RealHostAndOwnRss) {
+  HostTelemetry h;
+  auto r = h.Read();
+  ASSERT_TRUE(r.ok());
+  EXPECT_GT(r->total, 0u);
+  EXPECT_LE(r->available, r->total);
+  EXPECT_GT(*h.ProcessRss(getpid()), 0u);
+}
+
+TEST_F(FakeTree, SimTelemetryReadsTheLedger) {
+  setenv("SPILLWAY_SIM_DIR", root_.c_str(), 1);
+  EXPECT_EQ(OpenDeviceTelemetry("sim:1").status().code(), StatusCode::kUnavailable);
+  auto ledger = SimLedger::Create(1, 100 << 20);
+  ASSERT_TRUE(ledger.ok());
+  ASSERT_TRUE((*ledger)->Reserve(LedgerKind::kHold, "hold", 30 << 20));
+  auto t = OpenDeviceTelemetry("sim:1");
+  ASSERT_TRUE(t.ok());
+  auto r = (*t)->Read();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->total, 100u << 20);
+  EXPECT_EQ(r->free, 70u << 20);
+  ASSERT_EQ(r->processes.size(), 1u);
+  EXPECT_EQ(r->processes[0].pid, getpid());
+  EXPECT_EQ(r->processes[0].label, "hold");
+  unsetenv("SPILLWAY_SIM_DIR");
+}
+
+TEST(DeviceTelemetryTest, BadNamesAndAbsentNvmlAreCleanErrors) {
+  EXPECT_EQ(OpenDeviceTelemetry("tpu:0").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenDeviceTelemetry("cuda").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenDeviceTelemetry("sim:x").status().code(), StatusCode::kInvalidArgument);
+  auto cuda = OpenDeviceTelemetry("cuda:0");  // works on a GPU host, kUnavailable elsewhere
+  if (!cuda.ok()) {
+    EXPECT_EQ(cuda.status().code(), StatusCode::kUnavailable);
+  } else {
+    auto r = (*cuda)->Read();
+    ASSERT_TRUE(r.ok());
+    EXPECT_GT(r->total, 0u);
+  }
+}
+
+}  // namespace
+}  // namespace spillway::devices
