@@ -73,6 +73,23 @@ TEST_F(SimTest, WeightsOverCapacityFailToLoadWithPhaseLoad) {
   EXPECT_EQ(Used(0), 0u);  // nothing leaked
 }
 
+TEST_F(SimTest, FailAfterBytesFaultFailsTheLoad) {
+  MakeDevice(0, 256);
+  std::string err;
+  std::vector<std::string> args = {"--model", ModelPath("tiny-chat"), "--listen", "127.0.0.1:0", "--fault",
+                                   "fail-after-bytes=1000000"};
+  auto sim = SimArgs("sim:0", 99);
+  args.insert(args.end(), sim.begin(), sim.end());
+  EXPECT_EQ(RunWorkerToExit(args, &err), 3) << err;
+  EXPECT_NE(err.find("injected limit"), std::string::npos) << err;
+  // fail-next=kv passes the load and fails the context.
+  args = {"--model", ModelPath("tiny-chat"), "--listen", "127.0.0.1:0", "--fault", "fail-next=kv"};
+  args.insert(args.end(), sim.begin(), sim.end());
+  EXPECT_EQ(RunWorkerToExit(args, &err), 4) << err;
+  EXPECT_NE(err.find("\"phase\":\"kv\""), std::string::npos) << err;
+  EXPECT_EQ(Used(0), 0u);
+}
+
 TEST_F(SimTest, KvCacheOverCapacityFailsWithPhaseKv) {
   MakeDevice(0, 12);  // weights fit; 65536 cells of KV (16 MiB) do not
   std::string err;
