@@ -118,6 +118,66 @@ StatusOr<ClientResponse> Fetch(const std::string& host, uint16_t port, const std
   return c.Send(method, target, body, headers, timeout);
 }
 
+Status StreamFetch(const std::string& host, uint16_t port, const std::string& method, const std::string& target,
+                   const std::string& body, const HeaderList& headers,
+                   const std::function<bool(const StreamHead&)>& on_head,
+                   const std::function<bool(std::string_view)>& on_data, std::chrono::milliseconds idle_timeout) {
+  net::io_context ioc;
+  beast::error_code ec;
+  auto addr = net::ip::make_address(host, ec);
+  if (ec) return Status::InvalidArgument("not a numeric address: " + host);
+  beast::tcp_stream stream(ioc);
+  auto run = [&](auto&& start) {
+    beast::error_code result = net::error::would_block;
+    start([&](beast::error_code e, std::size_t = 0) { result = e; });
+    ioc.restart();
+    ioc.run();
+    return result;
+  };
+  stream.expires_after(std::chrono::seconds(10));
+  ec = run([&](auto h) { stream.async_connect(tcp::endpoint(addr, port), [h](beast::error_code e) mutable { h(e); }); });
+  if (ec) return Status::Unavailable("connect to " + host + ":" + std::to_string(port) + ": " + ec.message());
+  bhttp::request<bhttp::string_body> req{bhttp::string_to_verb(method), target, 11};
+  req.set(bhttp::field::host, host + ":" + std::to_string(port));
+  for (const auto& [k, v] : headers) req.set(k, v);
+  if (!body.empty() && req.find(bhttp::field::content_type) == req.end()) {
+    req.set(bhttp::field::content_type, "application/json");
+  }
+  req.body() = body;
+  req.prepare_payload();
+  stream.expires_after(idle_timeout);
+  ec = run([&](auto h) { bhttp::async_write(stream, req, h); });
+  if (ec) return Status::Unavailable(method + " " + target + ": " + ec.message());
+  beast::flat_buffer buffer;
+  bhttp::response_parser<bhttp::buffer_body> parser;
+  parser.body_limit(boost::none);
+  ec = run([&](auto h) { bhttp::async_read_header(stream, buffer, parser, h); });
+  if (ec) return Status::Unavailable(method + " " + target + ": " + ec.message());
+  StreamHead head;
+  head.status = parser.get().result_int();
+  for (const auto& f : parser.get()) {
+    std::string name(f.name_string());
+    for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    head.headers[name] = std::string(f.value());
+  }
+  if (!on_head(head)) return Status::Ok();
+  char chunk[16384];
+  while (!parser.is_done()) {
+    parser.get().body().data = chunk;
+    parser.get().body().size = sizeof chunk;
+    stream.expires_after(idle_timeout);
+    ec = run([&](auto h) { bhttp::async_read_some(stream, buffer, parser, h); });
+    if (ec == bhttp::error::need_buffer) ec = {};
+    if (ec) {
+      if (ec == beast::error::timeout) return Status::DeadlineExceeded(method + " " + target + ": no data in time");
+      return Status::Unavailable(method + " " + target + ": " + ec.message());
+    }
+    const size_t n = sizeof chunk - parser.get().body().size;
+    if (n > 0 && !on_data(std::string_view(chunk, n))) return Status::Ok();
+  }
+  return Status::Ok();
+}
+
 std::vector<std::string> ParseSseData(const std::string& body) {
   std::vector<std::string> out;
   size_t pos = 0;

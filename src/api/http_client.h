@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <string_view>
 #include <map>
 #include <memory>
 #include <string>
@@ -48,6 +50,20 @@ class Connection {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Sends one request and hands the response body to `on_data` piece by piece
+// as it arrives (chunked bodies de-chunked): for relaying SSE streams.
+// `on_head` sees status and headers first. Either callback returning false
+// stops reading. `idle_timeout` bounds each wait for more data.
+struct StreamHead {
+  int status = 0;
+  std::map<std::string, std::string> headers;  // lower-case names
+};
+Status StreamFetch(const std::string& host, uint16_t port, const std::string& method, const std::string& target,
+                   const std::string& body, const HeaderList& headers,
+                   const std::function<bool(const StreamHead&)>& on_head,
+                   const std::function<bool(std::string_view)>& on_data,
+                   std::chrono::milliseconds idle_timeout = std::chrono::seconds(600));
 
 // Parses a text/event-stream body into the payloads of its "data:" lines.
 std::vector<std::string> ParseSseData(const std::string& body);

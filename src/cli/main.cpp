@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/mkmodel_command.h"
+#include "cli/serve_command.h"
 #include "cli/sim_command.h"
 
 int main(int argc, char** argv) {
@@ -11,6 +12,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   spillway::cli::AddMkmodelCommand(app, &exit_code);
   spillway::cli::AddSimCommand(app, &exit_code);
+  spillway::cli::AddServeCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -6,6 +6,8 @@ const char* StatusCodeName(StatusCode code) {
   switch (code) {
     case StatusCode::kOk: return "ok";
     case StatusCode::kInvalidArgument: return "invalid_argument";
+    case StatusCode::kUnauthenticated: return "unauthenticated";
+    case StatusCode::kPermissionDenied: return "permission_denied";
     case StatusCode::kNotFound: return "not_found";
     case StatusCode::kConflict: return "conflict";
     case StatusCode::kUnprocessable: return "unprocessable";
@@ -41,6 +43,8 @@ int HttpStatusFor(StatusCode code) {
   switch (code) {
     case StatusCode::kOk: return 200;
     case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kUnauthenticated: return 401;
+    case StatusCode::kPermissionDenied: return 403;
     case StatusCode::kNotFound: return 404;
     case StatusCode::kConflict: return 409;
     case StatusCode::kUnprocessable: return 422;
@@ -63,6 +67,8 @@ const char* OpenAiErrorType(StatusCode code) {
     case StatusCode::kNotFound: return "invalid_request_error";
     case StatusCode::kResourceExhausted:
     case StatusCode::kUnavailable: return "server_overloaded";
+    case StatusCode::kUnauthenticated: return "authentication_error";
+    case StatusCode::kPermissionDenied: return "permission_error";
     case StatusCode::kDeadlineExceeded: return "timeout";
     case StatusCode::kCancelled: return "cancelled";
     default: return "server_error";

@@ -16,6 +16,8 @@ namespace spillway {
 enum class StatusCode {
   kOk = 0,
   kInvalidArgument,    // 400: the caller sent something wrong
+  kUnauthenticated,    // 401: missing or wrong API key
+  kPermissionDenied,   // 403: e.g. Host or Origin not allowed
   kNotFound,           // 404
   kConflict,           // 409: e.g. idempotency key in flight
   kUnprocessable,      // 422: e.g. idempotency key reused with another payload
@@ -41,6 +43,8 @@ class [[nodiscard]] Status {
 
   static Status Ok() { return Status(); }
   static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status Unauthenticated(std::string m) { return {StatusCode::kUnauthenticated, std::move(m)}; }
+  static Status PermissionDenied(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
   static Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
   static Status Conflict(std::string m) { return {StatusCode::kConflict, std::move(m)}; }
   static Status Unprocessable(std::string m) { return {StatusCode::kUnprocessable, std::move(m)}; }

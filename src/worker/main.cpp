@@ -5,6 +5,9 @@
 #include <ggml-backend.h>
 #include <llama.h>
 
+#include <sys/prctl.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -87,6 +90,8 @@ int main(int argc, char** argv) {
   app.add_option("--fault", fault_specs,
                  "arm a fault on a sim device (repeatable; also $SPILLWAY_FAULTS): fail-next=load|kv|compute|reserve, "
                  "fail-after-bytes=N, compute-error, compute-abort, hang=SECONDS, lose-at-token=K, lose-device");
+  int parent_pid = 0;
+  app.add_option("--parent-pid", parent_pid, "exit when this process (the supervising gateway) dies");
   app.add_flag("-v,--verbose", verbose, "log llama.cpp's info messages");
   try {
     app.parse(argc, argv);
@@ -94,6 +99,11 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
   }
   placement.mmap = !no_mmap;
+  if (parent_pid > 0) {
+    // The kernel sends SIGTERM when the parent dies; if it is already gone, stop now.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent_pid) return Fatal(kExitUsage, Status::Unavailable("the parent process has exited"));
+  }
 
   std::string host;
   uint16_t port = 0;

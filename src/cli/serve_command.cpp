@@ -1,0 +1,170 @@
+#include "cli/serve_command.h"
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "api/http_server.h"
+#include "common/clock.h"
+#include "config/config.h"
+#include "gateway/gateway.h"
+#include "journal/journal.h"
+#include "upstream/supervisor.h"
+
+namespace spillway::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct ServeArgs {
+  std::string config_path, listen, state_dir, port_file, worker_bin;
+};
+
+std::string ExeDir() {
+  std::error_code ec;
+  return fs::canonical("/proc/self/exe", ec).parent_path().string();
+}
+
+std::string DefaultStateDir() {
+  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/spillway";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/spillway";
+  return "/tmp/spillway-state";
+}
+
+int Serve(const ServeArgs& a) {
+  StatusOr<config::GatewayConfig> loaded =
+      a.config_path.empty() ? StatusOr<config::GatewayConfig>(config::DemoConfig(ExeDir() + "/../models"))
+                            : config::LoadConfigFile(a.config_path);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "spillway serve: %s\n", loaded.status().message().c_str());
+    return 2;
+  }
+  config::GatewayConfig cfg = std::move(*loaded);
+  if (!a.listen.empty() && !config::SplitHostPort(a.listen, &cfg.listen_host, &cfg.listen_port)) {
+    std::fprintf(stderr, "spillway serve: --listen must be HOST:PORT\n");
+    return 2;
+  }
+  if (!a.state_dir.empty()) cfg.state_dir = a.state_dir;
+  if (cfg.state_dir.empty()) cfg.state_dir = DefaultStateDir();
+  if (const char* keys = std::getenv("SPILLWAY_API_KEYS"); keys && *keys) {
+    std::string k;
+    for (const char* p = keys;; ++p) {
+      if (*p == ',' || *p == 0) {
+        if (!k.empty()) cfg.api_keys.push_back(k);
+        k.clear();
+        if (*p == 0) break;
+      } else if (*p != ' ') {
+        k += *p;
+      }
+    }
+  }
+  if (Status st = config::Validate(cfg); !st.ok()) {
+    std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());
+    return 2;
+  }
+
+  SystemClock clock;
+  journal::JournalOptions jo;
+  jo.synchronous_full = cfg.journal.synchronous_full;
+  jo.retention_ms = static_cast<int64_t>(cfg.journal.retention_hours * 3600 * 1000);
+  jo.idempotency_ms = static_cast<int64_t>(cfg.journal.idempotency_hours * 3600 * 1000);
+  auto journal = journal::Journal::Open(cfg.state_dir + "/journal.db", jo, clock);
+  if (!journal.ok()) {
+    std::fprintf(stderr, "spillway serve: %s\n", journal.status().message().c_str());
+    return 1;
+  }
+  auto recovered = (*journal)->Recover();
+  if (!recovered.ok()) {
+    std::fprintf(stderr, "spillway serve: %s\n", recovered.status().message().c_str());
+    return 1;
+  }
+
+  const std::string worker_bin = a.worker_bin.empty() ? ExeDir() + "/spillway-worker" : a.worker_bin;
+  upstream::Supervisor supervisor(worker_bin, cfg.state_dir, clock);
+  for (const auto& s : cfg.services) {
+    for (size_t i = 0; i < s.placements.size(); ++i) {
+      const auto& p = s.placements[i];
+      std::vector<std::string> args = {"--model", s.model, "--device", p.device,
+                                       "--gpu-layers", std::to_string(p.gpu_layers), "--ctx", std::to_string(p.ctx),
+                                       "--slots", std::to_string(p.slots), "--threads", std::to_string(p.threads),
+                                       "--batch", std::to_string(p.batch), "--default-max-tokens",
+                                       std::to_string(s.default_max_tokens)};
+      if (!p.mmap) args.push_back("--no-mmap");
+      supervisor.Add({gateway::WorkerKey(s, i), args});
+    }
+  }
+  supervisor.Start();
+
+  gateway::Gateway gw(cfg, **journal, supervisor, clock);
+  boost::asio::io_context ioc;
+  http::ServerOptions so;
+  so.max_body_bytes = cfg.max_body_bytes;
+  http::Server server(ioc, so, [&gw](http::Request req, std::shared_ptr<http::Exchange> ex) {
+    gw.Handle(std::move(req), std::move(ex));
+  });
+  if (Status st = server.Listen(cfg.listen_host, cfg.listen_port); !st.ok()) {
+    std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());
+    supervisor.Stop();
+    return 1;
+  }
+  if (!a.port_file.empty()) {
+    { std::ofstream(a.port_file + ".tmp") << server.port() << "\n"; }
+    fs::rename(a.port_file + ".tmp", a.port_file);
+  }
+  std::printf("spillway serving on http://%s:%u (%zu services, state in %s, journal synchronous=%s, %zu recovered)\n",
+              cfg.listen_host.c_str(), server.port(), cfg.services.size(), cfg.state_dir.c_str(),
+              (*journal)->synchronous_mode().c_str(), recovered->size());
+  std::fflush(stdout);
+  gw.Resume(std::move(*recovered));
+
+  // Pruning of old journal rows, every ten minutes.
+  boost::asio::steady_timer prune(ioc);
+  std::function<void()> schedule = [&] {
+    prune.expires_after(std::chrono::minutes(10));
+    prune.async_wait([&](const boost::system::error_code& ec) {
+      if (ec) return;
+      if (auto p = (*journal)->Prune(); !p.ok()) std::fprintf(stderr, "spillway: %s\n", p.status().ToString().c_str());
+      schedule();
+    });
+  };
+  if (auto p = (*journal)->Prune(); !p.ok()) std::fprintf(stderr, "spillway: %s\n", p.status().ToString().c_str());
+  schedule();
+
+  boost::asio::signal_set signals(ioc, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code&, int) {
+    server.Stop();
+    prune.cancel();
+    ioc.stop();
+  });
+  std::signal(SIGPIPE, SIG_IGN);
+  std::thread second([&] { ioc.run(); });
+  ioc.run();
+  second.join();
+  supervisor.Stop();
+  return 0;
+}
+
+}  // namespace
+
+void AddServeCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "serve", "Run the gateway: OpenAI-compatible API, worker supervisor, durable request journal.\n"
+               "Without --config it serves the built-in demo (services chat and embed) on 127.0.0.1:8480.");
+  cmd->add_option("--config", args->config_path, "TOML configuration file");
+  cmd->add_option("--listen", args->listen, "HOST:PORT (overrides the config; default 127.0.0.1:8480)");
+  cmd->add_option("--state-dir", args->state_dir, "journal and worker logs (default ~/.local/state/spillway)");
+  cmd->add_option("--port-file", args->port_file, "write the bound port here once listening");
+  cmd->add_option("--worker-bin", args->worker_bin, "spillway-worker binary (default: next to spillway)");
+  cmd->callback([args, exit_code] { *exit_code = Serve(*args); });
+}
+
+}  // namespace spillway::cli

@@ -1,0 +1,263 @@
+#include "config/config.h"
+
+#include <toml++/toml.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+namespace spillway::config {
+
+namespace {
+
+std::string Where(const std::string& source, const toml::source_region& r, const std::string& key) {
+  std::ostringstream os;
+  os << source << ":" << r.begin.line << ": '" << key << "'";
+  return os.str();
+}
+
+class Reader {
+ public:
+  Reader(const std::string& source) : source_(source) {}
+
+  // Rejects keys that are not in `known` (catches typos like "slot = 4").
+  Status OnlyKnown(const toml::table& t, const std::string& prefix, std::initializer_list<const char*> known) {
+    for (const auto& [k, v] : t) {
+      bool ok = false;
+      for (const char* name : known) ok |= k.str() == name;
+      if (!ok) return Status::InvalidArgument(Where(source_, v.source(), prefix + std::string(k.str())) + " is not a known key");
+    }
+    return Status::Ok();
+  }
+
+  template <typename T>
+  Status Get(const toml::table& t, const char* key, const std::string& prefix, T* out, double lo, double hi) {
+    const toml::node* n = t.get(key);
+    if (!n) return Status::Ok();
+    const std::string name = prefix + key;
+    if constexpr (std::is_same_v<T, bool>) {
+      auto v = n->value<bool>();
+      if (!n->is_boolean() || !v) return Status::InvalidArgument(Where(source_, n->source(), name) + " must be true or false");
+      *out = *v;
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!n->is_string()) return Status::InvalidArgument(Where(source_, n->source(), name) + " must be a string");
+      *out = *n->value<std::string>();
+    } else {
+      if (!n->is_number()) return Status::InvalidArgument(Where(source_, n->source(), name) + " must be a number");
+      double v = *n->value<double>();
+      if (std::is_integral_v<T> && !n->is_integer()) {
+        return Status::InvalidArgument(Where(source_, n->source(), name) + " must be an integer");
+      }
+      if (v < lo || v > hi) {
+        std::ostringstream os;
+        os << Where(source_, n->source(), name) << " must be between " << lo << " and " << hi;
+        return Status::InvalidArgument(os.str());
+      }
+      *out = static_cast<T>(v);
+    }
+    return Status::Ok();
+  }
+
+  Status Strings(const toml::table& t, const char* key, std::vector<std::string>* out) {
+    const toml::node* n = t.get(key);
+    if (!n) return Status::Ok();
+    const toml::array* a = n->as_array();
+    if (!a) return Status::InvalidArgument(Where(source_, n->source(), key) + " must be an array of strings");
+    out->clear();
+    for (const auto& e : *a) {
+      if (!e.is_string()) return Status::InvalidArgument(Where(source_, e.source(), key) + " must be an array of strings");
+      out->push_back(*e.value<std::string>());
+    }
+    return Status::Ok();
+  }
+
+  const std::string& source() const { return source_; }
+
+ private:
+  std::string source_;
+};
+
+Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix, PlacementConfig* p) {
+  SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(t, prefix, {"device", "gpu_layers", "ctx", "slots", "threads", "batch", "mmap"}));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "device", prefix, &p->device, 0, 0));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "gpu_layers", prefix, &p->gpu_layers, -1, 100000));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "ctx", prefix, &p->ctx, 16, 1 << 22));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "slots", prefix, &p->slots, 1, 256));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "threads", prefix, &p->threads, 0, 1024));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "batch", prefix, &p->batch, 1, 1 << 16));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "mmap", prefix, &p->mmap, 0, 0));
+  const std::string& d = p->device;
+  const bool ok = d == "cpu" || ((d.rfind("cuda:", 0) == 0 || d.rfind("sim:", 0) == 0) &&
+                                 d.find_first_not_of("0123456789", d.find(':') + 1) == std::string::npos &&
+                                 d.size() > d.find(':') + 1);
+  if (!ok) {
+    const toml::node* n = t.get("device");
+    return Status::InvalidArgument(Where(r.source(), n ? n->source() : t.source(), prefix + "device") +
+                                   " must be cpu, cuda:N or sim:N");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string PlacementConfig::Name() const {
+  return device == "cpu" ? "cpu" : device + "/" + std::to_string(gpu_layers);
+}
+
+const ServiceConfig* GatewayConfig::FindService(const std::string& name) const {
+  for (const auto& s : services) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+bool SplitHostPort(const std::string& s, std::string* host, uint16_t* port) {
+  auto colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  *host = s.substr(0, colon);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
+  const std::string p = s.substr(colon + 1);
+  if (p.empty() || p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos) return false;
+  const int v = std::stoi(p);
+  if (v > 65535) return false;
+  *port = static_cast<uint16_t>(v);
+  return true;
+}
+
+StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& source) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << source << ":" << e.source().begin.line << ": " << e.description();
+    return Status::InvalidArgument(os.str());
+  }
+  GatewayConfig c;
+  c.source = source;
+  c.allowed_hosts = {"localhost", "127.0.0.1", "[::1]"};
+  Reader r(source);
+  SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(root, "", {"listen", "state_dir", "api_keys", "allow_unauthenticated_remote",
+                                                  "allowed_hosts", "allowed_origins", "max_body_bytes", "max_queue",
+                                                  "journal", "service"}));
+  std::string listen;
+  SPILLWAY_RETURN_IF_ERROR(r.Get(root, "listen", "", &listen, 0, 0));
+  if (!listen.empty() && !SplitHostPort(listen, &c.listen_host, &c.listen_port)) {
+    return Status::InvalidArgument(Where(source, root.get("listen")->source(), "listen") + " must be HOST:PORT");
+  }
+  SPILLWAY_RETURN_IF_ERROR(r.Get(root, "state_dir", "", &c.state_dir, 0, 0));
+  SPILLWAY_RETURN_IF_ERROR(r.Strings(root, "api_keys", &c.api_keys));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(root, "allow_unauthenticated_remote", "", &c.allow_unauthenticated_remote, 0, 0));
+  SPILLWAY_RETURN_IF_ERROR(r.Strings(root, "allowed_hosts", &c.allowed_hosts));
+  SPILLWAY_RETURN_IF_ERROR(r.Strings(root, "allowed_origins", &c.allowed_origins));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_body_bytes", "", &c.max_body_bytes, 1024, 1 << 30));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_queue", "", &c.max_queue, 1, 1 << 20));
+  if (const toml::node* j = root.get("journal")) {
+    const toml::table* t = j->as_table();
+    if (!t) return Status::InvalidArgument(Where(source, j->source(), "journal") + " must be a table");
+    SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(*t, "journal.", {"synchronous", "retention_hours", "idempotency_hours"}));
+    std::string sync = "full";
+    SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "synchronous", "journal.", &sync, 0, 0));
+    if (sync != "full" && sync != "normal") {
+      return Status::InvalidArgument(Where(source, t->get("synchronous")->source(), "journal.synchronous") +
+                                     " must be \"full\" or \"normal\"");
+    }
+    c.journal.synchronous_full = sync == "full";
+    SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "retention_hours", "journal.", &c.journal.retention_hours, 0.001, 24 * 3650));
+    SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "idempotency_hours", "journal.", &c.journal.idempotency_hours, 0.001, 24 * 3650));
+  }
+  if (const toml::node* s = root.get("service")) {
+    const toml::array* arr = s->as_array();
+    if (!arr) return Status::InvalidArgument(Where(source, s->source(), "service") + " must be an array of tables ([[service]])");
+    size_t i = 0;
+    for (const auto& node : *arr) {
+      const std::string prefix = "service[" + std::to_string(i++) + "].";
+      const toml::table* t = node.as_table();
+      if (!t) return Status::InvalidArgument(Where(source, node.source(), prefix) + " must be a table");
+      ServiceConfig svc;
+      SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(*t, prefix, {"name", "model", "max_tokens", "default_max_tokens", "placement"}));
+      SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "name", prefix, &svc.name, 0, 0));
+      SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "model", prefix, &svc.model, 0, 0));
+      SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "max_tokens", prefix, &svc.max_tokens, 1, 1 << 20));
+      SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "default_max_tokens", prefix, &svc.default_max_tokens, 1, 1 << 20));
+      if (svc.name.empty()) return Status::InvalidArgument(Where(source, t->source(), prefix + "name") + " is required");
+      if (svc.model.empty()) return Status::InvalidArgument(Where(source, t->source(), prefix + "model") + " is required");
+      if (const toml::node* p = t->get("placement")) {
+        const toml::array* pa = p->as_array();
+        if (!pa) return Status::InvalidArgument(Where(source, p->source(), prefix + "placement") + " must be [[service.placement]]");
+        size_t k = 0;
+        for (const auto& pn : *pa) {
+          const std::string pp = prefix + "placement[" + std::to_string(k++) + "].";
+          const toml::table* pt = pn.as_table();
+          if (!pt) return Status::InvalidArgument(Where(source, pn.source(), pp) + " must be a table");
+          PlacementConfig pc;
+          SPILLWAY_RETURN_IF_ERROR(ReadPlacement(r, *pt, pp, &pc));
+          svc.placements.push_back(pc);
+        }
+      }
+      if (svc.placements.empty()) svc.placements.push_back(PlacementConfig{});
+      c.services.push_back(std::move(svc));
+    }
+  }
+  return c;
+}
+
+StatusOr<GatewayConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return Status::NotFound("cannot read config file " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ParseConfig(ss.str(), path);
+}
+
+GatewayConfig DemoConfig(const std::string& models_dir) {
+  GatewayConfig c;
+  ServiceConfig chat;
+  chat.name = "chat";
+  chat.model = models_dir + "/demo-chat.gguf";
+  PlacementConfig p;
+  p.ctx = 4096;
+  p.slots = 4;
+  chat.placements = {p};
+  ServiceConfig embed;
+  embed.name = "embed";
+  embed.model = models_dir + "/demo-embed.gguf";
+  PlacementConfig e;
+  e.ctx = 512;
+  e.slots = 2;
+  embed.placements = {e};
+  c.services = {chat, embed};
+  return c;
+}
+
+Status Validate(const GatewayConfig& c) {
+  if (c.services.empty()) return Status::InvalidArgument(c.source + ": no [[service]] is declared");
+  std::set<std::string> names;
+  for (const auto& s : c.services) {
+    if (!names.insert(s.name).second) return Status::InvalidArgument(c.source + ": service '" + s.name + "' is declared twice");
+    for (char ch : s.name) {
+      if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.')) {
+        return Status::InvalidArgument(c.source + ": service name '" + s.name + "' may hold only letters, digits, - _ .");
+      }
+    }
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(s.model, ec)) {
+      return Status::InvalidArgument(c.source + ": service '" + s.name + "': model file " + s.model + " not found");
+    }
+    if (s.default_max_tokens > s.max_tokens) {
+      return Status::InvalidArgument(c.source + ": service '" + s.name + "': default_max_tokens exceeds max_tokens");
+    }
+  }
+  const bool loopback = c.listen_host == "127.0.0.1" || c.listen_host == "::1" || c.listen_host.rfind("127.", 0) == 0;
+  if (!loopback && c.api_keys.empty() && !c.allow_unauthenticated_remote) {
+    return Status::InvalidArgument(c.source + ": listening on " + c.listen_host +
+                                   " (beyond loopback) needs api_keys (or $SPILLWAY_API_KEYS); set "
+                                   "allow_unauthenticated_remote = true to override");
+  }
+  return Status::Ok();
+}
+
+}  // namespace spillway::config

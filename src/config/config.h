@@ -1,0 +1,92 @@
+// The gateway's configuration (TOML). Errors name the file, line and key, and
+// the gateway refuses to start on any of them rather than guess.
+//
+//   listen = "127.0.0.1:8480"           # default
+//   state_dir = "/var/lib/spillway"      # journal, worker logs
+//   api_keys = ["sk-local-1"]            # plus $SPILLWAY_API_KEYS (comma-separated)
+//   allow_unauthenticated_remote = false # binding beyond loopback needs keys unless true
+//   allowed_hosts = ["localhost", "127.0.0.1"]   # Host header allow-list (port ignored)
+//   allowed_origins = []                 # Origin allow-list for browsers (empty: none)
+//   max_body_bytes = 8388608
+//   max_queue = 256                      # accepted requests waiting for a worker
+//   [journal]
+//   synchronous = "full"                 # or "normal"
+//   retention_hours = 168
+//   idempotency_hours = 24
+//   [[service]]
+//   name = "chat"
+//   model = "/models/chat.gguf"
+//   max_tokens = 4096                    # cap per request
+//   default_max_tokens = 256
+//   [[service.placement]]
+//   device = "cpu"                       # cpu | cuda:N | sim:N
+//   gpu_layers = 0
+//   ctx = 4096
+//   slots = 4
+//   threads = 0
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace spillway::config {
+
+struct PlacementConfig {
+  std::string device = "cpu";
+  int gpu_layers = 0;
+  int ctx = 4096;
+  int slots = 4;
+  int threads = 0;
+  int batch = 512;
+  bool mmap = true;
+  std::string Name() const;  // "cpu", "sim:0/99", ...
+};
+
+struct ServiceConfig {
+  std::string name;
+  std::string model;
+  int max_tokens = 4096;
+  int default_max_tokens = 256;
+  std::vector<PlacementConfig> placements;  // [0] is the primary
+};
+
+struct JournalConfig {
+  bool synchronous_full = true;
+  double retention_hours = 168;
+  double idempotency_hours = 24;
+};
+
+struct GatewayConfig {
+  std::string source = "(built-in demo)";
+  std::string listen_host = "127.0.0.1";
+  uint16_t listen_port = 8480;
+  std::string state_dir;
+  std::vector<std::string> api_keys;
+  bool allow_unauthenticated_remote = false;
+  std::vector<std::string> allowed_hosts = {"localhost", "127.0.0.1", "[::1]"};
+  std::vector<std::string> allowed_origins;
+  size_t max_body_bytes = 8 << 20;
+  int max_queue = 256;
+  JournalConfig journal;
+  std::vector<ServiceConfig> services;
+
+  const ServiceConfig* FindService(const std::string& name) const;
+};
+
+inline constexpr uint16_t kDefaultPort = 8480;
+
+StatusOr<GatewayConfig> LoadConfigFile(const std::string& path);
+StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& source_name);
+
+// The built-in demo: services "chat" and "embed" on the build's demo models.
+GatewayConfig DemoConfig(const std::string& models_dir);
+
+// Checks cross-field rules (unique names, files exist, keys for remote binds).
+Status Validate(const GatewayConfig& c);
+
+bool SplitHostPort(const std::string& s, std::string* host, uint16_t* port);
+
+}  // namespace spillway::config

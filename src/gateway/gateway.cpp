@@ -1,0 +1,544 @@
+#include "gateway/gateway.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "api/http_client.h"
+#include "api/openai_request.h"
+#include "api/openai_response.h"
+#include "common/hash.h"
+
+namespace spillway::gateway {
+
+using nlohmann::json;
+namespace bhttp = boost::beast::http;
+using journal::State;
+
+namespace {
+
+constexpr int64_t kQueueWaitMs = 60000;  // how long an accepted request may wait for a worker
+constexpr int kMaxAttempts = 3;          // attempts on worker failures, per request
+
+http::Response JsonResponse(unsigned status, const json& body, unsigned version) {
+  return http::MakeResponse(status, body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json",
+                            version);
+}
+
+json ErrorJson(const Status& st, const std::string& request_id = "") {
+  json j = api::ErrorBody(st);
+  if (!request_id.empty()) j["error"]["request_id"] = request_id;
+  return j;
+}
+
+http::Response ErrorResponse(const Status& st, unsigned version, const std::string& request_id = "") {
+  auto res = JsonResponse(static_cast<unsigned>(HttpStatusFor(st.code())), ErrorJson(st, request_id), version);
+  if (st.retry_after_s() > 0) res.set(bhttp::field::retry_after, std::to_string(st.retry_after_s()));
+  if (!request_id.empty()) res.set("X-Request-Id", request_id);
+  return res;
+}
+
+std::string HostOnly(std::string_view host) {
+  if (!host.empty() && host.front() == '[') {
+    auto end = host.find(']');
+    return std::string(host.substr(0, end == std::string_view::npos ? host.size() : end + 1));
+  }
+  return std::string(host.substr(0, host.find(':')));
+}
+
+std::string Outcome(State s) { return journal::StateName(s); }
+
+// A journal write that fails after acceptance is surprising but survivable:
+// log it; the request's answer still reaches the client.
+void Logged(const Status& st, const char* what) {
+  if (!st.ok()) std::fprintf(stderr, "spillway: journal %s failed: %s\n", what, st.ToString().c_str());
+}
+
+}  // namespace
+
+std::string WorkerKey(const config::ServiceConfig& s, size_t n) { return s.name + "." + std::to_string(n); }
+
+// In-memory handle on an accepted request, for cancellation.
+struct Gateway::Live {
+  std::string id;
+  std::atomic<bool> cancelled{false};
+  std::atomic<uint16_t> worker_port{0};
+};
+
+// A request as parsed on the connection strand, before the journal.
+struct Gateway::Incoming {
+  journal::RequestRecord rec;
+  std::shared_ptr<http::Exchange> ex;
+  unsigned version = 11;
+  int64_t started_ms = 0;
+};
+
+Gateway::Gateway(const config::GatewayConfig& config, journal::Journal& journal, upstream::Supervisor& supervisor,
+                 const Clock& clock)
+    : config_(config),
+      journal_(journal),
+      supervisor_(supervisor),
+      clock_(clock),
+      rng_(std::random_device{}()),
+      dispatcher_(std::make_unique<Dispatcher>(64, static_cast<size_t>(config.max_queue))) {}
+
+Gateway::~Gateway() { dispatcher_.reset(); }
+
+std::string Gateway::NewRequestId() {
+  std::lock_guard<std::mutex> lk(mu_);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "req_%016llx%08llx", static_cast<unsigned long long>(rng_()),
+                static_cast<unsigned long long>(rng_() & 0xffffffffu));
+  return buf;
+}
+
+std::string Gateway::ClientOf(const http::Request& req) const {
+  auto it = req.find(bhttp::field::authorization);
+  if (it == req.end()) return "anonymous";
+  return "key:" + Sha256Hex(std::string(it->value())).substr(0, 16);
+}
+
+Status Gateway::CheckAccess(const http::Request& req, bool needs_key) const {
+  // DNS rebinding: a page served by another host must not reach this API.
+  auto host = req.find(bhttp::field::host);
+  if (host != req.end()) {
+    const std::string h = HostOnly(std::string_view(host->value().data(), host->value().size()));
+    bool allowed = h == config_.listen_host;
+    for (const auto& a : config_.allowed_hosts) allowed |= a == h;
+    if (!allowed) return Status::PermissionDenied("Host '" + h + "' is not allowed (see allowed_hosts)");
+  }
+  auto origin = req.find(bhttp::field::origin);
+  if (origin != req.end()) {
+    bool allowed = false;
+    for (const auto& a : config_.allowed_origins) allowed |= a == origin->value();
+    if (!allowed) return Status::PermissionDenied("Origin '" + std::string(origin->value()) + "' is not allowed (see allowed_origins)");
+  }
+  if (needs_key && !config_.api_keys.empty()) {
+    auto auth = req.find(bhttp::field::authorization);
+    const std::string_view v = auth == req.end() ? std::string_view() : std::string_view(auth->value().data(), auth->value().size());
+    bool ok = false;
+    for (const auto& k : config_.api_keys) ok |= v == "Bearer " + k;
+    if (!ok) return Status::Unauthenticated("a valid API key is required (Authorization: Bearer <key>)");
+  }
+  return Status::Ok();
+}
+
+void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
+  const std::string target(req.target());
+  const std::string path = target.substr(0, target.find('?'));
+  const unsigned v = req.version();
+  const auto method = req.method();
+  const bool open_route = path == "/healthz" || path == "/readyz";
+  if (Status st = CheckAccess(req, !open_route); !st.ok()) return ex->Respond(ErrorResponse(st, v));
+
+  if (path == "/healthz") return ex->Respond(JsonResponse(200, {{"status", "ok"}}, v));
+  if (path == "/readyz") {
+    json missing = json::array();
+    for (const auto& s : config_.services) {
+      if (!supervisor_.ReadyPort(WorkerKey(s, 0))) missing.push_back(s.name);
+    }
+    return ex->Respond(JsonResponse(missing.empty() ? 200 : 503, {{"ready", missing.empty()}, {"not_ready", missing}}, v));
+  }
+  if (path == "/metrics" && method == bhttp::verb::get) {
+    return ex->Respond(http::MakeResponse(200, RenderMetrics(), "text/plain; version=0.0.4", v));
+  }
+  if (path == "/v1/status" && method == bhttp::verb::get) return ex->Respond(JsonResponse(200, StatusJson(), v));
+  if (path == "/v1/models" && method == bhttp::verb::get) {
+    json data = json::array();
+    for (const auto& s : config_.services) {
+      data.push_back({{"id", s.name}, {"object", "model"}, {"created", 0}, {"owned_by", "spillway"}});
+    }
+    return ex->Respond(JsonResponse(200, {{"object", "list"}, {"data", data}}, v));
+  }
+  static const std::string kRequests = "/v1/requests/";
+  if (path.rfind(kRequests, 0) == 0 && (method == bhttp::verb::get || method == bhttp::verb::delete_)) {
+    return HandleRequestQuery(path.substr(kRequests.size()), method == bhttp::verb::delete_, std::move(ex), v);
+  }
+  const char* endpoint = path == "/v1/chat/completions" ? "chat"
+                         : path == "/v1/completions"    ? "completion"
+                         : path == "/v1/embeddings"     ? "embedding"
+                                                        : nullptr;
+  if (endpoint) {
+    if (method != bhttp::verb::post) return ex->Respond(ErrorResponse(Status::InvalidArgument("use POST for " + path), v));
+    return HandleGeneration(req, std::move(ex), endpoint);
+  }
+  ex->Respond(ErrorResponse(Status::NotFound("no route for " + std::string(req.method_string()) + " " + path), v));
+}
+
+void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint) {
+  const unsigned v = req.version();
+  auto fail = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
+  auto body = api::ParseJsonBody(req.body());
+  if (!body.ok()) return fail(body.status());
+  // Validate with the same parsers the worker uses, so bad input never
+  // reaches the journal.
+  std::string model;
+  bool stream = false;
+  std::optional<int32_t> max_tokens;
+  if (endpoint == "chat") {
+    auto r = api::ParseChatRequest(*body);
+    if (!r.ok()) return fail(r.status());
+    model = r->gen.model;
+    stream = r->gen.stream;
+    max_tokens = r->gen.max_tokens;
+  } else if (endpoint == "completion") {
+    auto r = api::ParseCompletionRequest(*body);
+    if (!r.ok()) return fail(r.status());
+    model = r->gen.model;
+    stream = r->gen.stream;
+    max_tokens = r->gen.max_tokens;
+  } else {
+    auto r = api::ParseEmbeddingRequest(*body);
+    if (!r.ok()) return fail(r.status());
+    model = r->model;
+  }
+  if (model.empty()) return fail(Status::InvalidArgument("'model' is required: it names a service (GET /v1/models)"));
+  const config::ServiceConfig* svc = config_.FindService(model);
+  if (!svc) return fail(Status::NotFound("no service named '" + model + "' (GET /v1/models lists them)"));
+  if (max_tokens && *max_tokens > svc->max_tokens) {
+    return fail(Status::InvalidArgument("'max_tokens' " + std::to_string(*max_tokens) + " exceeds the cap of service '" +
+                                        svc->name + "' (" + std::to_string(svc->max_tokens) + ")"));
+  }
+  auto idem = req.find("idempotency-key");
+  std::string key;
+  if (idem != req.end()) {
+    key = std::string(idem->value());
+    if (key.empty() || key.size() > 255) return fail(Status::InvalidArgument("Idempotency-Key must be 1 to 255 characters"));
+  }
+
+  auto in = std::make_shared<Incoming>();
+  in->rec.id = NewRequestId();
+  // A client may name its request (X-Request-Id), so it knows the id before
+  // any answer arrives; a reused id is refused by the journal (409).
+  if (auto rid = req.find("x-request-id"); rid != req.end()) {
+    const std::string given(rid->value());
+    const bool valid = !given.empty() && given.size() <= 128 &&
+                       given.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.:") ==
+                           std::string::npos;
+    if (!valid) return fail(Status::InvalidArgument("X-Request-Id must be 1 to 128 of [A-Za-z0-9._:-]"));
+    in->rec.id = given;
+  }
+  in->rec.client = ClientOf(req);
+  in->rec.idempotency_key = key;
+  in->rec.service = svc->name;
+  in->rec.endpoint = endpoint;
+  in->rec.stream = stream;
+  in->rec.body = req.body();
+  in->rec.payload_hash = Sha256Hex(endpoint + "\n" + body->dump());
+  in->ex = ex;
+  in->version = v;
+  in->started_ms = clock_.NowMs();
+  if (!dispatcher_->Submit([this, in] { Process(in); })) {
+    return fail(Status::ResourceExhausted("the gateway queue is full (" + std::to_string(config_.max_queue) +
+                                          " requests waiting)").WithRetryAfter(2));
+  }
+}
+
+void Gateway::Process(std::shared_ptr<Incoming> in) {
+  const unsigned v = in->version;
+  auto accepted = journal_.Accept(in->rec);
+  if (!accepted.ok()) return in->ex->Respond(ErrorResponse(accepted.status(), v));
+  const auto& old = accepted->existing;
+  switch (accepted->outcome) {
+    case journal::AcceptOutcome::kNew: break;
+    case journal::AcceptOutcome::kMismatch:
+      return in->ex->Respond(ErrorResponse(
+          Status::Unprocessable("Idempotency-Key was used with a different request body (request " + old.id + ")"), v));
+    case journal::AcceptOutcome::kInFlight:
+      return in->ex->Respond(ErrorResponse(
+          Status::Conflict("a request with this Idempotency-Key is still running (request " + old.id + ")").WithRetryAfter(1),
+          v, old.id));
+    case journal::AcceptOutcome::kReplay: {
+      auto res = http::MakeResponse(static_cast<unsigned>(old.result_status ? old.result_status : 500), old.result_body,
+                                    old.result_type.empty() ? "application/json" : old.result_type, v);
+      res.set("X-Request-Id", old.id);
+      res.set("Idempotent-Replayed", "true");
+      return in->ex->Respond(std::move(res));
+    }
+  }
+  auto live = std::make_shared<Live>();
+  live->id = in->rec.id;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    live_[live->id] = live;
+  }
+  std::weak_ptr<Live> weak = live;
+  in->ex->OnDisconnect([this, weak] {
+    if (auto l = weak.lock()) Cancel(l);
+  });
+  Run(accepted->existing, in->ex, live);
+  std::lock_guard<std::mutex> lk(mu_);
+  live_.erase(in->rec.id);
+}
+
+void Gateway::Resume(std::vector<journal::RequestRecord> records) {
+  for (auto& rec : records) {
+    auto live = std::make_shared<Live>();
+    live->id = rec.id;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      live_[live->id] = live;
+    }
+    // Recovered requests wait for a dispatcher slot; nothing answers a client.
+    while (!dispatcher_->Submit([this, rec, live] {
+      Run(rec, nullptr, live);
+      std::lock_guard<std::mutex> lk(mu_);
+      live_.erase(rec.id);
+    })) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+}
+
+void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex, std::shared_ptr<Live> live) {
+  const config::ServiceConfig* svc = config_.FindService(rec.service);
+  const unsigned v = 11;
+  const int64_t t0 = clock_.NowMs();
+  const std::string path = rec.endpoint == "chat"         ? "/v1/chat/completions"
+                           : rec.endpoint == "completion" ? "/v1/completions"
+                                                          : "/v1/embeddings";
+  const std::string placement = svc ? svc->placements[0].Name() : "";
+  auto finish = [&](State state, int status, const std::string& type, const std::string& body, const std::string& err) {
+    Logged(journal_.Finish(rec.id, state, status, type, body, err), "finish");
+    metrics_.RequestFinished(rec.service, Outcome(state), placement, (clock_.NowMs() - t0) / 1000.0);
+  };
+  auto fail = [&](State state, const Status& st) {
+    const json body = ErrorJson(st, rec.id);
+    finish(state, HttpStatusFor(st.code()), "application/json", body.dump(), st.message());
+    if (ex) ex->Respond(ErrorResponse(st, v, rec.id));
+  };
+  if (!svc) return fail(State::kFailed, Status::NotFound("service '" + rec.service + "' is no longer configured"));
+  const std::string key = WorkerKey(*svc, 0);
+  int failures = 0;
+  bool streaming_started = false;
+
+  while (true) {
+    if (live->cancelled) return fail(State::kCancelled, Status::Cancelled("request cancelled"));
+    auto port = supervisor_.ReadyPort(key);
+    if (!port) {
+      if (clock_.NowMs() - t0 > kQueueWaitMs) {
+        return fail(State::kFailed,
+                    Status::Unavailable("no worker of service '" + svc->name + "' became ready in time").WithRetryAfter(5));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    if (Status st = journal_.StartAttempt(rec.id, placement); !st.ok()) {
+      // Cancelled (or finished) by someone else between the check and here.
+      if (ex) {
+        auto r = journal_.Get(rec.id);
+        ex->Respond(ErrorResponse(Status::Cancelled("request " + (r.ok() ? std::string(journal::StateName(r->state)) : "ended")), v, rec.id));
+      }
+      return;
+    }
+    live->worker_port = *port;
+    const http::HeaderList headers = {{"X-Request-Id", rec.id}};
+    if (live->cancelled) continue;
+
+    if (!rec.stream) {
+      auto r = http::Fetch("127.0.0.1", *port, "POST", path, rec.body, headers, std::chrono::seconds(3600));
+      if (!r.ok()) {
+        // The worker died or stopped answering: safe to re-run (no stream, no side effects).
+        supervisor_.Suspect(key);
+        Logged(journal_.Requeue(rec.id, r.status().message()), "requeue");
+        if (++failures >= kMaxAttempts) {
+          return fail(State::kFailed, Status::Unavailable("the worker failed " + std::to_string(failures) +
+                                                          " times: " + r.status().message()).WithRetryAfter(5));
+        }
+        continue;
+      }
+      const bool busy = r->status == 503 && r->body.find("resource_exhausted") != std::string::npos;
+      if (busy && clock_.NowMs() - t0 < kQueueWaitMs && !live->cancelled) {
+        Logged(journal_.Requeue(rec.id, "worker busy"), "requeue");
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
+      const State state = r->status < 300 ? State::kCompleted : r->status == 499 ? State::kCancelled : State::kFailed;
+      const std::string type = r->Header("content-type").empty() ? "application/json" : r->Header("content-type");
+      finish(state, r->status, type, r->body, state == State::kCompleted ? "" : r->body);
+      if (ex) {
+        auto res = http::MakeResponse(static_cast<unsigned>(r->status), r->body, type, v);
+        res.set("X-Request-Id", rec.id);
+        if (!r->Header("retry-after").empty()) res.set(bhttp::field::retry_after, r->Header("retry-after"));
+        ex->Respond(std::move(res));
+      }
+      return;
+    }
+
+    // Streaming: relay bytes as they come; keep them to store the result.
+    int status = 0;
+    std::string head_type, relayed;
+    auto st = http::StreamFetch(
+        "127.0.0.1", *port, "POST", path, rec.body, headers,
+        [&](const http::StreamHead& h) {
+          status = h.status;
+          auto it = h.headers.find("content-type");
+          head_type = it == h.headers.end() ? "" : it->second;
+          if (status == 200 && ex) {
+            auto head = http::MakeResponse(200, "", "text/event-stream", v);
+            head.set(bhttp::field::cache_control, "no-cache");
+            head.set("X-Request-Id", rec.id);
+            ex->StartStream(std::move(head));
+          }
+          streaming_started = status == 200;
+          return true;
+        },
+        [&](std::string_view data) {
+          relayed.append(data);
+          if (streaming_started && ex) ex->Write(std::string(data));
+          return true;
+        });
+    if (!st.ok() && !streaming_started) {
+      supervisor_.Suspect(key);
+      Logged(journal_.Requeue(rec.id, st.message()), "requeue");
+      if (++failures >= kMaxAttempts) return fail(State::kFailed, Status::Unavailable(st.message()).WithRetryAfter(5));
+      continue;
+    }
+    if (!streaming_started) {
+      const bool busy = status == 503 && relayed.find("resource_exhausted") != std::string::npos;
+      if (busy && clock_.NowMs() - t0 < kQueueWaitMs && !live->cancelled) {
+        Logged(journal_.Requeue(rec.id, "worker busy"), "requeue");
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
+      const State state = status == 499 ? State::kCancelled : State::kFailed;
+      finish(state, status, "application/json", relayed, relayed);
+      if (ex) {
+        auto res = http::MakeResponse(static_cast<unsigned>(status), relayed, "application/json", v);
+        res.set("X-Request-Id", rec.id);
+        ex->Respond(std::move(res));
+      }
+      return;
+    }
+    if (!st.ok()) {
+      // The worker went away mid-stream: the client has a partial answer. End
+      // the stream with a resumable error naming the request, never a hang.
+      const Status err = Status::Unavailable("the worker failed mid-stream: " + st.message() +
+                                             "; the request can be resumed with its id");
+      const std::string event = api::SseEvent(ErrorJson(err, rec.id)) + api::kSseDone;
+      relayed += event;
+      finish(State::kFailedResumable, 200, "text/event-stream", relayed, err.message());
+      supervisor_.Suspect(key);
+      if (ex) {
+        ex->Write(event);
+        ex->End();
+      }
+      return;
+    }
+    // The worker ends a stream with an error event when it failed or was cancelled.
+    const bool had_error = relayed.find("data: {\"error\"") != std::string::npos;
+    const State state = !had_error ? State::kCompleted
+                        : (live->cancelled || relayed.find("\"cancelled\"") != std::string::npos) ? State::kCancelled
+                                                                                                 : State::kFailed;
+    finish(state, 200, "text/event-stream", relayed, had_error ? "stream ended with an error" : "");
+    if (ex) ex->End();
+    return;
+  }
+}
+
+void Gateway::Cancel(const std::shared_ptr<Live>& live) {
+  if (live->cancelled.exchange(true)) return;
+  if (const uint16_t port = live->worker_port.load()) {
+    // Best effort: a worker that is gone has nothing left to cancel.
+    (void)http::Fetch("127.0.0.1", port, "DELETE", "/v1/worker/requests/" + live->id, "", {}, std::chrono::seconds(2));
+  }
+}
+
+void Gateway::HandleRequestQuery(const std::string& id, bool cancel, std::shared_ptr<http::Exchange> ex, unsigned v) {
+  if (cancel) {
+    std::shared_ptr<Live> live;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = live_.find(id);
+      if (it != live_.end()) live = it->second;
+    }
+    auto rec = journal_.Get(id);
+    if (!rec.ok()) return ex->Respond(ErrorResponse(rec.status(), v));
+    if (journal::IsTerminal(rec->state)) {
+      return ex->Respond(ErrorResponse(Status::Conflict("request '" + id + "' already ended: " +
+                                                        journal::StateName(rec->state)), v, id));
+    }
+    if (live) Cancel(live);
+    if (rec->state == State::kQueued) {
+      Logged(journal_.Finish(id, State::kCancelled, 499, "application/json",
+                             ErrorJson(Status::Cancelled("request cancelled"), id).dump(), "cancelled while queued"),
+             "cancel");
+    }
+  }
+  auto rec = journal_.Get(id);
+  if (!rec.ok()) return ex->Respond(ErrorResponse(rec.status(), v));
+  json j = {{"id", rec->id},
+            {"object", "spillway.request"},
+            {"state", journal::StateName(rec->state)},
+            {"service", rec->service},
+            {"endpoint", rec->endpoint},
+            {"stream", rec->stream},
+            {"placement", rec->placement},
+            {"attempts", rec->attempts},
+            {"created_ms", rec->created_ms},
+            {"updated_ms", rec->updated_ms}};
+  if (!rec->error.empty()) j["error"] = rec->error;
+  if (journal::IsTerminal(rec->state)) {
+    json result = {{"status", rec->result_status}, {"content_type", rec->result_type}};
+    json parsed = json::parse(rec->result_body, nullptr, false);
+    if (!parsed.is_discarded()) result["body"] = parsed;
+    else result["text"] = rec->result_body;
+    j["result"] = result;
+  }
+  auto res = JsonResponse(200, j, v);
+  res.set("X-Request-Id", rec->id);
+  ex->Respond(std::move(res));
+}
+
+json Gateway::StatusJson() const {
+  json services = json::array();
+  const auto workers = supervisor_.Snapshot();
+  for (const auto& s : config_.services) {
+    json placements = json::array();
+    for (size_t i = 0; i < s.placements.size(); ++i) {
+      const std::string key = WorkerKey(s, i);
+      json w = {{"key", key}, {"placement", s.placements[i].Name()}, {"device", s.placements[i].device}};
+      for (const auto& v : workers) {
+        if (v.key != key) continue;
+        w["state"] = upstream::WorkerStateName(v.state);
+        w["pid"] = v.pid;
+        w["port"] = v.port;
+        w["restarts"] = v.restarts;
+        w["last_exit"] = v.last_exit;
+        w["log"] = v.log_path;
+        if (v.port) {
+          auto info = http::Fetch("127.0.0.1", v.port, "GET", "/v1/worker/info", "", {}, std::chrono::milliseconds(500));
+          if (info.ok() && info->status == 200) {
+            json ij = json::parse(info->body, nullptr, false);
+            if (!ij.is_discarded()) {
+              w["memory"] = ij["memory"];
+              w["slots"] = ij["slots"];
+              w["fingerprint"] = ij["fingerprint"]["id"];
+            }
+          }
+        }
+      }
+      placements.push_back(w);
+    }
+    services.push_back({{"name", s.name}, {"model", s.model}, {"placements", placements}});
+  }
+  return {{"services", services},
+          {"queue", {{"waiting", dispatcher_->queued()}, {"max", config_.max_queue}}},
+          {"journal", {{"synchronous", const_cast<journal::Journal&>(journal_).synchronous_mode()}}}};
+}
+
+std::string Gateway::RenderMetrics() const {
+  std::vector<std::tuple<std::string, std::string, double>> g;
+  g.emplace_back("spillway_queue_depth", "", static_cast<double>(dispatcher_->queued()));
+  for (const auto& w : supervisor_.Snapshot()) {
+    g.emplace_back("spillway_worker_restarts_total", "worker=\"" + w.key + "\"", w.restarts);
+  }
+  for (const auto& w : supervisor_.Snapshot()) {
+    g.emplace_back("spillway_worker_ready", "worker=\"" + w.key + "\"", w.state == upstream::WorkerState::kReady ? 1 : 0);
+  }
+  return metrics_.Render(g);
+}
+
+}  // namespace spillway::gateway

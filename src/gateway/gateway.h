@@ -1,0 +1,77 @@
+// The gateway's HTTP surface and request lifecycle.
+//
+//   POST /v1/chat/completions, /v1/completions, /v1/embeddings   (model = service name)
+//   GET  /v1/models
+//   GET  /v1/requests/{id}      state, placement, attempts, stored result
+//   DELETE /v1/requests/{id}    cancel, queued or running
+//   GET  /healthz  /readyz  /metrics  /v1/status
+//
+// Lifecycle of a request: parsed and checked on the connection's strand, then
+// handed to a dispatcher thread, which journals it (before any acceptance
+// reaches the client), runs attempts on the service's worker, journals the
+// terminal state with the answer, and only then answers. Streams are relayed
+// as they arrive and stored once finished.
+//
+// This scope: every request goes to the service's primary placement.
+// A worker that is busy makes the request wait (queued); a worker that dies
+// mid-request is retried after its restart when the request is safe to re-run.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+
+#include "api/http_server.h"
+#include "common/clock.h"
+#include "config/config.h"
+#include "gateway/dispatcher.h"
+#include "gateway/metrics.h"
+#include "journal/journal.h"
+#include "upstream/supervisor.h"
+
+namespace spillway::gateway {
+
+// The supervisor key of a service's n-th placement.
+std::string WorkerKey(const config::ServiceConfig& s, size_t n);
+
+class Gateway {
+ public:
+  Gateway(const config::GatewayConfig& config, journal::Journal& journal, upstream::Supervisor& supervisor,
+          const Clock& clock);
+  ~Gateway();
+
+  void Handle(http::Request req, std::shared_ptr<http::Exchange> ex);
+  // Re-runs what the journal recovered after a crash (no client attached).
+  void Resume(std::vector<journal::RequestRecord> records);
+
+ private:
+  struct Live;
+  struct Incoming;
+  void HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint);
+  void Process(std::shared_ptr<Incoming> in);
+  void Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex, std::shared_ptr<Live> live);
+  void HandleRequestQuery(const std::string& id, bool cancel, std::shared_ptr<http::Exchange> ex, unsigned v);
+  void Cancel(const std::shared_ptr<Live>& live);
+  std::string NewRequestId();
+  std::string ClientOf(const http::Request& req) const;
+  Status CheckAccess(const http::Request& req, bool needs_key) const;
+  nlohmann::json StatusJson() const;
+  std::string RenderMetrics() const;
+
+  const config::GatewayConfig& config_;
+  journal::Journal& journal_;
+  upstream::Supervisor& supervisor_;
+  const Clock& clock_;
+  Metrics metrics_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<Live>> live_;
+  std::mt19937_64 rng_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+};
+
+}  // namespace spillway::gateway

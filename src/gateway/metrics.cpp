@@ -1,0 +1,51 @@
+#include "gateway/metrics.h"
+
+#include <sstream>
+
+namespace spillway::gateway {
+
+void Metrics::RequestFinished(const std::string& service, const std::string& outcome, const std::string& placement,
+                              double seconds) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++requests_[{service, outcome, placement}];
+  auto& h = latency_[service];
+  for (size_t i = 0; i < std::size(kBuckets); ++i) {
+    if (seconds <= kBuckets[i]) ++h.counts[i];
+  }
+  ++h.count;
+  h.sum += seconds;
+}
+
+std::string Metrics::Render(const std::vector<std::tuple<std::string, std::string, double>>& gauges) const {
+  std::ostringstream os;
+  std::lock_guard<std::mutex> lk(mu_);
+  os << "# HELP spillway_requests_total Requests that reached a terminal state.\n"
+        "# TYPE spillway_requests_total counter\n";
+  for (const auto& [k, v] : requests_) {
+    const auto& [service, outcome, placement] = k;
+    os << "spillway_requests_total{service=\"" << service << "\",outcome=\"" << outcome << "\",placement=\""
+       << placement << "\"} " << v << "\n";
+  }
+  os << "# HELP spillway_request_duration_seconds Time from acceptance to the last byte.\n"
+        "# TYPE spillway_request_duration_seconds histogram\n";
+  for (const auto& [service, h] : latency_) {
+    for (size_t i = 0; i < std::size(kBuckets); ++i) {
+      os << "spillway_request_duration_seconds_bucket{service=\"" << service << "\",le=\"" << kBuckets[i] << "\"} "
+         << h.counts[i] << "\n";
+    }
+    os << "spillway_request_duration_seconds_bucket{service=\"" << service << "\",le=\"+Inf\"} " << h.count << "\n";
+    os << "spillway_request_duration_seconds_sum{service=\"" << service << "\"} " << h.sum << "\n";
+    os << "spillway_request_duration_seconds_count{service=\"" << service << "\"} " << h.count << "\n";
+  }
+  std::string last;
+  for (const auto& [name, labels, value] : gauges) {
+    if (name != last) {
+      os << "# TYPE " << name << (name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0 ? " counter\n" : " gauge\n");
+      last = name;
+    }
+    os << name << (labels.empty() ? "" : "{" + labels + "}") << " " << value << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace spillway::gateway

@@ -1,0 +1,202 @@
+#include "upstream/supervisor.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "api/http_client.h"
+
+extern char** environ;
+
+namespace spillway::upstream {
+
+namespace fs = std::filesystem;
+
+const char* WorkerStateName(WorkerState s) {
+  switch (s) {
+    case WorkerState::kStarting: return "starting";
+    case WorkerState::kReady: return "ready";
+    case WorkerState::kBackoff: return "backoff";
+    case WorkerState::kStopped: return "stopped";
+  }
+  return "unknown";
+}
+
+Supervisor::Supervisor(std::string worker_binary, std::string state_dir, const Clock& clock)
+    : binary_(std::move(worker_binary)), state_dir_(std::move(state_dir)), clock_(clock) {
+  std::error_code ec;
+  fs::create_directories(state_dir_ + "/run", ec);
+  fs::create_directories(state_dir_ + "/logs", ec);
+}
+
+Supervisor::~Supervisor() { Stop(); }
+
+void Supervisor::Add(WorkerSpec spec) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Worker w;
+  w.view.key = spec.key;
+  w.view.log_path = state_dir_ + "/logs/" + spec.key + ".log";
+  w.spec = std::move(spec);
+  workers_[w.view.key] = std::move(w);
+}
+
+void Supervisor::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Supervisor::Spawn(Worker& w) {
+  const std::string port_file = state_dir_ + "/run/" + w.spec.key + ".port";
+  std::error_code ec;
+  fs::remove(port_file, ec);
+  std::vector<std::string> args = {binary_};
+  args.insert(args.end(), w.spec.args.begin(), w.spec.args.end());
+  args.insert(args.end(), {"--listen", "127.0.0.1:0", "--port-file", port_file, "--parent-pid",
+                           std::to_string(getpid())});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, w.view.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, binary_.c_str(), &fa, &attr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    Exited(w, "spawn failed: " + std::string(std::strerror(rc)));
+    return;
+  }
+  w.view.pid = pid;
+  w.view.port = 0;
+  w.view.state = WorkerState::kStarting;
+  w.health_failures = 0;
+}
+
+void Supervisor::Exited(Worker& w, const std::string& why) {
+  w.view.last_exit = why;
+  w.view.pid = 0;
+  w.view.port = 0;
+  w.view.state = WorkerState::kBackoff;
+  const int64_t now = clock_.NowMs();
+  if (w.ready_since_ms && now - w.ready_since_ms > 60000) w.backoff_level = 0;
+  const int64_t delay = std::min<int64_t>(30000, 500LL << std::min(w.backoff_level, 6));
+  ++w.backoff_level;
+  w.next_start_ms = now + delay;
+  w.ready_since_ms = 0;
+  ++w.view.restarts;
+  ++restarts_;
+}
+
+void Supervisor::Poll(Worker& w) {
+  const int64_t now = clock_.NowMs();
+  if (w.view.state == WorkerState::kBackoff) {
+    if (now >= w.next_start_ms) Spawn(w);
+    return;
+  }
+  if (w.view.pid <= 0) return;
+  int status = 0;
+  if (waitpid(w.view.pid, &status, WNOHANG) == w.view.pid) {
+    std::string why = WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
+                                        : "signal " + std::to_string(WTERMSIG(status));
+    Exited(w, why);
+    return;
+  }
+  if (w.view.state == WorkerState::kStarting) {
+    std::ifstream f(state_dir_ + "/run/" + w.spec.key + ".port");
+    int port = 0;
+    if (f >> port && port > 0) {
+      w.view.port = static_cast<uint16_t>(port);
+      w.view.state = WorkerState::kReady;
+      w.ready_since_ms = now;
+      w.next_health_ms = now + 1000;
+    }
+    return;
+  }
+  if (w.view.state == WorkerState::kReady && now >= w.next_health_ms) {
+    w.next_health_ms = now + 1000;
+    auto r = http::Fetch("127.0.0.1", w.view.port, "GET", "/health", "", {}, std::chrono::milliseconds(1000));
+    // A worker whose device is lost answers 503: it cannot recover in place.
+    const bool healthy = r.ok() && r->status == 200;
+    w.health_failures = healthy ? 0 : w.health_failures + 1;
+    if (w.health_failures >= 3 || (r.ok() && r->body.find("device_lost") != std::string::npos)) {
+      kill(-w.view.pid, SIGKILL);
+      waitpid(w.view.pid, &status, 0);
+      Exited(w, "unhealthy");
+    }
+  }
+}
+
+void Supervisor::Loop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& [k, w] : workers_) Spawn(w);
+  }
+  while (!stop_) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      for (auto& [k, w] : workers_) Poll(w);
+      cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_.load(); });
+    }
+  }
+}
+
+void Supervisor::Suspect(const std::string& key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = workers_.find(key);
+  if (it != workers_.end()) it->second.next_health_ms = 0;
+}
+
+void Supervisor::Stop(int64_t grace_ms) {
+  if (stop_.exchange(true)) {
+    if (thread_.joinable()) thread_.join();
+    return;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [k, w] : workers_) {
+    if (w.view.pid > 0) kill(-w.view.pid, SIGTERM);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
+  for (auto& [k, w] : workers_) {
+    while (w.view.pid > 0) {
+      int status;
+      if (waitpid(w.view.pid, &status, WNOHANG) == w.view.pid) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        kill(-w.view.pid, SIGKILL);
+        waitpid(w.view.pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    w.view.pid = 0;
+    w.view.state = WorkerState::kStopped;
+  }
+}
+
+std::optional<uint16_t> Supervisor::ReadyPort(const std::string& key) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = workers_.find(key);
+  if (it == workers_.end() || it->second.view.state != WorkerState::kReady) return std::nullopt;
+  return it->second.view.port;
+}
+
+std::vector<WorkerView> Supervisor::Snapshot() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<WorkerView> out;
+  for (const auto& [k, w] : workers_) out.push_back(w.view);
+  return out;
+}
+
+}  // namespace spillway::upstream

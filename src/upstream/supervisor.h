@@ -1,0 +1,93 @@
+// Supervisor: starts the workers the services need, learns their ports,
+// health-checks them, restarts a dead or unresponsive worker with backoff
+// without touching the others, and stops them all on shutdown.
+//
+// Each worker runs in its own process group (posix_spawn, SETPGROUP), asks the
+// kernel to end it if the gateway dies (--parent-pid), binds port 0 and writes
+// its port to <state_dir>/run/<key>.port; its stdout/stderr are appended to
+// <state_dir>/logs/<key>.log.
+//
+// Worker states: starting -> ready -> (exited | unhealthy) -> backoff -> starting.
+// Backoff doubles from 0.5 s up to 30 s and resets after 60 s of readiness.
+//
+// Thread-safe. One background thread polls every 50 ms.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+
+namespace spillway::upstream {
+
+struct WorkerSpec {
+  std::string key;                 // unique, file-name safe: "<service>.<n>"
+  std::vector<std::string> args;   // arguments after the worker binary
+};
+
+enum class WorkerState { kStarting, kReady, kBackoff, kStopped };
+const char* WorkerStateName(WorkerState s);
+
+struct WorkerView {
+  std::string key;
+  WorkerState state = WorkerState::kStopped;
+  pid_t pid = 0;
+  uint16_t port = 0;
+  int restarts = 0;
+  std::string last_exit;  // "exit 3", "signal 9", "unhealthy", ...
+  std::string log_path;
+};
+
+class Supervisor {
+ public:
+  Supervisor(std::string worker_binary, std::string state_dir, const Clock& clock);
+  ~Supervisor();
+
+  void Add(WorkerSpec spec);  // before Start()
+  void Start();
+  // SIGTERM to every worker's group, SIGKILL after `grace_ms`.
+  void Stop(int64_t grace_ms = 5000);
+
+  // The port of a ready worker.
+  std::optional<uint16_t> ReadyPort(const std::string& key) const;
+  std::vector<WorkerView> Snapshot() const;
+  uint64_t total_restarts() const { return restarts_.load(); }
+  // Reports a failure seen by a caller (connection refused...): the worker is
+  // health-checked at once.
+  void Suspect(const std::string& key);
+
+ private:
+  struct Worker {
+    WorkerSpec spec;
+    WorkerView view;
+    int64_t next_start_ms = 0;
+    int64_t ready_since_ms = 0;
+    int64_t next_health_ms = 0;
+    int health_failures = 0;
+    int backoff_level = 0;
+  };
+  void Loop();
+  void Spawn(Worker& w);
+  void Poll(Worker& w);
+  void Exited(Worker& w, const std::string& why);
+
+  const std::string binary_, state_dir_;
+  const Clock& clock_;
+  mutable std::mutex mu_;
+  std::map<std::string, Worker> workers_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> restarts_{0};
+  std::condition_variable cv_;
+  std::thread thread_;
+};
+
+}  // namespace spillway::upstream
