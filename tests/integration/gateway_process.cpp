@@ -1,0 +1,118 @@
+#include "gateway_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "api/http_client.h"
+#include "worker_process.h"
+
+extern char** environ;
+
+namespace spillway::testing {
+
+namespace fs = std::filesystem;
+
+std::string TestConfig(int chat_slots, const std::string& extra) {
+  std::ostringstream os;
+  os << "max_queue = 64\n" << extra << "\n"
+     << "[[service]]\nname = \"chat\"\nmodel = \"" << ModelPath("tiny-chat") << "\"\nmax_tokens = 4000\n"
+     << "[[service.placement]]\ndevice = \"cpu\"\nctx = 4096\nslots = " << chat_slots << "\nthreads = 1\n"
+     << "[[service]]\nname = \"embed\"\nmodel = \"" << ModelPath("tiny-embed") << "\"\n"
+     << "[[service.placement]]\ndevice = \"cpu\"\nctx = 512\nslots = 2\nthreads = 1\n";
+  return os.str();
+}
+
+GatewayProcess::GatewayProcess(const std::string& config_toml, std::string state_dir) {
+  std::string tmpl = (fs::temp_directory_path() / "spillway-gw-XXXXXX").string();
+  dir_ = mkdtemp(tmpl.data());
+  config_path_ = dir_ + "/spillway.toml";
+  std::ofstream(config_path_) << config_toml;
+  own_state_ = state_dir.empty();
+  state_dir_ = own_state_ ? dir_ + "/state" : state_dir;
+}
+
+bool GatewayProcess::Start(std::chrono::seconds timeout) {
+  const std::string port_file = dir_ + "/port";
+  fs::remove(port_file);
+  std::vector<std::string> args = {BinDir() + "/spillway", "serve", "--config", config_path_, "--state-dir",
+                                   state_dir_, "--listen", "127.0.0.1:0", "--port-file", port_file};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  const std::string out = dir_ + "/gateway.log";
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) return false;
+  posix_spawn_file_actions_destroy(&fa);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  port_ = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return false;
+    }
+    if (!port_) {
+      std::ifstream f(port_file);
+      int p = 0;
+      if (f >> p) port_ = static_cast<uint16_t>(p);
+    }
+    if (port_) {
+      auto r = http::Fetch("127.0.0.1", port_, "GET", "/readyz", "", {}, std::chrono::seconds(2));
+      if (r.ok() && r->status == 200) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }
+  return false;
+}
+
+void GatewayProcess::Kill9() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+  // Give the workers' parent-death signal time to land.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+}
+
+void GatewayProcess::Stop() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGTERM);
+  for (int i = 0; i < 500; ++i) {
+    if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+      pid_ = -1;
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+std::string GatewayProcess::Output() const {
+  std::ifstream f(dir_ + "/gateway.log");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+GatewayProcess::~GatewayProcess() {
+  Stop();
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+  if (own_state_) fs::remove_all(state_dir_, ec);
+}
+
+}  // namespace spillway::testing

@@ -1,0 +1,34 @@
+// Starts a real `spillway serve` on port 0 with a test config, for
+// integration tests; stops it (and its workers) when destroyed.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+
+namespace spillway::testing {
+
+// A config with services "chat" (tiny-chat) and "embed" (tiny-embed) plus `extra` TOML.
+std::string TestConfig(int chat_slots = 2, const std::string& extra = "");
+
+class GatewayProcess {
+ public:
+  // `state_dir` empty: a fresh temporary directory (removed at the end).
+  explicit GatewayProcess(const std::string& config_toml, std::string state_dir = "");
+  ~GatewayProcess();
+  bool Start(std::chrono::seconds timeout = std::chrono::seconds(60));  // waits for /readyz
+  void Kill9();   // the gateway only; its workers die with it (parent-death signal)
+  void Stop();    // SIGTERM and wait
+  uint16_t port() const { return port_; }
+  const std::string& state_dir() const { return state_dir_; }
+  std::string Output() const;
+
+ private:
+  std::string dir_, state_dir_, config_path_;
+  bool own_state_ = false;
+  pid_t pid_ = -1;
+  uint16_t port_ = 0;
+};
+
+}  // namespace spillway::testing

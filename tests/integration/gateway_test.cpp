@@ -1,0 +1,366 @@
+// Integration tests of `spillway serve`: real gateway and worker processes.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <set>
+#include <thread>
+
+#include "api/http_client.h"
+#include "common/clock.h"
+#include "gateway_process.h"
+#include "journal/journal.h"
+#include "worker_process.h"
+
+namespace spillway::testing {
+namespace {
+
+using nlohmann::json;
+
+json Body(const http::ClientResponse& r) { return json::parse(r.body, nullptr, false); }
+
+http::ClientResponse Call(uint16_t port, const std::string& method, const std::string& path, const std::string& body = "",
+                          const http::HeaderList& headers = {}) {
+  auto r = http::Fetch("127.0.0.1", port, method, path, body, headers, std::chrono::seconds(120));
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : http::ClientResponse{};
+}
+
+std::string Chat(int max_tokens, bool stream = false, const std::string& prompt = "Hello") {
+  return json{{"model", "chat"},
+              {"messages", json::array({{{"role", "user"}, {"content", prompt}}})},
+              {"max_tokens", max_tokens},
+              {"temperature", 0},
+              {"ignore_eos", true},
+              {"stream", stream}}
+      .dump();
+}
+
+json WaitTerminal(uint16_t port, const std::string& id, int seconds = 60) {
+  json j;
+  for (int i = 0; i < seconds * 50; ++i) {
+    j = Body(Call(port, "GET", "/v1/requests/" + id));
+    const std::string st = j.value("state", "");
+    if (st != "queued" && st != "running") return j;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return j;
+}
+
+// The worker of a service, from /v1/status.
+json WorkerStatus(uint16_t port, const std::string& service) {
+  json s = Body(Call(port, "GET", "/v1/status"));
+  for (const auto& svc : s["services"]) {
+    if (svc["name"] == service) return svc["placements"][0];
+  }
+  return json();
+}
+
+uint64_t WorkerReceived(uint16_t gateway_port, const std::string& service) {
+  const json w = WorkerStatus(gateway_port, service);
+  auto info = http::Fetch("127.0.0.1", w["port"].get<uint16_t>(), "GET", "/v1/worker/info");
+  return json::parse(info->body)["requests"]["received"].get<uint64_t>();
+}
+
+class GatewayTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    gw_ = new GatewayProcess(TestConfig(2));
+    ASSERT_TRUE(gw_->Start()) << gw_->Output();
+  }
+  static void TearDownTestSuite() {
+    delete gw_;
+    gw_ = nullptr;
+  }
+  static GatewayProcess* gw_;
+};
+GatewayProcess* GatewayTest::gw_ = nullptr;
+
+TEST_F(GatewayTest, ServesEveryRouteWithRequestIds) {
+  const uint16_t p = gw_->port();
+  auto chat = Call(p, "POST", "/v1/chat/completions", Chat(8));
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const std::string id = chat.Header("x-request-id");
+  EXPECT_EQ(Body(chat)["id"], id);
+  EXPECT_EQ(Body(chat)["model"], "chat");
+  EXPECT_EQ(Body(chat)["usage"]["completion_tokens"], 8);
+  json rec = Body(Call(p, "GET", "/v1/requests/" + id));
+  EXPECT_EQ(rec["state"], "completed");
+  EXPECT_EQ(rec["attempts"], 1);
+  EXPECT_EQ(rec["placement"], "cpu");
+  EXPECT_EQ(rec["result"]["body"]["choices"][0]["message"]["content"], Body(chat)["choices"][0]["message"]["content"]);
+
+  auto stream = Call(p, "POST", "/v1/chat/completions", Chat(8, true));
+  ASSERT_EQ(stream.status, 200);
+  EXPECT_EQ(http::ParseSseData(stream.body).back(), "[DONE]");
+  json srec = WaitTerminal(p, stream.Header("x-request-id"));
+  EXPECT_EQ(srec["state"], "completed");
+  EXPECT_NE(srec["result"]["text"].get<std::string>().find("[DONE]"), std::string::npos);
+
+  auto comp = Call(p, "POST", "/v1/completions", json{{"model", "chat"}, {"prompt", "x"}, {"max_tokens", 3}}.dump());
+  EXPECT_EQ(comp.status, 200) << comp.body;
+  auto emb = Call(p, "POST", "/v1/embeddings", json{{"model", "embed"}, {"input", {"a", "b"}}}.dump());
+  ASSERT_EQ(emb.status, 200) << emb.body;
+  EXPECT_EQ(Body(emb)["data"].size(), 2u);
+  auto models = Body(Call(p, "GET", "/v1/models"));
+  EXPECT_EQ(models["data"].size(), 2u);
+  EXPECT_EQ(Call(p, "GET", "/healthz").status, 200);
+  EXPECT_EQ(Call(p, "GET", "/readyz").status, 200);
+  json status = Body(Call(p, "GET", "/v1/status"));
+  EXPECT_EQ(status["services"][0]["placements"][0]["state"], "ready");
+  EXPECT_FALSE(status["services"][0]["placements"][0]["memory"].is_null());
+  EXPECT_EQ(status["journal"]["synchronous"], "full");
+  const std::string metrics = Call(p, "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("spillway_requests_total{service=\"chat\",outcome=\"completed\",placement=\"cpu\"}"),
+            std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("spillway_request_duration_seconds_bucket"), std::string::npos);
+  EXPECT_NE(metrics.find("spillway_queue_depth"), std::string::npos);
+  EXPECT_NE(metrics.find("spillway_worker_restarts_total"), std::string::npos);
+  // A client may name its request; a reused name is refused.
+  auto named = Call(p, "POST", "/v1/chat/completions", Chat(2), {{"X-Request-Id", "my-request-1"}});
+  EXPECT_EQ(named.Header("x-request-id"), "my-request-1");
+  EXPECT_EQ(Call(p, "POST", "/v1/chat/completions", Chat(2), {{"X-Request-Id", "my-request-1"}}).status, 409);
+}
+
+TEST_F(GatewayTest, BadInputsGetOpenAiErrorsAndTheGatewayKeepsServing) {
+  const uint16_t p = gw_->port();
+  struct Case {
+    std::string path, body;
+    int status;
+  };
+  const std::vector<Case> cases = {
+      {"/v1/chat/completions", "{broken", 400},
+      {"/v1/chat/completions", R"({"model":"chat","messages":"hi"})", 400},
+      {"/v1/chat/completions", R"({"model":"chat","messages":[{"role":"user","content":"x"}],"max_tokens":"5"})", 400},
+      {"/v1/chat/completions", R"({"model":"chat","messages":[{"role":"user","content":"x"}],"max_tokens":999999})", 400},
+      {"/v1/chat/completions", R"({"model":"nosuch","messages":[{"role":"user","content":"x"}]})", 404},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}]})", 400},
+      {"/v1/embeddings", R"({"model":"embed","input":[1,2]})", 400},
+      {"/v1/requests/none", "", 404},
+      {"/v1/unknown", "{}", 404},
+  };
+  for (const auto& c : cases) {
+    auto r = Call(p, c.body.empty() ? "GET" : "POST", c.path, c.body);
+    EXPECT_EQ(r.status, c.status) << c.body << " -> " << r.body;
+    EXPECT_TRUE(Body(r).contains("error")) << r.body;
+  }
+  auto big = Call(p, "POST", "/v1/chat/completions", std::string(9 << 20, 'x'));
+  EXPECT_EQ(big.status, 413);
+  auto bad_id = Call(p, "POST", "/v1/chat/completions", Chat(2), {{"X-Request-Id", "bad id!"}});
+  EXPECT_EQ(bad_id.status, 400);
+  EXPECT_EQ(Call(p, "POST", "/v1/chat/completions", Chat(2)).status, 200);
+}
+
+TEST_F(GatewayTest, IdempotencyKeyRunsTheModelOnce) {
+  const uint16_t p = gw_->port();
+  const uint64_t before = WorkerReceived(p, "chat");
+  const std::string body = Chat(16, false, "idempotent");
+  std::vector<std::future<http::ClientResponse>> futures;
+  for (int i = 0; i < 20; ++i) {
+    futures.push_back(std::async(std::launch::async, [&] {
+      http::ClientResponse r;
+      // Retry while the first is in flight (409), as a client following the draft would.
+      for (int k = 0; k < 500; ++k) {
+        r = Call(p, "POST", "/v1/chat/completions", body, {{"Idempotency-Key", "key-20"}});
+        if (r.status != 409) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      return r;
+    }));
+  }
+  std::set<std::string> bodies, ids;
+  int replayed = 0;
+  for (auto& f : futures) {
+    auto r = f.get();
+    EXPECT_EQ(r.status, 200) << r.body;
+    bodies.insert(r.body);
+    ids.insert(r.Header("x-request-id"));
+    replayed += r.Header("idempotent-replayed") == "true";
+  }
+  EXPECT_EQ(bodies.size(), 1u);
+  EXPECT_EQ(ids.size(), 1u);
+  EXPECT_EQ(replayed, 19);
+  EXPECT_EQ(WorkerReceived(p, "chat") - before, 1u);  // exactly one model execution
+  // Same key, other payload: 422.
+  auto other = Call(p, "POST", "/v1/chat/completions", Chat(16, false, "different"), {{"Idempotency-Key", "key-20"}});
+  EXPECT_EQ(other.status, 422) << other.body;
+  // Same key while the first still runs: 409.
+  auto slow = std::async(std::launch::async, [&] {
+    return Call(p, "POST", "/v1/chat/completions", Chat(3500),
+                {{"Idempotency-Key", "key-slow"}, {"X-Request-Id", "idem-slow"}});
+  });
+  for (int k = 0; k < 500 && Body(Call(p, "GET", "/v1/requests/idem-slow")).value("state", "") != "running"; ++k) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  auto conflict = Call(p, "POST", "/v1/chat/completions", Chat(3500), {{"Idempotency-Key", "key-slow"}});
+  EXPECT_EQ(conflict.status, 409) << conflict.body;
+  EXPECT_EQ(conflict.Header("x-request-id"), "idem-slow");
+  Call(p, "DELETE", "/v1/requests/idem-slow");
+  slow.get();
+}
+
+TEST_F(GatewayTest, CancelWorksQueuedRunningAndOnDisconnect) {
+  const uint16_t p = gw_->port();
+  // Running: DELETE /v1/requests/{id}.
+  auto running = std::async(std::launch::async, [&] {
+    return Call(p, "POST", "/v1/chat/completions", Chat(3500), {{"X-Request-Id", "cancel-running"}});
+  });
+  http::ClientResponse del;
+  for (int i = 0; i < 300; ++i) {
+    del = Call(p, "DELETE", "/v1/requests/cancel-running");
+    if (del.status == 200) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(del.status, 200) << del.body;
+  EXPECT_EQ(running.get().status, 499);
+  EXPECT_EQ(WaitTerminal(p, "cancel-running")["state"], "cancelled");
+  EXPECT_EQ(Call(p, "DELETE", "/v1/requests/cancel-running").status, 409);  // already ended
+
+  // Disconnect while streaming.
+  {
+    namespace net = boost::asio;
+    net::io_context ioc;
+    net::ip::tcp::socket sock(ioc);
+    sock.connect({net::ip::make_address("127.0.0.1"), p});
+    const std::string body = Chat(3500, true);
+    const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Request-Id: cancel-disc\r\n"
+                            "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+                            "\r\n\r\n" + body;
+    net::write(sock, net::buffer(req));
+    char buf[512];
+    sock.read_some(net::buffer(buf));
+    sock.close();
+  }
+  EXPECT_EQ(WaitTerminal(p, "cancel-disc")["state"], "cancelled");
+}
+
+TEST(GatewayAccessTest, KeysHostsAndOrigins) {
+  setenv("SPILLWAY_API_KEYS", "sk-test-1, sk-test-2", 1);
+  GatewayProcess gw(TestConfig(1, "allowed_origins = [\"http://localhost:3000\"]"));
+  const bool started = gw.Start();  // the gateway reads the keys at start
+  unsetenv("SPILLWAY_API_KEYS");
+  ASSERT_TRUE(started) << gw.Output();
+  const uint16_t p = gw.port();
+  EXPECT_EQ(Call(p, "GET", "/v1/models").status, 401);
+  EXPECT_EQ(Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearer wrong"}}).status, 401);
+  EXPECT_EQ(Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearer sk-test-2"}}).status, 200);
+  EXPECT_EQ(Call(p, "GET", "/healthz").status, 200);  // liveness needs no key
+  auto evil = Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearer sk-test-1"}, {"Host", "evil.example:8480"}});
+  EXPECT_EQ(evil.status, 403) << evil.body;
+  EXPECT_EQ(Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearer sk-test-1"}, {"Origin", "http://evil.example"}}).status, 403);
+  EXPECT_EQ(Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearer sk-test-1"}, {"Origin", "http://localhost:3000"}}).status, 200);
+}
+
+TEST(GatewayConfigTest, BadConfigsRefuseToStart) {
+  GatewayProcess typo("listne = \"127.0.0.1:1\"\n");
+  EXPECT_FALSE(typo.Start(std::chrono::seconds(10)));
+  EXPECT_NE(typo.Output().find(":1: 'listne' is not a known key"), std::string::npos) << typo.Output();
+  GatewayProcess missing("[[service]]\nname = \"x\"\nmodel = \"/nonexistent.gguf\"\n");
+  EXPECT_FALSE(missing.Start(std::chrono::seconds(10)));
+  EXPECT_NE(missing.Output().find("not found"), std::string::npos) << missing.Output();
+  // Beyond loopback without any API key: refused, with the way out named.
+  const std::string cfg = (std::filesystem::temp_directory_path() / "spillway-remote.toml").string();
+  { std::ofstream(cfg) << TestConfig(1); }
+  std::string out;
+  FILE* f = popen((BinDir() + "/spillway serve --config " + cfg + " --listen 0.0.0.0:0 --state-dir /tmp/spillway-remote-state 2>&1").c_str(), "r");
+  char buf[512];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  EXPECT_EQ(WEXITSTATUS(pclose(f)), 2);
+  EXPECT_NE(out.find("allow_unauthenticated_remote"), std::string::npos) << out;
+  std::filesystem::remove(cfg);
+}
+
+TEST(GatewaySupervisorTest, KilledWorkerIsRestartedAndOtherServicesAreUnaffected) {
+  GatewayProcess gw(TestConfig(2));
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  const uint16_t p = gw.port();
+  const json before = WorkerStatus(p, "chat");
+  const pid_t pid = before["pid"].get<pid_t>();
+  ASSERT_GT(pid, 0);
+  std::atomic<bool> done{false};
+  std::atomic<int> embed_ok{0}, embed_bad{0};
+  std::thread embedder([&] {
+    while (!done) {
+      auto r = http::Fetch("127.0.0.1", p, "POST", "/v1/embeddings", json{{"model", "embed"}, {"input", "x"}}.dump());
+      (r.ok() && r->status == 200 ? embed_ok : embed_bad)++;
+    }
+  });
+  kill(pid, SIGKILL);
+  json after;
+  for (int i = 0; i < 500; ++i) {
+    after = WorkerStatus(p, "chat");
+    if (after["state"] == "ready" && after["pid"] != pid) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  done = true;
+  embedder.join();
+  EXPECT_EQ(after["state"], "ready");
+  EXPECT_NE(after["pid"], pid);
+  EXPECT_EQ(after["restarts"], 1);
+  EXPECT_EQ(after["last_exit"], "signal 9");
+  EXPECT_GT(embed_ok.load(), 0);
+  EXPECT_EQ(embed_bad.load(), 0);
+  EXPECT_EQ(Call(p, "POST", "/v1/chat/completions", Chat(4)).status, 200);
+  EXPECT_NE(Call(p, "GET", "/metrics").body.find("spillway_worker_restarts_total{worker=\"chat.0\"} 1"), std::string::npos);
+}
+
+TEST(GatewayCrashTest, Kill9WithQueuedAndRunningRequestsLosesNothing) {
+  GatewayProcess gw(TestConfig(1));
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  const uint16_t p = gw.port();
+  // One slot: one request runs, the others wait in the gateway. Each is named,
+  // so the client knows its id before any answer.
+  std::vector<std::string> ids;
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 5; ++i) {
+    ids.push_back("crash-" + std::to_string(i));
+    clients.emplace_back([&, i] {
+      (void)http::Fetch("127.0.0.1", p, "POST", "/v1/chat/completions", Chat(1500, false, "crash " + std::to_string(i)),
+                        {{"X-Request-Id", ids[i]}}, std::chrono::seconds(60));
+    });
+  }
+  ids.push_back("crash-stream");
+  clients.emplace_back([&] {
+    (void)http::Fetch("127.0.0.1", p, "POST", "/v1/chat/completions", Chat(1500, true), {{"X-Request-Id", "crash-stream"}},
+                      std::chrono::seconds(60));
+  });
+  // Wait until every request is journaled (acknowledged).
+  for (int i = 0; i < 500; ++i) {
+    int known = 0;
+    for (const auto& id : ids) known += Call(p, "GET", "/v1/requests/" + id).status == 200;
+    if (known == static_cast<int>(ids.size())) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  gw.Kill9();
+  for (auto& c : clients) c.join();
+  {
+    SystemClock clock;
+    auto j = journal::Journal::Open(gw.state_dir() + "/journal.db", {}, clock);
+    ASSERT_TRUE(j.ok());
+    for (const auto& id : ids) EXPECT_TRUE((*j)->Get(id).ok()) << id << " was acknowledged but is missing";
+  }
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  for (const auto& id : ids) {
+    json rec = WaitTerminal(gw.port(), id, 120);
+    if (id == "crash-stream") {
+      EXPECT_TRUE(rec["state"] == "failed_resumable" || rec["state"] == "completed") << rec.dump();
+    } else {
+      EXPECT_EQ(rec["state"], "completed") << rec.dump();
+      EXPECT_EQ(rec["result"]["body"]["usage"]["completion_tokens"], 1500) << id;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace spillway::testing

@@ -1,0 +1,112 @@
+#include "config/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+
+namespace spillway::config {
+namespace {
+
+TEST(ConfigTest, ParsesAFullConfig) {
+  auto c = ParseConfig(R"(
+listen = "127.0.0.1:9000"
+state_dir = "/tmp/sw"
+api_keys = ["k1"]
+max_queue = 10
+[journal]
+synchronous = "normal"
+idempotency_hours = 2
+[[service]]
+name = "chat"
+model = "/m/chat.gguf"
+max_tokens = 1000
+[[service.placement]]
+device = "sim:0"
+gpu_layers = 99
+ctx = 8192
+[[service.placement]]
+device = "cpu"
+)", "test.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->listen_port, 9000);
+  EXPECT_EQ(c->api_keys.size(), 1u);
+  EXPECT_FALSE(c->journal.synchronous_full);
+  ASSERT_EQ(c->services.size(), 1u);
+  ASSERT_EQ(c->services[0].placements.size(), 2u);
+  EXPECT_EQ(c->services[0].placements[0].device, "sim:0");
+  EXPECT_EQ(c->services[0].placements[0].Name(), "sim:0/99");
+  EXPECT_EQ(c->services[0].placements[1].Name(), "cpu");
+}
+
+struct Bad {
+  const char* text;
+  const char* fragment;
+};
+
+TEST(ConfigTest, ErrorsNameFileLineAndKey) {
+  const Bad cases[] = {
+      {"listen = \"nope\"", "test.toml:1: 'listen'"},
+      {"\n\nmax_queue = \"ten\"", "test.toml:3: 'max_queue' must be a number"},
+      {"max_queue = 0", "'max_queue' must be between"},
+      {"listne = \"x\"", "'listne' is not a known key"},
+      {"[journal]\nsynchronous = \"sometimes\"", "test.toml:2: 'journal.synchronous'"},
+      {"[[service]]\nname = \"a\"", "'service[0].model' is required"},
+      {"[[service]]\nname=\"a\"\nmodel=\"m\"\n[[service.placement]]\ndevice = \"tpu:0\"", "test.toml:5: 'service[0].placement[0].device'"},
+      {"[[service]]\nname=\"a\"\nmodel=\"m\"\n[[service.placement]]\nslots = 0", "'service[0].placement[0].slots' must be between"},
+      {"[[service]]\nname=\"a\"\nmodel=\"m\"\nslot = 3", "test.toml:4: 'service[0].slot' is not a known key"},
+      {"this is not toml", "test.toml:1:"},
+  };
+  for (const auto& c : cases) {
+    auto r = ParseConfig(c.text, "test.toml");
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_NE(r.status().message().find(c.fragment), std::string::npos) << c.text << " -> " << r.status().message();
+  }
+}
+
+TEST(ConfigTest, ValidateChecksFilesNamesAndRemoteBinds) {
+  const std::string model = (std::filesystem::temp_directory_path() / "sw-config-model.gguf").string();
+  { std::FILE* f = std::fopen(model.c_str(), "w"); std::fputs("x", f); std::fclose(f); }
+  GatewayConfig c;
+  ServiceConfig s;
+  s.name = "chat";
+  s.model = model;
+  s.placements = {PlacementConfig{}};
+  c.services = {s};
+  EXPECT_TRUE(Validate(c).ok());
+  c.services.push_back(s);
+  EXPECT_NE(Validate(c).message().find("declared twice"), std::string::npos);
+  c.services.pop_back();
+  c.services[0].model = "/nonexistent.gguf";
+  EXPECT_NE(Validate(c).message().find("not found"), std::string::npos);
+  c.services[0].model = model;
+  c.services[0].name = "bad name";
+  EXPECT_FALSE(Validate(c).ok());
+  c.services[0].name = "chat";
+  c.listen_host = "0.0.0.0";
+  EXPECT_NE(Validate(c).message().find("api_keys"), std::string::npos);
+  c.api_keys = {"k"};
+  EXPECT_TRUE(Validate(c).ok());
+  c.api_keys.clear();
+  c.allow_unauthenticated_remote = true;
+  EXPECT_TRUE(Validate(c).ok());
+  c.services.clear();
+  EXPECT_FALSE(Validate(c).ok());
+  std::filesystem::remove(model);
+}
+
+TEST(ConfigTest, HostPort) {
+  std::string h;
+  uint16_t p = 0;
+  EXPECT_TRUE(SplitHostPort("127.0.0.1:80", &h, &p));
+  EXPECT_EQ(p, 80);
+  EXPECT_TRUE(SplitHostPort("[::1]:8080", &h, &p));
+  EXPECT_EQ(h, "::1");
+  EXPECT_FALSE(SplitHostPort("host", &h, &p));
+  EXPECT_FALSE(SplitHostPort("h:99999", &h, &p));
+  EXPECT_FALSE(SplitHostPort("h:-1", &h, &p));
+  EXPECT_FALSE(SplitHostPort(":80", &h, &p));
+}
+
+}  // namespace
+}  // namespace spillway::config

@@ -1,0 +1,145 @@
+#include "journal/journal.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+namespace spillway::journal {
+namespace {
+
+namespace fs = std::filesystem;
+
+class JournalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("spillway-journal-" + std::to_string(getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    Reopen();
+  }
+  void TearDown() override {
+    j_.reset();
+    fs::remove_all(dir_);
+  }
+  void Reopen(JournalOptions o = {}) {
+    j_.reset();
+    auto j = Journal::Open((dir_ / "journal.db").string(), o, clock_);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    j_ = std::move(*j);
+  }
+  RequestRecord Rec(const std::string& id, const std::string& key = "", const std::string& hash = "h1",
+                    bool stream = false) {
+    RequestRecord r;
+    r.id = id;
+    r.idempotency_key = key;
+    r.payload_hash = hash;
+    r.service = "chat";
+    r.endpoint = "chat";
+    r.stream = stream;
+    r.body = "{}";
+    return r;
+  }
+  fs::path dir_;
+  FakeClock clock_;
+  std::unique_ptr<Journal> j_;
+};
+
+TEST_F(JournalTest, LifecycleIsRecordedWithAttempts) {
+  auto a = j_->Accept(Rec("r1"));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->outcome, AcceptOutcome::kNew);
+  EXPECT_EQ(j_->Get("r1")->state, State::kQueued);
+  ASSERT_TRUE(j_->StartAttempt("r1", "cpu").ok());
+  ASSERT_TRUE(j_->Requeue("r1", "worker died").ok());
+  ASSERT_TRUE(j_->StartAttempt("r1", "cpu").ok());
+  clock_.Advance(1500);
+  ASSERT_TRUE(j_->Finish("r1", State::kCompleted, 200, "application/json", R"({"ok":true})").ok());
+  auto r = j_->Get("r1");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->state, State::kCompleted);
+  EXPECT_EQ(r->attempts, 2);
+  EXPECT_EQ(r->placement, "cpu");
+  EXPECT_EQ(r->result_body, R"({"ok":true})");
+  EXPECT_EQ(r->updated_ms - r->created_ms, 1500);
+  // Exactly one terminal state: a second Finish is refused and changes nothing.
+  EXPECT_EQ(j_->Finish("r1", State::kCancelled, 499, "", "").code(), StatusCode::kConflict);
+  EXPECT_EQ(j_->Get("r1")->state, State::kCompleted);
+  EXPECT_FALSE(j_->StartAttempt("r1", "cpu").ok());
+  EXPECT_EQ(j_->Get("nope").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(JournalTest, IdempotencyKeysReplayConflictOrMismatch) {
+  ASSERT_EQ(j_->Accept(Rec("a", "k1", "h1"))->outcome, AcceptOutcome::kNew);
+  auto again = j_->Accept(Rec("b", "k1", "h1"));
+  EXPECT_EQ(again->outcome, AcceptOutcome::kInFlight);
+  EXPECT_EQ(again->existing.id, "a");
+  EXPECT_EQ(j_->Accept(Rec("c", "k1", "h2"))->outcome, AcceptOutcome::kMismatch);
+  ASSERT_TRUE(j_->Finish("a", State::kCompleted, 200, "application/json", "body").ok());
+  auto replay = j_->Accept(Rec("d", "k1", "h1"));
+  EXPECT_EQ(replay->outcome, AcceptOutcome::kReplay);
+  EXPECT_EQ(replay->existing.result_body, "body");
+  // Keys are scoped per client.
+  auto other = Rec("e", "k1", "h1");
+  other.client = "key:other";
+  EXPECT_EQ(j_->Accept(other)->outcome, AcceptOutcome::kNew);
+  // The same request id twice is a conflict.
+  EXPECT_EQ(j_->Accept(Rec("a")).status().code(), StatusCode::kConflict);
+}
+
+TEST_F(JournalTest, RecoverRequeuesSafeRequestsAndFailsOpenStreams) {
+  ASSERT_TRUE(j_->Accept(Rec("queued")).ok());
+  ASSERT_TRUE(j_->Accept(Rec("running")).ok());
+  ASSERT_TRUE(j_->StartAttempt("running", "cpu").ok());
+  ASSERT_TRUE(j_->Accept(Rec("stream", "", "h", true)).ok());
+  ASSERT_TRUE(j_->StartAttempt("stream", "cpu").ok());
+  ASSERT_TRUE(j_->Accept(Rec("done")).ok());
+  ASSERT_TRUE(j_->Finish("done", State::kCompleted, 200, "application/json", "x").ok());
+  Reopen();  // as after a crash
+  auto rec = j_->Recover();
+  ASSERT_TRUE(rec.ok());
+  ASSERT_EQ(rec->size(), 2u);
+  EXPECT_EQ(j_->Get("queued")->state, State::kQueued);
+  EXPECT_EQ(j_->Get("running")->state, State::kQueued);
+  EXPECT_EQ(j_->Get("stream")->state, State::kFailedResumable);
+  EXPECT_EQ(j_->Get("done")->state, State::kCompleted);
+  // Re-queued requests run again and end.
+  for (const auto& r : *rec) {
+    ASSERT_TRUE(j_->StartAttempt(r.id, "cpu").ok());
+    ASSERT_TRUE(j_->Finish(r.id, State::kCompleted, 200, "application/json", "y").ok());
+  }
+  EXPECT_EQ(j_->Get("running")->attempts, 2);
+  EXPECT_EQ(j_->CountByState(State::kQueued) + j_->CountByState(State::kRunning), 0);
+}
+
+TEST_F(JournalTest, PruneDropsExpiredKeysThenOldRows) {
+  JournalOptions o;
+  o.idempotency_ms = 1000;
+  o.retention_ms = 5000;
+  Reopen(o);
+  ASSERT_TRUE(j_->Accept(Rec("a", "k")).ok());
+  ASSERT_TRUE(j_->Finish("a", State::kCompleted, 200, "application/json", "x").ok());
+  ASSERT_TRUE(j_->Accept(Rec("live")).ok());  // non-terminal rows are never pruned
+  clock_.Advance(2000);
+  EXPECT_EQ(*j_->Prune(), 0);
+  EXPECT_EQ(j_->Accept(Rec("b", "k"))->outcome, AcceptOutcome::kNew);  // the key expired
+  clock_.Advance(4000);
+  EXPECT_EQ(*j_->Prune(), 1);
+  EXPECT_FALSE(j_->Get("a").ok());
+  EXPECT_TRUE(j_->Get("live").ok());
+}
+
+TEST_F(JournalTest, DurabilitySettingIsApplied) {
+  EXPECT_EQ(j_->synchronous_mode(), "full");
+  JournalOptions o;
+  o.synchronous_full = false;
+  Reopen(o);
+  EXPECT_EQ(j_->synchronous_mode(), "normal");
+}
+
+TEST_F(JournalTest, UnwritableLocationIsAnError) {
+  EXPECT_FALSE(Journal::Open("/proc/spillway/journal.db", {}, clock_).ok());
+}
+
+}  // namespace
+}  // namespace spillway::journal
