@@ -2,7 +2,7 @@
 # Both install missing Debian packages and build the pinned llama.cpp once into
 # ~/.cache/spillway (see scripts/llama.sh).
 BUILD ?= build
-LISTEN ?= 127.0.0.1:8080
+LISTEN ?= 127.0.0.1:8480
 CMAKE_FLAGS ?=
 
 .PHONY: all deps build test run bench clean
@@ -20,7 +20,7 @@ test: build
 	@ctest --test-dir $(BUILD) --output-on-failure
 
 run: build
-	$(BUILD)/bin/spillway-worker --model $(BUILD)/models/demo-chat.gguf --listen $(LISTEN)
+	$(BUILD)/bin/spillway serve --listen $(LISTEN)
 
 bench: build
 	bench/worker_vs_llama.sh $(BUILD)

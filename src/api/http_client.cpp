@@ -150,7 +150,8 @@ Status StreamFetch(const std::string& host, uint16_t port, const std::string& me
   if (ec) return Status::Unavailable(method + " " + target + ": " + ec.message());
   beast::flat_buffer buffer;
   bhttp::response_parser<bhttp::buffer_body> parser;
-  parser.body_limit(boost::none);
+  // Not boost::none: Boost 1.74 compares the length against an empty optional and fails.
+  parser.body_limit(std::uint64_t{1} << 40);
   ec = run([&](auto h) { bhttp::async_read_header(stream, buffer, parser, h); });
   if (ec) return Status::Unavailable(method + " " + target + ": " + ec.message());
   StreamHead head;

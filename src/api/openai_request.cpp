@@ -184,7 +184,7 @@ StatusOr<EmbeddingRequest> ParseEmbeddingRequest(const json& body) {
   SPILLWAY_RETURN_IF_ERROR(ParseModel(body, &r.model));
   if (auto f = body.find("encoding_format"); f != body.end() && !f->is_null()) {
     if (!f->is_string() || (*f != "float" && *f != "base64")) return Bad("encoding_format", "must be 'float' or 'base64'");
-    if (*f == "base64") return Bad("encoding_format", "'base64' is not supported; use 'float'");
+    r.base64 = *f == "base64";
   }
   auto it = body.find("input");
   if (it == body.end()) return Bad("input", "is required");

@@ -60,6 +60,7 @@ struct EmbeddingRequest {
   std::string model;
   std::vector<std::string> inputs;
   bool input_was_array = false;
+  bool base64 = false;  // encoding_format "base64": little-endian float32, base64 (the OpenAI SDKs' default)
 };
 
 // Limits on request shape (not on model capacity, which the worker checks).

@@ -1,10 +1,37 @@
 #include "api/openai_response.h"
 
+#include <cstdint>
+#include <cstring>
+
 namespace spillway::api {
 
 using nlohmann::json;
 
 namespace {
+
+// Little-endian float32 bytes, base64-encoded (what OpenAI returns for
+// encoding_format "base64").
+std::string Base64Floats(const std::vector<float>& v) {
+  static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string bytes(v.size() * 4, '\0');
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, &v[i], 4);
+    for (int b = 0; b < 4; ++b) bytes[i * 4 + b] = static_cast<char>((u >> (8 * b)) & 0xff);
+  }
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const uint32_t n = (static_cast<uint8_t>(bytes[i]) << 16) |
+                       (i + 1 < bytes.size() ? static_cast<uint8_t>(bytes[i + 1]) << 8 : 0) |
+                       (i + 2 < bytes.size() ? static_cast<uint8_t>(bytes[i + 2]) : 0);
+    out += kAlphabet[(n >> 18) & 63];
+    out += kAlphabet[(n >> 12) & 63];
+    out += i + 1 < bytes.size() ? kAlphabet[(n >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? kAlphabet[n & 63] : '=';
+  }
+  return out;
+}
 
 json UsageJson(const Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
@@ -57,10 +84,12 @@ json UsageChunk(Endpoint ep, const std::string& id, const std::string& model, in
   return body;
 }
 
-json EmbeddingsBody(const std::string& model, const std::vector<std::vector<float>>& vectors, int prompt_tokens) {
+json EmbeddingsBody(const std::string& model, const std::vector<std::vector<float>>& vectors, int prompt_tokens,
+                    bool base64) {
   json data = json::array();
   for (size_t i = 0; i < vectors.size(); ++i) {
-    data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", vectors[i]}});
+    json e = base64 ? json(Base64Floats(vectors[i])) : json(vectors[i]);
+    data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", std::move(e)}});
   }
   return {{"object", "list"},
           {"data", std::move(data)},

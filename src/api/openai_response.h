@@ -39,7 +39,7 @@ nlohmann::json UsageChunk(Endpoint ep, const std::string& id, const std::string&
                           const Usage& usage);
 
 nlohmann::json EmbeddingsBody(const std::string& model, const std::vector<std::vector<float>>& vectors,
-                              int prompt_tokens);
+                              int prompt_tokens, bool base64 = false);
 
 // {"error":{"message","type","code","param"}}; adds "phase" for allocation failures.
 nlohmann::json ErrorBody(const Status& status);

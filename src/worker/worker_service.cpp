@@ -249,9 +249,10 @@ void WorkerService::HandleEmbeddings(const http::Request& req, std::shared_ptr<h
   }
   const std::string model_name = r->model.empty() ? model_.name() : r->model;
   const std::string id = job->id;
-  job->on_done = [ex, v, model_name, id](JobResult res) {
+  const bool base64 = r->base64;
+  job->on_done = [ex, v, model_name, id, base64](JobResult res) {
     if (!res.status.ok()) return ex->Respond(ErrorResponse(res.status, v));
-    auto out = JsonResponse(200, api::EmbeddingsBody(model_name, res.embeddings, res.prompt_tokens), v);
+    auto out = JsonResponse(200, api::EmbeddingsBody(model_name, res.embeddings, res.prompt_tokens, base64), v);
     out.set("X-Request-Id", id);
     ex->Respond(std::move(out));
   };

@@ -121,7 +121,8 @@ TEST(OpenAiRequestTest, Embeddings) {
   EXPECT_TRUE(r->input_was_array);
   EXPECT_FALSE(ParseEmbeddingRequest(json::parse(R"({"input": ""})")).ok());
   EXPECT_FALSE(ParseEmbeddingRequest(json::parse(R"({"input": [[1,2]]})")).ok());
-  EXPECT_FALSE(ParseEmbeddingRequest(json::parse(R"({"input": "x", "encoding_format": "base64"})")).ok());
+  EXPECT_TRUE(ParseEmbeddingRequest(json::parse(R"({"input": "x", "encoding_format": "base64"})"))->base64);
+  EXPECT_FALSE(ParseEmbeddingRequest(json::parse(R"({"input": "x", "encoding_format": "hex"})")).ok());
   EXPECT_FALSE(ParseEmbeddingRequest(json::parse(R"({})")).ok());
 }
 

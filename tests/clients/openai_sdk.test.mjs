@@ -1,0 +1,147 @@
+// The official `openai` npm client, unmodified, against `spillway serve`.
+// Run by ctest: node --test tests/clients/openai_sdk.test.mjs
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdtempSync, writeFileSync, readFileSync, existsSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import OpenAI from 'openai';
+
+const BIN = process.env.SPILLWAY_BIN ?? 'build/bin';
+const MODELS = process.env.SPILLWAY_MODELS ?? 'build/models';
+let dir, gateway, base, client;
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+before(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'spillway-sdk-'));
+  writeFileSync(join(dir, 'spillway.toml'), `
+[[service]]
+name = "chat"
+model = "${MODELS}/tiny-chat.gguf"
+[[service.placement]]
+device = "cpu"
+ctx = 4096
+slots = 2
+threads = 1
+[[service]]
+name = "embed"
+model = "${MODELS}/tiny-embed.gguf"
+[[service.placement]]
+device = "cpu"
+ctx = 512
+slots = 1
+threads = 1
+`);
+  gateway = spawn(`${BIN}/spillway`, ['serve', '--config', join(dir, 'spillway.toml'), '--state-dir', join(dir, 'state'),
+    '--listen', '127.0.0.1:0', '--port-file', join(dir, 'port')], { stdio: ['ignore', 'inherit', 'inherit'] });
+  for (let i = 0; i < 600; i++) {
+    if (existsSync(join(dir, 'port'))) {
+      base = `http://127.0.0.1:${readFileSync(join(dir, 'port'), 'utf8').trim()}`;
+      try {
+        if ((await fetch(`${base}/readyz`)).status === 200) break;
+      } catch {}
+    }
+    await sleep(50);
+  }
+  assert.ok(base, 'gateway did not start');
+  client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused-locally', maxRetries: 0 });
+});
+
+after(async () => {
+  gateway?.kill('SIGTERM');
+  await new Promise((r) => gateway.once('exit', r));
+  rmSync(dir, { recursive: true, force: true });
+});
+
+test('chat completion', async () => {
+  const r = await client.chat.completions.create({
+    model: 'chat', messages: [{ role: 'user', content: 'Hello' }], max_tokens: 8, temperature: 0,
+  });
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.equal(typeof r.choices[0].message.content, 'string');
+  assert.match(r.id, /^req_/);
+  assert.equal(r.usage.completion_tokens, r.choices[0].finish_reason === 'length' ? 8 : r.usage.completion_tokens);
+});
+
+test('streaming chat equals the non-streamed answer', async () => {
+  const params = { model: 'chat', messages: [{ role: 'user', content: 'Stream' }], max_tokens: 12, temperature: 0 };
+  const whole = await client.chat.completions.create(params);
+  const stream = await client.chat.completions.create({ ...params, stream: true });
+  let text = '';
+  let finish = null;
+  for await (const chunk of stream) {
+    text += chunk.choices[0]?.delta?.content ?? '';
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  assert.equal(text, whole.choices[0].message.content);
+  assert.equal(finish, whole.choices[0].finish_reason);
+});
+
+test('completions', async () => {
+  const r = await client.completions.create({ model: 'chat', prompt: 'Once upon', max_tokens: 5, temperature: 0 });
+  assert.equal(r.object, 'text_completion');
+  assert.equal(typeof r.choices[0].text, 'string');
+});
+
+test('embeddings (the SDK asks for base64 and decodes it)', async () => {
+  const r = await client.embeddings.create({ model: 'embed', input: ['hello', 'world'] });
+  assert.equal(r.data.length, 2);
+  assert.equal(r.data[0].embedding.length, 64);
+  const norm = Math.sqrt(r.data[0].embedding.reduce((s, x) => s + x * x, 0));
+  assert.ok(Math.abs(norm - 1) < 1e-3, `norm ${norm}`);
+  const f = await client.embeddings.create({ model: 'embed', input: 'hello', encoding_format: 'float' });
+  assert.deepEqual(f.data[0].embedding.map((x) => Math.fround(x)), r.data[0].embedding.map((x) => Math.fround(x)));
+});
+
+test('model listing', async () => {
+  const ids = [];
+  for await (const m of client.models.list()) ids.push(m.id);
+  assert.deepEqual(ids.sort(), ['chat', 'embed']);
+});
+
+test('an error status surfaces as the SDK error class', async () => {
+  await assert.rejects(
+    client.chat.completions.create({ model: 'nosuch', messages: [{ role: 'user', content: 'x' }] }),
+    (e) => e instanceof OpenAI.NotFoundError && e.status === 404);
+  await assert.rejects(
+    client.chat.completions.create({ model: 'chat', messages: [{ role: 'user', content: 'x' }], temperature: 9 }),
+    (e) => e instanceof OpenAI.BadRequestError && /temperature/.test(e.message));
+});
+
+async function waitState(id) {
+  let state;
+  for (let i = 0; i < 200; i++) {
+    state = (await (await fetch(`${base}/v1/requests/${id}`)).json()).state;
+    if (state !== 'running' && state !== 'queued') break;
+    await sleep(25);
+  }
+  return state;
+}
+
+test('an AbortController abort shows up as a cancelled request', async () => {
+  const long = { model: 'chat', messages: [{ role: 'user', content: 'long' }], max_tokens: 3500, ignore_eos: true };
+  // Non-streaming: the SDK rejects with its abort error.
+  const controller = new AbortController();
+  const pending = client.chat.completions.create(long, { signal: controller.signal, headers: { 'X-Request-Id': 'sdk-abort-1' } });
+  await sleep(150);
+  controller.abort();
+  await assert.rejects(pending, (e) => e instanceof OpenAI.APIUserAbortError);
+  assert.equal(await waitState('sdk-abort-1'), 'cancelled');
+
+  // Streaming: the SDK ends the iteration quietly; the request is cancelled, not finished.
+  const c2 = new AbortController();
+  const stream = await client.chat.completions.create({ ...long, stream: true },
+    { signal: c2.signal, headers: { 'X-Request-Id': 'sdk-abort-2' } });
+  let chunks = 0;
+  setTimeout(() => c2.abort(), 150);
+  try {
+    for await (const _ of stream) chunks++;
+  } catch (e) {
+    assert.ok(e instanceof OpenAI.APIUserAbortError || e.name === 'AbortError', String(e));
+  }
+  assert.ok(chunks < 3500, `stream ran to the end (${chunks} chunks)`);
+  assert.equal(await waitState('sdk-abort-2'), 'cancelled');
+});
