@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Latency the gateway adds over calling the worker directly (same run, loopback).
+#   bench/gateway_overhead.sh [BUILD_DIR]
+set -euo pipefail
+BUILD=${1:-build}
+"$BUILD/bench/gateway_overhead" --bin "$BUILD/bin" --model "$BUILD/models/tiny-chat.gguf" -n "${N:-400}"
