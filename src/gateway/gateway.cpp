@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "api/http_client.h"
@@ -63,6 +64,7 @@ std::string WorkerKey(const config::ServiceConfig& s, size_t n) { return s.name 
 // In-memory handle on an accepted request, for cancellation.
 struct Gateway::Live {
   std::string id;
+  int64_t deadline_ms = 0;  // 0: none (X-Request-Timeout)
   std::atomic<bool> cancelled{false};
   std::atomic<uint16_t> worker_port{0};
 };
@@ -73,6 +75,7 @@ struct Gateway::Incoming {
   std::shared_ptr<http::Exchange> ex;
   unsigned version = 11;
   int64_t started_ms = 0;
+  int64_t timeout_ms = 0;
 };
 
 Gateway::Gateway(const config::GatewayConfig& config, journal::Journal& journal, upstream::Supervisor& supervisor,
@@ -227,6 +230,15 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   in->rec.stream = stream;
   in->rec.body = req.body();
   in->rec.payload_hash = Sha256Hex(endpoint + "\n" + body->dump());
+  if (auto t = req.find("x-request-timeout"); t != req.end()) {
+    const std::string text(t->value());
+    char* end = nullptr;
+    const double secs = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end || !(secs > 0) || secs > 86400) {
+      return fail(Status::InvalidArgument("X-Request-Timeout must be seconds in (0, 86400]"));
+    }
+    in->timeout_ms = static_cast<int64_t>(secs * 1000);
+  }
   in->ex = ex;
   in->version = v;
   in->started_ms = clock_.NowMs();
@@ -260,6 +272,7 @@ void Gateway::Process(std::shared_ptr<Incoming> in) {
   }
   auto live = std::make_shared<Live>();
   live->id = in->rec.id;
+  if (in->timeout_ms) live->deadline_ms = in->started_ms + in->timeout_ms;
   {
     std::lock_guard<std::mutex> lk(mu_);
     live_[live->id] = live;
@@ -314,7 +327,18 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
   int failures = 0;
   bool streaming_started = false;
 
+  auto past_deadline = [&] { return live->deadline_ms && clock_.NowMs() >= live->deadline_ms; };
+  auto remaining = [&] {
+    return std::chrono::milliseconds(live->deadline_ms ? std::max<int64_t>(1, live->deadline_ms - clock_.NowMs())
+                                                       : int64_t{3600} * 1000);
+  };
+  auto deadline_failure = [&] {
+    Cancel(live);  // stops the worker's generation, frees its slot
+    live->cancelled = true;
+    return fail(State::kFailed, Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout"));
+  };
   while (true) {
+    if (past_deadline()) return deadline_failure();
     if (live->cancelled) return fail(State::kCancelled, Status::Cancelled("request cancelled"));
     auto port = supervisor_.ReadyPort(key);
     if (!port) {
@@ -338,7 +362,8 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     if (live->cancelled) continue;
 
     if (!rec.stream) {
-      auto r = http::Fetch("127.0.0.1", *port, "POST", path, rec.body, headers, std::chrono::seconds(3600));
+      auto r = pool_.Send(*port, "POST", path, rec.body, headers, remaining());
+      if (!r.ok() && past_deadline()) return deadline_failure();
       if (!r.ok()) {
         // The worker died or stopped answering: safe to re-run (no stream, no side effects).
         supervisor_.Suspect(key);

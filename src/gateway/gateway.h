@@ -32,6 +32,7 @@
 #include "gateway/dispatcher.h"
 #include "gateway/metrics.h"
 #include "journal/journal.h"
+#include "upstream/connection_pool.h"
 #include "upstream/supervisor.h"
 
 namespace spillway::gateway {
@@ -68,6 +69,7 @@ class Gateway {
   upstream::Supervisor& supervisor_;
   const Clock& clock_;
   Metrics metrics_;
+  upstream::ConnectionPool pool_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Live>> live_;
   std::mt19937_64 rng_;

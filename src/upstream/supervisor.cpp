@@ -123,17 +123,16 @@ void Supervisor::Poll(Worker& w) {
     }
     return;
   }
-  if (w.view.state == WorkerState::kReady && now >= w.next_health_ms) {
-    w.next_health_ms = now + 1000;
-    auto r = http::Fetch("127.0.0.1", w.view.port, "GET", "/health", "", {}, std::chrono::milliseconds(1000));
-    // A worker whose device is lost answers 503: it cannot recover in place.
-    const bool healthy = r.ok() && r->status == 200;
-    w.health_failures = healthy ? 0 : w.health_failures + 1;
-    if (w.health_failures >= 3 || (r.ok() && r->body.find("device_lost") != std::string::npos)) {
-      kill(-w.view.pid, SIGKILL);
-      waitpid(w.view.pid, &status, 0);
-      Exited(w, "unhealthy");
-    }
+}
+
+void Supervisor::HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lost) {
+  if (w.view.pid != pid || w.view.state != WorkerState::kReady) return;  // it changed meanwhile
+  w.health_failures = healthy ? 0 : w.health_failures + 1;
+  if (w.health_failures >= 3 || device_lost) {
+    kill(-pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    Exited(w, device_lost ? "device lost" : "unhealthy");
   }
 }
 
@@ -142,12 +141,36 @@ void Supervisor::Loop() {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& [k, w] : workers_) Spawn(w);
   }
+  struct Check {
+    std::string key;
+    pid_t pid;
+    uint16_t port;
+  };
   while (!stop_) {
+    std::vector<Check> checks;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      for (auto& [k, w] : workers_) Poll(w);
-      cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_.load(); });
+      const int64_t now = clock_.NowMs();
+      for (auto& [k, w] : workers_) {
+        Poll(w);
+        if (w.view.state == WorkerState::kReady && now >= w.next_health_ms) {
+          w.next_health_ms = now + 1000;
+          checks.push_back({k, w.view.pid, w.view.port});
+        }
+      }
     }
+    // Health checks run without the lock: callers asking for ports never wait on them.
+    for (const auto& c : checks) {
+      auto r = http::Fetch("127.0.0.1", c.port, "GET", "/health", "", {}, std::chrono::milliseconds(1000));
+      // A worker whose device is lost answers 503: it cannot recover in place.
+      const bool healthy = r.ok() && r->status == 200;
+      const bool lost = r.ok() && r->body.find("device_lost") != std::string::npos;
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = workers_.find(c.key);
+      if (it != workers_.end()) HealthResult(it->second, c.pid, healthy, lost);
+    }
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_.load(); });
   }
 }
 

@@ -79,6 +79,7 @@ class Supervisor {
   void Spawn(Worker& w);
   void Poll(Worker& w);
   void Exited(Worker& w, const std::string& why);
+  void HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lost);
 
   const std::string binary_, state_dir_;
   const Clock& clock_;

@@ -244,6 +244,19 @@ TEST_F(GatewayTest, CancelWorksQueuedRunningAndOnDisconnect) {
   EXPECT_EQ(WaitTerminal(p, "cancel-disc")["state"], "cancelled");
 }
 
+TEST_F(GatewayTest, RequestTimeoutIs504AndFreesTheWorker) {
+  const uint16_t p = gw_->port();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = Call(p, "POST", "/v1/chat/completions", Chat(3500), {{"X-Request-Timeout", "0.3"}, {"X-Request-Id", "deadline-1"}});
+  EXPECT_EQ(r.status, 504) << r.body;
+  EXPECT_EQ(Body(r)["error"]["code"], "deadline_exceeded");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_EQ(WaitTerminal(p, "deadline-1")["state"], "failed");
+  EXPECT_EQ(Call(p, "POST", "/v1/chat/completions", Chat(2), {{"X-Request-Timeout", "soon"}}).status, 400);
+  // The worker's slot was freed: the next request runs at once.
+  EXPECT_EQ(Call(p, "POST", "/v1/chat/completions", Chat(2)).status, 200);
+}
+
 TEST(GatewayAccessTest, KeysHostsAndOrigins) {
   setenv("SPILLWAY_API_KEYS", "sk-test-1, sk-test-2", 1);
   GatewayProcess gw(TestConfig(1, "allowed_origins = [\"http://localhost:3000\"]"));
