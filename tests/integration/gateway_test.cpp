@@ -303,10 +303,13 @@ TEST(GatewaySupervisorTest, KilledWorkerIsRestartedAndOtherServicesAreUnaffected
   ASSERT_GT(pid, 0);
   std::atomic<bool> done{false};
   std::atomic<int> embed_ok{0}, embed_bad{0};
+  std::string first_bad;
   std::thread embedder([&] {
     while (!done) {
       auto r = http::Fetch("127.0.0.1", p, "POST", "/v1/embeddings", json{{"model", "embed"}, {"input", "x"}}.dump());
-      (r.ok() && r->status == 200 ? embed_ok : embed_bad)++;
+      const bool ok = r.ok() && r->status == 200;
+      if (!ok && first_bad.empty()) first_bad = r.ok() ? r->body : r.status().ToString();
+      (ok ? embed_ok : embed_bad)++;
     }
   });
   kill(pid, SIGKILL);
@@ -323,7 +326,7 @@ TEST(GatewaySupervisorTest, KilledWorkerIsRestartedAndOtherServicesAreUnaffected
   EXPECT_EQ(after["restarts"], 1);
   EXPECT_EQ(after["last_exit"], "signal 9");
   EXPECT_GT(embed_ok.load(), 0);
-  EXPECT_EQ(embed_bad.load(), 0);
+  EXPECT_EQ(embed_bad.load(), 0) << first_bad;
   EXPECT_EQ(Call(p, "POST", "/v1/chat/completions", Chat(4)).status, 200);
   EXPECT_NE(Call(p, "GET", "/metrics").body.find("spillway_worker_restarts_total{worker=\"chat.0\"} 1"), std::string::npos);
 }
