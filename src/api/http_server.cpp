@@ -8,6 +8,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <mutex>
 
@@ -135,17 +136,36 @@ class Session : public std::enable_shared_from_this<Session> {
     handler_(std::move(req), std::move(ex));
   }
 
-  // While a request is being handled, wait for the socket to become readable:
-  // readable with nothing to read means the peer closed the connection.
+  // While a request is being handled, keep a read outstanding: end-of-file or
+  // an error means the peer closed the connection. Bytes that do arrive (a
+  // pipelined request) are kept for the next parse. (A readiness wait plus
+  // available() == 0 is not enough: readiness can be reported spuriously.)
   void WatchPeer() {
     const uint64_t gen = exchange_gen_;
-    stream_.socket().async_wait(tcp::socket::wait_read, net::bind_executor(stream_.get_executor(),
-        [self = shared_from_this(), gen](beast::error_code ec) {
-          if (ec || gen != self->exchange_gen_ || self->exchange_done_) return;
-          beast::error_code aec;
-          if (self->stream_.socket().available(aec) > 0 && !aec) return;  // pipelined data: not a close
-          self->PeerGone();
+    peek_outstanding_ = true;
+    stream_.socket().async_read_some(
+        net::buffer(peek_), net::bind_executor(stream_.get_executor(),
+        [self = shared_from_this(), gen](beast::error_code ec, std::size_t n) {
+          self->peek_outstanding_ = false;
+          if (n > 0) {
+            auto dst = self->buffer_.prepare(n);
+            std::memcpy(dst.data(), self->peek_.data(), n);
+            self->buffer_.commit(n);
+          }
+          if (gen != self->exchange_gen_) return self->AfterExchange();  // the answer went out meanwhile
+          if (ec == net::error::operation_aborted) return;
+          if (ec) return self->PeerGone();
+          if (!self->exchange_done_) self->WatchPeer();
         }));
+  }
+
+  // The exchange's last byte is written and no peek read is outstanding:
+  // read the next request or close.
+  void AfterExchange() {
+    if (!next_pending_) return;
+    next_pending_ = false;
+    if (keep_alive_ && !peer_gone_ && !closed_) return DoRead();
+    LingeringClose();
   }
 
   void PeerGone() {
@@ -187,10 +207,15 @@ class Session : public std::enable_shared_from_this<Session> {
       writing_ = false;
       queue_.clear();
       ++exchange_gen_;  // retires the peer watch
-      beast::error_code cec;
-      stream_.socket().cancel(cec);
-      if (keep_alive_ && !peer_gone_) return DoRead();
-      return LingeringClose();
+      next_pending_ = true;
+      if (peek_outstanding_) {
+        // Its handler runs (aborted, or with pipelined bytes it keeps) and
+        // then continues; the next read must not start before it.
+        beast::error_code cec;
+        stream_.socket().cancel(cec);
+        return;
+      }
+      return AfterExchange();
     }
     DoWrite();
   }
@@ -236,6 +261,7 @@ class Session : public std::enable_shared_from_this<Session> {
   const Handler handler_;
   beast::flat_buffer buffer_;
   std::array<char, 16384> discard_;
+  std::array<char, 4096> peek_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   std::deque<Item> queue_;
   std::function<void()> on_disconnect_;
@@ -247,6 +273,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool exchange_done_ = true;
   bool peer_gone_ = false;
   bool closed_ = false;
+  bool peek_outstanding_ = false;
+  bool next_pending_ = false;
 };
 
 std::string ChunkFrame(const std::string& data) {

@@ -331,6 +331,32 @@ TEST(GatewaySupervisorTest, KilledWorkerIsRestartedAndOtherServicesAreUnaffected
   EXPECT_NE(Call(p, "GET", "/metrics").body.find("spillway_worker_restarts_total{worker=\"chat.0\"} 1"), std::string::npos);
 }
 
+TEST(GatewayQueueTest, CancelWhileQueuedLeavesTheRunningRequestAlone) {
+  GatewayProcess gw(TestConfig(1));
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  const uint16_t p = gw.port();
+  auto running = std::async(std::launch::async, [&] {
+    return Call(p, "POST", "/v1/chat/completions", Chat(600), {{"X-Request-Id", "q-running"}});
+  });
+  for (int i = 0; i < 500 && Body(Call(p, "GET", "/v1/requests/q-running")).value("state", "") != "running"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  auto queued = std::async(std::launch::async, [&] {
+    return Call(p, "POST", "/v1/chat/completions", Chat(600), {{"X-Request-Id", "q-waiting"}});
+  });
+  // The one slot is taken: the second request waits in the gateway.
+  for (int i = 0; i < 500 && Call(p, "GET", "/v1/requests/q-waiting").status != 200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  auto del = Call(p, "DELETE", "/v1/requests/q-waiting");
+  EXPECT_EQ(del.status, 200) << del.body;
+  EXPECT_EQ(queued.get().status, 499);
+  EXPECT_EQ(WaitTerminal(p, "q-waiting")["state"], "cancelled");
+  auto first = running.get();
+  EXPECT_EQ(first.status, 200) << first.body;
+  EXPECT_EQ(Body(first)["usage"]["completion_tokens"], 600);
+}
+
 TEST(GatewayCrashTest, Kill9WithQueuedAndRunningRequestsLosesNothing) {
   GatewayProcess gw(TestConfig(1));
   ASSERT_TRUE(gw.Start()) << gw.Output();

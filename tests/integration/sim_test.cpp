@@ -246,6 +246,23 @@ TEST_F(SimTest, HoldBeyondFreeMemoryIsRefusedAndWorkersCannotStart) {
   EXPECT_EQ(Used(0), 0u);
 }
 
+TEST_F(SimTest, LlamaCppsOwnBenchRunsOnTheLoadableSimBackend) {
+  const char* bench = std::getenv("LLAMA_BENCH");
+  ASSERT_NE(bench, nullptr) << "LLAMA_BENCH is set by ctest";
+  MakeDevice(0, 256);
+  const std::string cmd = "GGML_BACKEND_PATH=" + BinDir() + "/libggml-sim.so " + bench + " -m " + ModelPath("tiny-chat") +
+                          " -ngl 99 -dev SIM0 -p 32 -n 8 -r 1 -o json 2>&1";
+  std::string out;
+  FILE* f = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  EXPECT_EQ(pclose(f), 0) << out;
+  EXPECT_NE(out.find("\"devices\": \"SIM0\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"avg_ts\""), std::string::npos) << out;
+  EXPECT_EQ(Used(0), 0u);  // llama-bench released what it allocated on the device
+}
+
 TEST_F(SimTest, BadDevicesAndFaultsAreClearErrors) {
   std::string err;
   EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("tiny-chat"), "--device", "sim:7"}, &err), 3);
