@@ -1,0 +1,274 @@
+#include "gguf/gguf_reader.h"
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+
+namespace spillway::gguf {
+
+namespace {
+
+constexpr TypeInfo kTypes[] = {
+    {0, 1, 4, "f32"},        {1, 1, 2, "f16"},         {2, 32, 18, "q4_0"},      {3, 32, 20, "q4_1"},
+    {6, 32, 22, "q5_0"},     {7, 32, 24, "q5_1"},      {8, 32, 34, "q8_0"},      {9, 32, 36, "q8_1"},
+    {10, 256, 84, "q2_K"},   {11, 256, 110, "q3_K"},   {12, 256, 144, "q4_K"},   {13, 256, 176, "q5_K"},
+    {14, 256, 210, "q6_K"},  {15, 256, 292, "q8_K"},   {16, 256, 66, "iq2_xxs"}, {17, 256, 74, "iq2_xs"},
+    {18, 256, 98, "iq3_xxs"}, {19, 256, 50, "iq1_s"},  {20, 32, 18, "iq4_nl"},   {21, 256, 110, "iq3_s"},
+    {22, 256, 82, "iq2_s"},  {23, 256, 136, "iq4_xs"}, {24, 1, 1, "i8"},         {25, 1, 2, "i16"},
+    {26, 1, 4, "i32"},       {27, 1, 8, "i64"},        {28, 1, 8, "f64"},        {29, 256, 56, "iq1_m"},
+    {30, 1, 2, "bf16"},      {34, 256, 54, "tq1_0"},   {35, 256, 66, "tq2_0"},   {39, 32, 17, "mxfp4"},
+    {40, 64, 36, "nvfp4"},   {41, 128, 18, "q1_0"},    {42, 64, 18, "q2_0"},
+};
+
+enum GgufType : uint32_t { kU8, kI8, kU16, kI16, kU32, kI32, kF32, kBool, kString, kArray, kU64, kI64, kF64, kCount };
+
+bool MulOverflow(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
+
+class Cursor {
+ public:
+  Cursor(const uint8_t* d, size_t n) : d_(d), n_(n) {}
+  size_t pos() const { return pos_; }
+  size_t left() const { return n_ - pos_; }
+
+  Status Fail(const std::string& what) const {
+    return Status::InvalidArgument("GGUF: " + what + " at byte " + std::to_string(pos_));
+  }
+  template <typename T>
+  Status Read(T* out) {
+    if (left() < sizeof(T)) return Fail("truncated file");
+    std::memcpy(out, d_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return Status::Ok();
+  }
+  Status ReadString(std::string* out, uint64_t max) {
+    uint64_t len = 0;
+    SPILLWAY_RETURN_IF_ERROR(Read(&len));
+    if (len > max) return Fail("string of " + std::to_string(len) + " bytes exceeds the limit");
+    if (len > left()) return Fail("string runs past the end of the file");
+    out->assign(reinterpret_cast<const char*>(d_ + pos_), len);
+    pos_ += len;
+    return Status::Ok();
+  }
+  Status Skip(uint64_t n) {
+    if (n > left()) return Fail("value runs past the end of the file");
+    pos_ += n;
+    return Status::Ok();
+  }
+
+ private:
+  const uint8_t* d_;
+  size_t n_;
+  size_t pos_ = 0;
+};
+
+uint64_t ScalarSize(uint32_t t) {
+  switch (t) {
+    case kU8: case kI8: case kBool: return 1;
+    case kU16: case kI16: return 2;
+    case kU32: case kI32: case kF32: return 4;
+    case kU64: case kI64: case kF64: return 8;
+    default: return 0;
+  }
+}
+
+Status ReadScalar(Cursor& c, uint32_t t, Value* v) {
+  switch (t) {
+    case kU8: { uint8_t x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kUint; v->u = x; break; }
+    case kI8: { int8_t x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kInt; v->i = x; break; }
+    case kU16: { uint16_t x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kUint; v->u = x; break; }
+    case kI16: { int16_t x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kInt; v->i = x; break; }
+    case kU32: { uint32_t x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kUint; v->u = x; break; }
+    case kI32: { int32_t x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kInt; v->i = x; break; }
+    case kU64: { uint64_t x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kUint; v->u = x; break; }
+    case kI64: { int64_t x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kInt; v->i = x; break; }
+    case kF32: { float x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kFloat; v->f = x; break; }
+    case kF64: { double x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kFloat; v->f = x; break; }
+    case kBool: {
+      uint8_t x;
+      SPILLWAY_RETURN_IF_ERROR(c.Read(&x));
+      if (x > 1) return c.Fail("boolean value " + std::to_string(x));
+      v->kind = Value::Kind::kBool;
+      v->b = x != 0;
+      break;
+    }
+    default: return c.Fail("unknown value type " + std::to_string(t));
+  }
+  return Status::Ok();
+}
+
+Status ReadValue(Cursor& c, uint32_t t, const ReaderLimits& lim, Value* v) {
+  if (t == kString) {
+    v->kind = Value::Kind::kString;
+    return c.ReadString(&v->s, lim.max_string);
+  }
+  if (t != kArray) return ReadScalar(c, t, v);
+  uint32_t et = 0;
+  uint64_t n = 0;
+  SPILLWAY_RETURN_IF_ERROR(c.Read(&et));
+  SPILLWAY_RETURN_IF_ERROR(c.Read(&n));
+  if (et == kArray) return c.Fail("nested arrays are not supported");
+  if (et >= kCount) return c.Fail("unknown array element type " + std::to_string(et));
+  if (n > lim.max_array) return c.Fail("array of " + std::to_string(n) + " elements exceeds the limit");
+  v->kind = Value::Kind::kArray;
+  v->array_type = et;
+  v->array_len = n;
+  if (et == kString) {
+    // Each string needs at least its 8-byte length: reject impossible counts before looping.
+    uint64_t min_bytes = 0;
+    if (MulOverflow(n, 8, &min_bytes) || min_bytes > c.left()) return c.Fail("string array runs past the end");
+    for (uint64_t i = 0; i < n; ++i) {
+      uint64_t len = 0;
+      SPILLWAY_RETURN_IF_ERROR(c.Read(&len));
+      if (len > lim.max_string) return c.Fail("string of " + std::to_string(len) + " bytes exceeds the limit");
+      SPILLWAY_RETURN_IF_ERROR(c.Skip(len));
+    }
+    return Status::Ok();
+  }
+  const uint64_t es = ScalarSize(et);
+  uint64_t total = 0;
+  if (MulOverflow(n, es, &total) || total > c.left()) return c.Fail("array runs past the end of the file");
+  if (n <= 4096) {
+    v->items.resize(n);
+    for (uint64_t i = 0; i < n; ++i) SPILLWAY_RETURN_IF_ERROR(ReadScalar(c, et, &v->items[i]));
+    return Status::Ok();
+  }
+  return c.Skip(total);
+}
+
+int LayerOf(const std::string& name) {
+  if (name.rfind("blk.", 0) != 0) return -1;
+  size_t i = 4;
+  int n = 0;
+  if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9' && n < 100000) n = n * 10 + (name[i++] - '0');
+  return i < name.size() && name[i] == '.' ? n : -1;
+}
+
+}  // namespace
+
+const TypeInfo* FindType(uint32_t t) {
+  for (const auto& ti : kTypes) {
+    if (ti.id == t) return &ti;
+  }
+  return nullptr;
+}
+
+std::optional<std::string> Metadata::String(const std::string& key) const {
+  auto it = kv.find(key);
+  if (it == kv.end() || it->second.kind != Value::Kind::kString) return std::nullopt;
+  return it->second.s;
+}
+
+std::optional<uint64_t> Metadata::Uint(const std::string& key) const {
+  auto it = kv.find(key);
+  if (it == kv.end()) return std::nullopt;
+  if (it->second.kind == Value::Kind::kUint) return it->second.u;
+  if (it->second.kind == Value::Kind::kInt && it->second.i >= 0) return static_cast<uint64_t>(it->second.i);
+  return std::nullopt;
+}
+
+std::optional<double> Metadata::Float(const std::string& key) const {
+  auto it = kv.find(key);
+  if (it == kv.end()) return std::nullopt;
+  if (it->second.kind == Value::Kind::kFloat) return it->second.f;
+  if (auto u = Uint(key)) return static_cast<double>(*u);
+  return std::nullopt;
+}
+
+std::string Metadata::architecture() const { return String("general.architecture").value_or(""); }
+
+std::optional<uint64_t> Metadata::ArchUint(const std::string& suffix) const {
+  return Uint(architecture() + "." + suffix);
+}
+
+uint64_t Metadata::TotalTensorBytes() const {
+  uint64_t total = 0;
+  for (const auto& t : tensors) total += t.bytes;
+  return total;
+}
+
+StatusOr<Metadata> ParseGguf(const uint8_t* data, size_t size, uint64_t file_size, const ReaderLimits& lim) {
+  Cursor c(data, size);
+  Metadata m;
+  m.file_size = file_size;
+  char magic[4];
+  SPILLWAY_RETURN_IF_ERROR(c.Read(&magic));
+  if (std::memcmp(magic, "GGUF", 4) != 0) return c.Fail("not a GGUF file (bad magic)");
+  SPILLWAY_RETURN_IF_ERROR(c.Read(&m.version));
+  if (m.version != 2 && m.version != 3) return c.Fail("unsupported GGUF version " + std::to_string(m.version));
+  uint64_t n_tensors = 0, n_kv = 0;
+  SPILLWAY_RETURN_IF_ERROR(c.Read(&n_tensors));
+  SPILLWAY_RETURN_IF_ERROR(c.Read(&n_kv));
+  if (n_kv > lim.max_kv) return c.Fail(std::to_string(n_kv) + " metadata entries exceed the limit");
+  if (n_tensors > lim.max_tensors) return c.Fail(std::to_string(n_tensors) + " tensors exceed the limit");
+  for (uint64_t i = 0; i < n_kv; ++i) {
+    std::string key;
+    SPILLWAY_RETURN_IF_ERROR(c.ReadString(&key, 65536));
+    uint32_t t = 0;
+    SPILLWAY_RETURN_IF_ERROR(c.Read(&t));
+    if (t >= kCount) return c.Fail("unknown value type " + std::to_string(t) + " for '" + key + "'");
+    Value v;
+    SPILLWAY_RETURN_IF_ERROR(ReadValue(c, t, lim, &v));
+    if (!m.kv.emplace(key, std::move(v)).second) return c.Fail("duplicate key '" + key + "'");
+  }
+  if (auto a = m.Uint("general.alignment")) {
+    if (*a == 0 || *a > (1u << 16) || (*a & (*a - 1))) return c.Fail("alignment " + std::to_string(*a) + " is not a power of two");
+    m.alignment = static_cast<uint32_t>(*a);
+  }
+  // Each tensor description takes at least 8 (name) + 4 (dims) + 4 (type) + 8 (offset) bytes.
+  uint64_t min_bytes = 0;
+  if (MulOverflow(n_tensors, 24, &min_bytes) || min_bytes > c.left()) return c.Fail("tensor table runs past the end");
+  m.tensors.reserve(n_tensors);
+  for (uint64_t i = 0; i < n_tensors; ++i) {
+    TensorInfo t;
+    SPILLWAY_RETURN_IF_ERROR(c.ReadString(&t.name, 1024));
+    uint32_t n_dims = 0;
+    SPILLWAY_RETURN_IF_ERROR(c.Read(&n_dims));
+    if (n_dims == 0 || n_dims > 4) return c.Fail("tensor '" + t.name + "' has " + std::to_string(n_dims) + " dimensions");
+    uint64_t elements = 1;
+    for (uint32_t d = 0; d < n_dims; ++d) {
+      uint64_t ne = 0;
+      SPILLWAY_RETURN_IF_ERROR(c.Read(&ne));
+      if (ne == 0 || ne > (1ull << 40)) return c.Fail("tensor '" + t.name + "' has a dimension of " + std::to_string(ne));
+      if (MulOverflow(elements, ne, &elements)) return c.Fail("tensor '" + t.name + "' is too large");
+      t.dims.push_back(ne);
+    }
+    SPILLWAY_RETURN_IF_ERROR(c.Read(&t.type));
+    const TypeInfo* ti = FindType(t.type);
+    if (!ti) return c.Fail("tensor '" + t.name + "' has unknown type " + std::to_string(t.type));
+    if (t.dims[0] % ti->block != 0) return c.Fail("tensor '" + t.name + "' rows are not whole blocks of " + ti->name);
+    if (MulOverflow(elements / ti->block, ti->bytes, &t.bytes)) return c.Fail("tensor '" + t.name + "' is too large");
+    SPILLWAY_RETURN_IF_ERROR(c.Read(&t.offset));
+    if (t.offset % m.alignment) return c.Fail("tensor '" + t.name + "' is not aligned");
+    t.layer = LayerOf(t.name);
+    m.tensors.push_back(std::move(t));
+  }
+  m.data_offset = (c.pos() + m.alignment - 1) / m.alignment * m.alignment;
+  for (const auto& t : m.tensors) {
+    uint64_t end = 0;
+    if (__builtin_add_overflow(m.data_offset, t.offset, &end) || __builtin_add_overflow(end, t.bytes, &end) ||
+        end > file_size) {
+      return Status::InvalidArgument("GGUF: tensor '" + t.name + "' lies beyond the end of the file (" +
+                                     std::to_string(file_size) + " bytes)");
+    }
+  }
+  return m;
+}
+
+StatusOr<Metadata> ReadGgufFile(const std::string& path, const ReaderLimits& limits) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) return Status::NotFound("cannot open " + path);
+  const uint64_t size = static_cast<uint64_t>(f.tellg());
+  const uint64_t want = std::min<uint64_t>(size, 64ull << 20);
+  std::vector<uint8_t> buf(want);
+  f.seekg(0);
+  if (!f.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(want))) {
+    return Status::Unavailable("cannot read " + path);
+  }
+  auto m = ParseGguf(buf.data(), buf.size(), size, limits);
+  if (!m.ok()) return Status::InvalidArgument(path + ": " + m.status().message());
+  return m;
+}
+
+}  // namespace spillway::gguf

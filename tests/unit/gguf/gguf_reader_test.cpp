@@ -1,0 +1,225 @@
+#include "gguf/gguf_reader.h"
+
+#include <ggml.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+namespace spillway::gguf {
+namespace {
+
+std::string Models() {
+  const char* m = std::getenv("SPILLWAY_MODELS");
+  return m ? m : "build/models";
+}
+
+std::vector<uint8_t> Header(const std::string& path, size_t* file_size) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  *file_size = static_cast<size_t>(f.tellg());
+  f.seekg(0);
+  std::vector<uint8_t> all(*file_size);
+  f.read(reinterpret_cast<char*>(all.data()), static_cast<std::streamsize>(all.size()));
+  return all;
+}
+
+TEST(GgufReaderTest, ReadsTheTinyModel) {
+  auto m = ReadGgufFile(Models() + "/tiny-chat.gguf");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->version, 3u);
+  EXPECT_EQ(m->architecture(), "llama");
+  EXPECT_EQ(*m->ArchUint("block_count"), 2u);
+  EXPECT_EQ(*m->ArchUint("embedding_length"), 64u);
+  EXPECT_EQ(*m->ArchUint("attention.head_count"), 4u);
+  EXPECT_EQ(*m->ArchUint("attention.head_count_kv"), 2u);
+  EXPECT_EQ(*m->ArchUint("context_length"), 2048u);
+  EXPECT_EQ(m->kv.at("tokenizer.ggml.tokens").array_len, 32000u);
+  ASSERT_EQ(m->tensors.size(), 20u);
+  int layered = 0;
+  for (const auto& t : m->tensors) layered += t.layer >= 0;
+  EXPECT_EQ(layered, 18);
+  // Tensor bytes account for the whole data section (up to alignment padding).
+  EXPECT_LE(m->data_offset + m->TotalTensorBytes(), m->file_size);
+  EXPECT_GT(m->data_offset + m->TotalTensorBytes() + 20 * 32, m->file_size);
+}
+
+TEST(GgufReaderTest, TypeTableMatchesGgml) {
+  for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
+    if (ggml_type_size(static_cast<ggml_type>(t)) == 0) continue;
+    const TypeInfo* ti = FindType(static_cast<uint32_t>(t));
+    ASSERT_NE(ti, nullptr) << ggml_type_name(static_cast<ggml_type>(t));
+    EXPECT_EQ(ti->block, static_cast<uint32_t>(ggml_blck_size(static_cast<ggml_type>(t)))) << ti->name;
+    EXPECT_EQ(ti->bytes, ggml_type_size(static_cast<ggml_type>(t))) << ti->name;
+  }
+}
+
+TEST(GgufReaderTest, EveryTruncationIsACleanError) {
+  size_t size = 0;
+  auto all = Header(Models() + "/tiny-chat.gguf", &size);
+  auto full = ParseGguf(all.data(), all.size(), size);
+  ASSERT_TRUE(full.ok());
+  const size_t header = static_cast<size_t>(full->data_offset);
+  for (size_t n = 0; n < header; n += (n < 4096 ? 1 : 97)) {
+    auto m = ParseGguf(all.data(), n, size);
+    // A prefix that ends exactly after the tensor table (before padding) may parse.
+    if (m.ok()) {
+      EXPECT_GE(n, header - 32);
+    } else {
+      EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+    }
+  }
+  // The header claims tensors beyond a truncated file.
+  EXPECT_FALSE(ParseGguf(all.data(), header, header + 100).ok());
+}
+
+// Writes a little-endian value into a byte vector.
+template <typename T>
+void Put(std::vector<uint8_t>& v, T x) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&x);
+  v.insert(v.end(), p, p + sizeof x);
+}
+void PutStr(std::vector<uint8_t>& v, const std::string& s) {
+  Put<uint64_t>(v, s.size());
+  v.insert(v.end(), s.begin(), s.end());
+}
+std::vector<uint8_t> Start(uint64_t n_tensors, uint64_t n_kv) {
+  std::vector<uint8_t> v = {'G', 'G', 'U', 'F'};
+  Put<uint32_t>(v, 3);
+  Put<uint64_t>(v, n_tensors);
+  Put<uint64_t>(v, n_kv);
+  return v;
+}
+
+TEST(GgufReaderTest, HostileHeadersAreRejectedWithoutAllocating) {
+  struct Case {
+    std::vector<uint8_t> bytes;
+    const char* fragment;
+  };
+  std::vector<Case> cases;
+  cases.push_back({{'G', 'G', 'M', 'L', 3, 0, 0, 0}, "bad magic"});
+  {
+    auto v = Start(0, 0);
+    v[4] = 99;
+    cases.push_back({v, "version"});
+  }
+  cases.push_back({Start(0, ~0ull), "metadata entries exceed"});
+  cases.push_back({Start(~0ull >> 1, 0), "tensors exceed"});
+  cases.push_back({Start(1000, 0), "tensor table runs past"});
+  {
+    auto v = Start(0, 1);
+    Put<uint64_t>(v, ~0ull);  // key length
+    cases.push_back({v, "exceeds the limit"});
+  }
+  {
+    auto v = Start(0, 1);
+    PutStr(v, "k");
+    Put<uint32_t>(v, 77);
+    cases.push_back({v, "unknown value type"});
+  }
+  {
+    auto v = Start(0, 1);
+    PutStr(v, "k");
+    Put<uint32_t>(v, 9);   // array
+    Put<uint32_t>(v, 9);   // of arrays
+    Put<uint64_t>(v, 1);
+    cases.push_back({v, "nested arrays"});
+  }
+  {
+    auto v = Start(0, 1);
+    PutStr(v, "k");
+    Put<uint32_t>(v, 9);
+    Put<uint32_t>(v, 8);              // of strings
+    Put<uint64_t>(v, 1ull << 27);     // far more than the file holds
+    cases.push_back({v, "string array runs past"});
+  }
+  {
+    auto v = Start(0, 1);
+    PutStr(v, "k");
+    Put<uint32_t>(v, 9);
+    Put<uint32_t>(v, 10);             // u64
+    Put<uint64_t>(v, 1ull << 61);     // n * 8 overflows
+    cases.push_back({v, "exceeds the limit"});
+  }
+  {
+    auto v = Start(0, 2);
+    PutStr(v, "k");
+    Put<uint32_t>(v, 4);
+    Put<uint32_t>(v, 1);
+    PutStr(v, "k");
+    Put<uint32_t>(v, 4);
+    Put<uint32_t>(v, 2);
+    cases.push_back({v, "duplicate key"});
+  }
+  {
+    auto v = Start(0, 1);
+    PutStr(v, "k");
+    Put<uint32_t>(v, 7);
+    Put<uint8_t>(v, 5);
+    cases.push_back({v, "boolean"});
+  }
+  auto tensor = [](uint32_t n_dims, std::vector<uint64_t> dims, uint32_t type, uint64_t offset) {
+    auto v = Start(1, 0);
+    PutStr(v, "blk.0.w");
+    Put<uint32_t>(v, n_dims);
+    for (auto d : dims) Put<uint64_t>(v, d);
+    Put<uint32_t>(v, type);
+    Put<uint64_t>(v, offset);
+    v.resize(v.size() + 64, 0);
+    return v;
+  };
+  cases.push_back({tensor(5, {1, 1, 1, 1, 1}, 0, 0), "dimensions"});
+  cases.push_back({tensor(2, {1ull << 40, 1ull << 40}, 0, 0), "too large"});
+  cases.push_back({tensor(1, {0}, 0, 0), "dimension of 0"});
+  cases.push_back({tensor(1, {64}, 4, 0), "unknown type"});
+  cases.push_back({tensor(1, {33}, 2, 0), "whole blocks"});
+  cases.push_back({tensor(1, {64}, 0, 3), "not aligned"});
+  cases.push_back({tensor(1, {64}, 0, 1ull << 62), "beyond the end"});
+  cases.push_back({tensor(1, {1 << 20}, 0, 0), "beyond the end"});
+  for (const auto& c : cases) {
+    auto m = ParseGguf(c.bytes.data(), c.bytes.size(), c.bytes.size());
+    ASSERT_FALSE(m.ok()) << c.fragment;
+    EXPECT_NE(m.status().message().find(c.fragment), std::string::npos) << c.fragment << ": " << m.status().message();
+  }
+}
+
+// Seeded mutation fuzzing of a real header inside the test suite (the
+// libFuzzer target in tests/fuzz/ explores further): flipped bytes, random
+// runs and boundary integers never crash or hang the reader.
+TEST(GgufReaderTest, MutatedHeadersNeverCrash) {
+  size_t size = 0;
+  auto all = Header(Models() + "/tiny-chat.gguf", &size);
+  auto full = ParseGguf(all.data(), all.size(), size);
+  ASSERT_TRUE(full.ok());
+  const size_t header = static_cast<size_t>(full->data_offset);
+  std::vector<uint8_t> base(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(header));
+  std::mt19937_64 rng(12345);
+  int rejected = 0;
+  for (int iter = 0; iter < 20000; ++iter) {
+    auto v = base;
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits; ++e) {
+      const size_t pos = rng() % v.size();
+      switch (rng() % 4) {
+        case 0: v[pos] ^= static_cast<uint8_t>(1u << (rng() % 8)); break;
+        case 1: v[pos] = static_cast<uint8_t>(rng()); break;
+        case 2: {
+          const uint64_t boundary[] = {0, 1, 0xff, 0xffffffffull, ~0ull, 1ull << 63, 1ull << 32};
+          const uint64_t x = boundary[rng() % 7];
+          for (size_t k = 0; k < 8 && pos + k < v.size(); ++k) v[pos + k] = static_cast<uint8_t>(x >> (8 * k));
+          break;
+        }
+        default: v.resize(pos); break;
+      }
+      if (v.empty()) break;
+    }
+    auto m = ParseGguf(v.data(), v.size(), size);
+    rejected += !m.ok();
+  }
+  EXPECT_GT(rejected, 1000);
+}
+
+}  // namespace
+}  // namespace spillway::gguf
