@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/mkmodel_command.h"
+#include "cli/plan_command.h"
 #include "cli/serve_command.h"
 #include "cli/sim_command.h"
 
@@ -13,6 +14,7 @@ int main(int argc, char** argv) {
   spillway::cli::AddMkmodelCommand(app, &exit_code);
   spillway::cli::AddSimCommand(app, &exit_code);
   spillway::cli::AddServeCommand(app, &exit_code);
+  spillway::cli::AddPlanCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

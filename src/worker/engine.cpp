@@ -58,12 +58,16 @@ Engine::~Engine() {
   }
 }
 
-Status Engine::CreateContext() {
+namespace {
+
+llama_context_params ContextParams(const EngineOptions& opts_) {
   llama_context_params cp = llama_context_default_params();
   cp.n_ctx = static_cast<uint32_t>(opts_.ctx);
   cp.n_seq_max = static_cast<uint32_t>(opts_.slots);
   cp.kv_unified = true;
   cp.no_perf = true;
+  const ggml_type kv = opts_.kv_type == "q8_0" ? GGML_TYPE_Q8_0 : opts_.kv_type == "f32" ? GGML_TYPE_F32 : GGML_TYPE_F16;
+  cp.type_k = cp.type_v = kv;
   const int threads = opts_.threads > 0 ? opts_.threads : static_cast<int>(std::thread::hardware_concurrency());
   cp.n_threads = threads;
   cp.n_threads_batch = threads;
@@ -75,6 +79,35 @@ Status Engine::CreateContext() {
     cp.n_batch = static_cast<uint32_t>(opts_.batch);
     cp.n_ubatch = static_cast<uint32_t>(std::min(opts_.batch, 512));
   }
+  return cp;
+}
+
+std::vector<MemoryBuffer> Breakdown(const llama_context* ctx) {
+  std::vector<MemoryBuffer> out;
+  for (const auto& [buft, mb] : llama_get_memory_breakdown(ctx)) {
+    out.push_back({ggml_backend_buft_name(buft), mb.model, mb.context, mb.compute});
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<std::vector<MemoryBuffer>> DryRunBreakdown(const Model& model, const EngineOptions& opts) {
+  llama_context* ctx = nullptr;
+  try {
+    ctx = llama_init_from_model(model.raw(), ContextParams(opts));
+  } catch (const std::exception&) {
+    ctx = nullptr;
+  }
+  if (!ctx) return Status::Internal("llama.cpp could not plan the context");
+  auto out = Breakdown(ctx);
+  llama_free(ctx);
+  return out;
+}
+
+Status Engine::CreateContext() {
+  llama_context_params cp = ContextParams(opts_);
+  const int threads = static_cast<int>(cp.n_threads);
   // A persistent thread pool polling briefly between graphs, as llama.cpp's
   // own server and llama-bench use; without one ggml starts threads per graph.
   if (!threadpool_) {
@@ -107,10 +140,7 @@ Status Engine::CreateContext() {
         .WithPhase(compute ? FailurePhase::kCompute : FailurePhase::kKv);
   }
   if (threadpool_) llama_attach_threadpool(ctx_, threadpool_, nullptr);
-  breakdown_.clear();
-  for (const auto& [buft, mb] : llama_get_memory_breakdown(ctx_)) {
-    breakdown_.push_back({ggml_backend_buft_name(buft), mb.model, mb.context, mb.compute});
-  }
+  breakdown_ = Breakdown(ctx_);
   return Status::Ok();
 }
 

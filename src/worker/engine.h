@@ -77,6 +77,7 @@ struct EngineOptions {
   int batch = 512;
   int threads = 0;
   bool embedding = false;
+  std::string kv_type = "f16";       // KV cache type: f16 | q8_0 | f32
   FaultInjector* faults = nullptr;   // optional; must outlive the engine
   const SimControl* sim = nullptr;   // set when the placement is on a sim device
 };
@@ -94,6 +95,10 @@ struct EngineStats {
   bool device_lost = false;
   std::string last_error;
 };
+
+// llama.cpp's exact buffer plan for a context of `opts` on a model loaded
+// with Placement::dry_run: nothing is allocated.
+StatusOr<std::vector<MemoryBuffer>> DryRunBreakdown(const Model& model, const EngineOptions& opts);
 
 class Engine {
  public:

@@ -90,6 +90,11 @@ int main(int argc, char** argv) {
   app.add_option("--fault", fault_specs,
                  "arm a fault on a sim device (repeatable; also $SPILLWAY_FAULTS): fail-next=load|kv|compute|reserve, "
                  "fail-after-bytes=N, compute-error, compute-abort, hang=SECONDS, lose-at-token=K, lose-device");
+  std::string kv_type = "f16";
+  app.add_option("--kv-type", kv_type, "KV cache type")->check(CLI::IsMember({"f16", "q8_0", "f32"}))->capture_default_str();
+  bool dry_run = false;
+  app.add_flag("--dry-run", dry_run,
+               "print llama.cpp's exact buffer plan for this placement as JSON (no_alloc: nothing is allocated) and exit");
   int parent_pid = 0;
   app.add_option("--parent-pid", parent_pid, "exit when this process (the supervising gateway) dies");
   app.add_flag("-v,--verbose", verbose, "log llama.cpp's info messages");
@@ -99,6 +104,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
   }
   placement.mmap = !no_mmap;
+  placement.dry_run = dry_run;
   if (parent_pid > 0) {
     // The kernel sends SIGTERM when the parent dies; if it is already gone, stop now.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -138,8 +144,19 @@ int main(int argc, char** argv) {
   eo.batch = placement.batch;
   eo.threads = placement.threads;
   eo.embedding = (*model)->is_embedding();
+  eo.kv_type = kv_type;
   eo.faults = &faults;
   eo.sim = sim.get();
+  if (dry_run) {
+    auto plan = worker::DryRunBreakdown(**model, eo);
+    if (!plan.ok()) return Fatal(kExitContext, plan.status());
+    nlohmann::json buffers = nlohmann::json::array();
+    for (const auto& b : *plan) {
+      buffers.push_back({{"name", b.name}, {"model", b.model}, {"context", b.context}, {"compute", b.compute}});
+    }
+    std::printf("%s\n", nlohmann::json{{"placement", placement.ToJson()}, {"buffers", buffers}}.dump().c_str());
+    return 0;
+  }
   worker::Engine engine(**model, eo);
   if (Status st = engine.Start(); !st.ok()) return Fatal(kExitContext, st);
 

@@ -170,7 +170,8 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, const Plac
   llama_model_params mp = llama_model_default_params();
   mp.devices = list.data();
   mp.n_gpu_layers = m->devices_.empty() ? 0 : placement.gpu_layers;
-  mp.load_mode = placement.mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
+  mp.load_mode = placement.mmap && !placement.dry_run ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
+  mp.no_alloc = placement.dry_run;
   mp.split_mode = LLAMA_SPLIT_MODE_LAYER;
   mp.progress_callback = [](float, void*) { return true; };  // no progress dots on stderr
   auto sim = SimControl::Find();

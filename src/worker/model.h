@@ -30,6 +30,7 @@ struct Placement {
   int threads = 0;             // 0 = hardware concurrency
   int batch = 512;
   bool mmap = true;
+  bool dry_run = false;        // llama.cpp's no_alloc: plan buffers, allocate nothing
   nlohmann::json ToJson() const;
 };
 

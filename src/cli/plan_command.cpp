@@ -1,0 +1,239 @@
+#include "cli/plan_command.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+
+#include "devices/telemetry.h"
+#include "gguf/gguf_reader.h"
+#include "memory/estimator.h"
+
+namespace spillway::cli {
+
+using nlohmann::json;
+using memory::DeviceBytes;
+
+namespace {
+
+struct PlanArgs {
+  std::string model, device = "cpu", gpu_layers = "auto", kv_type = "f16";
+  uint32_t ctx = 4096, slots = 4, batch = 512;
+  double headroom_mib = 0, headroom_pct = 5;
+  bool exact = false, json_out = false;
+};
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+json BytesJson(const DeviceBytes& b) {
+  return {{"weights", b.weights}, {"kv", b.kv}, {"compute", b.compute}, {"total", b.total()}};
+}
+
+std::string ExeDir() {
+  std::error_code ec;
+  return std::filesystem::canonical("/proc/self/exe", ec).parent_path().string();
+}
+
+// llama.cpp's exact plan, from `spillway-worker --dry-run`.
+std::optional<std::pair<DeviceBytes, DeviceBytes>> Exact(const PlanArgs& a, int gpu_layers, std::string* error) {
+  const std::string cmd = ExeDir() + "/spillway-worker --model '" + a.model + "' --device " + a.device +
+                          " --gpu-layers " + std::to_string(gpu_layers) + " --ctx " + std::to_string(a.ctx) +
+                          " --slots " + std::to_string(a.slots) + " --batch " + std::to_string(a.batch) +
+                          " --kv-type " + a.kv_type + " --dry-run 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return std::nullopt;
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int rc = pclose(p);
+  json j = json::parse(out, nullptr, false);
+  if (rc != 0 || j.is_discarded()) {
+    *error = "spillway-worker --dry-run failed (exit " + std::to_string(rc) + ")";
+    return std::nullopt;
+  }
+  DeviceBytes acc, host;
+  for (const auto& b : j["buffers"]) {
+    const std::string name = b["name"];
+    DeviceBytes& d = name.rfind("CPU", 0) == 0 ? host : acc;
+    d.weights += b["model"].get<uint64_t>();
+    d.kv += b["context"].get<uint64_t>();
+    d.compute += b["compute"].get<uint64_t>();
+  }
+  return std::make_pair(acc, host);
+}
+
+int Plan(const PlanArgs& a) {
+  auto meta = gguf::ReadGgufFile(a.model);
+  if (!meta.ok()) {
+    std::fprintf(stderr, "spillway plan: %s\n", meta.status().message().c_str());
+    return 2;
+  }
+  auto shape = memory::ShapeFromMetadata(*meta);
+  if (!shape.ok()) {
+    std::fprintf(stderr, "spillway plan: %s\n", shape.status().message().c_str());
+    return 2;
+  }
+  memory::PlacementSpec spec;
+  spec.accelerator = a.device != "cpu";
+  spec.ctx = a.ctx;
+  spec.slots = a.slots;
+  spec.batch = a.batch;
+  spec.kv_k_x32 = spec.kv_v_x32 = a.kv_type == "q8_0" ? 34 : a.kv_type == "f32" ? 128 : 64;
+
+  // What the accelerator (or the host, for a CPU placement) can hold.
+  std::optional<uint64_t> capacity, free;
+  std::string telemetry_note;
+  if (spec.accelerator) {
+    auto t = devices::OpenDeviceTelemetry(a.device);
+    auto r = t.ok() ? (*t)->Read() : StatusOr<devices::DeviceReading>(t.status());
+    if (r.ok()) {
+      capacity = r->total;
+      free = r->free;
+    } else {
+      telemetry_note = r.status().message();
+    }
+  } else if (auto h = devices::HostTelemetry().Read(); h.ok()) {
+    capacity = h->total;
+    free = h->effective_available();
+  }
+  auto budget = [&]() -> std::optional<uint64_t> {
+    if (!capacity) return std::nullopt;
+    const double headroom = std::max(a.headroom_mib * kMiB, a.headroom_pct / 100.0 * static_cast<double>(*capacity));
+    const double by_capacity = static_cast<double>(*capacity) - headroom;
+    const double by_free = static_cast<double>(*free) - headroom;
+    return static_cast<uint64_t>(std::max(0.0, std::min(by_capacity, by_free)));
+  }();
+  auto device_part = [&](const memory::PlacementEstimate& e) { return spec.accelerator ? e.accelerator : e.host; };
+
+  const int L = static_cast<int>(shape->n_layer);
+  int layers = 0;
+  if (a.gpu_layers == "auto") {
+    layers = spec.accelerator ? L + 1 : 0;
+    if (spec.accelerator && budget) {
+      while (layers > 0) {
+        spec.gpu_layers = layers;
+        if (memory::EstimatePlacement(*shape, spec).accelerator.total() <= *budget) break;
+        --layers;
+      }
+    }
+  } else {
+    try {
+      layers = std::stoi(a.gpu_layers);
+    } catch (...) {
+      std::fprintf(stderr, "spillway plan: --gpu-layers must be a number or auto\n");
+      return 2;
+    }
+  }
+  spec.gpu_layers = layers;
+  const auto est = memory::EstimatePlacement(*shape, spec);
+  const bool fits = budget && device_part(est).total() <= *budget;
+
+  // The largest context (KV pool) that fits with these layers.
+  uint32_t max_ctx = 0;
+  if (budget) {
+    memory::PlacementSpec probe = spec;
+    uint32_t lo = 0, hi = 1u << 22;
+    while (lo < hi) {
+      const uint32_t mid = (lo + hi + 256) / 512 * 256;
+      probe.ctx = std::max<uint32_t>(mid, 256);
+      if (mid > lo && device_part(memory::EstimatePlacement(*shape, probe)).total() <= *budget) lo = mid;
+      else hi = mid > lo ? mid - 256 : lo;
+    }
+    max_ctx = lo;
+  }
+  const uint32_t per_slot = std::max<uint32_t>(1, a.ctx / std::max<uint32_t>(1, a.slots));
+  const uint32_t max_slots = max_ctx / per_slot;
+
+  json out = {{"model", a.model},
+              {"architecture", shape->architecture},
+              {"layers", L},
+              {"device", a.device},
+              {"gpu_layers", layers},
+              {"layers_on_accelerator", est.layers_on_accelerator},
+              {"output_on_accelerator", est.output_on_accelerator},
+              {"ctx", a.ctx},
+              {"slots", a.slots},
+              {"kv_type", a.kv_type},
+              {"estimate", {{"accelerator", BytesJson(est.accelerator)}, {"host", BytesJson(est.host)}}},
+              {"kv_bytes_per_token", memory::KvBytesForCells(*shape, spec, 1)}};
+  if (capacity) {
+    out["device_capacity"] = *capacity;
+    out["device_free"] = *free;
+    out["budget"] = *budget;
+    out["fits"] = fits;
+    out["max_ctx"] = max_ctx;
+    out["max_slots_at_ctx_per_slot"] = max_slots;
+  } else {
+    out["fits"] = nullptr;
+    out["note"] = "device memory unknown: " + telemetry_note;
+  }
+  if (a.exact) {
+    std::string err;
+    auto ex = Exact(a, layers, &err);
+    if (ex) {
+      const auto& [acc, host] = *ex;
+      out["exact"] = {{"accelerator", BytesJson(acc)}, {"host", BytesJson(host)}};
+      auto rel = [](uint64_t est_b, uint64_t exact_b) {
+        return exact_b == 0 ? 0.0 : (static_cast<double>(est_b) - static_cast<double>(exact_b)) / exact_b;
+      };
+      out["estimate_error"] = {{"accelerator_total", rel(est.accelerator.total(), acc.total())},
+                               {"host_total", rel(est.host.total(), host.total())}};
+    } else {
+      out["exact_error"] = err;
+    }
+  }
+  if (a.json_out) {
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s (%s, %d layers) on %s, %d GPU layers (%d repeating + output %s), ctx %u, %u slots, KV %s\n",
+              a.model.c_str(), shape->architecture.c_str(), L, a.device.c_str(), layers, est.layers_on_accelerator,
+              est.output_on_accelerator ? "yes" : "no", a.ctx, a.slots, a.kv_type.c_str());
+  std::printf("%-12s %12s %12s %12s %12s\n", "MiB", "weights", "KV", "compute", "total");
+  auto row = [](const char* name, const DeviceBytes& b) {
+    std::printf("%-12s %12.1f %12.1f %12.1f %12.1f\n", name, b.weights / kMiB, b.kv / kMiB, b.compute / kMiB,
+                b.total() / kMiB);
+  };
+  if (spec.accelerator) row("accelerator", est.accelerator);
+  row("host", est.host);
+  if (out.contains("exact")) {
+    std::printf("llama.cpp's dry run (exact):\n");
+    DeviceBytes acc, host;
+    acc = {out["exact"]["accelerator"]["weights"], out["exact"]["accelerator"]["kv"], out["exact"]["accelerator"]["compute"]};
+    host = {out["exact"]["host"]["weights"], out["exact"]["host"]["kv"], out["exact"]["host"]["compute"]};
+    if (spec.accelerator) row("accelerator", acc);
+    row("host", host);
+  }
+  if (capacity) {
+    std::printf("%s: %.1f MiB, %.1f MiB free; budget after headroom %.1f MiB -> %s\n", a.device.c_str(),
+                *capacity / kMiB, *free / kMiB, *budget / kMiB, fits ? "FITS" : "DOES NOT FIT");
+    std::printf("largest context that fits: %u cells (%u slots of %u)\n", max_ctx, max_slots, per_slot);
+  } else {
+    std::printf("device memory unknown (%s): no fit check\n", telemetry_note.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddPlanCommand(CLI::App& app, int* exit_code) {
+  auto a = std::make_shared<PlanArgs>();
+  CLI::App* cmd = app.add_subcommand("plan", "Memory plan for a model on a device: bytes per component and device, "
+                                             "whether it fits with headroom, the largest context and layer split that fit");
+  cmd->add_option("--model", a->model, "GGUF file")->required();
+  cmd->add_option("--device", a->device, "cpu | sim:N | cuda:N")->capture_default_str();
+  cmd->add_option("--ctx", a->ctx, "KV cells (shared by the slots)")->check(CLI::Range(16u, 1u << 22))->capture_default_str();
+  cmd->add_option("--slots", a->slots)->check(CLI::Range(1u, 256u))->capture_default_str();
+  cmd->add_option("--batch", a->batch)->check(CLI::Range(1u, 65536u))->capture_default_str();
+  cmd->add_option("--gpu-layers", a->gpu_layers, "N or auto (the most that fit)")->capture_default_str();
+  cmd->add_option("--kv-type", a->kv_type)->check(CLI::IsMember({"f16", "q8_0", "f32"}))->capture_default_str();
+  cmd->add_option("--headroom-mib", a->headroom_mib, "kept free on the device")->check(CLI::Range(0.0, 1e9))->capture_default_str();
+  cmd->add_option("--headroom-pct", a->headroom_pct, "kept free, percent of capacity")->check(CLI::Range(0.0, 90.0))->capture_default_str();
+  cmd->add_flag("--exact", a->exact, "also run llama.cpp's dry run (spillway-worker --dry-run) and report the estimate's error");
+  cmd->add_flag("--json", a->json_out, "print JSON");
+  cmd->callback([a, exit_code] { *exit_code = Plan(*a); });
+}
+
+}  // namespace spillway::cli

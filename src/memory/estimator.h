@@ -1,0 +1,81 @@
+// Memory estimates from GGUF metadata alone (no model load), for a placement
+// (weights, KV cache, compute buffers per device) and for a request (KV
+// growth for prompt + max_tokens).
+//
+// The placement rule is llama.cpp's: with N GPU layers over L repeating
+// layers the last N-1 repeating layers and the output layer go to the
+// accelerator (N = L + 1 puts everything there); the token embeddings stay on
+// the host; each layer's KV cache lives with the layer. Weights and KV are
+// exact from the tensor table; compute buffers follow a model of what
+// llama.cpp reserves (logits for a micro-batch on the output device, the
+// attention mask and inputs on the host) and are corrected per (model,
+// device) by Calibration once a worker reports its real breakdown.
+//
+// Pure: no I/O, no clock.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "common/status.h"
+#include "gguf/gguf_reader.h"
+
+namespace spillway::memory {
+
+struct ModelShape {
+  std::string architecture;
+  uint32_t n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, head_dim_k = 0, head_dim_v = 0;
+  uint32_t n_vocab = 0, n_ctx_train = 0, n_ff = 0;
+  bool tied_output = false;       // no output.weight: the output reuses token_embd
+  uint64_t token_embd_bytes = 0;  // always on the host
+  uint64_t output_bytes = 0;      // output.weight (or the tied copy) + output_norm
+  std::vector<uint64_t> layer_bytes;
+  uint64_t kv_bytes_per_cell_per_layer(uint32_t type_k_bytes_x32, uint32_t type_v_bytes_x32) const;
+};
+
+StatusOr<ModelShape> ShapeFromMetadata(const gguf::Metadata& m);
+
+struct PlacementSpec {
+  bool accelerator = false;  // false: everything on the host (CPU placement)
+  int gpu_layers = 0;        // -1 = all
+  uint32_t ctx = 4096;       // KV cells (the unified pool)
+  uint32_t slots = 1;
+  uint32_t batch = 512;      // ubatch = min(batch, 512)
+  // KV cache types as bytes per 32 values: f16 = 64, q8_0 = 34, f32 = 128.
+  uint32_t kv_k_x32 = 64, kv_v_x32 = 64;
+};
+
+struct DeviceBytes {
+  uint64_t weights = 0, kv = 0, compute = 0;
+  uint64_t total() const { return weights + kv + compute; }
+};
+
+struct PlacementEstimate {
+  DeviceBytes accelerator;  // zero for a CPU placement
+  DeviceBytes host;
+  int layers_on_accelerator = 0;
+  bool output_on_accelerator = false;
+  uint32_t ctx_padded = 0;
+};
+
+PlacementEstimate EstimatePlacement(const ModelShape& shape, const PlacementSpec& spec);
+
+// KV bytes that `cells` more cache cells take across all layers.
+uint64_t KvBytesForCells(const ModelShape& shape, const PlacementSpec& spec, uint64_t cells);
+
+// Per (model, device) correction from observed breakdowns: observed/predicted
+// per component, applied to later predictions.
+class Calibration {
+ public:
+  void Observe(const std::string& model_device, const DeviceBytes& predicted, const DeviceBytes& observed);
+  DeviceBytes Apply(const std::string& model_device, const DeviceBytes& predicted) const;
+
+ private:
+  struct Factors {
+    double weights = 1, kv = 1, compute = 1;
+  };
+  std::map<std::string, Factors> factors_;
+};
+
+}  // namespace spillway::memory
