@@ -1,0 +1,133 @@
+#include "admission/admission.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace spillway::admission {
+
+const char* KindName(Kind k) {
+  switch (k) {
+    case Kind::kAdmit: return "admit";
+    case Kind::kDelay: return "delay";
+    case Kind::kShrink: return "shrink";
+    case Kind::kOffload: return "offload";
+    case Kind::kReroute: return "reroute";
+    case Kind::kReject: return "reject";
+  }
+  return "reject";
+}
+
+namespace {
+
+std::string N(uint64_t v) { return std::to_string(v); }
+
+bool FitsNow(const PlacementView& p, uint64_t need) { return p.usable && p.slots_free > 0 && need <= p.cells_free; }
+
+bool UnderPressure(const PlacementView& p, uint64_t need, double pressure) {
+  if (p.cells_total == 0) return true;
+  const double used_after = static_cast<double>(p.cells_total - p.cells_free + need) / p.cells_total;
+  return used_after > pressure;
+}
+
+Decision Make(Kind k, size_t i, uint32_t max_tokens, std::string reason) {
+  Decision d;
+  d.kind = k;
+  d.placement = i;
+  d.max_tokens = max_tokens;
+  d.reason = std::move(reason);
+  return d;
+}
+
+Decision Reject(int status, int retry_after, std::string reason) {
+  Decision d;
+  d.kind = Kind::kReject;
+  d.http_status = status;
+  d.retry_after_s = retry_after;
+  d.reason = std::move(reason);
+  return d;
+}
+
+// Another placement to go to, best first: a hybrid of the same model, then a fallback.
+Kind MoveKind(const PlacementView& p) { return p.hybrid ? Kind::kOffload : Kind::kReroute; }
+
+std::vector<size_t> Alternatives(const std::vector<PlacementView>& ps) {
+  std::vector<size_t> idx;
+  for (size_t i = 1; i < ps.size(); ++i) {
+    if (ps[i].usable) idx.push_back(i);
+  }
+  std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return ps[a].hybrid && !ps[b].hybrid; });
+  return idx;
+}
+
+}  // namespace
+
+Decision Decide(const RequestNeed& r, const std::vector<PlacementView>& ps, const Policy& pol) {
+  if (ps.empty()) return Reject(503, 5, "no placement is configured");
+  const uint64_t need = static_cast<uint64_t>(r.prompt_tokens) + r.max_tokens;
+  const PlacementView& primary = ps[0];
+  const auto alts = pol.fail_fast ? std::vector<size_t>{} : Alternatives(ps);
+
+  // 1. The primary has room and no pressure: admit.
+  if (FitsNow(primary, need) && !UnderPressure(primary, need, pol.pressure)) {
+    return Make(Kind::kAdmit, 0, r.max_tokens, "fits " + primary.name + ": " + N(need) + " of " + N(primary.cells_free) + " free cells");
+  }
+
+  // 2. It can never fit the primary's pool: another placement with a larger pool, or shrink, or 400/413.
+  if (need > primary.cells_total) {
+    for (size_t i : alts) {
+      if (need > ps[i].cells_total) continue;
+      const std::string why = N(need) + " cells exceed " + primary.name + "'s pool of " + N(primary.cells_total) +
+                              "; " + ps[i].name + " holds " + N(ps[i].cells_total);
+      if (FitsNow(ps[i], need)) return Make(MoveKind(ps[i]), i, r.max_tokens, why);
+      if (ps[i].est_wait_s <= pol.max_delay_s) {
+        Decision d = Make(Kind::kDelay, i, r.max_tokens, why + ", busy now");
+        d.retry_after_s = static_cast<int>(std::ceil(ps[i].est_wait_s));
+        return d;
+      }
+    }
+    uint64_t best_total = primary.cells_total;
+    for (size_t i : alts) best_total = std::max<uint64_t>(best_total, ps[i].cells_total);
+    if (r.allow_shrink && r.prompt_tokens + r.min_tokens <= best_total) {
+      const uint32_t shrunk = static_cast<uint32_t>(std::min<uint64_t>(r.max_tokens, primary.cells_total - std::min<uint64_t>(primary.cells_total, r.prompt_tokens)));
+      if (shrunk >= r.min_tokens && FitsNow(primary, r.prompt_tokens + shrunk)) {
+        return Make(Kind::kShrink, 0, shrunk, "max_tokens lowered from " + N(r.max_tokens) + " to " + N(shrunk) +
+                                                  " to fit " + primary.name + "'s pool of " + N(primary.cells_total));
+      }
+    }
+    const bool prompt_alone = r.prompt_tokens >= best_total;
+    return Reject(prompt_alone ? 413 : 400, 0,
+                  "the prompt (" + N(r.prompt_tokens) + " tokens) + max_tokens (" + N(r.max_tokens) + ") = " + N(need) +
+                      " cells can never fit: the largest pool holds " + N(best_total));
+  }
+
+  // 3. It fits the primary's pool, but not now (or only under pressure).
+  if (pol.reroute_on_pressure || !primary.usable) {
+    for (size_t i : alts) {
+      if (FitsNow(ps[i], need) && !UnderPressure(ps[i], need, 1.0)) {
+        return Make(MoveKind(ps[i]), i, r.max_tokens,
+                    primary.name + (primary.usable ? " is under pressure" : " is unusable") + "; " + ps[i].name +
+                        " has " + N(ps[i].cells_free) + " free cells");
+      }
+    }
+  }
+  if (primary.usable && FitsNow(primary, need)) {
+    // Pressure but nowhere better: admit all the same (the pool does hold it).
+    return Make(Kind::kAdmit, 0, r.max_tokens, "fits " + primary.name + " under pressure; no placement has more room");
+  }
+  if (primary.usable && r.allow_shrink && primary.slots_free > 0 && primary.cells_free >= r.prompt_tokens + r.min_tokens) {
+    const uint32_t shrunk = primary.cells_free - r.prompt_tokens;
+    return Make(Kind::kShrink, 0, shrunk, "max_tokens lowered from " + N(r.max_tokens) + " to " + N(shrunk) + " to start now on " + primary.name);
+  }
+  if (primary.usable && primary.est_wait_s <= pol.max_delay_s) {
+    Decision d = Make(Kind::kDelay, 0, r.max_tokens, primary.name + " is full; " + N(need) + " cells free in about " +
+                                                         N(static_cast<uint64_t>(std::ceil(primary.est_wait_s))) + " s");
+    d.retry_after_s = static_cast<int>(std::ceil(primary.est_wait_s));
+    return d;
+  }
+  const double wait = primary.usable ? primary.est_wait_s : pol.max_delay_s;
+  return Reject(503, std::max(1, static_cast<int>(std::ceil(wait))),
+                primary.usable ? primary.name + " is full for longer than " + N(static_cast<uint64_t>(pol.max_delay_s)) + " s"
+                               : primary.name + " is unusable and no placement can take " + N(need) + " cells");
+}
+
+}  // namespace spillway::admission

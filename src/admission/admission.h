@@ -1,0 +1,60 @@
+// Admission decisions: where (and whether) a request runs, before anything is
+// allocated, from the KV cells it needs and the state of each placement.
+//
+//   admit(P)        it fits P's pool now
+//   delay(P, wait)  it fits P but not now; wait for a reservation to free (bounded)
+//   shrink(limits)  max_tokens lowered to what fits, when the request or policy allows; said in the answer
+//   offload(P)      a planned hybrid placement (fewer GPU layers) of the same model
+//   reroute(P)      the fallback placement (larger pool, or the primary is unusable)
+//   reject(status)  503 + Retry-After when it could fit later; 400/413 with the numbers when never
+//
+// Pure: a function of its inputs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace spillway::admission {
+
+enum class Kind { kAdmit, kDelay, kShrink, kOffload, kReroute, kReject };
+const char* KindName(Kind k);
+
+struct PlacementView {
+  std::string name;
+  bool usable = true;       // worker ready and breaker closed
+  bool hybrid = false;      // a planned partial offload of the primary's model
+  bool fallback = false;    // a CPU replica or declared fallback model
+  uint32_t cells_total = 0; // the KV pool
+  uint32_t cells_free = 0;
+  uint32_t slots_free = 0;
+  double est_wait_s = 0;    // when its pool frees enough (from running requests' progress)
+};
+
+struct RequestNeed {
+  uint32_t prompt_tokens = 0;
+  uint32_t max_tokens = 0;
+  bool allow_shrink = false;   // the request or the service allows lowering max_tokens
+  uint32_t min_tokens = 16;    // never shrink below this
+};
+
+struct Policy {
+  bool reroute_on_pressure = true;  // prefer another placement with room over waiting
+  bool fail_fast = false;           // "GPU or error": never leave the primary
+  double max_delay_s = 30;
+  double pressure = 0.9;            // admitting past this pool utilisation counts as pressure
+};
+
+struct Decision {
+  Kind kind = Kind::kReject;
+  size_t placement = 0;        // index into the placements given
+  uint32_t max_tokens = 0;     // possibly shrunk
+  int http_status = 0;         // for kReject
+  int retry_after_s = 0;       // for kReject 503 and kDelay
+  std::string reason;
+};
+
+// placements[0] is the primary.
+Decision Decide(const RequestNeed& need, const std::vector<PlacementView>& placements, const Policy& policy);
+
+}  // namespace spillway::admission

@@ -1,0 +1,97 @@
+#include "admission/admission.h"
+
+#include <gtest/gtest.h>
+
+namespace spillway::admission {
+namespace {
+
+PlacementView Gpu(uint32_t total, uint32_t free, uint32_t slots = 2, double wait = 1) {
+  return {"sim:0/99", true, false, false, total, free, slots, wait};
+}
+PlacementView Cpu(uint32_t total, uint32_t free, uint32_t slots = 1) {
+  return {"cpu", true, false, true, total, free, slots, 2};
+}
+PlacementView Hybrid(uint32_t total, uint32_t free) { return {"sim:0/8", true, true, false, total, free, 1, 1}; }
+
+TEST(AdmissionTest, AdmitWhenItFits) {
+  auto d = Decide({100, 200}, {Gpu(4096, 4096)}, {});
+  EXPECT_EQ(d.kind, Kind::kAdmit);
+  EXPECT_EQ(d.placement, 0u);
+  EXPECT_EQ(d.max_tokens, 200u);
+}
+
+TEST(AdmissionTest, LongPromptBeyondTheGpuPoolGoesToTheLargerCpuPool) {
+  auto d = Decide({6000, 500}, {Gpu(4096, 4096), Cpu(16384, 16384)}, {});
+  EXPECT_EQ(d.kind, Kind::kReroute);
+  EXPECT_EQ(d.placement, 1u);
+  EXPECT_NE(d.reason.find("exceed"), std::string::npos) << d.reason;
+}
+
+TEST(AdmissionTest, OffloadPrefersAPlannedHybrid) {
+  auto d = Decide({6000, 500}, {Gpu(4096, 4096), Cpu(16384, 16384), Hybrid(8192, 8192)}, {});
+  EXPECT_EQ(d.kind, Kind::kOffload);
+  EXPECT_EQ(d.placement, 2u);
+}
+
+TEST(AdmissionTest, PressureReroutesWhenAnotherPlacementHasRoom) {
+  auto d = Decide({500, 500}, {Gpu(4096, 1200), Cpu(8192, 8192)}, {});
+  EXPECT_EQ(d.kind, Kind::kReroute) << d.reason;
+  Policy stay;
+  stay.reroute_on_pressure = false;
+  EXPECT_EQ(Decide({500, 500}, {Gpu(4096, 1200), Cpu(8192, 8192)}, stay).kind, Kind::kAdmit);
+}
+
+TEST(AdmissionTest, DelayWhenFullAndNothingElseFits) {
+  auto d = Decide({500, 500}, {Gpu(4096, 200, 2, 3.2)}, {});
+  EXPECT_EQ(d.kind, Kind::kDelay);
+  EXPECT_EQ(d.retry_after_s, 4);
+}
+
+TEST(AdmissionTest, ShrinkOnlyWhenAllowed) {
+  RequestNeed r{500, 2000, /*allow_shrink=*/true, 16};
+  auto d = Decide(r, {Gpu(4096, 1000)}, {});
+  EXPECT_EQ(d.kind, Kind::kShrink);
+  EXPECT_EQ(d.max_tokens, 500u);
+  r.allow_shrink = false;
+  EXPECT_EQ(Decide(r, {Gpu(4096, 1000)}, {}).kind, Kind::kDelay);
+  // Never fits the pool at all, but would with fewer tokens:
+  RequestNeed big{3000, 4000, true, 16};
+  auto s = Decide(big, {Gpu(4096, 4096)}, {});
+  EXPECT_EQ(s.kind, Kind::kShrink);
+  EXPECT_EQ(s.max_tokens, 1096u);
+}
+
+TEST(AdmissionTest, RejectWithNumbersWhenItCanNeverFit) {
+  auto d = Decide({3000, 2000}, {Gpu(4096, 4096), Cpu(4096, 4096)}, {});
+  EXPECT_EQ(d.kind, Kind::kReject);
+  EXPECT_EQ(d.http_status, 400);
+  EXPECT_NE(d.reason.find("5000 cells can never fit"), std::string::npos) << d.reason;
+  auto huge = Decide({9000, 10}, {Gpu(4096, 4096)}, {});
+  EXPECT_EQ(huge.http_status, 413);
+}
+
+TEST(AdmissionTest, Reject503WhenTheWaitIsTooLong) {
+  auto d = Decide({500, 500}, {Gpu(4096, 100, 2, 120)}, {});
+  EXPECT_EQ(d.kind, Kind::kReject);
+  EXPECT_EQ(d.http_status, 503);
+  EXPECT_EQ(d.retry_after_s, 120);
+}
+
+TEST(AdmissionTest, UnusablePrimaryReroutesUnlessFailFast) {
+  auto gpu = Gpu(4096, 4096);
+  gpu.usable = false;
+  EXPECT_EQ(Decide({10, 10}, {gpu, Cpu(4096, 4096)}, {}).kind, Kind::kReroute);
+  Policy ff;
+  ff.fail_fast = true;
+  auto d = Decide({10, 10}, {gpu, Cpu(4096, 4096)}, ff);
+  EXPECT_EQ(d.kind, Kind::kReject);
+  EXPECT_EQ(d.http_status, 503);
+}
+
+TEST(AdmissionTest, NoSlotMeansNotNow) {
+  EXPECT_EQ(Decide({10, 10}, {Gpu(4096, 4096, 0)}, {}).kind, Kind::kDelay);
+  EXPECT_EQ(Decide({}, {}, {}).kind, Kind::kReject);
+}
+
+}  // namespace
+}  // namespace spillway::admission

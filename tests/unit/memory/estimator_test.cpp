@@ -1,0 +1,88 @@
+#include "memory/estimator.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+namespace spillway::memory {
+namespace {
+
+ModelShape Tiny() {
+  const char* m = std::getenv("SPILLWAY_MODELS");
+  auto meta = gguf::ReadGgufFile(std::string(m ? m : "build/models") + "/tiny-chat.gguf");
+  EXPECT_TRUE(meta.ok()) << meta.status().ToString();
+  auto s = ShapeFromMetadata(*meta);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return *s;
+}
+
+TEST(EstimatorTest, ShapeFromMetadata) {
+  const auto s = Tiny();
+  EXPECT_EQ(s.n_layer, 2u);
+  EXPECT_EQ(s.n_embd, 64u);
+  EXPECT_EQ(s.n_head_kv, 2u);
+  EXPECT_EQ(s.head_dim_k, 16u);
+  EXPECT_EQ(s.n_vocab, 32000u);
+  EXPECT_EQ(s.n_ff, 128u);
+  EXPECT_TRUE(s.tied_output);
+  EXPECT_EQ(s.token_embd_bytes, 32000u * 64 * 2);
+  EXPECT_EQ(s.layer_bytes[0], 74240u);  // the demo writer's layer, f16 matrices and f32 norms
+}
+
+TEST(EstimatorTest, LlamaCppPlacementRule) {
+  const auto s = Tiny();
+  PlacementSpec p;
+  p.ctx = 512;
+  auto cpu = EstimatePlacement(s, p);
+  EXPECT_EQ(cpu.accelerator.total(), 0u);
+  EXPECT_EQ(cpu.host.kv, 512u * 2 * (32 + 32) * 2);
+  p.accelerator = true;
+  p.gpu_layers = 1;  // only the output layer
+  auto one = EstimatePlacement(s, p);
+  EXPECT_EQ(one.layers_on_accelerator, 0);
+  EXPECT_TRUE(one.output_on_accelerator);
+  EXPECT_EQ(one.accelerator.kv, 0u);
+  EXPECT_EQ(one.accelerator.weights, s.output_bytes + s.token_embd_bytes);  // the tied output's copy
+  p.gpu_layers = 2;
+  EXPECT_EQ(EstimatePlacement(s, p).layers_on_accelerator, 1);
+  p.gpu_layers = -1;
+  auto all = EstimatePlacement(s, p);
+  EXPECT_EQ(all.layers_on_accelerator, 2);
+  EXPECT_EQ(all.host.weights, s.token_embd_bytes);  // the input embeddings stay on the host
+  EXPECT_EQ(all.host.kv, 0u);
+  p.gpu_layers = 1000;
+  EXPECT_EQ(EstimatePlacement(s, p).accelerator.total(), all.accelerator.total());
+}
+
+TEST(EstimatorTest, KvScalesWithCellsAndType) {
+  const auto s = Tiny();
+  PlacementSpec p;
+  EXPECT_EQ(KvBytesForCells(s, p, 1000), 1000u * 2 * 64 * 2);
+  p.kv_k_x32 = p.kv_v_x32 = 34;  // q8_0
+  EXPECT_EQ(KvBytesForCells(s, p, 1000), 1000u * 2 * 64 * 34 / 32);
+  p.ctx = 300;  // padded to 512
+  EXPECT_EQ(EstimatePlacement(s, p).ctx_padded, 512u);
+}
+
+TEST(EstimatorTest, CalibrationCorrectsPerModelAndDevice) {
+  Calibration c;
+  DeviceBytes pred{100, 200, 300};
+  EXPECT_EQ(c.Apply("m/sim", pred).compute, 300u);
+  c.Observe("m/sim", pred, {100, 200, 330});
+  EXPECT_EQ(c.Apply("m/sim", {100, 400, 600}).compute, 660u);
+  EXPECT_EQ(c.Apply("m/sim", {100, 400, 600}).kv, 400u);
+  EXPECT_EQ(c.Apply("other/sim", pred).compute, 300u);
+}
+
+TEST(EstimatorTest, IncompleteMetadataIsAnError) {
+  gguf::Metadata m;
+  EXPECT_FALSE(ShapeFromMetadata(m).ok());
+  gguf::Value arch;
+  arch.kind = gguf::Value::Kind::kString;
+  arch.s = "llama";
+  m.kv["general.architecture"] = arch;
+  EXPECT_NE(ShapeFromMetadata(m).status().message().find("block_count"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace spillway::memory
