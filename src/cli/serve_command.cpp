@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "config/config.h"
 #include "gateway/gateway.h"
+#include "gateway/placement_admission.h"
 #include "journal/journal.h"
 #include "upstream/supervisor.h"
 
@@ -89,9 +90,19 @@ int Serve(const ServeArgs& a) {
 
   const std::string worker_bin = a.worker_bin.empty() ? ExeDir() + "/spillway-worker" : a.worker_bin;
   upstream::Supervisor supervisor(worker_bin, cfg.state_dir, clock);
+  // Placement-level admission: a placement whose predicted memory does not
+  // fit its device (with headroom, against what the device reports free) is
+  // not started.
+  auto admissions = gateway::AdmitPlacements(cfg);
   for (const auto& s : cfg.services) {
     for (size_t i = 0; i < s.placements.size(); ++i) {
       const auto& p = s.placements[i];
+      const auto& adm = admissions[gateway::WorkerKey(s, i)];
+      if (!adm.admitted) {
+        std::fprintf(stderr, "spillway serve: placement %s of service '%s' not started: %s\n", p.Name().c_str(),
+                     s.name.c_str(), adm.reason.c_str());
+        continue;
+      }
       std::vector<std::string> args = {"--model", s.model, "--device", p.device,
                                        "--gpu-layers", std::to_string(p.gpu_layers), "--ctx", std::to_string(p.ctx),
                                        "--slots", std::to_string(p.slots), "--threads", std::to_string(p.threads),
@@ -103,7 +114,7 @@ int Serve(const ServeArgs& a) {
   }
   supervisor.Start();
 
-  gateway::Gateway gw(cfg, **journal, supervisor, clock);
+  gateway::Gateway gw(cfg, **journal, supervisor, clock, admissions);
   boost::asio::io_context ioc;
   http::ServerOptions so;
   so.max_body_bytes = cfg.max_body_bytes;

@@ -81,7 +81,13 @@ class Reader {
 };
 
 Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix, PlacementConfig* p) {
-  SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(t, prefix, {"device", "gpu_layers", "ctx", "slots", "threads", "batch", "mmap"}));
+  SPILLWAY_RETURN_IF_ERROR(
+      r.OnlyKnown(t, prefix, {"role", "device", "gpu_layers", "ctx", "slots", "threads", "batch", "mmap"}));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "role", prefix, &p->role, 0, 0));
+  if (!p->role.empty() && p->role != "primary" && p->role != "hybrid" && p->role != "fallback") {
+    return Status::InvalidArgument(Where(r.source(), t.get("role")->source(), prefix + "role") +
+                                   " must be primary, hybrid or fallback");
+  }
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "device", prefix, &p->device, 0, 0));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "gpu_layers", prefix, &p->gpu_layers, -1, 100000));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "ctx", prefix, &p->ctx, 16, 1 << 22));
@@ -105,6 +111,15 @@ Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix,
 
 std::string PlacementConfig::Name() const {
   return device == "cpu" ? "cpu" : device + "/" + std::to_string(gpu_layers);
+}
+
+DeviceConfig GatewayConfig::Device(const std::string& name) const {
+  for (const auto& d : devices) {
+    if (d.name == name) return d;
+  }
+  DeviceConfig d;
+  d.name = name;
+  return d;
 }
 
 const ServiceConfig* GatewayConfig::FindService(const std::string& name) const {
@@ -142,7 +157,7 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
   Reader r(source);
   SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(root, "", {"listen", "state_dir", "api_keys", "allow_unauthenticated_remote",
                                                   "allowed_hosts", "allowed_origins", "max_body_bytes", "max_queue",
-                                                  "journal", "service"}));
+                                                  "journal", "service", "device"}));
   std::string listen;
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "listen", "", &listen, 0, 0));
   if (!listen.empty() && !SplitHostPort(listen, &c.listen_host, &c.listen_port)) {
@@ -169,6 +184,23 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
     SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "retention_hours", "journal.", &c.journal.retention_hours, 0.001, 24 * 3650));
     SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "idempotency_hours", "journal.", &c.journal.idempotency_hours, 0.001, 24 * 3650));
   }
+  if (const toml::node* d = root.get("device")) {
+    const toml::array* arr = d->as_array();
+    if (!arr) return Status::InvalidArgument(Where(source, d->source(), "device") + " must be [[device]] tables");
+    size_t i = 0;
+    for (const auto& node : *arr) {
+      const std::string prefix = "device[" + std::to_string(i++) + "].";
+      const toml::table* t = node.as_table();
+      if (!t) return Status::InvalidArgument(Where(source, node.source(), prefix) + " must be a table");
+      DeviceConfig dc;
+      SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(*t, prefix, {"name", "headroom_mib", "headroom_pct"}));
+      SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "name", prefix, &dc.name, 0, 0));
+      SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "headroom_mib", prefix, &dc.headroom_mib, 0, 1e9));
+      SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "headroom_pct", prefix, &dc.headroom_pct, 0, 90));
+      if (dc.name.empty()) return Status::InvalidArgument(Where(source, t->source(), prefix + "name") + " is required");
+      c.devices.push_back(dc);
+    }
+  }
   if (const toml::node* s = root.get("service")) {
     const toml::array* arr = s->as_array();
     if (!arr) return Status::InvalidArgument(Where(source, s->source(), "service") + " must be an array of tables ([[service]])");
@@ -178,7 +210,21 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
       const toml::table* t = node.as_table();
       if (!t) return Status::InvalidArgument(Where(source, node.source(), prefix) + " must be a table");
       ServiceConfig svc;
-      SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(*t, prefix, {"name", "model", "max_tokens", "default_max_tokens", "placement"}));
+      SPILLWAY_RETURN_IF_ERROR(
+          r.OnlyKnown(*t, prefix, {"name", "model", "max_tokens", "default_max_tokens", "placement", "admission"}));
+      if (const toml::node* an = t->get("admission")) {
+        const toml::table* at = an->as_table();
+        const std::string ap = prefix + "admission.";
+        if (!at) return Status::InvalidArgument(Where(source, an->source(), ap) + " must be a table");
+        SPILLWAY_RETURN_IF_ERROR(
+            r.OnlyKnown(*at, ap, {"reroute_on_pressure", "fail_fast", "allow_shrink", "max_delay_s", "pressure"}));
+        auto& a = svc.admission;
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*at, "reroute_on_pressure", ap, &a.reroute_on_pressure, 0, 0));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*at, "fail_fast", ap, &a.fail_fast, 0, 0));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*at, "allow_shrink", ap, &a.allow_shrink, 0, 0));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*at, "max_delay_s", ap, &a.max_delay_s, 0, 3600));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*at, "pressure", ap, &a.pressure, 0.05, 1.0));
+      }
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "name", prefix, &svc.name, 0, 0));
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "model", prefix, &svc.model, 0, 0));
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "max_tokens", prefix, &svc.max_tokens, 1, 1 << 20));
@@ -199,6 +245,14 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
         }
       }
       if (svc.placements.empty()) svc.placements.push_back(PlacementConfig{});
+      for (size_t k = 0; k < svc.placements.size(); ++k) {
+        auto& role = svc.placements[k].role;
+        if (role.empty()) role = k == 0 ? "primary" : "fallback";
+        if ((role == "primary") != (k == 0)) {
+          return Status::InvalidArgument(source + ": service '" + svc.name +
+                                         "': the first placement is the primary, and only the first");
+        }
+      }
       c.services.push_back(std::move(svc));
     }
   }
@@ -219,6 +273,7 @@ GatewayConfig DemoConfig(const std::string& models_dir) {
   chat.name = "chat";
   chat.model = models_dir + "/demo-chat.gguf";
   PlacementConfig p;
+  p.role = "primary";
   p.ctx = 4096;
   p.slots = 4;
   chat.placements = {p};
@@ -226,6 +281,7 @@ GatewayConfig DemoConfig(const std::string& models_dir) {
   embed.name = "embed";
   embed.model = models_dir + "/demo-embed.gguf";
   PlacementConfig e;
+  e.role = "primary";
   e.ctx = 512;
   e.slots = 2;
   embed.placements = {e};

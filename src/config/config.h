@@ -13,12 +13,22 @@
 //   synchronous = "full"                 # or "normal"
 //   retention_hours = 168
 //   idempotency_hours = 24
+//   [[device]]
+//   name = "sim:0"
+//   headroom_mib = 256
+//   headroom_pct = 5
 //   [[service]]
 //   name = "chat"
 //   model = "/models/chat.gguf"
 //   max_tokens = 4096                    # cap per request
 //   default_max_tokens = 256
+//   [service.admission]
+//   reroute_on_pressure = true
+//   fail_fast = false
+//   allow_shrink = false
+//   max_delay_s = 30
 //   [[service.placement]]
+//   role = "primary"                     # primary | hybrid | fallback
 //   device = "cpu"                       # cpu | cuda:N | sim:N
 //   gpu_layers = 0
 //   ctx = 4096
@@ -35,6 +45,7 @@
 namespace spillway::config {
 
 struct PlacementConfig {
+  std::string role;  // "primary" (the first by default), "hybrid" (planned partial offload) or "fallback"
   std::string device = "cpu";
   int gpu_layers = 0;
   int ctx = 4096;
@@ -45,11 +56,26 @@ struct PlacementConfig {
   std::string Name() const;  // "cpu", "sim:0/99", ...
 };
 
+struct AdmissionConfig {
+  bool reroute_on_pressure = true;
+  bool fail_fast = false;     // "GPU or error": never leave the primary placement
+  bool allow_shrink = false;  // lower max_tokens to what fits (said in the answer)
+  double max_delay_s = 30;
+  double pressure = 0.9;      // pool utilisation above which another placement is preferred
+};
+
+struct DeviceConfig {
+  std::string name;           // cpu | cuda:N | sim:N
+  double headroom_mib = 0;
+  double headroom_pct = 5;
+};
+
 struct ServiceConfig {
   std::string name;
   std::string model;
   int max_tokens = 4096;
   int default_max_tokens = 256;
+  AdmissionConfig admission;
   std::vector<PlacementConfig> placements;  // [0] is the primary
 };
 
@@ -72,8 +98,11 @@ struct GatewayConfig {
   int max_queue = 256;
   JournalConfig journal;
   std::vector<ServiceConfig> services;
+  std::vector<DeviceConfig> devices;  // headroom per device; defaults apply to others
 
   const ServiceConfig* FindService(const std::string& name) const;
+  DeviceConfig Device(const std::string& name) const;
+
 };
 
 inline constexpr uint16_t kDefaultPort = 8480;

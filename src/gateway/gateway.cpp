@@ -5,11 +5,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <thread>
 
 #include "api/http_client.h"
 #include "api/openai_request.h"
 #include "api/openai_response.h"
+#include "admission/admission.h"
 #include "common/hash.h"
 
 namespace spillway::gateway {
@@ -79,13 +81,24 @@ struct Gateway::Incoming {
 };
 
 Gateway::Gateway(const config::GatewayConfig& config, journal::Journal& journal, upstream::Supervisor& supervisor,
-                 const Clock& clock)
+                 const Clock& clock, std::map<std::string, PlacementAdmission> admissions)
     : config_(config),
       journal_(journal),
       supervisor_(supervisor),
       clock_(clock),
       rng_(std::random_device{}()),
-      dispatcher_(std::make_unique<Dispatcher>(64, static_cast<size_t>(config.max_queue))) {}
+      dispatcher_(std::make_unique<Dispatcher>(64, static_cast<size_t>(config.max_queue))) {
+  for (const auto& s : config_.services) {
+    auto& v = placements_[s.name];
+    for (size_t i = 0; i < s.placements.size(); ++i) {
+      const std::string key = WorkerKey(s, i);
+      auto it = admissions.find(key);
+      PlacementAdmission a = it != admissions.end() ? it->second : PlacementAdmission{true, s.placements[i].device, 0, ""};
+      v.push_back(std::make_unique<PlacementState>(
+          PlacementState{key, s.placements[i], memory::CellPool(static_cast<uint32_t>(s.placements[i].ctx)), a}));
+    }
+  }
+}
 
 Gateway::~Gateway() { dispatcher_.reset(); }
 
@@ -140,7 +153,9 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   if (path == "/readyz") {
     json missing = json::array();
     for (const auto& s : config_.services) {
-      if (!supervisor_.ReadyPort(WorkerKey(s, 0))) missing.push_back(s.name);
+      bool ready = false;
+      for (size_t i = 0; i < s.placements.size(); ++i) ready |= supervisor_.ReadyPort(WorkerKey(s, i)).has_value();
+      if (!ready) missing.push_back(s.name);
     }
     return ex->Respond(JsonResponse(missing.empty() ? 200 : 503, {{"ready", missing.empty()}, {"not_ready", missing}}, v));
   }
@@ -305,6 +320,142 @@ void Gateway::Resume(std::vector<journal::RequestRecord> records) {
   }
 }
 
+// Where one attempt goes.
+struct Gateway::Target {
+  size_t index = 0;
+  std::string key, placement;
+  uint16_t port = 0;
+  uint32_t cells = 0;        // reserved in the placement's pool (0: none)
+  std::string body;          // the request body to send (max_tokens made explicit)
+  std::string decision;      // kind
+};
+
+bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live, Target* t,
+                    Status* rejected) {
+  auto& states = placements_[svc.name];
+  const int64_t t0 = clock_.NowMs();
+  // Embeddings hold no KV between requests: the first usable placement.
+  if (rec.endpoint == "embedding") {
+    while (true) {
+      for (size_t i = 0; i < states.size(); ++i) {
+        if (!states[i]->admission.admitted) continue;
+        if (auto port = supervisor_.ReadyPort(states[i]->key)) {
+          *t = {i, states[i]->key, states[i]->cfg.Name(), *port, 0, rec.body, "admit"};
+          return true;
+        }
+      }
+      if (live.cancelled || clock_.NowMs() - t0 > kQueueWaitMs) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    *rejected = Status::Unavailable("no worker of service '" + svc.name + "' became ready in time").WithRetryAfter(5);
+    return false;
+  }
+  json body = json::parse(rec.body, nullptr, false);
+  uint32_t max_tokens = static_cast<uint32_t>(svc.default_max_tokens);
+  if (body.is_object()) {
+    for (const char* k : {"max_completion_tokens", "max_tokens"}) {
+      if (body.contains(k) && body[k].is_number_integer()) max_tokens = body[k].get<uint32_t>();
+    }
+  }
+  const std::string endpoint = rec.endpoint == "chat" ? "chat" : "completion";
+  int prompt_tokens = -1;
+  while (true) {
+    if (live.cancelled) {
+      *rejected = Status::Cancelled("request cancelled");
+      return false;
+    }
+    if (live.deadline_ms && clock_.NowMs() >= live.deadline_ms) {
+      *rejected = Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
+      return false;
+    }
+    // The prompt's size in tokens, from any ready worker of the service (they share the tokenizer).
+    if (prompt_tokens < 0) {
+      for (const auto& st : states) {
+        auto port = st->admission.admitted ? supervisor_.ReadyPort(st->key) : std::nullopt;
+        if (!port) continue;
+        auto r = pool_.Send(*port, "POST", "/v1/worker/tokenize?endpoint=" + endpoint, rec.body, {},
+                            std::chrono::seconds(30));
+        if (!r.ok()) continue;
+        json j = json::parse(r->body, nullptr, false);
+        if (r->status == 200 && j.is_object()) {
+          prompt_tokens = j["prompt_tokens"].get<int>();
+          break;
+        }
+        if (r->status == 400 && j.is_object()) {
+          *rejected = Status::InvalidArgument(j["error"].value("message", "invalid request"));
+          return false;
+        }
+      }
+    }
+    admission::Decision d;
+    if (prompt_tokens >= 0) {
+      std::vector<admission::PlacementView> views;
+      std::lock_guard<std::mutex> lk(pools_mu_);
+      for (const auto& st : states) {
+        admission::PlacementView v;
+        v.name = st->cfg.Name();
+        v.usable = st->admission.admitted && supervisor_.ReadyPort(st->key).has_value();
+        v.hybrid = st->cfg.role == "hybrid";
+        v.fallback = st->cfg.role == "fallback";
+        v.cells_total = st->pool.total();
+        v.cells_free = st->pool.free();
+        v.slots_free = static_cast<uint32_t>(std::max<int64_t>(0, st->cfg.slots - static_cast<int64_t>(st->pool.active())));
+        v.est_wait_s = 1;
+        views.push_back(v);
+      }
+      admission::RequestNeed need{static_cast<uint32_t>(prompt_tokens), max_tokens, svc.admission.allow_shrink, 16};
+      admission::Policy policy{svc.admission.reroute_on_pressure, svc.admission.fail_fast, svc.admission.max_delay_s,
+                               svc.admission.pressure};
+      d = admission::Decide(need, views, policy);
+      // A primary that is not up yet (starting, restarting) is waited for, not judged.
+      if (d.kind == admission::Kind::kReject && d.http_status == 503 && !views[0].usable && !svc.admission.fail_fast &&
+          clock_.NowMs() - t0 < kQueueWaitMs) {
+        d.kind = admission::Kind::kDelay;
+      }
+      if (d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject) {
+        auto& st = *states[d.placement];
+        const uint32_t cells = static_cast<uint32_t>(prompt_tokens) + d.max_tokens;
+        auto port = supervisor_.ReadyPort(st.key);
+        if (port && st.pool.Reserve(rec.id, cells)) {
+          if (body.is_object()) {
+            body["max_tokens"] = d.max_tokens;
+            body.erase("max_completion_tokens");
+          }
+          *t = {d.placement, st.key, st.cfg.Name(), *port, cells,
+                body.is_object() ? body.dump() : rec.body, admission::KindName(d.kind)};
+          const json dj = {{"decision", admission::KindName(d.kind)}, {"placement", st.cfg.Name()},
+                           {"reason", d.reason}, {"prompt_tokens", prompt_tokens}, {"max_tokens", d.max_tokens}};
+          Logged(journal_.SetDecision(rec.id, dj.dump()), "decision");
+          metrics_.Decision(svc.name, admission::KindName(d.kind));
+          return true;
+        }
+        d.kind = admission::Kind::kDelay;  // raced with another request: decide again
+      }
+    } else {
+      d.kind = admission::Kind::kDelay;  // no worker ready to count tokens yet
+      d.reason = "no worker of the service is ready yet";
+    }
+    if (d.kind == admission::Kind::kReject) {
+      metrics_.Decision(svc.name, "reject");
+      const json dj = {{"decision", "reject"}, {"reason", d.reason}, {"prompt_tokens", prompt_tokens},
+                       {"max_tokens", max_tokens}, {"status", d.http_status}};
+      Logged(journal_.SetDecision(rec.id, dj.dump()), "decision");
+      *rejected = d.http_status == 413   ? Status::PayloadTooLarge(d.reason)
+                  : d.http_status == 400 ? Status::InvalidArgument(d.reason)
+                                         : Status::ResourceExhausted(d.reason).WithRetryAfter(std::max(1, d.retry_after_s));
+      return false;
+    }
+    const double waited_s = (clock_.NowMs() - t0) / 1000.0;
+    if (waited_s > std::max(svc.admission.max_delay_s, kQueueWaitMs / 1000.0)) {
+      *rejected = Status::ResourceExhausted("no placement of '" + svc.name + "' could take the request within " +
+                                            std::to_string(static_cast<int>(waited_s)) + " s: " + d.reason)
+                      .WithRetryAfter(5);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex, std::shared_ptr<Live> live) {
   const config::ServiceConfig* svc = config_.FindService(rec.service);
   const unsigned v = 11;
@@ -312,8 +463,21 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
   const std::string path = rec.endpoint == "chat"         ? "/v1/chat/completions"
                            : rec.endpoint == "completion" ? "/v1/completions"
                                                           : "/v1/embeddings";
-  const std::string placement = svc ? svc->placements[0].Name() : "";
+  std::string placement = svc ? svc->placements[0].Name() : "";
+  Target target;
+  // The cells reserved in a placement's pool go back whatever the outcome.
+  auto release = [&] {
+    if (target.cells == 0) return;
+    std::lock_guard<std::mutex> lk(pools_mu_);
+    placements_[rec.service][target.index]->pool.Release(rec.id);
+    target.cells = 0;
+  };
+  struct Releaser {
+    std::function<void()> f;
+    ~Releaser() { f(); }
+  } releaser{release};
   auto finish = [&](State state, int status, const std::string& type, const std::string& body, const std::string& err) {
+    release();
     Logged(journal_.Finish(rec.id, state, status, type, body, err), "finish");
     metrics_.RequestFinished(rec.service, Outcome(state), placement, (clock_.NowMs() - t0) / 1000.0);
   };
@@ -323,7 +487,6 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     if (ex) ex->Respond(ErrorResponse(st, v, rec.id));
   };
   if (!svc) return fail(State::kFailed, Status::NotFound("service '" + rec.service + "' is no longer configured"));
-  const std::string key = WorkerKey(*svc, 0);
   int failures = 0;
   bool streaming_started = false;
 
@@ -340,15 +503,16 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
   while (true) {
     if (past_deadline()) return deadline_failure();
     if (live->cancelled) return fail(State::kCancelled, Status::Cancelled("request cancelled"));
-    auto port = supervisor_.ReadyPort(key);
-    if (!port) {
-      if (clock_.NowMs() - t0 > kQueueWaitMs) {
-        return fail(State::kFailed,
-                    Status::Unavailable("no worker of service '" + svc->name + "' became ready in time").WithRetryAfter(5));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      continue;
+    release();
+    Status rejected;
+    if (!Admit(rec, *svc, *live, &target, &rejected)) {
+      if (rejected.code() == StatusCode::kDeadlineExceeded) return deadline_failure();
+      if (rejected.code() == StatusCode::kCancelled) return fail(State::kCancelled, rejected);
+      return fail(State::kFailed, rejected);
     }
+    placement = target.placement;
+    const std::string key = target.key;
+    const std::optional<uint16_t> port = target.port;
     if (Status st = journal_.StartAttempt(rec.id, placement); !st.ok()) {
       // Cancelled (or finished) by someone else between the check and here.
       if (ex) {
@@ -362,7 +526,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     if (live->cancelled) continue;
 
     if (!rec.stream) {
-      auto r = pool_.Send(*port, "POST", path, rec.body, headers, remaining());
+      auto r = pool_.Send(*port, "POST", path, target.body, headers, remaining());
       if (!r.ok() && past_deadline()) return deadline_failure();
       if (!r.ok()) {
         // The worker died or stopped answering: safe to re-run (no stream, no side effects).
@@ -386,6 +550,8 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       if (ex) {
         auto res = http::MakeResponse(static_cast<unsigned>(r->status), r->body, type, v);
         res.set("X-Request-Id", rec.id);
+        res.set("X-Spillway-Placement", placement);
+        res.set("X-Spillway-Decision", target.decision);
         if (!r->Header("retry-after").empty()) res.set(bhttp::field::retry_after, r->Header("retry-after"));
         ex->Respond(std::move(res));
       }
@@ -396,7 +562,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     int status = 0;
     std::string head_type, relayed;
     auto st = http::StreamFetch(
-        "127.0.0.1", *port, "POST", path, rec.body, headers,
+        "127.0.0.1", *port, "POST", path, target.body, headers,
         [&](const http::StreamHead& h) {
           status = h.status;
           auto it = h.headers.find("content-type");
@@ -405,6 +571,8 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
             auto head = http::MakeResponse(200, "", "text/event-stream", v);
             head.set(bhttp::field::cache_control, "no-cache");
             head.set("X-Request-Id", rec.id);
+            head.set("X-Spillway-Placement", placement);
+            head.set("X-Spillway-Decision", target.decision);
             ex->StartStream(std::move(head));
           }
           streaming_started = status == 200;
@@ -505,6 +673,10 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, std::shared
             {"created_ms", rec->created_ms},
             {"updated_ms", rec->updated_ms}};
   if (!rec->error.empty()) j["error"] = rec->error;
+  if (!rec->decision.empty()) {
+    json d = json::parse(rec->decision, nullptr, false);
+    if (!d.is_discarded()) j["admission"] = d;
+  }
   if (journal::IsTerminal(rec->state)) {
     json result = {{"status", rec->result_status}, {"content_type", rec->result_type}};
     json parsed = json::parse(rec->result_body, nullptr, false);
@@ -524,7 +696,16 @@ json Gateway::StatusJson() const {
     json placements = json::array();
     for (size_t i = 0; i < s.placements.size(); ++i) {
       const std::string key = WorkerKey(s, i);
-      json w = {{"key", key}, {"placement", s.placements[i].Name()}, {"device", s.placements[i].device}};
+      json w = {{"key", key}, {"placement", s.placements[i].Name()}, {"device", s.placements[i].device},
+                {"role", s.placements[i].role}};
+      if (auto it = placements_.find(s.name); it != placements_.end() && i < it->second.size()) {
+        const auto& st = *it->second[i];
+        w["admitted"] = st.admission.admitted;
+        w["admission"] = st.admission.reason;
+        w["predicted_bytes"] = st.admission.predicted_bytes;
+        std::lock_guard<std::mutex> lk(const_cast<std::mutex&>(pools_mu_));
+        w["kv_cells"] = {{"total", st.pool.total()}, {"reserved", st.pool.reserved()}, {"requests", st.pool.active()}};
+      }
       for (const auto& v : workers) {
         if (v.key != key) continue;
         w["state"] = upstream::WorkerStateName(v.state);

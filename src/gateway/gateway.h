@@ -31,6 +31,8 @@
 #include "config/config.h"
 #include "gateway/dispatcher.h"
 #include "gateway/metrics.h"
+#include "gateway/placement_admission.h"
+#include "memory/ledger.h"
 #include "journal/journal.h"
 #include "upstream/connection_pool.h"
 #include "upstream/supervisor.h"
@@ -42,8 +44,10 @@ std::string WorkerKey(const config::ServiceConfig& s, size_t n);
 
 class Gateway {
  public:
+  // `admissions`: the placement-level decisions (AdmitPlacements); a refused
+  // placement has no worker and takes no requests.
   Gateway(const config::GatewayConfig& config, journal::Journal& journal, upstream::Supervisor& supervisor,
-          const Clock& clock);
+          const Clock& clock, std::map<std::string, PlacementAdmission> admissions = {});
   ~Gateway();
 
   void Handle(http::Request req, std::shared_ptr<http::Exchange> ex);
@@ -53,6 +57,18 @@ class Gateway {
  private:
   struct Live;
   struct Incoming;
+  struct Target;
+  // The gateway's view of one placement's KV pool, for per-request admission.
+  struct PlacementState {
+    std::string key;
+    config::PlacementConfig cfg;
+    memory::CellPool pool;
+    PlacementAdmission admission;
+  };
+  // Chooses a placement for one attempt (admission decision), reserving its
+  // cells; delays inside. Fails (and answers) when the request is rejected.
+  bool Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live, Target* target,
+             Status* rejected);
   void HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint);
   void Process(std::shared_ptr<Incoming> in);
   void Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex, std::shared_ptr<Live> live);
@@ -74,6 +90,8 @@ class Gateway {
   std::map<std::string, std::shared_ptr<Live>> live_;
   std::mt19937_64 rng_;
   std::unique_ptr<Dispatcher> dispatcher_;
+  std::map<std::string, std::vector<std::unique_ptr<PlacementState>>> placements_;  // by service
+  std::mutex pools_mu_;
 };
 
 }  // namespace spillway::gateway

@@ -16,6 +16,11 @@ void Metrics::RequestFinished(const std::string& service, const std::string& out
   h.sum += seconds;
 }
 
+void Metrics::Decision(const std::string& service, const std::string& kind) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++decisions_[{service, kind}];
+}
+
 std::string Metrics::Render(const std::vector<std::tuple<std::string, std::string, double>>& gauges) const {
   std::ostringstream os;
   std::lock_guard<std::mutex> lk(mu_);
@@ -36,6 +41,11 @@ std::string Metrics::Render(const std::vector<std::tuple<std::string, std::strin
     os << "spillway_request_duration_seconds_bucket{service=\"" << service << "\",le=\"+Inf\"} " << h.count << "\n";
     os << "spillway_request_duration_seconds_sum{service=\"" << service << "\"} " << h.sum << "\n";
     os << "spillway_request_duration_seconds_count{service=\"" << service << "\"} " << h.count << "\n";
+  }
+  os << "# HELP spillway_admission_decisions_total Admission decisions by kind.\n"
+        "# TYPE spillway_admission_decisions_total counter\n";
+  for (const auto& [k, v] : decisions_) {
+    os << "spillway_admission_decisions_total{service=\"" << k.first << "\",decision=\"" << k.second << "\"} " << v << "\n";
   }
   std::string last;
   for (const auto& [name, labels, value] : gauges) {

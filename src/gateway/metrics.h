@@ -14,6 +14,7 @@ class Metrics {
  public:
   void RequestFinished(const std::string& service, const std::string& outcome, const std::string& placement,
                        double seconds);
+  void Decision(const std::string& service, const std::string& kind);
   // Renders every series; `gauges` are (name, labels, value) sampled by the caller.
   std::string Render(const std::vector<std::tuple<std::string, std::string, double>>& gauges) const;
 
@@ -27,6 +28,7 @@ class Metrics {
   mutable std::mutex mu_;
   std::map<std::tuple<std::string, std::string, std::string>, uint64_t> requests_;
   std::map<std::string, Histogram> latency_;
+  std::map<std::pair<std::string, std::string>, uint64_t> decisions_;
 };
 
 }  // namespace spillway::gateway

@@ -25,6 +25,7 @@ CREATE TABLE IF NOT EXISTS requests(
   result_status INTEGER NOT NULL DEFAULT 0,
   result_type TEXT NOT NULL DEFAULT '',
   result_body TEXT NOT NULL DEFAULT '',
+  decision TEXT NOT NULL DEFAULT '',
   created_ms INTEGER NOT NULL,
   updated_ms INTEGER NOT NULL);
 CREATE UNIQUE INDEX IF NOT EXISTS requests_idem ON requests(client, idem_key) WHERE idem_key IS NOT NULL;
@@ -84,7 +85,7 @@ State ParseState(const std::string& s) {
 
 constexpr const char* kColumns =
     "id, client, COALESCE(idem_key, ''), payload_hash, service, endpoint, stream, body, state, placement, attempts, "
-    "error, result_status, result_type, result_body, created_ms, updated_ms";
+    "error, result_status, result_type, result_body, created_ms, updated_ms, decision";
 
 RequestRecord ReadRecord(const Stmt& s) {
   RequestRecord r;
@@ -105,6 +106,7 @@ RequestRecord ReadRecord(const Stmt& s) {
   r.result_body = s.Text(14);
   r.created_ms = s.Int(15);
   r.updated_ms = s.Int(16);
+  r.decision = s.Text(17);
   return r;
 }
 
@@ -156,6 +158,8 @@ StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& path, Journa
   SPILLWAY_RETURN_IF_ERROR(j->Exec("PRAGMA journal_mode=WAL;"));
   SPILLWAY_RETURN_IF_ERROR(j->Exec(opts.synchronous_full ? "PRAGMA synchronous=FULL;" : "PRAGMA synchronous=NORMAL;"));
   SPILLWAY_RETURN_IF_ERROR(j->Exec(kSchema));
+  // Journals written before decisions were recorded lack the column.
+  (void)j->Exec("ALTER TABLE requests ADD COLUMN decision TEXT NOT NULL DEFAULT '';");
   return j;
 }
 
@@ -231,6 +235,14 @@ Status Journal::StartAttempt(const std::string& id, const std::string& placement
     return DbError(db_, "attempt");
   }
   return Exec("COMMIT;");
+}
+
+Status Journal::SetDecision(const std::string& id, const std::string& decision_json) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt up(db_, "UPDATE requests SET decision=?2, updated_ms=?3 WHERE id=?1;");
+  up.Bind(1, id).Bind(2, decision_json).Bind(3, clock_.NowMs());
+  if (up.Step() != SQLITE_DONE) return DbError(db_, "decision");
+  return Status::Ok();
 }
 
 Status Journal::Requeue(const std::string& id, const std::string& error) {

@@ -50,6 +50,7 @@ struct RequestRecord {
   int result_status = 0;
   std::string result_type;      // content type of result_body
   std::string result_body;
+  std::string decision;         // the admission decision, JSON
   int64_t created_ms = 0;
   int64_t updated_ms = 0;
 };
@@ -76,6 +77,8 @@ class Journal {
   StatusOr<AcceptResult> Accept(RequestRecord r);
   // queued -> running attempt k+1 on `placement`.
   Status StartAttempt(const std::string& id, const std::string& placement);
+  // Records the admission decision (JSON) of the current attempt.
+  Status SetDecision(const std::string& id, const std::string& decision_json);
   // An attempt failed but the request goes on (re-queued for another attempt).
   Status Requeue(const std::string& id, const std::string& error);
   // Terminal: completed / failed / failed-resumable / cancelled, with the answer.

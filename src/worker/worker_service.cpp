@@ -95,6 +95,16 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
     if (!engine_.Cancel(id)) return respond_error(Status::NotFound("no queued or running request '" + id + "'"));
     return ex->Respond(JsonResponse(200, json{{"id", id}, {"cancelled", true}}, v));
   }
+  if (path == "/v1/worker/tokenize" && method == bhttp::verb::post) {
+    // The prompt's token count for the gateway's admission decision, for the
+    // same body a generation route would get (?endpoint=chat|completion).
+    const bool chat = target.find("endpoint=completion") == std::string::npos;
+    api::GenerationRequest gen;
+    auto tokens = PromptTokens(req.body(), chat, &gen);
+    if (!tokens.ok()) return respond_error(tokens.status());
+    return ex->Respond(JsonResponse(200, json{{"prompt_tokens", tokens->size()}, {"ctx", engine_.options().ctx},
+                                              {"default_max_tokens", opts_.default_max_tokens}}, v));
+  }
   if (path == "/v1/worker/faults" && method == bhttp::verb::post) {
     if (!faults_) return respond_error(Status::InvalidArgument("fault injection is not available"));
     auto body = api::ParseJsonBody(req.body());
@@ -117,6 +127,29 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
   return respond_error(Status::NotFound("no route for " + std::string(req.method_string()) + " " + path));
 }
 
+StatusOr<std::vector<int32_t>> WorkerService::PromptTokens(const std::string& text, bool chat,
+                                                          api::GenerationRequest* gen) const {
+  auto body = api::ParseJsonBody(text);
+  if (!body.ok()) return body.status();
+  std::string prompt_text;
+  std::vector<int32_t> given_tokens;
+  if (chat) {
+    auto r = api::ParseChatRequest(*body);
+    if (!r.ok()) return r.status();
+    auto t = model_.ApplyChatTemplate(r->messages);
+    if (!t.ok()) return t.status();
+    *gen = std::move(r->gen);
+    prompt_text = std::move(*t);
+  } else {
+    auto r = api::ParseCompletionRequest(*body);
+    if (!r.ok()) return r.status();
+    *gen = std::move(r->gen);
+    prompt_text = std::move(r->prompt);
+    given_tokens = std::move(r->prompt_tokens);
+  }
+  return given_tokens.empty() ? model_.Tokenize(prompt_text, /*add_special=*/true) : model_.CheckTokens(given_tokens);
+}
+
 void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<http::Exchange> ex, bool chat) {
   const unsigned v = req.version();
   auto fail = [&](const Status& st) {
@@ -124,28 +157,8 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
     ex->Respond(std::move(res));
   };
   if (model_.is_embedding()) return fail(Status::InvalidArgument("this worker serves an embedding model; use /v1/embeddings"));
-  auto body = api::ParseJsonBody(req.body());
-  if (!body.ok()) return fail(body.status());
-
   api::GenerationRequest gen;
-  std::string prompt_text;
-  std::vector<int32_t> given_tokens;
-  if (chat) {
-    auto r = api::ParseChatRequest(*body);
-    if (!r.ok()) return fail(r.status());
-    auto text = model_.ApplyChatTemplate(r->messages);
-    if (!text.ok()) return fail(text.status());
-    gen = std::move(r->gen);
-    prompt_text = std::move(*text);
-  } else {
-    auto r = api::ParseCompletionRequest(*body);
-    if (!r.ok()) return fail(r.status());
-    gen = std::move(r->gen);
-    prompt_text = std::move(r->prompt);
-    given_tokens = std::move(r->prompt_tokens);
-  }
-  StatusOr<std::vector<int32_t>> tokens =
-      given_tokens.empty() ? model_.Tokenize(prompt_text, /*add_special=*/true) : model_.CheckTokens(given_tokens);
+  auto tokens = PromptTokens(req.body(), chat, &gen);
   if (!tokens.ok()) return fail(tokens.status());
   const int ctx = engine_.options().ctx;
   const int n_prompt = static_cast<int>(tokens->size());

@@ -8,6 +8,7 @@
 //   POST   /v1/completions            (stream and non-stream)
 //   POST   /v1/embeddings
 //   DELETE /v1/worker/requests/{id}   cancel a queued or running request
+//   POST   /v1/worker/tokenize        ?endpoint=chat|completion: the prompt's token count
 //   POST   /v1/worker/faults          {"faults": ["fail-next=kv", ...]} arm faults (sim devices)
 //
 // Requests carry their id in X-Request-Id (the gateway sets it; otherwise the
@@ -43,6 +44,8 @@ class WorkerService {
 
  private:
   void HandleGeneration(const http::Request& req, std::shared_ptr<http::Exchange> ex, bool chat);
+  // Parses a chat/completion body and returns its prompt tokens.
+  StatusOr<std::vector<int32_t>> PromptTokens(const std::string& body, bool chat, api::GenerationRequest* gen) const;
   void HandleEmbeddings(const http::Request& req, std::shared_ptr<http::Exchange> ex);
   std::string RequestId(const http::Request& req);
   uint32_t FreshSeed();

@@ -1,0 +1,26 @@
+// Placement-level admission (before any worker starts): each placement's
+// predicted memory (weights + KV pool + compute on its device, from GGUF
+// metadata) is reserved in its device's ledger against capacity - headroom
+// and the device's observed free memory (other services and other programs
+// included). A placement that does not fit is not started, and says why.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "config/config.h"
+
+namespace spillway::gateway {
+
+struct PlacementAdmission {
+  bool admitted = false;
+  std::string device;
+  uint64_t predicted_bytes = 0;  // on its device
+  std::string reason;
+};
+
+// Keyed by WorkerKey(service, index).
+std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayConfig& config);
+
+}  // namespace spillway::gateway
