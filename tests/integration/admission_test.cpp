@@ -1,0 +1,135 @@
+// Admission in the gateway: real gateway, workers and simulated device.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <sstream>
+#include <thread>
+
+#include "api/http_client.h"
+#include "devices/sim_ledger.h"
+#include "gateway_process.h"
+#include "worker_process.h"
+
+namespace spillway::testing {
+namespace {
+
+using nlohmann::json;
+
+json Body(const http::ClientResponse& r) { return json::parse(r.body, nullptr, false); }
+
+http::ClientResponse Post(uint16_t port, const json& body) {
+  auto r = http::Fetch("127.0.0.1", port, "POST", "/v1/completions", body.dump(), {}, std::chrono::seconds(120));
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : http::ClientResponse{};
+}
+
+json Tokens(int n) {
+  json a = json::array();
+  for (int i = 0; i < n; ++i) a.push_back(100 + (i * 37) % 20000);
+  return a;
+}
+
+// /readyz needs one ready placement per service; these tests want all of them.
+void WaitAllReady(uint16_t port) {
+  for (int i = 0; i < 1000; ++i) {
+    json s = Body(*http::Fetch("127.0.0.1", port, "GET", "/v1/status"));
+    bool all = true;
+    for (const auto& p : s["services"][0]["placements"]) all &= !p["admitted"].get<bool>() || p["state"] == "ready";
+    if (all) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+class AdmissionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("spillway-admission-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+    setenv("SPILLWAY_SIM_DIR", dir_.c_str(), 1);
+  }
+  void TearDown() override {
+    unsetenv("SPILLWAY_SIM_DIR");
+    std::filesystem::remove_all(dir_);
+  }
+  std::string Config(const std::string& admission = "") {
+    std::ostringstream os;
+    os << "[[device]]\nname = \"sim:0\"\nheadroom_pct = 5\n"
+       << "[[service]]\nname = \"chat\"\nmodel = \"" << ModelPath("tiny-chat") << "\"\n" << admission
+       << "[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 512\nslots = 2\nthreads = 1\nbatch = 64\n"
+       << "[[service.placement]]\nrole = \"fallback\"\ndevice = \"cpu\"\nctx = 4096\nslots = 2\nthreads = 1\n";
+    return os.str();
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(AdmissionTest, LongPromptBeyondTheGpuPoolGoesToTheCpuPoolBeforeAnyAllocation) {
+  ASSERT_TRUE(devices::SimLedger::Create(0, 256 << 20).ok());
+  GatewayProcess gw(Config());
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  const uint16_t p = gw.port();
+  WaitAllReady(p);
+  auto small = Post(p, {{"model", "chat"}, {"prompt", Tokens(50)}, {"max_tokens", 20}, {"temperature", 0}});
+  ASSERT_EQ(small.status, 200) << small.body;
+  EXPECT_EQ(small.Header("x-spillway-placement"), "sim:0/99");
+  EXPECT_EQ(small.Header("x-spillway-decision"), "admit");
+  // 800 prompt tokens + 50 can never fit the sim placement's 512 cells; the CPU pool holds 4096.
+  auto big = Post(p, {{"model", "chat"}, {"prompt", Tokens(800)}, {"max_tokens", 50}, {"temperature", 0}});
+  ASSERT_EQ(big.status, 200) << big.body;
+  EXPECT_EQ(big.Header("x-spillway-placement"), "cpu");
+  EXPECT_EQ(big.Header("x-spillway-decision"), "reroute");
+  json rec = Body(*http::Fetch("127.0.0.1", p, "GET", "/v1/requests/" + big.Header("x-request-id")));
+  EXPECT_EQ(rec["admission"]["decision"], "reroute");
+  EXPECT_EQ(rec["admission"]["prompt_tokens"], 800);  // token ids are used as given
+  EXPECT_NE(rec["admission"]["reason"].get<std::string>().find("exceed"), std::string::npos);
+  // Never fits anywhere: 400 with the numbers, before any worker runs it.
+  auto never = Post(p, {{"model", "chat"}, {"prompt", Tokens(3000)}, {"max_tokens", 2000}});
+  EXPECT_EQ(never.status, 400) << never.body;
+  EXPECT_NE(Body(never)["error"]["message"].get<std::string>().find("can never fit"), std::string::npos) << never.body;
+  const std::string metrics = http::Fetch("127.0.0.1", p, "GET", "/metrics")->body;
+  EXPECT_NE(metrics.find("spillway_admission_decisions_total{service=\"chat\",decision=\"reroute\"} 1"), std::string::npos)
+      << metrics;
+}
+
+TEST_F(AdmissionTest, ACompetingHoldKeepsTheGpuPlacementFromStartingAndTheCpuServes) {
+  ASSERT_TRUE(devices::SimLedger::Create(0, 96 << 20).ok());
+  // Another program holds most of the device before Spillway starts.
+  pid_t holder = SpawnTool({"sim", "hold", "sim:0", "--mib", "88", "--seconds", "120"}, "spillway");
+  for (int i = 0; i < 200 && (*devices::SimLedger::Open(0))->Snapshot().used == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  GatewayProcess gw(Config());
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  EXPECT_NE(gw.Output().find("not started"), std::string::npos) << gw.Output();
+  json status = Body(*http::Fetch("127.0.0.1", gw.port(), "GET", "/v1/status"));
+  const auto& gpu = status["services"][0]["placements"][0];
+  EXPECT_FALSE(gpu["admitted"].get<bool>()) << status.dump();
+  EXPECT_NE(gpu["admission"].get<std::string>().find("MiB available"), std::string::npos) << gpu.dump();
+  // No worker ever hit an allocation failure: requests go to the CPU.
+  auto r = Post(gw.port(), {{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("x-spillway-placement"), "cpu");
+  kill(holder, SIGKILL);
+  waitpid(holder, nullptr, 0);
+}
+
+TEST_F(AdmissionTest, ShrinkWhenTheServiceAllowsIt) {
+  std::ostringstream os;
+  os << "[[service]]\nname = \"chat\"\nmodel = \"" << ModelPath("tiny-chat") << "\"\n"
+     << "[service.admission]\nallow_shrink = true\n"
+     << "[[service.placement]]\ndevice = \"cpu\"\nctx = 512\nslots = 2\nthreads = 1\n";
+  GatewayProcess gw(os.str());
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  auto r = Post(gw.port(), {{"model", "chat"}, {"prompt", Tokens(100)}, {"max_tokens", 1000}, {"ignore_eos", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("x-spillway-decision"), "shrink");
+  const json j = Body(r);
+  EXPECT_EQ(j["spillway"]["max_tokens"], 512 - 100);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 512 - 100);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+}
+
+}  // namespace
+}  // namespace spillway::testing
