@@ -328,6 +328,7 @@ struct Gateway::Target {
   uint32_t cells = 0;        // reserved in the placement's pool (0: none)
   std::string body;          // the request body to send (max_tokens made explicit)
   std::string decision;      // kind
+  std::string decision_json; // journaled with the attempt
 };
 
 bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live, Target* t,
@@ -340,7 +341,7 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
       for (size_t i = 0; i < states.size(); ++i) {
         if (!states[i]->admission.admitted) continue;
         if (auto port = supervisor_.ReadyPort(states[i]->key)) {
-          *t = {i, states[i]->key, states[i]->cfg.Name(), *port, 0, rec.body, "admit"};
+          *t = {i, states[i]->key, states[i]->cfg.Name(), *port, 0, rec.body, "admit", ""};
           return true;
         }
       }
@@ -421,11 +422,10 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
             body["max_tokens"] = d.max_tokens;
             body.erase("max_completion_tokens");
           }
-          *t = {d.placement, st.key, st.cfg.Name(), *port, cells,
-                body.is_object() ? body.dump() : rec.body, admission::KindName(d.kind)};
           const json dj = {{"decision", admission::KindName(d.kind)}, {"placement", st.cfg.Name()},
                            {"reason", d.reason}, {"prompt_tokens", prompt_tokens}, {"max_tokens", d.max_tokens}};
-          Logged(journal_.SetDecision(rec.id, dj.dump()), "decision");
+          *t = {d.placement, st.key, st.cfg.Name(), *port, cells,
+                body.is_object() ? body.dump() : rec.body, admission::KindName(d.kind), dj.dump()};
           metrics_.Decision(svc.name, admission::KindName(d.kind));
           return true;
         }
@@ -513,7 +513,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     placement = target.placement;
     const std::string key = target.key;
     const std::optional<uint16_t> port = target.port;
-    if (Status st = journal_.StartAttempt(rec.id, placement); !st.ok()) {
+    if (Status st = journal_.StartAttempt(rec.id, placement, target.decision_json); !st.ok()) {
       // Cancelled (or finished) by someone else between the check and here.
       if (ex) {
         auto r = journal_.Get(rec.id);

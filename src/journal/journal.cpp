@@ -214,14 +214,15 @@ StatusOr<AcceptResult> Journal::Accept(RequestRecord r) {
   return AcceptResult{AcceptOutcome::kNew, std::move(r)};
 }
 
-Status Journal::StartAttempt(const std::string& id, const std::string& placement) {
+Status Journal::StartAttempt(const std::string& id, const std::string& placement, const std::string& decision_json) {
   std::lock_guard<std::mutex> lk(mu_);
   const int64_t now = clock_.NowMs();
   SPILLWAY_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
   Stmt up(db_,
-          "UPDATE requests SET state='running', placement=?2, attempts=attempts+1, updated_ms=?3 "
+          "UPDATE requests SET state='running', placement=?2, attempts=attempts+1, updated_ms=?3, "
+          "decision=CASE WHEN ?4 = '' THEN decision ELSE ?4 END "
           "WHERE id=?1 AND state IN ('queued','running') RETURNING attempts;");
-  up.Bind(1, id).Bind(2, placement).Bind(3, now);
+  up.Bind(1, id).Bind(2, placement).Bind(3, now).Bind(4, decision_json);
   if (up.Step() != SQLITE_ROW) {
     Exec("ROLLBACK;");
     return Status::NotFound("request '" + id + "' is not waiting to run");

@@ -75,8 +75,9 @@ class Journal {
 
   // Writes a new request (state queued) unless its idempotency key is known.
   StatusOr<AcceptResult> Accept(RequestRecord r);
-  // queued -> running attempt k+1 on `placement`.
-  Status StartAttempt(const std::string& id, const std::string& placement);
+  // queued -> running attempt k+1 on `placement`, with its admission decision
+  // (JSON, optional) in the same transaction.
+  Status StartAttempt(const std::string& id, const std::string& placement, const std::string& decision_json = "");
   // Records the admission decision (JSON) of the current attempt.
   Status SetDecision(const std::string& id, const std::string& decision_json);
   // An attempt failed but the request goes on (re-queued for another attempt).
