@@ -112,6 +112,12 @@ int Serve(const ServeArgs& a) {
       supervisor.Add({gateway::WorkerKey(s, i), args});
     }
   }
+  // Restarts are admitted again against fresh telemetry: memory taken by
+  // others meanwhile keeps a worker from restarting into an allocation failure.
+  supervisor.SetStartGate([&cfg](const std::string& key) -> Status {
+    auto a = gateway::AdmitPlacement(cfg, key);
+    return a.admitted ? Status::Ok() : Status::ResourceExhausted(a.reason);
+  });
   supervisor.Start();
 
   gateway::Gateway gw(cfg, **journal, supervisor, clock, admissions);

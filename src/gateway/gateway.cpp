@@ -720,6 +720,18 @@ json Gateway::StatusJson() const {
             json ij = json::parse(info->body, nullptr, false);
             if (!ij.is_discarded()) {
               w["memory"] = ij["memory"];
+              // The estimate's error against what llama.cpp allocated on the placement's device.
+              uint64_t observed = 0;
+              const bool on_host = s.placements[i].device == "cpu";
+              for (const auto& b : ij["memory"]["buffers"]) {
+                const bool host_buffer = b["name"].get<std::string>().rfind("CPU", 0) == 0;
+                if (host_buffer == on_host) observed += b["total"].get<uint64_t>();
+              }
+              w["observed_bytes"] = observed;
+              if (auto it = placements_.find(s.name); it != placements_.end() && observed > 0) {
+                const double predicted = static_cast<double>(it->second[i]->admission.predicted_bytes);
+                if (predicted > 0) w["estimate_error"] = (predicted - static_cast<double>(observed)) / static_cast<double>(observed);
+              }
               w["slots"] = ij["slots"];
               w["fingerprint"] = ij["fingerprint"]["id"];
             }

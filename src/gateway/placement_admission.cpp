@@ -10,7 +10,9 @@
 
 namespace spillway::gateway {
 
-std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayConfig& cfg) {
+namespace {
+
+std::map<std::string, PlacementAdmission> Admit(const config::GatewayConfig& cfg, const std::string* only) {
   std::map<std::string, PlacementAdmission> out;
   std::map<std::string, std::unique_ptr<memory::DeviceLedger>> ledgers;
   auto ledger_for = [&](const std::string& device) -> memory::DeviceLedger* {
@@ -39,6 +41,7 @@ std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayC
     auto meta = gguf::ReadGgufFile(s.model);
     auto shape = meta.ok() ? memory::ShapeFromMetadata(*meta) : StatusOr<memory::ModelShape>(meta.status());
     for (size_t i = 0; i < s.placements.size(); ++i) {
+      if (only && WorkerKey(s, i) != *only) continue;
       const auto& p = s.placements[i];
       PlacementAdmission a;
       a.device = p.device;
@@ -71,6 +74,18 @@ std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayC
     }
   }
   return out;
+}
+
+}  // namespace
+
+std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayConfig& cfg) {
+  return Admit(cfg, nullptr);
+}
+
+PlacementAdmission AdmitPlacement(const config::GatewayConfig& cfg, const std::string& key) {
+  auto all = Admit(cfg, &key);
+  auto it = all.find(key);
+  return it == all.end() ? PlacementAdmission{true, "", 0, "unknown placement"} : it->second;
 }
 
 }  // namespace spillway::gateway

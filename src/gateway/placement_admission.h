@@ -23,4 +23,8 @@ struct PlacementAdmission {
 // Keyed by WorkerKey(service, index).
 std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayConfig& config);
 
+// One placement again (a restart): its own current use of the device is gone
+// (its worker exited), everything else is as the device reports it now.
+PlacementAdmission AdmitPlacement(const config::GatewayConfig& config, const std::string& key);
+
 }  // namespace spillway::gateway

@@ -148,10 +148,30 @@ void Supervisor::Loop() {
   };
   while (!stop_) {
     std::vector<Check> checks;
+    // Restarts due now pass the start gate first (it may read telemetry: no lock held).
+    std::vector<std::string> due;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto& [k, w] : workers_) {
+        if (w.view.state == WorkerState::kBackoff && clock_.NowMs() >= w.next_start_ms) due.push_back(k);
+      }
+    }
+    std::map<std::string, Status> refused;
+    if (gate_) {
+      for (const auto& k : due) {
+        Status st = gate_(k);
+        if (!st.ok()) refused[k] = st;
+      }
+    }
     {
       std::unique_lock<std::mutex> lk(mu_);
       const int64_t now = clock_.NowMs();
       for (auto& [k, w] : workers_) {
+        if (auto it = refused.find(k); it != refused.end()) {
+          w.view.last_exit = "not admitted: " + it->second.message();
+          w.next_start_ms = now + 1000;
+          continue;
+        }
         Poll(w);
         if (w.view.state == WorkerState::kReady && now >= w.next_health_ms) {
           w.next_health_ms = now + 1000;

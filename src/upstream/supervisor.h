@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/status.h"
 
 namespace spillway::upstream {
 
@@ -53,6 +55,10 @@ class Supervisor {
   ~Supervisor();
 
   void Add(WorkerSpec spec);  // before Start()
+  // Asked before every (re)start of a worker; a refusal keeps it waiting (and
+  // asking again after a backoff) instead of starting into an allocation failure.
+  // Called from the supervisor thread without its lock held.
+  void SetStartGate(std::function<Status(const std::string& key)> gate) { gate_ = std::move(gate); }
   void Start();
   // SIGTERM to every worker's group, SIGKILL after `grace_ms`.
   void Stop(int64_t grace_ms = 5000);
@@ -81,6 +87,7 @@ class Supervisor {
   void Exited(Worker& w, const std::string& why);
   void HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lost);
 
+  std::function<Status(const std::string&)> gate_;
   const std::string binary_, state_dir_;
   const Clock& clock_;
   mutable std::mutex mu_;

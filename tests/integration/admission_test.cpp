@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 #include <thread>
@@ -113,6 +114,44 @@ TEST_F(AdmissionTest, ACompetingHoldKeepsTheGpuPlacementFromStartingAndTheCpuSer
   EXPECT_EQ(r.Header("x-spillway-placement"), "cpu");
   kill(holder, SIGKILL);
   waitpid(holder, nullptr, 0);
+}
+
+TEST_F(AdmissionTest, AKilledGpuWorkerIsNotRestartedIntoMemoryTakenMeanwhile) {
+  ASSERT_TRUE(devices::SimLedger::Create(0, 96 << 20).ok());
+  GatewayProcess gw(Config());
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  const uint16_t p = gw.port();
+  WaitAllReady(p);
+  json gpu = Body(*http::Fetch("127.0.0.1", p, "GET", "/v1/status"))["services"][0]["placements"][0];
+  ASSERT_TRUE(gpu["admitted"].get<bool>());
+  EXPECT_LT(std::abs(gpu["estimate_error"].get<double>()), 0.03) << gpu.dump();
+  // The GPU worker dies; while it is down another program takes the memory.
+  kill(gpu["pid"].get<pid_t>(), SIGKILL);
+  for (int i = 0; i < 200 && (*devices::SimLedger::Open(0))->Snapshot().used > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  pid_t holder = SpawnTool({"sim", "hold", "sim:0", "--mib", "88", "--seconds", "120"}, "spillway");
+  json w;
+  for (int i = 0; i < 300; ++i) {
+    w = Body(*http::Fetch("127.0.0.1", p, "GET", "/v1/status"))["services"][0]["placements"][0];
+    if (w["last_exit"].get<std::string>().rfind("not admitted", 0) == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(w["last_exit"].get<std::string>().rfind("not admitted", 0), 0u) << w.dump();
+  EXPECT_NE(w["state"], "ready");
+  // Meanwhile the service answers from the CPU placement.
+  auto r = Post(p, {{"model", "chat"}, {"prompt", "hi"}, {"max_tokens", 4}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("x-spillway-placement"), "cpu");
+  // The memory comes back: the worker is admitted and restarted.
+  kill(holder, SIGKILL);
+  waitpid(holder, nullptr, 0);
+  for (int i = 0; i < 500; ++i) {
+    w = Body(*http::Fetch("127.0.0.1", p, "GET", "/v1/status"))["services"][0]["placements"][0];
+    if (w["state"] == "ready") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(w["state"], "ready") << w.dump();
 }
 
 TEST_F(AdmissionTest, ShrinkWhenTheServiceAllowsIt) {
