@@ -3,6 +3,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <nlohmann/json.hpp>
 
 #include <csignal>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <thread>
 
+#include "api/http_client.h"
 #include "api/http_server.h"
 #include "common/clock.h"
 #include "config/config.h"
@@ -117,6 +119,19 @@ int Serve(const ServeArgs& a) {
   supervisor.SetStartGate([&cfg](const std::string& key) -> Status {
     auto a = gateway::AdmitPlacement(cfg, key);
     return a.admitted ? Status::Ok() : Status::ResourceExhausted(a.reason);
+  });
+  supervisor.SetOnReady([&cfg](const std::string& key, uint16_t port) {
+    // Calibrate: what llama.cpp really allocated on the placement's device.
+    auto info = http::Fetch("127.0.0.1", port, "GET", "/v1/worker/info", "", {}, std::chrono::seconds(2));
+    if (!info.ok() || info->status != 200) return;
+    auto j = nlohmann::json::parse(info->body, nullptr, false);
+    if (j.is_discarded()) return;
+    const bool on_host = j["placement"]["device"] == "cpu";
+    uint64_t observed = 0;
+    for (const auto& b : j["memory"]["buffers"]) {
+      if ((b["name"].get<std::string>().rfind("CPU", 0) == 0) == on_host) observed += b["total"].get<uint64_t>();
+    }
+    gateway::RecordObserved(cfg, key, observed);
   });
   supervisor.Start();
 

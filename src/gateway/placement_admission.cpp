@@ -1,6 +1,8 @@
 #include "gateway/placement_admission.h"
 
+#include <algorithm>
 #include <memory>
+#include <mutex>
 
 #include "devices/telemetry.h"
 #include "gateway/gateway.h"
@@ -11,6 +13,35 @@
 namespace spillway::gateway {
 
 namespace {
+
+std::mutex g_cal_mu;
+memory::Calibration g_calibration;
+
+std::string CalKey(const config::ServiceConfig& s, const config::PlacementConfig& p) { return s.model + "|" + p.device; }
+
+// Finds the service and placement of a worker key.
+bool Find(const config::GatewayConfig& cfg, const std::string& key, const config::ServiceConfig** s, size_t* i) {
+  for (const auto& svc : cfg.services) {
+    for (size_t k = 0; k < svc.placements.size(); ++k) {
+      if (WorkerKey(svc, k) == key) {
+        *s = &svc;
+        *i = k;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+memory::PlacementSpec SpecOf(const config::PlacementConfig& p) {
+  memory::PlacementSpec spec;
+  spec.accelerator = p.device != "cpu";
+  spec.gpu_layers = p.gpu_layers;
+  spec.ctx = static_cast<uint32_t>(p.ctx);
+  spec.slots = static_cast<uint32_t>(p.slots);
+  spec.batch = static_cast<uint32_t>(p.batch);
+  return spec;
+}
 
 std::map<std::string, PlacementAdmission> Admit(const config::GatewayConfig& cfg, const std::string* only) {
   std::map<std::string, PlacementAdmission> out;
@@ -52,14 +83,14 @@ std::map<std::string, PlacementAdmission> Admit(const config::GatewayConfig& cfg
         out[WorkerKey(s, i)] = a;
         continue;
       }
-      memory::PlacementSpec spec;
-      spec.accelerator = p.device != "cpu";
-      spec.gpu_layers = p.gpu_layers;
-      spec.ctx = static_cast<uint32_t>(p.ctx);
-      spec.slots = static_cast<uint32_t>(p.slots);
-      spec.batch = static_cast<uint32_t>(p.batch);
+      const memory::PlacementSpec spec = SpecOf(p);
       const auto est = memory::EstimatePlacement(*shape, spec);
-      a.predicted_bytes = spec.accelerator ? est.accelerator.total() : est.host.total();
+      memory::DeviceBytes part = spec.accelerator ? est.accelerator : est.host;
+      {
+        std::lock_guard<std::mutex> lk(g_cal_mu);
+        part = g_calibration.Apply(CalKey(s, p), part);
+      }
+      a.predicted_bytes = part.total();
       memory::DeviceLedger* l = ledger_for(p.device);
       if (!l) {
         a.admitted = true;
@@ -77,6 +108,25 @@ std::map<std::string, PlacementAdmission> Admit(const config::GatewayConfig& cfg
 }
 
 }  // namespace
+
+void RecordObserved(const config::GatewayConfig& cfg, const std::string& key, uint64_t observed_bytes) {
+  const config::ServiceConfig* s = nullptr;
+  size_t i = 0;
+  if (!Find(cfg, key, &s, &i) || observed_bytes == 0) return;
+  auto meta = gguf::ReadGgufFile(s->model);
+  if (!meta.ok()) return;
+  auto shape = memory::ShapeFromMetadata(*meta);
+  if (!shape.ok()) return;
+  const auto spec = SpecOf(s->placements[i]);
+  const auto est = memory::EstimatePlacement(*shape, spec);
+  const memory::DeviceBytes predicted = spec.accelerator ? est.accelerator : est.host;
+  // One factor on the total, carried by the compute term (weights and KV are exact).
+  memory::DeviceBytes observed = predicted;
+  const int64_t delta = static_cast<int64_t>(observed_bytes) - static_cast<int64_t>(predicted.total());
+  observed.compute = static_cast<uint64_t>(std::max<int64_t>(0, static_cast<int64_t>(predicted.compute) + delta));
+  std::lock_guard<std::mutex> lk(g_cal_mu);
+  g_calibration.Observe(CalKey(*s, s->placements[i]), predicted, observed);
+}
 
 std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayConfig& cfg) {
   return Admit(cfg, nullptr);

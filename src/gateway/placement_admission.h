@@ -23,6 +23,12 @@ struct PlacementAdmission {
 // Keyed by WorkerKey(service, index).
 std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayConfig& config);
 
+// Calibration: what a worker of this placement actually allocated on its
+// device (from llama.cpp's breakdown in /v1/worker/info). Later admissions of
+// the same (model, device) scale their prediction by observed / predicted.
+// Thread-safe.
+void RecordObserved(const config::GatewayConfig& config, const std::string& key, uint64_t observed_bytes);
+
 // One placement again (a restart): its own current use of the device is gone
 // (its worker exited), everything else is as the device reports it now.
 PlacementAdmission AdmitPlacement(const config::GatewayConfig& config, const std::string& key);

@@ -148,6 +148,7 @@ void Supervisor::Loop() {
   };
   while (!stop_) {
     std::vector<Check> checks;
+    std::vector<std::pair<std::string, uint16_t>> became_ready;
     // Restarts due now pass the start gate first (it may read telemetry: no lock held).
     std::vector<std::string> due;
     {
@@ -172,12 +173,17 @@ void Supervisor::Loop() {
           w.next_start_ms = now + 1000;
           continue;
         }
+        const bool was_ready = w.view.state == WorkerState::kReady;
         Poll(w);
+        if (!was_ready && w.view.state == WorkerState::kReady) became_ready.emplace_back(k, w.view.port);
         if (w.view.state == WorkerState::kReady && now >= w.next_health_ms) {
           w.next_health_ms = now + 1000;
           checks.push_back({k, w.view.pid, w.view.port});
         }
       }
+    }
+    if (on_ready_) {
+      for (const auto& [k, port] : became_ready) on_ready_(k, port);
     }
     // Health checks run without the lock: callers asking for ports never wait on them.
     for (const auto& c : checks) {

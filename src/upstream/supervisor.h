@@ -59,6 +59,8 @@ class Supervisor {
   // asking again after a backoff) instead of starting into an allocation failure.
   // Called from the supervisor thread without its lock held.
   void SetStartGate(std::function<Status(const std::string& key)> gate) { gate_ = std::move(gate); }
+  // Told once each time a worker becomes ready (supervisor thread, no lock held).
+  void SetOnReady(std::function<void(const std::string& key, uint16_t port)> f) { on_ready_ = std::move(f); }
   void Start();
   // SIGTERM to every worker's group, SIGKILL after `grace_ms`.
   void Stop(int64_t grace_ms = 5000);
@@ -88,6 +90,7 @@ class Supervisor {
   void HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lost);
 
   std::function<Status(const std::string&)> gate_;
+  std::function<void(const std::string&, uint16_t)> on_ready_;
   const std::string binary_, state_dir_;
   const Clock& clock_;
   mutable std::mutex mu_;
