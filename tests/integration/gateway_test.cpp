@@ -284,12 +284,10 @@ TEST(GatewayConfigTest, BadConfigsRefuseToStart) {
   // Beyond loopback without any API key: refused, with the way out named.
   const std::string cfg = (std::filesystem::temp_directory_path() / "spillway-remote.toml").string();
   { std::ofstream(cfg) << TestConfig(1); }
-  std::string out;
-  FILE* f = popen((BinDir() + "/spillway serve --config " + cfg + " --listen 0.0.0.0:0 --state-dir /tmp/spillway-remote-state 2>&1").c_str(), "r");
-  char buf[512];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  EXPECT_EQ(WEXITSTATUS(pclose(f)), 2);
+  int rc = 0;
+  const std::string out =
+      RunCommand(BinDir() + "/spillway serve --config " + cfg + " --listen 0.0.0.0:0 --state-dir /tmp/spillway-remote-state 2>&1", &rc);
+  EXPECT_EQ(rc, 2);
   EXPECT_NE(out.find("allow_unauthenticated_remote"), std::string::npos) << out;
   std::filesystem::remove(cfg);
 }

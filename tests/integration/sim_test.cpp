@@ -255,25 +255,12 @@ TEST_F(SimTest, LlamaCppsOwnBenchRunsOnTheLoadableSimBackend) {
   MakeDevice(0, 256);
   const std::string cmd = "GGML_BACKEND_PATH=" + BinDir() + "/libggml-sim.so " + bench + " -m " + ModelPath("tiny-chat") +
                           " -ngl 99 -dev SIM0 -p 32 -n 8 -r 1 -o json 2>&1";
-  std::string out;
-  FILE* f = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  EXPECT_EQ(pclose(f), 0) << out;
+  int rc = 0;
+  const std::string out = RunCommand(cmd, &rc);
+  EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\"devices\": \"SIM0\""), std::string::npos) << out;
   EXPECT_NE(out.find("\"avg_ts\""), std::string::npos) << out;
   EXPECT_EQ(Used(0), 0u);  // llama-bench released what it allocated on the device
-}
-
-std::string RunCapture(const std::string& cmd, int* rc) {
-  std::string out;
-  FILE* f = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  *rc = WEXITSTATUS(pclose(f));
-  return out;
 }
 
 TEST_F(SimTest, PlanMatchesLlamaCppsDryRunAndPicksALayerSplit) {
@@ -281,33 +268,33 @@ TEST_F(SimTest, PlanMatchesLlamaCppsDryRunAndPicksALayerSplit) {
   int rc = 0;
   const std::string base = BinDir() + "/spillway plan --model " + ModelPath("demo-chat") + " --device sim:0 --json";
   // Everything on the device: weights 11.5 + KV 32 + compute 63 MiB > 96 MiB - 5 %.
-  json all = json::parse(RunCapture(base + " --ctx 16384 --slots 8 --gpu-layers 99 --exact 2>/dev/null", &rc), nullptr, false);
+  json all = json::parse(RunCommand(base + " --ctx 16384 --slots 8 --gpu-layers 99 --exact 2>/dev/null", &rc), nullptr, false);
   ASSERT_EQ(rc, 0);
   ASSERT_TRUE(all.is_object());
   EXPECT_FALSE(all["fits"].get<bool>());
   EXPECT_LT(std::abs(all["estimate_error"]["accelerator_total"].get<double>()), 0.03) << all.dump();
   EXPECT_LT(std::abs(all["estimate_error"]["host_total"].get<double>()), 0.05) << all.dump();
   // auto picks the most layers that fit; a smaller context fits whole.
-  json autoj = json::parse(RunCapture(base + " --ctx 16384 --gpu-layers auto", &rc), nullptr, false);
+  json autoj = json::parse(RunCommand(base + " --ctx 16384 --gpu-layers auto", &rc), nullptr, false);
   EXPECT_TRUE(autoj["fits"].get<bool>()) << autoj.dump();
   EXPECT_LT(autoj["gpu_layers"].get<int>(), 5);
-  json small = json::parse(RunCapture(base + " --ctx 2048 --gpu-layers 99", &rc), nullptr, false);
+  json small = json::parse(RunCommand(base + " --ctx 2048 --gpu-layers 99", &rc), nullptr, false);
   EXPECT_TRUE(small["fits"].get<bool>()) << small.dump();
   EXPECT_GE(small["max_ctx"].get<uint32_t>(), 2048u);
   EXPECT_LT(small["max_ctx"].get<uint32_t>(), 16384u);
   // A competing hold shrinks what fits.
   pid_t holder = SpawnTool({"sim", "hold", "sim:0", "--mib", "40", "--seconds", "60"}, "spillway");
   for (int i = 0; i < 200 && Used(0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  json held = json::parse(RunCapture(base + " --ctx 2048 --gpu-layers 99", &rc), nullptr, false);
+  json held = json::parse(RunCommand(base + " --ctx 2048 --gpu-layers 99", &rc), nullptr, false);
   EXPECT_FALSE(held["fits"].get<bool>()) << held.dump();
   kill(holder, SIGKILL);
   waitpid(holder, nullptr, 0);
   // Bad input: a clear error, exit 2.
-  RunCapture(BinDir() + "/spillway plan --model /nonexistent.gguf 2>&1", &rc);
+  RunCommand(BinDir() + "/spillway plan --model /nonexistent.gguf 2>&1", &rc);
   EXPECT_EQ(rc, 2);
   const std::string junk = (dir_ / "junk.gguf").string();
   { std::ofstream(junk) << "GGUF garbage"; }
-  std::string err = RunCapture(BinDir() + "/spillway plan --model " + junk + " 2>&1", &rc);
+  std::string err = RunCommand(BinDir() + "/spillway plan --model " + junk + " 2>&1", &rc);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(err.find("GGUF"), std::string::npos) << err;
 }

@@ -120,6 +120,21 @@ WorkerProcess::~WorkerProcess() {
   fs::remove_all(dir_, ec);
 }
 
+std::string RunCommand(const std::string& command_line, int* exit_code) {
+  std::string out;
+  FILE* f = popen(command_line.c_str(), "r");
+  if (!f) {
+    *exit_code = -1;
+    return out;
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  const int status = pclose(f);
+  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
 pid_t SpawnTool(const std::vector<std::string>& args_after_binary, const std::string& binary) {
   std::vector<std::string> full = {BinDir() + "/" + binary};
   full.insert(full.end(), args_after_binary.begin(), args_after_binary.end());

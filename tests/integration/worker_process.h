@@ -38,6 +38,10 @@ class WorkerProcess {
   std::string dir_;
 };
 
+// Runs a shell command line; returns its stdout (and stderr when the command
+// redirects it) and sets *exit_code.
+std::string RunCommand(const std::string& command_line, int* exit_code);
+
 // Starts any binary from BinDir() with its output discarded; returns its pid.
 pid_t SpawnTool(const std::vector<std::string>& args_after_binary, const std::string& binary);
 // Runs spillway-worker to completion (for startup-failure tests).
