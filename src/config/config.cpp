@@ -211,7 +211,16 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
       if (!t) return Status::InvalidArgument(Where(source, node.source(), prefix) + " must be a table");
       ServiceConfig svc;
       SPILLWAY_RETURN_IF_ERROR(
-          r.OnlyKnown(*t, prefix, {"name", "model", "max_tokens", "default_max_tokens", "placement", "admission"}));
+          r.OnlyKnown(*t, prefix, {"name", "model", "max_tokens", "default_max_tokens", "placement", "admission", "failover"}));
+      if (const toml::node* fn = t->get("failover")) {
+        const toml::table* ft = fn->as_table();
+        const std::string fp = prefix + "failover.";
+        if (!ft) return Status::InvalidArgument(Where(source, fn->source(), fp) + " must be a table");
+        SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(*ft, fp, {"breaker_failures", "ejection_s", "max_ejection_s"}));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "breaker_failures", fp, &svc.failover.breaker_failures, 1, 1000));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "ejection_s", fp, &svc.failover.ejection_s, 0.01, 86400));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "max_ejection_s", fp, &svc.failover.max_ejection_s, 0.01, 86400));
+      }
       if (const toml::node* an = t->get("admission")) {
         const toml::table* at = an->as_table();
         const std::string ap = prefix + "admission.";

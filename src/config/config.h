@@ -64,6 +64,12 @@ struct AdmissionConfig {
   double pressure = 0.9;      // pool utilisation above which another placement is preferred
 };
 
+struct FailoverConfig {
+  int breaker_failures = 3;     // consecutive failures that open a placement's breaker
+  double ejection_s = 30;       // x times ejected ...
+  double max_ejection_s = 300;  // ... capped (Envoy's defaults)
+};
+
 struct DeviceConfig {
   std::string name;           // cpu | cuda:N | sim:N
   double headroom_mib = 0;
@@ -76,6 +82,7 @@ struct ServiceConfig {
   int max_tokens = 4096;
   int default_max_tokens = 256;
   AdmissionConfig admission;
+  FailoverConfig failover;
   std::vector<PlacementConfig> placements;  // [0] is the primary
 };
 

@@ -94,8 +94,10 @@ Gateway::Gateway(const config::GatewayConfig& config, journal::Journal& journal,
       const std::string key = WorkerKey(s, i);
       auto it = admissions.find(key);
       PlacementAdmission a = it != admissions.end() ? it->second : PlacementAdmission{true, s.placements[i].device, 0, ""};
-      v.push_back(std::make_unique<PlacementState>(
-          PlacementState{key, s.placements[i], memory::CellPool(static_cast<uint32_t>(s.placements[i].ctx)), a}));
+      const failover::BreakerOptions bo{s.failover.breaker_failures, static_cast<int64_t>(s.failover.ejection_s * 1000),
+                                        static_cast<int64_t>(s.failover.max_ejection_s * 1000)};
+      v.push_back(std::make_unique<PlacementState>(PlacementState{
+          key, s.placements[i], memory::CellPool(static_cast<uint32_t>(s.placements[i].ctx)), a, failover::Breaker(bo, clock_)}));
     }
   }
 }
@@ -243,8 +245,17 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   in->rec.service = svc->name;
   in->rec.endpoint = endpoint;
   in->rec.stream = stream;
-  in->rec.body = req.body();
   in->rec.payload_hash = Sha256Hex(endpoint + "\n" + body->dump());
+  // An unseeded generation gets its seed here, journaled with the body, so
+  // that a replay on another placement (or after a crash) samples the same
+  // tokens the first attempt would have.
+  if (endpoint != "embedding" && (!body->contains("seed") || (*body)["seed"].is_null())) {
+    std::lock_guard<std::mutex> lk(mu_);
+    (*body)["seed"] = static_cast<uint32_t>(rng_() % 0xFFFFFFFFull);
+    in->rec.body = body->dump();
+  } else {
+    in->rec.body = req.body();
+  }
   if (auto t = req.find("x-request-timeout"); t != req.end()) {
     const std::string text(t->value());
     char* end = nullptr;
@@ -331,8 +342,21 @@ struct Gateway::Target {
   std::string decision_json; // journaled with the attempt
 };
 
-bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live, Target* t,
-                    Status* rejected) {
+void Gateway::AttemptFailed(const std::string& service, size_t index, const std::string& phase, const std::string& why) {
+  std::lock_guard<std::mutex> lk(pools_mu_);
+  auto& b = placements_[service][index]->breaker;
+  // A lost device or a dead worker cannot serve the next request either.
+  if (phase == "device" || phase == "crash") b.Trip(why);
+  else b.OnFailure(why);
+}
+
+void Gateway::AttemptSucceeded(const std::string& service, size_t index) {
+  std::lock_guard<std::mutex> lk(pools_mu_);
+  placements_[service][index]->breaker.OnSuccess();
+}
+
+bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live,
+                    const std::vector<bool>& excluded, Target* t, Status* rejected) {
   auto& states = placements_[svc.name];
   const int64_t t0 = clock_.NowMs();
   // Embeddings hold no KV between requests: the first usable placement.
@@ -392,10 +416,18 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
     if (prompt_tokens >= 0) {
       std::vector<admission::PlacementView> views;
       std::lock_guard<std::mutex> lk(pools_mu_);
-      for (const auto& st : states) {
+      bool others = false;  // is any placement usable that has not failed this request?
+      for (size_t k = 0; k < states.size(); ++k) {
+        const bool ex = k < excluded.size() && excluded[k];
+        others |= !ex && states[k]->admission.admitted && states[k]->breaker.Usable() &&
+                  supervisor_.ReadyPort(states[k]->key).has_value();
+      }
+      for (size_t k = 0; k < states.size(); ++k) {
+        const auto& st = states[k];
         admission::PlacementView v;
         v.name = st->cfg.Name();
-        v.usable = st->admission.admitted && supervisor_.ReadyPort(st->key).has_value();
+        const bool ex = others && k < excluded.size() && excluded[k];
+        v.usable = !ex && st->admission.admitted && st->breaker.Usable() && supervisor_.ReadyPort(st->key).has_value();
         v.hybrid = st->cfg.role == "hybrid";
         v.fallback = st->cfg.role == "fallback";
         v.cells_total = st->pool.total();
@@ -500,12 +532,33 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     live->cancelled = true;
     return fail(State::kFailed, Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout"));
   };
+  std::vector<bool> excluded(svc->placements.size(), false);
+  int attempts = 0;
+  // A failed attempt: count it against the placement's breaker, keep this
+  // request away from it, and say whether another attempt is allowed.
+  auto attempt_failed = [&](const std::string& phase, const std::string& why) {
+    AttemptFailed(rec.service, target.index, phase, why);
+    excluded[target.index] = true;
+    Logged(journal_.Requeue(rec.id, why), "requeue");
+    return ++failures < kMaxAttempts;
+  };
+  // The phase of an allocation or device failure in a worker's error body ("" otherwise).
+  auto failure_phase = [](int status, const std::string& body) -> std::string {
+    if (status != 503 && status != 500) return "";
+    json j = json::parse(body, nullptr, false);
+    if (!j.is_object() || !j.contains("error")) return "";
+    return j["error"].value("phase", status == 500 ? "compute" : "");
+  };
+  auto degraded = [&](auto& res) {
+    res.set("X-Spillway-Attempts", std::to_string(attempts));
+    if (target.index != 0) res.set("X-Spillway-Degraded", "served by " + placement + " (" + svc->placements[target.index].role + ")");
+  };
   while (true) {
     if (past_deadline()) return deadline_failure();
     if (live->cancelled) return fail(State::kCancelled, Status::Cancelled("request cancelled"));
     release();
     Status rejected;
-    if (!Admit(rec, *svc, *live, &target, &rejected)) {
+    if (!Admit(rec, *svc, *live, excluded, &target, &rejected)) {
       if (rejected.code() == StatusCode::kDeadlineExceeded) return deadline_failure();
       if (rejected.code() == StatusCode::kCancelled) return fail(State::kCancelled, rejected);
       return fail(State::kFailed, rejected);
@@ -521,6 +574,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       }
       return;
     }
+    ++attempts;
     live->worker_port = *port;
     const http::HeaderList headers = {{"X-Request-Id", rec.id}};
     if (live->cancelled) continue;
@@ -529,12 +583,27 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       auto r = pool_.Send(*port, "POST", path, target.body, headers, remaining());
       if (!r.ok() && past_deadline()) return deadline_failure();
       if (!r.ok()) {
-        // The worker died or stopped answering: safe to re-run (no stream, no side effects).
+        // The worker died or stopped answering: safe to re-run (no stream, no
+        // side effects), on another placement when there is one.
         supervisor_.Suspect(key);
-        Logged(journal_.Requeue(rec.id, r.status().message()), "requeue");
-        if (++failures >= kMaxAttempts) {
+        if (!attempt_failed("crash", r.status().message())) {
           return fail(State::kFailed, Status::Unavailable("the worker failed " + std::to_string(failures) +
                                                           " times: " + r.status().message()).WithRetryAfter(5));
+        }
+        continue;
+      }
+      if (const std::string phase = failure_phase(r->status, r->body); !phase.empty()) {
+        // An allocation failure or a lost device: the request is replayed from
+        // scratch elsewhere with the same id and the same (pinned) seed.
+        if (!attempt_failed(phase, "phase " + phase + ": " + r->body)) {
+          const State state = State::kFailed;
+          finish(state, r->status, "application/json", r->body, r->body);
+          if (ex) {
+            auto res = http::MakeResponse(static_cast<unsigned>(r->status), r->body, "application/json", v);
+            res.set("X-Request-Id", rec.id);
+            ex->Respond(std::move(res));
+          }
+          return;
         }
         continue;
       }
@@ -545,6 +614,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
         continue;
       }
       const State state = r->status < 300 ? State::kCompleted : r->status == 499 ? State::kCancelled : State::kFailed;
+      if (state == State::kCompleted) AttemptSucceeded(rec.service, target.index);
       const std::string type = r->Header("content-type").empty() ? "application/json" : r->Header("content-type");
       finish(state, r->status, type, r->body, state == State::kCompleted ? "" : r->body);
       if (ex) {
@@ -552,41 +622,72 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
         res.set("X-Request-Id", rec.id);
         res.set("X-Spillway-Placement", placement);
         res.set("X-Spillway-Decision", target.decision);
+        degraded(res);
         if (!r->Header("retry-after").empty()) res.set(bhttp::field::retry_after, r->Header("retry-after"));
         ex->Respond(std::move(res));
       }
       return;
     }
 
-    // Streaming: relay bytes as they come; keep them to store the result.
+    // Streaming: relay bytes as they come; keep them to store the result. The
+    // client's stream starts with the worker's first event, so a failure
+    // before the first token (an error event) can still move elsewhere.
     int status = 0;
-    std::string head_type, relayed;
+    std::string head_type, relayed, first_error_phase;
+    bool head_ok = false;
+    auto start_client_stream = [&] {
+      streaming_started = true;
+      if (!ex) return;
+      auto head = http::MakeResponse(200, "", "text/event-stream", v);
+      head.set(bhttp::field::cache_control, "no-cache");
+      head.set("X-Request-Id", rec.id);
+      head.set("X-Spillway-Placement", placement);
+      head.set("X-Spillway-Decision", target.decision);
+      degraded(head);
+      ex->StartStream(std::move(head));
+      if (!relayed.empty()) ex->Write(relayed);
+    };
     auto st = http::StreamFetch(
         "127.0.0.1", *port, "POST", path, target.body, headers,
         [&](const http::StreamHead& h) {
           status = h.status;
           auto it = h.headers.find("content-type");
           head_type = it == h.headers.end() ? "" : it->second;
-          if (status == 200 && ex) {
-            auto head = http::MakeResponse(200, "", "text/event-stream", v);
-            head.set(bhttp::field::cache_control, "no-cache");
-            head.set("X-Request-Id", rec.id);
-            head.set("X-Spillway-Placement", placement);
-            head.set("X-Spillway-Decision", target.decision);
-            ex->StartStream(std::move(head));
-          }
-          streaming_started = status == 200;
+          head_ok = status == 200;
           return true;
         },
         [&](std::string_view data) {
           relayed.append(data);
-          if (streaming_started && ex) ex->Write(std::string(data));
+          if (streaming_started) {
+            if (ex) ex->Write(std::string(data));
+            return true;
+          }
+          if (!head_ok) return true;  // an error body, read whole below
+          const auto end = relayed.find("\n\n");
+          if (end == std::string::npos) return true;  // the first event is not complete yet
+          const auto first = http::ParseSseData(relayed.substr(0, end + 2));
+          json j = first.empty() ? json() : json::parse(first[0], nullptr, false);
+          if (j.is_object() && j.contains("error") && !j["error"].value("phase", "").empty()) {
+            first_error_phase = j["error"].value("phase", "");
+            return false;  // failed before its first token
+          }
+          start_client_stream();
           return true;
         });
+    if (head_ok && !streaming_started && first_error_phase.empty() && st.ok()) start_client_stream();
+    if (!first_error_phase.empty()) {
+      if (attempt_failed(first_error_phase, "before the first token: phase " + first_error_phase)) continue;
+      start_client_stream();  // no attempt left: the client gets the error event
+      finish(State::kFailed, 200, "text/event-stream", relayed, "failed before the first token");
+      if (ex) ex->End();
+      return;
+    }
     if (!st.ok() && !streaming_started) {
+      // Nothing reached the client: another attempt, elsewhere when possible.
       supervisor_.Suspect(key);
-      Logged(journal_.Requeue(rec.id, st.message()), "requeue");
-      if (++failures >= kMaxAttempts) return fail(State::kFailed, Status::Unavailable(st.message()).WithRetryAfter(5));
+      if (!attempt_failed("crash", st.message())) {
+        return fail(State::kFailed, Status::Unavailable(st.message()).WithRetryAfter(5));
+      }
       continue;
     }
     if (!streaming_started) {
@@ -595,6 +696,9 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
         Logged(journal_.Requeue(rec.id, "worker busy"), "requeue");
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
         continue;
+      }
+      if (const std::string phase = failure_phase(status, relayed); !phase.empty() && attempt_failed(phase, relayed)) {
+        continue;  // failed before the first token: run it on the fallback
       }
       const State state = status == 499 ? State::kCancelled : State::kFailed;
       finish(state, status, "application/json", relayed, relayed);
@@ -613,6 +717,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       const std::string event = api::SseEvent(ErrorJson(err, rec.id)) + api::kSseDone;
       relayed += event;
       finish(State::kFailedResumable, 200, "text/event-stream", relayed, err.message());
+      AttemptFailed(rec.service, target.index, "crash", st.message());
       supervisor_.Suspect(key);
       if (ex) {
         ex->Write(event);
@@ -625,6 +730,17 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     const State state = !had_error ? State::kCompleted
                         : (live->cancelled || relayed.find("\"cancelled\"") != std::string::npos) ? State::kCancelled
                                                                                                  : State::kFailed;
+    if (state == State::kCompleted) AttemptSucceeded(rec.service, target.index);
+    if (state == State::kFailed) {
+      // A mid-stream failure inside the worker (device lost, compute error).
+      json last;
+      for (const auto& e : http::ParseSseData(relayed)) {
+        json j = json::parse(e, nullptr, false);
+        if (j.is_object() && j.contains("error")) last = j;
+      }
+      const std::string phase = last.is_object() ? last["error"].value("phase", "") : "";
+      if (!phase.empty()) AttemptFailed(rec.service, target.index, phase, "mid-stream: phase " + phase);
+    }
     finish(state, 200, "text/event-stream", relayed, had_error ? "stream ended with an error" : "");
     if (ex) ex->End();
     return;
@@ -705,6 +821,9 @@ json Gateway::StatusJson() const {
         w["predicted_bytes"] = st.admission.predicted_bytes;
         std::lock_guard<std::mutex> lk(const_cast<std::mutex&>(pools_mu_));
         w["kv_cells"] = {{"total", st.pool.total()}, {"reserved", st.pool.reserved()}, {"requests", st.pool.active()}};
+        w["breaker"] = {{"state", failover::BreakerStateName(st.breaker.state())},
+                        {"ejections", st.breaker.ejections()},
+                        {"last_reason", st.breaker.last_reason()}};
       }
       for (const auto& v : workers) {
         if (v.key != key) continue;
@@ -755,6 +874,15 @@ std::string Gateway::RenderMetrics() const {
   }
   for (const auto& w : supervisor_.Snapshot()) {
     g.emplace_back("spillway_worker_ready", "worker=\"" + w.key + "\"", w.state == upstream::WorkerState::kReady ? 1 : 0);
+  }
+  {
+    std::lock_guard<std::mutex> lk(const_cast<std::mutex&>(pools_mu_));
+    for (const auto& [service, states] : placements_) {
+      for (const auto& st : states) {
+        g.emplace_back("spillway_breaker_open", "service=\"" + service + "\",placement=\"" + st->cfg.Name() + "\"",
+                       st->breaker.state() == failover::BreakerState::kOpen ? 1 : 0);
+      }
+    }
   }
   return metrics_.Render(g);
 }

@@ -31,6 +31,7 @@
 #include "config/config.h"
 #include "gateway/dispatcher.h"
 #include "gateway/metrics.h"
+#include "failover/breaker.h"
 #include "gateway/placement_admission.h"
 #include "memory/ledger.h"
 #include "journal/journal.h"
@@ -64,11 +65,16 @@ class Gateway {
     config::PlacementConfig cfg;
     memory::CellPool pool;
     PlacementAdmission admission;
+    failover::Breaker breaker;
   };
   // Chooses a placement for one attempt (admission decision), reserving its
   // cells; delays inside. Fails (and answers) when the request is rejected.
-  bool Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live, Target* target,
-             Status* rejected);
+  // `excluded`: placements that already failed this request (ignored when no
+  // other placement could take it).
+  bool Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live,
+             const std::vector<bool>& excluded, Target* target, Status* rejected);
+  void AttemptFailed(const std::string& service, size_t index, const std::string& phase, const std::string& why);
+  void AttemptSucceeded(const std::string& service, size_t index);
   void HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint);
   void Process(std::shared_ptr<Incoming> in);
   void Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex, std::shared_ptr<Live> live);

@@ -194,6 +194,10 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
   if (auto it = by_id_.find(job->id); it != by_id_.end() && !it->second.expired()) {
     return Status::Conflict("request id '" + job->id + "' is already running");
   }
+  if (auto it = cancelled_early_.find(job->id); it != cancelled_early_.end()) {
+    cancelled_early_.erase(it);
+    return Status::Cancelled("request cancelled before it arrived");
+  }
   if (busy_ >= opts_.slots) {
     return Status::ResourceExhausted("all " + std::to_string(opts_.slots) + " slots are busy").WithRetryAfter(1);
   }
@@ -216,9 +220,15 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
 bool Engine::Cancel(const std::string& id) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = by_id_.find(id);
-  if (it == by_id_.end()) return false;
-  auto job = it->second.lock();
-  if (!job) return false;
+  auto job = it == by_id_.end() ? nullptr : it->second.lock();
+  if (!job) {
+    const auto now = Clock::now();
+    for (auto e = cancelled_early_.begin(); e != cancelled_early_.end();) {
+      e = now - e->second > std::chrono::seconds(30) ? cancelled_early_.erase(e) : std::next(e);
+    }
+    if (cancelled_early_.size() < 4096) cancelled_early_[id] = now;
+    return false;
+  }
   job->cancelled = true;
   cv_.notify_all();
   return true;

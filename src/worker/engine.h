@@ -114,6 +114,8 @@ class Engine {
 
   Status Submit(std::shared_ptr<Job> job);
   // True if a job with this id was queued or running (it will end cancelled).
+  // An id not known yet is remembered for a while: a job that arrives after
+  // its cancellation (the two crossed on the wire) is refused as cancelled.
   bool Cancel(const std::string& id);
 
   EngineStats stats() const;
@@ -145,6 +147,7 @@ class Engine {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> pending_;
   std::map<std::string, std::weak_ptr<Job>> by_id_;
+  std::map<std::string, std::chrono::steady_clock::time_point> cancelled_early_;
   int busy_ = 0;              // pending + running, guarded by mu_
   int32_t cells_reserved_ = 0;
   bool stop_ = false;

@@ -362,16 +362,16 @@ TEST(GatewayCrashTest, Kill9WithQueuedAndRunningRequestsLosesNothing) {
   // One slot: one request runs, the others wait in the gateway. Each is named,
   // so the client knows its id before any answer.
   std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back("crash-" + std::to_string(i));
+  ids.push_back("crash-stream");
   std::vector<std::thread> clients;
   for (int i = 0; i < 5; ++i) {
-    ids.push_back("crash-" + std::to_string(i));
-    clients.emplace_back([&, i] {
+    clients.emplace_back([p, i, id = ids[i]] {
       (void)http::Fetch("127.0.0.1", p, "POST", "/v1/chat/completions", Chat(1500, false, "crash " + std::to_string(i)),
-                        {{"X-Request-Id", ids[i]}}, std::chrono::seconds(60));
+                        {{"X-Request-Id", id}}, std::chrono::seconds(60));
     });
   }
-  ids.push_back("crash-stream");
-  clients.emplace_back([&] {
+  clients.emplace_back([p] {
     (void)http::Fetch("127.0.0.1", p, "POST", "/v1/chat/completions", Chat(1500, true), {{"X-Request-Id", "crash-stream"}},
                       std::chrono::seconds(60));
   });

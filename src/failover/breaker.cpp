@@ -1,0 +1,45 @@
+#include "failover/breaker.h"
+
+#include <algorithm>
+
+namespace spillway::failover {
+
+const char* BreakerStateName(BreakerState s) {
+  switch (s) {
+    case BreakerState::kClosed: return "closed";
+    case BreakerState::kOpen: return "open";
+    case BreakerState::kHalfOpen: return "half_open";
+  }
+  return "closed";
+}
+
+bool Breaker::Usable() {
+  if (state_ == BreakerState::kOpen && clock_->NowMs() >= open_until_ms_) state_ = BreakerState::kHalfOpen;
+  return state_ != BreakerState::kOpen;
+}
+
+void Breaker::OnSuccess() {
+  consecutive_ = 0;
+  if (state_ == BreakerState::kHalfOpen) state_ = BreakerState::kClosed;
+}
+
+void Breaker::OnFailure(const std::string& reason) {
+  last_reason_ = reason;
+  if (state_ == BreakerState::kHalfOpen) return Open(reason);  // the probe failed
+  if (++consecutive_ >= opts_.failures) Open(reason);
+}
+
+void Breaker::Trip(const std::string& reason) {
+  last_reason_ = reason;
+  Open(reason);
+}
+
+void Breaker::Open(const std::string& reason) {
+  last_reason_ = reason;
+  ++ejections_;
+  consecutive_ = 0;
+  state_ = BreakerState::kOpen;
+  open_until_ms_ = clock_->NowMs() + std::min(opts_.max_ejection_ms, opts_.base_ejection_ms * ejections_);
+}
+
+}  // namespace spillway::failover

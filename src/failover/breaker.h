@@ -1,0 +1,56 @@
+// A circuit breaker for one placement (or device), Envoy outlier-detection
+// style: `failures` consecutive failures (allocation failures, crashes,
+// device loss, failed health or progress checks) open it; while open, traffic
+// goes elsewhere; after the ejection time it lets traffic through again
+// (half-open) and the next result closes it or opens it again for longer.
+// Ejection time = base x times ejected, capped.
+//
+// Pure: time from the Clock. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/clock.h"
+
+namespace spillway::failover {
+
+struct BreakerOptions {
+  int failures = 3;
+  int64_t base_ejection_ms = 30000;
+  int64_t max_ejection_ms = 300000;
+};
+
+enum class BreakerState { kClosed, kOpen, kHalfOpen };
+const char* BreakerStateName(BreakerState s);
+
+class Breaker {
+ public:
+  Breaker(BreakerOptions opts, const Clock& clock) : opts_(opts), clock_(&clock) {}
+
+  // Whether traffic may go here now (an open breaker whose ejection has
+  // elapsed becomes half-open).
+  bool Usable();
+  void OnSuccess();
+  void OnFailure(const std::string& reason);
+  // Opens at once (device lost, worker crashed).
+  void Trip(const std::string& reason);
+
+  BreakerState state() const { return state_; }
+  int ejections() const { return ejections_; }
+  int64_t open_until_ms() const { return open_until_ms_; }
+  const std::string& last_reason() const { return last_reason_; }
+
+ private:
+  void Open(const std::string& reason);
+
+  BreakerOptions opts_;
+  const Clock* clock_;
+  BreakerState state_ = BreakerState::kClosed;
+  int consecutive_ = 0;
+  int ejections_ = 0;
+  int64_t open_until_ms_ = 0;
+  std::string last_reason_;
+};
+
+}  // namespace spillway::failover

@@ -1,0 +1,139 @@
+// Failover in the gateway on the simulated device: allocation failures and a
+// lost device move the request to the CPU fallback under the same id, with
+// the output the GPU path would have produced.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <sstream>
+#include <thread>
+
+#include "api/http_client.h"
+#include "devices/sim_ledger.h"
+#include "gateway_process.h"
+#include "worker_process.h"
+
+namespace spillway::testing {
+namespace {
+
+using nlohmann::json;
+
+json Body(const http::ClientResponse& r) { return json::parse(r.body, nullptr, false); }
+
+class FailoverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("spillway-failover-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+    setenv("SPILLWAY_SIM_DIR", dir_.c_str(), 1);
+    ASSERT_TRUE(devices::SimLedger::Create(0, 256 << 20).ok());
+    std::ostringstream os;
+    os << "[[service]]\nname = \"chat\"\nmodel = \"" << ModelPath("tiny-chat") << "\"\n"
+       << "[service.failover]\nbreaker_failures = 1\nejection_s = 1\n"
+       << "[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 2048\nslots = 2\nthreads = 1\nbatch = 64\n"
+       << "[[service.placement]]\nrole = \"fallback\"\ndevice = \"cpu\"\nctx = 2048\nslots = 2\nthreads = 1\nbatch = 64\n";
+    gw_ = std::make_unique<GatewayProcess>(os.str());
+    ASSERT_TRUE(gw_->Start()) << gw_->Output();
+    WaitPlacements("ready");
+  }
+  void TearDown() override {
+    gw_.reset();
+    unsetenv("SPILLWAY_SIM_DIR");
+    std::filesystem::remove_all(dir_);
+  }
+  json Placement(size_t i) { return Body(*http::Fetch("127.0.0.1", gw_->port(), "GET", "/v1/status"))["services"][0]["placements"][i]; }
+  void WaitPlacements(const std::string& state) {
+    for (int i = 0; i < 1000; ++i) {
+      if (Placement(0)["state"] == state && Placement(1)["state"] == state) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  void ArmGpu(const std::string& fault) {
+    const uint16_t port = Placement(0)["port"].get<uint16_t>();
+    auto r = http::Fetch("127.0.0.1", port, "POST", "/v1/worker/faults", json{{"faults", {fault}}}.dump());
+    ASSERT_TRUE(r.ok() && r->status == 200) << (r.ok() ? r->body : r.status().ToString());
+  }
+  http::ClientResponse Post(const json& body, const std::string& id) {
+    auto r = http::Fetch("127.0.0.1", gw_->port(), "POST", "/v1/completions", body.dump(), {{"X-Request-Id", id}},
+                         std::chrono::seconds(60));
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? *r : http::ClientResponse{};
+  }
+  json Request(const std::string& id) {
+    return Body(*http::Fetch("127.0.0.1", gw_->port(), "GET", "/v1/requests/" + id));
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<GatewayProcess> gw_;
+};
+
+const json kSeeded = {{"model", "chat"}, {"prompt", "The failover"}, {"max_tokens", 24}, {"temperature", 1.0},
+                      {"top_k", 0}, {"top_p", 1.0}, {"min_p", 0}, {"seed", 777}, {"ignore_eos", true}};
+
+TEST_F(FailoverTest, AllocationFailureBeforeGenerationCompletesOnTheCpuUnderTheSameId) {
+  auto healthy = Post(kSeeded, "fo-healthy");
+  ASSERT_EQ(healthy.status, 200) << healthy.body;
+  ASSERT_EQ(healthy.Header("x-spillway-placement"), "sim:0/99");
+  ArmGpu("compute-error");
+  auto r = Post(kSeeded, "fo-alloc");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("x-request-id"), "fo-alloc");
+  EXPECT_EQ(Body(r)["id"], "fo-alloc");
+  EXPECT_EQ(r.Header("x-spillway-placement"), "cpu");
+  EXPECT_NE(r.Header("x-spillway-degraded").find("fallback"), std::string::npos);
+  EXPECT_EQ(r.Header("x-spillway-attempts"), "2");
+  // Seeded sampling: the CPU produced exactly what the GPU path produces.
+  EXPECT_EQ(Body(r)["choices"][0]["text"], Body(healthy)["choices"][0]["text"]);
+  json rec = Request("fo-alloc");
+  EXPECT_EQ(rec["state"], "completed");
+  EXPECT_EQ(rec["attempts"], 2);  // one journaled retry
+  EXPECT_EQ(rec["placement"], "cpu");
+  // The breaker (1 failure) opened: the GPU placement is skipped until its ejection ends.
+  EXPECT_EQ(Placement(0)["breaker"]["state"], "open");
+  auto next = Post(kSeeded, "fo-next");
+  EXPECT_EQ(next.Header("x-spillway-placement"), "cpu");
+  EXPECT_EQ(next.Header("x-spillway-attempts"), "1");
+  // After the ejection a probe goes to the GPU again and closes the breaker.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  auto probe = Post(kSeeded, "fo-probe");
+  EXPECT_EQ(probe.Header("x-spillway-placement"), "sim:0/99") << probe.body;
+  EXPECT_EQ(Placement(0)["breaker"]["state"], "closed");
+  EXPECT_NE(http::Fetch("127.0.0.1", gw_->port(), "GET", "/metrics")->body.find("spillway_breaker_open"), std::string::npos);
+}
+
+TEST_F(FailoverTest, DeviceLostMidGenerationReplaysOnTheCpuWithTheSameOutput) {
+  auto healthy = Post(kSeeded, "dl-healthy");
+  ASSERT_EQ(healthy.status, 200) << healthy.body;
+  ArmGpu("lose-at-token=10");
+  auto r = Post(kSeeded, "dl-lost");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("x-spillway-placement"), "cpu");
+  EXPECT_EQ(Body(r)["choices"][0]["text"], Body(healthy)["choices"][0]["text"]);
+  EXPECT_EQ(Request("dl-lost")["attempts"], 2);
+  // The lost device's worker is replaced by the supervisor; the unrelated CPU path never stopped.
+  json gpu;
+  for (int i = 0; i < 500; ++i) {
+    gpu = Placement(0);
+    if (gpu["restarts"].get<int>() >= 1 && gpu["state"] == "ready") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GE(gpu["restarts"].get<int>(), 1) << gpu.dump();
+  EXPECT_EQ(gpu["state"], "ready") << gpu.dump();
+}
+
+TEST_F(FailoverTest, StreamFailingBeforeItsFirstTokenRunsOnTheFallback) {
+  ArmGpu("fail-next=reserve");
+  json body = kSeeded;
+  body["stream"] = true;
+  auto r = Post(body, "fo-stream");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("x-spillway-placement"), "cpu");
+  auto events = http::ParseSseData(r.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(r.body.find("\"error\""), std::string::npos) << r.body;
+  EXPECT_EQ(Request("fo-stream")["state"], "completed");
+}
+
+}  // namespace
+}  // namespace spillway::testing

@@ -1,0 +1,52 @@
+#include "failover/breaker.h"
+
+#include <gtest/gtest.h>
+
+namespace spillway::failover {
+namespace {
+
+TEST(BreakerTest, OpensAfterConsecutiveFailuresAndProbesAfterEjection) {
+  FakeClock clock;
+  Breaker b({3, 30000, 300000}, clock);
+  EXPECT_TRUE(b.Usable());
+  b.OnFailure("alloc");
+  b.OnSuccess();  // not consecutive
+  b.OnFailure("alloc");
+  b.OnFailure("alloc");
+  EXPECT_TRUE(b.Usable());
+  b.OnFailure("alloc");
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+  EXPECT_FALSE(b.Usable());
+  clock.Advance(29999);
+  EXPECT_FALSE(b.Usable());
+  clock.Advance(1);
+  EXPECT_TRUE(b.Usable());
+  EXPECT_EQ(b.state(), BreakerState::kHalfOpen);
+  b.OnSuccess();
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+}
+
+TEST(BreakerTest, EjectionGrowsWithRepeatedTripsAndIsCapped) {
+  FakeClock clock;
+  Breaker b({3, 30000, 100000}, clock);
+  b.Trip("device lost");
+  EXPECT_EQ(b.open_until_ms() - clock.NowMs(), 30000);
+  clock.Advance(30000);
+  ASSERT_TRUE(b.Usable());
+  b.OnFailure("probe failed");  // a failed half-open probe opens again, for longer
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+  EXPECT_EQ(b.open_until_ms() - clock.NowMs(), 60000);
+  clock.Advance(60000);
+  ASSERT_TRUE(b.Usable());
+  b.Trip("again");
+  EXPECT_EQ(b.open_until_ms() - clock.NowMs(), 90000);
+  clock.Advance(90000);
+  b.Usable();
+  b.Trip("again");
+  EXPECT_EQ(b.open_until_ms() - clock.NowMs(), 100000);  // capped
+  EXPECT_EQ(b.ejections(), 4);
+  EXPECT_EQ(b.last_reason(), "again");
+}
+
+}  // namespace
+}  // namespace spillway::failover
