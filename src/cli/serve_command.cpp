@@ -109,7 +109,8 @@ int Serve(const ServeArgs& a) {
                                        "--gpu-layers", std::to_string(p.gpu_layers), "--ctx", std::to_string(p.ctx),
                                        "--slots", std::to_string(p.slots), "--threads", std::to_string(p.threads),
                                        "--batch", std::to_string(p.batch), "--default-max-tokens",
-                                       std::to_string(s.default_max_tokens)};
+                                       std::to_string(s.default_max_tokens), "--progress-timeout",
+                                       std::to_string(p.progress_timeout_s)};
       if (!p.mmap) args.push_back("--no-mmap");
       supervisor.Add({gateway::WorkerKey(s, i), args});
     }

@@ -82,7 +82,8 @@ class Reader {
 
 Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix, PlacementConfig* p) {
   SPILLWAY_RETURN_IF_ERROR(
-      r.OnlyKnown(t, prefix, {"role", "device", "gpu_layers", "ctx", "slots", "threads", "batch", "mmap"}));
+      r.OnlyKnown(t, prefix, {"role", "device", "gpu_layers", "ctx", "slots", "threads", "batch", "mmap", "progress_timeout_s"}));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "progress_timeout_s", prefix, &p->progress_timeout_s, 0.1, 86400));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "role", prefix, &p->role, 0, 0));
   if (!p->role.empty() && p->role != "primary" && p->role != "hybrid" && p->role != "fallback") {
     return Status::InvalidArgument(Where(r.source(), t.get("role")->source(), prefix + "role") +

@@ -53,6 +53,7 @@ struct PlacementConfig {
   int threads = 0;
   int batch = 512;
   bool mmap = true;
+  double progress_timeout_s = 10;  // a decode loop without progress this long is hung
   std::string Name() const;  // "cpu", "sim:0/99", ...
 };
 

@@ -132,7 +132,7 @@ void Supervisor::HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lo
     kill(-pid, SIGKILL);
     int status = 0;
     waitpid(pid, &status, 0);
-    Exited(w, device_lost ? "device lost" : "unhealthy");
+    Exited(w, device_lost ? "device lost or stalled" : "unhealthy");
   }
 }
 
@@ -190,7 +190,10 @@ void Supervisor::Loop() {
       auto r = http::Fetch("127.0.0.1", c.port, "GET", "/health", "", {}, std::chrono::milliseconds(1000));
       // A worker whose device is lost answers 503: it cannot recover in place.
       const bool healthy = r.ok() && r->status == 200;
-      const bool lost = r.ok() && r->body.find("device_lost") != std::string::npos;
+      // A lost device or a stalled decode loop (a hung driver that still
+      // answers HTTP) cannot recover in place: replace the worker at once.
+      const bool lost = r.ok() && (r->body.find("device_lost") != std::string::npos ||
+                                   r->body.find("\"stalled\"") != std::string::npos);
       std::lock_guard<std::mutex> lk(mu_);
       auto it = workers_.find(c.key);
       if (it != workers_.end()) HealthResult(it->second, c.pid, healthy, lost);

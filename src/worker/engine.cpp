@@ -18,6 +18,9 @@ namespace spillway::worker {
 using Clock = std::chrono::steady_clock;
 
 namespace {
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+}
 constexpr int kDecodeThrew = -1000;
 
 double MsSince(Clock::time_point t0, Clock::time_point t1) {
@@ -210,6 +213,7 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
         .WithPhase(FailurePhase::kKv);
   }
   cells_reserved_ += need;
+  if (busy_ == 0) progress_ms_ = SteadyMs();  // idle until now: progress counts from here
   ++busy_;
   by_id_[job->id] = job;
   pending_.push_back(std::move(job));
@@ -246,6 +250,8 @@ EngineStats Engine::stats() const {
   s.failed = failed_;
   s.cancelled = cancelled_;
   s.contexts_rebuilt = rebuilt_;
+  // A hung decode (a stuck driver) still answers HTTP: only progress tells.
+  if (busy_ > 0) s.stalled_ms = std::max<int64_t>(0, SteadyMs() - progress_ms_.load());
   s.healthy = healthy_;
   s.device_lost = device_lost_;
   s.last_error = last_error_;
@@ -386,6 +392,7 @@ void Engine::RunGenerationStep() {
     what = "unknown exception";
   }
   llama_batch_free(batch);
+  progress_ms_ = SteadyMs();
   if (rc != 0) return HandleDecodeFailure(rc, what);
 
   for (auto& [slot, take] : prompt_chunks) {

@@ -93,6 +93,7 @@ struct EngineStats {
   uint64_t completed = 0, failed = 0, cancelled = 0, contexts_rebuilt = 0;
   bool healthy = true;
   bool device_lost = false;
+  int64_t stalled_ms = 0;  // work waiting and no decode step finished for this long
   std::string last_error;
 };
 
@@ -153,6 +154,8 @@ class Engine {
   bool stop_ = false;
   bool healthy_ = true;
   bool device_lost_ = false;
+  // Progress: the time of the last finished decode step (or of going idle).
+  std::atomic<int64_t> progress_ms_{0};
   std::string last_error_;
   uint64_t completed_ = 0, failed_ = 0, cancelled_ = 0, rebuilt_ = 0;
   std::thread thread_;

@@ -90,6 +90,10 @@ int main(int argc, char** argv) {
   app.add_option("--fault", fault_specs,
                  "arm a fault on a sim device (repeatable; also $SPILLWAY_FAULTS): fail-next=load|kv|compute|reserve, "
                  "fail-after-bytes=N, compute-error, compute-abort, hang=SECONDS, lose-at-token=K, lose-device");
+  double progress_timeout_s = 10;
+  app.add_option("--progress-timeout", progress_timeout_s,
+                 "seconds without a finished decode step, with work waiting, after which /health reports \"stalled\"")
+      ->check(CLI::Range(0.1, 86400.0))->capture_default_str();
   std::string kv_type = "f16";
   app.add_option("--kv-type", kv_type, "KV cache type")->check(CLI::IsMember({"f16", "q8_0", "f32"}))->capture_default_str();
   bool dry_run = false;
@@ -160,7 +164,7 @@ int main(int argc, char** argv) {
   worker::Engine engine(**model, eo);
   if (Status st = engine.Start(); !st.ok()) return Fatal(kExitContext, st);
 
-  worker::WorkerService service(**model, engine, placement, {default_max_tokens}, &faults);
+  worker::WorkerService service(**model, engine, placement, {default_max_tokens, progress_timeout_s}, &faults);
   boost::asio::io_context ioc;
   http::ServerOptions so;
   so.max_body_bytes = max_body;

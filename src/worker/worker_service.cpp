@@ -76,9 +76,12 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
   if (path == "/health") {
     if (method != bhttp::verb::get) return respond_error(Status(StatusCode::kInvalidArgument, "use GET"));
     auto st = engine_.stats();
-    json body = {{"status", st.healthy ? "ok" : (st.device_lost ? "device_lost" : "error")}};
+    const bool stalled = st.stalled_ms > static_cast<int64_t>(opts_.progress_timeout_s * 1000);
+    const bool ok = st.healthy && !stalled;
+    json body = {{"status", ok ? "ok" : st.device_lost ? "device_lost" : stalled ? "stalled" : "error"},
+                 {"stalled_ms", st.stalled_ms}};
     if (!st.healthy) body["error"] = st.last_error;
-    return ex->Respond(JsonResponse(st.healthy ? 200 : 503, body, v));
+    return ex->Respond(JsonResponse(ok ? 200 : 503, body, v));
   }
   if (path == "/v1/worker/info" && method == bhttp::verb::get) return ex->Respond(JsonResponse(200, Info(), v));
   if (path == "/v1/models" && method == bhttp::verb::get) {
@@ -300,7 +303,8 @@ json WorkerService::Info() const {
           {"kv_cells", {{"total", st.cells_total}, {"reserved", st.cells_reserved}}},
           {"requests", {{"received", requests_.load()}, {"completed", st.completed}, {"failed", st.failed},
                         {"cancelled", st.cancelled}}},
-          {"health", {{"ok", st.healthy}, {"device_lost", st.device_lost}, {"contexts_rebuilt", st.contexts_rebuilt},
+          {"health", {{"ok", st.healthy}, {"device_lost", st.device_lost}, {"stalled_ms", st.stalled_ms},
+                      {"contexts_rebuilt", st.contexts_rebuilt},
                       {"last_error", st.last_error}}},
           {"faults", faults_ ? faults_->ToJson() : json(nullptr)},
           {"defaults", {{"max_tokens", opts_.default_max_tokens}}}};

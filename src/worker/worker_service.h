@@ -30,6 +30,7 @@ namespace spillway::worker {
 
 struct ServiceOptions {
   int default_max_tokens = 256;  // when a request does not set max_tokens
+  double progress_timeout_s = 10;  // /health answers 503 "stalled" past this without a decode step
 };
 
 class WorkerService {

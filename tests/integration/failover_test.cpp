@@ -31,6 +31,7 @@ class FailoverTest : public ::testing::Test {
     os << "[[service]]\nname = \"chat\"\nmodel = \"" << ModelPath("tiny-chat") << "\"\n"
        << "[service.failover]\nbreaker_failures = 1\nejection_s = 1\n"
        << "[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 2048\nslots = 2\nthreads = 1\nbatch = 64\n"
+       << "progress_timeout_s = 0.5\n"
        << "[[service.placement]]\nrole = \"fallback\"\ndevice = \"cpu\"\nctx = 2048\nslots = 2\nthreads = 1\nbatch = 64\n";
     gw_ = std::make_unique<GatewayProcess>(os.str());
     ASSERT_TRUE(gw_->Start()) << gw_->Output();
@@ -119,6 +120,28 @@ TEST_F(FailoverTest, DeviceLostMidGenerationReplaysOnTheCpuWithTheSameOutput) {
   }
   EXPECT_GE(gpu["restarts"].get<int>(), 1) << gpu.dump();
   EXPECT_EQ(gpu["state"], "ready") << gpu.dump();
+}
+
+TEST_F(FailoverTest, AHungGpuWorkerIsDetectedReplacedAndItsRequestServedByTheCpu) {
+  auto healthy = Post(kSeeded, "hang-healthy");
+  ASSERT_EQ(healthy.status, 200) << healthy.body;
+  const int pid = Placement(0)["pid"].get<int>();
+  ArmGpu("hang=60");  // the decode loop stalls; /health still answers
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = Post(kSeeded, "hang-req");
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("x-spillway-placement"), "cpu");
+  EXPECT_EQ(Body(r)["choices"][0]["text"], Body(healthy)["choices"][0]["text"]);
+  EXPECT_LT(took, std::chrono::seconds(5));  // progress timeout 0.5 s + health period 1 s + the CPU's own run
+  json gpu;
+  for (int i = 0; i < 500; ++i) {
+    gpu = Placement(0);
+    if (gpu["pid"].get<int>() != pid && gpu["state"] == "ready") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_NE(gpu["pid"].get<int>(), pid) << gpu.dump();
+  EXPECT_EQ(gpu["state"], "ready");
 }
 
 TEST_F(FailoverTest, StreamFailingBeforeItsFirstTokenRunsOnTheFallback) {
