@@ -1,0 +1,162 @@
+// Per-request admission and breaker bookkeeping of the gateway.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "admission/admission.h"
+#include "api/http_client.h"
+#include "gateway/gateway.h"
+#include "gateway/gateway_internal.h"
+
+namespace spillway::gateway {
+
+void Gateway::AttemptFailed(const std::string& service, size_t index, const std::string& phase, const std::string& why) {
+  std::lock_guard<std::mutex> lk(pools_mu_);
+  auto& b = placements_[service][index]->breaker;
+  // A lost device or a dead worker cannot serve the next request either.
+  if (phase == "device" || phase == "crash") b.Trip(why);
+  else b.OnFailure(why);
+}
+
+void Gateway::AttemptSucceeded(const std::string& service, size_t index) {
+  std::lock_guard<std::mutex> lk(pools_mu_);
+  placements_[service][index]->breaker.OnSuccess();
+}
+
+bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live,
+                    const std::vector<bool>& excluded, Target* t, Status* rejected) {
+  auto& states = placements_[svc.name];
+  const int64_t t0 = clock_.NowMs();
+  // Embeddings hold no KV between requests: the first usable placement.
+  if (rec.endpoint == "embedding") {
+    while (true) {
+      for (size_t i = 0; i < states.size(); ++i) {
+        if (!states[i]->admission.admitted) continue;
+        if (auto port = supervisor_.ReadyPort(states[i]->key)) {
+          *t = {i, states[i]->key, states[i]->cfg.Name(), *port, 0, rec.body, "admit", ""};
+          return true;
+        }
+      }
+      if (live.cancelled || clock_.NowMs() - t0 > kQueueWaitMs) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    *rejected = Status::Unavailable("no worker of service '" + svc.name + "' became ready in time").WithRetryAfter(5);
+    return false;
+  }
+  json body = json::parse(rec.body, nullptr, false);
+  uint32_t max_tokens = static_cast<uint32_t>(svc.default_max_tokens);
+  if (body.is_object()) {
+    for (const char* k : {"max_completion_tokens", "max_tokens"}) {
+      if (body.contains(k) && body[k].is_number_integer()) max_tokens = body[k].get<uint32_t>();
+    }
+  }
+  const std::string endpoint = rec.endpoint == "chat" ? "chat" : "completion";
+  int prompt_tokens = -1;
+  while (true) {
+    if (live.cancelled) {
+      *rejected = Status::Cancelled("request cancelled");
+      return false;
+    }
+    if (live.deadline_ms && clock_.NowMs() >= live.deadline_ms) {
+      *rejected = Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
+      return false;
+    }
+    // The prompt's size in tokens, from any ready worker of the service (they share the tokenizer).
+    if (prompt_tokens < 0) {
+      for (const auto& st : states) {
+        auto port = st->admission.admitted ? supervisor_.ReadyPort(st->key) : std::nullopt;
+        if (!port) continue;
+        auto r = pool_.Send(*port, "POST", "/v1/worker/tokenize?endpoint=" + endpoint, rec.body, {},
+                            std::chrono::seconds(30));
+        if (!r.ok()) continue;
+        json j = json::parse(r->body, nullptr, false);
+        if (r->status == 200 && j.is_object()) {
+          prompt_tokens = j["prompt_tokens"].get<int>();
+          break;
+        }
+        if (r->status == 400 && j.is_object()) {
+          *rejected = Status::InvalidArgument(j["error"].value("message", "invalid request"));
+          return false;
+        }
+      }
+    }
+    admission::Decision d;
+    if (prompt_tokens >= 0) {
+      std::vector<admission::PlacementView> views;
+      std::lock_guard<std::mutex> lk(pools_mu_);
+      bool others = false;  // is any placement usable that has not failed this request?
+      for (size_t k = 0; k < states.size(); ++k) {
+        const bool ex = k < excluded.size() && excluded[k];
+        others |= !ex && states[k]->admission.admitted && states[k]->breaker.Usable() &&
+                  supervisor_.ReadyPort(states[k]->key).has_value();
+      }
+      for (size_t k = 0; k < states.size(); ++k) {
+        const auto& st = states[k];
+        admission::PlacementView v;
+        v.name = st->cfg.Name();
+        const bool ex = others && k < excluded.size() && excluded[k];
+        v.usable = !ex && st->admission.admitted && st->breaker.Usable() && supervisor_.ReadyPort(st->key).has_value();
+        v.hybrid = st->cfg.role == "hybrid";
+        v.fallback = st->cfg.role == "fallback";
+        v.cells_total = st->pool.total();
+        v.cells_free = st->pool.free();
+        v.slots_free = static_cast<uint32_t>(std::max<int64_t>(0, st->cfg.slots - static_cast<int64_t>(st->pool.active())));
+        v.est_wait_s = 1;
+        views.push_back(v);
+      }
+      admission::RequestNeed need{static_cast<uint32_t>(prompt_tokens), max_tokens, svc.admission.allow_shrink, 16};
+      admission::Policy policy{svc.admission.reroute_on_pressure, svc.admission.fail_fast, svc.admission.max_delay_s,
+                               svc.admission.pressure};
+      d = admission::Decide(need, views, policy);
+      // A primary that is not up yet (starting, restarting) is waited for, not judged.
+      if (d.kind == admission::Kind::kReject && d.http_status == 503 && !views[0].usable && !svc.admission.fail_fast &&
+          clock_.NowMs() - t0 < kQueueWaitMs) {
+        d.kind = admission::Kind::kDelay;
+      }
+      if (d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject) {
+        auto& st = *states[d.placement];
+        const uint32_t cells = static_cast<uint32_t>(prompt_tokens) + d.max_tokens;
+        auto port = supervisor_.ReadyPort(st.key);
+        if (port && st.pool.Reserve(rec.id, cells)) {
+          if (body.is_object()) {
+            body["max_tokens"] = d.max_tokens;
+            body.erase("max_completion_tokens");
+          }
+          const json dj = {{"decision", admission::KindName(d.kind)}, {"placement", st.cfg.Name()},
+                           {"reason", d.reason}, {"prompt_tokens", prompt_tokens}, {"max_tokens", d.max_tokens}};
+          *t = {d.placement, st.key, st.cfg.Name(), *port, cells,
+                body.is_object() ? body.dump() : rec.body, admission::KindName(d.kind), dj.dump()};
+          metrics_.Decision(svc.name, admission::KindName(d.kind));
+          return true;
+        }
+        d.kind = admission::Kind::kDelay;  // raced with another request: decide again
+      }
+    } else {
+      d.kind = admission::Kind::kDelay;  // no worker ready to count tokens yet
+      d.reason = "no worker of the service is ready yet";
+    }
+    if (d.kind == admission::Kind::kReject) {
+      metrics_.Decision(svc.name, "reject");
+      const json dj = {{"decision", "reject"}, {"reason", d.reason}, {"prompt_tokens", prompt_tokens},
+                       {"max_tokens", max_tokens}, {"status", d.http_status}};
+      Logged(journal_.SetDecision(rec.id, dj.dump()), "decision");
+      *rejected = d.http_status == 413   ? Status::PayloadTooLarge(d.reason)
+                  : d.http_status == 400 ? Status::InvalidArgument(d.reason)
+                                         : Status::ResourceExhausted(d.reason).WithRetryAfter(std::max(1, d.retry_after_s));
+      return false;
+    }
+    const double waited_s = (clock_.NowMs() - t0) / 1000.0;
+    if (waited_s > std::max(svc.admission.max_delay_s, kQueueWaitMs / 1000.0)) {
+      *rejected = Status::ResourceExhausted("no placement of '" + svc.name + "' could take the request within " +
+                                            std::to_string(static_cast<int>(waited_s)) + " s: " + d.reason)
+                      .WithRetryAfter(5);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace spillway::gateway
