@@ -30,13 +30,20 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
                     const std::vector<bool>& excluded, Target* t, Status* rejected) {
   auto& states = placements_[svc.name];
   const int64_t t0 = clock_.NowMs();
-  // Embeddings hold no KV between requests: the first usable placement.
-  if (rec.endpoint == "embedding") {
+  // Embeddings hold no KV between requests, and a lone placement without
+  // shrinking has nothing to choose: its worker checks its own KV pool (busy
+  // -> 503, the request waits; never fits -> 400 with the numbers), so the
+  // token count is not asked for.
+  const bool nothing_to_choose = states.size() == 1 && !svc.admission.allow_shrink;
+  if (rec.endpoint == "embedding" || nothing_to_choose) {
     while (true) {
       for (size_t i = 0; i < states.size(); ++i) {
         if (!states[i]->admission.admitted) continue;
         if (auto port = supervisor_.ReadyPort(states[i]->key)) {
-          *t = {i, states[i]->key, states[i]->cfg.Name(), *port, 0, rec.body, "admit", ""};
+          const json dj = {{"decision", "admit"}, {"placement", states[i]->cfg.Name()},
+                           {"reason", rec.endpoint == "embedding" ? "embeddings hold no KV cells"
+                                                                  : "the only placement; its worker checks its KV pool"}};
+          *t = {i, states[i]->key, states[i]->cfg.Name(), *port, 0, rec.body, "admit", dj.dump()};
           return true;
         }
       }
