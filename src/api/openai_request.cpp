@@ -57,6 +57,24 @@ Status ParseGeneration(const json& body, GenerationRequest* g) {
   SPILLWAY_RETURN_IF_ERROR(ParseModel(body, &g->model));
   SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "stream", &g->stream));
   SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "ignore_eos", &g->ignore_eos));
+  if (auto it = body.find("spillway_resume"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return Bad("spillway_resume", "must be an object");
+    auto t = it->find("tokens");
+    if (t == it->end() || !t->is_array() || t->size() > kMaxTokensCap) {
+      return Bad("spillway_resume", "needs 'tokens', an array of token ids");
+    }
+    for (const auto& x : *t) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX) {
+        return Bad("spillway_resume", "tokens must be non-negative integers");
+      }
+      g->resume_tokens.push_back(static_cast<int32_t>(x.get<int64_t>()));
+    }
+    auto b = it->find("text_bytes");
+    if (b != it->end() && (!b->is_number_unsigned() || b->get<uint64_t>() > (1ull << 40))) {
+      return Bad("spillway_resume", "text_bytes must be a non-negative integer");
+    }
+    if (b != it->end()) g->resume_text_bytes = b->get<uint64_t>();
+  }
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return Bad("stream_options", "must be an object");
     SPILLWAY_RETURN_IF_ERROR(OptionalBool(*it, "include_usage", &g->include_usage));

@@ -38,6 +38,10 @@ struct GenerationRequest {
   std::vector<std::string> stop;
   SamplingRequest sampling;
   bool ignore_eos = false;     // benchmarks: generate exactly max_tokens
+  // "spillway_resume": {"tokens": [...], "text_bytes": N}: continue a stream
+  // cut on another placement (set by the gateway).
+  std::vector<int32_t> resume_tokens;
+  uint64_t resume_text_bytes = 0;
 };
 
 struct ChatMessage {

@@ -304,6 +304,10 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
   if (!svc) return fail(State::kFailed, Status::NotFound("service '" + rec.service + "' is no longer configured"));
   int failures = 0;
   bool streaming_started = false;
+  // What the client already has of a stream, across attempts.
+  std::vector<int32_t> delivered_tokens;
+  size_t delivered_bytes = 0;
+  std::string stored;
 
   auto past_deadline = [&] { return live->deadline_ms && clock_.NowMs() >= live->deadline_ms; };
   auto remaining = [&] {
@@ -412,13 +416,27 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       return;
     }
 
-    // Streaming: relay bytes as they come; keep them to store the result. The
-    // client's stream starts with the worker's first event, so a failure
-    // before the first token (an error event) can still move elsewhere.
+    // Streaming, event by event. The client's stream starts with the first
+    // event, so a failure before the first token moves elsewhere unseen. A
+    // failure after it is continued on another placement: the worker there
+    // samples the delivered tokens again with the same (seeded) sampler,
+    // checks they come out the same, and emits only what is new.
+    std::string body_to_send = target.body;
+    const bool continuing = !delivered_tokens.empty();
+    if (continuing) {
+      json b = json::parse(target.body, nullptr, false);
+      b["spillway_resume"] = {{"tokens", delivered_tokens}, {"text_bytes", delivered_bytes}};
+      body_to_send = b.dump();
+    }
     int status = 0;
-    std::string head_type, relayed, first_error_phase;
-    bool head_ok = false;
+    bool head_ok = false, noted = false;
+    std::string pending, error_body, failed_phase;
+    auto forward = [&](const std::string& event) {
+      stored += event;
+      if (ex) ex->Write(event);
+    };
     auto start_client_stream = [&] {
+      if (streaming_started) return;
       streaming_started = true;
       if (!ex) return;
       auto head = http::MakeResponse(200, "", "text/event-stream", v);
@@ -428,103 +446,111 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       head.set("X-Spillway-Decision", target.decision);
       degraded(head);
       ex->StartStream(std::move(head));
-      if (!relayed.empty()) ex->Write(relayed);
+    };
+    // Returns false to stop reading (a failure to act on).
+    auto on_event = [&](const std::string& event) {
+      const auto datas = http::ParseSseData(event);
+      if (datas.size() == 1 && datas[0] != "[DONE]") {
+        json j = json::parse(datas[0], nullptr, false);
+        if (j.is_object() && j.contains("error")) {
+          failed_phase = j["error"].value("phase", "");
+          if (!failed_phase.empty()) return false;  // an allocation failure or a lost device: move
+        } else if (j.is_object()) {
+          if (j.contains("spillway") && j["spillway"].contains("tokens")) {
+            for (const auto& t : j["spillway"]["tokens"]) delivered_tokens.push_back(t.get<int32_t>());
+          }
+          if (j.contains("choices") && !j["choices"].empty()) {
+            const auto& c = j["choices"][0];
+            if (c.contains("delta") && c["delta"].contains("content") && c["delta"]["content"].is_string()) {
+              delivered_bytes += c["delta"]["content"].get_ref<const std::string&>().size();
+            } else if (c.contains("text") && c["text"].is_string()) {
+              delivered_bytes += c["text"].get_ref<const std::string&>().size();
+            }
+          }
+        }
+      }
+      start_client_stream();
+      if (continuing && !noted && ex) {
+        ex->Write(": spillway: continued on " + placement + " after a failure\n\n");  // SSE comment, ignored by clients
+        noted = true;
+      }
+      forward(event);
+      return true;
     };
     auto st = http::StreamFetch(
-        "127.0.0.1", *port, "POST", path, target.body, headers,
+        "127.0.0.1", *port, "POST", path, body_to_send, headers,
         [&](const http::StreamHead& h) {
           status = h.status;
-          auto it = h.headers.find("content-type");
-          head_type = it == h.headers.end() ? "" : it->second;
           head_ok = status == 200;
           return true;
         },
         [&](std::string_view data) {
-          relayed.append(data);
-          if (streaming_started) {
-            if (ex) ex->Write(std::string(data));
+          if (!head_ok) {
+            error_body.append(data);
             return true;
           }
-          if (!head_ok) return true;  // an error body, read whole below
-          const auto end = relayed.find("\n\n");
-          if (end == std::string::npos) return true;  // the first event is not complete yet
-          const auto first = http::ParseSseData(relayed.substr(0, end + 2));
-          json j = first.empty() ? json() : json::parse(first[0], nullptr, false);
-          if (j.is_object() && j.contains("error") && !j["error"].value("phase", "").empty()) {
-            first_error_phase = j["error"].value("phase", "");
-            return false;  // failed before its first token
+          pending.append(data);
+          size_t pos;
+          while ((pos = pending.find("\n\n")) != std::string::npos) {
+            std::string event = pending.substr(0, pos + 2);
+            pending.erase(0, pos + 2);
+            if (!on_event(event)) return false;
           }
-          start_client_stream();
           return true;
         });
-    if (head_ok && !streaming_started && first_error_phase.empty() && st.ok()) start_client_stream();
-    if (!first_error_phase.empty()) {
-      if (attempt_failed(first_error_phase, "before the first token: phase " + first_error_phase)) continue;
-      start_client_stream();  // no attempt left: the client gets the error event
-      finish(State::kFailed, 200, "text/event-stream", relayed, "failed before the first token");
-      if (ex) ex->End();
-      return;
-    }
-    if (!st.ok() && !streaming_started) {
-      // Nothing reached the client: another attempt, elsewhere when possible.
-      supervisor_.Suspect(key);
-      if (!attempt_failed("crash", st.message())) {
-        return fail(State::kFailed, Status::Unavailable(st.message()).WithRetryAfter(5));
-      }
-      continue;
-    }
-    if (!streaming_started) {
-      const bool busy = status == 503 && relayed.find("resource_exhausted") != std::string::npos;
+    if (!head_ok && st.ok()) {
+      const bool busy = status == 503 && error_body.find("resource_exhausted") != std::string::npos;
       if (busy && clock_.NowMs() - t0 < kQueueWaitMs && !live->cancelled) {
         Logged(journal_.Requeue(rec.id, "worker busy"), "requeue");
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
         continue;
       }
-      if (const std::string phase = failure_phase(status, relayed); !phase.empty() && attempt_failed(phase, relayed)) {
-        continue;  // failed before the first token: run it on the fallback
+      if (const std::string phase = failure_phase(status, error_body); !phase.empty() && attempt_failed(phase, error_body)) {
+        continue;
       }
       const State state = status == 499 ? State::kCancelled : State::kFailed;
-      finish(state, status, "application/json", relayed, relayed);
+      if (streaming_started) {  // a continuation was refused: end the stream the client has
+        const std::string event = api::SseEvent(ErrorJson(Status::Unavailable("the continuation was refused: " + error_body), rec.id));
+        forward(event + api::kSseDone);
+        finish(State::kFailedResumable, 200, "text/event-stream", stored, error_body);
+        if (ex) ex->End();
+        return;
+      }
+      finish(state, status, "application/json", error_body, error_body);
       if (ex) {
-        auto res = http::MakeResponse(static_cast<unsigned>(status), relayed, "application/json", v);
+        auto res = http::MakeResponse(static_cast<unsigned>(status), error_body, "application/json", v);
         res.set("X-Request-Id", rec.id);
         ex->Respond(std::move(res));
       }
       return;
     }
-    if (!st.ok()) {
-      // The worker went away mid-stream: the client has a partial answer. End
-      // the stream with a resumable error naming the request, never a hang.
-      const Status err = Status::Unavailable("the worker failed mid-stream: " + st.message() +
-                                             "; the request can be resumed with its id");
-      const std::string event = api::SseEvent(ErrorJson(err, rec.id)) + api::kSseDone;
-      relayed += event;
-      finish(State::kFailedResumable, 200, "text/event-stream", relayed, err.message());
-      AttemptFailed(rec.service, target.index, "crash", st.message());
-      supervisor_.Suspect(key);
-      if (ex) {
-        ex->Write(event);
-        ex->End();
+    if (!st.ok() || !failed_phase.empty()) {
+      // The worker failed or vanished: before the first token a fresh run,
+      // after it a continuation, elsewhere when possible.
+      const std::string why = !failed_phase.empty() ? "phase " + failed_phase : st.message();
+      if (st.ok() == false) supervisor_.Suspect(key);
+      if (attempt_failed(failed_phase.empty() ? "crash" : failed_phase, (streaming_started ? "mid-stream: " : "") + why)) {
+        continue;
       }
+      const Status err = Status::Unavailable("the stream failed (" + why + ") and no placement could continue it; " +
+                                             std::to_string(delivered_tokens.size()) + " tokens were delivered");
+      if (!streaming_started) return fail(State::kFailed, err);
+      json ev = ErrorJson(err, rec.id);
+      ev["error"]["checkpoint"] = {{"tokens_delivered", delivered_tokens.size()}, {"text_bytes", delivered_bytes}};
+      forward(api::SseEvent(ev) + api::kSseDone);
+      finish(State::kFailedResumable, 200, "text/event-stream", stored, err.message());
+      if (ex) ex->End();
       return;
     }
+    if (!pending.empty()) forward(pending);
+    start_client_stream();
     // The worker ends a stream with an error event when it failed or was cancelled.
-    const bool had_error = relayed.find("data: {\"error\"") != std::string::npos;
+    const bool had_error = stored.find("data: {\"error\"") != std::string::npos;
     const State state = !had_error ? State::kCompleted
-                        : (live->cancelled || relayed.find("\"cancelled\"") != std::string::npos) ? State::kCancelled
-                                                                                                 : State::kFailed;
+                        : (live->cancelled || stored.find("\"cancelled\"") != std::string::npos) ? State::kCancelled
+                                                                                                : State::kFailed;
     if (state == State::kCompleted) AttemptSucceeded(rec.service, target.index);
-    if (state == State::kFailed) {
-      // A mid-stream failure inside the worker (device lost, compute error).
-      json last;
-      for (const auto& e : http::ParseSseData(relayed)) {
-        json j = json::parse(e, nullptr, false);
-        if (j.is_object() && j.contains("error")) last = j;
-      }
-      const std::string phase = last.is_object() ? last["error"].value("phase", "") : "";
-      if (!phase.empty()) AttemptFailed(rec.service, target.index, phase, "mid-stream: phase " + phase);
-    }
-    finish(state, 200, "text/event-stream", relayed, had_error ? "stream ended with an error" : "");
+    finish(state, 200, "text/event-stream", stored, had_error ? "stream ended with an error" : "");
     if (ex) ex->End();
     return;
   }

@@ -38,6 +38,7 @@ struct Engine::Slot {
   int32_t next_token = -1;  // sampled, not yet decoded
   int batch_index = -1;     // logits row in the current batch
   std::vector<int32_t> generated;
+  size_t emitted_tokens = 0;  // generated[0..emitted_tokens) were handed to on_text
   Clock::time_point t_submit, t_start, t_prompt_done;
 };
 
@@ -183,6 +184,9 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
   } else {
     if (job->prompt.empty()) return Status::InvalidArgument("the prompt is empty after tokenization");
     if (job->max_tokens < 1) return Status::InvalidArgument("max_tokens must be at least 1");
+    if (static_cast<int32_t>(job->resume_tokens.size()) >= job->max_tokens) {
+      return Status::InvalidArgument("the continuation already holds max_tokens tokens");
+    }
     const int32_t need = CellsNeeded(*job);
     if (need > cells_total) {
       return Status::InvalidArgument("prompt (" + std::to_string(job->prompt.size()) + " tokens) + max_tokens (" +
@@ -330,6 +334,7 @@ void Engine::AssignPending() {
     s.next_token = -1;
     s.batch_index = -1;
     s.generated.clear();
+    s.emitted_tokens = 0;
     s.t_start = Clock::now();
   }
 }
@@ -413,9 +418,29 @@ void Engine::RunGenerationStep() {
       FinishSlot(s, Status::Ok(), "stop");
       continue;
     }
+    const size_t k = s.generated.size();
+    const auto& resume = s.job->resume_tokens;
+    if (k < resume.size() && tok != resume[k]) {
+      FinishSlot(s, Status::Unavailable("the continuation is not reproducible: token " + std::to_string(k) + " came out " +
+                                        std::to_string(tok) + ", " + std::to_string(resume[k]) + " was delivered"),
+                 "");
+      continue;
+    }
     s.generated.push_back(tok);
     const bool stopped = s.out->Append(model_.TokenPiece(tok));
-    if (std::string ready = s.out->TakeReady(); !ready.empty() && s.job->on_text) s.job->on_text(ready);
+    if (k + 1 < resume.size()) {
+      s.next_token = tok;  // replaying what was already delivered: nothing to emit yet
+      continue;
+    }
+    if (k + 1 == resume.size()) {
+      s.out->MarkSent(s.job->resume_text_bytes);
+      s.emitted_tokens = s.generated.size();
+    }
+    if (std::string ready = s.out->TakeReady(); !ready.empty() && s.job->on_text) {
+      std::vector<int32_t> ids(s.generated.begin() + static_cast<std::ptrdiff_t>(s.emitted_tokens), s.generated.end());
+      s.emitted_tokens = s.generated.size();
+      s.job->on_text(ready, ids);
+    }
     if (stopped) {
       FinishSlot(s, Status::Ok(), "stop");
     } else if (static_cast<int32_t>(s.generated.size()) >= s.job->max_tokens) {
@@ -480,7 +505,11 @@ void Engine::FinishSlot(Slot& s, Status status, const std::string& finish_reason
   const auto now = Clock::now();
   JobResult r;
   if (status.ok()) {
-    if (std::string rest = s.out->TakeRest(); !rest.empty() && job->on_text) job->on_text(rest);
+    if (std::string rest = s.out->TakeRest(); !rest.empty() && job->on_text) {
+      std::vector<int32_t> ids(s.generated.begin() + static_cast<std::ptrdiff_t>(std::min(s.emitted_tokens, s.generated.size())),
+                               s.generated.end());
+      job->on_text(rest, ids);
+    }
   }
   r.text = s.out->text();
   r.finish_reason = finish_reason;

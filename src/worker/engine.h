@@ -65,9 +65,16 @@ struct Job {
   int32_t max_tokens = 16;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  // Continuation of a stream cut elsewhere: these tokens were already
+  // generated (and `resume_text_bytes` of their text delivered). They are
+  // sampled again with the same sampler state and must come out identical;
+  // only text beyond what was delivered is emitted.
+  std::vector<int32_t> resume_tokens;
+  size_t resume_text_bytes = 0;
   std::atomic<bool> cancelled{false};
   // Both run on the engine thread and must not block.
-  std::function<void(std::string_view ready_text)> on_text;
+  // `tokens`: the ids sampled since the previous call (for a continuation).
+  std::function<void(std::string_view ready_text, const std::vector<int32_t>& tokens)> on_text;
   std::function<void(JobResult)> on_done;
 };
 

@@ -6,6 +6,7 @@
 // are built by the same object, so they carry the same text.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,8 @@ class OutputText {
   // Returns everything not yet taken (generation has ended).
   std::string TakeRest();
 
+  // Marks the first `bytes` of the text as already delivered (a continuation).
+  void MarkSent(size_t bytes) { sent_ = std::max(sent_, std::min(bytes, text_.size())); }
   const std::string& text() const { return text_; }
   bool stopped() const { return stopped_; }
 

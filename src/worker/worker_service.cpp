@@ -176,6 +176,12 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
   job->max_tokens = gen.max_tokens.value_or(std::min(opts_.default_max_tokens, ctx - n_prompt));
   job->stop = gen.stop;
   job->ignore_eos = gen.ignore_eos;
+  if (!gen.resume_tokens.empty()) {
+    auto checked = model_.CheckTokens(gen.resume_tokens);
+    if (!checked.ok()) return fail(checked.status());
+    job->resume_tokens = std::move(*checked);
+    job->resume_text_bytes = gen.resume_text_bytes;
+  }
   job->sampling = ResolveSampling(gen.sampling, model_.sampler_defaults(), FreshSeed());
 
   const api::Endpoint ep = chat ? api::Endpoint::kChat : api::Endpoint::kCompletion;
@@ -212,9 +218,11 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
   } else {
     auto first = std::make_shared<bool>(true);
     const bool include_usage = gen.include_usage;
-    job->on_text = [ex, ep, id, model_name, created, first, gate](std::string_view text) {
+    job->on_text = [ex, ep, id, model_name, created, first, gate](std::string_view text, const std::vector<int32_t>& ids) {
       std::lock_guard<std::mutex> g(*gate);
-      ex->Write(api::SseEvent(api::GenerationChunk(ep, id, model_name, created, std::string(text), *first, std::nullopt)));
+      json chunk = api::GenerationChunk(ep, id, model_name, created, std::string(text), *first, std::nullopt);
+      chunk["spillway"] = {{"tokens", ids}};  // lets the gateway continue this stream elsewhere
+      ex->Write(api::SseEvent(chunk));
       *first = false;
     };
     job->on_done = [ex, ep, id, model_name, created, first, include_usage, finish_meta, gate](JobResult r) {

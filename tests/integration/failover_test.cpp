@@ -144,6 +144,38 @@ TEST_F(FailoverTest, AHungGpuWorkerIsDetectedReplacedAndItsRequestServedByTheCpu
   EXPECT_EQ(gpu["state"], "ready");
 }
 
+std::string StreamText(const std::string& body) {
+  std::string text;
+  for (const auto& e : http::ParseSseData(body)) {
+    json j = json::parse(e, nullptr, false);
+    if (j.is_object() && j.contains("choices") && !j["choices"].empty()) text += j["choices"][0].value("text", "");
+  }
+  return text;
+}
+
+TEST_F(FailoverTest, DeviceLostMidStreamIsContinuedOnTheCpuWithTheSameTokens) {
+  json body = kSeeded;
+  body["stream"] = true;
+  auto healthy = Post(body, "ms-healthy");
+  ASSERT_EQ(healthy.status, 200) << healthy.body;
+  const std::string expected = StreamText(healthy.body);
+  ASSERT_FALSE(expected.empty());
+  ArmGpu("lose-at-token=10");
+  auto r = Post(body, "ms-lost");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("x-spillway-placement"), "sim:0/99");  // where the stream started
+  EXPECT_NE(r.body.find(": spillway: continued on cpu"), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.find("\"error\""), std::string::npos) << r.body;
+  EXPECT_EQ(http::ParseSseData(r.body).back(), "[DONE]");
+  // Recomputed prompt + delivered tokens with the seeded sampler advanced: the
+  // client's text is exactly the uninterrupted one.
+  EXPECT_EQ(StreamText(r.body), expected);
+  json rec = Request("ms-lost");
+  EXPECT_EQ(rec["state"], "completed");
+  EXPECT_EQ(rec["attempts"], 2);
+  EXPECT_EQ(rec["placement"], "cpu");
+}
+
 TEST_F(FailoverTest, StreamFailingBeforeItsFirstTokenRunsOnTheFallback) {
   ArmGpu("fail-next=reserve");
   json body = kSeeded;

@@ -173,6 +173,41 @@ TEST_F(WorkerTest, StreamedAndNonStreamedCarryTheSameText) {
   EXPECT_EQ(usage_tokens, 30);
 }
 
+TEST_F(WorkerTest, ContinuationReplaysDeliveredTokensAndRefusesOthers) {
+  json req = {{"prompt", "Continue me"}, {"max_tokens", 20}, {"temperature", 1.0}, {"top_k", 0}, {"top_p", 1.0},
+              {"min_p", 0}, {"seed", 4242}, {"ignore_eos", true}, {"stream", true}};
+  auto streamed = Post(*chat_, "/v1/completions", req);
+  ASSERT_EQ(streamed.status, 200);
+  std::vector<int32_t> ids;
+  std::string text;
+  for (const auto& e : http::ParseSseData(streamed.body)) {
+    json j = json::parse(e, nullptr, false);
+    if (!j.is_object() || !j.contains("choices") || j["choices"].empty()) continue;
+    text += j["choices"][0]["text"].get<std::string>();
+    if (j.contains("spillway") && j["spillway"].contains("tokens")) {
+      for (const auto& t : j["spillway"]["tokens"]) ids.push_back(t);
+    }
+  }
+  ASSERT_EQ(ids.size(), 20u);
+  // Resume after 7 delivered tokens: same sampler state, same remaining tokens.
+  json resume = req;
+  resume["stream"] = false;
+  resume["spillway_resume"] = {{"tokens", std::vector<int32_t>(ids.begin(), ids.begin() + 7)}, {"text_bytes", 0}};
+  auto cont = Post(*chat_, "/v1/completions", resume);
+  ASSERT_EQ(cont.status, 200) << cont.body;
+  EXPECT_EQ(Text(Body(cont)), text);
+  EXPECT_EQ(Body(cont)["usage"]["completion_tokens"], 20);
+  // Tokens the sampler would not have produced are refused, not continued.
+  auto wrong = std::vector<int32_t>(ids.begin(), ids.begin() + 7);
+  wrong[3] = wrong[3] == 500 ? 501 : 500;
+  resume["spillway_resume"]["tokens"] = wrong;
+  auto bad = Post(*chat_, "/v1/completions", resume);
+  EXPECT_EQ(bad.status, 503) << bad.body;
+  EXPECT_NE(Body(bad)["error"]["message"].get<std::string>().find("not reproducible"), std::string::npos) << bad.body;
+  resume["spillway_resume"] = {{"tokens", {1, -2}}};
+  EXPECT_EQ(Post(*chat_, "/v1/completions", resume).status, 400);
+}
+
 TEST_F(WorkerTest, ConcurrentRequestsAllCompleteOnSeveralSlots) {
   std::vector<std::future<json>> futures;
   for (int i = 0; i < 4; ++i) {
