@@ -18,6 +18,10 @@ namespace spillway::upstream {
 
 namespace fs = std::filesystem;
 
+// Health and progress are checked this often (a hung worker is replaced within
+// its progress timeout plus this).
+constexpr int64_t kHealthPeriodMs = 500;
+
 const char* WorkerStateName(WorkerState s) {
   switch (s) {
     case WorkerState::kStarting: return "starting";
@@ -119,7 +123,7 @@ void Supervisor::Poll(Worker& w) {
       w.view.port = static_cast<uint16_t>(port);
       w.view.state = WorkerState::kReady;
       w.ready_since_ms = now;
-      w.next_health_ms = now + 1000;
+      w.next_health_ms = now + kHealthPeriodMs;
     }
     return;
   }
@@ -177,7 +181,7 @@ void Supervisor::Loop() {
         Poll(w);
         if (!was_ready && w.view.state == WorkerState::kReady) became_ready.emplace_back(k, w.view.port);
         if (w.view.state == WorkerState::kReady && now >= w.next_health_ms) {
-          w.next_health_ms = now + 1000;
+          w.next_health_ms = now + kHealthPeriodMs;
           checks.push_back({k, w.view.pid, w.view.port});
         }
       }

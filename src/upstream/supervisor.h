@@ -1,5 +1,5 @@
 // Supervisor: starts the workers the services need, learns their ports,
-// health-checks them, restarts a dead or unresponsive worker with backoff
+// health-checks them every 0.5 s, restarts a dead or unresponsive worker with backoff
 // without touching the others, and stops them all on shutdown.
 //
 // Each worker runs in its own process group (posix_spawn, SETPGROUP), asks the
