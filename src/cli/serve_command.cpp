@@ -105,7 +105,7 @@ int Serve(const ServeArgs& a) {
                      s.name.c_str(), adm.reason.c_str());
         continue;
       }
-      std::vector<std::string> args = {"--model", s.model, "--device", p.device,
+      std::vector<std::string> args = {"--model", p.ModelOr(s.model), "--device", p.device,
                                        "--gpu-layers", std::to_string(p.gpu_layers), "--ctx", std::to_string(p.ctx),
                                        "--slots", std::to_string(p.slots), "--threads", std::to_string(p.threads),
                                        "--batch", std::to_string(p.batch), "--default-max-tokens",

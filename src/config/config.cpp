@@ -2,6 +2,8 @@
 
 #include <toml++/toml.h>
 
+#include "common/hash.h"
+
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
@@ -82,7 +84,10 @@ class Reader {
 
 Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix, PlacementConfig* p) {
   SPILLWAY_RETURN_IF_ERROR(
-      r.OnlyKnown(t, prefix, {"role", "device", "gpu_layers", "ctx", "slots", "threads", "batch", "mmap", "progress_timeout_s"}));
+      r.OnlyKnown(t, prefix, {"role", "model", "different_model", "device", "gpu_layers", "ctx", "slots", "threads", "batch",
+                              "mmap", "progress_timeout_s"}));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "model", prefix, &p->model, 0, 0));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "different_model", prefix, &p->different_model, 0, 0));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "progress_timeout_s", prefix, &p->progress_timeout_s, 0.1, 86400));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "role", prefix, &p->role, 0, 0));
   if (!p->role.empty() && p->role != "primary" && p->role != "hybrid" && p->role != "fallback") {
@@ -312,6 +317,22 @@ Status Validate(const GatewayConfig& c) {
     std::error_code ec;
     if (!std::filesystem::is_regular_file(s.model, ec)) {
       return Status::InvalidArgument(c.source + ": service '" + s.name + "': model file " + s.model + " not found");
+    }
+    for (const auto& p : s.placements) {
+      if (p.model.empty() || p.model == s.model) continue;
+      if (!std::filesystem::is_regular_file(p.model, ec)) {
+        return Status::InvalidArgument(c.source + ": service '" + s.name + "': placement model " + p.model + " not found");
+      }
+      // A replica must be the same model (its fingerprint starts with the
+      // file's hash); another model is allowed only when declared as such.
+      if (!p.different_model) {
+        auto a = Sha256File(s.model), b = Sha256File(p.model);
+        if (!a.ok() || !b.ok() || *a != *b) {
+          return Status::InvalidArgument(c.source + ": service '" + s.name + "': placement " + p.Name() + " uses " +
+                                         p.model + ", whose fingerprint differs from " + s.model +
+                                         "; declare different_model = true to serve it as an announced fallback model");
+        }
+      }
     }
     if (s.default_max_tokens > s.max_tokens) {
       return Status::InvalidArgument(c.source + ": service '" + s.name + "': default_max_tokens exceeds max_tokens");

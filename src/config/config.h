@@ -46,6 +46,8 @@ namespace spillway::config {
 
 struct PlacementConfig {
   std::string role;  // "primary" (the first by default), "hybrid" (planned partial offload) or "fallback"
+  std::string model;             // empty: the service's model file
+  bool different_model = false;  // declared: a different (e.g. smaller) model, announced to clients
   std::string device = "cpu";
   int gpu_layers = 0;
   int ctx = 4096;
@@ -55,6 +57,7 @@ struct PlacementConfig {
   bool mmap = true;
   double progress_timeout_s = 10;  // a decode loop without progress this long is hung
   std::string Name() const;  // "cpu", "sim:0/99", ...
+  const std::string& ModelOr(const std::string& service_model) const { return model.empty() ? service_model : model; }
 };
 
 struct AdmissionConfig {

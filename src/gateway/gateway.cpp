@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <thread>
 
@@ -336,9 +337,15 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     if (!j.is_object() || !j.contains("error")) return "";
     return j["error"].value("phase", status == 500 ? "compute" : "");
   };
+  // A declared different fallback model is announced as what it is.
+  auto fallback_model = [&]() -> std::string {
+    const auto& p = svc->placements[target.index];
+    return p.different_model ? std::filesystem::path(p.ModelOr(svc->model)).stem().string() : "";
+  };
   auto degraded = [&](auto& res) {
     res.set("X-Spillway-Attempts", std::to_string(attempts));
     if (target.index != 0) res.set("X-Spillway-Degraded", "served by " + placement + " (" + svc->placements[target.index].role + ")");
+    if (const std::string m = fallback_model(); !m.empty()) res.set("X-Spillway-Fallback-Model", m);
   };
   while (true) {
     if (past_deadline()) return deadline_failure();
@@ -394,6 +401,8 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
         }
         continue;
       }
+      // Cancelled meanwhile: whatever the worker said short of an answer, it ends cancelled.
+      if (live->cancelled && r->status != 200) return fail(State::kCancelled, Status::Cancelled("request cancelled"));
       const bool busy = r->status == 503 && r->body.find("resource_exhausted") != std::string::npos;
       if (busy && clock_.NowMs() - t0 < kQueueWaitMs && !live->cancelled) {
         Logged(journal_.Requeue(rec.id, "worker busy"), "requeue");
@@ -402,6 +411,14 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       }
       const State state = r->status < 300 ? State::kCompleted : r->status == 499 ? State::kCancelled : State::kFailed;
       if (state == State::kCompleted) AttemptSucceeded(rec.service, target.index);
+      if (const std::string m = fallback_model(); !m.empty() && state == State::kCompleted) {
+        json j = json::parse(r->body, nullptr, false);
+        if (j.is_object()) {
+          j["model"] = m;
+          j["spillway"]["fallback_model"] = m;
+          r->body = j.dump(-1, ' ', false, json::error_handler_t::replace);
+        }
+      }
       const std::string type = r->Header("content-type").empty() ? "application/json" : r->Header("content-type");
       finish(state, r->status, type, r->body, state == State::kCompleted ? "" : r->body);
       if (ex) {
@@ -470,6 +487,10 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
         }
       }
       start_client_stream();
+      if (!noted && ex && !fallback_model().empty()) {
+        ex->Write(": spillway: served by the fallback model " + fallback_model() + "\n\n");
+        noted = true;
+      }
       if (continuing && !noted && ex) {
         ex->Write(": spillway: continued on " + placement + " after a failure\n\n");  // SSE comment, ignored by clients
         noted = true;
@@ -499,6 +520,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
           return true;
         });
     if (!head_ok && st.ok()) {
+      if (live->cancelled && !streaming_started) return fail(State::kCancelled, Status::Cancelled("request cancelled"));
       const bool busy = status == 503 && error_body.find("resource_exhausted") != std::string::npos;
       if (busy && clock_.NowMs() - t0 < kQueueWaitMs && !live->cancelled) {
         Logged(journal_.Requeue(rec.id, "worker busy"), "requeue");

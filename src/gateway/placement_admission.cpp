@@ -17,7 +17,9 @@ namespace {
 std::mutex g_cal_mu;
 memory::Calibration g_calibration;
 
-std::string CalKey(const config::ServiceConfig& s, const config::PlacementConfig& p) { return s.model + "|" + p.device; }
+std::string CalKey(const config::ServiceConfig& s, const config::PlacementConfig& p) {
+  return p.ModelOr(s.model) + "|" + p.device;
+}
 
 // Finds the service and placement of a worker key.
 bool Find(const config::GatewayConfig& cfg, const std::string& key, const config::ServiceConfig** s, size_t* i) {
@@ -69,11 +71,11 @@ std::map<std::string, PlacementAdmission> Admit(const config::GatewayConfig& cfg
     return (ledgers[device] = std::move(l)).get();
   };
   for (const auto& s : cfg.services) {
-    auto meta = gguf::ReadGgufFile(s.model);
-    auto shape = meta.ok() ? memory::ShapeFromMetadata(*meta) : StatusOr<memory::ModelShape>(meta.status());
     for (size_t i = 0; i < s.placements.size(); ++i) {
       if (only && WorkerKey(s, i) != *only) continue;
       const auto& p = s.placements[i];
+      auto meta = gguf::ReadGgufFile(p.ModelOr(s.model));
+      auto shape = meta.ok() ? memory::ShapeFromMetadata(*meta) : StatusOr<memory::ModelShape>(meta.status());
       PlacementAdmission a;
       a.device = p.device;
       if (!shape.ok()) {
@@ -113,7 +115,7 @@ void RecordObserved(const config::GatewayConfig& cfg, const std::string& key, ui
   const config::ServiceConfig* s = nullptr;
   size_t i = 0;
   if (!Find(cfg, key, &s, &i) || observed_bytes == 0) return;
-  auto meta = gguf::ReadGgufFile(s->model);
+  auto meta = gguf::ReadGgufFile(s->placements[i].ModelOr(s->model));
   if (!meta.ok()) return;
   auto shape = memory::ShapeFromMetadata(*meta);
   if (!shape.ok()) return;

@@ -190,5 +190,38 @@ TEST_F(FailoverTest, StreamFailingBeforeItsFirstTokenRunsOnTheFallback) {
   EXPECT_EQ(Request("fo-stream")["state"], "completed");
 }
 
+TEST(FallbackModelTest, AnUndeclaredDifferentModelIsRefusedADeclaredOneIsAnnounced) {
+  auto config = [](bool declared) {
+    std::ostringstream os;
+    os << "[[service]]\nname = \"chat\"\nmodel = \"" << ModelPath("tiny-chat") << "\"\n"
+       << "[service.admission]\nfail_fast = false\n"
+       << "[[service.placement]]\ndevice = \"cpu\"\nctx = 256\nslots = 1\nthreads = 1\n"
+       << "[[service.placement]]\nrole = \"fallback\"\nmodel = \"" << ModelPath("tiny-chat-b") << "\"\n"
+       << (declared ? "different_model = true\n" : "") << "device = \"cpu\"\nctx = 4096\nslots = 1\nthreads = 1\n";
+    return os.str();
+  };
+  GatewayProcess refused(config(false));
+  EXPECT_FALSE(refused.Start(std::chrono::seconds(20)));
+  EXPECT_NE(refused.Output().find("fingerprint differs"), std::string::npos) << refused.Output();
+  GatewayProcess gw(config(true));
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  for (int i = 0; i < 500; ++i) {
+    json s = json::parse(http::Fetch("127.0.0.1", gw.port(), "GET", "/v1/status")->body);
+    if (s["services"][0]["placements"][1]["state"] == "ready") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // 600 prompt tokens never fit the primary's 256 cells: the declared fallback model serves, announced.
+  json tokens = json::array();
+  for (int i = 0; i < 600; ++i) tokens.push_back(100 + i);
+  auto r = http::Fetch("127.0.0.1", gw.port(), "POST", "/v1/completions",
+                       json{{"model", "chat"}, {"prompt", tokens}, {"max_tokens", 4}}.dump());
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->Header("x-spillway-fallback-model"), "tiny-chat-b");
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["model"], "tiny-chat-b");
+  EXPECT_EQ(j["spillway"]["fallback_model"], "tiny-chat-b");
+}
+
 }  // namespace
 }  // namespace spillway::testing
