@@ -410,7 +410,10 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
         continue;
       }
       const State state = r->status < 300 ? State::kCompleted : r->status == 499 ? State::kCancelled : State::kFailed;
-      if (state == State::kCompleted) AttemptSucceeded(rec.service, target.index);
+      if (state == State::kCompleted) {
+        AttemptSucceeded(rec.service, target.index);
+        RecordThroughput(rec.service, target.index, r->body);
+      }
       if (const std::string m = fallback_model(); !m.empty() && state == State::kCompleted) {
         json j = json::parse(r->body, nullptr, false);
         if (j.is_object()) {
@@ -571,7 +574,10 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     const State state = !had_error ? State::kCompleted
                         : (live->cancelled || stored.find("\"cancelled\"") != std::string::npos) ? State::kCancelled
                                                                                                 : State::kFailed;
-    if (state == State::kCompleted) AttemptSucceeded(rec.service, target.index);
+    if (state == State::kCompleted) {
+      AttemptSucceeded(rec.service, target.index);
+      RecordThroughput(rec.service, target.index, stored);
+    }
     finish(state, 200, "text/event-stream", stored, had_error ? "stream ended with an error" : "");
     if (ex) ex->End();
     return;

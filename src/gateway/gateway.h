@@ -66,7 +66,11 @@ class Gateway {
     memory::CellPool pool;
     PlacementAdmission admission;
     failover::Breaker breaker;
+    // Measured throughput (tokens/s, EWMA; 0 = not measured yet), for
+    // deadline-aware admission.
+    double prompt_tps = 0, gen_tps = 0;
   };
+  void RecordThroughput(const std::string& service, size_t index, const std::string& body);
   // Chooses a placement for one attempt (admission decision), reserving its
   // cells; delays inside. Fails (and answers) when the request is rejected.
   // `excluded`: placements that already failed this request (ignored when no

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <mutex>
 #include <thread>
 
@@ -19,6 +20,30 @@ void Gateway::AttemptFailed(const std::string& service, size_t index, const std:
   // A lost device or a dead worker cannot serve the next request either.
   if (phase == "device" || phase == "crash") b.Trip(why);
   else b.OnFailure(why);
+}
+
+void Gateway::RecordThroughput(const std::string& service, size_t index, const std::string& body) {
+  // The worker's timings, from a non-streamed body or a stream's last chunk.
+  json t;
+  const auto pos = body.rfind("\"timings\"");
+  if (pos == std::string::npos) return;
+  json j = json::parse(body, nullptr, false);
+  if (j.is_object() && j.contains("spillway")) {
+    t = j["spillway"].value("timings", json());
+  } else {
+    for (const auto& e : http::ParseSseData(body)) {
+      json c = json::parse(e, nullptr, false);
+      if (c.is_object() && c.contains("spillway") && c["spillway"].contains("timings")) t = c["spillway"]["timings"];
+    }
+  }
+  if (!t.is_object()) return;
+  const double pms = t.value("prompt_ms", 0.0), gms = t.value("generation_ms", 0.0);
+  const double pt = t.value("prompt_tokens", 0.0), gt = t.value("generated_tokens", 0.0);
+  std::lock_guard<std::mutex> lk(pools_mu_);
+  auto& st = *placements_[service][index];
+  auto ewma = [](double old, double sample) { return old == 0 ? sample : 0.7 * old + 0.3 * sample; };
+  if (pms > 0 && pt > 0) st.prompt_tps = ewma(st.prompt_tps, pt / (pms / 1000.0));
+  if (gms > 0 && gt > 1) st.gen_tps = ewma(st.gen_tps, (gt - 1) / (gms / 1000.0));
 }
 
 void Gateway::AttemptSucceeded(const std::string& service, size_t index) {
@@ -122,6 +147,23 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
       if (d.kind == admission::Kind::kReject && d.http_status == 503 && !views[0].usable && !svc.admission.fail_fast &&
           clock_.NowMs() - t0 < kQueueWaitMs) {
         d.kind = admission::Kind::kDelay;
+      }
+      if (d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject && live.deadline_ms) {
+        // Deadline awareness: from the placement's measured throughput, will it finish in time?
+        const auto& st = *states[d.placement];
+        if (st.prompt_tps > 0 && st.gen_tps > 0) {
+          const double need_s = prompt_tokens / st.prompt_tps + d.max_tokens / st.gen_tps;
+          const double left_s = (live.deadline_ms - clock_.NowMs()) / 1000.0;
+          if (need_s > left_s) {
+            d.kind = admission::Kind::kReject;
+            d.http_status = 503;
+            d.retry_after_s = static_cast<int>(std::ceil(need_s));
+            d.reason = st.cfg.Name() + " would need about " + std::to_string(static_cast<int>(std::ceil(need_s * 1000))) +
+                       " ms for " + std::to_string(prompt_tokens) + " prompt + " + std::to_string(d.max_tokens) +
+                       " tokens, beyond the request's deadline (" + std::to_string(static_cast<int>(left_s * 1000)) +
+                       " ms left)";
+          }
+        }
       }
       if (d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject) {
         auto& st = *states[d.placement];

@@ -79,6 +79,7 @@ json Gateway::StatusJson() const {
         w["predicted_bytes"] = st.admission.predicted_bytes;
         std::lock_guard<std::mutex> lk(const_cast<std::mutex&>(pools_mu_));
         w["kv_cells"] = {{"total", st.pool.total()}, {"reserved", st.pool.reserved()}, {"requests", st.pool.active()}};
+        w["throughput"] = {{"prompt_tokens_per_s", st.prompt_tps}, {"generated_tokens_per_s", st.gen_tps}};
         w["breaker"] = {{"state", failover::BreakerStateName(st.breaker.state())},
                         {"ejections", st.breaker.ejections()},
                         {"last_reason", st.breaker.last_reason()}};

@@ -154,6 +154,33 @@ TEST_F(AdmissionTest, AKilledGpuWorkerIsNotRestartedIntoMemoryTakenMeanwhile) {
   EXPECT_EQ(w["state"], "ready") << w.dump();
 }
 
+TEST_F(AdmissionTest, DeadlineAwareRoutingRefusesWhatTheCpuCannotFinishInTime) {
+  ASSERT_TRUE(devices::SimLedger::Create(0, 256 << 20).ok());
+  GatewayProcess gw(Config());
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  const uint16_t p = gw.port();
+  WaitAllReady(p);
+  // Measure the CPU placement once (a long prompt goes there).
+  auto warm = Post(p, {{"model", "chat"}, {"prompt", Tokens(700)}, {"max_tokens", 40}, {"ignore_eos", true}});
+  ASSERT_EQ(warm.status, 200) << warm.body;
+  ASSERT_EQ(warm.Header("x-spillway-placement"), "cpu");
+  json cpu = Body(*http::Fetch("127.0.0.1", p, "GET", "/v1/status"))["services"][0]["placements"][1];
+  ASSERT_GT(cpu["throughput"]["generated_tokens_per_s"].get<double>(), 0) << cpu.dump();
+  // 3000 tokens cannot be generated in 50 ms: a controlled capacity error, not a silent wait.
+  auto r = http::Fetch("127.0.0.1", p, "POST", "/v1/completions",
+                       json{{"model", "chat"}, {"prompt", Tokens(700)}, {"max_tokens", 3000}}.dump(),
+                       {{"X-Request-Timeout", "0.05"}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_NE(r->body.find("beyond the request's deadline"), std::string::npos) << r->body;
+  EXPECT_FALSE(r->Header("retry-after").empty());
+  // With time enough it runs.
+  auto ok = http::Fetch("127.0.0.1", p, "POST", "/v1/completions",
+                        json{{"model", "chat"}, {"prompt", Tokens(700)}, {"max_tokens", 8}}.dump(),
+                        {{"X-Request-Timeout", "60"}});
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
 TEST_F(AdmissionTest, ShrinkWhenTheServiceAllowsIt) {
   std::ostringstream os;
   os << "[[service]]\nname = \"chat\"\nmodel = \"" << ModelPath("tiny-chat") << "\"\n"
