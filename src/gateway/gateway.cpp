@@ -14,6 +14,7 @@
 #include "api/openai_response.h"
 #include "admission/admission.h"
 #include "common/hash.h"
+#include "failover/stream_progress.h"
 #include "gateway/gateway_internal.h"
 
 namespace spillway::gateway {
@@ -306,8 +307,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
   int failures = 0;
   bool streaming_started = false;
   // What the client already has of a stream, across attempts.
-  std::vector<int32_t> delivered_tokens;
-  size_t delivered_bytes = 0;
+  failover::StreamProgress progress;
   std::string stored;
 
   auto past_deadline = [&] { return live->deadline_ms && clock_.NowMs() >= live->deadline_ms; };
@@ -442,10 +442,10 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     // samples the delivered tokens again with the same (seeded) sampler,
     // checks they come out the same, and emits only what is new.
     std::string body_to_send = target.body;
-    const bool continuing = !delivered_tokens.empty();
+    const bool continuing = !progress.tokens().empty();
     if (continuing) {
       json b = json::parse(target.body, nullptr, false);
-      b["spillway_resume"] = {{"tokens", delivered_tokens}, {"text_bytes", delivered_bytes}};
+      b["spillway_resume"] = {{"tokens", progress.tokens()}, {"text_bytes", progress.text_bytes()}};
       body_to_send = b.dump();
     }
     int status = 0;
@@ -469,25 +469,10 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     };
     // Returns false to stop reading (a failure to act on).
     auto on_event = [&](const std::string& event) {
-      const auto datas = http::ParseSseData(event);
-      if (datas.size() == 1 && datas[0] != "[DONE]") {
-        json j = json::parse(datas[0], nullptr, false);
-        if (j.is_object() && j.contains("error")) {
-          failed_phase = j["error"].value("phase", "");
-          if (!failed_phase.empty()) return false;  // an allocation failure or a lost device: move
-        } else if (j.is_object()) {
-          if (j.contains("spillway") && j["spillway"].contains("tokens")) {
-            for (const auto& t : j["spillway"]["tokens"]) delivered_tokens.push_back(t.get<int32_t>());
-          }
-          if (j.contains("choices") && !j["choices"].empty()) {
-            const auto& c = j["choices"][0];
-            if (c.contains("delta") && c["delta"].contains("content") && c["delta"]["content"].is_string()) {
-              delivered_bytes += c["delta"]["content"].get_ref<const std::string&>().size();
-            } else if (c.contains("text") && c["text"].is_string()) {
-              delivered_bytes += c["text"].get_ref<const std::string&>().size();
-            }
-          }
-        }
+      std::string phase;
+      if (progress.Observe(event, &phase) == failover::StreamProgress::Event::kError && !phase.empty()) {
+        failed_phase = phase;
+        return false;  // an allocation failure or a lost device: move
       }
       start_client_stream();
       if (!noted && ex && !fallback_model().empty()) {
@@ -551,17 +536,23 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     }
     if (!st.ok() || !failed_phase.empty()) {
       // The worker failed or vanished: before the first token a fresh run,
-      // after it a continuation, elsewhere when possible.
+      // after it a continuation, elsewhere when possible; never past
+      // delivered tool calls.
       const std::string why = !failed_phase.empty() ? "phase " + failed_phase : st.message();
       if (st.ok() == false) supervisor_.Suspect(key);
-      if (attempt_failed(failed_phase.empty() ? "crash" : failed_phase, (streaming_started ? "mid-stream: " : "") + why)) {
-        continue;
-      }
-      const Status err = Status::Unavailable("the stream failed (" + why + ") and no placement could continue it; " +
-                                             std::to_string(delivered_tokens.size()) + " tokens were delivered");
+      const bool may_retry =
+          attempt_failed(failed_phase.empty() ? "crash" : failed_phase, (streaming_started ? "mid-stream: " : "") + why);
+      if (may_retry && (!streaming_started || progress.Continuable())) continue;
+      const Status err = Status::Unavailable(
+          "the stream failed (" + why + ") after " + std::to_string(progress.tokens().size()) + " delivered tokens; " +
+          (progress.tool_calls_delivered() ? "tool calls were delivered, so it is not replayed past them"
+                                           : "no placement could continue it") +
+          "; resume from the checkpoint with the request id");
       if (!streaming_started) return fail(State::kFailed, err);
       json ev = ErrorJson(err, rec.id);
-      ev["error"]["checkpoint"] = {{"tokens_delivered", delivered_tokens.size()}, {"text_bytes", delivered_bytes}};
+      ev["error"]["checkpoint"] = {{"tokens_delivered", progress.tokens().size()},
+                                  {"text_bytes", progress.text_bytes()},
+                                  {"tool_calls_delivered", progress.tool_calls_delivered()}};
       forward(api::SseEvent(ev) + api::kSseDone);
       finish(State::kFailedResumable, 200, "text/event-stream", stored, err.message());
       if (ex) ex->End();

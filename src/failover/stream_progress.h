@@ -1,0 +1,36 @@
+// What a client has received of a streamed answer, event by event: the token
+// ids (from the worker's `spillway.tokens`), the text bytes, and whether tool
+// calls were delivered. It decides whether a cut stream may be continued
+// elsewhere: never past delivered tool calls (an agent may already have run
+// them; DESIGN.md invariant 2).
+//
+// Pure: parses SSE event payloads only. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace spillway::failover {
+
+class StreamProgress {
+ public:
+  enum class Event { kChunk, kDone, kError, kOther };
+  // Records one SSE event (the text up to and including its blank line).
+  // For an error event, *error_phase gets its "phase" ("" when none).
+  Event Observe(const std::string& event, std::string* error_phase);
+
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  uint64_t text_bytes() const { return text_bytes_; }
+  bool tool_calls_delivered() const { return tool_calls_; }
+  // A continuation can reproduce what was delivered: token ids are known for
+  // all of it and no side effect (tool call) has gone out.
+  bool Continuable() const { return !tool_calls_ && !(text_bytes_ > 0 && tokens_.empty()); }
+
+ private:
+  std::vector<int32_t> tokens_;
+  uint64_t text_bytes_ = 0;
+  bool tool_calls_ = false;
+};
+
+}  // namespace spillway::failover
