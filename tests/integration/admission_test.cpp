@@ -1,5 +1,7 @@
 // Admission in the gateway: real gateway, workers and simulated device.
 #include <gtest/gtest.h>
+
+#include "scoped_sim_dir.h"
 #include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
@@ -46,15 +48,9 @@ void WaitAllReady(uint16_t port) {
 
 class AdmissionTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("spillway-admission-" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir_);
-    setenv("SPILLWAY_SIM_DIR", dir_.c_str(), 1);
-  }
-  void TearDown() override {
-    unsetenv("SPILLWAY_SIM_DIR");
-    std::filesystem::remove_all(dir_);
-  }
+  void SetUp() override { sim_ = std::make_unique<ScopedSimDir>("admission"); dir_ = sim_->path(); }
+  void TearDown() override { sim_.reset(); }
+  std::unique_ptr<ScopedSimDir> sim_;
   std::string Config(const std::string& admission = "") {
     std::ostringstream os;
     os << "[[device]]\nname = \"sim:0\"\nheadroom_pct = 5\n"

@@ -2,6 +2,8 @@
 // lost device move the request to the CPU fallback under the same id, with
 // the output the GPU path would have produced.
 #include <gtest/gtest.h>
+
+#include "scoped_sim_dir.h"
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -23,9 +25,7 @@ json Body(const http::ClientResponse& r) { return json::parse(r.body, nullptr, f
 class FailoverTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("spillway-failover-" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir_);
-    setenv("SPILLWAY_SIM_DIR", dir_.c_str(), 1);
+    sim_ = std::make_unique<ScopedSimDir>("failover");
     ASSERT_TRUE(devices::SimLedger::Create(0, 256 << 20).ok());
     std::ostringstream os;
     os << "[[service]]\nname = \"chat\"\nmodel = \"" << ModelPath("tiny-chat") << "\"\n"
@@ -39,8 +39,7 @@ class FailoverTest : public ::testing::Test {
   }
   void TearDown() override {
     gw_.reset();
-    unsetenv("SPILLWAY_SIM_DIR");
-    std::filesystem::remove_all(dir_);
+    sim_.reset();
   }
   json Placement(size_t i) { return Body(*http::Fetch("127.0.0.1", gw_->port(), "GET", "/v1/status"))["services"][0]["placements"][i]; }
   void WaitPlacements(const std::string& state) {
@@ -64,7 +63,7 @@ class FailoverTest : public ::testing::Test {
     return Body(*http::Fetch("127.0.0.1", gw_->port(), "GET", "/v1/requests/" + id));
   }
 
-  std::filesystem::path dir_;
+  std::unique_ptr<ScopedSimDir> sim_;
   std::unique_ptr<GatewayProcess> gw_;
 };
 

@@ -1,6 +1,8 @@
 // Integration tests of the simulated accelerator: real workers on sim:N,
 // real llama.cpp allocation failures, injected faults, competing holds.
 #include <gtest/gtest.h>
+
+#include "scoped_sim_dir.h"
 #include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
@@ -41,15 +43,9 @@ std::string Text(const http::ClientResponse& r) { return Body(r)["choices"][0]["
 
 class SimTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("spillway-simtest-" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir_);
-    setenv("SPILLWAY_SIM_DIR", dir_.c_str(), 1);
-  }
-  void TearDown() override {
-    unsetenv("SPILLWAY_SIM_DIR");
-    std::filesystem::remove_all(dir_);
-  }
+  void SetUp() override { sim_ = std::make_unique<ScopedSimDir>("simtest"); dir_ = sim_->path(); }
+  void TearDown() override { sim_.reset(); }
+  std::unique_ptr<ScopedSimDir> sim_;
   void MakeDevice(int index, uint64_t mib) { ASSERT_TRUE(devices::SimLedger::Create(index, mib * kMiB).ok()); }
   uint64_t Used(int index) { return (*devices::SimLedger::Open(index))->Snapshot().used; }
 

@@ -1,6 +1,8 @@
 #include "devices/sim_ledger.h"
 
 #include <gtest/gtest.h>
+
+#include "scoped_sim_dir.h"
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -82,15 +84,9 @@ TEST(LedgerTest, PidReuseIsDetectedByStartTime) {
 
 class SimLedgerFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("spillway-ledger-" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir_);
-    setenv("SPILLWAY_SIM_DIR", dir_.c_str(), 1);
-  }
-  void TearDown() override {
-    unsetenv("SPILLWAY_SIM_DIR");
-    std::filesystem::remove_all(dir_);
-  }
+  void SetUp() override { sim_ = std::make_unique<spillway::testing::ScopedSimDir>("ledger"); dir_ = sim_->path(); }
+  void TearDown() override { sim_.reset(); }
+  std::unique_ptr<spillway::testing::ScopedSimDir> sim_;
   std::filesystem::path dir_;
 };
 
