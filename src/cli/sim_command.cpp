@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "common/names.h"
 #include "devices/sim_ledger.h"
 
 namespace spillway::cli {
@@ -20,13 +21,8 @@ using devices::SimLedger;
 using nlohmann::json;
 
 int ParseSimDevice(const std::string& device) {
-  if (device.rfind("sim:", 0) != 0 || device.size() < 5 || device.size() > 8) return -1;
-  int n = 0;
-  for (size_t i = 4; i < device.size(); ++i) {
-    if (device[i] < '0' || device[i] > '9') return -1;
-    n = n * 10 + (device[i] - '0');
-  }
-  return n;
+  const auto name = ParseDeviceName(device);
+  return name && name->kind == "sim" ? name->index : -1;
 }
 
 namespace {

@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include "common/hash.h"
+#include "common/names.h"
 
 #include <cctype>
 #include <cstdlib>
@@ -101,10 +102,8 @@ Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix,
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "threads", prefix, &p->threads, 0, 1024));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "batch", prefix, &p->batch, 1, 1 << 16));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "mmap", prefix, &p->mmap, 0, 0));
-  const std::string& d = p->device;
-  const bool ok = d == "cpu" || ((d.rfind("cuda:", 0) == 0 || d.rfind("sim:", 0) == 0) &&
-                                 d.find_first_not_of("0123456789", d.find(':') + 1) == std::string::npos &&
-                                 d.size() > d.find(':') + 1);
+  const auto d = ParseDeviceName(p->device);
+  const bool ok = d && (d->kind == "cpu" || d->kind == "cuda" || d->kind == "sim");
   if (!ok) {
     const toml::node* n = t.get("device");
     return Status::InvalidArgument(Where(r.source(), n ? n->source() : t.source(), prefix + "device") +
@@ -133,19 +132,6 @@ const ServiceConfig* GatewayConfig::FindService(const std::string& name) const {
     if (s.name == name) return &s;
   }
   return nullptr;
-}
-
-bool SplitHostPort(const std::string& s, std::string* host, uint16_t* port) {
-  auto colon = s.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  *host = s.substr(0, colon);
-  if (host->size() > 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
-  const std::string p = s.substr(colon + 1);
-  if (p.empty() || p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos) return false;
-  const int v = std::stoi(p);
-  if (v > 65535) return false;
-  *port = static_cast<uint16_t>(v);
-  return true;
 }
 
 StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& source) {

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "common/names.h"
 #include "common/status.h"
 
 namespace spillway::config {
@@ -127,6 +128,6 @@ GatewayConfig DemoConfig(const std::string& models_dir);
 // Checks cross-field rules (unique names, files exist, keys for remote binds).
 Status Validate(const GatewayConfig& c);
 
-bool SplitHostPort(const std::string& s, std::string* host, uint16_t* port);
+using ::spillway::SplitHostPort;  // common/names.h
 
 }  // namespace spillway::config

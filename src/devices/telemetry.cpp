@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/names.h"
 #include "devices/sim_ledger.h"
 
 namespace spillway::devices {
@@ -35,18 +36,6 @@ std::optional<uint64_t> KbField(const std::string& text, const std::string& key)
     pos += key.size();
   }
   return std::nullopt;
-}
-
-bool SplitDevice(const std::string& device, std::string* kind, int* index) {
-  auto colon = device.find(':');
-  if (colon == std::string::npos || colon + 1 >= device.size() || device.size() - colon > 6) return false;
-  *kind = device.substr(0, colon);
-  *index = 0;
-  for (size_t i = colon + 1; i < device.size(); ++i) {
-    if (device[i] < '0' || device[i] > '9') return false;
-    *index = *index * 10 + (device[i] - '0');
-  }
-  return true;
 }
 
 class SimTelemetry final : public DeviceTelemetry {
@@ -136,9 +125,10 @@ class NvmlTelemetry final : public DeviceTelemetry {
 }  // namespace
 
 StatusOr<std::unique_ptr<DeviceTelemetry>> OpenDeviceTelemetry(const std::string& device) {
-  std::string kind;
-  int index = 0;
-  if (!SplitDevice(device, &kind, &index)) return Status::InvalidArgument("bad device '" + device + "' (sim:N or cuda:N)");
+  const auto name = ParseDeviceName(device);
+  if (!name || name->kind == "cpu") return Status::InvalidArgument("bad device '" + device + "' (sim:N or cuda:N)");
+  const std::string& kind = name->kind;
+  const int index = name->index;
   if (kind == "sim") {
     auto ledger = SimLedger::Open(index);
     if (!ledger.ok()) return Status::Unavailable(ledger.status().message());

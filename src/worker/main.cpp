@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "api/http_server.h"
+#include "common/names.h"
 #include "worker/engine.h"
 #include "worker/faults.h"
 #include "worker/sim_control.h"
@@ -38,22 +39,6 @@ int Fatal(int code, const Status& st) {
                       {"phase", FailurePhaseName(st.phase())}, {"exit_code", code}};
   std::fprintf(stderr, "%s\n", j.dump().c_str());
   return code;
-}
-
-bool SplitHostPort(const std::string& s, std::string* host, uint16_t* port) {
-  auto colon = s.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  *host = s.substr(0, colon);
-  if (host->size() > 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
-  try {
-    size_t used = 0;
-    int p = std::stoi(s.substr(colon + 1), &used);
-    if (used != s.size() - colon - 1 || p < 0 || p > 65535) return false;
-    *port = static_cast<uint16_t>(p);
-    return true;
-  } catch (...) {
-    return false;
-  }
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/hash.h"
+#include "common/names.h"
 #include "worker/sim_control.h"
 
 namespace spillway::worker {
@@ -70,20 +71,6 @@ namespace {
 
 bool IsAccelerator(const std::string& device) { return device != "cpu"; }
 
-// "cuda:1" -> {"cuda", 1}
-bool SplitDevice(const std::string& device, std::string* kind, int* index) {
-  auto colon = device.find(':');
-  if (colon == std::string::npos) return false;
-  *kind = device.substr(0, colon);
-  try {
-    size_t used = 0;
-    *index = std::stoi(device.substr(colon + 1), &used);
-    return used == device.size() - colon - 1 && *index >= 0;
-  } catch (...) {
-    return false;
-  }
-}
-
 Status LoadModule(const fs::path& dir, const std::string& stem) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -100,11 +87,9 @@ Status LoadModule(const fs::path& dir, const std::string& stem) {
 Status LoadBackends(const std::string& dir, const std::string& device) {
   if (ggml_backend_reg_by_name("CPU") == nullptr) SPILLWAY_RETURN_IF_ERROR(LoadModule(dir, "ggml-cpu"));
   if (!IsAccelerator(device)) return Status::Ok();
-  std::string kind;
-  int index = 0;
-  if (!SplitDevice(device, &kind, &index)) {
-    return Status::InvalidArgument("bad device '" + device + "' (cpu, cuda:N or sim:N)");
-  }
+  const auto name = ParseDeviceName(device);
+  if (!name) return Status::InvalidArgument("bad device '" + device + "' (cpu, cuda:N or sim:N)");
+  const std::string& kind = name->kind;
   if (kind == "cuda") {
     if (ggml_backend_reg_by_name("CUDA") == nullptr) SPILLWAY_RETURN_IF_ERROR(LoadModule(dir, "ggml-cuda"));
     return Status::Ok();
@@ -121,9 +106,10 @@ namespace {
 StatusOr<std::vector<ggml_backend_dev_t>> DevicesFor(const std::string& device) {
   std::vector<ggml_backend_dev_t> out;
   if (!IsAccelerator(device)) return out;
-  std::string kind;
-  int index = 0;
-  if (!SplitDevice(device, &kind, &index)) return Status::InvalidArgument("bad device '" + device + "'");
+  const auto name = ParseDeviceName(device);
+  if (!name) return Status::InvalidArgument("bad device '" + device + "'");
+  const std::string& kind = name->kind;
+  const int index = name->index;
   if (kind == "sim") {
     // Devices are named after their ledger: SIM<N> is sim:N.
     if (ggml_backend_dev_t dev = ggml_backend_dev_by_name(("SIM" + std::to_string(index)).c_str())) {

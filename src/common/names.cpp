@@ -1,0 +1,29 @@
+#include "common/names.h"
+
+namespace spillway {
+
+std::optional<DeviceName> ParseDeviceName(const std::string& name) {
+  if (name == "cpu") return DeviceName{"cpu", -1};
+  const auto colon = name.find(':');
+  if (colon == std::string::npos || colon == 0) return std::nullopt;
+  const std::string digits = name.substr(colon + 1);
+  if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  return DeviceName{name.substr(0, colon), std::stoi(digits)};
+}
+
+bool SplitHostPort(const std::string& s, std::string* host, uint16_t* port) {
+  const auto colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  *host = s.substr(0, colon);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
+  const std::string p = s.substr(colon + 1);
+  if (p.empty() || p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos) return false;
+  const int v = std::stoi(p);
+  if (v > 65535) return false;
+  *port = static_cast<uint16_t>(v);
+  return true;
+}
+
+}  // namespace spillway
