@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "api/openai_tools.h"
+
 namespace spillway::api {
 
 using nlohmann::json;
@@ -163,13 +165,21 @@ StatusOr<ChatRequest> ParseChatRequest(const json& body) {
     if (rs != "system" && rs != "user" && rs != "assistant" && rs != "tool" && rs != "developer") {
       return Bad(field + ".role", "must be one of system, developer, user, assistant, tool");
     }
+    ChatMessage msg;
+    msg.role = rs == "developer" ? "system" : rs;
+    SPILLWAY_RETURN_IF_ERROR(ParseMessageToolFields(m, field, &msg));
     auto content = m.find("content");
-    if (content == m.end()) return Bad(field + ".content", "is required");
-    auto text = ContentText(*content, i);
-    if (!text.ok()) return text.status();
-    r.messages.push_back({rs == "developer" ? "system" : rs, std::move(*text)});
+    // An assistant message that called functions may leave content out.
+    if (content == m.end() && msg.tool_calls.empty()) return Bad(field + ".content", "is required");
+    if (content != m.end()) {
+      auto text = ContentText(*content, i);
+      if (!text.ok()) return text.status();
+      msg.content = std::move(*text);
+    }
+    r.messages.push_back(std::move(msg));
     ++i;
   }
+  SPILLWAY_RETURN_IF_ERROR(ParseToolFields(body, &r));
   return r;
 }
 

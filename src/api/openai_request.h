@@ -44,14 +44,39 @@ struct GenerationRequest {
   uint64_t resume_text_bytes = 0;
 };
 
-struct ChatMessage {
-  std::string role;
-  std::string content;
+// One call of a function: in an assistant message of the history (request)
+// or in an answer (response).
+struct ToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON text, as OpenAI carries it
 };
+
+struct ChatMessage {
+  std::string role;                  // system | user | assistant | tool ("developer" becomes "system")
+  std::string content;               // "" for null content
+  std::vector<ToolCall> tool_calls;  // assistant messages that called functions
+  std::string tool_call_id;          // role "tool": the call this message answers
+};
+
+// A function the model may call: "tools": [{"type": "function", "function": {...}}].
+struct ToolFunction {
+  std::string name;         // [A-Za-z0-9_-]{1,64}
+  std::string description;
+  std::string parameters;   // its JSON Schema (an object) as compact JSON text; "" when not given
+};
+
+// "tool_choice": "none" | "auto" | "required" | {"type": "function", "function": {"name": N}}.
+enum class ToolChoice { kNone, kAuto, kRequired, kFunction };
 
 struct ChatRequest {
   GenerationRequest gen;
   std::vector<ChatMessage> messages;
+  std::vector<ToolFunction> tools;
+  // Unset: kAuto when tools are given, else kNone. kRequired and kFunction
+  // need tools (and kFunction a name among them).
+  ToolChoice tool_choice = ToolChoice::kNone;
+  std::string tool_choice_name;  // kFunction: the function that must be called
 };
 
 struct CompletionRequest {
@@ -74,6 +99,12 @@ inline constexpr size_t kMaxStopLength = 256;
 inline constexpr size_t kMaxMessages = 4096;
 inline constexpr size_t kMaxEmbeddingInputs = 2048;
 inline constexpr size_t kMaxPromptTokens = 1 << 20;
+inline constexpr size_t kMaxTools = 128;
+inline constexpr size_t kMaxToolDescription = 8192;       // bytes
+inline constexpr size_t kMaxToolParameters = 64 << 10;    // bytes of the schema's JSON text
+inline constexpr size_t kMaxToolProperties = 64;          // top-level properties of one schema
+inline constexpr size_t kMaxToolCallsPerMessage = 128;
+inline constexpr size_t kMaxToolArguments = 1 << 20;      // bytes of one call's arguments
 
 // Parses raw body text; malformed JSON is an error naming the offset.
 StatusOr<nlohmann::json> ParseJsonBody(const std::string& body);

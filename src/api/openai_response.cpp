@@ -39,6 +39,10 @@ json UsageJson(const Usage& u) {
           {"total_tokens", u.prompt_tokens + u.completion_tokens}};
 }
 
+json ToolCallJson(const ToolCall& c) {
+  return {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+}
+
 json Envelope(Endpoint ep, bool chunk, const std::string& id, const std::string& model, int64_t created) {
   const char* object = ep == Endpoint::kChat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
   return {{"id", id}, {"object", object}, {"created", created}, {"model", model}};
@@ -52,6 +56,12 @@ json GenerationBody(Endpoint ep, const std::string& id, const std::string& model
   json choice = {{"index", 0}, {"finish_reason", r.finish_reason}, {"logprobs", nullptr}};
   if (ep == Endpoint::kChat) {
     choice["message"] = {{"role", "assistant"}, {"content", r.text}};
+    if (!r.tool_calls.empty()) {
+      if (r.text.empty()) choice["message"]["content"] = nullptr;
+      json calls = json::array();
+      for (const auto& c : r.tool_calls) calls.push_back(ToolCallJson(c));
+      choice["message"]["tool_calls"] = std::move(calls);
+    }
   } else {
     choice["text"] = r.text;
   }
@@ -74,6 +84,20 @@ json GenerationChunk(Endpoint ep, const std::string& id, const std::string& mode
     choice["text"] = delta;
   }
   body["choices"] = json::array({choice});
+  return body;
+}
+
+json ToolCallChunk(const std::string& id, const std::string& model, int64_t created, const ToolCall& call, int index,
+                   bool role_first) {
+  json body = Envelope(Endpoint::kChat, true, id, model, created);
+  json c = ToolCallJson(call);
+  c["index"] = index;
+  json d = {{"tool_calls", json::array({std::move(c)})}};
+  if (role_first) {
+    d["role"] = "assistant";
+    d["content"] = nullptr;
+  }
+  body["choices"] = json::array({{{"index", 0}, {"delta", std::move(d)}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
   return body;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "api/openai_request.h"
 #include "common/status.h"
 
 namespace spillway::api {
@@ -22,8 +23,11 @@ struct Usage {
 // A finished generation as the HTTP layer reports it.
 struct GenerationResult {
   std::string text;
-  std::string finish_reason;  // "stop" | "length"
+  std::string finish_reason;  // "stop" | "length" | "tool_calls"
   Usage usage;
+  // Chat only: calls the model made. The message then has "tool_calls" and
+  // its content is `text`, or null when `text` is empty.
+  std::vector<ToolCall> tool_calls;
 };
 
 nlohmann::json GenerationBody(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
@@ -34,6 +38,10 @@ nlohmann::json GenerationBody(Endpoint ep, const std::string& id, const std::str
 nlohmann::json GenerationChunk(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
                                const std::string& delta, bool role_first,
                                const std::optional<std::string>& finish_reason);
+// A chat chunk delivering one whole tool call, the `index`-th of the answer:
+// {"tool_calls": [{"index", "id", "type": "function", "function": {"name", "arguments"}}]}.
+nlohmann::json ToolCallChunk(const std::string& id, const std::string& model, int64_t created, const ToolCall& call,
+                             int index, bool role_first);
 // The usage-only chunk sent when stream_options.include_usage is set.
 nlohmann::json UsageChunk(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
                           const Usage& usage);

@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "config/config.h"
 #include "gateway/gateway.h"
+#include "gateway/readiness.h"
 #include "gateway/placement_admission.h"
 #include "journal/journal.h"
 #include "upstream/supervisor.h"
@@ -112,7 +113,12 @@ int Serve(const ServeArgs& a) {
                                        std::to_string(s.default_max_tokens), "--progress-timeout",
                                        std::to_string(p.progress_timeout_s)};
       if (!p.mmap) args.push_back("--no-mmap");
-      supervisor.Add({gateway::WorkerKey(s, i), args});
+      // The CPU fallback's readiness policy (gateway/readiness.h).
+      const gateway::Readiness r = gateway::ResolveReadiness(s, i);
+      if (r.policy == "mmap") {
+        args.insert(args.end(), {"--lazy-context", "--context-idle-s", std::to_string(s.failover.idle_unload_s)});
+      }
+      supervisor.Add({gateway::WorkerKey(s, i), args, r.policy == "on-demand"});
     }
   }
   // Restarts are admitted again against fresh telemetry: memory taken by
@@ -127,6 +133,7 @@ int Serve(const ServeArgs& a) {
     if (!info.ok() || info->status != 200) return;
     auto j = nlohmann::json::parse(info->body, nullptr, false);
     if (j.is_discarded()) return;
+    if (j.contains("context") && j["context"].is_object() && !j["context"].value("created", true)) return;  // lazy context: nothing to compare yet
     const bool on_host = j["placement"]["device"] == "cpu";
     uint64_t observed = 0;
     for (const auto& b : j["memory"]["buffers"]) {
@@ -134,9 +141,8 @@ int Serve(const ServeArgs& a) {
     }
     gateway::RecordObserved(cfg, key, observed);
   });
-  supervisor.Start();
-
   gateway::Gateway gw(cfg, **journal, supervisor, clock, admissions);
+  supervisor.Start();
   boost::asio::io_context ioc;
   http::ServerOptions so;
   so.max_body_bytes = cfg.max_body_bytes;

@@ -203,15 +203,40 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
       if (!t) return Status::InvalidArgument(Where(source, node.source(), prefix) + " must be a table");
       ServiceConfig svc;
       SPILLWAY_RETURN_IF_ERROR(
-          r.OnlyKnown(*t, prefix, {"name", "model", "max_tokens", "default_max_tokens", "placement", "admission", "failover"}));
+          r.OnlyKnown(*t, prefix, {"name", "model", "max_tokens", "default_max_tokens", "placement", "admission", "failover",
+                                   "cpu_path"}));
       if (const toml::node* fn = t->get("failover")) {
         const toml::table* ft = fn->as_table();
         const std::string fp = prefix + "failover.";
         if (!ft) return Status::InvalidArgument(Where(source, fn->source(), fp) + " must be a table");
-        SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(*ft, fp, {"breaker_failures", "ejection_s", "max_ejection_s"}));
+        SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(*ft, fp, {"breaker_failures", "ejection_s", "max_ejection_s", "readiness",
+                                                       "recovery_budget_s", "idle_unload_s"}));
         SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "breaker_failures", fp, &svc.failover.breaker_failures, 1, 1000));
         SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "ejection_s", fp, &svc.failover.ejection_s, 0.01, 86400));
         SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "max_ejection_s", fp, &svc.failover.max_ejection_s, 0.01, 86400));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "readiness", fp, &svc.failover.readiness, 0, 0));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "recovery_budget_s", fp, &svc.failover.recovery_budget_s, 0, 3600));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "idle_unload_s", fp, &svc.failover.idle_unload_s, 1, 86400 * 30));
+        const auto& rd = svc.failover.readiness;
+        if (rd != "warm" && rd != "mmap" && rd != "on-demand" && rd != "auto") {
+          return Status::InvalidArgument(Where(source, ft->get("readiness")->source(), fp + "readiness") +
+                                         " must be \"warm\", \"mmap\", \"on-demand\" or \"auto\"");
+        }
+      }
+      if (const toml::node* cn = t->get("cpu_path")) {
+        const toml::table* ct = cn->as_table();
+        const std::string cp = prefix + "cpu_path.";
+        if (!ct) return Status::InvalidArgument(Where(source, cn->source(), cp) + " must be a table");
+        SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(*ct, cp, {"max_queue", "concurrency", "max_prompt_tokens", "max_tokens",
+                                                       "ram_budget_mib", "host_headroom_mib", "wait_comment_s"}));
+        auto& q = svc.cpu_path;
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*ct, "max_queue", cp, &q.max_queue, 0, 100000));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*ct, "concurrency", cp, &q.concurrency, 1, 256));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*ct, "max_prompt_tokens", cp, &q.max_prompt_tokens, 0, 1 << 24));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*ct, "max_tokens", cp, &q.max_tokens, 0, 1 << 20));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*ct, "ram_budget_mib", cp, &q.ram_budget_mib, 0, 1 << 30));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*ct, "host_headroom_mib", cp, &q.host_headroom_mib, 0, 1 << 30));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*ct, "wait_comment_s", cp, &q.wait_comment_s, 0.1, 3600));
       }
       if (const toml::node* an = t->get("admission")) {
         const toml::table* at = an->as_table();

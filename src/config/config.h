@@ -27,6 +27,21 @@
 //   fail_fast = false
 //   allow_shrink = false
 //   max_delay_s = 30
+//   [service.failover]
+//   breaker_failures = 3
+//   ejection_s = 30
+//   max_ejection_s = 300
+//   readiness = "warm"                   # warm | mmap | on-demand | auto (of the CPU fallback)
+//   recovery_budget_s = 5                # auto: the lightest policy ready within this
+//   idle_unload_s = 600                  # mmap / on-demand: give the RAM back after this idle time
+//   [service.cpu_path]                   # requests on the CPU fallback
+//   max_queue = 16
+//   concurrency = 1
+//   max_prompt_tokens = 0                # 0: the placement's ctx
+//   max_tokens = 0                       # 0: the service's max_tokens
+//   ram_budget_mib = 0                   # 0: half of the host's memory
+//   host_headroom_mib = 512
+//   wait_comment_s = 2
 //   [[service.placement]]
 //   role = "primary"                     # primary | hybrid | fallback
 //   device = "cpu"                       # cpu | cuda:N | sim:N
@@ -73,6 +88,26 @@ struct FailoverConfig {
   int breaker_failures = 3;     // consecutive failures that open a placement's breaker
   double ejection_s = 30;       // x times ejected ...
   double max_ejection_s = 300;  // ... capped (Envoy's defaults)
+  // How the CPU fallback replica is kept ready: "warm" (loaded at start),
+  // "mmap" (weights mapped at start, context created on the first request,
+  // freed after idle_unload_s), "on-demand" (process started on the first
+  // request, stopped after idle_unload_s) or "auto": the lightest one whose
+  // expected readiness time fits recovery_budget_s.
+  std::string readiness = "warm";
+  double recovery_budget_s = 5;
+  double idle_unload_s = 600;
+};
+
+// The CPU path: requests on fallback placements on the host ("cpu") wait in
+// a line of their own, with their own limits and a host-RAM budget.
+struct CpuPathConfig {
+  int max_queue = 16;           // waiting requests; more get 503 + Retry-After
+  int concurrency = 1;          // running at once on the CPU path
+  int max_prompt_tokens = 0;    // 0: the placement's context
+  int max_tokens = 0;           // cap on the CPU path (0: the service's); lowered requests are told
+  double ram_budget_mib = 0;    // the CPU path's host RAM (replicas + requests); 0: half of the host's memory
+  double host_headroom_mib = 512;  // the host's observed available memory must stay above this
+  double wait_comment_s = 2;    // SSE comment period while a stream waits in the line
 };
 
 struct DeviceConfig {
@@ -88,7 +123,10 @@ struct ServiceConfig {
   int default_max_tokens = 256;
   AdmissionConfig admission;
   FailoverConfig failover;
+  CpuPathConfig cpu_path;
   std::vector<PlacementConfig> placements;  // [0] is the primary
+  // Whether placement `i` belongs to the CPU path (a fallback on the host).
+  bool OnCpuPath(size_t i) const { return i > 0 && placements[i].role == "fallback" && placements[i].device == "cpu"; }
 };
 
 struct JournalConfig {

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include "common/hash.h"
 #include "failover/stream_progress.h"
 #include "gateway/gateway_internal.h"
+#include "gateway/readiness.h"
 
 namespace spillway::gateway {
 
@@ -35,16 +37,28 @@ Gateway::Gateway(const config::GatewayConfig& config, journal::Journal& journal,
     for (size_t i = 0; i < s.placements.size(); ++i) {
       const std::string key = WorkerKey(s, i);
       auto it = admissions.find(key);
-      PlacementAdmission a = it != admissions.end() ? it->second : PlacementAdmission{true, s.placements[i].device, 0, ""};
+      PlacementAdmission a = it != admissions.end() ? it->second : PlacementAdmission{true, s.placements[i].device, 0, 0, ""};
       const failover::BreakerOptions bo{s.failover.breaker_failures, static_cast<int64_t>(s.failover.ejection_s * 1000),
                                         static_cast<int64_t>(s.failover.max_ejection_s * 1000)};
-      v.push_back(std::make_unique<PlacementState>(PlacementState{
-          key, s.placements[i], memory::CellPool(static_cast<uint32_t>(s.placements[i].ctx)), a, failover::Breaker(bo, clock_)}));
+      v.push_back(std::make_unique<PlacementState>(key, s.placements[i], a, failover::Breaker(bo, clock_)));
+      const Readiness r = ResolveReadiness(s, i);
+      v.back()->readiness = r.policy;
+      v.back()->readiness_reason = r.reason;
+      v.back()->readiness_expected_s = r.expected_s;
     }
+    cpu_budgets_[s.name] = CpuPathBudgetBytes(s);
+    cpu_queues_[s.name] = std::make_unique<scheduler::CpuQueue>(
+        scheduler::CpuQueueOptions{static_cast<size_t>(s.cpu_path.max_queue), s.cpu_path.concurrency, cpu_budgets_[s.name]},
+        clock_);
   }
+  supervisor_.SetIdleCheck([this](const std::string& key) { return IdleReplica(key); });
 }
 
-Gateway::~Gateway() { dispatcher_.reset(); }
+// The supervisor asks this gateway about idle replicas: it stops first.
+Gateway::~Gateway() {
+  supervisor_.Stop();
+  dispatcher_.reset();
+}
 
 std::string Gateway::NewRequestId() {
   std::lock_guard<std::mutex> lk(mu_);
@@ -98,7 +112,10 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
     json missing = json::array();
     for (const auto& s : config_.services) {
       bool ready = false;
-      for (size_t i = 0; i < s.placements.size(); ++i) ready |= supervisor_.ReadyPort(WorkerKey(s, i)).has_value();
+      for (size_t i = 0; i < s.placements.size(); ++i) {
+        // An on-demand replica that is stopped starts when a request needs it.
+        ready |= supervisor_.ReadyPort(WorkerKey(s, i)).has_value() || supervisor_.OnDemand(WorkerKey(s, i));
+      }
       if (!ready) missing.push_back(s.name);
     }
     return ex->Respond(JsonResponse(missing.empty() ? 200 : 503, {{"ready", missing.empty()}, {"not_ready", missing}}, v));
@@ -282,12 +299,9 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
                                                           : "/v1/embeddings";
   std::string placement = svc ? svc->placements[0].Name() : "";
   Target target;
-  // The cells reserved in a placement's pool go back whatever the outcome.
+  // What an attempt holds (cells, its place on the CPU path) goes back whatever the outcome.
   auto release = [&] {
-    if (target.cells == 0) return;
-    std::lock_guard<std::mutex> lk(pools_mu_);
-    placements_[rec.service][target.index]->pool.Release(rec.id);
-    target.cells = 0;
+    if (svc) ReleaseTarget(rec.service, rec.id, &target);
   };
   struct Releaser {
     std::function<void()> f;
@@ -298,8 +312,22 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     Logged(journal_.Finish(rec.id, state, status, type, body, err), "finish");
     metrics_.RequestFinished(rec.service, Outcome(state), placement, (clock_.NowMs() - t0) / 1000.0);
   };
+  // The client's stream may have started before the first event (comments
+  // while waiting for the CPU path): errors then end it as events.
+  bool head_sent = false;
+  std::string stored;
+  auto end_stream_with_error = [&](State state, const json& error_body, const std::string& why) {
+    const std::string ev = api::SseEvent(error_body) + api::kSseDone;
+    stored += ev;
+    finish(state, 200, "text/event-stream", stored, why);
+    if (ex) {
+      ex->Write(ev);
+      ex->End();
+    }
+  };
   auto fail = [&](State state, const Status& st) {
     const json body = ErrorJson(st, rec.id);
+    if (head_sent) return end_stream_with_error(state, body, st.message());
     finish(state, HttpStatusFor(st.code()), "application/json", body.dump(), st.message());
     if (ex) ex->Respond(ErrorResponse(st, v, rec.id));
   };
@@ -308,7 +336,6 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
   bool streaming_started = false;
   // What the client already has of a stream, across attempts.
   failover::StreamProgress progress;
-  std::string stored;
 
   auto past_deadline = [&] { return live->deadline_ms && clock_.NowMs() >= live->deadline_ms; };
   auto remaining = [&] {
@@ -327,8 +354,11 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
   auto attempt_failed = [&](const std::string& phase, const std::string& why) {
     AttemptFailed(rec.service, target.index, phase, why);
     excluded[target.index] = true;
+    ++failures;
+    // fail_fast: "the accelerator or an error", never a silent spill.
+    if (svc->admission.fail_fast) return false;
     Logged(journal_.Requeue(rec.id, why), "requeue");
-    return ++failures < kMaxAttempts;
+    return failures < kMaxAttempts;
   };
   // The phase of an allocation or device failure in a worker's error body ("" otherwise).
   auto failure_phase = [](int status, const std::string& body) -> std::string {
@@ -344,6 +374,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
   };
   auto degraded = [&](auto& res) {
     res.set("X-Spillway-Attempts", std::to_string(attempts));
+    if (!target.limits.empty()) res.set("X-Spillway-Limits", target.limits);
     if (target.index != 0) res.set("X-Spillway-Degraded", "served by " + placement + " (" + svc->placements[target.index].role + ")");
     if (const std::string m = fallback_model(); !m.empty()) res.set("X-Spillway-Fallback-Model", m);
   };
@@ -352,7 +383,27 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     if (live->cancelled) return fail(State::kCancelled, Status::Cancelled("request cancelled"));
     release();
     Status rejected;
-    if (!Admit(rec, *svc, *live, excluded, &target, &rejected)) {
+    // A stream that waits long (for the CPU path, or for a replica to load)
+    // starts early and hears why every wait_comment_s, as SSE comments.
+    const int64_t comment_ms = static_cast<int64_t>(svc->cpu_path.wait_comment_s * 1000);
+    int64_t last_comment_ms = clock_.NowMs();
+    auto on_wait = [&](const std::string& note, double est_s) {
+      if (!rec.stream || !ex || note.empty()) return;
+      const int64_t now = clock_.NowMs();
+      if (now - last_comment_ms < comment_ms) return;
+      last_comment_ms = now;
+      if (!head_sent) {
+        head_sent = true;
+        auto head = http::MakeResponse(200, "", "text/event-stream", v);
+        head.set(bhttp::field::cache_control, "no-cache");
+        head.set("X-Request-Id", rec.id);
+        head.set("X-Spillway-Degraded", note);
+        head.set("X-Spillway-Estimated-Delay", std::to_string(static_cast<int>(std::ceil(est_s))));
+        ex->StartStream(std::move(head));
+      }
+      ex->Write(": spillway: " + note + "\n\n");
+    };
+    if (!Admit(rec, *svc, *live, excluded, &target, &rejected, on_wait)) {
       if (rejected.code() == StatusCode::kDeadlineExceeded) return deadline_failure();
       if (rejected.code() == StatusCode::kCancelled) return fail(State::kCancelled, rejected);
       return fail(State::kFailed, rejected);
@@ -414,11 +465,14 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
         AttemptSucceeded(rec.service, target.index);
         RecordThroughput(rec.service, target.index, r->body);
       }
-      if (const std::string m = fallback_model(); !m.empty() && state == State::kCompleted) {
+      if (const std::string m = fallback_model(); (!m.empty() || !target.limits.empty()) && state == State::kCompleted) {
         json j = json::parse(r->body, nullptr, false);
         if (j.is_object()) {
-          j["model"] = m;
-          j["spillway"]["fallback_model"] = m;
+          if (!m.empty()) {
+            j["model"] = m;
+            j["spillway"]["fallback_model"] = m;
+          }
+          if (!target.limits.empty()) j["spillway"]["limits"] = target.limits;
           r->body = j.dump(-1, ' ', false, json::error_handler_t::replace);
         }
       }
@@ -459,6 +513,12 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       if (streaming_started) return;
       streaming_started = true;
       if (!ex) return;
+      if (head_sent) {  // started while waiting: say where it runs now
+        ex->Write(": spillway: running on " + placement + " (" + svc->placements[target.index].role + ")" +
+                  (target.limits.empty() ? "" : ", limits " + target.limits) + "\n\n");
+        return;
+      }
+      head_sent = true;
       auto head = http::MakeResponse(200, "", "text/event-stream", v);
       head.set(bhttp::field::cache_control, "no-cache");
       head.set("X-Request-Id", rec.id);
@@ -525,6 +585,10 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
         finish(State::kFailedResumable, 200, "text/event-stream", stored, error_body);
         if (ex) ex->End();
         return;
+      }
+      if (head_sent) {
+        json eb = json::parse(error_body, nullptr, false);
+        return end_stream_with_error(state, eb.is_object() ? eb : ErrorJson(Status::Unavailable(error_body), rec.id), error_body);
       }
       finish(state, status, "application/json", error_body, error_body);
       if (ex) {

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,7 @@
 #include "api/http_server.h"
 #include "common/clock.h"
 #include "config/config.h"
+#include "admission/admission.h"
 #include "gateway/dispatcher.h"
 #include "gateway/metrics.h"
 #include "failover/breaker.h"
@@ -36,6 +38,7 @@
 #include "memory/ledger.h"
 #include "journal/journal.h"
 #include "upstream/connection_pool.h"
+#include "scheduler/cpu_queue.h"
 #include "upstream/supervisor.h"
 
 namespace spillway::gateway {
@@ -61,6 +64,8 @@ class Gateway {
   struct Target;
   // The gateway's view of one placement's KV pool, for per-request admission.
   struct PlacementState {
+    PlacementState(std::string k, config::PlacementConfig c, PlacementAdmission a, failover::Breaker b)
+        : key(std::move(k)), cfg(std::move(c)), pool(static_cast<uint32_t>(cfg.ctx)), admission(std::move(a)), breaker(b) {}
     std::string key;
     config::PlacementConfig cfg;
     memory::CellPool pool;
@@ -69,14 +74,34 @@ class Gateway {
     // Measured throughput (tokens/s, EWMA; 0 = not measured yet), for
     // deadline-aware admission.
     double prompt_tps = 0, gen_tps = 0;
+    // Attempts holding this placement now, and when the last one ended
+    // (an idle on-demand replica is released after idle_unload_s).
+    int active = 0;
+    int64_t last_used_ms = 0;
+    std::string readiness = "warm";  // of this placement's worker: warm | mmap | on-demand
+    std::string readiness_reason;
+    double readiness_expected_s = 0;
   };
+  // Whether a request may wait in a service's CPU line (see scheduler/cpu_queue.h).
+  enum class CpuGate { kGo, kWait, kReject };
+  // Called with pools_mu_ held, for a decision that chose a CPU-path placement:
+  // applies the CPU path's limits (lowering d->max_tokens, said in *limits),
+  // and takes the request's place in line.
+  CpuGate CpuPathGate(const journal::RequestRecord& rec, const config::ServiceConfig& svc, admission::Decision* d,
+                      int prompt_tokens, std::string* limits, std::string* note, double* est_wait_s, Status* rejected);
+  // Released idle on-demand replicas (the supervisor asks).
+  bool IdleReplica(const std::string& key);
   void RecordThroughput(const std::string& service, size_t index, const std::string& body);
   // Chooses a placement for one attempt (admission decision), reserving its
   // cells; delays inside. Fails (and answers) when the request is rejected.
   // `excluded`: placements that already failed this request (ignored when no
   // other placement could take it).
+  // `on_wait(note, est_s)` is called on every round spent waiting.
   bool Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live,
-             const std::vector<bool>& excluded, Target* target, Status* rejected);
+             const std::vector<bool>& excluded, Target* target, Status* rejected,
+             const std::function<void(const std::string&, double)>& on_wait = {});
+  // Gives back what an attempt held (cells, its place in the CPU line).
+  void ReleaseTarget(const std::string& service, const std::string& id, Target* target);
   void AttemptFailed(const std::string& service, size_t index, const std::string& phase, const std::string& why);
   void AttemptSucceeded(const std::string& service, size_t index);
   void HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint);
@@ -101,7 +126,9 @@ class Gateway {
   std::mt19937_64 rng_;
   std::unique_ptr<Dispatcher> dispatcher_;
   std::map<std::string, std::vector<std::unique_ptr<PlacementState>>> placements_;  // by service
-  std::mutex pools_mu_;
+  std::map<std::string, std::unique_ptr<scheduler::CpuQueue>> cpu_queues_;          // by service
+  std::map<std::string, uint64_t> cpu_budgets_;                                      // by service
+  std::mutex pools_mu_;  // guards placements_' pools, breakers and counters, and cpu_queues_
 };
 
 }  // namespace spillway::gateway

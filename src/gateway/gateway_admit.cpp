@@ -52,9 +52,50 @@ void Gateway::AttemptSucceeded(const std::string& service, size_t index) {
 }
 
 bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live,
-                    const std::vector<bool>& excluded, Target* t, Status* rejected) {
+                    const std::vector<bool>& excluded, Target* t, Status* rejected,
+                    const std::function<void(const std::string&, double)>& on_wait) {
   auto& states = placements_[svc.name];
   const int64_t t0 = clock_.NowMs();
+  // Whatever the outcome, a request that is not admitted holds no place in the CPU line.
+  struct LeaveLine {
+    Gateway* g;
+    const std::string& service;
+    const std::string& id;
+    bool admitted = false;
+    ~LeaveLine() {
+      if (admitted) return;
+      std::lock_guard<std::mutex> lk(g->pools_mu_);
+      g->cpu_queues_[service]->Leave(id);
+    }
+  } leave_line{this, svc.name, rec.id};
+  // An on-demand replica that is stopped can take requests: it is started when chosen.
+  auto startable = [&](size_t k) {
+    return supervisor_.ReadyPort(states[k]->key).has_value() || supervisor_.OnDemand(states[k]->key);
+  };
+  auto demand_all = [&] {
+    for (const auto& st : states) {
+      if (st->admission.admitted && supervisor_.OnDemand(st->key)) supervisor_.Demand(st->key);
+    }
+  };
+  {
+    // Nothing was admitted to run (the memory is not there): say so at once.
+    bool any = false;
+    std::string why;
+    for (const auto& st : states) {
+      any |= st->admission.admitted;
+      why += (why.empty() ? "" : "; ") + st->cfg.Name() + ": " + st->admission.reason;
+    }
+    if (!any) {
+      *rejected = Status::ResourceExhausted("no placement of '" + svc.name + "' could be started (" + why + ")")
+                      .WithRetryAfter(30);
+      return false;
+    }
+  }
+  auto hold = [&](PlacementState& st) {  // pools_mu_ held
+    ++st.active;
+    t->holding = true;
+    leave_line.admitted = true;
+  };
   // Embeddings hold no KV between requests, and a lone placement without
   // shrinking has nothing to choose: its worker checks its own KV pool (busy
   // -> 503, the request waits; never fits -> 400 with the numbers), so the
@@ -68,10 +109,13 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
           const json dj = {{"decision", "admit"}, {"placement", states[i]->cfg.Name()},
                            {"reason", rec.endpoint == "embedding" ? "embeddings hold no KV cells"
                                                                   : "the only placement; its worker checks its KV pool"}};
-          *t = {i, states[i]->key, states[i]->cfg.Name(), *port, 0, rec.body, "admit", dj.dump()};
+          *t = {i, states[i]->key, states[i]->cfg.Name(), *port, 0, rec.body, "admit", dj.dump(), ""};
+          std::lock_guard<std::mutex> lk(pools_mu_);
+          hold(*states[i]);
           return true;
         }
       }
+      demand_all();
       if (live.cancelled || clock_.NowMs() - t0 > kQueueWaitMs) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -114,7 +158,10 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
           return false;
         }
       }
+      if (prompt_tokens < 0) demand_all();  // nothing is up to count the prompt: start what can be started
     }
+    std::string note, limits;
+    double est_wait_s = 1;
     admission::Decision d;
     if (prompt_tokens >= 0) {
       std::vector<admission::PlacementView> views;
@@ -122,15 +169,14 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
       bool others = false;  // is any placement usable that has not failed this request?
       for (size_t k = 0; k < states.size(); ++k) {
         const bool ex = k < excluded.size() && excluded[k];
-        others |= !ex && states[k]->admission.admitted && states[k]->breaker.Usable() &&
-                  supervisor_.ReadyPort(states[k]->key).has_value();
+        others |= !ex && states[k]->admission.admitted && states[k]->breaker.Usable() && startable(k);
       }
       for (size_t k = 0; k < states.size(); ++k) {
         const auto& st = states[k];
         admission::PlacementView v;
         v.name = st->cfg.Name();
         const bool ex = others && k < excluded.size() && excluded[k];
-        v.usable = !ex && st->admission.admitted && st->breaker.Usable() && supervisor_.ReadyPort(st->key).has_value();
+        v.usable = !ex && st->admission.admitted && st->breaker.Usable() && startable(k);
         v.hybrid = st->cfg.role == "hybrid";
         v.fallback = st->cfg.role == "fallback";
         v.cells_total = st->pool.total();
@@ -144,7 +190,8 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
                                svc.admission.pressure};
       d = admission::Decide(need, views, policy);
       // A primary that is not up yet (starting, restarting) is waited for, not judged.
-      if (d.kind == admission::Kind::kReject && d.http_status == 503 && !views[0].usable && !svc.admission.fail_fast &&
+      if (d.kind == admission::Kind::kReject && d.http_status == 503 && !views[0].usable &&
+          states[0]->admission.admitted && !svc.admission.fail_fast &&
           clock_.NowMs() - t0 < kQueueWaitMs) {
         d.kind = admission::Kind::kDelay;
       }
@@ -165,6 +212,25 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
           }
         }
       }
+      CpuGate gate = CpuGate::kGo;
+      if (d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject) {
+        if (svc.OnCpuPath(d.placement)) {
+          gate = CpuPathGate(rec, svc, &d, prompt_tokens, &limits, &note, &est_wait_s, rejected);
+          if (gate == CpuGate::kReject) {
+            metrics_.Decision(svc.name, "reject");
+            const json dj = {{"decision", "reject"}, {"reason", rejected->message()}, {"prompt_tokens", prompt_tokens},
+                             {"max_tokens", max_tokens}, {"status", 503}, {"placement", states[d.placement]->cfg.Name()}};
+            Logged(journal_.SetDecision(rec.id, dj.dump()), "decision");
+            return false;
+          }
+          if (gate == CpuGate::kWait) {
+            d.kind = admission::Kind::kDelay;
+            d.reason = note;
+          }
+        } else {
+          cpu_queues_[svc.name]->Leave(rec.id);  // back on the accelerator path
+        }
+      }
       if (d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject) {
         auto& st = *states[d.placement];
         const uint32_t cells = static_cast<uint32_t>(prompt_tokens) + d.max_tokens;
@@ -174,10 +240,13 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
             body["max_tokens"] = d.max_tokens;
             body.erase("max_completion_tokens");
           }
-          const json dj = {{"decision", admission::KindName(d.kind)}, {"placement", st.cfg.Name()},
-                           {"reason", d.reason}, {"prompt_tokens", prompt_tokens}, {"max_tokens", d.max_tokens}};
+          json dj = {{"decision", admission::KindName(d.kind)}, {"placement", st.cfg.Name()},
+                     {"reason", d.reason}, {"prompt_tokens", prompt_tokens}, {"max_tokens", d.max_tokens},
+                     {"waited_ms", clock_.NowMs() - t0}};
+          if (!limits.empty()) dj["limits"] = limits;
           *t = {d.placement, st.key, st.cfg.Name(), *port, cells,
-                body.is_object() ? body.dump() : rec.body, admission::KindName(d.kind), dj.dump()};
+                body.is_object() ? body.dump() : rec.body, admission::KindName(d.kind), dj.dump(), limits};
+          hold(st);
           metrics_.Decision(svc.name, admission::KindName(d.kind));
           return true;
         }
@@ -197,6 +266,7 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
                                          : Status::ResourceExhausted(d.reason).WithRetryAfter(std::max(1, d.retry_after_s));
       return false;
     }
+    if (on_wait) on_wait(d.reason, est_wait_s);
     const double waited_s = (clock_.NowMs() - t0) / 1000.0;
     if (waited_s > std::max(svc.admission.max_delay_s, kQueueWaitMs / 1000.0)) {
       *rejected = Status::ResourceExhausted("no placement of '" + svc.name + "' could take the request within " +

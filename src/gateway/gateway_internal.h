@@ -88,6 +88,8 @@ struct Gateway::Target {
   std::string body;          // the request body to send (max_tokens made explicit)
   std::string decision;      // kind
   std::string decision_json; // journaled with the attempt
+  std::string limits;        // limits applied on this placement ("" when none), told to the client
+  bool holding = false;      // counted in the placement's `active`
 };
 
 }  // namespace spillway::gateway

@@ -83,6 +83,8 @@ json Gateway::StatusJson() const {
         w["breaker"] = {{"state", failover::BreakerStateName(st.breaker.state())},
                         {"ejections", st.breaker.ejections()},
                         {"last_reason", st.breaker.last_reason()}};
+        w["readiness"] = {{"policy", st.readiness}, {"reason", st.readiness_reason},
+                          {"expected_s", st.readiness_expected_s}, {"active_requests", st.active}};
       }
       for (const auto& v : workers) {
         if (v.key != key) continue;
@@ -92,12 +94,18 @@ json Gateway::StatusJson() const {
         w["restarts"] = v.restarts;
         w["last_exit"] = v.last_exit;
         w["log"] = v.log_path;
+        if (w.contains("readiness") && v.last_start_ms > 0) w["readiness"]["measured_start_s"] = v.last_start_ms / 1000.0;
         if (v.port) {
           auto info = http::Fetch("127.0.0.1", v.port, "GET", "/v1/worker/info", "", {}, std::chrono::milliseconds(500));
           if (info.ok() && info->status == 200) {
             json ij = json::parse(info->body, nullptr, false);
             if (!ij.is_discarded()) {
               w["memory"] = ij["memory"];
+              if (ij.contains("context") && w.contains("readiness")) {
+                w["readiness"]["context_created"] = ij["context"]["created"];
+                w["readiness"]["measured_context_s"] = ij["context"]["last_create_ms"].get<double>() / 1000.0;
+              }
+              const bool partial = ij.contains("context") && !ij["context"].value("created", true);
               // The estimate's error against what llama.cpp allocated on the placement's device.
               uint64_t observed = 0;
               const bool on_host = s.placements[i].device == "cpu";
@@ -106,7 +114,7 @@ json Gateway::StatusJson() const {
                 if (host_buffer == on_host) observed += b["total"].get<uint64_t>();
               }
               w["observed_bytes"] = observed;
-              if (auto it = placements_.find(s.name); it != placements_.end() && observed > 0) {
+              if (auto it = placements_.find(s.name); it != placements_.end() && observed > 0 && !partial) {
                 const double predicted = static_cast<double>(it->second[i]->admission.predicted_bytes);
                 if (predicted > 0) w["estimate_error"] = (predicted - static_cast<double>(observed)) / static_cast<double>(observed);
               }
@@ -118,7 +126,31 @@ json Gateway::StatusJson() const {
       }
       placements.push_back(w);
     }
-    services.push_back({{"name", s.name}, {"model", s.model}, {"placements", placements}});
+    json svc = {{"name", s.name}, {"model", s.model}, {"placements", placements}};
+    if (auto it = cpu_queues_.find(s.name); it != cpu_queues_.end()) {
+      std::lock_guard<std::mutex> lk(const_cast<std::mutex&>(pools_mu_));
+      const auto q = it->second->stats();
+      svc["cpu_path"] = {{"waiting", q.waiting}, {"running", q.running}, {"oldest_wait_ms", q.oldest_wait_ms},
+                         {"max_queue", s.cpu_path.max_queue}, {"concurrency", s.cpu_path.concurrency},
+                         {"ram_budget_bytes", cpu_budgets_.at(s.name)}, {"ram_resident_bytes", q.resident_bytes},
+                         {"ram_running_bytes", q.running_bytes}, {"ram_peak_bytes", q.peak_bytes},
+                         {"started", q.started}, {"rejected_full", q.rejected_full},
+                         {"rejected_budget", q.rejected_budget}, {"rejected_host", q.rejected_host}};
+    }
+    // One line on what a client gets now, when it is less than the primary.
+    std::string degraded;
+    for (const auto& p : placements) {
+      if (p["role"] == "primary" && (p.value("state", "") != "ready" || !p.value("admitted", true) ||
+                                     (p.contains("breaker") && p["breaker"]["state"] != "closed"))) {
+        degraded = "the primary placement " + p["placement"].get<std::string>() + " is unavailable (" +
+                   (p.contains("breaker") && p["breaker"]["state"] != "closed" ? "breaker " + p["breaker"]["state"].get<std::string>()
+                    : !p.value("admitted", true)                                ? std::string("not admitted")
+                                                                                : "worker " + p.value("state", std::string("stopped"))) +
+                   "); requests go to the fallback placements";
+      }
+    }
+    svc["degraded"] = degraded.empty() ? json(nullptr) : json(degraded);
+    services.push_back(svc);
   }
   return {{"services", services},
           {"queue", {{"waiting", dispatcher_->queued()}, {"max", config_.max_queue}}},
@@ -136,6 +168,18 @@ std::string Gateway::RenderMetrics() const {
   }
   {
     std::lock_guard<std::mutex> lk(const_cast<std::mutex&>(pools_mu_));
+    for (const auto& [service, q] : cpu_queues_) {
+      const auto st = q->stats();
+      const std::string l = "service=\"" + service + "\"";
+      g.emplace_back("spillway_cpu_queue_waiting", l, static_cast<double>(st.waiting));
+      g.emplace_back("spillway_cpu_queue_running", l, static_cast<double>(st.running));
+      g.emplace_back("spillway_cpu_queue_oldest_age_seconds", l, st.oldest_wait_ms / 1000.0);
+      g.emplace_back("spillway_cpu_path_ram_bytes", l, static_cast<double>(st.resident_bytes + st.running_bytes));
+      g.emplace_back("spillway_cpu_path_ram_budget_bytes", l, static_cast<double>(cpu_budgets_.at(service)));
+      g.emplace_back("spillway_cpu_path_rejected_total", l + ",reason=\"queue_full\"", static_cast<double>(st.rejected_full));
+      g.emplace_back("spillway_cpu_path_rejected_total", l + ",reason=\"ram_budget\"", static_cast<double>(st.rejected_budget));
+      g.emplace_back("spillway_cpu_path_rejected_total", l + ",reason=\"host_low\"", static_cast<double>(st.rejected_host));
+    }
     for (const auto& [service, states] : placements_) {
       for (const auto& st : states) {
         g.emplace_back("spillway_breaker_open", "service=\"" + service + "\",placement=\"" + st->cfg.Name() + "\"",

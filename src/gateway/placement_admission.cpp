@@ -93,8 +93,13 @@ std::map<std::string, PlacementAdmission> Admit(const config::GatewayConfig& cfg
         part = g_calibration.Apply(CalKey(s, p), part);
       }
       a.predicted_bytes = part.total();
+      a.n_vocab = shape->n_vocab;
       memory::DeviceLedger* l = ledger_for(p.device);
-      if (!l) {
+      const uint64_t budget = s.OnCpuPath(i) ? CpuPathBudgetBytes(s) : 0;
+      if (budget && a.predicted_bytes > budget) {
+        a.reason = "the CPU replica needs " + std::to_string(a.predicted_bytes >> 20) +
+                   " MiB, beyond the CPU path's RAM budget of " + std::to_string(budget >> 20) + " MiB";
+      } else if (!l) {
         a.admitted = true;
         a.reason = "device memory unknown; admitted without a check";
       } else if (Status st = l->Reserve(WorkerKey(s, i), a.predicted_bytes, 1); st.ok()) {
@@ -110,6 +115,12 @@ std::map<std::string, PlacementAdmission> Admit(const config::GatewayConfig& cfg
 }
 
 }  // namespace
+
+uint64_t CpuPathBudgetBytes(const config::ServiceConfig& s) {
+  if (s.cpu_path.ram_budget_mib > 0) return static_cast<uint64_t>(s.cpu_path.ram_budget_mib * 1024 * 1024);
+  auto h = devices::HostTelemetry().Read();
+  return h.ok() ? h->total / 2 : 0;
+}
 
 void RecordObserved(const config::GatewayConfig& cfg, const std::string& key, uint64_t observed_bytes) {
   const config::ServiceConfig* s = nullptr;
@@ -137,7 +148,7 @@ std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayC
 PlacementAdmission AdmitPlacement(const config::GatewayConfig& cfg, const std::string& key) {
   auto all = Admit(cfg, &key);
   auto it = all.find(key);
-  return it == all.end() ? PlacementAdmission{true, "", 0, "unknown placement"} : it->second;
+  return it == all.end() ? PlacementAdmission{true, "", 0, 0, "unknown placement"} : it->second;
 }
 
 }  // namespace spillway::gateway

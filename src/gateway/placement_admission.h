@@ -17,8 +17,13 @@ struct PlacementAdmission {
   bool admitted = false;
   std::string device;
   uint64_t predicted_bytes = 0;  // on its device
+  uint32_t n_vocab = 0;          // from the GGUF (0: unknown)
   std::string reason;
 };
+
+// The host-RAM budget of a service's CPU path (ram_budget_mib, or half of
+// the host's memory when unset; 0 when the host's memory is unknown).
+uint64_t CpuPathBudgetBytes(const config::ServiceConfig& s);
 
 // Keyed by WorkerKey(service, index).
 std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayConfig& config);

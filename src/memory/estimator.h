@@ -61,6 +61,14 @@ struct PlacementEstimate {
 
 PlacementEstimate EstimatePlacement(const ModelShape& shape, const PlacementSpec& spec);
 
+// Host bytes one generation request holds beyond its placement's buffers
+// (for the CPU path's RAM budget): its logits row and the sampler's candidate
+// array (n_vocab x 16 bytes), its token ids and text (tokens x 32 bytes) and
+// the HTTP and JSON buffers of the exchange (256 KiB).
+inline uint64_t RequestHostBytes(uint32_t n_vocab, uint64_t tokens) {
+  return uint64_t{n_vocab} * 16 + tokens * 32 + (uint64_t{256} << 10);
+}
+
 // KV bytes that `cells` more cache cells take across all layers.
 uint64_t KvBytesForCells(const ModelShape& shape, const PlacementSpec& spec, uint64_t cells);
 

@@ -46,6 +46,7 @@ void Supervisor::Add(WorkerSpec spec) {
   Worker w;
   w.view.key = spec.key;
   w.view.log_path = state_dir_ + "/logs/" + spec.key + ".log";
+  w.view.on_demand = spec.on_demand;
   w.spec = std::move(spec);
   workers_[w.view.key] = std::move(w);
 }
@@ -84,6 +85,7 @@ void Supervisor::Spawn(Worker& w) {
   w.view.pid = pid;
   w.view.port = 0;
   w.view.state = WorkerState::kStarting;
+  w.spawned_ms = clock_.NowMs();
   w.health_failures = 0;
 }
 
@@ -110,6 +112,14 @@ void Supervisor::Poll(Worker& w) {
   }
   if (w.view.pid <= 0) return;
   int status = 0;
+  if (w.view.state == WorkerState::kStopped) {  // released: reap it, SIGKILL when it lingers
+    if (waitpid(w.view.pid, &status, WNOHANG) == w.view.pid) {
+      w.view.pid = 0;
+    } else if (now >= w.kill_at_ms) {
+      kill(-w.view.pid, SIGKILL);
+    }
+    return;
+  }
   if (waitpid(w.view.pid, &status, WNOHANG) == w.view.pid) {
     std::string why = WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
                                         : "signal " + std::to_string(WTERMSIG(status));
@@ -122,6 +132,7 @@ void Supervisor::Poll(Worker& w) {
     if (f >> port && port > 0) {
       w.view.port = static_cast<uint16_t>(port);
       w.view.state = WorkerState::kReady;
+      w.view.last_start_ms = now - w.spawned_ms;
       w.ready_since_ms = now;
       w.next_health_ms = now + kHealthPeriodMs;
     }
@@ -143,7 +154,9 @@ void Supervisor::HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lo
 void Supervisor::Loop() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto& [k, w] : workers_) Spawn(w);
+    for (auto& [k, w] : workers_) {
+      if (!w.spec.on_demand) Spawn(w);
+    }
   }
   struct Check {
     std::string key;
@@ -153,6 +166,7 @@ void Supervisor::Loop() {
   while (!stop_) {
     std::vector<Check> checks;
     std::vector<std::pair<std::string, uint16_t>> became_ready;
+    std::vector<std::string> idle_candidates;
     // Restarts due now pass the start gate first (it may read telemetry: no lock held).
     std::vector<std::string> due;
     {
@@ -180,6 +194,7 @@ void Supervisor::Loop() {
         const bool was_ready = w.view.state == WorkerState::kReady;
         Poll(w);
         if (!was_ready && w.view.state == WorkerState::kReady) became_ready.emplace_back(k, w.view.port);
+        if (w.spec.on_demand && w.view.state == WorkerState::kReady) idle_candidates.push_back(k);
         if (w.view.state == WorkerState::kReady && now >= w.next_health_ms) {
           w.next_health_ms = now + kHealthPeriodMs;
           checks.push_back({k, w.view.pid, w.view.port});
@@ -188,6 +203,11 @@ void Supervisor::Loop() {
     }
     if (on_ready_) {
       for (const auto& [k, port] : became_ready) on_ready_(k, port);
+    }
+    if (idle_) {
+      for (const auto& k : idle_candidates) {
+        if (idle_(k)) Release(k);
+      }
     }
     // Health checks run without the lock: callers asking for ports never wait on them.
     for (const auto& c : checks) {
@@ -205,6 +225,42 @@ void Supervisor::Loop() {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_.load(); });
   }
+}
+
+void Supervisor::Demand(const std::string& key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = workers_.find(key);
+  if (it == workers_.end() || it->second.view.state != WorkerState::kStopped || stop_) return;
+  auto& w = it->second;
+  if (w.view.pid > 0) return;  // the released process has not exited yet: asked again next time
+  w.view.state = WorkerState::kBackoff;  // started by the loop, through the start gate
+  w.next_start_ms = 0;
+  cv_.notify_all();
+}
+
+void Supervisor::Release(const std::string& key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = workers_.find(key);
+  if (it == workers_.end() || !it->second.spec.on_demand) return;
+  auto& w = it->second;
+  if (w.view.pid > 0) kill(-w.view.pid, SIGTERM);
+  w.view.state = WorkerState::kStopped;
+  w.view.port = 0;
+  w.view.last_exit = "released (idle)";
+  w.kill_at_ms = clock_.NowMs() + 5000;
+}
+
+bool Supervisor::Running(const std::string& key) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = workers_.find(key);
+  return it != workers_.end() &&
+         (it->second.view.state == WorkerState::kStarting || it->second.view.state == WorkerState::kReady);
+}
+
+bool Supervisor::OnDemand(const std::string& key) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = workers_.find(key);
+  return it != workers_.end() && it->second.spec.on_demand;
 }
 
 void Supervisor::Suspect(const std::string& key) {

@@ -8,6 +8,7 @@
 // <state_dir>/logs/<key>.log.
 //
 // Worker states: starting -> ready -> (exited | unhealthy) -> backoff -> starting.
+// An on-demand worker starts stopped; Demand() starts it, Release() stops it.
 // Backoff doubles from 0.5 s up to 30 s and resets after 60 s of readiness.
 //
 // Thread-safe. One background thread polls every 50 ms.
@@ -34,6 +35,7 @@ namespace spillway::upstream {
 struct WorkerSpec {
   std::string key;                 // unique, file-name safe: "<service>.<n>"
   std::vector<std::string> args;   // arguments after the worker binary
+  bool on_demand = false;          // not started until Demand(); stopped by Release()
 };
 
 enum class WorkerState { kStarting, kReady, kBackoff, kStopped };
@@ -47,6 +49,8 @@ struct WorkerView {
   int restarts = 0;
   std::string last_exit;  // "exit 3", "signal 9", "unhealthy", ...
   std::string log_path;
+  bool on_demand = false;
+  int64_t last_start_ms = 0;  // how long its last start took (spawn to ready), measured
 };
 
 class Supervisor {
@@ -69,6 +73,15 @@ class Supervisor {
   std::optional<uint16_t> ReadyPort(const std::string& key) const;
   std::vector<WorkerView> Snapshot() const;
   uint64_t total_restarts() const { return restarts_.load(); }
+  // Starts an on-demand worker that is stopped (no-op otherwise).
+  void Demand(const std::string& key);
+  // Stops an on-demand worker (SIGTERM, SIGKILL after 5 s); it stays stopped until Demand().
+  void Release(const std::string& key);
+  // Starting or ready (an on-demand worker that is stopped is not).
+  bool Running(const std::string& key) const;
+  bool OnDemand(const std::string& key) const;
+  // Asked (no lock held) for each ready on-demand worker on every poll; true stops it.
+  void SetIdleCheck(std::function<bool(const std::string& key)> f) { idle_ = std::move(f); }
   // Reports a failure seen by a caller (connection refused...): the worker is
   // health-checked at once.
   void Suspect(const std::string& key);
@@ -82,6 +95,8 @@ class Supervisor {
     int64_t next_health_ms = 0;
     int health_failures = 0;
     int backoff_level = 0;
+    int64_t spawned_ms = 0;
+    int64_t kill_at_ms = 0;  // a released worker still exiting
   };
   void Loop();
   void Spawn(Worker& w);
@@ -91,6 +106,7 @@ class Supervisor {
 
   std::function<Status(const std::string&)> gate_;
   std::function<void(const std::string&, uint16_t)> on_ready_;
+  std::function<bool(const std::string&)> idle_;
   const std::string binary_, state_dir_;
   const Clock& clock_;
   mutable std::mutex mu_;

@@ -144,14 +144,57 @@ Status Engine::CreateContext() {
         .WithPhase(compute ? FailurePhase::kCompute : FailurePhase::kKv);
   }
   if (threadpool_) llama_attach_threadpool(ctx_, threadpool_, nullptr);
-  breakdown_ = Breakdown(ctx_);
+  auto breakdown = Breakdown(ctx_);
+  std::lock_guard<std::mutex> lk(mu_);
+  breakdown_ = std::move(breakdown);
+  ++contexts_created_;
   return Status::Ok();
 }
 
 Status Engine::Start() {
-  SPILLWAY_RETURN_IF_ERROR(CreateContext());
+  if (!opts_.lazy_context) {
+    const auto t0 = Clock::now();
+    SPILLWAY_RETURN_IF_ERROR(CreateContext());
+    last_context_ms_ = MsSince(t0, Clock::now());
+  }
   thread_ = std::thread([this] { Loop(); });
   return Status::Ok();
+}
+
+bool Engine::EnsureContext() {
+  if (ctx_) return true;
+  const auto t0 = Clock::now();
+  Status st = CreateContext();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    last_context_ms_ = MsSince(t0, Clock::now());
+  }
+  if (st.ok()) return true;
+  // The pending work cannot run here: it fails with the phase (kv/compute),
+  // which the gateway treats as an allocation failure and moves elsewhere.
+  std::deque<std::shared_ptr<Job>> failed;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    failed.swap(pending_);
+    last_error_ = st.message();
+  }
+  for (auto& job : failed) {
+    ReleaseReservation(*job);
+    JobResult r;
+    r.status = st;
+    job->on_done(std::move(r));
+  }
+  return false;
+}
+
+void Engine::FreeIdleContext() {
+  if (!opts_.lazy_context || opts_.context_idle_s <= 0 || !ctx_) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (busy_ > 0) return;
+  if (MsSince(idle_since_, Clock::now()) < opts_.context_idle_s * 1000) return;
+  llama_free(ctx_);
+  ctx_ = nullptr;
+  breakdown_.clear();
 }
 
 void Engine::Stop() {
@@ -259,6 +302,9 @@ EngineStats Engine::stats() const {
   s.healthy = healthy_;
   s.device_lost = device_lost_;
   s.last_error = last_error_;
+  s.context_created = !breakdown_.empty();
+  s.contexts_created = contexts_created_;
+  s.last_context_ms = last_context_ms_;
   return s;
 }
 
@@ -278,15 +324,27 @@ void Engine::Loop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] {
+      auto has_work = [&] {
         if (stop_ || !pending_.empty()) return true;
         for (const auto& s : slots_) {
           if (s.job) return true;
         }
         return false;
-      });
+      };
+      if (!has_work()) idle_since_ = Clock::now();
+      if (opts_.lazy_context && opts_.context_idle_s > 0 && ctx_) {
+        cv_.wait_for(lk, std::chrono::milliseconds(static_cast<int64_t>(opts_.context_idle_s * 1000) + 10), has_work);
+      } else {
+        cv_.wait(lk, has_work);
+      }
       if (stop_) break;
+      if (!has_work()) {
+        lk.unlock();
+        FreeIdleContext();
+        continue;
+      }
     }
+    if (!EnsureContext()) continue;
     if (opts_.embedding) {
       std::shared_ptr<Job> job;
       {
@@ -321,22 +379,28 @@ void Engine::Loop() {
 }
 
 void Engine::AssignPending() {
-  std::lock_guard<std::mutex> lk(mu_);
-  for (auto& s : slots_) {
-    if (pending_.empty()) return;
-    if (s.job) continue;
-    s.job = std::move(pending_.front());
-    pending_.pop_front();
-    s.smpl = BuildSamplerChain(s.job->sampling, model_.vocab(), s.job->ignore_eos);
-    s.out = std::make_unique<OutputText>(s.job->stop);
-    s.n_prompt_done = 0;
-    s.n_past = 0;
-    s.next_token = -1;
-    s.batch_index = -1;
-    s.generated.clear();
-    s.emitted_tokens = 0;
-    s.t_start = Clock::now();
+  std::vector<Slot*> no_sampler;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& s : slots_) {
+      if (pending_.empty()) break;
+      if (s.job) continue;
+      s.job = std::move(pending_.front());
+      pending_.pop_front();
+      s.smpl = BuildSamplerChain(s.job->sampling, model_.vocab(), s.job->ignore_eos);
+      s.out = std::make_unique<OutputText>(s.job->stop);
+      s.n_prompt_done = 0;
+      s.n_past = 0;
+      s.next_token = -1;
+      s.batch_index = -1;
+      s.generated.clear();
+      s.emitted_tokens = 0;
+      s.t_start = Clock::now();
+      if (!s.smpl) no_sampler.push_back(&s);
+    }
   }
+  // Submitters check grammars first (CheckGrammar); this is the backstop.
+  for (Slot* s : no_sampler) FinishSlot(*s, Status::Internal("the sampler chain could not be built (grammar)"), "");
 }
 
 void Engine::RunGenerationStep() {
@@ -412,7 +476,14 @@ void Engine::RunGenerationStep() {
     } else {
       s.t_prompt_done = now;
     }
-    const int32_t tok = llama_sampler_sample(s.smpl, ctx_, s.batch_index);
+    int32_t tok = -1;
+    try {
+      tok = llama_sampler_sample(s.smpl, ctx_, s.batch_index);
+    } catch (const std::exception& e) {
+      // A grammar that allows no token throws from its accept.
+      FinishSlot(s, Status::Internal(std::string("sampling failed: ") + e.what()), "");
+      continue;
+    }
     if (opts_.faults) opts_.faults->OnToken();
     if (model_.IsEndOfGeneration(tok)) {
       FinishSlot(s, Status::Ok(), "stop");

@@ -87,6 +87,11 @@ struct EngineOptions {
   std::string kv_type = "f16";       // KV cache type: f16 | q8_0 | f32
   FaultInjector* faults = nullptr;   // optional; must outlive the engine
   const SimControl* sim = nullptr;   // set when the placement is on a sim device
+  // The "mmap" readiness policy: the context (KV pool, compute buffers) is
+  // created by the first job, not by Start(), and freed after
+  // `context_idle_s` without work (0: kept).
+  bool lazy_context = false;
+  double context_idle_s = 0;
 };
 
 struct MemoryBuffer {
@@ -102,6 +107,9 @@ struct EngineStats {
   bool device_lost = false;
   int64_t stalled_ms = 0;  // work waiting and no decode step finished for this long
   std::string last_error;
+  bool context_created = false;
+  uint64_t contexts_created = 0;
+  double last_context_ms = 0;  // how long the last context creation took
 };
 
 // llama.cpp's exact buffer plan for a context of `opts` on a model loaded
@@ -133,6 +141,10 @@ class Engine {
  private:
   struct Slot;
   Status CreateContext();
+  // Lazy context: creates it for pending work (failing that work when it
+  // cannot), or frees it after the idle time. Engine thread.
+  bool EnsureContext();
+  void FreeIdleContext();
   void Loop();
   void AssignPending();
   void RunGenerationStep();
@@ -165,6 +177,9 @@ class Engine {
   std::atomic<int64_t> progress_ms_{0};
   std::string last_error_;
   uint64_t completed_ = 0, failed_ = 0, cancelled_ = 0, rebuilt_ = 0;
+  uint64_t contexts_created_ = 0;
+  double last_context_ms_ = 0;
+  std::chrono::steady_clock::time_point idle_since_ = std::chrono::steady_clock::now();
   std::thread thread_;
 };
 

@@ -81,6 +81,14 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.1, 86400.0))->capture_default_str();
   std::string kv_type = "f16";
   app.add_option("--kv-type", kv_type, "KV cache type")->check(CLI::IsMember({"f16", "q8_0", "f32"}))->capture_default_str();
+  bool lazy_context = false;
+  app.add_flag("--lazy-context", lazy_context,
+               "create the context (KV cache, compute buffers) on the first request instead of at start "
+               "(the \"mmap\" readiness policy: only the mapped weights are held while idle)");
+  double context_idle_s = 0;
+  app.add_option("--context-idle-s", context_idle_s,
+                 "with --lazy-context: free the context after this many idle seconds (0 = keep it)")
+      ->check(CLI::Range(0.0, 86400.0 * 30))->capture_default_str();
   bool dry_run = false;
   app.add_flag("--dry-run", dry_run,
                "print llama.cpp's exact buffer plan for this placement as JSON (no_alloc: nothing is allocated) and exit");
@@ -136,6 +144,8 @@ int main(int argc, char** argv) {
   eo.kv_type = kv_type;
   eo.faults = &faults;
   eo.sim = sim.get();
+  eo.lazy_context = lazy_context;
+  eo.context_idle_s = context_idle_s;
   if (dry_run) {
     auto plan = worker::DryRunBreakdown(**model, eo);
     if (!plan.ok()) return Fatal(kExitContext, plan.status());

@@ -33,6 +33,14 @@ llama_sampler* BuildSamplerChain(const SamplerSettings& s, const llama_vocab* vo
     }
     llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(n_vocab, static_cast<int32_t>(bias.size()), bias.data()));
   }
+  if (!s.grammar.empty()) {
+    llama_sampler* grammar = llama_sampler_init_grammar(vocab, s.grammar.c_str(), "root");
+    if (!grammar) {
+      llama_sampler_free(chain);
+      return nullptr;
+    }
+    llama_sampler_chain_add(chain, grammar);
+  }
   if (s.repeat_penalty != 1.0f || s.frequency_penalty != 0.0f || s.presence_penalty != 0.0f) {
     llama_sampler_chain_add(chain, llama_sampler_init_penalties(n_vocab, s.repeat_last_n,
                                                                 s.repeat_penalty, s.frequency_penalty,
@@ -48,6 +56,13 @@ llama_sampler* BuildSamplerChain(const SamplerSettings& s, const llama_vocab* vo
   llama_sampler_chain_add(chain, llama_sampler_init_temp(s.temperature));
   llama_sampler_chain_add(chain, llama_sampler_init_dist(s.seed));
   return chain;
+}
+
+Status CheckGrammar(const std::string& grammar, const llama_vocab* vocab) {
+  llama_sampler* g = llama_sampler_init_grammar(vocab, grammar.c_str(), "root");
+  if (!g) return Status::Internal("llama.cpp rejected the grammar built for this request");
+  llama_sampler_free(g);
+  return Status::Ok();
 }
 
 nlohmann::json SamplingJson(const SamplerSettings& s, bool with_seed) {

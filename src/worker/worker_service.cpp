@@ -6,6 +6,7 @@
 
 #include "api/openai_request.h"
 #include "api/openai_response.h"
+#include "worker/reply_writer.h"
 
 namespace spillway::worker {
 
@@ -103,7 +104,8 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
     // same body a generation route would get (?endpoint=chat|completion).
     const bool chat = target.find("endpoint=completion") == std::string::npos;
     api::GenerationRequest gen;
-    auto tokens = PromptTokens(req.body(), chat, &gen);
+    ToolUse tools;
+    auto tokens = PromptTokens(req.body(), chat, &gen, &tools);
     if (!tokens.ok()) return respond_error(tokens.status());
     return ex->Respond(JsonResponse(200, json{{"prompt_tokens", tokens->size()}, {"ctx", engine_.options().ctx},
                                               {"default_max_tokens", opts_.default_max_tokens}}, v));
@@ -131,7 +133,7 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
 }
 
 StatusOr<std::vector<int32_t>> WorkerService::PromptTokens(const std::string& text, bool chat,
-                                                          api::GenerationRequest* gen) const {
+                                                          api::GenerationRequest* gen, ToolUse* tools) const {
   auto body = api::ParseJsonBody(text);
   if (!body.ok()) return body.status();
   std::string prompt_text;
@@ -139,8 +141,10 @@ StatusOr<std::vector<int32_t>> WorkerService::PromptTokens(const std::string& te
   if (chat) {
     auto r = api::ParseChatRequest(*body);
     if (!r.ok()) return r.status();
-    auto t = model_.ApplyChatTemplate(r->messages);
+    auto t = model_.ApplyChatTemplate(PromptMessages(*r));
     if (!t.ok()) return t.status();
+    *tools = PlanToolUse(*r);
+    if (!tools->grammar.empty()) SPILLWAY_RETURN_IF_ERROR(CheckGrammar(tools->grammar, model_.vocab()));
     *gen = std::move(r->gen);
     prompt_text = std::move(*t);
   } else {
@@ -161,7 +165,8 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
   };
   if (model_.is_embedding()) return fail(Status::InvalidArgument("this worker serves an embedding model; use /v1/embeddings"));
   api::GenerationRequest gen;
-  auto tokens = PromptTokens(req.body(), chat, &gen);
+  ToolUse tools;
+  auto tokens = PromptTokens(req.body(), chat, &gen, &tools);
   if (!tokens.ok()) return fail(tokens.status());
   const int ctx = engine_.options().ctx;
   const int n_prompt = static_cast<int>(tokens->size());
@@ -183,10 +188,10 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
     job->resume_text_bytes = gen.resume_text_bytes;
   }
   job->sampling = ResolveSampling(gen.sampling, model_.sampler_defaults(), FreshSeed());
+  job->sampling.grammar = tools.grammar;
 
-  const api::Endpoint ep = chat ? api::Endpoint::kChat : api::Endpoint::kCompletion;
-  const std::string model_name = gen.model.empty() ? model_.name() : gen.model;
-  const int64_t created = UnixNow();
+  ReplyHeader header{chat ? api::Endpoint::kChat : api::Endpoint::kCompletion, job->id,
+                     gen.model.empty() ? model_.name() : gen.model, UnixNow()};
   const std::string id = job->id;
   json meta = {{"request_id", id},
                {"placement", placement_.ToJson()},
@@ -206,41 +211,44 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
   // the header is queued.
   auto gate = std::make_shared<std::mutex>();
   if (!gen.stream) {
-    job->on_done = [ex, v, ep, id, model_name, created, finish_meta](JobResult r) {
+    auto names = tools.parse_calls ? std::make_shared<std::vector<std::string>>(tools.names) : nullptr;
+    job->on_done = [ex, v, header, names, finish_meta](JobResult r) {
       if (!r.status.ok()) return ex->Respond(ErrorResponse(r.status, v));
-      api::GenerationResult g{r.text, r.finish_reason, {r.prompt_tokens, r.completion_tokens}};
-      json out = api::GenerationBody(ep, id, model_name, created, g);
+      json out = WholeReply(header, r.text, r.finish_reason, {r.prompt_tokens, r.completion_tokens}, names.get());
       out["spillway"] = finish_meta(r);
       auto res = JsonResponse(200, out, v);
-      res.set("X-Request-Id", id);
+      res.set("X-Request-Id", header.id);
       ex->Respond(std::move(res));
     };
   } else {
-    auto first = std::make_shared<bool>(true);
+    std::optional<ToolCallParser> parser;
+    if (tools.parse_calls) parser.emplace(tools.names, id);
+    auto reply = std::make_shared<StreamReply>(header, std::move(parser));
     const bool include_usage = gen.include_usage;
-    job->on_text = [ex, ep, id, model_name, created, first, gate](std::string_view text, const std::vector<int32_t>& ids) {
+    job->on_text = [ex, reply, gate](std::string_view text, const std::vector<int32_t>& ids) {
       std::lock_guard<std::mutex> g(*gate);
-      json chunk = api::GenerationChunk(ep, id, model_name, created, std::string(text), *first, std::nullopt);
-      chunk["spillway"] = {{"tokens", ids}};  // lets the gateway continue this stream elsewhere
-      ex->Write(api::SseEvent(chunk));
-      *first = false;
+      // Carries the token ids, which let the gateway continue this stream elsewhere.
+      if (std::string events = reply->Text(text, ids); !events.empty()) ex->Write(events);
     };
-    job->on_done = [ex, ep, id, model_name, created, first, include_usage, finish_meta, gate](JobResult r) {
+    job->on_done = [ex, reply, include_usage, finish_meta, gate](JobResult r) {
       std::lock_guard<std::mutex> g(*gate);
       if (!r.status.ok()) {
         ex->Write(api::SseEvent(api::ErrorBody(r.status)));
       } else {
-        json last = api::GenerationChunk(ep, id, model_name, created, "", *first, r.finish_reason);
-        last["spillway"] = finish_meta(r);
-        ex->Write(api::SseEvent(last));
-        if (include_usage) {
-          ex->Write(api::SseEvent(api::UsageChunk(ep, id, model_name, created, {r.prompt_tokens, r.completion_tokens})));
-        }
+        const api::Usage usage{r.prompt_tokens, r.completion_tokens};
+        ex->Write(reply->Finish(r.finish_reason, finish_meta(r), include_usage ? &usage : nullptr));
       }
       ex->Write(api::kSseDone);
       ex->End();
     };
   }
+  // A disconnect noticed after the answer went out must not cancel: the
+  // engine would remember the id and refuse a replay that reuses it.
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  job->on_done = [finished, done = std::move(job->on_done)](JobResult r) {
+    finished->store(true);
+    done(std::move(r));
+  };
   Engine* engine = &engine_;
   std::unique_lock<std::mutex> header_lock(*gate);
   Status st = engine_.Submit(job);
@@ -252,7 +260,9 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
     ex->StartStream(std::move(head));
   }
   header_lock.unlock();
-  ex->OnDisconnect([engine, id] { engine->Cancel(id); });
+  ex->OnDisconnect([engine, id, finished] {
+    if (!finished->load()) engine->Cancel(id);
+  });
 }
 
 void WorkerService::HandleEmbeddings(const http::Request& req, std::shared_ptr<http::Exchange> ex) {
@@ -314,6 +324,8 @@ json WorkerService::Info() const {
           {"health", {{"ok", st.healthy}, {"device_lost", st.device_lost}, {"stalled_ms", st.stalled_ms},
                       {"contexts_rebuilt", st.contexts_rebuilt},
                       {"last_error", st.last_error}}},
+          {"context", {{"created", st.context_created}, {"lazy", engine_.options().lazy_context},
+                       {"contexts_created", st.contexts_created}, {"last_create_ms", st.last_context_ms}}},
           {"faults", faults_ ? faults_->ToJson() : json(nullptr)},
           {"defaults", {{"max_tokens", opts_.default_max_tokens}}}};
 }

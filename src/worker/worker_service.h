@@ -25,6 +25,7 @@
 #include "worker/engine.h"
 #include "worker/faults.h"
 #include "worker/model.h"
+#include "worker/tool_use.h"
 
 namespace spillway::worker {
 
@@ -45,8 +46,10 @@ class WorkerService {
 
  private:
   void HandleGeneration(const http::Request& req, std::shared_ptr<http::Exchange> ex, bool chat);
-  // Parses a chat/completion body and returns its prompt tokens.
-  StatusOr<std::vector<int32_t>> PromptTokens(const std::string& body, bool chat, api::GenerationRequest* gen) const;
+  // Parses a chat/completion body and returns its prompt tokens; `tools`
+  // gets the chat request's tool use.
+  StatusOr<std::vector<int32_t>> PromptTokens(const std::string& body, bool chat, api::GenerationRequest* gen,
+                                              ToolUse* tools) const;
   void HandleEmbeddings(const http::Request& req, std::shared_ptr<http::Exchange> ex);
   std::string RequestId(const http::Request& req);
   uint32_t FreshSeed();

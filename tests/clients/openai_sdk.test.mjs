@@ -80,6 +80,27 @@ test('streaming chat equals the non-streamed answer', async () => {
   assert.equal(finish, whole.choices[0].finish_reason);
 });
 
+test('a forced tool call, whole and streamed (the SDK accumulates the deltas)', async () => {
+  const params = {
+    model: 'chat', messages: [{ role: 'user', content: 'Count up' }], max_tokens: 200, temperature: 1, seed: 5,
+    tools: [{ type: 'function', function: { name: 'increment', parameters: { type: 'object', properties: {} } } }],
+    tool_choice: 'required',
+  };
+  const whole = await client.chat.completions.create(params);
+  assert.equal(whole.choices[0].finish_reason, 'tool_calls');
+  assert.equal(whole.choices[0].message.content, null);
+  const call = whole.choices[0].message.tool_calls[0];
+  assert.equal(call.type, 'function');
+  assert.equal(call.function.name, 'increment');
+  assert.equal(call.function.arguments, '{}');
+  assert.match(call.id, /^call_[0-9a-f]{24}$/);
+  const streamed = await client.beta.chat.completions.stream(params).finalChatCompletion();
+  assert.equal(streamed.choices[0].finish_reason, 'tool_calls');
+  assert.equal(streamed.choices[0].message.tool_calls.length, 1);
+  assert.equal(streamed.choices[0].message.tool_calls[0].function.name, 'increment');
+  assert.equal(streamed.choices[0].message.tool_calls[0].function.arguments, '{}');
+});
+
 test('completions', async () => {
   const r = await client.completions.create({ model: 'chat', prompt: 'Once upon', max_tokens: 5, temperature: 0 });
   assert.equal(r.object, 'text_completion');

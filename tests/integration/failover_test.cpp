@@ -13,6 +13,7 @@
 #include "api/http_client.h"
 #include "devices/sim_ledger.h"
 #include "gateway_process.h"
+#include "journal_check.h"
 #include "worker_process.h"
 
 namespace spillway::testing {
@@ -38,6 +39,12 @@ class FailoverTest : public ::testing::Test {
     WaitPlacements("ready");
   }
   void TearDown() override {
+    // Invariant 1: every accepted request ended in exactly one terminal state.
+    if (gw_) {
+      const JournalCheck j = CheckJournal(gw_->state_dir());
+      EXPECT_TRUE(j.problems.empty()) << ::testing::PrintToString(j.problems);
+      EXPECT_FALSE(j.state.empty());
+    }
     gw_.reset();
     sim_.reset();
   }

@@ -17,7 +17,8 @@ class GatewayProcess {
   // `state_dir` empty: a fresh temporary directory (removed at the end).
   explicit GatewayProcess(const std::string& config_toml, std::string state_dir = "");
   ~GatewayProcess();
-  bool Start(std::chrono::seconds timeout = std::chrono::seconds(60));  // waits for /readyz
+  // Waits for /readyz (or, without `wait_ready`, for the port only).
+  bool Start(std::chrono::seconds timeout = std::chrono::seconds(60), bool wait_ready = true);
   void Kill9();   // the gateway only; its workers die with it (parent-death signal)
   void Stop();    // SIGTERM and wait
   uint16_t port() const { return port_; }

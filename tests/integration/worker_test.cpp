@@ -173,6 +173,115 @@ TEST_F(WorkerTest, StreamedAndNonStreamedCarryTheSameText) {
   EXPECT_EQ(usage_tokens, 30);
 }
 
+json ToolRequest(const json& parameters, bool stream) {
+  json fn = {{"name", "increment"}};
+  if (!parameters.is_null()) fn["parameters"] = parameters;
+  return {{"messages", json::array({{{"role", "user"}, {"content", "Count up"}}})},
+          {"tools", json::array({{{"type", "function"}, {"function", fn}}})},
+          {"tool_choice", "required"}, {"temperature", 1.0}, {"seed", 31337}, {"max_tokens", 300}, {"stream", stream}};
+}
+
+// The stream's tool call deltas, finish reason and token ids.
+struct StreamedCalls {
+  json calls = json::array();
+  std::string finish;
+  std::vector<int32_t> tokens;
+  std::string content;
+};
+StreamedCalls ReadStream(const std::string& sse) {
+  StreamedCalls out;
+  for (const auto& e : http::ParseSseData(sse)) {
+    if (e == "[DONE]") continue;
+    json j = json::parse(e);
+    if (j.contains("spillway") && j["spillway"].contains("tokens")) {
+      for (const auto& t : j["spillway"]["tokens"]) out.tokens.push_back(t);
+    }
+    if (j["choices"].empty()) continue;
+    const json& c = j["choices"][0];
+    if (c["delta"].contains("tool_calls")) {
+      for (const auto& call : c["delta"]["tool_calls"]) out.calls.push_back(call);
+    }
+    if (c["delta"].contains("content") && c["delta"]["content"].is_string()) out.content += c["delta"]["content"];
+    if (c["finish_reason"].is_string()) out.finish = c["finish_reason"];
+  }
+  return out;
+}
+
+TEST_F(WorkerTest, RequiredToolChoiceMakesARealToolCall) {
+  const json no_props = {{"type", "object"}, {"properties", json::object()}};
+  auto r = Post(*chat_, "/v1/chat/completions", ToolRequest(no_props, false), {{"X-Request-Id", "tools-1"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json body = Body(r);
+  const json& msg = body["choices"][0]["message"];
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "tool_calls") << r.body;
+  EXPECT_TRUE(msg["content"].is_null()) << r.body;
+  ASSERT_EQ(msg["tool_calls"].size(), 1u) << r.body;
+  EXPECT_EQ(msg["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "increment");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["arguments"], "{}");
+  EXPECT_EQ(msg["tool_calls"][0]["id"].get<std::string>().rfind("call_", 0), 0u);
+
+  // Streamed: one tool_calls delta, every token id once, the same call; a
+  // second run with the same seed and request id is byte-identical.
+  auto s1 = Post(*chat_, "/v1/chat/completions", ToolRequest(no_props, true), {{"X-Request-Id", "tools-1"}});
+  auto s2 = Post(*chat_, "/v1/chat/completions", ToolRequest(no_props, true), {{"X-Request-Id", "tools-1"}});
+  ASSERT_EQ(s1.status, 200) << s1.body;
+  ASSERT_EQ(s2.status, 200) << s2.body;
+  StreamedCalls a = ReadStream(s1.body), b = ReadStream(s2.body);
+  EXPECT_EQ(a.finish, "tool_calls") << s1.body;
+  ASSERT_EQ(a.calls.size(), 1u) << s1.body;
+  EXPECT_EQ(a.calls[0]["index"], 0);
+  EXPECT_EQ(a.calls[0]["id"], msg["tool_calls"][0]["id"]);
+  EXPECT_EQ(a.calls[0]["function"]["name"], "increment");
+  EXPECT_EQ(a.calls[0]["function"]["arguments"], "{}");
+  EXPECT_EQ(a.content, "");
+  EXPECT_EQ(a.tokens.size(), body["usage"]["completion_tokens"].get<size_t>());
+  EXPECT_EQ(a.calls, b.calls);
+  EXPECT_EQ(a.tokens, b.tokens);
+  auto strip_timings = [](std::string sse) {
+    std::string out;
+    for (const auto& e : http::ParseSseData(sse)) {
+      json j = json::parse(e, nullptr, false);
+      if (j.is_object() && j.contains("spillway")) j["spillway"].erase("timings");
+      if (j.is_object()) j.erase("created");
+      out += (j.is_discarded() ? e : j.dump()) + "\n";
+    }
+    return out;
+  };
+  EXPECT_EQ(strip_timings(s1.body), strip_timings(s2.body));
+
+  // The grammar is part of the sampler state a continuation replays.
+  json resume = ToolRequest(no_props, false);
+  resume["spillway_resume"] = {{"tokens", std::vector<int32_t>(a.tokens.begin(), a.tokens.begin() + 5)}, {"text_bytes", 0}};
+  auto cont = Post(*chat_, "/v1/chat/completions", resume, {{"X-Request-Id", "tools-1"}});
+  ASSERT_EQ(cont.status, 200) << cont.body;
+  EXPECT_EQ(Body(cont)["choices"][0]["message"]["tool_calls"], msg["tool_calls"]);
+}
+
+TEST_F(WorkerTest, ToolArgumentsFollowTheSchemaTypes) {
+  const json params = {{"type", "object"},
+                       {"properties", {{"n", {{"type", "integer"}}}, {"label", {{"type", "string"}}}}}};
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    json req = ToolRequest(params, false);
+    req["seed"] = seed;
+    auto r = Post(*chat_, "/v1/chat/completions", req);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json body = Body(r);
+    ASSERT_EQ(body["choices"][0]["message"]["tool_calls"].size(), 1u) << r.body;
+    const json args = json::parse(body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>());
+    ASSERT_TRUE(args.is_object()) << r.body;
+    EXPECT_EQ(args.size(), 2u) << r.body;
+    EXPECT_TRUE(args["n"].is_number_integer()) << r.body;
+    EXPECT_TRUE(args["label"].is_string()) << r.body;
+  }
+  // A function that is not among the tools is refused before any work.
+  json bad = ToolRequest(params, false);
+  bad["tool_choice"] = {{"type", "function"}, {"function", {{"name", "decrement"}}}};
+  auto r = Post(*chat_, "/v1/chat/completions", bad);
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("tool_choice.function.name"), std::string::npos) << r.body;
+}
+
 TEST_F(WorkerTest, ContinuationReplaysDeliveredTokensAndRefusesOthers) {
   json req = {{"prompt", "Continue me"}, {"max_tokens", 20}, {"temperature", 1.0}, {"top_k", 0}, {"top_p", 1.0},
               {"min_p", 0}, {"seed", 4242}, {"ignore_eos", true}, {"stream", true}};

@@ -114,6 +114,109 @@ TEST(OpenAiRequestTest, RejectsBadMessages) {
   }
 }
 
+TEST(OpenAiRequestTest, ParsesToolsToolChoiceAndToolHistory) {
+  auto r = ParseChatRequest(json::parse(R"({
+    "messages": [{"role": "user", "content": "add one"},
+                 {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
+                   "function": {"name": "increment", "arguments": "{\"n\": 1}"}}]},
+                 {"role": "tool", "tool_call_id": "call_1", "content": "2"}],
+    "tools": [{"type": "function", "function": {"name": "increment", "description": "adds one",
+               "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}},
+              {"type": "function", "function": {"name": "reset-all_2"}}],
+    "tool_choice": {"type": "function", "function": {"name": "increment"}}, "parallel_tool_calls": false})"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->tools.size(), 2u);
+  EXPECT_EQ(r->tools[0].name, "increment");
+  EXPECT_EQ(r->tools[0].description, "adds one");
+  EXPECT_EQ(json::parse(r->tools[0].parameters)["properties"]["n"]["type"], "integer");
+  EXPECT_EQ(r->tools[1].parameters, "");
+  EXPECT_EQ(r->tool_choice, ToolChoice::kFunction);
+  EXPECT_EQ(r->tool_choice_name, "increment");
+  ASSERT_EQ(r->messages.size(), 3u);
+  EXPECT_EQ(r->messages[1].content, "");
+  ASSERT_EQ(r->messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(r->messages[1].tool_calls[0].id, "call_1");
+  EXPECT_EQ(r->messages[1].tool_calls[0].name, "increment");
+  EXPECT_EQ(r->messages[1].tool_calls[0].arguments, R"({"n": 1})");
+  EXPECT_EQ(r->messages[2].tool_call_id, "call_1");
+
+  const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  const std::string tool = R"("tools": [{"type": "function", "function": {"name": "f"}}])";
+  EXPECT_EQ(ParseChatRequest(json::parse("{" + msgs + "}"))->tool_choice, ToolChoice::kNone);
+  EXPECT_EQ(ParseChatRequest(json::parse("{" + msgs + "," + tool + "}"))->tool_choice, ToolChoice::kAuto);
+  EXPECT_EQ(ParseChatRequest(json::parse("{" + msgs + "," + tool + R"(, "tool_choice": "required"})"))->tool_choice,
+            ToolChoice::kRequired);
+  EXPECT_EQ(ParseChatRequest(json::parse("{" + msgs + R"(, "tool_choice": "none"})"))->tool_choice, ToolChoice::kNone);
+}
+
+TEST(OpenAiRequestTest, RejectsBadToolShapesNamingTheField) {
+  const std::string msgs = R"({"messages": [{"role": "user", "content": "x"}], )";
+  const std::string f = R"("tools": [{"type": "function", "function": {"name": "f"}}])";
+  const std::string many = [] {
+    std::string t = R"("tools": [)";
+    for (int i = 0; i <= 128; ++i) t += std::string(i ? "," : "") + R"({"type":"function","function":{"name":"f)" + std::to_string(i) + R"("}})";
+    return t + "]";
+  }();
+  const std::pair<std::string, std::string> cases[] = {
+      {R"("tools": {})", "'tools'"},
+      {many, "'tools'"},
+      {R"("tools": [1])", "'tools[0]'"},
+      {R"("tools": [{"type": "retrieval"}])", "'tools[0].type'"},
+      {R"("tools": [{"type": "function"}])", "'tools[0].function'"},
+      {R"("tools": [{"type": "function", "function": {"name": "has space"}}])", "'tools[0].function.name'"},
+      {R"("tools": [{"type": "function", "function": {"name": ""}}])", "'tools[0].function.name'"},
+      {R"("tools": [{"type": "function", "function": {"name": ")" + std::string(65, 'a') + R"("}}])",
+       "'tools[0].function.name'"},
+      {R"("tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}])",
+       "'tools[1].function.name'"},
+      {R"("tools": [{"type": "function", "function": {"name": "f", "description": 3}}])",
+       "'tools[0].function.description'"},
+      {R"("tools": [{"type": "function", "function": {"name": "f", "parameters": []}}])",
+       "'tools[0].function.parameters'"},
+      {R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}])",
+       "'tools[0].function.parameters.type'"},
+      {R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"properties": []}}}])",
+       "'tools[0].function.parameters.properties'"},
+      {R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"a": 1}}}}])",
+       "'tools[0].function.parameters.properties.a'"},
+      {f + R"(, "tool_choice": "always")", "'tool_choice'"},
+      {f + R"(, "tool_choice": 1)", "'tool_choice'"},
+      {f + R"(, "tool_choice": {"type": "function", "function": {"name": "g"}})", "'tool_choice.function.name'"},
+      {f + R"(, "tool_choice": {"type": "function", "function": {}})", "'tool_choice.function.name'"},
+      {R"("tool_choice": "required")", "'tool_choice'"},
+      {f + R"(, "parallel_tool_calls": "yes")", "'parallel_tool_calls'"},
+      {f + R"(, "tool_choice": "required", "ignore_eos": true)", "'ignore_eos'"},
+  };
+  for (const auto& [fields, field] : cases) {
+    const std::string body = msgs + fields + "}";
+    auto r = ParseChatRequest(json::parse(body));
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(field), std::string::npos) << body << ": " << r.status().message();
+  }
+}
+
+TEST(OpenAiRequestTest, RejectsBadToolHistoryNamingTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"([{"role": "assistant", "tool_calls": {}}])", "'messages[0].tool_calls'"},
+      {R"([{"role": "user", "content": "x", "tool_calls": []}])", "'messages[0].tool_calls'"},
+      {R"([{"role": "assistant", "tool_calls": [1]}])", "'messages[0].tool_calls[0]'"},
+      {R"([{"role": "assistant", "tool_calls": [{"type": "function"}]}])", "'messages[0].tool_calls[0].function'"},
+      {R"([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}])",
+       "'messages[0].tool_calls[0].function.name'"},
+      {R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 5}}]}])",
+       "'messages[0].tool_calls[0].function.arguments'"},
+      {R"([{"role": "tool", "tool_call_id": 5, "content": "x"}])", "'messages[0].tool_call_id'"},
+      {R"([{"role": "assistant"}])", "'messages[0].content'"},
+  };
+  for (const auto& [messages, field] : cases) {
+    const std::string body = std::string(R"({"messages": )") + messages + "}";
+    auto r = ParseChatRequest(json::parse(body));
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_NE(r.status().message().find(field), std::string::npos) << body << ": " << r.status().message();
+  }
+}
+
 TEST(OpenAiRequestTest, Embeddings) {
   auto r = ParseEmbeddingRequest(json::parse(R"({"input": ["a", "b"], "model": "embed"})"));
   ASSERT_TRUE(r.ok());

@@ -1,0 +1,185 @@
+#include "api/openai_tools.h"
+
+#include <cctype>
+#include <set>
+
+namespace spillway::api {
+
+using nlohmann::json;
+
+namespace {
+
+Status Bad(const std::string& field, const std::string& what) {
+  return Status::InvalidArgument("'" + field + "' " + what);
+}
+
+// A function's "parameters": a JSON Schema object whose top-level properties
+// are objects themselves (the worker's grammar reads their "type").
+Status ParseSchema(const json& p, const std::string& field, std::string* out) {
+  if (!p.is_object()) return Bad(field, "must be a JSON Schema object");
+  if (auto t = p.find("type"); t != p.end() && !(t->is_string() && *t == "object")) {
+    return Bad(field + ".type", "must be 'object'");
+  }
+  if (auto props = p.find("properties"); props != p.end() && !props->is_null()) {
+    if (!props->is_object()) return Bad(field + ".properties", "must be an object");
+    if (props->size() > kMaxToolProperties) {
+      return Bad(field + ".properties", "has more than " + std::to_string(kMaxToolProperties) + " entries");
+    }
+    for (const auto& [name, schema] : props->items()) {
+      if (name.empty() || name.size() > 256) return Bad(field + ".properties", "names must be 1 to 256 bytes");
+      if (!schema.is_object()) return Bad(field + ".properties." + name, "must be an object");
+    }
+  }
+  if (auto req = p.find("required"); req != p.end() && !req->is_null()) {
+    if (!req->is_array()) return Bad(field + ".required", "must be an array of property names");
+    for (const auto& n : *req) {
+      if (!n.is_string()) return Bad(field + ".required", "must be an array of property names");
+    }
+  }
+  *out = p.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (out->size() > kMaxToolParameters) return Bad(field, "is larger than " + std::to_string(kMaxToolParameters) + " bytes");
+  return Status::Ok();
+}
+
+Status ParseTool(const json& t, const std::string& field, ToolFunction* out) {
+  if (!t.is_object()) return Bad(field, "must be an object");
+  auto type = t.find("type");
+  if (type == t.end() || !type->is_string() || *type != "function") return Bad(field + ".type", "must be 'function'");
+  auto fn = t.find("function");
+  if (fn == t.end() || !fn->is_object()) return Bad(field + ".function", "must be an object");
+  auto name = fn->find("name");
+  if (name == fn->end() || !name->is_string() || !ValidFunctionName(name->get_ref<const std::string&>())) {
+    return Bad(field + ".function.name", "must match [A-Za-z0-9_-]{1,64}");
+  }
+  out->name = name->get<std::string>();
+  if (auto d = fn->find("description"); d != fn->end() && !d->is_null()) {
+    if (!d->is_string()) return Bad(field + ".function.description", "must be a string");
+    if (d->get_ref<const std::string&>().size() > kMaxToolDescription) {
+      return Bad(field + ".function.description", "is longer than " + std::to_string(kMaxToolDescription) + " bytes");
+    }
+    out->description = d->get<std::string>();
+  }
+  if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null()) {
+    SPILLWAY_RETURN_IF_ERROR(ParseSchema(*p, field + ".function.parameters", &out->parameters));
+  }
+  return Status::Ok();
+}
+
+Status ParseToolChoice(const json& c, ChatRequest* r) {
+  static const char* kShape =
+      "must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}";
+  if (c.is_string()) {
+    if (c == "none") r->tool_choice = ToolChoice::kNone;
+    else if (c == "auto") r->tool_choice = ToolChoice::kAuto;
+    else if (c == "required") r->tool_choice = ToolChoice::kRequired;
+    else return Bad("tool_choice", kShape);
+  } else if (c.is_object()) {
+    auto type = c.find("type");
+    auto fn = c.find("function");
+    if (type == c.end() || *type != "function" || fn == c.end() || !fn->is_object()) return Bad("tool_choice", kShape);
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string()) return Bad("tool_choice.function.name", "must be a string");
+    r->tool_choice = ToolChoice::kFunction;
+    r->tool_choice_name = name->get<std::string>();
+    bool known = false;
+    for (const auto& t : r->tools) known = known || t.name == r->tool_choice_name;
+    if (!known) return Bad("tool_choice.function.name", "names '" + r->tool_choice_name.substr(0, 64) + "', which is not in 'tools'");
+  } else {
+    return Bad("tool_choice", kShape);
+  }
+  if (r->tools.empty() && (r->tool_choice == ToolChoice::kRequired || r->tool_choice == ToolChoice::kFunction)) {
+    return Bad("tool_choice", "forces a call, which needs 'tools'");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool ValidFunctionName(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) return false;
+  }
+  return true;
+}
+
+Status ParseToolFields(const json& body, ChatRequest* r) {
+  if (auto it = body.find("tools"); it != body.end() && !it->is_null()) {
+    if (!it->is_array()) return Bad("tools", "must be an array");
+    if (it->size() > kMaxTools) return Bad("tools", "has more than " + std::to_string(kMaxTools) + " entries");
+    std::set<std::string> names;
+    for (size_t i = 0; i < it->size(); ++i) {
+      const std::string field = "tools[" + std::to_string(i) + "]";
+      ToolFunction f;
+      SPILLWAY_RETURN_IF_ERROR(ParseTool((*it)[i], field, &f));
+      if (!names.insert(f.name).second) return Bad(field + ".function.name", "repeats '" + f.name + "'");
+      r->tools.push_back(std::move(f));
+    }
+  }
+  r->tool_choice = r->tools.empty() ? ToolChoice::kNone : ToolChoice::kAuto;
+  if (auto it = body.find("tool_choice"); it != body.end() && !it->is_null()) {
+    SPILLWAY_RETURN_IF_ERROR(ParseToolChoice(*it, r));
+  }
+  if (auto it = body.find("parallel_tool_calls"); it != body.end() && !it->is_null() && !it->is_boolean()) {
+    return Bad("parallel_tool_calls", "must be a boolean");
+  }
+  const bool forced = r->tool_choice == ToolChoice::kRequired || r->tool_choice == ToolChoice::kFunction;
+  if (forced && r->gen.ignore_eos) return Bad("ignore_eos", "cannot be combined with a tool_choice that forces a call");
+  return Status::Ok();
+}
+
+Status ParseMessageToolFields(const json& m, const std::string& field, ChatMessage* msg) {
+  if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null()) {
+    if (!id->is_string() || id->get_ref<const std::string&>().size() > 256) {
+      return Bad(field + ".tool_call_id", "must be a string of at most 256 bytes");
+    }
+    msg->tool_call_id = id->get<std::string>();
+  }
+  auto calls = m.find("tool_calls");
+  if (calls == m.end() || calls->is_null()) return Status::Ok();
+  if (msg->role != "assistant") return Bad(field + ".tool_calls", "is only allowed on assistant messages");
+  if (!calls->is_array()) return Bad(field + ".tool_calls", "must be an array");
+  if (calls->size() > kMaxToolCallsPerMessage) {
+    return Bad(field + ".tool_calls", "has more than " + std::to_string(kMaxToolCallsPerMessage) + " entries");
+  }
+  for (size_t i = 0; i < calls->size(); ++i) {
+    const std::string f = field + ".tool_calls[" + std::to_string(i) + "]";
+    const json& c = (*calls)[i];
+    if (!c.is_object()) return Bad(f, "must be an object");
+    if (auto type = c.find("type"); type != c.end() && !type->is_null() && *type != "function") {
+      return Bad(f + ".type", "must be 'function'");
+    }
+    ToolCall call;
+    if (auto id = c.find("id"); id != c.end() && !id->is_null()) {
+      if (!id->is_string() || id->get_ref<const std::string&>().size() > 256) {
+        return Bad(f + ".id", "must be a string of at most 256 bytes");
+      }
+      call.id = id->get<std::string>();
+    }
+    auto fn = c.find("function");
+    if (fn == c.end() || !fn->is_object()) return Bad(f + ".function", "must be an object");
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string() || name->get_ref<const std::string&>().empty() ||
+        name->get_ref<const std::string&>().size() > 256) {
+      return Bad(f + ".function.name", "must be a non-empty string of at most 256 bytes");
+    }
+    call.name = name->get<std::string>();
+    auto args = fn->find("arguments");
+    if (args == fn->end() || args->is_null()) {
+      call.arguments = "{}";
+    } else if (args->is_string()) {
+      call.arguments = args->get<std::string>();
+    } else if (args->is_object()) {
+      call.arguments = args->dump(-1, ' ', false, json::error_handler_t::replace);
+    } else {
+      return Bad(f + ".function.arguments", "must be a string of JSON");
+    }
+    if (call.arguments.size() > kMaxToolArguments) {
+      return Bad(f + ".function.arguments", "is larger than " + std::to_string(kMaxToolArguments) + " bytes");
+    }
+    msg->tool_calls.push_back(std::move(call));
+  }
+  return Status::Ok();
+}
+
+}  // namespace spillway::api

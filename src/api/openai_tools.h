@@ -1,0 +1,27 @@
+// The tool-calling fields of OpenAI chat requests: "tools", "tool_choice" and,
+// in the history, assistant "tool_calls" and tool messages' "tool_call_id".
+// Called by ParseChatRequest; errors name the field (kInvalidArgument -> 400).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <string_view>
+
+#include "api/openai_request.h"
+#include "common/status.h"
+
+namespace spillway::api {
+
+// OpenAI's rule for function names: [A-Za-z0-9_-]{1,64}.
+bool ValidFunctionName(std::string_view name);
+
+// Reads "tools" and "tool_choice" into `r` (checks "parallel_tool_calls" is a
+// boolean). Call after r->gen is parsed: a forced call excludes ignore_eos.
+Status ParseToolFields(const nlohmann::json& body, ChatRequest* r);
+
+// Reads message `m`'s "tool_calls" (assistant) and "tool_call_id" (tool) into
+// `msg`; `field` names the message ("messages[3]").
+Status ParseMessageToolFields(const nlohmann::json& m, const std::string& field, ChatMessage* msg);
+
+}  // namespace spillway::api

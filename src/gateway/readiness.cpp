@@ -1,0 +1,52 @@
+#include "gateway/readiness.h"
+
+#include <cstdio>
+
+#include "gguf/gguf_reader.h"
+#include "memory/estimator.h"
+
+namespace spillway::gateway {
+
+namespace {
+
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f s", s);
+  return buf;
+}
+
+}  // namespace
+
+Readiness ResolveReadiness(const config::ServiceConfig& s, size_t i) {
+  if (!s.OnCpuPath(i)) return {"warm", 0, "not a CPU fallback: always loaded"};
+  const auto& p = s.placements[i];
+  const auto& f = s.failover;
+  double weights = 0, context = 0;
+  if (auto meta = gguf::ReadGgufFile(p.ModelOr(s.model)); meta.ok()) {
+    if (auto shape = memory::ShapeFromMetadata(*meta); shape.ok()) {
+      memory::PlacementSpec spec;
+      spec.ctx = static_cast<uint32_t>(p.ctx);
+      spec.slots = static_cast<uint32_t>(p.slots);
+      spec.batch = static_cast<uint32_t>(p.batch);
+      const auto est = memory::EstimatePlacement(*shape, spec);
+      weights = static_cast<double>(est.host.weights);
+      context = static_cast<double>(est.host.kv + est.host.compute);
+    }
+  }
+  const double mmap_s = context / kContextBytesPerS + 0.02;
+  const double on_demand_s = kProcessStartS + weights / kLoadBytesPerS + mmap_s;
+  if (f.readiness == "warm") return {"warm", 0, "configured"};
+  if (f.readiness == "mmap") return {"mmap", mmap_s, "configured"};
+  if (f.readiness == "on-demand") return {"on-demand", on_demand_s, "configured"};
+  const std::string budget = "recovery budget " + Seconds(f.recovery_budget_s);
+  if (on_demand_s <= f.recovery_budget_s) {
+    return {"on-demand", on_demand_s, "auto: a load is expected to take " + Seconds(on_demand_s) + ", within the " + budget};
+  }
+  if (mmap_s <= f.recovery_budget_s) {
+    return {"mmap", mmap_s, "auto: a load (" + Seconds(on_demand_s) + ") exceeds the " + budget +
+                                ", creating a context (" + Seconds(mmap_s) + ") does not"};
+  }
+  return {"warm", 0, "auto: even a context (" + Seconds(mmap_s) + ") exceeds the " + budget};
+}
+
+}  // namespace spillway::gateway

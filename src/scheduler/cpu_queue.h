@@ -1,0 +1,88 @@
+// The CPU path's own queue, one per service: the fallback CPU replica is slow
+// and shares the host with everything else, so it gets a bounded line of its
+// own, fewer requests at once than the accelerator, and a host-RAM budget.
+//
+//   Join      a request routed to the CPU path takes a place in line
+//             (refused when the line is full, or when it could never fit
+//             the budget even alone);
+//   TryStart  the first in line starts when fewer than `concurrency` run and
+//             the replicas' resident bytes + the running requests' bytes +
+//             its own stay within the budget, and the host's observed
+//             available memory holds its bytes (else: kHostLow);
+//   Leave     when it ends, is cancelled or goes elsewhere (idempotent).
+//
+// Strict FIFO: nobody overtakes the first in line, so a large request is not
+// starved by small ones. Pure: time from the Clock. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <map>
+#include <string>
+
+#include "common/clock.h"
+
+namespace spillway::scheduler {
+
+struct CpuQueueOptions {
+  size_t max_waiting = 16;
+  int concurrency = 1;
+  uint64_t ram_budget_bytes = 0;  // 0: no budget
+};
+
+struct CpuQueueStats {
+  size_t waiting = 0, running = 0;
+  uint64_t resident_bytes = 0;  // loaded CPU replicas
+  uint64_t running_bytes = 0;   // requests running on them
+  uint64_t peak_bytes = 0;      // highest resident + running so far
+  int64_t oldest_wait_ms = 0;   // age of the first in line (0: none waiting)
+  uint64_t rejected_full = 0, rejected_budget = 0, rejected_host = 0, started = 0;
+};
+
+class CpuQueue {
+ public:
+  enum class JoinResult { kQueued, kFull, kOverBudget };
+  enum class StartResult { kStart, kWait, kHostLow };
+  static constexpr uint64_t kUnknown = std::numeric_limits<uint64_t>::max();
+
+  CpuQueue(CpuQueueOptions opts, const Clock& clock) : opts_(opts), clock_(&clock) {}
+
+  // Bytes a loaded CPU replica holds (weights, KV pool, compute); 0 when unloaded.
+  void SetResident(const std::string& replica, uint64_t bytes);
+  // Idempotent: joining again keeps the place in line.
+  JoinResult Join(const std::string& id, uint64_t bytes);
+  // `host_available`: the host's observed available memory minus its
+  // headroom (kUnknown: not known). A started request counts as running.
+  StartResult TryStart(const std::string& id, uint64_t host_available = kUnknown);
+  void Leave(const std::string& id);
+
+  bool Waiting(const std::string& id) const;
+  bool Running(const std::string& id) const { return running_.count(id) > 0; }
+  // 1-based place among the waiting (0: not waiting).
+  size_t Position(const std::string& id) const;
+  // Seconds until `id` may start, if each running or earlier request takes
+  // `per_request_s` and `concurrency` run side by side.
+  double EstimatedWaitS(const std::string& id, double per_request_s) const;
+  CpuQueueStats stats() const;
+  const CpuQueueOptions& options() const { return opts_; }
+
+ private:
+  struct Waiter {
+    std::string id;
+    uint64_t bytes;
+    int64_t since_ms;
+  };
+  uint64_t Resident() const;
+  uint64_t RunningBytes() const;
+
+  CpuQueueOptions opts_;
+  const Clock* clock_;
+  std::deque<Waiter> waiting_;
+  std::map<std::string, uint64_t> running_;
+  std::map<std::string, uint64_t> resident_;
+  uint64_t peak_ = 0;
+  uint64_t rejected_full_ = 0, rejected_budget_ = 0, rejected_host_ = 0, started_ = 0;
+};
+
+}  // namespace spillway::scheduler

@@ -1,0 +1,93 @@
+#include "scheduler/cpu_queue.h"
+
+#include <gtest/gtest.h>
+
+namespace spillway::scheduler {
+namespace {
+
+constexpr uint64_t MiB = 1 << 20;
+
+TEST(CpuQueueTest, RunsConcurrencyAtOnceInArrivalOrder) {
+  FakeClock clock;
+  CpuQueue q({/*max_waiting=*/4, /*concurrency=*/2, 0}, clock);
+  for (const char* id : {"a", "b", "c"}) ASSERT_EQ(q.Join(id, MiB), CpuQueue::JoinResult::kQueued);
+  // Nobody overtakes the first in line.
+  EXPECT_EQ(q.TryStart("b"), CpuQueue::StartResult::kWait);
+  EXPECT_EQ(q.TryStart("a"), CpuQueue::StartResult::kStart);
+  EXPECT_EQ(q.TryStart("b"), CpuQueue::StartResult::kStart);
+  EXPECT_EQ(q.TryStart("c"), CpuQueue::StartResult::kWait);  // two run already
+  EXPECT_EQ(q.Position("c"), 1u);
+  q.Leave("a");
+  EXPECT_EQ(q.TryStart("c"), CpuQueue::StartResult::kStart);
+  EXPECT_EQ(q.stats().running, 2u);
+  EXPECT_EQ(q.stats().started, 3u);
+}
+
+TEST(CpuQueueTest, AFullLineRefusesAndJoiningAgainKeepsThePlace) {
+  FakeClock clock;
+  CpuQueue q({2, 1, 0}, clock);
+  EXPECT_EQ(q.Join("a", MiB), CpuQueue::JoinResult::kQueued);
+  EXPECT_EQ(q.Join("b", MiB), CpuQueue::JoinResult::kQueued);
+  EXPECT_EQ(q.Join("c", MiB), CpuQueue::JoinResult::kFull);
+  EXPECT_EQ(q.Join("a", MiB), CpuQueue::JoinResult::kQueued);  // idempotent
+  EXPECT_EQ(q.Position("a"), 1u);
+  EXPECT_EQ(q.Position("b"), 2u);
+  EXPECT_EQ(q.stats().rejected_full, 1u);
+  // A cancelled request leaves the line wherever it stands.
+  q.Leave("a");
+  EXPECT_EQ(q.Position("b"), 1u);
+  EXPECT_EQ(q.Join("c", MiB), CpuQueue::JoinResult::kQueued);
+}
+
+TEST(CpuQueueTest, TheRamBudgetHoldsReplicasAndRunningRequests) {
+  FakeClock clock;
+  CpuQueue q({8, 8, 100 * MiB}, clock);
+  q.SetResident("chat.1", 70 * MiB);
+  // Could never fit, even alone: refused at once.
+  EXPECT_EQ(q.Join("huge", 40 * MiB), CpuQueue::JoinResult::kOverBudget);
+  EXPECT_EQ(q.stats().rejected_budget, 1u);
+  ASSERT_EQ(q.Join("a", 20 * MiB), CpuQueue::JoinResult::kQueued);
+  ASSERT_EQ(q.Join("b", 20 * MiB), CpuQueue::JoinResult::kQueued);
+  EXPECT_EQ(q.TryStart("a"), CpuQueue::StartResult::kStart);
+  EXPECT_EQ(q.TryStart("b"), CpuQueue::StartResult::kWait);  // 70 + 20 + 20 > 100
+  EXPECT_EQ(q.stats().peak_bytes, 90 * MiB);
+  q.Leave("a");
+  EXPECT_EQ(q.TryStart("b"), CpuQueue::StartResult::kStart);
+  EXPECT_LE(q.stats().peak_bytes, 100 * MiB);
+  // Unloading the replica frees its share.
+  q.SetResident("chat.1", 0);
+  EXPECT_EQ(q.stats().resident_bytes, 0u);
+}
+
+TEST(CpuQueueTest, LowObservedHostMemoryRefusesTheFirstInLine) {
+  FakeClock clock;
+  CpuQueue q({8, 2, 0}, clock);
+  ASSERT_EQ(q.Join("a", 64 * MiB), CpuQueue::JoinResult::kQueued);
+  ASSERT_EQ(q.Join("b", 1 * MiB), CpuQueue::JoinResult::kQueued);
+  EXPECT_EQ(q.TryStart("a", 32 * MiB), CpuQueue::StartResult::kHostLow);
+  EXPECT_FALSE(q.Waiting("a"));
+  EXPECT_EQ(q.TryStart("b", 32 * MiB), CpuQueue::StartResult::kStart);
+  EXPECT_EQ(q.stats().rejected_host, 1u);
+}
+
+TEST(CpuQueueTest, QueueAgeAndEstimatedWaitFollowTheClock) {
+  FakeClock clock;
+  CpuQueue q({8, 2, 0}, clock);
+  for (const char* id : {"a", "b", "c", "d", "e"}) q.Join(id, MiB);
+  EXPECT_EQ(q.TryStart("a"), CpuQueue::StartResult::kStart);
+  EXPECT_EQ(q.TryStart("b"), CpuQueue::StartResult::kStart);
+  clock.Advance(1500);
+  EXPECT_EQ(q.stats().oldest_wait_ms, 1500);
+  // Two lanes busy: c waits one round, d one round, e two rounds.
+  EXPECT_DOUBLE_EQ(q.EstimatedWaitS("c", 4.0), 4.0);
+  EXPECT_DOUBLE_EQ(q.EstimatedWaitS("d", 4.0), 4.0);
+  EXPECT_DOUBLE_EQ(q.EstimatedWaitS("e", 4.0), 8.0);
+  EXPECT_DOUBLE_EQ(q.EstimatedWaitS("a", 4.0), 0.0);  // running, not waiting
+  q.Leave("c");
+  q.Leave("d");
+  q.Leave("e");
+  EXPECT_EQ(q.stats().oldest_wait_ms, 0);
+}
+
+}  // namespace
+}  // namespace spillway::scheduler
