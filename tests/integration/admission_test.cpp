@@ -14,6 +14,7 @@
 #include "api/http_client.h"
 #include "devices/sim_ledger.h"
 #include "gateway_process.h"
+#include "journal_check.h"
 #include "worker_process.h"
 
 namespace spillway::testing {
@@ -88,6 +89,11 @@ TEST_F(AdmissionTest, LongPromptBeyondTheGpuPoolGoesToTheCpuPoolBeforeAnyAllocat
   const std::string metrics = http::Fetch("127.0.0.1", p, "GET", "/metrics")->body;
   EXPECT_NE(metrics.find("spillway_admission_decisions_total{service=\"chat\",decision=\"reroute\"} 1"), std::string::npos)
       << metrics;
+  // Invariant 1: each of them ended in exactly one terminal state, the rejected one too.
+  const JournalCheck j = CheckJournal(gw.state_dir());
+  EXPECT_TRUE(j.problems.empty()) << ::testing::PrintToString(j.problems);
+  EXPECT_EQ(j.state.size(), 3u);
+  for (const auto& [id, state] : j.state) EXPECT_TRUE(state == "completed" || state == "failed") << id << " " << state;
 }
 
 TEST_F(AdmissionTest, ACompetingHoldKeepsTheGpuPlacementFromStartingAndTheCpuServes) {

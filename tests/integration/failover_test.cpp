@@ -6,6 +6,7 @@
 #include "scoped_sim_dir.h"
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <filesystem>
 #include <sstream>
 #include <thread>
@@ -33,7 +34,10 @@ class FailoverTest : public ::testing::Test {
        << "[service.failover]\nbreaker_failures = 1\nejection_s = 1\n"
        << "[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 2048\nslots = 2\nthreads = 1\nbatch = 64\n"
        << "progress_timeout_s = 0.5\n"
-       << "[[service.placement]]\nrole = \"fallback\"\ndevice = \"cpu\"\nctx = 2048\nslots = 2\nthreads = 1\nbatch = 64\n";
+       << "[[service.placement]]\nrole = \"fallback\"\ndevice = \"cpu\"\nctx = 2048\nslots = 2\nthreads = 1\nbatch = 64\n"
+       // An unrelated service on the same host, which must keep serving throughout.
+       << "[[service]]\nname = \"embed\"\nmodel = \"" << ModelPath("tiny-embed") << "\"\n"
+       << "[[service.placement]]\ndevice = \"cpu\"\nctx = 512\nslots = 1\nthreads = 1\n";
     gw_ = std::make_unique<GatewayProcess>(os.str());
     ASSERT_TRUE(gw_->Start()) << gw_->Output();
     WaitPlacements("ready");
@@ -132,10 +136,24 @@ TEST_F(FailoverTest, AHungGpuWorkerIsDetectedReplacedAndItsRequestServedByTheCpu
   auto healthy = Post(kSeeded, "hang-healthy");
   ASSERT_EQ(healthy.status, 200) << healthy.body;
   const int pid = Placement(0)["pid"].get<int>();
+  const json embed_before = Body(*http::Fetch("127.0.0.1", gw_->port(), "GET", "/v1/status"))["services"][1]["placements"][0];
   ArmGpu("hang=60");  // the decode loop stalls; /health still answers
   const auto t0 = std::chrono::steady_clock::now();
+  // The unrelated service answers while the GPU worker hangs and is replaced.
+  std::atomic<bool> hang_done{false};
+  int embeds_ok = 0, embeds = 0;
+  std::thread unrelated([&] {
+    while (!hang_done) {
+      auto e = http::Fetch("127.0.0.1", gw_->port(), "POST", "/v1/embeddings", json{{"model", "embed"}, {"input", "still here"}}.dump());
+      ++embeds;
+      embeds_ok += e.ok() && e->status == 200;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
   auto r = Post(kSeeded, "hang-req");
   const auto took = std::chrono::steady_clock::now() - t0;
+  // The breaker opened on the hung worker's failure: traffic stays on the CPU until a probe succeeds.
+  EXPECT_EQ(Placement(0)["breaker"]["state"], "open");
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.Header("x-spillway-placement"), "cpu");
   EXPECT_EQ(Body(r)["choices"][0]["text"], Body(healthy)["choices"][0]["text"]);
@@ -148,6 +166,18 @@ TEST_F(FailoverTest, AHungGpuWorkerIsDetectedReplacedAndItsRequestServedByTheCpu
   }
   EXPECT_NE(gpu["pid"].get<int>(), pid) << gpu.dump();
   EXPECT_EQ(gpu["state"], "ready");
+  hang_done = true;
+  unrelated.join();
+  EXPECT_GT(embeds, 0);
+  EXPECT_EQ(embeds_ok, embeds);
+  const json embed_after = Body(*http::Fetch("127.0.0.1", gw_->port(), "GET", "/v1/status"))["services"][1]["placements"][0];
+  EXPECT_EQ(embed_after["pid"], embed_before["pid"]);  // untouched by the GPU worker's replacement
+  // After the ejection (1 s) a probe goes to the restarted GPU worker and closes the breaker.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  auto probe = Post(kSeeded, "hang-probe");
+  EXPECT_EQ(probe.Header("x-spillway-placement"), "sim:0/99") << probe.body;
+  EXPECT_EQ(Body(probe)["choices"][0]["text"], Body(healthy)["choices"][0]["text"]);
+  EXPECT_EQ(Placement(0)["breaker"]["state"], "closed");
 }
 
 std::string StreamText(const std::string& body) {
@@ -194,6 +224,81 @@ TEST_F(FailoverTest, StreamFailingBeforeItsFirstTokenRunsOnTheFallback) {
   EXPECT_EQ(events.back(), "[DONE]");
   EXPECT_EQ(r.body.find("\"error\""), std::string::npos) << r.body;
   EXPECT_EQ(Request("fo-stream")["state"], "completed");
+}
+
+// An agent request: the model must call a tool (grammar-constrained, so even
+// the random-weight model does). Once a tool call has reached the client, the
+// agent may have run it: the stream is never replayed past it.
+TEST_F(FailoverTest, AnAgentStreamIsNotReplayedPastADeliveredToolCall) {
+  const json tools = json::array({{{"type", "function"},
+                                   {"function", {{"name", "increment"},
+                                                 {"parameters", {{"type", "object"}, {"properties", json::object()}}}}}}});
+  json body = {{"model", "chat"}, {"messages", {{{"role", "user"}, {"content", "add one"}}}}, {"tools", tools},
+               {"tool_choice", "required"}, {"seed", 5}, {"max_tokens", 120}};
+  auto chat = [&](const json& b, const std::string& id) {
+    auto r = http::Fetch("127.0.0.1", gw_->port(), "POST", "/v1/chat/completions", b.dump(), {{"X-Request-Id", id}},
+                         std::chrono::seconds(60));
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? *r : http::ClientResponse{};
+  };
+  auto healthy = chat(body, "agent-healthy");
+  ASSERT_EQ(healthy.status, 200) << healthy.body;
+  const json hj = json::parse(healthy.body);
+  ASSERT_EQ(hj["choices"][0]["finish_reason"], "tool_calls") << healthy.body;
+  ASSERT_EQ(hj["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "increment");
+  const int tokens = hj["usage"]["completion_tokens"].get<int>();
+  // The device is lost right after the call's last token was sampled (and sent).
+  ArmGpu("lose-at-token=" + std::to_string(tokens));
+  body["stream"] = true;
+  auto r = chat(body, "agent-lost");
+  ASSERT_EQ(r.status, 200) << r.body;
+  int calls = 0;
+  json error;
+  for (const auto& e : http::ParseSseData(r.body)) {
+    json j = json::parse(e, nullptr, false);
+    if (!j.is_object()) continue;
+    if (j.contains("error")) error = j["error"];
+    if (j.contains("choices") && !j["choices"].empty() && j["choices"][0]["delta"].contains("tool_calls")) ++calls;
+  }
+  EXPECT_EQ(calls, 1) << r.body;  // delivered once, never generated again
+  ASSERT_TRUE(error.is_object()) << r.body;
+  EXPECT_EQ(error["request_id"], "agent-lost");
+  EXPECT_TRUE(error["checkpoint"]["tool_calls_delivered"].get<bool>()) << error.dump();
+  EXPECT_NE(error["message"].get<std::string>().find("not replayed past them"), std::string::npos);
+  EXPECT_EQ(http::ParseSseData(r.body).back(), "[DONE]");
+  json rec = Request("agent-lost");
+  EXPECT_EQ(rec["state"], "failed_resumable");
+  EXPECT_EQ(rec["attempts"], 1);  // no second attempt ran the model again
+}
+
+// fail_fast: "the accelerator or an error", never a silent spill, on failures too.
+TEST(FailFastTest, AFailedGpuAttemptIsAnErrorNotASpill) {
+  ScopedSimDir sim("failfast");
+  ASSERT_TRUE(devices::SimLedger::Create(0, 256 << 20).ok());
+  std::ostringstream os;
+  os << "[[service]]\nname = \"chat\"\nmodel = \"" << ModelPath("tiny-chat") << "\"\n"
+     << "[service.admission]\nfail_fast = true\n"
+     << "[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 1024\nslots = 2\nthreads = 1\nbatch = 64\n"
+     << "[[service.placement]]\nrole = \"fallback\"\ndevice = \"cpu\"\nctx = 1024\nslots = 2\nthreads = 1\nbatch = 64\n";
+  GatewayProcess gw(os.str());
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  json gpu;
+  for (int i = 0; i < 500; ++i) {
+    gpu = json::parse(http::Fetch("127.0.0.1", gw.port(), "GET", "/v1/status")->body)["services"][0]["placements"][0];
+    if (gpu["state"] == "ready") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(http::Fetch("127.0.0.1", gpu["port"].get<uint16_t>(), "POST", "/v1/worker/faults",
+                          json{{"faults", {"compute-error"}}}.dump())->status == 200);
+  auto r = http::Fetch("127.0.0.1", gw.port(), "POST", "/v1/completions",
+                       json{{"model", "chat"}, {"prompt", "x"}, {"max_tokens", 4}}.dump(), {{"X-Request-Id", "ff-1"}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_GE(r->status, 500) << r->body;
+  EXPECT_NE(r->Header("x-spillway-placement"), "cpu");
+  const JournalCheck j = CheckJournal(gw.state_dir());
+  EXPECT_TRUE(j.problems.empty()) << ::testing::PrintToString(j.problems);
+  EXPECT_EQ(j.state.at("ff-1"), "failed");
+  EXPECT_EQ(j.attempts.at("ff-1"), 1);
 }
 
 TEST(FallbackModelTest, AnUndeclaredDifferentModelIsRefusedADeclaredOneIsAnnounced) {
