@@ -31,6 +31,8 @@ void Breaker::OnFailure(const std::string& reason) {
 
 void Breaker::Trip(const std::string& reason) {
   last_reason_ = reason;
+  // One incident seen twice (the failed request and the worker's exit) is one ejection.
+  if (state_ == BreakerState::kOpen && clock_->NowMs() < open_until_ms_) return;
   Open(reason);
 }
 

@@ -33,7 +33,8 @@ class Breaker {
   bool Usable();
   void OnSuccess();
   void OnFailure(const std::string& reason);
-  // Opens at once (device lost, worker crashed).
+  // Opens at once (device lost, worker crashed); while already open, only
+  // the reason changes (one incident reported twice is one ejection).
   void Trip(const std::string& reason);
 
   BreakerState state() const { return state_; }

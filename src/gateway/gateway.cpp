@@ -46,12 +46,21 @@ Gateway::Gateway(const config::GatewayConfig& config, journal::Journal& journal,
       v.back()->readiness_reason = r.reason;
       v.back()->readiness_expected_s = r.expected_s;
     }
+    for (const auto& p : s.placements) {
+      if (p.device != "cpu" && !device_breakers_.count(p.device)) {
+        // The device's own breaker, with the first service's settings on it.
+        device_breakers_.emplace(p.device, failover::Breaker(
+            {s.failover.breaker_failures, static_cast<int64_t>(s.failover.ejection_s * 1000),
+             static_cast<int64_t>(s.failover.max_ejection_s * 1000)}, clock_));
+      }
+    }
     cpu_budgets_[s.name] = CpuPathBudgetBytes(s);
     cpu_queues_[s.name] = std::make_unique<scheduler::CpuQueue>(
         scheduler::CpuQueueOptions{static_cast<size_t>(s.cpu_path.max_queue), s.cpu_path.concurrency, cpu_budgets_[s.name]},
         clock_);
   }
   supervisor_.SetIdleCheck([this](const std::string& key) { return IdleReplica(key); });
+  supervisor_.SetOnExit([this](const std::string& key, const std::string& why) { WorkerExited(key, why); });
 }
 
 // The supervisor asks this gateway about idle replicas: it stops first.
@@ -223,6 +232,14 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
       return fail(Status::InvalidArgument("X-Request-Timeout must be seconds in (0, 86400]"));
     }
     in->timeout_ms = static_cast<int64_t>(secs * 1000);
+  }
+  // The same deadline as a body field, for clients that cannot set headers (the earlier of the two wins).
+  if (auto f = body->find("spillway_timeout_s"); f != body->end()) {
+    if (!f->is_number() || !(f->get<double>() > 0) || f->get<double>() > 86400) {
+      return fail(Status::InvalidArgument("spillway_timeout_s must be seconds in (0, 86400]"));
+    }
+    const auto ms = static_cast<int64_t>(f->get<double>() * 1000);
+    in->timeout_ms = in->timeout_ms ? std::min(in->timeout_ms, ms) : ms;
   }
   in->ex = ex;
   in->version = v;

@@ -104,6 +104,11 @@ class Gateway {
   void ReleaseTarget(const std::string& service, const std::string& id, Target* target);
   void AttemptFailed(const std::string& service, size_t index, const std::string& phase, const std::string& why);
   void AttemptSucceeded(const std::string& service, size_t index);
+  // The supervisor saw a worker exit or replaced it: its breaker opens (and its
+  // device's, when the device was lost), even with no request in flight.
+  void WorkerExited(const std::string& key, const std::string& why);
+  // Placement usable now: its own breaker and its device's allow traffic (pools_mu_ held).
+  bool BreakersAllow(PlacementState& st);
   void HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint);
   void Process(std::shared_ptr<Incoming> in);
   void Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex, std::shared_ptr<Live> live);
@@ -128,6 +133,7 @@ class Gateway {
   std::map<std::string, std::vector<std::unique_ptr<PlacementState>>> placements_;  // by service
   std::map<std::string, std::unique_ptr<scheduler::CpuQueue>> cpu_queues_;          // by service
   std::map<std::string, uint64_t> cpu_budgets_;                                      // by service
+  std::map<std::string, failover::Breaker> device_breakers_;                         // by accelerator device
   std::mutex pools_mu_;  // guards placements_' pools, breakers and counters, and cpu_queues_
 };
 

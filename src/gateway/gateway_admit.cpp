@@ -16,10 +16,34 @@ namespace spillway::gateway {
 
 void Gateway::AttemptFailed(const std::string& service, size_t index, const std::string& phase, const std::string& why) {
   std::lock_guard<std::mutex> lk(pools_mu_);
-  auto& b = placements_[service][index]->breaker;
+  auto& st = *placements_[service][index];
   // A lost device or a dead worker cannot serve the next request either.
-  if (phase == "device" || phase == "crash") b.Trip(why);
-  else b.OnFailure(why);
+  if (phase == "device" || phase == "crash") st.breaker.Trip(why);
+  else st.breaker.OnFailure(why);
+  // A lost device is lost for every placement on it.
+  if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) {
+    if (phase == "device") it->second.Trip(why);
+    else if (phase == "kv" || phase == "compute" || phase == "load") it->second.OnFailure(why);
+  }
+}
+
+bool Gateway::BreakersAllow(PlacementState& st) {
+  auto it = device_breakers_.find(st.cfg.device);
+  const bool device_ok = it == device_breakers_.end() || it->second.Usable();
+  return st.breaker.Usable() && device_ok;
+}
+
+void Gateway::WorkerExited(const std::string& key, const std::string& why) {
+  std::lock_guard<std::mutex> lk(pools_mu_);
+  for (auto& [service, states] : placements_) {
+    for (auto& st : states) {
+      if (st->key != key) continue;
+      st->breaker.Trip("worker " + why);
+      if (why.find("device lost") != std::string::npos) {
+        if (auto it = device_breakers_.find(st->cfg.device); it != device_breakers_.end()) it->second.Trip("worker " + why);
+      }
+    }
+  }
 }
 
 void Gateway::RecordThroughput(const std::string& service, size_t index, const std::string& body) {
@@ -48,7 +72,9 @@ void Gateway::RecordThroughput(const std::string& service, size_t index, const s
 
 void Gateway::AttemptSucceeded(const std::string& service, size_t index) {
   std::lock_guard<std::mutex> lk(pools_mu_);
-  placements_[service][index]->breaker.OnSuccess();
+  auto& st = *placements_[service][index];
+  st.breaker.OnSuccess();
+  if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.OnSuccess();
 }
 
 bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live,
@@ -169,14 +195,14 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
       bool others = false;  // is any placement usable that has not failed this request?
       for (size_t k = 0; k < states.size(); ++k) {
         const bool ex = k < excluded.size() && excluded[k];
-        others |= !ex && states[k]->admission.admitted && states[k]->breaker.Usable() && startable(k);
+        others |= !ex && states[k]->admission.admitted && BreakersAllow(*states[k]) && startable(k);
       }
       for (size_t k = 0; k < states.size(); ++k) {
         const auto& st = states[k];
         admission::PlacementView v;
         v.name = st->cfg.Name();
         const bool ex = others && k < excluded.size() && excluded[k];
-        v.usable = !ex && st->admission.admitted && st->breaker.Usable() && startable(k);
+        v.usable = !ex && st->admission.admitted && BreakersAllow(*st) && startable(k);
         v.hybrid = st->cfg.role == "hybrid";
         v.fallback = st->cfg.role == "fallback";
         v.cells_total = st->pool.total();

@@ -152,7 +152,17 @@ json Gateway::StatusJson() const {
     svc["degraded"] = degraded.empty() ? json(nullptr) : json(degraded);
     services.push_back(svc);
   }
+  json devices = json::array();
+  {
+    std::lock_guard<std::mutex> lk(const_cast<std::mutex&>(pools_mu_));
+    for (const auto& [name, b] : device_breakers_) {
+      devices.push_back({{"name", name},
+                         {"breaker", {{"state", failover::BreakerStateName(b.state())}, {"ejections", b.ejections()},
+                                      {"last_reason", b.last_reason()}}}});
+    }
+  }
   return {{"services", services},
+          {"devices", devices},
           {"queue", {{"waiting", dispatcher_->queued()}, {"max", config_.max_queue}}},
           {"journal", {{"synchronous", const_cast<journal::Journal&>(journal_).synchronous_mode()}}}};
 }
@@ -179,6 +189,9 @@ std::string Gateway::RenderMetrics() const {
       g.emplace_back("spillway_cpu_path_rejected_total", l + ",reason=\"queue_full\"", static_cast<double>(st.rejected_full));
       g.emplace_back("spillway_cpu_path_rejected_total", l + ",reason=\"ram_budget\"", static_cast<double>(st.rejected_budget));
       g.emplace_back("spillway_cpu_path_rejected_total", l + ",reason=\"host_low\"", static_cast<double>(st.rejected_host));
+    }
+    for (const auto& [name, b] : device_breakers_) {
+      g.emplace_back("spillway_device_breaker_open", "device=\"" + name + "\"", b.state() == failover::BreakerState::kOpen ? 1 : 0);
     }
     for (const auto& [service, states] : placements_) {
       for (const auto& st : states) {

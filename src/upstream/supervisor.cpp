@@ -167,6 +167,7 @@ void Supervisor::Loop() {
     std::vector<Check> checks;
     std::vector<std::pair<std::string, uint16_t>> became_ready;
     std::vector<std::string> idle_candidates;
+    std::vector<std::pair<std::string, std::string>> exits;
     // Restarts due now pass the start gate first (it may read telemetry: no lock held).
     std::vector<std::string> due;
     {
@@ -192,7 +193,9 @@ void Supervisor::Loop() {
           continue;
         }
         const bool was_ready = w.view.state == WorkerState::kReady;
+        const bool was_up = was_ready || w.view.state == WorkerState::kStarting;
         Poll(w);
+        if (was_up && w.view.state == WorkerState::kBackoff) exits.emplace_back(k, w.view.last_exit);
         if (!was_ready && w.view.state == WorkerState::kReady) became_ready.emplace_back(k, w.view.port);
         if (w.spec.on_demand && w.view.state == WorkerState::kReady) idle_candidates.push_back(k);
         if (w.view.state == WorkerState::kReady && now >= w.next_health_ms) {
@@ -203,6 +206,9 @@ void Supervisor::Loop() {
     }
     if (on_ready_) {
       for (const auto& [k, port] : became_ready) on_ready_(k, port);
+    }
+    if (on_exit_) {
+      for (const auto& [k, why] : exits) on_exit_(k, why);
     }
     if (idle_) {
       for (const auto& k : idle_candidates) {
@@ -218,9 +224,16 @@ void Supervisor::Loop() {
       // answers HTTP) cannot recover in place: replace the worker at once.
       const bool lost = r.ok() && (r->body.find("device_lost") != std::string::npos ||
                                    r->body.find("\"stalled\"") != std::string::npos);
-      std::lock_guard<std::mutex> lk(mu_);
-      auto it = workers_.find(c.key);
-      if (it != workers_.end()) HealthResult(it->second, c.pid, healthy, lost);
+      std::string why;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        auto it = workers_.find(c.key);
+        if (it == workers_.end()) continue;
+        const bool was_ready = it->second.view.state == WorkerState::kReady;
+        HealthResult(it->second, c.pid, healthy, lost);
+        if (was_ready && it->second.view.state == WorkerState::kBackoff) why = it->second.view.last_exit;
+      }
+      if (!why.empty() && on_exit_) on_exit_(c.key, why);
     }
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_.load(); });

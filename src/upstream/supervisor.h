@@ -80,6 +80,9 @@ class Supervisor {
   // Starting or ready (an on-demand worker that is stopped is not).
   bool Running(const std::string& key) const;
   bool OnDemand(const std::string& key) const;
+  // Told (no lock held) each time a worker exits or is replaced as unhealthy
+  // (not when it is released or stopped): `why` as in WorkerView::last_exit.
+  void SetOnExit(std::function<void(const std::string& key, const std::string& why)> f) { on_exit_ = std::move(f); }
   // Asked (no lock held) for each ready on-demand worker on every poll; true stops it.
   void SetIdleCheck(std::function<bool(const std::string& key)> f) { idle_ = std::move(f); }
   // Reports a failure seen by a caller (connection refused...): the worker is
@@ -107,6 +110,7 @@ class Supervisor {
   std::function<Status(const std::string&)> gate_;
   std::function<void(const std::string&, uint16_t)> on_ready_;
   std::function<bool(const std::string&)> idle_;
+  std::function<void(const std::string&, const std::string&)> on_exit_;
   const std::string binary_, state_dir_;
   const Clock& clock_;
   mutable std::mutex mu_;

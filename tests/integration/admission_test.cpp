@@ -176,6 +176,14 @@ TEST_F(AdmissionTest, DeadlineAwareRoutingRefusesWhatTheCpuCannotFinishInTime) {
   EXPECT_EQ(r->status, 503) << r->body;
   EXPECT_NE(r->body.find("beyond the request's deadline"), std::string::npos) << r->body;
   EXPECT_FALSE(r->Header("retry-after").empty());
+  // The same deadline as a request field (for clients that cannot set headers).
+  auto field = http::Fetch("127.0.0.1", p, "POST", "/v1/completions",
+                           json{{"model", "chat"}, {"prompt", Tokens(700)}, {"max_tokens", 3000},
+                                {"spillway_timeout_s", 0.05}}.dump());
+  EXPECT_EQ(field->status, 503) << field->body;
+  EXPECT_NE(field->body.find("beyond the request's deadline"), std::string::npos) << field->body;
+  EXPECT_EQ(http::Fetch("127.0.0.1", p, "POST", "/v1/completions",
+                        json{{"model", "chat"}, {"prompt", "x"}, {"spillway_timeout_s", "soon"}}.dump())->status, 400);
   // With time enough it runs.
   auto ok = http::Fetch("127.0.0.1", p, "POST", "/v1/completions",
                         json{{"model", "chat"}, {"prompt", Tokens(700)}, {"max_tokens", 8}}.dump(),

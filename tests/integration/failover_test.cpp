@@ -121,6 +121,11 @@ TEST_F(FailoverTest, DeviceLostMidGenerationReplaysOnTheCpuWithTheSameOutput) {
   EXPECT_EQ(r.Header("x-spillway-placement"), "cpu");
   EXPECT_EQ(Body(r)["choices"][0]["text"], Body(healthy)["choices"][0]["text"]);
   EXPECT_EQ(Request("dl-lost")["attempts"], 2);
+  // A lost device is out for every placement on it: the device's breaker opened too.
+  const json devices = Body(*http::Fetch("127.0.0.1", gw_->port(), "GET", "/v1/status"))["devices"];
+  ASSERT_EQ(devices.size(), 1u);
+  EXPECT_EQ(devices[0]["name"], "sim:0");
+  EXPECT_EQ(devices[0]["breaker"]["state"], "open") << devices.dump();
   // The lost device's worker is replaced by the supervisor; the unrelated CPU path never stopped.
   json gpu;
   for (int i = 0; i < 500; ++i) {

@@ -48,5 +48,16 @@ TEST(BreakerTest, EjectionGrowsWithRepeatedTripsAndIsCapped) {
   EXPECT_EQ(b.last_reason(), "again");
 }
 
+TEST(BreakerTest, OneIncidentReportedTwiceIsOneEjection) {
+  FakeClock clock;
+  Breaker b({3, 30000, 300000}, clock);
+  b.Trip("request failed: device lost");
+  clock.Advance(100);
+  b.Trip("worker exited: device lost");  // the same incident, seen by the supervisor
+  EXPECT_EQ(b.ejections(), 1);
+  EXPECT_EQ(b.open_until_ms(), clock.NowMs() - 100 + 30000);
+  EXPECT_EQ(b.last_reason(), "worker exited: device lost");
+}
+
 }  // namespace
 }  // namespace spillway::failover
