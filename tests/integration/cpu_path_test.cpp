@@ -156,7 +156,11 @@ TEST_F(CpuPathTest, ALineOfItsOwnWithLimitsCommentsCancellationAndA503WhenFull) 
 TEST_F(CpuPathTest, AFloodOfLongRequestsStaysUnderTheRamBudgetAndTheExcessGets503) {
   const int budget_mib = 160;
   StartGateway(Config("max_queue = 2\nconcurrency = 2\nram_budget_mib = " + std::to_string(budget_mib) + "\n"));
-  const int pid = Fallback()["pid"].get<int>();
+  const json fallback = Fallback();
+  const int pid = fallback["pid"].get<int>();
+  // The CPU replica never loads an accelerator backend, even with a sim device on the host.
+  ASSERT_FALSE(fallback["memory"]["devices"].empty()) << fallback.dump();
+  for (const auto& d : fallback["memory"]["devices"]) EXPECT_EQ(d["name"], "CPU") << fallback.dump();
   std::atomic<bool> done{false};
   uint64_t rss_peak = 0;
   int running_peak = 0, waiting_peak = 0;
