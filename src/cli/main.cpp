@@ -1,6 +1,7 @@
 // spillway: the command-line entry point. Subcommands register themselves here.
 #include <CLI/CLI.hpp>
 
+#include "cli/chaos_command.h"
 #include "cli/mkmodel_command.h"
 #include "cli/plan_command.h"
 #include "cli/serve_command.h"
@@ -15,6 +16,7 @@ int main(int argc, char** argv) {
   spillway::cli::AddSimCommand(app, &exit_code);
   spillway::cli::AddServeCommand(app, &exit_code);
   spillway::cli::AddPlanCommand(app, &exit_code);
+  spillway::cli::AddChaosCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

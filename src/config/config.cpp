@@ -243,7 +243,8 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
         const std::string ap = prefix + "admission.";
         if (!at) return Status::InvalidArgument(Where(source, an->source(), ap) + " must be a table");
         SPILLWAY_RETURN_IF_ERROR(
-            r.OnlyKnown(*at, ap, {"reroute_on_pressure", "fail_fast", "allow_shrink", "max_delay_s", "pressure"}));
+            r.OnlyKnown(*at, ap, {"enabled", "reroute_on_pressure", "fail_fast", "allow_shrink", "max_delay_s", "pressure"}));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*at, "enabled", ap, &svc.admission.enabled, 0, 0));
         auto& a = svc.admission;
         SPILLWAY_RETURN_IF_ERROR(r.Get(*at, "reroute_on_pressure", ap, &a.reroute_on_pressure, 0, 0));
         SPILLWAY_RETURN_IF_ERROR(r.Get(*at, "fail_fast", ap, &a.fail_fast, 0, 0));

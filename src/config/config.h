@@ -23,6 +23,7 @@
 //   max_tokens = 4096                    # cap per request
 //   default_max_tokens = 256
 //   [service.admission]
+//   enabled = true                       # false: a plain proxy (no memory checks)
 //   reroute_on_pressure = true
 //   fail_fast = false
 //   allow_shrink = false
@@ -77,6 +78,9 @@ struct PlacementConfig {
 };
 
 struct AdmissionConfig {
+  // false: no memory checks at all, neither before a worker starts nor per
+  // request (a plain proxy; `spillway chaos` uses it as the baseline).
+  bool enabled = true;
   bool reroute_on_pressure = true;
   bool fail_fast = false;     // "GPU or error": never leave the primary placement
   bool allow_shrink = false;  // lower max_tokens to what fits (said in the answer)

@@ -126,7 +126,7 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
   // shrinking has nothing to choose: its worker checks its own KV pool (busy
   // -> 503, the request waits; never fits -> 400 with the numbers), so the
   // token count is not asked for.
-  const bool nothing_to_choose = states.size() == 1 && !svc.admission.allow_shrink;
+  const bool nothing_to_choose = (states.size() == 1 && !svc.admission.allow_shrink) || !svc.admission.enabled;
   if (rec.endpoint == "embedding" || nothing_to_choose) {
     while (true) {
       for (size_t i = 0; i < states.size(); ++i) {

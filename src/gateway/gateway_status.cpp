@@ -47,6 +47,16 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, std::shared
             {"created_ms", rec->created_ms},
             {"updated_ms", rec->updated_ms}};
   if (!rec->error.empty()) j["error"] = rec->error;
+  if (auto attempts = journal_.Attempts(id); attempts.ok()) {
+    json list = json::array();
+    for (const auto& a : *attempts) {
+      json e = {{"n", a.n}, {"placement", a.placement}, {"outcome", a.outcome}, {"started_ms", a.started_ms}};
+      if (a.ended_ms) e["ended_ms"] = a.ended_ms;
+      if (!a.error.empty()) e["error"] = a.error.substr(0, 500);
+      list.push_back(e);
+    }
+    j["attempt_log"] = list;
+  }
   if (!rec->decision.empty()) {
     json d = json::parse(rec->decision, nullptr, false);
     if (!d.is_discarded()) j["admission"] = d;

@@ -96,7 +96,10 @@ std::map<std::string, PlacementAdmission> Admit(const config::GatewayConfig& cfg
       a.n_vocab = shape->n_vocab;
       memory::DeviceLedger* l = ledger_for(p.device);
       const uint64_t budget = s.OnCpuPath(i) ? CpuPathBudgetBytes(s) : 0;
-      if (budget && a.predicted_bytes > budget) {
+      if (!s.admission.enabled) {
+        a.admitted = true;
+        a.reason = "admission disabled: started without a memory check";
+      } else if (budget && a.predicted_bytes > budget) {
         a.reason = "the CPU replica needs " + std::to_string(a.predicted_bytes >> 20) +
                    " MiB, beyond the CPU path's RAM budget of " + std::to_string(budget >> 20) + " MiB";
       } else if (!l) {

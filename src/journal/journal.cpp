@@ -181,7 +181,7 @@ StatusOr<AcceptResult> Journal::Accept(RequestRecord r) {
   const int64_t now = clock_.NowMs();
   SPILLWAY_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
   auto rollback = [&](Status st) {
-    Exec("ROLLBACK;");
+    (void)Exec("ROLLBACK;");
     return st;
   };
   if (!r.idempotency_key.empty()) {
@@ -190,7 +190,7 @@ StatusOr<AcceptResult> Journal::Accept(RequestRecord r) {
     q.Bind(1, r.client).Bind(2, r.idempotency_key);
     if (q.Step() == SQLITE_ROW) {
       RequestRecord old = ReadRecord(q);
-      Exec("COMMIT;");
+      (void)Exec("COMMIT;");
       AcceptOutcome o = old.payload_hash != r.payload_hash ? AcceptOutcome::kMismatch
                         : IsTerminal(old.state)            ? AcceptOutcome::kReplay
                                                            : AcceptOutcome::kInFlight;
@@ -224,7 +224,7 @@ Status Journal::StartAttempt(const std::string& id, const std::string& placement
           "WHERE id=?1 AND state IN ('queued','running') RETURNING attempts;");
   up.Bind(1, id).Bind(2, placement).Bind(3, now).Bind(4, decision_json);
   if (up.Step() != SQLITE_ROW) {
-    Exec("ROLLBACK;");
+    (void)Exec("ROLLBACK;");
     return Status::NotFound("request '" + id + "' is not waiting to run");
   }
   const int64_t n = up.Int(0);
@@ -232,7 +232,7 @@ Status Journal::StartAttempt(const std::string& id, const std::string& placement
   Stmt at(db_, "INSERT INTO attempts(request_id, n, placement, started_ms) VALUES(?1,?2,?3,?4);");
   at.Bind(1, id).Bind(2, n).Bind(3, placement).Bind(4, now);
   if (at.Step() != SQLITE_DONE) {
-    Exec("ROLLBACK;");
+    (void)Exec("ROLLBACK;");
     return DbError(db_, "attempt");
   }
   return Exec("COMMIT;");
@@ -274,7 +274,7 @@ Status Journal::Finish(const std::string& id, State state, int status, const std
   up.Bind(1, id).Bind(2, std::string(StateName(state))).Bind(3, int64_t{status}).Bind(4, content_type);
   up.Bind(5, body).Bind(6, error).Bind(7, now);
   if (up.Step() != SQLITE_DONE) {
-    Exec("ROLLBACK;");
+    (void)Exec("ROLLBACK;");
     return DbError(db_, "finish");
   }
   const bool changed = sqlite3_changes(db_) > 0;
@@ -290,6 +290,15 @@ StatusOr<RequestRecord> Journal::Get(const std::string& id) {
   q.Bind(1, id);
   if (q.Step() != SQLITE_ROW) return Status::NotFound("no request '" + id + "'");
   return ReadRecord(q);
+}
+
+StatusOr<std::vector<AttemptRecord>> Journal::Attempts(const std::string& id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stmt q(db_, "SELECT n, placement, outcome, error, started_ms, ended_ms FROM attempts WHERE request_id=?1 ORDER BY n;");
+  q.Bind(1, id);
+  std::vector<AttemptRecord> out;
+  while (q.Step() == SQLITE_ROW) out.push_back({static_cast<int>(q.Int(0)), q.Text(1), q.Text(2), q.Text(3), q.Int(4), q.Int(5)});
+  return out;
 }
 
 StatusOr<std::vector<RequestRecord>> Journal::Recover() {

@@ -61,6 +61,12 @@ struct JournalOptions {
   int64_t idempotency_ms = 24LL * 3600 * 1000;
 };
 
+struct AttemptRecord {
+  int n = 0;
+  std::string placement, outcome, error;  // outcome: running | completed | failed | ... | interrupted
+  int64_t started_ms = 0, ended_ms = 0;   // ended_ms 0: still running
+};
+
 enum class AcceptOutcome { kNew, kReplay, kInFlight, kMismatch };
 
 struct AcceptResult {
@@ -86,6 +92,8 @@ class Journal {
   Status Finish(const std::string& id, State state, int status, const std::string& content_type,
                 const std::string& body, const std::string& error = "");
   StatusOr<RequestRecord> Get(const std::string& id);
+  // A request's attempts, in order.
+  StatusOr<std::vector<AttemptRecord>> Attempts(const std::string& id);
 
   // After a crash: running/queued requests that can be re-run safely
   // (non-streaming) go back to queued and are returned; the others become

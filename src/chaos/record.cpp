@@ -1,0 +1,38 @@
+#include "chaos/record.h"
+
+// nlohmann/json 3.11.2 has no std::optional support: an empty one is null.
+template <>
+struct nlohmann::adl_serializer<std::optional<bool>> {
+  static void to_json(json& j, const std::optional<bool>& v) { j = v ? json(*v) : json(nullptr); }
+  static void from_json(const json& j, std::optional<bool>& v) {
+    v = j.is_null() ? std::nullopt : std::optional<bool>(j.get<bool>());
+  }
+};
+
+namespace spillway::chaos {
+
+// The JSON keys are the field names.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RequestRecord, id, scenario, service, kind, stream, deterministic, sent_ms,
+                                   latency_ms, ttft_ms, acknowledged, http_status, first_error, connection_survived,
+                                   degraded_signal, cancelled_by_client, placement, output, tool_executions,
+                                   journal_state, attempts, attempt_placements, cpu_start_ms, decision, equivalent)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(FaultEvent, at_ms, kind, recovered_ms)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Sample, t_ms, device_used_bytes, device_capacity_bytes, rss_bytes,
+                                   cpu_path_ram_bytes, cpu_path_budget_bytes, cpu_queue_waiting, cpu_queue_running,
+                                   cpu_queue_oldest_ms, primary_breaker, primary_state)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Verdict, sent, acknowledged, succeeded, failed_controlled, cancelled, lost, unknown,
+                                   retried, retried_not_exactly_once, duplicates, deterministic_compared,
+                                   deterministic_equal, degraded_served, degraded_signalled, unrelated_sent,
+                                   unrelated_failed, success_rate, p50_ms, p95_ms, goodput_per_min, queue_age_max_ms,
+                                   host_ram_peak_bytes, host_ram_budget_bytes, recovery_median_ms, recovery_max_ms,
+                                   gpu_restored, passed, failures)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ScenarioResult, name, description, target, seed, duration_ms, requests, faults,
+                                   samples, verdict, skipped_reason)
+
+nlohmann::json ToJson(const RequestRecord& r) { return r; }
+nlohmann::json ToJson(const FaultEvent& f) { return f; }
+nlohmann::json ToJson(const Sample& s) { return s; }
+nlohmann::json ToJson(const Verdict& v) { return v; }
+nlohmann::json ToJson(const ScenarioResult& r) { return r; }
+
+}  // namespace spillway::chaos

@@ -1,0 +1,102 @@
+// What `spillway chaos` records: one RequestRecord per request it sent, time
+// series sampled while a scenario ran, the faults it injected, and the
+// per-scenario verdict computed from them (chaos/verdict.h).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace spillway::chaos {
+
+struct RequestRecord {
+  std::string id;               // X-Request-Id the harness chose
+  std::string scenario;
+  std::string service;          // "chat" or the unrelated "embed"
+  std::string kind;             // "completion" | "chat" | "agent" | "embedding"
+  bool stream = false;
+  bool deterministic = false;   // seeded: output must equal the reference
+  int64_t sent_ms = 0;          // since the scenario's start
+  int64_t latency_ms = -1;      // to the last byte (-1: never ended)
+  int64_t ttft_ms = -1;         // streams: to the first token
+  bool acknowledged = false;    // the gateway answered with the request id (head or body)
+  int http_status = 0;          // 0: no response at all
+  std::string first_error;      // transport error or error message, "" when none
+  bool connection_survived = false;  // the response arrived whole ([DONE] for streams)
+  bool degraded_signal = false; // X-Spillway-Degraded / fallback headers or an SSE comment
+  bool cancelled_by_client = false;
+  std::string placement;        // X-Spillway-Placement (or the journal's)
+  std::string output;           // final text (or tool calls, as JSON text)
+  int tool_executions = 0;      // times the harness ran a tool for this request
+  // From GET /v1/requests/{id} after the scenario settled.
+  std::string journal_state;    // "" when the gateway does not know it
+  int attempts = 0;
+  std::vector<std::string> attempt_placements;
+  int64_t cpu_start_ms = -1;    // when an attempt on the CPU started (since the scenario's start)
+  std::string decision;         // admission decision kind
+  std::optional<bool> equivalent;  // deterministic and completed: same text as the reference
+};
+
+struct FaultEvent {
+  int64_t at_ms = 0;            // since the scenario's start
+  std::string kind;             // "compute-error", "kill -9 gpu worker", "sim hold 200 MiB", ...
+  int64_t recovered_ms = -1;    // primary ready, breaker closed and serving again (-1: not seen)
+};
+
+// One sample of the system, every ~200 ms.
+struct Sample {
+  int64_t t_ms = 0;
+  uint64_t device_used_bytes = 0;     // the simulated device (all holders)
+  uint64_t device_capacity_bytes = 0;
+  std::map<std::string, uint64_t> rss_bytes;  // per worker key ("chat.0", "chat.1", "embed.0")
+  uint64_t cpu_path_ram_bytes = 0;    // the gateway's accounting (resident + running)
+  uint64_t cpu_path_budget_bytes = 0;
+  int cpu_queue_waiting = 0, cpu_queue_running = 0;
+  int64_t cpu_queue_oldest_ms = 0;
+  std::string primary_breaker;        // closed | open | half_open
+  std::string primary_state;          // ready | starting | backoff | stopped
+};
+
+struct Verdict {
+  int sent = 0, acknowledged = 0, succeeded = 0, failed_controlled = 0, cancelled = 0;
+  int lost = 0;                 // acknowledged, no terminal result
+  int unknown = 0;              // not acknowledged and no terminal result
+  int retried = 0;              // attempts > 1
+  int retried_not_exactly_once = 0;
+  int duplicates = 0;           // requests whose tool ran more than once
+  int deterministic_compared = 0, deterministic_equal = 0;
+  int degraded_served = 0, degraded_signalled = 0;  // served by a non-primary placement / and told so
+  int unrelated_sent = 0, unrelated_failed = 0;
+  double success_rate = 0;      // succeeded / sent
+  double p50_ms = 0, p95_ms = 0;
+  double goodput_per_min = 0;   // succeeded per minute of scenario time
+  int64_t queue_age_max_ms = 0;
+  uint64_t host_ram_peak_bytes = 0, host_ram_budget_bytes = 0;
+  double recovery_median_ms = -1, recovery_max_ms = -1;
+  bool gpu_restored = false;
+  bool passed = false;
+  std::vector<std::string> failures;  // why it did not pass, one line each
+};
+
+struct ScenarioResult {
+  std::string name, description, target;  // target: "spillway" | "plain-proxy" | "llama-server" | profile name
+  uint64_t seed = 0;
+  int64_t duration_ms = 0;
+  std::vector<RequestRecord> requests;
+  std::vector<FaultEvent> faults;
+  std::vector<Sample> samples;
+  Verdict verdict;
+  std::string skipped_reason;   // set when this target cannot express the scenario (reported, never silent)
+};
+
+nlohmann::json ToJson(const RequestRecord& r);
+nlohmann::json ToJson(const FaultEvent& f);
+nlohmann::json ToJson(const Sample& s);
+nlohmann::json ToJson(const Verdict& v);
+nlohmann::json ToJson(const ScenarioResult& r);
+
+}  // namespace spillway::chaos

@@ -1,0 +1,64 @@
+// The scenarios of `spillway chaos` and the seeded schedule of each run: a
+// seed fixes every request (arrival, kind, streaming, prompt, seed, cancel)
+// and every fault (time, kind), so a failing seed replays the same run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace spillway::chaos {
+
+struct Scenario {
+  std::string name, description;
+  double requests_per_s = 3;
+  int clients = 8;                  // requests in flight at most
+  double stream_fraction = 0.5;     // each scenario runs with streaming off and on
+  double long_prompt_fraction = 0;  // prompts beyond the accelerator's KV pool
+  double agent_fraction = 0;        // chat requests that must call the harness's tool
+  double embed_fraction = 0.15;     // traffic on the unrelated service
+  double cancel_fraction = 0;       // cancelled by the client (DELETE) after 0.2-1 s
+  int max_tokens_lo = 8, max_tokens_hi = 48;
+  // Faults drawn (uniformly, by the seed) from these kinds; see harness.cpp.
+  std::vector<std::string> fault_kinds;
+  bool llama_server_can_run = false;  // the llama-server baseline can receive these faults
+};
+
+// The seeds' list: short prompts, long prompts, concurrency, another GPU
+// workload, memory reduced step by step, routing before admission,
+// allocation failure before generation, driver reset (device lost, kill -9),
+// hung worker, cancellation in the CPU queue, unrelated traffic, agent tool
+// calls, gateway kill -9 and restart.
+const std::vector<Scenario>& AllScenarios();
+const Scenario* FindScenario(const std::string& name);
+
+struct PlannedRequest {
+  int64_t at_ms = 0;
+  std::string id;
+  std::string kind;         // completion | chat | agent | embedding
+  bool stream = false;
+  bool long_prompt = false;
+  int max_tokens = 16;
+  uint32_t seed = 0;        // sampling seed (every generation is seeded: outputs are comparable)
+  int prompt_words = 4;
+  int64_t cancel_after_ms = -1;  // -1: not cancelled
+};
+
+struct PlannedFault {
+  int64_t at_ms = 0;
+  std::string kind;
+};
+
+struct Schedule {
+  std::vector<PlannedRequest> requests;  // by at_ms
+  std::vector<PlannedFault> faults;      // by at_ms
+};
+
+// `faults`: how many to inject in this scenario (spread over 10%..75% of
+// the duration, at least 300 ms apart when they fit).
+Schedule MakeSchedule(const Scenario& s, uint64_t seed, int64_t duration_ms, int faults);
+
+// A prompt of `words` words, deterministic in (seed, index).
+std::string PromptText(uint64_t seed, int words);
+
+}  // namespace spillway::chaos

@@ -1,0 +1,110 @@
+#include "chaos/verdict.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace spillway::chaos {
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+namespace {
+
+bool Terminal(const std::string& s) {
+  return s == "completed" || s == "failed" || s == "failed_resumable" || s == "cancelled";
+}
+
+}  // namespace
+
+Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
+  Verdict v;
+  std::vector<double> latencies;
+  for (const auto& q : r.requests) {
+    ++v.sent;
+    const bool unrelated = q.service != "chat";
+    if (unrelated) ++v.unrelated_sent;
+    if (q.acknowledged) ++v.acknowledged;
+    // The outcome: the journal's when there is one, else what the client saw.
+    const bool ok_client = q.http_status == 200 && q.connection_survived && q.first_error.empty();
+    const bool completed = o.journal ? q.journal_state == "completed" && ok_client : ok_client;
+    const bool terminal = o.journal ? Terminal(q.journal_state) : q.http_status != 0 && q.connection_survived;
+    if (completed) {
+      ++v.succeeded;
+      if (q.latency_ms >= 0) latencies.push_back(static_cast<double>(q.latency_ms));
+    } else if (q.journal_state == "cancelled" || q.cancelled_by_client) {
+      ++v.cancelled;
+    } else if (terminal) {
+      ++v.failed_controlled;
+    }
+    if (unrelated && !completed) ++v.unrelated_failed;
+    if (q.acknowledged && !terminal) {
+      ++v.lost;
+      v.failures.push_back("lost: " + q.id + " was acknowledged and has no terminal result" +
+                           (q.journal_state.empty() ? "" : " (journal: " + q.journal_state + ")"));
+    } else if (!q.acknowledged && !terminal) {
+      ++v.unknown;
+    }
+    if (q.attempts > 1) {
+      ++v.retried;
+      // Exactly once: one terminal state under the same id, every attempt journaled.
+      if (!Terminal(q.journal_state) || static_cast<int>(q.attempt_placements.size()) != q.attempts) {
+        ++v.retried_not_exactly_once;
+        v.failures.push_back("retry not finished exactly once: " + q.id + " (" + std::to_string(q.attempts) +
+                             " attempts, state " + q.journal_state + ")");
+      }
+    }
+    if (q.tool_executions > 1) {
+      ++v.duplicates;
+      v.failures.push_back("duplicate side effect: the tool ran " + std::to_string(q.tool_executions) + " times for " + q.id);
+    }
+    if (q.equivalent.has_value()) {
+      ++v.deterministic_compared;
+      if (*q.equivalent) ++v.deterministic_equal;
+      else v.failures.push_back("not equivalent: " + q.id + " differs from the reference output");
+    }
+    if (completed && !unrelated && !q.placement.empty() && q.placement != o.primary_placement) {
+      ++v.degraded_served;
+      if (q.degraded_signal) ++v.degraded_signalled;
+      else v.failures.push_back("degraded without a signal: " + q.id + " was served by " + q.placement);
+    }
+  }
+  if (v.unrelated_failed > 0) {
+    v.failures.push_back(std::to_string(v.unrelated_failed) + " of " + std::to_string(v.unrelated_sent) +
+                         " requests on the unrelated service failed");
+  }
+  v.success_rate = v.sent ? static_cast<double>(v.succeeded) / v.sent : 0;
+  v.p50_ms = Percentile(latencies, 50);
+  v.p95_ms = Percentile(latencies, 95);
+  v.goodput_per_min = r.duration_ms > 0 ? v.succeeded * 60000.0 / static_cast<double>(r.duration_ms) : 0;
+  for (const auto& s : r.samples) {
+    v.queue_age_max_ms = std::max(v.queue_age_max_ms, s.cpu_queue_oldest_ms);
+    v.host_ram_peak_bytes = std::max(v.host_ram_peak_bytes, s.cpu_path_ram_bytes);
+    v.host_ram_budget_bytes = std::max(v.host_ram_budget_bytes, s.cpu_path_budget_bytes);
+  }
+  if (v.host_ram_budget_bytes > 0 && v.host_ram_peak_bytes > v.host_ram_budget_bytes) {
+    v.failures.push_back("host RAM over budget: the CPU path held " + std::to_string(v.host_ram_peak_bytes >> 20) +
+                         " MiB of a " + std::to_string(v.host_ram_budget_bytes >> 20) + " MiB budget");
+  }
+  std::vector<double> rec;
+  for (const auto& f : r.faults) {
+    if (f.recovered_ms >= 0) rec.push_back(static_cast<double>(f.recovered_ms - f.at_ms));
+  }
+  v.recovery_median_ms = rec.empty() ? -1 : Percentile(rec, 50);
+  v.recovery_max_ms = rec.empty() ? -1 : *std::max_element(rec.begin(), rec.end());
+  v.gpu_restored = !r.samples.empty() && r.samples.back().primary_state == "ready" &&
+                   r.samples.back().primary_breaker == "closed";
+  if (o.expect_restored && !v.gpu_restored) {
+    v.failures.push_back("the accelerator placement was not serving again at the end (" +
+                         (r.samples.empty() ? std::string("no samples")
+                                            : r.samples.back().primary_state + ", breaker " + r.samples.back().primary_breaker) +
+                         ")");
+  }
+  v.passed = v.failures.empty();
+  return v;
+}
+
+}  // namespace spillway::chaos
