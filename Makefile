@@ -5,7 +5,7 @@ BUILD ?= build
 LISTEN ?= 127.0.0.1:8480
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build test run bench clean
+.PHONY: all deps build test run bench chaos clean
 
 all: build
 
@@ -24,6 +24,12 @@ run: build
 
 bench: build
 	bench/worker_vs_llama.sh $(BUILD)
+
+# The proving suite's long form: every scenario for a minute, more than 1000
+# injected faults, against both baselines; report in chaos-report/.
+CHAOS_SEED ?= 1
+chaos: build
+	$(BUILD)/bin/spillway chaos --seed $(CHAOS_SEED) --duration 60 --faults 1100 --report chaos-report
 
 clean:
 	rm -rf $(BUILD)

@@ -562,7 +562,8 @@ void Run::ReadJournal(RequestRecord& r) {
 void Run::Settle() {
   // Back to normal: holds released, faults that were armed but never fired
   // disarmed, the accelerator placement serving again (a probe request closes
-  // a half-open breaker), or 20 s.
+  // a half-open breaker), or 45 s (a worker restarted many times waits out
+  // a backoff of up to 30 s).
   for (auto& h : holds_) h->Stop(1000);
   if (target_ != Target::kLlamaServer) {
     const json p = Placement(0, 0);
@@ -571,7 +572,7 @@ void Run::Settle() {
                         json{{"faults", {"clear"}}}.dump(), {}, std::chrono::seconds(2));
     }
   }
-  const auto deadline = Steady::now() + std::chrono::seconds(20);
+  const auto deadline = Steady::now() + std::chrono::seconds(45);
   const json probe = {{"model", "chat"}, {"prompt", "probe"}, {"max_tokens", 2}};
   while (Steady::now() < deadline) {
     if (target_ == Target::kLlamaServer) {

@@ -28,8 +28,8 @@ const std::vector<Scenario>& AllScenarios() {
          16, 48, {"lose-at-token", "kill-gpu-worker"}, true});
     add({"hung_worker", "the GPU worker's decode loop hangs while /health still answers", 2, 6, 0.5, 0, 0, 0.15, 0, 8, 32,
          {"hang"}, false});
-    add({"cancel_in_cpu_queue", "the accelerator is out, the CPU line fills, clients cancel while waiting", 4, 10, 0.5, 0,
-         0, 0.1, 0.4, 24, 64, {"gpu-out"}, false});
+    add({"cancel_in_cpu_queue", "the accelerator is out, the CPU line fills, clients cancel while waiting", 6, 14, 0.5, 0,
+         0, 0.1, 0.4, 150, 300, {"gpu-out"}, false});
     add({"unrelated_traffic", "heavy traffic on an unrelated service while the GPU path fails", 3, 8, 0.5, 0, 0, 0.5, 0, 8,
          32, {"kill-gpu-worker", "compute-error"}, false});
     add({"agent_tool_calls", "agent requests whose tool increments the harness's counter, device lost after the call", 2, 6,

@@ -40,7 +40,10 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
     } else if (terminal) {
       ++v.failed_controlled;
     }
-    if (unrelated && !completed) ++v.unrelated_failed;
+    // An unrelated job interrupted: it reached the gateway and did not complete
+    // (one that never reached it, while the gateway itself was down, is an
+    // unknown outcome, counted below).
+    if (unrelated && !completed && (q.acknowledged || terminal)) ++v.unrelated_failed;
     if (q.acknowledged && !terminal) {
       ++v.lost;
       v.failures.push_back("lost: " + q.id + " was acknowledged and has no terminal result" +

@@ -89,6 +89,8 @@ class Gateway {
   // and takes the request's place in line.
   CpuGate CpuPathGate(const journal::RequestRecord& rec, const config::ServiceConfig& svc, admission::Decision* d,
                       int prompt_tokens, std::string* limits, std::string* note, double* est_wait_s, Status* rejected);
+  // The CPU replicas' resident bytes in the service's line (pools_mu_ held).
+  void RefreshCpuResident(const config::ServiceConfig& svc);
   // Released idle on-demand replicas (the supervisor asks).
   bool IdleReplica(const std::string& key);
   void RecordThroughput(const std::string& service, size_t index, const std::string& body);

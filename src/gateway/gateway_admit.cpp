@@ -208,6 +208,12 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
         v.cells_total = st->pool.total();
         v.cells_free = st->pool.free();
         v.slots_free = static_cast<uint32_t>(std::max<int64_t>(0, st->cfg.slots - static_cast<int64_t>(st->pool.active())));
+        if (svc.OnCpuPath(k)) {
+          // The CPU path has a line of its own: a busy CPU replica is waited
+          // for there (bounded, in order, visible), not in admission's delay.
+          v.cells_free = v.cells_total;
+          v.slots_free = std::max<uint32_t>(1, static_cast<uint32_t>(st->cfg.slots));
+        }
         v.est_wait_s = 1;
         views.push_back(v);
       }

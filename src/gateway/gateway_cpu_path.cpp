@@ -17,16 +17,12 @@ std::string Mib(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) 
 
 }  // namespace
 
-Gateway::CpuGate Gateway::CpuPathGate(const journal::RequestRecord& rec, const config::ServiceConfig& svc,
-                                      admission::Decision* d, int prompt_tokens, std::string* limits,
-                                      std::string* note, double* est_wait_s, Status* rejected) {
-  auto& q = *cpu_queues_[svc.name];
-  auto& states = placements_[svc.name];
-  const auto& cp = svc.cpu_path;
-  auto& st = *states[d->placement];
+void Gateway::RefreshCpuResident(const config::ServiceConfig& svc) {
   // The replicas' share of the budget while their process runs: what they
   // were predicted to hold (weights, KV pool, compute), or their resident
   // set when it is larger (runtime, libraries, allocator).
+  auto& q = *cpu_queues_[svc.name];
+  auto& states = placements_[svc.name];
   const devices::HostTelemetry host_telemetry;
   for (const auto& w : supervisor_.Snapshot()) {
     for (size_t k = 0; k < states.size(); ++k) {
@@ -39,6 +35,17 @@ Gateway::CpuGate Gateway::CpuPathGate(const journal::RequestRecord& rec, const c
       q.SetResident(w.key, bytes);
     }
   }
+}
+
+Gateway::CpuGate Gateway::CpuPathGate(const journal::RequestRecord& rec, const config::ServiceConfig& svc,
+                                      admission::Decision* d, int prompt_tokens, std::string* limits,
+                                      std::string* note, double* est_wait_s, Status* rejected) {
+  auto& q = *cpu_queues_[svc.name];
+  auto& states = placements_[svc.name];
+  const auto& cp = svc.cpu_path;
+  auto& st = *states[d->placement];
+  RefreshCpuResident(svc);
+  const devices::HostTelemetry host_telemetry;
   if (cp.max_prompt_tokens > 0 && prompt_tokens > cp.max_prompt_tokens) {
     *rejected = Status::ResourceExhausted("the accelerator path of '" + svc.name + "' is unavailable and its CPU path takes prompts of up to " +
                                           std::to_string(cp.max_prompt_tokens) + " tokens (this one has " +
@@ -90,6 +97,13 @@ Gateway::CpuGate Gateway::CpuPathGate(const journal::RequestRecord& rec, const c
   }
   switch (q.TryStart(rec.id, host)) {
     case scheduler::CpuQueue::StartResult::kStart:
+      // Its turn; the replica's KV cells are the last word (a long prompt may wait for them).
+      if (static_cast<uint64_t>(prompt_tokens) + d->max_tokens > st.pool.free()) {
+        *note = "first in line for the CPU path, waiting for " + std::to_string(prompt_tokens + d->max_tokens) +
+                " KV cells (" + std::to_string(st.pool.free()) + " free)";
+        *est_wait_s = per_request_s;
+        return CpuGate::kWait;
+      }
       return CpuGate::kGo;
     case scheduler::CpuQueue::StartResult::kHostLow:
       *rejected = Status::ResourceExhausted("the host has " + Mib(host) + " available above its headroom of " +

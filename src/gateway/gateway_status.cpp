@@ -139,6 +139,7 @@ json Gateway::StatusJson() const {
     json svc = {{"name", s.name}, {"model", s.model}, {"placements", placements}};
     if (auto it = cpu_queues_.find(s.name); it != cpu_queues_.end()) {
       std::lock_guard<std::mutex> lk(const_cast<std::mutex&>(pools_mu_));
+      const_cast<Gateway*>(this)->RefreshCpuResident(s);
       const auto q = it->second->stats();
       svc["cpu_path"] = {{"waiting", q.waiting}, {"running", q.running}, {"oldest_wait_ms", q.oldest_wait_ms},
                          {"max_queue", s.cpu_path.max_queue}, {"concurrency", s.cpu_path.concurrency},
