@@ -1,4 +1,5 @@
 #include "chaos/harness.h"
+#include "chaos/run.h"
 
 #include <netinet/in.h>
 #include <signal.h>
@@ -23,10 +24,6 @@
 
 namespace spillway::chaos {
 
-namespace fs = std::filesystem;
-using nlohmann::json;
-using Steady = std::chrono::steady_clock;
-
 const char* TargetName(Target t) {
   switch (t) {
     case Target::kSpillway: return "spillway";
@@ -35,8 +32,6 @@ const char* TargetName(Target t) {
   }
   return "?";
 }
-
-namespace {
 
 int64_t WallMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -69,79 +64,6 @@ uint64_t RssOf(int pid) {
 }
 
 // One scenario run against one target: its processes and what the clients share.
-class Run {
- public:
-  Run(const Scenario& s, Target t, const HarnessOptions& o, std::string profile = "")
-      : s_(s), target_(t), o_(o), profile_(std::move(profile)) {
-    dir_ = o.work_dir + "/" + (profile_.empty() ? std::string(TargetName(t)) + "-" + s.name : "profile-" + profile_);
-    fs::remove_all(dir_);
-    fs::create_directories(dir_ + "/sim");
-    env_ = {{"SPILLWAY_SIM_DIR", dir_ + "/sim"}};
-    setenv("SPILLWAY_SIM_DIR", (dir_ + "/sim").c_str(), 1);  // this process reads the same device
-  }
-  ~Run() {
-    for (auto& h : holds_) h->Stop(1000);
-    server_.Stop();
-    unsetenv("SPILLWAY_SIM_DIR");
-  }
-
-  ScenarioResult Go();
-
- private:
-  std::string Log(const std::string& line) {
-    if (o_.log) o_.log(line);
-    return line;
-  }
-  std::string PrimaryName() const {
-    if (profile_ == "cpu") return "cpu";
-    return profile_ == "split" ? "sim:0/2" : "sim:0/99";
-  }
-  std::string ConfigToml() const;
-  bool StartServer(int timeout_ms = 60000);
-  json Status() const {
-    auto r = http::Fetch("127.0.0.1", port_.load(), "GET", "/v1/status", "", {}, std::chrono::seconds(3));
-    if (!r.ok() || r->status != 200) return json();
-    return json::parse(r->body, nullptr, false);
-  }
-  json Placement(size_t service, size_t i) const {
-    json s = Status();
-    if (!s.is_object()) return json();
-    try {
-      return s["services"][service]["placements"][i];
-    } catch (...) {
-      return json();
-    }
-  }
-  void Monitor();
-  void Inject(const std::string& kind, FaultEvent* ev);
-  RequestRecord Send(const PlannedRequest& p);
-  json BodyFor(const PlannedRequest& p) const;
-  void Settle();
-  void ReadJournal(RequestRecord& r);
-  void CompareWithReference(std::vector<RequestRecord>& records);
-  void Hold(uint64_t mib, double seconds);
-  int64_t SinceStart() const {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - t0_).count();
-  }
-
-  const Scenario& s_;
-  const Target target_;
-  const HarnessOptions& o_;
-  const std::string profile_;
-  std::string dir_;
-  std::map<std::string, std::string> env_;
-  Child server_;
-  std::mutex server_mu_;            // restarts of the server
-  std::atomic<uint16_t> port_{0};
-  std::atomic<bool> stop_monitor_{false};
-  std::vector<std::unique_ptr<Child>> holds_;
-  std::mutex mu_;
-  std::vector<Sample> samples_;
-  std::vector<PlannedRequest> plan_cache_;
-  Steady::time_point t0_ = Steady::now();
-  int64_t t0_wall_ = WallMs();
-};
-
 std::string Run::ConfigToml() const {
   const std::string chat = o_.models_dir + "/demo-chat.gguf", embed = o_.models_dir + "/demo-embed.gguf";
   std::ostringstream c;
@@ -223,103 +145,6 @@ bool Run::StartServer(int timeout_ms) {
   return false;
 }
 
-void Run::Hold(uint64_t mib, double seconds) {
-  if (mib == 0) return;
-  auto h = std::make_unique<Child>();
-  std::ostringstream secs;
-  secs << seconds;
-  if (h->Spawn({o_.bin_dir + "/spillway", "sim", "hold", "sim:0", "--mib", std::to_string(mib), "--seconds", secs.str()},
-               dir_ + "/holds.log", env_)) {
-    holds_.push_back(std::move(h));
-  }
-  SleepMs(100);  // the hold is in the ledger
-}
-
-void Run::Inject(const std::string& kind, FaultEvent* ev) {
-  ev->kind = kind;
-  std::mt19937_64 rng(o_.seed ^ static_cast<uint64_t>(ev->at_ms));
-  auto free_mib = [&]() -> uint64_t {
-    auto l = devices::SimLedger::Open(0);
-    return l.ok() ? (*l)->Snapshot().free() >> 20 : 0;
-  };
-  if (kind == "kill-gateway") {
-    if (target_ == Target::kLlamaServer) {
-      server_.Kill9();
-    } else {
-      server_.Kill9();
-      SleepMs(200);
-      if (!StartServer()) ev->kind += " (restart failed)";
-    }
-    return;
-  }
-  if (target_ == Target::kLlamaServer) {
-    // llama-server has no fault routes: only what happens to it from outside.
-    if (kind == "kill-gpu-worker" || kind == "lose-at-token") {
-      ev->kind = "kill -9 llama-server";
-      server_.Kill9();
-    } else if (kind == "sim-hold") {
-      const uint64_t mib = free_mib() > 4 ? free_mib() - 4 : 0;
-      Hold(mib, 2.5);
-      server_.Kill9();
-      ev->kind = "sim hold " + std::to_string(mib) + " MiB + kill -9";
-    }
-    return;
-  }
-  json gpu = Placement(0, 0);
-  for (int i = 0; i < 100 && gpu.value("state", "") != "ready"; ++i) {
-    SleepMs(20);
-    gpu = Placement(0, 0);
-  }
-  const uint16_t gpu_port = gpu.is_object() ? gpu.value("port", 0) : 0;
-  const int gpu_pid = gpu.is_object() ? gpu.value("pid", 0) : 0;
-  auto arm = [&](const std::string& spec) {
-    auto r = http::Fetch("127.0.0.1", gpu_port, "POST", "/v1/worker/faults", json{{"faults", {spec}}}.dump(), {},
-                         std::chrono::seconds(2));
-    if (!r.ok() || r->status != 200) ev->kind += " (not armed: the GPU worker was not ready)";
-  };
-  auto kill_gpu = [&] {
-    if (gpu_pid > 0) kill(gpu_pid, SIGKILL);
-    else ev->kind += " (no GPU worker to kill)";
-  };
-  if (kind == "compute-error" || kind.rfind("fail-next=", 0) == 0) {
-    arm(kind);
-  } else if (kind == "hang") {
-    arm("hang=3");
-  } else if (kind == "lose-at-token") {
-    const int k = 2 + static_cast<int>(rng() % 10);
-    ev->kind = "lose-at-token=" + std::to_string(k);
-    arm(ev->kind);
-  } else if (kind == "lose-after-tool-call") {
-    const int k = 20 + static_cast<int>(rng() % 40);
-    ev->kind = "lose-at-token=" + std::to_string(k) + " (agent traffic)";
-    arm("lose-at-token=" + std::to_string(k));
-  } else if (kind == "kill-gpu-worker") {
-    ev->kind = "kill -9 GPU worker";
-    kill_gpu();
-  } else if (kind == "sim-hold") {
-    // Another program takes the free memory; the GPU worker crashes and may
-    // not come back until the memory is released.
-    const uint64_t mib = free_mib() > 4 ? free_mib() - 4 : 0;
-    Hold(mib, 2.5);
-    kill_gpu();
-    ev->kind = "sim hold " + std::to_string(mib) + " MiB for 2.5 s + kill -9 GPU worker";
-  } else if (kind == "memory-step") {
-    // A quarter of what is free goes, until the end of the fault window.
-    const uint64_t mib = free_mib() / 4;
-    const double left_s = std::max(1.0, (o_.duration_ms * 0.8 - static_cast<double>(SinceStart())) / 1000.0);
-    Hold(mib, left_s);
-    kill_gpu();
-    ev->kind = "memory step: hold " + std::to_string(mib) + " MiB + kill -9 GPU worker";
-  } else if (kind == "gpu-out") {
-    const uint64_t mib = free_mib() > 4 ? free_mib() - 4 : 0;
-    Hold(mib, 3.0);
-    kill_gpu();
-    ev->kind = "accelerator out for 3 s (hold " + std::to_string(mib) + " MiB + kill -9 GPU worker)";
-  } else {
-    ev->kind = kind + " (unknown fault kind)";
-  }
-}
-
 void Run::Monitor() {
   while (!stop_monitor_) {
     Sample s;
@@ -384,160 +209,6 @@ void Run::Monitor() {
     }
     SleepMs(200);
   }
-}
-
-json Run::BodyFor(const PlannedRequest& p) const {
-  const std::string text = PromptText(p.seed ^ std::hash<std::string>{}(p.id), p.prompt_words);
-  if (p.kind == "embedding") return {{"model", "embed"}, {"input", text}};
-  json b = {{"model", "chat"}, {"max_tokens", p.max_tokens}, {"seed", p.seed}, {"temperature", 0.8}, {"stream", p.stream}};
-  if (p.kind == "completion") {
-    b["prompt"] = text;
-  } else {
-    b["messages"] = json::array({{{"role", "user"}, {"content", text}}});
-  }
-  if (p.kind == "agent") {
-    b["tools"] = json::array({{{"type", "function"},
-                               {"function", {{"name", "increment"},
-                                             {"description", "adds one to the harness's counter"},
-                                             {"parameters", {{"type", "object"}, {"properties", json::object()}}}}}}});
-    b["tool_choice"] = "required";
-  }
-  return b;
-}
-
-RequestRecord Run::Send(const PlannedRequest& p) {
-  RequestRecord r;
-  r.id = p.id;
-  r.scenario = s_.name;
-  r.service = p.kind == "embedding" ? "embed" : "chat";
-  r.kind = p.kind;
-  r.stream = p.stream;
-  r.deterministic = p.kind == "completion" || p.kind == "chat";
-  r.sent_ms = SinceStart();
-  const json body = BodyFor(p);
-  const std::string path = p.kind == "embedding" ? "/v1/embeddings"
-                           : p.kind == "completion" ? "/v1/completions"
-                                                    : "/v1/chat/completions";
-  const uint16_t port = port_.load();
-  const auto t0 = Steady::now();
-  auto ms_since = [&] { return std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - t0).count(); };
-  std::thread canceller;
-  std::atomic<bool> finished{false};
-  if (p.cancel_after_ms >= 0 && target_ != Target::kLlamaServer) {
-    canceller = std::thread([&, port] {
-      for (int64_t waited = 0; waited < p.cancel_after_ms && !finished; waited += 10) SleepMs(10);
-      if (finished) return;
-      auto d = http::Fetch("127.0.0.1", port, "DELETE", "/v1/requests/" + p.id, "", {}, std::chrono::seconds(5));
-      if (d.ok() && d->status == 200) r.cancelled_by_client = true;
-    });
-  }
-  int tools = 0;
-  auto run_tools = [&](const json& calls) {
-    for (const auto& c : calls) {
-      if (c.contains("function") && c["function"].value("name", "") == "increment") ++tools;
-    }
-  };
-  const http::HeaderList headers = {{"X-Request-Id", p.id}};
-  if (!p.stream) {
-    auto res = http::Fetch("127.0.0.1", port, "POST", path, body.dump(), headers, std::chrono::seconds(120));
-    r.latency_ms = ms_since();
-    if (!res.ok()) {
-      r.first_error = res.status().message();
-    } else {
-      r.http_status = res->status;
-      r.acknowledged = !res->Header("x-request-id").empty() || target_ == Target::kLlamaServer;
-      r.placement = res->Header("x-spillway-placement");
-      r.degraded_signal = !res->Header("x-spillway-degraded").empty() || !res->Header("x-spillway-fallback-model").empty();
-      json j = json::parse(res->body, nullptr, false);
-      r.connection_survived = !j.is_discarded();
-      if (res->status != 200) {
-        r.first_error = j.is_object() && j.contains("error") ? j["error"].value("message", res->body) : res->body;
-      } else if (j.is_object() && j.contains("choices") && !j["choices"].empty()) {
-        const auto& c = j["choices"][0];
-        if (c.contains("text")) r.output = c.value("text", "");
-        if (c.contains("message")) {
-          const auto& m = c["message"];
-          if (m.contains("content") && m["content"].is_string()) r.output = m["content"];
-          if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
-            run_tools(m["tool_calls"]);
-            r.output += m["tool_calls"].dump();
-          }
-        }
-      } else if (j.is_object() && j.contains("data")) {
-        r.output = "embedding[" + std::to_string(j["data"][0]["embedding"].size()) + "]";
-      }
-    }
-  } else {
-    std::string pending;
-    bool done = false;
-    auto st = http::StreamFetch(
-        "127.0.0.1", port, "POST", path, body.dump(), headers,
-        [&](const http::StreamHead& h) {
-          r.http_status = h.status;
-          auto id = h.headers.find("x-request-id");
-          r.acknowledged = (id != h.headers.end() && !id->second.empty()) || (target_ == Target::kLlamaServer && h.status == 200);
-          if (auto pl = h.headers.find("x-spillway-placement"); pl != h.headers.end()) r.placement = pl->second;
-          r.degraded_signal |= h.headers.count("x-spillway-degraded") > 0 || h.headers.count("x-spillway-fallback-model") > 0;
-          return true;
-        },
-        [&](std::string_view data) {
-          pending.append(data);
-          size_t pos;
-          while ((pos = pending.find("\n\n")) != std::string::npos) {
-            const std::string ev = pending.substr(0, pos);
-            pending.erase(0, pos + 2);
-            if (r.http_status != 200) {
-              r.first_error += ev;
-              continue;
-            }
-            if (ev.rfind(":", 0) == 0) {
-              if (ev.find("spillway") != std::string::npos) r.degraded_signal = true;
-              continue;
-            }
-            if (ev.rfind("data: ", 0) != 0) continue;
-            const std::string payload = ev.substr(6);
-            if (payload == "[DONE]") {
-              done = true;
-              continue;
-            }
-            json j = json::parse(payload, nullptr, false);
-            if (!j.is_object()) continue;
-            if (j.contains("error") && r.first_error.empty()) {
-              r.first_error = j["error"].is_object() ? j["error"].value("message", payload) : payload;
-            }
-            if (j.contains("choices") && !j["choices"].empty()) {
-              const auto& c = j["choices"][0];
-              std::string piece;
-              if (c.contains("text") && c["text"].is_string()) piece = c["text"];
-              if (c.contains("delta")) {
-                const auto& d = c["delta"];
-                if (d.contains("content") && d["content"].is_string()) piece = d["content"];
-                if (d.contains("tool_calls") && d["tool_calls"].is_array()) {
-                  run_tools(d["tool_calls"]);
-                  r.output += d["tool_calls"].dump();
-                  if (r.ttft_ms < 0) r.ttft_ms = ms_since();
-                }
-              }
-              if (!piece.empty() && r.ttft_ms < 0) r.ttft_ms = ms_since();
-              r.output += piece;
-            }
-          }
-          return true;
-        },
-        std::chrono::seconds(120));
-    r.latency_ms = ms_since();
-    r.connection_survived = st.ok() && done;
-    if (!st.ok() && r.first_error.empty()) r.first_error = st.message();
-    if (!done && r.first_error.empty() && r.http_status == 200) r.first_error = "the stream ended without [DONE]";
-    if (r.http_status != 200 && r.http_status != 0) {
-      json j = json::parse(r.first_error, nullptr, false);
-      if (j.is_object() && j.contains("error")) r.first_error = j["error"].value("message", r.first_error);
-    }
-  }
-  finished = true;
-  if (canceller.joinable()) canceller.join();
-  r.tool_executions = tools;
-  return r;
 }
 
 void Run::ReadJournal(RequestRecord& r) {
@@ -617,6 +288,8 @@ void Run::CompareWithReference(std::vector<RequestRecord>& records) {
   }
 }
 
+namespace {
+
 // Recovery of each fault: from the fault to the first sample, after the
 // accelerator placement was seen out of service, where it is ready with its
 // breaker closed again (no visible disruption: recovered at once).
@@ -640,6 +313,8 @@ void Recoveries(std::vector<FaultEvent>& faults, const std::vector<Sample>& samp
     if (!bad) f.recovered_ms = f.at_ms;
   }
 }
+
+}  // namespace
 
 ScenarioResult Run::Go() {
   ScenarioResult out;
@@ -743,7 +418,6 @@ ScenarioResult Run::Go() {
   return out;
 }
 
-}  // namespace
 
 ScenarioResult RunScenario(const Scenario& s, Target target, const HarnessOptions& opts) {
   Run run(s, target, opts);

@@ -1,0 +1,113 @@
+// Faults injected by `spillway chaos` (see chaos/schedule.h for their kinds).
+#include <signal.h>
+
+#include <nlohmann/json.hpp>
+
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "chaos/run.h"
+#include "devices/sim_ledger.h"
+
+namespace spillway::chaos {
+
+void Run::Hold(uint64_t mib, double seconds) {
+  if (mib == 0) return;
+  auto h = std::make_unique<Child>();
+  std::ostringstream secs;
+  secs << seconds;
+  if (h->Spawn({o_.bin_dir + "/spillway", "sim", "hold", "sim:0", "--mib", std::to_string(mib), "--seconds", secs.str()},
+               dir_ + "/holds.log", env_)) {
+    holds_.push_back(std::move(h));
+  }
+  SleepMs(100);  // the hold is in the ledger
+}
+
+void Run::Inject(const std::string& kind, FaultEvent* ev) {
+  ev->kind = kind;
+  std::mt19937_64 rng(o_.seed ^ static_cast<uint64_t>(ev->at_ms));
+  auto free_mib = [&]() -> uint64_t {
+    auto l = devices::SimLedger::Open(0);
+    return l.ok() ? (*l)->Snapshot().free() >> 20 : 0;
+  };
+  if (kind == "kill-gateway") {
+    if (target_ == Target::kLlamaServer) {
+      server_.Kill9();
+    } else {
+      server_.Kill9();
+      SleepMs(200);
+      if (!StartServer()) ev->kind += " (restart failed)";
+    }
+    return;
+  }
+  if (target_ == Target::kLlamaServer) {
+    // llama-server has no fault routes: only what happens to it from outside.
+    if (kind == "kill-gpu-worker" || kind == "lose-at-token") {
+      ev->kind = "kill -9 llama-server";
+      server_.Kill9();
+    } else if (kind == "sim-hold") {
+      const uint64_t mib = free_mib() > 4 ? free_mib() - 4 : 0;
+      Hold(mib, 2.5);
+      server_.Kill9();
+      ev->kind = "sim hold " + std::to_string(mib) + " MiB + kill -9";
+    }
+    return;
+  }
+  json gpu = Placement(0, 0);
+  for (int i = 0; i < 100 && gpu.value("state", "") != "ready"; ++i) {
+    SleepMs(20);
+    gpu = Placement(0, 0);
+  }
+  const uint16_t gpu_port = gpu.is_object() ? gpu.value("port", 0) : 0;
+  const int gpu_pid = gpu.is_object() ? gpu.value("pid", 0) : 0;
+  auto arm = [&](const std::string& spec) {
+    auto r = http::Fetch("127.0.0.1", gpu_port, "POST", "/v1/worker/faults", json{{"faults", {spec}}}.dump(), {},
+                         std::chrono::seconds(2));
+    if (!r.ok() || r->status != 200) ev->kind += " (not armed: the GPU worker was not ready)";
+  };
+  auto kill_gpu = [&] {
+    if (gpu_pid > 0) kill(gpu_pid, SIGKILL);
+    else ev->kind += " (no GPU worker to kill)";
+  };
+  if (kind == "compute-error" || kind.rfind("fail-next=", 0) == 0) {
+    arm(kind);
+  } else if (kind == "hang") {
+    arm("hang=3");
+  } else if (kind == "lose-at-token") {
+    const int k = 2 + static_cast<int>(rng() % 10);
+    ev->kind = "lose-at-token=" + std::to_string(k);
+    arm(ev->kind);
+  } else if (kind == "lose-after-tool-call") {
+    const int k = 20 + static_cast<int>(rng() % 40);
+    ev->kind = "lose-at-token=" + std::to_string(k) + " (agent traffic)";
+    arm("lose-at-token=" + std::to_string(k));
+  } else if (kind == "kill-gpu-worker") {
+    ev->kind = "kill -9 GPU worker";
+    kill_gpu();
+  } else if (kind == "sim-hold") {
+    // Another program takes the free memory; the GPU worker crashes and may
+    // not come back until the memory is released.
+    const uint64_t mib = free_mib() > 4 ? free_mib() - 4 : 0;
+    Hold(mib, 2.5);
+    kill_gpu();
+    ev->kind = "sim hold " + std::to_string(mib) + " MiB for 2.5 s + kill -9 GPU worker";
+  } else if (kind == "memory-step") {
+    // A quarter of what is free goes, until the end of the fault window.
+    const uint64_t mib = free_mib() / 4;
+    const double left_s = std::max(1.0, (o_.duration_ms * 0.8 - static_cast<double>(SinceStart())) / 1000.0);
+    Hold(mib, left_s);
+    kill_gpu();
+    ev->kind = "memory step: hold " + std::to_string(mib) + " MiB + kill -9 GPU worker";
+  } else if (kind == "gpu-out") {
+    const uint64_t mib = free_mib() > 4 ? free_mib() - 4 : 0;
+    Hold(mib, 3.0);
+    kill_gpu();
+    ev->kind = "accelerator out for 3 s (hold " + std::to_string(mib) + " MiB + kill -9 GPU worker)";
+  } else {
+    ev->kind = kind + " (unknown fault kind)";
+  }
+}
+
+
+}  // namespace spillway::chaos
