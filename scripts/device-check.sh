@@ -71,5 +71,11 @@ if [ $(( $(date +%s) - t0 )) -lt 480 ]; then
   "$BUILD/bench/worker_vs_llama" --model "$BUILD/models/bench.gguf" --llama-bench "$PREFIX/build/bin/llama-bench" \
     --worker "$W" --threads 8 --reps 3 --rounds 2 --device cuda:0 --gpu-layers 99 2>/dev/null | tee "$OUT/bench-gpu.txt" | tail -3
 fi
+# The proving suite on the real device: the scenarios whose faults reach a GPU from outside.
+if [ $(( $(date +%s) - t0 )) -lt 420 ]; then
+  "$BUILD/bin/spillway" chaos --device cuda:0 --scenario driver_reset,gateway_restart,routing_before_admission \
+    --duration 15 --baselines plain --no-profiles --report "$OUT/chaos" >"$OUT/chaos.txt" 2>&1 \
+    && ok "spillway chaos on cuda:0 passed" || bad "spillway chaos on cuda:0: $(grep -E 'FAIL|chaos:    ' "$OUT/chaos.txt" | head -5)"
+fi
 echo "device check: $pass passed, $fail failed ($(( $(date +%s) - t0 ))s); logs in $OUT"
 [ "$fail" = 0 ]

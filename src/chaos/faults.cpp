@@ -54,6 +54,13 @@ void Run::Inject(const std::string& kind, FaultEvent* ev) {
     }
     return;
   }
+  if (!Simulated() && kind == "lose-at-token") {
+    // No simulated device to lose: a driver reset looks like this from outside.
+    const json p = Placement(0, 0);
+    if (p.is_object() && p.value("pid", 0) > 0) kill(p.value("pid", 0), SIGKILL);
+    ev->kind = "kill -9 GPU worker (a lost device, on " + o_.device + ")";
+    return;
+  }
   json gpu = Placement(0, 0);
   for (int i = 0; i < 100 && gpu.value("state", "") != "ready"; ++i) {
     SleepMs(20);

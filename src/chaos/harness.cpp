@@ -67,7 +67,7 @@ uint64_t RssOf(int pid) {
 std::string Run::ConfigToml() const {
   const std::string chat = o_.models_dir + "/demo-chat.gguf", embed = o_.models_dir + "/demo-embed.gguf";
   std::ostringstream c;
-  c << "[[device]]\nname = \"sim:0\"\nheadroom_mib = 4\n";
+  c << "[[device]]\nname = \"" << o_.device << "\"\nheadroom_mib = " << (Simulated() ? 4 : 512) << "\n";
   c << "[[service]]\nname = \"chat\"\nmodel = \"" << chat << "\"\nmax_tokens = 512\n";
   if (target_ == Target::kPlainProxy) c << "[service.admission]\nenabled = false\nfail_fast = true\n";
   c << "[service.failover]\nbreaker_failures = 2\nejection_s = 1\nmax_ejection_s = 4\n";
@@ -75,7 +75,7 @@ std::string Run::ConfigToml() const {
   if (profile_ == "cpu") {
     c << "[[service.placement]]\ndevice = \"cpu\"\nctx = 8192\nslots = 4\nthreads = 1\nbatch = 64\n";
   } else {
-    c << "[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = " << (profile_ == "split" ? 2 : 99)
+    c << "[[service.placement]]\ndevice = \"" << o_.device << "\"\ngpu_layers = " << (profile_ == "split" ? 2 : 99)
       << "\nctx = 1024\nslots = 4\nthreads = 1\nbatch = 64\nprogress_timeout_s = 0.5\n";
   }
   if (target_ == Target::kSpillway && profile_.empty()) {
@@ -93,8 +93,9 @@ bool Run::StartServer(int timeout_ms) {
   if (target_ == Target::kLlamaServer) {
     const uint16_t port = FreePort();
     std::map<std::string, std::string> env = env_;
-    env["GGML_BACKEND_PATH"] = o_.bin_dir + "/libggml-sim.so";
-    if (!server_.Spawn({o_.llama_server, "-m", o_.models_dir + "/demo-chat.gguf", "-ngl", "99", "--device", "SIM0",
+    if (Simulated()) env["GGML_BACKEND_PATH"] = o_.bin_dir + "/libggml-sim.so";
+    const std::string dev = Simulated() ? "SIM0" : "CUDA" + o_.device.substr(o_.device.find(':') + 1);
+    if (!server_.Spawn({o_.llama_server, "-m", o_.models_dir + "/demo-chat.gguf", "-ngl", "99", "--device", dev,
                         "--host", "127.0.0.1", "--port", std::to_string(port), "-c", "4096", "-np", "4", "-t", "1",
                         "-b", "64", "--no-webui"},
                        dir_ + "/llama-server.log", env)) {
@@ -149,10 +150,17 @@ void Run::Monitor() {
   while (!stop_monitor_) {
     Sample s;
     s.t_ms = SinceStart();
-    if (auto l = devices::SimLedger::Open(0); l.ok()) {
-      const auto snap = (*l)->Snapshot();
-      s.device_used_bytes = snap.used;
-      s.device_capacity_bytes = snap.capacity;
+    if (Simulated()) {
+      if (auto l = devices::SimLedger::Open(0); l.ok()) {
+        const auto snap = (*l)->Snapshot();
+        s.device_used_bytes = snap.used;
+        s.device_capacity_bytes = snap.capacity;
+      }
+    } else if (device_telemetry_) {
+      if (auto d = device_telemetry_->Read(); d.ok()) {
+        s.device_used_bytes = d->total - d->free;
+        s.device_capacity_bytes = d->total;
+      }
     }
     if (target_ == Target::kLlamaServer) {
       std::unique_lock<std::mutex> lk(server_mu_, std::try_to_lock);
@@ -333,7 +341,19 @@ ScenarioResult Run::Go() {
       return out;
     }
   }
-  if (::spillway::Status st = devices::SimLedger::Create(0, o_.sim_capacity_mib << 20).status(); !st.ok()) {
+  if (!Simulated()) {
+    // A real device: only faults that reach it from outside.
+    for (const auto& k : s_.fault_kinds) {
+      if (k != "kill-gpu-worker" && k != "kill-gateway" && k != "lose-at-token") {
+        out.skipped_reason = "needs the simulated device's fault injection (" + k + "); on " + o_.device +
+                             " only kill -9 of the GPU worker and of the gateway are injected";
+        out.verdict.failures.push_back(out.skipped_reason);
+        return out;
+      }
+    }
+    auto t = devices::OpenDeviceTelemetry(o_.device);
+    if (t.ok()) device_telemetry_ = std::move(*t);
+  } else if (::spillway::Status st = devices::SimLedger::Create(0, o_.sim_capacity_mib << 20).status(); !st.ok()) {
     out.skipped_reason = "cannot create the simulated device: " + st.message();
     out.verdict.failures.push_back(out.skipped_reason);
     return out;

@@ -25,6 +25,11 @@ struct HarnessOptions {
   int64_t duration_ms = 20000;
   int faults = 3;             // per scenario
   uint64_t sim_capacity_mib = 192;
+  // "sim:0" (a fresh simulated device per run) or a real one ("cuda:0"): on
+  // a real device only the faults that reach it from outside (kill -9 of the
+  // GPU worker, of the gateway) are injected; scenarios that need the
+  // simulated device's fault injection are reported as skipped, with why.
+  std::string device = "sim:0";
   bool verbose = false;
   std::function<void(const std::string&)> log;  // progress lines
 };

@@ -18,6 +18,7 @@
 #include "api/http_client.h"
 #include "chaos/harness.h"
 #include "chaos/process.h"
+#include "devices/telemetry.h"
 
 namespace spillway::chaos {
 
@@ -55,8 +56,9 @@ class Run {
   }
   std::string PrimaryName() const {
     if (profile_ == "cpu") return "cpu";
-    return profile_ == "split" ? "sim:0/2" : "sim:0/99";
+    return o_.device + (profile_ == "split" ? "/2" : "/99");
   }
+  bool Simulated() const { return o_.device.rfind("sim:", 0) == 0; }
   std::string ConfigToml() const;
   bool StartServer(int timeout_ms = 60000);
   json Status() const {
@@ -99,6 +101,7 @@ class Run {
   std::mutex mu_;
   std::vector<Sample> samples_;
   std::vector<PlannedRequest> plan_cache_;
+  std::unique_ptr<devices::DeviceTelemetry> device_telemetry_;  // a real device's memory
   Steady::time_point t0_ = Steady::now();
   int64_t t0_wall_ = WallMs();
 };

@@ -36,6 +36,7 @@ struct ChaosArgs {
   std::string llama_server = SPILLWAY_LLAMA_SERVER;
   std::string models_dir, work_dir;
   bool keep = false;
+  std::string device = "sim:0";
 };
 
 std::string ExeDir() {
@@ -67,6 +68,11 @@ int Chaos(const ChaosArgs& a) {
   o.models_dir = a.models_dir.empty() ? o.bin_dir + "/../models" : a.models_dir;
   o.llama_server = a.llama_server;
   o.seed = a.seed;
+  o.device = a.device;
+  if (a.device != "sim:0" && a.device.rfind("cuda:", 0) != 0) {
+    std::fprintf(stderr, "spillway chaos: --device must be sim:0 or cuda:N\n");
+    return 2;
+  }
   o.duration_ms = static_cast<int64_t>(a.duration_s * 1000);
   for (const char* m : {"demo-chat.gguf", "demo-embed.gguf"}) {
     if (!fs::exists(o.models_dir + "/" + m)) {
@@ -160,6 +166,10 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--llama-server", args->llama_server, "llama.cpp's llama-server, for the baseline")->capture_default_str();
   cmd->add_option("--models", args->models_dir, "directory with demo-chat.gguf and demo-embed.gguf (default: the build's)");
   cmd->add_option("--work-dir", args->work_dir, "scratch directory (configs, journals, logs; default: a temporary one)");
+  cmd->add_option("--device", args->device,
+                  "sim:0 (a fresh simulated device per run) or a real cuda:N; on a real device only kill -9 faults are "
+                  "injected and scenarios that need the simulated device are reported as skipped")
+      ->capture_default_str();
   cmd->add_flag("--keep", args->keep, "keep the scratch directory (logs of every process)");
   cmd->callback([args, exit_code] { *exit_code = Chaos(*args); });
 }
