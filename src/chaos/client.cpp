@@ -13,6 +13,7 @@ json Run::BodyFor(const PlannedRequest& p) const {
   const std::string text = PromptText(p.seed ^ std::hash<std::string>{}(p.id), p.prompt_words);
   if (p.kind == "embedding") return {{"model", "embed"}, {"input", text}};
   json b = {{"model", "chat"}, {"max_tokens", p.max_tokens}, {"seed", p.seed}, {"temperature", 0.8}, {"stream", p.stream}};
+  if (p.stream) b["stream_options"] = {{"include_usage", true}};
   if (p.kind == "completion") {
     b["prompt"] = text;
   } else {
@@ -73,6 +74,9 @@ RequestRecord Run::Send(const PlannedRequest& p) {
       r.degraded_signal = !res->Header("x-spillway-degraded").empty() || !res->Header("x-spillway-fallback-model").empty();
       json j = json::parse(res->body, nullptr, false);
       r.connection_survived = !j.is_discarded();
+      if (j.is_object() && j.contains("usage") && j["usage"].is_object()) {
+        r.completion_tokens = j["usage"].value("completion_tokens", -1);
+      }
       if (res->status != 200) {
         r.first_error = j.is_object() && j.contains("error") ? j["error"].value("message", res->body) : res->body;
       } else if (j.is_object() && j.contains("choices") && !j["choices"].empty()) {
@@ -125,6 +129,7 @@ RequestRecord Run::Send(const PlannedRequest& p) {
             }
             json j = json::parse(payload, nullptr, false);
             if (!j.is_object()) continue;
+            if (j.contains("usage") && j["usage"].is_object()) r.completion_tokens = j["usage"].value("completion_tokens", -1);
             if (j.contains("error") && r.first_error.empty()) {
               r.first_error = j["error"].is_object() ? j["error"].value("message", payload) : payload;
             }

@@ -14,7 +14,7 @@ namespace spillway::chaos {
 // The JSON keys are the field names.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RequestRecord, id, scenario, service, kind, stream, deterministic, sent_ms,
                                    latency_ms, ttft_ms, acknowledged, http_status, first_error, connection_survived,
-                                   degraded_signal, cancelled_by_client, placement, output, tool_executions,
+                                   degraded_signal, cancelled_by_client, placement, output, tool_executions, completion_tokens,
                                    journal_state, attempts, attempt_placements, cpu_start_ms, decision, equivalent)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(FaultEvent, at_ms, kind, recovered_ms)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Sample, t_ms, device_used_bytes, device_capacity_bytes, rss_bytes,

@@ -32,6 +32,7 @@ struct RequestRecord {
   std::string placement;        // X-Spillway-Placement (or the journal's)
   std::string output;           // final text (or tool calls, as JSON text)
   int tool_executions = 0;      // times the harness ran a tool for this request
+  int completion_tokens = -1;   // from the answer's usage (-1: none)
   // From GET /v1/requests/{id} after the scenario settled.
   std::string journal_state;    // "" when the gateway does not know it
   int attempts = 0;

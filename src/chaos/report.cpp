@@ -57,6 +57,13 @@ uint64_t DevicePeak(const ScenarioResult& r) {
   return peak;
 }
 
+// Generated tokens per second of the run (completed requests' usage).
+double TokensPerS(const ScenarioResult& r) {
+  double tokens = 0;
+  for (const RequestRecord& q : r.requests) tokens += q.completion_tokens > 0 ? q.completion_tokens : 0;
+  return r.duration_ms > 0 ? tokens * 1000.0 / static_cast<double>(r.duration_ms) : 0;
+}
+
 // The chat service's workers together (resident set), at their highest.
 uint64_t ChatRssPeak(const ScenarioResult& r) {
   uint64_t peak = 0;
@@ -218,13 +225,13 @@ void ProfileSection(const std::vector<ScenarioResult>& profiles, std::string& ou
     out += "_No placement profiles._\n";
     return;
   }
-  MdTable t({"profile", "scenario", "requests", "success %", "p50 ms", "p95 ms", "goodput/min", "chat RSS peak MiB",
-             "device peak MiB", "note"},
-            "llrrrrrrrl");
+  MdTable t({"profile", "scenario", "requests", "success %", "p50 ms", "p95 ms", "goodput/min", "tokens/s",
+             "chat RSS peak MiB", "device peak MiB", "note"},
+            "llrrrrrrrrl");
   for (const ScenarioResult& p : profiles) {
     const Verdict& v = p.verdict;
     t.Row({p.target, p.name, std::to_string(p.requests.size()), Percent(v.success_rate), Ms(v.p50_ms), Ms(v.p95_ms),
-           Fmt("%.1f", v.goodput_per_min), Mib(ChatRssPeak(p)), Mib(DevicePeak(p)),
+           Fmt("%.1f", v.goodput_per_min), Fmt("%.1f", TokensPerS(p)), Mib(ChatRssPeak(p)), Mib(DevicePeak(p)),
            p.skipped_reason.empty() ? "" : "skipped: " + p.skipped_reason});
   }
   out += t.Render();
