@@ -66,7 +66,7 @@ void Run::Inject(const std::string& kind, FaultEvent* ev) {
   const bool armed = kind == "compute-error" || kind == "hang" || kind.rfind("fail-next=", 0) == 0 ||
                      kind.rfind("lose-", 0) == 0;
   json gpu = Placement(0, 0);
-  for (int i = 0; armed && i < 100 && gpu.value("state", "") != "ready"; ++i) {
+  for (int i = 0; armed && i < 100 && !(gpu.is_object() && gpu.value("state", "") == "ready"); ++i) {
     SleepMs(20);
     gpu = Placement(0, 0);
   }

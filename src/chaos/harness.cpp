@@ -383,7 +383,13 @@ ScenarioResult Run::Go() {
         if (i >= plan_cache_.size()) return;
         const int64_t wait = plan_cache_[i].at_ms - SinceStart();
         if (wait > 0) SleepMs(wait);
-        records[i] = Send(plan_cache_[i]);
+        try {
+          records[i] = Send(plan_cache_[i]);
+        } catch (const std::exception& e) {  // an answer of a shape the harness did not expect: recorded, not fatal
+          records[i].id = plan_cache_[i].id;
+          records[i].scenario = s_.name;
+          records[i].first_error = std::string("harness: ") + e.what();
+        }
       }
     });
   }
@@ -394,7 +400,11 @@ ScenarioResult Run::Go() {
       if (wait > 0) SleepMs(wait);
       FaultEvent ev;
       ev.at_ms = SinceStart();
-      Inject(f.kind, &ev);
+      try {
+        Inject(f.kind, &ev);
+      } catch (const std::exception& e) {
+        ev.kind = f.kind + " (harness error: " + e.what() + ")";
+      }
       std::lock_guard<std::mutex> lk(mu_);
       faults.push_back(ev);
     }
