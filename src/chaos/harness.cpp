@@ -388,6 +388,8 @@ ScenarioResult Run::Go() {
         } catch (const std::exception& e) {  // an answer of a shape the harness did not expect: recorded, not fatal
           records[i].id = plan_cache_[i].id;
           records[i].scenario = s_.name;
+          records[i].service = plan_cache_[i].kind == "embedding" ? "embed" : "chat";
+          records[i].kind = plan_cache_[i].kind;
           records[i].first_error = std::string("harness: ") + e.what();
         }
       }
