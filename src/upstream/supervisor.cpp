@@ -95,8 +95,10 @@ void Supervisor::Exited(Worker& w, const std::string& why) {
   w.view.port = 0;
   w.view.state = WorkerState::kBackoff;
   const int64_t now = clock_.NowMs();
-  if (w.ready_since_ms && now - w.ready_since_ms > 60000) w.backoff_level = 0;
-  const int64_t delay = std::min<int64_t>(30000, 500LL << std::min(w.backoff_level, 6));
+  const bool was_serving = w.ready_since_ms != 0;
+  if (was_serving && now - w.ready_since_ms > 60000) w.backoff_level = 0;
+  const int64_t cap = was_serving ? 2000 : 30000;
+  const int64_t delay = std::min<int64_t>(cap, 500LL << std::min(w.backoff_level, 6));
   ++w.backoff_level;
   w.next_start_ms = now + delay;
   w.ready_since_ms = 0;

@@ -9,7 +9,10 @@
 //
 // Worker states: starting -> ready -> (exited | unhealthy) -> backoff -> starting.
 // An on-demand worker starts stopped; Demand() starts it, Release() stops it.
-// Backoff doubles from 0.5 s up to 30 s and resets after 60 s of readiness.
+// Backoff doubles from 0.5 s, up to 30 s for a worker that never became ready
+// (a crash loop at start: a model that cannot load), but only up to 2 s for
+// one that had been serving (killed, device lost, hung): that one is needed
+// back soon. It resets after 60 s of readiness.
 //
 // Thread-safe. One background thread polls every 50 ms.
 #pragma once
