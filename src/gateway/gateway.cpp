@@ -392,6 +392,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
   auto degraded = [&](auto& res) {
     res.set("X-Spillway-Attempts", std::to_string(attempts));
     if (!target.limits.empty()) res.set("X-Spillway-Limits", target.limits);
+    if (target.waited_ms > 0) res.set("X-Spillway-Queued-Ms", std::to_string(target.waited_ms));
     if (target.index != 0) res.set("X-Spillway-Degraded", "served by " + placement + " (" + svc->placements[target.index].role + ")");
     if (const std::string m = fallback_model(); !m.empty()) res.set("X-Spillway-Fallback-Model", m);
   };

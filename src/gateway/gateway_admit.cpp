@@ -279,6 +279,7 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
           *t = {d.placement, st.key, st.cfg.Name(), *port, cells,
                 body.is_object() ? body.dump() : rec.body, admission::KindName(d.kind), dj.dump(), limits};
           hold(st);
+          t->waited_ms = clock_.NowMs() - t0;
           metrics_.Decision(svc.name, admission::KindName(d.kind));
           return true;
         }

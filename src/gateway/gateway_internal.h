@@ -90,6 +90,7 @@ struct Gateway::Target {
   std::string decision_json; // journaled with the attempt
   std::string limits;        // limits applied on this placement ("" when none), told to the client
   bool holding = false;      // counted in the placement's `active`
+  int64_t waited_ms = 0;     // spent waiting for this placement (a delay, the CPU line)
 };
 
 }  // namespace spillway::gateway

@@ -141,6 +141,7 @@ TEST_F(CpuPathTest, ALineOfItsOwnWithLimitsCommentsCancellationAndA503WhenFull) 
   EXPECT_EQ(b1["usage"]["completion_tokens"], 1800);
   EXPECT_EQ(b1["spillway"]["limits"], "max_tokens=1800 (CPU path)");
   EXPECT_EQ(r3.status, 200) << r3.body;
+  EXPECT_GT(std::stoll("0" + r3.Header("x-spillway-queued-ms")), 500);  // it waited behind R1, and is told how long
   EXPECT_EQ(State("line-1"), "completed");
   EXPECT_EQ(State("line-3"), "completed");
   EXPECT_EQ(State("line-4"), "failed");
