@@ -598,11 +598,9 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       }
       const State state = status == 499 ? State::kCancelled : State::kFailed;
       if (streaming_started) {  // a continuation was refused: end the stream the client has
-        const std::string event = api::SseEvent(ErrorJson(Status::Unavailable("the continuation was refused: " + error_body), rec.id));
-        forward(event + api::kSseDone);
-        finish(State::kFailedResumable, 200, "text/event-stream", stored, error_body);
-        if (ex) ex->End();
-        return;
+        return end_stream_with_error(State::kFailedResumable,
+                                     ErrorJson(Status::Unavailable("the continuation was refused: " + error_body), rec.id),
+                                     error_body);
       }
       if (head_sent) {
         json eb = json::parse(error_body, nullptr, false);
@@ -635,10 +633,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       ev["error"]["checkpoint"] = {{"tokens_delivered", progress.tokens().size()},
                                   {"text_bytes", progress.text_bytes()},
                                   {"tool_calls_delivered", progress.tool_calls_delivered()}};
-      forward(api::SseEvent(ev) + api::kSseDone);
-      finish(State::kFailedResumable, 200, "text/event-stream", stored, err.message());
-      if (ex) ex->End();
-      return;
+      return end_stream_with_error(State::kFailedResumable, ev, err.message());
     }
     if (!pending.empty()) forward(pending);
     start_client_stream();

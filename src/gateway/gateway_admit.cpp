@@ -272,14 +272,15 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
             body["max_tokens"] = d.max_tokens;
             body.erase("max_completion_tokens");
           }
+          const int64_t waited_ms = clock_.NowMs() - t0;
           json dj = {{"decision", admission::KindName(d.kind)}, {"placement", st.cfg.Name()},
                      {"reason", d.reason}, {"prompt_tokens", prompt_tokens}, {"max_tokens", d.max_tokens},
-                     {"waited_ms", clock_.NowMs() - t0}};
+                     {"waited_ms", waited_ms}};
           if (!limits.empty()) dj["limits"] = limits;
           *t = {d.placement, st.key, st.cfg.Name(), *port, cells,
                 body.is_object() ? body.dump() : rec.body, admission::KindName(d.kind), dj.dump(), limits};
           hold(st);
-          t->waited_ms = clock_.NowMs() - t0;
+          t->waited_ms = waited_ms;
           metrics_.Decision(svc.name, admission::KindName(d.kind));
           return true;
         }
