@@ -33,6 +33,11 @@ FLAGS=(
   -DLLAMA_BUILD_UI=OFF
   -DLLAMA_USE_PREBUILT_UI=OFF
   -DLLAMA_OPENSSL=OFF
+  # Batch-invariant CPU matrix products: llamafile's sgemm serves batches of
+  # two or more tokens and ggml's dot products single tokens, with different
+  # rounding, so a token's logits would depend on what else was in its batch
+  # and a failover replay or continuation would not reproduce the tokens.
+  -DGGML_LLAMAFILE=OFF
 )
 # GGML_NATIVE cannot be combined with GGML_BACKEND_DL: enable the CPU backend's
 # instruction sets this machine has, one by one.
@@ -79,9 +84,17 @@ git clone -q "$tmp/package/llama/gitRelease.bundle" "$PREFIX/src" 2>/dev/null
 log "configuring (${FLAGS[*]})"
 cmake -S "$PREFIX/src" -B "$PREFIX/build" -G Ninja "${FLAGS[@]}" >"$PREFIX/configure.log" 2>&1 \
   || { tail -40 "$PREFIX/configure.log" >&2; exit 1; }
-log "building ${TARGETS[*]} with $JOBS jobs (about 7 minutes on 2 cores)"
-cmake --build "$PREFIX/build" -j "$JOBS" --target "${TARGETS[@]}" >"$PREFIX/build.log" 2>&1 \
-  || { tail -40 "$PREFIX/build.log" >&2; exit 1; }
+log "building ${TARGETS[*]} with $JOBS jobs (7 to 10 minutes on 2 cores; once per machine, cached in $CACHE_ROOT)"
+cmake --build "$PREFIX/build" -j "$JOBS" --target "${TARGETS[@]}" >"$PREFIX/build.log" 2>&1 &
+build_pid=$!
+# Say how far it is every 30 s, so a long first build never looks hung.
+started=$(date +%s)
+while kill -0 "$build_pid" 2>/dev/null; do
+  for _ in $(seq 30); do kill -0 "$build_pid" 2>/dev/null || break; sleep 1; done
+  step=$(grep -o '^\[[0-9]*/[0-9]*\]' "$PREFIX/build.log" 2>/dev/null | tail -1 || true)
+  kill -0 "$build_pid" 2>/dev/null && log "llama.cpp build ${step:-starting} after $(( $(date +%s) - started )) s"
+done
+wait "$build_pid" || { tail -40 "$PREFIX/build.log" >&2; exit 1; }
 printf '%s\n' "$NPM_PKG" "$LLAMA_TAG" "${FLAGS[*]}" >"$PREFIX/.complete"
 log "done: $PREFIX"
 echo "$PREFIX"

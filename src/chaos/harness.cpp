@@ -73,10 +73,10 @@ std::string Run::ConfigToml() const {
   c << "[service.failover]\nbreaker_failures = 2\nejection_s = 1\nmax_ejection_s = 4\n";
   c << "[service.cpu_path]\nmax_queue = 6\nconcurrency = 2\nwait_comment_s = 0.5\nram_budget_mib = 768\n";
   if (profile_ == "cpu") {
-    c << "[[service.placement]]\ndevice = \"cpu\"\nctx = 8192\nslots = 4\nthreads = 1\nbatch = 64\n";
+    c << "[[service.placement]]\ndevice = \"cpu\"\nctx = 16384\nslots = 4\nthreads = 1\nbatch = 64\n";
   } else {
     c << "[[service.placement]]\ndevice = \"" << o_.device << "\"\ngpu_layers = " << (profile_ == "split" ? 2 : 99)
-      << "\nctx = 1024\nslots = 4\nthreads = 1\nbatch = 64\nprogress_timeout_s = 0.5\n";
+      << "\nctx = 2048\nslots = 4\nthreads = 1\nbatch = 64\nprogress_timeout_s = 0.5\n";
   }
   if (target_ == Target::kSpillway && profile_.empty()) {
     c << "[[service.placement]]\nrole = \"fallback\"\ndevice = \"cpu\"\nctx = 8192\nslots = 2\nthreads = 1\nbatch = 64\n";

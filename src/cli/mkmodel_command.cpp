@@ -39,6 +39,8 @@ void AddMkmodelCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--type", args->overrides.type, "override: f32 | f16 | q8_0 | q4_0");
   cmd->add_option("--seed", args->overrides.seed, "override: weight seed");
   cmd->add_flag("--embedding", args->embedding, "make an embedding model (mean pooling)");
+  cmd->add_flag("--mutate-one-weight", args->overrides.mutate_one_weight,
+                "for tests: change one weight (layer 0's first attention-norm gain), as a corrupted copy would");
   cmd->callback([args, exit_code, cmd] {
     auto spec = DemoModelPreset(args->preset);
     if (!spec.ok()) {
@@ -57,6 +59,7 @@ void AddMkmodelCommand(CLI::App& app, int* exit_code) {
     if (cmd->count("--type")) s.type = o.type;
     if (cmd->count("--seed")) s.seed = o.seed;
     if (args->embedding) s.embedding = true;
+    s.mutate_one_weight = args->overrides.mutate_one_weight;
     s.vocab_path = args->vocab;
     Status st = WriteDemoModel(s, args->out);
     if (!st.ok()) {

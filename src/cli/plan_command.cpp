@@ -21,7 +21,7 @@ struct PlanArgs {
   std::string model, device = "cpu", gpu_layers = "auto", kv_type = "f16";
   uint32_t ctx = 4096, slots = 4, batch = 512;
   double headroom_mib = 0, headroom_pct = 5;
-  bool exact = false, json_out = false;
+  bool exact = false, json_out = false, kv_unified = false;
 };
 
 constexpr double kMiB = 1024.0 * 1024.0;
@@ -40,7 +40,7 @@ std::optional<std::pair<DeviceBytes, DeviceBytes>> Exact(const PlanArgs& a, int 
   const std::string cmd = ExeDir() + "/spillway-worker --model '" + a.model + "' --device " + a.device +
                           " --gpu-layers " + std::to_string(gpu_layers) + " --ctx " + std::to_string(a.ctx) +
                           " --slots " + std::to_string(a.slots) + " --batch " + std::to_string(a.batch) +
-                          " --kv-type " + a.kv_type + " --dry-run 2>/dev/null";
+                          " --kv-type " + a.kv_type + (a.kv_unified ? " --kv-unified" : "") + " --dry-run 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return std::nullopt;
   std::string out;
@@ -80,6 +80,7 @@ int Plan(const PlanArgs& a) {
   spec.ctx = a.ctx;
   spec.slots = a.slots;
   spec.batch = a.batch;
+  spec.kv_unified = a.kv_unified;
   spec.kv_k_x32 = spec.kv_v_x32 = a.kv_type == "q8_0" ? 34 : a.kv_type == "f32" ? 128 : 64;
 
   // What the accelerator (or the host, for a CPU placement) can hold.
@@ -224,13 +225,14 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
                                              "whether it fits with headroom, the largest context and layer split that fit");
   cmd->add_option("--model", a->model, "GGUF file")->required();
   cmd->add_option("--device", a->device, "cpu | sim:N | cuda:N")->capture_default_str();
-  cmd->add_option("--ctx", a->ctx, "KV cells (shared by the slots)")->check(CLI::Range(16u, 1u << 22))->capture_default_str();
+  cmd->add_option("--ctx", a->ctx, "KV cells in all (ctx/slots per slot unless --kv-unified)")->check(CLI::Range(16u, 1u << 22))->capture_default_str();
   cmd->add_option("--slots", a->slots)->check(CLI::Range(1u, 256u))->capture_default_str();
   cmd->add_option("--batch", a->batch)->check(CLI::Range(1u, 65536u))->capture_default_str();
   cmd->add_option("--gpu-layers", a->gpu_layers, "N or auto (the most that fit)")->capture_default_str();
   cmd->add_option("--kv-type", a->kv_type)->check(CLI::IsMember({"f16", "q8_0", "f32"}))->capture_default_str();
   cmd->add_option("--headroom-mib", a->headroom_mib, "kept free on the device")->check(CLI::Range(0.0, 1e9))->capture_default_str();
   cmd->add_option("--headroom-pct", a->headroom_pct, "kept free, percent of capacity")->check(CLI::Range(0.0, 90.0))->capture_default_str();
+  cmd->add_flag("--kv-unified", a->kv_unified, "one KV pool shared by the slots, with flash attention (as the worker's --kv-unified)");
   cmd->add_flag("--exact", a->exact, "also run llama.cpp's dry run (spillway-worker --dry-run) and report the estimate's error");
   cmd->add_flag("--json", a->json_out, "print JSON");
   cmd->callback([a, exit_code] { *exit_code = Plan(*a); });

@@ -113,6 +113,7 @@ int Serve(const ServeArgs& a) {
                                        std::to_string(s.default_max_tokens), "--progress-timeout",
                                        std::to_string(p.progress_timeout_s)};
       if (!p.mmap) args.push_back("--no-mmap");
+      if (p.kv_unified) args.push_back("--kv-unified");
       // The CPU fallback's readiness policy (gateway/readiness.h).
       const gateway::Readiness r = gateway::ResolveReadiness(s, i);
       if (r.policy == "mmap") {

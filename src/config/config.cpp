@@ -86,7 +86,7 @@ class Reader {
 Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix, PlacementConfig* p) {
   SPILLWAY_RETURN_IF_ERROR(
       r.OnlyKnown(t, prefix, {"role", "model", "different_model", "device", "gpu_layers", "ctx", "slots", "threads", "batch",
-                              "mmap", "progress_timeout_s"}));
+                              "mmap", "progress_timeout_s", "kv_unified"}));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "model", prefix, &p->model, 0, 0));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "different_model", prefix, &p->different_model, 0, 0));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "progress_timeout_s", prefix, &p->progress_timeout_s, 0.1, 86400));
@@ -102,6 +102,7 @@ Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix,
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "threads", prefix, &p->threads, 0, 1024));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "batch", prefix, &p->batch, 1, 1 << 16));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "mmap", prefix, &p->mmap, 0, 0));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "kv_unified", prefix, &p->kv_unified, 0, 0));
   const auto d = ParseDeviceName(p->device);
   const bool ok = d && (d->kind == "cpu" || d->kind == "cuda" || d->kind == "sim");
   if (!ok) {
@@ -301,7 +302,7 @@ GatewayConfig DemoConfig(const std::string& models_dir) {
   chat.model = models_dir + "/demo-chat.gguf";
   PlacementConfig p;
   p.role = "primary";
-  p.ctx = 4096;
+  p.ctx = 8192;  // 2048 cells per slot
   p.slots = 4;
   chat.placements = {p};
   ServiceConfig embed;

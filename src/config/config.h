@@ -72,6 +72,11 @@ struct PlacementConfig {
   int threads = 0;
   int batch = 512;
   bool mmap = true;
+  // false: each slot has its own ctx/slots KV cells and decoding is
+  // batch-invariant (failover replays reproduce tokens exactly); true: one
+  // pool of ctx cells shared by the slots (longer single prompts fit, but a
+  // request's tokens may depend on what runs beside it).
+  bool kv_unified = false;
   double progress_timeout_s = 10;  // a decode loop without progress this long is hung
   std::string Name() const;  // "cpu", "sim:0/99", ...
   const std::string& ModelOr(const std::string& service_model) const { return model.empty() ? service_model : model; }

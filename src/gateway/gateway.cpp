@@ -15,6 +15,7 @@
 #include "api/openai_response.h"
 #include "admission/admission.h"
 #include "common/hash.h"
+#include "common/mutation.h"
 #include "failover/stream_progress.h"
 #include "gateway/gateway_internal.h"
 #include "gateway/readiness.h"
@@ -438,6 +439,11 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       return;
     }
     ++attempts;
+    if (attempts > 1 && MutationActive("fallback-drop-seed")) {  // deliberate bug, for tests only
+      json b = json::parse(target.body, nullptr, false);
+      if (b.is_object()) b.erase("seed");
+      target.body = b.dump();
+    }
     live->worker_port = *port;
     const http::HeaderList headers = {{"X-Request-Id", rec.id}};
     if (live->cancelled) continue;
@@ -523,7 +529,9 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     int status = 0;
     bool head_ok = false, noted = false;
     std::string pending, error_body, failed_phase;
+    int relayed = 0;
     auto forward = [&](const std::string& event) {
+      if (++relayed == 3 && MutationActive("relay-drop-chunk")) return;  // deliberate bug, for tests only
       stored += event;
       if (ex) ex->Write(event);
     };

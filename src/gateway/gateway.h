@@ -65,7 +65,7 @@ class Gateway {
   // The gateway's view of one placement's KV pool, for per-request admission.
   struct PlacementState {
     PlacementState(std::string k, config::PlacementConfig c, PlacementAdmission a, failover::Breaker b)
-        : key(std::move(k)), cfg(std::move(c)), pool(static_cast<uint32_t>(cfg.ctx)), admission(std::move(a)), breaker(b) {}
+        : key(std::move(k)), cfg(std::move(c)), pool(static_cast<uint32_t>(cfg.ctx), cfg.kv_unified ? 0u : static_cast<uint32_t>(cfg.slots)), admission(std::move(a)), breaker(b) {}
     std::string key;
     config::PlacementConfig cfg;
     memory::CellPool pool;

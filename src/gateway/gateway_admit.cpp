@@ -205,8 +205,8 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
         v.usable = !ex && st->admission.admitted && BreakersAllow(*st) && startable(k);
         v.hybrid = st->cfg.role == "hybrid";
         v.fallback = st->cfg.role == "fallback";
-        v.cells_total = st->pool.total();
-        v.cells_free = st->pool.free();
+        v.cells_total = st->pool.request_capacity();
+        v.cells_free = st->pool.free_for_request();
         v.slots_free = static_cast<uint32_t>(std::max<int64_t>(0, st->cfg.slots - static_cast<int64_t>(st->pool.active())));
         if (svc.OnCpuPath(k)) {
           // The CPU path has a line of its own: a busy CPU replica is waited

@@ -98,9 +98,9 @@ Gateway::CpuGate Gateway::CpuPathGate(const journal::RequestRecord& rec, const c
   switch (q.TryStart(rec.id, host)) {
     case scheduler::CpuQueue::StartResult::kStart:
       // Its turn; the replica's KV cells are the last word (a long prompt may wait for them).
-      if (static_cast<uint64_t>(prompt_tokens) + d->max_tokens > st.pool.free()) {
+      if (static_cast<uint64_t>(prompt_tokens) + d->max_tokens > st.pool.free_for_request()) {
         *note = "first in line for the CPU path, waiting for " + std::to_string(prompt_tokens + d->max_tokens) +
-                " KV cells (" + std::to_string(st.pool.free()) + " free)";
+                " KV cells (" + std::to_string(st.pool.free_for_request()) + " free for one request)";
         *est_wait_s = per_request_s;
         return CpuGate::kWait;
       }

@@ -88,7 +88,8 @@ json Gateway::StatusJson() const {
         w["admission"] = st.admission.reason;
         w["predicted_bytes"] = st.admission.predicted_bytes;
         std::lock_guard<std::mutex> lk(const_cast<std::mutex&>(pools_mu_));
-        w["kv_cells"] = {{"total", st.pool.total()}, {"reserved", st.pool.reserved()}, {"requests", st.pool.active()}};
+        w["kv_cells"] = {{"total", st.pool.total()}, {"reserved", st.pool.reserved()}, {"requests", st.pool.active()},
+                         {"per_request", st.pool.request_capacity()}, {"unified", st.cfg.kv_unified}};
         w["throughput"] = {{"prompt_tokens_per_s", st.prompt_tps}, {"generated_tokens_per_s", st.gen_tps}};
         w["breaker"] = {{"state", failover::BreakerStateName(st.breaker.state())},
                         {"ejections", st.breaker.ejections()},

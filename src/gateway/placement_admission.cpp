@@ -41,6 +41,7 @@ memory::PlacementSpec SpecOf(const config::PlacementConfig& p) {
   spec.gpu_layers = p.gpu_layers;
   spec.ctx = static_cast<uint32_t>(p.ctx);
   spec.slots = static_cast<uint32_t>(p.slots);
+  spec.kv_unified = p.kv_unified;
   spec.batch = static_cast<uint32_t>(p.batch);
   return spec;
 }

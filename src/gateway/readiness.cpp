@@ -27,6 +27,7 @@ Readiness ResolveReadiness(const config::ServiceConfig& s, size_t i) {
       memory::PlacementSpec spec;
       spec.ctx = static_cast<uint32_t>(p.ctx);
       spec.slots = static_cast<uint32_t>(p.slots);
+      spec.kv_unified = p.kv_unified;
       spec.batch = static_cast<uint32_t>(p.batch);
       const auto est = memory::EstimatePlacement(*shape, spec);
       weights = static_cast<double>(est.host.weights);

@@ -78,6 +78,10 @@ std::vector<TensorPlan> PlanTensors(const DemoModelSpec& s, int64_t n_vocab, ggm
   std::vector<TensorPlan> t;
   t.push_back({"token_embd.weight", e, n_vocab, wtype, false});
   t.push_back({"output_norm.weight", e, 1, GGML_TYPE_F32, true});
+  // Untied: with the output matrix equal to the token embeddings, the current
+  // token's own logit towers over the rest and the model repeats it forever.
+  // (An embedding model pools hidden states and never uses it.)
+  if (!s.embedding) t.push_back({"output.weight", e, n_vocab, wtype, false});
   for (uint32_t i = 0; i < s.n_layer; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
     t.push_back({p + "attn_norm.weight", e, 1, GGML_TYPE_F32, true});
@@ -93,18 +97,54 @@ std::vector<TensorPlan> PlanTensors(const DemoModelSpec& s, int64_t n_vocab, ggm
   return t;
 }
 
+// Standard deviation of each matrix's entries. Chosen so that the model's
+// behaviour is as sensitive as a real one's: every sub-layer's output is of
+// the same order as the token embedding (so attention and the FFN move the
+// residual stream), attention scores spread by ~2.5 (attention that picks
+// positions rather than averaging them away), and logits spread by ~3 over
+// the vocabulary (greedy is decided by the state; sampling at temperature
+// 0.8 still has many candidates). Xavier-style: divided by sqrt(fan-in).
+float StdFor(const DemoModelSpec& s, const std::string& name) {
+  const float in_e = 1.0f / std::sqrt(static_cast<float>(s.n_embd));
+  const float in_ff = 1.0f / std::sqrt(static_cast<float>(s.n_ff));
+  auto ends = [&](std::string_view suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (name == "token_embd.weight") return 1.0f;
+  if (name == "output.weight") return 3.0f * in_e;
+  if (ends("attn_q.weight") || ends("attn_k.weight")) return 1.6f * in_e;
+  if (ends("attn_v.weight")) return 1.0f * in_e;
+  if (ends("attn_output.weight")) return 1.5f * in_e;
+  if (ends("ffn_down.weight")) return 1.0f * in_ff;
+  return 1.0f * in_e;  // ffn_gate, ffn_up
+}
+
+// Uniform in [-a, a] (standard deviation a / sqrt(3)), from (seed, name).
+void RandomFill(const DemoModelSpec& s, const std::string& name, std::vector<float>& f) {
+  SplitMix64 rng{s.seed ^ HashName(name)};
+  const float a = StdFor(s, name) * std::sqrt(3.0f);
+  for (auto& x : f) x = rng.NextUnit() * a;
+}
+
 // Fills one tensor's bytes deterministically from (seed, tensor name).
 std::vector<uint8_t> TensorBytes(const DemoModelSpec& s, const TensorPlan& tp) {
   const int64_t n = tp.ne0 * tp.ne1;
   std::vector<float> f(static_cast<size_t>(n));
   if (tp.is_norm) {
     for (auto& x : f) x = 1.0f;
+    if (s.mutate_one_weight && tp.name == "blk.0.attn_norm.weight") f[0] = 1.5f;
   } else {
-    SplitMix64 rng{s.seed ^ HashName(tp.name)};
-    // Uniform with the spread of a N(0, 0.02)-initialised model; token
-    // embeddings a little wider so that logits are not all equal.
-    const float scale = tp.name == "token_embd.weight" ? 0.5f : 0.035f;
-    for (auto& x : f) x = rng.NextUnit() * scale;
+    RandomFill(s, tp.name, f);
+    if (tp.name == "output.weight") {
+      // Each token's output row leans away from its own embedding, so the
+      // token just read scores low as the next one (real models rarely
+      // repeat a token; random ones otherwise fall into runs of one token).
+      std::vector<float> embd(f.size());
+      RandomFill(s, "token_embd.weight", embd);
+      // The self-logit is about -12 * cos(h, e_t): a few logit spreads.
+      const float alpha = 12.0f / static_cast<float>(s.n_embd);
+      for (size_t i = 0; i < f.size(); ++i) f[i] -= alpha * embd[i];
+    }
   }
   std::vector<uint8_t> out(ggml_row_size(tp.type, tp.ne0) * static_cast<size_t>(tp.ne1));
   switch (tp.type) {

@@ -26,6 +26,9 @@ struct DemoModelSpec {
   std::string type = "f16";     // f32 | f16 | q8_0 | q4_0 (matrices; norms stay f32)
   bool embedding = false;       // mean pooling, announced as an embedding model
   uint64_t seed = 42;
+  // For tests that prove a check catches a different model: the file differs
+  // from the unmutated one in exactly one weight (blk.0.attn_norm.weight[0]).
+  bool mutate_one_weight = false;
 };
 
 // Named presets: "tiny" (tests, a few MB), "demo-chat", "demo-embed",

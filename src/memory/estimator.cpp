@@ -83,13 +83,29 @@ PlacementEstimate EstimatePlacement(const ModelShape& s, const PlacementSpec& sp
   const uint64_t logits = static_cast<uint64_t>(s.n_vocab) * ub * 4;
   const uint64_t small = 14336;
   const int layers_on_host = L - e.layers_on_accelerator;
+  if (spec.kv_unified) {
+    // Flash attention: no score matrix; the logits dominate.
+    if (!e.output_on_accelerator) {
+      // Everything on the host: the logits dominate and the rest overlaps them.
+      e.host.compute += logits + 2 * act + small;
+    } else {
+      e.accelerator.compute += logits + act;
+      const uint64_t mask = static_cast<uint64_t>(e.ctx_padded) * ub * 2;  // KQ mask, f16, on the host
+      e.host.compute += mask + (layers_on_host > 0 ? ub * 4 * (4ull * s.n_embd + 3ull * s.n_ff) : 2 * act + small);
+    }
+    return e;
+  }
+  // Per-slot streams without flash attention: the scores of one micro-batch
+  // over one slot's cells (f32, per head) and an f32 mask are materialised;
+  // the peak is the larger of them and the logits.
+  const uint64_t n_kv = RoundUp(std::max<uint32_t>(spec.ctx / std::max<uint32_t>(spec.slots, 1), 1), kCtxPad);
+  const uint64_t mask = n_kv * ub * 4;
+  const uint64_t scores = n_kv * ub * s.n_head * 4 + mask;
   if (!e.output_on_accelerator) {
-    // Everything on the host: the logits dominate and the rest overlaps them.
-    e.host.compute += logits + 2 * act + small;
+    e.host.compute += std::max(logits + 2 * act + small, scores + 6 * act);
   } else {
-    e.accelerator.compute += logits + act;
-    const uint64_t mask = static_cast<uint64_t>(e.ctx_padded) * ub * 2;  // KQ mask, f16, on the host
-    e.host.compute += mask + (layers_on_host > 0 ? ub * 4 * (4ull * s.n_embd + 3ull * s.n_ff) : 2 * act + small);
+    e.accelerator.compute += std::max(logits + act, scores + 5 * act);
+    e.host.compute += mask + (layers_on_host > 0 ? ub * 4 * (4ull * s.n_embd + 3ull * s.n_ff) : 3 * act + small);
   }
   return e;
 }

@@ -39,8 +39,12 @@ StatusOr<ModelShape> ShapeFromMetadata(const gguf::Metadata& m);
 struct PlacementSpec {
   bool accelerator = false;  // false: everything on the host (CPU placement)
   int gpu_layers = 0;        // -1 = all
-  uint32_t ctx = 4096;       // KV cells (the unified pool)
+  uint32_t ctx = 4096;       // KV cells in all
   uint32_t slots = 1;
+  // false (the worker's default): ctx/slots cells per slot and no flash
+  // attention, so attention scores over one slot's cells are materialised;
+  // true: one pool of ctx cells, flash attention.
+  bool kv_unified = false;
   uint32_t batch = 512;      // ubatch = min(batch, 512)
   // KV cache types as bytes per 32 values: f16 = 64, q8_0 = 34, f32 = 128.
   uint32_t kv_k_x32 = 64, kv_v_x32 = 64;

@@ -67,6 +67,8 @@ void DeviceLedger::Release(const std::string& key) { reservations_.erase(key); }
 
 bool CellPool::Reserve(const std::string& id, uint32_t cells) {
   if (by_request_.count(id)) return true;  // already holds its cells
+  if (cells > request_capacity()) return false;
+  if (per_slot_) cells = per_slot_;  // a slot's stream is its own, whole
   if (cells > free()) return false;
   by_request_[id] = cells;
   reserved_ += cells;

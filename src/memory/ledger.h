@@ -65,21 +65,28 @@ class DeviceLedger {
   std::map<std::string, Reservation> reservations_;
 };
 
-// KV cells of one placement's unified pool, reserved per request for prompt +
-// max_tokens (the worker enforces the same numbers; the gateway keeps its
-// own view to decide before sending).
+// KV cells of one placement, reserved per request (the worker enforces the
+// same numbers; the gateway keeps its own view to decide before sending).
+// Unified: one pool of `cells` shared by the slots, a request reserving
+// prompt + max_tokens. Per slot (`slots` > 0): each slot has cells/slots of
+// its own and a request takes a whole slot.
 class CellPool {
  public:
-  explicit CellPool(uint32_t cells) : total_(cells) {}
+  explicit CellPool(uint32_t cells, uint32_t slots = 0)
+      : total_(cells), per_slot_(slots > 0 ? cells / slots : 0) {}
   bool Reserve(const std::string& request_id, uint32_t cells);  // false: does not fit now
   void Release(const std::string& request_id);                  // idempotent
   uint32_t total() const { return total_; }
   uint32_t reserved() const { return reserved_; }
   uint32_t free() const { return total_ - reserved_; }
   size_t active() const { return by_request_.size(); }
+  // The most one request can ever hold, and what one request could take now.
+  uint32_t request_capacity() const { return per_slot_ ? per_slot_ : total_; }
+  uint32_t free_for_request() const { return per_slot_ ? (free() >= per_slot_ ? per_slot_ : 0) : free(); }
 
  private:
   uint32_t total_;
+  uint32_t per_slot_;  // 0: unified
   uint32_t reserved_ = 0;
   std::map<std::string, uint32_t> by_request_;
 };

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <exception>
 
+#include "common/mutation.h"
 #include "worker/faults.h"
 #include "worker/output_text.h"
 #include "worker/sim_control.h"
@@ -68,7 +69,12 @@ llama_context_params ContextParams(const EngineOptions& opts_) {
   llama_context_params cp = llama_context_default_params();
   cp.n_ctx = static_cast<uint32_t>(opts_.ctx);
   cp.n_seq_max = static_cast<uint32_t>(opts_.slots);
-  cp.kv_unified = true;
+  // (An embedding model runs one job at a time over the whole context.)
+  cp.kv_unified = opts_.kv_unified || opts_.embedding;
+  // Flash attention's CPU kernels pick a tiled, a KV-split or a plain path
+  // from the batch's shape, each rounding differently: off for batch-invariant
+  // decoding.
+  if (!cp.kv_unified) cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
   cp.no_perf = true;
   const ggml_type kv = opts_.kv_type == "q8_0" ? GGML_TYPE_Q8_0 : opts_.kv_type == "f32" ? GGML_TYPE_F32 : GGML_TYPE_F16;
   cp.type_k = cp.type_v = kv;
@@ -208,11 +214,16 @@ void Engine::Stop() {
 
 int32_t Engine::CellsNeeded(const Job& job) const {
   if (job.embedding) return 0;  // embedding jobs run one at a time on a cleared cache
+  if (!opts_.kv_unified) return CellsPerRequest();  // the slot's whole stream
   return static_cast<int32_t>(job.prompt.size()) + job.max_tokens;
 }
 
+int32_t Engine::CellsPerRequest() const {
+  return opts_.kv_unified || opts_.embedding ? opts_.ctx : opts_.ctx / std::max(1, opts_.slots);
+}
+
 Status Engine::Submit(std::shared_ptr<Job> job) {
-  const int32_t cells_total = static_cast<int32_t>(opts_.ctx);
+  const int32_t cells_total = CellsPerRequest();
   if (job->embedding != opts_.embedding) {
     return Status::InvalidArgument(opts_.embedding ? "this worker serves an embedding model; use /v1/embeddings"
                                                    : "this worker serves a generative model, not embeddings");
@@ -230,11 +241,12 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
     if (static_cast<int32_t>(job->resume_tokens.size()) >= job->max_tokens) {
       return Status::InvalidArgument("the continuation already holds max_tokens tokens");
     }
-    const int32_t need = CellsNeeded(*job);
+    const int32_t need = static_cast<int32_t>(job->prompt.size()) + job->max_tokens;
     if (need > cells_total) {
       return Status::InvalidArgument("prompt (" + std::to_string(job->prompt.size()) + " tokens) + max_tokens (" +
                                      std::to_string(job->max_tokens) + ") = " + std::to_string(need) +
-                                     " exceeds the context of " + std::to_string(cells_total) + " tokens");
+                                     " exceeds the context of " + std::to_string(cells_total) + " tokens" +
+                                     (opts_.kv_unified ? "" : " per slot"));
     }
   }
   std::lock_guard<std::mutex> lk(mu_);
@@ -252,10 +264,10 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
     return Status::ResourceExhausted("all " + std::to_string(opts_.slots) + " slots are busy").WithRetryAfter(1);
   }
   const int32_t need = CellsNeeded(*job);
-  if (cells_reserved_ + need > cells_total) {
+  if (cells_reserved_ + need > opts_.ctx) {
     return Status::ResourceExhausted("KV cache: request needs " + std::to_string(need) + " cells, " +
-                                     std::to_string(cells_total - cells_reserved_) + " of " +
-                                     std::to_string(cells_total) + " are free")
+                                     std::to_string(opts_.ctx - cells_reserved_) + " of " +
+                                     std::to_string(opts_.ctx) + " are free")
         .WithRetryAfter(1)
         .WithPhase(FailurePhase::kKv);
   }
@@ -293,6 +305,8 @@ EngineStats Engine::stats() const {
   s.slots_busy = busy_ - s.queued;
   s.cells_total = opts_.ctx;
   s.cells_reserved = cells_reserved_;
+  s.cells_per_request = CellsPerRequest();
+  s.kv_unified = opts_.kv_unified;
   s.completed = completed_;
   s.failed = failed_;
   s.cancelled = cancelled_;
@@ -478,7 +492,12 @@ void Engine::RunGenerationStep() {
     }
     int32_t tok = -1;
     try {
-      tok = llama_sampler_sample(s.smpl, ctx_, s.batch_index);
+      if (s.generated.empty() && s.job->resume_tokens.size() > 1 && MutationActive("resume-skip-advance")) {
+        tok = s.job->resume_tokens[0];  // deliberate bug: accepted without sampling
+        llama_sampler_accept(s.smpl, tok);
+      } else {
+        tok = llama_sampler_sample(s.smpl, ctx_, s.batch_index);
+      }
     } catch (const std::exception& e) {
       // A grammar that allows no token throws from its accept.
       FinishSlot(s, Status::Internal(std::string("sampling failed: ") + e.what()), "");

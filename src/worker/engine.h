@@ -1,8 +1,10 @@
 // The decode loop: one thread owns the llama.cpp context and every slot, and
 // batches all running requests into each llama_decode (continuous batching).
 //
-// KV cells: the context has one unified pool of `ctx` cells shared by the
-// slots. A job reserves prompt + max_tokens cells when it is submitted, so a
+// KV cells: by default each slot has a stream of its own of ctx/slots cells
+// (batch-invariant decoding: see EngineOptions::kv_unified); with kv_unified
+// one pool of `ctx` cells is shared by the slots. A job reserves prompt +
+// max_tokens cells when it is submitted (a whole stream when per-slot), so a
 // running job can never run out of cache mid-generation; a job that does not
 // fit now is refused with kResourceExhausted (503, retry later), one that can
 // never fit with kInvalidArgument (400, with the numbers).
@@ -85,6 +87,13 @@ struct EngineOptions {
   int threads = 0;
   bool embedding = false;
   std::string kv_type = "f16";       // KV cache type: f16 | q8_0 | f32
+  // false (default): every slot has its own KV stream of ctx/slots cells and
+  // attention runs without flash attention, so a request's logits are
+  // bit-identical whatever else runs beside it (batch-invariant; what
+  // failover replay and continuation rely on). true: one pool of ctx cells
+  // shared by the slots, flash attention as llama.cpp chooses; a request's
+  // tokens may then depend on its neighbours.
+  bool kv_unified = false;
   FaultInjector* faults = nullptr;   // optional; must outlive the engine
   const SimControl* sim = nullptr;   // set when the placement is on a sim device
   // The "mmap" readiness policy: the context (KV pool, compute buffers) is
@@ -102,6 +111,8 @@ struct MemoryBuffer {
 struct EngineStats {
   int slots_total = 0, slots_busy = 0, queued = 0;
   int cells_total = 0, cells_reserved = 0;
+  int cells_per_request = 0;  // ctx/slots with per-slot streams, ctx when unified
+  bool kv_unified = false;
   uint64_t completed = 0, failed = 0, cancelled = 0, contexts_rebuilt = 0;
   bool healthy = true;
   bool device_lost = false;
@@ -155,6 +166,7 @@ class Engine {
   bool DeviceLost() const;
   void ReleaseReservation(const Job& job);
   int32_t CellsNeeded(const Job& job) const;
+  int32_t CellsPerRequest() const;  // the most one request may hold
 
   const Model& model_;
   EngineOptions opts_;

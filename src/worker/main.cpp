@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--gpu-layers", placement.gpu_layers, "layers to offload to --device (-1 = all)")
       ->check(CLI::Range(-1, 100000))->capture_default_str();
-  app.add_option("--ctx", placement.ctx, "KV cache cells shared by all slots")
+  app.add_option("--ctx", placement.ctx, "KV cache cells in all (ctx/slots per slot unless --kv-unified)")
       ->check(CLI::Range(16, 1 << 22))->capture_default_str();
   app.add_option("--slots", placement.slots, "concurrent requests")->check(CLI::Range(1, 256))->capture_default_str();
   app.add_option("--threads", placement.threads, "CPU threads (0 = all cores)")
@@ -81,6 +81,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.1, 86400.0))->capture_default_str();
   std::string kv_type = "f16";
   app.add_option("--kv-type", kv_type, "KV cache type")->check(CLI::IsMember({"f16", "q8_0", "f32"}))->capture_default_str();
+  bool kv_unified = false;
+  app.add_flag("--kv-unified", kv_unified,
+               "one KV pool of --ctx cells shared by the slots, with flash attention (default: a stream of ctx/slots "
+               "cells per slot, no flash attention: a request's tokens never depend on what runs beside it, which "
+               "failover replay and continuation rely on)");
   bool lazy_context = false;
   app.add_flag("--lazy-context", lazy_context,
                "create the context (KV cache, compute buffers) on the first request instead of at start "
@@ -142,6 +147,7 @@ int main(int argc, char** argv) {
   eo.threads = placement.threads;
   eo.embedding = (*model)->is_embedding();
   eo.kv_type = kv_type;
+  eo.kv_unified = kv_unified;
   eo.faults = &faults;
   eo.sim = sim.get();
   eo.lazy_context = lazy_context;

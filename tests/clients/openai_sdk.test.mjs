@@ -22,7 +22,7 @@ name = "chat"
 model = "${MODELS}/tiny-chat.gguf"
 [[service.placement]]
 device = "cpu"
-ctx = 4096
+ctx = 8192
 slots = 2
 threads = 1
 [[service]]

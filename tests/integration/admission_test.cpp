@@ -56,8 +56,8 @@ class AdmissionTest : public ::testing::Test {
     std::ostringstream os;
     os << "[[device]]\nname = \"sim:0\"\nheadroom_pct = 5\n"
        << "[[service]]\nname = \"chat\"\nmodel = \"" << ModelPath("tiny-chat") << "\"\n" << admission
-       << "[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 512\nslots = 2\nthreads = 1\nbatch = 64\n"
-       << "[[service.placement]]\nrole = \"fallback\"\ndevice = \"cpu\"\nctx = 4096\nslots = 2\nthreads = 1\n";
+       << "[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 1024\nslots = 2\nthreads = 1\nbatch = 64\n"
+       << "[[service.placement]]\nrole = \"fallback\"\ndevice = \"cpu\"\nctx = 8192\nslots = 2\nthreads = 1\n";
     return os.str();
   }
   std::filesystem::path dir_;
@@ -195,7 +195,7 @@ TEST_F(AdmissionTest, ShrinkWhenTheServiceAllowsIt) {
   std::ostringstream os;
   os << "[[service]]\nname = \"chat\"\nmodel = \"" << ModelPath("tiny-chat") << "\"\n"
      << "[service.admission]\nallow_shrink = true\n"
-     << "[[service.placement]]\ndevice = \"cpu\"\nctx = 512\nslots = 2\nthreads = 1\n";
+     << "[[service.placement]]\ndevice = \"cpu\"\nctx = 1024\nslots = 2\nthreads = 1\n";  // 512 cells per slot
   GatewayProcess gw(os.str());
   ASSERT_TRUE(gw.Start()) << gw.Output();
   auto r = Post(gw.port(), {{"model", "chat"}, {"prompt", Tokens(100)}, {"max_tokens", 1000}, {"ignore_eos", true}});

@@ -33,7 +33,7 @@ std::string Config(const std::string& cpu_path, const std::string& failover = ""
      << "[service.failover]\nbreaker_failures = 1\nejection_s = 60\n" << failover
      << "[service.cpu_path]\n" << cpu_path
      << "[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 2048\nslots = 2\nthreads = 1\nbatch = 64\n"
-     << "[[service.placement]]\nrole = \"fallback\"\ndevice = \"cpu\"\nctx = 4096\nslots = 4\nthreads = 1\nbatch = 64\n";
+     << "[[service.placement]]\nrole = \"fallback\"\ndevice = \"cpu\"\nctx = 16384\nslots = 4\nthreads = 1\nbatch = 64\n";
   return os.str();
 }
 

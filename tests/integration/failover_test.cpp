@@ -25,7 +25,11 @@ using nlohmann::json;
 json Body(const http::ClientResponse& r) { return json::parse(r.body, nullptr, false); }
 
 class FailoverTest : public ::testing::Test {
- protected:
+ public:  // the checks below are free functions shared with the mutation fixtures
+  // Deliberate bugs switched on for this fixture's gateway and workers
+  // (common/mutation.h); empty for the real thing.
+  virtual std::string Mutations() const { return ""; }
+
   void SetUp() override {
     sim_ = std::make_unique<ScopedSimDir>("failover");
     ASSERT_TRUE(devices::SimLedger::Create(0, 256 << 20).ok());
@@ -39,7 +43,10 @@ class FailoverTest : public ::testing::Test {
        << "[[service]]\nname = \"embed\"\nmodel = \"" << ModelPath("tiny-embed") << "\"\n"
        << "[[service.placement]]\ndevice = \"cpu\"\nctx = 512\nslots = 1\nthreads = 1\n";
     gw_ = std::make_unique<GatewayProcess>(os.str());
-    ASSERT_TRUE(gw_->Start()) << gw_->Output();
+    if (!Mutations().empty()) setenv("SPILLWAY_MUTATIONS", Mutations().c_str(), 1);
+    const bool started = gw_->Start();
+    unsetenv("SPILLWAY_MUTATIONS");
+    ASSERT_TRUE(started) << gw_->Output();
     WaitPlacements("ready");
   }
   void TearDown() override {
@@ -112,14 +119,34 @@ TEST_F(FailoverTest, AllocationFailureBeforeGenerationCompletesOnTheCpuUnderTheS
   EXPECT_NE(http::Fetch("127.0.0.1", gw_->port(), "GET", "/metrics")->body.find("spillway_breaker_open"), std::string::npos);
 }
 
-TEST_F(FailoverTest, DeviceLostMidGenerationReplaysOnTheCpuWithTheSameOutput) {
-  auto healthy = Post(kSeeded, "dl-healthy");
-  ASSERT_EQ(healthy.status, 200) << healthy.body;
-  ArmGpu("lose-at-token=10");
-  auto r = Post(kSeeded, "dl-lost");
-  ASSERT_EQ(r.status, 200) << r.body;
+std::string StreamText(const std::string& body) {
+  std::string text;
+  for (const auto& e : http::ParseSseData(body)) {
+    json j = json::parse(e, nullptr, false);
+    if (j.is_object() && j.contains("choices") && !j["choices"].empty()) text += j["choices"][0].value("text", "");
+  }
+  return text;
+}
+
+// The non-streamed text with the device lost at token 10 (replayed on the
+// CPU) and without a fault; equal when the replay is faithful.
+struct Replayed {
+  std::string expected, got;
+};
+Replayed ReplayAfterLoss(FailoverTest& t, const std::string& id) {
+  auto healthy = t.Post(kSeeded, id + "-healthy");
+  EXPECT_EQ(healthy.status, 200) << healthy.body;
+  t.ArmGpu("lose-at-token=10");
+  auto r = t.Post(kSeeded, id);
+  EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.Header("x-spillway-placement"), "cpu");
-  EXPECT_EQ(Body(r)["choices"][0]["text"], Body(healthy)["choices"][0]["text"]);
+  EXPECT_FALSE(Body(healthy)["choices"][0]["text"].get<std::string>().empty());
+  return {Body(healthy)["choices"][0]["text"], Body(r)["choices"][0].value("text", "")};
+}
+
+TEST_F(FailoverTest, DeviceLostMidGenerationReplaysOnTheCpuWithTheSameOutput) {
+  const Replayed r = ReplayAfterLoss(*this, "dl-lost");
+  EXPECT_EQ(r.got, r.expected);
   EXPECT_EQ(Request("dl-lost")["attempts"], 2);
   // A lost device is out for every placement on it: the device's breaker opened too.
   const json devices = Body(*http::Fetch("127.0.0.1", gw_->port(), "GET", "/v1/status"))["devices"];
@@ -185,32 +212,34 @@ TEST_F(FailoverTest, AHungGpuWorkerIsDetectedReplacedAndItsRequestServedByTheCpu
   EXPECT_EQ(Placement(0)["breaker"]["state"], "closed");
 }
 
-std::string StreamText(const std::string& body) {
-  std::string text;
-  for (const auto& e : http::ParseSseData(body)) {
-    json j = json::parse(e, nullptr, false);
-    if (j.is_object() && j.contains("choices") && !j["choices"].empty()) text += j["choices"][0].value("text", "");
-  }
-  return text;
+
+// A stream whose device is lost at token 10, continued on the CPU, against
+// the same request answered without a fault, not streamed.
+struct Continued {
+  std::string expected, got;
+  bool error_event = false;
+};
+Continued ContinueAfterLoss(FailoverTest& t, const std::string& id) {
+  auto healthy = t.Post(kSeeded, id + "-healthy");
+  EXPECT_EQ(healthy.status, 200) << healthy.body;
+  json body = kSeeded;
+  body["stream"] = true;
+  t.ArmGpu("lose-at-token=10");
+  auto r = t.Post(body, id);
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("x-spillway-placement"), "sim:0/99");  // where the stream started
+  EXPECT_NE(r.body.find(": spillway: continued on cpu"), std::string::npos) << r.body;
+  EXPECT_FALSE(Body(healthy)["choices"][0]["text"].get<std::string>().empty());
+  return {Body(healthy)["choices"][0]["text"], StreamText(r.body), r.body.find("\"error\"") != std::string::npos};
 }
 
 TEST_F(FailoverTest, DeviceLostMidStreamIsContinuedOnTheCpuWithTheSameTokens) {
-  json body = kSeeded;
-  body["stream"] = true;
-  auto healthy = Post(body, "ms-healthy");
-  ASSERT_EQ(healthy.status, 200) << healthy.body;
-  const std::string expected = StreamText(healthy.body);
-  ASSERT_FALSE(expected.empty());
-  ArmGpu("lose-at-token=10");
-  auto r = Post(body, "ms-lost");
-  ASSERT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(r.Header("x-spillway-placement"), "sim:0/99");  // where the stream started
-  EXPECT_NE(r.body.find(": spillway: continued on cpu"), std::string::npos) << r.body;
-  EXPECT_EQ(r.body.find("\"error\""), std::string::npos) << r.body;
-  EXPECT_EQ(http::ParseSseData(r.body).back(), "[DONE]");
+  const Continued c = ContinueAfterLoss(*this, "ms-lost");
+  EXPECT_FALSE(c.error_event);
   // Recomputed prompt + delivered tokens with the seeded sampler advanced: the
-  // client's text is exactly the uninterrupted one.
-  EXPECT_EQ(StreamText(r.body), expected);
+  // client's text is exactly the uninterrupted one (which a stream and a
+  // non-streamed answer share).
+  EXPECT_EQ(c.got, c.expected);
   json rec = Request("ms-lost");
   EXPECT_EQ(rec["state"], "completed");
   EXPECT_EQ(rec["attempts"], 2);
@@ -337,6 +366,33 @@ TEST(FallbackModelTest, AnUndeclaredDifferentModelIsRefusedADeclaredOneIsAnnounc
   const json j = json::parse(r->body);
   EXPECT_EQ(j["model"], "tiny-chat-b");
   EXPECT_EQ(j["spillway"]["fallback_model"], "tiny-chat-b");
+}
+
+// Mutation checks: each fixture runs the gateway and its workers with one
+// deliberate bug (common/mutation.h) in the code a check above guards, and
+// asserts that the check now fails. A check that cannot fail proves nothing.
+class ContinuationOneSamplerStepBehind : public FailoverTest {
+  std::string Mutations() const override { return "resume-skip-advance"; }
+};
+TEST_F(ContinuationOneSamplerStepBehind, FailsTheMidStreamContinuationCheck) {
+  const Continued c = ContinueAfterLoss(*this, "mut-resume");
+  EXPECT_TRUE(c.error_event || c.got != c.expected) << "a continuation one sampler step behind passed as faithful";
+}
+
+class FallbackWithoutThePinnedSeed : public FailoverTest {
+  std::string Mutations() const override { return "fallback-drop-seed"; }
+};
+TEST_F(FallbackWithoutThePinnedSeed, FailsTheReplayCheck) {
+  const Replayed r = ReplayAfterLoss(*this, "mut-seed");
+  EXPECT_NE(r.got, r.expected) << "a fallback that dropped the seed passed as faithful";
+}
+
+class StreamLosingOneChunk : public FailoverTest {
+  std::string Mutations() const override { return "relay-drop-chunk"; }
+};
+TEST_F(StreamLosingOneChunk, FailsTheMidStreamContinuationCheck) {
+  const Continued c = ContinueAfterLoss(*this, "mut-chunk");
+  EXPECT_NE(c.got, c.expected) << "a stream that lost a chunk passed as complete";
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ std::string TestConfig(int chat_slots, const std::string& extra) {
   std::ostringstream os;
   os << "max_queue = 64\n" << extra << "\n"
      << "[[service]]\nname = \"chat\"\nmodel = \"" << ModelPath("tiny-chat") << "\"\nmax_tokens = 4000\n"
-     << "[[service.placement]]\ndevice = \"cpu\"\nctx = 4096\nslots = " << chat_slots << "\nthreads = 1\n"
+     << "[[service.placement]]\ndevice = \"cpu\"\nctx = " << 4096 * chat_slots << "\nslots = " << chat_slots << "\nthreads = 1\n"
      << "[[service]]\nname = \"embed\"\nmodel = \"" << ModelPath("tiny-embed") << "\"\n"
      << "[[service.placement]]\ndevice = \"cpu\"\nctx = 512\nslots = 2\nthreads = 1\n";
   return os.str();

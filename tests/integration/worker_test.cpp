@@ -60,7 +60,7 @@ json WaitIdle(const WorkerProcess& w) {
 class WorkerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    chat_ = new WorkerProcess(ModelPath("tiny-chat"), {"--slots", "4", "--ctx", "2048", "--threads", "2"});
+    chat_ = new WorkerProcess(ModelPath("tiny-chat"), {"--slots", "4", "--ctx", "8192", "--threads", "2"});
     ASSERT_TRUE(chat_->running()) << chat_->Stderr();
   }
   static void TearDownTestSuite() {
@@ -91,7 +91,9 @@ TEST_F(WorkerTest, HealthAndInfoReportPlacementFingerprintAndMemory) {
   EXPECT_GT(context_bytes, 0u);      // its KV cache
   ASSERT_FALSE(info["memory"]["devices"].empty());
   EXPECT_GT(info["memory"]["devices"][0]["total"].get<size_t>(), 0u);
-  EXPECT_EQ(info["kv_cells"]["total"], 2048);
+  EXPECT_EQ(info["kv_cells"]["total"], 8192);
+  EXPECT_EQ(info["kv_cells"]["per_request"], 2048);  // a stream of its own per slot
+  EXPECT_EQ(info["kv_cells"]["unified"], false);
 }
 
 TEST_F(WorkerTest, GreedyOutputIsIdenticalAcrossRunsAndProcesses) {
@@ -131,7 +133,15 @@ TEST_F(WorkerTest, MaxTokensEndsGenerationExactly) {
 TEST_F(WorkerTest, StopStringEndsGenerationBeforeIt) {
   const std::string full = Text(Completion(*chat_, {{"max_tokens", 40}, {"ignore_eos", true}}));
   ASSERT_GE(full.size(), 12u) << full;
-  const std::string stop = full.substr(6, 3);
+  // Three bytes or more from byte 6 on, cut at UTF-8 character boundaries
+  // (the random model's text is multilingual).
+  auto boundary = [&](size_t i) {
+    while (i < full.size() && (static_cast<unsigned char>(full[i]) & 0xC0) == 0x80) ++i;
+    return i;
+  };
+  const size_t from = boundary(6), to = boundary(from + 3);
+  ASSERT_LT(to, full.size()) << full;
+  const std::string stop = full.substr(from, to - from);
   json c = Completion(*chat_, {{"max_tokens", 40}, {"ignore_eos", true}, {"stop", json::array({stop})}});
   EXPECT_EQ(c["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(Text(c), full.substr(0, full.find(stop)));
@@ -333,6 +343,44 @@ TEST_F(WorkerTest, ConcurrentRequestsAllCompleteOnSeveralSlots) {
   // Batched together, each still equals its own solo greedy run.
   EXPECT_EQ(texts[2], Text(Completion(*chat_, {{"prompt", "request number 2"}, {"max_tokens", 20}, {"ignore_eos", true}})));
   WaitIdle(*chat_);
+}
+
+// Batch invariance: a seeded request's 200 tokens are the same alone and
+// while three others decode beside it (started before and after it), which
+// failover replay, continuation and the proving suite's token equivalence
+// all rely on. Returns how many of `rounds` concurrent runs differed.
+int RunsThatDependOnTheirNeighbours(const WorkerProcess& w, int rounds) {
+  const json req = {{"prompt", "Tell me about the sea and the mountains in spring"}, {"max_tokens", 200},
+                    {"temperature", 0.8}, {"seed", 5}, {"ignore_eos", true}};
+  const std::string alone = Text(Completion(w, req));
+  int differed = 0;
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<std::future<json>> others;
+    for (int i = 0; i < 3; ++i) {
+      if (i == round % 3) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      others.push_back(std::async(std::launch::async, [&w, i, round] {
+        return Completion(w, {{"prompt", "neighbour " + std::to_string(i + round)}, {"max_tokens", 120 + 40 * i},
+                              {"temperature", 1.0}, {"seed", i}, {"ignore_eos", true}});
+      }));
+    }
+    differed += Text(Completion(w, req)) != alone;
+    for (auto& f : others) f.get();
+  }
+  return differed;
+}
+
+TEST_F(WorkerTest, ARequestsTokensDoNotDependOnWhatRunsBesideIt) {
+  EXPECT_EQ(RunsThatDependOnTheirNeighbours(*chat_, 3), 0);
+  WaitIdle(*chat_);
+}
+
+// The check above can fail: with one KV pool shared by the slots (cells of
+// concurrent requests interleaved) and flash attention, tokens do depend on
+// the neighbours.
+TEST(WorkerKvUnifiedTest, SharedKvPoolMakesTokensDependOnNeighbours) {
+  WorkerProcess w(ModelPath("tiny-chat"), {"--slots", "4", "--ctx", "2048", "--threads", "2", "--kv-unified"});
+  ASSERT_TRUE(w.running()) << w.Stderr();
+  EXPECT_GT(RunsThatDependOnTheirNeighbours(w, 3), 0);
 }
 
 TEST_F(WorkerTest, CancelFreesTheSlotWhileOthersContinue) {

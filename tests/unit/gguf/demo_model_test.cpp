@@ -56,7 +56,7 @@ TEST(DemoModelTest, FileCarriesArchitectureTokenizerAndTemplate) {
   EXPECT_GE(gguf_find_key(g, "tokenizer.chat_template"), 0);
   EXPECT_EQ(gguf_get_val_u32(g, gguf_find_key(g, "llama.block_count")), 2u);
   EXPECT_EQ(gguf_get_val_u32(g, gguf_find_key(g, "general.file_type")), 7u);  // MOSTLY_Q8_0
-  EXPECT_EQ(gguf_get_n_tensors(g), 2 + 2 * 9);
+  EXPECT_EQ(gguf_get_n_tensors(g), 3 + 2 * 9);  // token_embd, output_norm, untied output
   gguf_free(g);
   fs::remove(path);
 }

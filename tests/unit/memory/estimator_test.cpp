@@ -24,7 +24,8 @@ TEST(EstimatorTest, ShapeFromMetadata) {
   EXPECT_EQ(s.head_dim_k, 16u);
   EXPECT_EQ(s.n_vocab, 32000u);
   EXPECT_EQ(s.n_ff, 128u);
-  EXPECT_TRUE(s.tied_output);
+  EXPECT_FALSE(s.tied_output);  // the demo writer's output matrix is its own
+  EXPECT_EQ(s.output_bytes, 32000u * 64 * 2 + 64 * 4);  // and output_norm
   EXPECT_EQ(s.token_embd_bytes, 32000u * 64 * 2);
   EXPECT_EQ(s.layer_bytes[0], 74240u);  // the demo writer's layer, f16 matrices and f32 norms
 }
@@ -42,7 +43,7 @@ TEST(EstimatorTest, LlamaCppPlacementRule) {
   EXPECT_EQ(one.layers_on_accelerator, 0);
   EXPECT_TRUE(one.output_on_accelerator);
   EXPECT_EQ(one.accelerator.kv, 0u);
-  EXPECT_EQ(one.accelerator.weights, s.output_bytes + s.token_embd_bytes);  // the tied output's copy
+  EXPECT_EQ(one.accelerator.weights, s.output_bytes);  // untied: the output matrix alone
   p.gpu_layers = 2;
   EXPECT_EQ(EstimatePlacement(s, p).layers_on_accelerator, 1);
   p.gpu_layers = -1;

@@ -105,3 +105,31 @@ TEST(CellPoolTest, NoLeaksAfterTenThousandRandomLifecycles) {
 
 }  // namespace
 }  // namespace spillway::memory
+
+namespace spillway::memory {
+namespace {
+
+TEST(CellPoolTest, PerSlotStreamsGiveEachRequestAWholeSlot) {
+  CellPool pool(4096, 4);  // 1024 cells per slot
+  EXPECT_EQ(pool.request_capacity(), 1024u);
+  EXPECT_FALSE(pool.Reserve("too-long", 1025));  // never fits one slot, however empty the pool
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(pool.Reserve("r" + std::to_string(i), 10));
+  EXPECT_EQ(pool.reserved(), 4096u);  // each took its slot's whole stream
+  EXPECT_EQ(pool.free_for_request(), 0u);
+  EXPECT_FALSE(pool.Reserve("r4", 10));
+  pool.Release("r2");
+  EXPECT_EQ(pool.free_for_request(), 1024u);
+  EXPECT_TRUE(pool.Reserve("r4", 1024));
+}
+
+TEST(CellPoolTest, UnifiedPoolReservesWhatEachRequestNeeds) {
+  CellPool pool(4096);
+  EXPECT_EQ(pool.request_capacity(), 4096u);
+  EXPECT_TRUE(pool.Reserve("a", 3000));
+  EXPECT_EQ(pool.free_for_request(), 1096u);
+  EXPECT_FALSE(pool.Reserve("b", 1100));
+  EXPECT_TRUE(pool.Reserve("b", 1096));
+}
+
+}  // namespace
+}  // namespace spillway::memory
