@@ -5,6 +5,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +17,7 @@
 #include "api/http_client.h"
 #include "api/http_server.h"
 #include "common/clock.h"
+#include "common/private_files.h"
 #include "config/config.h"
 #include "gateway/gateway.h"
 #include "gateway/readiness.h"
@@ -43,7 +46,25 @@ std::string DefaultStateDir() {
   return "/tmp/spillway-state";
 }
 
+// Comma-separated keys from an environment variable (spaces ignored).
+void AddKeysFromEnv(const char* name, std::vector<std::string>* out) {
+  const char* keys = std::getenv(name);
+  if (!keys || !*keys) return;
+  std::string k;
+  for (const char* p = keys;; ++p) {
+    if (*p == ',' || *p == 0) {
+      if (!k.empty()) out->push_back(k);
+      k.clear();
+      if (*p == 0) break;
+    } else if (*p != ' ') {
+      k += *p;
+    }
+  }
+}
+
 int Serve(const ServeArgs& a) {
+  // Everything the gateway writes (journal, logs, port files) is its user's only.
+  ::umask(077);
   StatusOr<config::GatewayConfig> loaded =
       a.config_path.empty() ? StatusOr<config::GatewayConfig>(config::DemoConfig(ExeDir() + "/../models"))
                             : config::LoadConfigFile(a.config_path);
@@ -58,19 +79,14 @@ int Serve(const ServeArgs& a) {
   }
   if (!a.state_dir.empty()) cfg.state_dir = a.state_dir;
   if (cfg.state_dir.empty()) cfg.state_dir = DefaultStateDir();
-  if (const char* keys = std::getenv("SPILLWAY_API_KEYS"); keys && *keys) {
-    std::string k;
-    for (const char* p = keys;; ++p) {
-      if (*p == ',' || *p == 0) {
-        if (!k.empty()) cfg.api_keys.push_back(k);
-        k.clear();
-        if (*p == 0) break;
-      } else if (*p != ' ') {
-        k += *p;
-      }
-    }
-  }
+  AddKeysFromEnv("SPILLWAY_API_KEYS", &cfg.api_keys);
+  AddKeysFromEnv("SPILLWAY_OPERATOR_KEYS", &cfg.operator_keys);
   if (Status st = config::Validate(cfg); !st.ok()) {
+    std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());
+    return 2;
+  }
+
+  if (Status st = EnsurePrivateDir(cfg.state_dir); !st.ok()) {
     std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());
     return 2;
   }
@@ -111,7 +127,9 @@ int Serve(const ServeArgs& a) {
                                        "--slots", std::to_string(p.slots), "--threads", std::to_string(p.threads),
                                        "--batch", std::to_string(p.batch), "--default-max-tokens",
                                        std::to_string(s.default_max_tokens), "--progress-timeout",
-                                       std::to_string(p.progress_timeout_s)};
+                                       std::to_string(p.progress_timeout_s), "--json-max-depth",
+                                       std::to_string(cfg.json_max_depth), "--max-body",
+                                       std::to_string(cfg.max_body_bytes + (64 << 10))};
       if (!p.mmap) args.push_back("--no-mmap");
       // The CPU fallback's readiness policy (gateway/readiness.h).
       const gateway::Readiness r = gateway::ResolveReadiness(s, i);
@@ -127,9 +145,10 @@ int Serve(const ServeArgs& a) {
     auto a = gateway::AdmitPlacement(cfg, key);
     return a.admitted ? Status::Ok() : Status::ResourceExhausted(a.reason);
   });
-  supervisor.SetOnReady([&cfg](const std::string& key, uint16_t port) {
+  supervisor.SetOnReady([&cfg, &supervisor](const std::string& key, uint16_t port) {
     // Calibrate: what llama.cpp really allocated on the placement's device.
-    auto info = http::Fetch("127.0.0.1", port, "GET", "/v1/worker/info", "", {}, std::chrono::seconds(2));
+    auto info = http::Fetch("127.0.0.1", port, "GET", "/v1/worker/info", "", supervisor.AuthHeaders(),
+                            std::chrono::seconds(2));
     if (!info.ok() || info->status != 200) return;
     auto j = nlohmann::json::parse(info->body, nullptr, false);
     if (j.is_discarded()) return;
@@ -146,6 +165,12 @@ int Serve(const ServeArgs& a) {
   boost::asio::io_context ioc;
   http::ServerOptions so;
   so.max_body_bytes = cfg.max_body_bytes;
+  so.max_body_memory_bytes = cfg.max_body_memory_bytes;
+  // File descriptors left for the journal, the workers' connections (pooled
+  // and streaming, one per dispatcher thread) and health checks.
+  size_t workers = 0;
+  for (const auto& s : cfg.services) workers += s.placements.size();
+  so.max_connections = http::ConnectionCap(static_cast<size_t>(cfg.max_connections), 192 + 40 * workers);
   http::Server server(ioc, so, [&gw](http::Request req, std::shared_ptr<http::Exchange> ex) {
     gw.Handle(std::move(req), std::move(ex));
   });
@@ -155,8 +180,11 @@ int Serve(const ServeArgs& a) {
     return 1;
   }
   if (!a.port_file.empty()) {
-    { std::ofstream(a.port_file + ".tmp") << server.port() << "\n"; }
-    fs::rename(a.port_file + ".tmp", a.port_file);
+    if (Status st = WritePrivateFileAtomically(a.port_file, std::to_string(server.port()) + "\n"); !st.ok()) {
+      std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());
+      supervisor.Stop();
+      return 1;
+    }
   }
   std::printf("spillway serving on http://%s:%u (%zu services, state in %s, journal synchronous=%s, %zu recovered)\n",
               cfg.listen_host.c_str(), server.port(), cfg.services.size(), cfg.state_dir.c_str(),
@@ -184,8 +212,8 @@ int Serve(const ServeArgs& a) {
     ioc.stop();
   });
   std::signal(SIGPIPE, SIG_IGN);
-  std::thread second([&] { ioc.run(); });
-  ioc.run();
+  std::thread second([&] { http::RunLogged(ioc, "spillway"); });
+  http::RunLogged(ioc, "spillway");
   second.join();
   supervisor.Stop();
   return 0;

@@ -18,6 +18,7 @@
 
 #include "api/http_client.h"
 #include "common/clock.h"
+#include "gateway_calls.h"
 #include "gateway_process.h"
 #include "journal/journal.h"
 #include "worker_process.h"
@@ -26,36 +27,6 @@ namespace spillway::testing {
 namespace {
 
 using nlohmann::json;
-
-json Body(const http::ClientResponse& r) { return json::parse(r.body, nullptr, false); }
-
-http::ClientResponse Call(uint16_t port, const std::string& method, const std::string& path, const std::string& body = "",
-                          const http::HeaderList& headers = {}) {
-  auto r = http::Fetch("127.0.0.1", port, method, path, body, headers, std::chrono::seconds(120));
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  return r.ok() ? *r : http::ClientResponse{};
-}
-
-std::string Chat(int max_tokens, bool stream = false, const std::string& prompt = "Hello") {
-  return json{{"model", "chat"},
-              {"messages", json::array({{{"role", "user"}, {"content", prompt}}})},
-              {"max_tokens", max_tokens},
-              {"temperature", 0},
-              {"ignore_eos", true},
-              {"stream", stream}}
-      .dump();
-}
-
-json WaitTerminal(uint16_t port, const std::string& id, int seconds = 60) {
-  json j;
-  for (int i = 0; i < seconds * 50; ++i) {
-    j = Body(Call(port, "GET", "/v1/requests/" + id));
-    const std::string st = j.value("state", "");
-    if (st != "queued" && st != "running") return j;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return j;
-}
 
 // The worker of a service, from /v1/status.
 json WorkerStatus(uint16_t port, const std::string& service) {
@@ -68,7 +39,7 @@ json WorkerStatus(uint16_t port, const std::string& service) {
 
 uint64_t WorkerReceived(uint16_t gateway_port, const std::string& service) {
   const json w = WorkerStatus(gateway_port, service);
-  auto info = http::Fetch("127.0.0.1", w["port"].get<uint16_t>(), "GET", "/v1/worker/info");
+  auto info = http::Fetch("127.0.0.1", w["port"].get<uint16_t>(), "GET", "/v1/worker/info", "", WorkerAuth());
   return json::parse(info->body)["requests"]["received"].get<uint64_t>();
 }
 
