@@ -391,7 +391,7 @@ Status Validate(const GatewayConfig& c) {
     }
   }
   const bool loopback = c.listen_host == "127.0.0.1" || c.listen_host == "::1" || c.listen_host.rfind("127.", 0) == 0;
-  if (!loopback && c.api_keys.empty() && !c.allow_unauthenticated_remote) {
+  if (!loopback && c.api_keys.empty() && c.operator_keys.empty() && !c.allow_unauthenticated_remote) {
     return Status::InvalidArgument(c.source + ": listening on " + c.listen_host +
                                    " (beyond loopback) needs api_keys (or $SPILLWAY_API_KEYS); set "
                                    "allow_unauthenticated_remote = true to override");

@@ -48,15 +48,31 @@ if [ ! -x "$probe" ]; then
   fi
 fi
 
+# Build what is missing or older than its sources (or any header under src/),
+# two at a time.
+build_one() {
+  local name=$1 bin="$OUT/$1"
+  local srcs=(${SOURCES[$name]})
+  if [ -x "$bin" ] && [ -z "$(cd "$ROOT" && { find "${srcs[@]}" -newer "$bin"; find src -name '*.h' -newer "$bin"; } | head -1)" ]; then
+    return 0
+  fi
+  echo "[fuzz] building $name"
+  (cd "$ROOT" && nice -n 10 $CXX -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+    ${FLAGS[$name]:-} -Isrc "${srcs[@]}" -lcrypto -lpthread -o "$bin.new" 2>"$OUT/$name.build.log") && mv "$bin.new" "$bin" ||
+    { echo "[fuzz] $name does not build:"; cat "$OUT/$name.build.log"; return 1; }
+}
 status=0
+running=0
+for name in "${NAMES[@]}"; do
+  build_one "$name" &
+  running=$((running + 1))
+  if [ $running -ge 2 ]; then wait -n || status=1; running=$((running - 1)); fi
+done
+while [ $running -gt 0 ]; do wait -n || status=1; running=$((running - 1)); done
+[ $status -eq 0 ] || exit 1
+
 for name in "${NAMES[@]}"; do
   bin="$OUT/$name"
-  srcs=(${SOURCES[$name]})
-  if [ ! -x "$bin" ] || [ -n "$(cd "$ROOT" && find src tests/fuzz -newer "$bin" \( -name '*.cpp' -o -name '*.h' \) -print -quit)" ]; then
-    echo "[fuzz] building $name"
-    (cd "$ROOT" && nice -n 10 $CXX -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-      ${FLAGS[$name]:-} -Isrc "${srcs[@]}" -lcrypto -lpthread -o "$bin.new") && mv "$bin.new" "$bin"
-  fi
   corpus="$OUT/corpus/$name"
   mkdir -p "$corpus"
   echo "[fuzz] $name: ${SECONDS_EACH}s"
