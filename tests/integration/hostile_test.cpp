@@ -23,6 +23,7 @@
 #include "api/http_client.h"
 #include "gateway_calls.h"
 #include "gateway_process.h"
+#include "journal_check.h"
 #include "worker_process.h"
 
 namespace spillway::testing {
@@ -49,6 +50,18 @@ std::string ReadText(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// Nothing acknowledged is lost: once what a test started has settled, every
+// request the journal accepted is in exactly one terminal state.
+void ExpectJournalSettles(const std::string& state_dir) {
+  JournalCheck j;
+  for (int i = 0; i < 500; ++i) {
+    j = CheckJournal(state_dir);
+    if (j.problems.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(j.problems.empty()) << ::testing::PrintToString(j.problems);
 }
 
 // Resident memory of a process, in MiB.
@@ -79,6 +92,7 @@ class HostileTest : public ::testing::Test {
     delete gw_;
     gw_ = nullptr;
   }
+  void TearDown() override { ExpectJournalSettles(gw_->state_dir()); }
   static json Worker(const std::string& service) {
     json s = Body(Call(gw_->port(), "GET", "/v1/status", "", kOp));
     for (const auto& svc : s["services"]) {
@@ -340,6 +354,7 @@ TEST(HostileFdTest, RunningOutOfFileDescriptorsDoesNotKillTheGateway) {
   EXPECT_EQ(status, 200) << gw.Output();
   const json s = Body(Call(gw.port(), "GET", "/v1/status"));
   EXPECT_EQ(s["services"][0]["placements"][0].value("restarts", 0), 0) << s.dump();
+  ExpectJournalSettles(gw.state_dir());
 }
 
 }  // namespace
