@@ -5,7 +5,7 @@ BUILD ?= build
 LISTEN ?= 127.0.0.1:8480
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build test run bench chaos clean
+.PHONY: all deps build test run bench chaos fuzz clean
 
 all: build
 
@@ -30,6 +30,11 @@ bench: build
 CHAOS_SEED ?= 1
 chaos: build
 	$(BUILD)/bin/spillway chaos --seed $(CHAOS_SEED) --duration 60 --faults 1100 --report chaos-report
+
+# The fuzz targets for longer than make test's 25 s each (clang + libFuzzer).
+FUZZ_SECONDS ?= 300
+fuzz: build
+	tests/fuzz/run.sh $(BUILD) $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(BUILD)

@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "api/http_client.h"
+#include "worker_secret.h"
 #include "devices/sim_ledger.h"
 
 extern char** environ;
@@ -118,7 +119,8 @@ const std::string kBody = json{{"model", "chat"}, {"prompt", "fail over"}, {"max
 // Time to the first token through the gateway while the GPU attempt fails.
 double FailedOverTtft(const Gateway& g) {
   const uint16_t gpu_port = g.Placement(0)["port"].get<uint16_t>();
-  (void)spillway::http::Fetch("127.0.0.1", gpu_port, "POST", "/v1/worker/faults", json{{"faults", {"compute-error"}}}.dump());
+  (void)spillway::http::Fetch("127.0.0.1", gpu_port, "POST", "/v1/worker/faults", json{{"faults", {"compute-error"}}}.dump(),
+                              spillway::bench::WorkerAuth());
   return Ttft(g.port, kBody);
 }
 
@@ -127,6 +129,7 @@ double FailedOverTtft(const Gateway& g) {
 int main(int argc, char** argv) {
   const std::string bin = argc > 1 ? argv[1] : "build/bin";
   const std::string model = argc > 2 ? argv[2] : "build/models/tiny-chat.gguf";
+  spillway::bench::WorkerSecret();  // the gateway's workers take it; the fault calls send it
   const std::string dir = fs::temp_directory_path() / ("spillway-bench-fo-" + std::to_string(getpid()));
   fs::create_directories(dir);
   setenv("SPILLWAY_SIM_DIR", dir.c_str(), 1);
@@ -202,9 +205,11 @@ int main(int argc, char** argv) {
     }
     const pid_t pid = g["pid"].get<pid_t>();
     const uint16_t gpu_port = g["port"].get<uint16_t>();
-    (void)spillway::http::Fetch("127.0.0.1", gpu_port, "POST", "/v1/worker/faults", json{{"faults", {"hang=60"}}}.dump());
+    (void)spillway::http::Fetch("127.0.0.1", gpu_port, "POST", "/v1/worker/faults", json{{"faults", {"hang=60"}}}.dump(),
+                                spillway::bench::WorkerAuth());
     std::thread req([&] { (void)spillway::http::Fetch("127.0.0.1", gpu_port, "POST", "/v1/completions",
-                                                       json{{"prompt", "x"}, {"max_tokens", 2}}.dump()); });
+                                                       json{{"prompt", "x"}, {"max_tokens", 2}}.dump(),
+                                                       spillway::bench::WorkerAuth()); });
     const auto t0 = Clock::now();
     while (Ms(t0, Clock::now()) < 10000) {
       json s = placement(0);

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "api/http_client.h"
+#include "worker_secret.h"
 #include "common/clock.h"
 #include "journal/journal.h"
 
@@ -89,13 +90,13 @@ void Measure(const std::string& label, uint16_t gw_port, uint16_t worker_port, i
   const std::string direct_body = json{{"prompt", "x"}, {"max_tokens", 1}, {"temperature", 0}}.dump();
   const std::string gw_body = json{{"model", "chat"}, {"prompt", "x"}, {"max_tokens", 1}, {"temperature", 0}}.dump();
   for (int i = 0; i < 20; ++i) {
-    (void)direct.Send("POST", "/v1/completions", direct_body);
+    (void)direct.Send("POST", "/v1/completions", direct_body, spillway::bench::WorkerAuth());
     (void)gw.Send("POST", "/v1/completions", gw_body);
   }
   std::vector<double> d, g, diff;
   for (int i = 0; i < n; ++i) {  // interleaved, so drift hits both alike
     auto t0 = Clock::now();
-    auto a = direct.Send("POST", "/v1/completions", direct_body);
+    auto a = direct.Send("POST", "/v1/completions", direct_body, spillway::bench::WorkerAuth());
     auto t1 = Clock::now();
     auto b = gw.Send("POST", "/v1/completions", gw_body);
     auto t2 = Clock::now();
@@ -108,7 +109,7 @@ void Measure(const std::string& label, uint16_t gw_port, uint16_t worker_port, i
     auto t0 = Clock::now();
     double first = -1;
     (void)spillway::http::StreamFetch(
-        "127.0.0.1", port, "POST", "/v1/completions", body, {}, [](const auto&) { return true; },
+        "127.0.0.1", port, "POST", "/v1/completions", body, spillway::bench::WorkerAuth(), [](const auto&) { return true; },
         [&](std::string_view) {
           if (first < 0) first = Us(t0, Clock::now());
           return true;
@@ -168,6 +169,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", model)->capture_default_str();
   app.add_option("-n", n, "requests per side")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  spillway::bench::WorkerSecret();  // the gateway's workers take it; the direct calls send it
   std::printf("non-streaming 1-token completion, loopback, keep-alive, interleaved; times in microseconds\n");
   std::printf("%-22s %9s %9s %9s %8s | %9s %9s %9s | %9s %9s %9s\n", "journal", "p50 dir", "p50 gw", "added", "ratio",
               "p99 dir", "p99 gw", "added", "ttft dir", "ttft gw", "added");

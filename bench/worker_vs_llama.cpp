@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "api/http_client.h"
+#include "worker_secret.h"
 
 extern char** environ;
 using nlohmann::json;
@@ -92,6 +93,7 @@ int main(int argc, char** argv) {
   for (auto& a : args) argvv.push_back(a.data());
   argvv.push_back(nullptr);
   pid_t pid;
+  spillway::bench::WorkerSecret();  // the worker takes it from the environment
   if (posix_spawn(&pid, worker.c_str(), nullptr, nullptr, argvv.data(), environ) != 0) return 1;
   uint16_t port = 0;
   for (int i = 0; i < 3000 && !port; ++i) {
@@ -114,7 +116,7 @@ int main(int argc, char** argv) {
   };
   auto call = [&](const json& body, double* wall_ms) -> json {
     const auto t0 = std::chrono::steady_clock::now();
-    auto r = conn.Send("POST", "/v1/completions", body.dump());
+    auto r = conn.Send("POST", "/v1/completions", body.dump(), spillway::bench::WorkerAuth());
     *wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!r.ok() || r->status != 200) return json();
     return json::parse(r->body);

@@ -29,6 +29,9 @@ ls "$BUILD/bin"/libggml-cuda*.so >/dev/null 2>&1 && ok "CUDA backend module pres
 
 W="$BUILD/bin/spillway-worker"
 M="$BUILD/models/demo-chat.gguf"
+# Workers refuse requests without their secret (README: Security).
+export SPILLWAY_WORKER_SECRET="device-check-$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
+AUTH="Authorization: Bearer $SPILLWAY_WORKER_SECRET"
 start() {  # start NAME ARGS... -> port in $OUT/NAME.port
   local name=$1; shift
   rm -f "$OUT/$name.port"
@@ -39,7 +42,7 @@ start() {  # start NAME ARGS... -> port in $OUT/NAME.port
   return 1
 }
 port() { cat "$OUT/$1.port"; }
-complete() { curl -s "http://127.0.0.1:$(port "$1")/v1/completions" \
+complete() { curl -s -H "$AUTH" "http://127.0.0.1:$(port "$1")/v1/completions" \
   -d '{"prompt":"The GPU check","max_tokens":32,"temperature":0,"ignore_eos":true}'; }
 text() { sed -n 's/.*"text":"\([^"]*\)".*/\1/p'; }
 
@@ -50,7 +53,7 @@ want=$(complete cpu | text)
 [ -n "$want" ] || bad "CPU worker produced nothing"
 [ "$(complete gpu | text)" = "$want" ] && ok "greedy cuda:0 == cpu" || bad "greedy cuda:0 differs from cpu (GPU kernels may round differently)"
 [ "$(complete part | text)" = "$want" ] && ok "greedy partial offload == cpu" || bad "greedy partial offload differs from cpu"
-info=$(curl -s "http://127.0.0.1:$(port gpu)/v1/worker/info")
+info=$(curl -s -H "$AUTH" "http://127.0.0.1:$(port gpu)/v1/worker/info")
 echo "$info" >"$OUT/gpu-info.json"
 echo "$info" | grep -q '"name":"CUDA0"' && ok "memory breakdown names CUDA0" || bad "no CUDA0 buffer in /v1/worker/info"
 grep -q "CUDA" "$OUT/cpu.err" && bad "CPU worker loaded a CUDA backend" || ok "CPU worker never loaded CUDA"

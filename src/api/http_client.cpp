@@ -19,7 +19,9 @@ using tcp = net::ip::tcp;
 struct Connection::Impl {
   std::string host;
   uint16_t port;
-  net::io_context ioc;
+  // Made on first use: creating one takes file descriptors, and may fail
+  // (a status here, never an exception out of a caller's thread).
+  std::optional<net::io_context> ioc;
   std::optional<beast::tcp_stream> stream;
   beast::flat_buffer buffer;
 
@@ -27,7 +29,12 @@ struct Connection::Impl {
     beast::error_code ec;
     auto addr = net::ip::make_address(host, ec);
     if (ec) return Status::InvalidArgument("not a numeric address: " + host);
-    stream.emplace(ioc);
+    try {
+      if (!ioc) ioc.emplace();
+    } catch (const std::exception& e) {
+      return Status::Unavailable("connect to " + host + ":" + std::to_string(port) + ": " + e.what());
+    }
+    stream.emplace(*ioc);
     stream->expires_after(timeout);
     stream->connect(tcp::endpoint(addr, port), ec);
     if (ec) {
@@ -44,8 +51,8 @@ struct Connection::Impl {
   beast::error_code RunOp(Op&& op) {
     beast::error_code result = net::error::would_block;
     op([&](beast::error_code ec, std::size_t) { result = ec; });
-    ioc.restart();
-    ioc.run();
+    ioc->restart();
+    ioc->run();
     return result;
   }
 
@@ -122,7 +129,13 @@ Status StreamFetch(const std::string& host, uint16_t port, const std::string& me
                    const std::string& body, const HeaderList& headers,
                    const std::function<bool(const StreamHead&)>& on_head,
                    const std::function<bool(std::string_view)>& on_data, std::chrono::milliseconds idle_timeout) {
-  net::io_context ioc;
+  std::optional<net::io_context> ioc_holder;
+  try {
+    ioc_holder.emplace();  // takes file descriptors: may fail when they run out
+  } catch (const std::exception& e) {
+    return Status::Unavailable("connect to " + host + ":" + std::to_string(port) + ": " + e.what());
+  }
+  net::io_context& ioc = *ioc_holder;
   beast::error_code ec;
   auto addr = net::ip::make_address(host, ec);
   if (ec) return Status::InvalidArgument("not a numeric address: " + host);

@@ -6,10 +6,18 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 
+#include <boost/asio/steady_timer.hpp>
+
+#include <sys/resource.h>
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <mutex>
 
 namespace spillway::http {
@@ -35,9 +43,69 @@ bool IsLoopbackAddress(const std::string& host) {
   return !ec && addr.is_loopback();
 }
 
+Status CheckRequestHead(const Request& req) {
+  // The Host allow-lists (gateway, workers) rely on it being there.
+  if (req.version() >= 11 && req.find(bhttp::field::host) == req.end()) {
+    return Status::InvalidArgument("HTTP/1.1 requests need a Host header");
+  }
+  return Status::Ok();
+}
+
+std::string HostOnly(std::string_view host) {
+  if (!host.empty() && host.front() == '[') {
+    auto end = host.find(']');
+    return std::string(host.substr(0, end == std::string_view::npos ? host.size() : end + 1));
+  }
+  return std::string(host.substr(0, host.find(':')));
+}
+
+size_t ConnectionCap(size_t wanted, size_t reserve) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return wanted;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max == RLIM_INFINITY ? std::max<rlim_t>(rl.rlim_cur, 1 << 16) : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
+  if (rl.rlim_cur == RLIM_INFINITY) return wanted;
+  const size_t soft = static_cast<size_t>(rl.rlim_cur);
+  const size_t room = soft > reserve + 8 ? soft - reserve : 8;
+  return std::min(wanted, room);
+}
+
+void RunLogged(net::io_context& ioc, const char* who) {
+  while (true) {
+    try {
+      ioc.run();
+      return;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s: I/O thread caught: %s\n", who, e.what());
+    } catch (...) {
+      std::fprintf(stderr, "%s: I/O thread caught an unknown exception\n", who);
+    }
+  }
+}
+
 namespace {
 
 class Session;
+
+// What all connections of one server share: how many are open, how many
+// body bytes they hold.
+struct Shared {
+  explicit Shared(const ServerOptions& o) : opts(o) {}
+  bool TakeBody(size_t n) {
+    size_t cur = body_bytes.load();
+    do {
+      if (cur + n > opts.max_body_memory_bytes && cur > 0) return false;
+    } while (!body_bytes.compare_exchange_weak(cur, cur + n));
+    return true;
+  }
+  void GiveBody(size_t n) { body_bytes.fetch_sub(n); }
+  const ServerOptions opts;
+  std::atomic<size_t> connections{0};
+  std::atomic<size_t> body_bytes{0};
+};
 
 class ExchangeImpl final : public Exchange {
  public:
@@ -59,8 +127,18 @@ class ExchangeImpl final : public Exchange {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket&& socket, const ServerOptions& opts, const Handler& handler)
-      : stream_(std::move(socket)), opts_(opts), handler_(handler) {}
+  Session(tcp::socket&& socket, std::shared_ptr<Shared> shared, const Handler& handler)
+      : stream_(std::move(socket)),
+        probe_timer_(stream_.get_executor()),
+        shared_(std::move(shared)),
+        opts_(shared_->opts),
+        handler_(handler) {
+    shared_->connections.fetch_add(1);
+  }
+  ~Session() {
+    ReleaseBody();
+    shared_->connections.fetch_sub(1);
+  }
 
   void Start() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->DoRead(); });
@@ -76,6 +154,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void Enqueue(Item item) {
     if (closed_ || exchange_done_) return;
     if (item.last) exchange_done_ = true;
+    answer_started_ = true;
     queue_.push_back(std::move(item));
     if (!writing_) DoWrite();
   }
@@ -100,18 +179,43 @@ class Session : public std::enable_shared_from_this<Session> {
   std::weak_ptr<ExchangeImpl> current_;
 
  private:
+  // Reads the header first: the body's bytes are reserved against the
+  // server's body budget before any of them is read.
   void DoRead() {
     parser_.emplace();
     parser_->body_limit(opts_.max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(opts_.max_header_bytes));
     stream_.expires_after(first_request_ ? opts_.read_timeout : opts_.idle_timeout);
     first_request_ = false;
+    bhttp::async_read_header(stream_, buffer_, *parser_,
+                             [self = shared_from_this()](beast::error_code ec, std::size_t) { self->OnHeader(ec); });
+  }
+
+  void OnHeader(beast::error_code ec) {
+    if (ec) return OnRead(ec);
+    stream_.expires_after(opts_.read_timeout);
+    const auto length = parser_->content_length();
+    const size_t need = length ? static_cast<size_t>(*length) : parser_->chunked() ? opts_.max_body_bytes : 0;
+    if (need > opts_.max_body_bytes) return RejectAndClose(413, "request body too large", "body_too_large");
+    if (need > 0) {
+      if (!shared_->TakeBody(need)) {
+        return RejectAndClose(503, "the server holds too many request bodies at once; retry shortly", "server_busy", 1);
+      }
+      reserved_ = need;
+    }
+    if (parser_->is_done()) return OnRead({});
     bhttp::async_read(stream_, buffer_, *parser_,
                       [self = shared_from_this()](beast::error_code ec, std::size_t) { self->OnRead(ec); });
   }
 
+  void ReleaseBody() {
+    if (reserved_ == 0) return;
+    shared_->GiveBody(reserved_);
+    reserved_ = 0;
+  }
+
   void OnRead(beast::error_code ec) {
-    if (ec == bhttp::error::body_limit) return RejectAndClose(413, "request body too large");
+    if (ec == bhttp::error::body_limit) return RejectAndClose(413, "request body too large", "body_too_large");
     if (ec == bhttp::error::header_limit) return RejectAndClose(431, "request header too large");
     if (ec) {
       // EOF between requests, timeouts and resets end the connection quietly;
@@ -123,6 +227,8 @@ class Session : public std::enable_shared_from_this<Session> {
       return Close();
     }
     stream_.expires_never();
+    answer_started_ = false;
+    if (Status st = CheckRequestHead(parser_->get()); !st.ok()) return RejectAndClose(400, st.message());
     Request req = parser_->release();
     version_ = req.version();
     keep_alive_ = req.keep_alive();
@@ -133,14 +239,25 @@ class Session : public std::enable_shared_from_this<Session> {
     auto ex = std::make_shared<ExchangeImpl>(shared_from_this());
     current_ = ex;
     WatchPeer();
-    handler_(std::move(req), std::move(ex));
+    try {
+      handler_(std::move(req), std::move(ex));
+    } catch (const std::exception& e) {
+      // Surprising but survivable: the exchange (if dropped) answers 500.
+      std::fprintf(stderr, "spillway: request handler threw: %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "spillway: request handler threw\n");
+    }
   }
 
-  // While a request is being handled, keep a read outstanding: end-of-file or
-  // an error means the peer closed the connection. Bytes that do arrive (a
-  // pipelined request) are kept for the next parse. (A readiness wait plus
+  // While a request is being handled, keep a read outstanding: an error (a
+  // reset) means the peer is gone. End-of-file means it half-closed: it
+  // still waits for its answer, so the request goes on and the connection
+  // closes after it. Bytes that do arrive (a pipelined request) are kept for
+  // the next parse, but only up to the header limit: past it the peer is
+  // no longer read until its answer is out. (A readiness wait plus
   // available() == 0 is not enough: readiness can be reported spuriously.)
   void WatchPeer() {
+    if (buffer_.size() >= opts_.max_header_bytes || read_closed_) return;
     const uint64_t gen = exchange_gen_;
     peek_outstanding_ = true;
     stream_.socket().async_read_some(
@@ -152,10 +269,43 @@ class Session : public std::enable_shared_from_this<Session> {
             std::memcpy(dst.data(), self->peek_.data(), n);
             self->buffer_.commit(n);
           }
+          if (ec == net::error::eof) {
+            self->read_closed_ = true;
+            self->keep_alive_ = false;
+          }
           if (gen != self->exchange_gen_) return self->AfterExchange();  // the answer went out meanwhile
+          if (ec == net::error::eof) return self->ProbePeer();
           if (ec == net::error::operation_aborted) return;
           if (ec) return self->PeerGone();
           if (!self->exchange_done_) self->WatchPeer();
+        }));
+  }
+
+  // End of file while the request runs: the peer half-closed (it still reads)
+  // or closed for good (it reads nothing more). TCP tells them apart only
+  // when bytes reach a closed socket, which answers with a reset. So an
+  // HTTP/1.1 peer whose answer has not started gets an interim "100
+  // Continue" (clients must accept unexpected 1xx responses, RFC 9110 15.2):
+  // a reset then makes the socket report an error, and the peer is gone. A
+  // started answer finds out by its own writes; HTTP/1.0 may not get a 1xx.
+  void ProbePeer() {
+    if (version_ < 11 || answer_started_ || exchange_done_) return;
+    queue_.push_back({nullptr, "HTTP/1.1 100 Continue\r\n\r\n", false});
+    if (!writing_) DoWrite();
+    CheckGoneAfter(std::chrono::milliseconds(200));
+  }
+
+  void CheckGoneAfter(std::chrono::milliseconds delay) {
+    probe_timer_.expires_after(delay);
+    probe_timer_.async_wait(net::bind_executor(
+        stream_.get_executor(), [self = shared_from_this(), gen = exchange_gen_](beast::error_code ec) {
+          if (ec || gen != self->exchange_gen_ || self->exchange_done_ || self->peer_gone_ || self->closed_) return;
+          int err = 0;
+          socklen_t len = sizeof err;
+          if (::getsockopt(self->stream_.socket().native_handle(), SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err != 0) {
+            return self->PeerGone();
+          }
+          self->CheckGoneAfter(std::chrono::seconds(1));
         }));
   }
 
@@ -206,6 +356,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (last) {
       writing_ = false;
       queue_.clear();
+      ReleaseBody();
       ++exchange_gen_;  // retires the peer watch
       next_pending_ = true;
       if (peek_outstanding_) {
@@ -238,12 +389,14 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  void RejectAndClose(unsigned status, const std::string& msg) {
+  void RejectAndClose(unsigned status, const std::string& msg, const char* code = "bad_request", int retry_after = 0) {
     keep_alive_ = false;
     exchange_done_ = false;
-    std::string body = R"({"error":{"message":")" + msg + R"(","type":"invalid_request_error","code":")" +
-                       (status == 413 ? "body_too_large" : "bad_request") + R"("}})";
+    std::string body = R"({"error":{"message":")" + msg + R"(","type":")" +
+                       (status >= 500 ? "server_overloaded" : "invalid_request_error") + R"(","code":")" + code +
+                       R"("}})";
     auto res = MakeResponse(status, std::move(body), "application/json");
+    if (retry_after > 0) res.set(bhttp::field::retry_after, std::to_string(retry_after));
     res.keep_alive(false);
     Enqueue({std::make_shared<Response>(std::move(res)), {}, true});
   }
@@ -251,14 +404,18 @@ class Session : public std::enable_shared_from_this<Session> {
   void Close() {
     if (closed_) return;
     closed_ = true;
+    probe_timer_.cancel();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.socket().close(ec);
   }
 
   beast::tcp_stream stream_;
-  const ServerOptions opts_;
+  net::steady_timer probe_timer_;  // checks a half-closed peer for a reset
+  const std::shared_ptr<Shared> shared_;
+  const ServerOptions& opts_;
   const Handler handler_;
+  size_t reserved_ = 0;  // body bytes held against the shared budget
   beast::flat_buffer buffer_;
   std::array<char, 16384> discard_;
   std::array<char, 4096> peek_;
@@ -275,6 +432,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool closed_ = false;
   bool peek_outstanding_ = false;
   bool next_pending_ = false;
+  bool read_closed_ = false;  // the peer half-closed (EOF while its request ran)
+  bool answer_started_ = false;  // bytes of this exchange's answer were queued
 };
 
 std::string ChunkFrame(const std::string& data) {
@@ -335,22 +494,51 @@ void ExchangeImpl::OnDisconnect(std::function<void()> cb) {
 
 struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   Impl(net::io_context& ioc, ServerOptions o, Handler h)
-      : ioc(ioc), acceptor(net::make_strand(ioc)), opts(std::move(o)), handler(std::move(h)) {}
+      : ioc(ioc), acceptor(net::make_strand(ioc)), retry(acceptor.get_executor()),
+        shared(std::make_shared<Shared>(o)), handler(std::move(h)) {}
 
   void DoAccept() {
     acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](beast::error_code ec, tcp::socket s) {
       if (ec == net::error::operation_aborted || !self->acceptor.is_open()) return;
-      if (!ec) {
+      if (ec) {
+        // Out of file descriptors (or another transient failure): the
+        // connection stays in the backlog; try again shortly, never spin.
+        self->retry.expires_after(std::chrono::milliseconds(50));
+        self->retry.async_wait([self](beast::error_code e) {
+          if (!e && self->acceptor.is_open()) self->DoAccept();
+        });
+        return;
+      }
+      if (self->shared->connections.load() >= self->shared->opts.max_connections) {
+        Refuse(std::move(s));
+      } else {
         s.set_option(tcp::no_delay(true), ec);
-        std::make_shared<Session>(std::move(s), self->opts, self->handler)->Start();
+        std::make_shared<Session>(std::move(s), self->shared, self->handler)->Start();
       }
       self->DoAccept();
     });
   }
 
+  // Full: a short 503 and close, without a session.
+  static void Refuse(tcp::socket s) {
+    static const std::string kFull = [] {
+      const std::string body =
+          R"({"error":{"message":"too many open connections; retry shortly","type":"server_overloaded","code":"too_many_connections"}})";
+      return "HTTP/1.1 503 Service Unavailable\r\nServer: spillway\r\nContent-Type: application/json\r\n"
+             "Retry-After: 1\r\nConnection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    }();
+    auto sock = std::make_shared<tcp::socket>(std::move(s));
+    net::async_write(*sock, net::buffer(kFull), [sock](beast::error_code, std::size_t) {
+      beast::error_code ec;
+      sock->shutdown(tcp::socket::shutdown_both, ec);
+      sock->close(ec);
+    });
+  }
+
   net::io_context& ioc;
   tcp::acceptor acceptor;
-  ServerOptions opts;
+  net::steady_timer retry;
+  std::shared_ptr<Shared> shared;
   Handler handler;
 };
 
@@ -385,6 +573,7 @@ void Server::Stop() {
   net::dispatch(impl->acceptor.get_executor(), [impl] {
     beast::error_code ec;
     impl->acceptor.close(ec);
+    impl->retry.cancel();
   });
 }
 

@@ -9,9 +9,17 @@
 //
 // Lifecycle of an Exchange: exactly one of Respond() or StartStream() ... End()
 // completes it. An Exchange dropped without an answer answers 500. If the
-// peer closes the connection before the exchange completes, the callback
-// given to OnDisconnect runs once (on the connection's strand) and later
-// writes are discarded.
+// peer goes away before the exchange completes (a reset, or a write that
+// fails), the callback given to OnDisconnect runs once (on the connection's
+// strand) and later writes are discarded. A peer that only half-closes (shuts
+// down its sending side after the request) keeps its request: it is answered,
+// then the connection closes.
+//
+// Hostile peers: headers are bounded (431), bodies (413), the bodies held at
+// once (503), the connections open at once (503 and close), and the bytes
+// read from a peer while its request runs (the server stops reading it once
+// they pass the header limit). HTTP/1.1 requests without Host get 400. An
+// exception thrown by the handler is caught and logged; the exchange answers 500.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -36,7 +44,25 @@ struct ServerOptions {
   std::chrono::seconds read_timeout{30};    // header + body of one request
   std::chrono::seconds idle_timeout{75};    // keep-alive wait for the next request
   std::chrono::seconds write_timeout{60};   // one write to a slow reader
+  // Open connections at once; one more is answered 503 and closed. Keep it
+  // below the file-descriptor limit (see ConnectionCap).
+  size_t max_connections = 512;
+  // Request bodies held at once, all connections together (a body counts from
+  // its header, by Content-Length or max_body_bytes when chunked, until its
+  // exchange completes); a request over it is answered 503 + Retry-After.
+  size_t max_body_memory_bytes = 64 << 20;
 };
+
+// Raises the soft file-descriptor limit to the hard one where allowed and
+// returns the connection cap that leaves `reserve` descriptors for everything
+// else (journal, workers, upstream connections): min(wanted, soft - reserve),
+// at least 8.
+size_t ConnectionCap(size_t wanted, size_t reserve);
+
+// Runs `ioc` on the calling thread until it is stopped. An exception that
+// escapes a handler is logged (prefixed with `who`) and the loop goes on: no
+// exception leaves an I/O thread.
+void RunLogged(boost::asio::io_context& ioc, const char* who);
 
 class Exchange {
  public:
@@ -74,5 +100,11 @@ class Server {
 Response MakeResponse(unsigned status, std::string body, const std::string& content_type,
                       unsigned version = 11);
 bool IsLoopbackAddress(const std::string& host);
+// What the server checks of every parsed request before its handler sees it:
+// an HTTP/1.1 request needs a Host header (RFC 9112 3.2). InvalidArgument (400)
+// otherwise.
+Status CheckRequestHead(const Request& req);
+// The host part of a Host header value: "[::1]:80" -> "[::1]", "a:80" -> "a".
+std::string HostOnly(std::string_view host);
 
 }  // namespace spillway::http

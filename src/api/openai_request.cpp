@@ -141,13 +141,6 @@ StatusOr<std::string> ContentText(const json& content, size_t index) {
 
 }  // namespace
 
-StatusOr<json> ParseJsonBody(const std::string& body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Status::InvalidArgument("request body is not valid JSON");
-  if (!j.is_object()) return Status::InvalidArgument("request body must be a JSON object");
-  return j;
-}
-
 StatusOr<ChatRequest> ParseChatRequest(const json& body) {
   ChatRequest r;
   SPILLWAY_RETURN_IF_ERROR(ParseGeneration(body, &r.gen));

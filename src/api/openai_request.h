@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "api/json_limits.h"  // ParseJsonBody: every body is parsed within limits
 #include "common/status.h"
 
 namespace spillway::api {
@@ -92,7 +93,7 @@ struct EmbeddingRequest {
   bool base64 = false;  // encoding_format "base64": little-endian float32, base64 (the OpenAI SDKs' default)
 };
 
-// Limits on request shape (not on model capacity, which the worker checks).
+// Limits on request shape (the JSON itself is bounded by api/json_limits.h) (not on model capacity, which the worker checks).
 inline constexpr int32_t kMaxTokensCap = 1 << 20;
 inline constexpr size_t kMaxStopStrings = 4;
 inline constexpr size_t kMaxStopLength = 256;
@@ -105,9 +106,6 @@ inline constexpr size_t kMaxToolParameters = 64 << 10;    // bytes of the schema
 inline constexpr size_t kMaxToolProperties = 64;          // top-level properties of one schema
 inline constexpr size_t kMaxToolCallsPerMessage = 128;
 inline constexpr size_t kMaxToolArguments = 1 << 20;      // bytes of one call's arguments
-
-// Parses raw body text; malformed JSON is an error naming the offset.
-StatusOr<nlohmann::json> ParseJsonBody(const std::string& body);
 
 StatusOr<ChatRequest> ParseChatRequest(const nlohmann::json& body);
 StatusOr<CompletionRequest> ParseCompletionRequest(const nlohmann::json& body);

@@ -3,6 +3,8 @@
 #include <cctype>
 #include <set>
 
+#include "api/json_limits.h"
+
 namespace spillway::api {
 
 using nlohmann::json;
@@ -176,6 +178,10 @@ Status ParseMessageToolFields(const json& m, const std::string& field, ChatMessa
     }
     if (call.arguments.size() > kMaxToolArguments) {
       return Bad(f + ".function.arguments", "is larger than " + std::to_string(kMaxToolArguments) + " bytes");
+    }
+    // The worker parses the arguments to put them in the prompt: bounded like a body.
+    if (std::string why; CheckJsonLimits(call.arguments, JsonLimits{}, &why) == JsonShape::kTooLarge) {
+      return Bad(f + ".function.arguments", why);
     }
     msg->tool_calls.push_back(std::move(call));
   }

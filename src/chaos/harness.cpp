@@ -248,7 +248,7 @@ void Run::Settle() {
     const json p = Placement(0, 0);
     if (p.is_object() && p.value("port", 0) > 0) {
       (void)http::Fetch("127.0.0.1", p.value("port", uint16_t{0}), "POST", "/v1/worker/faults",
-                        json{{"faults", {"clear"}}}.dump(), {}, std::chrono::seconds(2));
+                        json{{"faults", {"clear"}}}.dump(), WorkerAuth(), std::chrono::seconds(2));
     }
   }
   const auto deadline = Steady::now() + std::chrono::seconds(45);

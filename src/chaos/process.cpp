@@ -10,13 +10,29 @@
 #include <cstring>
 #include <thread>
 
+#include "common/secret.h"
+
 extern char** environ;
 
 namespace spillway::chaos {
 
+const std::string& WorkerSecret() {
+  static const std::string secret = [] {
+    const std::string s = RandomHex(16);
+    setenv(kWorkerSecretEnv, s.c_str(), 1);
+    return s;
+  }();
+  return secret;
+}
+
+std::vector<std::pair<std::string, std::string>> WorkerAuth() {
+  return {{"Authorization", "Bearer " + WorkerSecret()}};
+}
+
 bool Child::Spawn(const std::vector<std::string>& argv_in, const std::string& log_path,
                   const std::map<std::string, std::string>& env) {
   Stop();
+  WorkerSecret();  // inherited by gateways, and by their workers through them
   std::vector<std::string> args = argv_in;
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());

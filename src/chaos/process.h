@@ -7,9 +7,17 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace spillway::chaos {
+
+// The worker secret of this harness: put in its environment
+// ($SPILLWAY_WORKER_SECRET) on first use, so the gateways it starts hand it
+// to their workers, and the harness may arm faults on them.
+const std::string& WorkerSecret();
+// Authorization: Bearer <WorkerSecret()>, for calls to workers.
+std::vector<std::pair<std::string, std::string>> WorkerAuth();
 
 class Child {
  public:

@@ -5,6 +5,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -15,9 +17,11 @@
 #include "api/http_client.h"
 #include "api/http_server.h"
 #include "common/clock.h"
+#include "common/private_files.h"
 #include "config/config.h"
 #include "gateway/gateway.h"
 #include "gateway/readiness.h"
+#include "gateway/startup_check.h"
 #include "gateway/placement_admission.h"
 #include "journal/journal.h"
 #include "upstream/supervisor.h"
@@ -30,6 +34,7 @@ namespace {
 
 struct ServeArgs {
   std::string config_path, listen, state_dir, port_file, worker_bin;
+  bool keep_going = false;
 };
 
 std::string ExeDir() {
@@ -43,7 +48,25 @@ std::string DefaultStateDir() {
   return "/tmp/spillway-state";
 }
 
+// Comma-separated keys from an environment variable (spaces ignored).
+void AddKeysFromEnv(const char* name, std::vector<std::string>* out) {
+  const char* keys = std::getenv(name);
+  if (!keys || !*keys) return;
+  std::string k;
+  for (const char* p = keys;; ++p) {
+    if (*p == ',' || *p == 0) {
+      if (!k.empty()) out->push_back(k);
+      k.clear();
+      if (*p == 0) break;
+    } else if (*p != ' ') {
+      k += *p;
+    }
+  }
+}
+
 int Serve(const ServeArgs& a) {
+  // Everything the gateway writes (journal, logs, port files) is its user's only.
+  ::umask(077);
   StatusOr<config::GatewayConfig> loaded =
       a.config_path.empty() ? StatusOr<config::GatewayConfig>(config::DemoConfig(ExeDir() + "/../models"))
                             : config::LoadConfigFile(a.config_path);
@@ -58,19 +81,14 @@ int Serve(const ServeArgs& a) {
   }
   if (!a.state_dir.empty()) cfg.state_dir = a.state_dir;
   if (cfg.state_dir.empty()) cfg.state_dir = DefaultStateDir();
-  if (const char* keys = std::getenv("SPILLWAY_API_KEYS"); keys && *keys) {
-    std::string k;
-    for (const char* p = keys;; ++p) {
-      if (*p == ',' || *p == 0) {
-        if (!k.empty()) cfg.api_keys.push_back(k);
-        k.clear();
-        if (*p == 0) break;
-      } else if (*p != ' ') {
-        k += *p;
-      }
-    }
-  }
+  AddKeysFromEnv("SPILLWAY_API_KEYS", &cfg.api_keys);
+  AddKeysFromEnv("SPILLWAY_OPERATOR_KEYS", &cfg.operator_keys);
   if (Status st = config::Validate(cfg); !st.ok()) {
+    std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());
+    return 2;
+  }
+
+  if (Status st = EnsurePrivateDir(cfg.state_dir); !st.ok()) {
     std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());
     return 2;
   }
@@ -97,6 +115,20 @@ int Serve(const ServeArgs& a) {
   // fit its device (with headroom, against what the device reports free) is
   // not started.
   auto admissions = gateway::AdmitPlacements(cfg);
+  // What cannot work is refused now, not found out by the first request.
+  const std::string where = a.config_path.empty() ? "the demo" : a.config_path;
+  const auto problems = gateway::CheckStartup(cfg, fs::path(worker_bin).parent_path().string());
+  for (const auto& p : problems) {
+    std::fprintf(stderr, "spillway serve: %s: %s: %s\n", where.c_str(), p.where.c_str(), p.reason.c_str());
+    auto& adm = admissions[p.worker_key];
+    adm.admitted = false;
+    adm.reason = "unavailable: " + p.reason;
+  }
+  if (!problems.empty() && !a.keep_going) {
+    std::fprintf(stderr, "spillway serve: refusing to start (%zu problem%s above; --keep-going starts without the "
+                         "placements concerned)\n", problems.size(), problems.size() == 1 ? "" : "s");
+    return 2;
+  }
   for (const auto& s : cfg.services) {
     for (size_t i = 0; i < s.placements.size(); ++i) {
       const auto& p = s.placements[i];
@@ -111,7 +143,9 @@ int Serve(const ServeArgs& a) {
                                        "--slots", std::to_string(p.slots), "--threads", std::to_string(p.threads),
                                        "--batch", std::to_string(p.batch), "--default-max-tokens",
                                        std::to_string(s.default_max_tokens), "--progress-timeout",
-                                       std::to_string(p.progress_timeout_s)};
+                                       std::to_string(p.progress_timeout_s), "--json-max-depth",
+                                       std::to_string(cfg.json_max_depth), "--max-body",
+                                       std::to_string(cfg.max_body_bytes + (64 << 10))};
       if (!p.mmap) args.push_back("--no-mmap");
       if (p.kv_unified) args.push_back("--kv-unified");
       // The CPU fallback's readiness policy (gateway/readiness.h).
@@ -128,9 +162,10 @@ int Serve(const ServeArgs& a) {
     auto a = gateway::AdmitPlacement(cfg, key);
     return a.admitted ? Status::Ok() : Status::ResourceExhausted(a.reason);
   });
-  supervisor.SetOnReady([&cfg](const std::string& key, uint16_t port) {
+  supervisor.SetOnReady([&cfg, &supervisor](const std::string& key, uint16_t port) {
     // Calibrate: what llama.cpp really allocated on the placement's device.
-    auto info = http::Fetch("127.0.0.1", port, "GET", "/v1/worker/info", "", {}, std::chrono::seconds(2));
+    auto info = http::Fetch("127.0.0.1", port, "GET", "/v1/worker/info", "", supervisor.AuthHeaders(),
+                            std::chrono::seconds(2));
     if (!info.ok() || info->status != 200) return;
     auto j = nlohmann::json::parse(info->body, nullptr, false);
     if (j.is_discarded()) return;
@@ -147,6 +182,12 @@ int Serve(const ServeArgs& a) {
   boost::asio::io_context ioc;
   http::ServerOptions so;
   so.max_body_bytes = cfg.max_body_bytes;
+  so.max_body_memory_bytes = cfg.max_body_memory_bytes;
+  // File descriptors left for the journal, the workers' connections (pooled
+  // and streaming, one per dispatcher thread) and health checks.
+  size_t workers = 0;
+  for (const auto& s : cfg.services) workers += s.placements.size();
+  so.max_connections = http::ConnectionCap(static_cast<size_t>(cfg.max_connections), 192 + 40 * workers);
   http::Server server(ioc, so, [&gw](http::Request req, std::shared_ptr<http::Exchange> ex) {
     gw.Handle(std::move(req), std::move(ex));
   });
@@ -156,8 +197,11 @@ int Serve(const ServeArgs& a) {
     return 1;
   }
   if (!a.port_file.empty()) {
-    { std::ofstream(a.port_file + ".tmp") << server.port() << "\n"; }
-    fs::rename(a.port_file + ".tmp", a.port_file);
+    if (Status st = WritePrivateFileAtomically(a.port_file, std::to_string(server.port()) + "\n"); !st.ok()) {
+      std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());
+      supervisor.Stop();
+      return 1;
+    }
   }
   std::printf("spillway serving on http://%s:%u (%zu services, state in %s, journal synchronous=%s, %zu recovered)\n",
               cfg.listen_host.c_str(), server.port(), cfg.services.size(), cfg.state_dir.c_str(),
@@ -185,8 +229,8 @@ int Serve(const ServeArgs& a) {
     ioc.stop();
   });
   std::signal(SIGPIPE, SIG_IGN);
-  std::thread second([&] { ioc.run(); });
-  ioc.run();
+  std::thread second([&] { http::RunLogged(ioc, "spillway"); });
+  http::RunLogged(ioc, "spillway");
   second.join();
   supervisor.Stop();
   return 0;
@@ -204,6 +248,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--state-dir", args->state_dir, "journal and worker logs (default ~/.local/state/spillway)");
   cmd->add_option("--port-file", args->port_file, "write the bound port here once listening");
   cmd->add_option("--worker-bin", args->worker_bin, "spillway-worker binary (default: next to spillway)");
+  cmd->add_flag("--keep-going", args->keep_going,
+                "start even when a placement cannot work (a model file that is not a readable GGUF, a device "
+                "that does not exist): that placement is marked unavailable with the reason instead of "
+                "refusing to start");
   cmd->callback([args, exit_code] { *exit_code = Serve(*args); });
 }
 

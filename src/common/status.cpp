@@ -13,6 +13,7 @@ const char* StatusCodeName(StatusCode code) {
     case StatusCode::kUnprocessable: return "unprocessable";
     case StatusCode::kPayloadTooLarge: return "payload_too_large";
     case StatusCode::kResourceExhausted: return "resource_exhausted";
+    case StatusCode::kRateLimited: return "rate_limited";
     case StatusCode::kUnavailable: return "unavailable";
     case StatusCode::kDeadlineExceeded: return "deadline_exceeded";
     case StatusCode::kCancelled: return "cancelled";
@@ -50,6 +51,7 @@ int HttpStatusFor(StatusCode code) {
     case StatusCode::kUnprocessable: return 422;
     case StatusCode::kPayloadTooLarge: return 413;
     case StatusCode::kResourceExhausted: return 503;
+    case StatusCode::kRateLimited: return 429;
     case StatusCode::kUnavailable: return 503;
     case StatusCode::kDeadlineExceeded: return 504;
     case StatusCode::kCancelled: return 499;
@@ -67,6 +69,7 @@ const char* OpenAiErrorType(StatusCode code) {
     case StatusCode::kNotFound: return "invalid_request_error";
     case StatusCode::kResourceExhausted:
     case StatusCode::kUnavailable: return "server_overloaded";
+    case StatusCode::kRateLimited: return "rate_limit_exceeded";
     case StatusCode::kUnauthenticated: return "authentication_error";
     case StatusCode::kPermissionDenied: return "permission_error";
     case StatusCode::kDeadlineExceeded: return "timeout";

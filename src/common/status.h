@@ -22,7 +22,8 @@ enum class StatusCode {
   kConflict,           // 409: e.g. idempotency key in flight
   kUnprocessable,      // 422: e.g. idempotency key reused with another payload
   kPayloadTooLarge,    // 413: body or prompt that can never fit
-  kResourceExhausted,  // 429/503 + Retry-After: could fit later
+  kResourceExhausted,  // 503 + Retry-After: could fit later
+  kRateLimited,        // 429 + Retry-After: this caller has too much in flight
   kUnavailable,        // 503: placement or device not usable now
   kDeadlineExceeded,   // 504
   kCancelled,          // 499 (client closed request)
@@ -50,6 +51,7 @@ class [[nodiscard]] Status {
   static Status Unprocessable(std::string m) { return {StatusCode::kUnprocessable, std::move(m)}; }
   static Status PayloadTooLarge(std::string m) { return {StatusCode::kPayloadTooLarge, std::move(m)}; }
   static Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
+  static Status RateLimited(std::string m) { return {StatusCode::kRateLimited, std::move(m)}; }
   static Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
   static Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
   static Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }

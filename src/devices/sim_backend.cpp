@@ -419,7 +419,7 @@ SimRegistry& Registry() {
   static SimRegistry* r = [] {
     auto* reg = new SimRegistry();
     reg->reg = {GGML_BACKEND_API_VERSION, kRegIface, reg};
-    // One device per ledger that exists now ($SPILLWAY_SIM_DIR or /dev/shm).
+    // One device per ledger that exists now ($SPILLWAY_SIM_DIR or /dev/shm/spillway-<uid>).
     for (int index : SimLedger::List()) {
       auto ledger = SimLedger::Open(index);
       if (!ledger.ok()) continue;

@@ -19,6 +19,8 @@
 #include <mutex>
 #include <sstream>
 
+#include "common/private_files.h"
+
 namespace spillway::devices {
 
 namespace {
@@ -140,8 +142,25 @@ bool ProcessAlive(int32_t pid, uint64_t start_time) {
 
 std::string SimLedger::DirPath() {
   const char* d = std::getenv("SPILLWAY_SIM_DIR");
-  return d && *d ? d : "/dev/shm";
+  return d && *d ? d : "/dev/shm/spillway-" + std::to_string(::geteuid());
 }
+
+namespace {
+
+// The default directory is private to its user (another user must not be
+// able to change a simulated device's capacity or holders); a configured one
+// ($SPILLWAY_SIM_DIR) is used as it is, for devices shared on purpose.
+Status PrepareDir() {
+  const char* d = std::getenv("SPILLWAY_SIM_DIR");
+  if (d && *d) {
+    std::error_code ec;
+    std::filesystem::create_directories(d, ec);
+    return Status::Ok();
+  }
+  return EnsurePrivateDir(SimLedger::DirPath());
+}
+
+}  // namespace
 
 std::string SimLedger::PathFor(int device_index) {
   return DirPath() + "/spillway-sim-" + std::to_string(device_index) + ".ledger";
@@ -150,7 +169,8 @@ std::string SimLedger::PathFor(int device_index) {
 namespace {
 
 StatusOr<std::pair<int, LedgerData*>> MapFile(const std::string& path, bool create) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0666);
+  // 0666 less the umask: shared only where a configured directory allows it.
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0666);
   if (fd < 0) {
     if (!create && errno == ENOENT) {
       return Status::NotFound("simulated device ledger " + path + " does not exist (run `spillway sim create`)");
@@ -197,8 +217,7 @@ SimLedger::~SimLedger() {
 }
 
 StatusOr<std::unique_ptr<SimLedger>> SimLedger::Create(int device_index, uint64_t capacity) {
-  std::error_code ec;
-  std::filesystem::create_directories(DirPath(), ec);
+  SPILLWAY_RETURN_IF_ERROR(PrepareDir());
   auto m = MapFile(PathFor(device_index), true);
   if (!m.ok()) return m.status();
   std::unique_ptr<SimLedger> l(new SimLedger(device_index, m->first, m->second));
@@ -214,6 +233,7 @@ StatusOr<std::unique_ptr<SimLedger>> SimLedger::Create(int device_index, uint64_
 }
 
 StatusOr<std::unique_ptr<SimLedger>> SimLedger::Open(int device_index) {
+  SPILLWAY_RETURN_IF_ERROR(PrepareDir());
   auto m = MapFile(PathFor(device_index), false);
   if (!m.ok()) return m.status();
   std::unique_ptr<SimLedger> l(new SimLedger(device_index, m->first, m->second));

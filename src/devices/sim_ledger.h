@@ -1,7 +1,8 @@
 // The shared memory ledger of a simulated accelerator (`sim:N`).
 //
-// One small file per device (default /dev/shm/spillway-sim-N.ledger; the
-// directory is $SPILLWAY_SIM_DIR when set) holds the device's capacity and one
+// One small file per device (default /dev/shm/spillway-<uid>/spillway-sim-N.ledger,
+// in a directory private to its user; the directory is $SPILLWAY_SIM_DIR when
+// set, used as it is, for devices shared on purpose) holds the device's capacity and one
 // entry per (process, kind): the bytes that process has allocated on the
 // device, or holds as "another GPU workload". Every worker using the device,
 // llama.cpp's own tools loading the sim backend, and `spillway sim hold` draw
@@ -71,7 +72,7 @@ class SimLedger {
   SimLedger(const SimLedger&) = delete;
   SimLedger& operator=(const SimLedger&) = delete;
 
-  static std::string DirPath();                 // $SPILLWAY_SIM_DIR or /dev/shm
+  static std::string DirPath();                 // $SPILLWAY_SIM_DIR or /dev/shm/spillway-<uid>
   static std::string PathFor(int device_index);  // <dir>/spillway-sim-<N>.ledger
   // Creates the device (or changes its capacity, keeping its entries).
   static StatusOr<std::unique_ptr<SimLedger>> Create(int device_index, uint64_t capacity);

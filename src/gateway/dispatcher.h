@@ -1,9 +1,12 @@
 // A fixed pool of threads running accepted requests (each blocks on its
 // upstream call), behind a bounded queue. Submit() refuses when the queue is
-// full; the caller then answers 503 + Retry-After.
+// full; the caller then answers 503 + Retry-After. An exception thrown by a
+// task is caught and logged; the thread goes on.
 #pragma once
 
 #include <condition_variable>
+#include <cstdio>
+#include <exception>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -51,7 +54,15 @@ class Dispatcher {
         task = std::move(queue_.front());
         queue_.pop_front();
       }
-      task();
+      try {
+        task();
+      } catch (const std::exception& e) {
+        // Surprising but survivable: the request's exchange (if any) answers
+        // 500 as it is dropped; its journal row is recovered at the next start.
+        std::fprintf(stderr, "spillway: a dispatcher task threw: %s\n", e.what());
+      } catch (...) {
+        std::fprintf(stderr, "spillway: a dispatcher task threw\n");
+      }
     }
   }
 

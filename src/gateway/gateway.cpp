@@ -70,45 +70,6 @@ Gateway::~Gateway() {
   dispatcher_.reset();
 }
 
-std::string Gateway::NewRequestId() {
-  std::lock_guard<std::mutex> lk(mu_);
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "req_%016llx%08llx", static_cast<unsigned long long>(rng_()),
-                static_cast<unsigned long long>(rng_() & 0xffffffffu));
-  return buf;
-}
-
-std::string Gateway::ClientOf(const http::Request& req) const {
-  auto it = req.find(bhttp::field::authorization);
-  if (it == req.end()) return "anonymous";
-  return "key:" + Sha256Hex(std::string(it->value())).substr(0, 16);
-}
-
-Status Gateway::CheckAccess(const http::Request& req, bool needs_key) const {
-  // DNS rebinding: a page served by another host must not reach this API.
-  auto host = req.find(bhttp::field::host);
-  if (host != req.end()) {
-    const std::string h = HostOnly(std::string_view(host->value().data(), host->value().size()));
-    bool allowed = h == config_.listen_host;
-    for (const auto& a : config_.allowed_hosts) allowed |= a == h;
-    if (!allowed) return Status::PermissionDenied("Host '" + h + "' is not allowed (see allowed_hosts)");
-  }
-  auto origin = req.find(bhttp::field::origin);
-  if (origin != req.end()) {
-    bool allowed = false;
-    for (const auto& a : config_.allowed_origins) allowed |= a == origin->value();
-    if (!allowed) return Status::PermissionDenied("Origin '" + std::string(origin->value()) + "' is not allowed (see allowed_origins)");
-  }
-  if (needs_key && !config_.api_keys.empty()) {
-    auto auth = req.find(bhttp::field::authorization);
-    const std::string_view v = auth == req.end() ? std::string_view() : std::string_view(auth->value().data(), auth->value().size());
-    bool ok = false;
-    for (const auto& k : config_.api_keys) ok |= v == "Bearer " + k;
-    if (!ok) return Status::Unauthenticated("a valid API key is required (Authorization: Bearer <key>)");
-  }
-  return Status::Ok();
-}
-
 void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   const std::string target(req.target());
   const std::string path = target.substr(0, target.find('?'));
@@ -143,7 +104,8 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   }
   static const std::string kRequests = "/v1/requests/";
   if (path.rfind(kRequests, 0) == 0 && (method == bhttp::verb::get || method == bhttp::verb::delete_)) {
-    return HandleRequestQuery(path.substr(kRequests.size()), method == bhttp::verb::delete_, std::move(ex), v);
+    return HandleRequestQuery(path.substr(kRequests.size()), method == bhttp::verb::delete_, CallerOf(req), std::move(ex),
+                              v);
   }
   const char* endpoint = path == "/v1/chat/completions" ? "chat"
                          : path == "/v1/completions"    ? "completion"
@@ -159,7 +121,9 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
 void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint) {
   const unsigned v = req.version();
   auto fail = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
-  auto body = api::ParseJsonBody(req.body());
+  api::JsonLimits limits;
+  limits.max_depth = static_cast<size_t>(config_.json_max_depth);
+  auto body = api::ParseJsonBody(req.body(), limits);
   if (!body.ok()) return fail(body.status());
   // Validate with the same parsers the worker uses, so bad input never
   // reaches the journal.
@@ -210,6 +174,11 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
     in->rec.id = given;
   }
   in->rec.client = ClientOf(req);
+  in->client_slot = TakeClientSlot(in->rec.client);
+  if (!in->client_slot) {
+    return fail(Status::RateLimited("this client already has " + std::to_string(config_.max_requests_per_key) +
+                                    " requests in flight (max_requests_per_key)").WithRetryAfter(1));
+  }
   in->rec.idempotency_key = key;
   in->rec.service = svc->name;
   in->rec.endpoint = endpoint;
@@ -218,13 +187,15 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   // An unseeded generation gets its seed here, journaled with the body, so
   // that a replay on another placement (or after a crash) samples the same
   // tokens the first attempt would have.
+  // Internal fields (a continuation's delivered tokens) come only from the
+  // gateway itself: a client's are dropped before the journal sees them.
+  bool rewritten = body->erase("spillway_resume") > 0;
   if (endpoint != "embedding" && (!body->contains("seed") || (*body)["seed"].is_null())) {
     std::lock_guard<std::mutex> lk(mu_);
     (*body)["seed"] = static_cast<uint32_t>(rng_() % 0xFFFFFFFFull);
-    in->rec.body = body->dump();
-  } else {
-    in->rec.body = req.body();
+    rewritten = true;
   }
+  in->rec.body = rewritten ? body->dump() : req.body();
   if (auto t = req.find("x-request-timeout"); t != req.end()) {
     const std::string text(t->value());
     char* end = nullptr;
@@ -367,6 +338,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
   };
   std::vector<bool> excluded(svc->placements.size(), false);
   int attempts = 0;
+  bool busy_retry = false;  // the last send found the worker busy; its attempt stays open
   // A failed attempt: count it against the placement's breaker, keep this
   // request away from it, and say whether another attempt is allowed.
   auto attempt_failed = [&](const std::string& phase, const std::string& why) {
@@ -427,10 +399,17 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       if (rejected.code() == StatusCode::kCancelled) return fail(State::kCancelled, rejected);
       return fail(State::kFailed, rejected);
     }
+    // A worker that answered "busy" is retried within the attempt already
+    // journaled: waiting writes nothing (it used to write an attempt every 10 ms).
+    const bool same_attempt = busy_retry && target.placement == placement;
+    if (busy_retry && !same_attempt) Logged(journal_.Requeue(rec.id, "worker busy"), "requeue");
+    busy_retry = false;
     placement = target.placement;
     const std::string key = target.key;
     const std::optional<uint16_t> port = target.port;
-    if (Status st = journal_.StartAttempt(rec.id, placement, target.decision_json); !st.ok()) {
+    if (same_attempt) {
+      // still running attempt `attempts` on `placement`
+    } else if (Status st = journal_.StartAttempt(rec.id, placement, target.decision_json); !st.ok()) {
       // Cancelled (or finished) by someone else between the check and here.
       if (ex) {
         auto r = journal_.Get(rec.id);
@@ -438,14 +417,15 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       }
       return;
     }
-    ++attempts;
+    if (!same_attempt) ++attempts;
     if (attempts > 1 && MutationActive("fallback-drop-seed")) {  // deliberate bug, for tests only
       json b = json::parse(target.body, nullptr, false);
       if (b.is_object()) b.erase("seed");
       target.body = b.dump();
     }
     live->worker_port = *port;
-    const http::HeaderList headers = {{"X-Request-Id", rec.id}};
+    http::HeaderList headers = supervisor_.AuthHeaders();
+    headers.emplace_back("X-Request-Id", rec.id);
     if (live->cancelled) continue;
 
     if (!rec.stream) {
@@ -480,7 +460,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       if (live->cancelled && r->status != 200) return fail(State::kCancelled, Status::Cancelled("request cancelled"));
       const bool busy = r->status == 503 && r->body.find("resource_exhausted") != std::string::npos;
       if (busy && clock_.NowMs() - t0 < kQueueWaitMs && !live->cancelled) {
-        Logged(journal_.Requeue(rec.id, "worker busy"), "requeue");
+        busy_retry = true;
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
         continue;
       }
@@ -597,7 +577,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       if (live->cancelled && !streaming_started) return fail(State::kCancelled, Status::Cancelled("request cancelled"));
       const bool busy = status == 503 && error_body.find("resource_exhausted") != std::string::npos;
       if (busy && clock_.NowMs() - t0 < kQueueWaitMs && !live->cancelled) {
-        Logged(journal_.Requeue(rec.id, "worker busy"), "requeue");
+        busy_retry = true;
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
         continue;
       }
@@ -664,7 +644,8 @@ void Gateway::Cancel(const std::shared_ptr<Live>& live) {
   if (live->cancelled.exchange(true)) return;
   if (const uint16_t port = live->worker_port.load()) {
     // Best effort: a worker that is gone has nothing left to cancel.
-    (void)http::Fetch("127.0.0.1", port, "DELETE", "/v1/worker/requests/" + live->id, "", {}, std::chrono::seconds(2));
+    (void)http::Fetch("127.0.0.1", port, "DELETE", "/v1/worker/requests/" + live->id, "", supervisor_.AuthHeaders(),
+                      std::chrono::seconds(2));
   }
 }
 

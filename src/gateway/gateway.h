@@ -114,11 +114,25 @@ class Gateway {
   void HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint);
   void Process(std::shared_ptr<Incoming> in);
   void Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex, std::shared_ptr<Live> live);
-  void HandleRequestQuery(const std::string& id, bool cancel, std::shared_ptr<http::Exchange> ex, unsigned v);
+  // Who is asking: `client` owns the requests it makes (the hash of its key,
+  // or "anonymous"); `sees_all` (no keys configured, or an operator key) may
+  // see and cancel every client's requests.
+  struct Caller {
+    std::string client;
+    bool sees_all = false;
+  };
+  // GET / DELETE /v1/requests/{id}: another client's request is a 404.
+  void HandleRequestQuery(const std::string& id, bool cancel, const Caller& caller, std::shared_ptr<http::Exchange> ex,
+                          unsigned v);
   void Cancel(const std::shared_ptr<Live>& live);
   std::string NewRequestId();
   std::string ClientOf(const http::Request& req) const;
+  Caller CallerOf(const http::Request& req) const;
+  bool KeysRequired() const;
   Status CheckAccess(const http::Request& req, bool needs_key) const;
+  // One of the client's max_requests_per_key places, held until the returned
+  // handle is destroyed; null when the client has them all.
+  std::shared_ptr<void> TakeClientSlot(const std::string& client);
   nlohmann::json StatusJson() const;
   std::string RenderMetrics() const;
 
@@ -130,7 +144,8 @@ class Gateway {
   upstream::ConnectionPool pool_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Live>> live_;
-  std::mt19937_64 rng_;
+  std::map<std::string, int> in_flight_by_client_;  // guarded by mu_
+  std::mt19937_64 rng_;  // seeds only (they are returned to clients); ids come from RandomHex
   std::unique_ptr<Dispatcher> dispatcher_;
   std::map<std::string, std::vector<std::unique_ptr<PlacementState>>> placements_;  // by service
   std::map<std::string, std::unique_ptr<scheduler::CpuQueue>> cpu_queues_;          // by service

@@ -128,24 +128,44 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
   // token count is not asked for.
   const bool nothing_to_choose = (states.size() == 1 && !svc.admission.allow_shrink) || !svc.admission.enabled;
   if (rec.endpoint == "embedding" || nothing_to_choose) {
+    // A request waits here (queued, nothing journaled) while every slot of
+    // the worker is taken, instead of being sent to be refused as busy.
+    bool all_busy = false, waited = false;
     while (true) {
+      all_busy = false;
       for (size_t i = 0; i < states.size(); ++i) {
         if (!states[i]->admission.admitted) continue;
         if (auto port = supervisor_.ReadyPort(states[i]->key)) {
+          std::lock_guard<std::mutex> lk(pools_mu_);
+          if (states[i]->active >= std::max(1, states[i]->cfg.slots)) {
+            all_busy = true;
+            continue;
+          }
           const json dj = {{"decision", "admit"}, {"placement", states[i]->cfg.Name()},
                            {"reason", rec.endpoint == "embedding" ? "embeddings hold no KV cells"
                                                                   : "the only placement; its worker checks its KV pool"}};
           *t = {i, states[i]->key, states[i]->cfg.Name(), *port, 0, rec.body, "admit", dj.dump(), ""};
-          std::lock_guard<std::mutex> lk(pools_mu_);
           hold(*states[i]);
+          if (waited) t->waited_ms = clock_.NowMs() - t0;
           return true;
         }
       }
       demand_all();
-      if (live.cancelled || clock_.NowMs() - t0 > kQueueWaitMs) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (live.cancelled) {
+        *rejected = Status::Cancelled("request cancelled");
+        return false;
+      }
+      if (live.deadline_ms && clock_.NowMs() >= live.deadline_ms) {
+        *rejected = Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
+        return false;
+      }
+      if (clock_.NowMs() - t0 > kQueueWaitMs) break;
+      waited |= all_busy;
+      std::this_thread::sleep_for(std::chrono::milliseconds(all_busy ? 5 : 20));
     }
-    *rejected = Status::Unavailable("no worker of service '" + svc.name + "' became ready in time").WithRetryAfter(5);
+    *rejected = all_busy ? Status::ResourceExhausted("every slot of service '" + svc.name + "' stayed busy for " +
+                                                     std::to_string(kQueueWaitMs / 1000) + " s").WithRetryAfter(5)
+                         : Status::Unavailable("no worker of service '" + svc.name + "' became ready in time").WithRetryAfter(5);
     return false;
   }
   json body = json::parse(rec.body, nullptr, false);
@@ -171,7 +191,7 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
       for (const auto& st : states) {
         auto port = st->admission.admitted ? supervisor_.ReadyPort(st->key) : std::nullopt;
         if (!port) continue;
-        auto r = pool_.Send(*port, "POST", "/v1/worker/tokenize?endpoint=" + endpoint, rec.body, {},
+        auto r = pool_.Send(*port, "POST", "/v1/worker/tokenize?endpoint=" + endpoint, rec.body, supervisor_.AuthHeaders(),
                             std::chrono::seconds(30));
         if (!r.ok()) continue;
         json j = json::parse(r->body, nullptr, false);

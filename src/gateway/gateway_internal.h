@@ -42,13 +42,7 @@ inline http::Response ErrorResponse(const Status& st, unsigned version, const st
   return res;
 }
 
-inline std::string HostOnly(std::string_view host) {
-  if (!host.empty() && host.front() == '[') {
-    auto end = host.find(']');
-    return std::string(host.substr(0, end == std::string_view::npos ? host.size() : end + 1));
-  }
-  return std::string(host.substr(0, host.find(':')));
-}
+using http::HostOnly;
 
 inline std::string Outcome(State s) { return journal::StateName(s); }
 
@@ -77,6 +71,7 @@ struct Gateway::Incoming {
   unsigned version = 11;
   int64_t started_ms = 0;
   int64_t timeout_ms = 0;
+  std::shared_ptr<void> client_slot;  // the client's place among max_requests_per_key
 };
 
 // Where one attempt goes.

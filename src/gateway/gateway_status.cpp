@@ -13,7 +13,16 @@
 
 namespace spillway::gateway {
 
-void Gateway::HandleRequestQuery(const std::string& id, bool cancel, std::shared_ptr<http::Exchange> ex, unsigned v) {
+void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Caller& caller,
+                                 std::shared_ptr<http::Exchange> ex, unsigned v) {
+  // Another client's request does not exist for this caller (404, the same
+  // answer as an unknown id: nothing to learn from it).
+  if (!caller.sees_all) {
+    auto owner = journal_.Get(id);
+    if (owner.ok() && owner->client != caller.client) {
+      return ex->Respond(ErrorResponse(Status::NotFound("no request '" + id + "'"), v));
+    }
+  }
   if (cancel) {
     std::shared_ptr<Live> live;
     {
@@ -107,7 +116,8 @@ json Gateway::StatusJson() const {
         w["log"] = v.log_path;
         if (w.contains("readiness") && v.last_start_ms > 0) w["readiness"]["measured_start_s"] = v.last_start_ms / 1000.0;
         if (v.port) {
-          auto info = http::Fetch("127.0.0.1", v.port, "GET", "/v1/worker/info", "", {}, std::chrono::milliseconds(500));
+          auto info = http::Fetch("127.0.0.1", v.port, "GET", "/v1/worker/info", "", supervisor_.AuthHeaders(),
+                                  std::chrono::milliseconds(500));
           if (info.ok() && info->status == 200) {
             json ij = json::parse(info->body, nullptr, false);
             if (!ij.is_discarded()) {

@@ -6,11 +6,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "api/http_client.h"
+#include "common/private_files.h"
+#include "common/secret.h"
 
 extern char** environ;
 
@@ -32,8 +38,37 @@ const char* WorkerStateName(WorkerState s) {
   return "unknown";
 }
 
+namespace {
+
+std::string SecretForWorkers() {
+  const char* given = std::getenv(kWorkerSecretEnv);
+  if (given && std::strlen(given) >= 16) return given;
+  return RandomHex(32);
+}
+
+// The environment a worker needs, and nothing of the gateway's secrets.
+std::vector<std::string> WorkerEnvironment(const std::string& secret) {
+  static const char* kPrefixes[] = {"LC_", "GGML_", "LLAMA_", "CUDA_", "NVIDIA_", "HIP_", "ROCR_", "OMP_", "GOMP_"};
+  static const char* kNames[] = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+                                 "LD_LIBRARY_PATH", "SPILLWAY_SIM_DIR", "SPILLWAY_FAULTS",
+                                 "SPILLWAY_MUTATIONS"};
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string_view kv(*e);
+    const std::string_view name = kv.substr(0, kv.find('='));
+    bool keep = false;
+    for (const char* n : kNames) keep |= name == n;
+    for (const char* p : kPrefixes) keep |= name.rfind(p, 0) == 0;
+    if (keep) env.emplace_back(kv);
+  }
+  env.push_back(std::string(kWorkerSecretEnv) + "=" + secret);
+  return env;
+}
+
+}  // namespace
+
 Supervisor::Supervisor(std::string worker_binary, std::string state_dir, const Clock& clock)
-    : binary_(std::move(worker_binary)), state_dir_(std::move(state_dir)), clock_(clock) {
+    : binary_(std::move(worker_binary)), state_dir_(std::move(state_dir)), secret_(SecretForWorkers()), clock_(clock) {
   std::error_code ec;
   fs::create_directories(state_dir_ + "/run", ec);
   fs::create_directories(state_dir_ + "/logs", ec);
@@ -47,6 +82,7 @@ void Supervisor::Add(WorkerSpec spec) {
   w.view.key = spec.key;
   w.view.log_path = state_dir_ + "/logs/" + spec.key + ".log";
   w.view.on_demand = spec.on_demand;
+  ::chmod(w.view.log_path.c_str(), kPrivateFileMode);  // one an older version made 0644
   w.spec = std::move(spec);
   workers_[w.view.key] = std::move(w);
 }
@@ -68,14 +104,18 @@ void Supervisor::Spawn(Worker& w) {
   argv.push_back(nullptr);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, w.view.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_addopen(&fa, 1, w.view.log_path.c_str(), kPrivateAppendFlags, kPrivateFileMode);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
   posix_spawnattr_setpgroup(&attr, 0);
+  std::vector<std::string> env = WorkerEnvironment(secret_);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, binary_.c_str(), &fa, &attr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, binary_.c_str(), &fa, &attr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {
@@ -129,7 +169,7 @@ void Supervisor::Poll(Worker& w) {
     return;
   }
   if (w.view.state == WorkerState::kStarting) {
-    std::ifstream f(state_dir_ + "/run/" + w.spec.key + ".port");
+    std::ifstream f(state_dir_ + "/run/" + w.spec.key + ".port");  // in the private state directory
     int port = 0;
     if (f >> port && port > 0) {
       w.view.port = static_cast<uint16_t>(port);
@@ -157,15 +197,36 @@ void Supervisor::Loop() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& [k, w] : workers_) {
-      if (!w.spec.on_demand) Spawn(w);
+      if (w.spec.on_demand) continue;
+      try {
+        Spawn(w);
+      } catch (const std::exception& e) {
+        Exited(w, std::string("spawn failed: ") + e.what());  // retried after a backoff
+      }
     }
   }
+  while (!stop_) {
+    try {
+      Round();
+    } catch (const std::exception& e) {
+      // Surprising but survivable (out of file descriptors, out of memory):
+      // log it and try again next round.
+      std::fprintf(stderr, "spillway: supervisor round failed: %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "spillway: supervisor round failed\n");
+    }
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_.load(); });
+  }
+}
+
+void Supervisor::Round() {
   struct Check {
     std::string key;
     pid_t pid;
     uint16_t port;
   };
-  while (!stop_) {
+  {
     std::vector<Check> checks;
     std::vector<std::pair<std::string, uint16_t>> became_ready;
     std::vector<std::string> idle_candidates;
@@ -219,7 +280,7 @@ void Supervisor::Loop() {
     }
     // Health checks run without the lock: callers asking for ports never wait on them.
     for (const auto& c : checks) {
-      auto r = http::Fetch("127.0.0.1", c.port, "GET", "/health", "", {}, std::chrono::milliseconds(1000));
+      auto r = http::Fetch("127.0.0.1", c.port, "GET", "/health", "", AuthHeaders(), std::chrono::milliseconds(1000));
       // A worker whose device is lost answers 503: it cannot recover in place.
       const bool healthy = r.ok() && r->status == 200;
       // A lost device or a stalled decode loop (a hung driver that still
@@ -237,8 +298,6 @@ void Supervisor::Loop() {
       }
       if (!why.empty() && on_exit_) on_exit_(c.key, why);
     }
-    std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_.load(); });
   }
 }
 

@@ -5,7 +5,19 @@
 // Each worker runs in its own process group (posix_spawn, SETPGROUP), asks the
 // kernel to end it if the gateway dies (--parent-pid), binds port 0 and writes
 // its port to <state_dir>/run/<key>.port; its stdout/stderr are appended to
-// <state_dir>/logs/<key>.log.
+// <state_dir>/logs/<key>.log (mode 0600, never through a symbolic link).
+//
+// Workers are private: each gets the supervisor's worker secret in its
+// environment ($SPILLWAY_WORKER_SECRET, never in argv or a file) and refuses
+// any request without it (AuthHeaders()). The secret is random per
+// supervisor unless the supervisor's own environment sets one (at least 16
+// characters: the chaos harness and tests, which talk to workers too).
+// Workers get a minimal environment: the locale, paths, GPU and ggml
+// variables, $SPILLWAY_SIM_DIR, $SPILLWAY_FAULTS and $SPILLWAY_MUTATIONS (tests), not the gateway's keys.
+//
+// No exception leaves the supervisor thread: each round catches, logs and
+// goes on (running out of file descriptors makes health checks fail, not the
+// gateway).
 //
 // Worker states: starting -> ready -> (exited | unhealthy) -> backoff -> starting.
 // An on-demand worker starts stopped; Demand() starts it, Release() stops it.
@@ -91,6 +103,10 @@ class Supervisor {
   // Reports a failure seen by a caller (connection refused...): the worker is
   // health-checked at once.
   void Suspect(const std::string& key);
+  // What every request to a worker carries: Authorization: Bearer <secret>.
+  std::vector<std::pair<std::string, std::string>> AuthHeaders() const {
+    return {{"Authorization", "Bearer " + secret_}};
+  }
 
  private:
   struct Worker {
@@ -105,6 +121,7 @@ class Supervisor {
     int64_t kill_at_ms = 0;  // a released worker still exiting
   };
   void Loop();
+  void Round();
   void Spawn(Worker& w);
   void Poll(Worker& w);
   void Exited(Worker& w, const std::string& why);
@@ -115,6 +132,7 @@ class Supervisor {
   std::function<bool(const std::string&)> idle_;
   std::function<void(const std::string&, const std::string&)> on_exit_;
   const std::string binary_, state_dir_;
+  const std::string secret_;
   const Clock& clock_;
   mutable std::mutex mu_;
   std::map<std::string, Worker> workers_;

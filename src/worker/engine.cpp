@@ -547,12 +547,16 @@ void Engine::HandleDecodeFailure(int rc, const std::string& what) {
   if (DeviceLost()) {
     // Nothing on the device can be trusted again: fail fast from now on
     // (the supervisor restarts the worker, as after a driver reset).
+    // Marked before the requests fail: a client told "device lost" that asks
+    // /health at once must hear it too.
     const std::string msg = "the device was lost during decode";
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      device_lost_ = true;
+      healthy_ = false;
+      last_error_ = msg;
+    }
     FailAllActive(Status::Unavailable(msg).WithPhase(FailurePhase::kDevice));
-    std::lock_guard<std::mutex> lk(mu_);
-    device_lost_ = true;
-    healthy_ = false;
-    last_error_ = msg;
     return;
   }
   if (rc == 1) {

@@ -6,6 +6,7 @@
 #include <llama.h>
 
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -17,6 +18,8 @@
 
 #include "api/http_server.h"
 #include "common/names.h"
+#include "common/private_files.h"
+#include "common/secret.h"
 #include "worker/engine.h"
 #include "worker/faults.h"
 #include "worker/sim_control.h"
@@ -79,6 +82,9 @@ int main(int argc, char** argv) {
   app.add_option("--progress-timeout", progress_timeout_s,
                  "seconds without a finished decode step, with work waiting, after which /health reports \"stalled\"")
       ->check(CLI::Range(0.1, 86400.0))->capture_default_str();
+  size_t json_max_depth = 64;
+  app.add_option("--json-max-depth", json_max_depth, "deepest nesting of arrays and objects a request body may have")
+      ->check(CLI::Range(2, 512))->capture_default_str();
   std::string kv_type = "f16";
   app.add_option("--kv-type", kv_type, "KV cache type")->check(CLI::IsMember({"f16", "q8_0", "f32"}))->capture_default_str();
   bool kv_unified = false;
@@ -100,6 +106,11 @@ int main(int argc, char** argv) {
   int parent_pid = 0;
   app.add_option("--parent-pid", parent_pid, "exit when this process (the supervising gateway) dies");
   app.add_flag("-v,--verbose", verbose, "log llama.cpp's info messages");
+  bool no_auth = false;
+  app.add_flag("--no-auth", no_auth,
+               "serve without the worker secret: any local process may then generate text (internal fields and "
+               "fault routes are refused). By default every request must carry Authorization: Bearer <secret>, "
+               "the secret given in $SPILLWAY_WORKER_SECRET (the supervising gateway sets it)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -107,6 +118,19 @@ int main(int argc, char** argv) {
   }
   placement.mmap = !no_mmap;
   placement.dry_run = dry_run;
+  ::umask(077);
+  // The secret is read once and leaves the environment (children, /proc readers of it later).
+  std::string secret;
+  if (const char* s = std::getenv(kWorkerSecretEnv); s && *s) secret = s;
+  ::unsetenv(kWorkerSecretEnv);
+  if (secret.empty() && !no_auth && !dry_run) {
+    return Fatal(kExitUsage, Status::InvalidArgument(std::string("no worker secret: set $") + kWorkerSecretEnv +
+                                                     " (at least 16 characters; clients send Authorization: Bearer "
+                                                     "<secret>) or pass --no-auth"));
+  }
+  if (!secret.empty() && secret.size() < 16) {
+    return Fatal(kExitUsage, Status::InvalidArgument(std::string("$") + kWorkerSecretEnv + " must have at least 16 characters"));
+  }
   if (parent_pid > 0) {
     // The kernel sends SIGTERM when the parent dies; if it is already gone, stop now.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -165,19 +189,26 @@ int main(int argc, char** argv) {
   worker::Engine engine(**model, eo);
   if (Status st = engine.Start(); !st.ok()) return Fatal(kExitContext, st);
 
-  worker::WorkerService service(**model, engine, placement, {default_max_tokens, progress_timeout_s}, &faults);
+  worker::ServiceOptions service_opts;
+  service_opts.default_max_tokens = default_max_tokens;
+  service_opts.progress_timeout_s = progress_timeout_s;
+  service_opts.json_limits.max_depth = json_max_depth;
+  service_opts.secret = secret;
+  worker::WorkerService service(**model, engine, placement, service_opts, &faults);
   boost::asio::io_context ioc;
   http::ServerOptions so;
   so.max_body_bytes = max_body;
+  so.max_body_memory_bytes = std::max<size_t>(4 * max_body, 64 << 20);
+  so.max_connections = http::ConnectionCap(512, 64);
   http::Server server(ioc, so, [&service](http::Request req, std::shared_ptr<http::Exchange> ex) {
     service.Handle(std::move(req), std::move(ex));
   });
   if (Status st = server.Listen(host, port); !st.ok()) return Fatal(kExitListen, st);
   const uint16_t bound = server.port();
   if (!port_file.empty()) {
-    const std::string tmp = port_file + ".tmp";
-    { std::ofstream(tmp) << bound << "\n"; }
-    std::filesystem::rename(tmp, port_file);
+    if (Status st = WritePrivateFileAtomically(port_file, std::to_string(bound) + "\n"); !st.ok()) {
+      return Fatal(kExitListen, st);
+    }
   }
   std::printf("spillway-worker listening on http://%s:%u model=%s device=%s\n", host.c_str(), bound,
               (*model)->name().c_str(), placement.device.c_str());
@@ -190,8 +221,8 @@ int main(int argc, char** argv) {
   });
   std::signal(SIGPIPE, SIG_IGN);
   std::vector<std::thread> io_threads;
-  for (int i = 0; i < 1; ++i) io_threads.emplace_back([&] { ioc.run(); });
-  ioc.run();
+  for (int i = 0; i < 1; ++i) io_threads.emplace_back([&ioc] { http::RunLogged(ioc, "spillway-worker"); });
+  http::RunLogged(ioc, "spillway-worker");
   for (auto& t : io_threads) t.join();
   engine.Stop();
   return 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "api/json_limits.h"
 #include "common/hash.h"
 
 namespace spillway::worker {
@@ -90,6 +91,8 @@ std::vector<ToolCallPiece> ToolCallParser::Finish() {
 }
 
 std::optional<api::ToolCall> ParseToolCallBody(std::string_view body, const std::vector<std::string>& names) {
+  // Model output is outside input too: bounded before anything recursive (dump) runs on it.
+  if (api::CheckJsonLimits(body, api::JsonLimits{}) != api::JsonShape::kOk) return std::nullopt;
   // ordered_json keeps the arguments' keys in the order the model wrote them.
   auto j = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return std::nullopt;

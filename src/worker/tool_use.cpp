@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/json_limits.h"
+
 #include "worker/tool_call_grammar.h"
 #include "worker/tool_call_parser.h"
 
@@ -36,8 +38,11 @@ std::string ToolsSystemText(const api::ChatRequest& r) {
 std::string CallsText(const std::vector<api::ToolCall>& calls) {
   std::string text;
   for (const auto& c : calls) {
-    ojson args = ojson::parse(c.arguments, nullptr, false);
-    if (args.is_discarded()) args = c.arguments;  // not JSON: kept, as a string
+    // Bounded before parsing (dump() recurses per level); not JSON: kept, as a string.
+    ojson args = api::CheckJsonLimits(c.arguments, api::JsonLimits{}) == api::JsonShape::kOk
+                     ? ojson::parse(c.arguments, nullptr, false)
+                     : ojson(c.arguments);
+    if (args.is_discarded()) args = c.arguments;
     if (!text.empty()) text += '\n';
     text += kToolCallOpen;
     text += "\n{\"name\": " + JsonText(c.name) + ", \"arguments\": " + JsonText(args) + "}\n";

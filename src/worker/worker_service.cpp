@@ -6,6 +6,7 @@
 
 #include "api/openai_request.h"
 #include "api/openai_response.h"
+#include "common/secret.h"
 #include "worker/reply_writer.h"
 
 namespace spillway::worker {
@@ -56,15 +57,35 @@ std::string WorkerService::RequestId(const http::Request& req) {
     const std::string v(it->value());
     if (ValidRequestId(v)) return v;
   }
-  std::lock_guard<std::mutex> lk(rng_mu_);
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "req-%016llx", static_cast<unsigned long long>(rng_()));
-  return buf;
+  return "req-" + RandomHex(8);  // not from rng_, whose seeds are returned in answers
 }
 
 uint32_t WorkerService::FreshSeed() {
   std::lock_guard<std::mutex> lk(rng_mu_);
   return static_cast<uint32_t>(rng_() % 0xFFFFFFFFull);  // never LLAMA_DEFAULT_SEED
+}
+
+Status WorkerService::CheckCaller(const http::Request& req) const {
+  // DNS rebinding and pages in a browser: only loopback names, no Origin.
+  auto host = req.find(bhttp::field::host);
+  if (host == req.end()) return Status::PermissionDenied("a Host header is required");
+  const std::string h = http::HostOnly(std::string_view(host->value().data(), host->value().size()));
+  if (h != "127.0.0.1" && h != "localhost" && h != "[::1]") {
+    return Status::PermissionDenied("Host '" + h + "' is not allowed: a worker answers loopback names only");
+  }
+  if (req.find(bhttp::field::origin) != req.end()) {
+    return Status::PermissionDenied("requests from browsers (with an Origin) are not allowed: call the gateway");
+  }
+  if (opts_.secret.empty()) return Status::Ok();
+  auto auth = req.find(bhttp::field::authorization);
+  const std::string_view given = auth == req.end() ? std::string_view()
+                                                   : std::string_view(auth->value().data(), auth->value().size());
+  constexpr std::string_view kBearer = "Bearer ";
+  if (given.substr(0, kBearer.size()) != kBearer || !SecretEquals(given.substr(kBearer.size()), opts_.secret)) {
+    return Status::Unauthenticated("this worker answers its supervising gateway only "
+                                   "(Authorization: Bearer <the worker secret>)");
+  }
+  return Status::Ok();
 }
 
 void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
@@ -73,6 +94,7 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
   const auto method = req.method();
   const unsigned v = req.version();
   auto respond_error = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
+  if (Status st = CheckCaller(req); !st.ok()) return respond_error(st);
 
   if (path == "/health") {
     if (method != bhttp::verb::get) return respond_error(Status(StatusCode::kInvalidArgument, "use GET"));
@@ -112,7 +134,10 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
   }
   if (path == "/v1/worker/faults" && method == bhttp::verb::post) {
     if (!faults_) return respond_error(Status::InvalidArgument("fault injection is not available"));
-    auto body = api::ParseJsonBody(req.body());
+    if (opts_.secret.empty()) {
+      return respond_error(Status::PermissionDenied("fault routes need the worker secret (this worker runs with --no-auth)"));
+    }
+    auto body = api::ParseJsonBody(req.body(), opts_.json_limits);
     if (!body.ok()) return respond_error(body.status());
     auto it = body->find("faults");
     if (it == body->end() || !it->is_array()) return respond_error(Status::InvalidArgument("'faults' must be an array of strings"));
@@ -134,7 +159,7 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
 
 StatusOr<std::vector<int32_t>> WorkerService::PromptTokens(const std::string& text, bool chat,
                                                           api::GenerationRequest* gen, ToolUse* tools) const {
-  auto body = api::ParseJsonBody(text);
+  auto body = api::ParseJsonBody(text, opts_.json_limits);
   if (!body.ok()) return body.status();
   std::string prompt_text;
   std::vector<int32_t> given_tokens;
@@ -182,6 +207,10 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
   job->stop = gen.stop;
   job->ignore_eos = gen.ignore_eos;
   if (!gen.resume_tokens.empty()) {
+    if (opts_.secret.empty()) {
+      return fail(Status::PermissionDenied("'spillway_resume' is internal: only a supervising gateway (with the worker "
+                                           "secret) may send it"));
+    }
     auto checked = model_.CheckTokens(gen.resume_tokens);
     if (!checked.ok()) return fail(checked.status());
     job->resume_tokens = std::move(*checked);
@@ -269,7 +298,7 @@ void WorkerService::HandleEmbeddings(const http::Request& req, std::shared_ptr<h
   const unsigned v = req.version();
   auto fail = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
   if (!model_.is_embedding()) return fail(Status::InvalidArgument("this worker serves a generative model, not embeddings"));
-  auto body = api::ParseJsonBody(req.body());
+  auto body = api::ParseJsonBody(req.body(), opts_.json_limits);
   if (!body.ok()) return fail(body.status());
   auto r = api::ParseEmbeddingRequest(*body);
   if (!r.ok()) return fail(r.status());

@@ -13,6 +13,9 @@
 //
 // Requests carry their id in X-Request-Id (the gateway sets it; otherwise the
 // worker makes one). A client that disconnects cancels its request.
+//
+// Callers: the supervising gateway only. Every request needs the worker secret
+// (ServiceOptions::secret) and a loopback Host; a browser's Origin is refused.
 #pragma once
 
 #include <atomic>
@@ -22,6 +25,7 @@
 #include <string>
 
 #include "api/http_server.h"
+#include "api/json_limits.h"
 #include "worker/engine.h"
 #include "worker/faults.h"
 #include "worker/model.h"
@@ -32,6 +36,10 @@ namespace spillway::worker {
 struct ServiceOptions {
   int default_max_tokens = 256;  // when a request does not set max_tokens
   double progress_timeout_s = 10;  // /health answers 503 "stalled" past this without a decode step
+  api::JsonLimits json_limits;     // every body is checked against these before it is parsed
+  // Every request must carry "Authorization: Bearer <secret>". Empty (--no-auth):
+  // anyone local may call, but internal fields and fault routes are refused.
+  std::string secret;
 };
 
 class WorkerService {
@@ -45,6 +53,8 @@ class WorkerService {
   nlohmann::json Info() const;
 
  private:
+  // Loopback Host, no browser Origin, the worker secret.
+  Status CheckCaller(const http::Request& req) const;
   void HandleGeneration(const http::Request& req, std::shared_ptr<http::Exchange> ex, bool chat);
   // Parses a chat/completion body and returns its prompt tokens; `tools`
   // gets the chat request's tool use.

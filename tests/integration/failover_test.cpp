@@ -68,7 +68,7 @@ class FailoverTest : public ::testing::Test {
   }
   void ArmGpu(const std::string& fault) {
     const uint16_t port = Placement(0)["port"].get<uint16_t>();
-    auto r = http::Fetch("127.0.0.1", port, "POST", "/v1/worker/faults", json{{"faults", {fault}}}.dump());
+    auto r = http::Fetch("127.0.0.1", port, "POST", "/v1/worker/faults", json{{"faults", {fault}}}.dump(), WorkerAuth());
     ASSERT_TRUE(r.ok() && r->status == 200) << (r.ok() ? r->body : r.status().ToString());
   }
   http::ClientResponse Post(const json& body, const std::string& id) {
@@ -323,7 +323,7 @@ TEST(FailFastTest, AFailedGpuAttemptIsAnErrorNotASpill) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ASSERT_TRUE(http::Fetch("127.0.0.1", gpu["port"].get<uint16_t>(), "POST", "/v1/worker/faults",
-                          json{{"faults", {"compute-error"}}}.dump())->status == 200);
+                          json{{"faults", {"compute-error"}}}.dump(), WorkerAuth())->status == 200);
   auto r = http::Fetch("127.0.0.1", gw.port(), "POST", "/v1/completions",
                        json{{"model", "chat"}, {"prompt", "x"}, {"max_tokens", 4}}.dump(), {{"X-Request-Id", "ff-1"}});
   ASSERT_TRUE(r.ok());

@@ -45,6 +45,9 @@ bool GatewayProcess::Start(std::chrono::seconds timeout, bool wait_ready) {
   fs::remove(port_file);
   std::vector<std::string> args = {BinDir() + "/spillway", "serve", "--config", config_path_, "--state-dir",
                                    state_dir_, "--listen", "127.0.0.1:0", "--port-file", port_file};
+  TestWorkerSecret();  // its workers require the test's secret, so tests may call them too
+  args.insert(args.begin(), prefix_.begin(), prefix_.end());
+  args.insert(args.end(), extra_.begin(), extra_.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

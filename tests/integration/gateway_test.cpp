@@ -18,6 +18,7 @@
 
 #include "api/http_client.h"
 #include "common/clock.h"
+#include "gateway_calls.h"
 #include "gateway_process.h"
 #include "journal/journal.h"
 #include "worker_process.h"
@@ -26,36 +27,6 @@ namespace spillway::testing {
 namespace {
 
 using nlohmann::json;
-
-json Body(const http::ClientResponse& r) { return json::parse(r.body, nullptr, false); }
-
-http::ClientResponse Call(uint16_t port, const std::string& method, const std::string& path, const std::string& body = "",
-                          const http::HeaderList& headers = {}) {
-  auto r = http::Fetch("127.0.0.1", port, method, path, body, headers, std::chrono::seconds(120));
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  return r.ok() ? *r : http::ClientResponse{};
-}
-
-std::string Chat(int max_tokens, bool stream = false, const std::string& prompt = "Hello") {
-  return json{{"model", "chat"},
-              {"messages", json::array({{{"role", "user"}, {"content", prompt}}})},
-              {"max_tokens", max_tokens},
-              {"temperature", 0},
-              {"ignore_eos", true},
-              {"stream", stream}}
-      .dump();
-}
-
-json WaitTerminal(uint16_t port, const std::string& id, int seconds = 60) {
-  json j;
-  for (int i = 0; i < seconds * 50; ++i) {
-    j = Body(Call(port, "GET", "/v1/requests/" + id));
-    const std::string st = j.value("state", "");
-    if (st != "queued" && st != "running") return j;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return j;
-}
 
 // The worker of a service, from /v1/status.
 json WorkerStatus(uint16_t port, const std::string& service) {
@@ -68,7 +39,7 @@ json WorkerStatus(uint16_t port, const std::string& service) {
 
 uint64_t WorkerReceived(uint16_t gateway_port, const std::string& service) {
   const json w = WorkerStatus(gateway_port, service);
-  auto info = http::Fetch("127.0.0.1", w["port"].get<uint16_t>(), "GET", "/v1/worker/info");
+  auto info = http::Fetch("127.0.0.1", w["port"].get<uint16_t>(), "GET", "/v1/worker/info", "", WorkerAuth());
   return json::parse(info->body)["requests"]["received"].get<uint64_t>();
 }
 
@@ -290,6 +261,44 @@ TEST(GatewayConfigTest, BadConfigsRefuseToStart) {
   EXPECT_EQ(rc, 2);
   EXPECT_NE(out.find("allow_unauthenticated_remote"), std::string::npos) << out;
   std::filesystem::remove(cfg);
+}
+
+// What cannot work is refused at start with the file, the key and the
+// reason; with --keep-going the placement is marked unavailable instead and
+// a request to it is answered at once with why.
+TEST(GatewayStartupTest, ANonGgufModelOrAMissingDeviceIsRefusedAtStartOrMarkedUnavailable) {
+  const std::string fake = (std::filesystem::temp_directory_path() / "spillway-fake-model.gguf").string();
+  { std::ofstream(fake) << "this is text, not a model\n"; }
+  GatewayProcess text("[[service]]\nname = \"x\"\nmodel = \"" + fake + "\"\n[[service.placement]]\ndevice = \"cpu\"\n");
+  EXPECT_FALSE(text.Start(std::chrono::seconds(10)));
+  EXPECT_NE(text.Output().find(fake), std::string::npos) << text.Output();
+  EXPECT_NE(text.Output().find("service[0].model"), std::string::npos) << text.Output();
+  EXPECT_NE(text.Output().find("refusing to start"), std::string::npos) << text.Output();
+  std::filesystem::remove(fake);
+
+  const std::string gpu = TestConfig(1) + "[[service]]\nname = \"gpu\"\nmodel = \"" + ModelPath("tiny-chat") +
+                          "\"\n[[service.placement]]\ndevice = \"cuda:7\"\ngpu_layers = 99\n";
+  GatewayProcess refused(gpu);
+  EXPECT_FALSE(refused.Start(std::chrono::seconds(10)));
+  EXPECT_NE(refused.Output().find("service[2].placement[0].device"), std::string::npos) << refused.Output();
+  EXPECT_NE(refused.Output().find("cuda"), std::string::npos) << refused.Output();
+
+  GatewayProcess kept(gpu);
+  kept.SetExtraArgs({"--keep-going"});
+  ASSERT_TRUE(kept.Start(std::chrono::seconds(60), /*wait_ready=*/false)) << kept.Output();
+  const uint16_t p = kept.port();
+  for (int i = 0; i < 500 && Call(p, "POST", "/v1/chat/completions", Chat(2)).status != 200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(Call(p, "POST", "/v1/chat/completions", Chat(2)).status, 200);  // the other services serve
+  const auto t0 = std::chrono::steady_clock::now();
+  json body = json::parse(Chat(2));
+  body["model"] = "gpu";
+  auto r = Call(p, "POST", "/v1/chat/completions", body.dump());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));  // at once, not a silent wait
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_NE(r.body.find("unavailable"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("cuda"), std::string::npos) << r.body;
 }
 
 TEST(GatewaySupervisorTest, KilledWorkerIsRestartedAndOtherServicesAreUnaffected) {

@@ -29,7 +29,7 @@ json Body(const http::ClientResponse& r) { return json::parse(r.body, nullptr, f
 
 http::ClientResponse Call(const WorkerProcess& w, const std::string& method, const std::string& path,
                           const json& body = nullptr) {
-  auto r = http::Fetch("127.0.0.1", w.port(), method, path, body.is_null() ? "" : body.dump());
+  auto r = http::Fetch("127.0.0.1", w.port(), method, path, body.is_null() ? "" : body.dump(), WorkerAuth());
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return r.ok() ? *r : http::ClientResponse{};
 }
@@ -183,7 +183,7 @@ TEST_F(SimTest, ComputeAbortKillsTheProcessLikeACudaPoolFailure) {
   MakeDevice(0, 256);
   WorkerProcess w(ModelPath("tiny-chat"), SimArgs("sim:0", 99, 512, {"--fault", "compute-abort"}));
   ASSERT_TRUE(w.running()) << w.Stderr();
-  auto r = http::Fetch("127.0.0.1", w.port(), "POST", "/v1/completions", R"({"prompt":"x","max_tokens":4})");
+  auto r = http::Fetch("127.0.0.1", w.port(), "POST", "/v1/completions", R"({"prompt":"x","max_tokens":4})", WorkerAuth());
   EXPECT_FALSE(r.ok() && r->status == 200);
   EXPECT_EQ(w.Wait(), -SIGABRT);
   EXPECT_NE(w.Stderr().find("injected fatal error"), std::string::npos);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -30,9 +31,24 @@ std::string ModelPath(const std::string& name) {
   return std::string(m ? m : "build/models") + "/" + name + ".gguf";
 }
 
+const std::string& TestWorkerSecret() {
+  static const std::string secret = [] {
+    const std::string s = "test-secret-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}());
+    setenv("SPILLWAY_WORKER_SECRET", s.c_str(), 1);
+    return s;
+  }();
+  return secret;
+}
+
+std::vector<std::pair<std::string, std::string>> WorkerAuth(std::vector<std::pair<std::string, std::string>> more) {
+  more.insert(more.begin(), {"Authorization", "Bearer " + TestWorkerSecret()});
+  return more;
+}
+
 namespace {
 
 pid_t Spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+  TestWorkerSecret();  // children inherit it
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

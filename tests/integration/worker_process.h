@@ -6,12 +6,21 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace spillway::testing {
 
 std::string BinDir();
 std::string ModelPath(const std::string& name);  // e.g. "tiny-chat"
+
+// The worker secret of this test process: set in its environment
+// ($SPILLWAY_WORKER_SECRET) on first use, so that workers and gateways it
+// starts (and their supervisors' workers) require it. Every process started
+// through this file has it.
+const std::string& TestWorkerSecret();
+// Authorization: Bearer <TestWorkerSecret()>, plus `more`: for calls to workers.
+std::vector<std::pair<std::string, std::string>> WorkerAuth(std::vector<std::pair<std::string, std::string>> more = {});
 
 class WorkerProcess {
  public:

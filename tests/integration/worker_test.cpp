@@ -25,13 +25,13 @@ json Body(const http::ClientResponse& r) { return json::parse(r.body); }
 
 http::ClientResponse Post(const WorkerProcess& w, const std::string& path, const json& body,
                           const http::HeaderList& headers = {}) {
-  auto r = http::Fetch("127.0.0.1", w.port(), "POST", path, body.dump(), headers);
+  auto r = http::Fetch("127.0.0.1", w.port(), "POST", path, body.dump(), WorkerAuth(headers));
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return r.ok() ? *r : http::ClientResponse{};
 }
 
 http::ClientResponse Get(const WorkerProcess& w, const std::string& path) {
-  auto r = http::Fetch("127.0.0.1", w.port(), "GET", path);
+  auto r = http::Fetch("127.0.0.1", w.port(), "GET", path, "", WorkerAuth());
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return r.ok() ? *r : http::ClientResponse{};
 }
@@ -395,7 +395,7 @@ TEST_F(WorkerTest, CancelFreesTheSlotWhileOthersContinue) {
   // A DELETE that arrives before the request is remembered (404 now, refused
   // on arrival), one that finds it running answers 200: both end it cancelled.
   for (int i = 0; i < 200; ++i) {
-    auto r = http::Fetch("127.0.0.1", chat_->port(), "DELETE", "/v1/worker/requests/cancel-me-1");
+    auto r = http::Fetch("127.0.0.1", chat_->port(), "DELETE", "/v1/worker/requests/cancel-me-1", "", WorkerAuth());
     ASSERT_TRUE(r.ok());
     if (r->status == 200 || long_req.wait_for(std::chrono::milliseconds(10)) == std::future_status::ready) break;
   }
@@ -407,7 +407,7 @@ TEST_F(WorkerTest, CancelFreesTheSlotWhileOthersContinue) {
   EXPECT_EQ(info["slots"]["busy"], 0);
   EXPECT_EQ(info["kv_cells"]["reserved"], 0);
   // Cancelling an unknown id is a 404.
-  auto r = http::Fetch("127.0.0.1", chat_->port(), "DELETE", "/v1/worker/requests/nope");
+  auto r = http::Fetch("127.0.0.1", chat_->port(), "DELETE", "/v1/worker/requests/nope", "", WorkerAuth());
   EXPECT_EQ(r->status, 404);
 }
 
@@ -419,7 +419,8 @@ TEST_F(WorkerTest, ClientDisconnectCancelsTheRequest) {
     net::ip::tcp::socket sock(ioc);
     sock.connect({net::ip::make_address("127.0.0.1"), chat_->port()});
     const std::string body = json{{"prompt", "x"}, {"max_tokens", 1800}, {"stream", true}, {"ignore_eos", true}}.dump();
-    const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                            "Authorization: Bearer " + TestWorkerSecret() + "\r\n"
                             "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
     net::write(sock, net::buffer(req));
     char buf[256];
@@ -467,7 +468,7 @@ TEST_F(WorkerTest, BadInputsGetTheirStatusAndTheWorkerKeepsServing) {
       {"/v1/nothing", "{}", 404, "no route"},
   };
   for (const auto& c : cases) {
-    auto r = http::Fetch("127.0.0.1", chat_->port(), "POST", c.path, c.body);
+    auto r = http::Fetch("127.0.0.1", chat_->port(), "POST", c.path, c.body, WorkerAuth());
     ASSERT_TRUE(r.ok()) << c.body;
     EXPECT_EQ(r->status, c.status) << c.body << " -> " << r->body;
     json e = json::parse(r->body, nullptr, false);
@@ -479,7 +480,7 @@ TEST_F(WorkerTest, BadInputsGetTheirStatusAndTheWorkerKeepsServing) {
     EXPECT_TRUE(e["error"].contains("code"));
   }
   // A body over the limit is refused before it is read whole.
-  auto huge = http::Fetch("127.0.0.1", chat_->port(), "POST", "/v1/completions", std::string(9 << 20, 'x'));
+  auto huge = http::Fetch("127.0.0.1", chat_->port(), "POST", "/v1/completions", std::string(9 << 20, 'x'), WorkerAuth());
   ASSERT_TRUE(huge.ok()) << huge.status().ToString();
   EXPECT_EQ(huge->status, 413);
   // Garbage on the wire gets a 400, not a crash.
@@ -512,7 +513,7 @@ TEST(WorkerSlotsTest, AllSlotsBusyIs503WithRetryAfter) {
   EXPECT_EQ(r.status, 503) << r.body;
   EXPECT_EQ(r.Header("retry-after"), "1");
   EXPECT_EQ(Body(r)["error"]["code"], "resource_exhausted");
-  http::Fetch("127.0.0.1", w.port(), "DELETE", "/v1/worker/requests/hold-slot");
+  http::Fetch("127.0.0.1", w.port(), "DELETE", "/v1/worker/requests/hold-slot", "", WorkerAuth());
   busy.get();
   EXPECT_EQ(Post(w, "/v1/completions", {{"prompt", "y"}, {"max_tokens", 4}}).status, 200);
 }

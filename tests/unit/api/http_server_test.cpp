@@ -6,7 +6,10 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/write.hpp>
 
+#include <sys/socket.h>
+
 #include <atomic>
+#include <stdexcept>
 #include <future>
 #include <thread>
 
@@ -20,10 +23,13 @@ namespace net = boost::asio;
 // A server on port 0 with a few test routes, run on its own thread.
 class ServerFixture : public ::testing::Test {
  protected:
-  void SetUp() override {
+  virtual ServerOptions Options() {
     ServerOptions o;
     o.max_body_bytes = 1024;
-    server_ = std::make_unique<Server>(ioc_, o, [this](Request req, std::shared_ptr<Exchange> ex) {
+    return o;
+  }
+  void SetUp() override {
+    server_ = std::make_unique<Server>(ioc_, Options(), [this](Request req, std::shared_ptr<Exchange> ex) {
       const std::string t(req.target());
       if (t == "/echo") return ex->Respond(MakeResponse(200, req.body(), "text/plain"));
       if (t == "/stream") {
@@ -40,6 +46,7 @@ class ServerFixture : public ::testing::Test {
         return;
       }
       if (t == "/drop") return;  // the Exchange is dropped unanswered
+      if (t == "/throw") throw std::runtime_error("handler bug");
       ex->Respond(MakeResponse(404, "", "text/plain"));
     });
     ASSERT_TRUE(server_->Listen("127.0.0.1", 0).ok());
@@ -88,6 +95,8 @@ TEST_F(ServerFixture, DroppedExchangeAnswers500) {
   EXPECT_EQ(r->status, 500);
 }
 
+// A peer that closes (end of file, as a client's abort does) is told from one
+// that half-closes by an interim 100 Continue: its kernel answers with a reset.
 TEST_F(ServerFixture, PeerCloseRunsTheDisconnectCallback) {
   {
     net::io_context ioc;
@@ -113,6 +122,148 @@ TEST(ServerListenTest, RejectsNonNumericHost) {
   EXPECT_TRUE(IsLoopbackAddress("::1"));
   EXPECT_FALSE(IsLoopbackAddress("0.0.0.0"));
   EXPECT_FALSE(IsLoopbackAddress("nonsense"));
+}
+
+// Raw connections for the hostile-peer tests.
+struct RawPeer {
+  explicit RawPeer(uint16_t port) : sock(ioc) { sock.connect({net::ip::make_address("127.0.0.1"), port}); }
+  void Send(const std::string& bytes) { net::write(sock, net::buffer(bytes)); }
+  // Reads until the peer closes or `timeout` passes.
+  std::string ReadAll(std::chrono::milliseconds timeout = std::chrono::milliseconds(3000)) {
+    timeval tv{static_cast<time_t>(timeout.count() / 1000), static_cast<suseconds_t>((timeout.count() % 1000) * 1000)};
+    setsockopt(sock.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    std::string out;
+    char buf[4096];
+    while (true) {
+      const ssize_t n = ::recv(sock.native_handle(), buf, sizeof buf, 0);
+      if (n <= 0) break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
+  }
+  net::io_context ioc;
+  net::ip::tcp::socket sock;
+};
+
+TEST_F(ServerFixture, PeerResetRunsTheDisconnectCallback) {
+  {
+    RawPeer p(server_->port());
+    p.Send("GET /hang HTTP/1.1\r\nHost: x\r\n\r\n");
+    for (int i = 0; i < 200 && !held_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    p.sock.set_option(net::socket_base::linger(true, 0));  // close() sends a reset
+  }
+  for (int i = 0; i < 400 && !disconnected_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_TRUE(disconnected_);
+}
+
+TEST_F(ServerFixture, HalfClosedPeerKeepsItsRequestAndGetsTheAnswer) {
+  RawPeer p(server_->port());
+  p.Send("GET /hang HTTP/1.1\r\nHost: x\r\n\r\n");
+  p.sock.shutdown(net::ip::tcp::socket::shutdown_send);  // "I have sent everything"
+  for (int i = 0; i < 200 && !held_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(held_);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the server has seen the end of file by now
+  EXPECT_FALSE(disconnected_);
+  EXPECT_FALSE(held_->disconnected());
+  held_->Respond(MakeResponse(200, "late answer", "text/plain"));
+  const std::string got = p.ReadAll();
+  EXPECT_NE(got.find("200 OK"), std::string::npos) << got;
+  EXPECT_NE(got.find("late answer"), std::string::npos) << got;
+}
+
+TEST_F(ServerFixture, Http11WithoutHostIs400) {
+  RawPeer p(server_->port());
+  p.Send("POST /echo HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi");
+  const std::string got = p.ReadAll();
+  EXPECT_NE(got.find("400 Bad Request"), std::string::npos) << got;
+  EXPECT_NE(got.find("Host"), std::string::npos) << got;
+  // HTTP/1.0 has no Host requirement.
+  RawPeer q(server_->port());
+  q.Send("POST /echo HTTP/1.0\r\nContent-Length: 2\r\n\r\nhi");
+  EXPECT_NE(q.ReadAll().find("200 OK"), std::string::npos);
+}
+
+TEST_F(ServerFixture, HandlerExceptionIs500AndTheServerGoesOn) {
+  auto r = Fetch("127.0.0.1", server_->port(), "GET", "/throw");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, 500);
+  auto ok = Fetch("127.0.0.1", server_->port(), "POST", "/echo", "alive");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->body, "alive");
+}
+
+// While a request runs, a peer that keeps sending (pipelining without end)
+// is no longer read past the header limit: its bytes stay in the kernel's
+// buffers, and its writes stall, instead of growing the server's memory.
+TEST_F(ServerFixture, BytesSentDuringARequestAreNotBufferedWithoutBound) {
+  RawPeer p(server_->port());
+  p.Send("GET /hang HTTP/1.1\r\nHost: x\r\n\r\n");
+  for (int i = 0; i < 200 && !held_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(held_);
+  p.sock.non_blocking(true);
+  const std::string chunk(1 << 20, 'x');
+  size_t sent = 0;
+  auto last_progress = std::chrono::steady_clock::now();
+  while (sent < (size_t{256} << 20) && std::chrono::steady_clock::now() - last_progress < std::chrono::milliseconds(1500)) {
+    boost::system::error_code ec;
+    const size_t n = p.sock.write_some(net::buffer(chunk), ec);
+    if (n > 0) {
+      sent += n;
+      last_progress = std::chrono::steady_clock::now();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  // Loopback socket buffers hold a few MiB; a server that reads everything takes all 256 MiB.
+  EXPECT_LT(sent, size_t{64} << 20) << "the server kept reading a peer whose request was running";
+  EXPECT_FALSE(disconnected_);
+}
+
+// A server with small connection and body budgets.
+class TightServer : public ServerFixture {
+ protected:
+  ServerOptions Options() override {
+    ServerOptions o;
+    o.max_body_bytes = 1024;
+    o.max_body_memory_bytes = 1500;
+    o.max_connections = 2;
+    return o;
+  }
+};
+
+TEST_F(TightServer, ConnectionsBeyondTheCapAre503AndClosed) {
+  auto a = std::make_unique<RawPeer>(server_->port());
+  auto b = std::make_unique<RawPeer>(server_->port());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // both sessions accepted
+  RawPeer c(server_->port());
+  const std::string got = c.ReadAll();
+  EXPECT_NE(got.find("503"), std::string::npos) << got;
+  EXPECT_NE(got.find("Retry-After"), std::string::npos) << got;
+  a.reset();
+  b.reset();
+  int status = 0;
+  for (int i = 0; i < 200 && status != 200; ++i) {  // the idle sessions end as their peers close
+    auto r = Fetch("127.0.0.1", server_->port(), "POST", "/echo", "again");
+    status = r.ok() ? r->status : 0;
+    if (status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(status, 200);
+}
+
+TEST_F(TightServer, BodiesBeyondTheMemoryBudgetAre503UntilOneCompletes) {
+  RawPeer slow(server_->port());
+  slow.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + std::string(10, 'a'));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its 1000 bytes are reserved
+  auto r = Fetch("127.0.0.1", server_->port(), "POST", "/echo", std::string(1000, 'b'));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, 503);
+  EXPECT_EQ(r->Header("retry-after"), "1");
+  slow.Send(std::string(990, 'a'));
+  const std::string got = slow.ReadAll(std::chrono::milliseconds(1000));
+  EXPECT_NE(got.find("200 OK"), std::string::npos);
+  auto after = Fetch("127.0.0.1", server_->port(), "POST", "/echo", std::string(1000, 'c'));
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->status, 200);
 }
 
 }  // namespace

@@ -1,0 +1,108 @@
+#include "api/json_limits.h"
+
+#include <nlohmann/json.hpp>
+
+#include <vector>
+
+namespace spillway::api {
+
+using nlohmann::json;
+
+namespace {
+
+// A SAX handler that keeps nothing but counters; returning false stops the
+// parse at once.
+class LimitChecker {
+ public:
+  explicit LimitChecker(const JsonLimits& l) : l_(l) {}
+
+  bool null() { return Value(); }
+  bool boolean(bool) { return Value(); }
+  bool number_integer(json::number_integer_t) { return Value(); }
+  bool number_unsigned(json::number_unsigned_t) { return Value(); }
+  bool number_float(json::number_float_t, const std::string&) { return Value(); }
+  bool string(std::string& s) { return Value() && Text(s.size()); }
+  bool binary(json::binary_t&) { return Value(); }
+  bool key(std::string& k) { return Text(k.size()); }
+  bool start_object(std::size_t) { return Open(); }
+  bool start_array(std::size_t) { return Open(); }
+  bool end_object() { return Close(); }
+  bool end_array() { return Close(); }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception&) {
+    if (shape == JsonShape::kOk) {
+      shape = JsonShape::kMalformed;
+      why = "is not valid JSON (at byte " + std::to_string(position) + ")";
+    }
+    return false;
+  }
+
+  JsonShape shape = JsonShape::kOk;
+  std::string why;
+
+ private:
+  bool Fail(std::string what) {
+    shape = JsonShape::kTooLarge;
+    why = std::move(what);
+    return false;
+  }
+  bool Value() {
+    if (++values_ > l_.max_values) {
+      return Fail("holds more than " + std::to_string(l_.max_values) + " JSON values (json_max_values)");
+    }
+    if (!counts_.empty() && ++counts_.back() > l_.max_elements) {
+      return Fail("has an array or object of more than " + std::to_string(l_.max_elements) +
+                  " entries (json_max_elements)");
+    }
+    return true;
+  }
+  bool Text(size_t n) {
+    if (n > l_.max_string_bytes) {
+      return Fail("has a string longer than " + std::to_string(l_.max_string_bytes) + " bytes (json_max_string_bytes)");
+    }
+    return true;
+  }
+  bool Open() {
+    if (!Value()) return false;
+    if (counts_.size() >= l_.max_depth) {
+      return Fail("nests arrays and objects deeper than " + std::to_string(l_.max_depth) + " levels (json_max_depth)");
+    }
+    counts_.push_back(0);
+    return true;
+  }
+  bool Close() {
+    if (!counts_.empty()) counts_.pop_back();
+    return true;
+  }
+
+  const JsonLimits& l_;
+  size_t values_ = 0;
+  std::vector<size_t> counts_;  // entries so far of each open container
+};
+
+}  // namespace
+
+JsonShape CheckJsonLimits(std::string_view text, const JsonLimits& limits, std::string* why) {
+  LimitChecker checker(limits);
+  const bool ok = json::sax_parse(text.begin(), text.end(), &checker, json::input_format_t::json, /*strict=*/true);
+  if (!ok && checker.shape == JsonShape::kOk) {  // stopped without saying why: treat as malformed
+    checker.shape = JsonShape::kMalformed;
+    checker.why = "is not valid JSON";
+  }
+  if (why) *why = checker.why;
+  return checker.shape;
+}
+
+StatusOr<json> ParseJsonBody(std::string_view body, const JsonLimits& limits) {
+  std::string why;
+  switch (CheckJsonLimits(body, limits, &why)) {
+    case JsonShape::kOk: break;
+    case JsonShape::kMalformed: return Status::InvalidArgument("request body " + why);
+    case JsonShape::kTooLarge: return Status::InvalidArgument("request body " + why);
+  }
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::InvalidArgument("request body is not valid JSON");
+  if (!j.is_object()) return Status::InvalidArgument("request body must be a JSON object");
+  return j;
+}
+
+}  // namespace spillway::api

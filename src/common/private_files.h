@@ -1,0 +1,34 @@
+// Files that only their owner may read: the state directory (journal with
+// prompts and answers, logs, port files) and the files in it.
+//
+// Another local user must be able neither to read them nor to plant files
+// or symbolic links that the gateway would trust (a port file that points
+// at a fake worker, a log that is a link to a file of the gateway's user).
+#pragma once
+
+#include <fcntl.h>
+
+#include <string>
+
+#include "common/status.h"
+
+namespace spillway {
+
+// Creates `dir` (and missing parents) with mode 0700, or accepts an existing
+// one that the effective user owns and no one else may write. One that others
+// may only read is tightened to 0700 (older versions made it 0755). Another
+// owner, group/other write permission or a non-directory is refused with an
+// error that names the path and the fix.
+Status EnsurePrivateDir(const std::string& dir);
+
+// Replaces `path` with `content` (mode 0600) through a temporary file created
+// exclusively (O_EXCL | O_NOFOLLOW, an unpredictable name) in the same
+// directory and renamed over it, so a reader sees the old or the new file.
+Status WritePrivateFileAtomically(const std::string& path, const std::string& content);
+
+// Flags for opening a log or data file for appending: never through a
+// symbolic link, never inherited by children that did not ask for it.
+inline constexpr int kPrivateAppendFlags = O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW;
+inline constexpr unsigned kPrivateFileMode = 0600;
+
+}  // namespace spillway

@@ -1,0 +1,89 @@
+// Who may call the gateway and whose requests a caller may see: API keys
+// (compared in constant time), the Host and Origin allow-lists, request
+// ownership, per-key concurrency, request ids.
+#include <mutex>
+
+#include "common/hash.h"
+#include "common/secret.h"
+#include "gateway/gateway.h"
+#include "gateway/gateway_internal.h"
+
+namespace spillway::gateway {
+
+namespace {
+
+std::string_view BearerToken(const http::Request& req) {
+  auto auth = req.find(bhttp::field::authorization);
+  if (auth == req.end()) return {};
+  const std::string_view v(auth->value().data(), auth->value().size());
+  constexpr std::string_view kBearer = "Bearer ";
+  return v.substr(0, kBearer.size()) == kBearer ? v.substr(kBearer.size()) : std::string_view();
+}
+
+// Every key is compared (no early exit), each in constant time.
+bool AnyKeyMatches(std::string_view token, const std::vector<std::string>& keys) {
+  bool ok = false;
+  for (const auto& k : keys) ok |= SecretEquals(token, k);
+  return ok && !token.empty();
+}
+
+}  // namespace
+
+// Unpredictable: ids are capabilities for GET/DELETE /v1/requests/{id}
+// where no keys are set.
+std::string Gateway::NewRequestId() { return "req_" + RandomHex(12); }
+
+std::string Gateway::ClientOf(const http::Request& req) const {
+  auto it = req.find(bhttp::field::authorization);
+  if (it == req.end()) return "anonymous";
+  return "key:" + Sha256Hex(std::string(it->value())).substr(0, 16);
+}
+
+Gateway::Caller Gateway::CallerOf(const http::Request& req) const {
+  Caller c;
+  c.client = ClientOf(req);
+  // Without keys every local client is one principal; an operator key sees all.
+  c.sees_all = !KeysRequired() || AnyKeyMatches(BearerToken(req), config_.operator_keys);
+  return c;
+}
+
+bool Gateway::KeysRequired() const { return !config_.api_keys.empty() || !config_.operator_keys.empty(); }
+
+Status Gateway::CheckAccess(const http::Request& req, bool needs_key) const {
+  // DNS rebinding: a page served by another host must not reach this API.
+  // Browsers always send Host; a request without one is refused too.
+  auto host = req.find(bhttp::field::host);
+  if (host == req.end()) return Status::PermissionDenied("a Host header is required");
+  const std::string h = HostOnly(std::string_view(host->value().data(), host->value().size()));
+  bool host_ok = h == config_.listen_host;
+  for (const auto& a : config_.allowed_hosts) host_ok |= a == h;
+  if (!host_ok) return Status::PermissionDenied("Host '" + h + "' is not allowed (see allowed_hosts)");
+  auto origin = req.find(bhttp::field::origin);
+  if (origin != req.end()) {
+    bool allowed = false;
+    for (const auto& a : config_.allowed_origins) allowed |= a == origin->value();
+    if (!allowed) return Status::PermissionDenied("Origin '" + std::string(origin->value()) + "' is not allowed (see allowed_origins)");
+  }
+  if (needs_key && KeysRequired()) {
+    const std::string_view token = BearerToken(req);
+    // Both lists are always compared: the time says nothing about which matched.
+    const bool api = AnyKeyMatches(token, config_.api_keys);
+    const bool op = AnyKeyMatches(token, config_.operator_keys);
+    if (!(api | op)) return Status::Unauthenticated("a valid API key is required (Authorization: Bearer <key>)");
+  }
+  return Status::Ok();
+}
+
+std::shared_ptr<void> Gateway::TakeClientSlot(const std::string& client) {
+  std::lock_guard<std::mutex> lk(mu_);
+  int& n = in_flight_by_client_[client];
+  if (n >= config_.max_requests_per_key) return nullptr;
+  ++n;
+  return std::shared_ptr<void>(new char(0), [this, client](void* p) {
+    delete static_cast<char*>(p);
+    std::lock_guard<std::mutex> lk(mu_);
+    if (--in_flight_by_client_[client] <= 0) in_flight_by_client_.erase(client);
+  });
+}
+
+}  // namespace spillway::gateway

@@ -1,0 +1,25 @@
+// What `spillway serve` can know at start without loading a model: every
+// model file is a readable GGUF whose shape Spillway understands, every
+// device named exists with a usable backend module. Each problem names the
+// service, the placement and its config key, so the operator can fix it
+// before any request is accepted (or start with --keep-going, the placement
+// marked unavailable with the same reason).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace spillway::gateway {
+
+struct StartupProblem {
+  std::string worker_key;  // WorkerKey(service, placement)
+  std::string where;       // "service 'chat' placement 1 (cuda:0), key service[0].placement[1].device"
+  std::string reason;
+};
+
+// `backend_dir`: where the ggml backend modules live (next to spillway-worker).
+std::vector<StartupProblem> CheckStartup(const config::GatewayConfig& config, const std::string& backend_dir);
+
+}  // namespace spillway::gateway

@@ -1,0 +1,79 @@
+#include "common/private_files.h"
+
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace spillway {
+namespace {
+
+namespace fs = std::filesystem;
+
+unsigned ModeOf(const std::string& p) {
+  struct stat st {};
+  ::stat(p.c_str(), &st);
+  return st.st_mode & 07777;
+}
+
+class PrivateFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "spillway-private-XXXXXX").string();
+    root_ = mkdtemp(tmpl.data());
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+  std::string root_;
+};
+
+TEST_F(PrivateFilesTest, CreatesA0700Directory) {
+  const std::string d = root_ + "/a/b/state";
+  ASSERT_TRUE(EnsurePrivateDir(d).ok());
+  EXPECT_EQ(ModeOf(d), 0700u);
+  EXPECT_TRUE(EnsurePrivateDir(d).ok());  // and accepts it again
+}
+
+TEST_F(PrivateFilesTest, RefusesADirectoryOthersMayWriteAndTightensOneTheyMayRead) {
+  const std::string open = root_ + "/open";
+  fs::create_directory(open);
+  ::chmod(open.c_str(), 0777);
+  Status st = EnsurePrivateDir(open);
+  EXPECT_EQ(st.code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(st.message().find("0777"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find(open), std::string::npos);
+  const std::string readable = root_ + "/readable";
+  fs::create_directory(readable);
+  ::chmod(readable.c_str(), 0755);
+  EXPECT_TRUE(EnsurePrivateDir(readable).ok());
+  EXPECT_EQ(ModeOf(readable), 0700u);
+  const std::string file = root_ + "/file";
+  std::ofstream(file) << "x";
+  EXPECT_FALSE(EnsurePrivateDir(file).ok());
+}
+
+TEST_F(PrivateFilesTest, WritesAtomicallyWithMode0600AndLeavesNoTemporary) {
+  const std::string p = root_ + "/port";
+  ASSERT_TRUE(WritePrivateFileAtomically(p, "1234\n").ok());
+  std::ifstream f(p);
+  std::string s;
+  f >> s;
+  EXPECT_EQ(s, "1234");
+  EXPECT_EQ(ModeOf(p), 0600u);
+  ASSERT_TRUE(WritePrivateFileAtomically(p, "5678\n").ok());
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(root_)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1);  // no temporary left behind
+  // The old predictable temporary name planted as a link changes nothing.
+  fs::create_symlink(root_ + "/elsewhere", p + ".tmp");
+  ASSERT_TRUE(WritePrivateFileAtomically(p, "9\n").ok());
+  EXPECT_FALSE(fs::exists(root_ + "/elsewhere"));
+}
+
+}  // namespace
+}  // namespace spillway
