@@ -80,16 +80,32 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
 
   if (path == "/healthz") return ex->Respond(JsonResponse(200, {{"status", "ok"}}, v));
   if (path == "/readyz") {
-    json missing = json::array();
+    json missing = json::array(), reasons = json::object();
+    const auto workers = supervisor_.Snapshot();
     for (const auto& s : config_.services) {
       bool ready = false;
+      json why = json::array();
       for (size_t i = 0; i < s.placements.size(); ++i) {
         // An on-demand replica that is stopped starts when a request needs it.
         ready |= supervisor_.ReadyPort(WorkerKey(s, i)).has_value() || supervisor_.OnDemand(WorkerKey(s, i));
+        bool supervised = false;
+        for (const auto& w : workers) {
+          if (w.key != WorkerKey(s, i)) continue;
+          supervised = true;
+          std::string r = s.placements[i].Name() + ": " + upstream::WorkerStateName(w.state);
+          if (!w.last_exit.empty()) r += " after " + w.last_exit;
+          if (!w.last_error.empty()) r += ": " + w.last_error;
+          why.push_back(r);
+        }
+        if (!supervised) why.push_back(s.placements[i].Name() + ": not started (see /v1/status)");
       }
-      if (!ready) missing.push_back(s.name);
+      if (!ready) {
+        missing.push_back(s.name);
+        reasons[s.name] = why;
+      }
     }
-    return ex->Respond(JsonResponse(missing.empty() ? 200 : 503, {{"ready", missing.empty()}, {"not_ready", missing}}, v));
+    return ex->Respond(JsonResponse(missing.empty() ? 200 : 503,
+                                    {{"ready", missing.empty()}, {"not_ready", missing}, {"reasons", reasons}}, v));
   }
   if (path == "/metrics" && method == bhttp::verb::get) {
     return ex->Respond(http::MakeResponse(200, RenderMetrics(), "text/plain; version=0.0.4", v));

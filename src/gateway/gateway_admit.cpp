@@ -117,6 +117,37 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
       return false;
     }
   }
+  {
+    // Every placement that may run keeps failing to start (a device that is
+    // gone, a driver that refuses): say why at once, never a silent wait.
+    bool hope = false;
+    std::string why;
+    int64_t next_ms = INT64_MAX;
+    const auto workers = supervisor_.Snapshot();
+    for (const auto& st : states) {
+      if (!st->admission.admitted) continue;
+      bool found = false;
+      for (const auto& w : workers) {
+        if (w.key != st->key) continue;
+        found = true;
+        if (w.state != upstream::WorkerState::kBackoff || w.failed_starts < 2) {
+          hope = true;
+          continue;
+        }
+        why += (why.empty() ? "" : "; ") + st->cfg.Name() + " failed to start " + std::to_string(w.failed_starts) +
+               " times (" + w.last_exit + (w.last_error.empty() ? "" : ": " + w.last_error) + ")";
+        next_ms = std::min(next_ms, w.next_start_ms);
+      }
+      hope |= !found;
+    }
+    if (!hope && !why.empty()) {
+      const int64_t wait_s = std::max<int64_t>(1, (next_ms - clock_.NowMs() + 999) / 1000);
+      *rejected = Status::Unavailable("no placement of '" + svc.name + "' can start right now: " + why +
+                                      "; next try in " + std::to_string(wait_s) + " s")
+                      .WithRetryAfter(static_cast<int>(wait_s));
+      return false;
+    }
+  }
   auto hold = [&](PlacementState& st) {  // pools_mu_ held
     ++st.active;
     t->holding = true;

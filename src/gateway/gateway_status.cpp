@@ -113,6 +113,11 @@ json Gateway::StatusJson() const {
         w["port"] = v.port;
         w["restarts"] = v.restarts;
         w["last_exit"] = v.last_exit;
+        if (!v.last_error.empty()) w["last_error"] = v.last_error;
+        w["failed_starts"] = v.failed_starts;
+        if (v.state == upstream::WorkerState::kBackoff) {
+          w["next_start_in_s"] = std::max<int64_t>(0, v.next_start_ms - clock_.NowMs()) / 1000.0;
+        }
         w["log"] = v.log_path;
         if (w.contains("readiness") && v.last_start_ms > 0) w["readiness"]["measured_start_s"] = v.last_start_ms / 1000.0;
         if (v.port) {

@@ -129,8 +129,32 @@ void Supervisor::Spawn(Worker& w) {
   w.health_failures = 0;
 }
 
+namespace {
+
+// The last non-empty line of a worker's log: its own last word (the worker
+// ends a failed start with a structured line naming the phase and reason).
+std::string LastLogLine(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return "";
+  std::string tail(4096, '\0');
+  std::fseek(f, 0, SEEK_END);
+  const long size = std::ftell(f);
+  const long from = size > 4096 ? size - 4096 : 0;
+  std::fseek(f, from, SEEK_SET);
+  tail.resize(std::fread(tail.data(), 1, tail.size(), f));
+  std::fclose(f);
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r' || tail.back() == ' ')) tail.pop_back();
+  const size_t nl = tail.rfind('\n');
+  std::string line = nl == std::string::npos ? tail : tail.substr(nl + 1);
+  if (line.size() > 500) line = line.substr(0, 500) + "...";
+  return line;
+}
+
+}  // namespace
+
 void Supervisor::Exited(Worker& w, const std::string& why) {
   w.view.last_exit = why;
+  w.view.last_error = LastLogLine(w.view.log_path);
   w.view.pid = 0;
   w.view.port = 0;
   w.view.state = WorkerState::kBackoff;
@@ -141,6 +165,12 @@ void Supervisor::Exited(Worker& w, const std::string& why) {
   const int64_t delay = std::min<int64_t>(cap, 500LL << std::min(w.backoff_level, 6));
   ++w.backoff_level;
   w.next_start_ms = now + delay;
+  w.view.next_start_ms = w.next_start_ms;
+  w.view.failed_starts = was_serving ? 0 : w.view.failed_starts + 1;
+  // One line per failure in the gateway's own log, with the worker's reason.
+  std::fprintf(stderr, "spillway: worker %s %s (%s)%s; next start in %.1f s\n", w.spec.key.c_str(),
+               was_serving ? "exited" : "failed to start", why.c_str(),
+               w.view.last_error.empty() ? "" : (": " + w.view.last_error).c_str(), static_cast<double>(delay) / 1000);
   w.ready_since_ms = 0;
   ++w.view.restarts;
   ++restarts_;
@@ -176,6 +206,7 @@ void Supervisor::Poll(Worker& w) {
       w.view.state = WorkerState::kReady;
       w.view.last_start_ms = now - w.spawned_ms;
       w.ready_since_ms = now;
+      w.view.failed_starts = 0;
       w.next_health_ms = now + kHealthPeriodMs;
     }
     return;

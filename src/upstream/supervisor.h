@@ -63,6 +63,9 @@ struct WorkerView {
   uint16_t port = 0;
   int restarts = 0;
   std::string last_exit;  // "exit 3", "signal 9", "unhealthy", ...
+  std::string last_error;  // the worker's last stderr line before its last exit (its own reason)
+  int failed_starts = 0;   // exits in a row without ever becoming ready
+  int64_t next_start_ms = 0;  // clock time of the next try while in backoff
   std::string log_path;
   bool on_demand = false;
   int64_t last_start_ms = 0;  // how long its last start took (spawn to ready), measured

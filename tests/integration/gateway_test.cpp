@@ -301,6 +301,42 @@ TEST(GatewayStartupTest, ANonGgufModelOrAMissingDeviceIsRefusedAtStartOrMarkedUn
   EXPECT_NE(r.body.find("cuda"), std::string::npos) << r.body;
 }
 
+// A worker that cannot start (here a stand-in that says why and exits, as a
+// worker on a machine without its GPU does) is reported where a person
+// looks, and a request for it gets 503 with that reason at once.
+TEST(GatewayStartupTest, AWorkerThatKeepsFailingToStartIsReportedAndRequestsGetItsReasonAtOnce) {
+  const std::string script = (std::filesystem::temp_directory_path() / "spillway-failing-worker.sh").string();
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\necho '{\"phase\":\"device\",\"message\":\"no CUDA-capable device is detected\"}' >&2\nexit 2\n";
+  }
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  GatewayProcess gw(TestConfig(1));
+  gw.SetExtraArgs({"--worker-bin", script});
+  ASSERT_TRUE(gw.Start(std::chrono::seconds(30), /*wait_ready=*/false)) << gw.Output();
+  const uint16_t p = gw.port();
+  json w;
+  for (int i = 0; i < 500; ++i) {
+    w = WorkerStatus(p, "chat");
+    if (w.value("failed_starts", 0) >= 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(w.value("failed_starts", 0), 2) << w.dump();
+  EXPECT_NE(w.value("last_error", "").find("no CUDA-capable device"), std::string::npos) << w.dump();
+  EXPECT_TRUE(w.contains("next_start_in_s")) << w.dump();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = Call(p, "POST", "/v1/chat/completions", Chat(4));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_NE(r.body.find("no CUDA-capable device"), std::string::npos) << r.body;
+  EXPECT_FALSE(r.Header("retry-after").empty());
+  auto ready = Call(p, "GET", "/readyz");
+  EXPECT_EQ(ready.status, 503);
+  EXPECT_NE(ready.body.find("no CUDA-capable device"), std::string::npos) << ready.body;
+  EXPECT_NE(gw.Output().find("failed to start"), std::string::npos) << gw.Output();
+  std::filesystem::remove(script);
+}
+
 TEST(GatewaySupervisorTest, KilledWorkerIsRestartedAndOtherServicesAreUnaffected) {
   GatewayProcess gw(TestConfig(2));
   ASSERT_TRUE(gw.Start()) << gw.Output();

@@ -149,7 +149,7 @@ class ModelBehaviourTest : public ::testing::TestWithParam<std::string> {
     auto spec = DemoModelPreset(GetParam());
     ASSERT_TRUE(spec.ok());
     if (spec->n_embd >= 2048 && !std::getenv("SPILLWAY_TEST_LARGE_MODELS")) {
-      GTEST_SKIP() << GetParam() << " takes minutes on 2 cores: set SPILLWAY_TEST_LARGE_MODELS=1 (make bench does)";
+      GTEST_SKIP() << GetParam() << " takes minutes on 2 cores: set SPILLWAY_TEST_LARGE_MODELS=1 to run it";
     }
     spec->vocab_path = std::getenv("SPILLWAY_VOCAB");
     path_ = (fs::temp_directory_path() / ("sw-behaviour-" + GetParam() + ".gguf")).string();
