@@ -20,6 +20,8 @@
 #include <exception>
 #include <mutex>
 
+#include "common/survive.h"
+
 namespace spillway::http {
 
 namespace beast = boost::beast;
@@ -74,15 +76,8 @@ size_t ConnectionCap(size_t wanted, size_t reserve) {
 }
 
 void RunLogged(net::io_context& ioc, const char* who) {
-  while (true) {
-    try {
-      ioc.run();
-      return;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s: I/O thread caught: %s\n", who, e.what());
-    } catch (...) {
-      std::fprintf(stderr, "%s: I/O thread caught an unknown exception\n", who);
-    }
+  const std::string what = std::string(who) + ": an I/O thread";
+  while (!RunSurviving(what.c_str(), [&] { ioc.run(); })) {
   }
 }
 
@@ -239,14 +234,8 @@ class Session : public std::enable_shared_from_this<Session> {
     auto ex = std::make_shared<ExchangeImpl>(shared_from_this());
     current_ = ex;
     WatchPeer();
-    try {
-      handler_(std::move(req), std::move(ex));
-    } catch (const std::exception& e) {
-      // Surprising but survivable: the exchange (if dropped) answers 500.
-      std::fprintf(stderr, "spillway: request handler threw: %s\n", e.what());
-    } catch (...) {
-      std::fprintf(stderr, "spillway: request handler threw\n");
-    }
+    // The exchange (if dropped) answers 500.
+    RunSurviving("spillway: a request handler", [&] { handler_(std::move(req), std::move(ex)); });
   }
 
   // While a request is being handled, keep a read outstanding: an error (a

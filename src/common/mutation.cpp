@@ -3,15 +3,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <set>
+#include <string>
 
 namespace spillway {
 namespace {
 
 struct Mutations {
-  std::string text;
   std::set<std::string, std::less<>> names;
   Mutations() {
-    if (const char* e = std::getenv("SPILLWAY_MUTATIONS")) text = e;
+    const char* e = std::getenv("SPILLWAY_MUTATIONS");
+    const std::string text = e ? e : "";
     size_t start = 0;
     while (start <= text.size()) {
       size_t comma = text.find(',', start);
@@ -31,10 +32,8 @@ const Mutations& Get() {
 }  // namespace
 
 bool MutationActive(std::string_view name) {
-  const auto& m = Get();
-  return !m.names.empty() && m.names.find(name) != m.names.end();
+  const auto& names = Get().names;
+  return names.find(name) != names.end();
 }
-
-const std::string& ActiveMutations() { return Get().text; }
 
 }  // namespace spillway

@@ -12,13 +12,10 @@
 // Thread-safe: the set is read once, at the first call.
 #pragma once
 
-#include <string>
 #include <string_view>
 
 namespace spillway {
 
 bool MutationActive(std::string_view name);
-// The active mutations as given ("" when none).
-const std::string& ActiveMutations();
 
 }  // namespace spillway

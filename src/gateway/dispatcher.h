@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/survive.h"
+
 namespace spillway::gateway {
 
 class Dispatcher {
@@ -54,15 +56,9 @@ class Dispatcher {
         task = std::move(queue_.front());
         queue_.pop_front();
       }
-      try {
-        task();
-      } catch (const std::exception& e) {
-        // Surprising but survivable: the request's exchange (if any) answers
-        // 500 as it is dropped; its journal row is recovered at the next start.
-        std::fprintf(stderr, "spillway: a dispatcher task threw: %s\n", e.what());
-      } catch (...) {
-        std::fprintf(stderr, "spillway: a dispatcher task threw\n");
-      }
+      // The request's exchange (if any) answers 500 as it is dropped; its
+      // journal row is recovered at the next start.
+      RunSurviving("spillway: a dispatcher task", task);
     }
   }
 

@@ -117,9 +117,12 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
       return false;
     }
   }
-  {
+  bool any_startable = false;
+  for (size_t k = 0; k < states.size(); ++k) any_startable |= states[k]->admission.admitted && startable(k);
+  if (!any_startable) {
     // Every placement that may run keeps failing to start (a device that is
     // gone, a driver that refuses): say why at once, never a silent wait.
+    // (Only looked at when nothing can take the request now: not on the hot path.)
     bool hope = false;
     std::string why;
     int64_t next_ms = INT64_MAX;

@@ -17,6 +17,7 @@
 #include "api/http_client.h"
 #include "common/private_files.h"
 #include "common/secret.h"
+#include "common/survive.h"
 
 extern char** environ;
 
@@ -164,8 +165,7 @@ void Supervisor::Exited(Worker& w, const std::string& why) {
   const int64_t cap = was_serving ? 2000 : 30000;
   const int64_t delay = std::min<int64_t>(cap, 500LL << std::min(w.backoff_level, 6));
   ++w.backoff_level;
-  w.next_start_ms = now + delay;
-  w.view.next_start_ms = w.next_start_ms;
+  w.view.next_start_ms = now + delay;
   w.view.failed_starts = was_serving ? 0 : w.view.failed_starts + 1;
   // One line per failure in the gateway's own log, with the worker's reason.
   std::fprintf(stderr, "spillway: worker %s %s (%s)%s; next start in %.1f s\n", w.spec.key.c_str(),
@@ -179,7 +179,7 @@ void Supervisor::Exited(Worker& w, const std::string& why) {
 void Supervisor::Poll(Worker& w) {
   const int64_t now = clock_.NowMs();
   if (w.view.state == WorkerState::kBackoff) {
-    if (now >= w.next_start_ms) Spawn(w);
+    if (now >= w.view.next_start_ms) Spawn(w);
     return;
   }
   if (w.view.pid <= 0) return;
@@ -237,15 +237,8 @@ void Supervisor::Loop() {
     }
   }
   while (!stop_) {
-    try {
-      Round();
-    } catch (const std::exception& e) {
-      // Surprising but survivable (out of file descriptors, out of memory):
-      // log it and try again next round.
-      std::fprintf(stderr, "spillway: supervisor round failed: %s\n", e.what());
-    } catch (...) {
-      std::fprintf(stderr, "spillway: supervisor round failed\n");
-    }
+    // Out of file descriptors, out of memory: logged, tried again next round.
+    RunSurviving("spillway: a supervisor round", [this] { Round(); });
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_.load(); });
   }
@@ -267,7 +260,7 @@ void Supervisor::Round() {
     {
       std::lock_guard<std::mutex> lk(mu_);
       for (auto& [k, w] : workers_) {
-        if (w.view.state == WorkerState::kBackoff && clock_.NowMs() >= w.next_start_ms) due.push_back(k);
+        if (w.view.state == WorkerState::kBackoff && clock_.NowMs() >= w.view.next_start_ms) due.push_back(k);
       }
     }
     std::map<std::string, Status> refused;
@@ -283,7 +276,7 @@ void Supervisor::Round() {
       for (auto& [k, w] : workers_) {
         if (auto it = refused.find(k); it != refused.end()) {
           w.view.last_exit = "not admitted: " + it->second.message();
-          w.next_start_ms = now + 1000;
+          w.view.next_start_ms = now + 1000;
           continue;
         }
         const bool was_ready = w.view.state == WorkerState::kReady;
@@ -339,7 +332,7 @@ void Supervisor::Demand(const std::string& key) {
   auto& w = it->second;
   if (w.view.pid > 0) return;  // the released process has not exited yet: asked again next time
   w.view.state = WorkerState::kBackoff;  // started by the loop, through the start gate
-  w.next_start_ms = 0;
+  w.view.next_start_ms = 0;
   cv_.notify_all();
 }
 

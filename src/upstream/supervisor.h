@@ -65,7 +65,7 @@ struct WorkerView {
   std::string last_exit;  // "exit 3", "signal 9", "unhealthy", ...
   std::string last_error;  // the worker's last stderr line before its last exit (its own reason)
   int failed_starts = 0;   // exits in a row without ever becoming ready
-  int64_t next_start_ms = 0;  // clock time of the next try while in backoff
+  int64_t next_start_ms = 0;  // clock time of the next start (while in backoff)
   std::string log_path;
   bool on_demand = false;
   int64_t last_start_ms = 0;  // how long its last start took (spawn to ready), measured
@@ -115,7 +115,6 @@ class Supervisor {
   struct Worker {
     WorkerSpec spec;
     WorkerView view;
-    int64_t next_start_ms = 0;
     int64_t ready_since_ms = 0;
     int64_t next_health_ms = 0;
     int health_failures = 0;
