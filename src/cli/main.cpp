@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/chaos_command.h"
+#include "cli/doctor_command.h"
 #include "cli/mkmodel_command.h"
 #include "cli/plan_command.h"
 #include "cli/serve_command.h"
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
   spillway::cli::AddServeCommand(app, &exit_code);
   spillway::cli::AddPlanCommand(app, &exit_code);
   spillway::cli::AddChaosCommand(app, &exit_code);
+  spillway::cli::AddDoctorCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,5 +1,7 @@
 #include "cli/serve_command.h"
 
+#include "cli/serve_config.h"
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -12,6 +14,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "api/http_client.h"
@@ -37,56 +41,15 @@ struct ServeArgs {
   bool keep_going = false;
 };
 
-std::string ExeDir() {
-  std::error_code ec;
-  return fs::canonical("/proc/self/exe", ec).parent_path().string();
-}
-
-std::string DefaultStateDir() {
-  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/spillway";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/spillway";
-  return "/tmp/spillway-state";
-}
-
-// Comma-separated keys from an environment variable (spaces ignored).
-void AddKeysFromEnv(const char* name, std::vector<std::string>* out) {
-  const char* keys = std::getenv(name);
-  if (!keys || !*keys) return;
-  std::string k;
-  for (const char* p = keys;; ++p) {
-    if (*p == ',' || *p == 0) {
-      if (!k.empty()) out->push_back(k);
-      k.clear();
-      if (*p == 0) break;
-    } else if (*p != ' ') {
-      k += *p;
-    }
-  }
-}
-
 int Serve(const ServeArgs& a) {
   // Everything the gateway writes (journal, logs, port files) is its user's only.
   ::umask(077);
-  StatusOr<config::GatewayConfig> loaded =
-      a.config_path.empty() ? StatusOr<config::GatewayConfig>(config::DemoConfig(ExeDir() + "/../models"))
-                            : config::LoadConfigFile(a.config_path);
+  auto loaded = LoadServeConfig(a.config_path, a.listen, a.state_dir);
   if (!loaded.ok()) {
     std::fprintf(stderr, "spillway serve: %s\n", loaded.status().message().c_str());
     return 2;
   }
   config::GatewayConfig cfg = std::move(*loaded);
-  if (!a.listen.empty() && !config::SplitHostPort(a.listen, &cfg.listen_host, &cfg.listen_port)) {
-    std::fprintf(stderr, "spillway serve: --listen must be HOST:PORT\n");
-    return 2;
-  }
-  if (!a.state_dir.empty()) cfg.state_dir = a.state_dir;
-  if (cfg.state_dir.empty()) cfg.state_dir = DefaultStateDir();
-  AddKeysFromEnv("SPILLWAY_API_KEYS", &cfg.api_keys);
-  AddKeysFromEnv("SPILLWAY_OPERATOR_KEYS", &cfg.operator_keys);
-  if (Status st = config::Validate(cfg); !st.ok()) {
-    std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());
-    return 2;
-  }
 
   if (Status st = EnsurePrivateDir(cfg.state_dir); !st.ok()) {
     std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());
@@ -153,7 +116,8 @@ int Serve(const ServeArgs& a) {
       if (r.policy == "mmap") {
         args.insert(args.end(), {"--lazy-context", "--context-idle-s", std::to_string(s.failover.idle_unload_s)});
       }
-      supervisor.Add({gateway::WorkerKey(s, i), args, r.policy == "on-demand"});
+      supervisor.Add({gateway::WorkerKey(s, i), args, r.policy == "on-demand",
+                      static_cast<int64_t>(p.start_timeout_s * 1000)});
     }
   }
   // Restarts are admitted again against fresh telemetry: memory taken by
@@ -162,7 +126,28 @@ int Serve(const ServeArgs& a) {
     auto a = gateway::AdmitPlacement(cfg, key);
     return a.admitted ? Status::Ok() : Status::ResourceExhausted(a.reason);
   });
-  supervisor.SetOnReady([&cfg, &supervisor](const std::string& key, uint16_t port) {
+  // Said while the models load, so a first `make run` never looks hung.
+  auto first_ready = std::make_shared<std::set<std::string>>();
+  auto ready_mu = std::make_shared<std::mutex>();
+  supervisor.SetOnReady([&cfg, &supervisor, first_ready, ready_mu](const std::string& key, uint16_t port) {
+    {
+      std::lock_guard<std::mutex> lk(*ready_mu);
+      if (first_ready->insert(key).second) {
+        size_t total = 0, on_demand = 0;
+        for (const auto& w : supervisor.Snapshot()) (w.on_demand ? on_demand : total) += 1;
+        for (const auto& w : supervisor.Snapshot()) {
+          if (w.key == key) {
+            std::printf("spillway: worker %s ready after %.1f s (%zu of %zu loaded)\n", key.c_str(),
+                        static_cast<double>(w.last_start_ms) / 1000, first_ready->size(), total);
+          }
+        }
+        if (first_ready->size() == total) {
+          std::printf("spillway: every worker is ready%s\n",
+                      on_demand ? " (on-demand replicas start with their first request)" : "");
+        }
+        std::fflush(stdout);
+      }
+    }
     // Calibrate: what llama.cpp really allocated on the placement's device.
     auto info = http::Fetch("127.0.0.1", port, "GET", "/v1/worker/info", "", supervisor.AuthHeaders(),
                             std::chrono::seconds(2));
@@ -206,6 +191,12 @@ int Serve(const ServeArgs& a) {
   std::printf("spillway serving on http://%s:%u (%zu services, state in %s, journal synchronous=%s, %zu recovered)\n",
               cfg.listen_host.c_str(), server.port(), cfg.services.size(), cfg.state_dir.c_str(),
               (*journal)->synchronous_mode().c_str(), recovered->size());
+  {
+    size_t starting = 0;
+    for (const auto& w : supervisor.Snapshot()) starting += !w.on_demand;
+    std::printf("spillway: loading %zu worker%s; requests wait for them meanwhile (GET /readyz, /v1/status)\n", starting,
+                starting == 1 ? "" : "s");
+  }
   std::fflush(stdout);
   gw.Resume(std::move(*recovered));
 

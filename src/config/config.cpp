@@ -118,10 +118,11 @@ class Reader {
 Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix, PlacementConfig* p) {
   SPILLWAY_RETURN_IF_ERROR(
       r.OnlyKnown(t, prefix, {"role", "model", "different_model", "device", "gpu_layers", "ctx", "slots", "threads", "batch",
-                              "mmap", "progress_timeout_s", "kv_unified"}));
+                              "mmap", "progress_timeout_s", "start_timeout_s", "kv_unified"}));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "model", prefix, &p->model, 0, 0));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "different_model", prefix, &p->different_model, 0, 0));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "progress_timeout_s", prefix, &p->progress_timeout_s, 0.1, 86400));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "start_timeout_s", prefix, &p->start_timeout_s, 1, 86400));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "role", prefix, &p->role, 0, 0));
   if (!p->role.empty() && p->role != "primary" && p->role != "hybrid" && p->role != "fallback") {
     return Status::InvalidArgument(Where(r.source(), t.get("role")->source(), prefix + "role") +

@@ -50,6 +50,7 @@
 //   ctx = 4096
 //   slots = 4
 //   threads = 0
+//   start_timeout_s = 120                # a worker not ready by then is killed (a failed start)
 #pragma once
 
 #include <cstdint>
@@ -78,6 +79,9 @@ struct PlacementConfig {
   // request's tokens may depend on what runs beside it).
   bool kv_unified = false;
   double progress_timeout_s = 10;  // a decode loop without progress this long is hung
+  // A worker not ready this long after it was started is killed and its start
+  // counted as failed; a request waiting for it waits no longer than this.
+  double start_timeout_s = 120;
   std::string Name() const;  // "cpu", "sim:0/99", ...
   const std::string& ModelOr(const std::string& service_model) const { return model.empty() ? service_model : model; }
 };

@@ -102,6 +102,15 @@ class Gateway {
   bool Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live,
              const std::vector<bool>& excluded, Target* target, Status* rejected,
              const std::function<void(const std::string&, double)>& on_wait = {});
+  // Why no worker of the service can take a request now, when that is final
+  // enough to answer: every runnable placement failed to start twice, or the
+  // request has waited (`waited_ms`) past the longest start timeout. Ok while
+  // a start may still succeed.
+  Status StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms);
+  // What a request waiting for a start is told ("sim:0/99 is starting (3 s of its 120 s start timeout)").
+  std::string StartingNote(const config::ServiceConfig& svc);
+  // The longest start timeout of the service's runnable placements.
+  int64_t StartWaitMs(const config::ServiceConfig& svc);
   // Gives back what an attempt held (cells, its place in the CPU line).
   void ReleaseTarget(const std::string& service, const std::string& id, Target* target);
   void AttemptFailed(const std::string& service, size_t index, const std::string& phase, const std::string& why);

@@ -77,6 +77,76 @@ void Gateway::AttemptSucceeded(const std::string& service, size_t index) {
   if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.OnSuccess();
 }
 
+int64_t Gateway::StartWaitMs(const config::ServiceConfig& svc) {
+  int64_t ms = 0;
+  for (size_t k = 0; k < svc.placements.size(); ++k) {
+    if (placements_[svc.name][k]->admission.admitted) {
+      ms = std::max(ms, static_cast<int64_t>(svc.placements[k].start_timeout_s * 1000));
+    }
+  }
+  return ms;
+}
+
+std::string Gateway::StartingNote(const config::ServiceConfig& svc) {
+  std::string note;
+  for (const auto& w : supervisor_.Snapshot()) {
+    for (const auto& st : placements_[svc.name]) {
+      if (w.key != st->key || !st->admission.admitted || w.state == upstream::WorkerState::kReady) continue;
+      const int64_t now = clock_.NowMs();
+      std::string part = st->cfg.Name() + " is " + upstream::WorkerStateName(w.state);
+      if (w.state == upstream::WorkerState::kStarting) {
+        part += " (" + std::to_string((now - w.starting_since_ms) / 1000) + " s of its " +
+                std::to_string(w.start_timeout_ms / 1000) + " s start timeout)";
+      } else if (w.state == upstream::WorkerState::kBackoff && !w.last_exit.empty()) {
+        part += " after " + w.last_exit + ", next start in " +
+                std::to_string(std::max<int64_t>(0, (w.next_start_ms - now + 999) / 1000)) + " s";
+      }
+      note += (note.empty() ? "" : "; ") + part;
+    }
+  }
+  return note.empty() ? "waiting for a worker of '" + svc.name + "' to start" : "waiting for a worker: " + note;
+}
+
+Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms) {
+  // Every placement that may run keeps failing to start (a device that is
+  // gone, a driver that refuses), or the wait has outlasted the start
+  // timeout: say why, never a silent wait.
+  bool hope = false;
+  std::string why;
+  int64_t next_ms = INT64_MAX;
+  const int64_t now = clock_.NowMs();
+  const auto workers = supervisor_.Snapshot();
+  for (const auto& st : placements_[svc.name]) {
+    if (!st->admission.admitted) continue;
+    bool found = false;
+    for (const auto& w : workers) {
+      if (w.key != st->key) continue;
+      found = true;
+      if (w.state == upstream::WorkerState::kReady) return Status::Ok();
+      if (w.failed_starts > 0) {
+        why += (why.empty() ? "" : "; ") + st->cfg.Name() + " failed to start " + std::to_string(w.failed_starts) +
+               " time" + (w.failed_starts == 1 ? "" : "s") + " (" + w.last_exit +
+               (w.last_error.empty() ? "" : ": " + w.last_error) + ")";
+      } else if (w.state == upstream::WorkerState::kStarting) {
+        why += (why.empty() ? "" : "; ") + st->cfg.Name() + " still starting after " +
+               std::to_string((now - w.starting_since_ms) / 1000) + " s";
+      }
+      if (w.state == upstream::WorkerState::kBackoff) next_ms = std::min(next_ms, w.next_start_ms);
+      if (w.state != upstream::WorkerState::kBackoff || w.failed_starts < 2) hope = true;
+    }
+    hope |= !found;
+  }
+  const int64_t limit_ms = StartWaitMs(svc);
+  if (hope && waited_ms <= limit_ms) return Status::Ok();
+  if (why.empty()) return Status::Ok();  // stopped on-demand replicas: the caller starts them
+  const int64_t wait_s = next_ms == INT64_MAX ? 5 : std::max<int64_t>(1, (next_ms - now + 999) / 1000);
+  const std::string head = hope ? "no worker of '" + svc.name + "' became ready within " +
+                                      std::to_string(limit_ms / 1000) + " s (start_timeout_s): "
+                                : "no placement of '" + svc.name + "' can start right now: ";
+  return Status::Unavailable(head + why + "; next try in " + std::to_string(wait_s) + " s")
+      .WithRetryAfter(static_cast<int>(wait_s));
+}
+
 bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live,
                     const std::vector<bool>& excluded, Target* t, Status* rejected,
                     const std::function<void(const std::string&, double)>& on_wait) {
@@ -119,35 +189,10 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
   }
   bool any_startable = false;
   for (size_t k = 0; k < states.size(); ++k) any_startable |= states[k]->admission.admitted && startable(k);
+  // (Only looked at when nothing can take the request now: not on the hot path.)
   if (!any_startable) {
-    // Every placement that may run keeps failing to start (a device that is
-    // gone, a driver that refuses): say why at once, never a silent wait.
-    // (Only looked at when nothing can take the request now: not on the hot path.)
-    bool hope = false;
-    std::string why;
-    int64_t next_ms = INT64_MAX;
-    const auto workers = supervisor_.Snapshot();
-    for (const auto& st : states) {
-      if (!st->admission.admitted) continue;
-      bool found = false;
-      for (const auto& w : workers) {
-        if (w.key != st->key) continue;
-        found = true;
-        if (w.state != upstream::WorkerState::kBackoff || w.failed_starts < 2) {
-          hope = true;
-          continue;
-        }
-        why += (why.empty() ? "" : "; ") + st->cfg.Name() + " failed to start " + std::to_string(w.failed_starts) +
-               " times (" + w.last_exit + (w.last_error.empty() ? "" : ": " + w.last_error) + ")";
-        next_ms = std::min(next_ms, w.next_start_ms);
-      }
-      hope |= !found;
-    }
-    if (!hope && !why.empty()) {
-      const int64_t wait_s = std::max<int64_t>(1, (next_ms - clock_.NowMs() + 999) / 1000);
-      *rejected = Status::Unavailable("no placement of '" + svc.name + "' can start right now: " + why +
-                                      "; next try in " + std::to_string(wait_s) + " s")
-                      .WithRetryAfter(static_cast<int>(wait_s));
+    if (Status st = StartTrouble(svc, clock_.NowMs() - t0); !st.ok()) {
+      *rejected = st;
       return false;
     }
   }
@@ -192,6 +237,14 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
       if (live.deadline_ms && clock_.NowMs() >= live.deadline_ms) {
         *rejected = Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
         return false;
+      }
+      if (!all_busy) {
+        // Nothing is up: wait for a start, at most its start timeout, and say so.
+        if (Status st = StartTrouble(svc, clock_.NowMs() - t0); !st.ok()) {
+          *rejected = st;
+          return false;
+        }
+        if (on_wait) on_wait(StartingNote(svc), 1);
       }
       if (clock_.NowMs() - t0 > kQueueWaitMs) break;
       waited |= all_busy;
@@ -238,7 +291,13 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
           return false;
         }
       }
-      if (prompt_tokens < 0) demand_all();  // nothing is up to count the prompt: start what can be started
+      if (prompt_tokens < 0) {
+        demand_all();  // nothing is up to count the prompt: start what can be started
+        if (Status st = StartTrouble(svc, clock_.NowMs() - t0); !st.ok()) {
+          *rejected = st;
+          return false;
+        }
+      }
     }
     std::string note, limits;
     double est_wait_s = 1;
@@ -278,7 +337,7 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
       // A primary that is not up yet (starting, restarting) is waited for, not judged.
       if (d.kind == admission::Kind::kReject && d.http_status == 503 && !views[0].usable &&
           states[0]->admission.admitted && !svc.admission.fail_fast &&
-          clock_.NowMs() - t0 < kQueueWaitMs) {
+          clock_.NowMs() - t0 < std::min(kQueueWaitMs, StartWaitMs(svc))) {
         d.kind = admission::Kind::kDelay;
       }
       if (d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject && live.deadline_ms) {
@@ -342,7 +401,7 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
       }
     } else {
       d.kind = admission::Kind::kDelay;  // no worker ready to count tokens yet
-      d.reason = "no worker of the service is ready yet";
+      d.reason = StartingNote(svc);
     }
     if (d.kind == admission::Kind::kReject) {
       metrics_.Decision(svc.name, "reject");

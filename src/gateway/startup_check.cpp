@@ -16,6 +16,12 @@ namespace {
 // Reads the header once per file: several placements share one model.
 std::string ModelProblem(const std::string& path, std::map<std::string, std::string>* seen) {
   if (auto it = seen->find(path); it != seen->end()) return it->second;
+  return (*seen)[path] = ModelFileProblem(path);
+}
+
+}  // namespace
+
+std::string ModelFileProblem(const std::string& path) {
   std::string problem;
   auto meta = gguf::ReadGgufFile(path);
   if (!meta.ok()) {
@@ -23,7 +29,6 @@ std::string ModelProblem(const std::string& path, std::map<std::string, std::str
   } else if (auto shape = memory::ShapeFromMetadata(*meta); !shape.ok()) {
     problem = "architecture '" + meta->architecture() + "' is not one Spillway can run: " + shape.status().message();
   }
-  (*seen)[path] = problem;
   return problem;
 }
 
@@ -48,8 +53,6 @@ std::string DeviceProblem(const std::string& device, const std::string& backend_
   if (!reading.ok()) return "no usable " + device + ": " + reading.status().message();
   return "";
 }
-
-}  // namespace
 
 std::vector<StartupProblem> CheckStartup(const config::GatewayConfig& config, const std::string& backend_dir) {
   std::vector<StartupProblem> out;

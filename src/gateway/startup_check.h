@@ -19,6 +19,13 @@ struct StartupProblem {
   std::string reason;
 };
 
+// "" when the file is a readable GGUF of an architecture Spillway can run;
+// otherwise why not (naming the file).
+std::string ModelFileProblem(const std::string& path);
+// "" when `device` (cpu | sim:N | cuda:N) exists with a usable backend module
+// in `backend_dir`; otherwise why not, with the fix.
+std::string DeviceProblem(const std::string& device, const std::string& backend_dir);
+
 // `backend_dir`: where the ggml backend modules live (next to spillway-worker).
 std::vector<StartupProblem> CheckStartup(const config::GatewayConfig& config, const std::string& backend_dir);
 

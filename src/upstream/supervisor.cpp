@@ -83,6 +83,7 @@ void Supervisor::Add(WorkerSpec spec) {
   w.view.key = spec.key;
   w.view.log_path = state_dir_ + "/logs/" + spec.key + ".log";
   w.view.on_demand = spec.on_demand;
+  w.view.start_timeout_ms = spec.start_timeout_ms;
   ::chmod(w.view.log_path.c_str(), kPrivateFileMode);  // one an older version made 0644
   w.spec = std::move(spec);
   workers_[w.view.key] = std::move(w);
@@ -127,6 +128,7 @@ void Supervisor::Spawn(Worker& w) {
   w.view.port = 0;
   w.view.state = WorkerState::kStarting;
   w.spawned_ms = clock_.NowMs();
+  w.view.starting_since_ms = w.spawned_ms;
   w.health_failures = 0;
 }
 
@@ -208,6 +210,14 @@ void Supervisor::Poll(Worker& w) {
       w.ready_since_ms = now;
       w.view.failed_starts = 0;
       w.next_health_ms = now + kHealthPeriodMs;
+    } else if (w.spec.start_timeout_ms > 0 && now - w.spawned_ms >= w.spec.start_timeout_ms) {
+      // A start that hangs holds no request forever: end it and say so.
+      kill(-w.view.pid, SIGKILL);
+      waitpid(w.view.pid, &status, 0);
+      char why[96];
+      std::snprintf(why, sizeof why, "did not become ready within %.0f s (start_timeout_s)",
+                    static_cast<double>(w.spec.start_timeout_ms) / 1000);
+      Exited(w, why);
     }
     return;
   }

@@ -51,6 +51,9 @@ struct WorkerSpec {
   std::string key;                 // unique, file-name safe: "<service>.<n>"
   std::vector<std::string> args;   // arguments after the worker binary
   bool on_demand = false;          // not started until Demand(); stopped by Release()
+  // A worker not ready this long after its spawn is killed and counted as a
+  // failed start (a load that hangs on a driver, a model on a dead disk).
+  int64_t start_timeout_ms = 120000;
 };
 
 enum class WorkerState { kStarting, kReady, kBackoff, kStopped };
@@ -69,6 +72,8 @@ struct WorkerView {
   std::string log_path;
   bool on_demand = false;
   int64_t last_start_ms = 0;  // how long its last start took (spawn to ready), measured
+  int64_t start_timeout_ms = 0;  // of its spec
+  int64_t starting_since_ms = 0;  // clock time of its current start (while starting)
 };
 
 class Supervisor {

@@ -337,6 +337,71 @@ TEST(GatewayStartupTest, AWorkerThatKeepsFailingToStartIsReportedAndRequestsGetI
   std::filesystem::remove(script);
 }
 
+// A worker that hangs at start (never ready, never exits: a load stuck in a
+// driver) holds a request no longer than its placement's start timeout: the
+// request hears why while it waits (a stream's SSE comments), then gets 503
+// with the reason, and the hung process is killed.
+TEST(GatewayStartupTest, AWorkerThatHangsAtStartHoldsARequestNoLongerThanItsStartTimeout) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("spillway-hang-" + std::to_string(getpid()))).string();
+  std::filesystem::create_directories(dir);
+  const std::string script = dir + "/hanging-worker.sh", pids = dir + "/pids";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\necho $$ >> " << pids << "\necho 'loading the model...' >&2\nexec sleep 600\n";
+  }
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  std::string cfg = TestConfig(1);
+  cfg.insert(cfg.find("threads = 1\n") + 12, "start_timeout_s = 3\n");
+  GatewayProcess gw(cfg);
+  gw.SetExtraArgs({"--worker-bin", script});
+  ASSERT_TRUE(gw.Start(std::chrono::seconds(30), /*wait_ready=*/false)) << gw.Output();
+  const uint16_t p = gw.port();
+  json body = json::parse(Chat(4));
+  body["stream"] = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = Call(p, "POST", "/v1/chat/completions", body.dump());
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(waited, std::chrono::seconds(8)) << r.body;  // its start timeout (3 s) plus a start already under way
+  // A stream hears why it waits, then why it failed.
+  EXPECT_NE(r.body.find(": spillway: waiting for a worker: cpu is starting"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("did not become ready within 3 s"), std::string::npos) << r.body;
+  auto plain = Call(p, "POST", "/v1/chat/completions", Chat(4));
+  EXPECT_EQ(plain.status, 503) << plain.body;
+  EXPECT_NE(plain.body.find("start_timeout_s"), std::string::npos) << plain.body;
+  EXPECT_FALSE(plain.Header("retry-after").empty());
+  EXPECT_NE(gw.Output().find("did not become ready within 3 s"), std::string::npos) << gw.Output();
+  gw.Stop();
+  // Every hung worker it started was killed, none left behind.
+  std::ifstream in(pids);
+  int n = 0;
+  for (pid_t pid; in >> pid; ++n) EXPECT_NE(kill(pid, 0), 0) << "worker " << pid << " still runs";
+  EXPECT_GE(n, 2);
+  std::filesystem::remove_all(dir);
+}
+
+// `spillway doctor` says what a config needs that this machine lacks, one line
+// per check with a fix, and fails only then.
+TEST(GatewayStartupTest, DoctorNamesAMissingModelAndPassesAGoodConfig) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("spillway-doctor-" + std::to_string(getpid()))).string();
+  std::filesystem::create_directories(dir);
+  { std::ofstream(dir + "/good.toml") << TestConfig(1); }
+  { std::ofstream(dir + "/bad.toml") << TestConfig(1) << "[[service]]\nname = \"gone\"\nmodel = \"" << dir << "/gone.gguf\"\n"; }
+  const std::string common = " --listen 127.0.0.1:0 --state-dir " + dir + "/state 2>&1";
+  int rc = -1;
+  std::string out = RunCommand(BinDir() + "/spillway doctor --config " + dir + "/good.toml" + common, &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("ok    model    service 'chat'"), std::string::npos) << out;
+  EXPECT_NE(out.find("ok    plan     service 'embed' on cpu"), std::string::npos) << out;
+  EXPECT_NE(out.find("0 failures"), std::string::npos) << out;
+  out = RunCommand(BinDir() + "/spillway doctor --config " + dir + "/bad.toml" + common, &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("FAIL  model    service 'gone' (key service[2].model): cannot open " + dir + "/gone.gguf"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("fix: "), std::string::npos) << out;
+  EXPECT_NE(out.find("ok    model    service 'chat'"), std::string::npos) << out;  // the rest is still checked
+  std::filesystem::remove_all(dir);
+}
+
 TEST(GatewaySupervisorTest, KilledWorkerIsRestartedAndOtherServicesAreUnaffected) {
   GatewayProcess gw(TestConfig(2));
   ASSERT_TRUE(gw.Start()) << gw.Output();

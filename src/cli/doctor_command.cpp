@@ -1,0 +1,279 @@
+#include "cli/doctor_command.h"
+
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "cli/serve_config.h"
+#include "devices/telemetry.h"
+#include "gateway/gateway.h"
+#include "gateway/placement_admission.h"
+#include "gateway/startup_check.h"
+
+namespace spillway::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct DoctorArgs {
+  std::string config_path, listen, state_dir, worker_bin;
+};
+
+enum class Verdict { kOk, kWarn, kFail };
+
+class Report {
+ public:
+  void Line(Verdict v, const std::string& check, const std::string& what, const std::string& fix = "") {
+    static const char* kNames[] = {"ok  ", "warn", "FAIL"};
+    std::printf("%s  %-8s %s\n", kNames[static_cast<int>(v)], check.c_str(), what.c_str());
+    if (v != Verdict::kOk && !fix.empty()) std::printf("                fix: %s\n", fix.c_str());
+    counts_[static_cast<int>(v)]++;
+  }
+  int Finish() const {
+    std::printf("\n%d ok, %d warnings, %d failures\n", counts_[0], counts_[1], counts_[2]);
+    return counts_[2] > 0 ? 1 : 0;
+  }
+
+ private:
+  int counts_[3] = {0, 0, 0};
+};
+
+std::string MiB(uint64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; }
+
+void CheckWorkerBinary(const std::string& bin, Report& r) {
+  if (::access(bin.c_str(), X_OK) == 0) return r.Line(Verdict::kOk, "worker", bin);
+  r.Line(Verdict::kFail, "worker", bin + ": " + std::strerror(errno), "build it (make build) or pass --worker-bin");
+}
+
+void CheckModels(const config::GatewayConfig& cfg, Report& r) {
+  std::set<std::string> seen;
+  for (size_t si = 0; si < cfg.services.size(); ++si) {
+    const auto& s = cfg.services[si];
+    for (size_t pi = 0; pi < s.placements.size(); ++pi) {
+      const std::string path = s.placements[pi].ModelOr(s.model);
+      if (!seen.insert(path).second) continue;
+      const std::string key = "service[" + std::to_string(si) + "]" +
+                              (s.placements[pi].model.empty() ? "" : ".placement[" + std::to_string(pi) + "]") + ".model";
+      const std::string problem = gateway::ModelFileProblem(path);
+      std::error_code ec;
+      const auto size = fs::file_size(path, ec);
+      if (problem.empty()) {
+        r.Line(Verdict::kOk, "model", "service '" + s.name + "': " + path + " (" + MiB(ec ? 0 : size) + ")");
+      } else {
+        r.Line(Verdict::kFail, "model", "service '" + s.name + "' (key " + key + "): " + problem,
+               "point the key at a GGUF file this user can read");
+      }
+    }
+  }
+}
+
+void CheckDevices(const config::GatewayConfig& cfg, const std::string& backend_dir, Report& r) {
+  std::set<std::string> devices;
+  for (const auto& s : cfg.services) {
+    for (const auto& p : s.placements) devices.insert(p.device);
+  }
+  bool cuda = false;
+  for (const auto& d : devices) {
+    cuda |= d.rfind("cuda:", 0) == 0;
+    if (d == "cpu") continue;
+    const std::string problem = gateway::DeviceProblem(d, backend_dir);
+    if (problem.empty()) {
+      std::string what = d + " is there";
+      if (auto t = devices::OpenDeviceTelemetry(d); t.ok()) {
+        if (auto reading = (*t)->Read(); reading.ok()) {
+          what += ": " + MiB(reading->free) + " free of " + MiB(reading->total);
+        }
+      }
+      r.Line(Verdict::kOk, "device", what);
+    } else {
+      r.Line(Verdict::kFail, "device", problem,
+             d.rfind("sim:", 0) == 0 ? "spillway sim create " + d : "use a device this machine has, or device = \"cpu\"");
+    }
+  }
+  if (!cuda) return;
+  // NVML tells free memory and each process's share; without it admission is blind.
+  if (void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL)) {
+    dlclose(lib);
+    r.Line(Verdict::kOk, "nvml", "libnvidia-ml.so.1 loads");
+  } else {
+    r.Line(Verdict::kFail, "nvml", "libnvidia-ml.so.1 cannot be loaded: device memory cannot be observed",
+           "install the NVIDIA driver's NVML library (Debian: libnvidia-ml1)");
+  }
+}
+
+// Each placement's predicted memory against its device's capacity and free
+// memory now, with headroom: what `spillway serve` would decide at start.
+void CheckPlans(const config::GatewayConfig& cfg, Report& r) {
+  const auto admissions = gateway::AdmitPlacements(cfg);
+  for (const auto& s : cfg.services) {
+    for (size_t i = 0; i < s.placements.size(); ++i) {
+      const auto& p = s.placements[i];
+      auto it = admissions.find(gateway::WorkerKey(s, i));
+      if (it == admissions.end()) continue;
+      const auto& a = it->second;
+      const std::string what = "service '" + s.name + "' on " + p.Name() + ": ";
+      if (a.admitted && a.predicted_bytes == 0) {
+        r.Line(Verdict::kWarn, "plan", what + a.reason, "check the model line above; `spillway plan --model FILE` explains");
+      } else if (a.admitted) {
+        r.Line(Verdict::kOk, "plan", what + a.reason);
+      } else {
+        r.Line(Verdict::kFail, "plan", what + ": " + a.reason,
+               "lower ctx or slots, offload fewer layers (gpu_layers), or free the device; `spillway plan` shows the split");
+      }
+    }
+  }
+}
+
+void CheckHostRam(const config::GatewayConfig& cfg, Report& r) {
+  auto host = devices::HostTelemetry().Read();
+  if (!host.ok()) return r.Line(Verdict::kWarn, "host-ram", host.status().message(), "run on Linux with /proc mounted");
+  uint64_t budgets = 0;
+  for (const auto& s : cfg.services) {
+    bool has_cpu_path = false;
+    for (size_t i = 0; i < s.placements.size(); ++i) has_cpu_path |= s.OnCpuPath(i);
+    if (has_cpu_path) budgets += gateway::CpuPathBudgetBytes(s);
+  }
+  const uint64_t avail = host->effective_available();
+  const std::string what = MiB(avail) + " available of " + MiB(host->total) +
+                           (budgets ? ", CPU paths' budgets " + MiB(budgets) : ", no CPU fallback path");
+  if (budgets > avail) {
+    r.Line(Verdict::kWarn, "host-ram", what + ": the CPU paths may not get what they are allowed",
+           "lower [service.cpu_path] ram_budget_mib, or free host memory");
+  } else {
+    r.Line(Verdict::kOk, "host-ram", what);
+  }
+}
+
+void CheckStateDir(const std::string& dir, Report& r) {
+  struct stat st{};
+  if (::stat(dir.c_str(), &st) != 0) {
+    // It will be created: its nearest existing parent must be writable.
+    fs::path parent = fs::path(dir).parent_path();
+    while (!parent.empty() && !fs::exists(parent)) parent = parent.parent_path();
+    if (!parent.empty() && ::access(parent.c_str(), W_OK | X_OK) == 0) {
+      return r.Line(Verdict::kOk, "state", dir + " does not exist yet; it will be created (mode 0700)");
+    }
+    return r.Line(Verdict::kFail, "state", dir + " cannot be created (" + parent.string() + " is not writable)",
+                  "set state_dir or --state-dir to a directory this user owns");
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return r.Line(Verdict::kFail, "state", dir + " is not a directory", "set state_dir to a directory");
+  }
+  if (st.st_uid != ::geteuid()) {
+    return r.Line(Verdict::kFail, "state", dir + " belongs to another user (uid " + std::to_string(st.st_uid) + ")",
+                  "chown it to this user or choose another state_dir");
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return r.Line(Verdict::kFail, "state", dir + " is not writable", "chmod 700 " + dir);
+  }
+  if ((st.st_mode & 077) != 0) {
+    return r.Line(Verdict::kWarn, "state", dir + " is readable by others (journal and worker logs hold requests)",
+                  "chmod 700 " + dir + " (spillway serve does this itself at start)");
+  }
+  r.Line(Verdict::kOk, "state", dir + " (private, writable)");
+}
+
+void CheckPort(const config::GatewayConfig& cfg, Report& r) {
+  const std::string where = cfg.listen_host + ":" + std::to_string(cfg.listen_port);
+  const int fd = ::socket(cfg.listen_host.find(':') == std::string::npos ? AF_INET : AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return r.Line(Verdict::kWarn, "port", "cannot open a socket: " + std::string(std::strerror(errno)));
+  int err = 0;
+  if (cfg.listen_host.find(':') == std::string::npos) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(cfg.listen_port);
+    if (::inet_pton(AF_INET, cfg.listen_host == "localhost" ? "127.0.0.1" : cfg.listen_host.c_str(), &a.sin_addr) != 1) {
+      ::close(fd);
+      return r.Line(Verdict::kWarn, "port", where + ": not a numeric address; not checked");
+    }
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) err = errno;
+  } else {
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_port = htons(cfg.listen_port);
+    if (::inet_pton(AF_INET6, cfg.listen_host.c_str(), &a.sin6_addr) != 1) {
+      ::close(fd);
+      return r.Line(Verdict::kWarn, "port", where + ": not a numeric address; not checked");
+    }
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) err = errno;
+  }
+  ::close(fd);
+  if (err == 0) return r.Line(Verdict::kOk, "port", where + " is free");
+  r.Line(Verdict::kFail, "port", where + ": " + std::strerror(err),
+         err == EADDRINUSE ? "stop what listens there (ss -ltnp) or choose another --listen"
+                           : "choose an address this machine has, or a port above 1023");
+}
+
+void CheckFileLimit(const config::GatewayConfig& cfg, Report& r) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  size_t workers = 0;
+  for (const auto& s : cfg.services) workers += s.placements.size();
+  // What serve reserves beside client connections (see serve_command.cpp).
+  const uint64_t need = static_cast<uint64_t>(cfg.max_connections) + 192 + 40 * workers;
+  const uint64_t can = rl.rlim_max == RLIM_INFINITY ? UINT64_MAX : rl.rlim_max;  // serve raises soft to hard
+  const std::string what = "file descriptors: soft " + std::to_string(rl.rlim_cur) + ", hard " +
+                           (rl.rlim_max == RLIM_INFINITY ? std::string("unlimited") : std::to_string(rl.rlim_max)) +
+                           ", wanted " + std::to_string(need);
+  if (can >= need) return r.Line(Verdict::kOk, "fd-limit", what);
+  r.Line(Verdict::kWarn, "fd-limit", what + ": max_connections will be lowered to fit",
+         "raise the limit (ulimit -n, LimitNOFILE= in a systemd unit) or lower max_connections");
+}
+
+int Doctor(const DoctorArgs& a) {
+  auto loaded = LoadServeConfig(a.config_path, a.listen, a.state_dir, /*validate=*/false);
+  if (!loaded.ok()) {
+    std::printf("FAIL  config   %s\n", loaded.status().message().c_str());
+    return 2;
+  }
+  const config::GatewayConfig& cfg = *loaded;
+  Report r;
+  // What the config points at is checked below, one line each, rather than
+  // stopping at the first problem as serve does.
+  if (Status st = config::Validate(cfg); !st.ok()) {
+    r.Line(Verdict::kFail, "config", st.message(), "fix the file; the checks below say more");
+  } else {
+    r.Line(Verdict::kOk, "config", (a.config_path.empty() ? std::string("the built-in demo") : a.config_path) + ": " +
+                                       std::to_string(cfg.services.size()) + " services");
+  }
+  const std::string worker = a.worker_bin.empty() ? ExeDir() + "/spillway-worker" : a.worker_bin;
+  CheckWorkerBinary(worker, r);
+  CheckModels(cfg, r);
+  CheckDevices(cfg, fs::path(worker).parent_path().string(), r);
+  CheckPlans(cfg, r);
+  CheckHostRam(cfg, r);
+  CheckStateDir(cfg.state_dir, r);
+  CheckPort(cfg, r);
+  CheckFileLimit(cfg, r);
+  return r.Finish();
+}
+
+}  // namespace
+
+void AddDoctorCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<DoctorArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "doctor", "Check this machine for what a configuration needs: model files, devices and backends, NVML, each\n"
+                "placement's memory plan against its device, host RAM for the CPU paths, the state directory, the\n"
+                "port, the file-descriptor limit. One line per check with a fix; exit status 1 when something would\n"
+                "fail. Without --config it checks the built-in demo.");
+  cmd->add_option("--config", args->config_path, "TOML configuration file");
+  cmd->add_option("--listen", args->listen, "HOST:PORT (overrides the config)");
+  cmd->add_option("--state-dir", args->state_dir, "state directory (overrides the config)");
+  cmd->add_option("--worker-bin", args->worker_bin, "spillway-worker binary (default: next to spillway)");
+  cmd->callback([args, exit_code] { *exit_code = Doctor(*args); });
+}
+
+}  // namespace spillway::cli

@@ -1,0 +1,57 @@
+#include "cli/serve_config.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace spillway::cli {
+
+std::string ExeDir() {
+  std::error_code ec;
+  return std::filesystem::canonical("/proc/self/exe", ec).parent_path().string();
+}
+
+namespace {
+
+std::string DefaultStateDir() {
+  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/spillway";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/spillway";
+  return "/tmp/spillway-state";
+}
+
+// Comma-separated keys from an environment variable (spaces ignored).
+void AddKeysFromEnv(const char* name, std::vector<std::string>* out) {
+  const char* keys = std::getenv(name);
+  if (!keys || !*keys) return;
+  std::string k;
+  for (const char* p = keys;; ++p) {
+    if (*p == ',' || *p == 0) {
+      if (!k.empty()) out->push_back(k);
+      k.clear();
+      if (*p == 0) break;
+    } else if (*p != ' ') {
+      k += *p;
+    }
+  }
+}
+
+}  // namespace
+
+StatusOr<config::GatewayConfig> LoadServeConfig(const std::string& config_path, const std::string& listen,
+                                                const std::string& state_dir, bool validate) {
+  StatusOr<config::GatewayConfig> loaded =
+      config_path.empty() ? StatusOr<config::GatewayConfig>(config::DemoConfig(ExeDir() + "/../models"))
+                          : config::LoadConfigFile(config_path);
+  if (!loaded.ok()) return loaded.status();
+  config::GatewayConfig cfg = std::move(*loaded);
+  if (!listen.empty() && !config::SplitHostPort(listen, &cfg.listen_host, &cfg.listen_port)) {
+    return Status::InvalidArgument("--listen must be HOST:PORT");
+  }
+  if (!state_dir.empty()) cfg.state_dir = state_dir;
+  if (cfg.state_dir.empty()) cfg.state_dir = DefaultStateDir();
+  AddKeysFromEnv("SPILLWAY_API_KEYS", &cfg.api_keys);
+  AddKeysFromEnv("SPILLWAY_OPERATOR_KEYS", &cfg.operator_keys);
+  if (validate) SPILLWAY_RETURN_IF_ERROR(config::Validate(cfg));
+  return cfg;
+}
+
+}  // namespace spillway::cli

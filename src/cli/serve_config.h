@@ -1,0 +1,22 @@
+// The configuration `spillway serve` runs with, as `serve` and `doctor` both
+// read it: the file (or the built-in demo without one), --listen and
+// --state-dir overrides, the default state directory, API keys from the
+// environment, then validation.
+#pragma once
+
+#include <string>
+
+#include "common/status.h"
+#include "config/config.h"
+
+namespace spillway::cli {
+
+// The directory of the running binary (spillway-worker and the demo models live beside it).
+std::string ExeDir();
+
+// `validate` false: the file's syntax and keys are checked, not what it
+// points at (doctor reports those problems one by one).
+StatusOr<config::GatewayConfig> LoadServeConfig(const std::string& config_path, const std::string& listen,
+                                                const std::string& state_dir, bool validate = true);
+
+}  // namespace spillway::cli
