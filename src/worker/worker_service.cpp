@@ -1,5 +1,7 @@
 #include "worker/worker_service.h"
 
+#include "protocol/worker_protocol.h"
+
 #include <ggml-backend.h>
 
 #include <nlohmann/json.hpp>
@@ -341,7 +343,7 @@ json WorkerService::Info() const {
   };
   for (auto* dev : model_.devices()) add_device(dev);
   if (auto* cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)) add_device(cpu);
-  return {{"protocol_version", 1},
+  return {{"protocol_version", protocol::kWorkerProtocolVersion},
           {"model", model_.Describe()},
           {"placement", placement_.ToJson()},
           {"fingerprint", model_.fingerprint().ToJson()},
