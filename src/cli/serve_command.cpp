@@ -28,6 +28,7 @@
 #include "gateway/startup_check.h"
 #include "gateway/placement_admission.h"
 #include "journal/journal.h"
+#include "protocol/worker_protocol.h"
 #include "upstream/supervisor.h"
 
 namespace spillway::cli {
@@ -130,6 +131,14 @@ int Serve(const ServeArgs& a) {
   auto first_ready = std::make_shared<std::set<std::string>>();
   auto ready_mu = std::make_shared<std::mutex>();
   supervisor.SetOnReady([&cfg, &supervisor, first_ready, ready_mu](const std::string& key, uint16_t port) {
+    auto info = http::Fetch("127.0.0.1", port, "GET", std::string(protocol::kInfoPath), "", supervisor.AuthHeaders(),
+                            std::chrono::seconds(2));
+    if (!info.ok() || info->status != 200) return;
+    auto j = nlohmann::json::parse(info->body, nullptr, false);
+    const auto typed = protocol::WorkerInfo::FromJson(j);
+    if (!typed) return;  // it is serving; its health checks say more
+    // A worker from another build would be misread: refused, with the reason where a person looks.
+    if (Status st = protocol::CheckCompatible(*typed); !st.ok()) return supervisor.Refuse(key, st.message());
     {
       std::lock_guard<std::mutex> lk(*ready_mu);
       if (first_ready->insert(key).second) {
@@ -149,12 +158,7 @@ int Serve(const ServeArgs& a) {
       }
     }
     // Calibrate: what llama.cpp really allocated on the placement's device.
-    auto info = http::Fetch("127.0.0.1", port, "GET", "/v1/worker/info", "", supervisor.AuthHeaders(),
-                            std::chrono::seconds(2));
-    if (!info.ok() || info->status != 200) return;
-    auto j = nlohmann::json::parse(info->body, nullptr, false);
-    if (j.is_discarded()) return;
-    if (j.contains("context") && j["context"].is_object() && !j["context"].value("created", true)) return;  // lazy context: nothing to compare yet
+    if (!typed->context_created) return;  // lazy context: nothing to compare yet
     const bool on_host = j["placement"]["device"] == "cpu";
     uint64_t observed = 0;
     for (const auto& b : j["memory"]["buffers"]) {

@@ -8,6 +8,7 @@
 //                         token (the seeded sampler falls one step behind)
 //   fallback-drop-seed    an attempt after the first loses its pinned seed
 //   relay-drop-chunk      the gateway drops the third content event of a stream
+//   protocol-skew         the worker reports the next protocol version (a worker of another build)
 //
 // Thread-safe: the set is read once, at the first call.
 #pragma once

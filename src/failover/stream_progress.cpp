@@ -14,8 +14,9 @@ StreamProgress::Event StreamProgress::Observe(const std::string& event, std::str
   if (datas.size() == 1 && datas[0] == "[DONE]") return Event::kDone;
   json j = json::parse(datas[0], nullptr, false);
   if (!j.is_object()) return Event::kOther;
-  if (j.contains("error")) {
-    if (error_phase) *error_phase = j["error"].is_object() ? j["error"].value("phase", "") : "";
+  if (auto err = protocol::ParseStreamError(j)) {
+    last_error_ = err;
+    if (error_phase) *error_phase = err->placement_failure() ? FailurePhaseName(err->phase) : "";
     return Event::kError;
   }
   if (j.contains("spillway") && j["spillway"].is_object() && j["spillway"].contains("tokens") &&

@@ -8,8 +8,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "protocol/worker_protocol.h"
 
 namespace spillway::failover {
 
@@ -23,6 +26,11 @@ class StreamProgress {
   const std::vector<int32_t>& tokens() const { return tokens_; }
   uint64_t text_bytes() const { return text_bytes_; }
   bool tool_calls_delivered() const { return tool_calls_; }
+  // The error event of the stream, when one came (the worker ends a stream
+  // that failed or was cancelled with one).
+  const std::optional<protocol::WorkerError>& last_error() const { return last_error_; }
+  // A new attempt begins: an earlier attempt's error is not this one's.
+  void ClearError() { last_error_.reset(); }
   // A continuation can reproduce what was delivered: token ids are known for
   // all of it and no side effect (tool call) has gone out.
   bool Continuable() const { return !tool_calls_ && !(text_bytes_ > 0 && tokens_.empty()); }
@@ -31,6 +39,7 @@ class StreamProgress {
   std::vector<int32_t> tokens_;
   uint64_t text_bytes_ = 0;
   bool tool_calls_ = false;
+  std::optional<protocol::WorkerError> last_error_;
 };
 
 }  // namespace spillway::failover

@@ -19,6 +19,7 @@
 #include "failover/stream_progress.h"
 #include "gateway/gateway_internal.h"
 #include "gateway/readiness.h"
+#include "protocol/worker_protocol.h"
 
 namespace spillway::gateway {
 
@@ -366,12 +367,14 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     Logged(journal_.Requeue(rec.id, why), "requeue");
     return failures < kMaxAttempts;
   };
-  // The phase of an allocation or device failure in a worker's error body ("" otherwise).
+  // The phase of an allocation or device failure in a worker's answer ("" otherwise).
   auto failure_phase = [](int status, const std::string& body) -> std::string {
-    if (status != 503 && status != 500) return "";
-    json j = json::parse(body, nullptr, false);
-    if (!j.is_object() || !j.contains("error")) return "";
-    return j["error"].value("phase", status == 500 ? "compute" : "");
+    const auto err = protocol::ParseWorkerError(status, body);
+    return err && err->placement_failure() ? FailurePhaseName(err->phase) : "";
+  };
+  auto worker_busy = [](int status, const std::string& body) {
+    const auto err = protocol::ParseWorkerError(status, body);
+    return err && err->busy();
   };
   // A declared different fallback model is announced as what it is.
   auto fallback_model = [&]() -> std::string {
@@ -474,7 +477,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       }
       // Cancelled meanwhile: whatever the worker said short of an answer, it ends cancelled.
       if (live->cancelled && r->status != 200) return fail(State::kCancelled, Status::Cancelled("request cancelled"));
-      const bool busy = r->status == 503 && r->body.find("resource_exhausted") != std::string::npos;
+      const bool busy = worker_busy(r->status, r->body);
       if (busy && clock_.NowMs() - t0 < kQueueWaitMs && !live->cancelled) {
         busy_retry = true;
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -568,6 +571,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       forward(event);
       return true;
     };
+    progress.ClearError();
     auto st = http::StreamFetch(
         "127.0.0.1", *port, "POST", path, body_to_send, headers,
         [&](const http::StreamHead& h) {
@@ -591,7 +595,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
         });
     if (!head_ok && st.ok()) {
       if (live->cancelled && !streaming_started) return fail(State::kCancelled, Status::Cancelled("request cancelled"));
-      const bool busy = status == 503 && error_body.find("resource_exhausted") != std::string::npos;
+      const bool busy = worker_busy(status, error_body);
       if (busy && clock_.NowMs() - t0 < kQueueWaitMs && !live->cancelled) {
         busy_retry = true;
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -642,10 +646,11 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     if (!pending.empty()) forward(pending);
     start_client_stream();
     // The worker ends a stream with an error event when it failed or was cancelled.
-    const bool had_error = stored.find("data: {\"error\"") != std::string::npos;
+    const auto& stream_error = progress.last_error();
+    const bool had_error = stream_error.has_value();
     const State state = !had_error ? State::kCompleted
-                        : (live->cancelled || stored.find("\"cancelled\"") != std::string::npos) ? State::kCancelled
-                                                                                                : State::kFailed;
+                        : (live->cancelled || stream_error->cancelled()) ? State::kCancelled
+                                                                        : State::kFailed;
     if (state == State::kCompleted) {
       AttemptSucceeded(rec.service, target.index);
       RecordThroughput(rec.service, target.index, stored);

@@ -11,6 +11,7 @@
 #include "api/http_client.h"
 #include "gateway/gateway.h"
 #include "gateway/gateway_internal.h"
+#include "protocol/worker_protocol.h"
 
 namespace spillway::gateway {
 
@@ -39,7 +40,7 @@ void Gateway::WorkerExited(const std::string& key, const std::string& why) {
     for (auto& st : states) {
       if (st->key != key) continue;
       st->breaker.Trip("worker " + why);
-      if (why.find("device lost") != std::string::npos) {
+      if (why == protocol::kExitDeviceLost) {
         if (auto it = device_breakers_.find(st->cfg.device); it != device_breakers_.end()) it->second.Trip("worker " + why);
       }
     }
@@ -48,21 +49,9 @@ void Gateway::WorkerExited(const std::string& key, const std::string& why) {
 
 void Gateway::RecordThroughput(const std::string& service, size_t index, const std::string& body) {
   // The worker's timings, from a non-streamed body or a stream's last chunk.
-  json t;
-  const auto pos = body.rfind("\"timings\"");
-  if (pos == std::string::npos) return;
-  json j = json::parse(body, nullptr, false);
-  if (j.is_object() && j.contains("spillway")) {
-    t = j["spillway"].value("timings", json());
-  } else {
-    for (const auto& e : http::ParseSseData(body)) {
-      json c = json::parse(e, nullptr, false);
-      if (c.is_object() && c.contains("spillway") && c["spillway"].contains("timings")) t = c["spillway"]["timings"];
-    }
-  }
-  if (!t.is_object()) return;
-  const double pms = t.value("prompt_ms", 0.0), gms = t.value("generation_ms", 0.0);
-  const double pt = t.value("prompt_tokens", 0.0), gt = t.value("generated_tokens", 0.0);
+  const auto t = protocol::TimingsOf(body);
+  if (!t) return;
+  const double pms = t->prompt_ms, gms = t->generation_ms, pt = t->prompt_tokens, gt = t->generated_tokens;
   std::lock_guard<std::mutex> lk(pools_mu_);
   auto& st = *placements_[service][index];
   auto ewma = [](double old, double sample) { return old == 0 ? sample : 0.7 * old + 0.3 * sample; };
@@ -278,16 +267,15 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
       for (const auto& st : states) {
         auto port = st->admission.admitted ? supervisor_.ReadyPort(st->key) : std::nullopt;
         if (!port) continue;
-        auto r = pool_.Send(*port, "POST", "/v1/worker/tokenize?endpoint=" + endpoint, rec.body, supervisor_.AuthHeaders(),
-                            std::chrono::seconds(30));
+        auto r = pool_.Send(*port, "POST", std::string(protocol::kTokenizePath) + "?endpoint=" + endpoint, rec.body,
+                            supervisor_.AuthHeaders(), std::chrono::seconds(30));
         if (!r.ok()) continue;
-        json j = json::parse(r->body, nullptr, false);
-        if (r->status == 200 && j.is_object()) {
-          prompt_tokens = j["prompt_tokens"].get<int>();
+        if (auto reply = protocol::TokenizeReply::FromJson(json::parse(r->body, nullptr, false)); r->status == 200 && reply) {
+          prompt_tokens = reply->prompt_tokens;
           break;
         }
-        if (r->status == 400 && j.is_object()) {
-          *rejected = Status::InvalidArgument(j["error"].value("message", "invalid request"));
+        if (auto err = protocol::ParseWorkerError(r->status, r->body); err && err->http_status == 400) {
+          *rejected = Status::InvalidArgument(err->message);
           return false;
         }
       }

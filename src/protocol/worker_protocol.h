@@ -1,13 +1,125 @@
 // The gateway <-> worker protocol: one header used by both binaries.
 //
-// Versioned: a worker reports kWorkerProtocolVersion in GET /v1/worker/info
-// (and its port file); the gateway refuses a worker of another version with
-// a clear start-up error rather than misread it.
+// Versioned: a worker reports kWorkerProtocolVersion in GET /v1/worker/info;
+// the gateway refuses a worker of another version with a clear start-up
+// error rather than misread it.
+//
+// Routes (all need the worker secret as a bearer token):
+//   POST   /v1/chat/completions, /v1/completions, /v1/embeddings   generation (OpenAI bodies;
+//          `spillway_resume` continues a cut stream), X-Request-Id carries the request id
+//   POST   /v1/worker/tokenize?endpoint=chat|completion            prompt size -> TokenizeReply
+//   DELETE /v1/worker/requests/{id}                                 cancel
+//   GET    /health                                                  HealthReport
+//   GET    /v1/worker/info                                          WorkerInfo (JSON)
+//   POST   /v1/worker/faults                                        fault injection (tests)
+//
+// Errors are `{"error": {"message", "type", "code", "phase"?}}` (api::ErrorBody),
+// in a body or as a stream's last SSE event; WorkerError is their typed form.
+// The gateway reads worker answers only through this header, never by
+// searching a body for a substring.
 #pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
 
 namespace spillway::protocol {
 
 // Bump on any change a worker of the previous version would misread.
 inline constexpr int kWorkerProtocolVersion = 1;
+
+inline constexpr std::string_view kHealthPath = "/health";
+inline constexpr std::string_view kInfoPath = "/v1/worker/info";
+inline constexpr std::string_view kTokenizePath = "/v1/worker/tokenize";
+inline constexpr std::string_view kCancelPrefix = "/v1/worker/requests/";
+inline constexpr std::string_view kFaultsPath = "/v1/worker/faults";
+
+// The path of a generation endpoint ("chat" | "completion" | "embedding").
+std::string GenerationPath(std::string_view endpoint);
+
+// What GET /health says.
+enum class Health {
+  kOk,          // serving
+  kDeviceLost,  // its accelerator is gone: replace the worker now
+  kStalled,     // a decode loop made no progress for longer than its progress timeout: replace it now
+  kError,       // unhealthy for another reason (the supervisor replaces it after 3 in a row)
+};
+const char* HealthName(Health h);
+// The supervisor's reason when it replaced a worker whose health said
+// replace_now() (its device is lost or its decode loop stalled): the device
+// is suspect for every placement on it.
+inline constexpr std::string_view kExitDeviceLost = "device lost or stalled";
+
+struct HealthReport {
+  Health state = Health::kError;
+  int64_t stalled_ms = 0;
+  std::string error;
+  // A worker that cannot recover in place (device lost, stalled).
+  bool replace_now() const { return state == Health::kDeviceLost || state == Health::kStalled; }
+  nlohmann::json ToJson() const;
+  // From an answer of GET /health (any status); a body that is not a report is kError.
+  static HealthReport FromBody(std::string_view body);
+};
+
+// A worker's error answer, typed.
+struct WorkerError {
+  int http_status = 0;
+  StatusCode code = StatusCode::kInternal;
+  FailurePhase phase = FailurePhase::kNone;
+  std::string message;
+
+  // Every slot or KV cell is taken right now: wait and send again (no attempt is spent).
+  bool busy() const { return code == StatusCode::kResourceExhausted && phase == FailurePhase::kNone; }
+  // An allocation failure or a lost device: this placement cannot run it; another may.
+  bool placement_failure() const { return phase != FailurePhase::kNone; }
+  bool cancelled() const { return code == StatusCode::kCancelled; }
+  Status ToStatus() const;
+};
+
+// From a worker's answer: nullopt for a 2xx, otherwise the typed error (a
+// body that is not an error object becomes kInternal with the body as its
+// message; a 500 without a phase is a compute failure, as the worker's own
+// crash in compute reports it).
+std::optional<WorkerError> ParseWorkerError(int http_status, std::string_view body);
+// From one SSE event's payload (the JSON after "data: "): the error it carries, if any.
+std::optional<WorkerError> ParseStreamError(const nlohmann::json& payload);
+
+// The worker's measured timings of one request (`spillway.timings`).
+struct Timings {
+  double prompt_ms = 0, generation_ms = 0;
+  double prompt_tokens = 0, generated_tokens = 0;
+  static std::optional<Timings> FromJson(const nlohmann::json& j);
+  nlohmann::json ToJson() const;
+};
+// The timings in a finished answer: a JSON body's `spillway.timings`, or the
+// last stream event that carries them.
+std::optional<Timings> TimingsOf(std::string_view body);
+
+struct TokenizeReply {
+  int prompt_tokens = 0;
+  int ctx = 0;
+  int default_max_tokens = 0;
+  static std::optional<TokenizeReply> FromJson(const nlohmann::json& j);
+  nlohmann::json ToJson() const;
+};
+
+// The fields of GET /v1/worker/info that the gateway reads.
+struct WorkerInfo {
+  int protocol_version = 0;
+  nlohmann::json fingerprint;
+  nlohmann::json placement;
+  bool context_created = true;
+  static std::optional<WorkerInfo> FromJson(const nlohmann::json& j);
+};
+// Ok when a worker speaking `info` can serve this gateway; otherwise why not.
+Status CheckCompatible(const WorkerInfo& info);
+
+std::optional<StatusCode> ParseStatusCode(std::string_view name);
+std::optional<FailurePhase> ParseFailurePhase(std::string_view name);
 
 }  // namespace spillway::protocol

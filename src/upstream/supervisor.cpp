@@ -18,6 +18,7 @@
 #include "common/private_files.h"
 #include "common/secret.h"
 #include "common/survive.h"
+#include "protocol/worker_protocol.h"
 
 extern char** environ;
 
@@ -208,8 +209,7 @@ void Supervisor::Poll(Worker& w) {
       w.view.state = WorkerState::kReady;
       w.view.last_start_ms = now - w.spawned_ms;
       w.ready_since_ms = now;
-      w.view.failed_starts = 0;
-      w.next_health_ms = now + kHealthPeriodMs;
+      w.next_health_ms = now + kHealthPeriodMs;  // its first passed health check ends the failed-start count
     } else if (w.spec.start_timeout_ms > 0 && now - w.spawned_ms >= w.spec.start_timeout_ms) {
       // A start that hangs holds no request forever: end it and say so.
       kill(-w.view.pid, SIGKILL);
@@ -226,11 +226,12 @@ void Supervisor::Poll(Worker& w) {
 void Supervisor::HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lost) {
   if (w.view.pid != pid || w.view.state != WorkerState::kReady) return;  // it changed meanwhile
   w.health_failures = healthy ? 0 : w.health_failures + 1;
+  if (healthy) w.view.failed_starts = 0;  // it started and serves
   if (w.health_failures >= 3 || device_lost) {
     kill(-pid, SIGKILL);
     int status = 0;
     waitpid(pid, &status, 0);
-    Exited(w, device_lost ? "device lost or stalled" : "unhealthy");
+    Exited(w, device_lost ? std::string(protocol::kExitDeviceLost) : "unhealthy");
   }
 }
 
@@ -319,8 +320,7 @@ void Supervisor::Round() {
       const bool healthy = r.ok() && r->status == 200;
       // A lost device or a stalled decode loop (a hung driver that still
       // answers HTTP) cannot recover in place: replace the worker at once.
-      const bool lost = r.ok() && (r->body.find("device_lost") != std::string::npos ||
-                                   r->body.find("\"stalled\"") != std::string::npos);
+      const bool lost = r.ok() && protocol::HealthReport::FromBody(r->body).replace_now();
       std::string why;
       {
         std::lock_guard<std::mutex> lk(mu_);
@@ -369,6 +369,18 @@ bool Supervisor::OnDemand(const std::string& key) const {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = workers_.find(key);
   return it != workers_.end() && it->second.spec.on_demand;
+}
+
+void Supervisor::Refuse(const std::string& key, const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = workers_.find(key);
+  if (it == workers_.end() || it->second.view.pid <= 0) return;
+  auto& w = it->second;
+  kill(-w.view.pid, SIGKILL);
+  int status = 0;
+  waitpid(w.view.pid, &status, 0);
+  w.ready_since_ms = 0;  // it never served: a failed start
+  Exited(w, why);
 }
 
 void Supervisor::Suspect(const std::string& key) {

@@ -108,6 +108,10 @@ class Supervisor {
   void SetOnExit(std::function<void(const std::string& key, const std::string& why)> f) { on_exit_ = std::move(f); }
   // Asked (no lock held) for each ready on-demand worker on every poll; true stops it.
   void SetIdleCheck(std::function<bool(const std::string& key)> f) { idle_ = std::move(f); }
+  // A worker that became ready but cannot serve this gateway (it speaks
+  // another protocol version): killed and counted as a failed start, `why`
+  // its reason in the log and WorkerView.
+  void Refuse(const std::string& key, const std::string& why);
   // Reports a failure seen by a caller (connection refused...): the worker is
   // health-checked at once.
   void Suspect(const std::string& key);

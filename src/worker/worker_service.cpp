@@ -8,6 +8,7 @@
 
 #include "api/openai_request.h"
 #include "api/openai_response.h"
+#include "common/mutation.h"
 #include "common/secret.h"
 #include "worker/reply_writer.h"
 
@@ -103,10 +104,14 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
     auto st = engine_.stats();
     const bool stalled = st.stalled_ms > static_cast<int64_t>(opts_.progress_timeout_s * 1000);
     const bool ok = st.healthy && !stalled;
-    json body = {{"status", ok ? "ok" : st.device_lost ? "device_lost" : stalled ? "stalled" : "error"},
-                 {"stalled_ms", st.stalled_ms}};
-    if (!st.healthy) body["error"] = st.last_error;
-    return ex->Respond(JsonResponse(ok ? 200 : 503, body, v));
+    protocol::HealthReport report;
+    report.state = ok ? protocol::Health::kOk
+                   : st.device_lost ? protocol::Health::kDeviceLost
+                   : stalled        ? protocol::Health::kStalled
+                                    : protocol::Health::kError;
+    report.stalled_ms = st.stalled_ms;
+    if (!st.healthy) report.error = st.last_error;
+    return ex->Respond(JsonResponse(ok ? 200 : 503, report.ToJson(), v));
   }
   if (path == "/v1/worker/info" && method == bhttp::verb::get) return ex->Respond(JsonResponse(200, Info(), v));
   if (path == "/v1/models" && method == bhttp::verb::get) {
@@ -131,8 +136,9 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
     ToolUse tools;
     auto tokens = PromptTokens(req.body(), chat, &gen, &tools);
     if (!tokens.ok()) return respond_error(tokens.status());
-    return ex->Respond(JsonResponse(200, json{{"prompt_tokens", tokens->size()}, {"ctx", engine_.options().ctx},
-                                              {"default_max_tokens", opts_.default_max_tokens}}, v));
+    const protocol::TokenizeReply reply{static_cast<int>(tokens->size()), static_cast<int>(engine_.options().ctx),
+                                        static_cast<int>(opts_.default_max_tokens)};
+    return ex->Respond(JsonResponse(200, reply.ToJson(), v));
   }
   if (path == "/v1/worker/faults" && method == bhttp::verb::post) {
     if (!faults_) return respond_error(Status::InvalidArgument("fault injection is not available"));
@@ -343,7 +349,8 @@ json WorkerService::Info() const {
   };
   for (auto* dev : model_.devices()) add_device(dev);
   if (auto* cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)) add_device(cpu);
-  return {{"protocol_version", protocol::kWorkerProtocolVersion},
+  const int version = protocol::kWorkerProtocolVersion + (MutationActive("protocol-skew") ? 1 : 0);  // tests only
+  return {{"protocol_version", version},
           {"model", model_.Describe()},
           {"placement", placement_.ToJson()},
           {"fingerprint", model_.fingerprint().ToJson()},

@@ -364,10 +364,11 @@ TEST(GatewayStartupTest, AWorkerThatHangsAtStartHoldsARequestNoLongerThanItsStar
   EXPECT_LT(waited, std::chrono::seconds(8)) << r.body;  // its start timeout (3 s) plus a start already under way
   // A stream hears why it waits, then why it failed.
   EXPECT_NE(r.body.find(": spillway: waiting for a worker: cpu is starting"), std::string::npos) << r.body;
-  EXPECT_NE(r.body.find("did not become ready within 3 s"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("within 3 s (start_timeout_s)"), std::string::npos) << r.body;
+  // By now the hung start was killed: the next request hears that reason.
   auto plain = Call(p, "POST", "/v1/chat/completions", Chat(4));
   EXPECT_EQ(plain.status, 503) << plain.body;
-  EXPECT_NE(plain.body.find("start_timeout_s"), std::string::npos) << plain.body;
+  EXPECT_NE(plain.body.find("did not become ready within 3 s (start_timeout_s)"), std::string::npos) << plain.body;
   EXPECT_FALSE(plain.Header("retry-after").empty());
   EXPECT_NE(gw.Output().find("did not become ready within 3 s"), std::string::npos) << gw.Output();
   gw.Stop();
@@ -400,6 +401,29 @@ TEST(GatewayStartupTest, DoctorNamesAMissingModelAndPassesAGoodConfig) {
   EXPECT_NE(out.find("fix: "), std::string::npos) << out;
   EXPECT_NE(out.find("ok    model    service 'chat'"), std::string::npos) << out;  // the rest is still checked
   std::filesystem::remove_all(dir);
+}
+
+// A worker that speaks another protocol version (here: a deliberate skew) is
+// refused when it becomes ready, with the reason in the log and the status,
+// and is never sent a request.
+TEST(GatewayStartupTest, AWorkerOfAnotherProtocolVersionIsRefused) {
+  setenv("SPILLWAY_MUTATIONS", "protocol-skew", 1);
+  GatewayProcess gw(TestConfig(1));
+  const bool started = gw.Start(std::chrono::seconds(30), /*wait_ready=*/false);
+  unsetenv("SPILLWAY_MUTATIONS");
+  ASSERT_TRUE(started) << gw.Output();
+  json w;
+  for (int i = 0; i < 500; ++i) {
+    w = WorkerStatus(gw.port(), "chat");
+    if (w.value("failed_starts", 0) >= 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GE(w.value("failed_starts", 0), 2) << w.dump();
+  EXPECT_NE(w.value("last_exit", "").find("protocol version"), std::string::npos) << w.dump();
+  auto r = Call(gw.port(), "POST", "/v1/chat/completions", Chat(4));
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_NE(r.body.find("different builds"), std::string::npos) << r.body;
+  EXPECT_NE(gw.Output().find("different builds"), std::string::npos) << gw.Output();
 }
 
 TEST(GatewaySupervisorTest, KilledWorkerIsRestartedAndOtherServicesAreUnaffected) {

@@ -47,6 +47,19 @@ TEST(StreamProgressTest, TextWithoutTokenIdsCannotBeReproduced) {
   EXPECT_TRUE(none.Continuable());  // nothing delivered: a fresh run is fine
 }
 
+TEST(StreamProgressTest, TheStreamsErrorEventIsTypedAndClearedForTheNextAttempt) {
+  StreamProgress p;
+  std::string phase;
+  p.Observe("data: {\"error\":{\"message\":\"request cancelled\",\"code\":\"cancelled\"}}\n\n", &phase);
+  ASSERT_TRUE(p.last_error());
+  EXPECT_TRUE(p.last_error()->cancelled());
+  EXPECT_EQ(phase, "");  // not a placement failure
+  p.ClearError();
+  EXPECT_FALSE(p.last_error());
+  p.Observe("data: {\"choices\":[{\"delta\":{\"content\":\"cancelled\"}}]}\n\n", &phase);
+  EXPECT_FALSE(p.last_error());  // the word in content is not an error
+}
+
 TEST(StreamProgressTest, GarbageIsIgnored) {
   StreamProgress p;
   EXPECT_EQ(p.Observe("data: {not json\n\n", nullptr), StreamProgress::Event::kOther);

@@ -1,0 +1,158 @@
+#include "protocol/worker_protocol.h"
+
+#include "api/http_client.h"
+
+namespace spillway::protocol {
+
+using nlohmann::json;
+
+std::string GenerationPath(std::string_view endpoint) {
+  if (endpoint == "chat") return "/v1/chat/completions";
+  if (endpoint == "completion") return "/v1/completions";
+  return "/v1/embeddings";
+}
+
+const char* HealthName(Health h) {
+  switch (h) {
+    case Health::kOk: return "ok";
+    case Health::kDeviceLost: return "device_lost";
+    case Health::kStalled: return "stalled";
+    case Health::kError: return "error";
+  }
+  return "error";
+}
+
+json HealthReport::ToJson() const {
+  json j = {{"status", HealthName(state)}, {"stalled_ms", stalled_ms}};
+  if (!error.empty()) j["error"] = error;
+  return j;
+}
+
+HealthReport HealthReport::FromBody(std::string_view body) {
+  HealthReport r;
+  json j = json::parse(body, nullptr, false);
+  if (!j.is_object() || !j.contains("status") || !j["status"].is_string()) return r;
+  const std::string s = j["status"];
+  for (Health h : {Health::kOk, Health::kDeviceLost, Health::kStalled, Health::kError}) {
+    if (s == HealthName(h)) r.state = h;
+  }
+  if (j.contains("stalled_ms") && j["stalled_ms"].is_number_integer()) r.stalled_ms = j["stalled_ms"];
+  if (j.contains("error") && j["error"].is_string()) r.error = j["error"];
+  return r;
+}
+
+std::optional<StatusCode> ParseStatusCode(std::string_view name) {
+  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+    if (name == StatusCodeName(static_cast<StatusCode>(c))) return static_cast<StatusCode>(c);
+  }
+  return std::nullopt;
+}
+
+std::optional<FailurePhase> ParseFailurePhase(std::string_view name) {
+  for (FailurePhase p : {FailurePhase::kNone, FailurePhase::kLoad, FailurePhase::kKv, FailurePhase::kCompute,
+                         FailurePhase::kDevice}) {
+    if (name == FailurePhaseName(p)) return p;
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+WorkerError FromErrorObject(int http_status, const json& e) {
+  WorkerError w;
+  w.http_status = http_status;
+  if (e.contains("message") && e["message"].is_string()) w.message = e["message"];
+  if (e.contains("code") && e["code"].is_string()) w.code = ParseStatusCode(e["code"].get<std::string>()).value_or(StatusCode::kInternal);
+  if (e.contains("phase") && e["phase"].is_string()) w.phase = ParseFailurePhase(e["phase"].get<std::string>()).value_or(FailurePhase::kNone);
+  return w;
+}
+
+}  // namespace
+
+Status WorkerError::ToStatus() const {
+  Status st(code, message);
+  st.WithPhase(phase);
+  return st;
+}
+
+std::optional<WorkerError> ParseWorkerError(int http_status, std::string_view body) {
+  if (http_status >= 200 && http_status < 300) return std::nullopt;
+  json j = json::parse(body, nullptr, false);
+  WorkerError w;
+  if (j.is_object() && j.contains("error") && j["error"].is_object()) {
+    w = FromErrorObject(http_status, j["error"]);
+  } else {
+    w.http_status = http_status;
+    w.message = std::string(body.substr(0, 500));
+  }
+  if (http_status == 499 && w.code == StatusCode::kInternal) w.code = StatusCode::kCancelled;
+  if (http_status == 500 && w.phase == FailurePhase::kNone) w.phase = FailurePhase::kCompute;
+  return w;
+}
+
+std::optional<WorkerError> ParseStreamError(const json& payload) {
+  if (!payload.is_object() || !payload.contains("error") || !payload["error"].is_object()) return std::nullopt;
+  return FromErrorObject(200, payload["error"]);
+}
+
+std::optional<Timings> Timings::FromJson(const json& j) {
+  if (!j.is_object()) return std::nullopt;
+  auto num = [&](const char* k) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : 0.0; };
+  return Timings{num("prompt_ms"), num("generation_ms"), num("prompt_tokens"), num("generated_tokens")};
+}
+
+json Timings::ToJson() const {
+  return {{"prompt_ms", prompt_ms}, {"generation_ms", generation_ms}, {"prompt_tokens", prompt_tokens},
+          {"generated_tokens", generated_tokens}};
+}
+
+std::optional<Timings> TimingsOf(std::string_view body) {
+  auto from = [](const json& j) -> std::optional<Timings> {
+    if (j.is_object() && j.contains("spillway") && j["spillway"].is_object() && j["spillway"].contains("timings")) {
+      return Timings::FromJson(j["spillway"]["timings"]);
+    }
+    return std::nullopt;
+  };
+  json j = json::parse(body, nullptr, false);
+  if (!j.is_discarded()) return from(j);
+  std::optional<Timings> last;
+  for (const auto& e : http::ParseSseData(std::string(body))) {
+    if (auto t = from(json::parse(e, nullptr, false))) last = t;
+  }
+  return last;
+}
+
+std::optional<TokenizeReply> TokenizeReply::FromJson(const json& j) {
+  if (!j.is_object() || !j.contains("prompt_tokens") || !j["prompt_tokens"].is_number_integer()) return std::nullopt;
+  TokenizeReply r;
+  r.prompt_tokens = j["prompt_tokens"];
+  r.ctx = j.value("ctx", 0);
+  r.default_max_tokens = j.value("default_max_tokens", 0);
+  return r;
+}
+
+json TokenizeReply::ToJson() const {
+  return {{"prompt_tokens", prompt_tokens}, {"ctx", ctx}, {"default_max_tokens", default_max_tokens}};
+}
+
+std::optional<WorkerInfo> WorkerInfo::FromJson(const json& j) {
+  if (!j.is_object()) return std::nullopt;
+  WorkerInfo w;
+  if (j.contains("protocol_version") && j["protocol_version"].is_number_integer()) w.protocol_version = j["protocol_version"];
+  if (j.contains("fingerprint")) w.fingerprint = j["fingerprint"];
+  if (j.contains("placement")) w.placement = j["placement"];
+  if (j.contains("context") && j["context"].is_object() && j["context"].contains("created") &&
+      j["context"]["created"].is_boolean()) {
+    w.context_created = j["context"]["created"];
+  }
+  return w;
+}
+
+Status CheckCompatible(const WorkerInfo& info) {
+  if (info.protocol_version == kWorkerProtocolVersion) return Status::Ok();
+  return Status::Unavailable("the worker speaks protocol version " + std::to_string(info.protocol_version) +
+                             ", this gateway version " + std::to_string(kWorkerProtocolVersion) +
+                             ": spillway and spillway-worker come from different builds (rebuild both)");
+}
+
+}  // namespace spillway::protocol

@@ -1,0 +1,98 @@
+#include "protocol/worker_protocol.h"
+
+#include <gtest/gtest.h>
+
+#include "api/openai_response.h"
+
+namespace spillway::protocol {
+namespace {
+
+using nlohmann::json;
+
+// What the worker writes (api::ErrorBody) is what the gateway reads back.
+TEST(WorkerProtocolTest, ErrorsRoundTripThroughTheWorkersOwnEncoding) {
+  Status busy = Status::ResourceExhausted("every slot is busy");
+  auto e = ParseWorkerError(503, api::ErrorBody(busy).dump());
+  ASSERT_TRUE(e);
+  EXPECT_TRUE(e->busy());
+  EXPECT_FALSE(e->placement_failure());
+  EXPECT_EQ(e->message, "every slot is busy");
+
+  Status kv = Status::ResourceExhausted("KV allocation failed");
+  kv.WithPhase(FailurePhase::kKv);
+  e = ParseWorkerError(503, api::ErrorBody(kv).dump());
+  ASSERT_TRUE(e);
+  EXPECT_FALSE(e->busy());  // an allocation failure is not "busy": it moves elsewhere
+  EXPECT_TRUE(e->placement_failure());
+  EXPECT_EQ(e->phase, FailurePhase::kKv);
+  EXPECT_EQ(e->ToStatus().phase(), FailurePhase::kKv);
+
+  e = ParseWorkerError(499, api::ErrorBody(Status::Cancelled("request cancelled")).dump());
+  ASSERT_TRUE(e);
+  EXPECT_TRUE(e->cancelled());
+  EXPECT_FALSE(ParseWorkerError(200, "{}"));
+}
+
+TEST(WorkerProtocolTest, AnythingElseIsAnErrorWithItsBodyNotABusyWorker) {
+  auto e = ParseWorkerError(503, "<html>resource_exhausted</html>");  // no substring matching
+  ASSERT_TRUE(e);
+  EXPECT_FALSE(e->busy());
+  EXPECT_EQ(e->code, StatusCode::kInternal);
+  EXPECT_NE(e->message.find("<html>"), std::string::npos);
+  e = ParseWorkerError(500, R"({"error":{"message":"boom","code":"internal"}})");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->phase, FailurePhase::kCompute);  // a worker's 500 is a failure in compute
+  e = ParseWorkerError(503, R"({"error":{"message":"x","code":"no_such_code","phase":"warp"}})");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, StatusCode::kInternal);
+  EXPECT_EQ(e->phase, FailurePhase::kNone);
+  EXPECT_FALSE(ParseStreamError(json::parse(R"({"choices":[]})")));
+  EXPECT_TRUE(ParseStreamError(json::parse(R"({"error":{"message":"m","code":"cancelled"}})"))->cancelled());
+}
+
+TEST(WorkerProtocolTest, HealthReports) {
+  for (Health h : {Health::kOk, Health::kDeviceLost, Health::kStalled, Health::kError}) {
+    HealthReport r;
+    r.state = h;
+    r.stalled_ms = 7;
+    const auto back = HealthReport::FromBody(r.ToJson().dump());
+    EXPECT_EQ(back.state, h);
+    EXPECT_EQ(back.stalled_ms, 7);
+    EXPECT_EQ(back.replace_now(), h == Health::kDeviceLost || h == Health::kStalled);
+  }
+  EXPECT_EQ(HealthReport::FromBody("device_lost").state, Health::kError);  // not a report
+  EXPECT_FALSE(HealthReport::FromBody("{\"status\":\"ok\",\"note\":\"device_lost\"}").replace_now());
+}
+
+TEST(WorkerProtocolTest, TimingsFromABodyOrAStreamsLastEvent) {
+  auto t = TimingsOf(R"({"spillway":{"timings":{"prompt_ms":10,"generation_ms":20,"prompt_tokens":5,"generated_tokens":3}}})");
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->prompt_ms, 10);
+  EXPECT_EQ(t->generated_tokens, 3);
+  t = TimingsOf("data: {\"choices\":[]}\n\ndata: {\"spillway\":{\"timings\":{\"prompt_ms\":4}}}\n\ndata: [DONE]\n\n");
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->prompt_ms, 4);
+  EXPECT_FALSE(TimingsOf("{\"choices\":[]}"));
+}
+
+TEST(WorkerProtocolTest, AWorkerOfAnotherVersionIsRefusedWithTheReason) {
+  auto info = WorkerInfo::FromJson(json{{"protocol_version", kWorkerProtocolVersion}});
+  ASSERT_TRUE(info);
+  EXPECT_TRUE(CheckCompatible(*info).ok());
+  info = WorkerInfo::FromJson(json{{"protocol_version", kWorkerProtocolVersion + 1}});
+  const Status st = CheckCompatible(*info);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("different builds"), std::string::npos);
+  EXPECT_FALSE(CheckCompatible(*WorkerInfo::FromJson(json::object())).ok());  // no version: an old worker
+}
+
+TEST(WorkerProtocolTest, TokenizeReply) {
+  const TokenizeReply r{12, 4096, 256};
+  auto back = TokenizeReply::FromJson(r.ToJson());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->prompt_tokens, 12);
+  EXPECT_FALSE(TokenizeReply::FromJson(json{{"prompt_tokens", "12"}}));
+}
+
+}  // namespace
+}  // namespace spillway::protocol
