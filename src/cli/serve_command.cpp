@@ -127,10 +127,11 @@ int Serve(const ServeArgs& a) {
     auto a = gateway::AdmitPlacement(cfg, key);
     return a.admitted ? Status::Ok() : Status::ResourceExhausted(a.reason);
   });
+  gateway::Gateway gw(cfg, **journal, supervisor, clock, admissions);
   // Said while the models load, so a first `make run` never looks hung.
   auto first_ready = std::make_shared<std::set<std::string>>();
   auto ready_mu = std::make_shared<std::mutex>();
-  supervisor.SetOnReady([&cfg, &supervisor, first_ready, ready_mu](const std::string& key, uint16_t port) {
+  supervisor.SetOnReady([&cfg, &supervisor, &gw, first_ready, ready_mu](const std::string& key, uint16_t port) {
     auto info = http::Fetch("127.0.0.1", port, "GET", std::string(protocol::kInfoPath), "", supervisor.AuthHeaders(),
                             std::chrono::seconds(2));
     if (!info.ok() || info->status != 200) return;
@@ -139,18 +140,27 @@ int Serve(const ServeArgs& a) {
     if (!typed) return;  // it is serving; its health checks say more
     // A worker from another build would be misread: refused, with the reason where a person looks.
     if (Status st = protocol::CheckCompatible(*typed); !st.ok()) return supervisor.Refuse(key, st.message());
+    gw.WorkerReady(key);
     {
       std::lock_guard<std::mutex> lk(*ready_mu);
       if (first_ready->insert(key).second) {
-        size_t total = 0, on_demand = 0;
-        for (const auto& w : supervisor.Snapshot()) (w.on_demand ? on_demand : total) += 1;
-        for (const auto& w : supervisor.Snapshot()) {
-          if (w.key == key) {
+        size_t total = 0, on_demand = 0, loaded = 0;
+        const auto workers = supervisor.Snapshot();
+        for (const auto& w : workers) {
+          (w.on_demand ? on_demand : total) += 1;
+          loaded += !w.on_demand && first_ready->count(w.key);
+        }
+        for (const auto& w : workers) {
+          if (w.key != key) continue;
+          if (w.on_demand) {
+            std::printf("spillway: on-demand worker %s ready after %.1f s\n", key.c_str(),
+                        static_cast<double>(w.last_start_ms) / 1000);
+          } else {
             std::printf("spillway: worker %s ready after %.1f s (%zu of %zu loaded)\n", key.c_str(),
-                        static_cast<double>(w.last_start_ms) / 1000, first_ready->size(), total);
+                        static_cast<double>(w.last_start_ms) / 1000, loaded, total);
           }
         }
-        if (first_ready->size() == total) {
+        if (loaded == total && !supervisor.OnDemand(key)) {
           std::printf("spillway: every worker is ready%s\n",
                       on_demand ? " (on-demand replicas start with their first request)" : "");
         }
@@ -166,14 +176,15 @@ int Serve(const ServeArgs& a) {
     }
     gateway::RecordObserved(cfg, key, observed);
   });
-  gateway::Gateway gw(cfg, **journal, supervisor, clock, admissions);
   supervisor.Start();
   boost::asio::io_context ioc;
+  const size_t n_recovered = recovered->size();
+  gw.Start(ioc.get_executor(), std::move(*recovered));  // before the first request can arrive
   http::ServerOptions so;
   so.max_body_bytes = cfg.max_body_bytes;
   so.max_body_memory_bytes = cfg.max_body_memory_bytes;
   // File descriptors left for the journal, the workers' connections (pooled
-  // and streaming, one per dispatcher thread) and health checks.
+  // and streaming, one per request running an attempt) and health checks.
   size_t workers = 0;
   for (const auto& s : cfg.services) workers += s.placements.size();
   so.max_connections = http::ConnectionCap(static_cast<size_t>(cfg.max_connections), 192 + 40 * workers);
@@ -194,7 +205,7 @@ int Serve(const ServeArgs& a) {
   }
   std::printf("spillway serving on http://%s:%u (%zu services, state in %s, journal synchronous=%s, %zu recovered)\n",
               cfg.listen_host.c_str(), server.port(), cfg.services.size(), cfg.state_dir.c_str(),
-              (*journal)->synchronous_mode().c_str(), recovered->size());
+              (*journal)->synchronous_mode().c_str(), n_recovered);
   {
     size_t starting = 0;
     for (const auto& w : supervisor.Snapshot()) starting += !w.on_demand;
@@ -202,7 +213,7 @@ int Serve(const ServeArgs& a) {
                 starting == 1 ? "" : "s");
   }
   std::fflush(stdout);
-  gw.Resume(std::move(*recovered));
+
 
   // Pruning of old journal rows, every ten minutes.
   boost::asio::steady_timer prune(ioc);
@@ -227,6 +238,7 @@ int Serve(const ServeArgs& a) {
   std::thread second([&] { http::RunLogged(ioc, "spillway"); });
   http::RunLogged(ioc, "spillway");
   second.join();
+  gw.Shutdown();  // before the I/O context goes
   supervisor.Stop();
   return 0;
 }

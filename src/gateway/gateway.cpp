@@ -10,12 +10,17 @@
 #include <functional>
 #include <thread>
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+
 #include "api/http_client.h"
 #include "api/openai_request.h"
 #include "api/openai_response.h"
 #include "admission/admission.h"
 #include "common/hash.h"
 #include "common/mutation.h"
+#include "common/survive.h"
 #include "failover/stream_progress.h"
 #include "gateway/gateway_internal.h"
 #include "gateway/readiness.h"
@@ -32,9 +37,9 @@ Gateway::Gateway(const config::GatewayConfig& config, journal::Journal& journal,
       journal_(journal),
       supervisor_(supervisor),
       clock_(clock),
-      rng_(std::random_device{}()),
-      dispatcher_(std::make_unique<Dispatcher>(64, static_cast<size_t>(config.max_queue))) {
+      rng_(std::random_device{}()) {
   for (const auto& s : config_.services) {
+    signals_[s.name] = std::make_unique<CapacitySignal>();
     auto& v = placements_[s.name];
     for (size_t i = 0; i < s.placements.size(); ++i) {
       const std::string key = WorkerKey(s, i);
@@ -68,7 +73,59 @@ Gateway::Gateway(const config::GatewayConfig& config, journal::Journal& journal,
 // The supervisor asks this gateway about idle replicas: it stops first.
 Gateway::~Gateway() {
   supervisor_.Stop();
-  dispatcher_.reset();
+  Shutdown();
+}
+
+void Gateway::Start(boost::asio::any_io_executor io, std::vector<journal::RequestRecord> recovered) {
+  io_ = std::move(io);
+  for (auto& rec : recovered) {
+    auto live = std::make_shared<Live>();
+    live->id = rec.id;
+    live->service = rec.service;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      live_[live->id] = live;
+    }
+    // Nothing answers a client: the result waits in the journal.
+    Spawn([](Gateway* g, journal::RequestRecord r, std::shared_ptr<Live> l) -> boost::asio::awaitable<void> {
+      co_await g->Run(r, nullptr, l);
+      std::lock_guard<std::mutex> lk(g->mu_);
+      g->live_.erase(r.id);
+    }(this, std::move(rec), live));
+  }
+}
+
+void Gateway::Shutdown() {
+  blocking_.join();
+  pool_.Clear();
+  for (auto& [name, signal] : signals_) signal->Notify();
+}
+
+void Gateway::Spawn(boost::asio::awaitable<void> task) {
+  boost::asio::co_spawn(boost::asio::make_strand(*io_), std::move(task), [](std::exception_ptr e) {
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      std::fprintf(stderr, "spillway: a request's lifecycle failed: %s\n", x.what());
+    } catch (...) {
+      std::fprintf(stderr, "spillway: a request's lifecycle failed\n");
+    }
+  });
+}
+
+void Gateway::PostBlocking(std::function<void()> f) {
+  boost::asio::post(blocking_, [f = std::move(f)] { RunSurviving("spillway: a blocking task", f); });
+}
+
+CapacitySignal& Gateway::SignalFor(const std::string& service) { return *signals_.at(service); }
+
+void Gateway::WorkerReady(const std::string& key) {
+  for (const auto& s : config_.services) {
+    for (size_t i = 0; i < s.placements.size(); ++i) {
+      if (WorkerKey(s, i) == key) signals_.at(s.name)->Notify();
+    }
+  }
 }
 
 void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
@@ -111,7 +168,10 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   if (path == "/metrics" && method == bhttp::verb::get) {
     return ex->Respond(http::MakeResponse(200, RenderMetrics(), "text/plain; version=0.0.4", v));
   }
-  if (path == "/v1/status" && method == bhttp::verb::get) return ex->Respond(JsonResponse(200, StatusJson(), v));
+  if (path == "/v1/status" && method == bhttp::verb::get) {
+    // It asks each worker for its memory: off the I/O threads.
+    return PostBlocking([this, ex, v] { ex->Respond(JsonResponse(200, StatusJson(), v)); });
+  }
   if (path == "/v1/models" && method == bhttp::verb::get) {
     json data = json::array();
     for (const auto& s : config_.services) {
@@ -121,8 +181,9 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   }
   static const std::string kRequests = "/v1/requests/";
   if (path.rfind(kRequests, 0) == 0 && (method == bhttp::verb::get || method == bhttp::verb::delete_)) {
-    return HandleRequestQuery(path.substr(kRequests.size()), method == bhttp::verb::delete_, CallerOf(req), std::move(ex),
-                              v);
+    // Journal reads and a cancel's commit: off the I/O threads.
+    return PostBlocking([this, id = path.substr(kRequests.size()), cancel = method == bhttp::verb::delete_,
+                         caller = CallerOf(req), ex = std::move(ex), v] { HandleRequestQuery(id, cancel, caller, ex, v); });
   }
   const char* endpoint = path == "/v1/chat/completions" ? "chat"
                          : path == "/v1/completions"    ? "completion"
@@ -233,24 +294,28 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   in->ex = ex;
   in->version = v;
   in->started_ms = clock_.NowMs();
-  if (!dispatcher_->Submit([this, in] { Process(in); })) {
+  // Accepted requests that have not started their first attempt are bounded.
+  if (waiting_.fetch_add(1) >= config_.max_queue) {
+    --waiting_;
     return fail(Status::ResourceExhausted("the gateway queue is full (" + std::to_string(config_.max_queue) +
                                           " requests waiting)").WithRetryAfter(2));
   }
+  in->queue_slot = std::shared_ptr<void>(nullptr, [this](void*) { --waiting_; });
+  Spawn(Process(in));
 }
 
-void Gateway::Process(std::shared_ptr<Incoming> in) {
+boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
   const unsigned v = in->version;
-  auto accepted = journal_.Accept(in->rec);
-  if (!accepted.ok()) return in->ex->Respond(ErrorResponse(accepted.status(), v));
+  auto accepted = co_await Blocking([&] { return journal_.Accept(in->rec); });
+  if (!accepted.ok()) co_return in->ex->Respond(ErrorResponse(accepted.status(), v));
   const auto& old = accepted->existing;
   switch (accepted->outcome) {
     case journal::AcceptOutcome::kNew: break;
     case journal::AcceptOutcome::kMismatch:
-      return in->ex->Respond(ErrorResponse(
+      co_return in->ex->Respond(ErrorResponse(
           Status::Unprocessable("Idempotency-Key was used with a different request body (request " + old.id + ")"), v));
     case journal::AcceptOutcome::kInFlight:
-      return in->ex->Respond(ErrorResponse(
+      co_return in->ex->Respond(ErrorResponse(
           Status::Conflict("a request with this Idempotency-Key is still running (request " + old.id + ")").WithRetryAfter(1),
           v, old.id));
     case journal::AcceptOutcome::kReplay: {
@@ -258,11 +323,13 @@ void Gateway::Process(std::shared_ptr<Incoming> in) {
                                     old.result_type.empty() ? "application/json" : old.result_type, v);
       res.set("X-Request-Id", old.id);
       res.set("Idempotent-Replayed", "true");
-      return in->ex->Respond(std::move(res));
+      co_return in->ex->Respond(std::move(res));
     }
   }
   auto live = std::make_shared<Live>();
   live->id = in->rec.id;
+  live->service = in->rec.service;
+  live->queue_slot = std::move(in->queue_slot);
   if (in->timeout_ms) live->deadline_ms = in->started_ms + in->timeout_ms;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -272,31 +339,13 @@ void Gateway::Process(std::shared_ptr<Incoming> in) {
   in->ex->OnDisconnect([this, weak] {
     if (auto l = weak.lock()) Cancel(l);
   });
-  Run(accepted->existing, in->ex, live);
+  co_await Run(accepted->existing, in->ex, live);
   std::lock_guard<std::mutex> lk(mu_);
   live_.erase(in->rec.id);
 }
 
-void Gateway::Resume(std::vector<journal::RequestRecord> records) {
-  for (auto& rec : records) {
-    auto live = std::make_shared<Live>();
-    live->id = rec.id;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      live_[live->id] = live;
-    }
-    // Recovered requests wait for a dispatcher slot; nothing answers a client.
-    while (!dispatcher_->Submit([this, rec, live] {
-      Run(rec, nullptr, live);
-      std::lock_guard<std::mutex> lk(mu_);
-      live_.erase(rec.id);
-    })) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  }
-}
-
-void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex, std::shared_ptr<Live> live) {
+boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
+                                          std::shared_ptr<Live> live) {
   const config::ServiceConfig* svc = config_.FindService(rec.service);
   const unsigned v = 11;
   const int64_t t0 = clock_.NowMs();
@@ -313,31 +362,34 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     std::function<void()> f;
     ~Releaser() { f(); }
   } releaser{release};
-  auto finish = [&](State state, int status, const std::string& type, const std::string& body, const std::string& err) {
+  // The one place a request ends: the journal first, then (by the caller) the client.
+  auto finish = [&](State state, int status, std::string type, std::string body,
+                    std::string err) -> boost::asio::awaitable<void> {
     release();
-    Logged(journal_.Finish(rec.id, state, status, type, body, err), "finish");
+    live->queue_slot.reset();
+    Logged(co_await Blocking([&] { return journal_.Finish(rec.id, state, status, type, body, err); }), "finish");
     metrics_.RequestFinished(rec.service, Outcome(state), placement, (clock_.NowMs() - t0) / 1000.0);
   };
   // The client's stream may have started before the first event (comments
   // while waiting for the CPU path): errors then end it as events.
   bool head_sent = false;
   std::string stored;
-  auto end_stream_with_error = [&](State state, const json& error_body, const std::string& why) {
+  auto end_stream_with_error = [&](State state, json error_body, std::string why) -> boost::asio::awaitable<void> {
     const std::string ev = api::SseEvent(error_body) + api::kSseDone;
     stored += ev;
-    finish(state, 200, "text/event-stream", stored, why);
+    co_await finish(state, 200, "text/event-stream", stored, why);
     if (ex) {
       ex->Write(ev);
       ex->End();
     }
   };
-  auto fail = [&](State state, const Status& st) {
+  auto fail = [&](State state, Status st) -> boost::asio::awaitable<void> {
     const json body = ErrorJson(st, rec.id);
-    if (head_sent) return end_stream_with_error(state, body, st.message());
-    finish(state, HttpStatusFor(st.code()), "application/json", body.dump(), st.message());
+    if (head_sent) co_return co_await end_stream_with_error(state, body, st.message());
+    co_await finish(state, HttpStatusFor(st.code()), "application/json", body.dump(), st.message());
     if (ex) ex->Respond(ErrorResponse(st, v, rec.id));
   };
-  if (!svc) return fail(State::kFailed, Status::NotFound("service '" + rec.service + "' is no longer configured"));
+  if (!svc) co_return co_await fail(State::kFailed, Status::NotFound("service '" + rec.service + "' is no longer configured"));
   int failures = 0;
   bool streaming_started = false;
   // What the client already has of a stream, across attempts.
@@ -348,24 +400,24 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     return std::chrono::milliseconds(live->deadline_ms ? std::max<int64_t>(1, live->deadline_ms - clock_.NowMs())
                                                        : int64_t{3600} * 1000);
   };
-  auto deadline_failure = [&] {
+  auto deadline_failure = [&]() -> boost::asio::awaitable<void> {
     Cancel(live);  // stops the worker's generation, frees its slot
     live->cancelled = true;
-    return fail(State::kFailed, Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout"));
+    co_await fail(State::kFailed, Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout"));
   };
   std::vector<bool> excluded(svc->placements.size(), false);
   int attempts = 0;
   bool busy_retry = false;  // the last send found the worker busy; its attempt stays open
   // A failed attempt: count it against the placement's breaker, keep this
   // request away from it, and say whether another attempt is allowed.
-  auto attempt_failed = [&](const std::string& phase, const std::string& why) {
+  auto attempt_failed = [&](std::string phase, std::string why) -> boost::asio::awaitable<bool> {
     AttemptFailed(rec.service, target.index, phase, why);
     excluded[target.index] = true;
     ++failures;
     // fail_fast: "the accelerator or an error", never a silent spill.
-    if (svc->admission.fail_fast) return false;
-    Logged(journal_.Requeue(rec.id, why), "requeue");
-    return failures < kMaxAttempts;
+    if (svc->admission.fail_fast) co_return false;
+    Logged(co_await Blocking([&] { return journal_.Requeue(rec.id, why); }), "requeue");
+    co_return failures < kMaxAttempts;
   };
   // The phase of an allocation or device failure in a worker's answer ("" otherwise).
   auto failure_phase = [](int status, const std::string& body) -> std::string {
@@ -389,8 +441,8 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     if (const std::string m = fallback_model(); !m.empty()) res.set("X-Spillway-Fallback-Model", m);
   };
   while (true) {
-    if (past_deadline()) return deadline_failure();
-    if (live->cancelled) return fail(State::kCancelled, Status::Cancelled("request cancelled"));
+    if (past_deadline()) co_return co_await deadline_failure();
+    if (live->cancelled) co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
     release();
     Status rejected;
     // A stream that waits long (for the CPU path, or for a replica to load)
@@ -413,28 +465,32 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       }
       ex->Write(": spillway: " + note + "\n\n");
     };
-    if (!Admit(rec, *svc, *live, excluded, &target, &rejected, on_wait)) {
-      if (rejected.code() == StatusCode::kDeadlineExceeded) return deadline_failure();
-      if (rejected.code() == StatusCode::kCancelled) return fail(State::kCancelled, rejected);
-      return fail(State::kFailed, rejected);
+    if (!co_await Admit(rec, *svc, *live, excluded, &target, &rejected, on_wait)) {
+      if (rejected.code() == StatusCode::kDeadlineExceeded) co_return co_await deadline_failure();
+      if (rejected.code() == StatusCode::kCancelled) co_return co_await fail(State::kCancelled, rejected);
+      co_return co_await fail(State::kFailed, rejected);
     }
+    live->queue_slot.reset();  // running now: no longer among the waiting
     // A worker that answered "busy" is retried within the attempt already
     // journaled: waiting writes nothing (it used to write an attempt every 10 ms).
     const bool same_attempt = busy_retry && target.placement == placement;
-    if (busy_retry && !same_attempt) Logged(journal_.Requeue(rec.id, "worker busy"), "requeue");
+    if (busy_retry && !same_attempt) {
+      Logged(co_await Blocking([&] { return journal_.Requeue(rec.id, "worker busy"); }), "requeue");
+    }
     busy_retry = false;
     placement = target.placement;
     const std::string key = target.key;
     const std::optional<uint16_t> port = target.port;
     if (same_attempt) {
       // still running attempt `attempts` on `placement`
-    } else if (Status st = journal_.StartAttempt(rec.id, placement, target.decision_json); !st.ok()) {
+    } else if (Status st = co_await Blocking([&] { return journal_.StartAttempt(rec.id, placement, target.decision_json); });
+               !st.ok()) {
       // Cancelled (or finished) by someone else between the check and here.
       if (ex) {
-        auto r = journal_.Get(rec.id);
+        auto r = co_await Blocking([&] { return journal_.Get(rec.id); });
         ex->Respond(ErrorResponse(Status::Cancelled("request " + (r.ok() ? std::string(journal::StateName(r->state)) : "ended")), v, rec.id));
       }
-      return;
+      co_return;
     }
     if (!same_attempt) ++attempts;
     if (attempts > 1 && MutationActive("fallback-drop-seed")) {  // deliberate bug, for tests only
@@ -448,39 +504,39 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     if (live->cancelled) continue;
 
     if (!rec.stream) {
-      auto r = pool_.Send(*port, "POST", path, target.body, headers, remaining());
-      if (!r.ok() && past_deadline()) return deadline_failure();
+      auto r = co_await pool_.Send(*port, "POST", path, target.body, headers, remaining());
+      if (!r.ok() && past_deadline()) co_return co_await deadline_failure();
       if (!r.ok()) {
         // The worker died or stopped answering: safe to re-run (no stream, no
         // side effects), on another placement when there is one.
         supervisor_.Suspect(key);
-        if (!attempt_failed("crash", r.status().message())) {
-          return fail(State::kFailed, Status::Unavailable("the worker failed " + std::to_string(failures) +
-                                                          " times: " + r.status().message()).WithRetryAfter(5));
+        if (!co_await attempt_failed("crash", r.status().message())) {
+          co_return co_await fail(State::kFailed, Status::Unavailable("the worker failed " + std::to_string(failures) +
+                                                                      " times: " + r.status().message()).WithRetryAfter(5));
         }
         continue;
       }
       if (const std::string phase = failure_phase(r->status, r->body); !phase.empty()) {
         // An allocation failure or a lost device: the request is replayed from
         // scratch elsewhere with the same id and the same (pinned) seed.
-        if (!attempt_failed(phase, "phase " + phase + ": " + r->body)) {
+        if (!co_await attempt_failed(phase, "phase " + phase + ": " + r->body)) {
           const State state = State::kFailed;
-          finish(state, r->status, "application/json", r->body, r->body);
+          co_await finish(state, r->status, "application/json", r->body, r->body);
           if (ex) {
             auto res = http::MakeResponse(static_cast<unsigned>(r->status), r->body, "application/json", v);
             res.set("X-Request-Id", rec.id);
             ex->Respond(std::move(res));
           }
-          return;
+          co_return;
         }
         continue;
       }
       // Cancelled meanwhile: whatever the worker said short of an answer, it ends cancelled.
-      if (live->cancelled && r->status != 200) return fail(State::kCancelled, Status::Cancelled("request cancelled"));
+      if (live->cancelled && r->status != 200) co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
       const bool busy = worker_busy(r->status, r->body);
       if (busy && clock_.NowMs() - t0 < kQueueWaitMs && !live->cancelled) {
         busy_retry = true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(50));  // until a slot frees
         continue;
       }
       const State state = r->status < 300 ? State::kCompleted : r->status == 499 ? State::kCancelled : State::kFailed;
@@ -500,7 +556,8 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
         }
       }
       const std::string type = r->Header("content-type").empty() ? "application/json" : r->Header("content-type");
-      finish(state, r->status, type, r->body, state == State::kCompleted ? "" : r->body);
+      const std::string err = state == State::kCompleted ? "" : r->body;  // (a named value: see Blocking's note on GCC 12)
+      co_await finish(state, r->status, type, r->body, err);
       if (ex) {
         auto res = http::MakeResponse(static_cast<unsigned>(r->status), r->body, type, v);
         res.set("X-Request-Id", rec.id);
@@ -510,7 +567,7 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
         if (!r->Header("retry-after").empty()) res.set(bhttp::field::retry_after, r->Header("retry-after"));
         ex->Respond(std::move(res));
       }
-      return;
+      co_return;
     }
 
     // Streaming, event by event. The client's stream starts with the first
@@ -572,8 +629,8 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       return true;
     };
     progress.ClearError();
-    auto st = http::StreamFetch(
-        "127.0.0.1", *port, "POST", path, body_to_send, headers,
+    auto st = co_await pool_.Stream(
+        *port, "POST", path, body_to_send, headers,
         [&](const http::StreamHead& h) {
           status = h.status;
           head_ok = status == 200;
@@ -594,33 +651,34 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
           return true;
         });
     if (!head_ok && st.ok()) {
-      if (live->cancelled && !streaming_started) return fail(State::kCancelled, Status::Cancelled("request cancelled"));
+      if (live->cancelled && !streaming_started) co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
       const bool busy = worker_busy(status, error_body);
       if (busy && clock_.NowMs() - t0 < kQueueWaitMs && !live->cancelled) {
         busy_retry = true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(50));  // until a slot frees
         continue;
       }
-      if (const std::string phase = failure_phase(status, error_body); !phase.empty() && attempt_failed(phase, error_body)) {
+      if (const std::string phase = failure_phase(status, error_body); !phase.empty() && co_await attempt_failed(phase, error_body)) {
         continue;
       }
       const State state = status == 499 ? State::kCancelled : State::kFailed;
       if (streaming_started) {  // a continuation was refused: end the stream the client has
-        return end_stream_with_error(State::kFailedResumable,
-                                     ErrorJson(Status::Unavailable("the continuation was refused: " + error_body), rec.id),
-                                     error_body);
+        co_return co_await end_stream_with_error(
+            State::kFailedResumable, ErrorJson(Status::Unavailable("the continuation was refused: " + error_body), rec.id),
+            error_body);
       }
       if (head_sent) {
         json eb = json::parse(error_body, nullptr, false);
-        return end_stream_with_error(state, eb.is_object() ? eb : ErrorJson(Status::Unavailable(error_body), rec.id), error_body);
+        const json error_event = eb.is_object() ? eb : ErrorJson(Status::Unavailable(error_body), rec.id);
+        co_return co_await end_stream_with_error(state, error_event, error_body);
       }
-      finish(state, status, "application/json", error_body, error_body);
+      co_await finish(state, status, "application/json", error_body, error_body);
       if (ex) {
         auto res = http::MakeResponse(static_cast<unsigned>(status), error_body, "application/json", v);
         res.set("X-Request-Id", rec.id);
         ex->Respond(std::move(res));
       }
-      return;
+      co_return;
     }
     if (!st.ok() || !failed_phase.empty()) {
       // The worker failed or vanished: before the first token a fresh run,
@@ -628,20 +686,21 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       // delivered tool calls.
       const std::string why = !failed_phase.empty() ? "phase " + failed_phase : st.message();
       if (st.ok() == false) supervisor_.Suspect(key);
-      const bool may_retry =
-          attempt_failed(failed_phase.empty() ? "crash" : failed_phase, (streaming_started ? "mid-stream: " : "") + why);
+      const std::string phase = failed_phase.empty() ? "crash" : failed_phase;
+      const std::string what = (streaming_started ? "mid-stream: " : "") + why;
+      const bool may_retry = co_await attempt_failed(phase, what);
       if (may_retry && (!streaming_started || progress.Continuable())) continue;
       const Status err = Status::Unavailable(
           "the stream failed (" + why + ") after " + std::to_string(progress.tokens().size()) + " delivered tokens; " +
           (progress.tool_calls_delivered() ? "tool calls were delivered, so it is not replayed past them"
                                            : "no placement could continue it") +
           "; resume from the checkpoint with the request id");
-      if (!streaming_started) return fail(State::kFailed, err);
+      if (!streaming_started) co_return co_await fail(State::kFailed, err);
       json ev = ErrorJson(err, rec.id);
       ev["error"]["checkpoint"] = {{"tokens_delivered", progress.tokens().size()},
                                   {"text_bytes", progress.text_bytes()},
                                   {"tool_calls_delivered", progress.tool_calls_delivered()}};
-      return end_stream_with_error(State::kFailedResumable, ev, err.message());
+      co_return co_await end_stream_with_error(State::kFailedResumable, ev, err.message());
     }
     if (!pending.empty()) forward(pending);
     start_client_stream();
@@ -655,18 +714,24 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
       AttemptSucceeded(rec.service, target.index);
       RecordThroughput(rec.service, target.index, stored);
     }
-    finish(state, 200, "text/event-stream", stored, had_error ? "stream ended with an error" : "");
+    const std::string err = had_error ? "stream ended with an error" : "";
+    co_await finish(state, 200, "text/event-stream", stored, err);
     if (ex) ex->End();
-    return;
+    co_return;
   }
 }
 
 void Gateway::Cancel(const std::shared_ptr<Live>& live) {
   if (live->cancelled.exchange(true)) return;
-  if (const uint16_t port = live->worker_port.load()) {
-    // Best effort: a worker that is gone has nothing left to cancel.
-    (void)http::Fetch("127.0.0.1", port, "DELETE", "/v1/worker/requests/" + live->id, "", supervisor_.AuthHeaders(),
-                      std::chrono::seconds(2));
+  // A request waiting for capacity hears it now.
+  if (auto it = signals_.find(live->service); it != signals_.end()) it->second->Notify();
+  if (const uint16_t port = live->worker_port.load(); port && io_) {
+    // Best effort, without blocking the caller (an I/O thread): a worker that
+    // is gone has nothing left to cancel.
+    Spawn([](Gateway* g, uint16_t p, std::string id) -> boost::asio::awaitable<void> {
+      (void)co_await g->pool_.Send(p, "DELETE", std::string(protocol::kCancelPrefix) + id, "", g->supervisor_.AuthHeaders(),
+                                   std::chrono::seconds(2));
+    }(this, port, live->id));
   }
 }
 

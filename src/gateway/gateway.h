@@ -7,20 +7,28 @@
 //   GET  /healthz  /readyz  /metrics  /v1/status
 //
 // Lifecycle of a request: parsed and checked on the connection's strand, then
-// handed to a dispatcher thread, which journals it (before any acceptance
-// reaches the client), runs attempts on the service's worker, journals the
+// run as a coroutine on a strand of its own (no thread per request: an open
+// stream costs a coroutine frame and two sockets). It is journaled (before
+// any acceptance reaches the client; journal writes run on a small blocking
+// pool, never on an I/O thread), waits for capacity on a CapacitySignal
+// (woken when an attempt releases its cells or a worker comes or goes, never
+// a sleep loop), runs attempts on the placements admission chooses (async
+// keep-alive connections, see upstream/connection_pool.h), journals the
 // terminal state with the answer, and only then answers. Streams are relayed
 // as they arrive and stored once finished.
-//
-// This scope: every request goes to the service's primary placement.
-// A worker that is busy makes the request wait (queued); a worker that dies
-// mid-request is retried after its restart when the request is safe to re-run.
 #pragma once
+
+#include <utility>  // before Asio's awaitable.hpp, which uses std::exchange without it (Boost 1.74)
 
 #include <nlohmann/json.hpp>
 
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/thread_pool.hpp>
+
 #include <atomic>
 #include <functional>
+#include <optional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,7 +39,7 @@
 #include "common/clock.h"
 #include "config/config.h"
 #include "admission/admission.h"
-#include "gateway/dispatcher.h"
+#include "gateway/capacity_signal.h"
 #include "gateway/metrics.h"
 #include "failover/breaker.h"
 #include "gateway/placement_admission.h"
@@ -54,9 +62,16 @@ class Gateway {
           const Clock& clock, std::map<std::string, PlacementAdmission> admissions = {});
   ~Gateway();
 
+  // Requests run as coroutines on `io` (a strand each); `recovered`, what the
+  // journal recovered after a crash, is re-run (no client attached). Before
+  // the server listens.
+  void Start(boost::asio::any_io_executor io, std::vector<journal::RequestRecord> recovered);
   void Handle(http::Request req, std::shared_ptr<http::Exchange> ex);
-  // Re-runs what the journal recovered after a crash (no client attached).
-  void Resume(std::vector<journal::RequestRecord> records);
+  // A worker became ready: requests waiting for it decide again at once.
+  void WorkerReady(const std::string& key);
+  // After the I/O threads have stopped, before the I/O context is destroyed:
+  // finishes blocking work and drops what holds I/O objects.
+  void Shutdown();
 
  private:
   struct Live;
@@ -99,9 +114,9 @@ class Gateway {
   // `excluded`: placements that already failed this request (ignored when no
   // other placement could take it).
   // `on_wait(note, est_s)` is called on every round spent waiting.
-  bool Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live,
-             const std::vector<bool>& excluded, Target* target, Status* rejected,
-             const std::function<void(const std::string&, double)>& on_wait = {});
+  boost::asio::awaitable<bool> Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live,
+                                     const std::vector<bool>& excluded, Target* target, Status* rejected,
+                                     const std::function<void(const std::string&, double)>& on_wait);
   // Why no worker of the service can take a request now, when that is final
   // enough to answer: every runnable placement failed to start twice, or the
   // request has waited (`waited_ms`) past the longest start timeout. Ok while
@@ -121,8 +136,17 @@ class Gateway {
   // Placement usable now: its own breaker and its device's allow traffic (pools_mu_ held).
   bool BreakersAllow(PlacementState& st);
   void HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint);
-  void Process(std::shared_ptr<Incoming> in);
-  void Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex, std::shared_ptr<Live> live);
+  boost::asio::awaitable<void> Process(std::shared_ptr<Incoming> in);
+  boost::asio::awaitable<void> Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
+                                   std::shared_ptr<Live> live);
+  // Starts a request's coroutine on a strand of its own; an exception is logged.
+  void Spawn(boost::asio::awaitable<void> task);
+  // Blocking work (journal writes, status snapshots) off the I/O threads.
+  template <typename F>
+  boost::asio::awaitable<std::invoke_result_t<F&>> Blocking(F f);
+  // Runs `f` on the blocking pool, detached (a handler that touches the journal).
+  void PostBlocking(std::function<void()> f);
+  CapacitySignal& SignalFor(const std::string& service);
   // Who is asking: `client` owns the requests it makes (the hash of its key,
   // or "anonymous"); `sees_all` (no keys configured, or an operator key) may
   // see and cancel every client's requests.
@@ -150,12 +174,18 @@ class Gateway {
   upstream::Supervisor& supervisor_;
   const Clock& clock_;
   Metrics metrics_;
+  std::optional<boost::asio::any_io_executor> io_;
+  boost::asio::thread_pool blocking_{16};
   upstream::ConnectionPool pool_;
+  // Woken when capacity may have changed, per service (an attempt released
+  // its cells or slot, a worker came or went, a request was cancelled).
+  std::map<std::string, std::unique_ptr<CapacitySignal>> signals_;
+  // Accepted requests not yet running their first attempt (max_queue bounds them).
+  std::atomic<int> waiting_{0};
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Live>> live_;
   std::map<std::string, int> in_flight_by_client_;  // guarded by mu_
   std::mt19937_64 rng_;  // seeds only (they are returned to clients); ids come from RandomHex
-  std::unique_ptr<Dispatcher> dispatcher_;
   std::map<std::string, std::vector<std::unique_ptr<PlacementState>>> placements_;  // by service
   std::map<std::string, std::unique_ptr<scheduler::CpuQueue>> cpu_queues_;          // by service
   std::map<std::string, uint64_t> cpu_budgets_;                                      // by service

@@ -35,6 +35,7 @@ bool Gateway::BreakersAllow(PlacementState& st) {
 }
 
 void Gateway::WorkerExited(const std::string& key, const std::string& why) {
+  for (auto& [name, signal] : signals_) signal->Notify();  // waiters decide again without it
   std::lock_guard<std::mutex> lk(pools_mu_);
   for (auto& [service, states] : placements_) {
     for (auto& st : states) {
@@ -65,6 +66,16 @@ void Gateway::AttemptSucceeded(const std::string& service, size_t index) {
   st.breaker.OnSuccess();
   if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.OnSuccess();
 }
+
+namespace {
+
+// How long a waiter may sleep before deciding again: `ms`, or less when its deadline comes sooner.
+std::chrono::milliseconds WaitBound(int64_t deadline_ms, int64_t now_ms, int64_t ms) {
+  if (deadline_ms) ms = std::max<int64_t>(1, std::min(ms, deadline_ms - now_ms));
+  return std::chrono::milliseconds(ms);
+}
+
+}  // namespace
 
 int64_t Gateway::StartWaitMs(const config::ServiceConfig& svc) {
   int64_t ms = 0;
@@ -136,9 +147,10 @@ Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms
       .WithRetryAfter(static_cast<int>(wait_s));
 }
 
-bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live,
-                    const std::vector<bool>& excluded, Target* t, Status* rejected,
-                    const std::function<void(const std::string&, double)>& on_wait) {
+boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc,
+                                           Live& live, const std::vector<bool>& excluded, Target* t, Status* rejected,
+                                           const std::function<void(const std::string&, double)>& on_wait) {
+  CapacitySignal& signal = SignalFor(svc.name);
   auto& states = placements_[svc.name];
   const int64_t t0 = clock_.NowMs();
   // Whatever the outcome, a request that is not admitted holds no place in the CPU line.
@@ -159,7 +171,14 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
   };
   auto demand_all = [&] {
     for (const auto& st : states) {
-      if (st->admission.admitted && supervisor_.OnDemand(st->key)) supervisor_.Demand(st->key);
+      if (!st->admission.admitted || !supervisor_.OnDemand(st->key)) continue;
+      {
+        // Wanted now: not idle, so the supervisor does not release it again
+        // before this request reaches it.
+        std::lock_guard<std::mutex> lk(pools_mu_);
+        st->last_used_ms = clock_.NowMs();
+      }
+      supervisor_.Demand(st->key);
     }
   };
   {
@@ -173,7 +192,7 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
     if (!any) {
       *rejected = Status::ResourceExhausted("no placement of '" + svc.name + "' could be started (" + why + ")")
                       .WithRetryAfter(30);
-      return false;
+      co_return false;
     }
   }
   bool any_startable = false;
@@ -182,7 +201,7 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
   if (!any_startable) {
     if (Status st = StartTrouble(svc, clock_.NowMs() - t0); !st.ok()) {
       *rejected = st;
-      return false;
+      co_return false;
     }
   }
   auto hold = [&](PlacementState& st) {  // pools_mu_ held
@@ -215,34 +234,35 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
           *t = {i, states[i]->key, states[i]->cfg.Name(), *port, 0, rec.body, "admit", dj.dump(), ""};
           hold(*states[i]);
           if (waited) t->waited_ms = clock_.NowMs() - t0;
-          return true;
+          co_return true;
         }
       }
       demand_all();
       if (live.cancelled) {
         *rejected = Status::Cancelled("request cancelled");
-        return false;
+        co_return false;
       }
       if (live.deadline_ms && clock_.NowMs() >= live.deadline_ms) {
         *rejected = Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
-        return false;
+        co_return false;
       }
       if (!all_busy) {
         // Nothing is up: wait for a start, at most its start timeout, and say so.
         if (Status st = StartTrouble(svc, clock_.NowMs() - t0); !st.ok()) {
           *rejected = st;
-          return false;
+          co_return false;
         }
         if (on_wait) on_wait(StartingNote(svc), 1);
       }
       if (clock_.NowMs() - t0 > kQueueWaitMs) break;
       waited |= all_busy;
-      std::this_thread::sleep_for(std::chrono::milliseconds(all_busy ? 5 : 20));
+      // Woken when a slot frees; a start is looked at again within 100 ms.
+      co_await signal.Wait(WaitBound(live.deadline_ms, clock_.NowMs(), all_busy ? 1000 : 100));
     }
     *rejected = all_busy ? Status::ResourceExhausted("every slot of service '" + svc.name + "' stayed busy for " +
                                                      std::to_string(kQueueWaitMs / 1000) + " s").WithRetryAfter(5)
                          : Status::Unavailable("no worker of service '" + svc.name + "' became ready in time").WithRetryAfter(5);
-    return false;
+    co_return false;
   }
   json body = json::parse(rec.body, nullptr, false);
   uint32_t max_tokens = static_cast<uint32_t>(svc.default_max_tokens);
@@ -256,19 +276,19 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
   while (true) {
     if (live.cancelled) {
       *rejected = Status::Cancelled("request cancelled");
-      return false;
+      co_return false;
     }
     if (live.deadline_ms && clock_.NowMs() >= live.deadline_ms) {
       *rejected = Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
-      return false;
+      co_return false;
     }
     // The prompt's size in tokens, from any ready worker of the service (they share the tokenizer).
     if (prompt_tokens < 0) {
       for (const auto& st : states) {
         auto port = st->admission.admitted ? supervisor_.ReadyPort(st->key) : std::nullopt;
         if (!port) continue;
-        auto r = pool_.Send(*port, "POST", std::string(protocol::kTokenizePath) + "?endpoint=" + endpoint, rec.body,
-                            supervisor_.AuthHeaders(), std::chrono::seconds(30));
+        auto r = co_await pool_.Send(*port, "POST", std::string(protocol::kTokenizePath) + "?endpoint=" + endpoint,
+                                     rec.body, supervisor_.AuthHeaders(), std::chrono::seconds(30));
         if (!r.ok()) continue;
         if (auto reply = protocol::TokenizeReply::FromJson(json::parse(r->body, nullptr, false)); r->status == 200 && reply) {
           prompt_tokens = reply->prompt_tokens;
@@ -276,18 +296,18 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
         }
         if (auto err = protocol::ParseWorkerError(r->status, r->body); err && err->http_status == 400) {
           *rejected = Status::InvalidArgument(err->message);
-          return false;
+          co_return false;
         }
       }
       if (prompt_tokens < 0) {
         demand_all();  // nothing is up to count the prompt: start what can be started
         if (Status st = StartTrouble(svc, clock_.NowMs() - t0); !st.ok()) {
           *rejected = st;
-          return false;
+          co_return false;
         }
       }
     }
-    std::string note, limits;
+    std::string note, limits, cpu_reject;
     double est_wait_s = 1;
     admission::Decision d;
     if (prompt_tokens >= 0) {
@@ -353,10 +373,9 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
             metrics_.Decision(svc.name, "reject");
             const json dj = {{"decision", "reject"}, {"reason", rejected->message()}, {"prompt_tokens", prompt_tokens},
                              {"max_tokens", max_tokens}, {"status", 503}, {"placement", states[d.placement]->cfg.Name()}};
-            Logged(journal_.SetDecision(rec.id, dj.dump()), "decision");
-            return false;
+            cpu_reject = dj.dump();  // journaled below, once pools_mu_ is released
           }
-          if (gate == CpuGate::kWait) {
+          else if (gate == CpuGate::kWait) {
             d.kind = admission::Kind::kDelay;
             d.reason = note;
           }
@@ -364,7 +383,7 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
           cpu_queues_[svc.name]->Leave(rec.id);  // back on the accelerator path
         }
       }
-      if (d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject) {
+      if (cpu_reject.empty() && d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject) {
         auto& st = *states[d.placement];
         const uint32_t cells = static_cast<uint32_t>(prompt_tokens) + d.max_tokens;
         auto port = supervisor_.ReadyPort(st.key);
@@ -383,7 +402,7 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
           hold(st);
           t->waited_ms = waited_ms;
           metrics_.Decision(svc.name, admission::KindName(d.kind));
-          return true;
+          co_return true;
         }
         d.kind = admission::Kind::kDelay;  // raced with another request: decide again
       }
@@ -391,15 +410,19 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
       d.kind = admission::Kind::kDelay;  // no worker ready to count tokens yet
       d.reason = StartingNote(svc);
     }
+    if (!cpu_reject.empty()) {  // the CPU path's line is full or over its budget: *rejected says why
+      Logged(co_await Blocking([&] { return journal_.SetDecision(rec.id, cpu_reject); }), "decision");
+      co_return false;
+    }
     if (d.kind == admission::Kind::kReject) {
       metrics_.Decision(svc.name, "reject");
       const json dj = {{"decision", "reject"}, {"reason", d.reason}, {"prompt_tokens", prompt_tokens},
                        {"max_tokens", max_tokens}, {"status", d.http_status}};
-      Logged(journal_.SetDecision(rec.id, dj.dump()), "decision");
+      Logged(co_await Blocking([&] { return journal_.SetDecision(rec.id, dj.dump()); }), "decision");
       *rejected = d.http_status == 413   ? Status::PayloadTooLarge(d.reason)
                   : d.http_status == 400 ? Status::InvalidArgument(d.reason)
                                          : Status::ResourceExhausted(d.reason).WithRetryAfter(std::max(1, d.retry_after_s));
-      return false;
+      co_return false;
     }
     if (on_wait) on_wait(d.reason, est_wait_s);
     const double waited_s = (clock_.NowMs() - t0) / 1000.0;
@@ -407,9 +430,11 @@ bool Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConf
       *rejected = Status::ResourceExhausted("no placement of '" + svc.name + "' could take the request within " +
                                             std::to_string(static_cast<int>(waited_s)) + " s: " + d.reason)
                       .WithRetryAfter(5);
-      return false;
+      co_return false;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    // Decided again when capacity is released, a worker comes or goes, or
+    // within 100 ms for what no event announces (a breaker's ejection ending).
+    co_await signal.Wait(WaitBound(live.deadline_ms, clock_.NowMs(), 100));
   }
 }
 

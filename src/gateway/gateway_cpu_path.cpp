@@ -133,6 +133,7 @@ void Gateway::ReleaseTarget(const std::string& service, const std::string& id, T
     t->holding = false;
   }
   if (auto it = cpu_queues_.find(service); it != cpu_queues_.end()) it->second->Leave(id);
+  if (auto it = signals_.find(service); it != signals_.end()) it->second->Notify();  // capacity may be free now
 }
 
 bool Gateway::IdleReplica(const std::string& key) {

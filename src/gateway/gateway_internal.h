@@ -11,6 +11,7 @@
 #include "api/http_server.h"
 #include "api/openai_response.h"
 #include "gateway/gateway.h"
+#include "gateway/offload.h"
 #include "journal/journal.h"
 
 namespace spillway::gateway {
@@ -59,9 +60,11 @@ using namespace internal;
 // In-memory handle on an accepted request, for cancellation.
 struct Gateway::Live {
   std::string id;
+  std::string service;
   int64_t deadline_ms = 0;  // 0: none (X-Request-Timeout)
   std::atomic<bool> cancelled{false};
   std::atomic<uint16_t> worker_port{0};
+  std::shared_ptr<void> queue_slot;  // its place among max_queue until its first attempt runs
 };
 
 // A request as parsed on the connection strand, before the journal.
@@ -72,7 +75,19 @@ struct Gateway::Incoming {
   int64_t started_ms = 0;
   int64_t timeout_ms = 0;
   std::shared_ptr<void> client_slot;  // the client's place among max_requests_per_key
+  std::shared_ptr<void> queue_slot;   // its place among max_queue
 };
+
+// GCC 12 destroys some temporaries of a co_await expression twice (checked
+// with ASan): a closure with non-trivial captures, an aggregate built in
+// place, a class value chosen by ?:. In coroutines such values are named
+// locals first, and the work passed here captures by reference only (the
+// coroutine's frame keeps what it refers to alive).
+template <typename F>
+boost::asio::awaitable<std::invoke_result_t<F&>> Gateway::Blocking(F f) {
+  static_assert(std::is_trivially_destructible_v<F>, "capture by reference only (see above)");
+  return Offload(blocking_, std::move(f));
+}
 
 // Where one attempt goes.
 struct Gateway::Target {

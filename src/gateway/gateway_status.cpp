@@ -190,13 +190,13 @@ json Gateway::StatusJson() const {
   }
   return {{"services", services},
           {"devices", devices},
-          {"queue", {{"waiting", dispatcher_->queued()}, {"max", config_.max_queue}}},
+          {"queue", {{"waiting", waiting_.load()}, {"max", config_.max_queue}}},
           {"journal", {{"synchronous", const_cast<journal::Journal&>(journal_).synchronous_mode()}}}};
 }
 
 std::string Gateway::RenderMetrics() const {
   std::vector<std::tuple<std::string, std::string, double>> g;
-  g.emplace_back("spillway_queue_depth", "", static_cast<double>(dispatcher_->queued()));
+  g.emplace_back("spillway_queue_depth", "", static_cast<double>(waiting_.load()));
   for (const auto& w : supervisor_.Snapshot()) {
     g.emplace_back("spillway_worker_restarts_total", "worker=\"" + w.key + "\"", w.restarts);
   }

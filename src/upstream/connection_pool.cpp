@@ -1,8 +1,77 @@
 #include "upstream/connection_pool.h"
 
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <cctype>
+
 namespace spillway::upstream {
 
-std::unique_ptr<http::Connection> ConnectionPool::Take(uint16_t port, bool* reused) {
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+struct ConnectionPool::Conn {
+  explicit Conn(net::any_io_executor ex) : stream(ex) {}
+  beast::tcp_stream stream;
+  beast::flat_buffer buffer;
+  bool connected = false;
+};
+
+namespace {
+
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+bhttp::request<bhttp::string_body> MakeRequest(uint16_t port, const std::string& method, const std::string& target,
+                                                std::string body, const http::HeaderList& headers) {
+  bhttp::request<bhttp::string_body> req{bhttp::string_to_verb(method), target, 11};
+  req.set(bhttp::field::host, "127.0.0.1:" + std::to_string(port));
+  req.set(bhttp::field::user_agent, "spillway");
+  for (const auto& [k, v] : headers) req.set(k, v);
+  if (!body.empty() && req.find(bhttp::field::content_type) == req.end()) {
+    req.set(bhttp::field::content_type, "application/json");
+  }
+  req.body() = std::move(body);
+  req.prepare_payload();
+  req.keep_alive(true);
+  return req;
+}
+
+Status Failure(const beast::error_code& ec, const std::string& method, const std::string& target) {
+  if (ec == beast::error::timeout) return Status::DeadlineExceeded(method + " " + target + ": timed out");
+  return Status::Unavailable(method + " " + target + ": " + ec.message());
+}
+
+net::awaitable<beast::error_code> Connect(beast::tcp_stream& stream, uint16_t port, std::chrono::milliseconds timeout) {
+  beast::error_code ec;
+  stream.expires_after(timeout);
+  co_await stream.async_connect(tcp::endpoint(net::ip::address_v4::loopback(), port),
+                                net::redirect_error(net::use_awaitable, ec));
+  if (!ec) stream.socket().set_option(tcp::no_delay(true), ec);
+  co_return ec;
+}
+
+}  // namespace
+
+ConnectionPool::ConnectionPool(size_t max_idle_per_port) : max_idle_(max_idle_per_port) {}
+
+ConnectionPool::~ConnectionPool() = default;
+
+void ConnectionPool::Clear() {
+  std::lock_guard<std::mutex> lk(mu_);
+  idle_.clear();
+}
+
+std::unique_ptr<ConnectionPool::Conn> ConnectionPool::Take(uint16_t port, const net::any_io_executor& ex, bool* reused) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto& v = idle_[port];
@@ -14,27 +83,101 @@ std::unique_ptr<http::Connection> ConnectionPool::Take(uint16_t port, bool* reus
     }
   }
   *reused = false;
-  return std::make_unique<http::Connection>("127.0.0.1", port);
+  return std::make_unique<Conn>(ex);
 }
 
-void ConnectionPool::Give(uint16_t port, std::unique_ptr<http::Connection> c) {
+void ConnectionPool::Give(uint16_t port, std::unique_ptr<Conn> c) {
   std::lock_guard<std::mutex> lk(mu_);
   auto& v = idle_[port];
   if (v.size() < max_idle_) v.push_back(std::move(c));
 }
 
-StatusOr<http::ClientResponse> ConnectionPool::Send(uint16_t port, const std::string& method, const std::string& target,
-                                                    const std::string& body, const http::HeaderList& headers,
-                                                    std::chrono::milliseconds timeout) {
-  bool reused = false;
-  auto c = Take(port, &reused);
-  auto r = c->Send(method, target, body, headers, timeout);
-  if (!r.ok() && reused && r.status().code() == StatusCode::kUnavailable) {
-    c = std::make_unique<http::Connection>("127.0.0.1", port);
-    r = c->Send(method, target, body, headers, timeout);
+net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t port, std::string method,
+                                                                    std::string target, std::string body,
+                                                                    http::HeaderList headers,
+                                                                    std::chrono::milliseconds timeout) {
+  for (int round = 0; round < 2; ++round) {
+    bool reused = false;
+    auto c = Take(port, co_await net::this_coro::executor, &reused);
+    beast::error_code ec;
+    if (!c->connected) {
+      ec = co_await Connect(c->stream, port, timeout);
+      if (ec) co_return Status::Unavailable("connect to 127.0.0.1:" + std::to_string(port) + ": " + ec.message());
+      c->connected = true;
+    }
+    auto req = MakeRequest(port, method, target, body, headers);
+    c->stream.expires_after(timeout);
+    co_await bhttp::async_write(c->stream, req, net::redirect_error(net::use_awaitable, ec));
+    // A server may answer early (413) and stop reading: a failed write is
+    // followed by a read, which returns that answer when there is one.
+    const bool write_failed = static_cast<bool>(ec);
+    bhttp::response_parser<bhttp::string_body> parser;
+    parser.body_limit(std::uint64_t{1} << 32);
+    if (!ec || ec == net::error::broken_pipe || ec == net::error::connection_reset) {
+      beast::error_code rec;
+      co_await bhttp::async_read(c->stream, c->buffer, parser, net::redirect_error(net::use_awaitable, rec));
+      if (!rec || !write_failed) ec = rec;
+    }
+    if (ec) {
+      // A kept-alive connection the worker closed meanwhile: once more on a fresh one.
+      if (reused && round == 0 && ec != beast::error::timeout) continue;
+      co_return Failure(ec, method, target);
+    }
+    auto res = parser.release();
+    http::ClientResponse out;
+    out.status = res.result_int();
+    for (const auto& f : res) out.headers[Lower(std::string(f.name_string()))] = std::string(f.value());
+    out.body = std::move(res.body());
+    if (res.keep_alive()) Give(port, std::move(c));
+    co_return out;
   }
-  if (r.ok() && r->Header("connection") != "close") Give(port, std::move(c));
-  return r;
+  co_return Status::Unavailable(method + " " + target + ": no connection");
+}
+
+net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method, std::string target, std::string body,
+                                              http::HeaderList headers,
+                                              std::function<bool(const http::StreamHead&)> on_head,
+                                              std::function<bool(std::string_view)> on_data,
+                                              std::chrono::milliseconds idle_timeout) {
+  for (int round = 0; round < 2; ++round) {
+    bool reused = false;
+    auto c = Take(port, co_await net::this_coro::executor, &reused);
+    beast::error_code ec;
+    if (!c->connected) {
+      ec = co_await Connect(c->stream, port, std::chrono::seconds(10));
+      if (ec) co_return Status::Unavailable("connect to 127.0.0.1:" + std::to_string(port) + ": " + ec.message());
+      c->connected = true;
+    }
+    auto req = MakeRequest(port, method, target, body, headers);
+    c->stream.expires_after(idle_timeout);
+    co_await bhttp::async_write(c->stream, req, net::redirect_error(net::use_awaitable, ec));
+    bhttp::response_parser<bhttp::buffer_body> parser;
+    // Not boost::none: Boost 1.74 compares the length against an empty optional and fails.
+    parser.body_limit(std::uint64_t{1} << 40);
+    if (!ec) co_await bhttp::async_read_header(c->stream, c->buffer, parser, net::redirect_error(net::use_awaitable, ec));
+    if (ec) {
+      if (reused && round == 0 && ec != beast::error::timeout) continue;  // closed while idle: once more
+      co_return Failure(ec, method, target);
+    }
+    http::StreamHead head;
+    head.status = parser.get().result_int();
+    for (const auto& f : parser.get()) head.headers[Lower(std::string(f.name_string()))] = std::string(f.value());
+    if (!on_head(head)) co_return Status::Ok();  // the connection is dropped mid-answer
+    std::vector<char> chunk(16384);
+    while (!parser.is_done()) {
+      parser.get().body().data = chunk.data();
+      parser.get().body().size = chunk.size();
+      c->stream.expires_after(idle_timeout);
+      co_await bhttp::async_read_some(c->stream, c->buffer, parser, net::redirect_error(net::use_awaitable, ec));
+      if (ec == bhttp::error::need_buffer) ec = {};
+      if (ec) co_return Failure(ec, method, target);
+      const size_t n = chunk.size() - parser.get().body().size;
+      if (n > 0 && !on_data(std::string_view(chunk.data(), n))) co_return Status::Ok();
+    }
+    if (parser.keep_alive()) Give(port, std::move(c));
+    co_return Status::Ok();
+  }
+  co_return Status::Unavailable(method + " " + target + ": no connection");
 }
 
 }  // namespace spillway::upstream

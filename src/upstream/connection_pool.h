@@ -1,11 +1,30 @@
-// Kept-alive loopback connections to workers, reused across requests (a new
-// TCP connection per request costs more than everything else the gateway
-// does). Thread-safe; each connection is used by one thread at a time.
+// Asynchronous kept-alive loopback connections to workers (C++20 coroutines
+// on Boost.Asio), reused across requests: a new TCP connection per request
+// costs more than everything else the gateway does, and a thread blocked per
+// request would cap how many can be open at once.
+//
+// Each call runs as a coroutine on the caller's executor (a request's
+// strand); a connection is used by one call at a time and goes back to the
+// idle list after a complete answer that keeps the connection alive. A
+// reused connection that the worker has closed meanwhile fails before any
+// answer; the request is then sent once more on a fresh connection.
+// Transport failures are kUnavailable, timeouts kDeadlineExceeded; any HTTP
+// status is a successful call. Thread-safe.
 #pragma once
 
+#include <utility>  // before Asio's awaitable.hpp, which uses std::exchange without it (Boost 1.74)
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "api/http_client.h"
@@ -14,22 +33,33 @@ namespace spillway::upstream {
 
 class ConnectionPool {
  public:
-  explicit ConnectionPool(size_t max_idle_per_port = 32) : max_idle_(max_idle_per_port) {}
+  explicit ConnectionPool(size_t max_idle_per_port = 64);
+  ~ConnectionPool();
+  // Closes the idle connections (before their I/O context goes away).
+  void Clear();
 
-  // Sends on an idle connection to `port` (or a new one). A reused connection
-  // that the worker has closed in the meantime fails before any answer; the
-  // request is then sent once more on a fresh connection.
-  StatusOr<http::ClientResponse> Send(uint16_t port, const std::string& method, const std::string& target,
-                                      const std::string& body, const http::HeaderList& headers,
-                                      std::chrono::milliseconds timeout);
+  // One request, the whole answer.
+  boost::asio::awaitable<StatusOr<http::ClientResponse>> Send(uint16_t port, std::string method, std::string target,
+                                                              std::string body, http::HeaderList headers,
+                                                              std::chrono::milliseconds timeout);
+  // One request whose answer is handed over as it arrives (SSE relaying):
+  // `on_head` sees status and headers, `on_data` each piece of the body
+  // (de-chunked); either returning false stops reading (the connection is
+  // then closed). `idle_timeout` bounds each wait for more data.
+  boost::asio::awaitable<Status> Stream(uint16_t port, std::string method, std::string target, std::string body,
+                                        http::HeaderList headers, std::function<bool(const http::StreamHead&)> on_head,
+                                        std::function<bool(std::string_view)> on_data,
+                                        std::chrono::milliseconds idle_timeout = std::chrono::seconds(600));
 
  private:
-  std::unique_ptr<http::Connection> Take(uint16_t port, bool* reused);
-  void Give(uint16_t port, std::unique_ptr<http::Connection> c);
+  struct Conn;
+  // A new connection lives on the caller's executor.
+  std::unique_ptr<Conn> Take(uint16_t port, const boost::asio::any_io_executor& ex, bool* reused);
+  void Give(uint16_t port, std::unique_ptr<Conn> c);
 
   const size_t max_idle_;
   std::mutex mu_;
-  std::map<uint16_t, std::vector<std::unique_ptr<http::Connection>>> idle_;
+  std::map<uint16_t, std::vector<std::unique_ptr<Conn>>> idle_;
 };
 
 }  // namespace spillway::upstream
