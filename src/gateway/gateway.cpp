@@ -104,8 +104,12 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
         reasons[s.name] = why;
       }
     }
-    return ex->Respond(JsonResponse(missing.empty() ? 200 : 503,
-                                    {{"ready", missing.empty()}, {"not_ready", missing}, {"reasons", reasons}}, v));
+    // A journal that cannot write refuses every new request (503): not ready
+    // either, whatever the workers. (Health probes the disk when a retry is due.)
+    const Status journal = journal_.Health();
+    if (!journal.ok()) reasons["journal"] = json::array({journal.message()});
+    const bool ready = missing.empty() && journal.ok();
+    return ex->Respond(JsonResponse(ready ? 200 : 503, {{"ready", ready}, {"not_ready", missing}, {"reasons", reasons}}, v));
   }
   if (path == "/metrics" && method == bhttp::verb::get) {
     return ex->Respond(http::MakeResponse(200, RenderMetrics(), "text/plain; version=0.0.4", v));
@@ -426,6 +430,12 @@ void Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex
     if (same_attempt) {
       // still running attempt `attempts` on `placement`
     } else if (Status st = journal_.StartAttempt(rec.id, placement, target.decision_json); !st.ok()) {
+      // The journal cannot write: say so (503, Retry-After); the request stays
+      // queued in the journal and is run again after a restart.
+      if (st.code() == StatusCode::kUnavailable) {
+        if (ex) ex->Respond(ErrorResponse(st, v, rec.id));
+        return;
+      }
       // Cancelled (or finished) by someone else between the check and here.
       if (ex) {
         auto r = journal_.Get(rec.id);
