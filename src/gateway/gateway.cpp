@@ -128,6 +128,39 @@ void Gateway::WorkerReady(const std::string& key) {
   }
 }
 
+http::Response Gateway::ReadyResponse(unsigned v) {
+  json missing = json::array(), reasons = json::object();
+  const auto workers = supervisor_.Snapshot();
+  for (const auto& s : config_.services) {
+    bool ready = false;
+    json why = json::array();
+    for (size_t i = 0; i < s.placements.size(); ++i) {
+      // An on-demand replica that is stopped starts when a request needs it.
+      ready |= supervisor_.ReadyPort(WorkerKey(s, i)).has_value() || supervisor_.OnDemand(WorkerKey(s, i));
+      bool supervised = false;
+      for (const auto& w : workers) {
+        if (w.key != WorkerKey(s, i)) continue;
+        supervised = true;
+        std::string r = s.placements[i].Name() + ": " + upstream::WorkerStateName(w.state);
+        if (!w.last_exit.empty()) r += " after " + w.last_exit;
+        if (!w.last_error.empty()) r += ": " + w.last_error;
+        why.push_back(r);
+      }
+      if (!supervised) why.push_back(s.placements[i].Name() + ": not started (see /v1/status)");
+    }
+    if (!ready) {
+      missing.push_back(s.name);
+      reasons[s.name] = why;
+    }
+  }
+  // A journal that cannot write refuses every new request (503): not ready
+  // either, whatever the workers. (Health probes the disk when a retry is due.)
+  const Status journal = journal_.Health();
+  if (!journal.ok()) reasons["journal"] = json::array({journal.message()});
+  const bool ready = missing.empty() && journal.ok();
+  return JsonResponse(ready ? 200 : 503, {{"ready", ready}, {"not_ready", missing}, {"reasons", reasons}}, v);
+}
+
 void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   const std::string target(req.target());
   const std::string path = target.substr(0, target.find('?'));
@@ -138,32 +171,8 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
 
   if (path == "/healthz") return ex->Respond(JsonResponse(200, {{"status", "ok"}}, v));
   if (path == "/readyz") {
-    json missing = json::array(), reasons = json::object();
-    const auto workers = supervisor_.Snapshot();
-    for (const auto& s : config_.services) {
-      bool ready = false;
-      json why = json::array();
-      for (size_t i = 0; i < s.placements.size(); ++i) {
-        // An on-demand replica that is stopped starts when a request needs it.
-        ready |= supervisor_.ReadyPort(WorkerKey(s, i)).has_value() || supervisor_.OnDemand(WorkerKey(s, i));
-        bool supervised = false;
-        for (const auto& w : workers) {
-          if (w.key != WorkerKey(s, i)) continue;
-          supervised = true;
-          std::string r = s.placements[i].Name() + ": " + upstream::WorkerStateName(w.state);
-          if (!w.last_exit.empty()) r += " after " + w.last_exit;
-          if (!w.last_error.empty()) r += ": " + w.last_error;
-          why.push_back(r);
-        }
-        if (!supervised) why.push_back(s.placements[i].Name() + ": not started (see /v1/status)");
-      }
-      if (!ready) {
-        missing.push_back(s.name);
-        reasons[s.name] = why;
-      }
-    }
-    return ex->Respond(JsonResponse(missing.empty() ? 200 : 503,
-                                    {{"ready", missing.empty()}, {"not_ready", missing}, {"reasons", reasons}}, v));
+    // The journal's health may probe the disk: off the I/O threads.
+    return PostBlocking([this, ex, v] { ex->Respond(ReadyResponse(v)); });
   }
   if (path == "/metrics" && method == bhttp::verb::get) {
     return ex->Respond(http::MakeResponse(200, RenderMetrics(), "text/plain; version=0.0.4", v));
@@ -485,6 +494,12 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
       // still running attempt `attempts` on `placement`
     } else if (Status st = co_await Blocking([&] { return journal_.StartAttempt(rec.id, placement, target.decision_json); });
                !st.ok()) {
+      // The journal cannot write: say so (503, Retry-After); the request stays
+      // queued in the journal and is run again after a restart.
+      if (st.code() == StatusCode::kUnavailable) {
+        if (ex) ex->Respond(ErrorResponse(st, v, rec.id));
+        co_return;
+      }
       // Cancelled (or finished) by someone else between the check and here.
       if (ex) {
         auto r = co_await Blocking([&] { return journal_.Get(rec.id); });

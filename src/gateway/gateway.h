@@ -167,6 +167,8 @@ class Gateway {
   // handle is destroyed; null when the client has them all.
   std::shared_ptr<void> TakeClientSlot(const std::string& client);
   nlohmann::json StatusJson() const;
+  // GET /readyz: 200 when every service has a worker that can serve and the journal can write.
+  http::Response ReadyResponse(unsigned v);
   std::string RenderMetrics() const;
 
   const config::GatewayConfig& config_;

@@ -188,10 +188,19 @@ json Gateway::StatusJson() const {
                                       {"last_reason", b.last_reason()}}}});
     }
   }
+  // Group commit: writes per commit tells how much the fsyncs are shared.
+  const journal::JournalStats js = journal_.stats();
+  json journal = {{"synchronous", journal_.synchronous_mode()}, {"writable", true},
+                  {"writes", js.writes}, {"commits", js.commits}, {"failed_commits", js.failed_commits},
+                  {"largest_batch", js.largest_batch}};
+  if (const Status h = journal_.Health(); !h.ok()) {
+    journal["writable"] = false;
+    journal["reason"] = h.message();
+  }
   return {{"services", services},
           {"devices", devices},
           {"queue", {{"waiting", waiting_.load()}, {"max", config_.max_queue}}},
-          {"journal", {{"synchronous", const_cast<journal::Journal&>(journal_).synchronous_mode()}}}};
+          {"journal", journal}};
 }
 
 std::string Gateway::RenderMetrics() const {

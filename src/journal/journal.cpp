@@ -4,7 +4,10 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <optional>
+#include <utility>
 
 namespace spillway::journal {
 
@@ -42,6 +45,7 @@ CREATE TABLE IF NOT EXISTS attempts(
   started_ms INTEGER NOT NULL,
   ended_ms INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY(request_id, n));
+CREATE TABLE IF NOT EXISTS health_probe(id INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL);
 )sql";
 
 // A prepared statement that finalizes itself.
@@ -112,9 +116,20 @@ RequestRecord ReadRecord(const Stmt& s) {
   return r;
 }
 
-Status DbError(sqlite3* db, const std::string& what) {
-  return Status::Internal("journal: " + what + ": " + sqlite3_errmsg(db));
+// Why the storage refuses to write, from a SQLite result code; empty when the
+// error is not the storage's (a constraint, a bug).
+std::string StorageProblem(int rc) {
+  switch (rc & 0xff) {
+    case SQLITE_FULL: return "disk full";
+    case SQLITE_IOERR: return rc == SQLITE_IOERR_FSYNC || rc == SQLITE_IOERR_DIR_FSYNC ? "fsync failed" : "I/O error";
+    case SQLITE_READONLY: return "read-only storage";
+    case SQLITE_CANTOPEN: return "cannot open its files";
+  }
+  return "";
 }
+
+// The payload a write carries, for the batch's byte bound.
+size_t Bytes(const std::string& a, const std::string& b = "") { return 256 + a.size() + b.size(); }
 
 }  // namespace
 
@@ -132,6 +147,15 @@ const char* StateName(State s) {
 
 bool IsTerminal(State s) { return s != State::kQueued && s != State::kRunning; }
 
+// A queued mutating call: what to run and, once done, its result.
+struct Journal::Writer {
+  std::function<Status()> op;
+  size_t bytes = 0;
+  Status status;
+  bool done = false;
+  std::condition_variable cv;
+};
+
 Journal::~Journal() { sqlite3_close(db_); }
 
 Status Journal::Exec(const std::string& sql) {
@@ -144,6 +168,16 @@ Status Journal::Exec(const std::string& sql) {
   return Status::Ok();
 }
 
+Status Journal::DbError(const std::string& what) {
+  const int rc = sqlite3_extended_errcode(db_);
+  if (!StorageProblem(rc).empty()) return StorageFailure(rc, sqlite3_errmsg(db_));
+  return Status::Internal("journal: " + what + ": " + sqlite3_errmsg(db_));
+}
+
+Status Journal::Done(int step_rc, const std::string& what) {
+  return step_rc == SQLITE_DONE ? Status::Ok() : DbError(what);
+}
+
 StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& path, JournalOptions opts, const Clock& clock) {
   std::error_code ec;
   const auto parent = std::filesystem::path(path).parent_path();
@@ -151,26 +185,31 @@ StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& path, Journa
   sqlite3* db = nullptr;
   // Prompts and answers: the owner's only, never through a symbolic link.
   for (const char* suffix : {"", "-wal", "-shm"}) ::chmod((path + suffix).c_str(), 0600);
+  const char* vfs = opts.faults ? opts.faults->vfs_name().c_str() : nullptr;
   if (sqlite3_open_v2(path.c_str(), &db,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX | SQLITE_OPEN_NOFOLLOW,
-                      nullptr) !=
-      SQLITE_OK) {
+                      vfs) != SQLITE_OK) {
     std::string m = db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_close(db);
     return Status::Unavailable("cannot open journal " + path + ": " + m);
   }
   sqlite3_busy_timeout(db, 5000);
-  std::unique_ptr<Journal> j(new Journal(db, opts, clock));
+  const bool full = opts.synchronous_full;
+  std::unique_ptr<Journal> j(new Journal(db, std::move(opts), clock));
   SPILLWAY_RETURN_IF_ERROR(j->Exec("PRAGMA journal_mode=WAL;"));
-  SPILLWAY_RETURN_IF_ERROR(j->Exec(opts.synchronous_full ? "PRAGMA synchronous=FULL;" : "PRAGMA synchronous=NORMAL;"));
+  SPILLWAY_RETURN_IF_ERROR(j->Exec(full ? "PRAGMA synchronous=FULL;" : "PRAGMA synchronous=NORMAL;"));
   SPILLWAY_RETURN_IF_ERROR(j->Exec(kSchema));
   // Journals written before decisions were recorded lack the column.
   (void)j->Exec("ALTER TABLE requests ADD COLUMN decision TEXT NOT NULL DEFAULT '';");
+  // A first write: a journal that cannot write starts unhealthy (and says
+  // why) rather than failing its first request; and the WAL's header is
+  // written (and synced) here, not within a request's commit.
+  (void)j->Probe();
   return j;
 }
 
 std::string Journal::synchronous_mode() {
-  std::lock_guard<std::mutex> lk(mu_);
+  std::lock_guard<std::mutex> lk(db_mu_);
   Stmt s(db_, "PRAGMA synchronous;");
   if (s.Step() != SQLITE_ROW) return "unknown";
   switch (s.Int(0)) {
@@ -182,115 +221,315 @@ std::string Journal::synchronous_mode() {
   return "unknown";
 }
 
-StatusOr<AcceptResult> Journal::Accept(RequestRecord r) {
-  std::lock_guard<std::mutex> lk(mu_);
-  const int64_t now = clock_.NowMs();
-  SPILLWAY_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
-  auto rollback = [&](Status st) {
-    (void)Exec("ROLLBACK;");
-    return st;
+// --- group commit ---
+
+Status Journal::Write(std::function<Status()> op, size_t bytes) {
+  Writer w;
+  w.op = std::move(op);
+  w.bytes = bytes;
+  std::unique_lock<std::mutex> lk(mu_);
+  writers_.push_back(&w);
+  w.cv.wait(lk, [&] { return w.done || writers_.front() == &w; });
+  if (w.done) return w.status;  // a leader committed (or failed) it for us
+
+  // The leader: the front of the queue, in arrival order, bounded.
+  std::vector<Writer*> batch;
+  size_t total = 0;
+  const size_t max_batch = static_cast<size_t>(std::max(1, opts_.max_batch));
+  for (Writer* x : writers_) {
+    if (batch.size() == max_batch || (!batch.empty() && total + x->bytes > opts_.max_batch_bytes)) break;
+    batch.push_back(x);
+    total += x->bytes;
+  }
+  // Later callers queue meanwhile and form the next batch.
+  lk.unlock();
+  {
+    std::lock_guard<std::mutex> db(db_mu_);
+    CommitBatch(batch);
+  }
+  lk.lock();
+  stats_.writes += static_cast<int64_t>(batch.size());
+  stats_.largest_batch = std::max(stats_.largest_batch, static_cast<int64_t>(batch.size()));
+  // Only now, after COMMIT returned, does any caller of the batch learn its result.
+  for (Writer* x : batch) {
+    writers_.pop_front();
+    if (x == &w) continue;
+    x->done = true;
+    x->cv.notify_one();  // under mu_: x cannot return (and destroy its cv) before we let go
+  }
+  if (!writers_.empty()) writers_.front()->cv.notify_one();  // the next leader
+  return w.status;
+}
+
+void Journal::CommitBatch(const std::vector<Writer*>& batch) {
+  const int64_t changes_before = sqlite3_total_changes64(db_);
+  // The batch as a whole did not commit: none of its writes was written.
+  auto fail_all = [&](const Status& st) {
+    for (Writer* x : batch) x->status = st;
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.failed_commits;
   };
-  if (!r.idempotency_key.empty()) {
-    std::string sql = std::string("SELECT ") + kColumns + " FROM requests WHERE client=?1 AND idem_key=?2;";
-    Stmt q(db_, sql.c_str());
-    q.Bind(1, r.client).Bind(2, r.idempotency_key);
-    if (q.Step() == SQLITE_ROW) {
-      RequestRecord old = ReadRecord(q);
-      (void)Exec("COMMIT;");
-      AcceptOutcome o = old.payload_hash != r.payload_hash ? AcceptOutcome::kMismatch
-                        : IsTerminal(old.state)            ? AcceptOutcome::kReplay
-                                                           : AcceptOutcome::kInFlight;
-      return AcceptResult{o, std::move(old)};
+  auto exec = [&](const char* sql) { return sqlite3_exec(db_, sql, nullptr, nullptr, nullptr); };
+  if (exec("BEGIN IMMEDIATE;") != SQLITE_OK) return fail_all(DbError("begin"));
+  for (Writer* x : batch) {
+    if (exec("SAVEPOINT w;") != SQLITE_OK) {
+      x->status = DbError("savepoint");
+    } else {
+      x->status = x->op();
+      // A failed write is undone alone: the others of the batch stay.
+      if (!x->status.ok() && !sqlite3_get_autocommit(db_)) (void)exec("ROLLBACK TO w;");
+      if (!sqlite3_get_autocommit(db_)) (void)exec("RELEASE w;");
+    }
+    if (sqlite3_get_autocommit(db_)) {
+      // SQLite rolled the whole transaction back (I/O error, disk full in
+      // the middle of it): every write before this one is gone too.
+      return fail_all(x->status.ok() ? DbError("write") : x->status);
     }
   }
-  Stmt ins(db_,
-           "INSERT INTO requests(id, client, idem_key, payload_hash, service, endpoint, stream, body, state, "
-           "created_ms, updated_ms) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,'queued',?9,?9);");
-  ins.Bind(1, r.id).Bind(2, r.client).BindNullable(3, r.idempotency_key).Bind(4, r.payload_hash).Bind(5, r.service);
-  ins.Bind(6, r.endpoint).Bind(7, int64_t{r.stream}).Bind(8, r.body).Bind(9, now);
-  if (ins.Step() != SQLITE_DONE) {
-    if (sqlite3_extended_errcode(db_) == SQLITE_CONSTRAINT_PRIMARYKEY) {
-      return rollback(Status::Conflict("request id '" + r.id + "' already exists"));
-    }
-    return rollback(DbError(db_, "insert"));
+  if (exec("COMMIT;") != SQLITE_OK) {
+    Status st = DbError("commit");
+    if (!sqlite3_get_autocommit(db_)) (void)exec("ROLLBACK;");
+    return fail_all(st);
   }
-  SPILLWAY_RETURN_IF_ERROR(Exec("COMMIT;"));
-  r.state = State::kQueued;
-  r.created_ms = r.updated_ms = now;
-  return AcceptResult{AcceptOutcome::kNew, std::move(r)};
+  std::lock_guard<std::mutex> lk(mu_);
+  ++stats_.commits;
+  // A commit that wrote something proves the storage writes again.
+  if (sqlite3_total_changes64(db_) != changes_before && !writable_) {
+    writable_ = true;
+    unwritable_reason_.clear();
+  }
 }
 
-Status Journal::StartAttempt(const std::string& id, const std::string& placement, const std::string& decision_json) {
+// --- a journal that cannot write ---
+
+Status Journal::StorageFailure(int rc, const std::string& msg) {
   std::lock_guard<std::mutex> lk(mu_);
   const int64_t now = clock_.NowMs();
-  SPILLWAY_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
-  Stmt up(db_,
-          "UPDATE requests SET state='running', placement=?2, attempts=attempts+1, updated_ms=?3, "
-          "decision=CASE WHEN ?4 = '' THEN decision ELSE ?4 END "
-          "WHERE id=?1 AND state IN ('queued','running') RETURNING attempts;");
-  up.Bind(1, id).Bind(2, placement).Bind(3, now).Bind(4, decision_json);
-  if (up.Step() != SQLITE_ROW) {
-    (void)Exec("ROLLBACK;");
-    return Status::NotFound("request '" + id + "' is not waiting to run");
-  }
-  const int64_t n = up.Int(0);
-  up.Step();
-  Stmt at(db_, "INSERT INTO attempts(request_id, n, placement, started_ms) VALUES(?1,?2,?3,?4);");
-  at.Bind(1, id).Bind(2, n).Bind(3, placement).Bind(4, now);
-  if (at.Step() != SQLITE_DONE) {
-    (void)Exec("ROLLBACK;");
-    return DbError(db_, "attempt");
-  }
-  return Exec("COMMIT;");
+  writable_ = false;
+  unwritable_reason_ = StorageProblem(rc) + " (" + msg + ")";
+  retry_at_ms_ = now + opts_.unwritable_retry_ms;
+  return CannotWrite(now);
 }
 
-Status Journal::SetDecision(const std::string& id, const std::string& decision_json) {
+Status Journal::CannotWrite(int64_t now) const {
+  const int64_t left_ms = std::max<int64_t>(retry_at_ms_ - now, 0);
+  return Status::Unavailable("the request journal cannot write: " + unwritable_reason_)
+      .WithRetryAfter(static_cast<int>(std::max<int64_t>(1, (left_ms + 999) / 1000)));
+}
+
+Status Journal::WriteGate(bool* retrying) {
   std::lock_guard<std::mutex> lk(mu_);
-  Stmt up(db_, "UPDATE requests SET decision=?2, updated_ms=?3 WHERE id=?1;");
-  up.Bind(1, id).Bind(2, decision_json).Bind(3, clock_.NowMs());
-  if (up.Step() != SQLITE_DONE) return DbError(db_, "decision");
+  if (writable_) return Status::Ok();
+  const int64_t now = clock_.NowMs();
+  if (now < retry_at_ms_) return CannotWrite(now);
+  // Time to try again: this caller is the one to try; the others wait for
+  // its answer (still refused until the next retry time).
+  retry_at_ms_ = now + opts_.unwritable_retry_ms;
+  if (retrying) *retrying = true;
   return Status::Ok();
 }
 
-Status Journal::Requeue(const std::string& id, const std::string& error) {
+Status Journal::Health() {
+  bool retrying = false;
+  SPILLWAY_RETURN_IF_ERROR(WriteGate(&retrying));
+  if (!retrying) return Status::Ok();
+  // A probe, so that a journal nobody writes to (clients sent away by
+  // /readyz) still finds out that the disk has room again.
+  (void)Probe();
   std::lock_guard<std::mutex> lk(mu_);
+  return writable_ ? Status::Ok() : CannotWrite(clock_.NowMs());
+}
+
+Status Journal::Probe() {
+  return Write(
+      [this] {
+        Stmt p(db_, "INSERT OR REPLACE INTO health_probe(id, at_ms) VALUES(1, ?1);");
+        p.Bind(1, clock_.NowMs());
+        return Done(p.Step(), "probe");
+      },
+      Bytes(""));
+}
+
+JournalStats Journal::stats() {
+  std::lock_guard<std::mutex> lk(mu_);
+  JournalStats s = stats_;
+  s.queued = static_cast<int64_t>(writers_.size());
+  return s;
+}
+
+// --- the writes ---
+
+StatusOr<AcceptResult> Journal::Accept(RequestRecord r) {
+  SPILLWAY_RETURN_IF_ERROR(WriteGate(nullptr));
   const int64_t now = clock_.NowMs();
-  SPILLWAY_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
-  Stmt a(db_, "UPDATE attempts SET outcome='failed', error=?2, ended_ms=?3 WHERE request_id=?1 AND ended_ms=0;");
-  a.Bind(1, id).Bind(2, error).Bind(3, now);
-  a.Step();
-  Stmt up(db_, "UPDATE requests SET state='queued', error=?2, updated_ms=?3 WHERE id=?1 AND state IN ('queued','running');");
-  up.Bind(1, id).Bind(2, error).Bind(3, now);
-  up.Step();
-  return Exec("COMMIT;");
+  std::optional<AcceptResult> out;
+  const size_t bytes = Bytes(r.body);
+  // Runs in queue order inside the batch: a second Accept with the same key
+  // sees the first one's row.
+  SPILLWAY_RETURN_IF_ERROR(Write(
+      [&]() -> Status {
+        if (!r.idempotency_key.empty()) {
+          std::string sql = std::string("SELECT ") + kColumns + " FROM requests WHERE client=?1 AND idem_key=?2;";
+          Stmt q(db_, sql.c_str());
+          q.Bind(1, r.client).Bind(2, r.idempotency_key);
+          if (q.Step() == SQLITE_ROW) {
+            RequestRecord old = ReadRecord(q);
+            AcceptOutcome o = old.payload_hash != r.payload_hash ? AcceptOutcome::kMismatch
+                              : IsTerminal(old.state)            ? AcceptOutcome::kReplay
+                                                                 : AcceptOutcome::kInFlight;
+            out = AcceptResult{o, std::move(old)};
+            return Status::Ok();
+          }
+        }
+        Stmt ins(db_,
+                 "INSERT INTO requests(id, client, idem_key, payload_hash, service, endpoint, stream, body, state, "
+                 "created_ms, updated_ms) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,'queued',?9,?9);");
+        ins.Bind(1, r.id).Bind(2, r.client).BindNullable(3, r.idempotency_key).Bind(4, r.payload_hash);
+        ins.Bind(5, r.service).Bind(6, r.endpoint).Bind(7, int64_t{r.stream}).Bind(8, r.body).Bind(9, now);
+        if (ins.Step() != SQLITE_DONE) {
+          if (sqlite3_extended_errcode(db_) == SQLITE_CONSTRAINT_PRIMARYKEY) {
+            return Status::Conflict("request id '" + r.id + "' already exists");
+          }
+          return DbError("insert");
+        }
+        out = AcceptResult{AcceptOutcome::kNew, r};
+        return Status::Ok();
+      },
+      bytes));
+  if (out->outcome == AcceptOutcome::kNew) {
+    out->existing.state = State::kQueued;
+    out->existing.created_ms = out->existing.updated_ms = now;
+  }
+  return std::move(*out);
+}
+
+Status Journal::StartAttempt(const std::string& id, const std::string& placement, const std::string& decision_json) {
+  const int64_t now = clock_.NowMs();
+  return Write(
+      [&]() -> Status {
+        Stmt up(db_,
+                "UPDATE requests SET state='running', placement=?2, attempts=attempts+1, updated_ms=?3, "
+                "decision=CASE WHEN ?4 = '' THEN decision ELSE ?4 END "
+                "WHERE id=?1 AND state IN ('queued','running') RETURNING attempts;");
+        up.Bind(1, id).Bind(2, placement).Bind(3, now).Bind(4, decision_json);
+        if (up.Step() != SQLITE_ROW) {
+          if (!StorageProblem(sqlite3_extended_errcode(db_)).empty()) return DbError("attempt");
+          return Status::NotFound("request '" + id + "' is not waiting to run");
+        }
+        const int64_t n = up.Int(0);
+        up.Step();
+        Stmt at(db_, "INSERT INTO attempts(request_id, n, placement, started_ms) VALUES(?1,?2,?3,?4);");
+        at.Bind(1, id).Bind(2, n).Bind(3, placement).Bind(4, now);
+        return Done(at.Step(), "attempt");
+      },
+      Bytes(decision_json));
+}
+
+Status Journal::SetDecision(const std::string& id, const std::string& decision_json) {
+  const int64_t now = clock_.NowMs();
+  return Write(
+      [&]() -> Status {
+        Stmt up(db_, "UPDATE requests SET decision=?2, updated_ms=?3 WHERE id=?1;");
+        up.Bind(1, id).Bind(2, decision_json).Bind(3, now);
+        return Done(up.Step(), "decision");
+      },
+      Bytes(decision_json));
+}
+
+Status Journal::Requeue(const std::string& id, const std::string& error) {
+  const int64_t now = clock_.NowMs();
+  return Write(
+      [&]() -> Status {
+        Stmt a(db_, "UPDATE attempts SET outcome='failed', error=?2, ended_ms=?3 WHERE request_id=?1 AND ended_ms=0;");
+        a.Bind(1, id).Bind(2, error).Bind(3, now);
+        SPILLWAY_RETURN_IF_ERROR(Done(a.Step(), "requeue"));
+        Stmt up(db_,
+                "UPDATE requests SET state='queued', error=?2, updated_ms=?3 WHERE id=?1 AND state IN ('queued','running');");
+        up.Bind(1, id).Bind(2, error).Bind(3, now);
+        return Done(up.Step(), "requeue");
+      },
+      Bytes(error));
 }
 
 Status Journal::Finish(const std::string& id, State state, int status, const std::string& content_type,
                        const std::string& body, const std::string& error) {
-  std::lock_guard<std::mutex> lk(mu_);
   const int64_t now = clock_.NowMs();
-  SPILLWAY_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
-  Stmt a(db_, "UPDATE attempts SET outcome=?2, error=?3, ended_ms=?4 WHERE request_id=?1 AND ended_ms=0;");
-  a.Bind(1, id).Bind(2, std::string(StateName(state))).Bind(3, error).Bind(4, now);
-  a.Step();
-  // Only a non-terminal request changes: the first terminal state wins.
-  Stmt up(db_,
-          "UPDATE requests SET state=?2, result_status=?3, result_type=?4, result_body=?5, error=?6, updated_ms=?7 "
-          "WHERE id=?1 AND state IN ('queued','running');");
-  up.Bind(1, id).Bind(2, std::string(StateName(state))).Bind(3, int64_t{status}).Bind(4, content_type);
-  up.Bind(5, body).Bind(6, error).Bind(7, now);
-  if (up.Step() != SQLITE_DONE) {
-    (void)Exec("ROLLBACK;");
-    return DbError(db_, "finish");
-  }
-  const bool changed = sqlite3_changes(db_) > 0;
-  SPILLWAY_RETURN_IF_ERROR(Exec("COMMIT;"));
+  bool changed = false;
+  SPILLWAY_RETURN_IF_ERROR(Write(
+      [&]() -> Status {
+        Stmt a(db_, "UPDATE attempts SET outcome=?2, error=?3, ended_ms=?4 WHERE request_id=?1 AND ended_ms=0;");
+        a.Bind(1, id).Bind(2, std::string(StateName(state))).Bind(3, error).Bind(4, now);
+        SPILLWAY_RETURN_IF_ERROR(Done(a.Step(), "finish"));
+        // Only a non-terminal request changes: the first terminal state wins.
+        Stmt up(db_,
+                "UPDATE requests SET state=?2, result_status=?3, result_type=?4, result_body=?5, error=?6, "
+                "updated_ms=?7 WHERE id=?1 AND state IN ('queued','running');");
+        up.Bind(1, id).Bind(2, std::string(StateName(state))).Bind(3, int64_t{status}).Bind(4, content_type);
+        up.Bind(5, body).Bind(6, error).Bind(7, now);
+        SPILLWAY_RETURN_IF_ERROR(Done(up.Step(), "finish"));
+        changed = sqlite3_changes(db_) > 0;
+        return Status::Ok();
+      },
+      Bytes(body, error)));
   if (!changed) return Status::Conflict("request '" + id + "' had already ended");
   return Status::Ok();
 }
 
+StatusOr<std::vector<RequestRecord>> Journal::Recover() {
+  const int64_t now = clock_.NowMs();
+  std::vector<RequestRecord> requeued;
+  SPILLWAY_RETURN_IF_ERROR(Write(
+      [&]() -> Status {
+        requeued.clear();
+        std::string sql = std::string("SELECT ") + kColumns +
+                          " FROM requests WHERE state IN ('queued','running') ORDER BY created_ms;";
+        Stmt q(db_, sql.c_str());
+        while (q.Step() == SQLITE_ROW) {
+          RequestRecord r = ReadRecord(q);
+          if (!r.stream) requeued.push_back(std::move(r));
+        }
+        Stmt a(db_, "UPDATE attempts SET outcome='interrupted', error='gateway restarted', ended_ms=?1 WHERE ended_ms=0;");
+        a.Bind(1, now);
+        SPILLWAY_RETURN_IF_ERROR(Done(a.Step(), "recover"));
+        Stmt rq(db_, "UPDATE requests SET state='queued', updated_ms=?1 WHERE state IN ('queued','running') AND stream=0;");
+        rq.Bind(1, now);
+        SPILLWAY_RETURN_IF_ERROR(Done(rq.Step(), "recover"));
+        Stmt fr(db_,
+                "UPDATE requests SET state='failed_resumable', error='the gateway restarted while the stream was open; "
+                "resubmit to continue', result_status=503, result_type='application/json', updated_ms=?1 "
+                "WHERE state IN ('queued','running') AND stream=1;");
+        fr.Bind(1, now);
+        return Done(fr.Step(), "recover");
+      },
+      Bytes("")));
+  for (auto& r : requeued) r.state = State::kQueued;
+  return requeued;
+}
+
+StatusOr<int> Journal::Prune() {
+  const int64_t now = clock_.NowMs();
+  int deleted = 0;
+  SPILLWAY_RETURN_IF_ERROR(Write(
+      [&]() -> Status {
+        Stmt k(db_, "UPDATE requests SET idem_key=NULL WHERE idem_key IS NOT NULL AND created_ms < ?1 AND "
+                    "state NOT IN ('queued','running');");
+        k.Bind(1, now - opts_.idempotency_ms);
+        SPILLWAY_RETURN_IF_ERROR(Done(k.Step(), "prune"));
+        Stmt d(db_, "DELETE FROM requests WHERE created_ms < ?1 AND state NOT IN ('queued','running');");
+        d.Bind(1, now - opts_.retention_ms);
+        SPILLWAY_RETURN_IF_ERROR(Done(d.Step(), "prune"));
+        deleted = sqlite3_changes(db_);
+        Stmt da(db_, "DELETE FROM attempts WHERE request_id NOT IN (SELECT id FROM requests);");
+        return Done(da.Step(), "prune");
+      },
+      Bytes("")));
+  return deleted;
+}
+
+// --- reads: the connection between batches ---
+
 StatusOr<RequestRecord> Journal::Get(const std::string& id) {
-  std::lock_guard<std::mutex> lk(mu_);
+  std::lock_guard<std::mutex> lk(db_mu_);
   std::string sql = std::string("SELECT ") + kColumns + " FROM requests WHERE id=?1;";
   Stmt q(db_, sql.c_str());
   q.Bind(1, id);
@@ -299,7 +538,7 @@ StatusOr<RequestRecord> Journal::Get(const std::string& id) {
 }
 
 StatusOr<std::vector<AttemptRecord>> Journal::Attempts(const std::string& id) {
-  std::lock_guard<std::mutex> lk(mu_);
+  std::lock_guard<std::mutex> lk(db_mu_);
   Stmt q(db_, "SELECT n, placement, outcome, error, started_ms, ended_ms FROM attempts WHERE request_id=?1 ORDER BY n;");
   q.Bind(1, id);
   std::vector<AttemptRecord> out;
@@ -307,54 +546,8 @@ StatusOr<std::vector<AttemptRecord>> Journal::Attempts(const std::string& id) {
   return out;
 }
 
-StatusOr<std::vector<RequestRecord>> Journal::Recover() {
-  std::lock_guard<std::mutex> lk(mu_);
-  const int64_t now = clock_.NowMs();
-  std::vector<RequestRecord> requeued;
-  SPILLWAY_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
-  {
-    std::string sql = std::string("SELECT ") + kColumns + " FROM requests WHERE state IN ('queued','running') ORDER BY created_ms;";
-    Stmt q(db_, sql.c_str());
-    while (q.Step() == SQLITE_ROW) {
-      RequestRecord r = ReadRecord(q);
-      if (!r.stream) requeued.push_back(std::move(r));
-    }
-  }
-  Stmt a(db_, "UPDATE attempts SET outcome='interrupted', error='gateway restarted', ended_ms=?1 WHERE ended_ms=0;");
-  a.Bind(1, now);
-  a.Step();
-  Stmt rq(db_, "UPDATE requests SET state='queued', updated_ms=?1 WHERE state IN ('queued','running') AND stream=0;");
-  rq.Bind(1, now);
-  rq.Step();
-  Stmt fr(db_,
-          "UPDATE requests SET state='failed_resumable', error='the gateway restarted while the stream was open; "
-          "resubmit to continue', result_status=503, result_type='application/json', updated_ms=?1 "
-          "WHERE state IN ('queued','running') AND stream=1;");
-  fr.Bind(1, now);
-  fr.Step();
-  SPILLWAY_RETURN_IF_ERROR(Exec("COMMIT;"));
-  for (auto& r : requeued) r.state = State::kQueued;
-  return requeued;
-}
-
-StatusOr<int> Journal::Prune() {
-  std::lock_guard<std::mutex> lk(mu_);
-  const int64_t now = clock_.NowMs();
-  Stmt k(db_, "UPDATE requests SET idem_key=NULL WHERE idem_key IS NOT NULL AND created_ms < ?1 AND "
-              "state NOT IN ('queued','running');");
-  k.Bind(1, now - opts_.idempotency_ms);
-  k.Step();
-  Stmt d(db_, "DELETE FROM requests WHERE created_ms < ?1 AND state NOT IN ('queued','running');");
-  d.Bind(1, now - opts_.retention_ms);
-  d.Step();
-  const int deleted = sqlite3_changes(db_);
-  Stmt da(db_, "DELETE FROM attempts WHERE request_id NOT IN (SELECT id FROM requests);");
-  da.Step();
-  return deleted;
-}
-
 int64_t Journal::CountByState(State s) {
-  std::lock_guard<std::mutex> lk(mu_);
+  std::lock_guard<std::mutex> lk(db_mu_);
   Stmt q(db_, "SELECT COUNT(*) FROM requests WHERE state=?1;");
   q.Bind(1, std::string(StateName(s)));
   return q.Step() == SQLITE_ROW ? q.Int(0) : 0;

@@ -3,20 +3,47 @@
 // Contract (DESIGN.md invariant 1): a request is written before the client
 // sees any acceptance, and every state change is written before it takes
 // effect, so after a crash each acknowledged request is found in the journal.
+// Every mutating call (Accept, StartAttempt, SetDecision, Requeue, Finish,
+// Recover, Prune) returns only after the transaction holding its change has
+// committed, i.e. is durable at the configured mode: nothing is acknowledged
+// before the commit that covers it.
 //
 // Durability: synchronous=FULL by default (each commit is fsynced: survives
 // power loss); "normal" survives a process crash but may lose the last
 // commits on power loss. The mode in force is reported by synchronous_mode().
+//
+// Group commit (LevelDB's writer queue, DBImpl::Write): concurrent mutating
+// calls queue in arrival order. The caller at the front is the leader: it
+// takes the front of the queue (at most max_batch writes and about
+// max_batch_bytes of payload, always its own), runs them in queue order inside
+// one BEGIN IMMEDIATE ... COMMIT (one fsync at FULL), then wakes each
+// follower with its own result and hands the queue to the next leader. Writes
+// later in a batch see the earlier ones (two Accepts with one idempotency key:
+// the first is new, the second in flight). Each write runs under its own
+// SAVEPOINT: a write that fails (unknown id, duplicate id...) is rolled back
+// alone and fails alone. A failed COMMIT fails the whole batch: none of its
+// writes was acknowledged. max_batch = 1 turns grouping off.
+//
+// A journal that cannot write (I/O error, disk full: a commit failed on the
+// storage) says so in Health(), and every new Accept fails at once with
+// Unavailable, the reason and a Retry-After, without touching the disk; what
+// was acknowledged before stays as it was. Writes for requests already
+// accepted still try the disk. After unwritable_retry_ms one Accept (or a
+// Health() probe) tries again; any write that commits makes it writable.
 //
 // Idempotency (IETF httpapi Idempotency-Key draft): keys are scoped per
 // client; the same key with the same payload returns the stored request, with
 // another payload is a mismatch (422), while the first is running it is in
 // flight (409). Keys expire after idempotency_ms; rows after retention_ms.
 //
-// Thread-safe: one connection behind a mutex.
+// Thread-safe: one connection; writes go through the queue, reads take the
+// connection between batches.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,6 +52,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "journal/storage_faults.h"
 
 struct sqlite3;
 
@@ -59,6 +87,24 @@ struct JournalOptions {
   bool synchronous_full = true;
   int64_t retention_ms = 7LL * 24 * 3600 * 1000;
   int64_t idempotency_ms = 24LL * 3600 * 1000;
+  // Group commit bounds: writes per transaction, and payload bytes (request
+  // and answer bodies) per transaction, past the first write.
+  int max_batch = 256;
+  size_t max_batch_bytes = 8u << 20;
+  // After a failed commit: how long new requests are refused before a write
+  // is tried again.
+  int64_t unwritable_retry_ms = 5000;
+  // Test-only storage faults; null: SQLite's default VFS, untouched.
+  std::shared_ptr<StorageFaults> faults;
+};
+
+// Counters, for tests and benchmarks.
+struct JournalStats {
+  int64_t writes = 0;          // mutating calls completed (ok or not)
+  int64_t commits = 0;         // transactions committed: one fsync each at FULL
+  int64_t failed_commits = 0;  // batches that did not commit
+  int64_t largest_batch = 0;
+  int64_t queued = 0;          // writes queued now, the running batch included
 };
 
 struct AttemptRecord {
@@ -104,14 +150,39 @@ class Journal {
   std::string synchronous_mode();
   int64_t CountByState(State s);
 
+  // Ok, or Unavailable with why the journal cannot write and a retry-after.
+  // When the retry time has come, probes with a small write first.
+  Status Health();
+  JournalStats stats();
+
  private:
-  Journal(sqlite3* db, JournalOptions opts, const Clock& clock) : db_(db), opts_(opts), clock_(clock) {}
+  struct Writer;
+  Journal(sqlite3* db, JournalOptions opts, const Clock& clock) : db_(db), opts_(std::move(opts)), clock_(clock) {}
   Status Exec(const std::string& sql);
+  // Queues `op` (run by a leader inside a transaction, connection held) and
+  // returns its result once the transaction covering it has committed.
+  Status Write(std::function<Status()> op, size_t bytes);
+  void CommitBatch(const std::vector<Writer*>& batch);  // db_mu_ held
+  // While the journal cannot write: refuse until the retry time, then let
+  // one caller try (*retrying set); always Ok while it can write.
+  Status WriteGate(bool* retrying);
+  Status Probe();  // a one-row write that proves the storage takes writes
+  Status CannotWrite(int64_t now) const;  // mu_ held
+  Status StorageFailure(int rc, const std::string& msg);
+  Status DbError(const std::string& what);
+  Status Done(int step_rc, const std::string& what);  // a statement's step ran to its end, or DbError
 
   sqlite3* db_;
   JournalOptions opts_;
   const Clock& clock_;
-  std::mutex mu_;
+  std::mutex db_mu_;  // the connection: a batch, or one read
+
+  std::mutex mu_;  // below
+  std::deque<Writer*> writers_;
+  JournalStats stats_;
+  bool writable_ = true;
+  std::string unwritable_reason_;
+  int64_t retry_at_ms_ = 0;
 };
 
 }  // namespace spillway::journal

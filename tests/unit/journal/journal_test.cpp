@@ -1,49 +1,13 @@
 #include "journal/journal.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <filesystem>
+#include "journal_fixture.h"
 
 namespace spillway::journal {
 namespace {
 
-namespace fs = std::filesystem;
-
-class JournalTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("spillway-journal-" + std::to_string(getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    Reopen();
-  }
-  void TearDown() override {
-    j_.reset();
-    fs::remove_all(dir_);
-  }
-  void Reopen(JournalOptions o = {}) {
-    j_.reset();
-    auto j = Journal::Open((dir_ / "journal.db").string(), o, clock_);
-    ASSERT_TRUE(j.ok()) << j.status().ToString();
-    j_ = std::move(*j);
-  }
-  RequestRecord Rec(const std::string& id, const std::string& key = "", const std::string& hash = "h1",
-                    bool stream = false) {
-    RequestRecord r;
-    r.id = id;
-    r.idempotency_key = key;
-    r.payload_hash = hash;
-    r.service = "chat";
-    r.endpoint = "chat";
-    r.stream = stream;
-    r.body = "{}";
-    return r;
-  }
-  fs::path dir_;
-  FakeClock clock_;
-  std::unique_ptr<Journal> j_;
-};
+class JournalTest : public JournalFixture {};
 
 TEST_F(JournalTest, LifecycleIsRecordedWithAttempts) {
   auto a = j_->Accept(Rec("r1"));
