@@ -40,7 +40,43 @@ namespace {
 struct ServeArgs {
   std::string config_path, listen, state_dir, port_file, worker_bin;
   bool keep_going = false;
+  double worker_orphan_timeout_s = 180;
 };
+
+// One worker per placement, whether admitted or not (adoption is judged
+// against every placement's spec before admission).
+struct PlannedWorker {
+  upstream::WorkerSpec spec;
+  std::string service, placement;
+};
+
+std::vector<PlannedWorker> PlanWorkers(const config::GatewayConfig& cfg) {
+  std::vector<PlannedWorker> out;
+  for (const auto& s : cfg.services) {
+    for (size_t i = 0; i < s.placements.size(); ++i) {
+      const auto& p = s.placements[i];
+      std::vector<std::string> args = {"--model", p.ModelOr(s.model), "--device", p.device,
+                                       "--gpu-layers", std::to_string(p.gpu_layers), "--ctx", std::to_string(p.ctx),
+                                       "--slots", std::to_string(p.slots), "--threads", std::to_string(p.threads),
+                                       "--batch", std::to_string(p.batch), "--default-max-tokens",
+                                       std::to_string(s.default_max_tokens), "--progress-timeout",
+                                       std::to_string(p.progress_timeout_s), "--json-max-depth",
+                                       std::to_string(cfg.json_max_depth), "--max-body",
+                                       std::to_string(cfg.max_body_bytes + (64 << 10))};
+      if (!p.mmap) args.push_back("--no-mmap");
+      if (p.kv_unified) args.push_back("--kv-unified");
+      // The CPU fallback's readiness policy (gateway/readiness.h).
+      const gateway::Readiness r = gateway::ResolveReadiness(s, i);
+      if (r.policy == "mmap") {
+        args.insert(args.end(), {"--lazy-context", "--context-idle-s", std::to_string(s.failover.idle_unload_s)});
+      }
+      out.push_back({{gateway::WorkerKey(s, i), args, r.policy == "on-demand",
+                      static_cast<int64_t>(p.start_timeout_s * 1000)},
+                     s.name, p.Name()});
+    }
+  }
+  return out;
+}
 
 int Serve(const ServeArgs& a) {
   // Everything the gateway writes (journal, logs, port files) is its user's only.
@@ -58,6 +94,15 @@ int Serve(const ServeArgs& a) {
   }
 
   SystemClock clock;
+  const std::string worker_bin = a.worker_bin.empty() ? ExeDir() + "/spillway-worker" : a.worker_bin;
+  upstream::Supervisor supervisor(worker_bin, cfg.state_dir, clock);
+  // One gateway per state directory, claimed before the journal is recovered:
+  // a second one would recover the first's open requests and adopt its workers.
+  if (Status st = supervisor.Claim(); !st.ok()) {
+    std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());
+    return 2;
+  }
+  supervisor.SetOrphanTimeout(a.worker_orphan_timeout_s);
   journal::JournalOptions jo;
   jo.synchronous_full = cfg.journal.synchronous_full;
   jo.retention_ms = static_cast<int64_t>(cfg.journal.retention_hours * 3600 * 1000);
@@ -73,12 +118,14 @@ int Serve(const ServeArgs& a) {
     return 1;
   }
 
-  const std::string worker_bin = a.worker_bin.empty() ? ExeDir() + "/spillway-worker" : a.worker_bin;
-  upstream::Supervisor supervisor(worker_bin, cfg.state_dir, clock);
+  std::vector<PlannedWorker> planned = PlanWorkers(cfg);
+  std::vector<upstream::WorkerSpec> specs;
+  for (const auto& w : planned) specs.push_back(w.spec);
   // Placement-level admission: a placement whose predicted memory does not
   // fit its device (with headroom, against what the device reports free) is
-  // not started.
-  auto admissions = gateway::AdmitPlacements(cfg);
+  // not started. One whose worker survived the previous gateway is admitted
+  // as it runs: the memory the device reports in use is its own.
+  auto admissions = gateway::AdmitPlacements(cfg, supervisor.Adoptable(specs));
   // What cannot work is refused now, not found out by the first request.
   const std::string where = a.config_path.empty() ? "the demo" : a.config_path;
   const auto problems = gateway::CheckStartup(cfg, fs::path(worker_bin).parent_path().string());
@@ -93,33 +140,14 @@ int Serve(const ServeArgs& a) {
                          "placements concerned)\n", problems.size(), problems.size() == 1 ? "" : "s");
     return 2;
   }
-  for (const auto& s : cfg.services) {
-    for (size_t i = 0; i < s.placements.size(); ++i) {
-      const auto& p = s.placements[i];
-      const auto& adm = admissions[gateway::WorkerKey(s, i)];
-      if (!adm.admitted) {
-        std::fprintf(stderr, "spillway serve: placement %s of service '%s' not started: %s\n", p.Name().c_str(),
-                     s.name.c_str(), adm.reason.c_str());
-        continue;
-      }
-      std::vector<std::string> args = {"--model", p.ModelOr(s.model), "--device", p.device,
-                                       "--gpu-layers", std::to_string(p.gpu_layers), "--ctx", std::to_string(p.ctx),
-                                       "--slots", std::to_string(p.slots), "--threads", std::to_string(p.threads),
-                                       "--batch", std::to_string(p.batch), "--default-max-tokens",
-                                       std::to_string(s.default_max_tokens), "--progress-timeout",
-                                       std::to_string(p.progress_timeout_s), "--json-max-depth",
-                                       std::to_string(cfg.json_max_depth), "--max-body",
-                                       std::to_string(cfg.max_body_bytes + (64 << 10))};
-      if (!p.mmap) args.push_back("--no-mmap");
-      if (p.kv_unified) args.push_back("--kv-unified");
-      // The CPU fallback's readiness policy (gateway/readiness.h).
-      const gateway::Readiness r = gateway::ResolveReadiness(s, i);
-      if (r.policy == "mmap") {
-        args.insert(args.end(), {"--lazy-context", "--context-idle-s", std::to_string(s.failover.idle_unload_s)});
-      }
-      supervisor.Add({gateway::WorkerKey(s, i), args, r.policy == "on-demand",
-                      static_cast<int64_t>(p.start_timeout_s * 1000)});
+  for (auto& w : planned) {
+    const auto& adm = admissions[w.spec.key];
+    if (!adm.admitted) {
+      std::fprintf(stderr, "spillway serve: placement %s of service '%s' not started: %s\n", w.placement.c_str(),
+                   w.service.c_str(), adm.reason.c_str());
+      continue;
     }
+    supervisor.Add(std::move(w.spec));
   }
   // Restarts are admitted again against fresh telemetry: memory taken by
   // others meanwhile keeps a worker from restarting into an allocation failure.
@@ -152,7 +180,10 @@ int Serve(const ServeArgs& a) {
         }
         for (const auto& w : workers) {
           if (w.key != key) continue;
-          if (w.on_demand) {
+          if (w.adopted) {
+            std::printf("spillway: worker %s ready: adopted from the previous gateway, nothing reloaded (%zu of %zu)\n",
+                        key.c_str(), loaded, total);
+          } else if (w.on_demand) {
             std::printf("spillway: on-demand worker %s ready after %.1f s\n", key.c_str(),
                         static_cast<double>(w.last_start_ms) / 1000);
           } else {
@@ -208,7 +239,11 @@ int Serve(const ServeArgs& a) {
               (*journal)->synchronous_mode().c_str(), n_recovered);
   {
     size_t starting = 0;
-    for (const auto& w : supervisor.Snapshot()) starting += !w.on_demand;
+    for (const auto& w : supervisor.Snapshot()) starting += !w.on_demand && !w.adopted;
+    if (const uint64_t adopted = supervisor.total_adopted()) {
+      std::printf("spillway: %llu worker%s adopted from the previous gateway (no reload)\n",
+                  static_cast<unsigned long long>(adopted), adopted == 1 ? "" : "s");
+    }
     std::printf("spillway: loading %zu worker%s; requests wait for them meanwhile (GET /readyz, /v1/status)\n", starting,
                 starting == 1 ? "" : "s");
   }
@@ -255,6 +290,12 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--state-dir", args->state_dir, "journal and worker logs (default ~/.local/state/spillway)");
   cmd->add_option("--port-file", args->port_file, "write the bound port here once listening");
   cmd->add_option("--worker-bin", args->worker_bin, "spillway-worker binary (default: next to spillway)");
+  cmd->add_option("--worker-orphan-timeout", args->worker_orphan_timeout_s,
+                  "seconds a worker lives on without hearing from a gateway (the gateway health-checks it every "
+                  "0.5 s): workers outlive a crash of the gateway, to be adopted by the next one on the same state "
+                  "directory; one that is never restarted frees its devices after this long (0 = never)")
+      ->check(CLI::Range(0.0, 86400.0 * 365))
+      ->capture_default_str();
   cmd->add_flag("--keep-going", args->keep_going,
                 "start even when a placement cannot work (a model file that is not a readable GGUF, a device "
                 "that does not exist): that placement is marked unavailable with the reason instead of "

@@ -112,6 +112,7 @@ json Gateway::StatusJson() const {
         w["pid"] = v.pid;
         w["port"] = v.port;
         w["restarts"] = v.restarts;
+        w["adopted"] = v.adopted;  // serving since before this gateway started (a crash), not reloaded
         w["last_exit"] = v.last_exit;
         if (!v.last_error.empty()) w["last_error"] = v.last_error;
         w["failed_starts"] = v.failed_starts;

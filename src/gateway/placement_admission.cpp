@@ -46,7 +46,8 @@ memory::PlacementSpec SpecOf(const config::PlacementConfig& p) {
   return spec;
 }
 
-std::map<std::string, PlacementAdmission> Admit(const config::GatewayConfig& cfg, const std::string* only) {
+std::map<std::string, PlacementAdmission> Admit(const config::GatewayConfig& cfg, const std::string* only,
+                                                const std::set<std::string>& running) {
   std::map<std::string, PlacementAdmission> out;
   std::map<std::string, std::unique_ptr<memory::DeviceLedger>> ledgers;
   auto ledger_for = [&](const std::string& device) -> memory::DeviceLedger* {
@@ -103,6 +104,10 @@ std::map<std::string, PlacementAdmission> Admit(const config::GatewayConfig& cfg
       } else if (budget && a.predicted_bytes > budget) {
         a.reason = "the CPU replica needs " + std::to_string(a.predicted_bytes >> 20) +
                    " MiB, beyond the CPU path's RAM budget of " + std::to_string(budget >> 20) + " MiB";
+      } else if (running.count(WorkerKey(s, i))) {
+        a.admitted = true;
+        a.reason = "running already (adopted from the previous gateway): its " +
+                   std::to_string(a.predicted_bytes >> 20) + " MiB predicted are in use";
       } else if (!l) {
         a.admitted = true;
         a.reason = "device memory unknown; admitted without a check";
@@ -145,12 +150,13 @@ void RecordObserved(const config::GatewayConfig& cfg, const std::string& key, ui
   g_calibration.Observe(CalKey(*s, s->placements[i]), predicted, observed);
 }
 
-std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayConfig& cfg) {
-  return Admit(cfg, nullptr);
+std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayConfig& cfg,
+                                                          const std::set<std::string>& running) {
+  return Admit(cfg, nullptr, running);
 }
 
 PlacementAdmission AdmitPlacement(const config::GatewayConfig& cfg, const std::string& key) {
-  auto all = Admit(cfg, &key);
+  auto all = Admit(cfg, &key, {});
   auto it = all.find(key);
   return it == all.end() ? PlacementAdmission{true, "", 0, 0, "unknown placement"} : it->second;
 }

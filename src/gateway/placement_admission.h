@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 
 #include "config/config.h"
@@ -25,8 +26,11 @@ struct PlacementAdmission {
 // the host's memory when unset; 0 when the host's memory is unknown).
 uint64_t CpuPathBudgetBytes(const config::ServiceConfig& s);
 
-// Keyed by WorkerKey(service, index).
-std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayConfig& config);
+// Keyed by WorkerKey(service, index). `running`: placements whose worker an
+// earlier gateway left serving and that will be adopted (Supervisor::Adoptable):
+// admitted as they are, since the memory the device reports in use is theirs.
+std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayConfig& config,
+                                                          const std::set<std::string>& running = {});
 
 // Calibration: what a worker of this placement actually allocated on its
 // device (from llama.cpp's breakdown in /v1/worker/info). Later admissions of

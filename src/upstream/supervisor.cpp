@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <sys/stat.h>
@@ -12,23 +11,20 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "api/http_client.h"
 #include "common/private_files.h"
 #include "common/secret.h"
 #include "common/survive.h"
+#include "devices/sim_ledger.h"
 #include "protocol/worker_protocol.h"
+#include "upstream/worker_secret.h"
 
 extern char** environ;
 
 namespace spillway::upstream {
 
 namespace fs = std::filesystem;
-
-// Health and progress are checked this often (a hung worker is replaced within
-// its progress timeout plus this).
-constexpr int64_t kHealthPeriodMs = 500;
 
 const char* WorkerStateName(WorkerState s) {
   switch (s) {
@@ -42,9 +38,14 @@ const char* WorkerStateName(WorkerState s) {
 
 namespace {
 
-std::string SecretForWorkers() {
-  const char* given = std::getenv(kWorkerSecretEnv);
-  if (given && std::strlen(given) >= 16) return given;
+// The kept secret (worker_secret.h); one for this process only when it
+// cannot be kept, which costs adoption after a crash, not service.
+std::string SecretForWorkers(const std::string& run_dir) {
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  auto kept = WorkerSecretFor(run_dir);
+  if (kept.ok()) return *kept;
+  std::fprintf(stderr, "spillway: %s; workers will not be adopted after a crash\n", kept.status().message().c_str());
   return RandomHex(32);
 }
 
@@ -70,13 +71,19 @@ std::vector<std::string> WorkerEnvironment(const std::string& secret) {
 }  // namespace
 
 Supervisor::Supervisor(std::string worker_binary, std::string state_dir, const Clock& clock)
-    : binary_(std::move(worker_binary)), state_dir_(std::move(state_dir)), secret_(SecretForWorkers()), clock_(clock) {
+    : binary_(std::move(worker_binary)),
+      state_dir_(std::move(state_dir)),
+      run_dir_(state_dir_ + "/run"),
+      secret_(SecretForWorkers(run_dir_)),
+      clock_(clock) {
   std::error_code ec;
-  fs::create_directories(state_dir_ + "/run", ec);
   fs::create_directories(state_dir_ + "/logs", ec);
 }
 
-Supervisor::~Supervisor() { Stop(); }
+Supervisor::~Supervisor() {
+  Stop();
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
 
 void Supervisor::Add(WorkerSpec spec) {
   std::lock_guard<std::mutex> lk(mu_);
@@ -86,22 +93,27 @@ void Supervisor::Add(WorkerSpec spec) {
   w.view.on_demand = spec.on_demand;
   w.view.start_timeout_ms = spec.start_timeout_ms;
   ::chmod(w.view.log_path.c_str(), kPrivateFileMode);  // one an older version made 0644
+  w.spec_hash = SpecHash(spec.args);
   w.spec = std::move(spec);
   workers_[w.view.key] = std::move(w);
 }
 
 void Supervisor::Start() {
+  // Before anything is spawned: never two workers for one placement.
+  RunSurviving("spillway: adopting the workers of the previous gateway", [this] { Adopt(); });
   thread_ = std::thread([this] { Loop(); });
 }
 
 void Supervisor::Spawn(Worker& w) {
-  const std::string port_file = state_dir_ + "/run/" + w.spec.key + ".port";
+  const std::string port_file = run_dir_ + "/" + w.spec.key + ".port";
   std::error_code ec;
   fs::remove(port_file, ec);
   std::vector<std::string> args = {binary_};
   args.insert(args.end(), w.spec.args.begin(), w.spec.args.end());
-  args.insert(args.end(), {"--listen", "127.0.0.1:0", "--port-file", port_file, "--parent-pid",
-                           std::to_string(getpid())});
+  // No --parent-pid: a worker outlives a crash of the gateway, to be adopted
+  // by the next one; the orphan rule ends it if none comes.
+  args.insert(args.end(), {"--listen", "127.0.0.1:0", "--port-file", port_file, "--orphan-timeout",
+                           std::to_string(orphan_timeout_s_)});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -109,6 +121,11 @@ void Supervisor::Spawn(Worker& w) {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, w.view.log_path.c_str(), kPrivateAppendFlags, kPrivateFileMode);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  // Nothing else of the gateway's: a worker outlives a crash of the gateway,
+  // and one that held the gateway's listening socket (Asio's are not
+  // close-on-exec) would leave clients of the dead gateway queued on it
+  // instead of refused; one holding a client connection would keep it open.
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
@@ -126,11 +143,14 @@ void Supervisor::Spawn(Worker& w) {
     return;
   }
   w.view.pid = pid;
+  w.view.adopted = false;
+  w.start_time = devices::ProcessStartTime(pid);  // a zombie until reaped, so readable even if it died at once
   w.view.port = 0;
   w.view.state = WorkerState::kStarting;
   w.spawned_ms = clock_.NowMs();
   w.view.starting_since_ms = w.spawned_ms;
   w.health_failures = 0;
+  WriteRecord(w);  // port 0: a gateway crashing now finds it loading, and stops it
 }
 
 namespace {
@@ -161,6 +181,8 @@ void Supervisor::Exited(Worker& w, const std::string& why) {
   w.view.last_error = LastLogLine(w.view.log_path);
   w.view.pid = 0;
   w.view.port = 0;
+  w.view.adopted = false;
+  RemoveRecord(w.spec.key);
   w.view.state = WorkerState::kBackoff;
   const int64_t now = clock_.NowMs();
   const bool was_serving = w.ready_since_ms != 0;
@@ -188,32 +210,30 @@ void Supervisor::Poll(Worker& w) {
   if (w.view.pid <= 0) return;
   int status = 0;
   if (w.view.state == WorkerState::kStopped) {  // released: reap it, SIGKILL when it lingers
-    if (waitpid(w.view.pid, &status, WNOHANG) == w.view.pid) {
+    if (Ended(Process(w), &status)) {
       w.view.pid = 0;
+      w.view.adopted = false;
+      RemoveRecord(w.spec.key);
     } else if (now >= w.kill_at_ms) {
       kill(-w.view.pid, SIGKILL);
     }
     return;
   }
-  if (waitpid(w.view.pid, &status, WNOHANG) == w.view.pid) {
-    std::string why = WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
-                                        : "signal " + std::to_string(WTERMSIG(status));
-    Exited(w, why);
+  if (Ended(Process(w), &status)) {
+    Exited(w, DescribeEnd(status));
     return;
   }
   if (w.view.state == WorkerState::kStarting) {
-    std::ifstream f(state_dir_ + "/run/" + w.spec.key + ".port");  // in the private state directory
-    int port = 0;
-    if (f >> port && port > 0) {
-      w.view.port = static_cast<uint16_t>(port);
+    if (const uint16_t port = PortFromFile(w.spec.key)) {
+      w.view.port = port;
       w.view.state = WorkerState::kReady;
       w.view.last_start_ms = now - w.spawned_ms;
       w.ready_since_ms = now;
       w.next_health_ms = now + kHealthPeriodMs;  // its first passed health check ends the failed-start count
+      WriteRecord(w);  // now with its port: adoptable
     } else if (w.spec.start_timeout_ms > 0 && now - w.spawned_ms >= w.spec.start_timeout_ms) {
       // A start that hangs holds no request forever: end it and say so.
-      kill(-w.view.pid, SIGKILL);
-      waitpid(w.view.pid, &status, 0);
+      StopGroup(Process(w), 0);
       char why[96];
       std::snprintf(why, sizeof why, "did not become ready within %.0f s (start_timeout_s)",
                     static_cast<double>(w.spec.start_timeout_ms) / 1000);
@@ -228,9 +248,7 @@ void Supervisor::HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lo
   w.health_failures = healthy ? 0 : w.health_failures + 1;
   if (healthy) w.view.failed_starts = 0;  // it started and serves
   if (w.health_failures >= 3 || device_lost) {
-    kill(-pid, SIGKILL);
-    int status = 0;
-    waitpid(pid, &status, 0);
+    StopGroup(Process(w), 0);
     Exited(w, device_lost ? std::string(protocol::kExitDeviceLost) : "unhealthy");
   }
 }
@@ -239,7 +257,7 @@ void Supervisor::Loop() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& [k, w] : workers_) {
-      if (w.spec.on_demand) continue;
+      if (w.spec.on_demand || w.view.pid > 0) continue;  // adopted: serving already
       try {
         Spawn(w);
       } catch (const std::exception& e) {
@@ -294,7 +312,10 @@ void Supervisor::Round() {
         const bool was_up = was_ready || w.view.state == WorkerState::kStarting;
         Poll(w);
         if (was_up && w.view.state == WorkerState::kBackoff) exits.emplace_back(k, w.view.last_exit);
-        if (!was_ready && w.view.state == WorkerState::kReady) became_ready.emplace_back(k, w.view.port);
+        if ((!was_ready || w.announce_ready) && w.view.state == WorkerState::kReady) {
+          became_ready.emplace_back(k, w.view.port);
+        }
+        w.announce_ready = false;
         if (w.spec.on_demand && w.view.state == WorkerState::kReady) idle_candidates.push_back(k);
         if (w.view.state == WorkerState::kReady && now >= w.next_health_ms) {
           w.next_health_ms = now + kHealthPeriodMs;
@@ -376,9 +397,7 @@ void Supervisor::Refuse(const std::string& key, const std::string& why) {
   auto it = workers_.find(key);
   if (it == workers_.end() || it->second.view.pid <= 0) return;
   auto& w = it->second;
-  kill(-w.view.pid, SIGKILL);
-  int status = 0;
-  waitpid(w.view.pid, &status, 0);
+  StopGroup(Process(w), 0);
   w.ready_since_ms = 0;  // it never served: a failed start
   Exited(w, why);
 }
@@ -397,22 +416,26 @@ void Supervisor::Stop(int64_t grace_ms) {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> lk(mu_);
+  // All at once, then each waited for within the one grace period.
   for (auto& [k, w] : workers_) {
-    if (w.view.pid > 0) kill(-w.view.pid, SIGTERM);
+    int status = 0;
+    if (w.view.pid <= 0) continue;
+    if (Ended(Process(w), &status)) {
+      w.view.pid = 0;  // reaped: its pid is no longer ours to signal
+      RemoveRecord(k);
+    } else {
+      kill(-w.view.pid, SIGTERM);
+    }
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
   for (auto& [k, w] : workers_) {
-    while (w.view.pid > 0) {
-      int status;
-      if (waitpid(w.view.pid, &status, WNOHANG) == w.view.pid) break;
-      if (std::chrono::steady_clock::now() >= deadline) {
-        kill(-w.view.pid, SIGKILL);
-        waitpid(w.view.pid, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (w.view.pid > 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      StopGroup(Process(w), std::max<int64_t>(1, left.count()));
+      RemoveRecord(k);
     }
     w.view.pid = 0;
+    w.view.adopted = false;
     w.view.state = WorkerState::kStopped;
   }
 }

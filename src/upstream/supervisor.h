@@ -2,16 +2,47 @@
 // health-checks them every 0.5 s, restarts a dead or unresponsive worker with backoff
 // without touching the others, and stops them all on shutdown.
 //
-// Each worker runs in its own process group (posix_spawn, SETPGROUP), asks the
-// kernel to end it if the gateway dies (--parent-pid), binds port 0 and writes
-// its port to <state_dir>/run/<key>.port; its stdout/stderr are appended to
-// <state_dir>/logs/<key>.log (mode 0600, never through a symbolic link).
+// Each worker runs in its own process group (posix_spawn, SETPGROUP), binds
+// port 0 and writes its port to <state_dir>/run/<key>.port; its stdout/stderr
+// are appended to <state_dir>/logs/<key>.log (mode 0600, never through a
+// symbolic link).
 //
-// Workers are private: each gets the supervisor's worker secret in its
-// environment ($SPILLWAY_WORKER_SECRET, never in argv or a file) and refuses
-// any request without it (AuthHeaders()). The secret is random per
-// supervisor unless the supervisor's own environment sets one (at least 16
-// characters: the chaos harness and tests, which talk to workers too).
+// What survives a crash of the gateway. Workers are not tied to the gateway
+// (no parent-death signal): a gateway killed with -9 leaves them serving, and
+// the next gateway on the same state directory adopts them instead of
+// reloading every model. Each spawned worker is recorded in
+// <state_dir>/run/<key>.json (worker_record.h: pid, process start time, port,
+// spec hash, protocol version). Start() goes through the records before it
+// spawns anything:
+//   - pid gone, or now another process (start time differs): record dropped,
+//     nothing signalled;
+//   - ours, same spec hash and protocol version, GET /v1/worker/info answers
+//     on the recorded port with the secret, from the recorded pid: adopted,
+//     ready at once (WorkerView::adopted, a log line). What it was still
+//     running for the dead gateway is cancelled first (DELETE
+//     /v1/worker/requests) and drained: nobody can receive it, and the
+//     journal re-runs non-streamed requests under the same ids, which the
+//     worker would refuse as "already running";
+//   - ours but not matching (config changed, other version, not answering,
+//     still loading, placement gone): its group gets SIGTERM, SIGKILL after
+//     5 s, and it is waited for before a new worker is spawned: never two
+//     workers for one placement.
+// An adopted worker is not a child of this process: its end is seen by pid +
+// start time (process_group.h) and by the health checks, and it is stopped by
+// process group like the others. Stop() (SIGTERM or SIGINT to the gateway)
+// still stops every worker, adopted ones included, and removes the records.
+//
+// The orphan rule: a worker that hears no authenticated request (health
+// checks included) for SetOrphanTimeout() seconds exits (the worker's
+// --orphan-timeout), so a crashed gateway that is never restarted frees its
+// devices after that long.
+//
+// Workers are private: each gets the worker secret in its environment
+// ($SPILLWAY_WORKER_SECRET, never in argv) and refuses any request without it
+// (AuthHeaders()). The secret is kept in <state_dir>/run/worker.secret (0600,
+// created once, reused by every later gateway there, so that it can talk to
+// the workers it adopts) unless the supervisor's own environment sets one (at
+// least 16 characters: the chaos harness and tests, which talk to workers too).
 // Workers get a minimal environment: the locale, paths, GPU and ggml
 // variables, $SPILLWAY_SIM_DIR, $SPILLWAY_FAULTS and $SPILLWAY_MUTATIONS (tests), not the gateway's keys.
 //
@@ -38,12 +69,15 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "upstream/process_group.h"
+#include "upstream/worker_record.h"
 
 namespace spillway::upstream {
 
@@ -74,6 +108,7 @@ struct WorkerView {
   int64_t last_start_ms = 0;  // how long its last start took (spawn to ready), measured
   int64_t start_timeout_ms = 0;  // of its spec
   int64_t starting_since_ms = 0;  // clock time of its current start (while starting)
+  bool adopted = false;  // started by an earlier gateway on this state directory, adopted without a reload
 };
 
 class Supervisor {
@@ -88,14 +123,28 @@ class Supervisor {
   void SetStartGate(std::function<Status(const std::string& key)> gate) { gate_ = std::move(gate); }
   // Told once each time a worker becomes ready (supervisor thread, no lock held).
   void SetOnReady(std::function<void(const std::string& key, uint16_t port)> f) { on_ready_ = std::move(f); }
+  // One supervisor per state directory: claims <state_dir>/run/supervisor.lock
+  // (flock, released by the kernel when this process ends, however it ends).
+  // Refused while another live gateway holds it: adopting that one's workers
+  // would cancel its requests, and stopping them would take down its service.
+  // Start() adopts nothing without the claim.
+  Status Claim();
+  // Passed to every worker it spawns as --orphan-timeout (before Start()); 0: never.
+  void SetOrphanTimeout(double seconds) { orphan_timeout_s_ = seconds; }
+  // Which of `specs` have a worker left by an earlier gateway on this state
+  // directory that Start() would adopt. Asked before placement admission,
+  // which must not refuse a placement for the memory its own worker holds.
+  std::set<std::string> Adoptable(const std::vector<WorkerSpec>& specs) const;
+  // Adopts or stops the workers of earlier gateways (see above), then starts the others.
   void Start();
-  // SIGTERM to every worker's group, SIGKILL after `grace_ms`.
+  // SIGTERM to every worker's group (adopted ones included), SIGKILL after `grace_ms`.
   void Stop(int64_t grace_ms = 5000);
 
   // The port of a ready worker.
   std::optional<uint16_t> ReadyPort(const std::string& key) const;
   std::vector<WorkerView> Snapshot() const;
   uint64_t total_restarts() const { return restarts_.load(); }
+  uint64_t total_adopted() const { return adopted_.load(); }
   // Starts an on-demand worker that is stopped (no-op otherwise).
   void Demand(const std::string& key);
   // Stops an on-demand worker (SIGTERM, SIGKILL after 5 s); it stays stopped until Demand().
@@ -130,7 +179,24 @@ class Supervisor {
     int backoff_level = 0;
     int64_t spawned_ms = 0;
     int64_t kill_at_ms = 0;  // a released worker still exiting
+    uint64_t start_time = 0;  // of its process (/proc/<pid>/stat field 22)
+    std::string spec_hash;    // SpecHash(spec.args)
+    bool announce_ready = false;  // adopted: on_ready_ not told yet
   };
+  // Health and progress are checked this often (a hung worker is replaced
+  // within its progress timeout plus this); also what keeps a worker from
+  // counting as an orphan.
+  static constexpr int64_t kHealthPeriodMs = 500;
+  WorkerPid Process(const Worker& w) const { return {w.view.pid, w.start_time, !w.view.adopted}; }
+  // Adoption (supervisor_adoption.cpp).
+  void Adopt();
+  void AdoptOrStop(const RecordFile& file);
+  AdoptDecision Judge(WorkerRecord& record, const std::optional<std::string>& configured_hash) const;
+  Status ClearLeftovers(uint16_t port) const;
+  uint16_t PortFromFile(const std::string& key) const;
+  void WriteRecord(const Worker& w);
+  void RemoveRecord(const std::string& key);
+
   void Loop();
   void Round();
   void Spawn(Worker& w);
@@ -142,13 +208,16 @@ class Supervisor {
   std::function<void(const std::string&, uint16_t)> on_ready_;
   std::function<bool(const std::string&)> idle_;
   std::function<void(const std::string&, const std::string&)> on_exit_;
-  const std::string binary_, state_dir_;
+  const std::string binary_, state_dir_, run_dir_;
   const std::string secret_;
+  double orphan_timeout_s_ = 0;
   const Clock& clock_;
   mutable std::mutex mu_;
   std::map<std::string, Worker> workers_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> restarts_{0};
+  std::atomic<uint64_t> adopted_{0};
+  int lock_fd_ = -1;  // the claim on the state directory
   std::condition_variable cv_;
   std::thread thread_;
 };

@@ -297,6 +297,19 @@ bool Engine::Cancel(const std::string& id) {
   return true;
 }
 
+int Engine::CancelAll() {
+  std::lock_guard<std::mutex> lk(mu_);
+  int n = 0;
+  for (auto& [id, weak] : by_id_) {
+    if (auto job = weak.lock(); job && !job->cancelled) {
+      job->cancelled = true;
+      ++n;
+    }
+  }
+  cv_.notify_all();
+  return n;
+}
+
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   EngineStats s;

@@ -144,6 +144,11 @@ class Engine {
   // An id not known yet is remembered for a while: a job that arrives after
   // its cancellation (the two crossed on the wire) is refused as cancelled.
   bool Cancel(const std::string& id);
+  // Cancels every queued and running job and remembers no id: a gateway that
+  // adopts this worker after its predecessor's crash clears what nobody can
+  // receive any more, then re-runs journaled requests under their own ids.
+  // Returns how many jobs were cancelled.
+  int CancelAll();
 
   EngineStats stats() const;
   std::vector<MemoryBuffer> memory_breakdown() const;

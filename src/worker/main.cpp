@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <ggml-backend.h>
 #include <llama.h>
 
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <thread>
 
@@ -104,7 +106,15 @@ int main(int argc, char** argv) {
   app.add_flag("--dry-run", dry_run,
                "print llama.cpp's exact buffer plan for this placement as JSON (no_alloc: nothing is allocated) and exit");
   int parent_pid = 0;
-  app.add_option("--parent-pid", parent_pid, "exit when this process (the supervising gateway) dies");
+  app.add_option("--parent-pid", parent_pid,
+                 "exit when this process dies (spillway serve does not pass it: its workers outlive a gateway "
+                 "crash and are adopted by the restarted gateway; see --orphan-timeout)");
+  double orphan_timeout_s = 0;
+  app.add_option("--orphan-timeout", orphan_timeout_s,
+                 "exit after this many seconds without an authenticated request, health checks included (a "
+                 "supervising gateway checks every 0.5 s): a worker whose gateway crashed and was not restarted "
+                 "frees its device; 0 = never (spillway serve passes its --worker-orphan-timeout, 180 s)")
+      ->check(CLI::Range(0.0, 86400.0 * 365))->capture_default_str();
   app.add_flag("-v,--verbose", verbose, "log llama.cpp's info messages");
   bool no_auth = false;
   app.add_flag("--no-auth", no_auth,
@@ -219,6 +229,24 @@ int main(int argc, char** argv) {
     server.Stop();
     ioc.stop();
   });
+  // The orphan rule: no gateway has called for --orphan-timeout seconds (it
+  // crashed and no restarted one adopted this worker), so nobody ever will.
+  boost::asio::steady_timer orphan_timer(ioc);
+  const auto orphan_after = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(orphan_timeout_s));
+  std::function<void()> watch_orphan = [&] {
+    orphan_timer.expires_after(std::min<std::chrono::steady_clock::duration>(std::chrono::seconds(1), orphan_after / 4));
+    orphan_timer.async_wait([&](const boost::system::error_code& ec) {
+      if (ec) return;
+      if (std::chrono::steady_clock::now() - service.last_caller() < orphan_after) return watch_orphan();
+      nlohmann::json j = {{"orphan", true}, {"orphan_timeout_s", orphan_timeout_s},
+                          {"message", "no request from a gateway within --orphan-timeout: exiting"}};
+      std::fprintf(stderr, "%s\n", j.dump().c_str());
+      server.Stop();
+      ioc.stop();
+    });
+  };
+  if (orphan_timeout_s > 0) watch_orphan();
   std::signal(SIGPIPE, SIG_IGN);
   std::vector<std::thread> io_threads;
   for (int i = 0; i < 1; ++i) io_threads.emplace_back([&ioc] { http::RunLogged(ioc, "spillway-worker"); });

@@ -2,6 +2,8 @@
 
 #include "protocol/worker_protocol.h"
 
+#include <unistd.h>
+
 #include <ggml-backend.h>
 
 #include <nlohmann/json.hpp>
@@ -98,6 +100,7 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
   const unsigned v = req.version();
   auto respond_error = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
   if (Status st = CheckCaller(req); !st.ok()) return respond_error(st);
+  last_caller_.store(std::chrono::steady_clock::now().time_since_epoch().count());
 
   if (path == "/health") {
     if (method != bhttp::verb::get) return respond_error(Status(StatusCode::kInvalidArgument, "use GET"));
@@ -120,6 +123,9 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
                                         {"created", std::chrono::duration_cast<std::chrono::seconds>(
                                                         started_.time_since_epoch()).count()}}})}};
     return ex->Respond(JsonResponse(200, body, v));
+  }
+  if (path == "/v1/worker/requests" && method == bhttp::verb::delete_) {
+    return ex->Respond(JsonResponse(200, json{{"cancelled", engine_.CancelAll()}}, v));
   }
   static const std::string kCancelPrefix = "/v1/worker/requests/";
   if (path.rfind(kCancelPrefix, 0) == 0 && method == bhttp::verb::delete_) {
@@ -351,6 +357,7 @@ json WorkerService::Info() const {
   if (auto* cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)) add_device(cpu);
   const int version = protocol::kWorkerProtocolVersion + (MutationActive("protocol-skew") ? 1 : 0);  // tests only
   return {{"protocol_version", version},
+          {"pid", ::getpid()},  // an adopting gateway checks that its record's process answers
           {"model", model_.Describe()},
           {"placement", placement_.ToJson()},
           {"fingerprint", model_.fingerprint().ToJson()},

@@ -8,6 +8,7 @@
 //   POST   /v1/completions            (stream and non-stream)
 //   POST   /v1/embeddings
 //   DELETE /v1/worker/requests/{id}   cancel a queued or running request
+//   DELETE /v1/worker/requests        cancel them all (a gateway adopting this worker after a crash)
 //   POST   /v1/worker/tokenize        ?endpoint=chat|completion: the prompt's token count
 //   POST   /v1/worker/faults          {"faults": ["fail-next=kv", ...]} arm faults (sim devices)
 //
@@ -51,6 +52,11 @@ class WorkerService {
   void Handle(http::Request req, std::shared_ptr<http::Exchange> ex);
 
   nlohmann::json Info() const;
+  // When the last request that passed CheckCaller() arrived (health checks
+  // included), or construction: the orphan rule's clock (worker/main.cpp).
+  std::chrono::steady_clock::time_point last_caller() const {
+    return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(last_caller_.load()));
+  }
 
  private:
   // Loopback Host, no browser Origin, the worker secret.
@@ -73,6 +79,7 @@ class WorkerService {
   std::mutex rng_mu_;
   std::mt19937_64 rng_;
   std::atomic<uint64_t> requests_{0};
+  std::atomic<std::chrono::steady_clock::rep> last_caller_{std::chrono::steady_clock::now().time_since_epoch().count()};
 };
 
 }  // namespace spillway::worker

@@ -9,10 +9,13 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "api/http_client.h"
+#include "upstream/process_group.h"
+#include "upstream/worker_record.h"
 #include "worker_process.h"
 
 extern char** environ;
@@ -51,12 +54,21 @@ bool GatewayProcess::Start(std::chrono::seconds timeout, bool wait_ready) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (char** e = environ; *e; ++e) {
+    const std::string_view kv(*e);
+    bool drop = false;
+    for (const auto& name : unset_env_) drop |= kv.substr(0, kv.find('=')) == name;
+    if (!drop) envp.push_back(*e);
+  }
+  envp.push_back(nullptr);
+  crashed_ = false;
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   const std::string out = dir_ + "/gateway.log";
   posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) return false;
+  if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data()) != 0) return false;
   posix_spawn_file_actions_destroy(&fa);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   port_ = 0;
@@ -86,8 +98,7 @@ void GatewayProcess::Kill9() {
   kill(pid_, SIGKILL);
   waitpid(pid_, nullptr, 0);
   pid_ = -1;
-  // Give the workers' parent-death signal time to land.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  crashed_ = true;
 }
 
 void GatewayProcess::Stop() {
@@ -114,6 +125,13 @@ std::string GatewayProcess::Output() const {
 
 GatewayProcess::~GatewayProcess() {
   Stop();
+  if (crashed_) {
+    // Nobody adopted the workers of the killed gateway: end them now rather
+    // than at their orphan timeout (by pid + start time: never a stranger).
+    for (const auto& f : upstream::ReadWorkerRecords(state_dir_ + "/run")) {
+      if (f.record.ok()) upstream::StopGroup({f.record->pid, f.record->start_time, /*child=*/false}, 0);
+    }
+  }
   std::error_code ec;
   fs::remove_all(dir_, ec);
   if (own_state_) fs::remove_all(state_dir_, ec);

@@ -1,5 +1,6 @@
 // Starts a real `spillway serve` on port 0 with a test config, for
-// integration tests; stops it (and its workers) when destroyed.
+// integration tests; stops it (and its workers) when destroyed, and after a
+// Kill9() that no Start() followed, also the workers it left serving.
 #pragma once
 
 #include <sys/types.h>
@@ -20,7 +21,10 @@ class GatewayProcess {
   ~GatewayProcess();
   // Waits for /readyz (or, without `wait_ready`, for the port only).
   bool Start(std::chrono::seconds timeout = std::chrono::seconds(60), bool wait_ready = true);
-  void Kill9();   // the gateway only; its workers die with it (parent-death signal)
+  // The gateway only: its workers live on (see upstream/supervisor.h), for
+  // the next Start() on the same state directory to adopt, or until their
+  // orphan timeout.
+  void Kill9();
   void Stop();    // SIGTERM and wait
   uint16_t port() const { return port_; }
   pid_t pid() const { return pid_; }
@@ -28,13 +32,17 @@ class GatewayProcess {
   void SetCommandPrefix(std::vector<std::string> prefix) { prefix_ = std::move(prefix); }
   // Arguments after `spillway serve ...`, e.g. {"--keep-going"} (before Start()).
   void SetExtraArgs(std::vector<std::string> extra) { extra_ = std::move(extra); }
+  // Starts the gateway without this variable of the test's environment
+  // (e.g. $SPILLWAY_WORKER_SECRET, to have it keep its own).
+  void UnsetEnv(std::string name) { unset_env_.push_back(std::move(name)); }
   const std::string& state_dir() const { return state_dir_; }
   std::string Output() const;
 
  private:
   std::string dir_, state_dir_, config_path_;
-  std::vector<std::string> prefix_, extra_;
+  std::vector<std::string> prefix_, extra_, unset_env_;
   bool own_state_ = false;
+  bool crashed_ = false;  // killed with -9 and not started again: its workers are ours to clean up
   pid_t pid_ = -1;
   uint16_t port_ = 0;
 };

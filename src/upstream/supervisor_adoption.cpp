@@ -1,0 +1,190 @@
+// Supervisor: the records of its workers and the adoption of the workers an
+// earlier gateway on the same state directory left behind (supervisor.h).
+#include "upstream/supervisor.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "api/http_client.h"
+#include "common/private_files.h"
+#include "common/survive.h"
+#include "devices/sim_ledger.h"
+#include "protocol/worker_protocol.h"
+
+namespace spillway::upstream {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// How long the work an adopted worker still ran for the dead gateway may take
+// to end once cancelled (a decode step; a worker slower than that is replaced).
+constexpr auto kDrainTimeout = std::chrono::seconds(10);
+// A worker of the previous gateway that must go gets this long after SIGTERM.
+constexpr int64_t kStopGraceMs = 5000;
+
+}  // namespace
+
+Status Supervisor::Claim() {
+  if (lock_fd_ >= 0) return Status::Ok();
+  const std::string path = run_dir_ + "/supervisor.lock";
+  // Close-on-exec: a worker holding it would keep the claim past a crash.
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, kPrivateFileMode);
+  if (fd < 0) return Status::Unavailable("cannot open " + path + ": " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char holder[32] = {0};
+    const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
+    ::close(fd);
+    std::string pid = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "?";
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    return Status::Unavailable("another gateway (pid " + pid + ") is running on state directory " + state_dir_ +
+                               "; stop it first or use another --state-dir");
+  }
+  // The holder's pid, for the refusal above; failing to write it costs only that message.
+  const std::string me = std::to_string(::getpid()) + "\n";
+  const bool named = ::ftruncate(fd, 0) == 0 && ::pwrite(fd, me.data(), me.size(), 0) > 0;
+  (void)named;
+  lock_fd_ = fd;
+  return Status::Ok();
+}
+
+uint16_t Supervisor::PortFromFile(const std::string& key) const {
+  std::ifstream f(run_dir_ + "/" + key + ".port");  // in the private state directory
+  int port = 0;
+  return f >> port && port > 0 && port <= 65535 ? static_cast<uint16_t>(port) : 0;
+}
+
+void Supervisor::WriteRecord(const Worker& w) {
+  const WorkerRecord r{w.spec.key, w.view.pid, w.start_time, w.view.port, w.spec_hash,
+                       protocol::kWorkerProtocolVersion};
+  if (Status st = WritePrivateFileAtomically(RecordPath(run_dir_, w.spec.key), RecordToJson(r)); !st.ok()) {
+    std::fprintf(stderr, "spillway: worker %s will not be adopted after a crash: %s\n", w.spec.key.c_str(),
+                 st.message().c_str());
+  }
+}
+
+void Supervisor::RemoveRecord(const std::string& key) {
+  std::error_code ec;
+  fs::remove(RecordPath(run_dir_, key), ec);
+}
+
+AdoptDecision Supervisor::Judge(WorkerRecord& record, const std::optional<std::string>& configured_hash) const {
+  const bool alive = devices::ProcessAlive(record.pid, record.start_time);
+  // Recorded while it loaded; it may have finished since (its own port file says).
+  if (alive && record.port == 0) record.port = PortFromFile(record.key);
+  std::optional<WorkerInfoFacts> info;
+  if (alive && configured_hash == record.spec_hash && record.port != 0) {
+    auto r = http::Fetch("127.0.0.1", record.port, "GET", "/v1/worker/info", "", AuthHeaders(),
+                         std::chrono::seconds(2));
+    const nlohmann::json j = r.ok() && r->status == 200 ? nlohmann::json::parse(r->body, nullptr, false)
+                                                        : nlohmann::json();
+    if (j.is_object()) {
+      info = WorkerInfoFacts{j.value("protocol_version", 0), static_cast<pid_t>(j.value("pid", 0))};
+    }
+  }
+  return DecideAdoption(record, configured_hash, protocol::kWorkerProtocolVersion, alive, info);
+}
+
+Status Supervisor::ClearLeftovers(uint16_t port) const {
+  auto r = http::Fetch("127.0.0.1", port, "DELETE", "/v1/worker/requests", "", AuthHeaders(), std::chrono::seconds(2));
+  if (!r.ok() || r->status != 200) {
+    return Status::Unavailable("it did not cancel the previous gateway's requests (" +
+                               (r.ok() ? "HTTP " + std::to_string(r->status) : r.status().message()) + ")");
+  }
+  const auto deadline = std::chrono::steady_clock::now() + kDrainTimeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto info = http::Fetch("127.0.0.1", port, "GET", "/v1/worker/info", "", AuthHeaders(), std::chrono::seconds(2));
+    const nlohmann::json j =
+        info.ok() && info->status == 200 ? nlohmann::json::parse(info->body, nullptr, false) : nlohmann::json();
+    if (j.is_object() && j.contains("slots") && j["slots"].value("busy", 1) == 0 && j["slots"].value("queued", 1) == 0) {
+      return Status::Ok();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return Status::Unavailable("the previous gateway's requests did not end within 10 s of their cancellation");
+}
+
+std::set<std::string> Supervisor::Adoptable(const std::vector<WorkerSpec>& specs) const {
+  std::set<std::string> out;
+  for (const auto& f : ReadWorkerRecords(run_dir_)) {
+    if (!f.record.ok()) continue;
+    for (const auto& spec : specs) {
+      WorkerRecord r = *f.record;
+      if (spec.key == f.key && Judge(r, SpecHash(spec.args)).action == AdoptAction::kAdopt) out.insert(f.key);
+    }
+  }
+  return out;
+}
+
+void Supervisor::Adopt() {
+  if (Status st = Claim(); !st.ok()) {
+    std::fprintf(stderr, "spillway: no worker adopted: %s\n", st.message().c_str());
+    return;
+  }
+  for (const auto& f : ReadWorkerRecords(run_dir_)) {
+    RunSurviving("spillway: adopting a worker", [&] { AdoptOrStop(f); });
+  }
+}
+
+void Supervisor::AdoptOrStop(const RecordFile& f) {
+  if (!f.record.ok()) {
+    std::fprintf(stderr, "spillway: ignoring worker record %s: %s\n", f.path.c_str(), f.record.status().message().c_str());
+    RemoveRecord(f.key);
+    return;
+  }
+  WorkerRecord rec = *f.record;
+  std::optional<std::string> hash;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (auto it = workers_.find(rec.key); it != workers_.end()) hash = it->second.spec_hash;
+  }
+  AdoptDecision d = Judge(rec, hash);
+  if (d.action == AdoptAction::kAdopt) {
+    if (Status st = ClearLeftovers(rec.port); !st.ok()) d = {AdoptAction::kStop, st.message()};
+  }
+  switch (d.action) {
+    case AdoptAction::kForget:
+      RemoveRecord(rec.key);
+      return;
+    case AdoptAction::kStop: {
+      const bool ended = StopGroup({rec.pid, rec.start_time, /*child=*/false}, kStopGraceMs);
+      std::fprintf(stderr, "spillway: worker %s of the previous gateway (pid %d) %s: %s\n", rec.key.c_str(),
+                   static_cast<int>(rec.pid), ended ? "stopped" : "could NOT be stopped", d.reason.c_str());
+      RemoveRecord(rec.key);
+      return;
+    }
+    case AdoptAction::kAdopt:
+      break;
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  Worker& w = workers_.at(rec.key);
+  const int64_t now = clock_.NowMs();
+  w.view.pid = rec.pid;
+  w.view.port = rec.port;
+  w.view.state = WorkerState::kReady;
+  w.view.adopted = true;
+  w.view.last_start_ms = 0;  // nothing was loaded
+  w.start_time = rec.start_time;
+  w.spawned_ms = now;
+  w.ready_since_ms = now;
+  w.next_health_ms = now + kHealthPeriodMs;
+  w.health_failures = 0;
+  w.announce_ready = true;
+  WriteRecord(w);  // with the port it may have had only in its port file
+  ++adopted_;
+  std::fprintf(stderr, "spillway: worker %s adopted from the previous gateway (pid %d, port %u): serving on, no reload\n",
+               rec.key.c_str(), static_cast<int>(rec.pid), static_cast<unsigned>(rec.port));
+}
+
+}  // namespace spillway::upstream

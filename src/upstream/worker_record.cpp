@@ -1,0 +1,134 @@
+#include "upstream/worker_record.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/hash.h"
+
+namespace spillway::upstream {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr std::string_view kRecordSuffix = ".json";
+
+bool IsHex64(const std::string& s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+}  // namespace
+
+std::string RecordToJson(const WorkerRecord& r) {
+  return json{{"key", r.key},
+              {"pid", r.pid},
+              {"start_time", r.start_time},
+              {"port", r.port},
+              {"spec_hash", r.spec_hash},
+              {"protocol_version", r.protocol_version}}
+             .dump() +
+         "\n";
+}
+
+StatusOr<WorkerRecord> ParseWorkerRecord(std::string_view text) {
+  const json j = json::parse(text, nullptr, false);
+  if (!j.is_object()) return Status::InvalidArgument("not a JSON object");
+  auto bad = [](const char* field) { return Status::InvalidArgument(std::string("missing or bad '") + field + "'"); };
+  WorkerRecord r;
+  if (!j.contains("key") || !j["key"].is_string() || j["key"].get<std::string>().empty()) return bad("key");
+  r.key = j["key"].get<std::string>();
+  if (!j.contains("pid") || !j["pid"].is_number_integer() || j["pid"].get<int64_t>() <= 1 ||
+      j["pid"].get<int64_t>() > (int64_t{1} << 22)) {
+    return bad("pid");  // never 0, -1 or init: kill(-pid) of those would reach far too much
+  }
+  r.pid = static_cast<pid_t>(j["pid"].get<int64_t>());
+  if (!j.contains("start_time") || !j["start_time"].is_number_unsigned() || j["start_time"].get<uint64_t>() == 0) {
+    return bad("start_time");
+  }
+  r.start_time = j["start_time"].get<uint64_t>();
+  if (!j.contains("port") || !j["port"].is_number_unsigned() || j["port"].get<uint64_t>() > 65535) return bad("port");
+  r.port = static_cast<uint16_t>(j["port"].get<uint64_t>());
+  if (!j.contains("spec_hash") || !j["spec_hash"].is_string() || !IsHex64(j["spec_hash"].get<std::string>())) {
+    return bad("spec_hash");
+  }
+  r.spec_hash = j["spec_hash"].get<std::string>();
+  if (!j.contains("protocol_version") || !j["protocol_version"].is_number_integer()) return bad("protocol_version");
+  r.protocol_version = j["protocol_version"].get<int>();
+  return r;
+}
+
+std::string SpecHash(const std::vector<std::string>& args) {
+  std::string all;
+  for (const auto& a : args) all += std::to_string(a.size()) + ":" + a + ";";
+  return Sha256Hex(all);
+}
+
+std::string RecordPath(const std::string& run_dir, const std::string& key) {
+  return run_dir + "/" + key + std::string(kRecordSuffix);
+}
+
+std::vector<RecordFile> ReadWorkerRecords(const std::string& run_dir) {
+  std::vector<RecordFile> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(run_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= kRecordSuffix.size() || !name.ends_with(kRecordSuffix)) continue;
+    // Regular files only: a link planted in the run directory is not followed.
+    if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
+    RecordFile f{name.substr(0, name.size() - kRecordSuffix.size()), it->path().string(),
+                 Status::NotFound("unread")};
+    std::ifstream in(f.path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    f.record = ParseWorkerRecord(ss.str());
+    if (f.record.ok() && f.record->key != f.key) {
+      f.record = Status::InvalidArgument("its key '" + f.record->key + "' is not its file name's");
+    }
+    out.push_back(std::move(f));
+  }
+  std::sort(out.begin(), out.end(), [](const RecordFile& a, const RecordFile& b) { return a.key < b.key; });
+  return out;
+}
+
+const char* AdoptActionName(AdoptAction a) {
+  switch (a) {
+    case AdoptAction::kAdopt: return "adopt";
+    case AdoptAction::kForget: return "forget";
+    case AdoptAction::kStop: return "stop";
+  }
+  return "unknown";
+}
+
+AdoptDecision DecideAdoption(const WorkerRecord& record, const std::optional<std::string>& configured_hash,
+                             int protocol_version, bool alive, const std::optional<WorkerInfoFacts>& info) {
+  const std::string pid = "pid " + std::to_string(record.pid);
+  // First: is it ours at all? A pid that now names another process must never be signalled.
+  if (!alive) return {AdoptAction::kForget, pid + " is gone or is another process now (start time differs)"};
+  if (!configured_hash) return {AdoptAction::kStop, "placement no longer configured or admitted"};
+  if (record.spec_hash != *configured_hash) return {AdoptAction::kStop, "its spec changed (model, device, ctx...)"};
+  if (record.protocol_version != protocol_version) {
+    return {AdoptAction::kStop, "it was started for protocol version " + std::to_string(record.protocol_version) +
+                                    ", this gateway speaks " + std::to_string(protocol_version)};
+  }
+  if (record.port == 0) return {AdoptAction::kStop, "it was still loading (no port)"};
+  if (!info) return {AdoptAction::kStop, "it does not answer GET /v1/worker/info on port " +
+                                             std::to_string(record.port) + " with the worker secret"};
+  if (info->pid != record.pid) {
+    return {AdoptAction::kStop, "port " + std::to_string(record.port) + " is answered by pid " +
+                                    std::to_string(info->pid) + ", not by " + pid};
+  }
+  if (info->protocol_version != protocol_version) {
+    return {AdoptAction::kStop, "it speaks protocol version " + std::to_string(info->protocol_version) +
+                                    ", this gateway " + std::to_string(protocol_version)};
+  }
+  return {AdoptAction::kAdopt, pid + " on port " + std::to_string(record.port)};
+}
+
+}  // namespace spillway::upstream

@@ -1,0 +1,78 @@
+// Worker records: what a gateway writes about each worker it starts, so that
+// the next gateway on the same state directory can find it after a crash.
+//
+// One file per placement, <state_dir>/run/<key>.json (mode 0600, written
+// atomically): the worker's pid and that process's start time (field 22 of
+// /proc/<pid>/stat, so a pid reused by another process is never mistaken for
+// the worker), its port (0 while it loads), a hash of its spec arguments and
+// the gateway-worker protocol version it speaks.
+//
+// The adoption decision is a pure function of a record, what the system says
+// of its process and what the worker answers: see DecideAdoption().
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace spillway::upstream {
+
+struct WorkerRecord {
+  std::string key;
+  pid_t pid = 0;
+  uint64_t start_time = 0;  // clock ticks since boot, from /proc/<pid>/stat
+  uint16_t port = 0;        // 0: not listening yet when written
+  std::string spec_hash;    // SpecHash() of the worker's WorkerSpec::args
+  int protocol_version = 0;
+};
+
+std::string RecordToJson(const WorkerRecord& r);
+// Refuses anything that is not a complete record (a file of another version,
+// a truncated or planted one) with the reason.
+StatusOr<WorkerRecord> ParseWorkerRecord(std::string_view text);
+
+// SHA-256 over the arguments, each length-prefixed so that {"a b"} and
+// {"a", "b"} differ. Any change of model, device, context, slots... changes it.
+std::string SpecHash(const std::vector<std::string>& args);
+
+// <dir>/<key>.json for each key; the records of `dir` (file name = key).
+std::string RecordPath(const std::string& run_dir, const std::string& key);
+struct RecordFile {
+  std::string key, path;
+  StatusOr<WorkerRecord> record;
+};
+std::vector<RecordFile> ReadWorkerRecords(const std::string& run_dir);
+
+// What the worker said to GET /v1/worker/info with the secret; nullopt when it
+// did not answer 200 (gone, hung, another secret, not a worker).
+struct WorkerInfoFacts {
+  int protocol_version = 0;
+  pid_t pid = 0;  // the process that answered
+};
+
+enum class AdoptAction {
+  kAdopt,   // serve on with it: ready at once, nothing reloaded
+  kForget,  // its process is gone or the pid is now another process: drop the record, touch nothing
+  kStop,    // ours but not what the config wants now (or not talking): stop its group, start anew
+};
+const char* AdoptActionName(AdoptAction a);
+
+struct AdoptDecision {
+  AdoptAction action;
+  std::string reason;  // why, for the log line
+};
+
+// `configured_hash`: SpecHash() of the current spec for the record's key,
+// nullopt when the key is no longer configured (or not admitted now).
+// `alive`: the record's pid exists with the record's start time (not a zombie).
+// `info`: the worker's answer on the record's port, asked only when alive.
+AdoptDecision DecideAdoption(const WorkerRecord& record, const std::optional<std::string>& configured_hash,
+                             int protocol_version, bool alive, const std::optional<WorkerInfoFacts>& info);
+
+}  // namespace spillway::upstream

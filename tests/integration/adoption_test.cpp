@@ -1,0 +1,287 @@
+// Workers outlive a crash of the gateway and are adopted by the next one on
+// the same state directory (upstream/supervisor.h): real gateway and worker
+// processes, port 0, conditions waited for rather than fixed sleeps.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "api/http_client.h"
+#include "devices/sim_ledger.h"
+#include "gateway_calls.h"
+#include "gateway_process.h"
+#include "worker_process.h"
+
+namespace spillway::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Steady = std::chrono::steady_clock;
+
+// A state directory of the test's own, shared by the gateways it starts
+// (declared before them: removed after they are gone).
+struct StateDir {
+  std::string path;
+  StateDir() {
+    std::string t = (fs::temp_directory_path() / "spillway-adopt-XXXXXX").string();
+    path = std::string(mkdtemp(t.data())) + "/state";
+  }
+  ~StateDir() {
+    std::error_code ec;
+    fs::remove_all(fs::path(path).parent_path(), ec);
+  }
+};
+
+// Each placement's worker in /v1/status, by key ("chat.0", "embed.0").
+std::map<std::string, json> Workers(uint16_t port) {
+  std::map<std::string, json> out;
+  auto r = http::Fetch("127.0.0.1", port, "GET", "/v1/status", "", {}, std::chrono::seconds(10));
+  if (!r.ok() || r->status != 200) return out;
+  const json s = Body(*r);
+  for (const auto& svc : s["services"]) {
+    for (const auto& p : svc["placements"]) out[p["key"].get<std::string>()] = p;
+  }
+  return out;
+}
+
+// Starts `gw` and lists its workers (none when it did not start: the test fails there).
+std::map<std::string, json> Started(GatewayProcess& gw) {
+  const bool started = gw.Start();
+  EXPECT_TRUE(started) << gw.Output();
+  return started ? Workers(gw.port()) : std::map<std::string, json>{};
+}
+
+pid_t PidOf(const json& w) { return w.value("pid", 0); }
+
+// Exists and is not a zombie (an orphaned worker is reaped by init, maybe late).
+bool Alive(pid_t pid) { return pid > 0 && devices::ProcessAlive(pid, 0); }
+
+template <class F>
+bool WaitFor(F done, std::chrono::seconds timeout) {
+  const auto deadline = Steady::now() + timeout;
+  while (Steady::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return done();
+}
+
+// Live worker processes of `key` in `state_dir`, whoever started them (their
+// command line names the key's port file).
+int LiveWorkersOf(const std::string& state_dir, const std::string& key) {
+  const std::string needle = state_dir + "/run/" + key + ".port";
+  int n = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(it->path() / "cmdline");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (ss.str().find(needle) != std::string::npos && Alive(std::stoi(name))) ++n;
+  }
+  return n;
+}
+
+TEST(WorkerAdoptionTest, Kill9ThenRestartServesOnTheSameWorkersWithoutReload) {
+  StateDir state;
+  GatewayProcess gw(TestConfig(2), state.path);
+  const auto before = Started(gw);
+  const pid_t chat = PidOf(before.at("chat.0")), embed = PidOf(before.at("embed.0"));
+  ASSERT_GT(chat, 0);
+  EXPECT_FALSE(before.at("chat.0")["adopted"].get<bool>());
+  EXPECT_EQ(Call(gw.port(), "POST", "/v1/chat/completions", Chat(4)).status, 200);
+
+  gw.Kill9();
+  EXPECT_TRUE(Alive(chat)) << "the chat worker died with its gateway";
+  EXPECT_TRUE(Alive(embed)) << "the embed worker died with its gateway";
+
+  const auto after = Started(gw);
+  for (const auto& [key, pid] : std::map<std::string, pid_t>{{"chat.0", chat}, {"embed.0", embed}}) {
+    const json& w = after.at(key);
+    EXPECT_EQ(PidOf(w), pid) << key << " was started again: " << w.dump();
+    EXPECT_TRUE(w["adopted"].get<bool>()) << w.dump();
+    EXPECT_EQ(w["state"], "ready");
+    EXPECT_EQ(w["restarts"], 0);
+  }
+  // Served at once, by the adopted worker, with the kept secret.
+  auto r = Call(gw.port(), "POST", "/v1/chat/completions", Chat(4));
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(gw.Output().find("worker chat.0 adopted from the previous gateway (pid " + std::to_string(chat)),
+            std::string::npos)
+      << gw.Output();
+}
+
+TEST(WorkerAdoptionTest, ASurvivingWorkerHoldsNothingOfTheDeadGateway) {
+  StateDir state;
+  GatewayProcess gw(TestConfig(2), state.path);
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  // Restarted while the gateway listens: spawned after its listening socket exists.
+  const pid_t first = PidOf(Workers(gw.port()).at("chat.0"));
+  kill(-first, SIGKILL);
+  json w;
+  ASSERT_TRUE(WaitFor([&] {
+    w = Workers(gw.port())["chat.0"];
+    return w.value("state", "") == "ready" && PidOf(w) != first;
+  }, std::chrono::seconds(30))) << w.dump();
+  const uint16_t old_port = gw.port();
+  gw.Kill9();
+  ASSERT_TRUE(Alive(PidOf(w)));
+  // Refused at once, not queued on a listening socket the worker inherited.
+  const auto t0 = Steady::now();
+  auto r = http::Fetch("127.0.0.1", old_port, "GET", "/healthz", "", {}, std::chrono::seconds(5));
+  EXPECT_FALSE(r.ok()) << "something still listens on the dead gateway's port";
+  EXPECT_LT(Steady::now() - t0, std::chrono::seconds(2)) << "a client of the dead gateway hung";
+}
+
+TEST(WorkerAdoptionTest, ChangedConfigStopsTheOldWorkerBeforeItsReplacementNeverTwo) {
+  StateDir state;
+  GatewayProcess first(TestConfig(2), state.path);
+  GatewayProcess changed(TestConfig(1), state.path);  // chat: other ctx and slots; embed as it was
+  const auto before = Started(first);
+  const pid_t old_chat = PidOf(before.at("chat.0")), embed = PidOf(before.at("embed.0"));
+  first.Kill9();
+  ASSERT_TRUE(Alive(old_chat));
+
+  // Sampled all through the restart: never two chat workers at once.
+  std::atomic<bool> sampling{true};
+  std::atomic<int> most{0};
+  std::thread sampler([&] {
+    while (sampling) {
+      most = std::max(most.load(), LiveWorkersOf(state.path, "chat.0"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  const bool started = changed.Start();
+  sampling = false;
+  sampler.join();
+  ASSERT_TRUE(started) << changed.Output();
+  EXPECT_LE(most.load(), 1) << "two chat workers ran at once";
+  EXPECT_FALSE(Alive(old_chat)) << "the worker of the old config is still running";
+
+  const auto after = Workers(changed.port());
+  EXPECT_NE(PidOf(after.at("chat.0")), old_chat);
+  EXPECT_FALSE(after.at("chat.0")["adopted"].get<bool>());
+  EXPECT_EQ(PidOf(after.at("embed.0")), embed) << "the unchanged placement was not adopted";
+  EXPECT_TRUE(after.at("embed.0")["adopted"].get<bool>());
+  EXPECT_NE(changed.Output().find("worker chat.0 of the previous gateway (pid " + std::to_string(old_chat) +
+                                  ") stopped: its spec changed"),
+            std::string::npos)
+      << changed.Output();
+  EXPECT_EQ(Call(changed.port(), "POST", "/v1/chat/completions", Chat(4)).status, 200);
+}
+
+TEST(WorkerAdoptionTest, RecordOfAGoneOrReusedPidIsNotAdoptedAndItsProcessNotSignalled) {
+  StateDir state;
+  GatewayProcess gw(TestConfig(2), state.path);
+  const auto before = Started(gw);
+  const pid_t chat = PidOf(before.at("chat.0")), embed = PidOf(before.at("embed.0"));
+  gw.Kill9();
+  // chat.0's process is gone.
+  kill(-chat, SIGKILL);
+  ASSERT_TRUE(WaitFor([&] { return !Alive(chat); }, std::chrono::seconds(10)));
+  // embed.0's pid now stands for another process: its start time is not the recorded one.
+  const std::string record = state.path + "/run/embed.0.json";
+  json r = json::parse(std::ifstream(record), nullptr, false);
+  ASSERT_TRUE(r.is_object());
+  r["start_time"] = r["start_time"].get<uint64_t>() + 1;
+  std::ofstream(record, std::ios::trunc) << r.dump();
+
+  const auto after = Started(gw);
+  EXPECT_NE(PidOf(after.at("chat.0")), chat);
+  EXPECT_FALSE(after.at("chat.0")["adopted"].get<bool>());
+  EXPECT_NE(PidOf(after.at("embed.0")), embed);
+  EXPECT_FALSE(after.at("embed.0")["adopted"].get<bool>());
+  EXPECT_TRUE(Alive(embed)) << "a process that merely holds a recorded pid was signalled";
+  kill(-embed, SIGKILL);  // the test's stranger, to be cleaned up here
+  EXPECT_EQ(Call(gw.port(), "POST", "/v1/chat/completions", Chat(4)).status, 200);
+}
+
+TEST(WorkerAdoptionTest, SigtermStopsEveryWorkerAdoptedOnesIncluded) {
+  StateDir state;
+  GatewayProcess gw(TestConfig(2), state.path);
+  const auto fresh = Started(gw);
+  gw.Stop();
+  for (const auto& [key, w] : fresh) EXPECT_FALSE(Alive(PidOf(w))) << key << " outlived a SIGTERM to its gateway";
+
+  const auto spawned = Started(gw);
+  gw.Kill9();
+  const auto adopted = Started(gw);
+  for (const auto& [key, w] : adopted) {
+    EXPECT_TRUE(w["adopted"].get<bool>()) << key;
+    EXPECT_EQ(PidOf(w), PidOf(spawned.at(key))) << key;
+  }
+  gw.Stop();
+  for (const auto& [key, w] : adopted) {
+    EXPECT_FALSE(Alive(PidOf(w))) << key << " (adopted) outlived a SIGTERM to its gateway";
+  }
+  std::error_code ec;
+  for (fs::directory_iterator it(state.path + "/run", ec), end; !ec && it != end; it.increment(ec)) {
+    EXPECT_NE(it->path().extension(), ".json") << it->path() << " left behind by a clean stop";
+  }
+}
+
+TEST(WorkerAdoptionTest, WorkersWithoutAGatewayExitAfterTheirOrphanTimeout) {
+  StateDir state;
+  GatewayProcess gw(TestConfig(2), state.path);
+  gw.SetExtraArgs({"--worker-orphan-timeout", "2"});
+  const auto workers = Started(gw);
+  // A gateway that lives keeps them (its health checks count): proving a
+  // negative takes the timeout and some.
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  for (const auto& [key, w] : Workers(gw.port())) {
+    EXPECT_EQ(PidOf(w), PidOf(workers.at(key))) << key << " left a living gateway";
+    EXPECT_EQ(w["restarts"], 0) << key;
+  }
+  const auto killed = Steady::now();
+  gw.Kill9();
+  for (const auto& [key, w] : workers) {
+    EXPECT_TRUE(WaitFor([&] { return !Alive(PidOf(w)); }, std::chrono::seconds(30))) << key << " never left";
+  }
+  EXPECT_GE(Steady::now() - killed, std::chrono::milliseconds(1500)) << "they did not outlive the gateway";
+  std::ifstream log(state.path + "/logs/chat.0.log");
+  std::stringstream ss;
+  ss << log.rdbuf();
+  EXPECT_NE(ss.str().find("\"orphan\":true"), std::string::npos) << ss.str();
+}
+
+TEST(WorkerAdoptionTest, TheSecretKeptInTheStateDirectoryLetsARestartedGatewayAdopt) {
+  StateDir state;
+  GatewayProcess gw(TestConfig(2), state.path);
+  gw.UnsetEnv("SPILLWAY_WORKER_SECRET");  // the gateway keeps its own
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  const std::string path = state.path + "/run/worker.secret";
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0) << "no kept secret";
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  std::string secret;
+  std::ifstream(path) >> secret;
+  const auto before = Workers(gw.port());
+  const uint16_t worker_port = before.at("chat.0")["port"];
+  auto with = [&](const std::string& s) {
+    auto r = http::Fetch("127.0.0.1", worker_port, "GET", "/health", "", {{"Authorization", "Bearer " + s}});
+    return r.ok() ? static_cast<int>(r->status) : 0;
+  };
+  EXPECT_EQ(with(secret), 200);
+  EXPECT_EQ(with(TestWorkerSecret()), 401);  // not the environment's
+
+  gw.Kill9();
+  const auto after = Started(gw);
+  EXPECT_EQ(PidOf(after.at("chat.0")), PidOf(before.at("chat.0")));
+  EXPECT_TRUE(after.at("chat.0")["adopted"].get<bool>());
+  EXPECT_EQ(Call(gw.port(), "POST", "/v1/chat/completions", Chat(4)).status, 200);
+}
+
+}  // namespace
+}  // namespace spillway::testing

@@ -1,0 +1,231 @@
+// Worker records and the adoption decision (upstream/worker_record.h), the
+// kept worker secret (upstream/worker_secret.h) and stopping a process group
+// that is not our child (upstream/process_group.h).
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "common/clock.h"
+#include "common/secret.h"
+#include "devices/sim_ledger.h"
+#include "upstream/process_group.h"
+#include "upstream/supervisor.h"
+#include "upstream/worker_record.h"
+#include "upstream/worker_secret.h"
+
+namespace spillway::upstream {
+namespace {
+
+namespace fs = std::filesystem;
+
+WorkerRecord Sample() {
+  return {"chat.0", 4242, 987654, 40123, SpecHash({"--model", "m.gguf", "--ctx", "4096"}), 1};
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "spillway-rec-XXXXXX").string();
+    path = mkdtemp(t.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+TEST(WorkerRecordTest, RoundTrips) {
+  auto r = ParseWorkerRecord(RecordToJson(Sample()));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->key, "chat.0");
+  EXPECT_EQ(r->pid, 4242);
+  EXPECT_EQ(r->start_time, 987654u);
+  EXPECT_EQ(r->port, 40123);
+  EXPECT_EQ(r->spec_hash, Sample().spec_hash);
+  EXPECT_EQ(r->protocol_version, 1);
+}
+
+TEST(WorkerRecordTest, RefusesWhatIsNotACompleteRecord) {
+  const std::string h = Sample().spec_hash;
+  auto with = [&](const std::string& pid, const std::string& start, const std::string& port, const std::string& hash) {
+    return "{\"key\":\"chat.0\",\"pid\":" + pid + ",\"start_time\":" + start + ",\"port\":" + port +
+           ",\"spec_hash\":\"" + hash + "\",\"protocol_version\":1}";
+  };
+  EXPECT_TRUE(ParseWorkerRecord(with("4242", "9", "1", h)).ok());
+  EXPECT_FALSE(ParseWorkerRecord(with("0", "9", "1", h)).ok());    // kill(-0) is our own group
+  EXPECT_FALSE(ParseWorkerRecord(with("1", "9", "1", h)).ok());    // init
+  EXPECT_FALSE(ParseWorkerRecord(with("-5", "9", "1", h)).ok());
+  EXPECT_FALSE(ParseWorkerRecord(with("4242", "0", "1", h)).ok());  // no start time: a reused pid could not be told
+  EXPECT_FALSE(ParseWorkerRecord(with("4242", "9", "70000", h)).ok());
+  EXPECT_FALSE(ParseWorkerRecord(with("4242", "9", "1", "abc")).ok());
+  EXPECT_FALSE(ParseWorkerRecord("{\"key\":\"chat.0\"").ok());  // truncated
+  EXPECT_FALSE(ParseWorkerRecord("[]").ok());
+  EXPECT_FALSE(ParseWorkerRecord("").ok());
+}
+
+TEST(WorkerRecordTest, SpecHashSeesEveryArgumentAndItsBoundaries) {
+  const std::vector<std::string> base = {"--model", "m.gguf", "--ctx", "4096"};
+  EXPECT_EQ(SpecHash(base), SpecHash(base));
+  EXPECT_NE(SpecHash(base), SpecHash({"--model", "m.gguf", "--ctx", "8192"}));
+  EXPECT_NE(SpecHash(base), SpecHash({"--model", "m.gguf", "--ctx", "4096", "--kv-unified"}));
+  EXPECT_NE(SpecHash({"a b"}), SpecHash({"a", "b"}));
+  EXPECT_NE(SpecHash({"ab", "c"}), SpecHash({"a", "bc"}));
+}
+
+TEST(WorkerRecordTest, ReadsTheRecordsOfADirectory) {
+  TempDir d;
+  std::ofstream(RecordPath(d.path, "chat.0")) << RecordToJson(Sample());
+  WorkerRecord other = Sample();
+  other.key = "embed.0";
+  std::ofstream(RecordPath(d.path, "chat.1")) << RecordToJson(other);  // its key is not its name
+  std::ofstream(d.path + "/chat.0.port") << "40123\n";                  // not a record
+  std::ofstream(d.path + "/worker.secret") << "x\n";
+  fs::create_symlink(RecordPath(d.path, "chat.0"), RecordPath(d.path, "planted"));
+  const auto all = ReadWorkerRecords(d.path);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].key, "chat.0");
+  EXPECT_TRUE(all[0].record.ok());
+  EXPECT_EQ(all[1].key, "chat.1");
+  EXPECT_FALSE(all[1].record.ok());
+  EXPECT_TRUE(ReadWorkerRecords(d.path + "/missing").empty());
+}
+
+TEST(AdoptionDecisionTest, AdoptsOnlyItsOwnMatchingAnsweringWorker) {
+  const WorkerRecord r = Sample();
+  const std::optional<std::string> same = r.spec_hash;
+  const WorkerInfoFacts answer{1, r.pid};
+  EXPECT_EQ(DecideAdoption(r, same, 1, true, answer).action, AdoptAction::kAdopt);
+}
+
+TEST(AdoptionDecisionTest, GoneOrReusedPidIsForgottenWhateverElseMatches) {
+  const WorkerRecord r = Sample();
+  // Not alive with the record's start time: never signalled, whatever answers on its port.
+  EXPECT_EQ(DecideAdoption(r, r.spec_hash, 1, false, WorkerInfoFacts{1, r.pid}).action, AdoptAction::kForget);
+  EXPECT_EQ(DecideAdoption(r, std::nullopt, 1, false, std::nullopt).action, AdoptAction::kForget);
+}
+
+TEST(AdoptionDecisionTest, OursButNotMatchingIsStopped) {
+  const WorkerRecord r = Sample();
+  const WorkerInfoFacts answer{1, r.pid};
+  auto action = [&](const WorkerRecord& rec, std::optional<std::string> hash, int version,
+                    std::optional<WorkerInfoFacts> info) { return DecideAdoption(rec, hash, version, true, info).action; };
+  EXPECT_EQ(action(r, std::nullopt, 1, answer), AdoptAction::kStop);  // placement gone or not admitted
+  EXPECT_EQ(action(r, SpecHash({"--ctx", "8192"}), 1, answer), AdoptAction::kStop);  // config changed
+  EXPECT_EQ(action(r, r.spec_hash, 2, WorkerInfoFacts{2, r.pid}), AdoptAction::kStop);  // started for version 1
+  WorkerRecord loading = r;
+  loading.port = 0;
+  EXPECT_EQ(action(loading, r.spec_hash, 1, std::nullopt), AdoptAction::kStop);
+  EXPECT_EQ(action(r, r.spec_hash, 1, std::nullopt), AdoptAction::kStop);  // no answer with the secret
+  EXPECT_EQ(action(r, r.spec_hash, 1, WorkerInfoFacts{1, r.pid + 1}), AdoptAction::kStop);  // another process's port
+  EXPECT_EQ(action(r, r.spec_hash, 1, WorkerInfoFacts{2, r.pid}), AdoptAction::kStop);  // it speaks another version
+  EXPECT_FALSE(DecideAdoption(r, SpecHash({"x"}), 1, true, answer).reason.empty());
+}
+
+class WorkerSecretTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const char* s = std::getenv(kWorkerSecretEnv)) saved_ = s;
+    unsetenv(kWorkerSecretEnv);
+  }
+  void TearDown() override {
+    if (saved_) setenv(kWorkerSecretEnv, saved_->c_str(), 1);
+  }
+  std::optional<std::string> saved_;
+};
+
+TEST_F(WorkerSecretTest, CreatedOncePrivateAndReused) {
+  TempDir d;
+  auto first = WorkerSecretFor(d.path);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  EXPECT_GE(first->size(), 32u);
+  struct stat st {};
+  ASSERT_EQ(::stat((d.path + "/worker.secret").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto again = WorkerSecretFor(d.path);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *first);
+}
+
+TEST_F(WorkerSecretTest, TheEnvironmentWinsAndIsNotWritten) {
+  TempDir d;
+  setenv(kWorkerSecretEnv, "0123456789abcdef-from-env", 1);
+  auto s = WorkerSecretFor(d.path);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(*s, "0123456789abcdef-from-env");
+  EXPECT_FALSE(fs::exists(d.path + "/worker.secret"));
+}
+
+TEST_F(WorkerSecretTest, AFileOthersCanReadIsReplaced) {
+  TempDir d;
+  const std::string path = d.path + "/worker.secret";
+  std::ofstream(path) << "0123456789abcdef0123456789abcdef\n";
+  ::chmod(path.c_str(), 0644);
+  auto s = WorkerSecretFor(d.path);
+  ASSERT_TRUE(s.ok());
+  EXPECT_NE(*s, "0123456789abcdef0123456789abcdef");
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+// A process in its own group, as a worker is.
+pid_t SpawnSleeper() {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    execlp("sleep", "sleep", "30", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  return pid;
+}
+
+TEST(ProcessGroupTest, StopsAProcessThatIsNotTreatedAsAChild) {
+  const pid_t pid = SpawnSleeper();
+  const WorkerPid p{pid, devices::ProcessStartTime(pid), /*child=*/false};
+  int status = 0;
+  EXPECT_FALSE(Ended(p, &status));
+  EXPECT_TRUE(StopGroup(p, 2000));  // seen ended as a zombie, through /proc
+  EXPECT_EQ(waitpid(pid, &status, 0), pid);
+}
+
+TEST(ProcessGroupTest, AnotherStartTimeIsAnotherProcessAndIsNotSignalled) {
+  const pid_t pid = SpawnSleeper();
+  const WorkerPid stranger{pid, devices::ProcessStartTime(pid) + 1, /*child=*/false};
+  int status = 0;
+  EXPECT_TRUE(Ended(stranger, &status));
+  EXPECT_TRUE(StopGroup(stranger, 0));
+  EXPECT_EQ(waitpid(pid, &status, WNOHANG), 0) << "a process with the recorded pid but another start time was signalled";
+  kill(-pid, SIGKILL);
+  waitpid(pid, &status, 0);
+}
+
+TEST(ProcessGroupTest, AChildIsReapedWithItsStatus) {
+  const pid_t pid = SpawnSleeper();
+  const WorkerPid p{pid, devices::ProcessStartTime(pid), /*child=*/true};
+  EXPECT_TRUE(StopGroup(p, 2000));
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, WNOHANG), -1);  // reaped already
+  EXPECT_EQ(DescribeEnd(-1).rfind("exited (adopted", 0), 0u);
+}
+
+TEST(SupervisorClaimTest, OneSupervisorPerStateDirectory) {
+  TempDir d;
+  SystemClock clock;
+  Supervisor first("/bin/false", d.path, clock), second("/bin/false", d.path, clock);
+  ASSERT_TRUE(first.Claim().ok());
+  EXPECT_TRUE(first.Claim().ok());  // claiming again is a no-op
+  const Status refused = second.Claim();
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("pid " + std::to_string(getpid())), std::string::npos) << refused.message();
+}
+
+}  // namespace
+}  // namespace spillway::upstream
