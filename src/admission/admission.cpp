@@ -61,7 +61,8 @@ std::vector<size_t> Alternatives(const std::vector<PlacementView>& ps) {
 
 }  // namespace
 
-Decision Decide(const RequestNeed& r, const std::vector<PlacementView>& ps, const Policy& pol) {
+// Where the request goes by the placements' pools alone.
+Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const Policy& pol) {
   if (ps.empty()) return Reject(503, 5, "no placement is configured");
   const uint64_t need = static_cast<uint64_t>(r.prompt_tokens) + r.max_tokens;
   const PlacementView& primary = ps[0];
@@ -128,6 +129,34 @@ Decision Decide(const RequestNeed& r, const std::vector<PlacementView>& ps, cons
   return Reject(503, std::max(1, static_cast<int>(std::ceil(wait))),
                 primary.usable ? primary.name + " is full for longer than " + N(static_cast<uint64_t>(pol.max_delay_s)) + " s"
                                : primary.name + " is unusable and no placement can take " + N(need) + " cells");
+}
+
+Decision Decide(const RequestNeed& r, const std::vector<PlacementView>& ps, const Policy& pol) {
+  Decision d = Place(r, ps, pol);
+  // A primary that is not up yet (starting, restarting) is waited for, not judged.
+  if (d.kind == Kind::kReject && d.http_status == 503 && !ps.empty() && ps[0].comes_back && !pol.fail_fast &&
+      r.waited_s < pol.start_wait_s) {
+    d = Make(Kind::kDelay, 0, r.max_tokens, ps[0].name + " is not up yet; waited " +
+                                                N(static_cast<uint64_t>(r.waited_s)) + " s of " +
+                                                N(static_cast<uint64_t>(pol.start_wait_s)) + " s for it");
+    d.retry_after_s = 1;
+    return d;
+  }
+  // Deadline awareness: from the placement's measured throughput, will it finish in time?
+  if (d.kind != Kind::kDelay && d.kind != Kind::kReject && r.deadline_left_s > 0) {
+    const PlacementView& p = ps[d.placement];
+    if (p.prompt_tps > 0 && p.gen_tps > 0) {
+      const double need_s = r.prompt_tokens / p.prompt_tps + d.max_tokens / p.gen_tps;
+      if (need_s > r.deadline_left_s) {
+        return Reject(503, static_cast<int>(std::ceil(need_s)),
+                      p.name + " would need about " + N(static_cast<uint64_t>(std::ceil(need_s * 1000))) + " ms for " +
+                          N(r.prompt_tokens) + " prompt + " + N(d.max_tokens) +
+                          " tokens, beyond the request's deadline (" +
+                          N(static_cast<uint64_t>(r.deadline_left_s * 1000)) + " ms left)");
+      }
+    }
+  }
+  return d;
 }
 
 }  // namespace spillway::admission

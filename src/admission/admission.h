@@ -8,6 +8,12 @@
 //   reroute(P)      the fallback placement (larger pool, or the primary is unusable)
 //   reject(status)  503 + Retry-After when it could fit later; 400/413 with the numbers when never
 //
+// Two rules apply after the placement is chosen: a primary that is not usable
+// but will be (starting, restarting) is waited for rather than judged, within
+// the policy's start_wait_s; and a request with a deadline is refused at once
+// (503) when the chosen placement's measured throughput says it cannot finish
+// in time.
+//
 // Pure: a function of its inputs.
 #pragma once
 
@@ -29,6 +35,8 @@ struct PlacementView {
   uint32_t cells_free = 0;
   uint32_t slots_free = 0;
   double est_wait_s = 0;    // when its pool frees enough (from running requests' progress)
+  bool comes_back = false;  // not usable now but expected to be (its worker is starting, its breaker will probe)
+  double prompt_tps = 0, gen_tps = 0;  // measured throughput (0: not measured yet)
 };
 
 struct RequestNeed {
@@ -36,6 +44,8 @@ struct RequestNeed {
   uint32_t max_tokens = 0;
   bool allow_shrink = false;   // the request or the service allows lowering max_tokens
   uint32_t min_tokens = 16;    // never shrink below this
+  double waited_s = 0;         // how long the request has waited for admission so far
+  double deadline_left_s = 0;  // time left before its deadline (0: none)
 };
 
 struct Policy {
@@ -43,6 +53,7 @@ struct Policy {
   bool fail_fast = false;           // "GPU or error": never leave the primary
   double max_delay_s = 30;
   double pressure = 0.9;            // admitting past this pool utilisation counts as pressure
+  double start_wait_s = 60;         // how long a primary that comes back is waited for
 };
 
 struct Decision {

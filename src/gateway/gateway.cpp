@@ -21,6 +21,7 @@
 #include "common/hash.h"
 #include "common/mutation.h"
 #include "common/survive.h"
+#include "failover/retry_policy.h"
 #include "failover/stream_progress.h"
 #include "gateway/gateway_internal.h"
 #include "gateway/readiness.h"
@@ -339,6 +340,7 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
   live->id = in->rec.id;
   live->service = in->rec.service;
   live->queue_slot = std::move(in->queue_slot);
+  live->Enter(LivePhase::kQueued, clock_.NowMs());
   if (in->timeout_ms) live->deadline_ms = in->started_ms + in->timeout_ms;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -377,6 +379,7 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     release();
     live->queue_slot.reset();
     Logged(co_await Blocking([&] { return journal_.Finish(rec.id, state, status, type, body, err); }), "finish");
+    live->Enter(LivePhase::kTerminal, clock_.NowMs());
     metrics_.RequestFinished(rec.service, Outcome(state), placement, (clock_.NowMs() - t0) / 1000.0);
   };
   // The client's stream may have started before the first event (comments
@@ -399,7 +402,6 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     if (ex) ex->Respond(ErrorResponse(st, v, rec.id));
   };
   if (!svc) co_return co_await fail(State::kFailed, Status::NotFound("service '" + rec.service + "' is no longer configured"));
-  int failures = 0;
   bool streaming_started = false;
   // What the client already has of a stream, across attempts.
   failover::StreamProgress progress;
@@ -419,23 +421,31 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
   bool busy_retry = false;  // the last send found the worker busy; its attempt stays open
   // A failed attempt: count it against the placement's breaker, keep this
   // request away from it, and say whether another attempt is allowed.
-  auto attempt_failed = [&](std::string phase, std::string why) -> boost::asio::awaitable<bool> {
-    AttemptFailed(rec.service, target.index, phase, why);
+  // What happens after an attempt is the pure policy's decision (failover/retry_policy.h).
+  failover::RetryState retry{0, t0, live->deadline_ms};
+  const failover::RetryBudget budget{kMaxAttempts, svc->admission.fail_fast, kQueueWaitMs};
+  using Outcome = failover::AttemptOutcome;
+  using failover::Action;
+  // A failed attempt (phase kNone: the worker died or could not be reached):
+  // it counts against the placement's breaker, this request stays away from
+  // that placement, and a retry is journaled with the policy's reason.
+  auto after_failure = [&](FailurePhase phase, std::string why, bool delivered,
+                           bool continuable) -> boost::asio::awaitable<failover::RetryDecision> {
+    const failover::RetryDecision d =
+        failover::NextStep({Outcome::Kind::kFailed, phase, delivered, continuable}, &retry, budget, clock_.NowMs());
+    AttemptFailed(rec.service, target.index, failover::FailureName(phase), why);
     excluded[target.index] = true;
-    ++failures;
-    // fail_fast: "the accelerator or an error", never a silent spill.
-    if (svc->admission.fail_fast) co_return false;
-    Logged(co_await Blocking([&] { return journal_.Requeue(rec.id, why); }), "requeue");
-    co_return failures < kMaxAttempts;
+    if (d.action == Action::kRetryElsewhere || d.action == Action::kContinueElsewhere) {
+      const std::string note = why + " (" + d.reason + ")";
+      Logged(co_await Blocking([&] { return journal_.Requeue(rec.id, note); }), "requeue");
+      live->Enter(LivePhase::kQueued, clock_.NowMs());
+    }
+    co_return d;
   };
-  // The phase of an allocation or device failure in a worker's answer ("" otherwise).
-  auto failure_phase = [](int status, const std::string& body) -> std::string {
-    const auto err = protocol::ParseWorkerError(status, body);
-    return err && err->placement_failure() ? FailurePhaseName(err->phase) : "";
-  };
-  auto worker_busy = [](int status, const std::string& body) {
-    const auto err = protocol::ParseWorkerError(status, body);
-    return err && err->busy();
+  // A full worker (nothing ran) is waited for, within the policy's bound.
+  auto wait_for_busy = [&] {
+    return !live->cancelled && failover::NextStep({Outcome::Kind::kBusy}, &retry, budget, clock_.NowMs()).action ==
+                                   Action::kWaitAndResend;
   };
   // A declared different fallback model is announced as what it is.
   auto fallback_model = [&]() -> std::string {
@@ -480,6 +490,7 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
       co_return co_await fail(State::kFailed, rejected);
     }
     live->queue_slot.reset();  // running now: no longer among the waiting
+    live->Enter(LivePhase::kRunning, clock_.NowMs());
     // A worker that answered "busy" is retried within the attempt already
     // journaled: waiting writes nothing (it used to write an attempt every 10 ms).
     const bool same_attempt = busy_retry && target.placement == placement;
@@ -525,16 +536,21 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
         // The worker died or stopped answering: safe to re-run (no stream, no
         // side effects), on another placement when there is one.
         supervisor_.Suspect(key);
-        if (!co_await attempt_failed("crash", r.status().message())) {
-          co_return co_await fail(State::kFailed, Status::Unavailable("the worker failed " + std::to_string(failures) +
+        const auto d = co_await after_failure(FailurePhase::kNone, r.status().message(), false, true);
+        if (d.action == Action::kDeadline) co_return co_await deadline_failure();
+        if (d.action != Action::kRetryElsewhere) {
+          co_return co_await fail(State::kFailed, Status::Unavailable("the worker failed " + std::to_string(retry.failures) +
                                                                       " times: " + r.status().message()).WithRetryAfter(5));
         }
         continue;
       }
-      if (const std::string phase = failure_phase(r->status, r->body); !phase.empty()) {
+      if (const auto err = protocol::ParseWorkerError(r->status, r->body); err && err->placement_failure()) {
         // An allocation failure or a lost device: the request is replayed from
         // scratch elsewhere with the same id and the same (pinned) seed.
-        if (!co_await attempt_failed(phase, "phase " + phase + ": " + r->body)) {
+        const std::string why = "phase " + std::string(FailurePhaseName(err->phase)) + ": " + r->body;
+        const auto d = co_await after_failure(err->phase, why, false, true);
+        if (d.action == Action::kDeadline) co_return co_await deadline_failure();
+        if (d.action != Action::kRetryElsewhere) {
           const State state = State::kFailed;
           co_await finish(state, r->status, "application/json", r->body, r->body);
           if (ex) {
@@ -548,8 +564,8 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
       }
       // Cancelled meanwhile: whatever the worker said short of an answer, it ends cancelled.
       if (live->cancelled && r->status != 200) co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
-      const bool busy = worker_busy(r->status, r->body);
-      if (busy && clock_.NowMs() - t0 < kQueueWaitMs && !live->cancelled) {
+      const auto answer_error = protocol::ParseWorkerError(r->status, r->body);
+      if (answer_error && answer_error->busy() && wait_for_busy()) {
         busy_retry = true;
         co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(50));  // until a slot frees
         continue;
@@ -609,6 +625,7 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     auto start_client_stream = [&] {
       if (streaming_started) return;
       streaming_started = true;
+      live->Enter(LivePhase::kStreaming, clock_.NowMs());
       if (!ex) return;
       if (head_sent) {  // started while waiting: say where it runs now
         ex->Write(": spillway: running on " + placement + " (" + svc->placements[target.index].role + ")" +
@@ -667,14 +684,15 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
         });
     if (!head_ok && st.ok()) {
       if (live->cancelled && !streaming_started) co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
-      const bool busy = worker_busy(status, error_body);
-      if (busy && clock_.NowMs() - t0 < kQueueWaitMs && !live->cancelled) {
+      const auto head_error = protocol::ParseWorkerError(status, error_body);
+      if (head_error && head_error->busy() && wait_for_busy()) {
         busy_retry = true;
         co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(50));  // until a slot frees
         continue;
       }
-      if (const std::string phase = failure_phase(status, error_body); !phase.empty() && co_await attempt_failed(phase, error_body)) {
-        continue;
+      if (head_error && head_error->placement_failure()) {
+        const auto d = co_await after_failure(head_error->phase, error_body, streaming_started, progress.Continuable());
+        if (d.action == Action::kRetryElsewhere || d.action == Action::kContinueElsewhere) continue;
       }
       const State state = status == 499 ? State::kCancelled : State::kFailed;
       if (streaming_started) {  // a continuation was refused: end the stream the client has
@@ -701,10 +719,11 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
       // delivered tool calls.
       const std::string why = !failed_phase.empty() ? "phase " + failed_phase : st.message();
       if (st.ok() == false) supervisor_.Suspect(key);
-      const std::string phase = failed_phase.empty() ? "crash" : failed_phase;
+      const FailurePhase phase = failed_phase.empty() ? FailurePhase::kNone
+                                                      : protocol::ParseFailurePhase(failed_phase).value_or(FailurePhase::kCompute);
       const std::string what = (streaming_started ? "mid-stream: " : "") + why;
-      const bool may_retry = co_await attempt_failed(phase, what);
-      if (may_retry && (!streaming_started || progress.Continuable())) continue;
+      const auto d = co_await after_failure(phase, what, streaming_started, progress.Continuable());
+      if (d.action == Action::kRetryElsewhere || d.action == Action::kContinueElsewhere) continue;
       const Status err = Status::Unavailable(
           "the stream failed (" + why + ") after " + std::to_string(progress.tokens().size()) + " delivered tokens; " +
           (progress.tool_calls_delivered() ? "tool calls were delivered, so it is not replayed past them"

@@ -336,35 +336,20 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
           v.slots_free = std::max<uint32_t>(1, static_cast<uint32_t>(st->cfg.slots));
         }
         v.est_wait_s = 1;
+        // Admitted to run but not usable now: its worker is starting or restarting, or its breaker will probe.
+        v.comes_back = !v.usable && !ex && st->admission.admitted;
+        v.prompt_tps = st->prompt_tps;
+        v.gen_tps = st->gen_tps;
         views.push_back(v);
       }
+      const int64_t now = clock_.NowMs();
       admission::RequestNeed need{static_cast<uint32_t>(prompt_tokens), max_tokens, svc.admission.allow_shrink, 16};
+      need.waited_s = (now - t0) / 1000.0;
+      if (live.deadline_ms) need.deadline_left_s = std::max(0.001, (live.deadline_ms - now) / 1000.0);
       admission::Policy policy{svc.admission.reroute_on_pressure, svc.admission.fail_fast, svc.admission.max_delay_s,
                                svc.admission.pressure};
+      policy.start_wait_s = std::min(kQueueWaitMs, StartWaitMs(svc)) / 1000.0;
       d = admission::Decide(need, views, policy);
-      // A primary that is not up yet (starting, restarting) is waited for, not judged.
-      if (d.kind == admission::Kind::kReject && d.http_status == 503 && !views[0].usable &&
-          states[0]->admission.admitted && !svc.admission.fail_fast &&
-          clock_.NowMs() - t0 < std::min(kQueueWaitMs, StartWaitMs(svc))) {
-        d.kind = admission::Kind::kDelay;
-      }
-      if (d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject && live.deadline_ms) {
-        // Deadline awareness: from the placement's measured throughput, will it finish in time?
-        const auto& st = *states[d.placement];
-        if (st.prompt_tps > 0 && st.gen_tps > 0) {
-          const double need_s = prompt_tokens / st.prompt_tps + d.max_tokens / st.gen_tps;
-          const double left_s = (live.deadline_ms - clock_.NowMs()) / 1000.0;
-          if (need_s > left_s) {
-            d.kind = admission::Kind::kReject;
-            d.http_status = 503;
-            d.retry_after_s = static_cast<int>(std::ceil(need_s));
-            d.reason = st.cfg.Name() + " would need about " + std::to_string(static_cast<int>(std::ceil(need_s * 1000))) +
-                       " ms for " + std::to_string(prompt_tokens) + " prompt + " + std::to_string(d.max_tokens) +
-                       " tokens, beyond the request's deadline (" + std::to_string(static_cast<int>(left_s * 1000)) +
-                       " ms left)";
-          }
-        }
-      }
       CpuGate gate = CpuGate::kGo;
       if (d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject) {
         if (svc.OnCpuPath(d.placement)) {

@@ -57,14 +57,49 @@ inline void Logged(const Status& st, const char* what) {
 
 using namespace internal;
 
-// In-memory handle on an accepted request, for cancellation.
+// The lifecycle of one request (Gateway::Process and Gateway::Run, one
+// coroutine on its own strand). Each transition that matters after a crash
+// is journaled before it takes effect; a request ends in exactly one place
+// (Run's `finish`: the journal's terminal state first, then the client).
+//
+//   phase        event                                              next         journal
+//   -----------  -------------------------------------------------  -----------  -----------
+//   received     parsed and checked, within max_queue               queued       Accept
+//   queued       no placement can take it now                       queued       -  (waits on the service's CapacitySignal)
+//   queued       admitted on placement P (its cells reserved)       running      StartAttempt (attempt k on P)
+//   running      the worker is full (nothing ran)                   running      -  (same attempt, waits for a slot)
+//   running      the first event of a stream reaches the client     streaming    -
+//   running,     failed; the retry policy says run again or          queued       Requeue
+//   streaming    continue elsewhere (failover/retry_policy.h)
+//   any          answered, given up, cancelled or past its deadline  terminal     Finish, then the client
+//
+// What ends a request also gives back what it held (cells, its place in
+// the CPU line) and wakes the requests waiting for that capacity.
+enum class LivePhase { kQueued, kRunning, kStreaming, kTerminal };
+inline const char* LivePhaseName(LivePhase p) {
+  switch (p) {
+    case LivePhase::kQueued: return "queued";
+    case LivePhase::kRunning: return "running";
+    case LivePhase::kStreaming: return "streaming";
+    case LivePhase::kTerminal: return "terminal";
+  }
+  return "unknown";
+}
+
+// In-memory handle on an accepted request: its phase, for cancellation.
 struct Gateway::Live {
   std::string id;
   std::string service;
   int64_t deadline_ms = 0;  // 0: none (X-Request-Timeout)
   std::atomic<bool> cancelled{false};
   std::atomic<uint16_t> worker_port{0};
+  std::atomic<LivePhase> phase{LivePhase::kQueued};
+  std::atomic<int64_t> phase_since_ms{0};
   std::shared_ptr<void> queue_slot;  // its place among max_queue until its first attempt runs
+  void Enter(LivePhase p, int64_t now_ms) {
+    phase = p;
+    phase_since_ms = now_ms;
+  }
 };
 
 // A request as parsed on the connection strand, before the journal.

@@ -56,6 +56,14 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Calle
             {"created_ms", rec->created_ms},
             {"updated_ms", rec->updated_ms}};
   if (!rec->error.empty()) j["error"] = rec->error;
+  {
+    // In flight here: its phase in this gateway's lifecycle, and for how long.
+    std::lock_guard<std::mutex> lk(mu_);
+    if (auto it = live_.find(id); it != live_.end()) {
+      j["phase"] = LivePhaseName(it->second->phase.load());
+      j["phase_age_ms"] = clock_.NowMs() - it->second->phase_since_ms.load();
+    }
+  }
   if (auto attempts = journal_.Attempts(id); attempts.ok()) {
     json list = json::array();
     for (const auto& a : *attempts) {

@@ -93,5 +93,44 @@ TEST(AdmissionTest, NoSlotMeansNotNow) {
   EXPECT_EQ(Decide({}, {}, {}).kind, Kind::kReject);
 }
 
+TEST(AdmissionTest, APrimaryThatComesBackIsWaitedForWithinTheStartWait) {
+  PlacementView starting = Gpu(4096, 4096);
+  starting.usable = false;
+  starting.comes_back = true;
+  Policy pol;
+  pol.start_wait_s = 10;
+  RequestNeed need{100, 100};
+  need.waited_s = 3;
+  auto d = Decide(need, {starting}, pol);
+  EXPECT_EQ(d.kind, Kind::kDelay) << d.reason;
+  EXPECT_NE(d.reason.find("not up yet"), std::string::npos) << d.reason;
+  need.waited_s = 10;  // waited as long as a start may take
+  EXPECT_EQ(Decide(need, {starting}, pol).kind, Kind::kReject);
+  starting.comes_back = false;  // gone for good (never admitted)
+  need.waited_s = 0;
+  EXPECT_EQ(Decide(need, {starting}, pol).kind, Kind::kReject);
+  pol.fail_fast = true;
+  starting.comes_back = true;
+  EXPECT_EQ(Decide(need, {starting}, pol).kind, Kind::kReject);
+}
+
+TEST(AdmissionTest, ARequestThatCannotFinishBeforeItsDeadlineIsRefusedAtOnce) {
+  PlacementView gpu = Gpu(4096, 4096);
+  gpu.prompt_tps = 1000;
+  gpu.gen_tps = 50;
+  RequestNeed need{1000, 200};  // 1 s of prompt + 4 s of generation
+  need.deadline_left_s = 3;
+  auto d = Decide(need, {gpu}, {});
+  EXPECT_EQ(d.kind, Kind::kReject);
+  EXPECT_EQ(d.http_status, 503);
+  EXPECT_EQ(d.retry_after_s, 5);
+  EXPECT_NE(d.reason.find("beyond the request's deadline"), std::string::npos) << d.reason;
+  need.deadline_left_s = 6;
+  EXPECT_EQ(Decide(need, {gpu}, {}).kind, Kind::kAdmit);
+  gpu.gen_tps = 0;  // not measured yet: no guess
+  need.deadline_left_s = 0.5;
+  EXPECT_EQ(Decide(need, {gpu}, {}).kind, Kind::kAdmit);
+}
+
 }  // namespace
 }  // namespace spillway::admission
