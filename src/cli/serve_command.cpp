@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -151,9 +152,28 @@ int Serve(const ServeArgs& a) {
   }
   // Restarts are admitted again against fresh telemetry: memory taken by
   // others meanwhile keeps a worker from restarting into an allocation failure.
-  supervisor.SetStartGate([&cfg](const std::string& key) -> Status {
-    auto a = gateway::AdmitPlacement(cfg, key);
-    return a.admitted ? Status::Ok() : Status::ResourceExhausted(a.reason);
+  // Workers started but not loaded yet show no memory on their device: each
+  // start counts them (and the starts admitted moments ago, not spawned yet),
+  // so that two restarts at once cannot over-commit a device.
+  auto admitted_starts = std::make_shared<std::map<std::string, int64_t>>();
+  supervisor.SetStartGate([&cfg, &supervisor, &clock, admitted_starts](const std::string& key) -> Status {
+    std::set<std::string> starting;
+    for (const auto& w : supervisor.Snapshot()) {
+      if (w.state == upstream::WorkerState::kStarting && w.key != key) starting.insert(w.key);
+    }
+    const int64_t now = clock.NowMs();
+    for (auto it = admitted_starts->begin(); it != admitted_starts->end();) {
+      if (now - it->second > 1000) {
+        it = admitted_starts->erase(it);  // spawned since: it is in the snapshot while it starts
+      } else {
+        if (it->first != key) starting.insert(it->first);
+        ++it;
+      }
+    }
+    auto a = gateway::AdmitPlacement(cfg, key, starting);
+    if (!a.admitted) return Status::ResourceExhausted(a.reason);
+    (*admitted_starts)[key] = now;  // the gate runs on the supervisor's thread only
+    return Status::Ok();
   });
   gateway::Gateway gw(cfg, **journal, supervisor, clock, admissions);
   // Said while the models load, so a first `make run` never looks hung.

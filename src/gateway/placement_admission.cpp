@@ -46,8 +46,25 @@ memory::PlacementSpec SpecOf(const config::PlacementConfig& p) {
   return spec;
 }
 
+// A placement's predicted bytes on its device (calibrated), or why there is no estimate.
+StatusOr<uint64_t> Predict(const config::ServiceConfig& s, const config::PlacementConfig& p, uint32_t* n_vocab) {
+  auto meta = gguf::ReadGgufFile(p.ModelOr(s.model));
+  auto shape = meta.ok() ? memory::ShapeFromMetadata(*meta) : StatusOr<memory::ModelShape>(meta.status());
+  if (!shape.ok()) return shape.status();
+  const memory::PlacementSpec spec = SpecOf(p);
+  const auto est = memory::EstimatePlacement(*shape, spec);
+  memory::DeviceBytes part = spec.accelerator ? est.accelerator : est.host;
+  {
+    std::lock_guard<std::mutex> lk(g_cal_mu);
+    part = g_calibration.Apply(CalKey(s, p), part);
+  }
+  if (n_vocab) *n_vocab = shape->n_vocab;
+  return part.total();
+}
+
 std::map<std::string, PlacementAdmission> Admit(const config::GatewayConfig& cfg, const std::string* only,
-                                                const std::set<std::string>& running) {
+                                                const std::set<std::string>& running,
+                                                const std::set<std::string>& starting = {}) {
   std::map<std::string, PlacementAdmission> out;
   std::map<std::string, std::unique_ptr<memory::DeviceLedger>> ledgers;
   auto ledger_for = [&](const std::string& device) -> memory::DeviceLedger* {
@@ -72,30 +89,33 @@ std::map<std::string, PlacementAdmission> Admit(const config::GatewayConfig& cfg
     l->Observe(*free, 1);
     return (ledgers[device] = std::move(l)).get();
   };
+  // Workers that are starting hold nothing on their device yet, but will:
+  // their predictions are reserved first, so that two starts at once (after a
+  // device loss) cannot both count on the same free memory.
+  for (const auto& s : cfg.services) {
+    for (size_t i = 0; i < s.placements.size(); ++i) {
+      const std::string key = WorkerKey(s, i);
+      if (!starting.count(key) || (only && key == *only)) continue;
+      auto bytes = Predict(s, s.placements[i], nullptr);
+      memory::DeviceLedger* l = bytes.ok() ? ledger_for(s.placements[i].device) : nullptr;
+      if (l) (void)l->Reserve(key, *bytes, 1);  // what does not fit is already over: it holds what is left
+    }
+  }
   for (const auto& s : cfg.services) {
     for (size_t i = 0; i < s.placements.size(); ++i) {
       if (only && WorkerKey(s, i) != *only) continue;
       const auto& p = s.placements[i];
-      auto meta = gguf::ReadGgufFile(p.ModelOr(s.model));
-      auto shape = meta.ok() ? memory::ShapeFromMetadata(*meta) : StatusOr<memory::ModelShape>(meta.status());
       PlacementAdmission a;
       a.device = p.device;
-      if (!shape.ok()) {
+      auto predicted = Predict(s, p, &a.n_vocab);
+      if (!predicted.ok()) {
         // Not a model the estimator understands: let llama.cpp be the judge.
         a.admitted = true;
-        a.reason = "no estimate (" + shape.status().message() + ")";
+        a.reason = "no estimate (" + predicted.status().message() + ")";
         out[WorkerKey(s, i)] = a;
         continue;
       }
-      const memory::PlacementSpec spec = SpecOf(p);
-      const auto est = memory::EstimatePlacement(*shape, spec);
-      memory::DeviceBytes part = spec.accelerator ? est.accelerator : est.host;
-      {
-        std::lock_guard<std::mutex> lk(g_cal_mu);
-        part = g_calibration.Apply(CalKey(s, p), part);
-      }
-      a.predicted_bytes = part.total();
-      a.n_vocab = shape->n_vocab;
+      a.predicted_bytes = *predicted;
       memory::DeviceLedger* l = ledger_for(p.device);
       const uint64_t budget = s.OnCpuPath(i) ? CpuPathBudgetBytes(s) : 0;
       if (!s.admission.enabled) {
@@ -155,8 +175,9 @@ std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayC
   return Admit(cfg, nullptr, running);
 }
 
-PlacementAdmission AdmitPlacement(const config::GatewayConfig& cfg, const std::string& key) {
-  auto all = Admit(cfg, &key, {});
+PlacementAdmission AdmitPlacement(const config::GatewayConfig& cfg, const std::string& key,
+                                  const std::set<std::string>& starting) {
+  auto all = Admit(cfg, &key, {}, starting);
   auto it = all.find(key);
   return it == all.end() ? PlacementAdmission{true, "", 0, 0, "unknown placement"} : it->second;
 }

@@ -39,7 +39,10 @@ std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayC
 void RecordObserved(const config::GatewayConfig& config, const std::string& key, uint64_t observed_bytes);
 
 // One placement again (a restart): its own current use of the device is gone
-// (its worker exited), everything else is as the device reports it now.
-PlacementAdmission AdmitPlacement(const config::GatewayConfig& config, const std::string& key);
+// (its worker exited), everything else is as the device reports it now, less
+// the predictions of the placements in `starting` (workers started but not
+// loaded yet: the device does not show their memory so far).
+PlacementAdmission AdmitPlacement(const config::GatewayConfig& config, const std::string& key,
+                                  const std::set<std::string>& starting = {});
 
 }  // namespace spillway::gateway

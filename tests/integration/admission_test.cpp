@@ -156,6 +156,57 @@ TEST_F(AdmissionTest, AKilledGpuWorkerIsNotRestartedIntoMemoryTakenMeanwhile) {
   EXPECT_EQ(w["state"], "ready") << w.dump();
 }
 
+// Two workers restarting together (after a device loss, say) must not both
+// count on the same free memory: a worker that is starting holds nothing on
+// the device yet, so each restart reserves the predictions of the others.
+TEST_F(AdmissionTest, TwoWorkersRestartingTogetherCannotOverCommitTheDevice) {
+  const uint64_t capacity = 64ull << 20;
+  ASSERT_TRUE(devices::SimLedger::Create(0, capacity).ok());
+  std::ostringstream os;
+  os << "[[device]]\nname = \"sim:0\"\nheadroom_pct = 5\n";
+  for (const char* name : {"a", "b"}) {
+    os << "[[service]]\nname = \"" << name << "\"\nmodel = \"" << ModelPath("tiny-chat") << "\"\n"
+       << "[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 1024\nslots = 2\nthreads = 1\nbatch = 64\n";
+  }
+  GatewayProcess gw(os.str());
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  const uint16_t p = gw.port();
+  auto placement = [&](int service) {
+    return Body(*http::Fetch("127.0.0.1", p, "GET", "/v1/status"))["services"][service]["placements"][0];
+  };
+  json a = placement(0), b = placement(1);
+  ASSERT_EQ(a["state"], "ready") << a.dump();
+  ASSERT_EQ(b["state"], "ready") << b.dump();
+  const uint64_t predicted = a["predicted_bytes"].get<uint64_t>();
+  // Both die at once; while they are down another program takes memory, leaving
+  // room for one of them (with the 5% headroom) but not for two.
+  auto opened = devices::SimLedger::Open(0);
+  ASSERT_TRUE(opened.ok());
+  auto& ledger = *opened;
+  kill(a["pid"].get<pid_t>(), SIGKILL);
+  kill(b["pid"].get<pid_t>(), SIGKILL);
+  for (int i = 0; i < 200 && ledger->Snapshot().used > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const uint64_t room = predicted + capacity / 20 + predicted / 2;
+  ASSERT_TRUE(ledger->Reserve(devices::LedgerKind::kHold, "test", capacity - room));
+  json first, second;
+  for (int i = 0; i < 300; ++i) {
+    a = placement(0);
+    b = placement(1);
+    const bool one_ready = (a["state"] == "ready") != (b["state"] == "ready");
+    first = a["state"] == "ready" ? a : b;
+    second = a["state"] == "ready" ? b : a;
+    if (one_ready && second["last_exit"].get<std::string>().rfind("not admitted", 0) == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(first["state"], "ready") << first.dump();
+  EXPECT_EQ(second["last_exit"].get<std::string>().rfind("not admitted", 0), 0u) << second.dump();
+  // Neither start failed for want of memory: the second never started.
+  EXPECT_EQ(first["failed_starts"], 0) << first.dump();
+  EXPECT_EQ(second["failed_starts"], 0) << second.dump();
+  EXPECT_EQ(second["restarts"], 1) << second.dump();  // the kill only
+  ledger->Release(devices::LedgerKind::kHold, "test", capacity - room);
+}
+
 TEST_F(AdmissionTest, DeadlineAwareRoutingRefusesWhatTheCpuCannotFinishInTime) {
   ASSERT_TRUE(devices::SimLedger::Create(0, 256 << 20).ok());
   GatewayProcess gw(Config());
