@@ -116,7 +116,7 @@ void CheckDevices(const config::GatewayConfig& cfg, const std::string& backend_d
 // Each placement's predicted memory against its device's capacity and free
 // memory now, with headroom: what `spillway serve` would decide at start.
 void CheckPlans(const config::GatewayConfig& cfg, Report& r) {
-  const auto admissions = gateway::AdmitPlacements(cfg);
+  const auto admissions = gateway::AdmitPlacements(nullptr, cfg);
   for (const auto& s : cfg.services) {
     for (size_t i = 0; i < s.placements.size(); ++i) {
       const auto& p = s.placements[i];

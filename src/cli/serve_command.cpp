@@ -126,7 +126,8 @@ int Serve(const ServeArgs& a) {
   // fit its device (with headroom, against what the device reports free) is
   // not started. One whose worker survived the previous gateway is admitted
   // as it runs: the memory the device reports in use is its own.
-  auto admissions = gateway::AdmitPlacements(cfg, supervisor.Adoptable(specs));
+  gateway::PlacementCalibration calibration;  // what workers really allocated, per (model, device)
+  auto admissions = gateway::AdmitPlacements(&calibration, cfg, supervisor.Adoptable(specs));
   // What cannot work is refused now, not found out by the first request.
   const std::string where = a.config_path.empty() ? "the demo" : a.config_path;
   const auto problems = gateway::CheckStartup(cfg, fs::path(worker_bin).parent_path().string());
@@ -156,7 +157,7 @@ int Serve(const ServeArgs& a) {
   // start counts them (and the starts admitted moments ago, not spawned yet),
   // so that two restarts at once cannot over-commit a device.
   auto admitted_starts = std::make_shared<std::map<std::string, int64_t>>();
-  supervisor.SetStartGate([&cfg, &supervisor, &clock, admitted_starts](const std::string& key) -> Status {
+  supervisor.SetStartGate([&cfg, &supervisor, &clock, &calibration, admitted_starts](const std::string& key) -> Status {
     std::set<std::string> starting;
     for (const auto& w : supervisor.Snapshot()) {
       if (w.state == upstream::WorkerState::kStarting && w.key != key) starting.insert(w.key);
@@ -170,7 +171,7 @@ int Serve(const ServeArgs& a) {
         ++it;
       }
     }
-    auto a = gateway::AdmitPlacement(cfg, key, starting);
+    auto a = gateway::AdmitPlacement(&calibration, cfg, key, starting);
     if (!a.admitted) return Status::ResourceExhausted(a.reason);
     (*admitted_starts)[key] = now;  // the gate runs on the supervisor's thread only
     return Status::Ok();
@@ -179,7 +180,7 @@ int Serve(const ServeArgs& a) {
   // Said while the models load, so a first `make run` never looks hung.
   auto first_ready = std::make_shared<std::set<std::string>>();
   auto ready_mu = std::make_shared<std::mutex>();
-  supervisor.SetOnReady([&cfg, &supervisor, &gw, first_ready, ready_mu](const std::string& key, uint16_t port) {
+  supervisor.SetOnReady([&cfg, &supervisor, &gw, &calibration, first_ready, ready_mu](const std::string& key, uint16_t port) {
     auto info = http::Fetch("127.0.0.1", port, "GET", std::string(protocol::kInfoPath), "", supervisor.AuthHeaders(),
                             std::chrono::seconds(2));
     if (!info.ok() || info->status != 200) return;
@@ -225,7 +226,7 @@ int Serve(const ServeArgs& a) {
     for (const auto& b : j["memory"]["buffers"]) {
       if ((b["name"].get<std::string>().rfind("CPU", 0) == 0) == on_host) observed += b["total"].get<uint64_t>();
     }
-    gateway::RecordObserved(cfg, key, observed);
+    gateway::RecordObserved(calibration, cfg, key, observed);
   });
   supervisor.Start();
   boost::asio::io_context ioc;

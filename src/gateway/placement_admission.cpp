@@ -14,9 +14,6 @@ namespace spillway::gateway {
 
 namespace {
 
-std::mutex g_cal_mu;
-memory::Calibration g_calibration;
-
 std::string CalKey(const config::ServiceConfig& s, const config::PlacementConfig& p) {
   return p.ModelOr(s.model) + "|" + p.device;
 }
@@ -47,22 +44,21 @@ memory::PlacementSpec SpecOf(const config::PlacementConfig& p) {
 }
 
 // A placement's predicted bytes on its device (calibrated), or why there is no estimate.
-StatusOr<uint64_t> Predict(const config::ServiceConfig& s, const config::PlacementConfig& p, uint32_t* n_vocab) {
+StatusOr<uint64_t> Predict(const config::ServiceConfig& s, const config::PlacementConfig& p, uint32_t* n_vocab,
+                           PlacementCalibration* cal) {
   auto meta = gguf::ReadGgufFile(p.ModelOr(s.model));
   auto shape = meta.ok() ? memory::ShapeFromMetadata(*meta) : StatusOr<memory::ModelShape>(meta.status());
   if (!shape.ok()) return shape.status();
   const memory::PlacementSpec spec = SpecOf(p);
   const auto est = memory::EstimatePlacement(*shape, spec);
   memory::DeviceBytes part = spec.accelerator ? est.accelerator : est.host;
-  {
-    std::lock_guard<std::mutex> lk(g_cal_mu);
-    part = g_calibration.Apply(CalKey(s, p), part);
-  }
+  if (cal) part = cal->Apply(CalKey(s, p), part);
   if (n_vocab) *n_vocab = shape->n_vocab;
   return part.total();
 }
 
-std::map<std::string, PlacementAdmission> Admit(const config::GatewayConfig& cfg, const std::string* only,
+std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const config::GatewayConfig& cfg,
+                                                const std::string* only,
                                                 const std::set<std::string>& running,
                                                 const std::set<std::string>& starting = {}) {
   std::map<std::string, PlacementAdmission> out;
@@ -96,7 +92,7 @@ std::map<std::string, PlacementAdmission> Admit(const config::GatewayConfig& cfg
     for (size_t i = 0; i < s.placements.size(); ++i) {
       const std::string key = WorkerKey(s, i);
       if (!starting.count(key) || (only && key == *only)) continue;
-      auto bytes = Predict(s, s.placements[i], nullptr);
+      auto bytes = Predict(s, s.placements[i], nullptr, cal);
       memory::DeviceLedger* l = bytes.ok() ? ledger_for(s.placements[i].device) : nullptr;
       if (l) (void)l->Reserve(key, *bytes, 1);  // what does not fit is already over: it holds what is left
     }
@@ -107,7 +103,7 @@ std::map<std::string, PlacementAdmission> Admit(const config::GatewayConfig& cfg
       const auto& p = s.placements[i];
       PlacementAdmission a;
       a.device = p.device;
-      auto predicted = Predict(s, p, &a.n_vocab);
+      auto predicted = Predict(s, p, &a.n_vocab, cal);
       if (!predicted.ok()) {
         // Not a model the estimator understands: let llama.cpp be the judge.
         a.admitted = true;
@@ -151,7 +147,19 @@ uint64_t CpuPathBudgetBytes(const config::ServiceConfig& s) {
   return h.ok() ? h->total / 2 : 0;
 }
 
-void RecordObserved(const config::GatewayConfig& cfg, const std::string& key, uint64_t observed_bytes) {
+memory::DeviceBytes PlacementCalibration::Apply(const std::string& key, const memory::DeviceBytes& predicted) {
+  std::lock_guard<std::mutex> lk(mu_);
+  return calibration_.Apply(key, predicted);
+}
+
+void PlacementCalibration::Observe(const std::string& key, const memory::DeviceBytes& predicted,
+                                   const memory::DeviceBytes& observed) {
+  std::lock_guard<std::mutex> lk(mu_);
+  calibration_.Observe(key, predicted, observed);
+}
+
+void RecordObserved(PlacementCalibration& cal, const config::GatewayConfig& cfg, const std::string& key,
+                    uint64_t observed_bytes) {
   const config::ServiceConfig* s = nullptr;
   size_t i = 0;
   if (!Find(cfg, key, &s, &i) || observed_bytes == 0) return;
@@ -166,18 +174,17 @@ void RecordObserved(const config::GatewayConfig& cfg, const std::string& key, ui
   memory::DeviceBytes observed = predicted;
   const int64_t delta = static_cast<int64_t>(observed_bytes) - static_cast<int64_t>(predicted.total());
   observed.compute = static_cast<uint64_t>(std::max<int64_t>(0, static_cast<int64_t>(predicted.compute) + delta));
-  std::lock_guard<std::mutex> lk(g_cal_mu);
-  g_calibration.Observe(CalKey(*s, s->placements[i]), predicted, observed);
+  cal.Observe(CalKey(*s, s->placements[i]), predicted, observed);
 }
 
-std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayConfig& cfg,
+std::map<std::string, PlacementAdmission> AdmitPlacements(PlacementCalibration* cal, const config::GatewayConfig& cfg,
                                                           const std::set<std::string>& running) {
-  return Admit(cfg, nullptr, running);
+  return Admit(cal, cfg, nullptr, running);
 }
 
-PlacementAdmission AdmitPlacement(const config::GatewayConfig& cfg, const std::string& key,
+PlacementAdmission AdmitPlacement(PlacementCalibration* cal, const config::GatewayConfig& cfg, const std::string& key,
                                   const std::set<std::string>& starting) {
-  auto all = Admit(cfg, &key, {}, starting);
+  auto all = Admit(cal, cfg, &key, {}, starting);
   auto it = all.find(key);
   return it == all.end() ? PlacementAdmission{true, "", 0, 0, "unknown placement"} : it->second;
 }

@@ -7,10 +7,12 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 
 #include "config/config.h"
+#include "memory/estimator.h"
 
 namespace spillway::gateway {
 
@@ -26,23 +28,37 @@ struct PlacementAdmission {
 // the host's memory when unset; 0 when the host's memory is unknown).
 uint64_t CpuPathBudgetBytes(const config::ServiceConfig& s);
 
+// Calibration: what workers of a (model, device) actually allocated on their
+// device (llama.cpp's breakdown in /v1/worker/info, see RecordObserved).
+// Later admissions of the same (model, device) scale their prediction by
+// observed / predicted. Owned by whoever admits (the gateway's serve loop), not
+// a process-wide global. Thread-safe.
+class PlacementCalibration {
+ public:
+  memory::DeviceBytes Apply(const std::string& key, const memory::DeviceBytes& predicted);
+  void Observe(const std::string& key, const memory::DeviceBytes& predicted, const memory::DeviceBytes& observed);
+
+ private:
+  std::mutex mu_;
+  memory::Calibration calibration_;
+};
+
+// `cal` (may be null: uncalibrated predictions) is applied to every prediction.
 // Keyed by WorkerKey(service, index). `running`: placements whose worker an
 // earlier gateway left serving and that will be adopted (Supervisor::Adoptable):
 // admitted as they are, since the memory the device reports in use is theirs.
-std::map<std::string, PlacementAdmission> AdmitPlacements(const config::GatewayConfig& config,
+std::map<std::string, PlacementAdmission> AdmitPlacements(PlacementCalibration* cal, const config::GatewayConfig& config,
                                                           const std::set<std::string>& running = {});
 
-// Calibration: what a worker of this placement actually allocated on its
-// device (from llama.cpp's breakdown in /v1/worker/info). Later admissions of
-// the same (model, device) scale their prediction by observed / predicted.
-// Thread-safe.
-void RecordObserved(const config::GatewayConfig& config, const std::string& key, uint64_t observed_bytes);
+// A worker of placement `key` allocated `observed_bytes` on its device.
+void RecordObserved(PlacementCalibration& cal, const config::GatewayConfig& config, const std::string& key,
+                    uint64_t observed_bytes);
 
 // One placement again (a restart): its own current use of the device is gone
 // (its worker exited), everything else is as the device reports it now, less
 // the predictions of the placements in `starting` (workers started but not
 // loaded yet: the device does not show their memory so far).
-PlacementAdmission AdmitPlacement(const config::GatewayConfig& config, const std::string& key,
-                                  const std::set<std::string>& starting = {});
+PlacementAdmission AdmitPlacement(PlacementCalibration* cal, const config::GatewayConfig& config,
+                                  const std::string& key, const std::set<std::string>& starting = {});
 
 }  // namespace spillway::gateway

@@ -25,7 +25,8 @@ config::GatewayConfig OneService(int ctx) {
 
 TEST(PlacementAdmissionTest, HostPlacementFitsAndCalibrationIsKept) {
   auto cfg = OneService(2048);
-  auto all = AdmitPlacements(cfg);
+  PlacementCalibration cal;
+  auto all = AdmitPlacements(&cal, cfg);
   ASSERT_EQ(all.size(), 1u);
   const auto& a = all["chat.0"];
   EXPECT_TRUE(a.admitted) << a.reason;
@@ -33,18 +34,21 @@ TEST(PlacementAdmissionTest, HostPlacementFitsAndCalibrationIsKept) {
   // A worker reported 10 % more than predicted: the next admission of this
   // (model, device) plans with what was observed.
   const uint64_t observed = a.predicted_bytes + a.predicted_bytes / 10;
-  RecordObserved(cfg, "chat.0", observed);
-  auto again = AdmitPlacement(cfg, "chat.0");
+  RecordObserved(cal, cfg, "chat.0", observed);
+  auto again = AdmitPlacement(&cal, cfg, "chat.0");
   EXPECT_NEAR(static_cast<double>(again.predicted_bytes), static_cast<double>(observed), 16.0);
+  // Owned, not global: another admitter has seen nothing.
+  PlacementCalibration fresh;
+  EXPECT_EQ(AdmitPlacement(&fresh, cfg, "chat.0").predicted_bytes, a.predicted_bytes);
 }
 
 TEST(PlacementAdmissionTest, AnUnreadableModelIsLeftToLlamaCpp) {
   auto cfg = OneService(512);
   cfg.services[0].model = "/nonexistent.gguf";
-  auto a = AdmitPlacement(cfg, "chat.0");
+  auto a = AdmitPlacement(nullptr, cfg, "chat.0");
   EXPECT_TRUE(a.admitted);
   EXPECT_NE(a.reason.find("no estimate"), std::string::npos);
-  EXPECT_EQ(AdmitPlacement(cfg, "nope.3").reason, "unknown placement");
+  EXPECT_EQ(AdmitPlacement(nullptr, cfg, "nope.3").reason, "unknown placement");
 }
 
 }  // namespace
