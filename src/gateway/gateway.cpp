@@ -97,6 +97,7 @@ void Gateway::Start(boost::asio::any_io_executor io, std::vector<journal::Reques
 }
 
 void Gateway::Shutdown() {
+  status_pool_.join();
   blocking_.join();
   pool_.Clear();
   for (auto& [name, signal] : signals_) signal->Notify();
@@ -117,6 +118,10 @@ void Gateway::Spawn(boost::asio::awaitable<void> task) {
 
 void Gateway::PostBlocking(std::function<void()> f) {
   boost::asio::post(blocking_, [f = std::move(f)] { RunSurviving("spillway: a blocking task", f); });
+}
+
+void Gateway::PostStatus(std::function<void()> f) {
+  boost::asio::post(status_pool_, [f = std::move(f)] { RunSurviving("spillway: a status task", f); });
 }
 
 CapacitySignal& Gateway::SignalFor(const std::string& service) { return *signals_.at(service); }
@@ -173,14 +178,14 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   if (path == "/healthz") return ex->Respond(JsonResponse(200, {{"status", "ok"}}, v));
   if (path == "/readyz") {
     // The journal's health may probe the disk: off the I/O threads.
-    return PostBlocking([this, ex, v] { ex->Respond(ReadyResponse(v)); });
+    return PostStatus([this, ex, v] { ex->Respond(ReadyResponse(v)); });
   }
   if (path == "/metrics" && method == bhttp::verb::get) {
     return ex->Respond(http::MakeResponse(200, RenderMetrics(), "text/plain; version=0.0.4", v));
   }
   if (path == "/v1/status" && method == bhttp::verb::get) {
     // It asks each worker for its memory: off the I/O threads.
-    return PostBlocking([this, ex, v] { ex->Respond(JsonResponse(200, StatusJson(), v)); });
+    return PostStatus([this, ex, v] { ex->Respond(JsonResponse(200, StatusJson(), v)); });
   }
   if (path == "/v1/models" && method == bhttp::verb::get) {
     json data = json::array();

@@ -146,6 +146,10 @@ class Gateway {
   boost::asio::awaitable<std::invoke_result_t<F&>> Blocking(F f);
   // Runs `f` on the blocking pool, detached (a handler that touches the journal).
   void PostBlocking(std::function<void()> f);
+  // /v1/status and /readyz ask each worker and probe the journal's disk: a
+  // pool of their own, so that a hung worker or a flood of status calls never
+  // delays a journal commit.
+  void PostStatus(std::function<void()> f);
   CapacitySignal& SignalFor(const std::string& service);
   // Who is asking: `client` owns the requests it makes (the hash of its key,
   // or "anonymous"); `sees_all` (no keys configured, or an operator key) may
@@ -178,6 +182,7 @@ class Gateway {
   Metrics metrics_;
   std::optional<boost::asio::any_io_executor> io_;
   boost::asio::thread_pool blocking_{16};
+  boost::asio::thread_pool status_pool_{2};
   upstream::ConnectionPool pool_;
   // Woken when capacity may have changed, per service (an attempt released
   // its cells or slot, a worker came or went, a request was cancelled).
