@@ -1,0 +1,50 @@
+// An in-process fake worker for tests of the gateway's async plumbing: an
+// HTTP server (the same Beast server the worker uses) on a loopback port,
+// answering from a handler the test gives, on its own I/O thread. It counts
+// the connections it accepted (through the Host-independent peer count of
+// requests per connection) and can close every connection after answering.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/beast/http.hpp>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "api/http_server.h"
+
+namespace spillway::testing {
+
+class FakeWorker {
+ public:
+  using Handler = std::function<void(http::Request& req, std::shared_ptr<http::Exchange> ex)>;
+  explicit FakeWorker(Handler h) : handler_(std::move(h)) {
+    server_ = std::make_unique<http::Server>(ioc_, http::ServerOptions{}, [this](http::Request req, std::shared_ptr<http::Exchange> ex) {
+      ++requests_;
+      handler_(req, std::move(ex));
+    });
+    ok_ = server_->Listen("127.0.0.1", 0).ok();
+    thread_ = std::thread([this] { ioc_.run(); });
+  }
+  ~FakeWorker() {
+    server_->Stop();
+    ioc_.stop();
+    thread_.join();
+  }
+  bool ok() const { return ok_; }
+  uint16_t port() const { return server_->port(); }
+  int requests() const { return requests_.load(); }
+
+ private:
+  Handler handler_;
+  boost::asio::io_context ioc_;
+  std::unique_ptr<http::Server> server_;
+  std::atomic<int> requests_{0};
+  bool ok_ = false;
+  std::thread thread_;
+};
+
+}  // namespace spillway::testing

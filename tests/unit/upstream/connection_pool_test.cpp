@@ -1,0 +1,156 @@
+// The async connection pool and the capacity signal against an in-process
+// fake worker: keep-alive reuse, SSE relaying, early stop, timeouts, and
+// waiters woken by Notify rather than by their bound.
+#include "upstream/connection_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/detached.hpp>
+
+#include <chrono>
+#include <optional>
+
+#include "fake_worker.h"
+#include "gateway/capacity_signal.h"
+
+namespace spillway::upstream {
+namespace {
+
+namespace net = boost::asio;
+using spillway::testing::FakeWorker;
+
+// Runs a coroutine to completion on a fresh I/O context and returns its result.
+template <typename T>
+T RunCo(net::io_context& ioc, net::awaitable<T> a) {
+  std::optional<T> out;
+  auto run = [&]() -> net::awaitable<void> { out.emplace(co_await std::move(a)); };
+  net::co_spawn(net::make_strand(ioc), run(), net::detached);
+  ioc.restart();
+  ioc.run();
+  return std::move(*out);
+}
+
+FakeWorker Echo() {
+  auto held = std::make_shared<std::vector<std::shared_ptr<http::Exchange>>>();  // "/slow": never answered
+  return FakeWorker([held](http::Request& req, std::shared_ptr<http::Exchange> ex) {
+    const std::string target(req.target());
+    if (target == "/stream") {
+      auto head = http::MakeResponse(200, "", "text/event-stream");
+      ex->StartStream(std::move(head));
+      for (int i = 0; i < 5; ++i) ex->Write("data: " + std::to_string(i) + "\n\n");
+      ex->Write("data: [DONE]\n\n");
+      return ex->End();
+    }
+    if (target == "/slow") return held->push_back(std::move(ex));  // never answered while the test runs
+    ex->Respond(http::MakeResponse(200, "{\"echo\":\"" + target + "\"}", "application/json"));
+  });
+}
+
+TEST(ConnectionPoolTest, SendsOneRequestAfterAnotherThroughThePool) {
+  FakeWorker worker = Echo();
+  ASSERT_TRUE(worker.ok());
+  net::io_context ioc;
+  ConnectionPool pool;
+  for (int i = 0; i < 3; ++i) {
+    auto r = RunCo(ioc, pool.Send(worker.port(), "GET", "/a" + std::to_string(i), "", {}, std::chrono::seconds(5)));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "{\"echo\":\"/a" + std::to_string(i) + "\"}");
+  }
+  EXPECT_EQ(worker.requests(), 3);
+  pool.Clear();
+}
+
+TEST(ConnectionPoolTest, RelaysAStreamPieceByPieceAndStopsWhenAsked) {
+  FakeWorker worker = Echo();
+  net::io_context ioc;
+  ConnectionPool pool;
+  std::string got;
+  int status = 0;
+  auto st = RunCo(ioc, pool.Stream(
+                           worker.port(), "POST", "/stream", "{}", {},
+                           [&](const http::StreamHead& h) {
+                             status = h.status;
+                             return true;
+                           },
+                           [&](std::string_view d) {
+                             got.append(d);
+                             return true;
+                           }));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(status, 200);
+  EXPECT_NE(got.find("data: 4\n\n"), std::string::npos) << got;
+  EXPECT_NE(got.find("[DONE]"), std::string::npos) << got;
+  // Stopping early is not an error; the connection is dropped, not reused mid-answer.
+  std::string first;
+  st = RunCo(ioc, pool.Stream(
+                      worker.port(), "POST", "/stream", "{}", {}, [](const http::StreamHead&) { return true; },
+                      [&](std::string_view d) {
+                        first.append(d);
+                        return false;
+                      }));
+  EXPECT_TRUE(st.ok());
+  EXPECT_FALSE(first.empty());
+  auto r = RunCo(ioc, pool.Send(worker.port(), "GET", "/after", "", {}, std::chrono::seconds(5)));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->body, "{\"echo\":\"/after\"}");
+  pool.Clear();
+}
+
+TEST(ConnectionPoolTest, ATimeoutIsDeadlineExceededAndARefusedPortIsUnavailable) {
+  FakeWorker worker = Echo();
+  net::io_context ioc;
+  ConnectionPool pool;
+  auto r = RunCo(ioc, pool.Send(worker.port(), "GET", "/slow", "", {}, std::chrono::milliseconds(200)));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDeadlineExceeded) << r.status().ToString();
+  // A port nobody listens on (the fake's, once it is gone).
+  uint16_t gone = 0;
+  {
+    FakeWorker brief = Echo();
+    gone = brief.port();
+  }
+  r = RunCo(ioc, pool.Send(gone, "GET", "/x", "", {}, std::chrono::seconds(2)));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+  pool.Clear();
+}
+
+// A waiter is woken by Notify, not by its bound; one that nobody notifies
+// wakes at its bound.
+TEST(CapacitySignalTest, NotifyWakesWaitersAtOnceAndTheBoundEndsAForgottenWait) {
+  net::io_context ioc;
+  gateway::CapacitySignal signal;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto waiter = [&]() -> net::awaitable<int> {
+    co_await signal.Wait(std::chrono::seconds(30));
+    co_return 1;
+  };
+  int woken = 0;
+  for (int i = 0; i < 3; ++i) {
+    net::co_spawn(net::make_strand(ioc), waiter(), [&](std::exception_ptr, int v) { woken += v; });
+  }
+  net::steady_timer later(ioc, std::chrono::milliseconds(50));
+  later.async_wait([&](const boost::system::error_code&) {
+    EXPECT_EQ(signal.waiting(), 3u);
+    signal.Notify();
+  });
+  ioc.run();
+  EXPECT_EQ(woken, 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));  // not the 30 s bound
+  EXPECT_EQ(signal.waiting(), 0u);
+  const auto t1 = std::chrono::steady_clock::now();
+  RunCo(ioc, [&]() -> net::awaitable<int> {
+    co_await signal.Wait(std::chrono::milliseconds(100));
+    co_return 0;
+  }());
+  EXPECT_GE(std::chrono::steady_clock::now() - t1, std::chrono::milliseconds(90));
+  EXPECT_EQ(signal.waiting(), 0u);  // a timed-out waiter leaves the list
+}
+
+}  // namespace
+}  // namespace spillway::upstream
