@@ -106,6 +106,7 @@ std::string Config(const std::string& models, int streams, int slots, int max_to
   std::string c = "max_queue = " + std::to_string(room) + "\nmax_connections = " + std::to_string(room) +
                   "\nmax_requests_per_key = " + std::to_string(room) + "\n[journal]\nsynchronous = \"" + journal + "\"\n";
   c += "[[service]]\nname = \"chat\"\nmodel = \"" + models + "/tiny-chat.gguf\"\nmax_tokens = " + std::to_string(max_tokens) +
+       "\ndefault_max_tokens = " + std::to_string(max_tokens) +
        "\n[[service.placement]]\ndevice = \"cpu\"\nctx = " + std::to_string(ctx_per_slot * slots) +
        "\nslots = " + std::to_string(slots) + "\nthreads = 1\n";
   c += "[[service]]\nname = \"embed\"\nmodel = \"" + models + "/tiny-embed.gguf\"\n"
