@@ -5,4 +5,4 @@
 set -euo pipefail
 BUILD=${1:-build}
 "$BUILD/bench/concurrent_streams" --bin "$BUILD/bin" --models "$BUILD/models" --streams "${STREAMS:-2000}" \
-  --pairs "${PAIRS:-200}" --hold-s "${HOLD_S:-10}" --journal "${JOURNAL:-normal}"
+  --pairs "${PAIRS:-1000}" --hold-s "${HOLD_S:-10}" --journal "${JOURNAL:-normal}"
