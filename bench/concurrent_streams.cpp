@@ -233,6 +233,7 @@ int main(int argc, char** argv) {
   Pairs loaded;
   ProcSample open, held, after_pairs;
   int max_threads = 0;
+  long peak_rss_kib = 0;
   double open_s = 0;
   std::pair<int, int> queue_open;
   SlowStreams::Counts at_open, at_end;
@@ -256,6 +257,7 @@ int main(int argc, char** argv) {
     after_pairs = Sample(g.pid);
     at_end = ss.counts();
     max_threads = watch.max_threads();
+    peak_rss_kib = watch.max_rss_kib();
   }
 
   const auto t_close = Clock::now();
@@ -285,7 +287,8 @@ int main(int argc, char** argv) {
   std::printf("  held open %3d s         %9.1f %9d %12.1f KiB   (gateway CPU %.0f%% of a core meanwhile)\n", hold_s,
               held.rss_kib / 1024.0, held.threads, kib_per(held), CpuPercent(open, held));
   std::printf("  after the embeddings    %9.1f %9d %12.1f KiB\n", after_pairs.rss_kib / 1024.0, after_pairs.threads, kib_per(after_pairs));
-  std::printf("  most threads while open           %9d\n", max_threads);
+  std::printf("  peak while open (50 ms) %9.1f %9d %12.1f KiB\n", peak_rss_kib / 1024.0, max_threads,
+              static_cast<double>(peak_rss_kib - before.rss_kib) / streams);
   // What piles up behind slow readers grows with the running streams' output, not with the streams.
   if (hold_s > 0 && at_end.answered > 0) {
     std::printf("  while held: +%.1f MiB in %d s with %d streams answered: %.1f KiB/s per answered stream\n",
@@ -299,7 +302,8 @@ int main(int argc, char** argv) {
   PrintPairs("gateway idle", idle);
   PrintPairs((std::to_string(streams) + " streams open").c_str(), loaded);
 
-  const double per_stream = std::max({kib_per(open), kib_per(held), kib_per(after_pairs)});
+  const double per_stream = std::max({kib_per(open), kib_per(held), kib_per(after_pairs),
+                                      static_cast<double>(peak_rss_kib - before.rss_kib) / streams});
   const bool all_open = at_end.connected == streams && at_end.refused == 0 && at_end.failed == 0;
   std::printf("\nverdicts\n");
   std::printf("  RSS per open stream        %.1f KiB (goal <= %.0f KiB): %s\n", per_stream, kMaxKibPerStream,
