@@ -2,129 +2,131 @@
 // directly, in the same run over loopback. A small non-streaming completion
 // (1 token) for latency, a streamed one for time to first token; once with the
 // journal at synchronous=FULL (the default: fsync per commit) and once at
-// NORMAL; plus the journal's own writes measured alone.
+// NORMAL; plus the journal's own writes measured alone. Debian's nginx in
+// front of the same worker, in the same rounds, is the yardstick for what a
+// proxy hop costs.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <thread>
+#include <memory>
+#include <utility>
 
 #include "api/http_client.h"
-#include "worker_secret.h"
+#include "bench_gateway.h"
 #include "common/clock.h"
 #include "journal/journal.h"
+#include "nginx_proxy.h"
+#include "worker_secret.h"
 
-extern char** environ;
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
+using namespace spillway::bench;
 namespace fs = std::filesystem;
 
 namespace {
 
-double Pct(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+// One chat service on the CPU, one slot: the worker does nothing but these requests.
+std::string Config(const std::string& model, bool full) {
+  return "[journal]\nsynchronous = \"" + std::string(full ? "full" : "normal") + "\"\n" +
+         "[[service]]\nname = \"chat\"\nmodel = \"" + model + "\"\n" +
+         "[[service.placement]]\ndevice = \"cpu\"\nctx = 1024\nslots = 1\nthreads = 1\n";
 }
-double Us(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::micro>(b - a).count(); }
 
-struct Gateway {
-  pid_t pid = -1;
-  uint16_t port = 0;
-  std::string dir;
+// Where one side of the comparison sends its requests, and what it measured.
+struct Side {
+  Side(uint16_t p, std::string b, std::string sb, spillway::http::HeaderList h)
+      : port(p), body(std::move(b)), stream_body(std::move(sb)), headers(std::move(h)) {}
+  uint16_t port;
+  std::string body, stream_body;
+  spillway::http::HeaderList headers;
+  std::vector<double> latency, ttft;
 };
 
-Gateway StartGateway(const std::string& bin, const std::string& model, bool full) {
-  Gateway g;
-  g.dir = fs::temp_directory_path() / ("spillway-bench-gw-" + std::to_string(getpid()) + (full ? "-full" : "-normal"));
-  fs::remove_all(g.dir);
-  fs::create_directories(g.dir);
-  std::ofstream(g.dir + "/c.toml") << "[journal]\nsynchronous = \"" << (full ? "full" : "normal") << "\"\n"
-                                    << "[[service]]\nname = \"chat\"\nmodel = \"" << model << "\"\n"
-                                    << "[[service.placement]]\ndevice = \"cpu\"\nctx = 1024\nslots = 1\nthreads = 1\n";
-  std::vector<std::string> args = {bin + "/spillway", "serve", "--config", g.dir + "/c.toml", "--state-dir",
-                                   g.dir + "/state", "--listen", "127.0.0.1:0", "--port-file", g.dir + "/port"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, (g.dir + "/log").c_str(), O_WRONLY | O_CREAT, 0644);
-  posix_spawn(&g.pid, argv[0], &fa, nullptr, argv.data(), environ);
-  for (int i = 0; i < 3000; ++i) {
-    std::ifstream f(g.dir + "/port");
-    int p = 0;
-    if (f >> p) {
-      auto r = spillway::http::Fetch("127.0.0.1", static_cast<uint16_t>(p), "GET", "/readyz");
-      if (r.ok() && r->status == 200) {
-        g.port = static_cast<uint16_t>(p);
-        break;
+double Ttft(const Side& s) {
+  const auto t0 = Clock::now();
+  double first = -1;
+  (void)spillway::http::StreamFetch(
+      "127.0.0.1", s.port, "POST", "/v1/completions", s.stream_body, s.headers, [](const auto&) { return true; },
+      [&](std::string_view) {
+        if (first < 0) first = Us(t0, Clock::now());
+        return true;
+      });
+  return first;
+}
+
+// Every side takes its turn in each round (the order rotating), so drift and
+// the worker's own variance hit all of them alike.
+void Interleave(std::vector<Side*> sides, int n) {
+  std::vector<std::unique_ptr<spillway::http::Connection>> conns;
+  for (auto* s : sides) conns.push_back(std::make_unique<spillway::http::Connection>("127.0.0.1", s->port));
+  for (int i = 0; i < 20; ++i) {  // warm-up: connections, caches, the worker's first requests
+    for (size_t k = 0; k < sides.size(); ++k) (void)conns[k]->Send("POST", "/v1/completions", sides[k]->body, sides[k]->headers);
+  }
+  std::vector<double> t(sides.size());
+  int failed = 0;
+  std::string failure;
+  for (int i = 0; i < n; ++i) {
+    bool ok = true;
+    for (size_t j = 0; j < sides.size(); ++j) {
+      const size_t k = (i + j) % sides.size();
+      const auto t0 = Clock::now();
+      auto r = conns[k]->Send("POST", "/v1/completions", sides[k]->body, sides[k]->headers);
+      t[k] = Us(t0, Clock::now());
+      if (!r.ok() || r->status != 200) {
+        ok = false;
+        failure = "port " + std::to_string(sides[k]->port) + ": " + (r.ok() ? r->body : r.status().message());
       }
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!ok) {  // a round counts for all sides or for none
+      ++failed;
+      continue;
+    }
+    for (size_t k = 0; k < sides.size(); ++k) sides[k]->latency.push_back(t[k]);
   }
-  return g;
+  if (failed) std::printf("%d of %d rounds failed, the last: %s\n", failed, n, failure.c_str());
+  for (int i = 0; i < n / 4; ++i) {
+    for (size_t j = 0; j < sides.size(); ++j) {
+      Side& s = *sides[(i + j) % sides.size()];
+      s.ttft.push_back(Ttft(s));
+    }
+  }
 }
 
-void StopGateway(Gateway& g) {
-  kill(g.pid, SIGTERM);
-  waitpid(g.pid, nullptr, 0);
-  fs::remove_all(g.dir);
+void PrintRow(const std::string& label, const Side& d, const Side& x) {
+  const auto p = [](const std::vector<double>& v, double q) { return Pct(v, q); };
+  std::printf("%-22s %9.0f %9.0f %9.0f %7.2fx | %9.0f %9.0f %9.0f | %9.0f %9.0f %9.0f\n", label.c_str(),
+              p(d.latency, .5), p(x.latency, .5), p(x.latency, .5) - p(d.latency, .5), p(x.latency, .5) / p(d.latency, .5),
+              p(d.latency, .99), p(x.latency, .99), p(x.latency, .99) - p(d.latency, .99), p(d.ttft, .5), p(x.ttft, .5),
+              p(x.ttft, .5) - p(d.ttft, .5));
 }
 
-struct Row {
-  double p50, p99;
+struct Added {
+  double gateway_p50 = 0, nginx_p50 = -1;  // microseconds over the direct call; nginx -1: not measured
 };
 
-void Measure(const std::string& label, uint16_t gw_port, uint16_t worker_port, int n) {
-  spillway::http::Connection gw("127.0.0.1", gw_port), direct("127.0.0.1", worker_port);
-  const std::string direct_body = json{{"prompt", "x"}, {"max_tokens", 1}, {"temperature", 0}}.dump();
-  const std::string gw_body = json{{"model", "chat"}, {"prompt", "x"}, {"max_tokens", 1}, {"temperature", 0}}.dump();
-  for (int i = 0; i < 20; ++i) {
-    (void)direct.Send("POST", "/v1/completions", direct_body, spillway::bench::WorkerAuth());
-    (void)gw.Send("POST", "/v1/completions", gw_body);
+// The gateway, its worker called directly and (when there is one) nginx in
+// front of that same worker.
+Added Measure(const std::string& label, uint16_t gw_port, uint16_t worker_port, uint16_t nginx_port, int n) {
+  const json direct_body = {{"prompt", "x"}, {"max_tokens", 1}, {"temperature", 0}};
+  json gw_body = direct_body, stream_body = {{"prompt", "x"}, {"max_tokens", 4}, {"stream", true}};
+  gw_body["model"] = "chat";
+  Side direct{worker_port, direct_body.dump(), stream_body.dump(), spillway::bench::WorkerAuth()};
+  stream_body["model"] = "chat";
+  Side gw{gw_port, gw_body.dump(), stream_body.dump(), {}};
+  Side nginx{nginx_port, direct.body, direct.stream_body, {}};  // nginx adds the worker's secret itself
+  std::vector<Side*> sides = {&direct, &gw};
+  if (nginx_port) sides.push_back(&nginx);
+  Interleave(sides, n);
+  PrintRow(label, direct, gw);
+  Added a{Pct(gw.latency, .5) - Pct(direct.latency, .5)};
+  if (nginx_port) {
+    PrintRow("  nginx, same worker", direct, nginx);
+    a.nginx_p50 = Pct(nginx.latency, .5) - Pct(direct.latency, .5);
   }
-  std::vector<double> d, g, diff;
-  for (int i = 0; i < n; ++i) {  // interleaved, so drift hits both alike
-    auto t0 = Clock::now();
-    auto a = direct.Send("POST", "/v1/completions", direct_body, spillway::bench::WorkerAuth());
-    auto t1 = Clock::now();
-    auto b = gw.Send("POST", "/v1/completions", gw_body);
-    auto t2 = Clock::now();
-    if (!a.ok() || !b.ok() || a->status != 200 || b->status != 200) continue;
-    d.push_back(Us(t0, t1));
-    g.push_back(Us(t1, t2));
-  }
-  std::vector<double> ttft_d, ttft_g;
-  auto ttft = [](uint16_t port, const std::string& body) {
-    auto t0 = Clock::now();
-    double first = -1;
-    (void)spillway::http::StreamFetch(
-        "127.0.0.1", port, "POST", "/v1/completions", body, spillway::bench::WorkerAuth(), [](const auto&) { return true; },
-        [&](std::string_view) {
-          if (first < 0) first = Us(t0, Clock::now());
-          return true;
-        });
-    return first;
-  };
-  const std::string sd = json{{"prompt", "x"}, {"max_tokens", 4}, {"stream", true}}.dump();
-  const std::string sg = json{{"model", "chat"}, {"prompt", "x"}, {"max_tokens", 4}, {"stream", true}}.dump();
-  for (int i = 0; i < n / 4; ++i) {
-    ttft_d.push_back(ttft(worker_port, sd));
-    ttft_g.push_back(ttft(gw_port, sg));
-  }
-  std::printf("%-22s %9.0f %9.0f %9.0f %7.2fx | %9.0f %9.0f %9.0f | %9.0f %9.0f %9.0f\n", label.c_str(), Pct(d, 0.5),
-              Pct(g, 0.5), Pct(g, 0.5) - Pct(d, 0.5), Pct(g, 0.5) / Pct(d, 0.5), Pct(d, 0.99), Pct(g, 0.99),
-              Pct(g, 0.99) - Pct(d, 0.99), Pct(ttft_d, 0.5), Pct(ttft_g, 0.5), Pct(ttft_g, 0.5) - Pct(ttft_d, 0.5));
+  return a;
 }
 
 void JournalAlone(bool full, int n) {
@@ -173,16 +175,28 @@ int main(int argc, char** argv) {
   std::printf("non-streaming 1-token completion, loopback, keep-alive, interleaved; times in microseconds\n");
   std::printf("%-22s %9s %9s %9s %8s | %9s %9s %9s | %9s %9s %9s\n", "journal", "p50 dir", "p50 gw", "added", "ratio",
               "p99 dir", "p99 gw", "added", "ttft dir", "ttft gw", "added");
+  std::vector<std::pair<std::string, Added>> added;
   for (bool full : {true, false}) {
-    Gateway g = StartGateway(bin, model, full);
-    if (!g.port) {
-      std::fprintf(stderr, "gateway did not start\n");
+    GatewayRun g = StartGateway(bin, Config(model, full), full ? "overhead-full" : "overhead-normal");
+    const uint16_t worker = g.port ? WorkerPort(g.port, "chat") : 0;
+    if (!worker) {
+      StopGateway(g, /*keep_dir=*/true);
       return 1;
     }
-    auto st = spillway::http::Fetch("127.0.0.1", g.port, "GET", "/v1/status");
-    const uint16_t worker = json::parse(st->body)["services"][0]["placements"][0]["port"].get<uint16_t>();
-    Measure(full ? "FULL (default)" : "NORMAL", g.port, worker, n);
+    {
+      NginxProxy nginx(worker, spillway::bench::WorkerSecret());
+      if (!nginx.running()) std::printf("nginx: %s; its rows are skipped\n", nginx.why().c_str());
+      added.emplace_back(full ? "FULL" : "NORMAL", Measure(full ? "FULL (default)" : "NORMAL", g.port, worker, nginx.port(), n));
+    }
     StopGateway(g);
+  }
+  // The yardstick: what a plain reverse proxy adds to the same call.
+  for (const auto& [mode, a] : added) {
+    if (a.nginx_p50 < 0) continue;
+    char ratio[32] = "n/a (nginx added nothing)";
+    if (a.nginx_p50 > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", a.gateway_p50 / a.nginx_p50);
+    std::printf("vs nginx, journal %-6s: Spillway added p50 %.0f us, nginx %.0f us; Spillway/nginx %s; Spillway <= nginx: %s\n",
+                mode.c_str(), a.gateway_p50, a.nginx_p50, ratio, a.gateway_p50 <= a.nginx_p50 ? "yes" : "no (MISSED)");
   }
   JournalAlone(true, 200);
   JournalAlone(false, 200);

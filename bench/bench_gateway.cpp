@@ -1,0 +1,124 @@
+#include "bench_gateway.h"
+
+#include <nlohmann/json.hpp>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "api/http_client.h"
+
+extern char** environ;
+
+namespace spillway::bench {
+
+namespace fs = std::filesystem;
+
+double Pct(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+double Us(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::micro>(b - a).count(); }
+
+GatewayRun StartGateway(const std::string& bin_dir, const std::string& config_toml, const std::string& tag,
+                        std::chrono::seconds timeout) {
+  GatewayRun g;
+  g.dir = fs::temp_directory_path() / ("spillway-bench-" + tag + "-" + std::to_string(getpid()));
+  fs::remove_all(g.dir);
+  fs::create_directories(g.dir);
+  std::ofstream(g.dir + "/c.toml") << config_toml;
+  std::vector<std::string> args = {bin_dir + "/spillway", "serve", "--config", g.dir + "/c.toml", "--state-dir",
+                                   g.dir + "/state", "--listen", "127.0.0.1:0", "--port-file", g.dir + "/port"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, (g.dir + "/log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  const int rc = posix_spawn(&g.pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) {
+    std::fprintf(stderr, "cannot start %s\n", argv[0]);
+    g.pid = -1;
+    return g;
+  }
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (waitpid(g.pid, nullptr, WNOHANG) == g.pid) {  // refused its config, or crashed
+      g.pid = -1;
+      break;
+    }
+    std::ifstream f(g.dir + "/port");
+    int p = 0;
+    if (f >> p) {
+      auto r = http::Fetch("127.0.0.1", static_cast<uint16_t>(p), "GET", "/readyz", "", {}, std::chrono::seconds(2));
+      if (r.ok() && r->status == 200) {
+        g.port = static_cast<uint16_t>(p);
+        return g;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::fprintf(stderr, "the gateway did not become ready; see %s/log\n", g.dir.c_str());
+  return g;
+}
+
+void StopGateway(GatewayRun& g, bool keep_dir) {
+  if (g.pid > 0) {
+    kill(g.pid, SIGTERM);
+    // It stops its workers first (SIGTERM, SIGKILL after 5 s): give it that and more.
+    bool gone = false;
+    for (int i = 0; i < 1500 && !gone; ++i) {
+      gone = waitpid(g.pid, nullptr, WNOHANG) == g.pid;
+      if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!gone) {
+      std::fprintf(stderr, "the gateway ignored SIGTERM for 30 s; killing it\n");
+      kill(g.pid, SIGKILL);
+      waitpid(g.pid, nullptr, 0);
+    }
+    g.pid = -1;
+  }
+  if (!keep_dir && !g.dir.empty()) fs::remove_all(g.dir);
+}
+
+uint16_t WorkerPort(uint16_t gateway_port, const std::string& service) {
+  auto st = http::Fetch("127.0.0.1", gateway_port, "GET", "/v1/status");
+  if (!st.ok() || st->status != 200) return 0;
+  const auto j = nlohmann::json::parse(st->body, nullptr, false);
+  if (!j.is_object()) return 0;
+  for (const auto& s : j["services"]) {
+    if (s.value("name", "") == service && !s["placements"].empty()) return s["placements"][0].value("port", uint16_t{0});
+  }
+  return 0;
+}
+
+uint16_t FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  uint16_t port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+}  // namespace spillway::bench

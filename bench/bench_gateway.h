@@ -1,0 +1,42 @@
+// What the gateway benchmarks share: a real `spillway serve` started with a
+// generated config on port 0 (as tests/integration/gateway_process does for
+// the tests, without the test helpers), the port of one of its workers, and
+// percentiles.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace spillway::bench {
+
+using Clock = std::chrono::steady_clock;
+
+double Pct(std::vector<double> v, double p);  // p in [0, 1]; 0 for no samples
+double Us(Clock::time_point a, Clock::time_point b);
+
+struct GatewayRun {
+  pid_t pid = -1;
+  uint16_t port = 0;  // 0: it did not become ready (its log says why)
+  std::string dir;    // config, port file, log and state directory
+};
+
+// Starts `<bin_dir>/spillway serve` with `config_toml` in a fresh temporary
+// directory named after `tag`, and waits for /readyz (every worker loaded).
+// The workers take $SPILLWAY_WORKER_SECRET from this process's environment.
+GatewayRun StartGateway(const std::string& bin_dir, const std::string& config_toml, const std::string& tag,
+                        std::chrono::seconds timeout = std::chrono::seconds(120));
+// SIGTERM (the gateway stops its workers), waited for; SIGKILL after 30 s.
+// Removes the directory unless `keep_dir`.
+void StopGateway(GatewayRun& g, bool keep_dir = false);
+
+// The port of the first placement of `service`, from /v1/status; 0 if none.
+uint16_t WorkerPort(uint16_t gateway_port, const std::string& service);
+
+// A TCP port on 127.0.0.1 that was free a moment ago (for servers that cannot take port 0).
+uint16_t FreePort();
+
+}  // namespace spillway::bench
