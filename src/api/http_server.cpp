@@ -112,8 +112,11 @@ class ExchangeImpl final : public Exchange {
   void End() override;
   void OnDisconnect(std::function<void()> cb) override;
   bool disconnected() const override { return disconnected_.load(); }
+  size_t unsent_bytes() const override { return static_cast<size_t>(std::max<int64_t>(0, unsent_->load())); }
 
   std::atomic<bool> disconnected_{false};
+  // Shared with the session's queue items, which count down as they are sent.
+  std::shared_ptr<std::atomic<int64_t>> unsent_ = std::make_shared<std::atomic<int64_t>>(0);
   std::atomic<bool> finished_{false};
 
  private:
@@ -144,6 +147,16 @@ class Session : public std::enable_shared_from_this<Session> {
     std::shared_ptr<Response> res;  // a whole response, or
     std::string raw;                // raw bytes (stream header, chunks)
     bool last = false;              // completes the exchange
+    std::shared_ptr<std::atomic<int64_t>> unsent = nullptr;  // counted down once sent (or dropped)
+    ~Item() {
+      if (unsent) *unsent -= static_cast<int64_t>(raw.size());
+    }
+    Item(std::shared_ptr<Response> r, std::string w, bool l, std::shared_ptr<std::atomic<int64_t>> u = nullptr)
+        : res(std::move(r)), raw(std::move(w)), last(l), unsent(std::move(u)) {}
+    Item(Item&& o) noexcept : res(std::move(o.res)), raw(std::move(o.raw)), last(o.last), unsent(std::move(o.unsent)) {
+      o.unsent = nullptr;
+    }
+    Item& operator=(Item&&) = delete;
   };
 
   void Enqueue(Item item) {
@@ -465,7 +478,11 @@ void ExchangeImpl::StartStream(Response header) {
 void ExchangeImpl::Write(std::string data) {
   if (finished_ || data.empty()) return;
   auto s = session_;
-  net::post(s->executor(), [s, raw = ChunkFrame(data)]() mutable { s->Enqueue({nullptr, std::move(raw), false}); });
+  std::string raw = ChunkFrame(data);
+  *unsent_ += static_cast<int64_t>(raw.size());
+  net::post(s->executor(), [s, raw = std::move(raw), u = unsent_]() mutable {
+    s->Enqueue({nullptr, std::move(raw), false, std::move(u)});  // dropped unsent: its destructor counts it down
+  });
 }
 
 void ExchangeImpl::End() {

@@ -74,6 +74,9 @@ class Exchange {
   virtual void End() = 0;
   virtual void OnDisconnect(std::function<void()> cb) = 0;
   virtual bool disconnected() const = 0;
+  // Bytes given to Write() that have not reached the socket yet: a relay
+  // pauses reading its upstream while a slow reader has much of it unsent.
+  virtual size_t unsent_bytes() const { return 0; }
 };
 
 using Handler = std::function<void(Request req, std::shared_ptr<Exchange> ex)>;

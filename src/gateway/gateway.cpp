@@ -686,7 +686,10 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
             if (!on_event(event)) return false;
           }
           return true;
-        });
+        },
+        std::chrono::seconds(600),
+        // A slow reader: stop reading the worker while much is unsent to the client.
+        [&] { return ex && !ex->disconnected() && ex->unsent_bytes() > kMaxUnsentBytes; });
     if (!head_ok && st.ok()) {
       if (live->cancelled && !streaming_started) co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
       const auto head_error = protocol::ParseWorkerError(status, error_body);

@@ -253,6 +253,12 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
           co_return false;
         }
         if (on_wait) on_wait(StartingNote(svc), 1);
+      } else if (on_wait) {
+        // A stream waiting for a slot hears why, not silence until its answer.
+        on_wait("every slot of '" + svc.name + "' is busy; waiting for one (" +
+                    std::to_string((clock_.NowMs() - t0) / 1000) + " s so far, " +
+                    std::to_string(SignalFor(svc.name).waiting()) + " waiting)",
+                1);
       }
       if (clock_.NowMs() - t0 > kQueueWaitMs) break;
       waited |= all_busy;

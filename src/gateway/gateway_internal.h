@@ -24,6 +24,7 @@ namespace internal {
 
 inline constexpr int64_t kQueueWaitMs = 60000;  // how long an accepted request may wait for a worker
 inline constexpr int kMaxAttempts = 3;          // attempts on worker failures, per request
+inline constexpr size_t kMaxUnsentBytes = 256 << 10;  // of a stream to a slow reader, before the relay pauses
 
 inline http::Response JsonResponse(unsigned status, const json& body, unsigned version) {
   return http::MakeResponse(status, body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json",

@@ -2,12 +2,14 @@
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
 #include <cctype>
+#include <optional>
 
 namespace spillway::upstream {
 
@@ -138,7 +140,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
                                               http::HeaderList headers,
                                               std::function<bool(const http::StreamHead&)> on_head,
                                               std::function<bool(std::string_view)> on_data,
-                                              std::chrono::milliseconds idle_timeout) {
+                                              std::chrono::milliseconds idle_timeout, std::function<bool()> paused) {
   for (int round = 0; round < 2; ++round) {
     bool reused = false;
     auto c = Take(port, co_await net::this_coro::executor, &reused);
@@ -164,7 +166,14 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     for (const auto& f : parser.get()) head.headers[Lower(std::string(f.name_string()))] = std::string(f.value());
     if (!on_head(head)) co_return Status::Ok();  // the connection is dropped mid-answer
     std::vector<char> chunk(16384);
+    std::optional<net::steady_timer> pause_timer;
     while (!parser.is_done()) {
+      while (paused && paused()) {
+        if (!pause_timer) pause_timer.emplace(co_await net::this_coro::executor);
+        pause_timer->expires_after(std::chrono::milliseconds(10));
+        beast::error_code tec;
+        co_await pause_timer->async_wait(net::redirect_error(net::use_awaitable, tec));
+      }
       parser.get().body().data = chunk.data();
       parser.get().body().size = chunk.size();
       c->stream.expires_after(idle_timeout);

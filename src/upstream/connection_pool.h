@@ -45,11 +45,15 @@ class ConnectionPool {
   // One request whose answer is handed over as it arrives (SSE relaying):
   // `on_head` sees status and headers, `on_data` each piece of the body
   // (de-chunked); either returning false stops reading (the connection is
-  // then closed). `idle_timeout` bounds each wait for more data.
+  // then closed). `idle_timeout` bounds each wait for more data. While
+  // `paused()` says so (the client reads slower than the worker writes), no
+  // more is read: the worker's socket fills instead of the gateway's memory
+  // (looked at again every 10 ms).
   boost::asio::awaitable<Status> Stream(uint16_t port, std::string method, std::string target, std::string body,
                                         http::HeaderList headers, std::function<bool(const http::StreamHead&)> on_head,
                                         std::function<bool(std::string_view)> on_data,
-                                        std::chrono::milliseconds idle_timeout = std::chrono::seconds(600));
+                                        std::chrono::milliseconds idle_timeout = std::chrono::seconds(600),
+                                        std::function<bool()> paused = nullptr);
 
  private:
   struct Conn;

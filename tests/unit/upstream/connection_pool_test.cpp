@@ -101,6 +101,32 @@ TEST(ConnectionPoolTest, RelaysAStreamPieceByPieceAndStopsWhenAsked) {
   pool.Clear();
 }
 
+// Backpressure: while `paused` says so, nothing more is read from the worker.
+TEST(ConnectionPoolTest, APausedRelayReadsNothingUntilResumed) {
+  FakeWorker worker = Echo();
+  net::io_context ioc;
+  ConnectionPool pool;
+  int pieces = 0, polls = 0;
+  bool pause = true;
+  auto st = RunCo(ioc, pool.Stream(
+                           worker.port(), "POST", "/stream", "{}", {}, [](const http::StreamHead&) { return true; },
+                           [&](std::string_view) {
+                             ++pieces;
+                             return true;
+                           },
+                           std::chrono::seconds(5),
+                           [&] {
+                             // Paused for the first 20 looks (about 200 ms): no piece may arrive meanwhile.
+                             if (++polls > 20) pause = false;
+                             if (pause) EXPECT_EQ(pieces, 0);
+                             return pause;
+                           }));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_GT(polls, 20);
+  EXPECT_GT(pieces, 0);
+  pool.Clear();
+}
+
 TEST(ConnectionPoolTest, ATimeoutIsDeadlineExceededAndARefusedPortIsUnavailable) {
   FakeWorker worker = Echo();
   net::io_context ioc;
