@@ -9,6 +9,7 @@
 
 #include "chaos/run.h"
 #include "devices/sim_ledger.h"
+#include "protocol/worker_protocol.h"
 
 namespace spillway::chaos {
 
@@ -73,7 +74,7 @@ void Run::Inject(const std::string& kind, FaultEvent* ev) {
   const uint16_t gpu_port = gpu.is_object() ? gpu.value("port", 0) : 0;
   const int gpu_pid = gpu.is_object() ? gpu.value("pid", 0) : 0;
   auto arm = [&](const std::string& spec) {
-    auto r = http::Fetch("127.0.0.1", gpu_port, "POST", "/v1/worker/faults", json{{"faults", {spec}}}.dump(),
+    auto r = http::Fetch("127.0.0.1", gpu_port, "POST", std::string(protocol::kFaultsPath), json{{"faults", {spec}}}.dump(),
                          WorkerAuth(), std::chrono::seconds(2));
     if (!r.ok() || r->status != 200) ev->kind += " (not armed: the GPU worker was not ready)";
   };

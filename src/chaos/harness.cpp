@@ -21,6 +21,7 @@
 #include "chaos/process.h"
 #include "chaos/verdict.h"
 #include "devices/sim_ledger.h"
+#include "protocol/worker_protocol.h"
 
 namespace spillway::chaos {
 
@@ -247,7 +248,7 @@ void Run::Settle() {
   if (target_ != Target::kLlamaServer) {
     const json p = Placement(0, 0);
     if (p.is_object() && p.value("port", 0) > 0) {
-      (void)http::Fetch("127.0.0.1", p.value("port", uint16_t{0}), "POST", "/v1/worker/faults",
+      (void)http::Fetch("127.0.0.1", p.value("port", uint16_t{0}), "POST", std::string(protocol::kFaultsPath),
                         json{{"faults", {"clear"}}}.dump(), WorkerAuth(), std::chrono::seconds(2));
     }
   }

@@ -365,9 +365,7 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
   const config::ServiceConfig* svc = config_.FindService(rec.service);
   const unsigned v = 11;
   const int64_t t0 = clock_.NowMs();
-  const std::string path = rec.endpoint == "chat"         ? "/v1/chat/completions"
-                           : rec.endpoint == "completion" ? "/v1/completions"
-                                                          : "/v1/embeddings";
+  const std::string path = protocol::GenerationPath(rec.endpoint);
   std::string placement = svc ? svc->placements[0].Name() : "";
   Target target;
   // What an attempt holds (cells, its place on the CPU path) goes back whatever the outcome.

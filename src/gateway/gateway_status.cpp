@@ -10,6 +10,7 @@
 #include "api/http_client.h"
 #include "gateway/gateway.h"
 #include "gateway/gateway_internal.h"
+#include "protocol/worker_protocol.h"
 
 namespace spillway::gateway {
 
@@ -130,7 +131,7 @@ json Gateway::StatusJson() const {
         w["log"] = v.log_path;
         if (w.contains("readiness") && v.last_start_ms > 0) w["readiness"]["measured_start_s"] = v.last_start_ms / 1000.0;
         if (v.port) {
-          auto info = http::Fetch("127.0.0.1", v.port, "GET", "/v1/worker/info", "", supervisor_.AuthHeaders(),
+          auto info = http::Fetch("127.0.0.1", v.port, "GET", std::string(protocol::kInfoPath), "", supervisor_.AuthHeaders(),
                                   std::chrono::milliseconds(500));
           if (info.ok() && info->status == 200) {
             json ij = json::parse(info->body, nullptr, false);

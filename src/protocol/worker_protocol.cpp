@@ -139,6 +139,7 @@ std::optional<WorkerInfo> WorkerInfo::FromJson(const json& j) {
   if (!j.is_object()) return std::nullopt;
   WorkerInfo w;
   if (j.contains("protocol_version") && j["protocol_version"].is_number_integer()) w.protocol_version = j["protocol_version"];
+  if (j.contains("pid") && j["pid"].is_number_integer()) w.pid = j["pid"];
   if (j.contains("fingerprint")) w.fingerprint = j["fingerprint"];
   if (j.contains("placement")) w.placement = j["placement"];
   if (j.contains("context") && j["context"].is_object() && j["context"].contains("created") &&

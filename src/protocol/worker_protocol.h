@@ -9,6 +9,7 @@
 //          `spillway_resume` continues a cut stream), X-Request-Id carries the request id
 //   POST   /v1/worker/tokenize?endpoint=chat|completion            prompt size -> TokenizeReply
 //   DELETE /v1/worker/requests/{id}                                 cancel
+//   DELETE /v1/worker/requests                                      cancel all (an adopting gateway)
 //   GET    /health                                                  HealthReport
 //   GET    /v1/worker/info                                          WorkerInfo (JSON)
 //   POST   /v1/worker/faults                                        fault injection (tests)
@@ -37,6 +38,7 @@ inline constexpr std::string_view kHealthPath = "/health";
 inline constexpr std::string_view kInfoPath = "/v1/worker/info";
 inline constexpr std::string_view kTokenizePath = "/v1/worker/tokenize";
 inline constexpr std::string_view kCancelPrefix = "/v1/worker/requests/";
+inline constexpr std::string_view kCancelAllPath = "/v1/worker/requests";
 inline constexpr std::string_view kFaultsPath = "/v1/worker/faults";
 
 // The path of a generation endpoint ("chat" | "completion" | "embedding").
@@ -111,6 +113,7 @@ struct TokenizeReply {
 // The fields of GET /v1/worker/info that the gateway reads.
 struct WorkerInfo {
   int protocol_version = 0;
+  int64_t pid = 0;  // the answering process (an adopting gateway checks its record's)
   nlohmann::json fingerprint;
   nlohmann::json placement;
   bool context_created = true;

@@ -336,7 +336,8 @@ void Supervisor::Round() {
     }
     // Health checks run without the lock: callers asking for ports never wait on them.
     for (const auto& c : checks) {
-      auto r = http::Fetch("127.0.0.1", c.port, "GET", "/health", "", AuthHeaders(), std::chrono::milliseconds(1000));
+      auto r = http::Fetch("127.0.0.1", c.port, "GET", std::string(protocol::kHealthPath), "", AuthHeaders(),
+                           std::chrono::milliseconds(1000));
       // A worker whose device is lost answers 503: it cannot recover in place.
       const bool healthy = r.ok() && r->status == 200;
       // A lost device or a stalled decode loop (a hung driver that still

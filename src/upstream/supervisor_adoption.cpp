@@ -85,26 +85,27 @@ AdoptDecision Supervisor::Judge(WorkerRecord& record, const std::optional<std::s
   if (alive && record.port == 0) record.port = PortFromFile(record.key);
   std::optional<WorkerInfoFacts> info;
   if (alive && configured_hash == record.spec_hash && record.port != 0) {
-    auto r = http::Fetch("127.0.0.1", record.port, "GET", "/v1/worker/info", "", AuthHeaders(),
+    auto r = http::Fetch("127.0.0.1", record.port, "GET", std::string(protocol::kInfoPath), "", AuthHeaders(),
                          std::chrono::seconds(2));
-    const nlohmann::json j = r.ok() && r->status == 200 ? nlohmann::json::parse(r->body, nullptr, false)
-                                                        : nlohmann::json();
-    if (j.is_object()) {
-      info = WorkerInfoFacts{j.value("protocol_version", 0), static_cast<pid_t>(j.value("pid", 0))};
-    }
+    const auto answer = r.ok() && r->status == 200
+                            ? protocol::WorkerInfo::FromJson(nlohmann::json::parse(r->body, nullptr, false))
+                            : std::nullopt;
+    if (answer) info = WorkerInfoFacts{answer->protocol_version, static_cast<pid_t>(answer->pid)};
   }
   return DecideAdoption(record, configured_hash, protocol::kWorkerProtocolVersion, alive, info);
 }
 
 Status Supervisor::ClearLeftovers(uint16_t port) const {
-  auto r = http::Fetch("127.0.0.1", port, "DELETE", "/v1/worker/requests", "", AuthHeaders(), std::chrono::seconds(2));
+  auto r = http::Fetch("127.0.0.1", port, "DELETE", std::string(protocol::kCancelAllPath), "", AuthHeaders(),
+                       std::chrono::seconds(2));
   if (!r.ok() || r->status != 200) {
     return Status::Unavailable("it did not cancel the previous gateway's requests (" +
                                (r.ok() ? "HTTP " + std::to_string(r->status) : r.status().message()) + ")");
   }
   const auto deadline = std::chrono::steady_clock::now() + kDrainTimeout;
   while (std::chrono::steady_clock::now() < deadline) {
-    auto info = http::Fetch("127.0.0.1", port, "GET", "/v1/worker/info", "", AuthHeaders(), std::chrono::seconds(2));
+    auto info = http::Fetch("127.0.0.1", port, "GET", std::string(protocol::kInfoPath), "", AuthHeaders(),
+                            std::chrono::seconds(2));
     const nlohmann::json j =
         info.ok() && info->status == 200 ? nlohmann::json::parse(info->body, nullptr, false) : nlohmann::json();
     if (j.is_object() && j.contains("slots") && j["slots"].value("busy", 1) == 0 && j["slots"].value("queued", 1) == 0) {

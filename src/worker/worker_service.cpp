@@ -102,7 +102,7 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
   if (Status st = CheckCaller(req); !st.ok()) return respond_error(st);
   last_caller_.store(std::chrono::steady_clock::now().time_since_epoch().count());
 
-  if (path == "/health") {
+  if (path == protocol::kHealthPath) {
     if (method != bhttp::verb::get) return respond_error(Status(StatusCode::kInvalidArgument, "use GET"));
     auto st = engine_.stats();
     const bool stalled = st.stalled_ms > static_cast<int64_t>(opts_.progress_timeout_s * 1000);
@@ -116,7 +116,7 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
     if (!st.healthy) report.error = st.last_error;
     return ex->Respond(JsonResponse(ok ? 200 : 503, report.ToJson(), v));
   }
-  if (path == "/v1/worker/info" && method == bhttp::verb::get) return ex->Respond(JsonResponse(200, Info(), v));
+  if (path == protocol::kInfoPath && method == bhttp::verb::get) return ex->Respond(JsonResponse(200, Info(), v));
   if (path == "/v1/models" && method == bhttp::verb::get) {
     json body = {{"object", "list"},
                  {"data", json::array({{{"id", model_.name()}, {"object", "model"}, {"owned_by", "spillway"},
@@ -124,17 +124,16 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
                                                         started_.time_since_epoch()).count()}}})}};
     return ex->Respond(JsonResponse(200, body, v));
   }
-  if (path == "/v1/worker/requests" && method == bhttp::verb::delete_) {
+  if (path == protocol::kCancelAllPath && method == bhttp::verb::delete_) {
     return ex->Respond(JsonResponse(200, json{{"cancelled", engine_.CancelAll()}}, v));
   }
-  static const std::string kCancelPrefix = "/v1/worker/requests/";
-  if (path.rfind(kCancelPrefix, 0) == 0 && method == bhttp::verb::delete_) {
-    const std::string id = path.substr(kCancelPrefix.size());
+  if (path.rfind(protocol::kCancelPrefix, 0) == 0 && method == bhttp::verb::delete_) {
+    const std::string id = path.substr(protocol::kCancelPrefix.size());
     if (!ValidRequestId(id)) return respond_error(Status::InvalidArgument("malformed request id"));
     if (!engine_.Cancel(id)) return respond_error(Status::NotFound("no queued or running request '" + id + "'"));
     return ex->Respond(JsonResponse(200, json{{"id", id}, {"cancelled", true}}, v));
   }
-  if (path == "/v1/worker/tokenize" && method == bhttp::verb::post) {
+  if (path == protocol::kTokenizePath && method == bhttp::verb::post) {
     // The prompt's token count for the gateway's admission decision, for the
     // same body a generation route would get (?endpoint=chat|completion).
     const bool chat = target.find("endpoint=completion") == std::string::npos;
@@ -146,7 +145,7 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
                                         static_cast<int>(opts_.default_max_tokens)};
     return ex->Respond(JsonResponse(200, reply.ToJson(), v));
   }
-  if (path == "/v1/worker/faults" && method == bhttp::verb::post) {
+  if (path == protocol::kFaultsPath && method == bhttp::verb::post) {
     if (!faults_) return respond_error(Status::InvalidArgument("fault injection is not available"));
     if (opts_.secret.empty()) {
       return respond_error(Status::PermissionDenied("fault routes need the worker secret (this worker runs with --no-auth)"));

@@ -76,9 +76,10 @@ TEST(WorkerProtocolTest, TimingsFromABodyOrAStreamsLastEvent) {
 }
 
 TEST(WorkerProtocolTest, AWorkerOfAnotherVersionIsRefusedWithTheReason) {
-  auto info = WorkerInfo::FromJson(json{{"protocol_version", kWorkerProtocolVersion}});
+  auto info = WorkerInfo::FromJson(json{{"protocol_version", kWorkerProtocolVersion}, {"pid", 4242}});
   ASSERT_TRUE(info);
   EXPECT_TRUE(CheckCompatible(*info).ok());
+  EXPECT_EQ(info->pid, 4242);
   info = WorkerInfo::FromJson(json{{"protocol_version", kWorkerProtocolVersion + 1}});
   const Status st = CheckCompatible(*info);
   EXPECT_FALSE(st.ok());
