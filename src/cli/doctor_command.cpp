@@ -219,10 +219,7 @@ void CheckPort(const config::GatewayConfig& cfg, Report& r) {
 void CheckFileLimit(const config::GatewayConfig& cfg, Report& r) {
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
-  size_t workers = 0;
-  for (const auto& s : cfg.services) workers += s.placements.size();
-  // What serve reserves beside client connections (see serve_command.cpp).
-  const uint64_t need = static_cast<uint64_t>(cfg.max_connections) + 192 + 40 * workers;
+  const uint64_t need = static_cast<uint64_t>(cfg.max_connections) + ReservedDescriptors(cfg);
   const uint64_t can = rl.rlim_max == RLIM_INFINITY ? UINT64_MAX : rl.rlim_max;  // serve raises soft to hard
   const std::string what = "file descriptors: soft " + std::to_string(rl.rlim_cur) + ", hard " +
                            (rl.rlim_max == RLIM_INFINITY ? std::string("unlimited") : std::to_string(rl.rlim_max)) +

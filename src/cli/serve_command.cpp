@@ -235,11 +235,7 @@ int Serve(const ServeArgs& a) {
   http::ServerOptions so;
   so.max_body_bytes = cfg.max_body_bytes;
   so.max_body_memory_bytes = cfg.max_body_memory_bytes;
-  // File descriptors left for the journal, the workers' connections (pooled
-  // and streaming, one per request running an attempt) and health checks.
-  size_t workers = 0;
-  for (const auto& s : cfg.services) workers += s.placements.size();
-  so.max_connections = http::ConnectionCap(static_cast<size_t>(cfg.max_connections), 192 + 40 * workers);
+  so.max_connections = http::ConnectionCap(static_cast<size_t>(cfg.max_connections), ReservedDescriptors(cfg));
   http::Server server(ioc, so, [&gw](http::Request req, std::shared_ptr<http::Exchange> ex) {
     gw.Handle(std::move(req), std::move(ex));
   });

@@ -36,6 +36,12 @@ void AddKeysFromEnv(const char* name, std::vector<std::string>* out) {
 
 }  // namespace
 
+size_t ReservedDescriptors(const config::GatewayConfig& cfg) {
+  size_t workers = 0;
+  for (const auto& s : cfg.services) workers += s.placements.size();
+  return 192 + 40 * workers;
+}
+
 StatusOr<config::GatewayConfig> LoadServeConfig(const std::string& config_path, const std::string& listen,
                                                 const std::string& state_dir, bool validate) {
   StatusOr<config::GatewayConfig> loaded =

@@ -16,6 +16,11 @@ std::string ExeDir();
 
 // `validate` false: the file's syntax and keys are checked, not what it
 // points at (doctor reports those problems one by one).
+// File descriptors `spillway serve` keeps beside its client connections: the
+// journal, the workers' connections (pooled and streaming, one per request
+// running an attempt) and health checks.
+size_t ReservedDescriptors(const config::GatewayConfig& cfg);
+
 StatusOr<config::GatewayConfig> LoadServeConfig(const std::string& config_path, const std::string& listen,
                                                 const std::string& state_dir, bool validate = true);
 
