@@ -115,11 +115,13 @@ std::optional<Timings> TimingsOf(std::string_view body) {
   };
   json j = json::parse(body, nullptr, false);
   if (!j.is_discarded()) return from(j);
-  std::optional<Timings> last;
-  for (const auto& e : http::ParseSseData(std::string(body))) {
-    if (auto t = from(json::parse(e, nullptr, false))) last = t;
+  // The last event that carries them, looked for from the end: the worker
+  // sends them in its final chunk, so a long stream's events are not parsed again.
+  const auto events = http::ParseSseData(std::string(body));
+  for (auto it = events.rbegin(); it != events.rend(); ++it) {
+    if (auto t = from(json::parse(*it, nullptr, false))) return t;
   }
-  return last;
+  return std::nullopt;
 }
 
 std::optional<TokenizeReply> TokenizeReply::FromJson(const json& j) {
