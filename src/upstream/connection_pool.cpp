@@ -53,16 +53,20 @@ Status Failure(const beast::error_code& ec, const std::string& method, const std
   return Status::Unavailable(method + " " + target + ": " + ec.message());
 }
 
-net::awaitable<beast::error_code> Connect(beast::tcp_stream& stream, uint16_t port, std::chrono::milliseconds timeout) {
-  beast::error_code ec;
-  stream.expires_after(timeout);
-  co_await stream.async_connect(tcp::endpoint(net::ip::address_v4::loopback(), port),
-                                net::redirect_error(net::use_awaitable, ec));
-  if (!ec) stream.socket().set_option(tcp::no_delay(true), ec);
-  co_return ec;
-}
-
 }  // namespace
+
+// Opens `c` once (a reused connection is open already).
+net::awaitable<Status> ConnectionPool::Connect(Conn& c, uint16_t port, std::chrono::milliseconds timeout) {
+  if (c.connected) co_return Status::Ok();
+  beast::error_code ec;
+  c.stream.expires_after(timeout);
+  co_await c.stream.async_connect(tcp::endpoint(net::ip::address_v4::loopback(), port),
+                                  net::redirect_error(net::use_awaitable, ec));
+  if (!ec) c.stream.socket().set_option(tcp::no_delay(true), ec);
+  if (ec) co_return Status::Unavailable("connect to 127.0.0.1:" + std::to_string(port) + ": " + ec.message());
+  c.connected = true;
+  co_return Status::Ok();
+}
 
 ConnectionPool::ConnectionPool(size_t max_idle_per_port) : max_idle_(max_idle_per_port) {}
 
@@ -102,11 +106,7 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     bool reused = false;
     auto c = Take(port, co_await net::this_coro::executor, &reused);
     beast::error_code ec;
-    if (!c->connected) {
-      ec = co_await Connect(c->stream, port, timeout);
-      if (ec) co_return Status::Unavailable("connect to 127.0.0.1:" + std::to_string(port) + ": " + ec.message());
-      c->connected = true;
-    }
+    if (Status st = co_await Connect(*c, port, timeout); !st.ok()) co_return st;
     auto req = MakeRequest(port, method, target, body, headers);
     c->stream.expires_after(timeout);
     co_await bhttp::async_write(c->stream, req, net::redirect_error(net::use_awaitable, ec));
@@ -145,11 +145,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     bool reused = false;
     auto c = Take(port, co_await net::this_coro::executor, &reused);
     beast::error_code ec;
-    if (!c->connected) {
-      ec = co_await Connect(c->stream, port, std::chrono::seconds(10));
-      if (ec) co_return Status::Unavailable("connect to 127.0.0.1:" + std::to_string(port) + ": " + ec.message());
-      c->connected = true;
-    }
+    if (Status st = co_await Connect(*c, port, std::chrono::seconds(10)); !st.ok()) co_return st;
     auto req = MakeRequest(port, method, target, body, headers);
     c->stream.expires_after(idle_timeout);
     co_await bhttp::async_write(c->stream, req, net::redirect_error(net::use_awaitable, ec));

@@ -60,6 +60,7 @@ class ConnectionPool {
   // A new connection lives on the caller's executor.
   std::unique_ptr<Conn> Take(uint16_t port, const boost::asio::any_io_executor& ex, bool* reused);
   void Give(uint16_t port, std::unique_ptr<Conn> c);
+  static boost::asio::awaitable<Status> Connect(Conn& c, uint16_t port, std::chrono::milliseconds timeout);
 
   const size_t max_idle_;
   std::mutex mu_;
