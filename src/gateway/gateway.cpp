@@ -13,6 +13,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
+#include <boost/asio/this_coro.hpp>
 
 #include "api/http_client.h"
 #include "api/openai_request.h"
@@ -23,50 +24,24 @@
 #include "common/survive.h"
 #include "failover/retry_policy.h"
 #include "failover/stream_progress.h"
+#include "gateway/attempt_runner.h"
 #include "gateway/gateway_internal.h"
+#include "gateway/reply_writer.h"
 #include "gateway/readiness.h"
 #include "protocol/worker_protocol.h"
 
 namespace spillway::gateway {
 
 
-std::string WorkerKey(const config::ServiceConfig& s, size_t n) { return s.name + "." + std::to_string(n); }
-
-Gateway::Gateway(const config::GatewayConfig& config, journal::Journal& journal, upstream::Supervisor& supervisor,
+Gateway::Gateway(const config::GatewayConfig& config, journal::Journal& journal, upstream::Workers& supervisor,
                  const Clock& clock, std::map<std::string, PlacementAdmission> admissions)
     : config_(config),
       journal_(journal),
       supervisor_(supervisor),
       clock_(clock),
-      rng_(std::random_device{}()) {
-  for (const auto& s : config_.services) {
-    signals_[s.name] = std::make_unique<CapacitySignal>();
-    auto& v = placements_[s.name];
-    for (size_t i = 0; i < s.placements.size(); ++i) {
-      const std::string key = WorkerKey(s, i);
-      auto it = admissions.find(key);
-      PlacementAdmission a = it != admissions.end() ? it->second : PlacementAdmission{true, s.placements[i].device, 0, 0, ""};
-      const failover::BreakerOptions bo{s.failover.breaker_failures, static_cast<int64_t>(s.failover.ejection_s * 1000),
-                                        static_cast<int64_t>(s.failover.max_ejection_s * 1000)};
-      v.push_back(std::make_unique<PlacementState>(key, s.placements[i], a, failover::Breaker(bo, clock_)));
-      const Readiness r = ResolveReadiness(s, i);
-      v.back()->readiness = r.policy;
-      v.back()->readiness_reason = r.reason;
-      v.back()->readiness_expected_s = r.expected_s;
-    }
-    for (const auto& p : s.placements) {
-      if (p.device != "cpu" && !device_breakers_.count(p.device)) {
-        // The device's own breaker, with the first service's settings on it.
-        device_breakers_.emplace(p.device, failover::Breaker(
-            {s.failover.breaker_failures, static_cast<int64_t>(s.failover.ejection_s * 1000),
-             static_cast<int64_t>(s.failover.max_ejection_s * 1000)}, clock_));
-      }
-    }
-    cpu_budgets_[s.name] = CpuPathBudgetBytes(s);
-    cpu_queues_[s.name] = std::make_unique<scheduler::CpuQueue>(
-        scheduler::CpuQueueOptions{static_cast<size_t>(s.cpu_path.max_queue), s.cpu_path.concurrency, cpu_budgets_[s.name]},
-        clock_);
-  }
+      rng_(std::random_device{}()),
+      board_(config, admissions, clock) {
+  for (const auto& s : config_.services) signals_[s.name] = std::make_unique<CapacitySignal>();
   supervisor_.SetIdleCheck([this](const std::string& key) { return IdleReplica(key); });
   supervisor_.SetOnExit([this](const std::string& key, const std::string& why) { WorkerExited(key, why); });
 }
@@ -363,9 +338,9 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
 boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
                                           std::shared_ptr<Live> live) {
   const config::ServiceConfig* svc = config_.FindService(rec.service);
-  const unsigned v = 11;
   const int64_t t0 = clock_.NowMs();
   const std::string path = protocol::GenerationPath(rec.endpoint);
+  ReplyWriter reply(std::move(ex), rec.id, 11);
   std::string placement = svc ? svc->placements[0].Name() : "";
   Target target;
   // What an attempt holds (cells, its place on the CPU path) goes back whatever the outcome.
@@ -385,27 +360,19 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     live->Enter(LivePhase::kTerminal, clock_.NowMs());
     metrics_.RequestFinished(rec.service, Outcome(state), placement, (clock_.NowMs() - t0) / 1000.0);
   };
-  // The client's stream may have started before the first event (comments
-  // while waiting for the CPU path): errors then end it as events.
-  bool head_sent = false;
-  std::string stored;
+  // A stream the client already has (it may have started while waiting) ends with an error event.
   auto end_stream_with_error = [&](State state, json error_body, std::string why) -> boost::asio::awaitable<void> {
-    const std::string ev = api::SseEvent(error_body) + api::kSseDone;
-    stored += ev;
-    co_await finish(state, 200, "text/event-stream", stored, why);
-    if (ex) {
-      ex->Write(ev);
-      ex->End();
-    }
+    const std::string ev = reply.StoreFinalError(error_body);
+    co_await finish(state, 200, "text/event-stream", reply.stored(), why);
+    reply.SendFinal(ev);
   };
   auto fail = [&](State state, Status st) -> boost::asio::awaitable<void> {
     const json body = ErrorJson(st, rec.id);
-    if (head_sent) co_return co_await end_stream_with_error(state, body, st.message());
+    if (reply.head_sent()) co_return co_await end_stream_with_error(state, body, st.message());
     co_await finish(state, HttpStatusFor(st.code()), "application/json", body.dump(), st.message());
-    if (ex) ex->Respond(ErrorResponse(st, v, rec.id));
+    reply.Error(st);
   };
   if (!svc) co_return co_await fail(State::kFailed, Status::NotFound("service '" + rec.service + "' is no longer configured"));
-  bool streaming_started = false;
   // What the client already has of a stream, across attempts.
   failover::StreamProgress progress;
 
@@ -422,21 +389,18 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
   std::vector<bool> excluded(svc->placements.size(), false);
   int attempts = 0;
   bool busy_retry = false;  // the last send found the worker busy; its attempt stays open
-  // A failed attempt: count it against the placement's breaker, keep this
-  // request away from it, and say whether another attempt is allowed.
   // What happens after an attempt is the pure policy's decision (failover/retry_policy.h).
   failover::RetryState retry{0, t0, live->deadline_ms};
   const failover::RetryBudget budget{kMaxAttempts, svc->admission.fail_fast, kQueueWaitMs};
-  using Outcome = failover::AttemptOutcome;
+  using Kind = failover::AttemptOutcome::Kind;
   using failover::Action;
-  // A failed attempt (phase kNone: the worker died or could not be reached):
-  // it counts against the placement's breaker, this request stays away from
-  // that placement, and a retry is journaled with the policy's reason.
-  auto after_failure = [&](FailurePhase phase, std::string why, bool delivered,
-                           bool continuable) -> boost::asio::awaitable<failover::RetryDecision> {
-    const failover::RetryDecision d =
-        failover::NextStep({Outcome::Kind::kFailed, phase, delivered, continuable}, &retry, budget, clock_.NowMs());
-    AttemptFailed(rec.service, target.index, failover::FailureName(phase), why);
+  // A failed attempt (phase kNone: the worker died or could not be reached)
+  // counts against the placement's breaker, this request stays away from that
+  // placement, and a retry is journaled with the policy's reason.
+  auto after_failure = [&](const AttemptResult& r) -> boost::asio::awaitable<failover::RetryDecision> {
+    const std::string why = (r.outcome.delivered ? "mid-stream: " : "") + r.why;
+    const failover::RetryDecision d = failover::NextStep(r.outcome, &retry, budget, clock_.NowMs());
+    board_.AttemptFailed(rec.service, target.index, failover::FailureName(r.outcome.phase), why);
     excluded[target.index] = true;
     if (d.action == Action::kRetryElsewhere || d.action == Action::kContinueElsewhere) {
       const std::string note = why + " (" + d.reason + ")";
@@ -447,21 +411,40 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
   };
   // A full worker (nothing ran) is waited for, within the policy's bound.
   auto wait_for_busy = [&] {
-    return !live->cancelled && failover::NextStep({Outcome::Kind::kBusy}, &retry, budget, clock_.NowMs()).action ==
-                                   Action::kWaitAndResend;
+    const failover::AttemptOutcome busy{Kind::kBusy};
+    return !live->cancelled && failover::NextStep(busy, &retry, budget, clock_.NowMs()).action == Action::kWaitAndResend;
   };
-  // A declared different fallback model is announced as what it is.
-  auto fallback_model = [&]() -> std::string {
+  // Who serves this attempt, as the answer's headers say. A declared
+  // different fallback model is announced as what it is.
+  auto served_by = [&] {
     const auto& p = svc->placements[target.index];
-    return p.different_model ? std::filesystem::path(p.ModelOr(svc->model)).stem().string() : "";
+    ServedBy s;
+    s.placement = placement;
+    s.decision = target.decision;
+    s.attempts = attempts;
+    s.limits = target.limits;
+    s.waited_ms = target.waited_ms;
+    if (target.index != 0) s.degraded = "served by " + placement + " (" + p.role + ")";
+    if (p.different_model) s.fallback_model = std::filesystem::path(p.ModelOr(svc->model)).stem().string();
+    return s;
   };
-  auto degraded = [&](auto& res) {
-    res.set("X-Spillway-Attempts", std::to_string(attempts));
-    if (!target.limits.empty()) res.set("X-Spillway-Limits", target.limits);
-    if (target.waited_ms > 0) res.set("X-Spillway-Queued-Ms", std::to_string(target.waited_ms));
-    if (target.index != 0) res.set("X-Spillway-Degraded", "served by " + placement + " (" + svc->placements[target.index].role + ")");
-    if (const std::string m = fallback_model(); !m.empty()) res.set("X-Spillway-Fallback-Model", m);
+  // A stream the worker refused before its first event: the client hears the
+  // worker's error, as an error event when its stream has begun.
+  auto deliver_refusal = [&](const AttemptResult& r) -> boost::asio::awaitable<void> {
+    if (r.outcome.delivered) {  // a continuation was refused: end the stream the client has
+      co_return co_await end_stream_with_error(
+          State::kFailedResumable, ErrorJson(Status::Unavailable("the continuation was refused: " + r.body), rec.id), r.body);
+    }
+    if (reply.head_sent()) {
+      const json eb = json::parse(r.body, nullptr, false);
+      const json error_event = eb.is_object() ? eb : ErrorJson(Status::Unavailable(r.body), rec.id);
+      co_return co_await end_stream_with_error(r.stream_state, error_event, r.body);
+    }
+    co_await finish(r.stream_state, r.status, "application/json", r.body, r.body);
+    reply.Answer(r.status, "application/json", r.body, nullptr);
   };
+  AttemptRunner runner(pool_, reply, progress, live->cancelled,
+                       [&] { live->Enter(LivePhase::kStreaming, clock_.NowMs()); }, kMaxUnsentBytes);
   while (true) {
     if (past_deadline()) co_return co_await deadline_failure();
     if (live->cancelled) co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
@@ -472,20 +455,12 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     const int64_t comment_ms = static_cast<int64_t>(svc->cpu_path.wait_comment_s * 1000);
     int64_t last_comment_ms = clock_.NowMs();
     auto on_wait = [&](const std::string& note, double est_s) {
-      if (!rec.stream || !ex || note.empty()) return;
+      live->Waiting(note, est_s);
+      if (!rec.stream || !reply.attached() || note.empty()) return;
       const int64_t now = clock_.NowMs();
       if (now - last_comment_ms < comment_ms) return;
       last_comment_ms = now;
-      if (!head_sent) {
-        head_sent = true;
-        auto head = http::MakeResponse(200, "", "text/event-stream", v);
-        head.set(bhttp::field::cache_control, "no-cache");
-        head.set("X-Request-Id", rec.id);
-        head.set("X-Spillway-Degraded", note);
-        head.set("X-Spillway-Estimated-Delay", std::to_string(static_cast<int>(std::ceil(est_s))));
-        ex->StartStream(std::move(head));
-      }
-      ex->Write(": spillway: " + note + "\n\n");
+      reply.WaitingNote(note, est_s);
     };
     if (!co_await Admit(rec, *svc, *live, excluded, &target, &rejected, on_wait)) {
       if (rejected.code() == StatusCode::kDeadlineExceeded) co_return co_await deadline_failure();
@@ -503,23 +478,32 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     busy_retry = false;
     placement = target.placement;
     const std::string key = target.key;
-    const std::optional<uint16_t> port = target.port;
-    if (same_attempt) {
-      // still running attempt `attempts` on `placement`
-    } else if (Status st = co_await Blocking([&] { return journal_.StartAttempt(rec.id, placement, target.decision_json); });
-               !st.ok()) {
-      // The journal cannot write: say so (503, Retry-After); the request stays
-      // queued in the journal and is run again after a restart.
-      if (st.code() == StatusCode::kUnavailable) {
-        if (ex) ex->Respond(ErrorResponse(st, v, rec.id));
-        co_return;
-      }
-      // Cancelled (or finished) by someone else between the check and here.
-      if (ex) {
+    // The attempt is journaled before anything of it reaches the client and
+    // before anything else about it is journaled. A non-streamed attempt's
+    // commit runs while it is sent (the worker computes meanwhile) and is
+    // awaited before its outcome is acted on; a stream's is awaited first,
+    // since its events reach the client as they come.
+    std::shared_ptr<PendingStatus> commit;
+    if (!same_attempt) {  // (same_attempt: still running attempt `attempts` on `placement`)
+      const boost::asio::any_io_executor strand = co_await boost::asio::this_coro::executor;
+      auto start_attempt = [this, id = rec.id, placement, dj = target.decision_json] {
+        return journal_.StartAttempt(id, placement, dj);
+      };  // (named, not built inside a co_await expression: see Blocking's note on GCC 12)
+      commit = PendingStatus::Start(blocking_, strand, std::move(start_attempt));
+    }
+    // A refused commit: the journal cannot write (503, Retry-After; the
+    // request stays queued in the journal and is run again after a restart),
+    // or someone else cancelled or ended the request meanwhile.
+    auto commit_refused = [&](const Status& st) -> boost::asio::awaitable<void> {
+      if (st.code() == StatusCode::kUnavailable) co_return reply.Error(st);
+      if (reply.attached()) {
         auto r = co_await Blocking([&] { return journal_.Get(rec.id); });
-        ex->Respond(ErrorResponse(Status::Cancelled("request " + (r.ok() ? std::string(journal::StateName(r->state)) : "ended")), v, rec.id));
+        reply.Error(Status::Cancelled("request " + (r.ok() ? std::string(journal::StateName(r->state)) : "ended")));
       }
-      co_return;
+    };
+    if (commit && rec.stream) {
+      if (const Status st = co_await commit->Wait(); !st.ok()) co_return co_await commit_refused(st);
+      commit.reset();
     }
     if (!same_attempt) ++attempts;
     if (attempts > 1 && MutationActive("fallback-drop-seed")) {  // deliberate bug, for tests only
@@ -527,237 +511,104 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
       if (b.is_object()) b.erase("seed");
       target.body = b.dump();
     }
-    live->worker_port = *port;
-    http::HeaderList headers = supervisor_.AuthHeaders();
-    headers.emplace_back("X-Request-Id", rec.id);
-    if (live->cancelled) continue;
+    live->worker_port = target.port;
+    if (live->cancelled) {
+      if (commit) {
+        if (const Status st = co_await commit->Wait(); !st.ok()) co_return co_await commit_refused(st);
+      }
+      continue;
+    }
 
-    if (!rec.stream) {
-      auto r = co_await pool_.Send(*port, "POST", path, target.body, headers, remaining());
-      if (!r.ok() && past_deadline()) co_return co_await deadline_failure();
-      if (!r.ok()) {
-        // The worker died or stopped answering: safe to re-run (no stream, no
-        // side effects), on another placement when there is one.
-        supervisor_.Suspect(key);
-        const auto d = co_await after_failure(FailurePhase::kNone, r.status().message(), false, true);
+    AttemptSpec spec;
+    spec.port = target.port;
+    spec.path = path;
+    spec.body = target.body;
+    spec.headers = supervisor_.AuthHeaders();
+    spec.headers.emplace_back("X-Request-Id", rec.id);
+    spec.stream = rec.stream;
+    spec.timeout = remaining();
+    spec.served = served_by();
+    spec.role = svc->placements[target.index].role;
+    const AttemptResult r = co_await runner.Run(spec);
+    if (commit) {  // the worker's answer waits for the commit that covers it
+      // Refused: the worker's answer is dropped (nothing of it reached the client).
+      if (const Status st = co_await commit->Wait(); !st.ok()) co_return co_await commit_refused(st);
+    }
+
+    switch (r.outcome.kind) {
+      case Kind::kCancelled:
+        co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
+      case Kind::kBusy:
+        if (wait_for_busy()) {
+          busy_retry = true;
+          co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(50));  // until a slot frees
+          continue;
+        }
+        break;  // waited long enough: its 503 is the answer
+      case Kind::kFailed: {
+        // A worker that timed out because the deadline passed is not the worker's failure.
+        if (r.unreachable && past_deadline()) co_return co_await deadline_failure();
+        if (r.unreachable) supervisor_.Suspect(key);
+        const auto d = co_await after_failure(r);
         if (d.action == Action::kDeadline) co_return co_await deadline_failure();
-        if (d.action != Action::kRetryElsewhere) {
+        if (d.action == Action::kRetryElsewhere || d.action == Action::kContinueElsewhere) continue;
+        if (r.head_refused) co_return co_await deliver_refusal(r);
+        if (!rec.stream && r.unreachable) {
           co_return co_await fail(State::kFailed, Status::Unavailable("the worker failed " + std::to_string(retry.failures) +
-                                                                      " times: " + r.status().message()).WithRetryAfter(5));
+                                                                      " times: " + r.why).WithRetryAfter(5));
         }
-        continue;
-      }
-      if (const auto err = protocol::ParseWorkerError(r->status, r->body); err && err->placement_failure()) {
-        // An allocation failure or a lost device: the request is replayed from
-        // scratch elsewhere with the same id and the same (pinned) seed.
-        const std::string why = "phase " + std::string(FailurePhaseName(err->phase)) + ": " + r->body;
-        const auto d = co_await after_failure(err->phase, why, false, true);
-        if (d.action == Action::kDeadline) co_return co_await deadline_failure();
-        if (d.action != Action::kRetryElsewhere) {
-          const State state = State::kFailed;
-          co_await finish(state, r->status, "application/json", r->body, r->body);
-          if (ex) {
-            auto res = http::MakeResponse(static_cast<unsigned>(r->status), r->body, "application/json", v);
-            res.set("X-Request-Id", rec.id);
-            ex->Respond(std::move(res));
-          }
-          co_return;
+        if (!rec.stream) {  // the worker's own account of its failure is the answer
+          co_await finish(State::kFailed, r.status, "application/json", r.body, r.body);
+          co_return reply.Answer(r.status, "application/json", r.body, nullptr);
         }
-        continue;
+        // A stream cut where no placement may continue it: never past delivered tool calls.
+        const Status err = Status::Unavailable(
+            "the stream failed (" + r.why + ") after " + std::to_string(progress.tokens().size()) + " delivered tokens; " +
+            (progress.tool_calls_delivered() ? "tool calls were delivered, so it is not replayed past them"
+                                             : "no placement could continue it") +
+            "; resume from the checkpoint with the request id");
+        if (!r.outcome.delivered) co_return co_await fail(State::kFailed, err);
+        json ev = ErrorJson(err, rec.id);
+        ev["error"]["checkpoint"] = {{"tokens_delivered", progress.tokens().size()},
+                                    {"text_bytes", progress.text_bytes()},
+                                    {"tool_calls_delivered", progress.tool_calls_delivered()}};
+        co_return co_await end_stream_with_error(State::kFailedResumable, ev, err.message());
       }
-      // Cancelled meanwhile: whatever the worker said short of an answer, it ends cancelled.
-      if (live->cancelled && r->status != 200) co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
-      const auto answer_error = protocol::ParseWorkerError(r->status, r->body);
-      if (answer_error && answer_error->busy() && wait_for_busy()) {
-        busy_retry = true;
-        co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(50));  // until a slot frees
-        continue;
+      case Kind::kAnswered:
+        break;
+    }
+    // The worker's answer (or a busy worker's 503, waited out) is the request's.
+    if (r.head_refused) co_return co_await deliver_refusal(r);
+    if (rec.stream) {
+      if (r.stream_state == State::kCompleted) {
+        board_.AttemptSucceeded(rec.service, target.index);
+        RecordThroughput(rec.service, target.index, reply.stored());
       }
-      const State state = r->status < 300 ? State::kCompleted : r->status == 499 ? State::kCancelled : State::kFailed;
-      if (state == State::kCompleted) {
-        AttemptSucceeded(rec.service, target.index);
-        RecordThroughput(rec.service, target.index, r->body);
-      }
-      if (const std::string m = fallback_model(); (!m.empty() || !target.limits.empty()) && state == State::kCompleted) {
-        json j = json::parse(r->body, nullptr, false);
+      const std::string err = r.stream_state == State::kCompleted ? "" : "stream ended with an error";
+      co_await finish(r.stream_state, 200, "text/event-stream", reply.stored(), err);
+      co_return reply.EndStream();
+    }
+    const State state = r.status < 300 ? State::kCompleted : r.status == 499 ? State::kCancelled : State::kFailed;
+    std::string body = r.body;
+    if (state == State::kCompleted) {
+      board_.AttemptSucceeded(rec.service, target.index);
+      RecordThroughput(rec.service, target.index, body);
+      // A fallback model and the limits applied are said in the answer too.
+      if (!spec.served.fallback_model.empty() || !target.limits.empty()) {
+        json j = json::parse(body, nullptr, false);
         if (j.is_object()) {
-          if (!m.empty()) {
-            j["model"] = m;
-            j["spillway"]["fallback_model"] = m;
+          if (!spec.served.fallback_model.empty()) {
+            j["model"] = spec.served.fallback_model;
+            j["spillway"]["fallback_model"] = spec.served.fallback_model;
           }
           if (!target.limits.empty()) j["spillway"]["limits"] = target.limits;
-          r->body = j.dump(-1, ' ', false, json::error_handler_t::replace);
+          body = j.dump(-1, ' ', false, json::error_handler_t::replace);
         }
       }
-      const std::string type = r->Header("content-type").empty() ? "application/json" : r->Header("content-type");
-      const std::string err = state == State::kCompleted ? "" : r->body;  // (a named value: see Blocking's note on GCC 12)
-      co_await finish(state, r->status, type, r->body, err);
-      if (ex) {
-        auto res = http::MakeResponse(static_cast<unsigned>(r->status), r->body, type, v);
-        res.set("X-Request-Id", rec.id);
-        res.set("X-Spillway-Placement", placement);
-        res.set("X-Spillway-Decision", target.decision);
-        degraded(res);
-        if (!r->Header("retry-after").empty()) res.set(bhttp::field::retry_after, r->Header("retry-after"));
-        ex->Respond(std::move(res));
-      }
-      co_return;
     }
-
-    // Streaming, event by event. The client's stream starts with the first
-    // event, so a failure before the first token moves elsewhere unseen. A
-    // failure after it is continued on another placement: the worker there
-    // samples the delivered tokens again with the same (seeded) sampler,
-    // checks they come out the same, and emits only what is new.
-    std::string body_to_send = target.body;
-    const bool continuing = !progress.tokens().empty();
-    if (continuing) {
-      json b = json::parse(target.body, nullptr, false);
-      b["spillway_resume"] = {{"tokens", progress.tokens()}, {"text_bytes", progress.text_bytes()}};
-      body_to_send = b.dump();
-    }
-    int status = 0;
-    bool head_ok = false, noted = false;
-    std::string pending, error_body, failed_phase;
-    int relayed = 0;
-    auto forward = [&](const std::string& event) {
-      if (++relayed == 3 && MutationActive("relay-drop-chunk")) return;  // deliberate bug, for tests only
-      stored += event;
-      if (ex) ex->Write(event);
-    };
-    auto start_client_stream = [&] {
-      if (streaming_started) return;
-      streaming_started = true;
-      live->Enter(LivePhase::kStreaming, clock_.NowMs());
-      if (!ex) return;
-      if (head_sent) {  // started while waiting: say where it runs now
-        ex->Write(": spillway: running on " + placement + " (" + svc->placements[target.index].role + ")" +
-                  (target.limits.empty() ? "" : ", limits " + target.limits) + "\n\n");
-        return;
-      }
-      head_sent = true;
-      auto head = http::MakeResponse(200, "", "text/event-stream", v);
-      head.set(bhttp::field::cache_control, "no-cache");
-      head.set("X-Request-Id", rec.id);
-      head.set("X-Spillway-Placement", placement);
-      head.set("X-Spillway-Decision", target.decision);
-      degraded(head);
-      ex->StartStream(std::move(head));
-    };
-    // Returns false to stop reading (a failure to act on).
-    auto on_event = [&](const std::string& event) {
-      std::string phase;
-      if (progress.Observe(event, &phase) == failover::StreamProgress::Event::kError && !phase.empty()) {
-        failed_phase = phase;
-        return false;  // an allocation failure or a lost device: move
-      }
-      start_client_stream();
-      if (!noted && ex && !fallback_model().empty()) {
-        ex->Write(": spillway: served by the fallback model " + fallback_model() + "\n\n");
-        noted = true;
-      }
-      if (continuing && !noted && ex) {
-        ex->Write(": spillway: continued on " + placement + " after a failure\n\n");  // SSE comment, ignored by clients
-        noted = true;
-      }
-      forward(event);
-      return true;
-    };
-    progress.ClearError();
-    auto st = co_await pool_.Stream(
-        *port, "POST", path, body_to_send, headers,
-        [&](const http::StreamHead& h) {
-          status = h.status;
-          head_ok = status == 200;
-          return true;
-        },
-        [&](std::string_view data) {
-          if (!head_ok) {
-            error_body.append(data);
-            return true;
-          }
-          pending.append(data);
-          size_t pos;
-          while ((pos = pending.find("\n\n")) != std::string::npos) {
-            std::string event = pending.substr(0, pos + 2);
-            pending.erase(0, pos + 2);
-            if (!on_event(event)) return false;
-          }
-          return true;
-        },
-        std::chrono::seconds(600),
-        // A slow reader: stop reading the worker while much is unsent to the client.
-        [&] { return ex && !ex->disconnected() && ex->unsent_bytes() > kMaxUnsentBytes; });
-    if (!head_ok && st.ok()) {
-      if (live->cancelled && !streaming_started) co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
-      const auto head_error = protocol::ParseWorkerError(status, error_body);
-      if (head_error && head_error->busy() && wait_for_busy()) {
-        busy_retry = true;
-        co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(50));  // until a slot frees
-        continue;
-      }
-      if (head_error && head_error->placement_failure()) {
-        const auto d = co_await after_failure(head_error->phase, error_body, streaming_started, progress.Continuable());
-        if (d.action == Action::kRetryElsewhere || d.action == Action::kContinueElsewhere) continue;
-      }
-      const State state = status == 499 ? State::kCancelled : State::kFailed;
-      if (streaming_started) {  // a continuation was refused: end the stream the client has
-        co_return co_await end_stream_with_error(
-            State::kFailedResumable, ErrorJson(Status::Unavailable("the continuation was refused: " + error_body), rec.id),
-            error_body);
-      }
-      if (head_sent) {
-        json eb = json::parse(error_body, nullptr, false);
-        const json error_event = eb.is_object() ? eb : ErrorJson(Status::Unavailable(error_body), rec.id);
-        co_return co_await end_stream_with_error(state, error_event, error_body);
-      }
-      co_await finish(state, status, "application/json", error_body, error_body);
-      if (ex) {
-        auto res = http::MakeResponse(static_cast<unsigned>(status), error_body, "application/json", v);
-        res.set("X-Request-Id", rec.id);
-        ex->Respond(std::move(res));
-      }
-      co_return;
-    }
-    if (!st.ok() || !failed_phase.empty()) {
-      // The worker failed or vanished: before the first token a fresh run,
-      // after it a continuation, elsewhere when possible; never past
-      // delivered tool calls.
-      const std::string why = !failed_phase.empty() ? "phase " + failed_phase : st.message();
-      if (st.ok() == false) supervisor_.Suspect(key);
-      const FailurePhase phase = failed_phase.empty() ? FailurePhase::kNone
-                                                      : protocol::ParseFailurePhase(failed_phase).value_or(FailurePhase::kCompute);
-      const std::string what = (streaming_started ? "mid-stream: " : "") + why;
-      const auto d = co_await after_failure(phase, what, streaming_started, progress.Continuable());
-      if (d.action == Action::kRetryElsewhere || d.action == Action::kContinueElsewhere) continue;
-      const Status err = Status::Unavailable(
-          "the stream failed (" + why + ") after " + std::to_string(progress.tokens().size()) + " delivered tokens; " +
-          (progress.tool_calls_delivered() ? "tool calls were delivered, so it is not replayed past them"
-                                           : "no placement could continue it") +
-          "; resume from the checkpoint with the request id");
-      if (!streaming_started) co_return co_await fail(State::kFailed, err);
-      json ev = ErrorJson(err, rec.id);
-      ev["error"]["checkpoint"] = {{"tokens_delivered", progress.tokens().size()},
-                                  {"text_bytes", progress.text_bytes()},
-                                  {"tool_calls_delivered", progress.tool_calls_delivered()}};
-      co_return co_await end_stream_with_error(State::kFailedResumable, ev, err.message());
-    }
-    if (!pending.empty()) forward(pending);
-    start_client_stream();
-    // The worker ends a stream with an error event when it failed or was cancelled.
-    const auto& stream_error = progress.last_error();
-    const bool had_error = stream_error.has_value();
-    const State state = !had_error ? State::kCompleted
-                        : (live->cancelled || stream_error->cancelled()) ? State::kCancelled
-                                                                        : State::kFailed;
-    if (state == State::kCompleted) {
-      AttemptSucceeded(rec.service, target.index);
-      RecordThroughput(rec.service, target.index, stored);
-    }
-    const std::string err = had_error ? "stream ended with an error" : "";
-    co_await finish(state, 200, "text/event-stream", stored, err);
-    if (ex) ex->End();
-    co_return;
+    const std::string err = state == State::kCompleted ? "" : body;  // (a named value: see Blocking's note on GCC 12)
+    co_await finish(state, r.status, r.type, body, err);
+    co_return reply.Answer(r.status, r.type, body, &spec.served, r.retry_after);
   }
 }
 

@@ -12,10 +12,13 @@
 // any acceptance reaches the client; journal writes run on a small blocking
 // pool, never on an I/O thread), waits for capacity on a CapacitySignal
 // (woken when an attempt releases its cells or a worker comes or goes, never
-// a sleep loop), runs attempts on the placements admission chooses (async
+// a sleep loop), runs attempts on the placements admission chooses from a
+// snapshot of the PlacementBoard (each by an AttemptRunner over async
 // keep-alive connections, see upstream/connection_pool.h), journals the
-// terminal state with the answer, and only then answers. Streams are relayed
-// as they arrive and stored once finished.
+// terminal state with the answer, and only then answers (through its
+// ReplyWriter). Streams are relayed as they arrive and stored once finished.
+// Workers are reached through upstream::Workers (the Supervisor, or fakes in
+// tests).
 #pragma once
 
 #include <utility>  // before Asio's awaitable.hpp, which uses std::exchange without it (Boost 1.74)
@@ -43,22 +46,20 @@
 #include "gateway/metrics.h"
 #include "failover/breaker.h"
 #include "gateway/placement_admission.h"
+#include "gateway/placement_board.h"
 #include "memory/ledger.h"
 #include "journal/journal.h"
 #include "upstream/connection_pool.h"
 #include "scheduler/cpu_queue.h"
-#include "upstream/supervisor.h"
+#include "upstream/workers.h"
 
 namespace spillway::gateway {
-
-// The supervisor key of a service's n-th placement.
-std::string WorkerKey(const config::ServiceConfig& s, size_t n);
 
 class Gateway {
  public:
   // `admissions`: the placement-level decisions (AdmitPlacements); a refused
   // placement has no worker and takes no requests.
-  Gateway(const config::GatewayConfig& config, journal::Journal& journal, upstream::Supervisor& supervisor,
+  Gateway(const config::GatewayConfig& config, journal::Journal& journal, upstream::Workers& supervisor,
           const Clock& clock, std::map<std::string, PlacementAdmission> admissions = {});
   ~Gateway();
 
@@ -77,35 +78,18 @@ class Gateway {
   struct Live;
   struct Incoming;
   struct Target;
-  // The gateway's view of one placement's KV pool, for per-request admission.
-  struct PlacementState {
-    PlacementState(std::string k, config::PlacementConfig c, PlacementAdmission a, failover::Breaker b)
-        : key(std::move(k)), cfg(std::move(c)), pool(static_cast<uint32_t>(cfg.ctx), cfg.kv_unified ? 0u : static_cast<uint32_t>(cfg.slots)), admission(std::move(a)), breaker(b) {}
-    std::string key;
-    config::PlacementConfig cfg;
-    memory::CellPool pool;
-    PlacementAdmission admission;
-    failover::Breaker breaker;
-    // Measured throughput (tokens/s, EWMA; 0 = not measured yet), for
-    // deadline-aware admission.
-    double prompt_tps = 0, gen_tps = 0;
-    // Attempts holding this placement now, and when the last one ended
-    // (an idle on-demand replica is released after idle_unload_s).
-    int active = 0;
-    int64_t last_used_ms = 0;
-    std::string readiness = "warm";  // of this placement's worker: warm | mmap | on-demand
-    std::string readiness_reason;
-    double readiness_expected_s = 0;
-  };
   // Whether a request may wait in a service's CPU line (see scheduler/cpu_queue.h).
   enum class CpuGate { kGo, kWait, kReject };
-  // Called with pools_mu_ held, for a decision that chose a CPU-path placement:
-  // applies the CPU path's limits (lowering d->max_tokens, said in *limits),
-  // and takes the request's place in line.
+  // For a decision that chose a CPU-path placement: applies the CPU path's
+  // limits (lowering d->max_tokens, said in *limits), and takes the
+  // request's place in line (under the board's lock).
   CpuGate CpuPathGate(const journal::RequestRecord& rec, const config::ServiceConfig& svc, admission::Decision* d,
                       int prompt_tokens, std::string* limits, std::string* note, double* est_wait_s, Status* rejected);
-  // The CPU replicas' resident bytes in the service's line (pools_mu_ held).
-  void RefreshCpuResident(const config::ServiceConfig& svc);
+  CpuGate CpuPathGateLocked(const journal::RequestRecord& rec, const config::ServiceConfig& svc,
+                            PlacementBoard::Locked& board, admission::Decision* d, int prompt_tokens,
+                            std::string* limits, std::string* note, double* est_wait_s, Status* rejected);
+  // The CPU replicas' resident bytes in the service's line (under the board's lock).
+  void RefreshCpuResident(const config::ServiceConfig& svc, PlacementBoard::Locked& board);
   // Released idle on-demand replicas (the supervisor asks).
   bool IdleReplica(const std::string& key);
   void RecordThroughput(const std::string& service, size_t index, const std::string& body);
@@ -128,13 +112,9 @@ class Gateway {
   int64_t StartWaitMs(const config::ServiceConfig& svc);
   // Gives back what an attempt held (cells, its place in the CPU line).
   void ReleaseTarget(const std::string& service, const std::string& id, Target* target);
-  void AttemptFailed(const std::string& service, size_t index, const std::string& phase, const std::string& why);
-  void AttemptSucceeded(const std::string& service, size_t index);
   // The supervisor saw a worker exit or replaced it: its breaker opens (and its
   // device's, when the device was lost), even with no request in flight.
   void WorkerExited(const std::string& key, const std::string& why);
-  // Placement usable now: its own breaker and its device's allow traffic (pools_mu_ held).
-  bool BreakersAllow(PlacementState& st);
   void HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint);
   boost::asio::awaitable<void> Process(std::shared_ptr<Incoming> in);
   boost::asio::awaitable<void> Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
@@ -177,7 +157,7 @@ class Gateway {
 
   const config::GatewayConfig& config_;
   journal::Journal& journal_;
-  upstream::Supervisor& supervisor_;
+  upstream::Workers& supervisor_;
   const Clock& clock_;
   Metrics metrics_;
   std::optional<boost::asio::any_io_executor> io_;
@@ -193,11 +173,8 @@ class Gateway {
   std::map<std::string, std::shared_ptr<Live>> live_;
   std::map<std::string, int> in_flight_by_client_;  // guarded by mu_
   std::mt19937_64 rng_;  // seeds only (they are returned to clients); ids come from RandomHex
-  std::map<std::string, std::vector<std::unique_ptr<PlacementState>>> placements_;  // by service
-  std::map<std::string, std::unique_ptr<scheduler::CpuQueue>> cpu_queues_;          // by service
-  std::map<std::string, uint64_t> cpu_budgets_;                                      // by service
-  std::map<std::string, failover::Breaker> device_breakers_;                         // by accelerator device
-  std::mutex pools_mu_;  // guards placements_' pools, breakers and counters, and cpu_queues_
+  // Every placement's and device's run-time state, behind one lock.
+  PlacementBoard board_;
 };
 
 }  // namespace spillway::gateway

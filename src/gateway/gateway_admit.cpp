@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "admission/admission.h"
+#include "admission/wait_estimate.h"
 #include "api/http_client.h"
 #include "gateway/gateway.h"
 #include "gateway/gateway_internal.h"
@@ -15,56 +16,16 @@
 
 namespace spillway::gateway {
 
-void Gateway::AttemptFailed(const std::string& service, size_t index, const std::string& phase, const std::string& why) {
-  std::lock_guard<std::mutex> lk(pools_mu_);
-  auto& st = *placements_[service][index];
-  // A lost device or a dead worker cannot serve the next request either.
-  if (phase == "device" || phase == "crash") st.breaker.Trip(why);
-  else st.breaker.OnFailure(why);
-  // A lost device is lost for every placement on it.
-  if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) {
-    if (phase == "device") it->second.Trip(why);
-    else if (phase == "kv" || phase == "compute" || phase == "load") it->second.OnFailure(why);
-  }
-}
-
-bool Gateway::BreakersAllow(PlacementState& st) {
-  auto it = device_breakers_.find(st.cfg.device);
-  const bool device_ok = it == device_breakers_.end() || it->second.Usable();
-  return st.breaker.Usable() && device_ok;
-}
-
 void Gateway::WorkerExited(const std::string& key, const std::string& why) {
   for (auto& [name, signal] : signals_) signal->Notify();  // waiters decide again without it
-  std::lock_guard<std::mutex> lk(pools_mu_);
-  for (auto& [service, states] : placements_) {
-    for (auto& st : states) {
-      if (st->key != key) continue;
-      st->breaker.Trip("worker " + why);
-      if (why == protocol::kExitDeviceLost) {
-        if (auto it = device_breakers_.find(st->cfg.device); it != device_breakers_.end()) it->second.Trip("worker " + why);
-      }
-    }
-  }
+  board_.WorkerExited(key, why, why == protocol::kExitDeviceLost);
 }
 
 void Gateway::RecordThroughput(const std::string& service, size_t index, const std::string& body) {
   // The worker's timings, from a non-streamed body or a stream's last chunk.
-  const auto t = protocol::TimingsOf(body);
-  if (!t) return;
-  const double pms = t->prompt_ms, gms = t->generation_ms, pt = t->prompt_tokens, gt = t->generated_tokens;
-  std::lock_guard<std::mutex> lk(pools_mu_);
-  auto& st = *placements_[service][index];
-  auto ewma = [](double old, double sample) { return old == 0 ? sample : 0.7 * old + 0.3 * sample; };
-  if (pms > 0 && pt > 0) st.prompt_tps = ewma(st.prompt_tps, pt / (pms / 1000.0));
-  if (gms > 0 && gt > 1) st.gen_tps = ewma(st.gen_tps, (gt - 1) / (gms / 1000.0));
-}
-
-void Gateway::AttemptSucceeded(const std::string& service, size_t index) {
-  std::lock_guard<std::mutex> lk(pools_mu_);
-  auto& st = *placements_[service][index];
-  st.breaker.OnSuccess();
-  if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.OnSuccess();
+  if (const auto t = protocol::TimingsOf(body)) {
+    board_.RecordThroughput(service, index, t->prompt_ms, t->prompt_tokens, t->generation_ms, t->generated_tokens);
+  }
 }
 
 namespace {
@@ -80,7 +41,7 @@ std::chrono::milliseconds WaitBound(int64_t deadline_ms, int64_t now_ms, int64_t
 int64_t Gateway::StartWaitMs(const config::ServiceConfig& svc) {
   int64_t ms = 0;
   for (size_t k = 0; k < svc.placements.size(); ++k) {
-    if (placements_[svc.name][k]->admission.admitted) {
+    if (board_.placement(svc.name, k).admission.admitted) {
       ms = std::max(ms, static_cast<int64_t>(svc.placements[k].start_timeout_s * 1000));
     }
   }
@@ -90,7 +51,8 @@ int64_t Gateway::StartWaitMs(const config::ServiceConfig& svc) {
 std::string Gateway::StartingNote(const config::ServiceConfig& svc) {
   std::string note;
   for (const auto& w : supervisor_.Snapshot()) {
-    for (const auto& st : placements_[svc.name]) {
+    for (size_t k = 0; k < svc.placements.size(); ++k) {
+      const auto* st = &board_.placement(svc.name, k);
       if (w.key != st->key || !st->admission.admitted || w.state == upstream::WorkerState::kReady) continue;
       const int64_t now = clock_.NowMs();
       std::string part = st->cfg.Name() + " is " + upstream::WorkerStateName(w.state);
@@ -116,7 +78,8 @@ Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms
   int64_t next_ms = INT64_MAX;
   const int64_t now = clock_.NowMs();
   const auto workers = supervisor_.Snapshot();
-  for (const auto& st : placements_[svc.name]) {
+  for (size_t k = 0; k < svc.placements.size(); ++k) {
+    const auto* st = &board_.placement(svc.name, k);
     if (!st->admission.admitted) continue;
     bool found = false;
     for (const auto& w : workers) {
@@ -151,7 +114,10 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
                                            Live& live, const std::vector<bool>& excluded, Target* t, Status* rejected,
                                            const std::function<void(const std::string&, double)>& on_wait) {
   CapacitySignal& signal = SignalFor(svc.name);
-  auto& states = placements_[svc.name];
+  // The placements' fixed parts (key, config, start-up admission); what
+  // changes (pools, breakers, throughput) is read through board_.Views.
+  std::vector<const PlacementBoard::Placement*> states;
+  for (size_t k = 0; k < svc.placements.size(); ++k) states.push_back(&board_.placement(svc.name, k));
   const int64_t t0 = clock_.NowMs();
   // Whatever the outcome, a request that is not admitted holds no place in the CPU line.
   struct LeaveLine {
@@ -160,9 +126,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
     const std::string& id;
     bool admitted = false;
     ~LeaveLine() {
-      if (admitted) return;
-      std::lock_guard<std::mutex> lk(g->pools_mu_);
-      g->cpu_queues_[service]->Leave(id);
+      if (!admitted) g->board_.LeaveCpuLine(service, id);
     }
   } leave_line{this, svc.name, rec.id};
   // An on-demand replica that is stopped can take requests: it is started when chosen.
@@ -170,15 +134,12 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
     return supervisor_.ReadyPort(states[k]->key).has_value() || supervisor_.OnDemand(states[k]->key);
   };
   auto demand_all = [&] {
-    for (const auto& st : states) {
-      if (!st->admission.admitted || !supervisor_.OnDemand(st->key)) continue;
-      {
-        // Wanted now: not idle, so the supervisor does not release it again
-        // before this request reaches it.
-        std::lock_guard<std::mutex> lk(pools_mu_);
-        st->last_used_ms = clock_.NowMs();
-      }
-      supervisor_.Demand(st->key);
+    for (size_t k = 0; k < states.size(); ++k) {
+      if (!states[k]->admission.admitted || !supervisor_.OnDemand(states[k]->key)) continue;
+      // Wanted now: not idle, so the supervisor does not release it again
+      // before this request reaches it.
+      board_.Touch(svc.name, k);
+      supervisor_.Demand(states[k]->key);
     }
   };
   {
@@ -204,8 +165,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
       co_return false;
     }
   }
-  auto hold = [&](PlacementState& st) {  // pools_mu_ held
-    ++st.active;
+  auto hold = [&] {  // the board counts the attempt as holding the placement
     t->holding = true;
     leave_line.admitted = true;
   };
@@ -223,8 +183,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
       for (size_t i = 0; i < states.size(); ++i) {
         if (!states[i]->admission.admitted) continue;
         if (auto port = supervisor_.ReadyPort(states[i]->key)) {
-          std::lock_guard<std::mutex> lk(pools_mu_);
-          if (states[i]->active >= std::max(1, states[i]->cfg.slots)) {
+          if (!board_.TakeSlot(svc.name, i)) {
             all_busy = true;
             continue;
           }
@@ -232,7 +191,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
                            {"reason", rec.endpoint == "embedding" ? "embeddings hold no KV cells"
                                                                   : "the only placement; its worker checks its KV pool"}};
           *t = {i, states[i]->key, states[i]->cfg.Name(), *port, 0, rec.body, "admit", dj.dump(), ""};
-          hold(*states[i]);
+          hold();
           if (waited) t->waited_ms = clock_.NowMs() - t0;
           co_return true;
         }
@@ -317,37 +276,9 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
     double est_wait_s = 1;
     admission::Decision d;
     if (prompt_tokens >= 0) {
-      std::vector<admission::PlacementView> views;
-      std::lock_guard<std::mutex> lk(pools_mu_);
-      bool others = false;  // is any placement usable that has not failed this request?
-      for (size_t k = 0; k < states.size(); ++k) {
-        const bool ex = k < excluded.size() && excluded[k];
-        others |= !ex && states[k]->admission.admitted && BreakersAllow(*states[k]) && startable(k);
-      }
-      for (size_t k = 0; k < states.size(); ++k) {
-        const auto& st = states[k];
-        admission::PlacementView v;
-        v.name = st->cfg.Name();
-        const bool ex = others && k < excluded.size() && excluded[k];
-        v.usable = !ex && st->admission.admitted && BreakersAllow(*st) && startable(k);
-        v.hybrid = st->cfg.role == "hybrid";
-        v.fallback = st->cfg.role == "fallback";
-        v.cells_total = st->pool.request_capacity();
-        v.cells_free = st->pool.free_for_request();
-        v.slots_free = static_cast<uint32_t>(std::max<int64_t>(0, st->cfg.slots - static_cast<int64_t>(st->pool.active())));
-        if (svc.OnCpuPath(k)) {
-          // The CPU path has a line of its own: a busy CPU replica is waited
-          // for there (bounded, in order, visible), not in admission's delay.
-          v.cells_free = v.cells_total;
-          v.slots_free = std::max<uint32_t>(1, static_cast<uint32_t>(st->cfg.slots));
-        }
-        v.est_wait_s = 1;
-        // Admitted to run but not usable now: its worker is starting or restarting, or its breaker will probe.
-        v.comes_back = !v.usable && !ex && st->admission.admitted;
-        v.prompt_tps = st->prompt_tps;
-        v.gen_tps = st->gen_tps;
-        views.push_back(v);
-      }
+      // A snapshot of the board (pools, breakers, wait estimates) for the pure decision.
+      const std::vector<admission::PlacementView> views =
+          board_.Views(svc, excluded, static_cast<uint64_t>(prompt_tokens) + max_tokens, startable);
       const int64_t now = clock_.NowMs();
       admission::RequestNeed need{static_cast<uint32_t>(prompt_tokens), max_tokens, svc.admission.allow_shrink, 16};
       need.waited_s = (now - t0) / 1000.0;
@@ -356,6 +287,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
                                svc.admission.pressure};
       policy.start_wait_s = std::min(kQueueWaitMs, StartWaitMs(svc)) / 1000.0;
       d = admission::Decide(need, views, policy);
+      if (d.kind == admission::Kind::kDelay && d.placement < views.size()) est_wait_s = views[d.placement].est_wait_s;
       CpuGate gate = CpuGate::kGo;
       if (d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject) {
         if (svc.OnCpuPath(d.placement)) {
@@ -364,21 +296,23 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
             metrics_.Decision(svc.name, "reject");
             const json dj = {{"decision", "reject"}, {"reason", rejected->message()}, {"prompt_tokens", prompt_tokens},
                              {"max_tokens", max_tokens}, {"status", 503}, {"placement", states[d.placement]->cfg.Name()}};
-            cpu_reject = dj.dump();  // journaled below, once pools_mu_ is released
+            cpu_reject = dj.dump();  // journaled below
           }
           else if (gate == CpuGate::kWait) {
             d.kind = admission::Kind::kDelay;
             d.reason = note;
           }
         } else {
-          cpu_queues_[svc.name]->Leave(rec.id);  // back on the accelerator path
+          board_.LeaveCpuLine(svc.name, rec.id);  // back on the accelerator path
         }
       }
       if (cpu_reject.empty() && d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject) {
-        auto& st = *states[d.placement];
+        const auto& st = *states[d.placement];
         const uint32_t cells = static_cast<uint32_t>(prompt_tokens) + d.max_tokens;
         auto port = supervisor_.ReadyPort(st.key);
-        if (port && st.pool.Reserve(rec.id, cells)) {
+        // The decision is committed on the board; another request may have
+        // taken the cells since the snapshot (then: decide again).
+        if (port && board_.Reserve(svc.name, d.placement, rec.id, cells, static_cast<uint32_t>(prompt_tokens), d.max_tokens)) {
           if (body.is_object()) {
             body["max_tokens"] = d.max_tokens;
             body.erase("max_completion_tokens");
@@ -390,7 +324,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
           if (!limits.empty()) dj["limits"] = limits;
           *t = {d.placement, st.key, st.cfg.Name(), *port, cells,
                 body.is_object() ? body.dump() : rec.body, admission::KindName(d.kind), dj.dump(), limits};
-          hold(st);
+          hold();
           t->waited_ms = waited_ms;
           metrics_.Decision(svc.name, admission::KindName(d.kind));
           co_return true;

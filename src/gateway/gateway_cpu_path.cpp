@@ -4,6 +4,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "admission/wait_estimate.h"
 #include "devices/telemetry.h"
 #include "gateway/gateway.h"
 #include "gateway/gateway_internal.h"
@@ -17,12 +18,12 @@ std::string Mib(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) 
 
 }  // namespace
 
-void Gateway::RefreshCpuResident(const config::ServiceConfig& svc) {
+void Gateway::RefreshCpuResident(const config::ServiceConfig& svc, PlacementBoard::Locked& board) {
   // The replicas' share of the budget while their process runs: what they
   // were predicted to hold (weights, KV pool, compute), or their resident
   // set when it is larger (runtime, libraries, allocator).
-  auto& q = *cpu_queues_[svc.name];
-  auto& states = placements_[svc.name];
+  auto& q = *board.cpu_lines.at(svc.name);
+  auto& states = board.placements.at(svc.name);
   const devices::HostTelemetry host_telemetry;
   for (const auto& w : supervisor_.Snapshot()) {
     for (size_t k = 0; k < states.size(); ++k) {
@@ -40,11 +41,20 @@ void Gateway::RefreshCpuResident(const config::ServiceConfig& svc) {
 Gateway::CpuGate Gateway::CpuPathGate(const journal::RequestRecord& rec, const config::ServiceConfig& svc,
                                       admission::Decision* d, int prompt_tokens, std::string* limits,
                                       std::string* note, double* est_wait_s, Status* rejected) {
-  auto& q = *cpu_queues_[svc.name];
-  auto& states = placements_[svc.name];
+  return board_.WithLock([&](PlacementBoard::Locked& board) {
+    return CpuPathGateLocked(rec, svc, board, d, prompt_tokens, limits, note, est_wait_s, rejected);
+  });
+}
+
+Gateway::CpuGate Gateway::CpuPathGateLocked(const journal::RequestRecord& rec, const config::ServiceConfig& svc,
+                                            PlacementBoard::Locked& board, admission::Decision* d, int prompt_tokens,
+                                            std::string* limits, std::string* note, double* est_wait_s,
+                                            Status* rejected) {
+  auto& q = *board.cpu_lines.at(svc.name);
+  auto& states = board.placements.at(svc.name);
   const auto& cp = svc.cpu_path;
   auto& st = *states[d->placement];
-  RefreshCpuResident(svc);
+  RefreshCpuResident(svc, board);
   const devices::HostTelemetry host_telemetry;
   if (cp.max_prompt_tokens > 0 && prompt_tokens > cp.max_prompt_tokens) {
     *rejected = Status::ResourceExhausted("the accelerator path of '" + svc.name + "' is unavailable and its CPU path takes prompts of up to " +
@@ -60,10 +70,9 @@ Gateway::CpuGate Gateway::CpuPathGate(const journal::RequestRecord& rec, const c
   }
   const uint64_t bytes = memory::RequestHostBytes(st.admission.n_vocab, static_cast<uint64_t>(prompt_tokens) + d->max_tokens);
   // Seconds one request takes here, from the measured throughput (10 s until measured).
-  const double per_request_s = st.prompt_tps > 0 && st.gen_tps > 0
-                                   ? prompt_tokens / st.prompt_tps + d->max_tokens / st.gen_tps
-                                   : 10.0;
-  const uint64_t budget = cpu_budgets_[svc.name];
+  const double per_request_s =
+      admission::ExpectedRunS(static_cast<uint32_t>(prompt_tokens), d->max_tokens, st.prompt_tps, st.gen_tps).value_or(10.0);
+  const uint64_t budget = board.cpu_budgets.at(svc.name);
   switch (q.Join(rec.id, bytes)) {
     case scheduler::CpuQueue::JoinResult::kFull: {
       const auto s = q.stats();
@@ -123,37 +132,19 @@ Gateway::CpuGate Gateway::CpuPathGate(const journal::RequestRecord& rec, const c
 }
 
 void Gateway::ReleaseTarget(const std::string& service, const std::string& id, Target* t) {
-  std::lock_guard<std::mutex> lk(pools_mu_);
-  auto& st = *placements_[service][t->index];
-  if (t->cells) st.pool.Release(id);
+  board_.Release(service, t->index, id, t->cells > 0, t->holding);
   t->cells = 0;
-  if (t->holding) {
-    --st.active;
-    st.last_used_ms = clock_.NowMs();
-    t->holding = false;
-  }
-  if (auto it = cpu_queues_.find(service); it != cpu_queues_.end()) it->second->Leave(id);
+  t->holding = false;
   if (auto it = signals_.find(service); it != signals_.end()) it->second->Notify();  // capacity may be free now
 }
 
 bool Gateway::IdleReplica(const std::string& key) {
-  std::lock_guard<std::mutex> lk(pools_mu_);
-  for (const auto& s : config_.services) {
-    auto& states = placements_[s.name];
-    for (size_t i = 0; i < states.size(); ++i) {
-      auto& st = *states[i];
-      if (st.key != key) continue;
-      if (st.active > 0 || st.pool.active() > 0) return false;
-      const int64_t idle_ms = static_cast<int64_t>(s.failover.idle_unload_s * 1000);
-      if (st.last_used_ms == 0) st.last_used_ms = clock_.NowMs();  // ready, never used: idle from now
-      if (clock_.NowMs() - st.last_used_ms < idle_ms) return false;
-      cpu_queues_[s.name]->SetResident(key, 0);
-      // Released under pools_mu_: no request can pick its port in between.
-      supervisor_.Release(key);
-      return true;  // the next request starts it again
-    }
-  }
-  return false;
+  auto idle_ms = [&](const std::string& service) {
+    const config::ServiceConfig* s = config_.FindService(service);
+    return s ? static_cast<int64_t>(s->failover.idle_unload_s * 1000) : INT64_MAX;
+  };
+  // Released under the board's lock: no request can pick its port in between.
+  return board_.ReleaseIfIdle(key, idle_ms, [&] { supervisor_.Release(key); });
 }
 
 }  // namespace spillway::gateway

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstdio>
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <string>
 
 #include "api/http_server.h"
@@ -61,7 +63,11 @@ using namespace internal;
 // The lifecycle of one request (Gateway::Process and Gateway::Run, one
 // coroutine on its own strand). Each transition that matters after a crash
 // is journaled before it takes effect; a request ends in exactly one place
-// (Run's `finish`: the journal's terminal state first, then the client).
+// (Run's `finish`: the journal's terminal state first, then the client). An
+// attempt is run by an AttemptRunner (gateway/attempt_runner.h), which returns
+// a typed outcome; the pure retry policy (failover/retry_policy.h) says what
+// follows; the client hears everything through one ReplyWriter
+// (gateway/reply_writer.h).
 //
 //   phase        event                                              next         journal
 //   -----------  -------------------------------------------------  -----------  -----------
@@ -101,6 +107,21 @@ struct Gateway::Live {
     phase = p;
     phase_since_ms = now_ms;
   }
+  // While it waits: why, and when it is expected to start (each round of admission says).
+  void Waiting(const std::string& note, double est_wait_s) {
+    std::lock_guard<std::mutex> lk(wait_mu);
+    wait_note = note;
+    wait_est_s = est_wait_s;
+  }
+  std::pair<std::string, double> WaitState() const {
+    std::lock_guard<std::mutex> lk(wait_mu);
+    return {wait_note, wait_est_s};
+  }
+
+ private:
+  mutable std::mutex wait_mu;
+  std::string wait_note;
+  double wait_est_s = 0;
 };
 
 // A request as parsed on the connection strand, before the journal.

@@ -61,8 +61,30 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Calle
     // In flight here: its phase in this gateway's lifecycle, and for how long.
     std::lock_guard<std::mutex> lk(mu_);
     if (auto it = live_.find(id); it != live_.end()) {
-      j["phase"] = LivePhaseName(it->second->phase.load());
-      j["phase_age_ms"] = clock_.NowMs() - it->second->phase_since_ms.load();
+      const Live& me = *it->second;
+      const LivePhase phase = me.phase.load();
+      const int64_t now = clock_.NowMs();
+      j["phase"] = LivePhaseName(phase);
+      j["phase_age_ms"] = now - me.phase_since_ms.load();
+      if (phase == LivePhase::kQueued) {
+        // Its place among the requests of its service waiting here (by when
+        // they began to wait), why it waits and when it is expected to start.
+        size_t ahead = 0, waiting = 0;
+        for (const auto& [other_id, other] : live_) {
+          if (other->service != me.service || other->phase.load() != LivePhase::kQueued) continue;
+          ++waiting;
+          const int64_t a = other->phase_since_ms.load(), b = me.phase_since_ms.load();
+          if (a < b || (a == b && other_id < id)) ++ahead;
+        }
+        const auto [note, est_s] = me.WaitState();
+        json q = {{"position", ahead + 1}, {"waiting", waiting}};
+        if (!note.empty()) {
+          q["reason"] = note;
+          q["estimated_wait_s"] = est_s;
+          q["estimated_start_ms"] = now + static_cast<int64_t>(est_s * 1000);
+        }
+        j["queue"] = q;
+      }
     }
   }
   if (auto attempts = journal_.Attempts(id); attempts.ok()) {
@@ -100,21 +122,7 @@ json Gateway::StatusJson() const {
       const std::string key = WorkerKey(s, i);
       json w = {{"key", key}, {"placement", s.placements[i].Name()}, {"device", s.placements[i].device},
                 {"role", s.placements[i].role}};
-      if (auto it = placements_.find(s.name); it != placements_.end() && i < it->second.size()) {
-        const auto& st = *it->second[i];
-        w["admitted"] = st.admission.admitted;
-        w["admission"] = st.admission.reason;
-        w["predicted_bytes"] = st.admission.predicted_bytes;
-        std::lock_guard<std::mutex> lk(const_cast<std::mutex&>(pools_mu_));
-        w["kv_cells"] = {{"total", st.pool.total()}, {"reserved", st.pool.reserved()}, {"requests", st.pool.active()},
-                         {"per_request", st.pool.request_capacity()}, {"unified", st.cfg.kv_unified}};
-        w["throughput"] = {{"prompt_tokens_per_s", st.prompt_tps}, {"generated_tokens_per_s", st.gen_tps}};
-        w["breaker"] = {{"state", failover::BreakerStateName(st.breaker.state())},
-                        {"ejections", st.breaker.ejections()},
-                        {"last_reason", st.breaker.last_reason()}};
-        w["readiness"] = {{"policy", st.readiness}, {"reason", st.readiness_reason},
-                          {"expected_s", st.readiness_expected_s}, {"active_requests", st.active}};
-      }
+      w.update(board_.PlacementJson(s.name, i));
       for (const auto& v : workers) {
         if (v.key != key) continue;
         w["state"] = upstream::WorkerStateName(v.state);
@@ -130,12 +138,13 @@ json Gateway::StatusJson() const {
         }
         w["log"] = v.log_path;
         if (w.contains("readiness") && v.last_start_ms > 0) w["readiness"]["measured_start_s"] = v.last_start_ms / 1000.0;
-        if (v.port) {
-          auto info = http::Fetch("127.0.0.1", v.port, "GET", std::string(protocol::kInfoPath), "", supervisor_.AuthHeaders(),
-                                  std::chrono::milliseconds(500));
-          if (info.ok() && info->status == 200) {
-            json ij = json::parse(info->body, nullptr, false);
-            if (!ij.is_discarded()) {
+        // What the worker said of itself, as the supervisor last fetched it
+        // (every second while ready): this page asks no worker anything.
+        if (v.port && v.info) {
+          w["info_age_ms"] = clock_.NowMs() - v.info_ms;
+          {
+            json ij = json::parse(*v.info, nullptr, false);
+            if (ij.is_object()) {
               w["memory"] = ij["memory"];
               if (ij.contains("context") && w.contains("readiness")) {
                 w["readiness"]["context_created"] = ij["context"]["created"];
@@ -150,8 +159,8 @@ json Gateway::StatusJson() const {
                 if (host_buffer == on_host) observed += b["total"].get<uint64_t>();
               }
               w["observed_bytes"] = observed;
-              if (auto it = placements_.find(s.name); it != placements_.end() && observed > 0 && !partial) {
-                const double predicted = static_cast<double>(it->second[i]->admission.predicted_bytes);
+              if (observed > 0 && !partial) {
+                const double predicted = static_cast<double>(board_.placement(s.name, i).admission.predicted_bytes);
                 if (predicted > 0) w["estimate_error"] = (predicted - static_cast<double>(observed)) / static_cast<double>(observed);
               }
               w["slots"] = ij["slots"];
@@ -163,17 +172,16 @@ json Gateway::StatusJson() const {
       placements.push_back(w);
     }
     json svc = {{"name", s.name}, {"model", s.model}, {"placements", placements}};
-    if (auto it = cpu_queues_.find(s.name); it != cpu_queues_.end()) {
-      std::lock_guard<std::mutex> lk(const_cast<std::mutex&>(pools_mu_));
-      const_cast<Gateway*>(this)->RefreshCpuResident(s);
-      const auto q = it->second->stats();
-      svc["cpu_path"] = {{"waiting", q.waiting}, {"running", q.running}, {"oldest_wait_ms", q.oldest_wait_ms},
-                         {"max_queue", s.cpu_path.max_queue}, {"concurrency", s.cpu_path.concurrency},
-                         {"ram_budget_bytes", cpu_budgets_.at(s.name)}, {"ram_resident_bytes", q.resident_bytes},
-                         {"ram_running_bytes", q.running_bytes}, {"ram_peak_bytes", q.peak_bytes},
-                         {"started", q.started}, {"rejected_full", q.rejected_full},
-                         {"rejected_budget", q.rejected_budget}, {"rejected_host", q.rejected_host}};
-    }
+    svc["cpu_path"] = const_cast<PlacementBoard&>(board_).WithLock([&](PlacementBoard::Locked& board) {
+      const_cast<Gateway*>(this)->RefreshCpuResident(s, board);
+      const auto q = board.cpu_lines.at(s.name)->stats();
+      return json{{"waiting", q.waiting}, {"running", q.running}, {"oldest_wait_ms", q.oldest_wait_ms},
+                  {"max_queue", s.cpu_path.max_queue}, {"concurrency", s.cpu_path.concurrency},
+                  {"ram_budget_bytes", board.cpu_budgets.at(s.name)}, {"ram_resident_bytes", q.resident_bytes},
+                  {"ram_running_bytes", q.running_bytes}, {"ram_peak_bytes", q.peak_bytes},
+                  {"started", q.started}, {"rejected_full", q.rejected_full},
+                  {"rejected_budget", q.rejected_budget}, {"rejected_host", q.rejected_host}};
+    });
     // One line on what a client gets now, when it is less than the primary.
     std::string degraded;
     for (const auto& p : placements) {
@@ -189,15 +197,7 @@ json Gateway::StatusJson() const {
     svc["degraded"] = degraded.empty() ? json(nullptr) : json(degraded);
     services.push_back(svc);
   }
-  json devices = json::array();
-  {
-    std::lock_guard<std::mutex> lk(const_cast<std::mutex&>(pools_mu_));
-    for (const auto& [name, b] : device_breakers_) {
-      devices.push_back({{"name", name},
-                         {"breaker", {{"state", failover::BreakerStateName(b.state())}, {"ejections", b.ejections()},
-                                      {"last_reason", b.last_reason()}}}});
-    }
-  }
+  const json devices = board_.DevicesJson();
   // Group commit: writes per commit tells how much the fsyncs are shared.
   const journal::JournalStats js = journal_.stats();
   json journal = {{"synchronous", journal_.synchronous_mode()}, {"writable", true},
@@ -222,30 +222,7 @@ std::string Gateway::RenderMetrics() const {
   for (const auto& w : supervisor_.Snapshot()) {
     g.emplace_back("spillway_worker_ready", "worker=\"" + w.key + "\"", w.state == upstream::WorkerState::kReady ? 1 : 0);
   }
-  {
-    std::lock_guard<std::mutex> lk(const_cast<std::mutex&>(pools_mu_));
-    for (const auto& [service, q] : cpu_queues_) {
-      const auto st = q->stats();
-      const std::string l = "service=\"" + service + "\"";
-      g.emplace_back("spillway_cpu_queue_waiting", l, static_cast<double>(st.waiting));
-      g.emplace_back("spillway_cpu_queue_running", l, static_cast<double>(st.running));
-      g.emplace_back("spillway_cpu_queue_oldest_age_seconds", l, st.oldest_wait_ms / 1000.0);
-      g.emplace_back("spillway_cpu_path_ram_bytes", l, static_cast<double>(st.resident_bytes + st.running_bytes));
-      g.emplace_back("spillway_cpu_path_ram_budget_bytes", l, static_cast<double>(cpu_budgets_.at(service)));
-      g.emplace_back("spillway_cpu_path_rejected_total", l + ",reason=\"queue_full\"", static_cast<double>(st.rejected_full));
-      g.emplace_back("spillway_cpu_path_rejected_total", l + ",reason=\"ram_budget\"", static_cast<double>(st.rejected_budget));
-      g.emplace_back("spillway_cpu_path_rejected_total", l + ",reason=\"host_low\"", static_cast<double>(st.rejected_host));
-    }
-    for (const auto& [name, b] : device_breakers_) {
-      g.emplace_back("spillway_device_breaker_open", "device=\"" + name + "\"", b.state() == failover::BreakerState::kOpen ? 1 : 0);
-    }
-    for (const auto& [service, states] : placements_) {
-      for (const auto& st : states) {
-        g.emplace_back("spillway_breaker_open", "service=\"" + service + "\",placement=\"" + st->cfg.Name() + "\"",
-                       st->breaker.state() == failover::BreakerState::kOpen ? 1 : 0);
-      }
-    }
-  }
+  board_.Gauges(&g);
   return metrics_.Render(g);
 }
 

@@ -182,6 +182,7 @@ void Supervisor::Exited(Worker& w, const std::string& why) {
   w.view.pid = 0;
   w.view.port = 0;
   w.view.adopted = false;
+  w.view.info.reset();  // the next process reports its own
   RemoveRecord(w.spec.key);
   w.view.state = WorkerState::kBackoff;
   const int64_t now = clock_.NowMs();
@@ -278,6 +279,7 @@ void Supervisor::Round() {
     std::string key;
     pid_t pid;
     uint16_t port;
+    bool info;  // also refresh its cached /info
   };
   {
     std::vector<Check> checks;
@@ -319,12 +321,23 @@ void Supervisor::Round() {
         if (w.spec.on_demand && w.view.state == WorkerState::kReady) idle_candidates.push_back(k);
         if (w.view.state == WorkerState::kReady && now >= w.next_health_ms) {
           w.next_health_ms = now + kHealthPeriodMs;
-          checks.push_back({k, w.view.pid, w.view.port});
+          const bool info = now >= w.next_info_ms;
+          if (info) w.next_info_ms = now + kInfoPeriodMs;
+          checks.push_back({k, w.view.pid, w.view.port, info});
         }
       }
     }
     if (on_ready_) {
       for (const auto& [k, port] : became_ready) on_ready_(k, port);
+    }
+    // What a worker says of itself is known from the moment it is ready.
+    for (const auto& [k, port] : became_ready) {
+      pid_t pid = 0;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (auto it = workers_.find(k); it != workers_.end()) pid = it->second.view.pid;
+      }
+      if (pid > 0) RefreshInfo(k, pid, port);
     }
     if (on_exit_) {
       for (const auto& [k, why] : exits) on_exit_(k, why);
@@ -353,8 +366,21 @@ void Supervisor::Round() {
         if (was_ready && it->second.view.state == WorkerState::kBackoff) why = it->second.view.last_exit;
       }
       if (!why.empty() && on_exit_) on_exit_(c.key, why);
+      if (healthy && c.info) RefreshInfo(c.key, c.pid, c.port);
     }
   }
+}
+
+void Supervisor::RefreshInfo(const std::string& key, pid_t pid, uint16_t port) {
+  auto r = http::Fetch("127.0.0.1", port, "GET", std::string(protocol::kInfoPath), "", AuthHeaders(),
+                       std::chrono::milliseconds(1000));
+  if (!r.ok() || r->status != 200) return;
+  auto body = std::make_shared<const std::string>(std::move(r->body));
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = workers_.find(key);
+  if (it == workers_.end() || it->second.view.pid != pid) return;  // replaced meanwhile: not its info
+  it->second.view.info = std::move(body);
+  it->second.view.info_ms = clock_.NowMs();
 }
 
 void Supervisor::Demand(const std::string& key) {
@@ -377,6 +403,7 @@ void Supervisor::Release(const std::string& key) {
   w.view.state = WorkerState::kStopped;
   w.view.port = 0;
   w.view.last_exit = "released (idle)";
+  w.view.info.reset();
   w.kill_at_ms = clock_.NowMs() + 5000;
 }
 

@@ -67,6 +67,7 @@
 #include <functional>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -78,6 +79,7 @@
 #include "common/status.h"
 #include "upstream/process_group.h"
 #include "upstream/worker_record.h"
+#include "upstream/workers.h"
 
 namespace spillway::upstream {
 
@@ -90,28 +92,7 @@ struct WorkerSpec {
   int64_t start_timeout_ms = 120000;
 };
 
-enum class WorkerState { kStarting, kReady, kBackoff, kStopped };
-const char* WorkerStateName(WorkerState s);
-
-struct WorkerView {
-  std::string key;
-  WorkerState state = WorkerState::kStopped;
-  pid_t pid = 0;
-  uint16_t port = 0;
-  int restarts = 0;
-  std::string last_exit;  // "exit 3", "signal 9", "unhealthy", ...
-  std::string last_error;  // the worker's last stderr line before its last exit (its own reason)
-  int failed_starts = 0;   // exits in a row without ever becoming ready
-  int64_t next_start_ms = 0;  // clock time of the next start (while in backoff)
-  std::string log_path;
-  bool on_demand = false;
-  int64_t last_start_ms = 0;  // how long its last start took (spawn to ready), measured
-  int64_t start_timeout_ms = 0;  // of its spec
-  int64_t starting_since_ms = 0;  // clock time of its current start (while starting)
-  bool adopted = false;  // started by an earlier gateway on this state directory, adopted without a reload
-};
-
-class Supervisor {
+class Supervisor : public Workers {
  public:
   Supervisor(std::string worker_binary, std::string state_dir, const Clock& clock);
   ~Supervisor();
@@ -138,34 +119,35 @@ class Supervisor {
   // Adopts or stops the workers of earlier gateways (see above), then starts the others.
   void Start();
   // SIGTERM to every worker's group (adopted ones included), SIGKILL after `grace_ms`.
-  void Stop(int64_t grace_ms = 5000);
+  void Stop(int64_t grace_ms);
+  void Stop() override { Stop(5000); }
 
   // The port of a ready worker.
-  std::optional<uint16_t> ReadyPort(const std::string& key) const;
-  std::vector<WorkerView> Snapshot() const;
+  std::optional<uint16_t> ReadyPort(const std::string& key) const override;
+  std::vector<WorkerView> Snapshot() const override;
   uint64_t total_restarts() const { return restarts_.load(); }
   uint64_t total_adopted() const { return adopted_.load(); }
   // Starts an on-demand worker that is stopped (no-op otherwise).
-  void Demand(const std::string& key);
+  void Demand(const std::string& key) override;
   // Stops an on-demand worker (SIGTERM, SIGKILL after 5 s); it stays stopped until Demand().
-  void Release(const std::string& key);
+  void Release(const std::string& key) override;
   // Starting or ready (an on-demand worker that is stopped is not).
   bool Running(const std::string& key) const;
-  bool OnDemand(const std::string& key) const;
+  bool OnDemand(const std::string& key) const override;
   // Told (no lock held) each time a worker exits or is replaced as unhealthy
   // (not when it is released or stopped): `why` as in WorkerView::last_exit.
-  void SetOnExit(std::function<void(const std::string& key, const std::string& why)> f) { on_exit_ = std::move(f); }
+  void SetOnExit(std::function<void(const std::string& key, const std::string& why)> f) override { on_exit_ = std::move(f); }
   // Asked (no lock held) for each ready on-demand worker on every poll; true stops it.
-  void SetIdleCheck(std::function<bool(const std::string& key)> f) { idle_ = std::move(f); }
+  void SetIdleCheck(std::function<bool(const std::string& key)> f) override { idle_ = std::move(f); }
   // A worker that became ready but cannot serve this gateway (it speaks
   // another protocol version): killed and counted as a failed start, `why`
   // its reason in the log and WorkerView.
   void Refuse(const std::string& key, const std::string& why);
   // Reports a failure seen by a caller (connection refused...): the worker is
   // health-checked at once.
-  void Suspect(const std::string& key);
+  void Suspect(const std::string& key) override;
   // What every request to a worker carries: Authorization: Bearer <secret>.
-  std::vector<std::pair<std::string, std::string>> AuthHeaders() const {
+  std::vector<std::pair<std::string, std::string>> AuthHeaders() const override {
     return {{"Authorization", "Bearer " + secret_}};
   }
 
@@ -175,6 +157,7 @@ class Supervisor {
     WorkerView view;
     int64_t ready_since_ms = 0;
     int64_t next_health_ms = 0;
+    int64_t next_info_ms = 0;
     int health_failures = 0;
     int backoff_level = 0;
     int64_t spawned_ms = 0;
@@ -187,6 +170,7 @@ class Supervisor {
   // within its progress timeout plus this); also what keeps a worker from
   // counting as an orphan.
   static constexpr int64_t kHealthPeriodMs = 500;
+  static constexpr int64_t kInfoPeriodMs = 1000;
   WorkerPid Process(const Worker& w) const { return {w.view.pid, w.start_time, !w.view.adopted}; }
   // Adoption (supervisor_adoption.cpp).
   void Adopt();
@@ -203,6 +187,8 @@ class Supervisor {
   void Poll(Worker& w);
   void Exited(Worker& w, const std::string& why);
   void HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lost);
+  // Fetches a ready worker's /info into its view (no lock held while asking).
+  void RefreshInfo(const std::string& key, pid_t pid, uint16_t port);
 
   std::function<Status(const std::string&)> gate_;
   std::function<void(const std::string&, uint16_t)> on_ready_;

@@ -41,7 +41,10 @@ void WaitAllReady(uint16_t port) {
   for (int i = 0; i < 1000; ++i) {
     json s = Body(*http::Fetch("127.0.0.1", port, "GET", "/v1/status"));
     bool all = true;
-    for (const auto& p : s["services"][0]["placements"]) all &= !p["admitted"].get<bool>() || p["state"] == "ready";
+    // Ready, and what the worker says of itself (its memory) fetched by the supervisor.
+    for (const auto& p : s["services"][0]["placements"]) {
+      all &= !p["admitted"].get<bool>() || (p["state"] == "ready" && p.contains("memory"));
+    }
     if (all) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

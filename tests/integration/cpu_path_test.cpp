@@ -157,6 +157,7 @@ TEST_F(CpuPathTest, ALineOfItsOwnWithLimitsCommentsCancellationAndA503WhenFull) 
 TEST_F(CpuPathTest, AFloodOfLongRequestsStaysUnderTheRamBudgetAndTheExcessGets503) {
   const int budget_mib = 160;
   StartGateway(Config("max_queue = 2\nconcurrency = 2\nram_budget_mib = " + std::to_string(budget_mib) + "\n"));
+  ASSERT_TRUE(WaitFor([&] { return Fallback().contains("memory"); }));
   const json fallback = Fallback();
   const int pid = fallback["pid"].get<int>();
   // The CPU replica never loads an accelerator backend, even with a sim device on the host.
@@ -249,12 +250,14 @@ TEST_F(CpuPathTest, AnOnDemandReplicaStartsForTheFirstRequestAndStopsWhenIdle) {
 
 TEST_F(CpuPathTest, AnMmapReplicaCreatesItsContextForTheFirstRequestAndFreesItWhenIdle) {
   StartGateway(Config("", "readiness = \"mmap\"\nidle_unload_s = 1\n"));
-  ASSERT_TRUE(WaitFor([&] { return Fallback()["state"] == "ready"; }));
+  // Ready, and its own account (the supervisor's cached /info) known.
+  ASSERT_TRUE(WaitFor([&] { return Fallback()["readiness"].contains("context_created"); }));
   json fb = Fallback();
   EXPECT_EQ(fb["readiness"]["policy"], "mmap");
   EXPECT_FALSE(fb["readiness"]["context_created"].get<bool>()) << fb.dump();
   auto r = Post(Long(8), "mm-1");
   ASSERT_EQ(r.status, 200) << r.body;
+  ASSERT_TRUE(WaitFor([&] { return Fallback()["readiness"]["context_created"].get<bool>(); }));
   fb = Fallback();
   EXPECT_TRUE(fb["readiness"]["context_created"].get<bool>());
   EXPECT_GT(fb["readiness"]["measured_context_s"].get<double>(), 0.0);

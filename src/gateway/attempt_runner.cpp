@@ -1,0 +1,172 @@
+#include "gateway/attempt_runner.h"
+
+#include <nlohmann/json.hpp>
+
+#include "common/mutation.h"
+#include "protocol/worker_protocol.h"
+
+namespace spillway::gateway {
+
+using Kind = failover::AttemptOutcome::Kind;
+using nlohmann::json;
+
+AttemptRunner::AttemptRunner(upstream::ConnectionPool& pool, ReplyWriter& reply, failover::StreamProgress& progress,
+                             const std::atomic<bool>& cancelled, std::function<void()> on_first_event,
+                             size_t max_unsent_bytes)
+    : pool_(pool),
+      reply_(reply),
+      progress_(progress),
+      cancelled_(cancelled),
+      on_first_event_(std::move(on_first_event)),
+      max_unsent_bytes_(max_unsent_bytes) {}
+
+boost::asio::awaitable<AttemptResult> AttemptRunner::Run(const AttemptSpec& spec) {
+  if (spec.stream) co_return co_await Relay(spec);
+  co_return co_await Send(spec);
+}
+
+namespace {
+
+AttemptResult Failed(FailurePhase phase, std::string why, bool unreachable) {
+  AttemptResult r;
+  r.outcome.kind = Kind::kFailed;
+  r.outcome.phase = phase;
+  r.why = std::move(why);
+  r.unreachable = unreachable;
+  return r;
+}
+
+AttemptResult Simple(Kind kind) {
+  AttemptResult r;
+  r.outcome.kind = kind;
+  return r;
+}
+
+}  // namespace
+
+boost::asio::awaitable<AttemptResult> AttemptRunner::Send(const AttemptSpec& spec) {
+  auto r = co_await pool_.Send(spec.port, "POST", spec.path, spec.body, spec.headers, spec.timeout);
+  // The worker died or stopped answering: nothing was delivered, so it is safe to run again.
+  if (!r.ok()) co_return Failed(FailurePhase::kNone, r.status().message(), true);
+  const auto err = protocol::ParseWorkerError(r->status, r->body);
+  if (err && err->placement_failure()) {
+    // An allocation failure or a lost device: the worker's answer is kept in
+    // case no other placement may take the request.
+    AttemptResult f = Failed(err->phase, "phase " + std::string(FailurePhaseName(err->phase)) + ": " + r->body, false);
+    f.status = r->status;
+    f.body = r->body;
+    co_return f;
+  }
+  // Cancelled meanwhile: whatever the worker said short of an answer, it ends cancelled.
+  if (cancelled_ && r->status != 200) co_return Simple(Kind::kCancelled);
+  // A busy worker's answer is kept too: it is the answer when waiting ends.
+  AttemptResult a = Simple(err && err->busy() ? Kind::kBusy : Kind::kAnswered);
+  a.status = r->status;
+  if (!r->Header("content-type").empty()) a.type = r->Header("content-type");
+  a.body = std::move(r->body);
+  a.retry_after = r->Header("retry-after");
+  co_return a;
+}
+
+boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& spec) {
+  std::string body = spec.body;
+  const bool continuing = !progress_.tokens().empty();
+  if (continuing) {
+    json b = json::parse(spec.body, nullptr, false);
+    b["spillway_resume"] = {{"tokens", progress_.tokens()}, {"text_bytes", progress_.text_bytes()}};
+    body = b.dump();
+  }
+  int status = 0;
+  bool head_ok = false, noted = false;
+  std::string pending, error_body, failed_phase;
+  int relayed = 0;
+  auto begin = [&] {
+    if (reply_.events_started()) return;
+    reply_.BeginStream(spec.served, spec.role);
+    if (on_first_event_) on_first_event_();
+  };
+  // Returns false to stop reading (a failure to act on).
+  auto on_event = [&](const std::string& event) {
+    std::string phase;
+    if (progress_.Observe(event, &phase) == failover::StreamProgress::Event::kError && !phase.empty()) {
+      failed_phase = phase;
+      return false;  // an allocation failure or a lost device: move
+    }
+    begin();
+    if (!noted && !spec.served.fallback_model.empty()) {
+      reply_.Comment("served by the fallback model " + spec.served.fallback_model);
+      noted = true;
+    }
+    if (continuing && !noted) {
+      reply_.Comment("continued on " + spec.served.placement + " after a failure");
+      noted = true;
+    }
+    if (++relayed == 3 && MutationActive("relay-drop-chunk")) return true;  // deliberate bug, for tests only
+    reply_.Event(event);
+    return true;
+  };
+  progress_.ClearError();
+  const Status st = co_await pool_.Stream(
+      spec.port, "POST", spec.path, body, spec.headers,
+      [&](const http::StreamHead& h) {
+        status = h.status;
+        head_ok = status == 200;
+        return true;
+      },
+      [&](std::string_view data) {
+        if (!head_ok) {
+          error_body.append(data);
+          return true;
+        }
+        pending.append(data);
+        size_t pos;
+        while ((pos = pending.find("\n\n")) != std::string::npos) {
+          const std::string event = pending.substr(0, pos + 2);
+          pending.erase(0, pos + 2);
+          if (!on_event(event)) return false;
+        }
+        return true;
+      },
+      std::chrono::seconds(600),
+      // A slow reader: stop reading the worker while much is unsent to the client.
+      [&] { return reply_.attached() && !reply_.disconnected() && reply_.unsent_bytes() > max_unsent_bytes_; });
+  const bool delivered = reply_.events_started();
+  if (!head_ok && st.ok()) {
+    // The worker refused the stream before its first event.
+    if (cancelled_ && !delivered) co_return Simple(Kind::kCancelled);
+    const auto err = protocol::ParseWorkerError(status, error_body);
+    AttemptResult a = err && err->placement_failure() ? Failed(err->phase, error_body, false)
+                      : err && err->busy()               ? Simple(Kind::kBusy)
+                                                         : Simple(Kind::kAnswered);
+    a.outcome.delivered = delivered;
+    a.outcome.continuable = progress_.Continuable();
+    a.status = status;
+    a.body = std::move(error_body);
+    a.head_refused = true;
+    a.stream_state = status == 499 ? journal::State::kCancelled : journal::State::kFailed;
+    co_return a;
+  }
+  if (!st.ok() || !failed_phase.empty()) {
+    // The worker failed or vanished: before the first token a fresh run,
+    // after it a continuation (the policy decides).
+    const FailurePhase phase = failed_phase.empty() ? FailurePhase::kNone
+                                                    : protocol::ParseFailurePhase(failed_phase).value_or(FailurePhase::kCompute);
+    AttemptResult f = Failed(phase, !failed_phase.empty() ? "phase " + failed_phase : st.message(), !st.ok());
+    f.outcome.delivered = delivered;
+    f.outcome.continuable = progress_.Continuable();
+    co_return f;
+  }
+  if (!pending.empty()) reply_.Event(pending);
+  begin();
+  // The worker ends a stream with an error event when it failed or was cancelled.
+  AttemptResult a = Simple(Kind::kAnswered);
+  a.status = 200;
+  a.type = "text/event-stream";
+  const auto& stream_error = progress_.last_error();
+  a.stream_state = !stream_error ? journal::State::kCompleted
+                   : (cancelled_ || stream_error->cancelled()) ? journal::State::kCancelled
+                                                               : journal::State::kFailed;
+  co_return a;
+}
+
+}  // namespace spillway::gateway

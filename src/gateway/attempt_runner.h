@@ -1,0 +1,90 @@
+// Runs one attempt of a request on one worker and says how it ended, typed:
+// the lifecycle (Gateway::Run) hands the outcome to the pure retry policy
+// (failover/retry_policy.h) and acts on its decision. The runner decides
+// nothing about retries, the journal or breakers.
+//
+//   outcome     when                                                  carries
+//   ----------  ----------------------------------------------------  ------------------------------
+//   kAnswered   the worker answered (success or the request's own      status, type, body; a stream's
+//               error: 400, a cancel's 499...)                         terminal state
+//   kBusy       every slot or KV cell of the worker was taken          the worker's answer (its 503)
+//   kFailed     an allocation failure or a lost device (its phase),    why; the worker's answer when
+//               a worker that died or could not be reached (kNone)     it gave one; whether a stream
+//                                                                      had started
+//   kCancelled  the request was cancelled before the worker answered   -
+//
+// A stream is relayed to the client as its events arrive (through the
+// ReplyWriter), its head with the first event, so a failure before the first
+// token moves elsewhere unseen. A continuation (StreamProgress has delivered
+// tokens) sends them along (`spillway_resume`): the worker there replays them
+// with the same seeded sampler and emits only what is new. While the client
+// reads slowly, the worker is not read (backpressure).
+#pragma once
+
+#include <utility>  // before Asio's awaitable.hpp (Boost 1.74)
+
+#include <boost/asio/awaitable.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "api/http_client.h"
+#include "failover/retry_policy.h"
+#include "failover/stream_progress.h"
+#include "gateway/reply_writer.h"
+#include "journal/journal.h"
+#include "upstream/connection_pool.h"
+
+namespace spillway::gateway {
+
+struct AttemptSpec {
+  uint16_t port = 0;
+  std::string path;  // the worker's generation route
+  std::string body;
+  http::HeaderList headers;
+  bool stream = false;
+  std::chrono::milliseconds timeout{3600 * 1000};
+  ServedBy served;
+  std::string role;  // of the placement: primary, hybrid, fallback
+};
+
+struct AttemptResult {
+  failover::AttemptOutcome outcome;
+  std::string why;           // kFailed: what failed
+  bool unreachable = false;  // kFailed: the worker could not be reached or died (the supervisor checks it)
+  // The worker's answer (kAnswered, kBusy; kFailed when it sent one).
+  int status = 0;
+  std::string type = "application/json";
+  std::string body;
+  std::string retry_after;
+  // kAnswered, a stream: how it ended (completed, or the worker's error event:
+  // failed or cancelled), and whether its head was refused (no event came).
+  journal::State stream_state = journal::State::kCompleted;
+  bool head_refused = false;
+};
+
+class AttemptRunner {
+ public:
+  // `cancelled`: the request's flag; `on_first_event`: called once, when a
+  // stream's first event reaches the client.
+  AttemptRunner(upstream::ConnectionPool& pool, ReplyWriter& reply, failover::StreamProgress& progress,
+                const std::atomic<bool>& cancelled, std::function<void()> on_first_event, size_t max_unsent_bytes);
+
+  boost::asio::awaitable<AttemptResult> Run(const AttemptSpec& spec);
+
+ private:
+  boost::asio::awaitable<AttemptResult> Send(const AttemptSpec& spec);
+  boost::asio::awaitable<AttemptResult> Relay(const AttemptSpec& spec);
+
+  upstream::ConnectionPool& pool_;
+  ReplyWriter& reply_;
+  failover::StreamProgress& progress_;
+  const std::atomic<bool>& cancelled_;
+  std::function<void()> on_first_event_;
+  size_t max_unsent_bytes_;
+  bool first_event_seen_ = false;
+};
+
+}  // namespace spillway::gateway

@@ -1,0 +1,267 @@
+#include "gateway/placement_board.h"
+
+#include <algorithm>
+
+#include "admission/wait_estimate.h"
+#include "gateway/readiness.h"
+
+namespace spillway::gateway {
+
+namespace {
+
+failover::BreakerOptions BreakerOf(const config::ServiceConfig& s) {
+  return {s.failover.breaker_failures, static_cast<int64_t>(s.failover.ejection_s * 1000),
+          static_cast<int64_t>(s.failover.max_ejection_s * 1000)};
+}
+
+// A placement's wait estimate before its throughput is measured.
+constexpr double kUnmeasuredWaitS = 1;
+
+}  // namespace
+
+std::string WorkerKey(const config::ServiceConfig& s, size_t n) { return s.name + "." + std::to_string(n); }
+
+PlacementBoard::PlacementBoard(const config::GatewayConfig& config,
+                               const std::map<std::string, PlacementAdmission>& admissions, const Clock& clock)
+    : clock_(clock) {
+  for (const auto& s : config.services) {
+    auto& v = placements_[s.name];
+    for (size_t i = 0; i < s.placements.size(); ++i) {
+      const std::string key = WorkerKey(s, i);
+      auto it = admissions.find(key);
+      const PlacementAdmission a =
+          it != admissions.end() ? it->second : PlacementAdmission{true, s.placements[i].device, 0, 0, ""};
+      v.push_back(std::make_unique<Placement>(key, s.placements[i], a, failover::Breaker(BreakerOf(s), clock_)));
+      const Readiness r = ResolveReadiness(s, i);
+      v.back()->readiness = r.policy;
+      v.back()->readiness_reason = r.reason;
+      v.back()->readiness_expected_s = r.expected_s;
+      // The device's own breaker, with the first service's settings on it.
+      const auto& p = s.placements[i];
+      if (p.device != "cpu" && !device_breakers_.count(p.device)) {
+        device_breakers_.emplace(p.device, failover::Breaker(BreakerOf(s), clock_));
+      }
+    }
+    cpu_budgets_[s.name] = CpuPathBudgetBytes(s);
+    cpu_lines_[s.name] = std::make_unique<scheduler::CpuQueue>(
+        scheduler::CpuQueueOptions{static_cast<size_t>(s.cpu_path.max_queue), s.cpu_path.concurrency, cpu_budgets_[s.name]},
+        clock_);
+  }
+}
+
+const PlacementBoard::Placement& PlacementBoard::placement(const std::string& service, size_t index) const {
+  return *placements_.at(service).at(index);
+}
+
+bool PlacementBoard::BreakersAllow(Placement& st) {
+  auto it = device_breakers_.find(st.cfg.device);
+  const bool device_ok = it == device_breakers_.end() || it->second.Usable();
+  return st.breaker.Usable() && device_ok;
+}
+
+std::optional<double> PlacementBoard::EstimatedWaitS(const Placement& st, uint64_t need) const {
+  admission::PoolNow pool;
+  pool.cells_free = st.pool.free_for_request();
+  pool.slots_free = static_cast<uint32_t>(std::max<int64_t>(0, st.cfg.slots - static_cast<int64_t>(st.pool.active())));
+  pool.prompt_tps = st.prompt_tps;
+  pool.gen_tps = st.gen_tps;
+  const int64_t now = clock_.NowMs();
+  for (const auto& [id, r] : st.running) {
+    pool.running.push_back({r.cells, r.prompt_tokens, r.max_tokens, (now - r.since_ms) / 1000.0});
+  }
+  return admission::EstimateWaitS(pool, need);
+}
+
+std::vector<admission::PlacementView> PlacementBoard::Views(const config::ServiceConfig& svc,
+                                                            const std::vector<bool>& excluded, uint64_t need,
+                                                            const std::function<bool(size_t)>& startable) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& states = placements_.at(svc.name);
+  auto is_excluded = [&](size_t k) { return k < excluded.size() && excluded[k]; };
+  bool others = false;  // is any placement usable that has not failed this request?
+  for (size_t k = 0; k < states.size(); ++k) {
+    others |= !is_excluded(k) && states[k]->admission.admitted && BreakersAllow(*states[k]) && startable(k);
+  }
+  std::vector<admission::PlacementView> views;
+  for (size_t k = 0; k < states.size(); ++k) {
+    auto& st = *states[k];
+    admission::PlacementView v;
+    v.name = st.cfg.Name();
+    const bool ex = others && is_excluded(k);
+    v.usable = !ex && st.admission.admitted && BreakersAllow(st) && startable(k);
+    v.hybrid = st.cfg.role == "hybrid";
+    v.fallback = st.cfg.role == "fallback";
+    v.cells_total = st.pool.request_capacity();
+    v.cells_free = st.pool.free_for_request();
+    v.slots_free = static_cast<uint32_t>(std::max<int64_t>(0, st.cfg.slots - static_cast<int64_t>(st.pool.active())));
+    if (svc.OnCpuPath(k)) {
+      // The CPU path has a line of its own: a busy CPU replica is waited
+      // for there (bounded, in order, visible), not in admission's delay.
+      v.cells_free = v.cells_total;
+      v.slots_free = std::max<uint32_t>(1, static_cast<uint32_t>(st.cfg.slots));
+    }
+    // When its pool frees enough, from what runs there and its measured throughput.
+    v.est_wait_s = EstimatedWaitS(st, need).value_or(kUnmeasuredWaitS);
+    // Admitted to run but not usable now: its worker is starting or restarting, or its breaker will probe.
+    v.comes_back = !v.usable && !ex && st.admission.admitted;
+    v.prompt_tps = st.prompt_tps;
+    v.gen_tps = st.gen_tps;
+    views.push_back(v);
+  }
+  return views;
+}
+
+bool PlacementBoard::Reserve(const std::string& service, size_t index, const std::string& id, uint32_t cells,
+                             uint32_t prompt_tokens, uint32_t max_tokens) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& st = *placements_.at(service).at(index);
+  if (!st.pool.Reserve(id, cells)) return false;
+  st.running[id] = {cells, prompt_tokens, max_tokens, clock_.NowMs()};
+  ++st.active;
+  return true;
+}
+
+bool PlacementBoard::TakeSlot(const std::string& service, size_t index) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& st = *placements_.at(service).at(index);
+  if (st.active >= std::max(1, st.cfg.slots)) return false;
+  ++st.active;
+  return true;
+}
+
+void PlacementBoard::Release(const std::string& service, size_t index, const std::string& id, bool cells, bool slot) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& st = *placements_.at(service).at(index);
+  if (cells) st.pool.Release(id);
+  st.running.erase(id);
+  if (slot) {
+    --st.active;
+    st.last_used_ms = clock_.NowMs();
+  }
+  if (auto it = cpu_lines_.find(service); it != cpu_lines_.end()) it->second->Leave(id);
+}
+
+void PlacementBoard::LeaveCpuLine(const std::string& service, const std::string& id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto it = cpu_lines_.find(service); it != cpu_lines_.end()) it->second->Leave(id);
+}
+
+void PlacementBoard::Touch(const std::string& service, size_t index) {
+  std::lock_guard<std::mutex> lk(mu_);
+  placements_.at(service).at(index)->last_used_ms = clock_.NowMs();
+}
+
+void PlacementBoard::AttemptFailed(const std::string& service, size_t index, const std::string& phase,
+                                   const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& st = *placements_.at(service).at(index);
+  // A lost device or a dead worker cannot serve the next request either.
+  if (phase == "device" || phase == "crash") st.breaker.Trip(why);
+  else st.breaker.OnFailure(why);
+  // A lost device is lost for every placement on it.
+  if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) {
+    if (phase == "device") it->second.Trip(why);
+    else if (phase == "kv" || phase == "compute" || phase == "load") it->second.OnFailure(why);
+  }
+}
+
+void PlacementBoard::AttemptSucceeded(const std::string& service, size_t index) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& st = *placements_.at(service).at(index);
+  st.breaker.OnSuccess();
+  if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.OnSuccess();
+}
+
+void PlacementBoard::WorkerExited(const std::string& key, const std::string& why, bool device_lost) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [service, states] : placements_) {
+    for (auto& st : states) {
+      if (st->key != key) continue;
+      st->breaker.Trip("worker " + why);
+      if (device_lost) {
+        if (auto it = device_breakers_.find(st->cfg.device); it != device_breakers_.end()) it->second.Trip("worker " + why);
+      }
+    }
+  }
+}
+
+void PlacementBoard::RecordThroughput(const std::string& service, size_t index, double pms, double pt, double gms,
+                                      double gt) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& st = *placements_.at(service).at(index);
+  auto ewma = [](double old, double sample) { return old == 0 ? sample : 0.7 * old + 0.3 * sample; };
+  if (pms > 0 && pt > 0) st.prompt_tps = ewma(st.prompt_tps, pt / (pms / 1000.0));
+  if (gms > 0 && gt > 1) st.gen_tps = ewma(st.gen_tps, (gt - 1) / (gms / 1000.0));
+}
+
+bool PlacementBoard::ReleaseIfIdle(const std::string& key,
+                                   const std::function<int64_t(const std::string& service)>& idle_ms,
+                                   const std::function<void()>& release) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [service, states] : placements_) {
+    for (auto& st : states) {
+      if (st->key != key) continue;
+      if (st->active > 0 || st->pool.active() > 0) return false;
+      if (st->last_used_ms == 0) st->last_used_ms = clock_.NowMs();  // ready, never used: idle from now
+      if (clock_.NowMs() - st->last_used_ms < idle_ms(service)) return false;
+      cpu_lines_.at(service)->SetResident(key, 0);
+      release();
+      return true;  // the next request starts it again
+    }
+  }
+  return false;
+}
+
+nlohmann::json PlacementBoard::PlacementJson(const std::string& service, size_t index) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  const auto& st = *placements_.at(service).at(index);
+  return {{"admitted", st.admission.admitted},
+          {"admission", st.admission.reason},
+          {"predicted_bytes", st.admission.predicted_bytes},
+          {"kv_cells", {{"total", st.pool.total()}, {"reserved", st.pool.reserved()}, {"requests", st.pool.active()},
+                        {"per_request", st.pool.request_capacity()}, {"unified", st.cfg.kv_unified}}},
+          {"throughput", {{"prompt_tokens_per_s", st.prompt_tps}, {"generated_tokens_per_s", st.gen_tps}}},
+          {"breaker", {{"state", failover::BreakerStateName(st.breaker.state())},
+                       {"ejections", st.breaker.ejections()},
+                       {"last_reason", st.breaker.last_reason()}}},
+          {"readiness", {{"policy", st.readiness}, {"reason", st.readiness_reason},
+                         {"expected_s", st.readiness_expected_s}, {"active_requests", st.active}}}};
+}
+
+nlohmann::json PlacementBoard::DevicesJson() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  nlohmann::json devices = nlohmann::json::array();
+  for (const auto& [name, b] : device_breakers_) {
+    devices.push_back({{"name", name},
+                       {"breaker", {{"state", failover::BreakerStateName(b.state())}, {"ejections", b.ejections()},
+                                    {"last_reason", b.last_reason()}}}});
+  }
+  return devices;
+}
+
+void PlacementBoard::Gauges(std::vector<std::tuple<std::string, std::string, double>>* g) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [service, q] : cpu_lines_) {
+    const auto st = q->stats();
+    const std::string l = "service=\"" + service + "\"";
+    g->emplace_back("spillway_cpu_queue_waiting", l, static_cast<double>(st.waiting));
+    g->emplace_back("spillway_cpu_queue_running", l, static_cast<double>(st.running));
+    g->emplace_back("spillway_cpu_queue_oldest_age_seconds", l, st.oldest_wait_ms / 1000.0);
+    g->emplace_back("spillway_cpu_path_ram_bytes", l, static_cast<double>(st.resident_bytes + st.running_bytes));
+    g->emplace_back("spillway_cpu_path_ram_budget_bytes", l, static_cast<double>(cpu_budgets_.at(service)));
+    g->emplace_back("spillway_cpu_path_rejected_total", l + ",reason=\"queue_full\"", static_cast<double>(st.rejected_full));
+    g->emplace_back("spillway_cpu_path_rejected_total", l + ",reason=\"ram_budget\"", static_cast<double>(st.rejected_budget));
+    g->emplace_back("spillway_cpu_path_rejected_total", l + ",reason=\"host_low\"", static_cast<double>(st.rejected_host));
+  }
+  for (const auto& [name, b] : device_breakers_) {
+    g->emplace_back("spillway_device_breaker_open", "device=\"" + name + "\"", b.state() == failover::BreakerState::kOpen ? 1 : 0);
+  }
+  for (const auto& [service, states] : placements_) {
+    for (const auto& st : states) {
+      g->emplace_back("spillway_breaker_open", "service=\"" + service + "\",placement=\"" + st->cfg.Name() + "\"",
+                      st->breaker.state() == failover::BreakerState::kOpen ? 1 : 0);
+    }
+  }
+}
+
+}  // namespace spillway::gateway

@@ -1,0 +1,147 @@
+// The placement board: the one object that owns what the gateway knows of
+// each placement and device at run time, behind one lock:
+//
+//   per placement   its KV cell pool (per-request reservations), breaker,
+//                   measured throughput, the requests running on it (for the
+//                   wait estimate), attempts holding it, readiness policy;
+//   per device      its breaker (a lost device is lost for every placement on it);
+//   per service     its CPU line (scheduler/cpu_queue.h) and host-RAM budget.
+//
+// Admission reads a consistent snapshot (`Views`, the input of the pure
+// admission::Decide) and commits a decision with `Reserve`, which can lose a
+// race with another request (false: decide again). Outcomes of attempts come
+// back through AttemptFailed / AttemptSucceeded / WorkerExited /
+// RecordThroughput. The CPU line's rules, which need the line and the
+// replica's pool at once, run under the board's lock through `WithLock`.
+//
+// Thread-safe.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "admission/admission.h"
+#include "common/clock.h"
+#include "config/config.h"
+#include "failover/breaker.h"
+#include "gateway/placement_admission.h"
+#include "memory/ledger.h"
+#include "scheduler/cpu_queue.h"
+
+namespace spillway::gateway {
+
+// The supervisor key of a service's n-th placement.
+std::string WorkerKey(const config::ServiceConfig& s, size_t n);
+
+class PlacementBoard {
+ public:
+  struct Placement {
+    Placement(std::string k, config::PlacementConfig c, PlacementAdmission a, failover::Breaker b)
+        : key(std::move(k)),
+          cfg(std::move(c)),
+          pool(static_cast<uint32_t>(cfg.ctx), cfg.kv_unified ? 0u : static_cast<uint32_t>(cfg.slots)),
+          admission(std::move(a)),
+          breaker(b) {}
+    std::string key;
+    config::PlacementConfig cfg;
+    memory::CellPool pool;
+    PlacementAdmission admission;
+    failover::Breaker breaker;
+    // Measured throughput (tokens/s, EWMA; 0 = not measured yet).
+    double prompt_tps = 0, gen_tps = 0;
+    // Attempts holding this placement now, and when the last one ended
+    // (an idle on-demand replica is released after idle_unload_s).
+    int active = 0;
+    int64_t last_used_ms = 0;
+    // What runs on its pool now (by request id), for the wait estimate.
+    struct Running {
+      uint32_t cells = 0, prompt_tokens = 0, max_tokens = 0;
+      int64_t since_ms = 0;
+    };
+    std::map<std::string, Running> running;
+    std::string readiness = "warm";  // of this placement's worker: warm | mmap | on-demand
+    std::string readiness_reason;
+    double readiness_expected_s = 0;
+  };
+  // The lock's contents, for the few rules that need several parts at once.
+  struct Locked {
+    std::map<std::string, std::vector<std::unique_ptr<Placement>>>& placements;  // by service
+    std::map<std::string, std::unique_ptr<scheduler::CpuQueue>>& cpu_lines;       // by service
+    const std::map<std::string, uint64_t>& cpu_budgets;                            // by service
+  };
+
+  // `admissions`: the start-up decisions (a placement missing there is admitted).
+  PlacementBoard(const config::GatewayConfig& config, const std::map<std::string, PlacementAdmission>& admissions,
+                 const Clock& clock);
+
+  // What admission::Decide sees of a service's placements now. `excluded`:
+  // placements that failed this request (kept out unless nothing else could
+  // take it); `startable(k)`: its worker is ready or can be started on demand;
+  // `need`: the request's cells, for each pool's wait estimate.
+  std::vector<admission::PlacementView> Views(const config::ServiceConfig& svc, const std::vector<bool>& excluded,
+                                              uint64_t need, const std::function<bool(size_t)>& startable);
+  // Commits a decision: reserves `cells` of placement `index` for request
+  // `id`, and counts the attempt as holding it. False when another request
+  // took them since the snapshot (decide again).
+  bool Reserve(const std::string& service, size_t index, const std::string& id, uint32_t cells,
+               uint32_t prompt_tokens, uint32_t max_tokens);
+  // Takes a slot of placement `index` without cells (embeddings, a lone
+  // placement whose worker checks its own pool); false when every slot is taken.
+  bool TakeSlot(const std::string& service, size_t index);
+  // Gives back what an attempt held: its cells, its slot, its place in the CPU line.
+  void Release(const std::string& service, size_t index, const std::string& id, bool cells, bool slot);
+  // The request leaves the service's CPU line (it runs elsewhere, or ends).
+  void LeaveCpuLine(const std::string& service, const std::string& id);
+  // The placement was just chosen: not idle (its replica is not released under it).
+  void Touch(const std::string& service, size_t index);
+
+  void AttemptFailed(const std::string& service, size_t index, const std::string& phase, const std::string& why);
+  void AttemptSucceeded(const std::string& service, size_t index);
+  // A worker exited or was replaced: its breaker opens (and its device's when the device was lost).
+  void WorkerExited(const std::string& key, const std::string& why, bool device_lost);
+  // The worker's timings of one request (`spillway.timings`).
+  void RecordThroughput(const std::string& service, size_t index, double prompt_ms, double prompt_tokens,
+                        double generation_ms, double generated_tokens);
+  // An idle on-demand replica may be released: nothing holds it and it has
+  // been unused for `idle_ms`; then its resident bytes leave the CPU line's
+  // budget. (`release` runs under the lock, so no request can pick its port meanwhile.)
+  bool ReleaseIfIdle(const std::string& key, const std::function<int64_t(const std::string& service)>& idle_ms,
+                     const std::function<void()>& release);
+
+  // Read-only access to a placement's start-up decision and readiness (never change after construction).
+  const Placement& placement(const std::string& service, size_t index) const;
+  // Runs `f` under the board's lock.
+  template <typename F>
+  auto WithLock(F f) {
+    std::lock_guard<std::mutex> lk(mu_);
+    Locked l{placements_, cpu_lines_, cpu_budgets_};
+    return f(l);
+  }
+
+  // For /v1/status and /metrics.
+  nlohmann::json PlacementJson(const std::string& service, size_t index) const;
+  nlohmann::json DevicesJson() const;
+  void Gauges(std::vector<std::tuple<std::string, std::string, double>>* g) const;
+
+ private:
+  // Its own breaker and its device's allow traffic (mu_ held).
+  bool BreakersAllow(Placement& st);
+  std::optional<double> EstimatedWaitS(const Placement& st, uint64_t need) const;  // mu_ held
+
+  const Clock& clock_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::vector<std::unique_ptr<Placement>>> placements_;
+  std::map<std::string, std::unique_ptr<scheduler::CpuQueue>> cpu_lines_;
+  std::map<std::string, uint64_t> cpu_budgets_;
+  std::map<std::string, failover::Breaker> device_breakers_;
+};
+
+}  // namespace spillway::gateway

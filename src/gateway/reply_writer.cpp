@@ -1,0 +1,96 @@
+#include "gateway/reply_writer.h"
+
+#include <cmath>
+
+#include "api/openai_response.h"
+#include "gateway/gateway_internal.h"
+
+namespace spillway::gateway {
+
+ReplyWriter::ReplyWriter(std::shared_ptr<http::Exchange> ex, std::string request_id, unsigned version)
+    : ex_(std::move(ex)), id_(std::move(request_id)), version_(version) {}
+
+size_t ReplyWriter::unsent_bytes() const { return ex_ ? ex_->unsent_bytes() : 0; }
+bool ReplyWriter::disconnected() const { return ex_ && ex_->disconnected(); }
+
+void ReplyWriter::Describe(http::Response& res, const ServedBy& s) {
+  res.set("X-Spillway-Placement", s.placement);
+  res.set("X-Spillway-Decision", s.decision);
+  res.set("X-Spillway-Attempts", std::to_string(s.attempts));
+  if (!s.limits.empty()) res.set("X-Spillway-Limits", s.limits);
+  if (s.waited_ms > 0) res.set("X-Spillway-Queued-Ms", std::to_string(s.waited_ms));
+  if (!s.degraded.empty()) res.set("X-Spillway-Degraded", s.degraded);
+  if (!s.fallback_model.empty()) res.set("X-Spillway-Fallback-Model", s.fallback_model);
+}
+
+void ReplyWriter::WaitingNote(const std::string& note, double est_delay_s) {
+  if (!ex_ || note.empty()) return;
+  if (!head_sent_) {
+    head_sent_ = true;
+    auto head = http::MakeResponse(200, "", "text/event-stream", version_);
+    head.set(bhttp::field::cache_control, "no-cache");
+    head.set("X-Request-Id", id_);
+    head.set("X-Spillway-Degraded", note);
+    head.set("X-Spillway-Estimated-Delay", std::to_string(static_cast<int>(std::ceil(est_delay_s))));
+    ex_->StartStream(std::move(head));
+  }
+  Comment(note);
+}
+
+void ReplyWriter::BeginStream(const ServedBy& served, const std::string& role) {
+  if (events_started_) return;
+  events_started_ = true;
+  if (!ex_) return;
+  if (head_sent_) {  // started while waiting: say where it runs now
+    Comment("running on " + served.placement + " (" + role + ")" +
+            (served.limits.empty() ? "" : ", limits " + served.limits));
+    return;
+  }
+  head_sent_ = true;
+  auto head = http::MakeResponse(200, "", "text/event-stream", version_);
+  head.set(bhttp::field::cache_control, "no-cache");
+  head.set("X-Request-Id", id_);
+  Describe(head, served);
+  ex_->StartStream(std::move(head));
+}
+
+void ReplyWriter::Comment(const std::string& text) {
+  if (ex_) ex_->Write(": spillway: " + text + "\n\n");  // SSE comment, ignored by clients
+}
+
+void ReplyWriter::Event(const std::string& event) {
+  stored_ += event;
+  if (ex_) ex_->Write(event);
+}
+
+std::string ReplyWriter::StoreFinalError(const json& error_body) {
+  std::string ev = api::SseEvent(error_body) + api::kSseDone;
+  stored_ += ev;
+  return ev;
+}
+
+void ReplyWriter::SendFinal(const std::string& final_events) {
+  if (!ex_) return;
+  if (!final_events.empty()) ex_->Write(final_events);
+  ex_->End();
+}
+
+void ReplyWriter::EndStream() {
+  if (ex_) ex_->End();
+}
+
+void ReplyWriter::Answer(int status, const std::string& type, const std::string& body, const ServedBy* served,
+                         const std::string& retry_after) {
+  if (!ex_) return;
+  auto res = http::MakeResponse(static_cast<unsigned>(status), body, type, version_);
+  res.set("X-Request-Id", id_);
+  if (served) Describe(res, *served);
+  if (!retry_after.empty()) res.set(bhttp::field::retry_after, retry_after);
+  ex_->Respond(std::move(res));
+}
+
+void ReplyWriter::Error(const Status& st) {
+  if (ex_) ex_->Respond(ErrorResponse(st, version_, id_));
+}
+
+}  // namespace spillway::gateway

@@ -1,0 +1,88 @@
+// The one writer of a request's reply to its client: response headers, the
+// stream's events and SSE comments, error answers. The lifecycle (Gateway::Run)
+// decides what to say and journals it first; this says it, consistently:
+//
+//   - every answer carries X-Request-Id; one that a placement served carries
+//     where (X-Spillway-Placement, -Decision, -Attempts) and how degraded
+//     (-Degraded, -Fallback-Model, -Limits, -Queued-Ms);
+//   - a stream that waits long starts early with its reason and estimated
+//     delay, and hears every later note as an SSE comment (ignored by
+//     clients); once started, errors end it as an error event, never as a
+//     second status line;
+//   - it keeps what the stream carried (`stored()`), for the journal.
+//
+// No client (a request recovered after a crash): everything is stored, nothing
+// is sent. Not thread-safe: one per request, used on the request's strand.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "api/http_server.h"
+#include "common/status.h"
+
+namespace spillway::gateway {
+
+// Who served an answer, as its headers say.
+struct ServedBy {
+  std::string placement;       // "cpu:0/99"
+  std::string decision;        // admission's kind: admit, shrink, reroute...
+  int attempts = 0;
+  std::string limits;          // limits applied on that placement ("" when none)
+  int64_t waited_ms = 0;       // spent waiting for it
+  std::string degraded;        // "served by cpu:0/99 (fallback)" when not the primary
+  std::string fallback_model;  // a declared different model, announced as such
+};
+
+class ReplyWriter {
+ public:
+  ReplyWriter(std::shared_ptr<http::Exchange> ex, std::string request_id, unsigned version);
+
+  bool attached() const { return ex_ != nullptr; }
+  // The client has a stream's head (it may have gone out while waiting).
+  bool head_sent() const { return head_sent_; }
+  // The answer's events have begun (BeginStream), with a client or without.
+  bool events_started() const { return events_started_; }
+  // The stream's events so far, as journaled with its terminal state.
+  const std::string& stored() const { return stored_; }
+  // Bytes written to the client and not yet sent (a slow reader).
+  size_t unsent_bytes() const;
+  bool disconnected() const;
+
+  // A stream that waits: its head goes out with the reason and the estimated
+  // delay (the first time), then the note as a comment.
+  void WaitingNote(const std::string& note, double est_delay_s);
+  // The answer's events begin: the stream's head, saying who serves it; when
+  // the head already went out while waiting, a comment says where it runs now.
+  void BeginStream(const ServedBy& served, const std::string& role);
+  // An SSE comment (": spillway: <text>"), not stored.
+  void Comment(const std::string& text);
+  // One event of the answer: stored, and written.
+  void Event(const std::string& event);
+  // Adds a final error event (and [DONE]) to what is stored, to be journaled;
+  // `SendFinal` then writes it and ends the stream.
+  std::string StoreFinalError(const nlohmann::json& error_body);
+  void SendFinal(const std::string& final_events);
+  void EndStream();
+
+  // A whole answer (not a stream): the worker's, with who served it.
+  void Answer(int status, const std::string& type, const std::string& body, const ServedBy* served,
+              const std::string& retry_after = "");
+  // An error answer of the gateway's own (not a stream).
+  void Error(const Status& st);
+
+  static void Describe(http::Response& res, const ServedBy& served);
+
+ private:
+  std::shared_ptr<http::Exchange> ex_;
+  std::string id_;
+  unsigned version_;
+  bool head_sent_ = false;
+  bool events_started_ = false;
+  std::string stored_;
+};
+
+}  // namespace spillway::gateway

@@ -1,0 +1,70 @@
+// What the gateway needs of the processes that serve its placements: their
+// ports and states, starting and stopping on-demand ones, and the credentials
+// every request to them carries. The Supervisor (supervisor.h) implements it
+// with real worker processes; tests give the gateway in-process fakes
+// (tests/fakes/fake_workers.h), so its whole request lifecycle runs in one
+// test process.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace spillway::upstream {
+
+enum class WorkerState { kStarting, kReady, kBackoff, kStopped };
+const char* WorkerStateName(WorkerState s);
+
+struct WorkerView {
+  std::string key;
+  WorkerState state = WorkerState::kStopped;
+  pid_t pid = 0;
+  uint16_t port = 0;
+  int restarts = 0;
+  std::string last_exit;  // "exit 3", "signal 9", "unhealthy", ...
+  std::string last_error;  // the worker's last stderr line before its last exit (its own reason)
+  int failed_starts = 0;   // exits in a row without ever becoming ready
+  int64_t next_start_ms = 0;  // clock time of the next start (while in backoff)
+  std::string log_path;
+  bool on_demand = false;
+  int64_t last_start_ms = 0;  // how long its last start took (spawn to ready), measured
+  int64_t start_timeout_ms = 0;  // of its spec
+  int64_t starting_since_ms = 0;  // clock time of its current start (while starting)
+  bool adopted = false;  // started by an earlier gateway on this state directory, adopted without a reload
+  // The worker's last answer to GET /info (memory, slots, context), refreshed
+  // by the supervisor every kInfoPeriodMs while it is ready, so that status
+  // pages read a cache instead of asking each worker; null until fetched.
+  std::shared_ptr<const std::string> info;
+  int64_t info_ms = 0;  // clock time it was fetched
+};
+
+class Workers {
+ public:
+  virtual ~Workers() = default;
+  // The port of a ready worker.
+  virtual std::optional<uint16_t> ReadyPort(const std::string& key) const = 0;
+  virtual std::vector<WorkerView> Snapshot() const = 0;
+  // Starts an on-demand worker that is stopped (no-op otherwise).
+  virtual void Demand(const std::string& key) = 0;
+  // Stops an on-demand worker; it stays stopped until Demand().
+  virtual void Release(const std::string& key) = 0;
+  virtual bool OnDemand(const std::string& key) const = 0;
+  // Reports a failure seen by a caller (connection refused...): the worker is checked at once.
+  virtual void Suspect(const std::string& key) = 0;
+  // Told (no lock held) each time a worker exits or is replaced as unhealthy.
+  virtual void SetOnExit(std::function<void(const std::string& key, const std::string& why)> f) = 0;
+  // Asked (no lock held) for each ready on-demand worker now and then; true stops it.
+  virtual void SetIdleCheck(std::function<bool(const std::string& key)> f) = 0;
+  // Stops every worker (and asks the callbacks above nothing more).
+  virtual void Stop() = 0;
+  // What every request to a worker carries.
+  virtual std::vector<std::pair<std::string, std::string>> AuthHeaders() const = 0;
+};
+
+}  // namespace spillway::upstream

@@ -1,0 +1,82 @@
+// In-process stand-ins for the gateway's workers (upstream::Workers): each
+// placement key points at a port (a FakeWorker's, or one where nothing
+// listens) that the test sets, takes down or brings back; what the gateway
+// asks of them (suspects, demands, releases) is recorded.
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "upstream/workers.h"
+
+namespace spillway::testing {
+
+class FakeWorkers : public upstream::Workers {
+ public:
+  void SetReady(const std::string& key, uint16_t port) {
+    std::lock_guard<std::mutex> lk(mu_);
+    ports_[key] = port;
+  }
+  // The worker exits: its port is gone, and the gateway is told as the supervisor would.
+  void Exit(const std::string& key, const std::string& why) {
+    std::function<void(const std::string&, const std::string&)> f;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ports_.erase(key);
+      f = on_exit_;
+    }
+    if (f) f(key, why);
+  }
+  std::vector<std::string> suspected() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return suspected_;
+  }
+
+  std::optional<uint16_t> ReadyPort(const std::string& key) const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = ports_.find(key);
+    if (it == ports_.end()) return std::nullopt;
+    return it->second;
+  }
+  std::vector<upstream::WorkerView> Snapshot() const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::vector<upstream::WorkerView> out;
+    for (const auto& [key, port] : ports_) {
+      upstream::WorkerView v;
+      v.key = key;
+      v.state = upstream::WorkerState::kReady;
+      v.port = port;
+      out.push_back(v);
+    }
+    return out;
+  }
+  void Demand(const std::string&) override {}
+  void Release(const std::string& key) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    ports_.erase(key);
+  }
+  bool OnDemand(const std::string&) const override { return false; }
+  void Suspect(const std::string& key) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    suspected_.push_back(key);
+  }
+  void SetOnExit(std::function<void(const std::string&, const std::string&)> f) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    on_exit_ = std::move(f);
+  }
+  void SetIdleCheck(std::function<bool(const std::string&)>) override {}
+  void Stop() override {}
+  std::vector<std::pair<std::string, std::string>> AuthHeaders() const override {
+    return {{"Authorization", "Bearer fake-secret"}};
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, uint16_t> ports_;
+  std::vector<std::string> suspected_;
+  std::function<void(const std::string&, const std::string&)> on_exit_;
+};
+
+}  // namespace spillway::testing

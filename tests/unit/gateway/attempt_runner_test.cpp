@@ -1,0 +1,222 @@
+// The attempt runner against an in-process fake worker, with a recording
+// client exchange: each way an attempt can end comes back as its typed
+// outcome, a stream reaches the client through the ReplyWriter event by event
+// (head with the first event, never before), and a continuation carries the
+// delivered tokens.
+#include "gateway/attempt_runner.h"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/strand.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+
+#include "api/openai_response.h"
+#include "fake_worker.h"
+#include "recording_exchange.h"
+
+namespace spillway::gateway {
+namespace {
+
+namespace net = boost::asio;
+using Kind = failover::AttemptOutcome::Kind;
+using nlohmann::json;
+using spillway::testing::FakeWorker;
+using spillway::testing::RecordingExchange;
+
+std::string Chunk(const std::string& text, int token) {
+  return api::SseEvent({{"choices", {{{"index", 0}, {"text", text}}}}, {"spillway", {{"tokens", {token}}}}});
+}
+
+std::string WorkerErrorBody(Status st) { return api::ErrorBody(st).dump(); }
+
+// A worker whose answer depends on the path: /ok, /busy, /oom (a KV
+// allocation failure), /stream (three tokens), /cut (a stream that fails in
+// compute after two), /refuse (a stream refused with a 400), and /resume
+// (echoes the continuation it was asked for).
+FakeWorker Worker(std::string* last_body) {
+  return FakeWorker([last_body](http::Request& req, std::shared_ptr<http::Exchange> ex) {
+    const std::string target(req.target());
+    *last_body = req.body();
+    auto respond = [&](int status, const std::string& body) {
+      ex->Respond(http::MakeResponse(static_cast<unsigned>(status), body, "application/json"));
+    };
+    if (target == "/ok") return respond(200, R"({"choices":[{"text":"hi"}]})");
+    if (target == "/busy") return respond(503, WorkerErrorBody(Status::ResourceExhausted("every slot is taken")));
+    if (target == "/oom") {
+      return respond(503, WorkerErrorBody(Status::ResourceExhausted("kv alloc failed").WithPhase(FailurePhase::kKv)));
+    }
+    if (target == "/refuse") return respond(400, WorkerErrorBody(Status::InvalidArgument("prompt too long")));
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    if (target == "/resume") {
+      const json b = json::parse(req.body());
+      ex->Write(Chunk("resumed after " + std::to_string(b["spillway_resume"]["tokens"].size()), 9));
+    } else {
+      ex->Write(Chunk("a", 1));
+      ex->Write(Chunk("b", 2));
+      if (target == "/cut") {
+        ex->Write(api::SseEvent(api::ErrorBody(Status::ResourceExhausted("compute").WithPhase(FailurePhase::kCompute))));
+        return ex->End();
+      }
+      ex->Write(Chunk("c", 3));
+    }
+    ex->Write(api::kSseDone);
+    ex->End();
+  });
+}
+
+struct Fixture {
+  net::io_context ioc;
+  upstream::ConnectionPool pool;
+  std::string worker_saw;
+  FakeWorker worker = Worker(&worker_saw);
+  std::shared_ptr<RecordingExchange> client = std::make_shared<RecordingExchange>();
+  ReplyWriter reply{client, "req-1", 11};
+  failover::StreamProgress progress;
+  std::atomic<bool> cancelled{false};
+  int first_events = 0;
+
+  AttemptResult Run(const std::string& path, bool stream) {
+    AttemptRunner runner(pool, reply, progress, cancelled, [this] { ++first_events; }, 1 << 20);
+    AttemptSpec spec;
+    spec.port = worker.port();
+    spec.path = path;
+    spec.body = R"({"prompt":"x","max_tokens":3})";
+    spec.stream = stream;
+    spec.served.placement = "cpu:0/99";
+    spec.served.decision = "reroute";
+    spec.served.attempts = 2;
+    spec.role = "fallback";
+    std::optional<AttemptResult> out;
+    auto co = [&]() -> net::awaitable<void> { out.emplace(co_await runner.Run(spec)); };
+    net::co_spawn(net::make_strand(ioc), co(), net::detached);
+    ioc.restart();
+    ioc.run();
+    return *out;
+  }
+};
+
+TEST(AttemptRunnerTest, EachWayAnAttemptEndsIsItsOwnOutcome) {
+  Fixture f;
+  ASSERT_TRUE(f.worker.ok());
+  const AttemptResult ok = f.Run("/ok", false);
+  EXPECT_EQ(ok.outcome.kind, Kind::kAnswered);
+  EXPECT_EQ(ok.status, 200);
+  EXPECT_NE(ok.body.find("hi"), std::string::npos);
+
+  const AttemptResult busy = f.Run("/busy", false);
+  EXPECT_EQ(busy.outcome.kind, Kind::kBusy);
+  EXPECT_EQ(busy.status, 503);  // kept: the answer when waiting ends
+
+  const AttemptResult oom = f.Run("/oom", false);
+  EXPECT_EQ(oom.outcome.kind, Kind::kFailed);
+  EXPECT_EQ(oom.outcome.phase, FailurePhase::kKv);
+  EXPECT_FALSE(oom.unreachable);
+
+  const AttemptResult refused = f.Run("/refuse", false);
+  EXPECT_EQ(refused.outcome.kind, Kind::kAnswered);
+  EXPECT_EQ(refused.status, 400);
+
+  f.cancelled = true;  // a cancelled request's non-answer is a cancel, not the worker's error
+  EXPECT_EQ(f.Run("/busy", false).outcome.kind, Kind::kCancelled);
+  f.cancelled = false;
+  EXPECT_EQ(f.client->status(), 0u) << "the runner answers no client by itself";
+}
+
+TEST(AttemptRunnerTest, AWorkerThatCannotBeReachedIsAFailureWithNoPhase) {
+  Fixture f;
+  AttemptRunner runner(f.pool, f.reply, f.progress, f.cancelled, nullptr, 1 << 20);
+  AttemptSpec spec;
+  spec.port = 1;  // nothing listens there
+  spec.path = "/ok";
+  std::optional<AttemptResult> out;
+  auto co = [&]() -> net::awaitable<void> { out.emplace(co_await runner.Run(spec)); };
+  net::co_spawn(net::make_strand(f.ioc), co(), net::detached);
+  f.ioc.run();
+  ASSERT_TRUE(out);
+  EXPECT_EQ(out->outcome.kind, Kind::kFailed);
+  EXPECT_EQ(out->outcome.phase, FailurePhase::kNone);
+  EXPECT_TRUE(out->unreachable);
+}
+
+TEST(AttemptRunnerTest, AStreamReachesTheClientEventByEventWithItsHeadFirst) {
+  Fixture f;
+  const AttemptResult r = f.Run("/stream", true);
+  EXPECT_EQ(r.outcome.kind, Kind::kAnswered);
+  EXPECT_EQ(r.stream_state, journal::State::kCompleted);
+  EXPECT_TRUE(f.client->streamed());
+  EXPECT_EQ(f.first_events, 1);
+  EXPECT_EQ(f.client->header("X-Request-Id"), "req-1");
+  EXPECT_EQ(f.client->header("X-Spillway-Placement"), "cpu:0/99");
+  EXPECT_EQ(f.client->header("X-Spillway-Attempts"), "2");
+  EXPECT_EQ(f.client->body(), Chunk("a", 1) + Chunk("b", 2) + Chunk("c", 3) + api::kSseDone);
+  EXPECT_EQ(f.reply.stored(), f.client->body()) << "what the journal keeps is what the client got";
+  EXPECT_EQ(f.progress.tokens(), (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_FALSE(f.client->done()) << "the lifecycle ends the stream, after the journal";
+}
+
+TEST(AttemptRunnerTest, ARefusedStreamTellsTheClientNothingAndKeepsTheWorkersAnswer) {
+  Fixture f;
+  const AttemptResult r = f.Run("/refuse", true);
+  EXPECT_EQ(r.outcome.kind, Kind::kAnswered);
+  EXPECT_TRUE(r.head_refused);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.stream_state, journal::State::kFailed);
+  EXPECT_NE(r.body.find("prompt too long"), std::string::npos);
+  EXPECT_FALSE(f.client->streamed());
+  EXPECT_EQ(f.first_events, 0);
+}
+
+TEST(AttemptRunnerTest, AStreamCutInComputeIsAContinuableFailureAndTheContinuationCarriesTheTokens) {
+  Fixture f;
+  const AttemptResult cut = f.Run("/cut", true);
+  EXPECT_EQ(cut.outcome.kind, Kind::kFailed);
+  EXPECT_EQ(cut.outcome.phase, FailurePhase::kCompute);
+  EXPECT_TRUE(cut.outcome.delivered);
+  EXPECT_TRUE(cut.outcome.continuable);
+  EXPECT_EQ(f.client->body(), Chunk("a", 1) + Chunk("b", 2)) << "the error event is not relayed";
+
+  const AttemptResult resumed = f.Run("/resume", true);
+  EXPECT_EQ(resumed.outcome.kind, Kind::kAnswered);
+  EXPECT_EQ(json::parse(f.worker_saw)["spillway_resume"]["tokens"], json({1, 2}));
+  EXPECT_EQ(f.first_events, 1) << "one stream for the client, across attempts";
+  EXPECT_NE(f.client->body().find(": spillway: continued on cpu:0/99 after a failure"), std::string::npos);
+  EXPECT_NE(f.client->body().find("resumed after 2"), std::string::npos);
+}
+
+TEST(ReplyWriterTest, AWaitingStreamStartsEarlyAndThenSaysWhereItRuns) {
+  auto client = std::make_shared<RecordingExchange>();
+  ReplyWriter reply(client, "req-2", 11);
+  reply.WaitingNote("the CPU line is busy", 2.2);
+  EXPECT_TRUE(reply.head_sent());
+  EXPECT_FALSE(reply.events_started());
+  EXPECT_EQ(client->header("X-Spillway-Estimated-Delay"), "3");
+  ServedBy s;
+  s.placement = "cpu:0/99";
+  s.limits = "max_tokens 64";
+  reply.BeginStream(s, "fallback");
+  EXPECT_NE(client->body().find(": spillway: running on cpu:0/99 (fallback), limits max_tokens 64"), std::string::npos);
+  const std::string final_events = reply.StoreFinalError(api::ErrorBody(Status::Unavailable("gone")));
+  EXPECT_EQ(reply.stored(), final_events) << "comments are not stored, the final error is";
+  reply.SendFinal(final_events);
+  EXPECT_TRUE(client->done());
+}
+
+TEST(ReplyWriterTest, WithoutAClientEverythingIsStoredAndNothingIsSent) {
+  ReplyWriter reply(nullptr, "req-3", 11);
+  reply.WaitingNote("waiting", 1);
+  reply.BeginStream({}, "primary");
+  reply.Event("data: 1\n\n");
+  reply.Error(Status::Unavailable("x"));
+  EXPECT_TRUE(reply.events_started());
+  EXPECT_FALSE(reply.head_sent());
+  EXPECT_EQ(reply.stored(), "data: 1\n\n");
+}
+
+}  // namespace
+}  // namespace spillway::gateway

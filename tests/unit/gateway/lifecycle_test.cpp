@@ -1,0 +1,350 @@
+// The whole request lifecycle in one process: a real Gateway and Journal,
+// in-process fake workers (tests/fakes/) for a service with a primary on a
+// simulated device and a CPU fallback, and a stepped clock. Each test is one
+// path through the lifecycle table in gateway_internal.h, checked from both
+// ends: what the client got and what the journal says.
+#include "gateway/gateway.h"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "api/openai_response.h"
+#include "common/clock.h"
+#include "config/config.h"
+#include "fake_worker.h"
+#include "fake_workers.h"
+#include "journal/journal.h"
+#include "protocol/worker_protocol.h"
+#include "recording_exchange.h"
+
+namespace spillway::gateway {
+namespace {
+
+namespace net = boost::asio;
+namespace bhttp = boost::beast::http;
+using nlohmann::json;
+using spillway::testing::FakeWorker;
+using spillway::testing::FakeWorkers;
+using spillway::testing::RecordingExchange;
+
+constexpr const char* kConfig = R"(
+[[service]]
+name = "chat"
+model = "/nonexistent/chat.gguf"
+max_tokens = 64
+[service.cpu_path]
+ram_budget_mib = 1024
+host_headroom_mib = 0
+[[service.placement]]
+role = "primary"
+device = "sim:0"
+ctx = 256
+slots = 2
+[[service.placement]]
+role = "fallback"
+device = "cpu"
+ctx = 256
+slots = 2
+)";
+
+std::string Chunk(const std::string& text, int token) {
+  return api::SseEvent({{"choices", {{{"index", 0}, {"text", text}}}}, {"spillway", {{"tokens", {token}}}}});
+}
+
+// How a fake worker answers a generation: the test sets it per worker.
+using Behaviour = std::function<void(http::Request& req, std::shared_ptr<http::Exchange> ex)>;
+
+// A worker that counts prompt tokens like a real one (5 per prompt) and
+// answers generations as its current behaviour says; it remembers the
+// bodies and request ids it was sent.
+struct Worker {
+  std::mutex mu;
+  Behaviour behaviour;
+  std::vector<json> bodies;
+  std::vector<std::string> ids;
+  std::vector<std::shared_ptr<http::Exchange>> held;  // by call: answers held back until a cancel
+  // A behaviour that holds the request running until it is cancelled.
+  void Hold(const http::Request& req, std::shared_ptr<http::Exchange> ex) {
+    const std::string id(req["x-request-id"]);
+    std::lock_guard<std::mutex> lk(mu);
+    for (size_t i = ids.size(); i-- > 0;) {
+      if (ids[i] == id) {
+        held[i] = std::move(ex);
+        return;
+      }
+    }
+  }
+  FakeWorker server{[this](http::Request& req, std::shared_ptr<http::Exchange> ex) {
+    const std::string target(req.target());
+    if (target.rfind(protocol::kTokenizePath, 0) == 0) {
+      const protocol::TokenizeReply reply{5, 256, 16};
+      return ex->Respond(http::MakeResponse(200, reply.ToJson().dump(), "application/json"));
+    }
+    if (target.rfind(protocol::kCancelPrefix, 0) == 0) {
+      // As a real worker does: the cancelled request ends with 499.
+      const std::string id = target.substr(protocol::kCancelPrefix.size());
+      std::shared_ptr<http::Exchange> running;
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        for (size_t i = 0; i < held.size(); ++i) {
+          if (ids[i] == id && held[i]) running = std::exchange(held[i], nullptr);
+        }
+      }
+      if (running) {
+        running->Respond(http::MakeResponse(499, api::ErrorBody(Status::Cancelled("cancelled")).dump(), "application/json"));
+      }
+      return ex->Respond(http::MakeResponse(200, "{}", "application/json"));
+    }
+    Behaviour b;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      bodies.push_back(json::parse(req.body(), nullptr, false));
+      auto id = req.find("x-request-id");
+      ids.push_back(id == req.end() ? "" : std::string(id->value()));
+      held.push_back(nullptr);
+      b = behaviour;
+    }
+    b(req, std::move(ex));
+  }};
+  size_t calls() {
+    std::lock_guard<std::mutex> lk(mu);
+    return bodies.size();
+  }
+};
+
+void Answer(std::shared_ptr<http::Exchange> ex, const std::string& text) {
+  ex->Respond(http::MakeResponse(200, json{{"object", "text_completion"}, {"choices", {{{"text", text}}}}}.dump(),
+                                 "application/json"));
+}
+void Refuse(std::shared_ptr<http::Exchange> ex, Status st) {
+  ex->Respond(http::MakeResponse(static_cast<unsigned>(HttpStatusFor(st.code())), api::ErrorBody(st).dump(),
+                                 "application/json"));
+}
+
+class LifecycleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("spillway-lifecycle-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    auto cfg = config::ParseConfig(kConfig, "lifecycle.toml");
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    config_ = *cfg;
+    auto j = journal::Journal::Open((dir_ / "journal.db").string(), {}, clock_);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    journal_ = std::move(*j);
+    workers_.SetReady("chat.0", primary_.server.port());
+    workers_.SetReady("chat.1", fallback_.server.port());
+    primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "primary"); };
+    fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "fallback"); };
+    gateway_ = std::make_unique<Gateway>(config_, *journal_, workers_, clock_);
+    gateway_->Start(ioc_.get_executor(), {});
+    for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { ioc_.run(); });
+  }
+  void TearDown() override {
+    guard_.reset();
+    ioc_.stop();
+    for (auto& t : threads_) t.join();
+    gateway_->Shutdown();
+    gateway_.reset();
+    journal_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::shared_ptr<RecordingExchange> Send(const std::string& target, const std::string& body, const std::string& method = "POST",
+                                          std::vector<std::pair<std::string, std::string>> headers = {}) {
+    http::Request req{method == "POST" ? bhttp::verb::post : method == "GET" ? bhttp::verb::get : bhttp::verb::delete_,
+                      target, 11};
+    req.set(bhttp::field::host, "127.0.0.1");
+    for (const auto& [k, v] : headers) req.set(k, v);
+    req.body() = body;
+    req.prepare_payload();
+    auto ex = std::make_shared<RecordingExchange>();
+    gateway_->Handle(std::move(req), ex);
+    return ex;
+  }
+  std::shared_ptr<RecordingExchange> Complete(const std::string& id, bool stream = false,
+                                              std::vector<std::pair<std::string, std::string>> headers = {}) {
+    headers.emplace_back("X-Request-Id", id);
+    return Send("/v1/completions",
+                json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}, {"stream", stream}}.dump(), "POST", headers);
+  }
+  journal::RequestRecord Journaled(const std::string& id) {
+    auto r = journal_->Get(id);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : journal::RequestRecord{};
+  }
+  // Waits (briefly, for a condition the gateway reaches on its own threads).
+  template <typename F>
+  bool Eventually(F f, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < until) {
+      if (f()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return false;
+  }
+
+  std::filesystem::path dir_;
+  FakeClock clock_;
+  config::GatewayConfig config_;
+  std::unique_ptr<journal::Journal> journal_;
+  Worker primary_, fallback_;
+  FakeWorkers workers_;
+  net::io_context ioc_;
+  net::executor_work_guard<net::io_context::executor_type> guard_{ioc_.get_executor()};
+  std::vector<std::thread> threads_;
+  std::unique_ptr<Gateway> gateway_;
+};
+
+TEST_F(LifecycleTest, AnAdmittedRequestRunsOnThePrimaryAndIsJournaledBeforeItsAnswer) {
+  auto ex = Complete("r-ok");
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u);
+  EXPECT_NE(ex->body().find("primary"), std::string::npos);
+  EXPECT_EQ(ex->header("X-Request-Id"), "r-ok");
+  EXPECT_EQ(ex->header("X-Spillway-Placement"), "sim:0/0");
+  EXPECT_EQ(ex->header("X-Spillway-Attempts"), "1");
+  const auto rec = Journaled("r-ok");
+  EXPECT_EQ(rec.state, journal::State::kCompleted);
+  EXPECT_EQ(rec.result_body, ex->body()) << "the journal holds the answer the client got";
+  EXPECT_EQ(primary_.ids, std::vector<std::string>{"r-ok"});
+}
+
+TEST_F(LifecycleTest, AnAllocationFailureIsReplayedOnTheFallbackWithTheSameIdAndSeed) {
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    Refuse(ex, Status::ResourceExhausted("kv alloc failed").WithPhase(FailurePhase::kKv));
+  };
+  auto ex = Complete("r-oom");
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u);
+  EXPECT_NE(ex->body().find("fallback"), std::string::npos);
+  EXPECT_EQ(ex->header("X-Spillway-Attempts"), "2");
+  EXPECT_NE(ex->header("X-Spillway-Degraded").find("fallback"), std::string::npos);
+  ASSERT_EQ(primary_.calls(), 1u);
+  ASSERT_EQ(fallback_.calls(), 1u);
+  EXPECT_EQ(fallback_.ids[0], "r-oom");
+  ASSERT_TRUE(primary_.bodies[0].contains("seed"));
+  EXPECT_EQ(primary_.bodies[0]["seed"], fallback_.bodies[0]["seed"]) << "a replay samples what the first attempt would have";
+  const auto rec = Journaled("r-oom");
+  EXPECT_EQ(rec.state, journal::State::kCompleted);
+  EXPECT_EQ(rec.attempts, 2);
+  auto attempts = journal_->Attempts("r-oom");
+  ASSERT_TRUE(attempts.ok());
+  ASSERT_EQ(attempts->size(), 2u);
+  EXPECT_NE((*attempts)[0].error.find("kv"), std::string::npos);
+}
+
+TEST_F(LifecycleTest, AStreamCutMidwayIsContinuedElsewhereAsOneStream) {
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(Chunk("a", 11));
+    ex->Write(Chunk("b", 12));
+    ex->Write(api::SseEvent(api::ErrorBody(Status::ResourceExhausted("compute").WithPhase(FailurePhase::kCompute))));
+    ex->End();
+  };
+  fallback_.behaviour = [](http::Request& req, std::shared_ptr<http::Exchange> ex) {
+    const json b = json::parse(req.body());
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(Chunk("after " + std::to_string(b["spillway_resume"]["tokens"].size()), 13));
+    ex->Write(api::kSseDone);
+    ex->End();
+  };
+  auto ex = Complete("r-cut", true);
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_TRUE(ex->streamed());
+  const std::string body = ex->body();
+  EXPECT_NE(body.find("\"a\""), std::string::npos);
+  EXPECT_NE(body.find("after 2"), std::string::npos) << body;
+  EXPECT_EQ(body.find("compute"), std::string::npos) << "the cut attempt's error is not the client's";
+  EXPECT_EQ(fallback_.bodies[0]["spillway_resume"]["tokens"], json({11, 12}));
+  const auto rec = Journaled("r-cut");
+  EXPECT_EQ(rec.state, journal::State::kCompleted);
+  EXPECT_EQ(rec.result_body.find(": spillway"), std::string::npos) << "comments are not part of the stored answer";
+}
+
+TEST_F(LifecycleTest, AWorkerThatCannotBeReachedIsSuspectedAndTheRequestMovesOn) {
+  workers_.SetReady("chat.0", 1);  // nothing listens there
+  auto ex = Complete("r-gone");
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u);
+  EXPECT_NE(ex->body().find("fallback"), std::string::npos);
+  EXPECT_EQ(workers_.suspected(), std::vector<std::string>{"chat.0"});
+}
+
+TEST_F(LifecycleTest, AWaitingRequestEndsAtItsDeadlineByTheClock) {
+  // Every slot is busy: the request waits without being journaled as an attempt per try.
+  const Behaviour busy = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    Refuse(ex, Status::ResourceExhausted("every slot is taken"));
+  };
+  primary_.behaviour = busy;
+  fallback_.behaviour = busy;
+  auto ex = Complete("r-late", false, {{"X-Request-Timeout", "30"}});
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() + fallback_.calls() >= 3; }));
+  EXPECT_FALSE(ex->done());
+  clock_.Advance(31'000);  // no real time passes: the clock says the deadline is gone
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 504u);
+  const auto rec = Journaled("r-late");
+  EXPECT_EQ(rec.state, journal::State::kFailed);
+  EXPECT_NE(rec.error.find("X-Request-Timeout"), std::string::npos);
+  EXPECT_LE(rec.attempts, 2) << "waiting for a slot is not a new attempt each time";
+}
+
+TEST_F(LifecycleTest, ACancelReachesAWaitingRequestAndTheJournalSaysCancelled) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  auto ex = Complete("r-cancel");
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
+  auto cancel = Send("/v1/requests/r-cancel", "", "DELETE");
+  ASSERT_TRUE(cancel->Wait());
+  EXPECT_EQ(cancel->status(), 200u);
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 499u);
+  EXPECT_TRUE(Eventually([&] { return Journaled("r-cancel").state == journal::State::kCancelled; }));
+  EXPECT_EQ(fallback_.calls(), 0u) << "a cancelled request is not moved elsewhere";
+}
+
+TEST_F(LifecycleTest, AClientThatGoesAwayCancelsItsRequest) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  auto ex = Complete("r-gone-client", true);
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
+  ex->Disconnect();
+  EXPECT_TRUE(Eventually([&] { return Journaled("r-gone-client").state == journal::State::kCancelled; }));
+}
+
+TEST_F(LifecycleTest, AWaitingRequestSaysWhereItIsInLine) {
+  // Both slots of the primary and the CPU line's one are taken by held requests; the fourth waits.
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { fallback_.Hold(req, std::move(ex)); };
+  std::vector<std::shared_ptr<RecordingExchange>> running;
+  for (int i = 0; i < 3; ++i) running.push_back(Complete("r-run-" + std::to_string(i)));
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() + fallback_.calls() == 3; }));
+  auto waiting = Complete("r-wait");
+  ASSERT_TRUE(Eventually([&] {
+    auto q = Send("/v1/requests/r-wait", "", "GET");
+    return q->Wait() && json::parse(q->body()).contains("queue");
+  }));
+  auto q = Send("/v1/requests/r-wait", "", "GET");
+  ASSERT_TRUE(q->Wait());
+  const json j = json::parse(q->body());
+  EXPECT_EQ(j["phase"], "queued");
+  EXPECT_EQ(j["queue"]["position"], 1);
+  EXPECT_FALSE(j["queue"].value("reason", "").empty()) << j.dump();
+  for (int i = 0; i < 3; ++i) Send("/v1/requests/r-run-" + std::to_string(i), "", "DELETE")->Wait();
+  Send("/v1/requests/r-wait", "", "DELETE")->Wait();
+  ASSERT_TRUE(waiting->Wait());
+  for (const auto& r : running) EXPECT_TRUE(r->Wait());
+}
+
+}  // namespace
+}  // namespace spillway::gateway
