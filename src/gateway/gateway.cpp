@@ -79,6 +79,7 @@ Gateway::~Gateway() {
 
 void Gateway::Start(boost::asio::any_io_executor io, std::vector<journal::RequestRecord> recovered) {
   io_ = std::move(io);
+  StartEvents();  // before the first transition: the journal tells the incident log
   for (auto& rec : recovered) {
     auto live = std::make_shared<Live>();
     live->id = rec.id;
@@ -97,6 +98,7 @@ void Gateway::Start(boost::asio::any_io_executor io, std::vector<journal::Reques
 }
 
 void Gateway::Shutdown() {
+  StopEvents();  // ends the event streams (they hold I/O objects)
   status_pool_.join();
   blocking_.join();
   pool_.Clear();
@@ -172,8 +174,11 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   const std::string path = target.substr(0, target.find('?'));
   const unsigned v = req.version();
   const auto method = req.method();
-  const bool open_route = path == "/healthz" || path == "/readyz";
+  const bool open_route = path == "/healthz" || path == "/readyz" || IsUiPath(path);  // the page asks for a key itself
   if (Status st = CheckAccess(req, !open_route); !st.ok()) return ex->Respond(ErrorResponse(st, v));
+  if (IsUiPath(path) && method == bhttp::verb::get) return ex->Respond(UiResponse(path, v));
+  if (path == "/v1/events" && method == bhttp::verb::get) return HandleEvents(CallerOf(req), std::move(ex), v);
+  if (path == "/v1/requests" && method == bhttp::verb::get) return HandleRequestList(CallerOf(req), std::move(ex), v);
 
   if (path == "/healthz") return ex->Respond(JsonResponse(200, {{"status", "ok"}}, v));
   if (path == "/readyz") {
@@ -183,10 +188,7 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   if (path == "/metrics" && method == bhttp::verb::get) {
     return ex->Respond(http::MakeResponse(200, RenderMetrics(), "text/plain; version=0.0.4", v));
   }
-  if (path == "/v1/status" && method == bhttp::verb::get) {
-    // It asks each worker for its memory: off the I/O threads.
-    return PostStatus([this, ex, v] { ex->Respond(JsonResponse(200, StatusJson(), v)); });
-  }
+  if (path == "/v1/status" && method == bhttp::verb::get) return HandleStatusView(CallerOf(req), std::move(ex), v);
   if (path == "/v1/models" && method == bhttp::verb::get) {
     json data = json::array();
     for (const auto& s : config_.services) {

@@ -2,21 +2,19 @@
 // Run by ctest: node --test tests/clients/openai_sdk.test.mjs
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { mkdtempSync, writeFileSync, readFileSync, existsSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import OpenAI from 'openai';
+import { MODELS, startGateway, stopGateway } from './gateway.mjs';
 
-const BIN = process.env.SPILLWAY_BIN ?? 'build/bin';
-const MODELS = process.env.SPILLWAY_MODELS ?? 'build/models';
 let dir, gateway, base, client;
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 before(async () => {
   dir = mkdtempSync(join(tmpdir(), 'spillway-sdk-'));
-  writeFileSync(join(dir, 'spillway.toml'), `
+  ({ gateway, base } = await startGateway(dir, `
 [[service]]
 name = "chat"
 model = "${MODELS}/tiny-chat.gguf"
@@ -33,25 +31,12 @@ device = "cpu"
 ctx = 512
 slots = 1
 threads = 1
-`);
-  gateway = spawn(`${BIN}/spillway`, ['serve', '--config', join(dir, 'spillway.toml'), '--state-dir', join(dir, 'state'),
-    '--listen', '127.0.0.1:0', '--port-file', join(dir, 'port')], { stdio: ['ignore', 'inherit', 'inherit'] });
-  for (let i = 0; i < 600; i++) {
-    if (existsSync(join(dir, 'port'))) {
-      base = `http://127.0.0.1:${readFileSync(join(dir, 'port'), 'utf8').trim()}`;
-      try {
-        if ((await fetch(`${base}/readyz`)).status === 200) break;
-      } catch {}
-    }
-    await sleep(50);
-  }
-  assert.ok(base, 'gateway did not start');
+`));
   client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused-locally', maxRetries: 0 });
 });
 
 after(async () => {
-  gateway?.kill('SIGTERM');
-  await new Promise((r) => gateway.once('exit', r));
+  await stopGateway(gateway);
   rmSync(dir, { recursive: true, force: true });
 });
 
