@@ -143,7 +143,7 @@ std::string StatusTable(const json& status) {
     const json v = s.value("serving", json::object());
     const json r = s.value("requests", json::object());
     std::string wait = "-";
-    if (v.contains("est_wait_s") && v["est_wait_s"].is_number()) wait = "~" + std::to_string(static_cast<int>(v["est_wait_s"].get<double>() + 0.999)) + " s";
+    if (v.contains("est_wait_s") && v["est_wait_s"].is_number() && v["est_wait_s"].get<double>() >= 1) wait = "~" + std::to_string(static_cast<int>(v["est_wait_s"].get<double>() + 0.999)) + " s";
     rows.push_back({Str(s, "name"), Str(s, "state"), v.contains("placement") ? Str(v, "placement") + " (" + Str(v, "role") + ")" : "-",
                     Str(v, "model"), Str(r, "running", "0"), Str(r, "queued", "0"), wait});
     if (Str(s, "state") != "ready") notes.push_back("  " + Str(s, "name") + ": " + Str(v, "summary", ""));

@@ -217,15 +217,19 @@ void Gateway::AddServiceViews(json& status, const json& requests) {
       for (const auto& l : limits) words += (words.empty() ? "" : ", ") + l;
       view["limits"] = words;
       std::string summary = serving == 0 ? "served by its primary placement " + p.Name()
-                                         : "degraded: served by the " + p.role + " placement " + p.Name();
+                                         : "served by the " + p.role + " placement " + p.Name();
       if (p.different_model) summary += " with a different, smaller model: " + model;
       else if (serving != 0) summary += " (the same model, " + model + ")";
       if (serving != 0 && !words.empty()) summary += "; limits: " + words;
       view["summary"] = summary;
-      // A rough wait: the requests ahead, at the measured speed of this placement (null until measured).
+      // A rough wait for a new request: those ahead (running and waiting) in
+      // rounds of the placement's lanes, each a default-length answer at its
+      // measured speed (null until measured). The core's per-request
+      // estimate (GET /v1/requests/{id}) is the better one where it exists.
       const double gen_tps = placements[static_cast<size_t>(serving)].value("throughput", json::object()).value("generated_tokens_per_s", 0.0);
       const int lanes = svc->OnCpuPath(static_cast<size_t>(serving)) ? svc->cpu_path.concurrency : std::max(1, p.slots);
-      view["est_wait_s"] = gen_tps > 0 ? json(std::ceil(static_cast<double>(queued) / lanes) * svc->default_max_tokens / gen_tps)
+      view["est_wait_s"] = gen_tps > 0 ? json(std::floor(static_cast<double>(queued + running) / lanes) *
+                                              svc->default_max_tokens / gen_tps)
                                        : json(nullptr);
     }
     for (const auto& p : placements) {

@@ -8,7 +8,21 @@ using nlohmann::json;
 
 namespace {
 
-std::string Short(const std::string& s, size_t n = 300) { return s.size() <= n ? s : s.substr(0, n) + "…"; }
+// A worker's JSON error body inside a reason, told by its message instead:
+// 'phase device: {"error":{"message":"the device was lost",…}}' -> 'phase device: the device was lost'.
+std::string Readable(const std::string& s) {
+  const size_t open = s.find('{'), close = s.rfind('}');
+  if (open == std::string::npos || close == std::string::npos || close < open) return s;
+  const json j = json::parse(s.substr(open, close - open + 1), nullptr, false);
+  if (j.is_discarded() || !j.contains("error") || !j["error"].is_object() || !j["error"].contains("message")) return s;
+  const json& m = j["error"]["message"];
+  return s.substr(0, open) + (m.is_string() ? m.get<std::string>() : m.dump()) + s.substr(close + 1);
+}
+
+std::string Short(const std::string& s, size_t n = 300) {
+  const std::string r = Readable(s);
+  return r.size() <= n ? r : r.substr(0, n) + "…";
+}
 
 std::string Str(const json& j, const char* key) {
   auto it = j.find(key);
@@ -149,16 +163,23 @@ std::vector<Incident> DiffStatus(const json& before, const json& after, int64_t 
       add("recovered", "", "", name, "device " + name + " is back in service");
     }
   }
-  // Services turning degraded and back.
+  // Services turning degraded or unavailable, and back (a first load is no recovery).
   std::map<std::string, json> old_services;
   for (const auto& s : before.value("services", json::array())) old_services[Str(s, "name")] = s;
   for (const auto& s : after.value("services", json::array())) {
     const std::string name = Str(s, "name");
     const auto it = old_services.find(name);
     if (it == old_services.end()) continue;
-    const std::string d0 = Str(it->second, "degraded"), d1 = Str(s, "degraded");
-    if (!d1.empty() && d0 != d1) add("degraded", name, "", "", name + ": " + d1);
-    if (d1.empty() && !d0.empty()) add("recovered", name, "", "", name + " is served by its primary placement again");
+    const std::string s0 = Str(it->second, "state"), s1 = Str(s, "state");
+    if (s0 == s1) continue;
+    const std::string summary = s.contains("serving") ? Str(s["serving"], "summary") : "";
+    const std::string why = Str(s, "degraded");
+    if (s1 == "degraded" || s1 == "unavailable" || s1 == "evicted") {
+      add(s1 == "degraded" ? "degraded" : "unavailable", name, "", "", s1 + (summary.empty() ? "" : ": " + summary) +
+          (why.empty() ? "" : " (" + why + ")"));
+    } else if (s1 == "ready" && (s0 == "degraded" || s0 == "unavailable" || s0 == "evicted")) {
+      add("recovered", name, "", "", "served by its primary placement again");
+    }
   }
   return out;
 }

@@ -24,7 +24,8 @@ namespace spillway::gateway {
 struct Incident {
   uint64_t seq = 0;       // assigned by IncidentLog::Add, increasing
   int64_t time_ms = 0;    // wall clock, unix ms
-  std::string kind;       // failover | breaker | device | worker | restart | unloaded | degraded | recovered | cancelled | failed
+  std::string kind;       // failover | breaker | device | worker | restart | loaded | unloaded | degraded | unavailable |
+                          // recovered | cancelled | failed
   std::string service, placement, device, request_id;
   std::string client;     // owner of request_id (never shown: callers who may not see it get no id)
   std::string reason;     // in words

@@ -215,12 +215,17 @@ function renderServices(services) {
         el('dt', { text: 'requests' }), el('dd', { text: `${r.running} running, ${r.queued} waiting` +
           (cpu ? `; CPU line: ${cpu.running} running, ${cpu.waiting} waiting of ${cpu.max_queue}` : '') }),
         el('dt', { text: 'estimated wait' }),
-        el('dd', { text: v.est_wait_s === null || v.est_wait_s === undefined ? (r.queued ? 'not measured yet' : 'none')
-          : `about ${Math.ceil(v.est_wait_s)} s` })),
+        el('dd', { text: waitWords(v.est_wait_s, r.queued) })),
       el('table', { class: 'placements' },
         el('thead', {}, el('tr', {}, ['placement', 'role', 'worker', 'breaker', 'last problem'].map((h) => el('th', { text: h })))),
         el('tbody', {}, rows)));
   }));
+}
+
+// A new request's wait before it starts, from the gateway's rough estimate.
+function waitWords(est, queued) {
+  if (est === null || est === undefined) return queued ? 'not measured yet' : 'none';
+  return est < 1 ? 'none' : `about ${Math.ceil(est)} s (default-length answers ahead)`;
 }
 
 const KINDS = ['weights', 'kv', 'compute', 'transient'];
@@ -328,8 +333,11 @@ function drawChart(canvas, points, headroom) {
   ctx.clearRect(0, 0, w, h);
   if (!points.length) return;
   const total = Math.max(...points.map((p) => p[2]), 1);
-  const t1 = points[points.length - 1][0], t0 = t1 - HISTORY_MS;
-  const x = (t) => ((t - t0) / HISTORY_MS) * w;
+  // The last ten minutes, or since the page (or gateway) started, at least one minute.
+  const t1 = points[points.length - 1][0];
+  const span = Math.min(HISTORY_MS, Math.max(60000, t1 - points[0][0]));
+  const t0 = t1 - span;
+  const x = (t) => ((t - t0) / span) * w;
   const y = (b) => h - 4 - (b / total) * (h - 8);
   // the headroom line: above it, admission refuses
   ctx.strokeStyle = css.getPropertyValue('--bad');

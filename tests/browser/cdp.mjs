@@ -10,7 +10,7 @@ export class Browser {
       '--headless=new', '--remote-debugging-pipe', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage',
       '--no-first-run', '--no-default-browser-check', '--disable-extensions', '--disable-background-networking',
       '--disable-component-update', '--disable-sync', '--metrics-recording-only', '--mute-audio',
-      `--user-data-dir=${userDataDir}`, '--window-size=1400,1900', 'about:blank',
+      `--user-data-dir=${userDataDir}`, '--window-size=1400,1000', 'about:blank',
     ];
     const proc = spawn(binary, args, { stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe'] });
     const b = new Browser(proc);
@@ -111,7 +111,7 @@ export class Page {
     await this.send('Runtime.enable');
     await this.send('Log.enable');
     await this.send('Page.enable');
-    await this.send('Emulation.setDeviceMetricsOverride', { width: 1400, height: 1900, deviceScaleFactor: 1, mobile: false });
+    await this.send('Emulation.setDeviceMetricsOverride', { width: 1400, height: 1000, deviceScaleFactor: 1, mobile: false });
     await this.send('Page.navigate', { url });
   }
 
@@ -148,8 +148,11 @@ export class Page {
     }
   }
 
+  // The whole page, as tall as its content.
   async screenshot() {
-    const { data } = await this.send('Page.captureScreenshot', { format: 'png', captureBeyondViewport: true });
+    const { cssContentSize: size } = await this.send('Page.getLayoutMetrics');
+    const clip = { x: 0, y: 0, width: Math.ceil(size.width), height: Math.ceil(size.height), scale: 1 };
+    const { data } = await this.send('Page.captureScreenshot', { format: 'png', captureBeyondViewport: true, clip });
     return Buffer.from(data, 'base64');
   }
 }

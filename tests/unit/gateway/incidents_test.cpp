@@ -14,6 +14,8 @@ json Status(const std::string& breaker, const std::string& worker, int restarts,
             const json& degraded = nullptr) {
   return {{"services",
            {{{"name", "chat"},
+             {"state", degraded.is_null() ? "ready" : "degraded"},
+             {"serving", {{"summary", degraded.is_null() ? "served by its primary" : "served by cpu"}}},
              {"degraded", degraded},
              {"placements",
               {{{"key", "chat.0"}, {"placement", "sim:0/99"}, {"device", "sim:0"}, {"state", worker},
@@ -45,6 +47,14 @@ TEST(DiffStatusTest, ATrippedBreakerALostDeviceAndADegradedServiceAreIncidentsWi
   EXPECT_NE(found[1].reason.find("signal 9: device lost"), std::string::npos) << found[1].reason;
   EXPECT_NE(found[2].reason.find("lost"), std::string::npos);
   EXPECT_NE(found[3].reason.find("unavailable"), std::string::npos);
+  EXPECT_EQ(found[3].reason, "degraded: served by cpu (the primary placement sim:0/99 is unavailable)");
+}
+
+TEST(DiffStatusTest, AFirstLoadIsNoRecovery) {
+  json loading = Status("closed", "starting", 0, "closed");
+  loading["services"][0]["state"] = "loading";
+  const auto found = DiffStatus(loading, Status("closed", "ready", 0, "closed"), 1);
+  EXPECT_EQ(Kinds(found), (std::vector<std::string>{"loaded"}));
 }
 
 TEST(DiffStatusTest, RecoveryAndARestartBetweenTwoSnapshots) {
@@ -63,13 +73,15 @@ TEST(DiffStatusTest, AnIdleUnloadIsNotAFailure) {
 TEST(RequestIncidentsTest, AnAttemptOnAnotherPlacementIsAFailoverWithTheRequeueReason) {
   RequestIncidents r;
   EXPECT_TRUE(r.Observe({Transition::Kind::kAttempt, "req_1", "sim:0/99", 1, State::kRunning, ""}, 5).empty());
-  EXPECT_TRUE(r.Observe({Transition::Kind::kRequeued, "req_1", "", 0, State::kQueued, "phase device: lost"}, 6).empty());
+  EXPECT_TRUE(r.Observe({Transition::Kind::kRequeued, "req_1", "", 0, State::kQueued,
+                         R"(phase device: {"error":{"code":"unavailable","message":"lost"}} (run again))"}, 6).empty());
   const auto found = r.Observe({Transition::Kind::kAttempt, "req_1", "cpu", 2, State::kRunning, ""}, 7);
   ASSERT_EQ(found.size(), 1u);
   EXPECT_EQ(found[0].kind, "failover");
   EXPECT_EQ(found[0].request_id, "req_1");
   EXPECT_EQ(found[0].placement, "cpu");
-  EXPECT_EQ(found[0].reason, "moved from sim:0/99 to cpu (attempt 2): phase device: lost");
+  // The worker's error body is told by its message.
+  EXPECT_EQ(found[0].reason, "moved from sim:0/99 to cpu (attempt 2): phase device: lost (run again)");
   // A busy worker retried on the same placement is no incident.
   EXPECT_TRUE(r.Observe({Transition::Kind::kAttempt, "req_1", "cpu", 3, State::kRunning, ""}, 8).empty());
   EXPECT_TRUE(r.Observe({Transition::Kind::kFinished, "req_1", "", 0, State::kCompleted, ""}, 9).empty());
