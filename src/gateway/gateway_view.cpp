@@ -196,7 +196,8 @@ void Gateway::AddServiceViews(json& status, const json& requests) {
     std::string state;
     if (serving < 0) {
       state = loading ? "loading" : "unavailable";
-      view["summary"] = loading ? "no placement is ready yet: a worker is loading; requests wait for it"
+      // How far a load is: seconds of its start timeout (the worker does not report bytes yet).
+      view["summary"] = loading ? "no placement is ready yet, requests wait; " + StartingNote(*svc)
                                 : "no placement can serve now; requests get 503 with the reason";
     } else {
       const auto& p = svc->placements[static_cast<size_t>(serving)];

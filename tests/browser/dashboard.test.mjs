@@ -170,3 +170,54 @@ test('a waiting request is listed and its Cancel button cancels it in the journa
   for (const id of ['br-wait-1', 'br-run']) await api('DELETE', `/v1/requests/${id}`);
   await Promise.all([running, waiting[0]]);
 });
+
+test('with API keys the page asks for one, sends it in the header only and goes live', async () => {
+  const keyed = mkdtempSync(join(tmpdir(), 'spillway-browser-keys-'));
+  const { gateway: gw, base: keyedBase } = await startGateway(keyed, `
+api_keys = ["sk-browser-test"]
+[[service]]
+name = "chat"
+model = "${MODELS}/tiny-chat.gguf"
+[[service.placement]]
+device = "cpu"
+ctx = 1024
+slots = 1
+threads = 1
+[[service]]
+name = "embed"
+model = "${MODELS}/tiny-embed.gguf"
+[[service.placement]]
+device = "cpu"
+ctx = 512
+slots = 1
+threads = 1
+`);
+  try {
+    const p = await browser.newPage();
+    await p.open(`${keyedBase}/`);
+    await p.waitFor(`!document.getElementById('keyform').hidden && document.getElementById('conn').dataset.state === 'key'`,
+      'the key form');
+    // A wrong key is refused and said so.
+    await p.click('#key');
+    await p.send('Input.insertText', { text: 'sk-wrong' });
+    await p.click('#keyform button');
+    await p.waitFor(`document.getElementById('keyerror').textContent.includes('valid API key')`, 'the refusal');
+    await p.click('#key');
+    await p.send('Input.insertText', { text: 'sk-browser-test' });
+    await p.click('#keyform button');
+    await p.waitFor(`document.getElementById('conn').dataset.state === 'live'`, 'the stream with the key');
+    await p.waitFor(`document.querySelectorAll('.card.service').length === 2`, 'both services');
+    assert.equal(await p.eval(`document.getElementById('keyform').hidden`), true);
+    assert.equal(await p.eval(`location.href`), `${keyedBase}/`, 'no key in the URL');
+    // The only errors are the browser's notes on the two refused streams (401), never the key itself.
+    assert.equal(p.errors.length, 2, p.errors.join('\n'));
+    for (const e of p.errors) {
+      assert.match(e, /401/);
+      assert.doesNotMatch(e, /sk-/);
+    }
+    await p.send('Page.close');
+  } finally {
+    await stopGateway(gw);
+    rmSync(keyed, { recursive: true, force: true });
+  }
+});
