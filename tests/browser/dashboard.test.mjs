@@ -14,7 +14,7 @@ import { randomBytes } from 'node:crypto';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Browser } from './cdp.mjs';
-import { BIN, MODELS, startGateway, stopGateway } from '../clients/gateway.mjs';
+import { BIN, MODELS, cpuService, startGateway, stopGateway } from '../clients/gateway.mjs';
 
 const CHROMIUM = process.env.CHROMIUM ?? 'chromium';
 const OUT = process.env.SPILLWAY_TEST_OUTPUT ?? 'build/test-output/browser';
@@ -79,15 +79,7 @@ different_model = true
 ctx = 16384
 slots = 2
 threads = 1
-[[service]]
-name = "embed"
-model = "${MODELS}/tiny-embed.gguf"
-[[service.placement]]
-device = "cpu"
-ctx = 512
-slots = 1
-threads = 1
-`, env));
+` + cpuService('embed', 'tiny-embed', 512, 1), env));
   browser = await Browser.launch(CHROMIUM, join(dir, 'chromium'));
   page = await browser.newPage();
   await page.open(`${base}/`);
@@ -173,25 +165,8 @@ test('a waiting request is listed and its Cancel button cancels it in the journa
 
 test('with API keys the page asks for one, sends it in the header only and goes live', async () => {
   const keyed = mkdtempSync(join(tmpdir(), 'spillway-browser-keys-'));
-  const { gateway: gw, base: keyedBase } = await startGateway(keyed, `
-api_keys = ["sk-browser-test"]
-[[service]]
-name = "chat"
-model = "${MODELS}/tiny-chat.gguf"
-[[service.placement]]
-device = "cpu"
-ctx = 1024
-slots = 1
-threads = 1
-[[service]]
-name = "embed"
-model = "${MODELS}/tiny-embed.gguf"
-[[service.placement]]
-device = "cpu"
-ctx = 512
-slots = 1
-threads = 1
-`);
+  const { gateway: gw, base: keyedBase } = await startGateway(keyed, 'api_keys = ["sk-browser-test"]\n' +
+    cpuService('chat', 'tiny-chat', 1024, 1) + cpuService('embed', 'tiny-embed', 512, 1));
   try {
     const p = await browser.newPage();
     await p.open(`${keyedBase}/`);

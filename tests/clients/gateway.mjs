@@ -9,6 +9,20 @@ export const MODELS = process.env.SPILLWAY_MODELS ?? 'build/models';
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
+// A [[service]] with one placement on the CPU, as TOML (the test models by name, e.g. "tiny-chat").
+export function cpuService(name, model, ctx, slots) {
+  return `
+[[service]]
+name = "${name}"
+model = "${MODELS}/${model}.gguf"
+[[service.placement]]
+device = "cpu"
+ctx = ${ctx}
+slots = ${slots}
+threads = 1
+`;
+}
+
 // Returns { gateway, base } (base: "http://127.0.0.1:PORT"), or throws when
 // it is not ready within `timeoutMs`.
 export async function startGateway(dir, configToml, env = process.env, timeoutMs = 60000) {

@@ -6,7 +6,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import OpenAI from 'openai';
-import { MODELS, startGateway, stopGateway } from './gateway.mjs';
+import { cpuService, startGateway, stopGateway } from './gateway.mjs';
 
 let dir, gateway, base, client;
 
@@ -14,24 +14,7 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 before(async () => {
   dir = mkdtempSync(join(tmpdir(), 'spillway-sdk-'));
-  ({ gateway, base } = await startGateway(dir, `
-[[service]]
-name = "chat"
-model = "${MODELS}/tiny-chat.gguf"
-[[service.placement]]
-device = "cpu"
-ctx = 8192
-slots = 2
-threads = 1
-[[service]]
-name = "embed"
-model = "${MODELS}/tiny-embed.gguf"
-[[service.placement]]
-device = "cpu"
-ctx = 512
-slots = 1
-threads = 1
-`));
+  ({ gateway, base } = await startGateway(dir, cpuService('chat', 'tiny-chat', 8192, 2) + cpuService('embed', 'tiny-embed', 512, 1)));
   client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused-locally', maxRetries: 0 });
 });
 
