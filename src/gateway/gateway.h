@@ -195,6 +195,7 @@ class Gateway {
   void StartEvents();
   void StopEvents();
   void OnTransition(const journal::Transition& t);  // the journal's observer
+  void LogTransition(const journal::Transition& t, const journal::RequestRecord* rec);  // --log-format json
   void HandleEvents(const Caller& caller, std::shared_ptr<http::Exchange> ex, unsigned v);
   void HandleStatusView(const Caller& caller, std::shared_ptr<http::Exchange> ex, unsigned v);
   void HandleRequestList(const Caller& caller, std::shared_ptr<http::Exchange> ex, unsigned v);

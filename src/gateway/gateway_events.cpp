@@ -4,8 +4,10 @@
 // The stream needs the same key as the API (Authorization header). A browser's
 // EventSource cannot send headers, so the dashboard reads the stream with
 // fetch() and a ReadableStream instead: no ticket, no cookie, no key in a URL.
+#include <cstdio>
 #include <mutex>
 
+#include "common/json_log.h"
 #include "gateway/event_feed.h"
 #include "gateway/gateway.h"
 #include "gateway/gateway_internal.h"
@@ -64,11 +66,35 @@ void Gateway::StopEvents() {
   if (events_) events_->Stop();
 }
 
+// With --log-format json, one line per committed transition of a request:
+// its id, service, placement, attempt, admission decision and state.
+void Gateway::LogTransition(const journal::Transition& t, const journal::RequestRecord* rec) {
+  using Kind = journal::Transition::Kind;
+  json j = {{"event", t.kind == Kind::kAttempt ? "request.attempt" : t.kind == Kind::kRequeued ? "request.requeued"
+                                                                                                : "request.finished"},
+            {"request_id", t.id}};
+  if (rec) {
+    j["service"] = rec->service;
+    j["placement"] = t.kind == Kind::kAttempt ? t.placement : rec->placement;
+    j["attempt"] = t.kind == Kind::kAttempt ? t.attempt : rec->attempts;
+    j["state"] = journal::StateName(rec->state);
+  }
+  if (t.kind == Kind::kAttempt) {
+    const json d = json::parse(t.decision_json, nullptr, false);
+    j["decision"] = d.is_object() ? d.value("decision", "") : "";
+    if (d.is_object() && d.contains("reason")) j["reason"] = d["reason"];
+  }
+  if (t.kind == Kind::kFinished) j["state"] = journal::StateName(t.state);
+  if (!t.error.empty()) j["reason"] = t.error.substr(0, 500);
+  std::fprintf(stderr, "%s\n", j.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
+}
+
 // On the thread that committed the transition (never an I/O thread).
 void Gateway::OnTransition(const journal::Transition& t) {
   auto found = request_incidents_.Observe(t, clock_.NowMs());
-  if (!found.empty()) {
+  if (JsonLogs() || !found.empty()) {
     auto rec = journal_.Get(t.id);
+    if (JsonLogs()) LogTransition(t, rec.ok() ? &*rec : nullptr);
     for (auto& i : found) {
       if (rec.ok()) {
         i.service = rec->service;

@@ -424,7 +424,7 @@ Status Journal::StartAttempt(const std::string& id, const std::string& placement
         return Done(at.Step(), "attempt");
       },
       Bytes(decision_json));
-  if (st.ok()) Tell({Transition::Kind::kAttempt, id, placement, n, State::kRunning, ""});
+  if (st.ok()) Tell({Transition::Kind::kAttempt, id, placement, n, State::kRunning, "", decision_json});
   return st;
 }
 
@@ -455,7 +455,7 @@ Status Journal::Requeue(const std::string& id, const std::string& error) {
         return Status::Ok();
       },
       Bytes(error));
-  if (st.ok() && changed) Tell({Transition::Kind::kRequeued, id, "", 0, State::kQueued, error});
+  if (st.ok() && changed) Tell({Transition::Kind::kRequeued, id, "", 0, State::kQueued, error, ""});
   return st;
 }
 
@@ -480,7 +480,7 @@ Status Journal::Finish(const std::string& id, State state, int status, const std
       },
       Bytes(body, error)));
   if (!changed) return Status::Conflict("request '" + id + "' had already ended");
-  Tell({Transition::Kind::kFinished, id, "", 0, state, error});
+  Tell({Transition::Kind::kFinished, id, "", 0, state, error, ""});
   return Status::Ok();
 }
 

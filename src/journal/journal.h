@@ -129,6 +129,7 @@ struct Transition {
   int64_t attempt = 0;    // kAttempt
   State state = State::kQueued;  // kFinished: the terminal state
   std::string error;      // kRequeued, kFinished: why
+  std::string decision_json;  // kAttempt: its admission decision, as journaled ("" when none)
 };
 
 class Journal {
