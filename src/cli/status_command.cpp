@@ -202,7 +202,7 @@ void AddStatusCommands(CLI::App& app, int* exit_code) {
                 "(API key from $SPILLWAY_API_KEY)");
   add_target(status);
   status->add_option("--watch", *watch, "redraw every SECONDS until interrupted")
-      ->expected(0, 1)->default_str("2")->check(CLI::Range(0.2, 3600.0));
+      ->expected(0, 1)->default_str("2")->type_name("[SECONDS]")->check(CLI::Range(0.2, 3600.0));
   status->callback([target, watch, fail, status] {
     const bool watching = status->count("--watch") > 0;
     const double period = *watch > 0 ? *watch : 2.0;
@@ -249,7 +249,12 @@ void AddStatusCommands(CLI::App& app, int* exit_code) {
       text += "  attempt " + Str(a, "n") + " on " + Str(a, "placement") + ": " + Str(a, "outcome", "running") +
               (a.contains("error") ? " (" + Str(a, "error") + ")" : "") + "\n";
     }
+    if (body->contains("admission")) {
+      const json& d = (*body)["admission"];
+      text += "  admission: " + Str(d, "decision") + (d.contains("reason") ? " (" + Str(d, "reason") + ")" : "") + "\n";
+    }
     if (body->contains("error")) text += "  error: " + Str(*body, "error") + "\n";
+    if (body->contains("result")) text += "  result: HTTP " + Str((*body)["result"], "status") + ", " + Str((*body)["result"], "content_type") + "\n";
     print(*body, text);
   });
   CLI::App* cancel = requests->add_subcommand("cancel", "cancel a waiting or running request");
