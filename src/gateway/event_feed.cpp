@@ -100,7 +100,9 @@ void EventFeed::Loop() {
       std::fprintf(stderr, "spillway: the event feed's snapshot failed: %s\n", e.what());
     }
     lk.lock();
-    cv_.wait_for(lk, opts_.period, [this] { return stop_ || kicked_; });
+    // A burst of kicks (a busy gateway's transitions) costs one sample per min_gap.
+    cv_.wait_for(lk, opts_.min_gap, [this] { return stop_; });
+    cv_.wait_for(lk, opts_.period - opts_.min_gap, [this] { return stop_ || kicked_; });
     kicked_ = false;
   }
 }

@@ -1,7 +1,7 @@
 // The live picture behind `GET /v1/events` (Server-Sent Events).
 //
 // One sampling thread (never an I/O thread) takes a status snapshot every
-// `period` (or at once after Kick()), records the incidents DiffStatus finds
+// `period` (or sooner after Kick(), but never within `min_gap` of the last), records the incidents DiffStatus finds
 // between two snapshots in the IncidentLog, keeps a short memory history per
 // device, and writes to every subscriber:
 //
@@ -49,6 +49,7 @@ class EventFeed {
   using Sampler = std::function<nlohmann::json()>;
   struct Options {
     std::chrono::milliseconds period{1000};
+    std::chrono::milliseconds min_gap{250};  // between two samples, however often Kick() is called
     std::chrono::milliseconds keepalive{5000};
     size_t history_points = 600;    // per device (10 minutes at 1 s)
     size_t max_unsent_bytes = 1 << 20;  // a subscriber with more unsent skips snapshots

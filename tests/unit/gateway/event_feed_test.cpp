@@ -77,6 +77,7 @@ struct FeedTest : ::testing::Test {
   EventFeed::Options Fast() {
     EventFeed::Options o;
     o.period = std::chrono::milliseconds(20);
+    o.min_gap = std::chrono::milliseconds(5);
     o.keepalive = std::chrono::milliseconds(60000);
     return o;
   }
@@ -155,6 +156,27 @@ TEST_F(FeedTest, EachSubscriberSeesItsOwnView) {
   Set(Snapshot("open", 100));
   ASSERT_TRUE(Eventually([&] { return ex->Count("event: snapshot") == 2; }));
   EXPECT_EQ(ex->Count("event: incident"), 0u) << "a hidden incident is not written";
+}
+
+TEST_F(FeedTest, KicksInABurstCostOneSamplePerGap) {
+  std::atomic<int> samples{0};
+  EventFeed::Options opts;
+  opts.period = std::chrono::milliseconds(10000);
+  opts.min_gap = std::chrono::milliseconds(200);
+  EventFeed feed([&] {
+    ++samples;
+    return Sample();
+  }, log, clock, opts);
+  feed.Start();
+  ASSERT_TRUE(Eventually([&] { return samples == 1; }));
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(500)) {
+    feed.Kick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  feed.Stop();
+  EXPECT_GE(samples.load(), 2);
+  EXPECT_LE(samples.load(), 4) << "500 ms of kicks, one sample per 200 ms at most";
 }
 
 }  // namespace

@@ -24,6 +24,18 @@ json Status(const std::string& breaker, const std::string& worker, int restarts,
           {"devices", {{{"name", "sim:0"}, {"breaker", {{"state", device_breaker}, {"ejections", 0}, {"last_reason", "lost"}}}}}}};
 }
 
+Transition T(Transition::Kind kind, std::string id, std::string placement, int64_t attempt, State state,
+             std::string error) {
+  Transition t;
+  t.kind = kind;
+  t.id = std::move(id);
+  t.placement = std::move(placement);
+  t.attempt = attempt;
+  t.state = state;
+  t.error = std::move(error);
+  return t;
+}
+
 std::vector<std::string> Kinds(const std::vector<Incident>& v) {
   std::vector<std::string> k;
   for (const auto& i : v) k.push_back(i.kind);
@@ -72,10 +84,10 @@ TEST(DiffStatusTest, AnIdleUnloadIsNotAFailure) {
 
 TEST(RequestIncidentsTest, AnAttemptOnAnotherPlacementIsAFailoverWithTheRequeueReason) {
   RequestIncidents r;
-  EXPECT_TRUE(r.Observe({Transition::Kind::kAttempt, "req_1", "sim:0/99", 1, State::kRunning, ""}, 5).empty());
-  EXPECT_TRUE(r.Observe({Transition::Kind::kRequeued, "req_1", "", 0, State::kQueued,
-                         R"(phase device: {"error":{"code":"unavailable","message":"lost"}} (run again))"}, 6).empty());
-  const auto found = r.Observe({Transition::Kind::kAttempt, "req_1", "cpu", 2, State::kRunning, ""}, 7);
+  EXPECT_TRUE(r.Observe(T(Transition::Kind::kAttempt, "req_1", "sim:0/99", 1, State::kRunning, ""), 5).empty());
+  EXPECT_TRUE(r.Observe(T(Transition::Kind::kRequeued, "req_1", "", 0, State::kQueued,
+                         R"(phase device: {"error":{"code":"unavailable","message":"lost"}} (run again))"), 6).empty());
+  const auto found = r.Observe(T(Transition::Kind::kAttempt, "req_1", "cpu", 2, State::kRunning, ""), 7);
   ASSERT_EQ(found.size(), 1u);
   EXPECT_EQ(found[0].kind, "failover");
   EXPECT_EQ(found[0].request_id, "req_1");
@@ -83,18 +95,18 @@ TEST(RequestIncidentsTest, AnAttemptOnAnotherPlacementIsAFailoverWithTheRequeueR
   // The worker's error body is told by its message.
   EXPECT_EQ(found[0].reason, "moved from sim:0/99 to cpu (attempt 2): phase device: lost (run again)");
   // A busy worker retried on the same placement is no incident.
-  EXPECT_TRUE(r.Observe({Transition::Kind::kAttempt, "req_1", "cpu", 3, State::kRunning, ""}, 8).empty());
-  EXPECT_TRUE(r.Observe({Transition::Kind::kFinished, "req_1", "", 0, State::kCompleted, ""}, 9).empty());
+  EXPECT_TRUE(r.Observe(T(Transition::Kind::kAttempt, "req_1", "cpu", 3, State::kRunning, ""), 8).empty());
+  EXPECT_TRUE(r.Observe(T(Transition::Kind::kFinished, "req_1", "", 0, State::kCompleted, ""), 9).empty());
 }
 
 TEST(RequestIncidentsTest, CancelledAndFailedEndsAreIncidents) {
   RequestIncidents r;
-  auto c = r.Observe({Transition::Kind::kFinished, "req_2", "", 0, State::kCancelled, "cancelled while queued"}, 1);
+  auto c = r.Observe(T(Transition::Kind::kFinished, "req_2", "", 0, State::kCancelled, "cancelled while queued"), 1);
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].kind, "cancelled");
   EXPECT_EQ(c[0].reason, "cancelled: cancelled while queued");
-  r.Observe({Transition::Kind::kAttempt, "req_3", "cpu", 1, State::kRunning, ""}, 1);
-  auto f = r.Observe({Transition::Kind::kFinished, "req_3", "", 0, State::kFailedResumable, "the stream failed"}, 2);
+  r.Observe(T(Transition::Kind::kAttempt, "req_3", "cpu", 1, State::kRunning, ""), 1);
+  auto f = r.Observe(T(Transition::Kind::kFinished, "req_3", "", 0, State::kFailedResumable, "the stream failed"), 2);
   ASSERT_EQ(f.size(), 1u);
   EXPECT_EQ(f[0].kind, "failed");
   EXPECT_EQ(f[0].placement, "cpu");
