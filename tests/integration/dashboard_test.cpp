@@ -272,5 +272,33 @@ TEST(DashboardTest, ALostDeviceShowsTheFallbackItsLimitsAndTheIncidents) {
   EXPECT_EQ(status["services"][1]["state"], "ready") << "the unrelated service is untouched";
 }
 
+// A service none of whose placements can work (--keep-going) is told as
+// unavailable, and a device that cannot be observed says why instead of numbers.
+TEST(DashboardTest, AServiceThatCannotServeIsUnavailableInWords) {
+  GatewayProcess gw(TestConfig(1) + "[[service]]\nname = \"gpu\"\nmodel = \"" + ModelPath("tiny-chat") +
+                    "\"\n[[service.placement]]\ndevice = \"cuda:7\"\ngpu_layers = 99\n");
+  gw.SetExtraArgs({"--keep-going"});
+  ASSERT_TRUE(gw.Start(std::chrono::seconds(60), /*wait_ready=*/false)) << gw.Output();
+  json status;
+  for (int i = 0; i < 500; ++i) {
+    status = Body(Call(gw.port(), "GET", "/v1/status"));
+    if (status["services"][0]["state"] == "ready") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(status["services"].size(), 3u);
+  const json gpu = status["services"][2];
+  EXPECT_EQ(gpu["state"], "unavailable") << gpu.dump();
+  EXPECT_NE(gpu["serving"]["summary"].get<std::string>().find("503"), std::string::npos) << gpu.dump();
+  json cuda;
+  for (const auto& d : status["devices"]) {
+    if (d["name"] == "cuda:7") cuda = d;
+  }
+  ASSERT_TRUE(cuda.is_object()) << status["devices"].dump();
+  EXPECT_EQ(cuda["kind"], "cuda");
+  EXPECT_FALSE(cuda.value("error", "").empty()) << cuda.dump();
+  EXPECT_FALSE(cuda.contains("total_bytes"));
+  EXPECT_EQ(status["services"][0]["state"], "ready");
+}
+
 }  // namespace
 }  // namespace spillway::testing
