@@ -199,7 +199,8 @@ function renderServices(services) {
   $('services').replaceChildren(...services.map((s) => {
     const v = s.serving || {};
     const r = s.requests || { queued: 0, running: 0 };
-    const cpu = s.cpu_path;
+    // The CPU line matters only where a CPU fallback exists.
+    const cpu = (s.placements || []).some((p) => p.role === 'fallback' && p.device === 'cpu') ? s.cpu_path : null;
     const rows = (s.placements || []).map((p) => el('tr', {},
       el('td', { text: p.placement }),
       el('td', { text: p.role }),
