@@ -7,6 +7,7 @@
 #include "cli/plan_command.h"
 #include "cli/serve_command.h"
 #include "cli/sim_command.h"
+#include "cli/status_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Spillway: a gateway and resource manager for local AI servers.\n"
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   spillway::cli::AddPlanCommand(app, &exit_code);
   spillway::cli::AddChaosCommand(app, &exit_code);
   spillway::cli::AddDoctorCommand(app, &exit_code);
+  spillway::cli::AddStatusCommands(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

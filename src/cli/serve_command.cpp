@@ -24,6 +24,7 @@
 #include "common/clock.h"
 #include "common/private_files.h"
 #include "config/config.h"
+#include "common/json_log.h"
 #include "gateway/gateway.h"
 #include "gateway/readiness.h"
 #include "gateway/startup_check.h"
@@ -42,6 +43,7 @@ struct ServeArgs {
   std::string config_path, listen, state_dir, port_file, worker_bin;
   bool keep_going = false;
   double worker_orphan_timeout_s = 180;
+  std::string log_format = "text";
 };
 
 // One worker per placement, whether admitted or not (adoption is judged
@@ -317,7 +319,22 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                 "start even when a placement cannot work (a model file that is not a readable GGUF, a device "
                 "that does not exist): that placement is marked unavailable with the reason instead of "
                 "refusing to start");
-  cmd->callback([args, exit_code] { *exit_code = Serve(*args); });
+  cmd->add_option("--log-format", args->log_format,
+                  "text, or json: one JSON object per line on stdout and stderr (common/json_log.h), and a line "
+                  "per request transition with its id, service, placement, attempt and admission decision")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
+  cmd->callback([args, exit_code] {
+    if (args->log_format == "json") {
+      if (Status st = StartJsonLogs(); !st.ok()) {
+        std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());
+        *exit_code = 2;
+        return;
+      }
+    }
+    *exit_code = Serve(*args);
+    StopJsonLogs();
+  });
 }
 
 }  // namespace spillway::cli

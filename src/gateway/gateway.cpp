@@ -54,6 +54,7 @@ Gateway::~Gateway() {
 
 void Gateway::Start(boost::asio::any_io_executor io, std::vector<journal::RequestRecord> recovered) {
   io_ = std::move(io);
+  StartEvents();  // before the first transition: the journal tells the incident log
   for (auto& rec : recovered) {
     auto live = std::make_shared<Live>();
     live->id = rec.id;
@@ -72,6 +73,7 @@ void Gateway::Start(boost::asio::any_io_executor io, std::vector<journal::Reques
 }
 
 void Gateway::Shutdown() {
+  StopEvents();  // ends the event streams (they hold I/O objects)
   status_pool_.join();
   blocking_.join();
   pool_.Clear();
@@ -147,8 +149,11 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   const std::string path = target.substr(0, target.find('?'));
   const unsigned v = req.version();
   const auto method = req.method();
-  const bool open_route = path == "/healthz" || path == "/readyz";
+  const bool open_route = path == "/healthz" || path == "/readyz" || IsUiPath(path);  // the page asks for a key itself
   if (Status st = CheckAccess(req, !open_route); !st.ok()) return ex->Respond(ErrorResponse(st, v));
+  if (IsUiPath(path) && method == bhttp::verb::get) return ex->Respond(UiResponse(path, v));
+  if (path == "/v1/events" && method == bhttp::verb::get) return HandleEvents(CallerOf(req), std::move(ex), v);
+  if (path == "/v1/requests" && method == bhttp::verb::get) return HandleRequestList(CallerOf(req), std::move(ex), v);
 
   if (path == "/healthz") return ex->Respond(JsonResponse(200, {{"status", "ok"}}, v));
   if (path == "/readyz") {
@@ -158,10 +163,7 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   if (path == "/metrics" && method == bhttp::verb::get) {
     return ex->Respond(http::MakeResponse(200, RenderMetrics(), "text/plain; version=0.0.4", v));
   }
-  if (path == "/v1/status" && method == bhttp::verb::get) {
-    // It asks each worker for its memory: off the I/O threads.
-    return PostStatus([this, ex, v] { ex->Respond(JsonResponse(200, StatusJson(), v)); });
-  }
+  if (path == "/v1/status" && method == bhttp::verb::get) return HandleStatusView(CallerOf(req), std::move(ex), v);
   if (path == "/v1/models" && method == bhttp::verb::get) {
     json data = json::array();
     for (const auto& s : config_.services) {
@@ -409,10 +411,12 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     }
     co_return d;
   };
-  // A full worker (nothing ran) is waited for, within the policy's bound.
-  auto wait_for_busy = [&] {
+  // A full worker (nothing ran) is waited for, within the policy's bound
+  // (and the request's deadline: past it, the deadline is the answer).
+  auto after_busy = [&] {
+    if (live->cancelled) return Action::kCancelled;
     const failover::AttemptOutcome busy{Kind::kBusy};
-    return !live->cancelled && failover::NextStep(busy, &retry, budget, clock_.NowMs()).action == Action::kWaitAndResend;
+    return failover::NextStep(busy, &retry, budget, clock_.NowMs()).action;
   };
   // Who serves this attempt, as the answer's headers say. A declared
   // different fallback model is announced as what it is.
@@ -538,13 +542,17 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     switch (r.outcome.kind) {
       case Kind::kCancelled:
         co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
-      case Kind::kBusy:
-        if (wait_for_busy()) {
+      case Kind::kBusy: {
+        const Action a = after_busy();
+        if (a == Action::kDeadline) co_return co_await deadline_failure();
+        if (a == Action::kCancelled) co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
+        if (a == Action::kWaitAndResend) {
           busy_retry = true;
           co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(50));  // until a slot frees
           continue;
         }
         break;  // waited long enough: its 503 is the answer
+      }
       case Kind::kFailed: {
         // A worker that timed out because the deadline passed is not the worker's failure.
         if (r.unreachable && past_deadline()) co_return co_await deadline_failure();

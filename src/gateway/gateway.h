@@ -5,6 +5,9 @@
 //   GET  /v1/requests/{id}      state, placement, attempts, stored result
 //   DELETE /v1/requests/{id}    cancel, queued or running
 //   GET  /healthz  /readyz  /metrics  /v1/status
+//   GET  /v1/requests           the caller's requests in flight and waiting
+//   GET  /v1/events             Server-Sent Events: status snapshots and incidents (event_feed.h)
+//   GET  /, /ui/...             the dashboard (compiled-in files, ui/assets.h)
 //
 // Lifecycle of a request: parsed and checked on the connection's strand, then
 // run as a coroutine on a strand of its own (no thread per request: an open
@@ -43,6 +46,8 @@
 #include "config/config.h"
 #include "admission/admission.h"
 #include "gateway/capacity_signal.h"
+#include "gateway/event_feed.h"
+#include "gateway/incidents.h"
 #include "gateway/metrics.h"
 #include "failover/breaker.h"
 #include "gateway/placement_admission.h"
@@ -54,6 +59,10 @@
 #include "upstream/workers.h"
 
 namespace spillway::gateway {
+
+// The dashboard's paths (/, /ui, /ui/...) and their compiled-in files (gateway_ui.cpp).
+bool IsUiPath(const std::string& path);
+http::Response UiResponse(const std::string& path, unsigned version);
 
 class Gateway {
  public:
@@ -155,6 +164,22 @@ class Gateway {
   http::Response ReadyResponse(unsigned v);
   std::string RenderMetrics() const;
 
+  // What a person reads (gateway_view.cpp, gateway_events.cpp): the status
+  // with each device's memory by service, the live requests and what serves
+  // each service; blocking (worker and journal reads), never on an I/O thread.
+  nlohmann::json StatusView();
+  nlohmann::json LiveRequestsJson();  // each carries "_client" (its owner) for ViewFor
+  nlohmann::json DevicesJson(const nlohmann::json& status);
+  void AddServiceViews(nlohmann::json& status, const nlohmann::json& requests);
+  // The event feed starts with Start() and stops in Shutdown().
+  void StartEvents();
+  void StopEvents();
+  void OnTransition(const journal::Transition& t);  // the journal's observer
+  void LogTransition(const journal::Transition& t, const journal::RequestRecord* rec);  // --log-format json
+  void HandleEvents(const Caller& caller, std::shared_ptr<http::Exchange> ex, unsigned v);
+  void HandleStatusView(const Caller& caller, std::shared_ptr<http::Exchange> ex, unsigned v);
+  void HandleRequestList(const Caller& caller, std::shared_ptr<http::Exchange> ex, unsigned v);
+
   const config::GatewayConfig& config_;
   journal::Journal& journal_;
   upstream::Workers& supervisor_;
@@ -175,6 +200,9 @@ class Gateway {
   std::mt19937_64 rng_;  // seeds only (they are returned to clients); ids come from RandomHex
   // Every placement's and device's run-time state, behind one lock.
   PlacementBoard board_;
+  IncidentLog incidents_;
+  RequestIncidents request_incidents_;
+  std::unique_ptr<EventFeed> events_;  // last: stopped (and destroyed) before what it samples
 };
 
 }  // namespace spillway::gateway

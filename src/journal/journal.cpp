@@ -405,7 +405,8 @@ StatusOr<AcceptResult> Journal::Accept(RequestRecord r) {
 
 Status Journal::StartAttempt(const std::string& id, const std::string& placement, const std::string& decision_json) {
   const int64_t now = clock_.NowMs();
-  return Write(
+  int64_t n = 0;
+  Status st = Write(
       [&]() -> Status {
         Stmt up(db_,
                 "UPDATE requests SET state='running', placement=?2, attempts=attempts+1, updated_ms=?3, "
@@ -416,13 +417,15 @@ Status Journal::StartAttempt(const std::string& id, const std::string& placement
           if (!StorageProblem(sqlite3_extended_errcode(db_)).empty()) return DbError("attempt");
           return Status::NotFound("request '" + id + "' is not waiting to run");
         }
-        const int64_t n = up.Int(0);
+        n = up.Int(0);
         up.Step();
         Stmt at(db_, "INSERT INTO attempts(request_id, n, placement, started_ms) VALUES(?1,?2,?3,?4);");
         at.Bind(1, id).Bind(2, n).Bind(3, placement).Bind(4, now);
         return Done(at.Step(), "attempt");
       },
       Bytes(decision_json));
+  if (st.ok()) Tell({Transition::Kind::kAttempt, id, placement, n, State::kRunning, "", decision_json});
+  return st;
 }
 
 Status Journal::SetDecision(const std::string& id, const std::string& decision_json) {
@@ -438,7 +441,8 @@ Status Journal::SetDecision(const std::string& id, const std::string& decision_j
 
 Status Journal::Requeue(const std::string& id, const std::string& error) {
   const int64_t now = clock_.NowMs();
-  return Write(
+  bool changed = false;
+  Status st = Write(
       [&]() -> Status {
         Stmt a(db_, "UPDATE attempts SET outcome='failed', error=?2, ended_ms=?3 WHERE request_id=?1 AND ended_ms=0;");
         a.Bind(1, id).Bind(2, error).Bind(3, now);
@@ -446,9 +450,13 @@ Status Journal::Requeue(const std::string& id, const std::string& error) {
         Stmt up(db_,
                 "UPDATE requests SET state='queued', error=?2, updated_ms=?3 WHERE id=?1 AND state IN ('queued','running');");
         up.Bind(1, id).Bind(2, error).Bind(3, now);
-        return Done(up.Step(), "requeue");
+        SPILLWAY_RETURN_IF_ERROR(Done(up.Step(), "requeue"));
+        changed = sqlite3_changes(db_) > 0;
+        return Status::Ok();
       },
       Bytes(error));
+  if (st.ok() && changed) Tell({Transition::Kind::kRequeued, id, "", 0, State::kQueued, error, ""});
+  return st;
 }
 
 Status Journal::Finish(const std::string& id, State state, int status, const std::string& content_type,
@@ -472,6 +480,7 @@ Status Journal::Finish(const std::string& id, State state, int status, const std
       },
       Bytes(body, error)));
   if (!changed) return Status::Conflict("request '" + id + "' had already ended");
+  Tell({Transition::Kind::kFinished, id, "", 0, state, error, ""});
   return Status::Ok();
 }
 

@@ -120,6 +120,18 @@ struct AcceptResult {
   RequestRecord existing;  // for kReplay / kInFlight / kMismatch
 };
 
+// A request's transition, told to the observer once its commit is durable.
+struct Transition {
+  enum class Kind { kAttempt, kRequeued, kFinished };
+  Kind kind = Kind::kAttempt;
+  std::string id;
+  std::string placement;  // kAttempt: where attempt `attempt` runs
+  int64_t attempt = 0;    // kAttempt
+  State state = State::kQueued;  // kFinished: the terminal state
+  std::string error;      // kRequeued, kFinished: why
+  std::string decision_json;  // kAttempt: its admission decision, as journaled ("" when none)
+};
+
 class Journal {
  public:
   ~Journal();
@@ -154,6 +166,10 @@ class Journal {
   // When the retry time has come, probes with a small write first.
   Status Health();
   JournalStats stats();
+  // Called after each committed StartAttempt, Requeue and Finish that changed
+  // a request, on the writing thread: keep it short, never call the journal
+  // from it. Set before the first write (not synchronised with writers).
+  void SetObserver(std::function<void(const Transition&)> f) { observer_ = std::move(f); }
 
  private:
   struct Writer;
@@ -183,6 +199,10 @@ class Journal {
   bool writable_ = true;
   std::string unwritable_reason_;
   int64_t retry_at_ms_ = 0;
+  std::function<void(const Transition&)> observer_;
+  void Tell(Transition t) const {
+    if (observer_) observer_(t);
+  }
 };
 
 }  // namespace spillway::journal

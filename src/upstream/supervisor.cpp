@@ -18,6 +18,7 @@
 #include "common/survive.h"
 #include "devices/sim_ledger.h"
 #include "protocol/worker_protocol.h"
+#include "upstream/log_rotation.h"
 #include "upstream/worker_secret.h"
 
 extern char** environ;
@@ -266,11 +267,28 @@ void Supervisor::Loop() {
       }
     }
   }
+  int64_t next_rotation_ms = 0;
   while (!stop_) {
     // Out of file descriptors, out of memory: logged, tried again next round.
     RunSurviving("spillway: a supervisor round", [this] { Round(); });
+    if (clock_.NowMs() >= next_rotation_ms) {
+      RunSurviving("spillway: rotating worker logs", [this] { RotateLogs(); });
+      next_rotation_ms = clock_.NowMs() + 10000;
+    }
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_.load(); });
+  }
+}
+
+// Every worker's log kept under kWorkerLogMaxBytes (upstream/log_rotation.h).
+void Supervisor::RotateLogs() {
+  std::vector<std::string> paths;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& [k, w] : workers_) paths.push_back(w.view.log_path);
+  }
+  for (const auto& p : paths) {
+    if (Status st = RotateIfLarger(p, kWorkerLogMaxBytes); !st.ok()) std::fprintf(stderr, "spillway: %s\n", st.message().c_str());
   }
 }
 

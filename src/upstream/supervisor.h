@@ -183,6 +183,7 @@ class Supervisor : public Workers {
 
   void Loop();
   void Round();
+  void RotateLogs();  // every 10 s, from Loop
   void Spawn(Worker& w);
   void Poll(Worker& w);
   void Exited(Worker& w, const std::string& why);

@@ -2,56 +2,24 @@
 // Run by ctest: node --test tests/clients/openai_sdk.test.mjs
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { mkdtempSync, writeFileSync, readFileSync, existsSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import OpenAI from 'openai';
+import { cpuService, startGateway, stopGateway } from './gateway.mjs';
 
-const BIN = process.env.SPILLWAY_BIN ?? 'build/bin';
-const MODELS = process.env.SPILLWAY_MODELS ?? 'build/models';
 let dir, gateway, base, client;
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 before(async () => {
   dir = mkdtempSync(join(tmpdir(), 'spillway-sdk-'));
-  writeFileSync(join(dir, 'spillway.toml'), `
-[[service]]
-name = "chat"
-model = "${MODELS}/tiny-chat.gguf"
-[[service.placement]]
-device = "cpu"
-ctx = 8192
-slots = 2
-threads = 1
-[[service]]
-name = "embed"
-model = "${MODELS}/tiny-embed.gguf"
-[[service.placement]]
-device = "cpu"
-ctx = 512
-slots = 1
-threads = 1
-`);
-  gateway = spawn(`${BIN}/spillway`, ['serve', '--config', join(dir, 'spillway.toml'), '--state-dir', join(dir, 'state'),
-    '--listen', '127.0.0.1:0', '--port-file', join(dir, 'port')], { stdio: ['ignore', 'inherit', 'inherit'] });
-  for (let i = 0; i < 600; i++) {
-    if (existsSync(join(dir, 'port'))) {
-      base = `http://127.0.0.1:${readFileSync(join(dir, 'port'), 'utf8').trim()}`;
-      try {
-        if ((await fetch(`${base}/readyz`)).status === 200) break;
-      } catch {}
-    }
-    await sleep(50);
-  }
-  assert.ok(base, 'gateway did not start');
+  ({ gateway, base } = await startGateway(dir, cpuService('chat', 'tiny-chat', 8192, 2) + cpuService('embed', 'tiny-embed', 512, 1)));
   client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused-locally', maxRetries: 0 });
 });
 
 after(async () => {
-  gateway?.kill('SIGTERM');
-  await new Promise((r) => gateway.once('exit', r));
+  await stopGateway(gateway);
   rmSync(dir, { recursive: true, force: true });
 });
 

@@ -1,0 +1,259 @@
+// The status a person reads (the dashboard, `spillway status`): /v1/status
+// plus each device's memory by service, the requests in flight and waiting,
+// and what serves each service now, in words.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <mutex>
+
+#include "devices/telemetry.h"
+#include "gateway/gateway.h"
+#include "gateway/gateway_internal.h"
+#include "memory/ledger.h"
+
+namespace spillway::gateway {
+
+namespace {
+
+constexpr size_t kMaxListedRequests = 200;
+
+std::string Words(uint64_t tokens, const char* what) { return std::to_string(tokens) + " " + what; }
+
+// A placement can take a request now: admitted, its worker ready (or an
+// on-demand replica that starts when asked) and its breaker not open.
+bool Serving(const json& p) {
+  const std::string state = p.value("state", "");
+  const bool breaker_open = p.contains("breaker") && p["breaker"].value("state", "") == "open";
+  return p.value("admitted", true) && !breaker_open && (state == "ready" || p.value("on_demand", false));
+}
+
+// Weights, KV cache and compute buffers a worker reports on one side
+// (its device, or the host).
+json BufferSums(const json& placement, bool host) {
+  uint64_t weights = 0, kv = 0, compute = 0;
+  if (placement.contains("memory") && placement["memory"].contains("buffers")) {
+    for (const auto& b : placement["memory"]["buffers"]) {
+      const bool host_buffer = b.value("name", "").rfind("CPU", 0) == 0;
+      if (host_buffer != host) continue;
+      weights += b.value("model", uint64_t{0});
+      kv += b.value("context", uint64_t{0});
+      compute += b.value("compute", uint64_t{0});
+    }
+  }
+  return {{"weights_bytes", weights}, {"kv_bytes", kv}, {"compute_bytes", compute}};
+}
+
+// A reader per device and thread (readers are not thread-safe; opening one
+// maps a ledger or loads NVML, too slow to repeat every second).
+StatusOr<devices::DeviceTelemetry*> Telemetry(const std::string& device) {
+  thread_local std::map<std::string, std::unique_ptr<devices::DeviceTelemetry>> readers;
+  auto& r = readers[device];
+  if (!r) {
+    auto opened = devices::OpenDeviceTelemetry(device);
+    if (!opened.ok()) return opened.status();
+    r = std::move(*opened);
+  }
+  return r.get();
+}
+
+}  // namespace
+
+json Gateway::LiveRequestsJson() {
+  struct Row {
+    std::string id, service, phase;
+    int64_t phase_since_ms;
+    std::pair<std::string, double> wait;  // why it waits, and the estimated wait (admission's)
+  };
+  std::vector<Row> rows;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& [id, live] : live_) {
+      if (rows.size() >= kMaxListedRequests) break;
+      rows.push_back({id, live->service, LivePhaseName(live->phase.load()), live->phase_since_ms.load(), live->WaitState()});
+    }
+  }
+  const int64_t now = clock_.NowMs();
+  json list = json::array();
+  for (const auto& r : rows) {
+    if (r.phase == "terminal") continue;
+    json j = {{"id", r.id}, {"service", r.service}, {"phase", r.phase}, {"phase_age_ms", now - r.phase_since_ms}};
+    if (r.phase == "queued" && !r.wait.first.empty()) {
+      j["reason"] = r.wait.first;
+      j["estimated_wait_s"] = r.wait.second;
+    }
+    if (auto rec = journal_.Get(r.id); rec.ok()) {
+      j["endpoint"] = rec->endpoint;
+      j["stream"] = rec->stream;
+      j["placement"] = rec->placement;
+      j["attempts"] = rec->attempts;
+      j["age_ms"] = now - rec->created_ms;
+      j["created_ms"] = rec->created_ms;
+      j["_client"] = rec->client;  // for the caller's view only (see ViewFor)
+    }
+    list.push_back(j);
+  }
+  // Oldest first; a waiting request's position in its service's line.
+  std::sort(list.begin(), list.end(),
+            [](const json& a, const json& b) { return a.value("created_ms", int64_t{0}) < b.value("created_ms", int64_t{0}); });
+  std::map<std::string, int> position;
+  for (auto& j : list) {
+    if (j["phase"] == "queued") j["position"] = ++position[j["service"].get<std::string>()];
+  }
+  return list;
+}
+
+json Gateway::DevicesJson(const json& status) {
+  // Each device the placements use, with what each service holds on it.
+  std::map<std::string, json> devices;
+  std::vector<std::string> order;
+  for (const auto& s : status["services"]) {
+    for (const auto& p : s["placements"]) {
+      const std::string device = p.value("device", "cpu");
+      if (!devices.count(device)) {
+        order.push_back(device);
+        devices[device] = {{"name", device}, {"kind", device == "cpu" ? "host" : device.substr(0, device.find(':'))},
+                           {"services", json::array()}};
+      }
+      json use = BufferSums(p, device == "cpu");
+      use["service"] = s["name"];
+      use["placement"] = p["placement"];
+      use["key"] = p["key"];
+      use["pid"] = p.value("pid", 0);
+      use["state"] = p.value("state", "stopped");
+      devices[device]["services"].push_back(use);
+    }
+  }
+  for (const auto& d : status["devices"]) {
+    if (auto it = devices.find(d.value("name", "")); it != devices.end()) it->second["breaker"] = d["breaker"];
+  }
+  json out = json::array();
+  for (const auto& name : order) {
+    json& d = devices[name];
+    uint64_t managed = 0;
+    if (name == "cpu") {
+      const auto host = devices::HostTelemetry().Read();
+      if (!host.ok()) {
+        d["error"] = host.status().message();
+      } else {
+        const uint64_t total = host->cgroup_limit ? std::min(*host->cgroup_limit, host->total) : host->total;
+        const uint64_t free = std::min(total, host->effective_available());
+        d["total_bytes"] = total;
+        d["free_bytes"] = free;
+        d["used_bytes"] = total - free;
+        for (const auto& u : d["services"]) {
+          managed += u["weights_bytes"].get<uint64_t>() + u["kv_bytes"].get<uint64_t>() + u["compute_bytes"].get<uint64_t>();
+        }
+      }
+    } else if (auto telemetry = Telemetry(name); !telemetry.ok()) {
+      d["error"] = telemetry.status().message();
+    } else if (auto reading = (*telemetry)->Read(); !reading.ok()) {
+      d["error"] = reading.status().message();
+    } else {
+      d["total_bytes"] = reading->total;
+      d["free_bytes"] = reading->free;
+      d["used_bytes"] = reading->total - std::min(reading->free, reading->total);
+      // What a worker holds beyond its buffers is transient (graph scratch, allocator slack).
+      for (auto& u : d["services"]) {
+        const int32_t pid = u["pid"].get<int32_t>();
+        uint64_t held = 0;
+        for (const auto& proc : reading->processes) {
+          if (pid > 0 && proc.pid == pid) held += proc.bytes;
+        }
+        const uint64_t buffers =
+            u["weights_bytes"].get<uint64_t>() + u["kv_bytes"].get<uint64_t>() + u["compute_bytes"].get<uint64_t>();
+        u["transient_bytes"] = held > buffers ? held - buffers : 0;
+        managed += std::max(held, buffers);
+      }
+    }
+    if (d.contains("total_bytes")) {
+      const auto dc = config_.Device(name);
+      const uint64_t total = d["total_bytes"].get<uint64_t>();
+      d["headroom_bytes"] = memory::Headroom{static_cast<uint64_t>(dc.headroom_mib * 1024 * 1024), dc.headroom_pct}.For(total);
+      // Memory nobody declared to Spillway: other programs, other users.
+      const uint64_t used = d["used_bytes"].get<uint64_t>();
+      d["other_bytes"] = used > managed ? used - managed : 0;
+    }
+    out.push_back(d);
+  }
+  return out;
+}
+
+void Gateway::AddServiceViews(json& status, const json& requests) {
+  for (auto& s : status["services"]) {
+    for (auto& p : s["placements"]) p["on_demand"] = supervisor_.OnDemand(p["key"].get<std::string>());
+    const config::ServiceConfig* svc = config_.FindService(s["name"].get<std::string>());
+    if (!svc) continue;
+    int queued = 0, running = 0;
+    for (const auto& r : requests) {
+      if (r["service"] != s["name"]) continue;
+      (r["phase"] == "queued" ? queued : running) += 1;
+    }
+    s["requests"] = {{"queued", queued}, {"running", running}};
+    // What a client gets now: the first placement that can serve.
+    const json& placements = s["placements"];
+    int serving = -1;
+    bool loading = false;
+    for (size_t i = 0; i < placements.size(); ++i) {
+      if (serving < 0 && Serving(placements[i])) serving = static_cast<int>(i);
+      loading |= placements[i].value("state", "") == "starting";
+    }
+    json view = json::object();
+    std::string state;
+    if (serving < 0) {
+      state = loading ? "loading" : "unavailable";
+      // How far a load is: seconds of its start timeout (the worker does not report bytes yet).
+      view["summary"] = loading ? "no placement is ready yet, requests wait; " + StartingNote(*svc)
+                                : "no placement can serve now; requests get 503 with the reason";
+    } else {
+      const auto& p = svc->placements[static_cast<size_t>(serving)];
+      const std::string model = std::filesystem::path(p.ModelOr(svc->model)).stem().string();
+      state = serving == 0 ? "ready" : "degraded";
+      view = {{"placement", p.Name()}, {"role", p.role}, {"device", p.device}, {"model", model},
+              {"different_model", p.different_model}};
+      std::vector<std::string> limits;
+      if (svc->OnCpuPath(static_cast<size_t>(serving))) {
+        const auto& cp = svc->cpu_path;
+        if (cp.max_tokens > 0 && cp.max_tokens < svc->max_tokens) limits.push_back("answers of up to " + Words(cp.max_tokens, "tokens"));
+        if (cp.max_prompt_tokens > 0) limits.push_back("prompts of up to " + Words(cp.max_prompt_tokens, "tokens"));
+        limits.push_back(cp.concurrency == 1 ? "one request at a time" : std::to_string(cp.concurrency) + " requests at a time");
+        limits.push_back("at most " + std::to_string(cp.max_queue) + " waiting");
+      }
+      if (p.slots > 0) limits.push_back(std::to_string(p.ctx / std::max(1, p.slots)) + " tokens of context per request");
+      std::string words;
+      for (const auto& l : limits) words += (words.empty() ? "" : ", ") + l;
+      view["limits"] = words;
+      std::string summary = serving == 0 ? "served by its primary placement " + p.Name()
+                                         : "served by the " + p.role + " placement " + p.Name();
+      if (p.different_model) summary += " with a different, smaller model: " + model;
+      else if (serving != 0) summary += " (the same model, " + model + ")";
+      if (serving != 0 && !words.empty()) summary += "; limits: " + words;
+      view["summary"] = summary;
+      // A rough wait for a new request: those ahead (running and waiting) in
+      // rounds of the placement's lanes, each a default-length answer at its
+      // measured speed (null until measured). The core's per-request
+      // estimate (GET /v1/requests/{id}) is the better one where it exists.
+      const double gen_tps = placements[static_cast<size_t>(serving)].value("throughput", json::object()).value("generated_tokens_per_s", 0.0);
+      const int lanes = svc->OnCpuPath(static_cast<size_t>(serving)) ? svc->cpu_path.concurrency : std::max(1, p.slots);
+      view["est_wait_s"] = gen_tps > 0 ? json(std::floor(static_cast<double>(queued + running) / lanes) *
+                                              svc->default_max_tokens / gen_tps)
+                                       : json(nullptr);
+    }
+    for (const auto& p : placements) {
+      if (p.value("role", "") == "primary" && p.value("on_demand", false) && p.value("state", "") == "stopped") state = "evicted";
+    }
+    s["state"] = state;
+    s["serving"] = view;
+  }
+}
+
+json Gateway::StatusView() {
+  json status = StatusJson();
+  json requests = LiveRequestsJson();
+  AddServiceViews(status, requests);
+  status["devices"] = DevicesJson(status);
+  status["requests"] = requests;
+  status["time_ms"] = clock_.NowMs();
+  return status;
+}
+
+}  // namespace spillway::gateway
