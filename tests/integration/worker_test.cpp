@@ -270,7 +270,10 @@ TEST_F(WorkerTest, RequiredToolChoiceMakesARealToolCall) {
 
 TEST_F(WorkerTest, ToolArgumentsFollowTheSchemaTypes) {
   const json params = {{"type", "object"},
-                       {"properties", {{"n", {{"type", "integer"}}}, {"label", {{"type", "string"}}}}}};
+                       {"properties", {{"n", {{"type", "integer"}}},
+                                       // Bounded: a random model would not close an unbounded string.
+                                       {"label", {{"type", "string"}, {"maxLength", 8}}}}},
+                       {"required", {"n", "label"}}};
   for (uint32_t seed : {1u, 2u, 3u}) {
     json req = ToolRequest(params, false);
     req["seed"] = seed;
