@@ -62,81 +62,6 @@ Status ParseModel(const json& body, std::string* model) {
   return Status::Ok();
 }
 
-Status ParseGeneration(const json& body, GenerationRequest* g) {
-  SPILLWAY_RETURN_IF_ERROR(ParseModel(body, &g->model));
-  SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "stream", &g->stream));
-  SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "ignore_eos", &g->ignore_eos));
-  if (auto it = body.find("spillway_resume"); it != body.end() && !it->is_null()) {
-    if (!it->is_object()) return Bad("spillway_resume", "must be an object");
-    auto t = it->find("tokens");
-    if (t == it->end() || !t->is_array() || t->size() > kMaxTokensCap) {
-      return Bad("spillway_resume", "needs 'tokens', an array of token ids");
-    }
-    for (const auto& x : *t) {
-      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX) {
-        return Bad("spillway_resume", "tokens must be non-negative integers");
-      }
-      g->resume_tokens.push_back(static_cast<int32_t>(x.get<int64_t>()));
-    }
-    auto b = it->find("text_bytes");
-    if (b != it->end() && (!b->is_number_unsigned() || b->get<uint64_t>() > (1ull << 40))) {
-      return Bad("spillway_resume", "text_bytes must be a non-negative integer");
-    }
-    if (b != it->end()) g->resume_text_bytes = b->get<uint64_t>();
-  }
-  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
-    if (!it->is_object()) return Bad("stream_options", "must be an object");
-    SPILLWAY_RETURN_IF_ERROR(OptionalBool(*it, "include_usage", &g->include_usage));
-  }
-  // max_completion_tokens is the newer name; max_tokens wins if both are set.
-  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "max_completion_tokens", 1, kMaxTokensCap, &g->max_tokens));
-  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "max_tokens", 1, kMaxTokensCap, &g->max_tokens));
-  if (auto it = body.find("n"); it != body.end() && !it->is_null()) {
-    if (!it->is_number_integer() || it->get<int64_t>() != kMaxChoices) {
-      return Bad("n", "must be 1: Spillway generates one choice per request (send n requests, with different "
-                      "seeds, for n choices)");
-    }
-  }
-  SPILLWAY_RETURN_IF_ERROR(RefuseUnsupportedSampling(body));
-  SPILLWAY_RETURN_IF_ERROR(ParseResponseFormat(body, &g->response_format));
-  if (auto it = body.find("user"); it != body.end() && !it->is_null()) {
-    if (!it->is_string() || it->get_ref<const std::string&>().size() > 256) {
-      return Bad("user", "must be a string of at most 256 bytes");
-    }
-    g->user = it->get<std::string>();
-  }
-  auto& s = g->sampling;
-  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "temperature", 0, 2, &s.temperature));
-  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "top_p", 0, 1, &s.top_p));
-  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "top_k", 0, 100000, &s.top_k));
-  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "min_p", 0, 1, &s.min_p));
-  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "repeat_penalty", 0.01, 10, &s.repeat_penalty));
-  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "repeat_last_n", 0, 8192, &s.repeat_last_n));
-  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "frequency_penalty", -2, 2, &s.frequency_penalty));
-  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "presence_penalty", -2, 2, &s.presence_penalty));
-  // 0xFFFFFFFF is llama.cpp's "random seed" sentinel, so it is excluded.
-  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "seed", 0, 4294967294.0, &s.seed));
-
-  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
-    if (it->is_string()) {
-      g->stop.push_back(it->get<std::string>());
-    } else if (it->is_array()) {
-      if (it->size() > kMaxStopStrings) return Bad("stop", "may hold at most 4 strings");
-      for (const auto& s : *it) {
-        if (!s.is_string()) return Bad("stop", "must be a string or an array of strings");
-        g->stop.push_back(s.get<std::string>());
-      }
-    } else {
-      return Bad("stop", "must be a string or an array of strings");
-    }
-    for (const auto& s : g->stop) {
-      if (s.empty()) return Bad("stop", "strings must not be empty");
-      if (s.size() > kMaxStopLength) return Bad("stop", "strings must be at most 256 bytes");
-    }
-  }
-  return Status::Ok();
-}
-
 Status RefuseUnsupportedSampling(const json& body) {
   for (const char* const* f = kUnsupportedSamplingFields; *f; f += 2) {
     auto it = body.find(f[0]);
@@ -231,6 +156,81 @@ Status ParseReasoningFields(const json& body, ChatRequest* r) {
         return Bad("chat_template_kwargs.enable_thinking", "must be a boolean");
       }
       r->chat_template_kwargs.emplace_back(k, v.dump(-1, ' ', false, json::error_handler_t::replace));
+    }
+  }
+  return Status::Ok();
+}
+
+Status ParseGeneration(const json& body, GenerationRequest* g) {
+  SPILLWAY_RETURN_IF_ERROR(ParseModel(body, &g->model));
+  SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "stream", &g->stream));
+  SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "ignore_eos", &g->ignore_eos));
+  if (auto it = body.find("spillway_resume"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return Bad("spillway_resume", "must be an object");
+    auto t = it->find("tokens");
+    if (t == it->end() || !t->is_array() || t->size() > kMaxTokensCap) {
+      return Bad("spillway_resume", "needs 'tokens', an array of token ids");
+    }
+    for (const auto& x : *t) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX) {
+        return Bad("spillway_resume", "tokens must be non-negative integers");
+      }
+      g->resume_tokens.push_back(static_cast<int32_t>(x.get<int64_t>()));
+    }
+    auto b = it->find("text_bytes");
+    if (b != it->end() && (!b->is_number_unsigned() || b->get<uint64_t>() > (1ull << 40))) {
+      return Bad("spillway_resume", "text_bytes must be a non-negative integer");
+    }
+    if (b != it->end()) g->resume_text_bytes = b->get<uint64_t>();
+  }
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return Bad("stream_options", "must be an object");
+    SPILLWAY_RETURN_IF_ERROR(OptionalBool(*it, "include_usage", &g->include_usage));
+  }
+  // max_completion_tokens is the newer name; max_tokens wins if both are set.
+  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "max_completion_tokens", 1, kMaxTokensCap, &g->max_tokens));
+  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "max_tokens", 1, kMaxTokensCap, &g->max_tokens));
+  if (auto it = body.find("n"); it != body.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() != kMaxChoices) {
+      return Bad("n", "must be 1: Spillway generates one choice per request (send n requests, with different "
+                      "seeds, for n choices)");
+    }
+  }
+  SPILLWAY_RETURN_IF_ERROR(RefuseUnsupportedSampling(body));
+  SPILLWAY_RETURN_IF_ERROR(ParseResponseFormat(body, &g->response_format));
+  if (auto it = body.find("user"); it != body.end() && !it->is_null()) {
+    if (!it->is_string() || it->get_ref<const std::string&>().size() > 256) {
+      return Bad("user", "must be a string of at most 256 bytes");
+    }
+    g->user = it->get<std::string>();
+  }
+  auto& s = g->sampling;
+  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "temperature", 0, 2, &s.temperature));
+  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "top_p", 0, 1, &s.top_p));
+  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "top_k", 0, 100000, &s.top_k));
+  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "min_p", 0, 1, &s.min_p));
+  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "repeat_penalty", 0.01, 10, &s.repeat_penalty));
+  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "repeat_last_n", 0, 8192, &s.repeat_last_n));
+  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "frequency_penalty", -2, 2, &s.frequency_penalty));
+  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "presence_penalty", -2, 2, &s.presence_penalty));
+  // 0xFFFFFFFF is llama.cpp's "random seed" sentinel, so it is excluded.
+  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "seed", 0, 4294967294.0, &s.seed));
+
+  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      g->stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      if (it->size() > kMaxStopStrings) return Bad("stop", "may hold at most 4 strings");
+      for (const auto& s : *it) {
+        if (!s.is_string()) return Bad("stop", "must be a string or an array of strings");
+        g->stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return Bad("stop", "must be a string or an array of strings");
+    }
+    for (const auto& s : g->stop) {
+      if (s.empty()) return Bad("stop", "strings must not be empty");
+      if (s.size() > kMaxStopLength) return Bad("stop", "strings must be at most 256 bytes");
     }
   }
   return Status::Ok();

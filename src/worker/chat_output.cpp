@@ -49,7 +49,16 @@ std::vector<api::ChatDelta> ChatOutput::Parse(bool partial) {
     try {
       next = common_chat_parse(text_, true, params);
     } catch (const std::exception&) {
-      return {};
+      next = common_chat_msg();
+    }
+    const auto& prev = state_->msg;
+    if (next.empty() && !text_.empty() && prev.tool_calls.empty() && prev.reasoning_content.empty() &&
+        text_.rfind(prev.content, 0) == 0) {
+      // Nothing of it reads in the format (a call cut off by max_tokens, text
+      // the parser rejects): what the model wrote is the content, where
+      // llama-server answers 500.
+      next.role = "assistant";
+      next.content = text_;
     }
   }
   if (next.empty()) return {};

@@ -11,6 +11,7 @@
 #include <cctype>
 #include <cstdio>
 #include <exception>
+#include <regex>
 
 namespace spillway::worker {
 
@@ -65,21 +66,76 @@ void AddTriggers(const common_chat_params& p, const llama_vocab* vocab, GrammarS
   }
 }
 
-// The generation prompt's tokens, which an eager chat grammar accepts first
-// (common_sampler_init's prefill).
-std::vector<int32_t> PrefillTokens(const std::string& generation_prompt, const llama_vocab* vocab) {
-  std::vector<int32_t> out;
-  if (generation_prompt.empty()) return out;
+// `text` as a GBNF string literal's inside (json-schema-to-grammar's escapes).
+std::string GbnfEscape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// An eager chat grammar starts with the generation prompt, which the
+// template already put at the end of the prompt. llama-server feeds its
+// tokens to the grammar first (common_sampler_init's prefill): done the same
+// way when those tokens spell it exactly. When they do not (a vocabulary
+// without the template's special tokens: SPM joins the marker's "<" to a
+// space, and llama-server's prefill then fails the request), the literal is
+// taken off the grammar's root instead: the same constraint on what follows.
+void Prefill(const std::string& generation_prompt, const llama_vocab* vocab, GrammarSpec* g) {
+  if (generation_prompt.empty()) return;
   auto tokens = common_tokenize(vocab, generation_prompt, false, true);
+  std::string spelled;
   for (size_t i = 0; i < tokens.size(); ++i) {
     const std::string piece = common_token_to_piece(vocab, tokens[i], true);
     if (i == 0 && !piece.empty() && std::isspace(static_cast<unsigned char>(piece[0])) &&
         !std::isspace(static_cast<unsigned char>(generation_prompt[0]))) {
       continue;  // a tokenizer's leading space before a special token
     }
-    out.push_back(tokens[i]);
+    spelled += piece;
+    g->prefill.push_back(tokens[i]);
   }
-  return out;
+  if (spelled == generation_prompt) return;
+  g->prefill.clear();
+  const std::string head = "root ::= \"" + GbnfEscape(generation_prompt) + "\"";
+  size_t at = std::string::npos;
+  if (g->gbnf.compare(0, head.size(), head) == 0) {
+    at = 0;
+  } else if (size_t nl = g->gbnf.find("\n" + head); nl != std::string::npos) {
+    at = nl + 1;
+  }
+  if (at == std::string::npos) return;
+  const size_t n = head.size() + (g->gbnf.compare(at + head.size(), 1, " ") == 0 ? 1 : 0);
+  g->gbnf.replace(at, n, "root ::= ");
+}
+
+// tool_choice "required" or a named function: llama.cpp's grammar lets the
+// model write free text before the call (`until-N?` in front of the calls in
+// the root rule), so a reluctant model, or a random one, may never call.
+// Spillway's forced call is a call: that allowance is taken out.
+void ForceCallFirst(std::string* gbnf) {
+  static const std::regex kContentBeforeCalls(R"( until-[0-9]+\?(?= tool-calls?\b))");
+  const size_t root = gbnf->compare(0, 9, "root ::= ") == 0 ? 0 : gbnf->find("\nroot ::= ");
+  if (root == std::string::npos) return;
+  const size_t begin = root == 0 ? 0 : root + 1;
+  const size_t end = std::min(gbnf->find('\n', begin), gbnf->size());
+  const std::string line = std::regex_replace(gbnf->substr(begin, end - begin), kContentBeforeCalls, "");
+  gbnf->replace(begin, end - begin, line);
+}
+
+// parallel_tool_calls false: formats whose calls each have their own markers
+// (Hermes, Qwen: <tool_call>...</tool_call>) get a grammar for one or more
+// calls from llama.cpp whatever the flag says; Spillway allows exactly one.
+void OneCallOnly(std::string* gbnf) {
+  static const std::regex kRepeated(R"((^|\n)tool-calls ::= \((.*)\)\+(\n|$))");
+  *gbnf = std::regex_replace(*gbnf, kRepeated, "$1tool-calls ::= $2$3", std::regex_constants::format_first_only);
 }
 
 }  // namespace
@@ -170,8 +226,10 @@ StatusOr<ChatPlan> ChatTemplates::Render(const nlohmann::json& messages, const n
     }
     plan.grammar.gbnf = forced.grammar;
     plan.grammar.lazy = forced.grammar_lazy;
+    if (in.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED && !in.tools.empty()) ForceCallFirst(&plan.grammar.gbnf);
+    if (!in.parallel_tool_calls) OneCallOnly(&plan.grammar.gbnf);
     if (forced.grammar_lazy) AddTriggers(forced, vocab, &plan.grammar);
-    if (!forced.grammar.empty() && !forced.grammar_lazy) plan.grammar.prefill = PrefillTokens(p.generation_prompt, vocab);
+    if (!forced.grammar.empty() && !forced.grammar_lazy) Prefill(p.generation_prompt, vocab, &plan.grammar);
     if (plan.grammar.lazy && plan.grammar.trigger_patterns.empty() && plan.grammar.trigger_tokens.empty()) {
       plan.grammar = GrammarSpec{};  // llama-server refuses a lazy grammar without triggers; nothing to wait for
     }

@@ -188,12 +188,15 @@ json ToolRequest(const json& parameters, bool stream) {
   if (!parameters.is_null()) fn["parameters"] = parameters;
   return {{"messages", json::array({{{"role", "user"}, {"content", "Count up"}}})},
           {"tools", json::array({{{"type", "function"}, {"function", fn}}})},
-          {"tool_choice", "required"}, {"temperature", 1.0}, {"seed", 31337}, {"max_tokens", 300}, {"stream", stream}};
+          {"tool_choice", "required"}, {"parallel_tool_calls", false},
+          {"temperature", 1.0}, {"seed", 31337}, {"max_tokens", 300}, {"stream", stream}};
 }
 
-// The stream's tool call deltas, finish reason and token ids.
+// The stream's tool calls (deltas joined by index, as the SDKs do), finish
+// reason and token ids.
 struct StreamedCalls {
   json calls = json::array();
+  size_t call_deltas = 0;
   std::string finish;
   std::vector<int32_t> tokens;
   std::string content;
@@ -209,7 +212,19 @@ StreamedCalls ReadStream(const std::string& sse) {
     if (j["choices"].empty()) continue;
     const json& c = j["choices"][0];
     if (c["delta"].contains("tool_calls")) {
-      for (const auto& call : c["delta"]["tool_calls"]) out.calls.push_back(call);
+      for (const auto& d : c["delta"]["tool_calls"]) {
+        ++out.call_deltas;
+        const size_t i = d["index"];
+        if (out.calls.size() <= i) out.calls.push_back({{"index", i}, {"function", {{"arguments", ""}}}});
+        json& call = out.calls[i];
+        if (d.contains("id")) call["id"] = d["id"];
+        if (d.contains("type")) call["type"] = d["type"];
+        if (d.contains("function") && d["function"].contains("name")) call["function"]["name"] = d["function"]["name"];
+        if (d.contains("function") && d["function"].contains("arguments")) {
+          call["function"]["arguments"] = call["function"]["arguments"].get<std::string>() +
+                                          d["function"]["arguments"].get<std::string>();
+        }
+      }
     }
     if (c["delta"].contains("content") && c["delta"]["content"].is_string()) out.content += c["delta"]["content"];
     if (c["finish_reason"].is_string()) out.finish = c["finish_reason"];
@@ -228,11 +243,13 @@ TEST_F(WorkerTest, RequiredToolChoiceMakesARealToolCall) {
   ASSERT_EQ(msg["tool_calls"].size(), 1u) << r.body;
   EXPECT_EQ(msg["tool_calls"][0]["type"], "function");
   EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "increment");
-  EXPECT_EQ(msg["tool_calls"][0]["function"]["arguments"], "{}");
+  // No properties: an empty object (with whatever whitespace the grammar allows).
+  EXPECT_EQ(json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>()), json::object()) << r.body;
   EXPECT_EQ(msg["tool_calls"][0]["id"].get<std::string>().rfind("call_", 0), 0u);
 
-  // Streamed: one tool_calls delta, every token id once, the same call; a
-  // second run with the same seed and request id is byte-identical.
+  // Streamed as llama-server streams it (the call's id and name first, then
+  // pieces of its arguments): every token id once, the same call; a second
+  // run with the same seed and request id is byte-identical.
   auto s1 = Post(*chat_, "/v1/chat/completions", ToolRequest(no_props, true), {{"X-Request-Id", "tools-1"}});
   auto s2 = Post(*chat_, "/v1/chat/completions", ToolRequest(no_props, true), {{"X-Request-Id", "tools-1"}});
   ASSERT_EQ(s1.status, 200) << s1.body;
@@ -243,7 +260,8 @@ TEST_F(WorkerTest, RequiredToolChoiceMakesARealToolCall) {
   EXPECT_EQ(a.calls[0]["index"], 0);
   EXPECT_EQ(a.calls[0]["id"], msg["tool_calls"][0]["id"]);
   EXPECT_EQ(a.calls[0]["function"]["name"], "increment");
-  EXPECT_EQ(a.calls[0]["function"]["arguments"], "{}");
+  EXPECT_EQ(a.calls[0]["function"]["arguments"], msg["tool_calls"][0]["function"]["arguments"]);
+  EXPECT_GE(a.call_deltas, 1u);
   EXPECT_EQ(a.content, "");
   EXPECT_EQ(a.tokens.size(), body["usage"]["completion_tokens"].get<size_t>());
   EXPECT_EQ(a.calls, b.calls);

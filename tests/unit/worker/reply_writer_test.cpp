@@ -70,12 +70,21 @@ class ChatLayerTest : public ::testing::Test {
 Model* ChatLayerTest::model_ = nullptr;
 
 TEST_F(ChatLayerTest, ToolChoiceShapesTheGrammar) {
-  ChatPlan required = Render({{"tool_choice", "required"}});
+  ChatPlan required = Render({{"tool_choice", "required"}, {"parallel_tool_calls", false}});
   EXPECT_NE(required.prompt.find("<tools>"), std::string::npos) << required.prompt;
   EXPECT_EQ(required.prompt.substr(required.prompt.size() - 22), "<|im_start|>assistant\n");
   ASSERT_FALSE(required.grammar.empty());
   EXPECT_FALSE(required.grammar.lazy);
-  EXPECT_FALSE(required.grammar.prefill.empty());  // the generation prompt, which the grammar starts with
+  // The grammar starts with the generation prompt, which the SPM vocabulary
+  // cannot spell in tokens: taken off the grammar instead of prefilled.
+  EXPECT_TRUE(required.grammar.prefill.empty());
+  EXPECT_EQ(required.grammar.gbnf.find("root ::= \"<|im_start|>"), std::string::npos) << required.grammar.gbnf;
+  // A forced call is a call: no free text before it (llama.cpp's grammar allows some).
+  EXPECT_NE(required.grammar.gbnf.find("root ::= space tool-calls"), std::string::npos) << required.grammar.gbnf;
+  // parallel_tool_calls false: one call (llama.cpp's grammar repeats this format's calls regardless).
+  EXPECT_NE(required.grammar.gbnf.find("\ntool-calls ::= tool-call space\n"), std::string::npos) << required.grammar.gbnf;
+  ChatPlan parallel = Render({{"tool_choice", "required"}, {"parallel_tool_calls", true}});
+  EXPECT_NE(parallel.grammar.gbnf.find("\ntool-calls ::= (tool-call space)+\n"), std::string::npos) << parallel.grammar.gbnf;
   EXPECT_TRUE(CheckGrammar(required.grammar, model_->vocab()).ok());
 
   ChatPlan automatic = Render({{"tool_choice", "auto"}});
