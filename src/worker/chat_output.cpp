@@ -21,6 +21,39 @@ api::AssistantMessage ToMessage(const common_chat_msg& m) {
   return out;
 }
 
+// `text` with every byte that is not part of a valid UTF-8 sequence replaced
+// by U+FFFD. A random (or a broken) model can write invalid bytes; llama.cpp's
+// parsers stop at them, and a stream would then hold everything back until
+// it ends. The replacement is what a JSON answer would carry anyway.
+std::string ValidUtf8(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = len > 0 && i + len <= n && !(len == 2 && c < 0xC2) && !(len == 4 && c > 0xF4);
+    for (size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xC0) == 0x80;
+    if (ok && len == 3) {
+      const unsigned char c1 = p[i + 1];
+      ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);  // overlong, surrogates
+    }
+    if (ok && len == 4) {
+      const unsigned char c1 = p[i + 1];
+      ok = !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90);
+    }
+    if (ok) {
+      out.append(text, i, len);
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string ToolCallId(const std::string& request_id, int index) {
@@ -39,26 +72,27 @@ ChatOutput::~ChatOutput() = default;
 
 std::vector<api::ChatDelta> ChatOutput::Parse(bool partial) {
   const auto& params = ParamsOf(syntax_);
+  const std::string text = ValidUtf8(text_);
   common_chat_msg next;
   try {
-    next = common_chat_parse(text_, partial, params);
+    next = common_chat_parse(text, partial, params);
   } catch (const std::exception&) {
     // A complete answer that does not match the format (a model that broke
     // off mid-call): read what can be read, as a partial answer.
     if (partial) return {};
     try {
-      next = common_chat_parse(text_, true, params);
+      next = common_chat_parse(text, true, params);
     } catch (const std::exception&) {
       next = common_chat_msg();
     }
     const auto& prev = state_->msg;
-    if (next.empty() && !text_.empty() && prev.tool_calls.empty() && prev.reasoning_content.empty() &&
-        text_.rfind(prev.content, 0) == 0) {
+    if (next.empty() && !text.empty() && prev.tool_calls.empty() && prev.reasoning_content.empty() &&
+        text.rfind(prev.content, 0) == 0) {
       // Nothing of it reads in the format (a call cut off by max_tokens, text
       // the parser rejects): what the model wrote is the content, where
       // llama-server answers 500.
       next.role = "assistant";
-      next.content = text_;
+      next.content = text;
     }
   }
   if (next.empty()) return {};

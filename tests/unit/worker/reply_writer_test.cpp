@@ -181,6 +181,20 @@ TEST_F(ChatLayerTest, WithoutToolsATagIsContent) {
   EXPECT_EQ(ev[1]["choices"][0]["finish_reason"], "length");
 }
 
+// A random model writes invalid UTF-8 at times: the stream goes on past it
+// (llama.cpp's parser would stop there and hold everything back).
+TEST_F(ChatLayerTest, InvalidUtf8DoesNotStallTheStream) {
+  StreamReply reply(Chat(), Render({{"tools", nullptr}}).syntax);
+  reply.Text("before ", {1});
+  auto bad = Events(reply.Text(std::string("\x9f", 1), {2}));
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_EQ(bad[0]["choices"][0]["delta"]["content"], "\xEF\xBF\xBD");  // U+FFFD, as JSON would carry it
+  auto ev = Events(reply.Text(" after", {3}));
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0]["choices"][0]["delta"]["content"], " after");
+  EXPECT_EQ(ev[0]["spillway"]["tokens"], json::array({3}));
+}
+
 // A continuation parses what the earlier attempt delivered and sends only
 // what follows, so the client's deltas join up; a count that disagrees is refused.
 TEST_F(ChatLayerTest, AContinuationDeltasJoinTheDeliveredOnes) {
