@@ -34,6 +34,12 @@ foreach(lib ggml-base ggml llama)
   target_include_directories(llama_${lib} INTERFACE "${LLAMA_SRC}/ggml/include" "${LLAMA_SRC}/include")
 endforeach()
 target_link_libraries(llama_llama INTERFACE llama_ggml llama_ggml-base)
+# llama.cpp's `common` (chat templates, chat parsers, JSON-schema-to-grammar),
+# built with llama-server as the shared libllama-common; only src/worker links it.
+add_library(llama_common SHARED IMPORTED GLOBAL)
+set_target_properties(llama_common PROPERTIES IMPORTED_LOCATION "${LLAMA_LIBDIR}/libllama-common.so")
+target_include_directories(llama_common INTERFACE "${LLAMA_SRC}/common")
+target_link_libraries(llama_common INTERFACE llama_llama)
 target_link_libraries(llama_ggml INTERFACE llama_ggml-base)
 # llama-ext.h (memory breakdown) and ggml's backend implementation header are
 # not installed headers; only src/worker uses them.

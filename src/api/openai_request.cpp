@@ -12,6 +12,13 @@ namespace spillway::api {
 
 using nlohmann::json;
 
+// name, then its neutral value as JSON text ("" = only null is neutral).
+const char* const kUnsupportedSamplingFields[] = {
+    "logit_bias", "{}", "best_of", "1", "echo", "false", "suffix", "\"\"", "mirostat", "0",
+    "typical_p", "1", "typ_p", "1", "tfs_z", "1", "top_n_sigma", "-1", "xtc_probability", "0",
+    "dry_multiplier", "0", "dynatemp_range", "0", "grammar", "\"\"", "json_schema", "", "n_probs", "0",
+    "samplers", "", "functions", "", "function_call", "", nullptr};
+
 namespace {
 
 Status Bad(const std::string& field, const std::string& what) {
@@ -55,6 +62,105 @@ Status ParseModel(const json& body, std::string* model) {
   return Status::Ok();
 }
 
+Status RefuseUnsupportedSampling(const json& body) {
+  for (const char* const* f = kUnsupportedSamplingFields; *f; f += 2) {
+    auto it = body.find(f[0]);
+    if (it == body.end() || it->is_null()) continue;
+    if (*f[1] && *it == json::parse(f[1])) continue;
+    return Bad(f[0], "is not supported by Spillway; the request was refused rather than served without it");
+  }
+  return Status::Ok();
+}
+
+Status ParseResponseFormat(const json& body, ResponseFormat* out) {
+  auto it = body.find("response_format");
+  if (it == body.end() || it->is_null()) return Status::Ok();
+  static const char* kShape = "must be {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}";
+  if (!it->is_object()) return Bad("response_format", kShape);
+  auto type = it->find("type");
+  if (type == it->end() || !type->is_string()) return Bad("response_format.type", kShape);
+  auto schema_text = [&](const json& schema, const std::string& field) -> Status {
+    if (!schema.is_object()) return Bad(field, "must be a JSON Schema object");
+    out->schema = schema.dump(-1, ' ', false, json::error_handler_t::replace);
+    if (out->schema.size() > kMaxSchemaBytes) {
+      return Bad(field, "is larger than " + std::to_string(kMaxSchemaBytes) + " bytes");
+    }
+    return Status::Ok();
+  };
+  if (*type == "text") {
+    out->type = ResponseFormatType::kText;
+  } else if (*type == "json_object") {
+    out->type = ResponseFormatType::kJsonObject;
+    if (auto s = it->find("schema"); s != it->end() && !s->is_null()) {
+      SPILLWAY_RETURN_IF_ERROR(schema_text(*s, "response_format.schema"));
+    }
+  } else if (*type == "json_schema") {
+    out->type = ResponseFormatType::kJsonSchema;
+    auto js = it->find("json_schema");
+    if (js == it->end() || !js->is_object()) return Bad("response_format.json_schema", "must be an object with a 'schema'");
+    if (auto n = js->find("name"); n != js->end() && !n->is_null()) {
+      if (!n->is_string() || n->get_ref<const std::string&>().size() > 64) {
+        return Bad("response_format.json_schema.name", "must be a string of at most 64 characters");
+      }
+      out->name = n->get<std::string>();
+    }
+    SPILLWAY_RETURN_IF_ERROR(OptionalBool(*js, "strict", &out->strict));
+    auto s = js->find("schema");
+    if (s == js->end() || s->is_null()) return Bad("response_format.json_schema.schema", "is required");
+    SPILLWAY_RETURN_IF_ERROR(schema_text(*s, "response_format.json_schema.schema"));
+  } else {
+    return Bad("response_format.type", "must be 'text', 'json_object' or 'json_schema'");
+  }
+  return Status::Ok();
+}
+
+// Chat: "logprobs": bool, "top_logprobs": 0..20. Completions: "logprobs": 0..5.
+Status ParseLogprobs(const json& body, bool chat, GenerationRequest* g) {
+  auto it = body.find("logprobs");
+  if (chat) {
+    SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "logprobs", &g->logprobs));
+    std::optional<int32_t> top;
+    SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "top_logprobs", 0, kMaxTopLogprobs, &top));
+    if (top && !g->logprobs) return Bad("top_logprobs", "requires 'logprobs': true");
+    g->top_logprobs = top.value_or(0);
+    return Status::Ok();
+  }
+  if (it == body.end() || it->is_null()) return Status::Ok();
+  if (it->is_boolean()) return Bad("logprobs", "must be an integer from 0 to 5 on /v1/completions");
+  std::optional<int32_t> n;
+  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "logprobs", 0, 5, &n));
+  g->logprobs = n.has_value();
+  g->top_logprobs = n.value_or(0);
+  return Status::Ok();
+}
+
+// llama-server's chat extensions: "reasoning_format", "chat_template_kwargs",
+// and OpenAI's "reasoning_effort".
+Status ParseReasoningFields(const json& body, ChatRequest* r) {
+  if (auto it = body.find("reasoning_format"); it != body.end() && !it->is_null()) {
+    if (!it->is_string() || (*it != "none" && *it != "auto" && *it != "deepseek" && *it != "deepseek-legacy")) {
+      return Bad("reasoning_format", "must be one of none, auto, deepseek, deepseek-legacy");
+    }
+    r->reasoning_format = it->get<std::string>();
+  }
+  if (auto it = body.find("reasoning_effort"); it != body.end() && !it->is_null()) {
+    if (!it->is_string() || it->get_ref<const std::string&>().size() > 32) {
+      return Bad("reasoning_effort", "must be a string such as none, low, medium or high");
+    }
+    r->reasoning_effort = it->get<std::string>();
+  }
+  if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
+    if (!it->is_object() || it->size() > 64) return Bad("chat_template_kwargs", "must be an object of at most 64 entries");
+    for (const auto& [k, v] : it->items()) {
+      if (k == "enable_thinking" && !v.is_boolean()) {
+        return Bad("chat_template_kwargs.enable_thinking", "must be a boolean");
+      }
+      r->chat_template_kwargs.emplace_back(k, v.dump(-1, ' ', false, json::error_handler_t::replace));
+    }
+  }
+  return Status::Ok();
+}
+
 Status ParseGeneration(const json& body, GenerationRequest* g) {
   SPILLWAY_RETURN_IF_ERROR(ParseModel(body, &g->model));
   SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "stream", &g->stream));
@@ -85,7 +191,18 @@ Status ParseGeneration(const json& body, GenerationRequest* g) {
   SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "max_completion_tokens", 1, kMaxTokensCap, &g->max_tokens));
   SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "max_tokens", 1, kMaxTokensCap, &g->max_tokens));
   if (auto it = body.find("n"); it != body.end() && !it->is_null()) {
-    if (!it->is_number_integer() || it->get<int64_t>() != 1) return Bad("n", "must be 1 (one choice per request)");
+    if (!it->is_number_integer() || it->get<int64_t>() != kMaxChoices) {
+      return Bad("n", "must be 1: Spillway generates one choice per request (send n requests, with different "
+                      "seeds, for n choices)");
+    }
+  }
+  SPILLWAY_RETURN_IF_ERROR(RefuseUnsupportedSampling(body));
+  SPILLWAY_RETURN_IF_ERROR(ParseResponseFormat(body, &g->response_format));
+  if (auto it = body.find("user"); it != body.end() && !it->is_null()) {
+    if (!it->is_string() || it->get_ref<const std::string&>().size() > 256) {
+      return Bad("user", "must be a string of at most 256 bytes");
+    }
+    g->user = it->get<std::string>();
   }
   auto& s = g->sampling;
   SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "temperature", 0, 2, &s.temperature));
@@ -144,6 +261,8 @@ StatusOr<std::string> ContentText(const json& content, size_t index) {
 StatusOr<ChatRequest> ParseChatRequest(const json& body) {
   ChatRequest r;
   SPILLWAY_RETURN_IF_ERROR(ParseGeneration(body, &r.gen));
+  SPILLWAY_RETURN_IF_ERROR(ParseLogprobs(body, /*chat=*/true, &r.gen));
+  SPILLWAY_RETURN_IF_ERROR(ParseReasoningFields(body, &r));
   auto it = body.find("messages");
   if (it == body.end()) return Bad("messages", "is required");
   if (!it->is_array() || it->empty()) return Bad("messages", "must be a non-empty array");
@@ -179,6 +298,7 @@ StatusOr<ChatRequest> ParseChatRequest(const json& body) {
 StatusOr<CompletionRequest> ParseCompletionRequest(const json& body) {
   CompletionRequest r;
   SPILLWAY_RETURN_IF_ERROR(ParseGeneration(body, &r.gen));
+  SPILLWAY_RETURN_IF_ERROR(ParseLogprobs(body, /*chat=*/false, &r.gen));
   auto it = body.find("prompt");
   if (it == body.end()) return Bad("prompt", "is required");
   if (it->is_string()) {

@@ -31,6 +31,17 @@ struct SamplingRequest {
   std::optional<uint32_t> seed;
 };
 
+// "response_format": the answer must be JSON. The worker turns the schema
+// into a grammar (llama.cpp's JSON-schema-to-grammar), so it is honoured, not
+// hoped for.
+enum class ResponseFormatType { kText, kJsonObject, kJsonSchema };
+struct ResponseFormat {
+  ResponseFormatType type = ResponseFormatType::kText;
+  std::string schema;  // compact JSON text: json_schema's "schema", or json_object's optional "schema"
+  std::string name;    // json_schema's "name"
+  bool strict = false; // json_schema's "strict" (the grammar enforces the schema either way)
+};
+
 struct GenerationRequest {
   std::string model;
   bool stream = false;
@@ -39,6 +50,12 @@ struct GenerationRequest {
   std::vector<std::string> stop;
   SamplingRequest sampling;
   bool ignore_eos = false;     // benchmarks: generate exactly max_tokens
+  ResponseFormat response_format;
+  // Chat: "logprobs": true and "top_logprobs": 0..20. Completions: "logprobs": 0..5
+  // (the legacy integer), which sets both.
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+  std::string user;            // OpenAI's end-user id: accepted, logged nowhere, not used
   // "spillway_resume": {"tokens": [...], "text_bytes": N}: continue a stream
   // cut on another placement (set by the gateway).
   std::vector<int32_t> resume_tokens;
@@ -78,6 +95,13 @@ struct ChatRequest {
   // need tools (and kFunction a name among them).
   ToolChoice tool_choice = ToolChoice::kNone;
   std::string tool_choice_name;  // kFunction: the function that must be called
+  std::optional<bool> parallel_tool_calls;  // unset: as the template allows (llama-server's rule)
+  // llama-server's "reasoning_format": none | auto | deepseek | deepseek-legacy; "" = the worker's default.
+  std::string reasoning_format;
+  // llama-server's "chat_template_kwargs" (values as JSON text) and OpenAI's
+  // "reasoning_effort" ("none" turns thinking off, others go to the template).
+  std::vector<std::pair<std::string, std::string>> chat_template_kwargs;
+  std::string reasoning_effort;
 };
 
 struct CompletionRequest {
@@ -106,6 +130,15 @@ inline constexpr size_t kMaxToolParameters = 64 << 10;    // bytes of the schema
 inline constexpr size_t kMaxToolProperties = 64;          // top-level properties of one schema
 inline constexpr size_t kMaxToolCallsPerMessage = 128;
 inline constexpr size_t kMaxToolArguments = 1 << 20;      // bytes of one call's arguments
+inline constexpr size_t kMaxSchemaBytes = 64 << 10;       // response_format's schema, as JSON text
+inline constexpr int32_t kMaxTopLogprobs = 20;            // OpenAI's limit
+inline constexpr int32_t kMaxChoices = 1;                 // "n": one choice per request
+
+// Fields of llama-server or of older OpenAI APIs that change sampling and
+// that Spillway does not implement: a request that sets one (to anything but
+// null or its neutral value) is refused with a 400 naming it, never silently
+// served without it.
+extern const char* const kUnsupportedSamplingFields[];
 
 StatusOr<ChatRequest> ParseChatRequest(const nlohmann::json& body);
 StatusOr<CompletionRequest> ParseCompletionRequest(const nlohmann::json& body);

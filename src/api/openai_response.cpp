@@ -54,12 +54,15 @@ json GenerationBody(Endpoint ep, const std::string& id, const std::string& model
                     const GenerationResult& r) {
   json body = Envelope(ep, false, id, model, created);
   json choice = {{"index", 0}, {"finish_reason", r.finish_reason}, {"logprobs", nullptr}};
+  if (r.logprobs) choice["logprobs"] = LogprobsJson(ep, *r.logprobs);
   if (ep == Endpoint::kChat) {
-    choice["message"] = {{"role", "assistant"}, {"content", r.text}};
-    if (!r.tool_calls.empty()) {
-      if (r.text.empty()) choice["message"]["content"] = nullptr;
+    const AssistantMessage m = r.message.value_or(AssistantMessage{r.text, "", {}});
+    choice["message"] = {{"role", "assistant"}, {"content", m.content}};
+    if (!m.reasoning_content.empty()) choice["message"]["reasoning_content"] = m.reasoning_content;
+    if (!m.tool_calls.empty()) {
+      if (m.content.empty()) choice["message"]["content"] = nullptr;
       json calls = json::array();
-      for (const auto& c : r.tool_calls) calls.push_back(ToolCallJson(c));
+      for (const auto& c : m.tool_calls) calls.push_back(ToolCallJson(c));
       choice["message"]["tool_calls"] = std::move(calls);
     }
   } else {
@@ -87,18 +90,62 @@ json GenerationChunk(Endpoint ep, const std::string& id, const std::string& mode
   return body;
 }
 
-json ToolCallChunk(const std::string& id, const std::string& model, int64_t created, const ToolCall& call, int index,
-                   bool role_first) {
+json DeltaChunk(const std::string& id, const std::string& model, int64_t created, const ChatDelta& delta,
+                bool role_first) {
   json body = Envelope(Endpoint::kChat, true, id, model, created);
-  json c = ToolCallJson(call);
-  c["index"] = index;
-  json d = {{"tool_calls", json::array({std::move(c)})}};
+  json d = json::object();
   if (role_first) {
     d["role"] = "assistant";
     d["content"] = nullptr;
   }
+  if (!delta.reasoning_content.empty()) d["reasoning_content"] = delta.reasoning_content;
+  if (!delta.content.empty()) d["content"] = delta.content;
+  if (delta.tool_call_index >= 0) {
+    json c = {{"index", delta.tool_call_index}};
+    if (!delta.tool_call.id.empty()) {
+      c["id"] = delta.tool_call.id;
+      c["type"] = "function";
+    }
+    json fn = json::object();
+    if (!delta.tool_call.name.empty()) fn["name"] = delta.tool_call.name;
+    if (!delta.tool_call.arguments.empty()) fn["arguments"] = delta.tool_call.arguments;
+    if (!fn.empty()) c["function"] = std::move(fn);
+    d["tool_calls"] = json::array({std::move(c)});
+  }
   body["choices"] = json::array({{{"index", 0}, {"delta", std::move(d)}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
   return body;
+}
+
+namespace {
+json Bytes(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+}  // namespace
+
+json LogprobsJson(Endpoint ep, const std::vector<TokenLogprob>& lp, size_t text_offset0) {
+  if (ep == Endpoint::kChat) {
+    json content = json::array();
+    for (const auto& t : lp) {
+      json top = json::array();
+      for (const auto& [tok, l] : t.top) top.push_back({{"token", tok}, {"logprob", l}, {"bytes", Bytes(tok)}});
+      content.push_back({{"token", t.token}, {"logprob", t.logprob}, {"bytes", Bytes(t.token)}, {"top_logprobs", top}});
+    }
+    return {{"content", std::move(content)}};
+  }
+  json tokens = json::array(), logprobs = json::array(), tops = json::array(), offsets = json::array();
+  size_t offset = text_offset0;
+  for (const auto& t : lp) {
+    tokens.push_back(t.token);
+    logprobs.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [tok, l] : t.top) top[tok] = l;
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += t.token.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
 json UsageChunk(Endpoint ep, const std::string& id, const std::string& model, int64_t created, const Usage& usage) {

@@ -20,14 +20,41 @@ struct Usage {
   int completion_tokens = 0;
 };
 
+// A chat answer read by the model's own format: content, the reasoning
+// ("reasoning_content", llama-server's field) and the calls it made.
+struct AssistantMessage {
+  std::string content;
+  std::string reasoning_content;
+  std::vector<ToolCall> tool_calls;
+};
+
+// One step of a streamed chat answer, as llama-server sends it: new reasoning
+// text, new content, or one tool call's new part (its id and name when they
+// first appear, then pieces of its arguments).
+struct ChatDelta {
+  std::string reasoning_content;
+  std::string content;
+  int tool_call_index = -1;  // -1: no tool call in this delta
+  ToolCall tool_call;        // id/name empty when unchanged; arguments: the new piece
+};
+
+// One generated token's log probability and the most likely alternatives
+// (from the model's distribution before sampling, as llama-server reports).
+struct TokenLogprob {
+  std::string token;
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;
+};
+
 // A finished generation as the HTTP layer reports it.
 struct GenerationResult {
-  std::string text;
+  std::string text;           // completions: the text; chat: message.content when `message` is unset
   std::string finish_reason;  // "stop" | "length" | "tool_calls"
   Usage usage;
-  // Chat only: calls the model made. The message then has "tool_calls" and
-  // its content is `text`, or null when `text` is empty.
-  std::vector<ToolCall> tool_calls;
+  // Chat: the parsed answer. "tool_calls" when it made calls, content null
+  // when it has none, "reasoning_content" when the model reasoned.
+  std::optional<AssistantMessage> message;
+  const std::vector<TokenLogprob>* logprobs = nullptr;  // set when the request asked for them
 };
 
 nlohmann::json GenerationBody(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
@@ -38,10 +65,13 @@ nlohmann::json GenerationBody(Endpoint ep, const std::string& id, const std::str
 nlohmann::json GenerationChunk(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
                                const std::string& delta, bool role_first,
                                const std::optional<std::string>& finish_reason);
-// A chat chunk delivering one whole tool call, the `index`-th of the answer:
-// {"tool_calls": [{"index", "id", "type": "function", "function": {"name", "arguments"}}]}.
-nlohmann::json ToolCallChunk(const std::string& id, const std::string& model, int64_t created, const ToolCall& call,
-                             int index, bool role_first);
+// A chat chunk carrying one ChatDelta (llama-server's delta shape).
+nlohmann::json DeltaChunk(const std::string& id, const std::string& model, int64_t created, const ChatDelta& delta,
+                          bool role_first);
+// OpenAI's "logprobs" object of a choice: chat {"content": [...]}, completions
+// {"tokens", "token_logprobs", "top_logprobs", "text_offset"} (`text_offset0`:
+// where the first token's text starts).
+nlohmann::json LogprobsJson(Endpoint ep, const std::vector<TokenLogprob>& lp, size_t text_offset0 = 0);
 // The usage-only chunk sent when stream_options.include_usage is set.
 nlohmann::json UsageChunk(Endpoint ep, const std::string& id, const std::string& model, int64_t created,
                           const Usage& usage);

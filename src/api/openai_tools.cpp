@@ -122,8 +122,9 @@ Status ParseToolFields(const json& body, ChatRequest* r) {
   if (auto it = body.find("tool_choice"); it != body.end() && !it->is_null()) {
     SPILLWAY_RETURN_IF_ERROR(ParseToolChoice(*it, r));
   }
-  if (auto it = body.find("parallel_tool_calls"); it != body.end() && !it->is_null() && !it->is_boolean()) {
-    return Bad("parallel_tool_calls", "must be a boolean");
+  if (auto it = body.find("parallel_tool_calls"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) return Bad("parallel_tool_calls", "must be a boolean");
+    r->parallel_tool_calls = it->get<bool>();
   }
   const bool forced = r->tool_choice == ToolChoice::kRequired || r->tool_choice == ToolChoice::kFunction;
   if (forced && r->gen.ignore_eos) return Bad("ignore_eos", "cannot be combined with a tool_choice that forces a call");

@@ -25,6 +25,7 @@ json Run::BodyFor(const PlannedRequest& p) const {
                                              {"description", "adds one to the harness's counter"},
                                              {"parameters", {{"type", "object"}, {"properties", json::object()}}}}}}});
     b["tool_choice"] = "required";
+    b["parallel_tool_calls"] = false;  // one call per agent request: the counter counts them
   }
   return b;
 }

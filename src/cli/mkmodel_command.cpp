@@ -2,6 +2,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <memory>
 
 #include "gguf/demo_model.h"
@@ -14,6 +16,7 @@ struct MkmodelArgs {
   std::string preset = "tiny";
   std::string out;
   std::string vocab;
+  std::string chat_template_file;
   DemoModelSpec overrides;
   bool set_layers = false, set_embd = false, set_heads = false, set_kv = false, set_ff = false, set_ctx = false,
        set_type = false, set_seed = false, embedding = false;
@@ -39,6 +42,10 @@ void AddMkmodelCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--type", args->overrides.type, "override: f32 | f16 | q8_0 | q4_0");
   cmd->add_option("--seed", args->overrides.seed, "override: weight seed");
   cmd->add_flag("--embedding", args->embedding, "make an embedding model (mean pooling)");
+  cmd->add_option("--chat-template", args->chat_template_file,
+                  "jinja chat template file to write into the model (llama.cpp's models/templates/*.jinja; "
+                  "default: Qwen 2.5's without its default system prompt)")
+      ->check(CLI::ExistingFile);
   cmd->add_flag("--mutate-one-weight", args->overrides.mutate_one_weight,
                 "for tests: change one weight (layer 0's first attention-norm gain), as a corrupted copy would");
   cmd->callback([args, exit_code, cmd] {
@@ -61,6 +68,17 @@ void AddMkmodelCommand(CLI::App& app, int* exit_code) {
     if (args->embedding) s.embedding = true;
     s.mutate_one_weight = args->overrides.mutate_one_weight;
     s.vocab_path = args->vocab;
+    if (!args->chat_template_file.empty()) {
+      std::ifstream in(args->chat_template_file, std::ios::binary);
+      std::ostringstream text;
+      text << in.rdbuf();
+      if (!in || text.str().empty()) {
+        std::fprintf(stderr, "spillway mkmodel: cannot read chat template %s\n", args->chat_template_file.c_str());
+        *exit_code = 1;
+        return;
+      }
+      s.chat_template = text.str();
+    }
     Status st = WriteDemoModel(s, args->out);
     if (!st.ok()) {
       std::fprintf(stderr, "spillway mkmodel: %s\n", st.message().c_str());

@@ -26,6 +26,9 @@ struct DemoModelSpec {
   std::string type = "f16";     // f32 | f16 | q8_0 | q4_0 (matrices; norms stay f32)
   bool embedding = false;       // mean pooling, announced as an embedding model
   uint64_t seed = 42;
+  // The chat template (jinja source) written as tokenizer.chat_template;
+  // "" = kDemoChatTemplate. Not written for embedding models.
+  std::string chat_template;
   // For tests that prove a check catches a different model: the file differs
   // from the unmutated one in exactly one weight (blk.0.attn_norm.weight[0]).
   bool mutate_one_weight = false;
@@ -40,7 +43,8 @@ Status ValidateDemoModelSpec(const DemoModelSpec& spec);
 // Writes the model to `out_path` (via a temporary file renamed into place).
 Status WriteDemoModel(const DemoModelSpec& spec, const std::string& out_path);
 
-// The chat template written into demo models (ChatML).
+// The chat template written into demo models: Qwen 2.5's without its default
+// system prompt (ChatML, plus tools and tool calls).
 extern const char* const kDemoChatTemplate;
 
 }  // namespace spillway

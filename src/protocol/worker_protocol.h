@@ -13,6 +13,7 @@
 //   GET    /health                                                  HealthReport
 //   GET    /v1/worker/info                                          WorkerInfo (JSON)
 //   POST   /v1/worker/faults                                        fault injection (tests)
+//   POST   /apply-template                                          {"prompt", "tokens"} of a chat body
 //
 // Errors are `{"error": {"message", "type", "code", "phase"?}}` (api::ErrorBody),
 // in a body or as a stream's last SSE event; WorkerError is their typed form.
@@ -40,6 +41,8 @@ inline constexpr std::string_view kTokenizePath = "/v1/worker/tokenize";
 inline constexpr std::string_view kCancelPrefix = "/v1/worker/requests/";
 inline constexpr std::string_view kCancelAllPath = "/v1/worker/requests";
 inline constexpr std::string_view kFaultsPath = "/v1/worker/faults";
+// llama-server's route, for parity checks: a chat body's rendered prompt and tokens.
+inline constexpr std::string_view kApplyTemplatePath = "/apply-template";
 
 // The path of a generation endpoint ("chat" | "completion" | "embedding").
 std::string GenerationPath(std::string_view endpoint);

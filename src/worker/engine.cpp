@@ -6,6 +6,7 @@
 #include <ggml-backend.h>
 #include <ggml-cpu.h>
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 
@@ -40,6 +41,7 @@ struct Engine::Slot {
   int batch_index = -1;     // logits row in the current batch
   std::vector<int32_t> generated;
   size_t emitted_tokens = 0;  // generated[0..emitted_tokens) were handed to on_text
+  std::vector<api::TokenLogprob> logprobs;  // of generated[], when the job asked for them
   Clock::time_point t_submit, t_start, t_prompt_done;
 };
 
@@ -421,6 +423,7 @@ void Engine::AssignPending() {
       s.next_token = -1;
       s.batch_index = -1;
       s.generated.clear();
+      s.logprobs.clear();
       s.emitted_tokens = 0;
       s.t_start = Clock::now();
       if (!s.smpl) no_sampler.push_back(&s);
@@ -530,19 +533,26 @@ void Engine::RunGenerationStep() {
       continue;
     }
     s.generated.push_back(tok);
-    const bool stopped = s.out->Append(model_.TokenPiece(tok));
+    if (s.job->top_logprobs >= 0) s.logprobs.push_back(TokenLogprobAt(s.batch_index, tok, s.job->top_logprobs));
+    const bool special = std::binary_search(s.job->preserved_tokens.begin(), s.job->preserved_tokens.end(), tok);
+    const bool stopped = s.out->Append(model_.TokenPiece(tok, special));
     if (k + 1 < resume.size()) {
       s.next_token = tok;  // replaying what was already delivered: nothing to emit yet
       continue;
     }
     if (k + 1 == resume.size()) {
-      s.out->MarkSent(s.job->resume_text_bytes);
+      if (s.job->on_replayed) {
+        if (Status st = s.job->on_replayed(s.out->TakeReady()); !st.ok()) {
+          FinishSlot(s, std::move(st), "");
+          continue;
+        }
+      } else {
+        s.out->MarkSent(s.job->resume_text_bytes);
+      }
       s.emitted_tokens = s.generated.size();
     }
     if (std::string ready = s.out->TakeReady(); !ready.empty() && s.job->on_text) {
-      std::vector<int32_t> ids(s.generated.begin() + static_cast<std::ptrdiff_t>(s.emitted_tokens), s.generated.end());
-      s.emitted_tokens = s.generated.size();
-      s.job->on_text(ready, ids);
+      EmitText(s, ready);
     }
     if (stopped) {
       FinishSlot(s, Status::Ok(), "stop");
@@ -552,6 +562,47 @@ void Engine::RunGenerationStep() {
       s.next_token = tok;
     }
   }
+}
+
+// Hands `text` to the job with the ids (and logprobs) not handed yet.
+void Engine::EmitText(Slot& s, std::string_view text) {
+  const size_t from = std::min(s.emitted_tokens, s.generated.size());
+  std::vector<int32_t> ids(s.generated.begin() + static_cast<std::ptrdiff_t>(from), s.generated.end());
+  std::vector<api::TokenLogprob> lp;
+  if (s.logprobs.size() == s.generated.size()) {
+    lp.assign(s.logprobs.begin() + static_cast<std::ptrdiff_t>(from), s.logprobs.end());
+  }
+  s.emitted_tokens = s.generated.size();
+  s.job->on_text(text, ids, lp);
+}
+
+// llama-server's probabilities: the softmax of the model's logits for this
+// row, before any sampler; the top `n` alternatives by logit.
+api::TokenLogprob Engine::TokenLogprobAt(int batch_index, int32_t tok, int n) const {
+  const float* logits = llama_get_logits_ith(ctx_, batch_index);
+  const int n_vocab = llama_vocab_n_tokens(model_.vocab());
+  api::TokenLogprob out;
+  out.token = model_.TokenPiece(tok, true);
+  if (!logits) return out;
+  float max = -INFINITY;
+  for (int i = 0; i < n_vocab; ++i) max = std::max(max, logits[i]);
+  double sum = 0;
+  for (int i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - max));
+  const double log_z = static_cast<double>(max) + std::log(sum);
+  out.logprob = static_cast<float>(logits[tok] - log_z);
+  if (n > 0) {
+    std::vector<int32_t> ids(static_cast<size_t>(n_vocab));
+    for (int i = 0; i < n_vocab; ++i) ids[static_cast<size_t>(i)] = i;
+    const int k = std::min(n, n_vocab);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int i = 0; i < k; ++i) {
+      out.top.emplace_back(model_.TokenPiece(ids[static_cast<size_t>(i)], true),
+                           static_cast<float>(logits[ids[static_cast<size_t>(i)]] - log_z));
+    }
+  }
+  return out;
 }
 
 bool Engine::DeviceLost() const { return opts_.sim && opts_.sim->lost(); }
@@ -612,10 +663,12 @@ void Engine::FinishSlot(Slot& s, Status status, const std::string& finish_reason
   const auto now = Clock::now();
   JobResult r;
   if (status.ok()) {
-    if (std::string rest = s.out->TakeRest(); !rest.empty() && job->on_text) {
-      std::vector<int32_t> ids(s.generated.begin() + static_cast<std::ptrdiff_t>(std::min(s.emitted_tokens, s.generated.size())),
-                               s.generated.end());
-      job->on_text(rest, ids);
+    // The rest of the text, and the ids of tokens that made none (so every id goes out once).
+    std::string rest = s.out->TakeRest();
+    if (job->on_text && (!rest.empty() || s.emitted_tokens < s.generated.size())) {
+      s.job = job;
+      EmitText(s, rest);
+      s.job.reset();
     }
   }
   r.text = s.out->text();
@@ -623,6 +676,8 @@ void Engine::FinishSlot(Slot& s, Status status, const std::string& finish_reason
   r.prompt_tokens = static_cast<int>(job->prompt.size());
   r.completion_tokens = static_cast<int>(s.generated.size());
   r.tokens = std::move(s.generated);
+  r.logprobs = std::move(s.logprobs);
+  s.logprobs.clear();
   r.prompt_ms = s.t_prompt_done > s.t_start ? MsSince(s.t_start, s.t_prompt_done) : MsSince(s.t_start, now);
   r.generation_ms = s.t_prompt_done > s.t_start ? MsSince(s.t_prompt_done, now) : 0;
   s.next_token = -1;

@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/openai_response.h"
 #include "common/status.h"
 #include "worker/model.h"
 #include "worker/sampling.h"
@@ -54,6 +55,7 @@ struct JobResult {
   int prompt_tokens = 0;
   int completion_tokens = 0;
   std::vector<int32_t> tokens;                   // generated token ids
+  std::vector<api::TokenLogprob> logprobs;       // one per generated token, when the job asked for them
   std::vector<std::vector<float>> embeddings;    // embedding jobs
   double queue_ms = 0, prompt_ms = 0, generation_ms = 0;
 };
@@ -73,10 +75,22 @@ struct Job {
   // only text beyond what was delivered is emitted.
   std::vector<int32_t> resume_tokens;
   size_t resume_text_bytes = 0;
+  // Tokens generated as their text although they are control tokens (a chat
+  // format's markers, llama-server's preserved tokens). Sorted.
+  std::vector<int32_t> preserved_tokens;
+  // >= 0: report each generated token's log probability and this many
+  // alternatives (OpenAI's logprobs / top_logprobs).
+  int top_logprobs = -1;
   std::atomic<bool> cancelled{false};
-  // Both run on the engine thread and must not block.
-  // `tokens`: the ids sampled since the previous call (for a continuation).
-  std::function<void(std::string_view ready_text, const std::vector<int32_t>& tokens)> on_text;
+  // All run on the engine thread and must not block.
+  // `tokens`: the ids sampled since the previous call (for a continuation);
+  // `logprobs`: theirs, when asked for.
+  std::function<void(std::string_view ready_text, const std::vector<int32_t>& tokens,
+                     const std::vector<api::TokenLogprob>& logprobs)> on_text;
+  // A continuation whose replayed tokens came out as delivered: their ready
+  // text, which the earlier attempt delivered; an error ends the job with it.
+  // Without it, the first `resume_text_bytes` of the text count as delivered.
+  std::function<Status(std::string_view replayed_text)> on_replayed;
   std::function<void(JobResult)> on_done;
 };
 
@@ -166,6 +180,8 @@ class Engine {
   void RunGenerationStep();
   void RunEmbeddingJob(const std::shared_ptr<Job>& job);
   void FinishSlot(Slot& slot, Status status, const std::string& finish_reason);
+  void EmitText(Slot& slot, std::string_view text);
+  api::TokenLogprob TokenLogprobAt(int batch_index, int32_t tok, int n) const;
   void FailAllActive(const Status& status);
   void HandleDecodeFailure(int rc, const std::string& exception_what);
   bool DeviceLost() const;

@@ -177,6 +177,11 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, const Plac
   const std::string arch = MetaString(m->model_, "general.architecture");
   m->embedding_ = !MetaString(m->model_, (arch + ".pooling_type").c_str()).empty();
   if (const char* t = llama_model_chat_template(m->model_, nullptr)) m->chat_template_ = t;
+  if (!m->embedding_ && !placement.dry_run) {
+    auto chat = ChatTemplates::ForModel(m->model_);
+    if (!chat.ok()) return chat.status();
+    m->chat_ = std::move(*chat);
+  }
   SPILLWAY_RETURN_IF_ERROR(m->ComputeFingerprint());
   return m;
 }
@@ -221,26 +226,6 @@ Status Model::ComputeFingerprint() {
   return Status::Ok();
 }
 
-StatusOr<std::string> Model::ApplyChatTemplate(const std::vector<api::ChatMessage>& messages) const {
-  std::vector<llama_chat_message> chat;
-  chat.reserve(messages.size());
-  size_t total = 0;
-  for (const auto& m : messages) {
-    chat.push_back({m.role.c_str(), m.content.c_str()});
-    total += m.content.size() + m.role.size();
-  }
-  const char* tmpl = chat_template_.empty() ? "chatml" : chat_template_.c_str();
-  std::string buf(total * 2 + 256, '\0');
-  int n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), true, buf.data(), static_cast<int32_t>(buf.size()));
-  if (n > static_cast<int>(buf.size())) {
-    buf.resize(static_cast<size_t>(n));
-    n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), true, buf.data(), static_cast<int32_t>(buf.size()));
-  }
-  if (n < 0) return Status::Internal("the model's chat template is not supported by llama.cpp");
-  buf.resize(static_cast<size_t>(n));
-  return buf;
-}
-
 StatusOr<std::vector<int32_t>> Model::Tokenize(const std::string& text, bool add_special) const {
   if (text.size() > static_cast<size_t>(INT32_MAX / 2)) return Status::PayloadTooLarge("text too long");
   std::vector<llama_token> out(text.size() + 8);
@@ -267,12 +252,12 @@ StatusOr<std::vector<int32_t>> Model::CheckTokens(std::vector<int32_t> tokens) c
   return tokens;
 }
 
-std::string Model::TokenPiece(int32_t token) const {
+std::string Model::TokenPiece(int32_t token, bool special) const {
   char buf[256];
-  int n = llama_token_to_piece(vocab_, token, buf, sizeof buf, 0, /*special=*/false);
+  int n = llama_token_to_piece(vocab_, token, buf, sizeof buf, 0, special);
   if (n >= 0) return std::string(buf, static_cast<size_t>(n));
   std::string big(static_cast<size_t>(-n), '\0');
-  n = llama_token_to_piece(vocab_, token, big.data(), static_cast<int32_t>(big.size()), 0, false);
+  n = llama_token_to_piece(vocab_, token, big.data(), static_cast<int32_t>(big.size()), 0, special);
   return n < 0 ? std::string() : big.substr(0, static_cast<size_t>(n));
 }
 

@@ -14,6 +14,7 @@
 
 #include "api/openai_request.h"
 #include "common/status.h"
+#include "worker/chat_template.h"
 #include "worker/sampling.h"
 
 struct llama_model;
@@ -72,12 +73,15 @@ class Model {
   int n_ctx_train() const;
   int n_embd() const;
 
-  // Applies the model's chat template (ChatML when it has none).
-  StatusOr<std::string> ApplyChatTemplate(const std::vector<api::ChatMessage>& messages) const;
+  // The model's chat templates through llama.cpp's chat layer (ChatML when
+  // it has none); null for an embedding model.
+  const ChatTemplates* chat() const { return chat_.get(); }
   StatusOr<std::vector<int32_t>> Tokenize(const std::string& text, bool add_special) const;
   // Returns the tokens when every id is in the vocabulary.
   StatusOr<std::vector<int32_t>> CheckTokens(std::vector<int32_t> tokens) const;
-  std::string TokenPiece(int32_t token) const;
+  // A token's text; `special`: control tokens as their text too (a chat
+  // format's preserved tokens, logprobs), otherwise as nothing.
+  std::string TokenPiece(int32_t token, bool special = false) const;
   bool IsEndOfGeneration(int32_t token) const;
 
   const Fingerprint& fingerprint() const { return fingerprint_; }
@@ -95,6 +99,7 @@ class Model {
   bool embedding_ = false;
   SamplerSettings sampler_defaults_;
   Fingerprint fingerprint_;
+  std::unique_ptr<ChatTemplates> chat_;
 };
 
 }  // namespace spillway::worker

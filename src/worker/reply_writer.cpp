@@ -4,56 +4,84 @@ namespace spillway::worker {
 
 using nlohmann::json;
 
-StreamReply::StreamReply(ReplyHeader header, std::optional<ToolCallParser> tools)
-    : h_(std::move(header)), tools_(std::move(tools)) {}
+StreamReply::StreamReply(ReplyHeader header, std::optional<ChatSyntax> chat) : h_(std::move(header)) {
+  if (chat) chat_.emplace(std::move(*chat), h_.id);
+}
 
 std::string StreamReply::Send(json chunk) {
-  if (!unsent_ids_.empty()) {
-    chunk["spillway"]["tokens"] = unsent_ids_;
-    unsent_ids_.clear();
-  }
   first_ = false;
   return api::SseEvent(chunk);
 }
 
-std::string StreamReply::Events(const std::vector<ToolCallPiece>& pieces) {
+// One event per delta; the pending ids (and logprobs) ride on the last one.
+std::string StreamReply::Events(const std::vector<api::ChatDelta>& deltas) {
   std::string out;
-  for (const auto& p : pieces) {
-    if (p.call) {
-      out += Send(api::ToolCallChunk(h_.id, h_.model, h_.created, *p.call, calls_sent_++, first_));
-    } else {
-      out += Send(api::GenerationChunk(h_.ep, h_.id, h_.model, h_.created, p.content, first_, std::nullopt));
+  for (size_t i = 0; i < deltas.size(); ++i) {
+    json chunk = h_.ep == api::Endpoint::kChat
+                     ? api::DeltaChunk(h_.id, h_.model, h_.created, deltas[i], first_)
+                     : api::GenerationChunk(h_.ep, h_.id, h_.model, h_.created, deltas[i].content, first_, std::nullopt);
+    if (i + 1 == deltas.size()) {
+      if (!unsent_ids_.empty()) chunk["spillway"]["tokens"] = unsent_ids_;
+      if (logprobs_) chunk["choices"][0]["logprobs"] = api::LogprobsJson(h_.ep, unsent_logprobs_, text_offset_);
+      unsent_ids_.clear();
+      unsent_logprobs_.clear();
     }
+    if (h_.ep == api::Endpoint::kCompletion) text_offset_ += deltas[i].content.size();
+    out += Send(std::move(chunk));
   }
   return out;
 }
 
-std::string StreamReply::Text(std::string_view text, const std::vector<int32_t>& ids) {
+std::string StreamReply::Text(std::string_view text, const std::vector<int32_t>& ids,
+                              const std::vector<api::TokenLogprob>& logprobs) {
   unsent_ids_.insert(unsent_ids_.end(), ids.begin(), ids.end());
-  if (tools_) return Events(tools_->Append(text));
-  return Events({ToolCallPiece{std::string(text), std::nullopt}});
+  if (!logprobs.empty()) logprobs_ = true;
+  unsent_logprobs_.insert(unsent_logprobs_.end(), logprobs.begin(), logprobs.end());
+  if (chat_) return Events(chat_->Append(text));
+  if (text.empty()) return "";  // the ids go out with the next event
+  api::ChatDelta d;
+  d.content = std::string(text);
+  return Events({d});
+}
+
+Status StreamReply::Replayed(std::string_view text, uint64_t delivered_bytes) {
+  uint64_t counted = text.size();
+  if (chat_) {
+    chat_->Replayed(text);
+    counted = chat_->message().content.size();
+  } else {
+    text_offset_ = text.size();
+  }
+  if (counted != delivered_bytes) {
+    return Status::Unavailable("the continuation is not reproducible: its replayed tokens make " + std::to_string(counted) +
+                               " bytes of content, " + std::to_string(delivered_bytes) + " were delivered");
+  }
+  return Status::Ok();
 }
 
 std::string StreamReply::Finish(const std::string& finish_reason, json meta, const api::Usage* usage) {
-  std::string out = tools_ ? Events(tools_->Finish()) : "";
-  const std::string reason = calls_sent_ > 0 ? "tool_calls" : finish_reason;
+  std::string out = chat_ ? Events(chat_->Finish()) : "";
+  const bool calls = chat_ && !chat_->message().tool_calls.empty();
+  const std::string reason = calls && finish_reason == "stop" ? "tool_calls" : finish_reason;
   json last = api::GenerationChunk(h_.ep, h_.id, h_.model, h_.created, "", first_, reason);
-  last["spillway"] = std::move(meta);
+  if (!unsent_ids_.empty()) last["spillway"]["tokens"] = unsent_ids_;
+  if (logprobs_ && !unsent_logprobs_.empty()) {
+    last["choices"][0]["logprobs"] = api::LogprobsJson(h_.ep, unsent_logprobs_, text_offset_);
+  }
+  unsent_ids_.clear();
+  unsent_logprobs_.clear();
+  for (auto& [k, v] : meta.items()) last["spillway"][k] = v;
   out += Send(std::move(last));
   if (usage) out += api::SseEvent(api::UsageChunk(h_.ep, h_.id, h_.model, h_.created, *usage));
   return out;
 }
 
 json WholeReply(const ReplyHeader& h, const std::string& text, const std::string& finish_reason,
-                const api::Usage& usage, const std::vector<std::string>* tool_names) {
-  api::GenerationResult g{text, finish_reason, usage, {}};
-  if (tool_names) {
-    SplitText split = SplitToolCalls(text, *tool_names, h.id);
-    if (!split.calls.empty()) {
-      g.text = std::move(split.content);
-      g.tool_calls = std::move(split.calls);
-      g.finish_reason = "tool_calls";
-    }
+                const api::Usage& usage, const ChatSyntax* chat, const std::vector<api::TokenLogprob>* logprobs) {
+  api::GenerationResult g{text, finish_reason, usage, std::nullopt, logprobs};
+  if (chat) {
+    g.message = ParseAnswer(*chat, text, h.id);
+    if (!g.message->tool_calls.empty() && finish_reason == "stop") g.finish_reason = "tool_calls";
   }
   return api::GenerationBody(h.ep, h.id, h.model, h.created, g);
 }

@@ -1,11 +1,12 @@
 // OpenAI answers from a generation's text: one body, or the SSE events of a
-// stream. With tool use (a ToolCallParser), <tool_call> blocks become tool
-// calls: in a stream each call is one delta chunk, sent once its closing tag
-// has been generated, and the finish reason becomes "tool_calls".
+// stream. A chat answer is read by the model's own format (ChatOutput):
+// content, reasoning_content and tool calls, streamed as llama-server streams
+// them; the finish reason becomes "tool_calls" when the answer made calls.
 //
 // Token ids: every id handed to StreamReply::Text() goes out exactly once, as
-// "spillway": {"tokens": [...]} on the next event written (content, call or
-// final chunk), so a gateway continuing the stream elsewhere knows them all.
+// "spillway": {"tokens": [...]} on the last event written for it (or a later
+// one, when its text made no delta yet), so a gateway that holds an id has
+// every delta of the text up to that token: what a continuation relies on.
 //
 // Not thread-safe: the engine calls a job's callbacks from its one thread.
 #pragma once
@@ -19,7 +20,8 @@
 #include <vector>
 
 #include "api/openai_response.h"
-#include "worker/tool_call_parser.h"
+#include "common/status.h"
+#include "worker/chat_output.h"
 
 namespace spillway::worker {
 
@@ -32,29 +34,38 @@ struct ReplyHeader {
 
 class StreamReply {
  public:
-  // `tools` is set for chat requests whose tool calls are parsed.
-  StreamReply(ReplyHeader header, std::optional<ToolCallParser> tools);
+  // `chat` is set for chat requests (how to read the answer).
+  StreamReply(ReplyHeader header, std::optional<ChatSyntax> chat);
 
   // SSE events for newly generated text; "" when all of it is held back.
-  std::string Text(std::string_view text, const std::vector<int32_t>& ids);
+  // `logprobs` (when asked for) are those of `ids`.
+  std::string Text(std::string_view text, const std::vector<int32_t>& ids,
+                   const std::vector<api::TokenLogprob>& logprobs = {});
+  // A continuation: `text` of the replayed tokens, which an earlier attempt
+  // delivered; `delivered_bytes` is what the client counted of it (content,
+  // or completion text). kUnavailable when the two disagree.
+  Status Replayed(std::string_view text, uint64_t delivered_bytes);
   // The closing events: held-back text, the final chunk (`meta` under
   // "spillway"), and the usage chunk when `usage` is set. Not "[DONE]".
   std::string Finish(const std::string& finish_reason, nlohmann::json meta, const api::Usage* usage);
 
  private:
-  std::string Events(const std::vector<ToolCallPiece>& pieces);
+  std::string Events(const std::vector<api::ChatDelta>& deltas);
   std::string Send(nlohmann::json chunk);
 
   ReplyHeader h_;
-  std::optional<ToolCallParser> tools_;
+  std::optional<ChatOutput> chat_;
   std::vector<int32_t> unsent_ids_;
+  std::vector<api::TokenLogprob> unsent_logprobs_;
+  bool logprobs_ = false;
+  size_t text_offset_ = 0;  // completions: bytes of text sent (logprobs' text_offset)
   bool first_ = true;
-  int calls_sent_ = 0;
 };
 
-// The non-streamed body (without "spillway"). `tool_names` (null: no tool
-// use) are the functions whose calls are split out of `text`.
+// The non-streamed body (without "spillway"). `chat` (chat requests) reads
+// the answer; `logprobs` when asked for.
 nlohmann::json WholeReply(const ReplyHeader& h, const std::string& text, const std::string& finish_reason,
-                          const api::Usage& usage, const std::vector<std::string>* tool_names);
+                          const api::Usage& usage, const ChatSyntax* chat,
+                          const std::vector<api::TokenLogprob>* logprobs = nullptr);
 
 }  // namespace spillway::worker

@@ -3,6 +3,7 @@
 #include <llama.h>
 
 #include <cmath>
+#include <exception>
 #include <vector>
 
 namespace spillway::worker {
@@ -21,6 +22,31 @@ SamplerSettings ResolveSampling(const api::SamplingRequest& r, const SamplerSett
   return s;
 }
 
+namespace {
+
+// The grammar sampler, prefilled; null when llama.cpp refuses the grammar.
+llama_sampler* GrammarSampler(const GrammarSpec& g, const llama_vocab* vocab) {
+  llama_sampler* grammar = nullptr;
+  if (g.lazy) {
+    std::vector<const char*> patterns;
+    for (const auto& p : g.trigger_patterns) patterns.push_back(p.c_str());
+    grammar = llama_sampler_init_grammar_lazy_patterns(vocab, g.gbnf.c_str(), "root", patterns.data(), patterns.size(),
+                                                       g.trigger_tokens.data(), g.trigger_tokens.size());
+  } else {
+    grammar = llama_sampler_init_grammar(vocab, g.gbnf.c_str(), "root");
+  }
+  if (!grammar) return nullptr;
+  try {
+    for (int32_t t : g.prefill) llama_sampler_accept(grammar, t);
+  } catch (const std::exception&) {
+    llama_sampler_free(grammar);
+    return nullptr;
+  }
+  return grammar;
+}
+
+}  // namespace
+
 llama_sampler* BuildSamplerChain(const SamplerSettings& s, const llama_vocab* vocab, bool ban_end_of_generation) {
   auto params = llama_sampler_chain_default_params();
   params.no_perf = true;
@@ -34,7 +60,7 @@ llama_sampler* BuildSamplerChain(const SamplerSettings& s, const llama_vocab* vo
     llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(n_vocab, static_cast<int32_t>(bias.size()), bias.data()));
   }
   if (!s.grammar.empty()) {
-    llama_sampler* grammar = llama_sampler_init_grammar(vocab, s.grammar.c_str(), "root");
+    llama_sampler* grammar = GrammarSampler(s.grammar, vocab);
     if (!grammar) {
       llama_sampler_free(chain);
       return nullptr;
@@ -58,9 +84,9 @@ llama_sampler* BuildSamplerChain(const SamplerSettings& s, const llama_vocab* vo
   return chain;
 }
 
-Status CheckGrammar(const std::string& grammar, const llama_vocab* vocab) {
-  llama_sampler* g = llama_sampler_init_grammar(vocab, grammar.c_str(), "root");
-  if (!g) return Status::Internal("llama.cpp rejected the grammar built for this request");
+Status CheckGrammar(const GrammarSpec& grammar, const llama_vocab* vocab) {
+  llama_sampler* g = GrammarSampler(grammar, vocab);
+  if (!g) return Status::InvalidArgument("llama.cpp rejected the grammar built for this request (tools or response_format)");
   llama_sampler_free(g);
   return Status::Ok();
 }

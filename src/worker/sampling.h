@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "api/openai_request.h"
 #include "common/status.h"
@@ -15,6 +16,20 @@ struct llama_sampler;
 struct llama_vocab;
 
 namespace spillway::worker {
+
+// A grammar the output must match (llama.cpp GBNF, root rule "root").
+struct GrammarSpec {
+  std::string gbnf;  // "" = none
+  // Lazy: free until a trigger (a regex over the output, or a token) appears,
+  // then constrained from the trigger on (tool_choice "auto").
+  bool lazy = false;
+  std::vector<std::string> trigger_patterns;
+  std::vector<int32_t> trigger_tokens;
+  // Accepted by an eager grammar before generation: the generation prompt
+  // the template already put at the end of the prompt (llama-server's prefill).
+  std::vector<int32_t> prefill;
+  bool empty() const { return gbnf.empty(); }
+};
 
 struct SamplerSettings {
   float temperature = 0.8f;  // 0 = greedy
@@ -26,9 +41,9 @@ struct SamplerSettings {
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
   uint32_t seed = 0;
-  // GBNF (root rule "root") the output must match, e.g. a forced tool call
-  // (ToolCallGrammar); "" = none. Set per request, never a default.
-  std::string grammar;
+  // A forced tool call or a response_format (from llama.cpp's chat layer);
+  // set per request, never a default.
+  GrammarSpec grammar;
 };
 
 // Fills unset request fields from `defaults`; an unset seed becomes `fresh_seed`.
@@ -44,9 +59,10 @@ SamplerSettings ResolveSampling(const api::SamplingRequest& req, const SamplerSe
 // not parse (CheckGrammar tells why first).
 llama_sampler* BuildSamplerChain(const SamplerSettings& s, const llama_vocab* vocab, bool ban_end_of_generation);
 
-// Whether llama.cpp accepts `grammar` for `vocab` (kInternal if not: the
-// worker builds every grammar itself).
-Status CheckGrammar(const std::string& grammar, const llama_vocab* vocab);
+// Whether llama.cpp accepts `grammar` (and its prefill) for `vocab`
+// (kInvalidArgument if not: e.g. a schema the converter turned into a grammar
+// that allows nothing).
+Status CheckGrammar(const GrammarSpec& grammar, const llama_vocab* vocab);
 
 nlohmann::json SamplingJson(const SamplerSettings& s, bool with_seed);
 

@@ -13,6 +13,7 @@
 #include "common/mutation.h"
 #include "common/secret.h"
 #include "worker/reply_writer.h"
+#include "worker/sampling.h"
 
 namespace spillway::worker {
 
@@ -137,13 +138,17 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
     // The prompt's token count for the gateway's admission decision, for the
     // same body a generation route would get (?endpoint=chat|completion).
     const bool chat = target.find("endpoint=completion") == std::string::npos;
-    api::GenerationRequest gen;
-    ToolUse tools;
-    auto tokens = PromptTokens(req.body(), chat, &gen, &tools);
-    if (!tokens.ok()) return respond_error(tokens.status());
-    const protocol::TokenizeReply reply{static_cast<int>(tokens->size()), static_cast<int>(engine_.options().ctx),
+    auto prompt = PromptFor(req.body(), chat);
+    if (!prompt.ok()) return respond_error(prompt.status());
+    const protocol::TokenizeReply reply{static_cast<int>(prompt->tokens.size()), static_cast<int>(engine_.options().ctx),
                                         static_cast<int>(opts_.default_max_tokens)};
     return ex->Respond(JsonResponse(200, reply.ToJson(), v));
+  }
+  if (path == protocol::kApplyTemplatePath && method == bhttp::verb::post) {
+    // As llama-server's route (its "prompt"), plus the tokens the worker would decode.
+    auto prompt = PromptFor(req.body(), /*chat=*/true);
+    if (!prompt.ok()) return respond_error(prompt.status());
+    return ex->Respond(JsonResponse(200, json{{"prompt", prompt->text}, {"tokens", prompt->tokens}}, v));
   }
   if (path == protocol::kFaultsPath && method == bhttp::verb::post) {
     if (!faults_) return respond_error(Status::InvalidArgument("fault injection is not available"));
@@ -170,29 +175,40 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
   return respond_error(Status::NotFound("no route for " + std::string(req.method_string()) + " " + path));
 }
 
-StatusOr<std::vector<int32_t>> WorkerService::PromptTokens(const std::string& text, bool chat,
-                                                          api::GenerationRequest* gen, ToolUse* tools) const {
+StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text, bool chat) const {
   auto body = api::ParseJsonBody(text, opts_.json_limits);
   if (!body.ok()) return body.status();
-  std::string prompt_text;
+  Prompt p;
   std::vector<int32_t> given_tokens;
   if (chat) {
     auto r = api::ParseChatRequest(*body);
     if (!r.ok()) return r.status();
-    auto t = model_.ApplyChatTemplate(PromptMessages(*r));
-    if (!t.ok()) return t.status();
-    *tools = PlanToolUse(*r);
-    if (!tools->grammar.empty()) SPILLWAY_RETURN_IF_ERROR(CheckGrammar(tools->grammar, model_.vocab()));
-    *gen = std::move(r->gen);
-    prompt_text = std::move(*t);
+    if (!model_.chat()) return Status::InvalidArgument("this model has no chat template");
+    const json none;
+    auto tools = body->find("tools");
+    auto plan = model_.chat()->Render(body->at("messages"), tools == body->end() ? none : *tools, *r);
+    if (!plan.ok()) return plan.status();
+    p.text = std::move(plan->prompt);
+    p.grammar = std::move(plan->grammar);
+    p.preserved_tokens = std::move(plan->preserved_tokens);
+    p.extra_stops = std::move(plan->stops);
+    p.chat = std::move(plan->syntax);
+    p.gen = std::move(r->gen);
   } else {
     auto r = api::ParseCompletionRequest(*body);
     if (!r.ok()) return r.status();
-    *gen = std::move(r->gen);
-    prompt_text = std::move(r->prompt);
+    auto grammar = ResponseFormatGrammar(r->gen.response_format);
+    if (!grammar.ok()) return grammar.status();
+    p.grammar = std::move(*grammar);
+    p.gen = std::move(r->gen);
+    p.text = std::move(r->prompt);
     given_tokens = std::move(r->prompt_tokens);
   }
-  return given_tokens.empty() ? model_.Tokenize(prompt_text, /*add_special=*/true) : model_.CheckTokens(given_tokens);
+  if (!p.grammar.empty()) SPILLWAY_RETURN_IF_ERROR(CheckGrammar(p.grammar, model_.vocab()));
+  auto tokens = given_tokens.empty() ? model_.Tokenize(p.text, /*add_special=*/true) : model_.CheckTokens(given_tokens);
+  if (!tokens.ok()) return tokens.status();
+  p.tokens = std::move(*tokens);
+  return p;
 }
 
 void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<http::Exchange> ex, bool chat) {
@@ -202,12 +218,11 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
     ex->Respond(std::move(res));
   };
   if (model_.is_embedding()) return fail(Status::InvalidArgument("this worker serves an embedding model; use /v1/embeddings"));
-  api::GenerationRequest gen;
-  ToolUse tools;
-  auto tokens = PromptTokens(req.body(), chat, &gen, &tools);
-  if (!tokens.ok()) return fail(tokens.status());
+  auto prompt = PromptFor(req.body(), chat);
+  if (!prompt.ok()) return fail(prompt.status());
+  api::GenerationRequest& gen = prompt->gen;
   const int ctx = engine_.options().ctx;
-  const int n_prompt = static_cast<int>(tokens->size());
+  const int n_prompt = static_cast<int>(prompt->tokens.size());
   if (n_prompt >= ctx) {
     return fail(Status::InvalidArgument("prompt of " + std::to_string(n_prompt) + " tokens does not fit the context of " +
                                         std::to_string(ctx) + " tokens"));
@@ -215,9 +230,12 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
 
   auto job = std::make_shared<Job>();
   job->id = RequestId(req);
-  job->prompt = std::move(*tokens);
+  job->prompt = std::move(prompt->tokens);
   job->max_tokens = gen.max_tokens.value_or(std::min(opts_.default_max_tokens, ctx - n_prompt));
   job->stop = gen.stop;
+  job->stop.insert(job->stop.end(), prompt->extra_stops.begin(), prompt->extra_stops.end());
+  job->preserved_tokens = std::move(prompt->preserved_tokens);
+  if (gen.logprobs) job->top_logprobs = gen.top_logprobs;
   job->ignore_eos = gen.ignore_eos;
   if (!gen.resume_tokens.empty()) {
     if (opts_.secret.empty()) {
@@ -230,7 +248,7 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
     job->resume_text_bytes = gen.resume_text_bytes;
   }
   job->sampling = ResolveSampling(gen.sampling, model_.sampler_defaults(), FreshSeed());
-  job->sampling.grammar = tools.grammar;
+  job->sampling.grammar = std::move(prompt->grammar);
 
   ReplyHeader header{chat ? api::Endpoint::kChat : api::Endpoint::kCompletion, job->id,
                      gen.model.empty() ? model_.name() : gen.model, UnixNow()};
@@ -253,25 +271,32 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
   // the header is queued.
   auto gate = std::make_shared<std::mutex>();
   if (!gen.stream) {
-    auto names = tools.parse_calls ? std::make_shared<std::vector<std::string>>(tools.names) : nullptr;
-    job->on_done = [ex, v, header, names, finish_meta](JobResult r) {
+    auto syntax = prompt->chat ? std::make_shared<ChatSyntax>(*prompt->chat) : nullptr;
+    const bool logprobs = gen.logprobs;
+    job->on_done = [ex, v, header, syntax, logprobs, finish_meta](JobResult r) {
       if (!r.status.ok()) return ex->Respond(ErrorResponse(r.status, v));
-      json out = WholeReply(header, r.text, r.finish_reason, {r.prompt_tokens, r.completion_tokens}, names.get());
+      json out = WholeReply(header, r.text, r.finish_reason, {r.prompt_tokens, r.completion_tokens}, syntax.get(),
+                            logprobs ? &r.logprobs : nullptr);
       out["spillway"] = finish_meta(r);
       auto res = JsonResponse(200, out, v);
       res.set("X-Request-Id", header.id);
       ex->Respond(std::move(res));
     };
   } else {
-    std::optional<ToolCallParser> parser;
-    if (tools.parse_calls) parser.emplace(tools.names, id);
-    auto reply = std::make_shared<StreamReply>(header, std::move(parser));
+    auto reply = std::make_shared<StreamReply>(header, prompt->chat);
     const bool include_usage = gen.include_usage;
-    job->on_text = [ex, reply, gate](std::string_view text, const std::vector<int32_t>& ids) {
+    job->on_text = [ex, reply, gate](std::string_view text, const std::vector<int32_t>& ids,
+                                     const std::vector<api::TokenLogprob>& logprobs) {
       std::lock_guard<std::mutex> g(*gate);
       // Carries the token ids, which let the gateway continue this stream elsewhere.
-      if (std::string events = reply->Text(text, ids); !events.empty()) ex->Write(events);
+      if (std::string events = reply->Text(text, ids, logprobs); !events.empty()) ex->Write(events);
     };
+    if (!job->resume_tokens.empty()) {
+      // The replayed text is parsed, not sent: deltas continue from what the
+      // client has. Cancelled when it is not what the client counted.
+      const uint64_t delivered = job->resume_text_bytes;
+      job->on_replayed = [reply, delivered](std::string_view text) { return reply->Replayed(text, delivered); };
+    }
     job->on_done = [ex, reply, include_usage, finish_meta, gate](JobResult r) {
       std::lock_guard<std::mutex> g(*gate);
       if (!r.status.ok()) {

@@ -10,6 +10,7 @@
 //   DELETE /v1/worker/requests/{id}   cancel a queued or running request
 //   DELETE /v1/worker/requests        cancel them all (a gateway adopting this worker after a crash)
 //   POST   /v1/worker/tokenize        ?endpoint=chat|completion: the prompt's token count
+//   POST   /apply-template            a chat body's rendered prompt and its tokens (llama-server's route)
 //   POST   /v1/worker/faults          {"faults": ["fail-next=kv", ...]} arm faults (sim devices)
 //
 // Requests carry their id in X-Request-Id (the gateway sets it; otherwise the
@@ -21,6 +22,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <random>
 #include <mutex>
 #include <string>
@@ -30,7 +32,7 @@
 #include "worker/engine.h"
 #include "worker/faults.h"
 #include "worker/model.h"
-#include "worker/tool_use.h"
+#include "worker/chat_template.h"
 
 namespace spillway::worker {
 
@@ -62,10 +64,18 @@ class WorkerService {
   // Loopback Host, no browser Origin, the worker secret.
   Status CheckCaller(const http::Request& req) const;
   void HandleGeneration(const http::Request& req, std::shared_ptr<http::Exchange> ex, bool chat);
-  // Parses a chat/completion body and returns its prompt tokens; `tools`
-  // gets the chat request's tool use.
-  StatusOr<std::vector<int32_t>> PromptTokens(const std::string& body, bool chat, api::GenerationRequest* gen,
-                                              ToolUse* tools) const;
+  // A chat/completion body made ready to generate: prompt (chat: rendered
+  // by the model's template), its tokens, and what the answer must follow.
+  struct Prompt {
+    api::GenerationRequest gen;
+    std::string text;               // chat: the rendered prompt
+    std::vector<int32_t> tokens;
+    std::optional<ChatSyntax> chat; // chat: how to read the answer
+    GrammarSpec grammar;            // tool calls or response_format
+    std::vector<int32_t> preserved_tokens;
+    std::vector<std::string> extra_stops;  // the chat format's own stop strings
+  };
+  StatusOr<Prompt> PromptFor(const std::string& body, bool chat) const;
   void HandleEmbeddings(const http::Request& req, std::shared_ptr<http::Exchange> ex);
   std::string RequestId(const http::Request& req);
   uint32_t FreshSeed();

@@ -52,7 +52,7 @@ test('a forced tool call, whole and streamed (the SDK accumulates the deltas)', 
   const params = {
     model: 'chat', messages: [{ role: 'user', content: 'Count up' }], max_tokens: 200, temperature: 1, seed: 5,
     tools: [{ type: 'function', function: { name: 'increment', parameters: { type: 'object', properties: {} } } }],
-    tool_choice: 'required',
+    tool_choice: 'required', parallel_tool_calls: false,
   };
   const whole = await client.chat.completions.create(params);
   assert.equal(whole.choices[0].finish_reason, 'tool_calls');
@@ -60,13 +60,55 @@ test('a forced tool call, whole and streamed (the SDK accumulates the deltas)', 
   const call = whole.choices[0].message.tool_calls[0];
   assert.equal(call.type, 'function');
   assert.equal(call.function.name, 'increment');
-  assert.equal(call.function.arguments, '{}');
+  assert.deepEqual(JSON.parse(call.function.arguments), {});
   assert.match(call.id, /^call_[0-9a-f]{24}$/);
   const streamed = await client.beta.chat.completions.stream(params).finalChatCompletion();
   assert.equal(streamed.choices[0].finish_reason, 'tool_calls');
   assert.equal(streamed.choices[0].message.tool_calls.length, 1);
   assert.equal(streamed.choices[0].message.tool_calls[0].function.name, 'increment');
-  assert.equal(streamed.choices[0].message.tool_calls[0].function.arguments, '{}');
+  assert.equal(streamed.choices[0].message.tool_calls[0].function.arguments, call.function.arguments);
+});
+
+test('structured output: a json_schema response_format is honoured, whole and streamed', async () => {
+  // Bounded so that even the random demo model closes the object.
+  const schema = {
+    type: 'object',
+    properties: { n: { type: 'integer' }, ok: { type: 'boolean' }, tag: { type: 'string', enum: ['a', 'b'] } },
+    required: ['n', 'ok', 'tag'], additionalProperties: false,
+  };
+  const params = {
+    model: 'chat', messages: [{ role: 'user', content: 'Give me JSON' }], max_tokens: 120, temperature: 1, seed: 3,
+    response_format: { type: 'json_schema', json_schema: { name: 'reply', strict: true, schema } },
+  };
+  const whole = await client.chat.completions.create(params);
+  assert.equal(whole.choices[0].finish_reason, 'stop');
+  const value = JSON.parse(whole.choices[0].message.content);
+  assert.equal(typeof value.n, 'number');
+  assert.equal(typeof value.ok, 'boolean');
+  assert.ok(['a', 'b'].includes(value.tag));
+  const streamed = await client.beta.chat.completions.stream(params).finalChatCompletion();
+  assert.deepEqual(JSON.parse(streamed.choices[0].message.content), value);
+  // What cannot be honoured is refused, never silently dropped.
+  await assert.rejects(client.chat.completions.create({ ...params, response_format: undefined, logit_bias: { 5: 10 } }),
+    (e) => e.status === 400 && /logit_bias/.test(e.message));
+});
+
+test('logprobs and top_logprobs, whole and streamed', async () => {
+  const params = { model: 'chat', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 6, temperature: 0,
+    logprobs: true, top_logprobs: 3 };
+  const whole = await client.chat.completions.create(params);
+  const lp = whole.choices[0].logprobs.content;
+  assert.equal(lp.length, whole.usage.completion_tokens);
+  for (const t of lp) {
+    assert.ok(t.logprob <= 0);
+    assert.equal(t.top_logprobs.length, 3);
+    // Greedy: the chosen token is the most likely one.
+    assert.equal(t.logprob, t.top_logprobs[0].logprob);
+  }
+  const stream = await client.chat.completions.create({ ...params, stream: true });
+  const streamed = [];
+  for await (const chunk of stream) streamed.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+  assert.deepEqual(streamed.map((t) => t.logprob), lp.map((t) => t.logprob));
 });
 
 test('completions', async () => {

@@ -151,6 +151,12 @@ std::string RunCommand(const std::string& command_line, int* exit_code) {
   return out;
 }
 
+pid_t SpawnProcess(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+  return Spawn(args, out, err);
+}
+
+std::string MakeScratchDir() { return MakeTempDir(); }
+
 pid_t SpawnTool(const std::vector<std::string>& args_after_binary, const std::string& binary) {
   std::vector<std::string> full = {BinDir() + "/" + binary};
   full.insert(full.end(), args_after_binary.begin(), args_after_binary.end());

@@ -51,6 +51,11 @@ class WorkerProcess {
 // redirects it) and sets *exit_code.
 std::string RunCommand(const std::string& command_line, int* exit_code);
 
+// Starts `args` (args[0]: the binary's path) with stdout and stderr written
+// to the given files; returns its pid. The caller stops and reaps it.
+pid_t SpawnProcess(const std::vector<std::string>& args, const std::string& out, const std::string& err);
+std::string MakeScratchDir();  // a fresh directory under the system's temp dir
+
 // Starts any binary from BinDir() with its output discarded; returns its pid.
 pid_t SpawnTool(const std::vector<std::string>& args_after_binary, const std::string& binary);
 // Runs spillway-worker to completion (for startup-failure tests).

@@ -188,12 +188,15 @@ json ToolRequest(const json& parameters, bool stream) {
   if (!parameters.is_null()) fn["parameters"] = parameters;
   return {{"messages", json::array({{{"role", "user"}, {"content", "Count up"}}})},
           {"tools", json::array({{{"type", "function"}, {"function", fn}}})},
-          {"tool_choice", "required"}, {"temperature", 1.0}, {"seed", 31337}, {"max_tokens", 300}, {"stream", stream}};
+          {"tool_choice", "required"}, {"parallel_tool_calls", false},
+          {"temperature", 1.0}, {"seed", 31337}, {"max_tokens", 300}, {"stream", stream}};
 }
 
-// The stream's tool call deltas, finish reason and token ids.
+// The stream's tool calls (deltas joined by index, as the SDKs do), finish
+// reason and token ids.
 struct StreamedCalls {
   json calls = json::array();
+  size_t call_deltas = 0;
   std::string finish;
   std::vector<int32_t> tokens;
   std::string content;
@@ -209,7 +212,19 @@ StreamedCalls ReadStream(const std::string& sse) {
     if (j["choices"].empty()) continue;
     const json& c = j["choices"][0];
     if (c["delta"].contains("tool_calls")) {
-      for (const auto& call : c["delta"]["tool_calls"]) out.calls.push_back(call);
+      for (const auto& d : c["delta"]["tool_calls"]) {
+        ++out.call_deltas;
+        const size_t i = d["index"];
+        if (out.calls.size() <= i) out.calls.push_back({{"index", i}, {"function", {{"arguments", ""}}}});
+        json& call = out.calls[i];
+        if (d.contains("id")) call["id"] = d["id"];
+        if (d.contains("type")) call["type"] = d["type"];
+        if (d.contains("function") && d["function"].contains("name")) call["function"]["name"] = d["function"]["name"];
+        if (d.contains("function") && d["function"].contains("arguments")) {
+          call["function"]["arguments"] = call["function"]["arguments"].get<std::string>() +
+                                          d["function"]["arguments"].get<std::string>();
+        }
+      }
     }
     if (c["delta"].contains("content") && c["delta"]["content"].is_string()) out.content += c["delta"]["content"];
     if (c["finish_reason"].is_string()) out.finish = c["finish_reason"];
@@ -228,11 +243,13 @@ TEST_F(WorkerTest, RequiredToolChoiceMakesARealToolCall) {
   ASSERT_EQ(msg["tool_calls"].size(), 1u) << r.body;
   EXPECT_EQ(msg["tool_calls"][0]["type"], "function");
   EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "increment");
-  EXPECT_EQ(msg["tool_calls"][0]["function"]["arguments"], "{}");
+  // No properties: an empty object (with whatever whitespace the grammar allows).
+  EXPECT_EQ(json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>()), json::object()) << r.body;
   EXPECT_EQ(msg["tool_calls"][0]["id"].get<std::string>().rfind("call_", 0), 0u);
 
-  // Streamed: one tool_calls delta, every token id once, the same call; a
-  // second run with the same seed and request id is byte-identical.
+  // Streamed as llama-server streams it (the call's id and name first, then
+  // pieces of its arguments): every token id once, the same call; a second
+  // run with the same seed and request id is byte-identical.
   auto s1 = Post(*chat_, "/v1/chat/completions", ToolRequest(no_props, true), {{"X-Request-Id", "tools-1"}});
   auto s2 = Post(*chat_, "/v1/chat/completions", ToolRequest(no_props, true), {{"X-Request-Id", "tools-1"}});
   ASSERT_EQ(s1.status, 200) << s1.body;
@@ -243,7 +260,8 @@ TEST_F(WorkerTest, RequiredToolChoiceMakesARealToolCall) {
   EXPECT_EQ(a.calls[0]["index"], 0);
   EXPECT_EQ(a.calls[0]["id"], msg["tool_calls"][0]["id"]);
   EXPECT_EQ(a.calls[0]["function"]["name"], "increment");
-  EXPECT_EQ(a.calls[0]["function"]["arguments"], "{}");
+  EXPECT_EQ(a.calls[0]["function"]["arguments"], msg["tool_calls"][0]["function"]["arguments"]);
+  EXPECT_GE(a.call_deltas, 1u);
   EXPECT_EQ(a.content, "");
   EXPECT_EQ(a.tokens.size(), body["usage"]["completion_tokens"].get<size_t>());
   EXPECT_EQ(a.calls, b.calls);
@@ -270,7 +288,10 @@ TEST_F(WorkerTest, RequiredToolChoiceMakesARealToolCall) {
 
 TEST_F(WorkerTest, ToolArgumentsFollowTheSchemaTypes) {
   const json params = {{"type", "object"},
-                       {"properties", {{"n", {{"type", "integer"}}}, {"label", {{"type", "string"}}}}}};
+                       {"properties", {{"n", {{"type", "integer"}}},
+                                       // Bounded: a random model would not close an unbounded string.
+                                       {"label", {{"type", "string"}, {"maxLength", 8}}}}},
+                       {"required", {"n", "label"}}};
   for (uint32_t seed : {1u, 2u, 3u}) {
     json req = ToolRequest(params, false);
     req["seed"] = seed;
@@ -290,6 +311,109 @@ TEST_F(WorkerTest, ToolArgumentsFollowTheSchemaTypes) {
   auto r = Post(*chat_, "/v1/chat/completions", bad);
   EXPECT_EQ(r.status, 400) << r.body;
   EXPECT_NE(r.body.find("tool_choice.function.name"), std::string::npos) << r.body;
+}
+
+// response_format is a grammar, not a hope: even the random model answers
+// JSON that follows the schema, on chat and on completions.
+TEST_F(WorkerTest, ResponseFormatMakesSchemaValidJson) {
+  const json schema = {{"type", "object"},
+                       {"properties", {{"n", {{"type", "integer"}}}, {"ok", {{"type", "boolean"}}}}},
+                       {"required", {"n", "ok"}},
+                       {"additionalProperties", false}};
+  for (uint32_t seed : {1u, 2u}) {
+    json req = {{"messages", json::array({{{"role", "user"}, {"content", "JSON please"}}})},
+                {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "r"}, {"strict", true}, {"schema", schema}}}}},
+                {"temperature", 1.0}, {"seed", seed}, {"max_tokens", 200}};
+    auto r = Post(*chat_, "/v1/chat/completions", req);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json out = json::parse(Body(r)["choices"][0]["message"]["content"].get<std::string>(), nullptr, false);
+    ASSERT_TRUE(out.is_object()) << r.body;
+    EXPECT_TRUE(out["n"].is_number_integer()) << r.body;
+    EXPECT_TRUE(out["ok"].is_boolean()) << r.body;
+    EXPECT_EQ(out.size(), 2u) << r.body;
+  }
+  json completion = {{"prompt", "Data:"}, {"response_format", {{"type", "json_object"}}}, {"temperature", 1.0},
+                     {"seed", 3}, {"max_tokens", 200}};
+  auto c = Post(*chat_, "/v1/completions", completion);
+  ASSERT_EQ(c.status, 200) << c.body;
+  const std::string text = Text(Body(c));
+  if (Body(c)["choices"][0]["finish_reason"] == "stop") {
+    EXPECT_TRUE(json::parse(text, nullptr, false).is_object()) << text;
+  } else {
+    EXPECT_EQ(text.rfind("{", 0), 0u) << text;  // cut by max_tokens, but an object so far
+  }
+}
+
+TEST_F(WorkerTest, LogprobsReportTheModelsDistribution) {
+  json req = {{"messages", json::array({{{"role", "user"}, {"content", "Hi"}}})}, {"temperature", 0},
+              {"max_tokens", 5}, {"logprobs", true}, {"top_logprobs", 2}};
+  auto r = Post(*chat_, "/v1/chat/completions", req);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json whole = Body(r);
+  const json& lp = whole["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(lp.size(), 5u) << r.body;
+  for (const auto& t : lp) {
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    ASSERT_EQ(t["top_logprobs"].size(), 2u);
+    EXPECT_EQ(t["logprob"], t["top_logprobs"][0]["logprob"]);  // greedy picks the most likely
+    EXPECT_GE(t["top_logprobs"][0]["logprob"].get<double>(), t["top_logprobs"][1]["logprob"].get<double>());
+  }
+  // Streamed: the same numbers, spread over the chunks.
+  req["stream"] = true;
+  auto s = Post(*chat_, "/v1/chat/completions", req);
+  json streamed = json::array();
+  for (const auto& e : http::ParseSseData(s.body)) {
+    json j = json::parse(e, nullptr, false);
+    if (!j.is_object() || j["choices"].empty() || !j["choices"][0]["logprobs"].is_object()) continue;
+    for (const auto& t : j["choices"][0]["logprobs"]["content"]) streamed.push_back(t);
+  }
+  EXPECT_EQ(streamed, lp);
+  // Completions: the legacy shape.
+  auto c = Post(*chat_, "/v1/completions", {{"prompt", "Hi"}, {"temperature", 0}, {"max_tokens", 3}, {"logprobs", 1}});
+  const json cbody = Body(c);
+  const json& cl = cbody["choices"][0]["logprobs"];
+  EXPECT_EQ(cl["tokens"].size(), 3u) << c.body;
+  EXPECT_EQ(cl["token_logprobs"].size(), 3u);
+  EXPECT_EQ(cl["top_logprobs"][0].size(), 1u);
+}
+
+// A chat stream cut after some events continues with exactly the deltas the
+// client has not had: the replayed tokens' text is parsed, not sent again.
+TEST_F(WorkerTest, AChatStreamContinuesWhereItsDeliveredDeltasEnd) {
+  json req = {{"messages", json::array({{{"role", "user"}, {"content", "Go on"}}})}, {"max_tokens", 24},
+              {"temperature", 1.0}, {"seed", 77}, {"ignore_eos", true}, {"stream", true}};
+  auto whole = Post(*chat_, "/v1/chat/completions", req, {{"X-Request-Id", "cont-chat"}});
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  std::vector<int32_t> ids, cut_ids;
+  std::string content, delivered;
+  for (const auto& e : http::ParseSseData(whole.body)) {
+    json j = json::parse(e, nullptr, false);
+    if (!j.is_object() || j["choices"].empty()) continue;
+    const json& d = j["choices"][0]["delta"];
+    if (d.contains("content") && d["content"].is_string()) content += d["content"].get<std::string>();
+    if (j.contains("spillway") && j["spillway"].contains("tokens")) {
+      for (const auto& t : j["spillway"]["tokens"]) ids.push_back(t);
+    }
+    if (cut_ids.empty() && ids.size() >= 8) {
+      cut_ids = ids;  // the stream is cut after this event
+      delivered = content;
+    }
+  }
+  ASSERT_EQ(ids.size(), 24u);
+  ASSERT_FALSE(cut_ids.empty());
+  json resume = req;
+  resume["spillway_resume"] = {{"tokens", cut_ids}, {"text_bytes", delivered.size()}};
+  auto cont = Post(*chat_, "/v1/chat/completions", resume, {{"X-Request-Id", "cont-chat"}});
+  ASSERT_EQ(cont.status, 200) << cont.body;
+  StreamedCalls rest = ReadStream(cont.body);
+  EXPECT_EQ(delivered + rest.content, content);
+  std::vector<int32_t> joined = cut_ids;
+  joined.insert(joined.end(), rest.tokens.begin(), rest.tokens.end());
+  EXPECT_EQ(joined, ids);
+  // A count of delivered bytes the replay does not reproduce is refused.
+  resume["spillway_resume"]["text_bytes"] = delivered.size() + 1;
+  auto bad = Post(*chat_, "/v1/chat/completions", resume, {{"X-Request-Id", "cont-chat"}});
+  EXPECT_NE(bad.body.find("not reproducible"), std::string::npos) << bad.body;
 }
 
 TEST_F(WorkerTest, ContinuationReplaysDeliveredTokensAndRefusesOthers) {

@@ -239,3 +239,70 @@ TEST(OpenAiRequestTest, BodyMustBeAJsonObject) {
 
 }  // namespace
 }  // namespace spillway::api
+
+namespace spillway::api {
+namespace {
+
+TEST(OpenAiRequestFeaturesTest, ReadsResponseFormatLogprobsReasoningAndUser) {
+  auto r = ParseChatRequest(json::parse(R"({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "point", "strict": true,
+                          "schema": {"type": "object", "properties": {"x": {"type": "number"}}}}},
+      "logprobs": true, "top_logprobs": 3, "user": "u-1", "reasoning_format": "none",
+      "reasoning_effort": "low", "chat_template_kwargs": {"enable_thinking": false},
+      "parallel_tool_calls": true, "n": 1, "best_of": null, "logit_bias": {}})"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->gen.response_format.type, ResponseFormatType::kJsonSchema);
+  EXPECT_EQ(r->gen.response_format.name, "point");
+  EXPECT_TRUE(r->gen.response_format.strict);
+  EXPECT_EQ(json::parse(r->gen.response_format.schema)["properties"]["x"]["type"], "number");
+  EXPECT_TRUE(r->gen.logprobs);
+  EXPECT_EQ(r->gen.top_logprobs, 3);
+  EXPECT_EQ(r->gen.user, "u-1");
+  EXPECT_EQ(r->reasoning_format, "none");
+  EXPECT_EQ(r->reasoning_effort, "low");
+  ASSERT_EQ(r->chat_template_kwargs.size(), 1u);
+  EXPECT_EQ(r->chat_template_kwargs[0].second, "false");
+  EXPECT_EQ(r->parallel_tool_calls, std::optional<bool>(true));
+
+  auto c = ParseCompletionRequest(json::parse(R"({"prompt": "x", "logprobs": 2, "response_format": {"type": "json_object"}})"));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->gen.logprobs);
+  EXPECT_EQ(c->gen.top_logprobs, 2);
+  EXPECT_EQ(c->gen.response_format.type, ResponseFormatType::kJsonObject);
+}
+
+// What Spillway cannot honour is refused by name, never silently ignored.
+TEST(OpenAiRequestFeaturesTest, RefusesWhatItCannotHonourNamingTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"("response_format": {"type": "xml"})", "'response_format.type'"},
+      {R"("response_format": {"type": "json_schema"})", "'response_format.json_schema'"},
+      {R"("response_format": {"type": "json_schema", "json_schema": {"name": "a"}})", "'response_format.json_schema.schema'"},
+      {R"("response_format": {"type": "json_schema", "json_schema": {"schema": []}})", "'response_format.json_schema.schema'"},
+      {R"("top_logprobs": 2)", "'top_logprobs'"},
+      {R"("logprobs": true, "top_logprobs": 21)", "'top_logprobs'"},
+      {R"("n": 2)", "one choice per request"},
+      {R"("logit_bias": {"15": 10})", "'logit_bias'"},
+      {R"("mirostat": 2)", "'mirostat'"},
+      {R"("typical_p": 0.5)", "'typical_p'"},
+      {R"("grammar": "root ::= \"a\"")", "'grammar'"},
+      {R"("functions": [{"name": "f"}])", "'functions'"},
+      {R"("reasoning_format": "verbose")", "'reasoning_format'"},
+      {R"("chat_template_kwargs": {"enable_thinking": "no"})", "'chat_template_kwargs.enable_thinking'"},
+      {R"("user": 5)", "'user'"},
+  };
+  for (const auto& [fields, field] : cases) {
+    const std::string body = std::string(R"({"messages": [{"role": "user", "content": "x"}], )") + fields + "}";
+    auto r = ParseChatRequest(json::parse(body));
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(field), std::string::npos) << body << ": " << r.status().message();
+  }
+  auto c = ParseCompletionRequest(json::parse(R"({"prompt": "x", "best_of": 3})"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("'best_of'"), std::string::npos);
+  EXPECT_FALSE(ParseCompletionRequest(json::parse(R"({"prompt": "x", "logprobs": 6})")).ok());
+  EXPECT_TRUE(ParseCompletionRequest(json::parse(R"({"prompt": "x", "echo": false, "best_of": 1})")).ok());
+}
+
+}  // namespace
+}  // namespace spillway::api
