@@ -390,6 +390,7 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
   };
   std::vector<bool> excluded(svc->placements.size(), false);
   int attempts = 0;
+  double first_estimate_s = -1;  // the wait estimate when the request first had to wait
   bool busy_retry = false;  // the last send found the worker busy; its attempt stays open
   // What happens after an attempt is the pure policy's decision (failover/retry_policy.h).
   failover::RetryState retry{0, t0, live->deadline_ms};
@@ -430,6 +431,7 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     s.waited_ms = target.waited_ms;
     if (target.index != 0) s.degraded = "served by " + placement + " (" + p.role + ")";
     if (p.different_model) s.fallback_model = std::filesystem::path(p.ModelOr(svc->model)).stem().string();
+    s.estimated_delay_s = first_estimate_s;
     return s;
   };
   // A stream the worker refused before its first event: the client hears the
@@ -460,6 +462,7 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     int64_t last_comment_ms = clock_.NowMs();
     auto on_wait = [&](const std::string& note, double est_s) {
       live->Waiting(note, est_s);
+      if (first_estimate_s < 0 && !note.empty()) first_estimate_s = est_s;
       if (!rec.stream || !reply.attached() || note.empty()) return;
       const int64_t now = clock_.NowMs();
       if (now - last_comment_ms < comment_ms) return;

@@ -21,6 +21,11 @@ void ReplyWriter::Describe(http::Response& res, const ServedBy& s) {
   if (s.waited_ms > 0) res.set("X-Spillway-Queued-Ms", std::to_string(s.waited_ms));
   if (!s.degraded.empty()) res.set("X-Spillway-Degraded", s.degraded);
   if (!s.fallback_model.empty()) res.set("X-Spillway-Fallback-Model", s.fallback_model);
+  // A request that was delayed hears the estimate it was delayed with (a
+  // stream heard it at once, in its early head).
+  if (s.estimated_delay_s >= 0) {
+    res.set("X-Spillway-Estimated-Delay", std::to_string(static_cast<int>(std::ceil(s.estimated_delay_s))));
+  }
 }
 
 void ReplyWriter::WaitingNote(const std::string& note, double est_delay_s) {

@@ -35,6 +35,7 @@ struct ServedBy {
   int64_t waited_ms = 0;       // spent waiting for it
   std::string degraded;        // "served by cpu:0/99 (fallback)" when not the primary
   std::string fallback_model;  // a declared different model, announced as such
+  double estimated_delay_s = -1;  // what it was told when it first had to wait (-1: it did not wait)
 };
 
 class ReplyWriter {

@@ -342,9 +342,13 @@ TEST_F(LifecycleTest, AWaitingRequestSaysWhereItIsInLine) {
   EXPECT_EQ(j["phase"], "queued");
   EXPECT_EQ(j["queue"]["position"], 1);
   EXPECT_FALSE(j["queue"].value("reason", "").empty()) << j.dump();
+  // Room comes back: the waiting request runs, and its answer says what it was told while it waited.
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "primary"); };
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "fallback"); };
   for (int i = 0; i < 3; ++i) Send("/v1/requests/r-run-" + std::to_string(i), "", "DELETE")->Wait();
-  Send("/v1/requests/r-wait", "", "DELETE")->Wait();
   ASSERT_TRUE(waiting->Wait());
+  EXPECT_EQ(waiting->status(), 200u) << waiting->body();
+  EXPECT_FALSE(waiting->header("X-Spillway-Estimated-Delay").empty());
   for (const auto& r : running) EXPECT_TRUE(r->Wait());
 }
 
