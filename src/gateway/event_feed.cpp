@@ -64,6 +64,9 @@ void EventFeed::Subscribe(Subscriber s) {
 void EventFeed::Kick() {
   {
     std::lock_guard<std::mutex> lk(mu_);
+    // Nobody is watching: the periodic sample is enough (a busy gateway
+    // would otherwise pay a full status sample four times a second for no one).
+    if (subscribers_.empty() && joining_.empty()) return;
     kicked_ = true;
   }
   cv_.notify_all();
