@@ -78,9 +78,12 @@ std::vector<admission::PlacementView> PlacementBoard::Views(const config::Servic
   std::lock_guard<std::mutex> lk(mu_);
   auto& states = placements_.at(svc.name);
   auto is_excluded = [&](size_t k) { return k < excluded.size() && excluded[k]; };
+  // Each placement's availability, asked once (a breaker's answer and the worker's port can change between asks).
+  std::vector<bool> available(states.size());
   bool others = false;  // is any placement usable that has not failed this request?
   for (size_t k = 0; k < states.size(); ++k) {
-    others |= !is_excluded(k) && states[k]->admission.admitted && BreakersAllow(*states[k]) && startable(k);
+    available[k] = states[k]->admission.admitted && BreakersAllow(*states[k]) && startable(k);
+    others |= !is_excluded(k) && available[k];
   }
   std::vector<admission::PlacementView> views;
   for (size_t k = 0; k < states.size(); ++k) {
@@ -88,7 +91,7 @@ std::vector<admission::PlacementView> PlacementBoard::Views(const config::Servic
     admission::PlacementView v;
     v.name = st.cfg.Name();
     const bool ex = others && is_excluded(k);
-    v.usable = !ex && st.admission.admitted && BreakersAllow(st) && startable(k);
+    v.usable = !ex && available[k];
     v.hybrid = st.cfg.role == "hybrid";
     v.fallback = st.cfg.role == "fallback";
     v.cells_total = st.pool.request_capacity();

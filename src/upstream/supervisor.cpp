@@ -301,7 +301,12 @@ void Supervisor::Round() {
   };
   {
     std::vector<Check> checks;
-    std::vector<std::pair<std::string, uint16_t>> became_ready;
+    struct Ready {
+      std::string key;
+      pid_t pid;
+      uint16_t port;
+    };
+    std::vector<Ready> became_ready;
     std::vector<std::string> idle_candidates;
     std::vector<std::pair<std::string, std::string>> exits;
     // Restarts due now pass the start gate first (it may read telemetry: no lock held).
@@ -333,7 +338,7 @@ void Supervisor::Round() {
         Poll(w);
         if (was_up && w.view.state == WorkerState::kBackoff) exits.emplace_back(k, w.view.last_exit);
         if ((!was_ready || w.announce_ready) && w.view.state == WorkerState::kReady) {
-          became_ready.emplace_back(k, w.view.port);
+          became_ready.push_back({k, w.view.pid, w.view.port});
         }
         w.announce_ready = false;
         if (w.spec.on_demand && w.view.state == WorkerState::kReady) idle_candidates.push_back(k);
@@ -346,17 +351,10 @@ void Supervisor::Round() {
       }
     }
     if (on_ready_) {
-      for (const auto& [k, port] : became_ready) on_ready_(k, port);
+      for (const auto& r : became_ready) on_ready_(r.key, r.port);
     }
     // What a worker says of itself is known from the moment it is ready.
-    for (const auto& [k, port] : became_ready) {
-      pid_t pid = 0;
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (auto it = workers_.find(k); it != workers_.end()) pid = it->second.view.pid;
-      }
-      if (pid > 0) RefreshInfo(k, pid, port);
-    }
+    for (const auto& r : became_ready) RefreshInfo(r.key, r.pid, r.port);
     if (on_exit_) {
       for (const auto& [k, why] : exits) on_exit_(k, why);
     }
