@@ -171,9 +171,11 @@ class Journal {
   // from it. Set before the first write (not synchronised with writers).
   void SetObserver(std::function<void(const Transition&)> f) { observer_ = std::move(f); }
 
+  class StmtCache;  // the connection's prepared statements (journal.cpp)
+
  private:
   struct Writer;
-  Journal(sqlite3* db, JournalOptions opts, const Clock& clock) : db_(db), opts_(std::move(opts)), clock_(clock) {}
+  Journal(sqlite3* db, JournalOptions opts, const Clock& clock);
   Status Exec(const std::string& sql);
   // Queues `op` (run by a leader inside a transaction, connection held) and
   // returns its result once the transaction covering it has committed.
@@ -192,6 +194,7 @@ class Journal {
   JournalOptions opts_;
   const Clock& clock_;
   std::mutex db_mu_;  // the connection: a batch, or one read
+  std::unique_ptr<StmtCache> stmts_;  // under db_mu_
 
   std::mutex mu_;  // below
   std::deque<Writer*> writers_;
