@@ -22,7 +22,11 @@ test: build
 run: build
 	$(BUILD)/bin/spillway serve --listen $(LISTEN)
 
+# Builds the benchmarks, checks the bench preset's behaviour (make test checks
+# the smaller presets), then spillway-worker against llama-bench.
 bench: build
+	@cmake --build $(BUILD) --target benches model_behaviour_test
+	SPILLWAY_TEST_BENCH_MODELS=1 ctest --test-dir $(BUILD) -R model_behaviour_test --output-on-failure
 	bench/worker_vs_llama.sh $(BUILD)
 
 # The proving suite's long form: every scenario for a minute, more than 1000
@@ -31,7 +35,7 @@ CHAOS_SEED ?= 1
 chaos: build
 	$(BUILD)/bin/spillway chaos --seed $(CHAOS_SEED) --duration 60 --faults 1100 --report chaos-report
 
-# The fuzz targets for longer than make test's 25 s each (clang + libFuzzer).
+# The fuzz targets for longer than make test's 10 s each (clang + libFuzzer).
 FUZZ_SECONDS ?= 300
 fuzz: build
 	tests/fuzz/run.sh $(BUILD) $(FUZZ_SECONDS)

@@ -3,6 +3,7 @@
 #   bench/worker_vs_llama.sh [BUILD_DIR] [PRESET]    PRESET: bench (~410 MB, default) | bench-large (~1.2 GB)
 set -euo pipefail
 BUILD=${1:-build}
+cmake --build "$BUILD" --target worker_vs_llama >/dev/null  # benchmarks are not part of make build
 PRESET=${2:-bench}
 source "$BUILD/bench/bench.env"
 MODEL="$BUILD/models/$PRESET.gguf"

@@ -4,7 +4,7 @@
 # each for SECONDS on its checked-in seed corpus (tests/fuzz/corpus/<name>/)
 # plus what earlier runs found (BUILD/fuzz/corpus/<name>/).
 #
-#   tests/fuzz/run.sh BUILD SECONDS [name...]     make test: 25 s each; make fuzz: 300 s each
+#   tests/fuzz/run.sh BUILD SECONDS [name...]     make test: 10 s each; make fuzz: 300 s each
 #
 # Exit 0: no crash, leak, timeout or sanitizer report. A failing input is kept
 # as BUILD/fuzz/artifacts/<name>-crash-*; replay it with BUILD/fuzz/<name> FILE.

@@ -1,0 +1,1 @@
+// Builds cmake/precompiled.h once (see CMakeLists.txt).
