@@ -57,7 +57,11 @@ std::string Gateway::StartingNote(const config::ServiceConfig& svc) {
       const int64_t now = clock_.NowMs();
       std::string part = st->cfg.Name() + " is " + upstream::WorkerStateName(w.state);
       if (w.state == upstream::WorkerState::kStarting) {
-        part += " (" + std::to_string((now - w.starting_since_ms) / 1000) + " s of its " +
+        part += " (";
+        if (w.load_total_bytes > 0) {
+          part += "model " + std::to_string(w.load_bytes * 100 / w.load_total_bytes) + " % loaded, ";
+        }
+        part += std::to_string((now - w.starting_since_ms) / 1000) + " s of its " +
                 std::to_string(w.start_timeout_ms / 1000) + " s start timeout)";
       } else if (w.state == upstream::WorkerState::kBackoff && !w.last_exit.empty()) {
         part += " after " + w.last_exit + ", next start in " +

@@ -133,6 +133,12 @@ json Gateway::StatusJson() const {
         w["last_exit"] = v.last_exit;
         if (!v.last_error.empty()) w["last_error"] = v.last_error;
         w["failed_starts"] = v.failed_starts;
+        if (v.state == upstream::WorkerState::kStarting && v.load_total_bytes > 0) {
+          // A model coming in from disk: how far (the worker's own count).
+          w["load"] = {{"loaded_bytes", v.load_bytes},
+                       {"total_bytes", v.load_total_bytes},
+                       {"fraction", static_cast<double>(v.load_bytes) / static_cast<double>(v.load_total_bytes)}};
+        }
         if (v.state == upstream::WorkerState::kBackoff) {
           w["next_start_in_s"] = std::max<int64_t>(0, v.next_start_ms - clock_.NowMs()) / 1000.0;
         }

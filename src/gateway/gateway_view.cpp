@@ -201,7 +201,7 @@ void Gateway::AddServiceViews(json& status, const json& requests) {
     std::string state;
     if (serving < 0) {
       state = loading ? "loading" : "unavailable";
-      // How far a load is: seconds of its start timeout (the worker does not report bytes yet).
+      // How far a load is: the share of the model loaded, and seconds of its start timeout.
       view["summary"] = loading ? "no placement is ready yet, requests wait; " + StartingNote(*svc)
                                 : "no placement can serve now; requests get 503 with the reason";
     } else {

@@ -190,6 +190,15 @@ function renderBanners(services) {
   $('banners').replaceChildren(...banners);
 }
 
+// A starting worker that reports its load: "loading 42 % (1.2 of 2.9 GB)".
+function placementState(p) {
+  if (p.state === 'starting' && p.load && p.load.total_bytes > 0) {
+    const gb = (b) => (b / 1e9).toFixed(b >= 1e10 ? 0 : 1);
+    return `loading ${Math.floor(p.load.fraction * 100)} % (${gb(p.load.loaded_bytes)} of ${gb(p.load.total_bytes)} GB)`;
+  }
+  return p.state || 'not started';
+}
+
 function breakerText(b) {
   if (!b) return '–';
   return b.state + (b.state !== 'closed' && b.last_reason ? `: ${b.last_reason}` : '');
@@ -204,7 +213,7 @@ function renderServices(services) {
     const rows = (s.placements || []).map((p) => el('tr', {},
       el('td', { text: p.placement }),
       el('td', { text: p.role }),
-      el('td', {}, el('span', { class: `badge ${p.state || 'stopped'}`, text: p.state || 'not started' })),
+      el('td', {}, el('span', { class: `badge ${p.state || 'stopped'}`, text: placementState(p) })),
       el('td', {}, el('span', { class: `badge ${(p.breaker && p.breaker.state) || ''}`, text: (p.breaker && p.breaker.state) || '–' })),
       el('td', { text: p.admitted === false ? `not admitted: ${p.admission}` : (p.last_error || p.last_exit || '') })));
     return el('div', { class: 'card service', 'data-service': s.name },

@@ -7,6 +7,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -107,14 +108,17 @@ void Supervisor::Start() {
 
 void Supervisor::Spawn(Worker& w) {
   const std::string port_file = run_dir_ + "/" + w.spec.key + ".port";
+  const std::string load_file = run_dir_ + "/" + w.spec.key + ".load";
   std::error_code ec;
   fs::remove(port_file, ec);
+  fs::remove(load_file, ec);
+  w.view.load_bytes = w.view.load_total_bytes = 0;
   std::vector<std::string> args = {binary_};
   args.insert(args.end(), w.spec.args.begin(), w.spec.args.end());
   // No --parent-pid: a worker outlives a crash of the gateway, to be adopted
   // by the next one; the orphan rule ends it if none comes.
-  args.insert(args.end(), {"--listen", "127.0.0.1:0", "--port-file", port_file, "--orphan-timeout",
-                           std::to_string(orphan_timeout_s_)});
+  args.insert(args.end(), {"--listen", "127.0.0.1:0", "--port-file", port_file, "--load-progress-file", load_file,
+                           "--orphan-timeout", std::to_string(orphan_timeout_s_)});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -226,13 +230,12 @@ void Supervisor::Poll(Worker& w) {
     return;
   }
   if (w.view.state == WorkerState::kStarting) {
-    if (const uint16_t port = PortFromFile(w.spec.key)) {
+    if (w.view.port != 0) {
+      // Listening; ready once Round() has fetched its /info (or tried), so
+      // that nobody sees it ready without its memory and slots.
+    } else if (const uint16_t port = PortFromFile(w.spec.key)) {
+      w.view.load_bytes = w.view.load_total_bytes;  // all of it
       w.view.port = port;
-      w.view.state = WorkerState::kReady;
-      w.view.last_start_ms = now - w.spawned_ms;
-      w.ready_since_ms = now;
-      w.next_health_ms = now + kHealthPeriodMs;  // its first passed health check ends the failed-start count
-      WriteRecord(w);  // now with its port: adoptable
     } else if (w.spec.start_timeout_ms > 0 && now - w.spawned_ms >= w.spec.start_timeout_ms) {
       // A start that hangs holds no request forever: end it and say so.
       StopGroup(Process(w), 0);
@@ -240,6 +243,8 @@ void Supervisor::Poll(Worker& w) {
       std::snprintf(why, sizeof why, "did not become ready within %.0f s (start_timeout_s)",
                     static_cast<double>(w.spec.start_timeout_ms) / 1000);
       Exited(w, why);
+    } else {
+      ReadLoadProgress(w);
     }
     return;
   }
@@ -306,7 +311,7 @@ void Supervisor::Round() {
       pid_t pid;
       uint16_t port;
     };
-    std::vector<Ready> became_ready;
+    std::vector<Ready> became_ready, listening;
     std::vector<std::string> idle_candidates;
     std::vector<std::pair<std::string, std::string>> exits;
     // Restarts due now pass the start gate first (it may read telemetry: no lock held).
@@ -335,7 +340,11 @@ void Supervisor::Round() {
         }
         const bool was_ready = w.view.state == WorkerState::kReady;
         const bool was_up = was_ready || w.view.state == WorkerState::kStarting;
+        const bool was_listening = w.view.state == WorkerState::kStarting && w.view.port != 0;
         Poll(w);
+        if (!was_listening && w.view.state == WorkerState::kStarting && w.view.port != 0) {
+          listening.push_back({k, w.view.pid, w.view.port});
+        }
         if (was_up && w.view.state == WorkerState::kBackoff) exits.emplace_back(k, w.view.last_exit);
         if ((!was_ready || w.announce_ready) && w.view.state == WorkerState::kReady) {
           became_ready.push_back({k, w.view.pid, w.view.port});
@@ -350,11 +359,31 @@ void Supervisor::Round() {
         }
       }
     }
+    // What a worker says of itself is known from the moment it is ready: a
+    // worker that has just started listening is asked first, then ready.
+    for (const auto& r : listening) {
+      RefreshInfo(r.key, r.pid, r.port);
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = workers_.find(r.key);
+      if (it == workers_.end() || it->second.view.pid != r.pid || it->second.view.state != WorkerState::kStarting) continue;
+      Worker& w = it->second;
+      const int64_t now = clock_.NowMs();
+      w.view.state = WorkerState::kReady;
+      w.view.last_start_ms = now - w.spawned_ms;
+      w.ready_since_ms = now;
+      w.next_health_ms = now + kHealthPeriodMs;  // its first passed health check ends the failed-start count
+      WriteRecord(w);  // now with its port: adoptable
+      became_ready.push_back(r);
+    }
     if (on_ready_) {
       for (const auto& r : became_ready) on_ready_(r.key, r.port);
     }
-    // What a worker says of itself is known from the moment it is ready.
-    for (const auto& r : became_ready) RefreshInfo(r.key, r.pid, r.port);
+    // Adopted workers were ready at once; their /info comes now.
+    for (const auto& r : became_ready) {
+      if (std::find_if(listening.begin(), listening.end(), [&](const Ready& l) { return l.key == r.key; }) == listening.end()) {
+        RefreshInfo(r.key, r.pid, r.port);
+      }
+    }
     if (on_exit_) {
       for (const auto& [k, why] : exits) on_exit_(k, why);
     }

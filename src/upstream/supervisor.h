@@ -178,6 +178,7 @@ class Supervisor : public Workers {
   AdoptDecision Judge(WorkerRecord& record, const std::optional<std::string>& configured_hash) const;
   Status ClearLeftovers(uint16_t port) const;
   uint16_t PortFromFile(const std::string& key) const;
+  void ReadLoadProgress(Worker& w) const;  // the worker's --load-progress-file, while it starts
   void WriteRecord(const Worker& w);
   void RemoveRecord(const std::string& key);
 

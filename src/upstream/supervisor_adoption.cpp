@@ -65,6 +65,15 @@ uint16_t Supervisor::PortFromFile(const std::string& key) const {
   return f >> port && port > 0 && port <= 65535 ? static_cast<uint16_t>(port) : 0;
 }
 
+void Supervisor::ReadLoadProgress(Worker& w) const {
+  std::ifstream f(run_dir_ + "/" + w.spec.key + ".load");  // "LOADED TOTAL", rewritten atomically
+  uint64_t loaded = 0, total = 0;
+  if (f >> loaded >> total && total > 0 && loaded <= total) {
+    w.view.load_bytes = loaded;
+    w.view.load_total_bytes = total;
+  }
+}
+
 void Supervisor::WriteRecord(const Worker& w) {
   const WorkerRecord r{w.spec.key, w.view.pid, w.start_time, w.view.port, w.spec_hash,
                        protocol::kWorkerProtocolVersion};

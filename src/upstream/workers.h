@@ -36,6 +36,9 @@ struct WorkerView {
   int64_t last_start_ms = 0;  // how long its last start took (spawn to ready), measured
   int64_t start_timeout_ms = 0;  // of its spec
   int64_t starting_since_ms = 0;  // clock time of its current start (while starting)
+  // While starting: how much of its model it has loaded, as the worker last
+  // said (--load-progress-file); total 0 until it says.
+  uint64_t load_bytes = 0, load_total_bytes = 0;
   bool adopted = false;  // started by an earlier gateway on this state directory, adopted without a reload
   // The worker's last answer to GET /info (memory, slots, context), refreshed
   // by the supervisor every kInfoPeriodMs while it is ready, so that status

@@ -62,6 +62,9 @@ StatusOr<FaultSpec> ParseFault(const std::string& spec) {
   } else if (name == "hang") {
     f.kind = FaultSpec::kHang;
     if (!ParseSeconds(arg, &f.arg)) return Status::InvalidArgument("hang needs seconds in [0, 86400]");
+  } else if (name == "slow-load") {
+    f.kind = FaultSpec::kSlowLoad;
+    if (!ParseSeconds(arg, &f.arg)) return Status::InvalidArgument("slow-load needs seconds in [0, 86400]");
   } else if (name == "lose-at-token") {
     f.kind = FaultSpec::kLoseAtToken;
     if (!ParseInt(arg, &f.arg) || f.arg < 1) return Status::InvalidArgument("lose-at-token needs a token count >= 1");
@@ -76,7 +79,7 @@ StatusOr<FaultSpec> ParseFault(const std::string& spec) {
   } else {
     return Status::InvalidArgument("unknown fault '" + spec +
                                    "' (fail-next=, fail-after-bytes=, compute-error, compute-abort, hang=, "
-                                   "lose-at-token=, lose-device, clear)");
+                                   "lose-at-token=, lose-device, slow-load=, clear)");
   }
   return f;
 }
@@ -84,6 +87,11 @@ StatusOr<FaultSpec> ParseFault(const std::string& spec) {
 Status FaultInjector::Arm(const std::string& spec) {
   auto f = ParseFault(spec);
   if (!f.ok()) return f.status();
+  if (f->kind == FaultSpec::kSlowLoad) {  // any device: it only stretches the load
+    slow_load_ms_ = f->arg;
+    Log("armed " + spec);
+    return Status::Ok();
+  }
   if (!sim_) return Status::InvalidArgument("fault '" + spec + "' needs a sim device (--device sim:N)");
   switch (f->kind) {
     case FaultSpec::kFailNext:
@@ -97,9 +105,11 @@ Status FaultInjector::Arm(const std::string& spec) {
     case FaultSpec::kHang: sim_->Arm(SPILLWAY_SIM_HANG_MS, f->arg); break;
     case FaultSpec::kLoseAtToken: lose_at_token_ = f->arg; break;
     case FaultSpec::kLoseDevice: sim_->Arm(SPILLWAY_SIM_LOSE_DEVICE); break;
+    case FaultSpec::kSlowLoad: break;  // above
     case FaultSpec::kClear:
       sim_->Arm(SPILLWAY_SIM_CLEAR);
       lose_at_token_ = -1;
+      slow_load_ms_ = 0;
       force_reserve_ = false;
       break;
   }

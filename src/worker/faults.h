@@ -14,6 +14,8 @@
 //   hang=SECONDS                the next graph compute stalls (decimal seconds)
 //   lose-at-token=K             the device is lost after K more generated tokens
 //   lose-device                 the device is lost now
+//   slow-load=SECONDS           the model load takes at least this long (any
+//                                device; its progress is reported as it goes)
 //   clear                       disarm everything not yet fired
 #pragma once
 
@@ -30,7 +32,7 @@
 namespace spillway::worker {
 
 struct FaultSpec {
-  enum Kind { kFailNext, kFailAfterBytes, kComputeError, kComputeAbort, kHang, kLoseAtToken, kLoseDevice, kClear };
+  enum Kind { kFailNext, kFailAfterBytes, kComputeError, kComputeAbort, kHang, kLoseAtToken, kLoseDevice, kSlowLoad, kClear };
   Kind kind;
   int64_t arg = 0;            // bytes, ms, tokens, or a spillway_sim_phase
   bool via_reserve = false;   // fail-next=reserve
@@ -50,6 +52,8 @@ class FaultInjector {
   // Engine hooks (engine thread).
   void OnToken();
   bool TakeForceReserve() { return force_reserve_.exchange(false); }
+  // The slow-load fault's length (0: none), once: the load it stretches.
+  int64_t TakeSlowLoadMs() { return slow_load_ms_.exchange(0); }
 
   nlohmann::json ToJson() const;
 
@@ -61,6 +65,7 @@ class FaultInjector {
   std::vector<nlohmann::json> history_;
   std::atomic<int64_t> lose_at_token_{-1};
   std::atomic<bool> force_reserve_{false};
+  std::atomic<int64_t> slow_load_ms_{0};
 };
 
 }  // namespace spillway::worker

@@ -24,6 +24,7 @@
 #include "common/secret.h"
 #include "worker/engine.h"
 #include "worker/faults.h"
+#include "worker/load_progress.h"
 #include "worker/sim_control.h"
 #include "worker/model.h"
 #include "worker/worker_service.h"
@@ -60,6 +61,9 @@ int main(int argc, char** argv) {
   app.add_option("--listen", listen, "HOST:PORT to listen on (loopback only; port 0 picks a free port)")
       ->capture_default_str();
   app.add_option("--port-file", port_file, "write the bound port to this file once listening");
+  std::string load_progress_file;
+  app.add_option("--load-progress-file", load_progress_file,
+                 "rewrite \"LOADED_BYTES TOTAL_BYTES\" in this file as the model loads (the supervisor shows it)");
   app.add_option("--device", placement.device, "cpu, cuda:N or sim:N (simulated accelerator, see `spillway sim`)")
       ->capture_default_str();
   app.add_option("--gpu-layers", placement.gpu_layers, "layers to offload to --device (-1 = all)")
@@ -172,7 +176,11 @@ int main(int argc, char** argv) {
     if (Status st = faults.Arm(f); !st.ok()) return Fatal(kExitUsage, st);
   }
 
-  auto model = worker::Model::Load(model_path, placement);
+  std::error_code size_ec;
+  const uint64_t model_bytes = std::filesystem::file_size(model_path, size_ec);
+  worker::LoadProgressFile load_progress(dry_run ? "" : load_progress_file, size_ec ? 0 : model_bytes,
+                                         faults.TakeSlowLoadMs());
+  auto model = worker::Model::Load(model_path, placement, [&](float f) { load_progress.Report(f); });
   if (!model.ok()) return Fatal(kExitLoad, model.status());
   worker::EngineOptions eo;
   eo.slots = placement.slots;

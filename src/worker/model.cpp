@@ -141,7 +141,8 @@ Model::~Model() {
   if (model_) llama_model_free(model_);
 }
 
-StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, const Placement& placement) {
+StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, const Placement& placement,
+                                             const std::function<void(float)>& on_progress) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return Status::NotFound("model file not found: " + path);
   auto devices = DevicesFor(placement.device);
@@ -159,7 +160,13 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, const Plac
   mp.load_mode = placement.mmap && !placement.dry_run ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
   mp.no_alloc = placement.dry_run;
   mp.split_mode = LLAMA_SPLIT_MODE_LAYER;
-  mp.progress_callback = [](float, void*) { return true; };  // no progress dots on stderr
+  // Told to the caller (the default callback prints progress dots on stderr).
+  mp.progress_callback = [](float fraction, void* user) {
+    const auto* f = static_cast<const std::function<void(float)>*>(user);
+    if (*f) (*f)(fraction);
+    return true;
+  };
+  mp.progress_callback_user_data = const_cast<std::function<void(float)>*>(&on_progress);
   auto sim = SimControl::Find();
   if (sim) sim->SetPhase(SPILLWAY_SIM_PHASE_LOAD);
   m->model_ = llama_model_load_from_file(path.c_str(), mp);

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,8 +62,10 @@ class Model {
  public:
   ~Model();
   // Loads weights onto the placement's devices. Allocation failures return
-  // kResourceExhausted with phase=load.
-  static StatusOr<std::unique_ptr<Model>> Load(const std::string& path, const Placement& placement);
+  // kResourceExhausted with phase=load. `on_progress` (optional) hears the
+  // fraction loaded, on the loading thread.
+  static StatusOr<std::unique_ptr<Model>> Load(const std::string& path, const Placement& placement,
+                                               const std::function<void(float)>& on_progress = {});
 
   llama_model* raw() const { return model_; }
   const llama_vocab* vocab() const { return vocab_; }

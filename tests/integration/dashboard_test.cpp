@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -298,6 +300,46 @@ TEST(DashboardTest, AServiceThatCannotServeIsUnavailableInWords) {
   EXPECT_FALSE(cuda.value("error", "").empty()) << cuda.dump();
   EXPECT_FALSE(cuda.contains("total_bytes"));
   EXPECT_EQ(status["services"][0]["state"], "ready");
+}
+
+// A model that takes a while to load (the slow-load fault stretches it to 4 s)
+// shows how far it is, in bytes, in /v1/status, the event stream and the
+// service's summary; once ready, the load is no longer reported.
+TEST(DashboardTest, AModelLoadShowsItsProgressInBytes) {
+  ::setenv("SPILLWAY_FAULTS", "slow-load=4", 1);  // the workers inherit it (and only they read it)
+  GatewayProcess gw(TestConfig(1));
+  const bool started = gw.Start(std::chrono::seconds(60), /*wait_ready=*/false);
+  ::unsetenv("SPILLWAY_FAULTS");
+  ASSERT_TRUE(started) << gw.Output();
+  EventReader events(gw.port(), {});
+  json partial;
+  std::string summary;
+  for (int i = 0; i < 400 && partial.is_null(); ++i) {
+    const json status = Body(Call(gw.port(), "GET", "/v1/status"));
+    for (const auto& p : status["services"][0]["placements"]) {
+      if (!p.contains("load")) continue;
+      const double f = p["load"]["fraction"].get<double>();
+      if (f > 0 && f < 1) {
+        partial = p["load"];
+        summary = status["services"][0]["serving"].value("summary", "");
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_FALSE(partial.is_null()) << "no load progress seen while the model loaded";
+  EXPECT_GT(partial["loaded_bytes"].get<uint64_t>(), 0u);
+  EXPECT_LT(partial["loaded_bytes"].get<uint64_t>(), partial["total_bytes"].get<uint64_t>());
+  EXPECT_EQ(partial["total_bytes"].get<uint64_t>(), std::filesystem::file_size(ModelPath("tiny-chat")));
+  EXPECT_NE(summary.find("% loaded"), std::string::npos) << summary;
+  EXPECT_TRUE(events.Saw("\"loaded_bytes\"")) << events.Text().substr(0, 2000);
+  json status;
+  for (int i = 0; i < 500; ++i) {
+    status = Body(Call(gw.port(), "GET", "/v1/status"));
+    if (status["services"][0]["state"] == "ready") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(status["services"][0]["state"], "ready") << status.dump();
+  EXPECT_FALSE(status["services"][0]["placements"][0].contains("load"));
 }
 
 }  // namespace
