@@ -79,6 +79,20 @@ void Pump() {
 
 bool JsonLogs() { return g_on.load(); }
 
+void LogEvent(std::string_view event, const std::string& fields_json, const std::string& text) {
+  if (!JsonLogs()) {
+    std::fprintf(stderr, "%s\n", text.c_str());
+    return;
+  }
+  nlohmann::json j = nlohmann::json::parse(fields_json, nullptr, false);
+  if (!j.is_object()) j = nlohmann::json::object();
+  j["event"] = event;
+  j["msg"] = text;
+  // One write, so that concurrent lines do not interleave in the pipe.
+  const std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  std::fputs(line.c_str(), stderr);
+}
+
 std::string JsonLogLine(std::string_view line, std::string_view stream, int64_t time_ms) {
   nlohmann::json j;
   if (!line.empty() && line.front() == '{') j = nlohmann::json::parse(line, nullptr, false);

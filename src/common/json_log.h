@@ -29,6 +29,12 @@ Status StartJsonLogs();
 // Flushes, gives stdout and stderr their descriptors back and ends the thread.
 void StopJsonLogs();
 
+// One event of the process's own (a worker exited, was adopted...): with JSON
+// logs, one line {"event": EVENT, ...fields, "msg": TEXT}, so that a log
+// shipper can select on fields instead of patterns; otherwise TEXT as it is.
+// `fields` is a JSON object (nlohmann::json dumped), e.g. {"worker":"chat.0"}.
+void LogEvent(std::string_view event, const std::string& fields_json, const std::string& text);
+
 // The JSON line for one text line (without its newline), stamped `time_ms`
 // (unix ms): what the pipes write.
 std::string JsonLogLine(std::string_view line, std::string_view stream, int64_t time_ms);

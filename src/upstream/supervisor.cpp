@@ -7,6 +7,8 @@
 
 #include <sys/stat.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +16,7 @@
 #include <filesystem>
 
 #include "api/http_client.h"
+#include "common/json_log.h"
 #include "common/private_files.h"
 #include "common/secret.h"
 #include "common/survive.h"
@@ -199,9 +202,18 @@ void Supervisor::Exited(Worker& w, const std::string& why) {
   w.view.next_start_ms = now + delay;
   w.view.failed_starts = was_serving ? 0 : w.view.failed_starts + 1;
   // One line per failure in the gateway's own log, with the worker's reason.
-  std::fprintf(stderr, "spillway: worker %s %s (%s)%s; next start in %.1f s\n", w.spec.key.c_str(),
-               was_serving ? "exited" : "failed to start", why.c_str(),
-               w.view.last_error.empty() ? "" : (": " + w.view.last_error).c_str(), static_cast<double>(delay) / 1000);
+  char text[1024];
+  std::snprintf(text, sizeof text, "spillway: worker %s %s (%s)%s; next start in %.1f s", w.spec.key.c_str(),
+                was_serving ? "exited" : "failed to start", why.c_str(),
+                w.view.last_error.empty() ? "" : (": " + w.view.last_error).c_str(), static_cast<double>(delay) / 1000);
+  LogEvent(was_serving ? "worker.exited" : "worker.start_failed",
+           nlohmann::json{{"worker", w.spec.key},
+                          {"reason", why},
+                          {"worker_said", w.view.last_error},
+                          {"failed_starts", w.view.failed_starts},
+                          {"next_start_s", static_cast<double>(delay) / 1000}}
+               .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+           text);
   w.ready_since_ms = 0;
   ++w.view.restarts;
   ++restarts_;

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "api/http_client.h"
+#include "common/json_log.h"
 #include "common/private_files.h"
 #include "common/survive.h"
 #include "devices/sim_ledger.h"
@@ -169,8 +170,11 @@ void Supervisor::AdoptOrStop(const RecordFile& f) {
       return;
     case AdoptAction::kStop: {
       const bool ended = StopGroup({rec.pid, rec.start_time, /*child=*/false}, kStopGraceMs);
-      std::fprintf(stderr, "spillway: worker %s of the previous gateway (pid %d) %s: %s\n", rec.key.c_str(),
-                   static_cast<int>(rec.pid), ended ? "stopped" : "could NOT be stopped", d.reason.c_str());
+      LogEvent("worker.previous_stopped",
+               nlohmann::json{{"worker", rec.key}, {"pid", rec.pid}, {"stopped", ended}, {"reason", d.reason}}
+                   .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+               "spillway: worker " + rec.key + " of the previous gateway (pid " + std::to_string(rec.pid) + ") " +
+                   (ended ? "stopped" : "could NOT be stopped") + ": " + d.reason);
       RemoveRecord(rec.key);
       return;
     }
@@ -193,8 +197,9 @@ void Supervisor::AdoptOrStop(const RecordFile& f) {
   w.announce_ready = true;
   WriteRecord(w);  // with the port it may have had only in its port file
   ++adopted_;
-  std::fprintf(stderr, "spillway: worker %s adopted from the previous gateway (pid %d, port %u): serving on, no reload\n",
-               rec.key.c_str(), static_cast<int>(rec.pid), static_cast<unsigned>(rec.port));
+  LogEvent("worker.adopted", nlohmann::json{{"worker", rec.key}, {"pid", rec.pid}, {"port", rec.port}}.dump(),
+           "spillway: worker " + rec.key + " adopted from the previous gateway (pid " + std::to_string(rec.pid) +
+               ", port " + std::to_string(rec.port) + "): serving on, no reload");
 }
 
 }  // namespace spillway::upstream
