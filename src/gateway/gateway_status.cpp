@@ -122,7 +122,7 @@ json Gateway::StatusJson() const {
       const std::string key = WorkerKey(s, i);
       json w = {{"key", key}, {"placement", s.placements[i].Name()}, {"device", s.placements[i].device},
                 {"role", s.placements[i].role}};
-      w.update(board_.PlacementJson(s.name, i));
+      w.update(board_.PlacementJson(s.name, i, static_cast<uint64_t>(s.default_max_tokens)));
       for (const auto& v : workers) {
         if (v.key != key) continue;
         w["state"] = upstream::WorkerStateName(v.state);

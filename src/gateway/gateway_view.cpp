@@ -228,15 +228,23 @@ void Gateway::AddServiceViews(json& status, const json& requests) {
       else if (serving != 0) summary += " (the same model, " + model + ")";
       if (serving != 0 && !words.empty()) summary += "; limits: " + words;
       view["summary"] = summary;
-      // A rough wait for a new request: those ahead (running and waiting) in
-      // rounds of the placement's lanes, each a default-length answer at its
-      // measured speed (null until measured). The core's per-request
-      // estimate (GET /v1/requests/{id}) is the better one where it exists.
-      const double gen_tps = placements[static_cast<size_t>(serving)].value("throughput", json::object()).value("generated_tokens_per_s", 0.0);
+      // The wait of a new default-length request: those ahead (running and
+      // waiting) in rounds of the placement's lanes, each a default-length
+      // answer at its measured speed; on a pool whose cells admission
+      // tracks, at least the board's estimate (the one admission acts on:
+      // when running requests free enough cells). Null until measured.
+      const json& sp = placements[static_cast<size_t>(serving)];
+      const double gen_tps = sp.value("throughput", json::object()).value("generated_tokens_per_s", 0.0);
       const int lanes = svc->OnCpuPath(static_cast<size_t>(serving)) ? svc->cpu_path.concurrency : std::max(1, p.slots);
-      view["est_wait_s"] = gen_tps > 0 ? json(std::floor(static_cast<double>(queued + running) / lanes) *
-                                              svc->default_max_tokens / gen_tps)
-                                       : json(nullptr);
+      if (gen_tps > 0) {
+        double wait = std::floor(static_cast<double>(queued + running) / std::max(1, lanes)) * svc->default_max_tokens / gen_tps;
+        if (!svc->OnCpuPath(static_cast<size_t>(serving)) && sp.value("est_wait_s", json()).is_number()) {
+          wait = std::max(wait, sp["est_wait_s"].get<double>());
+        }
+        view["est_wait_s"] = wait;
+      } else {
+        view["est_wait_s"] = nullptr;
+      }
     }
     for (const auto& p : placements) {
       if (p.value("role", "") == "primary" && p.value("on_demand", false) && p.value("state", "") == "stopped") state = "evicted";

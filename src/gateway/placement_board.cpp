@@ -215,10 +215,13 @@ bool PlacementBoard::ReleaseIfIdle(const std::string& key,
   return false;
 }
 
-nlohmann::json PlacementBoard::PlacementJson(const std::string& service, size_t index) const {
+nlohmann::json PlacementBoard::PlacementJson(const std::string& service, size_t index, uint64_t typical_need) const {
   std::lock_guard<std::mutex> lk(mu_);
   const auto& st = *placements_.at(service).at(index);
+  // The same estimate admission acts on (delay or reject, Retry-After).
+  const auto wait = EstimatedWaitS(st, typical_need);
   return {{"admitted", st.admission.admitted},
+          {"est_wait_s", wait ? nlohmann::json(*wait) : nlohmann::json(nullptr)},
           {"admission", st.admission.reason},
           {"predicted_bytes", st.admission.predicted_bytes},
           {"kv_cells", {{"total", st.pool.total()}, {"reserved", st.pool.reserved()}, {"requests", st.pool.active()},

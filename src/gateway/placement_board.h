@@ -127,7 +127,9 @@ class PlacementBoard {
   }
 
   // For /v1/status and /metrics.
-  nlohmann::json PlacementJson(const std::string& service, size_t index) const;
+  // `typical_need`: KV cells of a default request, for its estimated wait
+  // ("est_wait_s", null until the placement's throughput is measured).
+  nlohmann::json PlacementJson(const std::string& service, size_t index, uint64_t typical_need) const;
   nlohmann::json DevicesJson() const;
   void Gauges(std::vector<std::tuple<std::string, std::string, double>>* g) const;
 

@@ -342,5 +342,31 @@ TEST(DashboardTest, AModelLoadShowsItsProgressInBytes) {
   EXPECT_FALSE(status["services"][0]["placements"][0].contains("load"));
 }
 
+// The service's estimated wait is the board's (the one admission acts on):
+// nothing on an idle, measured placement; more than nothing while its only
+// slot runs a long answer.
+TEST(DashboardTest, TheEstimatedWaitIsAdmissions) {
+  GatewayProcess gw(TestConfig(1));
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  ASSERT_EQ(Call(gw.port(), "POST", "/v1/chat/completions", Chat(8)).status, 200);
+  json status = Body(Call(gw.port(), "GET", "/v1/status"));
+  EXPECT_EQ(status["services"][0]["serving"]["est_wait_s"], 0.0) << status["services"][0].dump();
+  EXPECT_EQ(status["services"][0]["placements"][0]["est_wait_s"], 0.0);
+  std::atomic<bool> done{false};
+  std::thread long_answer([&] {
+    (void)Call(gw.port(), "POST", "/v1/chat/completions", Chat(1500));
+    done = true;
+  });
+  double busy_wait = 0;
+  for (int i = 0; i < 500 && !done && busy_wait <= 0; ++i) {
+    status = Body(Call(gw.port(), "GET", "/v1/status"));
+    const json w = status["services"][0]["serving"]["est_wait_s"];
+    if (w.is_number()) busy_wait = w.get<double>();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  long_answer.join();
+  EXPECT_GT(busy_wait, 0) << "a new request waits for the only slot, yet the estimate said nothing";
+}
+
 }  // namespace
 }  // namespace spillway::testing
