@@ -314,9 +314,18 @@ Status WriteDemoModel(const DemoModelSpec& spec, const std::string& out_path) {
   if (!gguf_write_to_file(out.get(), tmp.c_str(), /*only_meta=*/true)) {
     return Status::Internal("cannot write " + tmp);
   }
+  const size_t align = GGUF_DEFAULT_ALIGNMENT;
+  if (spec.weights_as_holes) {
+    uint64_t data = 0;
+    for (const auto& tp : plan) data += (ggml_row_size(tp.type, tp.ne0) * static_cast<size_t>(tp.ne1) + align - 1) / align * align;
+    std::filesystem::resize_file(tmp, std::filesystem::file_size(tmp, ec) + data, ec);
+    if (ec) return Status::Internal("cannot extend " + tmp + ": " + ec.message());
+    std::filesystem::rename(tmp, out_path, ec);
+    if (ec) return Status::Internal("cannot rename " + tmp + " to " + out_path + ": " + ec.message());
+    return Status::Ok();
+  }
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(tmp.c_str(), "ab"), &std::fclose);
   if (!f) return Status::Internal("cannot append to " + tmp);
-  const size_t align = GGUF_DEFAULT_ALIGNMENT;
   const std::vector<uint8_t> zeros(align, 0);
   for (const auto& tp : plan) {
     const auto bytes = TensorBytes(spec, tp);

@@ -32,6 +32,10 @@ struct DemoModelSpec {
   // For tests that prove a check catches a different model: the file differs
   // from the unmutated one in exactly one weight (blk.0.attn_norm.weight[0]).
   bool mutate_one_weight = false;
+  // For plans and dry runs, which read the shape but never the weights: the
+  // tensor data is left as a hole of zeros (a sparse file), so a model of
+  // any size is written in milliseconds. Such a model loads but is all zeros.
+  bool weights_as_holes = false;
 };
 
 // Named presets: "tiny" (tests, a few MB), "demo-chat", "demo-embed",

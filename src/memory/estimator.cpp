@@ -1,5 +1,7 @@
 #include "memory/estimator.h"
 
+#include "memory/compute_model.h"
+
 #include <algorithm>
 
 namespace spillway::memory {
@@ -54,13 +56,22 @@ StatusOr<ModelShape> ShapeFromMetadata(const gguf::Metadata& m) {
   return s;
 }
 
+uint32_t KvCells(const PlacementSpec& spec) {
+  // llama.cpp pads the context to 256 cells; with a stream per slot it pads
+  // each slot's share to 256 again, so the pool is slots x that share.
+  const uint64_t ctx = RoundUp(std::max<uint32_t>(spec.ctx, 1), kCtxPad);
+  if (spec.kv_unified) return static_cast<uint32_t>(ctx);
+  const uint32_t slots = std::max<uint32_t>(spec.slots, 1);
+  return static_cast<uint32_t>(slots * RoundUp(std::max<uint64_t>(ctx / slots, 1), kCtxPad));
+}
+
 PlacementEstimate EstimatePlacement(const ModelShape& s, const PlacementSpec& spec) {
   PlacementEstimate e;
   const int L = static_cast<int>(s.n_layer);
   int n_gpu = !spec.accelerator ? 0 : spec.gpu_layers < 0 ? L + 1 : std::min(spec.gpu_layers, L + 1);
   const int start = L + 1 - n_gpu;  // first layer index on the accelerator; L = the output layer
   e.output_on_accelerator = n_gpu >= 1;
-  e.ctx_padded = static_cast<uint32_t>(RoundUp(std::max<uint32_t>(spec.ctx, 1), kCtxPad));
+  e.ctx_padded = KvCells(spec);
   const uint64_t kv_layer = static_cast<uint64_t>(e.ctx_padded) * s.kv_bytes_per_cell_per_layer(spec.kv_k_x32, spec.kv_v_x32);
   e.host.weights += s.token_embd_bytes;
   for (int i = 0; i < L; ++i) {
@@ -73,40 +84,9 @@ PlacementEstimate EstimatePlacement(const ModelShape& s, const PlacementSpec& sp
   out.weights += s.output_bytes;
   // A tied output on the accelerator needs its own copy of the embeddings there.
   if (s.tied_output && e.output_on_accelerator) out.weights += s.token_embd_bytes;
-
-  // Compute buffers: llama.cpp reserves the worst-case graph of one
-  // micro-batch; the graph allocator reuses memory, so each device's buffer
-  // is the peak of what is live at once there (fitted to llama.cpp v0.4.0's
-  // reservations; Calibration corrects the rest per model and device).
-  const uint64_t ub = std::min<uint32_t>(std::max<uint32_t>(spec.batch, 1), 512);
-  const uint64_t act = ub * s.n_embd * 4;
-  const uint64_t logits = static_cast<uint64_t>(s.n_vocab) * ub * 4;
-  const uint64_t small = 14336;
-  const int layers_on_host = L - e.layers_on_accelerator;
-  if (spec.kv_unified) {
-    // Flash attention: no score matrix; the logits dominate.
-    if (!e.output_on_accelerator) {
-      // Everything on the host: the logits dominate and the rest overlaps them.
-      e.host.compute += logits + 2 * act + small;
-    } else {
-      e.accelerator.compute += logits + act;
-      const uint64_t mask = static_cast<uint64_t>(e.ctx_padded) * ub * 2;  // KQ mask, f16, on the host
-      e.host.compute += mask + (layers_on_host > 0 ? ub * 4 * (4ull * s.n_embd + 3ull * s.n_ff) : 2 * act + small);
-    }
-    return e;
-  }
-  // Per-slot streams without flash attention: the scores of one micro-batch
-  // over one slot's cells (f32, per head) and an f32 mask are materialised;
-  // the peak is the larger of them and the logits.
-  const uint64_t n_kv = RoundUp(std::max<uint32_t>(spec.ctx / std::max<uint32_t>(spec.slots, 1), 1), kCtxPad);
-  const uint64_t mask = n_kv * ub * 4;
-  const uint64_t scores = n_kv * ub * s.n_head * 4 + mask;
-  if (!e.output_on_accelerator) {
-    e.host.compute += std::max(logits + 2 * act + small, scores + 6 * act);
-  } else {
-    e.accelerator.compute += std::max(logits + act, scores + 5 * act);
-    e.host.compute += mask + (layers_on_host > 0 ? ub * 4 * (4ull * s.n_embd + 3ull * s.n_ff) : 3 * act + small);
-  }
+  const ComputeBytes c = EstimateCompute(s, spec, e.layers_on_accelerator, e.output_on_accelerator);
+  e.accelerator.compute = c.accelerator;
+  e.host.compute = c.host;
   return e;
 }
 

@@ -1,5 +1,7 @@
 #include "memory/estimator.h"
 
+#include "memory/compute_model.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -63,6 +65,34 @@ TEST(EstimatorTest, KvScalesWithCellsAndType) {
   EXPECT_EQ(KvBytesForCells(s, p, 1000), 1000u * 2 * 64 * 34 / 32);
   p.ctx = 300;  // padded to 512
   EXPECT_EQ(EstimatePlacement(s, p).ctx_padded, 512u);
+}
+
+TEST(EstimatorTest, KvCellsPadAsLlamaCppDoes) {
+  PlacementSpec p;
+  p.ctx = 2816;  // already a multiple of 256
+  p.slots = 5;   // 563 cells a slot, padded to 768, times 5
+  EXPECT_EQ(KvCells(p), 3840u);
+  p.kv_unified = true;  // one pool: only the context is padded
+  EXPECT_EQ(KvCells(p), 2816u);
+  p.ctx = 200;
+  EXPECT_EQ(KvCells(p), 256u);
+}
+
+TEST(EstimatorTest, HostLayersNeedTheirOwnAttentionScores) {
+  // A partial offload runs attention on both devices: the host's compute
+  // buffer holds a layer's scores as the accelerator's does.
+  const auto s = Tiny();
+  PlacementSpec p;
+  p.accelerator = true;
+  p.ctx = 8192;
+  p.slots = 1;
+  p.gpu_layers = 2;  // one layer and the output on the accelerator, one layer on the host
+  const auto e = EstimatePlacement(s, p);
+  const uint64_t scores = uint64_t{8192} * 512 * s.n_head * 4;
+  EXPECT_GE(e.host.compute, scores);
+  EXPECT_GE(e.accelerator.compute, scores);
+  p.ctx = 200;  // llama.cpp caps the micro-batch at the context: 200 rows of logits
+  EXPECT_LT(EstimatePlacement(s, p).accelerator.compute, uint64_t{s.n_vocab} * 256 * 4);
 }
 
 TEST(EstimatorTest, CalibrationCorrectsPerModelAndDevice) {
