@@ -157,3 +157,14 @@ test('who served it is said in the headers, as on the OpenAI API', async () => {
   const lines = (await stream.text()).trim().split('\n').map((l) => JSON.parse(l));
   assert.equal(lines.at(-1).done, true);
 });
+
+test('Idempotency-Key through the client: a replay is the same answer, another body Ollama\'s 422', async () => {
+  const keyed = new Ollama({ host: base, headers: { 'Idempotency-Key': `k-${process.pid}` } });
+  const params = { model: 'chat', prompt: 'once', options: { temperature: 1, num_predict: 6 } };
+  const first = await keyed.generate(params);
+  const again = await keyed.generate(params);
+  assert.equal(again.response, first.response);
+  assert.equal(again.eval_count, first.eval_count);
+  await assert.rejects(keyed.generate({ ...params, prompt: 'another' }),
+    (e) => e.status_code === 422 && typeof e.error === 'string' && e.error.includes('Idempotency-Key'));
+});

@@ -36,7 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!call.ok()) continue;
     (void)call->openai.dump();
     call->openai["model"] = "m";
-    const Status st = call->endpoint == "chat"         ? ParseChatRequest(call->openai).status()
+    const spillway::Status st = call->endpoint == "chat"         ? ParseChatRequest(call->openai).status()
                       : call->endpoint == "completion" ? ParseCompletionRequest(call->openai).status()
                                                        : ParseEmbeddingRequest(call->openai).status();
     (void)OllamaFieldNames(st, *call);
