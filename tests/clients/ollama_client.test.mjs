@@ -168,3 +168,34 @@ test('Idempotency-Key through the client: a replay is the same answer, another b
   await assert.rejects(keyed.generate({ ...params, prompt: 'another' }),
     (e) => e.status_code === 422 && typeof e.error === 'string' && e.error.includes('Idempotency-Key'));
 });
+
+test('tools and think are accepted; an aborted stream is a cancelled request', async () => {
+  const tools = [{ type: 'function', function: { name: 'increment', parameters: { type: 'object', properties: {} } } }];
+  const r = await ollama.chat({ model: 'chat', messages: [{ role: 'user', content: 'Count' }], tools, think: true,
+    options: { num_predict: 8 } });
+  assert.equal(r.done, true);
+  assert.ok(Array.isArray(r.message.tool_calls ?? []));
+
+  // A seeded generation that runs to its num_predict (checked: done_reason "length"), then the same, aborted.
+  const long = { model: 'chat', prompt: 'long', options: { num_predict: 3000, seed: 11, temperature: 1 } };
+  const client = new Ollama({ host: base, headers: { 'X-Request-Id': `ollama-abort-${process.pid}` } });
+  const stream = await client.generate({ ...long, stream: true });
+  let parts = 0;
+  try {
+    for await (const _ of stream) {
+      if (++parts === 3) client.abort();
+    }
+  } catch (e) {
+    assert.equal(e.name, 'AbortError', String(e));
+  }
+  assert.ok(parts < 3000, `the stream ran to its end (${parts} parts)`);
+  let state;
+  for (let i = 0; i < 200; i++) {
+    state = (await (await fetch(`${base}/v1/requests/ollama-abort-${process.pid}`)).json()).state;
+    if (state !== 'running' && state !== 'queued') break;
+    await new Promise((res) => setTimeout(res, 25));
+  }
+  assert.equal(state, 'cancelled');
+  const whole = await ollama.generate({ ...long, options: { ...long.options, num_predict: 3000 } });
+  assert.equal(whole.done_reason, 'length', 'the seeded generation does not end early, so the abort is what ended it');
+});
