@@ -57,7 +57,8 @@ bool IsOllamaName(const std::string& model) { return model.rfind(kOllamaPrefix, 
 
 StatusOr<OllamaName> ParseOllamaName(const std::string& text) {
   std::string s = IsOllamaName(text) ? text.substr(std::string(kOllamaPrefix).size()) : text;
-  const std::string shown = "'" + text.substr(0, 200) + "'";
+  std::string shown = "'";  // (appended, not built with operator+: GCC 12 warns falsely about that form)
+  shown.append(text, 0, 200).append("'");
   OllamaName n;
   // The tag follows the last ':' after the last '/'.
   const size_t slash = s.rfind('/');
