@@ -56,6 +56,7 @@
 #include "gateway/placement_admission.h"
 #include "gateway/placement_board.h"
 #include "memory/ledger.h"
+#include "models/model_info.h"
 #include "journal/journal.h"
 #include "upstream/connection_pool.h"
 #include "scheduler/cpu_queue.h"
@@ -217,6 +218,7 @@ class Gateway {
   // Every placement's and device's run-time state, behind one lock.
   PlacementBoard board_;
   IncidentLog incidents_;
+  mutable models::SummaryCache model_summaries_;  // the services' model files, for /api/tags and /api/ps
   RequestIncidents request_incidents_;
   std::unique_ptr<EventFeed> events_;  // last: stopped (and destroyed) before what it samples
 };

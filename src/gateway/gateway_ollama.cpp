@@ -152,7 +152,7 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
 json Gateway::OllamaTags() const {
   json models = json::array();
   for (const auto& svc : config_.services) {
-    auto m = models::SummarizeFile(svc.model);
+    auto m = model_summaries_.Get(svc.model);
     if (!m.ok()) continue;  // a file gone since the start: its requests say why
     models.push_back({{"name", OllamaName(svc.name)},
                       {"model", OllamaName(svc.name)},
@@ -227,7 +227,7 @@ json Gateway::OllamaRunning() const {
       // A warm replica stays while the gateway runs; an on-demand one goes after idle_unload_s.
       const int64_t expires_ms = w->on_demand ? now + static_cast<int64_t>(svc.failover.idle_unload_s * 1000)
                                               : now + int64_t{100} * 365 * 86400 * 1000;
-      auto m = models::SummarizeFile(svc.model);
+      auto m = model_summaries_.Get(svc.model);
       models.push_back({{"name", OllamaName(svc.name)},
                         {"model", OllamaName(svc.name)},
                         {"size", size},

@@ -74,17 +74,41 @@ ModelSummary Summarize(const std::string& path, const gguf::Metadata& meta, int6
   return s;
 }
 
+namespace {
+
+// The file's modification time, unix seconds (0 and `ec` set when unknown).
+int64_t ModifiedUnixSeconds(const std::string& path, std::error_code& ec) {
+  const auto mtime = fs::last_write_time(path, ec);
+  if (ec) return 0;
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::file_clock::to_sys(mtime).time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
 StatusOr<ModelSummary> SummarizeFile(const std::string& path) {
   auto meta = gguf::ReadGgufFile(path);
   if (!meta.ok()) return meta.status();  // (it names the file)
   std::error_code ec;
-  const auto mtime = fs::last_write_time(path, ec);
-  int64_t unix_s = 0;
-  if (!ec) {
-    unix_s = std::chrono::duration_cast<std::chrono::seconds>(
-                 std::chrono::file_clock::to_sys(mtime).time_since_epoch()).count();
+  return Summarize(path, *meta, ModifiedUnixSeconds(path, ec));
+}
+
+StatusOr<ModelSummary> SummaryCache::Get(const std::string& path) {
+  std::error_code size_ec, time_ec;
+  const uint64_t size = fs::file_size(path, size_ec);
+  const int64_t unix_s = ModifiedUnixSeconds(path, time_ec);
+  const bool ec = size_ec || time_ec;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = entries_.find(path);
+    if (!ec && it != entries_.end() && it->second.size == size && it->second.modified_unix_s == unix_s) return it->second;
   }
-  return Summarize(path, *meta, unix_s);
+  auto s = SummarizeFile(path);  // (outside the lock: it reads the file)
+  if (s.ok()) {
+    std::lock_guard<std::mutex> lk(mu_);
+    entries_[path] = *s;
+  }
+  return s;
 }
 
 std::vector<std::string> FindGgufFiles(const std::string& dir, int max_depth) {

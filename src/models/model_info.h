@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,18 @@ std::string HumanCount(uint64_t n);
 ModelSummary Summarize(const std::string& path, const gguf::Metadata& meta, int64_t modified_unix_s);
 // Reads the file's metadata (not its weights); errors name the file.
 StatusOr<ModelSummary> SummarizeFile(const std::string& path);
+
+// SummarizeFile, remembered per path until the file's size or time changes
+// (listings such as /api/tags are polled; a header can be megabytes).
+// Thread-safe.
+class SummaryCache {
+ public:
+  StatusOr<ModelSummary> Get(const std::string& path);
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, ModelSummary> entries_;  // by path, while size and time match
+};
 
 // GGUF files (by extension, and Ollama blobs when given) under `dir`, sorted, at most `max_depth` folders deep.
 std::vector<std::string> FindGgufFiles(const std::string& dir, int max_depth = 4);

@@ -151,6 +151,23 @@ TEST(ModelInfoTest, SummariesOfTheGeneratedModels) {
   EXPECT_NE(missing.status().message().find("/nonexistent/x.gguf"), std::string::npos);
 }
 
+TEST(ModelInfoTest, TheSummaryCacheReadsAFileAgainOnlyWhenItChanged) {
+  OllamaStoreLayout scratch("cache");
+  const auto file = scratch.root() / "m.gguf";
+  std::filesystem::copy_file(Models() + "/tiny-chat.gguf", file);
+  SummaryCache cache;
+  auto first = cache.Get(file.string());
+  ASSERT_TRUE(first.ok());
+  EXPECT_FALSE(first->embedding);
+  EXPECT_EQ(cache.Get(file.string())->size, first->size);
+  std::filesystem::copy_file(Models() + "/tiny-embed.gguf", file, std::filesystem::copy_options::overwrite_existing);
+  auto changed = cache.Get(file.string());
+  ASSERT_TRUE(changed.ok());
+  EXPECT_TRUE(changed->embedding) << "another file at the same path is read again";
+  std::filesystem::remove(file);
+  EXPECT_FALSE(cache.Get(file.string()).ok()) << "a file gone is not served from the cache";
+}
+
 TEST(ModelInfoTest, TemplateFamiliesQuantizationNamesAndCounts) {
   EXPECT_EQ(ChatTemplateFamily(""), "none");
   EXPECT_EQ(ChatTemplateFamily("<|start_header_id|>user<|end_header_id|>"), "llama3");
