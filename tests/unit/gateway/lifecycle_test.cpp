@@ -425,6 +425,11 @@ TEST_F(LifecycleTest, OllamasErrorsHaveOllamasShape) {
   EXPECT_EQ(bad->status(), 400u);
   EXPECT_NE(json::parse(bad->body())["error"].get<std::string>().find("'options.temperature'"), std::string::npos)
       << bad->body();
+  auto capped = Send("/api/generate", json{{"model", "chat"}, {"prompt", "x"}, {"options", {{"num_predict", 1000}}}}.dump());
+  ASSERT_TRUE(capped->Wait());
+  EXPECT_EQ(capped->status(), 400u);
+  EXPECT_NE(json::parse(capped->body())["error"].get<std::string>().find("'options.num_predict' 1000 exceeds the cap"),
+            std::string::npos) << capped->body();
   // The worker's own refusal, translated.
   primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
     Refuse(ex, Status::InvalidArgument("prompt too long"));
