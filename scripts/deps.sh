@@ -21,9 +21,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# The official OpenAI client the client tests run against the gateway (pinned by the lock file).
+# The official OpenAI and Ollama clients the client tests run against the gateway (pinned by the lock file).
 clients="$(dirname "$0")/../tests/clients"
-if [ ! -d "$clients/node_modules/openai" ]; then
-  echo "[deps] installing the openai npm client for tests/clients" >&2
+if [ ! -d "$clients/node_modules/openai" ] || [ ! -d "$clients/node_modules/ollama" ]; then
+  echo "[deps] installing the openai and ollama npm clients for tests/clients" >&2
   (cd "$clients" && npm ci --no-audit --no-fund --silent)
 fi

@@ -4,6 +4,7 @@
 #include "cli/chaos_command.h"
 #include "cli/doctor_command.h"
 #include "cli/mkmodel_command.h"
+#include "cli/models_command.h"
 #include "cli/plan_command.h"
 #include "cli/serve_command.h"
 #include "cli/sim_command.h"
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
   spillway::cli::AddSimCommand(app, &exit_code);
   spillway::cli::AddServeCommand(app, &exit_code);
   spillway::cli::AddPlanCommand(app, &exit_code);
+  spillway::cli::AddModelsCommand(app, &exit_code);
   spillway::cli::AddChaosCommand(app, &exit_code);
   spillway::cli::AddDoctorCommand(app, &exit_code);
   spillway::cli::AddStatusCommands(app, &exit_code);

@@ -9,6 +9,7 @@
 #include "devices/telemetry.h"
 #include "gguf/gguf_reader.h"
 #include "memory/estimator.h"
+#include "models/ollama_store.h"
 
 namespace spillway::cli {
 
@@ -64,7 +65,15 @@ std::optional<std::pair<DeviceBytes, DeviceBytes>> Exact(const PlanArgs& a, int 
   return std::make_pair(acc, host);
 }
 
-int Plan(const PlanArgs& a) {
+int Plan(PlanArgs a) {
+  // An ollama:NAME[:TAG] (as `spillway models` lists it) is planned on its blob.
+  const std::string shown = a.model;
+  auto file = models::ResolveModelPath(a.model, models::DefaultOllamaStoreRoot());
+  if (!file.ok()) {
+    std::fprintf(stderr, "spillway plan: %s\n", file.status().message().c_str());
+    return 2;
+  }
+  a.model = *file;
   auto meta = gguf::ReadGgufFile(a.model);
   if (!meta.ok()) {
     std::fprintf(stderr, "spillway plan: %s\n", meta.status().message().c_str());
@@ -147,7 +156,8 @@ int Plan(const PlanArgs& a) {
   const uint32_t per_slot = std::max<uint32_t>(1, a.ctx / std::max<uint32_t>(1, a.slots));
   const uint32_t max_slots = max_ctx / per_slot;
 
-  json out = {{"model", a.model},
+  json out = {{"model", shown},
+              {"file", a.model},
               {"architecture", shape->architecture},
               {"layers", L},
               {"device", a.device},
@@ -190,7 +200,7 @@ int Plan(const PlanArgs& a) {
     return 0;
   }
   std::printf("%s (%s, %d layers) on %s, %d GPU layers (%d repeating + output %s), ctx %u, %u slots, KV %s\n",
-              a.model.c_str(), shape->architecture.c_str(), L, a.device.c_str(), layers, est.layers_on_accelerator,
+              shown.c_str(), shape->architecture.c_str(), L, a.device.c_str(), layers, est.layers_on_accelerator,
               est.output_on_accelerator ? "yes" : "no", a.ctx, a.slots, a.kv_type.c_str());
   std::printf("%-12s %12s %12s %12s %12s\n", "MiB", "weights", "KV", "compute", "total");
   auto row = [](const char* name, const DeviceBytes& b) {
@@ -223,7 +233,8 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<PlanArgs>();
   CLI::App* cmd = app.add_subcommand("plan", "Memory plan for a model on a device: bytes per component and device, "
                                              "whether it fits with headroom, the largest context and layer split that fit");
-  cmd->add_option("--model", a->model, "GGUF file")->required();
+  cmd->add_option("--model", a->model, "GGUF file, or ollama:NAME[:TAG] from Ollama's store ($OLLAMA_MODELS, else "
+                                       "~/.ollama/models); `spillway models` lists both")->required();
   cmd->add_option("--device", a->device, "cpu | sim:N | cuda:N")->capture_default_str();
   cmd->add_option("--ctx", a->ctx, "KV cells in all (ctx/slots per slot unless --kv-unified)")->check(CLI::Range(16u, 1u << 22))->capture_default_str();
   cmd->add_option("--slots", a->slots)->check(CLI::Range(1u, 256u))->capture_default_str();

@@ -302,7 +302,7 @@ int Serve(const ServeArgs& a) {
 void AddServeCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "serve", "Run the gateway: OpenAI-compatible API, worker supervisor, durable request journal.\n"
+      "serve", "Run the gateway: OpenAI-compatible API and Ollama's API (/api/...), worker supervisor, durable request journal.\n"
                "Without --config it serves the built-in demo (services chat and embed) on 127.0.0.1:8480.");
   cmd->add_option("--config", args->config_path, "TOML configuration file");
   cmd->add_option("--listen", args->listen, "HOST:PORT (overrides the config; default 127.0.0.1:8480)");

@@ -4,6 +4,7 @@
 
 #include "common/hash.h"
 #include "common/names.h"
+#include "models/ollama_store.h"
 
 #include <cctype>
 #include <cstdio>
@@ -22,6 +23,17 @@ std::string Where(const std::string& source, const toml::source_region& r, const
   std::ostringstream os;
   os << source << ":" << r.begin.line << ": '" << key << "'";
   return os.str();
+}
+
+// "ollama:NAME[:TAG]" -> the blob in Ollama's store; `*name` keeps what was written.
+Status ResolveModel(const std::string& source, const toml::node* node, const std::string& key, std::string* model,
+                    std::string* name) {
+  *name = *model;
+  if (!node || !models::IsOllamaName(*model)) return Status::Ok();
+  auto path = models::ResolveModelPath(*model, models::DefaultOllamaStoreRoot());
+  if (!path.ok()) return Status::InvalidArgument(Where(source, node->source(), key) + ": " + path.status().message());
+  *model = *path;
+  return Status::Ok();
 }
 
 // toml++ 3.3 reaches __builtin_unreachable (undefined behaviour) when it asks
@@ -120,6 +132,7 @@ Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix,
       r.OnlyKnown(t, prefix, {"role", "model", "different_model", "device", "gpu_layers", "ctx", "slots", "threads", "batch",
                               "mmap", "progress_timeout_s", "start_timeout_s", "kv_unified"}));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "model", prefix, &p->model, 0, 0));
+  SPILLWAY_RETURN_IF_ERROR(ResolveModel(r.source(), t.get("model"), prefix + "model", &p->model, &p->model_name));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "different_model", prefix, &p->different_model, 0, 0));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "progress_timeout_s", prefix, &p->progress_timeout_s, 0.1, 86400));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "start_timeout_s", prefix, &p->start_timeout_s, 1, 86400));
@@ -168,6 +181,13 @@ const ServiceConfig* GatewayConfig::FindService(const std::string& name) const {
   return nullptr;
 }
 
+std::string ServiceConfig::ModelLabel(size_t i) const {
+  const PlacementConfig& p = placements[i];
+  const std::string& configured = p.model.empty() ? model_name : p.model_name;
+  if (models::IsOllamaName(configured)) return configured;
+  return std::filesystem::path(p.ModelOr(model)).stem().string();
+}
+
 StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& source) {
   toml::table root;
   try {
@@ -185,7 +205,7 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
   SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(root, "", {"listen", "state_dir", "api_keys", "allow_unauthenticated_remote",
                                                   "allowed_hosts", "allowed_origins", "max_body_bytes", "max_queue",
                                                   "json_max_depth", "max_connections", "max_body_memory_bytes",
-                                                  "max_requests_per_key", "operator_keys",
+                                                  "max_requests_per_key", "operator_keys", "model_dirs",
                                                   "journal", "service", "device"}));
   std::string listen;
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "listen", "", &listen, 0, 0));
@@ -204,6 +224,7 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_body_memory_bytes", "", &c.max_body_memory_bytes, 1024, double(1ull << 40)));
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_requests_per_key", "", &c.max_requests_per_key, 1, 1 << 20));
   SPILLWAY_RETURN_IF_ERROR(r.Strings(root, "operator_keys", &c.operator_keys));
+  SPILLWAY_RETURN_IF_ERROR(r.Strings(root, "model_dirs", &c.model_dirs));
   if (const toml::node* j = root.get("journal")) {
     const toml::table* t = j->as_table();
     if (!t) return Status::InvalidArgument(Where(source, j->source(), "journal") + " must be a table");
@@ -300,6 +321,7 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "default_max_tokens", prefix, &svc.default_max_tokens, 1, 1 << 20));
       if (svc.name.empty()) return Status::InvalidArgument(Where(source, t->source(), prefix + "name") + " is required");
       if (svc.model.empty()) return Status::InvalidArgument(Where(source, t->source(), prefix + "model") + " is required");
+      SPILLWAY_RETURN_IF_ERROR(ResolveModel(source, t->get("model"), prefix + "model", &svc.model, &svc.model_name));
       if (const toml::node* p = t->get("placement")) {
         const toml::array* pa = p->as_array();
         if (!pa) return Status::InvalidArgument(Where(source, p->source(), prefix + "placement") + " must be [[service.placement]]");

@@ -9,6 +9,7 @@
 //   allowed_origins = []                 # Origin allow-list for browsers (empty: none)
 //   max_body_bytes = 8388608
 //   max_queue = 256                      # accepted requests waiting for a worker
+//   model_dirs = ["/models"]             # listed by `spillway models --config` (with Ollama's store)
 //   [journal]
 //   synchronous = "full"                 # or "normal"
 //   retention_hours = 168
@@ -19,7 +20,8 @@
 //   headroom_pct = 5
 //   [[service]]
 //   name = "chat"
-//   model = "/models/chat.gguf"
+//   model = "/models/chat.gguf"          # or "ollama:NAME[:TAG]": a model in Ollama's store ($OLLAMA_MODELS,
+//                                        # else ~/.ollama/models), read-only (models/ollama_store.h)
 //   max_tokens = 4096                    # cap per request
 //   default_max_tokens = 256
 //   [service.admission]
@@ -65,6 +67,7 @@ namespace spillway::config {
 struct PlacementConfig {
   std::string role;  // "primary" (the first by default), "hybrid" (planned partial offload) or "fallback"
   std::string model;             // empty: the service's model file
+  std::string model_name;        // as configured ("ollama:NAME:TAG" resolves to `model`, its blob); "" when unset
   bool different_model = false;  // declared: a different (e.g. smaller) model, announced to clients
   std::string device = "cpu";
   int gpu_layers = 0;
@@ -131,7 +134,8 @@ struct DeviceConfig {
 
 struct ServiceConfig {
   std::string name;
-  std::string model;
+  std::string model;       // the GGUF file
+  std::string model_name;  // as configured: the path, or "ollama:NAME:TAG" (resolved read-only to `model`, its blob)
   int max_tokens = 4096;
   int default_max_tokens = 256;
   AdmissionConfig admission;
@@ -139,6 +143,9 @@ struct ServiceConfig {
   CpuPathConfig cpu_path;
   std::vector<PlacementConfig> placements;  // [0] is the primary
   // Whether placement `i` belongs to the CPU path (a fallback on the host).
+  // How placement `i`'s model is named to clients: an ollama: name as
+  // configured, else the file's stem.
+  std::string ModelLabel(size_t i) const;
   bool OnCpuPath(size_t i) const { return i > 0 && placements[i].role == "fallback" && placements[i].device == "cpu"; }
 };
 
@@ -164,6 +171,7 @@ struct GatewayConfig {
   size_t max_body_memory_bytes = 32 << 20;  // request bodies held at once, all clients together (each costs ~7x in parsing)
   int max_requests_per_key = 64;  // requests in flight per API key (or per local client without keys); more get 429
   std::vector<std::string> operator_keys;  // may see and cancel every client's requests
+  std::vector<std::string> model_dirs;     // folders `spillway models --config` lists GGUF files in
   JournalConfig journal;
   std::vector<ServiceConfig> services;
   std::vector<DeviceConfig> devices;  // headroom per device; defaults apply to others

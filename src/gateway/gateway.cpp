@@ -177,6 +177,7 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
     return PostBlocking([this, id = path.substr(kRequests.size()), cancel = method == bhttp::verb::delete_,
                          caller = CallerOf(req), ex = std::move(ex), v] { HandleRequestQuery(id, cancel, caller, ex, v); });
   }
+  if (path.rfind("/api/", 0) == 0) return HandleOllama(req, std::move(ex), path);
   const char* endpoint = path == "/v1/chat/completions" ? "chat"
                          : path == "/v1/completions"    ? "completion"
                          : path == "/v1/embeddings"     ? "embedding"
@@ -188,12 +189,16 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   ex->Respond(ErrorResponse(Status::NotFound("no route for " + std::string(req.method_string()) + " " + path), v));
 }
 
+StatusOr<json> Gateway::ParseBody(const http::Request& req) const {
+  api::JsonLimits limits;
+  limits.max_depth = static_cast<size_t>(config_.json_max_depth);
+  return api::ParseJsonBody(req.body(), limits);
+}
+
 void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint) {
   const unsigned v = req.version();
   auto fail = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
-  api::JsonLimits limits;
-  limits.max_depth = static_cast<size_t>(config_.json_max_depth);
-  auto body = api::ParseJsonBody(req.body(), limits);
+  auto body = ParseBody(req);
   if (!body.ok()) return fail(body.status());
   // Validate with the same parsers the worker uses, so bad input never
   // reaches the journal.
@@ -430,7 +435,7 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     s.limits = target.limits;
     s.waited_ms = target.waited_ms;
     if (target.index != 0) s.degraded = "served by " + placement + " (" + p.role + ")";
-    if (p.different_model) s.fallback_model = std::filesystem::path(p.ModelOr(svc->model)).stem().string();
+    if (p.different_model) s.fallback_model = svc->ModelLabel(target.index);
     s.estimated_delay_s = first_estimate_s;
     return s;
   };

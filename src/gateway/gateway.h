@@ -8,6 +8,9 @@
 //   GET  /v1/requests           the caller's requests in flight and waiting
 //   GET  /v1/events             Server-Sent Events: status snapshots and incidents (event_feed.h)
 //   GET  /, /ui/...             the dashboard (compiled-in files, ui/assets.h)
+//   /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show,
+//   /api/ps, /api/version       Ollama's API (gateway_ollama.cpp): translated into the
+//                               OpenAI requests above, which take the same lifecycle
 //
 // Lifecycle of a request: parsed and checked on the connection's strand, then
 // run as a coroutine on a strand of its own (no thread per request: an open
@@ -53,6 +56,7 @@
 #include "gateway/placement_admission.h"
 #include "gateway/placement_board.h"
 #include "memory/ledger.h"
+#include "models/model_info.h"
 #include "journal/journal.h"
 #include "upstream/connection_pool.h"
 #include "scheduler/cpu_queue.h"
@@ -124,7 +128,20 @@ class Gateway {
   // The supervisor saw a worker exit or replaced it: its breaker opens (and its
   // device's, when the device was lost), even with no request in flight.
   void WorkerExited(const std::string& key, const std::string& why);
+  // A request's JSON body within the configured limits (api/json_limits.h).
+  StatusOr<nlohmann::json> ParseBody(const http::Request& req) const;
   void HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint);
+  // Ollama's routes (gateway_ollama.cpp): a generation is translated
+  // (api/ollama_request.h) and handed to HandleGeneration with an exchange
+  // that translates its answer back (gateway/ollama_exchange.h).
+  void HandleOllama(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& path);
+  void HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& path);
+  // The service an Ollama model name means ("chat", "chat:latest"); null when none.
+  const config::ServiceConfig* OllamaService(const std::string& model) const;
+  // /api/tags, /api/show, /api/ps: blocking (model files, worker info), never on an I/O thread.
+  nlohmann::json OllamaTags() const;
+  StatusOr<nlohmann::json> OllamaShow(const config::ServiceConfig& svc) const;
+  nlohmann::json OllamaRunning() const;
   boost::asio::awaitable<void> Process(std::shared_ptr<Incoming> in);
   boost::asio::awaitable<void> Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
                                    std::shared_ptr<Live> live);
@@ -201,6 +218,7 @@ class Gateway {
   // Every placement's and device's run-time state, behind one lock.
   PlacementBoard board_;
   IncidentLog incidents_;
+  mutable models::SummaryCache model_summaries_;  // the services' model files, for /api/tags and /api/ps
   RequestIncidents request_incidents_;
   std::unique_ptr<EventFeed> events_;  // last: stopped (and destroyed) before what it samples
 };

@@ -206,7 +206,7 @@ void Gateway::AddServiceViews(json& status, const json& requests) {
                                 : "no placement can serve now; requests get 503 with the reason";
     } else {
       const auto& p = svc->placements[static_cast<size_t>(serving)];
-      const std::string model = std::filesystem::path(p.ModelOr(svc->model)).stem().string();
+      const std::string model = svc->ModelLabel(static_cast<size_t>(serving));
       state = serving == 0 ? "ready" : "degraded";
       view = {{"placement", p.Name()}, {"role", p.role}, {"device", p.device}, {"model", model},
               {"different_model", p.different_model}};

@@ -23,6 +23,7 @@ declare -A SOURCES=(
   [sse_relay]="tests/fuzz/sse_relay_fuzz.cpp src/failover/stream_progress.cpp src/protocol/worker_protocol.cpp src/api/http_client.cpp src/common/status.cpp"
   [config]="tests/fuzz/config_fuzz.cpp src/config/config.cpp src/common/status.cpp src/common/hash.cpp src/common/names.cpp"
   [gguf_reader]="tests/fuzz/gguf_reader_fuzz.cpp src/gguf/gguf_reader.cpp src/common/status.cpp"
+  [ollama_api]="tests/fuzz/ollama_api_fuzz.cpp src/api/ollama_request.cpp src/api/ollama_response.cpp src/api/json_limits.cpp src/api/openai_request.cpp src/api/openai_tools.cpp src/common/status.cpp"
 )
 # The fuzz builds compile library assertions away as release builds do
 # (ASan and UBSan still check memory and undefined behaviour): toml++ 3.3
@@ -34,7 +35,7 @@ declare -A FLAGS=(
   [http_request]="-DBOOST_DISABLE_ASSERTS"
 )
 NAMES=("$@")
-[ ${#NAMES[@]} -gt 0 ] || NAMES=(http_request openai_request sse_relay config gguf_reader)
+[ ${#NAMES[@]} -gt 0 ] || NAMES=(http_request openai_request sse_relay config gguf_reader ollama_api)
 
 if ! command -v "$CXX" >/dev/null 2>&1; then
   echo "[fuzz] $CXX not found (scripts/deps.sh installs clang): skipped"; exit 77

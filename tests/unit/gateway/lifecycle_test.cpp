@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <sstream>
 #include <thread>
 
 #include "api/openai_response.h"
@@ -350,6 +351,95 @@ TEST_F(LifecycleTest, AWaitingRequestSaysWhereItIsInLine) {
   EXPECT_EQ(waiting->status(), 200u) << waiting->body();
   EXPECT_FALSE(waiting->header("X-Spillway-Estimated-Delay").empty());
   for (const auto& r : running) EXPECT_TRUE(r->Wait());
+}
+
+// Ollama's API takes the same lifecycle: its request is translated, admitted,
+// journaled and failed over like an OpenAI one, and the client hears it in
+// Ollama's shape, degraded-service headers included.
+TEST_F(LifecycleTest, AnOllamaRequestFailsOverAndItsAnswerSaysSoInOllamasShape) {
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    Refuse(ex, Status::ResourceExhausted("kv alloc failed").WithPhase(FailurePhase::kKv));
+  };
+  auto ex = Send("/api/generate", json{{"model", "chat:latest"}, {"prompt", "hello"}, {"raw", true}, {"stream", false},
+                                       {"options", {{"num_predict", 8}, {"seed", 7}}}}.dump(),
+                 "POST", {{"X-Request-Id", "r-ollama"}});
+  ASSERT_TRUE(ex->Wait());
+  ASSERT_EQ(ex->status(), 200u) << ex->body();
+  const json j = json::parse(ex->body());
+  EXPECT_EQ(j["model"], "chat:latest");
+  EXPECT_EQ(j["response"], "fallback");
+  EXPECT_EQ(j["done"], true);
+  EXPECT_EQ(ex->header("X-Spillway-Attempts"), "2");
+  EXPECT_NE(ex->header("X-Spillway-Degraded").find("fallback"), std::string::npos);
+  ASSERT_EQ(fallback_.calls(), 1u);
+  EXPECT_EQ(fallback_.bodies[0]["max_tokens"], 8) << "options.num_predict is the OpenAI request's max_tokens";
+  EXPECT_EQ(fallback_.bodies[0]["seed"], 7);
+  EXPECT_EQ(fallback_.bodies[0]["prompt"], "hello");
+  EXPECT_EQ(Journaled("r-ollama").state, journal::State::kCompleted);
+}
+
+TEST_F(LifecycleTest, AnOllamaStreamCutMidwayIsOneNdjsonStream) {
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(Chunk("a", 11));
+    ex->Write(api::SseEvent(api::ErrorBody(Status::ResourceExhausted("compute").WithPhase(FailurePhase::kCompute))));
+    ex->End();
+  };
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(Chunk("b", 12));
+    ex->Write(api::SseEvent({{"choices", {{{"index", 0}, {"text", ""}, {"finish_reason", "length"}}}}}));
+    ex->Write(api::kSseDone);
+    ex->End();
+  };
+  const std::string body =  // streams by default
+      json{{"model", "chat"}, {"prompt", "hello"}, {"raw", true}, {"options", {{"num_predict", 8}}}}.dump();
+  auto ex = Send("/api/generate", body, "POST", {{"Idempotency-Key", "k-ollama"}, {"X-Request-Id", "r-ollama-stream"}});
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_TRUE(ex->streamed());
+  EXPECT_EQ(ex->header("Content-Type"), "application/x-ndjson");
+  std::vector<json> lines;
+  std::istringstream in(ex->body());
+  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+  ASSERT_EQ(lines.size(), 3u) << ex->body();
+  EXPECT_EQ(lines[0]["response"], "a");
+  EXPECT_EQ(lines[1]["response"], "b");
+  EXPECT_EQ(lines[2]["done"], true);
+  EXPECT_EQ(lines[2]["done_reason"], "length");
+  // The same key again: the stored stream, replayed whole as the NDJSON it streamed.
+  auto again = Send("/api/generate", body, "POST", {{"Idempotency-Key", "k-ollama"}});
+  ASSERT_TRUE(again->Wait());
+  EXPECT_EQ(again->header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(again->header("Content-Type"), "application/x-ndjson");
+  EXPECT_NE(again->body().find("\"response\":\"b\""), std::string::npos) << again->body();
+  EXPECT_EQ(primary_.calls() + fallback_.calls(), 2u);
+}
+
+TEST_F(LifecycleTest, OllamasErrorsHaveOllamasShape) {
+  auto unknown = Send("/api/chat", json{{"model", "nope"}, {"messages", json::array()}}.dump());
+  ASSERT_TRUE(unknown->Wait());
+  EXPECT_EQ(unknown->status(), 404u);
+  EXPECT_EQ(json::parse(unknown->body()), json({{"error", "model 'nope' not found"}}));
+  auto bad = Send("/api/generate", json{{"model", "chat"}, {"prompt", "x"}, {"options", {{"temperature", 9}}}}.dump());
+  ASSERT_TRUE(bad->Wait());
+  EXPECT_EQ(bad->status(), 400u);
+  EXPECT_NE(json::parse(bad->body())["error"].get<std::string>().find("'options.temperature'"), std::string::npos)
+      << bad->body();
+  auto capped = Send("/api/generate", json{{"model", "chat"}, {"prompt", "x"}, {"options", {{"num_predict", 1000}}}}.dump());
+  ASSERT_TRUE(capped->Wait());
+  EXPECT_EQ(capped->status(), 400u);
+  EXPECT_NE(json::parse(capped->body())["error"].get<std::string>().find("'options.num_predict' 1000 exceeds the cap"),
+            std::string::npos) << capped->body();
+  // The worker's own refusal, translated.
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    Refuse(ex, Status::InvalidArgument("prompt too long"));
+  };
+  auto refused = Send("/api/generate", json{{"model", "chat"}, {"prompt", "x"}, {"raw", true}, {"stream", false},
+                                            {"options", {{"num_predict", 8}}}}.dump());
+  ASSERT_TRUE(refused->Wait());
+  EXPECT_EQ(refused->status(), 400u);
+  EXPECT_EQ(json::parse(refused->body()), json({{"error", "prompt too long"}}));
+  EXPECT_EQ(fallback_.calls(), 0u);
 }
 
 }  // namespace

@@ -1,0 +1,246 @@
+// Ollama's API on the gateway's port. Generations (/api/chat, /api/generate,
+// /api/embed, /api/embeddings) are translated into OpenAI requests and run
+// by HandleGeneration, the same lifecycle an OpenAI request takes; an
+// OllamaExchange translates the answer back. The listing routes read the
+// services' model files and the workers' cached info.
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+
+#include "api/ollama_request.h"
+#include "api/ollama_response.h"
+#include "api/openai_request.h"
+#include "common/hash.h"
+#include "gateway/gateway.h"
+#include "gateway/gateway_internal.h"
+#include "gateway/ollama_exchange.h"
+#include "models/model_info.h"
+#include "models/ollama_store.h"
+
+namespace spillway::gateway {
+
+namespace {
+
+// The Ollama API version whose shapes the translation follows (clients gate
+// features on it); Spillway's own build is said beside it.
+constexpr const char* kOllamaApiVersion = "0.9.0";
+// What an Ollama client lists: a name with its tag (Ollama's default "latest").
+std::string OllamaName(const std::string& service) {
+  return service.find(':') == std::string::npos ? service + ":latest" : service;
+}
+
+http::Response OllamaResponse(unsigned status, const json& body, unsigned v) { return JsonResponse(status, body, v); }
+
+http::Response OllamaErrorResponse(const Status& st, unsigned v) {
+  auto res = OllamaResponse(static_cast<unsigned>(HttpStatusFor(st.code())), {{"error", st.message()}}, v);
+  if (st.retry_after_s() > 0) res.set(bhttp::field::retry_after, std::to_string(st.retry_after_s()));
+  return res;
+}
+
+api::OllamaRoute RouteOf(const std::string& path) {
+  if (path == "/api/generate") return api::OllamaRoute::kGenerate;
+  if (path == "/api/embed") return api::OllamaRoute::kEmbed;
+  if (path == "/api/embeddings") return api::OllamaRoute::kEmbeddings;
+  return api::OllamaRoute::kChat;
+}
+
+// Ollama's "details" of a model file.
+json Details(const models::ModelSummary& m) {
+  return {{"parent_model", ""},
+          {"format", "gguf"},
+          {"family", m.architecture},
+          {"families", json::array({m.architecture})},
+          {"parameter_size", models::HumanCount(m.parameters)},
+          {"quantization_level", m.quantization}};
+}
+
+// Ollama's digest is its manifest's sha256; a plain file's is the hash of
+// its path, size and time (hashing gigabytes per listing would be slow).
+std::string Digest(const config::ServiceConfig& svc, const models::ModelSummary& m) {
+  const std::string blob = std::filesystem::path(svc.model).filename().string();
+  if (models::IsOllamaName(svc.model_name) && blob.rfind("sha256-", 0) == 0) return blob.substr(7);
+  return Sha256Hex(svc.model + "\n" + std::to_string(m.size) + "\n" + std::to_string(m.modified_unix_s));
+}
+
+}  // namespace
+
+const config::ServiceConfig* Gateway::OllamaService(const std::string& model) const {
+  if (const auto* svc = config_.FindService(model)) return svc;
+  return config_.FindService(api::WithoutLatestTag(model));
+}
+
+void Gateway::HandleOllama(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& path) {
+  const unsigned v = req.version();
+  const auto method = req.method();
+  auto blocking = [&](std::function<http::Response()> answer) {
+    PostStatus([ex, answer = std::move(answer)] { ex->Respond(answer()); });
+  };
+  if (path == "/api/version" && method == bhttp::verb::get) {
+    return ex->Respond(OllamaResponse(200, {{"version", kOllamaApiVersion}, {"spillway", "ollama-api"}}, v));
+  }
+  if (path == "/api/tags" && method == bhttp::verb::get) return blocking([this, v] { return OllamaResponse(200, OllamaTags(), v); });
+  if (path == "/api/ps" && method == bhttp::verb::get) return blocking([this, v] { return OllamaResponse(200, OllamaRunning(), v); });
+  const bool generation =
+      path == "/api/chat" || path == "/api/generate" || path == "/api/embed" || path == "/api/embeddings";
+  if ((generation || path == "/api/show") && method != bhttp::verb::post) {
+    return ex->Respond(OllamaErrorResponse(Status::InvalidArgument("use POST for " + path), v));
+  }
+  if (generation) return HandleOllamaGeneration(req, std::move(ex), path);
+  if (path == "/api/show") {
+    auto body = ParseBody(req);
+    if (!body.ok()) return ex->Respond(OllamaErrorResponse(body.status(), v));
+    // "name" is the older clients' spelling of "model".
+    const json name = body->is_object() ? body->value("model", body->value("name", json())) : json();
+    if (!name.is_string()) return ex->Respond(OllamaErrorResponse(Status::InvalidArgument("'model' is required"), v));
+    const auto* svc = OllamaService(name.get<std::string>());
+    if (!svc) return ex->Respond(OllamaResponse(404, {{"error", "model '" + name.get<std::string>() + "' not found"}}, v));
+    return blocking([this, svc, v] {
+      auto shown = OllamaShow(*svc);
+      return shown.ok() ? OllamaResponse(200, *shown, v) : OllamaErrorResponse(shown.status(), v);
+    });
+  }
+  for (const char* store_route : {"/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete", "/api/blobs/"}) {
+    if (path.rfind(store_route, 0) == 0) {
+      return ex->Respond(OllamaResponse(
+          501, {{"error", "Spillway does not pull, push, create, copy or delete models: it serves the models its "
+                          "config names (files, or ollama:NAME:TAG read from Ollama's store)"}}, v));
+    }
+  }
+  ex->Respond(OllamaErrorResponse(Status::NotFound("no route for " + std::string(req.method_string()) + " " + path), v));
+}
+
+void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& path) {
+  const unsigned v = req.version();
+  auto fail = [&](const Status& st) { ex->Respond(OllamaErrorResponse(st, v)); };
+  auto body = ParseBody(req);
+  if (!body.ok()) return fail(body.status());
+  auto call = api::TranslateOllamaRequest(RouteOf(path), *body);
+  if (!call.ok()) return fail(call.status());
+  const auto* svc = OllamaService(call->model);
+  if (!svc) return ex->Respond(OllamaResponse(404, {{"error", "model '" + call->model + "' not found"}}, v));
+  const api::OllamaReplyContext ctx{call->route, call->model, clock_.NowMs()};
+  auto out = std::make_shared<OllamaExchange>(std::move(ex), ctx, clock_);
+  // keep_alive has nothing to act on: what stays loaded is each service's
+  // configured policy (README: "Ollama API").
+  if (call->keep_alive_s) out->AddHeader("X-Spillway-Keep-Alive", "not applied: residency is set per service in the config");
+  if (call->load_only) {  // Ollama loads the model; Spillway's workers are the gateway's to start
+    auto res = OllamaResponse(200, api::OllamaLoadAnswer(ctx, clock_.NowMs()), v);
+    return out->RespondTranslated(std::move(res));
+  }
+  call->openai["model"] = svc->name;
+  if (auto n = call->openai.find("max_tokens"); n != call->openai.end() && n->is_number() && *n > svc->max_tokens) {
+    return out->RespondTranslated(OllamaErrorResponse(
+        Status::InvalidArgument("'options.num_predict' " + n->dump() + " exceeds the cap of service '" + svc->name + "' (" +
+                                std::to_string(svc->max_tokens) + ")"), v));
+  }
+  // The OpenAI parser's verdict, with the fields named as the client sent them.
+  const Status valid = call->endpoint == "chat"         ? api::ParseChatRequest(call->openai).status()
+                       : call->endpoint == "completion" ? api::ParseCompletionRequest(call->openai).status()
+                                                        : api::ParseEmbeddingRequest(call->openai).status();
+  if (!valid.ok()) return out->RespondTranslated(OllamaErrorResponse(api::OllamaFieldNames(valid, *call), v));
+  http::Request translated = req;
+  translated.target(call->endpoint == "chat"         ? "/v1/chat/completions"
+                    : call->endpoint == "completion" ? "/v1/completions"
+                                                     : "/v1/embeddings");
+  translated.body() = call->openai.dump(-1, ' ', false, json::error_handler_t::replace);
+  translated.prepare_payload();
+  HandleGeneration(translated, std::move(out), call->endpoint);
+}
+
+json Gateway::OllamaTags() const {
+  json models = json::array();
+  for (const auto& svc : config_.services) {
+    auto m = model_summaries_.Get(svc.model);
+    if (!m.ok()) continue;  // a file gone since the start: its requests say why
+    models.push_back({{"name", OllamaName(svc.name)},
+                      {"model", OllamaName(svc.name)},
+                      {"modified_at", api::OllamaTimestamp(m->modified_unix_s * 1000)},
+                      {"size", m->size},
+                      {"digest", Digest(svc, *m)},
+                      {"details", Details(*m)}});
+  }
+  return {{"models", models}};
+}
+
+StatusOr<json> Gateway::OllamaShow(const config::ServiceConfig& svc) const {
+  auto meta = gguf::ReadGgufFile(svc.model);
+  if (!meta.ok()) return Status::Unavailable(meta.status().message());
+  const auto m = models::Summarize(svc.model, *meta, 0);
+  json info = json::object();
+  for (const auto& [key, value] : meta->kv) {
+    using Kind = gguf::Value::Kind;
+    if (key == "tokenizer.chat_template") continue;  // it is "template"
+    switch (value.kind) {
+      case Kind::kInt: info[key] = value.i; break;
+      case Kind::kUint: info[key] = value.u; break;
+      case Kind::kFloat: info[key] = value.f; break;
+      case Kind::kBool: info[key] = value.b; break;
+      case Kind::kString: info[key] = value.s; break;
+      case Kind::kArray: info[key] = nullptr; break;  // Ollama leaves arrays out unless verbose
+    }
+  }
+  info["general.parameter_count"] = m.parameters;
+  const std::string tmpl = meta->String("tokenizer.chat_template").value_or("");
+  json capabilities = m.embedding ? json::array({"embedding"}) : json::array({"completion"});
+  if (!m.embedding && tmpl.find("tools") != std::string::npos) capabilities.push_back("tools");
+  if (!m.embedding && (tmpl.find("<think>") != std::string::npos || tmpl.find("enable_thinking") != std::string::npos)) {
+    capabilities.push_back("thinking");
+  }
+  return json{{"modelfile", ""},
+              {"parameters", ""},
+              {"template", tmpl},
+              {"details", Details(m)},
+              {"model_info", info},
+              {"capabilities", capabilities},
+              {"spillway", {{"service", svc.name}, {"model", svc.model_name}, {"file", svc.model},
+                            {"template_family", m.template_family}}}};
+}
+
+json Gateway::OllamaRunning() const {
+  json models = json::array();
+  const auto workers = supervisor_.Snapshot();
+  const int64_t now = clock_.NowMs();
+  for (const auto& svc : config_.services) {
+    for (size_t i = 0; i < svc.placements.size(); ++i) {
+      const std::string key = WorkerKey(svc, i);
+      const upstream::WorkerView* w = nullptr;
+      for (const auto& x : workers) {
+        if (x.key == key && x.state == upstream::WorkerState::kReady) w = &x;
+      }
+      if (!w) continue;
+      uint64_t size = 0, vram = 0;
+      if (w->info) {
+        const json info = json::parse(*w->info, nullptr, false);
+        const json buffers = info.is_object() && info.contains("memory") && info["memory"].is_object()
+                                 ? info["memory"].value("buffers", json::array())
+                                 : json::array();
+        for (const auto& b : buffers) {
+          if (!b.is_object() || !b.contains("total") || !b["total"].is_number_unsigned()) continue;
+          const uint64_t total = b["total"].get<uint64_t>();
+          size += total;
+          const bool host = b.contains("name") && b["name"].is_string() && b["name"].get<std::string>().rfind("CPU", 0) == 0;
+          if (!host) vram += total;
+        }
+      }
+      // A warm replica stays while the gateway runs; an on-demand one goes after idle_unload_s.
+      const int64_t expires_ms = w->on_demand ? now + static_cast<int64_t>(svc.failover.idle_unload_s * 1000)
+                                              : now + int64_t{100} * 365 * 86400 * 1000;
+      auto m = model_summaries_.Get(svc.model);
+      models.push_back({{"name", OllamaName(svc.name)},
+                        {"model", OllamaName(svc.name)},
+                        {"size", size},
+                        {"digest", m.ok() ? Digest(svc, *m) : ""},
+                        {"details", m.ok() ? Details(*m) : json::object()},
+                        {"expires_at", api::OllamaTimestamp(expires_ms)},
+                        {"size_vram", vram},
+                        {"context_length", svc.placements[i].ctx},
+                        {"spillway", {{"placement", svc.placements[i].Name()}, {"role", svc.placements[i].role}}}});
+      break;  // one entry per service: the first ready placement serves it
+    }
+  }
+  return {{"models", models}};
+}
+
+}  // namespace spillway::gateway

@@ -1,0 +1,57 @@
+// The client's exchange as an Ollama client sees it: the gateway's lifecycle
+// answers an Ollama request exactly as it answers an OpenAI one (journal,
+// admission, failover, cancel, the degraded-service headers), and this
+// adapter translates what it says on the way out (api/ollama_response.h):
+//
+//   - a whole answer becomes Ollama's shape; an error becomes {"error": "..."}
+//     with its status; headers (X-Request-Id, X-Spillway-*, Retry-After) stay;
+//   - a stream's head becomes application/x-ndjson, its events NDJSON lines,
+//     its SSE comments (waiting notes) are dropped; an error event becomes an
+//     {"error"} line, the status unchanged;
+//   - a stored stream replayed whole (an Idempotency-Key replay) becomes the
+//     NDJSON body it would have streamed.
+//
+// Thread-safe as http::Exchange requires (one lock around the translator);
+// the disconnect callback and state pass through to the wrapped exchange.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "api/http_server.h"
+#include "api/ollama_response.h"
+#include "common/clock.h"
+
+namespace spillway::gateway {
+
+class OllamaExchange final : public http::Exchange {
+ public:
+  // `clock` must outlive the exchange (the gateway's).
+  OllamaExchange(std::shared_ptr<http::Exchange> inner, api::OllamaReplyContext ctx, const Clock& clock);
+
+  // A header every answer carries (set before the exchange is used).
+  void AddHeader(std::string name, std::string value) { headers_.emplace_back(std::move(name), std::move(value)); }
+  // An answer already in Ollama's shape (the gateway's own: a load, a 400).
+  void RespondTranslated(http::Response res);
+
+  void Respond(http::Response res) override;
+  void StartStream(http::Response header) override;
+  void Write(std::string data) override;
+  void End() override;
+  void OnDisconnect(std::function<void()> cb) override { inner_->OnDisconnect(std::move(cb)); }
+  bool disconnected() const override { return inner_->disconnected(); }
+  size_t unsent_bytes() const override { return inner_->unsent_bytes(); }
+
+ private:
+  std::shared_ptr<http::Exchange> inner_;
+  api::OllamaReplyContext ctx_;
+  const Clock& clock_;
+  std::vector<std::pair<std::string, std::string>> headers_;
+  std::mutex mu_;
+  api::OllamaStreamTranslator stream_;
+};
+
+}  // namespace spillway::gateway

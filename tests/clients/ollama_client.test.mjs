@@ -1,0 +1,201 @@
+// The official `ollama` npm client, unmodified, against `spillway serve`: Ollama's API on the
+// gateway's port. The chat service's model is `ollama:tiny-chat:latest`, read from an Ollama store
+// laid out here with the generated models (OLLAMA_MODELS), as a user's existing store would be.
+// Run by ctest: node --test tests/clients/ollama_client.test.mjs
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Ollama } from 'ollama';
+import { MODELS, cpuService, startGateway, stopGateway } from './gateway.mjs';
+
+let dir, gateway, base, ollama;
+
+// manifests/registry.ollama.ai/library/NAME/TAG -> blobs/sha256-HEX, as Ollama writes them.
+function layOutStore(root, name, tag, gguf) {
+  const hex = createHash('sha256').update(readFileSync(gguf)).digest('hex');
+  mkdirSync(join(root, 'blobs'), { recursive: true });
+  copyFileSync(gguf, join(root, 'blobs', `sha256-${hex}`));
+  const manifestDir = join(root, 'manifests', 'registry.ollama.ai', 'library', name);
+  mkdirSync(manifestDir, { recursive: true });
+  writeFileSync(join(manifestDir, tag), JSON.stringify({
+    schemaVersion: 2,
+    mediaType: 'application/vnd.docker.distribution.manifest.v2+json',
+    layers: [{ mediaType: 'application/vnd.ollama.image.model', digest: `sha256:${hex}`, size: statSync(gguf).size }],
+  }));
+  return hex;
+}
+
+let blobHex;
+
+before(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'spillway-ollama-'));
+  const store = join(dir, 'ollama-store');
+  blobHex = layOutStore(store, 'tiny-chat', 'latest', `${MODELS}/tiny-chat.gguf`);
+  const chat = cpuService('chat', 'tiny-chat', 8192, 2).replace(`"${MODELS}/tiny-chat.gguf"`, '"ollama:tiny-chat:latest"');
+  ({ gateway, base } = await startGateway(dir, chat + cpuService('embed', 'tiny-embed', 512, 1),
+    { ...process.env, OLLAMA_MODELS: store }));
+  ollama = new Ollama({ host: base });
+});
+
+after(async () => {
+  await stopGateway(gateway);
+  rmSync(dir, { recursive: true, force: true });
+});
+
+test('version', async () => {
+  const v = await ollama.version();
+  assert.match(v.version, /^\d+\.\d+\.\d+$/);
+});
+
+test('chat, whole: Ollama fields and stats', async () => {
+  const r = await ollama.chat({
+    model: 'chat', messages: [{ role: 'user', content: 'Hello' }], options: { temperature: 0, num_predict: 8 },
+  });
+  assert.equal(r.model, 'chat');
+  assert.equal(r.message.role, 'assistant');
+  assert.equal(typeof r.message.content, 'string');
+  assert.equal(r.done, true);
+  assert.ok(['stop', 'length'].includes(r.done_reason), r.done_reason);
+  assert.ok(r.eval_count > 0 && r.eval_count <= 8, `eval_count ${r.eval_count}`);
+  assert.ok(r.prompt_eval_count > 0);
+  assert.ok(r.total_duration > 0);
+  assert.ok(!Number.isNaN(Date.parse(r.created_at)));
+});
+
+test('chat streamed (the default) equals the whole answer', async () => {
+  const params = { model: 'chat:latest', messages: [{ role: 'user', content: 'Stream' }], options: { temperature: 0, num_predict: 12, seed: 4 } };
+  const whole = await ollama.chat({ ...params, stream: false });
+  let text = '';
+  let last = null;
+  for await (const part of await ollama.chat({ ...params, stream: true })) {
+    text += part.message.content;
+    last = part;
+  }
+  assert.equal(text, whole.message.content);
+  assert.equal(last.done, true);
+  assert.equal(last.done_reason, whole.done_reason);
+  assert.equal(last.eval_count, whole.eval_count);
+});
+
+test('generate, whole and streamed, and a format schema is honoured', async () => {
+  const params = { model: 'chat', prompt: 'Tell me', system: 'Be brief', options: { temperature: 0, num_predict: 10 } };
+  const whole = await ollama.generate(params);
+  assert.equal(whole.done, true);
+  assert.equal(typeof whole.response, 'string');
+  let text = '';
+  for await (const part of await ollama.generate({ ...params, stream: true })) text += part.response;
+  assert.equal(text, whole.response);
+  const schema = { type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'], additionalProperties: false };
+  const json = await ollama.generate({ model: 'chat', prompt: 'JSON please', format: schema, options: { temperature: 1, seed: 3, num_predict: 60 } });
+  assert.equal(typeof JSON.parse(json.response).ok, 'boolean', json.response);
+  // An empty prompt loads the model (keep_alive accepted).
+  const load = await ollama.generate({ model: 'chat', prompt: '', keep_alive: '5m' });
+  assert.equal(load.done_reason, 'load');
+});
+
+test('embed and the legacy embeddings', async () => {
+  const e = await ollama.embed({ model: 'embed', input: ['one', 'two'] });
+  assert.equal(e.model, 'embed');
+  assert.equal(e.embeddings.length, 2);
+  assert.ok(e.embeddings[0].length > 0);
+  const single = await ollama.embed({ model: 'embed', input: 'one' });
+  assert.deepEqual(single.embeddings[0], e.embeddings[0]);
+  const legacy = await ollama.embeddings({ model: 'embed', prompt: 'one' });
+  assert.deepEqual(legacy.embedding, e.embeddings[0]);
+});
+
+test('tags, show and ps', async () => {
+  const tags = await ollama.list();
+  const chat = tags.models.find((m) => m.name === 'chat:latest');
+  assert.ok(chat, JSON.stringify(tags));
+  assert.equal(chat.digest, blobHex, 'an ollama: model carries its blob digest');
+  assert.equal(chat.details.format, 'gguf');
+  assert.equal(chat.details.family, 'llama');
+  assert.ok(chat.details.quantization_level);
+  assert.ok(chat.size > 0);
+  assert.ok(tags.models.some((m) => m.name === 'embed:latest'));
+
+  const show = await ollama.show({ model: 'chat' });
+  assert.ok(show.template.includes('im_start'));
+  assert.equal(show.model_info['general.architecture'], 'llama');
+  assert.ok(show.capabilities.includes('completion'));
+  assert.ok((await ollama.show({ model: 'embed' })).capabilities.includes('embedding'));
+
+  const ps = await ollama.ps();
+  const running = ps.models.find((m) => m.name === 'chat:latest');
+  assert.ok(running, JSON.stringify(ps));
+  assert.equal(running.context_length, 8192);
+  assert.ok(running.size > 0);
+  assert.ok(!Number.isNaN(Date.parse(running.expires_at)));
+});
+
+test('an unknown model is Ollama\'s 404, a bad body a clear 400', async () => {
+  await assert.rejects(ollama.chat({ model: 'nope', messages: [{ role: 'user', content: 'x' }] }),
+    (e) => e.status_code === 404 && e.error === "model 'nope' not found");
+  await assert.rejects(ollama.show({ model: 'nope' }), (e) => e.status_code === 404);
+  await assert.rejects(ollama.generate({ model: 'chat', prompt: 'x', options: { num_predict: 0 } }),
+    (e) => e.status_code === 400 && e.error.includes('options.num_predict'));
+  await assert.rejects(ollama.pull({ model: 'llama3' }), (e) => e.status_code === 501);
+});
+
+test('who served it is said in the headers, as on the OpenAI API', async () => {
+  const res = await fetch(`${base}/api/generate`, {
+    method: 'POST', body: JSON.stringify({ model: 'chat', prompt: 'hi', stream: false, keep_alive: 0, options: { num_predict: 2 } }),
+  });
+  assert.equal(res.status, 200);
+  assert.equal(res.headers.get('x-spillway-placement'), 'cpu');
+  assert.match(res.headers.get('x-request-id'), /^req_/);
+  assert.match(res.headers.get('x-spillway-keep-alive'), /not applied/);
+  const stream = await fetch(`${base}/api/chat`, {
+    method: 'POST', body: JSON.stringify({ model: 'chat', messages: [{ role: 'user', content: 'hi' }], options: { num_predict: 2 } }),
+  });
+  assert.equal(stream.headers.get('content-type'), 'application/x-ndjson');
+  assert.equal(stream.headers.get('x-spillway-placement'), 'cpu');
+  const lines = (await stream.text()).trim().split('\n').map((l) => JSON.parse(l));
+  assert.equal(lines.at(-1).done, true);
+});
+
+test('Idempotency-Key through the client: a replay is the same answer, another body Ollama\'s 422', async () => {
+  const keyed = new Ollama({ host: base, headers: { 'Idempotency-Key': `k-${process.pid}` } });
+  const params = { model: 'chat', prompt: 'once', options: { temperature: 1, num_predict: 6 } };
+  const first = await keyed.generate(params);
+  const again = await keyed.generate(params);
+  assert.equal(again.response, first.response);
+  assert.equal(again.eval_count, first.eval_count);
+  await assert.rejects(keyed.generate({ ...params, prompt: 'another' }),
+    (e) => e.status_code === 422 && typeof e.error === 'string' && e.error.includes('Idempotency-Key'));
+});
+
+test('tools and think are accepted; an aborted stream is a cancelled request', async () => {
+  const tools = [{ type: 'function', function: { name: 'increment', parameters: { type: 'object', properties: {} } } }];
+  const r = await ollama.chat({ model: 'chat', messages: [{ role: 'user', content: 'Count' }], tools, think: true,
+    options: { num_predict: 8 } });
+  assert.equal(r.done, true);
+  assert.ok(Array.isArray(r.message.tool_calls ?? []));
+
+  // A seeded generation that runs to its num_predict (checked: done_reason "length"), then the same, aborted.
+  const long = { model: 'chat', prompt: 'long', options: { num_predict: 3000, seed: 11, temperature: 1 } };
+  const client = new Ollama({ host: base, headers: { 'X-Request-Id': `ollama-abort-${process.pid}` } });
+  const stream = await client.generate({ ...long, stream: true });
+  let parts = 0;
+  try {
+    for await (const _ of stream) {
+      if (++parts === 3) client.abort();
+    }
+  } catch (e) {
+    assert.equal(e.name, 'AbortError', String(e));
+  }
+  assert.ok(parts < 3000, `the stream ran to its end (${parts} parts)`);
+  let state;
+  for (let i = 0; i < 200; i++) {
+    state = (await (await fetch(`${base}/v1/requests/ollama-abort-${process.pid}`)).json()).state;
+    if (state !== 'running' && state !== 'queued') break;
+    await new Promise((res) => setTimeout(res, 25));
+  }
+  assert.equal(state, 'cancelled');
+  const whole = await ollama.generate({ ...long, options: { ...long.options, num_predict: 3000 } });
+  assert.equal(whole.done_reason, 'length', 'the seeded generation does not end early, so the abort is what ended it');
+});

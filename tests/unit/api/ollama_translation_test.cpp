@@ -1,0 +1,335 @@
+// Ollama's bodies into OpenAI's (api/ollama_request.h) and OpenAI's answers
+// and streams back into Ollama's (api/ollama_response.h).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <sstream>
+
+#include "api/ollama_request.h"
+#include "api/ollama_response.h"
+#include "api/openai_request.h"
+#include "api/openai_response.h"
+
+namespace spillway::api {
+namespace {
+
+using nlohmann::json;
+
+OllamaCall Translate(OllamaRoute route, const json& body) {
+  auto c = TranslateOllamaRequest(route, body);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? *c : OllamaCall{};
+}
+
+std::string Error(OllamaRoute route, const json& body) {
+  auto c = TranslateOllamaRequest(route, body);
+  EXPECT_FALSE(c.ok()) << body.dump();
+  return c.ok() ? "" : c.status().message();
+}
+
+TEST(OllamaRequestTest, AChatStreamsByDefaultAndItsOptionsBecomeOpenAiFields) {
+  const auto c = Translate(OllamaRoute::kChat,
+                           {{"model", "chat:latest"},
+                            {"messages", {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hi"}}}},
+                            {"options",
+                             {{"temperature", 0.2}, {"top_p", 0.5}, {"top_k", 7}, {"seed", 42}, {"num_predict", 16},
+                              {"stop", {"\n\n"}}, {"num_ctx", 8192}, {"repeat_penalty", 1.1}, {"min_p", 0.05}}},
+                            {"format", "json"}});
+  EXPECT_TRUE(c.stream);
+  EXPECT_EQ(c.endpoint, "chat");
+  EXPECT_EQ(c.model, "chat:latest");
+  const json& o = c.openai;
+  EXPECT_EQ(o["stream"], true);
+  EXPECT_EQ(o["stream_options"]["include_usage"], true);
+  EXPECT_EQ(o["messages"].size(), 2u);
+  EXPECT_EQ(o["messages"][1], json({{"role", "user"}, {"content", "hi"}}));
+  EXPECT_EQ(o["temperature"], 0.2);
+  EXPECT_EQ(o["top_p"], 0.5);
+  EXPECT_EQ(o["top_k"], 7);
+  EXPECT_EQ(o["seed"], 42);
+  EXPECT_EQ(o["max_tokens"], 16);
+  EXPECT_EQ(o["stop"], json({"\n\n"}));
+  EXPECT_EQ(o["repeat_penalty"], 1.1);
+  EXPECT_EQ(o["min_p"], 0.05);
+  EXPECT_FALSE(o.contains("num_ctx")) << "load-time options are the placement's";
+  EXPECT_EQ(o["response_format"], json({{"type", "json_object"}}));
+  // What the gateway's own parser then accepts.
+  json named = o;
+  named["model"] = "chat";
+  EXPECT_TRUE(ParseChatRequest(named).ok());
+}
+
+TEST(OllamaRequestTest, DefaultsAndSentinelsLeaveTheServiceDefaults) {
+  const auto c = Translate(OllamaRoute::kGenerate, {{"model", "m"}, {"prompt", "p"}, {"stream", false},
+                                                    {"options", {{"num_predict", -1}, {"seed", -1}, {"repeat_last_n", -1}}}});
+  EXPECT_FALSE(c.stream);
+  EXPECT_FALSE(c.openai.contains("max_tokens"));
+  EXPECT_FALSE(c.openai.contains("seed"));
+  EXPECT_FALSE(c.openai.contains("repeat_last_n"));
+  EXPECT_FALSE(c.openai.contains("stream_options"));
+  EXPECT_EQ(Translate(OllamaRoute::kGenerate, {{"model", "m"}, {"prompt", "p"}, {"options", {{"num_predict", -2}}}})
+                .openai.contains("max_tokens"),
+            false);
+}
+
+TEST(OllamaRequestTest, AJsonSchemaFormatIsAStrictJsonSchemaResponseFormat) {
+  const json schema = {{"type", "object"}, {"properties", {{"n", {{"type", "integer"}}}}}};
+  const auto c = Translate(OllamaRoute::kChat, {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                                                {"format", schema}});
+  EXPECT_EQ(c.openai["response_format"]["type"], "json_schema");
+  EXPECT_EQ(c.openai["response_format"]["json_schema"]["schema"], schema);
+  EXPECT_EQ(c.openai["response_format"]["json_schema"]["strict"], true);
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"messages", json::array()}, {"format", "yaml"}}).find("'format'"),
+            std::string::npos);
+}
+
+TEST(OllamaRequestTest, GenerateIsAChatWithTheSystemPromptUnlessRaw) {
+  auto c = Translate(OllamaRoute::kGenerate, {{"model", "m"}, {"prompt", "why?"}, {"system", "sys"}, {"think", false}});
+  EXPECT_EQ(c.endpoint, "chat");
+  EXPECT_EQ(c.openai["messages"],
+            json({{{"role", "system"}, {"content", "sys"}}, {{"role", "user"}, {"content", "why?"}}}));
+  EXPECT_EQ(c.openai["reasoning_effort"], "none");
+  c = Translate(OllamaRoute::kGenerate, {{"model", "m"}, {"prompt", "raw text"}, {"system", "ignored"}, {"raw", true}});
+  EXPECT_EQ(c.endpoint, "completion");
+  EXPECT_EQ(c.openai["prompt"], "raw text");
+  EXPECT_FALSE(c.openai.contains("messages"));
+  EXPECT_TRUE(Translate(OllamaRoute::kGenerate, {{"model", "m"}}).load_only) << "an empty prompt only loads";
+  EXPECT_TRUE(Translate(OllamaRoute::kChat, {{"model", "m"}, {"messages", json::array()}}).load_only);
+}
+
+TEST(OllamaRequestTest, ToolCallsGetIdsAndToolResultsAnswerThemByName) {
+  const json messages = {
+      {{"role", "user"}, {"content", "weather?"}},
+      {{"role", "assistant"},
+       {"content", ""},
+       {"tool_calls",
+        {{{"function", {{"name", "get_weather"}, {"arguments", {{"city", "Oslo"}}}}}},
+         {{"function", {{"name", "get_time"}, {"arguments", json::object()}}}}}}},
+      {{"role", "tool"}, {"tool_name", "get_time"}, {"content", "noon"}},
+      {{"role", "tool"}, {"tool_name", "get_weather"}, {"content", "rain"}}};
+  const auto c = Translate(OllamaRoute::kChat, {{"model", "m"}, {"messages", messages},
+                                                {"tools", {{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}});
+  const json& m = c.openai["messages"];
+  ASSERT_EQ(m[1]["tool_calls"].size(), 2u);
+  EXPECT_EQ(m[1]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Oslo\"}") << "OpenAI carries arguments as text";
+  EXPECT_EQ(m[1]["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(m[2]["tool_call_id"], m[1]["tool_calls"][1]["id"]);
+  EXPECT_EQ(m[3]["tool_call_id"], m[1]["tool_calls"][0]["id"]);
+  EXPECT_EQ(c.openai["tools"].size(), 1u);
+  json named = c.openai;
+  named["model"] = "m";
+  EXPECT_TRUE(ParseChatRequest(named).ok()) << ParseChatRequest(named).status().ToString();
+}
+
+TEST(OllamaRequestTest, WhatSpillwayCannotHonourIsA400NamingTheField) {
+  const json user = {{{"role", "user"}, {"content", "x"}}};
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "x"}, {"images", {"aGk="}}}}}})
+                .find("images"),
+            std::string::npos);
+  EXPECT_NE(Error(OllamaRoute::kGenerate, {{"model", "m"}, {"prompt", "x"}, {"context", {1, 2, 3}}}).find("'context'"),
+            std::string::npos);
+  EXPECT_NE(Error(OllamaRoute::kGenerate, {{"model", "m"}, {"prompt", "x"}, {"template", "{{ .Prompt }}"}}).find("'template'"),
+            std::string::npos);
+  EXPECT_NE(Error(OllamaRoute::kGenerate, {{"model", "m"}, {"prompt", "x"}, {"suffix", "end"}}).find("'suffix'"),
+            std::string::npos);
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"messages", user}, {"options", {{"mirostat", 2}}}})
+                .find("'options.mirostat'"),
+            std::string::npos);
+  // At their neutral values they are harmless (clients send the defaults).
+  Translate(OllamaRoute::kChat, {{"model", "m"}, {"messages", user}, {"options", {{"mirostat", 0}, {"typical_p", 1.0}}},
+                                 {"images", nullptr}, {"context", json::array()}});
+}
+
+TEST(OllamaRequestTest, WrongBodiesAreClear400s) {
+  EXPECT_NE(Error(OllamaRoute::kChat, json::array()).find("JSON object"), std::string::npos);
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"messages", json::array()}}).find("'model'"), std::string::npos);
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", 3}}).find("'model'"), std::string::npos);
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"stream", "yes"}}).find("'stream'"), std::string::npos);
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"messages", "hi"}}).find("'messages'"), std::string::npos);
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"messages", {1}}}).find("'messages[0]'"), std::string::npos);
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"options", "hot"}}).find("'options'"), std::string::npos);
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"options", {{"temperature", "hot"}}}}).find("'options.temperature'"),
+            std::string::npos);
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"options", {{"num_predict", 0}}}}).find("'options.num_predict'"),
+            std::string::npos);
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"keep_alive", "5 fortnights"}}).find("'keep_alive'"),
+            std::string::npos);
+  EXPECT_NE(Error(OllamaRoute::kEmbed, {{"model", "m"}}).find("'input'"), std::string::npos);
+  EXPECT_NE(Error(OllamaRoute::kEmbed, {{"model", "m"}, {"input", 5}}).find("'input'"), std::string::npos);
+}
+
+TEST(OllamaRequestTest, TheOpenAiParsersErrorsNameTheOllamaField) {
+  const auto c = Translate(OllamaRoute::kChat, {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                                                {"options", {{"temperature", 9}, {"num_predict", 5}}}});
+  json named = c.openai;
+  named["model"] = "m";
+  const Status st = OllamaFieldNames(ParseChatRequest(named).status(), c);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message().rfind("'options.temperature' must be between", 0), 0u) << st.message();
+  EXPECT_EQ(OllamaFieldNames(Status::InvalidArgument("'messages' x"), c).message(), "'messages' x");
+}
+
+TEST(OllamaRequestTest, KeepAliveIsSecondsOrAGoDuration) {
+  EXPECT_EQ(*ParseKeepAlive(json(300)), 300);
+  EXPECT_EQ(*ParseKeepAlive(json(-1)), -1);
+  EXPECT_EQ(*ParseKeepAlive(json("5m")), 300);
+  EXPECT_EQ(*ParseKeepAlive(json("1h30m")), 5400);
+  EXPECT_DOUBLE_EQ(*ParseKeepAlive(json("250ms")), 0.25);
+  EXPECT_EQ(*ParseKeepAlive(json("-1")), -1);
+  EXPECT_EQ(*ParseKeepAlive(json("-1m")), -60);
+  EXPECT_EQ(*ParseKeepAlive(json("0")), 0);
+  EXPECT_FALSE(ParseKeepAlive(json("m")).ok());
+  EXPECT_FALSE(ParseKeepAlive(json("5y")).ok());
+  EXPECT_FALSE(ParseKeepAlive(json(true)).ok());
+  EXPECT_TRUE(Translate(OllamaRoute::kChat, {{"model", "m"}, {"keep_alive", "10m"}}).keep_alive_s == 600);
+}
+
+TEST(OllamaRequestTest, EmbedAndLegacyEmbeddings) {
+  auto c = Translate(OllamaRoute::kEmbed, {{"model", "e"}, {"input", {"a", "b"}}, {"truncate", true}, {"keep_alive", 0}});
+  EXPECT_EQ(c.endpoint, "embedding");
+  EXPECT_FALSE(c.stream);
+  EXPECT_EQ(c.openai["input"], json({"a", "b"}));
+  EXPECT_FALSE(c.openai.contains("encoding_format")) << "floats, not base64";
+  c = Translate(OllamaRoute::kEmbeddings, {{"model", "e"}, {"prompt", "one"}});
+  EXPECT_EQ(c.openai["input"], "one");
+  EXPECT_TRUE(Translate(OllamaRoute::kEmbeddings, {{"model", "e"}}).load_only);
+  EXPECT_EQ(WithoutLatestTag("chat:latest"), "chat");
+  EXPECT_EQ(WithoutLatestTag("chat:7b"), "chat:7b");
+}
+
+// --- answers back ---
+
+const OllamaReplyContext kChat{OllamaRoute::kChat, "chat:latest", 1'700'000'000'000};
+const OllamaReplyContext kGenerate{OllamaRoute::kGenerate, "chat", 1'700'000'000'000};
+
+TEST(OllamaResponseTest, TimestampsAreRfc3339WithNanoseconds) {
+  EXPECT_EQ(OllamaTimestamp(1'700'000'000'123), "2023-11-14T22:13:20.123000000Z");
+}
+
+TEST(OllamaResponseTest, AChatAnswerWithToolCallsAndStats) {
+  GenerationResult r;
+  r.finish_reason = "tool_calls";
+  r.usage = {12, 5};
+  r.message = AssistantMessage{"", "let me see", {{"call_1", "get_weather", R"({"city":"Oslo"})"}}};
+  json openai = GenerationBody(Endpoint::kChat, "req_1", "chat", 0, r);
+  openai["spillway"] = {{"timings", {{"prompt_ms", 4.0}, {"generation_ms", 10.0}}}, {"placement", "cpu"}};
+  auto a = OllamaAnswer(kChat, openai, kChat.started_ms + 250);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  const json& j = *a;
+  EXPECT_EQ(j["model"], "chat:latest");
+  EXPECT_EQ(j["message"]["role"], "assistant");
+  EXPECT_EQ(j["message"]["content"], "");
+  EXPECT_EQ(j["message"]["thinking"], "let me see");
+  EXPECT_EQ(j["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(j["message"]["tool_calls"][0]["function"]["arguments"], json({{"city", "Oslo"}})) << "an object, as Ollama's";
+  EXPECT_EQ(j["done"], true);
+  EXPECT_EQ(j["done_reason"], "stop");
+  EXPECT_EQ(j["total_duration"], 250'000'000);
+  EXPECT_EQ(j["prompt_eval_count"], 12);
+  EXPECT_EQ(j["eval_count"], 5);
+  EXPECT_EQ(j["prompt_eval_duration"], 4'000'000);
+  EXPECT_EQ(j["eval_duration"], 10'000'000);
+  EXPECT_EQ(j["load_duration"], 0);
+  EXPECT_EQ(j["spillway"]["placement"], "cpu") << "who served it stays visible";
+}
+
+TEST(OllamaResponseTest, GenerateAnswersFromChatOrCompletionBodies) {
+  GenerationResult r;
+  r.text = "hi there";
+  r.finish_reason = "length";
+  auto a = OllamaAnswer(kGenerate, GenerationBody(Endpoint::kCompletion, "req_1", "chat", 0, r), kGenerate.started_ms);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ((*a)["response"], "hi there");
+  EXPECT_EQ((*a)["done_reason"], "length");
+  EXPECT_FALSE(a->contains("message"));
+  r.message = AssistantMessage{"from chat", "", {}};
+  a = OllamaAnswer(kGenerate, GenerationBody(Endpoint::kChat, "req_1", "chat", 0, r), kGenerate.started_ms);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ((*a)["response"], "from chat");
+  EXPECT_FALSE(OllamaAnswer(kGenerate, json::array(), 0).ok());
+  EXPECT_FALSE(OllamaAnswer(kGenerate, json{{"choices", json::array()}}, 0).ok());
+}
+
+TEST(OllamaResponseTest, EmbeddingsBothShapes) {
+  const json openai = EmbeddingsBody("e", {{1.0f, 2.0f}, {3.0f, 4.0f}}, 6);
+  auto a = OllamaAnswer({OllamaRoute::kEmbed, "e", 0}, openai, 0);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ((*a)["embeddings"], json({{1.0, 2.0}, {3.0, 4.0}}));
+  EXPECT_EQ((*a)["prompt_eval_count"], 6);
+  a = OllamaAnswer({OllamaRoute::kEmbeddings, "e", 0}, openai, 0);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(*a, json({{"embedding", {1.0, 2.0}}}));
+}
+
+TEST(OllamaResponseTest, ErrorsAreOneStringAndLoadsSayLoad) {
+  EXPECT_EQ(OllamaError(ErrorBody(Status::NotFound("gone")).dump()), json({{"error", "gone"}}));
+  EXPECT_EQ(OllamaError("not json"), json({{"error", "not json"}}));
+  const json load = OllamaLoadAnswer(kGenerate, 0);
+  EXPECT_EQ(load["done_reason"], "load");
+  EXPECT_EQ(load["response"], "");
+  EXPECT_EQ(OllamaLoadAnswer({OllamaRoute::kEmbeddings, "e", 0}, 0), json({{"embedding", json::array()}}));
+}
+
+std::vector<json> Lines(const std::string& ndjson) {
+  std::vector<json> out;
+  std::istringstream in(ndjson);
+  for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
+  return out;
+}
+
+TEST(OllamaResponseTest, AStreamBecomesNdjsonLinesWithOneFinalLine) {
+  OllamaStreamTranslator t(kChat);
+  std::string out;
+  out += t.Feed(SseEvent(DeltaChunk("req_1", "chat", 0, {"", "Hel", -1, {}}, true)), 0);
+  out += t.Feed(": spillway: waiting\n\n", 0);  // a comment: dropped
+  // Events split anywhere.
+  const std::string second = SseEvent(DeltaChunk("req_1", "chat", 0, {"hmm", "lo", -1, {}}, false));
+  out += t.Feed(second.substr(0, 7), 0);
+  out += t.Feed(second.substr(7), 0);
+  ChatDelta call;
+  call.tool_call_index = 0;
+  call.tool_call = {"call_9", "f", "{\"a\":"};
+  out += t.Feed(SseEvent(DeltaChunk("req_1", "chat", 0, call, false)), 0);
+  call.tool_call = {"", "", "1}"};
+  out += t.Feed(SseEvent(DeltaChunk("req_1", "chat", 0, call, false)), 0);
+  json last = GenerationChunk(Endpoint::kChat, "req_1", "chat", 0, "", false, "tool_calls");
+  last["spillway"] = {{"tokens", {1, 2}}, {"timings", {{"prompt_ms", 1.0}, {"generation_ms", 2.0}}}, {"placement", "cpu"}};
+  out += t.Feed(SseEvent(last), 0);
+  out += t.Feed(SseEvent(UsageChunk(Endpoint::kChat, "req_1", "chat", 0, {3, 4})), 0);
+  out += t.Feed(kSseDone, kChat.started_ms + 1000);
+  EXPECT_TRUE(t.done());
+  EXPECT_EQ(t.Finish(0), "");
+  const auto lines = Lines(out);
+  ASSERT_EQ(lines.size(), 4u) << out;
+  EXPECT_EQ(lines[0]["message"]["content"], "Hel");
+  EXPECT_EQ(lines[0]["done"], false);
+  EXPECT_EQ(lines[1]["message"]["content"], "lo");
+  EXPECT_EQ(lines[1]["message"]["thinking"], "hmm");
+  EXPECT_EQ(lines[2]["message"]["tool_calls"][0]["function"], json({{"name", "f"}, {"arguments", {{"a", 1}}}}));
+  EXPECT_EQ(lines[3]["done"], true);
+  EXPECT_EQ(lines[3]["done_reason"], "stop");
+  EXPECT_EQ(lines[3]["prompt_eval_count"], 3);
+  EXPECT_EQ(lines[3]["eval_count"], 4);
+  EXPECT_EQ(lines[3]["total_duration"], 1'000'000'000);
+  EXPECT_EQ(lines[3]["spillway"]["placement"], "cpu");
+  EXPECT_FALSE(lines[3]["spillway"].contains("tokens"));
+}
+
+TEST(OllamaResponseTest, AStreamErrorIsAnErrorLineAndAStreamCutShortSaysSo) {
+  OllamaStreamTranslator t(kGenerate);
+  std::string out = t.Feed(SseEvent(GenerationChunk(Endpoint::kCompletion, "r", "chat", 0, "x", false, std::nullopt)), 0);
+  out += t.Feed(SseEvent(ErrorBody(Status::Unavailable("the stream failed"))) + kSseDone, 0);
+  auto lines = Lines(out);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0]["response"], "x");
+  EXPECT_EQ(lines[1], json({{"error", "the stream failed"}}));
+  OllamaStreamTranslator cut(kGenerate);
+  (void)cut.Feed(SseEvent(GenerationChunk(Endpoint::kCompletion, "r", "chat", 0, "x", false, std::nullopt)), 0);
+  lines = Lines(cut.Finish(0));
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_TRUE(lines[0].contains("error"));
+}
+
+}  // namespace
+}  // namespace spillway::api
