@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "common/run_capture.h"
 #include "devices/telemetry.h"
 #include "gguf/gguf_reader.h"
 #include "memory/estimator.h"
@@ -38,20 +39,20 @@ std::string ExeDir() {
 
 // llama.cpp's exact plan, from `spillway-worker --dry-run`.
 std::optional<std::pair<DeviceBytes, DeviceBytes>> Exact(const PlanArgs& a, int gpu_layers, std::string* error) {
-  const std::string cmd = ExeDir() + "/spillway-worker --model '" + a.model + "' --device " + a.device +
-                          " --gpu-layers " + std::to_string(gpu_layers) + " --ctx " + std::to_string(a.ctx) +
-                          " --slots " + std::to_string(a.slots) + " --batch " + std::to_string(a.batch) +
-                          " --kv-type " + a.kv_type + (a.kv_unified ? " --kv-unified" : "") + " --dry-run 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return std::nullopt;
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int rc = pclose(p);
-  json j = json::parse(out, nullptr, false);
-  if (rc != 0 || j.is_discarded()) {
-    *error = "spillway-worker --dry-run failed (exit " + std::to_string(rc) + ")";
+  // No shell: a model path may hold any character.
+  std::vector<std::string> argv = {ExeDir() + "/spillway-worker", "--model", a.model, "--device", a.device,
+                                   "--gpu-layers", std::to_string(gpu_layers), "--ctx", std::to_string(a.ctx),
+                                   "--slots", std::to_string(a.slots), "--batch", std::to_string(a.batch),
+                                   "--kv-type", a.kv_type, "--dry-run"};
+  if (a.kv_unified) argv.push_back("--kv-unified");
+  auto run = RunCapture(argv);
+  if (!run.ok()) {
+    *error = run.status().message();
+    return std::nullopt;
+  }
+  json j = json::parse(run->out, nullptr, false);
+  if (run->exit_code != 0 || j.is_discarded()) {
+    *error = "spillway-worker --dry-run failed (exit " + std::to_string(run->exit_code) + ")";
     return std::nullopt;
   }
   DeviceBytes acc, host;

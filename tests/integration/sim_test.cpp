@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <unistd.h>
+
 #include <filesystem>
 #include <future>
 #include <thread>
@@ -23,6 +25,7 @@ namespace spillway::testing {
 namespace {
 
 using nlohmann::json;
+namespace fs = std::filesystem;
 constexpr uint64_t kMiB = 1 << 20;
 
 json Body(const http::ClientResponse& r) { return json::parse(r.body, nullptr, false); }
@@ -278,6 +281,26 @@ TEST_F(SimTest, LlamaCppsOwnBenchRunsOnTheLoadableSimBackend) {
   EXPECT_NE(out.find("\"devices\": \"SIM0\""), std::string::npos) << out;
   EXPECT_NE(out.find("\"avg_ts\""), std::string::npos) << out;
   EXPECT_EQ(Used(0), 0u);  // llama-bench released what it allocated on the device
+}
+
+// --exact runs the worker without a shell: a quote in the model's path is
+// just a character (it broke the command, or ran another, when a shell read it).
+TEST_F(SimTest, PlanExactTakesAnyModelPath) {
+  MakeDevice(0, 96);
+  const fs::path dir = fs::temp_directory_path() / ("sw-plan-it's $(x) " + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const fs::path model = dir / "m'odel.gguf";
+  fs::copy_file(ModelPath("tiny-chat"), model, fs::copy_options::overwrite_existing);
+  std::string quoted = "'";
+  for (char c : model.string()) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  quoted += "'";
+  int rc = 0;
+  const std::string out = RunCommand(BinDir() + "/spillway plan --model " + quoted +
+                                         " --device sim:0 --ctx 1024 --gpu-layers 99 --exact --json 2>&1", &rc);
+  fs::remove_all(dir);
+  const json j = json::parse(out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << out;
+  EXPECT_TRUE(j.contains("exact")) << j.value("exact_error", out);
 }
 
 TEST_F(SimTest, PlanMatchesLlamaCppsDryRunAndPicksALayerSplit) {
