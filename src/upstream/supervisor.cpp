@@ -371,8 +371,10 @@ void Supervisor::Round() {
         }
       }
     }
-    // What a worker says of itself is known from the moment it is ready: a
-    // worker that has just started listening is asked first, then ready.
+    // What a worker says of itself is known from the moment it is ready.
+    // Only adopted workers are ready yet (Poll makes none ready): ask them now.
+    for (const auto& r : became_ready) RefreshInfo(r.key, r.pid, r.port);
+    // A worker that has just started listening is asked first, then ready.
     for (const auto& r : listening) {
       RefreshInfo(r.key, r.pid, r.port);
       std::lock_guard<std::mutex> lk(mu_);
@@ -389,12 +391,6 @@ void Supervisor::Round() {
     }
     if (on_ready_) {
       for (const auto& r : became_ready) on_ready_(r.key, r.port);
-    }
-    // Adopted workers were ready at once; their /info comes now.
-    for (const auto& r : became_ready) {
-      if (std::find_if(listening.begin(), listening.end(), [&](const Ready& l) { return l.key == r.key; }) == listening.end()) {
-        RefreshInfo(r.key, r.pid, r.port);
-      }
     }
     if (on_exit_) {
       for (const auto& [k, why] : exits) on_exit_(k, why);
