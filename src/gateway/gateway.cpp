@@ -76,6 +76,7 @@ void Gateway::Shutdown() {
   StopEvents();  // ends the event streams (they hold I/O objects)
   status_pool_.join();
   blocking_.join();
+  journal_.Flush();  // no commit's completion is left to reach a strand after this
   pool_.Clear();
   for (auto& [name, signal] : signals_) signal->Notify();
 }
@@ -247,6 +248,7 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
                            std::string::npos;
     if (!valid) return fail(Status::InvalidArgument("X-Request-Id must be 1 to 128 of [A-Za-z0-9._:-]"));
     in->rec.id = given;
+    in->own_id = false;
   }
   in->rec.client = ClientOf(req);
   in->client_slot = TakeClientSlot(in->rec.client);
@@ -303,7 +305,22 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
 
 boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
   const unsigned v = in->version;
-  auto accepted = co_await Blocking([&] { return journal_.Accept(in->rec); });
+  // A request with nothing to look up first (no idempotency key, an id of
+  // the gateway's own making) goes on before the journal has it: Run writes
+  // its Accept together with its first attempt when it is admitted at once
+  // (one commit, overlapped with the worker's computing), and awaits that
+  // commit before anything of the request reaches the client, so a client
+  // never hears of a request the journal does not hold. Any other request
+  // learns its Accept's outcome first (replay, conflict...).
+  const bool unjournaled = in->rec.idempotency_key.empty() && in->own_id;
+  StatusOr<journal::AcceptResult> accepted = journal::AcceptResult{journal::AcceptOutcome::kNew, in->rec};
+  if (unjournaled) {
+    // A journal that refuses new requests refuses this one before it runs.
+    if (Status st = journal_.Refusal(); !st.ok()) co_return in->ex->Respond(ErrorResponse(st, v));
+    accepted.value().existing.created_ms = accepted.value().existing.updated_ms = clock_.NowMs();
+  } else {
+    accepted = co_await Blocking([&] { return journal_.Accept(in->rec); });
+  }
   if (!accepted.ok()) co_return in->ex->Respond(ErrorResponse(accepted.status(), v));
   const auto& old = accepted->existing;
   switch (accepted->outcome) {
@@ -337,13 +354,14 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
   in->ex->OnDisconnect([this, weak] {
     if (auto l = weak.lock()) Cancel(l);
   });
-  co_await Run(accepted->existing, in->ex, live);
+  co_await Run(accepted->existing, in->ex, live, unjournaled);
   std::lock_guard<std::mutex> lk(mu_);
   live_.erase(in->rec.id);
 }
 
 boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
-                                          std::shared_ptr<Live> live) {
+                                          std::shared_ptr<Live> live, bool unjournaled) {
+  const boost::asio::any_io_executor strand = co_await boost::asio::this_coro::executor;
   const config::ServiceConfig* svc = config_.FindService(rec.service);
   const int64_t t0 = clock_.NowMs();
   const std::string path = protocol::GenerationPath(rec.endpoint);
@@ -358,12 +376,38 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     std::function<void()> f;
     ~Releaser() { f(); }
   } releaser{release};
+  // A request not in the journal yet (see Process): its Accept is written
+  // with its first attempt when it is admitted at once, or on its own before
+  // anything else about it is journaled (a wait, a refusal). `accept` is that
+  // write, awaited before anything of the request reaches the client.
+  // Refused (the journal cannot write): the client hears why, and nothing
+  // else of the request.
+  std::shared_ptr<PendingStatus> accept;
+  auto journal_accept = [&] {
+    if (!unjournaled) return;
+    unjournaled = false;
+    accept = PendingStatus::Make(strand);
+    journal_.AcceptAsync(rec, [done = accept->Completer()](StatusOr<journal::AcceptResult> r) { done(r.status()); });
+  };
+  auto accept_refused = [&]() -> boost::asio::awaitable<bool> {
+    journal_accept();
+    if (!accept) co_return false;
+    const Status st = co_await accept->Wait();
+    accept.reset();
+    if (st.ok()) co_return false;
+    reply.Error(st);
+    reply.Detach();
+    co_return true;
+  };
   // The one place a request ends: the journal first, then (by the caller) the client.
   auto finish = [&](State state, int status, std::string type, std::string body,
                     std::string err) -> boost::asio::awaitable<void> {
     release();
     live->queue_slot.reset();
-    Logged(co_await Blocking([&] { return journal_.Finish(rec.id, state, status, type, body, err); }), "finish");
+    if (!co_await accept_refused()) {
+      Logged(co_await Journaled([&](auto done) { journal_.FinishAsync(rec.id, state, status, type, body, err, done); }),
+             "finish");
+    }
     live->Enter(LivePhase::kTerminal, clock_.NowMs());
     metrics_.RequestFinished(rec.service, Outcome(state), placement, (clock_.NowMs() - t0) / 1000.0);
   };
@@ -412,7 +456,7 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     excluded[target.index] = true;
     if (d.action == Action::kRetryElsewhere || d.action == Action::kContinueElsewhere) {
       const std::string note = why + " (" + d.reason + ")";
-      Logged(co_await Blocking([&] { return journal_.Requeue(rec.id, note); }), "requeue");
+      Logged(co_await Journaled([&](auto done) { journal_.RequeueAsync(rec.id, note, done); }), "requeue");
       live->Enter(LivePhase::kQueued, clock_.NowMs());
     }
     co_return d;
@@ -466,15 +510,23 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     const int64_t comment_ms = static_cast<int64_t>(svc->cpu_path.wait_comment_s * 1000);
     int64_t last_comment_ms = clock_.NowMs();
     auto on_wait = [&](const std::string& note, double est_s) {
+      journal_accept();  // a request that waits is in the journal meanwhile
       live->Waiting(note, est_s);
       if (first_estimate_s < 0 && !note.empty()) first_estimate_s = est_s;
       if (!rec.stream || !reply.attached() || note.empty()) return;
+      if (accept && !(accept->result() && accept->result()->ok())) return;  // not before the Accept's commit
       const int64_t now = clock_.NowMs();
       if (now - last_comment_ms < comment_ms) return;
       last_comment_ms = now;
       reply.WaitingNote(note, est_s);
     };
-    if (!co_await Admit(rec, *svc, *live, excluded, &target, &rejected, on_wait)) {
+    std::string reject_decision;
+    if (!co_await Admit(rec, *svc, *live, excluded, &target, &rejected, &reject_decision, on_wait)) {
+      if (!reject_decision.empty()) {
+        journal_accept();
+        Logged(co_await Journaled([&](auto done) { journal_.SetDecisionAsync(rec.id, reject_decision, done); }),
+               "decision");
+      }
       if (rejected.code() == StatusCode::kDeadlineExceeded) co_return co_await deadline_failure();
       if (rejected.code() == StatusCode::kCancelled) co_return co_await fail(State::kCancelled, rejected);
       co_return co_await fail(State::kFailed, rejected);
@@ -485,7 +537,7 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     // journaled: waiting writes nothing (it used to write an attempt every 10 ms).
     const bool same_attempt = busy_retry && target.placement == placement;
     if (busy_retry && !same_attempt) {
-      Logged(co_await Blocking([&] { return journal_.Requeue(rec.id, "worker busy"); }), "requeue");
+      Logged(co_await Journaled([&](auto done) { journal_.RequeueAsync(rec.id, "worker busy", done); }), "requeue");
     }
     busy_retry = false;
     placement = target.placement;
@@ -497,16 +549,20 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     // since its events reach the client as they come.
     std::shared_ptr<PendingStatus> commit;
     if (!same_attempt) {  // (same_attempt: still running attempt `attempts` on `placement`)
-      const boost::asio::any_io_executor strand = co_await boost::asio::this_coro::executor;
-      auto start_attempt = [this, id = rec.id, placement, dj = target.decision_json] {
-        return journal_.StartAttempt(id, placement, dj);
-      };  // (named, not built inside a co_await expression: see Blocking's note on GCC 12)
-      commit = PendingStatus::Start(blocking_, strand, std::move(start_attempt));
+      commit = PendingStatus::Make(strand);
+      if (unjournaled) {  // admitted at once: the request and its attempt in one commit
+        unjournaled = false;
+        accept = commit;
+        journal_.AcceptAndStartAsync(rec, placement, target.decision_json, commit->Completer());
+      } else {
+        journal_.StartAttemptAsync(rec.id, placement, target.decision_json, commit->Completer());
+      }
     }
     // A refused commit: the journal cannot write (503, Retry-After; the
     // request stays queued in the journal and is run again after a restart),
     // or someone else cancelled or ended the request meanwhile.
     auto commit_refused = [&](const Status& st) -> boost::asio::awaitable<void> {
+      if (co_await accept_refused()) co_return;  // (then the attempt was refused for want of its request)
       if (st.code() == StatusCode::kUnavailable) co_return reply.Error(st);
       if (reply.attached()) {
         auto r = co_await Blocking([&] { return journal_.Get(rec.id); });

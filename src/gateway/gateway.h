@@ -64,6 +64,8 @@
 
 namespace spillway::gateway {
 
+class PendingStatus;  // offload.h
+
 // The dashboard's paths (/, /ui, /ui/...) and their compiled-in files (gateway_ui.cpp).
 bool IsUiPath(const std::string& path);
 http::Response UiResponse(const std::string& path, unsigned version);
@@ -107,12 +109,15 @@ class Gateway {
   bool IdleReplica(const std::string& key);
   void RecordThroughput(const std::string& service, size_t index, const std::string& body);
   // Chooses a placement for one attempt (admission decision), reserving its
-  // cells; delays inside. Fails (and answers) when the request is rejected.
+  // cells; delays inside. False when the request is rejected: `rejected` says
+  // why, and `reject_decision` is the decision to journal (JSON; empty when
+  // none). Writes nothing to the journal itself.
   // `excluded`: placements that already failed this request (ignored when no
   // other placement could take it).
-  // `on_wait(note, est_s)` is called on every round spent waiting.
+  // `on_wait(note, est_s)` is called before every round spent waiting.
   boost::asio::awaitable<bool> Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live,
                                      const std::vector<bool>& excluded, Target* target, Status* rejected,
+                                     std::string* reject_decision,
                                      const std::function<void(const std::string&, double)>& on_wait);
   // Why no worker of the service can take a request now, when that is final
   // enough to answer: every runnable placement failed to start twice, or the
@@ -143,13 +148,19 @@ class Gateway {
   StatusOr<nlohmann::json> OllamaShow(const config::ServiceConfig& svc) const;
   nlohmann::json OllamaRunning() const;
   boost::asio::awaitable<void> Process(std::shared_ptr<Incoming> in);
+  // `unjournaled`: the request is not in the journal yet (see Process); Run
+  // writes its Accept.
   boost::asio::awaitable<void> Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
-                                   std::shared_ptr<Live> live);
+                                   std::shared_ptr<Live> live, bool unjournaled = false);
   // Starts a request's coroutine on a strand of its own; an exception is logged.
   void Spawn(boost::asio::awaitable<void> task);
-  // Blocking work (journal writes, status snapshots) off the I/O threads.
+  // Blocking work (journal reads, status snapshots) off the I/O threads.
   template <typename F>
   boost::asio::awaitable<std::invoke_result_t<F&>> Blocking(F f);
+  // A journal write: `start(done)` calls one of the journal's ...Async forms;
+  // the result is awaited on the caller's strand.
+  template <typename F>
+  boost::asio::awaitable<Status> Journaled(F start);
   // Runs `f` on the blocking pool, detached (a handler that touches the journal).
   void PostBlocking(std::function<void()> f);
   // /v1/status and /readyz ask each worker and probe the journal's disk: a

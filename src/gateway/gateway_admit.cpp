@@ -116,6 +116,7 @@ Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms
 
 boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc,
                                            Live& live, const std::vector<bool>& excluded, Target* t, Status* rejected,
+                                           std::string* reject_decision,
                                            const std::function<void(const std::string&, double)>& on_wait) {
   CapacitySignal& signal = SignalFor(svc.name);
   // The placements' fixed parts (key, config, start-up admission); what
@@ -340,14 +341,14 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
       d.reason = StartingNote(svc);
     }
     if (!cpu_reject.empty()) {  // the CPU path's line is full or over its budget: *rejected says why
-      Logged(co_await Blocking([&] { return journal_.SetDecision(rec.id, cpu_reject); }), "decision");
+      *reject_decision = cpu_reject;
       co_return false;
     }
     if (d.kind == admission::Kind::kReject) {
       metrics_.Decision(svc.name, "reject");
       const json dj = {{"decision", "reject"}, {"reason", d.reason}, {"prompt_tokens", prompt_tokens},
                        {"max_tokens", max_tokens}, {"status", d.http_status}};
-      Logged(co_await Blocking([&] { return journal_.SetDecision(rec.id, dj.dump()); }), "decision");
+      *reject_decision = dj.dump();
       *rejected = d.http_status == 413   ? Status::PayloadTooLarge(d.reason)
                   : d.http_status == 400 ? Status::InvalidArgument(d.reason)
                                          : Status::ResourceExhausted(d.reason).WithRetryAfter(std::max(1, d.retry_after_s));

@@ -133,6 +133,7 @@ struct Gateway::Incoming {
   int64_t timeout_ms = 0;
   std::shared_ptr<void> client_slot;  // the client's place among max_requests_per_key
   std::shared_ptr<void> queue_slot;   // its place among max_queue
+  bool own_id = true;                 // the id is the gateway's (no X-Request-Id): it cannot clash
 };
 
 // GCC 12 destroys some temporaries of a co_await expression twice (checked
@@ -144,6 +145,14 @@ template <typename F>
 boost::asio::awaitable<std::invoke_result_t<F&>> Gateway::Blocking(F f) {
   static_assert(std::is_trivially_destructible_v<F>, "capture by reference only (see above)");
   return Offload(blocking_, std::move(f));
+}
+
+template <typename F>
+boost::asio::awaitable<Status> Gateway::Journaled(F start) {
+  static_assert(std::is_trivially_destructible_v<F>, "capture by reference only (see above)");
+  auto pending = PendingStatus::Make(co_await boost::asio::this_coro::executor);
+  start(pending->Completer());
+  co_return co_await pending->Wait();
 }
 
 // Where one attempt goes.

@@ -7,6 +7,7 @@
 #include <utility>  // before Asio's awaitable.hpp, which uses std::exchange without it (Boost 1.74)
 
 #include <boost/asio/associated_executor.hpp>
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/post.hpp>
@@ -16,6 +17,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -47,29 +49,24 @@ boost::asio::awaitable<std::invoke_result_t<F&>> Offload(boost::asio::thread_poo
   co_return std::move(*result);
 }
 
-// A blocking call that returns a Status, started now and awaited later: it
-// runs on `pool` while the caller goes on (a journal commit overlapped with
-// sending the attempt it covers); Wait() resumes the caller with its result.
-// Start and Wait are called from the same strand (`strand`, the caller's
-// executor), where the result is also delivered: no lock is needed.
+// A result that arrives later, awaited on the caller's strand: a journal
+// commit queued now (it runs while the caller goes on, e.g. while the attempt
+// it covers is sent) and awaited before its outcome is acted on. The
+// completer may run on any thread; the result is delivered on `strand` (at
+// once when the completer runs there), where Wait() is also called: no lock.
 class PendingStatus : public std::enable_shared_from_this<PendingStatus> {
  public:
-  template <typename F>
-  static std::shared_ptr<PendingStatus> Start(boost::asio::thread_pool& pool, boost::asio::any_io_executor strand, F f) {
-    auto p = std::shared_ptr<PendingStatus>(new PendingStatus(strand));
-    boost::asio::post(pool, [p, f = std::move(f)]() mutable {
-      Status st;
-      try {
-        st = f();
-      } catch (const std::exception& e) {
-        st = Status::Internal(e.what());
-      }
-      boost::asio::post(p->timer_.get_executor(), [p, st = std::move(st)]() mutable {
+  static std::shared_ptr<PendingStatus> Make(boost::asio::any_io_executor strand) {
+    return std::shared_ptr<PendingStatus>(new PendingStatus(std::move(strand)));
+  }
+  // What the producer calls with the result, once.
+  std::function<void(Status)> Completer() {
+    return [p = shared_from_this()](Status st) {
+      boost::asio::dispatch(p->timer_.get_executor(), [p, st = std::move(st)]() mutable {
         p->result_ = std::move(st);
         p->timer_.cancel();
       });
-    });
-    return p;
+    };
   }
   boost::asio::awaitable<Status> Wait() {
     if (!result_) {
@@ -78,9 +75,11 @@ class PendingStatus : public std::enable_shared_from_this<PendingStatus> {
     }
     co_return result_.value_or(Status::Internal("a pending commit was abandoned"));
   }
+  // The result, when it has arrived (on the strand).
+  const std::optional<Status>& result() const { return result_; }
 
  private:
-  explicit PendingStatus(boost::asio::any_io_executor strand) : timer_(strand) {
+  explicit PendingStatus(boost::asio::any_io_executor strand) : timer_(std::move(strand)) {
     timer_.expires_at(boost::asio::steady_timer::time_point::max());
   }
   boost::asio::steady_timer timer_;

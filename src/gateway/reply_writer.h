@@ -43,6 +43,8 @@ class ReplyWriter {
   ReplyWriter(std::shared_ptr<http::Exchange> ex, std::string request_id, unsigned version);
 
   bool attached() const { return ex_ != nullptr; }
+  // Nothing more reaches the client (its answer was given elsewhere).
+  void Detach() { ex_.reset(); }
   // The client has a stream's head (it may have gone out while waiting).
   bool head_sent() const { return head_sent_; }
   // The answer's events have begun (BeginStream), with a client or without.

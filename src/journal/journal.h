@@ -12,17 +12,34 @@
 // power loss); "normal" survives a process crash but may lose the last
 // commits on power loss. The mode in force is reported by synchronous_mode().
 //
-// Group commit (LevelDB's writer queue, DBImpl::Write): concurrent mutating
-// calls queue in arrival order. The caller at the front is the leader: it
-// takes the front of the queue (at most max_batch writes and about
-// max_batch_bytes of payload, always its own), runs them in queue order inside
-// one BEGIN IMMEDIATE ... COMMIT (one fsync at FULL), then wakes each
-// follower with its own result and hands the queue to the next leader. Writes
-// later in a batch see the earlier ones (two Accepts with one idempotency key:
-// the first is new, the second in flight). Each write runs under its own
-// SAVEPOINT: a write that fails (unknown id, duplicate id...) is rolled back
-// alone and fails alone. A failed COMMIT fails the whole batch: none of its
-// writes was acknowledged. max_batch = 1 turns grouping off.
+// Group commit (LevelDB's writer queue, DBImpl::Write): mutating calls queue
+// in call order. One leader at a time takes the front of the queue (at most
+// max_batch writes and about max_batch_bytes of payload), runs them in queue
+// order inside one BEGIN IMMEDIATE ... COMMIT (one fsync at FULL), then tells
+// each write its own result. Writes later in a batch see the earlier ones
+// (two Accepts with one idempotency key: the first is new, the second in
+// flight). Each write runs under its own SAVEPOINT: a write that fails
+// (unknown id, duplicate id...) is rolled back alone and fails alone. A failed
+// COMMIT fails the whole batch: none of its writes was acknowledged.
+// max_batch = 1 turns grouping off.
+//
+// Who leads: a blocking call that finds nothing being written commits on its
+// own thread; otherwise the journal's own thread leads whatever is queued.
+// An asynchronous call (the ...Async forms, for the gateway's I/O threads)
+// never waits. AcceptAsync, StartAttemptAsync and AcceptAndStartAsync always
+// queue for the journal's thread: their commits overlap with what the caller
+// does next (sending the attempt; the worker computes meanwhile). The others
+// are awaited at once: at synchronous=NORMAL, where a commit is a copy into
+// the WAL with no fsync, they commit on the calling thread when the
+// connection is free this instant (no thread hop) and queue otherwise; at
+// FULL they always queue, so an fsync never runs on a caller's thread.
+// `done` runs on whichever thread committed. Calls queued in an order commit
+// in that order, so an asynchronous Accept followed at once by a StartAttempt
+// for the same request needs no wait in between (AcceptAndStartAsync makes
+// them one write: one commit for certain). WAL checkpoints (which fsync) run
+// on the journal's thread between batches, never inside a commit; an
+// asynchronous caller that finds the connection busy (a checkpoint, a read)
+// queues.
 //
 // A journal that cannot write (I/O error, disk full: a commit failed on the
 // storage) says so in Health(), and every new Accept fails at once with
@@ -40,12 +57,14 @@
 // connection between batches.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <optional>
 #include <string>
 #include <vector>
@@ -149,6 +168,24 @@ class Journal {
   // Terminal: completed / failed / failed-resumable / cancelled, with the answer.
   Status Finish(const std::string& id, State state, int status, const std::string& content_type,
                 const std::string& body, const std::string& error = "");
+
+  // The same writes, asynchronous: queued in call order, `done` called with
+  // the result once the transaction holding the write has committed (or
+  // failed), on the thread that committed it (see "Who leads" above). Keep
+  // `done` short: post the result to where it is wanted.
+  using OnCommit = std::function<void(Status)>;
+  void AcceptAsync(RequestRecord r, std::function<void(StatusOr<AcceptResult>)> done);
+  void StartAttemptAsync(std::string id, std::string placement, std::string decision_json, OnCommit done);
+  // A new request (no idempotency key) and its first attempt in one write: one
+  // transaction, one fsync at FULL, for a request admitted at once.
+  void AcceptAndStartAsync(RequestRecord r, std::string placement, std::string decision_json, OnCommit done);
+  void SetDecisionAsync(std::string id, std::string decision_json, OnCommit done);
+  void RequeueAsync(std::string id, std::string error, OnCommit done);
+  void FinishAsync(std::string id, State state, int status, std::string content_type, std::string body,
+                   std::string error, OnCommit done);
+  // Returns once every write queued before the call has committed or failed.
+  void Flush();
+
   StatusOr<RequestRecord> Get(const std::string& id);
   // A request's attempts, in order.
   StatusOr<std::vector<AttemptRecord>> Attempts(const std::string& id);
@@ -165,6 +202,9 @@ class Journal {
   // Ok, or Unavailable with why the journal cannot write and a retry-after.
   // When the retry time has come, probes with a small write first.
   Status Health();
+  // What an Accept would be told now without touching the disk: Unavailable
+  // while the journal refuses new requests, else Ok. No side effects.
+  Status Refusal();
   JournalStats stats();
   // Called after each committed StartAttempt, Requeue and Finish that changed
   // a request, on the writing thread: keep it short, never call the journal
@@ -177,12 +217,36 @@ class Journal {
   struct Writer;
   Journal(sqlite3* db, JournalOptions opts, const Clock& clock);
   Status Exec(const std::string& sql);
-  // Queues `op` (run by a leader inside a transaction, connection held) and
-  // returns its result once the transaction covering it has committed.
+  // Queues `op` (run by a leader inside a transaction, connection held);
+  // `done` gets its result once the transaction covering it has committed.
+  // How a caller may lead: never (the journal's thread commits), when the
+  // connection is free this instant (an I/O thread: it never waits), or
+  // when nothing else is being written (a blocking call: it waits anyway).
+  enum class Lead { kNever, kIfFree, kWhenIdle };
+  void Submit(std::function<Status()> op, size_t bytes, OnCommit done, Lead lead);
+  Lead AsyncLead() const;  // the asynchronous calls': kIfFree at NORMAL, kNever at FULL
+  // Submit, then wait for the result (the blocking calls).
   Status Write(std::function<Status()> op, size_t bytes);
+  // The write behind each public call; `lead` as in Submit.
+  // The statements of an Accept and of a StartAttempt, for one write or two.
+  std::function<Status()> AcceptOp(std::shared_ptr<const RequestRecord> rec,
+                                   std::shared_ptr<std::optional<AcceptResult>> out, int64_t now);
+  std::function<Status()> StartOp(std::string id, std::string placement, std::string decision_json, int64_t now,
+                                  std::shared_ptr<int64_t> n);
+  void AcceptImpl(RequestRecord r, std::function<void(StatusOr<AcceptResult>)> done, Lead lead);
+  void StartAttemptImpl(std::string id, std::string placement, std::string decision_json, OnCommit done, Lead lead);
+  void SetDecisionImpl(std::string id, std::string decision_json, OnCommit done, Lead lead);
+  void RequeueImpl(std::string id, std::string error, OnCommit done, Lead lead);
+  void FinishImpl(std::string id, State state, int status, std::string content_type, std::string body,
+                  std::string error, OnCommit done, Lead lead);
+  // Takes one batch off the front of the queue, commits it and tells its
+  // writers (mu_ held on entry and on return, released meanwhile; `db`
+  // holds db_mu_ or is taken here).
+  void LeadBatch(std::unique_lock<std::mutex>& lk, std::unique_lock<std::mutex> db);
   void CommitBatch(const std::vector<Writer*>& batch);  // db_mu_ held
-  // While the journal cannot write: refuse until the retry time, then let
-  // one caller try (*retrying set); always Ok while it can write.
+  void RunThread();   // the journal's thread: leads queued batches, checkpoints
+  void Checkpoint();  // on the journal's thread
+  static int OnWalCommit(void* self, sqlite3* db, const char* name, int pages);
   Status WriteGate(bool* retrying);
   Status Probe();  // a one-row write that proves the storage takes writes
   Status CannotWrite(int64_t now) const;  // mu_ held
@@ -197,7 +261,14 @@ class Journal {
   std::unique_ptr<StmtCache> stmts_;  // under db_mu_
 
   std::mutex mu_;  // below
-  std::deque<Writer*> writers_;
+  std::deque<Writer*> writers_;  // queued, not yet in a batch (owned)
+  bool leading_ = false;         // a batch is being committed
+  size_t in_batch_ = 0;          // its writes
+  bool stop_ = false;
+  bool checkpoint_wanted_ = false;
+  std::atomic<int> wal_pages_{0};  // WAL pages after the last commit
+  std::condition_variable lead_cv_;  // the journal's thread: a queue without a leader, a checkpoint, stop
+  std::thread thread_;
   JournalStats stats_;
   bool writable_ = true;
   std::string unwritable_reason_;

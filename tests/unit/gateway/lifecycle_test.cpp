@@ -141,7 +141,9 @@ class LifecycleTest : public ::testing::Test {
     auto cfg = config::ParseConfig(kConfig, "lifecycle.toml");
     ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
     config_ = *cfg;
-    auto j = journal::Journal::Open((dir_ / "journal.db").string(), {}, clock_);
+    journal::JournalOptions jo;
+    jo.faults = faults_;  // none until a test asks (on SQLite's default VFS underneath)
+    auto j = journal::Journal::Open((dir_ / "journal.db").string(), jo, clock_);
     ASSERT_TRUE(j.ok()) << j.status().ToString();
     journal_ = std::move(*j);
     workers_.SetReady("chat.0", primary_.server.port());
@@ -200,6 +202,7 @@ class LifecycleTest : public ::testing::Test {
   std::filesystem::path dir_;
   FakeClock clock_;
   config::GatewayConfig config_;
+  std::shared_ptr<journal::StorageFaults> faults_ = journal::StorageFaults::Create();
   std::unique_ptr<journal::Journal> journal_;
   Worker primary_, fallback_;
   FakeWorkers workers_;
@@ -221,6 +224,56 @@ TEST_F(LifecycleTest, AnAdmittedRequestRunsOnThePrimaryAndIsJournaledBeforeItsAn
   EXPECT_EQ(rec.state, journal::State::kCompleted);
   EXPECT_EQ(rec.result_body, ex->body()) << "the journal holds the answer the client got";
   EXPECT_EQ(primary_.ids, std::vector<std::string>{"r-ok"});
+}
+
+// A request with no id of its own is journaled with its first attempt in one
+// commit, made while the worker computes; its end is the second.
+TEST_F(LifecycleTest, ARequestWithoutAnIdIsJournaledWithItsFirstAttemptInOneCommit) {
+  const int64_t commits = journal_->stats().commits;
+  auto ex = Send("/v1/completions", json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump());
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u);
+  const std::string id = ex->header("X-Request-Id");
+  ASSERT_FALSE(id.empty());
+  const auto rec = Journaled(id);
+  EXPECT_EQ(rec.state, journal::State::kCompleted);
+  EXPECT_EQ(rec.result_body, ex->body());
+  auto attempts = journal_->Attempts(id);
+  ASSERT_TRUE(attempts.ok());
+  ASSERT_EQ(attempts->size(), 1u);
+  EXPECT_EQ((*attempts)[0].outcome, "completed");
+  EXPECT_EQ(journal_->stats().commits - commits, 2) << "accept + attempt, then the finish";
+}
+
+// The worker answers while the commit covering the request is still on its
+// way to the disk: the client hears nothing until it is durable.
+TEST_F(LifecycleTest, NothingReachesTheClientBeforeTheRequestIsDurable) {
+  faults_->BlockSyncs();
+  auto ex = Send("/v1/completions", json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump());
+  ASSERT_TRUE(faults_->WaitForHeldSyncs(1, std::chrono::seconds(10)));
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; })) << "the attempt runs while its commit syncs";
+  EXPECT_FALSE(ex->Wait(std::chrono::milliseconds(200))) << "an answer reached the client before its request was durable";
+  faults_->Unblock();
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u);
+  EXPECT_EQ(Journaled(ex->header("X-Request-Id")).state, journal::State::kCompleted);
+}
+
+// A journal that cannot write: the request that finds out gets a 503 (never
+// the worker's answer); the next one is refused before it runs.
+TEST_F(LifecycleTest, AJournalThatCannotWriteRefusesNewRequests) {
+  faults_->SetDiskFull(true);
+  const std::string body = json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump();
+  auto first = Send("/v1/completions", body);
+  ASSERT_TRUE(first->Wait());
+  EXPECT_EQ(first->status(), 503u) << first->body();
+  EXPECT_EQ(first->body().find("primary"), std::string::npos) << "the worker's answer reached the client";
+  const size_t calls = primary_.calls();
+  auto second = Send("/v1/completions", body);
+  ASSERT_TRUE(second->Wait());
+  EXPECT_EQ(second->status(), 503u) << second->body();
+  EXPECT_NE(second->body().find("journal cannot write"), std::string::npos) << second->body();
+  EXPECT_EQ(primary_.calls(), calls) << "a request the journal refuses was sent to a worker";
 }
 
 TEST_F(LifecycleTest, AnAllocationFailureIsReplayedOnTheFallbackWithTheSameIdAndSeed) {
