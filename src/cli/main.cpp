@@ -10,9 +10,14 @@
 #include "cli/sim_command.h"
 #include "cli/status_command.h"
 
+#ifndef SPILLWAY_VERSION
+#define SPILLWAY_VERSION "unknown"
+#endif
+
 int main(int argc, char** argv) {
   CLI::App app{"Spillway: a gateway and resource manager for local AI servers.\n"
                "It admits requests before accelerator memory runs out and fails over to a compatible CPU path."};
+  app.set_version_flag("--version", std::string("spillway ") + SPILLWAY_VERSION);
   app.require_subcommand(1);
   int exit_code = 0;
   spillway::cli::AddMkmodelCommand(app, &exit_code);
