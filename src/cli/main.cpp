@@ -3,6 +3,7 @@
 
 #include "cli/chaos_command.h"
 #include "cli/doctor_command.h"
+#include "cli/init_command.h"
 #include "cli/mkmodel_command.h"
 #include "cli/models_command.h"
 #include "cli/plan_command.h"
@@ -27,6 +28,7 @@ int main(int argc, char** argv) {
   spillway::cli::AddModelsCommand(app, &exit_code);
   spillway::cli::AddChaosCommand(app, &exit_code);
   spillway::cli::AddDoctorCommand(app, &exit_code);
+  spillway::cli::AddInitCommand(app, &exit_code);
   spillway::cli::AddStatusCommands(app, &exit_code);
   try {
     app.parse(argc, argv);
