@@ -17,11 +17,17 @@ while [ ! -e "$dir" ]; do dir=$(dirname "$dir"); done
 [ -w "$dir" ] || fail "$dir is not writable by $(id -un): sudo make install, or a PREFIX of yours (PREFIX=\$HOME/.local)"
 DESTDIR="$destdir" cmake --install "$build" --prefix "$prefix"
 [ -z "$destdir" ] || exit 0
+case "$prefix" in
+  /usr | /usr/local) users="sudo systemd-sysusers" enable="sudo systemctl daemon-reload && sudo systemctl enable --now spillway" ;;
+  # systemd and systemd-sysusers look only under /usr/local/lib and /usr/lib.
+  *) users="sudo systemd-sysusers $prefix/lib/sysusers.d/spillway.conf"
+     enable="sudo systemctl link $prefix/lib/systemd/system/spillway.service && sudo systemctl enable --now spillway" ;;
+esac
 cat <<NEXT
 
 Installed into $prefix. To run it as a service (README "Install as a service"):
-  sudo systemd-sysusers                  # the user spillway
+  $users    # the user spillway
   sudo mkdir -p /etc/spillway /var/lib/spillway/models   # and put GGUF models there
   sudo $prefix/bin/spillway init --models /var/lib/spillway/models -o /etc/spillway/spillway.toml
-  sudo systemctl daemon-reload && sudo systemctl enable --now spillway
+  $enable
 NEXT
