@@ -4,8 +4,10 @@
 BUILD ?= build
 LISTEN ?= 127.0.0.1:8480
 CMAKE_FLAGS ?=
+PREFIX ?= /usr/local
+DESTDIR ?=
 
-.PHONY: all deps build test run bench chaos fuzz clean
+.PHONY: all deps build test run install bench chaos fuzz clean
 
 all: build
 
@@ -21,6 +23,11 @@ test: build
 
 run: build
 	$(BUILD)/bin/spillway serve --listen $(LISTEN)
+
+# Builds, then installs into PREFIX (staged under DESTDIR when set): binaries, llama.cpp's libraries and
+# modules, the demo models, the systemd unit and user (README "Install as a service").
+install: build
+	@scripts/install.sh "$(BUILD)" "$(PREFIX)" "$(DESTDIR)"
 
 # Builds the benchmarks, checks the bench preset's behaviour (make test checks
 # the smaller presets), then spillway-worker against llama-bench.

@@ -245,7 +245,7 @@ int Doctor(const DoctorArgs& a) {
     r.Line(Verdict::kOk, "config", (a.config_path.empty() ? std::string("the built-in demo") : a.config_path) + ": " +
                                        std::to_string(cfg.services.size()) + " services");
   }
-  const std::string worker = a.worker_bin.empty() ? ExeDir() + "/spillway-worker" : a.worker_bin;
+  const std::string worker = a.worker_bin.empty() ? DefaultWorkerBinary() : a.worker_bin;
   CheckWorkerBinary(worker, r);
   CheckModels(cfg, r);
   CheckDevices(cfg, fs::path(worker).parent_path().string(), r);
@@ -269,7 +269,7 @@ void AddDoctorCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--config", args->config_path, "TOML configuration file");
   cmd->add_option("--listen", args->listen, "HOST:PORT (overrides the config)");
   cmd->add_option("--state-dir", args->state_dir, "state directory (overrides the config)");
-  cmd->add_option("--worker-bin", args->worker_bin, "spillway-worker binary (default: next to spillway)");
+  cmd->add_option("--worker-bin", args->worker_bin, "spillway-worker binary (default: next to spillway, else ../lib/spillway/ of an installed tree)");
   cmd->callback([args, exit_code] { *exit_code = Doctor(*args); });
 }
 

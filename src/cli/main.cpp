@@ -3,6 +3,7 @@
 
 #include "cli/chaos_command.h"
 #include "cli/doctor_command.h"
+#include "cli/init_command.h"
 #include "cli/mkmodel_command.h"
 #include "cli/models_command.h"
 #include "cli/plan_command.h"
@@ -10,9 +11,14 @@
 #include "cli/sim_command.h"
 #include "cli/status_command.h"
 
+#ifndef SPILLWAY_VERSION
+#define SPILLWAY_VERSION "unknown"
+#endif
+
 int main(int argc, char** argv) {
   CLI::App app{"Spillway: a gateway and resource manager for local AI servers.\n"
                "It admits requests before accelerator memory runs out and fails over to a compatible CPU path."};
+  app.set_version_flag("--version", std::string("spillway ") + SPILLWAY_VERSION);
   app.require_subcommand(1);
   int exit_code = 0;
   spillway::cli::AddMkmodelCommand(app, &exit_code);
@@ -22,6 +28,7 @@ int main(int argc, char** argv) {
   spillway::cli::AddModelsCommand(app, &exit_code);
   spillway::cli::AddChaosCommand(app, &exit_code);
   spillway::cli::AddDoctorCommand(app, &exit_code);
+  spillway::cli::AddInitCommand(app, &exit_code);
   spillway::cli::AddStatusCommands(app, &exit_code);
   try {
     app.parse(argc, argv);

@@ -3,12 +3,11 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
-#include <filesystem>
 #include <optional>
 
+#include "cli/plan_fit.h"
+#include "cli/serve_config.h"
 #include "common/run_capture.h"
-#include "devices/telemetry.h"
-#include "gguf/gguf_reader.h"
 #include "memory/estimator.h"
 #include "models/ollama_store.h"
 
@@ -32,15 +31,10 @@ json BytesJson(const DeviceBytes& b) {
   return {{"weights", b.weights}, {"kv", b.kv}, {"compute", b.compute}, {"total", b.total()}};
 }
 
-std::string ExeDir() {
-  std::error_code ec;
-  return std::filesystem::canonical("/proc/self/exe", ec).parent_path().string();
-}
-
 // llama.cpp's exact plan, from `spillway-worker --dry-run`.
 std::optional<std::pair<DeviceBytes, DeviceBytes>> Exact(const PlanArgs& a, int gpu_layers, std::string* error) {
   // No shell: a model path may hold any character.
-  std::vector<std::string> argv = {ExeDir() + "/spillway-worker", "--model", a.model, "--device", a.device,
+  std::vector<std::string> argv = {DefaultWorkerBinary(), "--model", a.model, "--device", a.device,
                                    "--gpu-layers", std::to_string(gpu_layers), "--ctx", std::to_string(a.ctx),
                                    "--slots", std::to_string(a.slots), "--batch", std::to_string(a.batch),
                                    "--kv-type", a.kv_type, "--dry-run"};
@@ -75,91 +69,22 @@ int Plan(PlanArgs a) {
     return 2;
   }
   a.model = *file;
-  auto meta = gguf::ReadGgufFile(a.model);
-  if (!meta.ok()) {
-    std::fprintf(stderr, "spillway plan: %s\n", meta.status().message().c_str());
+  const FitQuery query = {a.model, a.device, a.gpu_layers, a.kv_type, a.ctx, a.slots, a.batch,
+                          a.headroom_mib, a.headroom_pct, a.kv_unified};
+  auto fit = PlanFit(query);
+  if (!fit.ok()) {
+    std::fprintf(stderr, "spillway plan: %s\n", fit.status().message().c_str());
     return 2;
   }
-  auto shape = memory::ShapeFromMetadata(*meta);
-  if (!shape.ok()) {
-    std::fprintf(stderr, "spillway plan: %s\n", shape.status().message().c_str());
-    return 2;
-  }
-  memory::PlacementSpec spec;
-  spec.accelerator = a.device != "cpu";
-  spec.ctx = a.ctx;
-  spec.slots = a.slots;
-  spec.batch = a.batch;
-  spec.kv_unified = a.kv_unified;
-  spec.kv_k_x32 = spec.kv_v_x32 = a.kv_type == "q8_0" ? 34 : a.kv_type == "f32" ? 128 : 64;
-
-  // What the accelerator (or the host, for a CPU placement) can hold.
-  std::optional<uint64_t> capacity, free;
-  std::string telemetry_note;
-  if (spec.accelerator) {
-    auto t = devices::OpenDeviceTelemetry(a.device);
-    auto r = t.ok() ? (*t)->Read() : StatusOr<devices::DeviceReading>(t.status());
-    if (r.ok()) {
-      capacity = r->total;
-      free = r->free;
-    } else {
-      telemetry_note = r.status().message();
-    }
-  } else if (auto h = devices::HostTelemetry().Read(); h.ok()) {
-    capacity = h->total;
-    free = h->effective_available();
-  }
-  auto budget = [&]() -> std::optional<uint64_t> {
-    if (!capacity) return std::nullopt;
-    const double headroom = std::max(a.headroom_mib * kMiB, a.headroom_pct / 100.0 * static_cast<double>(*capacity));
-    const double by_capacity = static_cast<double>(*capacity) - headroom;
-    const double by_free = static_cast<double>(*free) - headroom;
-    return static_cast<uint64_t>(std::max(0.0, std::min(by_capacity, by_free)));
-  }();
-  auto device_part = [&](const memory::PlacementEstimate& e) { return spec.accelerator ? e.accelerator : e.host; };
-
-  const int L = static_cast<int>(shape->n_layer);
-  int layers = 0;
-  if (a.gpu_layers == "auto") {
-    layers = spec.accelerator ? L + 1 : 0;
-    if (spec.accelerator && budget) {
-      while (layers > 0) {
-        spec.gpu_layers = layers;
-        if (memory::EstimatePlacement(*shape, spec).accelerator.total() <= *budget) break;
-        --layers;
-      }
-    }
-  } else {
-    try {
-      layers = std::stoi(a.gpu_layers);
-    } catch (...) {
-      std::fprintf(stderr, "spillway plan: --gpu-layers must be a number or auto\n");
-      return 2;
-    }
-  }
-  spec.gpu_layers = layers;
-  const auto est = memory::EstimatePlacement(*shape, spec);
-  const bool fits = budget && device_part(est).total() <= *budget;
-
-  // The largest context (KV pool) that fits with these layers.
-  uint32_t max_ctx = 0;
-  if (budget) {
-    memory::PlacementSpec probe = spec;
-    uint32_t lo = 0, hi = 1u << 22;
-    while (lo < hi) {
-      const uint32_t mid = (lo + hi + 256) / 512 * 256;
-      probe.ctx = std::max<uint32_t>(mid, 256);
-      if (mid > lo && device_part(memory::EstimatePlacement(*shape, probe)).total() <= *budget) lo = mid;
-      else hi = mid > lo ? mid - 256 : lo;
-    }
-    max_ctx = lo;
-  }
-  const uint32_t per_slot = std::max<uint32_t>(1, a.ctx / std::max<uint32_t>(1, a.slots));
-  const uint32_t max_slots = max_ctx / per_slot;
+  const memory::ModelShape& shape = fit->shape;
+  const memory::PlacementSpec& spec = fit->spec;
+  const memory::PlacementEstimate& est = fit->estimate;
+  const int L = static_cast<int>(shape.n_layer);
+  const int layers = spec.gpu_layers;
 
   json out = {{"model", shown},
               {"file", a.model},
-              {"architecture", shape->architecture},
+              {"architecture", shape.architecture},
               {"layers", L},
               {"device", a.device},
               {"gpu_layers", layers},
@@ -169,17 +94,17 @@ int Plan(PlanArgs a) {
               {"slots", a.slots},
               {"kv_type", a.kv_type},
               {"estimate", {{"accelerator", BytesJson(est.accelerator)}, {"host", BytesJson(est.host)}}},
-              {"kv_bytes_per_token", memory::KvBytesForCells(*shape, spec, 1)}};
-  if (capacity) {
-    out["device_capacity"] = *capacity;
-    out["device_free"] = *free;
-    out["budget"] = *budget;
-    out["fits"] = fits;
-    out["max_ctx"] = max_ctx;
-    out["max_slots_at_ctx_per_slot"] = max_slots;
+              {"kv_bytes_per_token", memory::KvBytesForCells(shape, spec, 1)}};
+  if (fit->capacity) {
+    out["device_capacity"] = *fit->capacity;
+    out["device_free"] = *fit->free;
+    out["budget"] = *fit->budget;
+    out["fits"] = fit->fits;
+    out["max_ctx"] = fit->max_ctx;
+    out["max_slots_at_ctx_per_slot"] = fit->max_slots;
   } else {
     out["fits"] = nullptr;
-    out["note"] = "device memory unknown: " + telemetry_note;
+    out["note"] = "device memory unknown: " + fit->telemetry_note;
   }
   if (a.exact) {
     std::string err;
@@ -201,7 +126,7 @@ int Plan(PlanArgs a) {
     return 0;
   }
   std::printf("%s (%s, %d layers) on %s, %d GPU layers (%d repeating + output %s), ctx %u, %u slots, KV %s\n",
-              shown.c_str(), shape->architecture.c_str(), L, a.device.c_str(), layers, est.layers_on_accelerator,
+              shown.c_str(), shape.architecture.c_str(), L, a.device.c_str(), layers, est.layers_on_accelerator,
               est.output_on_accelerator ? "yes" : "no", a.ctx, a.slots, a.kv_type.c_str());
   std::printf("%-12s %12s %12s %12s %12s\n", "MiB", "weights", "KV", "compute", "total");
   auto row = [](const char* name, const DeviceBytes& b) {
@@ -218,13 +143,7 @@ int Plan(PlanArgs a) {
     if (spec.accelerator) row("accelerator", acc);
     row("host", host);
   }
-  if (capacity) {
-    std::printf("%s: %.1f MiB, %.1f MiB free; budget after headroom %.1f MiB -> %s\n", a.device.c_str(),
-                *capacity / kMiB, *free / kMiB, *budget / kMiB, fits ? "FITS" : "DOES NOT FIT");
-    std::printf("largest context that fits: %u cells (%u slots of %u)\n", max_ctx, max_slots, per_slot);
-  } else {
-    std::printf("device memory unknown (%s): no fit check\n", telemetry_note.c_str());
-  }
+  for (const auto& line : FitVerdict(query, *fit)) std::printf("%s\n", line.c_str());
   return 0;
 }
 

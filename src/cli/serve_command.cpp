@@ -1,6 +1,7 @@
 #include "cli/serve_command.h"
 
 #include "cli/serve_config.h"
+#include "cli/serve_notify.h"
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
@@ -41,7 +43,7 @@ namespace {
 
 struct ServeArgs {
   std::string config_path, listen, state_dir, port_file, worker_bin;
-  bool keep_going = false;
+  bool keep_going = false, check = false;
   double worker_orphan_timeout_s = 180;
   std::string log_format = "text";
 };
@@ -81,6 +83,30 @@ std::vector<PlannedWorker> PlanWorkers(const config::GatewayConfig& cfg) {
   return out;
 }
 
+// --check: what serve would refuse at start, without starting anything.
+int Check(const ServeArgs& a) {
+  auto loaded = LoadServeConfig(a.config_path, a.listen, a.state_dir);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "spillway serve: %s\n", loaded.status().message().c_str());
+    return 2;
+  }
+  const std::string worker_bin = a.worker_bin.empty() ? DefaultWorkerBinary() : a.worker_bin;
+  const std::string where = a.config_path.empty() ? "the demo" : a.config_path;
+  const auto problems = gateway::CheckStartup(*loaded, fs::path(worker_bin).parent_path().string());
+  for (const auto& p : problems) {
+    std::fprintf(stderr, "spillway serve: %s: %s: %s\n", where.c_str(), p.where.c_str(), p.reason.c_str());
+  }
+  bool worker_missing = ::access(worker_bin.c_str(), X_OK) != 0;
+  if (worker_missing) std::fprintf(stderr, "spillway serve: no spillway-worker at %s (--worker-bin)\n", worker_bin.c_str());
+  if (!problems.empty() || worker_missing) return 2;
+  size_t placements = 0;
+  for (const auto& s : loaded->services) placements += s.placements.size();
+  std::printf("%s: ok (%zu service%s, %zu placement%s; `spillway doctor` checks memory, state directory and port)\n",
+              where.c_str(), loaded->services.size(), loaded->services.size() == 1 ? "" : "s", placements,
+              placements == 1 ? "" : "s");
+  return 0;
+}
+
 int Serve(const ServeArgs& a) {
   // Everything the gateway writes (journal, logs, port files) is its user's only.
   ::umask(077);
@@ -97,7 +123,7 @@ int Serve(const ServeArgs& a) {
   }
 
   SystemClock clock;
-  const std::string worker_bin = a.worker_bin.empty() ? ExeDir() + "/spillway-worker" : a.worker_bin;
+  const std::string worker_bin = a.worker_bin.empty() ? DefaultWorkerBinary() : a.worker_bin;
   upstream::Supervisor supervisor(worker_bin, cfg.state_dir, clock);
   // One gateway per state directory, claimed before the journal is recovered:
   // a second one would recover the first's open requests and adopt its workers.
@@ -179,10 +205,14 @@ int Serve(const ServeArgs& a) {
     return Status::Ok();
   });
   gateway::Gateway gw(cfg, **journal, supervisor, clock, admissions);
+  boost::asio::io_context ioc;
+  // systemd's Type=notify: READY, STATUS, the watchdog, STOPPING (no-ops outside systemd).
+  ServeNotifications notifications(ioc, supervisor, ServiceNotifier::FromEnvironment());
   // Said while the models load, so a first `make run` never looks hung.
   auto first_ready = std::make_shared<std::set<std::string>>();
   auto ready_mu = std::make_shared<std::mutex>();
-  supervisor.SetOnReady([&cfg, &supervisor, &gw, &calibration, first_ready, ready_mu](const std::string& key, uint16_t port) {
+  supervisor.SetOnReady([&cfg, &supervisor, &gw, &calibration, &notifications, first_ready,
+                         ready_mu](const std::string& key, uint16_t port) {
     auto info = http::Fetch("127.0.0.1", port, "GET", std::string(protocol::kInfoPath), "", supervisor.AuthHeaders(),
                             std::chrono::seconds(2));
     if (!info.ok() || info->status != 200) return;
@@ -192,6 +222,7 @@ int Serve(const ServeArgs& a) {
     // A worker from another build would be misread: refused, with the reason where a person looks.
     if (Status st = protocol::CheckCompatible(*typed); !st.ok()) return supervisor.Refuse(key, st.message());
     gw.WorkerReady(key);
+    notifications.WorkerReady(key);
     {
       std::lock_guard<std::mutex> lk(*ready_mu);
       if (first_ready->insert(key).second) {
@@ -231,7 +262,6 @@ int Serve(const ServeArgs& a) {
     gateway::RecordObserved(calibration, cfg, key, observed);
   });
   supervisor.Start();
-  boost::asio::io_context ioc;
   const size_t n_recovered = recovered->size();
   gw.Start(ioc.get_executor(), std::move(*recovered));  // before the first request can arrive
   http::ServerOptions so;
@@ -267,7 +297,7 @@ int Serve(const ServeArgs& a) {
                 starting == 1 ? "" : "s");
   }
   std::fflush(stdout);
-
+  notifications.Start(cfg.listen_host + ":" + std::to_string(server.port()));
 
   // Pruning of old journal rows, every ten minutes.
   boost::asio::steady_timer prune(ioc);
@@ -284,6 +314,7 @@ int Serve(const ServeArgs& a) {
 
   boost::asio::signal_set signals(ioc, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code&, int) {
+    notifications.Stopping();
     server.Stop();
     prune.cancel();
     ioc.stop();
@@ -308,7 +339,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--listen", args->listen, "HOST:PORT (overrides the config; default 127.0.0.1:8480)");
   cmd->add_option("--state-dir", args->state_dir, "journal and worker logs (default ~/.local/state/spillway)");
   cmd->add_option("--port-file", args->port_file, "write the bound port here once listening");
-  cmd->add_option("--worker-bin", args->worker_bin, "spillway-worker binary (default: next to spillway)");
+  cmd->add_option("--worker-bin", args->worker_bin,
+                  "spillway-worker binary (default: next to spillway, else ../lib/spillway/ of an installed tree)");
+  cmd->add_flag("--check", args->check,
+                "check the config and exit: its syntax and keys, every model file and device (what serve refuses "
+                "at start); exit 0 when serve would start, 2 otherwise. Starts nothing");
   cmd->add_option("--worker-orphan-timeout", args->worker_orphan_timeout_s,
                   "seconds a worker lives on without hearing from a gateway (the gateway health-checks it every "
                   "0.5 s): workers outlive a crash of the gateway, to be adopted by the next one on the same state "
@@ -332,7 +367,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
         return;
       }
     }
-    *exit_code = Serve(*args);
+    *exit_code = args->check ? Check(*args) : Serve(*args);
     StopJsonLogs();
   });
 }

@@ -1,13 +1,39 @@
 #include "cli/serve_config.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 
+// Set by src/CMakeLists.txt from the install layout (relative to the binary's directory).
+#ifndef SPILLWAY_PKGLIBDIR_FROM_BIN
+#define SPILLWAY_PKGLIBDIR_FROM_BIN "../lib/spillway"
+#endif
+#ifndef SPILLWAY_DATADIR_FROM_BIN
+#define SPILLWAY_DATADIR_FROM_BIN "../share/spillway"
+#endif
+
 namespace spillway::cli {
+
+namespace fs = std::filesystem;
 
 std::string ExeDir() {
   std::error_code ec;
-  return std::filesystem::canonical("/proc/self/exe", ec).parent_path().string();
+  return fs::canonical("/proc/self/exe", ec).parent_path().string();
+}
+
+std::string DefaultWorkerBinary() {
+  const std::string beside = ExeDir() + "/spillway-worker";
+  const std::string installed = (fs::path(ExeDir()) / SPILLWAY_PKGLIBDIR_FROM_BIN / "spillway-worker").lexically_normal();
+  // Neither there: the build tree's place, which the error then names.
+  return ::access(beside.c_str(), X_OK) != 0 && ::access(installed.c_str(), X_OK) == 0 ? installed : beside;
+}
+
+std::string DemoModelsDir() {
+  const std::string built = (fs::path(ExeDir()) / "../models").lexically_normal();
+  const std::string installed = (fs::path(ExeDir()) / SPILLWAY_DATADIR_FROM_BIN / "models").lexically_normal();
+  std::error_code ec;
+  return !fs::is_directory(built, ec) && fs::is_directory(installed, ec) ? installed : built;
 }
 
 namespace {
@@ -45,7 +71,7 @@ size_t ReservedDescriptors(const config::GatewayConfig& cfg) {
 StatusOr<config::GatewayConfig> LoadServeConfig(const std::string& config_path, const std::string& listen,
                                                 const std::string& state_dir, bool validate) {
   StatusOr<config::GatewayConfig> loaded =
-      config_path.empty() ? StatusOr<config::GatewayConfig>(config::DemoConfig(ExeDir() + "/../models"))
+      config_path.empty() ? StatusOr<config::GatewayConfig>(config::DemoConfig(DemoModelsDir()))
                           : config::LoadConfigFile(config_path);
   if (!loaded.ok()) return loaded.status();
   config::GatewayConfig cfg = std::move(*loaded);

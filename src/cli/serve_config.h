@@ -11,8 +11,17 @@
 
 namespace spillway::cli {
 
-// The directory of the running binary (spillway-worker and the demo models live beside it).
+// The directory of the running binary.
 std::string ExeDir();
+
+// Where the rest of Spillway is, from the running binary: in a build tree
+// spillway-worker, llama.cpp's libraries and the backend modules are beside
+// it (build/bin) and the demo models in build/models; in an installed tree
+// (`make install`) PREFIX/bin has spillway, PREFIX/lib/spillway the worker,
+// libraries and modules, and PREFIX/share/spillway/models the demo models.
+// The build tree's place wins when both exist.
+std::string DefaultWorkerBinary();
+std::string DemoModelsDir();
 
 // `validate` false: the file's syntax and keys are checked, not what it
 // points at (doctor reports those problems one by one).

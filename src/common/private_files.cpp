@@ -49,29 +49,39 @@ Status EnsurePrivateDir(const std::string& dir) {
   return Status::Ok();
 }
 
-Status WritePrivateFileAtomically(const std::string& path, const std::string& content) {
+Status WriteFileAtomically(const std::string& path, const std::string& content, unsigned mode, bool replace) {
   const std::string tmp = path + ".tmp-" + RandomHex(8);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, kPrivateFileMode);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) return Status::Unavailable("cannot create " + tmp + ": " + std::strerror(errno));
+  auto fail = [&](const std::string& what) {
+    const int e = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return Status::Unavailable(what + ": " + std::strerror(e));
+  };
+  if (::fchmod(fd, mode) != 0) return fail("cannot set the mode of " + tmp);
   size_t done = 0;
   while (done < content.size()) {
     const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return Status::Unavailable("cannot write " + tmp + ": " + std::strerror(e));
-    }
+    if (n <= 0) return fail("cannot write " + tmp);
     done += static_cast<size_t>(n);
   }
   ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  // Without `replace`, link() is the atomic "create if absent" for a whole file.
+  if ((replace ? ::rename(tmp.c_str(), path.c_str()) : ::link(tmp.c_str(), path.c_str())) != 0) {
     const int e = errno;
     ::unlink(tmp.c_str());
-    return Status::Unavailable("cannot rename " + tmp + " to " + path + ": " + std::strerror(e));
+    if (e == EEXIST) return Status::Conflict(path + " exists");
+    return Status::Unavailable("cannot " + std::string(replace ? "rename " : "link ") + tmp + " to " + path + ": " +
+                               std::strerror(e));
   }
+  if (!replace) ::unlink(tmp.c_str());
   return Status::Ok();
+}
+
+Status WritePrivateFileAtomically(const std::string& path, const std::string& content) {
+  return WriteFileAtomically(path, content, kPrivateFileMode);
 }
 
 }  // namespace spillway

@@ -21,9 +21,15 @@ namespace spillway {
 // error that names the path and the fix.
 Status EnsurePrivateDir(const std::string& dir);
 
-// Replaces `path` with `content` (mode 0600) through a temporary file created
-// exclusively (O_EXCL | O_NOFOLLOW, an unpredictable name) in the same
-// directory and renamed over it, so a reader sees the old or the new file.
+// Writes `content` to `path` through a temporary file created exclusively
+// (O_EXCL | O_NOFOLLOW, an unpredictable name) in the same directory with
+// exactly `mode` (whatever the umask), then renamed over `path`, or, without
+// `replace`, linked to it only if nothing is there yet (kConflict naming
+// `path` when something is): a reader sees the old file or the new one,
+// never a part. The temporary is removed on every failure.
+Status WriteFileAtomically(const std::string& path, const std::string& content, unsigned mode, bool replace = true);
+
+// WriteFileAtomically with mode 0600, replacing what is there.
 Status WritePrivateFileAtomically(const std::string& path, const std::string& content);
 
 // Flags for opening a log or data file for appending: never through a

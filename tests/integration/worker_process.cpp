@@ -69,12 +69,6 @@ int DecodeStatus(int status) {
   return -1000;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 std::string MakeTempDir() {
   std::string tmpl = (fs::temp_directory_path() / "spillway-test-XXXXXX").string();
@@ -94,7 +88,7 @@ WorkerProcess::WorkerProcess(const std::string& model, std::vector<std::string> 
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     if (fs::exists(port_file)) {
-      port_ = static_cast<uint16_t>(std::stoi(ReadFile(port_file)));
+      port_ = static_cast<uint16_t>(std::stoi(ReadTextFile(port_file)));
       return;
     }
     int status = 0;
@@ -122,7 +116,7 @@ int WorkerProcess::Wait(std::chrono::seconds timeout) {
   return -2000;
 }
 
-std::string WorkerProcess::Stderr() const { return ReadFile(dir_ + "/stderr"); }
+std::string WorkerProcess::Stderr() const { return ReadTextFile(dir_ + "/stderr"); }
 
 WorkerProcess::~WorkerProcess() {
   if (!exited_ && pid_ > 0) {
@@ -157,6 +151,13 @@ pid_t SpawnProcess(const std::vector<std::string>& args, const std::string& out,
 
 std::string MakeScratchDir() { return MakeTempDir(); }
 
+std::string ReadTextFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
 pid_t SpawnTool(const std::vector<std::string>& args_after_binary, const std::string& binary) {
   std::vector<std::string> full = {BinDir() + "/" + binary};
   full.insert(full.end(), args_after_binary.begin(), args_after_binary.end());
@@ -170,7 +171,7 @@ int RunWorkerToExit(const std::vector<std::string>& args, std::string* stderr_te
   pid_t pid = Spawn(full, dir + "/stdout", dir + "/stderr");
   int status = 0;
   waitpid(pid, &status, 0);
-  if (stderr_text) *stderr_text = ReadFile(dir + "/stderr");
+  if (stderr_text) *stderr_text = ReadTextFile(dir + "/stderr");
   std::error_code ec;
   fs::remove_all(dir, ec);
   return DecodeStatus(status);

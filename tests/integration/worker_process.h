@@ -55,6 +55,7 @@ std::string RunCommand(const std::string& command_line, int* exit_code);
 // to the given files; returns its pid. The caller stops and reaps it.
 pid_t SpawnProcess(const std::vector<std::string>& args, const std::string& out, const std::string& err);
 std::string MakeScratchDir();  // a fresh directory under the system's temp dir
+std::string ReadTextFile(const std::string& path);  // "" when it cannot be read
 
 // Starts any binary from BinDir() with its output discarded; returns its pid.
 pid_t SpawnTool(const std::vector<std::string>& args_after_binary, const std::string& binary);

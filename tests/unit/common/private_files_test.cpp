@@ -75,5 +75,28 @@ TEST_F(PrivateFilesTest, WritesAtomicallyWithMode0600AndLeavesNoTemporary) {
   EXPECT_FALSE(fs::exists(root_ + "/elsewhere"));
 }
 
+TEST_F(PrivateFilesTest, WritesWithTheModeGivenAndReplacesOnlyWhenAsked) {
+  const std::string p = root_ + "/spillway.toml";
+  const mode_t old_umask = ::umask(077);
+  ASSERT_TRUE(WriteFileAtomically(p, "a\n", 0644, /*replace=*/false).ok());
+  ::umask(old_umask);
+  EXPECT_EQ(ModeOf(p), 0644u);  // whatever the umask: another user reads it
+  const Status again = WriteFileAtomically(p, "b\n", 0644, /*replace=*/false);
+  EXPECT_EQ(again.code(), StatusCode::kConflict);
+  EXPECT_NE(again.message().find(p), std::string::npos);
+  std::ifstream f(p);
+  std::string s;
+  f >> s;
+  EXPECT_EQ(s, "a");
+  ASSERT_TRUE(WriteFileAtomically(p, "c\n", 0644, /*replace=*/true).ok());
+  std::ifstream g(p);
+  g >> s;
+  EXPECT_EQ(s, "c");
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(root_)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1);  // no temporary left behind, refused or not
+  EXPECT_EQ(WriteFileAtomically(root_ + "/no/such/x", "d", 0644).code(), StatusCode::kUnavailable);
+}
+
 }  // namespace
 }  // namespace spillway
