@@ -79,7 +79,7 @@ void AddMkmodelCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--kv-heads", args->overrides.n_head_kv, "override: KV heads");
   cmd->add_option("--ffn", args->overrides.n_ff, "override: feed-forward width");
   cmd->add_option("--ctx", args->overrides.n_ctx_train, "override: training context length (whisper: decoder's, 64)");
-  cmd->add_option("--type", args->overrides.type, "override: f32 | f16 | q8_0 | q4_0 (whisper: f32 | f16)");
+  cmd->add_option("--type", args->overrides.type, "override: f32 | f16 | q8_0 | q4_0 (whisper: f16 | q8_0 | q4_0)");
   cmd->add_option("--seed", args->overrides.seed, "override: weight seed");
   cmd->add_option("--audio-ctx", args->audio_ctx, "whisper only: encoder positions, 50 per second of audio (100)");
   cmd->add_flag("--embedding", args->embedding, "make an embedding model (mean pooling)");

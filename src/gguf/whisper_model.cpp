@@ -110,6 +110,25 @@ StatusOr<std::vector<std::string>> ReadGpt2Vocab(const std::string& path) {
   return tokens;
 }
 
+// The matrices' type and whisper.cpp's ftype for it (ggml_ftype: 1 F16, 7 Q8_0,
+// 2 Q4_0). No f32: whisper.cpp 1.9.1 then keeps the convolution kernels in
+// f32 too, and its CPU im2col asserts F16 kernels, so such a model loads but
+// aborts at its first transcription.
+struct WeightType {
+  ggml_type type;
+  int32_t ftype;
+};
+StatusOr<WeightType> ParseWeightType(const std::string& t) {
+  if (t == "f16") return WeightType{GGML_TYPE_F16, 1};
+  if (t == "q8_0") return WeightType{GGML_TYPE_Q8_0, 7};
+  if (t == "q4_0") return WeightType{GGML_TYPE_Q4_0, 2};
+  if (t == "f32") {
+    return Status::InvalidArgument("f32 is refused: whisper.cpp 1.9.1's CPU convolution needs F16 kernels, so an f32 "
+                                   "whisper model loads but aborts at its first transcription (use f16, q8_0 or q4_0)");
+  }
+  return Status::InvalidArgument("unknown weight type '" + t + "' (a whisper model is f16, q8_0 or q4_0)");
+}
+
 struct TensorPlan {
   std::string name;
   std::vector<int32_t> ne;  // ggml order: ne[0] is the row length
@@ -120,7 +139,7 @@ struct TensorPlan {
 
 std::vector<TensorPlan> PlanTensors(const WhisperModelSpec& s, ggml_type wtype) {
   const int32_t d = static_cast<int32_t>(s.n_state), ff = 4 * d;
-  const ggml_type ctype = wtype == GGML_TYPE_F32 ? GGML_TYPE_F32 : GGML_TYPE_F16;  // convolutions
+  const ggml_type ctype = GGML_TYPE_F16;  // convolutions, in every model but an f32 one
   const float in_d = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<TensorPlan> t;
   auto norm = [&](const std::string& p) {
@@ -169,16 +188,19 @@ void WriteTensor(Out& out, const WhisperModelSpec& s, const TensorPlan& tp) {
   }
   out.I32(static_cast<int32_t>(tp.ne.size()));
   out.I32(static_cast<int32_t>(tp.name.size()));
-  out.I32(static_cast<int32_t>(tp.type));  // GGML_TYPE_F32 = 0, F16 = 1 in every ggml
+  out.I32(static_cast<int32_t>(tp.type));  // F32 0, F16 1, Q4_0 2, Q8_0 8 in every ggml
   for (int32_t x : tp.ne) out.I32(x);
   out.Bytes(tp.name.data(), tp.name.size());
-  if (tp.type == GGML_TYPE_F16) {
-    std::vector<ggml_fp16_t> h(n);
-    ggml_fp32_to_fp16_row(f.data(), h.data(), static_cast<int64_t>(n));
-    out.Bytes(h.data(), h.size() * sizeof(ggml_fp16_t));
+  const int64_t row = tp.ne[0], rows = static_cast<int64_t>(n) / row;
+  std::vector<uint8_t> bytes(ggml_row_size(tp.type, row) * static_cast<size_t>(rows));
+  if (tp.type == GGML_TYPE_F32) {
+    std::memcpy(bytes.data(), f.data(), bytes.size());
+  } else if (tp.type == GGML_TYPE_F16) {
+    ggml_fp32_to_fp16_row(f.data(), reinterpret_cast<ggml_fp16_t*>(bytes.data()), static_cast<int64_t>(n));
   } else {
-    out.Bytes(f.data(), f.size() * sizeof(float));
+    ggml_quantize_chunk(tp.type, f.data(), bytes.data(), 0, rows, row, nullptr);
   }
+  out.Bytes(bytes.data(), bytes.size());
 }
 
 }  // namespace
@@ -191,7 +213,9 @@ Status ValidateWhisperModelSpec(const WhisperModelSpec& s) {
   if ((s.n_state / s.n_head) % 2) return bad("head dimension (width/heads) must be even");
   if (s.n_text_ctx < 16 || s.n_text_ctx > 4096) return bad("context (decoder positions) must be in [16, 4096]");
   if (s.n_audio_ctx < 16 || s.n_audio_ctx > 1500) return bad("audio context must be in [16, 1500]");
-  if (s.type != "f32" && s.type != "f16") return bad("unknown weight type '" + s.type + "' (a whisper model is f32 or f16)");
+  auto t = ParseWeightType(s.type);
+  if (!t.ok()) return t.status();
+  if (ggml_is_quantized(t->type) && s.n_state % 32) return bad("a quantized model's width must be a multiple of 32");
   if (s.vocab_path.empty()) return bad("a vocabulary file is required (llama.cpp's models/ggml-vocab-gpt-2.gguf)");
   return Status::Ok();
 }
@@ -200,7 +224,9 @@ Status WriteWhisperModel(const WhisperModelSpec& spec, const std::string& out_pa
   SPILLWAY_RETURN_IF_ERROR(ValidateWhisperModelSpec(spec));
   auto vocab = ReadGpt2Vocab(spec.vocab_path);
   if (!vocab.ok()) return vocab.status();
-  const ggml_type wtype = spec.type == "f32" ? GGML_TYPE_F32 : GGML_TYPE_F16;
+  const WeightType wt = *ParseWeightType(spec.type);
+  // Quantized files carry the quantization version in the ftype, as whisper.cpp's quantize tool writes it.
+  const int32_t ftype = wt.ftype + (ggml_is_quantized(wt.type) ? GGML_QNT_VERSION * GGML_QNT_VERSION_FACTOR : 0);
 
   std::error_code ec;
   const auto parent = std::filesystem::path(out_path).parent_path();
@@ -213,7 +239,7 @@ Status WriteWhisperModel(const WhisperModelSpec& spec, const std::string& out_pa
   const int32_t d = static_cast<int32_t>(spec.n_state), h = static_cast<int32_t>(spec.n_head);
   const int32_t l = static_cast<int32_t>(spec.n_layer);
   for (int32_t v : {kWhisperEnglishVocab, static_cast<int32_t>(spec.n_audio_ctx), d, h, l,
-                    static_cast<int32_t>(spec.n_text_ctx), d, h, l, kMels, wtype == GGML_TYPE_F32 ? 0 : 1}) {
+                    static_cast<int32_t>(spec.n_text_ctx), d, h, l, kMels, ftype}) {
     out.I32(v);  // n_vocab, audio ctx/state/head/layer, text ctx/state/head/layer, n_mels, ftype
   }
   const auto filters = MelFilters();
@@ -225,7 +251,7 @@ Status WriteWhisperModel(const WhisperModelSpec& spec, const std::string& out_pa
     out.I32(static_cast<int32_t>(tok.size()));
     out.Bytes(tok.data(), tok.size());
   }
-  for (const auto& tp : PlanTensors(spec, wtype)) WriteTensor(out, spec, tp);
+  for (const auto& tp : PlanTensors(spec, wt.type)) WriteTensor(out, spec, tp);
   if (int err = out.Close(); err != 0) {
     std::filesystem::remove(tmp, ec);
     return Status::Internal("cannot write " + tmp + ": " + std::strerror(err));

@@ -29,7 +29,7 @@ struct WhisperModelSpec {
   // models: 1500, 30 s). Short, so that a short clip fills most of the
   // window and the transcript depends on it, not on the silence it is padded with.
   uint32_t n_audio_ctx = 100;
-  std::string type = "f16";    // f32 | f16 (matrices; biases, norms and positions stay f32)
+  std::string type = "f16";    // f16 | q8_0 | q4_0 (matrices; convolutions f16; biases, norms, positions f32)
   uint64_t seed = 42;
 };
 

@@ -50,6 +50,16 @@ TEST_F(WhisperServerTest, TranscribesDeterministicallyAndDependsOnTheAudio) {
   std::printf("transcript of the 440 Hz clip: %s\n", json(a).dump().c_str());
 }
 
+TEST_F(WhisperServerTest, QuantizedModelsTranscribe) {
+  for (const char* type : {"q8_0", "q4_0"}) {
+    SCOPED_TRACE(type);
+    WhisperServer server(WriteWhisperModelFile(dir_ + "/" + type + ".bin", std::string("--type ") + type),
+                         MakeScratchDir());
+    ASSERT_TRUE(server.ready()) << server.Stderr();
+    EXPECT_FALSE(TranscriptText(server.Transcribe(WavBytes(440, 1))).empty());
+  }
+}
+
 TEST_F(WhisperServerTest, AnsweredWithoutAFile400) {
   WhisperServer server(WriteWhisperModelFile(dir_ + "/tiny-whisper.bin"), dir_);
   ASSERT_TRUE(server.ready()) << server.Stderr();
@@ -104,8 +114,10 @@ TEST_F(WhisperMkmodelTest, SameSeedSameBytesAndASmallFile) {
   // Mostly the f16 token embedding (51864 x 64 x 2 bytes = 6.6 MB) and the vocabulary.
   EXPECT_GT(a.size(), 51864u * 64 * 2);
   EXPECT_LT(a.size(), 9u << 20);
-  const auto f32 = ReadAll(WriteWhisperModelFile(dir_ + "/f32.bin", "--type f32"));
-  EXPECT_GT(f32.size(), a.size() + 51864u * 64 * 2 - 1) << "f32 doubles the matrices";
+  const auto q8 = ReadAll(WriteWhisperModelFile(dir_ + "/q8.bin", "--type q8_0"));
+  const auto q4 = ReadAll(WriteWhisperModelFile(dir_ + "/q4.bin", "--type q4_0"));
+  EXPECT_LT(q8.size(), a.size() - 51864u * 64 * 2 / 3) << "q8_0: 34 bytes per 32 weights instead of 64";
+  EXPECT_LT(q4.size(), q8.size());
   EXPECT_FALSE(fs::exists(dir_ + "/a.bin.tmp"));
 }
 
@@ -123,7 +135,9 @@ TEST_F(WhisperMkmodelTest, BadArgumentsAndPathsAreRefusedClearly) {
       {v + "--out " + dir_ + "/m.bin --heads 3", "heads must divide the width", 2},
       {v + "--out " + dir_ + "/m.bin --ctx 8", "context (decoder positions) must be in [16, 4096]", 2},
       {v + "--out " + dir_ + "/m.bin --audio-ctx 2000", "audio context must be in [16, 1500]", 2},
-      {v + "--out " + dir_ + "/m.bin --type q4_0", "a whisper model is f32 or f16", 2},
+      {v + "--out " + dir_ + "/m.bin --type q5_1", "a whisper model is f16, q8_0 or q4_0", 2},
+      {v + "--out " + dir_ + "/m.bin --type f32", "aborts at its first transcription", 2},
+      {v + "--out " + dir_ + "/m.bin --type q8_0 --width 48 --heads 4", "multiple of 32", 2},
       {v + "--out " + dir_ + "/m.bin --ffn 64", "--ffn does not apply to --kind whisper", 2},
       {v + "--out " + dir_ + "/m.bin --layers many", "--layers", 2},  // CLI11's conversion error
       {"--vocab " + EnvOr("SPILLWAY_VOCAB") + " --out " + dir_ + "/m.bin", "is not GPT-2's vocabulary", 2},
