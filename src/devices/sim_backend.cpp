@@ -10,6 +10,9 @@
 //
 // Loaded by spillway-worker with ggml_backend_load(), and by llama.cpp's own
 // llama-server / llama-bench with GGML_BACKEND_PATH=.../libggml-sim.so.
+// Compiled a second time against whisper.cpp's ggml (0.15, whose backend
+// interface differs from llama.cpp's 0.23) as libggml-sim-whisper.so, for
+// whisper-server (SPILLWAY_SIM_GGML_0_15); both share the ledger files.
 #include <ggml-backend-impl.h>
 #include <ggml-backend.h>
 #include <ggml.h>
@@ -185,9 +188,19 @@ size_t BuftAlignment(ggml_backend_buffer_type_t) { return kAlignment; }
 // pads these) claim twice their size, so the graph allocator must allocate
 // larger compute buffers at the next graph, as when a batch shape or a
 // re-reservation needs more than was reserved.
+#ifdef SPILLWAY_SIM_GGML_0_15
+// ggml 0.15 has no ggml_op_alloc_size_may_expand: the ops 0.23's names.
+bool MayExpand(ggml_op op) {
+  return op == GGML_OP_FLASH_ATTN_EXT || op == GGML_OP_MUL_MAT || op == GGML_OP_MUL_MAT_ID || op == GGML_OP_CUMSUM ||
+         op == GGML_OP_ARGSORT || op == GGML_OP_TOP_K;
+}
+#else
+bool MayExpand(ggml_op op) { return ggml_op_alloc_size_may_expand(op); }
+#endif
+
 size_t BuftAllocSize(ggml_backend_buffer_type_t, const ggml_tensor* t) {
   const size_t n = ggml_nbytes(t);
-  if (!ggml_op_alloc_size_may_expand(t->op)) return n;
+  if (!MayExpand(t->op)) return n;
   auto& f = Faults();
   std::lock_guard<std::mutex> lk(f.mu);
   return f.grow_compute && f.phase == SPILLWAY_SIM_PHASE_COMPUTE ? n * 2 : n;
