@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "api/openai_logit_bias.h"
 #include "api/openai_tools.h"
 
 namespace spillway::api {
@@ -14,7 +15,7 @@ using nlohmann::json;
 
 // name, then its neutral value as JSON text ("" = only null is neutral).
 const char* const kUnsupportedSamplingFields[] = {
-    "logit_bias", "{}", "best_of", "1", "echo", "false", "suffix", "\"\"", "mirostat", "0",
+    "best_of", "1", "echo", "false", "suffix", "\"\"", "mirostat", "0",
     "typical_p", "1", "typ_p", "1", "tfs_z", "1", "top_n_sigma", "-1", "xtc_probability", "0",
     "dry_multiplier", "0", "dynatemp_range", "0", "grammar", "\"\"", "json_schema", "", "n_probs", "0",
     "samplers", "", "functions", "", "function_call", "", nullptr};
@@ -215,6 +216,7 @@ Status ParseGeneration(const json& body, GenerationRequest* g) {
   SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "presence_penalty", -2, 2, &s.presence_penalty));
   // 0xFFFFFFFF is llama.cpp's "random seed" sentinel, so it is excluded.
   SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "seed", 0, 4294967294.0, &s.seed));
+  SPILLWAY_RETURN_IF_ERROR(ParseLogitBias(body, &s.logit_bias));
 
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
     if (it->is_string()) {

@@ -18,6 +18,14 @@
 
 namespace spillway::api {
 
+// One entry of "logit_bias": `bias` is added to the token's logit before any
+// other sampler sees it (-infinity, from llama-server's `false`, bans it).
+struct TokenBias {
+  int32_t token = 0;  // not checked against a vocabulary here: the worker does that
+  float bias = 0;
+  bool operator==(const TokenBias&) const = default;
+};
+
 // Sampler settings a client may set; unset ones take the placement's defaults.
 struct SamplingRequest {
   std::optional<float> temperature;
@@ -29,6 +37,7 @@ struct SamplingRequest {
   std::optional<float> frequency_penalty;
   std::optional<float> presence_penalty;
   std::optional<uint32_t> seed;
+  std::vector<TokenBias> logit_bias;  // at most kMaxLogitBias entries, each token once
 };
 
 // "response_format": the answer must be JSON. The worker turns the schema
@@ -133,6 +142,8 @@ inline constexpr size_t kMaxToolArguments = 1 << 20;      // bytes of one call's
 inline constexpr size_t kMaxSchemaBytes = 64 << 10;       // response_format's schema, as JSON text
 inline constexpr int32_t kMaxTopLogprobs = 20;            // OpenAI's limit
 inline constexpr int32_t kMaxChoices = 1;                 // "n": one choice per request
+inline constexpr size_t kMaxLogitBias = 1024;             // "logit_bias" entries (OpenAI allows 300)
+inline constexpr double kMaxAbsLogitBias = 100;           // OpenAI's range: -100..100
 
 // Fields of llama-server or of older OpenAI APIs that change sampling and
 // that Spillway does not implement: a request that sets one (to anything but

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <exception>
+#include <string>
 #include <vector>
 
 namespace spillway::worker {
@@ -19,6 +20,7 @@ SamplerSettings ResolveSampling(const api::SamplingRequest& r, const SamplerSett
   s.frequency_penalty = r.frequency_penalty.value_or(d.frequency_penalty);
   s.presence_penalty = r.presence_penalty.value_or(d.presence_penalty);
   s.seed = r.seed.value_or(fresh_seed);
+  s.logit_bias = r.logit_bias;
   return s;
 }
 
@@ -52,11 +54,16 @@ llama_sampler* BuildSamplerChain(const SamplerSettings& s, const llama_vocab* vo
   params.no_perf = true;
   llama_sampler* chain = llama_sampler_chain_init(params);
   const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+  std::vector<llama_logit_bias> bias;
+  for (const auto& b : s.logit_bias) {
+    if (b.token >= 0 && b.token < n_vocab) bias.push_back({b.token, b.bias});  // checked before; never trusted
+  }
   if (ban_end_of_generation) {
-    std::vector<llama_logit_bias> bias;
     for (int32_t t = 0; t < n_vocab; ++t) {
       if (llama_vocab_is_eog(vocab, t)) bias.push_back({t, -INFINITY});
     }
+  }
+  if (!bias.empty()) {
     llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(n_vocab, static_cast<int32_t>(bias.size()), bias.data()));
   }
   if (!s.grammar.empty()) {
@@ -88,6 +95,18 @@ Status CheckGrammar(const GrammarSpec& grammar, const llama_vocab* vocab) {
   llama_sampler* g = GrammarSampler(grammar, vocab);
   if (!g) return Status::InvalidArgument("llama.cpp rejected the grammar built for this request (tools or response_format)");
   llama_sampler_free(g);
+  return Status::Ok();
+}
+
+Status CheckLogitBias(const std::vector<api::TokenBias>& bias, const llama_vocab* vocab) {
+  const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+  for (const auto& b : bias) {
+    if (b.token < 0 || b.token >= n_vocab) {
+      return Status::InvalidArgument("'logit_bias' names token " + std::to_string(b.token) +
+                                     ", outside this model's vocabulary of " + std::to_string(n_vocab) +
+                                     " tokens (ids 0 to " + std::to_string(n_vocab - 1) + ")");
+    }
+  }
   return Status::Ok();
 }
 

@@ -41,6 +41,9 @@ struct SamplerSettings {
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
   uint32_t seed = 0;
+  // The request's "logit_bias" (ids checked by CheckLogitBias); set per
+  // request, never a default.
+  std::vector<api::TokenBias> logit_bias;
   // A forced tool call or a response_format (from llama.cpp's chat layer);
   // set per request, never a default.
   GrammarSpec grammar;
@@ -50,8 +53,10 @@ struct SamplerSettings {
 SamplerSettings ResolveSampling(const api::SamplingRequest& req, const SamplerSettings& defaults, uint32_t fresh_seed);
 
 // Order (as llama-server's default): penalties, top_k, top_p, min_p, temperature, dist;
-// temperature 0: penalties, greedy. `ban_end_of_generation` (benchmarks'
-// ignore_eos) puts a -inf bias on every end-of-generation token first.
+// temperature 0: penalties, greedy. First of all, one logit-bias sampler (as
+// llama-server merges them) adds the request's logit_bias and, with
+// `ban_end_of_generation` (benchmarks' ignore_eos), -inf on every
+// end-of-generation token.
 // A grammar comes before all of them: every sampler sees only tokens it
 // allows, and as a member of the chain it advances with every accepted token,
 // so a continuation that samples the delivered tokens again replays it too.
@@ -63,6 +68,10 @@ llama_sampler* BuildSamplerChain(const SamplerSettings& s, const llama_vocab* vo
 // (kInvalidArgument if not: e.g. a schema the converter turned into a grammar
 // that allows nothing).
 Status CheckGrammar(const GrammarSpec& grammar, const llama_vocab* vocab);
+
+// Whether every token of `bias` is in `vocab` (kInvalidArgument naming the
+// first that is not, and the vocabulary's size).
+Status CheckLogitBias(const std::vector<api::TokenBias>& bias, const llama_vocab* vocab);
 
 nlohmann::json SamplingJson(const SamplerSettings& s, bool with_seed);
 

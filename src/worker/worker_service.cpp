@@ -205,6 +205,7 @@ StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text
     given_tokens = std::move(r->prompt_tokens);
   }
   if (!p.grammar.empty()) SPILLWAY_RETURN_IF_ERROR(CheckGrammar(p.grammar, model_.vocab()));
+  SPILLWAY_RETURN_IF_ERROR(CheckLogitBias(p.gen.sampling.logit_bias, model_.vocab()));
   auto tokens = given_tokens.empty() ? model_.Tokenize(p.text, /*add_special=*/true) : model_.CheckTokens(given_tokens);
   if (!tokens.ok()) return tokens.status();
   p.tokens = std::move(*tokens);

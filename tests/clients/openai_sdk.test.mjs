@@ -89,7 +89,19 @@ test('structured output: a json_schema response_format is honoured, whole and st
   const streamed = await client.beta.chat.completions.stream(params).finalChatCompletion();
   assert.deepEqual(JSON.parse(streamed.choices[0].message.content), value);
   // What cannot be honoured is refused, never silently dropped.
-  await assert.rejects(client.chat.completions.create({ ...params, response_format: undefined, logit_bias: { 5: 10 } }),
+  await assert.rejects(client.chat.completions.create({ ...params, response_format: undefined, mirostat: 2 }),
+    (e) => e.status === 400 && /mirostat/.test(e.message));
+});
+
+test('logit_bias is accepted through the gateway; a token outside the vocabulary is a 400 naming it', async () => {
+  const params = { model: 'chat', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 4, temperature: 0 };
+  const plain = await client.chat.completions.create(params);
+  const biased = await client.chat.completions.create({ ...params, logit_bias: { 5: -100, 6: 1.5 } });
+  assert.equal(typeof biased.choices[0].message.content, 'string');
+  assert.equal(biased.usage.prompt_tokens, plain.usage.prompt_tokens);
+  await assert.rejects(client.chat.completions.create({ ...params, logit_bias: { 99999999: 10 } }),
+    (e) => e.status === 400 && /logit_bias/.test(e.message) && /99999999/.test(e.message));
+  await assert.rejects(client.chat.completions.create({ ...params, logit_bias: { 5: 101 } }),
     (e) => e.status === 400 && /logit_bias/.test(e.message));
 });
 

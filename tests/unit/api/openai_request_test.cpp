@@ -281,7 +281,6 @@ TEST(OpenAiRequestFeaturesTest, RefusesWhatItCannotHonourNamingTheField) {
       {R"("top_logprobs": 2)", "'top_logprobs'"},
       {R"("logprobs": true, "top_logprobs": 21)", "'top_logprobs'"},
       {R"("n": 2)", "one choice per request"},
-      {R"("logit_bias": {"15": 10})", "'logit_bias'"},
       {R"("mirostat": 2)", "'mirostat'"},
       {R"("typical_p": 0.5)", "'typical_p'"},
       {R"("grammar": "root ::= \"a\"")", "'grammar'"},
