@@ -233,6 +233,10 @@ class Journal {
                                    std::shared_ptr<std::optional<AcceptResult>> out, int64_t now);
   std::function<Status()> StartOp(std::string id, std::string placement, std::string decision_json, int64_t now,
                                   std::shared_ptr<int64_t> n);
+  // What a committed StartAttempt (alone or with its Accept) does: tell the
+  // observer attempt *n began, then `done`.
+  OnCommit AttemptStarted(std::string id, std::string placement, std::string decision_json, std::shared_ptr<int64_t> n,
+                          OnCommit done);
   void AcceptImpl(RequestRecord r, std::function<void(StatusOr<AcceptResult>)> done, Lead lead);
   void StartAttemptImpl(std::string id, std::string placement, std::string decision_json, OnCommit done, Lead lead);
   void SetDecisionImpl(std::string id, std::string decision_json, OnCommit done, Lead lead);

@@ -329,16 +329,22 @@ void Journal::AcceptImpl(RequestRecord r, std::function<void(StatusOr<AcceptResu
          lead);
 }
 
+Journal::OnCommit Journal::AttemptStarted(std::string id, std::string placement, std::string decision_json,
+                                         std::shared_ptr<int64_t> n, OnCommit done) {
+  return [this, id = std::move(id), placement = std::move(placement), decision_json = std::move(decision_json),
+          n = std::move(n), done = std::move(done)](Status st) {
+    if (st.ok()) Tell({Transition::Kind::kAttempt, id, placement, *n, State::kRunning, "", decision_json});
+    done(std::move(st));
+  };
+}
+
 void Journal::StartAttemptImpl(std::string id, std::string placement, std::string decision_json, OnCommit done,
                                Lead lead) {
   const int64_t now = clock_.NowMs();
   auto n = std::make_shared<int64_t>(0);
   const size_t bytes = Bytes(decision_json);
   Submit(StartOp(id, placement, decision_json, now, n), bytes,
-         [this, id, placement, decision_json, n, done = std::move(done)](Status st) {
-           if (st.ok()) Tell({Transition::Kind::kAttempt, id, placement, *n, State::kRunning, "", decision_json});
-           done(std::move(st));
-         },
+         AttemptStarted(id, placement, decision_json, n, std::move(done)),
          lead);
 }
 
@@ -358,10 +364,7 @@ void Journal::AcceptAndStartAsync(RequestRecord r, std::string placement, std::s
     return start();
   };
   Submit(std::move(op), bytes,
-         [this, id, placement, decision_json, n, done = std::move(done)](Status st) {
-           if (st.ok()) Tell({Transition::Kind::kAttempt, id, placement, *n, State::kRunning, "", decision_json});
-           done(std::move(st));
-         },
+         AttemptStarted(id, placement, decision_json, n, std::move(done)),
          Lead::kNever);
 }
 
