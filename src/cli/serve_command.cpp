@@ -75,10 +75,37 @@ std::vector<PlannedWorker> PlanWorkers(const config::GatewayConfig& cfg) {
       if (r.policy == "mmap") {
         args.insert(args.end(), {"--lazy-context", "--context-idle-s", std::to_string(s.failover.idle_unload_s)});
       }
-      out.push_back({{gateway::WorkerKey(s, i), args, r.policy == "on-demand",
-                      static_cast<int64_t>(p.start_timeout_s * 1000)},
-                     s.name, p.Name()});
+      upstream::WorkerSpec spec;
+      spec.key = gateway::WorkerKey(s, i);
+      spec.args = args;
+      spec.on_demand = r.policy == "on-demand";
+      spec.start_timeout_ms = static_cast<int64_t>(p.start_timeout_s * 1000);
+      out.push_back({spec, s.name, p.Name()});
     }
+  }
+  return out;
+}
+
+// The servers of the external services Spillway starts (residency pinned:
+// at once; keep_alive: at once, stopped when idle; on_demand: with their
+// first request). Never adopted: one left by a crashed gateway is stopped.
+std::vector<upstream::WorkerSpec> ExternalSpecs(const config::GatewayConfig& cfg) {
+  std::vector<upstream::WorkerSpec> out;
+  for (const auto& e : cfg.externals) {
+    if (!e.Started()) continue;
+    upstream::WorkerSpec spec;
+    spec.key = gateway::ExternalKey(e);
+    for (std::string arg : e.command) {
+      for (size_t at = arg.find("${MODEL}"); at != std::string::npos; at = arg.find("${MODEL}", at + e.model.size())) {
+        arg.replace(at, 8, e.model);
+      }
+      spec.command.push_back(arg);
+    }
+    spec.on_demand = e.residency != "pinned";
+    spec.start_timeout_ms = static_cast<int64_t>(e.start_timeout_s * 1000);
+    spec.health_path = e.health_path;
+    spec.stop_signal = config::SignalNumber(e.stop_signal);
+    out.push_back(std::move(spec));
   }
   return out;
 }
@@ -179,6 +206,7 @@ int Serve(const ServeArgs& a) {
     }
     supervisor.Add(std::move(w.spec));
   }
+  for (auto& spec : ExternalSpecs(cfg)) supervisor.Add(std::move(spec));
   // Restarts are admitted again against fresh telemetry: memory taken by
   // others meanwhile keeps a worker from restarting into an allocation failure.
   // Workers started but not loaded yet show no memory on their device: each
@@ -186,6 +214,7 @@ int Serve(const ServeArgs& a) {
   // so that two restarts at once cannot over-commit a device.
   auto admitted_starts = std::make_shared<std::map<std::string, int64_t>>();
   supervisor.SetStartGate([&cfg, &supervisor, &clock, &calibration, admitted_starts](const std::string& key) -> Status {
+    if (cfg.FindExternal(key.substr(0, key.rfind('.')))) return Status::Ok();  // not a placement: nothing predicted
     std::set<std::string> starting;
     for (const auto& w : supervisor.Snapshot()) {
       if (w.state == upstream::WorkerState::kStarting && w.key != key) starting.insert(w.key);
@@ -213,6 +242,18 @@ int Serve(const ServeArgs& a) {
   auto ready_mu = std::make_shared<std::mutex>();
   supervisor.SetOnReady([&cfg, &supervisor, &gw, &calibration, &notifications, first_ready,
                          ready_mu](const std::string& key, uint16_t port) {
+    if (const auto* e = cfg.FindExternal(key.substr(0, key.rfind('.'))); e && gateway::ExternalKey(*e) == key) {
+      gw.WorkerReady(key);
+      notifications.WorkerReady(key);
+      for (const auto& w : supervisor.Snapshot()) {
+        if (w.key == key) {
+          std::printf("spillway: external service '%s' ready on port %u after %.1f s\n", e->name.c_str(), port,
+                      static_cast<double>(w.last_start_ms) / 1000);
+        }
+      }
+      std::fflush(stdout);
+      return;
+    }
     auto info = http::Fetch("127.0.0.1", port, "GET", std::string(protocol::kInfoPath), "", supervisor.AuthHeaders(),
                             std::chrono::seconds(2));
     if (!info.ok() || info->status != 200) return;
@@ -262,6 +303,9 @@ int Serve(const ServeArgs& a) {
     gateway::RecordObserved(calibration, cfg, key, observed);
   });
   supervisor.Start();
+  for (const auto& e : cfg.externals) {
+    if (e.Started() && e.residency == "keep_alive") supervisor.Demand(gateway::ExternalKey(e));  // loaded now, stopped when idle
+  }
   const size_t n_recovered = recovered->size();
   gw.Start(ioc.get_executor(), std::move(*recovered));  // before the first request can arrive
   http::ServerOptions so;
@@ -284,7 +328,7 @@ int Serve(const ServeArgs& a) {
     }
   }
   std::printf("spillway serving on http://%s:%u (%zu services, state in %s, journal synchronous=%s, %zu recovered)\n",
-              cfg.listen_host.c_str(), server.port(), cfg.services.size(), cfg.state_dir.c_str(),
+              cfg.listen_host.c_str(), server.port(), cfg.services.size() + cfg.externals.size(), cfg.state_dir.c_str(),
               (*journal)->synchronous_mode().c_str(), n_recovered);
   {
     size_t starting = 0;

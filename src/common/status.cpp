@@ -16,6 +16,7 @@ const char* StatusCodeName(StatusCode code) {
     case StatusCode::kRateLimited: return "rate_limited";
     case StatusCode::kUnavailable: return "unavailable";
     case StatusCode::kDeadlineExceeded: return "deadline_exceeded";
+    case StatusCode::kBadGateway: return "bad_gateway";
     case StatusCode::kCancelled: return "cancelled";
     case StatusCode::kInternal: return "internal";
   }
@@ -54,6 +55,7 @@ int HttpStatusFor(StatusCode code) {
     case StatusCode::kRateLimited: return 429;
     case StatusCode::kUnavailable: return 503;
     case StatusCode::kDeadlineExceeded: return 504;
+    case StatusCode::kBadGateway: return 502;
     case StatusCode::kCancelled: return 499;
     case StatusCode::kInternal: return 500;
   }
@@ -73,6 +75,7 @@ const char* OpenAiErrorType(StatusCode code) {
     case StatusCode::kUnauthenticated: return "authentication_error";
     case StatusCode::kPermissionDenied: return "permission_error";
     case StatusCode::kDeadlineExceeded: return "timeout";
+    case StatusCode::kBadGateway: return "upstream_error";
     case StatusCode::kCancelled: return "cancelled";
     default: return "server_error";
   }

@@ -26,6 +26,7 @@ enum class StatusCode {
   kRateLimited,        // 429 + Retry-After: this caller has too much in flight
   kUnavailable,        // 503: placement or device not usable now
   kDeadlineExceeded,   // 504
+  kBadGateway,         // 502: an external service failed and the request is not sent again
   kCancelled,          // 499 (client closed request)
   kInternal,           // 500: an invariant broke
 };
@@ -53,6 +54,7 @@ class [[nodiscard]] Status {
   static Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
   static Status RateLimited(std::string m) { return {StatusCode::kRateLimited, std::move(m)}; }
   static Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
+  static Status BadGateway(std::string m) { return {StatusCode::kBadGateway, std::move(m)}; }
   static Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
   static Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }

@@ -6,6 +6,8 @@
 #include "common/names.h"
 #include "models/ollama_store.h"
 
+#include <algorithm>
+#include <csignal>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -34,6 +36,13 @@ Status ResolveModel(const std::string& source, const toml::node* node, const std
   if (!path.ok()) return Status::InvalidArgument(Where(source, node->source(), key) + ": " + path.status().message());
   *model = *path;
   return Status::Ok();
+}
+
+bool ValidServiceName(const std::string& name) {
+  for (char ch : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.')) return false;
+  }
+  return !name.empty();
 }
 
 // toml++ 3.3 reaches __builtin_unreachable (undefined behaviour) when it asks
@@ -159,7 +168,171 @@ Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix,
   return Status::Ok();
 }
 
+// "a b 'c d' \"e f\"" -> {a, b, c d, e f}: a command line without a shell.
+StatusOr<std::vector<std::string>> SplitCommand(const std::string& line) {
+  std::vector<std::string> out;
+  std::string cur;
+  bool in_word = false;
+  char quote = 0;
+  for (char ch : line) {
+    if (quote) {
+      if (ch == quote) {
+        quote = 0;
+      } else {
+        cur += ch;
+      }
+    } else if (ch == '\'' || ch == '"') {
+      quote = ch;
+      in_word = true;
+    } else if (ch == ' ' || ch == '\t' || ch == '\n') {
+      if (in_word) out.push_back(cur), cur.clear(), in_word = false;
+    } else {
+      cur += ch;
+      in_word = true;
+    }
+  }
+  if (quote) return Status::InvalidArgument(std::string("an unclosed ") + quote + " quote");
+  if (in_word) out.push_back(cur);
+  return out;
+}
+
+Status ReadExternal(Reader& r, const toml::table& t, const std::string& prefix, ExternalConfig* e) {
+  const std::string& source = r.source();
+  SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(
+      t, prefix, {"name", "kind", "url", "command", "model", "routes", "device", "resident_mib", "transient_mib",
+                  "residency", "keep_alive_s", "idempotent", "concurrency", "max_queue", "health_path", "stop_signal",
+                  "start_timeout_s", "request_timeout_s"}));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "name", prefix, &e->name, 0, 0));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "url", prefix, &e->url, 0, 0));
+  if (const toml::node* n = t.get("command")) {
+    if (n->is_string()) {
+      auto argv = SplitCommand(*n->value<std::string>());
+      if (!argv.ok()) return Status::InvalidArgument(Where(source, n->source(), prefix + "command") + ": " + argv.status().message());
+      e->command = *argv;
+    } else if (const toml::array* a = n->as_array()) {
+      for (const auto& x : *a) {
+        if (!x.is_string()) return Status::InvalidArgument(Where(source, x.source(), prefix + "command") + " must hold strings");
+        e->command.push_back(*x.value<std::string>());
+      }
+    } else {
+      return Status::InvalidArgument(Where(source, n->source(), prefix + "command") + " must be a string or an array of strings");
+    }
+    if (e->command.empty()) return Status::InvalidArgument(Where(source, n->source(), prefix + "command") + " is empty");
+  }
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "model", prefix, &e->model, 0, 0));
+  if (const toml::node* n = t.get("routes")) {
+    const toml::table* rt = n->as_table();
+    if (!rt) return Status::InvalidArgument(Where(source, n->source(), prefix + "routes") + " must be a table of \"path\" = \"path\"");
+    for (const auto& [k, v] : *rt) {
+      const std::string from(k.str());
+      const auto& known = ExternalRoutes();
+      if (std::find(known.begin(), known.end(), from) == known.end()) {
+        std::string list;
+        for (const auto& x : known) list += (list.empty() ? "" : ", ") + x;
+        return Status::InvalidArgument(Where(source, v.source(), prefix + "routes." + from) +
+                                       " is not a route Spillway proxies (" + list + ")");
+      }
+      if (!v.is_string() || v.value<std::string>()->empty() || v.value<std::string>()->front() != '/') {
+        return Status::InvalidArgument(Where(source, v.source(), prefix + "routes." + from) + " must be an upstream path (\"/...\")");
+      }
+      e->routes.emplace_back(from, *v.value<std::string>());
+    }
+  }
+  if (e->routes.empty()) {
+    for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}) e->routes.emplace_back(p, p);
+  }
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "device", prefix, &e->device, 0, 0));
+  const auto d = ParseDeviceName(e->device);
+  if (!d || (d->kind != "cpu" && d->kind != "cuda" && d->kind != "sim")) {
+    return Status::InvalidArgument(Where(source, t.get("device") ? t.get("device")->source() : t.source(), prefix + "device") +
+                                   " must be cpu, cuda:N or sim:N");
+  }
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "resident_mib", prefix, &e->resident_mib, 0, 1 << 24));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "transient_mib", prefix, &e->transient_mib, 0, 1 << 24));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "residency", prefix, &e->residency, 0, 0));
+  if (e->residency != "pinned" && e->residency != "keep_alive" && e->residency != "on_demand") {
+    return Status::InvalidArgument(Where(source, t.get("residency")->source(), prefix + "residency") +
+                                   " must be \"pinned\", \"keep_alive\" or \"on_demand\"");
+  }
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "keep_alive_s", prefix, &e->keep_alive_s, 0, 86400 * 365));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "idempotent", prefix, &e->idempotent, 0, 0));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "concurrency", prefix, &e->concurrency, 1, 4096));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "max_queue", prefix, &e->max_queue, 0, 1 << 20));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "health_path", prefix, &e->health_path, 0, 0));
+  if (e->health_path.empty() || e->health_path.front() != '/') {
+    return Status::InvalidArgument(Where(source, t.get("health_path")->source(), prefix + "health_path") + " must start with /");
+  }
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "stop_signal", prefix, &e->stop_signal, 0, 0));
+  if (SignalNumber(e->stop_signal) == 0) {
+    return Status::InvalidArgument(Where(source, t.get("stop_signal")->source(), prefix + "stop_signal") +
+                                   " must be SIGTERM, SIGINT, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2 or SIGKILL");
+  }
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "start_timeout_s", prefix, &e->start_timeout_s, 1, 86400));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "request_timeout_s", prefix, &e->request_timeout_s, 0.1, 86400));
+  if (e->name.empty()) return Status::InvalidArgument(Where(source, t.source(), prefix + "name") + " is required");
+  const auto where = [&] { return source + ": service '" + e->name + "'"; };
+  if (e->command.empty() == e->url.empty()) {
+    return Status::InvalidArgument(where() + ": an external service needs either command (Spillway starts it) or url "
+                                   "(it runs already), not both");
+  }
+  if (!e->url.empty() && e->UrlPort() == 0) {
+    return Status::InvalidArgument(where() + ": url must be http://127.0.0.1:PORT, http://localhost:PORT or "
+                                   "http://[::1]:PORT (a loopback server; Spillway does not proxy beyond the host)");
+  }
+  if (!e->command.empty()) {
+    bool port = false;
+    for (const auto& a : e->command) port |= a.find("${PORT}") != std::string::npos;
+    if (!port) return Status::InvalidArgument(where() + ": command must take ${PORT} (Spillway chooses the port it listens on)");
+  }
+  if (e->command.empty() && t.get("residency")) {
+    return Status::InvalidArgument(where() + ": residency applies to a server Spillway starts (command), not to a url");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+int SignalNumber(const std::string& name) {
+  static const std::pair<const char*, int> kSignals[] = {{"SIGTERM", SIGTERM}, {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT},
+                                                         {"SIGHUP", SIGHUP},   {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2},
+                                                         {"SIGKILL", SIGKILL}};
+  for (const auto& [n, v] : kSignals) {
+    if (name == n) return v;
+  }
+  return 0;
+}
+
+const std::vector<std::string>& ExternalRoutes() {
+  static const std::vector<std::string> kRoutes = {
+      "/v1/chat/completions", "/v1/completions",       "/v1/embeddings",         "/v1/rerank",
+      "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/audio/speech", "/v1/images/generations"};
+  return kRoutes;
+}
+
+std::string ExternalConfig::UpstreamPath(const std::string& gateway_path) const {
+  for (const auto& [from, to] : routes) {
+    if (from == gateway_path) return to;
+  }
+  return "";
+}
+
+uint16_t ExternalConfig::UrlPort() const {
+  std::string rest;
+  for (const char* prefix : {"http://127.0.0.1:", "http://localhost:", "http://[::1]:"}) {
+    if (url.rfind(prefix, 0) == 0) rest = url.substr(std::strlen(prefix));
+  }
+  if (!rest.empty() && rest.back() == '/') rest.pop_back();
+  if (rest.empty() || rest.size() > 5 || rest.find_first_not_of("0123456789") != std::string::npos) return 0;
+  const long port = std::strtol(rest.c_str(), nullptr, 10);
+  return port > 0 && port < 65536 ? static_cast<uint16_t>(port) : 0;
+}
+
+const ExternalConfig* GatewayConfig::FindExternal(const std::string& name) const {
+  for (const auto& e : externals) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
 
 std::string PlacementConfig::Name() const {
   return device == "cpu" ? "cpu" : device + "/" + std::to_string(gpu_layers);
@@ -264,10 +437,22 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
       const std::string prefix = "service[" + std::to_string(i++) + "].";
       const toml::table* t = node.as_table();
       if (!t) return Status::InvalidArgument(Where(source, node.source(), prefix) + " must be a table");
+      std::string kind = "llama";
+      SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "kind", prefix, &kind, 0, 0));
+      if (kind == "external") {
+        ExternalConfig e;
+        SPILLWAY_RETURN_IF_ERROR(ReadExternal(r, *t, prefix, &e));
+        c.externals.push_back(std::move(e));
+        continue;
+      }
+      if (kind != "llama") {
+        return Status::InvalidArgument(Where(source, t->get("kind")->source(), prefix + "kind") +
+                                       " must be \"llama\" (a GGUF model served by spillway-worker) or \"external\"");
+      }
       ServiceConfig svc;
       SPILLWAY_RETURN_IF_ERROR(
-          r.OnlyKnown(*t, prefix, {"name", "model", "max_tokens", "default_max_tokens", "placement", "admission", "failover",
-                                   "cpu_path"}));
+          r.OnlyKnown(*t, prefix, {"name", "kind", "model", "max_tokens", "default_max_tokens", "placement", "admission",
+                                   "failover", "cpu_path"}));
       if (const toml::node* fn = t->get("failover")) {
         const toml::table* ft = fn->as_table();
         const std::string fp = prefix + "failover.";
@@ -381,14 +566,26 @@ GatewayConfig DemoConfig(const std::string& models_dir) {
 }
 
 Status Validate(const GatewayConfig& c) {
-  if (c.services.empty()) return Status::InvalidArgument(c.source + ": no [[service]] is declared");
+  if (c.services.empty() && c.externals.empty()) return Status::InvalidArgument(c.source + ": no [[service]] is declared");
   std::set<std::string> names;
+  for (const auto& e : c.externals) {
+    if (!names.insert(e.name).second) return Status::InvalidArgument(c.source + ": service '" + e.name + "' is declared twice");
+    if (!ValidServiceName(e.name)) {
+      return Status::InvalidArgument(c.source + ": service name '" + e.name + "' may hold only letters, digits, - _ .");
+    }
+    bool uses_model = false;
+    for (const auto& a : e.command) uses_model |= a.find("${MODEL}") != std::string::npos;
+    std::error_code ec;
+    if (uses_model && !std::filesystem::exists(e.model, ec)) {
+      return Status::InvalidArgument(c.source + ": service '" + e.name + "': model " +
+                                     (e.model.empty() ? std::string("(none given)") : e.model) +
+                                     " not found (its command takes ${MODEL})");
+    }
+  }
   for (const auto& s : c.services) {
     if (!names.insert(s.name).second) return Status::InvalidArgument(c.source + ": service '" + s.name + "' is declared twice");
-    for (char ch : s.name) {
-      if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.')) {
-        return Status::InvalidArgument(c.source + ": service name '" + s.name + "' may hold only letters, digits, - _ .");
-      }
+    if (!ValidServiceName(s.name)) {
+      return Status::InvalidArgument(c.source + ": service name '" + s.name + "' may hold only letters, digits, - _ .");
     }
     std::error_code ec;
     if (!std::filesystem::is_regular_file(s.model, ec)) {

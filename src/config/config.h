@@ -53,10 +53,31 @@
 //   slots = 4
 //   threads = 0
 //   start_timeout_s = 120                # a worker not ready by then is killed (a failed start)
+//
+//   [[service]]                          # an external upstream (external.h): any HTTP server
+//   name = "whisper"
+//   kind = "external"
+//   command = "whisper-server --port ${PORT} -m ${MODEL}"   # started by Spillway, or:
+//   url = "http://127.0.0.1:9000"        # one that already runs (loopback only)
+//   model = "/models/ggml-base.bin"      # ${MODEL}
+//   routes = { "/v1/audio/transcriptions" = "/inference" }  # gateway path = upstream path
+//   device = "cuda:0"                    # where its memory lives (accounted there)
+//   resident_mib = 600                   # declared until measured
+//   transient_mib = 200                  # per request, checked before it is sent
+//   residency = "pinned"                 # pinned | keep_alive | on_demand (command only)
+//   keep_alive_s = 300
+//   idempotent = false                   # true: a request it failed may be sent again
+//   concurrency = 2                      # requests at once; more wait in its queue
+//   max_queue = 32
+//   health_path = "/health"
+//   stop_signal = "SIGTERM"
+//   start_timeout_s = 120
+//   request_timeout_s = 600
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/names.h"
@@ -149,6 +170,39 @@ struct ServiceConfig {
   bool OnCpuPath(size_t i) const { return i > 0 && placements[i].role == "fallback" && placements[i].device == "cpu"; }
 };
 
+// A service Spillway proxies to without knowing its model: an HTTP server it
+// starts itself (`command`) or one already running at a loopback `url`.
+// Bodies go through untouched (multipart included); requests are journaled,
+// counted, cancellable and queued per service like any other.
+struct ExternalConfig {
+  std::string name;
+  std::string url;                   // "http://127.0.0.1:PORT": already running, not started by Spillway
+  std::vector<std::string> command;  // argv, ${PORT} and ${MODEL} expanded when started
+  std::string model;                 // ${MODEL}, and what /v1/models says of it
+  std::vector<std::pair<std::string, std::string>> routes;  // gateway path -> upstream path
+  std::string device = "cpu";        // where its memory lives
+  double resident_mib = 0;           // declared resident device memory (replaced once measured)
+  double transient_mib = 0;          // declared per-request peak on the device
+  std::string residency = "pinned";  // pinned | keep_alive | on_demand (a command only)
+  double keep_alive_s = 300;         // keep_alive / on_demand: stopped after this long idle (0: never)
+  bool idempotent = false;           // a request that reached it may be sent again after a failure
+  int concurrency = 4;
+  int max_queue = 64;
+  std::string health_path = "/health";
+  std::string stop_signal = "SIGTERM";
+  double start_timeout_s = 120;
+  double request_timeout_s = 600;
+  // The upstream path for a gateway path; "" when this service does not serve it.
+  std::string UpstreamPath(const std::string& gateway_path) const;
+  bool Started() const { return !command.empty(); }  // Spillway runs it (else `url`)
+  uint16_t UrlPort() const;                          // of `url` (0 when started by Spillway)
+};
+
+// The routes an external service may serve.
+const std::vector<std::string>& ExternalRoutes();
+// SIGTERM, SIGINT, ... -> its number; 0 for any other name.
+int SignalNumber(const std::string& name);
+
 struct JournalConfig {
   bool synchronous_full = true;
   double retention_hours = 168;
@@ -173,10 +227,12 @@ struct GatewayConfig {
   std::vector<std::string> operator_keys;  // may see and cancel every client's requests
   std::vector<std::string> model_dirs;     // folders `spillway models --config` lists GGUF files in
   JournalConfig journal;
-  std::vector<ServiceConfig> services;
+  std::vector<ServiceConfig> services;    // llama.cpp models served by spillway-worker placements
+  std::vector<ExternalConfig> externals;  // [[service]] kind = "external"
   std::vector<DeviceConfig> devices;  // headroom per device; defaults apply to others
 
   const ServiceConfig* FindService(const std::string& name) const;
+  const ExternalConfig* FindExternal(const std::string& name) const;
   DeviceConfig Device(const std::string& name) const;
 
 };

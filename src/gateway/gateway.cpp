@@ -42,6 +42,8 @@ Gateway::Gateway(const config::GatewayConfig& config, journal::Journal& journal,
       rng_(std::random_device{}()),
       board_(config, admissions, clock) {
   for (const auto& s : config_.services) signals_[s.name] = std::make_unique<CapacitySignal>();
+  for (const auto& e : config_.externals) signals_[e.name] = std::make_unique<CapacitySignal>();
+  external_lines_ = std::make_unique<ExternalLines>(config_.externals, clock_.NowMs());
   supervisor_.SetIdleCheck([this](const std::string& key) { return IdleReplica(key); });
   supervisor_.SetOnExit([this](const std::string& key, const std::string& why) { WorkerExited(key, why); });
 }
@@ -59,6 +61,7 @@ void Gateway::Start(boost::asio::any_io_executor io, std::vector<journal::Reques
     auto live = std::make_shared<Live>();
     live->id = rec.id;
     live->service = rec.service;
+    if (config_.FindExternal(rec.service)) live->upstream_control = std::make_shared<upstream::StreamControl>();
     {
       std::lock_guard<std::mutex> lk(mu_);
       live_[live->id] = live;
@@ -105,6 +108,9 @@ void Gateway::PostStatus(std::function<void()> f) {
 CapacitySignal& Gateway::SignalFor(const std::string& service) { return *signals_.at(service); }
 
 void Gateway::WorkerReady(const std::string& key) {
+  for (const auto& e : config_.externals) {
+    if (ExternalKey(e) == key) signals_.at(e.name)->Notify();
+  }
   for (const auto& s : config_.services) {
     for (size_t i = 0; i < s.placements.size(); ++i) {
       if (WorkerKey(s, i) == key) signals_.at(s.name)->Notify();
@@ -136,6 +142,12 @@ http::Response Gateway::ReadyResponse(unsigned v) {
       missing.push_back(s.name);
       reasons[s.name] = why;
     }
+  }
+  // An external server Spillway starts on demand (or stopped when idle) starts when asked.
+  for (const auto& e : config_.externals) {
+    if (!e.Started() || e.residency != "pinned" || ExternalPort(e)) continue;
+    missing.push_back(e.name);
+    reasons[e.name] = json::array({"its server is not ready (see /v1/status externals)"});
   }
   // A journal that cannot write refuses every new request (503): not ready
   // either, whatever the workers. (Health probes the disk when a retry is due.)
@@ -170,6 +182,11 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
     for (const auto& s : config_.services) {
       data.push_back({{"id", s.name}, {"object", "model"}, {"created", 0}, {"owned_by", "spillway"}});
     }
+    for (const auto& e : config_.externals) {
+      json routes = json::array();
+      for (const auto& r : e.routes) routes.push_back(r.first);
+      data.push_back({{"id", e.name}, {"object", "model"}, {"created", 0}, {"owned_by", "external"}, {"routes", routes}});
+    }
     return ex->Respond(JsonResponse(200, {{"object", "list"}, {"data", data}}, v));
   }
   static const std::string kRequests = "/v1/requests/";
@@ -185,7 +202,11 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
                                                         : nullptr;
   if (endpoint) {
     if (method != bhttp::verb::post) return ex->Respond(ErrorResponse(Status::InvalidArgument("use POST for " + path), v));
+    if (RoutesToExternal(req, path)) return HandleExternal(req, std::move(ex), path);
     return HandleGeneration(req, std::move(ex), endpoint);
+  }
+  for (const auto& route : config::ExternalRoutes()) {
+    if (path == route) return HandleExternal(req, std::move(ex), path);
   }
   ex->Respond(ErrorResponse(Status::NotFound("no route for " + std::string(req.method_string()) + " " + path), v));
 }
@@ -194,6 +215,44 @@ StatusOr<json> Gateway::ParseBody(const http::Request& req) const {
   api::JsonLimits limits;
   limits.max_depth = static_cast<size_t>(config_.json_max_depth);
   return api::ParseJsonBody(req.body(), limits);
+}
+
+Status Gateway::Intake(const http::Request& req, Incoming& in) {
+  auto idem = req.find("idempotency-key");
+  std::string key;
+  if (idem != req.end()) {
+    key = std::string(idem->value());
+    if (key.empty() || key.size() > 255) return Status::InvalidArgument("Idempotency-Key must be 1 to 255 characters");
+  }
+  in.rec.id = NewRequestId();
+  // A client may name its request (X-Request-Id), so it knows the id before
+  // any answer arrives; a reused id is refused by the journal (409).
+  if (auto rid = req.find("x-request-id"); rid != req.end()) {
+    const std::string given(rid->value());
+    const bool valid = !given.empty() && given.size() <= 128 &&
+                       given.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.:") ==
+                           std::string::npos;
+    if (!valid) return Status::InvalidArgument("X-Request-Id must be 1 to 128 of [A-Za-z0-9._:-]");
+    in.rec.id = given;
+    in.own_id = false;
+  }
+  in.rec.client = ClientOf(req);
+  in.client_slot = TakeClientSlot(in.rec.client);
+  if (!in.client_slot) {
+    return Status::RateLimited("this client already has " + std::to_string(config_.max_requests_per_key) +
+                               " requests in flight (max_requests_per_key)").WithRetryAfter(1);
+  }
+  in.rec.idempotency_key = key;
+  if (auto t = req.find("x-request-timeout"); t != req.end()) {
+    const std::string text(t->value());
+    char* end = nullptr;
+    const double secs = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end || !(secs > 0) || secs > 86400) {
+      return Status::InvalidArgument("X-Request-Timeout must be seconds in (0, 86400]");
+    }
+    in.timeout_ms = static_cast<int64_t>(secs * 1000);
+  }
+  return Status::Ok();
 }
 
 void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint) {
@@ -230,33 +289,8 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
     return fail(Status::InvalidArgument("'max_tokens' " + std::to_string(*max_tokens) + " exceeds the cap of service '" +
                                         svc->name + "' (" + std::to_string(svc->max_tokens) + ")"));
   }
-  auto idem = req.find("idempotency-key");
-  std::string key;
-  if (idem != req.end()) {
-    key = std::string(idem->value());
-    if (key.empty() || key.size() > 255) return fail(Status::InvalidArgument("Idempotency-Key must be 1 to 255 characters"));
-  }
-
   auto in = std::make_shared<Incoming>();
-  in->rec.id = NewRequestId();
-  // A client may name its request (X-Request-Id), so it knows the id before
-  // any answer arrives; a reused id is refused by the journal (409).
-  if (auto rid = req.find("x-request-id"); rid != req.end()) {
-    const std::string given(rid->value());
-    const bool valid = !given.empty() && given.size() <= 128 &&
-                       given.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.:") ==
-                           std::string::npos;
-    if (!valid) return fail(Status::InvalidArgument("X-Request-Id must be 1 to 128 of [A-Za-z0-9._:-]"));
-    in->rec.id = given;
-    in->own_id = false;
-  }
-  in->rec.client = ClientOf(req);
-  in->client_slot = TakeClientSlot(in->rec.client);
-  if (!in->client_slot) {
-    return fail(Status::RateLimited("this client already has " + std::to_string(config_.max_requests_per_key) +
-                                    " requests in flight (max_requests_per_key)").WithRetryAfter(1));
-  }
-  in->rec.idempotency_key = key;
+  if (Status st = Intake(req, *in); !st.ok()) return fail(st);
   in->rec.service = svc->name;
   in->rec.endpoint = endpoint;
   in->rec.stream = stream;
@@ -273,15 +307,6 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
     rewritten = true;
   }
   in->rec.body = rewritten ? body->dump() : req.body();
-  if (auto t = req.find("x-request-timeout"); t != req.end()) {
-    const std::string text(t->value());
-    char* end = nullptr;
-    const double secs = std::strtod(text.c_str(), &end);
-    if (text.empty() || *end || !(secs > 0) || secs > 86400) {
-      return fail(Status::InvalidArgument("X-Request-Timeout must be seconds in (0, 86400]"));
-    }
-    in->timeout_ms = static_cast<int64_t>(secs * 1000);
-  }
   // The same deadline as a body field, for clients that cannot set headers (the earlier of the two wins).
   if (auto f = body->find("spillway_timeout_s"); f != body->end()) {
     if (!f->is_number() || !(f->get<double>() > 0) || f->get<double>() > 86400) {
@@ -344,6 +369,7 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
   live->id = in->rec.id;
   live->service = in->rec.service;
   live->queue_slot = std::move(in->queue_slot);
+  if (config_.FindExternal(in->rec.service)) live->upstream_control = std::make_shared<upstream::StreamControl>();
   live->Enter(LivePhase::kQueued, clock_.NowMs());
   if (in->timeout_ms) live->deadline_ms = in->started_ms + in->timeout_ms;
   {
@@ -361,6 +387,7 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
 
 boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
                                           std::shared_ptr<Live> live, bool unjournaled) {
+  if (config_.FindExternal(rec.service)) co_return co_await RunExternal(std::move(rec), std::move(ex), live, unjournaled);
   const boost::asio::any_io_executor strand = co_await boost::asio::this_coro::executor;
   const config::ServiceConfig* svc = config_.FindService(rec.service);
   const int64_t t0 = clock_.NowMs();
@@ -688,6 +715,7 @@ void Gateway::Cancel(const std::shared_ptr<Live>& live) {
   if (live->cancelled.exchange(true)) return;
   // A request waiting for capacity hears it now.
   if (auto it = signals_.find(live->service); it != signals_.end()) it->second->Notify();
+  if (live->upstream_control) return live->upstream_control->Abort();  // its connection closes: the server sees it
   if (const uint16_t port = live->worker_port.load(); port && io_) {
     // Best effort, without blocking the caller (an I/O thread): a worker that
     // is gone has nothing left to cancel.

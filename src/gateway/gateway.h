@@ -1,6 +1,9 @@
 // The gateway's HTTP surface and request lifecycle.
 //
 //   POST /v1/chat/completions, /v1/completions, /v1/embeddings   (model = service name)
+//   POST /v1/audio/transcriptions, /v1/audio/translations, /v1/audio/speech,
+//        /v1/images/generations, /v1/rerank     external services (gateway_external.cpp),
+//        as are the three above when their model names one
 //   GET  /v1/models
 //   GET  /v1/requests/{id}      state, placement, attempts, stored result
 //   DELETE /v1/requests/{id}    cancel, queued or running
@@ -50,6 +53,7 @@
 #include "admission/admission.h"
 #include "gateway/capacity_signal.h"
 #include "gateway/event_feed.h"
+#include "gateway/external_lines.h"
 #include "gateway/incidents.h"
 #include "gateway/metrics.h"
 #include "failover/breaker.h"
@@ -65,6 +69,9 @@
 namespace spillway::gateway {
 
 class PendingStatus;  // offload.h
+
+// The supervisor key of an external service's server ("<name>.ext").
+std::string ExternalKey(const config::ExternalConfig& e);
 
 // The dashboard's paths (/, /ui, /ui/...) and their compiled-in files (gateway_ui.cpp).
 bool IsUiPath(const std::string& path);
@@ -136,6 +143,24 @@ class Gateway {
   // A request's JSON body within the configured limits (api/json_limits.h).
   StatusOr<nlohmann::json> ParseBody(const http::Request& req) const;
   void HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint);
+  // What every accepted request takes from its head: its id (ours or the
+  // client's X-Request-Id), client and place among its client's requests,
+  // Idempotency-Key, X-Request-Timeout. A refusal says why.
+  Status Intake(const http::Request& req, Incoming& in);
+  // External services (gateway_external.cpp): a request to one of
+  // config::ExternalRoutes() for them, proxied with its body untouched.
+  void HandleExternal(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& path);
+  boost::asio::awaitable<void> RunExternal(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
+                                           std::shared_ptr<Live> live, bool unjournaled);
+  // A chat, completion or embedding request whose model names an external service.
+  bool RoutesToExternal(const http::Request& req, const std::string& path) const;
+  bool IsExternalKey(const std::string& key) const;
+  // The port of an external service that can take a request now.
+  std::optional<uint16_t> ExternalPort(const config::ExternalConfig& e) const;
+  // Whether its device has room for one more request's transient peak (the reason when not).
+  Status TransientRoom(const config::ExternalConfig& svc);
+  // /v1/status's entries for the external services.
+  nlohmann::json ExternalsJson() const;
   // Ollama's routes (gateway_ollama.cpp): a generation is translated
   // (api/ollama_request.h) and handed to HandleGeneration with an exchange
   // that translates its answer back (gateway/ollama_exchange.h).
@@ -228,6 +253,7 @@ class Gateway {
   std::mt19937_64 rng_;  // seeds only (they are returned to clients); ids come from RandomHex
   // Every placement's and device's run-time state, behind one lock.
   PlacementBoard board_;
+  std::unique_ptr<ExternalLines> external_lines_;  // each external service's own queue and concurrency
   IncidentLog incidents_;
   mutable models::SummaryCache model_summaries_;  // the services' model files, for /api/tags and /api/ps
   RequestIncidents request_incidents_;

@@ -1,5 +1,6 @@
 // The CPU path of the gateway: its limits, its line and its RAM budget
 // (scheduler/cpu_queue.h), and the on-demand replicas' idle release.
+#include <cstdio>
 #include <algorithm>
 #include <cmath>
 #include <mutex>
@@ -139,6 +140,19 @@ void Gateway::ReleaseTarget(const std::string& service, const std::string& id, T
 }
 
 bool Gateway::IdleReplica(const std::string& key) {
+  // An external server (residency keep_alive or on_demand): stopped after
+  // keep_alive_s with nothing running or waiting (0: kept).
+  for (const auto& e : config_.externals) {
+    if (ExternalKey(e) != key) continue;
+    if (e.keep_alive_s <= 0) return false;
+    const bool idle = external_lines_->Idle(e.name, static_cast<int64_t>(e.keep_alive_s * 1000), clock_.NowMs());
+    if (idle) {
+      std::printf("spillway: external service '%s' idle for %.0f s (keep_alive_s): stopped\n", e.name.c_str(),
+                  e.keep_alive_s);
+      std::fflush(stdout);
+    }
+    return idle;
+  }
   auto idle_ms = [&](const std::string& service) {
     const config::ServiceConfig* s = config_.FindService(service);
     return s ? static_cast<int64_t>(s->failover.idle_unload_s * 1000) : INT64_MAX;

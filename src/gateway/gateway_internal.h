@@ -12,6 +12,7 @@
 
 #include "api/http_server.h"
 #include "api/openai_response.h"
+#include "devices/telemetry.h"
 #include "gateway/gateway.h"
 #include "gateway/offload.h"
 #include "journal/journal.h"
@@ -47,6 +48,10 @@ inline http::Response ErrorResponse(const Status& st, unsigned version, const st
 }
 
 using http::HostOnly;
+
+// A telemetry reader per device and thread (readers are not thread-safe;
+// opening one maps a ledger or loads NVML, too slow to repeat every second).
+StatusOr<devices::DeviceTelemetry*> Telemetry(const std::string& device);
 
 inline std::string Outcome(State s) { return journal::StateName(s); }
 
@@ -103,6 +108,8 @@ struct Gateway::Live {
   std::atomic<LivePhase> phase{LivePhase::kQueued};
   std::atomic<int64_t> phase_since_ms{0};
   std::shared_ptr<void> queue_slot;  // its place among max_queue until its first attempt runs
+  // An external service's request: closes its upstream connection when cancelled (set before it runs).
+  std::shared_ptr<upstream::StreamControl> upstream_control;
   void Enter(LivePhase p, int64_t now_ms) {
     phase = p;
     phase_since_ms = now_ms;

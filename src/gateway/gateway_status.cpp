@@ -214,6 +214,7 @@ json Gateway::StatusJson() const {
     journal["reason"] = h.message();
   }
   return {{"services", services},
+          {"externals", ExternalsJson()},
           {"devices", devices},
           {"queue", {{"waiting", waiting_.load()}, {"max", config_.max_queue}}},
           {"journal", journal}};

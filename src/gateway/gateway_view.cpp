@@ -43,9 +43,9 @@ json BufferSums(const json& placement, bool host) {
   return {{"weights_bytes", weights}, {"kv_bytes", kv}, {"compute_bytes", compute}};
 }
 
-// A reader per device and thread (readers are not thread-safe; opening one
-// maps a ledger or loads NVML, too slow to repeat every second).
-StatusOr<devices::DeviceTelemetry*> Telemetry(const std::string& device) {
+}  // namespace
+
+StatusOr<devices::DeviceTelemetry*> internal::Telemetry(const std::string& device) {
   thread_local std::map<std::string, std::unique_ptr<devices::DeviceTelemetry>> readers;
   auto& r = readers[device];
   if (!r) {
@@ -55,8 +55,6 @@ StatusOr<devices::DeviceTelemetry*> Telemetry(const std::string& device) {
   }
   return r.get();
 }
-
-}  // namespace
 
 json Gateway::LiveRequestsJson() {
   struct Row {

@@ -59,6 +59,18 @@ void ReplyWriter::BeginStream(const ServedBy& served, const std::string& role) {
   ex_->StartStream(std::move(head));
 }
 
+void ReplyWriter::BeginRelay(int status, const std::string& type, const ServedBy& served) {
+  if (events_started_) return;
+  events_started_ = true;
+  if (!ex_) return;
+  head_sent_ = true;
+  auto head = http::MakeResponse(static_cast<unsigned>(status), "", type, version_);
+  head.set(bhttp::field::cache_control, "no-cache");
+  head.set("X-Request-Id", id_);
+  Describe(head, served);
+  ex_->StartStream(std::move(head));
+}
+
 void ReplyWriter::Comment(const std::string& text) {
   if (ex_) ex_->Write(": spillway: " + text + "\n\n");  // SSE comment, ignored by clients
 }

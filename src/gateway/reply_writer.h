@@ -61,6 +61,9 @@ class ReplyWriter {
   // The answer's events begin: the stream's head, saying who serves it; when
   // the head already went out while waiting, a comment says where it runs now.
   void BeginStream(const ServedBy& served, const std::string& role);
+  // An external service's answer relayed as it arrives (its own status and
+  // content type; its bytes follow as Event()s, stored as they are).
+  void BeginRelay(int status, const std::string& type, const ServedBy& served);
   // An SSE comment (": spillway: <text>"), not stored.
   void Comment(const std::string& text);
   // One event of the answer: stored, and written.

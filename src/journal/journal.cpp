@@ -33,6 +33,7 @@ CREATE TABLE IF NOT EXISTS requests(
   result_type TEXT NOT NULL DEFAULT '',
   result_body TEXT NOT NULL DEFAULT '',
   decision TEXT NOT NULL DEFAULT '',
+  body_type TEXT NOT NULL DEFAULT '',
   created_ms INTEGER NOT NULL,
   updated_ms INTEGER NOT NULL);
 CREATE UNIQUE INDEX IF NOT EXISTS requests_idem ON requests(client, idem_key) WHERE idem_key IS NOT NULL;
@@ -134,6 +135,8 @@ StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& path, Journa
   SPILLWAY_RETURN_IF_ERROR(j->Exec(kSchema));
   // Journals written before decisions were recorded lack the column.
   (void)j->Exec("ALTER TABLE requests ADD COLUMN decision TEXT NOT NULL DEFAULT '';");
+  // ... and those written before external services, the body's content type.
+  (void)j->Exec("ALTER TABLE requests ADD COLUMN body_type TEXT NOT NULL DEFAULT '';");
   // Checkpoints (they fsync, even at NORMAL) move out of the commits, onto
   // the journal's thread: this hook replaces SQLite's automatic checkpoint.
   sqlite3_wal_hook(db, &Journal::OnWalCommit, j.get());

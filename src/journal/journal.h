@@ -87,9 +87,10 @@ struct RequestRecord {
   std::string idempotency_key;  // empty: none
   std::string payload_hash;
   std::string service;
-  std::string endpoint;         // chat | completion | embedding
+  std::string endpoint;         // chat | completion | embedding, or an external service's route ("/v1/rerank")
   bool stream = false;
   std::string body;             // the request as received, to re-run after a crash
+  std::string body_type;        // its content type when not JSON (a multipart upload to an external service)
   State state = State::kQueued;
   std::string placement;
   int attempts = 0;

@@ -98,7 +98,7 @@ inline State ParseState(const std::string& s) {
 
 inline constexpr const char* kColumns =
     "id, client, COALESCE(idem_key, ''), payload_hash, service, endpoint, stream, body, state, placement, attempts, "
-    "error, result_status, result_type, result_body, created_ms, updated_ms, decision";
+    "error, result_status, result_type, result_body, created_ms, updated_ms, decision, body_type";
 
 inline RequestRecord ReadRecord(const Stmt& s) {
   RequestRecord r;
@@ -120,6 +120,7 @@ inline RequestRecord ReadRecord(const Stmt& s) {
   r.created_ms = s.Int(15);
   r.updated_ms = s.Int(16);
   r.decision = s.Text(17);
+  r.body_type = s.Text(18);
   return r;
 }
 

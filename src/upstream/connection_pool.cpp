@@ -53,6 +53,32 @@ Status Failure(const beast::error_code& ec, const std::string& method, const std
   return Status::Unavailable(method + " " + target + ": " + ec.message());
 }
 
+// Watches a StreamControl on the call's own executor (the request's strand,
+// where the stream lives): once aborted, the stream is cancelled. `done` is
+// set, on that executor, before the stream goes away.
+struct AbortWatch : std::enable_shared_from_this<AbortWatch> {
+  AbortWatch(const net::any_io_executor& ex, StreamControl* control) : timer(ex), control(control) {}
+  net::steady_timer timer;
+  StreamControl* control;
+  beast::tcp_stream* stream = nullptr;
+  bool done = false;
+  void Arm() {
+    timer.expires_after(std::chrono::milliseconds(50));
+    timer.async_wait([self = shared_from_this()](const beast::error_code&) {
+      if (self->done) return;
+      if (self->control->aborted()) {
+        if (self->stream) self->stream->cancel();
+        return;
+      }
+      self->Arm();
+    });
+  }
+  void Stop() {
+    done = true;
+    timer.cancel();
+  }
+};
+
 }  // namespace
 
 // Opens `c` once (a reused connection is open already).
@@ -140,22 +166,56 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
                                               http::HeaderList headers,
                                               std::function<bool(const http::StreamHead&)> on_head,
                                               std::function<bool(std::string_view)> on_data,
-                                              std::chrono::milliseconds idle_timeout, std::function<bool()> paused) {
+                                              std::chrono::milliseconds idle_timeout, std::function<bool()> paused,
+                                              StreamControl* control) {
+  std::shared_ptr<AbortWatch> watch;
+  if (control) {
+    watch = std::make_shared<AbortWatch>(co_await net::this_coro::executor, control);
+    watch->Arm();
+  }
+  struct StopWatch {
+    std::shared_ptr<AbortWatch>& w;
+    ~StopWatch() {
+      if (w) w->Stop();
+    }
+  } stop_watch{watch};
+  auto failure = [&](const beast::error_code& ec) {
+    if (control && control->aborted()) return Status::Cancelled(method + " " + target + ": aborted");
+    return Failure(ec, method, target);
+  };
   for (int round = 0; round < 2; ++round) {
     bool reused = false;
-    auto c = Take(port, co_await net::this_coro::executor, &reused);
+    // (No ?: between two class values here: GCC 12 destroys such a temporary
+    // twice in a coroutine; see gateway_internal.h.)
+    const net::any_io_executor ex = co_await net::this_coro::executor;
+    std::unique_ptr<Conn> c;
+    if (control && control->fresh_connection) {
+      c = std::make_unique<Conn>(ex);
+    } else {
+      c = Take(port, ex, &reused);
+    }
+    if (watch) watch->stream = &c->stream;
+    struct Unwatch {
+      std::shared_ptr<AbortWatch>& w;
+      ~Unwatch() {
+        if (w) w->stream = nullptr;
+      }
+    } unwatch{watch};
     beast::error_code ec;
     if (Status st = co_await Connect(*c, port, std::chrono::seconds(10)); !st.ok()) co_return st;
+    if (control && control->aborted()) co_return Status::Cancelled(method + " " + target + ": aborted");
     auto req = MakeRequest(port, method, target, body, headers);
     c->stream.expires_after(idle_timeout);
     co_await bhttp::async_write(c->stream, req, net::redirect_error(net::use_awaitable, ec));
+    if (!ec && control) control->sent = true;
     bhttp::response_parser<bhttp::buffer_body> parser;
     // Not boost::none: Boost 1.74 compares the length against an empty optional and fails.
     parser.body_limit(std::uint64_t{1} << 40);
     if (!ec) co_await bhttp::async_read_header(c->stream, c->buffer, parser, net::redirect_error(net::use_awaitable, ec));
     if (ec) {
-      if (reused && round == 0 && ec != beast::error::timeout) continue;  // closed while idle: once more
-      co_return Failure(ec, method, target);
+      const bool aborted = control && control->aborted();
+      if (reused && round == 0 && ec != beast::error::timeout && !aborted) continue;  // closed while idle: once more
+      co_return failure(ec);
     }
     http::StreamHead head;
     head.status = parser.get().result_int();
@@ -164,7 +224,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     std::vector<char> chunk(16384);
     std::optional<net::steady_timer> pause_timer;
     while (!parser.is_done()) {
-      while (paused && paused()) {
+      while (paused && paused() && !(control && control->aborted())) {
         if (!pause_timer) pause_timer.emplace(co_await net::this_coro::executor);
         pause_timer->expires_after(std::chrono::milliseconds(10));
         beast::error_code tec;
@@ -175,11 +235,11 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
       c->stream.expires_after(idle_timeout);
       co_await bhttp::async_read_some(c->stream, c->buffer, parser, net::redirect_error(net::use_awaitable, ec));
       if (ec == bhttp::error::need_buffer) ec = {};
-      if (ec) co_return Failure(ec, method, target);
+      if (ec) co_return failure(ec);
       const size_t n = chunk.size() - parser.get().body().size;
       if (n > 0 && !on_data(std::string_view(chunk.data(), n))) co_return Status::Ok();
     }
-    if (parser.keep_alive()) Give(port, std::move(c));
+    if (parser.keep_alive() && !(control && control->aborted())) Give(port, std::move(c));
     co_return Status::Ok();
   }
   co_return Status::Unavailable(method + " " + target + ": no connection");

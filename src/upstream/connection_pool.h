@@ -17,6 +17,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -30,6 +31,24 @@
 #include "api/http_client.h"
 
 namespace spillway::upstream {
+
+// Optional control of one Stream() call (an external service's request).
+class StreamControl {
+ public:
+  // From any thread: the call's connection is closed within ~50 ms and the
+  // call returns kCancelled (the upstream sees the client go away).
+  void Abort() { aborted_ = true; }
+  bool aborted() const { return aborted_; }
+  // A new connection, never a kept-alive one: a request that must not be
+  // sent twice cannot meet a connection the server closed while it was idle
+  // (whose failure would leave unknown whether the server acted on it).
+  bool fresh_connection = false;
+  // Out: the request was written whole (the server may have acted on it).
+  bool sent = false;
+
+ private:
+  std::atomic<bool> aborted_{false};
+};
 
 class ConnectionPool {
  public:
@@ -53,7 +72,7 @@ class ConnectionPool {
                                         http::HeaderList headers, std::function<bool(const http::StreamHead&)> on_head,
                                         std::function<bool(std::string_view)> on_data,
                                         std::chrono::milliseconds idle_timeout = std::chrono::seconds(600),
-                                        std::function<bool()> paused = nullptr);
+                                        std::function<bool()> paused = nullptr, StreamControl* control = nullptr);
 
  private:
   struct Conn;

@@ -22,7 +22,7 @@ std::string DescribeEnd(int status) {
   return WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status)) : "signal " + std::to_string(WTERMSIG(status));
 }
 
-bool StopGroup(const WorkerPid& p, int64_t grace_ms) {
+bool StopGroup(const WorkerPid& p, int64_t grace_ms, int stop_signal) {
   int status = 0;
   if (Ended(p, &status)) return true;  // checked first: an adopted pid may be someone else's now
   using Clock = std::chrono::steady_clock;
@@ -34,7 +34,7 @@ bool StopGroup(const WorkerPid& p, int64_t grace_ms) {
     return Ended(p, &status);
   };
   if (grace_ms > 0) {
-    kill(-p.pid, SIGTERM);
+    kill(-p.pid, stop_signal);
     if (wait_until(Clock::now() + std::chrono::milliseconds(grace_ms))) return true;
   }
   kill(-p.pid, SIGKILL);

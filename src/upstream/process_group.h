@@ -28,9 +28,9 @@ bool Ended(const WorkerPid& p, int* status);
 // "exit 3", "signal 9", or for -1 "exited (adopted: its exit status is not ours to read)".
 std::string DescribeEnd(int status);
 
-// SIGTERM to its group, SIGKILL once `grace_ms` have passed (at once for 0);
+// `stop_signal` (SIGTERM) to its group, SIGKILL once `grace_ms` have passed (at once for 0);
 // returns whether it has ended (false only for an adopted process still
 // there 5 s after SIGKILL: a process stuck in the kernel).
-bool StopGroup(const WorkerPid& p, int64_t grace_ms);
+bool StopGroup(const WorkerPid& p, int64_t grace_ms, int stop_signal = 15);
 
 }  // namespace spillway::upstream

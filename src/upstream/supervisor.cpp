@@ -5,6 +5,8 @@
 #include <spawn.h>
 #include <unistd.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
@@ -69,8 +71,32 @@ std::vector<std::string> WorkerEnvironment(const std::string& secret) {
     for (const char* p : kPrefixes) keep |= name.rfind(p, 0) == 0;
     if (keep) env.emplace_back(kv);
   }
-  env.push_back(std::string(kWorkerSecretEnv) + "=" + secret);
+  if (!secret.empty()) env.push_back(std::string(kWorkerSecretEnv) + "=" + secret);
   return env;
+}
+
+// A loopback port free right now, for an external server's ${PORT}. (Another
+// process may take it before the server binds it: that start then fails and
+// is retried after a backoff with another port.)
+uint16_t FreeLoopbackPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  uint16_t port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+std::string Expand(std::string s, const std::string& name, const std::string& value) {
+  for (size_t at = s.find(name); at != std::string::npos; at = s.find(name, at + value.size())) s.replace(at, name.size(), value);
+  return s;
 }
 
 }  // namespace
@@ -98,7 +124,7 @@ void Supervisor::Add(WorkerSpec spec) {
   w.view.on_demand = spec.on_demand;
   w.view.start_timeout_ms = spec.start_timeout_ms;
   ::chmod(w.view.log_path.c_str(), kPrivateFileMode);  // one an older version made 0644
-  w.spec_hash = SpecHash(spec.args);
+  w.spec_hash = SpecHash(spec.external() ? spec.command : spec.args);
   w.spec = std::move(spec);
   workers_[w.view.key] = std::move(w);
 }
@@ -109,6 +135,24 @@ void Supervisor::Start() {
   thread_ = std::thread([this] { Loop(); });
 }
 
+std::vector<std::string> Supervisor::Argv(Worker& w, const std::string& port_file, const std::string& load_file) {
+  if (w.spec.external()) {
+    // Its port is chosen here and known at once; ready is what its health path says.
+    w.view.port = FreeLoopbackPort();
+    std::vector<std::string> args;
+    for (const auto& a : w.spec.command) args.push_back(Expand(a, "${PORT}", std::to_string(w.view.port)));
+    return args;
+  }
+  w.view.port = 0;
+  std::vector<std::string> args = {binary_};
+  args.insert(args.end(), w.spec.args.begin(), w.spec.args.end());
+  // No --parent-pid: a worker outlives a crash of the gateway, to be adopted
+  // by the next one; the orphan rule ends it if none comes.
+  args.insert(args.end(), {"--listen", "127.0.0.1:0", "--port-file", port_file, "--load-progress-file", load_file,
+                           "--orphan-timeout", std::to_string(orphan_timeout_s_)});
+  return args;
+}
+
 void Supervisor::Spawn(Worker& w) {
   const std::string port_file = run_dir_ + "/" + w.spec.key + ".port";
   const std::string load_file = run_dir_ + "/" + w.spec.key + ".load";
@@ -116,12 +160,11 @@ void Supervisor::Spawn(Worker& w) {
   fs::remove(port_file, ec);
   fs::remove(load_file, ec);
   w.view.load_bytes = w.view.load_total_bytes = 0;
-  std::vector<std::string> args = {binary_};
-  args.insert(args.end(), w.spec.args.begin(), w.spec.args.end());
-  // No --parent-pid: a worker outlives a crash of the gateway, to be adopted
-  // by the next one; the orphan rule ends it if none comes.
-  args.insert(args.end(), {"--listen", "127.0.0.1:0", "--port-file", port_file, "--load-progress-file", load_file,
-                           "--orphan-timeout", std::to_string(orphan_timeout_s_)});
+  std::vector<std::string> args = Argv(w, port_file, load_file);
+  if (w.spec.external() && w.view.port == 0) {
+    Exited(w, "spawn failed: no free loopback port");
+    return;
+  }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -138,12 +181,14 @@ void Supervisor::Spawn(Worker& w) {
   posix_spawnattr_init(&attr);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
   posix_spawnattr_setpgroup(&attr, 0);
-  std::vector<std::string> env = WorkerEnvironment(secret_);
+  // An external server is not ours to trust with the workers' secret.
+  std::vector<std::string> env = WorkerEnvironment(w.spec.external() ? "" : secret_);
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, binary_.c_str(), &fa, &attr, argv.data(), envp.data());
+  const int rc = w.spec.external() ? posix_spawnp(&pid, args[0].c_str(), &fa, &attr, argv.data(), envp.data())
+                                   : posix_spawn(&pid, binary_.c_str(), &fa, &attr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {
@@ -151,9 +196,9 @@ void Supervisor::Spawn(Worker& w) {
     return;
   }
   w.view.pid = pid;
+  ++w.view.starts;
   w.view.adopted = false;
   w.start_time = devices::ProcessStartTime(pid);  // a zombie until reaped, so readable even if it died at once
-  w.view.port = 0;
   w.view.state = WorkerState::kStarting;
   w.spawned_ms = clock_.NowMs();
   w.view.starting_since_ms = w.spawned_ms;
@@ -242,7 +287,15 @@ void Supervisor::Poll(Worker& w) {
     return;
   }
   if (w.view.state == WorkerState::kStarting) {
-    if (w.view.port != 0) {
+    if (w.spec.external() && w.spec.start_timeout_ms > 0 && now - w.spawned_ms >= w.spec.start_timeout_ms) {
+      StopGroup(Process(w), 0);
+      char why[96];
+      std::snprintf(why, sizeof why, "its health path did not answer within %.0f s (start_timeout_s)",
+                    static_cast<double>(w.spec.start_timeout_ms) / 1000);
+      Exited(w, why);
+    } else if (w.spec.external()) {
+      // Ready once its health path answers (Round asks).
+    } else if (w.view.port != 0) {
       // Listening; ready once Round() has fetched its /info (or tried), so
       // that nobody sees it ready without its memory and slots.
     } else if (const uint16_t port = PortFromFile(w.spec.key)) {
@@ -323,7 +376,7 @@ void Supervisor::Round() {
       pid_t pid;
       uint16_t port;
     };
-    std::vector<Ready> became_ready, listening;
+    std::vector<Ready> became_ready, listening, probes;
     std::vector<std::string> idle_candidates;
     std::vector<std::pair<std::string, std::string>> exits;
     // Restarts due now pass the start gate first (it may read telemetry: no lock held).
@@ -354,7 +407,12 @@ void Supervisor::Round() {
         const bool was_up = was_ready || w.view.state == WorkerState::kStarting;
         const bool was_listening = w.view.state == WorkerState::kStarting && w.view.port != 0;
         Poll(w);
-        if (!was_listening && w.view.state == WorkerState::kStarting && w.view.port != 0) {
+        if (w.spec.external()) {
+          if (w.view.state == WorkerState::kStarting && now >= w.next_health_ms) {
+            w.next_health_ms = now + kStartProbePeriodMs;
+            probes.push_back({k, w.view.pid, w.view.port});
+          }
+        } else if (!was_listening && w.view.state == WorkerState::kStarting && w.view.port != 0) {
           listening.push_back({k, w.view.pid, w.view.port});
         }
         if (was_up && w.view.state == WorkerState::kBackoff) exits.emplace_back(k, w.view.last_exit);
@@ -374,6 +432,17 @@ void Supervisor::Round() {
     // What a worker says of itself is known from the moment it is ready.
     // Only adopted workers are ready yet (Poll makes none ready): ask them now.
     for (const auto& r : became_ready) RefreshInfo(r.key, r.pid, r.port);
+    // An external server that is starting is ready once its health path answers 200.
+    for (const auto& r : probes) {
+      std::string path;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        auto it = workers_.find(r.key);
+        if (it != workers_.end()) path = it->second.spec.health_path;
+      }
+      auto h = http::Fetch("127.0.0.1", r.port, "GET", path, "", {}, std::chrono::milliseconds(500));
+      if (h.ok() && h->status == 200) listening.push_back(r);
+    }
     // A worker that has just started listening is asked first, then ready.
     for (const auto& r : listening) {
       RefreshInfo(r.key, r.pid, r.port);
@@ -402,13 +471,21 @@ void Supervisor::Round() {
     }
     // Health checks run without the lock: callers asking for ports never wait on them.
     for (const auto& c : checks) {
-      auto r = http::Fetch("127.0.0.1", c.port, "GET", std::string(protocol::kHealthPath), "", AuthHeaders(),
-                           std::chrono::milliseconds(1000));
+      std::string external_path;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        auto it = workers_.find(c.key);
+        if (it != workers_.end() && it->second.spec.external()) external_path = it->second.spec.health_path;
+      }
+      const bool external = !external_path.empty();
+      auto r = external ? http::Fetch("127.0.0.1", c.port, "GET", external_path, "", {}, std::chrono::milliseconds(1000))
+                        : http::Fetch("127.0.0.1", c.port, "GET", std::string(protocol::kHealthPath), "", AuthHeaders(),
+                                      std::chrono::milliseconds(1000));
       // A worker whose device is lost answers 503: it cannot recover in place.
       const bool healthy = r.ok() && r->status == 200;
       // A lost device or a stalled decode loop (a hung driver that still
       // answers HTTP) cannot recover in place: replace the worker at once.
-      const bool lost = r.ok() && protocol::HealthReport::FromBody(r->body).replace_now();
+      const bool lost = !external && r.ok() && protocol::HealthReport::FromBody(r->body).replace_now();
       std::string why;
       {
         std::lock_guard<std::mutex> lk(mu_);
@@ -419,12 +496,17 @@ void Supervisor::Round() {
         if (was_ready && it->second.view.state == WorkerState::kBackoff) why = it->second.view.last_exit;
       }
       if (!why.empty() && on_exit_) on_exit_(c.key, why);
-      if (healthy && c.info) RefreshInfo(c.key, c.pid, c.port);
+      if (healthy && c.info && !external) RefreshInfo(c.key, c.pid, c.port);
     }
   }
 }
 
 void Supervisor::RefreshInfo(const std::string& key, pid_t pid, uint16_t port) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = workers_.find(key);
+    if (it == workers_.end() || it->second.spec.external()) return;  // no /info
+  }
   auto r = http::Fetch("127.0.0.1", port, "GET", std::string(protocol::kInfoPath), "", AuthHeaders(),
                        std::chrono::milliseconds(1000));
   if (!r.ok() || r->status != 200) return;
@@ -452,7 +534,7 @@ void Supervisor::Release(const std::string& key) {
   auto it = workers_.find(key);
   if (it == workers_.end() || !it->second.spec.on_demand) return;
   auto& w = it->second;
-  if (w.view.pid > 0) kill(-w.view.pid, SIGTERM);
+  if (w.view.pid > 0) kill(-w.view.pid, w.spec.stop_signal);
   w.view.state = WorkerState::kStopped;
   w.view.port = 0;
   w.view.last_exit = "released (idle)";
@@ -505,14 +587,14 @@ void Supervisor::Stop(int64_t grace_ms) {
       w.view.pid = 0;  // reaped: its pid is no longer ours to signal
       RemoveRecord(k);
     } else {
-      kill(-w.view.pid, SIGTERM);
+      kill(-w.view.pid, w.spec.stop_signal);
     }
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
   for (auto& [k, w] : workers_) {
     if (w.view.pid > 0) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      StopGroup(Process(w), std::max<int64_t>(1, left.count()));
+      StopGroup(Process(w), std::max<int64_t>(1, left.count()), w.spec.stop_signal);
       RemoveRecord(k);
     }
     w.view.pid = 0;

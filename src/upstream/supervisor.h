@@ -90,6 +90,16 @@ struct WorkerSpec {
   // A worker not ready this long after its spawn is killed and counted as a
   // failed start (a load that hangs on a driver, a model on a dead disk).
   int64_t start_timeout_ms = 120000;
+  // An external server (config::ExternalConfig) instead of a spillway-worker:
+  // `command` is its whole argv (found on $PATH), ${PORT} replaced by a free
+  // loopback port chosen at each start; it is ready, and healthy, while GET
+  // `health_path` answers 200; `stop_signal` stops it. It gets no worker
+  // secret and has no /info. Left behind by a crashed gateway, it is stopped
+  // (not adopted) by the next one.
+  std::vector<std::string> command;
+  std::string health_path = "/health";
+  int stop_signal = 15;  // SIGTERM
+  bool external() const { return !command.empty(); }
 };
 
 class Supervisor : public Workers {
@@ -171,6 +181,7 @@ class Supervisor : public Workers {
   // counting as an orphan.
   static constexpr int64_t kHealthPeriodMs = 500;
   static constexpr int64_t kInfoPeriodMs = 1000;
+  static constexpr int64_t kStartProbePeriodMs = 200;  // an external server's health path while it starts
   WorkerPid Process(const Worker& w) const { return {w.view.pid, w.start_time, !w.view.adopted}; }
   // Adoption (supervisor_adoption.cpp).
   void Adopt();
@@ -186,6 +197,8 @@ class Supervisor : public Workers {
   void Round();
   void RotateLogs();  // every 10 s, from Loop
   void Spawn(Worker& w);
+  // The argv, environment and port of one start (a worker's or an external server's).
+  std::vector<std::string> Argv(Worker& w, const std::string& port_file, const std::string& load_file);
   void Poll(Worker& w);
   void Exited(Worker& w, const std::string& why);
   void HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lost);

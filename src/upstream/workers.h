@@ -27,6 +27,7 @@ struct WorkerView {
   pid_t pid = 0;
   uint16_t port = 0;
   int restarts = 0;
+  int starts = 0;  // processes spawned for it (loads), restarts and on-demand starts included
   std::string last_exit;  // "exit 3", "signal 9", "unhealthy", ...
   std::string last_error;  // the worker's last stderr line before its last exit (its own reason)
   int failed_starts = 0;   // exits in a row without ever becoming ready

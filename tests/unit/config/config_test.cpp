@@ -133,3 +133,79 @@ TEST(ConfigTest, HostPort) {
 
 }  // namespace
 }  // namespace spillway::config
+
+namespace spillway::config {
+namespace {
+
+TEST(ConfigTest, ExternalServices) {
+  auto c = ParseConfig(R"(
+[[service]]
+name = "whisper"
+kind = "external"
+command = "whisper-server --port ${PORT} -m '${MODEL}' --host \"127.0.0.1\""
+model = "/models/w.bin"
+routes = { "/v1/audio/transcriptions" = "/inference" }
+device = "sim:0"
+resident_mib = 600
+transient_mib = 200
+residency = "on_demand"
+keep_alive_s = 30
+idempotent = true
+concurrency = 2
+max_queue = 8
+stop_signal = "SIGINT"
+
+[[service]]
+name = "rerank"
+kind = "external"
+url = "http://localhost:9000/"
+)", "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->externals.size(), 2u);
+  EXPECT_TRUE(c->services.empty());
+  const auto& w = c->externals[0];
+  EXPECT_EQ(w.command, (std::vector<std::string>{"whisper-server", "--port", "${PORT}", "-m", "${MODEL}", "--host", "127.0.0.1"}));
+  EXPECT_EQ(w.UpstreamPath("/v1/audio/transcriptions"), "/inference");
+  EXPECT_EQ(w.UpstreamPath("/v1/chat/completions"), "") << "only the routes it declares";
+  EXPECT_EQ(w.residency, "on_demand");
+  EXPECT_TRUE(w.Started());
+  EXPECT_EQ(SignalNumber(w.stop_signal), 2);
+  const auto& r = c->externals[1];
+  EXPECT_EQ(r.UrlPort(), 9000);
+  EXPECT_FALSE(r.Started());
+  EXPECT_EQ(r.UpstreamPath("/v1/embeddings"), "/v1/embeddings") << "an OpenAI-compatible server by default";
+  EXPECT_EQ(c->FindExternal("rerank"), &c->externals[1]);
+  EXPECT_EQ(c->FindService("rerank"), nullptr);
+
+  const char* ext = "[[service]]\nname = \"x\"\nkind = \"external\"\n";
+  const std::pair<std::string, const char*> bad[] = {
+      {std::string(ext), "needs either command"},
+      {std::string(ext) + "url = \"http://127.0.0.1:1\"\ncommand = \"a ${PORT}\"", "not both"},
+      {std::string(ext) + "url = \"http://example.com:80\"", "loopback"},
+      {std::string(ext) + "url = \"http://127.0.0.1:99999\"", "loopback"},
+      {std::string(ext) + "command = \"server --port 8080\"", "${PORT}"},
+      {std::string(ext) + "command = \"server 'unclosed ${PORT}\"", "unclosed"},
+      {std::string(ext) + "command = \"s ${PORT}\"\nroutes = { \"/v1/files\" = \"/f\" }", "not a route Spillway proxies"},
+      {std::string(ext) + "command = \"s ${PORT}\"\nroutes = { \"/v1/rerank\" = \"rerank\" }", "upstream path"},
+      {std::string(ext) + "command = \"s ${PORT}\"\nresidency = \"sometimes\"", "'service[0].residency'"},
+      {std::string(ext) + "url = \"http://127.0.0.1:1\"\nresidency = \"on_demand\"", "residency applies"},
+      {std::string(ext) + "command = \"s ${PORT}\"\nstop_signal = \"SIGSTOP\"", "stop_signal"},
+      {std::string(ext) + "command = \"s ${PORT}\"\nplacement = 3", "'service[0].placement' is not a known key"},
+      {"[[service]]\nname = \"x\"\nkind = \"magic\"", "'service[0].kind'"},
+  };
+  for (const auto& [text, fragment] : bad) {
+    auto b = ParseConfig(text, "t.toml");
+    ASSERT_FALSE(b.ok()) << text;
+    EXPECT_NE(b.status().message().find(fragment), std::string::npos) << text << " -> " << b.status().message();
+  }
+  // Names are one namespace; ${MODEL} needs a model that exists.
+  auto dup = ParseConfig(std::string(ext) + "url = \"http://127.0.0.1:1\"\n" + ext + "url = \"http://127.0.0.1:2\"", "t.toml");
+  ASSERT_TRUE(dup.ok());
+  EXPECT_NE(Validate(*dup).message().find("declared twice"), std::string::npos);
+  auto no_model = ParseConfig(std::string(ext) + "command = \"s ${PORT} ${MODEL}\"\nmodel = \"/nope.bin\"", "t.toml");
+  ASSERT_TRUE(no_model.ok());
+  EXPECT_NE(Validate(*no_model).message().find("/nope.bin not found"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace spillway::config

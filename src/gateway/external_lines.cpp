@@ -1,0 +1,116 @@
+#include "gateway/external_lines.h"
+
+#include <algorithm>
+
+namespace spillway::gateway {
+
+ExternalLines::ExternalLines(const std::vector<config::ExternalConfig>& services, int64_t now_ms) {
+  for (const auto& s : services) {
+    Line& l = lines_[s.name];
+    l.concurrency = s.concurrency;
+    l.max_queue = static_cast<size_t>(s.max_queue);
+    l.last_used_ms = now_ms;
+  }
+}
+
+bool ExternalLines::Join(const std::string& service, const std::string& id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  if (it == lines_.end()) return false;
+  Line& l = it->second;
+  // A request that can run at once never counts against max_queue.
+  const bool runs_now = l.waiting.empty() && l.running < l.concurrency;
+  if (!runs_now && l.waiting.size() >= l.max_queue) return false;
+  l.waiting.push_back(id);
+  return true;
+}
+
+bool ExternalLines::TryStart(const std::string& service, const std::string& id, int64_t now_ms) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  if (it == lines_.end()) return false;
+  Line& l = it->second;
+  if (l.running >= l.concurrency || l.waiting.empty() || l.waiting.front() != id) return false;
+  l.waiting.pop_front();
+  ++l.running;
+  l.last_used_ms = now_ms;
+  return true;
+}
+
+void ExternalLines::Leave(const std::string& service, const std::string& id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  if (it == lines_.end()) return;
+  auto& w = it->second.waiting;
+  w.erase(std::remove(w.begin(), w.end(), id), w.end());
+}
+
+void ExternalLines::Finished(const std::string& service, const std::string& outcome, int64_t now_ms) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  if (it == lines_.end()) return;
+  Line& l = it->second;
+  l.running = std::max(0, l.running - 1);
+  l.last_used_ms = now_ms;
+  ++l.outcomes[outcome];
+}
+
+bool ExternalLines::Idle(const std::string& service, int64_t idle_ms, int64_t now_ms) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  if (it == lines_.end()) return false;
+  const Line& l = it->second;
+  return l.running == 0 && l.waiting.empty() && now_ms - l.last_used_ms >= idle_ms;
+}
+
+int ExternalLines::Position(const std::string& service, const std::string& id) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  if (it == lines_.end()) return 0;
+  const auto& w = it->second.waiting;
+  auto at = std::find(w.begin(), w.end(), id);
+  return at == w.end() ? 0 : static_cast<int>(at - w.begin()) + 1;
+}
+
+int ExternalLines::Running(const std::string& service) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  return it == lines_.end() ? 0 : it->second.running;
+}
+
+void ExternalLines::Observe(const std::string& service, uint64_t device_bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  if (it == lines_.end()) return;
+  Line& l = it->second;
+  if (l.running == 0) {
+    l.resident = device_bytes;
+  } else if (l.resident > 0 && device_bytes > l.resident) {
+    l.peak = std::max(l.peak, device_bytes - l.resident);
+  }
+}
+
+std::pair<uint64_t, uint64_t> ExternalLines::Measured(const std::string& service) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  if (it == lines_.end()) return {0, 0};
+  return {it->second.resident, it->second.peak};
+}
+
+nlohmann::json ExternalLines::Json(const std::string& service, int64_t now_ms) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  if (it == lines_.end()) return nlohmann::json::object();
+  const Line& l = it->second;
+  nlohmann::json j = {{"running", l.running},
+                      {"waiting", l.waiting.size()},
+                      {"concurrency", l.concurrency},
+                      {"max_queue", l.max_queue},
+                      {"idle_s", l.running > 0 ? 0.0 : static_cast<double>(now_ms - l.last_used_ms) / 1000}};
+  nlohmann::json counts = nlohmann::json::object();
+  for (const auto& [k, v] : l.outcomes) counts[k] = v;
+  j["finished"] = counts;
+  return j;
+}
+
+}  // namespace spillway::gateway

@@ -1,0 +1,63 @@
+// Each external service's own line: at most `concurrency` requests at once
+// on it, at most `max_queue` waiting, first come first served, and what it
+// has done (counts, idle time, the busiest moment it was measured at).
+// One line per service, so a busy service never holds another's requests.
+//
+// Pure state behind one lock: the clock's time is passed in. Thread-safe.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace spillway::gateway {
+
+class ExternalLines {
+ public:
+  ExternalLines(const std::vector<config::ExternalConfig>& services, int64_t now_ms);
+
+  // Takes a place in the service's line; false when max_queue are waiting.
+  bool Join(const std::string& service, const std::string& id);
+  // Runs the request if it is first in line and a place is free (it then
+  // leaves the line and holds a running place until Finished).
+  bool TryStart(const std::string& service, const std::string& id, int64_t now_ms);
+  // Leaves the line without having run (cancelled, past its deadline).
+  void Leave(const std::string& service, const std::string& id);
+  // Gives back a running place. `outcome`: completed | failed | cancelled.
+  void Finished(const std::string& service, const std::string& outcome, int64_t now_ms);
+  // Nothing running or waiting, and nothing ran for `idle_ms`.
+  bool Idle(const std::string& service, int64_t idle_ms, int64_t now_ms) const;
+  // Its position (1 = next) in line; 0 when not waiting.
+  int Position(const std::string& service, const std::string& id) const;
+  int Running(const std::string& service) const;
+  // What its process holds on its device now: at rest (nothing running) that
+  // is its resident memory; above that while requests run, their transient
+  // peak. Measured values replace the declared ones once seen.
+  void Observe(const std::string& service, uint64_t device_bytes);
+  // The measured {resident, transient peak}; 0 until seen.
+  std::pair<uint64_t, uint64_t> Measured(const std::string& service) const;
+  // {"running", "waiting", "concurrency", "max_queue", "idle_s", counts by outcome}
+  nlohmann::json Json(const std::string& service, int64_t now_ms) const;
+
+ private:
+  struct Line {
+    int concurrency = 1;
+    size_t max_queue = 0;
+    int running = 0;
+    std::deque<std::string> waiting;
+    int64_t last_used_ms = 0;
+    std::map<std::string, uint64_t> outcomes;
+    uint64_t resident = 0, peak = 0;  // measured
+  };
+  mutable std::mutex mu_;
+  std::map<std::string, Line> lines_;
+};
+
+}  // namespace spillway::gateway

@@ -1,0 +1,36 @@
+// Which external service a request to a proxied route is for (pure: no I/O).
+//
+// The model names the service, as for every route: in a JSON body its
+// "model", in a multipart form (audio uploads) its "model" field. A route
+// served by one external service only may leave the model out. The body is
+// only read here, never changed: it goes to the upstream byte for byte.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+#include "config/config.h"
+
+namespace spillway::gateway {
+
+// The boundary of a multipart/form-data content type; "" when it is not one.
+std::string MultipartBoundary(std::string_view content_type);
+
+// The value of the simple form field `name` (not a file) in a multipart
+// body; nullopt when absent. Values over `max_value` bytes are not taken.
+std::optional<std::string> MultipartField(std::string_view body, std::string_view boundary, std::string_view name,
+                                          size_t max_value = 256);
+
+// The model a proxied request names: JSON "model" or the form's "model"
+// field; "" when it names none. InvalidArgument for a body that is neither
+// (or a JSON body that does not parse).
+StatusOr<std::string> RequestedModel(std::string_view content_type, std::string_view body);
+
+// The external service for `path` and `model` ("" : the only one serving
+// `path`). NotFound or InvalidArgument with what the client should do.
+StatusOr<const config::ExternalConfig*> ChooseExternal(const config::GatewayConfig& config, const std::string& path,
+                                                       const std::string& model);
+
+}  // namespace spillway::gateway

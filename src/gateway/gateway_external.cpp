@@ -1,0 +1,375 @@
+// External services (config::ExternalConfig): requests proxied to an HTTP
+// server Spillway starts or finds running, with the same lifecycle guarantees
+// as a worker's: journaled before they are sent, answered after their
+// terminal state is journaled (a relayed stream: as it arrives, journaled
+// when it ends), cancellable, counted, queued in the service's own line.
+//
+//   phase     event                                                 journal
+//   --------  ----------------------------------------------------  ---------------------
+//   received  routed by its model; a place in the service's line    Accept (with its first
+//   queued    waits: its turn, the server's start, transient room     attempt when it runs)
+//   running   sent (the body byte for byte, its content type)       StartAttempt
+//   running   failed before the server could act on it, or the      Requeue, then again
+//             service is idempotent: sent again (at most 3 tries)
+//   any       answered, failed, cancelled, past its deadline         Finish, then the client
+//
+// A request that reached a non-idempotent server and failed is never sent
+// again, here or after a restart: it fails with 502 and says so.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+
+#include <boost/asio/this_coro.hpp>
+
+#include "common/hash.h"
+#include "devices/telemetry.h"
+#include "gateway/external_route.h"
+#include "gateway/gateway.h"
+#include "gateway/gateway_internal.h"
+#include "gateway/reply_writer.h"
+#include "memory/ledger.h"
+
+namespace spillway::gateway {
+
+namespace {
+
+constexpr size_t kMaxAnswerBytes = 64u << 20;  // a buffered (journaled, then sent) answer
+constexpr int kMaxExternalAttempts = 3;
+
+// Answers relayed as they arrive (journaled once they end): events, lines, audio.
+bool RelayedType(const std::string& type) {
+  return type.rfind("text/event-stream", 0) == 0 || type.rfind("application/x-ndjson", 0) == 0 ||
+         type.rfind("audio/", 0) == 0;
+}
+
+}  // namespace
+
+std::string ExternalKey(const config::ExternalConfig& e) { return e.name + ".ext"; }
+
+bool Gateway::IsExternalKey(const std::string& key) const {
+  for (const auto& e : config_.externals) {
+    if (ExternalKey(e) == key) return true;
+  }
+  return false;
+}
+
+std::optional<uint16_t> Gateway::ExternalPort(const config::ExternalConfig& e) const {
+  if (!e.Started()) return e.UrlPort();
+  return supervisor_.ReadyPort(ExternalKey(e));
+}
+
+bool Gateway::RoutesToExternal(const http::Request& req, const std::string& path) const {
+  if (config_.externals.empty()) return false;
+  const std::string type(req[bhttp::field::content_type]);
+  auto model = RequestedModel(type, req.body());
+  return model.ok() && config_.FindExternal(*model) != nullptr;
+}
+
+void Gateway::HandleExternal(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& path) {
+  const unsigned v = req.version();
+  auto fail = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
+  if (req.method() != bhttp::verb::post) return fail(Status::InvalidArgument("use POST for " + path));
+  const std::string type(req[bhttp::field::content_type]);
+  auto model = RequestedModel(type, req.body());
+  if (!model.ok()) return fail(model.status());
+  auto svc = ChooseExternal(config_, path, *model);
+  if (!svc.ok()) return fail(svc.status());
+  auto in = std::make_shared<Incoming>();
+  if (Status st = Intake(req, *in); !st.ok()) return fail(st);
+  in->rec.service = (*svc)->name;
+  in->rec.endpoint = path;
+  in->rec.body_type = type.empty() ? "application/json" : type;
+  in->rec.body = req.body();
+  in->rec.payload_hash = Sha256Hex(path + "\n" + in->rec.body_type + "\n" + in->rec.body);
+  if (in->rec.body_type.rfind("application/json", 0) == 0) {
+    const auto j = nlohmann::json::parse(in->rec.body, nullptr, false);
+    in->rec.stream = j.is_object() && j.value("stream", false) == true;
+  }
+  in->ex = ex;
+  in->version = v;
+  in->started_ms = clock_.NowMs();
+  if (!external_lines_->Join(in->rec.service, in->rec.id)) {
+    return fail(Status::ResourceExhausted("service '" + in->rec.service + "' has " + std::to_string((*svc)->max_queue) +
+                                          " requests waiting (its max_queue)").WithRetryAfter(2));
+  }
+  const std::string service = in->rec.service, id = in->rec.id;
+  in->queue_slot = std::shared_ptr<void>(nullptr, [this, service, id](void*) { external_lines_->Leave(service, id); });
+  Spawn(Process(in));
+}
+
+boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
+                                                  std::shared_ptr<Live> live, bool unjournaled) {
+  const boost::asio::any_io_executor strand = co_await boost::asio::this_coro::executor;
+  const config::ExternalConfig* svc = config_.FindExternal(rec.service);
+  const int64_t t0 = clock_.NowMs();
+  ReplyWriter reply(std::move(ex), rec.id, 11);
+  const bool recovered = !reply.attached();
+  bool running = false;  // holds a running place in the service's line
+  auto control = live->upstream_control;
+  if (!control) control = live->upstream_control = std::make_shared<upstream::StreamControl>();
+  // A recovered request was never given a place in line (its client is gone).
+  if (recovered && svc) (void)external_lines_->Join(rec.service, rec.id);
+  struct LeaveLine {
+    ExternalLines* lines;
+    const std::string& service;
+    const std::string& id;
+    ~LeaveLine() { lines->Leave(service, id); }
+  } leave_line{external_lines_.get(), rec.service, rec.id};
+
+  auto finish = [&](State state, int status, std::string type, std::string body,
+                    std::string err) -> boost::asio::awaitable<void> {
+    live->queue_slot.reset();
+    if (unjournaled) {  // refused before it was journaled: nothing to finish
+      co_return;
+    }
+    Logged(co_await Journaled([&](auto done) { journal_.FinishAsync(rec.id, state, status, type, body, err, done); }),
+           "finish");
+    live->Enter(LivePhase::kTerminal, clock_.NowMs());
+    if (running) external_lines_->Finished(rec.service, Outcome(state), clock_.NowMs());
+    running = false;
+    SignalFor(rec.service).Notify();
+    metrics_.RequestFinished(rec.service, Outcome(state), svc ? ExternalKey(*svc) : "", (clock_.NowMs() - t0) / 1000.0);
+  };
+  auto fail = [&](State state, Status st) -> boost::asio::awaitable<void> {
+    const json body = ErrorJson(st, rec.id);
+    co_await finish(state, HttpStatusFor(st.code()), "application/json", body.dump(), st.message());
+    if (reply.head_sent()) co_return reply.EndStream();  // a relayed answer cut short: it ends where it is
+    reply.Error(st);
+  };
+  if (!svc) co_return co_await fail(State::kFailed, Status::NotFound("service '" + rec.service + "' is no longer configured"));
+  // Journaled before anything is sent: the Accept now when this request is new to the journal.
+  if (unjournaled) {
+    auto accepted = co_await Journaled([&](auto done) {
+      journal_.AcceptAsync(rec, [done](StatusOr<journal::AcceptResult> r) { done(r.status()); });
+    });
+    if (!accepted.ok()) co_return reply.Error(accepted);
+    unjournaled = false;
+  }
+  if (recovered && rec.attempts > 0 && !svc->idempotent) {
+    co_return co_await fail(State::kFailed,
+                            Status::Unavailable("the gateway restarted while this request was at service '" + svc->name +
+                                                "', which is not idempotent: it is not sent again"));
+  }
+  const std::string key = ExternalKey(*svc);
+  const std::string upstream_path = svc->UpstreamPath(rec.endpoint);
+  const int64_t start_wait_ms = static_cast<int64_t>(svc->start_timeout_s * 1000) + 5000;
+  auto past_deadline = [&] { return live->deadline_ms && clock_.NowMs() >= live->deadline_ms; };
+  ServedBy served;
+  served.placement = svc->name;
+  served.decision = "external";
+  int attempts = rec.attempts;
+  std::string last_failure;
+  while (true) {
+    // Its turn, a server that is up, and room on its device for the request's transient peak.
+    int64_t waiting_since = clock_.NowMs();
+    std::optional<uint16_t> port;
+    while (true) {
+      if (live->cancelled) co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
+      if (past_deadline()) {
+        co_return co_await fail(State::kFailed, Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout"));
+      }
+      std::string note;
+      port = ExternalPort(*svc);
+      const std::string waited_for = live->WaitState().first;
+      if (port && clock_.NowMs() - waiting_since > kQueueWaitMs) {
+        co_return co_await fail(State::kFailed, Status::ResourceExhausted("waited " + std::to_string(kQueueWaitMs / 1000) +
+                                                                          " s: " + waited_for).WithRetryAfter(5));
+      }
+      if (!port) {
+        supervisor_.Demand(key);  // stopped (on demand, or idle past keep_alive_s): started now
+        note = "service '" + svc->name + "' is starting";
+        if (clock_.NowMs() - waiting_since > start_wait_ms) {
+          std::string why;
+          for (const auto& w : supervisor_.Snapshot()) {
+            if (w.key == key) why = w.last_exit + (w.last_error.empty() ? "" : ": " + w.last_error);
+          }
+          co_return co_await fail(State::kFailed, Status::Unavailable("service '" + svc->name + "' did not start" +
+                                                                      (why.empty() ? "" : " (" + why + ")")).WithRetryAfter(5));
+        }
+      } else if (!running && !external_lines_->TryStart(rec.service, rec.id, clock_.NowMs())) {
+        note = "waiting for service '" + svc->name + "' (position " +
+               std::to_string(external_lines_->Position(rec.service, rec.id)) + ")";
+      } else {
+        running = true;
+        live->queue_slot.reset();
+        if (Status room = TransientRoom(*svc); !room.ok()) {
+          note = room.message();
+        } else {
+          break;
+        }
+      }
+      live->Waiting(note, 0);
+      co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(port ? 250 : 100));
+    }
+    if (served.waited_ms == 0) served.waited_ms = clock_.NowMs() - t0;
+    live->Enter(LivePhase::kRunning, clock_.NowMs());
+    ++attempts;
+    served.attempts = attempts;
+    if (Status st = co_await Journaled([&](auto done) { journal_.StartAttemptAsync(rec.id, svc->name, "", done); });
+        !st.ok()) {
+      co_return co_await fail(State::kFailed, st);
+    }
+    // One attempt: the answer relayed or buffered.
+    control->sent = false;
+    control->fresh_connection = !svc->idempotent;
+    http::HeaderList headers = {{"Content-Type", rec.body_type.empty() ? "application/json" : rec.body_type},
+                                {"X-Request-Id", rec.id}};
+    int status = 0;
+    std::string type, body;
+    bool relay = false, too_large = false;
+    auto on_head = [&](const http::StreamHead& h) {
+      status = h.status;
+      auto t = h.headers.find("content-type");
+      type = t == h.headers.end() ? "application/octet-stream" : t->second;
+      relay = RelayedType(type) && status < 300;
+      if (relay) {
+        live->Enter(LivePhase::kStreaming, clock_.NowMs());
+        reply.BeginRelay(status, type, served);
+      }
+      return true;
+    };
+    auto on_data = [&](std::string_view d) {
+      if (live->cancelled) return false;
+      if (body.size() + d.size() > kMaxAnswerBytes) {
+        too_large = true;
+        return false;
+      }
+      if (relay) {
+        reply.Event(std::string(d));
+        return true;
+      }
+      body.append(d);
+      return true;
+    };
+    auto paused = [&] { return reply.unsent_bytes() > kMaxUnsentBytes; };
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(svc->request_timeout_s * 1000));
+    Status sent = co_await pool_.Stream(*port, "POST", upstream_path, rec.body, headers, on_head, on_data, timeout, paused,
+                                        control.get());
+    if (live->cancelled || sent.code() == StatusCode::kCancelled) {
+      co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
+    }
+    if (too_large) {
+      co_return co_await fail(State::kFailed, Status::Unavailable("the answer of service '" + svc->name + "' exceeds " +
+                                                                  std::to_string(kMaxAnswerBytes >> 20) + " MiB"));
+    }
+    if (sent.ok() && status > 0) {
+      if (relay) {
+        const State state = State::kCompleted;
+        co_await finish(state, status, type, reply.stored(), "");
+        co_return reply.EndStream();
+      }
+      const State state = status < 400 ? State::kCompleted : State::kFailed;
+      const std::string err = state == State::kCompleted ? "" : body.substr(0, 1000);
+      co_await finish(state, status, type, body, err);
+      co_return reply.Answer(status, type, body, &served);
+    }
+    // The transport failed. Sent again only when the server cannot have
+    // acted on it, or acting twice is harmless, and nothing reached the client.
+    last_failure = sent.message();
+    if (svc->Started()) supervisor_.Suspect(key);
+    if (reply.head_sent()) {
+      co_return co_await fail(State::kFailed, Status::Unavailable("the answer of service '" + svc->name +
+                                                                  "' was cut: " + last_failure));
+    }
+    if (control->sent && !svc->idempotent) {
+      co_return co_await fail(State::kFailed,
+                              Status::BadGateway("service '" + svc->name + "' failed after the request reached it (" +
+                                                 last_failure + "); it is not idempotent, so it is not sent again"));
+    }
+    if (attempts >= kMaxExternalAttempts) {
+      co_return co_await fail(State::kFailed, Status::BadGateway("service '" + svc->name + "' failed " +
+                                                                 std::to_string(attempts) + " times: " + last_failure)
+                                                  .WithRetryAfter(5));
+    }
+    Logged(co_await Journaled([&](auto done) { journal_.RequeueAsync(rec.id, last_failure, done); }), "requeue");
+    live->Enter(LivePhase::kQueued, clock_.NowMs());
+    co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(200));  // a health check sees it meanwhile
+  }
+}
+
+// Room on the service's device for one more request's transient peak: the
+// device's observed free memory, less its headroom and the peaks of the
+// requests already running there (which may not have allocated yet).
+Status Gateway::TransientRoom(const config::ExternalConfig& svc) {
+  if (svc.transient_mib <= 0 || svc.device == "cpu") return Status::Ok();
+  auto telemetry = Telemetry(svc.device);
+  if (!telemetry.ok()) return Status::Ok();  // not observable: nothing to check against
+  auto reading = (*telemetry)->Read();
+  if (!reading.ok()) return Status::Ok();
+  const auto dc = config_.Device(svc.device);
+  const uint64_t headroom =
+      memory::Headroom{static_cast<uint64_t>(dc.headroom_mib * 1024 * 1024), dc.headroom_pct}.For(reading->total);
+  const uint64_t measured = external_lines_->Measured(svc.name).second;
+  const auto peak = measured > 0 ? measured : static_cast<uint64_t>(svc.transient_mib * 1024 * 1024);
+  const uint64_t others = peak * static_cast<uint64_t>(std::max(0, external_lines_->Running(svc.name) - 1));
+  const uint64_t need = peak + others + headroom;
+  if (reading->free >= need) return Status::Ok();
+  char note[200];
+  std::snprintf(note, sizeof note, "waiting for %.0f MiB free on %s for a request's peak (%.0f MiB free, %.0f MiB headroom)",
+                static_cast<double>(peak) / (1 << 20), svc.device.c_str(), static_cast<double>(reading->free) / (1 << 20),
+                static_cast<double>(headroom) / (1 << 20));
+  return Status::ResourceExhausted(note);
+}
+
+json Gateway::ExternalsJson() const {
+  const auto workers = supervisor_.Snapshot();
+  json out = json::array();
+  for (const auto& e : config_.externals) {
+    json j = {{"name", e.name}, {"kind", "external"}, {"device", e.device}, {"idempotent", e.idempotent}};
+    json routes = json::object();
+    for (const auto& [from, to] : e.routes) routes[from] = to;
+    j["routes"] = routes;
+    pid_t pid = 0;
+    if (e.Started()) {
+      j["residency"] = e.residency;
+      j["keep_alive_s"] = e.keep_alive_s;
+      j["state"] = "stopped";
+      for (const auto& w : workers) {
+        if (w.key != ExternalKey(e)) continue;
+        pid = w.pid;
+        j["key"] = w.key;
+        j["state"] = upstream::WorkerStateName(w.state);
+        j["pid"] = w.pid;
+        j["port"] = w.port;
+        j["starts"] = w.starts;  // loads: each switch onto the device
+        j["restarts"] = w.restarts;
+        j["last_exit"] = w.last_exit;
+        if (!w.last_error.empty()) j["last_error"] = w.last_error;
+        if (w.last_start_ms > 0) j["measured_load_s"] = static_cast<double>(w.last_start_ms) / 1000;
+        j["log"] = w.log_path;
+      }
+    } else {
+      j["url"] = e.url;
+      j["state"] = "external";  // not Spillway's to start or stop
+    }
+    // Memory: what its process holds on its device and in host RAM, measured;
+    // the declared profile until then.
+    uint64_t device_bytes = 0;
+    if (pid > 0 && e.device != "cpu") {
+      if (auto t = Telemetry(e.device); t.ok()) {
+        if (auto r = (*t)->Read(); r.ok()) {
+          for (const auto& p : r->processes) device_bytes += p.pid == pid ? p.bytes : 0;
+        }
+      }
+      external_lines_->Observe(e.name, device_bytes);
+    }
+    uint64_t rss = 0;
+    if (pid > 0) {
+      if (auto r = devices::HostTelemetry().ProcessRss(pid); r.ok()) rss = *r;
+    }
+    const auto [resident, peak] = external_lines_->Measured(e.name);
+    const auto mib = [](double m) { return static_cast<uint64_t>(m * 1024 * 1024); };
+    j["memory"] = {{"device_bytes", device_bytes},
+                   {"host_rss_bytes", rss},
+                   {"resident_bytes", resident > 0 ? resident : mib(e.resident_mib)},
+                   {"resident_source", resident > 0 ? "measured" : "declared"},
+                   {"transient_peak_bytes", peak > 0 ? peak : mib(e.transient_mib)},
+                   {"transient_source", peak > 0 ? "measured" : "declared"}};
+    j["requests"] = external_lines_->Json(e.name, clock_.NowMs());
+    out.push_back(j);
+  }
+  return out;
+}
+
+}  // namespace spillway::gateway

@@ -1,0 +1,278 @@
+// External services (config::ExternalConfig) through a real gateway: a fake
+// upstream (tests/fakes/fake_upstream_main.cpp) started by Spillway's
+// supervisor, and whisper.cpp's real whisper-server behind
+// /v1/audio/transcriptions.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/hash.h"
+#include "devices/sim_ledger.h"
+#include "gateway_calls.h"
+#include "gateway_process.h"
+#include "scoped_sim_dir.h"
+#include "whisper_server.h"
+#include "worker_process.h"
+
+namespace spillway::testing {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+std::string FakeUpstream() { return EnvOr("FAKE_UPSTREAM"); }
+
+// A [[service]] for the fake upstream, started by Spillway, logging each request to `log`.
+std::string FakeService(const std::string& name, const std::string& log, const std::string& more = "",
+                        const std::string& fake_args = "") {
+  std::ostringstream os;
+  os << "[[service]]\nname = \"" << name << "\"\nkind = \"external\"\n"
+     << "command = \"" << FakeUpstream() << " --port ${PORT} --log " << log << fake_args << "\"\n"
+     << "routes = { \"/v1/audio/transcriptions\" = \"/inference\", \"/v1/rerank\" = \"/v1/rerank\", "
+        "\"/v1/chat/completions\" = \"/v1/chat/completions\" }\n"
+     << more;
+  return os.str();
+}
+
+int LinesWith(const std::string& log, const std::string& needle) {
+  std::ifstream f(log);
+  std::string line;
+  int n = 0;
+  while (std::getline(f, line)) n += line.find(needle) != std::string::npos;
+  return n;
+}
+
+std::string Multipart(const std::string& boundary, const std::vector<std::pair<std::string, std::string>>& fields,
+                      const std::string& file) {
+  std::string b;
+  for (const auto& [k, v] : fields) {
+    b += "--" + boundary + "\r\nContent-Disposition: form-data; name=\"" + k + "\"\r\n\r\n" + v + "\r\n";
+  }
+  b += "--" + boundary + "\r\nContent-Disposition: form-data; name=\"file\"; filename=\"clip.wav\"\r\n"
+       "Content-Type: audio/wav\r\n\r\n" + file + "\r\n--" + boundary + "--\r\n";
+  return b;
+}
+
+json ExternalStatus(uint16_t port, const std::string& name) {
+  json s = Body(Call(port, "GET", "/v1/status"));
+  for (const auto& e : s["externals"]) {
+    if (e["name"] == name) return e;
+  }
+  return json();
+}
+
+class ExternalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(FakeUpstream().empty()) << "FAKE_UPSTREAM is set by ctest";
+    dir_ = MakeScratchDir();
+    log_ = dir_ + "/upstream.log";
+  }
+  std::unique_ptr<GatewayProcess> Start(const std::string& toml) {
+    auto g = std::make_unique<GatewayProcess>(toml);
+    EXPECT_TRUE(g->Start()) << g->Output();
+    return g;
+  }
+  std::string dir_, log_;
+};
+
+TEST_F(ExternalTest, MultipartBodiesGoThroughUntouchedAndAreJournaled) {
+  auto g = Start(TestConfig(2, FakeService("fake", log_)));
+  // Bytes a rewrite would break: NULs, CR LF, a boundary-like line, high bytes.
+  std::string audio = std::string("RIFF\0\0\r\n--not-the-boundary\r\n", 31);
+  for (int i = 0; i < 4096; ++i) audio += static_cast<char>(i * 37 % 256);
+  const std::string boundary = "spillway-test-7d2f";
+  const std::string body = Multipart(boundary, {{"model", "fake"}, {"response_format", "json"}}, audio);
+  const std::string type = "multipart/form-data; boundary=" + boundary;
+  auto r = Call(g->port(), "POST", "/v1/audio/transcriptions", body, {{"Content-Type", type}, {"X-Request-Id", "mp-1"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json a = Body(r);
+  EXPECT_EQ(a["path"], "/inference") << "routes map the gateway's path onto the upstream's";
+  EXPECT_EQ(a["body_sha256"], Sha256Hex(body)) << "the body reaches the upstream byte for byte";
+  EXPECT_EQ(a["content_type"], type) << "with its boundary";
+  EXPECT_EQ(a["request_id"], "mp-1");
+  EXPECT_EQ(r.headers["x-spillway-placement"], "fake");
+  const json rec = WaitTerminal(g->port(), "mp-1");
+  EXPECT_EQ(rec["state"], "completed") << rec.dump();
+  EXPECT_EQ(rec["endpoint"], "/v1/audio/transcriptions");
+  // One service serves the route: the model may be left out. A JSON route too.
+  r = Call(g->port(), "POST", "/v1/audio/transcriptions", Multipart(boundary, {}, "x"), {{"Content-Type", type}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake","query":"q","documents":["a","b"]})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["path"], "/v1/rerank");
+  // A chat request naming the external service goes there, unvalidated by the worker's parser.
+  r = Call(g->port(), "POST", "/v1/chat/completions", R"({"model":"fake","messages":"not OpenAI's shape"})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["path"], "/v1/chat/completions");
+  // Wrong input is a clear error, and nothing reaches the upstream.
+  const int before = LinesWith(log_, "/");
+  EXPECT_EQ(Call(g->port(), "POST", "/v1/rerank", R"({"model":"chat","query":"q"})").status, 400) << "chat serves no rerank";
+  EXPECT_EQ(Call(g->port(), "POST", "/v1/images/generations", R"({"model":"fake"})").status, 400);
+  EXPECT_EQ(Call(g->port(), "POST", "/v1/rerank", R"({"model":"nobody"})").status, 404);
+  EXPECT_EQ(Call(g->port(), "POST", "/v1/rerank", "{not json").status, 400);
+  EXPECT_EQ(Call(g->port(), "POST", "/v1/audio/transcriptions", "x", {{"Content-Type", "multipart/form-data"}}).status, 400)
+      << "a multipart body without a boundary";
+  EXPECT_EQ(LinesWith(log_, "/"), before);
+  // Listed with its routes.
+  bool listed = false;
+  const json models = Body(Call(g->port(), "GET", "/v1/models"));
+  for (const auto& m : models["data"]) listed |= m["id"] == "fake";
+  EXPECT_TRUE(listed);
+}
+
+TEST_F(ExternalTest, ANonIdempotentRequestThatReachedTheServerIsNeverSentAgain) {
+  auto g = Start(TestConfig(2, FakeService("fake", log_) + FakeService("fake-idem", dir_ + "/idem.log", "idempotent = true\n")));
+  auto r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake","fake_crash":1})", {{"X-Request-Id", "crash-1"}});
+  EXPECT_EQ(r.status, 502) << r.body;
+  EXPECT_NE(r.body.find("not idempotent"), std::string::npos) << r.body;
+  EXPECT_EQ(LinesWith(log_, "crash-1"), 1) << "delivered once, never again";
+  EXPECT_EQ(WaitTerminal(g->port(), "crash-1")["state"], "failed");
+  // The supervisor brings the server back: the next request is served.
+  json ok = json::object();
+  for (int i = 0; i < 100 && ok.value("path", "").empty(); ++i) {
+    auto n = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake"})");
+    if (n.status == 200) ok = Body(n);
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(ok.value("path", ""), "/v1/rerank");
+  // An idempotent service's request is sent again (here it crashes each time: three tries, then 502).
+  r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake-idem","fake_crash":1})", {{"X-Request-Id", "crash-2"}});
+  EXPECT_EQ(r.status, 502) << r.body;
+  EXPECT_EQ(LinesWith(dir_ + "/idem.log", "crash-2"), 3) << "sent again, at most three times";
+}
+
+TEST_F(ExternalTest, CancelClosesTheUpstreamConnectionAndStreamsAreRelayed) {
+  auto g = Start(TestConfig(2, FakeService("fake", log_)));
+  auto slow = std::async(std::launch::async, [&] {
+    return http::Fetch("127.0.0.1", g->port(), "POST", "/v1/rerank", R"({"model":"fake","fake_delay_ms":20000})",
+                       {{"X-Request-Id", "slow-1"}}, 30s);
+  });
+  for (int i = 0; i < 200 && LinesWith(log_, "slow-1") == 0; ++i) std::this_thread::sleep_for(20ms);
+  ASSERT_EQ(LinesWith(log_, "slow-1"), 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(Call(g->port(), "DELETE", "/v1/requests/slow-1").status, 200);
+  auto r = slow.get();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, 499) << r->body;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s) << "cancelled at once, not after the upstream's 20 s";
+  EXPECT_EQ(WaitTerminal(g->port(), "slow-1")["state"], "cancelled");
+
+  // A stream is relayed as it comes and journaled whole once it ends.
+  auto s = Call(g->port(), "POST", "/v1/chat/completions", R"({"model":"fake","fake_stream":4})", {{"X-Request-Id", "st-1"}});
+  ASSERT_EQ(s.status, 200);
+  EXPECT_EQ(s.headers["content-type"], "text/event-stream");
+  EXPECT_NE(s.body.find("{\"event\":3}"), std::string::npos) << s.body;
+  const json rec = WaitTerminal(g->port(), "st-1");
+  EXPECT_EQ(rec["state"], "completed");
+}
+
+TEST_F(ExternalTest, EachServiceHasItsOwnLineAndABusyOneStarvesNoOther) {
+  auto g = Start(TestConfig(2, FakeService("fake", log_, "concurrency = 1\nmax_queue = 1\n")));
+  auto call = [&](const std::string& id) {
+    return std::async(std::launch::async, [&, id] {
+      return http::Fetch("127.0.0.1", g->port(), "POST", "/v1/rerank", R"({"model":"fake","fake_delay_ms":1500})",
+                         {{"X-Request-Id", id}}, 30s);
+    });
+  };
+  auto a = call("line-a");
+  for (int i = 0; i < 200 && LinesWith(log_, "line-a") == 0; ++i) std::this_thread::sleep_for(10ms);
+  auto b = call("line-b");
+  std::this_thread::sleep_for(200ms);
+  // Concurrency 1 and one waiting: the third is refused at once.
+  auto c = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake"})");
+  EXPECT_EQ(c.status, 503) << c.body;
+  EXPECT_NE(c.body.find("max_queue"), std::string::npos) << c.body;
+  EXPECT_EQ(LinesWith(log_, "line-b"), 0) << "waits for its turn, not sent beside the running one";
+  // Another service answers meanwhile.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto e = Call(g->port(), "POST", "/v1/embeddings", R"({"model":"embed","input":"hello"})");
+  EXPECT_EQ(e.status, 200) << e.body;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  EXPECT_EQ(a.get()->status, 200);
+  auto rb = b.get();
+  EXPECT_EQ(rb->status, 200) << rb->body;
+  EXPECT_EQ(LinesWith(log_, "line-b"), 1);
+  const json st = ExternalStatus(g->port(), "fake");
+  EXPECT_EQ(st["requests"]["finished"]["completed"], 2) << st.dump();
+}
+
+TEST_F(ExternalTest, OnDemandStartsWithItsFirstRequestAndStopsWhenIdle) {
+  auto g = Start(TestConfig(2, FakeService("fake", log_, "residency = \"on_demand\"\nkeep_alive_s = 1\n",
+                                           " --ready-after-ms 300")));
+  json st = ExternalStatus(g->port(), "fake");
+  EXPECT_EQ(st["state"], "stopped") << st.dump();
+  auto r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake"})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  st = ExternalStatus(g->port(), "fake");
+  EXPECT_EQ(st["starts"], 1);
+  EXPECT_GE(st["measured_load_s"].get<double>(), 0.3) << "ready once its health path answered";
+  // Idle past keep_alive_s: stopped; the next request starts it again.
+  for (int i = 0; i < 100 && st["state"] != "stopped"; ++i) {
+    std::this_thread::sleep_for(100ms);
+    st = ExternalStatus(g->port(), "fake");
+  }
+  EXPECT_EQ(st["state"], "stopped") << st.dump();
+  r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake"})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(ExternalStatus(g->port(), "fake")["starts"], 2);
+}
+
+TEST_F(ExternalTest, MemoryOnTheDeviceIsMeasuredAndATransientPeakWaitsForRoom) {
+  ScopedSimDir sim("external");
+  ASSERT_TRUE(devices::SimLedger::Create(0, 1024ull << 20).ok());
+  auto g = Start(TestConfig(2, "[[device]]\nname = \"sim:0\"\nheadroom_mib = 0\nheadroom_pct = 0\n" +
+                                   FakeService("fake", log_, "device = \"sim:0\"\nresident_mib = 50\ntransient_mib = 600\n",
+                                               " --sim-device 0 --resident-mib 300")));
+  json st = json::object();
+  for (int i = 0; i < 100 && st.value("state", "") != "ready"; ++i) {
+    std::this_thread::sleep_for(50ms);
+    st = ExternalStatus(g->port(), "fake");
+  }
+  EXPECT_EQ(st["memory"]["resident_bytes"], 300ull << 20) << "measured replaces the declared 50 MiB: " << st.dump();
+  EXPECT_EQ(st["memory"]["resident_source"], "measured");
+  // 724 MiB free: a request's declared 600 MiB peak fits; while someone else
+  // holds 300 MiB it does not, and the request waits (told why) until it does.
+  pid_t holder = SpawnTool({"sim", "hold", "sim:0", "--mib", "300", "--seconds", "2"}, "spillway");
+  std::this_thread::sleep_for(300ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake","fake_transient_mib":200})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_GT(std::chrono::steady_clock::now() - t0, 1s) << "waited for the hold to expire";
+  kill(holder, SIGTERM);
+  waitpid(holder, nullptr, 0);
+}
+
+TEST_F(ExternalTest, WhisperServerTranscribesBehindTheGateway) {
+  if (const std::string why = WhisperServerMissing(); !why.empty()) GTEST_SKIP() << why;
+  const std::string model = WriteWhisperModelFile(dir_ + "/tiny-whisper.bin");
+  std::ostringstream os;
+  os << "[[service]]\nname = \"whisper\"\nkind = \"external\"\nmodel = \"" << model << "\"\n"
+     << "command = \"" << EnvOr("WHISPER_SERVER") << " --host 127.0.0.1 --port ${PORT} -m ${MODEL} -t 2\"\n"
+     << "routes = { \"/v1/audio/transcriptions\" = \"/inference\" }\nidempotent = true\n";
+  auto g = Start(TestConfig(2, os.str()));
+  const std::string boundary = "spillway-whisper";
+  const std::string body =
+      Multipart(boundary, {{"model", "whisper"}, {"temperature", "0"}, {"temperature_inc", "0"}, {"response_format", "json"}},
+                WavBytes(440, 1));
+  auto r = Call(g->port(), "POST", "/v1/audio/transcriptions", body,
+                {{"Content-Type", "multipart/form-data; boundary=" + boundary}, {"X-Request-Id", "wh-1"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(Body(r)["text"].is_string()) << r.body;
+  // The same clip straight to a whisper-server of our own: the same text.
+  WhisperServer direct(model, MakeScratchDir());
+  ASSERT_TRUE(direct.ready());
+  EXPECT_EQ(Body(r)["text"], TranscriptText(direct.Transcribe(WavBytes(440, 1))));
+  EXPECT_EQ(WaitTerminal(g->port(), "wh-1")["state"], "completed");
+}
+
+}  // namespace
+}  // namespace spillway::testing

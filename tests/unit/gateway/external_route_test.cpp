@@ -1,0 +1,97 @@
+// Routing a request to an external service (gateway/external_route.h) and
+// each service's line (gateway/external_lines.h): pure, no I/O.
+#include <gtest/gtest.h>
+
+#include "config/config.h"
+#include "gateway/external_lines.h"
+#include "gateway/external_route.h"
+
+namespace spillway::gateway {
+namespace {
+
+const std::string kBody =
+    "--b0\r\nContent-Disposition: form-data; name=\"file\"; filename=\"model\"\r\n\r\nRIFF\0model\r\n"
+    "--b0\r\nContent-Disposition: form-data; name=\"modelx\"\r\n\r\nno\r\n"
+    "--b0\r\ncontent-disposition: form-data; name=\"model\"\r\n\r\nwhisper\r\n"
+    "--b0--\r\n";
+
+TEST(ExternalRouteTest, MultipartFields) {
+  EXPECT_EQ(MultipartBoundary("multipart/form-data; boundary=b0"), "b0");
+  EXPECT_EQ(MultipartBoundary("Multipart/Form-Data; charset=x; boundary=\"a b\""), "a b");
+  EXPECT_EQ(MultipartBoundary("multipart/form-data"), "");
+  EXPECT_EQ(MultipartBoundary("application/json; boundary=x"), "");
+  EXPECT_EQ(MultipartBoundary("multipart/form-data; boundary=" + std::string(71, 'x')), "") << "RFC 2046: at most 70";
+  EXPECT_EQ(MultipartField(kBody, "b0", "model"), "whisper") << "the field, not the file named 'model' or 'modelx'";
+  EXPECT_EQ(MultipartField(kBody, "b0", "language"), std::nullopt);
+  EXPECT_EQ(MultipartField(kBody, "b0", "model", 3), std::nullopt) << "longer than allowed";
+  // Truncated or malformed bodies are absent fields, never a crash.
+  for (size_t n = 0; n < kBody.size(); ++n) (void)MultipartField(kBody.substr(0, n), "b0", "model");
+  EXPECT_EQ(MultipartField("--b0\r\nno headers end", "b0", "model"), std::nullopt);
+}
+
+TEST(ExternalRouteTest, RequestedModelAndChoice) {
+  EXPECT_EQ(*RequestedModel("multipart/form-data; boundary=b0", kBody), "whisper");
+  EXPECT_EQ(*RequestedModel("application/json", R"({"model":"r"})"), "r");
+  EXPECT_EQ(*RequestedModel("", R"({"query":"q"})"), "");
+  EXPECT_FALSE(RequestedModel("application/json", "[1]").ok());
+  EXPECT_FALSE(RequestedModel("application/json", R"({"model":3})").ok());
+  EXPECT_FALSE(RequestedModel("multipart/form-data", "x").ok()) << "multipart without a boundary";
+
+  config::GatewayConfig c;
+  config::ExternalConfig a, b;
+  a.name = "a";
+  a.routes = {{"/v1/audio/transcriptions", "/inference"}, {"/v1/rerank", "/v1/rerank"}};
+  b.name = "b";
+  b.routes = {{"/v1/rerank", "/rerank"}};
+  config::ServiceConfig chat;
+  chat.name = "chat";
+  c.externals = {a, b};
+  c.services = {chat};
+  EXPECT_EQ((*ChooseExternal(c, "/v1/audio/transcriptions", ""))->name, "a") << "the only one serving it";
+  EXPECT_EQ((*ChooseExternal(c, "/v1/rerank", "b"))->name, "b");
+  EXPECT_EQ(ChooseExternal(c, "/v1/rerank", "").status().code(), StatusCode::kInvalidArgument) << "two serve it";
+  EXPECT_EQ(ChooseExternal(c, "/v1/rerank", "chat").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ChooseExternal(c, "/v1/rerank", "nobody").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(ChooseExternal(c, "/v1/audio/speech", "").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(ChooseExternal(c, "/v1/audio/transcriptions", "b").status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ExternalLinesTest, FirstComeFirstServedWithinConcurrencyAndQueue) {
+  config::ExternalConfig e;
+  e.name = "s";
+  e.concurrency = 1;
+  e.max_queue = 1;
+  ExternalLines lines({e}, 0);
+  EXPECT_TRUE(lines.Join("s", "r1"));
+  EXPECT_TRUE(lines.TryStart("s", "r1", 10));
+  EXPECT_TRUE(lines.Join("s", "r2"));
+  EXPECT_FALSE(lines.Join("s", "r3")) << "max_queue waiting";
+  EXPECT_FALSE(lines.TryStart("s", "r2", 20)) << "concurrency 1";
+  EXPECT_EQ(lines.Position("s", "r2"), 1);
+  lines.Finished("s", "completed", 30);
+  EXPECT_FALSE(lines.Idle("s", 0, 30)) << "r2 waits";
+  EXPECT_TRUE(lines.TryStart("s", "r2", 40));
+  EXPECT_TRUE(lines.Join("s", "r4"));
+  EXPECT_TRUE(lines.Join("s", "r5") == false);
+  lines.Leave("s", "r4");  // cancelled while waiting
+  EXPECT_TRUE(lines.Join("s", "r5"));
+  EXPECT_FALSE(lines.TryStart("s", "r4", 50)) << "gone from the line";
+  lines.Finished("s", "failed", 60);
+  EXPECT_TRUE(lines.TryStart("s", "r5", 70));
+  lines.Finished("s", "completed", 100);
+  EXPECT_FALSE(lines.Idle("s", 50, 120));
+  EXPECT_TRUE(lines.Idle("s", 50, 150));
+  const auto j = lines.Json("s", 150);
+  EXPECT_EQ(j["finished"]["completed"], 2);
+  EXPECT_EQ(j["finished"]["failed"], 1);
+  // Measured memory: at rest the resident bytes, above them while running the peak.
+  lines.Observe("s", 100);
+  EXPECT_TRUE(lines.Join("s", "r6"));
+  EXPECT_TRUE(lines.TryStart("s", "r6", 200));
+  lines.Observe("s", 160);
+  lines.Observe("s", 130);
+  EXPECT_EQ(lines.Measured("s"), (std::pair<uint64_t, uint64_t>{100, 60}));
+}
+
+}  // namespace
+}  // namespace spillway::gateway
