@@ -1,20 +1,16 @@
 // The compute buffers llama.cpp (v0.4.0) reserves for a placement, from the
 // model's shape alone.
 //
-// llama.cpp reserves the worst-case graph of one micro-batch (ubatch =
-// min(batch, 512, ctx) tokens, every token an output) and ggml's graph
-// allocator packs it per device: each buffer is the peak of what is live at
-// once there, plus the holes its best-fit placement leaves. A device's peak is
-// one of its phases:
-//   - attention of a layer it holds: the scores of a micro-batch over one
-//     stream's cells and the mask (no flash attention), or the mask and a few
-//     activations (flash attention);
-//   - the FFN of a layer it holds: gate, up and their product;
-//   - the output: the logits, placed above whatever the last layer left live
-//     (one activation when all runs on one device, more when the graph splits
-//     or the FFN is narrow: holes the logits cannot reuse).
-// When the graph is split, the accelerator also holds copies of the host's
-// inputs (the mask, the layer input) for the whole of its part.
+// Not a fitted model: llama.cpp sizes each device's compute buffer by laying
+// out its worst-case graph with ggml's graph allocator, so this builds the
+// same graph, splits it across the devices as ggml's scheduler does
+// (memory/compute_graph.h) and replays the allocator over it
+// (memory/graph_alloc.h). On the simulated device this matches llama.cpp's
+// dry run to the byte (estimate_property_test). What it does not follow: other
+// architectures than llama's graph, and backend-specific behaviour of real
+// accelerators (CUDA's padded allocation sizes for quantized matrix products,
+// its op offload of large batches, pipeline parallelism over several GPUs),
+// which Calibration corrects once a worker reports its real breakdown.
 //
 // Pure: no I/O, no clock.
 #pragma once

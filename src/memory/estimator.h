@@ -7,10 +7,10 @@
 // accelerator (N = L + 1 puts everything there); the token embeddings stay on
 // the host; each layer's KV cache lives with the layer. Weights and KV are
 // exact from the tensor table (KV cells padded as llama.cpp pads them:
-// memory/compute_model.h's KvCells); compute buffers follow a model of what
-// llama.cpp's graph allocator reserves per device (memory/compute_model.h)
-// and are corrected per (model, device) by Calibration once a worker reports
-// its real breakdown.
+// memory/compute_model.h's KvCells); compute buffers replay llama.cpp's graph
+// through ggml's scheduler and allocator (memory/compute_model.h) and are
+// corrected per (model, device) by Calibration once a worker reports its real
+// breakdown.
 //
 // Pure: no I/O, no clock.
 #pragma once
