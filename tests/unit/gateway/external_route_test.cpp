@@ -9,11 +9,14 @@
 namespace spillway::gateway {
 namespace {
 
+using namespace std::string_literals;
+
+// (""s: the file's bytes hold a NUL.)
 const std::string kBody =
     "--b0\r\nContent-Disposition: form-data; name=\"file\"; filename=\"model\"\r\n\r\nRIFF\0model\r\n"
     "--b0\r\nContent-Disposition: form-data; name=\"modelx\"\r\n\r\nno\r\n"
     "--b0\r\ncontent-disposition: form-data; name=\"model\"\r\n\r\nwhisper\r\n"
-    "--b0--\r\n";
+    "--b0--\r\n"s;
 
 TEST(ExternalRouteTest, MultipartFields) {
   EXPECT_EQ(MultipartBoundary("multipart/form-data; boundary=b0"), "b0");
