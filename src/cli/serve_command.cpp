@@ -101,7 +101,7 @@ std::vector<upstream::WorkerSpec> ExternalSpecs(const config::GatewayConfig& cfg
       }
       spec.command.push_back(arg);
     }
-    spec.on_demand = e.residency != "pinned";
+    spec.on_demand = e.residency.mode != "pinned";
     spec.start_timeout_ms = static_cast<int64_t>(e.start_timeout_s * 1000);
     spec.health_path = e.health_path;
     spec.stop_signal = config::SignalNumber(e.stop_signal);
@@ -304,7 +304,7 @@ int Serve(const ServeArgs& a) {
   });
   supervisor.Start();
   for (const auto& e : cfg.externals) {
-    if (e.Started() && e.residency == "keep_alive") supervisor.Demand(gateway::ExternalKey(e));  // loaded now, stopped when idle
+    if (e.Started() && e.residency.mode == "keep_alive") supervisor.Demand(gateway::ExternalKey(e));  // loaded now, stopped when idle
   }
   const size_t n_recovered = recovered->size();
   gw.Start(ioc.get_executor(), std::move(*recovered));  // before the first request can arrive

@@ -196,11 +196,55 @@ StatusOr<std::vector<std::string>> SplitCommand(const std::string& line) {
   return out;
 }
 
+// "HH:MM-HH:MM" (may cross midnight).
+bool ValidWindow(const std::string& w) {
+  int h1, m1, h2, m2;
+  char tail;
+  return std::sscanf(w.c_str(), "%2d:%2d-%2d:%2d%c", &h1, &m1, &h2, &m2, &tail) == 4 && h1 >= 0 && h1 < 24 && h2 >= 0 &&
+         h2 <= 24 && m1 >= 0 && m1 < 60 && m2 >= 0 && m2 < 60 && w.size() == 11;
+}
+
+Status ReadResidency(Reader& r, const toml::table& t, const std::string& prefix, ResidencyConfig* rc) {
+  const std::string& source = r.source();
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "residency", prefix, &rc->mode, 0, 0));
+  if (rc->mode != "pinned" && rc->mode != "keep_alive" && rc->mode != "on_demand") {
+    return Status::InvalidArgument(Where(source, t.get("residency")->source(), prefix + "residency") +
+                                   " must be \"pinned\", \"keep_alive\" or \"on_demand\"");
+  }
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "keep_alive_s", prefix, &rc->keep_alive_s, 0, 86400 * 365));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "priority", prefix, &rc->priority, 0, 0));
+  if (rc->priority != "interactive" && rc->priority != "batch" && rc->priority != "background") {
+    return Status::InvalidArgument(Where(source, t.get("priority")->source(), prefix + "priority") +
+                                   " must be \"interactive\", \"batch\" or \"background\"");
+  }
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "evict_cost", prefix, &rc->evict_cost, 0, 1e12));
+  SPILLWAY_RETURN_IF_ERROR(r.Strings(t, "windows", &rc->windows));
+  for (const auto& w : rc->windows) {
+    if (!ValidWindow(w)) {
+      return Status::InvalidArgument(Where(source, t.get("windows")->source(), prefix + "windows") + ": '" + w +
+                                     "' must be \"HH:MM-HH:MM\" (local time; it may cross midnight)");
+    }
+  }
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "interactive_idle_s", prefix, &rc->interactive_idle_s, 0, 86400 * 365));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "outside_window", prefix, &rc->outside_window, 0, 0));
+  if (rc->outside_window != "cpu" && rc->outside_window != "wait") {
+    return Status::InvalidArgument(Where(source, t.get("outside_window")->source(), prefix + "outside_window") +
+                                   " must be \"cpu\" or \"wait\"");
+  }
+  if ((!rc->windows.empty() || rc->interactive_idle_s > 0) && rc->priority == "interactive") {
+    return Status::InvalidArgument(Where(source, t.source(), prefix + "windows") +
+                                   ": windows and interactive_idle_s are for batch or background services "
+                                   "(interactive work is never held back)");
+  }
+  return Status::Ok();
+}
+
 Status ReadExternal(Reader& r, const toml::table& t, const std::string& prefix, ExternalConfig* e) {
   const std::string& source = r.source();
   SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(
       t, prefix, {"name", "kind", "url", "command", "model", "routes", "device", "resident_mib", "transient_mib",
-                  "residency", "keep_alive_s", "idempotent", "concurrency", "max_queue", "health_path", "stop_signal",
+                  "residency", "keep_alive_s", "priority", "evict_cost", "windows", "interactive_idle_s", "outside_window",
+                  "idempotent", "concurrency", "max_queue", "health_path", "stop_signal",
                   "start_timeout_s", "request_timeout_s"}));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "name", prefix, &e->name, 0, 0));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "url", prefix, &e->url, 0, 0));
@@ -249,12 +293,7 @@ Status ReadExternal(Reader& r, const toml::table& t, const std::string& prefix, 
   }
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "resident_mib", prefix, &e->resident_mib, 0, 1 << 24));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "transient_mib", prefix, &e->transient_mib, 0, 1 << 24));
-  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "residency", prefix, &e->residency, 0, 0));
-  if (e->residency != "pinned" && e->residency != "keep_alive" && e->residency != "on_demand") {
-    return Status::InvalidArgument(Where(source, t.get("residency")->source(), prefix + "residency") +
-                                   " must be \"pinned\", \"keep_alive\" or \"on_demand\"");
-  }
-  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "keep_alive_s", prefix, &e->keep_alive_s, 0, 86400 * 365));
+  SPILLWAY_RETURN_IF_ERROR(ReadResidency(r, t, prefix, &e->residency));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "idempotent", prefix, &e->idempotent, 0, 0));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "concurrency", prefix, &e->concurrency, 1, 4096));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "max_queue", prefix, &e->max_queue, 0, 1 << 20));
@@ -452,7 +491,9 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
       ServiceConfig svc;
       SPILLWAY_RETURN_IF_ERROR(
           r.OnlyKnown(*t, prefix, {"name", "kind", "model", "max_tokens", "default_max_tokens", "placement", "admission",
-                                   "failover", "cpu_path"}));
+                                   "failover", "cpu_path", "residency", "keep_alive_s", "priority", "evict_cost",
+                                   "windows", "interactive_idle_s", "outside_window"}));
+      SPILLWAY_RETURN_IF_ERROR(ReadResidency(r, *t, prefix, &svc.residency));
       if (const toml::node* fn = t->get("failover")) {
         const toml::table* ft = fn->as_table();
         const std::string fp = prefix + "failover.";

@@ -24,6 +24,13 @@
 //                                        # else ~/.ollama/models), read-only (models/ollama_store.h)
 //   max_tokens = 4096                    # cap per request
 //   default_max_tokens = 256
+//   residency = "pinned"                 # of its accelerator placements: pinned | keep_alive | on_demand
+//   keep_alive_s = 300                   # keep_alive / on_demand: unloaded after this long idle (0: when room is needed)
+//   priority = "interactive"             # interactive | batch | background (who gives way on the accelerator)
+//   evict_cost = 12.5                    # optional; else measured reload seconds x requests per minute
+//   windows = ["02:00-05:00"]            # batch/background: on the accelerator only then (local time)
+//   interactive_idle_s = 0               # ... and/or once interactive services were idle this long
+//   outside_window = "cpu"               # cpu (its CPU placements serve) | wait
 //   [service.admission]
 //   enabled = true                       # false: a plain proxy (no memory checks)
 //   reroute_on_pressure = true
@@ -147,6 +154,28 @@ struct CpuPathConfig {
   double wait_comment_s = 2;    // SSE comment period while a stream waits in the line
 };
 
+// How a service holds its accelerator memory, and how much it matters
+// against the others there (admission/eviction.h decides who gives room).
+// The same keys for llama services (their accelerator placements) and
+// external services Spillway starts.
+struct ResidencyConfig {
+  // pinned: loaded at start and never unloaded; keep_alive: loaded at start,
+  // unloaded after keep_alive_s idle; on_demand: loaded by its first request,
+  // unloaded after keep_alive_s idle (0: only when its room is needed).
+  std::string mode = "pinned";
+  double keep_alive_s = 300;
+  std::string priority = "interactive";  // interactive | batch | background
+  double evict_cost = -1;                // declared cost of unloading it (< 0: measured reload time x request rate)
+  // batch/background: on the accelerator only inside these local-time windows
+  // ("02:00-05:00"; empty: always) and/or once interactive services have been
+  // idle this long (0: no such rule); outside, requests take the CPU path
+  // (outside_window = "cpu") or wait ("wait").
+  std::vector<std::string> windows;
+  double interactive_idle_s = 0;
+  std::string outside_window = "cpu";
+  int PriorityRank() const { return priority == "interactive" ? 0 : priority == "batch" ? 1 : 2; }
+};
+
 struct DeviceConfig {
   std::string name;           // cpu | cuda:N | sim:N
   double headroom_mib = 0;
@@ -163,6 +192,7 @@ struct ServiceConfig {
   FailoverConfig failover;
   CpuPathConfig cpu_path;
   std::vector<PlacementConfig> placements;  // [0] is the primary
+  ResidencyConfig residency;                 // of its accelerator placements
   // Whether placement `i` belongs to the CPU path (a fallback on the host).
   // How placement `i`'s model is named to clients: an ollama: name as
   // configured, else the file's stem.
@@ -183,8 +213,7 @@ struct ExternalConfig {
   std::string device = "cpu";        // where its memory lives
   double resident_mib = 0;           // declared resident device memory (replaced once measured)
   double transient_mib = 0;          // declared per-request peak on the device
-  std::string residency = "pinned";  // pinned | keep_alive | on_demand (a command only)
-  double keep_alive_s = 300;         // keep_alive / on_demand: stopped after this long idle (0: never)
+  ResidencyConfig residency;         // mode: a command only
   bool idempotent = false;           // a request that reached it may be sent again after a failure
   int concurrency = 4;
   int max_queue = 64;

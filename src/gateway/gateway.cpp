@@ -145,7 +145,7 @@ http::Response Gateway::ReadyResponse(unsigned v) {
   }
   // An external server Spillway starts on demand (or stopped when idle) starts when asked.
   for (const auto& e : config_.externals) {
-    if (!e.Started() || e.residency != "pinned" || ExternalPort(e)) continue;
+    if (!e.Started() || e.residency.mode != "pinned" || ExternalPort(e)) continue;
     missing.push_back(e.name);
     reasons[e.name] = json::array({"its server is not ready (see /v1/status externals)"});
   }

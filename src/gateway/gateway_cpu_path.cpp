@@ -144,11 +144,11 @@ bool Gateway::IdleReplica(const std::string& key) {
   // keep_alive_s with nothing running or waiting (0: kept).
   for (const auto& e : config_.externals) {
     if (ExternalKey(e) != key) continue;
-    if (e.keep_alive_s <= 0) return false;
-    const bool idle = external_lines_->Idle(e.name, static_cast<int64_t>(e.keep_alive_s * 1000), clock_.NowMs());
+    if (e.residency.keep_alive_s <= 0) return false;
+    const bool idle = external_lines_->Idle(e.name, static_cast<int64_t>(e.residency.keep_alive_s * 1000), clock_.NowMs());
     if (idle) {
       std::printf("spillway: external service '%s' idle for %.0f s (keep_alive_s): stopped\n", e.name.c_str(),
-                  e.keep_alive_s);
+                  e.residency.keep_alive_s);
       std::fflush(stdout);
     }
     return idle;

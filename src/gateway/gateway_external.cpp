@@ -322,8 +322,9 @@ json Gateway::ExternalsJson() const {
     j["routes"] = routes;
     pid_t pid = 0;
     if (e.Started()) {
-      j["residency"] = e.residency;
-      j["keep_alive_s"] = e.keep_alive_s;
+      j["residency"] = e.residency.mode;
+      j["priority"] = e.residency.priority;
+      j["keep_alive_s"] = e.residency.keep_alive_s;
       j["state"] = "stopped";
       for (const auto& w : workers) {
         if (w.key != ExternalKey(e)) continue;

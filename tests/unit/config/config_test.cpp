@@ -167,7 +167,7 @@ url = "http://localhost:9000/"
   EXPECT_EQ(w.command, (std::vector<std::string>{"whisper-server", "--port", "${PORT}", "-m", "${MODEL}", "--host", "127.0.0.1"}));
   EXPECT_EQ(w.UpstreamPath("/v1/audio/transcriptions"), "/inference");
   EXPECT_EQ(w.UpstreamPath("/v1/chat/completions"), "") << "only the routes it declares";
-  EXPECT_EQ(w.residency, "on_demand");
+  EXPECT_EQ(w.residency.mode, "on_demand");
   EXPECT_TRUE(w.Started());
   EXPECT_EQ(SignalNumber(w.stop_signal), 2);
   const auto& r = c->externals[1];

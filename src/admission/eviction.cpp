@@ -1,0 +1,83 @@
+#include "admission/eviction.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <tuple>
+
+namespace spillway::admission {
+
+double Resident::Cost() const {
+  if (evict_cost >= 0) return evict_cost;
+  // An idle service still costs its reload once: at least one request a minute.
+  return reload_s * std::max(1.0, requests_per_min);
+}
+
+namespace {
+
+std::string Mib(uint64_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.0f MiB", static_cast<double>(b) / (1 << 20));
+  return s;
+}
+
+}  // namespace
+
+EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_priority, const std::string& requester_key,
+                          const std::vector<Resident>& residents) {
+  EvictionPlan plan;
+  if (need <= available) {
+    plan.fits = true;
+    plan.reason = "fits: needs " + Mib(need) + ", " + Mib(available) + " available";
+    return plan;
+  }
+  std::vector<const Resident*> allowed;
+  for (const auto& r : residents) {
+    if (r.pinned || r.key == requester_key || r.priority < requester_priority || r.bytes == 0) continue;
+    if (r.running > 0 && r.priority <= requester_priority) continue;  // busy: only for a higher priority
+    allowed.push_back(&r);
+  }
+  std::sort(allowed.begin(), allowed.end(), [](const Resident* a, const Resident* b) {
+    return std::make_tuple(a->running > 0, -a->priority, a->Cost(), -static_cast<double>(a->bytes)) <
+           std::make_tuple(b->running > 0, -b->priority, b->Cost(), -static_cast<double>(b->bytes));
+  });
+  const uint64_t missing = need - available;
+  uint64_t freed = 0;
+  std::vector<const Resident*> chosen;
+  for (const Resident* r : allowed) {
+    if (freed >= missing) break;
+    chosen.push_back(r);
+    freed += r->bytes;
+  }
+  if (freed < missing) {
+    plan.reason = "needs " + Mib(need) + ", " + Mib(available) + " available, and unloading every service it may (" +
+                  std::to_string(allowed.size()) + ") would free only " + Mib(freed);
+    return plan;
+  }
+  plan.fits = true;
+  plan.freed = freed;
+  std::string names;
+  for (const Resident* r : chosen) {
+    plan.evict.push_back(r->key);
+    if (r->running > 0) plan.drain.push_back(r->key);
+    char cost[48];
+    std::snprintf(cost, sizeof cost, ", cost %.1f", r->Cost());
+    names += (names.empty() ? "" : ", ") + r->service + " (" + Mib(r->bytes) + (r->running > 0 ? ", draining" : ", idle") +
+             cost + ")";
+  }
+  plan.reason = "needs " + Mib(need) + ", " + Mib(available) + " available: unloading " + names;
+  return plan;
+}
+
+bool InWindow(const std::vector<std::string>& windows, int minute_of_day) {
+  if (windows.empty()) return true;
+  for (const auto& w : windows) {
+    int h1 = 0, m1 = 0, h2 = 0, m2 = 0;
+    if (std::sscanf(w.c_str(), "%d:%d-%d:%d", &h1, &m1, &h2, &m2) != 4) continue;
+    const int from = h1 * 60 + m1, to = h2 * 60 + m2;
+    const bool in = from <= to ? minute_of_day >= from && minute_of_day < to : minute_of_day >= from || minute_of_day < to;
+    if (in) return true;
+  }
+  return false;
+}
+
+}  // namespace spillway::admission

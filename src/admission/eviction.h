@@ -1,0 +1,63 @@
+// Who gives room on an accelerator (pure: no clock, no I/O).
+//
+// A service that must load onto a device (an on-demand placement's first
+// request, an external server's start) needs `need` bytes there; the device
+// has `available` (observed free memory less its headroom). When that is not
+// enough, PlanEviction picks what to unload, by these rules in order:
+//
+//   never    a pinned service, one of higher priority than the requester
+//            (interactive > batch > background), the requester itself;
+//   busy     a service with requests running is taken only by a requester of
+//            strictly higher priority (interactive over batch), and is
+//            drained first: its new requests go to its CPU path, it unloads
+//            when its running ones end;
+//   prefer   idle over busy, lower priority over higher, then the lowest
+//            cost: the declared evict_cost, else measured reload seconds x
+//            requests per minute (a big model reloaded often costs most),
+//            then the most bytes (fewer unloads);
+//   enough   victims are taken in that order until the room suffices; if
+//            even all the allowed ones would not make room, none is taken
+//            (unloading cannot help: the requester waits or is refused).
+//
+// Windows (batch work only at night, or once interactive work has gone
+// quiet) are InWindow's: the local time's minute of the day against
+// "HH:MM-HH:MM" ranges, which may cross midnight.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace spillway::admission {
+
+struct Resident {
+  std::string key;       // its supervisor key ("embed.0", "whisper.ext")
+  std::string service;
+  int priority = 0;      // 0 interactive, 1 batch, 2 background
+  bool pinned = false;
+  uint64_t bytes = 0;    // what it holds on the device now
+  int running = 0;       // requests running on it
+  double reload_s = 0;   // its measured (else expected) load time
+  double requests_per_min = 0;
+  double evict_cost = -1;  // declared (< 0: none)
+  double Cost() const;
+};
+
+struct EvictionPlan {
+  bool fits = false;              // room enough without (or with) the victims below
+  std::vector<std::string> evict;  // keys, in the order chosen
+  std::vector<std::string> drain;  // those of them still running requests
+  uint64_t freed = 0;
+  std::string reason;             // in words, for the journal and /v1/status
+};
+
+EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_priority, const std::string& requester_key,
+                          const std::vector<Resident>& residents);
+
+// Whether `minute_of_day` (0..1439, local time) falls in one of `windows`
+// ("HH:MM-HH:MM", end exclusive; a range that ends before it starts crosses
+// midnight). No windows: always.
+bool InWindow(const std::vector<std::string>& windows, int minute_of_day);
+
+}  // namespace spillway::admission

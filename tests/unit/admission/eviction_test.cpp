@@ -1,0 +1,89 @@
+// Who gives room on an accelerator (admission/eviction.h).
+#include "admission/eviction.h"
+
+#include <gtest/gtest.h>
+
+namespace spillway::admission {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+
+Resident R(const std::string& name, int priority, uint64_t mib, int running = 0, double reload_s = 1, double rate = 0,
+           bool pinned = false) {
+  Resident r;
+  r.key = name + ".0";
+  r.service = name;
+  r.priority = priority;
+  r.bytes = mib * kMiB;
+  r.running = running;
+  r.reload_s = reload_s;
+  r.requests_per_min = rate;
+  r.pinned = pinned;
+  return r;
+}
+
+TEST(EvictionTest, FitsWithoutUnloadingAnything) {
+  const auto p = PlanEviction(100 * kMiB, 100 * kMiB, 0, "x.0", {R("a", 1, 500)});
+  EXPECT_TRUE(p.fits);
+  EXPECT_TRUE(p.evict.empty());
+}
+
+TEST(EvictionTest, NeverPinnedNeverHigherPriorityNeverItself) {
+  const std::vector<Resident> rs = {R("chat", 0, 800, 0, 1, 0, /*pinned=*/true), R("interactive", 0, 800),
+                                    R("me", 1, 800)};
+  const auto p = PlanEviction(500 * kMiB, 100 * kMiB, /*batch*/ 1, "me.0", rs);
+  EXPECT_FALSE(p.fits) << "only the pinned, the higher and itself could give room";
+  EXPECT_TRUE(p.evict.empty()) << "nothing is unloaded when unloading cannot help";
+  EXPECT_NE(p.reason.find("would free only 0 MiB"), std::string::npos) << p.reason;
+}
+
+TEST(EvictionTest, PrefersIdleThenLowerPriorityThenLowestCost) {
+  const std::vector<Resident> rs = {
+      R("batch-busy", 1, 400, /*running=*/2),
+      R("batch-costly", 1, 400, 0, /*reload_s=*/20, /*rate=*/6),   // cost 120
+      R("batch-cheap", 1, 400, 0, /*reload_s=*/2, /*rate=*/1),     // cost 2
+      R("background", 2, 400, 0, /*reload_s=*/50, /*rate=*/10),   // lowest priority first, whatever its cost
+      R("interactive-idle", 0, 400, 0, 0.1, 0),
+  };
+  auto p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs);
+  ASSERT_TRUE(p.fits) << p.reason;
+  EXPECT_EQ(p.evict, (std::vector<std::string>{"background.0"}));
+  p = PlanEviction(900 * kMiB, 100 * kMiB, 0, "chat.0", rs);
+  EXPECT_EQ(p.evict, (std::vector<std::string>{"background.0", "batch-cheap.0"}));
+  p = PlanEviction(1300 * kMiB, 100 * kMiB, 0, "chat.0", rs);
+  EXPECT_EQ(p.evict, (std::vector<std::string>{"background.0", "batch-cheap.0", "batch-costly.0"}));
+  // An interactive request may evict an idle interactive service of equal rank, after the lower ranks.
+  p = PlanEviction(1700 * kMiB, 100 * kMiB, 0, "chat.0", rs);
+  EXPECT_EQ(p.evict, (std::vector<std::string>{"background.0", "batch-cheap.0", "batch-costly.0", "interactive-idle.0"}));
+  EXPECT_TRUE(p.drain.empty());
+  // Busy work last, and drained (interactive over batch only).
+  p = PlanEviction(2100 * kMiB, 100 * kMiB, 0, "chat.0", rs);
+  ASSERT_TRUE(p.fits) << p.reason;
+  EXPECT_EQ(p.evict.back(), "batch-busy.0");
+  EXPECT_EQ(p.drain, (std::vector<std::string>{"batch-busy.0"}));
+  // A batch requester cannot take a busy batch service's room.
+  p = PlanEviction(900 * kMiB, 100 * kMiB, 1, "other.0", {R("batch-busy", 1, 2000, 3)});
+  EXPECT_FALSE(p.fits);
+}
+
+TEST(EvictionTest, DeclaredCostOverridesTheMeasuredOne) {
+  auto cheap = R("declared", 1, 400, 0, /*reload_s=*/100, 10);
+  cheap.evict_cost = 0.5;
+  const auto p = PlanEviction(500 * kMiB, 200 * kMiB, 0, "chat.0", {R("measured", 1, 400, 0, 1, 1), cheap});
+  EXPECT_EQ(p.evict, (std::vector<std::string>{"declared.0"}));
+}
+
+TEST(EvictionTest, Windows) {
+  EXPECT_TRUE(InWindow({}, 720));
+  EXPECT_TRUE(InWindow({"02:00-05:00"}, 2 * 60));
+  EXPECT_TRUE(InWindow({"02:00-05:00"}, 5 * 60 - 1));
+  EXPECT_FALSE(InWindow({"02:00-05:00"}, 5 * 60));
+  EXPECT_FALSE(InWindow({"02:00-05:00"}, 1 * 60 + 59));
+  EXPECT_TRUE(InWindow({"23:00-01:30"}, 23 * 60 + 30)) << "crosses midnight";
+  EXPECT_TRUE(InWindow({"23:00-01:30"}, 60));
+  EXPECT_FALSE(InWindow({"23:00-01:30"}, 2 * 60));
+  EXPECT_TRUE(InWindow({"09:00-10:00", "13:00-14:00"}, 13 * 60 + 5));
+}
+
+}  // namespace
+}  // namespace spillway::admission
