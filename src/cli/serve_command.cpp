@@ -78,7 +78,8 @@ std::vector<PlannedWorker> PlanWorkers(const config::GatewayConfig& cfg) {
       upstream::WorkerSpec spec;
       spec.key = gateway::WorkerKey(s, i);
       spec.args = args;
-      spec.on_demand = r.policy == "on-demand";
+      // An accelerator placement that is not pinned loads when needed (keep_alive: also at start).
+      spec.on_demand = r.policy == "on-demand" || (p.device != "cpu" && s.residency.mode != "pinned");
       spec.start_timeout_ms = static_cast<int64_t>(p.start_timeout_s * 1000);
       out.push_back({spec, s.name, p.Name()});
     }
@@ -207,14 +208,18 @@ int Serve(const ServeArgs& a) {
     supervisor.Add(std::move(w.spec));
   }
   for (auto& spec : ExternalSpecs(cfg)) supervisor.Add(std::move(spec));
+  gateway::Gateway gw(cfg, **journal, supervisor, clock, admissions);
   // Restarts are admitted again against fresh telemetry: memory taken by
   // others meanwhile keeps a worker from restarting into an allocation failure.
   // Workers started but not loaded yet show no memory on their device: each
   // start counts them (and the starts admitted moments ago, not spawned yet),
   // so that two restarts at once cannot over-commit a device.
   auto admitted_starts = std::make_shared<std::map<std::string, int64_t>>();
-  supervisor.SetStartGate([&cfg, &supervisor, &clock, &calibration, admitted_starts](const std::string& key) -> Status {
-    if (cfg.FindExternal(key.substr(0, key.rfind('.')))) return Status::Ok();  // not a placement: nothing predicted
+  supervisor.SetStartGate([&cfg, &supervisor, &clock, &calibration, &gw, admitted_starts](const std::string& key) -> Status {
+    // An external server: its resident memory (measured, else declared) must fit its device.
+    if (const auto* e = cfg.FindExternal(key.substr(0, key.rfind('.'))); e && gateway::ExternalKey(*e) == key) {
+      return gw.RoomFor(key, gw.ExternalResidentBytes(*e));
+    }
     std::set<std::string> starting;
     for (const auto& w : supervisor.Snapshot()) {
       if (w.state == upstream::WorkerState::kStarting && w.key != key) starting.insert(w.key);
@@ -229,11 +234,17 @@ int Serve(const ServeArgs& a) {
       }
     }
     auto a = gateway::AdmitPlacement(&calibration, cfg, key, starting);
-    if (!a.admitted) return Status::ResourceExhausted(a.reason);
+    if (!a.admitted) {
+      // Not enough memory now: maybe another service can give room (residency, priorities).
+      if (a.predicted_bytes > 0) {
+        if (Status room = gw.RoomFor(key, a.predicted_bytes); !room.ok()) return room;
+      }
+      return Status::ResourceExhausted(a.reason);
+    }
+    gw.RoomGranted(key);
     (*admitted_starts)[key] = now;  // the gate runs on the supervisor's thread only
     return Status::Ok();
   });
-  gateway::Gateway gw(cfg, **journal, supervisor, clock, admissions);
   boost::asio::io_context ioc;
   // systemd's Type=notify: READY, STATUS, the watchdog, STOPPING (no-ops outside systemd).
   ServeNotifications notifications(ioc, supervisor, ServiceNotifier::FromEnvironment());
@@ -303,8 +314,14 @@ int Serve(const ServeArgs& a) {
     gateway::RecordObserved(calibration, cfg, key, observed);
   });
   supervisor.Start();
+  // keep_alive: loaded now, unloaded when idle.
   for (const auto& e : cfg.externals) {
-    if (e.Started() && e.residency.mode == "keep_alive") supervisor.Demand(gateway::ExternalKey(e));  // loaded now, stopped when idle
+    if (e.Started() && e.residency.mode == "keep_alive") supervisor.Demand(gateway::ExternalKey(e));
+  }
+  for (const auto& s : cfg.services) {
+    for (size_t i = 0; i < s.placements.size(); ++i) {
+      if (s.placements[i].device != "cpu" && s.residency.mode == "keep_alive") supervisor.Demand(gateway::WorkerKey(s, i));
+    }
   }
   const size_t n_recovered = recovered->size();
   gw.Start(ioc.get_executor(), std::move(*recovered));  // before the first request can arrive

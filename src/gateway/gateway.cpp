@@ -387,6 +387,7 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
 
 boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
                                           std::shared_ptr<Live> live, bool unjournaled) {
+  CountRequest(rec.service);
   if (config_.FindExternal(rec.service)) co_return co_await RunExternal(std::move(rec), std::move(ex), live, unjournaled);
   const boost::asio::any_io_executor strand = co_await boost::asio::this_coro::executor;
   const config::ServiceConfig* svc = config_.FindService(rec.service);
@@ -436,6 +437,7 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
              "finish");
     }
     live->Enter(LivePhase::kTerminal, clock_.NowMs());
+    if (svc && svc->residency.priority == "interactive") last_interactive_ms_ = clock_.NowMs();
     metrics_.RequestFinished(rec.service, Outcome(state), placement, (clock_.NowMs() - t0) / 1000.0);
   };
   // A stream the client already has (it may have started while waiting) ends with an error event.

@@ -41,7 +41,9 @@
 #include <atomic>
 #include <functional>
 #include <optional>
+#include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -92,6 +94,17 @@ class Gateway {
   void Handle(http::Request req, std::shared_ptr<http::Exchange> ex);
   // A worker became ready: requests waiting for it decide again at once.
   void WorkerReady(const std::string& key);
+  // Residency (gateway_residency.cpp). The supervisor's start gate asks
+  // before `key` loads onto an accelerator: Ok when `need_bytes` fit there
+  // now; otherwise why not, after choosing who gives room (admission/
+  // eviction.h): the victims unload as soon as they are idle (their new
+  // requests go elsewhere meanwhile), each decision journaled as an event,
+  // and the gate asks again. Supervisor thread.
+  Status RoomFor(const std::string& key, uint64_t need_bytes);
+  // The gate let `key` start: no longer held back for want of room.
+  void RoomGranted(const std::string& key);
+  // What an external server holds on its device: measured once seen, else declared.
+  uint64_t ExternalResidentBytes(const config::ExternalConfig& e) const;
   // After the I/O threads have stopped, before the I/O context is destroyed:
   // finishes blocking work and drops what holds I/O objects.
   void Shutdown();
@@ -112,8 +125,21 @@ class Gateway {
                             std::string* limits, std::string* note, double* est_wait_s, Status* rejected);
   // The CPU replicas' resident bytes in the service's line (under the board's lock).
   void RefreshCpuResident(const config::ServiceConfig& svc, PlacementBoard::Locked& board);
-  // Released idle on-demand replicas (the supervisor asks).
+  // Whether an idle on-demand worker is stopped now (the supervisor asks):
+  // a CPU replica after idle_unload_s, an accelerator placement or external
+  // server after keep_alive_s, at once when evicted or outside its window.
   bool IdleReplica(const std::string& key);
+  // Whether accelerator placement `k` of `svc` takes no new requests now
+  // (unloading for another service, outside its window, refused room): why.
+  bool HeldBack(const config::ServiceConfig& svc, size_t k, std::string* why);
+  // A batch/background service outside its windows (or interactive work not idle long enough): why.
+  bool OutsideWindow(const config::ResidencyConfig& r, std::string* why, int* opens_in_s = nullptr) const;
+  // A residency decision: printed, kept for /v1/status, journaled as an event.
+  void NoteResidency(const std::string& kind, const std::string& service, nlohmann::json detail);
+  // A request for `service` begins (request rates for eviction costs; interactive idleness for windows).
+  void CountRequest(const std::string& service);
+  double RequestsPerMinute(const std::string& service) const;
+  nlohmann::json ResidencyJson();
   void RecordThroughput(const std::string& service, size_t index, const std::string& body);
   // Chooses a placement for one attempt (admission decision), reserving its
   // cells; delays inside. False when the request is rejected: `rejected` says
@@ -254,6 +280,12 @@ class Gateway {
   // Every placement's and device's run-time state, behind one lock.
   PlacementBoard board_;
   std::unique_ptr<ExternalLines> external_lines_;  // each external service's own queue and concurrency
+  // Residency state (gateway_residency.cpp), under residency_mu_.
+  mutable std::mutex residency_mu_;
+  std::set<std::string> evicting_;      // keys chosen to give room: unloaded once idle
+  std::set<std::string> room_refused_;  // keys whose start found no room (and no one to evict)
+  std::map<std::string, std::deque<int64_t>> request_times_;  // by service, the last 10 minutes
+  std::atomic<int64_t> last_interactive_ms_{0};
   IncidentLog incidents_;
   mutable models::SummaryCache model_summaries_;  // the services' model files, for /api/tags and /api/ps
   RequestIncidents request_incidents_;

@@ -134,13 +134,49 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
       if (!admitted) g->board_.LeaveCpuLine(service, id);
     }
   } leave_line{this, svc.name, rec.id};
-  // An on-demand replica that is stopped can take requests: it is started when chosen.
+  // A batch service outside its window that would rather wait than run on
+  // its CPU path is told when to come back (a window may be hours away).
+  {
+    std::string why;
+    int opens_in_s = 0;
+    bool accelerator = false;
+    for (const auto& p : svc.placements) accelerator |= p.device != "cpu";
+    if (accelerator && svc.residency.outside_window == "wait" && OutsideWindow(svc.residency, &why, &opens_in_s)) {
+      *rejected = Status::ResourceExhausted("service '" + svc.name + "' is " + why + " (outside_window = \"wait\")")
+                      .WithRetryAfter(std::max(1, opens_in_s));
+      co_return false;
+    }
+  }
+  // An on-demand replica that is stopped can take requests: it is started
+  // when chosen. A placement held back (unloading for another service,
+  // outside its window, no room) takes none while another can.
+  std::vector<bool> held(states.size(), false);
+  auto refresh_held = [&] {
+    for (size_t k = 0; k < states.size(); ++k) held[k] = HeldBack(svc, k, nullptr);
+    bool other = false;
+    for (size_t k = 0; k < states.size(); ++k) {
+      other |= !held[k] && states[k]->admission.admitted &&
+               (supervisor_.ReadyPort(states[k]->key).has_value() || supervisor_.OnDemand(states[k]->key));
+    }
+    // Nothing else can serve: a placement short of room is still waited for.
+    if (!other) {
+      for (size_t k = 0; k < states.size(); ++k) {
+        std::string why;
+        if (held[k] && HeldBack(svc, k, &why) && why.find("has no room") != std::string::npos) held[k] = false;
+      }
+    }
+  };
+  refresh_held();
   auto startable = [&](size_t k) {
-    return supervisor_.ReadyPort(states[k]->key).has_value() || supervisor_.OnDemand(states[k]->key);
+    return !held[k] && (supervisor_.ReadyPort(states[k]->key).has_value() || supervisor_.OnDemand(states[k]->key));
   };
   auto demand_all = [&] {
     for (size_t k = 0; k < states.size(); ++k) {
       if (!states[k]->admission.admitted || !supervisor_.OnDemand(states[k]->key)) continue;
+      std::string why;
+      // Unloading or outside its window: not started again now. Short of
+      // room: asked again, so that it comes back once there is room.
+      if (held[k] && HeldBack(svc, k, &why) && why.find("has no room") == std::string::npos) continue;
       // Wanted now: not idle, so the supervisor does not release it again
       // before this request reaches it.
       board_.Touch(svc.name, k);
@@ -185,9 +221,16 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
     bool all_busy = false, waited = false;
     while (true) {
       all_busy = false;
+      refresh_held();
+      bool loading = false;  // the first placement that may serve loads on demand: waited for, not skipped
       for (size_t i = 0; i < states.size(); ++i) {
-        if (!states[i]->admission.admitted) continue;
-        if (auto port = supervisor_.ReadyPort(states[i]->key)) {
+        if (!states[i]->admission.admitted || held[i]) continue;
+        const auto ready = supervisor_.ReadyPort(states[i]->key);
+        if (!ready && supervisor_.OnDemand(states[i]->key) && clock_.NowMs() - t0 < StartWaitMs(svc)) {
+          loading = true;
+          break;
+        }
+        if (auto port = ready) {
           if (!board_.TakeSlot(svc.name, i)) {
             all_busy = true;
             continue;
@@ -210,7 +253,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
         *rejected = Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
         co_return false;
       }
-      if (!all_busy) {
+      if (!all_busy || loading) {
         // Nothing is up: wait for a start, at most its start timeout, and say so.
         if (Status st = StartTrouble(svc, clock_.NowMs() - t0); !st.ok()) {
           *rejected = st;
@@ -281,6 +324,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
     double est_wait_s = 1;
     admission::Decision d;
     if (prompt_tokens >= 0) {
+      refresh_held();
       // A snapshot of the board (pools, breakers, wait estimates) for the pure decision.
       const std::vector<admission::PlacementView> views =
           board_.Views(svc, excluded, static_cast<uint64_t>(prompt_tokens) + max_tokens, startable);

@@ -139,26 +139,4 @@ void Gateway::ReleaseTarget(const std::string& service, const std::string& id, T
   if (auto it = signals_.find(service); it != signals_.end()) it->second->Notify();  // capacity may be free now
 }
 
-bool Gateway::IdleReplica(const std::string& key) {
-  // An external server (residency keep_alive or on_demand): stopped after
-  // keep_alive_s with nothing running or waiting (0: kept).
-  for (const auto& e : config_.externals) {
-    if (ExternalKey(e) != key) continue;
-    if (e.residency.keep_alive_s <= 0) return false;
-    const bool idle = external_lines_->Idle(e.name, static_cast<int64_t>(e.residency.keep_alive_s * 1000), clock_.NowMs());
-    if (idle) {
-      std::printf("spillway: external service '%s' idle for %.0f s (keep_alive_s): stopped\n", e.name.c_str(),
-                  e.residency.keep_alive_s);
-      std::fflush(stdout);
-    }
-    return idle;
-  }
-  auto idle_ms = [&](const std::string& service) {
-    const config::ServiceConfig* s = config_.FindService(service);
-    return s ? static_cast<int64_t>(s->failover.idle_unload_s * 1000) : INT64_MAX;
-  };
-  // Released under the board's lock: no request can pick its port in between.
-  return board_.ReleaseIfIdle(key, idle_ms, [&] { supervisor_.Release(key); });
-}
-
 }  // namespace spillway::gateway

@@ -126,6 +126,7 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     Logged(co_await Journaled([&](auto done) { journal_.FinishAsync(rec.id, state, status, type, body, err, done); }),
            "finish");
     live->Enter(LivePhase::kTerminal, clock_.NowMs());
+    if (svc && svc->residency.priority == "interactive") last_interactive_ms_ = clock_.NowMs();
     if (running) external_lines_->Finished(rec.service, Outcome(state), clock_.NowMs());
     running = false;
     SignalFor(rec.service).Notify();
@@ -310,6 +311,11 @@ Status Gateway::TransientRoom(const config::ExternalConfig& svc) {
                 static_cast<double>(peak) / (1 << 20), svc.device.c_str(), static_cast<double>(reading->free) / (1 << 20),
                 static_cast<double>(headroom) / (1 << 20));
   return Status::ResourceExhausted(note);
+}
+
+uint64_t Gateway::ExternalResidentBytes(const config::ExternalConfig& e) const {
+  const uint64_t measured = external_lines_->Measured(e.name).first;
+  return measured > 0 ? measured : static_cast<uint64_t>(e.resident_mib * 1024 * 1024);
 }
 
 json Gateway::ExternalsJson() const {

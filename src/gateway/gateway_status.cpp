@@ -215,6 +215,7 @@ json Gateway::StatusJson() const {
   }
   return {{"services", services},
           {"externals", ExternalsJson()},
+          {"residency", const_cast<Gateway*>(this)->ResidencyJson()},
           {"devices", devices},
           {"queue", {{"waiting", waiting_.load()}, {"max", config_.max_queue}}},
           {"journal", journal}};

@@ -149,6 +149,11 @@ void PlacementBoard::LeaveCpuLine(const std::string& service, const std::string&
   if (auto it = cpu_lines_.find(service); it != cpu_lines_.end()) it->second->Leave(id);
 }
 
+int PlacementBoard::Active(const std::string& service, size_t index) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return placements_.at(service).at(index)->active;
+}
+
 void PlacementBoard::Touch(const std::string& service, size_t index) {
   std::lock_guard<std::mutex> lk(mu_);
   placements_.at(service).at(index)->last_used_ms = clock_.NowMs();

@@ -102,6 +102,8 @@ class PlacementBoard {
   void LeaveCpuLine(const std::string& service, const std::string& id);
   // The placement was just chosen: not idle (its replica is not released under it).
   void Touch(const std::string& service, size_t index);
+  // Attempts holding placement `index` now.
+  int Active(const std::string& service, size_t index) const;
 
   void AttemptFailed(const std::string& service, size_t index, const std::string& phase, const std::string& why);
   void AttemptSucceeded(const std::string& service, size_t index);

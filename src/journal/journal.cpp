@@ -50,6 +50,12 @@ CREATE TABLE IF NOT EXISTS attempts(
   started_ms INTEGER NOT NULL,
   ended_ms INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY(request_id, n)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events(
+  at_ms INTEGER NOT NULL,
+  kind TEXT NOT NULL,
+  service TEXT NOT NULL,
+  detail TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_at ON events(at_ms);
 CREATE TABLE IF NOT EXISTS health_probe(id INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL);
 )sql";
 
@@ -206,13 +212,38 @@ StatusOr<int> Journal::Prune() {
         SPILLWAY_RETURN_IF_ERROR(Done(d.Step(), "prune"));
         deleted = sqlite3_changes(db_);
         Stmt da(*stmts_, "DELETE FROM attempts WHERE request_id NOT IN (SELECT id FROM requests);");
-        return Done(da.Step(), "prune");
+        SPILLWAY_RETURN_IF_ERROR(Done(da.Step(), "prune"));
+        Stmt de(*stmts_, "DELETE FROM events WHERE at_ms < ?1;");
+        de.Bind(1, now - opts_.retention_ms);
+        return Done(de.Step(), "prune");
       },
       Bytes("")));
   return deleted;
 }
 
+Status Journal::RecordEvent(const std::string& kind, const std::string& service, const std::string& detail_json) {
+  const int64_t now = clock_.NowMs();
+  return Write(
+      [&]() -> Status {
+        Stmt ins(*stmts_, "INSERT INTO events(at_ms, kind, service, detail) VALUES(?1,?2,?3,?4);");
+        ins.Bind(1, now).Bind(2, kind).Bind(3, service).Bind(4, detail_json);
+        return Done(ins.Step(), "event");
+      },
+      Bytes(detail_json));
+}
+
 // --- reads: the connection between batches ---
+
+StatusOr<std::vector<Journal::Event>> Journal::RecentEvents(int limit) {
+  std::lock_guard<std::mutex> lk(db_mu_);
+  Stmt q(*stmts_, "SELECT at_ms, kind, service, detail FROM events ORDER BY at_ms DESC, rowid DESC LIMIT ?1;");
+  q.Bind(1, int64_t{limit});
+  std::vector<Event> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) out.push_back({q.Int(0), q.Text(1), q.Text(2), q.Text(3)});
+  if (rc != SQLITE_DONE) return DbError("events");
+  return out;
+}
 
 StatusOr<RequestRecord> Journal::Get(const std::string& id) {
   std::lock_guard<std::mutex> lk(db_mu_);

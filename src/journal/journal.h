@@ -197,6 +197,17 @@ class Journal {
   StatusOr<std::vector<RequestRecord>> Recover();
   // Drops expired idempotency keys and rows older than the retention.
   StatusOr<int> Prune();
+
+  // What the resource manager did on a device (a service loaded, unloaded,
+  // evicted for another, refused room), kept like requests for the
+  // retention: `detail` is JSON. Blocking (a write like the others).
+  Status RecordEvent(const std::string& kind, const std::string& service, const std::string& detail_json);
+  struct Event {
+    int64_t at_ms = 0;
+    std::string kind, service, detail;
+  };
+  // The newest `limit` events, newest first.
+  StatusOr<std::vector<Event>> RecentEvents(int limit);
   std::string synchronous_mode();
   int64_t CountByState(State s);
 

@@ -1,0 +1,339 @@
+// Residency: which services hold an accelerator, who gives room to whom.
+//
+//   pinned      loaded at start, never unloaded (never evicted);
+//   keep_alive  loaded at start, unloaded after keep_alive_s idle;
+//   on_demand   loaded by its first request, unloaded after keep_alive_s
+//               idle (0: only when its room is needed).
+//
+// Loading goes through the supervisor's start gate, which asks RoomFor:
+// when the device lacks the room, admission::PlanEviction picks who unloads
+// (never pinned, never a higher priority; idle, lower priority and cheap
+// first). Victims take no new requests from then on (their CPU placements
+// serve them, announced as degraded; an external service's requests wait)
+// and unload as soon as nothing runs on them (IdleReplica); the start goes
+// ahead once the room is there. A batch or background service outside its
+// windows (or while interactive work is recent) is held back the same way.
+// Every decision is printed, journaled as an event and shown in /v1/status.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+
+#include "admission/eviction.h"
+#include "gateway/gateway.h"
+#include "gateway/gateway_internal.h"
+#include "memory/ledger.h"
+
+namespace spillway::gateway {
+
+namespace {
+
+constexpr int64_t kRateWindowMs = 10 * 60 * 1000;
+
+std::string Mib(uint64_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.0f MiB", static_cast<double>(b) / (1 << 20));
+  return s;
+}
+
+// The local time's minute of the day, and seconds until `window`'s next start.
+int LocalMinute(int64_t now_ms) {
+  const std::time_t t = static_cast<std::time_t>(now_ms / 1000);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  return tm.tm_hour * 60 + tm.tm_min;
+}
+
+}  // namespace
+
+void Gateway::CountRequest(const std::string& service) {
+  const int64_t now = clock_.NowMs();
+  bool interactive = false;
+  if (const auto* s = config_.FindService(service)) interactive = s->residency.priority == "interactive";
+  if (const auto* e = config_.FindExternal(service)) interactive = e->residency.priority == "interactive";
+  if (interactive) last_interactive_ms_ = now;
+  std::lock_guard<std::mutex> lk(residency_mu_);
+  auto& q = request_times_[service];
+  q.push_back(now);
+  while (!q.empty() && (now - q.front() > kRateWindowMs || q.size() > 10000)) q.pop_front();
+}
+
+double Gateway::RequestsPerMinute(const std::string& service) const {
+  const int64_t now = clock_.NowMs();
+  std::lock_guard<std::mutex> lk(residency_mu_);
+  auto it = request_times_.find(service);
+  if (it == request_times_.end()) return 0;
+  const auto n = std::count_if(it->second.begin(), it->second.end(), [&](int64_t t) { return now - t <= kRateWindowMs; });
+  return static_cast<double>(n) / (kRateWindowMs / 60000.0);
+}
+
+bool Gateway::OutsideWindow(const config::ResidencyConfig& r, std::string* why, int* opens_in_s) const {
+  if (r.priority == "interactive") return false;
+  const int64_t now = clock_.NowMs();
+  const int minute = LocalMinute(now);
+  if (!admission::InWindow(r.windows, minute)) {
+    std::string list;
+    for (const auto& w : r.windows) list += (list.empty() ? "" : ", ") + w;
+    if (why) *why = "outside its accelerator window (" + list + " local time)";
+    if (opens_in_s) {
+      int wait = 24 * 60;
+      for (int m = 1; m <= 24 * 60; ++m) {
+        if (admission::InWindow(r.windows, (minute + m) % (24 * 60))) {
+          wait = m;
+          break;
+        }
+      }
+      *opens_in_s = wait * 60 - static_cast<int>((now / 1000) % 60);
+    }
+    return true;
+  }
+  if (r.interactive_idle_s > 0) {
+    const int64_t last = last_interactive_ms_.load();
+    const double idle_s = last == 0 ? 1e18 : static_cast<double>(now - last) / 1000;
+    if (idle_s < r.interactive_idle_s) {
+      char text[160];
+      std::snprintf(text, sizeof text, "interactive work %.0f s ago (it waits for %.0f s of interactive idleness)", idle_s,
+                    r.interactive_idle_s);
+      if (why) *why = text;
+      if (opens_in_s) *opens_in_s = static_cast<int>(r.interactive_idle_s - idle_s) + 1;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool Gateway::HeldBack(const config::ServiceConfig& svc, size_t k, std::string* why) {
+  if (svc.placements[k].device == "cpu") return false;
+  const std::string key = WorkerKey(svc, k);
+  {
+    std::lock_guard<std::mutex> lk(residency_mu_);
+    if (evicting_.count(key)) {
+      if (why) *why = svc.placements[k].Name() + " is unloading to give its room to another service";
+      return true;
+    }
+    if (room_refused_.count(key)) {
+      if (why) *why = svc.placements[k].Name() + " has no room on " + svc.placements[k].device + " now";
+      return true;
+    }
+  }
+  std::string w;
+  if (OutsideWindow(svc.residency, &w)) {
+    if (why) *why = svc.placements[k].Name() + " is " + w;
+    return true;
+  }
+  return false;
+}
+
+void Gateway::NoteResidency(const std::string& kind, const std::string& service, json detail) {
+  detail["kind"] = kind;
+  detail["service"] = service;
+  std::printf("spillway: residency: %s %s: %s\n", kind.c_str(), service.c_str(), detail.value("reason", "").c_str());
+  std::fflush(stdout);
+  if (Status st = journal_.RecordEvent(kind, service, detail.dump(-1, ' ', false, json::error_handler_t::replace));
+      !st.ok()) {
+    std::fprintf(stderr, "spillway: journal event failed: %s\n", st.ToString().c_str());
+  }
+}
+
+Status Gateway::RoomFor(const std::string& key, uint64_t need) {
+  // Who is asking: an accelerator placement or an external server.
+  std::string device, service;
+  int priority = 0;
+  for (const auto& s : config_.services) {
+    for (size_t k = 0; k < s.placements.size(); ++k) {
+      if (WorkerKey(s, k) != key) continue;
+      device = s.placements[k].device;
+      service = s.name;
+      priority = s.residency.PriorityRank();
+      std::string why;
+      if (OutsideWindow(s.residency, &why)) return Status::ResourceExhausted(why);
+    }
+  }
+  for (const auto& e : config_.externals) {
+    if (ExternalKey(e) != key) continue;
+    device = e.device;
+    service = e.name;
+    priority = e.residency.PriorityRank();
+  }
+  if (device.empty() || device == "cpu") return Status::Ok();
+  auto telemetry = Telemetry(device);
+  if (!telemetry.ok()) return Status::Ok();  // not observable: the start finds out
+  auto reading = (*telemetry)->Read();
+  if (!reading.ok()) return Status::Ok();
+  const auto dc = config_.Device(device);
+  const uint64_t headroom =
+      memory::Headroom{static_cast<uint64_t>(dc.headroom_mib * 1024 * 1024), dc.headroom_pct}.For(reading->total);
+  const uint64_t available = reading->free > headroom ? reading->free - headroom : 0;
+  // What each service holds on the device now (its processes' bytes there).
+  const auto workers = supervisor_.Snapshot();
+  auto held_by = [&](const std::string& k, pid_t* pid, double* reload_s) {
+    uint64_t bytes = 0;
+    for (const auto& w : workers) {
+      if (w.key != k || w.pid <= 0) continue;
+      *pid = w.pid;
+      *reload_s = static_cast<double>(w.last_start_ms) / 1000;
+      for (const auto& p : reading->processes) bytes += p.pid == w.pid ? p.bytes : 0;
+    }
+    return bytes;
+  };
+  std::vector<admission::Resident> residents;
+  for (const auto& s : config_.services) {
+    for (size_t k = 0; k < s.placements.size(); ++k) {
+      if (s.placements[k].device != device) continue;
+      admission::Resident r;
+      r.key = WorkerKey(s, k);
+      r.service = s.name;
+      pid_t pid = 0;
+      r.bytes = held_by(r.key, &pid, &r.reload_s);
+      if (pid <= 0) continue;
+      r.priority = s.residency.PriorityRank();
+      r.pinned = s.residency.mode == "pinned" || !supervisor_.OnDemand(r.key);
+      r.running = board_.Active(s.name, k);
+      r.requests_per_min = RequestsPerMinute(s.name);
+      r.evict_cost = s.residency.evict_cost;
+      residents.push_back(r);
+    }
+  }
+  for (const auto& e : config_.externals) {
+    if (e.device != device) continue;
+    admission::Resident r;
+    r.key = ExternalKey(e);
+    r.service = e.name;
+    pid_t pid = 0;
+    r.bytes = held_by(r.key, &pid, &r.reload_s);
+    if (pid <= 0) continue;
+    r.priority = e.residency.PriorityRank();
+    r.pinned = e.residency.mode == "pinned" || !e.Started();
+    r.running = external_lines_->Running(e.name);
+    r.requests_per_min = RequestsPerMinute(e.name);
+    r.evict_cost = e.residency.evict_cost;
+    residents.push_back(r);
+  }
+  const admission::EvictionPlan plan = admission::PlanEviction(need, available, priority, key, residents);
+  if (plan.fits && plan.evict.empty()) return Status::Ok();
+  if (!plan.fits) {
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lk(residency_mu_);
+      first = room_refused_.insert(key).second;
+    }
+    if (first) NoteResidency("room_refused", service, {{"key", key}, {"device", device}, {"reason", plan.reason}});
+    return Status::ResourceExhausted("no room on " + device + ": " + plan.reason);
+  }
+  std::vector<std::string> newly;
+  {
+    std::lock_guard<std::mutex> lk(residency_mu_);
+    for (const auto& v : plan.evict) {
+      if (evicting_.insert(v).second) newly.push_back(v);
+    }
+  }
+  for (const auto& v : newly) {
+    std::string victim = v.substr(0, v.rfind('.'));
+    const bool draining = std::find(plan.drain.begin(), plan.drain.end(), v) != plan.drain.end();
+    NoteResidency("evict", victim,
+                  {{"key", v}, {"for", service}, {"device", device}, {"draining", draining},
+                   {"freed_bytes", plan.freed}, {"reason", "gives its room to " + service + ": " + plan.reason}});
+  }
+  for (auto& [name, signal] : signals_) signal->Notify();  // their waiters decide again without them
+  return Status::ResourceExhausted("making room on " + device + ": " + plan.reason);
+}
+
+void Gateway::RoomGranted(const std::string& key) {
+  std::lock_guard<std::mutex> lk(residency_mu_);
+  room_refused_.erase(key);
+}
+
+bool Gateway::IdleReplica(const std::string& key) {
+  bool evicting = false;
+  {
+    std::lock_guard<std::mutex> lk(residency_mu_);
+    evicting = evicting_.count(key) > 0;
+  }
+  auto unloaded = [&](const std::string& service, const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lk(residency_mu_);
+      evicting_.erase(key);
+    }
+    NoteResidency("unload", service, {{"key", key}, {"reason", why}});
+    for (auto& [name, signal] : signals_) signal->Notify();
+  };
+  // An external server: after keep_alive_s with nothing running or waiting (0: kept), or evicted.
+  for (const auto& e : config_.externals) {
+    if (ExternalKey(e) != key) continue;
+    std::string window;
+    const bool outside = OutsideWindow(e.residency, &window);
+    int64_t idle_ms = evicting || outside ? 0 : static_cast<int64_t>(e.residency.keep_alive_s * 1000);
+    if (!evicting && !outside && e.residency.keep_alive_s <= 0) return false;
+    if (!external_lines_->Idle(e.name, idle_ms, clock_.NowMs())) return false;
+    unloaded(e.name, evicting ? "evicted" : outside ? window : "idle past keep_alive_s");
+    return true;
+  }
+  for (const auto& s : config_.services) {
+    for (size_t k = 0; k < s.placements.size(); ++k) {
+      if (WorkerKey(s, k) != key) continue;
+      const bool accelerator = s.placements[k].device != "cpu";
+      std::string window;
+      const bool outside = accelerator && OutsideWindow(s.residency, &window);
+      int64_t idle_ms = static_cast<int64_t>(s.failover.idle_unload_s * 1000);  // a CPU replica
+      if (accelerator) {
+        idle_ms = evicting || outside                 ? 0
+                  : s.residency.keep_alive_s <= 0 ? INT64_MAX
+                                                  : static_cast<int64_t>(s.residency.keep_alive_s * 1000);
+      }
+      // Released under the board's lock: no request can pick its port in between.
+      const bool released = board_.ReleaseIfIdle(
+          key, [&](const std::string&) { return idle_ms; }, [&] { supervisor_.Release(key); });
+      if (released && accelerator) {
+        unloaded(s.name, evicting ? "evicted" : outside ? window : "idle past keep_alive_s");
+      }
+      return released;
+    }
+  }
+  return false;
+}
+
+json Gateway::ResidencyJson() {
+  const auto workers = supervisor_.Snapshot();
+  json services = json::array();
+  auto add = [&](const std::string& name, const std::string& key, const config::ResidencyConfig& r, bool accelerator) {
+    json j = {{"service", name}, {"key", key}, {"mode", r.mode}, {"priority", r.priority},
+              {"keep_alive_s", r.keep_alive_s}, {"requests_per_min", RequestsPerMinute(name)}};
+    if (!r.windows.empty()) j["windows"] = r.windows;
+    std::string why;
+    j["held_back"] = nullptr;
+    if (accelerator && OutsideWindow(r, &why)) j["held_back"] = why;
+    {
+      std::lock_guard<std::mutex> lk(residency_mu_);
+      if (evicting_.count(key)) j["held_back"] = "unloading: its room goes to another service";
+      if (room_refused_.count(key)) j["held_back"] = "no room on its device now";
+    }
+    for (const auto& w : workers) {
+      if (w.key != key) continue;
+      j["state"] = upstream::WorkerStateName(w.state);
+      j["loads"] = w.starts;  // switches onto the device
+      if (w.last_start_ms > 0) j["measured_load_s"] = static_cast<double>(w.last_start_ms) / 1000;
+    }
+    services.push_back(j);
+  };
+  for (const auto& s : config_.services) {
+    for (size_t k = 0; k < s.placements.size(); ++k) {
+      if (s.placements[k].device != "cpu") add(s.name, WorkerKey(s, k), s.residency, true);
+    }
+  }
+  for (const auto& e : config_.externals) {
+    if (e.Started()) add(e.name, ExternalKey(e), e.residency, e.device != "cpu");
+  }
+  json events = json::array();
+  if (auto ev = journal_.RecentEvents(20); ev.ok()) {
+    for (const auto& e : *ev) {
+      json d = json::parse(e.detail, nullptr, false);
+      if (!d.is_object()) d = json::object();
+      d["at_ms"] = e.at_ms;
+      events.push_back(d);
+    }
+  }
+  return {{"services", services}, {"events", events}};
+}
+
+}  // namespace spillway::gateway
