@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "cli/plan_config.h"
 #include "cli/plan_fit.h"
 #include "cli/serve_config.h"
 #include "common/run_capture.h"
@@ -19,7 +20,7 @@ using memory::DeviceBytes;
 namespace {
 
 struct PlanArgs {
-  std::string model, device = "cpu", gpu_layers = "auto", kv_type = "f16";
+  std::string config_file, model, device = "cpu", gpu_layers = "auto", kv_type = "f16";
   uint32_t ctx = 4096, slots = 4, batch = 512;
   double headroom_mib = 0, headroom_pct = 5;
   bool exact = false, json_out = false, kv_unified = false;
@@ -60,7 +61,25 @@ std::optional<std::pair<DeviceBytes, DeviceBytes>> Exact(const PlanArgs& a, int 
   return std::make_pair(acc, host);
 }
 
+// The whole config: every accelerator's holders, verdicts and evictions.
+int PlanConfig(const PlanArgs& a) {
+  auto cfg = LoadServeConfig(a.config_file, "", "");
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "spillway plan: %s\n", cfg.status().message().c_str());
+    return 2;
+  }
+  std::vector<DevicePlan> plans = CollectDevices(*cfg);
+  for (auto& p : plans) PlanDevice(p);
+  if (a.json_out) {
+    std::printf("%s\n", PlanConfigJson(a.config_file, plans).c_str());
+  } else {
+    for (const auto& line : PlanConfigLines(plans)) std::printf("%s\n", line.c_str());
+  }
+  return PlanExitCode(plans);
+}
+
 int Plan(PlanArgs a) {
+  if (!a.config_file.empty()) return PlanConfig(a);
   // An ollama:NAME[:TAG] (as `spillway models` lists it) is planned on its blob.
   const std::string shown = a.model;
   auto file = models::ResolveModelPath(a.model, models::DefaultOllamaStoreRoot());
@@ -151,10 +170,17 @@ int Plan(PlanArgs a) {
 
 void AddPlanCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<PlanArgs>();
-  CLI::App* cmd = app.add_subcommand("plan", "Memory plan for a model on a device: bytes per component and device, "
-                                             "whether it fits with headroom, the largest context and layer split that fit");
-  cmd->add_option("--model", a->model, "GGUF file, or ollama:NAME[:TAG] from Ollama's store ($OLLAMA_MODELS, else "
-                                       "~/.ollama/models); `spillway models` lists both")->required();
+  CLI::App* cmd = app.add_subcommand(
+      "plan",
+      "Memory plan for a model on a device: bytes per component and device, whether it fits with headroom, the "
+      "largest context and layer split that fit. With --config: whether a whole config's services fit together on "
+      "each accelerator, which combinations fit, and what would be evicted first (exit 0: all fit together, 1: "
+      "only by switching, 2: the pinned ones do not fit or the config is invalid, 3: a device's memory is unknown)");
+  auto* model = cmd->add_option("--model", a->model, "GGUF file, or ollama:NAME[:TAG] from Ollama's store "
+                                                     "($OLLAMA_MODELS, else ~/.ollama/models); `spillway models` lists both");
+  auto* config = cmd->add_option("--config", a->config_file, "plan a whole config (spillway.toml) instead of one model: "
+                                                             "its devices, headroom, placements and residency");
+  model->excludes(config);
   cmd->add_option("--device", a->device, "cpu | sim:N | cuda:N")->capture_default_str();
   cmd->add_option("--ctx", a->ctx, "KV cells in all (ctx/slots per slot unless --kv-unified)")->check(CLI::Range(16u, 1u << 22))->capture_default_str();
   cmd->add_option("--slots", a->slots)->check(CLI::Range(1u, 256u))->capture_default_str();
@@ -164,9 +190,13 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--headroom-mib", a->headroom_mib, "kept free on the device")->check(CLI::Range(0.0, 1e9))->capture_default_str();
   cmd->add_option("--headroom-pct", a->headroom_pct, "kept free, percent of capacity")->check(CLI::Range(0.0, 90.0))->capture_default_str();
   cmd->add_flag("--kv-unified", a->kv_unified, "one KV pool shared by the slots, with flash attention (as the worker's --kv-unified)");
-  cmd->add_flag("--exact", a->exact, "also run llama.cpp's dry run (spillway-worker --dry-run) and report the estimate's error");
+  cmd->add_flag("--exact", a->exact, "also run llama.cpp's dry run (spillway-worker --dry-run) and report the estimate's error")
+      ->excludes(config);
   cmd->add_flag("--json", a->json_out, "print JSON");
-  cmd->callback([a, exit_code] { *exit_code = Plan(*a); });
+  cmd->callback([a, exit_code] {
+    if (a->model.empty() && a->config_file.empty()) throw CLI::RequiredError("--model or --config");
+    *exit_code = Plan(*a);
+  });
 }
 
 }  // namespace spillway::cli

@@ -158,6 +158,10 @@ void PlacementCalibration::Observe(const std::string& key, const memory::DeviceB
   calibration_.Observe(key, predicted, observed);
 }
 
+StatusOr<uint64_t> PredictPlacementBytes(const config::ServiceConfig& s, size_t i) {
+  return Predict(s, s.placements[i], nullptr, nullptr);
+}
+
 void RecordObserved(PlacementCalibration& cal, const config::GatewayConfig& cfg, const std::string& key,
                     uint64_t observed_bytes) {
   const config::ServiceConfig* s = nullptr;

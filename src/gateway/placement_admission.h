@@ -50,6 +50,11 @@ class PlacementCalibration {
 std::map<std::string, PlacementAdmission> AdmitPlacements(PlacementCalibration* cal, const config::GatewayConfig& config,
                                                           const std::set<std::string>& running = {});
 
+// Placement `i` of `s`: its predicted bytes on its device (weights + KV pool
+// + compute from GGUF metadata), uncalibrated, as admission predicts them
+// before any worker ran; the estimator's error when the model has no estimate.
+StatusOr<uint64_t> PredictPlacementBytes(const config::ServiceConfig& s, size_t i);
+
 // A worker of placement `key` allocated `observed_bytes` on its device.
 void RecordObserved(PlacementCalibration& cal, const config::GatewayConfig& config, const std::string& key,
                     uint64_t observed_bytes);
