@@ -174,7 +174,8 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
     return PostStatus([this, ex, v] { ex->Respond(ReadyResponse(v)); });
   }
   if (path == "/metrics" && method == bhttp::verb::get) {
-    return ex->Respond(http::MakeResponse(200, RenderMetrics(), "text/plain; version=0.0.4", v));
+    // It reads device telemetry (a ledger's lock, NVML): off the I/O threads.
+    return PostStatus([this, ex, v] { ex->Respond(http::MakeResponse(200, RenderMetrics(), "text/plain; version=0.0.4", v)); });
   }
   if (path == "/v1/status" && method == bhttp::verb::get) return HandleStatusView(CallerOf(req), std::move(ex), v);
   if (path == "/v1/models" && method == bhttp::verb::get) {

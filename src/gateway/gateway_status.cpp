@@ -231,6 +231,23 @@ std::string Gateway::RenderMetrics() const {
     g.emplace_back("spillway_worker_ready", "worker=\"" + w.key + "\"", w.state == upstream::WorkerState::kReady ? 1 : 0);
   }
   board_.Gauges(&g);
+  // Per device and service: what each holds there, and what others hold (the accounting of /v1/status).
+  const json devices = const_cast<Gateway*>(this)->DevicesJson(StatusJson());
+  for (const auto& d : devices) {
+    const std::string dev = "device=\"" + d.value("name", "") + "\"";
+    if (d.contains("used_bytes")) g.emplace_back("spillway_device_used_bytes", dev, d["used_bytes"].get<double>());
+    if (d.contains("other_bytes")) g.emplace_back("spillway_device_other_bytes", dev, d["other_bytes"].get<double>());
+    for (const auto& u : d["services"]) {
+      const std::string l = dev + ",service=\"" + u.value("service", "") + "\",key=\"" + u.value("key", "") + "\"";
+      if (u.contains("held_bytes")) g.emplace_back("spillway_service_device_bytes", l, u["held_bytes"].get<double>());
+      g.emplace_back("spillway_service_weights_bytes", l, u.value("weights_bytes", 0.0));
+      g.emplace_back("spillway_service_kv_bytes", l, u.value("kv_bytes", 0.0));
+      g.emplace_back("spillway_service_kv_cells_in_use", l, u.value("kv_cells_in_use", 0.0));
+      g.emplace_back("spillway_service_requests_running", l, u.value("requests", 0.0));
+      if (u.contains("transient_bytes")) g.emplace_back("spillway_service_transient_bytes", l, u["transient_bytes"].get<double>());
+      if (u.contains("loads")) g.emplace_back("spillway_service_loads_total", l, u["loads"].get<double>());
+    }
+  }
   return metrics_.Render(g);
 }
 

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <filesystem>
 #include <mutex>
+#include <set>
+#include <cstdio>
 
 #include "devices/telemetry.h"
 #include "gateway/gateway.h"
@@ -101,24 +103,61 @@ json Gateway::LiveRequestsJson() {
 }
 
 json Gateway::DevicesJson(const json& status) {
-  // Each device the placements use, with what each service holds on it.
+  // Each device the services use, with what each holds on it.
   std::map<std::string, json> devices;
   std::vector<std::string> order;
+  auto device_entry = [&](const std::string& device) -> json& {
+    if (!devices.count(device)) {
+      order.push_back(device);
+      devices[device] = {{"name", device}, {"kind", device == "cpu" ? "host" : device.substr(0, device.find(':'))},
+                         {"services", json::array()}};
+    }
+    return devices[device];
+  };
   for (const auto& s : status["services"]) {
+    const config::ServiceConfig* svc = config_.FindService(s["name"].get<std::string>());
+    size_t i = 0;
     for (const auto& p : s["placements"]) {
       const std::string device = p.value("device", "cpu");
-      if (!devices.count(device)) {
-        order.push_back(device);
-        devices[device] = {{"name", device}, {"kind", device == "cpu" ? "host" : device.substr(0, device.find(':'))},
-                           {"services", json::array()}};
-      }
       json use = BufferSums(p, device == "cpu");
+      use["kind"] = "llama";
       use["service"] = s["name"];
       use["placement"] = p["placement"];
       use["key"] = p["key"];
       use["pid"] = p.value("pid", 0);
       use["state"] = p.value("state", "stopped");
-      devices[device]["services"].push_back(use);
+      // The KV pool it reserved and how much of it requests hold now.
+      const json cells = p.value("kv_cells", json::object());
+      use["kv_cells_total"] = cells.value("total", 0);
+      use["kv_cells_in_use"] = cells.value("reserved", 0);
+      use["requests"] = cells.value("requests", 0);
+      if (svc && i < svc->placements.size()) {
+        use["ctx"] = svc->placements[i].ctx;
+        use["slots"] = svc->placements[i].slots;
+        use["batch"] = svc->placements[i].batch;
+      }
+      const uint64_t kv = use["kv_bytes"].get<uint64_t>(), total = std::max<uint64_t>(1, use["kv_cells_total"].get<uint64_t>());
+      use["kv_in_use_bytes"] = kv * std::min<uint64_t>(total, use["kv_cells_in_use"].get<uint64_t>()) / total;
+      device_entry(device)["services"].push_back(use);
+      ++i;
+    }
+  }
+  for (const auto& e : status.value("externals", json::array())) {
+    const std::string device = e.value("device", "cpu");
+    json use = {{"kind", "external"}, {"service", e["name"]}, {"key", e.value("key", "")}, {"pid", e.value("pid", 0)},
+                {"state", e.value("state", "")}, {"weights_bytes", 0}, {"kv_bytes", 0}, {"compute_bytes", 0},
+                {"requests", e["requests"].value("running", 0)},
+                {"resident_bytes", e["memory"]["resident_bytes"]},
+                {"transient_peak_bytes", e["memory"]["transient_peak_bytes"]}};
+    if (e.contains("starts")) use["loads"] = e["starts"];
+    device_entry(device)["services"].push_back(use);
+  }
+  // Switches onto each device (loads), from the residency view.
+  for (auto& [name, d] : devices) {
+    for (auto& u : d["services"]) {
+      for (const auto& r : status.value("residency", json::object()).value("services", json::array())) {
+        if (r.value("key", "") == u.value("key", "") && r.contains("loads")) u["loads"] = r["loads"];
+      }
     }
   }
   for (const auto& d : status["devices"]) {
@@ -150,18 +189,44 @@ json Gateway::DevicesJson(const json& status) {
       d["total_bytes"] = reading->total;
       d["free_bytes"] = reading->free;
       d["used_bytes"] = reading->total - std::min(reading->free, reading->total);
-      // What a worker holds beyond its buffers is transient (graph scratch, allocator slack).
+      std::set<int32_t> known;
       for (auto& u : d["services"]) {
         const int32_t pid = u["pid"].get<int32_t>();
         uint64_t held = 0;
         for (const auto& proc : reading->processes) {
           if (pid > 0 && proc.pid == pid) held += proc.bytes;
         }
+        if (pid > 0) known.insert(pid);
+        u["held_bytes"] = held;
+        // What a worker holds beyond its buffers is transient (graph scratch, allocator slack).
         const uint64_t buffers =
             u["weights_bytes"].get<uint64_t>() + u["kv_bytes"].get<uint64_t>() + u["compute_bytes"].get<uint64_t>();
-        u["transient_bytes"] = held > buffers ? held - buffers : 0;
-        managed += std::max(held, buffers);
+        if (u["kind"] == "llama") u["transient_bytes"] = held > buffers ? held - buffers : 0;
+        managed += u["kind"] == "llama" ? std::max(held, buffers) : held;
       }
+      // Memory held by processes Spillway does not run, by pid and name.
+      std::map<int32_t, json> others;
+      uint64_t other = 0;
+      for (const auto& proc : reading->processes) {
+        if (known.count(proc.pid)) continue;
+        json& o = others[proc.pid];
+        if (o.is_null()) {
+          std::string comm;
+          if (std::FILE* f = std::fopen(("/proc/" + std::to_string(proc.pid) + "/comm").c_str(), "r")) {
+            char buf[64] = {0};
+            if (std::fgets(buf, sizeof buf, f)) comm = buf;
+            std::fclose(f);
+            while (!comm.empty() && comm.back() == '\n') comm.pop_back();
+          }
+          o = {{"pid", proc.pid}, {"name", comm}, {"bytes", 0}, {"labels", json::array()}};
+        }
+        o["bytes"] = o["bytes"].get<uint64_t>() + proc.bytes;
+        if (!proc.label.empty()) o["labels"].push_back(proc.label);
+        other += proc.bytes;
+      }
+      d["other_processes"] = json::array();
+      for (auto& [pid, o] : others) d["other_processes"].push_back(o);
+      d["accounted_bytes"] = managed + other;
     }
     if (d.contains("total_bytes")) {
       const auto dc = config_.Device(name);

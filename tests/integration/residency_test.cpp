@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <ctime>
 #include <sstream>
 #include <string>
@@ -128,6 +131,34 @@ TEST_F(ResidencyTest, AnInteractiveServiceEvictsIdleBatchWorkAndThePinnedOneStay
   EXPECT_EQ(c.status, 200) << c.body;
   EXPECT_EQ(c.headers["x-spillway-placement"], "sim:0/99");
   EXPECT_EQ(ChatPid(g.port()), chat_pid);
+
+  // Accounting: what each service holds plus what processes Spillway does
+  // not run hold (by pid and name) adds up to the device's used memory.
+  pid_t holder = SpawnTool({"sim", "hold", "sim:0", "--mib", "3", "--seconds", "60"}, "spillway");
+  json dev;
+  ASSERT_TRUE(WaitFor([&] {
+    const json status = Body(Call(g.port(), "GET", "/v1/status"));
+    for (const auto& d : status["devices"]) {
+      if (d["name"] == "sim:0") dev = d;
+    }
+    return dev.contains("other_processes") && !dev["other_processes"].empty();
+  })) << dev.dump(1);
+  uint64_t services = 0, others = 0;
+  for (const auto& u : dev["services"]) services += u.value("held_bytes", uint64_t{0});
+  for (const auto& o : dev["other_processes"]) {
+    others += o["bytes"].get<uint64_t>();
+    EXPECT_EQ(o["pid"], holder);
+    EXPECT_EQ(o["name"], "spillway");
+  }
+  EXPECT_EQ(others, 3ull << 20);
+  const double used = dev["used_bytes"].get<double>();
+  EXPECT_NEAR(static_cast<double>(services + others), used, used * 0.01) << dev.dump(1);
+  const std::string metrics = Call(g.port(), "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("spillway_service_device_bytes{device=\"sim:0\",service=\"fake\",key=\"fake.ext\"}"),
+            std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("spillway_device_other_bytes{device=\"sim:0\"}"), std::string::npos);
+  kill(holder, SIGTERM);
+  waitpid(holder, nullptr, 0);
 }
 
 TEST_F(ResidencyTest, KeepAliveUnloadsAnIdlePlacementAndTheNextRequestLoadsItAgain) {
