@@ -490,7 +490,7 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
       }
       ServiceConfig svc;
       SPILLWAY_RETURN_IF_ERROR(
-          r.OnlyKnown(*t, prefix, {"name", "kind", "model", "max_tokens", "default_max_tokens", "placement", "admission",
+          r.OnlyKnown(*t, prefix, {"name", "kind", "model", "max_tokens", "default_max_tokens", "max_queue", "placement", "admission",
                                    "failover", "cpu_path", "residency", "keep_alive_s", "priority", "evict_cost",
                                    "windows", "interactive_idle_s", "outside_window"}));
       SPILLWAY_RETURN_IF_ERROR(ReadResidency(r, *t, prefix, &svc.residency));
@@ -545,6 +545,7 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "model", prefix, &svc.model, 0, 0));
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "max_tokens", prefix, &svc.max_tokens, 1, 1 << 20));
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "default_max_tokens", prefix, &svc.default_max_tokens, 1, 1 << 20));
+      SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "max_queue", prefix, &svc.max_queue, 0, 1 << 20));
       if (svc.name.empty()) return Status::InvalidArgument(Where(source, t->source(), prefix + "name") + " is required");
       if (svc.model.empty()) return Status::InvalidArgument(Where(source, t->source(), prefix + "model") + " is required");
       SPILLWAY_RETURN_IF_ERROR(ResolveModel(source, t->get("model"), prefix + "model", &svc.model, &svc.model_name));

@@ -24,6 +24,7 @@
 //                                        # else ~/.ollama/models), read-only (models/ollama_store.h)
 //   max_tokens = 4096                    # cap per request
 //   default_max_tokens = 256
+//   max_queue = 0                        # its own bound on waiting requests (0: the gateway's max_queue only)
 //   residency = "pinned"                 # of its accelerator placements: pinned | keep_alive | on_demand
 //   keep_alive_s = 300                   # keep_alive / on_demand: unloaded after this long idle (0: when room is needed)
 //   priority = "interactive"             # interactive | batch | background (who gives way on the accelerator)
@@ -188,6 +189,7 @@ struct ServiceConfig {
   std::string model_name;  // as configured: the path, or "ollama:NAME:TAG" (resolved read-only to `model`, its blob)
   int max_tokens = 4096;
   int default_max_tokens = 256;
+  int max_queue = 0;  // its requests waiting at once (0: only the gateway's max_queue bounds them)
   AdmissionConfig admission;
   FailoverConfig failover;
   CpuPathConfig cpu_path;

@@ -43,6 +43,7 @@ Gateway::Gateway(const config::GatewayConfig& config, journal::Journal& journal,
       board_(config, admissions, clock) {
   for (const auto& s : config_.services) signals_[s.name] = std::make_unique<CapacitySignal>();
   for (const auto& e : config_.externals) signals_[e.name] = std::make_unique<CapacitySignal>();
+  for (const auto& s : config_.services) waiting_by_service_[s.name] = std::make_unique<std::atomic<int>>(0);
   external_lines_ = std::make_unique<ExternalLines>(config_.externals, clock_.NowMs());
   supervisor_.SetIdleCheck([this](const std::string& key) { return IdleReplica(key); });
   supervisor_.SetOnExit([this](const std::string& key, const std::string& why) { WorkerExited(key, why); });
@@ -325,7 +326,20 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
     return fail(Status::ResourceExhausted("the gateway queue is full (" + std::to_string(config_.max_queue) +
                                           " requests waiting)").WithRetryAfter(2));
   }
-  in->queue_slot = std::shared_ptr<void>(nullptr, [this](void*) { --waiting_; });
+  // And the service's own bound: a flood of one service's requests never
+  // fills the queue every service shares.
+  std::atomic<int>& mine = *waiting_by_service_.at(svc->name);
+  if (svc->max_queue > 0 && mine.fetch_add(1) >= svc->max_queue) {
+    --mine;
+    --waiting_;
+    return fail(Status::ResourceExhausted("service '" + svc->name + "' has " + std::to_string(svc->max_queue) +
+                                          " requests waiting (its max_queue)").WithRetryAfter(2));
+  }
+  if (svc->max_queue <= 0) ++mine;
+  in->queue_slot = std::shared_ptr<void>(nullptr, [this, &mine](void*) {
+    --waiting_;
+    --mine;
+  });
   Spawn(Process(in));
 }
 

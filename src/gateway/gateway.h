@@ -273,6 +273,7 @@ class Gateway {
   std::map<std::string, std::unique_ptr<CapacitySignal>> signals_;
   // Accepted requests not yet running their first attempt (max_queue bounds them).
   std::atomic<int> waiting_{0};
+  std::map<std::string, std::unique_ptr<std::atomic<int>>> waiting_by_service_;  // of waiting_, by llama service
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Live>> live_;
   std::map<std::string, int> in_flight_by_client_;  // guarded by mu_
@@ -286,6 +287,7 @@ class Gateway {
   std::set<std::string> room_refused_;  // keys whose start found no room (and no one to evict)
   std::map<std::string, std::deque<int64_t>> request_times_;  // by service, the last 10 minutes
   std::atomic<int64_t> last_interactive_ms_{0};
+  std::map<std::string, int64_t> keep_alive_until_ms_;  // an Ollama request's keep_alive, by service
   IncidentLog incidents_;
   mutable models::SummaryCache model_summaries_;  // the services' model files, for /api/tags and /api/ps
   RequestIncidents request_incidents_;

@@ -122,10 +122,39 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
   if (!svc) return ex->Respond(OllamaResponse(404, {{"error", "model '" + call->model + "' not found"}}, v));
   const api::OllamaReplyContext ctx{call->route, call->model, clock_.NowMs()};
   auto out = std::make_shared<OllamaExchange>(std::move(ex), ctx, clock_);
-  // keep_alive has nothing to act on: what stays loaded is each service's
-  // configured policy (README: "Ollama API").
-  if (call->keep_alive_s) out->AddHeader("X-Spillway-Keep-Alive", "not applied: residency is set per service in the config");
-  if (call->load_only) {  // Ollama loads the model; Spillway's workers are the gateway's to start
+  // keep_alive acts on a service whose accelerator placements load and
+  // unload (residency keep_alive / on_demand), as Ollama's does on a model:
+  // it stays loaded that long after this request (negative: until told
+  // otherwise; 0: unloaded once idle). A pinned service stays as configured.
+  bool movable = false;
+  for (const auto& p : svc->placements) movable |= p.device != "cpu" && svc->residency.mode != "pinned";
+  if (call->keep_alive_s) {
+    if (!movable) {
+      out->AddHeader("X-Spillway-Keep-Alive", "not applied: service '" + svc->name + "' is " +
+                                                  (svc->residency.mode == "pinned" ? "pinned" : "on the CPU only") +
+                                                  " (residency is set per service in the config)");
+    } else {
+      const double k = *call->keep_alive_s;
+      const int64_t now = clock_.NowMs();
+      {
+        std::lock_guard<std::mutex> lk(residency_mu_);
+        keep_alive_until_ms_[svc->name] = k < 0 ? INT64_MAX : now + static_cast<int64_t>(k * 1000);
+      }
+      out->AddHeader("X-Spillway-Keep-Alive", k < 0 ? "applied: kept loaded"
+                                               : k == 0 ? "applied: unloaded once idle"
+                                                        : "applied: kept loaded " + std::to_string(static_cast<int64_t>(k)) +
+                                                              " s after this request");
+    }
+  } else if (movable) {
+    std::lock_guard<std::mutex> lk(residency_mu_);
+    keep_alive_until_ms_.erase(svc->name);  // this request: the configured keep_alive_s
+  }
+  if (call->load_only) {  // Ollama loads the model (or, with keep_alive 0, unloads it)
+    if (movable && !(call->keep_alive_s && *call->keep_alive_s == 0)) {
+      for (size_t i = 0; i < svc->placements.size(); ++i) {
+        if (svc->placements[i].device != "cpu") supervisor_.Demand(WorkerKey(*svc, i));
+      }
+    }
     auto res = OllamaResponse(200, api::OllamaLoadAnswer(ctx, clock_.NowMs()), v);
     return out->RespondTranslated(std::move(res));
   }

@@ -230,6 +230,7 @@ std::string LastLogLine(const std::string& path) {
 }  // namespace
 
 void Supervisor::Exited(Worker& w, const std::string& why) {
+  memory_freed_ = true;
   w.view.last_exit = why;
   w.view.last_error = LastLogLine(w.view.log_path);
   w.view.pid = 0;
@@ -277,6 +278,7 @@ void Supervisor::Poll(Worker& w) {
       w.view.pid = 0;
       w.view.adopted = false;
       RemoveRecord(w.spec.key);
+      memory_freed_ = true;
     } else if (now >= w.kill_at_ms) {
       kill(-w.view.pid, SIGKILL);
     }
@@ -426,6 +428,16 @@ void Supervisor::Round() {
           const bool info = now >= w.next_info_ms;
           if (info) w.next_info_ms = now + kInfoPeriodMs;
           checks.push_back({k, w.view.pid, w.view.port, info});
+        }
+      }
+      // A process ended (released, evicted, exited): starts the gate held
+      // back for want of memory are asked again next round, not a second later.
+      if (memory_freed_) {
+        memory_freed_ = false;
+        for (auto& [k, w] : workers_) {
+          if (w.view.state == WorkerState::kBackoff && w.view.last_exit.rfind("not admitted", 0) == 0) {
+            w.view.next_start_ms = std::min(w.view.next_start_ms, now);
+          }
         }
       }
     }

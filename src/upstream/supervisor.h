@@ -205,6 +205,7 @@ class Supervisor : public Workers {
   // Fetches a ready worker's /info into its view (no lock held while asking).
   void RefreshInfo(const std::string& key, pid_t pid, uint16_t port);
 
+  bool memory_freed_ = false;  // a worker's process ended since the last round (under mu_)
   std::function<Status(const std::string&)> gate_;
   std::function<void(const std::string&, uint16_t)> on_ready_;
   std::function<bool(const std::string&)> idle_;

@@ -188,6 +188,13 @@ int main(int argc, char** argv) {
   eo.batch = placement.batch;
   eo.threads = placement.threads;
   eo.embedding = (*model)->is_embedding();
+  // llama.cpp pads an embedding batch to a multiple of the slots but not its
+  // outputs, and its pooling then aborts the process: refused with the reason.
+  if (eo.embedding && placement.slots > 1 && placement.ctx % placement.slots != 0) {
+    return Fatal(kExitUsage, Status::InvalidArgument("an embedding model needs ctx (" + std::to_string(placement.ctx) +
+                                                       ") to be a multiple of slots (" + std::to_string(placement.slots) +
+                                                       ")"));
+  }
   eo.kv_type = kv_type;
   eo.kv_unified = kv_unified;
   eo.faults = &faults;

@@ -699,6 +699,10 @@ TEST(WorkerStartupTest, MissingOrCorruptModelExitsCleanlyWithPhaseLoad) {
   EXPECT_NE(err.find("loopback"), std::string::npos) << err;
   EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("tiny-chat"), "--slots", "0"}, &err), 2);
   EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("tiny-chat"), "--device", "tpu:0"}, &err), 2);
+  // An embedding model whose context the slots do not divide: refused, not
+  // aborted inside llama.cpp's pooling (red without the check: SIGABRT).
+  EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("tiny-embed"), "--ctx", "512", "--slots", "3", "--dry-run"}, &err), 2);
+  EXPECT_NE(err.find("multiple of slots"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -406,6 +406,31 @@ TEST_F(LifecycleTest, AWaitingRequestSaysWhereItIsInLine) {
   for (const auto& r : running) EXPECT_TRUE(r->Wait());
 }
 
+TEST_F(LifecycleTest, AServiceQueueIsBoundedByItsOwnMaxQueue) {
+  config_.services[0].max_queue = 1;  // read per request
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { fallback_.Hold(req, std::move(ex)); };
+  std::vector<std::shared_ptr<RecordingExchange>> running;
+  for (int i = 0; i < 3; ++i) running.push_back(Complete("q-run-" + std::to_string(i)));
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() + fallback_.calls() == 3; }));
+  auto waiting = Complete("q-wait");
+  ASSERT_TRUE(Eventually([&] { return Journaled("q-wait").state == journal::State::kQueued; }));
+  auto refused = Complete("q-refused");
+  ASSERT_TRUE(refused->Wait());
+  EXPECT_EQ(refused->status(), 503u) << refused->body();
+  EXPECT_NE(refused->body().find("its max_queue"), std::string::npos) << refused->body();
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "primary"); };
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "fallback"); };
+  for (int i = 0; i < 3; ++i) Send("/v1/requests/q-run-" + std::to_string(i), "", "DELETE")->Wait();
+  ASSERT_TRUE(waiting->Wait());
+  EXPECT_EQ(waiting->status(), 200u) << waiting->body();
+  // The place is given back: the next one is taken.
+  auto next = Complete("q-next");
+  ASSERT_TRUE(next->Wait());
+  EXPECT_EQ(next->status(), 200u) << next->body();
+  for (const auto& r : running) EXPECT_TRUE(r->Wait());
+}
+
 // Ollama's API takes the same lifecycle: its request is translated, admitted,
 // journaled and failed over like an OpenAI one, and the client hears it in
 // Ollama's shape, degraded-service headers included.
