@@ -203,7 +203,8 @@ ScheduledGraph BuildScheduledGraph(const ModelShape& s, const PlacementSpec& spe
   const int64_t ns = fa ? 1 : slots;  // KV streams
   const int64_t n_kv = KvCells(spec) / ns;
   // Micro-batch: the outputs, then the tokens rounded up to whole sequences.
-  const int64_t O = std::min<int64_t>({std::max<uint32_t>(spec.batch, 1), 512, std::max<uint32_t>(spec.ctx, 1)});
+  const int64_t O = std::min<int64_t>({std::max<uint32_t>(spec.batch, 1), std::max<uint32_t>(spec.ubatch, 1),
+                                       std::max<uint32_t>(spec.ctx, 1)});
   const int64_t T = (O + slots - 1) / slots * slots, Tn = T / ns;
   const bool k_quant = spec.kv_k_x32 != 64 && spec.kv_k_x32 != 128, v_quant = spec.kv_v_x32 != 64 && spec.kv_v_x32 != 128;
   const bool k_f32 = spec.kv_k_x32 == 128, v_f32 = spec.kv_v_x32 == 128;
@@ -281,6 +282,12 @@ ScheduledGraph BuildScheduledGraph(const ModelShape& s, const PlacementSpec& spe
   const int logits = b.Op({V, O, 1, 1}, {w_out, result_norm});
   b.SetOutput(result_norm), b.SetOutput(logits);
   b.Expand(logits);
+  if (s.embedding) {  // build_pooling, mean: the outputs' rows times each sequence's weights
+    const int rows = b.Op({O, E, 1, 1}, {b.View(result_norm, {O, E, 1, 1}, false)});
+    const int pooled = b.Op({E, slots, 1, 1}, {rows, b.Input({T, slots, 1, 1}, 4)});
+    b.SetOutput(pooled);
+    b.Expand(pooled);
+  }
   return b.Schedule();
 }
 

@@ -53,6 +53,8 @@ StatusOr<ModelShape> ShapeFromMetadata(const gguf::Metadata& m) {
     }
   }
   s.tied_output = !has_output;
+  // The worker's test (worker/model.cpp): the key's presence, whatever its value.
+  s.embedding = m.kv.count(s.architecture + ".pooling_type") > 0;
   return s;
 }
 
@@ -65,7 +67,15 @@ uint32_t KvCells(const PlacementSpec& spec) {
   return static_cast<uint32_t>(slots * RoundUp(std::max<uint64_t>(ctx / slots, 1), kCtxPad));
 }
 
-PlacementEstimate EstimatePlacement(const ModelShape& s, const PlacementSpec& spec) {
+PlacementSpec AsWorkerRuns(const ModelShape& s, PlacementSpec spec) {
+  if (!s.embedding) return spec;
+  spec.kv_unified = true;
+  spec.batch = spec.ubatch = std::max<uint32_t>(spec.ctx, 1);
+  return spec;
+}
+
+PlacementEstimate EstimatePlacement(const ModelShape& s, const PlacementSpec& asked) {
+  const PlacementSpec spec = AsWorkerRuns(s, asked);
   PlacementEstimate e;
   const int L = static_cast<int>(s.n_layer);
   int n_gpu = !spec.accelerator ? 0 : spec.gpu_layers < 0 ? L + 1 : std::min(spec.gpu_layers, L + 1);

@@ -29,6 +29,9 @@ struct ModelShape {
   uint32_t n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, head_dim_k = 0, head_dim_v = 0;
   uint32_t n_vocab = 0, n_ctx_train = 0, n_ff = 0;
   bool tied_output = false;       // no output.weight: the output reuses token_embd
+  // <arch>.pooling_type is present: the worker serves it as an embedding model
+  // (worker/model.cpp), with the settings AsWorkerRuns describes.
+  bool embedding = false;
   uint64_t token_embd_bytes = 0;  // always on the host
   uint64_t output_bytes = 0;      // output.weight (or the tied copy) + output_norm
   std::vector<uint64_t> layer_bytes;
@@ -46,7 +49,8 @@ struct PlacementSpec {
   // attention, so attention scores over one slot's cells are materialised;
   // true: one pool of ctx cells, flash attention.
   bool kv_unified = false;
-  uint32_t batch = 512;      // ubatch = min(batch, 512)
+  uint32_t batch = 512;      // llama.cpp's n_batch
+  uint32_t ubatch = 512;     // n_ubatch cap: one micro-batch is min(batch, ubatch, ctx) tokens
   // KV cache types as bytes per 32 values: f16 = 64, q8_0 = 34, f32 = 128.
   uint32_t kv_k_x32 = 64, kv_v_x32 = 64;
 };
@@ -64,6 +68,14 @@ struct PlacementEstimate {
   uint32_t ctx_padded = 0;
 };
 
+// The settings the worker really runs `shape` with (worker/engine.cpp,
+// ContextParams): an embedding model gets one unified pool (with llama.cpp's
+// automatic flash attention) and the whole context as one micro-batch
+// (batch = ubatch = ctx), whatever `spec` asked for; any other model runs
+// `spec` as given.
+PlacementSpec AsWorkerRuns(const ModelShape& shape, PlacementSpec spec);
+
+// Estimates the placement as the worker runs it (AsWorkerRuns(shape, spec)).
 PlacementEstimate EstimatePlacement(const ModelShape& shape, const PlacementSpec& spec);
 
 // Host bytes one generation request holds beyond its placement's buffers

@@ -9,9 +9,9 @@
 namespace spillway::memory {
 namespace {
 
-ModelShape Tiny() {
+ModelShape Tiny(const char* file = "tiny-chat.gguf") {
   const char* m = std::getenv("SPILLWAY_MODELS");
-  auto meta = gguf::ReadGgufFile(std::string(m ? m : "build/models") + "/tiny-chat.gguf");
+  auto meta = gguf::ReadGgufFile(std::string(m ? m : "build/models") + "/" + file);
   EXPECT_TRUE(meta.ok()) << meta.status().ToString();
   auto s = ShapeFromMetadata(*meta);
   EXPECT_TRUE(s.ok()) << s.status().ToString();
@@ -30,6 +30,25 @@ TEST(EstimatorTest, ShapeFromMetadata) {
   EXPECT_EQ(s.output_bytes, 32000u * 64 * 2 + 64 * 4);  // and output_norm
   EXPECT_EQ(s.token_embd_bytes, 32000u * 64 * 2);
   EXPECT_EQ(s.layer_bytes[0], 74240u);  // the demo writer's layer, f16 matrices and f32 norms
+  EXPECT_FALSE(s.embedding);
+}
+
+TEST(EstimatorTest, EmbeddingModelsRunAsTheWorkerRunsThem) {
+  const auto s = Tiny("tiny-embed.gguf");
+  EXPECT_TRUE(s.embedding);  // llama.pooling_type is set
+  EXPECT_TRUE(s.tied_output);
+  PlacementSpec p;
+  p.accelerator = true;
+  p.gpu_layers = -1;
+  p.ctx = 512;
+  p.batch = 64;
+  const PlacementSpec run = AsWorkerRuns(s, p);
+  EXPECT_TRUE(run.kv_unified);
+  EXPECT_EQ(run.batch, 512u);  // the whole context in one micro-batch
+  EXPECT_EQ(run.ubatch, 512u);
+  EXPECT_EQ(AsWorkerRuns(Tiny(), p).batch, 64u);  // a generative model runs as asked
+  // Every token is an output and llama.cpp still builds the logits: 512 rows.
+  EXPECT_GE(EstimatePlacement(s, p).accelerator.compute, uint64_t{s.n_vocab} * 512 * 4);
 }
 
 TEST(EstimatorTest, LlamaCppPlacementRule) {
