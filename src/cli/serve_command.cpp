@@ -129,9 +129,21 @@ int Check(const ServeArgs& a) {
   if (!problems.empty() || worker_missing) return 2;
   size_t placements = 0;
   for (const auto& s : loaded->services) placements += s.placements.size();
-  std::printf("%s: ok (%zu service%s, %zu placement%s; `spillway doctor` checks memory, state directory and port)\n",
-              where.c_str(), loaded->services.size(), loaded->services.size() == 1 ? "" : "s", placements,
-              placements == 1 ? "" : "s");
+  // An external server Spillway starts: its program must be there to run.
+  for (const auto& e : loaded->externals) {
+    if (e.command.empty() || e.command[0].find('/') == std::string::npos) continue;  // found on $PATH when started
+    if (::access(e.command[0].c_str(), X_OK) != 0) {
+      std::fprintf(stderr, "spillway serve: %s: service '%s': command %s is not an executable file\n", where.c_str(),
+                   e.name.c_str(), e.command[0].c_str());
+      return 2;
+    }
+  }
+  const size_t services = loaded->services.size() + loaded->externals.size();
+  const std::string external =
+      loaded->externals.empty() ? "" : ", " + std::to_string(loaded->externals.size()) + " of them external";
+  std::printf("%s: ok (%zu service%s, %zu placement%s%s; `spillway doctor` checks memory, state directory and port)\n",
+              where.c_str(), services, services == 1 ? "" : "s", placements, placements == 1 ? "" : "s",
+              external.c_str());
   return 0;
 }
 
@@ -220,14 +232,17 @@ int Serve(const ServeArgs& a) {
     if (const auto* e = cfg.FindExternal(key.substr(0, key.rfind('.'))); e && gateway::ExternalKey(*e) == key) {
       return gw.RoomFor(key, gw.ExternalResidentBytes(*e));
     }
-    std::set<std::string> starting;
+    std::set<std::string> starting, not_waiting;
     for (const auto& w : supervisor.Snapshot()) {
       if (w.state == upstream::WorkerState::kStarting && w.key != key) starting.insert(w.key);
+      if (w.state != upstream::WorkerState::kBackoff) not_waiting.insert(w.key);
     }
     const int64_t now = clock.NowMs();
     for (auto it = admitted_starts->begin(); it != admitted_starts->end();) {
-      if (now - it->second > 1000) {
-        it = admitted_starts->erase(it);  // spawned since: it is in the snapshot while it starts
+      // Spawned since (it is in the snapshot while it starts, and holds its
+      // memory once ready), released, or not spawned after all: not counted again.
+      if (now - it->second > 1000 || not_waiting.count(it->first)) {
+        it = admitted_starts->erase(it);
       } else {
         if (it->first != key) starting.insert(it->first);
         ++it;
@@ -238,8 +253,11 @@ int Serve(const ServeArgs& a) {
       // Not enough memory now: maybe another service can give room (residency, priorities).
       if (a.predicted_bytes > 0) {
         if (Status room = gw.RoomFor(key, a.predicted_bytes); !room.ok()) return room;
+        a = gateway::AdmitPlacement(&calibration, cfg, key, starting);  // room there now: judged again
       }
-      return Status::ResourceExhausted(a.reason);
+      if (!a.admitted) {
+        return Status::ResourceExhausted(a.reason);
+      }
     }
     gw.RoomGranted(key);
     (*admitted_starts)[key] = now;  // the gate runs on the supervisor's thread only

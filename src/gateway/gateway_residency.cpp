@@ -130,10 +130,10 @@ void Gateway::NoteResidency(const std::string& kind, const std::string& service,
   detail["service"] = service;
   std::printf("spillway: residency: %s %s: %s\n", kind.c_str(), service.c_str(), detail.value("reason", "").c_str());
   std::fflush(stdout);
-  if (Status st = journal_.RecordEvent(kind, service, detail.dump(-1, ' ', false, json::error_handler_t::replace));
-      !st.ok()) {
-    std::fprintf(stderr, "spillway: journal event failed: %s\n", st.ToString().c_str());
-  }
+  // Queued: the journal's thread commits it (a switch never waits on an fsync).
+  journal_.RecordEventAsync(kind, service, detail.dump(-1, ' ', false, json::error_handler_t::replace), [](Status st) {
+    if (!st.ok()) std::fprintf(stderr, "spillway: journal event failed: %s\n", st.ToString().c_str());
+  });
 }
 
 Status Gateway::RoomFor(const std::string& key, uint64_t need) {
@@ -236,6 +236,20 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need) {
                    {"freed_bytes", plan.freed}, {"reason", "gives its room to " + service + ": " + plan.reason}});
   }
   for (auto& [name, signal] : signals_) signal->Notify();  // their waiters decide again without them
+  // Idle victims unload now, and the start goes ahead as soon as their
+  // processes have ended (a switch costs an unload and a load, not rounds of
+  // polling); busy ones drain first and unload when idle (IdleReplica).
+  bool all_gone = plan.drain.empty();
+  for (const auto& v : plan.evict) {
+    if (std::find(plan.drain.begin(), plan.drain.end(), v) != plan.drain.end()) continue;
+    if (!IdleReplica(v)) {
+      all_gone = false;
+      continue;
+    }
+    supervisor_.Release(v);  // (an external server's: IdleReplica only says it may go)
+    if (!supervisor_.WaitReleased(v, 2000)) all_gone = false;
+  }
+  if (all_gone) return Status::Ok();
   return Status::ResourceExhausted("making room on " + device + ": " + plan.reason);
 }
 

@@ -97,8 +97,24 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
       if (l) (void)l->Reserve(key, *bytes, 1);  // what does not fit is already over: it holds what is left
     }
   }
-  for (const auto& s : cfg.services) {
-    for (size_t i = 0; i < s.placements.size(); ++i) {
+  // At start, placements that load on demand (their service's residency is
+  // not pinned) come last and reserve nothing: each must fit beside the
+  // pinned ones when it loads, not beside every other on-demand one (the
+  // start gate makes room for it then, see gateway_residency.cpp).
+  auto movable = [](const config::ServiceConfig& s, size_t i) {
+    return s.placements[i].device != "cpu" && s.residency.mode != "pinned";
+  };
+  std::vector<std::pair<const config::ServiceConfig*, size_t>> order;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const auto& s : cfg.services) {
+      for (size_t i = 0; i < s.placements.size(); ++i) {
+        if (movable(s, i) == (pass == 1)) order.emplace_back(&s, i);
+      }
+    }
+  }
+  for (const auto& [sp, i] : order) {
+    {
+      const config::ServiceConfig& s = *sp;
       if (only && WorkerKey(s, i) != *only) continue;
       const auto& p = s.placements[i];
       PlacementAdmission a;
@@ -130,6 +146,10 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
       } else if (Status st = l->Reserve(WorkerKey(s, i), a.predicted_bytes, 1); st.ok()) {
         a.admitted = true;
         a.reason = "fits: " + std::to_string(a.predicted_bytes >> 20) + " MiB predicted";
+        if (!only && movable(s, i)) {
+          l->Release(WorkerKey(s, i));  // loads when needed; holds nothing at start
+          a.reason += " (loads on demand, beside the pinned services)";
+        }
       } else {
         a.reason = st.message();
       }

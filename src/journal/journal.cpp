@@ -221,17 +221,6 @@ StatusOr<int> Journal::Prune() {
   return deleted;
 }
 
-Status Journal::RecordEvent(const std::string& kind, const std::string& service, const std::string& detail_json) {
-  const int64_t now = clock_.NowMs();
-  return Write(
-      [&]() -> Status {
-        Stmt ins(*stmts_, "INSERT INTO events(at_ms, kind, service, detail) VALUES(?1,?2,?3,?4);");
-        ins.Bind(1, now).Bind(2, kind).Bind(3, service).Bind(4, detail_json);
-        return Done(ins.Step(), "event");
-      },
-      Bytes(detail_json));
-}
-
 // --- reads: the connection between batches ---
 
 StatusOr<std::vector<Journal::Event>> Journal::RecentEvents(int limit) {

@@ -202,6 +202,8 @@ class Journal {
   // evicted for another, refused room), kept like requests for the
   // retention: `detail` is JSON. Blocking (a write like the others).
   Status RecordEvent(const std::string& kind, const std::string& service, const std::string& detail_json);
+  // The same, queued (in call order with the other writes); `done` once committed.
+  void RecordEventAsync(std::string kind, std::string service, std::string detail_json, OnCommit done);
   struct Event {
     int64_t at_ms = 0;
     std::string kind, service, detail;

@@ -459,6 +459,21 @@ Status Journal::Finish(const std::string& id, State state, int status, const std
   });
 }
 
+Status Journal::RecordEvent(const std::string& kind, const std::string& service, const std::string& detail_json) {
+  return AwaitResult<Status>([&](OnCommit done) { RecordEventAsync(kind, service, detail_json, std::move(done)); });
+}
+
+void Journal::RecordEventAsync(std::string kind, std::string service, std::string detail_json, OnCommit done) {
+  const int64_t now = clock_.NowMs();
+  const size_t bytes = Bytes(detail_json);
+  auto op = [this, now, kind = std::move(kind), service = std::move(service), detail = std::move(detail_json)]() -> Status {
+    Stmt ins(*stmts_, "INSERT INTO events(at_ms, kind, service, detail) VALUES(?1,?2,?3,?4);");
+    ins.Bind(1, now).Bind(2, kind).Bind(3, service).Bind(4, detail);
+    return Done(ins.Step(), "event");
+  };
+  Submit(std::move(op), bytes, std::move(done), Lead::kNever);
+}
+
 // An Accept and a StartAttempt overlap with what follows them (the worker
 // computes meanwhile), so they go to the journal's thread; the others are
 // awaited at once, so at NORMAL they commit on the caller's thread if they can.

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "api/http_client.h"
 #include "common/json_log.h"
@@ -348,7 +349,11 @@ void Supervisor::Loop() {
       next_rotation_ms = clock_.NowMs() + 10000;
     }
     std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_.load(); });
+    // While a worker starts, its readiness is looked for every 10 ms: a
+    // request waiting for a load (on demand, after an eviction) gets it sooner.
+    bool starting = false;
+    for (const auto& [k, w] : workers_) starting |= w.view.state == WorkerState::kStarting;
+    cv_.wait_for(lk, std::chrono::milliseconds(starting ? 10 : 50), [&] { return stop_.load(); });
   }
 }
 
@@ -552,6 +557,30 @@ void Supervisor::Release(const std::string& key) {
   w.view.last_exit = "released (idle)";
   w.view.info.reset();
   w.kill_at_ms = clock_.NowMs() + 5000;
+}
+
+bool Supervisor::WaitReleased(const std::string& key, int64_t timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = workers_.find(key);
+      if (it == workers_.end()) return true;
+      Worker& w = it->second;
+      if (w.view.state != WorkerState::kStopped) return false;  // started again meanwhile
+      if (w.view.pid <= 0) return true;
+      int status = 0;
+      if (Ended(Process(w), &status)) {  // reaped here as Poll would
+        w.view.pid = 0;
+        w.view.adopted = false;
+        RemoveRecord(w.spec.key);
+        memory_freed_ = true;
+        return true;
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 bool Supervisor::Running(const std::string& key) const {

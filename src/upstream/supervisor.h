@@ -141,6 +141,7 @@ class Supervisor : public Workers {
   void Demand(const std::string& key) override;
   // Stops an on-demand worker (SIGTERM, SIGKILL after 5 s); it stays stopped until Demand().
   void Release(const std::string& key) override;
+  bool WaitReleased(const std::string& key, int64_t timeout_ms) override;
   // Starting or ready (an on-demand worker that is stopped is not).
   bool Running(const std::string& key) const;
   bool OnDemand(const std::string& key) const override;

@@ -58,6 +58,13 @@ class Workers {
   virtual void Demand(const std::string& key) = 0;
   // Stops an on-demand worker; it stays stopped until Demand().
   virtual void Release(const std::string& key) = 0;
+  // After Release(): waits up to `timeout_ms` for its process to end (its
+  // memory to be free); true once it has. (Fakes: at once.)
+  virtual bool WaitReleased(const std::string& key, int64_t timeout_ms) {
+    (void)key;
+    (void)timeout_ms;
+    return true;
+  }
   virtual bool OnDemand(const std::string& key) const = 0;
   // Reports a failure seen by a caller (connection refused...): the worker is checked at once.
   virtual void Suspect(const std::string& key) = 0;

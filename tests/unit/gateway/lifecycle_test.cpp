@@ -411,10 +411,15 @@ TEST_F(LifecycleTest, AServiceQueueIsBoundedByItsOwnMaxQueue) {
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
   fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { fallback_.Hold(req, std::move(ex)); };
   std::vector<std::shared_ptr<RecordingExchange>> running;
-  for (int i = 0; i < 3; ++i) running.push_back(Complete("q-run-" + std::to_string(i)));
-  ASSERT_TRUE(Eventually([&] { return primary_.calls() + fallback_.calls() == 3; }));
+  for (int i = 0; i < 3; ++i) {  // one at a time: a request counts as waiting until its first attempt runs
+    running.push_back(Complete("q-run-" + std::to_string(i)));
+    ASSERT_TRUE(Eventually([&] { return primary_.calls() + fallback_.calls() == static_cast<size_t>(i + 1); }));
+  }
   auto waiting = Complete("q-wait");
-  ASSERT_TRUE(Eventually([&] { return Journaled("q-wait").state == journal::State::kQueued; }));
+  ASSERT_TRUE(Eventually([&] {
+    auto r = journal_->Get("q-wait");
+    return r.ok() && r->state == journal::State::kQueued;
+  }));
   auto refused = Complete("q-refused");
   ASSERT_TRUE(refused->Wait());
   EXPECT_EQ(refused->status(), 503u) << refused->body();
