@@ -53,8 +53,9 @@ StatusOr<ModelShape> ShapeFromMetadata(const gguf::Metadata& m) {
     }
   }
   s.tied_output = !has_output;
-  // The worker's test (worker/model.cpp): the key's presence, whatever its value.
-  s.embedding = m.kv.count(s.architecture + ".pooling_type") > 0;
+  // The worker's test (worker/model.cpp) and model_info's: a pooling type
+  // other than none (0, LLAMA_POOLING_TYPE_NONE).
+  s.embedding = m.ArchUint("pooling_type").value_or(0) != 0;
   return s;
 }
 

@@ -29,7 +29,7 @@ struct ModelShape {
   uint32_t n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, head_dim_k = 0, head_dim_v = 0;
   uint32_t n_vocab = 0, n_ctx_train = 0, n_ff = 0;
   bool tied_output = false;       // no output.weight: the output reuses token_embd
-  // <arch>.pooling_type is present: the worker serves it as an embedding model
+  // <arch>.pooling_type is set and not none (0): the worker serves it as an embedding model
   // (worker/model.cpp), with the settings AsWorkerRuns describes.
   bool embedding = false;
   uint64_t token_embd_bytes = 0;  // always on the host

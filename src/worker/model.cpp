@@ -182,7 +182,9 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, const Plac
   m->name_ = MetaString(m->model_, "general.name");
   if (m->name_.empty()) m->name_ = fs::path(path).stem().string();
   const std::string arch = MetaString(m->model_, "general.architecture");
-  m->embedding_ = !MetaString(m->model_, (arch + ".pooling_type").c_str()).empty();
+  // A pooling type other than none (0): an embedding model (models/model_info.cpp and the estimator agree).
+  const std::string pooling = MetaString(m->model_, (arch + ".pooling_type").c_str());
+  m->embedding_ = !pooling.empty() && pooling != "0";
   if (const char* t = llama_model_chat_template(m->model_, nullptr)) m->chat_template_ = t;
   if (!m->embedding_ && !placement.dry_run) {
     auto chat = ChatTemplates::ForModel(m->model_);
