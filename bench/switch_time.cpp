@@ -86,6 +86,7 @@ int main(int argc, char** argv) {
   auto g = spillway::bench::StartGateway(bin, config, "switch");
   if (g.port == 0) {
     std::fprintf(stderr, "switch_time: the gateway did not start (log in %s)\n", g.dir.c_str());
+    spillway::bench::StopGateway(g, /*keep_dir=*/true);  // it may still run: stopped, its log kept
     return 1;
   }
   const std::string chat = R"({"model":"chat","messages":[{"role":"user","content":"hi"}],"max_tokens":1,"temperature":0})";
