@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <future>
 #include <memory>
@@ -272,6 +276,50 @@ TEST_F(ExternalTest, WhisperServerTranscribesBehindTheGateway) {
   ASSERT_TRUE(direct.ready());
   EXPECT_EQ(Body(r)["text"], TranscriptText(direct.Transcribe(WavBytes(440, 1))));
   EXPECT_EQ(WaitTerminal(g->port(), "wh-1")["state"], "completed");
+}
+
+TEST_F(ExternalTest, LlamaServerStartedBySpillwayAndAServerThatRunsAlready) {
+  const std::string llama_server = EnvOr("LLAMA_SERVER");
+  if (llama_server.empty()) GTEST_SKIP() << "LLAMA_SERVER is not set (run through ctest)";
+  // A server Spillway did not start: the fake upstream, on a port it picks and prints.
+  const pid_t running = SpawnProcess({FakeUpstream(), "--port", "0", "--log", log_}, dir_ + "/running.out", dir_ + "/running.err");
+  uint16_t port = 0;
+  for (int i = 0; i < 200 && port == 0; ++i) {
+    std::this_thread::sleep_for(20ms);
+    std::sscanf(ReadTextFile(dir_ + "/running.out").c_str(), "fake-upstream listening on %hu", &port);
+  }
+  ASSERT_NE(port, 0);
+  std::ostringstream os;
+  os << "[[service]]\nname = \"lsrv\"\nkind = \"external\"\nmodel = \"" << ModelPath("tiny-embed") << "\"\n"
+     << "command = \"" << llama_server
+     << " -m ${MODEL} --host 127.0.0.1 --port ${PORT} --embeddings -c 512 -t 1 --no-warmup\"\n"
+     << "routes = { \"/v1/embeddings\" = \"/v1/embeddings\" }\nidempotent = true\n"
+     << "[[service]]\nname = \"running\"\nkind = \"external\"\nurl = \"http://127.0.0.1:" << port << "\"\n"
+     << "routes = { \"/v1/rerank\" = \"/v1/rerank\" }\n";
+  auto g = Start(TestConfig(2, os.str()));
+  // llama.cpp's own server behind the gateway's /v1/embeddings.
+  auto e = Call(g->port(), "POST", "/v1/embeddings", R"({"model":"lsrv","input":"hello world"})");
+  ASSERT_EQ(e.status, 200) << e.body;
+  const json ej = Body(e);
+  ASSERT_TRUE(ej["data"][0]["embedding"].is_array()) << e.body;
+  EXPECT_GT(ej["data"][0]["embedding"].size(), 8u);
+  // The embed service of the same file, through spillway-worker: the same dimension.
+  auto w = Call(g->port(), "POST", "/v1/embeddings", R"({"model":"embed","input":"hello world"})");
+  ASSERT_EQ(w.status, 200) << w.body;
+  EXPECT_EQ(Body(w)["data"][0]["embedding"].size(), ej["data"][0]["embedding"].size());
+  // The server that runs already: proxied, shown as not Spillway's to start or stop.
+  auto r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"running","query":"q"})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["path"], "/v1/rerank");
+  EXPECT_EQ(ExternalStatus(g->port(), "running")["state"], "external");
+  // Gone: a request that cannot reach it is tried again (nothing was sent), then answered 502, not hung.
+  kill(running, SIGKILL);
+  waitpid(running, nullptr, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"running","query":"q"})");
+  EXPECT_EQ(r.status, 502) << r.body;
+  EXPECT_NE(r.body.find("failed 3 times"), std::string::npos) << r.body;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
 }
 
 }  // namespace
