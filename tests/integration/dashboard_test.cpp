@@ -226,7 +226,13 @@ TEST(DashboardTest, ALostDeviceShowsTheFallbackItsLimitsAndTheIncidents) {
   GatewayProcess gw(os.str());
   ASSERT_TRUE(gw.Start()) << gw.Output();
   const uint16_t p = gw.port();
+  // /readyz is ready once any placement serves (the CPU fallback may load
+  // first): the primary on sim:0 is waited for, as a condition.
   json status = Body(Call(p, "GET", "/v1/status"));
+  for (int i = 0; i < 1500 && status["services"][0]["state"] != "ready"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    status = Body(Call(p, "GET", "/v1/status"));
+  }
   ASSERT_EQ(status["services"][0]["state"], "ready") << status.dump();
   json sim0;
   for (const auto& d : status["devices"]) {
