@@ -229,9 +229,7 @@ int Serve(const ServeArgs& a) {
   auto admitted_starts = std::make_shared<std::map<std::string, int64_t>>();
   supervisor.SetStartGate([&cfg, &supervisor, &clock, &calibration, &gw, admitted_starts](const std::string& key) -> Status {
     // An external server: its resident memory (measured, else declared) must fit its device.
-    if (const auto* e = cfg.FindExternal(key.substr(0, key.rfind('.'))); e && gateway::ExternalKey(*e) == key) {
-      return gw.RoomFor(key, gw.ExternalResidentBytes(*e));
-    }
+    if (const auto* e = gateway::ExternalOfKey(cfg, key)) return gw.RoomFor(key, gw.ExternalResidentBytes(*e));
     std::set<std::string> starting, not_waiting;
     for (const auto& w : supervisor.Snapshot()) {
       if (w.state == upstream::WorkerState::kStarting && w.key != key) starting.insert(w.key);
@@ -271,7 +269,7 @@ int Serve(const ServeArgs& a) {
   auto ready_mu = std::make_shared<std::mutex>();
   supervisor.SetOnReady([&cfg, &supervisor, &gw, &calibration, &notifications, first_ready,
                          ready_mu](const std::string& key, uint16_t port) {
-    if (const auto* e = cfg.FindExternal(key.substr(0, key.rfind('.'))); e && gateway::ExternalKey(*e) == key) {
+    if (const auto* e = gateway::ExternalOfKey(cfg, key)) {
       gw.WorkerReady(key);
       notifications.WorkerReady(key);
       for (const auto& w : supervisor.Snapshot()) {

@@ -32,6 +32,12 @@ struct DeviceReading {
   uint64_t total = 0;
   uint64_t free = 0;
   std::vector<ProcessMemory> processes;
+  // What process `pid` holds on the device (all its entries); 0 for pid <= 0.
+  uint64_t BytesOf(int32_t pid) const {
+    uint64_t bytes = 0;
+    for (const auto& p : processes) bytes += pid > 0 && p.pid == pid ? p.bytes : 0;
+    return bytes;
+  }
 };
 
 class DeviceTelemetry {

@@ -109,9 +109,7 @@ void Gateway::PostStatus(std::function<void()> f) {
 CapacitySignal& Gateway::SignalFor(const std::string& service) { return *signals_.at(service); }
 
 void Gateway::WorkerReady(const std::string& key) {
-  for (const auto& e : config_.externals) {
-    if (ExternalKey(e) == key) signals_.at(e.name)->Notify();
-  }
+  if (const auto* e = ExternalOfKey(config_, key)) signals_.at(e->name)->Notify();
   for (const auto& s : config_.services) {
     for (size_t i = 0; i < s.placements.size(); ++i) {
       if (WorkerKey(s, i) == key) signals_.at(s.name)->Notify();

@@ -72,8 +72,10 @@ namespace spillway::gateway {
 
 class PendingStatus;  // offload.h
 
-// The supervisor key of an external service's server ("<name>.ext").
+// The supervisor key of an external service's server ("<name>.ext"), and
+// the external service a supervisor key belongs to (null: none).
 std::string ExternalKey(const config::ExternalConfig& e);
+const config::ExternalConfig* ExternalOfKey(const config::GatewayConfig& config, const std::string& key);
 
 // The dashboard's paths (/, /ui, /ui/...) and their compiled-in files (gateway_ui.cpp).
 bool IsUiPath(const std::string& path);
@@ -129,9 +131,10 @@ class Gateway {
   // a CPU replica after idle_unload_s, an accelerator placement or external
   // server after keep_alive_s, at once when evicted or outside its window.
   bool IdleReplica(const std::string& key);
-  // Whether accelerator placement `k` of `svc` takes no new requests now
-  // (unloading for another service, outside its window, refused room): why.
-  bool HeldBack(const config::ServiceConfig& svc, size_t k, std::string* why);
+  // Whether accelerator placement `k` of `svc` takes no new requests now,
+  // and why (in words too, when `why` is given).
+  enum class Hold { kNone, kUnloading, kNoRoom, kOutsideWindow };
+  Hold HeldBack(const config::ServiceConfig& svc, size_t k, std::string* why);
   // A batch/background service outside its windows (or interactive work not idle long enough): why.
   bool OutsideWindow(const config::ResidencyConfig& r, std::string* why, int* opens_in_s = nullptr) const;
   // A residency decision: printed, kept for /v1/status, journaled as an event.
@@ -180,7 +183,6 @@ class Gateway {
                                            std::shared_ptr<Live> live, bool unjournaled);
   // A chat, completion or embedding request whose model names an external service.
   bool RoutesToExternal(const http::Request& req, const std::string& path) const;
-  bool IsExternalKey(const std::string& key) const;
   // The port of an external service that can take a request now.
   std::optional<uint16_t> ExternalPort(const config::ExternalConfig& e) const;
   // Whether its device has room for one more request's transient peak (the reason when not).

@@ -150,20 +150,19 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
   // An on-demand replica that is stopped can take requests: it is started
   // when chosen. A placement held back (unloading for another service,
   // outside its window, no room) takes none while another can.
+  std::vector<Hold> holds(states.size(), Hold::kNone);
   std::vector<bool> held(states.size(), false);
   auto refresh_held = [&] {
-    for (size_t k = 0; k < states.size(); ++k) held[k] = HeldBack(svc, k, nullptr);
     bool other = false;
     for (size_t k = 0; k < states.size(); ++k) {
+      holds[k] = HeldBack(svc, k, nullptr);
+      held[k] = holds[k] != Hold::kNone;
       other |= !held[k] && states[k]->admission.admitted &&
                (supervisor_.ReadyPort(states[k]->key).has_value() || supervisor_.OnDemand(states[k]->key));
     }
     // Nothing else can serve: a placement short of room is still waited for.
     if (!other) {
-      for (size_t k = 0; k < states.size(); ++k) {
-        std::string why;
-        if (held[k] && HeldBack(svc, k, &why) && why.find("has no room") != std::string::npos) held[k] = false;
-      }
+      for (size_t k = 0; k < states.size(); ++k) held[k] = held[k] && holds[k] != Hold::kNoRoom;
     }
   };
   refresh_held();
@@ -171,12 +170,12 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
     return !held[k] && (supervisor_.ReadyPort(states[k]->key).has_value() || supervisor_.OnDemand(states[k]->key));
   };
   auto demand_all = [&] {
+    refresh_held();  // as things are now
     for (size_t k = 0; k < states.size(); ++k) {
       if (!states[k]->admission.admitted || !supervisor_.OnDemand(states[k]->key)) continue;
-      std::string why;
       // Unloading or outside its window: not started again now. Short of
       // room: asked again, so that it comes back once there is room.
-      if (held[k] && HeldBack(svc, k, &why) && why.find("has no room") == std::string::npos) continue;
+      if (holds[k] == Hold::kUnloading || holds[k] == Hold::kOutsideWindow) continue;
       // Wanted now: not idle, so the supervisor does not release it again
       // before this request reaches it.
       board_.Touch(svc.name, k);

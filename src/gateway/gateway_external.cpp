@@ -47,11 +47,11 @@ bool RelayedType(const std::string& type) {
 
 std::string ExternalKey(const config::ExternalConfig& e) { return e.name + ".ext"; }
 
-bool Gateway::IsExternalKey(const std::string& key) const {
-  for (const auto& e : config_.externals) {
-    if (ExternalKey(e) == key) return true;
+const config::ExternalConfig* ExternalOfKey(const config::GatewayConfig& config, const std::string& key) {
+  for (const auto& e : config.externals) {
+    if (ExternalKey(e) == key) return &e;
   }
-  return false;
+  return nullptr;
 }
 
 std::optional<uint16_t> Gateway::ExternalPort(const config::ExternalConfig& e) const {
@@ -172,8 +172,8 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
       }
       std::string note;
       port = ExternalPort(*svc);
-      const std::string waited_for = live->WaitState().first;
       if (port && clock_.NowMs() - waiting_since > kQueueWaitMs) {
+        const std::string waited_for = live->WaitState().first;
         co_return co_await fail(State::kFailed, Status::ResourceExhausted("waited " + std::to_string(kQueueWaitMs / 1000) +
                                                                           " s: " + waited_for).WithRetryAfter(5));
       }
@@ -299,8 +299,7 @@ Status Gateway::TransientRoom(const config::ExternalConfig& svc) {
   auto reading = (*telemetry)->Read();
   if (!reading.ok()) return Status::Ok();
   const auto dc = config_.Device(svc.device);
-  const uint64_t headroom =
-      memory::Headroom{static_cast<uint64_t>(dc.headroom_mib * 1024 * 1024), dc.headroom_pct}.For(reading->total);
+  const uint64_t headroom = HeadroomOf(dc).For(reading->total);
   const uint64_t measured = external_lines_->Measured(svc.name).second;
   const auto peak = measured > 0 ? measured : static_cast<uint64_t>(svc.transient_mib * 1024 * 1024);
   const uint64_t others = peak * static_cast<uint64_t>(std::max(0, external_lines_->Running(svc.name) - 1));
@@ -355,9 +354,7 @@ json Gateway::ExternalsJson() const {
     uint64_t device_bytes = 0;
     if (pid > 0 && e.device != "cpu") {
       if (auto t = Telemetry(e.device); t.ok()) {
-        if (auto r = (*t)->Read(); r.ok()) {
-          for (const auto& p : r->processes) device_bytes += p.pid == pid ? p.bytes : 0;
-        }
+        if (auto r = (*t)->Read(); r.ok()) device_bytes = r->BytesOf(pid);
       }
       external_lines_->Observe(e.name, device_bytes);
     }

@@ -103,26 +103,26 @@ bool Gateway::OutsideWindow(const config::ResidencyConfig& r, std::string* why, 
   return false;
 }
 
-bool Gateway::HeldBack(const config::ServiceConfig& svc, size_t k, std::string* why) {
-  if (svc.placements[k].device == "cpu") return false;
+Gateway::Hold Gateway::HeldBack(const config::ServiceConfig& svc, size_t k, std::string* why) {
+  if (svc.placements[k].device == "cpu") return Hold::kNone;
   const std::string key = WorkerKey(svc, k);
   {
     std::lock_guard<std::mutex> lk(residency_mu_);
     if (evicting_.count(key)) {
       if (why) *why = svc.placements[k].Name() + " is unloading to give its room to another service";
-      return true;
+      return Hold::kUnloading;
     }
     if (room_refused_.count(key)) {
       if (why) *why = svc.placements[k].Name() + " has no room on " + svc.placements[k].device + " now";
-      return true;
+      return Hold::kNoRoom;
     }
   }
   std::string w;
   if (OutsideWindow(svc.residency, &w)) {
     if (why) *why = svc.placements[k].Name() + " is " + w;
-    return true;
+    return Hold::kOutsideWindow;
   }
-  return false;
+  return Hold::kNone;
 }
 
 void Gateway::NoteResidency(const std::string& kind, const std::string& service, json detail) {
@@ -150,11 +150,10 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need) {
       if (OutsideWindow(s.residency, &why)) return Status::ResourceExhausted(why);
     }
   }
-  for (const auto& e : config_.externals) {
-    if (ExternalKey(e) != key) continue;
-    device = e.device;
-    service = e.name;
-    priority = e.residency.PriorityRank();
+  if (const auto* e = ExternalOfKey(config_, key)) {
+    device = e->device;
+    service = e->name;
+    priority = e->residency.PriorityRank();
   }
   if (device.empty() || device == "cpu") return Status::Ok();
   auto telemetry = Telemetry(device);
@@ -162,8 +161,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need) {
   auto reading = (*telemetry)->Read();
   if (!reading.ok()) return Status::Ok();
   const auto dc = config_.Device(device);
-  const uint64_t headroom =
-      memory::Headroom{static_cast<uint64_t>(dc.headroom_mib * 1024 * 1024), dc.headroom_pct}.For(reading->total);
+  const uint64_t headroom = HeadroomOf(dc).For(reading->total);
   const uint64_t available = reading->free > headroom ? reading->free - headroom : 0;
   // What each service holds on the device now (its processes' bytes there).
   const auto workers = supervisor_.Snapshot();
@@ -173,7 +171,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need) {
       if (w.key != k || w.pid <= 0) continue;
       *pid = w.pid;
       *reload_s = static_cast<double>(w.last_start_ms) / 1000;
-      for (const auto& p : reading->processes) bytes += p.pid == w.pid ? p.bytes : 0;
+      bytes += reading->BytesOf(w.pid);
     }
     return bytes;
   };
@@ -273,14 +271,13 @@ bool Gateway::IdleReplica(const std::string& key) {
     for (auto& [name, signal] : signals_) signal->Notify();
   };
   // An external server: after keep_alive_s with nothing running or waiting (0: kept), or evicted.
-  for (const auto& e : config_.externals) {
-    if (ExternalKey(e) != key) continue;
+  if (const auto* e = ExternalOfKey(config_, key)) {
     std::string window;
-    const bool outside = OutsideWindow(e.residency, &window);
-    int64_t idle_ms = evicting || outside ? 0 : static_cast<int64_t>(e.residency.keep_alive_s * 1000);
-    if (!evicting && !outside && e.residency.keep_alive_s <= 0) return false;
-    if (!external_lines_->Idle(e.name, idle_ms, clock_.NowMs())) return false;
-    unloaded(e.name, evicting ? "evicted" : outside ? window : "idle past keep_alive_s");
+    const bool outside = OutsideWindow(e->residency, &window);
+    int64_t idle_ms = evicting || outside ? 0 : static_cast<int64_t>(e->residency.keep_alive_s * 1000);
+    if (!evicting && !outside && e->residency.keep_alive_s <= 0) return false;
+    if (!external_lines_->Idle(e->name, idle_ms, clock_.NowMs())) return false;
+    unloaded(e->name, evicting ? "evicted" : outside ? window : "idle past keep_alive_s");
     return true;
   }
   for (const auto& s : config_.services) {

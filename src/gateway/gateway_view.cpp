@@ -192,10 +192,7 @@ json Gateway::DevicesJson(const json& status) {
       std::set<int32_t> known;
       for (auto& u : d["services"]) {
         const int32_t pid = u["pid"].get<int32_t>();
-        uint64_t held = 0;
-        for (const auto& proc : reading->processes) {
-          if (pid > 0 && proc.pid == pid) held += proc.bytes;
-        }
+        const uint64_t held = reading->BytesOf(pid);
         if (pid > 0) known.insert(pid);
         u["held_bytes"] = held;
         // What a worker holds beyond its buffers is transient (graph scratch, allocator slack).
@@ -231,7 +228,7 @@ json Gateway::DevicesJson(const json& status) {
     if (d.contains("total_bytes")) {
       const auto dc = config_.Device(name);
       const uint64_t total = d["total_bytes"].get<uint64_t>();
-      d["headroom_bytes"] = memory::Headroom{static_cast<uint64_t>(dc.headroom_mib * 1024 * 1024), dc.headroom_pct}.For(total);
+      d["headroom_bytes"] = HeadroomOf(dc).For(total);
       // Memory nobody declared to Spillway: other programs, other users.
       const uint64_t used = d["used_bytes"].get<uint64_t>();
       d["other_bytes"] = used > managed ? used - managed : 0;

@@ -81,7 +81,7 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
     if (!capacity) return nullptr;
     const auto dc = cfg.Device(device);
     auto l = std::make_unique<memory::DeviceLedger>(
-        device, *capacity, memory::Headroom{static_cast<uint64_t>(dc.headroom_mib * 1024 * 1024), dc.headroom_pct});
+        device, *capacity, HeadroomOf(dc));
     l->Observe(*free, 1);
     return (ledgers[device] = std::move(l)).get();
   };

@@ -13,6 +13,7 @@
 
 #include "config/config.h"
 #include "memory/estimator.h"
+#include "memory/ledger.h"
 
 namespace spillway::gateway {
 
@@ -53,6 +54,11 @@ std::map<std::string, PlacementAdmission> AdmitPlacements(PlacementCalibration* 
 // Placement `i` of `s`: its predicted bytes on its device (weights + KV pool
 // + compute from GGUF metadata), uncalibrated, as admission predicts them
 // before any worker ran; the estimator's error when the model has no estimate.
+// The memory kept free on a device, as its [[device]] configures it.
+inline memory::Headroom HeadroomOf(const config::DeviceConfig& dc) {
+  return memory::Headroom{static_cast<uint64_t>(dc.headroom_mib * 1024 * 1024), dc.headroom_pct};
+}
+
 StatusOr<uint64_t> PredictPlacementBytes(const config::ServiceConfig& s, size_t i);
 
 // A worker of placement `key` allocated `observed_bytes` on its device.

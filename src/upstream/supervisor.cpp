@@ -374,7 +374,8 @@ void Supervisor::Round() {
     std::string key;
     pid_t pid;
     uint16_t port;
-    bool info;  // also refresh its cached /info
+    bool info;                 // also refresh its cached /info
+    std::string health_path;   // an external server's ("": a worker's own)
   };
   {
     std::vector<Check> checks;
@@ -382,6 +383,7 @@ void Supervisor::Round() {
       std::string key;
       pid_t pid;
       uint16_t port;
+      std::string health_path;  // an external server's, while it starts
     };
     std::vector<Ready> became_ready, listening, probes;
     std::vector<std::string> idle_candidates;
@@ -417,14 +419,14 @@ void Supervisor::Round() {
         if (w.spec.external()) {
           if (w.view.state == WorkerState::kStarting && now >= w.next_health_ms) {
             w.next_health_ms = now + kStartProbePeriodMs;
-            probes.push_back({k, w.view.pid, w.view.port});
+            probes.push_back({k, w.view.pid, w.view.port, w.spec.health_path});
           }
         } else if (!was_listening && w.view.state == WorkerState::kStarting && w.view.port != 0) {
-          listening.push_back({k, w.view.pid, w.view.port});
+          listening.push_back({k, w.view.pid, w.view.port, ""});
         }
         if (was_up && w.view.state == WorkerState::kBackoff) exits.emplace_back(k, w.view.last_exit);
         if ((!was_ready || w.announce_ready) && w.view.state == WorkerState::kReady) {
-          became_ready.push_back({k, w.view.pid, w.view.port});
+          became_ready.push_back({k, w.view.pid, w.view.port, ""});
         }
         w.announce_ready = false;
         if (w.spec.on_demand && w.view.state == WorkerState::kReady) idle_candidates.push_back(k);
@@ -432,7 +434,8 @@ void Supervisor::Round() {
           w.next_health_ms = now + kHealthPeriodMs;
           const bool info = now >= w.next_info_ms;
           if (info) w.next_info_ms = now + kInfoPeriodMs;
-          checks.push_back({k, w.view.pid, w.view.port, info});
+          checks.push_back({k, w.view.pid, w.view.port, info && !w.spec.external(),
+                            w.spec.external() ? w.spec.health_path : std::string()});
         }
       }
       // A process ended (released, evicted, exited): starts the gate held
@@ -451,13 +454,7 @@ void Supervisor::Round() {
     for (const auto& r : became_ready) RefreshInfo(r.key, r.pid, r.port);
     // An external server that is starting is ready once its health path answers 200.
     for (const auto& r : probes) {
-      std::string path;
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        auto it = workers_.find(r.key);
-        if (it != workers_.end()) path = it->second.spec.health_path;
-      }
-      auto h = http::Fetch("127.0.0.1", r.port, "GET", path, "", {}, std::chrono::milliseconds(500));
+      auto h = http::Fetch("127.0.0.1", r.port, "GET", r.health_path, "", {}, std::chrono::milliseconds(500));
       if (h.ok() && h->status == 200) listening.push_back(r);
     }
     // A worker that has just started listening is asked first, then ready.
@@ -488,14 +485,8 @@ void Supervisor::Round() {
     }
     // Health checks run without the lock: callers asking for ports never wait on them.
     for (const auto& c : checks) {
-      std::string external_path;
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        auto it = workers_.find(c.key);
-        if (it != workers_.end() && it->second.spec.external()) external_path = it->second.spec.health_path;
-      }
-      const bool external = !external_path.empty();
-      auto r = external ? http::Fetch("127.0.0.1", c.port, "GET", external_path, "", {}, std::chrono::milliseconds(1000))
+      const bool external = !c.health_path.empty();
+      auto r = external ? http::Fetch("127.0.0.1", c.port, "GET", c.health_path, "", {}, std::chrono::milliseconds(1000))
                         : http::Fetch("127.0.0.1", c.port, "GET", std::string(protocol::kHealthPath), "", AuthHeaders(),
                                       std::chrono::milliseconds(1000));
       // A worker whose device is lost answers 503: it cannot recover in place.
@@ -513,7 +504,7 @@ void Supervisor::Round() {
         if (was_ready && it->second.view.state == WorkerState::kBackoff) why = it->second.view.last_exit;
       }
       if (!why.empty() && on_exit_) on_exit_(c.key, why);
-      if (healthy && c.info && !external) RefreshInfo(c.key, c.pid, c.port);
+      if (healthy && c.info) RefreshInfo(c.key, c.pid, c.port);
     }
   }
 }
