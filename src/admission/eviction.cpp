@@ -23,8 +23,28 @@ std::string Mib(uint64_t b) {
 }  // namespace
 
 EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_priority, const std::string& requester_key,
-                          const std::vector<Resident>& residents) {
+                          const std::vector<Resident>& residents, bool exclusive) {
   EvictionPlan plan;
+  if (exclusive) {
+    std::string names;
+    for (const auto& r : residents) {
+      if (r.pinned || r.key == requester_key || r.bytes == 0) continue;
+      plan.evict.push_back(r.key);
+      if (r.running > 0) plan.drain.push_back(r.key);
+      plan.freed += r.bytes;
+      names += (names.empty() ? "" : ", ") + r.service + " (" + Mib(r.bytes) + (r.running > 0 ? ", draining)" : ", idle)");
+    }
+    plan.fits = need <= available + plan.freed;
+    plan.reason = names.empty() ? "exclusive device: nothing else loaded"
+                                : "exclusive device (one service at a time): unloading " + names;
+    if (!plan.fits) {
+      plan.reason = "needs " + Mib(need) + ", " + Mib(available + plan.freed) + " even with every other service unloaded";
+      plan.evict.clear();
+      plan.drain.clear();
+      plan.freed = 0;
+    }
+    return plan;
+  }
   if (need <= available) {
     plan.fits = true;
     plan.reason = "fits: needs " + Mib(need) + ", " + Mib(available) + " available";

@@ -19,6 +19,11 @@
 //            even all the allowed ones would not make room, none is taken
 //            (unloading cannot help: the requester waits or is refused).
 //
+// An exclusive device (`exclusive = true`, llama-swap's "swap" group: one
+// model at a time) has one rule instead: every other service loaded there
+// that is not pinned is unloaded, whatever its priority and whether or not
+// the room would suffice, busy ones after their running requests end.
+//
 // Windows (batch work only at night, or once interactive work has gone
 // quiet) are InWindow's: the local time's minute of the day against
 // "HH:MM-HH:MM" ranges, which may cross midnight.
@@ -53,7 +58,7 @@ struct EvictionPlan {
 };
 
 EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_priority, const std::string& requester_key,
-                          const std::vector<Resident>& residents);
+                          const std::vector<Resident>& residents, bool exclusive = false);
 
 // Whether `minute_of_day` (0..1439, local time) falls in one of `windows`
 // ("HH:MM-HH:MM", end exclusive; a range that ends before it starts crosses

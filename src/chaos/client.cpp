@@ -9,9 +9,13 @@
 
 namespace spillway::chaos {
 
+std::string ServiceOf(const std::string& kind) {
+  return kind == "embedding" ? "embed" : kind == "search" ? "search" : "chat";
+}
+
 json Run::BodyFor(const PlannedRequest& p) const {
   const std::string text = PromptText(p.seed ^ std::hash<std::string>{}(p.id), p.prompt_words);
-  if (p.kind == "embedding") return {{"model", "embed"}, {"input", text}};
+  if (p.kind == "embedding" || p.kind == "search") return {{"model", ServiceOf(p.kind)}, {"input", text}};
   json b = {{"model", "chat"}, {"max_tokens", p.max_tokens}, {"seed", p.seed}, {"temperature", 0.8}, {"stream", p.stream}};
   if (p.stream) b["stream_options"] = {{"include_usage", true}};
   if (p.kind == "completion") {
@@ -34,13 +38,13 @@ RequestRecord Run::Send(const PlannedRequest& p) {
   RequestRecord r;
   r.id = p.id;
   r.scenario = s_.name;
-  r.service = p.kind == "embedding" ? "embed" : "chat";
+  r.service = ServiceOf(p.kind);
   r.kind = p.kind;
   r.stream = p.stream;
   r.deterministic = p.kind == "completion" || p.kind == "chat";
   r.sent_ms = SinceStart();
   const json body = BodyFor(p);
-  const std::string path = p.kind == "embedding" ? "/v1/embeddings"
+  const std::string path = p.kind == "embedding" || p.kind == "search" ? "/v1/embeddings"
                            : p.kind == "completion" ? "/v1/completions"
                                                     : "/v1/chat/completions";
   const uint16_t port = port_.load();

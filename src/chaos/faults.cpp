@@ -107,7 +107,7 @@ void Run::Inject(const std::string& kind, FaultEvent* ev) {
   } else if (kind == "memory-step") {
     // A quarter of what is free goes, until the end of the fault window.
     const uint64_t mib = free_mib() / 4;
-    const double left_s = std::max(1.0, (o_.duration_ms * 0.8 - static_cast<double>(SinceStart())) / 1000.0);
+    const double left_s = std::max(1.0, (duration_ms_ * 0.8 - static_cast<double>(SinceStart())) / 1000.0);
     Hold(mib, left_s);
     kill_gpu();
     ev->kind = "memory step: hold " + std::to_string(mib) + " MiB + kill -9 GPU worker";

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -30,6 +31,7 @@ const char* TargetName(Target t) {
     case Target::kSpillway: return "spillway";
     case Target::kPlainProxy: return "plain-proxy";
     case Target::kLlamaServer: return "llama-server";
+    case Target::kSwapAll: return "swap-all";
   }
   return "?";
 }
@@ -65,7 +67,33 @@ uint64_t RssOf(int pid) {
 }
 
 // One scenario run against one target: its processes and what the clients share.
+std::string Run::CompetingToml() const {
+  // chat: interactive and pinned, with its CPU fallback; embed: batch, on
+  // demand, a CPU fallback for when it is evicted; search: interactive, on
+  // demand, unloaded after 1 s idle. The swap-all baseline: the same
+  // placements, all on demand, no priorities, no CPU paths, one at a time.
+  const bool swap = target_ == Target::kSwapAll;
+  const std::string chat = o_.models_dir + "/demo-chat.gguf", embed = o_.models_dir + "/demo-embed.gguf";
+  const std::string gpu = "[[service.placement]]\ndevice = \"" + o_.device + "\"\ngpu_layers = 99\nthreads = 1\nbatch = 64\n";
+  std::ostringstream c;
+  c << "[[device]]\nname = \"" << o_.device << "\"\nheadroom_mib = " << (Simulated() ? 4 : 512) << "\nheadroom_pct = 0\n"
+    << (swap ? "exclusive = true\n" : "");
+  c << "[[service]]\nname = \"chat\"\nmodel = \"" << chat << "\"\nmax_tokens = 512\n"
+    << (swap ? "residency = \"on_demand\"\nkeep_alive_s = 0\n" : "residency = \"pinned\"\n") << gpu
+    << "ctx = 2048\nslots = 4\n";
+  if (!swap) c << "[[service.placement]]\nrole = \"fallback\"\ndevice = \"cpu\"\nctx = 8192\nslots = 2\nthreads = 1\nbatch = 64\n";
+  for (const char* name : {"embed", "search"}) {
+    const bool batch = std::string(name) == "embed";
+    c << "[[service]]\nname = \"" << name << "\"\nmodel = \"" << embed << "\"\nresidency = \"on_demand\"\n"
+      << "keep_alive_s = " << (batch || swap ? 0 : 1) << "\npriority = \"" << (batch && !swap ? "batch" : "interactive")
+      << "\"\n" << gpu << "ctx = 512\nslots = 1\n";
+    if (!swap) c << "[[service.placement]]\nrole = \"fallback\"\ndevice = \"cpu\"\nctx = 512\nslots = 1\nthreads = 1\n";
+  }
+  return c.str();
+}
+
 std::string Run::ConfigToml() const {
+  if (s_.Competing()) return CompetingToml();
   const std::string chat = o_.models_dir + "/demo-chat.gguf", embed = o_.models_dir + "/demo-embed.gguf";
   std::ostringstream c;
   c << "[[device]]\nname = \"" << o_.device << "\"\nheadroom_mib = " << (Simulated() ? 4 : 512) << "\n";
@@ -138,7 +166,9 @@ bool Run::StartServer(int timeout_ms) {
     bool all = s.is_object();
     if (all) {
       for (const auto& svc : s["services"]) {
-        for (const auto& p : svc["placements"]) all &= !p.value("admitted", true) || p.value("state", "") == "ready";
+        for (const auto& p : svc["placements"]) {
+          all &= !p.value("admitted", true) || p.value("on_demand", false) || p.value("state", "") == "ready";
+        }
       }
     }
     if (all) return true;
@@ -194,6 +224,7 @@ void Run::Monitor() {
               if (p.value("pid", 0) > 0) s.rss_bytes[p.value("key", "")] = RssOf(p.value("pid", 0));
             }
           }
+          if (s_.Competing()) PollCompeting(st, s);
         } catch (...) {
         }
       } else {
@@ -260,8 +291,10 @@ void Run::Settle() {
       if (h.ok() && h->status == 200) return;
     } else {
       json p = Placement(0, 0);
-      if (p.is_object() && p.value("state", "") == "ready") {
-        if (p["breaker"].value("state", "") == "closed") return;
+      const std::string state = p.is_object() ? p.value("state", "") : "";
+      if (state == "ready" && p["breaker"].value("state", "") == "closed") return;
+      // A half-open breaker closes on a probe; an on-demand primary (the swap-all baseline's) loads for one.
+      if (state == "ready" || (state == "stopped" && p.value("on_demand", false))) {
         (void)http::Fetch("127.0.0.1", port_.load(), "POST", "/v1/completions", probe.dump(), {}, std::chrono::seconds(10));
       }
     }
@@ -295,6 +328,79 @@ void Run::CompareWithReference(std::vector<RequestRecord>& records) {
                                                : (c["message"]["content"].is_string() ? c["message"]["content"].get<std::string>() : "");
     r.equivalent = ref == r.output;
   }
+}
+
+void Run::PollCompeting(const json& st, Sample& s) {
+  try {
+    for (const auto& d : st.value("devices", json::array())) {
+      if (d.value("name", "") != o_.device) continue;
+      for (const auto& u : d.value("services", json::array())) {
+        s.service_device_bytes[u.value("service", "")] += u.value("held_bytes", uint64_t{0});
+      }
+      uint64_t others = 0;
+      for (const auto& o : d.value("other_processes", json::array())) others += o.value("bytes", uint64_t{0});
+      if (others) s.service_device_bytes["other processes"] = others;
+    }
+    const json events = st.value("residency", json::object()).value("events", json::array());
+    std::lock_guard<std::mutex> lk(mu_);
+    // Newest first there: taken oldest first, each once.
+    for (auto it = events.rbegin(); it != events.rend(); ++it) {
+      ResidencyEvent ev;
+      ev.at_ms = it->value("at_ms", int64_t{0}) - t0_wall_;
+      ev.kind = it->value("kind", "");
+      ev.service = it->value("service", "");
+      ev.key = it->value("key", "");
+      ev.reason = it->value("reason", "");
+      ev.for_service = it->value("for", "");
+      if (ev.at_ms < 0) continue;  // while the run was being set up
+      const bool seen = std::any_of(events_.begin(), events_.end(), [&](const ResidencyEvent& e) {
+        return e.at_ms == ev.at_ms && e.kind == ev.kind && e.key == ev.key;
+      });
+      if (!seen) events_.push_back(ev);
+    }
+    std::stable_sort(events_.begin(), events_.end(),
+                     [](const ResidencyEvent& a, const ResidencyEvent& b) { return a.at_ms < b.at_ms; });
+  } catch (const std::exception&) {  // a status of a shape not expected: this sample goes without
+  }
+}
+
+bool Run::SizeDeviceForCompetition(std::string* why) {
+  // What a service's processes hold on the device now.
+  auto held = [&](const std::string& service) {
+    Sample s;
+    PollCompeting(Status(), s);
+    return s.service_device_bytes[service];
+  };
+  auto call = [&](const std::string& path, const json& body) {
+    auto r = http::Fetch("127.0.0.1", port_.load(), "POST", path, body.dump(), {}, std::chrono::seconds(60));
+    return r.ok() && r->status == 200;
+  };
+  // Each loaded once (the swap-all baseline loads one at a time): chat, then embed.
+  if (!call("/v1/completions", {{"model", "chat"}, {"prompt", "warm up"}, {"max_tokens", 2}})) {
+    *why = "chat did not answer its first request";
+    return false;
+  }
+  const uint64_t chat = held("chat");
+  if (!call("/v1/embeddings", {{"model", "embed"}, {"input", "warm up"}})) {
+    *why = "embed did not answer its first request";
+    return false;
+  }
+  const uint64_t embed = held("embed");
+  auto ledger = devices::SimLedger::Open(0);
+  if (!chat || !embed || !ledger.ok()) {
+    *why = "could not see what chat and embed hold on the simulated device";
+    return false;
+  }
+  // Room for chat and one of embed and search (the same model and shape) with half of another to spare: never
+  // all three. The simulated device shrinks to that, its entries kept (what is loaded now fits).
+  const uint64_t usable = chat + embed + embed / 2, headroom = 4ull << 20;
+  if (auto st = devices::SimLedger::Create(0, usable + headroom); !st.ok()) {
+    *why = "cannot resize the simulated device: " + st.status().message();
+    return false;
+  }
+  Log("competing_services: chat holds " + std::to_string(chat >> 20) + " MiB, embed and search " +
+      std::to_string(embed >> 20) + " MiB each; the device has " + std::to_string((usable + headroom) >> 20) + " MiB");
+  return true;
 }
 
 namespace {
@@ -342,6 +448,20 @@ ScenarioResult Run::Go() {
       return out;
     }
   }
+  if (s_.Competing() && (target_ == Target::kPlainProxy || target_ == Target::kLlamaServer)) {
+    out.skipped_reason = "one model per process and no residency: the swap-all baseline stands for it here";
+    return out;
+  }
+  if (target_ == Target::kSwapAll && !s_.Competing()) {
+    out.skipped_reason = "the swap-all baseline runs competing_services only";
+    return out;
+  }
+  if (s_.Competing() && !Simulated()) {
+    out.skipped_reason = "sizes the device with a hold on the simulated one (sim:0 only)";
+    out.verdict.failures.push_back(out.skipped_reason);
+    return out;
+  }
+  const uint64_t capacity_mib = s_.Competing() ? 1024 : o_.sim_capacity_mib;
   if (!Simulated()) {
     // A real device: only faults that reach it from outside.
     for (const auto& k : s_.fault_kinds) {
@@ -354,7 +474,7 @@ ScenarioResult Run::Go() {
     }
     auto t = devices::OpenDeviceTelemetry(o_.device);
     if (t.ok()) device_telemetry_ = std::move(*t);
-  } else if (::spillway::Status st = devices::SimLedger::Create(0, o_.sim_capacity_mib << 20).status(); !st.ok()) {
+  } else if (::spillway::Status st = devices::SimLedger::Create(0, capacity_mib << 20).status(); !st.ok()) {
     out.skipped_reason = "cannot create the simulated device: " + st.message();
     out.verdict.failures.push_back(out.skipped_reason);
     return out;
@@ -364,7 +484,12 @@ ScenarioResult Run::Go() {
     out.verdict.failures.push_back(Log("the " + out.target + " did not start; see " + dir_));
     return out;
   }
-  const Schedule sched = MakeSchedule(s_, o_.seed, o_.duration_ms, profile_.empty() ? o_.faults : 0);
+  if (std::string why; s_.Competing() && !SizeDeviceForCompetition(&why)) {
+    out.verdict.failures.push_back(Log(out.target + " / " + out.name + ": " + why + "; see " + dir_));
+    server_.Stop();
+    return out;
+  }
+  const Schedule sched = MakeSchedule(s_, o_.seed, duration_ms_, profile_.empty() ? o_.faults : 0);
   for (const auto& r : sched.requests) {
     if (target_ == Target::kLlamaServer && (r.kind == "embedding" || r.kind == "agent")) continue;  // no such service there
     plan_cache_.push_back(r);
@@ -389,10 +514,37 @@ ScenarioResult Run::Go() {
         } catch (const std::exception& e) {  // an answer of a shape the harness did not expect: recorded, not fatal
           records[i].id = plan_cache_[i].id;
           records[i].scenario = s_.name;
-          records[i].service = plan_cache_[i].kind == "embedding" ? "embed" : "chat";
+          records[i].service = ServiceOf(plan_cache_[i].kind);
           records[i].kind = plan_cache_[i].kind;
           records[i].first_error = std::string("harness: ") + e.what();
         }
+      }
+    });
+  }
+  // competing_services: the batch backlog, worked through by its own clients (closed loop).
+  std::vector<RequestRecord> batch_records;
+  std::atomic<int> batch_next{0};
+  for (int c = 0; c < s_.batch_clients; ++c) {
+    clients.emplace_back([&] {
+      const int64_t from = static_cast<int64_t>(duration_ms_ * s_.batch_from), until = duration_ms_ * 85 / 100;
+      if (SinceStart() < from) SleepMs(from - SinceStart());
+      while (SinceStart() < until) {
+        const PlannedRequest p = BatchRequest(s_, o_.seed, batch_next++);
+        RequestRecord r;
+        try {
+          r = Send(p);
+        } catch (const std::exception& e) {
+          r.id = p.id;
+          r.scenario = s_.name;
+          r.service = ServiceOf(p.kind);
+          r.kind = p.kind;
+          r.first_error = std::string("harness: ") + e.what();
+        }
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          batch_records.push_back(std::move(r));
+        }
+        SleepMs(s_.batch_think_ms);
       }
     });
   }
@@ -414,7 +566,8 @@ ScenarioResult Run::Go() {
   });
   injector.join();
   for (auto& t : clients) t.join();
-  out.duration_ms = std::max<int64_t>(SinceStart(), o_.duration_ms);
+  for (auto& r : batch_records) records.push_back(std::move(r));
+  out.duration_ms = std::max<int64_t>(SinceStart(), duration_ms_);
   Settle();
   // An acknowledged request may still be finishing: give it time to reach a terminal state.
   const auto deadline = Steady::now() + std::chrono::seconds(15);
@@ -434,10 +587,15 @@ ScenarioResult Run::Go() {
   out.requests = std::move(records);
   out.faults = std::move(faults);
   out.samples = samples_;
+  out.events = events_;
   Recoveries(out.faults, out.samples);
   VerdictOptions vo;
   vo.primary_placement = PrimaryName();
   vo.journal = target_ != Target::kLlamaServer;
+  if (s_.Competing()) {
+    vo.batch_from_ms = static_cast<int64_t>(duration_ms_ * s_.batch_from);
+    if (target_ == Target::kSpillway) vo.pinned_service = "chat";
+  }
   out.verdict = Judge(out, vo);
   if (s_.name == "routing_before_admission" && target_ == Target::kSpillway) {
     // Routed before admission: nothing tried the accelerator and failed first.

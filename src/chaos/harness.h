@@ -34,7 +34,10 @@ struct HarnessOptions {
   std::function<void(const std::string&)> log;  // progress lines
 };
 
-enum class Target { kSpillway, kPlainProxy, kLlamaServer };
+// kSwapAll: the same gateway with llama-swap's policy instead of Spillway's
+// (an exclusive device: one service loaded at a time, every service on
+// demand, no priorities, no CPU paths); it runs competing_services only.
+enum class Target { kSpillway, kPlainProxy, kLlamaServer, kSwapAll };
 const char* TargetName(Target t);
 
 ScenarioResult RunScenario(const Scenario& s, Target target, const HarnessOptions& opts);

@@ -48,6 +48,14 @@ struct FaultEvent {
   int64_t recovered_ms = -1;    // primary ready, breaker closed and serving again (-1: not seen)
 };
 
+// A residency decision the gateway journaled (/v1/status residency.events).
+struct ResidencyEvent {
+  int64_t at_ms = 0;            // since the scenario's start
+  std::string kind;             // evict | unload | room_refused
+  std::string service, key, reason;
+  std::string for_service;      // evict: who the room was for
+};
+
 // One sample of the system, every ~200 ms.
 struct Sample {
   int64_t t_ms = 0;
@@ -58,6 +66,8 @@ struct Sample {
   uint64_t cpu_path_budget_bytes = 0;
   int cpu_queue_waiting = 0, cpu_queue_running = 0;
   int64_t cpu_queue_oldest_ms = 0;
+  // What each service's processes hold on the device (competing_services; /v1/status devices[].services).
+  std::map<std::string, uint64_t> service_device_bytes;
   std::string primary_breaker;        // closed | open | half_open
   std::string primary_state;          // ready | starting | backoff | stopped
 };
@@ -79,6 +89,12 @@ struct Verdict {
   uint64_t host_ram_peak_bytes = 0, host_ram_budget_bytes = 0;
   double recovery_median_ms = -1, recovery_max_ms = -1;
   bool gpu_restored = false;
+  // competing_services: the interactive (chat) service's p95 before the batch
+  // traffic started and while it ran, and how many requests each stands for;
+  // evictions journaled, and of them those whose service then unloaded.
+  double interactive_p95_alone_ms = -1, interactive_p95_pressure_ms = -1;
+  int interactive_alone = 0, interactive_pressure = 0;
+  int evictions = 0, evictions_completed = 0;
   bool passed = false;
   std::vector<std::string> failures;  // why it did not pass, one line each
 };
@@ -90,6 +106,7 @@ struct ScenarioResult {
   std::vector<RequestRecord> requests;
   std::vector<FaultEvent> faults;
   std::vector<Sample> samples;
+  std::vector<ResidencyEvent> events;  // competing_services
   Verdict verdict;
   std::string skipped_reason;   // set when this target cannot express the scenario (reported, never silent)
 };
@@ -97,6 +114,7 @@ struct ScenarioResult {
 nlohmann::json ToJson(const RequestRecord& r);
 nlohmann::json ToJson(const FaultEvent& f);
 nlohmann::json ToJson(const Sample& s);
+nlohmann::json ToJson(const ResidencyEvent& e);
 nlohmann::json ToJson(const Verdict& v);
 nlohmann::json ToJson(const ScenarioResult& r);
 

@@ -219,6 +219,34 @@ void BaselineSection(const std::vector<ScenarioResult>& spillway, const std::vec
   out += "\nRatios are Spillway / baseline: a goodput ratio above 1 and a p95 ratio below 1 favour Spillway.\n";
 }
 
+// Services competing for one device: the interactive service alone and under
+// batch pressure, the total goodput and the evictions, per target.
+void CompetingSection(const std::vector<ScenarioResult>& spillway, const std::vector<ScenarioResult>& baselines,
+                      std::string& out) {
+  std::vector<const ScenarioResult*> rows;
+  for (const auto* v : {&spillway, &baselines})
+    for (const ScenarioResult& r : *v)
+      if (r.verdict.interactive_alone + r.verdict.interactive_pressure > 0 || r.verdict.evictions > 0) rows.push_back(&r);
+  if (rows.empty()) return;
+  out += "\n## Services competing for one device\n\n";
+  MdTable t({"scenario", "target", "chat p95 alone ms", "chat p95 under batch ms", "ratio", "goodput/min", "success %",
+             "lost", "evictions (unloaded)"},
+            "ll");
+  for (const ScenarioResult* r : rows) {
+    const Verdict& v = r->verdict;
+    auto ms = [](double x) { return x < 0 ? std::string("-") : Ms(x); };
+    t.Row({r->name, r->target, ms(v.interactive_p95_alone_ms) + " (" + std::to_string(v.interactive_alone) + ")",
+           ms(v.interactive_p95_pressure_ms) + " (" + std::to_string(v.interactive_pressure) + ")",
+           Ratio(v.interactive_p95_pressure_ms, v.interactive_p95_alone_ms, v.interactive_p95_alone_ms > 0),
+           Fmt("%.1f", v.goodput_per_min), Percent(v.success_rate), std::to_string(v.lost),
+           std::to_string(v.evictions) + " (" + std::to_string(v.evictions_completed) + ")"});
+  }
+  out += t.Render();
+  out += "\nchat p95: its completed requests sent before the batch traffic began, and after (how many in brackets); "
+         "goodput counts every service's completed requests. swap-all is llama-swap's policy on the same gateway: "
+         "one service on the device at a time, no priorities, no CPU paths.\n";
+}
+
 void ProfileSection(const std::vector<ScenarioResult>& profiles, std::string& out) {
   out += "\n## Placement profiles\n\n";
   if (profiles.empty()) {
@@ -261,13 +289,14 @@ constexpr int kLeft = 70, kRight = kWidth - 200, kTop = 36, kBottom = kPanelHeig
 constexpr const char* kFaultColour = "#d62728";
 const char* const kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"};
 
-enum class Style { kDots, kRings, kLine, kStep };
+enum class Style { kDots, kRings, kLine, kStep, kArea };
 
 struct Series {
   std::string name, colour;
   Style style = Style::kLine;
   bool dashed = false;
   std::vector<std::pair<double, double>> points;
+  std::vector<std::pair<double, double>> base;  // kArea: the lower edge, same x as points (the layer below's top)
 };
 
 struct Axis {
@@ -295,6 +324,7 @@ class Chart {
 
   void Add(Series s) { series_.push_back(std::move(s)); }
   void Mark(double x, std::string label) { markers_.emplace_back(x, std::move(label)); }
+  void MarkersAre(std::string name) { marker_name_ = std::move(name); }
   void IncludeX(double x) { x_min_extent_ = std::max(x_min_extent_, x); }
 
   std::string Render() const {
@@ -358,6 +388,14 @@ class Chart {
       prev_y = y, first = false;
     }
     if (points.empty()) return out;
+    if (s.style == Style::kArea) {
+      for (auto it = s.base.rbegin(); it != s.base.rend(); ++it) {
+        if (std::isfinite(it->first) && std::isfinite(it->second)) points += Fmt("%.1f,%.1f ", px(it->first), py(it->second));
+      }
+      points.pop_back();
+      return out + "<polygon fill=\"" + s.colour + "\" fill-opacity=\"0.6\" stroke=\"" + s.colour + "\" points=\"" +
+             points + "\"/>\n";
+    }
     points.pop_back();
     return out + "<polyline fill=\"none\" stroke-width=\"1.5\" " + Stroke(s) + " points=\"" + points + "\"/>\n";
   }
@@ -397,7 +435,10 @@ class Chart {
     std::string out;
     int y = kTop + 10;
     auto entry = [&](const Series& s) {
-      if (s.style == Style::kDots || s.style == Style::kRings)
+      if (s.style == Style::kArea)
+        out += Fmt("<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"10\" fill-opacity=\"0.6\" fill=\"", kRight + 17, y - 9) +
+               s.colour + "\"/>\n";
+      else if (s.style == Style::kDots || s.style == Style::kRings)
         out += Fmt("<circle cx=\"%d\" cy=\"%d\" r=\"4\" ", kRight + 24, y - 4) +
                (s.style == Style::kDots ? "fill=\"" + s.colour + "\"/>\n" : "fill=\"none\" stroke=\"" + s.colour + "\"/>\n");
       else
@@ -407,13 +448,14 @@ class Chart {
       y += 18;
     };
     for (const Series& s : series_) entry(s);
-    if (!markers_.empty()) entry(Series{"fault injected", kFaultColour, Style::kLine, true, {}});
+    if (!markers_.empty()) entry(Series{marker_name_, kFaultColour, Style::kLine, true, {}, {}});
     return out;
   }
 
   std::string title_, x_label_, y_label_;
   std::vector<Series> series_;
   std::vector<std::pair<double, std::string>> markers_;
+  std::string marker_name_ = "fault injected";
   double x_min_extent_ = 0;
 };
 
@@ -481,6 +523,7 @@ std::string MarkdownSummary(const std::vector<ScenarioResult>& spillway, const s
          std::to_string(spillway.size()) + " scenarios passed\n\n## Spillway\n\n";
   SpillwaySection(spillway, out);
   BaselineSection(spillway, baselines, out);
+  CompetingSection(spillway, baselines, out);
   ProfileSection(profiles, out);
   return out;
 }
@@ -552,7 +595,36 @@ std::string MemorySvg(const ScenarioResult& r) {
   }
   AddNonEmpty(host, std::move(cpu_path));
   if (any_budget) host.Add(std::move(budget));
-  return Document({device, host});
+  // Several services on the device (competing_services): each one's bytes stacked, the evictions marked.
+  std::vector<std::string> names;
+  for (const Sample& s : r.samples)
+    for (const auto& [name, bytes] : s.service_device_bytes)
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  if (names.empty()) return Document({device, host});
+  Chart stacked("Device memory by service (stacked) - " + r.name + (r.target == kSpillwayTarget ? "" : " (" + r.target + ")"),
+                "time (s)", "MiB");
+  stacked.IncludeX(r.duration_ms / 1000.0);
+  stacked.MarkersAre("eviction");
+  for (const ResidencyEvent& e : r.events) {
+    if (e.kind == "evict") stacked.Mark(e.at_ms / 1000.0, "evict " + e.service + " for " + e.for_service);
+  }
+  std::vector<double> below(r.samples.size(), 0);
+  for (size_t n = 0; n < names.size(); ++n) {
+    Series layer{names[n], kPalette[n % std::size(kPalette)], Style::kArea, false, {}, {}};
+    for (size_t i = 0; i < r.samples.size(); ++i) {
+      const double t = r.samples[i].t_ms / 1000.0;
+      auto it = r.samples[i].service_device_bytes.find(names[n]);
+      const double top = below[i] + (it == r.samples[i].service_device_bytes.end() ? 0 : ToMib(it->second));
+      layer.base.emplace_back(t, below[i]);
+      layer.points.emplace_back(t, top);
+      below[i] = top;
+    }
+    stacked.Add(std::move(layer));
+  }
+  Series cap{"device capacity", "#555555", Style::kLine, true, {}, {}};
+  for (const Sample& s : r.samples) cap.points.emplace_back(s.t_ms / 1000.0, ToMib(s.device_capacity_bytes));
+  if (any_capacity) stacked.Add(std::move(cap));
+  return Document({stacked, device, host});
 }
 
 std::string QueueSvg(const ScenarioResult& r) {

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -30,11 +31,17 @@ int64_t WallMs();
 void SleepMs(int64_t ms);
 uint16_t FreePort();
 uint64_t RssOf(int pid);
+// The service a planned request of `kind` goes to: chat, embed or search.
+std::string ServiceOf(const std::string& kind);
+
+inline constexpr int64_t kCompetingMinMs = 15000;
 
 class Run {
  public:
   Run(const Scenario& s, Target t, const HarnessOptions& o, std::string profile = "")
-      : s_(s), target_(t), o_(o), profile_(std::move(profile)) {
+      : s_(s), target_(t), o_(o), profile_(std::move(profile)),
+        // Services competing need enough requests before and during the batch traffic to compare p95s.
+        duration_ms_(s.Competing() ? std::max<int64_t>(o.duration_ms, kCompetingMinMs) : o.duration_ms) {
     dir_ = o.work_dir + "/" + (profile_.empty() ? std::string(TargetName(t)) + "-" + s.name : "profile-" + profile_);
     fs::remove_all(dir_);
     fs::create_directories(dir_ + "/sim");
@@ -60,6 +67,11 @@ class Run {
   }
   bool Simulated() const { return o_.device.rfind("sim:", 0) == 0; }
   std::string ConfigToml() const;
+  std::string CompetingToml() const;
+  // competing_services: chat and embed loaded once, then the simulated device
+  // shrunk so that chat and one more fit but not all three.
+  bool SizeDeviceForCompetition(std::string* why);
+  void PollCompeting(const json& status, Sample& s);
   bool StartServer(int timeout_ms = 60000);
   json Status() const {
     auto r = http::Fetch("127.0.0.1", port_.load(), "GET", "/v1/status", "", {}, std::chrono::seconds(3));
@@ -91,6 +103,7 @@ class Run {
   const Target target_;
   const HarnessOptions& o_;
   const std::string profile_;
+  const int64_t duration_ms_;
   std::string dir_;
   std::map<std::string, std::string> env_;
   Child server_;
@@ -100,6 +113,7 @@ class Run {
   std::vector<std::unique_ptr<Child>> holds_;
   std::mutex mu_;
   std::vector<Sample> samples_;
+  std::vector<ResidencyEvent> events_;  // competing_services, in order, each once
   std::vector<PlannedRequest> plan_cache_;
   std::unique_ptr<devices::DeviceTelemetry> device_telemetry_;  // a real device's memory
   Steady::time_point t0_ = Steady::now();

@@ -36,6 +36,15 @@ const std::vector<Scenario>& AllScenarios() {
          0.5, 0, 0.6, 0.1, 0, 120, 120, {"lose-after-tool-call"}, false});
     add({"gateway_restart", "the gateway itself is killed (-9) and restarted mid-run", 3, 8, 0.5, 0, 0, 0.1, 0, 8, 32,
          {"kill-gateway"}, true});
+    Scenario competing{"competing_services",
+                       "a pinned chat, batch embeddings and an on-demand interactive service share a device too small "
+                       "for all three: the interactive one evicts the batch one, chat's p95 stays as when alone",
+                       4, 16, 0.5, 0, 0, 0, 0, 16, 16, {}, false};
+    competing.batch_from = 0.4;
+    competing.batch_clients = 2;
+    competing.batch_think_ms = 100;
+    competing.search_fraction = 0.15;
+    add(competing);
     return v;
   }();
   return all;
@@ -60,6 +69,16 @@ std::string PromptText(uint64_t seed, int words) {
   return out;
 }
 
+PlannedRequest BatchRequest(const Scenario& s, uint64_t seed, int n) {
+  PlannedRequest r;
+  char id[64];
+  std::snprintf(id, sizeof id, "chaos-%s-%llu-b%04d", s.name.c_str(), static_cast<unsigned long long>(seed), n);
+  r.id = id;
+  r.kind = "embedding";
+  r.prompt_words = 8 + static_cast<int>((seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(n) * 0x100000001B3ull) % 24);
+  return r;
+}
+
 Schedule MakeSchedule(const Scenario& s, uint64_t seed, int64_t duration_ms, int faults) {
   // One generator per scenario, derived from the seed and the name: adding a
   // scenario does not change the others' schedules.
@@ -81,7 +100,10 @@ Schedule MakeSchedule(const Scenario& s, uint64_t seed, int64_t duration_ms, int
     char id[64];
     std::snprintf(id, sizeof id, "chaos-%s-%llu-%04d", s.name.c_str(), static_cast<unsigned long long>(seed), n++);
     r.id = id;
-    if (chance(s.embed_fraction)) {
+    if (s.Competing() && chance(s.search_fraction)) {
+      r.kind = "search";
+      r.prompt_words = static_cast<int>(uniform(2, 12));
+    } else if (chance(s.embed_fraction)) {
       r.kind = "embedding";
       r.prompt_words = static_cast<int>(uniform(2, 12));
     } else {

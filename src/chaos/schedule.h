@@ -22,20 +22,35 @@ struct Scenario {
   // Faults drawn (uniformly, by the seed) from these kinds; see harness.cpp.
   std::vector<std::string> fault_kinds;
   bool llama_server_can_run = false;  // the llama-server baseline can receive these faults
+  // Several services competing for the accelerator (competing_services): from
+  // this fraction of the run on (to 85 % of it), a backlog of batch
+  // embeddings ("embed", priority batch) is worked through by batch_clients
+  // clients, each sending its next request batch_think_ms after its last
+  // answer (closed loop: how many get done is the batch goodput); a share of
+  // the interactive requests goes to "search", an interactive on-demand
+  // embedding service that must take the batch service's room. 0: not such
+  // a scenario.
+  double batch_from = 0;
+  int batch_clients = 0;
+  int batch_think_ms = 0;
+  double search_fraction = 0;
+  bool Competing() const { return batch_from > 0; }
 };
 
 // The seeds' list: short prompts, long prompts, concurrency, another GPU
 // workload, memory reduced step by step, routing before admission,
 // allocation failure before generation, driver reset (device lost, kill -9),
 // hung worker, cancellation in the CPU queue, unrelated traffic, agent tool
-// calls, gateway kill -9 and restart.
+// calls, gateway kill -9 and restart; and services competing for one
+// accelerator (chat pinned, batch embeddings, an on-demand interactive
+// service that evicts the batch one).
 const std::vector<Scenario>& AllScenarios();
 const Scenario* FindScenario(const std::string& name);
 
 struct PlannedRequest {
   int64_t at_ms = 0;
   std::string id;
-  std::string kind;         // completion | chat | agent | embedding
+  std::string kind;         // completion | chat | agent | embedding | search (embedding, interactive)
   bool stream = false;
   bool long_prompt = false;
   int max_tokens = 16;
@@ -57,6 +72,10 @@ struct Schedule {
 // `faults`: how many to inject in this scenario (spread over 10%..75% of
 // the duration, at least 300 ms apart when they fit).
 Schedule MakeSchedule(const Scenario& s, uint64_t seed, int64_t duration_ms, int faults);
+
+// The n-th request of a competing scenario's batch backlog (deterministic in
+// the seed and n; sent when a batch client is free, not at a planned time).
+PlannedRequest BatchRequest(const Scenario& s, uint64_t seed, int n);
 
 // A prompt of `words` words, deterministic in (seed, index).
 std::string PromptText(uint64_t seed, int words);

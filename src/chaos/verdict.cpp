@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 namespace spillway::chaos {
 
@@ -16,6 +17,62 @@ namespace {
 
 bool Terminal(const std::string& s) {
   return s == "completed" || s == "failed" || s == "failed_resumable" || s == "cancelled";
+}
+
+std::string Ms(double ms) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.0f ms", ms);
+  return b;
+}
+
+void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v) {
+  std::vector<double> alone, pressure;
+  for (const auto& q : r.requests) {
+    const bool completed = q.journal_state == "completed" && q.http_status == 200 && q.connection_survived &&
+                           q.first_error.empty();
+    if (completed && q.service == o.interactive_service && q.latency_ms >= 0) {
+      (q.sent_ms < o.batch_from_ms ? alone : pressure).push_back(static_cast<double>(q.latency_ms));
+    }
+    // Every service's requests served off its accelerator placement are told so (chat's are checked above).
+    if (completed && q.service != "chat" && !q.placement.empty() && q.placement != o.primary_placement) {
+      ++v.degraded_served;
+      if (q.degraded_signal) ++v.degraded_signalled;
+      else v.failures.push_back("degraded without a signal: " + q.id + " (" + q.service + ") was served by " + q.placement);
+    }
+  }
+  v.interactive_alone = static_cast<int>(alone.size());
+  v.interactive_pressure = static_cast<int>(pressure.size());
+  if (alone.size() < 5 || pressure.size() < 5) {
+    v.failures.push_back("too few completed " + o.interactive_service + " requests to compare (" +
+                         std::to_string(alone.size()) + " alone, " + std::to_string(pressure.size()) +
+                         " under batch pressure; 5 each at least)");
+  } else {
+    v.interactive_p95_alone_ms = Percentile(alone, 95);
+    v.interactive_p95_pressure_ms = Percentile(pressure, 95);
+    if (v.interactive_p95_pressure_ms > o.max_interactive_ratio * std::max(1.0, v.interactive_p95_alone_ms)) {
+      char ratio[32];
+      std::snprintf(ratio, sizeof ratio, "%.2fx", v.interactive_p95_pressure_ms / std::max(1.0, v.interactive_p95_alone_ms));
+      v.failures.push_back(o.interactive_service + " p95 under batch pressure " + Ms(v.interactive_p95_pressure_ms) + " is " +
+                           ratio + " its p95 alone (" + Ms(v.interactive_p95_alone_ms) + "); the limit is " +
+                           std::to_string(o.max_interactive_ratio).substr(0, 4) + "x");
+    }
+  }
+  for (size_t i = 0; i < r.events.size(); ++i) {
+    const auto& e = r.events[i];
+    if (e.kind != "evict") continue;
+    ++v.evictions;
+    if (!o.pinned_service.empty() && e.service == o.pinned_service) {
+      v.failures.push_back("the pinned service " + e.service + " was evicted (for " + e.for_service + ")");
+    }
+    if (e.reason.empty() || e.for_service.empty()) v.failures.push_back("an eviction of " + e.service + " says not why or for whom");
+    bool unloaded = false;
+    for (size_t j = i + 1; j < r.events.size() && !unloaded; ++j) {
+      unloaded = r.events[j].kind == "unload" && r.events[j].key == e.key;
+    }
+    if (unloaded) ++v.evictions_completed;
+    else v.failures.push_back("evicted without an unload after it: " + e.key + " (for " + e.for_service + ")");
+  }
+  if (v.evictions == 0) v.failures.push_back("no service was evicted: the scenario did not make its services compete");
 }
 
 }  // namespace
@@ -75,6 +132,7 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
       else v.failures.push_back("degraded without a signal: " + q.id + " was served by " + q.placement);
     }
   }
+  if (o.batch_from_ms >= 0) JudgeCompeting(r, o, v);
   if (v.unrelated_failed > 0) {
     v.failures.push_back(std::to_string(v.unrelated_failed) + " of " + std::to_string(v.unrelated_sent) +
                          " requests on the unrelated service failed");

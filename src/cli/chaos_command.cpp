@@ -108,8 +108,14 @@ int Chaos(const ChaosArgs& a) {
       for (const auto& f : r.verdict.failures) std::fprintf(stderr, "chaos:     %s\n", f.c_str());
     }
     spillway.push_back(std::move(r));
-    if (a.baselines == "all" || a.baselines == "plain") baselines.push_back(chaos::RunScenario(s, chaos::Target::kPlainProxy, o));
-    if (a.baselines == "all" || a.baselines == "llama") baselines.push_back(chaos::RunScenario(s, chaos::Target::kLlamaServer, o));
+    // Scenarios of one service against the plain proxy and llama-server; services competing for a device
+    // against llama-swap's policy (swap-all), which is all the other two could be there.
+    if (s.Competing()) {
+      if (a.baselines == "all" || a.baselines == "swap") baselines.push_back(chaos::RunScenario(s, chaos::Target::kSwapAll, o));
+    } else {
+      if (a.baselines == "all" || a.baselines == "plain") baselines.push_back(chaos::RunScenario(s, chaos::Target::kPlainProxy, o));
+      if (a.baselines == "all" || a.baselines == "llama") baselines.push_back(chaos::RunScenario(s, chaos::Target::kLlamaServer, o));
+    }
     if (a.pause && i + 1 < scenarios.size()) {
       std::fprintf(stderr, "chaos: %s written to %s; press Enter for the next scenario\n", s.name.c_str(),
                    a.report_dir.c_str());
@@ -160,8 +166,11 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print the whole report as JSON on stdout instead of the summary");
   cmd->add_flag("--pause", args->pause, "wait for Enter after each scenario (its records are already written)");
-  cmd->add_option("--baselines", args->baselines, "which baselines to run on the same schedule")
-      ->check(CLI::IsMember({"all", "plain", "llama", "none"}))->capture_default_str();
+  cmd->add_option("--baselines", args->baselines,
+                  "which baselines to run on the same schedule: plain (the gateway as a plain proxy) and llama "
+                  "(llama-server) for the single-service scenarios, swap (llama-swap's one-at-a-time policy) for "
+                  "competing_services")
+      ->check(CLI::IsMember({"all", "plain", "llama", "swap", "none"}))->capture_default_str();
   cmd->add_flag("!--no-profiles", args->profiles, "skip the placement profiles (resident, split, cpu)");
   cmd->add_option("--llama-server", args->llama_server, "llama.cpp's llama-server, for the baseline")->capture_default_str();
   cmd->add_option("--models", args->models_dir, "directory with demo-chat.gguf and demo-embed.gguf (default: the build's)");

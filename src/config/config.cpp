@@ -460,10 +460,11 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
       const toml::table* t = node.as_table();
       if (!t) return Status::InvalidArgument(Where(source, node.source(), prefix) + " must be a table");
       DeviceConfig dc;
-      SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(*t, prefix, {"name", "headroom_mib", "headroom_pct"}));
+      SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(*t, prefix, {"name", "headroom_mib", "headroom_pct", "exclusive"}));
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "name", prefix, &dc.name, 0, 0));
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "headroom_mib", prefix, &dc.headroom_mib, 0, 1e9));
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "headroom_pct", prefix, &dc.headroom_pct, 0, 90));
+      SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "exclusive", prefix, &dc.exclusive, 0, 0));
       if (dc.name.empty()) return Status::InvalidArgument(Where(source, t->source(), prefix + "name") + " is required");
       c.devices.push_back(dc);
     }

@@ -181,6 +181,9 @@ struct DeviceConfig {
   std::string name;           // cpu | cuda:N | sim:N
   double headroom_mib = 0;
   double headroom_pct = 5;
+  // One service at a time on this device (llama-swap's swap groups): loading one unloads every other
+  // that is not pinned, whatever its priority, busy ones once their running requests end.
+  bool exclusive = false;
 };
 
 struct ServiceConfig {

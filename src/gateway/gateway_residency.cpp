@@ -208,7 +208,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need) {
     r.evict_cost = e.residency.evict_cost;
     residents.push_back(r);
   }
-  const admission::EvictionPlan plan = admission::PlanEviction(need, available, priority, key, residents);
+  const admission::EvictionPlan plan = admission::PlanEviction(need, available, priority, key, residents, dc.exclusive);
   if (plan.fits && plan.evict.empty()) return Status::Ok();
   if (!plan.fits) {
     bool first = false;

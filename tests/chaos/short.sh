@@ -1,13 +1,14 @@
 #!/bin/sh
 # The short form of the proving suite, for `make test`: every scenario for a
-# few seconds (`spillway chaos`), then the baselines and the placement
-# profiles on one scenario. Fails if any scenario fails or the report is not
+# few seconds (`spillway chaos`; competing_services for 15 s, against
+# llama-swap's policy), then the baselines and the placement profiles on one
+# scenario. Fails if any scenario fails or the report is not
 # complete. Usage: short.sh BIN_DIR REPORT_DIR
 set -eu
 bin=$1
 report=$2
 rm -rf "$report"
-"$bin/spillway" chaos --seed 1 --duration 4 --baselines none --no-profiles --report "$report/scenarios"
+"$bin/spillway" chaos --seed 1 --duration 4 --baselines swap --no-profiles --report "$report/scenarios"
 "$bin/spillway" chaos --seed 1 --duration 5 --scenario driver_reset --report "$report/baselines"
 for f in scenarios/summary.md scenarios/report.json baselines/summary.md baselines/report.json; do
   test -s "$report/$f" || { echo "missing $report/$f"; exit 1; }
@@ -18,6 +19,9 @@ for s in short_prompts driver_reset gateway_restart agent_tool_calls; do
   done
   test -s "$report/scenarios/$s.json" || { echo "missing records $s.json"; exit 1; }
 done
+grep -q "Device memory by service (stacked)" "$report/scenarios/competing_services-memory.svg" ||
+  { echo "no stacked memory chart for competing_services"; exit 1; }
+grep -q "| competing_services *| swap-all" "$report/scenarios/summary.md" || { echo "no swap-all baseline in the report"; exit 1; }
 grep -q "plain-proxy" "$report/baselines/summary.md" || { echo "no plain-proxy baseline in the report"; exit 1; }
 grep -q "llama-server" "$report/baselines/summary.md" || { echo "no llama-server baseline in the report"; exit 1; }
 grep -q "| resident" "$report/baselines/summary.md" || { echo "no placement profiles in the report"; exit 1; }

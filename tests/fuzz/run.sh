@@ -56,27 +56,45 @@ if [ ! -x "$probe" ]; then
   fi
 fi
 
-# Build what is missing or older than its sources (or any header under src/),
-# two at a time.
-build_one() {
+# Build what is missing or older than its sources (or any header under src/):
+# each source is compiled to its own object (through ccache when installed, so
+# a fresh clone reuses them; sources shared by several targets compile once per
+# flag set), two at a time, then each target is linked.
+CCACHE=$(command -v ccache || true)
+export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=1
+stale() {
   local name=$1 bin="$OUT/$1"
   local srcs=(${SOURCES[$name]})
-  if [ -x "$bin" ] && [ -z "$(cd "$ROOT" && { find "${srcs[@]}" -newer "$bin"; find src -name '*.h' -newer "$bin"; } | head -1)" ]; then
-    return 0
-  fi
-  echo "[fuzz] building $name"
-  (cd "$ROOT" && nice -n 10 $CXX -std=c++20 -g -O"$OPT" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    ${FLAGS[$name]:-} -Isrc "${srcs[@]}" -lcrypto -lpthread -o "$bin.new" 2>"$OUT/$name.build.log") && mv "$bin.new" "$bin" ||
-    { echo "[fuzz] $name does not build:"; cat "$OUT/$name.build.log"; return 1; }
+  [ ! -x "$bin" ] || [ -n "$(cd "$ROOT" && { find "${srcs[@]}" -newer "$bin"; find src -name '*.h' -newer "$bin"; } | head -1)" ]
 }
+objdir() { local f=${FLAGS[$1]:-}; echo "$OUT/obj/$( [ -z "$f" ] && echo plain || echo "$f" | md5sum | cut -c1-8)"; }
+compile_one() {  # FLAGSET_DIR SOURCE FLAGS...
+  local dir=$1 src=$2; shift 2
+  local obj="$dir/${src//\//_}.o"
+  mkdir -p "$dir"
+  (cd "$ROOT" && nice -n 10 $CCACHE $CXX -std=c++20 -g -O"$OPT" -fsanitize=fuzzer-no-link,address,undefined \
+    -fno-sanitize-recover=undefined "$@" -Isrc -c "$src" -o "$obj.new" 2>"$obj.log") && mv "$obj.new" "$obj" ||
+    { echo "[fuzz] $src does not compile:"; cat "$obj.log"; return 1; }
+}
+export -f compile_one
+export CXX OPT ROOT CCACHE
 status=0
-running=0
-for name in "${NAMES[@]}"; do
-  build_one "$name" &
-  running=$((running + 1))
-  if [ $running -ge 2 ]; then wait -n || status=1; running=$((running - 1)); fi
-done
-while [ $running -gt 0 ]; do wait -n || status=1; running=$((running - 1)); done
+STALE=()
+for name in "${NAMES[@]}"; do stale "$name" && STALE+=("$name"); done
+if [ ${#STALE[@]} -gt 0 ]; then
+  echo "[fuzz] building ${STALE[*]}"
+  for name in "${STALE[@]}"; do
+    for src in ${SOURCES[$name]}; do printf '%s\t%s\t%s\n' "$(objdir "$name")" "$src" "${FLAGS[$name]:-}"; done
+  done | sort -u | xargs -d '\n' -n1 -P2 bash -c 'IFS=$'"'"'\t'"'"' read -r d s f <<<"$1"; compile_one "$d" "$s" ${f:+"$f"}' _ ||
+    status=1
+  [ $status -eq 0 ] || exit 1
+  for name in "${STALE[@]}"; do
+    objs=()
+    for src in ${SOURCES[$name]}; do objs+=("$(objdir "$name")/${src//\//_}.o"); done
+    $CXX -g -fsanitize=fuzzer,address,undefined "${objs[@]}" -lcrypto -lpthread -o "$OUT/$name.new" 2>"$OUT/$name.build.log" &&
+      mv "$OUT/$name.new" "$OUT/$name" || { echo "[fuzz] $name does not link:"; cat "$OUT/$name.build.log"; exit 1; }
+  done
+fi
 [ $status -eq 0 ] || exit 1
 
 for name in "${NAMES[@]}"; do

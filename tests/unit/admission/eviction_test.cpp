@@ -73,6 +73,24 @@ TEST(EvictionTest, DeclaredCostOverridesTheMeasuredOne) {
   EXPECT_EQ(p.evict, (std::vector<std::string>{"declared.0"}));
 }
 
+TEST(EvictionTest, AnExclusiveDeviceUnloadsEveryOtherServiceEvenWhenTheRoomSuffices) {
+  // llama-swap's swap group: one at a time, whatever the priorities; busy ones drain first.
+  const std::vector<Resident> rs = {R("chat", 0, 100, 0, 1, 0, /*pinned=*/true), R("interactive", 0, 100, /*running=*/2),
+                                    R("batch", 1, 50), R("me", 2, 10)};
+  const auto p = PlanEviction(10 * kMiB, 900 * kMiB, /*background*/ 2, "me.0", rs, /*exclusive=*/true);
+  EXPECT_TRUE(p.fits);
+  EXPECT_EQ(p.evict, (std::vector<std::string>{"interactive.0", "batch.0"})) << "never the pinned one, nor itself";
+  EXPECT_EQ(p.drain, (std::vector<std::string>{"interactive.0"}));
+  EXPECT_EQ(p.freed, 150 * kMiB);
+  EXPECT_NE(p.reason.find("exclusive"), std::string::npos) << p.reason;
+  // Alone on it: nothing to unload.
+  EXPECT_TRUE(PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {R("me", 0, 10)}, true).evict.empty());
+  // Even with every other one gone it would not fit: nothing is unloaded.
+  const auto no = PlanEviction(2000 * kMiB, 100 * kMiB, 0, "me.0", rs, true);
+  EXPECT_FALSE(no.fits);
+  EXPECT_TRUE(no.evict.empty());
+}
+
 TEST(EvictionTest, Windows) {
   EXPECT_TRUE(InWindow({}, 720));
   EXPECT_TRUE(InWindow({"02:00-05:00"}, 2 * 60));

@@ -102,11 +102,11 @@ TEST(RecordTest, JsonHasEveryFieldAndNullForUnknownEquivalence) {
   EXPECT_TRUE(j["requests"][0]["equivalent"].is_null());
   EXPECT_EQ(j["requests"][1]["equivalent"], true);
   EXPECT_EQ(j["requests"][1]["attempt_placements"][1], "cpu");
-  EXPECT_EQ(j.size(), 10u);
+  EXPECT_EQ(j.size(), 11u);
   EXPECT_EQ(j["requests"][0].size(), 25u);
   EXPECT_EQ(j["faults"][0].size(), 3u);
-  EXPECT_EQ(j["samples"][0].size(), 11u);
-  EXPECT_EQ(j["verdict"].size(), 28u);
+  EXPECT_EQ(j["samples"][0].size(), 12u);
+  EXPECT_EQ(j["verdict"].size(), 34u);
   EXPECT_EQ(j["requests"][1]["cancelled_by_client"], false);
   EXPECT_EQ(j["requests"][1]["degraded_signal"], true);
   EXPECT_EQ(j["samples"][4]["cpu_queue_running"], 1);
@@ -156,6 +156,35 @@ TEST(ReportTest, JsonHasEverything) {
   EXPECT_EQ(j["spillway"][0]["faults"].size(), 2u);
   EXPECT_EQ(j["baselines"][0]["target"], "plain-proxy");
   EXPECT_TRUE(j["profiles"].empty());
+}
+
+TEST(ReportTest, ServicesCompetingGetAStackedMemoryChartWithTheirEvictionsAndATable) {
+  ScenarioResult r = Scenario();
+  r.name = "competing_services";
+  for (size_t i = 0; i < r.samples.size(); ++i) {
+    r.samples[i].service_device_bytes = {{"chat", 20ull << 20}, {i % 2 ? "search" : "embed", 40ull << 20}};
+  }
+  r.events = {{1200, "evict", "embed", "embed.0", "gives its room to search", "search"},
+              {1300, "unload", "embed", "embed.0", "evicted", ""}};
+  r.verdict.interactive_p95_alone_ms = 200;
+  r.verdict.interactive_p95_pressure_ms = 220;
+  r.verdict.interactive_alone = 12;
+  r.verdict.evictions = 1;
+  const std::string memory = MemorySvg(r);
+  ExpectSvg(memory);
+  EXPECT_TRUE(Contains(memory, "Device memory by service (stacked)"));
+  EXPECT_TRUE(Contains(memory, "<polygon"));
+  EXPECT_TRUE(Contains(memory, "evict embed for search"));
+  for (const char* name : {"chat", "embed", "search"}) EXPECT_TRUE(Contains(memory, std::string(">") + name + "<")) << name;
+  // One service only: no stacked panel.
+  EXPECT_FALSE(Contains(MemorySvg(Scenario()), "stacked"));
+  ScenarioResult swap = r;
+  swap.target = "swap-all";
+  swap.verdict.interactive_p95_pressure_ms = 900;
+  const std::string md = MarkdownSummary({r}, {swap}, {}, 1);
+  EXPECT_TRUE(Contains(md, "## Services competing for one device")) << md;
+  EXPECT_TRUE(Contains(md, "1.10x")) << md;
+  EXPECT_TRUE(Contains(md, "4.50x")) << md;
 }
 
 TEST(ReportTest, SvgsAreWellFormedWithEscapedFaultLabels) {

@@ -52,6 +52,27 @@ TEST(ScheduleTest, FaultsAreSpreadInsideTheWindowAndRequestsMixStreamingAndKinds
   EXPECT_TRUE(MakeSchedule(*FindScenario("routing_before_admission"), 1, 10000, 9).faults.empty());
 }
 
+TEST(ScheduleTest, CompetingServicesPlanInteractiveTrafficAndABatchBacklog) {
+  const Scenario& s = *FindScenario("competing_services");
+  ASSERT_TRUE(s.Competing());
+  EXPECT_GT(s.batch_clients, 0);
+  const Schedule sch = MakeSchedule(s, 1, 30000, 3);
+  EXPECT_TRUE(sch.faults.empty());
+  int search = 0, chat = 0;
+  for (const auto& r : sch.requests) {
+    EXPECT_NE(r.kind, "embedding") << "the batch backlog is sent by its own clients, not at planned times";
+    search += r.kind == "search";
+    chat += r.kind == "chat" || r.kind == "completion";
+  }
+  EXPECT_GT(search, 0);
+  EXPECT_GT(chat, 5 * search);
+  const PlannedRequest a = BatchRequest(s, 1, 7), b = BatchRequest(s, 1, 7), c = BatchRequest(s, 1, 8);
+  EXPECT_EQ(a.id, b.id);
+  EXPECT_EQ(a.prompt_words, b.prompt_words);
+  EXPECT_NE(a.id, c.id);
+  EXPECT_EQ(a.kind, "embedding");
+}
+
 RequestRecord Ok(const std::string& id, const std::string& placement = "sim:0/99") {
   RequestRecord r;
   r.id = id;
@@ -170,6 +191,59 @@ TEST(VerdictTest, RecoveryComesFromTheFaults) {
   const Verdict v = Judge(r, {});
   EXPECT_DOUBLE_EQ(v.recovery_max_ms, 800);
   EXPECT_DOUBLE_EQ(v.recovery_median_ms, 400);  // nearest rank of {400, 800}
+}
+
+TEST(VerdictTest, CompetingServicesComparesInteractiveP95AloneAndUnderPressureAndChecksEvictions) {
+  ScenarioResult r = Healthy();
+  for (int i = 0; i < 10; ++i) {
+    auto q = Ok("alone" + std::to_string(i));
+    q.sent_ms = 100 * i;
+    r.requests.push_back(q);
+    auto p = Ok("pressure" + std::to_string(i));
+    p.sent_ms = 5000 + 100 * i;
+    p.latency_ms = 120;  // 1.2x
+    r.requests.push_back(p);
+  }
+  auto batch = Ok("batch", "cpu");
+  batch.service = "embed";
+  batch.sent_ms = 6000;
+  batch.degraded_signal = true;
+  r.requests.push_back(batch);
+  r.events = {{5200, "evict", "embed", "embed.0", "gives its room to search", "search"},
+              {5300, "unload", "embed", "embed.0", "evicted", ""}};
+  VerdictOptions o;
+  o.batch_from_ms = 4000;
+  o.pinned_service = "chat";
+  Verdict v = Judge(r, o);
+  EXPECT_TRUE(v.passed) << ::testing::PrintToString(v.failures);
+  EXPECT_DOUBLE_EQ(v.interactive_p95_alone_ms, 100);
+  EXPECT_DOUBLE_EQ(v.interactive_p95_pressure_ms, 120);
+  EXPECT_EQ(v.interactive_alone, 10);
+  EXPECT_EQ(v.evictions, 1);
+  EXPECT_EQ(v.evictions_completed, 1);
+
+  // Slower under pressure than 1.25x, a batch request moved to the CPU
+  // silently, an eviction never followed by its unload, the pinned service evicted.
+  ScenarioResult bad = r;
+  for (auto& q : bad.requests) {
+    if (q.id.rfind("pressure", 0) == 0) q.latency_ms = 130;
+    if (q.id == "batch") q.degraded_signal = false;
+  }
+  bad.events = {{5200, "evict", "embed", "embed.0", "gives its room to search", "search"},
+                {5400, "evict", "chat", "chat.0", "gives its room to search", "search"},
+                {5500, "unload", "chat", "chat.0", "evicted", ""}};
+  v = Judge(bad, o);
+  EXPECT_FALSE(v.passed);
+  const std::string all = ::testing::PrintToString(v.failures);
+  EXPECT_NE(all.find("1.30x"), std::string::npos) << all;
+  EXPECT_NE(all.find("degraded without a signal: batch"), std::string::npos) << all;
+  EXPECT_NE(all.find("evicted without an unload after it: embed.0"), std::string::npos) << all;
+  EXPECT_NE(all.find("the pinned service chat was evicted"), std::string::npos) << all;
+  // No eviction at all: the scenario proved nothing.
+  ScenarioResult none = r;
+  none.events.clear();
+  v = Judge(none, o);
+  EXPECT_NE(::testing::PrintToString(v.failures).find("no service was evicted"), std::string::npos);
 }
 
 }  // namespace
