@@ -81,6 +81,7 @@ std::vector<PlannedWorker> PlanWorkers(const config::GatewayConfig& cfg) {
       // An accelerator placement that is not pinned loads when needed (keep_alive: also at start).
       spec.on_demand = r.policy == "on-demand" || (p.device != "cpu" && s.residency.mode != "pinned");
       spec.start_timeout_ms = static_cast<int64_t>(p.start_timeout_s * 1000);
+      spec.nice = s.residency.Niceness();
       out.push_back({spec, s.name, p.Name()});
     }
   }
@@ -106,6 +107,7 @@ std::vector<upstream::WorkerSpec> ExternalSpecs(const config::GatewayConfig& cfg
     spec.start_timeout_ms = static_cast<int64_t>(e.start_timeout_s * 1000);
     spec.health_path = e.health_path;
     spec.stop_signal = config::SignalNumber(e.stop_signal);
+    spec.nice = e.residency.Niceness();
     out.push_back(std::move(spec));
   }
   return out;

@@ -175,6 +175,8 @@ struct ResidencyConfig {
   double interactive_idle_s = 0;
   std::string outside_window = "cpu";
   int PriorityRank() const { return priority == "interactive" ? 0 : priority == "batch" ? 1 : 2; }
+  // The niceness of its processes: batch 10, background 19 (they yield the host's cores to interactive work).
+  int Niceness() const { return PriorityRank() == 0 ? 0 : PriorityRank() == 1 ? 10 : 19; }
 };
 
 struct DeviceConfig {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <spawn.h>
 #include <unistd.h>
 
@@ -195,6 +196,13 @@ void Supervisor::Spawn(Worker& w) {
   if (rc != 0) {
     Exited(w, "spawn failed: " + std::string(std::strerror(rc)));
     return;
+  }
+  // Only ever lowered in priority (a gateway already run at niceness 10 or more leaves it so).
+  errno = 0;
+  const int own = getpriority(PRIO_PROCESS, 0);
+  if (w.spec.nice > (errno ? 0 : own) && setpriority(PRIO_PROCESS, static_cast<id_t>(pid), w.spec.nice) != 0) {
+    std::fprintf(stderr, "spillway: cannot set %s's niceness to %d: %s\n", w.spec.key.c_str(), w.spec.nice,
+                 std::strerror(errno));
   }
   w.view.pid = pid;
   ++w.view.starts;

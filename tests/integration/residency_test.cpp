@@ -7,7 +7,9 @@
 
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <ctime>
 #include <sstream>
 #include <string>
@@ -75,12 +77,25 @@ bool WaitFor(F f, std::chrono::milliseconds limit = 15s) {
   return f();
 }
 
-int ChatPid(uint16_t port) {
+int PlacementPid(uint16_t port, const std::string& service, size_t i = 0) {
   const json s = Body(Call(port, "GET", "/v1/status"));
   for (const auto& svc : s["services"]) {
-    if (svc["name"] == "chat") return svc["placements"][0].value("pid", 0);
+    if (svc["name"] == service) return svc["placements"][i].value("pid", 0);
   }
   return 0;
+}
+
+int ChatPid(uint16_t port) { return PlacementPid(port, "chat"); }
+
+// A process's niceness (/proc/PID/stat, field 19).
+int NiceOf(int pid) {
+  std::istringstream in(ReadTextFile("/proc/" + std::to_string(pid) + "/stat"));
+  std::string field;
+  // The command (field 2) is in parentheses and may hold spaces: skip past its ')'.
+  std::getline(in, field, ')');
+  for (int i = 3; i <= 19 && in >> field; ++i) {
+  }
+  return std::atoi(field.c_str());
 }
 
 class ResidencyTest : public ::testing::Test {
@@ -109,6 +124,11 @@ TEST_F(ResidencyTest, AnInteractiveServiceEvictsIdleBatchWorkAndThePinnedOneStay
   ASSERT_EQ(e.status, 200) << e.body;
   EXPECT_EQ(e.headers["x-spillway-placement"], "sim:0/99");
   EXPECT_EQ(Residency(g.port(), "embed")["state"], "ready");
+  // Batch work yields the host's cores: its workers run at niceness 10, the interactive chat's at 0.
+  const int own = NiceOf(getpid());  // the gateway's too (make test may run under nice)
+  EXPECT_EQ(NiceOf(PlacementPid(g.port(), "embed", 0)), std::max(own, 10));
+  EXPECT_EQ(NiceOf(PlacementPid(g.port(), "embed", 1)), std::max(own, 10)) << "its CPU fallback too";
+  EXPECT_EQ(NiceOf(chat_pid), own);
 
   // The interactive external server does not fit beside both: the idle batch service gives its room.
   auto f = Call(g.port(), "POST", "/v1/rerank", R"({"model":"fake","query":"q"})");
