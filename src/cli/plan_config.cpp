@@ -109,13 +109,43 @@ std::vector<DevicePlan> CollectDevices(const config::GatewayConfig& cfg) {
     if (e.device == "cpu") continue;
     Holder h = HolderOf(gateway::ExternalKey(e), e.name, e.residency);
     h.external = true;
-    h.bytes = static_cast<uint64_t>(e.resident_mib * kMiB);
+    // Resident, plus one request's transient peak: at least one request must be able to run.
+    h.bytes = static_cast<uint64_t>((e.resident_mib + e.transient_mib) * kMiB);
     h.shape = "external, resident_mib " + std::to_string(static_cast<long long>(e.resident_mib));
+    if (e.transient_mib > 0) {
+      h.shape += " + transient_mib " + std::to_string(static_cast<long long>(e.transient_mib)) + " (one request)";
+    }
     if (!e.Started()) h.note = "runs outside Spillway (url): held as pinned";
     if (e.resident_mib <= 0) h.note = "no resident_mib declared: not counted";
     PlanFor(plans, e.device).holders.push_back(std::move(h));
   }
+  // Windows and the interactive-idle rule: when such a service may be there at all.
+  auto windows = [](const config::ResidencyConfig& r) {
+    std::string w;
+    for (const auto& x : r.windows) w += (w.empty() ? "" : ", ") + x;
+    std::string out = w.empty() ? "" : "on the device only in " + w;
+    if (r.interactive_idle_s > 0) {
+      out += (out.empty() ? "on the device only " : ", ") + std::string("once interactive work is quiet for ") +
+             std::to_string(static_cast<long long>(r.interactive_idle_s)) + " s";
+    }
+    return out;
+  };
+  for (const auto& s : cfg.services) {
+    for (auto& plan : plans) {
+      for (auto& h : plan.holders) {
+        if (h.service == s.name && !h.external && !windows(s.residency).empty()) h.shape += "; " + windows(s.residency);
+      }
+    }
+  }
+  for (const auto& e : cfg.externals) {
+    for (auto& plan : plans) {
+      for (auto& h : plan.holders) {
+        if (h.service == e.name && h.external && !windows(e.residency).empty()) h.shape += "; " + windows(e.residency);
+      }
+    }
+  }
   for (auto& plan : plans) {
+    plan.exclusive = cfg.Device(plan.device).exclusive;
     for (auto& h : plan.holders) {
       h.reload_s = gateway::kProcessStartS + static_cast<double>(h.bytes) / gateway::kLoadBytesPerS;
     }
@@ -143,7 +173,8 @@ void PlanDevice(DevicePlan& plan) {
   for (const Holder* h : others) plan.start_bytes += h->mode == "keep_alive" ? h->bytes : 0;
   if (!plan.budget) return;
   const uint64_t budget = *plan.budget;
-  plan.all_fit = plan.total_bytes <= budget;
+  // Exclusive: never together, whatever the sum, once two could be loaded there.
+  plan.all_fit = plan.total_bytes <= budget && (!plan.exclusive || others.size() <= 1);
   plan.pinned_fit = plan.pinned_bytes <= budget;
   plan.start_fit = plan.start_bytes <= budget;
   if (!plan.pinned_fit) return;
@@ -196,7 +227,7 @@ void PlanDevice(DevicePlan& plan) {
       residents.push_back({h->key, h->service, h->rank, h->Pinned(), h->bytes, 0, h->reload_s, 0, h->evict_cost});
     }
     c.available = used < budget ? budget - used : 0;
-    c.plan = admission::PlanEviction(self->bytes, c.available, self->rank, self->key, residents);
+    c.plan = admission::PlanEviction(self->bytes, c.available, self->rank, self->key, residents, plan.exclusive);
     plan.evictions.push_back(std::move(c));
   }
 }

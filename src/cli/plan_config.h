@@ -4,14 +4,17 @@
 // Per accelerator device (never "cpu") every holder of memory there is
 // listed: each llama placement on it (its bytes as admission predicts them,
 // gateway/placement_admission.h) and each external service declaring it
-// (resident_mib), with its residency mode and priority. The budget is the
+// (resident_mib plus one request's transient_mib), with its residency mode,
+// priority and, where it has them, its windows. The budget is the
 // device's capacity less its headroom (the config's [[device]], else the
 // defaults): the config is planned for the device as it would have it, not
 // for whatever else holds memory there now (Reading::free is reported
 // beside it).
 //
 // Verdicts, per device:
-//   together   all holders fit at once (sum <= budget);
+//   together   all holders fit at once (sum <= budget), and the device is
+//              not exclusive (there at most one service besides the pinned
+//              ones is ever loaded, and every load unloads the others);
 //   pinned     the pinned holders (and url externals, which Spillway cannot
 //              stop) fit alone; if not, the config can never serve as
 //              written; and with the keep_alive ones, which load at start;
@@ -72,6 +75,7 @@ struct EvictionCase {
 
 struct DevicePlan {
   std::string device;
+  bool exclusive = false;       // [[device]] exclusive = true: one service at a time there
   std::vector<Holder> holders;  // config order: llama placements, then externals
   std::optional<uint64_t> capacity, free;  // unset: not observable (telemetry_note)
   std::string telemetry_note;

@@ -65,6 +65,7 @@ void DeviceLines(const DevicePlan& p, std::vector<std::string>& out) {
   std::snprintf(buf, sizeof buf, "  pinned alone: %s -> fit; %s left for the others", Mib(p.pinned_bytes).c_str(),
                 Mib(*p.budget - p.pinned_bytes).c_str());
   out.push_back(buf);
+  if (p.exclusive) out.push_back("  exclusive: one service at a time here; each load unloads every other one not pinned");
   if (p.all_fit) return;
   if (p.start_bytes > p.pinned_bytes) {
     std::snprintf(buf, sizeof buf, "  at start (pinned + keep_alive): %s -> %s", Mib(p.start_bytes).c_str(),
@@ -108,7 +109,8 @@ std::string PlanConfigJson(const std::string& config_file, const std::vector<Dev
   const int code = PlanExitCode(plans);
   json devices = json::array();
   for (const auto& p : plans) {
-    json d = {{"device", p.device}, {"pinned_bytes", p.pinned_bytes}, {"total_bytes", p.total_bytes}};
+    json d = {{"device", p.device}, {"exclusive", p.exclusive}, {"pinned_bytes", p.pinned_bytes},
+              {"total_bytes", p.total_bytes}};
     json services = json::array();
     for (const auto& h : p.holders) {
       json s = {{"key", h.key},           {"service", h.service},   {"kind", h.external ? "external" : "llama"},

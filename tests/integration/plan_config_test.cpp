@@ -148,6 +148,37 @@ TEST_F(PlanConfigTest, EverythingFitsOnABigDeviceAndSwitchingOnASmallOne) {
   EXPECT_EQ(ev["embed.0"]["evict"].size(), 0u) << ev["embed.0"].dump();
 }
 
+TEST_F(PlanConfigTest, TransientPeaksWindowsAndAnExclusiveDevice) {
+  int rc = -1;
+  std::string out = Spillway("sim create sim:3 --capacity-mib 4096", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  std::string t = SwitchingConfig("sim:3");
+  // a's requests each hold 100 MiB more while they run; embed only at night, once interactive work is quiet.
+  t.replace(t.find("resident_mib = 300"), 18, "resident_mib = 300\ntransient_mib = 100");
+  t.replace(t.find("priority = \"background\"\n"), 24,
+            "priority = \"background\"\nwindows = [\"01:00-05:00\"]\ninteractive_idle_s = 60\n");
+  const std::string cfg = Write("transient.toml", t);
+  json j = PlanJson(cfg, &rc);
+  EXPECT_EQ(rc, 0) << j.dump(2);
+  const json& d = j["devices"][0];
+  EXPECT_EQ((*Service(d, "a.ext"))["bytes"], 400ull << 20) << "resident + one request's transient peak";
+  EXPECT_TRUE(Has((*Service(d, "a.ext"))["shape"], "+ transient_mib 100 (one request)"));
+  EXPECT_TRUE(Has((*Service(d, "embed.0"))["shape"], "on the device only in 01:00-05:00, once interactive work is quiet for 60 s"))
+      << (*Service(d, "embed.0")).dump();
+  EXPECT_EQ(d["exclusive"], false);
+  // The same on an exclusive device: the sum fits, but they are never loaded together; each load unloads the
+  // others (never the pinned chat).
+  t.replace(t.find("headroom_pct = 0\n"), 17, "headroom_pct = 0\nexclusive = true\n");
+  const std::string excl = Write("exclusive.toml", t);
+  out = Spillway("plan --config " + excl, &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_TRUE(Has(out, "exclusive: one service at a time here")) << out;
+  EXPECT_TRUE(Has(out, "verdict: the services fit only by switching")) << out;
+  EXPECT_TRUE(Has(out, "    a.ext loads beside chat.0, b.ext, c.ext, embed.0:\n      evicts b.ext, c.ext, embed.0: exclusive device"))
+      << out;
+  EXPECT_FALSE(Has(out, "evicts chat.0")) << out;
+}
+
 TEST_F(PlanConfigTest, PinnedServicesBeyondTheDeviceAreAnError) {
   int rc = -1;
   std::string out = Spillway("sim create sim:2 --capacity-mib 512", &rc);
