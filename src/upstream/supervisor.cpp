@@ -361,7 +361,8 @@ void Supervisor::Loop() {
     // request waiting for a load (on demand, after an eviction) gets it sooner.
     bool starting = false;
     for (const auto& [k, w] : workers_) starting |= w.view.state == WorkerState::kStarting;
-    cv_.wait_for(lk, std::chrono::milliseconds(starting ? 10 : 50), [&] { return stop_.load(); });
+    cv_.wait_for(lk, std::chrono::milliseconds(starting ? 10 : 50), [&] { return stop_.load() || wake_; });
+    wake_ = false;
   }
 }
 
@@ -542,6 +543,7 @@ void Supervisor::Demand(const std::string& key) {
   if (w.view.pid > 0) return;  // the released process has not exited yet: asked again next time
   w.view.state = WorkerState::kBackoff;  // started by the loop, through the start gate
   w.view.next_start_ms = 0;
+  wake_ = true;  // a request waits for it: the loop's next round now, not at its next tick
   cv_.notify_all();
 }
 
@@ -608,7 +610,10 @@ void Supervisor::Refuse(const std::string& key, const std::string& why) {
 void Supervisor::Suspect(const std::string& key) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = workers_.find(key);
-  if (it != workers_.end()) it->second.next_health_ms = 0;
+  if (it == workers_.end()) return;
+  it->second.next_health_ms = 0;
+  wake_ = true;  // checked now, not at the loop's next tick
+  cv_.notify_all();
 }
 
 void Supervisor::Stop(int64_t grace_ms) {

@@ -227,6 +227,7 @@ class Supervisor : public Workers {
   std::atomic<uint64_t> adopted_{0};
   int lock_fd_ = -1;  // the claim on the state directory
   std::condition_variable cv_;
+  bool wake_ = false;  // under mu_: a round is wanted now (a demand), not at the next tick
   std::thread thread_;
 };
 
