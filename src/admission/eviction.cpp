@@ -26,9 +26,12 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
                           const std::vector<Resident>& residents, bool exclusive) {
   EvictionPlan plan;
   if (exclusive) {
+    // Every other service loaded there, even one that holds nothing yet (still starting); not the requester's
+    // own other placements (keys are "<service>.<n>").
+    const std::string own = requester_key.substr(0, requester_key.rfind('.'));
     std::string names;
     for (const auto& r : residents) {
-      if (r.pinned || r.key == requester_key || r.bytes == 0) continue;
+      if (r.pinned || r.key == requester_key || r.service == own) continue;
       plan.evict.push_back(r.key);
       if (r.running > 0) plan.drain.push_back(r.key);
       plan.freed += r.bytes;

@@ -489,6 +489,10 @@ ScenarioResult Run::Go() {
     server_.Stop();
     return out;
   }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    events_.clear();  // the sizing's own loads and evictions are not the run's
+  }
   const Schedule sched = MakeSchedule(s_, o_.seed, duration_ms_, profile_.empty() ? o_.faults : 0);
   for (const auto& r : sched.requests) {
     if (target_ == Target::kLlamaServer && (r.kind == "embedding" || r.kind == "agent")) continue;  // no such service there

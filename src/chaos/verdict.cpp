@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <set>
+#include <string>
 
 namespace spillway::chaos {
 
@@ -34,7 +36,7 @@ void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v
       (q.sent_ms < o.batch_from_ms ? alone : pressure).push_back(static_cast<double>(q.latency_ms));
     }
     // Every service's requests served off its accelerator placement are told so (chat's are checked above).
-    if (completed && q.service != "chat" && !q.placement.empty() && q.placement != o.primary_placement) {
+    if (completed && q.service != o.interactive_service && !q.placement.empty() && q.placement != o.primary_placement) {
       ++v.degraded_served;
       if (q.degraded_signal) ++v.degraded_signalled;
       else v.failures.push_back("degraded without a signal: " + q.id + " (" + q.service + ") was served by " + q.placement);
@@ -57,10 +59,12 @@ void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v
                            std::to_string(o.max_interactive_ratio).substr(0, 4) + "x");
     }
   }
+  int under_pressure = 0;
   for (size_t i = 0; i < r.events.size(); ++i) {
     const auto& e = r.events[i];
     if (e.kind != "evict") continue;
     ++v.evictions;
+    under_pressure += e.at_ms >= o.batch_from_ms;
     if (!o.pinned_service.empty() && e.service == o.pinned_service) {
       v.failures.push_back("the pinned service " + e.service + " was evicted (for " + e.for_service + ")");
     }
@@ -72,7 +76,9 @@ void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v
     if (unloaded) ++v.evictions_completed;
     else v.failures.push_back("evicted without an unload after it: " + e.key + " (for " + e.for_service + ")");
   }
-  if (v.evictions == 0) v.failures.push_back("no service was evicted: the scenario did not make its services compete");
+  if (under_pressure == 0) {
+    v.failures.push_back("no service was evicted under batch pressure: the scenario did not make its services compete");
+  }
 }
 
 }  // namespace
@@ -80,6 +86,7 @@ void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v
 Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
   Verdict v;
   std::vector<double> latencies;
+  std::set<std::string> failed_services;  // besides chat
   for (const auto& q : r.requests) {
     ++v.sent;
     const bool unrelated = q.service != "chat";
@@ -100,7 +107,10 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
     // An unrelated job interrupted: it reached the gateway and did not complete
     // (one that never reached it, while the gateway itself was down, is an
     // unknown outcome, counted below).
-    if (unrelated && !completed && (q.acknowledged || terminal)) ++v.unrelated_failed;
+    if (unrelated && !completed && (q.acknowledged || terminal)) {
+      ++v.unrelated_failed;
+      failed_services.insert(q.service);
+    }
     if (q.acknowledged && !terminal) {
       ++v.lost;
       v.failures.push_back("lost: " + q.id + " was acknowledged and has no terminal result" +
@@ -134,8 +144,10 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
   }
   if (o.batch_from_ms >= 0) JudgeCompeting(r, o, v);
   if (v.unrelated_failed > 0) {
+    std::string names;
+    for (const auto& n : failed_services) names += (names.empty() ? "" : ", ") + n;
     v.failures.push_back(std::to_string(v.unrelated_failed) + " of " + std::to_string(v.unrelated_sent) +
-                         " requests on the unrelated service failed");
+                         " requests on the other services (" + names + ") failed");
   }
   v.success_rate = v.sent ? static_cast<double>(v.succeeded) / v.sent : 0;
   v.p50_ms = Percentile(latencies, 50);

@@ -1,6 +1,7 @@
 #include "cli/plan_config.h"
 
 #include <algorithm>
+#include <set>
 #include <numeric>
 
 #include "devices/telemetry.h"
@@ -110,7 +111,7 @@ std::vector<DevicePlan> CollectDevices(const config::GatewayConfig& cfg) {
     Holder h = HolderOf(gateway::ExternalKey(e), e.name, e.residency);
     h.external = true;
     // Resident, plus one request's transient peak: at least one request must be able to run.
-    h.bytes = static_cast<uint64_t>((e.resident_mib + e.transient_mib) * kMiB);
+    h.bytes = e.resident_mib > 0 ? static_cast<uint64_t>((e.resident_mib + e.transient_mib) * kMiB) : 0;
     h.shape = "external, resident_mib " + std::to_string(static_cast<long long>(e.resident_mib));
     if (e.transient_mib > 0) {
       h.shape += " + transient_mib " + std::to_string(static_cast<long long>(e.transient_mib)) + " (one request)";
@@ -174,7 +175,9 @@ void PlanDevice(DevicePlan& plan) {
   if (!plan.budget) return;
   const uint64_t budget = *plan.budget;
   // Exclusive: never together, whatever the sum, once two could be loaded there.
-  plan.all_fit = plan.total_bytes <= budget && (!plan.exclusive || others.size() <= 1);
+  std::set<std::string> other_services;
+  for (const Holder* h : others) other_services.insert(h->service);
+  plan.all_fit = plan.total_bytes <= budget && (!plan.exclusive || other_services.size() <= 1);
   plan.pinned_fit = plan.pinned_bytes <= budget;
   plan.start_fit = plan.start_bytes <= budget;
   if (!plan.pinned_fit) return;

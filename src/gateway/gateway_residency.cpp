@@ -341,7 +341,7 @@ json Gateway::ResidencyJson() {
     if (e.Started()) add(e.name, ExternalKey(e), e.residency, e.device != "cpu");
   }
   json events = json::array();
-  if (auto ev = journal_.RecentEvents(20); ev.ok()) {
+  if (auto ev = journal_.RecentEvents(50); ev.ok()) {
     for (const auto& e : *ev) {
       json d = json::parse(e.detail, nullptr, false);
       if (!d.is_object()) d = json::object();

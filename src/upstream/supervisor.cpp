@@ -137,11 +137,20 @@ void Supervisor::Start() {
   thread_ = std::thread([this] { Loop(); });
 }
 
+// How much nicer than this gateway a process must start to run at `nice` (never less nice than the gateway).
+static int NicenessIncrement(int nice) {
+  errno = 0;
+  const int own = getpriority(PRIO_PROCESS, 0);
+  return nice - (errno ? 0 : own);
+}
+
 std::vector<std::string> Supervisor::Argv(Worker& w, const std::string& port_file, const std::string& load_file) {
   if (w.spec.external()) {
     // Its port is chosen here and known at once; ready is what its health path says.
     w.view.port = FreeLoopbackPort();
     std::vector<std::string> args;
+    // Niceness before its first instruction (and so for every thread it starts): through coreutils' nice.
+    if (const int more = NicenessIncrement(w.spec.nice); more > 0) args = {"nice", "-n", std::to_string(more)};
     for (const auto& a : w.spec.command) args.push_back(Expand(a, "${PORT}", std::to_string(w.view.port)));
     return args;
   }
@@ -152,6 +161,7 @@ std::vector<std::string> Supervisor::Argv(Worker& w, const std::string& port_fil
   // by the next one; the orphan rule ends it if none comes.
   args.insert(args.end(), {"--listen", "127.0.0.1:0", "--port-file", port_file, "--load-progress-file", load_file,
                            "--orphan-timeout", std::to_string(orphan_timeout_s_)});
+  if (w.spec.nice > 0) args.insert(args.end(), {"--nice", std::to_string(w.spec.nice)});
   return args;
 }
 
@@ -196,13 +206,6 @@ void Supervisor::Spawn(Worker& w) {
   if (rc != 0) {
     Exited(w, "spawn failed: " + std::string(std::strerror(rc)));
     return;
-  }
-  // Only ever lowered in priority (a gateway already run at niceness 10 or more leaves it so).
-  errno = 0;
-  const int own = getpriority(PRIO_PROCESS, 0);
-  if (w.spec.nice > (errno ? 0 : own) && setpriority(PRIO_PROCESS, static_cast<id_t>(pid), w.spec.nice) != 0) {
-    std::fprintf(stderr, "spillway: cannot set %s's niceness to %d: %s\n", w.spec.key.c_str(), w.spec.nice,
-                 std::strerror(errno));
   }
   w.view.pid = pid;
   ++w.view.starts;
@@ -610,10 +613,7 @@ void Supervisor::Refuse(const std::string& key, const std::string& why) {
 void Supervisor::Suspect(const std::string& key) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = workers_.find(key);
-  if (it == workers_.end()) return;
-  it->second.next_health_ms = 0;
-  wake_ = true;  // checked now, not at the loop's next tick
-  cv_.notify_all();
+  if (it != workers_.end()) it->second.next_health_ms = 0;
 }
 
 void Supervisor::Stop(int64_t grace_ms) {

@@ -99,10 +99,11 @@ struct WorkerSpec {
   std::vector<std::string> command;
   std::string health_path = "/health";
   int stop_signal = 15;  // SIGTERM
-  // The CPU scheduling niceness it runs at (set right after the spawn, before
-  // it starts any thread): a batch service's processes yield the host's cores
-  // to interactive ones (its CPU placements' decoding, a GPU placement's
-  // feeding threads).
+  // The CPU scheduling niceness it runs at, from its first instruction (a
+  // worker's --nice, an external server started through coreutils' nice), so
+  // for every thread it starts; never less nice than the gateway: a batch
+  // service's processes yield the host's cores to interactive ones (its CPU
+  // placements' decoding, a GPU placement's feeding threads).
   int nice = 0;
   bool external() const { return !command.empty(); }
 };

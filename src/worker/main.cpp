@@ -8,10 +8,13 @@
 
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -80,6 +83,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--max-body", max_body, "largest accepted request body in bytes")->capture_default_str();
   app.add_option("--backend-dir", backend_dir, "directory with the ggml backend modules (default: next to this binary)");
+  int nice = 0;
+  app.add_option("--nice", nice,
+                 "run at this CPU niceness (a batch service's workers: 10, background: 19), set before any thread "
+                 "starts; never lowered below the niceness it was started with")
+      ->check(CLI::Range(0, 19));
   std::vector<std::string> fault_specs;
   app.add_option("--fault", fault_specs,
                  "arm a fault on a sim device (repeatable; also $SPILLWAY_FAULTS): fail-next=load|kv|compute|reserve, "
@@ -133,6 +141,13 @@ int main(int argc, char** argv) {
   placement.mmap = !no_mmap;
   placement.dry_run = dry_run;
   ::umask(077);
+  // Before any thread starts, so that all of them run at it (Linux's niceness is a thread's).
+  errno = 0;
+  if (const int own = getpriority(PRIO_PROCESS, 0); nice > 0 && (errno != 0 || nice > own)) {
+    if (setpriority(PRIO_PROCESS, 0, nice) != 0) {
+      std::fprintf(stderr, "spillway-worker: cannot set niceness %d: %s\n", nice, std::strerror(errno));
+    }
+  }
   // The secret is read once and leaves the environment (children, /proc readers of it later).
   std::string secret;
   if (const char* s = std::getenv(kWorkerSecretEnv); s && *s) secret = s;

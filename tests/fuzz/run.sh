@@ -72,7 +72,7 @@ compile_one() {  # FLAGSET_DIR SOURCE FLAGS...
   local dir=$1 src=$2; shift 2
   local obj="$dir/${src//\//_}.o"
   mkdir -p "$dir"
-  (cd "$ROOT" && nice -n 10 $CCACHE $CXX -std=c++20 -g -O"$OPT" -fsanitize=fuzzer-no-link,address,undefined \
+  (cd "$ROOT" && nice -n 10 ${CCACHE:+"$CCACHE"} $CXX -std=c++20 -g -O"$OPT" -fsanitize=fuzzer-no-link,address,undefined \
     -fno-sanitize-recover=undefined "$@" -Isrc -c "$src" -o "$obj.new" 2>"$obj.log") && mv "$obj.new" "$obj" ||
     { echo "[fuzz] $src does not compile:"; cat "$obj.log"; return 1; }
 }
@@ -85,7 +85,7 @@ if [ ${#STALE[@]} -gt 0 ]; then
   echo "[fuzz] building ${STALE[*]}"
   for name in "${STALE[@]}"; do
     for src in ${SOURCES[$name]}; do printf '%s\t%s\t%s\n' "$(objdir "$name")" "$src" "${FLAGS[$name]:-}"; done
-  done | sort -u | xargs -d '\n' -n1 -P2 bash -c 'IFS=$'"'"'\t'"'"' read -r d s f <<<"$1"; compile_one "$d" "$s" ${f:+"$f"}' _ ||
+  done | sort -u | xargs -d '\n' -n1 -P2 bash -c 'IFS=$'"'"'\t'"'"' read -r d s f <<<"$1"; compile_one "$d" "$s" $f' _ ||
     status=1
   [ $status -eq 0 ] || exit 1
   for name in "${STALE[@]}"; do

@@ -210,8 +210,8 @@ TEST_F(ExternalTest, EachServiceHasItsOwnLineAndABusyOneStarvesNoOther) {
 }
 
 TEST_F(ExternalTest, OnDemandStartsWithItsFirstRequestAndStopsWhenIdle) {
-  auto g = Start(TestConfig(2, FakeService("fake", log_, "residency = \"on_demand\"\nkeep_alive_s = 1\n",
-                                           " --ready-after-ms 300")));
+  auto g = Start(TestConfig(2, FakeService("fake", log_, "residency = \"on_demand\"\nkeep_alive_s = 1\n"
+                                           "priority = \"background\"\n", " --ready-after-ms 300")));
   json st = ExternalStatus(g->port(), "fake");
   EXPECT_EQ(st["state"], "stopped") << st.dump();
   auto r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake"})");
@@ -219,6 +219,16 @@ TEST_F(ExternalTest, OnDemandStartsWithItsFirstRequestAndStopsWhenIdle) {
   st = ExternalStatus(g->port(), "fake");
   EXPECT_EQ(st["starts"], 1);
   EXPECT_GE(st["measured_load_s"].get<double>(), 0.3) << "ready once its health path answered";
+  // A background service's server runs at niceness 19 (started through coreutils' nice: the same pid).
+  const int pid = st.value("pid", 0);
+  ASSERT_GT(pid, 0) << st.dump();
+  std::istringstream stat(ReadTextFile("/proc/" + std::to_string(pid) + "/stat"));
+  std::string field;
+  std::getline(stat, field, ')');
+  for (int i = 3; i <= 19 && stat >> field; ++i) {
+  }
+  EXPECT_EQ(std::atoi(field.c_str()), 19);
+  EXPECT_NE(ReadTextFile("/proc/" + std::to_string(pid) + "/cmdline").find("fake"), std::string::npos);
   // Idle past keep_alive_s: stopped; the next request starts it again.
   for (int i = 0; i < 100 && st["state"] != "stopped"; ++i) {
     std::this_thread::sleep_for(100ms);

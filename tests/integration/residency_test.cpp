@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <ctime>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -87,9 +88,9 @@ int PlacementPid(uint16_t port, const std::string& service, size_t i = 0) {
 
 int ChatPid(uint16_t port) { return PlacementPid(port, "chat"); }
 
-// A process's niceness (/proc/PID/stat, field 19).
-int NiceOf(int pid) {
-  std::istringstream in(ReadTextFile("/proc/" + std::to_string(pid) + "/stat"));
+// A thread's niceness (/proc/PID/task/TID/stat, field 19; TID = PID: the main thread's).
+int NiceOf(int pid, int tid = 0) {
+  std::istringstream in(ReadTextFile("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid ? tid : pid) + "/stat"));
   std::string field;
   // The command (field 2) is in parentheses and may hold spaces: skip past its ')'.
   std::getline(in, field, ')');
@@ -127,6 +128,14 @@ TEST_F(ResidencyTest, AnInteractiveServiceEvictsIdleBatchWorkAndThePinnedOneStay
   // Batch work yields the host's cores: its workers run at niceness 10, the interactive chat's at 0.
   const int own = NiceOf(getpid());  // the gateway's too (make test may run under nice)
   EXPECT_EQ(NiceOf(PlacementPid(g.port(), "embed", 0)), std::max(own, 10));
+  // Every thread of it (a niceness set after the spawn would have missed those started before).
+  const int embed_pid = PlacementPid(g.port(), "embed", 0);
+  int threads = 0;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(embed_pid) + "/task")) {
+    ++threads;
+    EXPECT_EQ(NiceOf(embed_pid, std::atoi(t.path().filename().c_str())), std::max(own, 10)) << t.path();
+  }
+  EXPECT_GT(threads, 1);
   EXPECT_EQ(NiceOf(PlacementPid(g.port(), "embed", 1)), std::max(own, 10)) << "its CPU fallback too";
   EXPECT_EQ(NiceOf(chat_pid), own);
 

@@ -83,8 +83,13 @@ TEST(EvictionTest, AnExclusiveDeviceUnloadsEveryOtherServiceEvenWhenTheRoomSuffi
   EXPECT_EQ(p.drain, (std::vector<std::string>{"interactive.0"}));
   EXPECT_EQ(p.freed, 150 * kMiB);
   EXPECT_NE(p.reason.find("exclusive"), std::string::npos) << p.reason;
-  // Alone on it: nothing to unload.
-  EXPECT_TRUE(PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {R("me", 0, 10)}, true).evict.empty());
+  // Alone on it, or beside its own other placement: nothing to unload.
+  Resident mine = R("me", 0, 10);
+  mine.key = "me.1";
+  EXPECT_TRUE(PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {R("me", 0, 10), mine}, true).evict.empty());
+  // One still starting (nothing held yet) goes too: two must never load at once.
+  EXPECT_EQ(PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {R("starting", 0, 0)}, true).evict,
+            (std::vector<std::string>{"starting.0"}));
   // Even with every other one gone it would not fit: nothing is unloaded.
   const auto no = PlanEviction(2000 * kMiB, 100 * kMiB, 0, "me.0", rs, true);
   EXPECT_FALSE(no.fits);
