@@ -8,6 +8,8 @@
 
 namespace spillway {
 
+// The raw 32-byte digest of `data`.
+void Sha256(std::string_view data, unsigned char (&out)[32]);
 std::string Sha256Hex(std::string_view data);
 // Streams the file in 1 MiB blocks; never loads it whole.
 StatusOr<std::string> Sha256File(const std::string& path);

@@ -8,7 +8,7 @@
 
 namespace spillway {
 
-// `bytes` random bytes from OpenSSL's CSPRNG (seeded by the kernel), as
+// `bytes` random bytes from the kernel's CSPRNG (getrandom; OpenSSL's where it is missing), as
 // lower-case hex (2 * bytes characters). Aborts rather than return a weak value.
 std::string RandomHex(size_t bytes);
 

@@ -65,6 +65,7 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Send(const AttemptSpec& spe
   if (!r->Header("content-type").empty()) a.type = r->Header("content-type");
   a.body = std::move(r->body);
   a.retry_after = r->Header("retry-after");
+  a.timings = r->Header("x-spillway-timings");
   co_return a;
 }
 

@@ -59,6 +59,7 @@ struct AttemptResult {
   std::string type = "application/json";
   std::string body;
   std::string retry_after;
+  std::string timings;  // a non-streamed answer's protocol::kTimingsHeader ("" when it has none)
   // kAnswered, a stream: how it ended (completed, or the worker's error event:
   // failed or cancelled), and whether its head was refused (no event came).
   journal::State stream_state = journal::State::kCompleted;

@@ -706,7 +706,7 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
     std::string body = r.body;
     if (state == State::kCompleted) {
       board_.AttemptSucceeded(rec.service, target.index);
-      RecordThroughput(rec.service, target.index, body);
+      RecordThroughput(rec.service, target.index, body, r.timings);
       // A fallback model and the limits applied are said in the answer too.
       if (!spec.served.fallback_model.empty() || !target.limits.empty()) {
         json j = json::parse(body, nullptr, false);

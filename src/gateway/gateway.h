@@ -48,6 +48,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <string_view>
 
 #include "api/http_server.h"
 #include "common/clock.h"
@@ -143,7 +144,9 @@ class Gateway {
   void CountRequest(const std::string& service);
   double RequestsPerMinute(const std::string& service) const;
   nlohmann::json ResidencyJson();
-  void RecordThroughput(const std::string& service, size_t index, const std::string& body);
+  // From the answer's timings header when it has one (see protocol::Timings), else from its body.
+  void RecordThroughput(const std::string& service, size_t index, const std::string& body,
+                        std::string_view timings_header = {});
   // Chooses a placement for one attempt (admission decision), reserving its
   // cells; delays inside. False when the request is rejected: `rejected` says
   // why, and `reject_decision` is the decision to journal (JSON; empty when

@@ -21,9 +21,11 @@ void Gateway::WorkerExited(const std::string& key, const std::string& why) {
   board_.WorkerExited(key, why, why == protocol::kExitDeviceLost);
 }
 
-void Gateway::RecordThroughput(const std::string& service, size_t index, const std::string& body) {
-  // The worker's timings, from a non-streamed body or a stream's last chunk.
-  if (const auto t = protocol::TimingsOf(body)) {
+void Gateway::RecordThroughput(const std::string& service, size_t index, const std::string& body,
+                               std::string_view timings_header) {
+  // The worker's timings: its header, or from a non-streamed body or a stream's last chunk.
+  const auto t = timings_header.empty() ? protocol::TimingsOf(body) : protocol::Timings::FromHeader(timings_header);
+  if (t) {
     board_.RecordThroughput(service, index, t->prompt_ms, t->prompt_tokens, t->generation_ms, t->generated_tokens);
   }
 }

@@ -290,6 +290,30 @@ std::function<Status()> Journal::AcceptOp(std::shared_ptr<const RequestRecord> r
   };
 }
 
+std::function<Status()> Journal::NewRunningOp(std::shared_ptr<const RequestRecord> rec, std::string placement,
+                                             std::string decision_json, int64_t now) {
+  return [this, rec = std::move(rec), placement = std::move(placement), decision_json = std::move(decision_json),
+          now]() -> Status {
+    const RequestRecord& r = *rec;
+    Stmt ins(*stmts_,
+             "INSERT INTO requests(id, client, payload_hash, service, endpoint, stream, body, state, placement, "
+             "attempts, decision, created_ms, updated_ms, body_type) "
+             "VALUES(?1,?2,?3,?4,?5,?6,?7,'running',?8,1,?9,?10,?10,?11);");
+    ins.Bind(1, r.id).Bind(2, r.client).Bind(3, r.payload_hash).Bind(4, r.service).Bind(5, r.endpoint);
+    ins.Bind(6, int64_t{r.stream}).Bind(7, r.body).Bind(8, placement).Bind(9, decision_json).Bind(10, now);
+    ins.Bind(11, r.body_type);
+    if (ins.Step() != SQLITE_DONE) {
+      if (sqlite3_extended_errcode(db_) == SQLITE_CONSTRAINT_PRIMARYKEY) {
+        return Status::Conflict("request id '" + r.id + "' already exists");
+      }
+      return DbError("insert");
+    }
+    Stmt at(*stmts_, "INSERT INTO attempts(request_id, n, placement, started_ms) VALUES(?1,1,?2,?3);");
+    at.Bind(1, r.id).Bind(2, placement).Bind(3, now);
+    return Done(at.Step(), "attempt");
+  };
+}
+
 std::function<Status()> Journal::StartOp(std::string id, std::string placement, std::string decision_json, int64_t now,
                                          std::shared_ptr<int64_t> n) {
   return [this, id = std::move(id), placement = std::move(placement), decision_json = std::move(decision_json), now,
@@ -355,14 +379,22 @@ void Journal::AcceptAndStartAsync(RequestRecord r, std::string placement, std::s
   auto out = std::make_shared<std::optional<AcceptResult>>();
   auto n = std::make_shared<int64_t>(0);
   const std::string id = r.id;
-  auto accept = AcceptOp(std::make_shared<const RequestRecord>(std::move(r)), out, now);
-  auto start = StartOp(id, placement, decision_json, now, n);
-  // One write: both or neither (a failed start rolls the Accept back with it).
-  auto op = [accept = std::move(accept), start = std::move(start), out, id]() -> Status {
-    SPILLWAY_RETURN_IF_ERROR(accept());
-    if ((*out)->outcome != AcceptOutcome::kNew) return Status::Conflict("request '" + id + "' is already known");
-    return start();
-  };
+  std::function<Status()> op;
+  if (r.idempotency_key.empty()) {
+    // Nothing to look up: the row goes in as running attempt 1 at once (the
+    // row an Accept and then a StartAttempt would leave, one statement fewer).
+    *n = 1;
+    op = NewRunningOp(std::make_shared<const RequestRecord>(std::move(r)), placement, decision_json, now);
+  } else {
+    auto accept = AcceptOp(std::make_shared<const RequestRecord>(std::move(r)), out, now);
+    auto start = StartOp(id, placement, decision_json, now, n);
+    // One write: both or neither (a failed start rolls the Accept back with it).
+    op = [accept = std::move(accept), start = std::move(start), out, id]() -> Status {
+      SPILLWAY_RETURN_IF_ERROR(accept());
+      if ((*out)->outcome != AcceptOutcome::kNew) return Status::Conflict("request '" + id + "' is already known");
+      return start();
+    };
+  }
   Submit(std::move(op), bytes,
          AttemptStarted(id, placement, decision_json, n, std::move(done)),
          Lead::kNever);

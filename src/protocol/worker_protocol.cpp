@@ -2,6 +2,9 @@
 
 #include "api/http_client.h"
 
+#include <charconv>
+#include <system_error>
+
 namespace spillway::protocol {
 
 using nlohmann::json;
@@ -99,6 +102,40 @@ std::optional<Timings> Timings::FromJson(const json& j) {
   if (!j.is_object()) return std::nullopt;
   auto num = [&](const char* k) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : 0.0; };
   return Timings{num("prompt_ms"), num("generation_ms"), num("prompt_tokens"), num("generated_tokens")};
+}
+
+std::string Timings::ToHeader() const {
+  std::string out;
+  auto add = [&](const char* key, double v) {
+    char buf[32];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest round-trip form
+    out.append(out.empty() ? "" : ";").append(key).append("=").append(buf, r.ptr);
+  };
+  add("prompt_ms", prompt_ms);
+  add("generation_ms", generation_ms);
+  add("prompt_tokens", prompt_tokens);
+  add("generated_tokens", generated_tokens);
+  return out;
+}
+
+std::optional<Timings> Timings::FromHeader(std::string_view value) {
+  Timings t;
+  while (!value.empty()) {
+    const size_t end = value.find(';');
+    const std::string_view item = value.substr(0, end);
+    value = end == std::string_view::npos ? std::string_view() : value.substr(end + 1);
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos) return std::nullopt;
+    const std::string_view key = item.substr(0, eq), num = item.substr(eq + 1);
+    double v = 0;
+    const auto r = std::from_chars(num.data(), num.data() + num.size(), v);
+    if (r.ec != std::errc() || r.ptr != num.data() + num.size()) return std::nullopt;
+    if (key == "prompt_ms") t.prompt_ms = v;
+    else if (key == "generation_ms") t.generation_ms = v;
+    else if (key == "prompt_tokens") t.prompt_tokens = v;
+    else if (key == "generated_tokens") t.generated_tokens = v;  // other keys: a later worker's, ignored
+  }
+  return t;
 }
 
 json Timings::ToJson() const {

@@ -260,6 +260,10 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
                {"max_tokens", job->max_tokens},
                {"fingerprint", model_.fingerprint().id}};
 
+  auto timings_of = [](const JobResult& r) {
+    return protocol::Timings{r.prompt_ms, r.generation_ms, static_cast<double>(r.prompt_tokens),
+                             static_cast<double>(r.completion_tokens)};
+  };
   auto finish_meta = [meta](const JobResult& r) {
     json m = meta;
     m["timings"] = {{"prompt_ms", r.prompt_ms}, {"generation_ms", r.generation_ms},
@@ -274,13 +278,14 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
   if (!gen.stream) {
     auto syntax = prompt->chat ? std::make_shared<ChatSyntax>(*prompt->chat) : nullptr;
     const bool logprobs = gen.logprobs;
-    job->on_done = [ex, v, header, syntax, logprobs, finish_meta](JobResult r) {
+    job->on_done = [ex, v, header, syntax, logprobs, finish_meta, timings_of](JobResult r) {
       if (!r.status.ok()) return ex->Respond(ErrorResponse(r.status, v));
       json out = WholeReply(header, r.text, r.finish_reason, {r.prompt_tokens, r.completion_tokens}, syntax.get(),
                             logprobs ? &r.logprobs : nullptr);
       out["spillway"] = finish_meta(r);
       auto res = JsonResponse(200, out, v);
       res.set("X-Request-Id", header.id);
+      res.set(std::string(protocol::kTimingsHeader), timings_of(r).ToHeader());
       ex->Respond(std::move(res));
     };
   } else {

@@ -77,6 +77,26 @@ TEST(WorkerProtocolTest, TimingsFromABodyOrAStreamsLastEvent) {
   EXPECT_FALSE(TimingsOf("{\"choices\":[]}"));
 }
 
+// The header form carries the same numbers exactly (shortest round-trip form).
+TEST(WorkerProtocolTest, TimingsRoundTripThroughTheirHeader) {
+  const Timings sent{1.884181, 0.445174, 2, 1};
+  const std::string h = sent.ToHeader();
+  EXPECT_EQ(h, "prompt_ms=1.884181;generation_ms=0.445174;prompt_tokens=2;generated_tokens=1");
+  const auto got = Timings::FromHeader(h);
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->prompt_ms, sent.prompt_ms);
+  EXPECT_EQ(got->generation_ms, sent.generation_ms);
+  EXPECT_EQ(got->prompt_tokens, sent.prompt_tokens);
+  EXPECT_EQ(got->generated_tokens, sent.generated_tokens);
+  // A later worker's extra keys are ignored; a missing one counts 0.
+  const auto more = Timings::FromHeader("prompt_ms=3;queue_ms=9");
+  ASSERT_TRUE(more);
+  EXPECT_EQ(more->prompt_ms, 3);
+  EXPECT_EQ(more->generated_tokens, 0);
+  EXPECT_FALSE(Timings::FromHeader("prompt_ms"));
+  EXPECT_FALSE(Timings::FromHeader("prompt_ms=fast"));
+}
+
 TEST(WorkerProtocolTest, AWorkerOfAnotherVersionIsRefusedWithTheReason) {
   auto info = WorkerInfo::FromJson(json{{"protocol_version", kWorkerProtocolVersion}, {"pid", 4242}});
   ASSERT_TRUE(info);
