@@ -2,11 +2,16 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
 #include <cstring>
 #include <thread>
 
@@ -29,6 +34,50 @@ std::vector<std::pair<std::string, std::string>> WorkerAuth() {
   return {{"Authorization", "Bearer " + WorkerSecret()}};
 }
 
+namespace {
+
+// Every child of `spillway chaos` is forked by this one thread, which lives as
+// long as the process: a child's parent-death signal (SIGTERM) then fires when
+// the harness ends however it ends (Ctrl-C, a crash, kill -9), not when some
+// thread that spawned it (the fault injector restarting a gateway) returns.
+// Its children run in process groups of their own, out of reach of the
+// terminal's Ctrl-C; a gateway stops its workers on that SIGTERM.
+class Spawner {
+ public:
+  static Spawner& Get() {
+    static Spawner* s = new Spawner();  // never destroyed: its thread must outlive every caller
+    return *s;
+  }
+  pid_t Run(std::function<pid_t()> f) {
+    std::packaged_task<pid_t()> task(std::move(f));
+    auto result = task.get_future();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      queue_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+    return result.get();
+  }
+
+ private:
+  Spawner() { std::thread([this] { Loop(); }).detach(); }
+  [[noreturn]] void Loop() {
+    while (true) {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return !queue_.empty(); });
+      auto task = std::move(queue_.front());
+      queue_.pop_front();
+      lk.unlock();
+      task();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<pid_t()>> queue_;
+};
+
+}  // namespace
+
 bool Child::Spawn(const std::vector<std::string>& argv_in, const std::string& log_path,
                   const std::map<std::string, std::string>& env) {
   Stop();
@@ -46,19 +95,24 @@ bool Child::Spawn(const std::vector<std::string>& argv_in, const std::string& lo
   std::vector<char*> envp;
   for (auto& e : envs) envp.push_back(e.data());
   envp.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
-  const int rc = posix_spawn(&pid_, argv[0], &fa, &attr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) pid_ = -1;
-  return rc == 0;
+  const pid_t parent = getpid();
+  pid_ = Spawner::Get().Run([&]() -> pid_t {
+    const pid_t pid = fork();
+    if (pid != 0) return pid;  // -1: failed
+    // The child: only async-signal-safe calls until exec.
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);  // the harness died meanwhile
+    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    execve(argv[0], argv.data(), envp.data());
+    _exit(127);
+  });
+  if (pid_ <= 0) pid_ = -1;
+  return pid_ > 0;
 }
 
 bool Child::Alive() {

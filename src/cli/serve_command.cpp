@@ -331,6 +331,10 @@ int Serve(const ServeArgs& a) {
     }
     gateway::RecordObserved(calibration, cfg, key, observed);
   });
+  // SIGINT/SIGTERM are taken over before the first worker starts: one that
+  // arrives while the gateway starts is queued and handled (workers stopped)
+  // once it serves, instead of killing it and orphaning its workers.
+  boost::asio::signal_set signals(ioc, SIGINT, SIGTERM);
   supervisor.Start();
   // keep_alive: loaded now, unloaded when idle.
   for (const auto& e : cfg.externals) {
@@ -391,7 +395,6 @@ int Serve(const ServeArgs& a) {
   if (auto p = (*journal)->Prune(); !p.ok()) std::fprintf(stderr, "spillway: %s\n", p.status().ToString().c_str());
   schedule();
 
-  boost::asio::signal_set signals(ioc, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code&, int) {
     notifications.Stopping();
     server.Stop();

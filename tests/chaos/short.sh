@@ -2,8 +2,8 @@
 # The short form of the proving suite, for `make test`: every scenario for a
 # few seconds (`spillway chaos`; competing_services for 15 s, against
 # llama-swap's policy), then the baselines and the placement profiles on one
-# scenario. Fails if any scenario fails or the report is not
-# complete. Usage: short.sh BIN_DIR REPORT_DIR
+# scenario; last, a harness killed with -9 must leave no process behind.
+# Fails if any scenario fails or the report is not complete. Usage: short.sh BIN_DIR REPORT_DIR
 set -eu
 bin=$1
 report=$2
@@ -25,4 +25,15 @@ grep -q "| competing_services *| swap-all" "$report/scenarios/summary.md" || { e
 grep -q "plain-proxy" "$report/baselines/summary.md" || { echo "no plain-proxy baseline in the report"; exit 1; }
 grep -q "llama-server" "$report/baselines/summary.md" || { echo "no llama-server baseline in the report"; exit 1; }
 grep -q "| resident" "$report/baselines/summary.md" || { echo "no placement profiles in the report"; exit 1; }
+# A harness killed with -9 (or Ctrl-C) takes its gateway, and through it the workers, with it.
+work="$report/killed-work"
+"$bin/spillway" chaos --seed 1 --duration 30 --scenario short_prompts --baselines none --no-profiles \
+  --work-dir "$work" --report "$report/killed" >"$report/killed.log" 2>&1 &
+harness=$!
+for _ in $(seq 1 300); do [ -s "$work/spillway-short_prompts/port" ] && break; sleep 0.1; done
+test -s "$work/spillway-short_prompts/port" || { echo "the killed harness's gateway never started"; kill -9 $harness; exit 1; }
+kill -9 $harness
+wait $harness 2>/dev/null || true
+for _ in $(seq 1 100); do pgrep -f "$work" >/dev/null || break; sleep 0.1; done
+if pgrep -af "$work"; then echo "processes outlived the killed harness (above)"; pkill -9 -f "$work"; exit 1; fi
 echo "chaos short form: every scenario passed; report in $report"
