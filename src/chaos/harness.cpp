@@ -8,10 +8,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
-#include <algorithm>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -330,17 +330,21 @@ void Run::CompareWithReference(std::vector<RequestRecord>& records) {
   }
 }
 
+std::map<std::string, uint64_t> Run::ServiceDeviceBytes(const json& st) const {
+  std::map<std::string, uint64_t> out;
+  for (const auto& d : st.value("devices", json::array())) {
+    if (d.value("name", "") != o_.device) continue;
+    for (const auto& u : d.value("services", json::array())) out[u.value("service", "")] += u.value("held_bytes", uint64_t{0});
+    uint64_t others = 0;
+    for (const auto& o : d.value("other_processes", json::array())) others += o.value("bytes", uint64_t{0});
+    if (others) out["other processes"] = others;
+  }
+  return out;
+}
+
 void Run::PollCompeting(const json& st, Sample& s) {
   try {
-    for (const auto& d : st.value("devices", json::array())) {
-      if (d.value("name", "") != o_.device) continue;
-      for (const auto& u : d.value("services", json::array())) {
-        s.service_device_bytes[u.value("service", "")] += u.value("held_bytes", uint64_t{0});
-      }
-      uint64_t others = 0;
-      for (const auto& o : d.value("other_processes", json::array())) others += o.value("bytes", uint64_t{0});
-      if (others) s.service_device_bytes["other processes"] = others;
-    }
+    s.service_device_bytes = ServiceDeviceBytes(st);
     const json events = st.value("residency", json::object()).value("events", json::array());
     std::lock_guard<std::mutex> lk(mu_);
     // Newest first there: taken oldest first, each once.
@@ -367,9 +371,11 @@ void Run::PollCompeting(const json& st, Sample& s) {
 bool Run::SizeDeviceForCompetition(std::string* why) {
   // What a service's processes hold on the device now.
   auto held = [&](const std::string& service) {
-    Sample s;
-    PollCompeting(Status(), s);
-    return s.service_device_bytes[service];
+    try {
+      return ServiceDeviceBytes(Status())[service];
+    } catch (const std::exception&) {  // a status of a shape not expected: not seen
+      return uint64_t{0};
+    }
   };
   auto call = [&](const std::string& path, const json& body) {
     auto r = http::Fetch("127.0.0.1", port_.load(), "POST", path, body.dump(), {}, std::chrono::seconds(60));
@@ -488,10 +494,6 @@ ScenarioResult Run::Go() {
     out.verdict.failures.push_back(Log(out.target + " / " + out.name + ": " + why + "; see " + dir_));
     server_.Stop();
     return out;
-  }
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    events_.clear();  // the sizing's own loads and evictions are not the run's
   }
   const Schedule sched = MakeSchedule(s_, o_.seed, duration_ms_, profile_.empty() ? o_.faults : 0);
   for (const auto& r : sched.requests) {

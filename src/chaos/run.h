@@ -71,6 +71,10 @@ class Run {
   // competing_services: chat and embed loaded once, then the simulated device
   // shrunk so that chat and one more fit but not all three.
   bool SizeDeviceForCompetition(std::string* why);
+  // What each service's processes hold on the run's device, from a /v1/status.
+  std::map<std::string, uint64_t> ServiceDeviceBytes(const json& status) const;
+  // A sample's per-service bytes, and the residency events not seen yet (those
+  // before the run's start, the sizing's own, left out).
   void PollCompeting(const json& status, Sample& s);
   bool StartServer(int timeout_ms = 60000);
   json Status() const {

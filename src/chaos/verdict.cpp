@@ -35,12 +35,6 @@ void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v
     if (completed && q.service == o.interactive_service && q.latency_ms >= 0) {
       (q.sent_ms < o.batch_from_ms ? alone : pressure).push_back(static_cast<double>(q.latency_ms));
     }
-    // Every service's requests served off its accelerator placement are told so (chat's are checked above).
-    if (completed && q.service != o.interactive_service && !q.placement.empty() && q.placement != o.primary_placement) {
-      ++v.degraded_served;
-      if (q.degraded_signal) ++v.degraded_signalled;
-      else v.failures.push_back("degraded without a signal: " + q.id + " (" + q.service + ") was served by " + q.placement);
-    }
   }
   v.interactive_alone = static_cast<int>(alone.size());
   v.interactive_pressure = static_cast<int>(pressure.size());
@@ -136,7 +130,8 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
       if (*q.equivalent) ++v.deterministic_equal;
       else v.failures.push_back("not equivalent: " + q.id + " differs from the reference output");
     }
-    if (completed && !unrelated && !q.placement.empty() && q.placement != o.primary_placement) {
+    // Served off its accelerator placement: told so. Services competing for one device: every service's requests.
+    if (completed && (!unrelated || o.batch_from_ms >= 0) && !q.placement.empty() && q.placement != o.primary_placement) {
       ++v.degraded_served;
       if (q.degraded_signal) ++v.degraded_signalled;
       else v.failures.push_back("degraded without a signal: " + q.id + " was served by " + q.placement);

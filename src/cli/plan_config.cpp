@@ -1,8 +1,8 @@
 #include "cli/plan_config.h"
 
 #include <algorithm>
-#include <set>
 #include <numeric>
+#include <set>
 
 #include "devices/telemetry.h"
 #include "gateway/gateway.h"
@@ -23,6 +23,24 @@ DevicePlan& PlanFor(std::vector<DevicePlan>& plans, const std::string& device) {
   }
   plans.emplace_back().device = device;
   return plans.back();
+}
+
+// When a service may be on its device at all (its windows, the interactive-idle rule); "" for always.
+std::string WindowsOf(const config::ResidencyConfig& r) {
+  std::string w;
+  for (const auto& x : r.windows) w += (w.empty() ? "" : ", ") + x;
+  std::string out = w.empty() ? "" : "on the device only in " + w;
+  if (r.interactive_idle_s > 0) {
+    out += (out.empty() ? "on the device only " : ", ") + std::string("once interactive work is quiet for ") +
+           std::to_string(static_cast<long long>(r.interactive_idle_s)) + " s";
+  }
+  return out;
+}
+
+// Appended to a holder's shape, once the shape is known.
+std::string WithWindows(std::string shape, const config::ResidencyConfig& r) {
+  const std::string w = WindowsOf(r);
+  return w.empty() ? shape : shape + "; " + w;
 }
 
 Holder HolderOf(const std::string& key, const std::string& service, const config::ResidencyConfig& r) {
@@ -97,7 +115,7 @@ std::vector<DevicePlan> CollectDevices(const config::GatewayConfig& cfg) {
       const auto& p = s.placements[i];
       if (p.device == "cpu") continue;
       Holder h = HolderOf(gateway::WorkerKey(s, i), s.name, s.residency);
-      h.shape = Shape(p, i);
+      h.shape = WithWindows(Shape(p, i), s.residency);
       if (auto bytes = gateway::PredictPlacementBytes(s, i); bytes.ok()) {
         h.bytes = *bytes;
       } else {
@@ -116,34 +134,10 @@ std::vector<DevicePlan> CollectDevices(const config::GatewayConfig& cfg) {
     if (e.transient_mib > 0) {
       h.shape += " + transient_mib " + std::to_string(static_cast<long long>(e.transient_mib)) + " (one request)";
     }
+    h.shape = WithWindows(h.shape, e.residency);
     if (!e.Started()) h.note = "runs outside Spillway (url): held as pinned";
     if (e.resident_mib <= 0) h.note = "no resident_mib declared: not counted";
     PlanFor(plans, e.device).holders.push_back(std::move(h));
-  }
-  // Windows and the interactive-idle rule: when such a service may be there at all.
-  auto windows = [](const config::ResidencyConfig& r) {
-    std::string w;
-    for (const auto& x : r.windows) w += (w.empty() ? "" : ", ") + x;
-    std::string out = w.empty() ? "" : "on the device only in " + w;
-    if (r.interactive_idle_s > 0) {
-      out += (out.empty() ? "on the device only " : ", ") + std::string("once interactive work is quiet for ") +
-             std::to_string(static_cast<long long>(r.interactive_idle_s)) + " s";
-    }
-    return out;
-  };
-  for (const auto& s : cfg.services) {
-    for (auto& plan : plans) {
-      for (auto& h : plan.holders) {
-        if (h.service == s.name && !h.external && !windows(s.residency).empty()) h.shape += "; " + windows(s.residency);
-      }
-    }
-  }
-  for (const auto& e : cfg.externals) {
-    for (auto& plan : plans) {
-      for (auto& h : plan.holders) {
-        if (h.service == e.name && h.external && !windows(e.residency).empty()) h.shape += "; " + windows(e.residency);
-      }
-    }
   }
   for (auto& plan : plans) {
     plan.exclusive = cfg.Device(plan.device).exclusive;
