@@ -29,6 +29,16 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
     // Every other service loaded there, even one that holds nothing yet (still starting); not the requester's
     // own other placements (keys are "<service>.<n>").
     const std::string own = requester_key.substr(0, requester_key.rfind('.'));
+    for (const auto& r : residents) {
+      if (r.pinned || r.key == requester_key || r.service == own) continue;
+      if (r.starting || (r.waiting > 0 && r.running == 0)) {
+        plan.reason = "exclusive device (one service at a time): " + r.service +
+                      (r.starting ? " is still loading" : " has just loaded") + " and serves its " +
+                      std::to_string(r.waiting) + " waiting request(s) first";
+        plan.wait = true;
+        return plan;
+      }
+    }
     std::string names;
     for (const auto& r : residents) {
       if (r.pinned || r.key == requester_key || r.service == own) continue;

@@ -22,7 +22,11 @@
 // An exclusive device (`exclusive = true`, llama-swap's "swap" group: one
 // model at a time) has one rule instead: every other service loaded there
 // that is not pinned is unloaded, whatever its priority and whether or not
-// the room would suffice, busy ones after their running requests end.
+// the room would suffice, busy ones after their running requests end. A
+// service still loading, or loaded with requests waiting for it and none
+// running yet, is left to serve them first: the load waits (otherwise two
+// services that both have requests undo each other's loads forever, and
+// neither serves one).
 //
 // Windows (batch work only at night, or once interactive work has gone
 // quiet) are InWindow's: the local time's minute of the day against
@@ -46,11 +50,14 @@ struct Resident {
   double reload_s = 0;   // its measured (else expected) load time
   double requests_per_min = 0;
   double evict_cost = -1;  // declared (< 0: none)
+  bool starting = false;   // its process is loading (not yet ready)
+  int waiting = 0;         // requests waiting for it (exclusive devices)
   double Cost() const;
 };
 
 struct EvictionPlan {
   bool fits = false;              // room enough without (or with) the victims below
+  bool wait = false;              // not now, but soon (exclusive: another service is loading or about to serve)
   std::vector<std::string> evict;  // keys, in the order chosen
   std::vector<std::string> drain;  // those of them still running requests
   uint64_t freed = 0;

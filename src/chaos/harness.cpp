@@ -177,6 +177,19 @@ bool Run::StartServer(int timeout_ms) {
   return false;
 }
 
+void Run::MeterStalls() {
+  constexpr int64_t kTickMs = 10;
+  while (!stop_monitor_) {
+    const int64_t before = SinceStart();
+    SleepMs(kTickMs);
+    const int64_t after = SinceStart();
+    if (after - before - kTickMs >= kStallMs) {
+      std::lock_guard<std::mutex> lk(mu_);
+      stalls_.push_back({before + kTickMs, after});
+    }
+  }
+}
+
 void Run::Monitor() {
   while (!stop_monitor_) {
     Sample s;
@@ -505,6 +518,7 @@ ScenarioResult Run::Go() {
   t0_ = Steady::now();
   t0_wall_ = WallMs();
   std::thread monitor([this] { Monitor(); });
+  std::thread stall_meter([this] { MeterStalls(); });
   std::vector<RequestRecord> records(plan_cache_.size());
   std::atomic<size_t> next{0};
   std::vector<std::thread> clients;
@@ -527,30 +541,32 @@ ScenarioResult Run::Go() {
       }
     });
   }
-  // competing_services: the batch backlog, worked through by its own clients (closed loop).
+  // competing_services: the batch backlog, worked through by its own clients (closed loop) in each pressure slice.
   std::vector<RequestRecord> batch_records;
   std::atomic<int> batch_next{0};
+  const std::vector<Window> pressure = PressureWindows(s_, duration_ms_);
   for (int c = 0; c < s_.batch_clients; ++c) {
     clients.emplace_back([&] {
-      const int64_t from = static_cast<int64_t>(duration_ms_ * s_.batch_from), until = duration_ms_ * 85 / 100;
-      if (SinceStart() < from) SleepMs(from - SinceStart());
-      while (SinceStart() < until) {
-        const PlannedRequest p = BatchRequest(s_, o_.seed, batch_next++);
-        RequestRecord r;
-        try {
-          r = Send(p);
-        } catch (const std::exception& e) {
-          r.id = p.id;
-          r.scenario = s_.name;
-          r.service = ServiceOf(p.kind);
-          r.kind = p.kind;
-          r.first_error = std::string("harness: ") + e.what();
+      for (const Window& w : pressure) {
+        if (SinceStart() < w.from_ms) SleepMs(w.from_ms - SinceStart());
+        while (SinceStart() < w.to_ms) {
+          const PlannedRequest p = BatchRequest(s_, o_.seed, batch_next++);
+          RequestRecord r;
+          try {
+            r = Send(p);
+          } catch (const std::exception& e) {
+            r.id = p.id;
+            r.scenario = s_.name;
+            r.service = ServiceOf(p.kind);
+            r.kind = p.kind;
+            r.first_error = std::string("harness: ") + e.what();
+          }
+          {
+            std::lock_guard<std::mutex> lk(mu_);
+            batch_records.push_back(std::move(r));
+          }
+          SleepMs(s_.batch_think_ms);
         }
-        {
-          std::lock_guard<std::mutex> lk(mu_);
-          batch_records.push_back(std::move(r));
-        }
-        SleepMs(s_.batch_think_ms);
       }
     });
   }
@@ -590,16 +606,18 @@ ScenarioResult Run::Go() {
   SleepMs(300);  // one more sample of the settled system
   stop_monitor_ = true;
   monitor.join();
+  stall_meter.join();
   out.requests = std::move(records);
   out.faults = std::move(faults);
   out.samples = samples_;
   out.events = events_;
+  out.stalls = stalls_;
   Recoveries(out.faults, out.samples);
   VerdictOptions vo;
   vo.primary_placement = PrimaryName();
   vo.journal = target_ != Target::kLlamaServer;
   if (s_.Competing()) {
-    vo.batch_from_ms = static_cast<int64_t>(duration_ms_ * s_.batch_from);
+    for (const Window& w : pressure) vo.pressure_ms.emplace_back(w.from_ms, w.to_ms);
     if (target_ == Target::kSpillway) vo.pinned_service = "chat";
   }
   out.verdict = Judge(out, vo);

@@ -21,21 +21,23 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Sample, t_ms, device_used_bytes, device_capac
                                    cpu_path_ram_bytes, cpu_path_budget_bytes, cpu_queue_waiting, cpu_queue_running,
                                    cpu_queue_oldest_ms, service_device_bytes, primary_breaker, primary_state)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ResidencyEvent, at_ms, kind, service, key, reason, for_service)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Stall, from_ms, to_ms)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Verdict, sent, acknowledged, succeeded, failed_controlled, cancelled, lost, unknown,
                                    retried, retried_not_exactly_once, duplicates, deterministic_compared,
                                    deterministic_equal, degraded_served, degraded_signalled, unrelated_sent,
                                    unrelated_failed, success_rate, p50_ms, p95_ms, goodput_per_min, queue_age_max_ms,
                                    host_ram_peak_bytes, host_ram_budget_bytes, recovery_median_ms, recovery_max_ms,
                                    gpu_restored, interactive_p95_alone_ms, interactive_p95_pressure_ms,
-                                   interactive_alone, interactive_pressure, evictions, evictions_completed, passed,
+                                   interactive_alone, interactive_pressure, interactive_in_stalls, evictions, evictions_completed, passed,
                                    failures)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ScenarioResult, name, description, target, seed, duration_ms, requests, faults,
-                                   samples, events, verdict, skipped_reason)
+                                   samples, events, stalls, verdict, skipped_reason)
 
 nlohmann::json ToJson(const RequestRecord& r) { return r; }
 nlohmann::json ToJson(const FaultEvent& f) { return f; }
 nlohmann::json ToJson(const Sample& s) { return s; }
 nlohmann::json ToJson(const ResidencyEvent& e) { return e; }
+nlohmann::json ToJson(const Stall& s) { return s; }
 nlohmann::json ToJson(const Verdict& v) { return v; }
 nlohmann::json ToJson(const ScenarioResult& r) { return r; }
 

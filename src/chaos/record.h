@@ -72,6 +72,14 @@ struct Sample {
   std::string primary_state;          // ready | starting | backoff | stopped
 };
 
+// The host stopped running the harness for a while (its own timer woke at
+// least kStallMs late: the machine was descheduled, swapped or frozen), not
+// a delay of the system under test, which runs in other processes.
+struct Stall {
+  int64_t from_ms = 0, to_ms = 0;
+};
+inline constexpr int64_t kStallMs = 150;
+
 struct Verdict {
   int sent = 0, acknowledged = 0, succeeded = 0, failed_controlled = 0, cancelled = 0;
   int lost = 0;                 // acknowledged, no terminal result
@@ -94,6 +102,7 @@ struct Verdict {
   // evictions journaled, and of them those whose service then unloaded.
   double interactive_p95_alone_ms = -1, interactive_p95_pressure_ms = -1;
   int interactive_alone = 0, interactive_pressure = 0;
+  int interactive_in_stalls = 0;  // left out of both: they overlapped a host stall
   int evictions = 0, evictions_completed = 0;
   bool passed = false;
   std::vector<std::string> failures;  // why it did not pass, one line each
@@ -107,6 +116,7 @@ struct ScenarioResult {
   std::vector<FaultEvent> faults;
   std::vector<Sample> samples;
   std::vector<ResidencyEvent> events;  // competing_services
+  std::vector<Stall> stalls;
   Verdict verdict;
   std::string skipped_reason;   // set when this target cannot express the scenario (reported, never silent)
 };
@@ -115,6 +125,7 @@ nlohmann::json ToJson(const RequestRecord& r);
 nlohmann::json ToJson(const FaultEvent& f);
 nlohmann::json ToJson(const Sample& s);
 nlohmann::json ToJson(const ResidencyEvent& e);
+nlohmann::json ToJson(const Stall& s);
 nlohmann::json ToJson(const Verdict& v);
 nlohmann::json ToJson(const ScenarioResult& r);
 

@@ -34,7 +34,7 @@ uint64_t RssOf(int pid);
 // The service a planned request of `kind` goes to: chat, embed or search.
 std::string ServiceOf(const std::string& kind);
 
-inline constexpr int64_t kCompetingMinMs = 15000;
+inline constexpr int64_t kCompetingMinMs = 30000;
 
 class Run {
  public:
@@ -97,6 +97,8 @@ class Run {
   json BodyFor(const PlannedRequest& p) const;
   void Settle();
   void ReadJournal(RequestRecord& r);
+  // Records when the host stopped running this process (see Stall).
+  void MeterStalls();
   void CompareWithReference(std::vector<RequestRecord>& records);
   void Hold(uint64_t mib, double seconds);
   int64_t SinceStart() const {
@@ -118,6 +120,7 @@ class Run {
   std::mutex mu_;
   std::vector<Sample> samples_;
   std::vector<ResidencyEvent> events_;  // competing_services, in order, each once
+  std::vector<Stall> stalls_;
   std::vector<PlannedRequest> plan_cache_;
   std::unique_ptr<devices::DeviceTelemetry> device_telemetry_;  // a real device's memory
   Steady::time_point t0_ = Steady::now();

@@ -39,8 +39,8 @@ const std::vector<Scenario>& AllScenarios() {
     Scenario competing{"competing_services",
                        "a pinned chat, batch embeddings and an on-demand interactive service share a device too small "
                        "for all three: the interactive one evicts the batch one, chat's p95 stays as when alone",
-                       4, 16, 0.5, 0, 0, 0, 0, 16, 16, {}, false};
-    competing.batch_from = 0.4;
+                       6, 16, 0.5, 0, 0, 0, 0, 16, 16, {}, false};
+    competing.batch_phases = 3;
     competing.batch_clients = 2;
     competing.batch_think_ms = 100;
     competing.search_fraction = 0.15;
@@ -65,6 +65,16 @@ std::string PromptText(uint64_t seed, int words) {
   for (int i = 0; i < words; ++i) {
     if (i) out += ' ';
     out += kWords[rng() % (sizeof kWords / sizeof *kWords)];
+  }
+  return out;
+}
+
+std::vector<Window> PressureWindows(const Scenario& s, int64_t duration_ms) {
+  std::vector<Window> out;
+  const int slices = 2 * s.batch_phases;
+  const double span = duration_ms * 0.85, slice = slices > 0 ? span / slices : 0;
+  for (int i = 1; i < slices; i += 2) {
+    out.push_back({static_cast<int64_t>(slice * i), static_cast<int64_t>(slice * (i + 1))});
   }
   return out;
 }

@@ -22,19 +22,22 @@ struct Scenario {
   // Faults drawn (uniformly, by the seed) from these kinds; see harness.cpp.
   std::vector<std::string> fault_kinds;
   bool llama_server_can_run = false;  // the llama-server baseline can receive these faults
-  // Several services competing for the accelerator (competing_services): from
-  // this fraction of the run on (to 85 % of it), a backlog of batch
+  // Several services competing for the accelerator (competing_services): the
+  // traffic's span (the first 85 % of the run) is cut into 2 x batch_phases
+  // equal slices, interactive traffic alone and under batch pressure in turn
+  // (alone first), so that drift in the host's load over the run falls on
+  // both sides of the comparison. In each pressure slice a backlog of batch
   // embeddings ("embed", priority batch) is worked through by batch_clients
   // clients, each sending its next request batch_think_ms after its last
   // answer (closed loop: how many get done is the batch goodput); a share of
   // the interactive requests goes to "search", an interactive on-demand
   // embedding service that must take the batch service's room. 0: not such
   // a scenario.
-  double batch_from = 0;
+  int batch_phases = 0;
   int batch_clients = 0;
   int batch_think_ms = 0;
   double search_fraction = 0;
-  bool Competing() const { return batch_from > 0; }
+  bool Competing() const { return batch_phases > 0; }
 };
 
 // The seeds' list: short prompts, long prompts, concurrency, another GPU
@@ -72,6 +75,13 @@ struct Schedule {
 // `faults`: how many to inject in this scenario (spread over 10%..75% of
 // the duration, at least 300 ms apart when they fit).
 Schedule MakeSchedule(const Scenario& s, uint64_t seed, int64_t duration_ms, int faults);
+
+// A competing scenario's pressure slices, [from, to) in ms since the start;
+// empty for other scenarios.
+struct Window {
+  int64_t from_ms = 0, to_ms = 0;
+};
+std::vector<Window> PressureWindows(const Scenario& s, int64_t duration_ms);
 
 // The n-th request of a competing scenario's batch backlog (deterministic in
 // the seed and n; sent when a batch client is free, not at a planned time).

@@ -28,12 +28,32 @@ std::string Ms(double ms) {
 }
 
 void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v) {
+  auto completed = [](const RequestRecord& q) {
+    return q.journal_state == "completed" && q.http_status == 200 && q.connection_survived && q.first_error.empty();
+  };
+  // Each slice lasts until its last batch request is answered.
+  std::vector<std::pair<int64_t, int64_t>> slices = o.pressure_ms;
+  for (const auto& q : r.requests) {
+    if (q.service != o.batch_service || q.latency_ms < 0) continue;
+    for (auto& [from, to] : slices) {
+      if (q.sent_ms >= from && q.sent_ms < to) to = std::max(to, q.sent_ms + q.latency_ms);
+    }
+  }
+  auto under_pressure = [&](int64_t from, int64_t to) {
+    return std::any_of(slices.begin(), slices.end(), [&](const auto& s) { return from < s.second && to >= s.first; });
+  };
+  // The host stopped running the harness (a stall): what overlapped it measures the host, not the gateway.
+  auto in_stall = [&](int64_t from, int64_t to) {
+    return std::any_of(r.stalls.begin(), r.stalls.end(), [&](const Stall& s) { return from < s.to_ms && to >= s.from_ms; });
+  };
   std::vector<double> alone, pressure;
   for (const auto& q : r.requests) {
-    const bool completed = q.journal_state == "completed" && q.http_status == 200 && q.connection_survived &&
-                           q.first_error.empty();
-    if (completed && q.service == o.interactive_service && q.latency_ms >= 0) {
-      (q.sent_ms < o.batch_from_ms ? alone : pressure).push_back(static_cast<double>(q.latency_ms));
+    if (completed(q) && q.service == o.interactive_service && q.latency_ms >= 0) {
+      if (in_stall(q.sent_ms, q.sent_ms + q.latency_ms)) {
+        ++v.interactive_in_stalls;
+        continue;
+      }
+      (under_pressure(q.sent_ms, q.sent_ms + q.latency_ms) ? pressure : alone).push_back(static_cast<double>(q.latency_ms));
     }
   }
   v.interactive_alone = static_cast<int>(alone.size());
@@ -53,12 +73,12 @@ void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v
                            std::to_string(o.max_interactive_ratio).substr(0, 4) + "x");
     }
   }
-  int under_pressure = 0;
+  int evicted_under_pressure = 0;
   for (size_t i = 0; i < r.events.size(); ++i) {
     const auto& e = r.events[i];
     if (e.kind != "evict") continue;
     ++v.evictions;
-    under_pressure += e.at_ms >= o.batch_from_ms;
+    evicted_under_pressure += under_pressure(e.at_ms, e.at_ms);
     if (!o.pinned_service.empty() && e.service == o.pinned_service) {
       v.failures.push_back("the pinned service " + e.service + " was evicted (for " + e.for_service + ")");
     }
@@ -70,7 +90,7 @@ void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v
     if (unloaded) ++v.evictions_completed;
     else v.failures.push_back("evicted without an unload after it: " + e.key + " (for " + e.for_service + ")");
   }
-  if (under_pressure == 0) {
+  if (evicted_under_pressure == 0) {
     v.failures.push_back("no service was evicted under batch pressure: the scenario did not make its services compete");
   }
 }
@@ -131,13 +151,13 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
       else v.failures.push_back("not equivalent: " + q.id + " differs from the reference output");
     }
     // Served off its accelerator placement: told so. Services competing for one device: every service's requests.
-    if (completed && (!unrelated || o.batch_from_ms >= 0) && !q.placement.empty() && q.placement != o.primary_placement) {
+    if (completed && (!unrelated || !o.pressure_ms.empty()) && !q.placement.empty() && q.placement != o.primary_placement) {
       ++v.degraded_served;
       if (q.degraded_signal) ++v.degraded_signalled;
       else v.failures.push_back("degraded without a signal: " + q.id + " was served by " + q.placement);
     }
   }
-  if (o.batch_from_ms >= 0) JudgeCompeting(r, o, v);
+  if (!o.pressure_ms.empty()) JudgeCompeting(r, o, v);
   if (v.unrelated_failed > 0) {
     std::string names;
     for (const auto& n : failed_services) names += (names.empty() ? "" : ", ") + n;

@@ -8,7 +8,7 @@
 // completed produced the reference output; the CPU path never held more
 // host RAM than its budget; the accelerator placement was serving again at
 // the end; and the unrelated service never failed. competing_services adds
-// the rules under VerdictOptions::batch_from_ms. Unknown outcomes (never
+// the rules under VerdictOptions::pressure_ms. Unknown outcomes (never
 // acknowledged, unknown to the journal) are counted apart, as in Jepsen.
 #pragma once
 
@@ -20,13 +20,17 @@ struct VerdictOptions {
   std::string primary_placement = "sim:0/99";  // requests served elsewhere are degraded
   bool journal = true;        // false for targets without one (llama-server): outcomes from the client only
   bool expect_restored = true;
-  // competing_services: batch traffic started at this time (ms since the
-  // start; < 0: not such a scenario). The interactive service's p95 while it
-  // ran must stay within max_interactive_ratio of its p95 before; at least
-  // one eviction must have happened, each followed by its unload; batch and
-  // on-demand requests served off their primary must be told; and
-  // pinned_service (when set) is never evicted.
-  int64_t batch_from_ms = -1;
+  // competing_services: the slices of batch traffic, [from, to) in ms since
+  // the start (empty: not such a scenario). A slice lasts until the last
+  // batch request sent in it (service batch_service) is answered. The
+  // interactive service's requests that overlap no slice are "alone", those
+  // that overlap one are "under pressure"; the p95 under pressure must stay
+  // within max_interactive_ratio of the p95 alone. At least one eviction must
+  // happen in a slice, each followed by its unload; batch and on-demand
+  // requests served off their primary must be told; and pinned_service (when
+  // set) is never evicted.
+  std::vector<std::pair<int64_t, int64_t>> pressure_ms;
+  std::string batch_service = "embed";
   double max_interactive_ratio = 1.25;
   std::string interactive_service = "chat";
   std::string pinned_service;

@@ -249,11 +249,18 @@ int Serve(const ServeArgs& a) {
       }
     }
     auto a = gateway::AdmitPlacement(&calibration, cfg, key, starting);
-    if (!a.admitted) {
+    // An exclusive device (one service at a time) unloads the others even when there would be room.
+    bool exclusive = false;
+    for (const auto& s : cfg.services) {
+      for (size_t k = 0; k < s.placements.size(); ++k) {
+        if (gateway::WorkerKey(s, k) == key) exclusive = cfg.Device(s.placements[k].device).exclusive;
+      }
+    }
+    if (!a.admitted || exclusive) {
       // Not enough memory now: maybe another service can give room (residency, priorities).
       if (a.predicted_bytes > 0) {
         if (Status room = gw.RoomFor(key, a.predicted_bytes); !room.ok()) return room;
-        a = gateway::AdmitPlacement(&calibration, cfg, key, starting);  // room there now: judged again
+        if (!a.admitted) a = gateway::AdmitPlacement(&calibration, cfg, key, starting);  // room there now: judged again
       }
       if (!a.admitted) {
         return Status::ResourceExhausted(a.reason);

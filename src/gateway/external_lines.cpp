@@ -78,6 +78,12 @@ int ExternalLines::Running(const std::string& service) const {
   return it == lines_.end() ? 0 : it->second.running;
 }
 
+int ExternalLines::Waiting(const std::string& service) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  return it == lines_.end() ? 0 : static_cast<int>(it->second.waiting.size());
+}
+
 void ExternalLines::Observe(const std::string& service, uint64_t device_bytes) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = lines_.find(service);

@@ -37,6 +37,7 @@ class ExternalLines {
   // Its position (1 = next) in line; 0 when not waiting.
   int Position(const std::string& service, const std::string& id) const;
   int Running(const std::string& service) const;
+  int Waiting(const std::string& service) const;
   // What its process holds on its device now: at rest (nothing running) that
   // is its resident memory; above that while requests run, their transient
   // peak. Measured values replace the declared ones once seen.

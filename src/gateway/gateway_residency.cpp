@@ -165,15 +165,14 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need) {
   const uint64_t available = reading->free > headroom ? reading->free - headroom : 0;
   // What each service holds on the device now (its processes' bytes there).
   const auto workers = supervisor_.Snapshot();
-  auto held_by = [&](const std::string& k, pid_t* pid, double* reload_s) {
-    uint64_t bytes = 0;
+  auto held_by = [&](admission::Resident& r, pid_t* pid) {
     for (const auto& w : workers) {
-      if (w.key != k || w.pid <= 0) continue;
+      if (w.key != r.key || w.pid <= 0) continue;
       *pid = w.pid;
-      *reload_s = static_cast<double>(w.last_start_ms) / 1000;
-      bytes += reading->BytesOf(w.pid);
+      r.reload_s = static_cast<double>(w.last_start_ms) / 1000;
+      r.starting = w.state == upstream::WorkerState::kStarting;
+      r.bytes += reading->BytesOf(w.pid);
     }
-    return bytes;
   };
   std::vector<admission::Resident> residents;
   for (const auto& s : config_.services) {
@@ -183,8 +182,9 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need) {
       r.key = WorkerKey(s, k);
       r.service = s.name;
       pid_t pid = 0;
-      r.bytes = held_by(r.key, &pid, &r.reload_s);
+      held_by(r, &pid);
       if (pid <= 0) continue;
+      r.waiting = waiting_by_service_.at(s.name)->load();
       r.priority = s.residency.PriorityRank();
       r.pinned = s.residency.mode == "pinned" || !supervisor_.OnDemand(r.key);
       r.running = board_.Active(s.name, k);
@@ -199,8 +199,9 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need) {
     r.key = ExternalKey(e);
     r.service = e.name;
     pid_t pid = 0;
-    r.bytes = held_by(r.key, &pid, &r.reload_s);
+    held_by(r, &pid);
     if (pid <= 0) continue;
+    r.waiting = external_lines_->Waiting(e.name);
     r.priority = e.residency.PriorityRank();
     r.pinned = e.residency.mode == "pinned" || !e.Started();
     r.running = external_lines_->Running(e.name);
@@ -210,6 +211,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need) {
   }
   const admission::EvictionPlan plan = admission::PlanEviction(need, available, priority, key, residents, dc.exclusive);
   if (plan.fits && plan.evict.empty()) return Status::Ok();
+  if (plan.wait) return Status::Unavailable("waiting on " + device + ": " + plan.reason);  // asked again next round
   if (!plan.fits) {
     bool first = false;
     {

@@ -421,7 +421,8 @@ void Supervisor::Round() {
       for (auto& [k, w] : workers_) {
         if (auto it = refused.find(k); it != refused.end()) {
           w.view.last_exit = "not admitted: " + it->second.message();
-          w.view.next_start_ms = now + 1000;
+          // Unavailable: waiting on another start that is about to finish (asked again next round); else no room.
+          w.view.next_start_ms = now + (it->second.code() == StatusCode::kUnavailable ? 0 : 1000);
           continue;
         }
         const bool was_ready = w.view.state == WorkerState::kReady;

@@ -115,7 +115,9 @@ class Supervisor : public Workers {
 
   void Add(WorkerSpec spec);  // before Start()
   // Asked before every (re)start of a worker; a refusal keeps it waiting (and
-  // asking again after a backoff) instead of starting into an allocation failure.
+  // asking again after a backoff: 1 s, or the next round when the refusal is
+  // Unavailable, i.e. waiting on another start) instead of starting into an
+  // allocation failure.
   // Called from the supervisor thread without its lock held.
   void SetStartGate(std::function<Status(const std::string& key)> gate) { gate_ = std::move(gate); }
   // Told once each time a worker becomes ready (supervisor thread, no lock held).

@@ -87,9 +87,30 @@ TEST(EvictionTest, AnExclusiveDeviceUnloadsEveryOtherServiceEvenWhenTheRoomSuffi
   Resident mine = R("me", 0, 10);
   mine.key = "me.1";
   EXPECT_TRUE(PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {R("me", 0, 10), mine}, true).evict.empty());
-  // One still starting (nothing held yet) goes too: two must never load at once.
-  EXPECT_EQ(PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {R("starting", 0, 0)}, true).evict,
-            (std::vector<std::string>{"starting.0"}));
+  // Two never load at once, and neither undoes the other's load: one still starting, or just loaded with
+  // requests waiting for it and none running yet, serves them first; the load waits (and is asked again soon).
+  Resident starting = R("starting", 1, 0);
+  starting.starting = true;
+  starting.waiting = 1;
+  auto wait = PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {R("batch", 1, 50), starting}, true);
+  EXPECT_TRUE(wait.wait);
+  EXPECT_FALSE(wait.fits);
+  EXPECT_TRUE(wait.evict.empty());
+  EXPECT_NE(wait.reason.find("starting is still loading"), std::string::npos) << wait.reason;
+  Resident loaded = R("loaded", 1, 40);
+  loaded.waiting = 3;
+  wait = PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {loaded}, true);
+  EXPECT_TRUE(wait.wait);
+  EXPECT_NE(wait.reason.find("loaded has just loaded and serves its 3 waiting"), std::string::npos) << wait.reason;
+  // Once its requests run it is an ordinary busy service: drained, then unloaded.
+  loaded.running = 1;
+  const auto go = PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {loaded}, true);
+  EXPECT_FALSE(go.wait);
+  EXPECT_EQ(go.drain, (std::vector<std::string>{"loaded.0"}));
+  // Pinned services never block: they are never unloaded anyway.
+  Resident pinned = R("pinned", 0, 10, 0, 1, 0, true);
+  pinned.starting = true;
+  EXPECT_FALSE(PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {pinned}, true).wait);
   // Even with every other one gone it would not fit: nothing is unloaded.
   const auto no = PlanEviction(2000 * kMiB, 100 * kMiB, 0, "me.0", rs, true);
   EXPECT_FALSE(no.fits);

@@ -102,11 +102,11 @@ TEST(RecordTest, JsonHasEveryFieldAndNullForUnknownEquivalence) {
   EXPECT_TRUE(j["requests"][0]["equivalent"].is_null());
   EXPECT_EQ(j["requests"][1]["equivalent"], true);
   EXPECT_EQ(j["requests"][1]["attempt_placements"][1], "cpu");
-  EXPECT_EQ(j.size(), 11u);
+  EXPECT_EQ(j.size(), 12u);
   EXPECT_EQ(j["requests"][0].size(), 25u);
   EXPECT_EQ(j["faults"][0].size(), 3u);
   EXPECT_EQ(j["samples"][0].size(), 12u);
-  EXPECT_EQ(j["verdict"].size(), 34u);
+  EXPECT_EQ(j["verdict"].size(), 35u);
   EXPECT_EQ(j["requests"][1]["cancelled_by_client"], false);
   EXPECT_EQ(j["requests"][1]["degraded_signal"], true);
   EXPECT_EQ(j["samples"][4]["cpu_queue_running"], 1);

@@ -206,13 +206,13 @@ TEST(VerdictTest, CompetingServicesComparesInteractiveP95AloneAndUnderPressureAn
   }
   auto batch = Ok("batch", "cpu");
   batch.service = "embed";
-  batch.sent_ms = 6000;
+  batch.sent_ms = 5900;
   batch.degraded_signal = true;
   r.requests.push_back(batch);
   r.events = {{5200, "evict", "embed", "embed.0", "gives its room to search", "search"},
               {5300, "unload", "embed", "embed.0", "evicted", ""}};
   VerdictOptions o;
-  o.batch_from_ms = 4000;
+  o.pressure_ms = {{4000, 5950}};  // lasts until the batch request sent in it is answered (6000 + its latency)
   o.pinned_service = "chat";
   Verdict v = Judge(r, o);
   EXPECT_TRUE(v.passed) << ::testing::PrintToString(v.failures);
@@ -248,6 +248,58 @@ TEST(VerdictTest, CompetingServicesComparesInteractiveP95AloneAndUnderPressureAn
   for (auto& e : early.events) e.at_ms -= 2000;
   v = Judge(early, o);
   EXPECT_NE(::testing::PrintToString(v.failures).find("no service was evicted under batch pressure"), std::string::npos);
+  // A request sent while the traffic was alone but still running when a slice began counts as under pressure;
+  // one sent after every slice (and its last batch answer) ended counts as alone again.
+  ScenarioResult straddle = r;
+  auto late = Ok("straddles");
+  late.sent_ms = 3950;
+  late.latency_ms = 200;  // slower than 1.25x the alone p95: must land on the pressure side and fail the run
+  straddle.requests.push_back(late);
+  auto after = Ok("after");
+  after.sent_ms = 6500;
+  straddle.requests.push_back(after);
+  v = Judge(straddle, o);
+  EXPECT_EQ(v.interactive_alone, 11);
+  EXPECT_EQ(v.interactive_pressure, 11);
+  EXPECT_NE(::testing::PrintToString(v.failures).find("2.00x"), std::string::npos) << ::testing::PrintToString(v.failures);
+}
+
+TEST(VerdictTest, CompetingServicesLeaveOutRequestsThatOverlappedAHostStall) {
+  ScenarioResult r = Healthy();
+  for (int i = 0; i < 10; ++i) {
+    auto a = Ok("alone" + std::to_string(i));
+    a.sent_ms = 100 * i;
+    r.requests.push_back(a);
+    auto p = Ok("pressure" + std::to_string(i));
+    p.sent_ms = 5000 + 100 * i;
+    p.latency_ms = i == 9 ? 2000 : 100;  // caught in a stall of the whole machine
+    r.requests.push_back(p);
+  }
+  r.events = {{5200, "evict", "embed", "embed.0", "gives its room to search", "search"},
+              {5300, "unload", "embed", "embed.0", "evicted", ""}};
+  VerdictOptions o;
+  o.pressure_ms = {{4000, 6000}};
+  EXPECT_FALSE(Judge(r, o).passed) << "without the stall on record it counts";
+  r.stalls = {{6500, 7500}};
+  const Verdict v = Judge(r, o);
+  EXPECT_TRUE(v.passed) << ::testing::PrintToString(v.failures);
+  EXPECT_EQ(v.interactive_in_stalls, 1);
+  EXPECT_EQ(v.interactive_pressure, 9);
+}
+
+TEST(ScheduleTest, CompetingServicesAlternateAloneAndPressureSlices) {
+  const Scenario& s = *FindScenario("competing_services");
+  const std::vector<Window> w = PressureWindows(s, 20000);
+  ASSERT_EQ(static_cast<int>(w.size()), s.batch_phases);
+  ASSERT_GE(w.size(), 2u) << "one slice each way would let drift in the host's load decide the comparison";
+  const int64_t slice = 20000 * 85 / 100 / (2 * s.batch_phases);
+  EXPECT_NEAR(w.front().from_ms, slice, 1) << "the traffic starts alone";
+  for (size_t i = 0; i < w.size(); ++i) {
+    EXPECT_NEAR(w[i].to_ms - w[i].from_ms, slice, 1);
+    if (i > 0) EXPECT_NEAR(w[i].from_ms - w[i - 1].to_ms, slice, 1) << "an alone slice between two pressure slices";
+  }
+  EXPECT_NEAR(w.back().to_ms, 17000, 1);
+  EXPECT_TRUE(PressureWindows(*FindScenario("short_prompts"), 20000).empty());
 }
 
 }  // namespace
