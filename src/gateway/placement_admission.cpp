@@ -1,6 +1,10 @@
 #include "gateway/placement_admission.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -43,17 +47,52 @@ memory::PlacementSpec SpecOf(const config::PlacementConfig& p) {
   return spec;
 }
 
+// A placement's uncalibrated estimate on its device and its model's vocabulary.
+struct Estimate {
+  memory::DeviceBytes part;
+  uint32_t n_vocab = 0;
+};
+
+// Reading a GGUF's metadata (its whole vocabulary) and replaying its compute
+// graph takes milliseconds, and a start gate asks for the same placement
+// again and again while a service waits for room: the estimate is kept per
+// model file (path, size, modification time) and placement shape. A changed
+// file is estimated again; errors are not kept.
+StatusOr<Estimate> EstimateOf(const std::string& path, const memory::PlacementSpec& spec) {
+  static std::mutex mu;
+  static std::map<std::string, Estimate> memo;
+  struct stat st {};
+  std::string key;
+  if (::stat(path.c_str(), &st) == 0) {
+    char k[256];
+    std::snprintf(k, sizeof k, "|%lld|%lld.%09ld|%d|%d|%u|%u|%d|%u|%u|%u|%u", static_cast<long long>(st.st_size),
+                  static_cast<long long>(st.st_mtim.tv_sec), st.st_mtim.tv_nsec, spec.accelerator, spec.gpu_layers,
+                  spec.ctx, spec.slots, spec.kv_unified, spec.batch, spec.ubatch, spec.kv_k_x32, spec.kv_v_x32);
+    key = path + k;
+    std::lock_guard<std::mutex> lk(mu);
+    if (auto it = memo.find(key); it != memo.end()) return it->second;
+  }
+  auto meta = gguf::ReadGgufFile(path);
+  auto shape = meta.ok() ? memory::ShapeFromMetadata(*meta) : StatusOr<memory::ModelShape>(meta.status());
+  if (!shape.ok()) return shape.status();
+  const auto est = memory::EstimatePlacement(*shape, spec);
+  const Estimate e{spec.accelerator ? est.accelerator : est.host, shape->n_vocab};
+  if (!key.empty()) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (memo.size() >= 256) memo.clear();  // configs hold a few placements; a bound, not a policy
+    memo[key] = e;
+  }
+  return e;
+}
+
 // A placement's predicted bytes on its device (calibrated), or why there is no estimate.
 StatusOr<uint64_t> Predict(const config::ServiceConfig& s, const config::PlacementConfig& p, uint32_t* n_vocab,
                            PlacementCalibration* cal) {
-  auto meta = gguf::ReadGgufFile(p.ModelOr(s.model));
-  auto shape = meta.ok() ? memory::ShapeFromMetadata(*meta) : StatusOr<memory::ModelShape>(meta.status());
-  if (!shape.ok()) return shape.status();
-  const memory::PlacementSpec spec = SpecOf(p);
-  const auto est = memory::EstimatePlacement(*shape, spec);
-  memory::DeviceBytes part = spec.accelerator ? est.accelerator : est.host;
+  auto e = EstimateOf(p.ModelOr(s.model), SpecOf(p));
+  if (!e.ok()) return e.status();
+  memory::DeviceBytes part = e->part;
   if (cal) part = cal->Apply(CalKey(s, p), part);
-  if (n_vocab) *n_vocab = shape->n_vocab;
+  if (n_vocab) *n_vocab = e->n_vocab;
   return part.total();
 }
 
@@ -187,13 +226,9 @@ void RecordObserved(PlacementCalibration& cal, const config::GatewayConfig& cfg,
   const config::ServiceConfig* s = nullptr;
   size_t i = 0;
   if (!Find(cfg, key, &s, &i) || observed_bytes == 0) return;
-  auto meta = gguf::ReadGgufFile(s->placements[i].ModelOr(s->model));
-  if (!meta.ok()) return;
-  auto shape = memory::ShapeFromMetadata(*meta);
-  if (!shape.ok()) return;
-  const auto spec = SpecOf(s->placements[i]);
-  const auto est = memory::EstimatePlacement(*shape, spec);
-  const memory::DeviceBytes predicted = spec.accelerator ? est.accelerator : est.host;
+  auto e = EstimateOf(s->placements[i].ModelOr(s->model), SpecOf(s->placements[i]));
+  if (!e.ok()) return;
+  const memory::DeviceBytes predicted = e->part;
   // One factor on the total, carried by the compute term (weights and KV are exact).
   memory::DeviceBytes observed = predicted;
   const int64_t delta = static_cast<int64_t>(observed_bytes) - static_cast<int64_t>(predicted.total());

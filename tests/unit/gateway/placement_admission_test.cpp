@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <unistd.h>
 
 #include "gateway/gateway.h"
 
@@ -49,6 +51,25 @@ TEST(PlacementAdmissionTest, AnUnreadableModelIsLeftToLlamaCpp) {
   EXPECT_TRUE(a.admitted);
   EXPECT_NE(a.reason.find("no estimate"), std::string::npos);
   EXPECT_EQ(AdmitPlacement(nullptr, cfg, "nope.3").reason, "unknown placement");
+}
+
+TEST(PlacementAdmissionTest, AModelFileReplacedInPlaceIsEstimatedAgain) {
+  // Estimates are kept per model file and placement shape (a start gate asks often); a file replaced under the
+  // same path (another model, the same name) must not keep the old estimate.
+  const char* m = std::getenv("SPILLWAY_MODELS");
+  const std::string dir = m ? m : "build/models";
+  const std::string path = ::testing::TempDir() + "/spillway-estimate-" + std::to_string(getpid()) + ".gguf";
+  std::filesystem::copy_file(dir + "/tiny-chat.gguf", path, std::filesystem::copy_options::overwrite_existing);
+  auto cfg = OneService(512);
+  cfg.services[0].model = path;
+  const uint64_t first = AdmitPlacement(nullptr, cfg, "chat.0").predicted_bytes;
+  EXPECT_EQ(AdmitPlacement(nullptr, cfg, "chat.0").predicted_bytes, first);
+  std::filesystem::copy_file(dir + "/demo-embed.gguf", path, std::filesystem::copy_options::overwrite_existing);
+  const uint64_t second = AdmitPlacement(nullptr, cfg, "chat.0").predicted_bytes;
+  EXPECT_NE(second, first);
+  cfg.services[0].placements[0].ctx = 1024;  // another shape of the same file
+  EXPECT_NE(AdmitPlacement(nullptr, cfg, "chat.0").predicted_bytes, second);
+  std::filesystem::remove(path);
 }
 
 }  // namespace
