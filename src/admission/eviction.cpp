@@ -26,12 +26,14 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
                           const std::vector<Resident>& residents, bool exclusive) {
   EvictionPlan plan;
   if (exclusive) {
-    // Every other service loaded there, even one that holds nothing yet (still starting); not the requester's
-    // own other placements (keys are "<service>.<n>").
+    // Every other service loaded there, even one that holds nothing yet (still starting, once it has had its
+    // time); not the requester's own other placements (keys are "<service>.<n>").
     const std::string own = requester_key.substr(0, requester_key.rfind('.'));
     for (const auto& r : residents) {
       if (r.pinned || r.key == requester_key || r.service == own) continue;
-      if (r.starting || (r.waiting > 0 && r.running == 0)) {
+      if (r.evicting) continue;
+      const bool loading = r.starting && r.state_ms < kExclusiveStartWaitMs;
+      if (loading || (!r.starting && r.waiting > 0 && r.running == 0 && r.state_ms < kExclusiveServeFirstMs)) {
         plan.reason = "exclusive device (one service at a time): " + r.service +
                       (r.starting ? " is still loading" : " has just loaded") + " and serves its " +
                       std::to_string(r.waiting) + " waiting request(s) first";

@@ -23,10 +23,12 @@
 // model at a time) has one rule instead: every other service loaded there
 // that is not pinned is unloaded, whatever its priority and whether or not
 // the room would suffice, busy ones after their running requests end. A
-// service still loading, or loaded with requests waiting for it and none
+// service still loading (for at most kExclusiveStartWaitMs), or loaded less
+// than kExclusiveServeFirstMs ago with requests waiting for it and none
 // running yet, is left to serve them first: the load waits (otherwise two
 // services that both have requests undo each other's loads forever, and
-// neither serves one).
+// neither serves one). Both bounds keep a hung load or a backlog that never
+// reaches it from holding the device for ever.
 //
 // Windows (batch work only at night, or once interactive work has gone
 // quiet) are InWindow's: the local time's minute of the day against
@@ -50,8 +52,13 @@ struct Resident {
   double reload_s = 0;   // its measured (else expected) load time
   double requests_per_min = 0;
   double evict_cost = -1;  // declared (< 0: none)
-  bool starting = false;   // its process is loading (not yet ready)
-  int waiting = 0;         // requests waiting for it (exclusive devices)
+  // Exclusive devices: its process is loading (for state_ms so far), or it
+  // is ready (for state_ms) with `waiting` requests for it; already being
+  // unloaded (evicting) it blocks nobody.
+  bool starting = false;
+  int64_t state_ms = 0;
+  int waiting = 0;
+  bool evicting = false;
   double Cost() const;
 };
 
@@ -63,6 +70,9 @@ struct EvictionPlan {
   uint64_t freed = 0;
   std::string reason;             // in words, for the journal and /v1/status
 };
+
+inline constexpr int64_t kExclusiveStartWaitMs = 120000;
+inline constexpr int64_t kExclusiveServeFirstMs = 2000;
 
 EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_priority, const std::string& requester_key,
                           const std::vector<Resident>& residents, bool exclusive = false);

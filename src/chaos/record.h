@@ -72,9 +72,11 @@ struct Sample {
   std::string primary_state;          // ready | starting | backoff | stopped
 };
 
-// The host stopped running the harness for a while (its own timer woke at
-// least kStallMs late: the machine was descheduled, swapped or frozen), not
-// a delay of the system under test, which runs in other processes.
+// The host did not run the harness for a while: its own 10 ms timer woke at
+// least kStallMs late. Its usual cause is the virtual machine not being run
+// (steal) or memory being swapped, which freeze every process alike; but an
+// overloaded host can cause it too, so a run where more than one request in
+// ten of either side overlaps a stall is judged inconclusive.
 struct Stall {
   int64_t from_ms = 0, to_ms = 0;
 };
@@ -102,7 +104,7 @@ struct Verdict {
   // evictions journaled, and of them those whose service then unloaded.
   double interactive_p95_alone_ms = -1, interactive_p95_pressure_ms = -1;
   int interactive_alone = 0, interactive_pressure = 0;
-  int interactive_in_stalls = 0;  // left out of both: they overlapped a host stall
+  int interactive_in_stalls = 0, interactive_in_stalls_pressure = 0;  // left out (alone / under pressure): in a stall
   int evictions = 0, evictions_completed = 0;
   bool passed = false;
   std::vector<std::string> failures;  // why it did not pass, one line each

@@ -243,10 +243,12 @@ void CompetingSection(const std::vector<ScenarioResult>& spillway, const std::ve
   }
   out += t.Render();
   for (const ScenarioResult* r : rows) {
-    if (r->verdict.interactive_in_stalls == 0) continue;
-    out += "\n" + r->target + ": " + std::to_string(r->verdict.interactive_in_stalls) + " chat request(s) overlapped " +
-           std::to_string(r->stalls.size()) + " host stall(s) (the harness's own 10 ms timer woke at least " +
-           std::to_string(kStallMs) + " ms late: the machine stopped running it) and are left out of both p95s.\n";
+    const Verdict& v = r->verdict;
+    if (v.interactive_in_stalls + v.interactive_in_stalls_pressure == 0) continue;
+    out += "\n" + r->target + ": " + std::to_string(v.interactive_in_stalls) + " chat request(s) alone and " +
+           std::to_string(v.interactive_in_stalls_pressure) + " under batch pressure overlapped a host stall (the run had " +
+           std::to_string(r->stalls.size()) + "; the harness's own 10 ms timer woke at least " + std::to_string(kStallMs) +
+           " ms late) and are left out of the p95s.\n";
   }
   out += "\nchat p95: its completed requests that overlapped no slice of batch traffic, and those that overlapped one "
          "(how many in brackets; the run alternates slices alone and under batch pressure); "

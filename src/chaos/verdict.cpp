@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <set>
+#include <tuple>
 #include <string>
 
 namespace spillway::chaos {
@@ -35,8 +36,9 @@ void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v
   std::vector<std::pair<int64_t, int64_t>> slices = o.pressure_ms;
   for (const auto& q : r.requests) {
     if (q.service != o.batch_service || q.latency_ms < 0) continue;
-    for (auto& [from, to] : slices) {
-      if (q.sent_ms >= from && q.sent_ms < to) to = std::max(to, q.sent_ms + q.latency_ms);
+    for (size_t i = 0; i < slices.size(); ++i) {
+      const auto& [from, to] = o.pressure_ms[i];  // sent within the planned slice (not one already extended)
+      if (q.sent_ms >= from && q.sent_ms < to) slices[i].second = std::max(slices[i].second, q.sent_ms + q.latency_ms);
     }
   }
   auto under_pressure = [&](int64_t from, int64_t to) {
@@ -50,7 +52,8 @@ void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v
   for (const auto& q : r.requests) {
     if (completed(q) && q.service == o.interactive_service && q.latency_ms >= 0) {
       if (in_stall(q.sent_ms, q.sent_ms + q.latency_ms)) {
-        ++v.interactive_in_stalls;
+        ++(under_pressure(q.sent_ms, q.sent_ms + q.latency_ms) ? v.interactive_in_stalls_pressure
+                                                               : v.interactive_in_stalls);
         continue;
       }
       (under_pressure(q.sent_ms, q.sent_ms + q.latency_ms) ? pressure : alone).push_back(static_cast<double>(q.latency_ms));
@@ -58,6 +61,16 @@ void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v
   }
   v.interactive_alone = static_cast<int>(alone.size());
   v.interactive_pressure = static_cast<int>(pressure.size());
+  // Left out for stalls, more than one in ten on either side: the comparison proves nothing either way.
+  for (const auto& [kept, out, side] : {std::tuple{v.interactive_alone, v.interactive_in_stalls, "alone"},
+                                        std::tuple{v.interactive_pressure, v.interactive_in_stalls_pressure,
+                                                   "under batch pressure"}}) {
+    if (out * 10 > kept + out) {
+      v.failures.push_back("inconclusive: " + std::to_string(out) + " of " + std::to_string(kept + out) + " " +
+                           o.interactive_service + " requests " + side +
+                           " overlapped a host stall (more than one in ten); run it again on a quieter machine");
+    }
+  }
   if (alone.size() < 5 || pressure.size() < 5) {
     v.failures.push_back("too few completed " + o.interactive_service + " requests to compare (" +
                          std::to_string(alone.size()) + " alone, " + std::to_string(pressure.size()) +

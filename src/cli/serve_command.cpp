@@ -231,7 +231,18 @@ int Serve(const ServeArgs& a) {
   auto admitted_starts = std::make_shared<std::map<std::string, int64_t>>();
   supervisor.SetStartGate([&cfg, &supervisor, &clock, &calibration, &gw, admitted_starts](const std::string& key) -> Status {
     // An external server: its resident memory (measured, else declared) must fit its device.
-    if (const auto* e = gateway::ExternalOfKey(cfg, key)) return gw.RoomFor(key, gw.ExternalResidentBytes(*e));
+    if (const auto* e = gateway::ExternalOfKey(cfg, key)) {
+      std::set<std::string> others;  // let start, not spawned yet (an exclusive device counts them as loading)
+      for (const auto& [k, at] : *admitted_starts) {
+        if (k != key && clock.NowMs() - at <= 1000) others.insert(k);
+      }
+      Status st = gw.RoomFor(key, gw.ExternalResidentBytes(*e), others);
+      if (st.ok()) {
+        gw.RoomGranted(key);
+        (*admitted_starts)[key] = clock.NowMs();
+      }
+      return st;
+    }
     std::set<std::string> starting, not_waiting;
     for (const auto& w : supervisor.Snapshot()) {
       if (w.state == upstream::WorkerState::kStarting && w.key != key) starting.insert(w.key);
@@ -257,9 +268,10 @@ int Serve(const ServeArgs& a) {
       }
     }
     if (!a.admitted || exclusive) {
-      // Not enough memory now: maybe another service can give room (residency, priorities).
-      if (a.predicted_bytes > 0) {
-        if (Status room = gw.RoomFor(key, a.predicted_bytes); !room.ok()) return room;
+      // Not enough memory now: maybe another service can give room (residency, priorities). An exclusive
+      // device unloads the others whatever the estimate (none: 0 bytes).
+      if (a.predicted_bytes > 0 || exclusive) {
+        if (Status room = gw.RoomFor(key, a.predicted_bytes, starting); !room.ok()) return room;
         if (!a.admitted) a = gateway::AdmitPlacement(&calibration, cfg, key, starting);  // room there now: judged again
       }
       if (!a.admitted) {

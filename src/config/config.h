@@ -184,7 +184,9 @@ struct DeviceConfig {
   double headroom_mib = 0;
   double headroom_pct = 5;
   // One service at a time on this device (llama-swap's swap groups): loading one unloads every other
-  // that is not pinned, whatever its priority, busy ones once their running requests end.
+  // that is not pinned, whatever its priority, busy ones once their running requests end; loads take
+  // turns in the order they asked, and one still loading or just loaded serves its waiting requests first
+  // (admission/eviction.h).
   bool exclusive = false;
 };
 

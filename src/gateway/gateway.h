@@ -102,8 +102,11 @@ class Gateway {
   // now; otherwise why not, after choosing who gives room (admission/
   // eviction.h): the victims unload as soon as they are idle (their new
   // requests go elsewhere meanwhile), each decision journaled as an event,
-  // and the gate asks again. Supervisor thread.
-  Status RoomFor(const std::string& key, uint64_t need_bytes);
+  // and the gate asks again. `starting`: keys the gate let start that have no
+  // process yet (an exclusive device counts them as loading). On an exclusive
+  // device the loads wait their turn, first come first served (Unavailable:
+  // asked again next round). Supervisor thread.
+  Status RoomFor(const std::string& key, uint64_t need_bytes, const std::set<std::string>& starting = {});
   // The gate let `key` start: no longer held back for want of room.
   void RoomGranted(const std::string& key);
   // What an external server holds on its device: measured once seen, else declared.
@@ -290,6 +293,7 @@ class Gateway {
   mutable std::mutex residency_mu_;
   std::set<std::string> evicting_;      // keys chosen to give room: unloaded once idle
   std::set<std::string> room_refused_;  // keys whose start found no room (and no one to evict)
+  std::map<std::string, int64_t> exclusive_waits_;  // keys waiting for their turn on an exclusive device, since
   std::map<std::string, std::deque<int64_t>> request_times_;  // by service, the last 10 minutes
   std::atomic<int64_t> last_interactive_ms_{0};
   std::map<std::string, int64_t> keep_alive_until_ms_;  // an Ollama request's keep_alive, by service

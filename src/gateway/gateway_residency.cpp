@@ -136,7 +136,7 @@ void Gateway::NoteResidency(const std::string& kind, const std::string& service,
   });
 }
 
-Status Gateway::RoomFor(const std::string& key, uint64_t need) {
+Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<std::string>& starting) {
   // Who is asking: an accelerator placement or an external server.
   std::string device, service;
   int priority = 0;
@@ -165,14 +165,26 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need) {
   const uint64_t available = reading->free > headroom ? reading->free - headroom : 0;
   // What each service holds on the device now (its processes' bytes there).
   const auto workers = supervisor_.Snapshot();
+  const int64_t now = clock_.NowMs();
   auto held_by = [&](admission::Resident& r, pid_t* pid) {
     for (const auto& w : workers) {
-      if (w.key != r.key || w.pid <= 0) continue;
+      if (w.key != r.key) continue;
+      if (w.pid <= 0) {
+        // Let start by the gate, not spawned yet: loading from now on.
+        if (starting.count(r.key)) {
+          *pid = -1;
+          r.starting = true;
+        }
+        continue;
+      }
       *pid = w.pid;
       r.reload_s = static_cast<double>(w.last_start_ms) / 1000;
       r.starting = w.state == upstream::WorkerState::kStarting;
+      r.state_ms = r.starting ? now - w.starting_since_ms : w.ready_since_ms > 0 ? now - w.ready_since_ms : 0;
       r.bytes += reading->BytesOf(w.pid);
     }
+    std::lock_guard<std::mutex> lk(residency_mu_);
+    r.evicting = evicting_.count(r.key) > 0;
   };
   std::vector<admission::Resident> residents;
   for (const auto& s : config_.services) {
@@ -183,7 +195,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need) {
       r.service = s.name;
       pid_t pid = 0;
       held_by(r, &pid);
-      if (pid <= 0) continue;
+      if (pid == 0) continue;
       r.waiting = waiting_by_service_.at(s.name)->load();
       r.priority = s.residency.PriorityRank();
       r.pinned = s.residency.mode == "pinned" || !supervisor_.OnDemand(r.key);
@@ -200,7 +212,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need) {
     r.service = e.name;
     pid_t pid = 0;
     held_by(r, &pid);
-    if (pid <= 0) continue;
+    if (pid == 0) continue;
     r.waiting = external_lines_->Waiting(e.name);
     r.priority = e.residency.PriorityRank();
     r.pinned = e.residency.mode == "pinned" || !e.Started();
@@ -209,7 +221,40 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need) {
     r.evict_cost = e.residency.evict_cost;
     residents.push_back(r);
   }
+  if (dc.exclusive) {
+    // One load at a time, in the order they asked: an older waiter for this device that still wants to start
+    // goes first.
+    std::set<std::string> here, wanting;  // keys on this device / whose start is due or waiting (backoff)
+    for (const auto& s : config_.services) {
+      for (size_t k = 0; k < s.placements.size(); ++k) {
+        if (s.placements[k].device == device) here.insert(WorkerKey(s, k));
+      }
+    }
+    for (const auto& e : config_.externals) {
+      if (e.device == device) here.insert(ExternalKey(e));
+    }
+    for (const auto& w : workers) {
+      if (w.state == upstream::WorkerState::kBackoff && here.count(w.key)) wanting.insert(w.key);
+    }
+    std::lock_guard<std::mutex> lk(residency_mu_);
+    const int64_t since = exclusive_waits_.emplace(key, now).first->second;
+    for (auto it = exclusive_waits_.begin(); it != exclusive_waits_.end();) {
+      if (it->first != key && !wanting.count(it->first)) {
+        it = exclusive_waits_.erase(it);  // started, or nobody wants it any more
+        continue;
+      }
+      if (it->first != key && it->second < since) {
+        return Status::Unavailable("waiting on " + device + ": exclusive device, " + it->first +
+                                   " asked first and loads before " + key);
+      }
+      ++it;
+    }
+  }
   const admission::EvictionPlan plan = admission::PlanEviction(need, available, priority, key, residents, dc.exclusive);
+  if (!plan.fits && !plan.wait) {
+    std::lock_guard<std::mutex> lk(residency_mu_);
+    exclusive_waits_.erase(key);  // it cannot load even alone: it keeps no one waiting behind it
+  }
   if (plan.fits && plan.evict.empty()) return Status::Ok();
   if (plan.wait) return Status::Unavailable("waiting on " + device + ": " + plan.reason);  // asked again next round
   if (!plan.fits) {
@@ -256,6 +301,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need) {
 void Gateway::RoomGranted(const std::string& key) {
   std::lock_guard<std::mutex> lk(residency_mu_);
   room_refused_.erase(key);
+  exclusive_waits_.erase(key);
 }
 
 bool Gateway::IdleReplica(const std::string& key) {

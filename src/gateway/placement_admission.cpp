@@ -56,8 +56,9 @@ struct Estimate {
 // Reading a GGUF's metadata (its whole vocabulary) and replaying its compute
 // graph takes milliseconds, and a start gate asks for the same placement
 // again and again while a service waits for room: the estimate is kept per
-// model file (path, size, modification time) and placement shape. A changed
-// file is estimated again; errors are not kept.
+// model file (path, device and inode, size, modification and change times:
+// a file replaced under its name, even with its old mtime, is estimated
+// again) and placement shape. Errors are not kept.
 StatusOr<Estimate> EstimateOf(const std::string& path, const memory::PlacementSpec& spec) {
   static std::mutex mu;
   static std::map<std::string, Estimate> memo;
@@ -65,8 +66,10 @@ StatusOr<Estimate> EstimateOf(const std::string& path, const memory::PlacementSp
   std::string key;
   if (::stat(path.c_str(), &st) == 0) {
     char k[256];
-    std::snprintf(k, sizeof k, "|%lld|%lld.%09ld|%d|%d|%u|%u|%d|%u|%u|%u|%u", static_cast<long long>(st.st_size),
-                  static_cast<long long>(st.st_mtim.tv_sec), st.st_mtim.tv_nsec, spec.accelerator, spec.gpu_layers,
+    std::snprintf(k, sizeof k, "|%llu:%llu|%lld|%lld.%09ld|%lld.%09ld|%d|%d|%u|%u|%d|%u|%u|%u|%u",
+                  static_cast<unsigned long long>(st.st_dev), static_cast<unsigned long long>(st.st_ino),
+                  static_cast<long long>(st.st_size), static_cast<long long>(st.st_mtim.tv_sec), st.st_mtim.tv_nsec,
+                  static_cast<long long>(st.st_ctim.tv_sec), st.st_ctim.tv_nsec, spec.accelerator, spec.gpu_layers,
                   spec.ctx, spec.slots, spec.kv_unified, spec.batch, spec.ubatch, spec.kv_k_x32, spec.kv_v_x32);
     key = path + k;
     std::lock_guard<std::mutex> lk(mu);

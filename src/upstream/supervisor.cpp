@@ -659,7 +659,10 @@ std::optional<uint16_t> Supervisor::ReadyPort(const std::string& key) const {
 std::vector<WorkerView> Supervisor::Snapshot() const {
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<WorkerView> out;
-  for (const auto& [k, w] : workers_) out.push_back(w.view);
+  for (const auto& [k, w] : workers_) {
+    out.push_back(w.view);
+    out.back().ready_since_ms = w.view.state == WorkerState::kReady ? w.ready_since_ms : 0;
+  }
   return out;
 }
 

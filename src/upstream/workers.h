@@ -37,6 +37,7 @@ struct WorkerView {
   int64_t last_start_ms = 0;  // how long its last start took (spawn to ready), measured
   int64_t start_timeout_ms = 0;  // of its spec
   int64_t starting_since_ms = 0;  // clock time of its current start (while starting)
+  int64_t ready_since_ms = 0;     // clock time it became ready (while ready)
   // While starting: how much of its model it has loaded, as the worker last
   // said (--load-progress-file); total 0 until it says.
   uint64_t load_bytes = 0, load_total_bytes = 0;

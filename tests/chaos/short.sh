@@ -24,7 +24,7 @@ grep -q "Device memory by service (stacked)" "$report/scenarios/competing_servic
 grep -q "| competing_services *| swap-all" "$report/scenarios/summary.md" || { echo "no swap-all baseline in the report"; exit 1; }
 # swap-all swaps when another service is asked for, about once a second here; two loads undoing each other made
 # hundreds of swaps in a run (each service that loads serves what waits for it first).
-swaps=$(awk -F'|' '/^\| competing_services *\| swap-all/ { if (split($10, e, " ") > 0) print e[1] }' "$report/scenarios/summary.md")
+swaps=$(awk -F'|' '/^\| competing_services *\| swap-all/ && $10 ~ /\(/ { split($10, e, " "); print e[1] }' "$report/scenarios/summary.md")
 [ "${swaps:-0}" -gt 0 ] && [ "$swaps" -lt 150 ] || { echo "swap-all made ${swaps:-no} swaps in 30 s: thrashing?"; exit 1; }
 grep -q "plain-proxy" "$report/baselines/summary.md" || { echo "no plain-proxy baseline in the report"; exit 1; }
 grep -q "llama-server" "$report/baselines/summary.md" || { echo "no llama-server baseline in the report"; exit 1; }

@@ -107,6 +107,16 @@ TEST(EvictionTest, AnExclusiveDeviceUnloadsEveryOtherServiceEvenWhenTheRoomSuffi
   const auto go = PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {loaded}, true);
   EXPECT_FALSE(go.wait);
   EXPECT_EQ(go.drain, (std::vector<std::string>{"loaded.0"}));
+  // Both waits are bounded: a load that hangs, or a backlog that never reaches the service, does not hold the
+  // device for ever; one already being unloaded blocks nobody.
+  starting.state_ms = kExclusiveStartWaitMs;
+  EXPECT_FALSE(PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {starting}, true).wait);
+  loaded.running = 0;
+  loaded.state_ms = kExclusiveServeFirstMs;
+  EXPECT_FALSE(PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {loaded}, true).wait);
+  loaded.state_ms = 0;
+  loaded.evicting = true;
+  EXPECT_FALSE(PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {loaded}, true).wait);
   // Pinned services never block: they are never unloaded anyway.
   Resident pinned = R("pinned", 0, 10, 0, 1, 0, true);
   pinned.starting = true;

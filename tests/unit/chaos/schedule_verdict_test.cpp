@@ -283,8 +283,16 @@ TEST(VerdictTest, CompetingServicesLeaveOutRequestsThatOverlappedAHostStall) {
   r.stalls = {{6500, 7500}};
   const Verdict v = Judge(r, o);
   EXPECT_TRUE(v.passed) << ::testing::PrintToString(v.failures);
-  EXPECT_EQ(v.interactive_in_stalls, 1);
+  EXPECT_EQ(v.interactive_in_stalls_pressure, 1);
+  EXPECT_EQ(v.interactive_in_stalls, 0);
   EXPECT_EQ(v.interactive_pressure, 9);
+  // More than one in ten of a side in stalls: the comparison proves nothing, and says so.
+  r.stalls = {{0, 250}};  // alone0..alone2 overlap it
+  const Verdict busy = Judge(r, o);
+  EXPECT_EQ(busy.interactive_in_stalls, 3);
+  EXPECT_FALSE(busy.passed);
+  EXPECT_NE(::testing::PrintToString(busy.failures).find("inconclusive: 3 of 10 chat requests alone"), std::string::npos)
+      << ::testing::PrintToString(busy.failures);
 }
 
 TEST(ScheduleTest, CompetingServicesAlternateAloneAndPressureSlices) {
