@@ -6,6 +6,7 @@
 
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,16 @@ class FakeWorkers : public upstream::Workers {
     }
     if (f) f(key, why);
   }
+  // How a worker looks to the gateway beyond "ready on a port" (starting,
+  // waiting in backoff, its pid): replaces what SetReady would show for it.
+  void SetView(const upstream::WorkerView& v) {
+    std::lock_guard<std::mutex> lk(mu_);
+    views_[v.key] = v;
+  }
+  void SetOnDemand(const std::string& key) {
+    std::lock_guard<std::mutex> lk(mu_);
+    on_demand_.insert(key);
+  }
   std::vector<std::string> suspected() const {
     std::lock_guard<std::mutex> lk(mu_);
     return suspected_;
@@ -44,12 +55,14 @@ class FakeWorkers : public upstream::Workers {
     std::lock_guard<std::mutex> lk(mu_);
     std::vector<upstream::WorkerView> out;
     for (const auto& [key, port] : ports_) {
+      if (views_.count(key)) continue;
       upstream::WorkerView v;
       v.key = key;
       v.state = upstream::WorkerState::kReady;
       v.port = port;
       out.push_back(v);
     }
+    for (const auto& [key, v] : views_) out.push_back(v);
     return out;
   }
   void Demand(const std::string&) override {}
@@ -57,7 +70,10 @@ class FakeWorkers : public upstream::Workers {
     std::lock_guard<std::mutex> lk(mu_);
     ports_.erase(key);
   }
-  bool OnDemand(const std::string&) const override { return false; }
+  bool OnDemand(const std::string& key) const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return on_demand_.count(key) > 0;
+  }
   void Suspect(const std::string& key) override {
     std::lock_guard<std::mutex> lk(mu_);
     suspected_.push_back(key);
@@ -75,6 +91,8 @@ class FakeWorkers : public upstream::Workers {
  private:
   mutable std::mutex mu_;
   std::map<std::string, uint16_t> ports_;
+  std::map<std::string, upstream::WorkerView> views_;
+  std::set<std::string> on_demand_;
   std::vector<std::string> suspected_;
   std::function<void(const std::string&, const std::string&)> on_exit_;
 };

@@ -1,0 +1,128 @@
+// An exclusive device (llama-swap's one service at a time) through the
+// gateway's start gate (Gateway::RoomFor): loads wait for one still loading,
+// take turns in the order they asked, count a start the gate let through
+// that has no process yet, and do not wait for ever on a load that hangs.
+// A real Gateway and Journal, fake workers, a stepped clock, a simulated
+// device's ledger.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "admission/eviction.h"
+#include "common/clock.h"
+#include "config/config.h"
+#include "devices/sim_ledger.h"
+#include "fake_workers.h"
+#include "gateway/gateway.h"
+#include "journal/journal.h"
+#include "scoped_sim_dir.h"
+
+namespace spillway::gateway {
+namespace {
+
+constexpr const char* kConfig = R"(
+[[device]]
+name = "sim:0"
+exclusive = true
+headroom_mib = 0
+headroom_pct = 0
+[[service]]
+name = "a"
+model = "/nonexistent/a.gguf"
+residency = "on_demand"
+[[service.placement]]
+device = "sim:0"
+[[service]]
+name = "b"
+model = "/nonexistent/b.gguf"
+residency = "on_demand"
+[[service.placement]]
+device = "sim:0"
+[[service]]
+name = "c"
+model = "/nonexistent/c.gguf"
+residency = "on_demand"
+[[service.placement]]
+device = "sim:0"
+)";
+
+upstream::WorkerView View(const std::string& key, upstream::WorkerState state, pid_t pid, int64_t since_ms) {
+  upstream::WorkerView v;
+  v.key = key;
+  v.state = state;
+  v.pid = pid;
+  v.starting_since_ms = since_ms;
+  return v;
+}
+
+class ExclusiveDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("spillway-exclusive-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    ASSERT_TRUE(devices::SimLedger::Create(0, 1ull << 30).ok());
+    auto cfg = config::ParseConfig(kConfig, "exclusive.toml");
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    config_ = *cfg;
+    auto j = journal::Journal::Open((dir_ / "journal.db").string(), {}, clock_);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    journal_ = std::move(*j);
+    for (const char* k : {"a.0", "b.0", "c.0"}) workers_.SetOnDemand(k);
+    gateway_ = std::make_unique<Gateway>(config_, *journal_, workers_, clock_);
+  }
+  void TearDown() override {
+    gateway_->Shutdown();
+    std::filesystem::remove_all(dir_);
+  }
+  Status Room(const std::string& key, const std::set<std::string>& starting = {}) {
+    return gateway_->RoomFor(key, 10u << 20, starting);
+  }
+
+  testing::ScopedSimDir sim_{"exclusive-device"};
+  std::filesystem::path dir_;
+  FakeClock clock_;
+  config::GatewayConfig config_;
+  std::unique_ptr<journal::Journal> journal_;
+  testing::FakeWorkers workers_;
+  std::unique_ptr<Gateway> gateway_;
+};
+
+TEST_F(ExclusiveDeviceTest, LoadsWaitForOneInProgressAndTakeTurnsInTheOrderTheyAsked) {
+  const int64_t t0 = clock_.NowMs();
+  workers_.SetView(View("c.0", upstream::WorkerState::kStarting, ::getpid(), t0));
+  workers_.SetView(View("a.0", upstream::WorkerState::kBackoff, 0, 0));
+  workers_.SetView(View("b.0", upstream::WorkerState::kBackoff, 0, 0));
+  // c is loading: a waits (asked again next round), and b, asking later, waits behind a.
+  Status st = Room("a.0");
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("c is still loading"), std::string::npos) << st.message();
+  clock_.Advance(10);
+  st = Room("b.0");
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  // c is gone: a, first in line, loads; b still waits its turn.
+  workers_.SetView(View("c.0", upstream::WorkerState::kStopped, 0, 0));
+  st = Room("b.0");
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("a.0 asked first"), std::string::npos) << st.message();
+  EXPECT_TRUE(Room("a.0").ok());
+  gateway_->RoomGranted("a.0");
+  // Let through in this round, no process yet: b does not load beside it.
+  st = Room("b.0", {"a.0"});
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("a is still loading"), std::string::npos) << st.message();
+}
+
+TEST_F(ExclusiveDeviceTest, ALoadThatHangsDoesNotHoldTheDeviceForEver) {
+  workers_.SetView(View("c.0", upstream::WorkerState::kStarting, ::getpid(), clock_.NowMs()));
+  workers_.SetView(View("a.0", upstream::WorkerState::kBackoff, 0, 0));
+  EXPECT_EQ(Room("a.0").code(), StatusCode::kUnavailable);
+  clock_.Advance(admission::kExclusiveStartWaitMs);
+  const Status st = Room("a.0");
+  EXPECT_NE(st.code(), StatusCode::kUnavailable) << "still waiting on a load that never ends: " << st.ToString();
+}
+
+}  // namespace
+}  // namespace spillway::gateway
