@@ -617,7 +617,7 @@ ScenarioResult Run::Go() {
   vo.primary_placement = PrimaryName();
   vo.journal = target_ != Target::kLlamaServer;
   if (s_.Competing()) {
-    for (const Window& w : pressure) vo.pressure_ms.emplace_back(w.from_ms, w.to_ms);
+    vo.pressure_ms = pressure;
     if (target_ == Target::kSpillway) vo.pinned_service = "chat";
   }
   out.verdict = Judge(out, vo);

@@ -33,31 +33,30 @@ void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v
     return q.journal_state == "completed" && q.http_status == 200 && q.connection_survived && q.first_error.empty();
   };
   // Each slice lasts until its last batch request is answered.
-  std::vector<std::pair<int64_t, int64_t>> slices = o.pressure_ms;
+  std::vector<Window> slices = o.pressure_ms;
   for (const auto& q : r.requests) {
     if (q.service != o.batch_service || q.latency_ms < 0) continue;
     for (size_t i = 0; i < slices.size(); ++i) {
-      const auto& [from, to] = o.pressure_ms[i];  // sent within the planned slice (not one already extended)
-      if (q.sent_ms >= from && q.sent_ms < to) slices[i].second = std::max(slices[i].second, q.sent_ms + q.latency_ms);
+      const Window& planned = o.pressure_ms[i];  // sent within the planned slice (not one already extended)
+      if (q.sent_ms >= planned.from_ms && q.sent_ms < planned.to_ms) {
+        slices[i].to_ms = std::max(slices[i].to_ms, q.sent_ms + q.latency_ms);
+      }
     }
   }
-  auto under_pressure = [&](int64_t from, int64_t to) {
-    return std::any_of(slices.begin(), slices.end(), [&](const auto& s) { return from < s.second && to >= s.first; });
-  };
-  // The host stopped running the harness (a stall): what overlapped it measures the host, not the gateway.
-  auto in_stall = [&](int64_t from, int64_t to) {
-    return std::any_of(r.stalls.begin(), r.stalls.end(), [&](const Stall& s) { return from < s.to_ms && to >= s.from_ms; });
+  // [from, to] overlaps one of `spans` (slices of batch traffic, or host stalls: what overlapped a stall
+  // measures the host, not the gateway).
+  auto overlaps = [](const auto& spans, int64_t from, int64_t to) {
+    return std::any_of(spans.begin(), spans.end(), [&](const auto& s) { return from < s.to_ms && to >= s.from_ms; });
   };
   std::vector<double> alone, pressure;
   for (const auto& q : r.requests) {
-    if (completed(q) && q.service == o.interactive_service && q.latency_ms >= 0) {
-      if (in_stall(q.sent_ms, q.sent_ms + q.latency_ms)) {
-        ++(under_pressure(q.sent_ms, q.sent_ms + q.latency_ms) ? v.interactive_in_stalls_pressure
-                                                               : v.interactive_in_stalls);
-        continue;
-      }
-      (under_pressure(q.sent_ms, q.sent_ms + q.latency_ms) ? pressure : alone).push_back(static_cast<double>(q.latency_ms));
+    if (!completed(q) || q.service != o.interactive_service || q.latency_ms < 0) continue;
+    const bool pressed = overlaps(slices, q.sent_ms, q.sent_ms + q.latency_ms);
+    if (overlaps(r.stalls, q.sent_ms, q.sent_ms + q.latency_ms)) {
+      ++(pressed ? v.interactive_in_stalls_pressure : v.interactive_in_stalls);
+      continue;
     }
+    (pressed ? pressure : alone).push_back(static_cast<double>(q.latency_ms));
   }
   v.interactive_alone = static_cast<int>(alone.size());
   v.interactive_pressure = static_cast<int>(pressure.size());
@@ -91,7 +90,7 @@ void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v
     const auto& e = r.events[i];
     if (e.kind != "evict") continue;
     ++v.evictions;
-    evicted_under_pressure += under_pressure(e.at_ms, e.at_ms);
+    evicted_under_pressure += overlaps(slices, e.at_ms, e.at_ms);
     if (!o.pinned_service.empty() && e.service == o.pinned_service) {
       v.failures.push_back("the pinned service " + e.service + " was evicted (for " + e.for_service + ")");
     }

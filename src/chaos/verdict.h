@@ -13,6 +13,7 @@
 #pragma once
 
 #include "chaos/record.h"
+#include "chaos/schedule.h"
 
 namespace spillway::chaos {
 
@@ -29,7 +30,7 @@ struct VerdictOptions {
   // happen in a slice, each followed by its unload; batch and on-demand
   // requests served off their primary must be told; and pinned_service (when
   // set) is never evicted.
-  std::vector<std::pair<int64_t, int64_t>> pressure_ms;
+  std::vector<Window> pressure_ms;
   std::string batch_service = "embed";
   double max_interactive_ratio = 1.25;
   std::string interactive_service = "chat";

@@ -230,19 +230,6 @@ int Serve(const ServeArgs& a) {
   // so that two restarts at once cannot over-commit a device.
   auto admitted_starts = std::make_shared<std::map<std::string, int64_t>>();
   supervisor.SetStartGate([&cfg, &supervisor, &clock, &calibration, &gw, admitted_starts](const std::string& key) -> Status {
-    // An external server: its resident memory (measured, else declared) must fit its device.
-    if (const auto* e = gateway::ExternalOfKey(cfg, key)) {
-      std::set<std::string> others;  // let start, not spawned yet (an exclusive device counts them as loading)
-      for (const auto& [k, at] : *admitted_starts) {
-        if (k != key && clock.NowMs() - at <= 1000) others.insert(k);
-      }
-      Status st = gw.RoomFor(key, gw.ExternalResidentBytes(*e), others);
-      if (st.ok()) {
-        gw.RoomGranted(key);
-        (*admitted_starts)[key] = clock.NowMs();
-      }
-      return st;
-    }
     std::set<std::string> starting, not_waiting;
     for (const auto& w : supervisor.Snapshot()) {
       if (w.state == upstream::WorkerState::kStarting && w.key != key) starting.insert(w.key);
@@ -259,24 +246,20 @@ int Serve(const ServeArgs& a) {
         ++it;
       }
     }
-    auto a = gateway::AdmitPlacement(&calibration, cfg, key, starting);
-    // An exclusive device (one service at a time) unloads the others even when there would be room.
-    bool exclusive = false;
-    for (const auto& s : cfg.services) {
-      for (size_t k = 0; k < s.placements.size(); ++k) {
-        if (gateway::WorkerKey(s, k) == key) exclusive = cfg.Device(s.placements[k].device).exclusive;
-      }
-    }
-    if (!a.admitted || exclusive) {
-      // Not enough memory now: maybe another service can give room (residency, priorities). An exclusive
-      // device unloads the others whatever the estimate (none: 0 bytes).
-      if (a.predicted_bytes > 0 || exclusive) {
+    if (const auto* e = gateway::ExternalOfKey(cfg, key)) {
+      // An external server: its resident memory (measured, else declared) must fit its device.
+      if (Status room = gw.RoomFor(key, gw.ExternalResidentBytes(*e), starting); !room.ok()) return room;
+    } else {
+      auto a = gateway::AdmitPlacement(&calibration, cfg, key, starting);
+      // An exclusive device (one service at a time) unloads the others even when there would be room, and
+      // whatever the estimate (none: 0 bytes).
+      const bool exclusive = !a.device.empty() && cfg.Device(a.device).exclusive;
+      if ((!a.admitted && a.predicted_bytes > 0) || exclusive) {
+        // Not enough memory now: maybe another service can give room (residency, priorities).
         if (Status room = gw.RoomFor(key, a.predicted_bytes, starting); !room.ok()) return room;
         if (!a.admitted) a = gateway::AdmitPlacement(&calibration, cfg, key, starting);  // room there now: judged again
       }
-      if (!a.admitted) {
-        return Status::ResourceExhausted(a.reason);
-      }
+      if (!a.admitted) return Status::ResourceExhausted(a.reason);
     }
     gw.RoomGranted(key);
     (*admitted_starts)[key] = now;  // the gate runs on the supervisor's thread only

@@ -31,12 +31,6 @@ namespace {
 
 constexpr int64_t kRateWindowMs = 10 * 60 * 1000;
 
-std::string Mib(uint64_t b) {
-  char s[32];
-  std::snprintf(s, sizeof s, "%.0f MiB", static_cast<double>(b) / (1 << 20));
-  return s;
-}
-
 // The local time's minute of the day, and seconds until `window`'s next start.
 int LocalMinute(int64_t now_ms) {
   const std::time_t t = static_cast<std::time_t>(now_ms / 1000);
@@ -166,9 +160,11 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
   // What each service holds on the device now (its processes' bytes there).
   const auto workers = supervisor_.Snapshot();
   const int64_t now = clock_.NowMs();
+  std::set<std::string> wanting;  // keys on this device whose start is due or waiting (backoff)
   auto held_by = [&](admission::Resident& r, pid_t* pid) {
     for (const auto& w : workers) {
       if (w.key != r.key) continue;
+      if (w.state == upstream::WorkerState::kBackoff) wanting.insert(r.key);
       if (w.pid <= 0) {
         // Let start by the gate, not spawned yet: loading from now on.
         if (starting.count(r.key)) {
@@ -224,18 +220,6 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
   if (dc.exclusive) {
     // One load at a time, in the order they asked: an older waiter for this device that still wants to start
     // goes first.
-    std::set<std::string> here, wanting;  // keys on this device / whose start is due or waiting (backoff)
-    for (const auto& s : config_.services) {
-      for (size_t k = 0; k < s.placements.size(); ++k) {
-        if (s.placements[k].device == device) here.insert(WorkerKey(s, k));
-      }
-    }
-    for (const auto& e : config_.externals) {
-      if (e.device == device) here.insert(ExternalKey(e));
-    }
-    for (const auto& w : workers) {
-      if (w.state == upstream::WorkerState::kBackoff && here.count(w.key)) wanting.insert(w.key);
-    }
     std::lock_guard<std::mutex> lk(residency_mu_);
     const int64_t since = exclusive_waits_.emplace(key, now).first->second;
     for (auto it = exclusive_waits_.begin(); it != exclusive_waits_.end();) {

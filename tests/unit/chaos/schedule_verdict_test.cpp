@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "chaos/schedule.h"
 #include "chaos/verdict.h"
 
@@ -193,7 +195,10 @@ TEST(VerdictTest, RecoveryComesFromTheFaults) {
   EXPECT_DOUBLE_EQ(v.recovery_median_ms, 400);  // nearest rank of {400, 800}
 }
 
-TEST(VerdictTest, CompetingServicesComparesInteractiveP95AloneAndUnderPressureAndChecksEvictions) {
+// Services competing: ten chat requests alone (100 ms each, from 0 ms), ten
+// while batch traffic runs (from 5000 ms, `pressure_latency_ms(i)` each), and
+// one eviction of the batch service, followed by its unload.
+ScenarioResult Competing(const std::function<int64_t(int)>& pressure_latency_ms) {
   ScenarioResult r = Healthy();
   for (int i = 0; i < 10; ++i) {
     auto q = Ok("alone" + std::to_string(i));
@@ -201,16 +206,21 @@ TEST(VerdictTest, CompetingServicesComparesInteractiveP95AloneAndUnderPressureAn
     r.requests.push_back(q);
     auto p = Ok("pressure" + std::to_string(i));
     p.sent_ms = 5000 + 100 * i;
-    p.latency_ms = 120;  // 1.2x
+    p.latency_ms = pressure_latency_ms(i);
     r.requests.push_back(p);
   }
+  r.events = {{5200, "evict", "embed", "embed.0", "gives its room to search", "search"},
+              {5300, "unload", "embed", "embed.0", "evicted", ""}};
+  return r;
+}
+
+TEST(VerdictTest, CompetingServicesComparesInteractiveP95AloneAndUnderPressureAndChecksEvictions) {
+  ScenarioResult r = Competing([](int) { return 120; });  // 1.2x
   auto batch = Ok("batch", "cpu");
   batch.service = "embed";
   batch.sent_ms = 5900;
   batch.degraded_signal = true;
   r.requests.push_back(batch);
-  r.events = {{5200, "evict", "embed", "embed.0", "gives its room to search", "search"},
-              {5300, "unload", "embed", "embed.0", "evicted", ""}};
   VerdictOptions o;
   o.pressure_ms = {{4000, 5950}};  // lasts until the batch request sent in it is answered (6000 + its latency)
   o.pinned_service = "chat";
@@ -265,18 +275,8 @@ TEST(VerdictTest, CompetingServicesComparesInteractiveP95AloneAndUnderPressureAn
 }
 
 TEST(VerdictTest, CompetingServicesLeaveOutRequestsThatOverlappedAHostStall) {
-  ScenarioResult r = Healthy();
-  for (int i = 0; i < 10; ++i) {
-    auto a = Ok("alone" + std::to_string(i));
-    a.sent_ms = 100 * i;
-    r.requests.push_back(a);
-    auto p = Ok("pressure" + std::to_string(i));
-    p.sent_ms = 5000 + 100 * i;
-    p.latency_ms = i == 9 ? 2000 : 100;  // caught in a stall of the whole machine
-    r.requests.push_back(p);
-  }
-  r.events = {{5200, "evict", "embed", "embed.0", "gives its room to search", "search"},
-              {5300, "unload", "embed", "embed.0", "evicted", ""}};
+  // The last one under pressure is caught in a stall of the whole machine.
+  ScenarioResult r = Competing([](int i) { return i == 9 ? 2000 : 100; });
   VerdictOptions o;
   o.pressure_ms = {{4000, 6000}};
   EXPECT_FALSE(Judge(r, o).passed) << "without the stall on record it counts";
@@ -304,7 +304,9 @@ TEST(ScheduleTest, CompetingServicesAlternateAloneAndPressureSlices) {
   EXPECT_NEAR(w.front().from_ms, slice, 1) << "the traffic starts alone";
   for (size_t i = 0; i < w.size(); ++i) {
     EXPECT_NEAR(w[i].to_ms - w[i].from_ms, slice, 1);
-    if (i > 0) EXPECT_NEAR(w[i].from_ms - w[i - 1].to_ms, slice, 1) << "an alone slice between two pressure slices";
+    if (i > 0) {
+      EXPECT_NEAR(w[i].from_ms - w[i - 1].to_ms, slice, 1) << "an alone slice between two pressure slices";
+    }
   }
   EXPECT_NEAR(w.back().to_ms, 17000, 1);
   EXPECT_TRUE(PressureWindows(*FindScenario("short_prompts"), 20000).empty());
