@@ -32,6 +32,44 @@ double Pct(std::vector<double> v, double p) {
 
 double Us(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::micro>(b - a).count(); }
 
+namespace {
+
+double TasksCpuNs(pid_t pid) {
+  double ns = 0;
+  std::error_code ec;
+  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream f(task.path() / "schedstat");
+    double run = 0;
+    if (f >> run) ns += run;
+  }
+  return ns;
+}
+
+pid_t ParentOf(const fs::path& proc_dir) {
+  std::ifstream f(proc_dir / "stat");
+  std::string line;
+  std::getline(f, line);
+  const auto close = line.rfind(')');  // the name may hold spaces
+  if (close == std::string::npos) return -1;
+  char state = 0;
+  int ppid = -1;
+  return std::sscanf(line.c_str() + close + 1, " %c %d", &state, &ppid) == 2 ? ppid : -1;
+}
+
+}  // namespace
+
+double CpuNs(pid_t pid, bool children) {
+  double ns = TasksCpuNs(pid);
+  if (!children) return ns;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (ParentOf(e.path()) == pid) ns += TasksCpuNs(std::stoi(name));
+  }
+  return ns;
+}
+
 GatewayRun StartGateway(const std::string& bin_dir, const std::string& config_toml, const std::string& tag,
                         std::chrono::seconds timeout) {
   GatewayRun g;

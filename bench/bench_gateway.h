@@ -36,6 +36,11 @@ void StopGateway(GatewayRun& g, bool keep_dir = false);
 // The port of the first placement of `service`, from /v1/status; 0 if none.
 uint16_t WorkerPort(uint16_t gateway_port, const std::string& service);
 
+// CPU time the process `pid` has run, all its threads together, and with
+// `children` those of its direct children too (nginx's worker under its
+// master), in nanoseconds (schedstat: finer than the clock ticks of /proc/PID/stat).
+double CpuNs(pid_t pid, bool children = false);
+
 // A TCP port on 127.0.0.1 that was free a moment ago (for servers that cannot take port 0).
 uint16_t FreePort();
 

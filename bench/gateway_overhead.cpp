@@ -37,12 +37,15 @@ std::string Config(const std::string& model, bool full) {
 
 // Where one side of the comparison sends its requests, and what it measured.
 struct Side {
-  Side(uint16_t p, std::string b, std::string sb, spillway::http::HeaderList h)
-      : port(p), body(std::move(b)), stream_body(std::move(sb)), headers(std::move(h)) {}
+  Side(uint16_t p, std::string b, std::string sb, spillway::http::HeaderList h, pid_t proxy = -1, bool children = false)
+      : port(p), body(std::move(b)), stream_body(std::move(sb)), headers(std::move(h)), pid(proxy), tree(children) {}
   uint16_t port;
   std::string body, stream_body;
   spillway::http::HeaderList headers;
+  pid_t pid;  // the proxy in front of the worker (-1: none), whose CPU time is measured
+  bool tree;  // with its children (nginx's worker)
   std::vector<double> latency, ttft;
+  double cpu_ns = 0;  // the proxy's CPU time over the timed rounds
 };
 
 double Ttft(const Side& s) {
@@ -66,6 +69,8 @@ void Interleave(std::vector<Side*> sides, int n) {
     for (size_t k = 0; k < sides.size(); ++k) (void)conns[k]->Send("POST", "/v1/completions", sides[k]->body, sides[k]->headers);
   }
   std::vector<double> t(sides.size());
+  std::vector<double> cpu0;
+  for (auto* s : sides) cpu0.push_back(s->pid > 0 ? CpuNs(s->pid, s->tree) : 0);
   int failed = 0;
   std::string failure;
   for (int i = 0; i < n; ++i) {
@@ -86,6 +91,9 @@ void Interleave(std::vector<Side*> sides, int n) {
     }
     for (size_t k = 0; k < sides.size(); ++k) sides[k]->latency.push_back(t[k]);
   }
+  for (size_t k = 0; k < sides.size(); ++k) {
+    if (sides[k]->pid > 0) sides[k]->cpu_ns = CpuNs(sides[k]->pid, sides[k]->tree) - cpu0[k];
+  }
   if (failed) std::printf("%d of %d rounds failed, the last: %s\n", failed, n, failure.c_str());
   for (int i = 0; i < n / 4; ++i) {
     for (size_t j = 0; j < sides.size(); ++j) {
@@ -95,36 +103,43 @@ void Interleave(std::vector<Side*> sides, int n) {
   }
 }
 
-void PrintRow(const std::string& label, const Side& d, const Side& x) {
+void PrintRow(const std::string& label, const Side& d, const Side& x, int n) {
   const auto p = [](const std::vector<double>& v, double q) { return Pct(v, q); };
-  std::printf("%-22s %9.0f %9.0f %9.0f %7.2fx | %9.0f %9.0f %9.0f | %9.0f %9.0f %9.0f\n", label.c_str(),
+  // The proxy's own CPU per request (the streams' share included): what
+  // scheduling noise on a shared machine does not blur.
+  const double cpu = x.cpu_ns / 1000.0 / (n + n / 4);
+  std::printf("%-22s %9.0f %9.0f %9.0f %7.2fx | %9.0f %9.0f %9.0f | %9.0f %9.0f %9.0f | %7.0f\n", label.c_str(),
               p(d.latency, .5), p(x.latency, .5), p(x.latency, .5) - p(d.latency, .5), p(x.latency, .5) / p(d.latency, .5),
               p(d.latency, .99), p(x.latency, .99), p(x.latency, .99) - p(d.latency, .99), p(d.ttft, .5), p(x.ttft, .5),
-              p(x.ttft, .5) - p(d.ttft, .5));
+              p(x.ttft, .5) - p(d.ttft, .5), cpu);
 }
 
 struct Added {
   double gateway_p50 = 0, nginx_p50 = -1;  // microseconds over the direct call; nginx -1: not measured
+  double gateway_cpu = 0, nginx_cpu = 0;   // microseconds of the proxy's CPU per request
 };
 
 // The gateway, its worker called directly and (when there is one) nginx in
 // front of that same worker.
-Added Measure(const std::string& label, uint16_t gw_port, uint16_t worker_port, uint16_t nginx_port, int n) {
+Added Measure(const std::string& label, pid_t gw_pid, uint16_t gw_port, uint16_t worker_port, pid_t nginx_pid,
+              uint16_t nginx_port, int n) {
   const json direct_body = {{"prompt", "x"}, {"max_tokens", 1}, {"temperature", 0}};
   json gw_body = direct_body, stream_body = {{"prompt", "x"}, {"max_tokens", 4}, {"stream", true}};
   gw_body["model"] = "chat";
   Side direct{worker_port, direct_body.dump(), stream_body.dump(), spillway::bench::WorkerAuth()};
   stream_body["model"] = "chat";
-  Side gw{gw_port, gw_body.dump(), stream_body.dump(), {}};
-  Side nginx{nginx_port, direct.body, direct.stream_body, {}};  // nginx adds the worker's secret itself
+  Side gw{gw_port, gw_body.dump(), stream_body.dump(), {}, gw_pid};
+  Side nginx{nginx_port, direct.body, direct.stream_body, {}, nginx_pid, true};  // nginx adds the worker's secret itself
   std::vector<Side*> sides = {&direct, &gw};
   if (nginx_port) sides.push_back(&nginx);
   Interleave(sides, n);
-  PrintRow(label, direct, gw);
+  PrintRow(label, direct, gw, n);
   Added a{Pct(gw.latency, .5) - Pct(direct.latency, .5)};
+  a.gateway_cpu = gw.cpu_ns / 1000.0 / (n + n / 4);
   if (nginx_port) {
-    PrintRow("  nginx, same worker", direct, nginx);
+    PrintRow("  nginx, same worker", direct, nginx, n);
     a.nginx_p50 = Pct(nginx.latency, .5) - Pct(direct.latency, .5);
+    a.nginx_cpu = nginx.cpu_ns / 1000.0 / (n + n / 4);
   }
   return a;
 }
@@ -173,8 +188,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   spillway::bench::WorkerSecret();  // the gateway's workers take it; the direct calls send it
   std::printf("non-streaming 1-token completion, loopback, keep-alive, interleaved; times in microseconds\n");
-  std::printf("%-22s %9s %9s %9s %8s | %9s %9s %9s | %9s %9s %9s\n", "journal", "p50 dir", "p50 gw", "added", "ratio",
-              "p99 dir", "p99 gw", "added", "ttft dir", "ttft gw", "added");
+  std::printf("%-22s %9s %9s %9s %8s | %9s %9s %9s | %9s %9s %9s | %7s\n", "journal", "p50 dir", "p50 gw", "added", "ratio",
+              "p99 dir", "p99 gw", "added", "ttft dir", "ttft gw", "added", "cpu/req");
   std::vector<std::pair<std::string, Added>> added;
   for (bool full : {true, false}) {
     GatewayRun g = StartGateway(bin, Config(model, full), full ? "overhead-full" : "overhead-normal");
@@ -186,7 +201,7 @@ int main(int argc, char** argv) {
     {
       NginxProxy nginx(worker, spillway::bench::WorkerSecret());
       if (!nginx.running()) std::printf("nginx: %s; its rows are skipped\n", nginx.why().c_str());
-      added.emplace_back(full ? "FULL" : "NORMAL", Measure(full ? "FULL (default)" : "NORMAL", g.port, worker, nginx.port(), n));
+      added.emplace_back(full ? "FULL" : "NORMAL", Measure(full ? "FULL (default)" : "NORMAL", g.pid, g.port, worker, nginx.pid(), nginx.port(), n));
     }
     StopGateway(g);
   }
@@ -197,6 +212,8 @@ int main(int argc, char** argv) {
     if (a.nginx_p50 > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", a.gateway_p50 / a.nginx_p50);
     std::printf("vs nginx, journal %-6s: Spillway added p50 %.0f us, nginx %.0f us; Spillway/nginx %s; Spillway <= nginx: %s\n",
                 mode.c_str(), a.gateway_p50, a.nginx_p50, ratio, a.gateway_p50 <= a.nginx_p50 ? "yes" : "no (MISSED)");
+    std::printf("  CPU per request, journal %-6s: Spillway %.0f us, nginx %.0f us; Spillway/nginx %.2fx\n", mode.c_str(),
+                a.gateway_cpu, a.nginx_cpu, a.nginx_cpu > 0 ? a.gateway_cpu / a.nginx_cpu : 0.0);
   }
   JournalAlone(true, 200);
   JournalAlone(false, 200);

@@ -23,6 +23,7 @@ class NginxProxy {
 
   bool running() const { return port_ != 0; }
   uint16_t port() const { return port_; }
+  pid_t pid() const { return pid_; }  // the master; its worker is a child
   const std::string& why() const { return why_; }
 
   // nginx on $PATH, else /usr/sbin/nginx (not on a non-root user's PATH); "" if neither.

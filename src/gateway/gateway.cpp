@@ -294,7 +294,9 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   in->rec.service = svc->name;
   in->rec.endpoint = endpoint;
   in->rec.stream = stream;
-  in->rec.payload_hash = Sha256Hex(endpoint + "\n" + body->dump());
+  // What tells a retry from another request under the same Idempotency-Key;
+  // nothing compares it for a request without one.
+  if (!in->rec.idempotency_key.empty()) in->rec.payload_hash = Sha256Hex(endpoint + "\n" + body->dump());
   // An unseeded generation gets its seed here, journaled with the body, so
   // that a replay on another placement (or after a crash) samples the same
   // tokens the first attempt would have.

@@ -9,6 +9,7 @@
 #include <optional>
 #include <utility>
 
+#include "journal/commit_log.h"
 #include "journal/journal_internal.h"
 
 namespace spillway::journal {
@@ -85,6 +86,8 @@ Journal::Journal(sqlite3* db, JournalOptions opts, const Clock& clock)
     : db_(db), opts_(std::move(opts)), clock_(clock), stmts_(std::make_unique<StmtCache>(db)) {}
 
 Journal::~Journal() {
+  // The log's last records reach the queue before the journal's thread leads it dry.
+  if (log_) log_->Stop();
   if (thread_.joinable()) {
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -93,6 +96,7 @@ Journal::~Journal() {
     lead_cv_.notify_one();
     thread_.join();
   }
+  log_.reset();  // after its syncs' callbacks
   stmts_.reset();  // finalized before the connection closes
   sqlite3_close(db_);
 }
@@ -146,6 +150,17 @@ StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& path, Journa
   // Checkpoints (they fsync, even at NORMAL) move out of the commits, onto
   // the journal's thread: this hook replaces SQLite's automatic checkpoint.
   sqlite3_wal_hook(db, &Journal::OnWalCommit, j.get());
+  // The commit log, and what a previous process left in it: applied before
+  // anything else (a journal that cannot apply them now keeps them, and
+  // applies them after its first commit).
+  std::vector<std::string> leftover;
+  auto log = CommitLog::Open(path + "-log", full, j->opts_.faults, &leftover);
+  if (!log.ok()) return log.status();
+  j->log_ = std::move(*log);
+  if (!leftover.empty()) {
+    if (j->ApplyAll(leftover).ok()) j->log_->DropLeftovers();
+    else j->log_stuck_ = true;
+  }
   j->thread_ = std::thread([jp = j.get()] { jp->RunThread(); });
   // A first write: a journal that cannot write starts unhealthy (and says
   // why) rather than failing its first request; and the WAL's header is
@@ -235,6 +250,7 @@ StatusOr<std::vector<Journal::Event>> Journal::RecentEvents(int limit) {
 }
 
 StatusOr<RequestRecord> Journal::Get(const std::string& id) {
+  AwaitApplied();
   std::lock_guard<std::mutex> lk(db_mu_);
   std::string sql = std::string("SELECT ") + kColumns + " FROM requests WHERE id=?1;";
   Stmt q(*stmts_, sql.c_str());
@@ -244,6 +260,7 @@ StatusOr<RequestRecord> Journal::Get(const std::string& id) {
 }
 
 StatusOr<std::vector<AttemptRecord>> Journal::Attempts(const std::string& id) {
+  AwaitApplied();
   std::lock_guard<std::mutex> lk(db_mu_);
   Stmt q(*stmts_, "SELECT n, placement, outcome, error, started_ms, ended_ms FROM attempts WHERE request_id=?1 ORDER BY n;");
   q.Bind(1, id);
@@ -253,6 +270,7 @@ StatusOr<std::vector<AttemptRecord>> Journal::Attempts(const std::string& id) {
 }
 
 int64_t Journal::CountByState(State s) {
+  AwaitApplied();
   std::lock_guard<std::mutex> lk(db_mu_);
   Stmt q(*stmts_, "SELECT COUNT(*) FROM requests WHERE state=?1;");
   q.Bind(1, std::string(StateName(s)));

@@ -53,11 +53,27 @@
 // another payload is a mismatch (422), while the first is running it is in
 // flight (409). Keys expire after idempotency_ms; rows after retention_ms.
 //
+// The commit log (commit_log.h): the request path's two hot writes, a new
+// request without an idempotency key running its first attempt
+// (AcceptAndStartAsync) and a request's end (FinishAsync), are durable once
+// their record is appended to <db>-log (fdatasync'ed at FULL, concurrent
+// appends sharing one sync): a few hundred bytes instead of a transaction's
+// pages, so the end of a request no longer waits for a SQLite commit. Their
+// rows follow in the queue like any write (in log order, so a later write for
+// the same request sees them), committed by the journal's thread. Reads
+// (Get, Attempts, CountByState) first wait for the logged writes queued
+// before them, so a caller reads what it was told is durable. The observer
+// hears of a logged write once its rows are committed. A record whose rows
+// did not commit stays in the log and is applied again after the next
+// commit; a process that dies first leaves it for the next Open, which
+// applies every record left (each applies idempotently) before anything else.
+//
 // Thread-safe: one connection; writes go through the queue, reads take the
 // connection between batches.
 #pragma once
 
 #include <atomic>
+#include <optional>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -76,6 +92,8 @@
 struct sqlite3;
 
 namespace spillway::journal {
+
+class CommitLog;
 
 enum class State { kQueued, kRunning, kCompleted, kFailedResumable, kFailed, kCancelled };
 const char* StateName(State s);
@@ -114,6 +132,10 @@ struct JournalOptions {
   // After a failed commit: how long new requests are refused before a write
   // is tried again.
   int64_t unwritable_retry_ms = 5000;
+  // How long the rows of a logged write (already durable in the commit log)
+  // may wait for others to share their transaction; any other write, a read
+  // or a Flush takes them along at once.
+  int64_t log_apply_delay_ms = 10;
   // Test-only storage faults; null: SQLite's default VFS, untouched.
   std::shared_ptr<StorageFaults> faults;
 };
@@ -122,6 +144,7 @@ struct JournalOptions {
 struct JournalStats {
   int64_t writes = 0;          // mutating calls completed (ok or not)
   int64_t commits = 0;         // transactions committed: one fsync each at FULL
+  int64_t logged = 0;          // commit-log records durable (their rows follow in commits)
   int64_t failed_commits = 0;  // batches that did not commit
   int64_t largest_batch = 0;
   int64_t queued = 0;          // writes queued now, the running batch included
@@ -177,11 +200,15 @@ class Journal {
   using OnCommit = std::function<void(Status)>;
   void AcceptAsync(RequestRecord r, std::function<void(StatusOr<AcceptResult>)> done);
   void StartAttemptAsync(std::string id, std::string placement, std::string decision_json, OnCommit done);
-  // A new request (no idempotency key) and its first attempt in one write: one
-  // transaction, one fsync at FULL, for a request admitted at once.
+  // A new request and its first attempt in one write, for a request admitted
+  // at once: without an idempotency key, a commit-log record (see above);
+  // with one, one transaction.
   void AcceptAndStartAsync(RequestRecord r, std::string placement, std::string decision_json, OnCommit done);
   void SetDecisionAsync(std::string id, std::string decision_json, OnCommit done);
   void RequeueAsync(std::string id, std::string error, OnCommit done);
+  // A commit-log record (see above): `done` hears that it is durable; a
+  // request that had already ended keeps its first terminal state (the
+  // blocking Finish says Conflict instead).
   void FinishAsync(std::string id, State state, int status, std::string content_type, std::string body,
                    std::string error, OnCommit done);
   // Returns once every write queued before the call has committed or failed.
@@ -237,7 +264,8 @@ class Journal {
   // connection is free this instant (an I/O thread: it never waits), or
   // when nothing else is being written (a blocking call: it waits anyway).
   enum class Lead { kNever, kIfFree, kWhenIdle };
-  void Submit(std::function<Status()> op, size_t bytes, OnCommit done, Lead lead);
+  // `log_seq`: the commit-log record the write applies (0: none).
+  void Submit(std::function<Status()> op, size_t bytes, OnCommit done, Lead lead, int64_t log_seq = 0);
   Lead AsyncLead() const;  // the asynchronous calls': kIfFree at NORMAL, kNever at FULL
   // Submit, then wait for the result (the blocking calls).
   Status Write(std::function<Status()> op, size_t bytes);
@@ -247,10 +275,23 @@ class Journal {
                                    std::shared_ptr<std::optional<AcceptResult>> out, int64_t now);
   std::function<Status()> StartOp(std::string id, std::string placement, std::string decision_json, int64_t now,
                                   std::shared_ptr<int64_t> n);
-  // A new request without an idempotency key, written as running its first
-  // attempt: the rows AcceptOp then StartOp would leave, in fewer statements.
-  std::function<Status()> NewRunningOp(std::shared_ptr<const RequestRecord> rec, std::string placement,
-                                       std::string decision_json, int64_t now);
+  // The commit log (journal_logged.cpp). A request's end, in rows.
+  Status FinishRows(const std::string& id, State state, int64_t status, const std::string& content_type,
+                    const std::string& body, const std::string& error, int64_t now, bool* changed);
+  // Applies one record inside the open transaction (db_mu_ held): a new
+  // request without an idempotency key as running its first attempt (the
+  // rows an Accept then a StartAttempt would leave), or a request's end.
+  // Idempotent. `told`: the transition to tell once committed, if any.
+  Status ApplyRecord(const std::string& payload, std::optional<Transition>* told);
+  // Appends the record; `durable` once it is; its rows queued for the journal's thread.
+  void AppendLogged(std::string payload, size_t bytes, OnCommit durable);
+  void AcceptAndStartLogged(const RequestRecord& r, const std::string& placement, const std::string& decision_json,
+                            int64_t now, OnCommit done);
+  // Applies records in one transaction (db_mu_ held): the leftovers at Open,
+  // the whole log after a logged write failed to apply.
+  Status ApplyAll(const std::vector<std::string>& records);
+  void ReplayLog();     // on the journal's thread
+  void AwaitApplied();  // a read waits for the logged writes queued before it
   // What a committed StartAttempt (alone or with its Accept) does: tell the
   // observer attempt *n began, then `done`.
   OnCommit AttemptStarted(std::string id, std::string placement, std::string decision_json, std::shared_ptr<int64_t> n,
@@ -279,6 +320,11 @@ class Journal {
   sqlite3* db_;
   JournalOptions opts_;
   const Clock& clock_;
+  std::unique_ptr<CommitLog> log_;
+  std::atomic<int64_t> deferred_{0};    // logged writes queued whose rows are not committed yet
+  std::atomic<bool> log_stuck_{false};  // a logged write's rows did not commit: the log is applied again
+  bool replay_wanted_ = false;          // under mu_: the journal's thread applies the log again
+  size_t urgent_ = 0;                   // under mu_: queued writes that are not logged ones
   std::mutex db_mu_;  // the connection: a batch, or one read
   std::unique_ptr<StmtCache> stmts_;  // under db_mu_
 

@@ -4,6 +4,7 @@
 
 #include <sqlite3.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -147,6 +148,8 @@ struct Journal::Writer {
   size_t bytes = 0;
   Status status;
   std::function<void(Status)> done;
+  int64_t log_seq = 0;  // the commit-log record it applies (0: none)
+  std::chrono::steady_clock::time_point queued_at = std::chrono::steady_clock::now();
 };
 
 }  // namespace spillway::journal

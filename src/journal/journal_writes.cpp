@@ -10,6 +10,7 @@
 #include <optional>
 #include <utility>
 
+#include "journal/commit_log.h"
 #include "journal/journal.h"
 #include "journal/journal_internal.h"
 
@@ -25,6 +26,12 @@ namespace {
 
 // WAL pages past which the journal's thread checkpoints (SQLite's own default).
 constexpr int kCheckpointPages = 1000;
+
+// Logged writes are already durable: their rows wait for company, up to
+// log_apply_delay_ms or this many, so that one transaction carries many (its
+// fixed cost, a few pages and the WAL's locks, paid once). Any other write, a
+// read, a Flush or a stop takes them along at once.
+constexpr size_t kApplyBatch = 64;
 
 // Runs `start(done)` and waits for `done`'s value.
 template <typename T, typename Start>
@@ -46,11 +53,18 @@ T AwaitResult(Start start) {
 
 // --- group commit ---
 
-void Journal::Submit(std::function<Status()> op, size_t bytes, OnCommit done, Lead lead) {
-  auto* w = new Writer{std::move(op), bytes, Status::Ok(), std::move(done)};
+void Journal::Submit(std::function<Status()> op, size_t bytes, OnCommit done, Lead lead, int64_t log_seq) {
+  auto* w = new Writer{std::move(op), bytes, Status::Ok(), std::move(done), log_seq};
+  if (log_seq) ++deferred_;
   std::unique_lock<std::mutex> lk(mu_);
   writers_.push_back(w);
+  if (!log_seq) ++urgent_;
   if (leading_) return;  // the leader (or a checkpoint) hands the queue on when done
+  if (log_seq) {
+    // The journal's thread needs to hear of the first (it times the wait) and of a full batch.
+    if (writers_.size() == 1 || writers_.size() >= kApplyBatch) lead_cv_.notify_one();
+    return;
+  }
   if (writers_.front() == w && !checkpoint_wanted_) {  // (a wanted checkpoint goes first)
     if (lead == Lead::kWhenIdle) return LeadBatch(lk, std::unique_lock<std::mutex>(db_mu_, std::defer_lock));
     if (lead == Lead::kIfFree) {
@@ -76,6 +90,7 @@ void Journal::LeadBatch(std::unique_lock<std::mutex>& lk, std::unique_lock<std::
     batch.push_back(x);
     total += x->bytes;
     writers_.pop_front();
+    if (!x->log_seq) --urgent_;
   }
   leading_ = true;
   in_batch_ = batch.size();
@@ -83,14 +98,29 @@ void Journal::LeadBatch(std::unique_lock<std::mutex>& lk, std::unique_lock<std::
   lk.unlock();
   if (!db.owns_lock()) db.lock();
   CommitBatch(batch);
+  // Logged writes whose rows committed: their records are no longer needed
+  // (unless one before them did not commit: then the log is applied again).
+  int64_t applied = 0, logged = 0;
+  bool unapplied = false;
+  for (const Writer* x : batch) {
+    if (!x->log_seq) continue;
+    ++logged;
+    applied = std::max(applied, x->log_seq);
+    unapplied |= !x->status.ok();
+  }
+  if (unapplied) log_stuck_ = true;
+  else if (applied && !log_stuck_) log_->Applied(applied);
+  const bool committed = std::any_of(batch.begin(), batch.end(), [](const Writer* x) { return x->status.ok(); });
   db.unlock();
+  deferred_ -= logged;
   lk.lock();
+  if (log_stuck_ && committed && !unapplied) replay_wanted_ = true;
   stats_.writes += static_cast<int64_t>(batch.size());
   stats_.largest_batch = std::max(stats_.largest_batch, static_cast<int64_t>(batch.size()));
   leading_ = false;
   in_batch_ = 0;
   if (wal_pages_ >= kCheckpointPages) checkpoint_wanted_ = true;
-  if (!writers_.empty() || checkpoint_wanted_ || stop_) lead_cv_.notify_one();  // the journal's thread goes on
+  if (!writers_.empty() || checkpoint_wanted_ || replay_wanted_ || stop_) lead_cv_.notify_one();  // the journal's thread goes on
   // Only now, after COMMIT returned, does any writer of the batch learn its result.
   lk.unlock();
   for (Writer* x : batch) {
@@ -158,8 +188,16 @@ int Journal::OnWalCommit(void* self, sqlite3*, const char*, int pages) {
 void Journal::RunThread() {
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
-    lead_cv_.wait(lk, [&] { return !leading_ && (stop_ || checkpoint_wanted_ || !writers_.empty()); });
-    if (checkpoint_wanted_) {
+    lead_cv_.wait(lk, [&] { return !leading_ && (stop_ || checkpoint_wanted_ || replay_wanted_ || !writers_.empty()); });
+    if (replay_wanted_) {
+      // The storage takes writes again: the records whose rows did not commit go in now.
+      replay_wanted_ = false;
+      leading_ = true;
+      lk.unlock();
+      ReplayLog();
+      lk.lock();
+      leading_ = false;
+    } else if (checkpoint_wanted_) {
       // Holds the queue like a batch: callers queue meanwhile, nobody leads.
       checkpoint_wanted_ = false;
       leading_ = true;
@@ -168,6 +206,12 @@ void Journal::RunThread() {
       lk.lock();
       leading_ = false;
     } else if (!writers_.empty()) {
+      // Only logged writes, fewer than a batch, the oldest recent: they wait for more.
+      const auto due = writers_.front()->queued_at + std::chrono::milliseconds(opts_.log_apply_delay_ms);
+      if (!urgent_ && !stop_ && writers_.size() < kApplyBatch && std::chrono::steady_clock::now() < due) {
+        lead_cv_.wait_until(lk, due);
+        continue;
+      }
       LeadBatch(lk, std::unique_lock<std::mutex>(db_mu_, std::defer_lock));
     } else if (stop_) {
       return;
@@ -185,6 +229,7 @@ void Journal::Checkpoint() {
 }
 
 void Journal::Flush() {
+  log_->Drain();  // records still on their way to the disk join the queue first
   (void)AwaitResult<Status>([&](OnCommit done) { Submit([] { return Status::Ok(); }, 0, std::move(done), Lead::kNever); });
 }
 
@@ -290,30 +335,6 @@ std::function<Status()> Journal::AcceptOp(std::shared_ptr<const RequestRecord> r
   };
 }
 
-std::function<Status()> Journal::NewRunningOp(std::shared_ptr<const RequestRecord> rec, std::string placement,
-                                             std::string decision_json, int64_t now) {
-  return [this, rec = std::move(rec), placement = std::move(placement), decision_json = std::move(decision_json),
-          now]() -> Status {
-    const RequestRecord& r = *rec;
-    Stmt ins(*stmts_,
-             "INSERT INTO requests(id, client, payload_hash, service, endpoint, stream, body, state, placement, "
-             "attempts, decision, created_ms, updated_ms, body_type) "
-             "VALUES(?1,?2,?3,?4,?5,?6,?7,'running',?8,1,?9,?10,?10,?11);");
-    ins.Bind(1, r.id).Bind(2, r.client).Bind(3, r.payload_hash).Bind(4, r.service).Bind(5, r.endpoint);
-    ins.Bind(6, int64_t{r.stream}).Bind(7, r.body).Bind(8, placement).Bind(9, decision_json).Bind(10, now);
-    ins.Bind(11, r.body_type);
-    if (ins.Step() != SQLITE_DONE) {
-      if (sqlite3_extended_errcode(db_) == SQLITE_CONSTRAINT_PRIMARYKEY) {
-        return Status::Conflict("request id '" + r.id + "' already exists");
-      }
-      return DbError("insert");
-    }
-    Stmt at(*stmts_, "INSERT INTO attempts(request_id, n, placement, started_ms) VALUES(?1,1,?2,?3);");
-    at.Bind(1, r.id).Bind(2, placement).Bind(3, now);
-    return Done(at.Step(), "attempt");
-  };
-}
-
 std::function<Status()> Journal::StartOp(std::string id, std::string placement, std::string decision_json, int64_t now,
                                          std::shared_ptr<int64_t> n) {
   return [this, id = std::move(id), placement = std::move(placement), decision_json = std::move(decision_json), now,
@@ -375,29 +396,24 @@ void Journal::StartAttemptImpl(std::string id, std::string placement, std::strin
 void Journal::AcceptAndStartAsync(RequestRecord r, std::string placement, std::string decision_json, OnCommit done) {
   if (Status gate = WriteGate(nullptr); !gate.ok()) return done(gate);
   const int64_t now = clock_.NowMs();
+  if (r.idempotency_key.empty()) {
+    // Nothing to look up: a commit-log record (the rows an Accept and then a
+    // StartAttempt would leave), its observer told once they are committed.
+    return AcceptAndStartLogged(r, placement, decision_json, now, std::move(done));
+  }
   const size_t bytes = Bytes(r.body, decision_json);
   auto out = std::make_shared<std::optional<AcceptResult>>();
   auto n = std::make_shared<int64_t>(0);
   const std::string id = r.id;
-  std::function<Status()> op;
-  if (r.idempotency_key.empty()) {
-    // Nothing to look up: the row goes in as running attempt 1 at once (the
-    // row an Accept and then a StartAttempt would leave, one statement fewer).
-    *n = 1;
-    op = NewRunningOp(std::make_shared<const RequestRecord>(std::move(r)), placement, decision_json, now);
-  } else {
-    auto accept = AcceptOp(std::make_shared<const RequestRecord>(std::move(r)), out, now);
-    auto start = StartOp(id, placement, decision_json, now, n);
-    // One write: both or neither (a failed start rolls the Accept back with it).
-    op = [accept = std::move(accept), start = std::move(start), out, id]() -> Status {
-      SPILLWAY_RETURN_IF_ERROR(accept());
-      if ((*out)->outcome != AcceptOutcome::kNew) return Status::Conflict("request '" + id + "' is already known");
-      return start();
-    };
-  }
-  Submit(std::move(op), bytes,
-         AttemptStarted(id, placement, decision_json, n, std::move(done)),
-         Lead::kNever);
+  auto accept = AcceptOp(std::make_shared<const RequestRecord>(std::move(r)), out, now);
+  auto start = StartOp(id, placement, decision_json, now, n);
+  // One write: both or neither (a failed start rolls the Accept back with it).
+  auto op = [accept = std::move(accept), start = std::move(start), out, id]() -> Status {
+    SPILLWAY_RETURN_IF_ERROR(accept());
+    if ((*out)->outcome != AcceptOutcome::kNew) return Status::Conflict("request '" + id + "' is already known");
+    return start();
+  };
+  Submit(std::move(op), bytes, AttemptStarted(id, placement, decision_json, n, std::move(done)), Lead::kNever);
 }
 
 void Journal::SetDecisionImpl(std::string id, std::string decision_json, OnCommit done, Lead lead) {
@@ -440,20 +456,7 @@ void Journal::FinishImpl(std::string id, State state, int status, std::string co
   auto changed = std::make_shared<bool>(false);
   const size_t bytes = Bytes(body, error);
   auto op = [this, id, state, status, content_type = std::move(content_type), body = std::move(body), error, now,
-             changed]() -> Status {
-    Stmt a(*stmts_, "UPDATE attempts SET outcome=?2, error=?3, ended_ms=?4 WHERE request_id=?1 AND ended_ms=0;");
-    a.Bind(1, id).Bind(2, std::string(StateName(state))).Bind(3, error).Bind(4, now);
-    SPILLWAY_RETURN_IF_ERROR(Done(a.Step(), "finish"));
-    // Only a non-terminal request changes: the first terminal state wins.
-    Stmt up(*stmts_,
-            "UPDATE requests SET state=?2, result_status=?3, result_type=?4, result_body=?5, error=?6, "
-            "updated_ms=?7 WHERE id=?1 AND state IN ('queued','running');");
-    up.Bind(1, id).Bind(2, std::string(StateName(state))).Bind(3, int64_t{status}).Bind(4, content_type);
-    up.Bind(5, body).Bind(6, error).Bind(7, now);
-    SPILLWAY_RETURN_IF_ERROR(Done(up.Step(), "finish"));
-    *changed = sqlite3_changes(db_) > 0;
-    return Status::Ok();
-  };
+             changed]() -> Status { return FinishRows(id, state, status, content_type, body, error, now, changed.get()); };
   Submit(std::move(op), bytes,
          [this, id, state, error, changed, done = std::move(done)](Status st) {
            if (!st.ok()) return done(std::move(st));
@@ -521,10 +524,4 @@ void Journal::SetDecisionAsync(std::string id, std::string decision_json, OnComm
 void Journal::RequeueAsync(std::string id, std::string error, OnCommit done) {
   RequeueImpl(std::move(id), std::move(error), std::move(done), AsyncLead());
 }
-void Journal::FinishAsync(std::string id, State state, int status, std::string content_type, std::string body,
-                          std::string error, OnCommit done) {
-  FinishImpl(std::move(id), state, status, std::move(content_type), std::move(body), std::move(error), std::move(done),
-             AsyncLead());
-}
-
 }  // namespace spillway::journal

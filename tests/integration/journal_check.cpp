@@ -2,12 +2,27 @@
 
 #include <sqlite3.h>
 
+#include <chrono>
+#include <filesystem>
+#include <system_error>
+#include <thread>
+
 namespace spillway::testing {
 
 JournalCheck CheckJournal(const std::string& state_dir) {
   JournalCheck out;
   sqlite3* db = nullptr;
   const std::string path = state_dir + "/journal.db";
+  // Records whose rows are not in the database yet (journal.h: the commit log).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::error_code ec;
+  while (std::filesystem::file_size(path + "-log", ec) > 0 && !ec) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      out.problems.push_back("the commit log still holds records not applied to " + path);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
     out.problems.push_back("cannot open " + path);
     sqlite3_close(db);

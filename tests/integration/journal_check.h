@@ -15,7 +15,10 @@ struct JournalCheck {
   std::vector<std::string> problems;              // empty when the invariant holds
 };
 
-// Reads <state_dir>/journal.db (read-only; the gateway may still run).
+// Reads <state_dir>/journal.db (read-only; the gateway may still run). A
+// running gateway applies its commit log's records (what it told clients is
+// durable) to the database within milliseconds: the check first waits, up to
+// 10 s, for that log to be empty, and says so when it never is.
 JournalCheck CheckJournal(const std::string& state_dir);
 
 }  // namespace spillway::testing

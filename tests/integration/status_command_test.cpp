@@ -101,8 +101,12 @@ TEST(StatusCommandTest, TablesJsonWatchAndCancellingARequest) {
   EXPECT_EQ(Spillway(key, "requests cancel cli-running " + url).code, 0);
   a.join();
   b.join();
-  // The incidents section tells both cancels.
-  r = Spillway(key, "status " + url);
+  // The incidents section tells both cancels (each once its end's rows are
+  // committed, moments after the client heard of it).
+  for (int i = 0; i < 200; ++i) {
+    r = Spillway(key, "status " + url);
+    if (Count(r.out, "  cancelled  chat: cli-") >= 2) break;
+  }
   EXPECT_NE(r.out.find("RECENT INCIDENTS"), std::string::npos) << r.out;
   EXPECT_EQ(Count(r.out, "  cancelled  chat: cli-"), 2u) << r.out;
 }

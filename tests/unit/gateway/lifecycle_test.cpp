@@ -227,9 +227,9 @@ TEST_F(LifecycleTest, AnAdmittedRequestRunsOnThePrimaryAndIsJournaledBeforeItsAn
 }
 
 // A request with no id of its own is journaled with its first attempt in one
-// commit, made while the worker computes; its end is the second.
+// commit-log record, written while the worker computes; its end is the second.
 TEST_F(LifecycleTest, ARequestWithoutAnIdIsJournaledWithItsFirstAttemptInOneCommit) {
-  const int64_t commits = journal_->stats().commits;
+  const int64_t logged = journal_->stats().logged;
   auto ex = Send("/v1/completions", json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump());
   ASSERT_TRUE(ex->Wait());
   EXPECT_EQ(ex->status(), 200u);
@@ -242,7 +242,7 @@ TEST_F(LifecycleTest, ARequestWithoutAnIdIsJournaledWithItsFirstAttemptInOneComm
   ASSERT_TRUE(attempts.ok());
   ASSERT_EQ(attempts->size(), 1u);
   EXPECT_EQ((*attempts)[0].outcome, "completed");
-  EXPECT_EQ(journal_->stats().commits - commits, 2) << "accept + attempt, then the finish";
+  EXPECT_EQ(journal_->stats().logged - logged, 2) << "accept + attempt, then the finish";
 }
 
 // The worker answers while the commit covering the request is still on its

@@ -1,0 +1,152 @@
+// The journal's commit log: where the request path's two hot writes (a new
+// request running its first attempt, a request's end) become durable, in a
+// few hundred bytes appended to one file instead of a SQLite transaction's
+// 4 KiB pages. The SQLite transaction that applies a record follows on the
+// journal's thread, in batches; reads wait for it (see Journal). This is
+// LevelDB's log in front of its tables, with SQLite as the tables.
+//
+// A record is written (and at FULL fdatasync'ed, concurrent appends sharing
+// one sync) before its caller hears it is durable. Once every record appended
+// so far has been applied in a committed transaction, the file is emptied. A
+// process that dies between the two leaves records behind: Open returns them
+// and the journal applies them again before it takes new writes (each record
+// applies idempotently: a request's row is inserted once, its first terminal
+// state wins).
+//
+// A file grown past 8 MiB while some of its records still wait for their
+// rows (a steady load may never leave it all applied) is renamed <db>-log.old
+// and a new one begun; the old one is deleted once its records are applied.
+// Open reads <db>-log.old, then <db>-log.
+//
+// On disk, <db>-log, records back to back:
+//   u32 payload length | u32 CRC-32 of the payload | payload   (little-endian)
+// A torn last record (a crash in mid-write) fails its length or CRC check and
+// ends the replay there: its caller never heard it was durable.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace spillway::journal {
+
+class StorageFaults;
+
+class CommitLog {
+ public:
+  // Opens (creating it 0600, never through a symbolic link) the log at
+  // `path`; the records a previous process left are put in `leftover`, in
+  // order. `sync`: fdatasync before a record counts as durable (FULL).
+  // `faults` (tests): the journal's storage faults apply to the log too.
+  static StatusOr<std::unique_ptr<CommitLog>> Open(const std::string& path, bool sync,
+                                                   std::shared_ptr<StorageFaults> faults,
+                                                   std::vector<std::string>* leftover);
+  ~CommitLog();  // after every durable callback has run
+  CommitLog(const CommitLog&) = delete;
+  CommitLog& operator=(const CommitLog&) = delete;
+
+  // What a write or a sync came to: a SQLite result code (SQLITE_OK,
+  // SQLITE_FULL, SQLITE_IOERR_WRITE, SQLITE_IOERR_FSYNC), so the journal
+  // names a failing log as it names a failing database, and what failed.
+  using Durable = std::function<void(int rc, const std::string& what)>;
+
+  // Appends `payload`. Once the record is durable, `queued(seq)` runs (so
+  // that records reach the journal's queue in log order: under the log's
+  // lock without sync, in order on the sync thread with it), then
+  // `durable(SQLITE_OK)`: at once on the caller's thread without sync, on
+  // the log's sync thread with it. A write or sync that fails calls
+  // `durable` with its error and `queued` not at all. (After a failed sync
+  // the record may still be on disk; it is emptied away with the others
+  // once later records are applied, and only a crash before that replays it.)
+  using Queued = std::function<void(int64_t seq)>;
+  void Append(const std::string& payload, Queued queued, Durable durable);
+
+  // The records in the files now (leftovers not yet applied included) and
+  // the sequence number of the last one, for applying them again after an
+  // apply failed.
+  std::vector<std::string> ReadAll(int64_t* last_seq);
+
+  // Every record up to `seq` is applied in a committed transaction (and any
+  // leftovers before them: call it only once they are). When that is every
+  // record written, the file is emptied.
+  void Applied(int64_t seq);
+
+  // After the leftovers were applied and committed: they are not needed.
+  void DropLeftovers();
+
+  // Waits until every record written so far has been synced and its
+  // callbacks have run (nothing of the log's is left to reach a caller).
+  void Drain();
+  // Syncs and tells what was written, then stops the sync thread (the
+  // destructor's first step; the journal calls it before its own thread stops).
+  void Stop();
+
+  int64_t size() const;      // bytes in the file now
+  int64_t last_seq() const;  // the last record written (0: none yet)
+
+ private:
+  CommitLog(std::string path, int fd, bool sync, std::shared_ptr<StorageFaults> faults, int64_t size);
+  void SyncThread();
+  void Rotate();  // mu_ held
+
+  const std::string path_;
+  int fd_;  // under mu_ (a rotation replaces it)
+  int old_fd_ = -1;           // the file set aside, until its records are applied
+  int64_t old_last_seq_ = 0;  // its last record
+  const bool sync_;
+  const std::shared_ptr<StorageFaults> faults_;
+
+  mutable std::mutex mu_;
+  int64_t size_;
+  int64_t last_seq_ = 0;
+  int64_t applied_ = 0;
+  // FULL: records written and waiting for the next fdatasync.
+  struct Unsynced {
+    int64_t seq;
+    Queued queued;
+    Durable durable;
+  };
+  std::vector<Unsynced> unsynced_;
+  bool stop_ = false;
+  bool syncing_ = false;  // the sync thread has records in hand
+  std::condition_variable sync_cv_;
+  std::condition_variable drained_cv_;
+  std::thread syncer_;
+};
+
+// The payload's fields: fixed-width little-endian integers and
+// length-prefixed strings. Reading past the end fails instead of reading
+// out of bounds (a record from a damaged file is rejected, never trusted).
+class RecordWriter {
+ public:
+  RecordWriter& U8(uint8_t v);
+  RecordWriter& I64(int64_t v);
+  RecordWriter& Str(const std::string& s);
+  std::string& out() { return out_; }
+
+ private:
+  std::string out_;
+};
+
+class RecordReader {
+ public:
+  explicit RecordReader(const std::string& in) : in_(in) {}
+  bool U8(uint8_t* v);
+  bool I64(int64_t* v);
+  bool Str(std::string* s);
+  bool done() const { return pos_ == in_.size(); }
+
+ private:
+  const std::string& in_;
+  size_t pos_ = 0;
+};
+
+}  // namespace spillway::journal

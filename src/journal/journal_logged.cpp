@@ -1,0 +1,160 @@
+// The journal's logged writes: a new request running its first attempt and a
+// request's end are durable once their record is in the commit log
+// (commit_log.h); the SQLite rows follow on the journal's thread. The same
+// code applies a record live, again after an apply failed, and at Open for
+// the records a previous process left.
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <optional>
+#include <thread>
+
+#include "journal/commit_log.h"
+#include "journal/journal.h"
+#include "journal/journal_internal.h"
+
+namespace spillway::journal {
+
+using detail::Bytes;
+using detail::Stmt;
+
+namespace {
+
+enum RecordType : uint8_t { kNewRunning = 1, kFinish = 2 };
+
+State StateOf(int64_t v) { return static_cast<State>(v); }
+
+}  // namespace
+
+Status Journal::FinishRows(const std::string& id, State state, int64_t status, const std::string& content_type,
+                           const std::string& body, const std::string& error, int64_t now, bool* changed) {
+  Stmt a(*stmts_, "UPDATE attempts SET outcome=?2, error=?3, ended_ms=?4 WHERE request_id=?1 AND ended_ms=0;");
+  a.Bind(1, id).Bind(2, std::string(StateName(state))).Bind(3, error).Bind(4, now);
+  SPILLWAY_RETURN_IF_ERROR(Done(a.Step(), "finish"));
+  // Only a non-terminal request changes: the first terminal state wins.
+  Stmt up(*stmts_,
+          "UPDATE requests SET state=?2, result_status=?3, result_type=?4, result_body=?5, error=?6, "
+          "updated_ms=?7 WHERE id=?1 AND state IN ('queued','running');");
+  up.Bind(1, id).Bind(2, std::string(StateName(state))).Bind(3, status).Bind(4, content_type);
+  up.Bind(5, body).Bind(6, error).Bind(7, now);
+  SPILLWAY_RETURN_IF_ERROR(Done(up.Step(), "finish"));
+  *changed = sqlite3_changes(db_) > 0;
+  return Status::Ok();
+}
+
+Status Journal::ApplyRecord(const std::string& payload, std::optional<Transition>* told) {
+  RecordReader in(payload);
+  uint8_t type = 0;
+  if (!in.U8(&type)) return Status::Internal("journal: an empty log record");
+  if (type == kNewRunning) {
+    RequestRecord r;
+    std::string placement, decision;
+    int64_t stream = 0, now = 0;
+    if (!in.Str(&r.id) || !in.Str(&r.client) || !in.Str(&r.payload_hash) || !in.Str(&r.service) ||
+        !in.Str(&r.endpoint) || !in.I64(&stream) || !in.Str(&r.body) || !in.Str(&r.body_type) || !in.Str(&placement) ||
+        !in.Str(&decision) || !in.I64(&now) || !in.done()) {
+      return Status::Internal("journal: a damaged log record");
+    }
+    Stmt ins(*stmts_,
+             "INSERT INTO requests(id, client, payload_hash, service, endpoint, stream, body, state, placement, "
+             "attempts, decision, created_ms, updated_ms, body_type) "
+             "VALUES(?1,?2,?3,?4,?5,?6,?7,'running',?8,1,?9,?10,?10,?11);");
+    ins.Bind(1, r.id).Bind(2, r.client).Bind(3, r.payload_hash).Bind(4, r.service).Bind(5, r.endpoint);
+    ins.Bind(6, stream).Bind(7, r.body).Bind(8, placement).Bind(9, decision).Bind(10, now).Bind(11, r.body_type);
+    if (ins.Step() != SQLITE_DONE) {
+      // Applied before (a replay): the row is there, with whatever came after.
+      if (sqlite3_extended_errcode(db_) == SQLITE_CONSTRAINT_PRIMARYKEY) return Status::Ok();
+      return DbError("insert");
+    }
+    Stmt at(*stmts_, "INSERT INTO attempts(request_id, n, placement, started_ms) VALUES(?1,1,?2,?3);");
+    at.Bind(1, r.id).Bind(2, placement).Bind(3, now);
+    SPILLWAY_RETURN_IF_ERROR(Done(at.Step(), "attempt"));
+    if (told) *told = Transition{Transition::Kind::kAttempt, r.id, placement, 1, State::kRunning, "", decision};
+    return Status::Ok();
+  }
+  if (type == kFinish) {
+    std::string id, content_type, body, error;
+    int64_t state = 0, status = 0, now = 0;
+    if (!in.Str(&id) || !in.I64(&state) || !in.I64(&status) || !in.Str(&content_type) || !in.Str(&body) ||
+        !in.Str(&error) || !in.I64(&now) || !in.done() || !IsTerminal(StateOf(state))) {
+      return Status::Internal("journal: a damaged log record");
+    }
+    bool changed = false;
+    SPILLWAY_RETURN_IF_ERROR(FinishRows(id, StateOf(state), status, content_type, body, error, now, &changed));
+    if (told && changed) *told = Transition{Transition::Kind::kFinished, id, "", 0, StateOf(state), error, ""};
+    return Status::Ok();
+  }
+  return Status::Internal("journal: a log record of unknown type " + std::to_string(type));
+}
+
+void Journal::AppendLogged(std::string payload, size_t bytes, OnCommit durable) {
+  auto told = std::make_shared<std::optional<Transition>>();
+  auto record = std::make_shared<const std::string>(std::move(payload));
+  std::function<Status()> op = [this, record, told]() -> Status { return ApplyRecord(*record, told.get()); };
+  // Told once its rows are committed, on the thread that committed them.
+  OnCommit applied = [this, told](Status st) {
+    if (st.ok() && told->has_value()) Tell(**told);
+  };
+  log_->Append(
+      *record,
+      [this, op = std::move(op), bytes, applied = std::move(applied)](int64_t seq) mutable {
+        Submit(std::move(op), bytes, std::move(applied), Lead::kNever, seq);
+      },
+      [this, durable = std::move(durable)](int rc, const std::string& what) {
+        if (rc != SQLITE_OK) return durable(StorageFailure(rc, what));
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          ++stats_.logged;
+        }
+        durable(Status::Ok());
+      });
+}
+
+void Journal::AcceptAndStartLogged(const RequestRecord& r, const std::string& placement, const std::string& decision_json,
+                                   int64_t now, OnCommit done) {
+  RecordWriter w;
+  w.U8(kNewRunning).Str(r.id).Str(r.client).Str(r.payload_hash).Str(r.service).Str(r.endpoint);
+  w.I64(int64_t{r.stream}).Str(r.body).Str(r.body_type).Str(placement).Str(decision_json).I64(now);
+  AppendLogged(std::move(w.out()), Bytes(r.body, decision_json), std::move(done));
+}
+
+void Journal::FinishAsync(std::string id, State state, int status, std::string content_type, std::string body,
+                          std::string error, OnCommit done) {
+  RecordWriter w;
+  w.U8(kFinish).Str(id).I64(static_cast<int64_t>(state)).I64(status).Str(content_type).Str(body).Str(error);
+  w.I64(clock_.NowMs());
+  AppendLogged(std::move(w.out()), Bytes(body, error), std::move(done));
+}
+
+Status Journal::ApplyAll(const std::vector<std::string>& records) {
+  auto exec = [&](const char* sql) {
+    Stmt st(*stmts_, sql);
+    return st.Step() == SQLITE_DONE ? Status::Ok() : DbError(sql);
+  };
+  SPILLWAY_RETURN_IF_ERROR(exec("BEGIN IMMEDIATE;"));
+  for (const auto& rec : records) {
+    Status st = ApplyRecord(rec, nullptr);
+    if (st.ok() || st.code() == StatusCode::kInternal) continue;  // a damaged record is skipped, not retried forever
+    if (!sqlite3_get_autocommit(db_)) (void)exec("ROLLBACK;");
+    return st;
+  }
+  Status st = exec("COMMIT;");
+  if (!st.ok() && !sqlite3_get_autocommit(db_)) (void)exec("ROLLBACK;");
+  return st;
+}
+
+void Journal::ReplayLog() {
+  std::lock_guard<std::mutex> db(db_mu_);
+  int64_t last = 0;
+  const std::vector<std::string> records = log_->ReadAll(&last);
+  if (!ApplyAll(records).ok()) return;  // still stuck: tried again after the next commit
+  log_stuck_ = false;
+  log_->Applied(last);
+}
+
+void Journal::AwaitApplied() {
+  // The journal's own thread (an observer reading back) must not wait for itself.
+  if (deferred_.load() > 0 && std::this_thread::get_id() != thread_.get_id()) Flush();
+}
+
+}  // namespace spillway::journal
