@@ -24,6 +24,12 @@ enum RecordType : uint8_t { kNewRunning = 1, kFinish = 2 };
 
 State StateOf(int64_t v) { return static_cast<State>(v); }
 
+// Logged writes whose rows wait, past which a new one is acknowledged only
+// once its rows commit, as an unlogged write is: the rows' transactions
+// (SQLite statements on one thread) set the pace again, and the queue, with
+// the bodies it holds, stays bounded whatever the log could take.
+constexpr int64_t kMaxDeferred = 4096;
+
 }  // namespace
 
 Status Journal::FinishRows(const std::string& id, State state, int64_t status, const std::string& content_type,
@@ -91,10 +97,20 @@ void Journal::AppendLogged(std::string payload, size_t bytes, OnCommit durable) 
   auto told = std::make_shared<std::optional<Transition>>();
   auto record = std::make_shared<const std::string>(std::move(payload));
   std::function<Status()> op = [this, record, told]() -> Status { return ApplyRecord(*record, told.get()); };
+  // A backlog: this one's caller waits for its rows too (the log still holds it first).
+  std::shared_ptr<OnCommit> paced;
+  if (deferred_.load() >= kMaxDeferred) paced = std::make_shared<OnCommit>(std::move(durable));
   // Told once its rows are committed, on the thread that committed them.
-  OnCommit applied = [this, told](Status st) {
+  OnCommit applied = [this, told, paced](Status st) {
     if (st.ok() && told->has_value()) Tell(**told);
+    // Durable either way: the record is in the log (rows that failed come again from it).
+    if (paced) (*paced)(Status::Ok());
   };
+  if (paced) {
+    durable = [paced](Status st) {
+      if (!st.ok()) (*paced)(std::move(st));  // not written: its rows never come
+    };
+  }
   log_->Append(
       *record,
       [this, op = std::move(op), bytes, applied = std::move(applied)](int64_t seq) mutable {
