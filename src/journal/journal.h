@@ -201,8 +201,9 @@ class Journal {
   void AcceptAsync(RequestRecord r, std::function<void(StatusOr<AcceptResult>)> done);
   void StartAttemptAsync(std::string id, std::string placement, std::string decision_json, OnCommit done);
   // A new request and its first attempt in one write, for a request admitted
-  // at once: without an idempotency key, a commit-log record (see above);
-  // with one, one transaction.
+  // at once: without an idempotency key, a commit-log record (see above),
+  // for an id nobody has used (the gateway's own: an id already journaled is
+  // taken for this record applied before); with a key, one transaction.
   void AcceptAndStartAsync(RequestRecord r, std::string placement, std::string decision_json, OnCommit done);
   void SetDecisionAsync(std::string id, std::string decision_json, OnCommit done);
   void RequeueAsync(std::string id, std::string error, OnCommit done);
