@@ -154,7 +154,6 @@ void CommitLog::Rotate() {
   // aside (it goes once they are) and go on in a new one. At most one aside:
   // while it waits, the current file grows on.
   if (old_fd_ >= 0 || size_ < kRotateBytes) return;
-  if (sync_ && ::fdatasync(fd_) != 0) return;  // its records are durable before the sync thread moves on
   const std::string old = path_ + ".old";
   if (::rename(path_.c_str(), old.c_str()) != 0) return;
   const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -162,14 +161,10 @@ void CommitLog::Rotate() {
     (void)::rename(old.c_str(), path_.c_str());
     return;
   }
-  if (sync_) {  // the new name and the old one, durable before a record in the new file counts
-    const std::string dir = path_.substr(0, path_.find_last_of('/') + 1);
-    const int d = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (d >= 0) {
-      (void)::fsync(d);
-      ::close(d);
-    }
-  }
+  // With sync, the sync thread's next round syncs the file set aside and
+  // the directory (the new name and the old) before the records it covers
+  // count as durable: nothing of that on an appender's thread.
+  rotated_ = sync_;
   old_fd_ = fd_;
   old_last_seq_ = last_seq_;
   fd_ = fd;
@@ -231,9 +226,19 @@ void CommitLog::SyncThread() {
     std::vector<Unsynced> batch = std::move(unsynced_);
     unsynced_.clear();
     syncing_ = true;
-    const int fd = fd_;  // (a rotation synced the file it set aside; that one is closed only once applied)
+    const int fd = fd_;
+    // After a rotation: the file set aside (closed only once its records,
+    // all in this round or earlier, are applied) and the directory.
+    const int old_fd = rotated_ ? old_fd_ : -1;
+    rotated_ = false;
     lk.unlock();
     int rc = faults_ ? faults_->BeforeSync() : SQLITE_OK;
+    if (rc == SQLITE_OK && old_fd >= 0) {
+      const std::string dir = path_.substr(0, path_.find_last_of('/') + 1);
+      const int d = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (::fdatasync(old_fd) != 0 || d < 0 || ::fsync(d) != 0) rc = SQLITE_IOERR_FSYNC;
+      if (d >= 0) ::close(d);
+    }
     if (rc == SQLITE_OK && ::fdatasync(fd) != 0) rc = SQLITE_IOERR_FSYNC;
     // Only this thread queues records at FULL, and in log order.
     if (rc == SQLITE_OK) {
@@ -255,8 +260,11 @@ void CommitLog::Applied(int64_t seq) {
     old_fd_ = -1;
   }
   if (applied_ < last_seq_ || size_ == 0) return;
-  // Every record is in SQLite: none is needed at a restart. (A sync still
-  // running on the emptied file is harmless: what it covers is committed.)
+  // Every record is in SQLite: none is needed at a restart. Not while a
+  // sync runs: a truncation waits for the pages it is writing, and an
+  // append (an I/O thread) would wait behind the truncation for the lock.
+  // A later batch empties it, or a rotation sets it aside.
+  if (syncing_ || !unsynced_.empty()) return;
   if (::ftruncate(fd_, 0) == 0) size_ = 0;
 }
 

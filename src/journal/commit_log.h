@@ -117,6 +117,7 @@ class CommitLog {
   std::vector<Unsynced> unsynced_;
   bool stop_ = false;
   bool syncing_ = false;  // the sync thread has records in hand
+  bool rotated_ = false;  // with sync: a rotation the next sync round must make durable
   std::condition_variable sync_cv_;
   std::condition_variable drained_cv_;
   std::thread syncer_;
