@@ -7,9 +7,10 @@
 //
 // A record is written (and at FULL fdatasync'ed, concurrent appends sharing
 // one sync) before its caller hears it is durable. Once every record appended
-// so far has been applied in a committed transaction, the file is emptied. A
-// process that dies between the two leaves records behind: Open returns them
-// and the journal applies them again before it takes new writes (each record
+// so far has been applied in a committed transaction (and no sync is running),
+// the file is emptied. A process that dies between the two leaves records
+// behind: Open returns them and the journal applies them again before it
+// takes new writes (each record
 // applies idempotently: a request's row is inserted once, its first terminal
 // state wins).
 //
