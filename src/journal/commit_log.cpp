@@ -39,8 +39,9 @@ uint32_t GetU32(const char* p) {
   return v;
 }
 
-// The records of `data` up to the first that does not check out.
-std::vector<std::string> ParseRecords(const std::string& data) {
+// The records of `data` up to the first that does not check out; `valid`:
+// where that one begins (the end of the last good record).
+std::vector<std::string> ParseRecords(const std::string& data, size_t* valid = nullptr) {
   std::vector<std::string> out;
   size_t pos = 0;
   while (data.size() - pos >= 8) {
@@ -49,7 +50,18 @@ std::vector<std::string> ParseRecords(const std::string& data) {
     out.emplace_back(data, pos + 8, len);
     pos += 8 + len;
   }
+  if (valid) *valid = pos;
   return out;
+}
+
+// Makes the directory holding `path` durable (a new name in it).
+bool SyncDir(const std::string& path) {
+  const std::string dir = path.substr(0, path.find_last_of('/') + 1);
+  const int d = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (d < 0) return false;
+  const bool ok = ::fsync(d) == 0;
+  ::close(d);
+  return ok;
 }
 
 // The whole file, or an errno.
@@ -114,8 +126,23 @@ StatusOr<std::unique_ptr<CommitLog>> CommitLog::Open(const std::string& path, bo
     if (old_fd >= 0) ::close(old_fd);
     return Status::Unavailable("cannot read the journal's log " + path + ": " + std::strerror(err));
   }
-  for (auto& r : ParseRecords(data)) leftover->push_back(std::move(r));
-  std::unique_ptr<CommitLog> log(new CommitLog(path, fd, sync, std::move(faults), static_cast<int64_t>(data.size())));
+  size_t valid = 0;
+  for (auto& r : ParseRecords(data, &valid)) leftover->push_back(std::move(r));
+  // A torn tail (a crash in mid-write: never acknowledged) goes now, or the
+  // records appended after it would hide behind it at the next replay.
+  if (valid < data.size() && (::ftruncate(fd, static_cast<off_t>(valid)) != 0 || (sync && ::fdatasync(fd) != 0))) {
+    const int err = errno;
+    ::close(fd);
+    if (old_fd >= 0) ::close(old_fd);
+    return Status::Unavailable("cannot cut the torn end off the journal's log " + path + ": " + std::strerror(err));
+  }
+  if (sync && !SyncDir(path)) {  // the file's name durable before a record in it counts
+    const int err = errno;
+    ::close(fd);
+    if (old_fd >= 0) ::close(old_fd);
+    return Status::Unavailable("cannot sync the directory of the journal's log " + path + ": " + std::strerror(err));
+  }
+  std::unique_ptr<CommitLog> log(new CommitLog(path, fd, sync, std::move(faults), static_cast<int64_t>(valid)));
   // A file set aside and never applied stays set aside (no rotation
   // overwrites it) until the leftovers are applied: DropLeftovers, or the
   // first Applied after them (old_last_seq_ 0).
@@ -145,8 +172,10 @@ void CommitLog::Stop() {
 }
 
 void CommitLog::Drain() {
+  if (std::this_thread::get_id() == syncer_.get_id()) return;  // (a callback of its own: it would wait for itself)
   std::unique_lock<std::mutex> lk(mu_);
-  drained_cv_.wait(lk, [&] { return unsynced_.empty() && !syncing_; });
+  const int64_t target = last_seq_;  // what was written before the call: later appends cannot starve it
+  drained_cv_.wait(lk, [&] { return done_seq_ >= target || !syncer_.joinable(); });
 }
 
 void CommitLog::Rotate() {
@@ -178,13 +207,13 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
   PutU32(rec, Crc(payload.data(), payload.size()));
   rec += payload;
   std::unique_lock<std::mutex> lk(mu_);
-  int rc = faults_ ? faults_->BeforeWrite() : SQLITE_OK;
+  int rc = broken_ ? SQLITE_IOERR_WRITE : faults_ ? faults_->BeforeWrite() : SQLITE_OK;
   if (rc == SQLITE_OK) {
     if (const int err = WriteAll(fd_, rec); err != 0) {
       rc = WriteRc(err);
-      // A partial record stays behind as a torn tail: cut it off, so the
-      // records after it are not hidden behind it at the next replay.
-      if (::ftruncate(fd_, size_) != 0) { /* the replay stops at the tear: nothing later was acknowledged */ }
+      // A partial record would hide every later one at the next replay: cut
+      // it off, and if that fails take no more records (Open cuts it).
+      if (::ftruncate(fd_, size_) != 0) broken_ = true;
     }
   }
   if (rc != SQLITE_OK) {
@@ -196,6 +225,7 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
   Rotate();
   if (!sync_) {
     queued(last_seq_);
+    queued_seq_ = done_seq_ = last_seq_;
     lk.unlock();
     return durable(SQLITE_OK, "");
   }
@@ -206,13 +236,17 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
 
 std::vector<std::string> CommitLog::ReadAll(int64_t* last_seq) {
   std::lock_guard<std::mutex> lk(mu_);
-  *last_seq = last_seq_;
+  // Only records already handed to the journal: the last ones may still be
+  // on their way to the disk (a sync that fails tells their callers so).
+  *last_seq = queued_seq_;
   std::vector<std::string> out;
   std::string data;
   if (old_fd_ >= 0 && ReadFile(old_fd_, &data) == 0) out = ParseRecords(data);
   if (ReadFile(fd_, &data) == 0) {
     for (auto& r : ParseRecords(data)) out.push_back(std::move(r));
   }
+  const auto unsynced = static_cast<size_t>(last_seq_ - queued_seq_);
+  out.resize(out.size() > unsynced ? out.size() - unsynced : 0);
   return out;
 }
 
@@ -233,12 +267,7 @@ void CommitLog::SyncThread() {
     rotated_ = false;
     lk.unlock();
     int rc = faults_ ? faults_->BeforeSync() : SQLITE_OK;
-    if (rc == SQLITE_OK && old_fd >= 0) {
-      const std::string dir = path_.substr(0, path_.find_last_of('/') + 1);
-      const int d = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (::fdatasync(old_fd) != 0 || d < 0 || ::fsync(d) != 0) rc = SQLITE_IOERR_FSYNC;
-      if (d >= 0) ::close(d);
-    }
+    if (rc == SQLITE_OK && old_fd >= 0 && (::fdatasync(old_fd) != 0 || !SyncDir(path_))) rc = SQLITE_IOERR_FSYNC;
     if (rc == SQLITE_OK && ::fdatasync(fd) != 0) rc = SQLITE_IOERR_FSYNC;
     // Only this thread queues records at FULL, and in log order.
     if (rc == SQLITE_OK) {
@@ -246,6 +275,12 @@ void CommitLog::SyncThread() {
     }
     for (auto& u : batch) u.durable(rc, "log sync");
     lk.lock();
+    if (rc == SQLITE_OK) {
+      queued_seq_ = batch.back().seq;
+    } else if (old_fd >= 0) {
+      rotated_ = true;  // the file set aside and the directory: again next round
+    }
+    done_seq_ = batch.back().seq;
     syncing_ = false;
     drained_cv_.notify_all();
   }

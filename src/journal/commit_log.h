@@ -70,9 +70,9 @@ class CommitLog {
   using Queued = std::function<void(int64_t seq)>;
   void Append(const std::string& payload, Queued queued, Durable durable);
 
-  // The records in the files now (leftovers not yet applied included) and
-  // the sequence number of the last one, for applying them again after an
-  // apply failed.
+  // The records in the files now that are durable and handed to the
+  // journal (leftovers not yet applied included) and the sequence number of
+  // the last one, for applying them again after an apply failed.
   std::vector<std::string> ReadAll(int64_t* last_seq);
 
   // Every record up to `seq` is applied in a committed transaction (and any
@@ -83,8 +83,8 @@ class CommitLog {
   // After the leftovers were applied and committed: they are not needed.
   void DropLeftovers();
 
-  // Waits until every record written so far has been synced and its
-  // callbacks have run (nothing of the log's is left to reach a caller).
+  // Waits until every record written before the call has been synced and
+  // its callbacks have run (nothing of the log's is left to reach a caller).
   void Drain();
   // Syncs and tells what was written, then stops the sync thread (the
   // destructor's first step; the journal calls it before its own thread stops).
@@ -108,7 +108,10 @@ class CommitLog {
   mutable std::mutex mu_;
   int64_t size_;
   int64_t last_seq_ = 0;
+  int64_t queued_seq_ = 0;  // the last record handed to `queued` (durable)
+  int64_t done_seq_ = 0;    // the last record whose callbacks have run
   int64_t applied_ = 0;
+  bool broken_ = false;     // a torn record could not be cut off: no more records until Open
   // FULL: records written and waiting for the next fdatasync.
   struct Unsynced {
     int64_t seq;

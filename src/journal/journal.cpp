@@ -151,15 +151,18 @@ StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& path, Journa
   // the journal's thread: this hook replaces SQLite's automatic checkpoint.
   sqlite3_wal_hook(db, &Journal::OnWalCommit, j.get());
   // The commit log, and what a previous process left in it: applied before
-  // anything else (a journal that cannot apply them now keeps them, and
-  // applies them after its first commit).
+  // anything else, Recover included (which must see those rows). A journal
+  // that cannot apply them does not open: they stay in the log for the next try.
   std::vector<std::string> leftover;
   auto log = CommitLog::Open(path + "-log", full, j->opts_.faults, &leftover);
   if (!log.ok()) return log.status();
   j->log_ = std::move(*log);
   if (!leftover.empty()) {
-    if (j->ApplyAll(leftover).ok()) j->log_->DropLeftovers();
-    else j->log_stuck_ = true;
+    if (Status st = j->ApplyAll(leftover); !st.ok()) {
+      return Status::Unavailable("journal " + path + ": cannot apply the " + std::to_string(leftover.size()) +
+                                 " records its commit log holds from before (they are kept): " + st.message());
+    }
+    j->log_->DropLeftovers();
   }
   j->thread_ = std::thread([jp = j.get()] { jp->RunThread(); });
   // A first write: a journal that cannot write starts unhealthy (and says

@@ -290,9 +290,10 @@ class Journal {
                             int64_t now, OnCommit done);
   // Applies records in one transaction (db_mu_ held): the leftovers at Open,
   // the whole log after a logged write failed to apply.
-  Status ApplyAll(const std::vector<std::string>& records);
+  Status ApplyAll(const std::vector<std::string>& records, std::vector<Transition>* told = nullptr);
   void ReplayLog();     // on the journal's thread
   void AwaitApplied();  // a read waits for the logged writes queued before it
+  void FlushQueue();    // Flush without waiting for the log's syncs
   // What a committed StartAttempt (alone or with its Accept) does: tell the
   // observer attempt *n began, then `done`.
   OnCommit AttemptStarted(std::string id, std::string placement, std::string decision_json, std::shared_ptr<int64_t> n,

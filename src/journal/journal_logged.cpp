@@ -142,14 +142,16 @@ void Journal::FinishAsync(std::string id, State state, int status, std::string c
   AppendLogged(std::move(w.out()), Bytes(body, error), std::move(done));
 }
 
-Status Journal::ApplyAll(const std::vector<std::string>& records) {
+Status Journal::ApplyAll(const std::vector<std::string>& records, std::vector<Transition>* told) {
   auto exec = [&](const char* sql) {
     Stmt st(*stmts_, sql);
     return st.Step() == SQLITE_DONE ? Status::Ok() : DbError(sql);
   };
   SPILLWAY_RETURN_IF_ERROR(exec("BEGIN IMMEDIATE;"));
   for (const auto& rec : records) {
-    Status st = ApplyRecord(rec, nullptr);
+    std::optional<Transition> t;
+    Status st = ApplyRecord(rec, told ? &t : nullptr);
+    if (st.ok() && t) told->push_back(std::move(*t));
     if (st.ok() || st.code() == StatusCode::kInternal) continue;  // a damaged record is skipped, not retried forever
     if (!sqlite3_get_autocommit(db_)) (void)exec("ROLLBACK;");
     return st;
@@ -160,17 +162,23 @@ Status Journal::ApplyAll(const std::vector<std::string>& records) {
 }
 
 void Journal::ReplayLog() {
-  std::lock_guard<std::mutex> db(db_mu_);
-  int64_t last = 0;
-  const std::vector<std::string> records = log_->ReadAll(&last);
-  if (!ApplyAll(records).ok()) return;  // still stuck: tried again after the next commit
-  log_stuck_ = false;
-  log_->Applied(last);
+  std::vector<Transition> told;  // what this replay changed: its live applies later change nothing
+  {
+    std::lock_guard<std::mutex> db(db_mu_);
+    int64_t last = 0;
+    const std::vector<std::string> records = log_->ReadAll(&last);
+    if (!ApplyAll(records, &told).ok()) return;  // still stuck: tried again after the next commit
+    log_stuck_ = false;
+    log_->Applied(last);
+  }
+  for (const auto& t : told) Tell(t);
 }
 
 void Journal::AwaitApplied() {
-  // The journal's own thread (an observer reading back) must not wait for itself.
-  if (deferred_.load() > 0 && std::this_thread::get_id() != thread_.get_id()) Flush();
+  // The journal's own thread (an observer reading back) must not wait for
+  // itself. Acknowledged records are in the queue already: no need to wait
+  // for the log's syncs.
+  if (deferred_.load() > 0 && std::this_thread::get_id() != thread_.get_id()) FlushQueue();
 }
 
 }  // namespace spillway::journal

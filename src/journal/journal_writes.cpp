@@ -230,6 +230,10 @@ void Journal::Checkpoint() {
 
 void Journal::Flush() {
   log_->Drain();  // records still on their way to the disk join the queue first
+  FlushQueue();
+}
+
+void Journal::FlushQueue() {
   (void)AwaitResult<Status>([&](OnCommit done) { Submit([] { return Status::Ok(); }, 0, std::move(done), Lead::kNever); });
 }
 

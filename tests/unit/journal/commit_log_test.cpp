@@ -121,6 +121,27 @@ TEST_F(CommitLogTest, ATornOrDamagedRecordEndsTheReplayAtIt) {
   EXPECT_EQ(left, std::vector<std::string>{"first"});
 }
 
+// The tear is cut off when the log is opened: records written after it are
+// not hidden behind it at the next replay.
+TEST_F(CommitLogTest, RecordsWrittenAfterATornOneAreFoundAgain) {
+  std::vector<std::string> left;
+  {
+    auto log = OpenLog(&left);
+    ASSERT_GT(Append(*log, "before"), 0);
+  }
+  {
+    std::ofstream f(LogPath(), std::ios::app | std::ios::binary);
+    f << std::string("\x40\x00\x00\x00half", 8);  // a header promising 64 bytes, and a few of them
+  }
+  {
+    auto log = OpenLog(&left);
+    EXPECT_EQ(left, std::vector<std::string>{"before"});
+    ASSERT_GT(Append(*log, "after"), 0);
+  }
+  OpenLog(&left);
+  EXPECT_EQ(left, (std::vector<std::string>{"before", "after"}));
+}
+
 TEST_F(CommitLogTest, AFieldReaderNeverReadsPastItsRecord) {
   RecordWriter w;
   w.U8(7).I64(-5).Str("text");
