@@ -353,6 +353,32 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
   // never hears of a request the journal does not hold. Any other request
   // learns its Accept's outcome first (replay, conflict...).
   const bool unjournaled = in->rec.idempotency_key.empty() && in->own_id;
+  // Live here before any row of it is written: a cancel that reads its row
+  // finds it (DELETE /v1/requests/{id} reads the journal, then looks here).
+  // An id some request here already uses is not taken over: its Accept is
+  // refused below.
+  auto live = std::make_shared<Live>();
+  live->id = in->rec.id;
+  live->service = in->rec.service;
+  live->queue_slot = std::move(in->queue_slot);
+  if (config_.FindExternal(in->rec.service)) live->upstream_control = std::make_shared<upstream::StreamControl>();
+  live->Enter(LivePhase::kQueued, clock_.NowMs());
+  if (in->timeout_ms) live->deadline_ms = in->started_ms + in->timeout_ms;
+  bool registered = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    registered = live_.emplace(live->id, live).second;
+  }
+  struct Unregister {
+    Gateway* g;
+    const std::shared_ptr<Live>& live;
+    bool registered;
+    ~Unregister() {
+      if (!registered) return;
+      std::lock_guard<std::mutex> lk(g->mu_);
+      if (auto it = g->live_.find(live->id); it != g->live_.end() && it->second == live) g->live_.erase(it);
+    }
+  } unregister{this, live, registered};
   StatusOr<journal::AcceptResult> accepted = journal::AcceptResult{journal::AcceptOutcome::kNew, in->rec};
   if (unjournaled) {
     // A journal that refuses new requests refuses this one before it runs.
@@ -380,24 +406,14 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
       co_return in->ex->Respond(std::move(res));
     }
   }
-  auto live = std::make_shared<Live>();
-  live->id = in->rec.id;
-  live->service = in->rec.service;
-  live->queue_slot = std::move(in->queue_slot);
-  if (config_.FindExternal(in->rec.service)) live->upstream_control = std::make_shared<upstream::StreamControl>();
-  live->Enter(LivePhase::kQueued, clock_.NowMs());
-  if (in->timeout_ms) live->deadline_ms = in->started_ms + in->timeout_ms;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    live_[live->id] = live;
+  if (!registered) {  // (the journal refuses a reused id; this is its in-flight twin)
+    co_return in->ex->Respond(ErrorResponse(Status::Conflict("request id '" + in->rec.id + "' is in use"), v));
   }
   std::weak_ptr<Live> weak = live;
   in->ex->OnDisconnect([this, weak] {
     if (auto l = weak.lock()) Cancel(l);
   });
   co_await Run(accepted->existing, in->ex, live, unjournaled);
-  std::lock_guard<std::mutex> lk(mu_);
-  live_.erase(in->rec.id);
 }
 
 boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,

@@ -25,17 +25,21 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Calle
     }
   }
   if (cancel) {
-    std::shared_ptr<Live> live;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      auto it = live_.find(id);
-      if (it != live_.end()) live = it->second;
-    }
     auto rec = journal_.Get(id);
     if (!rec.ok()) return ex->Respond(ErrorResponse(rec.status(), v));
     if (journal::IsTerminal(rec->state)) {
       return ex->Respond(ErrorResponse(Status::Conflict("request '" + id + "' already ended: " +
                                                         journal::StateName(rec->state)), v, id));
+    }
+    // Looked up after the read: a request is live here before its first row
+    // is written, so one whose row was read is found (looked up before, a
+    // request that arrived while the read waited for the journal was missed,
+    // and a 200 cancelled nothing).
+    std::shared_ptr<Live> live;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = live_.find(id);
+      if (it != live_.end()) live = it->second;
     }
     if (live) Cancel(live);
     if (rec->state == State::kQueued) {

@@ -37,10 +37,14 @@ json WorkerStatus(uint16_t port, const std::string& service) {
   return json();
 }
 
-uint64_t WorkerReceived(uint16_t gateway_port, const std::string& service) {
+// A count of the worker's requests: received, completed, failed, cancelled.
+uint64_t WorkerCount(uint16_t gateway_port, const std::string& service, const char* which) {
   const json w = WorkerStatus(gateway_port, service);
   auto info = http::Fetch("127.0.0.1", w["port"].get<uint16_t>(), "GET", "/v1/worker/info", "", WorkerAuth());
-  return json::parse(info->body)["requests"]["received"].get<uint64_t>();
+  return json::parse(info->body)["requests"][which].get<uint64_t>();
+}
+uint64_t WorkerReceived(uint16_t gateway_port, const std::string& service) {
+  return WorkerCount(gateway_port, service, "received");
 }
 
 class GatewayTest : public ::testing::Test {
@@ -189,6 +193,7 @@ TEST_F(GatewayTest, IdempotencyKeyRunsTheModelOnce) {
 
 TEST_F(GatewayTest, CancelWorksQueuedRunningAndOnDisconnect) {
   const uint16_t p = gw_->port();
+  const uint64_t completed_before = WorkerCount(p, "chat", "completed");
   // Running: DELETE /v1/requests/{id}.
   auto running = std::async(std::launch::async, [&] {
     return Call(p, "POST", "/v1/chat/completions", Chat(3500), {{"X-Request-Id", "cancel-running"}});
@@ -203,6 +208,10 @@ TEST_F(GatewayTest, CancelWorksQueuedRunningAndOnDisconnect) {
   EXPECT_EQ(running.get().status, 499);
   EXPECT_EQ(WaitTerminal(p, "cancel-running")["state"], "cancelled");
   EXPECT_EQ(Call(p, "DELETE", "/v1/requests/cancel-running").status, 409);  // already ended
+  // And the worker was stopped, not left to generate all its tokens (a
+  // cancel that read the request's row while it was not yet live here
+  // answered 200 and stopped nothing).
+  EXPECT_EQ(WorkerCount(p, "chat", "completed"), completed_before);
 
   // Disconnect while streaming.
   {
