@@ -28,7 +28,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Verdict, sent, acknowledged, succeeded, faile
                                    unrelated_failed, success_rate, p50_ms, p95_ms, goodput_per_min, queue_age_max_ms,
                                    host_ram_peak_bytes, host_ram_budget_bytes, recovery_median_ms, recovery_max_ms,
                                    gpu_restored, interactive_p95_alone_ms, interactive_p95_pressure_ms,
-                                   interactive_alone, interactive_pressure, interactive_in_stalls, interactive_in_stalls_pressure, evictions, evictions_completed, passed,
+                                   interactive_ratio_lower, interactive_alone, interactive_pressure, interactive_in_stalls, interactive_in_stalls_pressure, evictions, evictions_completed, passed,
                                    failures)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ScenarioResult, name, description, target, seed, duration_ms, requests, faults,
                                    samples, events, stalls, verdict, skipped_reason)

@@ -103,6 +103,7 @@ struct Verdict {
   // traffic started and while it ran, and how many requests each stands for;
   // evictions journaled, and of them those whose service then unloaded.
   double interactive_p95_alone_ms = -1, interactive_p95_pressure_ms = -1;
+  double interactive_ratio_lower = -1;  // the p95 ratio's lower bound (PercentileRatioLowerBound)
   int interactive_alone = 0, interactive_pressure = 0;
   int interactive_in_stalls = 0, interactive_in_stalls_pressure = 0;  // left out (alone / under pressure): in a stall
   int evictions = 0, evictions_completed = 0;

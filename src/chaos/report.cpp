@@ -237,7 +237,8 @@ void CompetingSection(const std::vector<ScenarioResult>& spillway, const std::ve
     auto ms = [](double x) { return x < 0 ? std::string("-") : Ms(x); };
     t.Row({r->name, r->target, ms(v.interactive_p95_alone_ms) + " (" + std::to_string(v.interactive_alone) + ")",
            ms(v.interactive_p95_pressure_ms) + " (" + std::to_string(v.interactive_pressure) + ")",
-           Ratio(v.interactive_p95_pressure_ms, v.interactive_p95_alone_ms, v.interactive_p95_alone_ms > 0),
+           Ratio(v.interactive_p95_pressure_ms, v.interactive_p95_alone_ms, v.interactive_p95_alone_ms > 0) +
+               (v.interactive_ratio_lower >= 0 ? Fmt(" (>= %.2fx)", v.interactive_ratio_lower) : ""),
            Fmt("%.1f", v.goodput_per_min), Percent(v.success_rate), std::to_string(v.lost),
            std::to_string(v.evictions) + " (" + std::to_string(v.evictions_completed) + ")"});
   }

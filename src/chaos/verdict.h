@@ -12,6 +12,9 @@
 // acknowledged, unknown to the journal) are counted apart, as in Jepsen.
 #pragma once
 
+#include <random>
+#include <vector>
+
 #include "chaos/record.h"
 #include "chaos/schedule.h"
 
@@ -32,7 +35,8 @@ struct VerdictOptions {
   // set) is never evicted.
   std::vector<Window> pressure_ms;
   std::string batch_service = "embed";
-  double max_interactive_ratio = 1.25;
+  double max_interactive_ratio = 1.25;  // by the ratio's lower bound at interactive_confidence
+  double interactive_confidence = 0.9;
   std::string interactive_service = "chat";
   std::string pinned_service;
 };
@@ -41,5 +45,15 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& opts);
 
 // Percentile (0..100) of `values` by nearest rank; 0 when empty.
 double Percentile(std::vector<double> values, double p);
+
+// How low the ratio Percentile(num, p) / Percentile(den, p) can plausibly
+// be: both samples resampled with replacement `rounds` times (a bootstrap),
+// the (1 - confidence) quantile of the resampled ratios. A p95 of some
+// dozens of requests moves by a third between identical runs on a busy
+// host; a verdict that fails only when even this bound is above its limit
+// fails on a shift of the whole distribution, not on one slow request.
+// `rng` makes it repeatable (the scenario's seed). Denominators below 1 count as 1.
+double PercentileRatioLowerBound(const std::vector<double>& num, const std::vector<double>& den, double p,
+                                 double confidence, std::mt19937_64& rng, int rounds = 2000);
 
 }  // namespace spillway::chaos
