@@ -43,6 +43,7 @@ namespace {
 struct Result {
   double per_s = 0;
   int64_t requests = 0, errors = 0, commits = 0, writes = 0, largest_batch = 0;
+  double backlog_ms = 0;  // rows still to commit when the clients stopped (their time counts)
 };
 
 double Seconds(Steady::time_point a, Steady::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -101,6 +102,7 @@ Result RunJournal(const fs::path& dir, bool full, int max_batch, int threads, do
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
   stop = true;
   for (auto& t : pool) t.join();
+  const auto stopped = Steady::now();
   journal.Flush();  // every row committed: a backlog of rows is not throughput
   const auto after = journal.stats();
   Result r;
@@ -110,6 +112,7 @@ Result RunJournal(const fs::path& dir, bool full, int max_batch, int threads, do
   r.commits = after.commits - before.commits;
   r.writes = after.writes - before.writes;
   r.largest_batch = after.largest_batch;
+  r.backlog_ms = Seconds(stopped, Steady::now()) * 1000;
   return r;
 }
 
@@ -149,6 +152,7 @@ void Print(const char* what, const Result& r) {
     std::printf(", %.1f writes per commit, largest batch %lld", static_cast<double>(r.writes) / static_cast<double>(r.commits),
                 static_cast<long long>(r.largest_batch));
   }
+  if (r.backlog_ms >= 1) std::printf(", rows %.0f ms behind at the end", r.backlog_ms);
   std::printf(")\n");
 }
 
@@ -164,11 +168,18 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "client threads")->check(CLI::Range(1, 1024));
   app.add_option("--seconds", seconds, "seconds per configuration")->check(CLI::Range(0.1, 600.0));
   app.add_option("--dir", where, "where the journal files go (a real disk, not tmpfs)");
+  bool logged_only = false;
+  app.add_flag("--logged-only", logged_only, "only the gateway's path at FULL (for a profiler)");
   CLI11_PARSE(app, argc, argv);
   const fs::path dir = fs::path(where) / ("spillway-journal-bench-" + std::to_string(getpid()));
 
   std::printf("journal throughput: %d client threads, a request's durable writes each, %.1f s each, in %s\n",
               threads, seconds, dir.c_str());
+  if (logged_only) {
+    Print("logged (the gateway's path), FULL", RunJournal(dir, true, JournalOptions{}.max_batch, threads, seconds, true));
+    fs::remove_all(dir);
+    return 0;
+  }
   for (const bool full : {true, false}) {
     std::printf("synchronous=%s\n", full ? "FULL" : "NORMAL");
     const Result grouped = RunJournal(dir, full, JournalOptions{}.max_batch, threads, seconds);
