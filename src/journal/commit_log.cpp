@@ -22,6 +22,7 @@ constexpr uint32_t kMaxRecord = 256u << 20;
 // A file is set aside past this size while records in it still wait for
 // their rows (under a steady load it may never be all applied at once).
 constexpr int64_t kRotateBytes = 8 << 20;
+constexpr int64_t kMaxBytes = int64_t{256} << 20;
 
 uint32_t Crc(const char* p, size_t n) {
   boost::crc_32_type c;
@@ -108,12 +109,14 @@ StatusOr<std::unique_ptr<CommitLog>> CommitLog::Open(const std::string& path, bo
     return Status::Unavailable("cannot open the journal's log " + old + ": " + std::strerror(errno));
   }
   std::string data;
+  int64_t old_bytes = 0;
   if (old_fd >= 0) {
     if (const int err = ReadFile(old_fd, &data); err != 0) {
       ::close(old_fd);
       return Status::Unavailable("cannot read the journal's log " + old + ": " + std::strerror(err));
     }
     *leftover = ParseRecords(data);
+    old_bytes = static_cast<int64_t>(data.size());
   }
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
   int err = fd < 0 ? errno : 0;
@@ -147,11 +150,12 @@ StatusOr<std::unique_ptr<CommitLog>> CommitLog::Open(const std::string& path, bo
   // overwrites it) until the leftovers are applied: DropLeftovers, or the
   // first Applied after them (old_last_seq_ 0).
   log->old_fd_ = old_fd;
+  log->old_size_ = old_bytes;
   return log;
 }
 
 CommitLog::CommitLog(std::string path, int fd, bool sync, std::shared_ptr<StorageFaults> faults, int64_t size)
-    : path_(std::move(path)), fd_(fd), sync_(sync), faults_(std::move(faults)), size_(size) {
+    : path_(std::move(path)), fd_(fd), sync_(sync), faults_(std::move(faults)), max_bytes_(kMaxBytes), size_(size) {
   if (sync_) syncer_ = std::thread([this] { SyncThread(); });
 }
 
@@ -196,6 +200,7 @@ void CommitLog::Rotate() {
   rotated_ = sync_;
   old_fd_ = fd_;
   old_last_seq_ = last_seq_;
+  old_size_ = size_;
   fd_ = fd;
   size_ = 0;
 }
@@ -207,6 +212,16 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
   PutU32(rec, Crc(payload.data(), payload.size()));
   rec += payload;
   std::unique_lock<std::mutex> lk(mu_);
+  // Stopped (teardown): no sync would ever come for it.
+  if (sync_ && stop_) {
+    lk.unlock();
+    return durable(SQLITE_MISUSE, "the commit log is stopped");
+  }
+  if (size_ + old_size_ + static_cast<int64_t>(rec.size()) > max_bytes_) {
+    lk.unlock();
+    return durable(SQLITE_FULL, "the commit log holds " + std::to_string(max_bytes_ >> 20) +
+                                    " MiB of records whose rows have not committed");
+  }
   int rc = broken_ ? SQLITE_IOERR_WRITE : faults_ ? faults_->BeforeWrite() : SQLITE_OK;
   if (rc == SQLITE_OK) {
     if (const int err = WriteAll(fd_, rec); err != 0) {
@@ -293,6 +308,7 @@ void CommitLog::Applied(int64_t seq) {
     (void)::unlink((path_ + ".old").c_str());
     ::close(old_fd_);
     old_fd_ = -1;
+    old_size_ = 0;
   }
   if (applied_ < last_seq_ || size_ == 0) return;
   // Every record is in SQLite: none is needed at a restart. Not while a
@@ -310,8 +326,14 @@ void CommitLog::DropLeftovers() {
     (void)::unlink((path_ + ".old").c_str());
     ::close(old_fd_);
     old_fd_ = -1;
+    old_size_ = 0;
   }
   if (::ftruncate(fd_, 0) == 0) size_ = 0;
+}
+
+void CommitLog::set_max_bytes(int64_t max_bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  max_bytes_ = max_bytes;
 }
 
 int64_t CommitLog::size() const {

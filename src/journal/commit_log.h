@@ -90,6 +90,11 @@ class CommitLog {
   // destructor's first step; the journal calls it before its own thread stops).
   void Stop();
 
+  // The most bytes the log's files may hold together (default 256 MiB):
+  // past it an append fails as a full disk does (SQLITE_FULL), so records
+  // whose rows cannot commit never fill the disk. Records that fit wait.
+  void set_max_bytes(int64_t max_bytes);
+
   int64_t size() const;      // bytes in the file now
   int64_t last_seq() const;  // the last record written (0: none yet)
 
@@ -102,10 +107,12 @@ class CommitLog {
   int fd_;  // under mu_ (a rotation replaces it)
   int old_fd_ = -1;           // the file set aside, until its records are applied
   int64_t old_last_seq_ = 0;  // its last record
+  int64_t old_size_ = 0;      // its bytes
   const bool sync_;
   const std::shared_ptr<StorageFaults> faults_;
 
   mutable std::mutex mu_;
+  int64_t max_bytes_;
   int64_t size_;
   int64_t last_seq_ = 0;
   int64_t queued_seq_ = 0;  // the last record handed to `queued` (durable)

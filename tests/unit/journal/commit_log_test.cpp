@@ -142,6 +142,41 @@ TEST_F(CommitLogTest, RecordsWrittenAfterATornOneAreFoundAgain) {
   EXPECT_EQ(left, (std::vector<std::string>{"before", "after"}));
 }
 
+// Records whose rows never commit (a journal stuck behind a failing apply)
+// must not fill the disk: past the log's bound an append fails as a full disk
+// does, and records that fit again (once applied) are taken again.
+TEST_F(CommitLogTest, PastItsBoundTheLogRefusesRecordsAsAFullDiskDoes) {
+  std::vector<std::string> left;
+  auto log = OpenLog(&left);
+  log->set_max_bytes(3 * (1000 + 8));
+  const std::string kb(1000, 'x');
+  ASSERT_EQ(Append(*log, kb), 1);
+  ASSERT_EQ(Append(*log, kb), 2);
+  ASSERT_EQ(Append(*log, kb), 3);
+  int rc = SQLITE_OK;
+  std::string what;
+  log->Append(kb, [](int64_t) { ADD_FAILURE() << "a refused record reached the journal"; },
+              [&](int r, const std::string& w) { rc = r, what = w; });
+  EXPECT_EQ(rc, SQLITE_FULL);
+  EXPECT_NE(what.find("have not committed"), std::string::npos) << what;
+  log->Applied(3);  // emptied: room again
+  EXPECT_EQ(Append(*log, kb), 4);
+}
+
+// An append after the sync thread stopped (teardown) fails at once instead
+// of waiting forever for a sync that never comes.
+TEST_F(CommitLogTest, AnAppendAfterStopFailsAtOnce) {
+  std::vector<std::string> left;
+  auto log = CommitLog::Open(LogPath(), /*sync=*/true, nullptr, &left);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  (*log)->Stop();
+  std::promise<int> rc;
+  (*log)->Append("late", [](int64_t) {}, [&](int r, const std::string&) { rc.set_value(r); });
+  auto f = rc.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(5)), std::future_status::ready) << "the append hung";
+  EXPECT_EQ(f.get(), SQLITE_MISUSE);
+}
+
 TEST_F(CommitLogTest, AFieldReaderNeverReadsPastItsRecord) {
   RecordWriter w;
   w.U8(7).I64(-5).Str("text");
