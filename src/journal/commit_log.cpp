@@ -244,7 +244,7 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
     lk.unlock();
     return durable(SQLITE_OK, "");
   }
-  unsynced_.push_back({last_seq_, std::move(queued), std::move(durable)});
+  unsynced_.push_back({last_seq_, size_ - static_cast<int64_t>(rec.size()), std::move(queued), std::move(durable)});
   lk.unlock();
   sync_cv_.notify_one();
 }
@@ -284,17 +284,26 @@ void CommitLog::SyncThread() {
     int rc = faults_ ? faults_->BeforeSync() : SQLITE_OK;
     if (rc == SQLITE_OK && old_fd >= 0 && (::fdatasync(old_fd) != 0 || !SyncDir(path_))) rc = SQLITE_IOERR_FSYNC;
     if (rc == SQLITE_OK && ::fdatasync(fd) != 0) rc = SQLITE_IOERR_FSYNC;
-    // Only this thread queues records at FULL, and in log order.
-    if (rc == SQLITE_OK) {
+    if (rc != SQLITE_OK) {
+      // Its callers hear that it failed, so its records must never be
+      // applied: the file goes back to before them, with those written
+      // since (not acknowledged either). Records before them synced fine.
+      // After a rotation the records span two files: no more records.
+      lk.lock();
+      for (auto& u : unsynced_) batch.push_back(std::move(u));
+      unsynced_.clear();
+      const bool cut = old_fd < 0 && fd == fd_ && ::ftruncate(fd_, static_cast<off_t>(batch.front().offset)) == 0;
+      if (cut) size_ = batch.front().offset;
+      else broken_ = true;  // (the next Open cuts the tail off)
+      queued_seq_ = last_seq_;  // nothing of theirs is left to hand over
+      lk.unlock();
+    } else {
+      // Only this thread queues records at FULL, and in log order.
       for (auto& u : batch) u.queued(u.seq);
     }
     for (auto& u : batch) u.durable(rc, "log sync");
     lk.lock();
-    if (rc == SQLITE_OK) {
-      queued_seq_ = batch.back().seq;
-    } else if (old_fd >= 0) {
-      rotated_ = true;  // the file set aside and the directory: again next round
-    }
+    if (rc == SQLITE_OK) queued_seq_ = batch.back().seq;
     done_seq_ = batch.back().seq;
     syncing_ = false;
     drained_cv_.notify_all();

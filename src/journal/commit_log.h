@@ -64,9 +64,11 @@ class CommitLog {
   // lock without sync, in order on the sync thread with it), then
   // `durable(SQLITE_OK)`: at once on the caller's thread without sync, on
   // the log's sync thread with it. A write or sync that fails calls
-  // `durable` with its error and `queued` not at all. (After a failed sync
-  // the record may still be on disk; it is emptied away with the others
-  // once later records are applied, and only a crash before that replays it.)
+  // `durable` with its error and `queued` not at all. A failed sync cuts
+  // the file back to before the records it covered (and fails the records
+  // written meanwhile), so no replay applies a record whose caller heard it
+  // failed; a cut that fails, or a failed sync of a rotation, takes no more
+  // records until the next Open.
   using Queued = std::function<void(int64_t seq)>;
   void Append(const std::string& payload, Queued queued, Durable durable);
 
@@ -122,6 +124,7 @@ class CommitLog {
   // FULL: records written and waiting for the next fdatasync.
   struct Unsynced {
     int64_t seq;
+    int64_t offset;  // where the record begins in the file (with no rotation since)
     Queued queued;
     Durable durable;
   };

@@ -163,6 +163,32 @@ TEST_F(CommitLogTest, PastItsBoundTheLogRefusesRecordsAsAFullDiskDoes) {
   EXPECT_EQ(Append(*log, kb), 4);
 }
 
+// A record whose sync failed was answered "failed": no replay may apply it,
+// even when records after it synced fine.
+TEST_F(CommitLogTest, ARecordWhoseSyncFailedIsNeverReplayed) {
+  auto faults = StorageFaults::Create();
+  ASSERT_NE(faults, nullptr);
+  auto append = [](CommitLog& log, const std::string& payload) {
+    std::promise<int> rc;
+    log.Append(payload, [](int64_t) {}, [&](int r, const std::string&) { rc.set_value(r); });
+    return rc.get_future().get();
+  };
+  std::vector<std::string> left;
+  {
+    auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
+    ASSERT_TRUE(log.ok()) << log.status().ToString();
+    ASSERT_EQ(append(**log, "synced"), SQLITE_OK);
+    faults->FailSyncs(1);
+    ASSERT_EQ(append(**log, "failed"), SQLITE_IOERR_FSYNC);
+    ASSERT_EQ(append(**log, "after"), SQLITE_OK);
+    int64_t last = 0;
+    EXPECT_EQ((*log)->ReadAll(&last), (std::vector<std::string>{"synced", "after"}));
+  }
+  auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
+  ASSERT_TRUE(log.ok());
+  EXPECT_EQ(left, (std::vector<std::string>{"synced", "after"}));
+}
+
 // An append after the sync thread stopped (teardown) fails at once instead
 // of waiting forever for a sync that never comes.
 TEST_F(CommitLogTest, AnAppendAfterStopFailsAtOnce) {
