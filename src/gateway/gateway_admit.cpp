@@ -23,7 +23,7 @@ void Gateway::WorkerExited(const std::string& key, const std::string& why) {
 
 void Gateway::RecordThroughput(const std::string& service, size_t index, const std::string& body,
                                std::string_view timings_header) {
-  // The worker's timings: its header, or from a non-streamed body or a stream's last chunk.
+  // The worker's timings: its header (a non-streamed answer), or a stream's last chunk.
   const auto t = timings_header.empty() ? protocol::TimingsOf(body) : protocol::Timings::FromHeader(timings_header);
   if (t) {
     board_.RecordThroughput(service, index, t->prompt_ms, t->prompt_tokens, t->generation_ms, t->generated_tokens);

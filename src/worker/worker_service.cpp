@@ -361,6 +361,9 @@ void WorkerService::HandleEmbeddings(const http::Request& req, std::shared_ptr<h
     if (!res.status.ok()) return ex->Respond(ErrorResponse(res.status, v));
     auto out = JsonResponse(200, api::EmbeddingsBody(model_name, res.embeddings, res.prompt_tokens, base64), v);
     out.set("X-Request-Id", id);
+    // The gateway's throughput estimate, without parsing the vectors.
+    out.set(std::string(protocol::kTimingsHeader),
+            protocol::Timings{res.prompt_ms, 0, static_cast<double>(res.prompt_tokens), 0}.ToHeader());
     ex->Respond(std::move(out));
   };
   Engine* engine = &engine_;

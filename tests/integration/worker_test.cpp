@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "api/http_client.h"
+#include "protocol/worker_protocol.h"
 #include "worker_process.h"
 
 namespace spillway::testing {
@@ -675,6 +676,11 @@ TEST(WorkerEmbeddingTest, EmbeddingsAreNormalizedAndDeterministic) {
   EXPECT_EQ(v0, v2);
   EXPECT_NE(v0, v1);
   EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 0);
+  // Its timings in a header: the gateway's throughput estimate, without parsing the vectors.
+  const auto t = protocol::Timings::FromHeader(r.Header("x-spillway-timings"));
+  ASSERT_TRUE(t && !r.Header("x-spillway-timings").empty()) << "no X-Spillway-Timings header";
+  EXPECT_EQ(t->prompt_tokens, j["usage"]["prompt_tokens"].get<int>());
+  EXPECT_GT(t->prompt_ms, 0);
   EXPECT_EQ(Post(w, "/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", "x"}}})}}).status,
             400);
   EXPECT_EQ(Post(w, "/v1/embeddings", {{"input", json::array()}}).status, 400);
