@@ -9,6 +9,21 @@ namespace spillway::gateway {
 
 namespace {
 
+// A breaker as /v1/status shows it; an open one says when traffic is let
+// through again (retry_in_ms: 0 once its ejection has elapsed).
+nlohmann::json BreakerJson(const failover::Breaker& b, int64_t now_ms) {
+  nlohmann::json j = {{"state", failover::BreakerStateName(b.state())},
+                      {"ejections", b.ejections()},
+                      {"last_reason", b.last_reason()}};
+  if (b.state() == failover::BreakerState::kOpen) j["retry_in_ms"] = std::max<int64_t>(0, b.open_until_ms() - now_ms);
+  return j;
+}
+
+}  // namespace
+
+
+namespace {
+
 failover::BreakerOptions BreakerOf(const config::ServiceConfig& s) {
   return {s.failover.breaker_failures, static_cast<int64_t>(s.failover.ejection_s * 1000),
           static_cast<int64_t>(s.failover.max_ejection_s * 1000)};
@@ -232,9 +247,7 @@ nlohmann::json PlacementBoard::PlacementJson(const std::string& service, size_t 
           {"kv_cells", {{"total", st.pool.total()}, {"reserved", st.pool.reserved()}, {"requests", st.pool.active()},
                         {"per_request", st.pool.request_capacity()}, {"unified", st.cfg.kv_unified}}},
           {"throughput", {{"prompt_tokens_per_s", st.prompt_tps}, {"generated_tokens_per_s", st.gen_tps}}},
-          {"breaker", {{"state", failover::BreakerStateName(st.breaker.state())},
-                       {"ejections", st.breaker.ejections()},
-                       {"last_reason", st.breaker.last_reason()}}},
+          {"breaker", BreakerJson(st.breaker, clock_.NowMs())},
           {"readiness", {{"policy", st.readiness}, {"reason", st.readiness_reason},
                          {"expected_s", st.readiness_expected_s}, {"active_requests", st.active}}}};
 }
@@ -244,8 +257,7 @@ nlohmann::json PlacementBoard::DevicesJson() const {
   nlohmann::json devices = nlohmann::json::array();
   for (const auto& [name, b] : device_breakers_) {
     devices.push_back({{"name", name},
-                       {"breaker", {{"state", failover::BreakerStateName(b.state())}, {"ejections", b.ejections()},
-                                    {"last_reason", b.last_reason()}}}});
+                       {"breaker", BreakerJson(b, clock_.NowMs())}});
   }
   return devices;
 }

@@ -111,8 +111,15 @@ TEST_F(FailoverTest, AllocationFailureBeforeGenerationCompletesOnTheCpuUnderTheS
   auto next = Post(kSeeded, "fo-next");
   EXPECT_EQ(next.Header("x-spillway-placement"), "cpu");
   EXPECT_EQ(next.Header("x-spillway-attempts"), "1");
-  // After the ejection a probe goes to the GPU again and closes the breaker.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  // Status says when the ejection ends; after it a probe goes to the GPU
+  // again and closes the breaker.
+  const json open = Placement(0)["breaker"];
+  ASSERT_TRUE(open.contains("retry_in_ms")) << open.dump();
+  EXPECT_LE(open["retry_in_ms"].get<int64_t>(), 1000);
+  for (int i = 0; i < 300 && Placement(0)["breaker"].value("retry_in_ms", int64_t{0}) > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(Placement(0)["breaker"].value("retry_in_ms", int64_t{0}), 0);
   auto probe = Post(kSeeded, "fo-probe");
   EXPECT_EQ(probe.Header("x-spillway-placement"), "sim:0/99") << probe.body;
   EXPECT_EQ(Placement(0)["breaker"]["state"], "closed");
@@ -208,7 +215,9 @@ TEST_F(FailoverTest, AHungGpuWorkerIsDetectedReplacedAndItsRequestServedByTheCpu
   const json embed_after = Body(*http::Fetch("127.0.0.1", gw_->port(), "GET", "/v1/status"))["services"][1]["placements"][0];
   EXPECT_EQ(embed_after["pid"], embed_before["pid"]);  // untouched by the GPU worker's replacement
   // After the ejection (1 s) a probe goes to the restarted GPU worker and closes the breaker.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  for (int i = 0; i < 300 && Placement(0)["breaker"].value("retry_in_ms", int64_t{0}) > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   auto probe = Post(kSeeded, "hang-probe");
   EXPECT_EQ(probe.Header("x-spillway-placement"), "sim:0/99") << probe.body;
   EXPECT_EQ(Body(probe)["choices"][0]["text"], Body(healthy)["choices"][0]["text"]);
