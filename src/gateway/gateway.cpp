@@ -16,6 +16,7 @@
 #include <boost/asio/this_coro.hpp>
 
 #include "api/http_client.h"
+#include "api/json_text.h"
 #include "api/openai_request.h"
 #include "api/openai_response.h"
 #include "admission/admission.h"
@@ -303,12 +304,21 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   // Internal fields (a continuation's delivered tokens) come only from the
   // gateway itself: a client's are dropped before the journal sees them.
   bool rewritten = body->erase("spillway_resume") > 0;
+  std::optional<uint32_t> seed;
   if (endpoint != "embedding" && (!body->contains("seed") || (*body)["seed"].is_null())) {
     std::lock_guard<std::mutex> lk(mu_);
-    (*body)["seed"] = static_cast<uint32_t>(rng_() % 0xFFFFFFFFull);
-    rewritten = true;
+    seed = static_cast<uint32_t>(rng_() % 0xFFFFFFFFull);
   }
-  in->rec.body = rewritten ? body->dump() : req.body();
+  // Only a seed to add (no such member at all): into the text as it came,
+  // not a re-serialization of the whole body (a long chat's prompt).
+  std::optional<std::string> seeded;
+  if (seed && !rewritten && !body->contains("seed")) seeded = api::WithFirstMember(req.body(), "seed", std::to_string(*seed));
+  if (seeded) {
+    in->rec.body = std::move(*seeded);
+  } else {
+    if (seed) (*body)["seed"] = *seed;
+    in->rec.body = rewritten || seed ? body->dump() : req.body();
+  }
   // The same deadline as a body field, for clients that cannot set headers (the earlier of the two wins).
   if (auto f = body->find("spillway_timeout_s"); f != body->end()) {
     if (!f->is_number() || !(f->get<double>() > 0) || f->get<double>() > 86400) {
