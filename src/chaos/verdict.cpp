@@ -91,8 +91,13 @@ void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v
   } else {
     v.interactive_p95_alone_ms = Percentile(alone, 95);
     v.interactive_p95_pressure_ms = Percentile(pressure, 95);
+    // Under 20 a side, the p95 is the slowest request and a resampled
+    // extreme says little: the point ratio is the bound then.
     std::mt19937_64 rng(r.seed);
-    v.interactive_ratio_lower = PercentileRatioLowerBound(pressure, alone, 95, o.interactive_confidence, rng);
+    v.interactive_ratio_lower =
+        alone.size() < 20 || pressure.size() < 20
+            ? v.interactive_p95_pressure_ms / std::max(1.0, v.interactive_p95_alone_ms)
+            : PercentileRatioLowerBound(pressure, alone, 95, o.interactive_confidence, rng);
     if (v.interactive_ratio_lower > o.max_interactive_ratio) {
       char ratio[96];
       std::snprintf(ratio, sizeof ratio, "%.2fx its p95 alone (%s; at %.0f%% confidence at least %.2fx)",

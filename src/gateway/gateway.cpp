@@ -389,6 +389,13 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
       if (auto it = g->live_.find(live->id); it != g->live_.end() && it->second == live) g->live_.erase(it);
     }
   } unregister{this, live, registered};
+  // An id a request here still runs under: refused before the journal sees
+  // it (were this one's Accept to land first, its row would never end).
+  if (!registered) {
+    co_return in->ex->Respond(ErrorResponse(
+        Status::Conflict("request id '" + in->rec.id + "' is in use by a request still running").WithRetryAfter(1), v,
+        in->rec.id));
+  }
   StatusOr<journal::AcceptResult> accepted = journal::AcceptResult{journal::AcceptOutcome::kNew, in->rec};
   if (unjournaled) {
     // A journal that refuses new requests refuses this one before it runs.
@@ -415,9 +422,6 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
       res.set("Idempotent-Replayed", "true");
       co_return in->ex->Respond(std::move(res));
     }
-  }
-  if (!registered) {  // (the journal refuses a reused id; this is its in-flight twin)
-    co_return in->ex->Respond(ErrorResponse(Status::Conflict("request id '" + in->rec.id + "' is in use"), v));
   }
   std::weak_ptr<Live> weak = live;
   in->ex->OnDisconnect([this, weak] {

@@ -235,6 +235,8 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
     lk.unlock();
     return durable(rc, "log write");
   }
+  const int written_fd = fd_;
+  const int64_t written_at = size_;  // (before a rotation swaps the files)
   size_ += static_cast<int64_t>(rec.size());
   ++last_seq_;
   Rotate();
@@ -244,7 +246,7 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
     lk.unlock();
     return durable(SQLITE_OK, "");
   }
-  unsynced_.push_back({last_seq_, size_ - static_cast<int64_t>(rec.size()), std::move(queued), std::move(durable)});
+  unsynced_.push_back({last_seq_, written_fd, written_at, std::move(queued), std::move(durable)});
   lk.unlock();
   sync_cv_.notify_one();
 }
@@ -285,17 +287,9 @@ void CommitLog::SyncThread() {
     if (rc == SQLITE_OK && old_fd >= 0 && (::fdatasync(old_fd) != 0 || !SyncDir(path_))) rc = SQLITE_IOERR_FSYNC;
     if (rc == SQLITE_OK && ::fdatasync(fd) != 0) rc = SQLITE_IOERR_FSYNC;
     if (rc != SQLITE_OK) {
-      // Its callers hear that it failed, so its records must never be
-      // applied: the file goes back to before them, with those written
-      // since (not acknowledged either). Records before them synced fine.
-      // After a rotation the records span two files: no more records.
       lk.lock();
-      for (auto& u : unsynced_) batch.push_back(std::move(u));
-      unsynced_.clear();
-      const bool cut = old_fd < 0 && fd == fd_ && ::ftruncate(fd_, static_cast<off_t>(batch.front().offset)) == 0;
-      if (cut) size_ = batch.front().offset;
-      else broken_ = true;  // (the next Open cuts the tail off)
-      queued_seq_ = last_seq_;  // nothing of theirs is left to hand over
+      CutFailed(batch);
+      if (old_fd >= 0) rotated_ = true;  // the directory, after a rotation: synced again next round
       lk.unlock();
     } else {
       // Only this thread queues records at FULL, and in log order.
@@ -308,6 +302,37 @@ void CommitLog::SyncThread() {
     syncing_ = false;
     drained_cv_.notify_all();
   }
+}
+
+void CommitLog::CutFailed(std::vector<Unsynced>& batch) {
+  // Their callers hear that they failed, so these records must never be
+  // applied: each file goes back to before its first one, with those
+  // written since (not acknowledged either; records before them synced
+  // fine), and the cut is synced. Records of a file that cannot be cut stay
+  // at the end of the log's records (a file written after a rotation in
+  // this window holds only failed ones) and no record is taken after them:
+  // ReadAll leaves them out by count, and only a restart (a disk that fails
+  // its syncs) may still find them.
+  for (auto& u : unsynced_) batch.push_back(std::move(u));
+  unsynced_.clear();
+  int64_t left = 0;
+  for (const int fd : {old_fd_, fd_}) {
+    if (fd < 0) continue;
+    int64_t from = -1, n = 0;
+    for (const auto& u : batch) {
+      if (u.fd != fd) continue;
+      ++n;
+      if (from < 0 || u.offset < from) from = u.offset;
+    }
+    if (n == 0) continue;
+    if (::ftruncate(fd, static_cast<off_t>(from)) != 0 || ::fdatasync(fd) != 0) {
+      left += n;
+      continue;
+    }
+    (fd == fd_ ? size_ : old_size_) = from;
+  }
+  queued_seq_ = last_seq_ - left;  // (every record before them was handed over)
+  if (left > 0) broken_ = true;
 }
 
 void CommitLog::Applied(int64_t seq) {

@@ -65,10 +65,11 @@ class CommitLog {
   // `durable(SQLITE_OK)`: at once on the caller's thread without sync, on
   // the log's sync thread with it. A write or sync that fails calls
   // `durable` with its error and `queued` not at all. A failed sync cuts
-  // the file back to before the records it covered (and fails the records
-  // written meanwhile), so no replay applies a record whose caller heard it
-  // failed; a cut that fails, or a failed sync of a rotation, takes no more
-  // records until the next Open.
+  // the files back to before the records it covered (and fails the records
+  // written meanwhile) and syncs the cut, so no replay applies a record
+  // whose caller heard it failed. A cut that fails leaves them out of
+  // replays and takes no more records until the next Open; only that Open
+  // (after a restart on a disk that fails its syncs) may still find them.
   using Queued = std::function<void(int64_t seq)>;
   void Append(const std::string& payload, Queued queued, Durable durable);
 
@@ -120,15 +121,19 @@ class CommitLog {
   int64_t queued_seq_ = 0;  // the last record handed to `queued` (durable)
   int64_t done_seq_ = 0;    // the last record whose callbacks have run
   int64_t applied_ = 0;
-  bool broken_ = false;     // a torn record could not be cut off: no more records until Open
+  bool broken_ = false;     // a torn or failed record could not be cut off: no more records until Open
   // FULL: records written and waiting for the next fdatasync.
   struct Unsynced {
     int64_t seq;
-    int64_t offset;  // where the record begins in the file (with no rotation since)
+    int fd;          // the file it was written to
+    int64_t offset;  // where it begins there
     Queued queued;
     Durable durable;
   };
   std::vector<Unsynced> unsynced_;
+  // After a failed sync (mu_ held): the batch's records and those written
+  // since are cut off their files, or, failing that, left out and no more taken.
+  void CutFailed(std::vector<Unsynced>& batch);
   bool stop_ = false;
   bool syncing_ = false;  // the sync thread has records in hand
   bool rotated_ = false;  // with sync: a rotation the next sync round must make durable

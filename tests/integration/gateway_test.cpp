@@ -114,6 +114,23 @@ TEST_F(GatewayTest, ServesEveryRouteWithRequestIds) {
   EXPECT_EQ(Call(p, "POST", "/v1/chat/completions", Chat(2), {{"X-Request-Id", "my-request-1"}}).status, 409);
 }
 
+// A retry under the id of a request still running is refused before the
+// journal sees it, and the running one goes on untouched.
+TEST_F(GatewayTest, AnIdStillRunningIsRefusedAndTheRunningRequestGoesOn) {
+  const uint16_t p = gw_->port();
+  auto first = std::async(std::launch::async, [&] {
+    return Call(p, "POST", "/v1/chat/completions", Chat(200), {{"X-Request-Id", "busy-id"}});
+  });
+  for (int k = 0; k < 500 && Body(Call(p, "GET", "/v1/requests/busy-id")).value("state", "") != "running"; ++k) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  auto twin = Call(p, "POST", "/v1/chat/completions", Chat(2), {{"X-Request-Id", "busy-id"}});
+  EXPECT_EQ(twin.status, 409) << twin.body;
+  EXPECT_FALSE(twin.Header("retry-after").empty());
+  EXPECT_EQ(first.get().status, 200);
+  EXPECT_EQ(WaitTerminal(p, "busy-id")["state"], "completed");
+}
+
 TEST_F(GatewayTest, BadInputsGetOpenAiErrorsAndTheGatewayKeepsServing) {
   const uint16_t p = gw_->port();
   struct Case {

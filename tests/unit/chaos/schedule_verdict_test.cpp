@@ -107,7 +107,7 @@ ScenarioResult Healthy() {
 TEST(VerdictTest, AHealthyRunPassesAndCountsGoodputAndPercentiles) {
   ScenarioResult r = Healthy();
   for (int i = 0; i < 20; ++i) {
-    auto q = Ok("r" + std::to_string(i));
+    auto q = Ok(std::string("r").append(std::to_string(i)));  // (GCC 12 warns falsely on "r" + ...)
     q.latency_ms = 10 * (i + 1);
     r.requests.push_back(q);
   }
@@ -274,6 +274,7 @@ TEST(VerdictTest, CompetingServicesComparesInteractiveP95AloneAndUnderPressureAn
   EXPECT_EQ(v.interactive_alone, 11);
   EXPECT_EQ(v.interactive_pressure, 11);
   EXPECT_DOUBLE_EQ(v.interactive_p95_pressure_ms, 200);  // it is the slowest under pressure
+  EXPECT_NE(::testing::PrintToString(v.failures).find("2.00x"), std::string::npos) << ::testing::PrintToString(v.failures);
 }
 
 // One slow request among dozens moves a p95 by a third between identical
@@ -308,7 +309,7 @@ TEST(VerdictTest, CompetingServicesLeaveOutRequestsThatOverlappedAHostStall) {
   ScenarioResult r = Competing([](int i) { return i == 9 ? 2000 : 100; });
   VerdictOptions o;
   o.pressure_ms = {{4000, 6000}};
-  EXPECT_DOUBLE_EQ(Judge(r, o).interactive_p95_pressure_ms, 2000) << "without the stall on record it counts";
+  EXPECT_FALSE(Judge(r, o).passed) << "without the stall on record it counts (10 a side: the point ratio)";
   r.stalls = {{6500, 7500}};
   const Verdict v = Judge(r, o);
   EXPECT_TRUE(v.passed) << ::testing::PrintToString(v.failures);
