@@ -23,6 +23,11 @@ constexpr uint32_t kMaxRecord = 256u << 20;
 // their rows (under a steady load it may never be all applied at once).
 constexpr int64_t kRotateBytes = 8 << 20;
 constexpr int64_t kMaxBytes = int64_t{256} << 20;
+// An applied file is emptied once it holds this much (or once the journal
+// is idle, EmptyIfApplied): a truncation per batch of rows cost the journal's
+// thread as much as the batch's statements, and a restart that re-applies up
+// to this much of applied records (each applies idempotently) takes milliseconds.
+constexpr int64_t kEmptyAtBytes = 64 << 10;
 
 uint32_t Crc(const char* p, size_t n) {
   boost::crc_32_type c;
@@ -350,6 +355,13 @@ void CommitLog::Applied(int64_t seq) {
   // append (an I/O thread) would wait behind the truncation for the lock.
   // A later batch empties it, or a rotation sets it aside.
   if (syncing_ || !unsynced_.empty()) return;
+  if (size_ < kEmptyAtBytes) return;  // (EmptyIfApplied, once idle)
+  if (::ftruncate(fd_, 0) == 0) size_ = 0;
+}
+
+void CommitLog::EmptyIfApplied() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (applied_ < last_seq_ || size_ == 0 || syncing_ || !unsynced_.empty()) return;
   if (::ftruncate(fd_, 0) == 0) size_ = 0;
 }
 

@@ -80,8 +80,11 @@ class CommitLog {
 
   // Every record up to `seq` is applied in a committed transaction (and any
   // leftovers before them: call it only once they are). When that is every
-  // record written, the file is emptied.
+  // record written and the file holds 64 KiB or more, it is emptied.
   void Applied(int64_t seq);
+  // Empties the file, whatever its size, if every record in it is applied
+  // (the journal's thread, once the queue has been idle a while).
+  void EmptyIfApplied();
 
   // After the leftovers were applied and committed: they are not needed.
   void DropLeftovers();

@@ -74,6 +74,7 @@
 
 #include <atomic>
 #include <optional>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -135,7 +136,7 @@ struct JournalOptions {
   // How long the rows of a logged write (already durable in the commit log)
   // may wait for others to share their transaction; any other write, a read
   // or a Flush takes them along at once.
-  int64_t log_apply_delay_ms = 10;
+  int64_t log_apply_delay_ms = 100;
   // Test-only storage faults; null: SQLite's default VFS, untouched.
   std::shared_ptr<StorageFaults> faults;
 };
@@ -336,6 +337,8 @@ class Journal {
   size_t in_batch_ = 0;          // its writes
   bool stop_ = false;
   bool checkpoint_wanted_ = false;
+  // Under mu_: when the journal's thread, idle since, empties an applied log (0: nothing to tidy).
+  std::chrono::steady_clock::time_point tidy_log_at_{};
   std::atomic<int> wal_pages_{0};  // WAL pages after the last commit
   std::condition_variable lead_cv_;  // the journal's thread: a queue without a leader, a checkpoint, stop
   std::thread thread_;

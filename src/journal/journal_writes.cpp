@@ -33,6 +33,10 @@ constexpr int kCheckpointPages = 1000;
 // read, a Flush or a stop takes them along at once.
 constexpr size_t kApplyBatch = 64;
 
+// How long the queue stays idle after rows were applied before the journal's
+// thread empties the commit log (CommitLog::EmptyIfApplied).
+constexpr std::chrono::milliseconds kTidyLogAfter{200};
+
 // Runs `start(done)` and waits for `done`'s value.
 template <typename T, typename Start>
 T AwaitResult(Start start) {
@@ -110,10 +114,12 @@ void Journal::LeadBatch(std::unique_lock<std::mutex>& lk, std::unique_lock<std::
   }
   if (unapplied) log_stuck_ = true;
   else if (applied && !log_stuck_) log_->Applied(applied);
+  const bool tidy = applied && !log_stuck_;
   const bool committed = std::any_of(batch.begin(), batch.end(), [](const Writer* x) { return x->status.ok(); });
   db.unlock();
   deferred_ -= logged;
   lk.lock();
+  if (tidy) tidy_log_at_ = std::chrono::steady_clock::now() + kTidyLogAfter;
   if (log_stuck_ && committed && !unapplied) replay_wanted_ = true;
   stats_.writes += static_cast<int64_t>(batch.size());
   stats_.largest_batch = std::max(stats_.largest_batch, static_cast<int64_t>(batch.size()));
@@ -188,7 +194,18 @@ int Journal::OnWalCommit(void* self, sqlite3*, const char*, int pages) {
 void Journal::RunThread() {
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
-    lead_cv_.wait(lk, [&] { return !leading_ && (stop_ || checkpoint_wanted_ || replay_wanted_ || !writers_.empty()); });
+    auto work = [&] { return !leading_ && (stop_ || checkpoint_wanted_ || replay_wanted_ || !writers_.empty()); };
+    if (tidy_log_at_ == std::chrono::steady_clock::time_point{}) {
+      lead_cv_.wait(lk, work);
+    } else if (!lead_cv_.wait_until(lk, tidy_log_at_, work)) {
+      // Idle a while after rows were applied: the log goes empty (a
+      // truncation per batch cost as much as the batch).
+      tidy_log_at_ = {};
+      lk.unlock();
+      log_->EmptyIfApplied();
+      lk.lock();
+      continue;
+    }
     if (replay_wanted_) {
       // The storage takes writes again: the records whose rows did not commit go in now.
       replay_wanted_ = false;
@@ -197,6 +214,7 @@ void Journal::RunThread() {
       ReplayLog();
       lk.lock();
       leading_ = false;
+      tidy_log_at_ = std::chrono::steady_clock::now() + kTidyLogAfter;
     } else if (checkpoint_wanted_) {
       // Holds the queue like a batch: callers queue meanwhile, nobody leads.
       checkpoint_wanted_ = false;

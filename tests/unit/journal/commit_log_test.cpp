@@ -56,13 +56,21 @@ TEST_F(CommitLogTest, OnceEveryRecordIsAppliedTheFileIsEmptied) {
   ASSERT_EQ(Append(*log, "one"), 1);
   ASSERT_EQ(Append(*log, "two"), 2);
   log->Applied(1);
-  EXPECT_GT(fs::file_size(LogPath()), 0u);
+  log->EmptyIfApplied();
+  EXPECT_GT(fs::file_size(LogPath()), 0u) << "emptied with a record not applied";
   log->Applied(2);
+  EXPECT_GT(fs::file_size(LogPath()), 0u) << "a small file is emptied only once the journal is idle";
+  log->EmptyIfApplied();
   EXPECT_EQ(fs::file_size(LogPath()), 0u);
   EXPECT_EQ(Append(*log, "three"), 3);  // appends go on after it
   log.reset();
   OpenLog(&left);
   EXPECT_EQ(left, std::vector<std::string>{"three"});
+  // 64 KiB and more of applied records: emptied at once, without waiting for idleness.
+  log = OpenLog(&left);
+  for (int i = 0; i < 70; ++i) ASSERT_GT(Append(*log, std::string(1000, 'x')), 0);
+  log->Applied(log->last_seq());
+  EXPECT_EQ(fs::file_size(LogPath()), 0u);
 }
 
 // Under a steady load the file may never be all applied at once: past 8 MiB
@@ -159,7 +167,8 @@ TEST_F(CommitLogTest, PastItsBoundTheLogRefusesRecordsAsAFullDiskDoes) {
               [&](int r, const std::string& w) { rc = r, what = w; });
   EXPECT_EQ(rc, SQLITE_FULL);
   EXPECT_NE(what.find("have not committed"), std::string::npos) << what;
-  log->Applied(3);  // emptied: room again
+  log->Applied(3);
+  log->EmptyIfApplied();  // emptied: room again
   EXPECT_EQ(Append(*log, kb), 4);
 }
 
