@@ -161,7 +161,10 @@ StatusOr<std::unique_ptr<CommitLog>> CommitLog::Open(const std::string& path, bo
 
 CommitLog::CommitLog(std::string path, int fd, bool sync, std::shared_ptr<StorageFaults> faults, int64_t size)
     : path_(std::move(path)), fd_(fd), sync_(sync), faults_(std::move(faults)), max_bytes_(kMaxBytes), size_(size) {
-  if (sync_) syncer_ = std::thread([this] { SyncThread(); });
+  if (sync_) {
+    syncer_ = std::thread([this] { SyncThread(); });
+    sync_tid_ = syncer_.get_id();
+  }
 }
 
 CommitLog::~CommitLog() {
@@ -181,10 +184,10 @@ void CommitLog::Stop() {
 }
 
 void CommitLog::Drain() {
-  if (std::this_thread::get_id() == syncer_.get_id()) return;  // (a callback of its own: it would wait for itself)
+  if (!sync_ || std::this_thread::get_id() == sync_tid_) return;  // (a callback of its own: it would wait for itself)
   std::unique_lock<std::mutex> lk(mu_);
   const int64_t target = last_seq_;  // what was written before the call: later appends cannot starve it
-  drained_cv_.wait(lk, [&] { return done_seq_ >= target || !syncer_.joinable(); });
+  drained_cv_.wait(lk, [&] { return done_seq_ >= target || sync_done_; });
 }
 
 void CommitLog::Rotate() {
@@ -276,7 +279,11 @@ void CommitLog::SyncThread() {
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
     sync_cv_.wait(lk, [&] { return stop_ || !unsynced_.empty(); });
-    if (unsynced_.empty()) return;  // stop_, with nothing left to sync
+    if (unsynced_.empty()) {  // stop_, with nothing left to sync
+      sync_done_ = true;
+      drained_cv_.notify_all();
+      return;
+    }
     // Everything written so far shares this sync (group commit); writes
     // meanwhile wait for the next one.
     std::vector<Unsynced> batch = std::move(unsynced_);

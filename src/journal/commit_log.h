@@ -143,6 +143,8 @@ class CommitLog {
   std::condition_variable sync_cv_;
   std::condition_variable drained_cv_;
   std::thread syncer_;
+  std::thread::id sync_tid_;  // set once, before any Drain
+  bool sync_done_ = false;    // under mu_: the sync thread has returned (Stop)
 };
 
 // The payload's fields: fixed-width little-endian integers and
