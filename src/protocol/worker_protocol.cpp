@@ -1,6 +1,5 @@
 #include "protocol/worker_protocol.h"
 
-#include "api/http_client.h"
 
 #include <charconv>
 #include <system_error>
@@ -150,13 +149,25 @@ std::optional<Timings> TimingsOf(std::string_view body) {
     }
     return std::nullopt;
   };
-  json j = json::parse(body, nullptr, false);
-  if (!j.is_discarded()) return from(j);
-  // The last event that carries them, looked for from the end: the worker
-  // sends them in its final chunk, so a long stream's events are not parsed again.
-  const auto events = http::ParseSseData(std::string(body));
-  for (auto it = events.rbegin(); it != events.rend(); ++it) {
-    if (auto t = from(json::parse(*it, nullptr, false))) return t;
+  if (!body.empty() && body.front() != 'd') {  // (not an event stream, which begins "data:")
+    json j = json::parse(body, nullptr, false);
+    if (!j.is_discarded()) return from(j);
+  }
+  // The last event that carries them, looked for line by line from the end
+  // (the worker sends them in its final chunk): a long stream's text is
+  // neither copied nor split, and only a line naming them is parsed.
+  size_t end = body.size();
+  while (end > 0) {
+    const size_t nl = body.rfind('\n', end - 1);
+    const size_t start = nl == std::string_view::npos ? 0 : nl + 1;
+    std::string_view line = body.substr(start, end - start);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.rfind("data:", 0) == 0 && line.find("\"timings\"") != std::string_view::npos) {
+      line.remove_prefix(5);
+      if (auto t = from(json::parse(line, nullptr, false))) return t;
+    }
+    if (start == 0) break;
+    end = start - 1;
   }
   return std::nullopt;
 }

@@ -74,6 +74,13 @@ TEST(WorkerProtocolTest, TimingsFromABodyOrAStreamsLastEvent) {
       "data: {\"spillway\":{\"timings\":{\"prompt_ms\":4}}}\n\ndata: [DONE]\n\n");
   ASSERT_TRUE(t);
   EXPECT_EQ(t->prompt_ms, 4);  // the last event that carries them
+  // CRLF lines, no space after "data:", and a last line without its newline.
+  t = TimingsOf("data:{\"spillway\":{\"timings\":{\"prompt_ms\":5}}}\r\n\r\ndata: [DONE]");
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->prompt_ms, 5);
+  EXPECT_FALSE(TimingsOf("data: {\"choices\":[]}\n\ndata: [DONE]\n\n"));
+  EXPECT_FALSE(TimingsOf(""));
+  EXPECT_FALSE(TimingsOf("\n\n"));
   EXPECT_FALSE(TimingsOf("{\"choices\":[]}"));
 }
 
