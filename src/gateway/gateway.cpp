@@ -305,14 +305,15 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   // gateway itself: a client's are dropped before the journal sees them.
   bool rewritten = body->erase("spillway_resume") > 0;
   std::optional<uint32_t> seed;
-  if (endpoint != "embedding" && (!body->contains("seed") || (*body)["seed"].is_null())) {
+  const bool has_seed = body->contains("seed");
+  if (endpoint != "embedding" && (!has_seed || (*body)["seed"].is_null())) {
     std::lock_guard<std::mutex> lk(mu_);
     seed = static_cast<uint32_t>(rng_() % 0xFFFFFFFFull);
   }
   // Only a seed to add (no such member at all): into the text as it came,
   // not a re-serialization of the whole body (a long chat's prompt).
   std::optional<std::string> seeded;
-  if (seed && !rewritten && !body->contains("seed")) seeded = api::WithFirstMember(req.body(), "seed", std::to_string(*seed));
+  if (seed && !rewritten && !has_seed) seeded = api::WithFirstMember(req.body(), "seed", std::to_string(*seed));
   if (seeded) {
     in->rec.body = std::move(*seeded);
   } else {

@@ -19,11 +19,6 @@ nlohmann::json BreakerJson(const failover::Breaker& b, int64_t now_ms) {
   return j;
 }
 
-}  // namespace
-
-
-namespace {
-
 failover::BreakerOptions BreakerOf(const config::ServiceConfig& s) {
   return {s.failover.breaker_failures, static_cast<int64_t>(s.failover.ejection_s * 1000),
           static_cast<int64_t>(s.failover.max_ejection_s * 1000)};

@@ -356,19 +356,20 @@ void CommitLog::Applied(int64_t seq) {
     old_fd_ = -1;
     old_size_ = 0;
   }
-  if (applied_ < last_seq_ || size_ == 0) return;
-  // Every record is in SQLite: none is needed at a restart. Not while a
-  // sync runs: a truncation waits for the pages it is writing, and an
-  // append (an I/O thread) would wait behind the truncation for the lock.
-  // A later batch empties it, or a rotation sets it aside.
-  if (syncing_ || !unsynced_.empty()) return;
-  if (size_ < kEmptyAtBytes) return;  // (EmptyIfApplied, once idle)
-  if (::ftruncate(fd_, 0) == 0) size_ = 0;
+  EmptyAtLeast(kEmptyAtBytes);  // (smaller: EmptyIfApplied, once idle)
 }
 
 void CommitLog::EmptyIfApplied() {
   std::lock_guard<std::mutex> lk(mu_);
-  if (applied_ < last_seq_ || size_ == 0 || syncing_ || !unsynced_.empty()) return;
+  EmptyAtLeast(1);
+}
+
+void CommitLog::EmptyAtLeast(int64_t min_bytes) {
+  // Every record is in SQLite: none is needed at a restart. Not while a
+  // sync runs: a truncation waits for the pages it is writing, and an
+  // append (an I/O thread) would wait behind the truncation for the lock.
+  // A later batch empties it, or a rotation sets it aside.
+  if (applied_ < last_seq_ || size_ < min_bytes || syncing_ || !unsynced_.empty()) return;
   if (::ftruncate(fd_, 0) == 0) size_ = 0;
 }
 

@@ -8,7 +8,8 @@
 // A record is written (and at FULL fdatasync'ed, concurrent appends sharing
 // one sync) before its caller hears it is durable. Once every record appended
 // so far has been applied in a committed transaction (and no sync is running),
-// the file is emptied. A process that dies between the two leaves records
+// the file is emptied once it holds 64 KiB or the journal is idle. A process
+// that dies between the two leaves records
 // behind: Open returns them and the journal applies them again before it
 // takes new writes (each record
 // applies idempotently: a request's row is inserted once, its first terminal
@@ -108,6 +109,9 @@ class CommitLog {
   CommitLog(std::string path, int fd, bool sync, std::shared_ptr<StorageFaults> faults, int64_t size);
   void SyncThread();
   void Rotate();  // mu_ held
+  // Empties the file if every record is applied, no sync runs and it holds
+  // at least `min_bytes` (mu_ held).
+  void EmptyAtLeast(int64_t min_bytes);
 
   const std::string path_;
   int fd_;  // under mu_ (a rotation replaces it)

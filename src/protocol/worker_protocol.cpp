@@ -1,6 +1,5 @@
 #include "protocol/worker_protocol.h"
 
-
 #include <charconv>
 #include <system_error>
 
