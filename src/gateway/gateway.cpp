@@ -63,6 +63,7 @@ void Gateway::Start(boost::asio::any_io_executor io, std::vector<journal::Reques
     auto live = std::make_shared<Live>();
     live->id = rec.id;
     live->service = rec.service;
+    live->client = rec.client;
     if (config_.FindExternal(rec.service)) live->upstream_control = std::make_shared<upstream::StreamControl>();
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -371,6 +372,7 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
   auto live = std::make_shared<Live>();
   live->id = in->rec.id;
   live->service = in->rec.service;
+  live->client = in->rec.client;
   live->queue_slot = std::move(in->queue_slot);
   if (config_.FindExternal(in->rec.service)) live->upstream_control = std::make_shared<upstream::StreamControl>();
   live->Enter(LivePhase::kQueued, clock_.NowMs());

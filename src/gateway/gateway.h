@@ -238,6 +238,8 @@ class Gateway {
   void HandleRequestQuery(const std::string& id, bool cancel, const Caller& caller, std::shared_ptr<http::Exchange> ex,
                           unsigned v);
   void Cancel(const std::shared_ptr<Live>& live);
+  // The request running here under `id`, when `caller` may see it (null otherwise).
+  std::shared_ptr<Live> LiveFor(const std::string& id, const Caller& caller);
   std::string NewRequestId();
   std::string ClientOf(const http::Request& req) const;
   Caller CallerOf(const http::Request& req) const;

@@ -102,6 +102,7 @@ inline const char* LivePhaseName(LivePhase p) {
 struct Gateway::Live {
   std::string id;
   std::string service;
+  std::string client;       // who sent it (who may cancel it before its first row)
   int64_t deadline_ms = 0;  // 0: none (X-Request-Timeout)
   std::atomic<bool> cancelled{false};
   std::atomic<uint16_t> worker_port{0};

@@ -14,6 +14,13 @@
 
 namespace spillway::gateway {
 
+std::shared_ptr<Gateway::Live> Gateway::LiveFor(const std::string& id, const Caller& caller) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = live_.find(id);
+  if (it == live_.end() || (!caller.sees_all && it->second->client != caller.client)) return nullptr;
+  return it->second;
+}
+
 void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Caller& caller,
                                  std::shared_ptr<http::Exchange> ex, unsigned v) {
   // Another client's request does not exist for this caller (404, the same
@@ -26,6 +33,22 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Calle
   }
   if (cancel) {
     auto rec = journal_.Get(id);
+    if (!rec.ok() && rec.status().code() == StatusCode::kNotFound) {
+      // Not journaled yet, but here: a request with its own X-Request-Id
+      // whose Accept is still on its way, or one of the gateway's own ids
+      // before its first commit. Cancelled now, it ends cancelled once its
+      // row exists (its lifecycle checks before every attempt).
+      if (auto live = LiveFor(id, caller)) {
+        Cancel(live);
+        return ex->Respond(JsonResponse(200, {{"id", id},
+                                              {"object", "spillway.request"},
+                                              {"state", "queued"},
+                                              {"service", live->service},
+                                              {"phase", LivePhaseName(live->phase.load())},
+                                              {"cancelled", true}},
+                                        v));
+      }
+    }
     if (!rec.ok()) return ex->Respond(ErrorResponse(rec.status(), v));
     if (journal::IsTerminal(rec->state)) {
       return ex->Respond(ErrorResponse(Status::Conflict("request '" + id + "' already ended: " +
@@ -35,13 +58,7 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Calle
     // is written, so one whose row was read is found (looked up before, a
     // request that arrived while the read waited for the journal was missed,
     // and a 200 cancelled nothing).
-    std::shared_ptr<Live> live;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      auto it = live_.find(id);
-      if (it != live_.end()) live = it->second;
-    }
-    if (live) Cancel(live);
+    if (auto live = LiveFor(id, caller)) Cancel(live);
     if (rec->state == State::kQueued) {
       Logged(journal_.Finish(id, State::kCancelled, 499, "application/json",
                              ErrorJson(Status::Cancelled("request cancelled"), id).dump(), "cancelled while queued"),

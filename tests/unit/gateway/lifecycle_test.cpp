@@ -369,6 +369,35 @@ TEST_F(LifecycleTest, ACancelReachesAWaitingRequestAndTheJournalSaysCancelled) {
   EXPECT_EQ(fallback_.calls(), 0u) << "a cancelled request is not moved elsewhere";
 }
 
+// A cancel that arrives while the request's first row is still on its way
+// to the disk (here: a request with an id of the gateway's making, already
+// sent to its worker while its commit syncs): it is cancelled all the same.
+// It was a 404, and the request then ran to its end.
+TEST_F(LifecycleTest, ACancelBeforeTheFirstRowIsDurableStillCancels) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  faults_->BlockSyncs();
+  auto ex = Send("/v1/completions", json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump());
+  ASSERT_TRUE(faults_->WaitForHeldSyncs(1, std::chrono::seconds(10)));
+  const bool sent = Eventually([&] { return primary_.calls() == 1; });
+  std::string id;
+  if (sent) {
+    std::lock_guard<std::mutex> lk(primary_.mu);
+    id = primary_.ids[0];
+  }
+  auto cancel = Send("/v1/requests/" + id, "", "DELETE");
+  const bool answered = cancel->Wait();
+  faults_->Unblock();  // before any assertion can end the test
+  ASSERT_TRUE(sent);
+  ASSERT_TRUE(answered);
+  EXPECT_EQ(cancel->status(), 200u) << cancel->body();
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 499u) << ex->body();
+  EXPECT_TRUE(Eventually([&] { return Journaled(id).state == journal::State::kCancelled; }));
+  auto unknown = Send("/v1/requests/r-never", "", "DELETE");
+  ASSERT_TRUE(unknown->Wait());
+  EXPECT_EQ(unknown->status(), 404u);
+}
+
 TEST_F(LifecycleTest, AClientThatGoesAwayCancelsItsRequest) {
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
   auto ex = Complete("r-gone-client", true);
