@@ -99,6 +99,7 @@ struct Shared {
   void GiveBody(size_t n) { body_bytes.fetch_sub(n); }
   const ServerOptions opts;
   std::atomic<size_t> connections{0};
+  std::atomic<uint64_t> accepted{0};
   std::atomic<size_t> body_bytes{0};
 };
 
@@ -113,6 +114,7 @@ class ExchangeImpl final : public Exchange {
   void OnDisconnect(std::function<void()> cb) override;
   bool disconnected() const override { return disconnected_.load(); }
   size_t unsent_bytes() const override { return static_cast<size_t>(std::max<int64_t>(0, unsent_->load())); }
+  net::any_io_executor executor() const override;
 
   std::atomic<bool> disconnected_{false};
   // Shared with the session's queue items, which count down as they are sent.
@@ -132,6 +134,7 @@ class Session : public std::enable_shared_from_this<Session> {
         opts_(shared_->opts),
         handler_(handler) {
     shared_->connections.fetch_add(1);
+    shared_->accepted.fetch_add(1);
   }
   ~Session() {
     ReleaseBody();
@@ -453,11 +456,15 @@ ExchangeImpl::~ExchangeImpl() {
   net::post(s->executor(), [s] { s->ExchangeDropped(); });
 }
 
+net::any_io_executor ExchangeImpl::executor() const { return session_->executor(); }
+
+// On the session's strand these run at once (a request whose lifecycle runs
+// there answers without a hop); from anywhere else they are queued to it.
 void ExchangeImpl::Respond(Response res) {
   if (finished_.exchange(true)) return;
   auto s = session_;
   auto r = std::make_shared<Response>(std::move(res));
-  net::post(s->executor(), [s, r] { s->Enqueue({r, {}, true}); });
+  net::dispatch(s->executor(), [s, r] { s->Enqueue({r, {}, true}); });
 }
 
 void ExchangeImpl::StartStream(Response header) {
@@ -472,7 +479,7 @@ void ExchangeImpl::StartStream(Response header) {
   }
   raw += "\r\n";
   auto s = session_;
-  net::post(s->executor(), [s, raw = std::move(raw)]() mutable { s->Enqueue({nullptr, std::move(raw), false}); });
+  net::dispatch(s->executor(), [s, raw = std::move(raw)]() mutable { s->Enqueue({nullptr, std::move(raw), false}); });
 }
 
 void ExchangeImpl::Write(std::string data) {
@@ -480,7 +487,7 @@ void ExchangeImpl::Write(std::string data) {
   auto s = session_;
   std::string raw = ChunkFrame(data);
   *unsent_ += static_cast<int64_t>(raw.size());
-  net::post(s->executor(), [s, raw = std::move(raw), u = unsent_]() mutable {
+  net::dispatch(s->executor(), [s, raw = std::move(raw), u = unsent_]() mutable {
     s->Enqueue({nullptr, std::move(raw), false, std::move(u)});  // dropped unsent: its destructor counts it down
   });
 }
@@ -488,23 +495,26 @@ void ExchangeImpl::Write(std::string data) {
 void ExchangeImpl::End() {
   if (finished_.exchange(true)) return;
   auto s = session_;
-  net::post(s->executor(), [s] { s->Enqueue({nullptr, "0\r\n\r\n", true}); });
+  net::dispatch(s->executor(), [s] { s->Enqueue({nullptr, "0\r\n\r\n", true}); });
 }
 
 void ExchangeImpl::OnDisconnect(std::function<void()> cb) {
   auto s = session_;
-  net::post(s->executor(), [s, cb = std::move(cb)]() mutable { s->SetDisconnectCallback(std::move(cb)); });
+  net::dispatch(s->executor(), [s, cb = std::move(cb)]() mutable { s->SetDisconnectCallback(std::move(cb)); });
 }
 
 }  // namespace
 
 struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
-  Impl(net::io_context& ioc, ServerOptions o, Handler h)
-      : ioc(ioc), acceptor(net::make_strand(ioc)), retry(acceptor.get_executor()),
-        shared(std::make_shared<Shared>(o)), handler(std::move(h)) {}
+  Impl(net::io_context& ioc, ServerOptions o, Handler h, std::vector<net::io_context*> l)
+      : ioc(ioc), loops(std::move(l)), acceptor(net::make_strand(ioc)), retry(acceptor.get_executor()),
+        shared(std::make_shared<Shared>(o)), handler(std::move(h)) {
+    if (loops.empty()) loops.push_back(&ioc);
+  }
 
   void DoAccept() {
-    acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](beast::error_code ec, tcp::socket s) {
+    net::io_context& loop = *loops[next_loop++ % loops.size()];
+    acceptor.async_accept(net::make_strand(loop), [self = shared_from_this()](beast::error_code ec, tcp::socket s) {
       if (ec == net::error::operation_aborted || !self->acceptor.is_open()) return;
       if (ec) {
         // Out of file descriptors (or another transient failure): the
@@ -542,14 +552,16 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   }
 
   net::io_context& ioc;
+  std::vector<net::io_context*> loops;
+  size_t next_loop = 0;  // (on the acceptor's strand)
   tcp::acceptor acceptor;
   net::steady_timer retry;
   std::shared_ptr<Shared> shared;
   Handler handler;
 };
 
-Server::Server(net::io_context& ioc, ServerOptions opts, Handler handler)
-    : impl_(std::make_shared<Impl>(ioc, std::move(opts), std::move(handler))) {}
+Server::Server(net::io_context& ioc, ServerOptions opts, Handler handler, std::vector<net::io_context*> loops)
+    : impl_(std::make_shared<Impl>(ioc, std::move(opts), std::move(handler), std::move(loops))) {}
 
 Server::~Server() { Stop(); }
 
@@ -573,6 +585,8 @@ uint16_t Server::port() const {
   auto ep = impl_->acceptor.local_endpoint(ec);
   return ec ? 0 : ep.port();
 }
+
+uint64_t Server::accepted() const { return impl_->shared->accepted.load(); }
 
 void Server::Stop() {
   auto impl = impl_;

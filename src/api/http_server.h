@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <vector>
 #include <memory>
 #include <string>
 
@@ -77,13 +78,21 @@ class Exchange {
   // Bytes given to Write() that have not reached the socket yet: a relay
   // pauses reading its upstream while a slow reader has much of it unsent.
   virtual size_t unsent_bytes() const { return 0; }
+  // Where the exchange's own work runs (its connection's strand), so that
+  // the request's work may run there too and answer without a hop to
+  // another thread; none (the default) when it has no such place.
+  virtual boost::asio::any_io_executor executor() const { return {}; }
 };
 
 using Handler = std::function<void(Request req, std::shared_ptr<Exchange> ex)>;
 
 class Server {
  public:
-  Server(boost::asio::io_context& ioc, ServerOptions opts, Handler handler);
+  // Connections live on `ioc`, or, when `loops` are given, on those in turn
+  // (an event loop per thread, as nginx's workers: a connection's reads,
+  // its requests' work and its answers then stay on one thread).
+  Server(boost::asio::io_context& ioc, ServerOptions opts, Handler handler,
+         std::vector<boost::asio::io_context*> loops = {});
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -92,6 +101,8 @@ class Server {
   // a free port (see port()).
   Status Listen(const std::string& host, uint16_t port);
   uint16_t port() const;
+  // Connections accepted so far (tests tell a reused connection from a new one).
+  uint64_t accepted() const;
   void Stop();
 
  private:

@@ -3,6 +3,7 @@
 #include "cli/serve_config.h"
 #include "cli/serve_notify.h"
 
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -265,7 +266,12 @@ int Serve(const ServeArgs& a) {
     (*admitted_starts)[key] = now;  // the gate runs on the supervisor's thread only
     return Status::Ok();
   });
-  boost::asio::io_context ioc;
+  // io_threads event loops, one thread each (concurrency hint 1: no
+  // thread hands a loop's work to another). This one also runs the
+  // gateway's own timers and signals; client connections go to each in turn.
+  boost::asio::io_context ioc(1);
+  std::vector<std::unique_ptr<boost::asio::io_context>> more_loops;
+  for (int i = 1; i < cfg.io_threads; ++i) more_loops.push_back(std::make_unique<boost::asio::io_context>(1));
   // systemd's Type=notify: READY, STATUS, the watchdog, STOPPING (no-ops outside systemd).
   ServeNotifications notifications(ioc, supervisor, ServiceNotifier::FromEnvironment());
   // Said while the models load, so a first `make run` never looks hung.
@@ -353,9 +359,11 @@ int Serve(const ServeArgs& a) {
   so.max_body_bytes = cfg.max_body_bytes;
   so.max_body_memory_bytes = cfg.max_body_memory_bytes;
   so.max_connections = http::ConnectionCap(static_cast<size_t>(cfg.max_connections), ReservedDescriptors(cfg));
-  http::Server server(ioc, so, [&gw](http::Request req, std::shared_ptr<http::Exchange> ex) {
-    gw.Handle(std::move(req), std::move(ex));
-  });
+  std::vector<boost::asio::io_context*> loops = {&ioc};
+  for (auto& l : more_loops) loops.push_back(l.get());
+  http::Server server(
+      ioc, so, [&gw](http::Request req, std::shared_ptr<http::Exchange> ex) { gw.Handle(std::move(req), std::move(ex)); },
+      loops);
   if (Status st = server.Listen(cfg.listen_host, cfg.listen_port); !st.ok()) {
     std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());
     supervisor.Stop();
@@ -402,11 +410,18 @@ int Serve(const ServeArgs& a) {
     server.Stop();
     prune.cancel();
     ioc.stop();
+    for (auto& l : more_loops) l->stop();
   });
   std::signal(SIGPIPE, SIG_IGN);
-  std::thread second([&] { http::RunLogged(ioc, "spillway"); });
+  std::vector<std::thread> loop_threads;
+  for (auto& l : more_loops) {
+    loop_threads.emplace_back([l = l.get()] {
+      auto work = boost::asio::make_work_guard(*l);  // idle until stopped
+      http::RunLogged(*l, "spillway");
+    });
+  }
   http::RunLogged(ioc, "spillway");
-  second.join();
+  for (auto& t : loop_threads) t.join();
   gw.Shutdown();  // before the I/O context goes
   supervisor.Stop();
   return 0;

@@ -260,6 +260,7 @@ struct GatewayConfig {
   int max_queue = 256;
   int json_max_depth = 64;      // nesting of request bodies (gateway and workers); deeper is 400
   int max_connections = 1024;   // open client connections (lowered to fit the file-descriptor limit)
+  int io_threads = 2;           // event loops, a thread each; a client connection stays on one
   size_t max_body_memory_bytes = 32 << 20;  // request bodies held at once, all clients together (each costs ~7x in parsing)
   int max_requests_per_key = 64;  // requests in flight per API key (or per local client without keys); more get 429
   std::vector<std::string> operator_keys;  // may see and cancel every client's requests

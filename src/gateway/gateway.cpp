@@ -87,8 +87,9 @@ void Gateway::Shutdown() {
   for (auto& [name, signal] : signals_) signal->Notify();
 }
 
-void Gateway::Spawn(boost::asio::awaitable<void> task) {
-  boost::asio::co_spawn(boost::asio::make_strand(*io_), std::move(task), [](std::exception_ptr e) {
+void Gateway::Spawn(boost::asio::awaitable<void> task, boost::asio::any_io_executor where) {
+  if (!where) where = boost::asio::make_strand(*io_);
+  boost::asio::co_spawn(where, std::move(task), [](std::exception_ptr e) {
     if (!e) return;
     try {
       std::rethrow_exception(e);
@@ -352,7 +353,7 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
     --waiting_;
     --mine;
   });
-  Spawn(Process(in));
+  Spawn(Process(in), ex->executor());
 }
 
 boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {

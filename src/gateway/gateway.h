@@ -212,7 +212,9 @@ class Gateway {
   boost::asio::awaitable<void> Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
                                    std::shared_ptr<Live> live, bool unjournaled = false);
   // Starts a request's coroutine on a strand of its own; an exception is logged.
-  void Spawn(boost::asio::awaitable<void> task);
+  // Runs `task` on `where` (a client's connection strand, so its answer
+  // needs no hop to another thread), or on a strand of its own.
+  void Spawn(boost::asio::awaitable<void> task, boost::asio::any_io_executor where = {});
   // Blocking work (journal reads, status snapshots) off the I/O threads.
   template <typename F>
   boost::asio::awaitable<std::invoke_result_t<F&>> Blocking(F f);

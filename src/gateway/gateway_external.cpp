@@ -95,7 +95,7 @@ void Gateway::HandleExternal(http::Request& req, std::shared_ptr<http::Exchange>
   }
   const std::string service = in->rec.service, id = in->rec.id;
   in->queue_slot = std::shared_ptr<void>(nullptr, [this, service, id](void*) { external_lines_->Leave(service, id); });
-  Spawn(Process(in));
+  Spawn(Process(in), in->ex->executor());
 }
 
 boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,

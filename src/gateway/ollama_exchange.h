@@ -44,6 +44,7 @@ class OllamaExchange final : public http::Exchange {
   void OnDisconnect(std::function<void()> cb) override { inner_->OnDisconnect(std::move(cb)); }
   bool disconnected() const override { return inner_->disconnected(); }
   size_t unsent_bytes() const override { return inner_->unsent_bytes(); }
+  boost::asio::any_io_executor executor() const override { return inner_->executor(); }
 
  private:
   std::shared_ptr<http::Exchange> inner_;

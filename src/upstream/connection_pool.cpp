@@ -8,6 +8,9 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cctype>
 #include <optional>
 
@@ -104,18 +107,39 @@ void ConnectionPool::Clear() {
 }
 
 std::unique_ptr<ConnectionPool::Conn> ConnectionPool::Take(uint16_t port, const net::any_io_executor& ex, bool* reused) {
+  std::unique_ptr<Conn> c;
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto& v = idle_[port];
-    if (!v.empty()) {
-      auto c = std::move(v.back());
+    // One that lives on the caller's executor already (the same client
+    // connection's strand), else the most recent one.
+    auto it = std::find_if(v.rbegin(), v.rend(), [&](const auto& k) { return k->stream.get_executor() == ex; });
+    if (it != v.rend()) {
+      c = std::move(*it);
+      v.erase(std::next(it).base());
+    } else if (!v.empty()) {
+      c = std::move(v.back());
       v.pop_back();
-      *reused = true;
-      return c;
     }
   }
-  *reused = false;
-  return std::make_unique<Conn>(ex);
+  *reused = c != nullptr;
+  if (!c || c->stream.get_executor() == ex) return c ? std::move(c) : std::make_unique<Conn>(ex);
+  // Moved to the caller's executor: its completions and timeouts then run
+  // where the caller runs (a stream's timeout fires on its own executor).
+  auto moved = std::make_unique<Conn>(ex);
+  beast::error_code ec;
+  const auto fd = c->stream.socket().release(ec);
+  if (!ec) {
+    moved->stream.socket().assign(tcp::v4(), fd, ec);
+    if (ec) ::close(fd);
+  }
+  if (ec) {  // dropped: a fresh one instead
+    *reused = false;
+    return moved;
+  }
+  moved->buffer = std::move(c->buffer);
+  moved->connected = true;
+  return moved;
 }
 
 void ConnectionPool::Give(uint16_t port, std::unique_ptr<Conn> c) {

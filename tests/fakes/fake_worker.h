@@ -1,8 +1,7 @@
 // An in-process fake worker for tests of the gateway's async plumbing: an
 // HTTP server (the same Beast server the worker uses) on a loopback port,
 // answering from a handler the test gives, on its own I/O thread. It counts
-// the connections it accepted (through the Host-independent peer count of
-// requests per connection) and can close every connection after answering.
+// the requests it was sent and the connections it accepted.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -37,6 +36,7 @@ class FakeWorker {
   bool ok() const { return ok_; }
   uint16_t port() const { return server_->port(); }
   int requests() const { return requests_.load(); }
+  uint64_t connections() const { return server_->accepted(); }
 
  private:
   Handler handler_;

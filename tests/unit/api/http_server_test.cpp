@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 
 #include <sys/socket.h>
@@ -11,6 +13,7 @@
 #include <atomic>
 #include <stdexcept>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "api/http_client.h"
@@ -122,6 +125,59 @@ TEST(ServerListenTest, RejectsNonNumericHost) {
   EXPECT_TRUE(IsLoopbackAddress("::1"));
   EXPECT_FALSE(IsLoopbackAddress("0.0.0.0"));
   EXPECT_FALSE(IsLoopbackAddress("nonsense"));
+}
+
+// With event loops given, connections go to each in turn, and a
+// connection's requests are handled on its loop's thread, answered there
+// without a hop (the exchange's executor is that connection's strand).
+TEST(ServerLoopsTest, ConnectionsTakeTheLoopsInTurnAndStayOnTheirThread) {
+  net::io_context main_ioc, loop_a(1), loop_b(1);
+  std::mutex mu;
+  std::vector<std::thread::id> seen;
+  bool on_strand = true;
+  Server s(
+      main_ioc, {},
+      [&](Request, std::shared_ptr<Exchange> ex) {
+        {
+          std::lock_guard<std::mutex> lk(mu);
+          seen.push_back(std::this_thread::get_id());
+          const auto where = ex->executor();
+          const auto* strand = where.target<net::strand<net::io_context::executor_type>>();
+          on_strand = on_strand && strand && strand->running_in_this_thread();
+        }
+        ex->Respond(MakeResponse(200, "ok", "text/plain"));
+      },
+      {&loop_a, &loop_b});
+  ASSERT_TRUE(s.Listen("127.0.0.1", 0).ok());
+  auto guard_a = net::make_work_guard(loop_a);
+  auto guard_b = net::make_work_guard(loop_b);
+  std::thread main_thread([&] { main_ioc.run(); });
+  std::thread ta([&] { loop_a.run(); }), tb([&] { loop_b.run(); });
+  const std::thread::id main_id = main_thread.get_id(), a = ta.get_id(), b = tb.get_id();
+  {
+    Connection first("127.0.0.1", s.port()), second("127.0.0.1", s.port());
+    for (int i = 0; i < 2; ++i) {
+      for (auto* c : {&first, &second}) {
+        auto r = c->Send("GET", "/", "");
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        EXPECT_EQ(r->status, 200);
+      }
+    }
+  }
+  s.Stop();
+  main_ioc.stop();
+  loop_a.stop();
+  loop_b.stop();
+  main_thread.join();
+  ta.join();
+  tb.join();
+  ASSERT_EQ(seen.size(), 4u);
+  EXPECT_NE(seen[0], seen[1]) << "two connections on one loop";
+  EXPECT_TRUE((seen[0] == a && seen[1] == b) || (seen[0] == b && seen[1] == a)) << "a connection outside the loops";
+  EXPECT_EQ(seen[0], seen[2]) << "a connection's requests moved between threads";
+  EXPECT_EQ(seen[1], seen[3]) << "a connection's requests moved between threads";
+  EXPECT_NE(seen[0], main_id);
+  EXPECT_TRUE(on_strand) << "a handler ran outside its exchange's executor";
 }
 
 // Raw connections for the hostile-peer tests.

@@ -116,6 +116,13 @@ TEST(ConfigTest, CharactersTheTomlParserCannotReadSafelyAreRefused) {
   EXPECT_EQ(keys->max_body_memory_bytes, 4096u);
   EXPECT_EQ(keys->json_max_depth, 32);
   EXPECT_FALSE(ParseConfig("json_max_depth = 1\n", "k.toml").ok());
+  EXPECT_EQ(ParseConfig("", "k.toml")->io_threads, 2);
+  EXPECT_EQ(ParseConfig("io_threads = 1\n", "k.toml")->io_threads, 1);
+  for (const char* bad : {"io_threads = 0\n", "io_threads = 65\n", "io_threads = \"two\"\n"}) {
+    auto r = ParseConfig(bad, "k.toml");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("io_threads"), std::string::npos) << r.status().message();
+  }
 }
 
 TEST(ConfigTest, HostPort) {

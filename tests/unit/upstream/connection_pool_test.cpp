@@ -62,6 +62,36 @@ TEST(ConnectionPoolTest, SendsOneRequestAfterAnotherThroughThePool) {
     EXPECT_EQ(r->body, "{\"echo\":\"/a" + std::to_string(i) + "\"}");
   }
   EXPECT_EQ(worker.requests(), 3);
+  EXPECT_EQ(worker.connections(), 1u) << "the pool keeps one connection alive";
+  pool.Clear();
+}
+
+// Each call runs on a strand of its own (RunCo's), as requests of different
+// client connections do: the kept-alive connection moves to the caller's
+// strand and is reused, not replaced.
+TEST(ConnectionPoolTest, AKeptConnectionMovesToTheCallersExecutor) {
+  FakeWorker worker = Echo();
+  ASSERT_TRUE(worker.ok());
+  net::io_context ioc;
+  ConnectionPool pool;
+  auto on = [&](net::any_io_executor ex) {
+    std::optional<StatusOr<http::ClientResponse>> out;
+    auto run = [&]() -> net::awaitable<void> {
+      out.emplace(co_await pool.Send(worker.port(), "GET", "/x", "", {}, std::chrono::seconds(5)));
+    };
+    net::co_spawn(ex, run(), net::detached);
+    ioc.restart();
+    ioc.run();
+    return std::move(*out);
+  };
+  const net::any_io_executor a = net::make_strand(ioc), b = net::make_strand(ioc);
+  for (const auto& ex : {a, b, b, a}) {
+    auto r = on(ex);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->status, 200);
+  }
+  EXPECT_EQ(worker.requests(), 4);
+  EXPECT_EQ(worker.connections(), 1u) << "a kept connection was dropped when another executor took it";
   pool.Clear();
 }
 
@@ -118,7 +148,9 @@ TEST(ConnectionPoolTest, APausedRelayReadsNothingUntilResumed) {
                            [&] {
                              // Paused for the first 20 looks (about 200 ms): no piece may arrive meanwhile.
                              if (++polls > 20) pause = false;
-                             if (pause) EXPECT_EQ(pieces, 0);
+                             if (pause) {
+                               EXPECT_EQ(pieces, 0);
+                             }
                              return pause;
                            }));
   EXPECT_TRUE(st.ok()) << st.ToString();
