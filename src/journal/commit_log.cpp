@@ -230,7 +230,12 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
     return durable(SQLITE_FULL, "the commit log holds " + std::to_string(max_bytes_ >> 20) +
                                     " MiB of records whose rows have not committed");
   }
-  int rc = broken_ ? SQLITE_IOERR_WRITE : faults_ ? faults_->BeforeWrite() : SQLITE_OK;
+  if (broken_) {
+    lk.unlock();
+    return durable(SQLITE_IOERR_WRITE, "the commit log could not cut off a failed record and takes no more; "
+                                       "restart spillway once the disk is healthy (it cuts the record at start)");
+  }
+  int rc = faults_ ? faults_->BeforeWrite() : SQLITE_OK;
   if (rc == SQLITE_OK) {
     if (const int err = WriteAll(fd_, rec); err != 0) {
       rc = WriteRc(err);
@@ -337,7 +342,8 @@ void CommitLog::CutFailed(std::vector<Unsynced>& batch) {
       if (from < 0 || u.offset < from) from = u.offset;
     }
     if (n == 0) continue;
-    if (::ftruncate(fd, static_cast<off_t>(from)) != 0 || ::fdatasync(fd) != 0) {
+    if (::ftruncate(fd, static_cast<off_t>(from)) != 0 || (faults_ && faults_->BeforeSync() != SQLITE_OK) ||
+        ::fdatasync(fd) != 0) {
       left += n;
       continue;
     }

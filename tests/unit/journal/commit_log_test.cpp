@@ -199,6 +199,37 @@ TEST_F(CommitLogTest, ARecordWhoseSyncFailedIsNeverReplayed) {
   EXPECT_EQ(left, (std::vector<std::string>{"synced", "after"}));
 }
 
+// A failed record whose cut cannot be synced either: the log takes nothing
+// more, and says that a restart is what brings it back.
+TEST_F(CommitLogTest, ALogThatCannotCutAFailedRecordSaysARestartIsNeeded) {
+  auto faults = StorageFaults::Create();
+  ASSERT_NE(faults, nullptr);
+  auto append = [](CommitLog& log, const std::string& payload, std::string* what = nullptr) {
+    std::promise<int> rc;
+    log.Append(payload, [](int64_t) {}, [&](int r, const std::string& w) {
+      if (what) *what = w;
+      rc.set_value(r);
+    });
+    return rc.get_future().get();
+  };
+  std::vector<std::string> left;
+  {
+    auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
+    ASSERT_TRUE(log.ok()) << log.status().ToString();
+    ASSERT_EQ(append(**log, "synced"), SQLITE_OK);
+    faults->FailSyncs(2);  // the record's sync, then the cut's
+    ASSERT_EQ(append(**log, "failed"), SQLITE_IOERR_FSYNC);
+    (*log)->Drain();
+    std::string what;
+    EXPECT_EQ(append(**log, "refused", &what), SQLITE_IOERR_WRITE);
+    EXPECT_NE(what.find("restart spillway"), std::string::npos) << what;
+  }
+  auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
+  ASSERT_TRUE(log.ok());
+  EXPECT_EQ(left, std::vector<std::string>{"synced"});
+  EXPECT_EQ(append(**log, "after the restart"), SQLITE_OK);
+}
+
 // An append after the sync thread stopped (teardown) fails at once instead
 // of waiting forever for a sync that never comes.
 TEST_F(CommitLogTest, AnAppendAfterStopFailsAtOnce) {
