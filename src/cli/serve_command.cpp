@@ -6,12 +6,12 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -267,11 +267,13 @@ int Serve(const ServeArgs& a) {
     return Status::Ok();
   });
   // io_threads event loops, one thread each (concurrency hint 1: no
-  // thread hands a loop's work to another). This one also runs the
-  // gateway's own timers and signals; client connections go to each in turn.
-  boost::asio::io_context ioc(1);
+  // thread hands a loop's work to another). `ioc` also runs the gateway's
+  // own timers and signals; client connections go to each in turn. The
+  // other loops outlive `ioc`: a pending accept on `ioc` holds a socket of
+  // the loop it was meant for.
   std::vector<std::unique_ptr<boost::asio::io_context>> more_loops;
   for (int i = 1; i < cfg.io_threads; ++i) more_loops.push_back(std::make_unique<boost::asio::io_context>(1));
+  boost::asio::io_context ioc(1);
   // systemd's Type=notify: READY, STATUS, the watchdog, STOPPING (no-ops outside systemd).
   ServeNotifications notifications(ioc, supervisor, ServiceNotifier::FromEnvironment());
   // Said while the models load, so a first `make run` never looks hung.
@@ -392,23 +394,24 @@ int Serve(const ServeArgs& a) {
   std::fflush(stdout);
   notifications.Start(cfg.listen_host + ":" + std::to_string(server.port()));
 
-  // Pruning of old journal rows, every ten minutes.
-  boost::asio::steady_timer prune(ioc);
-  std::function<void()> schedule = [&] {
-    prune.expires_after(std::chrono::minutes(10));
-    prune.async_wait([&](const boost::system::error_code& ec) {
-      if (ec) return;
-      if (auto p = (*journal)->Prune(); !p.ok()) std::fprintf(stderr, "spillway: %s\n", p.status().ToString().c_str());
-      schedule();
-    });
-  };
+  // Pruning of old journal rows, every ten minutes, on a thread of its own
+  // (its deletes would hold up an event loop's connections meanwhile).
   if (auto p = (*journal)->Prune(); !p.ok()) std::fprintf(stderr, "spillway: %s\n", p.status().ToString().c_str());
-  schedule();
+  std::mutex prune_mu;
+  std::condition_variable prune_cv;
+  bool stopping = false;
+  std::thread pruner([&] {
+    std::unique_lock<std::mutex> lk(prune_mu);
+    while (!prune_cv.wait_for(lk, std::chrono::minutes(10), [&] { return stopping; })) {
+      lk.unlock();
+      if (auto p = (*journal)->Prune(); !p.ok()) std::fprintf(stderr, "spillway: %s\n", p.status().ToString().c_str());
+      lk.lock();
+    }
+  });
 
   signals.async_wait([&](const boost::system::error_code&, int) {
     notifications.Stopping();
     server.Stop();
-    prune.cancel();
     ioc.stop();
     for (auto& l : more_loops) l->stop();
   });
@@ -422,6 +425,12 @@ int Serve(const ServeArgs& a) {
   }
   http::RunLogged(ioc, "spillway");
   for (auto& t : loop_threads) t.join();
+  {
+    std::lock_guard<std::mutex> lk(prune_mu);
+    stopping = true;
+  }
+  prune_cv.notify_all();
+  pruner.join();
   gw.Shutdown();  // before the I/O context goes
   supervisor.Stop();
   return 0;

@@ -24,15 +24,17 @@ std::shared_ptr<Gateway::Live> Gateway::LiveFor(const std::string& id, const Cal
 void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Caller& caller,
                                  std::shared_ptr<http::Exchange> ex, unsigned v) {
   // Another client's request does not exist for this caller (404, the same
-  // answer as an unknown id: nothing to learn from it).
-  if (!caller.sees_all) {
-    auto owner = journal_.Get(id);
-    if (owner.ok() && owner->client != caller.client) {
-      return ex->Respond(ErrorResponse(Status::NotFound("no request '" + id + "'"), v));
-    }
-  }
-  if (cancel) {
+  // answer as an unknown id: nothing to learn from it). Checked on every
+  // read: a row may appear between two of them.
+  auto read = [&]() -> StatusOr<journal::RequestRecord> {
     auto rec = journal_.Get(id);
+    if (rec.ok() && !caller.sees_all && rec->client != caller.client) {
+      return Status::NotFound("no request '" + id + "'");
+    }
+    return rec;
+  };
+  if (cancel) {
+    auto rec = read();
     if (!rec.ok() && rec.status().code() == StatusCode::kNotFound) {
       // Not journaled yet, but here: a request with its own X-Request-Id
       // whose Accept is still on its way, or one of the gateway's own ids
@@ -65,7 +67,7 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Calle
              "cancel");
     }
   }
-  auto rec = journal_.Get(id);
+  auto rec = read();
   if (!rec.ok()) return ex->Respond(ErrorResponse(rec.status(), v));
   json j = {{"id", rec->id},
             {"object", "spillway.request"},

@@ -131,7 +131,8 @@ TEST(ServerListenTest, RejectsNonNumericHost) {
 // connection's requests are handled on its loop's thread, answered there
 // without a hop (the exchange's executor is that connection's strand).
 TEST(ServerLoopsTest, ConnectionsTakeTheLoopsInTurnAndStayOnTheirThread) {
-  net::io_context main_ioc, loop_a(1), loop_b(1);
+  net::io_context loop_a(1), loop_b(1);  // outlive main_ioc: its pending accept holds a socket of one of them
+  net::io_context main_ioc;
   std::mutex mu;
   std::vector<std::thread::id> seen;
   bool on_strand = true;
