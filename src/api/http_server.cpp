@@ -507,7 +507,7 @@ void ExchangeImpl::OnDisconnect(std::function<void()> cb) {
 
 struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   Impl(net::io_context& ioc, ServerOptions o, Handler h, std::vector<net::io_context*> l)
-      : ioc(ioc), loops(std::move(l)), acceptor(net::make_strand(ioc)), retry(acceptor.get_executor()),
+      : loops(std::move(l)), acceptor(net::make_strand(ioc)), retry(acceptor.get_executor()),
         shared(std::make_shared<Shared>(o)), handler(std::move(h)) {
     if (loops.empty()) loops.push_back(&ioc);
   }
@@ -551,7 +551,6 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
     });
   }
 
-  net::io_context& ioc;
   std::vector<net::io_context*> loops;
   size_t next_loop = 0;  // (on the acceptor's strand)
   tcp::acceptor acceptor;

@@ -28,9 +28,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <vector>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 

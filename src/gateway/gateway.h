@@ -211,9 +211,9 @@ class Gateway {
   // writes its Accept.
   boost::asio::awaitable<void> Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
                                    std::shared_ptr<Live> live, bool unjournaled = false);
-  // Starts a request's coroutine on a strand of its own; an exception is logged.
-  // Runs `task` on `where` (a client's connection strand, so its answer
-  // needs no hop to another thread), or on a strand of its own.
+  // Starts a coroutine on `where` (a client connection's strand, so that a
+  // request's answer needs no hop to another thread), else on a strand of
+  // its own; an exception is logged.
   void Spawn(boost::asio::awaitable<void> task, boost::asio::any_io_executor where = {});
   // Blocking work (journal reads, status snapshots) off the I/O threads.
   template <typename F>

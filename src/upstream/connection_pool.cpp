@@ -114,16 +114,15 @@ std::unique_ptr<ConnectionPool::Conn> ConnectionPool::Take(uint16_t port, const 
     // One that lives on the caller's executor already (the same client
     // connection's strand), else the most recent one.
     auto it = std::find_if(v.rbegin(), v.rend(), [&](const auto& k) { return k->stream.get_executor() == ex; });
+    if (it == v.rend() && !v.empty()) it = v.rbegin();
     if (it != v.rend()) {
       c = std::move(*it);
       v.erase(std::next(it).base());
-    } else if (!v.empty()) {
-      c = std::move(v.back());
-      v.pop_back();
     }
   }
   *reused = c != nullptr;
-  if (!c || c->stream.get_executor() == ex) return c ? std::move(c) : std::make_unique<Conn>(ex);
+  if (!c) return std::make_unique<Conn>(ex);
+  if (c->stream.get_executor() == ex) return c;
   // Moved to the caller's executor: its completions and timeouts then run
   // where the caller runs (a stream's timeout fires on its own executor).
   auto moved = std::make_unique<Conn>(ex);
