@@ -6,24 +6,36 @@
 // LevelDB's log in front of its tables, with SQLite as the tables.
 //
 // A record is written (and at FULL fdatasync'ed, concurrent appends sharing
-// one sync) before its caller hears it is durable. Once every record appended
-// so far has been applied in a committed transaction (and no sync is running),
-// the file is emptied once it holds 64 KiB or the journal is idle. A process
-// that dies between the two leaves records
-// behind: Open returns them and the journal applies them again before it
-// takes new writes (each record
-// applies idempotently: a request's row is inserted once, its first terminal
-// state wins).
+// one sync) before its caller hears it is durable. Once every record
+// appended so far has been applied in a committed transaction (and no sync
+// is running), the file is begun again (a new generation in its header) once
+// its records fill 4 KiB or the journal is idle: the next records overwrite
+// the first pages of a file that keeps its size, so that at FULL their sync
+// writes a page or two and no metadata. A process that dies between the two
+// leaves records behind: Open returns them and the journal applies them
+// again before it takes new writes (each record applies idempotently: a
+// request's row is inserted once, its first terminal state wins).
 //
-// A file grown past 8 MiB while some of its records still wait for their
+// A file grown past 256 KiB while some of its records still wait for their
 // rows (a steady load may never leave it all applied) is renamed <db>-log.old
-// and a new one begun; the old one is deleted once its records are applied.
-// Open reads <db>-log.old, then <db>-log.
+// and the spare, <db>-log.spare, renamed <db>-log in its place (a new file
+// when there is none). Once the records of <db>-log.old are applied it
+// becomes the spare, under a new generation's header, synced. Under a steady
+// load the two files take turns, and records keep overwriting written blocks.
+// Open reads <db>-log.old, then <db>-log, and puts the latter's records in a
+// new file of a new generation, preallocated (1 MiB of zeros) and synced,
+// which replaces it by a rename; a spare left behind is deleted.
 //
-// On disk, <db>-log, records back to back:
-//   u32 payload length | u32 CRC-32 of the payload | payload   (little-endian)
-// A torn last record (a crash in mid-write) fails its length or CRC check and
-// ends the replay there: its caller never heard it was durable.
+// On disk, <db>-log:
+//   header (32 bytes): "SPWLOG2\n" | u64 generation | u32 CRC-32 of the 16 bytes before | zeros
+//   records back to back:
+//     u32 payload length | u32 CRC-32 of the payload then the generation | payload   (little-endian)
+// A replay ends at the first record that fails its length or CRC check: a
+// torn last record (a crash in mid-write: its caller never heard it was
+// durable), zeros, or a record of an earlier generation. The generation is
+// random, so no payload (clients' text is in them) can pass for a record of
+// a later one. A file without the header is an earlier version's: records
+// back to back, each CRC over its payload alone; Open reads it and replaces it.
 #pragma once
 
 #include <condition_variable>
@@ -31,6 +43,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -90,6 +103,10 @@ class CommitLog {
   // After the leftovers were applied and committed: they are not needed.
   void DropLeftovers();
 
+  // The records in the log at `path` and the file it set aside, read
+  // without changing them (tests, checks of a stopped gateway's state).
+  static std::vector<std::string> ReadRecords(const std::string& path);
+
   // Waits until every record written before the call has been synced and
   // its callbacks have run (nothing of the log's is left to reach a caller).
   void Drain();
@@ -102,28 +119,34 @@ class CommitLog {
   // whose rows cannot commit never fill the disk. Records that fit wait.
   void set_max_bytes(int64_t max_bytes);
 
-  int64_t size() const;      // bytes in the file now
+  int64_t size() const;      // bytes of records in the current file (0: begun again)
   int64_t last_seq() const;  // the last record written (0: none yet)
 
  private:
-  CommitLog(std::string path, int fd, bool sync, std::shared_ptr<StorageFaults> faults, int64_t size);
+  CommitLog(std::string path, int fd, bool sync, std::shared_ptr<StorageFaults> faults, int64_t size,
+            uint64_t gen);
   void SyncThread();
   void Rotate();  // mu_ held
-  // Empties the file if every record is applied, no sync runs and it holds
-  // at least `min_bytes` (mu_ held).
+  // Begins the file again if every record is applied, no sync runs and it
+  // holds at least `min_bytes` of them (mu_ held).
   void EmptyAtLeast(int64_t min_bytes);
+  void BeginAgain();  // a new generation's header (mu_ held)
 
   const std::string path_;
   int fd_;  // under mu_ (a rotation replaces it)
   int old_fd_ = -1;           // the file set aside, until its records are applied
   int64_t old_last_seq_ = 0;  // its last record
-  int64_t old_size_ = 0;      // its bytes
+  int64_t old_size_ = 0;      // where its records end
+  int spare_fd_ = -1;         // <db>-log.spare: a file whose records are all applied, for the next rotation
+  uint64_t spare_gen_ = 0;    // the generation its header names (no record yet)
   const bool sync_;
   const std::shared_ptr<StorageFaults> faults_;
 
   mutable std::mutex mu_;
   int64_t max_bytes_;
-  int64_t size_;
+  int64_t size_;     // where the next record goes in the current file
+  uint64_t gen_;     // the current file's generation
+  std::random_device random_;  // generations (mu_)
   int64_t last_seq_ = 0;
   int64_t queued_seq_ = 0;  // the last record handed to `queued` (durable)
   int64_t done_seq_ = 0;    // the last record whose callbacks have run

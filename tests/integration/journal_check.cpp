@@ -3,9 +3,9 @@
 #include <sqlite3.h>
 
 #include <chrono>
-#include <filesystem>
-#include <system_error>
 #include <thread>
+
+#include "journal/commit_log.h"
 
 namespace spillway::testing {
 
@@ -15,8 +15,7 @@ JournalCheck CheckJournal(const std::string& state_dir) {
   const std::string path = state_dir + "/journal.db";
   // Records whose rows are not in the database yet (journal.h: the commit log).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  std::error_code ec;
-  while (std::filesystem::file_size(path + "-log", ec) > 0 && !ec) {
+  while (!journal::CommitLog::ReadRecords(path + "-log").empty()) {
     if (std::chrono::steady_clock::now() > deadline) {
       out.problems.push_back("the commit log still holds records not applied to " + path);
       break;

@@ -3,6 +3,9 @@
 // the two, a torn write or a failed apply.
 #include <gtest/gtest.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <boost/crc.hpp>
 
 #include <chrono>
 #include <filesystem>
@@ -26,6 +29,19 @@ class CommitLogTest : public JournalFixture {
     auto log = CommitLog::Open(LogPath(), /*sync=*/false, nullptr, leftover);
     EXPECT_TRUE(log.ok()) << log.status().ToString();
     return log.ok() ? std::move(*log) : nullptr;
+  }
+  // What a replay would find now, read without changing the files.
+  std::vector<std::string> OnDisk() const { return CommitLog::ReadRecords(LogPath()); }
+  // Writes `bytes` over the file at `offset`.
+  void Overwrite(int64_t offset, const std::string& bytes) const {
+    std::fstream f(LogPath(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(offset);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  static constexpr int64_t kHeader = 32, kRecordHeader = 8;
+  static ino_t Inode(const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
   }
   // Appends and returns the record's sequence number (0: it failed).
   static int64_t Append(CommitLog& log, const std::string& payload) {
@@ -57,55 +73,136 @@ TEST_F(CommitLogTest, OnceEveryRecordIsAppliedTheFileIsEmptied) {
   ASSERT_EQ(Append(*log, "two"), 2);
   log->Applied(1);
   log->EmptyIfApplied();
-  EXPECT_GT(fs::file_size(LogPath()), 0u) << "emptied with a record not applied";
+  EXPECT_EQ(OnDisk().size(), 2u) << "emptied with a record not applied";
   log->Applied(2);
-  EXPECT_GT(fs::file_size(LogPath()), 0u) << "a small file is emptied only once the journal is idle";
+  EXPECT_EQ(OnDisk().size(), 2u) << "a small file is emptied only once the journal is idle";
   log->EmptyIfApplied();
-  EXPECT_EQ(fs::file_size(LogPath()), 0u);
+  EXPECT_TRUE(OnDisk().empty());
+  EXPECT_EQ(log->size(), 0);
   EXPECT_EQ(Append(*log, "three"), 3);  // appends go on after it
   log.reset();
   OpenLog(&left);
   EXPECT_EQ(left, std::vector<std::string>{"three"});
-  // 64 KiB and more of applied records: emptied at once, without waiting for idleness.
+  // 4 KiB and more of applied records: emptied at once, without waiting for idleness.
   log = OpenLog(&left);
-  for (int i = 0; i < 70; ++i) ASSERT_GT(Append(*log, std::string(1000, 'x')), 0);
+  for (int i = 0; i < 5; ++i) ASSERT_GT(Append(*log, std::string(1000, 'x')), 0);
   log->Applied(log->last_seq());
-  EXPECT_EQ(fs::file_size(LogPath()), 0u);
+  EXPECT_TRUE(OnDisk().empty());
 }
 
-// Under a steady load the file may never be all applied at once: past 8 MiB
-// it is set aside and deleted once its records are applied, instead of growing on.
-TEST_F(CommitLogTest, AFileThatIsNeverAllAppliedIsSetAsideAndDroppedOnceItsRecordsAre) {
+// The file keeps its size: records overwrite zeros written once or records
+// already applied, so that a sync has no file size to make durable.
+TEST_F(CommitLogTest, TheFileIsPreallocatedAndKeepsItsSize) {
+  std::vector<std::string> left;
+  auto log = OpenLog(&left);
+  const auto size = fs::file_size(LogPath());
+  EXPECT_GE(size, 1u << 20);
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 20; ++i) ASSERT_GT(Append(*log, std::string(500, static_cast<char>('a' + round))), 0);
+    log->Applied(log->last_seq());
+    EXPECT_TRUE(OnDisk().empty()) << round;
+  }
+  EXPECT_EQ(fs::file_size(LogPath()), size);
+}
+
+// A file begun again still holds the records of its earlier generation past
+// the new ones: none of them is replayed, even one that starts exactly where
+// the last new record ends.
+TEST_F(CommitLogTest, ARecordOfAnEarlierGenerationIsNeverReplayed) {
+  std::vector<std::string> left;
+  {
+    auto log = OpenLog(&left);
+    for (const char* p : {"old one", "old two", "old three"}) ASSERT_GT(Append(*log, p), 0);
+    log->Applied(3);
+    log->EmptyIfApplied();
+    ASSERT_GT(Append(*log, "new one"), 0);  // as long as "old one": "old two" follows it intact
+  }
+  OpenLog(&left);
+  EXPECT_EQ(left, std::vector<std::string>{"new one"});
+}
+
+// A log written by an earlier version (no header; each CRC over its payload
+// alone) is read, and replaced by one of this version's format.
+TEST_F(CommitLogTest, ALogOfTheEarlierFormatIsReadAndReplaced) {
+  {
+    std::ofstream f(LogPath(), std::ios::binary);
+    for (const std::string p : {"first", "second"}) {
+      std::string rec;
+      const uint32_t len = static_cast<uint32_t>(p.size()), crc = [&] {
+        boost::crc_32_type c;
+        c.process_bytes(p.data(), p.size());
+        return c.checksum();
+      }();
+      for (int i = 0; i < 4; ++i) rec.push_back(static_cast<char>((len >> (8 * i)) & 0xFF));
+      for (int i = 0; i < 4; ++i) rec.push_back(static_cast<char>((crc >> (8 * i)) & 0xFF));
+      f << rec << p;
+    }
+  }
+  EXPECT_EQ(OnDisk(), (std::vector<std::string>{"first", "second"}));
+  std::vector<std::string> left;
+  {
+    auto log = OpenLog(&left);
+    EXPECT_EQ(left, (std::vector<std::string>{"first", "second"}));
+    ASSERT_GT(Append(*log, "third"), 0);
+  }
+  std::ifstream f(LogPath(), std::ios::binary);
+  std::string magic(8, '\0');
+  f.read(magic.data(), 8);
+  EXPECT_EQ(magic, "SPWLOG2\n");
+  OpenLog(&left);
+  EXPECT_EQ(left, (std::vector<std::string>{"first", "second", "third"}));
+}
+
+// Under a steady load the file may never be all applied at once: past 256
+// KiB it is set aside, and once its records are applied it becomes the spare
+// that the next rotation takes, instead of the file growing on.
+TEST_F(CommitLogTest, AFileThatIsNeverAllAppliedIsSetAsideAndRecycledOnceItsRecordsAre) {
   std::vector<std::string> left;
   std::vector<std::string> written;
+  const auto spare = LogPath() + ".spare", old = LogPath() + ".old";
   {
     auto log = OpenLog(&left);
     for (int i = 0; i < 10; ++i) {
       written.emplace_back();
-      written.back().assign(size_t{1} << 20, static_cast<char>('a' + i));
+      written.back().assign(size_t{64} << 10, static_cast<char>('a' + i));
       ASSERT_EQ(Append(*log, written.back()), i + 1);
     }
-    ASSERT_TRUE(fs::exists(LogPath() + ".old")) << "no rotation past 8 MiB";
-    EXPECT_LT(fs::file_size(LogPath()), 4u << 20);
+    ASSERT_TRUE(fs::exists(old)) << "no rotation past 256 KiB";
+    EXPECT_EQ(OnDisk(), written);
   }
   // A crash now: both files' records, oldest first.
   auto log = OpenLog(&left);
   EXPECT_EQ(left, written);
   // The next process applied them: both files go.
   log->DropLeftovers();
-  EXPECT_FALSE(fs::exists(LogPath() + ".old"));
-  EXPECT_EQ(fs::file_size(LogPath()), 0u);
+  EXPECT_FALSE(fs::exists(old));
+  EXPECT_TRUE(OnDisk().empty());
   // Its own life: once the records of the file set aside are applied it
-  // goes, while the newer ones stay.
+  // becomes the spare, while the newer ones stay.
   for (int i = 0; i < 10; ++i) ASSERT_EQ(Append(*log, written[static_cast<size_t>(i)]), i + 1);
-  ASSERT_TRUE(fs::exists(LogPath() + ".old"));
-  log->Applied(7);
-  EXPECT_TRUE(fs::exists(LogPath() + ".old")) << "deleted with a record in it not applied";
-  log->Applied(8);
-  EXPECT_FALSE(fs::exists(LogPath() + ".old"));
-  EXPECT_GT(fs::file_size(LogPath()), 0u);
-  log->Applied(10);
-  EXPECT_EQ(fs::file_size(LogPath()), 0u);
+  ASSERT_TRUE(fs::exists(old));
+  const ino_t set_aside = Inode(old);
+  log->Applied(3);
+  EXPECT_TRUE(fs::exists(old)) << "recycled with a record in it not applied";
+  log->Applied(4);
+  EXPECT_FALSE(fs::exists(old));
+  ASSERT_TRUE(fs::exists(spare));
+  EXPECT_EQ(OnDisk(), std::vector<std::string>(written.begin() + 4, written.end()));
+  // The next record past 256 KiB sets the file aside again and goes on in the spare.
+  ASSERT_EQ(Append(*log, "next"), 11);
+  EXPECT_TRUE(fs::exists(old));
+  EXPECT_FALSE(fs::exists(spare));
+  EXPECT_EQ(Inode(LogPath()), set_aside) << "a new file instead of the spare";
+  std::vector<std::string> expect(written.begin() + 4, written.end());
+  expect.push_back("next");
+  EXPECT_EQ(OnDisk(), expect) << "a record of the spare's earlier life was read again";
+  ASSERT_EQ(Append(*log, "after"), 12);
+  expect.push_back("after");
+  EXPECT_EQ(OnDisk(), expect);
+  log->Applied(12);
+  log->EmptyIfApplied();
+  EXPECT_TRUE(OnDisk().empty());
+  EXPECT_TRUE(fs::exists(spare));
 }
 
 TEST_F(CommitLogTest, ATornOrDamagedRecordEndsTheReplayAtIt) {
@@ -114,16 +211,13 @@ TEST_F(CommitLogTest, ATornOrDamagedRecordEndsTheReplayAtIt) {
     auto log = OpenLog(&left);
     for (const char* p : {"first", "second", "third"}) ASSERT_GT(Append(*log, p), 0);
   }
-  // A crash in mid-write: the last record lacks its end.
-  fs::resize_file(LogPath(), fs::file_size(LogPath()) - 2);
+  // A crash in mid-write: the last record lacks its end (zeros where it ends).
+  const int64_t third = kHeader + kRecordHeader + 5 + kRecordHeader + 6;
+  Overwrite(third + kRecordHeader + 3, std::string(2, '\0'));
   OpenLog(&left);
   EXPECT_EQ(left, (std::vector<std::string>{"first", "second"}));
   // A flipped byte in the second record's payload: its CRC no longer matches.
-  {
-    std::fstream f(LogPath(), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(8 + 5 + 8 + 1);
-    f.put('X');
-  }
+  Overwrite(kHeader + kRecordHeader + 5 + kRecordHeader + 1, "X");
   left.clear();
   OpenLog(&left);
   EXPECT_EQ(left, std::vector<std::string>{"first"});
@@ -137,10 +231,8 @@ TEST_F(CommitLogTest, RecordsWrittenAfterATornOneAreFoundAgain) {
     auto log = OpenLog(&left);
     ASSERT_GT(Append(*log, "before"), 0);
   }
-  {
-    std::ofstream f(LogPath(), std::ios::app | std::ios::binary);
-    f << std::string("\x40\x00\x00\x00half", 8);  // a header promising 64 bytes, and a few of them
-  }
+  // A record header promising 64 bytes, and a few of them.
+  Overwrite(kHeader + kRecordHeader + 6, std::string("\x40\x00\x00\x00half", 8));
   {
     auto log = OpenLog(&left);
     EXPECT_EQ(left, std::vector<std::string>{"before"});
@@ -189,6 +281,8 @@ TEST_F(CommitLogTest, ARecordWhoseSyncFailedIsNeverReplayed) {
     ASSERT_EQ(append(**log, "synced"), SQLITE_OK);
     faults->FailSyncs(1);
     ASSERT_EQ(append(**log, "failed"), SQLITE_IOERR_FSYNC);
+    (*log)->Drain();
+    EXPECT_EQ(OnDisk(), std::vector<std::string>{"synced"}) << "a crash now would replay it";
     ASSERT_EQ(append(**log, "after"), SQLITE_OK);
     (*log)->Drain();  // (the sync thread books the round after telling its callers)
     int64_t last = 0;
@@ -349,7 +443,7 @@ TEST_F(LoggedWritesTest, RecordsWhoseRowsNeverCommittedAreAppliedByTheNextOpen) 
   for (const char* f : {"journal.db", "journal.db-wal", "journal.db-log"}) {
     if (fs::exists(dir_ / f)) fs::copy_file(dir_ / f, crashed / f);
   }
-  ASSERT_GT(fs::file_size(crashed / "journal.db-log"), 0u);
+  ASSERT_FALSE(CommitLog::ReadRecords((crashed / "journal.db-log").string()).empty());
   auto j = Journal::Open((crashed / "journal.db").string(), {}, clock_);
   ASSERT_TRUE(j.ok()) << j.status().ToString();
   auto done = (*j)->Get("done");
@@ -359,7 +453,8 @@ TEST_F(LoggedWritesTest, RecordsWhoseRowsNeverCommittedAreAppliedByTheNextOpen) 
   ASSERT_TRUE((*j)->Get("running").ok()) << "a request acknowledged as running is missing";
   EXPECT_EQ((*j)->Get("running")->state, State::kRunning);
   EXPECT_EQ((*j)->Attempts("running")->size(), 1u);
-  EXPECT_EQ(fs::file_size(crashed / "journal.db-log"), 0u) << "applied records are not kept";
+  EXPECT_TRUE(CommitLog::ReadRecords((crashed / "journal.db-log").string()).empty())
+      << "applied records are not kept";
   // And a restart's recovery sees the running one.
   auto recovered = (*j)->Recover();
   ASSERT_TRUE(recovered.ok());
@@ -375,13 +470,14 @@ TEST_F(LoggedWritesTest, RowsThatFailedToCommitAreAppliedAgainWhenTheStorageReco
   faults_->SetDiskFull(true);
   j_->Flush();  // the rows' transaction fails
   EXPECT_FALSE(j_->Get("r").ok());
-  EXPECT_GT(fs::file_size(dir_ / "journal.db-log"), 0u) << "the record was dropped with its failed rows";
+  EXPECT_FALSE(CommitLog::ReadRecords((dir_ / "journal.db-log").string()).empty())
+      << "the record was dropped with its failed rows";
   faults_->SetDiskFull(false);
   clock_.Advance(JournalOptions{}.unwritable_retry_ms);
   ASSERT_TRUE(j_->Accept(Rec("next")).ok());  // a commit: the storage writes again
   EXPECT_TRUE(Eventually([&] { return j_->Get("r").ok(); })) << "the failed rows were never applied again";
   EXPECT_EQ(j_->Get("r")->state, State::kRunning);
-  EXPECT_TRUE(Eventually([&] { return fs::file_size(dir_ / "journal.db-log") == 0; }));
+  EXPECT_TRUE(Eventually([&] { return CommitLog::ReadRecords((dir_ / "journal.db-log").string()).empty(); }));
 }
 
 }  // namespace
