@@ -555,11 +555,11 @@ json ReportJson(const std::vector<ScenarioResult>& spillway, const std::vector<S
 
 std::string LatencySvg(const ScenarioResult& r) {
   Chart c = TimeChart("Latency per request", r, "time sent (s)", "latency (ms)");
-  Series primary{"succeeded (primary)", kPalette[0], Style::kDots, false, {}};
-  Series degraded{"succeeded (degraded)", kPalette[1], Style::kDots, false, {}};
-  Series failed{"failed", kPalette[3], Style::kDots, false, {}};
-  Series cancelled{"cancelled by client", "#7f7f7f", Style::kDots, false, {}};
-  Series lost{"never ended (at top)", "#000000", Style::kRings, false, {}};
+  Series primary{"succeeded (primary)", kPalette[0], Style::kDots, false, {}, {}};
+  Series degraded{"succeeded (degraded)", kPalette[1], Style::kDots, false, {}, {}};
+  Series failed{"failed", kPalette[3], Style::kDots, false, {}, {}};
+  Series cancelled{"cancelled by client", "#7f7f7f", Style::kDots, false, {}, {}};
+  Series lost{"never ended (at top)", "#000000", Style::kRings, false, {}, {}};
   int64_t top = 0;
   for (const RequestRecord& q : r.requests) top = std::max(top, q.latency_ms);
   for (const RequestRecord& q : r.requests) {
@@ -577,10 +577,10 @@ std::string LatencySvg(const ScenarioResult& r) {
 std::string MemorySvg(const ScenarioResult& r) {
   Chart device = TimeChart("Device memory", r, "time (s)", "MiB");
   Chart host = TimeChart("Host RAM", r, "time (s)", "MiB");
-  Series used{"device used", kPalette[0], Style::kLine, false, {}};
-  Series capacity{"device capacity", "#555555", Style::kLine, true, {}};
-  Series cpu_path{"CPU path accounted", kPalette[2], Style::kLine, false, {}};
-  Series budget{"CPU path budget", "#000000", Style::kLine, true, {}};
+  Series used{"device used", kPalette[0], Style::kLine, false, {}, {}};
+  Series capacity{"device capacity", "#555555", Style::kLine, true, {}, {}};
+  Series cpu_path{"CPU path accounted", kPalette[2], Style::kLine, false, {}, {}};
+  Series budget{"CPU path budget", "#000000", Style::kLine, true, {}, {}};
   std::map<std::string, Series> rss;
   bool any_capacity = false, any_budget = false;
   for (const Sample& s : r.samples) {
@@ -639,8 +639,8 @@ std::string MemorySvg(const ScenarioResult& r) {
 
 std::string QueueSvg(const ScenarioResult& r) {
   Chart c = TimeChart("CPU queue", r, "time (s)", "requests");
-  Series waiting{"waiting", kPalette[1], Style::kStep, false, {}};
-  Series running{"running", kPalette[0], Style::kStep, false, {}};
+  Series waiting{"waiting", kPalette[1], Style::kStep, false, {}, {}};
+  Series running{"running", kPalette[0], Style::kStep, false, {}, {}};
   for (const Sample& s : r.samples) {
     waiting.points.emplace_back(s.t_ms / 1000.0, s.cpu_queue_waiting);
     running.points.emplace_back(s.t_ms / 1000.0, s.cpu_queue_running);

@@ -302,7 +302,7 @@ void DevProps(ggml_backend_dev_t dev, ggml_backend_dev_props* p) {
   DevMemory(dev, &p->memory_free, &p->memory_total);
   p->type = GGML_BACKEND_DEVICE_TYPE_GPU;
   p->device_id = nullptr;
-  p->caps = {/*async*/ false, /*host_buffer*/ false, /*buffer_from_host_ptr*/ false, /*events*/ false};
+  p->caps = {};  // no async, host buffer, buffer from a host pointer, events (nor mmap, where ggml has it)
 }
 
 ggml_backend_dev_t CpuDevice() { return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU); }

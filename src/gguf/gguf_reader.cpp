@@ -74,18 +74,18 @@ uint64_t ScalarSize(uint32_t t) {
 
 Status ReadScalar(Cursor& c, uint32_t t, Value* v) {
   switch (t) {
-    case kU8: { uint8_t x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kUint; v->u = x; break; }
-    case kI8: { int8_t x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kInt; v->i = x; break; }
-    case kU16: { uint16_t x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kUint; v->u = x; break; }
-    case kI16: { int16_t x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kInt; v->i = x; break; }
-    case kU32: { uint32_t x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kUint; v->u = x; break; }
-    case kI32: { int32_t x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kInt; v->i = x; break; }
-    case kU64: { uint64_t x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kUint; v->u = x; break; }
-    case kI64: { int64_t x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kInt; v->i = x; break; }
-    case kF32: { float x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kFloat; v->f = x; break; }
-    case kF64: { double x; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kFloat; v->f = x; break; }
+    case kU8: { uint8_t x = 0; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kUint; v->u = x; break; }
+    case kI8: { int8_t x = 0; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kInt; v->i = x; break; }
+    case kU16: { uint16_t x = 0; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kUint; v->u = x; break; }
+    case kI16: { int16_t x = 0; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kInt; v->i = x; break; }
+    case kU32: { uint32_t x = 0; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kUint; v->u = x; break; }
+    case kI32: { int32_t x = 0; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kInt; v->i = x; break; }
+    case kU64: { uint64_t x = 0; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kUint; v->u = x; break; }
+    case kI64: { int64_t x = 0; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kInt; v->i = x; break; }
+    case kF32: { float x = 0; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kFloat; v->f = x; break; }
+    case kF64: { double x = 0; SPILLWAY_RETURN_IF_ERROR(c.Read(&x)); v->kind = Value::Kind::kFloat; v->f = x; break; }
     case kBool: {
-      uint8_t x;
+      uint8_t x = 0;
       SPILLWAY_RETURN_IF_ERROR(c.Read(&x));
       if (x > 1) return c.Fail("boolean value " + std::to_string(x));
       v->kind = Value::Kind::kBool;
@@ -192,7 +192,7 @@ StatusOr<Metadata> ParseGguf(const uint8_t* data, size_t size, uint64_t file_siz
   Cursor c(data, size);
   Metadata m;
   m.file_size = file_size;
-  char magic[4];
+  char magic[4] = {};
   SPILLWAY_RETURN_IF_ERROR(c.Read(&magic));
   if (std::memcmp(magic, "GGUF", 4) != 0) return c.Fail("not a GGUF file (bad magic)");
   SPILLWAY_RETURN_IF_ERROR(c.Read(&m.version));

@@ -91,7 +91,8 @@ class ExternalTest : public ::testing::Test {
 TEST_F(ExternalTest, MultipartBodiesGoThroughUntouchedAndAreJournaled) {
   auto g = Start(TestConfig(2, FakeService("fake", log_)));
   // Bytes a rewrite would break: NULs, CR LF, a boundary-like line, high bytes.
-  std::string audio = std::string("RIFF\0\0\r\n--not-the-boundary\r\n", 31);
+  static constexpr char kHead[] = "RIFF\0\0\r\n--not-the-boundary\r\n";
+  std::string audio(kHead, sizeof kHead - 1);  // (28 bytes: the NULs included, the terminator not)
   for (int i = 0; i < 4096; ++i) audio += static_cast<char>(i * 37 % 256);
   const std::string boundary = "spillway-test-7d2f";
   const std::string body = Multipart(boundary, {{"model", "fake"}, {"response_format", "json"}}, audio);

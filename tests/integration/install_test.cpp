@@ -186,7 +186,9 @@ TEST_F(InstallTest, TheInstalledGatewayServesAndNotifiesSystemd) {
   EXPECT_TRUE(Has(maps, *prefix_ + "/lib/spillway/libggml-cpu.so")) << maps;
   std::istringstream lines(maps);  // (the test's models are mapped from the build tree, rightly)
   for (std::string line; std::getline(lines, line);) {
-    if (Has(line, ".so")) EXPECT_FALSE(Has(line, Env("SPILLWAY_BUILD_DIR"))) << line;
+    if (Has(line, ".so")) {
+      EXPECT_FALSE(Has(line, Env("SPILLWAY_BUILD_DIR"))) << line;
+    }
   }
 
   gw.Stop();

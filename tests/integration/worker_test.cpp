@@ -638,7 +638,7 @@ TEST(WorkerSlotsTest, AllSlotsBusyIs503WithRetryAfter) {
   EXPECT_EQ(r.status, 503) << r.body;
   EXPECT_EQ(r.Header("retry-after"), "1");
   EXPECT_EQ(Body(r)["error"]["code"], "resource_exhausted");
-  http::Fetch("127.0.0.1", w.port(), "DELETE", "/v1/worker/requests/hold-slot", "", WorkerAuth());
+  ASSERT_TRUE(http::Fetch("127.0.0.1", w.port(), "DELETE", "/v1/worker/requests/hold-slot", "", WorkerAuth()).ok());
   busy.get();
   EXPECT_EQ(Post(w, "/v1/completions", {{"prompt", "y"}, {"max_tokens", 4}}).status, 200);
 }
