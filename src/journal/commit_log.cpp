@@ -38,7 +38,8 @@ constexpr int64_t kPreallocate = 1 << 20;
 // The file header: magic, generation, CRC-32 of the two, zeros to 32 bytes.
 constexpr char kMagic[8] = {'S', 'P', 'W', 'L', 'O', 'G', '2', '\n'};
 constexpr int64_t kHeaderBytes = 32;
-constexpr size_t kRecordHeader = 8;  // u32 length, u32 CRC
+constexpr size_t kRecordHeader = 16;  // u32 length, u32 CRC, u64 generation
+constexpr size_t kLegacyRecordHeader = 8;  // an earlier version's: u32 length, u32 CRC
 
 uint32_t Crc(const char* p, size_t n) {
   boost::crc_32_type c;
@@ -65,8 +66,9 @@ uint64_t GetU64(const char* p) {
 }
 
 // A record's CRC: its payload's (`c`, computed outside the log's lock), then
-// the file's generation, so that a record left from an earlier generation
-// of a begun-again file fails its check and ends the replay there.
+// its generation. (The generation is compared as a field too: CRC-32 is
+// linear, so for one pair of generations in 2^32 every record of the one
+// would pass a check under the other.)
 uint32_t RecordCrc(boost::crc_32_type c, uint64_t gen) {
   char g[8];
   for (int i = 0; i < 8; ++i) g[i] = static_cast<char>((gen >> (8 * i)) & 0xFF);
@@ -83,12 +85,12 @@ std::string Header(uint64_t gen) {
 }
 
 // A random generation (unknown to clients, whose text is in the payloads,
-// so that no payload can pass for a record of a later generation), never one
-// under which a run of zeros (a length 0, a CRC 0) would check out.
+// so that no payload can pass for a record of a later generation), never 0
+// (zeros never pass for a record).
 uint64_t NewGeneration(std::random_device& random) {
   while (true) {
     const uint64_t gen = static_cast<uint64_t>(random()) << 32 | random();
-    if (RecordCrc(boost::crc_32_type{}, gen) != 0) return gen;
+    if (gen != 0) return gen;
   }
 }
 
@@ -99,6 +101,7 @@ std::string Encode(const std::string& payload, uint64_t gen) {
   rec.reserve(payload.size() + kRecordHeader);
   PutU32(rec, static_cast<uint32_t>(payload.size()));
   PutU32(rec, RecordCrc(c, gen));
+  PutU64(rec, gen);
   rec += payload;
   return rec;
 }
@@ -125,14 +128,16 @@ Parsed ParseFile(const std::string& data) {
     gen = GetU64(data.data() + 8);
     pos = p.end = kHeaderBytes;
   }
-  while (data.size() - pos >= kRecordHeader) {
+  const size_t head = p.current ? kRecordHeader : kLegacyRecordHeader;
+  while (data.size() - pos >= head) {
     const uint32_t len = GetU32(data.data() + pos), crc = GetU32(data.data() + pos + 4);
-    if (len > kMaxRecord || data.size() - pos - kRecordHeader < len) break;
+    if (len > kMaxRecord || data.size() - pos - head < len) break;
+    if (p.current && GetU64(data.data() + pos + 8) != gen) break;
     boost::crc_32_type c;
-    c.process_bytes(data.data() + pos + kRecordHeader, len);
+    c.process_bytes(data.data() + pos + head, len);
     if ((p.current ? RecordCrc(c, gen) : c.checksum()) != crc) break;
-    p.records.emplace_back(data, pos + kRecordHeader, len);
-    pos += kRecordHeader + len;
+    p.records.emplace_back(data, pos + head, len);
+    pos += head + len;
   }
   p.end = pos;
   return p;
@@ -241,12 +246,11 @@ StatusOr<std::unique_ptr<CommitLog>> CommitLog::Open(const std::string& path, bo
   const auto size = static_cast<int64_t>(file.size());
   file.resize(static_cast<size_t>(std::max(size, kPreallocate)), '\0');
   if (const int err = WriteAt(fd, file.data(), file.size(), 0); err != 0) return fail("write", fresh, err, {fd, old_fd});
-  if (sync && ::fdatasync(fd) != 0) return fail("sync", fresh, errno, {fd, old_fd});
-  // (Without sync, a crash of the system, not of the process, may lose the
-  // leftovers as it may lose SQLite's last transactions.)
+  // Synced at both settings: the leftovers were on the disk before (once per start).
+  if (::fdatasync(fd) != 0) return fail("sync", fresh, errno, {fd, old_fd});
   if (::rename(fresh.c_str(), path.c_str()) != 0) return fail("rename", fresh, errno, {fd, old_fd});
   // The file's name durable before a record in it counts.
-  if (sync && !SyncDir(path)) return fail("sync the directory of", path, errno, {fd, old_fd});
+  if (!SyncDir(path)) return fail("sync the directory of", path, errno, {fd, old_fd});
   for (auto& r : current) leftover->push_back(std::move(r));
   std::unique_ptr<CommitLog> log(new CommitLog(path, fd, sync, std::move(faults), size, gen));
   // A file set aside and never applied stays set aside (no rotation
@@ -319,9 +323,10 @@ void CommitLog::Rotate() {
   if (::rename(path_.c_str(), old.c_str()) != 0) return;
   int fd = -1;
   uint64_t gen = 0;
-  if (spare_fd_ >= 0 && ::rename((path_ + ".spare").c_str(), path_.c_str()) == 0) {
-    // Blocks the disk already holds, under a header of a new generation, synced (Applied).
+  if (spare_fd_ >= 0 && spare_ready_ && ::rename((path_ + ".spare").c_str(), path_.c_str()) == 0) {
+    // Blocks the disk already holds, under a header of a new generation (Applied), synced (SyncThread).
     fd = std::exchange(spare_fd_, -1);
+    spare_ready_ = false;
     gen = spare_gen_;
   } else {
     gen = NewGeneration(random_);
@@ -351,7 +356,8 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
   std::string rec;
   rec.reserve(payload.size() + kRecordHeader);
   PutU32(rec, static_cast<uint32_t>(payload.size()));
-  PutU32(rec, 0);  // the CRC, once the generation is known
+  PutU64(rec, 0);  // the CRC and the generation, once it is known
+  PutU32(rec, 0);
   rec += payload;
   std::unique_lock<std::mutex> lk(mu_);
   // Stopped (teardown): no sync would ever come for it.
@@ -370,7 +376,8 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
                                        "restart spillway once the disk is healthy (it cuts the record at start)");
   }
   const uint32_t c = RecordCrc(crc, gen_);
-  for (int i = 0; i < 4; ++i) rec[4 + static_cast<size_t>(i)] = static_cast<char>((c >> (8 * i)) & 0xFF);
+  for (size_t i = 0; i < 4; ++i) rec[4 + i] = static_cast<char>((c >> (8 * i)) & 0xFF);
+  for (size_t i = 0; i < 8; ++i) rec[8 + i] = static_cast<char>((gen_ >> (8 * i)) & 0xFF);
   int rc = faults_ ? faults_->BeforeWrite() : SQLITE_OK;
   if (rc == SQLITE_OK) {
     size_t done = 0;
@@ -422,9 +429,21 @@ std::vector<std::string> CommitLog::ReadAll(int64_t* last_seq) {
 void CommitLog::SyncThread() {
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
-    sync_cv_.wait(lk, [&] { return stop_ || !unsynced_.empty(); });
-    if (unsynced_.empty()) {  // stop_, with nothing left to sync
-      sync_done_ = true;
+    sync_cv_.wait(lk, [&] { return stop_ || !unsynced_.empty() || (spare_fd_ >= 0 && !spare_ready_); });
+    if (spare_fd_ >= 0 && !spare_ready_) {  // a new spare's header (Applied): durable before a rotation takes it
+      const int fd = spare_fd_;  // (no one else takes or closes it until it is ready)
+      lk.unlock();
+      const bool ok = (!faults_ || faults_->BeforeSync() == SQLITE_OK) && ::fdatasync(fd) == 0;
+      lk.lock();
+      spare_ready_ = ok;
+      if (!ok) {
+        (void)::unlink((path_ + ".spare").c_str());
+        ::close(std::exchange(spare_fd_, -1));
+      }
+    }
+    if (unsynced_.empty()) {
+      if (!stop_) continue;
+      sync_done_ = true;  // stopped, with nothing left to sync
       drained_cv_.notify_all();
       return;
     }
@@ -434,18 +453,22 @@ void CommitLog::SyncThread() {
     unsynced_.clear();
     syncing_ = true;
     const int fd = fd_;
-    // After a rotation: the file set aside (closed only once its records,
-    // all in this round or earlier, are applied) and the directory.
-    const int old_fd = rotated_ ? old_fd_ : -1;
+    // After a rotation: the file set aside (not recycled while this round
+    // holds it: syncing_old_) and the directory.
+    const bool rotated = rotated_;
+    const int old_fd = rotated ? old_fd_ : -1;
+    syncing_old_ = old_fd;
     rotated_ = false;
     lk.unlock();
     int rc = faults_ ? faults_->BeforeSync() : SQLITE_OK;
-    if (rc == SQLITE_OK && old_fd >= 0 && (::fdatasync(old_fd) != 0 || !SyncDir(path_))) rc = SQLITE_IOERR_FSYNC;
+    if (rc == SQLITE_OK && rotated && ((old_fd >= 0 && ::fdatasync(old_fd) != 0) || !SyncDir(path_))) {
+      rc = SQLITE_IOERR_FSYNC;
+    }
     if (rc == SQLITE_OK && ::fdatasync(fd) != 0) rc = SQLITE_IOERR_FSYNC;
     if (rc != SQLITE_OK) {
       lk.lock();
       CutFailed(batch);
-      if (old_fd >= 0) rotated_ = true;  // the directory, after a rotation: synced again next round
+      if (rotated) rotated_ = true;  // the directory, after a rotation: synced again next round
       lk.unlock();
     } else {
       // Only this thread queues records at FULL, and in log order.
@@ -456,6 +479,7 @@ void CommitLog::SyncThread() {
     if (rc == SQLITE_OK) queued_seq_ = batch.back().seq;
     done_seq_ = batch.back().seq;
     syncing_ = false;
+    syncing_old_ = -1;
     drained_cv_.notify_all();
   }
 }
@@ -492,31 +516,29 @@ void CommitLog::CutFailed(std::vector<Unsynced>& batch) {
 }
 
 void CommitLog::Applied(int64_t seq) {
-  std::unique_lock<std::mutex> lk(mu_);
+  std::lock_guard<std::mutex> lk(mu_);
   if (seq > applied_) applied_ = seq;
-  if (old_fd_ >= 0 && applied_ >= old_last_seq_) {  // the file set aside holds nothing needed now
+  // The file set aside holds nothing needed now (and the sync thread is not
+  // syncing it: else the next call takes it).
+  if (old_fd_ >= 0 && applied_ >= old_last_seq_ && old_fd_ != syncing_old_) {
     const int fd = std::exchange(old_fd_, -1);
     old_size_ = 0;
     const std::string old = path_ + ".old", spare = path_ + ".spare";
     // It becomes the spare that the next rotation takes (one at most): its
-    // records no longer check out under a new generation's header, synced
-    // here, off the appenders' path (the lock is not held meanwhile).
-    if (spare_fd_ >= 0 || ::rename(old.c_str(), spare.c_str()) != 0) {
+    // records no longer check out under a new generation's header. At FULL
+    // the sync thread syncs the header before a rotation may take it: no
+    // sync here (this may be a request's thread leading a batch).
+    const uint64_t gen = NewGeneration(random_);
+    const std::string header = Header(gen);
+    if (spare_fd_ >= 0 || WriteAt(fd, header.data(), header.size(), 0) != 0 ||
+        ::rename(old.c_str(), spare.c_str()) != 0) {
       (void)::unlink(old.c_str());
       ::close(fd);
     } else {
-      const uint64_t gen = NewGeneration(random_);
-      const std::string header = Header(gen);
-      lk.unlock();
-      const bool ok = WriteAt(fd, header.data(), header.size(), 0) == 0 && ::fdatasync(fd) == 0;
-      if (!ok) (void)::unlink(spare.c_str());
-      lk.lock();
-      if (!ok || spare_fd_ >= 0) {
-        ::close(fd);
-      } else {
-        spare_fd_ = fd;
-        spare_gen_ = gen;
-      }
+      spare_fd_ = fd;
+      spare_gen_ = gen;
+      spare_ready_ = !sync_;
+      if (sync_) sync_cv_.notify_one();
     }
   }
   EmptyAtLeast(kEmptyAtBytes);  // (smaller: EmptyIfApplied, once idle)

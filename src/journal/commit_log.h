@@ -20,7 +20,8 @@
 // rows (a steady load may never leave it all applied) is renamed <db>-log.old
 // and the spare, <db>-log.spare, renamed <db>-log in its place (a new file
 // when there is none). Once the records of <db>-log.old are applied it
-// becomes the spare, under a new generation's header, synced. Under a steady
+// becomes the spare, under a new generation's header (synced by the sync
+// thread before a rotation may take it). Under a steady
 // load the two files take turns, and records keep overwriting written blocks.
 // Open reads <db>-log.old, then <db>-log, and puts the latter's records in a
 // new file of a new generation, preallocated (1 MiB of zeros) and synced,
@@ -29,10 +30,11 @@
 // On disk, <db>-log:
 //   header (32 bytes): "SPWLOG2\n" | u64 generation | u32 CRC-32 of the 16 bytes before | zeros
 //   records back to back:
-//     u32 payload length | u32 CRC-32 of the payload then the generation | payload   (little-endian)
-// A replay ends at the first record that fails its length or CRC check: a
-// torn last record (a crash in mid-write: its caller never heard it was
-// durable), zeros, or a record of an earlier generation. The generation is
+//     u32 payload length | u32 CRC-32 of the payload then the generation | u64 generation | payload
+//   (little-endian)
+// A replay ends at the first record that fails its length, generation or CRC
+// check: a torn last record (a crash in mid-write: its caller never heard it
+// was durable), zeros, or a record of an earlier generation. The generation is
 // random, so no payload (clients' text is in them) can pass for a record of
 // a later one. A file without the header is an earlier version's: records
 // back to back, each CRC over its payload alone; Open reads it and replaces it.
@@ -139,6 +141,8 @@ class CommitLog {
   int64_t old_size_ = 0;      // where its records end
   int spare_fd_ = -1;         // <db>-log.spare: a file whose records are all applied, for the next rotation
   uint64_t spare_gen_ = 0;    // the generation its header names (no record yet)
+  bool spare_ready_ = false;  // its header is durable (at FULL the sync thread syncs it first)
+  int syncing_old_ = -1;      // the file set aside that a sync round holds (not recycled meanwhile)
   const bool sync_;
   const std::shared_ptr<StorageFaults> faults_;
 
