@@ -50,6 +50,16 @@ class CommitLogTest : public JournalFixture {
     log.Append(payload, [&](int64_t s) { seq = s; }, [&](int r, const std::string&) { rc = r; });
     return rc == SQLITE_OK ? seq : 0;
   }
+  // Appends and waits until the record is durable or failed (at FULL, on the
+  // sync thread): its result code, and what failed in `what`.
+  static int AwaitAppend(CommitLog& log, const std::string& payload, std::string* what = nullptr) {
+    std::promise<int> rc;
+    log.Append(payload, [](int64_t) {}, [&](int r, const std::string& w) {
+      if (what) *what = w;
+      rc.set_value(r);
+    });
+    return rc.get_future().get();
+  }
 };
 
 TEST_F(CommitLogTest, RecordsNotYetAppliedAreWhatTheNextOpenFinds) {
@@ -221,11 +231,6 @@ TEST_F(CommitLogTest, AFileThatIsNeverAllAppliedIsSetAsideAndRecycledOnceItsReco
 TEST_F(CommitLogTest, AtFullTheSpareIsSyncedBeforeARotationTakesIt) {
   auto faults = StorageFaults::Create();
   ASSERT_NE(faults, nullptr);
-  auto append = [](CommitLog& log, const std::string& payload) {
-    std::promise<int> rc;
-    log.Append(payload, [](int64_t) {}, [&](int r, const std::string&) { rc.set_value(r); });
-    return rc.get_future().get();
-  };
   const std::string rec(64 << 10, 'r');
   const auto old = LogPath() + ".old", spare = LogPath() + ".spare";
   for (const bool spare_sync_fails : {false, true}) {
@@ -235,7 +240,7 @@ TEST_F(CommitLogTest, AtFullTheSpareIsSyncedBeforeARotationTakesIt) {
     {
       auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
       ASSERT_TRUE(log.ok()) << log.status().ToString();
-      for (int i = 0; i < 4; ++i) ASSERT_EQ(append(**log, rec), SQLITE_OK);
+      for (int i = 0; i < 4; ++i) ASSERT_EQ(AwaitAppend(**log, rec), SQLITE_OK);
       ASSERT_TRUE(fs::exists(old)) << "no rotation past 256 KiB";
       const ino_t set_aside = Inode(old);
       (*log)->Applied(4);
@@ -243,7 +248,7 @@ TEST_F(CommitLogTest, AtFullTheSpareIsSyncedBeforeARotationTakesIt) {
       if (spare_sync_fails) faults->FailSyncs(1);  // the next round's first sync: the spare's
       for (int i = 0; i < 4; ++i) {
         expect.push_back(rec + std::to_string(i));
-        ASSERT_EQ(append(**log, expect.back()), SQLITE_OK);
+        ASSERT_EQ(AwaitAppend(**log, expect.back()), SQLITE_OK);
         if (i == 0) {
           EXPECT_EQ(fs::exists(spare), !spare_sync_fails) << "(a spare whose sync failed is dropped)";
         }
@@ -254,7 +259,7 @@ TEST_F(CommitLogTest, AtFullTheSpareIsSyncedBeforeARotationTakesIt) {
         EXPECT_EQ(Inode(LogPath()), set_aside) << "the rotation did not take the spare";
       }
       expect.push_back("last");
-      ASSERT_EQ(append(**log, "last"), SQLITE_OK);
+      ASSERT_EQ(AwaitAppend(**log, "last"), SQLITE_OK);
     }
     auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
     ASSERT_TRUE(log.ok());
@@ -364,21 +369,16 @@ TEST_F(CommitLogTest, PastItsBoundTheLogRefusesRecordsAsAFullDiskDoes) {
 TEST_F(CommitLogTest, ARecordWhoseSyncFailedIsNeverReplayed) {
   auto faults = StorageFaults::Create();
   ASSERT_NE(faults, nullptr);
-  auto append = [](CommitLog& log, const std::string& payload) {
-    std::promise<int> rc;
-    log.Append(payload, [](int64_t) {}, [&](int r, const std::string&) { rc.set_value(r); });
-    return rc.get_future().get();
-  };
   std::vector<std::string> left;
   {
     auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
     ASSERT_TRUE(log.ok()) << log.status().ToString();
-    ASSERT_EQ(append(**log, "synced"), SQLITE_OK);
+    ASSERT_EQ(AwaitAppend(**log, "synced"), SQLITE_OK);
     faults->FailSyncs(1);
-    ASSERT_EQ(append(**log, "failed"), SQLITE_IOERR_FSYNC);
+    ASSERT_EQ(AwaitAppend(**log, "failed"), SQLITE_IOERR_FSYNC);
     (*log)->Drain();
     EXPECT_EQ(OnDisk(), std::vector<std::string>{"synced"}) << "a crash now would replay it";
-    ASSERT_EQ(append(**log, "after"), SQLITE_OK);
+    ASSERT_EQ(AwaitAppend(**log, "after"), SQLITE_OK);
     (*log)->Drain();  // (the sync thread books the round after telling its callers)
     int64_t last = 0;
     EXPECT_EQ((*log)->ReadAll(&last), (std::vector<std::string>{"synced", "after"}));
@@ -393,30 +393,22 @@ TEST_F(CommitLogTest, ARecordWhoseSyncFailedIsNeverReplayed) {
 TEST_F(CommitLogTest, ALogThatCannotCutAFailedRecordSaysARestartIsNeeded) {
   auto faults = StorageFaults::Create();
   ASSERT_NE(faults, nullptr);
-  auto append = [](CommitLog& log, const std::string& payload, std::string* what = nullptr) {
-    std::promise<int> rc;
-    log.Append(payload, [](int64_t) {}, [&](int r, const std::string& w) {
-      if (what) *what = w;
-      rc.set_value(r);
-    });
-    return rc.get_future().get();
-  };
   std::vector<std::string> left;
   {
     auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
     ASSERT_TRUE(log.ok()) << log.status().ToString();
-    ASSERT_EQ(append(**log, "synced"), SQLITE_OK);
+    ASSERT_EQ(AwaitAppend(**log, "synced"), SQLITE_OK);
     faults->FailSyncs(2);  // the record's sync, then the cut's
-    ASSERT_EQ(append(**log, "failed"), SQLITE_IOERR_FSYNC);
+    ASSERT_EQ(AwaitAppend(**log, "failed"), SQLITE_IOERR_FSYNC);
     (*log)->Drain();
     std::string what;
-    EXPECT_EQ(append(**log, "refused", &what), SQLITE_IOERR_WRITE);
+    EXPECT_EQ(AwaitAppend(**log, "refused", &what), SQLITE_IOERR_WRITE);
     EXPECT_NE(what.find("restart spillway"), std::string::npos) << what;
   }
   auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
   ASSERT_TRUE(log.ok());
   EXPECT_EQ(left, std::vector<std::string>{"synced"});
-  EXPECT_EQ(append(**log, "after the restart"), SQLITE_OK);
+  EXPECT_EQ(AwaitAppend(**log, "after the restart"), SQLITE_OK);
 }
 
 // An append after the sync thread stopped (teardown) fails at once instead
