@@ -94,15 +94,29 @@ uint64_t NewGeneration(std::random_device& random) {
   }
 }
 
-std::string Encode(const std::string& payload, uint64_t gen) {
-  boost::crc_32_type c;
-  c.process_bytes(payload.data(), payload.size());
+// A record in two steps, so that the payload's copy and CRC (`c`) are
+// computed outside the log's lock and only its generation under it:
+// Unsealed leaves the CRC and generation fields zero, Seal fills them in.
+std::string Unsealed(const std::string& payload, boost::crc_32_type* c) {
+  c->process_bytes(payload.data(), payload.size());
   std::string rec;
   rec.reserve(payload.size() + kRecordHeader);
   PutU32(rec, static_cast<uint32_t>(payload.size()));
-  PutU32(rec, RecordCrc(c, gen));
-  PutU64(rec, gen);
+  rec.resize(kRecordHeader, '\0');
   rec += payload;
+  return rec;
+}
+
+void Seal(std::string& rec, const boost::crc_32_type& c, uint64_t gen) {
+  const uint32_t crc = RecordCrc(c, gen);
+  for (size_t i = 0; i < 4; ++i) rec[4 + i] = static_cast<char>((crc >> (8 * i)) & 0xFF);
+  for (size_t i = 0; i < 8; ++i) rec[8 + i] = static_cast<char>((gen >> (8 * i)) & 0xFF);
+}
+
+std::string Encode(const std::string& payload, uint64_t gen) {
+  boost::crc_32_type c;
+  std::string rec = Unsealed(payload, &c);
+  Seal(rec, c, gen);
   return rec;
 }
 
@@ -184,6 +198,12 @@ int WriteAt(int fd, const char* p, size_t n, int64_t offset, size_t* done = null
   }
   if (done) *done = at;
   return 0;
+}
+
+// The header of generation `gen` over the file's first bytes, or an errno.
+int WriteHeader(int fd, uint64_t gen) {
+  const std::string header = Header(gen);
+  return WriteAt(fd, header.data(), header.size(), 0);
 }
 
 // Zeros over [from, to), bytes that were written before (no block to
@@ -330,9 +350,8 @@ void CommitLog::Rotate() {
     gen = spare_gen_;
   } else {
     gen = NewGeneration(random_);
-    const std::string header = Header(gen);
     fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0 || WriteAt(fd, header.data(), header.size(), 0) != 0) {
+    if (fd < 0 || WriteHeader(fd, gen) != 0) {
       if (fd >= 0) ::close(fd);
       (void)::rename(old.c_str(), path_.c_str());
       return;
@@ -352,13 +371,7 @@ void CommitLog::Rotate() {
 
 void CommitLog::Append(const std::string& payload, Queued queued, Durable durable) {
   boost::crc_32_type crc;  // the payload's, outside the lock
-  crc.process_bytes(payload.data(), payload.size());
-  std::string rec;
-  rec.reserve(payload.size() + kRecordHeader);
-  PutU32(rec, static_cast<uint32_t>(payload.size()));
-  PutU64(rec, 0);  // the CRC and the generation, once it is known
-  PutU32(rec, 0);
-  rec += payload;
+  std::string rec = Unsealed(payload, &crc);
   std::unique_lock<std::mutex> lk(mu_);
   // Stopped (teardown): no sync would ever come for it.
   if (sync_ && stop_) {
@@ -375,9 +388,7 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
     return durable(SQLITE_IOERR_WRITE, "the commit log could not cut off a failed record and takes no more; "
                                        "restart spillway once the disk is healthy (it cuts the record at start)");
   }
-  const uint32_t c = RecordCrc(crc, gen_);
-  for (size_t i = 0; i < 4; ++i) rec[4 + i] = static_cast<char>((c >> (8 * i)) & 0xFF);
-  for (size_t i = 0; i < 8; ++i) rec[8 + i] = static_cast<char>((gen_ >> (8 * i)) & 0xFF);
+  Seal(rec, crc, gen_);
   int rc = faults_ ? faults_->BeforeWrite() : SQLITE_OK;
   if (rc == SQLITE_OK) {
     size_t done = 0;
@@ -529,8 +540,7 @@ void CommitLog::Applied(int64_t seq) {
     // the sync thread syncs the header before a rotation may take it: no
     // sync here (this may be a request's thread leading a batch).
     const uint64_t gen = NewGeneration(random_);
-    const std::string header = Header(gen);
-    if (spare_fd_ >= 0 || WriteAt(fd, header.data(), header.size(), 0) != 0 ||
+    if (spare_fd_ >= 0 || WriteHeader(fd, gen) != 0 ||
         ::rename(old.c_str(), spare.c_str()) != 0) {
       (void)::unlink(old.c_str());
       ::close(fd);
@@ -564,16 +574,14 @@ void CommitLog::BeginAgain() {
   // old header, under which the new records fail their check and were
   // never acknowledged; the old ones apply again, idempotently).
   const uint64_t gen = NewGeneration(random_);
-  const std::string header = Header(gen);
-  if (WriteAt(fd_, header.data(), header.size(), 0) == 0) {
+  if (WriteHeader(fd_, gen) == 0) {
     gen_ = gen;
     size_ = kHeaderBytes;
     return;
   }
   // A header that may be torn hides every record after it: the old one
   // back, or no more records until the next Open.
-  const std::string before = Header(gen_);
-  if (WriteAt(fd_, before.data(), before.size(), 0) != 0) broken_ = true;
+  if (WriteHeader(fd_, gen_) != 0) broken_ = true;
 }
 
 void CommitLog::DropLeftovers() {

@@ -25,8 +25,10 @@ namespace fs = std::filesystem;
 class CommitLogTest : public JournalFixture {
  protected:
   std::string LogPath() const { return (dir_ / "plain-log").string(); }
-  std::unique_ptr<CommitLog> OpenLog(std::vector<std::string>* leftover) {
-    auto log = CommitLog::Open(LogPath(), /*sync=*/false, nullptr, leftover);
+  // sync: FULL (a sync thread); faults: the storage faults it goes through.
+  std::unique_ptr<CommitLog> OpenLog(std::vector<std::string>* leftover, bool sync = false,
+                                     std::shared_ptr<StorageFaults> faults = nullptr) {
+    auto log = CommitLog::Open(LogPath(), sync, std::move(faults), leftover);
     EXPECT_TRUE(log.ok()) << log.status().ToString();
     return log.ok() ? std::move(*log) : nullptr;
   }
@@ -238,17 +240,17 @@ TEST_F(CommitLogTest, AtFullTheSpareIsSyncedBeforeARotationTakesIt) {
     for (const auto& f : {LogPath(), old, spare}) fs::remove(f);
     std::vector<std::string> left, expect;
     {
-      auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
-      ASSERT_TRUE(log.ok()) << log.status().ToString();
-      for (int i = 0; i < 4; ++i) ASSERT_EQ(AwaitAppend(**log, rec), SQLITE_OK);
+      auto log = OpenLog(&left, /*sync=*/true, faults);
+      ASSERT_NE(log, nullptr);
+      for (int i = 0; i < 4; ++i) ASSERT_EQ(AwaitAppend(*log, rec), SQLITE_OK);
       ASSERT_TRUE(fs::exists(old)) << "no rotation past 256 KiB";
       const ino_t set_aside = Inode(old);
-      (*log)->Applied(4);
+      log->Applied(4);
       ASSERT_TRUE(fs::exists(spare));
       if (spare_sync_fails) faults->FailSyncs(1);  // the next round's first sync: the spare's
       for (int i = 0; i < 4; ++i) {
         expect.push_back(rec + std::to_string(i));
-        ASSERT_EQ(AwaitAppend(**log, expect.back()), SQLITE_OK);
+        ASSERT_EQ(AwaitAppend(*log, expect.back()), SQLITE_OK);
         if (i == 0) {
           EXPECT_EQ(fs::exists(spare), !spare_sync_fails) << "(a spare whose sync failed is dropped)";
         }
@@ -259,10 +261,10 @@ TEST_F(CommitLogTest, AtFullTheSpareIsSyncedBeforeARotationTakesIt) {
         EXPECT_EQ(Inode(LogPath()), set_aside) << "the rotation did not take the spare";
       }
       expect.push_back("last");
-      ASSERT_EQ(AwaitAppend(**log, "last"), SQLITE_OK);
+      ASSERT_EQ(AwaitAppend(*log, "last"), SQLITE_OK);
     }
-    auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
-    ASSERT_TRUE(log.ok());
+    auto log = OpenLog(&left, /*sync=*/true, faults);
+    ASSERT_NE(log, nullptr);
     EXPECT_EQ(left, expect);
   }
 }
@@ -277,20 +279,20 @@ TEST_F(CommitLogTest, ARotationNeverTakesASpareWhoseHeaderIsNotYetDurable) {
   const auto old = LogPath() + ".old", spare = LogPath() + ".spare";
   std::vector<std::string> expect;
   {
-    auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
-    ASSERT_TRUE(log.ok()) << log.status().ToString();
+    auto log = OpenLog(&left, /*sync=*/true, faults);
+    ASSERT_NE(log, nullptr);
     std::vector<std::future<int>> done;
     auto append = [&](const std::string& payload) {
       auto p = std::make_shared<std::promise<int>>();
       done.push_back(p->get_future());
-      (*log)->Append(payload, [](int64_t) {}, [p](int r, const std::string&) { p->set_value(r); });
+      log->Append(payload, [](int64_t) {}, [p](int r, const std::string&) { p->set_value(r); });
     };
     for (int i = 0; i < 4; ++i) append(rec);
     for (auto& d : done) ASSERT_EQ(d.get(), SQLITE_OK);
     done.clear();
     ASSERT_TRUE(fs::exists(old));
     faults->BlockSyncs();
-    (*log)->Applied(4);  // the spare: its header's sync now waits
+    log->Applied(4);  // the spare: its header's sync now waits
     ASSERT_TRUE(fs::exists(spare));
     for (int i = 0; i < 4; ++i) {
       expect.push_back(rec + std::to_string(i));
@@ -300,8 +302,8 @@ TEST_F(CommitLogTest, ARotationNeverTakesASpareWhoseHeaderIsNotYetDurable) {
     faults->Unblock();
     for (auto& d : done) EXPECT_EQ(d.get(), SQLITE_OK);
   }
-  auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
-  ASSERT_TRUE(log.ok());
+  auto log = OpenLog(&left, /*sync=*/true, faults);
+  ASSERT_NE(log, nullptr);
   EXPECT_EQ(left, expect);
 }
 
@@ -371,20 +373,20 @@ TEST_F(CommitLogTest, ARecordWhoseSyncFailedIsNeverReplayed) {
   ASSERT_NE(faults, nullptr);
   std::vector<std::string> left;
   {
-    auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
-    ASSERT_TRUE(log.ok()) << log.status().ToString();
-    ASSERT_EQ(AwaitAppend(**log, "synced"), SQLITE_OK);
+    auto log = OpenLog(&left, /*sync=*/true, faults);
+    ASSERT_NE(log, nullptr);
+    ASSERT_EQ(AwaitAppend(*log, "synced"), SQLITE_OK);
     faults->FailSyncs(1);
-    ASSERT_EQ(AwaitAppend(**log, "failed"), SQLITE_IOERR_FSYNC);
-    (*log)->Drain();
+    ASSERT_EQ(AwaitAppend(*log, "failed"), SQLITE_IOERR_FSYNC);
+    log->Drain();
     EXPECT_EQ(OnDisk(), std::vector<std::string>{"synced"}) << "a crash now would replay it";
-    ASSERT_EQ(AwaitAppend(**log, "after"), SQLITE_OK);
-    (*log)->Drain();  // (the sync thread books the round after telling its callers)
+    ASSERT_EQ(AwaitAppend(*log, "after"), SQLITE_OK);
+    log->Drain();  // (the sync thread books the round after telling its callers)
     int64_t last = 0;
-    EXPECT_EQ((*log)->ReadAll(&last), (std::vector<std::string>{"synced", "after"}));
+    EXPECT_EQ(log->ReadAll(&last), (std::vector<std::string>{"synced", "after"}));
   }
-  auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
-  ASSERT_TRUE(log.ok());
+  auto log = OpenLog(&left, /*sync=*/true, faults);
+  ASSERT_NE(log, nullptr);
   EXPECT_EQ(left, (std::vector<std::string>{"synced", "after"}));
 }
 
@@ -395,31 +397,31 @@ TEST_F(CommitLogTest, ALogThatCannotCutAFailedRecordSaysARestartIsNeeded) {
   ASSERT_NE(faults, nullptr);
   std::vector<std::string> left;
   {
-    auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
-    ASSERT_TRUE(log.ok()) << log.status().ToString();
-    ASSERT_EQ(AwaitAppend(**log, "synced"), SQLITE_OK);
+    auto log = OpenLog(&left, /*sync=*/true, faults);
+    ASSERT_NE(log, nullptr);
+    ASSERT_EQ(AwaitAppend(*log, "synced"), SQLITE_OK);
     faults->FailSyncs(2);  // the record's sync, then the cut's
-    ASSERT_EQ(AwaitAppend(**log, "failed"), SQLITE_IOERR_FSYNC);
-    (*log)->Drain();
+    ASSERT_EQ(AwaitAppend(*log, "failed"), SQLITE_IOERR_FSYNC);
+    log->Drain();
     std::string what;
-    EXPECT_EQ(AwaitAppend(**log, "refused", &what), SQLITE_IOERR_WRITE);
+    EXPECT_EQ(AwaitAppend(*log, "refused", &what), SQLITE_IOERR_WRITE);
     EXPECT_NE(what.find("restart spillway"), std::string::npos) << what;
   }
-  auto log = CommitLog::Open(LogPath(), /*sync=*/true, faults, &left);
-  ASSERT_TRUE(log.ok());
+  auto log = OpenLog(&left, /*sync=*/true, faults);
+  ASSERT_NE(log, nullptr);
   EXPECT_EQ(left, std::vector<std::string>{"synced"});
-  EXPECT_EQ(AwaitAppend(**log, "after the restart"), SQLITE_OK);
+  EXPECT_EQ(AwaitAppend(*log, "after the restart"), SQLITE_OK);
 }
 
 // An append after the sync thread stopped (teardown) fails at once instead
 // of waiting forever for a sync that never comes.
 TEST_F(CommitLogTest, AnAppendAfterStopFailsAtOnce) {
   std::vector<std::string> left;
-  auto log = CommitLog::Open(LogPath(), /*sync=*/true, nullptr, &left);
-  ASSERT_TRUE(log.ok()) << log.status().ToString();
-  (*log)->Stop();
+  auto log = OpenLog(&left, /*sync=*/true);
+  ASSERT_NE(log, nullptr);
+  log->Stop();
   std::promise<int> rc;
-  (*log)->Append("late", [](int64_t) {}, [&](int r, const std::string&) { rc.set_value(r); });
+  log->Append("late", [](int64_t) {}, [&](int r, const std::string&) { rc.set_value(r); });
   auto f = rc.get_future();
   ASSERT_EQ(f.wait_for(std::chrono::seconds(5)), std::future_status::ready) << "the append hung";
   EXPECT_EQ(f.get(), SQLITE_MISUSE);
