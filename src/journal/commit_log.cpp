@@ -386,7 +386,7 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
   if (broken_) {
     lk.unlock();
     return durable(SQLITE_IOERR_WRITE, "the commit log could not cut off a failed record and takes no more; "
-                                       "restart spillway once the disk is healthy (it cuts the record at start)");
+                                       "restart spillway once the disk is healthy");
   }
   Seal(rec, crc, gen_);
   int rc = faults_ ? faults_->BeforeWrite() : SQLITE_OK;

@@ -80,9 +80,9 @@ class CommitLog {
   // lock without sync, in order on the sync thread with it), then
   // `durable(SQLITE_OK)`: at once on the caller's thread without sync, on
   // the log's sync thread with it. A write or sync that fails calls
-  // `durable` with its error and `queued` not at all. A failed sync cuts
-  // the files back to before the records it covered (and fails the records
-  // written meanwhile) and syncs the cut, so no replay applies a record
+  // `durable` with its error and `queued` not at all. A failed sync zeroes
+  // the records it covered in their files (and fails the records written
+  // meanwhile) and syncs the zeros, so no replay applies a record
   // whose caller heard it failed. A cut that fails leaves them out of
   // replays and takes no more records until the next Open; only that Open
   // (after a restart on a disk that fails its syncs) may still find them.
@@ -96,10 +96,11 @@ class CommitLog {
 
   // Every record up to `seq` is applied in a committed transaction (and any
   // leftovers before them: call it only once they are). When that is every
-  // record written and the file holds 64 KiB or more, it is emptied.
+  // record written and they fill 4 KiB or more, the file is begun again; the
+  // file set aside, once its records are, becomes the spare.
   void Applied(int64_t seq);
-  // Empties the file, whatever its size, if every record in it is applied
-  // (the journal's thread, once the queue has been idle a while).
+  // Begins the file again, whatever its records fill, if every record in it
+  // is applied (the journal's thread, once the queue has been idle a while).
   void EmptyIfApplied();
 
   // After the leftovers were applied and committed: they are not needed.
@@ -155,7 +156,7 @@ class CommitLog {
   int64_t queued_seq_ = 0;  // the last record handed to `queued` (durable)
   int64_t done_seq_ = 0;    // the last record whose callbacks have run
   int64_t applied_ = 0;
-  bool broken_ = false;     // a torn or failed record could not be cut off: no more records until Open
+  bool broken_ = false;     // a torn or failed record could not be zeroed: no more records until Open
   // FULL: records written and waiting for the next fdatasync.
   struct Unsynced {
     int64_t seq;
@@ -166,7 +167,7 @@ class CommitLog {
   };
   std::vector<Unsynced> unsynced_;
   // After a failed sync (mu_ held): the batch's records and those written
-  // since are cut off their files, or, failing that, left out and no more taken.
+  // since are zeroed in their files, or, failing that, left out and no more taken.
   void CutFailed(std::vector<Unsynced>& batch);
   bool stop_ = false;
   bool syncing_ = false;  // the sync thread has records in hand

@@ -198,8 +198,8 @@ void Journal::RunThread() {
     if (tidy_log_at_ == std::chrono::steady_clock::time_point{}) {
       lead_cv_.wait(lk, work);
     } else if (!lead_cv_.wait_until(lk, tidy_log_at_, work)) {
-      // Idle a while after rows were applied: the log goes empty (a
-      // truncation per batch cost as much as the batch).
+      // Idle a while after rows were applied: the log is begun again even
+      // when its records fill less than the 4 KiB that Applied waits for.
       tidy_log_at_ = {};
       lk.unlock();
       log_->EmptyIfApplied();
