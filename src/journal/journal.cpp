@@ -96,6 +96,9 @@ Journal::~Journal() {
     lead_cv_.notify_one();
     thread_.join();
   }
+  // Every record's rows committed: the next Open has nothing to apply, and a
+  // reader of the stopped journal's files finds the log empty.
+  if (log_ && !log_stuck_) log_->EmptyIfApplied();
   log_.reset();  // after its syncs' callbacks
   stmts_.reset();  // finalized before the connection closes
   sqlite3_close(db_);

@@ -67,6 +67,7 @@
 // did not commit stays in the log and is applied again after the next
 // commit; a process that dies first leaves it for the next Open, which
 // applies every record left (each applies idempotently) before anything else.
+// A journal closed with every row committed leaves its log empty.
 //
 // Thread-safe: one connection; writes go through the queue, reads take the
 // connection between batches.

@@ -22,7 +22,10 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 
 struct ConnectionPool::Conn {
-  explicit Conn(net::any_io_executor ex) : stream(ex) {}
+  // Reads of up to 16 KiB: Beast reads max(512, free capacity) bytes at a
+  // time and the parser empties the buffer as it goes, so it would stay at
+  // 512 (an embedding's answer took a read and a timer reset per 512 bytes).
+  explicit Conn(net::any_io_executor ex) : stream(ex) { buffer.reserve(16 * 1024); }
   beast::tcp_stream stream;
   beast::flat_buffer buffer;
   bool connected = false;

@@ -555,6 +555,28 @@ TEST_F(LoggedWritesTest, RecordsWhoseRowsNeverCommittedAreAppliedByTheNextOpen) 
   EXPECT_EQ((*recovered)[0].id, "running");
 }
 
+// A journal closed with every row committed leaves an empty log (it used to
+// keep records under 4 KiB, applied again by the next Open), in both modes.
+TEST_F(LoggedWritesTest, AClosedJournalLeavesNoRecordsInItsLog) {
+  for (const bool full : {false, true}) {
+    const std::string a = full ? "full-a" : "normal-a", b = full ? "full-b" : "normal-b";
+    Reopen(Slow(full));
+    ASSERT_TRUE(NewRunning(a).ok());
+    ASSERT_TRUE(End(a, "answer").ok());
+    ASSERT_TRUE(NewRunning(b).ok());
+    const std::string log = (dir_ / "journal.db-log").string();
+    ASSERT_FALSE(CommitLog::ReadRecords(log).empty());
+    j_.reset();
+    EXPECT_TRUE(CommitLog::ReadRecords(log).empty()) << (full ? "FULL" : "NORMAL");
+    auto j = Journal::Open((dir_ / "journal.db").string(), {}, clock_);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    ASSERT_TRUE((*j)->Get(a).ok());
+    EXPECT_EQ((*j)->Get(a)->state, State::kCompleted);
+    ASSERT_TRUE((*j)->Get(b).ok());
+    EXPECT_EQ((*j)->Get(b)->state, State::kRunning);
+  }
+}
+
 // Rows that fail to commit (the disk filled after the record was written)
 // are applied again from the log once the storage takes writes.
 TEST_F(LoggedWritesTest, RowsThatFailedToCommitAreAppliedAgainWhenTheStorageRecovers) {
