@@ -39,7 +39,9 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Calle
       // Not journaled yet, but here: a request with its own X-Request-Id
       // whose Accept is still on its way, or one of the gateway's own ids
       // before its first commit. Cancelled now, it ends cancelled once its
-      // row exists (its lifecycle checks before every attempt).
+      // row exists (its lifecycle checks before every attempt), unless an
+      // answer was on its way already: the reply says the cancel was asked
+      // for, not that it took (GET /v1/requests/{id} tells the end).
       if (auto live = LiveFor(id, caller)) {
         Cancel(live);
         return ex->Respond(JsonResponse(200, {{"id", id},
@@ -47,7 +49,7 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Calle
                                               {"state", "queued"},
                                               {"service", live->service},
                                               {"phase", LivePhaseName(live->phase.load())},
-                                              {"cancelled", true}},
+                                              {"cancel_requested", true}},
                                         v));
       }
     }
@@ -80,6 +82,7 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Calle
             {"created_ms", rec->created_ms},
             {"updated_ms", rec->updated_ms}};
   if (!rec->error.empty()) j["error"] = rec->error;
+  if (cancel) j["cancel_requested"] = true;
   {
     // In flight here: its phase in this gateway's lifecycle, and for how long.
     std::lock_guard<std::mutex> lk(mu_);

@@ -222,6 +222,7 @@ TEST_F(GatewayTest, CancelWorksQueuedRunningAndOnDisconnect) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(del.status, 200) << del.body;
+  EXPECT_EQ(Body(del)["cancel_requested"], true) << del.body;
   EXPECT_EQ(running.get().status, 499);
   EXPECT_EQ(WaitTerminal(p, "cancel-running")["state"], "cancelled");
   EXPECT_EQ(Call(p, "DELETE", "/v1/requests/cancel-running").status, 409);  // already ended
@@ -515,6 +516,7 @@ TEST(GatewayQueueTest, CancelWhileQueuedLeavesTheRunningRequestAlone) {
   }
   auto del = Call(p, "DELETE", "/v1/requests/q-waiting");
   EXPECT_EQ(del.status, 200) << del.body;
+  EXPECT_EQ(Body(del)["cancel_requested"], true) << del.body;
   EXPECT_EQ(queued.get().status, 499);
   EXPECT_EQ(WaitTerminal(p, "q-waiting")["state"], "cancelled");
   auto first = running.get();
