@@ -380,7 +380,7 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
   }
   if (size_ - kHeaderBytes + old_size_ + static_cast<int64_t>(rec.size()) > max_bytes_) {
     lk.unlock();
-    return durable(SQLITE_FULL, "the commit log holds " + std::to_string(max_bytes_ >> 20) +
+    return durable(kCapRc, "the commit log holds " + std::to_string(max_bytes_ >> 20) +
                                     " MiB of records whose rows have not committed");
   }
   if (broken_) {

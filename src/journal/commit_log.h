@@ -59,6 +59,11 @@ class StorageFaults;
 
 class CommitLog {
  public:
+  // The result an append past the log's cap gets (set_max_bytes): SQLite's
+  // SQLITE_FULL with an extended code of its own, so that the journal says
+  // "commit log full", not "disk full", while the disk may have room.
+  static constexpr int kCapRc = 13 /* SQLITE_FULL */ | (64 << 8);
+
   // Opens (creating it 0600, never through a symbolic link) the log at
   // `path`; the records a previous process left are put in `leftover`, in
   // order. `sync`: fdatasync before a record counts as durable (FULL).
@@ -118,7 +123,7 @@ class CommitLog {
   void Stop();
 
   // The most bytes the log's files may hold together (default 256 MiB):
-  // past it an append fails as a full disk does (SQLITE_FULL), so records
+  // past it an append fails as a full disk does (kCapRc), so records
   // whose rows cannot commit never fill the disk. Records that fit wait.
   void set_max_bytes(int64_t max_bytes);
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "journal/commit_log.h"
 #include "journal/journal.h"
 
 namespace spillway::journal {
@@ -128,6 +129,7 @@ inline RequestRecord ReadRecord(const Stmt& s) {
 // Why the storage refuses to write, from a SQLite result code; empty when the
 // error is not the storage's (a constraint, a bug).
 inline std::string StorageProblem(int rc) {
+  if (rc == CommitLog::kCapRc) return "commit log full";
   switch (rc & 0xff) {
     case SQLITE_FULL: return "disk full";
     case SQLITE_IOERR: return rc == SQLITE_IOERR_FSYNC || rc == SQLITE_IOERR_DIR_FSYNC ? "fsync failed" : "I/O error";

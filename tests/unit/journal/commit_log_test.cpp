@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "journal/commit_log.h"
+#include "journal/journal_internal.h"
 #include "journal/storage_faults.h"
 #include "journal_fixture.h"
 
@@ -363,7 +364,10 @@ TEST_F(CommitLogTest, PastItsBoundTheLogRefusesRecordsAsAFullDiskDoes) {
   std::string what;
   log->Append(kb, [](int64_t) { ADD_FAILURE() << "a refused record reached the journal"; },
               [&](int r, const std::string& w) { rc = r, what = w; });
-  EXPECT_EQ(rc, SQLITE_FULL);
+  EXPECT_EQ(rc, CommitLog::kCapRc);
+  EXPECT_EQ(rc & 0xff, SQLITE_FULL);  // a storage failure, to SQLite's way of telling
+  EXPECT_EQ(detail::StorageProblem(rc), "commit log full");
+  EXPECT_EQ(detail::StorageProblem(SQLITE_FULL), "disk full");
   EXPECT_NE(what.find("have not committed"), std::string::npos) << what;
   log->Applied(3);
   log->EmptyIfApplied();  // emptied: room again
