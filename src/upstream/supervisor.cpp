@@ -277,8 +277,22 @@ void Supervisor::Exited(Worker& w, const std::string& why) {
   ++restarts_;
 }
 
+void Supervisor::Kill(Worker& w) {
+  const WorkerPid p = Process(w);
+  int status = 0;
+  if (Ended(p, &status)) return;  // (checked first: an adopted pid may be someone else's now)
+  kill(-p.pid, SIGKILL);
+  w.dying = p;
+}
+
 void Supervisor::Poll(Worker& w) {
   const int64_t now = clock_.NowMs();
+  if (w.dying) {
+    int status = 0;
+    if (!Ended(*w.dying, &status)) return;  // SIGKILL sent: nothing else until it has ended
+    w.dying.reset();
+    memory_freed_ = true;
+  }
   if (w.view.state == WorkerState::kBackoff) {
     if (now >= w.view.next_start_ms) Spawn(w);
     return;
@@ -302,7 +316,7 @@ void Supervisor::Poll(Worker& w) {
   }
   if (w.view.state == WorkerState::kStarting) {
     if (w.spec.external() && w.spec.start_timeout_ms > 0 && now - w.spawned_ms >= w.spec.start_timeout_ms) {
-      StopGroup(Process(w), 0);
+      Kill(w);
       char why[96];
       std::snprintf(why, sizeof why, "its health path did not answer within %.0f s (start_timeout_s)",
                     static_cast<double>(w.spec.start_timeout_ms) / 1000);
@@ -317,7 +331,7 @@ void Supervisor::Poll(Worker& w) {
       w.view.port = port;
     } else if (w.spec.start_timeout_ms > 0 && now - w.spawned_ms >= w.spec.start_timeout_ms) {
       // A start that hangs holds no request forever: end it and say so.
-      StopGroup(Process(w), 0);
+      Kill(w);
       char why[96];
       std::snprintf(why, sizeof why, "did not become ready within %.0f s (start_timeout_s)",
                     static_cast<double>(w.spec.start_timeout_ms) / 1000);
@@ -334,7 +348,7 @@ void Supervisor::HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lo
   w.health_failures = healthy ? 0 : w.health_failures + 1;
   if (healthy) w.view.failed_starts = 0;  // it started and serves
   if (w.health_failures >= 3 || device_lost) {
-    StopGroup(Process(w), 0);
+    Kill(w);
     Exited(w, device_lost ? std::string(protocol::kExitDeviceLost) : "unhealthy");
   }
 }
@@ -606,7 +620,7 @@ void Supervisor::Refuse(const std::string& key, const std::string& why) {
   auto it = workers_.find(key);
   if (it == workers_.end() || it->second.view.pid <= 0) return;
   auto& w = it->second;
-  StopGroup(Process(w), 0);
+  Kill(w);
   w.ready_since_ms = 0;  // it never served: a failed start
   Exited(w, why);
 }
@@ -628,6 +642,8 @@ void Supervisor::Stop(int64_t grace_ms) {
   // All at once, then each waited for within the one grace period.
   for (auto& [k, w] : workers_) {
     int status = 0;
+    if (w.dying && !Ended(*w.dying, &status)) (void)StopGroup(*w.dying, 0);  // killed before: reaped now
+    w.dying.reset();
     if (w.view.pid <= 0) continue;
     if (Ended(Process(w), &status)) {
       w.view.pid = 0;  // reaped: its pid is no longer ours to signal

@@ -184,6 +184,10 @@ class Supervisor : public Workers {
     uint64_t start_time = 0;  // of its process (/proc/<pid>/stat field 22)
     std::string spec_hash;    // SpecHash(spec.args)
     bool announce_ready = false;  // adopted: on_ready_ not told yet
+    // Killed (Kill) and not yet ended: reaped by Poll without waiting, and
+    // no new process starts for this worker until it has ended (its device
+    // memory is not free before).
+    std::optional<WorkerPid> dying;
   };
   // Health and progress are checked this often (a hung worker is replaced
   // within its progress timeout plus this); also what keeps a worker from
@@ -210,6 +214,9 @@ class Supervisor : public Workers {
   std::vector<std::string> Argv(Worker& w, const std::string& port_file, const std::string& load_file);
   void Poll(Worker& w);
   void Exited(Worker& w, const std::string& why);
+  // SIGKILL to its group, without waiting for its end (the lock is held:
+  // a process stuck in the kernel must not stall callers); see Worker::dying.
+  void Kill(Worker& w);
   void HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lost);
   // Fetches a ready worker's /info into its view (no lock held while asking).
   void RefreshInfo(const std::string& key, pid_t pid, uint16_t port);
