@@ -293,14 +293,15 @@ int Serve(const ServeArgs& a) {
       std::fflush(stdout);
       return;
     }
-    auto info = http::Fetch("127.0.0.1", port, "GET", std::string(protocol::kInfoPath), "", supervisor.AuthHeaders(),
-                            std::chrono::seconds(2));
-    if (!info.ok() || info->status != 200) return;
-    auto j = nlohmann::json::parse(info->body, nullptr, false);
+    // Its /info, as the supervisor read it before making it ready (and
+    // found it speaks this gateway's protocol; an adopted one's was checked
+    // at adoption).
+    std::shared_ptr<const std::string> info;
+    for (const auto& w : supervisor.Snapshot()) {
+      if (w.key == key) info = w.info;
+    }
+    const auto j = info ? nlohmann::json::parse(*info, nullptr, false) : nlohmann::json();
     const auto typed = protocol::WorkerInfo::FromJson(j);
-    if (!typed) return;  // it is serving; its health checks say more
-    // A worker from another build would be misread: refused, with the reason where a person looks.
-    if (Status st = protocol::CheckCompatible(*typed); !st.ok()) return supervisor.Refuse(key, st.message());
     gw.WorkerReady(key);
     notifications.WorkerReady(key);
     {
@@ -333,7 +334,7 @@ int Serve(const ServeArgs& a) {
       }
     }
     // Calibrate: what llama.cpp really allocated on the placement's device.
-    if (!typed->context_created) return;  // lazy context: nothing to compare yet
+    if (!typed || !typed->context_created) return;  // unknown, or a lazy context: nothing to compare yet
     const bool on_host = j["placement"]["device"] == "cpu";
     uint64_t observed = 0;
     for (const auto& b : j["memory"]["buffers"]) {

@@ -213,6 +213,7 @@ void Supervisor::Spawn(Worker& w) {
   w.start_time = devices::ProcessStartTime(pid);  // a zombie until reaped, so readable even if it died at once
   w.view.state = WorkerState::kStarting;
   w.spawned_ms = clock_.NowMs();
+  w.next_health_ms = 0;  // (a previous process's schedule)
   w.view.starting_since_ms = w.spawned_ms;
   w.health_failures = 0;
   WriteRecord(w);  // port 0: a gateway crashing now finds it loading, and stops it
@@ -324,8 +325,14 @@ void Supervisor::Poll(Worker& w) {
     } else if (w.spec.external()) {
       // Ready once its health path answers (Round asks).
     } else if (w.view.port != 0) {
-      // Listening; ready once Round() has fetched its /info (or tried), so
-      // that nobody sees it ready without its memory and slots.
+      // Listening; ready once Round() has read its /info (and checked its protocol).
+      if (w.spec.start_timeout_ms > 0 && now - w.spawned_ms >= w.spec.start_timeout_ms) {
+        Kill(w);
+        char why[128];
+        std::snprintf(why, sizeof why, "listened but its %s did not answer within %.0f s (start_timeout_s)",
+                      std::string(protocol::kInfoPath).c_str(), static_cast<double>(w.spec.start_timeout_ms) / 1000);
+        Exited(w, why);
+      }
     } else if (const uint16_t port = PortFromFile(w.spec.key)) {
       w.view.load_bytes = w.view.load_total_bytes;  // all of it
       w.view.port = port;
@@ -441,14 +448,14 @@ void Supervisor::Round() {
         }
         const bool was_ready = w.view.state == WorkerState::kReady;
         const bool was_up = was_ready || w.view.state == WorkerState::kStarting;
-        const bool was_listening = w.view.state == WorkerState::kStarting && w.view.port != 0;
         Poll(w);
         if (w.spec.external()) {
           if (w.view.state == WorkerState::kStarting && now >= w.next_health_ms) {
             w.next_health_ms = now + kStartProbePeriodMs;
             probes.push_back({k, w.view.pid, w.view.port, w.spec.health_path});
           }
-        } else if (!was_listening && w.view.state == WorkerState::kStarting && w.view.port != 0) {
+        } else if (w.view.state == WorkerState::kStarting && w.view.port != 0 && now >= w.next_health_ms) {
+          w.next_health_ms = now + kStartProbePeriodMs;  // its /info asked again until it answers
           listening.push_back({k, w.view.pid, w.view.port, ""});
         }
         if (was_up && w.view.state == WorkerState::kBackoff) exits.emplace_back(k, w.view.last_exit);
@@ -484,9 +491,23 @@ void Supervisor::Round() {
       auto h = http::Fetch("127.0.0.1", r.port, "GET", r.health_path, "", {}, std::chrono::milliseconds(500));
       if (h.ok() && h->status == 200) listening.push_back(r);
     }
-    // A worker that has just started listening is asked first, then ready.
+    // A worker listening is ready once its /info answered and says it
+    // speaks this gateway's protocol: nobody sees it ready before (nor
+    // without its memory and slots). Not answered: asked again next probe.
+    std::vector<std::pair<std::string, std::string>> refused_workers;
     for (const auto& r : listening) {
-      RefreshInfo(r.key, r.pid, r.port);
+      if (r.health_path.empty()) {  // (an external server has no /info: its health path answered)
+        const auto info = RefreshInfo(r.key, r.pid, r.port);
+        if (!info) continue;
+        const auto typed = protocol::WorkerInfo::FromJson(nlohmann::json::parse(*info, nullptr, false));
+        const Status st = typed ? protocol::CheckCompatible(*typed)
+                                : Status::Unavailable("its " + std::string(protocol::kInfoPath) +
+                                                      " is not a spillway-worker's: " + info->substr(0, 200));
+        if (!st.ok()) {
+          refused_workers.emplace_back(r.key, st.message());
+          continue;
+        }
+      }
       std::lock_guard<std::mutex> lk(mu_);
       auto it = workers_.find(r.key);
       if (it == workers_.end() || it->second.view.pid != r.pid || it->second.view.state != WorkerState::kStarting) continue;
@@ -499,6 +520,8 @@ void Supervisor::Round() {
       WriteRecord(w);  // now with its port: adoptable
       became_ready.push_back(r);
     }
+    // A worker from another build would be misread: stopped, with the reason where a person looks.
+    for (const auto& [k, why] : refused_workers) Refuse(k, why);
     if (on_ready_) {
       for (const auto& r : became_ready) on_ready_(r.key, r.port);
     }
@@ -536,21 +559,22 @@ void Supervisor::Round() {
   }
 }
 
-void Supervisor::RefreshInfo(const std::string& key, pid_t pid, uint16_t port) {
+std::shared_ptr<const std::string> Supervisor::RefreshInfo(const std::string& key, pid_t pid, uint16_t port) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = workers_.find(key);
-    if (it == workers_.end() || it->second.spec.external()) return;  // no /info
+    if (it == workers_.end() || it->second.spec.external()) return nullptr;  // no /info
   }
   auto r = http::Fetch("127.0.0.1", port, "GET", std::string(protocol::kInfoPath), "", AuthHeaders(),
                        std::chrono::milliseconds(1000));
-  if (!r.ok() || r->status != 200) return;
+  if (!r.ok() || r->status != 200) return nullptr;
   auto body = std::make_shared<const std::string>(std::move(r->body));
   std::lock_guard<std::mutex> lk(mu_);
   auto it = workers_.find(key);
-  if (it == workers_.end() || it->second.view.pid != pid) return;  // replaced meanwhile: not its info
-  it->second.view.info = std::move(body);
+  if (it == workers_.end() || it->second.view.pid != pid) return nullptr;  // replaced meanwhile: not its info
+  it->second.view.info = body;
   it->second.view.info_ms = clock_.NowMs();
+  return body;
 }
 
 void Supervisor::Demand(const std::string& key) {

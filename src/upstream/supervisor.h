@@ -218,8 +218,9 @@ class Supervisor : public Workers {
   // a process stuck in the kernel must not stall callers); see Worker::dying.
   void Kill(Worker& w);
   void HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lost);
-  // Fetches a ready worker's /info into its view (no lock held while asking).
-  void RefreshInfo(const std::string& key, pid_t pid, uint16_t port);
+  // Fetches a worker's /info into its view (no lock held while asking);
+  // returns it, or null when it did not answer (or the worker changed).
+  std::shared_ptr<const std::string> RefreshInfo(const std::string& key, pid_t pid, uint16_t port);
 
   bool memory_freed_ = false;  // a worker's process ended since the last round (under mu_)
   std::function<Status(const std::string&)> gate_;

@@ -191,7 +191,10 @@ TEST_F(ExternalTest, EachServiceHasItsOwnLineAndABusyOneStarvesNoOther) {
   auto a = call("line-a");
   for (int i = 0; i < 200 && LinesWith(log_, "line-a") == 0; ++i) std::this_thread::sleep_for(10ms);
   auto b = call("line-b");
-  std::this_thread::sleep_for(200ms);
+  for (int i = 0; i < 400 && ExternalStatus(g->port(), "fake")["requests"].value("waiting", 0) < 1; ++i) {
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_EQ(ExternalStatus(g->port(), "fake")["requests"]["waiting"], 1) << ExternalStatus(g->port(), "fake").dump();
   // Concurrency 1 and one waiting: the third is refused at once.
   auto c = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake"})");
   EXPECT_EQ(c.status, 503) << c.body;
@@ -256,8 +259,14 @@ TEST_F(ExternalTest, MemoryOnTheDeviceIsMeasuredAndATransientPeakWaitsForRoom) {
   EXPECT_EQ(st["memory"]["resident_source"], "measured");
   // 724 MiB free: a request's declared 600 MiB peak fits; while someone else
   // holds 300 MiB it does not, and the request waits (told why) until it does.
+  auto used = [] {
+    auto l = devices::SimLedger::Open(0);
+    return l.ok() ? (*l)->Snapshot().used : 0;
+  };
+  const uint64_t before = used();
   pid_t holder = SpawnTool({"sim", "hold", "sim:0", "--mib", "300", "--seconds", "2"}, "spillway");
-  std::this_thread::sleep_for(300ms);
+  for (int i = 0; i < 400 && used() < before + (300ull << 20); ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_GE(used(), before + (300ull << 20)) << "the hold never took its memory";
   const auto t0 = std::chrono::steady_clock::now();
   auto r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake","fake_transient_mib":200})");
   EXPECT_EQ(r.status, 200) << r.body;

@@ -438,8 +438,8 @@ TEST(GatewayStartupTest, DoctorNamesAMissingModelAndPassesAGoodConfig) {
 }
 
 // A worker that speaks another protocol version (here: a deliberate skew) is
-// refused when it becomes ready, with the reason in the log and the status,
-// and is never sent a request.
+// refused before it becomes ready, with the reason in the log and the
+// status, and is never sent a request.
 TEST(GatewayStartupTest, AWorkerOfAnotherProtocolVersionIsRefused) {
   setenv("SPILLWAY_MUTATIONS", "protocol-skew", 1);
   GatewayProcess gw(TestConfig(1));
@@ -449,6 +449,8 @@ TEST(GatewayStartupTest, AWorkerOfAnotherProtocolVersionIsRefused) {
   json w;
   for (int i = 0; i < 500; ++i) {
     w = WorkerStatus(gw.port(), "chat");
+    // Checked before it is ready (supervisor), not after: never seen ready.
+    EXPECT_NE(w.value("state", ""), "ready") << w.dump();
     if (w.value("failed_starts", 0) >= 2) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -262,11 +262,28 @@ TEST_F(HostileTest, WaitingForABusyWorkerWritesOneAttempt) {
                         WorkerAuth({{"X-Request-Id", "hog-" + std::to_string(i)}}), std::chrono::seconds(120));
     }));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto info = [wp] {
+    auto r = http::Fetch("127.0.0.1", wp, "GET", "/v1/worker/info", "", WorkerAuth(), std::chrono::seconds(5));
+    return r.ok() ? json::parse(r->body, nullptr, false) : json::object();
+  };
+  json i0;
+  for (int i = 0; i < 1000; ++i) {  // both hogs decoding
+    i0 = info();
+    if (i0.contains("slots") && i0["slots"]["busy"] == 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(i0["slots"]["busy"], 2) << i0.dump();
   http::HeaderList h = kA;
   h.emplace_back("X-Request-Id", "waits-for-busy");
   auto waiting = std::async(std::launch::async, [&] { return Call(p, "POST", "/v1/chat/completions", Chat(2), h); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // about 70 retries at 10 ms
+  // Until the worker has answered it "busy" a few times (each retry is a request it receives).
+  const uint64_t received = i0["requests"]["received"].get<uint64_t>();
+  bool retried = false;
+  for (int i = 0; i < 2000 && !retried; ++i) {
+    retried = info()["requests"]["received"].get<uint64_t>() >= received + 3;
+    if (!retried) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(retried) << info().dump();
   for (int i = 0; i < 2; ++i) {
     (void)http::Fetch("127.0.0.1", wp, "DELETE", "/v1/worker/requests/hog-" + std::to_string(i), "", WorkerAuth());
   }
