@@ -1,29 +1,44 @@
 // Waiting for capacity without a thread and without a sleep loop.
 //
-// A request that cannot start now (every slot taken, its worker still
-// starting, its place in the CPU line not reached) waits on the signal: a
-// timer on its own strand, woken at once by Notify() (an attempt released
-// its cells or slot, a worker became ready or exited, a request was
-// cancelled) or when `max_wait` passes, whichever comes first. The waiter
-// then decides again with fresh state. `max_wait` is the bound for what no
-// event announces (a breaker's ejection ending, a deadline): callers pass
-// the time to their next such moment.
+// Two kinds of waiters:
 //
-// Thread-safe. Notify() posts each wake to the waiter's own executor, so a
-// wake that races with the start of a wait is not lost: it runs after the
-// waiting coroutine has suspended.
+// - The line (admission): requests of one service that cannot start now
+//   (every slot taken, no room in a KV pool, the worker still starting)
+//   queue in arrival order and keep their place across waits (Join returns
+//   the place; it is left when the Ticket goes). Only the head decides:
+//   Notify() (an attempt released its cells or slot, a worker became ready
+//   or exited) wakes the head alone, and when the head leaves (admitted,
+//   refused, cancelled, past its deadline) the next one becomes head and is
+//   woken at once, so that capacity freed for several goes to as many in
+//   turn. The others sleep until they are head or their own bound passes
+//   (their deadline; a stream's next wait comment): a release costs one
+//   decision, not one per waiter, and nobody overtakes (first come, first
+//   served; the head waits for what it needs, as vLLM's FCFS scheduler and
+//   Ollama's queue do). NotifyAll() wakes the whole line (a cancel, which
+//   the cancelled request must see wherever it stands; a stop).
+//
+// - Plain waiters (Wait): any Notify wakes them, or `max_wait` passing.
+//
+// `max_wait` / the bounds are for what no event announces (a breaker's
+// ejection ending, memory another program frees on the device, a deadline):
+// callers pass the time to their next such moment.
+//
+// Thread-safe. A wake is posted to the waiter's own executor and also
+// recorded, so one that comes while its waiter is busy deciding is not lost:
+// its next WaitInLine returns at once.
 #pragma once
 
 #include <utility>  // before Asio's awaitable.hpp, which uses std::exchange without it (Boost 1.74)
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
-#include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <chrono>
+#include <cstddef>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -31,7 +46,67 @@
 namespace spillway::gateway {
 
 class CapacitySignal {
+  struct Waiter {
+    explicit Waiter(const boost::asio::any_io_executor& ex) : timer(ex) {}
+    boost::asio::steady_timer timer;
+    bool listed = true;   // plain: still in waiters_ (guarded by mu_)
+    bool pending = false;  // line: woken since its last wait (guarded by mu_)
+  };
+
  public:
+  // A place in the line; leaving it (destruction) hands the head on.
+  class Ticket {
+   public:
+    Ticket(const Ticket&) = delete;
+    Ticket& operator=(const Ticket&) = delete;
+    ~Ticket() { signal_->Leave(it_); }
+
+   private:
+    friend class CapacitySignal;
+    Ticket(CapacitySignal* s, std::list<std::shared_ptr<Waiter>>::iterator it) : signal_(s), it_(it) {}
+    CapacitySignal* signal_;
+    std::list<std::shared_ptr<Waiter>>::iterator it_;
+  };
+
+  // Joins the line at its end, on the calling coroutine's executor.
+  boost::asio::awaitable<std::unique_ptr<Ticket>> Join() {
+    auto w = std::make_shared<Waiter>(co_await boost::asio::this_coro::executor);
+    std::lock_guard<std::mutex> lk(mu_);
+    co_return std::unique_ptr<Ticket>(new Ticket(this, line_.insert(line_.end(), std::move(w))));
+  }
+
+  bool IsHead(const Ticket& t) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return line_.begin() == t.it_;
+  }
+
+  // How many are ahead of `t` in the line (0: the head).
+  size_t Ahead(const Ticket& t) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    size_t n = 0;
+    for (auto it = line_.begin(); it != t.it_; ++it) ++n;
+    return n;
+  }
+
+  // Sleeps until woken (see above) or `bound` passes; at once when a wake
+  // came since the last call.
+  boost::asio::awaitable<void> WaitInLine(Ticket& t, std::chrono::milliseconds bound) {
+    const std::shared_ptr<Waiter> w = *t.it_;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (w->pending) {
+        w->pending = false;
+        co_return;
+      }
+    }
+    w->timer.expires_after(bound);
+    boost::system::error_code ec;
+    co_await w->timer.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
+    std::lock_guard<std::mutex> lk(mu_);
+    w->pending = false;
+  }
+
+  // A plain wait: any Notify, or `max_wait`.
   boost::asio::awaitable<void> Wait(std::chrono::milliseconds max_wait) {
     auto w = std::make_shared<Waiter>(co_await boost::asio::this_coro::executor);
     w->timer.expires_after(max_wait);
@@ -46,32 +121,53 @@ class CapacitySignal {
     if (w->listed) waiters_.erase(it);  // timed out: Notify has not taken it
   }
 
-  // Wakes every waiter now.
-  void Notify() {
-    std::list<std::shared_ptr<Waiter>> woken;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      for (auto& w : waiters_) w->listed = false;
-      woken.swap(waiters_);
-    }
-    for (auto& w : woken) {
-      boost::asio::post(w->timer.get_executor(), [w] { w->timer.cancel(); });
-    }
-  }
+  // Capacity may be free: the head of the line decides again, and every plain waiter.
+  void Notify() { Wake(false); }
+  // Everyone in the line too.
+  void NotifyAll() { Wake(true); }
 
+  // Waiting now, in the line and plain.
   size_t waiting() const {
     std::lock_guard<std::mutex> lk(mu_);
-    return waiters_.size();
+    return waiters_.size() + line_.size();
+  }
+  size_t in_line() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return line_.size();
   }
 
  private:
-  struct Waiter {
-    explicit Waiter(const boost::asio::any_io_executor& ex) : timer(ex) {}
-    boost::asio::steady_timer timer;
-    bool listed = true;  // guarded by mu_
-  };
+  static void Post(const std::shared_ptr<Waiter>& w) {
+    boost::asio::post(w->timer.get_executor(), [w] { w->timer.cancel(); });
+  }
+  // (mu_ held) A line waiter is told.
+  static void Tell(const std::shared_ptr<Waiter>& w) {
+    w->pending = true;
+    Post(w);
+  }
+
+  void Wake(bool whole_line) {
+    std::list<std::shared_ptr<Waiter>> woken;
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& w : waiters_) w->listed = false;
+    woken.swap(waiters_);
+    for (auto& w : woken) Post(w);
+    for (auto& w : line_) {
+      Tell(w);
+      if (!whole_line) break;
+    }
+  }
+
+  void Leave(std::list<std::shared_ptr<Waiter>>::iterator it) {
+    std::lock_guard<std::mutex> lk(mu_);
+    const bool head = it == line_.begin();
+    line_.erase(it);
+    if (head && !line_.empty()) Tell(line_.front());  // the next decides at once
+  }
+
   mutable std::mutex mu_;
-  std::list<std::shared_ptr<Waiter>> waiters_;
+  std::list<std::shared_ptr<Waiter>> waiters_;  // plain
+  std::list<std::shared_ptr<Waiter>> line_;     // in arrival order
 };
 
 }  // namespace spillway::gateway

@@ -84,7 +84,7 @@ void Gateway::Shutdown() {
   blocking_.join();
   journal_.Flush();  // no commit's completion is left to reach a strand after this
   pool_.Clear();
-  for (auto& [name, signal] : signals_) signal->Notify();
+  for (auto& [name, signal] : signals_) signal->NotifyAll();
 }
 
 void Gateway::Spawn(boost::asio::awaitable<void> task, boost::asio::any_io_executor where) {
@@ -766,8 +766,8 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
 
 void Gateway::Cancel(const std::shared_ptr<Live>& live) {
   if (live->cancelled.exchange(true)) return;
-  // A request waiting for capacity hears it now.
-  if (auto it = signals_.find(live->service); it != signals_.end()) it->second->Notify();
+  // A request waiting for capacity hears it now, wherever it stands in its line.
+  if (auto it = signals_.find(live->service); it != signals_.end()) it->second->NotifyAll();
   if (live->upstream_control) return live->upstream_control->Abort();  // its connection closes: the server sees it
   if (const uint16_t port = live->worker_port.load(); port && io_) {
     // Best effort, without blocking the caller (an I/O thread): a worker that

@@ -211,6 +211,45 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
     t->holding = true;
     leave_line.admitted = true;
   };
+  // The service's line (capacity_signal.h): first come, first served; only
+  // its head decides. A request retried after a failed attempt (a placement
+  // excluded) does not queue behind new ones: it was admitted once, and it
+  // may be waiting for another placement than they are.
+  std::unique_ptr<CapacitySignal::Ticket> ticket;
+  if (std::none_of(excluded.begin(), excluded.end(), [](bool x) { return x; })) ticket = co_await signal.Join();
+  auto wait = [&](std::chrono::milliseconds bound) {
+    return ticket ? signal.WaitInLine(*ticket, bound) : signal.Wait(bound);
+  };
+  // Behind others in the line: no decision until it is the head. Returns
+  // false (with *rejected) when it stops waiting.
+  auto wait_behind = [&](int64_t cap_ms) -> boost::asio::awaitable<bool> {
+    const int64_t now = clock_.NowMs();
+    if (live.cancelled) {
+      *rejected = Status::Cancelled("request cancelled");
+      co_return false;
+    }
+    if (live.deadline_ms && now >= live.deadline_ms) {
+      *rejected = Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
+      co_return false;
+    }
+    if (now - t0 > cap_ms) {
+      *rejected = Status::ResourceExhausted("no placement of '" + svc.name + "' could take the request within " +
+                                            std::to_string(cap_ms / 1000) + " s (it waited behind " +
+                                            std::to_string(signal.Ahead(*ticket)) + " requests that came first)")
+                      .WithRetryAfter(5);
+      co_return false;
+    }
+    const size_t ahead = signal.Ahead(*ticket);
+    if (on_wait) {
+      on_wait(std::to_string(ahead) + " earlier request" + (ahead == 1 ? "" : "s") + " of '" + svc.name +
+                  "' waiting ahead of it (first come, first served)",
+              board_.LineWaitS(svc.name, static_cast<uint32_t>(ahead)).value_or(1.0));
+    }
+    // Until it is the head (told at once), its deadline, its cap, or a stream's next wait comment.
+    co_await signal.WaitInLine(*ticket, WaitBound(live.deadline_ms, now, std::min<int64_t>(cap_ms - (now - t0) + 1,
+                                                                                         rec.stream ? 1000 : cap_ms)));
+    co_return true;
+  };
   // Embeddings hold no KV between requests, and a lone placement without
   // shrinking has nothing to choose: its worker checks its own KV pool (busy
   // -> 503, the request waits; never fits -> 400 with the numbers), so the
@@ -221,6 +260,11 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
     // the worker is taken, instead of being sent to be refused as busy.
     bool all_busy = false, waited = false;
     while (true) {
+      if (ticket && !signal.IsHead(*ticket)) {
+        if (!co_await wait_behind(kQueueWaitMs)) co_return false;
+        waited = true;
+        continue;
+      }
       all_busy = false;
       refresh_held();
       bool loading = false;  // the first placement that may serve loads on demand: waited for, not skipped
@@ -271,7 +315,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
       if (clock_.NowMs() - t0 > kQueueWaitMs) break;
       waited |= all_busy;
       // Woken when a slot frees; a start is looked at again within 100 ms.
-      co_await signal.Wait(WaitBound(live.deadline_ms, clock_.NowMs(), all_busy ? 1000 : 100));
+      co_await wait(WaitBound(live.deadline_ms, clock_.NowMs(), all_busy ? 1000 : 100));
     }
     *rejected = all_busy ? Status::ResourceExhausted("every slot of service '" + svc.name + "' stayed busy for " +
                                                      std::to_string(kQueueWaitMs / 1000) + " s").WithRetryAfter(5)
@@ -287,6 +331,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
   }
   const std::string endpoint = rec.endpoint == "chat" ? "chat" : "completion";
   int prompt_tokens = -1;
+  const int64_t decide_cap_ms = std::max<int64_t>(static_cast<int64_t>(svc.admission.max_delay_s * 1000), kQueueWaitMs);
   while (true) {
     if (live.cancelled) {
       *rejected = Status::Cancelled("request cancelled");
@@ -341,6 +386,9 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
       CpuGate gate = CpuGate::kGo;
       if (d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject) {
         if (svc.OnCpuPath(d.placement)) {
+          // The CPU path's own line orders it from now on (its bound and
+          // positions count from the moment it joins): out of the service's.
+          ticket.reset();
           gate = CpuPathGate(rec, svc, &d, prompt_tokens, &limits, &note, &est_wait_s, rejected);
           if (gate == CpuGate::kReject) {
             metrics_.Decision(svc.name, "reject");
@@ -355,6 +403,12 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
         } else {
           board_.LeaveCpuLine(svc.name, rec.id);  // back on the accelerator path
         }
+      }
+      if (cpu_reject.empty() && d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject && ticket &&
+          !signal.IsHead(*ticket)) {
+        // Room, but for a request that came after others still waiting: they go first.
+        d.kind = admission::Kind::kDelay;
+        d.reason = "earlier requests of '" + svc.name + "' wait ahead of it (first come, first served)";
       }
       if (cpu_reject.empty() && d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject) {
         const auto& st = *states[d.placement];
@@ -409,7 +463,11 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
     }
     // Decided again when capacity is released, a worker comes or goes, or
     // within 100 ms for what no event announces (a breaker's ejection ending).
-    co_await signal.Wait(WaitBound(live.deadline_ms, clock_.NowMs(), 100));
+    if (ticket && !signal.IsHead(*ticket)) {  // woken when it is the head (not every 100 ms)
+      if (!co_await wait_behind(decide_cap_ms)) co_return false;
+      continue;
+    }
+    co_await wait(WaitBound(live.deadline_ms, clock_.NowMs(), 100));
   }
 }
 

@@ -69,6 +69,26 @@ bool PlacementBoard::BreakersAllow(Placement& st) {
   return st.breaker.Usable() && device_ok;
 }
 
+std::optional<double> PlacementBoard::LineWaitS(const std::string& service, uint32_t ahead) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::optional<double> best;
+  for (const auto& st : placements_.at(service)) {
+    if (!st->admission.admitted) continue;
+    // The first slot to free, then the ones ahead served in turn, `slots` at
+    // a time, each for as long as the requests running now take on average.
+    auto est = EstimatedWaitS(*st, 1);
+    if (!est) continue;
+    double sum = 0;
+    int n = 0;
+    for (const auto& [id, r] : st->running) {
+      if (auto run = admission::ExpectedRunS(r.prompt_tokens, r.max_tokens, st->prompt_tps, st->gen_tps)) sum += *run, ++n;
+    }
+    if (n > 0) *est += static_cast<double>(ahead / static_cast<uint32_t>(std::max(1, st->cfg.slots))) * (sum / n);
+    if (!best || *est < *best) best = est;
+  }
+  return best;
+}
+
 std::optional<double> PlacementBoard::EstimatedWaitS(const Placement& st, uint64_t need) const {
   admission::PoolNow pool;
   pool.cells_free = st.pool.free_for_request();
