@@ -220,6 +220,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
   auto wait = [&](std::chrono::milliseconds bound) {
     return ticket ? signal.WaitInLine(*ticket, bound) : signal.Wait(bound);
   };
+  bool told_place = false;
   // Behind others in the line: no decision until it is the head. Returns
   // false (with *rejected) when it stops waiting.
   auto wait_behind = [&](int64_t cap_ms) -> boost::asio::awaitable<bool> {
@@ -239,15 +240,18 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
                       .WithRetryAfter(5);
       co_return false;
     }
-    const size_t ahead = signal.Ahead(*ticket);
-    if (on_wait) {
+    // Told where it stands when it begins to wait, and a stream again at each wait comment.
+    if (on_wait && (!told_place || rec.stream)) {
+      told_place = true;
+      const size_t ahead = signal.Ahead(*ticket);
       on_wait(std::to_string(ahead) + " earlier request" + (ahead == 1 ? "" : "s") + " of '" + svc.name +
                   "' waiting ahead of it (first come, first served)",
               board_.LineWaitS(svc.name, static_cast<uint32_t>(ahead)).value_or(1.0));
     }
     // Until it is the head (told at once), its deadline, its cap, or a stream's next wait comment.
+    const int64_t comment_ms = std::max<int64_t>(1, static_cast<int64_t>(svc.cpu_path.wait_comment_s * 1000));
     co_await signal.WaitInLine(*ticket, WaitBound(live.deadline_ms, now, std::min<int64_t>(cap_ms - (now - t0) + 1,
-                                                                                         rec.stream ? 1000 : cap_ms)));
+                                                                                         rec.stream ? comment_ms : cap_ms)));
     co_return true;
   };
   // Embeddings hold no KV between requests, and a lone placement without
