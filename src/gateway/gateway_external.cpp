@@ -194,7 +194,9 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
       } else {
         running = true;
         live->queue_slot.reset();
-        if (Status room = TransientRoom(*svc); !room.ok()) {
+        // (The device's telemetry is read on the blocking pool: a driver call may be slow.)
+        const Status room = co_await Blocking([this, svc] { return TransientRoom(*svc); });
+        if (!room.ok()) {
           note = room.message();
         } else {
           break;

@@ -86,12 +86,12 @@ class PlacementBoard {
   // placements that failed this request (kept out unless nothing else could
   // take it); `startable(k)`: its worker is ready or can be started on demand;
   // `need`: the request's cells, for each pool's wait estimate.
+  std::vector<admission::PlacementView> Views(const config::ServiceConfig& svc, const std::vector<bool>& excluded,
+                                              uint64_t need, const std::function<bool(size_t)>& startable);
   // Seconds until a request with `ahead` others before it in the service's
   // line may start (a slot free for each), on the placement that frees one
   // soonest; nullopt while no throughput is measured.
   std::optional<double> LineWaitS(const std::string& service, uint32_t ahead) const;
-  std::vector<admission::PlacementView> Views(const config::ServiceConfig& svc, const std::vector<bool>& excluded,
-                                              uint64_t need, const std::function<bool(size_t)>& startable);
   // Commits a decision: reserves `cells` of placement `index` for request
   // `id`, and counts the attempt as holding it. False when another request
   // took them since the snapshot (decide again).

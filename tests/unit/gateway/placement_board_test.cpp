@@ -1,0 +1,110 @@
+// The placement board on its own, with a stepped clock: reservations that
+// lose a race, slots, breakers (a placement's and a lost device's), and the
+// line's wait estimate from measured throughput.
+#include "gateway/placement_board.h"
+
+#include <gtest/gtest.h>
+
+#include "common/clock.h"
+#include "config/config.h"
+
+namespace spillway::gateway {
+namespace {
+
+constexpr const char* kConfig = R"(
+[[service]]
+name = "chat"
+model = "/nonexistent/chat.gguf"
+[service.failover]
+breaker_failures = 2
+ejection_s = 10
+[[service.placement]]
+device = "sim:0"
+ctx = 256
+slots = 2
+kv_unified = true
+[[service.placement]]
+device = "sim:0"
+ctx = 128
+slots = 1
+kv_unified = true
+)";
+
+class PlacementBoardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto cfg = config::ParseConfig(kConfig, "board.toml");
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    config_ = *cfg;
+    board_ = std::make_unique<PlacementBoard>(config_, std::map<std::string, PlacementAdmission>{}, clock_);
+  }
+  std::vector<admission::PlacementView> Views(std::vector<bool> excluded = {}) {
+    return board_->Views(config_.services[0], excluded, 16, [](size_t) { return true; });
+  }
+  FakeClock clock_;
+  config::GatewayConfig config_;
+  std::unique_ptr<PlacementBoard> board_;
+};
+
+TEST_F(PlacementBoardTest, AReservationThatLostTheRaceIsRefusedAndAReleaseGivesTheCellsBack) {
+  ASSERT_EQ(Views()[0].cells_free, 256u);
+  ASSERT_EQ(Views()[0].slots_free, 2u);
+  // Two requests decided on the same snapshot: the second finds the cells taken.
+  EXPECT_TRUE(board_->Reserve("chat", 0, "a", 200, 100, 100));
+  EXPECT_FALSE(board_->Reserve("chat", 0, "b", 200, 100, 100)) << "over-committed the pool";
+  EXPECT_EQ(Views()[0].cells_free, 56u);
+  EXPECT_EQ(Views()[0].slots_free, 1u);
+  EXPECT_EQ(board_->Active("chat", 0), 1);
+  board_->Release("chat", 0, "a", /*cells=*/true, /*slot=*/true);
+  EXPECT_EQ(Views()[0].cells_free, 256u);
+  EXPECT_EQ(board_->Active("chat", 0), 0);
+  EXPECT_TRUE(board_->Reserve("chat", 0, "b", 200, 100, 100));
+}
+
+TEST_F(PlacementBoardTest, SlotsWithoutCellsAreBoundedByTheWorkersSlots) {
+  EXPECT_TRUE(board_->TakeSlot("chat", 1));
+  EXPECT_FALSE(board_->TakeSlot("chat", 1)) << "one slot, taken twice";
+  board_->Release("chat", 1, "", /*cells=*/false, /*slot=*/true);
+  EXPECT_TRUE(board_->TakeSlot("chat", 1));
+}
+
+TEST_F(PlacementBoardTest, APlacementsBreakerOpensAfterItsFailuresAndComesBackAfterItsEjection) {
+  // (A worker that died: its placement's own failure. A compute failure
+  // would count against the device too.)
+  board_->AttemptFailed("chat", 0, "none", "unreachable");
+  EXPECT_TRUE(Views()[0].usable) << "one failure of two";
+  board_->AttemptFailed("chat", 0, "none", "unreachable");
+  EXPECT_FALSE(Views()[0].usable);
+  EXPECT_TRUE(Views()[0].comes_back) << "an ejection ends";
+  EXPECT_TRUE(Views()[1].usable) << "the other placement is not ejected with it";
+  clock_.Advance(10'000);
+  EXPECT_TRUE(Views()[0].usable) << "still ejected after its ejection time";
+}
+
+TEST_F(PlacementBoardTest, ALostDeviceTakesEveryPlacementOnItOut) {
+  board_->WorkerExited("chat.0", "device lost", /*device_lost=*/true);
+  EXPECT_FALSE(Views()[0].usable);
+  EXPECT_FALSE(Views()[1].usable) << "another placement on the lost device still taken";
+}
+
+TEST_F(PlacementBoardTest, TheLinesWaitEstimateGrowsWithTheRequestsAhead) {
+  EXPECT_EQ(board_->LineWaitS("chat", 0), 0.0) << "a slot is free now";
+  ASSERT_TRUE(board_->Reserve("chat", 0, "a", 100, 50, 50));
+  ASSERT_TRUE(board_->Reserve("chat", 0, "b", 100, 50, 50));
+  ASSERT_TRUE(board_->Reserve("chat", 1, "c", 100, 50, 50));
+  EXPECT_FALSE(board_->LineWaitS("chat", 0).has_value()) << "every slot taken, no throughput measured yet";
+  // 100 tokens/s each way: a request of 50 + 50 runs 1 s.
+  board_->RecordThroughput("chat", 0, 500, 50, 500, 51);  // (the first token is counted with the prompt)
+  board_->RecordThroughput("chat", 1, 500, 50, 500, 51);
+  const auto head = board_->LineWaitS("chat", 0);
+  ASSERT_TRUE(head.has_value());
+  EXPECT_NEAR(*head, 1.0, 0.01) << "the first slot frees when a running request ends";
+  const auto fourth = board_->LineWaitS("chat", 4);
+  ASSERT_TRUE(fourth.has_value());
+  EXPECT_NEAR(*fourth, 3.0, 0.01) << "four ahead on two slots: two more rounds of 1 s";
+  clock_.Advance(600);
+  EXPECT_NEAR(*board_->LineWaitS("chat", 0), 0.4, 0.01) << "time passed counts";
+}
+
+}  // namespace
+}  // namespace spillway::gateway
