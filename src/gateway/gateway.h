@@ -116,6 +116,7 @@ class Gateway {
   void Shutdown();
 
  private:
+  friend class RequestLifecycle;  // one request's life (request_lifecycle.h)
   struct Live;
   struct Incoming;
   struct Target;

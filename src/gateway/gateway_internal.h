@@ -65,28 +65,8 @@ inline void Logged(const Status& st, const char* what) {
 
 using namespace internal;
 
-// The lifecycle of one request (Gateway::Process and Gateway::Run, one
-// coroutine on its own strand). Each transition that matters after a crash
-// is journaled before it takes effect; a request ends in exactly one place
-// (Run's `finish`: the journal's terminal state first, then the client). An
-// attempt is run by an AttemptRunner (gateway/attempt_runner.h), which returns
-// a typed outcome; the pure retry policy (failover/retry_policy.h) says what
-// follows; the client hears everything through one ReplyWriter
-// (gateway/reply_writer.h).
-//
-//   phase        event                                              next         journal
-//   -----------  -------------------------------------------------  -----------  -----------
-//   received     parsed and checked, within max_queue               queued       Accept
-//   queued       no placement can take it now                       queued       -  (waits on the service's CapacitySignal)
-//   queued       admitted on placement P (its cells reserved)       running      StartAttempt (attempt k on P)
-//   running      the worker is full (nothing ran)                   running      -  (same attempt, waits for a slot)
-//   running      the first event of a stream reaches the client     streaming    -
-//   running,     failed; the retry policy says run again or          queued       Requeue
-//   streaming    continue elsewhere (failover/retry_policy.h)
-//   any          answered, given up, cancelled or past its deadline  terminal     Finish, then the client
-//
-// What ends a request also gives back what it held (cells, its place in
-// the CPU line) and wakes the requests waiting for that capacity.
+// A request's phase in this gateway (Live::phase): its lifecycle, with the
+// table of its states and transitions, is in gateway/request_lifecycle.h.
 enum class LivePhase { kQueued, kRunning, kStreaming, kTerminal };
 inline const char* LivePhaseName(LivePhase p) {
   switch (p) {

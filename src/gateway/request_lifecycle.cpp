@@ -1,0 +1,357 @@
+#include "gateway/request_lifecycle.h"
+
+#include <algorithm>
+
+#include "common/mutation.h"
+#include "protocol/worker_protocol.h"
+
+namespace spillway::gateway {
+
+using nlohmann::json;
+using Kind = failover::AttemptOutcome::Kind;
+using failover::Action;
+
+RequestLifecycle::RequestLifecycle(Gateway& g, journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
+                                   std::shared_ptr<Gateway::Live> live, bool unjournaled,
+                                   boost::asio::any_io_executor strand)
+    : g_(g),
+      rec_(std::move(rec)),
+      live_(std::move(live)),
+      unjournaled_(unjournaled),
+      strand_(std::move(strand)),
+      svc_(g.config_.FindService(rec_.service)),
+      t0_(g.clock_.NowMs()),
+      path_(protocol::GenerationPath(rec_.endpoint)),
+      reply_(std::move(ex), rec_.id, 11),
+      placement_(svc_ ? svc_->placements[0].Name() : ""),
+      runner_(g.pool_, reply_, progress_, live_->cancelled,
+              [this] { live_->Enter(LivePhase::kStreaming, g_.clock_.NowMs()); }, kMaxUnsentBytes),
+      excluded_(svc_ ? svc_->placements.size() : 0, false),
+      retry_{0, t0_, live_->deadline_ms},
+      budget_{kMaxAttempts, svc_ && svc_->admission.fail_fast, kQueueWaitMs} {}
+
+RequestLifecycle::~RequestLifecycle() { Release(); }
+
+void RequestLifecycle::Release() {
+  if (svc_) g_.ReleaseTarget(rec_.service, rec_.id, &target_);
+}
+
+// A request not in the journal yet (see Process): its Accept is written with
+// its first attempt when it is admitted at once, or on its own before
+// anything else about it is journaled (a wait, a refusal). Refused (the
+// journal cannot write): the client hears why, and nothing else of the request.
+void RequestLifecycle::JournalAccept() {
+  if (!unjournaled_) return;
+  unjournaled_ = false;
+  accept_ = PendingStatus::Make(strand_);
+  g_.journal_.AcceptAsync(rec_, [done = accept_->Completer()](StatusOr<journal::AcceptResult> r) { done(r.status()); });
+}
+
+boost::asio::awaitable<bool> RequestLifecycle::AcceptRefused() {
+  JournalAccept();
+  if (!accept_) co_return false;
+  const Status st = co_await accept_->Wait();
+  accept_.reset();
+  if (st.ok()) co_return false;
+  reply_.Error(st);
+  reply_.Detach();
+  co_return true;
+}
+
+boost::asio::awaitable<void> RequestLifecycle::Finish(State state, int status, std::string type, std::string body,
+                                                      std::string err) {
+  Release();
+  live_->queue_slot.reset();
+  if (!co_await AcceptRefused()) {
+    Logged(co_await g_.Journaled([&](auto done) {
+      g_.journal_.FinishAsync(rec_.id, state, status, type, body, err, done);
+    }),
+           "finish");
+  }
+  const int64_t now = g_.clock_.NowMs();
+  live_->Enter(LivePhase::kTerminal, now);
+  if (svc_ && svc_->residency.priority == "interactive") g_.last_interactive_ms_ = now;
+  g_.metrics_.RequestFinished(rec_.service, Outcome(state), placement_, (now - t0_) / 1000.0);
+}
+
+boost::asio::awaitable<void> RequestLifecycle::EndStreamWithError(State state, json error_body, std::string why) {
+  const std::string ev = reply_.StoreFinalError(error_body);
+  co_await Finish(state, 200, "text/event-stream", reply_.stored(), why);
+  reply_.SendFinal(ev);
+}
+
+boost::asio::awaitable<void> RequestLifecycle::Fail(State state, Status st) {
+  const json body = ErrorJson(st, rec_.id);
+  if (reply_.head_sent()) co_return co_await EndStreamWithError(state, body, st.message());
+  co_await Finish(state, HttpStatusFor(st.code()), "application/json", body.dump(), st.message());
+  reply_.Error(st);
+}
+
+bool RequestLifecycle::PastDeadline() const { return live_->deadline_ms && g_.clock_.NowMs() >= live_->deadline_ms; }
+
+std::chrono::milliseconds RequestLifecycle::Remaining() const {
+  return std::chrono::milliseconds(live_->deadline_ms ? std::max<int64_t>(1, live_->deadline_ms - g_.clock_.NowMs())
+                                                      : int64_t{3600} * 1000);
+}
+
+boost::asio::awaitable<void> RequestLifecycle::DeadlineFailure() {
+  g_.Cancel(live_);  // stops the worker's generation, frees its slot
+  live_->cancelled = true;
+  co_await Fail(State::kFailed, Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout"));
+}
+
+// A failed attempt (phase kNone: the worker died or could not be reached)
+// counts against the placement's breaker, this request stays away from that
+// placement, and a retry is journaled with the policy's reason.
+boost::asio::awaitable<failover::RetryDecision> RequestLifecycle::AfterFailure(const AttemptResult& r) {
+  const std::string why = (r.outcome.delivered ? "mid-stream: " : "") + r.why;
+  const failover::RetryDecision d = failover::NextStep(r.outcome, &retry_, budget_, g_.clock_.NowMs());
+  g_.board_.AttemptFailed(rec_.service, target_.index, failover::FailureName(r.outcome.phase), why);
+  excluded_[target_.index] = true;
+  if (d.action == Action::kRetryElsewhere || d.action == Action::kContinueElsewhere) {
+    const std::string note = why + " (" + d.reason + ")";
+    Logged(co_await g_.Journaled([&](auto done) { g_.journal_.RequeueAsync(rec_.id, note, done); }), "requeue");
+    live_->Enter(LivePhase::kQueued, g_.clock_.NowMs());
+  }
+  co_return d;
+}
+
+// A full worker (nothing ran) is waited for, within the policy's bound (and
+// the request's deadline: past it, the deadline is the answer).
+Action RequestLifecycle::AfterBusy() {
+  if (live_->cancelled) return Action::kCancelled;
+  const failover::AttemptOutcome busy{Kind::kBusy};
+  return failover::NextStep(busy, &retry_, budget_, g_.clock_.NowMs()).action;
+}
+
+// A declared different fallback model is announced as what it is.
+ServedBy RequestLifecycle::Served() const {
+  const auto& p = svc_->placements[target_.index];
+  ServedBy s;
+  s.placement = placement_;
+  s.decision = target_.decision;
+  s.attempts = attempts_;
+  s.limits = target_.limits;
+  s.waited_ms = target_.waited_ms;
+  if (target_.index != 0) s.degraded = "served by " + placement_ + " (" + p.role + ")";
+  if (p.different_model) s.fallback_model = svc_->ModelLabel(target_.index);
+  s.estimated_delay_s = first_estimate_s_;
+  return s;
+}
+
+// The client hears the worker's error, as an error event when its stream has begun.
+boost::asio::awaitable<void> RequestLifecycle::DeliverRefusal(const AttemptResult& r) {
+  if (r.outcome.delivered) {  // a continuation was refused: end the stream the client has
+    co_return co_await EndStreamWithError(
+        State::kFailedResumable, ErrorJson(Status::Unavailable("the continuation was refused: " + r.body), rec_.id), r.body);
+  }
+  if (reply_.head_sent()) {
+    const json eb = json::parse(r.body, nullptr, false);
+    const json error_event = eb.is_object() ? eb : ErrorJson(Status::Unavailable(r.body), rec_.id);
+    co_return co_await EndStreamWithError(r.stream_state, error_event, r.body);
+  }
+  co_await Finish(r.stream_state, r.status, "application/json", r.body, r.body);
+  reply_.Answer(r.status, "application/json", r.body, nullptr);
+}
+
+void RequestLifecycle::OnWait(const std::string& note, double est_s) {
+  JournalAccept();  // a request that waits is in the journal meanwhile
+  live_->Waiting(note, est_s);
+  if (first_estimate_s_ < 0 && !note.empty()) first_estimate_s_ = est_s;
+  if (!rec_.stream || !reply_.attached() || note.empty()) return;
+  if (accept_ && !(accept_->result() && accept_->result()->ok())) return;  // not before the Accept's commit
+  // A stream that waits long (for the CPU path, or for a replica to load)
+  // starts early and hears why every wait_comment_s, as SSE comments.
+  const int64_t now = g_.clock_.NowMs();
+  if (now - last_comment_ms_ < static_cast<int64_t>(svc_->cpu_path.wait_comment_s * 1000)) return;
+  last_comment_ms_ = now;
+  reply_.WaitingNote(note, est_s);
+}
+
+// The journal cannot write (503, Retry-After; the request stays queued in
+// the journal and is run again after a restart), or someone else cancelled
+// or ended the request meanwhile.
+boost::asio::awaitable<void> RequestLifecycle::CommitRefused(const Status& st) {
+  if (co_await AcceptRefused()) co_return;  // (then the attempt was refused for want of its request)
+  if (st.code() == StatusCode::kUnavailable) co_return reply_.Error(st);
+  if (reply_.attached()) {
+    auto r = co_await g_.Blocking([&] { return g_.journal_.Get(rec_.id); });
+    reply_.Error(Status::Cancelled("request " + (r.ok() ? std::string(journal::StateName(r->state)) : "ended")));
+  }
+}
+
+boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, const AttemptSpec& spec) {
+  if (r.head_refused) co_return co_await DeliverRefusal(r);
+  if (rec_.stream) {
+    if (r.stream_state == State::kCompleted) {
+      g_.board_.AttemptSucceeded(rec_.service, target_.index);
+      g_.RecordThroughput(rec_.service, target_.index, reply_.stored());
+    }
+    const std::string err = r.stream_state == State::kCompleted ? "" : "stream ended with an error";
+    co_await Finish(r.stream_state, 200, "text/event-stream", reply_.stored(), err);
+    co_return reply_.EndStream();
+  }
+  const State state = r.status < 300 ? State::kCompleted : r.status == 499 ? State::kCancelled : State::kFailed;
+  std::string body = r.body;
+  if (state == State::kCompleted) {
+    g_.board_.AttemptSucceeded(rec_.service, target_.index);
+    // From the worker's header only: parsing a whole answer (an embedding's
+    // vectors) for them cost more than the rest of the gateway's work.
+    if (!r.timings.empty()) g_.RecordThroughput(rec_.service, target_.index, "", r.timings);
+    // A fallback model and the limits applied are said in the answer too.
+    if (!spec.served.fallback_model.empty() || !target_.limits.empty()) {
+      json j = json::parse(body, nullptr, false);
+      if (j.is_object()) {
+        if (!spec.served.fallback_model.empty()) {
+          j["model"] = spec.served.fallback_model;
+          j["spillway"]["fallback_model"] = spec.served.fallback_model;
+        }
+        if (!target_.limits.empty()) j["spillway"]["limits"] = target_.limits;
+        body = j.dump(-1, ' ', false, json::error_handler_t::replace);
+      }
+    }
+  }
+  const std::string err = state == State::kCompleted ? "" : body;  // (a named value: see Blocking's note on GCC 12)
+  co_await Finish(state, r.status, r.type, body, err);
+  reply_.Answer(r.status, r.type, body, &spec.served, r.retry_after);
+}
+
+boost::asio::awaitable<void> RequestLifecycle::Run() {
+  if (!svc_) {
+    co_return co_await Fail(State::kFailed,
+                            Status::NotFound("service '" + rec_.service + "' is no longer configured"));
+  }
+  while (true) {
+    if (PastDeadline()) co_return co_await DeadlineFailure();
+    if (live_->cancelled) co_return co_await Fail(State::kCancelled, Status::Cancelled("request cancelled"));
+    Release();
+    Status rejected;
+    last_comment_ms_ = g_.clock_.NowMs();
+    std::string reject_decision;
+    if (!co_await g_.Admit(rec_, *svc_, *live_, excluded_, &target_, &rejected, &reject_decision,
+                           [this](const std::string& note, double est_s) { OnWait(note, est_s); })) {
+      if (!reject_decision.empty()) {
+        JournalAccept();
+        Logged(co_await g_.Journaled([&](auto done) { g_.journal_.SetDecisionAsync(rec_.id, reject_decision, done); }),
+               "decision");
+      }
+      if (rejected.code() == StatusCode::kDeadlineExceeded) co_return co_await DeadlineFailure();
+      if (rejected.code() == StatusCode::kCancelled) co_return co_await Fail(State::kCancelled, rejected);
+      co_return co_await Fail(State::kFailed, rejected);
+    }
+    live_->queue_slot.reset();  // running now: no longer among the waiting
+    live_->Enter(LivePhase::kRunning, g_.clock_.NowMs());
+    // A worker that answered "busy" is retried within the attempt already
+    // journaled: waiting writes nothing (it used to write an attempt every 10 ms).
+    const bool same_attempt = busy_retry_ && target_.placement == placement_;
+    if (busy_retry_ && !same_attempt) {
+      Logged(co_await g_.Journaled([&](auto done) { g_.journal_.RequeueAsync(rec_.id, "worker busy", done); }),
+             "requeue");
+    }
+    busy_retry_ = false;
+    placement_ = target_.placement;
+    const std::string key = target_.key;
+    // The attempt is journaled before anything of it reaches the client and
+    // before anything else about it is journaled. A non-streamed attempt's
+    // commit runs while it is sent (the worker computes meanwhile) and is
+    // awaited before its outcome is acted on; a stream's is awaited first,
+    // since its events reach the client as they come.
+    std::shared_ptr<PendingStatus> commit;
+    if (!same_attempt) {  // (same_attempt: still running attempt `attempts_` on `placement_`)
+      commit = PendingStatus::Make(strand_);
+      if (unjournaled_) {  // admitted at once: the request and its attempt in one commit
+        unjournaled_ = false;
+        accept_ = commit;
+        g_.journal_.AcceptAndStartAsync(rec_, placement_, target_.decision_json, commit->Completer());
+      } else {
+        g_.journal_.StartAttemptAsync(rec_.id, placement_, target_.decision_json, commit->Completer());
+      }
+    }
+    if (commit && rec_.stream) {
+      if (const Status st = co_await commit->Wait(); !st.ok()) co_return co_await CommitRefused(st);
+      commit.reset();
+    }
+    if (!same_attempt) ++attempts_;
+    if (attempts_ > 1 && MutationActive("fallback-drop-seed")) {  // deliberate bug, for tests only
+      json b = json::parse(target_.body, nullptr, false);
+      if (b.is_object()) b.erase("seed");
+      target_.body = b.dump();
+    }
+    live_->worker_port = target_.port;
+    if (live_->cancelled) {
+      if (commit) {
+        if (const Status st = co_await commit->Wait(); !st.ok()) co_return co_await CommitRefused(st);
+      }
+      continue;
+    }
+
+    AttemptSpec spec;
+    spec.port = target_.port;
+    spec.path = path_;
+    spec.body = target_.body;
+    spec.headers = g_.supervisor_.AuthHeaders();
+    spec.headers.emplace_back("X-Request-Id", rec_.id);
+    spec.stream = rec_.stream;
+    spec.timeout = Remaining();
+    spec.served = Served();
+    spec.role = svc_->placements[target_.index].role;
+    const AttemptResult r = co_await runner_.Run(spec);
+    if (commit) {  // the worker's answer waits for the commit that covers it
+      // Refused: the worker's answer is dropped (nothing of it reached the client).
+      if (const Status st = co_await commit->Wait(); !st.ok()) co_return co_await CommitRefused(st);
+    }
+
+    switch (r.outcome.kind) {
+      case Kind::kCancelled:
+        co_return co_await Fail(State::kCancelled, Status::Cancelled("request cancelled"));
+      case Kind::kBusy: {
+        const Action a = AfterBusy();
+        if (a == Action::kDeadline) co_return co_await DeadlineFailure();
+        if (a == Action::kCancelled) co_return co_await Fail(State::kCancelled, Status::Cancelled("request cancelled"));
+        if (a == Action::kWaitAndResend) {
+          busy_retry_ = true;
+          co_await g_.SignalFor(rec_.service).Wait(std::chrono::milliseconds(50));  // until a slot frees
+          continue;
+        }
+        break;  // waited long enough: its 503 is the answer
+      }
+      case Kind::kFailed: {
+        // A worker that timed out because the deadline passed is not the worker's failure.
+        if (r.unreachable && PastDeadline()) co_return co_await DeadlineFailure();
+        if (r.unreachable) g_.supervisor_.Suspect(key);
+        const auto d = co_await AfterFailure(r);
+        if (d.action == Action::kDeadline) co_return co_await DeadlineFailure();
+        if (d.action == Action::kRetryElsewhere || d.action == Action::kContinueElsewhere) continue;
+        if (r.head_refused) co_return co_await DeliverRefusal(r);
+        if (!rec_.stream && r.unreachable) {
+          co_return co_await Fail(State::kFailed, Status::Unavailable("the worker failed " +
+                                                                      std::to_string(retry_.failures) + " times: " +
+                                                                      r.why).WithRetryAfter(5));
+        }
+        if (!rec_.stream) {  // the worker's own account of its failure is the answer
+          co_await Finish(State::kFailed, r.status, "application/json", r.body, r.body);
+          co_return reply_.Answer(r.status, "application/json", r.body, nullptr);
+        }
+        // A stream cut where no placement may continue it: never past delivered tool calls.
+        const Status err = Status::Unavailable(
+            "the stream failed (" + r.why + ") after " + std::to_string(progress_.tokens().size()) +
+            " delivered tokens; " +
+            (progress_.tool_calls_delivered() ? "tool calls were delivered, so it is not replayed past them"
+                                              : "no placement could continue it") +
+            "; resume from the checkpoint with the request id");
+        if (!r.outcome.delivered) co_return co_await Fail(State::kFailed, err);
+        json ev = ErrorJson(err, rec_.id);
+        ev["error"]["checkpoint"] = {{"tokens_delivered", progress_.tokens().size()},
+                                    {"text_bytes", progress_.text_bytes()},
+                                    {"tool_calls_delivered", progress_.tool_calls_delivered()}};
+        co_return co_await EndStreamWithError(State::kFailedResumable, ev, err.message());
+      }
+      case Kind::kAnswered:
+        break;
+    }
+    // The worker's answer (or a busy worker's 503, waited out) is the request's.
+    co_return co_await Answered(r, spec);
+  }
+}
+
+}  // namespace spillway::gateway

@@ -1,0 +1,118 @@
+// One generation request's life once it is accepted (Gateway::Run builds
+// one per request, in the request's coroutine, on its client connection's
+// strand): admission, attempts, failover, and its one end.
+//
+//   phase        event                                              next         journal
+//   -----------  -------------------------------------------------  -----------  -----------
+//   received     parsed and checked, within max_queue               queued       Accept
+//   queued       no placement can take it now                       queued       -  (its place in the service's line, capacity_signal.h)
+//   queued       admitted on placement P (its cells reserved)       running      StartAttempt (attempt k on P)
+//   running      the worker is full (nothing ran)                   running      -  (same attempt, waits for a slot)
+//   running      the first event of a stream reaches the client     streaming    -
+//   running,     failed; the retry policy says run again or          queued       Requeue
+//   streaming    continue elsewhere (failover/retry_policy.h)
+//   any          answered, given up, cancelled or past its deadline  terminal     Finish, then the client
+//
+// Each transition that matters after a crash is journaled before it takes
+// effect. A request ends in exactly one place (Finish: the journal's
+// terminal state first, then the caller answers the client); Fail,
+// EndStreamWithError, DeadlineFailure and DeliverRefusal are the ways there.
+// An attempt is run by an AttemptRunner (attempt_runner.h), which returns a
+// typed outcome; the pure retry policy (failover/retry_policy.h) says what
+// follows; the client hears everything through one ReplyWriter
+// (reply_writer.h). What an attempt holds (cells, its place in the CPU
+// line) goes back whatever the outcome (the destructor too), which wakes the
+// requests waiting for that capacity.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "failover/retry_policy.h"
+#include "failover/stream_progress.h"
+#include "gateway/attempt_runner.h"
+#include "gateway/gateway.h"
+#include "gateway/gateway_internal.h"
+#include "gateway/reply_writer.h"
+
+namespace spillway::gateway {
+
+class RequestLifecycle {
+ public:
+  // `unjournaled`: its Accept is not written yet (see Gateway::Process); the
+  // lifecycle writes it with its first attempt, or before it first waits.
+  RequestLifecycle(Gateway& g, journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
+                   std::shared_ptr<Gateway::Live> live, bool unjournaled, boost::asio::any_io_executor strand);
+  ~RequestLifecycle();
+  RequestLifecycle(const RequestLifecycle&) = delete;
+  RequestLifecycle& operator=(const RequestLifecycle&) = delete;
+
+  // Runs the request to its end.
+  boost::asio::awaitable<void> Run();
+
+ private:
+  using State = journal::State;
+
+  // Gives back what the current attempt holds.
+  void Release();
+  // Writes the Accept of a request not journaled yet (once).
+  void JournalAccept();
+  // Awaits that Accept; true when the journal refused it (the client has heard why).
+  boost::asio::awaitable<bool> AcceptRefused();
+  // The one place a request ends: the journal first, then (by the caller) the client.
+  boost::asio::awaitable<void> Finish(State state, int status, std::string type, std::string body, std::string err);
+  // A stream the client already has (it may have started while waiting) ends with an error event.
+  boost::asio::awaitable<void> EndStreamWithError(State state, nlohmann::json error_body, std::string why);
+  boost::asio::awaitable<void> Fail(State state, Status st);
+  bool PastDeadline() const;
+  std::chrono::milliseconds Remaining() const;
+  boost::asio::awaitable<void> DeadlineFailure();
+  // After a failed attempt: the policy's decision, the breaker told, a retry journaled.
+  boost::asio::awaitable<failover::RetryDecision> AfterFailure(const AttemptResult& r);
+  // After a busy worker (nothing ran): wait and resend, or give up.
+  failover::Action AfterBusy();
+  // Who serves this attempt, as the answer's headers say.
+  ServedBy Served() const;
+  // A stream the worker refused before its first event.
+  boost::asio::awaitable<void> DeliverRefusal(const AttemptResult& r);
+  // Called by admission before every round spent waiting.
+  void OnWait(const std::string& note, double est_s);
+  // A refused attempt commit: the journal cannot write, or the request was ended meanwhile.
+  boost::asio::awaitable<void> CommitRefused(const Status& st);
+  // The answer of an attempt that completed (or a busy worker's, waited out).
+  boost::asio::awaitable<void> Answered(const AttemptResult& r, const AttemptSpec& spec);
+
+  Gateway& g_;
+  journal::RequestRecord rec_;
+  std::shared_ptr<Gateway::Live> live_;
+  bool unjournaled_;
+  const boost::asio::any_io_executor strand_;
+  const config::ServiceConfig* const svc_;
+  const int64_t t0_;
+  const std::string path_;
+  ReplyWriter reply_;
+  std::string placement_;
+  Gateway::Target target_;
+  // The Accept of a request not journaled yet (see JournalAccept), awaited
+  // before anything of the request reaches the client.
+  std::shared_ptr<PendingStatus> accept_;
+  // What the client already has of a stream, across attempts.
+  failover::StreamProgress progress_;
+  AttemptRunner runner_;
+  std::vector<bool> excluded_;  // placements that failed this request
+  int attempts_ = 0;
+  double first_estimate_s_ = -1;  // the wait estimate when the request first had to wait
+  bool busy_retry_ = false;       // the last send found the worker busy; its attempt stays open
+  // What happens after an attempt is the pure policy's decision.
+  failover::RetryState retry_;
+  const failover::RetryBudget budget_;
+  // A stream that waits long starts early and hears why every wait_comment_s.
+  int64_t last_comment_ms_ = 0;
+};
+
+}  // namespace spillway::gateway
