@@ -158,10 +158,13 @@ class Gateway {
   // `excluded`: placements that already failed this request (ignored when no
   // other placement could take it).
   // `on_wait(note, est_s)` is called before every round spent waiting.
+  // `first`: the request has not run an attempt yet, so it takes its place
+  // at the end of the service's line (capacity_signal.h); a retry (after a
+  // failure, or a worker that answered busy) does not queue behind newer ones.
   boost::asio::awaitable<bool> Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live,
                                      const std::vector<bool>& excluded, Target* target, Status* rejected,
                                      std::string* reject_decision,
-                                     const std::function<void(const std::string&, double)>& on_wait);
+                                     const std::function<void(const std::string&, double)>& on_wait, bool first);
   // Why no worker of the service can take a request now, when that is final
   // enough to answer: every runnable placement failed to start twice, or the
   // request has waited (`waited_ms`) past the longest start timeout. Ok while

@@ -119,7 +119,8 @@ Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms
 boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc,
                                            Live& live, const std::vector<bool>& excluded, Target* t, Status* rejected,
                                            std::string* reject_decision,
-                                           const std::function<void(const std::string&, double)>& on_wait) {
+                                           const std::function<void(const std::string&, double)>& on_wait,
+                                           bool first) {
   CapacitySignal& signal = SignalFor(svc.name);
   // The placements' fixed parts (key, config, start-up admission); what
   // changes (pools, breakers, throughput) is read through board_.Views.
@@ -212,15 +213,15 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
     leave_line.admitted = true;
   };
   // The service's line (capacity_signal.h): first come, first served; only
-  // its head decides. A request retried after a failed attempt (a placement
-  // excluded) does not queue behind new ones: it was admitted once, and it
-  // may be waiting for another placement than they are.
+  // its head decides. A retry does not queue behind new requests: it was
+  // admitted once (and after a failure it may wait for another placement
+  // than they do).
   std::unique_ptr<CapacitySignal::Ticket> ticket;
-  if (std::none_of(excluded.begin(), excluded.end(), [](bool x) { return x; })) ticket = co_await signal.Join();
+  if (first) ticket = co_await signal.Join();
   auto wait = [&](std::chrono::milliseconds bound) {
     return ticket ? signal.WaitInLine(*ticket, bound) : signal.Wait(bound);
   };
-  bool told_place = false;
+  int64_t told_place_ms = -1;
   // Behind others in the line: no decision until it is the head. Returns
   // false (with *rejected) when it stops waiting.
   auto wait_behind = [&](int64_t cap_ms) -> boost::asio::awaitable<bool> {
@@ -240,16 +241,17 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
                       .WithRetryAfter(5);
       co_return false;
     }
-    // Told where it stands when it begins to wait, and a stream again at each wait comment.
-    if (on_wait && (!told_place || rec.stream)) {
-      told_place = true;
+    // Told where it stands when it begins to wait, and a stream again at
+    // each wait comment (not at every wake: a cancel wakes the whole line).
+    const int64_t comment_ms = std::max<int64_t>(1, static_cast<int64_t>(svc.cpu_path.wait_comment_s * 1000));
+    if (on_wait && (told_place_ms < 0 || (rec.stream && now - told_place_ms >= comment_ms))) {
+      told_place_ms = now;
       const size_t ahead = signal.Ahead(*ticket);
       on_wait(std::to_string(ahead) + " earlier request" + (ahead == 1 ? "" : "s") + " of '" + svc.name +
                   "' waiting ahead of it (first come, first served)",
               board_.LineWaitS(svc.name, static_cast<uint32_t>(ahead)).value_or(1.0));
     }
     // Until it is the head (told at once), its deadline, its cap, or a stream's next wait comment.
-    const int64_t comment_ms = std::max<int64_t>(1, static_cast<int64_t>(svc.cpu_path.wait_comment_s * 1000));
     co_await signal.WaitInLine(*ticket, WaitBound(live.deadline_ms, now, std::min<int64_t>(cap_ms - (now - t0) + 1,
                                                                                          rec.stream ? comment_ms : cap_ms)));
     co_return true;
@@ -407,6 +409,12 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
         } else {
           board_.LeaveCpuLine(svc.name, rec.id);  // back on the accelerator path
         }
+      }
+      if (first && !ticket && cpu_reject.empty() && d.kind != admission::Kind::kDelay &&
+          d.kind != admission::Kind::kReject && !svc.OnCpuPath(d.placement) && signal.in_line() > 0) {
+        // It waited in the CPU path's line and the accelerator has room now:
+        // not ahead of those waiting for the accelerator (at the end of their line).
+        ticket = co_await signal.Join();
       }
       if (cpu_reject.empty() && d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject && ticket &&
           !signal.IsHead(*ticket)) {

@@ -133,9 +133,11 @@ Gateway::CpuGate Gateway::CpuPathGateLocked(const journal::RequestRecord& rec, c
 }
 
 void Gateway::ReleaseTarget(const std::string& service, const std::string& id, Target* t) {
+  const bool held = t->cells > 0 || t->holding;
   board_.Release(service, t->index, id, t->cells > 0, t->holding);
   t->cells = 0;
   t->holding = false;
+  if (!held) return;  // (nothing freed: the line's head is not woken for nothing)
   if (auto it = signals_.find(service); it != signals_.end()) it->second->Notify();  // capacity may be free now
 }
 

@@ -229,7 +229,8 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     last_comment_ms_ = g_.clock_.NowMs();
     std::string reject_decision;
     if (!co_await g_.Admit(rec_, *svc_, *live_, excluded_, &target_, &rejected, &reject_decision,
-                           [this](const std::string& note, double est_s) { OnWait(note, est_s); })) {
+                           [this](const std::string& note, double est_s) { OnWait(note, est_s); },
+                           /*first=*/attempts_ == 0)) {
       if (!reject_decision.empty()) {
         JournalAccept();
         Logged(co_await g_.Journaled([&](auto done) { g_.journal_.SetDecisionAsync(rec_.id, reject_decision, done); }),

@@ -243,7 +243,7 @@ std::string LastLogLine(const std::string& path) {
 }  // namespace
 
 void Supervisor::Exited(Worker& w, const std::string& why) {
-  memory_freed_ = true;
+  if (!w.dying) memory_freed_ = true;  // (a killed one's memory is free once Poll reaps it)
   w.view.last_exit = why;
   w.view.last_error = LastLogLine(w.view.log_path);
   w.view.pid = 0;
@@ -326,16 +326,17 @@ void Supervisor::Poll(Worker& w) {
       // Ready once its health path answers (Round asks).
     } else if (w.view.port != 0) {
       // Listening; ready once Round() has read its /info (and checked its protocol).
-      if (w.spec.start_timeout_ms > 0 && now - w.spawned_ms >= w.spec.start_timeout_ms) {
+      if (now - w.listening_ms >= kInfoTimeoutMs) {
         Kill(w);
         char why[128];
-        std::snprintf(why, sizeof why, "listened but its %s did not answer within %.0f s (start_timeout_s)",
-                      std::string(protocol::kInfoPath).c_str(), static_cast<double>(w.spec.start_timeout_ms) / 1000);
+        std::snprintf(why, sizeof why, "listened but its %s did not answer within %.0f s",
+                      std::string(protocol::kInfoPath).c_str(), static_cast<double>(kInfoTimeoutMs) / 1000);
         Exited(w, why);
       }
     } else if (const uint16_t port = PortFromFile(w.spec.key)) {
       w.view.load_bytes = w.view.load_total_bytes;  // all of it
       w.view.port = port;
+      w.listening_ms = now;
     } else if (w.spec.start_timeout_ms > 0 && now - w.spawned_ms >= w.spec.start_timeout_ms) {
       // A start that hangs holds no request forever: end it and say so.
       Kill(w);
@@ -426,7 +427,10 @@ void Supervisor::Round() {
     {
       std::lock_guard<std::mutex> lk(mu_);
       for (auto& [k, w] : workers_) {
-        if (w.view.state == WorkerState::kBackoff && clock_.NowMs() >= w.view.next_start_ms) due.push_back(k);
+        // (Not while its killed process lives: its memory is not free yet.)
+        if (w.view.state == WorkerState::kBackoff && !w.dying && clock_.NowMs() >= w.view.next_start_ms) {
+          due.push_back(k);
+        }
       }
     }
     std::map<std::string, Status> refused;
@@ -497,7 +501,15 @@ void Supervisor::Round() {
     std::vector<std::pair<std::string, std::string>> refused_workers;
     for (const auto& r : listening) {
       if (r.health_path.empty()) {  // (an external server has no /info: its health path answered)
-        const auto info = RefreshInfo(r.key, r.pid, r.port);
+        int status = 0;
+        const auto info = RefreshInfo(r.key, r.pid, r.port, &status);
+        if (!info && (status == 401 || status == 403 || status == 404)) {
+          // Not this gateway's worker (another secret), or another build's routes.
+          refused_workers.emplace_back(r.key, "its " + std::string(protocol::kInfoPath) + " answered HTTP " +
+                                                  std::to_string(status) +
+                                                  " (another build of spillway-worker, or another gateway's secret)");
+          continue;
+        }
         if (!info) continue;
         const auto typed = protocol::WorkerInfo::FromJson(nlohmann::json::parse(*info, nullptr, false));
         const Status st = typed ? protocol::CheckCompatible(*typed)
@@ -559,7 +571,9 @@ void Supervisor::Round() {
   }
 }
 
-std::shared_ptr<const std::string> Supervisor::RefreshInfo(const std::string& key, pid_t pid, uint16_t port) {
+std::shared_ptr<const std::string> Supervisor::RefreshInfo(const std::string& key, pid_t pid, uint16_t port,
+                                                           int* http_status) {
+  if (http_status) *http_status = 0;
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = workers_.find(key);
@@ -567,6 +581,7 @@ std::shared_ptr<const std::string> Supervisor::RefreshInfo(const std::string& ke
   }
   auto r = http::Fetch("127.0.0.1", port, "GET", std::string(protocol::kInfoPath), "", AuthHeaders(),
                        std::chrono::milliseconds(1000));
+  if (r.ok() && http_status) *http_status = r->status;
   if (!r.ok() || r->status != 200) return nullptr;
   auto body = std::make_shared<const std::string>(std::move(r->body));
   std::lock_guard<std::mutex> lk(mu_);

@@ -180,6 +180,7 @@ class Supervisor : public Workers {
     int health_failures = 0;
     int backoff_level = 0;
     int64_t spawned_ms = 0;
+    int64_t listening_ms = 0;  // when its port file appeared (0: not yet)
     int64_t kill_at_ms = 0;  // a released worker still exiting
     uint64_t start_time = 0;  // of its process (/proc/<pid>/stat field 22)
     std::string spec_hash;    // SpecHash(spec.args)
@@ -219,8 +220,12 @@ class Supervisor : public Workers {
   void Kill(Worker& w);
   void HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lost);
   // Fetches a worker's /info into its view (no lock held while asking);
-  // returns it, or null when it did not answer (or the worker changed).
-  std::shared_ptr<const std::string> RefreshInfo(const std::string& key, pid_t pid, uint16_t port);
+  // returns it, or null when it did not answer 200 (or the worker changed);
+  // `http_status`: its answer's status (0: none).
+  std::shared_ptr<const std::string> RefreshInfo(const std::string& key, pid_t pid, uint16_t port,
+                                                 int* http_status = nullptr);
+  // How long a listening worker may take to answer its /info before it counts as a failed start.
+  static constexpr int64_t kInfoTimeoutMs = 30000;
 
   bool memory_freed_ = false;  // a worker's process ended since the last round (under mu_)
   std::function<Status(const std::string&)> gate_;
