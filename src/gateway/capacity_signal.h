@@ -14,8 +14,9 @@
 //   (their deadline; a stream's next wait comment): a release costs one
 //   decision, not one per waiter, and nobody overtakes (first come, first
 //   served; the head waits for what it needs, as vLLM's FCFS scheduler and
-//   Ollama's queue do). NotifyAll() wakes the whole line (a cancel, which
-//   the cancelled request must see wherever it stands; a stop).
+//   Ollama's queue do). WakeOne() wakes one of them (a cancel, which the
+//   cancelled request must see wherever it stands); NotifyAll() wakes the
+//   whole line (a stop).
 //
 // - Plain waiters (Wait): any Notify wakes them, or `max_wait` passing.
 //
@@ -119,6 +120,18 @@ class CapacitySignal {
     co_await w->timer.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
     std::lock_guard<std::mutex> lk(mu_);
     if (w->listed) waiters_.erase(it);  // timed out: Notify has not taken it
+  }
+
+  // The waiter behind `t`, to wake it alone (WakeOne) from any thread; it
+  // stays valid after the ticket is gone (a wake then does nothing).
+  std::shared_ptr<void> Handle(const Ticket& t) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return *t.it_;
+  }
+  void WakeOne(const std::shared_ptr<void>& handle) {
+    if (!handle) return;
+    std::lock_guard<std::mutex> lk(mu_);
+    Tell(std::static_pointer_cast<Waiter>(handle));
   }
 
   // Capacity may be free: the head of the line decides again, and every plain waiter.

@@ -443,9 +443,13 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
 void Gateway::Cancel(const std::shared_ptr<Live>& live) {
   if (live->cancelled.exchange(true)) return;
   // A request waiting for capacity hears it now, wherever it stands in its
-  // line (a running one frees what it holds when its attempt ends).
+  // line, or as a plain waiter (a retry); a running one frees what it holds
+  // when its attempt ends.
   if (live->phase.load() == LivePhase::kQueued) {
-    if (auto it = signals_.find(live->service); it != signals_.end()) it->second->NotifyAll();
+    if (auto it = signals_.find(live->service); it != signals_.end()) {
+      it->second->WakeOne(live->LineWaiter());
+      it->second->Notify();
+    }
   }
   if (live->upstream_control) return live->upstream_control->Abort();  // its connection closes: the server sees it
   if (const uint16_t port = live->worker_port.load(); port && io_) {

@@ -217,7 +217,14 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
   // admitted once (and after a failure it may wait for another placement
   // than they do).
   std::unique_ptr<CapacitySignal::Ticket> ticket;
-  if (first) ticket = co_await signal.Join();
+  if (first) {
+    ticket = co_await signal.Join();
+    live.SetLineWaiter(signal.Handle(*ticket));
+  }
+  struct ClearLineWaiter {
+    Live& live;
+    ~ClearLineWaiter() { live.SetLineWaiter(nullptr); }
+  } clear_line_waiter{live};
   auto wait = [&](std::chrono::milliseconds bound) {
     return ticket ? signal.WaitInLine(*ticket, bound) : signal.Wait(bound);
   };
@@ -395,6 +402,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
           // The CPU path's own line orders it from now on (its bound and
           // positions count from the moment it joins): out of the service's.
           ticket.reset();
+          live.SetLineWaiter(nullptr);
           gate = CpuPathGate(rec, svc, &d, prompt_tokens, &limits, &note, &est_wait_s, rejected);
           if (gate == CpuGate::kReject) {
             metrics_.Decision(svc.name, "reject");
@@ -415,6 +423,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
         // It waited in the CPU path's line and the accelerator has room now:
         // not ahead of those waiting for the accelerator (at the end of their line).
         ticket = co_await signal.Join();
+        live.SetLineWaiter(signal.Handle(*ticket));
       }
       if (cpu_reject.empty() && d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject && ticket &&
           !signal.IsHead(*ticket)) {

@@ -105,11 +105,22 @@ struct Gateway::Live {
     std::lock_guard<std::mutex> lk(wait_mu);
     return {wait_note, wait_est_s};
   }
+  // Its place in its service's line while it has one (CapacitySignal::Handle):
+  // a cancel wakes it alone, not the whole line.
+  void SetLineWaiter(std::shared_ptr<void> h) {
+    std::lock_guard<std::mutex> lk(wait_mu);
+    line_waiter = std::move(h);
+  }
+  std::shared_ptr<void> LineWaiter() const {
+    std::lock_guard<std::mutex> lk(wait_mu);
+    return line_waiter;
+  }
 
  private:
   mutable std::mutex wait_mu;
   std::string wait_note;
   double wait_est_s = 0;
+  std::shared_ptr<void> line_waiter;
 };
 
 // A request as parsed on the connection strand, before the journal.

@@ -128,5 +128,38 @@ TEST(CapacitySignalLineTest, NotifyAllWakesEveryoneInTheLineAndNotifyThePlainWai
   EXPECT_EQ(line_woken, 3);
 }
 
+// A cancel wakes the cancelled request alone, wherever it stands (not the
+// whole line: with thousands waiting, each cancel woke every one).
+TEST(CapacitySignalLineTest, WakeOneWakesThatWaiterAlone) {
+  net::io_context ioc;
+  CapacitySignal signal;
+  std::map<std::string, int> wakes;
+  std::shared_ptr<void> third;
+  const auto strand = net::make_strand(ioc);
+  for (const char* name : {"a", "b", "c"}) {
+    net::co_spawn(
+        strand,
+        [&, n = std::string(name)]() -> net::awaitable<void> {
+          auto ticket = co_await signal.Join();
+          if (n == "c") third = signal.Handle(*ticket);
+          co_await signal.WaitInLine(*ticket, 2s);
+          ++wakes[n];
+        },
+        net::detached);
+  }
+  At(ioc, 20ms, [&] {
+    ASSERT_TRUE(third);
+    signal.WakeOne(third);
+  });
+  At(ioc, 60ms, [&] {
+    EXPECT_EQ(wakes, (std::map<std::string, int>{{"c", 1}})) << "woke others than the one";
+    EXPECT_EQ(signal.in_line(), 2u);
+    signal.NotifyAll();
+  });
+  ioc.run();
+  EXPECT_EQ(wakes, (std::map<std::string, int>{{"a", 1}, {"b", 1}, {"c", 1}}));
+  signal.WakeOne(third);  // after it left: nothing happens
+}
+
 }  // namespace
 }  // namespace spillway::gateway
