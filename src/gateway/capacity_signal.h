@@ -40,6 +40,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <iterator>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -84,9 +85,7 @@ class CapacitySignal {
   // How many are ahead of `t` in the line (0: the head).
   size_t Ahead(const Ticket& t) const {
     std::lock_guard<std::mutex> lk(mu_);
-    size_t n = 0;
-    for (auto it = line_.begin(); it != t.it_; ++it) ++n;
-    return n;
+    return static_cast<size_t>(std::distance(line_.cbegin(), decltype(line_)::const_iterator(t.it_)));
   }
 
   // Sleeps until woken (see above) or `bound` passes; at once when a wake
@@ -100,9 +99,7 @@ class CapacitySignal {
         co_return;
       }
     }
-    w->timer.expires_after(bound);
-    boost::system::error_code ec;
-    co_await w->timer.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
+    co_await Sleep(*w, bound);
     std::lock_guard<std::mutex> lk(mu_);
     w->pending = false;
   }
@@ -110,14 +107,12 @@ class CapacitySignal {
   // A plain wait: any Notify, or `max_wait`.
   boost::asio::awaitable<void> Wait(std::chrono::milliseconds max_wait) {
     auto w = std::make_shared<Waiter>(co_await boost::asio::this_coro::executor);
-    w->timer.expires_after(max_wait);
     std::list<std::shared_ptr<Waiter>>::iterator it;
     {
       std::lock_guard<std::mutex> lk(mu_);
       it = waiters_.insert(waiters_.end(), w);
     }
-    boost::system::error_code ec;
-    co_await w->timer.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
+    co_await Sleep(*w, max_wait);  // (a wake posted to its strand meanwhile runs once this suspends)
     std::lock_guard<std::mutex> lk(mu_);
     if (w->listed) waiters_.erase(it);  // timed out: Notify has not taken it
   }
@@ -150,6 +145,12 @@ class CapacitySignal {
   }
 
  private:
+  // Until the waiter's timer is cancelled (a wake) or `bound` passes.
+  static boost::asio::awaitable<void> Sleep(Waiter& w, std::chrono::milliseconds bound) {
+    w.timer.expires_after(bound);
+    boost::system::error_code ec;
+    co_await w.timer.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
+  }
   static void Post(const std::shared_ptr<Waiter>& w) {
     boost::asio::post(w->timer.get_executor(), [w] { w->timer.cancel(); });
   }
@@ -160,11 +161,12 @@ class CapacitySignal {
   }
 
   void Wake(bool whole_line) {
-    std::list<std::shared_ptr<Waiter>> woken;
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto& w : waiters_) w->listed = false;
-    woken.swap(waiters_);
-    for (auto& w : woken) Post(w);
+    for (auto& w : waiters_) {
+      w->listed = false;
+      Post(w);
+    }
+    waiters_.clear();
     for (auto& w : line_) {
       Tell(w);
       if (!whole_line) break;

@@ -216,15 +216,33 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
   // its head decides. A retry does not queue behind new requests: it was
   // admitted once (and after a failure it may wait for another placement
   // than they do).
+  // Its place is known to its Live while it has one: a cancel wakes it alone.
   std::unique_ptr<CapacitySignal::Ticket> ticket;
-  if (first) {
+  auto join_line = [&]() -> boost::asio::awaitable<void> {
     ticket = co_await signal.Join();
     live.SetLineWaiter(signal.Handle(*ticket));
-  }
+  };
+  auto leave_service_line = [&] {
+    live.SetLineWaiter(nullptr);
+    ticket.reset();
+  };
   struct ClearLineWaiter {
     Live& live;
     ~ClearLineWaiter() { live.SetLineWaiter(nullptr); }
   } clear_line_waiter{live};
+  if (first) co_await join_line();
+  // Why it stops waiting, if it does: cancelled, or past its deadline (*rejected says which).
+  auto stopped = [&] {
+    if (live.cancelled) {
+      *rejected = Status::Cancelled("request cancelled");
+      return true;
+    }
+    if (live.deadline_ms && clock_.NowMs() >= live.deadline_ms) {
+      *rejected = Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
+      return true;
+    }
+    return false;
+  };
   auto wait = [&](std::chrono::milliseconds bound) {
     return ticket ? signal.WaitInLine(*ticket, bound) : signal.Wait(bound);
   };
@@ -232,15 +250,8 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
   // Behind others in the line: no decision until it is the head. Returns
   // false (with *rejected) when it stops waiting.
   auto wait_behind = [&](int64_t cap_ms) -> boost::asio::awaitable<bool> {
+    if (stopped()) co_return false;
     const int64_t now = clock_.NowMs();
-    if (live.cancelled) {
-      *rejected = Status::Cancelled("request cancelled");
-      co_return false;
-    }
-    if (live.deadline_ms && now >= live.deadline_ms) {
-      *rejected = Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
-      co_return false;
-    }
     if (now - t0 > cap_ms) {
       *rejected = Status::ResourceExhausted("no placement of '" + svc.name + "' could take the request within " +
                                             std::to_string(cap_ms / 1000) + " s (it waited behind " +
@@ -249,7 +260,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
       co_return false;
     }
     // Told where it stands when it begins to wait, and a stream again at
-    // each wait comment (not at every wake: a cancel wakes the whole line).
+    // each wait comment (not at every wake).
     const int64_t comment_ms = std::max<int64_t>(1, static_cast<int64_t>(svc.cpu_path.wait_comment_s * 1000));
     if (on_wait && (told_place_ms < 0 || (rec.stream && now - told_place_ms >= comment_ms))) {
       told_place_ms = now;
@@ -303,14 +314,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
         }
       }
       demand_all();
-      if (live.cancelled) {
-        *rejected = Status::Cancelled("request cancelled");
-        co_return false;
-      }
-      if (live.deadline_ms && clock_.NowMs() >= live.deadline_ms) {
-        *rejected = Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
-        co_return false;
-      }
+      if (stopped()) co_return false;
       if (!all_busy || loading) {
         // Nothing is up: wait for a start, at most its start timeout, and say so.
         if (Status st = StartTrouble(svc, clock_.NowMs() - t0); !st.ok()) {
@@ -346,14 +350,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
   int prompt_tokens = -1;
   const int64_t decide_cap_ms = std::max<int64_t>(static_cast<int64_t>(svc.admission.max_delay_s * 1000), kQueueWaitMs);
   while (true) {
-    if (live.cancelled) {
-      *rejected = Status::Cancelled("request cancelled");
-      co_return false;
-    }
-    if (live.deadline_ms && clock_.NowMs() >= live.deadline_ms) {
-      *rejected = Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
-      co_return false;
-    }
+    if (stopped()) co_return false;
     // The prompt's size in tokens, from any ready worker of the service (they share the tokenizer).
     if (prompt_tokens < 0) {
       for (const auto& st : states) {
@@ -401,8 +398,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
         if (svc.OnCpuPath(d.placement)) {
           // The CPU path's own line orders it from now on (its bound and
           // positions count from the moment it joins): out of the service's.
-          ticket.reset();
-          live.SetLineWaiter(nullptr);
+          leave_service_line();
           gate = CpuPathGate(rec, svc, &d, prompt_tokens, &limits, &note, &est_wait_s, rejected);
           if (gate == CpuGate::kReject) {
             metrics_.Decision(svc.name, "reject");
@@ -422,8 +418,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
           d.kind != admission::Kind::kReject && !svc.OnCpuPath(d.placement) && signal.in_line() > 0) {
         // It waited in the CPU path's line and the accelerator has room now:
         // not ahead of those waiting for the accelerator (at the end of their line).
-        ticket = co_await signal.Join();
-        live.SetLineWaiter(signal.Handle(*ticket));
+        co_await join_line();
       }
       if (cpu_reject.empty() && d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject && ticket &&
           !signal.IsHead(*ticket)) {

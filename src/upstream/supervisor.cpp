@@ -278,12 +278,14 @@ void Supervisor::Exited(Worker& w, const std::string& why) {
   ++restarts_;
 }
 
-void Supervisor::Kill(Worker& w) {
+void Supervisor::Kill(Worker& w, const std::string& why) {
   const WorkerPid p = Process(w);
   int status = 0;
-  if (Ended(p, &status)) return;  // (checked first: an adopted pid may be someone else's now)
-  kill(-p.pid, SIGKILL);
-  w.dying = p;
+  if (!Ended(p, &status)) {  // (checked first: an adopted pid may be someone else's now)
+    kill(-p.pid, SIGKILL);
+    w.dying = p;
+  }
+  Exited(w, why);
 }
 
 void Supervisor::Poll(Worker& w) {
@@ -317,21 +319,19 @@ void Supervisor::Poll(Worker& w) {
   }
   if (w.view.state == WorkerState::kStarting) {
     if (w.spec.external() && w.spec.start_timeout_ms > 0 && now - w.spawned_ms >= w.spec.start_timeout_ms) {
-      Kill(w);
       char why[96];
       std::snprintf(why, sizeof why, "its health path did not answer within %.0f s (start_timeout_s)",
                     static_cast<double>(w.spec.start_timeout_ms) / 1000);
-      Exited(w, why);
+      Kill(w, why);
     } else if (w.spec.external()) {
       // Ready once its health path answers (Round asks).
     } else if (w.view.port != 0) {
       // Listening; ready once Round() has read its /info (and checked its protocol).
       if (now - w.listening_ms >= kInfoTimeoutMs) {
-        Kill(w);
         char why[128];
         std::snprintf(why, sizeof why, "listened but its %s did not answer within %.0f s",
                       std::string(protocol::kInfoPath).c_str(), static_cast<double>(kInfoTimeoutMs) / 1000);
-        Exited(w, why);
+        Kill(w, why);
       }
     } else if (const uint16_t port = PortFromFile(w.spec.key)) {
       w.view.load_bytes = w.view.load_total_bytes;  // all of it
@@ -339,11 +339,10 @@ void Supervisor::Poll(Worker& w) {
       w.listening_ms = now;
     } else if (w.spec.start_timeout_ms > 0 && now - w.spawned_ms >= w.spec.start_timeout_ms) {
       // A start that hangs holds no request forever: end it and say so.
-      Kill(w);
       char why[96];
       std::snprintf(why, sizeof why, "did not become ready within %.0f s (start_timeout_s)",
                     static_cast<double>(w.spec.start_timeout_ms) / 1000);
-      Exited(w, why);
+      Kill(w, why);
     } else {
       ReadLoadProgress(w);
     }
@@ -356,8 +355,7 @@ void Supervisor::HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lo
   w.health_failures = healthy ? 0 : w.health_failures + 1;
   if (healthy) w.view.failed_starts = 0;  // it started and serves
   if (w.health_failures >= 3 || device_lost) {
-    Kill(w);
-    Exited(w, device_lost ? std::string(protocol::kExitDeviceLost) : "unhealthy");
+    Kill(w, device_lost ? std::string(protocol::kExitDeviceLost) : "unhealthy");
   }
 }
 
@@ -659,9 +657,8 @@ void Supervisor::Refuse(const std::string& key, const std::string& why) {
   auto it = workers_.find(key);
   if (it == workers_.end() || it->second.view.pid <= 0) return;
   auto& w = it->second;
-  Kill(w);
   w.ready_since_ms = 0;  // it never served: a failed start
-  Exited(w, why);
+  Kill(w, why);
 }
 
 void Supervisor::Suspect(const std::string& key) {
@@ -681,7 +678,7 @@ void Supervisor::Stop(int64_t grace_ms) {
   // All at once, then each waited for within the one grace period.
   for (auto& [k, w] : workers_) {
     int status = 0;
-    if (w.dying && !Ended(*w.dying, &status)) (void)StopGroup(*w.dying, 0);  // killed before: reaped now
+    if (w.dying) (void)StopGroup(*w.dying, 0);  // killed before: reaped now (StopGroup checks its end first)
     w.dying.reset();
     if (w.view.pid <= 0) continue;
     if (Ended(Process(w), &status)) {

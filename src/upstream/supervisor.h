@@ -216,8 +216,9 @@ class Supervisor : public Workers {
   void Poll(Worker& w);
   void Exited(Worker& w, const std::string& why);
   // SIGKILL to its group, without waiting for its end (the lock is held:
-  // a process stuck in the kernel must not stall callers); see Worker::dying.
-  void Kill(Worker& w);
+  // a process stuck in the kernel must not stall callers; see Worker::dying),
+  // then Exited(w, why).
+  void Kill(Worker& w, const std::string& why);
   void HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lost);
   // Fetches a worker's /info into its view (no lock held while asking);
   // returns it, or null when it did not answer 200 (or the worker changed);
