@@ -20,6 +20,7 @@
 #include <exception>
 #include <mutex>
 
+#include "api/http_wire.h"
 #include "common/survive.h"
 
 namespace spillway::http {
@@ -156,6 +157,7 @@ class Session : public std::enable_shared_from_this<Session> {
   struct Item {
     std::shared_ptr<Response> res;  // a whole response, or
     std::string raw;                // raw bytes (stream header, chunks)
+    std::string head;               // res's start line and fields while it is written (WireHead)
     bool last = false;              // completes the exchange
     std::shared_ptr<std::atomic<int64_t>> unsent = nullptr;  // counted down once sent (or dropped)
     ~Item() {
@@ -163,7 +165,8 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     Item(std::shared_ptr<Response> r, std::string w, bool l, std::shared_ptr<std::atomic<int64_t>> u = nullptr)
         : res(std::move(r)), raw(std::move(w)), last(l), unsent(std::move(u)) {}
-    Item(Item&& o) noexcept : res(std::move(o.res)), raw(std::move(o.raw)), last(o.last), unsent(std::move(o.unsent)) {
+    Item(Item&& o) noexcept
+        : res(std::move(o.res)), raw(std::move(o.raw)), head(std::move(o.head)), last(o.last), unsent(std::move(o.unsent)) {
       o.unsent = nullptr;
     }
     Item& operator=(Item&&) = delete;
@@ -348,7 +351,12 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.expires_after(opts_.write_timeout);
     auto& item = queue_.front();
     auto done = [self = shared_from_this()](beast::error_code ec, std::size_t) { self->OnWrite(ec); };
-    if (item.res) {
+    if (item.res && !item.res->chunked()) {
+      // Head and body in one gathered write (see http_wire.h).
+      item.head = WireHead(*item.res);
+      const std::array<net::const_buffer, 2> bufs = {net::buffer(item.head), net::buffer(item.res->body())};
+      net::async_write(stream_, bufs, std::move(done));
+    } else if (item.res) {
       bhttp::async_write(stream_, *item.res, std::move(done));
     } else {
       net::async_write(stream_, net::buffer(item.raw), std::move(done));

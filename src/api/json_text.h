@@ -19,3 +19,12 @@ std::optional<std::string> WithFirstMember(std::string_view object_text, std::st
                                            std::string_view value_json);
 
 }  // namespace spillway::api
+
+namespace spillway::api {
+
+// `text` as a JSON string literal (quoted, escaped as nlohmann::json's dump()
+// escapes it: `"`, `\`, control characters; UTF-8 passed through), for JSON
+// written on the request path without building a document.
+std::string JsonString(std::string_view text);
+
+}  // namespace spillway::api

@@ -10,6 +10,7 @@
 #include "admission/admission.h"
 #include "admission/wait_estimate.h"
 #include "api/http_client.h"
+#include "api/json_text.h"
 #include "gateway/gateway.h"
 #include "gateway/gateway_internal.h"
 #include "protocol/worker_protocol.h"
@@ -304,10 +305,11 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
             all_busy = true;
             continue;
           }
-          const json dj = {{"decision", "admit"}, {"placement", states[i]->cfg.Name()},
-                           {"reason", rec.endpoint == "embedding" ? "embeddings hold no KV cells"
-                                                                  : "the only placement; its worker checks its KV pool"}};
-          *t = {i, states[i]->key, states[i]->cfg.Name(), *port, 0, rec.body, "admit", dj.dump(), ""};
+          // (As json{...}.dump() writes it, without a document on every request.)
+          std::string decision = R"({"decision":"admit","placement":)" + api::JsonString(states[i]->cfg.Name()) +
+                                 (rec.endpoint == "embedding" ? R"(,"reason":"embeddings hold no KV cells"})"
+                                                              : R"(,"reason":"the only placement; its worker checks its KV pool"})");
+          *t = {i, states[i]->key, states[i]->cfg.Name(), *port, 0, rec.body, "admit", std::move(decision), ""};
           hold();
           if (waited) t->waited_ms = clock_.NowMs() - t0;
           co_return true;

@@ -5,7 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <boost/crc.hpp>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -41,8 +41,22 @@ constexpr int64_t kHeaderBytes = 32;
 constexpr size_t kRecordHeader = 16;  // u32 length, u32 CRC, u64 generation
 constexpr size_t kLegacyRecordHeader = 8;  // an earlier version's: u32 length, u32 CRC
 
+// CRC-32 (ISO-HDLC, as zlib and boost::crc_32_type compute it), through
+// zlib's word-at-a-time implementation: a bytewise table took ~9,000
+// instructions for a 1 KiB record on the request path.
+class Crc32 {
+ public:
+  void process_bytes(const void* p, size_t n) {
+    v_ = ::crc32_z(v_, static_cast<const Bytef*>(p), n);
+  }
+  uint32_t checksum() const { return static_cast<uint32_t>(v_); }
+
+ private:
+  uLong v_ = ::crc32_z(0, Z_NULL, 0);
+};
+
 uint32_t Crc(const char* p, size_t n) {
-  boost::crc_32_type c;
+  Crc32 c;
   c.process_bytes(p, n);
   return c.checksum();
 }
@@ -69,7 +83,7 @@ uint64_t GetU64(const char* p) {
 // its generation. (The generation is compared as a field too: CRC-32 is
 // linear, so for one pair of generations in 2^32 every record of the one
 // would pass a check under the other.)
-uint32_t RecordCrc(boost::crc_32_type c, uint64_t gen) {
+uint32_t RecordCrc(Crc32 c, uint64_t gen) {
   char g[8];
   for (int i = 0; i < 8; ++i) g[i] = static_cast<char>((gen >> (8 * i)) & 0xFF);
   c.process_bytes(g, sizeof g);
@@ -97,7 +111,7 @@ uint64_t NewGeneration(std::random_device& random) {
 // A record in two steps, so that the payload's copy and CRC (`c`) are
 // computed outside the log's lock and only its generation under it:
 // Unsealed leaves the CRC and generation fields zero, Seal fills them in.
-std::string Unsealed(const std::string& payload, boost::crc_32_type* c) {
+std::string Unsealed(const std::string& payload, Crc32* c) {
   c->process_bytes(payload.data(), payload.size());
   std::string rec;
   rec.reserve(payload.size() + kRecordHeader);
@@ -107,14 +121,14 @@ std::string Unsealed(const std::string& payload, boost::crc_32_type* c) {
   return rec;
 }
 
-void Seal(std::string& rec, const boost::crc_32_type& c, uint64_t gen) {
+void Seal(std::string& rec, const Crc32& c, uint64_t gen) {
   const uint32_t crc = RecordCrc(c, gen);
   for (size_t i = 0; i < 4; ++i) rec[4 + i] = static_cast<char>((crc >> (8 * i)) & 0xFF);
   for (size_t i = 0; i < 8; ++i) rec[8 + i] = static_cast<char>((gen >> (8 * i)) & 0xFF);
 }
 
 std::string Encode(const std::string& payload, uint64_t gen) {
-  boost::crc_32_type c;
+  Crc32 c;
   std::string rec = Unsealed(payload, &c);
   Seal(rec, c, gen);
   return rec;
@@ -147,7 +161,7 @@ Parsed ParseFile(const std::string& data) {
     const uint32_t len = GetU32(data.data() + pos), crc = GetU32(data.data() + pos + 4);
     if (len > kMaxRecord || data.size() - pos - head < len) break;
     if (p.current && GetU64(data.data() + pos + 8) != gen) break;
-    boost::crc_32_type c;
+    Crc32 c;
     c.process_bytes(data.data() + pos + head, len);
     if ((p.current ? RecordCrc(c, gen) : c.checksum()) != crc) break;
     p.records.emplace_back(data, pos + head, len);
@@ -370,7 +384,7 @@ void CommitLog::Rotate() {
 }
 
 void CommitLog::Append(const std::string& payload, Queued queued, Durable durable) {
-  boost::crc_32_type crc;  // the payload's, outside the lock
+  Crc32 crc;  // the payload's, outside the lock
   std::string rec = Unsealed(payload, &crc);
   std::unique_lock<std::mutex> lk(mu_);
   // Stopped (teardown): no sync would ever come for it.

@@ -5,14 +5,18 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <optional>
+
+#include "api/http_wire.h"
 
 namespace spillway::upstream {
 
@@ -150,6 +154,18 @@ void ConnectionPool::Give(uint16_t port, std::unique_ptr<Conn> c) {
   if (v.size() < max_idle_) v.push_back(std::move(c));
 }
 
+namespace {
+
+// The request in one gathered write: its head as Beast writes it (http_wire.h), then its body.
+net::awaitable<void> WriteRequest(beast::tcp_stream& stream, const bhttp::request<bhttp::string_body>& req,
+                                  beast::error_code& ec) {
+  const std::string head = http::WireHead(req);
+  const std::array<net::const_buffer, 2> bufs = {net::buffer(head), net::buffer(req.body())};
+  co_await net::async_write(stream, bufs, net::redirect_error(net::use_awaitable, ec));
+}
+
+}  // namespace
+
 net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t port, std::string method,
                                                                     std::string target, std::string body,
                                                                     http::HeaderList headers,
@@ -161,7 +177,7 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     if (Status st = co_await Connect(*c, port, timeout); !st.ok()) co_return st;
     auto req = MakeRequest(port, method, target, body, headers);
     c->stream.expires_after(timeout);
-    co_await bhttp::async_write(c->stream, req, net::redirect_error(net::use_awaitable, ec));
+    co_await WriteRequest(c->stream, req, ec);
     // A server may answer early (413) and stop reading: a failed write is
     // followed by a read, which returns that answer when there is one.
     const bool write_failed = static_cast<bool>(ec);
@@ -232,7 +248,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     if (control && control->aborted()) co_return Status::Cancelled(method + " " + target + ": aborted");
     auto req = MakeRequest(port, method, target, body, headers);
     c->stream.expires_after(idle_timeout);
-    co_await bhttp::async_write(c->stream, req, net::redirect_error(net::use_awaitable, ec));
+    co_await WriteRequest(c->stream, req, ec);
     if (!ec && control) control->sent = true;
     bhttp::response_parser<bhttp::buffer_body> parser;
     // Not boost::none: Boost 1.74 compares the length against an empty optional and fails.

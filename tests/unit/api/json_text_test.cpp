@@ -32,5 +32,15 @@ TEST(JsonTextTest, TextThatDoesNotOpenAnObjectIsLeftToTheCaller) {
   EXPECT_FALSE(WithFirstMember("", "seed", "1"));
 }
 
+// Every byte value (and UTF-8 text) comes out as nlohmann::json writes it.
+TEST(JsonTextTest, JsonStringEscapesAsTheJsonLibraryDoes) {
+  std::string all;
+  for (int c = 1; c < 0x80; ++c) all.push_back(static_cast<char>(c));
+  for (const std::string& s : {std::string(), all, std::string("cpu:0 \"x\" \u00e9\u4e2d"), std::string("a\0b", 3)}) {
+    EXPECT_EQ(JsonString(s), json(s).dump()) << s;
+    EXPECT_EQ(json::parse(JsonString(s)).get<std::string>(), s);
+  }
+}
+
 }  // namespace
 }  // namespace spillway::api

