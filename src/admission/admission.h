@@ -12,7 +12,8 @@
 // but will be (starting, restarting) is waited for rather than judged, within
 // the policy's start_wait_s; and a request with a deadline is refused at once
 // (503) when the chosen placement's measured throughput says it cannot finish
-// in time.
+// in time. A placement on the CPU path then answers to that path's own rules
+// (its limits, its line, its RAM budget: admission/cpu_path.h).
 //
 // Pure: a function of its inputs.
 #pragma once

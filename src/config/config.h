@@ -83,6 +83,7 @@
 //   request_timeout_s = 600
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -153,6 +154,8 @@ struct CpuPathConfig {
   double ram_budget_mib = 0;    // the CPU path's host RAM (replicas + requests); 0: half of the host's memory
   double host_headroom_mib = 512;  // the host's observed available memory must stay above this
   double wait_comment_s = 2;    // SSE comment period while a stream waits in the line
+  // wait_comment_s in milliseconds, at least 1: what the waits and the comments both count in.
+  int64_t wait_comment_ms() const { return std::max<int64_t>(1, static_cast<int64_t>(wait_comment_s * 1000)); }
 };
 
 // How a service holds its accelerator memory, and how much it matters

@@ -262,7 +262,7 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
     }
     // Told where it stands when it begins to wait, and a stream again at
     // each wait comment (not at every wake).
-    const int64_t comment_ms = std::max<int64_t>(1, static_cast<int64_t>(svc.cpu_path.wait_comment_s * 1000));
+    const int64_t comment_ms = svc.cpu_path.wait_comment_ms();
     if (on_wait && (told_place_ms < 0 || (rec.stream && now - told_place_ms >= comment_ms))) {
       told_place_ms = now;
       const size_t ahead = signal.Ahead(*ticket);

@@ -163,7 +163,7 @@ void RequestLifecycle::OnWait(const std::string& note, double est_s) {
   // A stream that waits long (for the CPU path, or for a replica to load)
   // starts early and hears why every wait_comment_s, as SSE comments.
   const int64_t now = g_.clock_.NowMs();
-  if (now - last_comment_ms_ < static_cast<int64_t>(svc_->cpu_path.wait_comment_s * 1000)) return;
+  if (now - last_comment_ms_ < svc_->cpu_path.wait_comment_ms()) return;
   last_comment_ms_ = now;
   reply_.WaitingNote(note, est_s);
 }

@@ -73,11 +73,14 @@ size_t CpuQueue::Position(const std::string& id) const {
 }
 
 double CpuQueue::EstimatedWaitS(const std::string& id, double per_request_s) const {
-  const size_t pos = Position(id);
-  if (pos == 0) return 0;
+  return WaitS(running_.size(), Position(id), opts_.concurrency, per_request_s);
+}
+
+double CpuQueue::WaitS(size_t running, size_t position, int concurrency, double per_request_s) {
+  if (position == 0) return 0;
   // Everyone ahead (running and waiting) finishes `concurrency` at a time.
-  const size_t ahead = running_.size() + pos - 1;
-  const size_t lanes = static_cast<size_t>(std::max(1, opts_.concurrency));
+  const size_t ahead = running + position - 1;
+  const size_t lanes = static_cast<size_t>(std::max(1, concurrency));
   if (ahead < lanes) return 0;
   return std::ceil(static_cast<double>(ahead - lanes + 1) / lanes) * per_request_s;
 }

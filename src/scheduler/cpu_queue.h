@@ -64,6 +64,8 @@ class CpuQueue {
   // Seconds until `id` may start, if each running or earlier request takes
   // `per_request_s` and `concurrency` run side by side.
   double EstimatedWaitS(const std::string& id, double per_request_s) const;
+  // The same for the waiter at `position` (1-based; 0: not waiting) behind `running`.
+  static double WaitS(size_t running, size_t position, int concurrency, double per_request_s);
   CpuQueueStats stats() const;
   const CpuQueueOptions& options() const { return opts_; }
 
