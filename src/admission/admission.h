@@ -8,7 +8,9 @@
 //   reroute(P)      the fallback placement (larger pool, or the primary is unusable)
 //   reject(status)  503 + Retry-After when it could fit later; 400/413 with the numbers when never
 //
-// Two rules apply after the placement is chosen: a primary that is not usable
+// Three rules apply after the placement is chosen: a request that came after
+// others still waiting lets them go first (delay), unless the placement has a
+// line of its own (the CPU path); a primary that is not usable
 // but will be (starting, restarting) is waited for rather than judged, within
 // the policy's start_wait_s; and a request with a deadline is refused at once
 // (503) when the chosen placement's measured throughput says it cannot finish
@@ -37,6 +39,7 @@ struct PlacementView {
   uint32_t slots_free = 0;
   double est_wait_s = 0;    // when its pool frees enough (from running requests' progress)
   bool comes_back = false;  // not usable now but expected to be (its worker is starting, its breaker will probe)
+  bool own_line = false;    // the CPU path: its own line orders who goes first, not the service's
   double prompt_tps = 0, gen_tps = 0;  // measured throughput (0: not measured yet)
 };
 
@@ -47,6 +50,7 @@ struct RequestNeed {
   uint32_t min_tokens = 16;    // never shrink below this
   double waited_s = 0;         // how long the request has waited for admission so far
   double deadline_left_s = 0;  // time left before its deadline (0: none)
+  uint32_t ahead_in_line = 0;  // earlier requests of the service still waiting (first come, first served)
 };
 
 struct Policy {
@@ -63,6 +67,7 @@ struct Decision {
   uint32_t max_tokens = 0;     // possibly shrunk
   int http_status = 0;         // for kReject
   int retry_after_s = 0;       // for kReject 503 and kDelay
+  bool behind_line = false;    // kDelay only because earlier requests wait ahead (first come, first served)
   std::string reason;
 };
 

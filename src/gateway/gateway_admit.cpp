@@ -389,6 +389,9 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
       const int64_t now = clock_.NowMs();
       admission::RequestNeed need{static_cast<uint32_t>(prompt_tokens), max_tokens, svc.admission.allow_shrink, 16};
       need.waited_s = (now - t0) / 1000.0;
+      // Its place in the service's line; out of it (it was sent to the CPU
+      // path's line), a new request would join it at the end.
+      need.ahead_in_line = static_cast<uint32_t>(ticket ? signal.Ahead(*ticket) : first ? signal.in_line() : 0);
       if (live.deadline_ms) need.deadline_left_s = std::max(0.001, (live.deadline_ms - now) / 1000.0);
       admission::Policy policy{svc.admission.reroute_on_pressure, svc.admission.fail_fast, svc.admission.max_delay_s,
                                svc.admission.pressure};
@@ -416,17 +419,11 @@ boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, c
           board_.LeaveCpuLine(svc.name, rec.id);  // back on the accelerator path
         }
       }
-      if (first && !ticket && cpu_reject.empty() && d.kind != admission::Kind::kDelay &&
-          d.kind != admission::Kind::kReject && !svc.OnCpuPath(d.placement) && signal.in_line() > 0) {
+      if (d.behind_line) {
+        board_.LeaveCpuLine(svc.name, rec.id);  // bound for the accelerator, behind others
         // It waited in the CPU path's line and the accelerator has room now:
         // not ahead of those waiting for the accelerator (at the end of their line).
-        co_await join_line();
-      }
-      if (cpu_reject.empty() && d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject && ticket &&
-          !signal.IsHead(*ticket)) {
-        // Room, but for a request that came after others still waiting: they go first.
-        d.kind = admission::Kind::kDelay;
-        d.reason = "earlier requests of '" + svc.name + "' wait ahead of it (first come, first served)";
+        if (!ticket) co_await join_line();
       }
       if (cpu_reject.empty() && d.kind != admission::Kind::kDelay && d.kind != admission::Kind::kReject) {
         const auto& st = *states[d.placement];

@@ -132,6 +132,7 @@ std::vector<admission::PlacementView> PlacementBoard::Views(const config::Servic
       // for there (bounded, in order, visible), not in admission's delay.
       v.cells_free = v.cells_total;
       v.slots_free = std::max<uint32_t>(1, static_cast<uint32_t>(st.cfg.slots));
+      v.own_line = true;
     }
     // When its pool frees enough, from what runs there and its measured throughput.
     v.est_wait_s = EstimatedWaitS(st, need).value_or(kUnmeasuredWaitS);

@@ -132,5 +132,30 @@ TEST(AdmissionTest, ARequestThatCannotFinishBeforeItsDeadlineIsRefusedAtOnce) {
   EXPECT_EQ(Decide(need, {gpu}, {}).kind, Kind::kAdmit);
 }
 
+TEST(AdmissionTest, RoomGoesToEarlierRequestsFirstExceptOnALineOfItsOwn) {
+  RequestNeed need{100, 200};
+  need.ahead_in_line = 2;
+  auto d = Decide(need, {Gpu(4096, 4096)}, {});
+  EXPECT_EQ(d.kind, Kind::kDelay);
+  EXPECT_TRUE(d.behind_line);
+  EXPECT_EQ(d.reason, "2 earlier requests wait ahead of it (first come, first served)");
+  need.ahead_in_line = 0;  // its turn
+  d = Decide(need, {Gpu(4096, 4096)}, {});
+  EXPECT_EQ(d.kind, Kind::kAdmit);
+  EXPECT_FALSE(d.behind_line);
+  // The CPU path orders its own line: a request rerouted there is not held back here.
+  PlacementView gpu = Gpu(4096, 4096);
+  gpu.usable = false;
+  PlacementView cpu = Cpu(4096, 4096);
+  cpu.own_line = true;
+  need.ahead_in_line = 3;
+  d = Decide(need, {gpu, cpu}, {});
+  EXPECT_EQ(d.kind, Kind::kReroute);
+  EXPECT_EQ(d.placement, 1u);
+  // A request refused on its own merits is refused, not delayed behind others.
+  need.max_tokens = 100000;
+  EXPECT_EQ(Decide(need, {Gpu(4096, 4096)}, {}).kind, Kind::kReject);
+}
+
 }  // namespace
 }  // namespace spillway::admission
