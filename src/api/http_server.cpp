@@ -520,6 +520,28 @@ void ExchangeImpl::OnDisconnect(std::function<void()> cb) {
 
 }  // namespace
 
+// A timer on a loop that fires every second and does nothing. Asio programs
+// the loop's timerfd whenever a timer becomes the earliest of the loop, and a
+// connection's read and write timeouts (seconds away) each became it: four
+// timerfd_settime calls per request. Behind a tick that is always sooner
+// they never are, at the price of one wake-up a second per loop. It keeps
+// itself alive through its own wait until stopped.
+struct LoopTick : std::enable_shared_from_this<LoopTick> {
+  explicit LoopTick(net::io_context& loop) : timer(loop) {}
+  void Arm() {
+    timer.expires_after(std::chrono::seconds(1));
+    timer.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (!ec && !self->stopped) self->Arm();
+    });
+  }
+  void Stop() {
+    stopped = true;
+    net::post(timer.get_executor(), [self = shared_from_this()] { self->timer.cancel(); });
+  }
+  net::steady_timer timer;
+  std::atomic<bool> stopped{false};
+};
+
 struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   Impl(net::io_context& ioc, ServerOptions o, Handler h, std::vector<net::io_context*> l)
       : loops(std::move(l)), acceptor(net::make_strand(ioc)), retry(acceptor.get_executor()),
@@ -529,7 +551,9 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
 
   void DoAccept() {
     net::io_context& loop = *loops[next_loop++ % loops.size()];
-    acceptor.async_accept(net::make_strand(loop), [self = shared_from_this()](beast::error_code ec, tcp::socket s) {
+    const net::any_io_executor where = shared->opts.one_thread_per_loop ? net::any_io_executor(loop.get_executor())
+                                                                       : net::any_io_executor(net::make_strand(loop));
+    acceptor.async_accept(where, [self = shared_from_this()](beast::error_code ec, tcp::socket s) {
       if (ec == net::error::operation_aborted || !self->acceptor.is_open()) return;
       if (ec) {
         // Out of file descriptors (or another transient failure): the
@@ -567,6 +591,7 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   }
 
   std::vector<net::io_context*> loops;
+  std::vector<std::shared_ptr<LoopTick>> ticks;  // one per loop while listening
   size_t next_loop = 0;  // (on the acceptor's strand)
   tcp::acceptor acceptor;
   net::steady_timer retry;
@@ -591,6 +616,10 @@ Status Server::Listen(const std::string& host, uint16_t port) {
   if (!ec) a.listen(net::socket_base::max_listen_connections, ec);
   if (ec) return Status::Unavailable("cannot listen on " + host + ":" + std::to_string(port) + ": " + ec.message());
   impl_->DoAccept();
+  for (auto* loop : impl_->loops) {
+    impl_->ticks.push_back(std::make_shared<LoopTick>(*loop));
+    net::post(*loop, [tick = impl_->ticks.back()] { tick->Arm(); });  // armed on its own loop
+  }
   return Status::Ok();
 }
 
@@ -604,6 +633,7 @@ uint64_t Server::accepted() const { return impl_->shared->accepted.load(); }
 
 void Server::Stop() {
   auto impl = impl_;
+  for (auto& tick : impl->ticks) tick->Stop();
   net::dispatch(impl->acceptor.get_executor(), [impl] {
     beast::error_code ec;
     impl->acceptor.close(ec);

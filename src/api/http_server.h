@@ -52,6 +52,12 @@ struct ServerOptions {
   // its header, by Content-Length or max_body_bytes when chunked, until its
   // exchange completes); a request over it is answered 503 + Retry-After.
   size_t max_body_memory_bytes = 64 << 20;
+  // Each event loop given to the Server is run by one thread alone: a
+  // connection's handlers are then serial on its loop without a strand
+  // (whose dispatch and re-post cost every completion a lock and a queue
+  // round). False: a loop may be run by several threads (the worker's), and
+  // each connection gets a strand.
+  bool one_thread_per_loop = false;
 };
 
 // Raises the soft file-descriptor limit to the hard one where allowed and
