@@ -674,30 +674,40 @@ void Supervisor::Stop(int64_t grace_ms) {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  std::lock_guard<std::mutex> lk(mu_);
-  // All at once, then each waited for within the one grace period.
-  for (auto& [k, w] : workers_) {
-    int status = 0;
-    if (w.dying) (void)StopGroup(*w.dying, 0);  // killed before: reaped now (StopGroup checks its end first)
-    w.dying.reset();
-    if (w.view.pid <= 0) continue;
-    if (Ended(Process(w), &status)) {
-      w.view.pid = 0;  // reaped: its pid is no longer ours to signal
-      RemoveRecord(k);
-    } else {
-      kill(-w.view.pid, w.spec.stop_signal);
+  // Signalled all at once under the lock, then each waited for within the
+  // one grace period without it: a process that is slow to die (or stuck in
+  // the kernel) does not hold up the I/O threads that ask for ports and views.
+  struct Ending {
+    std::string key;  // its record is removed once it has ended ("": a killed process without one)
+    WorkerPid pid;
+    int stop_signal;
+  };
+  std::vector<Ending> ending;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& [k, w] : workers_) {
+      int status = 0;
+      if (w.dying) ending.push_back({"", *w.dying, SIGKILL});  // killed before: reaped below
+      w.dying.reset();
+      if (w.view.pid > 0) {
+        if (Ended(Process(w), &status)) {
+          RemoveRecord(k);  // reaped: its pid is no longer ours to signal
+        } else {
+          kill(-w.view.pid, w.spec.stop_signal);
+          ending.push_back({k, Process(w), w.spec.stop_signal});
+        }
+      }
+      w.view.pid = 0;
+      w.view.adopted = false;
+      w.view.state = WorkerState::kStopped;
     }
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
-  for (auto& [k, w] : workers_) {
-    if (w.view.pid > 0) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      StopGroup(Process(w), std::max<int64_t>(1, left.count()), w.spec.stop_signal);
-      RemoveRecord(k);
-    }
-    w.view.pid = 0;
-    w.view.adopted = false;
-    w.view.state = WorkerState::kStopped;
+  for (const auto& e : ending) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    // (StopGroup checks its end first; a killed one gets no grace.)
+    StopGroup(e.pid, e.key.empty() ? 0 : std::max<int64_t>(1, left.count()), e.stop_signal);
+    if (!e.key.empty()) RemoveRecord(e.key);
   }
 }
 

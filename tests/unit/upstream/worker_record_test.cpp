@@ -8,9 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "common/clock.h"
 #include "common/secret.h"
@@ -225,6 +227,43 @@ TEST(SupervisorClaimTest, OneSupervisorPerStateDirectory) {
   const Status refused = second.Claim();
   EXPECT_FALSE(refused.ok());
   EXPECT_NE(refused.message().find("pid " + std::to_string(getpid())), std::string::npos) << refused.message();
+}
+
+// Stop waits out a worker that ignores SIGTERM (its grace period) without
+// the supervisor's lock: the I/O threads' calls for ports and views answer
+// meanwhile.
+TEST(SupervisorStopTest, AWorkerSlowToDieDoesNotHoldUpViews) {
+  TempDir d;
+  SystemClock clock;
+  Supervisor sup("/bin/false", d.path, clock);
+  WorkerSpec spec;
+  spec.key = "slow.0";
+  spec.command = {"sh", "-c", "trap '' TERM; exec sleep 30"};  // SIGTERM ignored, through the exec too
+  sup.Add(spec);
+  sup.Start();
+  const auto pid = [&] {
+    for (const auto& w : sup.Snapshot()) return w.pid;
+    return pid_t{0};
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  while (pid() <= 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(pid(), 0);
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    sup.Stop(1500);
+    stopped = true;
+  });
+  // Once Stop has signalled it (the view says stopped), views answer at once while it waits.
+  while (!stopped && pid() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const auto before = std::chrono::steady_clock::now();
+  (void)sup.Snapshot();
+  (void)sup.ReadyPort("slow.0");
+  const auto took = std::chrono::steady_clock::now() - before;
+  EXPECT_FALSE(stopped.load()) << "Stop ended before its grace period: the test proves nothing";
+  EXPECT_LT(took, std::chrono::milliseconds(500));
+  stopper.join();
 }
 
 }  // namespace
