@@ -117,6 +117,7 @@ class Gateway {
 
  private:
   friend class RequestLifecycle;  // one request's life (request_lifecycle.h)
+  friend class RequestAdmission;  // one admission of one request (request_admission.h)
   struct Live;
   struct Incoming;
   struct Target;
@@ -161,6 +162,7 @@ class Gateway {
   // `first`: the request has not run an attempt yet, so it takes its place
   // at the end of the service's line (capacity_signal.h); a retry (after a
   // failure, or a worker that answered busy) does not queue behind newer ones.
+  // (A RequestAdmission does it: request_admission.h.)
   boost::asio::awaitable<bool> Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live,
                                      const std::vector<bool>& excluded, Target* target, Status* rejected,
                                      std::string* reject_decision,

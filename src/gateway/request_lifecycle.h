@@ -1,6 +1,6 @@
 // One generation request's life once it is accepted (Gateway::Run builds
 // one per request, in the request's coroutine, on its client connection's
-// strand): admission, attempts, failover, and its one end.
+// loop): admission, attempts, failover, and its one end.
 //
 //   phase        event                                              next         journal
 //   -----------  -------------------------------------------------  -----------  -----------

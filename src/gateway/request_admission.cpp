@@ -1,0 +1,416 @@
+#include "gateway/request_admission.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+#include "admission/admission.h"
+#include "api/json_text.h"
+#include "protocol/worker_protocol.h"
+
+namespace spillway::gateway {
+
+namespace {
+
+using nlohmann::json;
+
+// How long a waiter may sleep before deciding again: `ms`, or less when its deadline comes sooner.
+std::chrono::milliseconds WaitBound(int64_t deadline_ms, int64_t now_ms, int64_t ms) {
+  if (deadline_ms) ms = std::max<int64_t>(1, std::min(ms, deadline_ms - now_ms));
+  return std::chrono::milliseconds(ms);
+}
+
+bool Goes(admission::Kind k) { return k != admission::Kind::kDelay && k != admission::Kind::kReject; }
+
+}  // namespace
+
+boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc,
+                                           Live& live, const std::vector<bool>& excluded, Target* t, Status* rejected,
+                                           std::string* reject_decision,
+                                           const std::function<void(const std::string&, double)>& on_wait,
+                                           bool first) {
+  RequestAdmission admission(*this, rec, svc, live, excluded, t, rejected, reject_decision, on_wait, first);
+  co_return co_await admission.Run();
+}
+
+RequestAdmission::RequestAdmission(Gateway& g, const journal::RequestRecord& rec, const config::ServiceConfig& svc,
+                                   Gateway::Live& live, const std::vector<bool>& excluded, Gateway::Target* target,
+                                   Status* rejected, std::string* reject_decision, const OnWait& on_wait, bool first)
+    : g_(g), rec_(rec), svc_(svc), live_(live), excluded_(excluded), t_(target), rejected_(rejected),
+      reject_decision_(reject_decision), on_wait_(on_wait), first_(first), signal_(g.SignalFor(svc.name)),
+      t0_(g.clock_.NowMs()) {
+  for (size_t k = 0; k < svc.placements.size(); ++k) states_.push_back(&g_.board_.placement(svc.name, k));
+  holds_.assign(states_.size(), Gateway::Hold::kNone);
+  held_.assign(states_.size(), false);
+}
+
+RequestAdmission::~RequestAdmission() {
+  live_.SetLineWaiter(nullptr);
+  // Whatever the outcome, a request that is not admitted holds no place in the CPU line.
+  if (!admitted_) g_.board_.LeaveCpuLine(svc_.name, rec_.id);
+}
+
+bool RequestAdmission::RefusedAtOnce() {
+  // A batch service outside its window that would rather wait than run on
+  // its CPU path is told when to come back (a window may be hours away).
+  std::string why;
+  int opens_in_s = 0;
+  bool accelerator = false;
+  for (const auto& p : svc_.placements) accelerator |= p.device != "cpu";
+  if (accelerator && svc_.residency.outside_window == "wait" && g_.OutsideWindow(svc_.residency, &why, &opens_in_s)) {
+    *rejected_ = Status::ResourceExhausted("service '" + svc_.name + "' is " + why + " (outside_window = \"wait\")")
+                     .WithRetryAfter(std::max(1, opens_in_s));
+    return true;
+  }
+  RefreshHeld();
+  // Nothing was admitted to run (the memory is not there): say so at once.
+  bool any = false;
+  why.clear();
+  for (const auto& st : states_) {
+    any |= st->admission.admitted;
+    why += (why.empty() ? "" : "; ") + st->cfg.Name() + ": " + st->admission.reason;
+  }
+  if (!any) {
+    *rejected_ = Status::ResourceExhausted("no placement of '" + svc_.name + "' could be started (" + why + ")")
+                     .WithRetryAfter(30);
+    return true;
+  }
+  // Nothing can take it now and nothing is about to (only looked at then: not on the hot path).
+  bool any_startable = false;
+  for (size_t k = 0; k < states_.size(); ++k) any_startable |= states_[k]->admission.admitted && Startable(k);
+  if (!any_startable) {
+    if (Status st = g_.StartTrouble(svc_, g_.clock_.NowMs() - t0_); !st.ok()) {
+      *rejected_ = st;
+      return true;
+    }
+  }
+  return false;
+}
+
+// An on-demand replica that is stopped can take requests: it is started
+// when chosen. A placement held back (unloading for another service,
+// outside its window, no room) takes none while another can.
+void RequestAdmission::RefreshHeld() {
+  bool other = false;
+  for (size_t k = 0; k < states_.size(); ++k) {
+    holds_[k] = g_.HeldBack(svc_, k, nullptr);
+    held_[k] = holds_[k] != Gateway::Hold::kNone;
+    other |= !held_[k] && states_[k]->admission.admitted &&
+             (g_.supervisor_.ReadyPort(states_[k]->key).has_value() || g_.supervisor_.OnDemand(states_[k]->key));
+  }
+  // Nothing else can serve: a placement short of room is still waited for.
+  if (!other) {
+    for (size_t k = 0; k < states_.size(); ++k) held_[k] = held_[k] && holds_[k] != Gateway::Hold::kNoRoom;
+  }
+}
+
+bool RequestAdmission::Startable(size_t k) const {
+  return !held_[k] &&
+         (g_.supervisor_.ReadyPort(states_[k]->key).has_value() || g_.supervisor_.OnDemand(states_[k]->key));
+}
+
+void RequestAdmission::DemandAll() {
+  RefreshHeld();  // as things are now
+  for (size_t k = 0; k < states_.size(); ++k) {
+    if (!states_[k]->admission.admitted || !g_.supervisor_.OnDemand(states_[k]->key)) continue;
+    // Unloading or outside its window: not started again now. Short of
+    // room: asked again, so that it comes back once there is room.
+    if (holds_[k] == Gateway::Hold::kUnloading || holds_[k] == Gateway::Hold::kOutsideWindow) continue;
+    // Wanted now: not idle, so the supervisor does not release it again
+    // before this request reaches it.
+    g_.board_.Touch(svc_.name, k);
+    g_.supervisor_.Demand(states_[k]->key);
+  }
+}
+
+void RequestAdmission::Hold() {
+  t_->holding = true;
+  admitted_ = true;
+}
+
+boost::asio::awaitable<void> RequestAdmission::JoinLine() {
+  ticket_ = co_await signal_.Join();
+  live_.SetLineWaiter(signal_.Handle(*ticket_));
+}
+
+void RequestAdmission::LeaveServiceLine() {
+  live_.SetLineWaiter(nullptr);
+  ticket_.reset();
+}
+
+bool RequestAdmission::Stopped() {
+  if (live_.cancelled) {
+    *rejected_ = Status::Cancelled("request cancelled");
+    return true;
+  }
+  if (live_.deadline_ms && g_.clock_.NowMs() >= live_.deadline_ms) {
+    *rejected_ = Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
+    return true;
+  }
+  return false;
+}
+
+boost::asio::awaitable<void> RequestAdmission::Wait(std::chrono::milliseconds bound) {
+  if (ticket_) {
+    co_await signal_.WaitInLine(*ticket_, bound);
+  } else {
+    co_await signal_.Wait(bound);
+  }
+}
+
+boost::asio::awaitable<bool> RequestAdmission::WaitBehind(int64_t cap_ms) {
+  if (Stopped()) co_return false;
+  const int64_t now = g_.clock_.NowMs();
+  if (now - t0_ > cap_ms) {
+    *rejected_ = Status::ResourceExhausted("no placement of '" + svc_.name + "' could take the request within " +
+                                           std::to_string(cap_ms / 1000) + " s (it waited behind " +
+                                           std::to_string(signal_.Ahead(*ticket_)) + " requests that came first)")
+                     .WithRetryAfter(5);
+    co_return false;
+  }
+  // Told where it stands when it begins to wait, and a stream again at
+  // each wait comment (not at every wake).
+  const int64_t comment_ms = svc_.cpu_path.wait_comment_ms();
+  if (on_wait_ && (told_place_ms_ < 0 || (rec_.stream && now - told_place_ms_ >= comment_ms))) {
+    told_place_ms_ = now;
+    const size_t ahead = signal_.Ahead(*ticket_);
+    on_wait_(std::to_string(ahead) + " earlier request" + (ahead == 1 ? "" : "s") + " of '" + svc_.name +
+                 "' waiting ahead of it (first come, first served)",
+             g_.board_.LineWaitS(svc_.name, static_cast<uint32_t>(ahead)).value_or(1.0));
+  }
+  // Until it is the head (told at once), its deadline, its cap, or a stream's next wait comment.
+  co_await signal_.WaitInLine(*ticket_, WaitBound(live_.deadline_ms, now, std::min<int64_t>(cap_ms - (now - t0_) + 1,
+                                                                                          rec_.stream ? comment_ms : cap_ms)));
+  co_return true;
+}
+
+boost::asio::awaitable<bool> RequestAdmission::Run() {
+  if (RefusedAtOnce()) co_return false;
+  // The service's line (capacity_signal.h): first come, first served; only
+  // its head decides. A retry does not queue behind new requests: it was
+  // admitted once (and after a failure it may wait for another placement
+  // than they do).
+  if (first_) co_await JoinLine();
+  // Embeddings hold no KV between requests, and a lone placement without
+  // shrinking has nothing to choose: its worker checks its own KV pool (busy
+  // -> 503, the request waits; never fits -> 400 with the numbers), so the
+  // token count is not asked for.
+  const bool nothing_to_choose = (states_.size() == 1 && !svc_.admission.allow_shrink) || !svc_.admission.enabled;
+  if (rec_.endpoint == "embedding" || nothing_to_choose) co_return co_await Slot();
+  co_return co_await Decided();
+}
+
+boost::asio::awaitable<bool> RequestAdmission::Slot() {
+  // A request waits here (queued, nothing journaled) while every slot of
+  // the worker is taken, instead of being sent to be refused as busy.
+  bool all_busy = false, waited = false;
+  while (true) {
+    if (ticket_ && !signal_.IsHead(*ticket_)) {
+      if (!co_await WaitBehind(kQueueWaitMs)) co_return false;
+      waited = true;
+      continue;
+    }
+    all_busy = false;
+    RefreshHeld();
+    bool loading = false;  // the first placement that may serve loads on demand: waited for, not skipped
+    for (size_t i = 0; i < states_.size(); ++i) {
+      if (!states_[i]->admission.admitted || held_[i]) continue;
+      const auto ready = g_.supervisor_.ReadyPort(states_[i]->key);
+      if (!ready && g_.supervisor_.OnDemand(states_[i]->key) && g_.clock_.NowMs() - t0_ < g_.StartWaitMs(svc_)) {
+        loading = true;
+        break;
+      }
+      if (auto port = ready) {
+        if (!g_.board_.TakeSlot(svc_.name, i)) {
+          all_busy = true;
+          continue;
+        }
+        // (As json{...}.dump() writes it, without a document on every request.)
+        std::string decision = R"({"decision":"admit","placement":)" + api::JsonString(states_[i]->cfg.Name()) +
+                               (rec_.endpoint == "embedding" ? R"(,"reason":"embeddings hold no KV cells"})"
+                                                             : R"(,"reason":"the only placement; its worker checks its KV pool"})");
+        *t_ = {i, states_[i]->key, states_[i]->cfg.Name(), *port, 0, rec_.body, "admit", std::move(decision), ""};
+        Hold();
+        if (waited) t_->waited_ms = g_.clock_.NowMs() - t0_;
+        co_return true;
+      }
+    }
+    DemandAll();
+    if (Stopped()) co_return false;
+    if (!all_busy || loading) {
+      // Nothing is up: wait for a start, at most its start timeout, and say so.
+      if (Status st = g_.StartTrouble(svc_, g_.clock_.NowMs() - t0_); !st.ok()) {
+        *rejected_ = st;
+        co_return false;
+      }
+      if (on_wait_) on_wait_(g_.StartingNote(svc_), 1);
+    } else if (on_wait_) {
+      // A stream waiting for a slot hears why, not silence until its answer.
+      on_wait_("every slot of '" + svc_.name + "' is busy; waiting for one (" +
+                   std::to_string((g_.clock_.NowMs() - t0_) / 1000) + " s so far, " +
+                   std::to_string(signal_.waiting()) + " waiting)",
+               1);
+    }
+    if (g_.clock_.NowMs() - t0_ > kQueueWaitMs) break;
+    waited |= all_busy;
+    // Woken when a slot frees; a start is looked at again within 100 ms.
+    co_await Wait(WaitBound(live_.deadline_ms, g_.clock_.NowMs(), all_busy ? 1000 : 100));
+  }
+  *rejected_ = all_busy ? Status::ResourceExhausted("every slot of service '" + svc_.name + "' stayed busy for " +
+                                                    std::to_string(kQueueWaitMs / 1000) + " s").WithRetryAfter(5)
+                        : Status::Unavailable("no worker of service '" + svc_.name + "' became ready in time").WithRetryAfter(5);
+  co_return false;
+}
+
+boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& endpoint, int* prompt_tokens) {
+  for (const auto& st : states_) {
+    auto port = st->admission.admitted ? g_.supervisor_.ReadyPort(st->key) : std::nullopt;
+    if (!port) continue;
+    auto r = co_await g_.pool_.Send(*port, "POST", std::string(protocol::kTokenizePath) + "?endpoint=" + endpoint,
+                                    rec_.body, g_.supervisor_.AuthHeaders(), std::chrono::seconds(30));
+    if (!r.ok()) continue;
+    if (auto reply = protocol::TokenizeReply::FromJson(json::parse(r->body, nullptr, false)); r->status == 200 && reply) {
+      *prompt_tokens = reply->prompt_tokens;
+      co_return true;
+    }
+    if (auto err = protocol::ParseWorkerError(r->status, r->body); err && err->http_status == 400) {
+      *rejected_ = Status::InvalidArgument(err->message);
+      co_return false;
+    }
+  }
+  co_return true;
+}
+
+boost::asio::awaitable<bool> RequestAdmission::Decided() {
+  json body = json::parse(rec_.body, nullptr, false);
+  uint32_t max_tokens = static_cast<uint32_t>(svc_.default_max_tokens);
+  if (body.is_object()) {
+    for (const char* k : {"max_completion_tokens", "max_tokens"}) {
+      if (body.contains(k) && body[k].is_number_integer()) max_tokens = body[k].get<uint32_t>();
+    }
+  }
+  const std::string endpoint = rec_.endpoint == "chat" ? "chat" : "completion";
+  int prompt_tokens = -1;
+  const int64_t decide_cap_ms = std::max<int64_t>(static_cast<int64_t>(svc_.admission.max_delay_s * 1000), kQueueWaitMs);
+  while (true) {
+    if (Stopped()) co_return false;
+    // The prompt's size in tokens, from any ready worker of the service (they share the tokenizer).
+    if (prompt_tokens < 0) {
+      if (!co_await CountPrompt(endpoint, &prompt_tokens)) co_return false;
+      if (prompt_tokens < 0) {
+        DemandAll();  // nothing is up to count the prompt: start what can be started
+        if (Status st = g_.StartTrouble(svc_, g_.clock_.NowMs() - t0_); !st.ok()) {
+          *rejected_ = st;
+          co_return false;
+        }
+      }
+    }
+    std::string note, limits, cpu_reject;
+    double est_wait_s = 1;
+    admission::Decision d;
+    if (prompt_tokens >= 0) {
+      RefreshHeld();
+      // A snapshot of the board (pools, breakers, wait estimates) for the pure decision.
+      const std::vector<admission::PlacementView> views = g_.board_.Views(
+          svc_, excluded_, static_cast<uint64_t>(prompt_tokens) + max_tokens, [this](size_t k) { return Startable(k); });
+      const int64_t now = g_.clock_.NowMs();
+      admission::RequestNeed need{static_cast<uint32_t>(prompt_tokens), max_tokens, svc_.admission.allow_shrink, 16};
+      need.waited_s = (now - t0_) / 1000.0;
+      // Its place in the service's line; out of it (it was sent to the CPU
+      // path's line), a new request would join it at the end.
+      need.ahead_in_line = static_cast<uint32_t>(ticket_ ? signal_.Ahead(*ticket_) : first_ ? signal_.in_line() : 0);
+      if (live_.deadline_ms) need.deadline_left_s = std::max(0.001, (live_.deadline_ms - now) / 1000.0);
+      admission::Policy policy{svc_.admission.reroute_on_pressure, svc_.admission.fail_fast, svc_.admission.max_delay_s,
+                               svc_.admission.pressure};
+      policy.start_wait_s = std::min(kQueueWaitMs, g_.StartWaitMs(svc_)) / 1000.0;
+      d = admission::Decide(need, views, policy);
+      if (d.kind == admission::Kind::kDelay && d.placement < views.size()) est_wait_s = views[d.placement].est_wait_s;
+      if (Goes(d.kind)) {
+        if (svc_.OnCpuPath(d.placement)) {
+          // The CPU path's own line orders it from now on (its bound and
+          // positions count from the moment it joins): out of the service's.
+          LeaveServiceLine();
+          const Gateway::CpuGate gate =
+              g_.CpuPathGate(rec_, svc_, &d, prompt_tokens, &limits, &note, &est_wait_s, rejected_);
+          if (gate == Gateway::CpuGate::kReject) {
+            g_.metrics_.Decision(svc_.name, "reject");
+            const json dj = {{"decision", "reject"}, {"reason", rejected_->message()}, {"prompt_tokens", prompt_tokens},
+                             {"max_tokens", max_tokens}, {"status", 503}, {"placement", states_[d.placement]->cfg.Name()}};
+            cpu_reject = dj.dump();  // journaled below
+          } else if (gate == Gateway::CpuGate::kWait) {
+            d.kind = admission::Kind::kDelay;
+            d.reason = note;
+          }
+        } else {
+          g_.board_.LeaveCpuLine(svc_.name, rec_.id);  // back on the accelerator path
+        }
+      }
+      if (d.behind_line) {
+        g_.board_.LeaveCpuLine(svc_.name, rec_.id);  // bound for the accelerator, behind others
+        // It waited in the CPU path's line and the accelerator has room now:
+        // not ahead of those waiting for the accelerator (at the end of their line).
+        if (!ticket_) co_await JoinLine();
+      }
+      if (cpu_reject.empty() && Goes(d.kind)) {
+        const auto& st = *states_[d.placement];
+        const uint32_t cells = static_cast<uint32_t>(prompt_tokens) + d.max_tokens;
+        auto port = g_.supervisor_.ReadyPort(st.key);
+        // The decision is committed on the board; another request may have
+        // taken the cells since the snapshot (then: decide again).
+        if (port &&
+            g_.board_.Reserve(svc_.name, d.placement, rec_.id, cells, static_cast<uint32_t>(prompt_tokens), d.max_tokens)) {
+          if (body.is_object()) {
+            body["max_tokens"] = d.max_tokens;
+            body.erase("max_completion_tokens");
+          }
+          const int64_t waited_ms = g_.clock_.NowMs() - t0_;
+          json dj = {{"decision", admission::KindName(d.kind)}, {"placement", st.cfg.Name()},
+                     {"reason", d.reason}, {"prompt_tokens", prompt_tokens}, {"max_tokens", d.max_tokens},
+                     {"waited_ms", waited_ms}};
+          if (!limits.empty()) dj["limits"] = limits;
+          *t_ = {d.placement, st.key, st.cfg.Name(), *port, cells,
+                 body.is_object() ? body.dump() : rec_.body, admission::KindName(d.kind), dj.dump(), limits};
+          Hold();
+          t_->waited_ms = waited_ms;
+          g_.metrics_.Decision(svc_.name, admission::KindName(d.kind));
+          co_return true;
+        }
+        d.kind = admission::Kind::kDelay;  // raced with another request: decide again
+      }
+    } else {
+      d.kind = admission::Kind::kDelay;  // no worker ready to count tokens yet
+      d.reason = g_.StartingNote(svc_);
+    }
+    if (!cpu_reject.empty()) {  // the CPU path's line is full or over its budget: *rejected_ says why
+      *reject_decision_ = cpu_reject;
+      co_return false;
+    }
+    if (d.kind == admission::Kind::kReject) {
+      g_.metrics_.Decision(svc_.name, "reject");
+      const json dj = {{"decision", "reject"}, {"reason", d.reason}, {"prompt_tokens", prompt_tokens},
+                       {"max_tokens", max_tokens}, {"status", d.http_status}};
+      *reject_decision_ = dj.dump();
+      *rejected_ = d.http_status == 413   ? Status::PayloadTooLarge(d.reason)
+                   : d.http_status == 400 ? Status::InvalidArgument(d.reason)
+                                          : Status::ResourceExhausted(d.reason).WithRetryAfter(std::max(1, d.retry_after_s));
+      co_return false;
+    }
+    if (on_wait_) on_wait_(d.reason, est_wait_s);
+    const double waited_s = (g_.clock_.NowMs() - t0_) / 1000.0;
+    if (waited_s > std::max(svc_.admission.max_delay_s, kQueueWaitMs / 1000.0)) {
+      *rejected_ = Status::ResourceExhausted("no placement of '" + svc_.name + "' could take the request within " +
+                                             std::to_string(static_cast<int>(waited_s)) + " s: " + d.reason)
+                       .WithRetryAfter(5);
+      co_return false;
+    }
+    // Decided again when capacity is released, a worker comes or goes, or
+    // within 100 ms for what no event announces (a breaker's ejection ending).
+    if (ticket_ && !signal_.IsHead(*ticket_)) {  // woken when it is the head (not every 100 ms)
+      if (!co_await WaitBehind(decide_cap_ms)) co_return false;
+      continue;
+    }
+    co_await Wait(WaitBound(live_.deadline_ms, g_.clock_.NowMs(), 100));
+  }
+}
+
+}  // namespace spillway::gateway

@@ -1,0 +1,101 @@
+// One admission of one request (Gateway::Admit builds one per call): where it
+// runs, when, or why not. Its steps:
+//
+//   Refusals first   a batch service outside its window that would rather
+//                    wait; no placement admitted to run at all; every
+//                    placement failing to start
+//   The line         a new request takes its place at the end of the
+//                    service's line (capacity_signal.h); only the head decides
+//   Take a slot      embeddings, and a lone placement that cannot shrink:
+//                    the worker checks its own KV pool, so the request only
+//                    waits for a free slot (Slot)
+//   Decide           otherwise: the prompt's tokens counted by a worker, a
+//                    snapshot of the board for the pure admission::Decide,
+//                    the CPU path's rules (admission/cpu_path.h) when it
+//                    chose a placement there, then the decision committed
+//                    with a reservation (which may lose a race: decided
+//                    again) (Decided)
+//
+// It waits (woken by releases, starts and exits, or its deadline) while the
+// answer is delay, telling the caller why before every round; behind others
+// in the line it sleeps until it is the head. A request that is not
+// admitted leaves the CPU line and the service's line (the destructor).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gateway/capacity_signal.h"
+#include "gateway/gateway.h"
+#include "gateway/gateway_internal.h"
+
+namespace spillway::gateway {
+
+class RequestAdmission {
+ public:
+  using OnWait = std::function<void(const std::string&, double)>;
+  // See Gateway::Admit for the arguments.
+  RequestAdmission(Gateway& g, const journal::RequestRecord& rec, const config::ServiceConfig& svc, Gateway::Live& live,
+                   const std::vector<bool>& excluded, Gateway::Target* target, Status* rejected,
+                   std::string* reject_decision, const OnWait& on_wait, bool first);
+  ~RequestAdmission();
+  RequestAdmission(const RequestAdmission&) = delete;
+  RequestAdmission& operator=(const RequestAdmission&) = delete;
+
+  boost::asio::awaitable<bool> Run();
+
+ private:
+  // Refused before any wait (*rejected_ says why), or Ok.
+  bool RefusedAtOnce();
+  // Which placements are held back now (unloading, outside its window, no room).
+  void RefreshHeld();
+  bool Startable(size_t k) const;
+  // Starts the on-demand placements that may serve (as things are now).
+  void DemandAll();
+  void Hold();  // admitted: the board counts the attempt as holding the placement
+  boost::asio::awaitable<void> JoinLine();
+  void LeaveServiceLine();
+  // Cancelled, or past its deadline (*rejected_ says which).
+  bool Stopped();
+  boost::asio::awaitable<void> Wait(std::chrono::milliseconds bound);
+  // Behind others in the line: until it is the head (told where it stands),
+  // its deadline, `cap_ms` or a stream's next wait comment. False (with
+  // *rejected_) when it stops waiting.
+  boost::asio::awaitable<bool> WaitBehind(int64_t cap_ms);
+  // Embeddings and a lone placement: a free slot is all it waits for.
+  boost::asio::awaitable<bool> Slot();
+  // Counted, decided, committed.
+  boost::asio::awaitable<bool> Decided();
+  // The prompt's size in tokens from a ready worker (-1: none could say).
+  // False when the prompt is refused as invalid.
+  boost::asio::awaitable<bool> CountPrompt(const std::string& endpoint, int* prompt_tokens);
+
+  Gateway& g_;
+  const journal::RequestRecord& rec_;
+  const config::ServiceConfig& svc_;
+  Gateway::Live& live_;
+  const std::vector<bool>& excluded_;
+  Gateway::Target* t_;
+  Status* rejected_;
+  std::string* reject_decision_;
+  const OnWait& on_wait_;
+  const bool first_;
+  CapacitySignal& signal_;
+  // The placements' fixed parts (key, config, start-up admission); what
+  // changes (pools, breakers, throughput) is read through the board's views.
+  std::vector<const PlacementBoard::Placement*> states_;
+  const int64_t t0_;
+  std::vector<Gateway::Hold> holds_;
+  std::vector<bool> held_;
+  // Its place in the service's line, while it has one: known to its Live,
+  // so that a cancel wakes it alone.
+  std::unique_ptr<CapacitySignal::Ticket> ticket_;
+  int64_t told_place_ms_ = -1;
+  bool admitted_ = false;
+};
+
+}  // namespace spillway::gateway
