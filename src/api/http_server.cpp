@@ -348,15 +348,22 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     writing_ = true;
-    stream_.expires_after(opts_.write_timeout);
     auto& item = queue_.front();
-    auto done = [self = shared_from_this()](beast::error_code ec, std::size_t) { self->OnWrite(ec); };
     if (item.res && !item.res->chunked()) {
-      // Head and body in one gathered write (see http_wire.h).
+      // Head and body in one gathered write (see http_wire.h), sent at once
+      // when the socket takes it all; the rest, if any, asynchronously.
       item.head = WireHead(*item.res);
       const std::array<net::const_buffer, 2> bufs = {net::buffer(item.head), net::buffer(item.res->body())};
-      net::async_write(stream_, bufs, std::move(done));
-    } else if (item.res) {
+      const size_t sent = SendNow(stream_.socket().native_handle(), bufs);
+      if (sent == item.head.size() + item.res->body().size()) return OnWrite({});
+      stream_.expires_after(opts_.write_timeout);
+      net::async_write(stream_, Consumed(bufs, sent),
+                       [self = shared_from_this()](beast::error_code ec, std::size_t) { self->OnWrite(ec); });
+      return;
+    }
+    stream_.expires_after(opts_.write_timeout);
+    auto done = [self = shared_from_this()](beast::error_code ec, std::size_t) { self->OnWrite(ec); };
+    if (item.res) {
       bhttp::async_write(stream_, *item.res, std::move(done));
     } else {
       net::async_write(stream_, net::buffer(item.raw), std::move(done));

@@ -161,7 +161,10 @@ net::awaitable<void> WriteRequest(beast::tcp_stream& stream, const bhttp::reques
                                   beast::error_code& ec) {
   const std::string head = http::WireHead(req);
   const std::array<net::const_buffer, 2> bufs = {net::buffer(head), net::buffer(req.body())};
-  co_await net::async_write(stream, bufs, net::redirect_error(net::use_awaitable, ec));
+  // At once when the socket takes it all (http_wire.h's SendNow), else the rest asynchronously.
+  const size_t sent = http::SendNow(stream.socket().native_handle(), bufs);
+  if (sent == head.size() + req.body().size()) co_return;
+  co_await net::async_write(stream, http::Consumed(bufs, sent), net::redirect_error(net::use_awaitable, ec));
 }
 
 }  // namespace
