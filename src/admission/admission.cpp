@@ -142,15 +142,6 @@ Decision Decide(const RequestNeed& r, const std::vector<PlacementView>& ps, cons
     d.retry_after_s = 1;
     return d;
   }
-  // First come, first served: room, but earlier requests still wait for it.
-  if (d.kind != Kind::kDelay && d.kind != Kind::kReject && r.ahead_in_line > 0 && !ps[d.placement].own_line) {
-    d = Make(Kind::kDelay, d.placement, r.max_tokens,
-             N(r.ahead_in_line) + (r.ahead_in_line == 1 ? " earlier request waits" : " earlier requests wait") +
-                 " ahead of it (first come, first served)");
-    d.retry_after_s = 1;
-    d.behind_line = true;
-    return d;
-  }
   // Deadline awareness: from the placement's measured throughput, will it finish in time?
   if (d.kind != Kind::kDelay && d.kind != Kind::kReject && r.deadline_left_s > 0) {
     const PlacementView& p = ps[d.placement];
@@ -164,6 +155,15 @@ Decision Decide(const RequestNeed& r, const std::vector<PlacementView>& ps, cons
                           N(static_cast<uint64_t>(r.deadline_left_s * 1000)) + " ms left)");
       }
     }
+  }
+  // First come, first served: room, but earlier requests still wait for it.
+  if (d.kind != Kind::kDelay && d.kind != Kind::kReject && r.ahead_in_line > 0 && !ps[d.placement].own_line) {
+    d = Make(Kind::kDelay, d.placement, r.max_tokens,
+             N(r.ahead_in_line) + (r.ahead_in_line == 1 ? " earlier request waits" : " earlier requests wait") +
+                 " ahead of it (first come, first served)");
+    d.retry_after_s = 1;
+    d.behind_line = true;
+    return d;
   }
   return d;
 }

@@ -8,14 +8,15 @@
 //   reroute(P)      the fallback placement (larger pool, or the primary is unusable)
 //   reject(status)  503 + Retry-After when it could fit later; 400/413 with the numbers when never
 //
-// Three rules apply after the placement is chosen: a request that came after
-// others still waiting lets them go first (delay), unless the placement has a
-// line of its own (the CPU path); a primary that is not usable
-// but will be (starting, restarting) is waited for rather than judged, within
-// the policy's start_wait_s; and a request with a deadline is refused at once
-// (503) when the chosen placement's measured throughput says it cannot finish
-// in time. A placement on the CPU path then answers to that path's own rules
-// (its limits, its line, its RAM budget: admission/cpu_path.h).
+// Three rules apply after the placement is chosen, in this order: a primary
+// that is not usable but will be (starting, restarting) is waited for rather
+// than judged, within the policy's start_wait_s; a request with a deadline
+// is refused at once (503) when the chosen placement's measured throughput
+// says it cannot finish in time, even behind others; and a request that came
+// after others still waiting lets them go first (delay), unless the
+// placement has a line of its own (the CPU path). A placement on the CPU
+// path then answers to that path's own rules (its limits, its line, its RAM
+// budget: admission/cpu_path.h).
 //
 // Pure: a function of its inputs.
 #pragma once

@@ -532,10 +532,12 @@ void ExchangeImpl::OnDisconnect(std::function<void()> cb) {
 // connection's read and write timeouts (seconds away) each became it: four
 // timerfd_settime calls per request. Behind a tick that is always sooner
 // they never are, at the price of one wake-up a second per loop. It keeps
-// itself alive through its own wait until stopped.
+// itself alive through its own wait until stopped. Only on loops that one
+// thread runs (ServerOptions::one_thread_per_loop): its timer has no strand.
 struct LoopTick : std::enable_shared_from_this<LoopTick> {
   explicit LoopTick(net::io_context& loop) : timer(loop) {}
   void Arm() {
+    if (stopped) return;
     timer.expires_after(std::chrono::seconds(1));
     timer.async_wait([self = shared_from_this()](beast::error_code ec) {
       if (!ec && !self->stopped) self->Arm();
@@ -623,7 +625,8 @@ Status Server::Listen(const std::string& host, uint16_t port) {
   if (!ec) a.listen(net::socket_base::max_listen_connections, ec);
   if (ec) return Status::Unavailable("cannot listen on " + host + ":" + std::to_string(port) + ": " + ec.message());
   impl_->DoAccept();
-  for (auto* loop : impl_->loops) {
+  // (Only where one thread runs each loop: the tick's timer has no strand.)
+  for (auto* loop : impl_->shared->opts.one_thread_per_loop ? impl_->loops : std::vector<net::io_context*>{}) {
     impl_->ticks.push_back(std::make_shared<LoopTick>(*loop));
     net::post(*loop, [tick = impl_->ticks.back()] { tick->Arm(); });  // armed on its own loop
   }

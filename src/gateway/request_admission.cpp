@@ -324,7 +324,11 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
                                svc_.admission.pressure};
       policy.start_wait_s = std::min(kQueueWaitMs, g_.StartWaitMs(svc_)) / 1000.0;
       d = admission::Decide(need, views, policy);
-      if (d.kind == admission::Kind::kDelay && d.placement < views.size()) est_wait_s = views[d.placement].est_wait_s;
+      if (d.behind_line) {  // its turn comes when those ahead have gone, at the measured pace
+        est_wait_s = g_.board_.LineWaitS(svc_.name, need.ahead_in_line).value_or(1.0);
+      } else if (d.kind == admission::Kind::kDelay && d.placement < views.size()) {
+        est_wait_s = views[d.placement].est_wait_s;
+      }
       if (Goes(d.kind)) {
         if (svc_.OnCpuPath(d.placement)) {
           // The CPU path's own line orders it from now on (its bound and

@@ -155,6 +155,17 @@ TEST(AdmissionTest, RoomGoesToEarlierRequestsFirstExceptOnALineOfItsOwn) {
   // A request refused on its own merits is refused, not delayed behind others.
   need.max_tokens = 100000;
   EXPECT_EQ(Decide(need, {Gpu(4096, 4096)}, {}).kind, Kind::kReject);
+  // One that cannot finish before its deadline hears so at once, not when its turn comes.
+  PlacementView measured = Gpu(4096, 4096);
+  measured.prompt_tps = 1000;
+  measured.gen_tps = 50;
+  RequestNeed late{1000, 200};  // 5 s of work
+  late.deadline_left_s = 3;
+  late.ahead_in_line = 4;
+  d = Decide(late, {measured}, {});
+  EXPECT_EQ(d.kind, Kind::kReject);
+  EXPECT_EQ(d.http_status, 503);
+  EXPECT_FALSE(d.behind_line);
 }
 
 }  // namespace
