@@ -62,6 +62,33 @@ TEST(JsonLimitsTest, MalformedIsToldApart) {
   EXPECT_EQ(CheckJsonLimits("{} {}", JsonLimits{}), JsonShape::kMalformed);  // trailing garbage
 }
 
+// ParseJsonBody checks and builds in one pass: every limit holds there as in
+// CheckJsonLimits, and what it builds is what json::parse builds.
+TEST(JsonLimitsTest, ParseJsonBodyChecksEveryLimitInItsOnePass) {
+  JsonLimits l;
+  l.max_depth = 4;
+  l.max_elements = 3;
+  l.max_string_bytes = 4;
+  const auto refused = [&](const std::string& text, const std::string& what) {
+    auto r = ParseJsonBody(text, l);
+    EXPECT_FALSE(r.ok()) << text;
+    if (!r.ok()) EXPECT_NE(r.status().message().find(what), std::string::npos) << r.status().message();
+  };
+  refused(R"({"a":{"b":{"c":{"d":{"e":1}}}}})", "json_max_depth");  // objects (5 levels)
+  refused(R"({"a":[[[[1]]]]})", "json_max_depth");                // arrays
+  refused(R"({"a":1,"b":2,"c":3,"d":4})", "json_max_elements");
+  refused(R"({"a":[1,2,3,4]})", "json_max_elements");
+  refused(R"({"a":"abcde"})", "json_max_string_bytes");
+  refused(R"({"abcde":1})", "json_max_string_bytes");  // keys too
+  refused("{", "not valid JSON");
+  refused("{} {}", "not valid JSON");
+  refused("[1]", "must be a JSON object");
+  const std::string ok = R"({"a":[1,-2,3.5],"b":{"c":null,"d":true},"e":"x\u00e9"})";
+  auto r = ParseJsonBody(ok, l);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(*r, nlohmann::json::parse(ok));
+}
+
 TEST(JsonLimitsTest, DeepToolArgumentsTextIs400) {
   // Arguments carried as a string of JSON are parsed by the worker: bounded too.
   nlohmann::json body = {{"messages",
