@@ -83,6 +83,9 @@ class LimitChecker {
 // the checker first, then to nlohmann's own DOM builder (what json::parse
 // uses), so a body within its limits is parsed once, not checked in one pass
 // and parsed in a second (about 7,000 instructions a small request).
+// json_sax_dom_parser is nlohmann's detail API, unchanged through its 3.x
+// releases; the test ParseJsonBodyChecksEveryLimitInItsOnePass compares
+// what it builds with json::parse.
 class LimitedDom {
  public:
   LimitedDom(const JsonLimits& l, json& root) : check(l), dom_(root, /*allow_exceptions=*/false) {}
