@@ -625,10 +625,11 @@ Status Server::Listen(const std::string& host, uint16_t port) {
   if (!ec) a.listen(net::socket_base::max_listen_connections, ec);
   if (ec) return Status::Unavailable("cannot listen on " + host + ":" + std::to_string(port) + ": " + ec.message());
   impl_->DoAccept();
-  // (Only where one thread runs each loop: the tick's timer has no strand.)
-  for (auto* loop : impl_->shared->opts.one_thread_per_loop ? impl_->loops : std::vector<net::io_context*>{}) {
-    impl_->ticks.push_back(std::make_shared<LoopTick>(*loop));
-    net::post(*loop, [tick = impl_->ticks.back()] { tick->Arm(); });  // armed on its own loop
+  if (impl_->shared->opts.one_thread_per_loop) {  // (the tick's timer has no strand)
+    for (auto* loop : impl_->loops) {
+      impl_->ticks.push_back(std::make_shared<LoopTick>(*loop));
+      net::post(*loop, [tick = impl_->ticks.back()] { tick->Arm(); });  // armed on its own loop
+    }
   }
   return Status::Ok();
 }

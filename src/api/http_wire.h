@@ -18,7 +18,6 @@ namespace spillway::http {
 
 template <bool isRequest, class Body>
 std::string WireHead(const boost::beast::http::message<isRequest, Body>& m) {
-  namespace bhttp = boost::beast::http;
   std::string out;
   out.reserve(256);
   const unsigned v = m.version();

@@ -26,10 +26,6 @@ std::optional<std::string> WithFirstMember(std::string_view object_text, std::st
   return out;
 }
 
-}  // namespace spillway::api
-
-namespace spillway::api {
-
 std::string JsonString(std::string_view text) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;

@@ -18,10 +18,6 @@ namespace spillway::api {
 std::optional<std::string> WithFirstMember(std::string_view object_text, std::string_view key,
                                            std::string_view value_json);
 
-}  // namespace spillway::api
-
-namespace spillway::api {
-
 // `text` as a JSON string literal (quoted, escaped as nlohmann::json's dump()
 // escapes it: `"`, `\`, control characters; UTF-8 passed through), for JSON
 // written on the request path without building a document.
