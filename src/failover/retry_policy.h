@@ -20,7 +20,7 @@
 // kFailed counts against the placement (its breaker, and the request stays
 // away from it); kBusy does not (the worker is healthy, only full). A retry
 // re-runs the request from scratch with the same id and pinned seed; a
-// continuation replays the delivered tokens (DESIGN.md invariant 2: never
+// continuation replays the delivered tokens (docs/DESIGN.md invariant 2: never
 // past a delivered tool call).
 //
 // Pure: the clock is a parameter. Not thread-safe (one per request).

@@ -2,7 +2,7 @@
 // ids (from the worker's `spillway.tokens`), the text bytes, and whether tool
 // calls were delivered. It decides whether a cut stream may be continued
 // elsewhere: never past delivered tool calls (an agent may already have run
-// them; DESIGN.md invariant 2).
+// them; docs/DESIGN.md invariant 2).
 //
 // Pure: parses SSE event payloads only. Not thread-safe.
 #pragma once

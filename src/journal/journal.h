@@ -1,6 +1,6 @@
 // The request journal: SQLite in WAL mode under the state directory.
 //
-// Contract (DESIGN.md invariant 1): a request is written before the client
+// Contract (docs/DESIGN.md invariant 1): a request is written before the client
 // sees any acceptance, and every state change is written before it takes
 // effect, so after a crash each acknowledged request is found in the journal.
 // Every mutating call (Accept, StartAttempt, SetDecision, Requeue, Finish,

@@ -3,7 +3,7 @@
 // device reports free (telemetry, which also sees other processes), and the
 // headroom to keep.
 //
-// A reservation must pass both checks (DESIGN.md invariant 3):
+// A reservation must pass both checks (docs/DESIGN.md invariant 3):
 //   predicted:  need <= capacity - headroom - sum(reservations)
 //   observed:   need <= observed_free - headroom - in-flight reservations
 // where in-flight reservations are those whose allocation has not shown up in

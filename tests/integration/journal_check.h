@@ -1,4 +1,4 @@
-// Invariant 1 of DESIGN.md, checked from the outside: every request the
+// Invariant 1 of docs/DESIGN.md, checked from the outside: every request the
 // gateway's journal accepted ends in exactly one terminal state, and none of
 // its attempts is left open.
 #pragma once
