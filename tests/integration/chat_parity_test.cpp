@@ -164,7 +164,11 @@ TEST_P(ChatParityTest, MatchesLlamaServer) {
                                       {"required", {"n"}}}}}}}});
   const json plain = {{"messages", {{{"role", "system"}, {"content", "You are terse."}},
                                     {{"role", "user"}, {"content", "Name a colour."}}}},
-                      {"temperature", 0}, {"max_tokens", 12}};
+                      {"temperature", 0}, {"max_tokens", 12},
+                      // Templates that print today's date (Llama 3.x) would
+                      // otherwise give a new prompt, so new random text, every
+                      // day: one day's text is one llama-server's parser rejects.
+                      {"chat_template_kwargs", {{"date_string", "26 Jul 2024"}, {"datetime", "Jul 26 2024"}}}};
   json with_tools = plain;
   with_tools["messages"][1]["content"] = "Add two.";
   with_tools["tools"] = tools;
@@ -172,7 +176,7 @@ TEST_P(ChatParityTest, MatchesLlamaServer) {
   json forced = with_tools;
   forced["tool_choice"] = "required";
   forced["parallel_tool_calls"] = false;
-  forced["chat_template_kwargs"] = {{"enable_thinking", false}};  // a random model's reasoning never ends
+  forced["chat_template_kwargs"]["enable_thinking"] = false;  // a random model's reasoning never ends
   forced["max_tokens"] = 160;  // random models write a lot of the whitespace JSON allows
 
   // Prompt and tokens: every request shape.
