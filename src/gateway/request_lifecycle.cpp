@@ -47,9 +47,14 @@ void RequestLifecycle::JournalAccept() {
   g_.journal_.AcceptAsync(rec_, [done = accept_->Completer()](StatusOr<journal::AcceptResult> r) { done(r.status()); });
 }
 
+void RequestLifecycle::SyncIfDeferred(const std::shared_ptr<PendingStatus>& commit) {
+  if (commit == accept_ && accept_deferred_ && !commit->result()) g_.journal_.SyncNow();
+}
+
 boost::asio::awaitable<bool> RequestLifecycle::AcceptRefused() {
   JournalAccept();
   if (!accept_) co_return false;
+  SyncIfDeferred(accept_);
   const Status st = co_await accept_->Wait();
   accept_.reset();
   if (st.ok()) co_return false;
@@ -62,7 +67,23 @@ boost::asio::awaitable<void> RequestLifecycle::Finish(State state, int status, s
                                                       std::string err) {
   Release();
   live_->queue_slot.reset();
-  if (!co_await AcceptRefused()) {
+  if (accept_ && accept_deferred_ && !accept_->result()) {
+    // The request's record waits in the log for this one, whose sync makes
+    // both durable (one fdatasync for the request at FULL); nothing of the
+    // request reached anyone before. Refused: the end's record, if written,
+    // ends a request the journal never had, and changes nothing.
+    auto end = PendingStatus::Make(strand_);
+    g_.journal_.FinishAsync(rec_.id, state, status, type, body, err, end->Completer());
+    const Status accepted = co_await accept_->Wait();
+    accept_.reset();
+    const Status ended = co_await end->Wait();
+    if (!accepted.ok()) {
+      reply_.Error(accepted);
+      reply_.Detach();
+    } else {
+      Logged(ended, "finish");
+    }
+  } else if (!co_await AcceptRefused()) {
     Logged(co_await g_.Journaled([&](auto done) {
       g_.journal_.FinishAsync(rec_.id, state, status, type, body, err, done);
     }),
@@ -263,7 +284,12 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
       if (unjournaled_) {  // admitted at once: the request and its attempt in one commit
         unjournaled_ = false;
         accept_ = commit;
-        g_.journal_.AcceptAndStartAsync(rec_, placement_, target_.decision_json, commit->Completer());
+        // A non-streamed request shows nothing before its end: its record
+        // waits for the end's to share one sync (Finish). (With an
+        // idempotency key it is a transaction of its own, not a log record.)
+        accept_deferred_ = !rec_.stream && rec_.idempotency_key.empty();
+        g_.journal_.AcceptAndStartAsync(rec_, placement_, target_.decision_json, commit->Completer(),
+                                        accept_deferred_);
       } else {
         g_.journal_.StartAttemptAsync(rec_.id, placement_, target_.decision_json, commit->Completer());
       }
@@ -281,6 +307,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     live_->worker_port = target_.port;
     if (live_->cancelled) {
       if (commit) {
+        SyncIfDeferred(commit);
         if (const Status st = co_await commit->Wait(); !st.ok()) co_return co_await CommitRefused(st);
       }
       continue;
@@ -297,8 +324,12 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     spec.served = Served();
     spec.role = svc_->placements[target_.index].role;
     const AttemptResult r = co_await runner_.Run(spec);
-    if (commit) {  // the worker's answer waits for the commit that covers it
-      // Refused: the worker's answer is dropped (nothing of it reached the client).
+    // The worker's answer waits for the commit that covers it; refused, the
+    // answer is dropped (nothing of it reached the client). A deferred
+    // Accept followed by the request's answer is awaited in Finish, synced
+    // with the end's record.
+    if (commit && !(commit == accept_ && accept_deferred_ && r.outcome.kind == Kind::kAnswered && !r.head_refused)) {
+      SyncIfDeferred(commit);
       if (const Status st = co_await commit->Wait(); !st.ok()) co_return co_await CommitRefused(st);
     }
 

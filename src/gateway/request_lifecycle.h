@@ -101,6 +101,11 @@ class RequestLifecycle {
   // The Accept of a request not journaled yet (see JournalAccept), awaited
   // before anything of the request reaches the client.
   std::shared_ptr<PendingStatus> accept_;
+  // The Accept's commit-log record does not ask for a sync of its own
+  // (journal.h, AcceptAndStartAsync's defer_sync): Finish's record shares
+  // its sync; whoever needs it before then asks for it (SyncIfDeferred).
+  bool accept_deferred_ = false;
+  void SyncIfDeferred(const std::shared_ptr<PendingStatus>& commit);
   // What the client already has of a stream, across attempts.
   failover::StreamProgress progress_;
   AttemptRunner runner_;

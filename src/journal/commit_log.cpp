@@ -345,6 +345,10 @@ void CommitLog::Drain() {
   if (!sync_ || std::this_thread::get_id() == sync_tid_) return;  // (a callback of its own: it would wait for itself)
   std::unique_lock<std::mutex> lk(mu_);
   const int64_t target = last_seq_;  // what was written before the call: later appends cannot starve it
+  if (urgent_seq_ < target) {  // deferred records among them: synced now
+    urgent_seq_ = target;
+    sync_cv_.notify_one();
+  }
   drained_cv_.wait(lk, [&] { return done_seq_ >= target || sync_done_; });
 }
 
@@ -383,7 +387,7 @@ void CommitLog::Rotate() {
   gen_ = gen;
 }
 
-void CommitLog::Append(const std::string& payload, Queued queued, Durable durable) {
+void CommitLog::Append(const std::string& payload, Queued queued, Durable durable, bool defer_sync) {
   Crc32 crc;  // the payload's, outside the lock
   std::string rec = Unsealed(payload, &crc);
   std::unique_lock<std::mutex> lk(mu_);
@@ -430,9 +434,31 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
     lk.unlock();
     return durable(SQLITE_OK, "");
   }
+  // A deferred record wakes the sync thread only to arm its deadline (the
+  // first one of a batch); the others ride along with what comes next.
+  const bool wake = !defer_sync || unsynced_.empty();
+  if (!defer_sync) {
+    urgent_seq_ = last_seq_;
+  } else if (unsynced_.empty()) {
+    lazy_deadline_ = std::chrono::steady_clock::now() + lazy_wait_;
+  }
   unsynced_.push_back({last_seq_, written_fd, written_at, std::move(queued), std::move(durable)});
   lk.unlock();
+  if (wake) sync_cv_.notify_one();
+}
+
+void CommitLog::SyncNow() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (unsynced_.empty() || urgent_seq_ >= last_seq_) return;  // nothing waits, or its sync is asked for already
+    urgent_seq_ = last_seq_;
+  }
   sync_cv_.notify_one();
+}
+
+void CommitLog::set_lazy_wait(std::chrono::milliseconds wait) {
+  std::lock_guard<std::mutex> lk(mu_);
+  lazy_wait_ = wait;
 }
 
 std::vector<std::string> CommitLog::ReadAll(int64_t* last_seq) {
@@ -454,7 +480,19 @@ std::vector<std::string> CommitLog::ReadAll(int64_t* last_seq) {
 void CommitLog::SyncThread() {
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
-    sync_cv_.wait(lk, [&] { return stop_ || !unsynced_.empty() || (spare_fd_ >= 0 && !spare_ready_); });
+    // Records that asked for their sync go at once; deferred ones alone wait
+    // for one of those, SyncNow, or their deadline.
+    const auto due = [&] {
+      return stop_ || (spare_fd_ >= 0 && !spare_ready_) ||
+             (!unsynced_.empty() && urgent_seq_ >= unsynced_.front().seq);
+    };
+    while (!due()) {
+      if (unsynced_.empty()) {
+        sync_cv_.wait(lk);
+      } else if (sync_cv_.wait_until(lk, lazy_deadline_) == std::cv_status::timeout) {
+        break;
+      }
+    }
     if (spare_fd_ >= 0 && !spare_ready_) {  // a new spare's header (Applied): durable before a rotation takes it
       const int fd = spare_fd_;  // (no one else takes or closes it until it is ready)
       lk.unlock();

@@ -6,7 +6,9 @@
 // LevelDB's log in front of its tables, with SQLite as the tables.
 //
 // A record is written (and at FULL fdatasync'ed, concurrent appends sharing
-// one sync) before its caller hears it is durable. Once every record
+// one sync) before its caller hears it is durable; a deferred one (Append's
+// defer_sync) waits for the next sync that another record, SyncNow or its
+// bound asks for. Once every record
 // appended so far has been applied in a committed transaction (and no sync
 // is running), the file is begun again (a new generation in its header) once
 // its records fill 4 KiB or the journal is idle: the next records overwrite
@@ -40,6 +42,7 @@
 // back to back, each CRC over its payload alone; Open reads it and replaces it.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -91,8 +94,20 @@ class CommitLog {
   // whose caller heard it failed. A cut that fails leaves them out of
   // replays and takes no more records until the next Open; only that Open
   // (after a restart on a disk that fails its syncs) may still find them.
+  //
+  // `defer_sync` (with sync): the record does not ask for a sync of its own.
+  // It becomes durable with the next record that does (a sync covers every
+  // record written before it), on SyncNow() or Drain(), or once it has
+  // waited lazy_wait() (default 50 ms), whichever comes first. For a writer
+  // that shows nothing to anyone before its next record: a non-streamed
+  // request's first attempt, whose end's record follows it and shares its
+  // sync (one fdatasync per request instead of two).
   using Queued = std::function<void(int64_t seq)>;
-  void Append(const std::string& payload, Queued queued, Durable durable);
+  void Append(const std::string& payload, Queued queued, Durable durable, bool defer_sync = false);
+  // Syncs what has been written, deferred records included, without waiting.
+  void SyncNow();
+  // How long a deferred record may wait for a record that shares its sync.
+  void set_lazy_wait(std::chrono::milliseconds wait);
 
   // The records in the files now that are durable and handed to the
   // journal (leftovers not yet applied included) and the sequence number of
@@ -171,6 +186,12 @@ class CommitLog {
     Durable durable;
   };
   std::vector<Unsynced> unsynced_;
+  // The last record that is to be synced without waiting (a record that
+  // asked for its sync, SyncNow, Drain); deferred records after it wait
+  // until lazy_deadline_ (set by the first of them into an empty batch).
+  int64_t urgent_seq_ = 0;
+  std::chrono::milliseconds lazy_wait_{50};
+  std::chrono::steady_clock::time_point lazy_deadline_{};
   // After a failed sync (mu_ held): the batch's records and those written
   // since are zeroed in their files, or, failing that, left out and no more taken.
   void CutFailed(std::vector<Unsynced>& batch);

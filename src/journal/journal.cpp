@@ -162,6 +162,7 @@ StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& path, Journa
   auto log = CommitLog::Open(path + "-log", full, j->opts_.faults, &leftover);
   if (!log.ok()) return log.status();
   j->log_ = std::move(*log);
+  j->log_->set_lazy_wait(std::chrono::milliseconds(j->opts_.deferred_sync_ms));
   if (!leftover.empty()) {
     if (Status st = j->ApplyAll(leftover); !st.ok()) {
       return Status::Unavailable("journal " + path + ": cannot apply the " + std::to_string(leftover.size()) +

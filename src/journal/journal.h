@@ -58,7 +58,10 @@
 // (AcceptAndStartAsync) and a request's end (FinishAsync), are durable once
 // their record is appended to <db>-log (fdatasync'ed at FULL, concurrent
 // appends sharing one sync): a few hundred bytes instead of a transaction's
-// pages, so the end of a request no longer waits for a SQLite commit. Their
+// pages, so the end of a request no longer waits for a SQLite commit. A
+// caller that shows nothing of a request before its end (a non-streamed
+// one) defers the first record's sync: the end's sync covers both, so such
+// a request costs one fdatasync at FULL, not two. Their
 // rows follow in the queue like any write (in log order, so a later write for
 // the same request sees them), committed by the journal's thread. Reads
 // (Get, Attempts, CountByState) first wait for the logged writes queued
@@ -138,6 +141,9 @@ struct JournalOptions {
   // may wait for others to share their transaction; any other write, a read
   // or a Flush takes them along at once.
   int64_t log_apply_delay_ms = 100;
+  // At FULL, how long a deferred commit-log record (AcceptAndStartAsync's
+  // defer_sync) may wait for a later record to share its fdatasync.
+  int64_t deferred_sync_ms = 50;
   // Test-only storage faults; null: SQLite's default VFS, untouched.
   std::shared_ptr<StorageFaults> faults;
 };
@@ -206,7 +212,15 @@ class Journal {
   // at once: without an idempotency key, a commit-log record (see above),
   // for an id nobody has used (the gateway's own: an id already journaled is
   // taken for this record applied before); with a key, one transaction.
-  void AcceptAndStartAsync(RequestRecord r, std::string placement, std::string decision_json, OnCommit done);
+  // `defer_sync` (a record in the log, at FULL): its fdatasync waits for the
+  // next record that has one, for SyncNow(), or for the log's lazy wait
+  // (commit_log.h): for a caller that shows nothing of the request before
+  // its end, whose FinishAsync record then makes both durable in one sync.
+  void AcceptAndStartAsync(RequestRecord r, std::string placement, std::string decision_json, OnCommit done,
+                           bool defer_sync = false);
+  // Makes deferred commit-log records durable now (a caller that needs one
+  // before its next write).
+  void SyncNow();
   void SetDecisionAsync(std::string id, std::string decision_json, OnCommit done);
   void RequeueAsync(std::string id, std::string error, OnCommit done);
   // A commit-log record (see above): `done` hears that it is durable; a
@@ -287,9 +301,9 @@ class Journal {
   // Idempotent. `told`: the transition to tell once committed, if any.
   Status ApplyRecord(const std::string& payload, std::optional<Transition>* told);
   // Appends the record; `durable` once it is; its rows queued for the journal's thread.
-  void AppendLogged(std::string payload, size_t bytes, OnCommit durable);
+  void AppendLogged(std::string payload, size_t bytes, OnCommit durable, bool defer_sync = false);
   void AcceptAndStartLogged(const RequestRecord& r, const std::string& placement, const std::string& decision_json,
-                            int64_t now, OnCommit done);
+                            int64_t now, OnCommit done, bool defer_sync);
   // Applies records in one transaction (db_mu_ held): the leftovers at Open,
   // the whole log after a logged write failed to apply.
   Status ApplyAll(const std::vector<std::string>& records, std::vector<Transition>* told = nullptr);

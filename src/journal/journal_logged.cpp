@@ -93,7 +93,7 @@ Status Journal::ApplyRecord(const std::string& payload, std::optional<Transition
   return Status::Internal("journal: a log record of unknown type " + std::to_string(type));
 }
 
-void Journal::AppendLogged(std::string payload, size_t bytes, OnCommit durable) {
+void Journal::AppendLogged(std::string payload, size_t bytes, OnCommit durable, bool defer_sync) {
   auto told = std::make_shared<std::optional<Transition>>();
   auto record = std::make_shared<const std::string>(std::move(payload));
   std::function<Status()> op = [this, record, told]() -> Status { return ApplyRecord(*record, told.get()); };
@@ -123,15 +123,16 @@ void Journal::AppendLogged(std::string payload, size_t bytes, OnCommit durable) 
           ++stats_.logged;
         }
         durable(Status::Ok());
-      });
+      },
+      defer_sync);
 }
 
 void Journal::AcceptAndStartLogged(const RequestRecord& r, const std::string& placement, const std::string& decision_json,
-                                   int64_t now, OnCommit done) {
+                                   int64_t now, OnCommit done, bool defer_sync) {
   RecordWriter w;
   w.U8(kNewRunning).Str(r.id).Str(r.client).Str(r.payload_hash).Str(r.service).Str(r.endpoint);
   w.I64(int64_t{r.stream}).Str(r.body).Str(r.body_type).Str(placement).Str(decision_json).I64(now);
-  AppendLogged(std::move(w.out()), Bytes(r.body, decision_json), std::move(done));
+  AppendLogged(std::move(w.out()), Bytes(r.body, decision_json), std::move(done), defer_sync);
 }
 
 void Journal::FinishAsync(std::string id, State state, int status, std::string content_type, std::string body,
@@ -172,6 +173,10 @@ void Journal::ReplayLog() {
     log_->Applied(last);
   }
   for (const auto& t : told) Tell(t);
+}
+
+void Journal::SyncNow() {
+  if (log_) log_->SyncNow();
 }
 
 void Journal::AwaitApplied() {

@@ -415,13 +415,14 @@ void Journal::StartAttemptImpl(std::string id, std::string placement, std::strin
          lead);
 }
 
-void Journal::AcceptAndStartAsync(RequestRecord r, std::string placement, std::string decision_json, OnCommit done) {
+void Journal::AcceptAndStartAsync(RequestRecord r, std::string placement, std::string decision_json, OnCommit done,
+                                  bool defer_sync) {
   if (Status gate = WriteGate(nullptr); !gate.ok()) return done(gate);
   const int64_t now = clock_.NowMs();
   if (r.idempotency_key.empty()) {
     // Nothing to look up: a commit-log record (the rows an Accept and then a
     // StartAttempt would leave), its observer told once they are committed.
-    return AcceptAndStartLogged(r, placement, decision_json, now, std::move(done));
+    return AcceptAndStartLogged(r, placement, decision_json, now, std::move(done), defer_sync);
   }
   const size_t bytes = Bytes(r.body, decision_json);
   auto out = std::make_shared<std::optional<AcceptResult>>();

@@ -143,6 +143,7 @@ class LifecycleTest : public ::testing::Test {
     config_ = *cfg;
     journal::JournalOptions jo;
     jo.faults = faults_;  // none until a test asks (on SQLite's default VFS underneath)
+    jo.deferred_sync_ms = deferred_sync_ms_;
     auto j = journal::Journal::Open((dir_ / "journal.db").string(), jo, clock_);
     ASSERT_TRUE(j.ok()) << j.status().ToString();
     journal_ = std::move(*j);
@@ -200,6 +201,7 @@ class LifecycleTest : public ::testing::Test {
   }
 
   std::filesystem::path dir_;
+  int64_t deferred_sync_ms_ = 50;  // JournalOptions' default
   FakeClock clock_;
   config::GatewayConfig config_;
   std::shared_ptr<journal::StorageFaults> faults_ = journal::StorageFaults::Create();
@@ -257,6 +259,35 @@ TEST_F(LifecycleTest, NothingReachesTheClientBeforeTheRequestIsDurable) {
   ASSERT_TRUE(ex->Wait());
   EXPECT_EQ(ex->status(), 200u);
   EXPECT_EQ(Journaled(ex->header("X-Request-Id")).state, journal::State::kCompleted);
+}
+
+// At FULL a non-streamed request costs one fdatasync: its first record
+// (request + attempt) asks for none and becomes durable in its end's sync,
+// before the answer leaves. A stream shows its first byte only once its
+// request is durable, so its first record is synced on its own.
+class OneSyncLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    deferred_sync_ms_ = 600'000;  // no deadline: only the end's record may sync the first
+    LifecycleTest::SetUp();
+  }
+};
+
+TEST_F(OneSyncLifecycleTest, ANonStreamedRequestSharesOneSyncWithItsEnd) {
+  journal_->Flush();
+  int64_t before = faults_->syncs();
+  auto ex = Send("/v1/completions", json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump());
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u);
+  EXPECT_EQ(faults_->syncs() - before, 1) << "the request's first record was synced on its own";
+  EXPECT_EQ(Journaled(ex->header("X-Request-Id")).state, journal::State::kCompleted);
+
+  journal_->Flush();
+  before = faults_->syncs();
+  auto stream = Send("/v1/completions",
+                     json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}, {"stream", true}}.dump());
+  ASSERT_TRUE(stream->Wait());
+  EXPECT_EQ(faults_->syncs() - before, 2) << "a stream's first byte needs its request durable first";
 }
 
 // A journal that cannot write: the request that finds out gets a 503 (never

@@ -7,6 +7,7 @@
 
 #include <boost/crc.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -271,6 +272,62 @@ TEST_F(CommitLogTest, AtFullTheSpareIsSyncedBeforeARotationTakesIt) {
     ASSERT_NE(log, nullptr);
     EXPECT_EQ(left, expect);
   }
+}
+
+// A deferred record (a non-streamed request's first attempt) asks for no
+// sync of its own: it becomes durable with the next record that does, in
+// that record's sync, on SyncNow, on Drain, or once it has waited its bound.
+TEST_F(CommitLogTest, ADeferredRecordSharesTheNextSyncAndWaitsNoLongerThanItsBound) {
+  auto faults = StorageFaults::Create();
+  ASSERT_NE(faults, nullptr);
+  std::vector<std::string> left;
+  auto log = OpenLog(&left, /*sync=*/true, faults);
+  ASSERT_NE(log, nullptr);
+  log->set_lazy_wait(std::chrono::hours(1));
+  log->Drain();  // (whatever Open synced is behind us)
+  struct Unblock {  // a failed check still lets the log's syncs go before it closes
+    StorageFaults* f;
+    ~Unblock() { f->Unblock(); }
+  } unblock{faults.get()};
+  std::atomic<int> durable{0};
+  const auto append = [&](const std::string& payload, bool deferred) {
+    log->Append(payload, [](int64_t) {}, [&](int rc, const std::string&) {
+      EXPECT_EQ(rc, SQLITE_OK);
+      ++durable;
+    }, deferred);
+  };
+  const auto durable_soon = [&](int n) {
+    for (int i = 0; i < 5000 && durable.load() < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return durable.load() >= n;
+  };
+  faults->BlockSyncs();
+  const int64_t held = faults->syncs();  // (none held yet: syncs() counts those that went on)
+  append("request", /*deferred=*/true);
+  EXPECT_FALSE(faults->WaitForHeldSyncs(1, std::chrono::milliseconds(200))) << "a deferred record asked for a sync";
+  append("end", /*deferred=*/false);
+  ASSERT_TRUE(faults->WaitForHeldSyncs(1, std::chrono::seconds(5)));
+  EXPECT_EQ(durable.load(), 0) << "durable before its sync";
+  faults->PassSyncs(1);
+  ASSERT_TRUE(durable_soon(2));
+  EXPECT_EQ(faults->syncs() - held, 1) << "the two records did not share one sync";
+
+  append("asked for", /*deferred=*/true);
+  log->SyncNow();
+  ASSERT_TRUE(faults->WaitForHeldSyncs(2, std::chrono::seconds(5))) << "SyncNow did not sync it";
+  faults->PassSyncs(1);
+  ASSERT_TRUE(durable_soon(3));
+
+  faults->Unblock();
+  append("drained", /*deferred=*/true);
+  log->Drain();
+  EXPECT_EQ(durable.load(), 4) << "Drain returned before a deferred record was durable";
+
+  log->set_lazy_wait(std::chrono::milliseconds(20));
+  append("alone", /*deferred=*/true);
+  EXPECT_TRUE(durable_soon(5)) << "a deferred record alone was never synced";
+  log.reset();
+  auto reopened = OpenLog(&left, /*sync=*/true, faults);
+  EXPECT_EQ(left, (std::vector<std::string>{"request", "end", "asked for", "drained", "alone"}));
 }
 
 // A rotation while the spare's header is still on its way to the disk does
