@@ -16,18 +16,16 @@ namespace spillway::gateway {
 void Gateway::RefreshCpuResident(const config::ServiceConfig& svc, PlacementBoard::Locked& board) {
   // The replicas' share of the budget while their process runs: what they
   // were predicted to hold (weights, KV pool, compute), or their resident
-  // set when it is larger (runtime, libraries, allocator).
+  // set when it is larger (runtime, libraries, allocator), as the
+  // supervisor last sampled it (no procfs read under the board's lock).
   auto& q = *board.cpu_lines.at(svc.name);
   auto& states = board.placements.at(svc.name);
-  const devices::HostTelemetry host_telemetry;
   for (const auto& w : supervisor_.Snapshot()) {
     for (size_t k = 0; k < states.size(); ++k) {
       if (!svc.OnCpuPath(k) || states[k]->key != w.key) continue;
       const bool running = w.state == upstream::WorkerState::kStarting || w.state == upstream::WorkerState::kReady;
       uint64_t bytes = running ? states[k]->admission.predicted_bytes : 0;
-      if (running && w.pid > 0) {
-        if (auto rss = host_telemetry.ProcessRss(w.pid); rss.ok()) bytes = std::max(bytes, *rss);
-      }
+      if (running) bytes = std::max(bytes, w.rss_bytes);
       q.SetResident(w.key, bytes);
     }
   }

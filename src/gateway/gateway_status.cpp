@@ -154,6 +154,7 @@ json Gateway::StatusJson() const {
         w["state"] = upstream::WorkerStateName(v.state);
         w["pid"] = v.pid;
         w["port"] = v.port;
+        w["rss_bytes"] = v.rss_bytes;  // its host RAM, as the supervisor last sampled it
         w["restarts"] = v.restarts;
         w["adopted"] = v.adopted;  // serving since before this gateway started (a crash), not reloaded
         w["last_exit"] = v.last_exit;

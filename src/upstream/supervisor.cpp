@@ -25,6 +25,7 @@
 #include "common/secret.h"
 #include "common/survive.h"
 #include "devices/sim_ledger.h"
+#include "devices/telemetry.h"
 #include "protocol/worker_protocol.h"
 #include "upstream/log_rotation.h"
 #include "upstream/worker_secret.h"
@@ -420,6 +421,7 @@ void Supervisor::Round() {
     std::vector<Ready> became_ready, listening, probes;
     std::vector<std::string> idle_candidates;
     std::vector<std::pair<std::string, std::string>> exits;
+    std::vector<std::pair<std::string, pid_t>> rss_due;
     // Restarts due now pass the start gate first (it may read telemetry: no lock held).
     std::vector<std::string> due;
     {
@@ -466,6 +468,11 @@ void Supervisor::Round() {
         }
         w.announce_ready = false;
         if (w.spec.on_demand && w.view.state == WorkerState::kReady) idle_candidates.push_back(k);
+        if ((w.view.state == WorkerState::kStarting || w.view.state == WorkerState::kReady) && w.view.pid > 0 &&
+            now >= w.next_rss_ms) {
+          w.next_rss_ms = now + kRssPeriodMs;
+          rss_due.emplace_back(k, w.view.pid);
+        }
         if (w.view.state == WorkerState::kReady && now >= w.next_health_ms) {
           w.next_health_ms = now + kHealthPeriodMs;
           const bool info = now >= w.next_info_ms;
@@ -484,6 +491,16 @@ void Supervisor::Round() {
           }
         }
       }
+    }
+    // Resident sets, read with no lock held (procfs), kept for admission.
+    for (const auto& [k, pid] : rss_due) {
+      const auto rss = devices::HostTelemetry().ProcessRss(pid);
+      if (!rss.ok()) continue;
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = workers_.find(k);
+      if (it == workers_.end() || it->second.view.pid != pid) continue;  // replaced meanwhile
+      it->second.view.rss_bytes = *rss;
+      it->second.rss_pid = pid;
     }
     // What a worker says of itself is known from the moment it is ready.
     // Only adopted workers are ready yet (Poll makes none ready): ask them now.
@@ -724,6 +741,7 @@ std::vector<WorkerView> Supervisor::Snapshot() const {
   for (const auto& [k, w] : workers_) {
     out.push_back(w.view);
     out.back().ready_since_ms = w.view.state == WorkerState::kReady ? w.ready_since_ms : 0;
+    if (w.rss_pid != w.view.pid) out.back().rss_bytes = 0;  // an earlier process's
   }
   return out;
 }

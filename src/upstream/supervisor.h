@@ -177,6 +177,8 @@ class Supervisor : public Workers {
     int64_t ready_since_ms = 0;
     int64_t next_health_ms = 0;
     int64_t next_info_ms = 0;
+    int64_t next_rss_ms = 0;
+    pid_t rss_pid = 0;  // the process view.rss_bytes was sampled from
     int health_failures = 0;
     int backoff_level = 0;
     int64_t spawned_ms = 0;
@@ -195,6 +197,7 @@ class Supervisor : public Workers {
   // counting as an orphan.
   static constexpr int64_t kHealthPeriodMs = 500;
   static constexpr int64_t kInfoPeriodMs = 1000;
+  static constexpr int64_t kRssPeriodMs = 100;  // WorkerView::rss_bytes
   static constexpr int64_t kStartProbePeriodMs = 200;  // an external server's health path while it starts
   WorkerPid Process(const Worker& w) const { return {w.view.pid, w.start_time, !w.view.adopted}; }
   // Adoption (supervisor_adoption.cpp).

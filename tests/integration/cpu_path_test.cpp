@@ -58,6 +58,15 @@ class CpuPathTest : public ::testing::Test {
   }
   json Status() { return json::parse(http::Fetch("127.0.0.1", gw_->port(), "GET", "/v1/status")->body); }
   json CpuPath() { return Status()["services"][0]["cpu_path"]; }
+  // VmRSS of a process, in bytes (0: none).
+  static uint64_t ProcRss(int pid) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+    std::string line;
+    while (pid > 0 && std::getline(f, line)) {
+      if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    }
+    return 0;
+  }
   json Fallback() { return Status()["services"][0]["placements"][1]; }
   bool WaitFor(const std::function<bool()>& cond, int ms = 20000) {
     for (int i = 0; i < ms / 20; ++i) {
@@ -240,6 +249,15 @@ TEST_F(CpuPathTest, AnOnDemandReplicaStartsForTheFirstRequestAndStopsWhenIdle) {
   auto r = Post(Long(8), "od-1");
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.Header("x-spillway-placement"), "cpu");
+  // Its resident set, as the supervisor samples it (what the RAM budget
+  // reads), is what procfs says of its process.
+  uint64_t theirs = 0, ours = 0;
+  EXPECT_TRUE(WaitFor([&] {
+    const json w = Fallback();
+    ours = w.value("rss_bytes", uint64_t{0});
+    theirs = ProcRss(w.value("pid", 0));
+    return ours > 0 && theirs > 0 && ours > theirs / 2 && ours < theirs * 2;
+  }, 5000)) << "status rss_bytes " << ours << ", /proc says " << theirs;
   fb = Fallback();
   EXPECT_GT(fb["readiness"]["measured_start_s"].get<double>(), 0.0);
   // Idle for idle_unload_s: stopped again; the next request starts it again.
