@@ -396,13 +396,14 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
         Status::Conflict("request id '" + in->rec.id + "' is in use by a request still running").WithRetryAfter(1), v,
         in->rec.id));
   }
-  StatusOr<journal::AcceptResult> accepted = journal::AcceptResult{journal::AcceptOutcome::kNew, in->rec};
+  StatusOr<journal::AcceptResult> accepted = Status::Internal("not accepted yet");  // (both branches set it)
   if (unjournaled) {
     // A journal that refuses new requests refuses this one before it runs.
     if (Status st = journal_.Refusal(); !st.ok()) co_return in->ex->Respond(ErrorResponse(st, v));
-    accepted.value().existing.created_ms = accepted.value().existing.updated_ms = clock_.NowMs();
+    in->rec.created_ms = in->rec.updated_ms = clock_.NowMs();
+    accepted = journal::AcceptResult{journal::AcceptOutcome::kNew, std::move(in->rec)};  // (its last use)
   } else {
-    accepted = co_await Blocking([&] { return journal_.Accept(in->rec); });
+    accepted = co_await Blocking([&] { return journal_.Accept(std::move(in->rec)); });  // (its last use)
   }
   if (!accepted.ok()) co_return in->ex->Respond(ErrorResponse(accepted.status(), v));
   const auto& old = accepted->existing;
@@ -427,7 +428,7 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
   in->ex->OnDisconnect([this, weak] {
     if (auto l = weak.lock()) Cancel(l);
   });
-  co_await Run(accepted->existing, in->ex, live, unjournaled);
+  co_await Run(std::move(accepted->existing), in->ex, live, unjournaled);
 }
 
 boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,

@@ -216,7 +216,7 @@ class Journal {
   // next record that has one, for SyncNow(), or for the log's lazy wait
   // (commit_log.h): for a caller that shows nothing of the request before
   // its end, whose FinishAsync record then makes both durable in one sync.
-  void AcceptAndStartAsync(RequestRecord r, std::string placement, std::string decision_json, OnCommit done,
+  void AcceptAndStartAsync(const RequestRecord& r, std::string placement, std::string decision_json, OnCommit done,
                            bool defer_sync = false);
   // Makes deferred commit-log records durable now (a caller that needs one
   // before its next write).

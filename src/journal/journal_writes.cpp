@@ -415,7 +415,7 @@ void Journal::StartAttemptImpl(std::string id, std::string placement, std::strin
          lead);
 }
 
-void Journal::AcceptAndStartAsync(RequestRecord r, std::string placement, std::string decision_json, OnCommit done,
+void Journal::AcceptAndStartAsync(const RequestRecord& r, std::string placement, std::string decision_json, OnCommit done,
                                   bool defer_sync) {
   if (Status gate = WriteGate(nullptr); !gate.ok()) return done(gate);
   const int64_t now = clock_.NowMs();
@@ -428,7 +428,7 @@ void Journal::AcceptAndStartAsync(RequestRecord r, std::string placement, std::s
   auto out = std::make_shared<std::optional<AcceptResult>>();
   auto n = std::make_shared<int64_t>(0);
   const std::string id = r.id;
-  auto accept = AcceptOp(std::make_shared<const RequestRecord>(std::move(r)), out, now);
+  auto accept = AcceptOp(std::make_shared<const RequestRecord>(r), out, now);
   auto start = StartOp(id, placement, decision_json, now, n);
   // One write: both or neither (a failed start rolls the Accept back with it).
   auto op = [accept = std::move(accept), start = std::move(start), out, id]() -> Status {
