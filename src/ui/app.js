@@ -215,6 +215,7 @@ function renderServices(services) {
       el('td', { text: p.role }),
       el('td', {}, el('span', { class: `badge ${p.state || 'stopped'}`, text: placementState(p) })),
       el('td', {}, el('span', { class: `badge ${(p.breaker && p.breaker.state) || ''}`, text: (p.breaker && p.breaker.state) || '–' })),
+      el('td', { class: 'rss', text: p.rss_bytes ? mib(p.rss_bytes) : '–' }),
       el('td', { text: p.admitted === false ? `not admitted: ${p.admission}` : (p.last_error || p.last_exit || '') })));
     return el('div', { class: 'card service', 'data-service': s.name },
       el('h3', {}, s.name, el('span', { class: `badge ${s.state}`, text: s.state })),
@@ -227,7 +228,7 @@ function renderServices(services) {
         el('dt', { text: 'estimated wait' }),
         el('dd', { text: waitWords(v.est_wait_s, r.queued) })),
       el('table', { class: 'placements' },
-        el('thead', {}, el('tr', {}, ['placement', 'role', 'worker', 'breaker', 'last problem'].map((h) => el('th', { text: h })))),
+        el('thead', {}, el('tr', {}, ['placement', 'role', 'worker', 'breaker', 'host RAM', 'last problem'].map((h) => el('th', { text: h })))),
         el('tbody', {}, rows)));
   }));
 }

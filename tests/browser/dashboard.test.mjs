@@ -106,6 +106,12 @@ test('the page loads live, without console errors, and shows both demo services 
   // The simulated device's bar holds chat's weights and KV cache.
   assert.ok(await page.eval(`document.querySelectorAll('.card.device[data-device="sim:0"] .bar .seg.weights').length`) >= 1);
   assert.equal(await page.waitFor(`document.querySelectorAll('#charts canvas').length`, 'the memory charts'), 2);
+  // Each running worker's host RAM, as the supervisor samples it.
+  const rss = await page.waitFor(`(() => {
+    const t = document.querySelector('.card.service[data-service="chat"] table.placements tbody tr td.rss')?.textContent;
+    return t && t.endsWith('MiB') ? t : null;
+  })()`, "the chat worker's host RAM");
+  assert.match(rss, /^[0-9.]+ MiB$/);
   await shot('dashboard-healthy.png');
   assert.deepEqual(page.errors, []);
 });
