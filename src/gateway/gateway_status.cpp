@@ -70,6 +70,24 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Calle
     }
   }
   auto rec = read();
+  if (!rec.ok() && rec.status().code() == StatusCode::kNotFound) {
+    // Here but not journaled yet: its first record on its way to the disk,
+    // or waiting to share its end's sync (a non-streamed request's,
+    // journal.h), which is asked for now (not waited for: a slow disk
+    // never holds up a query). Told from what this gateway knows of it.
+    if (auto live = LiveFor(id, caller)) {
+      journal_.SyncNow();
+      const LivePhase phase = live->phase.load();
+      return ex->Respond(JsonResponse(200, {{"id", id},
+                                            {"object", "spillway.request"},
+                                            {"state", phase == LivePhase::kQueued ? "queued" : "running"},
+                                            {"service", live->service},
+                                            {"phase", LivePhaseName(phase)},
+                                            {"phase_age_ms", clock_.NowMs() - live->phase_since_ms.load()},
+                                            {"journaled", false}},
+                                      v));
+    }
+  }
   if (!rec.ok()) return ex->Respond(ErrorResponse(rec.status(), v));
   json j = {{"id", rec->id},
             {"object", "spillway.request"},

@@ -290,6 +290,26 @@ TEST_F(OneSyncLifecycleTest, ANonStreamedRequestSharesOneSyncWithItsEnd) {
   EXPECT_EQ(faults_->syncs() - before, 2) << "a stream's first byte needs its request durable first";
 }
 
+// A query for such a request while it runs finds it (its first record is
+// synced on demand; it waited for its end's).
+TEST_F(OneSyncLifecycleTest, ARunningRequestWhoseRecordWaitsForItsEndIsFoundByItsId) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  auto ex = Send("/v1/completions", json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump());
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
+  std::string id;
+  {
+    std::lock_guard<std::mutex> lk(primary_.mu);
+    id = primary_.ids[0];
+  }
+  auto query = Send("/v1/requests/" + id, "", "GET");
+  ASSERT_TRUE(query->Wait());
+  EXPECT_EQ(query->status(), 200u) << query->body();
+  EXPECT_EQ(json::parse(query->body(), nullptr, false).value("state", ""), "running") << query->body();
+  auto cancel = Send("/v1/requests/" + id, "", "DELETE");  // (lets the held request end)
+  ASSERT_TRUE(cancel->Wait());
+  ASSERT_TRUE(ex->Wait());
+}
+
 // A journal that cannot write: the request that finds out gets a 503 (never
 // the worker's answer); the next one is refused before it runs.
 TEST_F(LifecycleTest, AJournalThatCannotWriteRefusesNewRequests) {
