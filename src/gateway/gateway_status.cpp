@@ -70,23 +70,13 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Calle
     }
   }
   auto rec = read();
-  if (!rec.ok() && rec.status().code() == StatusCode::kNotFound) {
-    // Here but not journaled yet: its first record on its way to the disk,
-    // or waiting to share its end's sync (a non-streamed request's,
-    // journal.h), which is asked for now (not waited for: a slow disk
-    // never holds up a query). Told from what this gateway knows of it.
-    if (auto live = LiveFor(id, caller)) {
-      journal_.SyncNow();
-      const LivePhase phase = live->phase.load();
-      return ex->Respond(JsonResponse(200, {{"id", id},
-                                            {"object", "spillway.request"},
-                                            {"state", phase == LivePhase::kQueued ? "queued" : "running"},
-                                            {"service", live->service},
-                                            {"phase", LivePhaseName(phase)},
-                                            {"phase_age_ms", clock_.NowMs() - live->phase_since_ms.load()},
-                                            {"journaled", false}},
-                                      v));
-    }
+  if (!rec.ok() && rec.status().code() == StatusCode::kNotFound && LiveFor(id, caller)) {
+    // Here but not on disk yet: its first record on its way, or waiting to
+    // share its end's sync (a non-streamed request's, journal.h). Still a
+    // 404 (a 200 says the journal holds it: it survives a crash), but its
+    // sync is asked for now, so that the next query finds it; not waited
+    // for, so that a slow disk never holds up a query.
+    journal_.SyncNow();
   }
   if (!rec.ok()) return ex->Respond(ErrorResponse(rec.status(), v));
   json j = {{"id", rec->id},
