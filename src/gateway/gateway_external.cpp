@@ -328,6 +328,7 @@ json Gateway::ExternalsJson() const {
     for (const auto& [from, to] : e.routes) routes[from] = to;
     j["routes"] = routes;
     pid_t pid = 0;
+    uint64_t rss = 0;  // as the supervisor last sampled it
     if (e.Started()) {
       j["residency"] = e.residency.mode;
       j["priority"] = e.residency.priority;
@@ -336,6 +337,7 @@ json Gateway::ExternalsJson() const {
       for (const auto& w : workers) {
         if (w.key != ExternalKey(e)) continue;
         pid = w.pid;
+        rss = w.rss_bytes;
         j["key"] = w.key;
         j["state"] = upstream::WorkerStateName(w.state);
         j["pid"] = w.pid;
@@ -359,10 +361,6 @@ json Gateway::ExternalsJson() const {
         if (auto r = (*t)->Read(); r.ok()) device_bytes = r->BytesOf(pid);
       }
       external_lines_->Observe(e.name, device_bytes);
-    }
-    uint64_t rss = 0;
-    if (pid > 0) {
-      if (auto r = devices::HostTelemetry().ProcessRss(pid); r.ok()) rss = *r;
     }
     const auto [resident, peak] = external_lines_->Measured(e.name);
     const auto mib = [](double m) { return static_cast<uint64_t>(m * 1024 * 1024); };

@@ -47,8 +47,12 @@ void RequestLifecycle::JournalAccept() {
   g_.journal_.AcceptAsync(rec_, [done = accept_->Completer()](StatusOr<journal::AcceptResult> r) { done(r.status()); });
 }
 
+bool RequestLifecycle::Deferred(const std::shared_ptr<PendingStatus>& commit) const {
+  return commit && commit == accept_ && accept_deferred_;
+}
+
 void RequestLifecycle::SyncIfDeferred(const std::shared_ptr<PendingStatus>& commit) {
-  if (commit == accept_ && accept_deferred_ && !commit->result()) g_.journal_.SyncNow();
+  if (Deferred(commit) && !commit->result()) g_.journal_.SyncNow();
 }
 
 boost::asio::awaitable<bool> RequestLifecycle::AcceptRefused() {
@@ -67,7 +71,7 @@ boost::asio::awaitable<void> RequestLifecycle::Finish(State state, int status, s
                                                       std::string err) {
   Release();
   live_->queue_slot.reset();
-  if (accept_ && accept_deferred_ && !accept_->result()) {
+  if (Deferred(accept_) && !accept_->result()) {
     // The request's record waits in the log for this one, whose sync makes
     // both durable (one fdatasync for the request at FULL); nothing of the
     // request reached anyone before. Refused: the end's record, if written,
@@ -328,7 +332,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     // answer is dropped (nothing of it reached the client). A deferred
     // Accept followed by the request's answer is awaited in Finish, synced
     // with the end's record.
-    if (commit && !(commit == accept_ && accept_deferred_ && r.outcome.kind == Kind::kAnswered && !r.head_refused)) {
+    if (commit && !(Deferred(commit) && r.outcome.kind == Kind::kAnswered && !r.head_refused)) {
       SyncIfDeferred(commit);
       if (const Status st = co_await commit->Wait(); !st.ok()) co_return co_await CommitRefused(st);
     }

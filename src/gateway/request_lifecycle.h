@@ -105,6 +105,7 @@ class RequestLifecycle {
   // (journal.h, AcceptAndStartAsync's defer_sync): Finish's record shares
   // its sync; whoever needs it before then asks for it (SyncIfDeferred).
   bool accept_deferred_ = false;
+  bool Deferred(const std::shared_ptr<PendingStatus>& commit) const;  // that Accept's commit
   void SyncIfDeferred(const std::shared_ptr<PendingStatus>& commit);
   // What the client already has of a stream, across attempts.
   failover::StreamProgress progress_;

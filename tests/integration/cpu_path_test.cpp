@@ -15,6 +15,7 @@
 
 #include "api/http_client.h"
 #include "devices/sim_ledger.h"
+#include "devices/telemetry.h"
 #include "gateway_process.h"
 #include "journal_check.h"
 #include "scoped_sim_dir.h"
@@ -58,15 +59,6 @@ class CpuPathTest : public ::testing::Test {
   }
   json Status() { return json::parse(http::Fetch("127.0.0.1", gw_->port(), "GET", "/v1/status")->body); }
   json CpuPath() { return Status()["services"][0]["cpu_path"]; }
-  // VmRSS of a process, in bytes (0: none).
-  static uint64_t ProcRss(int pid) {
-    std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-    std::string line;
-    while (pid > 0 && std::getline(f, line)) {
-      if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-    }
-    return 0;
-  }
   json Fallback() { return Status()["services"][0]["placements"][1]; }
   bool WaitFor(const std::function<bool()>& cond, int ms = 20000) {
     for (int i = 0; i < ms / 20; ++i) {
@@ -255,7 +247,9 @@ TEST_F(CpuPathTest, AnOnDemandReplicaStartsForTheFirstRequestAndStopsWhenIdle) {
   EXPECT_TRUE(WaitFor([&] {
     const json w = Fallback();
     ours = w.value("rss_bytes", uint64_t{0});
-    theirs = ProcRss(w.value("pid", 0));
+    const int pid = w.value("pid", 0);
+    const auto rss = devices::HostTelemetry().ProcessRss(pid);  // (read now, by the test)
+    theirs = pid > 0 && rss.ok() ? *rss : 0;
     return ours > 0 && theirs > 0 && ours > theirs / 2 && ours < theirs * 2;
   }, 5000)) << "status rss_bytes " << ours << ", /proc says " << theirs;
   fb = Fallback();
