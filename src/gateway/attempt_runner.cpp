@@ -47,7 +47,11 @@ AttemptResult Simple(Kind kind) {
 boost::asio::awaitable<AttemptResult> AttemptRunner::Send(const AttemptSpec& spec) {
   auto r = co_await pool_.Send(spec.port, "POST", spec.path, spec.body, spec.headers, spec.timeout);
   // The worker died or stopped answering: nothing was delivered, so it is safe to run again.
-  if (!r.ok()) co_return Failed(FailurePhase::kNone, r.status().message(), true);
+  if (!r.ok()) {
+    AttemptResult f = Failed(FailurePhase::kNone, r.status().message(), true);
+    f.deadline = spec.bounded && r.status().code() == StatusCode::kDeadlineExceeded;
+    co_return f;
+  }
   const auto err = protocol::ParseWorkerError(r->status, r->body);
   if (err && err->placement_failure()) {
     // An allocation failure or a lost device: the worker's answer is kept in
@@ -107,6 +111,10 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
     return true;
   };
   progress_.ClearError();
+  // A deadline bounds the whole relay: a worker that keeps writing (or
+  // stalls) past it is cut then, not after its last token.
+  upstream::StreamControl control;
+  if (spec.bounded) control.deadline = std::chrono::steady_clock::now() + spec.timeout;
   const Status st = co_await pool_.Stream(
       spec.port, "POST", spec.path, body, spec.headers,
       [&](const http::StreamHead& h) {
@@ -130,7 +138,8 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
       },
       std::chrono::seconds(600),
       // A slow reader: stop reading the worker while much is unsent to the client.
-      [&] { return reply_.attached() && !reply_.disconnected() && reply_.unsent_bytes() > max_unsent_bytes_; });
+      [&] { return reply_.attached() && !reply_.disconnected() && reply_.unsent_bytes() > max_unsent_bytes_; },
+      spec.bounded ? &control : nullptr);
   const bool delivered = reply_.events_started();
   if (!head_ok && st.ok()) {
     // The worker refused the stream before its first event.
@@ -153,6 +162,7 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
     const FailurePhase phase = failed_phase.empty() ? FailurePhase::kNone
                                                     : protocol::ParseFailurePhase(failed_phase).value_or(FailurePhase::kCompute);
     AttemptResult f = Failed(phase, !failed_phase.empty() ? "phase " + failed_phase : st.message(), !st.ok());
+    f.deadline = control.expired();
     f.outcome.delivered = delivered;
     f.outcome.continuable = progress_.Continuable();
     co_return f;

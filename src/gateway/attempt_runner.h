@@ -45,7 +45,10 @@ struct AttemptSpec {
   std::string body;
   http::HeaderList headers;
   bool stream = false;
+  // How long the attempt may take: a non-streamed answer's wait, or (when
+  // `bounded`) a stream's whole relaying too.
   std::chrono::milliseconds timeout{3600 * 1000};
+  bool bounded = false;  // `timeout` is what the request's deadline leaves
   ServedBy served;
   std::string role;  // of the placement: primary, hybrid, fallback
 };
@@ -54,6 +57,7 @@ struct AttemptResult {
   failover::AttemptOutcome outcome;
   std::string why;           // kFailed: what failed
   bool unreachable = false;  // kFailed: the worker could not be reached or died (the supervisor checks it)
+  bool deadline = false;     // kFailed: stopped at the request's deadline (not the worker's failure)
   // The worker's answer (kAnswered, kBusy; kFailed when it sent one).
   int status = 0;
   std::string type = "application/json";

@@ -325,6 +325,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     spec.headers.emplace_back("X-Request-Id", rec_.id);
     spec.stream = rec_.stream;
     spec.timeout = Remaining();
+    spec.bounded = live_->deadline_ms != 0;
     spec.served = Served();
     spec.role = svc_->placements[target_.index].role;
     const AttemptResult r = co_await runner_.Run(spec);
@@ -353,7 +354,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
       }
       case Kind::kFailed: {
         // A worker that timed out because the deadline passed is not the worker's failure.
-        if (r.unreachable && PastDeadline()) co_return co_await DeadlineFailure();
+        if (r.deadline || (r.unreachable && PastDeadline())) co_return co_await DeadlineFailure();
         if (r.unreachable) g_.supervisor_.Suspect(key);
         const auto d = co_await AfterFailure(r);
         if (d.action == Action::kDeadline) co_return co_await DeadlineFailure();

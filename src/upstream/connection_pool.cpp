@@ -73,9 +73,15 @@ struct AbortWatch : std::enable_shared_from_this<AbortWatch> {
   beast::tcp_stream* stream = nullptr;
   bool done = false;
   void Arm() {
-    timer.expires_after(std::chrono::milliseconds(50));
-    timer.async_wait([self = shared_from_this()](const beast::error_code&) {
+    auto at = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+    const auto deadline = control->deadline;
+    if (deadline != std::chrono::steady_clock::time_point{}) at = std::min(at, deadline);
+    timer.expires_at(at);
+    timer.async_wait([self = shared_from_this(), deadline](const beast::error_code&) {
       if (self->done) return;
+      if (deadline != std::chrono::steady_clock::time_point{} && std::chrono::steady_clock::now() >= deadline) {
+        self->control->Expire();
+      }
       if (self->control->aborted()) {
         if (self->stream) self->stream->cancel();
         return;
@@ -225,6 +231,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     }
   } stop_watch{watch};
   auto failure = [&](const beast::error_code& ec) {
+    if (control && control->expired()) return Status::DeadlineExceeded(method + " " + target + ": past its deadline");
     if (control && control->aborted()) return Status::Cancelled(method + " " + target + ": aborted");
     return Failure(ec, method, target);
   };
@@ -248,7 +255,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     } unwatch{watch};
     beast::error_code ec;
     if (Status st = co_await Connect(*c, port, std::chrono::seconds(10)); !st.ok()) co_return st;
-    if (control && control->aborted()) co_return Status::Cancelled(method + " " + target + ": aborted");
+    if (control && control->aborted()) co_return failure(net::error::operation_aborted);
     auto req = MakeRequest(port, method, target, body, headers);
     c->stream.expires_after(idle_timeout);
     co_await WriteRequest(c->stream, req, ec);
@@ -275,6 +282,8 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
         beast::error_code tec;
         co_await pause_timer->async_wait(net::redirect_error(net::use_awaitable, tec));
       }
+      // (Stopped while paused: the watch found no read to cancel.)
+      if (control && control->aborted()) co_return failure(net::error::operation_aborted);
       parser.get().body().data = chunk.data();
       parser.get().body().size = chunk.size();
       c->stream.expires_after(idle_timeout);

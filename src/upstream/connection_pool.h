@@ -32,13 +32,23 @@
 
 namespace spillway::upstream {
 
-// Optional control of one Stream() call (an external service's request).
+// Optional control of one Stream() call (an external service's request, a
+// stream with a deadline).
 class StreamControl {
  public:
   // From any thread: the call's connection is closed within ~50 ms and the
   // call returns kCancelled (the upstream sees the client go away).
   void Abort() { aborted_ = true; }
   bool aborted() const { return aborted_; }
+  // Set before the call (default: none): at this time the call's connection
+  // is closed, as by Abort(), and the call returns kDeadlineExceeded: a
+  // bound on the whole call, not on each wait as the idle timeout is.
+  std::chrono::steady_clock::time_point deadline{};
+  bool expired() const { return expired_; }
+  void Expire() {
+    expired_ = true;
+    aborted_ = true;
+  }
   // A new connection, never a kept-alive one: a request that must not be
   // sent twice cannot meet a connection the server closed while it was idle
   // (whose failure would leave unknown whether the server acted on it).
@@ -48,6 +58,7 @@ class StreamControl {
 
  private:
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> expired_{false};
 };
 
 class ConnectionPool {

@@ -410,6 +410,45 @@ TEST_F(LifecycleTest, AWaitingRequestEndsAtItsDeadlineByTheClock) {
   EXPECT_LE(rec.attempts, 2) << "waiting for a slot is not a new attempt each time";
 }
 
+// A deadline bounds a running attempt too, by the request's own time left:
+// a worker that holds its answer past it is not the worker's failure (no
+// suspicion, no move elsewhere), and the answer is the deadline's 504.
+TEST_F(LifecycleTest, ARunningRequestEndsAtItsDeadline) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  auto ex = Complete("r-slow", false, {{"X-Request-Timeout", "0.3"}});
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 504u) << ex->body();
+  EXPECT_TRUE(Eventually([&] { return Journaled("r-slow").state == journal::State::kFailed; }));
+  EXPECT_NE(Journaled("r-slow").error.find("X-Request-Timeout"), std::string::npos);
+  EXPECT_EQ(fallback_.calls(), 0u);
+  EXPECT_TRUE(workers_.suspected().empty());
+}
+
+// ... and a stream: it was relayed until the worker's last token, whatever
+// its X-Request-Timeout said. Now it is cut at the deadline, with what was
+// delivered kept and an error event saying why.
+TEST_F(LifecycleTest, AStreamEndsAtItsDeadlineWithAnErrorEvent) {
+  std::mutex mu;
+  std::vector<std::shared_ptr<http::Exchange>> open;  // the worker never ends its stream
+  primary_.behaviour = [&](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(Chunk("a", 11));
+    std::lock_guard<std::mutex> lk(mu);
+    open.push_back(std::move(ex));
+  };
+  auto ex = Complete("r-long", true, {{"X-Request-Timeout", "0.3"}});
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_TRUE(ex->streamed());
+  const std::string body = ex->body();
+  EXPECT_NE(body.find("\"a\""), std::string::npos) << body;
+  EXPECT_NE(body.find("X-Request-Timeout"), std::string::npos) << body;
+  EXPECT_TRUE(Eventually([&] { return Journaled("r-long").state == journal::State::kFailed; }));
+  EXPECT_EQ(fallback_.calls(), 0u) << "a deadline is not a reason to continue elsewhere";
+  EXPECT_TRUE(workers_.suspected().empty());
+  std::lock_guard<std::mutex> lk(mu);
+  open.clear();
+}
+
 TEST_F(LifecycleTest, ACancelReachesAWaitingRequestAndTheJournalSaysCancelled) {
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
   auto ex = Complete("r-cancel");
