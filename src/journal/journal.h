@@ -26,20 +26,18 @@
 // Who leads: a blocking call that finds nothing being written commits on its
 // own thread; otherwise the journal's own thread leads whatever is queued.
 // An asynchronous call (the ...Async forms, for the gateway's I/O threads)
-// never waits. AcceptAsync, StartAttemptAsync and AcceptAndStartAsync always
-// queue for the journal's thread: their commits overlap with what the caller
-// does next (sending the attempt; the worker computes meanwhile). The others
-// are awaited at once: at synchronous=NORMAL, where a commit is a copy into
-// the WAL with no fsync, they commit on the calling thread when the
-// connection is free this instant (no thread hop) and queue otherwise; at
-// FULL they always queue, so an fsync never runs on a caller's thread.
+// never waits and never commits on its caller's thread: a caller that led
+// would run the whole queue's transaction (up to a batch of other requests'
+// rows) and then the observer, which may read the journal, on an I/O thread.
+// AcceptAsync, StartAttemptAsync and AcceptAndStartAsync overlap with what
+// the caller does next (sending the attempt; the worker computes meanwhile);
+// the logged ones (AcceptAndStartAsync, FinishAsync) are durable once their
+// commit-log record is, on the caller's thread at NORMAL (a write, no sync).
 // `done` runs on whichever thread committed. Calls queued in an order commit
 // in that order, so an asynchronous Accept followed at once by a StartAttempt
 // for the same request needs no wait in between (AcceptAndStartAsync makes
 // them one write: one commit for certain). WAL checkpoints (which fsync) run
-// on the journal's thread between batches, never inside a commit; an
-// asynchronous caller that finds the connection busy (a checkpoint, a read)
-// queues.
+// on the journal's thread between batches, never inside a commit.
 //
 // A journal that cannot write (I/O error, disk full: a commit failed on the
 // storage) says so in Health(), and every new Accept fails at once with
@@ -277,13 +275,12 @@ class Journal {
   Status Exec(const std::string& sql);
   // Queues `op` (run by a leader inside a transaction, connection held);
   // `done` gets its result once the transaction covering it has committed.
-  // How a caller may lead: never (the journal's thread commits), when the
-  // connection is free this instant (an I/O thread: it never waits), or
-  // when nothing else is being written (a blocking call: it waits anyway).
-  enum class Lead { kNever, kIfFree, kWhenIdle };
+  // How a caller may lead: never (the journal's thread commits: an
+  // asynchronous call), or when nothing else is being written (a blocking
+  // call: it waits anyway).
+  enum class Lead { kNever, kWhenIdle };
   // `log_seq`: the commit-log record the write applies (0: none).
   void Submit(std::function<Status()> op, size_t bytes, OnCommit done, Lead lead, int64_t log_seq = 0);
-  Lead AsyncLead() const;  // the asynchronous calls': kIfFree at NORMAL, kNever at FULL
   // Submit, then wait for the result (the blocking calls).
   Status Write(std::function<Status()> op, size_t bytes);
   // The write behind each public call; `lead` as in Submit.

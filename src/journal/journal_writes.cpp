@@ -71,10 +71,6 @@ void Journal::Submit(std::function<Status()> op, size_t bytes, OnCommit done, Le
   }
   if (writers_.front() == w && !checkpoint_wanted_) {  // (a wanted checkpoint goes first)
     if (lead == Lead::kWhenIdle) return LeadBatch(lk, std::unique_lock<std::mutex>(db_mu_, std::defer_lock));
-    if (lead == Lead::kIfFree) {
-      std::unique_lock<std::mutex> db(db_mu_, std::try_to_lock);  // (never waits: no lock order to keep)
-      if (db.owns_lock()) return LeadBatch(lk, std::move(db));
-    }
   }
   lead_cv_.notify_one();
 }
@@ -490,10 +486,8 @@ void Journal::FinishImpl(std::string id, State state, int status, std::string co
          lead);
 }
 
-Journal::Lead Journal::AsyncLead() const { return opts_.synchronous_full ? Lead::kNever : Lead::kIfFree; }
-
 // The blocking forms commit on the caller's thread when nothing else is being
-// written; the asynchronous ones only at NORMAL (see journal.h).
+// written; the asynchronous ones never (see journal.h).
 
 StatusOr<AcceptResult> Journal::Accept(RequestRecord r) {
   return AwaitResult<StatusOr<AcceptResult>>(
@@ -532,9 +526,7 @@ void Journal::RecordEventAsync(std::string kind, std::string service, std::strin
   Submit(std::move(op), bytes, std::move(done), Lead::kNever);
 }
 
-// An Accept and a StartAttempt overlap with what follows them (the worker
-// computes meanwhile), so they go to the journal's thread; the others are
-// awaited at once, so at NORMAL they commit on the caller's thread if they can.
+// The journal's thread commits them all: an I/O thread never runs SQLite.
 void Journal::AcceptAsync(RequestRecord r, std::function<void(StatusOr<AcceptResult>)> done) {
   AcceptImpl(std::move(r), std::move(done), Lead::kNever);
 }
@@ -542,9 +534,9 @@ void Journal::StartAttemptAsync(std::string id, std::string placement, std::stri
   StartAttemptImpl(std::move(id), std::move(placement), std::move(decision_json), std::move(done), Lead::kNever);
 }
 void Journal::SetDecisionAsync(std::string id, std::string decision_json, OnCommit done) {
-  SetDecisionImpl(std::move(id), std::move(decision_json), std::move(done), AsyncLead());
+  SetDecisionImpl(std::move(id), std::move(decision_json), std::move(done), Lead::kNever);
 }
 void Journal::RequeueAsync(std::string id, std::string error, OnCommit done) {
-  RequeueImpl(std::move(id), std::move(error), std::move(done), AsyncLead());
+  RequeueImpl(std::move(id), std::move(error), std::move(done), Lead::kNever);
 }
 }  // namespace spillway::journal

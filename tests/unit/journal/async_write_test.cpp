@@ -1,6 +1,6 @@
 // The journal's asynchronous writes: call order is commit order, where each
-// commits (the caller's thread at NORMAL when idle, never at FULL), Flush,
-// and checkpoints kept out of commits.
+// commits (never on the caller's thread; at NORMAL a logged write is durable
+// there), Flush, and checkpoints kept out of commits.
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -93,6 +93,32 @@ TEST_F(AsyncWriteTest, WhereACommitRuns) {
       EXPECT_EQ(r.threads[1], std::this_thread::get_id()) << "an idle NORMAL journal hopped threads";
     }
   }
+}
+
+// A write awaited at once (a decision, a requeue) is committed by the
+// journal's thread at NORMAL too. Committed on an idle journal's caller (an
+// I/O thread), it took along the queued rows of other requests and ran the
+// observer, which reads the journal, there.
+TEST_F(AsyncWriteTest, NoTransactionRunsOnAnAsynchronousCallersThread) {
+  Reopen(Mode(false));
+  std::mutex mu;
+  std::vector<std::thread::id> told;
+  j_->SetObserver([&](const Transition&) {
+    std::lock_guard<std::mutex> lk(mu);
+    told.push_back(std::this_thread::get_id());
+  });
+  Results r;
+  j_->AcceptAsync(Rec("d"), [add = r.Add()](StatusOr<AcceptResult> a) { add(a.status()); });
+  r.WaitFor(1);
+  j_->SetDecisionAsync("d", R"({"decision":"delay"})", r.Add());
+  r.WaitFor(2);
+  j_->RequeueAsync("d", "worker busy", r.Add());
+  r.WaitFor(3);
+  for (const auto& st : r.got) ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_NE(r.threads[1], std::this_thread::get_id()) << "a decision committed on its caller's thread";
+  EXPECT_NE(r.threads[2], std::this_thread::get_id()) << "a requeue committed on its caller's thread";
+  std::lock_guard<std::mutex> lk(mu);
+  for (const auto& t : told) EXPECT_NE(t, std::this_thread::get_id()) << "the observer ran on the caller's thread";
 }
 
 // Flush returns after everything queued before it.
