@@ -184,28 +184,28 @@ json Gateway::StatusJson() const {
         if (v.port && v.info) {
           w["info_age_ms"] = clock_.NowMs() - v.info_ms;
           {
-            json ij = json::parse(*v.info, nullptr, false);
-            if (ij.is_object()) {
-              w["memory"] = ij["memory"];
-              if (ij.contains("context") && w.contains("readiness")) {
-                w["readiness"]["context_created"] = ij["context"]["created"];
-                w["readiness"]["measured_context_s"] = ij["context"]["last_create_ms"].get<double>() / 1000.0;
+            const auto info = protocol::WorkerInfo::FromJson(json::parse(*v.info, nullptr, false));
+            if (info) {
+              w["memory"] = info->memory;
+              if (info->last_context_ms && w.contains("readiness")) {
+                w["readiness"]["context_created"] = info->context_created;
+                w["readiness"]["measured_context_s"] = *info->last_context_ms / 1000.0;
               }
-              const bool partial = ij.contains("context") && !ij["context"].value("created", true);
               // The estimate's error against what llama.cpp allocated on the placement's device.
               uint64_t observed = 0;
               const bool on_host = s.placements[i].device == "cpu";
-              for (const auto& b : ij["memory"]["buffers"]) {
-                const bool host_buffer = b["name"].get<std::string>().rfind("CPU", 0) == 0;
-                if (host_buffer == on_host) observed += b["total"].get<uint64_t>();
+              for (const auto& b : info->buffers) {
+                if ((b.name.rfind("CPU", 0) == 0) == on_host) observed += b.total;
               }
               w["observed_bytes"] = observed;
-              if (observed > 0 && !partial) {
+              if (observed > 0 && info->context_created) {
                 const double predicted = static_cast<double>(board_.placement(s.name, i).admission.predicted_bytes);
                 if (predicted > 0) w["estimate_error"] = (predicted - static_cast<double>(observed)) / static_cast<double>(observed);
               }
-              w["slots"] = ij["slots"];
-              w["fingerprint"] = ij["fingerprint"]["id"];
+              if (info->slots) {
+                w["slots"] = {{"total", info->slots->total}, {"busy", info->slots->busy}, {"queued", info->slots->queued}};
+              }
+              w["fingerprint"] = info->fingerprint_id.empty() ? json(nullptr) : json(info->fingerprint_id);
             }
           }
         }

@@ -191,9 +191,35 @@ std::optional<WorkerInfo> WorkerInfo::FromJson(const json& j) {
   if (j.contains("pid") && j["pid"].is_number_integer()) w.pid = j["pid"];
   if (j.contains("fingerprint")) w.fingerprint = j["fingerprint"];
   if (j.contains("placement")) w.placement = j["placement"];
-  if (j.contains("context") && j["context"].is_object() && j["context"].contains("created") &&
-      j["context"]["created"].is_boolean()) {
-    w.context_created = j["context"]["created"];
+  const auto object = [&](const char* k) { return j.contains(k) && j[k].is_object(); };
+  if (object("fingerprint") && j["fingerprint"].contains("id") && j["fingerprint"]["id"].is_string()) {
+    w.fingerprint_id = j["fingerprint"]["id"];
+  }
+  if (object("context")) {
+    const json& c = j["context"];
+    if (c.contains("created") && c["created"].is_boolean()) w.context_created = c["created"];
+    if (c.contains("last_create_ms") && c["last_create_ms"].is_number()) w.last_context_ms = c["last_create_ms"].get<double>();
+  }
+  if (object("memory")) {
+    w.memory = j["memory"];
+    const json& m = j["memory"];
+    if (m.contains("buffers") && m["buffers"].is_array()) {
+      for (const auto& b : m["buffers"]) {
+        if (!b.is_object() || !b.contains("name") || !b["name"].is_string() || !b.contains("total") ||
+            !b["total"].is_number_unsigned()) {
+          continue;
+        }
+        w.buffers.push_back({b["name"].get<std::string>(), b["total"].get<uint64_t>()});
+      }
+    }
+  }
+  if (object("slots")) {
+    const json& sl = j["slots"];
+    const auto count = [&](const char* k) -> std::optional<int> {
+      if (!sl.contains(k) || !sl[k].is_number_integer()) return std::nullopt;
+      return sl[k].get<int>();
+    };
+    if (auto t = count("total"), b = count("busy"), q = count("queued"); t && b && q) w.slots = Slots{*t, *b, *q};
   }
   return w;
 }

@@ -120,13 +120,28 @@ struct TokenizeReply {
   nlohmann::json ToJson() const;
 };
 
-// The fields of GET /v1/worker/info that the gateway reads.
+// The fields of GET /v1/worker/info that the gateway reads. FromJson never
+// throws: a field of the wrong type (another build, a damaged answer) reads
+// as absent, so a status page or an adoption never fails on one.
 struct WorkerInfo {
   int protocol_version = 0;
   int64_t pid = 0;  // the answering process (an adopting gateway checks its record's)
   nlohmann::json fingerprint;
+  std::string fingerprint_id;  // fingerprint.id
   nlohmann::json placement;
   bool context_created = true;
+  std::optional<double> last_context_ms;  // how long its last context took to create
+  // What llama.cpp allocated, per buffer (memory.buffers), and memory as the worker said it (shown as is).
+  struct Buffer {
+    std::string name;  // the buffer type's ("CPU", "CUDA0", ...)
+    uint64_t total = 0;
+  };
+  std::vector<Buffer> buffers;
+  nlohmann::json memory;
+  struct Slots {
+    int total = 0, busy = 0, queued = 0;
+  };
+  std::optional<Slots> slots;
   static std::optional<WorkerInfo> FromJson(const nlohmann::json& j);
 };
 // Ok when a worker speaking `info` can serve this gateway; otherwise why not.

@@ -116,11 +116,10 @@ Status Supervisor::ClearLeftovers(uint16_t port) const {
   while (std::chrono::steady_clock::now() < deadline) {
     auto info = http::Fetch("127.0.0.1", port, "GET", std::string(protocol::kInfoPath), "", AuthHeaders(),
                             std::chrono::seconds(2));
-    const nlohmann::json j =
-        info.ok() && info->status == 200 ? nlohmann::json::parse(info->body, nullptr, false) : nlohmann::json();
-    if (j.is_object() && j.contains("slots") && j["slots"].value("busy", 1) == 0 && j["slots"].value("queued", 1) == 0) {
-      return Status::Ok();
-    }
+    const auto w = info.ok() && info->status == 200
+                       ? protocol::WorkerInfo::FromJson(nlohmann::json::parse(info->body, nullptr, false))
+                       : std::nullopt;
+    if (w && w->slots && w->slots->busy == 0 && w->slots->queued == 0) return Status::Ok();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return Status::Unavailable("the previous gateway's requests did not end within 10 s of their cancellation");

@@ -116,6 +116,48 @@ TEST(WorkerProtocolTest, AWorkerOfAnotherVersionIsRefusedWithTheReason) {
   EXPECT_FALSE(CheckCompatible(*WorkerInfo::FromJson(json::object())).ok());  // no version: an old worker
 }
 
+// What the gateway reads of a worker's info, typed: the worker's own shape
+// reads whole; fields of the wrong type read as absent, never throw (they
+// were read with json accessors that threw, dropping the status page).
+TEST(WorkerProtocolTest, WorkerInfoReadsTypedFieldsAndSurvivesWrongTypes) {
+  const json good = {{"protocol_version", kWorkerProtocolVersion},
+                     {"fingerprint", {{"id", "fp-1"}}},
+                     {"memory", {{"buffers", {{{"name", "CUDA0"}, {"total", 100u}}, {{"name", "CPU"}, {"total", 7u}}}}}},
+                     {"slots", {{"total", 4}, {"busy", 1}, {"queued", 2}}},
+                     {"context", {{"created", false}, {"last_create_ms", 12.5}}}};
+  auto info = WorkerInfo::FromJson(good);
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->fingerprint_id, "fp-1");
+  ASSERT_EQ(info->buffers.size(), 2u);
+  EXPECT_EQ(info->buffers[0].name, "CUDA0");
+  EXPECT_EQ(info->buffers[0].total, 100u);
+  ASSERT_TRUE(info->slots);
+  EXPECT_EQ(info->slots->busy, 1);
+  EXPECT_EQ(info->slots->queued, 2);
+  EXPECT_FALSE(info->context_created);
+  EXPECT_EQ(info->last_context_ms, 12.5);
+  EXPECT_EQ(info->memory, good["memory"]);
+
+  for (const json& bad : {json{{"fingerprint", "fp"}},
+                          json{{"fingerprint", {{"id", 3}}}},
+                          json{{"memory", {{"buffers", "none"}}}},
+                          json{{"memory", {{"buffers", {{{"name", 1}, {"total", "big"}}, 5}}}}},
+                          json{{"memory", 7}},
+                          json{{"slots", {{"total", 4}, {"busy", "1"}, {"queued", 0}}}},
+                          json{{"slots", json::array()}},
+                          json{{"context", {{"created", "yes"}, {"last_create_ms", "12"}}}},
+                          json{{"context", 1}}}) {
+    std::optional<WorkerInfo> w;
+    ASSERT_NO_THROW(w = WorkerInfo::FromJson(bad)) << bad.dump();
+    ASSERT_TRUE(w) << bad.dump();
+    EXPECT_TRUE(w->fingerprint_id.empty()) << bad.dump();
+    EXPECT_TRUE(w->buffers.empty()) << bad.dump();
+    EXPECT_FALSE(w->slots) << bad.dump();
+    EXPECT_TRUE(w->context_created) << bad.dump();
+    EXPECT_FALSE(w->last_context_ms) << bad.dump();
+  }
+}
+
 TEST(WorkerProtocolTest, TokenizeReply) {
   const TokenizeReply r{12, 4096, 256};
   auto back = TokenizeReply::FromJson(r.ToJson());
