@@ -641,6 +641,7 @@ uint16_t Server::port() const {
 }
 
 uint64_t Server::accepted() const { return impl_->shared->accepted.load(); }
+size_t Server::body_bytes_held() const { return impl_->shared->body_bytes.load(); }
 
 void Server::Stop() {
   auto impl = impl_;

@@ -109,6 +109,8 @@ class Server {
   uint16_t port() const;
   // Connections accepted so far (tests tell a reused connection from a new one).
   uint64_t accepted() const;
+  // Body bytes the connections hold now, reserved against max_body_memory_bytes (tests).
+  size_t body_bytes_held() const;
   void Stop();
 
  private:

@@ -154,6 +154,17 @@ test('an error status surfaces as the SDK error class', async () => {
     (e) => e instanceof OpenAI.BadRequestError && /temperature/.test(e.message));
 });
 
+async function waitUntilRunning(id) {
+  let state;
+  for (let i = 0; i < 400; i++) {
+    const r = await fetch(`${base}/v1/requests/${id}`);
+    state = r.status === 200 ? (await r.json()).state : undefined;
+    if (state === 'running' || (state !== undefined && state !== 'queued')) break;
+    await sleep(25);
+  }
+  return state;
+}
+
 async function waitState(id) {
   let state;
   for (let i = 0; i < 200; i++) {
@@ -169,7 +180,9 @@ test('an AbortController abort shows up as a cancelled request', async () => {
   // Non-streaming: the SDK rejects with its abort error.
   const controller = new AbortController();
   const pending = client.chat.completions.create(long, { signal: controller.signal, headers: { 'X-Request-Id': 'sdk-abort-1' } });
-  await sleep(150);
+  pending.catch(() => {});  // (awaited below; not an unhandled rejection meanwhile)
+  // Aborted once it runs (a fixed pause could abort it before it was sent).
+  assert.equal(await waitUntilRunning('sdk-abort-1'), 'running');
   controller.abort();
   await assert.rejects(pending, (e) => e instanceof OpenAI.APIUserAbortError);
   assert.equal(await waitState('sdk-abort-1'), 'cancelled');

@@ -291,7 +291,8 @@ class TightServer : public ServerFixture {
 TEST_F(TightServer, ConnectionsBeyondTheCapAre503AndClosed) {
   auto a = std::make_unique<RawPeer>(server_->port());
   auto b = std::make_unique<RawPeer>(server_->port());
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // both sessions accepted
+  for (int i = 0; i < 1000 && server_->accepted() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(server_->accepted(), 2u);  // both sessions accepted
   RawPeer c(server_->port());
   const std::string got = c.ReadAll();
   EXPECT_NE(got.find("503"), std::string::npos) << got;
@@ -310,7 +311,8 @@ TEST_F(TightServer, ConnectionsBeyondTheCapAre503AndClosed) {
 TEST_F(TightServer, BodiesBeyondTheMemoryBudgetAre503UntilOneCompletes) {
   RawPeer slow(server_->port());
   slow.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + std::string(10, 'a'));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its 1000 bytes are reserved
+  for (int i = 0; i < 1000 && server_->body_bytes_held() < 1000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(server_->body_bytes_held(), 1000u);  // its 1000 bytes are reserved
   auto r = Fetch("127.0.0.1", server_->port(), "POST", "/echo", std::string(1000, 'b'));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->status, 503);
