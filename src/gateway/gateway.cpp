@@ -52,15 +52,32 @@ Gateway::~Gateway() {
   Shutdown();
 }
 
+std::shared_ptr<Gateway::Live> Gateway::MakeLive(const journal::RequestRecord& rec, int64_t now_ms) const {
+  auto live = std::make_shared<Live>();
+  live->id = rec.id;
+  live->service = rec.service;
+  live->client = rec.client;
+  live->endpoint = rec.endpoint;
+  live->stream = rec.stream;
+  live->created_ms = now_ms;
+  if (config_.FindExternal(rec.service)) live->upstream_control = std::make_shared<upstream::StreamControl>();
+  live->Enter(LivePhase::kQueued, clock_.NowMs());
+  return live;
+}
+
 void Gateway::Start(boost::asio::any_io_executor io, std::vector<journal::RequestRecord> recovered) {
   io_ = std::move(io);
+  // The previous runs' last events, oldest kept first (read once, here).
+  if (auto ev = journal_.RecentEvents(static_cast<int>(kRecentEvents)); ev.ok()) {
+    for (auto e = ev->rbegin(); e != ev->rend(); ++e) {
+      json d = json::parse(e->detail, nullptr, false);
+      KeepEvent(d.is_object() ? std::move(d) : json::object(), e->at_ms);
+    }
+  }
   StartEvents();  // before the first transition: the journal tells the incident log
   for (auto& rec : recovered) {
-    auto live = std::make_shared<Live>();
-    live->id = rec.id;
-    live->service = rec.service;
-    live->client = rec.client;
-    if (config_.FindExternal(rec.service)) live->upstream_control = std::make_shared<upstream::StreamControl>();
+    auto live = MakeLive(rec, rec.created_ms);
+    live->Attempting(rec.placement, rec.attempts);
     {
       std::lock_guard<std::mutex> lk(mu_);
       live_[live->id] = live;
@@ -366,13 +383,8 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
   // finds it (DELETE /v1/requests/{id} reads the journal, then looks here).
   // An id some request here already uses is not taken over: its Accept is
   // refused below.
-  auto live = std::make_shared<Live>();
-  live->id = in->rec.id;
-  live->service = in->rec.service;
-  live->client = in->rec.client;
+  auto live = MakeLive(in->rec, in->started_ms);
   live->queue_slot = std::move(in->queue_slot);
-  if (config_.FindExternal(in->rec.service)) live->upstream_control = std::make_shared<upstream::StreamControl>();
-  live->Enter(LivePhase::kQueued, clock_.NowMs());
   if (in->timeout_ms) live->deadline_ms = in->started_ms + in->timeout_ms;
   bool registered = false;
   {
@@ -403,7 +415,16 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
     in->rec.created_ms = in->rec.updated_ms = clock_.NowMs();
     accepted = journal::AcceptResult{journal::AcceptOutcome::kNew, std::move(in->rec)};  // (its last use)
   } else {
-    accepted = co_await Blocking([&] { return journal_.Accept(std::move(in->rec)); });  // (its last use)
+    // Awaited, not run on the blocking pool: a keyed request holds no
+    // thread while its transaction waits for the disk.
+    auto result = std::make_shared<StatusOr<journal::AcceptResult>>(Status::Internal("not accepted"));
+    (void)co_await Journaled([&](auto done) {
+      journal_.AcceptAsync(std::move(in->rec), [result, done](StatusOr<journal::AcceptResult> r) {  // (its last use)
+        *result = std::move(r);
+        done(Status::Ok());
+      });
+    });
+    accepted = std::move(*result);
   }
   if (!accepted.ok()) co_return in->ex->Respond(ErrorResponse(accepted.status(), v));
   const auto& old = accepted->existing;

@@ -145,6 +145,9 @@ class Gateway {
   bool OutsideWindow(const config::ResidencyConfig& r, std::string* why, int* opens_in_s = nullptr) const;
   // A residency decision: printed, kept for /v1/status, journaled as an event.
   void NoteResidency(const std::string& kind, const std::string& service, nlohmann::json detail);
+  // Keeps an event for /v1/status (the last kRecentEvents).
+  void KeepEvent(nlohmann::json detail, int64_t at_ms);
+  static constexpr size_t kRecentEvents = 50;
   // A request for `service` begins (request rates for eviction costs; interactive idleness for windows).
   void CountRequest(const std::string& service);
   double RequestsPerMinute(const std::string& service) const;
@@ -245,6 +248,8 @@ class Gateway {
   // GET / DELETE /v1/requests/{id}: another client's request is a 404.
   void HandleRequestQuery(const std::string& id, bool cancel, const Caller& caller, std::shared_ptr<http::Exchange> ex,
                           unsigned v);
+  // A live request's state for `rec` (received at `now_ms`), not yet registered.
+  std::shared_ptr<Live> MakeLive(const journal::RequestRecord& rec, int64_t now_ms) const;
   void Cancel(const std::shared_ptr<Live>& live);
   // The request running here under `id`, when `caller` may see it (null otherwise).
   std::shared_ptr<Live> LiveFor(const std::string& id, const Caller& caller);
@@ -307,6 +312,9 @@ class Gateway {
   std::map<std::string, std::deque<int64_t>> request_times_;  // by service, the last 10 minutes
   std::atomic<int64_t> last_interactive_ms_{0};
   std::map<std::string, int64_t> keep_alive_until_ms_;  // an Ollama request's keep_alive, by service
+  // The last residency events, newest first, as the journal holds them (read
+  // once at Start, then kept here): /v1/status never waits for the journal.
+  std::deque<nlohmann::json> recent_events_;
   IncidentLog incidents_;
   mutable models::SummaryCache model_summaries_;  // the services' model files, for /api/tags and /api/ps
   RequestIncidents request_incidents_;

@@ -207,7 +207,7 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     }
     if (served.waited_ms == 0) served.waited_ms = clock_.NowMs() - t0;
     live->Enter(LivePhase::kRunning, clock_.NowMs());
-    ++attempts;
+    live->Attempting(svc->name, ++attempts);
     served.attempts = attempts;
     if (Status st = co_await Journaled([&](auto done) { journal_.StartAttemptAsync(rec.id, svc->name, "", done); });
         !st.ok()) {

@@ -80,9 +80,15 @@ inline const char* LivePhaseName(LivePhase p) {
 
 // In-memory handle on an accepted request: its phase, for cancellation.
 struct Gateway::Live {
+  // What the request is, as the journal has it (or will): set before it is
+  // registered, never changed. /v1/status and /v1/requests list live
+  // requests from here, never from the journal (which a stalled disk holds).
   std::string id;
   std::string service;
   std::string client;       // who sent it (who may cancel it before its first row)
+  std::string endpoint;
+  bool stream = false;
+  int64_t created_ms = 0;
   int64_t deadline_ms = 0;  // 0: none (X-Request-Timeout)
   std::atomic<bool> cancelled{false};
   std::atomic<uint16_t> worker_port{0};
@@ -115,12 +121,24 @@ struct Gateway::Live {
     std::lock_guard<std::mutex> lk(wait_mu);
     return line_waiter;
   }
+  // Its attempts so far, and where the last one runs (or ran).
+  void Attempting(const std::string& on, int n) {
+    std::lock_guard<std::mutex> lk(wait_mu);
+    placement = on;
+    attempts = n;
+  }
+  std::pair<std::string, int> AttemptState() const {
+    std::lock_guard<std::mutex> lk(wait_mu);
+    return {placement, attempts};
+  }
 
  private:
   mutable std::mutex wait_mu;
   std::string wait_note;
   double wait_est_s = 0;
   std::shared_ptr<void> line_waiter;
+  std::string placement;
+  int attempts = 0;
 };
 
 // A request as parsed on the connection strand, before the journal.

@@ -119,11 +119,19 @@ Gateway::Hold Gateway::HeldBack(const config::ServiceConfig& svc, size_t k, std:
   return Hold::kNone;
 }
 
+void Gateway::KeepEvent(json detail, int64_t at_ms) {
+  detail["at_ms"] = at_ms;
+  std::lock_guard<std::mutex> lk(residency_mu_);
+  recent_events_.push_front(std::move(detail));
+  if (recent_events_.size() > kRecentEvents) recent_events_.pop_back();
+}
+
 void Gateway::NoteResidency(const std::string& kind, const std::string& service, json detail) {
   detail["kind"] = kind;
   detail["service"] = service;
   std::printf("spillway: residency: %s %s: %s\n", kind.c_str(), service.c_str(), detail.value("reason", "").c_str());
   std::fflush(stdout);
+  KeepEvent(detail, clock_.NowMs());
   // Queued: the journal's thread commits it (a switch never waits on an fsync).
   journal_.RecordEventAsync(kind, service, detail.dump(-1, ' ', false, json::error_handler_t::replace), [](Status st) {
     if (!st.ok()) std::fprintf(stderr, "spillway: journal event failed: %s\n", st.ToString().c_str());
@@ -373,13 +381,9 @@ json Gateway::ResidencyJson() {
     if (e.Started()) add(e.name, ExternalKey(e), e.residency, e.device != "cpu");
   }
   json events = json::array();
-  if (auto ev = journal_.RecentEvents(50); ev.ok()) {
-    for (const auto& e : *ev) {
-      json d = json::parse(e.detail, nullptr, false);
-      if (!d.is_object()) d = json::object();
-      d["at_ms"] = e.at_ms;
-      events.push_back(d);
-    }
+  {
+    std::lock_guard<std::mutex> lk(residency_mu_);
+    for (const auto& e : recent_events_) events.push_back(e);
   }
   return {{"services", services}, {"events", events}};
 }

@@ -59,37 +59,35 @@ StatusOr<devices::DeviceTelemetry*> internal::Telemetry(const std::string& devic
 }
 
 json Gateway::LiveRequestsJson() {
-  struct Row {
-    std::string id, service, phase;
-    int64_t phase_since_ms;
-    std::pair<std::string, double> wait;  // why it waits, and the estimated wait (admission's)
-  };
-  std::vector<Row> rows;
+  // From the live requests' own state: no journal read (each was a query,
+  // and a flush of the rows waiting for company, per request listed).
+  std::vector<std::shared_ptr<Live>> rows;
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (const auto& [id, live] : live_) {
       if (rows.size() >= kMaxListedRequests) break;
-      rows.push_back({id, live->service, LivePhaseName(live->phase.load()), live->phase_since_ms.load(), live->WaitState()});
+      rows.push_back(live);
     }
   }
   const int64_t now = clock_.NowMs();
   json list = json::array();
-  for (const auto& r : rows) {
-    if (r.phase == "terminal") continue;
-    json j = {{"id", r.id}, {"service", r.service}, {"phase", r.phase}, {"phase_age_ms", now - r.phase_since_ms}};
-    if (r.phase == "queued" && !r.wait.first.empty()) {
-      j["reason"] = r.wait.first;
-      j["estimated_wait_s"] = r.wait.second;
+  for (const auto& live : rows) {
+    const std::string phase = LivePhaseName(live->phase.load());
+    if (phase == "terminal") continue;
+    json j = {{"id", live->id}, {"service", live->service}, {"phase", phase},
+              {"phase_age_ms", now - live->phase_since_ms.load()}};
+    if (const auto [why, est_s] = live->WaitState(); phase == "queued" && !why.empty()) {
+      j["reason"] = why;
+      j["estimated_wait_s"] = est_s;
     }
-    if (auto rec = journal_.Get(r.id); rec.ok()) {
-      j["endpoint"] = rec->endpoint;
-      j["stream"] = rec->stream;
-      j["placement"] = rec->placement;
-      j["attempts"] = rec->attempts;
-      j["age_ms"] = now - rec->created_ms;
-      j["created_ms"] = rec->created_ms;
-      j["_client"] = rec->client;  // for the caller's view only (see ViewFor)
-    }
+    const auto [placement, attempts] = live->AttemptState();
+    j["endpoint"] = live->endpoint;
+    j["stream"] = live->stream;
+    j["placement"] = placement;
+    j["attempts"] = attempts;
+    j["age_ms"] = now - live->created_ms;
+    j["created_ms"] = live->created_ms;
+    j["_client"] = live->client;  // for the caller's view only (see ViewFor)
     list.push_back(j);
   }
   // Oldest first; a waiting request's position in its service's line.

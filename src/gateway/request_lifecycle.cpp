@@ -302,7 +302,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
       if (const Status st = co_await commit->Wait(); !st.ok()) co_return co_await CommitRefused(st);
       commit.reset();
     }
-    if (!same_attempt) ++attempts_;
+    if (!same_attempt) live_->Attempting(placement_, ++attempts_);
     if (attempts_ > 1 && MutationActive("fallback-drop-seed")) {  // deliberate bug, for tests only
       json b = json::parse(target_.body, nullptr, false);
       if (b.is_object()) b.erase("seed");

@@ -147,6 +147,12 @@ StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& path, Journa
   std::unique_ptr<Journal> j(new Journal(db, std::move(opts), clock));
   SPILLWAY_RETURN_IF_ERROR(j->Exec("PRAGMA journal_mode=WAL;"));
   SPILLWAY_RETURN_IF_ERROR(j->Exec(sync_sql));
+  {
+    Stmt mode(*j->stmts_, "PRAGMA synchronous;");
+    static const char* const kModes[] = {"off", "normal", "full", "extra"};
+    const int64_t m = mode.Step() == SQLITE_ROW ? mode.Int(0) : -1;
+    if (m >= 0 && m < 4) j->synchronous_mode_ = kModes[m];
+  }
   SPILLWAY_RETURN_IF_ERROR(j->Exec(kSchema));
   // Journals written before decisions were recorded lack the column.
   (void)j->Exec("ALTER TABLE requests ADD COLUMN decision TEXT NOT NULL DEFAULT '';");
@@ -176,19 +182,6 @@ StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& path, Journa
   // written (and synced) here, not within a request's commit.
   (void)j->Probe();
   return j;
-}
-
-std::string Journal::synchronous_mode() {
-  std::lock_guard<std::mutex> lk(db_mu_);
-  Stmt s(*stmts_, "PRAGMA synchronous;");
-  if (s.Step() != SQLITE_ROW) return "unknown";
-  switch (s.Int(0)) {
-    case 0: return "off";
-    case 1: return "normal";
-    case 2: return "full";
-    case 3: return "extra";
-  }
-  return "unknown";
 }
 
 StatusOr<std::vector<RequestRecord>> Journal::Recover() {

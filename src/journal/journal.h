@@ -252,7 +252,8 @@ class Journal {
   };
   // The newest `limit` events, newest first.
   StatusOr<std::vector<Event>> RecentEvents(int limit);
-  std::string synchronous_mode();
+  // As SQLite reported it at Open (no read of the connection: never waits for a commit).
+  const std::string& synchronous_mode() const { return synchronous_mode_; }
   int64_t CountByState(State s);
 
   // Ok, or Unavailable with why the journal cannot write and a retry-after.
@@ -358,6 +359,7 @@ class Journal {
   bool writable_ = true;
   std::string unwritable_reason_;
   int64_t retry_at_ms_ = 0;
+  std::string synchronous_mode_ = "unknown";
   std::function<void(const Transition&)> observer_;
   void Tell(Transition t) const {
     if (observer_) observer_(t);

@@ -491,6 +491,32 @@ TEST_F(LifecycleTest, ACancelBeforeTheFirstRowIsDurableStillCancels) {
   EXPECT_EQ(unknown->status(), 404u);
 }
 
+// A disk that stalls a commit (here a keyed request's Accept, a transaction
+// whose fsync hangs) holds the journal's connection: /v1/status and
+// /v1/requests still answer, listing the request from its live state. They
+// read the journal per live request, and the residency events, and hung.
+TEST_F(LifecycleTest, TheStatusAnswersWhileTheJournalsDiskStalls) {
+  faults_->BlockSyncs();
+  auto ex = Complete("r-keyed", false, {{"Idempotency-Key", "k-stall"}});
+  const bool held = faults_->WaitForHeldSyncs(1, std::chrono::seconds(10));
+  auto status = Send("/v1/status", "", "GET");
+  auto list = Send("/v1/requests", "", "GET");
+  const bool status_answered = status->Wait(std::chrono::seconds(3));
+  const bool list_answered = list->Wait(std::chrono::seconds(3));
+  faults_->Unblock();  // before any assertion can end the test
+  ASSERT_TRUE(held);
+  ASSERT_TRUE(status_answered) << "/v1/status waited for the stalled disk";
+  ASSERT_TRUE(list_answered) << "/v1/requests waited for the stalled disk";
+  EXPECT_EQ(status->status(), 200u) << status->body();
+  const json listed = json::parse(list->body());
+  ASSERT_EQ(listed["data"].size(), 1u) << list->body();
+  EXPECT_EQ(listed["data"][0]["id"], "r-keyed");
+  EXPECT_EQ(listed["data"][0]["endpoint"], "completion");
+  EXPECT_EQ(listed["data"][0]["stream"], false);
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+}
+
 TEST_F(LifecycleTest, AClientThatGoesAwayCancelsItsRequest) {
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
   auto ex = Complete("r-gone-client", true);
