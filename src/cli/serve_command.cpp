@@ -255,7 +255,10 @@ int Serve(const ServeArgs& a) {
       // An exclusive device (one service at a time) unloads the others even when there would be room, and
       // whatever the estimate (none: 0 bytes).
       const bool exclusive = !a.device.empty() && cfg.Device(a.device).exclusive;
-      if ((!a.admitted && a.predicted_bytes > 0) || exclusive) {
+      // The device's own view too (RoomFor): it counts what a resident still
+      // loading will take, external servers included, which AdmitPlacement
+      // (llama placements only) does not see.
+      if (a.predicted_bytes > 0 || exclusive) {
         // Not enough memory now: maybe another service can give room (residency, priorities).
         if (Status room = gw.RoomFor(key, a.predicted_bytes, starting); !room.ok()) return room;
         if (!a.admitted) a = gateway::AdmitPlacement(&calibration, cfg, key, starting);  // room there now: judged again

@@ -111,6 +111,10 @@ class Gateway {
   void RoomGranted(const std::string& key);
   // What an external server holds on its device: measured once seen, else declared.
   uint64_t ExternalResidentBytes(const config::ExternalConfig& e) const;
+  // What the worker or external server under `key` is expected to hold on
+  // its device once loaded (its admission's prediction; an external
+  // server's measured or declared resident bytes).
+  uint64_t ExpectedBytes(const std::string& key) const;
   // After the I/O threads have stopped, before the I/O context is destroyed:
   // finishes blocking work and drops what holds I/O objects.
   void Shutdown();

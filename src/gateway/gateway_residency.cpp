@@ -138,6 +138,16 @@ void Gateway::NoteResidency(const std::string& kind, const std::string& service,
   });
 }
 
+uint64_t Gateway::ExpectedBytes(const std::string& key) const {
+  for (const auto& s : config_.services) {
+    for (size_t k = 0; k < s.placements.size(); ++k) {
+      if (WorkerKey(s, k) == key) return board_.placement(s.name, k).admission.predicted_bytes;
+    }
+  }
+  if (const auto* e = ExternalOfKey(config_, key)) return ExternalResidentBytes(*e);
+  return 0;
+}
+
 Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<std::string>& starting) {
   // Who is asking: an accelerator placement or an external server.
   std::string device, service;
@@ -164,7 +174,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
   if (!reading.ok()) return Status::Ok();
   const auto dc = config_.Device(device);
   const uint64_t headroom = HeadroomOf(dc).For(reading->total);
-  const uint64_t available = reading->free > headroom ? reading->free - headroom : 0;
+  uint64_t available = reading->free > headroom ? reading->free - headroom : 0;
   // What each service holds on the device now (its processes' bytes there).
   const auto workers = supervisor_.Snapshot();
   const int64_t now = clock_.NowMs();
@@ -242,6 +252,16 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
       ++it;
     }
   }
+  // A resident still loading holds part of what it will: the rest of its
+  // expected bytes is not free, or a start beside it (an external server's,
+  // which only this gate judges) could count on the same memory.
+  uint64_t upcoming = 0;
+  for (const auto& r : residents) {
+    if (!r.starting || r.key == key) continue;
+    const uint64_t expected = ExpectedBytes(r.key);
+    if (expected > r.bytes) upcoming += expected - r.bytes;
+  }
+  available = available > upcoming ? available - upcoming : 0;
   const admission::EvictionPlan plan = admission::PlanEviction(need, available, priority, key, residents, dc.exclusive);
   if (!plan.fits && !plan.wait) {
     std::lock_guard<std::mutex> lk(residency_mu_);

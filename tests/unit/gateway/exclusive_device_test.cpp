@@ -1,9 +1,10 @@
-// An exclusive device (llama-swap's one service at a time) through the
-// gateway's start gate (Gateway::RoomFor): loads wait for one still loading,
-// take turns in the order they asked, count a start the gate let through
-// that has no process yet, and do not wait for ever on a load that hangs.
-// A real Gateway and Journal, fake workers, a stepped clock, a simulated
-// device's ledger.
+// The gateway's start gate (Gateway::RoomFor) on a simulated device. An
+// exclusive device (llama-swap's one service at a time): loads wait for one
+// still loading, take turns in the order they asked, count a start the gate
+// let through that has no process yet, and do not wait for ever on a load
+// that hangs. A shared device: what a resident still loading will take is
+// not free. A real Gateway and Journal, fake workers, a stepped clock, a
+// simulated device's ledger.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include "devices/sim_ledger.h"
 #include "fake_workers.h"
 #include "gateway/gateway.h"
+#include "gateway/placement_admission.h"
 #include "journal/journal.h"
 #include "scoped_sim_dir.h"
 
@@ -59,19 +61,21 @@ upstream::WorkerView View(const std::string& key, upstream::WorkerState state, p
 
 class ExclusiveDeviceTest : public ::testing::Test {
  protected:
+  virtual const char* Config() const { return kConfig; }
+  virtual std::map<std::string, PlacementAdmission> Admissions() const { return {}; }
   void SetUp() override {
     dir_ = std::filesystem::temp_directory_path() / ("spillway-exclusive-" + std::to_string(::getpid()));
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     ASSERT_TRUE(devices::SimLedger::Create(0, 1ull << 30).ok());
-    auto cfg = config::ParseConfig(kConfig, "exclusive.toml");
+    auto cfg = config::ParseConfig(Config(), "start-gate.toml");
     ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
     config_ = *cfg;
     auto j = journal::Journal::Open((dir_ / "journal.db").string(), {}, clock_);
     ASSERT_TRUE(j.ok()) << j.status().ToString();
     journal_ = std::move(*j);
     for (const char* k : {"a.0", "b.0", "c.0"}) workers_.SetOnDemand(k);
-    gateway_ = std::make_unique<Gateway>(config_, *journal_, workers_, clock_);
+    gateway_ = std::make_unique<Gateway>(config_, *journal_, workers_, clock_, Admissions());
   }
   void TearDown() override {
     gateway_->Shutdown();
@@ -122,6 +126,52 @@ TEST_F(ExclusiveDeviceTest, ALoadThatHangsDoesNotHoldTheDeviceForEver) {
   clock_.Advance(admission::kExclusiveStartWaitMs);
   const Status st = Room("a.0");
   EXPECT_NE(st.code(), StatusCode::kUnavailable) << "still waiting on a load that never ends: " << st.ToString();
+}
+
+// A 1 GiB device shared by a pinned chat model that predicts 800 MiB and an
+// external server of 400 MiB.
+constexpr const char* kSharedConfig = R"(
+[[device]]
+name = "sim:0"
+headroom_mib = 0
+headroom_pct = 0
+[[service]]
+name = "big"
+model = "/nonexistent/big.gguf"
+residency = "pinned"
+[[service.placement]]
+device = "sim:0"
+[[service]]
+name = "ext"
+kind = "external"
+command = "server --port ${PORT}"
+routes = { "/v1/rerank" = "/v1/rerank" }
+device = "sim:0"
+resident_mib = 400
+residency = "on_demand"
+)";
+
+class SharedDeviceStartTest : public ExclusiveDeviceTest {
+ protected:
+  const char* Config() const override { return kSharedConfig; }
+  std::map<std::string, PlacementAdmission> Admissions() const override {
+    return {{"big.0", PlacementAdmission{true, "sim:0", 800ull << 20, 0, ""}}};
+  }
+};
+
+// The chat model is loading and holds nothing on the device yet: an
+// external server's start beside it must not count on the memory the model
+// is about to take (it did: the gate read only what the device showed free).
+TEST_F(SharedDeviceStartTest, AResidentStillLoadingKeepsWhatItWillTake) {
+  workers_.SetView(View("big.0", upstream::WorkerState::kStarting, ::getpid(), clock_.NowMs()));
+  const Status loading = gateway_->RoomFor("ext.ext", 400ull << 20);
+  EXPECT_EQ(loading.code(), StatusCode::kResourceExhausted) << loading.ToString();
+  // Loaded (ready, not starting): what it holds is what the device shows; here nothing, so there is room.
+  workers_.SetView(View("big.0", upstream::WorkerState::kReady, ::getpid(), clock_.NowMs()));
+  EXPECT_TRUE(gateway_->RoomFor("ext.ext", 400ull << 20).ok());
+  // A start the gate let through without a process yet counts too.
+  workers_.SetView(View("big.0", upstream::WorkerState::kBackoff, 0, 0));
+  EXPECT_EQ(gateway_->RoomFor("ext.ext", 400ull << 20, {"big.0"}).code(), StatusCode::kResourceExhausted);
 }
 
 }  // namespace
