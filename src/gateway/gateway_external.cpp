@@ -247,8 +247,16 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     };
     auto paused = [&] { return reply.unsent_bytes() > kMaxUnsentBytes; };
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(svc->request_timeout_s * 1000));
+    // X-Request-Timeout bounds the whole attempt, a relayed answer included.
+    if (live->deadline_ms) {
+      control->deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(std::max<int64_t>(1, live->deadline_ms - clock_.NowMs()));
+    }
     Status sent = co_await pool_.Stream(*port, "POST", upstream_path, rec.body, headers, on_head, on_data, timeout, paused,
                                         control.get());
+    if (control->expired()) {  // the deadline's, not the server's failure: not suspected, not sent again
+      co_return co_await fail(State::kFailed, Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout"));
+    }
     if (live->cancelled || sent.code() == StatusCode::kCancelled) {
       co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
     }

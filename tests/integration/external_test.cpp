@@ -180,6 +180,23 @@ TEST_F(ExternalTest, CancelClosesTheUpstreamConnectionAndStreamsAreRelayed) {
   EXPECT_EQ(rec["state"], "completed");
 }
 
+// X-Request-Timeout bounds a request at an external service too: the
+// upstream's connection is closed at the deadline and the answer is 504,
+// sent once, the server not suspected (it kept its 20 s answer before).
+TEST_F(ExternalTest, ADeadlineEndsARequestAtTheServerWith504) {
+  auto g = Start(TestConfig(2, FakeService("fake", log_, "idempotent = true\n")));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake","fake_delay_ms":20000})",
+                {{"X-Request-Id", "late-1"}, {"X-Request-Timeout", "1"}});
+  EXPECT_EQ(r.status, 504) << r.body;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s) << "not ended at its deadline";
+  EXPECT_NE(r.body.find("X-Request-Timeout"), std::string::npos) << r.body;
+  EXPECT_EQ(WaitTerminal(g->port(), "late-1")["state"], "failed");
+  EXPECT_EQ(LinesWith(log_, "late-1"), 1) << "an idempotent request past its deadline is not sent again";
+  const auto next = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake"})");
+  EXPECT_EQ(next.status, 200) << next.body;
+}
+
 TEST_F(ExternalTest, EachServiceHasItsOwnLineAndABusyOneStarvesNoOther) {
   auto g = Start(TestConfig(2, FakeService("fake", log_, "concurrency = 1\nmax_queue = 1\n")));
   auto call = [&](const std::string& id) {
