@@ -6,6 +6,11 @@
 // N-token prompt given as token ids with max_tokens 1, and a 1-token prompt
 // with max_tokens M+1 (M decodes), using the worker's own timings, plus the
 // end-to-end HTTP time for reference. Prints the ratios worker / llama-bench.
+//
+// Same settings on both sides: the worker runs without flash attention
+// (its CPU kernels round differently with the batch's shape, and a worker's
+// answers must not depend on what else it decodes: batch invariance), so
+// llama-bench runs with `-fa off` too (its default, auto, turns it on).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -69,7 +74,7 @@ int main(int argc, char** argv) {
   // The peer: llama-bench, run once per round.
   const std::string cmd = llama_bench + " -m " + model + " -p " + std::to_string(n_prompt) + " -n " +
                           std::to_string(n_gen) + " -t " + std::to_string(threads) + " -r " + std::to_string(reps) +
-                          " -ngl " + std::to_string(device == "cpu" ? 0 : gpu_layers) + " -o json 2>/dev/null";
+                          " -ngl " + std::to_string(device == "cpu" ? 0 : gpu_layers) + " -fa off -o json 2>/dev/null";
   auto run_peer = [&](double* pp, double* tg) {
     json lb = json::parse(RunCapture(cmd), nullptr, false);
     *pp = *tg = 0;

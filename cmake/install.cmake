@@ -67,3 +67,5 @@ install(CODE "
   file(INSTALL \"${CMAKE_BINARY_DIR}/packaging/spillway.service\" DESTINATION \"\${CMAKE_INSTALL_PREFIX}/lib/systemd/system\")
 ")
 install(FILES "${CMAKE_SOURCE_DIR}/README.md" DESTINATION share/doc/spillway)
+install(FILES "${CMAKE_SOURCE_DIR}/docs/DESIGN.md" "${CMAKE_SOURCE_DIR}/docs/BENCHMARKS.md"
+              "${CMAKE_SOURCE_DIR}/docs/dashboard-degraded.png" DESTINATION share/doc/spillway/docs)
