@@ -200,6 +200,13 @@ class Gateway {
   void HandleExternal(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& path);
   boost::asio::awaitable<void> RunExternal(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
                                            std::shared_ptr<Live> live, bool unjournaled);
+  // Waits until the request may run at `svc`: a server that is up (started
+  // on demand), its turn in the service's line (*running once taken), room
+  // on the device for its transient peak. The port, or why it ends here:
+  // Cancelled, DeadlineExceeded, or how long it waited for what.
+  boost::asio::awaitable<StatusOr<uint16_t>> AwaitExternalTurn(const journal::RequestRecord& rec,
+                                                               const config::ExternalConfig& svc, Live& live,
+                                                               bool* running);
   // A chat, completion or embedding request whose model names an external service.
   bool RoutesToExternal(const http::Request& req, const std::string& path) const;
   // The port of an external service that can take a request now.

@@ -43,6 +43,60 @@ bool RelayedType(const std::string& type) {
          type.rfind("audio/", 0) == 0;
 }
 
+// One attempt at an external service: the request sent, its answer relayed
+// to the client as it comes (events, lines, audio) or kept whole.
+struct ExternalAnswer {
+  Status sent;  // the transport's outcome
+  int status = 0;
+  std::string type, body;  // body: a kept answer (a relayed one is in the reply's store)
+  bool relayed = false;
+  bool too_large = false;  // past kMaxAnswerBytes: reading stopped
+};
+
+boost::asio::awaitable<ExternalAnswer> SendExternal(upstream::ConnectionPool& pool, const Clock& clock,
+                                                    const journal::RequestRecord& rec, const config::ExternalConfig& svc,
+                                                    uint16_t port, const std::string& path,
+                                                    const std::atomic<bool>& cancelled, int64_t deadline_ms,
+                                                    const std::function<void()>& on_relay, ReplyWriter& reply,
+                                                    const ServedBy& served, upstream::StreamControl& control) {
+  ExternalAnswer a;
+  const http::HeaderList headers = {{"Content-Type", rec.body_type.empty() ? "application/json" : rec.body_type},
+                                    {"X-Request-Id", rec.id}};
+  auto on_head = [&](const http::StreamHead& h) {
+    a.status = h.status;
+    auto t = h.headers.find("content-type");
+    a.type = t == h.headers.end() ? "application/octet-stream" : t->second;
+    a.relayed = RelayedType(a.type) && a.status < 300;
+    if (a.relayed) {
+      on_relay();
+      reply.BeginRelay(a.status, a.type, served);
+    }
+    return true;
+  };
+  auto on_data = [&](std::string_view d) {
+    if (cancelled) return false;
+    if (a.body.size() + d.size() > kMaxAnswerBytes) {
+      a.too_large = true;
+      return false;
+    }
+    if (a.relayed) {
+      reply.Event(std::string(d));
+      return true;
+    }
+    a.body.append(d);
+    return true;
+  };
+  auto paused = [&] { return reply.unsent_bytes() > kMaxUnsentBytes; };
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(svc.request_timeout_s * 1000));
+  // X-Request-Timeout bounds the whole attempt, a relayed answer included.
+  if (deadline_ms) {
+    control.deadline = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(std::max<int64_t>(1, deadline_ms - clock.NowMs()));
+  }
+  a.sent = co_await pool.Stream(port, "POST", path, rec.body, headers, on_head, on_data, timeout, paused, &control);
+  co_return a;
+}
+
 }  // namespace
 
 std::string ExternalKey(const config::ExternalConfig& e) { return e.name + ".ext"; }
@@ -154,8 +208,6 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
   }
   const std::string key = ExternalKey(*svc);
   const std::string upstream_path = svc->UpstreamPath(rec.endpoint);
-  const int64_t start_wait_ms = static_cast<int64_t>(svc->start_timeout_s * 1000) + 5000;
-  auto past_deadline = [&] { return live->deadline_ms && clock_.NowMs() >= live->deadline_ms; };
   ServedBy served;
   served.placement = svc->name;
   served.decision = "external";
@@ -163,47 +215,10 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
   std::string last_failure;
   while (true) {
     // Its turn, a server that is up, and room on its device for the request's transient peak.
-    int64_t waiting_since = clock_.NowMs();
-    std::optional<uint16_t> port;
-    while (true) {
-      if (live->cancelled) co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
-      if (past_deadline()) {
-        co_return co_await fail(State::kFailed, Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout"));
-      }
-      std::string note;
-      port = ExternalPort(*svc);
-      if (port && clock_.NowMs() - waiting_since > kQueueWaitMs) {
-        const std::string waited_for = live->WaitState().first;
-        co_return co_await fail(State::kFailed, Status::ResourceExhausted("waited " + std::to_string(kQueueWaitMs / 1000) +
-                                                                          " s: " + waited_for).WithRetryAfter(5));
-      }
-      if (!port) {
-        supervisor_.Demand(key);  // stopped (on demand, or idle past keep_alive_s): started now
-        note = "service '" + svc->name + "' is starting";
-        if (clock_.NowMs() - waiting_since > start_wait_ms) {
-          std::string why;
-          for (const auto& w : supervisor_.Snapshot()) {
-            if (w.key == key) why = w.last_exit + (w.last_error.empty() ? "" : ": " + w.last_error);
-          }
-          co_return co_await fail(State::kFailed, Status::Unavailable("service '" + svc->name + "' did not start" +
-                                                                      (why.empty() ? "" : " (" + why + ")")).WithRetryAfter(5));
-        }
-      } else if (!running && !external_lines_->TryStart(rec.service, rec.id, clock_.NowMs())) {
-        note = "waiting for service '" + svc->name + "' (position " +
-               std::to_string(external_lines_->Position(rec.service, rec.id)) + ")";
-      } else {
-        running = true;
-        live->queue_slot.reset();
-        // (The device's telemetry is read on the blocking pool: a driver call may be slow.)
-        const Status room = co_await Blocking([this, svc] { return TransientRoom(*svc); });
-        if (!room.ok()) {
-          note = room.message();
-        } else {
-          break;
-        }
-      }
-      live->Waiting(note, 0);
-      co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(port ? 250 : 100));
+    const StatusOr<uint16_t> port = co_await AwaitExternalTurn(rec, *svc, *live, &running);
+    if (!port.ok()) {
+      co_return co_await fail(port.status().code() == StatusCode::kCancelled ? State::kCancelled : State::kFailed,
+                              port.status());
     }
     if (served.waited_ms == 0) served.waited_ms = clock_.NowMs() - t0;
     live->Enter(LivePhase::kRunning, clock_.NowMs());
@@ -216,44 +231,14 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     // One attempt: the answer relayed or buffered.
     control->sent = false;
     control->fresh_connection = !svc->idempotent;
-    http::HeaderList headers = {{"Content-Type", rec.body_type.empty() ? "application/json" : rec.body_type},
-                                {"X-Request-Id", rec.id}};
-    int status = 0;
-    std::string type, body;
-    bool relay = false, too_large = false;
-    auto on_head = [&](const http::StreamHead& h) {
-      status = h.status;
-      auto t = h.headers.find("content-type");
-      type = t == h.headers.end() ? "application/octet-stream" : t->second;
-      relay = RelayedType(type) && status < 300;
-      if (relay) {
-        live->Enter(LivePhase::kStreaming, clock_.NowMs());
-        reply.BeginRelay(status, type, served);
-      }
-      return true;
-    };
-    auto on_data = [&](std::string_view d) {
-      if (live->cancelled) return false;
-      if (body.size() + d.size() > kMaxAnswerBytes) {
-        too_large = true;
-        return false;
-      }
-      if (relay) {
-        reply.Event(std::string(d));
-        return true;
-      }
-      body.append(d);
-      return true;
-    };
-    auto paused = [&] { return reply.unsent_bytes() > kMaxUnsentBytes; };
-    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(svc->request_timeout_s * 1000));
-    // X-Request-Timeout bounds the whole attempt, a relayed answer included.
-    if (live->deadline_ms) {
-      control->deadline = std::chrono::steady_clock::now() +
-                          std::chrono::milliseconds(std::max<int64_t>(1, live->deadline_ms - clock_.NowMs()));
-    }
-    Status sent = co_await pool_.Stream(*port, "POST", upstream_path, rec.body, headers, on_head, on_data, timeout, paused,
-                                        control.get());
+    const std::function<void()> streaming = [&] { live->Enter(LivePhase::kStreaming, clock_.NowMs()); };
+    const ExternalAnswer a = co_await SendExternal(pool_, clock_, rec, *svc, *port, upstream_path, live->cancelled,
+                                                   live->deadline_ms, streaming, reply, served, *control);
+    const Status& sent = a.sent;
+    const int status = a.status;
+    const std::string& type = a.type;
+    const std::string& body = a.body;
+    const bool relay = a.relayed, too_large = a.too_large;
     if (control->expired()) {  // the deadline's, not the server's failure: not suspected, not sent again
       co_return co_await fail(State::kFailed, Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout"));
     }
@@ -296,6 +281,50 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     Logged(co_await Journaled([&](auto done) { journal_.RequeueAsync(rec.id, last_failure, done); }), "requeue");
     live->Enter(LivePhase::kQueued, clock_.NowMs());
     co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(200));  // a health check sees it meanwhile
+  }
+}
+
+boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const journal::RequestRecord& rec,
+                                                                      const config::ExternalConfig& svc, Live& live,
+                                                                      bool* running) {
+  const std::string key = ExternalKey(svc);
+  const int64_t start_wait_ms = static_cast<int64_t>(svc.start_timeout_s * 1000) + 5000;
+  const int64_t waiting_since = clock_.NowMs();
+  while (true) {
+    if (live.cancelled) co_return Status::Cancelled("request cancelled");
+    if (live.deadline_ms && clock_.NowMs() >= live.deadline_ms) {
+      co_return Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
+    }
+    std::string note;
+    const std::optional<uint16_t> port = ExternalPort(svc);
+    if (port && clock_.NowMs() - waiting_since > kQueueWaitMs) {
+      co_return Status::ResourceExhausted("waited " + std::to_string(kQueueWaitMs / 1000) + " s: " + live.WaitState().first)
+          .WithRetryAfter(5);
+    }
+    if (!port) {
+      supervisor_.Demand(key);  // stopped (on demand, or idle past keep_alive_s): started now
+      note = "service '" + svc.name + "' is starting";
+      if (clock_.NowMs() - waiting_since > start_wait_ms) {
+        std::string why;
+        for (const auto& w : supervisor_.Snapshot()) {
+          if (w.key == key) why = w.last_exit + (w.last_error.empty() ? "" : ": " + w.last_error);
+        }
+        co_return Status::Unavailable("service '" + svc.name + "' did not start" + (why.empty() ? "" : " (" + why + ")"))
+            .WithRetryAfter(5);
+      }
+    } else if (!*running && !external_lines_->TryStart(rec.service, rec.id, clock_.NowMs())) {
+      note = "waiting for service '" + svc.name + "' (position " +
+             std::to_string(external_lines_->Position(rec.service, rec.id)) + ")";
+    } else {
+      *running = true;
+      live.queue_slot.reset();
+      // (The device's telemetry is read on the blocking pool: a driver call may be slow.)
+      const Status room = co_await Blocking([this, s = &svc] { return TransientRoom(*s); });
+      if (room.ok()) co_return *port;
+      note = room.message();
+    }
+    live.Waiting(note, 0);
+    co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(port ? 250 : 100));
   }
 }
 
