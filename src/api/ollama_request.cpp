@@ -1,6 +1,7 @@
 #include "api/ollama_request.h"
 
 #include <cctype>
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -261,7 +262,9 @@ Status TranslateEmbed(const json& body, OllamaCall* call) {
 
 }  // namespace
 
-StatusOr<double> ParseKeepAlive(const json& value) {
+namespace {
+
+StatusOr<double> KeepAliveSeconds(const json& value) {
   if (value.is_number()) {
     const double v = value.get<double>();
     if (!std::isfinite(v)) return Bad("keep_alive", "must be a finite number of seconds");
@@ -297,6 +300,16 @@ StatusOr<double> ParseKeepAlive(const json& value) {
     total += n * scale;
   }
   return sign * total;
+}
+
+}  // namespace
+
+StatusOr<double> ParseKeepAlive(const json& value) {
+  auto k = KeepAliveSeconds(value);
+  if (!k.ok()) return k;
+  // Past about 31 years it is "for ever" (and the gateway's millisecond
+  // clock arithmetic stays far from overflowing).
+  return std::clamp(*k, -kMaxKeepAliveS, kMaxKeepAliveS);
 }
 
 StatusOr<OllamaCall> TranslateOllamaRequest(OllamaRoute route, const json& body) {

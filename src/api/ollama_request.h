@@ -49,7 +49,8 @@ StatusOr<OllamaCall> TranslateOllamaRequest(OllamaRoute route, const nlohmann::j
 
 // keep_alive: a number of seconds, or a Go duration string ("5m", "1h30m",
 // "300ms", "-1"); negative means forever, 0 unload when idle.
-StatusOr<double> ParseKeepAlive(const nlohmann::json& value);
+StatusOr<double> ParseKeepAlive(const nlohmann::json& value);  // clamped to +-kMaxKeepAliveS
+inline constexpr double kMaxKeepAliveS = 1e9;
 
 // An error of the OpenAI parser, with the fields the translation renamed
 // spelled as the client sent them.

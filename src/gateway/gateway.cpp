@@ -29,6 +29,13 @@
 
 namespace spillway::gateway {
 
+namespace {
+
+// A deadline of `secs` (in (0, 86400]) in whole milliseconds, rounded up:
+// a tiny one is 1 ms, never 0 (which means none).
+int64_t TimeoutMs(double secs) { return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(secs * 1000))); }
+
+}  // namespace
 
 Gateway::Gateway(const config::GatewayConfig& config, journal::Journal& journal, upstream::Workers& supervisor,
                  const Clock& clock, std::map<std::string, PlacementAdmission> admissions)
@@ -266,7 +273,7 @@ Status Gateway::Intake(const http::Request& req, Incoming& in) {
     if (text.empty() || *end || !(secs > 0) || secs > 86400) {
       return Status::InvalidArgument("X-Request-Timeout must be seconds in (0, 86400]");
     }
-    in.timeout_ms = static_cast<int64_t>(secs * 1000);
+    in.timeout_ms = TimeoutMs(secs);
   }
   return Status::Ok();
 }
@@ -340,7 +347,7 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
     if (!f->is_number() || !(f->get<double>() > 0) || f->get<double>() > 86400) {
       return fail(Status::InvalidArgument("spillway_timeout_s must be seconds in (0, 86400]"));
     }
-    const auto ms = static_cast<int64_t>(f->get<double>() * 1000);
+    const int64_t ms = TimeoutMs(f->get<double>());
     in->timeout_ms = in->timeout_ms ? std::min(in->timeout_ms, ms) : ms;
   }
   in->ex = ex;

@@ -63,6 +63,11 @@ const PlacementBoard::Placement& PlacementBoard::placement(const std::string& se
   return *placements_.at(service).at(index);
 }
 
+bool PlacementBoard::Allows(const std::string& service, size_t index) {
+  std::lock_guard<std::mutex> lk(mu_);
+  return BreakersAllow(*placements_.at(service).at(index));
+}
+
 bool PlacementBoard::BreakersAllow(Placement& st) {
   auto it = device_breakers_.find(st.cfg.device);
   const bool device_ok = it == device_breakers_.end() || it->second.Usable();

@@ -122,6 +122,8 @@ class PlacementBoard {
   bool ReleaseIfIdle(const std::string& key, const std::function<int64_t(const std::string& service)>& idle_ms,
                      const std::function<void()>& release);
 
+  // Whether placement `index`'s breaker and its device's allow traffic now.
+  bool Allows(const std::string& service, size_t index);
   // Read-only access to a placement's start-up decision and readiness (never change after construction).
   const Placement& placement(const std::string& service, size_t index) const;
   // Runs `f` under the board's lock.

@@ -212,9 +212,18 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
     }
     all_busy = false;
     RefreshHeld();
+    // Placements whose breaker (or device's) is open take nothing; those
+    // that failed this request already are skipped while another may take
+    // it (as the decision's views do, placement_board.h).
+    std::vector<bool> usable(states_.size());
+    bool others = false;
+    for (size_t i = 0; i < states_.size(); ++i) {
+      usable[i] = states_[i]->admission.admitted && !held_[i] && g_.board_.Allows(svc_.name, i);
+      others |= usable[i] && !(i < excluded_.size() && excluded_[i]);
+    }
     bool loading = false;  // the first placement that may serve loads on demand: waited for, not skipped
     for (size_t i = 0; i < states_.size(); ++i) {
-      if (!states_[i]->admission.admitted || held_[i]) continue;
+      if (!usable[i] || (others && i < excluded_.size() && excluded_[i])) continue;
       const auto ready = g_.supervisor_.ReadyPort(states_[i]->key);
       if (!ready && g_.supervisor_.OnDemand(states_[i]->key) && g_.clock_.NowMs() - t0_ < g_.StartWaitMs(svc_)) {
         loading = true;

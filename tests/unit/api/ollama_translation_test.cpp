@@ -179,6 +179,10 @@ TEST(OllamaRequestTest, KeepAliveIsSecondsOrAGoDuration) {
   EXPECT_EQ(*ParseKeepAlive(json("-1")), -1);
   EXPECT_EQ(*ParseKeepAlive(json("-1m")), -60);
   EXPECT_EQ(*ParseKeepAlive(json("0")), 0);
+  // Huge values are "for ever", not an overflow of the gateway's clock arithmetic.
+  EXPECT_EQ(*ParseKeepAlive(json(1e300)), kMaxKeepAliveS);
+  EXPECT_EQ(*ParseKeepAlive(json(-1e300)), -kMaxKeepAliveS);
+  EXPECT_EQ(*ParseKeepAlive(json("99999999999999h")), kMaxKeepAliveS);
   EXPECT_FALSE(ParseKeepAlive(json("m")).ok());
   EXPECT_FALSE(ParseKeepAlive(json("5y")).ok());
   EXPECT_FALSE(ParseKeepAlive(json(true)).ok());

@@ -354,6 +354,22 @@ TEST_F(LifecycleTest, AnAllocationFailureIsReplayedOnTheFallbackWithTheSameIdAnd
   EXPECT_NE((*attempts)[0].error.find("kv"), std::string::npos);
 }
 
+// An embedding takes the simple admission path (no KV to choose by): an
+// allocation failure on the primary moves it to the fallback too. It was
+// sent to the primary again each time (the path read neither the placements
+// that failed it nor the breakers) and failed after three tries.
+TEST_F(LifecycleTest, AnEmbeddingThatFailsOnThePrimaryIsServedByTheFallback) {
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    Refuse(ex, Status::ResourceExhausted("compute buffer alloc failed").WithPhase(FailurePhase::kCompute));
+  };
+  auto ex = Send("/v1/embeddings", json{{"model", "chat"}, {"input", "hello"}}.dump(), "POST", {{"X-Request-Id", "r-emb"}});
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+  EXPECT_EQ(primary_.calls(), 1u);
+  EXPECT_EQ(fallback_.calls(), 1u);
+  EXPECT_EQ(Journaled("r-emb").state, journal::State::kCompleted);
+}
+
 TEST_F(LifecycleTest, AStreamCutMidwayIsContinuedElsewhereAsOneStream) {
   primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
     ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
@@ -422,6 +438,15 @@ TEST_F(LifecycleTest, ARunningRequestEndsAtItsDeadline) {
   EXPECT_NE(Journaled("r-slow").error.find("X-Request-Timeout"), std::string::npos);
   EXPECT_EQ(fallback_.calls(), 0u);
   EXPECT_TRUE(workers_.suspected().empty());
+}
+
+// A deadline under a millisecond is one, not none (it was truncated to 0,
+// which means no deadline: the request waited for its held answer).
+TEST_F(LifecycleTest, ATinyDeadlineIsOneMillisecondNotNone) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  auto ex = Complete("r-tiny", false, {{"X-Request-Timeout", "0.0004"}});
+  ASSERT_TRUE(ex->Wait(std::chrono::seconds(5)));
+  EXPECT_EQ(ex->status(), 504u) << ex->body();
 }
 
 // ... and a stream: it was relayed until the worker's last token, whatever
