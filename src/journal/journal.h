@@ -252,6 +252,8 @@ class Journal {
   };
   // The newest `limit` events, newest first.
   StatusOr<std::vector<Event>> RecentEvents(int limit);
+  // How long a journal that cannot write waits before it tries again.
+  int64_t unwritable_retry_ms() const { return opts_.unwritable_retry_ms; }
   // As SQLite reported it at Open (no read of the connection: never waits for a commit).
   const std::string& synchronous_mode() const { return synchronous_mode_; }
   int64_t CountByState(State s);

@@ -516,6 +516,47 @@ TEST_F(LifecycleTest, ACancelBeforeTheFirstRowIsDurableStillCancels) {
   EXPECT_EQ(unknown->status(), 404u);
 }
 
+// The disk fills while a request runs: its end cannot be recorded, so its
+// answer is withheld (503; it was sent, though a crash could have lost
+// it), and the end is recorded as that 503 once the disk has room again
+// (the row said running for ever, and a keyed retry heard "in flight").
+// Both ways a request is first journaled: a client's id (a transaction
+// before it runs) and the gateway's (a log record that waits for its end's
+// sync, or its 50 ms bound).
+class EndUnrecordedTest : public LifecycleTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(EndUnrecordedTest, AnAnswerWhoseEndCannotBeRecordedIsWithheld) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  const bool own_id = GetParam();
+  const std::string body = json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump();
+  auto ex = own_id ? Complete("r-full") : Send("/v1/completions", body);
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
+  std::string id;
+  {
+    std::lock_guard<std::mutex> lk(primary_.mu);
+    id = primary_.ids[0];
+  }
+  ASSERT_TRUE(Eventually([&] { return journal_->Get(id).ok(); }));  // its first record is on disk
+  faults_->SetDiskFull(true);
+  std::shared_ptr<http::Exchange> held;
+  {
+    std::lock_guard<std::mutex> lk(primary_.mu);
+    held = std::exchange(primary_.held[0], nullptr);
+  }
+  ASSERT_TRUE(held);
+  Answer(held, "primary");
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 503u) << ex->body();
+  EXPECT_EQ(ex->body().find("primary"), std::string::npos) << "an answer whose end is not durable reached the client";
+  EXPECT_NE(ex->body().find("could not record"), std::string::npos) << ex->body();
+  faults_->SetDiskFull(false);
+  EXPECT_TRUE(Eventually([&] { return Journaled(id).state == journal::State::kFailed; }, std::chrono::seconds(15)));
+  EXPECT_EQ(Journaled(id).result_status, 503);
+}
+
+INSTANTIATE_TEST_SUITE_P(FirstJournaled, EndUnrecordedTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "ByTheClientsId" : "ByTheGatewaysId"; });
+
 // A disk that stalls a commit (here a keyed request's Accept, a transaction
 // whose fsync hangs) holds the journal's connection: /v1/status and
 // /v1/requests still answer, listing the request from its live state. They
