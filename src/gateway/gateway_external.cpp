@@ -70,6 +70,7 @@ boost::asio::awaitable<ExternalAnswer> SendExternal(upstream::ConnectionPool& po
     if (a.relayed) {
       on_relay();
       reply.BeginRelay(a.status, a.type, served);
+      reply.BoundStored(kMaxAnswerBytes);  // relayed whole, kept (journaled) up to the cap
     }
     return true;
   };

@@ -76,7 +76,13 @@ void ReplyWriter::Comment(const std::string& text) {
 }
 
 void ReplyWriter::Event(const std::string& event) {
-  stored_ += event;
+  relayed_bytes_ += event.size();
+  if (relayed_bytes_ <= max_stored_) {
+    stored_ += event;
+  } else {
+    stored_ = "(not kept: an answer of more than " + std::to_string(max_stored_) + " bytes, relayed as it came; " +
+              std::to_string(relayed_bytes_) + " bytes so far)";
+  }
   if (ex_) ex_->Write(event);
 }
 

@@ -68,6 +68,11 @@ class ReplyWriter {
   void Comment(const std::string& text);
   // One event of the answer: stored, and written.
   void Event(const std::string& event);
+  // What Event() stores is bounded (default: not): past `max_bytes` the
+  // events still reach the client, and stored() holds only a note of how
+  // many bytes were relayed (an external server's long relayed answer).
+  void BoundStored(size_t max_bytes) { max_stored_ = max_bytes; }
+  bool stored_whole() const { return relayed_bytes_ <= max_stored_; }
   // Adds a final error event (and [DONE]) to what is stored, to be journaled;
   // `SendFinal` then writes it and ends the stream.
   std::string StoreFinalError(const nlohmann::json& error_body);
@@ -89,6 +94,8 @@ class ReplyWriter {
   bool head_sent_ = false;
   bool events_started_ = false;
   std::string stored_;
+  size_t max_stored_ = SIZE_MAX;
+  size_t relayed_bytes_ = 0;
 };
 
 }  // namespace spillway::gateway

@@ -218,5 +218,23 @@ TEST(ReplyWriterTest, WithoutAClientEverythingIsStoredAndNothingIsSent) {
   EXPECT_EQ(reply.stored(), "data: 1\n\n");
 }
 
+// A relayed answer past its bound still reaches the client whole, but is
+// not kept whole (it was: an external server's long relayed answer grew the
+// gateway's memory and the journal without limit).
+TEST(ReplyWriterTest, ABoundedStoreKeepsANoteInsteadOfALongAnswer) {
+  auto client = std::make_shared<RecordingExchange>();
+  ReplyWriter reply(client, "req-4", 11);
+  reply.BeginRelay(200, "audio/wav", {});
+  reply.BoundStored(10);
+  reply.Event("0123456789");
+  EXPECT_TRUE(reply.stored_whole());
+  EXPECT_EQ(reply.stored(), "0123456789");
+  reply.Event("abcdef");
+  EXPECT_FALSE(reply.stored_whole());
+  EXPECT_LT(reply.stored().size(), 200u);
+  EXPECT_NE(reply.stored().find("not kept"), std::string::npos) << reply.stored();
+  EXPECT_NE(client->body().find("0123456789abcdef"), std::string::npos) << "the client gets every byte";
+}
+
 }  // namespace
 }  // namespace spillway::gateway
