@@ -469,6 +469,20 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
   co_await lifecycle.Run();
 }
 
+boost::asio::awaitable<void> Gateway::RecordEndWhenWritable(std::string id, journal::State state, Status told) {
+  const std::string body = ErrorJson(told, id).dump();
+  boost::asio::steady_timer timer(co_await boost::asio::this_coro::executor);
+  while (true) {
+    timer.expires_after(std::chrono::milliseconds(journal_.unwritable_retry_ms()));
+    boost::system::error_code ec;
+    co_await timer.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
+    const Status st = co_await Journaled([&](auto done) {
+      journal_.FinishAsync(id, state, 503, "application/json", body, told.message(), done);
+    });
+    if (st.ok()) co_return;
+  }
+}
+
 void Gateway::Cancel(const std::shared_ptr<Live>& live) {
   if (live->cancelled.exchange(true)) return;
   // A request waiting for capacity hears it now, wherever it stands in its

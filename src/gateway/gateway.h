@@ -242,6 +242,10 @@ class Gateway {
   // the result is awaited on the caller's strand.
   template <typename F>
   boost::asio::awaitable<Status> Journaled(F start);
+  // A request's end that the journal could not write: what the client was
+  // told instead (`told`, a 503 of the request `id`) is recorded as its end
+  // once the journal writes again (tried every unwritable_retry_ms).
+  boost::asio::awaitable<void> RecordEndWhenWritable(std::string id, journal::State state, Status told);
   // Runs `f` on the blocking pool, detached (a handler that touches the journal).
   void PostBlocking(std::function<void()> f);
   // /v1/status and /readyz ask each worker and probe the journal's disk: a

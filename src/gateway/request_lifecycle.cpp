@@ -113,18 +113,10 @@ boost::asio::awaitable<void> RequestLifecycle::EndUnrecorded(const Status& why) 
   // Recorded as what the client heard (a stream: as cut, to resume), once
   // the journal writes again: until then its row says running, and a retry
   // with its Idempotency-Key hears it is in flight.
-  const State state = reply_.head_sent() ? State::kFailedResumable : State::kFailed;
-  const std::string body = ErrorJson(told, rec_.id).dump();
-  boost::asio::steady_timer timer(strand_);
-  while (true) {
-    timer.expires_after(std::chrono::milliseconds(g_.journal_.unwritable_retry_ms()));
-    boost::system::error_code ec;
-    co_await timer.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
-    const Status st = co_await g_.Journaled([&](auto done) {
-      g_.journal_.FinishAsync(rec_.id, state, 503, "application/json", body, told.message(), done);
-    });
-    if (st.ok()) co_return;
-  }
+  // (Its own task: a stream's end and the request's bookkeeping do not wait for the disk.)
+  g_.Spawn(g_.RecordEndWhenWritable(rec_.id, reply_.head_sent() ? State::kFailedResumable : State::kFailed, told),
+           strand_);
+  co_return;
 }
 
 boost::asio::awaitable<void> RequestLifecycle::EndStreamWithError(State state, json error_body, std::string why) {
