@@ -67,6 +67,7 @@ std::shared_ptr<Gateway::Live> Gateway::MakeLive(const journal::RequestRecord& r
   live->endpoint = rec.endpoint;
   live->stream = rec.stream;
   live->created_ms = now_ms;
+  live->deadline_ms = rec.deadline_ms;
   if (config_.FindExternal(rec.service)) live->upstream_control = std::make_shared<upstream::StreamControl>();
   live->Enter(LivePhase::kQueued, clock_.NowMs());
   return live;
@@ -390,9 +391,10 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
   // finds it (DELETE /v1/requests/{id} reads the journal, then looks here).
   // An id some request here already uses is not taken over: its Accept is
   // refused below.
+  // Journaled with the request: a restart keeps its deadline.
+  if (in->timeout_ms) in->rec.deadline_ms = in->started_ms + in->timeout_ms;
   auto live = MakeLive(in->rec, in->started_ms);
   live->queue_slot = std::move(in->queue_slot);
-  if (in->timeout_ms) live->deadline_ms = in->started_ms + in->timeout_ms;
   bool registered = false;
   {
     std::lock_guard<std::mutex> lk(mu_);

@@ -35,6 +35,7 @@ CREATE TABLE IF NOT EXISTS requests(
   result_body TEXT NOT NULL DEFAULT '',
   decision TEXT NOT NULL DEFAULT '',
   body_type TEXT NOT NULL DEFAULT '',
+  deadline_ms INTEGER NOT NULL DEFAULT 0,
   created_ms INTEGER NOT NULL,
   updated_ms INTEGER NOT NULL);
 CREATE UNIQUE INDEX IF NOT EXISTS requests_idem ON requests(client, idem_key) WHERE idem_key IS NOT NULL;
@@ -158,6 +159,8 @@ StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& path, Journa
   (void)j->Exec("ALTER TABLE requests ADD COLUMN decision TEXT NOT NULL DEFAULT '';");
   // ... and those written before external services, the body's content type.
   (void)j->Exec("ALTER TABLE requests ADD COLUMN body_type TEXT NOT NULL DEFAULT '';");
+  // ... and those written before deadlines outlived a restart, the deadline.
+  (void)j->Exec("ALTER TABLE requests ADD COLUMN deadline_ms INTEGER NOT NULL DEFAULT 0;");
   // Checkpoints (they fsync, even at NORMAL) move out of the commits, onto
   // the journal's thread: this hook replaces SQLite's automatic checkpoint.
   sqlite3_wal_hook(db, &Journal::OnWalCommit, j.get());

@@ -122,6 +122,7 @@ struct RequestRecord {
   std::string decision;         // the admission decision, JSON
   int64_t created_ms = 0;
   int64_t updated_ms = 0;
+  int64_t deadline_ms = 0;      // X-Request-Timeout as a time (unix ms; 0: none): a restart keeps it
 };
 
 struct JournalOptions {

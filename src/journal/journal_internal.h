@@ -100,7 +100,7 @@ inline State ParseState(const std::string& s) {
 
 inline constexpr const char* kColumns =
     "id, client, COALESCE(idem_key, ''), payload_hash, service, endpoint, stream, body, state, placement, attempts, "
-    "error, result_status, result_type, result_body, created_ms, updated_ms, decision, body_type";
+    "error, result_status, result_type, result_body, created_ms, updated_ms, decision, body_type, deadline_ms";
 
 inline RequestRecord ReadRecord(const Stmt& s) {
   RequestRecord r;
@@ -123,6 +123,7 @@ inline RequestRecord ReadRecord(const Stmt& s) {
   r.updated_ms = s.Int(16);
   r.decision = s.Text(17);
   r.body_type = s.Text(18);
+  r.deadline_ms = s.Int(19);
   return r;
 }
 

@@ -58,15 +58,16 @@ Status Journal::ApplyRecord(const std::string& payload, std::optional<Transition
     int64_t stream = 0, now = 0;
     if (!in.Str(&r.id) || !in.Str(&r.client) || !in.Str(&r.payload_hash) || !in.Str(&r.service) ||
         !in.Str(&r.endpoint) || !in.I64(&stream) || !in.Str(&r.body) || !in.Str(&r.body_type) || !in.Str(&placement) ||
-        !in.Str(&decision) || !in.I64(&now) || !in.done()) {
-      return Status::Internal("journal: a damaged log record");
+        !in.Str(&decision) || !in.I64(&now) || (!in.done() && !in.I64(&r.deadline_ms)) || !in.done()) {
+      return Status::Internal("journal: a damaged log record");  // (a record written before deadlines has none)
     }
     Stmt ins(*stmts_,
              "INSERT INTO requests(id, client, payload_hash, service, endpoint, stream, body, state, placement, "
-             "attempts, decision, created_ms, updated_ms, body_type) "
-             "VALUES(?1,?2,?3,?4,?5,?6,?7,'running',?8,1,?9,?10,?10,?11);");
+             "attempts, decision, created_ms, updated_ms, body_type, deadline_ms) "
+             "VALUES(?1,?2,?3,?4,?5,?6,?7,'running',?8,1,?9,?10,?10,?11,?12);");
     ins.Bind(1, r.id).Bind(2, r.client).Bind(3, r.payload_hash).Bind(4, r.service).Bind(5, r.endpoint);
     ins.Bind(6, stream).Bind(7, r.body).Bind(8, placement).Bind(9, decision).Bind(10, now).Bind(11, r.body_type);
+    ins.Bind(12, r.deadline_ms);
     if (ins.Step() != SQLITE_DONE) {
       // Applied before (a replay): the row is there, with whatever came after.
       if (sqlite3_extended_errcode(db_) == SQLITE_CONSTRAINT_PRIMARYKEY) return Status::Ok();
@@ -131,7 +132,7 @@ void Journal::AcceptAndStartLogged(const RequestRecord& r, const std::string& pl
                                    int64_t now, OnCommit done, bool defer_sync) {
   RecordWriter w;
   w.U8(kNewRunning).Str(r.id).Str(r.client).Str(r.payload_hash).Str(r.service).Str(r.endpoint);
-  w.I64(int64_t{r.stream}).Str(r.body).Str(r.body_type).Str(placement).Str(decision_json).I64(now);
+  w.I64(int64_t{r.stream}).Str(r.body).Str(r.body_type).Str(placement).Str(decision_json).I64(now).I64(r.deadline_ms);
   AppendLogged(std::move(w.out()), Bytes(r.body, decision_json), std::move(done), defer_sync);
 }
 

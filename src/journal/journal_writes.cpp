@@ -339,9 +339,10 @@ std::function<Status()> Journal::AcceptOp(std::shared_ptr<const RequestRecord> r
     }
     Stmt ins(*stmts_,
              "INSERT INTO requests(id, client, idem_key, payload_hash, service, endpoint, stream, body, state, "
-             "created_ms, updated_ms, body_type) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,'queued',?9,?9,?10);");
+             "created_ms, updated_ms, body_type, deadline_ms) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,'queued',?9,?9,?10,?11);");
     ins.Bind(1, r.id).Bind(2, r.client).BindNullable(3, r.idempotency_key).Bind(4, r.payload_hash);
     ins.Bind(5, r.service).Bind(6, r.endpoint).Bind(7, int64_t{r.stream}).Bind(8, r.body).Bind(9, now).Bind(10, r.body_type);
+    ins.Bind(11, r.deadline_ms);
     if (ins.Step() != SQLITE_DONE) {
       if (sqlite3_extended_errcode(db_) == SQLITE_CONSTRAINT_PRIMARYKEY) {
         return Status::Conflict("request id '" + r.id + "' already exists");

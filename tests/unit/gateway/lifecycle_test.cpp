@@ -152,7 +152,7 @@ class LifecycleTest : public ::testing::Test {
     primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "primary"); };
     fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "fallback"); };
     gateway_ = std::make_unique<Gateway>(config_, *journal_, workers_, clock_);
-    gateway_->Start(ioc_.get_executor(), {});
+    gateway_->Start(ioc_.get_executor(), Recovered());
     for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { ioc_.run(); });
   }
   void TearDown() override {
@@ -165,6 +165,9 @@ class LifecycleTest : public ::testing::Test {
     // ends suspended lifecycles, which give back what they held to the
     // gateway, as `spillway serve` does.
   }
+
+  // What the journal holds from "before a restart" (run by Start).
+  virtual std::vector<journal::RequestRecord> Recovered() { return {}; }
 
   std::shared_ptr<RecordingExchange> Send(const std::string& target, const std::string& body, const std::string& method = "POST",
                                           std::vector<std::pair<std::string, std::string>> headers = {}) {
@@ -581,6 +584,33 @@ TEST_F(LifecycleTest, TheStatusAnswersWhileTheJournalsDiskStalls) {
   EXPECT_EQ(listed["data"][0]["stream"], false);
   ASSERT_TRUE(ex->Wait());
   EXPECT_EQ(ex->status(), 200u) << ex->body();
+}
+
+// A request recovered after a restart keeps its X-Request-Timeout: one
+// already past it ends 504 without running (it ran in full, however late).
+class RecoveredLateTest : public LifecycleTest {
+ protected:
+  std::vector<journal::RequestRecord> Recovered() override {
+    journal::RequestRecord r;
+    r.id = "r-recovered-late";
+    r.payload_hash = "h";
+    r.service = "chat";
+    r.endpoint = "completion";
+    r.body = json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump();
+    r.deadline_ms = clock_.NowMs() - 1000;  // its deadline passed while the gateway was down
+    EXPECT_TRUE(journal_->Accept(r).ok());
+    auto recovered = journal_->Recover();
+    EXPECT_TRUE(recovered.ok());
+    return recovered.ok() ? *recovered : std::vector<journal::RequestRecord>{};
+  }
+};
+
+TEST_F(RecoveredLateTest, ARecoveredRequestPastItsDeadlineEndsWithoutRunning) {
+  EXPECT_TRUE(Eventually([&] { return Journaled("r-recovered-late").state == journal::State::kFailed; }));
+  const auto rec = Journaled("r-recovered-late");
+  EXPECT_EQ(rec.result_status, 504);
+  EXPECT_NE(rec.error.find("X-Request-Timeout"), std::string::npos) << rec.error;
+  EXPECT_EQ(primary_.calls() + fallback_.calls(), 0u);
 }
 
 TEST_F(LifecycleTest, AClientThatGoesAwayCancelsItsRequest) {

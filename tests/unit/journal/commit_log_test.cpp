@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <map>
 #include <thread>
 
 #include "journal/commit_log.h"
@@ -614,6 +615,33 @@ TEST_F(LoggedWritesTest, RecordsWhoseRowsNeverCommittedAreAppliedByTheNextOpen) 
   ASSERT_TRUE(recovered.ok());
   ASSERT_EQ(recovered->size(), 1u);
   EXPECT_EQ((*recovered)[0].id, "running");
+}
+
+// A request's deadline (X-Request-Timeout as a time) is journaled with it,
+// by both ways a request is first written (a log record, a transaction):
+// a restart that recovers the request recovers its deadline too (it ran
+// again with none, however old).
+TEST_F(LoggedWritesTest, ADeadlineOutlivesARestart) {
+  Reopen(Slow(true));
+  RequestRecord logged = Rec("logged");
+  logged.deadline_ms = 1'700'000'123'456;
+  ASSERT_TRUE(Durable([&](auto done) { j_->AcceptAndStartAsync(logged, "cpu", "", std::move(done)); }).ok());
+  RequestRecord keyed = Rec("keyed", "key-1");
+  keyed.deadline_ms = 1'700'000'654'321;
+  ASSERT_TRUE(j_->Accept(keyed).ok());
+  const fs::path crashed = dir_ / "crashed";
+  fs::create_directories(crashed);
+  for (const char* f : {"journal.db", "journal.db-wal", "journal.db-log"}) {
+    if (fs::exists(dir_ / f)) fs::copy_file(dir_ / f, crashed / f);
+  }
+  auto j = Journal::Open((crashed / "journal.db").string(), {}, clock_);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  auto recovered = (*j)->Recover();
+  ASSERT_TRUE(recovered.ok());
+  std::map<std::string, int64_t> deadlines;
+  for (const auto& r : *recovered) deadlines[r.id] = r.deadline_ms;
+  EXPECT_EQ(deadlines["logged"], 1'700'000'123'456);
+  EXPECT_EQ(deadlines["keyed"], 1'700'000'654'321);
 }
 
 // A journal closed with every row committed leaves an empty log (it used to
