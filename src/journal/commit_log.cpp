@@ -345,10 +345,7 @@ void CommitLog::Drain() {
   if (!sync_ || std::this_thread::get_id() == sync_tid_) return;  // (a callback of its own: it would wait for itself)
   std::unique_lock<std::mutex> lk(mu_);
   const int64_t target = last_seq_;  // what was written before the call: later appends cannot starve it
-  if (urgent_seq_ < target) {  // deferred records among them: synced now
-    urgent_seq_ = target;
-    sync_cv_.notify_one();
-  }
+  SyncUpToLocked(target);  // deferred records among them: synced now
   drained_cv_.wait(lk, [&] { return done_seq_ >= target || sync_done_; });
 }
 
@@ -448,11 +445,13 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
 }
 
 void CommitLog::SyncNow() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (unsynced_.empty() || urgent_seq_ >= last_seq_) return;  // nothing waits, or its sync is asked for already
-    urgent_seq_ = last_seq_;
-  }
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!unsynced_.empty()) SyncUpToLocked(last_seq_);  // (nothing waits: nothing to ask for)
+}
+
+void CommitLog::SyncUpToLocked(int64_t seq) {
+  if (urgent_seq_ >= seq) return;  // its sync is asked for already
+  urgent_seq_ = seq;
   sync_cv_.notify_one();
 }
 

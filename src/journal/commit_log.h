@@ -190,6 +190,9 @@ class CommitLog {
   // asked for its sync, SyncNow, Drain); deferred records after it wait
   // until lazy_deadline_ (set by the first of them into an empty batch).
   int64_t urgent_seq_ = 0;
+  // Records up to `seq` are to be synced without waiting: raises urgent_seq_
+  // and wakes the sync thread when it was lower (mu_ held).
+  void SyncUpToLocked(int64_t seq);
   std::chrono::milliseconds lazy_wait_{50};
   std::chrono::steady_clock::time_point lazy_deadline_{};
   // After a failed sync (mu_ held): the batch's records and those written

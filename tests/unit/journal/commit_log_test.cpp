@@ -541,6 +541,16 @@ class LoggedWritesTest : public FaultyJournalFixture {
       j_->FinishAsync(id, State::kCompleted, 200, "application/json", answer, "", std::move(done));
     });
   }
+  // The journal's files as they are now, copied aside: what a process
+  // killed at this instant would leave (for an Open of its own).
+  fs::path CopyAsCrashed() {
+    const fs::path crashed = dir_ / "crashed";
+    fs::create_directories(crashed);
+    for (const char* f : {"journal.db", "journal.db-wal", "journal.db-log"}) {
+      if (fs::exists(dir_ / f)) fs::copy_file(dir_ / f, crashed / f);
+    }
+    return crashed;
+  }
   static bool Eventually(const std::function<bool()>& f) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (std::chrono::steady_clock::now() < deadline) {
@@ -593,11 +603,7 @@ TEST_F(LoggedWritesTest, RecordsWhoseRowsNeverCommittedAreAppliedByTheNextOpen) 
   ASSERT_TRUE(NewRunning("done").ok());
   ASSERT_TRUE(End("done", "answer").ok());
   ASSERT_TRUE(NewRunning("running").ok());
-  const fs::path crashed = dir_ / "crashed";
-  fs::create_directories(crashed);
-  for (const char* f : {"journal.db", "journal.db-wal", "journal.db-log"}) {
-    if (fs::exists(dir_ / f)) fs::copy_file(dir_ / f, crashed / f);
-  }
+  const fs::path crashed = CopyAsCrashed();
   ASSERT_FALSE(CommitLog::ReadRecords((crashed / "journal.db-log").string()).empty());
   auto j = Journal::Open((crashed / "journal.db").string(), {}, clock_);
   ASSERT_TRUE(j.ok()) << j.status().ToString();
@@ -629,11 +635,7 @@ TEST_F(LoggedWritesTest, ADeadlineOutlivesARestart) {
   RequestRecord keyed = Rec("keyed", "key-1");
   keyed.deadline_ms = 1'700'000'654'321;
   ASSERT_TRUE(j_->Accept(keyed).ok());
-  const fs::path crashed = dir_ / "crashed";
-  fs::create_directories(crashed);
-  for (const char* f : {"journal.db", "journal.db-wal", "journal.db-log"}) {
-    if (fs::exists(dir_ / f)) fs::copy_file(dir_ / f, crashed / f);
-  }
+  const fs::path crashed = CopyAsCrashed();
   auto j = Journal::Open((crashed / "journal.db").string(), {}, clock_);
   ASSERT_TRUE(j.ok()) << j.status().ToString();
   auto recovered = (*j)->Recover();
