@@ -1,4 +1,5 @@
 #include "gateway/gateway.h"
+#include "gateway/reply_writer.h"
 
 #include <nlohmann/json.hpp>
 
@@ -469,6 +470,26 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
   RequestLifecycle lifecycle(*this, std::move(rec), std::move(ex), std::move(live), unjournaled,
                              co_await boost::asio::this_coro::executor);
   co_await lifecycle.Run();
+}
+
+void Gateway::WithholdUnrecorded(const Status& why, const std::string& id, ReplyWriter& reply,
+                                 boost::asio::any_io_executor where) {
+  Logged(why, "finish");
+  const Status told =
+      Status::Unavailable("the request ran, but the journal could not record its end (" + why.message() +
+                          "); its answer is withheld, since a crash could lose it: send the request again (with a new "
+                          "Idempotency-Key if it had one: this answer is what its key replays)")
+          .WithRetryAfter(5);
+  const bool sent = reply.head_sent();
+  if (!sent) {
+    reply.Error(told);
+    reply.Detach();  // what the caller would have sent next is not sent
+  }
+  // Recorded as what the client heard (a stream: as cut, to resume); until
+  // then its row says running, and a retry with its Idempotency-Key hears
+  // it is in flight.
+  Spawn(RecordEndWhenWritable(id, sent ? journal::State::kFailedResumable : journal::State::kFailed, told),
+        std::move(where));
 }
 
 boost::asio::awaitable<void> Gateway::RecordEndWhenWritable(std::string id, journal::State state, Status told) {

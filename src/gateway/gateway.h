@@ -72,6 +72,7 @@
 namespace spillway::gateway {
 
 class PendingStatus;  // offload.h
+class ReplyWriter;    // reply_writer.h
 
 // The supervisor key of an external service's server ("<name>.ext"), and
 // the external service a supervisor key belongs to (null: none).
@@ -242,9 +243,15 @@ class Gateway {
   // the result is awaited on the caller's strand.
   template <typename F>
   boost::asio::awaitable<Status> Journaled(F start);
-  // A request's end that the journal could not write: what the client was
-  // told instead (`told`, a 503 of the request `id`) is recorded as its end
-  // once the journal writes again (tried every unwritable_retry_ms).
+  // The end of request `id` could not be written (`why`: the journal cannot
+  // write). Journal first, then the client: an answer not sent yet is
+  // withheld (the client hears 503, since a crash could lose it); a stream's
+  // events went out as they came (covered by its first commit). The end is
+  // recorded as that 503 once the journal writes again, on a task of its
+  // own on `where` (the request's end does not wait for the disk).
+  void WithholdUnrecorded(const Status& why, const std::string& id, ReplyWriter& reply,
+                          boost::asio::any_io_executor where);
+  // WithholdUnrecorded's task: tries every unwritable_retry_ms.
   boost::asio::awaitable<void> RecordEndWhenWritable(std::string id, journal::State state, Status told);
   // Runs `f` on the blocking pool, detached (a handler that touches the journal).
   void PostBlocking(std::function<void()> f);

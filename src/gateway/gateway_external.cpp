@@ -180,26 +180,14 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     }
     const Status ended =
         co_await Journaled([&](auto done) { journal_.FinishAsync(rec.id, state, status, type, body, err, done); });
-    // Journal first, then the client: an answer whose end is not durable is
-    // withheld (a relayed one has gone out already), as a generation's.
-    const Status told = Status::Unavailable("the request ran, but the journal could not record its end (" +
-                                            ended.message() + "); its answer is withheld: send the request again")
-                            .WithRetryAfter(5);
-    const bool relayed = reply.head_sent();
-    if (!ended.ok()) {
-      Logged(ended, "finish");
-      if (!relayed) {
-        reply.Error(told);
-        reply.Detach();
-      }
-    }
+    // Journal first, then the client, as a generation's (a relayed answer has gone out already).
+    if (!ended.ok()) WithholdUnrecorded(ended, rec.id, reply, strand);
     live->Enter(LivePhase::kTerminal, clock_.NowMs());
     if (svc && svc->residency.priority == "interactive") last_interactive_ms_ = clock_.NowMs();
     if (running) external_lines_->Finished(rec.service, Outcome(state), clock_.NowMs());
     running = false;
     SignalFor(rec.service).Notify();
     metrics_.RequestFinished(rec.service, Outcome(state), svc ? ExternalKey(*svc) : "", (clock_.NowMs() - t0) / 1000.0);
-    if (!ended.ok()) Spawn(RecordEndWhenWritable(rec.id, relayed ? State::kFailedResumable : State::kFailed, told), strand);
   };
   auto fail = [&](State state, Status st) -> boost::asio::awaitable<void> {
     const json body = ErrorJson(st, rec.id);

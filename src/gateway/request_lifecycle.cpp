@@ -85,38 +85,18 @@ boost::asio::awaitable<void> RequestLifecycle::Finish(State state, int status, s
       reply_.Error(accepted);
       reply_.Detach();
     } else if (!ended.ok()) {
-      co_await EndUnrecorded(ended);
+      g_.WithholdUnrecorded(ended, rec_.id, reply_, strand_);
     }
   } else if (!co_await AcceptRefused()) {
     const Status ended = co_await g_.Journaled([&](auto done) {
       g_.journal_.FinishAsync(rec_.id, state, status, type, body, err, done);
     });
-    if (!ended.ok()) co_await EndUnrecorded(ended);
+    if (!ended.ok()) g_.WithholdUnrecorded(ended, rec_.id, reply_, strand_);
   }
   const int64_t now = g_.clock_.NowMs();
   live_->Enter(LivePhase::kTerminal, now);
   if (svc_ && svc_->residency.priority == "interactive") g_.last_interactive_ms_ = now;
   g_.metrics_.RequestFinished(rec_.service, Outcome(state), placement_, (now - t0_) / 1000.0);
-}
-
-boost::asio::awaitable<void> RequestLifecycle::EndUnrecorded(const Status& why) {
-  Logged(why, "finish");
-  const Status told =
-      Status::Unavailable("the request ran, but the journal could not record its end (" + why.message() +
-                          "); its answer is withheld, since a crash could lose it: send the request again (with a new "
-                          "Idempotency-Key if it had one: this answer is what its key replays)")
-          .WithRetryAfter(5);
-  if (!reply_.head_sent()) {
-    reply_.Error(told);
-    reply_.Detach();  // what the caller would have sent next is not sent
-  }
-  // Recorded as what the client heard (a stream: as cut, to resume), once
-  // the journal writes again: until then its row says running, and a retry
-  // with its Idempotency-Key hears it is in flight.
-  // (Its own task: a stream's end and the request's bookkeeping do not wait for the disk.)
-  g_.Spawn(g_.RecordEndWhenWritable(rec_.id, reply_.head_sent() ? State::kFailedResumable : State::kFailed, told),
-           strand_);
-  co_return;
 }
 
 boost::asio::awaitable<void> RequestLifecycle::EndStreamWithError(State state, json error_body, std::string why) {

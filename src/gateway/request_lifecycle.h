@@ -66,12 +66,6 @@ class RequestLifecycle {
   boost::asio::awaitable<bool> AcceptRefused();
   // The one place a request ends: the journal first, then (by the caller) the client.
   boost::asio::awaitable<void> Finish(State state, int status, std::string type, std::string body, std::string err);
-  // The end's record could not be written (the journal cannot write): a
-  // non-streamed answer is withheld (the client hears 503: a crash could
-  // lose what it would have heard), and the end is recorded as that once
-  // the journal writes again. A stream's events went out as they came
-  // (covered by its first commit): only its record waits.
-  boost::asio::awaitable<void> EndUnrecorded(const Status& why);
   // A stream the client already has (it may have started while waiting) ends with an error event.
   boost::asio::awaitable<void> EndStreamWithError(State state, nlohmann::json error_body, std::string why);
   boost::asio::awaitable<void> Fail(State state, Status st);
