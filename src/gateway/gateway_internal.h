@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -100,6 +102,16 @@ struct Gateway::Live {
   void Enter(LivePhase p, int64_t now_ms) {
     phase = p;
     phase_since_ms = now_ms;
+    if (p == LivePhase::kTerminal) {
+      std::lock_guard<std::mutex> lk(wait_mu);  // (a waiter checks the phase under it: no wake is lost)
+      ended.notify_all();
+    }
+  }
+  // Until its end is journaled (it entered kTerminal), at most `bound`: a
+  // cancel of a waiting request answers with its end (see HandleRequestQuery).
+  bool WaitEnded(std::chrono::milliseconds bound) const {
+    std::unique_lock<std::mutex> lk(wait_mu);
+    return ended.wait_for(lk, bound, [&] { return phase.load() == LivePhase::kTerminal; });
   }
   // While it waits: why, and when it is expected to start (each round of admission says).
   void Waiting(const std::string& note, double est_wait_s) {
@@ -134,6 +146,7 @@ struct Gateway::Live {
 
  private:
   mutable std::mutex wait_mu;
+  mutable std::condition_variable ended;
   std::string wait_note;
   double wait_est_s = 0;
   std::shared_ptr<void> line_waiter;

@@ -61,9 +61,21 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Calle
     // Looked up after the read: a request is live here before its first row
     // is written, so one whose row was read is found (looked up before, a
     // request that arrived while the read waited for the journal was missed,
-    // and a 200 cancelled nothing).
-    if (auto live = LiveFor(id, caller)) Cancel(live);
-    if (rec->state == State::kQueued) {
+    // and a 200 cancelled nothing). A live request is ended by its lifecycle
+    // alone (journal first, then its client): the row read may be stale (a
+    // keyed request's attempt on its way to the disk while its worker
+    // answers), and ending it here too let an answer the client got be
+    // journaled as cancelled. Only a queued row nothing here runs (its
+    // lifecycle ended when the journal could not write: it would run again
+    // after a restart) is ended here.
+    if (auto live = LiveFor(id, caller)) {
+      // One that waits for capacity is woken and ends at once: its end is
+      // what this answer tells (a blocking-pool thread waits for it, as for
+      // a commit, and never long). One running ends when its worker stops.
+      const bool waiting = live->phase.load() == LivePhase::kQueued;
+      Cancel(live);
+      if (waiting) live->WaitEnded(std::chrono::seconds(2));
+    } else if (rec->state == State::kQueued) {
       Logged(journal_.Finish(id, State::kCancelled, 499, "application/json",
                              ErrorJson(Status::Cancelled("request cancelled"), id).dump(), "cancelled while queued"),
              "cancel");

@@ -192,6 +192,17 @@ class LifecycleTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r.ok() ? *r : journal::RequestRecord{};
   }
+  // Both slots of the primary and the CPU line's one, taken by requests
+  // (ids `prefix`0..2) their workers hold until cancelled; empty when they
+  // did not all reach their workers.
+  std::vector<std::shared_ptr<RecordingExchange>> TakeEveryPlace(const std::string& prefix) {
+    primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+    fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { fallback_.Hold(req, std::move(ex)); };
+    std::vector<std::shared_ptr<RecordingExchange>> running;
+    for (int i = 0; i < 3; ++i) running.push_back(Complete(prefix + std::to_string(i)));
+    if (!Eventually([&] { return primary_.calls() + fallback_.calls() == 3; })) running.clear();
+    return running;
+  }
   // Waits (briefly, for a condition the gateway reaches on its own threads).
   template <typename F>
   bool Eventually(F f, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
@@ -519,6 +530,36 @@ TEST_F(LifecycleTest, ACancelBeforeTheFirstRowIsDurableStillCancels) {
   EXPECT_EQ(unknown->status(), 404u);
 }
 
+// A cancel of a request that waits in line (its row says queued): only its
+// lifecycle ends it, journal first, then the client's 499. The cancel used
+// to end the row itself as well; when its commit came first, the
+// lifecycle's end conflicted with it, the client got a 503 saying the
+// journal could not write, and a task retried recording that end for ever.
+TEST_F(LifecycleTest, ACancelOfAWaitingRequestIsEndedByItsLifecycleAlone) {
+  // Both slots of the primary and the CPU line's one are taken by held requests; the others wait.
+  const auto running = TakeEveryPlace("r-busy-");
+  ASSERT_EQ(running.size(), 3u);
+  for (int i = 0; i < 6; ++i) {
+    const std::string id = "r-waits-" + std::to_string(i);
+    auto waiting = Complete(id, false, {{"Idempotency-Key", "k-" + id}});
+    ASSERT_TRUE(Eventually([&] { return journal_->Get(id).ok(); }));  // queued in the journal
+    auto cancel = Send("/v1/requests/" + id, "", "DELETE");
+    ASSERT_TRUE(cancel->Wait());
+    EXPECT_EQ(cancel->status(), 200u) << cancel->body();
+    // It waited for the end its cancel brought, and tells it.
+    EXPECT_EQ(json::parse(cancel->body(), nullptr, false).value("state", ""), "cancelled") << cancel->body();
+    ASSERT_TRUE(waiting->Wait());
+    EXPECT_EQ(waiting->status(), 499u) << waiting->body();
+    ASSERT_TRUE(Eventually([&] { return journal::IsTerminal(Journaled(id).state); }));
+    const auto rec = Journaled(id);
+    EXPECT_EQ(rec.state, journal::State::kCancelled);
+    EXPECT_EQ(rec.error, "request cancelled") << "ended by the cancel, not by its lifecycle";
+  }
+  EXPECT_EQ(primary_.calls() + fallback_.calls(), 3u);
+  for (int i = 0; i < 3; ++i) Send("/v1/requests/r-busy-" + std::to_string(i), "", "DELETE")->Wait();
+  for (const auto& r : running) EXPECT_TRUE(r->Wait());
+}
+
 // The disk fills while a request runs: its end cannot be recorded, so its
 // answer is withheld (503; it was sent, though a crash could have lost
 // it), and the end is recorded as that 503 once the disk has room again
@@ -623,11 +664,8 @@ TEST_F(LifecycleTest, AClientThatGoesAwayCancelsItsRequest) {
 
 TEST_F(LifecycleTest, AWaitingRequestSaysWhereItIsInLine) {
   // Both slots of the primary and the CPU line's one are taken by held requests; the fourth waits.
-  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
-  fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { fallback_.Hold(req, std::move(ex)); };
-  std::vector<std::shared_ptr<RecordingExchange>> running;
-  for (int i = 0; i < 3; ++i) running.push_back(Complete("r-run-" + std::to_string(i)));
-  ASSERT_TRUE(Eventually([&] { return primary_.calls() + fallback_.calls() == 3; }));
+  const auto running = TakeEveryPlace("r-run-");
+  ASSERT_EQ(running.size(), 3u);
   auto waiting = Complete("r-wait");
   ASSERT_TRUE(Eventually([&] {
     auto q = Send("/v1/requests/r-wait", "", "GET");
