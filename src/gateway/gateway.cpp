@@ -272,7 +272,7 @@ Status Gateway::Intake(const http::Request& req, Incoming& in) {
     const std::string text(t->value());
     char* end = nullptr;
     const double secs = std::strtod(text.c_str(), &end);
-    if (text.empty() || *end || !(secs > 0) || secs > 86400) {
+    if (text.empty() || *end || !(secs > 0) || secs * 1000 > kMaxRequestTimeoutMs) {
       return Status::InvalidArgument("X-Request-Timeout must be seconds in (0, 86400]");
     }
     in.timeout_ms = TimeoutMs(secs);

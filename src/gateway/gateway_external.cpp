@@ -91,8 +91,8 @@ boost::asio::awaitable<ExternalAnswer> SendExternal(upstream::ConnectionPool& po
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(svc.request_timeout_s * 1000));
   // X-Request-Timeout bounds the whole attempt, a relayed answer included.
   if (deadline_ms) {
-    control.deadline = std::chrono::steady_clock::now() +
-                       std::chrono::milliseconds(std::max<int64_t>(1, deadline_ms - clock.NowMs()));
+    control.deadline =
+        std::chrono::steady_clock::now() + TimeLeft(deadline_ms, clock.NowMs(), kMaxRequestTimeoutMs);
   }
   a.sent = co_await pool.Stream(port, "POST", path, rec.body, headers, on_head, on_data, timeout, paused, &control);
   co_return a;

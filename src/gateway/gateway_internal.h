@@ -29,7 +29,16 @@ namespace internal {
 
 inline constexpr int64_t kQueueWaitMs = 60000;  // how long an accepted request may wait for a worker
 inline constexpr int kMaxAttempts = 3;          // attempts on worker failures, per request
+inline constexpr int64_t kMaxRequestTimeoutMs = int64_t{86400} * 1000;  // X-Request-Timeout's bound
 inline constexpr size_t kMaxUnsentBytes = 256 << 10;  // of a stream to a slow reader, before the relay pauses
+
+// How long a request with X-Request-Timeout's `deadline_ms` (unix ms; 0:
+// none) may still wait or run: at most `cap_ms`, less when its deadline
+// comes sooner, never under 1 ms (0 would read as "no bound").
+inline std::chrono::milliseconds TimeLeft(int64_t deadline_ms, int64_t now_ms, int64_t cap_ms) {
+  if (deadline_ms) cap_ms = std::max<int64_t>(1, std::min(cap_ms, deadline_ms - now_ms));
+  return std::chrono::milliseconds(cap_ms);
+}
 
 inline http::Response JsonResponse(unsigned status, const json& body, unsigned version) {
   return http::MakeResponse(status, body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json",

@@ -14,12 +14,6 @@ namespace {
 
 using nlohmann::json;
 
-// How long a waiter may sleep before deciding again: `ms`, or less when its deadline comes sooner.
-std::chrono::milliseconds WaitBound(int64_t deadline_ms, int64_t now_ms, int64_t ms) {
-  if (deadline_ms) ms = std::max<int64_t>(1, std::min(ms, deadline_ms - now_ms));
-  return std::chrono::milliseconds(ms);
-}
-
 bool Goes(admission::Kind k) { return k != admission::Kind::kDelay && k != admission::Kind::kReject; }
 
 }  // namespace
@@ -179,7 +173,7 @@ boost::asio::awaitable<bool> RequestAdmission::WaitBehind(int64_t cap_ms) {
              g_.board_.LineWaitS(svc_.name, static_cast<uint32_t>(ahead)).value_or(1.0));
   }
   // Until it is the head (told at once), its deadline, its cap, or a stream's next wait comment.
-  co_await signal_.WaitInLine(*ticket_, WaitBound(live_.deadline_ms, now, std::min<int64_t>(cap_ms - (now - t0_) + 1,
+  co_await signal_.WaitInLine(*ticket_, TimeLeft(live_.deadline_ms, now, std::min<int64_t>(cap_ms - (now - t0_) + 1,
                                                                                           rec_.stream ? comment_ms : cap_ms)));
   co_return true;
 }
@@ -263,7 +257,7 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
     if (g_.clock_.NowMs() - t0_ > kQueueWaitMs) break;
     waited |= all_busy;
     // Woken when a slot frees; a start is looked at again within 100 ms.
-    co_await Wait(WaitBound(live_.deadline_ms, g_.clock_.NowMs(), all_busy ? 1000 : 100));
+    co_await Wait(TimeLeft(live_.deadline_ms, g_.clock_.NowMs(), all_busy ? 1000 : 100));
   }
   *rejected_ = all_busy ? Status::ResourceExhausted("every slot of service '" + svc_.name + "' stayed busy for " +
                                                     std::to_string(kQueueWaitMs / 1000) + " s").WithRetryAfter(5)
@@ -422,7 +416,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       if (!co_await WaitBehind(decide_cap_ms)) co_return false;
       continue;
     }
-    co_await Wait(WaitBound(live_.deadline_ms, g_.clock_.NowMs(), 100));
+    co_await Wait(TimeLeft(live_.deadline_ms, g_.clock_.NowMs(), 100));
   }
 }
 

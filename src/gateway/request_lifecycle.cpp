@@ -115,8 +115,7 @@ boost::asio::awaitable<void> RequestLifecycle::Fail(State state, Status st) {
 bool RequestLifecycle::PastDeadline() const { return live_->deadline_ms && g_.clock_.NowMs() >= live_->deadline_ms; }
 
 std::chrono::milliseconds RequestLifecycle::Remaining() const {
-  return std::chrono::milliseconds(live_->deadline_ms ? std::max<int64_t>(1, live_->deadline_ms - g_.clock_.NowMs())
-                                                      : int64_t{3600} * 1000);
+  return TimeLeft(live_->deadline_ms, g_.clock_.NowMs(), int64_t{3600} * 1000);
 }
 
 boost::asio::awaitable<void> RequestLifecycle::DeadlineFailure() {
