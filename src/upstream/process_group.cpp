@@ -1,20 +1,60 @@
 #include "upstream/process_group.h"
 
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
-#include <chrono>
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <fstream>
 #include <thread>
 
 #include "devices/sim_ledger.h"
 
 namespace spillway::upstream {
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A pidfd for `p`'s process, or -1 (no pidfd_open here, or no such process).
+// For an adopted process the start time is checked once the fd is open:
+// from then on the fd names that process, whatever reuses its pid later.
+int OpenPidfd(const WorkerPid& p) {
+#ifdef SYS_pidfd_open
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, p.pid, 0));
+  if (fd < 0) return -1;
+  if (!p.child && !devices::ProcessAlive(p.pid, p.start_time)) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+#else
+  (void)p;
+  return -1;
+#endif
+}
+
+}  // namespace
+
 bool Ended(const WorkerPid& p, int* status) {
   *status = -1;
   if (p.pid <= 0) return true;
-  if (p.child) return waitpid(p.pid, status, WNOHANG) == p.pid;
+  if (p.child) {
+    const pid_t r = waitpid(p.pid, status, WNOHANG);
+    return r == p.pid || (r < 0 && errno == ECHILD);  // (ECHILD: reaped already)
+  }
   return !devices::ProcessAlive(p.pid, p.start_time);  // a zombie counts as ended
+}
+
+std::vector<std::string> CommandLine(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::vector<std::string> out;
+  for (std::string arg; std::getline(f, arg, '\0');) out.push_back(std::move(arg));
+  return out;
 }
 
 std::string DescribeEnd(int status) {
@@ -22,24 +62,49 @@ std::string DescribeEnd(int status) {
   return WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status)) : "signal " + std::to_string(WTERMSIG(status));
 }
 
+bool AwaitEnd(const WorkerPid& p, std::chrono::milliseconds bound) {
+  if (p.pid <= 0) return true;
+  if (bound.count() <= 0) return false;
+  const int fd = OpenPidfd(p);
+  if (fd < 0) {  // gone already (or no pidfd_open: one short round)
+    std::this_thread::sleep_for(std::min(bound, std::chrono::milliseconds(10)));
+    return true;
+  }
+  pollfd pfd{fd, POLLIN, 0};
+  const int n = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(bound.count(), INT_MAX)));
+  ::close(fd);
+  return n > 0;  // readable: it ended
+}
+
+bool WaitEnded(const WorkerPid& p, Clock::time_point deadline) {
+  int status = 0;
+  bool woken = false;
+  while (true) {
+    if (Ended(p, &status)) return true;
+    // Told it ended, yet not seen so (its pidfd before /proc): a short
+    // pause, not a spin.
+    if (woken) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return false;
+    woken = AwaitEnd(p, left);
+  }
+}
+
+void SignalGroup(const WorkerPid& p, int sig) {
+  int status = 0;
+  if (!Ended(p, &status)) ::kill(-p.pid, sig);
+}
+
 bool StopGroup(const WorkerPid& p, int64_t grace_ms, int stop_signal) {
   int status = 0;
   if (Ended(p, &status)) return true;  // checked first: an adopted pid may be someone else's now
-  using Clock = std::chrono::steady_clock;
-  auto wait_until = [&](Clock::time_point deadline) {
-    while (Clock::now() < deadline) {
-      if (Ended(p, &status)) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return Ended(p, &status);
-  };
   if (grace_ms > 0) {
-    kill(-p.pid, stop_signal);
-    if (wait_until(Clock::now() + std::chrono::milliseconds(grace_ms))) return true;
+    ::kill(-p.pid, stop_signal);
+    if (WaitEnded(p, Clock::now() + std::chrono::milliseconds(grace_ms))) return true;
   }
-  kill(-p.pid, SIGKILL);
-  if (p.child) return waitpid(p.pid, &status, 0) == p.pid;  // SIGKILL ends it: reap it, leave no zombie
-  return wait_until(Clock::now() + std::chrono::seconds(5));
+  SignalGroup(p, SIGKILL);
+  // Bounded for a child too: one stuck in the kernel must not hang a stop.
+  return WaitEnded(p, Clock::now() + std::chrono::seconds(5));
 }
 
 }  // namespace spillway::upstream

@@ -10,8 +10,10 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace spillway::upstream {
 
@@ -25,12 +27,32 @@ struct WorkerPid {
 // (-1 for an adopted process, whose status is not ours to read).
 bool Ended(const WorkerPid& p, int* status);
 
+// Its command line (/proc/<pid>/cmdline, one string per argument; empty
+// when it cannot be read).
+std::vector<std::string> CommandLine(pid_t pid);
+
 // "exit 3", "signal 9", or for -1 "exited (adopted: its exit status is not ours to read)".
 std::string DescribeEnd(int status);
 
-// `stop_signal` (SIGTERM) to its group, SIGKILL once `grace_ms` have passed (at once for 0);
-// returns whether it has ended (false only for an adopted process still
-// there 5 s after SIGKILL: a process stuck in the kernel).
+// Blocks until it has ended (a child is reaped) or `deadline` passes;
+// returns whether it has ended. A waiter, not a sleep loop: it polls a
+// pidfd (pidfd_open, Linux 5.3) that becomes readable when the process
+// ends; only a kernel without pidfd_open gets 10 ms rounds.
+bool WaitEnded(const WorkerPid& p, std::chrono::steady_clock::time_point deadline);
+
+// Blocks until it has ended or `bound` passes, without reaping it (a
+// caller that reaps under its own lock checks Ended() afterwards); true
+// when woken by its end (or it was gone already).
+bool AwaitEnd(const WorkerPid& p, std::chrono::milliseconds bound);
+
+// `sig` to its group, unless it has ended (checked first: an adopted pid may
+// be someone else's now).
+void SignalGroup(const WorkerPid& p, int sig);
+
+// `stop_signal` (SIGTERM) to its group, SIGKILL once `grace_ms` have passed
+// (at once for 0); returns whether it has ended within 5 s of the SIGKILL
+// (false: a process stuck in the kernel, which SIGKILL ends only once the
+// kernel lets go of it; the caller must not count its memory as free).
 bool StopGroup(const WorkerPid& p, int64_t grace_ms, int stop_signal = 15);
 
 }  // namespace spillway::upstream

@@ -296,6 +296,13 @@ void Supervisor::Poll(Worker& w) {
     if (!Ended(*w.dying, &status)) return;  // SIGKILL sent: nothing else until it has ended
     w.dying.reset();
     memory_freed_ = true;
+    if (w.view.pid <= 0) RemoveRecord(w.spec.key);  // (a previous gateway's worker kept its record until now)
+  }
+  if (w.view.pid > 0 && !w.view.adopted && w.start_time == 0) {
+    // Its start time could not be read when it was spawned (out of file
+    // descriptors): its record waited for it. A child's pid is not reused
+    // before it is reaped, so reading it now names the same process.
+    if ((w.start_time = devices::ProcessStartTime(w.view.pid)) != 0) WriteRecord(w);
   }
   if (w.view.state == WorkerState::kBackoff) {
     if (now >= w.view.next_start_ms) Spawn(w);
@@ -364,7 +371,9 @@ void Supervisor::Loop() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& [k, w] : workers_) {
-      if (w.spec.on_demand || w.view.pid > 0) continue;  // adopted: serving already
+      // Adopted: serving already. A previous gateway's worker that could
+      // not be stopped: started once it has ended (Poll).
+      if (w.spec.on_demand || w.view.pid > 0 || w.dying) continue;
       try {
         Spawn(w);
       } catch (const std::exception& e) {
@@ -624,7 +633,7 @@ void Supervisor::Release(const std::string& key) {
   auto it = workers_.find(key);
   if (it == workers_.end() || !it->second.spec.on_demand) return;
   auto& w = it->second;
-  if (w.view.pid > 0) kill(-w.view.pid, w.spec.stop_signal);
+  if (w.view.pid > 0) SignalGroup(Process(w), w.spec.stop_signal);
   w.view.state = WorkerState::kStopped;
   w.view.port = 0;
   w.view.last_exit = "released (idle)";
@@ -635,6 +644,7 @@ void Supervisor::Release(const std::string& key) {
 bool Supervisor::WaitReleased(const std::string& key, int64_t timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (true) {
+    WorkerPid process;
     {
       std::lock_guard<std::mutex> lk(mu_);
       auto it = workers_.find(key);
@@ -650,9 +660,13 @@ bool Supervisor::WaitReleased(const std::string& key, int64_t timeout_ms) {
         memory_freed_ = true;
         return true;
       }
+      process = Process(w);
     }
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    // Woken by its end (reaped above under the lock), or after a while to
+    // see whether it was started again meanwhile.
+    AwaitEnd(process, std::min(left, std::chrono::milliseconds(100)));
   }
 }
 
@@ -719,12 +733,25 @@ void Supervisor::Stop(int64_t grace_ms) {
       w.view.state = WorkerState::kStopped;
     }
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
+  // One grace period for all, then SIGKILL to every one still there, then
+  // 5 s for all of those together: N processes stuck in the kernel cost 5 s,
+  // not 5 s each.
+  const auto graced = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
   for (const auto& e : ending) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    // (StopGroup checks its end first; a killed one gets no grace.)
-    StopGroup(e.pid, e.key.empty() ? 0 : std::max<int64_t>(1, left.count()), e.stop_signal);
-    if (!e.key.empty()) RemoveRecord(e.key);
+    if (e.stop_signal != SIGKILL) WaitEnded(e.pid, graced);
+  }
+  for (const auto& e : ending) SignalGroup(e.pid, SIGKILL);
+  const auto killed = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (const auto& e : ending) {
+    const bool ended = WaitEnded(e.pid, killed);
+    if (ended && !e.key.empty()) {
+      RemoveRecord(e.key);
+    } else if (!ended) {
+      // Its record stays: the next gateway on this state directory finds it
+      // and starts no second worker beside it while it holds its memory.
+      std::fprintf(stderr, "spillway: worker %s (pid %d) could NOT be stopped: still there 5 s after SIGKILL\n",
+                   e.key.empty() ? "(killed before)" : e.key.c_str(), static_cast<int>(e.pid.pid));
+    }
   }
 }
 

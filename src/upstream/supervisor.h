@@ -202,8 +202,13 @@ class Supervisor : public Workers {
   WorkerPid Process(const Worker& w) const { return {w.view.pid, w.start_time, !w.view.adopted}; }
   // Adoption (supervisor_adoption.cpp).
   void Adopt();
-  void AdoptOrStop(const RecordFile& file);
-  AdoptDecision Judge(WorkerRecord& record, const std::optional<std::string>& configured_hash) const;
+  // `adopted`: the processes adopted so far (one serves one placement).
+  void AdoptOrStop(const RecordFile& file, std::set<pid_t>* adopted);
+  // Whether the record's process was started as this key's worker (its
+  // command line names the key's port file in this state directory).
+  bool RunsAsWorkerOf(const WorkerRecord& record) const;
+  // `external`: an external server's record, never asked anything.
+  AdoptDecision Judge(WorkerRecord& record, const std::optional<std::string>& configured_hash, bool external) const;
   Status ClearLeftovers(uint16_t port) const;
   uint16_t PortFromFile(const std::string& key) const;
   void ReadLoadProgress(Worker& w) const;  // the worker's --load-progress-file, while it starts

@@ -76,6 +76,7 @@ void Supervisor::ReadLoadProgress(Worker& w) const {
 }
 
 void Supervisor::WriteRecord(const Worker& w) {
+  if (w.start_time == 0) return;  // not readable yet (Poll tries again): such a record is refused anyway
   const WorkerRecord r{w.spec.key, w.view.pid, w.start_time, w.view.port, w.spec_hash,
                        protocol::kWorkerProtocolVersion};
   if (Status st = WritePrivateFileAtomically(RecordPath(run_dir_, w.spec.key), RecordToJson(r)); !st.ok()) {
@@ -89,12 +90,27 @@ void Supervisor::RemoveRecord(const std::string& key) {
   fs::remove(RecordPath(run_dir_, key), ec);
 }
 
-AdoptDecision Supervisor::Judge(WorkerRecord& record, const std::optional<std::string>& configured_hash) const {
-  const bool alive = devices::ProcessAlive(record.pid, record.start_time);
+bool Supervisor::RunsAsWorkerOf(const WorkerRecord& record) const {
+  const std::vector<std::string> argv = CommandLine(record.pid);
+  const std::string port_file = run_dir_ + "/" + record.key + ".port";
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == "--port-file" && argv[i + 1] == port_file) return true;
+  }
+  return false;
+}
+
+AdoptDecision Supervisor::Judge(WorkerRecord& record, const std::optional<std::string>& configured_hash,
+                               bool external) const {
+  // Its pid with its start time, and (a worker) started for this key of
+  // this state directory: a record copied or planted for another placement
+  // names a process that is not this placement's, which is never signalled.
+  const bool alive = devices::ProcessAlive(record.pid, record.start_time) && (external || RunsAsWorkerOf(record));
   // Recorded while it loaded; it may have finished since (its own port file says).
-  if (alive && record.port == 0) record.port = PortFromFile(record.key);
+  if (alive && !external && record.port == 0) record.port = PortFromFile(record.key);
   std::optional<WorkerInfoFacts> info;
-  if (alive && configured_hash == record.spec_hash && record.port != 0) {
+  // An external server is never asked: it is not ours to trust with the
+  // workers' secret (Spawn withholds it too), and it is not adopted.
+  if (alive && !external && configured_hash == record.spec_hash && record.port != 0) {
     auto r = http::Fetch("127.0.0.1", record.port, "GET", std::string(protocol::kInfoPath), "", AuthHeaders(),
                          std::chrono::seconds(2));
     const auto answer = r.ok() && r->status == 200
@@ -102,7 +118,7 @@ AdoptDecision Supervisor::Judge(WorkerRecord& record, const std::optional<std::s
                             : std::nullopt;
     if (answer) info = WorkerInfoFacts{answer->protocol_version, static_cast<pid_t>(answer->pid)};
   }
-  return DecideAdoption(record, configured_hash, protocol::kWorkerProtocolVersion, alive, info);
+  return DecideAdoption(record, configured_hash, protocol::kWorkerProtocolVersion, alive, info, external);
 }
 
 Status Supervisor::ClearLeftovers(uint16_t port) const {
@@ -131,7 +147,9 @@ std::set<std::string> Supervisor::Adoptable(const std::vector<WorkerSpec>& specs
     if (!f.record.ok()) continue;
     for (const auto& spec : specs) {
       WorkerRecord r = *f.record;
-      if (spec.key == f.key && Judge(r, SpecHash(spec.args)).action == AdoptAction::kAdopt) out.insert(f.key);
+      if (spec.key == f.key && Judge(r, SpecHash(spec.args), spec.external()).action == AdoptAction::kAdopt) {
+        out.insert(f.key);
+      }
     }
   }
   return out;
@@ -142,12 +160,13 @@ void Supervisor::Adopt() {
     std::fprintf(stderr, "spillway: no worker adopted: %s\n", st.message().c_str());
     return;
   }
+  std::set<pid_t> adopted;  // one process serves one placement
   for (const auto& f : ReadWorkerRecords(run_dir_)) {
-    RunSurviving("spillway: adopting a worker", [&] { AdoptOrStop(f); });
+    RunSurviving("spillway: adopting a worker", [&] { AdoptOrStop(f, &adopted); });
   }
 }
 
-void Supervisor::AdoptOrStop(const RecordFile& f) {
+void Supervisor::AdoptOrStop(const RecordFile& f, std::set<pid_t>* adopted) {
   if (!f.record.ok()) {
     std::fprintf(stderr, "spillway: ignoring worker record %s: %s\n", f.path.c_str(), f.record.status().message().c_str());
     RemoveRecord(f.key);
@@ -155,11 +174,21 @@ void Supervisor::AdoptOrStop(const RecordFile& f) {
   }
   WorkerRecord rec = *f.record;
   std::optional<std::string> hash;
+  bool external = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (auto it = workers_.find(rec.key); it != workers_.end()) hash = it->second.spec_hash;
+    if (auto it = workers_.find(rec.key); it != workers_.end()) {
+      hash = it->second.spec_hash;
+      external = it->second.spec.external();
+    }
   }
-  AdoptDecision d = Judge(rec, hash);
+  AdoptDecision d = Judge(rec, hash, external);
+  if (d.action == AdoptAction::kAdopt && adopted->count(rec.pid)) {
+    // Two records name one process (a copied record): it serves the
+    // placement that adopted it first, and is not signalled for this one.
+    d = {AdoptAction::kForget, "pid " + std::to_string(rec.pid) + " was adopted for another placement already"};
+    std::fprintf(stderr, "spillway: ignoring worker record %s: %s\n", f.path.c_str(), d.reason.c_str());
+  }
   if (d.action == AdoptAction::kAdopt) {
     if (Status st = ClearLeftovers(rec.port); !st.ok()) d = {AdoptAction::kStop, st.message()};
   }
@@ -168,13 +197,27 @@ void Supervisor::AdoptOrStop(const RecordFile& f) {
       RemoveRecord(rec.key);
       return;
     case AdoptAction::kStop: {
-      const bool ended = StopGroup({rec.pid, rec.start_time, /*child=*/false}, kStopGraceMs);
+      const WorkerPid process{rec.pid, rec.start_time, /*child=*/false};
+      const bool ended = StopGroup(process, kStopGraceMs);
       LogEvent("worker.previous_stopped",
                nlohmann::json{{"worker", rec.key}, {"pid", rec.pid}, {"stopped", ended}, {"reason", d.reason}}
                    .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
                "spillway: worker " + rec.key + " of the previous gateway (pid " + std::to_string(rec.pid) + ") " +
-                   (ended ? "stopped" : "could NOT be stopped") + ": " + d.reason);
-      RemoveRecord(rec.key);
+                   (ended ? "stopped" : "could NOT be stopped (still there 5 s after SIGKILL)") + ": " + d.reason);
+      if (ended) return RemoveRecord(rec.key);
+      // Stuck in the kernel, with its memory: its record stays (a later
+      // gateway still knows it), and this placement starts no worker
+      // beside it until it has ended (Poll watches it as a killed one).
+      std::lock_guard<std::mutex> lk(mu_);
+      if (auto it = workers_.find(rec.key); it != workers_.end()) {
+        Worker& w = it->second;
+        w.dying = process;
+        if (!w.spec.on_demand) {
+          w.view.state = WorkerState::kBackoff;
+          w.view.next_start_ms = 0;
+        }
+        w.view.last_exit = "the previous gateway's worker (pid " + std::to_string(rec.pid) + ") could not be stopped";
+      }
       return;
     }
     case AdoptAction::kAdopt:
@@ -195,6 +238,7 @@ void Supervisor::AdoptOrStop(const RecordFile& f) {
   w.health_failures = 0;
   w.announce_ready = true;
   WriteRecord(w);  // with the port it may have had only in its port file
+  adopted->insert(rec.pid);
   ++adopted_;
   LogEvent("worker.adopted", nlohmann::json{{"worker", rec.key}, {"pid", rec.pid}, {"port", rec.port}}.dump(),
            "spillway: worker " + rec.key + " adopted from the previous gateway (pid " + std::to_string(rec.pid) +

@@ -107,12 +107,19 @@ const char* AdoptActionName(AdoptAction a) {
 }
 
 AdoptDecision DecideAdoption(const WorkerRecord& record, const std::optional<std::string>& configured_hash,
-                             int protocol_version, bool alive, const std::optional<WorkerInfoFacts>& info) {
+                             int protocol_version, bool alive, const std::optional<WorkerInfoFacts>& info,
+                             bool external) {
   const std::string pid = "pid " + std::to_string(record.pid);
   // First: is it ours at all? A pid that now names another process must never be signalled.
-  if (!alive) return {AdoptAction::kForget, pid + " is gone or is another process now (start time differs)"};
+  if (!alive) {
+    return {AdoptAction::kForget, pid + " is gone or is another process now (start time or command line differs)"};
+  }
   if (!configured_hash) return {AdoptAction::kStop, "placement no longer configured or admitted"};
   if (record.spec_hash != *configured_hash) return {AdoptAction::kStop, "its spec changed (model, device, ctx...)"};
+  if (external) {
+    return {AdoptAction::kStop, "an external server is not adopted (it cannot prove it is the one recorded): it is "
+                                "started again"};
+  }
   if (record.protocol_version != protocol_version) {
     return {AdoptAction::kStop, "it was started for protocol version " + std::to_string(record.protocol_version) +
                                     ", this gateway speaks " + std::to_string(protocol_version)};

@@ -70,9 +70,14 @@ struct AdoptDecision {
 
 // `configured_hash`: SpecHash() of the current spec for the record's key,
 // nullopt when the key is no longer configured (or not admitted now).
-// `alive`: the record's pid exists with the record's start time (not a zombie).
+// `alive`: the record's pid exists with the record's start time (not a zombie) and,
+// for a worker, was started as the record key's worker (its command line).
 // `info`: the worker's answer on the record's port, asked only when alive.
+// `external`: the record is an external server's (started by the gateway
+// from its `command`): never asked with the workers' secret, never adopted;
+// stopped when alive, so that the one started anew finds its port free.
 AdoptDecision DecideAdoption(const WorkerRecord& record, const std::optional<std::string>& configured_hash,
-                             int protocol_version, bool alive, const std::optional<WorkerInfoFacts>& info);
+                             int protocol_version, bool alive, const std::optional<WorkerInfoFacts>& info,
+                             bool external = false);
 
 }  // namespace spillway::upstream

@@ -208,6 +208,34 @@ TEST(WorkerAdoptionTest, RecordOfAGoneOrReusedPidIsNotAdoptedAndItsProcessNotSig
   EXPECT_EQ(Call(gw.port(), "POST", "/v1/chat/completions", Chat(4)).status, 200);
 }
 
+// A record that names another placement's worker (copied, or planted in
+// the state directory) is not adopted: that process was not started as this
+// key's worker (its command line names another port file). chat.0 (read
+// first) adopted embed.0's worker, which served chat requests with the
+// embedding model, and embed.0 adopted the same process too.
+TEST(WorkerAdoptionTest, ARecordNamingAnotherPlacementsWorkerIsNotAdopted) {
+  StateDir state;
+  GatewayProcess gw(TestConfig(2), state.path);
+  const auto before = Started(gw);
+  const pid_t chat = PidOf(before.at("chat.0")), embed = PidOf(before.at("embed.0"));
+  gw.Kill9();
+  // chat.0's record now names embed.0's process (its pid, start time and port).
+  json chat_record = json::parse(std::ifstream(state.path + "/run/chat.0.json"), nullptr, false);
+  json embed_record = json::parse(std::ifstream(state.path + "/run/embed.0.json"), nullptr, false);
+  ASSERT_TRUE(chat_record.is_object() && embed_record.is_object());
+  for (const char* k : {"pid", "start_time", "port"}) chat_record[k] = embed_record[k];
+  std::ofstream(state.path + "/run/chat.0.json", std::ios::trunc) << chat_record.dump();
+
+  const auto after = Started(gw);
+  EXPECT_EQ(PidOf(after.at("embed.0")), embed);
+  EXPECT_TRUE(after.at("embed.0")["adopted"].get<bool>());
+  EXPECT_NE(PidOf(after.at("chat.0")), embed) << "another placement's worker adopted";
+  EXPECT_FALSE(after.at("chat.0")["adopted"].get<bool>());
+  kill(-chat, SIGKILL);  // its record was overwritten: the test's to clean up
+  EXPECT_EQ(Call(gw.port(), "POST", "/v1/chat/completions", Chat(4)).status, 200);
+  EXPECT_TRUE(Alive(embed)) << "a worker adopted for its own placement was signalled for another";
+}
+
 TEST(WorkerAdoptionTest, SigtermStopsEveryWorkerAdoptedOnesIncluded) {
   StateDir state;
   GatewayProcess gw(TestConfig(2), state.path);

@@ -130,6 +130,17 @@ TEST(AdoptionDecisionTest, OursButNotMatchingIsStopped) {
   EXPECT_FALSE(DecideAdoption(r, SpecHash({"x"}), 1, true, answer).reason.empty());
 }
 
+// An external server (started from the config's command) is stopped, not
+// adopted: nothing it answers could prove it is the one recorded, and the
+// gateway never asks it anything with the workers' secret (Judge).
+TEST(AdoptionDecisionTest, AnExternalServerIsStoppedNotAdopted) {
+  const WorkerRecord r = Sample();
+  const AdoptDecision d = DecideAdoption(r, r.spec_hash, 1, true, std::nullopt, /*external=*/true);
+  EXPECT_EQ(d.action, AdoptAction::kStop);
+  EXPECT_NE(d.reason.find("external server"), std::string::npos) << d.reason;
+  EXPECT_EQ(DecideAdoption(r, r.spec_hash, 1, false, std::nullopt, true).action, AdoptAction::kForget);
+}
+
 class WorkerSecretTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -216,6 +227,35 @@ TEST(ProcessGroupTest, AChildIsReapedWithItsStatus) {
   int status = 0;
   EXPECT_EQ(waitpid(pid, &status, WNOHANG), -1);  // reaped already
   EXPECT_EQ(DescribeEnd(-1).rfind("exited (adopted", 0), 0u);
+}
+
+// Waiting for a process's end is bounded, children included (a SIGKILLed
+// child stuck in the kernel once hung a gateway's stop in waitpid), and
+// ends as soon as the process does.
+TEST(ProcessGroupTest, WaitingForAnEndIsBoundedAndEndsWithIt) {
+  const pid_t pid = SpawnSleeper();
+  for (const bool child : {true, false}) {
+    const WorkerPid p{pid, devices::ProcessStartTime(pid), child};
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_FALSE(WaitEnded(p, t0 + std::chrono::milliseconds(150)));
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(150));
+  }
+  const std::vector<std::string> argv = CommandLine(pid);
+  ASSERT_EQ(argv.size(), 2u);
+  EXPECT_EQ(argv[0], "sleep");
+  EXPECT_EQ(argv[1], "30");
+  const WorkerPid p{pid, devices::ProcessStartTime(pid), /*child=*/true};
+  std::thread killer([pid] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    kill(pid, SIGKILL);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(WaitEnded(p, t0 + std::chrono::seconds(20)));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "woken by its end, not by the bound";
+  killer.join();
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, WNOHANG), -1);  // reaped
+  EXPECT_TRUE(Ended(p, &status)) << "a child reaped already counts as ended";
 }
 
 TEST(SupervisorClaimTest, OneSupervisorPerStateDirectory) {
