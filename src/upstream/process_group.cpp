@@ -95,16 +95,22 @@ void SignalGroup(const WorkerPid& p, int sig) {
   if (!Ended(p, &status)) ::kill(-p.pid, sig);
 }
 
-bool StopGroup(const WorkerPid& p, int64_t grace_ms, int stop_signal) {
-  int status = 0;
-  if (Ended(p, &status)) return true;  // checked first: an adopted pid may be someone else's now
-  if (grace_ms > 0) {
-    ::kill(-p.pid, stop_signal);
-    if (WaitEnded(p, Clock::now() + std::chrono::milliseconds(grace_ms))) return true;
+std::vector<bool> StopGroups(const std::vector<GroupStop>& groups, int64_t grace_ms) {
+  for (const auto& g : groups) SignalGroup(g.pid, g.stop_signal);
+  const auto graced = Clock::now() + std::chrono::milliseconds(grace_ms);
+  for (const auto& g : groups) {
+    if (g.stop_signal != SIGKILL) WaitEnded(g.pid, graced);
   }
-  SignalGroup(p, SIGKILL);
-  // Bounded for a child too: one stuck in the kernel must not hang a stop.
-  return WaitEnded(p, Clock::now() + std::chrono::seconds(5));
+  for (const auto& g : groups) SignalGroup(g.pid, SIGKILL);
+  // Bounded for children too: one stuck in the kernel must not hang a stop.
+  const auto killed = Clock::now() + std::chrono::seconds(5);
+  std::vector<bool> ended;
+  for (const auto& g : groups) ended.push_back(WaitEnded(g.pid, killed));
+  return ended;
+}
+
+bool StopGroup(const WorkerPid& p, int64_t grace_ms, int stop_signal) {
+  return StopGroups({{p, grace_ms > 0 ? stop_signal : SIGKILL}}, grace_ms)[0];
 }
 
 }  // namespace spillway::upstream

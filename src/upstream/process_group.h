@@ -49,6 +49,16 @@ bool AwaitEnd(const WorkerPid& p, std::chrono::milliseconds bound);
 // be someone else's now).
 void SignalGroup(const WorkerPid& p, int sig);
 
+// Many stopped together: each `stop_signal` to its group (SIGKILL: no
+// grace), one grace period of `grace_ms` for all, SIGKILL to every one still
+// there, then 5 s for all of those together (N processes stuck in the
+// kernel cost 5 s, not 5 s each). Whether each has ended, in order.
+struct GroupStop {
+  WorkerPid pid;
+  int stop_signal = 15;
+};
+std::vector<bool> StopGroups(const std::vector<GroupStop>& groups, int64_t grace_ms);
+
 // `stop_signal` (SIGTERM) to its group, SIGKILL once `grace_ms` have passed
 // (at once for 0); returns whether it has ended within 5 s of the SIGKILL
 // (false: a process stuck in the kernel, which SIGKILL ends only once the

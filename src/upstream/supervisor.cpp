@@ -705,27 +705,26 @@ void Supervisor::Stop(int64_t grace_ms) {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  // Signalled all at once under the lock, then each waited for within the
-  // one grace period without it: a process that is slow to die (or stuck in
-  // the kernel) does not hold up the I/O threads that ask for ports and views.
-  struct Ending {
-    std::string key;  // its record is removed once it has ended ("": a killed process without one)
-    WorkerPid pid;
-    int stop_signal;
-  };
-  std::vector<Ending> ending;
+  // Taken from the workers under the lock, then stopped together without
+  // it: a process that is slow to die (or stuck in the kernel) does not hold
+  // up the I/O threads that ask for ports and views.
+  std::vector<std::string> keys;  // whose record each one's is ("": none left)
+  std::vector<GroupStop> ending;
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& [k, w] : workers_) {
       int status = 0;
-      if (w.dying) ending.push_back({"", *w.dying, SIGKILL});  // killed before: reaped below
+      if (w.dying) {  // killed before (its record gone), or a previous gateway's that would not stop (its record kept)
+        keys.push_back(w.view.pid > 0 ? "" : k);
+        ending.push_back({*w.dying, SIGKILL});
+      }
       w.dying.reset();
       if (w.view.pid > 0) {
         if (Ended(Process(w), &status)) {
           RemoveRecord(k);  // reaped: its pid is no longer ours to signal
         } else {
-          kill(-w.view.pid, w.spec.stop_signal);
-          ending.push_back({k, Process(w), w.spec.stop_signal});
+          keys.push_back(k);
+          ending.push_back({Process(w), w.spec.stop_signal});
         }
       }
       w.view.pid = 0;
@@ -733,25 +732,16 @@ void Supervisor::Stop(int64_t grace_ms) {
       w.view.state = WorkerState::kStopped;
     }
   }
-  // One grace period for all, then SIGKILL to every one still there, then
-  // 5 s for all of those together: N processes stuck in the kernel cost 5 s,
-  // not 5 s each.
-  const auto graced = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
-  for (const auto& e : ending) {
-    if (e.stop_signal != SIGKILL) WaitEnded(e.pid, graced);
-  }
-  for (const auto& e : ending) SignalGroup(e.pid, SIGKILL);
-  const auto killed = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  for (const auto& e : ending) {
-    const bool ended = WaitEnded(e.pid, killed);
-    if (ended && !e.key.empty()) {
-      RemoveRecord(e.key);
-    } else if (!ended) {
-      // Its record stays: the next gateway on this state directory finds it
-      // and starts no second worker beside it while it holds its memory.
-      std::fprintf(stderr, "spillway: worker %s (pid %d) could NOT be stopped: still there 5 s after SIGKILL\n",
-                   e.key.empty() ? "(killed before)" : e.key.c_str(), static_cast<int>(e.pid.pid));
+  const std::vector<bool> ended = StopGroups(ending, grace_ms);
+  for (size_t i = 0; i < ending.size(); ++i) {
+    if (ended[i]) {
+      if (!keys[i].empty()) RemoveRecord(keys[i]);
+      continue;
     }
+    // Its record stays: the next gateway on this state directory finds it
+    // and starts no second worker beside it while it holds its memory.
+    std::fprintf(stderr, "spillway: worker %s (pid %d) could NOT be stopped: still there 5 s after SIGKILL\n",
+                 keys[i].empty() ? "(killed before)" : keys[i].c_str(), static_cast<int>(ending[i].pid.pid));
   }
 }
 

@@ -202,8 +202,16 @@ class Supervisor : public Workers {
   WorkerPid Process(const Worker& w) const { return {w.view.pid, w.start_time, !w.view.adopted}; }
   // Adoption (supervisor_adoption.cpp).
   void Adopt();
-  // `adopted`: the processes adopted so far (one serves one placement).
-  void AdoptOrStop(const RecordFile& file, std::set<pid_t>* adopted);
+  // A previous gateway's worker to stop (AdoptOrStop), and why.
+  struct Previous {
+    std::string key;
+    WorkerPid process;
+    std::string reason;
+  };
+  // `adopted`: the processes adopted so far (one serves one placement);
+  // those that must go are added to `to_stop`, for StopPrevious.
+  void AdoptOrStop(const RecordFile& file, std::set<pid_t>* adopted, std::vector<Previous>* to_stop);
+  void StopPrevious(const std::vector<Previous>& previous);
   // Whether the record's process was started as this key's worker (its
   // command line names the key's port file in this state directory).
   bool RunsAsWorkerOf(const WorkerRecord& record) const;

@@ -3,6 +3,7 @@
 #include "upstream/supervisor.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -161,12 +162,46 @@ void Supervisor::Adopt() {
     return;
   }
   std::set<pid_t> adopted;  // one process serves one placement
+  std::vector<Previous> to_stop;
   for (const auto& f : ReadWorkerRecords(run_dir_)) {
-    RunSurviving("spillway: adopting a worker", [&] { AdoptOrStop(f, &adopted); });
+    RunSurviving("spillway: adopting a worker", [&] { AdoptOrStop(f, &adopted, &to_stop); });
+  }
+  RunSurviving("spillway: stopping the previous gateway's workers", [&] { StopPrevious(to_stop); });
+}
+
+void Supervisor::StopPrevious(const std::vector<Previous>& previous) {
+  std::vector<GroupStop> groups;
+  for (const auto& p : previous) groups.push_back({p.process, SIGTERM});
+  // Together: one grace period for all (N hung ones cost seconds, not N times that).
+  const std::vector<bool> ended = StopGroups(groups, kStopGraceMs);
+  for (size_t i = 0; i < previous.size(); ++i) {
+    const auto& [key, process, reason] = previous[i];
+    LogEvent("worker.previous_stopped",
+             nlohmann::json{{"worker", key}, {"pid", process.pid}, {"stopped", ended[i]}, {"reason", reason}}
+                 .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+             "spillway: worker " + key + " of the previous gateway (pid " + std::to_string(process.pid) + ") " +
+                 (ended[i] ? "stopped" : "could NOT be stopped (still there 5 s after SIGKILL)") + ": " + reason);
+    if (ended[i]) {
+      RemoveRecord(key);
+      continue;
+    }
+    // Stuck in the kernel, with its memory: its record stays (a later
+    // gateway still knows it), and this placement starts no worker beside
+    // it until it has ended (Poll watches it as a killed one).
+    std::lock_guard<std::mutex> lk(mu_);
+    if (auto it = workers_.find(key); it != workers_.end()) {
+      Worker& w = it->second;
+      w.dying = process;
+      if (!w.spec.on_demand) {
+        w.view.state = WorkerState::kBackoff;
+        w.view.next_start_ms = 0;
+      }
+      w.view.last_exit = "the previous gateway's worker (pid " + std::to_string(process.pid) + ") could not be stopped";
+    }
   }
 }
 
-void Supervisor::AdoptOrStop(const RecordFile& f, std::set<pid_t>* adopted) {
+void Supervisor::AdoptOrStop(const RecordFile& f, std::set<pid_t>* adopted, std::vector<Previous>* to_stop) {
   if (!f.record.ok()) {
     std::fprintf(stderr, "spillway: ignoring worker record %s: %s\n", f.path.c_str(), f.record.status().message().c_str());
     RemoveRecord(f.key);
@@ -196,30 +231,9 @@ void Supervisor::AdoptOrStop(const RecordFile& f, std::set<pid_t>* adopted) {
     case AdoptAction::kForget:
       RemoveRecord(rec.key);
       return;
-    case AdoptAction::kStop: {
-      const WorkerPid process{rec.pid, rec.start_time, /*child=*/false};
-      const bool ended = StopGroup(process, kStopGraceMs);
-      LogEvent("worker.previous_stopped",
-               nlohmann::json{{"worker", rec.key}, {"pid", rec.pid}, {"stopped", ended}, {"reason", d.reason}}
-                   .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-               "spillway: worker " + rec.key + " of the previous gateway (pid " + std::to_string(rec.pid) + ") " +
-                   (ended ? "stopped" : "could NOT be stopped (still there 5 s after SIGKILL)") + ": " + d.reason);
-      if (ended) return RemoveRecord(rec.key);
-      // Stuck in the kernel, with its memory: its record stays (a later
-      // gateway still knows it), and this placement starts no worker
-      // beside it until it has ended (Poll watches it as a killed one).
-      std::lock_guard<std::mutex> lk(mu_);
-      if (auto it = workers_.find(rec.key); it != workers_.end()) {
-        Worker& w = it->second;
-        w.dying = process;
-        if (!w.spec.on_demand) {
-          w.view.state = WorkerState::kBackoff;
-          w.view.next_start_ms = 0;
-        }
-        w.view.last_exit = "the previous gateway's worker (pid " + std::to_string(rec.pid) + ") could not be stopped";
-      }
+    case AdoptAction::kStop:
+      to_stop->push_back({rec.key, {rec.pid, rec.start_time, /*child=*/false}, d.reason});
       return;
-    }
     case AdoptAction::kAdopt:
       break;
   }

@@ -189,14 +189,21 @@ TEST_F(WorkerSecretTest, AFileOthersCanReadIsReplaced) {
 }
 
 // A process in its own group, as a worker is.
-pid_t SpawnSleeper() {
+// A `sleep 30` leading its own group; `deaf`: it ignores SIGTERM (only
+// SIGKILL ends it).
+pid_t SpawnSleeper(bool deaf = false) {
   const pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);
+    if (deaf) signal(SIGTERM, SIG_IGN);  // (kept across exec)
     execlp("sleep", "sleep", "30", static_cast<char*>(nullptr));
     _exit(127);
   }
   setpgid(pid, pid);
+  // Deaf only once it runs `sleep` (a SIGTERM before would end it).
+  for (int i = 0; deaf && i < 5000 && CommandLine(pid) != std::vector<std::string>{"sleep", "30"}; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   return pid;
 }
 
@@ -256,6 +263,25 @@ TEST(ProcessGroupTest, WaitingForAnEndIsBoundedAndEndsWithIt) {
   int status = 0;
   EXPECT_EQ(waitpid(pid, &status, WNOHANG), -1);  // reaped
   EXPECT_TRUE(Ended(p, &status)) << "a child reaped already counts as ended";
+}
+
+// Workers that ignore SIGTERM, stopped together (a gateway's SIGTERM, the
+// previous gateway's workers at adoption): one grace period for all, then
+// SIGKILL, not one grace period after another.
+TEST(ProcessGroupTest, GroupsStoppedTogetherShareOneGracePeriod) {
+  std::vector<GroupStop> groups;
+  for (int i = 0; i < 3; ++i) {
+    const pid_t pid = SpawnSleeper(/*deaf=*/true);
+    groups.push_back({{pid, devices::ProcessStartTime(pid), /*child=*/i != 0}, SIGTERM});
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<bool> ended = StopGroups(groups, 500);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(ended, std::vector<bool>(3, true));
+  EXPECT_GE(took, std::chrono::milliseconds(500)) << "SIGTERM was not given its grace";
+  EXPECT_LT(took, std::chrono::milliseconds(900)) << "one grace period after another";
+  int status = 0;
+  waitpid(groups[0].pid.pid, &status, 0);  // the one not treated as a child
 }
 
 TEST(SupervisorClaimTest, OneSupervisorPerStateDirectory) {
