@@ -174,6 +174,7 @@ StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& path, Journa
   j->log_->set_lazy_wait(std::chrono::milliseconds(j->opts_.deferred_sync_ms));
   if (!leftover.empty()) {
     if (Status st = j->ApplyAll(leftover); !st.ok()) {
+      j->log_stuck_ = true;  // this journal, dropped here, must not empty the log on its way out
       return Status::Unavailable("journal " + path + ": cannot apply the " + std::to_string(leftover.size()) +
                                  " records its commit log holds from before (they are kept): " + st.message());
     }

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <thread>
 
 #include "journal/commit_log.h"
@@ -32,6 +34,18 @@ constexpr int64_t kMaxDeferred = 4096;
 
 }  // namespace
 
+namespace {
+
+// A record that cannot be read (what a torn or damaged log may hold, or one
+// of a type this build does not know): skipped by ApplyAll.
+constexpr std::string_view kDamagedPrefix = "journal: unreadable log record: ";
+Status Damaged(const std::string& what) { return Status::Internal(std::string(kDamagedPrefix) + what); }
+bool IsDamaged(const Status& st) {
+  return st.code() == StatusCode::kInternal && st.message().rfind(kDamagedPrefix, 0) == 0;
+}
+
+}  // namespace
+
 Status Journal::FinishRows(const std::string& id, State state, int64_t status, const std::string& content_type,
                            const std::string& body, const std::string& error, int64_t now, bool* changed) {
   Stmt a(*stmts_, "UPDATE attempts SET outcome=?2, error=?3, ended_ms=?4 WHERE request_id=?1 AND ended_ms=0;");
@@ -51,7 +65,7 @@ Status Journal::FinishRows(const std::string& id, State state, int64_t status, c
 Status Journal::ApplyRecord(const std::string& payload, std::optional<Transition>* told) {
   RecordReader in(payload);
   uint8_t type = 0;
-  if (!in.U8(&type)) return Status::Internal("journal: an empty log record");
+  if (!in.U8(&type)) return Damaged("an empty log record");
   if (type == kNewRunning) {
     RequestRecord r;
     std::string placement, decision;
@@ -59,7 +73,7 @@ Status Journal::ApplyRecord(const std::string& payload, std::optional<Transition
     if (!in.Str(&r.id) || !in.Str(&r.client) || !in.Str(&r.payload_hash) || !in.Str(&r.service) ||
         !in.Str(&r.endpoint) || !in.I64(&stream) || !in.Str(&r.body) || !in.Str(&r.body_type) || !in.Str(&placement) ||
         !in.Str(&decision) || !in.I64(&now) || (!in.done() && !in.I64(&r.deadline_ms)) || !in.done()) {
-      return Status::Internal("journal: a damaged log record");  // (a record written before deadlines has none)
+      return Damaged("a damaged log record");  // (a record written before deadlines has none)
     }
     Stmt ins(*stmts_,
              "INSERT INTO requests(id, client, payload_hash, service, endpoint, stream, body, state, placement, "
@@ -84,14 +98,14 @@ Status Journal::ApplyRecord(const std::string& payload, std::optional<Transition
     int64_t state = 0, status = 0, now = 0;
     if (!in.Str(&id) || !in.I64(&state) || !in.I64(&status) || !in.Str(&content_type) || !in.Str(&body) ||
         !in.Str(&error) || !in.I64(&now) || !in.done() || !IsTerminal(StateOf(state))) {
-      return Status::Internal("journal: a damaged log record");
+      return Damaged("a damaged log record");
     }
     bool changed = false;
     SPILLWAY_RETURN_IF_ERROR(FinishRows(id, StateOf(state), status, content_type, body, error, now, &changed));
     if (told && changed) *told = Transition{Transition::Kind::kFinished, id, "", 0, StateOf(state), error, ""};
     return Status::Ok();
   }
-  return Status::Internal("journal: a log record of unknown type " + std::to_string(type));
+  return Damaged("a log record of unknown type " + std::to_string(type));
 }
 
 void Journal::AppendLogged(std::string payload, size_t bytes, OnCommit durable, bool defer_sync) {
@@ -154,7 +168,10 @@ Status Journal::ApplyAll(const std::vector<std::string>& records, std::vector<Tr
     std::optional<Transition> t;
     Status st = ApplyRecord(rec, told ? &t : nullptr);
     if (st.ok() && t) told->push_back(std::move(*t));
-    if (st.ok() || st.code() == StatusCode::kInternal) continue;  // a damaged record is skipped, not retried forever
+    // A damaged record is skipped, not retried forever; any other failure
+    // (the disk, a lock, memory) undoes the batch, which comes again: a
+    // record is never dropped for a failure of SQLite's.
+    if (st.ok() || IsDamaged(st)) continue;
     if (!sqlite3_get_autocommit(db_)) (void)exec("ROLLBACK;");
     return st;
   }

@@ -623,6 +623,35 @@ TEST_F(LoggedWritesTest, RecordsWhoseRowsNeverCommittedAreAppliedByTheNextOpen) 
   EXPECT_EQ((*recovered)[0].id, "running");
 }
 
+// An Open that cannot apply what the log holds from before (the disk full,
+// the database locked by another program) fails, and keeps those records
+// for the next try, as it says. Its journal, dropped by the failed Open,
+// emptied the log on its way out: the next Open found nothing to apply.
+TEST_F(LoggedWritesTest, AnOpenThatCannotApplyTheLogKeepsItsRecords) {
+  Reopen(Slow(true));
+  ASSERT_TRUE(NewRunning("done").ok());
+  ASSERT_TRUE(End("done", "answer").ok());
+  ASSERT_TRUE(NewRunning("running").ok());
+  const fs::path crashed = CopyAsCrashed();
+  const std::string db = (crashed / "journal.db").string();
+  {
+    JournalOptions full_disk;
+    full_disk.faults = StorageFaults::Create();
+    ASSERT_NE(full_disk.faults, nullptr);
+    full_disk.faults->SetDiskFull(true);
+    auto refused = Journal::Open(db, full_disk, clock_);
+    ASSERT_FALSE(refused.ok()) << "the rows could not be written, yet it opened";
+    EXPECT_NE(refused.status().message().find("they are kept"), std::string::npos) << refused.status().ToString();
+  }
+  EXPECT_EQ(CommitLog::ReadRecords((crashed / "journal.db-log").string()).size(), 3u);
+  auto j = Journal::Open(db, {}, clock_);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  auto done = (*j)->Get("done");
+  ASSERT_TRUE(done.ok()) << "a request acknowledged as finished is missing";
+  EXPECT_EQ(done->state, State::kCompleted);
+  ASSERT_TRUE((*j)->Get("running").ok()) << "a request acknowledged as running is missing";
+}
+
 // A request's deadline (X-Request-Timeout as a time) is journaled with it,
 // by both ways a request is first written (a log record, a transaction):
 // a restart that recovers the request recovers its deadline too (it ran
