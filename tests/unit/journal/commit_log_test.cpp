@@ -551,6 +551,14 @@ class LoggedWritesTest : public FaultyJournalFixture {
     }
     return crashed;
   }
+  // A process killed after two requests' records were durable ("done"
+  // finished, "running" not) and before their rows committed: its files
+  // (empty when a write failed).
+  fs::path CrashedWithDoneAndRunning() {
+    Reopen(Slow(true));
+    if (!NewRunning("done").ok() || !End("done", "answer").ok() || !NewRunning("running").ok()) return {};
+    return CopyAsCrashed();
+  }
   static bool Eventually(const std::function<bool()>& f) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (std::chrono::steady_clock::now() < deadline) {
@@ -599,11 +607,8 @@ TEST_F(LoggedWritesTest, WhatWasToldDurableIsReadBackAtOnceAndTheObserverHearsOf
 // A process that dies after the records are durable and before their rows
 // are committed: the files as it left them, opened by the next one.
 TEST_F(LoggedWritesTest, RecordsWhoseRowsNeverCommittedAreAppliedByTheNextOpen) {
-  Reopen(Slow(true));
-  ASSERT_TRUE(NewRunning("done").ok());
-  ASSERT_TRUE(End("done", "answer").ok());
-  ASSERT_TRUE(NewRunning("running").ok());
-  const fs::path crashed = CopyAsCrashed();
+  const fs::path crashed = CrashedWithDoneAndRunning();
+  ASSERT_FALSE(crashed.empty());
   ASSERT_FALSE(CommitLog::ReadRecords((crashed / "journal.db-log").string()).empty());
   auto j = Journal::Open((crashed / "journal.db").string(), {}, clock_);
   ASSERT_TRUE(j.ok()) << j.status().ToString();
@@ -628,11 +633,8 @@ TEST_F(LoggedWritesTest, RecordsWhoseRowsNeverCommittedAreAppliedByTheNextOpen) 
 // for the next try, as it says. Its journal, dropped by the failed Open,
 // emptied the log on its way out: the next Open found nothing to apply.
 TEST_F(LoggedWritesTest, AnOpenThatCannotApplyTheLogKeepsItsRecords) {
-  Reopen(Slow(true));
-  ASSERT_TRUE(NewRunning("done").ok());
-  ASSERT_TRUE(End("done", "answer").ok());
-  ASSERT_TRUE(NewRunning("running").ok());
-  const fs::path crashed = CopyAsCrashed();
+  const fs::path crashed = CrashedWithDoneAndRunning();
+  ASSERT_FALSE(crashed.empty());
   const std::string db = (crashed / "journal.db").string();
   {
     JournalOptions full_disk;
