@@ -88,6 +88,7 @@ class Session;
 
 // A connection's read buffer (see Session's constructor).
 constexpr size_t kReadBufferBytes = 8 * 1024;
+constexpr size_t kMaxReadBytes = 64 * 1024;  // what Beast reads at most at once
 
 // What all connections of one server share: how many are open, how many
 // body bytes they hold.
@@ -136,7 +137,12 @@ class Session : public std::enable_shared_from_this<Session> {
         probe_timer_(stream_.get_executor()),
         shared_(std::move(shared)),
         opts_(shared_->opts),
-        handler_(handler) {
+        handler_(handler),
+        // Bounded: Beast's header limit covers the head only, and a chunk-size
+        // line or a trailer that never ends would grow the buffer with every
+        // byte (past the bound Beast reports buffer_overflow: a 400). It holds
+        // a head, a peek's bytes and one read.
+        buffer_(opts_.max_header_bytes + sizeof peek_ + kMaxReadBytes) {
     // Beast reads max(512, free capacity) bytes at a time, and a parser that
     // takes each body chunk out of the buffer keeps it from growing: without
     // this a 20 KB body took 40 reads, each with its own timer reset.
@@ -225,6 +231,19 @@ class Session : public std::enable_shared_from_this<Session> {
       reserved_ = need;
     }
     if (parser_->is_done()) return OnRead({});
+    // A client that waits for leave to send its body (curl for large ones)
+    // gets it now, the body's budget taken, instead of waiting out its own
+    // timeout (a second for curl) before sending anyway.
+    if (auto e = parser_->get().find(bhttp::field::expect); parser_->get().version() >= 11 &&
+        e != parser_->get().end() && beast::iequals(e->value(), "100-continue") && buffer_.size() == 0) {
+      // Sent at once, outside the write queue (whose timer would replace the
+      // body's read timeout): 25 bytes a fresh connection's socket always
+      // takes. One that does not: the client sends after its own wait.
+      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      const ssize_t sent = ::send(stream_.socket().native_handle(), kContinue.data(), kContinue.size(),
+                                  MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (sent > 0 && static_cast<size_t>(sent) < kContinue.size()) return Close();  // half a line: unusable
+    }
     bhttp::async_read(stream_, buffer_, *parser_,
                       [self = shared_from_this()](beast::error_code ec, std::size_t) { self->OnRead(ec); });
   }
@@ -238,6 +257,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnRead(beast::error_code ec) {
     if (ec == bhttp::error::body_limit) return RejectAndClose(413, "request body too large", "body_too_large");
     if (ec == bhttp::error::header_limit) return RejectAndClose(431, "request header too large");
+    if (ec == bhttp::error::buffer_overflow) {
+      return RejectAndClose(400, "malformed HTTP request: a chunk-size line or trailer longer than " +
+                                     std::to_string(buffer_.max_size()) + " bytes");
+    }
     if (ec) {
       // EOF between requests, timeouts and resets end the connection quietly;
       // a malformed request gets a 400 first.
@@ -285,8 +308,7 @@ class Session : public std::enable_shared_from_this<Session> {
             self->buffer_.commit(n);
           }
           if (ec == net::error::eof) {
-            self->read_closed_ = true;
-            self->keep_alive_ = false;
+            self->read_closed_ = true;  // nothing more comes; what it sent is still answered
           }
           if (gen != self->exchange_gen_) return self->AfterExchange();  // the answer went out meanwhile
           if (ec == net::error::eof) return self->ProbePeer();
@@ -329,7 +351,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void AfterExchange() {
     if (!next_pending_) return;
     next_pending_ = false;
-    if (keep_alive_ && !peer_gone_ && !closed_) return DoRead();
+    // A peer that half-closed gets answers to the requests it sent before
+    // (pipelined, in the buffer), then the connection closes.
+    if (keep_alive_ && !peer_gone_ && !closed_ && (!read_closed_ || buffer_.size() > 0)) return DoRead();
     LingeringClose();
   }
 

@@ -276,6 +276,54 @@ TEST_F(ServerFixture, BytesSentDuringARequestAreNotBufferedWithoutBound) {
   EXPECT_FALSE(disconnected_);
 }
 
+// A chunk-size line (or a trailer) that never ends: Beast's header limit
+// covers only the head, so the connection's read buffer grew with every
+// byte until the read timeout (gigabytes on a fast link). Its buffer is
+// bounded: past the bound, a 400 at once.
+TEST_F(ServerFixture, AChunkSizeLineThatNeverEndsIsRefusedNotBuffered) {
+  RawPeer p(server_->port());
+  p.Send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1");
+  std::thread writer([&p] {
+    const std::string junk(64 << 10, 'x');
+    boost::system::error_code ec;
+    for (int i = 0; i < 16 && !ec; ++i) net::write(p.sock, net::buffer(junk), ec);  // 1 MiB, no line end
+  });
+  const std::string got = p.ReadAll(std::chrono::milliseconds(5000));
+  writer.join();
+  EXPECT_NE(got.find("400"), std::string::npos) << "no answer: the line was buffered for the read timeout";
+}
+
+// A client that asks leave to send its body (Expect: 100-continue, as curl
+// does for large ones) gets it at once; it waited out its own timeout (a
+// second for curl) before sending anyway.
+TEST_F(ServerFixture, ExpectContinueIsAnsweredBeforeTheBody) {
+  RawPeer p(server_->port());
+  p.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n");
+  timeval tv{2, 0};
+  setsockopt(p.sock.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[64];
+  const ssize_t n = ::recv(p.sock.native_handle(), buf, sizeof buf, 0);
+  ASSERT_GT(n, 0) << "no interim answer: the client waits before it sends its body";
+  EXPECT_EQ(std::string(buf, static_cast<size_t>(n)), "HTTP/1.1 100 Continue\r\n\r\n");
+  p.Send("hello");
+  const std::string got = p.ReadAll(std::chrono::milliseconds(1000));
+  EXPECT_NE(got.find("200 OK"), std::string::npos) << got;
+  EXPECT_NE(got.find("hello"), std::string::npos) << got;
+}
+
+// Two pipelined requests, then a half-close (nc -N, a client that sends all
+// it has, then shuts its side): both are answered. The second, already in
+// the buffer, was dropped with the connection.
+TEST_F(ServerFixture, PipelinedRequestsOfAHalfClosedPeerAreAllAnswered) {
+  RawPeer p(server_->port());
+  p.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nfirst"
+         "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nsecond");
+  p.sock.shutdown(net::socket_base::shutdown_send);
+  const std::string got = p.ReadAll();
+  EXPECT_NE(got.find("first"), std::string::npos) << got;
+  EXPECT_NE(got.find("second"), std::string::npos) << got;
+}
+
 // A server with small connection and body budgets.
 class TightServer : public ServerFixture {
  protected:
