@@ -110,7 +110,9 @@ struct Shared {
 
 class ExchangeImpl final : public Exchange {
  public:
-  explicit ExchangeImpl(std::shared_ptr<Session> s) : session_(std::move(s)) {}
+  // `version`: the request's (HTTP/1.0 gets an unframed stream that ends
+  // with the connection: it has no chunked encoding).
+  ExchangeImpl(std::shared_ptr<Session> s, unsigned version) : session_(std::move(s)), http10_(version < 11) {}
   ~ExchangeImpl() override;
   void Respond(Response res) override;
   void StartStream(Response header) override;
@@ -128,6 +130,7 @@ class ExchangeImpl final : public Exchange {
 
  private:
   std::shared_ptr<Session> session_;
+  const bool http10_;
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -185,6 +188,10 @@ class Session : public std::enable_shared_from_this<Session> {
     queue_.push_back(std::move(item));
     if (!writing_) DoWrite();
   }
+
+  // The connection closes once this exchange's answer is out (an HTTP/1.0
+  // stream's end is the connection's).
+  void CloseAfterExchange() { keep_alive_ = false; }
 
   void SetDisconnectCallback(std::function<void()> cb) {
     if (peer_gone_) {
@@ -280,7 +287,7 @@ class Session : public std::enable_shared_from_this<Session> {
     peer_gone_ = false;
     on_disconnect_ = nullptr;
     ++exchange_gen_;
-    auto ex = std::make_shared<ExchangeImpl>(shared_from_this());
+    auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), version_);
     current_ = ex;
     WatchPeer();
     // The exchange (if dropped) answers 500.
@@ -514,24 +521,29 @@ void ExchangeImpl::Respond(Response res) {
 }
 
 void ExchangeImpl::StartStream(Response header) {
-  header.chunked(true);
+  header.chunked(!http10_);
+  if (http10_) header.set(bhttp::field::connection, "close");
   header.body().clear();
   std::string raw;
   raw.reserve(256);
-  raw += "HTTP/1.1 " + std::to_string(header.result_int()) + " " + std::string(header.reason()) + "\r\n";
+  raw += std::string(http10_ ? "HTTP/1.0 " : "HTTP/1.1 ") + std::to_string(header.result_int()) + " " +
+         std::string(header.reason()) + "\r\n";
   for (const auto& f : header) {
     raw.append(f.name_string().data(), f.name_string().size()).append(": ");
     raw.append(f.value().data(), f.value().size()).append("\r\n");
   }
   raw += "\r\n";
   auto s = session_;
-  net::dispatch(s->executor(), [s, raw = std::move(raw)]() mutable { s->Enqueue({nullptr, std::move(raw), false}); });
+  net::dispatch(s->executor(), [s, raw = std::move(raw), close = http10_]() mutable {
+    if (close) s->CloseAfterExchange();
+    s->Enqueue({nullptr, std::move(raw), false});
+  });
 }
 
 void ExchangeImpl::Write(std::string data) {
   if (finished_ || data.empty()) return;
   auto s = session_;
-  std::string raw = ChunkFrame(data);
+  std::string raw = http10_ ? std::move(data) : ChunkFrame(data);
   *unsent_ += static_cast<int64_t>(raw.size());
   net::dispatch(s->executor(), [s, raw = std::move(raw), u = unsent_]() mutable {
     s->Enqueue({nullptr, std::move(raw), false, std::move(u)});  // dropped unsent: its destructor counts it down
@@ -541,7 +553,9 @@ void ExchangeImpl::Write(std::string data) {
 void ExchangeImpl::End() {
   if (finished_.exchange(true)) return;
   auto s = session_;
-  net::dispatch(s->executor(), [s] { s->Enqueue({nullptr, "0\r\n\r\n", true}); });
+  net::dispatch(s->executor(), [s, end = std::string(http10_ ? "" : "0\r\n\r\n")]() mutable {
+    s->Enqueue({nullptr, std::move(end), true});
+  });
 }
 
 void ExchangeImpl::OnDisconnect(std::function<void()> cb) {

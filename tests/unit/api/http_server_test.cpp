@@ -324,6 +324,22 @@ TEST_F(ServerFixture, PipelinedRequestsOfAHalfClosedPeerAreAllAnswered) {
   EXPECT_NE(got.find("second"), std::string::npos) << got;
 }
 
+// HTTP/1.0 has no chunked encoding: a stream to an HTTP/1.0 client is its
+// bytes as they are, ended by closing the connection. It got chunk sizes
+// in its body.
+TEST_F(ServerFixture, AStreamToAnHttp10ClientIsUnframedAndEndsWithTheConnection) {
+  RawPeer p(server_->port());
+  p.Send("GET /stream HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string got = p.ReadAll(std::chrono::milliseconds(5000));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4)) << "the stream's end did not close it";
+  EXPECT_EQ(got.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << got;
+  EXPECT_EQ(got.find("chunked"), std::string::npos) << got;
+  const size_t body = got.find("\r\n\r\n");
+  ASSERT_NE(body, std::string::npos) << got;
+  EXPECT_EQ(got.substr(body + 4), "data: 0\n\ndata: 1\n\ndata: 2\n\n");
+}
+
 // A server with small connection and body budgets.
 class TightServer : public ServerFixture {
  protected:
