@@ -577,6 +577,8 @@ void CommitLog::CutFailed(std::vector<Unsynced>& batch) {
   if (left > 0) broken_ = true;
 }
 
+bool CommitLog::broken() const { return broken_.load(); }
+
 void CommitLog::Applied(int64_t seq) {
   std::lock_guard<std::mutex> lk(mu_);
   if (seq > applied_) applied_ = seq;

@@ -42,6 +42,7 @@
 // back to back, each CRC over its payload alone; Open reads it and replaces it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -119,6 +120,9 @@ class CommitLog {
   // record written and they fill 4 KiB or more, the file is begun again; the
   // file set aside, once its records are, becomes the spare.
   void Applied(int64_t seq);
+  // A torn or failed record could not be cut off: it takes no more records
+  // until the next Open (every Append fails, saying so).
+  bool broken() const;
   // Begins the file again, whatever its records fill, if every record in it
   // is applied (the journal's thread, once the queue has been idle a while).
   void EmptyIfApplied();
@@ -176,7 +180,7 @@ class CommitLog {
   int64_t queued_seq_ = 0;  // the last record handed to `queued` (durable)
   int64_t done_seq_ = 0;    // the last record whose callbacks have run
   int64_t applied_ = 0;
-  bool broken_ = false;     // a torn or failed record could not be zeroed: no more records until Open
+  std::atomic<bool> broken_{false};  // (read without mu_: checked on every request, and mu_ waits on the disk)     // a torn or failed record could not be zeroed: no more records until Open
   // FULL: records written and waiting for the next fdatasync.
   struct Unsynced {
     int64_t seq;

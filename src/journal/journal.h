@@ -330,6 +330,8 @@ class Journal {
   void Checkpoint();  // on the journal's thread
   static int OnWalCommit(void* self, sqlite3* db, const char* name, int pages);
   Status WriteGate(bool* retrying);
+  // Refused until a restart: the commit log takes no more records (CommitLog::broken()).
+  Status LogTakesNoMore() const;
   Status Probe();  // a one-row write that proves the storage takes writes
   Status CannotWrite(int64_t now) const;  // mu_ held
   Status StorageFailure(int rc, const std::string& msg);

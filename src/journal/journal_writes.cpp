@@ -268,7 +268,17 @@ Status Journal::CannotWrite(int64_t now) const {
       .WithRetryAfter(static_cast<int>(std::max<int64_t>(1, (left_ms + 999) / 1000)));
 }
 
+Status Journal::LogTakesNoMore() const {
+  if (!log_ || !log_->broken()) return Status::Ok();
+  return Status::Unavailable(
+             "the request journal cannot write: its commit log could not cut off a failed record and takes no "
+             "more records; restart spillway once the disk is healthy")
+      .WithRetryAfter(30);
+}
+
 Status Journal::WriteGate(bool* retrying) {
+  // Until a restart: neither the retry time nor a probe's row changes it.
+  SPILLWAY_RETURN_IF_ERROR(LogTakesNoMore());
   std::lock_guard<std::mutex> lk(mu_);
   if (writable_) return Status::Ok();
   const int64_t now = clock_.NowMs();
@@ -281,6 +291,7 @@ Status Journal::WriteGate(bool* retrying) {
 }
 
 Status Journal::Refusal() {
+  SPILLWAY_RETURN_IF_ERROR(LogTakesNoMore());
   std::lock_guard<std::mutex> lk(mu_);
   const int64_t now = clock_.NowMs();
   return writable_ || now >= retry_at_ms_ ? Status::Ok() : CannotWrite(now);
@@ -293,6 +304,7 @@ Status Journal::Health() {
   // A probe, so that a journal nobody writes to (clients sent away by
   // /readyz) still finds out that the disk has room again.
   (void)Probe();
+  SPILLWAY_RETURN_IF_ERROR(LogTakesNoMore());
   std::lock_guard<std::mutex> lk(mu_);
   return writable_ ? Status::Ok() : CannotWrite(clock_.NowMs());
 }

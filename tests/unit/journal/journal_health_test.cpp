@@ -2,6 +2,7 @@
 // requests with the reason, keeps what it acknowledged, and recovers.
 #include <gtest/gtest.h>
 
+#include <future>
 #include <string>
 
 #include "gateway/gateway_internal.h"
@@ -107,6 +108,31 @@ TEST_F(JournalHealthTest, AFailedWriteOrFsyncIsTheReason) {
   EXPECT_FALSE(j_->Get("a").ok());
   EXPECT_TRUE(j_->Get("b").ok());
   EXPECT_TRUE(j_->Get("d").ok());
+}
+
+// A commit log that could not cut off a failed record takes no more records
+// until a restart: the journal stays unhealthy and refuses new requests with
+// that reason. Its probe (a SQLite row) succeeded, so /readyz said ready
+// and every request let in failed at its first record.
+TEST_F(JournalHealthTest, ACommitLogThatTakesNoMoreRecordsKeepsTheJournalUnhealthy) {
+  auto logged = [&](const std::string& id) {
+    std::promise<Status> p;
+    auto f = p.get_future();
+    j_->AcceptAndStartAsync(Rec(id), "cpu", "", [&p](Status st) { p.set_value(std::move(st)); });
+    return f.get();
+  };
+  ASSERT_TRUE(logged("before").ok());
+  faults_->FailSyncs(2);  // the record's sync, then its cut's
+  EXPECT_EQ(logged("failed").code(), StatusCode::kUnavailable);
+  clock_.Advance(retry_ms_);
+  const Status health = j_->Health();
+  EXPECT_EQ(health.code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(Says(health, "restart spillway")) << health.ToString();
+  clock_.Advance(retry_ms_);
+  const Status refused = logged("after");
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(Says(refused, "restart spillway")) << refused.ToString();
+  EXPECT_TRUE(Says(j_->Health(), "restart spillway"));
 }
 
 TEST_F(JournalHealthTest, AFailedBatchFailsEachOfItsCallers) {
