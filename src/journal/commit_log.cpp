@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "journal/storage_faults.h"
@@ -142,7 +143,20 @@ struct Parsed {
   std::vector<std::string> records;
   size_t end = 0;
   bool current = false;
+  size_t damaged_bytes = 0;  // skipped between good records of the file's generation
 };
+
+// Whether a record of generation `gen` that checks out begins at `pos`; its
+// payload's length in `*len`.
+bool GoodRecordAt(const std::string& data, size_t pos, uint64_t gen, uint32_t* len) {
+  if (data.size() - pos < kRecordHeader) return false;
+  *len = GetU32(data.data() + pos);
+  if (*len > kMaxRecord || data.size() - pos - kRecordHeader < *len) return false;
+  if (GetU64(data.data() + pos + 8) != gen) return false;
+  Crc32 c;
+  c.process_bytes(data.data() + pos + kRecordHeader, *len);
+  return RecordCrc(c, gen) == GetU32(data.data() + pos + 4);
+}
 
 Parsed ParseFile(const std::string& data) {
   Parsed p;
@@ -168,6 +182,26 @@ Parsed ParseFile(const std::string& data) {
     pos += head + len;
   }
   p.end = pos;
+  // Where the records end, what follows is zeros, a record torn by a crash
+  // (the last write) or records of earlier generations: never a good record
+  // of this generation, which the log writes in order. One found further on
+  // means damage in the middle (a bad sector, a stray write): the records
+  // after it were acknowledged, and are kept; the damage is skipped.
+  if (!p.current) return p;
+  size_t at = pos + 1;
+  while (at + kRecordHeader <= data.size()) {
+    uint32_t n = 0;
+    if (!GoodRecordAt(data, at, gen, &n)) {
+      ++at;
+      continue;
+    }
+    p.damaged_bytes += at - p.end;
+    do {  // this one and the good ones right after it
+      p.records.emplace_back(data, at + kRecordHeader, n);
+      at += kRecordHeader + n;
+    } while (GoodRecordAt(data, at, gen, &n));
+    p.end = at++;
+  }
   return p;
 }
 
@@ -231,6 +265,21 @@ bool Zero(int fd, int64_t from, int64_t to) {
   return true;
 }
 
+// A file with damage between good records: said on stderr, and kept as it
+// was (<file>.damaged, for a post-mortem) before Open rewrites it.
+void KeepDamaged(const std::string& file, const std::string& data, const Parsed& p) {
+  if (p.damaged_bytes == 0) return;
+  const std::string copy = file + ".damaged";
+  const int fd = ::open(copy.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  const bool kept = fd >= 0 && WriteAt(fd, data.data(), data.size(), 0) == 0 && ::fdatasync(fd) == 0;
+  if (fd >= 0) ::close(fd);
+  std::fprintf(stderr,
+               "spillway: the journal's log %s is damaged: %zu bytes between good records were skipped (the "
+               "records in them are lost; the %zu good ones are replayed)%s\n",
+               file.c_str(), p.damaged_bytes, p.records.size(),
+               kept ? ("; the file as it was is kept as " + copy).c_str() : "");
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<CommitLog>> CommitLog::Open(const std::string& path, bool sync,
@@ -253,6 +302,7 @@ StatusOr<std::unique_ptr<CommitLog>> CommitLog::Open(const std::string& path, bo
   if (old_fd >= 0) {
     if (const int err = ReadFile(old_fd, &data); err != 0) return fail("read", old, err, {old_fd});
     Parsed p = ParseFile(data);
+    KeepDamaged(old, data, p);
     *leftover = std::move(p.records);
     old_bytes = static_cast<int64_t>(p.end);
   }
@@ -264,7 +314,9 @@ StatusOr<std::unique_ptr<CommitLog>> CommitLog::Open(const std::string& path, bo
     ::close(cur);
     if (err != 0) return fail("read", path, err, {old_fd});
   }
-  std::vector<std::string> current = ParseFile(data).records;
+  Parsed parsed = ParseFile(data);
+  KeepDamaged(path, data, parsed);
+  std::vector<std::string> current = std::move(parsed.records);
   // The current file's records go into a new file of a new generation,
   // preallocated, put in its place by a rename: whatever followed them (a
   // torn record never acknowledged, records of earlier generations) is gone,

@@ -388,6 +388,29 @@ TEST_F(CommitLogTest, ATornOrDamagedRecordEndsTheReplayAtIt) {
   EXPECT_EQ(left, std::vector<std::string>{"first"});
 }
 
+// Damage in the middle of the log (a bad sector, a stray write) loses the
+// records in it, not the acknowledged ones after it: a good record of the
+// file's generation further on is never what a crash leaves (the log is
+// written in order), so the replay goes on from there, says so, and keeps
+// the file as it was. The replay ended at the damage, and the rewrite
+// dropped everything after it.
+TEST_F(CommitLogTest, DamageInTheMiddleLosesOnlyTheRecordsInIt) {
+  std::vector<std::string> left;
+  {
+    auto log = OpenLog(&left);
+    for (const char* p : {"first", "second", "third", "fourth"}) ASSERT_GT(Append(*log, p), 0);
+  }
+  Overwrite(kHeader + kRecordHeader + 5 + kRecordHeader + 1, "X");  // in "second"'s payload
+  OpenLog(&left);
+  EXPECT_EQ(left, (std::vector<std::string>{"first", "third", "fourth"}));
+  EXPECT_TRUE(fs::exists(LogPath() + ".damaged")) << "the damaged file was not kept";
+  // Rewritten without the damage: the next Open finds the same, with nothing to skip.
+  fs::remove(LogPath() + ".damaged");
+  OpenLog(&left);
+  EXPECT_EQ(left, (std::vector<std::string>{"first", "third", "fourth"}));
+  EXPECT_FALSE(fs::exists(LogPath() + ".damaged"));
+}
+
 // The tear is cut off when the log is opened: records written after it are
 // not hidden behind it at the next replay.
 TEST_F(CommitLogTest, RecordsWrittenAfterATornOneAreFoundAgain) {
