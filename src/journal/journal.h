@@ -309,6 +309,9 @@ class Journal {
   // the whole log after a logged write failed to apply.
   Status ApplyAll(const std::vector<std::string>& records, std::vector<Transition>* told = nullptr);
   void ReplayLog();     // on the journal's thread
+  // Under db_mu_: applies the log's records again when rows of it failed
+  // to commit (log_stuck_), what changed in `told`; ok when nothing was due.
+  Status ReplayLocked(std::vector<Transition>* told);
   void AwaitApplied();  // a read waits for the logged writes queued before it
   void FlushQueue();    // Flush without waiting for the log's syncs
   // What a committed StartAttempt (alone or with its Accept) does: tell the

@@ -184,13 +184,19 @@ void Journal::ReplayLog() {
   std::vector<Transition> told;  // what this replay changed: its live applies later change nothing
   {
     std::lock_guard<std::mutex> db(db_mu_);
-    int64_t last = 0;
-    const std::vector<std::string> records = log_->ReadAll(&last);
-    if (!ApplyAll(records, &told).ok()) return;  // still stuck: tried again after the next commit
-    log_stuck_ = false;
-    log_->Applied(last);
+    if (!ReplayLocked(&told).ok()) return;  // still stuck: tried again with the next batch
   }
   for (const auto& t : told) Tell(t);
+}
+
+Status Journal::ReplayLocked(std::vector<Transition>* told) {
+  if (!log_stuck_) return Status::Ok();
+  int64_t last = 0;
+  const std::vector<std::string> records = log_->ReadAll(&last);
+  SPILLWAY_RETURN_IF_ERROR(ApplyAll(records, told));
+  log_stuck_ = false;
+  log_->Applied(last);
+  return Status::Ok();
 }
 
 void Journal::SyncNow() {
@@ -201,7 +207,9 @@ void Journal::AwaitApplied() {
   // The journal's own thread (an observer reading back) must not wait for
   // itself. Acknowledged records are in the queue already: no need to wait
   // for the log's syncs.
-  if (deferred_.load() > 0 && std::this_thread::get_id() != thread_.get_id()) FlushQueue();
+  // Rows that failed to commit are applied by the next batch (LeadBatch):
+  // a read finds what was acknowledged even while nothing else is written.
+  if ((deferred_.load() > 0 || log_stuck_) && std::this_thread::get_id() != thread_.get_id()) FlushQueue();
 }
 
 }  // namespace spillway::journal

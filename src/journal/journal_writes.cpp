@@ -97,7 +97,17 @@ void Journal::LeadBatch(std::unique_lock<std::mutex>& lk, std::unique_lock<std::
   // Later calls queue meanwhile and form the next batch.
   lk.unlock();
   if (!db.owns_lock()) db.lock();
-  CommitBatch(batch);
+  // Rows of the log that failed to commit go in first: a write of this
+  // batch may be about one of their requests (its requeue, attempt or end
+  // would find no row, or be undone by a later replay). Still failing: so
+  // does the batch, as the storage does.
+  std::vector<Transition> replayed;
+  const bool was_stuck = log_stuck_;
+  if (Status st = ReplayLocked(&replayed); !st.ok()) {
+    for (Writer* x : batch) x->status = st;
+  } else {
+    CommitBatch(batch);
+  }
   // Logged writes whose rows committed: their records are no longer needed
   // (unless one before them did not commit: then the log is applied again).
   int64_t applied = 0, logged = 0;
@@ -110,9 +120,10 @@ void Journal::LeadBatch(std::unique_lock<std::mutex>& lk, std::unique_lock<std::
   }
   if (unapplied) log_stuck_ = true;
   else if (applied && !log_stuck_) log_->Applied(applied);
-  const bool tidy = applied && !log_stuck_;
+  const bool tidy = (applied || was_stuck) && !log_stuck_;
   const bool committed = std::any_of(batch.begin(), batch.end(), [](const Writer* x) { return x->status.ok(); });
   db.unlock();
+  for (const auto& t : replayed) Tell(t);
   deferred_ -= logged;
   lk.lock();
   if (tidy) tidy_log_at_ = std::chrono::steady_clock::now() + kTidyLogAfter;
@@ -122,7 +133,9 @@ void Journal::LeadBatch(std::unique_lock<std::mutex>& lk, std::unique_lock<std::
   leading_ = false;
   in_batch_ = 0;
   if (wal_pages_ >= kCheckpointPages) checkpoint_wanted_ = true;
-  if (!writers_.empty() || checkpoint_wanted_ || replay_wanted_ || stop_) lead_cv_.notify_one();  // the journal's thread goes on
+  // The journal's thread goes on (and times the log's tidying, when a
+  // caller's batch set it: the thread may be asleep without a timeout).
+  if (!writers_.empty() || checkpoint_wanted_ || replay_wanted_ || stop_ || tidy) lead_cv_.notify_one();
   // Only now, after COMMIT returned, does any writer of the batch learn its result.
   lk.unlock();
   for (Writer* x : batch) {
@@ -192,7 +205,8 @@ void Journal::RunThread() {
   while (true) {
     auto work = [&] { return !leading_ && (stop_ || checkpoint_wanted_ || replay_wanted_ || !writers_.empty()); };
     if (tidy_log_at_ == std::chrono::steady_clock::time_point{}) {
-      lead_cv_.wait(lk, work);
+      lead_cv_.wait(lk, [&] { return work() || tidy_log_at_ != std::chrono::steady_clock::time_point{}; });
+      if (!work()) continue;  // a tidying to time
     } else if (!lead_cv_.wait_until(lk, tidy_log_at_, work)) {
       // Idle a while after rows were applied: the log is begun again even
       // when its records fill less than the 4 KiB that Applied waits for.

@@ -651,6 +651,21 @@ TEST_F(LoggedWritesTest, RecordsWhoseRowsNeverCommittedAreAppliedByTheNextOpen) 
   EXPECT_EQ((*recovered)[0].id, "running");
 }
 
+// Rows of the log that failed to commit (a write error in their batch) go
+// in before any later write: a later write may be about their request. A
+// requeue of a request whose row had not committed changed nothing, and the
+// replay after it then wrote the request back as running.
+TEST_F(LoggedWritesTest, RowsThatFailedToCommitGoInBeforeLaterWrites) {
+  Reopen(Slow(true));
+  ASSERT_TRUE(NewRunning("r").ok());  // durable in the log; its rows wait in the queue
+  faults_->FailWrites(1);
+  EXPECT_FALSE(j_->Accept(Rec("other", "k")).ok());  // its batch, with r's rows, fails
+  ASSERT_TRUE(j_->Requeue("r", "worker busy").ok());
+  auto r = j_->Get("r");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->state, State::kQueued) << "the requeue ran before the request's own row";
+}
+
 // An Open that cannot apply what the log holds from before (the disk full,
 // the database locked by another program) fails, and keeps those records
 // for the next try, as it says. Its journal, dropped by the failed Open,
