@@ -228,15 +228,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnHeader(beast::error_code ec) {
     if (ec) return OnRead(ec);
     stream_.expires_after(opts_.read_timeout);
+    // A declared length is reserved whole (the body's string takes it at
+    // once); a chunked body as it arrives, a step ahead (it grows as it comes,
+    // and reserving the largest allowed body for each let a few uploads hold
+    // the whole budget).
     const auto length = parser_->content_length();
-    const size_t need = length ? static_cast<size_t>(*length) : parser_->chunked() ? opts_.max_body_bytes : 0;
+    const size_t need = length ? static_cast<size_t>(*length) : parser_->chunked() ? BodyStep() : 0;
     if (need > opts_.max_body_bytes) return RejectAndClose(413, "request body too large", "body_too_large");
-    if (need > 0) {
-      if (!shared_->TakeBody(need)) {
-        return RejectAndClose(503, "the server holds too many request bodies at once; retry shortly", "server_busy", 1);
-      }
-      reserved_ = need;
-    }
+    if (!ReserveBody(need)) return RejectBusy();
     if (parser_->is_done()) return OnRead({});
     // A client that waits for leave to send its body (curl for large ones)
     // gets it now, the body's budget taken, instead of waiting out its own
@@ -251,8 +250,35 @@ class Session : public std::enable_shared_from_this<Session> {
                                   MSG_DONTWAIT | MSG_NOSIGNAL);
       if (sent > 0 && static_cast<size_t>(sent) < kContinue.size()) return Close();  // half a line: unusable
     }
+    if (parser_->chunked()) return ReadChunked();
     bhttp::async_read(stream_, buffer_, *parser_,
                       [self = shared_from_this()](beast::error_code ec, std::size_t) { self->OnRead(ec); });
+  }
+
+  // A chunked body, read by parts: its reservation grows with it.
+  void ReadChunked() {
+    bhttp::async_read_some(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+      if (ec || self->parser_->is_done()) return self->OnRead(ec);
+      if (!self->ReserveBody(std::min(self->opts_.max_body_bytes, self->parser_->get().body().size() + self->BodyStep()))) {
+        return self->RejectBusy();
+      }
+      self->ReadChunked();
+    });
+  }
+
+  size_t BodyStep() const { return std::clamp<size_t>(opts_.max_body_bytes / 16, 1, 64 << 10); }
+
+  // Holds `want` body bytes in all against the server's budget (what it
+  // holds already counts); false when the budget has no room.
+  bool ReserveBody(size_t want) {
+    if (want <= reserved_) return true;
+    if (!shared_->TakeBody(want - reserved_)) return false;
+    reserved_ = want;
+    return true;
+  }
+
+  void RejectBusy() {
+    RejectAndClose(503, "the server holds too many request bodies at once; retry shortly", "server_busy", 1);
   }
 
   void ReleaseBody() {

@@ -389,5 +389,23 @@ TEST_F(TightServer, BodiesBeyondTheMemoryBudgetAre503UntilOneCompletes) {
   EXPECT_EQ(after->status, 200);
 }
 
+// A chunked body holds the budget for what it has sent (a step ahead), not
+// for the largest body allowed: two small chunked uploads at once fit in a
+// budget that two largest bodies would not. The second was a 503.
+TEST_F(TightServer, AChunkedBodyHoldsTheBudgetForWhatItSent) {
+  RawPeer a(server_->port()), b(server_->port());
+  a.Send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n");
+  for (int i = 0; i < 1000 && server_->body_bytes_held() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  b.Send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nsecond\r\n0\r\n\r\n");
+  const std::string second = b.ReadAll(std::chrono::milliseconds(1000));
+  EXPECT_NE(second.find("200 OK"), std::string::npos) << second;
+  EXPECT_NE(second.find("second"), std::string::npos) << second;
+  a.Send(std::string(600, 'x').insert(0, "258\r\n") + "\r\n0\r\n\r\n");  // 0x258 = 600: within the body limit
+  const std::string first = a.ReadAll(std::chrono::milliseconds(1000));
+  EXPECT_NE(first.find("200 OK"), std::string::npos) << first;
+  EXPECT_NE(first.find("first" + std::string(600, 'x')), std::string::npos);
+  EXPECT_EQ(server_->body_bytes_held(), 0u);
+}
+
 }  // namespace
 }  // namespace spillway::http
