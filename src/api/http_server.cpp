@@ -328,7 +328,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // no longer read until its answer is out. (A readiness wait plus
   // available() == 0 is not enough: readiness can be reported spuriously.)
   void WatchPeer() {
-    if (buffer_.size() >= opts_.max_header_bytes || read_closed_) return;
+    // A peer that half-closed before (its request was pipelined) can only be
+    // probed: nothing more comes to read.
+    if (read_closed_) return ProbePeer();
+    if (buffer_.size() >= opts_.max_header_bytes) return;
     const uint64_t gen = exchange_gen_;
     peek_outstanding_ = true;
     stream_.socket().async_read_some(

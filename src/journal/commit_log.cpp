@@ -184,9 +184,13 @@ Parsed ParseFile(const std::string& data) {
   p.end = pos;
   // Where the records end, what follows is zeros, a record torn by a crash
   // (the last write) or records of earlier generations: never a good record
-  // of this generation, which the log writes in order. One found further on
-  // means damage in the middle (a bad sector, a stray write): the records
-  // after it were acknowledged, and are kept; the damage is skipped.
+  // of this generation after bytes that are not all zeros, since the log is
+  // written in order. One found there means damage in the middle (a stray
+  // write, flipped bits): the records after it were acknowledged, and are
+  // kept; the damage is skipped. Behind zeros only, good records are not
+  // damage: the rest of a cut (zeros over failed records, written in parts)
+  // or pages a power loss wrote back out of order, none of them ever
+  // acknowledged: the replay ends there.
   if (!p.current) return p;
   size_t at = pos + 1;
   while (at + kRecordHeader <= data.size()) {
@@ -194,6 +198,10 @@ Parsed ParseFile(const std::string& data) {
     if (!GoodRecordAt(data, at, gen, &n)) {
       ++at;
       continue;
+    }
+    if (std::all_of(data.begin() + static_cast<std::ptrdiff_t>(p.end), data.begin() + static_cast<std::ptrdiff_t>(at),
+                    [](char c) { return c == '\0'; })) {
+      break;
     }
     p.damaged_bytes += at - p.end;
     do {  // this one and the good ones right after it

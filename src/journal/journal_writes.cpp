@@ -100,10 +100,12 @@ void Journal::LeadBatch(std::unique_lock<std::mutex>& lk, std::unique_lock<std::
   // Rows of the log that failed to commit go in first: a write of this
   // batch may be about one of their requests (its requeue, attempt or end
   // would find no row, or be undone by a later replay). Still failing: so
-  // does the batch, as the storage does.
+  // does the batch when the storage is what fails (a failure of one
+  // record's own, say SQLite's corruption, must not stop every write: the
+  // batch goes on, and the replay is tried again with the next).
   std::vector<Transition> replayed;
   const bool was_stuck = log_stuck_;
-  if (Status st = ReplayLocked(&replayed); !st.ok()) {
+  if (Status st = ReplayLocked(&replayed); !st.ok() && st.code() == StatusCode::kUnavailable) {
     for (Writer* x : batch) x->status = st;
   } else {
     CommitBatch(batch);
@@ -123,7 +125,6 @@ void Journal::LeadBatch(std::unique_lock<std::mutex>& lk, std::unique_lock<std::
   const bool tidy = (applied || was_stuck) && !log_stuck_;
   const bool committed = std::any_of(batch.begin(), batch.end(), [](const Writer* x) { return x->status.ok(); });
   db.unlock();
-  for (const auto& t : replayed) Tell(t);
   deferred_ -= logged;
   lk.lock();
   if (tidy) tidy_log_at_ = std::chrono::steady_clock::now() + kTidyLogAfter;
@@ -136,8 +137,12 @@ void Journal::LeadBatch(std::unique_lock<std::mutex>& lk, std::unique_lock<std::
   // The journal's thread goes on (and times the log's tidying, when a
   // caller's batch set it: the thread may be asleep without a timeout).
   if (!writers_.empty() || checkpoint_wanted_ || replay_wanted_ || stop_ || tidy) lead_cv_.notify_one();
-  // Only now, after COMMIT returned, does any writer of the batch learn its result.
+  // Only now, after COMMIT returned, does any writer of the batch learn its
+  // result, and the observer what the replay changed: no longer leading, so
+  // an observer that reads the journal (and flushes its queue) cannot wait
+  // for this thread.
   lk.unlock();
+  for (const auto& t : replayed) Tell(t);
   for (Writer* x : batch) {
     std::unique_ptr<Writer> owned(x);
     if (x->done) x->done(std::move(x->status));

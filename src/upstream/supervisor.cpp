@@ -651,16 +651,27 @@ bool Supervisor::WaitReleased(const std::string& key, int64_t timeout_ms) {
       if (it == workers_.end()) return true;
       Worker& w = it->second;
       if (w.view.state != WorkerState::kStopped) return false;  // started again meanwhile
-      if (w.view.pid <= 0) return true;
+      // A process still holding its memory: its own (below), or one killed
+      // before or a previous gateway's that would not stop (dying).
       int status = 0;
-      if (Ended(Process(w), &status)) {  // reaped here as Poll would
+      if (w.view.pid <= 0) {
+        if (!w.dying) return true;
+        if (Ended(*w.dying, &status)) {  // (as Poll would)
+          w.dying.reset();
+          RemoveRecord(w.spec.key);
+          memory_freed_ = true;
+          return true;
+        }
+        process = *w.dying;
+      } else if (Ended(Process(w), &status)) {  // reaped here as Poll would
         w.view.pid = 0;
         w.view.adopted = false;
         RemoveRecord(w.spec.key);
         memory_freed_ = true;
         return true;
+      } else {
+        process = Process(w);
       }
-      process = Process(w);
     }
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;

@@ -78,8 +78,8 @@ void Supervisor::ReadLoadProgress(Worker& w) const {
 
 void Supervisor::WriteRecord(const Worker& w) {
   if (w.start_time == 0) return;  // not readable yet (Poll tries again): such a record is refused anyway
-  const WorkerRecord r{w.spec.key, w.view.pid, w.start_time, w.view.port, w.spec_hash,
-                       protocol::kWorkerProtocolVersion};
+  const WorkerRecord r{w.spec.key,     w.view.pid, w.start_time, w.view.port, w.spec_hash,
+                       protocol::kWorkerProtocolVersion, w.spec.external()};
   if (Status st = WritePrivateFileAtomically(RecordPath(run_dir_, w.spec.key), RecordToJson(r)); !st.ok()) {
     std::fprintf(stderr, "spillway: worker %s will not be adopted after a crash: %s\n", w.spec.key.c_str(),
                  st.message().c_str());
@@ -93,9 +93,13 @@ void Supervisor::RemoveRecord(const std::string& key) {
 
 bool Supervisor::RunsAsWorkerOf(const WorkerRecord& record) const {
   const std::vector<std::string> argv = CommandLine(record.pid);
-  const std::string port_file = run_dir_ + "/" + record.key + ".port";
+  // The same file, however the state directory was named (relative, a
+  // link, a trailing slash): compared as files, not as strings.
   for (size_t i = 0; i + 1 < argv.size(); ++i) {
-    if (argv[i] == "--port-file" && argv[i + 1] == port_file) return true;
+    if (argv[i] != "--port-file") continue;
+    const fs::path named(argv[i + 1]);
+    std::error_code ec;
+    if (named.filename() == record.key + ".port" && fs::equivalent(named.parent_path(), run_dir_, ec)) return true;
   }
   return false;
 }
@@ -105,6 +109,8 @@ AdoptDecision Supervisor::Judge(WorkerRecord& record, const std::optional<std::s
   // Its pid with its start time, and (a worker) started for this key of
   // this state directory: a record copied or planted for another placement
   // names a process that is not this placement's, which is never signalled.
+  // (An external server's record says so itself: its key may be gone from the config, or be a worker's now.)
+  external = external || record.external;
   const bool alive = devices::ProcessAlive(record.pid, record.start_time) && (external || RunsAsWorkerOf(record));
   // Recorded while it loaded; it may have finished since (its own port file says).
   if (alive && !external && record.port == 0) record.port = PortFromFile(record.key);

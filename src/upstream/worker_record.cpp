@@ -32,7 +32,8 @@ std::string RecordToJson(const WorkerRecord& r) {
               {"start_time", r.start_time},
               {"port", r.port},
               {"spec_hash", r.spec_hash},
-              {"protocol_version", r.protocol_version}}
+              {"protocol_version", r.protocol_version},
+              {"external", r.external}}
              .dump() +
          "\n";
 }
@@ -61,6 +62,10 @@ StatusOr<WorkerRecord> ParseWorkerRecord(std::string_view text) {
   r.spec_hash = j["spec_hash"].get<std::string>();
   if (!j.contains("protocol_version") || !j["protocol_version"].is_number_integer()) return bad("protocol_version");
   r.protocol_version = j["protocol_version"].get<int>();
+  if (j.contains("external")) {
+    if (!j["external"].is_boolean()) return bad("external");
+    r.external = j["external"].get<bool>();
+  }
   return r;
 }
 

@@ -30,6 +30,10 @@ struct WorkerRecord {
   uint16_t port = 0;        // 0: not listening yet when written
   std::string spec_hash;    // SpecHash() of the worker's WorkerSpec::args
   int protocol_version = 0;
+  // An external server's (started from the config's `command`): judged by
+  // pid and start time alone, never asked anything (false in records
+  // written before it was recorded).
+  bool external = false;
 };
 
 std::string RecordToJson(const WorkerRecord& r);

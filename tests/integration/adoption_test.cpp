@@ -248,6 +248,22 @@ TEST(WorkerAdoptionTest, ARecordNamingAnotherPlacementsWorkerIsNotAdopted) {
   EXPECT_TRUE(Alive(embed)) << "a worker adopted for its own placement was signalled for another";
 }
 
+// The same state directory named another way (here with a "/." more) is
+// the same: its workers are adopted, not forgotten beside a second set
+// (the check of a worker's command line compared path strings).
+TEST(WorkerAdoptionTest, TheStateDirectoryNamedAnotherWayAdoptsTheSameWorkers) {
+  CrashedGateway crashed;
+  ASSERT_TRUE(crashed.chat && crashed.embed);
+  const std::string link = crashed.state.path + "/.";
+  GatewayProcess again(TestConfig(2), link);
+  const auto after = Started(again);
+  ASSERT_FALSE(after.empty()) << again.Output();
+  EXPECT_EQ(PidOf(after.at("chat.0")), crashed.chat);
+  EXPECT_TRUE(after.at("chat.0")["adopted"].get<bool>());
+  EXPECT_EQ(PidOf(after.at("embed.0")), crashed.embed);
+  EXPECT_EQ(LiveWorkersOf(crashed.state.path, "chat.0") + LiveWorkersOf(link, "chat.0"), 1);
+}
+
 TEST(WorkerAdoptionTest, SigtermStopsEveryWorkerAdoptedOnesIncluded) {
   StateDir state;
   GatewayProcess gw(TestConfig(2), state.path);

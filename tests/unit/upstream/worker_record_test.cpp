@@ -52,6 +52,12 @@ TEST(WorkerRecordTest, RoundTrips) {
   EXPECT_EQ(r->port, 40123);
   EXPECT_EQ(r->spec_hash, Sample().spec_hash);
   EXPECT_EQ(r->protocol_version, 1);
+  EXPECT_FALSE(r->external);
+  WorkerRecord ext = Sample();
+  ext.external = true;  // an external server's record says so: judged by pid and start time alone
+  auto e = ParseWorkerRecord(RecordToJson(ext));
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  EXPECT_TRUE(e->external);
 }
 
 TEST(WorkerRecordTest, RefusesWhatIsNotACompleteRecord) {
@@ -67,6 +73,7 @@ TEST(WorkerRecordTest, RefusesWhatIsNotACompleteRecord) {
   EXPECT_FALSE(ParseWorkerRecord(with("4242", "0", "1", h)).ok());  // no start time: a reused pid could not be told
   EXPECT_FALSE(ParseWorkerRecord(with("4242", "9", "70000", h)).ok());
   EXPECT_FALSE(ParseWorkerRecord(with("4242", "9", "1", "abc")).ok());
+  EXPECT_FALSE(ParseWorkerRecord(with("4242", "9", "1", h).insert(1, "\"external\":\"yes\",")).ok());
   EXPECT_FALSE(ParseWorkerRecord("{\"key\":\"chat.0\"").ok());  // truncated
   EXPECT_FALSE(ParseWorkerRecord("[]").ok());
   EXPECT_FALSE(ParseWorkerRecord("").ok());
