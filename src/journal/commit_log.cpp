@@ -610,13 +610,16 @@ void CommitLog::CutFailed(std::vector<Unsynced>& batch) {
   // Their callers hear that they failed, so these records must never be
   // applied: in each file they and those written since (not acknowledged
   // either; records before them synced fine) are zeroed, and the zeros
-  // synced. Records of a file that cannot be cut stay at the end of the
-  // log's records (a file written after a rotation in this window holds only
-  // failed ones) and no record is taken after them: ReadAll leaves them out
-  // by count, and only a restart (a disk that fails its syncs) may still find them.
+  // synced. Records of a file whose zeros cannot be written stay at the end
+  // of the log's records (a file written after a rotation in this window
+  // holds only failed ones) and no record is taken after them: ReadAll
+  // leaves them out by count. Zeros written but not synced hide them from
+  // ReadAll already; only a restart (a disk that fails its syncs) may still
+  // find them.
   for (auto& u : unsynced_) batch.push_back(std::move(u));
   unsynced_.clear();
-  int64_t left = 0;
+  int64_t readable = 0;  // failed records still in the files (their zeros not written)
+  bool cut = true;
   for (const int fd : {old_fd_, fd_}) {
     if (fd < 0) continue;
     int64_t from = -1, n = 0;
@@ -627,14 +630,23 @@ void CommitLog::CutFailed(std::vector<Unsynced>& batch) {
     }
     if (n == 0) continue;
     int64_t& end = fd == fd_ ? size_ : old_size_;
-    if (!Zero(fd, from, end) || (faults_ && faults_->BeforeSync() != SQLITE_OK) || ::fdatasync(fd) != 0) {
-      left += n;
+    if (!Zero(fd, from, end)) {
+      readable += n;
+      cut = false;
+      continue;
+    }
+    // Zeroed, so no longer read back; not synced, a restart may find them.
+    if ((faults_ && faults_->BeforeSync() != SQLITE_OK) || ::fdatasync(fd) != 0) {
+      cut = false;
       continue;
     }
     end = from;
   }
-  queued_seq_ = last_seq_ - left;  // (every record before them was handed over)
-  if (left > 0) broken_ = true;
+  // Every record before them was handed over; ReadAll leaves out by count
+  // only those still there to read (counting the zeroed ones too dropped as
+  // many acknowledged records).
+  queued_seq_ = last_seq_ - readable;
+  if (!cut) broken_ = true;
 }
 
 bool CommitLog::broken() const { return broken_.load(); }
