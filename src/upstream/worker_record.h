@@ -79,7 +79,7 @@ struct AdoptDecision {
 // `info`: the worker's answer on the record's port, asked only when alive.
 // `external`: the record is an external server's (started by the gateway
 // from its `command`): never asked with the workers' secret, never adopted;
-// stopped when alive, so that the one started anew finds its port free.
+// stopped when alive, so that it does not hold its memory beside the one started anew.
 AdoptDecision DecideAdoption(const WorkerRecord& record, const std::optional<std::string>& configured_hash,
                              int protocol_version, bool alive, const std::optional<WorkerInfoFacts>& info,
                              bool external = false);
