@@ -346,7 +346,7 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   }
   // The same deadline as a body field, for clients that cannot set headers (the earlier of the two wins).
   if (auto f = body->find("spillway_timeout_s"); f != body->end()) {
-    if (!f->is_number() || !(f->get<double>() > 0) || f->get<double>() > 86400) {
+    if (!f->is_number() || !(f->get<double>() > 0) || f->get<double>() * 1000 > kMaxRequestTimeoutMs) {
       return fail(Status::InvalidArgument("spillway_timeout_s must be seconds in (0, 86400]"));
     }
     const int64_t ms = TimeoutMs(f->get<double>());

@@ -243,7 +243,7 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     const std::string& body = a.body;
     const bool relay = a.relayed, too_large = a.too_large;
     if (control->expired()) {  // the deadline's, not the server's failure: not suspected, not sent again
-      co_return co_await fail(State::kFailed, Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout"));
+      co_return co_await fail(State::kFailed, DeadlinePassed());
     }
     if (live->cancelled || sent.code() == StatusCode::kCancelled) {
       co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
@@ -295,9 +295,7 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
   const int64_t waiting_since = clock_.NowMs();
   while (true) {
     if (live.cancelled) co_return Status::Cancelled("request cancelled");
-    if (live.deadline_ms && clock_.NowMs() >= live.deadline_ms) {
-      co_return Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
-    }
+    if (live.PastDeadline(clock_.NowMs())) co_return DeadlinePassed();
     std::string note;
     const std::optional<uint16_t> port = ExternalPort(svc);
     if (port && clock_.NowMs() - waiting_since > kQueueWaitMs) {

@@ -40,6 +40,11 @@ inline std::chrono::milliseconds TimeLeft(int64_t deadline_ms, int64_t now_ms, i
   return std::chrono::milliseconds(cap_ms);
 }
 
+// What a request past its X-Request-Timeout ends with (504), waiting or running.
+inline Status DeadlinePassed() {
+  return Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
+}
+
 inline http::Response JsonResponse(unsigned status, const json& body, unsigned version) {
   return http::MakeResponse(status, body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json",
                             version);
@@ -108,6 +113,7 @@ struct Gateway::Live {
   std::shared_ptr<void> queue_slot;  // its place among max_queue until its first attempt runs
   // An external service's request: closes its upstream connection when cancelled (set before it runs).
   std::shared_ptr<upstream::StreamControl> upstream_control;
+  bool PastDeadline(int64_t now_ms) const { return deadline_ms && now_ms >= deadline_ms; }
   void Enter(LivePhase p, int64_t now_ms) {
     phase = p;
     phase_since_ms = now_ms;

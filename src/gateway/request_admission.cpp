@@ -137,8 +137,8 @@ bool RequestAdmission::Stopped() {
     *rejected_ = Status::Cancelled("request cancelled");
     return true;
   }
-  if (live_.deadline_ms && g_.clock_.NowMs() >= live_.deadline_ms) {
-    *rejected_ = Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
+  if (live_.PastDeadline(g_.clock_.NowMs())) {
+    *rejected_ = DeadlinePassed();
     return true;
   }
   return false;

@@ -112,7 +112,7 @@ boost::asio::awaitable<void> RequestLifecycle::Fail(State state, Status st) {
   reply_.Error(st);
 }
 
-bool RequestLifecycle::PastDeadline() const { return live_->deadline_ms && g_.clock_.NowMs() >= live_->deadline_ms; }
+bool RequestLifecycle::PastDeadline() const { return live_->PastDeadline(g_.clock_.NowMs()); }
 
 std::chrono::milliseconds RequestLifecycle::Remaining() const {
   return TimeLeft(live_->deadline_ms, g_.clock_.NowMs(), int64_t{3600} * 1000);
@@ -121,7 +121,7 @@ std::chrono::milliseconds RequestLifecycle::Remaining() const {
 boost::asio::awaitable<void> RequestLifecycle::DeadlineFailure() {
   g_.Cancel(live_);  // stops the worker's generation, frees its slot
   live_->cancelled = true;
-  co_await Fail(State::kFailed, Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout"));
+  co_await Fail(State::kFailed, DeadlinePassed());
 }
 
 // A failed attempt (phase kNone: the worker died or could not be reached)
