@@ -180,7 +180,9 @@ class CommitLog {
   int64_t queued_seq_ = 0;  // the last record handed to `queued` (durable)
   int64_t done_seq_ = 0;    // the last record whose callbacks have run
   int64_t applied_ = 0;
-  std::atomic<bool> broken_{false};  // (read without mu_: checked on every request, and mu_ waits on the disk)     // a torn or failed record could not be zeroed: no more records until Open
+  // A torn or failed record could not be zeroed: no more records until Open
+  // (read without mu_: checked on every request, and mu_ waits on the disk).
+  std::atomic<bool> broken_{false};
   // FULL: records written and waiting for the next fdatasync.
   struct Unsynced {
     int64_t seq;

@@ -65,8 +65,8 @@
 // (Get, Attempts, CountByState) first wait for the logged writes queued
 // before them, so a caller reads what it was told is durable. The observer
 // hears of a logged write once its rows are committed. A record whose rows
-// did not commit stays in the log and is applied again after the next
-// commit; a process that dies first leaves it for the next Open, which
+// did not commit stays in the log and is applied again first by the next
+// batch (or read); a process that dies first leaves it for the next Open, which
 // applies every record left (each applies idempotently) before anything else.
 // A journal closed with every row committed leaves its log empty.
 //
@@ -308,9 +308,9 @@ class Journal {
   // Applies records in one transaction (db_mu_ held): the leftovers at Open,
   // the whole log after a logged write failed to apply.
   Status ApplyAll(const std::vector<std::string>& records, std::vector<Transition>* told = nullptr);
-  void ReplayLog();     // on the journal's thread
-  // Under db_mu_: applies the log's records again when rows of it failed
-  // to commit (log_stuck_), what changed in `told`; ok when nothing was due.
+  // Under db_mu_, first in every batch (LeadBatch): applies the log's
+  // records again when rows of it failed to commit (log_stuck_), what
+  // changed in `told`; ok when nothing was due.
   Status ReplayLocked(std::vector<Transition>* told);
   void AwaitApplied();  // a read waits for the logged writes queued before it
   void FlushQueue();    // Flush without waiting for the log's syncs
@@ -347,7 +347,6 @@ class Journal {
   std::unique_ptr<CommitLog> log_;
   std::atomic<int64_t> deferred_{0};    // logged writes queued whose rows are not committed yet
   std::atomic<bool> log_stuck_{false};  // a logged write's rows did not commit: the log is applied again
-  bool replay_wanted_ = false;          // under mu_: the journal's thread applies the log again
   size_t urgent_ = 0;                   // under mu_: queued writes that are not logged ones
   std::mutex db_mu_;  // the connection: a batch, or one read
   std::unique_ptr<StmtCache> stmts_;  // under db_mu_

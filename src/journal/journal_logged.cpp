@@ -32,10 +32,6 @@ State StateOf(int64_t v) { return static_cast<State>(v); }
 // the bodies it holds, stays bounded whatever the log could take.
 constexpr int64_t kMaxDeferred = 4096;
 
-}  // namespace
-
-namespace {
-
 // A record that cannot be read (what a torn or damaged log may hold, or one
 // of a type this build does not know): skipped by ApplyAll.
 constexpr std::string_view kDamagedPrefix = "journal: unreadable log record: ";
@@ -178,15 +174,6 @@ Status Journal::ApplyAll(const std::vector<std::string>& records, std::vector<Tr
   Status st = exec("COMMIT;");
   if (!st.ok() && !sqlite3_get_autocommit(db_)) (void)exec("ROLLBACK;");
   return st;
-}
-
-void Journal::ReplayLog() {
-  std::vector<Transition> told;  // what this replay changed: its live applies later change nothing
-  {
-    std::lock_guard<std::mutex> db(db_mu_);
-    if (!ReplayLocked(&told).ok()) return;  // still stuck: tried again with the next batch
-  }
-  for (const auto& t : told) Tell(t);
 }
 
 Status Journal::ReplayLocked(std::vector<Transition>* told) {

@@ -123,12 +123,10 @@ void Journal::LeadBatch(std::unique_lock<std::mutex>& lk, std::unique_lock<std::
   if (unapplied) log_stuck_ = true;
   else if (applied && !log_stuck_) log_->Applied(applied);
   const bool tidy = (applied || was_stuck) && !log_stuck_;
-  const bool committed = std::any_of(batch.begin(), batch.end(), [](const Writer* x) { return x->status.ok(); });
   db.unlock();
   deferred_ -= logged;
   lk.lock();
   if (tidy) tidy_log_at_ = std::chrono::steady_clock::now() + kTidyLogAfter;
-  if (log_stuck_ && committed && !unapplied) replay_wanted_ = true;
   stats_.writes += static_cast<int64_t>(batch.size());
   stats_.largest_batch = std::max(stats_.largest_batch, static_cast<int64_t>(batch.size()));
   leading_ = false;
@@ -136,7 +134,7 @@ void Journal::LeadBatch(std::unique_lock<std::mutex>& lk, std::unique_lock<std::
   if (wal_pages_ >= kCheckpointPages) checkpoint_wanted_ = true;
   // The journal's thread goes on (and times the log's tidying, when a
   // caller's batch set it: the thread may be asleep without a timeout).
-  if (!writers_.empty() || checkpoint_wanted_ || replay_wanted_ || stop_ || tidy) lead_cv_.notify_one();
+  if (!writers_.empty() || checkpoint_wanted_ || stop_ || tidy) lead_cv_.notify_one();
   // Only now, after COMMIT returned, does any writer of the batch learn its
   // result, and the observer what the replay changed: no longer leading, so
   // an observer that reads the journal (and flushes its queue) cannot wait
@@ -208,7 +206,7 @@ int Journal::OnWalCommit(void* self, sqlite3*, const char*, int pages) {
 void Journal::RunThread() {
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
-    auto work = [&] { return !leading_ && (stop_ || checkpoint_wanted_ || replay_wanted_ || !writers_.empty()); };
+    auto work = [&] { return !leading_ && (stop_ || checkpoint_wanted_ || !writers_.empty()); };
     if (tidy_log_at_ == std::chrono::steady_clock::time_point{}) {
       lead_cv_.wait(lk, [&] { return work() || tidy_log_at_ != std::chrono::steady_clock::time_point{}; });
       if (!work()) continue;  // a tidying to time
@@ -221,16 +219,7 @@ void Journal::RunThread() {
       lk.lock();
       continue;
     }
-    if (replay_wanted_) {
-      // The storage takes writes again: the records whose rows did not commit go in now.
-      replay_wanted_ = false;
-      leading_ = true;
-      lk.unlock();
-      ReplayLog();
-      lk.lock();
-      leading_ = false;
-      tidy_log_at_ = std::chrono::steady_clock::now() + kTidyLogAfter;
-    } else if (checkpoint_wanted_) {
+    if (checkpoint_wanted_) {
       // Holds the queue like a batch: callers queue meanwhile, nobody leads.
       checkpoint_wanted_ = false;
       leading_ = true;
