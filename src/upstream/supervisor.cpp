@@ -289,15 +289,29 @@ void Supervisor::Kill(Worker& w, const std::string& why) {
   Exited(w, why);
 }
 
+bool Supervisor::DyingEnded(Worker& w) {
+  if (!w.dying) return true;
+  int status = 0;
+  if (!Ended(*w.dying, &status)) return false;
+  w.dying.reset();
+  memory_freed_ = true;
+  if (w.view.pid <= 0) RemoveRecord(w.spec.key);  // (a previous gateway's worker kept its record until now)
+  return true;
+}
+
+bool Supervisor::ReleasedEnded(Worker& w) {
+  int status = 0;
+  if (!Ended(Process(w), &status)) return false;
+  w.view.pid = 0;
+  w.view.adopted = false;
+  RemoveRecord(w.spec.key);
+  memory_freed_ = true;
+  return true;
+}
+
 void Supervisor::Poll(Worker& w) {
   const int64_t now = clock_.NowMs();
-  if (w.dying) {
-    int status = 0;
-    if (!Ended(*w.dying, &status)) return;  // SIGKILL sent: nothing else until it has ended
-    w.dying.reset();
-    memory_freed_ = true;
-    if (w.view.pid <= 0) RemoveRecord(w.spec.key);  // (a previous gateway's worker kept its record until now)
-  }
+  if (!DyingEnded(w)) return;  // SIGKILL sent: nothing else until it has ended
   if (w.view.pid > 0 && !w.view.adopted && w.start_time == 0) {
     // Its start time could not be read when it was spawned (out of file
     // descriptors): its record waited for it. A child's pid is not reused
@@ -311,12 +325,7 @@ void Supervisor::Poll(Worker& w) {
   if (w.view.pid <= 0) return;
   int status = 0;
   if (w.view.state == WorkerState::kStopped) {  // released: reap it, SIGKILL when it lingers
-    if (Ended(Process(w), &status)) {
-      w.view.pid = 0;
-      w.view.adopted = false;
-      RemoveRecord(w.spec.key);
-      memory_freed_ = true;
-    } else if (now >= w.kill_at_ms) {
+    if (!ReleasedEnded(w) && now >= w.kill_at_ms) {
       kill(-w.view.pid, SIGKILL);
     }
     return;
@@ -651,23 +660,13 @@ bool Supervisor::WaitReleased(const std::string& key, int64_t timeout_ms) {
       if (it == workers_.end()) return true;
       Worker& w = it->second;
       if (w.view.state != WorkerState::kStopped) return false;  // started again meanwhile
-      // A process still holding its memory: its own (below), or one killed
-      // before or a previous gateway's that would not stop (dying).
-      int status = 0;
+      // A process still holding its memory: its own, or one killed before
+      // or a previous gateway's that would not stop (dying). Reaped here as
+      // Poll would.
       if (w.view.pid <= 0) {
-        if (!w.dying) return true;
-        if (Ended(*w.dying, &status)) {  // (as Poll would)
-          w.dying.reset();
-          RemoveRecord(w.spec.key);
-          memory_freed_ = true;
-          return true;
-        }
+        if (DyingEnded(w)) return true;
         process = *w.dying;
-      } else if (Ended(Process(w), &status)) {  // reaped here as Poll would
-        w.view.pid = 0;
-        w.view.adopted = false;
-        RemoveRecord(w.spec.key);
-        memory_freed_ = true;
+      } else if (ReleasedEnded(w)) {
         return true;
       } else {
         process = Process(w);

@@ -200,6 +200,11 @@ class Supervisor : public Workers {
   static constexpr int64_t kRssPeriodMs = 100;  // WorkerView::rss_bytes
   static constexpr int64_t kStartProbePeriodMs = 200;  // an external server's health path while it starts
   WorkerPid Process(const Worker& w) const { return {w.view.pid, w.start_time, !w.view.adopted}; }
+  // Whether nothing killed before still holds `w`'s memory (w.dying ended,
+  // reaped and forgotten; or none). mu_ held.
+  bool DyingEnded(Worker& w);
+  // Whether `w`'s released process has ended (reaped, its record removed). mu_ held.
+  bool ReleasedEnded(Worker& w);
   // Adoption (supervisor_adoption.cpp).
   void Adopt();
   // A previous gateway's worker to stop (AdoptOrStop), and why.
