@@ -18,7 +18,9 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <list>
 #include <mutex>
+#include <optional>
 
 #include "api/http_wire.h"
 #include "common/survive.h"
@@ -91,9 +93,20 @@ constexpr size_t kReadBufferBytes = 8 * 1024;
 constexpr size_t kMaxReadBytes = 64 * 1024;  // what Beast reads at most at once
 
 // What all connections of one server share: how many are open, how many
-// body bytes they hold.
+// body bytes they hold, which wait idle for their next request.
 struct Shared {
   explicit Shared(const ServerOptions& o) : opts(o) {}
+  // Keep-alive connections waiting for their next request, the longest idle
+  // first. At the connection cap a new connection takes the place of the
+  // front one (nginx closes idle keep-alive connections the same way when
+  // it runs out of connections): clients that keep pools of idle
+  // connections (browsers, SDKs) would otherwise hold the cap and every new
+  // client would get 503 for the idle timeout.
+  using IdleList = std::list<std::weak_ptr<Session>>;
+  std::mutex idle_mu;
+  IdleList idle;  // guarded by idle_mu, as each Session's idle_it_
+  // The longest-idle connection, taken off the list; null when none waits.
+  std::shared_ptr<Session> TakeIdle();
   bool TakeBody(size_t n) {
     size_t cur = body_bytes.load();
     do {
@@ -106,6 +119,7 @@ struct Shared {
   std::atomic<size_t> connections{0};
   std::atomic<uint64_t> accepted{0};
   std::atomic<size_t> body_bytes{0};
+  std::atomic<uint64_t> evicted{0};
 };
 
 class ExchangeImpl final : public Exchange {
@@ -155,6 +169,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   ~Session() {
     ReleaseBody();
+    if (waiting_idle_) Unlist();
     shared_->connections.fetch_sub(1);
   }
 
@@ -212,6 +227,17 @@ class Session : public std::enable_shared_from_this<Session> {
   net::any_io_executor executor() { return stream_.get_executor(); }
   std::weak_ptr<ExchangeImpl> current_;
 
+  // Taken off the idle list for a new connection (Shared::TakeIdle): closes
+  // unless a request began to arrive meanwhile.
+  void EvictIfIdle() {
+    if (!waiting_idle_ || buffer_.size() > 0 || closed_) return;
+    shared_->evicted.fetch_add(1);
+    Close();
+  }
+
+  // Where this session stands in Shared::idle; guarded by Shared::idle_mu.
+  std::optional<Shared::IdleList::iterator> idle_it_;
+
  private:
   // Reads the header first: the body's bytes are reserved against the
   // server's body budget before any of them is read.
@@ -220,12 +246,22 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(opts_.max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(opts_.max_header_bytes));
     stream_.expires_after(first_request_ ? opts_.read_timeout : opts_.idle_timeout);
+    // Idle: answered before and nothing of the next request here yet.
+    if (!first_request_ && buffer_.size() == 0) {
+      waiting_idle_ = true;
+      std::lock_guard lk(shared_->idle_mu);
+      idle_it_ = shared_->idle.insert(shared_->idle.end(), weak_from_this());
+    }
     first_request_ = false;
     bhttp::async_read_header(stream_, buffer_, *parser_,
                              [self = shared_from_this()](beast::error_code ec, std::size_t) { self->OnHeader(ec); });
   }
 
   void OnHeader(beast::error_code ec) {
+    if (waiting_idle_) {
+      waiting_idle_ = false;
+      Unlist();
+    }
     if (ec) return OnRead(ec);
     stream_.expires_after(opts_.read_timeout);
     // A declared length is reserved whole (the body's string takes it at
@@ -275,6 +311,13 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!shared_->TakeBody(want - reserved_)) return false;
     reserved_ = want;
     return true;
+  }
+
+  void Unlist() {
+    std::lock_guard lk(shared_->idle_mu);
+    if (!idle_it_) return;  // taken by TakeIdle
+    shared_->idle.erase(*idle_it_);
+    idle_it_.reset();
   }
 
   void RejectBusy() {
@@ -521,7 +564,21 @@ class Session : public std::enable_shared_from_this<Session> {
   bool next_pending_ = false;
   bool read_closed_ = false;  // the peer half-closed (EOF while its request ran)
   bool answer_started_ = false;  // bytes of this exchange's answer were queued
+  bool waiting_idle_ = false;  // listed in Shared::idle (or just taken off it) while its read waits
 };
+
+std::shared_ptr<Session> Shared::TakeIdle() {
+  std::lock_guard lk(idle_mu);
+  // An entry whose session is ending stays: its destructor takes it off.
+  for (auto it = idle.begin(); it != idle.end(); ++it) {
+    if (auto s = it->lock()) {
+      s->idle_it_.reset();
+      idle.erase(it);
+      return s;
+    }
+  }
+  return nullptr;
+}
 
 std::string ChunkFrame(const std::string& data) {
   char head[24];
@@ -641,11 +698,17 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
         return;
       }
       if (self->shared->connections.load() >= self->shared->opts.max_connections) {
-        Refuse(std::move(s));
-      } else {
-        s.set_option(tcp::no_delay(true), ec);
-        std::make_shared<Session>(std::move(s), self->shared, self->handler)->Start();
+        // Full: the longest-idle keep-alive connection makes room (the new
+        // one is let in while it closes), else a 503.
+        auto idle = self->shared->TakeIdle();
+        if (!idle) {
+          Refuse(std::move(s));
+          return self->DoAccept();
+        }
+        net::post(idle->executor(), [idle] { idle->EvictIfIdle(); });
       }
+      s.set_option(tcp::no_delay(true), ec);
+      std::make_shared<Session>(std::move(s), self->shared, self->handler)->Start();
       self->DoAccept();
     });
   }
@@ -708,6 +771,7 @@ uint16_t Server::port() const {
 }
 
 uint64_t Server::accepted() const { return impl_->shared->accepted.load(); }
+uint64_t Server::evicted() const { return impl_->shared->evicted.load(); }
 size_t Server::body_bytes_held() const { return impl_->shared->body_bytes.load(); }
 
 void Server::Stop() {

@@ -16,7 +16,8 @@
 // then the connection closes.
 //
 // Hostile peers: headers are bounded (431), bodies (413), the bodies held at
-// once (503), the connections open at once (503 and close), and the bytes
+// once (503), the connections open at once (the longest-idle closes for a
+// new one, else 503 and close), and the bytes
 // read from a peer while its request runs (the server stops reading it once
 // they pass the header limit). HTTP/1.1 requests without Host get 400. An
 // exception thrown by the handler is caught and logged; the exchange answers 500.
@@ -45,8 +46,9 @@ struct ServerOptions {
   std::chrono::seconds read_timeout{30};    // header + body of one request
   std::chrono::seconds idle_timeout{75};    // keep-alive wait for the next request
   std::chrono::seconds write_timeout{60};   // one write to a slow reader
-  // Open connections at once; one more is answered 503 and closed. Keep it
-  // below the file-descriptor limit (see ConnectionCap).
+  // Open connections at once. One more takes the place of the longest-idle
+  // keep-alive connection (closed), or, when none is idle, is answered 503
+  // and closed. Keep it below the file-descriptor limit (see ConnectionCap).
   size_t max_connections = 512;
   // Request bodies held at once, all connections together (a body counts from
   // its header, by Content-Length or max_body_bytes when chunked, until its
@@ -109,6 +111,8 @@ class Server {
   uint16_t port() const;
   // Connections accepted so far (tests tell a reused connection from a new one).
   uint64_t accepted() const;
+  // Idle keep-alive connections closed to let a new one in at the cap.
+  uint64_t evicted() const;
   // Body bytes the connections hold now, reserved against max_body_memory_bytes (tests).
   size_t body_bytes_held() const;
   void Stop();

@@ -198,6 +198,19 @@ struct RawPeer {
     }
     return out;
   }
+  // Reads until `needle` has arrived (or the peer closes, or 3 s pass).
+  std::string ReadUntil(const std::string& needle) {
+    timeval tv{3, 0};
+    setsockopt(sock.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    std::string out;
+    char buf[4096];
+    while (out.find(needle) == std::string::npos) {
+      const ssize_t n = ::recv(sock.native_handle(), buf, sizeof buf, 0);
+      if (n <= 0) break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
+  }
   net::io_context ioc;
   net::ip::tcp::socket sock;
 };
@@ -370,6 +383,28 @@ TEST_F(TightServer, ConnectionsBeyondTheCapAre503AndClosed) {
     if (status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(status, 200);
+}
+
+// At the cap a new client takes the place of the longest-idle keep-alive
+// connection; the other idle one keeps its connection. Before, clients that
+// keep idle pools (browsers, SDKs) held the cap and a new client got 503
+// until their idle timeout (75 s).
+TEST_F(TightServer, ANewConnectionAtTheCapClosesTheLongestIdleOne) {
+  RawPeer a(server_->port()), b(server_->port());
+  a.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nfirst");
+  ASSERT_NE(a.ReadUntil("first").find("200 OK"), std::string::npos);
+  b.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nsecond");
+  ASSERT_NE(b.ReadUntil("second").find("200 OK"), std::string::npos);
+  auto r = Fetch("127.0.0.1", server_->port(), "POST", "/echo", "third");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->body, "third");
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(a.ReadAll(std::chrono::milliseconds(2000)), "");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500)) << "the longest-idle was not closed";
+  EXPECT_EQ(server_->evicted(), 1u);
+  b.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nagain");
+  EXPECT_NE(b.ReadUntil("again").find("200 OK"), std::string::npos);
 }
 
 TEST_F(TightServer, BodiesBeyondTheMemoryBudgetAre503UntilOneCompletes) {
