@@ -88,6 +88,52 @@ namespace {
 
 class Session;
 
+// Beast's string_body, except that a declared Content-Length is not taken
+// at once: the string grows as the body arrives (doubling, at most to that
+// length), so a peer that declares 8 MiB and then trickles holds what it
+// sent, not 8 MiB (see Session::ReadInSteps).
+struct GrowingBody {
+  using value_type = std::string;
+  static std::uint64_t size(const value_type& v) { return v.size(); }
+  class reader {
+   public:
+    template <bool isRequest, class Fields>
+    reader(bhttp::header<isRequest, Fields>&, value_type& body) : body_(body) {}
+    void init(const boost::optional<std::uint64_t>& length, beast::error_code& ec) {
+      limit_ = length ? *length : 0;
+      ec = {};
+    }
+    template <class ConstBufferSequence>
+    std::size_t put(const ConstBufferSequence& buffers, beast::error_code& ec) {
+      const size_t n = net::buffer_size(buffers);
+      const size_t want = body_.size() + n;
+      if (want > body_.capacity()) {
+        size_t grown = std::max(want, body_.capacity() * 2);
+        if (limit_ > 0) grown = std::max<size_t>(want, std::min<uint64_t>(grown, limit_));
+        body_.reserve(grown);
+      }
+      for (const auto b : beast::buffers_range_ref(buffers)) body_.append(static_cast<const char*>(b.data()), b.size());
+      ec = {};
+      return n;
+    }
+    void finish(beast::error_code& ec) { ec = {}; }
+
+   private:
+    value_type& body_;
+    uint64_t limit_ = 0;  // the declared length (0: none)
+  };
+};
+
+std::string PeerOf(const tcp::socket& s) {
+  beast::error_code ec;
+  const auto ep = s.remote_endpoint(ec);
+  if (ec) return {};
+  const auto a = ep.address();
+  // An IPv4 peer of a dual-stack socket is one address whichever way it came.
+  return a.is_v6() && a.to_v6().is_v4_mapped() ? net::ip::make_address_v4(net::ip::v4_mapped, a.to_v6()).to_string()
+                                                : a.to_string();
+}
+
 // A connection's read buffer (see Session's constructor).
 constexpr size_t kReadBufferBytes = 8 * 1024;
 constexpr size_t kMaxReadBytes = 64 * 1024;  // what Beast reads at most at once
@@ -136,6 +182,7 @@ class ExchangeImpl final : public Exchange {
   bool disconnected() const override { return disconnected_.load(); }
   size_t unsent_bytes() const override { return static_cast<size_t>(std::max<int64_t>(0, unsent_->load())); }
   net::any_io_executor executor() const override;
+  std::string peer_address() const override;
 
   std::atomic<bool> disconnected_{false};
   // Shared with the session's queue items, which count down as they are sent.
@@ -151,6 +198,7 @@ class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, std::shared_ptr<Shared> shared, const Handler& handler)
       : stream_(std::move(socket)),
+        peer_(PeerOf(stream_.socket())),
         probe_timer_(stream_.get_executor()),
         shared_(std::move(shared)),
         opts_(shared_->opts),
@@ -225,6 +273,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   net::any_io_executor executor() { return stream_.get_executor(); }
+  const std::string& peer() const { return peer_; }
   std::weak_ptr<ExchangeImpl> current_;
 
   // Taken off the idle list for a new connection (Shared::TakeIdle): closes
@@ -264,14 +313,12 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (ec) return OnRead(ec);
     stream_.expires_after(opts_.read_timeout);
-    // A declared length is reserved whole (the body's string takes it at
-    // once); a chunked body as it arrives, a step ahead (it grows as it comes,
-    // and reserving the largest allowed body for each let a few uploads hold
-    // the whole budget).
+    // A body is reserved as it arrives, a step ahead (its string grows as it
+    // comes): reserving the declared length, or for a chunked body the
+    // largest allowed, let a few peers that trickle hold the whole budget.
     const auto length = parser_->content_length();
-    const size_t need = length ? static_cast<size_t>(*length) : parser_->chunked() ? BodyStep() : 0;
-    if (need > opts_.max_body_bytes) return RejectAndClose(413, "request body too large", "body_too_large");
-    if (!ReserveBody(need)) return RejectBusy();
+    if (length && *length > opts_.max_body_bytes) return RejectAndClose(413, "request body too large", "body_too_large");
+    if (!ReserveBody(length || parser_->chunked() ? std::min(BodyCap(), BodyStep()) : 0)) return RejectBusy();
     if (parser_->is_done()) return OnRead({});
     // A client that waits for leave to send its body (curl for large ones)
     // gets it now, the body's budget taken, instead of waiting out its own
@@ -286,23 +333,30 @@ class Session : public std::enable_shared_from_this<Session> {
                                   MSG_DONTWAIT | MSG_NOSIGNAL);
       if (sent > 0 && static_cast<size_t>(sent) < kContinue.size()) return Close();  // half a line: unusable
     }
-    if (parser_->chunked()) return ReadChunked();
-    bhttp::async_read(stream_, buffer_, *parser_,
+    if (parser_->chunked() || *length > BodyStep()) return ReadInSteps();
+    bhttp::async_read(stream_, buffer_, *parser_,  // all of it reserved
                       [self = shared_from_this()](beast::error_code ec, std::size_t) { self->OnRead(ec); });
   }
 
-  // A chunked body, read by parts: its reservation grows with it.
-  void ReadChunked() {
+  // A body longer than a step, read by parts: its reservation grows with it
+  // (what its string holds, or what has come plus a step, whichever is more).
+  void ReadInSteps() {
     bhttp::async_read_some(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
       if (ec || self->parser_->is_done()) return self->OnRead(ec);
-      if (!self->ReserveBody(std::min(self->opts_.max_body_bytes, self->parser_->get().body().size() + self->BodyStep()))) {
+      const std::string& body = self->parser_->get().body();
+      if (!self->ReserveBody(std::min(self->BodyCap(), std::max(body.capacity(), body.size() + self->BodyStep())))) {
         return self->RejectBusy();
       }
-      self->ReadChunked();
+      self->ReadInSteps();
     });
   }
 
   size_t BodyStep() const { return std::clamp<size_t>(opts_.max_body_bytes / 16, 1, 64 << 10); }
+  // The most the body being read may take: its declared length, or the limit.
+  size_t BodyCap() const {
+    const auto length = parser_->content_length();
+    return length ? static_cast<size_t>(*length) : opts_.max_body_bytes;
+  }
 
   // Holds `want` body bytes in all against the server's budget (what it
   // holds already counts); false when the budget has no room.
@@ -348,8 +402,9 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     stream_.expires_never();
     answer_started_ = false;
-    if (Status st = CheckRequestHead(parser_->get()); !st.ok()) return RejectAndClose(400, st.message());
-    Request req = parser_->release();
+    auto parsed = parser_->release();
+    Request req(std::move(parsed.base()), std::move(parsed.body()));
+    if (Status st = CheckRequestHead(req); !st.ok()) return RejectAndClose(400, st.message());
     version_ = req.version();
     keep_alive_ = req.keep_alive();
     exchange_done_ = false;
@@ -541,6 +596,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   beast::tcp_stream stream_;
+  const std::string peer_;  // the peer's address (set once, read from any thread)
   net::steady_timer probe_timer_;  // checks a half-closed peer for a reset
   const std::shared_ptr<Shared> shared_;
   const ServerOptions& opts_;
@@ -549,7 +605,7 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_;
   std::array<char, 16384> discard_;
   std::array<char, 4096> peek_;
-  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::optional<bhttp::request_parser<GrowingBody>> parser_;
   std::deque<Item> queue_;
   std::function<void()> on_disconnect_;
   uint64_t exchange_gen_ = 0;
@@ -596,6 +652,7 @@ ExchangeImpl::~ExchangeImpl() {
 }
 
 net::any_io_executor ExchangeImpl::executor() const { return session_->executor(); }
+std::string ExchangeImpl::peer_address() const { return session_->peer(); }
 
 // On the session's strand these run at once (a request whose lifecycle runs
 // there answers without a hop); from anywhere else they are queued to it.

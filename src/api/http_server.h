@@ -50,8 +50,9 @@ struct ServerOptions {
   // keep-alive connection (closed), or, when none is idle, is answered 503
   // and closed. Keep it below the file-descriptor limit (see ConnectionCap).
   size_t max_connections = 512;
-  // Request bodies held at once, all connections together (a body counts from
-  // its header, by Content-Length or max_body_bytes when chunked, until its
+  // Request bodies held at once, all connections together (a body counts as
+  // it arrives, a step ahead of what has come: at most 64 KiB or a
+  // sixteenth of max_body_bytes, never beyond its Content-Length, until its
   // exchange completes); a request over it is answered 503 + Retry-After.
   size_t max_body_memory_bytes = 64 << 20;
   // Each event loop given to the Server is run by one thread alone: a
@@ -90,6 +91,8 @@ class Exchange {
   // the request's work may run there too and answer without a hop to
   // another thread; none (the default) when it has no such place.
   virtual boost::asio::any_io_executor executor() const { return {}; }
+  // The peer's IP address as text ("127.0.0.1", "::1"); empty when unknown.
+  virtual std::string peer_address() const { return {}; }
 };
 
 using Handler = std::function<void(Request req, std::shared_ptr<Exchange> ex)>;

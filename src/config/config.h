@@ -265,7 +265,7 @@ struct GatewayConfig {
   int max_connections = 1024;   // open client connections (lowered to fit the file-descriptor limit)
   int io_threads = 2;           // event loops, a thread each; a client connection stays on one
   size_t max_body_memory_bytes = 32 << 20;  // request bodies held at once, all clients together (each costs ~7x in parsing)
-  int max_requests_per_key = 64;  // requests in flight per API key (or per local client without keys); more get 429
+  int max_requests_per_key = 64;  // requests in flight per API key (or per client address without keys); more get 429
   std::vector<std::string> operator_keys;  // may see and cancel every client's requests
   std::vector<std::string> model_dirs;     // folders `spillway models --config` lists GGUF files in
   JournalConfig journal;

@@ -242,7 +242,7 @@ StatusOr<json> Gateway::ParseBody(const http::Request& req) const {
   return api::ParseJsonBody(req.body(), limits);
 }
 
-Status Gateway::Intake(const http::Request& req, Incoming& in) {
+Status Gateway::Intake(const http::Request& req, const std::string& peer, Incoming& in) {
   auto idem = req.find("idempotency-key");
   std::string key;
   if (idem != req.end()) {
@@ -262,9 +262,10 @@ Status Gateway::Intake(const http::Request& req, Incoming& in) {
     in.own_id = false;
   }
   in.rec.client = ClientOf(req);
-  in.client_slot = TakeClientSlot(in.rec.client);
+  in.client_slot = TakeClientSlot(SlotOwner(in.rec.client, peer));
   if (!in.client_slot) {
-    return Status::RateLimited("this client already has " + std::to_string(config_.max_requests_per_key) +
+    return Status::RateLimited(std::string(KeysRequired() ? "this API key" : "this client address") + " already has " +
+                               std::to_string(config_.max_requests_per_key) +
                                " requests in flight (max_requests_per_key)").WithRetryAfter(1);
   }
   in.rec.idempotency_key = key;
@@ -315,7 +316,7 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
                                         svc->name + "' (" + std::to_string(svc->max_tokens) + ")"));
   }
   auto in = std::make_shared<Incoming>();
-  if (Status st = Intake(req, *in); !st.ok()) return fail(st);
+  if (Status st = Intake(req, ex->peer_address(), *in); !st.ok()) return fail(st);
   in->rec.service = svc->name;
   in->rec.endpoint = endpoint;
   in->rec.stream = stream;

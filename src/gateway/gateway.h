@@ -193,9 +193,10 @@ class Gateway {
   StatusOr<nlohmann::json> ParseBody(const http::Request& req) const;
   void HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint);
   // What every accepted request takes from its head: its id (ours or the
-  // client's X-Request-Id), client and place among its client's requests,
-  // Idempotency-Key, X-Request-Timeout. A refusal says why.
-  Status Intake(const http::Request& req, Incoming& in);
+  // client's X-Request-Id), client and place among its client's requests
+  // (`peer`: the client's address), Idempotency-Key, X-Request-Timeout. A
+  // refusal says why.
+  Status Intake(const http::Request& req, const std::string& peer, Incoming& in);
   // External services (gateway_external.cpp): a request to one of
   // config::ExternalRoutes() for them, proxied with its body untouched.
   void HandleExternal(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& path);
@@ -280,9 +281,14 @@ class Gateway {
   Caller CallerOf(const http::Request& req) const;
   bool KeysRequired() const;
   Status CheckAccess(const http::Request& req, bool needs_key) const;
-  // One of the client's max_requests_per_key places, held until the returned
-  // handle is destroyed; null when the client has them all.
-  std::shared_ptr<void> TakeClientSlot(const std::string& client);
+  // Whose max_requests_per_key places a request takes: its API key's where
+  // keys are required; else its address's (without keys the Authorization
+  // header proves nothing, and a client that varied it had a cap of its own
+  // for each value).
+  std::string SlotOwner(const std::string& client, const std::string& peer) const;
+  // One of the owner's max_requests_per_key places, held until the returned
+  // handle is destroyed; null when the owner has them all.
+  std::shared_ptr<void> TakeClientSlot(const std::string& owner);
   nlohmann::json StatusJson() const;
   // GET /readyz: 200 when every service has a worker that can serve and the journal can write.
   http::Response ReadyResponse(unsigned v);

@@ -77,15 +77,20 @@ Status Gateway::CheckAccess(const http::Request& req, bool needs_key) const {
   return Status::Ok();
 }
 
-std::shared_ptr<void> Gateway::TakeClientSlot(const std::string& client) {
+std::string Gateway::SlotOwner(const std::string& client, const std::string& peer) const {
+  if (KeysRequired()) return client;
+  return peer.empty() ? "anonymous" : "peer:" + peer;
+}
+
+std::shared_ptr<void> Gateway::TakeClientSlot(const std::string& owner) {
   std::lock_guard<std::mutex> lk(mu_);
-  int& n = in_flight_by_client_[client];
+  int& n = in_flight_by_client_[owner];
   if (n >= config_.max_requests_per_key) return nullptr;
   ++n;
-  return std::shared_ptr<void>(new char(0), [this, client](void* p) {
+  return std::shared_ptr<void>(new char(0), [this, owner](void* p) {
     delete static_cast<char*>(p);
     std::lock_guard<std::mutex> lk(mu_);
-    if (--in_flight_by_client_[client] <= 0) in_flight_by_client_.erase(client);
+    if (--in_flight_by_client_[owner] <= 0) in_flight_by_client_.erase(owner);
   });
 }
 

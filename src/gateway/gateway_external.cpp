@@ -131,7 +131,7 @@ void Gateway::HandleExternal(http::Request& req, std::shared_ptr<http::Exchange>
   auto svc = ChooseExternal(config_, path, *model);
   if (!svc.ok()) return fail(svc.status());
   auto in = std::make_shared<Incoming>();
-  if (Status st = Intake(req, *in); !st.ok()) return fail(st);
+  if (Status st = Intake(req, ex->peer_address(), *in); !st.ok()) return fail(st);
   in->rec.service = (*svc)->name;
   in->rec.endpoint = path;
   in->rec.body_type = type.empty() ? "application/json" : type;

@@ -44,6 +44,8 @@ class RecordingExchange : public http::Exchange {
     on_disconnect_ = std::move(cb);
   }
   bool disconnected() const override { return disconnected_; }
+  std::string peer_address() const override { return peer; }
+  std::string peer = "127.0.0.1";  // where the client calls from (set before the gateway sees it)
   // The client goes away: the gateway's disconnect hook runs.
   void Disconnect() {
     std::function<void()> cb;

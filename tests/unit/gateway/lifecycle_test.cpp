@@ -178,6 +178,7 @@ class LifecycleTest : public ::testing::Test {
     req.body() = body;
     req.prepare_payload();
     auto ex = std::make_shared<RecordingExchange>();
+    ex->peer = peer_;
     gateway_->Handle(std::move(req), ex);
     return ex;
   }
@@ -215,6 +216,7 @@ class LifecycleTest : public ::testing::Test {
   }
 
   std::filesystem::path dir_;
+  std::string peer_ = "127.0.0.1";  // the address the next Send comes from
   int64_t deferred_sync_ms_ = 50;  // JournalOptions' default
   FakeClock clock_;
   config::GatewayConfig config_;
@@ -716,6 +718,29 @@ TEST_F(LifecycleTest, AServiceQueueIsBoundedByItsOwnMaxQueue) {
   ASSERT_TRUE(next->Wait());
   EXPECT_EQ(next->status(), 200u) << next->body();
   for (const auto& r : running) EXPECT_TRUE(r->Wait());
+}
+
+// Without api_keys the Authorization header proves nothing: a client that
+// sent another one with each request had a max_requests_per_key of its own
+// per value. The places are its address's; another address has its own.
+TEST_F(LifecycleTest, WithoutKeysAClientsPlacesAreItsAddresssWhateverItsAuthorization) {
+  config_.max_requests_per_key = 2;  // read per request
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { fallback_.Hold(req, std::move(ex)); };
+  std::vector<std::shared_ptr<RecordingExchange>> held;
+  for (int i = 0; i < 2; ++i) {
+    held.push_back(Complete("cap-" + std::to_string(i), false, {{"Authorization", "Bearer made-up-" + std::to_string(i)}}));
+  }
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() + fallback_.calls() == 2; }));
+  auto third = Complete("cap-2", false, {{"Authorization", "Bearer made-up-2"}});
+  ASSERT_TRUE(third->Wait());
+  EXPECT_EQ(third->status(), 429u) << third->body();
+  EXPECT_NE(third->body().find("this client address"), std::string::npos) << third->body();
+  peer_ = "192.168.1.20";
+  held.push_back(Complete("cap-other", false, {{"Authorization", "Bearer made-up-0"}}));
+  EXPECT_TRUE(Eventually([&] { return primary_.calls() + fallback_.calls() == 3; })) << "another address was refused";
+  for (const char* id : {"cap-0", "cap-1", "cap-other"}) Send(std::string("/v1/requests/") + id, "", "DELETE")->Wait();
+  for (const auto& r : held) EXPECT_TRUE(r->Wait());
 }
 
 // Ollama's API takes the same lifecycle: its request is translated, admitted,
