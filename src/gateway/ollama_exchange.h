@@ -45,6 +45,7 @@ class OllamaExchange final : public http::Exchange {
   bool disconnected() const override { return inner_->disconnected(); }
   size_t unsent_bytes() const override { return inner_->unsent_bytes(); }
   boost::asio::any_io_executor executor() const override { return inner_->executor(); }
+  std::string peer_address() const override { return inner_->peer_address(); }
 
  private:
   std::shared_ptr<http::Exchange> inner_;
