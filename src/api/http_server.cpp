@@ -178,6 +178,7 @@ class ExchangeImpl final : public Exchange {
   void StartStream(Response header) override;
   void Write(std::string data) override;
   void End() override;
+  void Abort() override;
   void OnDisconnect(std::function<void()> cb) override;
   bool disconnected() const override { return disconnected_.load(); }
   size_t unsent_bytes() const override { return static_cast<size_t>(std::max<int64_t>(0, unsent_->load())); }
@@ -698,6 +699,15 @@ void ExchangeImpl::End() {
   auto s = session_;
   net::dispatch(s->executor(), [s, end = std::string(http10_ ? "" : "0\r\n\r\n")]() mutable {
     s->Enqueue({nullptr, std::move(end), true});
+  });
+}
+
+void ExchangeImpl::Abort() {
+  if (finished_.exchange(true)) return;
+  auto s = session_;
+  net::dispatch(s->executor(), [s] {
+    s->CloseAfterExchange();
+    s->Enqueue({nullptr, std::string(), true});  // completes the exchange with no last chunk; then the close
   });
 }
 

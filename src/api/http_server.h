@@ -82,6 +82,10 @@ class Exchange {
   virtual void StartStream(Response header) = 0;
   virtual void Write(std::string data) = 0;
   virtual void End() = 0;
+  // Ends a started stream as cut: the connection closes without the chunked
+  // body's last chunk, so the client can tell the answer is incomplete (an
+  // HTTP/1.0 stream, which ends by closing anyway, cannot tell it).
+  virtual void Abort() { End(); }
   virtual void OnDisconnect(std::function<void()> cb) = 0;
   virtual bool disconnected() const = 0;
   // Bytes given to Write() that have not reached the socket yet: a relay

@@ -485,6 +485,8 @@ void Gateway::WithholdUnrecorded(const Status& why, const std::string& id, Reply
   if (!sent) {
     reply.Error(told);
     reply.Detach();  // what the caller would have sent next is not sent
+  } else {
+    reply.Abort();  // a stream: it ends as cut, as it is recorded (its events went out already)
   }
   // Recorded as what the client heard (a stream: as cut, to resume); until
   // then its row says running, and a retry with its Idempotency-Key hears

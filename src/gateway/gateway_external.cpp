@@ -138,8 +138,10 @@ void Gateway::HandleExternal(http::Request& req, std::shared_ptr<http::Exchange>
   in->rec.body = req.body();
   in->rec.payload_hash = Sha256Hex(path + "\n" + in->rec.body_type + "\n" + in->rec.body);
   if (in->rec.body_type.rfind("application/json", 0) == 0) {
+    // Forwarded untouched: a "stream" that is not true (null, "true", 1) is the server's to judge.
     const auto j = nlohmann::json::parse(in->rec.body, nullptr, false);
-    in->rec.stream = j.is_object() && j.value("stream", false) == true;
+    const auto stream = j.is_object() ? j.find("stream") : j.end();
+    in->rec.stream = j.is_object() && stream != j.end() && *stream == true;
   }
   in->ex = ex;
   in->version = v;
@@ -192,7 +194,8 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
   auto fail = [&](State state, Status st) -> boost::asio::awaitable<void> {
     const json body = ErrorJson(st, rec.id);
     co_await finish(state, HttpStatusFor(st.code()), "application/json", body.dump(), st.message());
-    if (reply.head_sent()) co_return reply.EndStream();  // a relayed answer cut short: it ends where it is
+    // A relayed answer cut short ends as cut: a clean end would pass it for whole.
+    if (reply.head_sent()) co_return reply.Abort();
     reply.Error(st);
   };
   if (!svc) co_return co_await fail(State::kFailed, Status::NotFound("service '" + rec.service + "' is no longer configured"));

@@ -41,6 +41,7 @@ class OllamaExchange final : public http::Exchange {
   void StartStream(http::Response header) override;
   void Write(std::string data) override;
   void End() override;
+  void Abort() override { inner_->Abort(); }
   void OnDisconnect(std::function<void()> cb) override { inner_->OnDisconnect(std::move(cb)); }
   bool disconnected() const override { return inner_->disconnected(); }
   size_t unsent_bytes() const override { return inner_->unsent_bytes(); }

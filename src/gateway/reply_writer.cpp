@@ -63,7 +63,7 @@ void ReplyWriter::BeginRelay(int status, const std::string& type, const ServedBy
   if (events_started_) return;
   events_started_ = true;
   if (!ex_) return;
-  head_sent_ = true;
+  head_sent_ = relay_ = true;
   auto head = http::MakeResponse(static_cast<unsigned>(status), "", type, version_);
   head.set(bhttp::field::cache_control, "no-cache");
   head.set("X-Request-Id", id_);
@@ -102,6 +102,11 @@ void ReplyWriter::EndStream() {
   if (ex_) ex_->End();
 }
 
+void ReplyWriter::Abort() {
+  if (ex_) ex_->Abort();
+  ex_.reset();
+}
+
 void ReplyWriter::Answer(int status, const std::string& type, const std::string& body, const ServedBy* served,
                          const std::string& retry_after) {
   if (!ex_) return;
@@ -113,7 +118,14 @@ void ReplyWriter::Answer(int status, const std::string& type, const std::string&
 }
 
 void ReplyWriter::Error(const Status& st) {
-  if (ex_) ex_->Respond(ErrorResponse(st, version_, id_));
+  if (!ex_) return;
+  if (!head_sent_) return ex_->Respond(ErrorResponse(st, version_, id_));
+  // A stream has begun (an answer after it would land inside its body):
+  // the error is its last event, or, for a relayed answer whose format is
+  // the server's, the stream ends as cut.
+  if (relay_) return Abort();
+  ex_->Write(api::SseEvent(ErrorJson(st, id_)) + api::kSseDone);
+  ex_->End();
 }
 
 }  // namespace spillway::gateway

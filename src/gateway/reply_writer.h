@@ -78,11 +78,16 @@ class ReplyWriter {
   std::string StoreFinalError(const nlohmann::json& error_body);
   void SendFinal(const std::string& final_events);
   void EndStream();
+  // Ends the stream as cut (the client's connection closes without the
+  // chunked body's end: a relayed answer cut short must not look whole),
+  // and sends nothing more.
+  void Abort();
 
   // A whole answer (not a stream): the worker's, with who served it.
   void Answer(int status, const std::string& type, const std::string& body, const ServedBy* served,
               const std::string& retry_after = "");
-  // An error answer of the gateway's own (not a stream).
+  // An error of the gateway's own: an answer, or, once a stream has begun,
+  // its last event (a relayed answer's stream ends as cut, see Abort).
   void Error(const Status& st);
 
   static void Describe(http::Response& res, const ServedBy& served);
@@ -93,6 +98,7 @@ class ReplyWriter {
   unsigned version_;
   bool head_sent_ = false;
   bool events_started_ = false;
+  bool relay_ = false;  // the head is a relayed answer's (BeginRelay)
   std::string stored_;
   size_t max_stored_ = SIZE_MAX;
   size_t relayed_bytes_ = 0;

@@ -13,6 +13,7 @@
 //                      fake_delay_ms    answer after this long
 //                      fake_crash       exit(3) before answering (after reading the request)
 //                      fake_stream      N: answer as N server-sent events, 50 ms apart
+//                      fake_cut         with fake_stream: exit(3) after the events, the stream unended
 //                      fake_status      answer with this HTTP status
 //                      fake_transient_mib  hold this much more on the sim device while answering
 //
@@ -114,6 +115,7 @@ int main(int argc, char** argv) {
     if (!Field(req, body, "fake_crash").empty()) _exit(3);
     const int64_t delay = std::atoll(Field(req, body, "fake_delay_ms").c_str());
     const int events = std::atoi(Field(req, body, "fake_stream").c_str());
+    const bool cut = !Field(req, body, "fake_cut").empty();
     const int status = std::atoi(Field(req, body, "fake_status").c_str());
     const double transient = std::atof(Field(req, body, "fake_transient_mib").c_str());
     json answer = {{"path", path},
@@ -124,7 +126,7 @@ int main(int argc, char** argv) {
                    {"model", Field(req, body, "model")},
                    {"seen", n}};
     // Answered from a thread of its own: a delay holds no other request.
-    std::thread([&ledger, ex, answer, delay, events, status, transient, v = req.version()] {
+    std::thread([&ledger, ex, answer, delay, events, cut, status, transient, v = req.version()] {
       const auto bytes = static_cast<uint64_t>(transient * (1 << 20));
       bool held = false;
       if (ledger && bytes > 0) held = ledger->Reserve(spillway::devices::LedgerKind::kAlloc, "transient", bytes);
@@ -135,6 +137,7 @@ int main(int argc, char** argv) {
           ex->Write("data: {\"event\":" + std::to_string(i) + "}\n\n");
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
         }
+        if (cut) _exit(3);
         ex->Write("data: [DONE]\n\n");
         ex->End();
       } else {

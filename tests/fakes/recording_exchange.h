@@ -39,6 +39,16 @@ class RecordingExchange : public http::Exchange {
     done_ = true;
     cv_.notify_all();
   }
+  void Abort() override {
+    std::lock_guard<std::mutex> lk(mu_);
+    done_ = aborted_ = true;
+    cv_.notify_all();
+  }
+  // The stream was ended as cut (Abort), not completed (End).
+  bool aborted() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return aborted_;
+  }
   void OnDisconnect(std::function<void()> cb) override {
     std::lock_guard<std::mutex> lk(mu_);
     on_disconnect_ = std::move(cb);
@@ -102,7 +112,7 @@ class RecordingExchange : public http::Exchange {
   unsigned status_ = 0;
   http::Response head_;
   std::string body_;
-  bool streamed_ = false, done_ = false;
+  bool streamed_ = false, done_ = false, aborted_ = false;
   std::atomic<bool> disconnected_{false};
   std::function<void()> on_disconnect_;
 };

@@ -180,6 +180,27 @@ TEST_F(ExternalTest, CancelClosesTheUpstreamConnectionAndStreamsAreRelayed) {
   EXPECT_EQ(rec["state"], "completed");
 }
 
+// A relayed stream the server cuts short ends as cut for the client too: its
+// connection closes without the chunked body's last chunk (it ended cleanly,
+// so a client took what it had for the whole answer). And a "stream" that
+// is not a boolean is the server's to judge, the body forwarded untouched
+// (it was a 500 from the gateway).
+TEST_F(ExternalTest, ARelayedStreamCutShortEndsAsCutForTheClient) {
+  auto g = Start(TestConfig(2, FakeService("fake", log_)));
+  auto r = http::Fetch("127.0.0.1", g->port(), "POST", "/v1/chat/completions",
+                       R"({"model":"fake","fake_stream":2,"fake_cut":1})", {{"X-Request-Id", "cut-1"}}, 30s);
+  EXPECT_FALSE(r.ok()) << "a cut stream read as whole: " << r->body;
+  EXPECT_EQ(WaitTerminal(g->port(), "cut-1")["state"], "failed");
+  json ok = json::object();
+  for (int i = 0; i < 100 && ok.value("path", "").empty(); ++i) {  // the supervisor brings the server back
+    auto n = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake","stream":null})");
+    if (n.status == 200) ok = Body(n);
+    EXPECT_NE(n.status, 500) << n.body;
+    if (n.status != 200) std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(ok.value("path", ""), "/v1/rerank");
+}
+
 // X-Request-Timeout bounds a request at an external service too: the
 // upstream's connection is closed at the deadline and the answer is 504,
 // sent once, the server not suspected (it kept its 20 s answer before).

@@ -48,6 +48,11 @@ class ServerFixture : public ::testing::Test {
         ex->OnDisconnect([this] { disconnected_ = true; });
         return;
       }
+      if (t == "/abort") {  // a stream cut short
+        ex->StartStream(MakeResponse(200, "", "text/event-stream"));
+        ex->Write("data: 0\n\n");
+        return ex->Abort();
+      }
       if (t == "/drop") return;  // the Exchange is dropped unanswered
       if (t == "/throw") throw std::runtime_error("handler bug");
       ex->Respond(MakeResponse(404, "", "text/plain"));
@@ -351,6 +356,19 @@ TEST_F(ServerFixture, AStreamToAnHttp10ClientIsUnframedAndEndsWithTheConnection)
   const size_t body = got.find("\r\n\r\n");
   ASSERT_NE(body, std::string::npos) << got;
   EXPECT_EQ(got.substr(body + 4), "data: 0\n\ndata: 1\n\ndata: 2\n\n");
+}
+
+// A stream ended as cut closes without the chunked body's last chunk: the
+// client can tell it is incomplete.
+TEST_F(ServerFixture, AnAbortedStreamClosesWithoutItsLastChunk) {
+  RawPeer p(server_->port());
+  p.Send("GET /abort HTTP/1.1\r\nHost: x\r\n\r\n");
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string got = p.ReadAll(std::chrono::milliseconds(3000));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2)) << "the connection stayed open";
+  EXPECT_NE(got.find("data: 0"), std::string::npos) << got;
+  EXPECT_NE(got.find("chunked"), std::string::npos) << got;
+  EXPECT_EQ(got.find("\r\n0\r\n\r\n"), std::string::npos) << got;
 }
 
 // A server with small connection and body budgets.

@@ -207,6 +207,32 @@ TEST(ReplyWriterTest, AWaitingStreamStartsEarlyAndThenSaysWhereItRuns) {
   EXPECT_TRUE(client->done());
 }
 
+// An error once a stream has begun is its last event: it was a whole HTTP
+// answer written inside the stream's body (a waiting stream whose attempt
+// the journal could not record). A relayed answer's stream, in the server's
+// own format, ends as cut instead.
+TEST(ReplyWriterTest, AnErrorAfterTheHeadEndsTheStream) {
+  auto client = std::make_shared<RecordingExchange>();
+  ReplyWriter reply(client, "req-5", 11);
+  reply.WaitingNote("the CPU line is busy", 2);
+  reply.Error(Status::Unavailable("the journal cannot write"));
+  EXPECT_TRUE(client->done());
+  EXPECT_FALSE(client->aborted());
+  EXPECT_EQ(client->status(), 200u);
+  const std::string body = client->body();
+  EXPECT_NE(body.find("data: {\"error\""), std::string::npos) << body;
+  EXPECT_NE(body.find("the journal cannot write"), std::string::npos) << body;
+  EXPECT_EQ(body.rfind(api::kSseDone), body.size() - std::string(api::kSseDone).size()) << body;
+
+  auto relayed = std::make_shared<RecordingExchange>();
+  ReplyWriter relay(relayed, "req-6", 11);
+  relay.BeginRelay(200, "audio/wav", {});
+  relay.Event("RIFF");
+  relay.Error(Status::Unavailable("the server went away"));
+  EXPECT_TRUE(relayed->aborted());
+  EXPECT_EQ(relayed->body(), "RIFF");
+}
+
 TEST(ReplyWriterTest, WithoutAClientEverythingIsStoredAndNothingIsSent) {
   ReplyWriter reply(nullptr, "req-3", 11);
   reply.WaitingNote("waiting", 1);
