@@ -12,6 +12,8 @@ namespace spillway::gateway {
 
 namespace {
 
+constexpr int64_t kTokenizeWaitMs = 5000;  // the most a request waits for a worker to count its prompt
+
 using nlohmann::json;
 
 bool Goes(admission::Kind k) { return k != admission::Kind::kDelay && k != admission::Kind::kReject; }
@@ -267,10 +269,15 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
 
 boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& endpoint, int* prompt_tokens) {
   for (const auto& st : states_) {
+    if (Stopped()) co_return false;
     auto port = st->admission.admitted ? g_.supervisor_.ReadyPort(st->key) : std::nullopt;
     if (!port) continue;
+    // Bounded by the request's deadline, and short: a tokenization takes
+    // milliseconds, and a worker that hangs (it held each request 30 s, past
+    // its X-Request-Timeout and deaf to its cancel) is not asked for long.
     auto r = co_await g_.pool_.Send(*port, "POST", std::string(protocol::kTokenizePath) + "?endpoint=" + endpoint,
-                                    rec_.body, g_.supervisor_.AuthHeaders(), std::chrono::seconds(30));
+                                    rec_.body, g_.supervisor_.AuthHeaders(),
+                                    TimeLeft(live_.deadline_ms, g_.clock_.NowMs(), kTokenizeWaitMs));
     if (!r.ok()) continue;
     if (auto reply = protocol::TokenizeReply::FromJson(json::parse(r->body, nullptr, false)); r->status == 200 && reply) {
       *prompt_tokens = reply->prompt_tokens;

@@ -72,6 +72,8 @@ struct Worker {
   std::vector<json> bodies;
   std::vector<std::string> ids;
   std::vector<std::shared_ptr<http::Exchange>> held;  // by call: answers held back until a cancel
+  std::atomic<bool> hang_tokenize{false};             // a hung worker: /tokenize is never answered
+  std::vector<std::shared_ptr<http::Exchange>> hung;
   // A behaviour that holds the request running until it is cancelled.
   void Hold(const http::Request& req, std::shared_ptr<http::Exchange> ex) {
     const std::string id(req["x-request-id"]);
@@ -86,6 +88,11 @@ struct Worker {
   FakeWorker server{[this](http::Request& req, std::shared_ptr<http::Exchange> ex) {
     const std::string target(req.target());
     if (target.rfind(protocol::kTokenizePath, 0) == 0) {
+      if (hang_tokenize) {
+        std::lock_guard<std::mutex> lk(mu);
+        hung.push_back(std::move(ex));
+        return;
+      }
       const protocol::TokenizeReply reply{5, 256, 16};
       return ex->Respond(http::MakeResponse(200, reply.ToJson().dump(), "application/json"));
     }
@@ -126,6 +133,7 @@ struct Worker {
   ~Worker() {
     std::lock_guard<std::mutex> lk(mu);
     held.clear();
+    hung.clear();
   }
 };
 
@@ -453,6 +461,23 @@ TEST_F(LifecycleTest, AWaitingRequestEndsAtItsDeadlineByTheClock) {
 // A deadline bounds a running attempt too, by the request's own time left:
 // a worker that holds its answer past it is not the worker's failure (no
 // suspicion, no move elsewhere), and the answer is the deadline's 504.
+// Counting the prompt's tokens is bounded by the deadline: a hung worker
+// (it takes the connection, never answers) held each request 30 s per
+// placement, past its X-Request-Timeout.
+TEST_F(LifecycleTest, AHungWorkerCountingThePromptDoesNotHoldTheRequestPastItsDeadline) {
+  primary_.hang_tokenize = true;
+  fallback_.hang_tokenize = true;
+  auto ex = Complete("r-hung", false, {{"X-Request-Timeout", "0.3"}});
+  ASSERT_TRUE(Eventually([&] {
+    std::lock_guard<std::mutex> lk(primary_.mu);
+    return !primary_.hung.empty();
+  }));
+  clock_.Advance(1'000);  // the deadline has passed by the clock; the worker's answer is awaited in real time
+  ASSERT_TRUE(ex->Wait(std::chrono::seconds(5))) << "still waiting for the worker to count its prompt";
+  EXPECT_EQ(ex->status(), 504u) << ex->body();
+  EXPECT_EQ(primary_.calls() + fallback_.calls(), 0u);
+}
+
 TEST_F(LifecycleTest, ARunningRequestEndsAtItsDeadline) {
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
   auto ex = Complete("r-slow", false, {{"X-Request-Timeout", "0.3"}});
