@@ -25,6 +25,10 @@ void Breaker::OnSuccess() {
 
 void Breaker::OnFailure(const std::string& reason) {
   last_reason_ = reason;
+  // Attempts that began before it opened fail with the incident that opened
+  // it: they neither count nor open it again (an open breaker with six
+  // requests in flight was ejected twice, for twice as long).
+  if (state_ == BreakerState::kOpen) return;
   if (state_ == BreakerState::kHalfOpen) return Open(reason);  // the probe failed
   if (++consecutive_ >= opts_.failures) Open(reason);
 }

@@ -32,6 +32,8 @@ class Breaker {
   // elapsed becomes half-open).
   bool Usable();
   void OnSuccess();
+  // Counts towards opening it; while it is open, only the reason changes
+  // (attempts in flight when it opened fail with the same incident).
   void OnFailure(const std::string& reason);
   // Opens at once (device lost, worker crashed); while already open, only
   // the reason changes (one incident reported twice is one ejection).

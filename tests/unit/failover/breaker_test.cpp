@@ -59,5 +59,20 @@ TEST(BreakerTest, OneIncidentReportedTwiceIsOneEjection) {
   EXPECT_EQ(b.last_reason(), "worker exited: device lost");
 }
 
+// Requests in flight when it opened fail too: the same incident, one
+// ejection (they opened it again, 60 s instead of 30).
+TEST(BreakerTest, FailuresOfAttemptsInFlightWhenItOpenedAreTheSameIncident) {
+  FakeClock clock;
+  Breaker b({3, 30000, 300000}, clock);
+  for (int i = 0; i < 6; ++i) b.OnFailure("kv alloc failed " + std::to_string(i));
+  EXPECT_EQ(b.ejections(), 1);
+  EXPECT_EQ(b.open_until_ms() - clock.NowMs(), 30000);
+  EXPECT_EQ(b.last_reason(), "kv alloc failed 5");
+  clock.Advance(30000);
+  ASSERT_TRUE(b.Usable());
+  b.OnSuccess();
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+}
+
 }  // namespace
 }  // namespace spillway::failover
