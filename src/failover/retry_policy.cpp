@@ -27,9 +27,11 @@ RetryDecision NextStep(const AttemptOutcome& o, RetryState* s, const RetryBudget
   if (s->deadline_ms && now_ms >= s->deadline_ms) return {Action::kDeadline, failed, "past the request's deadline"};
   if (o.kind == Kind::kCancelled) return {Action::kCancelled, false, "cancelled"};
   if (o.kind == Kind::kBusy) {
-    if (now_ms - s->started_ms < b.busy_wait_ms) return {Action::kWaitAndResend, false, "the worker is full"};
+    if (s->busy_since_ms == 0) s->busy_since_ms = now_ms;
+    if (now_ms - s->busy_since_ms < b.busy_wait_ms) return {Action::kWaitAndResend, false, "the worker is full"};
     return {Action::kDeliver, false, "the worker stayed full"};
   }
+  s->busy_since_ms = 0;  // this attempt ran
   const std::string what = std::string(FailureName(o.phase)) + " failure " + std::to_string(s->failures) + " of " +
                            std::to_string(b.max_attempts);
   if (b.fail_fast) return {Action::kGiveUp, true, what + "; fail_fast: no other placement"};

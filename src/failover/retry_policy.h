@@ -7,8 +7,8 @@
 //   ----------------------------  ------------------------------------------  ------------------
 //   any but kAnswered             past the request's deadline                 kDeadline
 //   kCancelled                    -                                           kCancelled
-//   kBusy (nothing ran)           waited less than busy_wait_ms               kWaitAndResend
-//   kBusy                         waited longer                               kDeliver (its 503)
+//   kBusy (nothing ran)           busy for less than busy_wait_ms             kWaitAndResend
+//   kBusy                         busy longer                                 kDeliver (its 503)
 //   kFailed                       fail_fast ("the accelerator or an error")   kGiveUp
 //   kFailed                       failures reach max_attempts                 kGiveUp
 //   kFailed, nothing delivered    -                                           kRetryElsewhere
@@ -54,7 +54,11 @@ struct RetryBudget {
 
 struct RetryState {
   int failures = 0;
-  int64_t started_ms = 0;   // when the request began (clock ms)
+  // When its attempts began to find the worker full, since the last attempt
+  // that ran (clock ms; 0: not now). The busy wait counts from there, not
+  // from the request's arrival: a request admitted after a long delay, or a
+  // stream that ran a minute before it failed over, still waits for a slot.
+  int64_t busy_since_ms = 0;
   int64_t deadline_ms = 0;  // 0: none
 };
 

@@ -27,7 +27,7 @@ RequestLifecycle::RequestLifecycle(Gateway& g, journal::RequestRecord rec, std::
       runner_(g.pool_, reply_, progress_, live_->cancelled,
               [this] { live_->Enter(LivePhase::kStreaming, g_.clock_.NowMs()); }, kMaxUnsentBytes),
       excluded_(svc_ ? svc_->placements.size() : 0, false),
-      retry_{0, t0_, live_->deadline_ms},
+      retry_{0, 0, live_->deadline_ms},
       budget_{kMaxAttempts, svc_ && svc_->admission.fail_fast, kQueueWaitMs} {}
 
 RequestLifecycle::~RequestLifecycle() { Release(); }

@@ -18,7 +18,7 @@ class RetryPolicyTest : public ::testing::Test {
   }
   FakeClock clock_{1000};
   RetryBudget budget_;
-  RetryState state_{0, 1000, 0};
+  RetryState state_{0, 0, 0};
 };
 
 TEST_F(RetryPolicyTest, AnAnswerIsDelivered) {
@@ -33,9 +33,24 @@ TEST_F(RetryPolicyTest, ABusyWorkerIsWaitedForUntilTheBusyWaitEndsAndNeverCounte
     EXPECT_FALSE(d.count_failure);
     clock_.Advance(1000);
   }
-  clock_.Advance(1000);  // 60 s since the request began
+  clock_.Advance(1000);  // 60 s since the first busy answer
   EXPECT_EQ(Step({Kind::kBusy}).action, Action::kDeliver);
   EXPECT_EQ(state_.failures, 0);
+}
+
+// The busy wait counts from the first busy answer since an attempt last
+// ran, not from the request's arrival: a stream that ran 70 s and then
+// fails over to a full CPU worker waits for it (it was refused at once).
+TEST_F(RetryPolicyTest, TheBusyWaitCountsFromTheFirstBusyAnswerSinceAnAttemptRan) {
+  clock_.Advance(70'000);  // ran (or waited for admission) that long first
+  EXPECT_EQ(Step({Kind::kBusy}).action, Action::kWaitAndResend);
+  clock_.Advance(30'000);
+  EXPECT_EQ(Step({Kind::kBusy}).action, Action::kWaitAndResend);
+  EXPECT_EQ(Step(Failed(FailurePhase::kKv, /*delivered=*/true)).action, Action::kContinueElsewhere);  // one ran
+  clock_.Advance(50'000);
+  EXPECT_EQ(Step({Kind::kBusy}).action, Action::kWaitAndResend) << "a new busy spell";
+  clock_.Advance(60'000);
+  EXPECT_EQ(Step({Kind::kBusy}).action, Action::kDeliver);
 }
 
 TEST_F(RetryPolicyTest, FailuresBeforeTheFirstTokenRunAgainElsewhereUpToTheAttemptBudget) {
