@@ -84,6 +84,7 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
   int status = 0;
   bool head_ok = false, noted = false;
   std::string pending, error_body, failed_phase;
+  std::string refused;  // a continuation's error event: the worker would not continue the stream
   int relayed = 0;
   auto begin = [&] {
     if (reply_.events_started()) return;
@@ -93,9 +94,19 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
   // Returns false to stop reading (a failure to act on).
   auto on_event = [&](const std::string& event) {
     std::string phase;
-    if (progress_.Observe(event, &phase) == failover::StreamProgress::Event::kError && !phase.empty()) {
+    const auto kind = progress_.Observe(event, &phase);
+    if (kind == failover::StreamProgress::Event::kError && !phase.empty()) {
       failed_phase = phase;
       return false;  // an allocation failure or a lost device: move
+    }
+    // A continuation the worker ends with an error of its own (it could not
+    // reproduce what was delivered) is a refused continuation, as one
+    // refused before its first event is: the stream ends resumable, with its
+    // checkpoint, not with the worker's error passed on as the request's.
+    if (kind == failover::StreamProgress::Event::kError && continuing && !cancelled_ &&
+        !progress_.last_error()->cancelled()) {
+      refused = event;
+      return false;
     }
     begin();
     if (!noted && !spec.served.fallback_model.empty()) {
@@ -154,6 +165,14 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
     a.body = std::move(error_body);
     a.head_refused = true;
     a.stream_state = status == 499 ? journal::State::kCancelled : journal::State::kFailed;
+    co_return a;
+  }
+  if (!refused.empty()) {
+    AttemptResult a = Simple(Kind::kAnswered);
+    a.head_refused = true;  // (as DeliverRefusal takes a continuation refused at its head)
+    a.outcome.delivered = delivered;
+    a.status = 200;
+    a.body = progress_.last_error()->message;
     co_return a;
   }
   if (!st.ok() || !failed_phase.empty()) {

@@ -163,11 +163,22 @@ ServedBy RequestLifecycle::Served() const {
   return s;
 }
 
+// A cut stream's last event: the error, and what the client has (to resume from).
+json RequestLifecycle::CheckpointError(const Status& st) const {
+  json ev = ErrorJson(st, rec_.id);
+  ev["error"]["checkpoint"] = {{"tokens_delivered", progress_.tokens().size()},
+                               {"text_bytes", progress_.text_bytes()},
+                               {"tool_calls_delivered", progress_.tool_calls_delivered()}};
+  return ev;
+}
+
 // The client hears the worker's error, as an error event when its stream has begun.
 boost::asio::awaitable<void> RequestLifecycle::DeliverRefusal(const AttemptResult& r) {
-  if (r.outcome.delivered) {  // a continuation was refused: end the stream the client has
-    co_return co_await EndStreamWithError(
-        State::kFailedResumable, ErrorJson(Status::Unavailable("the continuation was refused: " + r.body), rec_.id), r.body);
+  if (r.outcome.delivered) {  // a continuation was refused: end the stream the client has, resumable
+    const Status err = Status::Unavailable("the continuation was refused (" + r.body + ") after " +
+                                           std::to_string(progress_.tokens().size()) +
+                                           " delivered tokens; resume from the checkpoint with the request id");
+    co_return co_await EndStreamWithError(State::kFailedResumable, CheckpointError(err), r.body);
   }
   if (reply_.head_sent()) {
     const json eb = json::parse(r.body, nullptr, false);
@@ -376,11 +387,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
                                               : "no placement could continue it") +
             "; resume from the checkpoint with the request id");
         if (!r.outcome.delivered) co_return co_await Fail(State::kFailed, err);
-        json ev = ErrorJson(err, rec_.id);
-        ev["error"]["checkpoint"] = {{"tokens_delivered", progress_.tokens().size()},
-                                    {"text_bytes", progress_.text_bytes()},
-                                    {"tool_calls_delivered", progress_.tool_calls_delivered()}};
-        co_return co_await EndStreamWithError(State::kFailedResumable, ev, err.message());
+        co_return co_await EndStreamWithError(State::kFailedResumable, CheckpointError(err), err.message());
       }
       case Kind::kAnswered:
         break;

@@ -80,6 +80,7 @@ class RequestLifecycle {
   ServedBy Served() const;
   // A stream the worker refused before its first event.
   boost::asio::awaitable<void> DeliverRefusal(const AttemptResult& r);
+  nlohmann::json CheckpointError(const Status& st) const;
   // Called by admission before every round spent waiting.
   void OnWait(const std::string& note, double est_s);
   // A refused attempt commit: the journal cannot write, or the request was ended meanwhile.

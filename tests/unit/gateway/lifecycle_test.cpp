@@ -430,6 +430,31 @@ TEST_F(LifecycleTest, AStreamCutMidwayIsContinuedElsewhereAsOneStream) {
   EXPECT_EQ(rec.result_body.find(": spillway"), std::string::npos) << "comments are not part of the stored answer";
 }
 
+// A continuation the worker ends with an error of its own (it could not
+// reproduce the delivered text) ends the stream resumable, with its
+// checkpoint: it was relayed as the request's own error and journaled failed.
+TEST_F(LifecycleTest, AContinuationTheWorkerRefusesMidStreamEndsResumable) {
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(Chunk("a", 11));
+    ex->Write(api::SseEvent(api::ErrorBody(Status::ResourceExhausted("compute").WithPhase(FailurePhase::kCompute))));
+    ex->End();
+  };
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(api::SseEvent(api::ErrorBody(Status::Unavailable("the continuation is not reproducible"))));
+    ex->Write(api::kSseDone);
+    ex->End();
+  };
+  auto ex = Complete("r-refused-mid", true);
+  ASSERT_TRUE(ex->Wait());
+  const std::string body = ex->body();
+  EXPECT_NE(body.find("\"a\""), std::string::npos) << body;
+  EXPECT_NE(body.find("checkpoint"), std::string::npos) << body;
+  EXPECT_NE(body.find("not reproducible"), std::string::npos) << body;
+  EXPECT_EQ(Journaled("r-refused-mid").state, journal::State::kFailedResumable);
+}
+
 TEST_F(LifecycleTest, AWorkerThatCannotBeReachedIsSuspectedAndTheRequestMovesOn) {
   workers_.SetReady("chat.0", 1);  // nothing listens there
   auto ex = Complete("r-gone");
