@@ -218,6 +218,9 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
   served.placement = svc->name;
   served.decision = "external";
   int attempts = rec.attempts;
+  int failed_after_sending = 0;  // attempts that reached the server and failed (an idempotent service's are sent again)
+  int64_t unreached_since = 0;   // when attempts began to fail before reaching the server (0: they do not)
+  int unreached = 0;
   std::string last_failure;
   while (true) {
     // Its turn, a server that is up, and room on its device for the request's transient peak.
@@ -279,14 +282,32 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
                               Status::BadGateway("service '" + svc->name + "' failed after the request reached it (" +
                                                  last_failure + "); it is not idempotent, so it is not sent again"));
     }
-    if (attempts >= kMaxExternalAttempts) {
-      co_return co_await fail(State::kFailed, Status::BadGateway("service '" + svc->name + "' failed " +
-                                                                 std::to_string(attempts) + " times: " + last_failure)
-                                                  .WithRetryAfter(5));
+    // One that reached the server counts towards the resends; one that
+    // never did (refused: the server restarts, its backlog is full) waits,
+    // backing off, for as long as the server may take to start.
+    std::chrono::milliseconds backoff(200);  // a health check sees it meanwhile
+    if (control->sent) {
+      unreached_since = 0;
+      unreached = 0;
+      if (++failed_after_sending >= kMaxExternalAttempts) {
+        co_return co_await fail(State::kFailed, Status::BadGateway("service '" + svc->name + "' failed " +
+                                                                   std::to_string(failed_after_sending) + " times: " +
+                                                                   last_failure).WithRetryAfter(5));
+      }
+    } else {
+      const int64_t now = clock_.NowMs();
+      if (unreached_since == 0) unreached_since = now;
+      if (now - unreached_since > static_cast<int64_t>(svc->start_timeout_s * 1000)) {
+        co_return co_await fail(State::kFailed,
+                                Status::BadGateway("service '" + svc->name + "' could not be reached for " +
+                                                   std::to_string((now - unreached_since) / 1000) +
+                                                   " s (its start_timeout_s): " + last_failure).WithRetryAfter(5));
+      }
+      backoff = std::chrono::milliseconds(std::min<int64_t>(2000, int64_t{200} << std::min(unreached++, 4)));
     }
     Logged(co_await Journaled([&](auto done) { journal_.RequeueAsync(rec.id, last_failure, done); }), "requeue");
     live->Enter(LivePhase::kQueued, clock_.NowMs());
-    co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(200));  // a health check sees it meanwhile
+    co_await SignalFor(rec.service).Wait(TimeLeft(live->deadline_ms, clock_.NowMs(), backoff.count()));
   }
 }
 

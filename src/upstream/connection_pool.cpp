@@ -104,6 +104,16 @@ net::awaitable<Status> ConnectionPool::Connect(Conn& c, uint16_t port, std::chro
   c.stream.expires_after(timeout);
   co_await c.stream.async_connect(tcp::endpoint(net::ip::address_v4::loopback(), port),
                                   net::redirect_error(net::use_awaitable, ec));
+  if (ec == net::error::connection_refused) {
+    // A server on the IPv6 loopback alone (url = "http://[::1]:PORT", or
+    // localhost that resolves to ::1 first): it was never reached.
+    beast::error_code v6;
+    c.stream.socket().close(v6);  // (open for IPv4 still)
+    c.stream.expires_after(timeout);
+    co_await c.stream.async_connect(tcp::endpoint(net::ip::address_v6::loopback(), port),
+                                    net::redirect_error(net::use_awaitable, v6));
+    if (!v6) ec = {};
+  }
   if (!ec) c.stream.socket().set_option(tcp::no_delay(true), ec);
   if (ec) co_return Status::Unavailable("connect to 127.0.0.1:" + std::to_string(port) + ": " + ec.message());
   c.connected = true;

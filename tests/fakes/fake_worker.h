@@ -20,12 +20,13 @@ namespace spillway::testing {
 class FakeWorker {
  public:
   using Handler = std::function<void(http::Request& req, std::shared_ptr<http::Exchange> ex)>;
-  explicit FakeWorker(Handler h) : handler_(std::move(h)) {
+  // `host`: the loopback address it listens on ("::1": IPv6 alone).
+  explicit FakeWorker(Handler h, const std::string& host = "127.0.0.1") : handler_(std::move(h)) {
     server_ = std::make_unique<http::Server>(ioc_, http::ServerOptions{}, [this](http::Request req, std::shared_ptr<http::Exchange> ex) {
       ++requests_;
       handler_(req, std::move(ex));
     });
-    ok_ = server_->Listen("127.0.0.1", 0).ok();
+    ok_ = server_->Listen(host, 0).ok();
     thread_ = std::thread([this] { ioc_.run(); });
   }
   ~FakeWorker() {

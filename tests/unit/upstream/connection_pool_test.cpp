@@ -34,9 +34,9 @@ T RunCo(net::io_context& ioc, net::awaitable<T> a) {
   return std::move(*out);
 }
 
-FakeWorker Echo() {
+FakeWorker::Handler EchoHandler() {
   auto held = std::make_shared<std::vector<std::shared_ptr<http::Exchange>>>();  // "/slow": never answered
-  return FakeWorker([held](http::Request& req, std::shared_ptr<http::Exchange> ex) {
+  return [held](http::Request& req, std::shared_ptr<http::Exchange> ex) {
     const std::string target(req.target());
     if (target == "/stream") {
       auto head = http::MakeResponse(200, "", "text/event-stream");
@@ -47,8 +47,10 @@ FakeWorker Echo() {
     }
     if (target == "/slow") return held->push_back(std::move(ex));  // never answered while the test runs
     ex->Respond(http::MakeResponse(200, "{\"echo\":\"" + target + "\"}", "application/json"));
-  });
+  };
 }
+
+FakeWorker Echo() { return FakeWorker(EchoHandler()); }
 
 TEST(ConnectionPoolTest, SendsOneRequestAfterAnotherThroughThePool) {
   FakeWorker worker = Echo();
@@ -63,6 +65,19 @@ TEST(ConnectionPoolTest, SendsOneRequestAfterAnotherThroughThePool) {
   }
   EXPECT_EQ(worker.requests(), 3);
   EXPECT_EQ(worker.connections(), 1u) << "the pool keeps one connection alive";
+  pool.Clear();
+}
+
+// A server on the IPv6 loopback alone (an external service's url =
+// "http://[::1]:PORT") is reached: the pool dialled 127.0.0.1 only.
+TEST(ConnectionPoolTest, AServerOnTheIpv6LoopbackAloneIsReached) {
+  FakeWorker worker(EchoHandler(), "::1");
+  if (!worker.ok()) GTEST_SKIP() << "no IPv6 loopback here";
+  net::io_context ioc;
+  ConnectionPool pool;
+  auto r = RunCo(ioc, pool.Send(worker.port(), "GET", "/v6", "", {}, std::chrono::seconds(5)));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->body, "{\"echo\":\"/v6\"}");
   pool.Clear();
 }
 
