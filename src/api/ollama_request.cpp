@@ -251,9 +251,10 @@ Status TranslateEmbed(const json& body, OllamaCall* call) {
     call->openai["input"] = prompt;
     return Status::Ok();
   }
-  if (!Given(body, "input")) return Bad("input", "is required");
-  const json& input = body["input"];
+  // No input (absent, null, "" or []) loads the model, as Ollama does: 200, no embeddings.
+  const json input = Given(body, "input") ? body["input"] : json("");
   if (!input.is_string() && !input.is_array()) return Bad("input", "must be a string or an array of strings");
+  call->load_only = input.empty() || (input.is_string() && input.get_ref<const std::string&>().empty());
   call->openai["input"] = input;
   if (Given(body, "truncate") && !body["truncate"].is_boolean()) return Bad("truncate", "must be a boolean");
   if (Given(body, "dimensions")) return Bad("dimensions", "is not supported by Spillway: vectors have the model's width");

@@ -126,30 +126,34 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
   // unload (residency keep_alive / on_demand), as Ollama's does on a model:
   // it stays loaded that long after this request (negative: until told
   // otherwise; 0: unloaded once idle). A pinned service stays as configured.
+  // A request refused as invalid changes nothing.
   bool movable = false;
   for (const auto& p : svc->placements) movable |= p.device != "cpu" && svc->residency.mode != "pinned";
-  if (call->keep_alive_s) {
-    if (!movable) {
-      out->AddHeader("X-Spillway-Keep-Alive", "not applied: service '" + svc->name + "' is " +
-                                                  (svc->residency.mode == "pinned" ? "pinned" : "on the CPU only") +
-                                                  " (residency is set per service in the config)");
-    } else {
-      const double k = *call->keep_alive_s;
-      const int64_t now = clock_.NowMs();
-      {
-        std::lock_guard<std::mutex> lk(residency_mu_);
-        keep_alive_until_ms_[svc->name] = k < 0 ? INT64_MAX : now + static_cast<int64_t>(k * 1000);
+  const auto apply_keep_alive = [&] {
+    if (call->keep_alive_s) {
+      if (!movable) {
+        out->AddHeader("X-Spillway-Keep-Alive", "not applied: service '" + svc->name + "' is " +
+                                                    (svc->residency.mode == "pinned" ? "pinned" : "on the CPU only") +
+                                                    " (residency is set per service in the config)");
+      } else {
+        const double k = *call->keep_alive_s;
+        const int64_t now = clock_.NowMs();
+        {
+          std::lock_guard<std::mutex> lk(residency_mu_);
+          keep_alive_until_ms_[svc->name] = k < 0 ? INT64_MAX : now + static_cast<int64_t>(k * 1000);
+        }
+        out->AddHeader("X-Spillway-Keep-Alive", k < 0 ? "applied: kept loaded"
+                                                 : k == 0 ? "applied: unloaded once idle"
+                                                          : "applied: kept loaded " + std::to_string(static_cast<int64_t>(k)) +
+                                                                " s after this request");
       }
-      out->AddHeader("X-Spillway-Keep-Alive", k < 0 ? "applied: kept loaded"
-                                               : k == 0 ? "applied: unloaded once idle"
-                                                        : "applied: kept loaded " + std::to_string(static_cast<int64_t>(k)) +
-                                                              " s after this request");
+    } else if (movable) {
+      std::lock_guard<std::mutex> lk(residency_mu_);
+      keep_alive_until_ms_.erase(svc->name);  // this request: the configured keep_alive_s
     }
-  } else if (movable) {
-    std::lock_guard<std::mutex> lk(residency_mu_);
-    keep_alive_until_ms_.erase(svc->name);  // this request: the configured keep_alive_s
-  }
+  };
   if (call->load_only) {  // Ollama loads the model (or, with keep_alive 0, unloads it)
+    apply_keep_alive();
     if (movable && !(call->keep_alive_s && *call->keep_alive_s == 0)) {
       for (size_t i = 0; i < svc->placements.size(); ++i) {
         if (svc->placements[i].device != "cpu") supervisor_.Demand(WorkerKey(*svc, i));
@@ -169,6 +173,7 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
                        : call->endpoint == "completion" ? api::ParseCompletionRequest(call->openai).status()
                                                         : api::ParseEmbeddingRequest(call->openai).status();
   if (!valid.ok()) return out->RespondTranslated(OllamaErrorResponse(api::OllamaFieldNames(valid, *call), v));
+  apply_keep_alive();
   http::Request translated = req;
   translated.target(call->endpoint == "chat"         ? "/v1/chat/completions"
                     : call->endpoint == "completion" ? "/v1/completions"

@@ -155,7 +155,6 @@ TEST(OllamaRequestTest, WrongBodiesAreClear400s) {
             std::string::npos);
   EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"keep_alive", "5 fortnights"}}).find("'keep_alive'"),
             std::string::npos);
-  EXPECT_NE(Error(OllamaRoute::kEmbed, {{"model", "m"}}).find("'input'"), std::string::npos);
   EXPECT_NE(Error(OllamaRoute::kEmbed, {{"model", "m"}, {"input", 5}}).find("'input'"), std::string::npos);
 }
 
@@ -198,6 +197,12 @@ TEST(OllamaRequestTest, EmbedAndLegacyEmbeddings) {
   c = Translate(OllamaRoute::kEmbeddings, {{"model", "e"}, {"prompt", "one"}});
   EXPECT_EQ(c.openai["input"], "one");
   EXPECT_TRUE(Translate(OllamaRoute::kEmbeddings, {{"model", "e"}}).load_only);
+  // /api/embed without input loads the model, as Ollama's does (200, no
+  // embeddings): it was a 400.
+  EXPECT_TRUE(Translate(OllamaRoute::kEmbed, {{"model", "e"}}).load_only);
+  EXPECT_TRUE(Translate(OllamaRoute::kEmbed, {{"model", "e"}, {"input", ""}}).load_only);
+  EXPECT_TRUE(Translate(OllamaRoute::kEmbed, {{"model", "e"}, {"input", json::array()}}).load_only);
+  EXPECT_FALSE(Translate(OllamaRoute::kEmbed, {{"model", "e"}, {"input", {""}}}).load_only);
   EXPECT_EQ(WithoutLatestTag("chat:latest"), "chat");
   EXPECT_EQ(WithoutLatestTag("chat:7b"), "chat:7b");
 }

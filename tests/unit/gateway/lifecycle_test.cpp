@@ -872,9 +872,11 @@ TEST_F(LifecycleTest, OllamasErrorsHaveOllamasShape) {
   ASSERT_TRUE(unknown->Wait());
   EXPECT_EQ(unknown->status(), 404u);
   EXPECT_EQ(json::parse(unknown->body()), json({{"error", "model 'nope' not found"}}));
-  auto bad = Send("/api/generate", json{{"model", "chat"}, {"prompt", "x"}, {"options", {{"temperature", 9}}}}.dump());
+  auto bad = Send("/api/generate", json{{"model", "chat"}, {"prompt", "x"}, {"keep_alive", -1},
+                                        {"options", {{"temperature", 9}}}}.dump());
   ASSERT_TRUE(bad->Wait());
   EXPECT_EQ(bad->status(), 400u);
+  EXPECT_EQ(bad->header("X-Spillway-Keep-Alive"), "") << "a refused request's keep_alive was applied";
   EXPECT_NE(json::parse(bad->body())["error"].get<std::string>().find("'options.temperature'"), std::string::npos)
       << bad->body();
   auto capped = Send("/api/generate", json{{"model", "chat"}, {"prompt", "x"}, {"options", {{"num_predict", 1000}}}}.dump());
