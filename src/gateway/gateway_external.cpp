@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 
 #include <boost/asio/this_coro.hpp>
@@ -38,7 +39,8 @@ constexpr size_t kMaxAnswerBytes = 64u << 20;  // a buffered (journaled, then se
 constexpr int kMaxExternalAttempts = 3;
 
 // Answers relayed as they arrive (journaled once they end): events, lines, audio.
-bool RelayedType(const std::string& type) {
+bool RelayedType(std::string type) {
+  for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));  // (media types ignore case)
   return type.rfind("text/event-stream", 0) == 0 || type.rfind("application/x-ndjson", 0) == 0 ||
          type.rfind("audio/", 0) == 0;
 }
@@ -60,8 +62,14 @@ boost::asio::awaitable<ExternalAnswer> SendExternal(upstream::ConnectionPool& po
                                                     const std::function<void()>& on_relay, ReplyWriter& reply,
                                                     const ServedBy& served, upstream::StreamControl& control) {
   ExternalAnswer a;
-  const http::HeaderList headers = {{"Content-Type", rec.body_type.empty() ? "application/json" : rec.body_type},
-                                    {"X-Request-Id", rec.id}};
+  http::HeaderList headers = {{"Content-Type", rec.body_type.empty() ? "application/json" : rec.body_type},
+                              {"X-Request-Id", rec.id}};
+  if (deadline_ms) {  // what is left of it, for a server that heeds it
+    const double left_s = static_cast<double>(TimeLeft(deadline_ms, clock.NowMs(), INT64_MAX).count()) / 1000;
+    char text[32];
+    std::snprintf(text, sizeof text, "%.3f", left_s);
+    headers.emplace_back("X-Request-Timeout", text);
+  }
   auto on_head = [&](const http::StreamHead& h) {
     a.status = h.status;
     auto t = h.headers.find("content-type");

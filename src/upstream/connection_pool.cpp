@@ -165,6 +165,9 @@ std::unique_ptr<ConnectionPool::Conn> ConnectionPool::Take(uint16_t port, const 
 }
 
 void ConnectionPool::Give(uint16_t port, std::unique_ptr<Conn> c) {
+  // Bytes past the answer (a server that sent more than its Content-Length)
+  // would be read as the next request's answer.
+  if (c->buffer.size() > 0) return;
   std::lock_guard<std::mutex> lk(mu_);
   auto& v = idle_[port];
   if (v.size() < max_idle_) v.push_back(std::move(c));

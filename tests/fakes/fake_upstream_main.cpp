@@ -7,7 +7,7 @@
 //
 //   GET  /health     200 once ready (after --ready-after-ms), 503 before
 //   POST (any path)  answers JSON: the path, content type, body size and
-//                    SHA-256, the request's X-Request-Id and how many
+//                    SHA-256, the request's X-Request-Id (and X-Request-Timeout) and how many
 //                    requests this process has seen. The body (JSON, or a
 //                    multipart form's fields) may ask for:
 //                      fake_delay_ms    answer after this long
@@ -123,6 +123,7 @@ int main(int argc, char** argv) {
                    {"body_bytes", req.body().size()},
                    {"body_sha256", spillway::Sha256Hex(req.body())},
                    {"request_id", id},
+                   {"request_timeout", std::string(req["X-Request-Timeout"])},
                    {"model", Field(req, body, "model")},
                    {"seen", n}};
     // Answered from a thread of its own: a delay holds no other request.

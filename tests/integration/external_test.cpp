@@ -214,8 +214,10 @@ TEST_F(ExternalTest, ADeadlineEndsARequestAtTheServerWith504) {
   EXPECT_NE(r.body.find("X-Request-Timeout"), std::string::npos) << r.body;
   EXPECT_EQ(WaitTerminal(g->port(), "late-1")["state"], "failed");
   EXPECT_EQ(LinesWith(log_, "late-1"), 1) << "an idempotent request past its deadline is not sent again";
-  const auto next = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake"})");
+  const auto next = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake"})", {{"X-Request-Timeout", "30"}});
   EXPECT_EQ(next.status, 200) << next.body;
+  const std::string passed_on = Body(next).value("request_timeout", "");  // what is left of it
+  EXPECT_TRUE(passed_on.rfind("30.", 0) == 0 || passed_on.rfind("29.", 0) == 0) << next.body;
 }
 
 TEST_F(ExternalTest, EachServiceHasItsOwnLineAndABusyOneStarvesNoOther) {

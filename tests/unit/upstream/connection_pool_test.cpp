@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <optional>
+#include <thread>
 
 #include "fake_worker.h"
 #include "gateway/capacity_signal.h"
@@ -191,6 +192,43 @@ TEST(ConnectionPoolTest, ATimeoutIsDeadlineExceededAndARefusedPortIsUnavailable)
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
   pool.Clear();
+}
+
+// A server that sends more than its Content-Length: the extra bytes are not
+// read as the next request's answer (the connection was kept with them).
+TEST(ConnectionPoolTest, AConnectionWithBytesPastItsAnswerIsNotKept) {
+  net::io_context server_ioc;
+  net::ip::tcp::acceptor acceptor(server_ioc, {net::ip::make_address("127.0.0.1"), 0});
+  const uint16_t port = acceptor.local_endpoint().port();
+  std::thread server([&] {
+    for (int i = 0; i < 2; ++i) {  // each connection: one request, one answer
+      net::ip::tcp::socket s(server_ioc);
+      boost::system::error_code ec;
+      acceptor.accept(s, ec);
+      if (ec) return;
+      std::string got;
+      char buf[1024];
+      while (got.find("\r\n\r\n") == std::string::npos) {
+        const size_t n = s.read_some(net::buffer(buf), ec);
+        if (ec) break;
+        got.append(buf, n);
+      }
+      const std::string answer = i == 0 ? "okHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale" : "fresh";
+      const std::string head = "HTTP/1.1 200 OK\r\nContent-Length: " + std::string(i == 0 ? "2" : "5") + "\r\n\r\n";
+      net::write(s, net::buffer(head + answer), ec);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // (the pipelined garbage arrives with it)
+    }
+  });
+  net::io_context ioc;
+  ConnectionPool pool;
+  auto first = RunCo(ioc, pool.Send(port, "GET", "/a", "", {}, std::chrono::seconds(5)));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->body, "ok");
+  auto second = RunCo(ioc, pool.Send(port, "GET", "/b", "", {}, std::chrono::seconds(5)));
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->body, "fresh");
+  pool.Clear();
+  server.join();
 }
 
 // A waiter is woken by Notify, not by its bound; one that nobody notifies
