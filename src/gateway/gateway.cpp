@@ -449,6 +449,12 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
           Status::Conflict("a request with this Idempotency-Key is still running (request " + old.id + ")").WithRetryAfter(1),
           v, old.id));
     case journal::AcceptOutcome::kReplay: {
+      if (old.error == kAnswerNotKept) {
+        co_return in->ex->Respond(ErrorResponse(
+            Status::Conflict("the answer of request " + old.id + " was relayed whole but is too long to keep, so this "
+                             "Idempotency-Key cannot replay it: send the request again with a new key"),
+            v, old.id));
+      }
       auto res = http::MakeResponse(static_cast<unsigned>(old.result_status ? old.result_status : 500), old.result_body,
                                     old.result_type.empty() ? "application/json" : old.result_type, v);
       res.set("X-Request-Id", old.id);

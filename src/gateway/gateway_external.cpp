@@ -269,7 +269,9 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     if (sent.ok() && status > 0) {
       if (relay) {
         const State state = State::kCompleted;
-        co_await finish(state, status, type, reply.stored(), "");
+        // Past its bound only a note of it is kept: its Idempotency-Key cannot replay it.
+        const std::string err = reply.stored_whole() ? "" : std::string(kAnswerNotKept);
+        co_await finish(state, status, type, reply.stored(), err);
         co_return reply.EndStream();
       }
       const State state = status < 400 ? State::kCompleted : State::kFailed;
@@ -281,7 +283,7 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     // acted on it, or acting twice is harmless, and nothing reached the client.
     last_failure = sent.message();
     if (svc->Started()) supervisor_.Suspect(key);
-    if (reply.head_sent()) {
+    if (reply.events_started()) {  // (a request recovered after a restart relays with no client, no head)
       co_return co_await fail(State::kFailed, Status::Unavailable("the answer of service '" + svc->name +
                                                                   "' was cut: " + last_failure));
     }

@@ -40,6 +40,10 @@ inline std::chrono::milliseconds TimeLeft(int64_t deadline_ms, int64_t now_ms, i
   return std::chrono::milliseconds(cap_ms);
 }
 
+// The journaled error of a completed request whose answer was relayed but
+// is too long to keep: an Idempotency-Key does not replay it.
+inline constexpr std::string_view kAnswerNotKept = "answer not kept: relayed past its bound";
+
 // What a request past its X-Request-Timeout ends with (504), waiting or running.
 inline Status DeadlinePassed() {
   return Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");

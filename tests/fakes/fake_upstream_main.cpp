@@ -14,6 +14,7 @@
 //                      fake_crash       exit(3) before answering (after reading the request)
 //                      fake_stream      N: answer as N server-sent events, 50 ms apart
 //                      fake_cut         with fake_stream: exit(3) after the events, the stream unended
+//                      fake_audio_mib   N: answer audio/wav of N MiB, streamed a MiB at a time
 //                      fake_status      answer with this HTTP status
 //                      fake_transient_mib  hold this much more on the sim device while answering
 //
@@ -116,6 +117,7 @@ int main(int argc, char** argv) {
     const int64_t delay = std::atoll(Field(req, body, "fake_delay_ms").c_str());
     const int events = std::atoi(Field(req, body, "fake_stream").c_str());
     const bool cut = !Field(req, body, "fake_cut").empty();
+    const int audio_mib = std::atoi(Field(req, body, "fake_audio_mib").c_str());
     const int status = std::atoi(Field(req, body, "fake_status").c_str());
     const double transient = std::atof(Field(req, body, "fake_transient_mib").c_str());
     json answer = {{"path", path},
@@ -127,12 +129,19 @@ int main(int argc, char** argv) {
                    {"model", Field(req, body, "model")},
                    {"seen", n}};
     // Answered from a thread of its own: a delay holds no other request.
-    std::thread([&ledger, ex, answer, delay, events, cut, status, transient, v = req.version()] {
+    std::thread([&ledger, ex, answer, delay, events, cut, audio_mib, status, transient, v = req.version()] {
       const auto bytes = static_cast<uint64_t>(transient * (1 << 20));
       bool held = false;
       if (ledger && bytes > 0) held = ledger->Reserve(spillway::devices::LedgerKind::kAlloc, "transient", bytes);
       if (delay > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay));
-      if (events > 0) {
+      if (audio_mib > 0) {
+        ex->StartStream(spillway::http::MakeResponse(200, "", "audio/wav", v));
+        for (int i = 0; i < audio_mib; ++i) {
+          while (ex->unsent_bytes() > (8 << 20)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          ex->Write(std::string(1 << 20, static_cast<char>('a' + i % 26)));
+        }
+        ex->End();
+      } else if (events > 0) {
         ex->StartStream(spillway::http::MakeResponse(200, "", "text/event-stream", v));
         for (int i = 0; i < events; ++i) {
           ex->Write("data: {\"event\":" + std::to_string(i) + "}\n\n");

@@ -201,6 +201,22 @@ TEST_F(ExternalTest, ARelayedStreamCutShortEndsAsCutForTheClient) {
   EXPECT_EQ(ok.value("path", ""), "/v1/rerank");
 }
 
+// A relayed answer longer than what is kept (64 MiB) reaches its client
+// whole, but its Idempotency-Key cannot replay it: a 409 says so (the
+// replay was a 200 carrying a short note in place of the audio).
+TEST_F(ExternalTest, ARelayedAnswerTooLongToKeepIsNotReplayedAsANote) {
+  auto g = Start(TestConfig(2, FakeService("fake", log_)));
+  const std::string body = R"({"model":"fake","fake_audio_mib":65})";
+  auto r = http::Fetch("127.0.0.1", g->port(), "POST", "/v1/chat/completions", body, {{"Idempotency-Key", "long-1"}}, 60s);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->body.size(), size_t{65} << 20);
+  const auto again = Call(g->port(), "POST", "/v1/chat/completions", body, {{"Idempotency-Key", "long-1"}});
+  EXPECT_EQ(again.status, 409) << again.body.substr(0, 300);
+  EXPECT_NE(again.body.find("too long to keep"), std::string::npos) << again.body.substr(0, 300);
+  EXPECT_EQ(LinesWith(log_, "/v1/chat/completions"), 1) << "not sent again either";
+}
+
 // X-Request-Timeout bounds a request at an external service too: the
 // upstream's connection is closed at the deadline and the answer is 504,
 // sent once, the server not suspected (it kept its 20 s answer before).
