@@ -247,6 +247,7 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     }
     // One attempt: the answer relayed or buffered.
     control->sent = false;
+    control->connected = false;
     control->fresh_connection = !svc->idempotent;
     const std::function<void()> streaming = [&] { live->Enter(LivePhase::kStreaming, clock_.NowMs()); };
     const ExternalAnswer a = co_await SendExternal(pool_, clock_, rec, *svc, *port, upstream_path, live->cancelled,
@@ -296,7 +297,7 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     // never did (refused: the server restarts, its backlog is full) waits,
     // backing off, for as long as the server may take to start.
     std::chrono::milliseconds backoff(200);  // a health check sees it meanwhile
-    if (control->sent) {
+    if (control->sent || control->connected) {
       unreached_since = 0;
       unreached = 0;
       if (++failed_after_sending >= kMaxExternalAttempts) {

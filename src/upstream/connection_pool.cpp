@@ -220,7 +220,7 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     out.status = res.result_int();
     for (const auto& f : res) out.headers[Lower(std::string(f.name_string()))] = std::string(f.value());
     out.body = std::move(res.body());
-    if (res.keep_alive()) Give(port, std::move(c));
+    if (res.keep_alive() && !write_failed) Give(port, std::move(c));
     co_return out;
   }
   co_return Status::Unavailable(method + " " + target + ": no connection");
@@ -267,7 +267,9 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
       }
     } unwatch{watch};
     beast::error_code ec;
+    if (control) control->connected = false;
     if (Status st = co_await Connect(*c, port, std::chrono::seconds(10)); !st.ok()) co_return st;
+    if (control) control->connected = !reused;  // (a kept one may be stale: known once it answers)
     if (control && control->aborted()) co_return failure(net::error::operation_aborted);
     auto req = MakeRequest(port, method, target, body, headers);
     c->stream.expires_after(idle_timeout);
@@ -276,7 +278,15 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     bhttp::response_parser<bhttp::buffer_body> parser;
     // Not boost::none: Boost 1.74 compares the length against an empty optional and fails.
     parser.body_limit(std::uint64_t{1} << 40);
-    if (!ec) co_await bhttp::async_read_header(c->stream, c->buffer, parser, net::redirect_error(net::use_awaitable, ec));
+    // A server may answer early (413) and stop reading: a failed write is
+    // followed by a read, which returns that answer when there is one (as Send does).
+    const bool write_failed = static_cast<bool>(ec);
+    if (!ec || ec == net::error::broken_pipe || ec == net::error::connection_reset) {
+      beast::error_code rec;
+      co_await bhttp::async_read_header(c->stream, c->buffer, parser, net::redirect_error(net::use_awaitable, rec));
+      if (!rec || !write_failed) ec = rec;
+    }
+    if (!ec && control) control->connected = true;
     if (ec) {
       const bool aborted = control && control->aborted();
       if (reused && round == 0 && ec != beast::error::timeout && !aborted) continue;  // closed while idle: once more
@@ -306,7 +316,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
       const size_t n = chunk.size() - parser.get().body().size;
       if (n > 0 && !on_data(std::string_view(chunk.data(), n))) co_return Status::Ok();
     }
-    if (parser.keep_alive() && !(control && control->aborted())) Give(port, std::move(c));
+    if (parser.keep_alive() && !write_failed && !(control && control->aborted())) Give(port, std::move(c));
     co_return Status::Ok();
   }
   co_return Status::Unavailable(method + " " + target + ": no connection");

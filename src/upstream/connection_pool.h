@@ -55,6 +55,9 @@ class StreamControl {
   bool fresh_connection = false;
   // Out: the request was written whole (the server may have acted on it).
   bool sent = false;
+  // Out: the server took the connection the request went on (it is up, even
+  // if the request then failed); false when it could not be reached.
+  bool connected = false;
 
  private:
   std::atomic<bool> aborted_{false};

@@ -231,6 +231,52 @@ TEST(ConnectionPoolTest, AConnectionWithBytesPastItsAnswerIsNotKept) {
   server.join();
 }
 
+// A server that answers a large upload early (413) and closes while it is
+// still being sent: the relay hears its answer, not a broken pipe (the
+// upload was sent again three times and answered 502).
+TEST(ConnectionPoolTest, AnEarlyAnswerToAnUploadIsHeardByARelay) {
+  net::io_context server_ioc;
+  net::ip::tcp::acceptor acceptor(server_ioc, {net::ip::make_address("127.0.0.1"), 0});
+  const uint16_t port = acceptor.local_endpoint().port();
+  std::thread server([&] {
+    net::ip::tcp::socket s(server_ioc);
+    boost::system::error_code ec;
+    acceptor.accept(s, ec);
+    if (ec) return;
+    std::string got;
+    char buf[4096];
+    while (got.find("\r\n\r\n") == std::string::npos) {
+      const size_t n = s.read_some(net::buffer(buf), ec);
+      if (ec) return;
+      got.append(buf, n);
+    }
+    const std::string answer = "HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\nConnection: close\r\n\r\ntoo big!";
+    net::write(s, net::buffer(answer), ec);
+    s.close(ec);  // the unread upload: a reset
+  });
+  net::io_context ioc;
+  ConnectionPool pool;
+  StreamControl control;
+  int status = 0;
+  std::string body;
+  const Status st = RunCo(ioc, pool.Stream(port, "POST", "/upload", std::string(32 << 20, 'x'), {},
+                                           [&](const http::StreamHead& h) {
+                                             status = h.status;
+                                             return true;
+                                           },
+                                           [&](std::string_view d) {
+                                             body.append(d);
+                                             return true;
+                                           },
+                                           std::chrono::seconds(5), nullptr, &control));
+  server.join();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(status, 413);
+  EXPECT_EQ(body, "too big!");
+  EXPECT_TRUE(control.connected);
+  pool.Clear();
+}
+
 // A waiter is woken by Notify, not by its bound; one that nobody notifies
 // wakes at its bound.
 TEST(CapacitySignalTest, NotifyWakesWaitersAtOnceAndTheBoundEndsAForgottenWait) {
