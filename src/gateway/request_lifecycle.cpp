@@ -132,6 +132,15 @@ boost::asio::awaitable<failover::RetryDecision> RequestLifecycle::AfterFailure(c
   const failover::RetryDecision d = failover::NextStep(r.outcome, &retry_, budget_, g_.clock_.NowMs());
   g_.board_.AttemptFailed(rec_.service, target_.index, failover::FailureName(r.outcome.phase), why);
   excluded_[target_.index] = true;
+  if (d.action == Action::kContinueElsewhere) {
+    // A stream goes on only on the same model file: another model's tokens
+    // would splice two models' text into one answer (its own token ids, a
+    // coincidental byte match). None left: it ends resumable.
+    const std::string& model = svc_->placements[target_.index].ModelOr(svc_->model);
+    for (size_t i = 0; i < excluded_.size(); ++i) {
+      if (svc_->placements[i].ModelOr(svc_->model) != model) excluded_[i] = true;
+    }
+  }
   if (d.action == Action::kRetryElsewhere || d.action == Action::kContinueElsewhere) {
     const std::string note = why + " (" + d.reason + ")";
     Logged(co_await g_.Journaled([&](auto done) { g_.journal_.RequeueAsync(rec_.id, note, done); }), "requeue");
@@ -273,6 +282,12 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
       }
       if (rejected.code() == StatusCode::kDeadlineExceeded) co_return co_await DeadlineFailure();
       if (rejected.code() == StatusCode::kCancelled) co_return co_await Fail(State::kCancelled, rejected);
+      if (reply_.events_started() && !progress_.tokens().empty()) {  // a cut stream nothing may continue
+        const Status err = Status::Unavailable("no placement could continue the stream (" + rejected.message() + ") after " +
+                                               std::to_string(progress_.tokens().size()) +
+                                               " delivered tokens; resume from the checkpoint with the request id");
+        co_return co_await EndStreamWithError(State::kFailedResumable, CheckpointError(err), err.message());
+      }
       co_return co_await Fail(State::kFailed, rejected);
     }
     live_->queue_slot.reset();  // running now: no longer among the waiting

@@ -455,6 +455,27 @@ TEST_F(LifecycleTest, AContinuationTheWorkerRefusesMidStreamEndsResumable) {
   EXPECT_EQ(Journaled("r-refused-mid").state, journal::State::kFailedResumable);
 }
 
+// A stream is continued only on the same model file: a declared different
+// fallback model would splice another model's text into the answer. With no
+// placement of the same model left, it ends resumable, with its checkpoint.
+TEST_F(LifecycleTest, AStreamIsNotContinuedOnADifferentModel) {
+  config_.services[0].placements[1].model = "/nonexistent/smaller.gguf";  // read per request
+  config_.services[0].placements[1].different_model = true;
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(Chunk("a", 11));
+    ex->Write(api::SseEvent(api::ErrorBody(Status::ResourceExhausted("compute").WithPhase(FailurePhase::kCompute))));
+    ex->End();
+  };
+  auto ex = Complete("r-other-model", true);
+  ASSERT_TRUE(ex->Wait());
+  const std::string body = ex->body();
+  EXPECT_NE(body.find("\"a\""), std::string::npos) << body;
+  EXPECT_NE(body.find("checkpoint"), std::string::npos) << body;
+  EXPECT_EQ(fallback_.calls(), 0u) << "continued on another model";
+  EXPECT_EQ(Journaled("r-other-model").state, journal::State::kFailedResumable);
+}
+
 TEST_F(LifecycleTest, AWorkerThatCannotBeReachedIsSuspectedAndTheRequestMovesOn) {
   workers_.SetReady("chat.0", 1);  // nothing listens there
   auto ex = Complete("r-gone");
