@@ -110,7 +110,12 @@ struct GrowingBody {
       if (want > body_.capacity()) {
         size_t grown = std::max(want, body_.capacity() * 2);
         if (limit_ > 0) grown = std::max<size_t>(want, std::min<uint64_t>(grown, limit_));
-        body_.reserve(grown);
+        // Exactly that: reserve() on a string that holds some would take
+        // at least twice its capacity (libstdc++), past a declared length.
+        std::string bigger;
+        bigger.reserve(grown);
+        bigger.append(body_);
+        body_.swap(bigger);
       }
       for (const auto b : beast::buffers_range_ref(buffers)) body_.append(static_cast<const char*>(b.data()), b.size());
       ec = {};
@@ -278,11 +283,12 @@ class Session : public std::enable_shared_from_this<Session> {
   std::weak_ptr<ExchangeImpl> current_;
 
   // Taken off the idle list for a new connection (Shared::TakeIdle): closes
-  // unless a request began to arrive meanwhile.
-  void EvictIfIdle() {
-    if (!waiting_idle_ || buffer_.size() > 0 || closed_) return;
+  // (true) unless a request began to arrive meanwhile.
+  bool EvictIfIdle() {
+    if (!waiting_idle_ || buffer_.size() > 0 || closed_) return false;
     shared_->evicted.fetch_add(1);
     Close();
+    return true;
   }
 
   // Where this session stands in Shared::idle; guarded by Shared::idle_mu.
@@ -340,12 +346,14 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // A body longer than a step, read by parts: its reservation grows with it
-  // (what its string holds, or what has come plus a step, whichever is more).
+  // (the memory its string holds, or what has come plus a step, never more
+  // than it may take, whichever is more).
   void ReadInSteps() {
     bhttp::async_read_some(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
       if (ec || self->parser_->is_done()) return self->OnRead(ec);
       const std::string& body = self->parser_->get().body();
-      if (!self->ReserveBody(std::min(self->BodyCap(), std::max(body.capacity(), body.size() + self->BodyStep())))) {
+      const size_t ahead = std::min(self->BodyCap(), body.size() + self->BodyStep());
+      if (!self->ReserveBody(std::max(body.capacity(), ahead))) {
         return self->RejectBusy();
       }
       self->ReadInSteps();
@@ -764,20 +772,30 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
         });
         return;
       }
-      if (self->shared->connections.load() >= self->shared->opts.max_connections) {
-        // Full: the longest-idle keep-alive connection makes room (the new
-        // one is let in while it closes), else a 503.
-        auto idle = self->shared->TakeIdle();
-        if (!idle) {
-          Refuse(std::move(s));
-          return self->DoAccept();
-        }
-        net::post(idle->executor(), [idle] { idle->EvictIfIdle(); });
-      }
-      s.set_option(tcp::no_delay(true), ec);
-      std::make_shared<Session>(std::move(s), self->shared, self->handler)->Start();
+      self->Admit(std::move(s));
       self->DoAccept();
     });
+  }
+
+  // On the acceptor's strand. Full: the longest-idle keep-alive connection
+  // makes room, and the new one is let in once it is closed (its socket is
+  // gone; the session's count follows as it ends). One that has begun a
+  // request meanwhile stays, and the next idle one is asked; none: a 503.
+  void Admit(tcp::socket s) {
+    if (shared->connections.load() < shared->opts.max_connections) return Start(std::move(s));
+    auto idle = shared->TakeIdle();
+    if (!idle) return Refuse(std::move(s));
+    auto sock = std::make_shared<tcp::socket>(std::move(s));
+    net::post(idle->executor(), [self = shared_from_this(), idle, sock] {
+      if (idle->EvictIfIdle()) return self->Start(std::move(*sock));
+      net::post(self->acceptor.get_executor(), [self, sock] { self->Admit(std::move(*sock)); });
+    });
+  }
+
+  void Start(tcp::socket s) {
+    beast::error_code ec;
+    s.set_option(tcp::no_delay(true), ec);
+    std::make_shared<Session>(std::move(s), shared, handler)->Start();
   }
 
   // Full: a short 503 and close, without a session.

@@ -99,11 +99,11 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
       failed_phase = phase;
       return false;  // an allocation failure or a lost device: move
     }
-    // A continuation the worker ends with an error of its own (it could not
-    // reproduce what was delivered) is a refused continuation, as one
-    // refused before its first event is: the stream ends resumable, with its
+    // A continuation the worker ends with an error of its own before any
+    // new event (it could not reproduce what was delivered) is a refused
+    // continuation, as one refused before its first event is: the stream ends resumable, with its
     // checkpoint, not with the worker's error passed on as the request's.
-    if (kind == failover::StreamProgress::Event::kError && continuing && !cancelled_ &&
+    if (kind == failover::StreamProgress::Event::kError && continuing && relayed == 0 && !cancelled_ &&
         !progress_.last_error()->cancelled()) {
       refused = event;
       return false;

@@ -47,7 +47,10 @@ Gateway::Gateway(const config::GatewayConfig& config, journal::Journal& journal,
       rng_(std::random_device{}()),
       board_(config, admissions, clock) {
   for (const auto& s : config_.services) signals_[s.name] = std::make_unique<CapacitySignal>();
-  for (const auto& e : config_.externals) signals_[e.name] = std::make_unique<CapacitySignal>();
+  for (const auto& e : config_.externals) {
+    signals_[e.name] = std::make_unique<CapacitySignal>();
+    if (e.url.rfind("http://[::1]:", 0) == 0) pool_.DialIpv6(e.UrlPort());  // (127.0.0.1 and localhost: IPv4)
+  }
   for (const auto& s : config_.services) waiting_by_service_[s.name] = std::make_unique<std::atomic<int>>(0);
   external_lines_ = std::make_unique<ExternalLines>(config_.externals, clock_.NowMs());
   supervisor_.SetIdleCheck([this](const std::string& key) { return IdleReplica(key); });

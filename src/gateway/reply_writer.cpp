@@ -79,11 +79,18 @@ void ReplyWriter::Event(const std::string& event) {
   relayed_bytes_ += event.size();
   if (relayed_bytes_ <= max_stored_) {
     stored_ += event;
-  } else {
+  } else if (!stored_.empty()) {
+    std::string().swap(stored_);  // what was kept goes; a note takes its place when asked for
+  }
+  if (ex_) ex_->Write(event);
+}
+
+const std::string& ReplyWriter::stored() const {
+  if (relayed_bytes_ > max_stored_) {
     stored_ = "(not kept: an answer of more than " + std::to_string(max_stored_) + " bytes, relayed as it came; " +
               std::to_string(relayed_bytes_) + " bytes so far)";
   }
-  if (ex_) ex_->Write(event);
+  return stored_;
 }
 
 std::string ReplyWriter::StoreFinalError(const json& error_body) {

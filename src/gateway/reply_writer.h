@@ -50,7 +50,7 @@ class ReplyWriter {
   // The answer's events have begun (BeginStream), with a client or without.
   bool events_started() const { return events_started_; }
   // The stream's events so far, as journaled with its terminal state.
-  const std::string& stored() const { return stored_; }
+  const std::string& stored() const;
   // Bytes written to the client and not yet sent (a slow reader).
   size_t unsent_bytes() const;
   bool disconnected() const;
@@ -99,7 +99,7 @@ class ReplyWriter {
   bool head_sent_ = false;
   bool events_started_ = false;
   bool relay_ = false;  // the head is a relayed answer's (BeginRelay)
-  std::string stored_;
+  mutable std::string stored_;  // (past max_stored_: the note, written when asked for)
   size_t max_stored_ = SIZE_MAX;
   size_t relayed_bytes_ = 0;
 };

@@ -133,13 +133,10 @@ boost::asio::awaitable<failover::RetryDecision> RequestLifecycle::AfterFailure(c
   g_.board_.AttemptFailed(rec_.service, target_.index, failover::FailureName(r.outcome.phase), why);
   excluded_[target_.index] = true;
   if (d.action == Action::kContinueElsewhere) {
-    // A stream goes on only on the same model file: another model's tokens
-    // would splice two models' text into one answer (its own token ids, a
-    // coincidental byte match). None left: it ends resumable.
-    const std::string& model = svc_->placements[target_.index].ModelOr(svc_->model);
-    for (size_t i = 0; i < excluded_.size(); ++i) {
-      if (svc_->placements[i].ModelOr(svc_->model) != model) excluded_[i] = true;
-    }
+    // Continued only with the model that began it (checked once admission
+    // has chosen, see Run); placements of other models are avoided.
+    if (stream_model_.empty()) stream_model_ = ModelOf(target_.index);
+    for (size_t i = 0; i < excluded_.size(); ++i) excluded_[i] = excluded_[i] || ModelOf(i) != stream_model_;
   }
   if (d.action == Action::kRetryElsewhere || d.action == Action::kContinueElsewhere) {
     const std::string note = why + " (" + d.reason + ")";
@@ -170,6 +167,13 @@ ServedBy RequestLifecycle::Served() const {
   if (p.different_model) s.fallback_model = svc_->ModelLabel(target_.index);
   s.estimated_delay_s = first_estimate_s_;
   return s;
+}
+
+// Placements not declared a different model serve the service's model (a
+// copy of another file refuses to start); a declared one serves its own file.
+std::string RequestLifecycle::ModelOf(size_t index) const {
+  const auto& p = svc_->placements[index];
+  return p.different_model ? p.ModelOr(svc_->model) : svc_->model;
 }
 
 // A cut stream's last event: the error, and what the client has (to resume from).
@@ -289,6 +293,17 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
         co_return co_await EndStreamWithError(State::kFailedResumable, CheckpointError(err), err.message());
       }
       co_return co_await Fail(State::kFailed, rejected);
+    }
+    // A stream goes on only with the model that began it: another model's
+    // tokens would splice two models' text into one answer (its token ids
+    // replayed into another vocabulary, a coincidental byte match). Checked
+    // on the placement admission chose (which may fall back to one it
+    // avoids, when nothing else can take the request).
+    if (!stream_model_.empty() && ModelOf(target_.index) != stream_model_) {
+      const Status err = Status::Unavailable("no placement of the model that began the stream could continue it after " +
+                                             std::to_string(progress_.tokens().size()) +
+                                             " delivered tokens; resume from the checkpoint with the request id");
+      co_return co_await EndStreamWithError(State::kFailedResumable, CheckpointError(err), err.message());
     }
     live_->queue_slot.reset();  // running now: no longer among the waiting
     live_->Enter(LivePhase::kRunning, g_.clock_.NowMs());

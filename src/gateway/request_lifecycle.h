@@ -81,6 +81,7 @@ class RequestLifecycle {
   // A stream the worker refused before its first event.
   boost::asio::awaitable<void> DeliverRefusal(const AttemptResult& r);
   nlohmann::json CheckpointError(const Status& st) const;
+  std::string ModelOf(size_t placement) const;  // the model file it serves
   // Called by admission before every round spent waiting.
   void OnWait(const std::string& note, double est_s);
   // A refused attempt commit: the journal cannot write, or the request was ended meanwhile.
@@ -112,6 +113,7 @@ class RequestLifecycle {
   failover::StreamProgress progress_;
   AttemptRunner runner_;
   std::vector<bool> excluded_;  // placements that failed this request
+  std::string stream_model_;    // the model file a cut stream began on (continued on it alone)
   int attempts_ = 0;
   double first_estimate_s_ = -1;  // the wait estimate when the request first had to wait
   bool busy_retry_ = false;       // the last send found the worker busy; its attempt stays open

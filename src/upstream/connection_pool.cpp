@@ -101,21 +101,20 @@ struct AbortWatch : std::enable_shared_from_this<AbortWatch> {
 net::awaitable<Status> ConnectionPool::Connect(Conn& c, uint16_t port, std::chrono::milliseconds timeout) {
   if (c.connected) co_return Status::Ok();
   beast::error_code ec;
-  c.stream.expires_after(timeout);
-  co_await c.stream.async_connect(tcp::endpoint(net::ip::address_v4::loopback(), port),
-                                  net::redirect_error(net::use_awaitable, ec));
-  if (ec == net::error::connection_refused) {
-    // A server on the IPv6 loopback alone (url = "http://[::1]:PORT", or
-    // localhost that resolves to ::1 first): it was never reached.
-    beast::error_code v6;
-    c.stream.socket().close(v6);  // (open for IPv4 still)
-    c.stream.expires_after(timeout);
-    co_await c.stream.async_connect(tcp::endpoint(net::ip::address_v6::loopback(), port),
-                                    net::redirect_error(net::use_awaitable, v6));
-    if (!v6) ec = {};
+  bool v6 = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    v6 = ipv6_ports_.count(port) > 0;
   }
+  const net::ip::address host = v6 ? net::ip::address(net::ip::address_v6::loopback())
+                                   : net::ip::address(net::ip::address_v4::loopback());
+  c.stream.expires_after(timeout);
+  co_await c.stream.async_connect(tcp::endpoint(host, port), net::redirect_error(net::use_awaitable, ec));
   if (!ec) c.stream.socket().set_option(tcp::no_delay(true), ec);
-  if (ec) co_return Status::Unavailable("connect to 127.0.0.1:" + std::to_string(port) + ": " + ec.message());
+  if (ec) {
+    co_return Status::Unavailable("connect to " + std::string(v6 ? "[::1]:" : "127.0.0.1:") + std::to_string(port) + ": " +
+                                  ec.message());
+  }
   c.connected = true;
   co_return Status::Ok();
 }
@@ -123,6 +122,11 @@ net::awaitable<Status> ConnectionPool::Connect(Conn& c, uint16_t port, std::chro
 ConnectionPool::ConnectionPool(size_t max_idle_per_port) : max_idle_(max_idle_per_port) {}
 
 ConnectionPool::~ConnectionPool() = default;
+
+void ConnectionPool::DialIpv6(uint16_t port) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ipv6_ports_.insert(port);
+}
 
 void ConnectionPool::Clear() {
   std::lock_guard<std::mutex> lk(mu_);
@@ -267,7 +271,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
       }
     } unwatch{watch};
     beast::error_code ec;
-    if (control) control->connected = false;
+    if (control) control->connected = control->sent = false;  // (round 0's stale connection: never acted on)
     if (Status st = co_await Connect(*c, port, std::chrono::seconds(10)); !st.ok()) co_return st;
     if (control) control->connected = !reused;  // (a kept one may be stale: known once it answers)
     if (control && control->aborted()) co_return failure(net::error::operation_aborted);

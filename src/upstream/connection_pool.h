@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -70,6 +71,11 @@ class ConnectionPool {
   ~ConnectionPool();
   // Closes the idle connections (before their I/O context goes away).
   void Clear();
+  // The server at `port` listens on the IPv6 loopback ([::1]), not on
+  // 127.0.0.1 (an external service's url names it). Only such ports are
+  // dialled there: a worker's request, with its secret, never goes to
+  // whatever else listens on [::1] at its port.
+  void DialIpv6(uint16_t port);
 
   // One request, the whole answer.
   boost::asio::awaitable<StatusOr<http::ClientResponse>> Send(uint16_t port, std::string method, std::string target,
@@ -93,11 +99,12 @@ class ConnectionPool {
   // A new connection lives on the caller's executor.
   std::unique_ptr<Conn> Take(uint16_t port, const boost::asio::any_io_executor& ex, bool* reused);
   void Give(uint16_t port, std::unique_ptr<Conn> c);
-  static boost::asio::awaitable<Status> Connect(Conn& c, uint16_t port, std::chrono::milliseconds timeout);
+  boost::asio::awaitable<Status> Connect(Conn& c, uint16_t port, std::chrono::milliseconds timeout);
 
   const size_t max_idle_;
   std::mutex mu_;
   std::map<uint16_t, std::vector<std::unique_ptr<Conn>>> idle_;
+  std::set<uint16_t> ipv6_ports_;  // (mu_)
 };
 
 }  // namespace spillway::upstream

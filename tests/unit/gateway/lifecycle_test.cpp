@@ -458,13 +458,15 @@ TEST_F(LifecycleTest, AContinuationTheWorkerRefusesMidStreamEndsResumable) {
 // A stream is continued only on the same model file: a declared different
 // fallback model would splice another model's text into the answer. With no
 // placement of the same model left, it ends resumable, with its checkpoint.
+// Here the primary's device is lost (its breaker opens), so admission has
+// only the other model to offer, as in the main failover case.
 TEST_F(LifecycleTest, AStreamIsNotContinuedOnADifferentModel) {
   config_.services[0].placements[1].model = "/nonexistent/smaller.gguf";  // read per request
   config_.services[0].placements[1].different_model = true;
   primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
     ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
     ex->Write(Chunk("a", 11));
-    ex->Write(api::SseEvent(api::ErrorBody(Status::ResourceExhausted("compute").WithPhase(FailurePhase::kCompute))));
+    ex->Write(api::SseEvent(api::ErrorBody(Status::Unavailable("device lost").WithPhase(FailurePhase::kDevice))));
     ex->End();
   };
   auto ex = Complete("r-other-model", true);

@@ -70,12 +70,17 @@ TEST(ConnectionPoolTest, SendsOneRequestAfterAnotherThroughThePool) {
 }
 
 // A server on the IPv6 loopback alone (an external service's url =
-// "http://[::1]:PORT") is reached: the pool dialled 127.0.0.1 only.
-TEST(ConnectionPoolTest, AServerOnTheIpv6LoopbackAloneIsReached) {
+// "http://[::1]:PORT") is reached: the pool dialled 127.0.0.1 only. Only a
+// port named so is dialled there (a worker's request, with its secret, never
+// goes to whatever else listens on [::1] at its port).
+TEST(ConnectionPoolTest, AServerOnTheIpv6LoopbackAloneIsReachedWhenNamedSo) {
   FakeWorker worker(EchoHandler(), "::1");
   if (!worker.ok()) GTEST_SKIP() << "no IPv6 loopback here";
   net::io_context ioc;
   ConnectionPool pool;
+  auto refused = RunCo(ioc, pool.Send(worker.port(), "GET", "/v4", "", {}, std::chrono::seconds(5)));
+  EXPECT_FALSE(refused.ok()) << "dialled [::1] for a port not named so";
+  pool.DialIpv6(worker.port());
   auto r = RunCo(ioc, pool.Send(worker.port(), "GET", "/v6", "", {}, std::chrono::seconds(5)));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->body, "{\"echo\":\"/v6\"}");
