@@ -13,14 +13,14 @@ ExternalLines::ExternalLines(const std::vector<config::ExternalConfig>& services
   }
 }
 
-bool ExternalLines::Join(const std::string& service, const std::string& id) {
+bool ExternalLines::Join(const std::string& service, const std::string& id, bool past_bound) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = lines_.find(service);
   if (it == lines_.end()) return false;
   Line& l = it->second;
   // A request that can run at once never counts against max_queue.
   const bool runs_now = l.waiting.empty() && l.running < l.concurrency;
-  if (!runs_now && l.waiting.size() >= l.max_queue) return false;
+  if (!past_bound && !runs_now && l.waiting.size() >= l.max_queue) return false;
   l.waiting.push_back(id);
   return true;
 }

@@ -23,8 +23,9 @@ class ExternalLines {
  public:
   ExternalLines(const std::vector<config::ExternalConfig>& services, int64_t now_ms);
 
-  // Takes a place in the service's line; false when max_queue are waiting.
-  bool Join(const std::string& service, const std::string& id);
+  // Takes a place in the service's line; false when max_queue are waiting
+  // (`past_bound`: whatever max_queue says, for a request accepted before a restart).
+  bool Join(const std::string& service, const std::string& id, bool past_bound = false);
   // Runs the request if it is first in line and a place is free (it then
   // leaves the line and holds a running place until Finished).
   bool TryStart(const std::string& service, const std::string& id, int64_t now_ms);

@@ -486,9 +486,11 @@ void Gateway::WithholdUnrecorded(const Status& why, const std::string& id, Reply
                                  boost::asio::any_io_executor where) {
   Logged(why, "finish");
   const Status told =
-      Status::Unavailable("the request ran, but the journal could not record its end (" + why.message() +
-                          "); its answer is withheld, since a crash could lose it: send the request again (with a new "
-                          "Idempotency-Key if it had one: this answer is what its key replays)")
+      Status::Unavailable("the journal could not record how the request ended (" + why.message() +
+                          "); its answer is withheld, since a crash could lose it. The journal still holds the request "
+                          "as not ended, and a restart before its end is recorded runs it again: GET /v1/requests/" + id +
+                          " says how it ends; send it again (with a new Idempotency-Key if it had one) only once that "
+                          "says failed")
           .WithRetryAfter(5);
   const bool sent = reply.head_sent();
   if (!sent) {

@@ -173,8 +173,10 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
   bool running = false;  // holds a running place in the service's line
   auto control = live->upstream_control;
   if (!control) control = live->upstream_control = std::make_shared<upstream::StreamControl>();
-  // A recovered request was never given a place in line (its client is gone).
-  if (recovered && svc) (void)external_lines_->Join(rec.service, rec.id);
+  // A recovered request was never given a place in line (its client is
+  // gone): it gets one whatever max_queue says (all of them join while the
+  // server starts; those past the bound never had a turn and failed at 60 s).
+  if (recovered && svc) (void)external_lines_->Join(rec.service, rec.id, /*past_bound=*/true);
   struct LeaveLine {
     ExternalLines* lines;
     const std::string& service;
@@ -328,12 +330,14 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
   const std::string key = ExternalKey(svc);
   const int64_t start_wait_ms = static_cast<int64_t>(svc.start_timeout_s * 1000) + 5000;
   const int64_t waiting_since = clock_.NowMs();
+  int64_t up_since = 0;  // when the server was first up for it: the wait for a turn counts from there, not from its start
   while (true) {
     if (live.cancelled) co_return Status::Cancelled("request cancelled");
     if (live.PastDeadline(clock_.NowMs())) co_return DeadlinePassed();
     std::string note;
     const std::optional<uint16_t> port = ExternalPort(svc);
-    if (port && clock_.NowMs() - waiting_since > kQueueWaitMs) {
+    if (port && up_since == 0) up_since = clock_.NowMs();
+    if (port && clock_.NowMs() - up_since > kQueueWaitMs) {
       co_return Status::ResourceExhausted("waited " + std::to_string(kQueueWaitMs / 1000) + " s: " + live.WaitState().first)
           .WithRetryAfter(5);
     }

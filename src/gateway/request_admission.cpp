@@ -154,10 +154,23 @@ boost::asio::awaitable<void> RequestAdmission::Wait(std::chrono::milliseconds bo
   }
 }
 
+int64_t RequestAdmission::WaitedSinceUp() {
+  const int64_t now = g_.clock_.NowMs();
+  if (up_since_ == 0) {
+    for (const auto& st : states_) {
+      if (st->admission.admitted && g_.supervisor_.ReadyPort(st->key)) up_since_ = now;
+    }
+  }
+  if (up_since_ != 0) return now - up_since_;
+  // (None up yet: the start timeout bounds it, StartTrouble; this is a last bound.)
+  return now - t0_ > kQueueWaitMs + g_.StartWaitMs(svc_) ? now - t0_ : 0;
+}
+
 boost::asio::awaitable<bool> RequestAdmission::WaitBehind(int64_t cap_ms) {
   if (Stopped()) co_return false;
   const int64_t now = g_.clock_.NowMs();
-  if (now - t0_ > cap_ms) {
+  const int64_t waited = WaitedSinceUp();
+  if (waited > cap_ms) {
     *rejected_ = Status::ResourceExhausted("no placement of '" + svc_.name + "' could take the request within " +
                                            std::to_string(cap_ms / 1000) + " s (it waited behind " +
                                            std::to_string(signal_.Ahead(*ticket_)) + " requests that came first)")
@@ -175,7 +188,7 @@ boost::asio::awaitable<bool> RequestAdmission::WaitBehind(int64_t cap_ms) {
              g_.board_.LineWaitS(svc_.name, static_cast<uint32_t>(ahead)).value_or(1.0));
   }
   // Until it is the head (told at once), its deadline, its cap, or a stream's next wait comment.
-  co_await signal_.WaitInLine(*ticket_, TimeLeft(live_.deadline_ms, now, std::min<int64_t>(cap_ms - (now - t0_) + 1,
+  co_await signal_.WaitInLine(*ticket_, TimeLeft(live_.deadline_ms, now, std::min<int64_t>(cap_ms - waited + 1,
                                                                                           rec_.stream ? comment_ms : cap_ms)));
   co_return true;
 }
@@ -256,7 +269,7 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
                    std::to_string(signal_.waiting()) + " waiting)",
                1);
     }
-    if (g_.clock_.NowMs() - t0_ > kQueueWaitMs) break;
+    if (WaitedSinceUp() > kQueueWaitMs) break;
     waited |= all_busy;
     // Woken when a slot frees; a start is looked at again within 100 ms.
     co_await Wait(TimeLeft(live_.deadline_ms, g_.clock_.NowMs(), all_busy ? 1000 : 100));
@@ -392,7 +405,13 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
         d.kind = admission::Kind::kDelay;  // raced with another request: decide again
       }
     } else {
-      d.kind = admission::Kind::kDelay;  // no worker ready to count tokens yet
+      // No worker ready to count tokens yet: waited for while one may
+      // start, within the start timeout (then: why).
+      if (Status st = g_.StartTrouble(svc_, g_.clock_.NowMs() - t0_); !st.ok()) {
+        *rejected_ = st;
+        co_return false;
+      }
+      d.kind = admission::Kind::kDelay;
       d.reason = g_.StartingNote(svc_);
     }
     if (!cpu_reject.empty()) {  // the CPU path's line is full or over its budget: *rejected_ says why
@@ -410,7 +429,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       co_return false;
     }
     if (on_wait_) on_wait_(d.reason, est_wait_s);
-    const double waited_s = (g_.clock_.NowMs() - t0_) / 1000.0;
+    const double waited_s = WaitedSinceUp() / 1000.0;
     if (waited_s > std::max(svc_.admission.max_delay_s, kQueueWaitMs / 1000.0)) {
       *rejected_ = Status::ResourceExhausted("no placement of '" + svc_.name + "' could take the request within " +
                                              std::to_string(static_cast<int>(waited_s)) + " s: " + d.reason)

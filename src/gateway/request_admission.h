@@ -66,6 +66,13 @@ class RequestAdmission {
   // its deadline, `cap_ms` or a stream's next wait comment. False (with
   // *rejected_) when it stops waiting.
   boost::asio::awaitable<bool> WaitBehind(int64_t cap_ms);
+  // How long it has waited since a worker of its service was first seen up
+  // (0 while none has been): the waits for a slot or a decision count from
+  // there, and a start's own time only against the start timeout
+  // (Gateway::StartTrouble). Requests recovered after a restart, or sent
+  // while a model loads, ended failed at 60 s while it loaded within its
+  // start_timeout_s.
+  int64_t WaitedSinceUp();
   // Embeddings and a lone placement: a free slot is all it waits for.
   boost::asio::awaitable<bool> Slot();
   // Counted, decided, committed.
@@ -89,6 +96,7 @@ class RequestAdmission {
   // changes (pools, breakers, throughput) is read through the board's views.
   std::vector<const PlacementBoard::Placement*> states_;
   const int64_t t0_;
+  int64_t up_since_ = 0;  // (WaitedSinceUp)
   std::vector<Gateway::Hold> holds_;
   std::vector<bool> held_;
   // Its place in the service's line, while it has one: known to its Live,

@@ -11,6 +11,8 @@
 //   running      the first event of a stream reaches the client     streaming    -
 //   running,     failed; the retry policy says run again or          queued       Requeue
 //   streaming    continue elsewhere (failover/retry_policy.h)
+//   queued       a cut stream admitted on another model's placement, terminal     Finish (failed_resumable)
+//                or its continuation refused by the worker
 //   any          answered, given up, cancelled or past its deadline  terminal     Finish, then the client
 //
 // Each transition that matters after a crash is journaled before it takes

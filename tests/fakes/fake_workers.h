@@ -36,6 +36,23 @@ class FakeWorkers : public upstream::Workers {
     std::lock_guard<std::mutex> lk(mu_);
     views_[v.key] = v;
   }
+  // The worker is starting (a model loading since `since_ms`): no port yet.
+  void SetStarting(const std::string& key, int64_t since_ms, int64_t start_timeout_ms = 120'000) {
+    std::lock_guard<std::mutex> lk(mu_);
+    ports_.erase(key);
+    upstream::WorkerView v;
+    v.key = key;
+    v.state = upstream::WorkerState::kStarting;
+    v.starting_since_ms = since_ms;
+    v.start_timeout_ms = start_timeout_ms;
+    views_[key] = v;
+  }
+  // Ready again on `port`, looking as SetReady shows it.
+  void SetReadyAgain(const std::string& key, uint16_t port) {
+    std::lock_guard<std::mutex> lk(mu_);
+    views_.erase(key);
+    ports_[key] = port;
+  }
   void SetOnDemand(const std::string& key) {
     std::lock_guard<std::mutex> lk(mu_);
     on_demand_.insert(key);

@@ -69,6 +69,11 @@ TEST(ExternalLinesTest, FirstComeFirstServedWithinConcurrencyAndQueue) {
   EXPECT_TRUE(lines.TryStart("s", "r1", 10));
   EXPECT_TRUE(lines.Join("s", "r2"));
   EXPECT_FALSE(lines.Join("s", "r3")) << "max_queue waiting";
+  // A request accepted before a restart takes its place whatever the bound
+  // (it never had a turn and failed at 60 s), behind those already there.
+  EXPECT_TRUE(lines.Join("s", "r3-recovered", /*past_bound=*/true));
+  EXPECT_EQ(lines.Position("s", "r3-recovered"), 2);
+  lines.Leave("s", "r3-recovered");
   EXPECT_FALSE(lines.TryStart("s", "r2", 20)) << "concurrency 1";
   EXPECT_EQ(lines.Position("s", "r2"), 1);
   lines.Finished("s", "completed", 30);

@@ -526,6 +526,38 @@ TEST_F(LifecycleTest, AHungWorkerCountingThePromptDoesNotHoldTheRequestPastItsDe
   EXPECT_EQ(primary_.calls() + fallback_.calls(), 0u);
 }
 
+// A request that comes while its workers load (a restart: the requests it
+// recovered too) waits for them as long as their start timeout allows, not
+// the 60 s a wait for a busy worker gets: it ended failed at 60 s while a
+// model loaded within its 120 s start timeout. Past the start timeout it
+// says why.
+TEST_F(LifecycleTest, ARequestWaitsForItsWorkersToLoadWithinTheirStartTimeout) {
+  workers_.SetStarting("chat.0", clock_.NowMs());
+  workers_.SetStarting("chat.1", clock_.NowMs());
+  auto ex = Complete("r-loading");
+  auto reason = [&] { return Send("/v1/requests/r-loading", "", "GET")->body(); };
+  ASSERT_TRUE(Eventually([&] { return reason().find("0 s of its 120 s start timeout") != std::string::npos; }));
+  clock_.Advance(90'000);  // loading for 90 s
+  ASSERT_TRUE(Eventually([&] { return reason().find("90 s of its 120 s start timeout") != std::string::npos; }))
+      << reason();
+  EXPECT_FALSE(ex->done()) << ex->body();
+  workers_.SetReadyAgain("chat.0", primary_.server.port());
+  workers_.SetReadyAgain("chat.1", fallback_.server.port());
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+
+  workers_.SetStarting("chat.0", clock_.NowMs());
+  workers_.SetStarting("chat.1", clock_.NowMs());
+  auto late = Complete("r-never");
+  ASSERT_TRUE(Eventually([&] {
+    return Send("/v1/requests/r-never", "", "GET")->body().find("0 s of its 120 s start timeout") != std::string::npos;
+  }));
+  clock_.Advance(121'000);
+  ASSERT_TRUE(late->Wait());
+  EXPECT_EQ(late->status(), 503u) << late->body();
+  EXPECT_NE(late->body().find("start_timeout_s"), std::string::npos) << late->body();
+}
+
 TEST_F(LifecycleTest, ARunningRequestEndsAtItsDeadline) {
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
   auto ex = Complete("r-slow", false, {{"X-Request-Timeout", "0.3"}});
