@@ -207,10 +207,16 @@ StatusOr<std::vector<RequestRecord>> Journal::Recover() {
         Stmt rq(*stmts_, "UPDATE requests SET state='queued', updated_ms=?1 WHERE state IN ('queued','running') AND stream=0;");
         rq.Bind(1, now);
         SPILLWAY_RETURN_IF_ERROR(Done(rq.Step(), "recover"));
+        // Its answer (what GET and its Idempotency-Key's replay show) says
+        // so too: it was an empty 503. The key stays bound: what the stream
+        // delivered (tool calls among it) is not run again under it.
         Stmt fr(*stmts_,
                 "UPDATE requests SET state='failed_resumable', error='the gateway restarted while the stream was open; "
-                "resubmit to continue', result_status=503, result_type='application/json', updated_ms=?1 "
-                "WHERE state IN ('queued','running') AND stream=1;");
+                "resubmit to continue', result_status=503, result_type='application/json', "
+                "result_body='{\"error\":{\"message\":\"the gateway restarted while the stream of request ' || id || "
+                "' was open; resubmit to continue (with a new Idempotency-Key if it had one: this answer is what it "
+                "replays)\",\"type\":\"server_error\",\"code\":\"gateway_restarted\",\"request_id\":\"' || id || "
+                "'\"}}', updated_ms=?1 WHERE state IN ('queued','running') AND stream=1;");
         fr.Bind(1, now);
         return Done(fr.Step(), "recover");
       },

@@ -1,6 +1,7 @@
 #include "journal/journal.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "journal_fixture.h"
 
@@ -66,6 +67,10 @@ TEST_F(JournalTest, RecoverRequeuesSafeRequestsAndFailsOpenStreams) {
   EXPECT_EQ(j_->Get("queued")->state, State::kQueued);
   EXPECT_EQ(j_->Get("running")->state, State::kQueued);
   EXPECT_EQ(j_->Get("stream")->state, State::kFailedResumable);
+  // Its answer says why (it was an empty 503 body, for GET and a key's replay).
+  const auto body = nlohmann::json::parse(j_->Get("stream")->result_body, nullptr, false);
+  EXPECT_EQ(body["error"]["code"], "gateway_restarted") << j_->Get("stream")->result_body;
+  EXPECT_EQ(body["error"]["request_id"], "stream");
   EXPECT_EQ(j_->Get("done")->state, State::kCompleted);
   // Re-queued requests run again and end.
   for (const auto& r : *rec) {
