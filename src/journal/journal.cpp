@@ -230,7 +230,11 @@ StatusOr<int> Journal::Prune() {
   int deleted = 0;
   SPILLWAY_RETURN_IF_ERROR(Write(
       [&]() -> Status {
-        Stmt k(*stmts_, "UPDATE requests SET idem_key=NULL WHERE idem_key IS NOT NULL AND created_ms < ?1 AND "
+        // A key lives idempotency_ms after its request ended (its last
+        // change): counted from its creation, a request that ran or waited
+        // long (one recovered after an outage) lost its key as it ended,
+        // and a retry with the key ran it again.
+        Stmt k(*stmts_, "UPDATE requests SET idem_key=NULL WHERE idem_key IS NOT NULL AND updated_ms < ?1 AND "
                     "state NOT IN ('queued','running');");
         k.Bind(1, now - opts_.idempotency_ms);
         SPILLWAY_RETURN_IF_ERROR(Done(k.Step(), "prune"));

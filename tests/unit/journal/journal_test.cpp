@@ -98,6 +98,24 @@ TEST_F(JournalTest, PruneDropsExpiredKeysThenOldRows) {
   EXPECT_TRUE(j_->Get("live").ok());
 }
 
+// A key lives idempotency_ms after its request ended, not after it began: a
+// request that ran (or waited through an outage) longer than that lost its
+// key as it ended, and a retry with the key ran it again.
+TEST_F(JournalTest, AKeyLivesItsTimeAfterItsRequestEnded) {
+  JournalOptions o;
+  o.idempotency_ms = 1000;
+  o.retention_ms = 50000;
+  Reopen(o);
+  ASSERT_TRUE(j_->Accept(Rec("slow", "k2")).ok());
+  clock_.Advance(5000);  // it ran long
+  ASSERT_TRUE(j_->Finish("slow", State::kCompleted, 200, "application/json", "x").ok());
+  EXPECT_EQ(*j_->Prune(), 0);
+  EXPECT_EQ(j_->Accept(Rec("retry", "k2"))->outcome, AcceptOutcome::kReplay) << "the key was dropped as it ended";
+  clock_.Advance(1500);
+  EXPECT_EQ(*j_->Prune(), 0);
+  EXPECT_EQ(j_->Accept(Rec("later", "k2"))->outcome, AcceptOutcome::kNew);
+}
+
 TEST_F(JournalTest, DurabilitySettingIsApplied) {
   EXPECT_EQ(j_->synchronous_mode(), "full");
   JournalOptions o;
