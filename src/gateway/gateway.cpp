@@ -90,6 +90,16 @@ void Gateway::Start(boost::asio::any_io_executor io, std::vector<journal::Reques
   for (auto& rec : recovered) {
     auto live = MakeLive(rec, rec.created_ms);
     live->Attempting(rec.placement, rec.attempts);
+    // It waits like any other: counted against max_queue (never refused by it).
+    if (auto it = waiting_by_service_.find(rec.service); it != waiting_by_service_.end()) {
+      std::atomic<int>& mine = *it->second;
+      ++waiting_;
+      ++mine;
+      live->queue_slot = std::shared_ptr<void>(nullptr, [this, &mine](void*) {
+        --waiting_;
+        --mine;
+      });
+    }
     {
       std::lock_guard<std::mutex> lk(mu_);
       live_[live->id] = live;

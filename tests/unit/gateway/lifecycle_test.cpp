@@ -769,6 +769,45 @@ TEST_F(RecoveredLateTest, ARecoveredRequestPastItsDeadlineEndsWithoutRunning) {
   EXPECT_EQ(primary_.calls() + fallback_.calls(), 0u);
 }
 
+// Requests recovered after a restart wait for their workers like any other:
+// they count against max_queue (new clients got the whole bound on top of
+// the recovered backlog).
+class RecoveredBacklogTest : public LifecycleTest {
+ protected:
+  std::vector<journal::RequestRecord> Recovered() override {
+    config_.services[0].max_queue = 2;  // read per request
+    workers_.SetStarting("chat.0", clock_.NowMs());
+    workers_.SetStarting("chat.1", clock_.NowMs());
+    for (const char* id : {"r-backlog-0", "r-backlog-1"}) {
+      journal::RequestRecord r;
+      r.id = id;
+      r.payload_hash = "h";
+      r.service = "chat";
+      r.endpoint = "completion";
+      r.body = json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump();
+      EXPECT_TRUE(journal_->Accept(r).ok());
+    }
+    auto recovered = journal_->Recover();
+    EXPECT_TRUE(recovered.ok());
+    return recovered.ok() ? *recovered : std::vector<journal::RequestRecord>{};
+  }
+};
+
+TEST_F(RecoveredBacklogTest, RecoveredRequestsCountAgainstMaxQueue) {
+  auto refused = Complete("r-new");
+  ASSERT_TRUE(refused->Wait());
+  EXPECT_EQ(refused->status(), 503u) << refused->body();
+  EXPECT_NE(refused->body().find("its max_queue"), std::string::npos) << refused->body();
+  workers_.SetReadyAgain("chat.0", primary_.server.port());
+  workers_.SetReadyAgain("chat.1", fallback_.server.port());
+  for (const char* id : {"r-backlog-0", "r-backlog-1"}) {
+    EXPECT_TRUE(Eventually([&] { return Journaled(id).state == journal::State::kCompleted; })) << id;
+  }
+  auto next = Complete("r-next");
+  ASSERT_TRUE(next->Wait());
+  EXPECT_EQ(next->status(), 200u) << next->body();
+}
+
 TEST_F(LifecycleTest, AClientThatGoesAwayCancelsItsRequest) {
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
   auto ex = Complete("r-gone-client", true);
