@@ -92,13 +92,9 @@ void Gateway::Start(boost::asio::any_io_executor io, std::vector<journal::Reques
     live->Attempting(rec.placement, rec.attempts);
     // It waits like any other: counted against max_queue (never refused by it).
     if (auto it = waiting_by_service_.find(rec.service); it != waiting_by_service_.end()) {
-      std::atomic<int>& mine = *it->second;
       ++waiting_;
-      ++mine;
-      live->queue_slot = std::shared_ptr<void>(nullptr, [this, &mine](void*) {
-        --waiting_;
-        --mine;
-      });
+      ++*it->second;
+      live->queue_slot = QueuePlace(*it->second);
     }
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -111,6 +107,13 @@ void Gateway::Start(boost::asio::any_io_executor io, std::vector<journal::Reques
       g->live_.erase(r.id);
     }(this, std::move(rec), live));
   }
+}
+
+std::shared_ptr<void> Gateway::QueuePlace(std::atomic<int>& service_waiting) {
+  return std::shared_ptr<void>(nullptr, [this, &service_waiting](void*) {
+    --waiting_;
+    --service_waiting;
+  });
 }
 
 void Gateway::Shutdown() {
@@ -385,10 +388,7 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
                                           " requests waiting (its max_queue)").WithRetryAfter(2));
   }
   if (svc->max_queue <= 0) ++mine;
-  in->queue_slot = std::shared_ptr<void>(nullptr, [this, &mine](void*) {
-    --waiting_;
-    --mine;
-  });
+  in->queue_slot = QueuePlace(mine);
   Spawn(Process(in), ex->executor());
 }
 

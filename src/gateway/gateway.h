@@ -289,6 +289,9 @@ class Gateway {
   // One of the owner's max_requests_per_key places, held until the returned
   // handle is destroyed; null when the owner has them all.
   std::shared_ptr<void> TakeClientSlot(const std::string& owner);
+  // A place among waiting_ and a service's waiting requests (counted
+  // already), given back when the returned handle goes.
+  std::shared_ptr<void> QueuePlace(std::atomic<int>& service_waiting);
   nlohmann::json StatusJson() const;
   // GET /readyz: 200 when every service has a worker that can serve and the journal can write.
   http::Response ReadyResponse(unsigned v);

@@ -185,13 +185,20 @@ json RequestLifecycle::CheckpointError(const Status& st) const {
   return ev;
 }
 
+// A cut stream that goes no further: `what` happened after the delivered
+// tokens, and the client resumes from the checkpoint (`why`: the journal's
+// error, what happened itself when empty).
+boost::asio::awaitable<void> RequestLifecycle::EndResumable(const std::string& what, std::string why) {
+  const Status err = Status::Unavailable(what + " after " + std::to_string(progress_.tokens().size()) +
+                                         " delivered tokens; resume from the checkpoint with the request id");
+  if (why.empty()) why = err.message();
+  co_await EndStreamWithError(State::kFailedResumable, CheckpointError(err), std::move(why));
+}
+
 // The client hears the worker's error, as an error event when its stream has begun.
 boost::asio::awaitable<void> RequestLifecycle::DeliverRefusal(const AttemptResult& r) {
   if (r.outcome.delivered) {  // a continuation was refused: end the stream the client has, resumable
-    const Status err = Status::Unavailable("the continuation was refused (" + r.body + ") after " +
-                                           std::to_string(progress_.tokens().size()) +
-                                           " delivered tokens; resume from the checkpoint with the request id");
-    co_return co_await EndStreamWithError(State::kFailedResumable, CheckpointError(err), r.body);
+    co_return co_await EndResumable("the continuation was refused (" + r.body + ")", r.body);
   }
   if (reply_.head_sent()) {
     const json eb = json::parse(r.body, nullptr, false);
@@ -287,10 +294,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
       if (rejected.code() == StatusCode::kDeadlineExceeded) co_return co_await DeadlineFailure();
       if (rejected.code() == StatusCode::kCancelled) co_return co_await Fail(State::kCancelled, rejected);
       if (reply_.events_started() && !progress_.tokens().empty()) {  // a cut stream nothing may continue
-        const Status err = Status::Unavailable("no placement could continue the stream (" + rejected.message() + ") after " +
-                                               std::to_string(progress_.tokens().size()) +
-                                               " delivered tokens; resume from the checkpoint with the request id");
-        co_return co_await EndStreamWithError(State::kFailedResumable, CheckpointError(err), err.message());
+        co_return co_await EndResumable("no placement could continue the stream (" + rejected.message() + ")");
       }
       co_return co_await Fail(State::kFailed, rejected);
     }
@@ -300,10 +304,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     // on the placement admission chose (which may fall back to one it
     // avoids, when nothing else can take the request).
     if (!stream_model_.empty() && ModelOf(target_.index) != stream_model_) {
-      const Status err = Status::Unavailable("no placement of the model that began the stream could continue it after " +
-                                             std::to_string(progress_.tokens().size()) +
-                                             " delivered tokens; resume from the checkpoint with the request id");
-      co_return co_await EndStreamWithError(State::kFailedResumable, CheckpointError(err), err.message());
+      co_return co_await EndResumable("no placement of the model that began the stream could continue it");
     }
     live_->queue_slot.reset();  // running now: no longer among the waiting
     live_->Enter(LivePhase::kRunning, g_.clock_.NowMs());

@@ -146,6 +146,18 @@ void Refuse(std::shared_ptr<http::Exchange> ex, Status st) {
                                  "application/json"));
 }
 
+// A worker's stream that delivers `chunks` (text, token id) and then fails
+// with `failure` (an allocation failure in compute unless said otherwise).
+Behaviour CutStream(std::vector<std::pair<std::string, int>> chunks,
+                    Status failure = Status::ResourceExhausted("compute").WithPhase(FailurePhase::kCompute)) {
+  return [chunks = std::move(chunks), failure](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    for (const auto& [text, token] : chunks) ex->Write(Chunk(text, token));
+    ex->Write(api::SseEvent(api::ErrorBody(failure)));
+    ex->End();
+  };
+}
+
 class LifecycleTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -219,6 +231,15 @@ class LifecycleTest : public ::testing::Test {
     for (int i = 0; i < 3; ++i) running.push_back(Complete(prefix + std::to_string(i)));
     if (!Eventually([&] { return primary_.calls() + fallback_.calls() == 3; })) running.clear();
     return running;
+  }
+  // Both workers begin to load (a model loading since now), and are ready again.
+  void EveryWorkerStarting() {
+    workers_.SetStarting("chat.0", clock_.NowMs());
+    workers_.SetStarting("chat.1", clock_.NowMs());
+  }
+  void EveryWorkerReadyAgain() {
+    workers_.SetReadyAgain("chat.0", primary_.server.port());
+    workers_.SetReadyAgain("chat.1", fallback_.server.port());
   }
   // Waits (briefly, for a condition the gateway reaches on its own threads).
   template <typename F>
@@ -403,13 +424,7 @@ TEST_F(LifecycleTest, AnEmbeddingThatFailsOnThePrimaryIsServedByTheFallback) {
 }
 
 TEST_F(LifecycleTest, AStreamCutMidwayIsContinuedElsewhereAsOneStream) {
-  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
-    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
-    ex->Write(Chunk("a", 11));
-    ex->Write(Chunk("b", 12));
-    ex->Write(api::SseEvent(api::ErrorBody(Status::ResourceExhausted("compute").WithPhase(FailurePhase::kCompute))));
-    ex->End();
-  };
+  primary_.behaviour = CutStream({{"a", 11}, {"b", 12}});
   fallback_.behaviour = [](http::Request& req, std::shared_ptr<http::Exchange> ex) {
     const json b = json::parse(req.body());
     ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
@@ -434,12 +449,7 @@ TEST_F(LifecycleTest, AStreamCutMidwayIsContinuedElsewhereAsOneStream) {
 // reproduce the delivered text) ends the stream resumable, with its
 // checkpoint: it was relayed as the request's own error and journaled failed.
 TEST_F(LifecycleTest, AContinuationTheWorkerRefusesMidStreamEndsResumable) {
-  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
-    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
-    ex->Write(Chunk("a", 11));
-    ex->Write(api::SseEvent(api::ErrorBody(Status::ResourceExhausted("compute").WithPhase(FailurePhase::kCompute))));
-    ex->End();
-  };
+  primary_.behaviour = CutStream({{"a", 11}});
   fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
     ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
     ex->Write(api::SseEvent(api::ErrorBody(Status::Unavailable("the continuation is not reproducible"))));
@@ -463,12 +473,7 @@ TEST_F(LifecycleTest, AContinuationTheWorkerRefusesMidStreamEndsResumable) {
 TEST_F(LifecycleTest, AStreamIsNotContinuedOnADifferentModel) {
   config_.services[0].placements[1].model = "/nonexistent/smaller.gguf";  // read per request
   config_.services[0].placements[1].different_model = true;
-  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
-    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
-    ex->Write(Chunk("a", 11));
-    ex->Write(api::SseEvent(api::ErrorBody(Status::Unavailable("device lost").WithPhase(FailurePhase::kDevice))));
-    ex->End();
-  };
+  primary_.behaviour = CutStream({{"a", 11}}, Status::Unavailable("device lost").WithPhase(FailurePhase::kDevice));
   auto ex = Complete("r-other-model", true);
   ASSERT_TRUE(ex->Wait());
   const std::string body = ex->body();
@@ -532,8 +537,7 @@ TEST_F(LifecycleTest, AHungWorkerCountingThePromptDoesNotHoldTheRequestPastItsDe
 // model loaded within its 120 s start timeout. Past the start timeout it
 // says why.
 TEST_F(LifecycleTest, ARequestWaitsForItsWorkersToLoadWithinTheirStartTimeout) {
-  workers_.SetStarting("chat.0", clock_.NowMs());
-  workers_.SetStarting("chat.1", clock_.NowMs());
+  EveryWorkerStarting();
   auto ex = Complete("r-loading");
   auto reason = [&] { return Send("/v1/requests/r-loading", "", "GET")->body(); };
   ASSERT_TRUE(Eventually([&] { return reason().find("0 s of its 120 s start timeout") != std::string::npos; }));
@@ -541,13 +545,11 @@ TEST_F(LifecycleTest, ARequestWaitsForItsWorkersToLoadWithinTheirStartTimeout) {
   ASSERT_TRUE(Eventually([&] { return reason().find("90 s of its 120 s start timeout") != std::string::npos; }))
       << reason();
   EXPECT_FALSE(ex->done()) << ex->body();
-  workers_.SetReadyAgain("chat.0", primary_.server.port());
-  workers_.SetReadyAgain("chat.1", fallback_.server.port());
+  EveryWorkerReadyAgain();
   ASSERT_TRUE(ex->Wait());
   EXPECT_EQ(ex->status(), 200u) << ex->body();
 
-  workers_.SetStarting("chat.0", clock_.NowMs());
-  workers_.SetStarting("chat.1", clock_.NowMs());
+  EveryWorkerStarting();
   auto late = Complete("r-never");
   ASSERT_TRUE(Eventually([&] {
     return Send("/v1/requests/r-never", "", "GET")->body().find("0 s of its 120 s start timeout") != std::string::npos;
@@ -776,8 +778,7 @@ class RecoveredBacklogTest : public LifecycleTest {
  protected:
   std::vector<journal::RequestRecord> Recovered() override {
     config_.services[0].max_queue = 2;  // read per request
-    workers_.SetStarting("chat.0", clock_.NowMs());
-    workers_.SetStarting("chat.1", clock_.NowMs());
+    EveryWorkerStarting();
     for (const char* id : {"r-backlog-0", "r-backlog-1"}) {
       journal::RequestRecord r;
       r.id = id;
@@ -798,8 +799,7 @@ TEST_F(RecoveredBacklogTest, RecoveredRequestsCountAgainstMaxQueue) {
   ASSERT_TRUE(refused->Wait());
   EXPECT_EQ(refused->status(), 503u) << refused->body();
   EXPECT_NE(refused->body().find("its max_queue"), std::string::npos) << refused->body();
-  workers_.SetReadyAgain("chat.0", primary_.server.port());
-  workers_.SetReadyAgain("chat.1", fallback_.server.port());
+  EveryWorkerReadyAgain();
   for (const char* id : {"r-backlog-0", "r-backlog-1"}) {
     EXPECT_TRUE(Eventually([&] { return Journaled(id).state == journal::State::kCompleted; })) << id;
   }
@@ -925,12 +925,7 @@ TEST_F(LifecycleTest, AnOllamaRequestFailsOverAndItsAnswerSaysSoInOllamasShape) 
 }
 
 TEST_F(LifecycleTest, AnOllamaStreamCutMidwayIsOneNdjsonStream) {
-  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
-    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
-    ex->Write(Chunk("a", 11));
-    ex->Write(api::SseEvent(api::ErrorBody(Status::ResourceExhausted("compute").WithPhase(FailurePhase::kCompute))));
-    ex->End();
-  };
+  primary_.behaviour = CutStream({{"a", 11}});
   fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
     ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
     ex->Write(Chunk("b", 12));

@@ -199,25 +199,38 @@ TEST(ConnectionPoolTest, ATimeoutIsDeadlineExceededAndARefusedPortIsUnavailable)
   pool.Clear();
 }
 
+// A server of a test's own, on a thread: it answers as the test writes the
+// bytes, right or wrong.
+struct RawServer {
+  net::io_context ioc;
+  net::ip::tcp::acceptor acceptor{ioc, {net::ip::make_address("127.0.0.1"), 0}};
+  uint16_t port() const { return acceptor.local_endpoint().port(); }
+  // The next connection, once a request's head has arrived on it; false when none came.
+  bool AcceptWithHead(net::ip::tcp::socket& s) {
+    boost::system::error_code ec;
+    acceptor.accept(s, ec);
+    if (ec) return false;
+    std::string got;
+    char buf[4096];
+    while (got.find("\r\n\r\n") == std::string::npos) {
+      const size_t n = s.read_some(net::buffer(buf), ec);
+      if (ec) return false;
+      got.append(buf, n);
+    }
+    return true;
+  }
+};
+
 // A server that sends more than its Content-Length: the extra bytes are not
 // read as the next request's answer (the connection was kept with them).
 TEST(ConnectionPoolTest, AConnectionWithBytesPastItsAnswerIsNotKept) {
-  net::io_context server_ioc;
-  net::ip::tcp::acceptor acceptor(server_ioc, {net::ip::make_address("127.0.0.1"), 0});
-  const uint16_t port = acceptor.local_endpoint().port();
+  RawServer raw;
+  const uint16_t port = raw.port();
   std::thread server([&] {
     for (int i = 0; i < 2; ++i) {  // each connection: one request, one answer
-      net::ip::tcp::socket s(server_ioc);
+      net::ip::tcp::socket s(raw.ioc);
+      if (!raw.AcceptWithHead(s)) return;
       boost::system::error_code ec;
-      acceptor.accept(s, ec);
-      if (ec) return;
-      std::string got;
-      char buf[1024];
-      while (got.find("\r\n\r\n") == std::string::npos) {
-        const size_t n = s.read_some(net::buffer(buf), ec);
-        if (ec) break;
-        got.append(buf, n);
-      }
       const std::string answer = i == 0 ? "okHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale" : "fresh";
       const std::string head = "HTTP/1.1 200 OK\r\nContent-Length: " + std::string(i == 0 ? "2" : "5") + "\r\n\r\n";
       net::write(s, net::buffer(head + answer), ec);
@@ -240,21 +253,12 @@ TEST(ConnectionPoolTest, AConnectionWithBytesPastItsAnswerIsNotKept) {
 // still being sent: the relay hears its answer, not a broken pipe (the
 // upload was sent again three times and answered 502).
 TEST(ConnectionPoolTest, AnEarlyAnswerToAnUploadIsHeardByARelay) {
-  net::io_context server_ioc;
-  net::ip::tcp::acceptor acceptor(server_ioc, {net::ip::make_address("127.0.0.1"), 0});
-  const uint16_t port = acceptor.local_endpoint().port();
+  RawServer raw;
+  const uint16_t port = raw.port();
   std::thread server([&] {
-    net::ip::tcp::socket s(server_ioc);
+    net::ip::tcp::socket s(raw.ioc);
+    if (!raw.AcceptWithHead(s)) return;
     boost::system::error_code ec;
-    acceptor.accept(s, ec);
-    if (ec) return;
-    std::string got;
-    char buf[4096];
-    while (got.find("\r\n\r\n") == std::string::npos) {
-      const size_t n = s.read_some(net::buffer(buf), ec);
-      if (ec) return;
-      got.append(buf, n);
-    }
     const std::string answer = "HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\nConnection: close\r\n\r\ntoo big!";
     net::write(s, net::buffer(answer), ec);
     s.close(ec);  // the unread upload: a reset
