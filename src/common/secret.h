@@ -10,6 +10,8 @@ namespace spillway {
 
 // `bytes` random bytes from the kernel's CSPRNG (getrandom; OpenSSL's where it is missing), as
 // lower-case hex (2 * bytes characters). Aborts rather than return a weak value.
+// Draws of up to 32 bytes come from a per-thread store of the kernel's bytes
+// (each byte handed out once; refilled after a fork).
 std::string RandomHex(size_t bytes);
 
 // Whether `given` equals `expected`, in time that depends on neither content

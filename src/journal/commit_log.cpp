@@ -256,6 +256,21 @@ int WriteAt(int fd, const char* p, size_t n, int64_t offset, size_t* done = null
   return 0;
 }
 
+// A new file's bytes, written a page per call, or an errno. The page cache
+// then holds the file in pages of its own: written at once, it would hold it
+// in large folios, and every record written later into one costs ext4 a walk
+// over all of the folio's blocks (a 300-byte record's write took 2.5 us
+// instead of 1.5 here, more with cold caches between requests).
+int WritePages(int fd, const std::string& data) {
+  constexpr size_t kPage = 4096;
+  for (size_t at = 0; at < data.size(); at += kPage) {
+    if (const int err = WriteAt(fd, data.data() + at, std::min(kPage, data.size() - at), static_cast<int64_t>(at)); err != 0) {
+      return err;
+    }
+  }
+  return 0;
+}
+
 // The header of generation `gen` over the file's first bytes, or an errno.
 int WriteHeader(int fd, uint64_t gen) {
   const std::string header = Header(gen);
@@ -339,7 +354,7 @@ StatusOr<std::unique_ptr<CommitLog>> CommitLog::Open(const std::string& path, bo
   for (const auto& r : current) file += Encode(r, gen);
   const auto size = static_cast<int64_t>(file.size());
   file.resize(static_cast<size_t>(std::max(size, kPreallocate)), '\0');
-  if (const int err = WriteAt(fd, file.data(), file.size(), 0); err != 0) return fail("write", fresh, err, {fd, old_fd});
+  if (const int err = WritePages(fd, file); err != 0) return fail("write", fresh, err, {fd, old_fd});
   // Synced at both settings: the leftovers were on the disk before (once per start).
   if (::fdatasync(fd) != 0) return fail("sync", fresh, errno, {fd, old_fd});
   if (::rename(fresh.c_str(), path.c_str()) != 0) return fail("rename", fresh, errno, {fd, old_fd});

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <set>
 
 namespace spillway {
@@ -15,6 +18,34 @@ TEST(SecretTest, RandomHexIsHexOfTheRightLengthAndDoesNotRepeat) {
     EXPECT_EQ(h.find_first_not_of("0123456789abcdef"), std::string::npos);
     EXPECT_TRUE(seen.insert(h).second);
   }
+}
+
+// Small draws share a per-thread store: a forked child (which inherits it)
+// must not hand out the bytes its parent hands out next.
+TEST(SecretTest, AForkedChildDoesNotRepeatItsParentsDraws) {
+  (void)RandomHex(12);  // the store is filled, and has bytes left
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::string h = RandomHex(12);
+    _exit(::write(fds[1], h.data(), h.size()) == static_cast<ssize_t>(h.size()) ? 0 : 1);
+  }
+  ::close(fds[1]);
+  const std::string mine = RandomHex(12);
+  char buf[24];
+  ssize_t got = 0;
+  while (got < 24) {
+    const ssize_t n = ::read(fds[0], buf + got, sizeof buf - got);
+    if (n <= 0) break;
+    got += n;
+  }
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_EQ(got, 24);
+  EXPECT_NE(std::string(buf, 24), mine);
 }
 
 TEST(SecretTest, SecretEqualsComparesWholeValues) {
