@@ -144,6 +144,7 @@ struct Parsed {
   size_t end = 0;
   bool current = false;
   size_t damaged_bytes = 0;  // skipped between good records of the file's generation
+  bool header_damaged = false;  // the generation was read from the first record instead
 };
 
 // Whether a record of generation `gen` that checks out begins at `pos`; its
@@ -162,13 +163,32 @@ Parsed ParseFile(const std::string& data) {
   Parsed p;
   size_t pos = 0;
   uint64_t gen = 0;
-  if (data.size() >= static_cast<size_t>(kHeaderBytes) && std::memcmp(data.data(), kMagic, sizeof kMagic) == 0) {
-    p.current = true;
-    // A torn header is written only over records all applied (EmptyAtLeast)
-    // or before any record of a new file is synced: nothing to replay.
-    if (GetU32(data.data() + 16) != Crc(data.data(), 16)) return p;
-    gen = GetU64(data.data() + 8);
-    pos = p.end = kHeaderBytes;
+  if (data.size() >= static_cast<size_t>(kHeaderBytes)) {
+    const bool magic = std::memcmp(data.data(), kMagic, sizeof kMagic) == 0;
+    uint32_t n = 0;
+    if (magic && GetU32(data.data() + 16) == Crc(data.data(), 16)) {
+      p.current = true;
+      gen = GetU64(data.data() + 8);
+      pos = p.end = kHeaderBytes;
+    } else if (data.size() > static_cast<size_t>(kHeaderBytes) + kRecordHeader &&
+               GoodRecordAt(data, kHeaderBytes, GetU64(data.data() + kHeaderBytes + 8), &n) &&
+               GetU64(data.data() + kHeaderBytes + 8) != 0) {
+      // A header that does not check out (flipped bits, a stray write) over
+      // a record that does: each record carries its generation, under its
+      // CRC, so the first one's is the file's. Reading the records by it
+      // loses none that were acknowledged. A header torn as it was begun
+      // again (EmptyAtLeast) leaves records already applied, which apply
+      // again harmlessly.
+      p.current = true;
+      p.header_damaged = true;
+      gen = GetU64(data.data() + kHeaderBytes + 8);
+      pos = p.end = kHeaderBytes;
+    } else if (magic) {
+      // A torn header is written only over records all applied (EmptyAtLeast)
+      // or before any record of a new file is synced: nothing to replay.
+      p.current = true;
+      return p;
+    }
   }
   const size_t head = p.current ? kRecordHeader : kLegacyRecordHeader;
   while (data.size() - pos >= head) {
@@ -288,19 +308,27 @@ bool Zero(int fd, int64_t from, int64_t to) {
   return true;
 }
 
-// A file with damage between good records: said on stderr, and kept as it
+// A file with damage (a header or bytes between good records that do not check out): said on stderr, and kept as it
 // was (<file>.damaged, for a post-mortem) before Open rewrites it.
 void KeepDamaged(const std::string& file, const std::string& data, const Parsed& p) {
-  if (p.damaged_bytes == 0) return;
+  if (p.damaged_bytes == 0 && !p.header_damaged) return;
   const std::string copy = file + ".damaged";
   const int fd = ::open(copy.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   const bool kept = fd >= 0 && WriteAt(fd, data.data(), data.size(), 0) == 0 && ::fdatasync(fd) == 0;
   if (fd >= 0) ::close(fd);
-  std::fprintf(stderr,
-               "spillway: the journal's log %s is damaged: %zu bytes between good records were skipped (the "
-               "records in them are lost; the %zu good ones are replayed)%s\n",
-               file.c_str(), p.damaged_bytes, p.records.size(),
-               kept ? ("; the file as it was is kept as " + copy).c_str() : "");
+  const std::string kept_as = kept ? "; the file as it was is kept as " + copy : "";
+  if (p.header_damaged) {
+    std::fprintf(stderr,
+                 "spillway: the journal's log %s has a damaged header: its records were read by the generation "
+                 "they carry (%zu replayed)%s\n",
+                 file.c_str(), p.records.size(), kept_as.c_str());
+  }
+  if (p.damaged_bytes > 0) {
+    std::fprintf(stderr,
+                 "spillway: the journal's log %s is damaged: %zu bytes between good records were skipped (the "
+                 "records in them are lost; the %zu good ones are replayed)%s\n",
+                 file.c_str(), p.damaged_bytes, p.records.size(), kept_as.c_str());
+  }
 }
 
 }  // namespace

@@ -38,8 +38,12 @@
 // check: a torn last record (a crash in mid-write: its caller never heard it
 // was durable), zeros, or a record of an earlier generation. The generation is
 // random, so no payload (clients' text is in them) can pass for a record of
-// a later one. A file without the header is an earlier version's: records
-// back to back, each CRC over its payload alone; Open reads it and replaces it.
+// a later one. A header that does not check out (damage) over a first record
+// that does is read by that record's generation, so that damage to the
+// header hides no record; Open says so and keeps the file as
+// <db>-log.damaged. A file without the header is an earlier version's:
+// records back to back, each CRC over its payload alone; Open reads it and
+// replaces it.
 #pragma once
 
 #include <atomic>

@@ -421,6 +421,32 @@ TEST_F(CommitLogTest, DamageInTheMiddleLosesOnlyTheRecordsInIt) {
   EXPECT_FALSE(fs::exists(LogPath() + ".damaged"));
 }
 
+// A header that no longer checks out (a flipped bit in its CRC, its magic,
+// its generation) does not hide the acknowledged records after it: they
+// carry their generation themselves. The replay found none before.
+TEST_F(CommitLogTest, ADamagedHeaderHidesNoRecord) {
+  for (const int64_t at : {int64_t{16}, int64_t{0}, int64_t{9}}) {
+    SCOPED_TRACE("damage at byte " + std::to_string(at));
+    fs::remove(LogPath());
+    fs::remove(LogPath() + ".damaged");
+    std::vector<std::string> left;
+    {
+      auto log = OpenLog(&left);
+      for (const char* p : {"first", "second"}) ASSERT_GT(Append(*log, p), 0);
+    }
+    Overwrite(at, "\x5a");
+    EXPECT_EQ(OnDisk(), (std::vector<std::string>{"first", "second"}));
+    {
+      auto log = OpenLog(&left);
+      EXPECT_EQ(left, (std::vector<std::string>{"first", "second"}));
+      EXPECT_TRUE(fs::exists(LogPath() + ".damaged")) << "the damaged file was not kept";
+      ASSERT_GT(Append(*log, "third"), 0);
+    }
+    OpenLog(&left);  // rewritten under a good header
+    EXPECT_EQ(left, (std::vector<std::string>{"first", "second", "third"}));
+  }
+}
+
 // The tear is cut off when the log is opened: records written after it are
 // not hidden behind it at the next replay.
 TEST_F(CommitLogTest, RecordsWrittenAfterATornOneAreFoundAgain) {
