@@ -74,7 +74,8 @@ Status TranslateOptions(const json& body, OllamaCall* call) {
                                                        "); the request was refused rather than served without it");
     }
   }
-  // -1: infinite, -2: fill the context; both leave the service's default.
+  // -1: infinite, -2: fill the context, 0: no limit either (Ollama's runner
+  // stops at num_predict only when it is positive); all leave the service's default.
   if (Given(o, "num_predict")) {
     const json& n = o["num_predict"];
     if (!n.is_number_integer()) return Bad("options.num_predict", "must be an integer");
@@ -82,8 +83,8 @@ Status TranslateOptions(const json& body, OllamaCall* call) {
     if (v > 0) {
       out["max_tokens"] = v;
       call->renamed.emplace_back("max_tokens", "options.num_predict");
-    } else if (v != -1 && v != -2) {
-      return Bad("options.num_predict", "must be positive, -1 (no limit) or -2 (fill the context)");
+    } else if (v != 0 && v != -1 && v != -2) {
+      return Bad("options.num_predict", "must be positive, 0 or -1 (no limit) or -2 (fill the context)");
     }
   }
   if (Given(o, "seed")) {  // a negative seed is Ollama's "random"

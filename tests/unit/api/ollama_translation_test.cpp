@@ -71,6 +71,10 @@ TEST(OllamaRequestTest, DefaultsAndSentinelsLeaveTheServiceDefaults) {
   EXPECT_EQ(Translate(OllamaRoute::kGenerate, {{"model", "m"}, {"prompt", "p"}, {"options", {{"num_predict", -2}}}})
                 .openai.contains("max_tokens"),
             false);
+  // 0 is no limit in Ollama too (its runner stops at num_predict only when positive).
+  EXPECT_EQ(Translate(OllamaRoute::kGenerate, {{"model", "m"}, {"prompt", "p"}, {"options", {{"num_predict", 0}}}})
+                .openai.contains("max_tokens"),
+            false);
 }
 
 TEST(OllamaRequestTest, AJsonSchemaFormatIsAStrictJsonSchemaResponseFormat) {
@@ -151,7 +155,7 @@ TEST(OllamaRequestTest, WrongBodiesAreClear400s) {
   EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"options", "hot"}}).find("'options'"), std::string::npos);
   EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"options", {{"temperature", "hot"}}}}).find("'options.temperature'"),
             std::string::npos);
-  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"options", {{"num_predict", 0}}}}).find("'options.num_predict'"),
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"options", {{"num_predict", -3}}}}).find("'options.num_predict'"),
             std::string::npos);
   EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"keep_alive", "5 fortnights"}}).find("'keep_alive'"),
             std::string::npos);
