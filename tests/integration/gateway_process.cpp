@@ -51,6 +51,7 @@ bool GatewayProcess::Start(std::chrono::seconds timeout, bool wait_ready) {
   TestWorkerSecret();  // its workers require the test's secret, so tests may call them too
   args.insert(args.begin(), prefix_.begin(), prefix_.end());
   args.insert(args.end(), extra_.begin(), extra_.end());
+  args = DiesWithTest(std::move(args));
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -45,10 +45,17 @@ std::vector<std::pair<std::string, std::string>> WorkerAuth(std::vector<std::pai
   return more;
 }
 
+std::vector<std::string> DiesWithTest(std::vector<std::string> args) {
+  static const bool has_setpriv = ::access("/usr/bin/setpriv", X_OK) == 0;
+  if (has_setpriv) args.insert(args.begin(), {"/usr/bin/setpriv", "--pdeathsig", "TERM", "--"});
+  return args;
+}
+
 namespace {
 
-pid_t Spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+pid_t Spawn(const std::vector<std::string>& given, const std::string& out, const std::string& err) {
   TestWorkerSecret();  // children inherit it
+  const std::vector<std::string> args = DiesWithTest(given);
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

@@ -51,6 +51,13 @@ class WorkerProcess {
 // redirects it) and sets *exit_code.
 std::string RunCommand(const std::string& command_line, int* exit_code);
 
+// `args` run so that the process gets SIGTERM when the thread that starts it
+// ends (setpriv --pdeathsig, which keeps the pid and execs `args`): a test
+// process that is killed, or stopped by a broken pipe, leaves no gateway or
+// worker behind (a gateway stops its workers on SIGTERM). Every process
+// started through these files is. `args` as they are where setpriv is missing.
+std::vector<std::string> DiesWithTest(std::vector<std::string> args);
+
 // Starts `args` (args[0]: the binary's path) with stdout and stderr written
 // to the given files; returns its pid. The caller stops and reaps it.
 pid_t SpawnProcess(const std::vector<std::string>& args, const std::string& out, const std::string& err);

@@ -1,5 +1,7 @@
 // Integration tests: real spillway-worker processes on port 0, tiny generated models.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <nlohmann/json.hpp>
 
 #include <boost/asio/connect.hpp>
@@ -71,6 +73,34 @@ class WorkerTest : public ::testing::Test {
   static WorkerProcess* chat_;
 };
 WorkerProcess* WorkerTest::chat_ = nullptr;
+
+// The harness: whatever a test starts ends with the thread that started it,
+// so a test process killed halfway (a timeout, a broken pipe) leaves no
+// gateway or worker running on the machine.
+TEST(TestHarness, AProcessATestStartsEndsWithTheThreadThatStartedIt) {
+  pid_t pid = -1;
+  std::thread starter([&] {
+    pid = SpawnProcess({"/bin/sleep", "60"}, "/dev/null", "/dev/null");
+    // Until it runs sleep (setpriv has set its death signal by then).
+    for (int i = 0; i < 500 && ReadTextFile("/proc/" + std::to_string(pid) + "/comm") != "sleep\n"; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  starter.join();
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 500 && done == 0; ++i) {
+    done = ::waitpid(pid, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  ASSERT_EQ(done, pid) << "still running 5 s after the thread that started it ended";
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
+}
 
 TEST_F(WorkerTest, HealthAndInfoReportPlacementFingerprintAndMemory) {
   auto h = Get(*chat_, "/health");
