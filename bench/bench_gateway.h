@@ -24,6 +24,11 @@ struct GatewayRun {
   std::string dir;    // config, port file, log and state directory
 };
 
+// `args` run under setpriv --pdeathsig TERM (same pid, exec'ed), so that a
+// benchmark that is killed or cut off (`| head`) leaves no gateway or nginx
+// running to skew the next measurement; `args` as they are without setpriv.
+std::vector<std::string> DiesWithBench(std::vector<std::string> args);
+
 // Starts `<bin_dir>/spillway serve` with `config_toml` in a fresh temporary
 // directory named after `tag`, and waits for /readyz (every worker loaded).
 // The workers take $SPILLWAY_WORKER_SECRET from this process's environment.

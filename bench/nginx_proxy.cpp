@@ -65,7 +65,7 @@ NginxProxy::NginxProxy(uint16_t worker_port, const std::string& worker_secret) {
        // How nginx is set up in front of an SSE server: events pass as they come.
        << "      proxy_buffering off;\n    }\n  }\n}\n";
   conf.close();
-  std::vector<std::string> args = {bin, "-p", dir_, "-c", dir_ + "/nginx.conf", "-e", dir_ + "/error.log"};
+  std::vector<std::string> args = DiesWithBench({bin, "-p", dir_, "-c", dir_ + "/nginx.conf", "-e", dir_ + "/error.log"});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
