@@ -450,7 +450,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                "Without --config it serves the built-in demo (services chat and embed) on 127.0.0.1:8480.");
   cmd->add_option("--config", args->config_path, "TOML configuration file");
   cmd->add_option("--listen", args->listen, "HOST:PORT (overrides the config; default 127.0.0.1:8480)");
-  cmd->add_option("--state-dir", args->state_dir, "journal and worker logs (default ~/.local/state/spillway)");
+  cmd->add_option("--state-dir", args->state_dir, "journal and worker logs (default: the config's state_dir, else $XDG_STATE_HOME/spillway, else ~/.local/state/spillway)");
   cmd->add_option("--port-file", args->port_file, "write the bound port here once listening");
   cmd->add_option("--worker-bin", args->worker_bin,
                   "spillway-worker binary (default: next to spillway, else ../lib/spillway/ of an installed tree)");

@@ -18,6 +18,7 @@ bool SplitHostPort(const std::string& s, std::string* host, uint16_t* port) {
   if (colon == std::string::npos || colon == 0) return false;
   *host = s.substr(0, colon);
   if (host->size() > 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
+  if (*host == "localhost") *host = "127.0.0.1";
   const std::string p = s.substr(colon + 1);
   if (p.empty() || p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos) return false;
   const int v = std::stoi(p);

@@ -16,7 +16,9 @@ struct DeviceName {
 // "cpu" or "<kind>:<1 to 6 digits>"; nullopt otherwise. The kind is not checked.
 std::optional<DeviceName> ParseDeviceName(const std::string& name);
 
-// "HOST:PORT" (an IPv6 host in brackets); port 0 to 65535.
+// "HOST:PORT" (an IPv6 host in brackets); port 0 to 65535. The host
+// "localhost" comes back as "127.0.0.1" (what is bound and dialled: the
+// servers take numeric addresses only).
 bool SplitHostPort(const std::string& s, std::string* host, uint16_t* port);
 
 }  // namespace spillway

@@ -48,31 +48,125 @@ bool ValidServiceName(const std::string& name) {
 // toml++ 3.3 reaches __builtin_unreachable (undefined behaviour) when it asks
 // whether U+00A1..U+0499, U+2C4E..U+3047 (but U+3000) or U+FB26..U+FEFE is
 // whitespace, which it may do anywhere, strings included once a parse goes
-// wrong (found by tests/fuzz/config_fuzz.cpp). Those characters are refused
-// before toml++ sees the text; in a "basic string" a \uXXXX escape says the same.
-Status CheckTomlSafeText(const std::string& text, const std::string& source) {
+// wrong (found by tests/fuzz/config_fuzz.cpp). So toml++ never sees them:
+// the text it is given has them written as \uXXXX escapes in "basic
+// strings" (the same value) and as spaces in comments (no meaning), which
+// covers every accented letter of a path, a name or a note. Where neither
+// can stand for them (a 'literal string', outside any string) they are
+// refused, with the escape to write instead. Bytes that are not UTF-8 are
+// refused as such (a TOML file is UTF-8 text).
+bool TomlUnsafe(uint32_t cp) {
+  return (cp >= 0xA1 && cp <= 0x499) || (cp >= 0x2C4E && cp <= 0x3047 && cp != 0x3000) || (cp >= 0xFB26 && cp <= 0xFEFE);
+}
+
+// The code point of the UTF-8 sequence at text[i] and its length in bytes;
+// false when the bytes there are not UTF-8 (a stray continuation byte, a
+// truncated or overlong sequence, a surrogate, past U+10FFFF).
+bool DecodeUtf8(const std::string& text, size_t i, uint32_t* cp, size_t* len) {
+  const auto b = static_cast<unsigned char>(text[i]);
+  *len = b >= 0xF0 && b <= 0xF4 ? 4 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xC2 && b <= 0xDF ? 2 : 0;
+  if (*len == 0 || i + *len > text.size()) return false;
+  *cp = *len == 4 ? b & 0x07 : *len == 3 ? b & 0x0F : b & 0x1F;
+  for (size_t k = 1; k < *len; ++k) {
+    const auto c = static_cast<unsigned char>(text[i + k]);
+    if ((c & 0xC0) != 0x80) return false;
+    *cp = (*cp << 6) | (c & 0x3F);
+  }
+  const uint32_t least = *len == 4 ? 0x10000 : *len == 3 ? 0x800 : 0x80;
+  return *cp >= least && *cp <= 0x10FFFF && !(*cp >= 0xD800 && *cp <= 0xDFFF);
+}
+
+StatusOr<std::string> SafeText(const std::string& text, const std::string& source) {
+  enum class In { kCode, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral };
+  In in = In::kCode;
+  bool escaped = false;  // the previous character of a basic string was a backslash
   int line = 1;
+  std::string out;
+  out.reserve(text.size());
+  auto run = [&](size_t i, char q) {  // quotes in a row from i
+    size_t n = 0;
+    while (i + n < text.size() && text[i + n] == q) ++n;
+    return n;
+  };
   for (size_t i = 0; i < text.size();) {
-    const auto b = static_cast<unsigned char>(text[i]);
-    if (b == '\n') ++line;
-    if (b < 0x80) {
-      ++i;
-      continue;
-    }
-    const int len = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
-    uint32_t cp = len == 4 ? b & 0x07 : len == 3 ? b & 0x0F : len == 2 ? b & 0x1F : b;
-    for (int k = 1; k < len && i + k < text.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3F);
-    const bool unsafe = (cp >= 0xA1 && cp <= 0x499) || (cp >= 0x2C4E && cp <= 0x3047 && cp != 0x3000) ||
-                        (cp >= 0xFB26 && cp <= 0xFEFE);
-    if (unsafe) {
+    const char ch = text[i];
+    const auto b = static_cast<unsigned char>(ch);
+    if (b >= 0x80) {
+      uint32_t cp = 0;
+      size_t len = 0;
+      if (!DecodeUtf8(text, i, &cp, &len)) {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "%02X", static_cast<unsigned>(b));
+        return Status::InvalidArgument(source + ":" + std::to_string(line) + ": byte 0x" + hex +
+                                       " is not UTF-8 text (a TOML file is UTF-8; save it as UTF-8)");
+      }
+      const bool basic = in == In::kBasic || in == In::kMultiBasic;
+      if (!TomlUnsafe(cp) || in == In::kComment || (basic && !escaped)) {
+        if (!TomlUnsafe(cp)) {
+          out.append(text, i, len);
+        } else if (in == In::kComment) {
+          out.append(len, ' ');
+        } else {
+          char esc[8];
+          std::snprintf(esc, sizeof esc, "\\u%04X", static_cast<unsigned>(cp));
+          out += esc;
+        }
+        escaped = false;
+        i += len;
+        continue;
+      }
       char hex[8];
       std::snprintf(hex, sizeof hex, "%04X", static_cast<unsigned>(cp));
       return Status::InvalidArgument(source + ":" + std::to_string(line) + ": character U+" + hex +
-                                     " cannot be read safely by the TOML parser; in a \"string\" write it as \\u" + hex);
+                                     " cannot be read safely by the TOML parser here; in a \"string\" write it as \\u" +
+                                     hex);
     }
-    i += static_cast<size_t>(len);
+    if (ch == '\n') ++line;
+    size_t take = 1;
+    switch (in) {
+      case In::kCode:
+        if (ch == '#') {
+          in = In::kComment;
+        } else if (ch == '"') {
+          take = run(i, '"') >= 3 ? 3 : 1;
+          in = take == 3 ? In::kMultiBasic : In::kBasic;
+        } else if (ch == '\'') {
+          take = run(i, '\'') >= 3 ? 3 : 1;
+          in = take == 3 ? In::kMultiLiteral : In::kLiteral;
+        }
+        break;
+      case In::kComment:
+        if (ch == '\n') in = In::kCode;
+        break;
+      case In::kBasic:
+      case In::kMultiBasic:
+        if (escaped) {
+          escaped = false;
+        } else if (ch == '\\') {
+          escaped = true;
+        } else if (ch == '"' && in == In::kBasic) {
+          in = In::kCode;
+        } else if (ch == '"') {
+          take = std::min<size_t>(run(i, '"'), 5);  // up to two quotes of the text before the closing three
+          if (take >= 3) in = In::kCode;
+        } else if (ch == '\n' && in == In::kBasic) {
+          in = In::kCode;  // unterminated: toml++ says so
+        }
+        break;
+      case In::kLiteral:
+        if (ch == '\'' || ch == '\n') in = In::kCode;
+        break;
+      case In::kMultiLiteral:
+        if (ch == '\'') {
+          take = std::min<size_t>(run(i, '\''), 5);
+          if (take >= 3) in = In::kCode;
+        }
+        break;
+    }
+    out.append(text, i, take);
+    i += take;
   }
-  return Status::Ok();
+  return out;
 }
 
 class Reader {
@@ -107,7 +201,7 @@ class Reader {
       if (std::is_integral_v<T> && !n->is_integer()) {
         return Status::InvalidArgument(Where(source_, n->source(), name) + " must be an integer");
       }
-      if (v < lo || v > hi) {
+      if (!(v >= lo && v <= hi)) {  // NaN too
         std::ostringstream os;
         os << Where(source_, n->source(), name) << " must be between " << lo << " and " << hi;
         return Status::InvalidArgument(os.str());
@@ -158,6 +252,13 @@ Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix,
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "batch", prefix, &p->batch, 1, 1 << 16));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "mmap", prefix, &p->mmap, 0, 0));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "kv_unified", prefix, &p->kv_unified, 0, 0));
+  // Each slot needs cells of its own: llama.cpp aborts the worker otherwise.
+  if (p->slots > p->ctx) {
+    const toml::node* n = t.get("slots") ? t.get("slots") : t.get("ctx");
+    return Status::InvalidArgument(Where(r.source(), n ? n->source() : t.source(), prefix + "slots") + " (" +
+                                   std::to_string(p->slots) + ") exceeds ctx (" + std::to_string(p->ctx) +
+                                   "): ctx is shared among the slots, each needs cells of its own");
+  }
   const auto d = ParseDeviceName(p->device);
   const bool ok = d && (d->kind == "cpu" || d->kind == "cuda" || d->kind == "sim");
   if (!ok) {
@@ -196,12 +297,16 @@ StatusOr<std::vector<std::string>> SplitCommand(const std::string& line) {
   return out;
 }
 
-// "HH:MM-HH:MM" (may cross midnight).
+// "HH:MM-HH:MM" (may cross midnight; it may end at 24:00, not begin there),
+// open for some time: one that begins where it ends is never open
+// (admission::InWindow).
 bool ValidWindow(const std::string& w) {
   int h1, m1, h2, m2;
   char tail;
-  return std::sscanf(w.c_str(), "%2d:%2d-%2d:%2d%c", &h1, &m1, &h2, &m2, &tail) == 4 && h1 >= 0 && h1 < 24 && h2 >= 0 &&
-         h2 <= 24 && m1 >= 0 && m1 < 60 && m2 >= 0 && m2 < 60 && w.size() == 11;
+  if (std::sscanf(w.c_str(), "%2d:%2d-%2d:%2d%c", &h1, &m1, &h2, &m2, &tail) != 4 || w.size() != 11) return false;
+  const bool times = h1 >= 0 && h1 < 24 && m1 >= 0 && m1 < 60 && h2 >= 0 && m2 >= 0 && m2 < 60 &&
+                     (h2 < 24 || (h2 == 24 && m2 == 0));
+  return times && h1 * 60 + m1 != h2 * 60 + m2;  // (00:00-24:00 is all day)
 }
 
 Status ReadResidency(Reader& r, const toml::table& t, const std::string& prefix, ResidencyConfig* rc) {
@@ -222,7 +327,8 @@ Status ReadResidency(Reader& r, const toml::table& t, const std::string& prefix,
   for (const auto& w : rc->windows) {
     if (!ValidWindow(w)) {
       return Status::InvalidArgument(Where(source, t.get("windows")->source(), prefix + "windows") + ": '" + w +
-                                     "' must be \"HH:MM-HH:MM\" (local time; it may cross midnight)");
+                                     "' must be \"HH:MM-HH:MM\" (local time, open for some time: it may cross "
+                                     "midnight and end at 24:00; leave windows out for all day)");
     }
   }
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "interactive_idle_s", prefix, &rc->interactive_idle_s, 0, 86400 * 365));
@@ -331,6 +437,8 @@ Status ReadExternal(Reader& r, const toml::table& t, const std::string& prefix, 
 
 }  // namespace
 
+StatusOr<std::string> TomlSafeText(const std::string& text, const std::string& source) { return SafeText(text, source); }
+
 int SignalNumber(const std::string& name) {
   static const std::pair<const char*, int> kSignals[] = {{"SIGTERM", SIGTERM}, {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT},
                                                          {"SIGHUP", SIGHUP},   {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2},
@@ -403,8 +511,9 @@ std::string ServiceConfig::ModelLabel(size_t i) const {
 StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& source) {
   toml::table root;
   try {
-    if (Status st = CheckTomlSafeText(text, source); !st.ok()) return st;
-    root = toml::parse(text, source);
+    auto safe = SafeText(text, source);
+    if (!safe.ok()) return safe.status();
+    root = toml::parse(*safe, source);
   } catch (const toml::parse_error& e) {
     std::ostringstream os;
     os << source << ":" << e.source().begin.line << ": " << e.description();
@@ -437,6 +546,13 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_body_memory_bytes", "", &c.max_body_memory_bytes, 1024, double(1ull << 40)));
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_requests_per_key", "", &c.max_requests_per_key, 1, 1 << 20));
   SPILLWAY_RETURN_IF_ERROR(r.Strings(root, "operator_keys", &c.operator_keys));
+  for (const char* key : {"api_keys", "operator_keys"}) {
+    const auto& keys = std::string(key) == "api_keys" ? c.api_keys : c.operator_keys;
+    if (std::find(keys.begin(), keys.end(), "") != keys.end()) {
+      return Status::InvalidArgument(Where(source, root.get(key)->source(), key) +
+                                     " holds an empty key, which no request can present");
+    }
+  }
   SPILLWAY_RETURN_IF_ERROR(r.Strings(root, "model_dirs", &c.model_dirs));
   if (const toml::node* j = root.get("journal")) {
     const toml::table* t = j->as_table();
@@ -451,6 +567,16 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
     c.journal.synchronous_full = sync == "full";
     SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "retention_hours", "journal.", &c.journal.retention_hours, 0.001, 24 * 3650));
     SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "idempotency_hours", "journal.", &c.journal.idempotency_hours, 0.001, 24 * 3650));
+    // A request's row (its Idempotency-Key with it) goes retention_hours
+    // after it began; the key must live its idempotency_hours after it ended.
+    if (c.journal.retention_hours < c.journal.idempotency_hours) {
+      std::ostringstream os;
+      os << Where(source, (t->get("retention_hours") ? t->get("retention_hours") : t)->source(), "journal.retention_hours")
+         << " (" << c.journal.retention_hours << ") is shorter than journal.idempotency_hours ("
+         << c.journal.idempotency_hours << "): a request's row, its Idempotency-Key with it, would go before the key "
+         << "expires, and a retry with the key would run the request again";
+      return Status::InvalidArgument(os.str());
+    }
   }
   if (const toml::node* d = root.get("device")) {
     const toml::array* arr = d->as_array();
@@ -467,6 +593,17 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "headroom_pct", prefix, &dc.headroom_pct, 0, 90));
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "exclusive", prefix, &dc.exclusive, 0, 0));
       if (dc.name.empty()) return Status::InvalidArgument(Where(source, t->source(), prefix + "name") + " is required");
+      const auto parsed = ParseDeviceName(dc.name);
+      if (!parsed || (parsed->kind != "cpu" && parsed->kind != "cuda" && parsed->kind != "sim")) {
+        return Status::InvalidArgument(Where(source, t->get("name")->source(), prefix + "name") + " '" + dc.name +
+                                       "' must be cpu, cuda:N or sim:N (as a placement's device is written)");
+      }
+      for (const auto& other : c.devices) {
+        if (other.name == dc.name) {
+          return Status::InvalidArgument(Where(source, t->get("name")->source(), prefix + "name") + " '" + dc.name +
+                                         "' has a [[device]] table already");
+        }
+      }
       c.devices.push_back(dc);
     }
   }
@@ -547,6 +684,8 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "model", prefix, &svc.model, 0, 0));
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "max_tokens", prefix, &svc.max_tokens, 1, 1 << 20));
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "default_max_tokens", prefix, &svc.default_max_tokens, 1, 1 << 20));
+      // Unset, the default is 256 or the cap, whichever is less.
+      if (!t->get("default_max_tokens")) svc.default_max_tokens = std::min(svc.default_max_tokens, svc.max_tokens);
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "max_queue", prefix, &svc.max_queue, 0, 1 << 20));
       if (svc.name.empty()) return Status::InvalidArgument(Where(source, t->source(), prefix + "name") + " is required");
       if (svc.model.empty()) return Status::InvalidArgument(Where(source, t->source(), prefix + "model") + " is required");
@@ -580,6 +719,10 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
 }
 
 StatusOr<GatewayConfig> LoadConfigFile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return Status::InvalidArgument("config file " + path + " is a directory (give the path of the .toml file)");
+  }
   std::ifstream f(path);
   if (!f) return Status::NotFound("cannot read config file " + path);
   std::stringstream ss;
@@ -652,7 +795,9 @@ Status Validate(const GatewayConfig& c) {
       }
     }
     if (s.default_max_tokens > s.max_tokens) {
-      return Status::InvalidArgument(c.source + ": service '" + s.name + "': default_max_tokens exceeds max_tokens");
+      return Status::InvalidArgument(c.source + ": service '" + s.name + "': default_max_tokens (" +
+                                     std::to_string(s.default_max_tokens) + ") exceeds max_tokens (" +
+                                     std::to_string(s.max_tokens) + ")");
     }
   }
   const bool loopback = c.listen_host == "127.0.0.1" || c.listen_host == "::1" || c.listen_host.rfind("127.", 0) == 0;

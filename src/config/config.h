@@ -283,6 +283,11 @@ inline constexpr uint16_t kDefaultPort = 8480;
 
 StatusOr<GatewayConfig> LoadConfigFile(const std::string& path);
 StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& source_name);
+// The text ParseConfig hands to toml++: the characters toml++ cannot read
+// safely (undefined behaviour in its whitespace tables) written as \uXXXX
+// escapes in "basic strings" and blanked in comments; an error where nothing
+// can stand for them, or for bytes that are not UTF-8.
+StatusOr<std::string> TomlSafeText(const std::string& text, const std::string& source_name);
 
 // The built-in demo: services "chat" and "embed" on the build's demo models.
 GatewayConfig DemoConfig(const std::string& models_dir);

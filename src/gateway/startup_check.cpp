@@ -13,10 +13,22 @@
 namespace spillway::gateway {
 namespace {
 
+struct ModelFacts {
+  std::string problem;  // empty: the worker can load it
+  bool embedding = false;
+};
+
 // Reads the header once per file: several placements share one model.
-std::string ModelProblem(const std::string& path, std::map<std::string, std::string>* seen) {
+const ModelFacts& ReadModel(const std::string& path, std::map<std::string, ModelFacts>* seen) {
   if (auto it = seen->find(path); it != seen->end()) return it->second;
-  return (*seen)[path] = ModelFileProblem(path);
+  ModelFacts f;
+  f.problem = ModelFileProblem(path);
+  if (f.problem.empty()) {
+    if (auto meta = gguf::ReadGgufFile(path); meta.ok()) {
+      if (auto shape = memory::ShapeFromMetadata(*meta); shape.ok()) f.embedding = shape->embedding;
+    }
+  }
+  return (*seen)[path] = f;
 }
 
 }  // namespace
@@ -56,7 +68,7 @@ std::string DeviceProblem(const std::string& device, const std::string& backend_
 
 std::vector<StartupProblem> CheckStartup(const config::GatewayConfig& config, const std::string& backend_dir) {
   std::vector<StartupProblem> out;
-  std::map<std::string, std::string> models;
+  std::map<std::string, ModelFacts> models;
   for (size_t si = 0; si < config.services.size(); ++si) {
     const auto& s = config.services[si];
     for (size_t pi = 0; pi < s.placements.size(); ++pi) {
@@ -64,13 +76,28 @@ std::vector<StartupProblem> CheckStartup(const config::GatewayConfig& config, co
       const std::string prefix = "service[" + std::to_string(si) + "]";
       const std::string at = "service '" + s.name + "' placement " + std::to_string(pi) + " (" + p.Name() + "), key ";
       const std::string path = p.ModelOr(s.model);
-      if (std::string m = ModelProblem(path, &models); !m.empty()) {
+      const ModelFacts& m = ReadModel(path, &models);
+      if (!m.problem.empty()) {
         const std::string key = p.model.empty() ? prefix + ".model" : prefix + ".placement[" + std::to_string(pi) + "].model";
-        out.push_back({WorkerKey(s, pi), at + key, m});  // the reader names the file
+        out.push_back({WorkerKey(s, pi), at + key, m.problem});  // the reader names the file
+      } else if (m.embedding && p.slots > 1 && p.ctx % p.slots != 0) {
+        // llama.cpp pads an embedding batch to a multiple of the slots and
+        // then aborts in its pooling: the worker refuses it at start.
+        out.push_back({WorkerKey(s, pi), at + prefix + ".placement[" + std::to_string(pi) + "].ctx",
+                       "an embedding model needs ctx (" + std::to_string(p.ctx) + ") to be a multiple of slots (" +
+                           std::to_string(p.slots) + ")"});
       }
       if (std::string d = DeviceProblem(p.device, backend_dir); !d.empty()) {
         out.push_back({WorkerKey(s, pi), at + prefix + ".placement[" + std::to_string(pi) + "].device", d});
       }
+    }
+  }
+  // An external server's device is where its memory is accounted: one that
+  // does not exist would leave it unaccounted.
+  for (size_t ei = 0; ei < config.externals.size(); ++ei) {
+    const auto& e = config.externals[ei];
+    if (std::string d = DeviceProblem(e.device, backend_dir); !d.empty()) {
+      out.push_back({ExternalKey(e), "service '" + e.name + "' (external), key service.device", d});
     }
   }
   return out;

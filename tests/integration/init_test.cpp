@@ -193,5 +193,36 @@ TEST_F(InitTest, WrongInputsAreClearErrors) {
   EXPECT_TRUE(Has(out, "name = \"chat\"")) << out;
 }
 
+// A folder with an accent in its name (models are often kept under a home
+// folder named after a person): the config init writes loads and checks.
+TEST_F(InitTest, AFolderWithAccentsGivesAConfigServeChecks) {
+  const std::string accented = dir_ + "/mod\xC3\xA8les de Jos\xC3\xA9";
+  fs::create_directories(accented);
+  fs::copy_file(ModelPath("tiny-chat"), accented + "/tiny-chat.gguf");
+  const std::string cfg = dir_ + "/accents.toml";
+  int rc = -1;
+  std::string out = Spillway("init --models '" + accented + "' --devices cpu -o " + cfg, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  out = Spillway("serve --check --config " + cfg, &rc);
+  EXPECT_EQ(rc, 0) << out;
+}
+
+// What a worker would refuse or abort on, and a device an external server
+// is accounted on that does not exist, are found by --check, not at start.
+TEST_F(InitTest, ServeCheckFindsShapesAndDevicesThatCannotWork) {
+  ScopedSimDir sim("check-shapes");
+  const std::string cfg = dir_ + "/shapes.toml";
+  std::ofstream(cfg) << "[[service]]\nname = \"embed\"\nmodel = \"" << ModelPath("tiny-embed") << "\"\n"
+                     << "[[service.placement]]\ndevice = \"cpu\"\nctx = 1000\nslots = 3\n"
+                     << "[[service]]\nname = \"ext\"\nkind = \"external\"\nurl = \"http://127.0.0.1:9\"\n"
+                     << "device = \"sim:7\"\nresident_mib = 100\n";
+  int rc = -1;
+  const std::string out = Spillway("serve --check --config " + cfg, &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_TRUE(Has(out, "an embedding model needs ctx (1000) to be a multiple of slots (3)")) << out;
+  EXPECT_TRUE(Has(out, "service 'ext' (external)")) << out;
+  EXPECT_TRUE(Has(out, "no simulated device sim:7")) << out;
+}
+
 }  // namespace
 }  // namespace spillway::testing

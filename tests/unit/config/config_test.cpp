@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <random>
 
 namespace spillway::config {
 namespace {
@@ -102,7 +103,10 @@ TEST(ConfigTest, CharactersTheTomlParserCannotReadSafelyAreRefused) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("x.toml:2: character U+FEF7 cannot be read safely"), std::string::npos)
       << bad.status().message();
-  EXPECT_FALSE(ParseConfig("state_dir = \"/tmp/caf\xC3\xA9\"\n", "x.toml").ok());  // U+00E9
+  // In a basic string it is escaped before the parser sees it: the same value.
+  auto accented = ParseConfig("state_dir = \"/tmp/caf\xC3\xA9\"\n", "x.toml");  // U+00E9
+  ASSERT_TRUE(accented.ok()) << accented.status().message();
+  EXPECT_EQ(accented->state_dir, "/tmp/caf\xC3\xA9");
   auto ok = ParseConfig("\xEF\xBB\xBF# \xE4\xB8\xAD\nstate_dir = \"/tmp/caf\\u00e9-\xE4\xB8\xAD\"\n", "x.toml");
   ASSERT_TRUE(ok.ok()) << ok.status().message();
   EXPECT_EQ(ok->state_dir, "/tmp/caf\xC3\xA9-\xE4\xB8\xAD");
@@ -125,6 +129,99 @@ TEST(ConfigTest, CharactersTheTomlParserCannotReadSafelyAreRefused) {
   }
 }
 
+// What a user writes with accents (a path, a note) reads as written: in
+// comments and "basic strings" the characters toml++ cannot take are never
+// shown to it; where nothing can stand for them, and for bytes that are not
+// UTF-8, the error says what to do.
+TEST(ConfigTest, AccentedTextReadsAsWritten) {
+  const std::string text =
+      "# mod\xC3\xA8les de Jos\xC3\xA9 \"quoted # still a comment\n"
+      "state_dir = \"/srv/jos\xC3\xA9/\\\"x\\\" # not a comment \xC3\xA9\" # caf\xC3\xA9\n"
+      "model_dirs = [\"\"\"\n/a/\xC3\xA9\"\"\"\"\", 'plain', \"\"\"b\"\"\"]  # \xC3\xBC\n";
+  auto c = ParseConfig(text, "a.toml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->state_dir, "/srv/jos\xC3\xA9/\"x\" # not a comment \xC3\xA9");
+  EXPECT_EQ(c->model_dirs, (std::vector<std::string>{"/a/\xC3\xA9\"\"", "plain", "b"}));
+  auto literal = ParseConfig("\nstate_dir = '/srv/jos\xC3\xA9'\n", "a.toml");
+  ASSERT_FALSE(literal.ok());
+  EXPECT_NE(literal.status().message().find("a.toml:2: character U+00E9"), std::string::npos) << literal.status().message();
+  EXPECT_NE(literal.status().message().find("\\u00E9"), std::string::npos) << literal.status().message();
+  auto latin1 = ParseConfig("# \xC4pfel\n", "a.toml");  // "Äpfel" saved as Latin-1
+  ASSERT_FALSE(latin1.ok());
+  EXPECT_NE(latin1.status().message().find("a.toml:1: byte 0xC4 is not UTF-8"), std::string::npos)
+      << latin1.status().message();
+  EXPECT_FALSE(ParseConfig("# \xED\xA0\x80\n", "a.toml").ok());  // a surrogate
+  EXPECT_FALSE(ParseConfig("# \xC0\xAF\n", "a.toml").ok());      // overlong
+}
+
+// Whatever the text, what reaches toml++ holds none of the characters it
+// cannot read safely: random texts of quotes, escapes, comments and such
+// characters, in every arrangement the lexer must follow.
+TEST(ConfigTest, NoUnsafeCharacterEverReachesTheParser) {
+  const std::vector<std::string> pieces = {"\"", "'", "#", "\\", "\n", "a", " = ", "[", "]", "\xC3\xA9", "\xE4\xB8\xAD",
+                                           "\xEF\xBB\xB7", "\"\"\"", "'''", "\r\n", "\xC3"};
+  std::mt19937 rng(7);
+  int passed = 0;
+  for (int round = 0; round < 20000; ++round) {
+    std::string text;
+    const int n = 1 + static_cast<int>(rng() % 24);
+    for (int i = 0; i < n; ++i) text += pieces[rng() % pieces.size()];
+    auto safe = TomlSafeText(text, "r.toml");
+    if (!safe.ok()) continue;
+    ++passed;
+    // U+00E9 (C3 A9) and U+FEF7 (EF BB B7) are unsafe; U+4E2D (E4 B8 AD) is not.
+    ASSERT_EQ(safe->find("\xC3\xA9"), std::string::npos) << text;
+    ASSERT_EQ(safe->find("\xEF\xBB\xB7"), std::string::npos) << text;
+    (void)ParseConfig(text, "r.toml");  // and the parser takes it (the fuzz target runs it under the sanitizers)
+  }
+  EXPECT_GT(passed, 1000);
+}
+
+TEST(ConfigTest, ValuesThatCannotWorkAreRefusedWithTheirKey) {
+  const std::string svc = "[[service]]\nname=\"a\"\nmodel=\"m\"\n";
+  struct Case {
+    std::string text;
+    const char* fragment;
+  };
+  const Case cases[] = {
+      {"[[device]]\nname = \"sim:0\"\nheadroom_pct = nan\n", "'device[0].headroom_pct' must be between"},
+      {"[[device]]\nname = \"sim0\"\n", "test.toml:2: 'device[0].name' 'sim0' must be cpu, cuda:N or sim:N"},
+      {"[[device]]\nname = \"sim:0\"\n[[device]]\nname = \"sim:0\"\n", "'device[1].name' 'sim:0' has a [[device]] table"},
+      {"api_keys = [\"k\", \"\"]\n", "test.toml:1: 'api_keys' holds an empty key"},
+      {"operator_keys = [\"\"]\n", "'operator_keys' holds an empty key"},
+      {"[journal]\nretention_hours = 1\n", "'journal.retention_hours' (1) is shorter than journal.idempotency_hours (24)"},
+      {"[journal]\nretention_hours = 48\nidempotency_hours = 72\n", "is shorter than journal.idempotency_hours (72)"},
+      {(svc + "[[service.placement]]\nctx = 16\nslots = 17\n"), "'service[0].placement[0].slots' (17) exceeds ctx (16)"},
+      {(svc + "[[service.placement]]\nprogress_timeout_s = nan\n"), "progress_timeout_s' must be between"},
+      {(svc + "residency = \"on_demand\"\npriority = \"batch\"\nwindows = [\"02:00-02:00\"]\n"),
+       "'02:00-02:00' must be \"HH:MM-HH:MM\""},
+      {(svc + "residency = \"on_demand\"\npriority = \"batch\"\nwindows = [\"00:00-24:30\"]\n"),
+       "'00:00-24:30' must be"},
+  };
+  for (const auto& c : cases) {
+    auto r = ParseConfig(c.text, "test.toml");
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_NE(r.status().message().find(c.fragment), std::string::npos) << c.text << " -> " << r.status().message();
+  }
+  auto fine = ParseConfig(svc + "max_tokens = 128\nresidency = \"on_demand\"\npriority = \"batch\"\n"
+                                "windows = [\"22:00-24:00\", \"23:00-01:00\", \"00:00-24:00\"]\n[journal]\nretention_hours = 24\n",
+                          "test.toml");
+  ASSERT_TRUE(fine.ok()) << fine.status().message();
+  // An unset default_max_tokens (256) follows a lower cap instead of failing on a key nobody wrote.
+  EXPECT_EQ(fine->services[0].default_max_tokens, 128);
+  auto capped = ParseConfig(svc + "max_tokens = 128\ndefault_max_tokens = 200\n", "test.toml");
+  ASSERT_TRUE(capped.ok());
+  const std::string model = (std::filesystem::temp_directory_path() / "sw-config-capped.gguf").string();
+  { std::FILE* f = std::fopen(model.c_str(), "w"); std::fputs("x", f); std::fclose(f); }
+  capped->services[0].model = model;
+  EXPECT_NE(Validate(*capped).message().find("default_max_tokens (200) exceeds max_tokens (128)"), std::string::npos)
+      << Validate(*capped).message();
+  std::filesystem::remove(model);
+  auto dir = LoadConfigFile(std::filesystem::temp_directory_path().string());
+  ASSERT_FALSE(dir.ok());
+  EXPECT_NE(dir.status().message().find("is a directory"), std::string::npos) << dir.status().message();
+}
+
 TEST(ConfigTest, HostPort) {
   std::string h;
   uint16_t p = 0;
@@ -136,6 +233,9 @@ TEST(ConfigTest, HostPort) {
   EXPECT_FALSE(SplitHostPort("h:99999", &h, &p));
   EXPECT_FALSE(SplitHostPort("h:-1", &h, &p));
   EXPECT_FALSE(SplitHostPort(":80", &h, &p));
+  // What the servers bind and dial: numeric addresses.
+  EXPECT_TRUE(SplitHostPort("localhost:8480", &h, &p));
+  EXPECT_EQ(h, "127.0.0.1");
 }
 
 }  // namespace
