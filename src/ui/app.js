@@ -216,7 +216,7 @@ function renderServices(services) {
       el('td', {}, el('span', { class: `badge ${p.state || 'stopped'}`, text: placementState(p) })),
       el('td', {}, el('span', { class: `badge ${(p.breaker && p.breaker.state) || ''}`, text: (p.breaker && p.breaker.state) || '–' })),
       el('td', { class: 'rss', text: p.rss_bytes ? mib(p.rss_bytes) : '–' }),
-      el('td', { text: p.admitted === false ? `not admitted: ${p.admission}` : (p.last_error || p.last_exit || '') })));
+      el('td', { text: p.admitted === false ? `not admitted: ${p.admission}` : [p.last_exit, p.last_error].filter(Boolean).join(': ') })));
     return el('div', { class: 'card service', 'data-service': s.name },
       el('h3', {}, s.name, el('span', { class: `badge ${s.state}`, text: s.state })),
       el('div', { class: 'summary', text: v.summary || '' }),

@@ -4,9 +4,14 @@ namespace spillway::upstream {
 
 namespace {
 
+// How it ended, then its own last word ("did not become ready within 120 s
+// (start_timeout_s): llama_model_load: ..."): the last line alone may be
+// the last thing it loaded, not why it was stopped.
 std::string Reason(const WorkerView& w) {
-  std::string why = !w.last_error.empty() ? w.last_error : !w.last_exit.empty() ? w.last_exit : "failed to start";
-  if (why.size() > 80) why = why.substr(0, 77) + "...";
+  std::string why = w.last_exit;
+  if (!w.last_error.empty()) why += (why.empty() ? "" : ": ") + w.last_error;
+  if (why.empty()) why = "failed to start";
+  if (why.size() > 120) why = why.substr(0, 117) + "...";
   return w.key + " (" + why + ")";
 }
 

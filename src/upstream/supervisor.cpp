@@ -167,6 +167,8 @@ std::vector<std::string> Supervisor::Argv(Worker& w, const std::string& port_fil
 }
 
 void Supervisor::Spawn(Worker& w) {
+  struct stat log_stat {};
+  w.log_from = ::stat(w.view.log_path.c_str(), &log_stat) == 0 ? static_cast<int64_t>(log_stat.st_size) : 0;
   const std::string port_file = run_dir_ + "/" + w.spec.key + ".port";
   const std::string load_file = run_dir_ + "/" + w.spec.key + ".load";
   std::error_code ec;
@@ -222,15 +224,18 @@ void Supervisor::Spawn(Worker& w) {
 
 namespace {
 
-// The last non-empty line of a worker's log: its own last word (the worker
-// ends a failed start with a structured line naming the phase and reason).
-std::string LastLogLine(const std::string& path) {
+// The last non-empty line a worker wrote to its log past `written_from`
+// (the log's size when it was spawned; the whole log when it has been
+// rotated since): its own last word (the worker ends a failed start with a
+// structured line naming the phase and reason), never an earlier process's.
+std::string LastLogLine(const std::string& path, int64_t written_from) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) return "";
   std::string tail(4096, '\0');
   std::fseek(f, 0, SEEK_END);
   const long size = std::ftell(f);
-  const long from = size > 4096 ? size - 4096 : 0;
+  const long mine = written_from <= size ? static_cast<long>(written_from) : 0;
+  const long from = std::max(mine, size > 4096 ? size - 4096 : 0L);
   std::fseek(f, from, SEEK_SET);
   tail.resize(std::fread(tail.data(), 1, tail.size(), f));
   std::fclose(f);
@@ -246,13 +251,20 @@ std::string LastLogLine(const std::string& path) {
 void Supervisor::Exited(Worker& w, const std::string& why) {
   if (!w.dying) memory_freed_ = true;  // (a killed one's memory is free once Poll reaps it)
   w.view.last_exit = why;
-  w.view.last_error = LastLogLine(w.view.log_path);
+  w.view.last_error = LastLogLine(w.view.log_path, w.log_from);
   w.view.pid = 0;
   w.view.port = 0;
   w.view.adopted = false;
   w.view.info.reset();  // the next process reports its own
-  RemoveRecord(w.spec.key);
-  w.view.state = WorkerState::kBackoff;
+  // A killed process that lingers (stuck in the driver) keeps its record, so
+  // that a gateway started meanwhile knows it holds memory (DyingEnded
+  // removes it once it has ended).
+  if (!w.dying) RemoveRecord(w.spec.key);
+  // An on-demand worker waits, stopped, for the next request that wants it
+  // (Demand), which starts it no sooner than its backoff allows: started
+  // again for nobody, a model that cannot load would be reloaded every 30 s
+  // for good, unloading other services' models to make room each time.
+  w.view.state = w.spec.on_demand ? WorkerState::kStopped : WorkerState::kBackoff;
   const int64_t now = clock_.NowMs();
   const bool was_serving = w.ready_since_ms != 0;
   if (was_serving && now - w.ready_since_ms > 60000) w.backoff_level = 0;
@@ -263,9 +275,11 @@ void Supervisor::Exited(Worker& w, const std::string& why) {
   w.view.failed_starts = was_serving ? 0 : w.view.failed_starts + 1;
   // One line per failure in the gateway's own log, with the worker's reason.
   char text[1024];
-  std::snprintf(text, sizeof text, "spillway: worker %s %s (%s)%s; next start in %.1f s", w.spec.key.c_str(),
+  std::snprintf(text, sizeof text, "spillway: worker %s %s (%s)%s; %s %.1f s", w.spec.key.c_str(),
                 was_serving ? "exited" : "failed to start", why.c_str(),
-                w.view.last_error.empty() ? "" : (": " + w.view.last_error).c_str(), static_cast<double>(delay) / 1000);
+                w.view.last_error.empty() ? "" : (": " + w.view.last_error).c_str(),
+                w.spec.on_demand ? "started again when a request wants it, not within" : "next start in",
+                static_cast<double>(delay) / 1000);
   LogEvent(was_serving ? "worker.exited" : "worker.start_failed",
            nlohmann::json{{"worker", w.spec.key},
                           {"reason", why},
@@ -631,8 +645,9 @@ void Supervisor::Demand(const std::string& key) {
   if (it == workers_.end() || it->second.view.state != WorkerState::kStopped || stop_) return;
   auto& w = it->second;
   if (w.view.pid > 0) return;  // the released process has not exited yet: asked again next time
-  w.view.state = WorkerState::kBackoff;  // started by the loop, through the start gate
-  w.view.next_start_ms = 0;
+  // Started by the loop, through the start gate, once the backoff of its
+  // last failure (if any: Exited) has passed.
+  w.view.state = WorkerState::kBackoff;
   wake_ = true;  // a request waits for it: the loop's next round now, not at its next tick
   cv_.notify_all();
 }

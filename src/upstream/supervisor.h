@@ -182,6 +182,7 @@ class Supervisor : public Workers {
     int health_failures = 0;
     int backoff_level = 0;
     int64_t spawned_ms = 0;
+    int64_t log_from = 0;  // its log's size when it was spawned: what it wrote itself follows
     int64_t listening_ms = 0;  // when its port file appeared (0: not yet)
     int64_t kill_at_ms = 0;  // a released worker still exiting
     uint64_t start_time = 0;  // of its process (/proc/<pid>/stat field 22)

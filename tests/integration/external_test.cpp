@@ -300,6 +300,45 @@ TEST_F(ExternalTest, OnDemandStartsWithItsFirstRequestAndStopsWhenIdle) {
   EXPECT_EQ(ExternalStatus(g->port(), "fake")["starts"], 2);
 }
 
+// An on-demand server that cannot start is started again only for a request
+// that wants it: restarted for nobody, a model that cannot load was reloaded
+// every 30 s for good, unloading other services' models for its room. And
+// what it says is its own: a start that wrote nothing does not show the
+// line an earlier start wrote.
+TEST_F(ExternalTest, AnOnDemandServerThatFailsToStartWaitsForTheNextRequest) {
+  const std::string script = dir_ + "/broken.sh";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\necho x >> " << dir_ << "/starts\n"
+      << "[ \"$(wc -l < " << dir_ << "/starts)\" -eq 1 ] && echo 'first start: cannot open the model' >&2\nexit 3\n";
+  }
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  auto g = Start(TestConfig(2, "[[service]]\nname = \"broken\"\nkind = \"external\"\ncommand = \"" + script +
+                                   " ${PORT}\"\nroutes = { \"/v1/rerank\" = \"/v1/rerank\" }\n"
+                                   "residency = \"on_demand\"\nstart_timeout_s = 1\npriority = \"background\"\n"));
+  auto starts = [&] { return LinesWith(dir_ + "/starts", "x"); };
+  auto r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"broken"})", {{"X-Request-Timeout", "1.5"}});
+  EXPECT_NE(r.status, 200) << r.body;
+  json st;
+  for (int i = 0; i < 100; ++i) {  // its last start ends
+    st = ExternalStatus(g->port(), "broken");
+    if (st["state"] == "stopped" && st.value("pid", 0) == 0) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(st["state"], "stopped") << st.dump();
+  const int tried = starts();
+  ASSERT_GE(tried, 2) << st.dump();
+  EXPECT_EQ(st.value("last_error", "").find("first start"), std::string::npos)
+      << "a later start that wrote nothing shows the first one's line: " << st.dump();
+  // Nobody wants it: it stays stopped (its backoff was 1-2 s).
+  std::this_thread::sleep_for(3500ms);
+  EXPECT_EQ(starts(), tried) << ExternalStatus(g->port(), "broken").dump();
+  EXPECT_EQ(ExternalStatus(g->port(), "broken")["state"], "stopped");
+  // The next request starts it again.
+  (void)Call(g->port(), "POST", "/v1/rerank", R"({"model":"broken"})", {{"X-Request-Timeout", "1"}});
+  EXPECT_GT(starts(), tried);
+}
+
 TEST_F(ExternalTest, MemoryOnTheDeviceIsMeasuredAndATransientPeakWaitsForRoom) {
   ScopedSimDir sim("external");
   ASSERT_TRUE(devices::SimLedger::Create(0, 1024ull << 20).ok());

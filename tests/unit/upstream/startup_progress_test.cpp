@@ -32,7 +32,10 @@ TEST(StartupProgressTest, SettledOnlyWhenEveryWorkerIsReadyOrHasFailed) {
   p = MeasureStartup(workers, {"chat.0"});
   EXPECT_TRUE(p.settled());
   EXPECT_EQ(StartupStatusLine(p, "h:1"),
-            "serving on h:1; 1 of 2 workers ready; failing: embed.0 (" + std::string(77, 'e') + "...)");
+            "serving on h:1; 1 of 2 workers ready; failing: embed.0 (" + std::string(100, 'e') + ")");
+  workers[1].last_error = std::string(130, 'e');
+  EXPECT_EQ(StartupStatusLine(MeasureStartup(workers, {"chat.0"}), "h:1"),
+            "serving on h:1; 1 of 2 workers ready; failing: embed.0 (" + std::string(117, 'e') + "...)");
 
   workers[1] = View("embed.0", WorkerState::kReady);
   p = MeasureStartup(workers, {"chat.0", "embed.0"});
@@ -56,6 +59,12 @@ TEST(StartupProgressTest, AFailureWithoutAnErrorLineNamesTheExit) {
   auto w = View("chat.0", WorkerState::kBackoff, 2);
   w.last_exit = "exit 2";
   EXPECT_EQ(MeasureStartup({w}, {}).failing, std::vector<std::string>{"chat.0 (exit 2)"});
+  // Both: why it was stopped first, then its last word (which alone may be the last thing it loaded).
+  w.last_exit = "did not become ready within 120 s (start_timeout_s)";
+  w.last_error = "llama_model_load: loading tensors";
+  EXPECT_EQ(MeasureStartup({w}, {}).failing,
+            std::vector<std::string>{"chat.0 (did not become ready within 120 s (start_timeout_s): llama_model_load: "
+                                     "loading tensors)"});
 }
 
 }  // namespace
