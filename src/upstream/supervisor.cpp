@@ -323,7 +323,7 @@ bool Supervisor::ReleasedEnded(Worker& w) {
   return true;
 }
 
-void Supervisor::Poll(Worker& w) {
+void Supervisor::Poll(Worker& w, bool may_start) {
   const int64_t now = clock_.NowMs();
   if (!DyingEnded(w)) return;  // SIGKILL sent: nothing else until it has ended
   if (w.view.pid > 0 && !w.view.adopted && w.start_time == 0) {
@@ -333,7 +333,7 @@ void Supervisor::Poll(Worker& w) {
     if ((w.start_time = devices::ProcessStartTime(w.view.pid)) != 0) WriteRecord(w);
   }
   if (w.view.state == WorkerState::kBackoff) {
-    if (now >= w.view.next_start_ms) Spawn(w);
+    if (may_start && now >= w.view.next_start_ms) Spawn(w);
     return;
   }
   if (w.view.pid <= 0) return;
@@ -484,7 +484,10 @@ void Supervisor::Round() {
         }
         const bool was_ready = w.view.state == WorkerState::kReady;
         const bool was_up = was_ready || w.view.state == WorkerState::kStarting;
-        Poll(w);
+        // Only a start that passed the gate above: one that fell due while
+        // the gate ran (its backoff ended, or Demand) waits for the next
+        // round's gate, so that no start skips the device's admission.
+        Poll(w, !gate_ || std::find(due.begin(), due.end(), k) != due.end());
         if (w.spec.external()) {
           if (w.view.state == WorkerState::kStarting && now >= w.next_health_ms) {
             w.next_health_ms = now + kStartProbePeriodMs;

@@ -235,7 +235,9 @@ class Supervisor : public Workers {
   void Spawn(Worker& w);
   // The argv, environment and port of one start (a worker's or an external server's).
   std::vector<std::string> Argv(Worker& w, const std::string& port_file, const std::string& load_file);
-  void Poll(Worker& w);
+  // `may_start`: a start that is due may happen now (it passed the start
+  // gate this round); false leaves a worker in backoff for the next round.
+  void Poll(Worker& w, bool may_start);
   void Exited(Worker& w, const std::string& why);
   // SIGKILL to its group, without waiting for its end (the lock is held:
   // a process stuck in the kernel must not stall callers; see Worker::dying),
