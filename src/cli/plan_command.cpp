@@ -1,5 +1,6 @@
 #include "cli/plan_command.h"
 
+
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include "cli/plan_config.h"
 #include "cli/plan_fit.h"
 #include "cli/serve_config.h"
+#include "common/names.h"
 #include "common/run_capture.h"
 #include "memory/estimator.h"
 #include "models/ollama_store.h"
@@ -181,15 +183,40 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   auto* config = cmd->add_option("--config", a->config_file, "plan a whole config (spillway.toml) instead of one model: "
                                                              "its devices, headroom, placements and residency");
   model->excludes(config);
-  cmd->add_option("--device", a->device, "cpu | sim:N | cuda:N")->capture_default_str();
-  cmd->add_option("--ctx", a->ctx, "KV cells in all (ctx/slots per slot unless --kv-unified)")->check(CLI::Range(16u, 1u << 22))->capture_default_str();
-  cmd->add_option("--slots", a->slots)->check(CLI::Range(1u, 256u))->capture_default_str();
-  cmd->add_option("--batch", a->batch)->check(CLI::Range(1u, 65536u))->capture_default_str();
-  cmd->add_option("--gpu-layers", a->gpu_layers, "N or auto (the most that fit)")->capture_default_str();
-  cmd->add_option("--kv-type", a->kv_type)->check(CLI::IsMember({"f16", "q8_0", "f32"}))->capture_default_str();
-  cmd->add_option("--headroom-mib", a->headroom_mib, "kept free on the device")->check(CLI::Range(0.0, 1e9))->capture_default_str();
-  cmd->add_option("--headroom-pct", a->headroom_pct, "kept free, percent of capacity")->check(CLI::Range(0.0, 90.0))->capture_default_str();
-  cmd->add_flag("--kv-unified", a->kv_unified, "one KV pool shared by the slots, with flash attention (as the worker's --kv-unified)");
+  // One model's shape and device: with --config, the config says them (refused, not ignored).
+  const std::vector<CLI::Option*> one_model = {
+      cmd->add_option("--device", a->device, "cpu | sim:N | cuda:N")
+          ->check([](const std::string& v) -> std::string {
+            const auto d = ParseDeviceName(v);
+            return d && (d->kind == "cpu" || d->kind == "sim" || d->kind == "cuda") ? ""
+                                                                                     : "'" + v + "' is not cpu, sim:N or cuda:N";
+          })
+          ->capture_default_str(),
+      cmd->add_option("--ctx", a->ctx, "KV cells in all (ctx/slots per slot unless --kv-unified)")
+          ->check(CLI::Range(16u, 1u << 22))
+          ->capture_default_str(),
+      cmd->add_option("--slots", a->slots)->check(CLI::Range(1u, 256u))->capture_default_str(),
+      cmd->add_option("--batch", a->batch)->check(CLI::Range(1u, 65536u))->capture_default_str(),
+      cmd->add_option("--gpu-layers", a->gpu_layers, "N (-1: all) or auto (the most that fit)")
+          ->check([](const std::string& v) -> std::string {
+            if (v == "auto") return "";
+            if (v.empty() || v.size() > 6 || v.find_first_not_of("-0123456789") != std::string::npos ||
+                v.find('-', 1) != std::string::npos || std::stoi(v) < -1) {
+              return "--gpu-layers must be a number from -1 (all) up, or auto";
+            }
+            return "";
+          })
+          ->capture_default_str(),
+      cmd->add_option("--kv-type", a->kv_type)->check(CLI::IsMember({"f16", "q8_0", "f32"}))->capture_default_str(),
+      cmd->add_option("--headroom-mib", a->headroom_mib, "kept free on the device")
+          ->check(CLI::Range(0.0, 1e9))
+          ->capture_default_str(),
+      cmd->add_option("--headroom-pct", a->headroom_pct, "kept free, percent of capacity")
+          ->check(CLI::Range(0.0, 90.0))
+          ->capture_default_str(),
+      cmd->add_flag("--kv-unified", a->kv_unified,
+                    "one KV pool shared by the slots, with flash attention (as the worker's --kv-unified)")};
+  for (CLI::Option* o : one_model) o->excludes(config);
   cmd->add_flag("--exact", a->exact, "also run llama.cpp's dry run (spillway-worker --dry-run) and report the estimate's error")
       ->excludes(config);
   cmd->add_flag("--json", a->json_out, "print JSON");

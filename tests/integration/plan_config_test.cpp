@@ -220,6 +220,22 @@ TEST_F(PlanConfigTest, UnobservableDevicesAndInvalidConfigs) {
   out = Spillway("plan", &rc);
   EXPECT_EQ(rc, 2) << out;
   EXPECT_TRUE(Has(out, "--model or --config")) << out;
+  // One model's flags with --config are refused, not ignored; a device or a
+  // layer count that is not one is an error, not a plan.
+  const std::string model = ModelPath("tiny-chat");
+  const std::pair<std::string, std::string> wrong[] = {
+      {"plan --config " + missing + " --ctx 99999", "--config excludes --ctx"},
+      {"plan --config " + missing + " --device cpu", "--config excludes --device"},
+      {"plan --config " + missing + " --headroom-pct 80", "--config excludes --headroom-pct"},
+      {"plan --model " + model + " --device gpu0", "'gpu0' is not cpu, sim:N or cuda:N"},
+      {"plan --model " + model + " --gpu-layers 3x", "--gpu-layers must be a number"},
+      {"plan --model " + model + " --gpu-layers -5", "--gpu-layers must be a number"},
+  };
+  for (const auto& [args, says] : wrong) {
+    out = Spillway(args, &rc);
+    EXPECT_EQ(rc, 2) << args << "\n" << out;
+    EXPECT_TRUE(Has(out, says)) << args << "\n" << out;
+  }
 
   // Only cpu placements: nothing to plan, which fits.
   const std::string cpu = Write("cpu.toml", "[[service]]\nname = \"chat\"\nmodel = \"" + ModelPath("tiny-chat") + "\"\n");
