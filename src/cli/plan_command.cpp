@@ -200,8 +200,9 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
       cmd->add_option("--gpu-layers", a->gpu_layers, "N (-1: all) or auto (the most that fit)")
           ->check([](const std::string& v) -> std::string {
             if (v == "auto") return "";
-            if (v.empty() || v.size() > 6 || v.find_first_not_of("-0123456789") != std::string::npos ||
-                v.find('-', 1) != std::string::npos || std::stoi(v) < -1) {
+            const size_t digits = v.rfind('-', 0) == 0 ? 1 : 0;  // after a leading minus
+            if (v.size() <= digits || v.size() > 6 || v.find_first_not_of("0123456789", digits) != std::string::npos ||
+                std::stoi(v) < -1) {
               return "--gpu-layers must be a number from -1 (all) up, or auto";
             }
             return "";

@@ -81,6 +81,8 @@ std::vector<PlannedWorker> PlanWorkers(const config::GatewayConfig& cfg) {
       spec.args = args;
       // An accelerator placement that is not pinned loads when needed (keep_alive: also at start).
       spec.on_demand = r.policy == "on-demand" || (p.device != "cpu" && s.residency.mode != "pinned");
+      // keep_alive: loaded at start (Demand below) and after a crash.
+      spec.restart_on_exit = spec.on_demand && p.device != "cpu" && s.residency.mode == "keep_alive";
       spec.start_timeout_ms = static_cast<int64_t>(p.start_timeout_s * 1000);
       spec.nice = s.residency.Niceness();
       out.push_back({spec, s.name, p.Name()});
@@ -105,6 +107,7 @@ std::vector<upstream::WorkerSpec> ExternalSpecs(const config::GatewayConfig& cfg
       spec.command.push_back(arg);
     }
     spec.on_demand = e.residency.mode != "pinned";
+    spec.restart_on_exit = e.residency.mode == "keep_alive";
     spec.start_timeout_ms = static_cast<int64_t>(e.start_timeout_s * 1000);
     spec.health_path = e.health_path;
     spec.stop_signal = config::SignalNumber(e.stop_signal);

@@ -45,6 +45,10 @@ std::string ModelFileProblem(const std::string& path) {
 }
 
 std::string DeviceProblem(const std::string& device, const std::string& backend_dir) {
+  return DeviceProblem(device, backend_dir, /*needs_backend=*/true);
+}
+
+std::string DeviceProblem(const std::string& device, const std::string& backend_dir, bool needs_backend) {
   const auto d = ParseDeviceName(device);
   if (!d || d->kind == "cpu") return "";
   if (d->kind == "sim") {
@@ -53,10 +57,10 @@ std::string DeviceProblem(const std::string& device, const std::string& backend_
                              ledger.status().message();
     return "";
   }
-  // cuda:N: the backend module must be there, and the device must exist.
+  // cuda:N: the backend module must be there (for spillway-worker), and the device must exist.
   const std::string module = backend_dir + "/libggml-cuda.so";
   std::error_code ec;
-  if (!std::filesystem::exists(module, ec)) {
+  if (needs_backend && !std::filesystem::exists(module, ec)) {
     return "no CUDA backend module at " + module + " (build with SPILLWAY_CUDA=1 scripts/llama.sh)";
   }
   auto telemetry = devices::OpenDeviceTelemetry(device);
@@ -96,7 +100,8 @@ std::vector<StartupProblem> CheckStartup(const config::GatewayConfig& config, co
   // does not exist would leave it unaccounted.
   for (size_t ei = 0; ei < config.externals.size(); ++ei) {
     const auto& e = config.externals[ei];
-    if (std::string d = DeviceProblem(e.device, backend_dir); !d.empty()) {
+    // (Its own binary drives the device: spillway-worker's backend module is not needed.)
+    if (std::string d = DeviceProblem(e.device, backend_dir, /*needs_backend=*/false); !d.empty()) {
       out.push_back({ExternalKey(e), "service '" + e.name + "' (external), key service.device", d});
     }
   }

@@ -176,9 +176,9 @@ Parsed ParseFile(const std::string& data) {
       // A header that does not check out (flipped bits, a stray write) over
       // a record that does: each record carries its generation, under its
       // CRC, so the first one's is the file's. Reading the records by it
-      // loses none that were acknowledged. A header torn as it was begun
-      // again (EmptyAtLeast) leaves records already applied, which apply
-      // again harmlessly.
+      // loses none that were acknowledged. A header written over applied
+      // records (begun again, the spare) zeroes the first one's header with
+      // it (WriteHeader): those are never found this way.
       p.current = true;
       p.header_damaged = true;
       gen = GetU64(data.data() + kHeaderBytes + 8);
@@ -292,8 +292,13 @@ int WritePages(int fd, const std::string& data) {
 }
 
 // The header of generation `gen` over the file's first bytes, or an errno.
+// With zeros over the first record's header, in the same write: the file's
+// records are all applied when a header is written over them (or it is
+// new), and a damaged header over them must not find a first record to
+// read the rest by (ParseFile), which would apply them again.
 int WriteHeader(int fd, uint64_t gen) {
-  const std::string header = Header(gen);
+  std::string header = Header(gen);
+  header.append(kRecordHeader, '\0');
   return WriteAt(fd, header.data(), header.size(), 0);
 }
 

@@ -264,7 +264,8 @@ void Supervisor::Exited(Worker& w, const std::string& why) {
   // (Demand), which starts it no sooner than its backoff allows: started
   // again for nobody, a model that cannot load would be reloaded every 30 s
   // for good, unloading other services' models to make room each time.
-  w.view.state = w.spec.on_demand ? WorkerState::kStopped : WorkerState::kBackoff;
+  const bool wait_for_demand = w.spec.on_demand && !w.spec.restart_on_exit;
+  w.view.state = wait_for_demand ? WorkerState::kStopped : WorkerState::kBackoff;
   const int64_t now = clock_.NowMs();
   const bool was_serving = w.ready_since_ms != 0;
   if (was_serving && now - w.ready_since_ms > 60000) w.backoff_level = 0;
@@ -278,7 +279,7 @@ void Supervisor::Exited(Worker& w, const std::string& why) {
   std::snprintf(text, sizeof text, "spillway: worker %s %s (%s)%s; %s %.1f s", w.spec.key.c_str(),
                 was_serving ? "exited" : "failed to start", why.c_str(),
                 w.view.last_error.empty() ? "" : (": " + w.view.last_error).c_str(),
-                w.spec.on_demand ? "started again when a request wants it, not within" : "next start in",
+                wait_for_demand ? "started again when a request wants it, not within" : "next start in",
                 static_cast<double>(delay) / 1000);
   LogEvent(was_serving ? "worker.exited" : "worker.start_failed",
            nlohmann::json{{"worker", w.spec.key},
@@ -497,7 +498,9 @@ void Supervisor::Round() {
           w.next_health_ms = now + kStartProbePeriodMs;  // its /info asked again until it answers
           listening.push_back({k, w.view.pid, w.view.port, ""});
         }
-        if (was_up && w.view.state == WorkerState::kBackoff) exits.emplace_back(k, w.view.last_exit);
+        // (Exited: backoff, or stopped until a request wants it again.)
+        const bool ended = w.view.state == WorkerState::kBackoff || w.view.state == WorkerState::kStopped;
+        if (was_up && ended) exits.emplace_back(k, w.view.last_exit);
         if ((!was_ready || w.announce_ready) && w.view.state == WorkerState::kReady) {
           became_ready.push_back({k, w.view.pid, w.view.port, ""});
         }
@@ -613,7 +616,8 @@ void Supervisor::Round() {
         if (it == workers_.end()) continue;
         const bool was_ready = it->second.view.state == WorkerState::kReady;
         HealthResult(it->second, c.pid, healthy, lost);
-        if (was_ready && it->second.view.state == WorkerState::kBackoff) why = it->second.view.last_exit;
+        const auto state = it->second.view.state;
+        if (was_ready && (state == WorkerState::kBackoff || state == WorkerState::kStopped)) why = it->second.view.last_exit;
       }
       if (!why.empty() && on_exit_) on_exit_(c.key, why);
       if (healthy && c.info) RefreshInfo(c.key, c.pid, c.port);

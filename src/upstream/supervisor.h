@@ -87,6 +87,10 @@ struct WorkerSpec {
   std::string key;                 // unique, file-name safe: "<service>.<n>"
   std::vector<std::string> args;   // arguments after the worker binary
   bool on_demand = false;          // not started until Demand(); stopped by Release()
+  // An on-demand worker that exits waits, stopped, for the next Demand();
+  // with this (keep_alive residency: loaded at start) it is started again
+  // after its backoff, as a pinned one is.
+  bool restart_on_exit = false;
   // A worker not ready this long after its spawn is killed and counted as a
   // failed start (a load that hangs on a driver, a model on a dead disk).
   int64_t start_timeout_ms = 120000;

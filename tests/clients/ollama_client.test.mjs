@@ -136,7 +136,7 @@ test('an unknown model is Ollama\'s 404, a bad body a clear 400', async () => {
   await assert.rejects(ollama.chat({ model: 'nope', messages: [{ role: 'user', content: 'x' }] }),
     (e) => e.status_code === 404 && e.error === "model 'nope' not found");
   await assert.rejects(ollama.show({ model: 'nope' }), (e) => e.status_code === 404);
-  await assert.rejects(ollama.generate({ model: 'chat', prompt: 'x', options: { num_predict: 0 } }),
+  await assert.rejects(ollama.generate({ model: 'chat', prompt: 'x', options: { num_predict: -3 } }),
     (e) => e.status_code === 400 && e.error.includes('options.num_predict'));
   await assert.rejects(ollama.pull({ model: 'llama3' }), (e) => e.status_code === 501);
 });

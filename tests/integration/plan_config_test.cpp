@@ -230,6 +230,7 @@ TEST_F(PlanConfigTest, UnobservableDevicesAndInvalidConfigs) {
       {"plan --model " + model + " --device gpu0", "'gpu0' is not cpu, sim:N or cuda:N"},
       {"plan --model " + model + " --gpu-layers 3x", "--gpu-layers must be a number"},
       {"plan --model " + model + " --gpu-layers -5", "--gpu-layers must be a number"},
+      {"plan --model " + model + " --gpu-layers=-", "--gpu-layers must be a number"},
   };
   for (const auto& [args, says] : wrong) {
     out = Spillway(args, &rc);

@@ -445,6 +445,20 @@ TEST_F(CommitLogTest, ADamagedHeaderHidesNoRecord) {
     OpenLog(&left);  // rewritten under a good header
     EXPECT_EQ(left, (std::vector<std::string>{"first", "second", "third"}));
   }
+  // Records all applied and the file begun again: a damaged header over
+  // them finds none to apply a second time.
+  fs::remove(LogPath());
+  std::vector<std::string> left;
+  {
+    auto log = OpenLog(&left);
+    for (const char* p : {"done-1", "done-2"}) ASSERT_GT(Append(*log, p), 0);
+    log->Applied(log->last_seq());
+    log->EmptyIfApplied();
+  }
+  Overwrite(16, "\x5a");
+  EXPECT_TRUE(OnDisk().empty());
+  OpenLog(&left);
+  EXPECT_TRUE(left.empty());
 }
 
 // The tear is cut off when the log is opened: records written after it are

@@ -7,7 +7,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -79,6 +82,67 @@ TEST(SupervisorGateTest, AStartThatFallsDueWhileTheGateRunsIsGatedToo) {
     EXPECT_TRUE(asked.count("b.ext")) << "b started without passing the start gate";
   }
   EXPECT_GT(PidOf(sup, "a.ext"), 0);
+  sup.Stop(1000);
+  fs::remove_all(dir);
+}
+
+// An on-demand server that ends waits, stopped, for the next request; its
+// end is still told (the gateway trips the placement's breaker, wakes the
+// requests waiting on it, fails them over): it was not while stopped.
+TEST(SupervisorGateTest, TheEndOfAnOnDemandServerIsToldThoughItWaitsStopped) {
+  const fs::path dir = fs::temp_directory_path() / ("spillway-exit-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  SystemClock clock;
+  Supervisor sup("", dir.string(), clock);
+  WorkerSpec spec = Sleeper("c.ext");
+  spec.command = {"/bin/sh", "-c", "exit 3", "sh", "${PORT}"};
+  sup.Add(spec);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string told;
+  sup.SetOnExit([&](const std::string& key, const std::string& why) {
+    std::lock_guard<std::mutex> lk(mu);
+    told = key + ": " + why;
+    cv.notify_all();
+  });
+  ASSERT_TRUE(sup.Claim().ok());
+  sup.Start();
+  sup.Demand("c.ext");
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    EXPECT_TRUE(cv.wait_for(lk, std::chrono::seconds(10), [&] { return !told.empty(); })) << "its end was not told";
+    EXPECT_EQ(told, "c.ext: exit 3");
+  }
+  for (const auto& w : sup.Snapshot()) {
+    if (w.key == "c.ext") EXPECT_EQ(w.state, WorkerState::kStopped);
+  }
+  sup.Stop(1000);
+  fs::remove_all(dir);
+}
+
+// keep_alive residency (on demand, loaded at start): one that ends is
+// started again after its backoff, as a pinned one is, not left stopped.
+TEST(SupervisorGateTest, AKeepAliveServerThatEndsIsStartedAgain) {
+  const fs::path dir = fs::temp_directory_path() / ("spillway-keep-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string starts = (dir / "starts").string();
+  SystemClock clock;
+  Supervisor sup("", dir.string(), clock);
+  WorkerSpec spec = Sleeper("k.ext");
+  spec.restart_on_exit = true;
+  spec.command = {"/bin/sh", "-c", "echo x >> " + starts + "; exit 3", "sh", "${PORT}"};
+  sup.Add(spec);
+  ASSERT_TRUE(sup.Claim().ok());
+  sup.Start();
+  sup.Demand("k.ext");  // loaded at start
+  auto lines = [&] {
+    std::ifstream f(starts);
+    return static_cast<int>(std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n'));
+  };
+  for (int i = 0; i < 500 && lines() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_GE(lines(), 2) << "not started again after it ended";
   sup.Stop(1000);
   fs::remove_all(dir);
 }
