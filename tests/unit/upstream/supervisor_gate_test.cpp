@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <fstream>
 #include <iterator>
 #include <mutex>
@@ -32,6 +33,29 @@ WorkerSpec Sleeper(const std::string& key) {
   return s;
 }
 
+// A real Supervisor on a state directory of its own, stopped at the end.
+class SupervisorGateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("spillway-supervisor-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    sup_ = std::make_unique<Supervisor>("", dir_.string(), clock_);
+  }
+  void TearDown() override {
+    sup_->Stop(1000);
+    sup_.reset();
+    fs::remove_all(dir_);
+  }
+  void Start() {
+    ASSERT_TRUE(sup_->Claim().ok());
+    sup_->Start();
+  }
+  SystemClock clock_;
+  fs::path dir_;
+  std::unique_ptr<Supervisor> sup_;
+};
+
 pid_t PidOf(const Supervisor& sup, const std::string& key) {
   for (const auto& w : sup.Snapshot()) {
     if (w.key == key) return w.pid;
@@ -39,12 +63,8 @@ pid_t PidOf(const Supervisor& sup, const std::string& key) {
   return 0;
 }
 
-TEST(SupervisorGateTest, AStartThatFallsDueWhileTheGateRunsIsGatedToo) {
-  const fs::path dir = fs::temp_directory_path() / ("spillway-gate-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  SystemClock clock;
-  Supervisor sup("", dir.string(), clock);
+TEST_F(SupervisorGateTest, AStartThatFallsDueWhileTheGateRunsIsGatedToo) {
+  Supervisor& sup = *sup_;
   sup.Add(Sleeper("a.ext"));
   sup.Add(Sleeper("b.ext"));
   std::mutex mu;
@@ -61,8 +81,7 @@ TEST(SupervisorGateTest, AStartThatFallsDueWhileTheGateRunsIsGatedToo) {
     }
     return Status::Ok();
   });
-  ASSERT_TRUE(sup.Claim().ok());
-  sup.Start();
+  Start();
   sup.Demand("a.ext");
   {
     std::unique_lock<std::mutex> lk(mu);
@@ -82,19 +101,14 @@ TEST(SupervisorGateTest, AStartThatFallsDueWhileTheGateRunsIsGatedToo) {
     EXPECT_TRUE(asked.count("b.ext")) << "b started without passing the start gate";
   }
   EXPECT_GT(PidOf(sup, "a.ext"), 0);
-  sup.Stop(1000);
-  fs::remove_all(dir);
+  sup.Stop(1000);  // before the gate's state above goes
 }
 
 // An on-demand server that ends waits, stopped, for the next request; its
 // end is still told (the gateway trips the placement's breaker, wakes the
 // requests waiting on it, fails them over): it was not while stopped.
-TEST(SupervisorGateTest, TheEndOfAnOnDemandServerIsToldThoughItWaitsStopped) {
-  const fs::path dir = fs::temp_directory_path() / ("spillway-exit-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  SystemClock clock;
-  Supervisor sup("", dir.string(), clock);
+TEST_F(SupervisorGateTest, TheEndOfAnOnDemandServerIsToldThoughItWaitsStopped) {
+  Supervisor& sup = *sup_;
   WorkerSpec spec = Sleeper("c.ext");
   spec.command = {"/bin/sh", "-c", "exit 3", "sh", "${PORT}"};
   sup.Add(spec);
@@ -106,8 +120,7 @@ TEST(SupervisorGateTest, TheEndOfAnOnDemandServerIsToldThoughItWaitsStopped) {
     told = key + ": " + why;
     cv.notify_all();
   });
-  ASSERT_TRUE(sup.Claim().ok());
-  sup.Start();
+  Start();
   sup.Demand("c.ext");
   {
     std::unique_lock<std::mutex> lk(mu);
@@ -117,25 +130,19 @@ TEST(SupervisorGateTest, TheEndOfAnOnDemandServerIsToldThoughItWaitsStopped) {
   for (const auto& w : sup.Snapshot()) {
     if (w.key == "c.ext") EXPECT_EQ(w.state, WorkerState::kStopped);
   }
-  sup.Stop(1000);
-  fs::remove_all(dir);
+  sup.Stop(1000);  // before the callback's state above goes
 }
 
 // keep_alive residency (on demand, loaded at start): one that ends is
 // started again after its backoff, as a pinned one is, not left stopped.
-TEST(SupervisorGateTest, AKeepAliveServerThatEndsIsStartedAgain) {
-  const fs::path dir = fs::temp_directory_path() / ("spillway-keep-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  const std::string starts = (dir / "starts").string();
-  SystemClock clock;
-  Supervisor sup("", dir.string(), clock);
+TEST_F(SupervisorGateTest, AKeepAliveServerThatEndsIsStartedAgain) {
+  Supervisor& sup = *sup_;
+  const std::string starts = (dir_ / "starts").string();
   WorkerSpec spec = Sleeper("k.ext");
   spec.restart_on_exit = true;
   spec.command = {"/bin/sh", "-c", "echo x >> " + starts + "; exit 3", "sh", "${PORT}"};
   sup.Add(spec);
-  ASSERT_TRUE(sup.Claim().ok());
-  sup.Start();
+  Start();
   sup.Demand("k.ext");  // loaded at start
   auto lines = [&] {
     std::ifstream f(starts);
@@ -143,8 +150,6 @@ TEST(SupervisorGateTest, AKeepAliveServerThatEndsIsStartedAgain) {
   };
   for (int i = 0; i < 500 && lines() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_GE(lines(), 2) << "not started again after it ended";
-  sup.Stop(1000);
-  fs::remove_all(dir);
 }
 
 }  // namespace
