@@ -60,7 +60,7 @@
 //   ctx = 4096
 //   slots = 4
 //   threads = 0
-//   start_timeout_s = 120                # a worker not ready by then is killed (a failed start)
+//   start_timeout_s = 120                # not ready by then, nor loading more since: killed (a failed start)
 //
 //   [[service]]                          # an external upstream (external.h): any HTTP server
 //   name = "whisper"

@@ -65,7 +65,7 @@ Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms
   // Every placement that may run keeps failing to start (a device that is
   // gone, a driver that refuses), or the wait has outlasted the start
   // timeout: say why, never a silent wait.
-  bool hope = false;
+  bool hope = false, loading = false;
   std::string why;
   int64_t next_ms = INT64_MAX;
   const int64_t now = clock_.NowMs();
@@ -85,6 +85,8 @@ Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms
       } else if (w.state == upstream::WorkerState::kStarting) {
         why += (why.empty() ? "" : "; ") + st->cfg.Name() + " still starting after " +
                std::to_string((now - w.starting_since_ms) / 1000) + " s";
+        // Its model still loads: waited for past the start timeout, as the supervisor does.
+        loading |= w.load_progress_ms > 0 && now - w.load_progress_ms < w.start_timeout_ms;
       }
       if (w.state == upstream::WorkerState::kBackoff) next_ms = std::min(next_ms, w.next_start_ms);
       if (w.state != upstream::WorkerState::kBackoff || w.failed_starts < 2) hope = true;
@@ -92,7 +94,7 @@ Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms
     hope |= !found;
   }
   const int64_t limit_ms = StartWaitMs(svc);
-  if (hope && waited_ms <= limit_ms) return Status::Ok();
+  if (hope && (waited_ms <= limit_ms || loading)) return Status::Ok();
   if (why.empty()) return Status::Ok();  // stopped on-demand replicas: the caller starts them
   const int64_t wait_s = next_ms == INT64_MAX ? 5 : std::max<int64_t>(1, (next_ms - now + 999) / 1000);
   const std::string head = hope ? "no worker of '" + svc.name + "' became ready within " +

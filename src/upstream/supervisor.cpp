@@ -175,6 +175,7 @@ void Supervisor::Spawn(Worker& w) {
   fs::remove(port_file, ec);
   fs::remove(load_file, ec);
   w.view.load_bytes = w.view.load_total_bytes = 0;
+  w.view.load_progress_ms = 0;
   std::vector<std::string> args = Argv(w, port_file, load_file);
   if (w.spec.external() && w.view.port == 0) {
     Exited(w, "spawn failed: no free loopback port");
@@ -369,14 +370,20 @@ void Supervisor::Poll(Worker& w, bool may_start) {
       w.view.load_bytes = w.view.load_total_bytes;  // all of it
       w.view.port = port;
       w.listening_ms = now;
-    } else if (w.spec.start_timeout_ms > 0 && now - w.spawned_ms >= w.spec.start_timeout_ms) {
-      // A start that hangs holds no request forever: end it and say so.
-      char why[96];
-      std::snprintf(why, sizeof why, "did not become ready within %.0f s (start_timeout_s)",
+    } else if (w.spec.start_timeout_ms > 0 &&
+               now - std::max(w.spawned_ms, w.view.load_progress_ms) >= w.spec.start_timeout_ms) {
+      // A start that hangs holds no request forever: end it and say so. One
+      // whose model still loads is not hung (a large model on a slow disk).
+      char why[128];
+      std::snprintf(why, sizeof why,
+                    w.view.load_progress_ms > 0 ? "made no load progress for %.0f s (start_timeout_s)"
+                                                : "did not become ready within %.0f s (start_timeout_s)",
                     static_cast<double>(w.spec.start_timeout_ms) / 1000);
       Kill(w, why);
     } else {
+      const uint64_t before = w.view.load_bytes;
       ReadLoadProgress(w);
+      if (w.view.load_bytes > before) w.view.load_progress_ms = now;
     }
     return;
   }

@@ -41,6 +41,10 @@ struct WorkerView {
   // While starting: how much of its model it has loaded, as the worker last
   // said (--load-progress-file); total 0 until it says.
   uint64_t load_bytes = 0, load_total_bytes = 0;
+  // Clock time its load last advanced (0: not since it was spawned). A start
+  // is timed out start_timeout_ms after the later of this and its spawn: a
+  // large model on a slow disk loads as long as it keeps loading.
+  int64_t load_progress_ms = 0;
   bool adopted = false;  // started by an earlier gateway on this state directory, adopted without a reload
   // The worker's last answer to GET /info (memory, slots, context), refreshed
   // by the supervisor every kInfoPeriodMs while it is ready, so that status

@@ -338,6 +338,26 @@ TEST(GatewayStartupTest, ANonGgufModelOrAMissingDeviceIsRefusedAtStartOrMarkedUn
 // A worker that cannot start (here a stand-in that says why and exits, as a
 // worker on a machine without its GPU does) is reported where a person
 // looks, and a request for it gets 503 with that reason at once.
+// A model that loads for longer than start_timeout_s (a large one on a slow
+// disk) is not killed while it keeps loading, and a request sent meanwhile
+// waits for it: the timeout counts from its last load progress. Here the
+// slow-load fault stretches the load to 6 s, in steps under 3 s, against a
+// 4 s start timeout: it was killed at 4 s, every time.
+TEST(GatewayStartupTest, AModelThatKeepsLoadingPastItsStartTimeoutIsWaitedFor) {
+  ::setenv("SPILLWAY_FAULTS", "slow-load=6", 1);  // the workers inherit it (and only they read it)
+  GatewayProcess gw("[[service]]\nname = \"chat\"\nmodel = \"" + ModelPath("tiny-chat") +
+                    "\"\n[[service.placement]]\ndevice = \"cpu\"\nctx = 1024\nslots = 1\nthreads = 1\n"
+                    "start_timeout_s = 4\n");
+  const bool started = gw.Start(std::chrono::seconds(30), /*wait_ready=*/false);
+  ::unsetenv("SPILLWAY_FAULTS");
+  ASSERT_TRUE(started) << gw.Output();
+  auto r = Call(gw.port(), "POST", "/v1/chat/completions", Chat(2));
+  EXPECT_EQ(r.status, 200) << r.body;
+  const json w = WorkerStatus(gw.port(), "chat");
+  EXPECT_EQ(w.value("failed_starts", -1), 0) << w.dump();
+  EXPECT_EQ(w.value("restarts", -1), 0) << w.dump();
+}
+
 TEST(GatewayStartupTest, AWorkerThatKeepsFailingToStartIsReportedAndRequestsGetItsReasonAtOnce) {
   const std::string script = (std::filesystem::temp_directory_path() / "spillway-failing-worker.sh").string();
   {

@@ -128,7 +128,9 @@ TEST_F(SupervisorGateTest, TheEndOfAnOnDemandServerIsToldThoughItWaitsStopped) {
     EXPECT_EQ(told, "c.ext: exit 3");
   }
   for (const auto& w : sup.Snapshot()) {
-    if (w.key == "c.ext") EXPECT_EQ(w.state, WorkerState::kStopped);
+    if (w.key == "c.ext") {
+      EXPECT_EQ(w.state, WorkerState::kStopped);
+    }
   }
   sup.Stop(1000);  // before the callback's state above goes
 }
