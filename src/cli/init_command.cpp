@@ -87,11 +87,8 @@ Status FindDevices(const InitArgs& a, InitInput* in) {
   const std::string backend_dir = fs::path(DefaultWorkerBinary()).parent_path().string();
   if (!a.devices.empty()) {
     for (const auto& d : a.devices) {
-      const auto name = ParseDeviceName(d);
-      if (!name || (name->kind != "cpu" && name->kind != "cuda" && name->kind != "sim")) {
-        return Status::InvalidArgument("--devices: '" + d + "' is not cpu, cuda:N or sim:N");
-      }
-      if (name->kind == "cpu") continue;
+      if (!KnownDeviceName(d)) return Status::InvalidArgument("--devices: '" + d + "' is not cpu, cuda:N or sim:N");
+      if (d == "cpu") continue;
       if (std::string problem = gateway::DeviceProblem(d, backend_dir); !problem.empty()) {
         return Status::InvalidArgument("--devices " + d + ": " + problem);
       }

@@ -187,9 +187,7 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   const std::vector<CLI::Option*> one_model = {
       cmd->add_option("--device", a->device, "cpu | sim:N | cuda:N")
           ->check([](const std::string& v) -> std::string {
-            const auto d = ParseDeviceName(v);
-            return d && (d->kind == "cpu" || d->kind == "sim" || d->kind == "cuda") ? ""
-                                                                                     : "'" + v + "' is not cpu, sim:N or cuda:N";
+            return KnownDeviceName(v) ? "" : "'" + v + "' is not cpu, sim:N or cuda:N";
           })
           ->capture_default_str(),
       cmd->add_option("--ctx", a->ctx, "KV cells in all (ctx/slots per slot unless --kv-unified)")

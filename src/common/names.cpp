@@ -13,6 +13,11 @@ std::optional<DeviceName> ParseDeviceName(const std::string& name) {
   return DeviceName{name.substr(0, colon), std::stoi(digits)};
 }
 
+bool KnownDeviceName(const std::string& name) {
+  const auto d = ParseDeviceName(name);
+  return d && (d->kind == "cpu" || d->kind == "cuda" || d->kind == "sim");
+}
+
 bool SplitHostPort(const std::string& s, std::string* host, uint16_t* port) {
   const auto colon = s.rfind(':');
   if (colon == std::string::npos || colon == 0) return false;

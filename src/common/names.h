@@ -15,6 +15,8 @@ struct DeviceName {
 
 // "cpu" or "<kind>:<1 to 6 digits>"; nullopt otherwise. The kind is not checked.
 std::optional<DeviceName> ParseDeviceName(const std::string& name);
+// A device a placement may name: cpu, cuda:N or sim:N.
+bool KnownDeviceName(const std::string& name);
 
 // "HOST:PORT" (an IPv6 host in brackets); port 0 to 65535. The host
 // "localhost" comes back as "127.0.0.1" (what is bound and dialled: the

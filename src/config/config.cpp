@@ -76,7 +76,9 @@ bool DecodeUtf8(const std::string& text, size_t i, uint32_t* cp, size_t* len) {
   return *cp >= least && *cp <= 0x10FFFF && !(*cp >= 0xD800 && *cp <= 0xDFFF);
 }
 
-StatusOr<std::string> SafeText(const std::string& text, const std::string& source) {
+}  // namespace
+
+StatusOr<std::string> TomlSafeText(const std::string& text, const std::string& source) {
   enum class In { kCode, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral };
   In in = In::kCode;
   bool escaped = false;  // the previous character of a basic string was a backslash
@@ -100,26 +102,24 @@ StatusOr<std::string> SafeText(const std::string& text, const std::string& sourc
         return Status::InvalidArgument(source + ":" + std::to_string(line) + ": byte 0x" + hex +
                                        " is not UTF-8 text (a TOML file is UTF-8; save it as UTF-8)");
       }
-      const bool basic = in == In::kBasic || in == In::kMultiBasic;
-      if (!TomlUnsafe(cp) || in == In::kComment || (basic && !escaped)) {
-        if (!TomlUnsafe(cp)) {
-          out.append(text, i, len);
-        } else if (in == In::kComment) {
-          out.append(len, ' ');
-        } else {
-          char esc[8];
-          std::snprintf(esc, sizeof esc, "\\u%04X", static_cast<unsigned>(cp));
-          out += esc;
+      if (!TomlUnsafe(cp)) {
+        out.append(text, i, len);
+      } else if (in == In::kComment) {
+        out.append(len, ' ');
+      } else {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "%04X", static_cast<unsigned>(cp));
+        const bool basic = in == In::kBasic || in == In::kMultiBasic;
+        if (!basic || escaped) {
+          return Status::InvalidArgument(source + ":" + std::to_string(line) + ": character U+" + hex +
+                                         " cannot be read safely by the TOML parser here; in a \"string\" write it as "
+                                         "\\u" + hex);
         }
-        escaped = false;
-        i += len;
-        continue;
+        out.append("\\u").append(hex);
       }
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "%04X", static_cast<unsigned>(cp));
-      return Status::InvalidArgument(source + ":" + std::to_string(line) + ": character U+" + hex +
-                                     " cannot be read safely by the TOML parser here; in a \"string\" write it as \\u" +
-                                     hex);
+      escaped = false;
+      i += len;
+      continue;
     }
     if (ch == '\n') ++line;
     size_t take = 1;
@@ -168,6 +168,8 @@ StatusOr<std::string> SafeText(const std::string& text, const std::string& sourc
   }
   return out;
 }
+
+namespace {
 
 class Reader {
  public:
@@ -259,9 +261,7 @@ Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix,
                                    std::to_string(p->slots) + ") exceeds ctx (" + std::to_string(p->ctx) +
                                    "): ctx is shared among the slots, each needs cells of its own");
   }
-  const auto d = ParseDeviceName(p->device);
-  const bool ok = d && (d->kind == "cpu" || d->kind == "cuda" || d->kind == "sim");
-  if (!ok) {
+  if (!KnownDeviceName(p->device)) {
     const toml::node* n = t.get("device");
     return Status::InvalidArgument(Where(r.source(), n ? n->source() : t.source(), prefix + "device") +
                                    " must be cpu, cuda:N or sim:N");
@@ -392,8 +392,7 @@ Status ReadExternal(Reader& r, const toml::table& t, const std::string& prefix, 
     for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}) e->routes.emplace_back(p, p);
   }
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "device", prefix, &e->device, 0, 0));
-  const auto d = ParseDeviceName(e->device);
-  if (!d || (d->kind != "cpu" && d->kind != "cuda" && d->kind != "sim")) {
+  if (!KnownDeviceName(e->device)) {
     return Status::InvalidArgument(Where(source, t.get("device") ? t.get("device")->source() : t.source(), prefix + "device") +
                                    " must be cpu, cuda:N or sim:N");
   }
@@ -436,8 +435,6 @@ Status ReadExternal(Reader& r, const toml::table& t, const std::string& prefix, 
 }
 
 }  // namespace
-
-StatusOr<std::string> TomlSafeText(const std::string& text, const std::string& source) { return SafeText(text, source); }
 
 int SignalNumber(const std::string& name) {
   static const std::pair<const char*, int> kSignals[] = {{"SIGTERM", SIGTERM}, {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT},
@@ -511,7 +508,7 @@ std::string ServiceConfig::ModelLabel(size_t i) const {
 StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& source) {
   toml::table root;
   try {
-    auto safe = SafeText(text, source);
+    auto safe = TomlSafeText(text, source);
     if (!safe.ok()) return safe.status();
     root = toml::parse(*safe, source);
   } catch (const toml::parse_error& e) {
@@ -546,9 +543,9 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_body_memory_bytes", "", &c.max_body_memory_bytes, 1024, double(1ull << 40)));
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_requests_per_key", "", &c.max_requests_per_key, 1, 1 << 20));
   SPILLWAY_RETURN_IF_ERROR(r.Strings(root, "operator_keys", &c.operator_keys));
-  for (const char* key : {"api_keys", "operator_keys"}) {
-    const auto& keys = std::string(key) == "api_keys" ? c.api_keys : c.operator_keys;
-    if (std::find(keys.begin(), keys.end(), "") != keys.end()) {
+  for (const auto& [key, keys] : {std::pair<const char*, const std::vector<std::string>*>{"api_keys", &c.api_keys},
+                                  {"operator_keys", &c.operator_keys}}) {
+    if (std::find(keys->begin(), keys->end(), "") != keys->end()) {
       return Status::InvalidArgument(Where(source, root.get(key)->source(), key) +
                                      " holds an empty key, which no request can present");
     }
@@ -593,8 +590,7 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "headroom_pct", prefix, &dc.headroom_pct, 0, 90));
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "exclusive", prefix, &dc.exclusive, 0, 0));
       if (dc.name.empty()) return Status::InvalidArgument(Where(source, t->source(), prefix + "name") + " is required");
-      const auto parsed = ParseDeviceName(dc.name);
-      if (!parsed || (parsed->kind != "cpu" && parsed->kind != "cuda" && parsed->kind != "sim")) {
+      if (!KnownDeviceName(dc.name)) {
         return Status::InvalidArgument(Where(source, t->get("name")->source(), prefix + "name") + " '" + dc.name +
                                        "' must be cpu, cuda:N or sim:N (as a placement's device is written)");
       }

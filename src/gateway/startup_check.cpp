@@ -18,35 +18,29 @@ struct ModelFacts {
   bool embedding = false;
 };
 
-// Reads the header once per file: several placements share one model.
+// What the file's header says, read once.
+ModelFacts ReadModelFacts(const std::string& path) {
+  ModelFacts f;
+  auto meta = gguf::ReadGgufFile(path);
+  if (!meta.ok()) {
+    f.problem = meta.status().message();
+  } else if (auto shape = memory::ShapeFromMetadata(*meta); !shape.ok()) {
+    f.problem = "architecture '" + meta->architecture() + "' is not one Spillway can run: " + shape.status().message();
+  } else {
+    f.embedding = shape->embedding;
+  }
+  return f;
+}
+
+// Once per file: several placements share one model.
 const ModelFacts& ReadModel(const std::string& path, std::map<std::string, ModelFacts>* seen) {
   if (auto it = seen->find(path); it != seen->end()) return it->second;
-  ModelFacts f;
-  f.problem = ModelFileProblem(path);
-  if (f.problem.empty()) {
-    if (auto meta = gguf::ReadGgufFile(path); meta.ok()) {
-      if (auto shape = memory::ShapeFromMetadata(*meta); shape.ok()) f.embedding = shape->embedding;
-    }
-  }
-  return (*seen)[path] = f;
+  return (*seen)[path] = ReadModelFacts(path);
 }
 
 }  // namespace
 
-std::string ModelFileProblem(const std::string& path) {
-  std::string problem;
-  auto meta = gguf::ReadGgufFile(path);
-  if (!meta.ok()) {
-    problem = meta.status().message();
-  } else if (auto shape = memory::ShapeFromMetadata(*meta); !shape.ok()) {
-    problem = "architecture '" + meta->architecture() + "' is not one Spillway can run: " + shape.status().message();
-  }
-  return problem;
-}
-
-std::string DeviceProblem(const std::string& device, const std::string& backend_dir) {
-  return DeviceProblem(device, backend_dir, /*needs_backend=*/true);
-}
+std::string ModelFileProblem(const std::string& path) { return ReadModelFacts(path).problem; }
 
 std::string DeviceProblem(const std::string& device, const std::string& backend_dir, bool needs_backend) {
   const auto d = ParseDeviceName(device);

@@ -23,11 +23,10 @@ struct StartupProblem {
 // otherwise why not (naming the file).
 std::string ModelFileProblem(const std::string& path);
 // "" when `device` (cpu | sim:N | cuda:N) exists with a usable backend module
-// in `backend_dir`; otherwise why not, with the fix.
-std::string DeviceProblem(const std::string& device, const std::string& backend_dir);
-// The same, for a device another program drives (an external server's):
-// without `needs_backend`, spillway-worker's CUDA module is not asked for.
-std::string DeviceProblem(const std::string& device, const std::string& backend_dir, bool needs_backend);
+// in `backend_dir`; otherwise why not, with the fix. Without `needs_backend`
+// (a device another program drives: an external server's), spillway-worker's
+// CUDA module is not asked for.
+std::string DeviceProblem(const std::string& device, const std::string& backend_dir, bool needs_backend = true);
 
 // `backend_dir`: where the ggml backend modules live (next to spillway-worker).
 std::vector<StartupProblem> CheckStartup(const config::GatewayConfig& config, const std::string& backend_dir);

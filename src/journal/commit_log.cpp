@@ -165,14 +165,14 @@ Parsed ParseFile(const std::string& data) {
   uint64_t gen = 0;
   if (data.size() >= static_cast<size_t>(kHeaderBytes)) {
     const bool magic = std::memcmp(data.data(), kMagic, sizeof kMagic) == 0;
+    const bool first = data.size() > static_cast<size_t>(kHeaderBytes) + kRecordHeader;
+    const uint64_t first_gen = first ? GetU64(data.data() + kHeaderBytes + 8) : 0;  // the first record's
     uint32_t n = 0;
     if (magic && GetU32(data.data() + 16) == Crc(data.data(), 16)) {
       p.current = true;
       gen = GetU64(data.data() + 8);
       pos = p.end = kHeaderBytes;
-    } else if (data.size() > static_cast<size_t>(kHeaderBytes) + kRecordHeader &&
-               GoodRecordAt(data, kHeaderBytes, GetU64(data.data() + kHeaderBytes + 8), &n) &&
-               GetU64(data.data() + kHeaderBytes + 8) != 0) {
+    } else if (first_gen != 0 && GoodRecordAt(data, kHeaderBytes, first_gen, &n)) {
       // A header that does not check out (flipped bits, a stray write) over
       // a record that does: each record carries its generation, under its
       // CRC, so the first one's is the file's. Reading the records by it
@@ -181,7 +181,7 @@ Parsed ParseFile(const std::string& data) {
       // it (WriteHeader): those are never found this way.
       p.current = true;
       p.header_damaged = true;
-      gen = GetU64(data.data() + kHeaderBytes + 8);
+      gen = first_gen;
       pos = p.end = kHeaderBytes;
     } else if (magic) {
       // A torn header is written only over records all applied (EmptyAtLeast)

@@ -225,6 +225,9 @@ void Supervisor::Spawn(Worker& w) {
 
 namespace {
 
+// Where Exited leaves a worker: in backoff, or stopped until a request wants it again.
+bool DownAfterExit(WorkerState s) { return s == WorkerState::kBackoff || s == WorkerState::kStopped; }
+
 // The last non-empty line a worker wrote to its log past `written_from`
 // (the log's size when it was spawned; the whole log when it has been
 // rotated since): its own last word (the worker ends a failed start with a
@@ -505,9 +508,7 @@ void Supervisor::Round() {
           w.next_health_ms = now + kStartProbePeriodMs;  // its /info asked again until it answers
           listening.push_back({k, w.view.pid, w.view.port, ""});
         }
-        // (Exited: backoff, or stopped until a request wants it again.)
-        const bool ended = w.view.state == WorkerState::kBackoff || w.view.state == WorkerState::kStopped;
-        if (was_up && ended) exits.emplace_back(k, w.view.last_exit);
+        if (was_up && DownAfterExit(w.view.state)) exits.emplace_back(k, w.view.last_exit);
         if ((!was_ready || w.announce_ready) && w.view.state == WorkerState::kReady) {
           became_ready.push_back({k, w.view.pid, w.view.port, ""});
         }
@@ -623,8 +624,7 @@ void Supervisor::Round() {
         if (it == workers_.end()) continue;
         const bool was_ready = it->second.view.state == WorkerState::kReady;
         HealthResult(it->second, c.pid, healthy, lost);
-        const auto state = it->second.view.state;
-        if (was_ready && (state == WorkerState::kBackoff || state == WorkerState::kStopped)) why = it->second.view.last_exit;
+        if (was_ready && DownAfterExit(it->second.view.state)) why = it->second.view.last_exit;
       }
       if (!why.empty() && on_exit_) on_exit_(c.key, why);
       if (healthy && c.info) RefreshInfo(c.key, c.pid, c.port);

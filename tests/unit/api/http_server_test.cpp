@@ -425,11 +425,6 @@ TEST_F(TightServer, ANewConnectionAtTheCapClosesTheLongestIdleOne) {
   EXPECT_NE(b.ReadUntil("again").find("200 OK"), std::string::npos);
 }
 
-// A declared length is held as its body arrives, a step ahead: a peer that
-// declared 1000 bytes and sent 10 holds about a step, and another body fits
-// beside it (before, the 1000 were reserved at the header: 503, and four
-// peers that declared 8 MiB and trickled held the default budget for the
-// read timeout). What has arrived counts: past the budget, 503.
 // An idle connection that has begun its next request (half a header) is not
 // closed for a newcomer, and the newcomer is let in only in place of one
 // that is: the next idle one. It was let in anyway, past the cap, and each
@@ -453,6 +448,11 @@ TEST_F(TightServer, AConnectionThatBeganARequestIsNotEvictedAndTheCapHolds) {
   EXPECT_NE(a.ReadUntil("\r\n\r\nA").find("200 OK"), std::string::npos) << "the one that began a request was cut";
 }
 
+// A declared length is held as its body arrives, a step ahead: a peer that
+// declared 1000 bytes and sent 10 holds about a step, and another body fits
+// beside it (before, the 1000 were reserved at the header: 503, and four
+// peers that declared 8 MiB and trickled held the default budget for the
+// read timeout). What has arrived counts: past the budget, 503.
 TEST_F(TightServer, ADeclaredLengthHoldsTheBudgetForWhatArrived) {
   RawPeer slow(server_->port());
   slow.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + std::string(10, 'a'));
