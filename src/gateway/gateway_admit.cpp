@@ -82,6 +82,10 @@ Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms
         why += (why.empty() ? "" : "; ") + st->cfg.Name() + " failed to start " + std::to_string(w.failed_starts) +
                " time" + (w.failed_starts == 1 ? "" : "s") + " (" + w.last_exit +
                (w.last_error.empty() ? "" : ": " + w.last_error) + ")";
+      } else if (w.crashes > 1) {
+        why += (why.empty() ? "" : "; ") + st->cfg.Name() + " crashed " + std::to_string(w.crashes) +
+               " times in a row soon after starting (" + w.last_exit +
+               (w.last_error.empty() ? "" : ": " + w.last_error) + ")";
       } else if (w.state == upstream::WorkerState::kStarting) {
         why += (why.empty() ? "" : "; ") + st->cfg.Name() + " still starting after " +
                std::to_string((now - w.starting_since_ms) / 1000) + " s";
@@ -89,7 +93,7 @@ Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms
         loading |= w.load_progress_ms > 0 && now - w.load_progress_ms < w.start_timeout_ms;
       }
       if (w.state == upstream::WorkerState::kBackoff) next_ms = std::min(next_ms, w.next_start_ms);
-      if (w.state != upstream::WorkerState::kBackoff || w.failed_starts < 2) hope = true;
+      if (w.state != upstream::WorkerState::kBackoff || (w.failed_starts < 2 && w.crashes < 2)) hope = true;
     }
     hope |= !found;
   }

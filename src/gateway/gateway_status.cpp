@@ -180,6 +180,7 @@ json Gateway::StatusJson() const {
         w["last_exit"] = v.last_exit;
         if (!v.last_error.empty()) w["last_error"] = v.last_error;
         w["failed_starts"] = v.failed_starts;
+        w["crashes"] = v.crashes;  // ends by its own hand in a row, each soon after it became ready
         if (v.state == upstream::WorkerState::kStarting && v.load_total_bytes > 0) {
           // A model coming in from disk: how far (the worker's own count).
           w["load"] = {{"loaded_bytes", v.load_bytes},

@@ -196,6 +196,9 @@ function placementState(p) {
     const gb = (b) => (b / 1e9).toFixed(b >= 1e10 ? 0 : 1);
     return `loading ${Math.floor(p.load.fraction * 100)} % (${gb(p.load.loaded_bytes)} of ${gb(p.load.total_bytes)} GB)`;
   }
+  // A crash loop shows as one, not as a worker that restarts now and then.
+  if (p.crashes > 1) return `${p.state} (crashed ${p.crashes}× in a row soon after starting)`;
+  if (p.failed_starts > 1) return `${p.state} (failed to start ${p.failed_starts}× in a row)`;
   return p.state || 'not started';
 }
 

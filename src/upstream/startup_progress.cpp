@@ -11,6 +11,7 @@ std::string Reason(const WorkerView& w) {
   std::string why = w.last_exit;
   if (!w.last_error.empty()) why += (why.empty() ? "" : ": ") + w.last_error;
   if (why.empty()) why = "failed to start";
+  if (w.failed_starts == 0 && w.crashes > 1) why = "crashed " + std::to_string(w.crashes) + " times soon after starting, " + why;
   if (why.size() > 120) why = why.substr(0, 117) + "...";
   return w.key + " (" + why + ")";
 }
@@ -24,7 +25,7 @@ StartupProgress MeasureStartup(const std::vector<WorkerView>& workers, const std
     ++p.workers;
     if (w.state == WorkerState::kReady && announced.count(w.key)) {
       ++p.ready;
-    } else if (w.failed_starts > 0) {
+    } else if (w.failed_starts > 0 || w.crashes > 1) {
       p.failing.push_back(Reason(w));
     } else {
       ++p.starting;

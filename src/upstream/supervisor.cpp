@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
 
@@ -252,7 +253,7 @@ std::string LastLogLine(const std::string& path, int64_t written_from) {
 
 }  // namespace
 
-void Supervisor::Exited(Worker& w, const std::string& why) {
+void Supervisor::Exited(Worker& w, const std::string& why, bool by_itself) {
   if (!w.dying) memory_freed_ = true;  // (a killed one's memory is free once Poll reaps it)
   w.view.last_exit = why;
   w.view.last_error = LastLogLine(w.view.log_path, w.log_from);
@@ -272,16 +273,26 @@ void Supervisor::Exited(Worker& w, const std::string& why) {
   w.view.state = wait_for_demand ? WorkerState::kStopped : WorkerState::kBackoff;
   const int64_t now = clock_.NowMs();
   const bool was_serving = w.ready_since_ms != 0;
-  if (was_serving && now - w.ready_since_ms > 60000) w.backoff_level = 0;
-  const int64_t cap = was_serving ? 2000 : 30000;
+  const bool served_long = was_serving && now - w.ready_since_ms > kCrashWindowMs;
+  if (served_long) w.backoff_level = 0;
+  // Ended by its own hand soon after it became ready: it crashes at its first
+  // requests, and would otherwise be reloaded every 2 s for good, never shown
+  // as failing. Killed from outside (SIGKILL: the OOM killer, an operator)
+  // or by the supervisor, it is wanted back soon.
+  if (was_serving) w.view.crashes = by_itself && !served_long ? w.view.crashes + 1 : 0;
+  const int64_t cap = was_serving && w.view.crashes == 0 ? 2000 : 30000;
   const int64_t delay = std::min<int64_t>(cap, 500LL << std::min(w.backoff_level, 6));
   ++w.backoff_level;
   w.view.next_start_ms = now + delay;
   w.view.failed_starts = was_serving ? 0 : w.view.failed_starts + 1;
   // One line per failure in the gateway's own log, with the worker's reason.
+  const std::string what = !was_serving         ? "failed to start"
+                           : w.view.crashes > 1 ? "crashed " + std::to_string(w.view.crashes) +
+                                                      " times in a row, each within 60 s of becoming ready"
+                                                : "exited";
   char text[1024];
-  std::snprintf(text, sizeof text, "spillway: worker %s %s (%s)%s; %s %.1f s", w.spec.key.c_str(),
-                was_serving ? "exited" : "failed to start", why.c_str(),
+  std::snprintf(text, sizeof text, "spillway: worker %s %s (%s)%s; %s %.1f s", w.spec.key.c_str(), what.c_str(),
+                why.c_str(),
                 w.view.last_error.empty() ? "" : (": " + w.view.last_error).c_str(),
                 wait_for_demand ? "started again when a request wants it, not within" : "next start in",
                 static_cast<double>(delay) / 1000);
@@ -290,6 +301,7 @@ void Supervisor::Exited(Worker& w, const std::string& why) {
                           {"reason", why},
                           {"worker_said", w.view.last_error},
                           {"failed_starts", w.view.failed_starts},
+                          {"crashes", w.view.crashes},
                           {"next_start_s", static_cast<double>(delay) / 1000}}
                .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
            text);
@@ -350,7 +362,8 @@ void Supervisor::Poll(Worker& w, bool may_start) {
     return;
   }
   if (Ended(Process(w), &status)) {
-    Exited(w, DescribeEnd(status));
+    // (-1: an adopted process, whose status is not ours to read: not counted as a crash)
+    Exited(w, DescribeEnd(status), status != -1 && !(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
     return;
   }
   if (w.view.state == WorkerState::kStarting) {
@@ -396,6 +409,7 @@ void Supervisor::HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lo
   if (w.view.pid != pid || w.view.state != WorkerState::kReady) return;  // it changed meanwhile
   w.health_failures = healthy ? 0 : w.health_failures + 1;
   if (healthy) w.view.failed_starts = 0;  // it started and serves
+  if (healthy && clock_.NowMs() - w.ready_since_ms > kCrashWindowMs) w.view.crashes = 0;  // and has served a while
   if (w.health_failures >= 3 || device_lost) {
     Kill(w, device_lost ? std::string(protocol::kExitDeviceLost) : "unhealthy");
   }

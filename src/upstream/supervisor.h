@@ -55,7 +55,12 @@
 // Backoff doubles from 0.5 s, up to 30 s for a worker that never became ready
 // (a crash loop at start: a model that cannot load), but only up to 2 s for
 // one that had been serving (killed, device lost, hung): that one is needed
-// back soon. It resets after 60 s of readiness.
+// back soon. One that ends by its own hand (an exit, a signal other than
+// SIGKILL) within 60 s of becoming ready is a crash loop too (it crashes at
+// its first requests): up to 30 s, counted in WorkerView::crashes. SIGKILL
+// (the OOM killer, an operator, the chaos harness) and the supervisor's own
+// kills (unhealthy, device lost) keep the 2 s. The backoff resets after 60 s
+// of readiness.
 //
 // Thread-safe. One background thread polls every 50 ms.
 #pragma once
@@ -242,7 +247,9 @@ class Supervisor : public Workers {
   // `may_start`: a start that is due may happen now (it passed the start
   // gate this round); false leaves a worker in backoff for the next round.
   void Poll(Worker& w, bool may_start);
-  void Exited(Worker& w, const std::string& why);
+  // `by_itself`: it ended on its own (an exit, a signal other than SIGKILL),
+  // not killed from outside or by the supervisor.
+  void Exited(Worker& w, const std::string& why, bool by_itself = false);
   // SIGKILL to its group, without waiting for its end (the lock is held:
   // a process stuck in the kernel must not stall callers; see Worker::dying),
   // then Exited(w, why).
@@ -255,6 +262,9 @@ class Supervisor : public Workers {
                                                  int* http_status = nullptr);
   // How long a listening worker may take to answer its /info before it counts as a failed start.
   static constexpr int64_t kInfoTimeoutMs = 30000;
+  // A worker that ends by its own hand this soon after becoming ready counts
+  // as crashing (WorkerView::crashes); serving this long clears the count and the backoff.
+  static constexpr int64_t kCrashWindowMs = 60000;
 
   bool memory_freed_ = false;  // a worker's process ended since the last round (under mu_)
   std::function<Status(const std::string&)> gate_;

@@ -31,6 +31,11 @@ struct WorkerView {
   std::string last_exit;  // "exit 3", "signal 9", "unhealthy", ...
   std::string last_error;  // the worker's last stderr line before its last exit (its own reason)
   int failed_starts = 0;   // exits in a row without ever becoming ready
+  // Ends in a row by its own hand (an exit, a signal other than SIGKILL)
+  // within kCrashWindowMs of becoming ready: a worker that crashes at its
+  // first requests. Backed off as a failed start is (to 30 s), not as a
+  // killed one (2 s). Cleared once it has served that long.
+  int crashes = 0;
   int64_t next_start_ms = 0;  // clock time of the next start (while in backoff)
   std::string log_path;
   bool on_demand = false;

@@ -3,9 +3,11 @@
 // gateway's integration tests. It does what a test asks of each request:
 //
 //   fake-upstream --port P [--log FILE] [--sim-device N --resident-mib M]
-//                 [--ready-after-ms T]
+//                 [--ready-after-ms T] [--crash-at-health N]
 //
-//   GET  /health     200 once ready (after --ready-after-ms), 503 before
+//   GET  /health     200 once ready (after --ready-after-ms), 503 before;
+//                    with --crash-at-health, exit(3) instead of its Nth
+//                    answer (a server that crashes soon after it is ready)
 //   POST (any path)  answers JSON: the path, content type, body size and
 //                    SHA-256, the request's X-Request-Id (and X-Request-Timeout) and how many
 //                    requests this process has seen. The body (JSON, or a
@@ -53,6 +55,7 @@ struct Options {
   int sim_device = -1;
   double resident_mib = 0;
   int64_t ready_after_ms = 0;
+  int crash_at_health = 0;
 };
 
 std::string Field(const Request& req, const json& body, const std::string& name) {
@@ -75,6 +78,7 @@ int main(int argc, char** argv) {
     else if (k == "--sim-device") o.sim_device = std::atoi(v.c_str());
     else if (k == "--resident-mib") o.resident_mib = std::atof(v.c_str());
     else if (k == "--ready-after-ms") o.ready_after_ms = std::atoll(v.c_str());
+    else if (k == "--crash-at-health") o.crash_at_health = std::atoi(v.c_str());
     else {
       std::fprintf(stderr, "fake-upstream: unknown option %s\n", k.c_str());
       return 2;
@@ -95,13 +99,14 @@ int main(int argc, char** argv) {
     }
   }
   const auto started = std::chrono::steady_clock::now();
-  std::atomic<int> seen{0};
+  std::atomic<int> seen{0}, health_seen{0};
   boost::asio::io_context ioc;
   spillway::http::ServerOptions so;
   so.max_body_bytes = 64 << 20;
   spillway::http::Server server(ioc, so, [&](Request req, std::shared_ptr<Exchange> ex) {
     const std::string path(req.target());
     if (req.method() == boost::beast::http::verb::get && path == "/health") {
+      if (++health_seen == o.crash_at_health) _exit(3);
       const bool ready = std::chrono::steady_clock::now() - started >= std::chrono::milliseconds(o.ready_after_ms);
       ex->Respond(spillway::http::MakeResponse(ready ? 200 : 503, ready ? "{\"status\":\"ok\"}" : "{\"status\":\"loading\"}",
                                                "application/json", req.version()));

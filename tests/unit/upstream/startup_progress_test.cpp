@@ -51,6 +51,18 @@ TEST(StartupProgressTest, OnDemandWorkersAreNotWaitedFor) {
   EXPECT_EQ(StartupStatusLine(p, "h:1"), "serving on h:1; 1 of 1 worker ready");
 }
 
+// A worker that crashes soon after each start is failing, not loading, though every start succeeds.
+TEST(StartupProgressTest, ACrashLoopIsFailing) {
+  std::vector<WorkerView> workers = {View("chat.0", WorkerState::kReady), View("embed.0", WorkerState::kBackoff)};
+  workers[1].crashes = 1;  // once: a worker that restarts now and then
+  EXPECT_EQ(StartupStatusLine(MeasureStartup(workers, {"chat.0"}), "h:1"),
+            "serving on h:1; 1 of 2 workers ready, 1 loading");
+  workers[1].crashes = 3;
+  workers[1].last_exit = "signal 6";
+  EXPECT_EQ(StartupStatusLine(MeasureStartup(workers, {"chat.0"}), "h:1"),
+            "serving on h:1; 1 of 2 workers ready; failing: embed.0 (crashed 3 times soon after starting, signal 6)");
+}
+
 TEST(StartupProgressTest, NoWorkersIsSettled) {
   EXPECT_TRUE(MeasureStartup({}, {}).settled());
 }

@@ -1,7 +1,5 @@
-// The supervisor's start gate (placement admission on the device) is asked
-// before every start: a start that falls due while the gate runs for
-// another (its backoff ends, a request demands it) waits for its own turn
-// at the gate instead of slipping through with the round that was gated.
+// The Supervisor class itself, on shell-command external servers: its start
+// gate, and how the end of an on-demand or keep_alive server is handled.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -17,53 +15,16 @@
 #include <thread>
 
 #include "common/clock.h"
-#include "upstream/supervisor.h"
+#include "supervisor_fixture.h"
 
 namespace spillway::upstream {
 namespace {
 
-namespace fs = std::filesystem;
-
-// An on-demand external server that never answers its health path: it starts, and stays starting.
-WorkerSpec Sleeper(const std::string& key) {
-  WorkerSpec s;
-  s.key = key;
-  s.on_demand = true;
-  s.command = {"/bin/sh", "-c", "exec sleep 30", "sh", "${PORT}"};
-  return s;
-}
-
-// A real Supervisor on a state directory of its own, stopped at the end.
-class SupervisorGateTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("spillway-supervisor-" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    sup_ = std::make_unique<Supervisor>("", dir_.string(), clock_);
-  }
-  void TearDown() override {
-    sup_->Stop(1000);
-    sup_.reset();
-    fs::remove_all(dir_);
-  }
-  void Start() {
-    ASSERT_TRUE(sup_->Claim().ok());
-    sup_->Start();
-  }
-  SystemClock clock_;
-  fs::path dir_;
-  std::unique_ptr<Supervisor> sup_;
-};
-
-pid_t PidOf(const Supervisor& sup, const std::string& key) {
-  for (const auto& w : sup.Snapshot()) {
-    if (w.key == key) return w.pid;
-  }
-  return 0;
-}
-
-TEST_F(SupervisorGateTest, AStartThatFallsDueWhileTheGateRunsIsGatedToo) {
+// The start gate (placement admission on the device) is asked before every
+// start: a start that falls due while the gate runs for another (its backoff
+// ends, a request demands it) waits for its own turn at the gate instead of
+// slipping through with the round that was gated.
+TEST_F(SupervisorTest, AStartThatFallsDueWhileTheGateRunsIsGatedToo) {
   Supervisor& sup = *sup_;
   sup.Add(Sleeper("a.ext"));
   sup.Add(Sleeper("b.ext"));
@@ -107,7 +68,7 @@ TEST_F(SupervisorGateTest, AStartThatFallsDueWhileTheGateRunsIsGatedToo) {
 // An on-demand server that ends waits, stopped, for the next request; its
 // end is still told (the gateway trips the placement's breaker, wakes the
 // requests waiting on it, fails them over): it was not while stopped.
-TEST_F(SupervisorGateTest, TheEndOfAnOnDemandServerIsToldThoughItWaitsStopped) {
+TEST_F(SupervisorTest, TheEndOfAnOnDemandServerIsToldThoughItWaitsStopped) {
   Supervisor& sup = *sup_;
   WorkerSpec spec = Sleeper("c.ext");
   spec.command = {"/bin/sh", "-c", "exit 3", "sh", "${PORT}"};
@@ -137,7 +98,7 @@ TEST_F(SupervisorGateTest, TheEndOfAnOnDemandServerIsToldThoughItWaitsStopped) {
 
 // keep_alive residency (on demand, loaded at start): one that ends is
 // started again after its backoff, as a pinned one is, not left stopped.
-TEST_F(SupervisorGateTest, AKeepAliveServerThatEndsIsStartedAgain) {
+TEST_F(SupervisorTest, AKeepAliveServerThatEndsIsStartedAgain) {
   Supervisor& sup = *sup_;
   const std::string starts = (dir_ / "starts").string();
   WorkerSpec spec = Sleeper("k.ext");
