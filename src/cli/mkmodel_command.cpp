@@ -26,7 +26,7 @@ struct MkmodelArgs {
 };
 
 // The options that only shape a llama model.
-constexpr const char* kLlamaOnly[] = {"--preset", "--kv-heads", "--ffn", "--embedding", "--chat-template",
+constexpr const char* kLlamaOnly[] = {"--preset", "--kv-heads", "--ffn", "--embedding", "--pooling", "--chat-template",
                                       "--mutate-one-weight"};
 
 // --kind whisper: a whisper.cpp model with the options that apply to it.
@@ -82,7 +82,10 @@ void AddMkmodelCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--type", args->overrides.type, "override: f32 | f16 | q8_0 | q4_0 (whisper: f16 | q8_0 | q4_0)");
   cmd->add_option("--seed", args->overrides.seed, "override: weight seed");
   cmd->add_option("--audio-ctx", args->audio_ctx, "whisper only: encoder positions, 50 per second of audio (100)");
-  cmd->add_flag("--embedding", args->embedding, "make an embedding model (mean pooling)");
+  cmd->add_flag("--embedding", args->embedding, "make an embedding model");
+  cmd->add_option("--pooling", args->overrides.pooling, "with --embedding: how its vectors are pooled")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mean", "cls", "last"}));
   cmd->add_option("--chat-template", args->chat_template_file,
                   "jinja chat template file to write into the model (llama.cpp's models/templates/*.jinja; "
                   "default: Qwen 2.5's without its default system prompt)")
@@ -116,6 +119,12 @@ void AddMkmodelCommand(CLI::App& app, int* exit_code) {
     if (cmd->count("--type")) s.type = o.type;
     if (cmd->count("--seed")) s.seed = o.seed;
     if (args->embedding) s.embedding = true;
+    if (cmd->count("--pooling") && !s.embedding) {
+      std::fprintf(stderr, "spillway mkmodel: --pooling applies to --embedding models only\n");
+      *exit_code = 2;
+      return;
+    }
+    if (cmd->count("--pooling")) s.pooling = args->overrides.pooling;
     s.mutate_one_weight = args->overrides.mutate_one_weight;
     s.vocab_path = args->vocab;
     if (!args->chat_template_file.empty()) {

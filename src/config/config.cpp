@@ -261,6 +261,13 @@ Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix,
                                    std::to_string(p->slots) + ") exceeds ctx (" + std::to_string(p->ctx) +
                                    "): ctx is shared among the slots, each needs cells of its own");
   }
+  // Each decode step holds one token of every generating slot: llama.cpp aborts the worker on a smaller batch.
+  if (p->batch < p->slots) {
+    const toml::node* n = t.get("batch") ? t.get("batch") : t.get("slots");
+    return Status::InvalidArgument(Where(r.source(), n ? n->source() : t.source(), prefix + "batch") + " (" +
+                                   std::to_string(p->batch) + ") is below slots (" + std::to_string(p->slots) +
+                                   "): each decode step carries a token of every slot");
+  }
   if (!KnownDeviceName(p->device)) {
     const toml::node* n = t.get("device");
     return Status::InvalidArgument(Where(r.source(), n ? n->source() : t.source(), prefix + "device") +

@@ -273,7 +273,8 @@ Status WriteDemoModel(const DemoModelSpec& spec, const std::string& out_path) {
   gguf_set_val_str(out.get(), "spillway.demo.note", "random weights: output is meaningless text");
   gguf_set_val_u64(out.get(), "spillway.demo.seed", spec.seed);
   if (spec.embedding) {
-    gguf_set_val_u32(out.get(), "llama.pooling_type", 1);  // LLAMA_POOLING_TYPE_MEAN
+    // LLAMA_POOLING_TYPE_MEAN, _CLS, _LAST
+    gguf_set_val_u32(out.get(), "llama.pooling_type", spec.pooling == "cls" ? 2 : spec.pooling == "last" ? 3 : 1);
   } else {
     gguf_set_val_str(out.get(), "tokenizer.chat_template",
                      spec.chat_template.empty() ? kDemoChatTemplate : spec.chat_template.c_str());

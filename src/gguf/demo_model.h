@@ -24,7 +24,8 @@ struct DemoModelSpec {
   uint32_t n_ff = 128;          // multiple of 32
   uint32_t n_ctx_train = 2048;
   std::string type = "f16";     // f32 | f16 | q8_0 | q4_0 (matrices; norms stay f32)
-  bool embedding = false;       // mean pooling, announced as an embedding model
+  bool embedding = false;       // announced as an embedding model, pooled by `pooling`
+  std::string pooling = "mean";  // embedding models: mean | cls | last (llama.cpp's LLAMA_POOLING_TYPE_*)
   uint64_t seed = 42;
   // The chat template (jinja source) written as tokenizer.chat_template;
   // "" = kDemoChatTemplate. Not written for embedding models.

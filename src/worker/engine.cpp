@@ -67,7 +67,7 @@ Engine::~Engine() {
 
 namespace {
 
-llama_context_params ContextParams(const EngineOptions& opts_) {
+llama_context_params ContextParams(const Model& model, const EngineOptions& opts_) {
   llama_context_params cp = llama_context_default_params();
   cp.n_ctx = static_cast<uint32_t>(opts_.ctx);
   cp.n_seq_max = static_cast<uint32_t>(opts_.slots);
@@ -85,7 +85,7 @@ llama_context_params ContextParams(const EngineOptions& opts_) {
   cp.n_threads_batch = threads;
   if (opts_.embedding) {
     cp.embeddings = true;
-    cp.pooling_type = LLAMA_POOLING_TYPE_MEAN;
+    cp.pooling_type = static_cast<enum llama_pooling_type>(model.pooling_type());
     cp.n_batch = cp.n_ubatch = static_cast<uint32_t>(opts_.ctx);
   } else {
     cp.n_batch = static_cast<uint32_t>(opts_.batch);
@@ -107,7 +107,7 @@ std::vector<MemoryBuffer> Breakdown(const llama_context* ctx) {
 StatusOr<std::vector<MemoryBuffer>> DryRunBreakdown(const Model& model, const EngineOptions& opts) {
   llama_context* ctx = nullptr;
   try {
-    ctx = llama_init_from_model(model.raw(), ContextParams(opts));
+    ctx = llama_init_from_model(model.raw(), ContextParams(model, opts));
   } catch (const std::exception&) {
     ctx = nullptr;
   }
@@ -118,7 +118,7 @@ StatusOr<std::vector<MemoryBuffer>> DryRunBreakdown(const Model& model, const En
 }
 
 Status Engine::CreateContext() {
-  llama_context_params cp = ContextParams(opts_);
+  llama_context_params cp = ContextParams(model_, opts_);
   const int threads = static_cast<int>(cp.n_threads);
   // A persistent thread pool polling briefly between graphs, as llama.cpp's
   // own server and llama-bench use; without one ggml starts threads per graph.
@@ -231,10 +231,17 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
                                                    : "this worker serves a generative model, not embeddings");
   }
   if (job->embedding) {
+    // No input past the positions the model was trained on: a BERT-style
+    // model looks its positions up in a table of that size (llama.cpp aborts
+    // beyond it), and a rotary one's vectors mean little there.
+    const int32_t trained = model_.n_ctx_train();
+    const bool by_training = trained > 0 && trained < cells_total;
+    const int32_t limit = by_training ? trained : cells_total;
     for (const auto& in : job->inputs) {
-      if (static_cast<int32_t>(in.size()) > cells_total) {
-        return Status::InvalidArgument("input of " + std::to_string(in.size()) + " tokens exceeds the context of " +
-                                       std::to_string(cells_total));
+      if (static_cast<int32_t>(in.size()) > limit) {
+        return Status::InvalidArgument("input of " + std::to_string(in.size()) + " tokens exceeds " +
+                                       (by_training ? "the model's trained context of " : "the context of ") +
+                                       std::to_string(limit) + " tokens");
       }
     }
   } else {
@@ -270,8 +277,7 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
     return Status::ResourceExhausted("KV cache: request needs " + std::to_string(need) + " cells, " +
                                      std::to_string(opts_.ctx - cells_reserved_) + " of " +
                                      std::to_string(opts_.ctx) + " are free")
-        .WithRetryAfter(1)
-        .WithPhase(FailurePhase::kKv);
+        .WithRetryAfter(1);  // capacity (busy, no phase: the request waits), not an allocation failure
   }
   cells_reserved_ += need;
   if (busy_ == 0) progress_ms_ = SteadyMs();  // idle until now: progress counts from here
@@ -328,6 +334,7 @@ EngineStats Engine::stats() const {
   s.contexts_rebuilt = rebuilt_;
   // A hung decode (a stuck driver) still answers HTTP: only progress tells.
   if (busy_ > 0) s.stalled_ms = std::max<int64_t>(0, SteadyMs() - progress_ms_.load());
+  s.longest_step_ms = longest_step_ms_.load();
   s.healthy = healthy_;
   s.device_lost = device_lost_;
   s.last_error = last_error_;
@@ -481,6 +488,7 @@ void Engine::RunGenerationStep() {
   }
   int rc = 0;
   std::string what;
+  const int64_t step_started_ms = SteadyMs();
   try {
     rc = llama_decode(ctx_, batch);
   } catch (const std::exception& e) {
@@ -491,7 +499,7 @@ void Engine::RunGenerationStep() {
     what = "unknown exception";
   }
   llama_batch_free(batch);
-  progress_ms_ = SteadyMs();
+  StepDone(step_started_ms, rc == 0);
   if (rc != 0) return HandleDecodeFailure(rc, what);
 
   for (auto& [slot, take] : prompt_chunks) {
@@ -520,16 +528,19 @@ void Engine::RunGenerationStep() {
       continue;
     }
     if (opts_.faults) opts_.faults->OnToken();
-    if (model_.IsEndOfGeneration(tok)) {
-      FinishSlot(s, Status::Ok(), "stop");
-      continue;
-    }
     const size_t k = s.generated.size();
     const auto& resume = s.job->resume_tokens;
+    // Before the end-of-generation check: a replay that diverges into an
+    // end token is not reproducible either (ended as "stop", the replayed
+    // text would be sent to the client a second time).
     if (k < resume.size() && tok != resume[k]) {
       FinishSlot(s, Status::Unavailable("the continuation is not reproducible: token " + std::to_string(k) + " came out " +
                                         std::to_string(tok) + ", " + std::to_string(resume[k]) + " was delivered"),
                  "");
+      continue;
+    }
+    if (model_.IsEndOfGeneration(tok)) {
+      FinishSlot(s, Status::Ok(), "stop");
       continue;
     }
     s.generated.push_back(tok);
@@ -693,6 +704,12 @@ void Engine::FinishSlot(Slot& s, Status status, const std::string& finish_reason
   job->on_done(std::move(r));
 }
 
+void Engine::StepDone(int64_t started_ms, bool ok) {
+  const int64_t now = SteadyMs();
+  progress_ms_ = now;
+  if (ok && now - started_ms > longest_step_ms_.load()) longest_step_ms_ = now - started_ms;
+}
+
 void Engine::FailAllActive(const Status& status) {
   for (auto& s : slots_) {
     if (s.job) FinishSlot(s, status, "");
@@ -703,7 +720,7 @@ void Engine::FailAllActive(const Status& status) {
 void Engine::RunEmbeddingJob(const std::shared_ptr<Job>& job) {
   JobResult r;
   const auto t0 = Clock::now();
-  const int n_embd = model_.n_embd();
+  const int n_embd = model_.n_embd_out();
   int rc = 0;
   std::string what;
   for (const auto& input : job->inputs) {
@@ -721,6 +738,7 @@ void Engine::RunEmbeddingJob(const std::shared_ptr<Job>& job) {
       batch.logits[i] = 1;
     }
     batch.n_tokens = static_cast<int32_t>(input.size());
+    const int64_t step_started_ms = SteadyMs();
     try {
       rc = llama_decode(ctx_, batch);
     } catch (const std::exception& e) {
@@ -728,6 +746,8 @@ void Engine::RunEmbeddingJob(const std::shared_ptr<Job>& job) {
       what = e.what();
     }
     llama_batch_free(batch);
+    // Each input is a step: a long run of them (a large batch of inputs, back-to-back requests) is not a hang.
+    StepDone(step_started_ms, rc == 0);
     const float* e = rc == 0 ? llama_get_embeddings_seq(ctx_, 0) : nullptr;
     if (!e) {
       r.status = Status::Unavailable("embedding decode failed (code " + std::to_string(rc) + ")")

@@ -131,6 +131,9 @@ struct EngineStats {
   bool healthy = true;
   bool device_lost = false;
   int64_t stalled_ms = 0;  // work waiting and no decode step finished for this long
+  // The longest decode step finished so far (a prompt chunk of a large model
+  // on a CPU): a step no longer than a few of these is slow, not hung.
+  int64_t longest_step_ms = 0;
   std::string last_error;
   bool context_created = false;
   uint64_t contexts_created = 0;
@@ -208,6 +211,9 @@ class Engine {
   bool device_lost_ = false;
   // Progress: the time of the last finished decode step (or of going idle).
   std::atomic<int64_t> progress_ms_{0};
+  std::atomic<int64_t> longest_step_ms_{0};  // EngineStats::longest_step_ms
+  // A decode step started at `started_ms` has finished (`ok`: it succeeded): progress.
+  void StepDone(int64_t started_ms, bool ok);
   std::string last_error_;
   uint64_t completed_ = 0, failed_ = 0, cancelled_ = 0, rebuilt_ = 0;
   uint64_t contexts_created_ = 0;

@@ -211,6 +211,11 @@ int main(int argc, char** argv) {
                                                        ") to be a multiple of slots (" + std::to_string(placement.slots) +
                                                        ")"));
   }
+  if (!eo.embedding && placement.batch < placement.slots) {  // (llama.cpp would abort at the first full step)
+    return Fatal(kExitUsage, Status::InvalidArgument("--batch (" + std::to_string(placement.batch) +
+                                                       ") is below --slots (" + std::to_string(placement.slots) +
+                                                       "): each decode step carries a token of every slot"));
+  }
   eo.kv_type = kv_type;
   eo.kv_unified = kv_unified;
   eo.faults = &faults;

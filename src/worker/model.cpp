@@ -4,6 +4,7 @@
 #include <llama.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <thread>
@@ -185,6 +186,7 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, const Plac
   // A pooling type other than none (0): an embedding model (models/model_info.cpp and the estimator agree).
   const std::string pooling = MetaString(m->model_, (arch + ".pooling_type").c_str());
   m->embedding_ = !pooling.empty() && pooling != "0";
+  m->pooling_ = pooling.empty() ? 0 : std::atoi(pooling.c_str());
   if (const char* t = llama_model_chat_template(m->model_, nullptr)) m->chat_template_ = t;
   if (!m->embedding_ && !placement.dry_run) {
     auto chat = ChatTemplates::ForModel(m->model_);
@@ -197,6 +199,16 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, const Plac
 
 int Model::n_ctx_train() const { return llama_model_n_ctx_train(model_); }
 int Model::n_embd() const { return llama_model_n_embd(model_); }
+int Model::n_embd_out() const { return llama_model_n_embd_out(model_); }
+
+int Model::pooling_type() const {
+  switch (pooling_) {
+    case LLAMA_POOLING_TYPE_MEAN:
+    case LLAMA_POOLING_TYPE_CLS:
+    case LLAMA_POOLING_TYPE_LAST: return pooling_;
+    default: return LLAMA_POOLING_TYPE_MEAN;
+  }
+}
 
 Status Model::ComputeFingerprint() {
   auto sha = Sha256File(path_);
@@ -283,6 +295,10 @@ json Model::Describe() const {
           {"n_params", llama_model_n_params(model_)},
           {"n_layer", llama_model_n_layer(model_)},
           {"n_embd", llama_model_n_embd(model_)},
+          {"pooling", !embedding_                                  ? "none"
+                      : pooling_type() == LLAMA_POOLING_TYPE_CLS  ? "cls"
+                      : pooling_type() == LLAMA_POOLING_TYPE_LAST ? "last"
+                                                                  : "mean"},
           {"n_ctx_train", llama_model_n_ctx_train(model_)},
           {"n_vocab", llama_vocab_n_tokens(vocab_)}};
 }

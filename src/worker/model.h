@@ -75,6 +75,12 @@ class Model {
   bool is_embedding() const { return embedding_; }
   int n_ctx_train() const;
   int n_embd() const;
+  // An embedding model's vector width (llama.cpp's n_embd_out: a projection may follow the pooling).
+  int n_embd_out() const;
+  // How an embedding model's vectors are pooled: its GGUF's own type when it
+  // is mean, CLS or last (LLAMA_POOLING_TYPE_*), mean otherwise (a rank
+  // pooling's output is a score, not a vector).
+  int pooling_type() const;
 
   // The model's chat templates through llama.cpp's chat layer (ChatML when
   // it has none); null for an embedding model.
@@ -100,6 +106,7 @@ class Model {
   std::vector<ggml_backend_device*> devices_;  // accelerators used; empty for CPU
   std::string path_, name_, chat_template_;
   bool embedding_ = false;
+  int pooling_ = 0;  // the GGUF's <arch>.pooling_type (0: none)
   SamplerSettings sampler_defaults_;
   Fingerprint fingerprint_;
   std::unique_ptr<ChatTemplates> chat_;

@@ -106,7 +106,11 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
   if (path == protocol::kHealthPath) {
     if (method != bhttp::verb::get) return respond_error(Status(StatusCode::kInvalidArgument, "use GET"));
     auto st = engine_.stats();
-    const bool stalled = st.stalled_ms > static_cast<int64_t>(opts_.progress_timeout_s * 1000);
+    // Stalled: no step for progress_timeout_s, and for four times the longest
+    // step this worker has finished (a large model's prompt chunk on a CPU
+    // takes its time and is not a hang; a step that never ends is).
+    const bool stalled =
+        st.stalled_ms > std::max<int64_t>(static_cast<int64_t>(opts_.progress_timeout_s * 1000), 4 * st.longest_step_ms);
     const bool ok = st.healthy && !stalled;
     protocol::HealthReport report;
     report.state = ok ? protocol::Health::kOk
@@ -232,7 +236,9 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
   auto job = std::make_shared<Job>();
   job->id = RequestId(req);
   job->prompt = std::move(prompt->tokens);
-  job->max_tokens = gen.max_tokens.value_or(std::min(opts_.default_max_tokens, ctx - n_prompt));
+  // Unset: what fits beside the prompt in the cells one request may hold (its slot's share, or the whole pool).
+  job->max_tokens =
+      gen.max_tokens.value_or(std::max(1, std::min(opts_.default_max_tokens, engine_.stats().cells_per_request - n_prompt)));
   job->stop = gen.stop;
   job->stop.insert(job->stop.end(), prompt->extra_stops.begin(), prompt->extra_stops.end());
   job->preserved_tokens = std::move(prompt->preserved_tokens);
@@ -357,7 +363,11 @@ void WorkerService::HandleEmbeddings(const http::Request& req, std::shared_ptr<h
   const std::string model_name = r->model.empty() ? model_.name() : r->model;
   const std::string id = job->id;
   const bool base64 = r->base64;
-  job->on_done = [ex, v, model_name, id, base64](JobResult res) {
+  // As for generation: a disconnect noticed after the answer went out must
+  // not cancel (the engine would refuse a retry that reuses the id).
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  job->on_done = [ex, v, model_name, id, base64, finished](JobResult res) {
+    finished->store(true);
     if (!res.status.ok()) return ex->Respond(ErrorResponse(res.status, v));
     auto out = JsonResponse(200, api::EmbeddingsBody(model_name, res.embeddings, res.prompt_tokens, base64), v);
     out.set("X-Request-Id", id);
@@ -369,7 +379,9 @@ void WorkerService::HandleEmbeddings(const http::Request& req, std::shared_ptr<h
   Engine* engine = &engine_;
   Status st = engine_.Submit(job);
   if (!st.ok()) return fail(st);
-  ex->OnDisconnect([engine, id] { engine->Cancel(id); });
+  ex->OnDisconnect([engine, id, finished] {
+    if (!finished->load()) engine->Cancel(id);
+  });
 }
 
 json WorkerService::Info() const {
@@ -401,6 +413,7 @@ json WorkerService::Info() const {
           {"requests", {{"received", requests_.load()}, {"completed", st.completed}, {"failed", st.failed},
                         {"cancelled", st.cancelled}}},
           {"health", {{"ok", st.healthy}, {"device_lost", st.device_lost}, {"stalled_ms", st.stalled_ms},
+                      {"longest_step_ms", st.longest_step_ms},
                       {"contexts_rebuilt", st.contexts_rebuilt},
                       {"last_error", st.last_error}}},
           {"context", {{"created", st.context_created}, {"lazy", engine_.options().lazy_context},

@@ -447,6 +447,8 @@ TEST_F(WorkerTest, AChatStreamContinuesWhereItsDeliveredDeltasEnd) {
   EXPECT_NE(bad.body.find("not reproducible"), std::string::npos) << bad.body;
 }
 
+constexpr int kEndToken = 2;  // </s> in llama.cpp's SPM vocabulary, which the generated models use
+
 TEST_F(WorkerTest, ContinuationReplaysDeliveredTokensAndRefusesOthers) {
   json req = {{"prompt", "Continue me"}, {"max_tokens", 20}, {"temperature", 1.0}, {"top_k", 0}, {"top_p", 1.0},
               {"min_p", 0}, {"seed", 4242}, {"ignore_eos", true}, {"stream", true}};
@@ -478,6 +480,16 @@ TEST_F(WorkerTest, ContinuationReplaysDeliveredTokensAndRefusesOthers) {
   auto bad = Post(*chat_, "/v1/completions", resume);
   EXPECT_EQ(bad.status, 503) << bad.body;
   EXPECT_NE(Body(bad)["error"]["message"].get<std::string>().find("not reproducible"), std::string::npos) << bad.body;
+  // A replay that diverges into an end-of-generation token is not
+  // reproducible either: it ended as "stop", and the replayed text went to
+  // the client a second time. (The bias makes the end token, </s>, come first.)
+  json ends = resume;
+  ends.erase("ignore_eos");
+  ends["logit_bias"] = {{std::to_string(kEndToken), 100}};
+  ends["spillway_resume"] = {{"tokens", std::vector<int32_t>(ids.begin(), ids.begin() + 7)}, {"text_bytes", 0}};
+  auto diverged = Post(*chat_, "/v1/completions", ends);
+  EXPECT_EQ(diverged.status, 503) << diverged.body;
+  EXPECT_NE(diverged.body.find("not reproducible"), std::string::npos) << diverged.body;
   resume["spillway_resume"] = {{"tokens", {1, -2}}};
   EXPECT_EQ(Post(*chat_, "/v1/completions", resume).status, 400);
 }
@@ -673,6 +685,41 @@ TEST(WorkerSlotsTest, AllSlotsBusyIs503WithRetryAfter) {
   EXPECT_EQ(Post(w, "/v1/completions", {{"prompt", "y"}, {"max_tokens", 4}}).status, 200);
 }
 
+// A shared KV pool that is full for now is capacity, not an allocation
+// failure: 503 with Retry-After and no failure phase, which the gateway
+// treats as busy (the request waits), not as a failure that opens the
+// placement's breaker and moves the request elsewhere.
+TEST(WorkerKvUnifiedTest, AFullPoolIsBusyNotAFailure) {
+  WorkerProcess w(ModelPath("tiny-chat"), {"--slots", "2", "--ctx", "256", "--threads", "1", "--kv-unified"});
+  ASSERT_TRUE(w.running()) << w.Stderr();
+  auto hold = std::async(std::launch::async, [&] {
+    return Post(w, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 200}, {"ignore_eos", true}},
+                {{"X-Request-Id", "hold-cells"}});
+  });
+  for (int i = 0; i < 500 && Body(Get(w, "/v1/worker/info"))["slots"]["busy"] != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  auto r = Post(w, "/v1/completions", {{"prompt", "y"}, {"max_tokens", 100}});
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.Header("retry-after"), "1");
+  EXPECT_NE(r.body.find("KV cache"), std::string::npos) << r.body;
+  EXPECT_FALSE(Body(r)["error"].contains("phase")) << r.body;
+  ASSERT_TRUE(http::Fetch("127.0.0.1", w.port(), "DELETE", "/v1/worker/requests/hold-cells", "", WorkerAuth()).ok());
+  hold.get();
+}
+
+// A request that sets no max_tokens gets what fits beside its prompt in its
+// slot's share of the cells (512 / 4 = 128 here), not in the whole context:
+// it was a 400 ("exceeds the context of 128 tokens per slot").
+TEST(WorkerSlotsTest, AnUnsetMaxTokensFitsTheSlotsShare) {
+  WorkerProcess w(ModelPath("tiny-chat"), {"--slots", "4", "--ctx", "512", "--threads", "1"});
+  ASSERT_TRUE(w.running()) << w.Stderr();
+  auto r = Post(w, "/v1/completions", {{"prompt", "The quick brown fox"}, {"ignore_eos", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json u = Body(r)["usage"];
+  EXPECT_EQ(u["prompt_tokens"].get<int>() + u["completion_tokens"].get<int>(), 128) << u.dump();
+}
+
 std::string FingerprintOf(const std::string& model) {
   WorkerProcess w(model, {"--slots", "1", "--ctx", "256", "--threads", "1"});
   EXPECT_TRUE(w.running()) << w.Stderr();
@@ -717,6 +764,62 @@ TEST(WorkerEmbeddingTest, EmbeddingsAreNormalizedAndDeterministic) {
   EXPECT_EQ(Post(w, "/v1/embeddings", {{"input", json::array({1, 2})}}).status, 400);
 }
 
+// An embedding worker busy for longer than its progress timeout (a large
+// batch of inputs) makes progress with each input: it is not "stalled", which
+// would have the supervisor kill it and every request on it.
+TEST(WorkerEmbeddingTest, ALongBatchOfInputsIsProgressNotAStall) {
+  WorkerProcess w(ModelPath("tiny-embed"), {"--slots", "1", "--ctx", "512", "--threads", "1", "--progress-timeout", "0.3"});
+  ASSERT_TRUE(w.running()) << w.Stderr();
+  std::string text;
+  for (int i = 0; i < 120; ++i) text += "word" + std::to_string(i % 37) + " ";
+  json body = {{"input", json::array()}};
+  for (int i = 0; i < 100; ++i) body["input"].push_back(std::to_string(i) + " " + text);
+  // One input first: a fresh context's first step of a shape is its slowest (buffers planned), and sets the pace.
+  ASSERT_EQ(Post(w, "/v1/embeddings", {{"input", body["input"][0]}}).status, 200);
+  const auto started = std::chrono::steady_clock::now();
+  auto batch = std::async(std::launch::async, [&] { return Post(w, "/v1/embeddings", body); });
+  int healthy = 0, stalled = 0;
+  while (batch.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+    const auto h = Get(w, "/health");
+    (h.status == 200 ? healthy : stalled) += 1;
+    if (h.status != 200) {
+      ADD_FAILURE() << "health during the batch, after "
+                    << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count()
+                    << " ms: " << h.status << " " << h.body;
+    }
+  }
+  const auto took = std::chrono::steady_clock::now() - started;
+  const auto r = batch.get();
+  EXPECT_EQ(r.status, 200) << r.body.substr(0, 300);
+  EXPECT_GT(took, std::chrono::milliseconds(900)) << "the batch was too short to test anything";
+  EXPECT_EQ(stalled, 0) << healthy << " healthy answers";
+}
+
+// An embedding model is pooled as its GGUF says: a CLS model's vector is its
+// first token's state, which for a causal model behind a BOS is the same for
+// every input (a mean over the tokens, as every model was pooled before,
+// differs). Inputs past the model's trained positions are refused: a
+// BERT-style model's position table ends there (llama.cpp aborts beyond it).
+TEST(WorkerEmbeddingTest, PooledAsTheModelSaysWithinItsTrainedContext) {
+  WorkerProcess w(ModelPath("tiny-embed-cls"), {"--slots", "1", "--ctx", "512", "--threads", "1"});
+  ASSERT_TRUE(w.running()) << w.Stderr();
+  EXPECT_EQ(Body(Get(w, "/v1/worker/info"))["model"]["pooling"], "cls");
+  auto r = Post(w, "/v1/embeddings", {{"input", json::array({"hello world", "another text entirely"})}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const auto a = Body(r)["data"][0]["embedding"].get<std::vector<float>>();
+  const auto b = Body(r)["data"][1]["embedding"].get<std::vector<float>>();
+  EXPECT_EQ(a.size(), 64u);
+  EXPECT_EQ(a, b) << "not pooled from the first token";
+  std::string fits, too_long;
+  for (int i = 0; i < 40; ++i) fits += "w" + std::to_string(i) + " ";
+  for (int i = 0; i < 100; ++i) too_long += "w" + std::to_string(i) + " ";  // within ctx, past 256
+  r = Post(w, "/v1/embeddings", {{"input", too_long}});
+  EXPECT_EQ(r.status, 400) << r.body.substr(0, 300);
+  EXPECT_NE(r.body.find("trained context of 256 tokens"), std::string::npos) << r.body.substr(0, 300);
+  r = Post(w, "/v1/embeddings", {{"input", fits}});
+  EXPECT_EQ(r.status, 200) << r.body.substr(0, 300);
+}
+
 TEST(WorkerStartupTest, MissingOrCorruptModelExitsCleanlyWithPhaseLoad) {
   std::string err;
   EXPECT_EQ(RunWorkerToExit({"--model", "/nonexistent.gguf", "--listen", "127.0.0.1:0"}, &err), 3);
@@ -739,6 +842,10 @@ TEST(WorkerStartupTest, MissingOrCorruptModelExitsCleanlyWithPhaseLoad) {
   // aborted inside llama.cpp's pooling (red without the check: SIGABRT).
   EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("tiny-embed"), "--ctx", "512", "--slots", "3", "--dry-run"}, &err), 2);
   EXPECT_NE(err.find("multiple of slots"), std::string::npos) << err;
+  // A batch smaller than the slots: each step carries a token of every slot,
+  // past llama.cpp's n_batch (it aborts the worker at the first full step).
+  EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("tiny-chat"), "--batch", "2", "--slots", "4", "--dry-run"}, &err), 2);
+  EXPECT_NE(err.find("below --slots"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -192,6 +192,7 @@ TEST(ConfigTest, ValuesThatCannotWorkAreRefusedWithTheirKey) {
       {"[journal]\nretention_hours = 1\n", "'journal.retention_hours' (1) is shorter than journal.idempotency_hours (24)"},
       {"[journal]\nretention_hours = 48\nidempotency_hours = 72\n", "is shorter than journal.idempotency_hours (72)"},
       {(svc + "[[service.placement]]\nctx = 16\nslots = 17\n"), "'service[0].placement[0].slots' (17) exceeds ctx (16)"},
+      {(svc + "[[service.placement]]\nbatch = 2\nslots = 4\n"), "test.toml:5: 'service[0].placement[0].batch' (2) is below slots (4)"},
       {(svc + "[[service.placement]]\nprogress_timeout_s = nan\n"), "progress_timeout_s' must be between"},
       {(svc + "residency = \"on_demand\"\npriority = \"batch\"\nwindows = [\"02:00-02:00\"]\n"),
        "'02:00-02:00' must be \"HH:MM-HH:MM\""},
