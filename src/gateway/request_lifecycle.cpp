@@ -196,7 +196,20 @@ boost::asio::awaitable<void> RequestLifecycle::EndResumable(const std::string& w
 }
 
 // The client hears the worker's error, as an error event when its stream has begun.
+namespace {
+
+// A worker's 503 passed on says when to try again: its own Retry-After, or
+// 1 s (a stream's refusal carries no header of its own here).
+std::string RetryAfterOf(const AttemptResult& r) {
+  return !r.retry_after.empty() ? r.retry_after : r.status == 503 ? "1" : "";
+}
+
+}  // namespace
+
 boost::asio::awaitable<void> RequestLifecycle::DeliverRefusal(const AttemptResult& r) {
+  // Cancelled meanwhile (the worker refused it for that: a continuation's
+  // cancel can reach the worker before the request does): it ends as asked.
+  if (live_->cancelled) co_return co_await Fail(State::kCancelled, Status::Cancelled("request cancelled"));
   if (r.outcome.delivered) {  // a continuation was refused: end the stream the client has, resumable
     co_return co_await EndResumable("the continuation was refused (" + r.body + ")", r.body);
   }
@@ -206,7 +219,7 @@ boost::asio::awaitable<void> RequestLifecycle::DeliverRefusal(const AttemptResul
     co_return co_await EndStreamWithError(r.stream_state, error_event, r.body);
   }
   co_await Finish(r.stream_state, r.status, "application/json", r.body, r.body);
-  reply_.Answer(r.status, "application/json", r.body, nullptr);
+  reply_.Answer(r.status, "application/json", r.body, nullptr, RetryAfterOf(r));
 }
 
 void RequestLifecycle::OnWait(const std::string& note, double est_s) {
@@ -223,12 +236,22 @@ void RequestLifecycle::OnWait(const std::string& note, double est_s) {
   reply_.WaitingNote(note, est_s);
 }
 
-// The journal cannot write (503, Retry-After; the request stays queued in
-// the journal and is run again after a restart), or someone else cancelled
-// or ended the request meanwhile.
+// The journal cannot write (503, Retry-After; the request's end is recorded
+// as that 503 once it writes again), or someone else cancelled or ended the
+// request meanwhile.
 boost::asio::awaitable<void> RequestLifecycle::CommitRefused(const Status& st) {
   if (co_await AcceptRefused()) co_return;  // (then the attempt was refused for want of its request)
-  if (st.code() == StatusCode::kUnavailable) co_return reply_.Error(st);
+  if (st.code() == StatusCode::kUnavailable) {
+    // The journal cannot write. The client hears why, and the request's end
+    // is recorded as that once the journal writes again: left queued or
+    // running, a retry with its Idempotency-Key heard "in flight" for good,
+    // and a restart ran a request its client had been told failed.
+    const bool sent = reply_.head_sent();
+    reply_.Error(st);
+    g_.Spawn(g_.RecordEndWhenWritable(rec_.id, sent ? State::kFailedResumable : State::kFailed, st), strand_);
+    live_->Enter(LivePhase::kTerminal, g_.clock_.NowMs());
+    co_return;
+  }
   if (reply_.attached()) {
     auto r = co_await g_.Blocking([&] { return g_.journal_.Get(rec_.id); });
     reply_.Error(Status::Cancelled("request " + (r.ok() ? std::string(journal::StateName(r->state)) : "ended")));
@@ -268,7 +291,7 @@ boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, 
   }
   const std::string err = state == State::kCompleted ? "" : body;  // (a named value: see Blocking's note on GCC 12)
   co_await Finish(state, r.status, r.type, body, err);
-  reply_.Answer(r.status, r.type, body, &spec.served, r.retry_after);
+  reply_.Answer(r.status, r.type, body, &spec.served, RetryAfterOf(r));
 }
 
 boost::asio::awaitable<void> RequestLifecycle::Run() {
@@ -408,7 +431,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
         }
         if (!rec_.stream) {  // the worker's own account of its failure is the answer
           co_await Finish(State::kFailed, r.status, "application/json", r.body, r.body);
-          co_return reply_.Answer(r.status, "application/json", r.body, nullptr);
+          co_return reply_.Answer(r.status, "application/json", r.body, nullptr, RetryAfterOf(r));
         }
         // A stream cut where no placement may continue it: never past delivered tool calls.
         const Status err = Status::Unavailable(

@@ -383,6 +383,33 @@ TEST_F(LifecycleTest, AJournalThatCannotWriteRefusesNewRequests) {
   EXPECT_EQ(primary_.calls(), calls) << "a request the journal refuses was sent to a worker";
 }
 
+// An acknowledged request whose next attempt the journal cannot record (the
+// disk filled after its Accept) ends with a 503, and the journal says so once
+// it writes again: left running, a retry with its Idempotency-Key heard "in
+// flight" for good, and a restart ran what its client had been told failed.
+TEST_F(LifecycleTest, AnAttemptTheJournalCannotRecordEndsTheRequestAsItsClientHeard) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  const std::string body = json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}, {"stream", true}}.dump();
+  auto ex = Send("/v1/completions", body, "POST", {{"X-Request-Id", "r-unrecorded"}});
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
+  ASSERT_TRUE(Eventually([&] { return journal_->Get("r-unrecorded").ok(); }));  // accepted: durable
+  faults_->SetDiskFull(true);
+  std::shared_ptr<http::Exchange> held;
+  {
+    std::lock_guard<std::mutex> lk(primary_.mu);
+    held = std::exchange(primary_.held[0], nullptr);
+  }
+  ASSERT_TRUE(held);
+  Refuse(held, Status::ResourceExhausted("kv alloc failed").WithPhase(FailurePhase::kKv));  // the fallback next
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_NE(ex->body().find("journal"), std::string::npos) << ex->body();
+  EXPECT_EQ(fallback_.calls(), 0u) << "an attempt the journal did not record was sent";
+  faults_->SetDiskFull(false);
+  EXPECT_TRUE(Eventually([&] { return journal::IsTerminal(Journaled("r-unrecorded").state); }, std::chrono::seconds(15)))
+      << journal::StateName(Journaled("r-unrecorded").state);
+  EXPECT_EQ(Journaled("r-unrecorded").result_status, 503);
+}
+
 TEST_F(LifecycleTest, AnAllocationFailureIsReplayedOnTheFallbackWithTheSameIdAndSeed) {
   primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
     Refuse(ex, Status::ResourceExhausted("kv alloc failed").WithPhase(FailurePhase::kKv));
@@ -465,6 +492,22 @@ TEST_F(LifecycleTest, AContinuationTheWorkerRefusesMidStreamEndsResumable) {
   EXPECT_EQ(Journaled("r-refused-mid").state, journal::State::kFailedResumable);
 }
 
+// A stream cancelled while it is continued elsewhere (its fallback answers
+// the cancel with 499 before its first event) ends cancelled, as the client
+// asked: it was journaled failed_resumable, as if to be resumed.
+TEST_F(LifecycleTest, AStreamCancelledWhileItIsContinuedEndsCancelled) {
+  primary_.behaviour = CutStream({{"a", 11}});
+  fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { fallback_.Hold(req, std::move(ex)); };
+  auto ex = Complete("r-cancel-continued", true);
+  ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 1; }));
+  auto cancel = Send("/v1/requests/r-cancel-continued", "", "DELETE");
+  ASSERT_TRUE(cancel->Wait());
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_NE(ex->body().find("\"a\""), std::string::npos) << ex->body();
+  EXPECT_TRUE(Eventually([&] { return Journaled("r-cancel-continued").state == journal::State::kCancelled; }))
+      << journal::StateName(Journaled("r-cancel-continued").state);
+}
+
 // A stream is continued only on the same model file: a declared different
 // fallback model would splice another model's text into the answer. With no
 // placement of the same model left, it ends resumable, with its checkpoint.
@@ -509,6 +552,23 @@ TEST_F(LifecycleTest, AWaitingRequestEndsAtItsDeadlineByTheClock) {
   EXPECT_EQ(rec.state, journal::State::kFailed);
   EXPECT_NE(rec.error.find("X-Request-Timeout"), std::string::npos);
   EXPECT_LE(rec.attempts, 2) << "waiting for a slot is not a new attempt each time";
+}
+
+// A stream whose workers stay busy past the 60 s a wait gets ends with their
+// 503 and says when to try again, as a non-streamed one does (it had no
+// Retry-After: a stream's refusal carries no header of its own).
+TEST_F(LifecycleTest, AStreamWhoseWorkersStayBusyIsToldWhenToTryAgain) {
+  const Behaviour busy = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    Refuse(ex, Status::ResourceExhausted("every slot is taken"));
+  };
+  primary_.behaviour = busy;
+  fallback_.behaviour = busy;
+  auto ex = Complete("r-busy-stream", true);
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() + fallback_.calls() >= 2; }));
+  clock_.Advance(61'000);
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 503u) << ex->body();
+  EXPECT_EQ(ex->header("Retry-After"), "1") << ex->body();
 }
 
 // A deadline bounds a running attempt too, by the request's own time left:
