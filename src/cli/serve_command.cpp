@@ -126,6 +126,7 @@ int Check(const ServeArgs& a) {
   }
   const std::string worker_bin = a.worker_bin.empty() ? DefaultWorkerBinary() : a.worker_bin;
   const std::string where = a.config_path.empty() ? "the demo" : a.config_path;
+  for (const auto& w : loaded->Warnings()) std::fprintf(stderr, "spillway serve: %s: warning: %s\n", where.c_str(), w.c_str());
   const auto problems = gateway::CheckStartup(*loaded, fs::path(worker_bin).parent_path().string());
   for (const auto& p : problems) {
     std::fprintf(stderr, "spillway serve: %s: %s: %s\n", where.c_str(), p.where.c_str(), p.reason.c_str());
@@ -162,6 +163,7 @@ int Serve(const ServeArgs& a) {
     return 2;
   }
   config::GatewayConfig cfg = std::move(*loaded);
+  for (const auto& w : cfg.Warnings()) std::fprintf(stderr, "spillway serve: warning: %s\n", w.c_str());
 
   if (Status st = EnsurePrivateDir(cfg.state_dir); !st.ok()) {
     std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());

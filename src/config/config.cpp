@@ -489,6 +489,22 @@ std::string PlacementConfig::Name() const {
   return device == "cpu" ? "cpu" : device + "/" + std::to_string(gpu_layers);
 }
 
+std::vector<std::string> GatewayConfig::Warnings() const {
+  std::vector<std::string> out;
+  for (const auto& d : devices) {
+    bool used = false;
+    for (const auto& s : services) {
+      for (const auto& p : s.placements) used |= p.device == d.name;
+    }
+    for (const auto& e : externals) used |= e.device == d.name;
+    if (!used) {
+      out.push_back("[[device]] '" + d.name + "' is the device of no placement and no external service: its settings "
+                    "apply to nothing (a placement's device written differently?)");
+    }
+  }
+  return out;
+}
+
 DeviceConfig GatewayConfig::Device(const std::string& name) const {
   for (const auto& d : devices) {
     if (d.name == name) return d;

@@ -276,6 +276,10 @@ struct GatewayConfig {
   const ServiceConfig* FindService(const std::string& name) const;
   const ExternalConfig* FindExternal(const std::string& name) const;
   DeviceConfig Device(const std::string& name) const;
+  // What is valid but likely a mistake, one line each (serve prints them at
+  // start, serve --check too): a [[device]] no placement or external
+  // service is on, whose settings apply to nothing.
+  std::vector<std::string> Warnings() const;
 
 };
 

@@ -45,6 +45,18 @@ struct Bad {
   const char* fragment;
 };
 
+// A [[device]] that nothing is on is valid, and probably a typo elsewhere: said, not refused.
+TEST(ConfigTest, ADeviceNothingIsOnIsAWarning) {
+  const std::string svc = "[[service]]\nname = \"a\"\nmodel = \"m\"\n[[service.placement]]\ndevice = \"sim:1\"\n";
+  auto used = ParseConfig("[[device]]\nname = \"sim:1\"\n" + svc, "t.toml");
+  ASSERT_TRUE(used.ok()) << used.status().message();
+  EXPECT_TRUE(used->Warnings().empty());
+  auto unused = ParseConfig("[[device]]\nname = \"sim:0\"\nheadroom_mib = 512\n" + svc, "t.toml");
+  ASSERT_TRUE(unused.ok()) << unused.status().message();
+  ASSERT_EQ(unused->Warnings().size(), 1u);
+  EXPECT_NE(unused->Warnings()[0].find("'sim:0' is the device of no placement"), std::string::npos) << unused->Warnings()[0];
+}
+
 TEST(ConfigTest, ErrorsNameFileLineAndKey) {
   const Bad cases[] = {
       {"listen = \"nope\"", "test.toml:1: 'listen'"},
