@@ -69,9 +69,13 @@ Gateway::CpuGate Gateway::CpuPathGateLocked(const journal::RequestRecord& rec, c
   s.join = q.Join(rec.id, s.request_bytes);
   s.replica_ready = supervisor_.ReadyPort(st.key).has_value();
   if (admission::NeedsStart(s.join, s.replica_ready)) {
-    if (auto h = devices::HostTelemetry().Read(); h.ok()) {
-      const uint64_t avail = h->effective_available();
-      s.host_available = avail > lim.host_headroom_bytes ? avail - lim.host_headroom_bytes : 0;
+    // Procfs and cgroup files, read under the board's lock on an I/O thread:
+    // only for the one request that may start, not every waiter every round.
+    if (q.MayStart(rec.id)) {
+      if (auto h = devices::HostTelemetry().Read(); h.ok()) {
+        const uint64_t avail = h->effective_available();
+        s.host_available = avail > lim.host_headroom_bytes ? avail - lim.host_headroom_bytes : 0;
+      }
     }
     s.start = q.TryStart(rec.id, s.host_available);
   }

@@ -37,12 +37,17 @@ CpuQueue::JoinResult CpuQueue::Join(const std::string& id, uint64_t bytes) {
   return JoinResult::kQueued;
 }
 
+bool CpuQueue::MayStart(const std::string& id) const {
+  if (Running(id)) return true;
+  if (waiting_.empty() || waiting_.front().id != id) return false;
+  if (static_cast<int>(running_.size()) >= opts_.concurrency) return false;
+  return !opts_.ram_budget_bytes || Resident() + RunningBytes() + waiting_.front().bytes <= opts_.ram_budget_bytes;
+}
+
 CpuQueue::StartResult CpuQueue::TryStart(const std::string& id, uint64_t host_available) {
   if (Running(id)) return StartResult::kStart;
-  if (waiting_.empty() || waiting_.front().id != id) return StartResult::kWait;
+  if (!MayStart(id)) return StartResult::kWait;
   const Waiter& w = waiting_.front();
-  if (static_cast<int>(running_.size()) >= opts_.concurrency) return StartResult::kWait;
-  if (opts_.ram_budget_bytes && Resident() + RunningBytes() + w.bytes > opts_.ram_budget_bytes) return StartResult::kWait;
   if (host_available != kUnknown && w.bytes > host_available) {
     ++rejected_host_;
     waiting_.pop_front();

@@ -55,6 +55,10 @@ class CpuQueue {
   // `host_available`: the host's observed available memory minus its
   // headroom (kUnknown: not known). A started request counts as running.
   StartResult TryStart(const std::string& id, uint64_t host_available = kUnknown);
+  // Whether `id` is running, or would start now given the host memory: the
+  // head of the line, with a lane and its bytes within the RAM budget free.
+  // (The host's memory is read only then: not per waiter per round.)
+  bool MayStart(const std::string& id) const;
   void Leave(const std::string& id);
 
   bool Waiting(const std::string& id) const;

@@ -70,6 +70,27 @@ TEST(CpuQueueTest, LowObservedHostMemoryRefusesTheFirstInLine) {
   EXPECT_EQ(q.stats().rejected_host, 1u);
 }
 
+// Only a request that would start now is worth the host memory's reading
+// (procfs and cgroup files, under the board's lock): the head of the line,
+// with a lane and room in the budget; not every waiter every round.
+TEST(CpuQueueTest, OnlyTheRequestThatWouldStartMayStart) {
+  FakeClock clock;
+  CpuQueue q({8, 1, 100 * MiB}, clock);
+  ASSERT_EQ(q.Join("a", 60 * MiB), CpuQueue::JoinResult::kQueued);
+  ASSERT_EQ(q.Join("b", 60 * MiB), CpuQueue::JoinResult::kQueued);
+  EXPECT_TRUE(q.MayStart("a"));
+  EXPECT_FALSE(q.MayStart("b")) << "behind a";
+  ASSERT_EQ(q.TryStart("a"), CpuQueue::StartResult::kStart);
+  EXPECT_TRUE(q.MayStart("a")) << "running";
+  EXPECT_FALSE(q.MayStart("b")) << "no lane free";
+  q.Leave("a");
+  q.SetResident("chat.1", 50 * MiB);
+  EXPECT_FALSE(q.MayStart("b")) << "50 + 60 MiB over the 100 MiB budget";
+  q.SetResident("chat.1", 30 * MiB);
+  EXPECT_TRUE(q.MayStart("b"));
+  EXPECT_FALSE(q.MayStart("nobody"));
+}
+
 TEST(CpuQueueTest, QueueAgeAndEstimatedWaitFollowTheClock) {
   FakeClock clock;
   CpuQueue q({8, 2, 0}, clock);
