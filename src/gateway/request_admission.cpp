@@ -382,6 +382,15 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
         const auto& st = *states_[d.placement];
         const uint32_t cells = static_cast<uint32_t>(prompt_tokens) + d.max_tokens;
         auto port = g_.supervisor_.ReadyPort(st.key);
+        if (!port && g_.supervisor_.OnDemand(st.key)) {
+          // Chosen while stopped (on demand: released when idle, or evicted
+          // and its room back): started now and waited for, within its start
+          // timeout. It was chosen and never started while another
+          // placement was up to count the prompt: a 503 after 60 s.
+          g_.board_.Touch(svc_.name, d.placement);
+          g_.supervisor_.Demand(st.key);
+          chose_stopped_ = true;
+        }
         // The decision is committed on the board; another request may have
         // taken the cells since the snapshot (then: decide again).
         if (port &&
@@ -430,7 +439,8 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
     }
     if (on_wait_) on_wait_(d.reason, est_wait_s);
     const double waited_s = WaitedSinceUp() / 1000.0;
-    if (waited_s > std::max(svc_.admission.max_delay_s, kQueueWaitMs / 1000.0)) {
+    const double start_s = chose_stopped_ ? g_.StartWaitMs(svc_) / 1000.0 : 0;  // (a load takes what it takes)
+    if (waited_s > std::max({svc_.admission.max_delay_s, kQueueWaitMs / 1000.0, start_s})) {
       *rejected_ = Status::ResourceExhausted("no placement of '" + svc_.name + "' could take the request within " +
                                              std::to_string(static_cast<int>(waited_s)) + " s: " + d.reason)
                        .WithRetryAfter(5);

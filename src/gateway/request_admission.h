@@ -97,6 +97,7 @@ class RequestAdmission {
   std::vector<const PlacementBoard::Placement*> states_;
   const int64_t t0_;
   int64_t up_since_ = 0;  // (WaitedSinceUp)
+  bool chose_stopped_ = false;  // a decision chose a stopped on-demand placement, started for it (Decided)
   std::vector<Gateway::Hold> holds_;
   std::vector<bool> held_;
   // Its place in the service's line, while it has one: known to its Live,

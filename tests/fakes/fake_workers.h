@@ -82,7 +82,15 @@ class FakeWorkers : public upstream::Workers {
     for (const auto& [key, v] : views_) out.push_back(v);
     return out;
   }
-  void Demand(const std::string&) override {}
+  void Demand(const std::string& key) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++demanded_[key];
+  }
+  int demanded(const std::string& key) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = demanded_.find(key);
+    return it == demanded_.end() ? 0 : it->second;
+  }
   void Release(const std::string& key) override {
     std::lock_guard<std::mutex> lk(mu_);
     ports_.erase(key);
@@ -110,6 +118,7 @@ class FakeWorkers : public upstream::Workers {
   std::map<std::string, uint16_t> ports_;
   std::map<std::string, upstream::WorkerView> views_;
   std::set<std::string> on_demand_;
+  std::map<std::string, int> demanded_;  // Demand() calls per key
   std::vector<std::string> suspected_;
   std::function<void(const std::string&, const std::string&)> on_exit_;
 };

@@ -554,6 +554,22 @@ TEST_F(LifecycleTest, AWaitingRequestEndsAtItsDeadlineByTheClock) {
   EXPECT_LE(rec.attempts, 2) << "waiting for a slot is not a new attempt each time";
 }
 
+// An on-demand primary that is stopped (released when idle, or evicted and
+// its room back) is started by the request that chooses it, also while its
+// CPU fallback is up to count the prompt: it was chosen and never started,
+// and the request waited 60 s for a 503.
+TEST_F(LifecycleTest, AStoppedOnDemandPrimaryIsStartedByTheRequestThatChoosesIt) {
+  workers_.SetOnDemand("chat.0");
+  workers_.Release("chat.0");  // stopped: no port
+  auto ex = Complete("r-wake");
+  ASSERT_TRUE(Eventually([&] { return workers_.demanded("chat.0") > 0; })) << "the chosen placement was never started";
+  EXPECT_FALSE(ex->done()) << ex->body();
+  workers_.SetReady("chat.0", primary_.server.port());  // loaded
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+  EXPECT_NE(ex->body().find("primary"), std::string::npos) << ex->body();
+}
+
 // A stream whose workers stay busy past the 60 s a wait gets ends with their
 // 503 and says when to try again, as a non-streamed one does (it had no
 // Retry-After: a stream's refusal carries no header of its own).
