@@ -73,8 +73,11 @@ Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const
     return Make(Kind::kAdmit, 0, r.max_tokens, "fits " + primary.name + ": " + N(need) + " of " + N(primary.cells_free) + " free cells");
   }
 
-  // 2. It can never fit the primary's pool: another placement with a larger pool, or shrink, or 400/413.
+  // 2. It can never fit the primary's pool: another placement with a larger
+  // pool, or shrink; 400/413 only when no pool could ever hold it, 503 when
+  // one could later (busy past max_delay_s, restarting, its breaker open).
   if (need > primary.cells_total) {
+    double soonest_s = -1;  // the least wait of a larger pool that is busy now
     for (size_t i : alts) {
       if (need > ps[i].cells_total) continue;
       const std::string why = N(need) + " cells exceed " + primary.name + "'s pool of " + N(primary.cells_total) +
@@ -85,20 +88,43 @@ Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const
         d.retry_after_s = static_cast<int>(std::ceil(ps[i].est_wait_s));
         return d;
       }
+      if (soonest_s < 0 || ps[i].est_wait_s < soonest_s) soonest_s = ps[i].est_wait_s;
     }
     uint64_t best_total = primary.cells_total;
     for (size_t i : alts) best_total = std::max<uint64_t>(best_total, ps[i].cells_total);
+    uint32_t shrunk = 0;  // max_tokens that would fit the primary's pool
     if (r.allow_shrink && r.prompt_tokens + r.min_tokens <= best_total) {
-      const uint32_t shrunk = static_cast<uint32_t>(std::min<uint64_t>(r.max_tokens, primary.cells_total - std::min<uint64_t>(primary.cells_total, r.prompt_tokens)));
+      shrunk = static_cast<uint32_t>(std::min<uint64_t>(r.max_tokens, primary.cells_total - std::min<uint64_t>(primary.cells_total, r.prompt_tokens)));
       if (shrunk >= r.min_tokens && FitsNow(primary, r.prompt_tokens + shrunk)) {
         return Make(Kind::kShrink, 0, shrunk, "max_tokens lowered from " + N(r.max_tokens) + " to " + N(shrunk) +
                                                   " to fit " + primary.name + "'s pool of " + N(primary.cells_total));
       }
     }
+    const std::string sum = "the prompt (" + N(r.prompt_tokens) + " tokens) + max_tokens (" + N(r.max_tokens) +
+                            ") = " + N(need) + " cells";
+    if (soonest_s >= 0) {  // a larger pool is busy for longer than max_delay_s
+      const int wait = std::max(1, static_cast<int>(std::ceil(soonest_s)));
+      return Reject(503, wait, sum + " fit only a pool that is full for about " + N(wait) + " s");
+    }
+    if (shrunk >= r.min_tokens && primary.usable) {  // shrunk, it fits the primary's pool once it frees
+      const int wait = std::max(1, static_cast<int>(std::ceil(primary.est_wait_s)));
+      return Reject(503, wait, sum + " fit " + primary.name + "'s pool only shrunk, and it is full for about " +
+                                   N(wait) + " s");
+    }
+    // A larger pool that is not usable now but comes back (its worker restarting, its breaker to probe).
+    for (size_t i = 1; i < ps.size() && !pol.fail_fast; ++i) {
+      if (ps[i].usable || !ps[i].comes_back || need > ps[i].cells_total) continue;
+      if (r.waited_s < pol.start_wait_s) {
+        Decision d = Make(Kind::kDelay, i, r.max_tokens, sum + " fit only " + ps[i].name + "'s pool of " +
+                                                             N(ps[i].cells_total) + ", which is not up yet");
+        d.retry_after_s = 1;
+        return d;
+      }
+      return Reject(503, 5, sum + " fit only " + ps[i].name + "'s pool, which did not come back within " +
+                                N(static_cast<uint64_t>(pol.start_wait_s)) + " s");
+    }
     const bool prompt_alone = r.prompt_tokens >= best_total;
-    return Reject(prompt_alone ? 413 : 400, 0,
-                  "the prompt (" + N(r.prompt_tokens) + " tokens) + max_tokens (" + N(r.max_tokens) + ") = " + N(need) +
-                      " cells can never fit: the largest pool holds " + N(best_total));
+    return Reject(prompt_alone ? 413 : 400, 0, sum + " can never fit: the largest pool holds " + N(best_total));
   }
 
   // 3. It fits the primary's pool, but not now (or only under pressure).

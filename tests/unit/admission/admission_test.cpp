@@ -70,6 +70,40 @@ TEST(AdmissionTest, RejectWithNumbersWhenItCanNeverFit) {
   EXPECT_EQ(huge.http_status, 413);
 }
 
+// 400/413 say "never": only when no pool could ever hold the request. A
+// larger pool busy past max_delay_s, one that comes back (restarting, its
+// breaker to probe), or a shrink the primary could take once it frees are
+// "later": a wait or a 503 with Retry-After (they were a 400, which a client
+// does not retry).
+TEST(AdmissionTest, WhatCouldFitLaterIsNeverA400) {
+  RequestNeed long_prompt{6000, 500};
+  PlacementView busy_cpu = Cpu(16384, 100);
+  busy_cpu.est_wait_s = 120;  // past max_delay_s (30)
+  auto d = Decide(long_prompt, {Gpu(4096, 4096), busy_cpu}, {});
+  EXPECT_EQ(d.kind, Kind::kReject);
+  EXPECT_EQ(d.http_status, 503) << d.reason;
+  EXPECT_EQ(d.retry_after_s, 120);
+
+  PlacementView restarting_cpu = Cpu(16384, 16384);
+  restarting_cpu.usable = false;
+  restarting_cpu.comes_back = true;
+  d = Decide(long_prompt, {Gpu(4096, 4096), restarting_cpu}, {});
+  EXPECT_EQ(d.kind, Kind::kDelay) << d.reason;
+  EXPECT_NE(d.reason.find("not up yet"), std::string::npos) << d.reason;
+  long_prompt.waited_s = 61;  // past start_wait_s
+  d = Decide(long_prompt, {Gpu(4096, 4096), restarting_cpu}, {});
+  EXPECT_EQ(d.http_status, 503) << d.reason;
+
+  RequestNeed shrinkable{3000, 4000, /*allow_shrink=*/true, 16};
+  d = Decide(shrinkable, {Gpu(4096, 500, 2, 200)}, {});  // the primary is full for longer than max_delay_s
+  EXPECT_EQ(d.kind, Kind::kReject);
+  EXPECT_EQ(d.http_status, 503) << d.reason;
+
+  // Never: still 400/413, with the numbers.
+  EXPECT_EQ(Decide({3000, 2000}, {Gpu(4096, 4096), Cpu(4096, 4096)}, {}).http_status, 400);
+  EXPECT_EQ(Decide({6000, 500}, {Gpu(4096, 4096), Cpu(4096, 4096)}, {}).http_status, 413);
+}
+
 TEST(AdmissionTest, Reject503WhenTheWaitIsTooLong) {
   auto d = Decide({500, 500}, {Gpu(4096, 100, 2, 120)}, {});
   EXPECT_EQ(d.kind, Kind::kReject);
