@@ -586,9 +586,12 @@ class Session : public std::enable_shared_from_this<Session> {
   void RejectAndClose(unsigned status, const std::string& msg, const char* code = "bad_request", int retry_after = 0) {
     keep_alive_ = false;
     exchange_done_ = false;
-    std::string body = R"({"error":{"message":")" + msg + R"(","type":")" +
-                       (status >= 500 ? "server_overloaded" : "invalid_request_error") + R"(","code":")" + code +
-                       R"("}})";
+    // An Ollama route's clients read Ollama's shape, {"error": "<message>"}.
+    const bool ollama = parser_ && parser_->get().target().substr(0, 5) == "/api/";
+    std::string body = ollama ? R"({"error":")" + msg + R"("})"
+                              : R"({"error":{"message":")" + msg + R"(","type":")" +
+                                    (status >= 500 ? "server_overloaded" : "invalid_request_error") +
+                                    R"(","code":")" + code + R"("}})";
     auto res = MakeResponse(status, std::move(body), "application/json");
     if (retry_after > 0) res.set(bhttp::field::retry_after, std::to_string(retry_after));
     res.keep_alive(false);

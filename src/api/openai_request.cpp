@@ -214,8 +214,10 @@ Status ParseGeneration(const json& body, GenerationRequest* g) {
   SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "repeat_last_n", 0, 8192, &s.repeat_last_n));
   SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "frequency_penalty", -2, 2, &s.frequency_penalty));
   SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "presence_penalty", -2, 2, &s.presence_penalty));
-  // 0xFFFFFFFF is llama.cpp's "random seed" sentinel, so it is excluded.
-  SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "seed", 0, 4294967294.0, &s.seed));
+  // 0xFFFFFFFF is llama.cpp's "random seed" sentinel, so it is excluded. A
+  // negative seed (-1: many UIs' "random") is no seed, as in the Ollama
+  // API: the gateway pins one in its place.
+  if (!IsNegativeSeed(body)) SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "seed", 0, 4294967294.0, &s.seed));
   SPILLWAY_RETURN_IF_ERROR(ParseLogitBias(body, &s.logit_bias));
 
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
@@ -322,9 +324,19 @@ StatusOr<CompletionRequest> ParseCompletionRequest(const json& body) {
   return r;
 }
 
+bool IsNegativeSeed(const json& body) {
+  auto it = body.find("seed");
+  return it != body.end() && it->is_number() && it->get<double>() < 0;
+}
+
 StatusOr<EmbeddingRequest> ParseEmbeddingRequest(const json& body) {
   EmbeddingRequest r;
   SPILLWAY_RETURN_IF_ERROR(ParseModel(body, &r.model));
+  // Accepted and ignored, a client's vector store would get vectors of
+  // another width than it asked for and fail later, far from the cause.
+  if (auto d = body.find("dimensions"); d != body.end() && !d->is_null()) {
+    return Bad("dimensions", "is not supported by Spillway: vectors have the model's width");
+  }
   if (auto f = body.find("encoding_format"); f != body.end() && !f->is_null()) {
     if (!f->is_string() || (*f != "float" && *f != "base64")) return Bad("encoding_format", "must be 'float' or 'base64'");
     r.base64 = *f == "base64";

@@ -154,5 +154,7 @@ extern const char* const kUnsupportedSamplingFields[];
 StatusOr<ChatRequest> ParseChatRequest(const nlohmann::json& body);
 StatusOr<CompletionRequest> ParseCompletionRequest(const nlohmann::json& body);
 StatusOr<EmbeddingRequest> ParseEmbeddingRequest(const nlohmann::json& body);
+// A "seed" below 0 (-1 is "random" to many UIs): no seed, for the gateway to pin one.
+bool IsNegativeSeed(const nlohmann::json& body);
 
 }  // namespace spillway::api

@@ -203,7 +203,9 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   const unsigned v = req.version();
   const auto method = req.method();
   const bool open_route = path == "/healthz" || path == "/readyz" || IsUiPath(path);  // the page asks for a key itself
-  if (Status st = CheckAccess(req, !open_route); !st.ok()) return ex->Respond(ErrorResponse(st, v));
+  if (Status st = CheckAccess(req, !open_route); !st.ok()) {
+    return ex->Respond(IsOllamaPath(path) ? OllamaErrorResponse(st, v) : ErrorResponse(st, v));
+  }
   if (IsUiPath(path) && method == bhttp::verb::get) return ex->Respond(UiResponse(path, v));
   if (path == "/v1/events" && method == bhttp::verb::get) return HandleEvents(CallerOf(req), std::move(ex), v);
   if (path == "/v1/requests" && method == bhttp::verb::get) return HandleRequestList(CallerOf(req), std::move(ex), v);
@@ -347,7 +349,7 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   bool rewritten = body->erase("spillway_resume") > 0;
   std::optional<uint32_t> seed;
   const bool has_seed = body->contains("seed");
-  if (endpoint != "embedding" && (!has_seed || (*body)["seed"].is_null())) {
+  if (endpoint != "embedding" && (!has_seed || (*body)["seed"].is_null() || api::IsNegativeSeed(*body))) {
     std::lock_guard<std::mutex> lk(mu_);
     seed = static_cast<uint32_t>(rng_() % 0xFFFFFFFFull);
   }

@@ -67,6 +67,17 @@ inline http::Response ErrorResponse(const Status& st, unsigned version, const st
   return res;
 }
 
+// Ollama's error shape, {"error": "<message>"}: what its clients read
+// (the ollama npm client throws errorData.error as the message).
+inline http::Response OllamaErrorResponse(const Status& st, unsigned version) {
+  auto res = JsonResponse(static_cast<unsigned>(HttpStatusFor(st.code())), {{"error", st.message()}}, version);
+  if (st.retry_after_s() > 0) res.set(bhttp::field::retry_after, std::to_string(st.retry_after_s()));
+  return res;
+}
+
+// An Ollama route (/api/...): its errors take Ollama's shape, whatever refuses it.
+inline bool IsOllamaPath(std::string_view path) { return path.substr(0, 5) == "/api/"; }
+
 using http::HostOnly;
 
 // A telemetry reader per device and thread (readers are not thread-safe;

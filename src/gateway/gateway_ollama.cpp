@@ -33,12 +33,6 @@ std::string OllamaName(const std::string& service) {
 
 http::Response OllamaResponse(unsigned status, const json& body, unsigned v) { return JsonResponse(status, body, v); }
 
-http::Response OllamaErrorResponse(const Status& st, unsigned v) {
-  auto res = OllamaResponse(static_cast<unsigned>(HttpStatusFor(st.code())), {{"error", st.message()}}, v);
-  if (st.retry_after_s() > 0) res.set(bhttp::field::retry_after, std::to_string(st.retry_after_s()));
-  return res;
-}
-
 api::OllamaRoute RouteOf(const std::string& path) {
   if (path == "/api/generate") return api::OllamaRoute::kGenerate;
   if (path == "/api/embed") return api::OllamaRoute::kEmbed;

@@ -277,6 +277,14 @@ TEST(GatewayAccessTest, KeysHostsAndOrigins) {
   EXPECT_EQ(evil.status, 403) << evil.body;
   EXPECT_EQ(Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearer sk-test-1"}, {"Origin", "http://evil.example"}}).status, 403);
   EXPECT_EQ(Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearer sk-test-1"}, {"Origin", "http://localhost:3000"}}).status, 200);
+  // An Ollama route is refused in Ollama's shape, {"error": "<message>"}: its
+  // clients read the error as a string ("[object Object]" otherwise).
+  auto ollama = Call(p, "POST", "/api/chat", R"({"model":"chat","messages":[]})");
+  EXPECT_EQ(ollama.status, 401);
+  EXPECT_TRUE(Body(ollama)["error"].is_string()) << ollama.body;
+  ollama = Call(p, "GET", "/api/tags", "", {{"Authorization", "Bearer sk-test-1"}, {"Host", "evil.example:8480"}});
+  EXPECT_EQ(ollama.status, 403);
+  EXPECT_TRUE(Body(ollama)["error"].is_string()) << ollama.body;
 }
 
 TEST(GatewayConfigTest, BadConfigsRefuseToStart) {

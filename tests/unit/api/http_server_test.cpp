@@ -95,6 +95,12 @@ TEST_F(ServerFixture, OversizedBodyIs413) {
   auto r = Fetch("127.0.0.1", server_->port(), "POST", "/echo", std::string(4096, 'x'));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->status, 413);
+  EXPECT_EQ(r->body.rfind(R"({"error":{"message":)", 0), 0u) << r->body;
+  // On an Ollama route, in Ollama's shape ({"error": "<message>"}: what its clients read).
+  r = Fetch("127.0.0.1", server_->port(), "POST", "/api/chat", std::string(4096, 'x'));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, 413);
+  EXPECT_EQ(r->body, R"({"error":"request body too large"})");
 }
 
 TEST_F(ServerFixture, DroppedExchangeAnswers500) {

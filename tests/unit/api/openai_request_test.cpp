@@ -227,6 +227,19 @@ TEST(OpenAiRequestTest, Embeddings) {
   EXPECT_TRUE(ParseEmbeddingRequest(json::parse(R"({"input": "x", "encoding_format": "base64"})"))->base64);
   EXPECT_FALSE(ParseEmbeddingRequest(json::parse(R"({"input": "x", "encoding_format": "hex"})")).ok());
   EXPECT_FALSE(ParseEmbeddingRequest(json::parse(R"({})")).ok());
+  // Vectors of another width than asked would fail a client's store later, far from here: refused now.
+  auto dims = ParseEmbeddingRequest(json::parse(R"({"input": "x", "dimensions": 256})"));
+  ASSERT_FALSE(dims.ok());
+  EXPECT_NE(dims.status().message().find("'dimensions'"), std::string::npos) << dims.status().message();
+}
+
+// -1 is "random" to many UIs (OpenAI takes any integer): no seed, for the gateway to pin one.
+TEST(OpenAiRequestTest, ANegativeSeedIsNoSeed) {
+  auto r = ParseCompletionRequest(json::parse(R"({"prompt": "x", "seed": -1})"));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_FALSE(r->gen.sampling.seed.has_value());
+  EXPECT_TRUE(IsNegativeSeed(json::parse(R"({"seed": -7})")));
+  EXPECT_FALSE(IsNegativeSeed(json::parse(R"({"seed": 7})")));
 }
 
 TEST(OpenAiRequestTest, BodyMustBeAJsonObject) {

@@ -554,6 +554,19 @@ TEST_F(LifecycleTest, AWaitingRequestEndsAtItsDeadlineByTheClock) {
   EXPECT_LE(rec.attempts, 2) << "waiting for a slot is not a new attempt each time";
 }
 
+// A negative seed (-1: "random" to many UIs) is replaced by a pinned one,
+// journaled with the body, as a missing seed is: a failover replays it.
+TEST_F(LifecycleTest, ANegativeSeedIsPinnedAsAMissingOneIs) {
+  auto ex = Send("/v1/completions", json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}, {"seed", -1}}.dump(),
+                 "POST", {{"X-Request-Id", "r-seed"}});
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+  ASSERT_EQ(primary_.calls(), 1u);
+  ASSERT_TRUE(primary_.bodies[0]["seed"].is_number_integer()) << primary_.bodies[0].dump();
+  EXPECT_GE(primary_.bodies[0]["seed"].get<int64_t>(), 0);
+  EXPECT_EQ(json::parse(Journaled("r-seed").body)["seed"], primary_.bodies[0]["seed"]);
+}
+
 // An on-demand primary that is stopped (released when idle, or evicted and
 // its room back) is started by the request that chooses it, also while its
 // CPU fallback is up to count the prompt: it was chosen and never started,
