@@ -130,14 +130,14 @@ StatusOr<json> OllamaAnswer(const OllamaReplyContext& ctx, const json& openai, i
   return out;
 }
 
-json OllamaLoadAnswer(const OllamaReplyContext& ctx, int64_t now_ms) {
+json OllamaLoadAnswer(const OllamaReplyContext& ctx, int64_t now_ms, bool unload) {
   if (ctx.route == OllamaRoute::kEmbeddings) return {{"embedding", json::array()}};
   if (ctx.route == OllamaRoute::kEmbed) return {{"model", ctx.model}, {"embeddings", json::array()}};
   json out = {{"model", ctx.model}, {"created_at", OllamaTimestamp(now_ms)}};
   if (ctx.route == OllamaRoute::kChat) out["message"] = {{"role", "assistant"}, {"content", ""}};
   else out["response"] = "";
   out["done"] = true;
-  out["done_reason"] = "load";
+  out["done_reason"] = unload ? "unload" : "load";
   return out;
 }
 

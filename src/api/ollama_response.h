@@ -40,8 +40,9 @@ std::string OllamaTimestamp(int64_t unix_ms);
 StatusOr<nlohmann::json> OllamaAnswer(const OllamaReplyContext& ctx, const nlohmann::json& openai, int64_t now_ms);
 
 // The answer to a request with nothing to generate (an empty prompt):
-// done_reason "load", or an empty embedding.
-nlohmann::json OllamaLoadAnswer(const OllamaReplyContext& ctx, int64_t now_ms);
+// done_reason "load" ("unload": it asked keep_alive 0 of a model that
+// unloads), or an empty embedding.
+nlohmann::json OllamaLoadAnswer(const OllamaReplyContext& ctx, int64_t now_ms, bool unload = false);
 
 // An OpenAI error body ({"error":{"message":...}}) as Ollama's {"error":"..."};
 // anything else is carried as its text.

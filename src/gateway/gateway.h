@@ -342,7 +342,10 @@ class Gateway {
   std::map<std::string, int64_t> exclusive_waits_;  // keys waiting for their turn on an exclusive device, since
   std::map<std::string, std::deque<int64_t>> request_times_;  // by service, the last 10 minutes
   std::atomic<int64_t> last_interactive_ms_{0};
-  std::map<std::string, int64_t> keep_alive_until_ms_;  // an Ollama request's keep_alive, by service
+  // The last Ollama request's keep_alive, by service: how long its
+  // accelerator placements stay loaded once idle (INT64_MAX: kept; 0:
+  // unloaded once idle), counted from when the last request ended, as Ollama does.
+  std::map<std::string, int64_t> keep_alive_idle_ms_;
   // The last residency events, newest first, as the journal holds them (read
   // once at Start, then kept here): /v1/status never waits for the journal.
   std::deque<nlohmann::json> recent_events_;

@@ -118,8 +118,9 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
   auto out = std::make_shared<OllamaExchange>(std::move(ex), ctx, clock_);
   // keep_alive acts on a service whose accelerator placements load and
   // unload (residency keep_alive / on_demand), as Ollama's does on a model:
-  // it stays loaded that long after this request (negative: until told
-  // otherwise; 0: unloaded once idle). A pinned service stays as configured.
+  // it stays loaded that long once idle, counted from when the last
+  // request ended (negative: until told otherwise; 0: unloaded once idle).
+  // A pinned service stays as configured.
   // A request refused as invalid changes nothing.
   bool movable = false;
   for (const auto& p : svc->placements) movable |= p.device != "cpu" && svc->residency.mode != "pinned";
@@ -131,19 +132,18 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
                                                     " (residency is set per service in the config)");
       } else {
         const double k = *call->keep_alive_s;
-        const int64_t now = clock_.NowMs();
         {
           std::lock_guard<std::mutex> lk(residency_mu_);
-          keep_alive_until_ms_[svc->name] = k < 0 ? INT64_MAX : now + static_cast<int64_t>(k * 1000);
+          keep_alive_idle_ms_[svc->name] = k < 0 ? INT64_MAX : static_cast<int64_t>(k * 1000);
         }
         out->AddHeader("X-Spillway-Keep-Alive", k < 0 ? "applied: kept loaded"
                                                  : k == 0 ? "applied: unloaded once idle"
-                                                          : "applied: kept loaded " + std::to_string(static_cast<int64_t>(k)) +
-                                                                " s after this request");
+                                                          : "applied: kept loaded until idle for " +
+                                                                std::to_string(static_cast<int64_t>(k)) + " s");
       }
     } else if (movable) {
       std::lock_guard<std::mutex> lk(residency_mu_);
-      keep_alive_until_ms_.erase(svc->name);  // this request: the configured keep_alive_s
+      keep_alive_idle_ms_.erase(svc->name);  // this request: the configured keep_alive_s
     }
   };
   if (call->load_only) {  // Ollama loads the model (or, with keep_alive 0, unloads it)
@@ -153,7 +153,9 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
         if (svc->placements[i].device != "cpu") supervisor_.Demand(WorkerKey(*svc, i));
       }
     }
-    auto res = OllamaResponse(200, api::OllamaLoadAnswer(ctx, clock_.NowMs()), v);
+    // keep_alive 0 on a model that unloads: Ollama's "unload" (once idle).
+    const bool unload = movable && call->keep_alive_s && *call->keep_alive_s == 0;
+    auto res = OllamaResponse(200, api::OllamaLoadAnswer(ctx, clock_.NowMs(), unload), v);
     return out->RespondTranslated(std::move(res));
   }
   call->openai["model"] = svc->name;

@@ -351,10 +351,10 @@ bool Gateway::IdleReplica(const std::string& key) {
         idle_ms = evicting || outside                 ? 0
                   : s.residency.keep_alive_s <= 0 ? INT64_MAX
                                                   : static_cast<int64_t>(s.residency.keep_alive_s * 1000);
-        // The last Ollama request's keep_alive, when it gave one: kept until then, unloaded (once idle) after.
+        // The last Ollama request's keep_alive, when it gave one: that long idle (from its end).
         std::lock_guard<std::mutex> lk(residency_mu_);
-        if (auto it = keep_alive_until_ms_.find(s.name); it != keep_alive_until_ms_.end() && !evicting && !outside) {
-          idle_ms = clock_.NowMs() >= it->second ? 0 : INT64_MAX;
+        if (auto it = keep_alive_idle_ms_.find(s.name); it != keep_alive_idle_ms_.end() && !evicting && !outside) {
+          idle_ms = it->second;
         }
       }
       // Released under the board's lock: no request can pick its port in between.

@@ -107,7 +107,20 @@ class FakeWorkers : public upstream::Workers {
     std::lock_guard<std::mutex> lk(mu_);
     on_exit_ = std::move(f);
   }
-  void SetIdleCheck(std::function<bool(const std::string&)>) override {}
+  void SetIdleCheck(std::function<bool(const std::string&)> f) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    idle_check_ = std::move(f);
+  }
+  // What the supervisor's idle round asks of the gateway for `key`: whether
+  // it released the worker (its port is gone then, as Release does).
+  bool IdleCheck(const std::string& key) {
+    std::function<bool(const std::string&)> f;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      f = idle_check_;
+    }
+    return f && f(key);
+  }
   void Stop() override {}
   std::vector<std::pair<std::string, std::string>> AuthHeaders() const override {
     return {{"Authorization", "Bearer fake-secret"}};
@@ -119,6 +132,7 @@ class FakeWorkers : public upstream::Workers {
   std::map<std::string, upstream::WorkerView> views_;
   std::set<std::string> on_demand_;
   std::map<std::string, int> demanded_;  // Demand() calls per key
+  std::function<bool(const std::string&)> idle_check_;
   std::vector<std::string> suspected_;
   std::function<void(const std::string&, const std::string&)> on_exit_;
 };

@@ -280,6 +280,7 @@ TEST(OllamaResponseTest, ErrorsAreOneStringAndLoadsSayLoad) {
   EXPECT_EQ(OllamaError("not json"), json({{"error", "not json"}}));
   const json load = OllamaLoadAnswer(kGenerate, 0);
   EXPECT_EQ(load["done_reason"], "load");
+  EXPECT_EQ(OllamaLoadAnswer(kGenerate, 0, /*unload=*/true)["done_reason"], "unload");  // keep_alive 0
   EXPECT_EQ(load["response"], "");
   EXPECT_EQ(OllamaLoadAnswer({OllamaRoute::kEmbeddings, "e", 0}, 0), json({{"embedding", json::array()}}));
 }

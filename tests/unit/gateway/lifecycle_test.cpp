@@ -554,6 +554,32 @@ TEST_F(LifecycleTest, AWaitingRequestEndsAtItsDeadlineByTheClock) {
   EXPECT_LE(rec.attempts, 2) << "waiting for a slot is not a new attempt each time";
 }
 
+// An Ollama request's keep_alive counts from when the model became idle (as
+// Ollama's does), not from the request's arrival: a 60 s generation with
+// keep_alive 30s left the model unloaded the moment it ended.
+TEST_F(LifecycleTest, AnOllamaKeepAliveCountsFromWhenTheModelIsIdle) {
+  config_.services[0].residency.mode = "keep_alive";  // (read per request) its GPU placement loads and unloads
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  auto ex = Send("/api/generate", json{{"model", "chat"}, {"prompt", "hi"}, {"stream", false}, {"keep_alive", "30s"}}.dump(),
+                 "POST", {{"X-Request-Id", "r-keep"}});
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
+  clock_.Advance(60'000);  // it generates for 60 s
+  std::shared_ptr<http::Exchange> held;
+  {
+    std::lock_guard<std::mutex> lk(primary_.mu);
+    held = std::exchange(primary_.held[0], nullptr);
+  }
+  ASSERT_TRUE(held);
+  Answer(held, "primary");
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+  EXPECT_EQ(ex->header("X-Spillway-Keep-Alive"), "applied: kept loaded until idle for 30 s");
+  clock_.Advance(10'000);
+  EXPECT_FALSE(workers_.IdleCheck("chat.0")) << "unloaded 10 s into a 30 s keep_alive";
+  clock_.Advance(21'000);
+  EXPECT_TRUE(workers_.IdleCheck("chat.0")) << "still loaded 31 s idle with keep_alive 30s";
+}
+
 // A negative seed (-1: "random" to many UIs) is replaced by a pinned one,
 // journaled with the body, as a missing seed is: a failover replays it.
 TEST_F(LifecycleTest, ANegativeSeedIsPinnedAsAMissingOneIs) {
