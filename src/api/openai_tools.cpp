@@ -1,5 +1,6 @@
 #include "api/openai_tools.h"
 
+#include <algorithm>
 #include <cctype>
 #include <set>
 
@@ -96,6 +97,59 @@ Status ParseToolChoice(const json& c, ChatRequest* r) {
 }
 
 }  // namespace
+
+namespace {
+
+bool DropNulls(json* object, std::initializer_list<const char*> keep = {}) {
+  if (!object->is_object()) return false;
+  bool changed = false;
+  for (auto it = object->begin(); it != object->end();) {
+    const bool kept = std::any_of(keep.begin(), keep.end(), [&](const char* k) { return it.key() == k; });
+    if (it->is_null() && !kept) {
+      it = object->erase(it);
+      changed = true;
+    } else {
+      ++it;
+    }
+  }
+  return changed;
+}
+
+}  // namespace
+
+bool NormalizeChatForWorker(json* body) {
+  bool changed = false;
+  if (auto m = body->find("messages"); m != body->end() && m->is_array()) {
+    for (auto& msg : *m) {
+      changed |= DropNulls(&msg, {"content"});  // (null content beside tool calls is meaningful)
+      auto calls = msg.is_object() ? msg.find("tool_calls") : msg.end();
+      if (!msg.is_object() || calls == msg.end() || !calls->is_array()) continue;
+      for (auto& call : *calls) {
+        changed |= DropNulls(&call);
+        if (!call.is_object()) continue;
+        if (!call.contains("type")) {
+          call["type"] = "function";
+          changed = true;
+        }
+        if (auto f = call.find("function"); f != call.end() && f->is_object()) {
+          changed |= DropNulls(&*f);
+          if (!f->contains("arguments")) {
+            (*f)["arguments"] = "{}";
+            changed = true;
+          }
+        }
+      }
+    }
+  }
+  if (auto t = body->find("tools"); t != body->end() && t->is_array()) {
+    for (auto& tool : *t) {
+      if (auto f = tool.is_object() ? tool.find("function") : tool.end(); tool.is_object() && f != tool.end()) {
+        changed |= DropNulls(&*f);
+      }
+    }
+  }
+  return changed;
+}
 
 bool ValidFunctionName(std::string_view name) {
   if (name.empty() || name.size() > 64) return false;

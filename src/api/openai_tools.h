@@ -24,4 +24,13 @@ Status ParseToolFields(const nlohmann::json& body, ChatRequest* r);
 // `msg`; `field` names the message ("messages[3]").
 Status ParseMessageToolFields(const nlohmann::json& m, const std::string& field, ChatMessage* msg);
 
+// A chat body as llama.cpp's chat layer (which the worker renders with)
+// reads it, meaning what the client meant: null members of messages, tool
+// calls and tools' functions dropped (null is "unset" to OpenAI, an error
+// there: Pydantic's model_dump() sends them), a history tool call's missing
+// "type" made "function" and its missing "arguments" "{}", as Spillway's own
+// parser reads them. Call on a body ParseChatRequest accepted; returns
+// whether anything changed.
+bool NormalizeChatForWorker(nlohmann::json* body);
+
 }  // namespace spillway::api

@@ -20,6 +20,7 @@
 #include "api/json_text.h"
 #include "api/openai_request.h"
 #include "api/openai_response.h"
+#include "api/openai_tools.h"
 #include "admission/admission.h"
 #include "common/hash.h"
 #include "common/survive.h"
@@ -347,6 +348,8 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   // Internal fields (a continuation's delivered tokens) come only from the
   // gateway itself: a client's are dropped before the journal sees them.
   bool rewritten = body->erase("spillway_resume") > 0;
+  // As llama.cpp's chat layer in the worker reads it (a null it would refuse after admission is "unset").
+  if (endpoint == "chat") rewritten |= api::NormalizeChatForWorker(&*body);
   std::optional<uint32_t> seed;
   const bool has_seed = body->contains("seed");
   if (endpoint != "embedding" && (!has_seed || (*body)["seed"].is_null() || api::IsNegativeSeed(*body))) {

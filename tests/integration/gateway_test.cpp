@@ -160,6 +160,22 @@ TEST_F(GatewayTest, BadInputsGetOpenAiErrorsAndTheGatewayKeepsServing) {
   EXPECT_EQ(Call(p, "POST", "/v1/chat/completions", Chat(2)).status, 200);
 }
 
+// Null is "unset" to OpenAI, and Pydantic's model_dump() sends it for every
+// field a client left out; a history tool call may omit "type". The gateway
+// accepted these, and the worker (llama.cpp's chat layer) then refused them
+// with a 400 after admission and journaling ("Failed to parse tools: ...").
+TEST_F(GatewayTest, NullsAndOmittedToolCallFieldsReachTheModelAsUnset) {
+  const std::string body = R"({"model":"chat","max_tokens":4,"messages":[
+      {"role":"user","content":"What is the weather?","name":null},
+      {"role":"assistant","content":null,"reasoning_content":null,
+       "tool_calls":[{"id":"call_1","function":{"name":"weather","arguments":"{}"}}]},
+      {"role":"tool","tool_call_id":"call_1","name":null,"content":"sunny"}],
+    "tools":[{"type":"function","function":{"name":"weather","description":null,
+              "parameters":{"type":"object","properties":{}}}}]})";
+  auto r = Call(gw_->port(), "POST", "/v1/chat/completions", body);
+  EXPECT_EQ(r.status, 200) << r.body;
+}
+
 TEST_F(GatewayTest, IdempotencyKeyRunsTheModelOnce) {
   const uint16_t p = gw_->port();
   const uint64_t before = WorkerReceived(p, "chat");

@@ -1,4 +1,5 @@
 #include "api/openai_request.h"
+#include "api/openai_tools.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -112,6 +113,23 @@ TEST(OpenAiRequestTest, RejectsBadMessages) {
     EXPECT_FALSE(r.ok()) << c;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c;
   }
+}
+
+// What llama.cpp's chat layer in the worker would refuse, made what the client meant.
+TEST(OpenAiRequestTest, NullsAndOmittedToolCallFieldsAreNormalizedForTheWorker) {
+  json body = json::parse(R"({"messages":[
+      {"role":"user","content":"x","name":null},
+      {"role":"assistant","content":null,"tool_calls":[{"id":null,"function":{"name":"f"}}]}],
+    "tools":[{"type":"function","function":{"name":"f","description":null}}]})");
+  ASSERT_TRUE(NormalizeChatForWorker(&body));
+  EXPECT_FALSE(body["messages"][0].contains("name"));
+  EXPECT_TRUE(body["messages"][1].contains("content")) << "null content beside tool calls is kept";
+  const json& call = body["messages"][1]["tool_calls"][0];
+  EXPECT_FALSE(call.contains("id"));
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["arguments"], "{}");
+  EXPECT_FALSE(body["tools"][0]["function"].contains("description"));
+  EXPECT_FALSE(NormalizeChatForWorker(&body)) << "a second pass changes nothing";
 }
 
 TEST(OpenAiRequestTest, ParsesToolsToolChoiceAndToolHistory) {
