@@ -20,7 +20,10 @@ bool Breaker::Usable() {
 
 void Breaker::OnSuccess() {
   consecutive_ = 0;
-  if (state_ == BreakerState::kHalfOpen) state_ = BreakerState::kClosed;
+  if (state_ == BreakerState::kHalfOpen) {
+    state_ = BreakerState::kClosed;
+    closed_since_ms_ = clock_->NowMs();
+  }
 }
 
 void Breaker::OnFailure(const std::string& reason) {
@@ -42,6 +45,11 @@ void Breaker::Trip(const std::string& reason) {
 
 void Breaker::Open(const std::string& reason) {
   last_reason_ = reason;
+  if (state_ == BreakerState::kClosed && closed_since_ms_ >= 0 && opts_.base_ejection_ms > 0) {
+    const int64_t forgiven = (clock_->NowMs() - closed_since_ms_) / opts_.base_ejection_ms;
+    ejections_ = static_cast<int>(std::max<int64_t>(0, ejections_ - forgiven));
+  }
+  closed_since_ms_ = -1;
   ++ejections_;
   consecutive_ = 0;
   state_ = BreakerState::kOpen;

@@ -3,7 +3,10 @@
 // device loss, failed health or progress checks) open it; while open, traffic
 // goes elsewhere; after the ejection time it lets traffic through again
 // (half-open) and the next result closes it or opens it again for longer.
-// Ejection time = base x times ejected, capped.
+// Ejection time = base x times ejected, capped; as in Envoy, the count comes
+// down again while it stays closed: one ejection forgiven per base ejection
+// time closed, so a placement that crashed a few times in its life is not
+// ejected for the maximum at its next crash.
 //
 // Pure: time from the Clock. Not thread-safe.
 #pragma once
@@ -53,6 +56,7 @@ class Breaker {
   int consecutive_ = 0;
   int ejections_ = 0;
   int64_t open_until_ms_ = 0;
+  int64_t closed_since_ms_ = -1;  // when it last closed after a probe (-1: never opened, or not closed since)
   std::string last_reason_;
 };
 

@@ -48,6 +48,32 @@ TEST(BreakerTest, EjectionGrowsWithRepeatedTripsAndIsCapped) {
   EXPECT_EQ(b.last_reason(), "again");
 }
 
+// As in Envoy, the ejection count comes down while the breaker stays
+// closed: one ejection forgiven per base ejection time closed. It only grew:
+// a placement that crashed a few times in its life was ejected for the
+// maximum at its next crash (and a lone placement's requests waited it out).
+TEST(BreakerTest, EjectionsAreForgivenWhileItStaysClosed) {
+  FakeClock clock;
+  Breaker b({3, 30000, 300000}, clock);
+  for (int i = 0; i < 3; ++i) {  // three crashes in a row, each probe closing it again at once
+    b.Trip("crash");
+    clock.Advance(b.open_until_ms() - clock.NowMs());
+    ASSERT_TRUE(b.Usable());
+    b.OnSuccess();
+  }
+  EXPECT_EQ(b.ejections(), 3);
+  clock.Advance(60000);  // closed for two base ejection times: two forgiven
+  b.Trip("crash");
+  EXPECT_EQ(b.ejections(), 2);
+  EXPECT_EQ(b.open_until_ms() - clock.NowMs(), 60000);
+  clock.Advance(60000);
+  ASSERT_TRUE(b.Usable());
+  b.OnSuccess();
+  clock.Advance(3600000);  // an hour of health: as new
+  b.Trip("crash");
+  EXPECT_EQ(b.open_until_ms() - clock.NowMs(), 30000);
+}
+
 TEST(BreakerTest, OneIncidentReportedTwiceIsOneEjection) {
   FakeClock clock;
   Breaker b({3, 30000, 300000}, clock);
