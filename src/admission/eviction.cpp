@@ -6,6 +6,15 @@
 
 namespace spillway::admission {
 
+bool Resident::InUse() const {
+  // Loading, or just loaded with requests waiting for it and none running
+  // yet, is as busy as running them (within the same bounds as an exclusive
+  // device's): taken, two services of one class that do not fit together
+  // undid each other's loads for good, neither serving a request.
+  return running > 0 || (starting && state_ms < kExclusiveStartWaitMs) ||
+         (!starting && waiting > 0 && state_ms < kExclusiveServeFirstMs);
+}
+
 double Resident::Cost() const {
   if (evict_cost >= 0) return evict_cost;
   // An idle service still costs its reload once: at least one request a minute.
@@ -68,12 +77,12 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
   std::vector<const Resident*> allowed;
   for (const auto& r : residents) {
     if (r.pinned || r.key == requester_key || r.priority < requester_priority || r.bytes == 0) continue;
-    if (r.running > 0 && r.priority <= requester_priority) continue;  // busy: only for a higher priority
+    if (r.InUse() && r.priority <= requester_priority) continue;  // busy: only for a higher priority
     allowed.push_back(&r);
   }
   std::sort(allowed.begin(), allowed.end(), [](const Resident* a, const Resident* b) {
-    return std::make_tuple(a->running > 0, -a->priority, a->Cost(), -static_cast<double>(a->bytes)) <
-           std::make_tuple(b->running > 0, -b->priority, b->Cost(), -static_cast<double>(b->bytes));
+    return std::make_tuple(a->InUse(), -a->priority, a->Cost(), -static_cast<double>(a->bytes)) <
+           std::make_tuple(b->InUse(), -b->priority, b->Cost(), -static_cast<double>(b->bytes));
   });
   const uint64_t missing = need - available;
   uint64_t freed = 0;

@@ -7,10 +7,11 @@
 //
 //   never    a pinned service, one of higher priority than the requester
 //            (interactive > batch > background), the requester itself;
-//   busy     a service with requests running is taken only by a requester of
-//            strictly higher priority (interactive over batch), and is
-//            drained first: its new requests go to its CPU path, it unloads
-//            when its running ones end;
+//   busy     a service with requests running, or still loading, or just
+//            loaded with requests waiting for it (InUse), is taken only by
+//            a requester of strictly higher priority (interactive over
+//            batch), and is drained first: its new requests go to its CPU
+//            path, it unloads when its running ones end;
 //   prefer   idle over busy, lower priority over higher, then the lowest
 //            cost: the declared evict_cost, else measured reload seconds x
 //            requests per minute (a big model reloaded often costs most),
@@ -60,6 +61,8 @@ struct Resident {
   int waiting = 0;
   bool evicting = false;
   double Cost() const;
+  // Running requests, loading, or just loaded with requests waiting (the bounds below).
+  bool InUse() const;
 };
 
 struct EvictionPlan {

@@ -66,6 +66,31 @@ TEST(EvictionTest, PrefersIdleThenLowerPriorityThenLowestCost) {
   EXPECT_FALSE(p.fits);
 }
 
+// On a shared (not exclusive) device too, a service still loading, or just
+// loaded with requests waiting for it, is busy: a peer of its class does not
+// take its room (two that do not fit together undid each other's loads for
+// good, neither serving a request); a higher priority still may.
+TEST(EvictionTest, ALoadingServiceIsBusyForItsPeers) {
+  Resident loading = R("a", 0, 600);
+  loading.starting = true;
+  loading.state_ms = 5000;
+  loading.waiting = 1;
+  auto p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {loading});
+  EXPECT_FALSE(p.fits) << p.reason;
+  EXPECT_TRUE(p.evict.empty());
+  Resident just_loaded = R("a", 1, 600);
+  just_loaded.state_ms = 500;
+  just_loaded.waiting = 2;
+  EXPECT_FALSE(PlanEviction(500 * kMiB, 100 * kMiB, 1, "b.0", {just_loaded}).fits);
+  // For a higher priority: taken (drained).
+  p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", {just_loaded});
+  ASSERT_TRUE(p.fits) << p.reason;
+  EXPECT_EQ(p.evict, (std::vector<std::string>{"a.0"}));
+  // A load that has hung past its bound, or a backlog that never reached it, holds nothing for ever.
+  loading.state_ms = kExclusiveStartWaitMs + 1;
+  EXPECT_TRUE(PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {loading}).fits);
+}
+
 TEST(EvictionTest, DeclaredCostOverridesTheMeasuredOne) {
   auto cheap = R("declared", 1, 400, 0, /*reload_s=*/100, 10);
   cheap.evict_cost = 0.5;
