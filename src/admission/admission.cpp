@@ -24,6 +24,10 @@ std::string N(uint64_t v) { return std::to_string(v); }
 bool FitsNow(const PlacementView& p, uint64_t need) { return p.usable && p.slots_free > 0 && need <= p.cells_free; }
 
 bool UnderPressure(const PlacementView& p, uint64_t need, double pressure) {
+  // Each slot's cells are its own, reserved whole: a request that fills most
+  // of a free slot presses on nothing. Such a pool is busy when its slots
+  // are taken (FitsNow), not "under pressure".
+  if (p.per_slot) return false;
   if (p.cells_total == 0) return true;
   const double used_after = static_cast<double>(p.cells_total - p.cells_free + need) / p.cells_total;
   return used_after > pressure;

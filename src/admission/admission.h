@@ -42,6 +42,10 @@ struct PlacementView {
   bool comes_back = false;  // not usable now but expected to be (its worker is starting, its breaker will probe)
   bool own_line = false;    // the CPU path: its own line orders who goes first, not the service's
   double prompt_tps = 0, gen_tps = 0;  // measured throughput (0: not measured yet)
+  // Each slot a KV stream of its own (cells_total cells each, kv_unified
+  // false): a request takes a slot's cells whole, so pressure (a shared
+  // pool nearly full) does not apply; it is busy when its slots are taken.
+  bool per_slot = false;
 };
 
 struct RequestNeed {

@@ -132,6 +132,7 @@ std::vector<admission::PlacementView> PlacementBoard::Views(const config::Servic
     v.cells_total = st.pool.request_capacity();
     v.cells_free = st.pool.free_for_request();
     v.slots_free = static_cast<uint32_t>(std::max<int64_t>(0, st.cfg.slots - static_cast<int64_t>(st.pool.active())));
+    v.per_slot = !st.cfg.kv_unified;
     if (svc.OnCpuPath(k)) {
       // The CPU path has a line of its own: a busy CPU replica is waited
       // for there (bounded, in order, visible), not in admission's delay.

@@ -41,6 +41,23 @@ TEST(AdmissionTest, PressureReroutesWhenAnotherPlacementHasRoom) {
   EXPECT_EQ(Decide({500, 500}, {Gpu(4096, 1200), Cpu(8192, 8192)}, stay).kind, Kind::kAdmit);
 }
 
+// Per-slot pools (each slot its own stream of cells, reserved whole): a
+// request that fills most of a free slot presses on nothing. One for 93 % of
+// an idle GPU's slot was rerouted to the CPU as "pressure". With every slot
+// taken, the primary is busy and the fallback takes the request.
+TEST(AdmissionTest, APerSlotPoolIsBusyWhenItsSlotsAreTakenNotUnderPressure) {
+  PlacementView gpu = Gpu(1024, 1024, /*slots free=*/4);
+  gpu.per_slot = true;
+  EXPECT_EQ(Decide({700, 256}, {gpu, Cpu(16384, 16384)}, {}).kind, Kind::kAdmit);
+  gpu.slots_free = 0;
+  gpu.cells_free = 0;
+  auto d = Decide({700, 256}, {gpu, Cpu(16384, 16384)}, {});
+  EXPECT_EQ(d.kind, Kind::kReroute) << d.reason;
+  // A shared pool is still judged by its cells.
+  PlacementView shared = Gpu(1024, 1024, 4);
+  EXPECT_EQ(Decide({700, 256}, {shared, Cpu(16384, 16384)}, {}).kind, Kind::kReroute);
+}
+
 TEST(AdmissionTest, DelayWhenFullAndNothingElseFits) {
   auto d = Decide({500, 500}, {Gpu(4096, 200, 2, 3.2)}, {});
   EXPECT_EQ(d.kind, Kind::kDelay);
