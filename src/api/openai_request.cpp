@@ -186,6 +186,7 @@ Status ParseGeneration(const json& body, GenerationRequest* g) {
   }
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return Bad("stream_options", "must be an object");
+    if (!g->stream) return Bad("stream_options", "is only allowed when 'stream' is true (as on OpenAI's API)");
     SPILLWAY_RETURN_IF_ERROR(OptionalBool(*it, "include_usage", &g->include_usage));
   }
   // max_completion_tokens is the newer name; max_tokens wins if both are set.

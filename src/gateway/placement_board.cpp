@@ -155,6 +155,9 @@ bool PlacementBoard::Reserve(const std::string& service, size_t index, const std
                              uint32_t prompt_tokens, uint32_t max_tokens) {
   std::lock_guard<std::mutex> lk(mu_);
   auto& st = *placements_.at(service).at(index);
+  // A free slot too: a shared pool's cells alone let two requests decided on
+  // one snapshot (one slot free) both in, and the worker answered one busy.
+  if (st.active >= std::max(1, st.cfg.slots)) return false;
   if (!st.pool.Reserve(id, cells)) return false;
   st.running[id] = {cells, prompt_tokens, max_tokens, clock_.NowMs()};
   ++st.active;

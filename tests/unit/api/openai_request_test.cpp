@@ -82,6 +82,7 @@ TEST(OpenAiRequestTest, RejectsWrongTypesAndOutOfRangeNumbers) {
       {R"({"prompt": "x", "seed": 1.5})", "'seed'"},
       {R"({"prompt": "x", "stream": "yes"})", "'stream'"},
       {R"({"prompt": "x", "stream_options": 1})", "'stream_options'"},
+      {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "'stream_options'"},  // not streamed (OpenAI: 400)
       {R"({"prompt": "x", "stop": ["a","b","c","d","e"]})", "'stop'"},
       {R"({"prompt": "x", "stop": [""]})", "'stop'"},
       {R"({"prompt": "x", "stop": 3})", "'stop'"},

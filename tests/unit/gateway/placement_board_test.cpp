@@ -61,6 +61,18 @@ TEST_F(PlacementBoardTest, AReservationThatLostTheRaceIsRefusedAndAReleaseGivesT
   EXPECT_TRUE(board_->Reserve("chat", 0, "b", 200, 100, 100));
 }
 
+// A shared pool with cells to spare still has only its slots: a reservation
+// beyond them is refused (two requests decided on one snapshot with one
+// slot free both got in, and the worker answered one of them busy).
+TEST_F(PlacementBoardTest, AReservationNeedsAFreeSlotAsWellAsCells) {
+  EXPECT_TRUE(board_->Reserve("chat", 0, "a", 10, 5, 5));
+  EXPECT_TRUE(board_->Reserve("chat", 0, "b", 10, 5, 5));
+  EXPECT_FALSE(board_->Reserve("chat", 0, "c", 10, 5, 5)) << "a third request on two slots";
+  EXPECT_EQ(board_->Active("chat", 0), 2);
+  board_->Release("chat", 0, "a", /*cells=*/true, /*slot=*/true);
+  EXPECT_TRUE(board_->Reserve("chat", 0, "c", 10, 5, 5));
+}
+
 TEST_F(PlacementBoardTest, SlotsWithoutCellsAreBoundedByTheWorkersSlots) {
   EXPECT_TRUE(board_->TakeSlot("chat", 1));
   EXPECT_FALSE(board_->TakeSlot("chat", 1)) << "one slot, taken twice";
