@@ -23,6 +23,7 @@
 #include <optional>
 
 #include "api/http_wire.h"
+#include "api/ollama_request.h"
 #include "common/survive.h"
 
 namespace spillway::http {
@@ -587,7 +588,8 @@ class Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = false;
     exchange_done_ = false;
     // An Ollama route's clients read Ollama's shape, {"error": "<message>"}.
-    const bool ollama = parser_ && parser_->get().target().substr(0, 5) == "/api/";
+    const auto target = parser_ ? parser_->get().target() : beast::string_view();
+    const bool ollama = api::IsOllamaPath(std::string_view(target.data(), target.size()));
     std::string body = ollama ? R"({"error":")" + msg + R"("})"
                               : R"({"error":{"message":")" + msg + R"(","type":")" +
                                     (status >= 500 ? "server_overloaded" : "invalid_request_error") +

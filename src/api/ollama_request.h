@@ -18,6 +18,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -26,6 +27,10 @@
 namespace spillway::api {
 
 enum class OllamaRoute { kChat, kGenerate, kEmbed, kEmbeddings };
+
+// An Ollama route (/api/...): routed to the Ollama API, and its errors take
+// Ollama's shape ({"error": "<message>"}) whatever refuses it.
+inline bool IsOllamaPath(std::string_view target) { return target.substr(0, 5) == "/api/"; }
 
 // One Ollama request, translated.
 struct OllamaCall {

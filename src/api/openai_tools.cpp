@@ -96,10 +96,7 @@ Status ParseToolChoice(const json& c, ChatRequest* r) {
   return Status::Ok();
 }
 
-}  // namespace
-
-namespace {
-
+// Removes `object`'s null members but those named in `keep`; whether any went.
 bool DropNulls(json* object, std::initializer_list<const char*> keep = {}) {
   if (!object->is_object()) return false;
   bool changed = false;

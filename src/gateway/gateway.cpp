@@ -18,6 +18,7 @@
 
 #include "api/http_client.h"
 #include "api/json_text.h"
+#include "api/ollama_request.h"
 #include "api/openai_request.h"
 #include "api/openai_response.h"
 #include "api/openai_tools.h"
@@ -205,7 +206,7 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   const auto method = req.method();
   const bool open_route = path == "/healthz" || path == "/readyz" || IsUiPath(path);  // the page asks for a key itself
   if (Status st = CheckAccess(req, !open_route); !st.ok()) {
-    return ex->Respond(IsOllamaPath(path) ? OllamaErrorResponse(st, v) : ErrorResponse(st, v));
+    return ex->Respond(api::IsOllamaPath(path) ? OllamaErrorResponse(st, v) : ErrorResponse(st, v));
   }
   if (IsUiPath(path) && method == bhttp::verb::get) return ex->Respond(UiResponse(path, v));
   if (path == "/v1/events" && method == bhttp::verb::get) return HandleEvents(CallerOf(req), std::move(ex), v);
@@ -239,7 +240,7 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
     return PostBlocking([this, id = path.substr(kRequests.size()), cancel = method == bhttp::verb::delete_,
                          caller = CallerOf(req), ex = std::move(ex), v] { HandleRequestQuery(id, cancel, caller, ex, v); });
   }
-  if (path.rfind("/api/", 0) == 0) return HandleOllama(req, std::move(ex), path);
+  if (api::IsOllamaPath(path)) return HandleOllama(req, std::move(ex), path);
   const char* endpoint = path == "/v1/chat/completions" ? "chat"
                          : path == "/v1/completions"    ? "completion"
                          : path == "/v1/embeddings"     ? "embedding"

@@ -80,12 +80,10 @@ Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms
       if (w.state == upstream::WorkerState::kReady) return Status::Ok();
       if (w.failed_starts > 0) {
         why += (why.empty() ? "" : "; ") + st->cfg.Name() + " failed to start " + std::to_string(w.failed_starts) +
-               " time" + (w.failed_starts == 1 ? "" : "s") + " (" + w.last_exit +
-               (w.last_error.empty() ? "" : ": " + w.last_error) + ")";
-      } else if (w.crashes > 1) {
+               " time" + (w.failed_starts == 1 ? "" : "s") + " (" + w.HowItEnded() + ")";
+      } else if (w.crash_looping()) {
         why += (why.empty() ? "" : "; ") + st->cfg.Name() + " crashed " + std::to_string(w.crashes) +
-               " times in a row soon after starting (" + w.last_exit +
-               (w.last_error.empty() ? "" : ": " + w.last_error) + ")";
+               " times in a row soon after starting (" + w.HowItEnded() + ")";
       } else if (w.state == upstream::WorkerState::kStarting) {
         why += (why.empty() ? "" : "; ") + st->cfg.Name() + " still starting after " +
                std::to_string((now - w.starting_since_ms) / 1000) + " s";
@@ -93,7 +91,7 @@ Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms
         loading |= w.load_progress_ms > 0 && now - w.load_progress_ms < w.start_timeout_ms;
       }
       if (w.state == upstream::WorkerState::kBackoff) next_ms = std::min(next_ms, w.next_start_ms);
-      if (w.state != upstream::WorkerState::kBackoff || (w.failed_starts < 2 && w.crashes < 2)) hope = true;
+      if (w.state != upstream::WorkerState::kBackoff || (w.failed_starts < 2 && !w.crash_looping())) hope = true;
     }
     hope |= !found;
   }

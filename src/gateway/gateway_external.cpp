@@ -347,7 +347,7 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
       if (clock_.NowMs() - waiting_since > start_wait_ms) {
         std::string why;
         for (const auto& w : supervisor_.Snapshot()) {
-          if (w.key == key) why = w.last_exit + (w.last_error.empty() ? "" : ": " + w.last_error);
+          if (w.key == key) why = w.HowItEnded();
         }
         co_return Status::Unavailable("service '" + svc.name + "' did not start" + (why.empty() ? "" : " (" + why + ")"))
             .WithRetryAfter(5);

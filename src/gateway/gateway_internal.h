@@ -75,9 +75,6 @@ inline http::Response OllamaErrorResponse(const Status& st, unsigned version) {
   return res;
 }
 
-// An Ollama route (/api/...): its errors take Ollama's shape, whatever refuses it.
-inline bool IsOllamaPath(std::string_view path) { return path.substr(0, 5) == "/api/"; }
-
 using http::HostOnly;
 
 // A telemetry reader per device and thread (readers are not thread-safe;

@@ -112,11 +112,15 @@ void RequestAdmission::DemandAll() {
     // Unloading or outside its window: not started again now. Short of
     // room: asked again, so that it comes back once there is room.
     if (holds_[k] == Gateway::Hold::kUnloading || holds_[k] == Gateway::Hold::kOutsideWindow) continue;
-    // Wanted now: not idle, so the supervisor does not release it again
-    // before this request reaches it.
-    g_.board_.Touch(svc_.name, k);
-    g_.supervisor_.Demand(states_[k]->key);
+    Demand(k);
   }
+}
+
+void RequestAdmission::Demand(size_t k) {
+  // Wanted now: not idle, so the supervisor does not release it again
+  // before this request reaches it.
+  g_.board_.Touch(svc_.name, k);
+  g_.supervisor_.Demand(states_[k]->key);
 }
 
 void RequestAdmission::Hold() {
@@ -387,8 +391,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
           // and its room back): started now and waited for, within its start
           // timeout. It was chosen and never started while another
           // placement was up to count the prompt: a 503 after 60 s.
-          g_.board_.Touch(svc_.name, d.placement);
-          g_.supervisor_.Demand(st.key);
+          Demand(d.placement);
           chose_stopped_ = true;
         }
         // The decision is committed on the board; another request may have

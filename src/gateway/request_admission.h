@@ -56,6 +56,8 @@ class RequestAdmission {
   bool Startable(size_t k) const;
   // Starts the on-demand placements that may serve (as things are now).
   void DemandAll();
+  // Starts on-demand placement `k` for this request (touched: not released as idle before it arrives).
+  void Demand(size_t k);
   void Hold();  // admitted: the board counts the attempt as holding the placement
   boost::asio::awaitable<void> JoinLine();
   void LeaveServiceLine();

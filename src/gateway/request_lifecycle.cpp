@@ -195,7 +195,6 @@ boost::asio::awaitable<void> RequestLifecycle::EndResumable(const std::string& w
   co_await EndStreamWithError(State::kFailedResumable, CheckpointError(err), std::move(why));
 }
 
-// The client hears the worker's error, as an error event when its stream has begun.
 namespace {
 
 // A worker's 503 passed on says when to try again: its own Retry-After, or
@@ -206,6 +205,7 @@ std::string RetryAfterOf(const AttemptResult& r) {
 
 }  // namespace
 
+// The client hears the worker's error, as an error event when its stream has begun.
 boost::asio::awaitable<void> RequestLifecycle::DeliverRefusal(const AttemptResult& r) {
   // Cancelled meanwhile (the worker refused it for that: a continuation's
   // cancel can reach the worker before the request does): it ends as asked.

@@ -8,10 +8,9 @@ namespace {
 // (start_timeout_s): llama_model_load: ..."): the last line alone may be
 // the last thing it loaded, not why it was stopped.
 std::string Reason(const WorkerView& w) {
-  std::string why = w.last_exit;
-  if (!w.last_error.empty()) why += (why.empty() ? "" : ": ") + w.last_error;
+  std::string why = w.HowItEnded();
   if (why.empty()) why = "failed to start";
-  if (w.failed_starts == 0 && w.crashes > 1) why = "crashed " + std::to_string(w.crashes) + " times soon after starting, " + why;
+  if (w.failed_starts == 0 && w.crash_looping()) why = "crashed " + std::to_string(w.crashes) + " times soon after starting, " + why;
   if (why.size() > 120) why = why.substr(0, 117) + "...";
   return w.key + " (" + why + ")";
 }
@@ -25,7 +24,7 @@ StartupProgress MeasureStartup(const std::vector<WorkerView>& workers, const std
     ++p.workers;
     if (w.state == WorkerState::kReady && announced.count(w.key)) {
       ++p.ready;
-    } else if (w.failed_starts > 0 || w.crashes > 1) {
+    } else if (w.failed_starts > 0 || w.crash_looping()) {
       p.failing.push_back(Reason(w));
     } else {
       ++p.starting;

@@ -287,9 +287,10 @@ void Supervisor::Exited(Worker& w, const std::string& why, bool by_itself) {
   w.view.failed_starts = was_serving ? 0 : w.view.failed_starts + 1;
   // One line per failure in the gateway's own log, with the worker's reason.
   const std::string what = !was_serving         ? "failed to start"
-                           : w.view.crashes > 1 ? "crashed " + std::to_string(w.view.crashes) +
-                                                      " times in a row, each within 60 s of becoming ready"
-                                                : "exited";
+                           : w.view.crash_looping() ? "crashed " + std::to_string(w.view.crashes) +
+                                                          " times in a row, each within " +
+                                                          std::to_string(kCrashWindowMs / 1000) + " s of becoming ready"
+                                                    : "exited";
   char text[1024];
   std::snprintf(text, sizeof text, "spillway: worker %s %s (%s)%s; %s %.1f s", w.spec.key.c_str(), what.c_str(),
                 why.c_str(),

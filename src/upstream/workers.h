@@ -36,6 +36,13 @@ struct WorkerView {
   // first requests. Backed off as a failed start is (to 30 s), not as a
   // killed one (2 s). Cleared once it has served that long.
   int crashes = 0;
+  // A crash loop: crashed soon after becoming ready more than once in a row
+  // (once: a worker that restarts now and then).
+  bool crash_looping() const { return crashes > 1; }
+  // How it last ended, then its own last word: "exit 3: <its line>" (either alone when the other is empty).
+  std::string HowItEnded() const {
+    return last_error.empty() ? last_exit : last_exit.empty() ? last_error : last_exit + ": " + last_error;
+  }
   int64_t next_start_ms = 0;  // clock time of the next start (while in backoff)
   std::string log_path;
   bool on_demand = false;

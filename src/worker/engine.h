@@ -170,6 +170,7 @@ class Engine {
   EngineStats stats() const;
   std::vector<MemoryBuffer> memory_breakdown() const;
   const EngineOptions& options() const { return opts_; }
+  int32_t CellsPerRequest() const;  // the most one request may hold (a slot's share, or the whole pool)
 
  private:
   struct Slot;
@@ -190,7 +191,6 @@ class Engine {
   bool DeviceLost() const;
   void ReleaseReservation(const Job& job);
   int32_t CellsNeeded(const Job& job) const;
-  int32_t CellsPerRequest() const;  // the most one request may hold
 
   const Model& model_;
   EngineOptions opts_;

@@ -45,6 +45,20 @@ int64_t UnixNow() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// A disconnect noticed after the answer went out must not cancel: the
+// engine would remember the id and refuse a retry or replay that reuses it.
+// Wraps `job`'s on_done; returns what a disconnect calls (OnDisconnect).
+std::function<void()> CancelUnlessAnswered(Engine* engine, Job& job) {
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  job.on_done = [finished, done = std::move(job.on_done)](JobResult r) {
+    finished->store(true);
+    done(std::move(r));
+  };
+  return [engine, id = job.id, finished] {
+    if (!finished->load()) engine->Cancel(id);
+  };
+}
+
 }  // namespace
 
 WorkerService::WorkerService(const Model& model, Engine& engine, Placement placement, ServiceOptions opts,
@@ -238,7 +252,7 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
   job->prompt = std::move(prompt->tokens);
   // Unset: what fits beside the prompt in the cells one request may hold (its slot's share, or the whole pool).
   job->max_tokens =
-      gen.max_tokens.value_or(std::max(1, std::min(opts_.default_max_tokens, engine_.stats().cells_per_request - n_prompt)));
+      gen.max_tokens.value_or(std::max(1, std::min(opts_.default_max_tokens, engine_.CellsPerRequest() - n_prompt)));
   job->stop = gen.stop;
   job->stop.insert(job->stop.end(), prompt->extra_stops.begin(), prompt->extra_stops.end());
   job->preserved_tokens = std::move(prompt->preserved_tokens);
@@ -321,14 +335,7 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
       ex->End();
     };
   }
-  // A disconnect noticed after the answer went out must not cancel: the
-  // engine would remember the id and refuse a replay that reuses it.
-  auto finished = std::make_shared<std::atomic<bool>>(false);
-  job->on_done = [finished, done = std::move(job->on_done)](JobResult r) {
-    finished->store(true);
-    done(std::move(r));
-  };
-  Engine* engine = &engine_;
+  auto cancel = CancelUnlessAnswered(&engine_, *job);
   std::unique_lock<std::mutex> header_lock(*gate);
   Status st = engine_.Submit(job);
   if (!st.ok()) return fail(st);
@@ -339,9 +346,7 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
     ex->StartStream(std::move(head));
   }
   header_lock.unlock();
-  ex->OnDisconnect([engine, id, finished] {
-    if (!finished->load()) engine->Cancel(id);
-  });
+  ex->OnDisconnect(std::move(cancel));
 }
 
 void WorkerService::HandleEmbeddings(const http::Request& req, std::shared_ptr<http::Exchange> ex) {
@@ -363,11 +368,7 @@ void WorkerService::HandleEmbeddings(const http::Request& req, std::shared_ptr<h
   const std::string model_name = r->model.empty() ? model_.name() : r->model;
   const std::string id = job->id;
   const bool base64 = r->base64;
-  // As for generation: a disconnect noticed after the answer went out must
-  // not cancel (the engine would refuse a retry that reuses the id).
-  auto finished = std::make_shared<std::atomic<bool>>(false);
-  job->on_done = [ex, v, model_name, id, base64, finished](JobResult res) {
-    finished->store(true);
+  job->on_done = [ex, v, model_name, id, base64](JobResult res) {
     if (!res.status.ok()) return ex->Respond(ErrorResponse(res.status, v));
     auto out = JsonResponse(200, api::EmbeddingsBody(model_name, res.embeddings, res.prompt_tokens, base64), v);
     out.set("X-Request-Id", id);
@@ -376,12 +377,10 @@ void WorkerService::HandleEmbeddings(const http::Request& req, std::shared_ptr<h
             protocol::Timings{res.prompt_ms, 0, static_cast<double>(res.prompt_tokens), 0}.ToHeader());
     ex->Respond(std::move(out));
   };
-  Engine* engine = &engine_;
+  auto cancel = CancelUnlessAnswered(&engine_, *job);
   Status st = engine_.Submit(job);
   if (!st.ok()) return fail(st);
-  ex->OnDisconnect([engine, id, finished] {
-    if (!finished->load()) engine->Cancel(id);
-  });
+  ex->OnDisconnect(std::move(cancel));
 }
 
 json WorkerService::Info() const {

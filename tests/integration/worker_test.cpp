@@ -666,16 +666,23 @@ TEST_F(WorkerTest, BadInputsGetTheirStatusAndTheWorkerKeepsServing) {
   EXPECT_FALSE(Text(Completion(*chat_, {})).empty());
 }
 
-TEST(WorkerSlotsTest, AllSlotsBusyIs503WithRetryAfter) {
-  WorkerProcess w(ModelPath("tiny-chat"), {"--slots", "1", "--ctx", "2048", "--threads", "1"});
-  ASSERT_TRUE(w.running()) << w.Stderr();
-  auto busy = std::async(std::launch::async, [&] {
-    return Post(w, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2000}, {"ignore_eos", true}},
-                {{"X-Request-Id", "hold-slot"}});
+// A completion of `max_tokens` (ignore_eos) under id `id`, running on one
+// of `w`'s slots when this returns (until it ends or is cancelled).
+std::future<http::ClientResponse> RunningOneSlot(const WorkerProcess& w, const std::string& id, int max_tokens) {
+  auto running = std::async(std::launch::async, [&w, id, max_tokens] {
+    return Post(w, "/v1/completions", {{"prompt", "x"}, {"max_tokens", max_tokens}, {"ignore_eos", true}},
+                {{"X-Request-Id", id}});
   });
   for (int i = 0; i < 500 && Body(Get(w, "/v1/worker/info"))["slots"]["busy"] != 1; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  return running;
+}
+
+TEST(WorkerSlotsTest, AllSlotsBusyIs503WithRetryAfter) {
+  WorkerProcess w(ModelPath("tiny-chat"), {"--slots", "1", "--ctx", "2048", "--threads", "1"});
+  ASSERT_TRUE(w.running()) << w.Stderr();
+  auto busy = RunningOneSlot(w, "hold-slot", 2000);
   auto r = Post(w, "/v1/completions", {{"prompt", "y"}, {"max_tokens", 4}});
   EXPECT_EQ(r.status, 503) << r.body;
   EXPECT_EQ(r.Header("retry-after"), "1");
@@ -692,13 +699,7 @@ TEST(WorkerSlotsTest, AllSlotsBusyIs503WithRetryAfter) {
 TEST(WorkerKvUnifiedTest, AFullPoolIsBusyNotAFailure) {
   WorkerProcess w(ModelPath("tiny-chat"), {"--slots", "2", "--ctx", "256", "--threads", "1", "--kv-unified"});
   ASSERT_TRUE(w.running()) << w.Stderr();
-  auto hold = std::async(std::launch::async, [&] {
-    return Post(w, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 200}, {"ignore_eos", true}},
-                {{"X-Request-Id", "hold-cells"}});
-  });
-  for (int i = 0; i < 500 && Body(Get(w, "/v1/worker/info"))["slots"]["busy"] != 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  auto hold = RunningOneSlot(w, "hold-cells", 200);
   auto r = Post(w, "/v1/completions", {{"prompt", "y"}, {"max_tokens", 100}});
   EXPECT_EQ(r.status, 503) << r.body;
   EXPECT_EQ(r.Header("retry-after"), "1");

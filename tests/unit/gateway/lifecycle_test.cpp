@@ -122,6 +122,11 @@ struct Worker {
     }
     b(req, std::move(ex));
   }};
+  // Call `i`'s held answer, taken to answer it (null when none is held).
+  std::shared_ptr<http::Exchange> TakeHeld(size_t i) {
+    std::lock_guard<std::mutex> lk(mu);
+    return i < held.size() ? std::exchange(held[i], nullptr) : nullptr;
+  }
   size_t calls() {
     std::lock_guard<std::mutex> lk(mu);
     return bodies.size();
@@ -394,11 +399,7 @@ TEST_F(LifecycleTest, AnAttemptTheJournalCannotRecordEndsTheRequestAsItsClientHe
   ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
   ASSERT_TRUE(Eventually([&] { return journal_->Get("r-unrecorded").ok(); }));  // accepted: durable
   faults_->SetDiskFull(true);
-  std::shared_ptr<http::Exchange> held;
-  {
-    std::lock_guard<std::mutex> lk(primary_.mu);
-    held = std::exchange(primary_.held[0], nullptr);
-  }
+  std::shared_ptr<http::Exchange> held = primary_.TakeHeld(0);
   ASSERT_TRUE(held);
   Refuse(held, Status::ResourceExhausted("kv alloc failed").WithPhase(FailurePhase::kKv));  // the fallback next
   ASSERT_TRUE(ex->Wait());
@@ -564,11 +565,7 @@ TEST_F(LifecycleTest, AnOllamaKeepAliveCountsFromWhenTheModelIsIdle) {
                  "POST", {{"X-Request-Id", "r-keep"}});
   ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
   clock_.Advance(60'000);  // it generates for 60 s
-  std::shared_ptr<http::Exchange> held;
-  {
-    std::lock_guard<std::mutex> lk(primary_.mu);
-    held = std::exchange(primary_.held[0], nullptr);
-  }
+  std::shared_ptr<http::Exchange> held = primary_.TakeHeld(0);
   ASSERT_TRUE(held);
   Answer(held, "primary");
   ASSERT_TRUE(ex->Wait());
@@ -814,11 +811,7 @@ TEST_P(EndUnrecordedTest, AnAnswerWhoseEndCannotBeRecordedIsWithheld) {
   }
   ASSERT_TRUE(Eventually([&] { return journal_->Get(id).ok(); }));  // its first record is on disk
   faults_->SetDiskFull(true);
-  std::shared_ptr<http::Exchange> held;
-  {
-    std::lock_guard<std::mutex> lk(primary_.mu);
-    held = std::exchange(primary_.held[0], nullptr);
-  }
+  std::shared_ptr<http::Exchange> held = primary_.TakeHeld(0);
   ASSERT_TRUE(held);
   Answer(held, "primary");
   ASSERT_TRUE(ex->Wait());
