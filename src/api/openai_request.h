@@ -88,7 +88,7 @@ struct ChatMessage {
 
 // A function the model may call: "tools": [{"type": "function", "function": {...}}].
 struct ToolFunction {
-  std::string name;         // [A-Za-z0-9_-]{1,64}
+  std::string name;         // [A-Za-z0-9_.-]{1,64}
   std::string description;
   std::string parameters;   // its JSON Schema (an object) as compact JSON text; "" when not given
 };

@@ -52,7 +52,7 @@ Status ParseTool(const json& t, const std::string& field, ToolFunction* out) {
   if (fn == t.end() || !fn->is_object()) return Bad(field + ".function", "must be an object");
   auto name = fn->find("name");
   if (name == fn->end() || !name->is_string() || !ValidFunctionName(name->get_ref<const std::string&>())) {
-    return Bad(field + ".function.name", "must match [A-Za-z0-9_-]{1,64}");
+    return Bad(field + ".function.name", "must match [A-Za-z0-9_.-]{1,64}");
   }
   out->name = name->get<std::string>();
   if (auto d = fn->find("description"); d != fn->end() && !d->is_null()) {
@@ -151,7 +151,7 @@ bool NormalizeChatForWorker(json* body) {
 bool ValidFunctionName(std::string_view name) {
   if (name.empty() || name.size() > 64) return false;
   for (char c : name) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) return false;
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) return false;
   }
   return true;
 }

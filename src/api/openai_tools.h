@@ -13,7 +13,9 @@
 
 namespace spillway::api {
 
-// OpenAI's rule for function names: [A-Za-z0-9_-]{1,64}.
+// Function names: [A-Za-z0-9_.-]{1,64}. OpenAI's rule without the dot;
+// with it, as llama-server and vLLM take them: gpt-oss's own tools are
+// `browser.search` and `python`, and Ollama clients send such names.
 bool ValidFunctionName(std::string_view name);
 
 // Reads "tools" and "tool_choice" into `r` (checks "parallel_tool_calls" is a

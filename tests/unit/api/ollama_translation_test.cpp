@@ -112,15 +112,17 @@ TEST(OllamaRequestTest, ToolCallsGetIdsAndToolResultsAnswerThemByName) {
          {{"function", {{"name", "get_time"}, {"arguments", json::object()}}}}}}},
       {{"role", "tool"}, {"tool_name", "get_time"}, {"content", "noon"}},
       {{"role", "tool"}, {"tool_name", "get_weather"}, {"content", "rain"}}};
+  // (A name with a dot, as gpt-oss's own `browser.search`, is taken as Ollama takes it.)
   const auto c = Translate(OllamaRoute::kChat, {{"model", "m"}, {"messages", messages},
-                                                {"tools", {{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}});
+                                                {"tools", {{{"type", "function"}, {"function", {{"name", "get_weather"}}}},
+                                                           {{"type", "function"}, {"function", {{"name", "browser.search"}}}}}}});
   const json& m = c.openai["messages"];
   ASSERT_EQ(m[1]["tool_calls"].size(), 2u);
   EXPECT_EQ(m[1]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Oslo\"}") << "OpenAI carries arguments as text";
   EXPECT_EQ(m[1]["tool_calls"][0]["type"], "function");
   EXPECT_EQ(m[2]["tool_call_id"], m[1]["tool_calls"][1]["id"]);
   EXPECT_EQ(m[3]["tool_call_id"], m[1]["tool_calls"][0]["id"]);
-  EXPECT_EQ(c.openai["tools"].size(), 1u);
+  EXPECT_EQ(c.openai["tools"].size(), 2u);
   json named = c.openai;
   named["model"] = "m";
   EXPECT_TRUE(ParseChatRequest(named).ok()) << ParseChatRequest(named).status().ToString();
