@@ -89,6 +89,11 @@ void Gateway::Start(boost::asio::any_io_executor io, std::vector<journal::Reques
     }
   }
   StartEvents();  // before the first transition: the journal tells the incident log
+  // The model files' headers, read here (not on an I/O thread): an Ollama
+  // request's capabilities are then a stat of the file.
+  for (const auto& svc : config_.services) {
+    if (!svc.model.empty()) (void)model_summaries_.Get(svc.model);
+  }
   for (auto& rec : recovered) {
     auto live = MakeLive(rec, rec.created_ms);
     live->Attempting(rec.placement, rec.attempts);

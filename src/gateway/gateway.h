@@ -69,6 +69,10 @@
 #include "scheduler/cpu_queue.h"
 #include "upstream/workers.h"
 
+namespace spillway::api {
+struct OllamaCall;  // api/ollama_request.h
+}  // namespace spillway::api
+
 namespace spillway::gateway {
 
 class PendingStatus;  // offload.h
@@ -224,6 +228,8 @@ class Gateway {
   void HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& path);
   // The service an Ollama model name means ("chat", "chat:latest"); null when none.
   const config::ServiceConfig* OllamaService(const std::string& model) const;
+  // Ollama's 400 for thinking or tools asked of a model whose template has none.
+  Status OllamaCapable(const config::ServiceConfig& svc, const api::OllamaCall& call) const;
   // /api/tags, /api/show, /api/ps: blocking (model files, worker info), never on an I/O thread.
   nlohmann::json OllamaTags() const;
   StatusOr<nlohmann::json> OllamaShow(const config::ServiceConfig& svc) const;

@@ -158,6 +158,8 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
     auto res = OllamaResponse(200, api::OllamaLoadAnswer(ctx, clock_.NowMs(), unload), v);
     return out->RespondTranslated(std::move(res));
   }
+  // As Ollama: thinking or tools asked of a model whose template has none is a 400.
+  if (Status st = OllamaCapable(*svc, *call); !st.ok()) return out->RespondTranslated(OllamaErrorResponse(st, v));
   call->openai["model"] = svc->name;
   if (auto n = call->openai.find("max_tokens"); n != call->openai.end() && n->is_number() && *n > svc->max_tokens) {
     return out->RespondTranslated(OllamaErrorResponse(
@@ -177,6 +179,19 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
   translated.body() = call->openai.dump(-1, ' ', false, json::error_handler_t::replace);
   translated.prepare_payload();
   HandleGeneration(translated, std::move(out), call->endpoint);
+}
+
+Status Gateway::OllamaCapable(const config::ServiceConfig& svc, const api::OllamaCall& call) const {
+  const bool thinks = call.openai.contains("reasoning_format");  // think: true, or an effort
+  const auto tools = call.openai.find("tools");
+  const bool uses_tools = tools != call.openai.end() && tools->is_array() && !tools->empty();
+  if (!thinks && !uses_tools) return Status::Ok();
+  auto m = model_summaries_.Get(svc.model);
+  if (!m.ok()) return Status::Ok();  // (the file gone: its request says why)
+  const std::string quoted = "\"" + call.model + "\"";
+  if (thinks && !m->thinking) return Status::InvalidArgument(quoted + " does not support thinking");
+  if (uses_tools && !m->tools) return Status::InvalidArgument(quoted + " does not support tools");
+  return Status::Ok();
 }
 
 json Gateway::OllamaTags() const {
@@ -214,10 +229,8 @@ StatusOr<json> Gateway::OllamaShow(const config::ServiceConfig& svc) const {
   info["general.parameter_count"] = m.parameters;
   const std::string tmpl = meta->String("tokenizer.chat_template").value_or("");
   json capabilities = m.embedding ? json::array({"embedding"}) : json::array({"completion"});
-  if (!m.embedding && tmpl.find("tools") != std::string::npos) capabilities.push_back("tools");
-  if (!m.embedding && (tmpl.find("<think>") != std::string::npos || tmpl.find("enable_thinking") != std::string::npos)) {
-    capabilities.push_back("thinking");
-  }
+  if (m.tools) capabilities.push_back("tools");
+  if (m.thinking) capabilities.push_back("thinking");
   return json{{"modelfile", ""},
               {"parameters", ""},
               {"template", tmpl},

@@ -38,6 +38,17 @@ std::string ChatTemplateFamily(const std::string& t) {
   return "other";
 }
 
+bool TemplateTakesTools(const std::string& t) { return t.find("tools") != std::string::npos; }
+
+bool TemplateThinks(const std::string& t) {
+  // <think> (DeepSeek-R1, Qwen3), enable_thinking (Qwen3, GLM), a reasoning
+  // or thinking field of the history (gpt-oss, Magistral, Apriel), gpt-oss's channels.
+  for (const char* marker : {"<think>", "enable_thinking", "reasoning", "thinking", "<|channel|>"}) {
+    if (t.find(marker) != std::string::npos) return true;
+  }
+  return false;
+}
+
 std::string HumanCount(uint64_t n) {
   char buf[32];
   if (n >= 1'000'000'000) std::snprintf(buf, sizeof buf, "%.1fB", n / 1e9);
@@ -69,8 +80,11 @@ ModelSummary Summarize(const std::string& path, const gguf::Metadata& meta, int6
     for (auto& c : s.quantization) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   }
   s.context_length = meta.ArchUint("context_length").value_or(0);
-  s.template_family = ChatTemplateFamily(meta.String("tokenizer.chat_template").value_or(""));
+  const std::string tmpl = meta.String("tokenizer.chat_template").value_or("");
+  s.template_family = ChatTemplateFamily(tmpl);
   s.embedding = meta.ArchUint("pooling_type").value_or(0) != 0;
+  s.tools = !s.embedding && TemplateTakesTools(tmpl);
+  s.thinking = !s.embedding && TemplateThinks(tmpl);
   return s;
 }
 

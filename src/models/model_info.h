@@ -24,6 +24,8 @@ struct ModelSummary {
   uint64_t parameters = 0;        // elements of all tensors
   std::string template_family;    // ChatTemplateFamily of tokenizer.chat_template
   bool embedding = false;         // a pooling type is set: an embedding model
+  bool tools = false;             // its chat template takes tools (TemplateTakesTools)
+  bool thinking = false;          // its chat template reasons (TemplateThinks)
 };
 
 // llama.cpp's llama_ftype names ("Q4_K_M"); "" for an unknown value.
@@ -32,6 +34,11 @@ std::string FileTypeName(uint64_t file_type);
 // "gemma", "gpt-oss", "deepseek", "phi", "command-r", "granite", "zephyr",
 // "llama2", "other"; "none" for an empty template.
 std::string ChatTemplateFamily(const std::string& chat_template);
+// Ollama's capabilities, read off a chat template by its markers (Ollama
+// reads its own Go templates' variables; a GGUF carries jinja). Generous
+// on purpose: a capability wrongly denied refuses a request Ollama takes.
+bool TemplateTakesTools(const std::string& chat_template);
+bool TemplateThinks(const std::string& chat_template);
 // "1.2B", "494.0M", "35.1K": parameter counts as Ollama shows them.
 std::string HumanCount(uint64_t n);
 

@@ -169,12 +169,17 @@ test('Idempotency-Key through the client: a replay is the same answer, another b
     (e) => e.status_code === 422 && typeof e.error === 'string' && e.error.includes('Idempotency-Key'));
 });
 
-test('tools and think are accepted; an aborted stream is a cancelled request', async () => {
+test('tools are accepted, thinking refused as Ollama does; an aborted stream is a cancelled request', async () => {
   const tools = [{ type: 'function', function: { name: 'increment', parameters: { type: 'object', properties: {} } } }];
-  const r = await ollama.chat({ model: 'chat', messages: [{ role: 'user', content: 'Count' }], tools, think: true,
+  const r = await ollama.chat({ model: 'chat', messages: [{ role: 'user', content: 'Count' }], tools, think: false,
     options: { num_predict: 8 } });
   assert.equal(r.done, true);
   assert.ok(Array.isArray(r.message.tool_calls ?? []));
+  // The demo's template (Qwen2.5's) does not reason: `think` is Ollama's 400, and /api/show agrees.
+  await assert.rejects(ollama.chat({ model: 'chat', messages: [{ role: 'user', content: 'Count' }], think: true }),
+    (e) => e.status_code === 400 && e.error === '"chat" does not support thinking');
+  const caps = (await ollama.show({ model: 'chat' })).capabilities;
+  assert.ok(caps.includes('tools') && !caps.includes('thinking'), JSON.stringify(caps));
 
   // A seeded generation that runs to its num_predict (checked: done_reason "length"), then the same, aborted.
   const long = { model: 'chat', prompt: 'long', options: { num_predict: 3000, seed: 11, temperature: 1 } };

@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "config/config.h"
 #include "models/model_info.h"
@@ -185,6 +187,40 @@ TEST(ModelInfoTest, TemplateFamiliesQuantizationNamesAndCounts) {
   EXPECT_EQ(HumanCount(8'030'000'000), "8.0B");
   EXPECT_EQ(HumanCount(494'030'000), "494.0M");
   EXPECT_EQ(HumanCount(999), "999");
+}
+
+// Ollama's capabilities by the chat template, on llama.cpp's real ones: a
+// model that reasons must not be refused `think` (a 400 Ollama would not give).
+TEST(ModelInfoTest, ThinkingAndToolsAreReadOffRealTemplates) {
+  const char* src = std::getenv("LLAMA_SRC");
+  if (!src || !*src) GTEST_SKIP() << "LLAMA_SRC is not set (the llama.cpp source, for its models/templates)";
+  auto read = [&](const std::string& name) {
+    std::ifstream f(std::string(src) + "/models/templates/" + name + ".jinja", std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    EXPECT_FALSE(ss.str().empty()) << name;
+    return ss.str();
+  };
+  for (const char* t : {"openai-gpt-oss-120b", "Qwen-Qwen3-0.6B", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B",
+                        "mistralai-Ministral-3-14B-Reasoning-2512", "Apriel-1.6-15b-Thinker-fixed", "GLM-4.6",
+                        "Kimi-K2-Thinking"}) {
+    EXPECT_TRUE(TemplateThinks(read(t))) << t;
+  }
+  for (const char* t : {"Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.1-8B-Instruct", "google-gemma-2-2b-it",
+                        "microsoft-Phi-3.5-mini-instruct"}) {
+    EXPECT_FALSE(TemplateThinks(read(t))) << t;
+  }
+  EXPECT_TRUE(TemplateTakesTools(read("Qwen-Qwen2.5-7B-Instruct")));
+  EXPECT_TRUE(TemplateTakesTools(read("openai-gpt-oss-120b")));
+  EXPECT_FALSE(TemplateTakesTools(read("google-gemma-2-2b-it")));
+  // The demo model's (Qwen2.5's, tools and no reasoning), as /api/show says.
+  auto demo = SummarizeFile(Models() + "/tiny-chat.gguf");
+  ASSERT_TRUE(demo.ok()) << demo.status().ToString();
+  EXPECT_TRUE(demo->tools);
+  EXPECT_FALSE(demo->thinking);
+  auto embed = SummarizeFile(Models() + "/tiny-embed.gguf");
+  ASSERT_TRUE(embed.ok());
+  EXPECT_FALSE(embed->tools || embed->thinking) << "an embedding model has neither";
 }
 
 TEST(OllamaConfigTest, AServicesOllamaModelIsItsBlobAndABrokenOneNamesConfigAndManifest) {
