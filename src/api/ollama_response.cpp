@@ -38,16 +38,25 @@ std::string DoneReason(const std::string& finish_reason) {
   return finish_reason == "length" ? "length" : "stop";  // "tool_calls" is Ollama's "stop"
 }
 
-// Ollama's tool calls: arguments as a JSON object (kept as text when the
-// model's arguments do not parse).
-json ToolCallsJson(const json& openai_calls) {
+// Ollama's tool calls: arguments as a JSON object, always (Ollama's
+// clients decode a map). A call whose arguments are not one (cut short by
+// num_predict, or not JSON) is not a call: its text goes to `*content`, as
+// Ollama's own parser hands back text it could not parse.
+json ToolCallsJson(const json& openai_calls, std::string* content) {
   json out = json::array();
   for (const auto& c : openai_calls) {
     const json fn = Object(c, "function");
     json args = json::object();
     if (auto a = fn.find("arguments"); a != fn.end() && a->is_string()) {
-      json parsed = json::parse(a->get<std::string>(), nullptr, false);
-      args = parsed.is_discarded() ? *a : parsed;
+      json parsed = a->get_ref<const std::string&>().empty() ? json::object()
+                                                              : json::parse(a->get<std::string>(), nullptr, false);
+      if (!parsed.is_object()) {
+        // The call as text: {"name": ..., "arguments": <what the model wrote>}.
+        *content += R"({"name":)" + json(Text(fn, "name")).dump(-1, ' ', false, json::error_handler_t::replace) +
+                    R"(,"arguments":)" + a->get<std::string>() + "}";
+        continue;
+      }
+      args = std::move(parsed);
     } else if (a != fn.end() && a->is_object()) {
       args = *a;
     }
@@ -116,7 +125,12 @@ StatusOr<json> OllamaAnswer(const OllamaReplyContext& ctx, const json& openai, i
   if (ctx.route == OllamaRoute::kChat) {
     json m = {{"role", "assistant"}, {"content", content}};
     if (!thinking.empty()) m["thinking"] = thinking;
-    if (Field(message, "tool_calls").is_array()) m["tool_calls"] = ToolCallsJson(message["tool_calls"]);
+    if (Field(message, "tool_calls").is_array()) {
+      std::string text;
+      m["tool_calls"] = ToolCallsJson(message["tool_calls"], &text);
+      m["content"] = content + text;
+      if (m["tool_calls"].empty()) m.erase("tool_calls");
+    }
     out["message"] = std::move(m);
   } else {
     out["response"] = content;
@@ -240,8 +254,11 @@ std::string OllamaStreamTranslator::FinalLines(int64_t now_ms) {
     for (const auto& [index, c] : calls_) {
       openai_calls.push_back({{"id", c.id}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
     }
+    std::string text;
+    json tool_calls = ToolCallsJson(openai_calls, &text);
     json line = Base(now_ms);
-    line["message"] = {{"role", "assistant"}, {"content", ""}, {"tool_calls", ToolCallsJson(openai_calls)}};
+    line["message"] = {{"role", "assistant"}, {"content", text}};
+    if (!tool_calls.empty()) line["message"]["tool_calls"] = std::move(tool_calls);
     line["done"] = false;
     out += Line(line);
   }

@@ -332,6 +332,36 @@ TEST(OllamaResponseTest, AStreamBecomesNdjsonLinesWithOneFinalLine) {
   EXPECT_FALSE(lines[3]["spillway"].contains("tokens"));
 }
 
+// Ollama's clients decode `arguments` as a map: a call cut short by
+// num_predict is text, as Ollama's parser hands back what it cannot parse.
+TEST(OllamaResponseTest, AToolCallCutShortIsTextNotACallWithStringArguments) {
+  GenerationResult r;
+  r.finish_reason = "length";
+  r.usage = {12, 8};
+  r.message = AssistantMessage{"", "", {{"call_1", "get_weather", R"({"city":"Os)"}, {"call_2", "get_time", ""}}};
+  auto a = OllamaAnswer(kChat, GenerationBody(Endpoint::kChat, "req_1", "chat", 0, r), kChat.started_ms);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  const json& m = (*a)["message"];
+  EXPECT_EQ(m["content"], R"({"name":"get_weather","arguments":{"city":"Os})");
+  ASSERT_EQ(m["tool_calls"].size(), 1u) << m.dump();
+  EXPECT_EQ(m["tool_calls"][0]["function"], json({{"name", "get_time"}, {"arguments", json::object()}}))
+      << "no arguments are an empty map";
+  EXPECT_EQ((*a)["done_reason"], "length");
+
+  OllamaStreamTranslator t(kChat);
+  ChatDelta call;
+  call.tool_call_index = 0;
+  call.tool_call = {"call_9", "f", "{\"a\": [1, "};
+  std::string out = t.Feed(SseEvent(DeltaChunk("req_1", "chat", 0, call, false)), 0);
+  out += t.Feed(SseEvent(GenerationChunk(Endpoint::kChat, "req_1", "chat", 0, "", false, "length")), 0);
+  out += t.Feed(kSseDone, 0);
+  const auto lines = Lines(out);
+  ASSERT_EQ(lines.size(), 2u) << out;
+  EXPECT_EQ(lines[0]["message"]["content"], R"({"name":"f","arguments":{"a": [1, })");
+  EXPECT_FALSE(lines[0]["message"].contains("tool_calls")) << lines[0].dump();
+  EXPECT_EQ(lines[1]["done_reason"], "length");
+}
+
 TEST(OllamaResponseTest, AStreamErrorIsAnErrorLineAndAStreamCutShortSaysSo) {
   OllamaStreamTranslator t(kGenerate);
   std::string out = t.Feed(SseEvent(GenerationChunk(Endpoint::kCompletion, "r", "chat", 0, "x", false, std::nullopt)), 0);
