@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <iterator>
 #include <optional>
 
 #include "api/http_wire.h"
@@ -33,9 +34,25 @@ struct ConnectionPool::Conn {
   beast::tcp_stream stream;
   beast::flat_buffer buffer;
   bool connected = false;
+  std::chrono::steady_clock::time_point idle_since{};  // when it was given back
 };
 
 namespace {
+
+// A kept connection is used within this or closed: servers close idle
+// keep-alive connections (Spillway's workers after 75 s, http_server.h), and
+// one closed meanwhile costs a failed write and read before the retry.
+constexpr auto kMaxIdle = std::chrono::seconds(60);
+// How often every port's list is swept of connections idle past kMaxIdle.
+constexpr auto kSweepEvery = std::chrono::seconds(30);
+
+// Moves `v`'s connections idle since before `cutoff` (its oldest, at the front) to `out`.
+template <typename V>
+void TakeExpired(V& v, std::chrono::steady_clock::time_point cutoff, V* out) {
+  auto end = std::find_if(v.begin(), v.end(), [&](const auto& c) { return c->idle_since >= cutoff; });
+  std::move(v.begin(), end, std::back_inserter(*out));
+  v.erase(v.begin(), end);
+}
 
 std::string Lower(std::string_view s) {
   std::string out(s);
@@ -133,11 +150,22 @@ void ConnectionPool::Clear() {
   idle_.clear();
 }
 
+void ConnectionPool::DropIdle(uint16_t port) {
+  std::vector<std::unique_ptr<Conn>> dropped;  // (closed outside the lock)
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto it = idle_.find(port); it != idle_.end()) {
+    dropped = std::move(it->second);
+    idle_.erase(it);
+  }
+}
+
 std::unique_ptr<ConnectionPool::Conn> ConnectionPool::Take(uint16_t port, const net::any_io_executor& ex, bool* reused) {
   std::unique_ptr<Conn> c;
+  std::vector<std::unique_ptr<Conn>> expired;  // (declared before the lock: closed after it)
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto& v = idle_[port];
+    TakeExpired(v, std::chrono::steady_clock::now() - kMaxIdle, &expired);
     // One that lives on the caller's executor already (the same client
     // connection's strand), else the most recent one.
     auto it = std::find_if(v.rbegin(), v.rend(), [&](const auto& k) { return k->stream.get_executor() == ex; });
@@ -172,9 +200,18 @@ void ConnectionPool::Give(uint16_t port, std::unique_ptr<Conn> c) {
   // Bytes past the answer (a server that sent more than its Content-Length)
   // would be read as the next request's answer.
   if (c->buffer.size() > 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  c->idle_since = now;
+  std::vector<std::unique_ptr<Conn>> expired;  // (declared before the lock: closed after it)
   std::lock_guard<std::mutex> lk(mu_);
   auto& v = idle_[port];
   if (v.size() < max_idle_) v.push_back(std::move(c));
+  if (now - last_sweep_ < kSweepEvery) return;
+  last_sweep_ = now;
+  for (auto it = idle_.begin(); it != idle_.end();) {
+    TakeExpired(it->second, now - kMaxIdle, &expired);
+    it = it->second.empty() ? idle_.erase(it) : std::next(it);
+  }
 }
 
 namespace {
@@ -198,7 +235,15 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
                                                                     std::chrono::milliseconds timeout) {
   for (int round = 0; round < 2; ++round) {
     bool reused = false;
-    auto c = Take(port, co_await net::this_coro::executor, &reused);
+    // Again after a stale kept connection: on a fresh one (another kept one
+    // is as stale). (No ?: between two class values in a coroutine: see Stream.)
+    const net::any_io_executor ex = co_await net::this_coro::executor;
+    std::unique_ptr<Conn> c;
+    if (round == 0) {
+      c = Take(port, ex, &reused);
+    } else {
+      c = std::make_unique<Conn>(ex);
+    }
     beast::error_code ec;
     if (Status st = co_await Connect(*c, port, timeout); !st.ok()) co_return st;
     auto req = MakeRequest(port, method, target, body, headers);
@@ -216,7 +261,10 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     }
     if (ec) {
       // A kept-alive connection the worker closed meanwhile: once more on a fresh one.
-      if (reused && round == 0 && ec != beast::error::timeout) continue;
+      if (reused && round == 0 && ec != beast::error::timeout) {
+        DropIdle(port);
+        continue;
+      }
       co_return Failure(ec, method, target);
     }
     auto res = parser.release();
@@ -258,7 +306,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     // twice in a coroutine; see gateway_internal.h.)
     const net::any_io_executor ex = co_await net::this_coro::executor;
     std::unique_ptr<Conn> c;
-    if (control && control->fresh_connection) {
+    if ((control && control->fresh_connection) || round > 0) {  // (round 1: after a stale kept one, as Send)
       c = std::make_unique<Conn>(ex);
     } else {
       c = Take(port, ex, &reused);
@@ -293,7 +341,10 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     if (!ec && control) control->connected = true;
     if (ec) {
       const bool aborted = control && control->aborted();
-      if (reused && round == 0 && ec != beast::error::timeout && !aborted) continue;  // closed while idle: once more
+      if (reused && round == 0 && ec != beast::error::timeout && !aborted) {  // closed while idle: once more
+        DropIdle(port);
+        continue;
+      }
       co_return failure(ec);
     }
     http::StreamHead head;

@@ -5,9 +5,10 @@
 //
 // Each call runs as a coroutine on the caller's executor (a request's
 // strand); a connection is used by one call at a time and goes back to the
-// idle list after a complete answer that keeps the connection alive. A
-// reused connection that the worker has closed meanwhile fails before any
-// answer; the request is then sent once more on a fresh connection.
+// idle list after a complete answer that keeps the connection alive, for at
+// most a minute. A reused connection that the worker has closed meanwhile
+// fails before any answer; the request is then sent once more on a fresh
+// connection, and the port's other kept connections (as old) are dropped.
 // Transport failures are kUnavailable, timeouts kDeadlineExceeded; any HTTP
 // status is a successful call. Thread-safe.
 #pragma once
@@ -99,11 +100,17 @@ class ConnectionPool {
   // A new connection lives on the caller's executor.
   std::unique_ptr<Conn> Take(uint16_t port, const boost::asio::any_io_executor& ex, bool* reused);
   void Give(uint16_t port, std::unique_ptr<Conn> c);
+  // `port`'s kept connections, dropped: one of them was found closed by the
+  // server, and the others have been idle as long or longer.
+  void DropIdle(uint16_t port);
   boost::asio::awaitable<Status> Connect(Conn& c, uint16_t port, std::chrono::milliseconds timeout);
 
   const size_t max_idle_;
   std::mutex mu_;
+  // By port, oldest first (each kept at most kMaxIdle; a port no longer
+  // used, a worker that restarted elsewhere, is swept).
   std::map<uint16_t, std::vector<std::unique_ptr<Conn>>> idle_;
+  std::chrono::steady_clock::time_point last_sweep_{};  // (mu_)
   std::set<uint16_t> ipv6_ports_;  // (mu_)
 };
 

@@ -11,6 +11,7 @@
 #include <boost/asio/strand.hpp>
 #include <boost/asio/detached.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -245,6 +246,50 @@ TEST(ConnectionPoolTest, AConnectionWithBytesPastItsAnswerIsNotKept) {
   auto second = RunCo(ioc, pool.Send(port, "GET", "/b", "", {}, std::chrono::seconds(5)));
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   EXPECT_EQ(second->body, "fresh");
+  pool.Clear();
+  server.join();
+}
+
+// A server that closed every kept connection while they were idle (a
+// worker's keep-alive timeout after a lull): the request goes out once more
+// on a fresh connection, not on the next stale one (which failed it, and the
+// gateway tripped the placement's breaker after every quiet spell).
+TEST(ConnectionPoolTest, AfterAStaleKeptConnectionTheRequestGoesOnAFreshOne) {
+  RawServer raw;
+  const uint16_t port = raw.port();
+  std::atomic<bool> closed{false};
+  std::thread server([&] {
+    boost::system::error_code ec;
+    std::vector<net::ip::tcp::socket> kept;
+    for (int i = 0; i < 3; ++i) {  // three requests at once: three connections
+      kept.emplace_back(raw.ioc);
+      if (!raw.AcceptWithHead(kept.back())) return;
+    }
+    for (auto& s : kept) net::write(s, net::buffer(std::string("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")), ec);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // (their answers are read and the connections kept)
+    for (auto& s : kept) s.close(ec);  // idle too long
+    closed = true;
+    net::ip::tcp::socket fresh(raw.ioc);
+    if (!raw.AcceptWithHead(fresh)) return;
+    net::write(fresh, net::buffer(std::string("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh")), ec);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  });
+  net::io_context ioc;
+  ConnectionPool pool;
+  int ok = 0;
+  for (int i = 0; i < 3; ++i) {
+    net::co_spawn(net::make_strand(ioc), [&]() -> net::awaitable<void> {
+      auto r = co_await pool.Send(port, "GET", "/a", "", {}, std::chrono::seconds(5));
+      ok += r.ok() && r->body == "ok";
+    }, net::detached);
+  }
+  ioc.run();
+  ASSERT_EQ(ok, 3);
+  while (!closed) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (the FINs arrive)
+  auto r = RunCo(ioc, pool.Send(port, "GET", "/b", "", {}, std::chrono::seconds(5)));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->body, "fresh");
   pool.Clear();
   server.join();
 }
