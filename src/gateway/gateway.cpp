@@ -528,7 +528,7 @@ void Gateway::WithholdUnrecorded(const Status& why, const std::string& id, Reply
 }
 
 boost::asio::awaitable<void> Gateway::RecordEndWhenWritable(std::string id, journal::State state, Status told) {
-  const std::string body = ErrorJson(told, id).dump();
+  const std::string body = ErrorText(told, id);
   boost::asio::steady_timer timer(co_await boost::asio::this_coro::executor);
   while (true) {
     timer.expires_after(std::chrono::milliseconds(journal_.unwritable_retry_ms()));

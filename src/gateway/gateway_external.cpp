@@ -202,8 +202,7 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     metrics_.RequestFinished(rec.service, Outcome(state), svc ? ExternalKey(*svc) : "", (clock_.NowMs() - t0) / 1000.0);
   };
   auto fail = [&](State state, Status st) -> boost::asio::awaitable<void> {
-    const json body = ErrorJson(st, rec.id);
-    co_await finish(state, HttpStatusFor(st.code()), "application/json", body.dump(), st.message());
+    co_await finish(state, HttpStatusFor(st.code()), "application/json", ErrorText(st, rec.id), st.message());
     // A relayed answer cut short ends as cut: a clean end would pass it for whole.
     if (reply.head_sent()) co_return reply.Abort();
     reply.Error(st);

@@ -60,6 +60,11 @@ inline json ErrorJson(const Status& st, const std::string& request_id = "") {
   return j;
 }
 
+// ErrorJson as text (a message may carry a process's bytes: never a throw).
+inline std::string ErrorText(const Status& st, const std::string& request_id = "") {
+  return ErrorJson(st, request_id).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 inline http::Response ErrorResponse(const Status& st, unsigned version, const std::string& request_id = "") {
   auto res = JsonResponse(static_cast<unsigned>(HttpStatusFor(st.code())), ErrorJson(st, request_id), version);
   if (st.retry_after_s() > 0) res.set(bhttp::field::retry_after, std::to_string(st.retry_after_s()));

@@ -77,7 +77,7 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Calle
       if (waiting) live->WaitEnded(std::chrono::seconds(2));
     } else if (rec->state == State::kQueued) {
       Logged(journal_.Finish(id, State::kCancelled, 499, "application/json",
-                             ErrorJson(Status::Cancelled("request cancelled"), id).dump(), "cancelled while queued"),
+                             ErrorText(Status::Cancelled("request cancelled"), id), "cancelled while queued"),
              "cancel");
     }
   }

@@ -106,9 +106,8 @@ boost::asio::awaitable<void> RequestLifecycle::EndStreamWithError(State state, j
 }
 
 boost::asio::awaitable<void> RequestLifecycle::Fail(State state, Status st) {
-  const json body = ErrorJson(st, rec_.id);
-  if (reply_.head_sent()) co_return co_await EndStreamWithError(state, body, st.message());
-  co_await Finish(state, HttpStatusFor(st.code()), "application/json", body.dump(), st.message());
+  if (reply_.head_sent()) co_return co_await EndStreamWithError(state, ErrorJson(st, rec_.id), st.message());
+  co_await Finish(state, HttpStatusFor(st.code()), "application/json", ErrorText(st, rec_.id), st.message());
   reply_.Error(st);
 }
 

@@ -25,6 +25,7 @@
 #include "common/private_files.h"
 #include "common/secret.h"
 #include "common/survive.h"
+#include "common/utf8.h"
 #include "devices/sim_ledger.h"
 #include "devices/telemetry.h"
 #include "protocol/worker_protocol.h"
@@ -248,7 +249,9 @@ std::string LastLogLine(const std::string& path, int64_t written_from) {
   const size_t nl = tail.rfind('\n');
   std::string line = nl == std::string::npos ? tail : tail.substr(nl + 1);
   if (line.size() > 500) line = line.substr(0, 500) + "...";
-  return line;
+  // (Cut anywhere, and a process writes what bytes it likes: the line goes
+  // into JSON answers, events and the journal.)
+  return ValidUtf8(line);
 }
 
 }  // namespace

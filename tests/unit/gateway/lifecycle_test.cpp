@@ -672,6 +672,28 @@ TEST_F(LifecycleTest, ARequestWaitsForItsWorkersToLoadWithinTheirStartTimeout) {
   EXPECT_NE(late->body().find("start_timeout_s"), std::string::npos) << late->body();
 }
 
+// A worker's last log line (its reason for failing) cut mid-character: the
+// request still ends, journaled, with its 503 (the JSON writer threw, the
+// row stayed queued and its Idempotency-Key "in flight" until a restart).
+TEST_F(LifecycleTest, AFailingWorkersBytesInTheReasonDoNotStrandTheRequest) {
+  for (const char* key : {"chat.0", "chat.1"}) {
+    workers_.SetStarting(key, clock_.NowMs());
+    upstream::WorkerView v;
+    v.key = key;
+    v.state = upstream::WorkerState::kBackoff;
+    v.failed_starts = 2;
+    v.last_exit = "exit 1";
+    v.last_error = std::string(40, 'x') + "\xE2\x96 loading \xFF";
+    v.next_start_ms = clock_.NowMs() + 30'000;
+    workers_.SetView(v);
+  }
+  auto ex = Complete("r-bytes", false, {{"Idempotency-Key", "k-bytes"}});
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 503u) << ex->body();
+  EXPECT_NE(ex->body().find("failed to start 2 times"), std::string::npos) << ex->body();
+  EXPECT_EQ(Journaled("r-bytes").state, journal::State::kFailed);
+}
+
 TEST_F(LifecycleTest, ARunningRequestEndsAtItsDeadline) {
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
   auto ex = Complete("r-slow", false, {{"X-Request-Timeout", "0.3"}});

@@ -1,0 +1,15 @@
+// UTF-8 text from bytes that may not be (a process's log, a cut string):
+// JSON written from it by nlohmann::json's dump() throws on invalid UTF-8.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace spillway {
+
+// `s` with each invalid or incomplete sequence (a stray continuation byte,
+// an overlong form, a surrogate, a character cut at either end) replaced by
+// U+FFFD; valid text comes back unchanged.
+std::string ValidUtf8(std::string_view s);
+
+}  // namespace spillway

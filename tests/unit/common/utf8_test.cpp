@@ -1,0 +1,28 @@
+#include "common/utf8.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+namespace spillway {
+namespace {
+
+TEST(Utf8Test, ValidTextIsUnchangedAndInvalidBytesBecomeReplacementCharacters) {
+  const std::string valid = "plain, caf\xC3\xA9, \xE2\x96\x88 bar, \xF0\x9F\x98\x80";
+  EXPECT_EQ(ValidUtf8(valid), valid);
+  EXPECT_EQ(ValidUtf8(""), "");
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(ValidUtf8("cut \xE2\x96"), "cut " + r + r) << "a character cut at the end";
+  EXPECT_EQ(ValidUtf8("\x96\x88 start"), r + r + " start") << "stray continuation bytes";
+  EXPECT_EQ(ValidUtf8("Latin-1 mod\xE8le"), "Latin-1 mod" + r + "le");
+  EXPECT_EQ(ValidUtf8("\xC0\xAF"), r + r) << "an overlong '/'";
+  EXPECT_EQ(ValidUtf8("\xED\xA0\x80"), r + r + r) << "a surrogate";
+  EXPECT_EQ(ValidUtf8("\xF4\x90\x80\x80"), r + r + r + r) << "past U+10FFFF";
+  // What matters downstream: JSON can be written from it.
+  for (const char* bad : {"\xE2\x96", "\xFF", "a\xC3", "\xF0\x9F\x98"}) {
+    EXPECT_NO_THROW((void)nlohmann::json(ValidUtf8(bad)).dump()) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace spillway
