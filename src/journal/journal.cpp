@@ -194,16 +194,30 @@ StatusOr<std::vector<RequestRecord>> Journal::Recover() {
   SPILLWAY_RETURN_IF_ERROR(Write(
       [&]() -> Status {
         requeued.clear();
-        std::string sql = std::string("SELECT ") + kColumns +
-                          " FROM requests WHERE state IN ('queued','running') ORDER BY created_ms;";
-        Stmt q(*stmts_, sql.c_str());
-        while (q.Step() == SQLITE_ROW) {
-          RequestRecord r = ReadRecord(q);
-          if (!r.stream) requeued.push_back(std::move(r));
-        }
         Stmt a(*stmts_, "UPDATE attempts SET outcome='interrupted', error='gateway restarted', ended_ms=?1 WHERE ended_ms=0;");
         a.Bind(1, now);
         SPILLWAY_RETURN_IF_ERROR(Done(a.Step(), "recover"));
+        // A request that was running at each of the last restarts may be what
+        // ends the gateway (a poison request): not run again at every start.
+        Stmt poison(*stmts_,
+                    "UPDATE requests SET state='failed', error='running when the gateway stopped ' || ?2 || "
+                    "' times; not run again', result_status=503, result_type='application/json', "
+                    "result_body='{\"error\":{\"message\":\"request ' || id || ' was running each of the ' || ?2 || "
+                    "' times the gateway stopped; it is not run again (resubmit it to try once more)\",\"type\":"
+                    "\"server_error\",\"code\":\"gateway_restarted\",\"request_id\":\"' || id || '\"}}', "
+                    "updated_ms=?1 WHERE state IN ('queued','running') AND stream=0 AND (SELECT COUNT(*) FROM "
+                    "attempts WHERE request_id=requests.id AND outcome='interrupted') >= ?2;");
+        poison.Bind(1, now);
+        poison.Bind(2, int64_t{kMaxInterruptedRuns});
+        SPILLWAY_RETURN_IF_ERROR(Done(poison.Step(), "recover"));
+        std::string sql = std::string("SELECT ") + kColumns +
+                          " FROM requests WHERE state IN ('queued','running') AND stream=0 ORDER BY created_ms;";
+        Stmt q(*stmts_, sql.c_str());
+        int rc;
+        while ((rc = q.Step()) == SQLITE_ROW) requeued.push_back(ReadRecord(q));
+        // (A read that failed part-way is an error, not a shorter list: the
+        // rows left out would stay queued, never run, until the next start.)
+        SPILLWAY_RETURN_IF_ERROR(Done(rc, "recover"));
         Stmt rq(*stmts_, "UPDATE requests SET state='queued', updated_ms=?1 WHERE state IN ('queued','running') AND stream=0;");
         rq.Bind(1, now);
         SPILLWAY_RETURN_IF_ERROR(Done(rq.Step(), "recover"));
@@ -238,7 +252,10 @@ StatusOr<int> Journal::Prune() {
                     "state NOT IN ('queued','running');");
         k.Bind(1, now - opts_.idempotency_ms);
         SPILLWAY_RETURN_IF_ERROR(Done(k.Step(), "prune"));
-        Stmt d(*stmts_, "DELETE FROM requests WHERE created_ms < ?1 AND state NOT IN ('queued','running');");
+        // A row past its retention whose key still lives stays until the key
+        // expires (retention counts from creation, the key from the end).
+        Stmt d(*stmts_, "DELETE FROM requests WHERE created_ms < ?1 AND idem_key IS NULL AND "
+                    "state NOT IN ('queued','running');");
         d.Bind(1, now - opts_.retention_ms);
         SPILLWAY_RETURN_IF_ERROR(Done(d.Step(), "prune"));
         deleted = sqlite3_changes(db_);

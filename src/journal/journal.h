@@ -236,9 +236,12 @@ class Journal {
 
   // After a crash: running/queued requests that can be re-run safely
   // (non-streaming) go back to queued and are returned; the others become
-  // failed-resumable.
+  // failed-resumable. One whose attempts were cut by kMaxInterruptedRuns
+  // restarts is failed instead (it may be what stops the gateway).
+  static constexpr int kMaxInterruptedRuns = 3;
   StatusOr<std::vector<RequestRecord>> Recover();
-  // Drops expired idempotency keys and rows older than the retention.
+  // Drops expired idempotency keys, then rows older than the retention
+  // whose keys (if any) have expired.
   StatusOr<int> Prune();
 
   // What the resource manager did on a device (a service loaded, unloaded,

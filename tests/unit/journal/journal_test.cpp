@@ -1,6 +1,8 @@
 #include "journal/journal.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "journal_fixture.h"
@@ -32,6 +34,28 @@ TEST_F(JournalTest, LifecycleIsRecordedWithAttempts) {
   EXPECT_EQ(j_->Get("r1")->state, State::kCompleted);
   EXPECT_FALSE(j_->StartAttempt("r1", "cpu").ok());
   EXPECT_EQ(j_->Get("nope").status().code(), StatusCode::kNotFound);
+}
+
+// A request running at every restart may be what stops the gateway: after
+// kMaxInterruptedRuns it is failed, not run again at each start for good.
+TEST_F(JournalTest, ARequestCutByEveryRestartIsNotRunForever) {
+  ASSERT_TRUE(j_->Accept(Rec("poison")).ok());
+  ASSERT_TRUE(j_->Accept(Rec("waiting")).ok());
+  for (int run = 1; run <= Journal::kMaxInterruptedRuns; ++run) {
+    ASSERT_TRUE(j_->StartAttempt("poison", "cpu").ok());
+    Reopen();  // the gateway stopped while it ran
+    auto rec = j_->Recover();
+    ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+    const bool again = std::any_of(rec->begin(), rec->end(), [](const auto& r) { return r.id == "poison"; });
+    EXPECT_EQ(again, run < Journal::kMaxInterruptedRuns) << "run " << run;
+    EXPECT_EQ(rec->back().id, "waiting") << "a request that never ran is run again, however often";
+  }
+  const auto r = j_->Get("poison");
+  EXPECT_EQ(r->state, State::kFailed);
+  EXPECT_EQ(r->result_status, 503);
+  const auto body = nlohmann::json::parse(r->result_body, nullptr, false);
+  EXPECT_NE(body["error"]["message"].get<std::string>().find("3 times the gateway stopped"), std::string::npos)
+      << r->result_body;
 }
 
 TEST_F(JournalTest, IdempotencyKeysReplayConflictOrMismatch) {
@@ -114,6 +138,25 @@ TEST_F(JournalTest, AKeyLivesItsTimeAfterItsRequestEnded) {
   clock_.Advance(1500);
   EXPECT_EQ(*j_->Prune(), 0);
   EXPECT_EQ(j_->Accept(Rec("later", "k2"))->outcome, AcceptOutcome::kNew);
+}
+
+// A row is kept while its key lives, past its retention: counted from its
+// creation, a long request's row (and its key) went with the first prune
+// after it ended, and a retry ran it again.
+TEST_F(JournalTest, ARowWithALiveKeyOutlivesItsRetention) {
+  JournalOptions o;
+  o.idempotency_ms = 1000;
+  o.retention_ms = 1000;  // (retention_hours = idempotency_hours passes validation)
+  Reopen(o);
+  ASSERT_TRUE(j_->Accept(Rec("long", "k3")).ok());
+  clock_.Advance(5000);  // it ran long
+  ASSERT_TRUE(j_->Finish("long", State::kCompleted, 200, "application/json", "x").ok());
+  clock_.Advance(500);
+  EXPECT_EQ(*j_->Prune(), 0);
+  EXPECT_EQ(j_->Accept(Rec("retry", "k3"))->outcome, AcceptOutcome::kReplay);
+  clock_.Advance(600);  // its key expired: the row goes with it
+  EXPECT_EQ(*j_->Prune(), 1);
+  EXPECT_FALSE(j_->Get("long").ok());
 }
 
 TEST_F(JournalTest, DurabilitySettingIsApplied) {
