@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cli/plan_fit.h"
+#include "common/utf8.h"
 
 namespace spillway::cli {
 
@@ -23,6 +24,18 @@ struct ServicePlan {
   std::vector<PlacementPlan> placements;
   std::vector<std::string> notes;  // placements left out, and why
 };
+
+// Text from outside (a GGUF's keys and metadata, file and directory names)
+// for a comment line: UTF-8, on the one line (a newline in a key wrote a
+// TOML line of its own into the config).
+std::string CommentText(std::string_view text) {
+  std::string out = ValidUtf8(text);
+  for (auto& ch : out) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7f) ch = ' ';
+  }
+  return out;
+}
 
 std::string Joined(const std::vector<std::string>& lines, const char* sep) {
   std::string out;
@@ -135,22 +148,22 @@ ServicePlan Plan(const std::string& name, std::vector<const FoundModel*> candida
 void Header(std::ostringstream& os, const InitInput& in, const std::vector<ServicePlan>& services) {
   os << "# Spillway configuration written by `spillway init`.\n#\n";
   os << "# Models found: " << in.models.size() << " (searched: ";
-  for (size_t i = 0; i < in.searched.size(); ++i) os << (i ? ", " : "") << in.searched[i];
+  for (size_t i = 0; i < in.searched.size(); ++i) os << (i ? ", " : "") << CommentText(in.searched[i]);
   os << ")\n";
-  for (const auto& s : in.skipped) os << "#   skipped " << s << "\n";
+  for (const auto& s : in.skipped) os << "#   skipped " << CommentText(s) << "\n";
   os << "# Devices: ";
-  for (const auto& d : in.accelerators) os << d << ", ";
+  for (const auto& d : in.accelerators) os << CommentText(d) << ", ";
   os << "cpu\n";
-  for (const auto& n : in.device_notes) os << "#   not used: " << n << "\n";
+  for (const auto& n : in.device_notes) os << "#   not used: " << CommentText(n) << "\n";
   if (services.empty()) return;
   os << "#\n# spillway plan's verdict for each placement, on this machine now:\n";
   for (const auto& s : services) {
     for (const auto& p : s.placements) {
-      os << "#   service '" << s.name << "' on " << p.device << " (" << p.role << ", ctx " << p.ctx << ", "
+      os << "#   service '" << s.name << "' on " << CommentText(p.device) << " (" << p.role << ", ctx " << p.ctx << ", "
          << p.slots << (p.slots == 1 ? " slot" : " slots") << "):\n";
-      for (const auto& line : p.verdict) os << "#     " << line << "\n";
+      for (const auto& line : p.verdict) os << "#     " << CommentText(line) << "\n";
     }
-    for (const auto& n : s.notes) os << "#   service '" << s.name << "': " << n << "\n";
+    for (const auto& n : s.notes) os << "#   service '" << s.name << "': " << CommentText(n) << "\n";
   }
   os << "#\n# Check it: spillway serve --check --config FILE (what serve would refuse);\n"
      << "# spillway doctor --config FILE (memory, state directory, port). API keys: api_keys below,\n"
@@ -160,9 +173,9 @@ void Header(std::ostringstream& os, const InitInput& in, const std::vector<Servi
 void Service(std::ostringstream& os, const ServicePlan& s) {
   const FoundModel& m = *s.model;
   os << "[[service]]\nname = " << TomlString(s.name) << "\n";
-  os << "model = " << TomlString(m.file) << "  # " << MiB(m.summary.size) << ", " << m.summary.architecture << " "
-     << m.summary.quantization << ", " << models::HumanCount(m.summary.parameters) << " parameters";
-  if (m.label != m.file) os << ", " << m.label;
+  os << "model = " << TomlString(m.file) << "  # " << MiB(m.summary.size) << ", " << CommentText(m.summary.architecture) << " "
+     << CommentText(m.summary.quantization) << ", " << models::HumanCount(m.summary.parameters) << " parameters";
+  if (m.label != m.file) os << ", " << CommentText(m.label);
   os << "\n";
   for (const auto& p : s.placements) {
     os << "[[service.placement]]\n";
@@ -177,7 +190,7 @@ void Service(std::ostringstream& os, const ServicePlan& s) {
 std::string NoModels(const InitInput& in) {
   std::ostringstream os;
   Header(os, in, {});
-  const std::string& dir = in.models_hint;
+  const std::string dir = CommentText(in.models_hint);
   os << "#\n# No GGUF model was found, so no service is declared and this file does\n"
      << "# not load yet. Put GGUF files in " << dir << " (readable by the user\n"
      << "# spillway runs as) and run `spillway init --models " << dir << " --force -o FILE`\n"
@@ -192,7 +205,8 @@ std::string NoModels(const InitInput& in) {
 
 }  // namespace
 
-std::string TomlString(const std::string& s) {
+std::string TomlString(const std::string& text) {
+  const std::string s = ValidUtf8(text);  // (TOML is UTF-8)
   std::string out = "\"";
   for (const char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
@@ -210,7 +224,14 @@ std::string TomlString(const std::string& s) {
   return out + "\"";
 }
 
-std::string StartingConfig(const InitInput& in) {
+std::string StartingConfig(const InitInput& found) {
+  // A file whose path is not UTF-8 cannot be named in TOML: skipped, saying so.
+  InitInput in = found;
+  in.models.clear();
+  for (const auto& m : found.models) {
+    if (ValidUtf8(m.file) == m.file) in.models.push_back(m);
+    else in.skipped.push_back(m.file + ": its path is not UTF-8, which a TOML config cannot name (rename it)");
+  }
   std::vector<const FoundModel*> chat, embed;
   for (const auto& m : in.models) (m.summary.embedding ? embed : chat).push_back(&m);
   if (chat.empty() && embed.empty()) return NoModels(in);

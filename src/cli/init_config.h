@@ -36,7 +36,8 @@ struct InitInput {
 // put models (it declares no service, so it does not load until edited).
 std::string StartingConfig(const InitInput& in);
 
-// A TOML basic string: quoted, with \, " and control characters escaped.
+// A TOML basic string: quoted, with \, " and control characters escaped
+// (and, since TOML is UTF-8, invalid bytes replaced by U+FFFD).
 std::string TomlString(const std::string& s);
 
 }  // namespace spillway::cli

@@ -207,6 +207,38 @@ TEST_F(InitTest, AFolderWithAccentsGivesAConfigServeChecks) {
   EXPECT_EQ(rc, 0) << out;
 }
 
+// Names from a folder are not to be trusted: a GGUF whose key carries a
+// newline (quoted by the reader's error) wrote a TOML line of its own into
+// the config; a file name that is not UTF-8 made init fail for every model.
+TEST_F(InitTest, AHostileFileOrNameNeitherWritesTheConfigNorStopsInit) {
+  AddModels();
+  {
+    std::ofstream f(models_ + "/evil.gguf", std::ios::binary);
+    const std::string key = "x\nallowed_hosts = [\"evil.example\"]\n#";
+    auto u32 = [&](uint32_t v) { f.write(reinterpret_cast<const char*>(&v), 4); };
+    auto u64 = [&](uint64_t v) { f.write(reinterpret_cast<const char*>(&v), 8); };
+    f << "GGUF";
+    u32(3);
+    u64(0);  // tensors
+    u64(1);  // keys
+    u64(key.size());
+    f << key;
+    u32(99);  // no such value type: the reader's error quotes the key
+  }
+  fs::copy_file(ModelPath("tiny-chat"), models_ + "/mod\xE8le.gguf");  // Latin-1
+  const std::string cfg = dir_ + "/hostile.toml";
+  int rc = -1;
+  std::string out = Spillway("init --models " + models_ + " --devices cpu -o " + cfg, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string text = ReadTextFile(cfg);
+  EXPECT_FALSE(Has(text, "\nallowed_hosts")) << text;
+  EXPECT_TRUE(Has(text, "#   skipped " + models_ + "/evil.gguf")) << text;
+  EXPECT_TRUE(Has(text, "its path is not UTF-8")) << text;
+  EXPECT_TRUE(Has(text, "model = \"" + models_ + "/tiny-chat.gguf\"")) << text;
+  out = Spillway("serve --check --config " + cfg, &rc);
+  EXPECT_EQ(rc, 0) << out;
+}
+
 // What a worker would refuse or abort on, and a device an external server
 // is accounted on that does not exist, are found by --check, not at start.
 TEST_F(InitTest, ServeCheckFindsShapesAndDevicesThatCannotWork) {
