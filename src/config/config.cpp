@@ -15,6 +15,7 @@
 #include <fstream>
 #include <filesystem>
 #include <set>
+#include <limits>
 #include <sstream>
 
 namespace spillway::config {
@@ -199,7 +200,10 @@ class Reader {
       *out = *n->value<std::string>();
     } else {
       if (!n->is_number()) return Status::InvalidArgument(Where(source_, n->source(), name) + " must be a number");
-      double v = *n->value<double>();
+      // (An integer past 2^53 has no exact double: toml++ gives none, and a
+      // key's range is far below that anyway.)
+      const auto as_double = n->value<double>();
+      const double v = as_double ? *as_double : std::numeric_limits<double>::infinity();
       if (std::is_integral_v<T> && !n->is_integer()) {
         return Status::InvalidArgument(Where(source_, n->source(), name) + " must be an integer");
       }

@@ -72,7 +72,8 @@ compile_one() {  # FLAGSET_DIR SOURCE FLAGS...
   local dir=$1 src=$2; shift 2
   local obj="$dir/${src//\//_}.o"
   mkdir -p "$dir"
-  (cd "$ROOT" && nice -n 10 ${CCACHE:+"$CCACHE"} $CXX -std=c++20 -g -O"$OPT" -fsanitize=fuzzer-no-link,address,undefined \
+  # (_GLIBCXX_ASSERTIONS: an empty optional read or an index past a vector's end aborts; UBSan sees neither.)
+  (cd "$ROOT" && nice -n 10 ${CCACHE:+"$CCACHE"} $CXX -std=c++20 -g -O"$OPT" -D_GLIBCXX_ASSERTIONS -fsanitize=fuzzer-no-link,address,undefined \
     -fno-sanitize-recover=undefined "$@" -Isrc -c "$src" -o "$obj.new" 2>"$obj.log") && mv "$obj.new" "$obj" ||
     { echo "[fuzz] $src does not compile:"; cat "$obj.log"; return 1; }
 }

@@ -62,6 +62,10 @@ TEST(ConfigTest, ErrorsNameFileLineAndKey) {
       {"listen = \"nope\"", "test.toml:1: 'listen'"},
       {"\n\nmax_queue = \"ten\"", "test.toml:3: 'max_queue' must be a number"},
       {"max_queue = 0", "'max_queue' must be between"},
+      // Past 2^53 (no exact double): a range error, not an empty optional read.
+      {"max_queue = 9223372036854775807", "'max_queue' must be between"},
+      {"[[service]]\nname=\"a\"\nmodel=\"m\"\n[[service.placement]]\nslots = 9007199254740993",
+       "'service[0].placement[0].slots' must be between"},
       {"listne = \"x\"", "'listne' is not a known key"},
       {"[journal]\nsynchronous = \"sometimes\"", "test.toml:2: 'journal.synchronous'"},
       {"[[service]]\nname = \"a\"", "'service[0].model' is required"},
