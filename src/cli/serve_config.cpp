@@ -80,6 +80,12 @@ StatusOr<config::GatewayConfig> LoadServeConfig(const std::string& config_path, 
   }
   if (!state_dir.empty()) cfg.state_dir = state_dir;
   if (cfg.state_dir.empty()) cfg.state_dir = DefaultStateDir();
+  // Absolute from here on: its workers are told paths in it (a relative one
+  // meant another place to a gateway restarted from another directory, which
+  // then took its adoptable workers for gone and started second ones).
+  if (std::error_code ec; !cfg.state_dir.empty()) {
+    if (auto abs = std::filesystem::absolute(cfg.state_dir, ec); !ec) cfg.state_dir = abs.string();
+  }
   AddKeysFromEnv("SPILLWAY_API_KEYS", &cfg.api_keys);
   AddKeysFromEnv("SPILLWAY_OPERATOR_KEYS", &cfg.operator_keys);
   if (validate) SPILLWAY_RETURN_IF_ERROR(config::Validate(cfg));

@@ -2,16 +2,19 @@
 // the same state directory (upstream/supervisor.h): real gateway and worker
 // processes, port 0, conditions waited for rather than fixed sleeps.
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
 
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -262,6 +265,23 @@ TEST(WorkerAdoptionTest, TheStateDirectoryNamedAnotherWayAdoptsTheSameWorkers) {
   EXPECT_TRUE(after.at("chat.0")["adopted"].get<bool>());
   EXPECT_EQ(PidOf(after.at("embed.0")), crashed.embed);
   EXPECT_EQ(LiveWorkersOf(crashed.state.path, "chat.0") + LiveWorkersOf(link, "chat.0"), 1);
+}
+
+// A state directory named relative to where the gateway started: its
+// workers are told absolute paths (a gateway restarted from elsewhere read
+// a worker's relative --port-file against its own directory, took the
+// worker for gone and started a second one beside it).
+TEST(WorkerAdoptionTest, ARelativeStateDirectoryIsAbsoluteToItsWorkers) {
+  StateDir state;
+  const std::string relative = fs::relative(state.path).string();
+  ASSERT_FALSE(fs::path(relative).is_absolute());
+  GatewayProcess gw(TestConfig(2), relative);
+  const auto started = Started(gw);
+  ASSERT_TRUE(started.count("chat.0")) << gw.Output();
+  std::ifstream f("/proc/" + std::to_string(PidOf(started.at("chat.0"))) + "/cmdline");
+  std::string cmdline((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+  EXPECT_NE(cmdline.find("--port-file " + fs::absolute(relative).string() + "/run/"), std::string::npos) << cmdline;
 }
 
 TEST(WorkerAdoptionTest, SigtermStopsEveryWorkerAdoptedOnesIncluded) {
