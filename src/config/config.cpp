@@ -561,6 +561,15 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
   SPILLWAY_RETURN_IF_ERROR(r.Strings(root, "api_keys", &c.api_keys));
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "allow_unauthenticated_remote", "", &c.allow_unauthenticated_remote, 0, 0));
   SPILLWAY_RETURN_IF_ERROR(r.Strings(root, "allowed_hosts", &c.allowed_hosts));
+  for (const auto& h : c.allowed_hosts) {
+    // The Host header's port is not compared: "host:8480" could never match.
+    const size_t colon = h.rfind(':');
+    const bool ipv6 = h.find(':') != colon || (!h.empty() && h.front() == '[');
+    if (h.empty() || (colon != std::string::npos && !ipv6)) {
+      return Status::InvalidArgument(Where(source, root.get("allowed_hosts")->source(), "allowed_hosts") +
+                                     " names hosts without a port (\"" + h + "\" never matches a Host header)");
+    }
+  }
   SPILLWAY_RETURN_IF_ERROR(r.Strings(root, "allowed_origins", &c.allowed_origins));
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_body_bytes", "", &c.max_body_bytes, 1024, 1 << 30));
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_queue", "", &c.max_queue, 1, 1 << 20));

@@ -211,7 +211,9 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   const auto method = req.method();
   const bool open_route = path == "/healthz" || path == "/readyz" || IsUiPath(path);  // the page asks for a key itself
   if (Status st = CheckAccess(req, !open_route); !st.ok()) {
-    return ex->Respond(api::IsOllamaPath(path) ? OllamaErrorResponse(st, v) : ErrorResponse(st, v));
+    auto res = api::IsOllamaPath(path) ? OllamaErrorResponse(st, v) : ErrorResponse(st, v);
+    if (st.code() == StatusCode::kUnauthenticated) res.set(bhttp::field::www_authenticate, "Bearer");  // (RFC 9110 11.6.1)
+    return ex->Respond(std::move(res));
   }
   if (IsUiPath(path) && method == bhttp::verb::get) return ex->Respond(UiResponse(path, v));
   if (path == "/v1/events" && method == bhttp::verb::get) return HandleEvents(CallerOf(req), std::move(ex), v);

@@ -1,6 +1,8 @@
 // Who may call the gateway and whose requests a caller may see: API keys
 // (compared in constant time), the Host and Origin allow-lists, request
 // ownership, per-key concurrency, request ids.
+#include <algorithm>
+#include <cctype>
 #include <mutex>
 
 #include "common/hash.h"
@@ -12,12 +14,35 @@ namespace spillway::gateway {
 
 namespace {
 
+bool EqualsIgnoringCase(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+// The scheme is case-insensitive (RFC 9110 11.1: "bearer" is Bearer), and
+// one or more spaces follow it.
 std::string_view BearerToken(const http::Request& req) {
   auto auth = req.find(bhttp::field::authorization);
   if (auth == req.end()) return {};
-  const std::string_view v(auth->value().data(), auth->value().size());
-  constexpr std::string_view kBearer = "Bearer ";
-  return v.substr(0, kBearer.size()) == kBearer ? v.substr(kBearer.size()) : std::string_view();
+  std::string_view v(auth->value().data(), auth->value().size());
+  constexpr std::string_view kBearer = "Bearer";
+  if (v.size() <= kBearer.size() || !EqualsIgnoringCase(v.substr(0, kBearer.size()), kBearer) ||
+      v[kBearer.size()] != ' ') {
+    return {};
+  }
+  v.remove_prefix(kBearer.size());
+  while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+  return v;
+}
+
+// A host name as compared: brackets of an IPv6 literal off ("[::1]" is
+// "::1"), either case (DNS names are case-insensitive).
+bool SameHost(std::string_view a, std::string_view b) {
+  auto bare = [](std::string_view h) {
+    return h.size() >= 2 && h.front() == '[' && h.back() == ']' ? h.substr(1, h.size() - 2) : h;
+  };
+  return EqualsIgnoringCase(bare(a), bare(b));
 }
 
 // Every key is compared (no early exit), each in constant time.
@@ -55,8 +80,8 @@ Status Gateway::CheckAccess(const http::Request& req, bool needs_key) const {
   auto host = req.find(bhttp::field::host);
   if (host == req.end()) return Status::PermissionDenied("a Host header is required");
   const std::string h = HostOnly(std::string_view(host->value().data(), host->value().size()));
-  bool host_ok = h == config_.listen_host;
-  for (const auto& a : config_.allowed_hosts) host_ok |= a == h;
+  bool host_ok = SameHost(h, config_.listen_host);
+  for (const auto& a : config_.allowed_hosts) host_ok |= SameHost(a, h);
   if (!host_ok) return Status::PermissionDenied("Host '" + h + "' is not allowed (see allowed_hosts)");
   auto origin = req.find(bhttp::field::origin);
   if (origin != req.end()) {

@@ -280,14 +280,22 @@ TEST_F(GatewayTest, RequestTimeoutIs504AndFreesTheWorker) {
 
 TEST(GatewayAccessTest, KeysHostsAndOrigins) {
   setenv("SPILLWAY_API_KEYS", "sk-test-1, sk-test-2", 1);
-  GatewayProcess gw(TestConfig(1, "allowed_origins = [\"http://localhost:3000\"]"));
+  GatewayProcess gw(TestConfig(1, "allowed_origins = [\"http://localhost:3000\"]\n"
+                                  "allowed_hosts = [\"127.0.0.1\", \"::1\", \"Spillway.Home\"]"));
   const bool started = gw.Start();  // the gateway reads the keys at start
   unsetenv("SPILLWAY_API_KEYS");
   ASSERT_TRUE(started) << gw.Output();
   const uint16_t p = gw.port();
-  EXPECT_EQ(Call(p, "GET", "/v1/models").status, 401);
+  const auto missing = Call(p, "GET", "/v1/models");
+  EXPECT_EQ(missing.status, 401);
+  EXPECT_EQ(missing.Header("www-authenticate"), "Bearer") << "a 401 names its scheme (RFC 9110)";
   EXPECT_EQ(Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearer wrong"}}).status, 401);
   EXPECT_EQ(Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearer sk-test-2"}}).status, 200);
+  // The scheme in any case, the host in any case, an IPv6 literal with or without brackets.
+  EXPECT_EQ(Call(p, "GET", "/v1/models", "", {{"Authorization", "bearer  sk-test-2"}}).status, 200);
+  EXPECT_EQ(Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearer sk-test-2"}, {"Host", "spillway.home:8480"}}).status, 200);
+  EXPECT_EQ(Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearer sk-test-2"}, {"Host", "[::1]:8480"}}).status, 200);
+  EXPECT_EQ(Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearersk-test-2"}}).status, 401);
   EXPECT_EQ(Call(p, "GET", "/healthz").status, 200);  // liveness needs no key
   auto evil = Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearer sk-test-1"}, {"Host", "evil.example:8480"}});
   EXPECT_EQ(evil.status, 403) << evil.body;

@@ -66,6 +66,7 @@ TEST(ConfigTest, ErrorsNameFileLineAndKey) {
       {"max_queue = 9223372036854775807", "'max_queue' must be between"},
       {"[[service]]\nname=\"a\"\nmodel=\"m\"\n[[service.placement]]\nslots = 9007199254740993",
        "'service[0].placement[0].slots' must be between"},
+      {"allowed_hosts = [\"myhost:8480\"]", "'allowed_hosts' names hosts without a port"},
       {"listne = \"x\"", "'listne' is not a known key"},
       {"[journal]\nsynchronous = \"sometimes\"", "test.toml:2: 'journal.synchronous'"},
       {"[[service]]\nname = \"a\"", "'service[0].model' is required"},
