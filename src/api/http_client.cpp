@@ -36,7 +36,12 @@ struct Connection::Impl {
     }
     stream.emplace(*ioc);
     stream->expires_after(timeout);
-    stream->connect(tcp::endpoint(addr, port), ec);
+    // Asynchronously, so that the timeout holds (a synchronous connect to a
+    // host that drops packets waited out the kernel's SYN retries, ~2 min).
+    ec = net::error::would_block;
+    stream->async_connect(tcp::endpoint(addr, port), [&](beast::error_code e) { ec = e; });
+    ioc->restart();
+    ioc->run();
     if (ec) {
       stream.reset();
       return Status::Unavailable("connect to " + host + ":" + std::to_string(port) + ": " + ec.message());

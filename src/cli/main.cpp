@@ -1,6 +1,9 @@
 // spillway: the command-line entry point. Subcommands register themselves here.
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+#include <exception>
+
 #include "cli/chaos_command.h"
 #include "cli/doctor_command.h"
 #include "cli/init_command.h"
@@ -34,6 +37,11 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  } catch (const std::exception& e) {
+    // A command that met what it did not expect (a server's odd answer, a
+    // file's odd shape) says so and exits 1: never an abort and a core dump.
+    std::fprintf(stderr, "spillway: %s\n", e.what());
+    return 1;
   }
   return exit_code;
 }

@@ -68,11 +68,18 @@ StatusOr<json> Call(const Target& t, const std::string& method, const std::strin
   }
   json body = json::parse(r->body, nullptr, false);
   if (r->status >= 300) {
-    const std::string why = body.is_object() && body.contains("error") ? body["error"].value("message", r->body) : r->body;
+    // OpenAI's shape ({"error": {"message"}}), Ollama's ({"error": "..."}), or the body as it came.
+    std::string why = r->body;
+    if (auto e = body.is_object() ? body.find("error") : body.end(); body.is_object() && e != body.end()) {
+      if (e->is_string()) why = e->get<std::string>();
+      if (auto m = e->is_object() ? e->find("message") : e->end(); e->is_object() && m != e->end() && m->is_string()) {
+        why = m->get<std::string>();
+      }
+    }
     return Status::Unavailable("the gateway answered " + std::to_string(r->status) + ": " + why +
                                (r->status == 401 ? " (set $SPILLWAY_API_KEY)" : ""));
   }
-  if (body.is_discarded()) return Status::Unavailable("the gateway's answer is not JSON");
+  if (!body.is_object()) return Status::Unavailable("the answer at " + path + " is not a Spillway gateway's (not a JSON object)");
   return body;
 }
 

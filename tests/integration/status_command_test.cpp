@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 
+#include "fake_worker.h"
 #include "gateway_calls.h"
 #include "gateway_process.h"
 #include "worker_process.h"
@@ -109,6 +110,25 @@ TEST(StatusCommandTest, TablesJsonWatchAndCancellingARequest) {
   }
   EXPECT_NE(r.out.find("RECENT INCIDENTS"), std::string::npos) << r.out;
   EXPECT_EQ(Count(r.out, "  cancelled  chat: cli-"), 2u) << r.out;
+}
+
+// A --url that answers what a Spillway gateway would not (another server,
+// an Ollama-shaped error, a JSON array): a clear message and exit 1, never
+// an abort and a core dump (nlohmann's type errors were uncaught).
+TEST(StatusCommandTest, AServerThatIsNotAGatewayIsAClearError) {
+  FakeWorker odd([](http::Request& req, std::shared_ptr<http::Exchange> ex) {
+    const std::string target(req.target());
+    if (target == "/v1/status") return ex->Respond(http::MakeResponse(200, "[]", "application/json"));
+    ex->Respond(http::MakeResponse(404, R"({"error":"not found"})", "application/json"));
+  });
+  ASSERT_TRUE(odd.ok());
+  const std::string url = "--url http://127.0.0.1:" + std::to_string(odd.port());
+  CliRun r = Spillway("", "status " + url);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("not a Spillway gateway's"), std::string::npos) << r.out;
+  r = Spillway("", "requests show some-id " + url);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("answered 404: not found"), std::string::npos) << r.out;
 }
 
 }  // namespace
