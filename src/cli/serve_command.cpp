@@ -203,6 +203,13 @@ int Serve(const ServeArgs& a) {
   // not started. One whose worker survived the previous gateway is admitted
   // as it runs: the memory the device reports in use is its own.
   gateway::PlacementCalibration calibration;  // what workers really allocated, per (model, device)
+  // (The earlier gateway's workers that will not be adopted are stopped
+  // first: their memory is not counted against the placements that replace them.)
+  {
+    std::vector<upstream::WorkerSpec> all = specs;
+    for (auto& spec : ExternalSpecs(cfg)) all.push_back(std::move(spec));
+    supervisor.StopUnadoptable(all);
+  }
   auto admissions = gateway::AdmitPlacements(&calibration, cfg, supervisor.Adoptable(specs));
   // What cannot work is refused now, not found out by the first request.
   const std::string where = a.config_path.empty() ? "the demo" : a.config_path;

@@ -143,6 +143,12 @@ class Supervisor : public Workers {
   // directory that Start() would adopt. Asked before placement admission,
   // which must not refuse a placement for the memory its own worker holds.
   std::set<std::string> Adoptable(const std::vector<WorkerSpec>& specs) const;
+  // Stops (claiming the state directory first) the earlier gateways' workers
+  // that none of `specs` would adopt: a spec changed, a placement gone, one
+  // that never became ready. Before placement admission, which must not
+  // refuse a placement for the memory a worker about to be stopped holds
+  // (the placement was never started, and its device stood empty).
+  void StopUnadoptable(const std::vector<WorkerSpec>& specs);
   // Adopts or stops the workers of earlier gateways (see above), then starts the others.
   void Start();
   // SIGTERM to every worker's group (adopted ones included), SIGKILL after `grace_ms`.

@@ -162,6 +162,28 @@ std::set<std::string> Supervisor::Adoptable(const std::vector<WorkerSpec>& specs
   return out;
 }
 
+void Supervisor::StopUnadoptable(const std::vector<WorkerSpec>& specs) {
+  if (!Claim().ok()) return;  // (Adopt says why, and adopts nothing)
+  std::vector<Previous> to_stop;
+  for (const auto& f : ReadWorkerRecords(run_dir_)) {
+    if (!f.record.ok()) continue;  // (Adopt forgets it)
+    WorkerRecord r = *f.record;
+    std::optional<std::string> hash;  // as Add() keeps it
+    bool external = false;
+    for (const auto& spec : specs) {
+      if (spec.key != f.key) continue;
+      hash = SpecHash(spec.external() ? spec.command : spec.args);
+      external = spec.external();
+    }
+    if (const AdoptDecision d = Judge(r, hash, external); d.action == AdoptAction::kStop) {
+      to_stop.push_back({r.key, {r.pid, r.start_time, /*child=*/false}, d.reason});
+    }
+  }
+  // (One that could not be stopped keeps its record: Adopt finds it again
+  // and keeps its placement from starting beside it.)
+  RunSurviving("spillway: stopping the previous gateway's workers", [&] { StopPrevious(to_stop); });
+}
+
 void Supervisor::Adopt() {
   if (Status st = Claim(); !st.ok()) {
     std::fprintf(stderr, "spillway: no worker adopted: %s\n", st.message().c_str());

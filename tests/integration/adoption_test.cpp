@@ -7,6 +7,7 @@
 
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "devices/sim_ledger.h"
 #include "gateway_calls.h"
 #include "gateway_process.h"
+#include "scoped_sim_dir.h"
 #include "worker_process.h"
 
 namespace spillway::testing {
@@ -200,6 +202,46 @@ struct CrashedGateway {
     gw.Kill9();
   }
 };
+
+// A device with room for one worker: a restart whose config changed the
+// placement stops the old worker before placement admission, which then
+// sees the room (it counted the old worker's memory, refused the placement
+// for good, and only then stopped the old worker: the device stood empty).
+TEST(WorkerAdoptionTest, AChangedPlacementIsAdmittedWithoutTheMemoryOfTheWorkerItReplaces) {
+  ScopedSimDir sim("adopt-room");
+  ASSERT_TRUE(devices::SimLedger::Create(0, 64 << 20).ok());
+  auto config = [](int threads) {
+    std::ostringstream os;
+    os << "[[device]]\nname = \"sim:0\"\nheadroom_pct = 5\n[[service]]\nname = \"chat\"\nmodel = \""
+       << ModelPath("tiny-chat") << "\"\n[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 512\n"
+       << "slots = 1\nbatch = 64\nthreads = " << threads << "\n";
+    return os.str();
+  };
+  auto used = [] { return (*devices::SimLedger::Open(0))->Snapshot().used; };
+  StateDir state;
+  GatewayProcess first(config(1), state.path);
+  const auto before = Started(first);
+  ASSERT_TRUE(before.count("chat.0") && before.at("chat.0")["state"] == "ready") << first.Output();
+  const pid_t old_chat = PidOf(before.at("chat.0"));
+  const uint64_t one = used();
+  first.Kill9();
+  ASSERT_TRUE(Alive(old_chat));
+  // Another program takes what leaves room for one worker, not two.
+  const uint64_t hold_mib = ((64ull << 20) - one - one / 2) >> 20;
+  ASSERT_GT(hold_mib, 0u) << "one worker takes " << one << " bytes";
+  pid_t holder = SpawnTool({"sim", "hold", "sim:0", "--mib", std::to_string(hold_mib), "--seconds", "120"}, "spillway");
+  ASSERT_TRUE(WaitFor([&] { return used() >= one + (hold_mib << 20); }, std::chrono::seconds(10)));
+
+  GatewayProcess changed(config(2), state.path);  // the spec changed: not adopted
+  const auto after = Started(changed);
+  kill(holder, SIGTERM);
+  waitpid(holder, nullptr, 0);
+  ASSERT_TRUE(after.count("chat.0")) << changed.Output();
+  EXPECT_TRUE(after.at("chat.0")["admitted"].get<bool>()) << after.at("chat.0").dump() << changed.Output();
+  EXPECT_FALSE(Alive(old_chat));
+  EXPECT_TRUE(WaitFor([&] { return Workers(changed.port()).at("chat.0")["state"] == "ready"; }, std::chrono::seconds(60)))
+      << changed.Output();
+}
 
 TEST(WorkerAdoptionTest, RecordOfAGoneOrReusedPidIsNotAdoptedAndItsProcessNotSignalled) {
   CrashedGateway crashed;
