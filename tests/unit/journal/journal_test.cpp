@@ -76,6 +76,24 @@ TEST_F(JournalTest, IdempotencyKeysReplayConflictOrMismatch) {
   EXPECT_EQ(j_->Accept(Rec("a")).status().code(), StatusCode::kConflict);
 }
 
+// A key binds a result only once its request ran: one cancelled while it
+// waited (its client timed out) or refused before any attempt leaves the key
+// free for the retry (it replayed the 499 or the 503 for a day).
+TEST_F(JournalTest, AKeyIsBoundOnlyOnceItsRequestRan) {
+  ASSERT_TRUE(j_->Accept(Rec("waited", "k-wait", "h")).ok());
+  ASSERT_TRUE(j_->Finish("waited", State::kCancelled, 499, "application/json", "{}").ok());
+  EXPECT_EQ(j_->Accept(Rec("retry", "k-wait", "h"))->outcome, AcceptOutcome::kNew);
+  ASSERT_TRUE(j_->Accept(Rec("refused", "k-ref", "h")).ok());
+  ASSERT_TRUE(j_->Finish("refused", State::kFailed, 503, "application/json", "{}").ok());
+  EXPECT_EQ(j_->Accept(Rec("retry2", "k-ref", "h"))->outcome, AcceptOutcome::kNew);
+  // Once an attempt ran, its end is what the key replays, a failure too.
+  ASSERT_TRUE(j_->Accept(Rec("ran", "k-ran", "h")).ok());
+  ASSERT_TRUE(j_->StartAttempt("ran", "cpu").ok());
+  ASSERT_TRUE(j_->Finish("ran", State::kFailed, 502, "application/json", "{}").ok());
+  EXPECT_EQ(j_->Accept(Rec("retry3", "k-ran", "h"))->outcome, AcceptOutcome::kReplay);
+  EXPECT_EQ(j_->Get("waited")->state, State::kCancelled) << "the row itself stays, for GET";
+}
+
 TEST_F(JournalTest, RecoverRequeuesSafeRequestsAndFailsOpenStreams) {
   ASSERT_TRUE(j_->Accept(Rec("queued")).ok());
   ASSERT_TRUE(j_->Accept(Rec("running")).ok());
