@@ -23,6 +23,11 @@ std::string MultipartBoundary(std::string_view content_type);
 std::optional<std::string> MultipartField(std::string_view body, std::string_view boundary, std::string_view name,
                                           size_t max_value = 256);
 
+// What an Idempotency-Key's payload hash covers: the content type and the
+// body, a multipart form's without its boundary (a client builds its upload
+// again on each retry, with a new random boundary: the same request).
+std::string PayloadForHash(std::string_view content_type, std::string_view body);
+
 // The model a proxied request names: JSON "model" or the form's "model"
 // field; "" when it names none. InvalidArgument for a body that is neither
 // (or a JSON body that does not parse).

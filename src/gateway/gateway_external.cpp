@@ -144,7 +144,7 @@ void Gateway::HandleExternal(http::Request& req, std::shared_ptr<http::Exchange>
   in->rec.endpoint = path;
   in->rec.body_type = type.empty() ? "application/json" : type;
   in->rec.body = req.body();
-  in->rec.payload_hash = Sha256Hex(path + "\n" + in->rec.body_type + "\n" + in->rec.body);
+  in->rec.payload_hash = Sha256Hex(path + "\n" + PayloadForHash(in->rec.body_type, in->rec.body));
   if (in->rec.body_type.rfind("application/json", 0) == 0) {
     // Forwarded untouched: a "stream" that is not true (null, "true", 1) is the server's to judge.
     const auto j = nlohmann::json::parse(in->rec.body, nullptr, false);

@@ -32,6 +32,20 @@ TEST(ExternalRouteTest, MultipartFields) {
   EXPECT_EQ(MultipartField("--b0\r\nno headers end", "b0", "model"), std::nullopt);
 }
 
+// A retried upload with a new random boundary is the same payload for its
+// Idempotency-Key (python-requests and httpx draw one per request); another
+// file is not.
+TEST(ExternalRouteTest, APayloadsHashIgnoresItsMultipartBoundary) {
+  auto form = [](const std::string& b, const std::string& audio) {
+    return "--" + b + "\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper\r\n--" + b +
+           "\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n" + audio + "\r\n--" + b + "--\r\n";
+  };
+  const std::string a = PayloadForHash("multipart/form-data; boundary=aaaa1111", form("aaaa1111", "RIFF..."));
+  EXPECT_EQ(a, PayloadForHash("multipart/form-data; boundary=\"bb22\"", form("bb22", "RIFF...")));
+  EXPECT_NE(a, PayloadForHash("multipart/form-data; boundary=bb22", form("bb22", "RIFF!!!")));
+  EXPECT_EQ(PayloadForHash("application/json", R"({"a":1})"), "application/json\n{\"a\":1}");
+}
+
 TEST(ExternalRouteTest, RequestedModelAndChoice) {
   EXPECT_EQ(*RequestedModel("multipart/form-data; boundary=b0", kBody), "whisper");
   EXPECT_EQ(*RequestedModel("application/json", R"({"model":"r"})"), "r");
