@@ -25,12 +25,14 @@ bool ExternalLines::Join(const std::string& service, const std::string& id, bool
   return true;
 }
 
-bool ExternalLines::TryStart(const std::string& service, const std::string& id, int64_t now_ms) {
+bool ExternalLines::TryStart(const std::string& service, const std::string& id, int64_t now_ms,
+                             const std::function<bool()>& up) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = lines_.find(service);
   if (it == lines_.end()) return false;
   Line& l = it->second;
   if (l.running >= l.concurrency || l.waiting.empty() || l.waiting.front() != id) return false;
+  if (up && !up()) return false;
   l.waiting.pop_front();
   ++l.running;
   l.last_used_ms = now_ms;
@@ -61,6 +63,17 @@ bool ExternalLines::Idle(const std::string& service, int64_t idle_ms, int64_t no
   if (it == lines_.end()) return false;
   const Line& l = it->second;
   return l.running == 0 && l.waiting.empty() && now_ms - l.last_used_ms >= idle_ms;
+}
+
+bool ExternalLines::ReleaseIfIdle(const std::string& service, int64_t idle_ms, int64_t now_ms, bool evicted,
+                                  const std::function<void()>& release) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  if (it == lines_.end()) return false;
+  const Line& l = it->second;
+  if (l.running > 0 || (!evicted && !l.waiting.empty()) || now_ms - l.last_used_ms < idle_ms) return false;
+  release();
+  return true;
 }
 
 int ExternalLines::Position(const std::string& service, const std::string& id) const {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -26,15 +27,23 @@ class ExternalLines {
   // Takes a place in the service's line; false when max_queue are waiting
   // (`past_bound`: whatever max_queue says, for a request accepted before a restart).
   bool Join(const std::string& service, const std::string& id, bool past_bound = false);
-  // Runs the request if it is first in line and a place is free (it then
-  // leaves the line and holds a running place until Finished).
-  bool TryStart(const std::string& service, const std::string& id, int64_t now_ms);
+  // Runs the request if it is first in line, a place is free and `up` (asked
+  // under the line's lock: the server was not released meanwhile) says its
+  // server is still there; it then leaves the line and holds a running place
+  // until Finished.
+  bool TryStart(const std::string& service, const std::string& id, int64_t now_ms,
+                const std::function<bool()>& up = {});
   // Leaves the line without having run (cancelled, past its deadline).
   void Leave(const std::string& service, const std::string& id);
   // Gives back a running place. `outcome`: completed | failed | cancelled.
   void Finished(const std::string& service, const std::string& outcome, int64_t now_ms);
   // Nothing running or waiting, and nothing ran for `idle_ms`.
   bool Idle(const std::string& service, int64_t idle_ms, int64_t now_ms) const;
+  // When Idle (or, `evicted`, when nothing runs: its waiters wait for it to
+  // come back), runs `release` under the line's lock, so that no request
+  // starts on the server between the check and its release; whether it ran.
+  bool ReleaseIfIdle(const std::string& service, int64_t idle_ms, int64_t now_ms, bool evicted,
+                     const std::function<void()>& release);
   // Its position (1 = next) in line; 0 when not waiting.
   int Position(const std::string& service, const std::string& id) const;
   int Running(const std::string& service) const;

@@ -102,6 +102,7 @@ boost::asio::awaitable<ExternalAnswer> SendExternal(upstream::ConnectionPool& po
     control.deadline =
         std::chrono::steady_clock::now() + TimeLeft(deadline_ms, clock.NowMs(), kMaxRequestTimeoutMs);
   }
+  control.ipv6 = svc.url.rfind("http://[::1]:", 0) == 0;  // (127.0.0.1 and localhost: IPv4)
   a.sent = co_await pool.Stream(port, "POST", path, rec.body, headers, on_head, on_data, timeout, paused, &control);
   co_return a;
 }
@@ -351,7 +352,13 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
         co_return Status::Unavailable("service '" + svc.name + "' did not start" + (why.empty() ? "" : " (" + why + ")"))
             .WithRetryAfter(5);
       }
-    } else if (!*running && !external_lines_->TryStart(rec.service, rec.id, clock_.NowMs())) {
+    } else if (!*running && Evicting(key)) {
+      // It gives its room to another service: nothing new starts on it, so
+      // that it goes idle and unloads (then this request starts it again,
+      // once there is room).
+      note = "service '" + svc.name + "' is unloading to give its room to another service";
+    } else if (!*running &&
+               !external_lines_->TryStart(rec.service, rec.id, clock_.NowMs(), [&] { return ExternalPort(svc) == port; })) {
       note = "waiting for service '" + svc.name + "' (position " +
              std::to_string(external_lines_->Position(rec.service, rec.id)) + ")";
     } else {

@@ -303,7 +303,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
       all_gone = false;
       continue;
     }
-    supervisor_.Release(v);  // (an external server's: IdleReplica only says it may go)
+    supervisor_.Release(v);  // (IdleReplica released it already: idempotent)
     if (!supervisor_.WaitReleased(v, 2000)) all_gone = false;
   }
   if (all_gone) return Status::Ok();
@@ -314,6 +314,11 @@ void Gateway::RoomGranted(const std::string& key) {
   std::lock_guard<std::mutex> lk(residency_mu_);
   room_refused_.erase(key);
   exclusive_waits_.erase(key);
+}
+
+bool Gateway::Evicting(const std::string& key) {
+  std::lock_guard<std::mutex> lk(residency_mu_);
+  return evicting_.count(key) > 0;
 }
 
 bool Gateway::IdleReplica(const std::string& key) {
@@ -336,7 +341,11 @@ bool Gateway::IdleReplica(const std::string& key) {
     const bool outside = OutsideWindow(e->residency, &window);
     int64_t idle_ms = evicting || outside ? 0 : static_cast<int64_t>(e->residency.keep_alive_s * 1000);
     if (!evicting && !outside && e->residency.keep_alive_s <= 0) return false;
-    if (!external_lines_->Idle(e->name, idle_ms, clock_.NowMs())) return false;
+    // Released under the line's lock: no request can start on it in between
+    // (AwaitExternalTurn asks whether it is still up under the same lock).
+    if (!external_lines_->ReleaseIfIdle(e->name, idle_ms, clock_.NowMs(), evicting, [&] { supervisor_.Release(key); })) {
+      return false;
+    }
     unloaded(e->name, evicting ? "evicted" : outside ? window : "idle past keep_alive_s");
     return true;
   }

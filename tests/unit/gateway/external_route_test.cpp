@@ -73,12 +73,17 @@ TEST(ExternalRouteTest, RequestedModelAndChoice) {
   EXPECT_EQ(ChooseExternal(c, "/v1/audio/transcriptions", "b").status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(ExternalLinesTest, FirstComeFirstServedWithinConcurrencyAndQueue) {
+// The line of one external service "s" that runs one request at a time.
+config::ExternalConfig OneAtATime(int max_queue) {
   config::ExternalConfig e;
   e.name = "s";
   e.concurrency = 1;
-  e.max_queue = 1;
-  ExternalLines lines({e}, 0);
+  e.max_queue = max_queue;
+  return e;
+}
+
+TEST(ExternalLinesTest, FirstComeFirstServedWithinConcurrencyAndQueue) {
+  ExternalLines lines({OneAtATime(1)}, 0);
   EXPECT_TRUE(lines.Join("s", "r1"));
   EXPECT_TRUE(lines.TryStart("s", "r1", 10));
   EXPECT_TRUE(lines.Join("s", "r2"));
@@ -113,6 +118,28 @@ TEST(ExternalLinesTest, FirstComeFirstServedWithinConcurrencyAndQueue) {
   lines.Observe("s", 160);
   lines.Observe("s", 130);
   EXPECT_EQ(lines.Measured("s"), (std::pair<uint64_t, uint64_t>{100, 60}));
+}
+
+// Eviction: a server whose line never empties (batch requests queued all
+// day) still goes once nothing runs on it; and the release happens under
+// the line's lock, against a start that asks whether the server is still up
+// (a request started on a server released in between, and got a 502).
+TEST(ExternalLinesTest, AnEvictedServerGoesWhenNothingRunsAndNothingStartsOnItAfter) {
+  ExternalLines lines({OneAtATime(8)}, 0);
+  ASSERT_TRUE(lines.Join("s", "r1"));
+  ASSERT_TRUE(lines.TryStart("s", "r1", 10));
+  ASSERT_TRUE(lines.Join("s", "r2"));
+  bool released = false;
+  auto release = [&] { released = true; };
+  EXPECT_FALSE(lines.ReleaseIfIdle("s", 0, 20, /*evicted=*/true, release)) << "r1 runs";
+  lines.Finished("s", "completed", 30);
+  EXPECT_FALSE(lines.ReleaseIfIdle("s", 0, 30, /*evicted=*/false, release)) << "r2 waits: kept while not evicted";
+  EXPECT_TRUE(lines.ReleaseIfIdle("s", 0, 30, /*evicted=*/true, release));
+  EXPECT_TRUE(released);
+  EXPECT_FALSE(lines.TryStart("s", "r2", 40, [&] { return !released; })) << "its server is gone";
+  EXPECT_EQ(lines.Position("s", "r2"), 1) << "it keeps its place for the server's return";
+  released = false;
+  EXPECT_TRUE(lines.TryStart("s", "r2", 50, [&] { return !released; }));
 }
 
 }  // namespace
