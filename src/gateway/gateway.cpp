@@ -1,4 +1,6 @@
 #include "gateway/gateway.h"
+
+#include "gateway/cors_exchange.h"
 #include "gateway/reply_writer.h"
 
 #include <nlohmann/json.hpp>
@@ -49,10 +51,7 @@ Gateway::Gateway(const config::GatewayConfig& config, journal::Journal& journal,
       rng_(std::random_device{}()),
       board_(config, admissions, clock) {
   for (const auto& s : config_.services) signals_[s.name] = std::make_unique<CapacitySignal>();
-  for (const auto& e : config_.externals) {
-    signals_[e.name] = std::make_unique<CapacitySignal>();
-    if (e.url.rfind("http://[::1]:", 0) == 0) pool_.DialIpv6(e.UrlPort());  // (127.0.0.1 and localhost: IPv4)
-  }
+  for (const auto& e : config_.externals) signals_[e.name] = std::make_unique<CapacitySignal>();
   for (const auto& s : config_.services) waiting_by_service_[s.name] = std::make_unique<std::atomic<int>>(0);
   external_lines_ = std::make_unique<ExternalLines>(config_.externals, clock_.NowMs());
   supervisor_.SetIdleCheck([this](const std::string& key) { return IdleReplica(key); });
@@ -210,11 +209,17 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   const unsigned v = req.version();
   const auto method = req.method();
   const bool open_route = path == "/healthz" || path == "/readyz" || IsUiPath(path);  // the page asks for a key itself
-  if (Status st = CheckAccess(req, !open_route); !st.ok()) {
+  // A page of an allowed origin reads the answer (CORS, cors_exchange.h); its
+  // preflight carries no key.
+  const std::string cors = CorsOrigin(req);
+  const bool preflight = !cors.empty() && method == bhttp::verb::options;
+  if (!cors.empty() && !preflight) ex = std::make_shared<CorsExchange>(std::move(ex), cors);
+  if (Status st = CheckAccess(req, !open_route && !preflight); !st.ok()) {
     auto res = api::IsOllamaPath(path) ? OllamaErrorResponse(st, v) : ErrorResponse(st, v);
     if (st.code() == StatusCode::kUnauthenticated) res.set(bhttp::field::www_authenticate, "Bearer");  // (RFC 9110 11.6.1)
     return ex->Respond(std::move(res));
   }
+  if (preflight) return ex->Respond(CorsPreflight(req, cors));
   if (IsUiPath(path) && method == bhttp::verb::get) return ex->Respond(UiResponse(path, v));
   if (path == "/v1/events" && method == bhttp::verb::get) return HandleEvents(CallerOf(req), std::move(ex), v);
   if (path == "/v1/requests" && method == bhttp::verb::get) return HandleRequestList(CallerOf(req), std::move(ex), v);

@@ -146,6 +146,8 @@ class Gateway {
   // a CPU replica after idle_unload_s, an accelerator placement or external
   // server after keep_alive_s, at once when evicted or outside its window.
   bool IdleReplica(const std::string& key);
+  // Whether the worker or external server `key` is being evicted (it takes no new requests).
+  bool Evicting(const std::string& key);
   // Whether accelerator placement `k` of `svc` takes no new requests now,
   // and why (in words too, when `why` is given).
   enum class Hold { kNone, kUnloading, kNoRoom, kOutsideWindow };
@@ -286,6 +288,9 @@ class Gateway {
   std::string ClientOf(const http::Request& req) const;
   Caller CallerOf(const http::Request& req) const;
   bool KeysRequired() const;
+  // The request's Origin when it is one of allowed_origins (its answer then
+  // carries CORS headers, cors_exchange.h); "" otherwise.
+  std::string CorsOrigin(const http::Request& req) const;
   Status CheckAccess(const http::Request& req, bool needs_key) const;
   // Whose max_requests_per_key places a request takes: its API key's where
   // keys are required; else its address's (without keys the Authorization

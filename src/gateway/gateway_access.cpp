@@ -102,6 +102,17 @@ Status Gateway::CheckAccess(const http::Request& req, bool needs_key) const {
   return Status::Ok();
 }
 
+std::string Gateway::CorsOrigin(const http::Request& req) const {
+  if (config_.allowed_origins.empty()) return "";
+  auto origin = req.find(bhttp::field::origin);
+  if (origin == req.end()) return "";
+  const std::string_view o(origin->value().data(), origin->value().size());
+  for (const auto& a : config_.allowed_origins) {
+    if (a == o) return a;
+  }
+  return "";
+}
+
 std::string Gateway::SlotOwner(const std::string& client, const std::string& peer) const {
   if (KeysRequired()) return client;
   return peer.empty() ? "anonymous" : "peer:" + peer;

@@ -8,7 +8,7 @@ using nlohmann::json;
 namespace bhttp = boost::beast::http;
 
 OllamaExchange::OllamaExchange(std::shared_ptr<http::Exchange> inner, api::OllamaReplyContext ctx, const Clock& clock)
-    : inner_(std::move(inner)), ctx_(ctx), clock_(clock), stream_(std::move(ctx)) {}
+    : ForwardingExchange(std::move(inner)), ctx_(ctx), clock_(clock), stream_(std::move(ctx)) {}
 
 void OllamaExchange::Respond(http::Response res) {
   std::string body;

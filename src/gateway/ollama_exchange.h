@@ -24,10 +24,11 @@
 #include "api/http_server.h"
 #include "api/ollama_response.h"
 #include "common/clock.h"
+#include "gateway/forwarding_exchange.h"
 
 namespace spillway::gateway {
 
-class OllamaExchange final : public http::Exchange {
+class OllamaExchange final : public ForwardingExchange {
  public:
   // `clock` must outlive the exchange (the gateway's).
   OllamaExchange(std::shared_ptr<http::Exchange> inner, api::OllamaReplyContext ctx, const Clock& clock);
@@ -41,15 +42,8 @@ class OllamaExchange final : public http::Exchange {
   void StartStream(http::Response header) override;
   void Write(std::string data) override;
   void End() override;
-  void Abort() override { inner_->Abort(); }
-  void OnDisconnect(std::function<void()> cb) override { inner_->OnDisconnect(std::move(cb)); }
-  bool disconnected() const override { return inner_->disconnected(); }
-  size_t unsent_bytes() const override { return inner_->unsent_bytes(); }
-  boost::asio::any_io_executor executor() const override { return inner_->executor(); }
-  std::string peer_address() const override { return inner_->peer_address(); }
 
  private:
-  std::shared_ptr<http::Exchange> inner_;
   api::OllamaReplyContext ctx_;
   const Clock& clock_;
   std::vector<std::pair<std::string, std::string>> headers_;

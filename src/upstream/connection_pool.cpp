@@ -115,14 +115,9 @@ struct AbortWatch : std::enable_shared_from_this<AbortWatch> {
 }  // namespace
 
 // Opens `c` once (a reused connection is open already).
-net::awaitable<Status> ConnectionPool::Connect(Conn& c, uint16_t port, std::chrono::milliseconds timeout) {
+net::awaitable<Status> ConnectionPool::Connect(Conn& c, uint16_t port, bool v6, std::chrono::milliseconds timeout) {
   if (c.connected) co_return Status::Ok();
   beast::error_code ec;
-  bool v6 = false;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    v6 = ipv6_ports_.count(port) > 0;
-  }
   const net::ip::address host = v6 ? net::ip::address(net::ip::address_v6::loopback())
                                    : net::ip::address(net::ip::address_v4::loopback());
   c.stream.expires_after(timeout);
@@ -140,31 +135,26 @@ ConnectionPool::ConnectionPool(size_t max_idle_per_port) : max_idle_(max_idle_pe
 
 ConnectionPool::~ConnectionPool() = default;
 
-void ConnectionPool::DialIpv6(uint16_t port) {
-  std::lock_guard<std::mutex> lk(mu_);
-  ipv6_ports_.insert(port);
-}
-
 void ConnectionPool::Clear() {
   std::lock_guard<std::mutex> lk(mu_);
   idle_.clear();
 }
 
-void ConnectionPool::DropIdle(uint16_t port) {
+void ConnectionPool::DropIdle(uint32_t server) {
   std::vector<std::unique_ptr<Conn>> dropped;  // (closed outside the lock)
   std::lock_guard<std::mutex> lk(mu_);
-  if (auto it = idle_.find(port); it != idle_.end()) {
+  if (auto it = idle_.find(server); it != idle_.end()) {
     dropped = std::move(it->second);
     idle_.erase(it);
   }
 }
 
-std::unique_ptr<ConnectionPool::Conn> ConnectionPool::Take(uint16_t port, const net::any_io_executor& ex, bool* reused) {
+std::unique_ptr<ConnectionPool::Conn> ConnectionPool::Take(uint32_t server, const net::any_io_executor& ex, bool* reused) {
   std::unique_ptr<Conn> c;
   std::vector<std::unique_ptr<Conn>> expired;  // (declared before the lock: closed after it)
   {
     std::lock_guard<std::mutex> lk(mu_);
-    auto& v = idle_[port];
+    auto& v = idle_[server];
     TakeExpired(v, std::chrono::steady_clock::now() - kMaxIdle, &expired);
     // One that lives on the caller's executor already (the same client
     // connection's strand), else the most recent one.
@@ -184,7 +174,7 @@ std::unique_ptr<ConnectionPool::Conn> ConnectionPool::Take(uint16_t port, const 
   beast::error_code ec;
   const auto fd = c->stream.socket().release(ec);
   if (!ec) {
-    moved->stream.socket().assign(tcp::v4(), fd, ec);
+    moved->stream.socket().assign(server > 0xFFFF ? tcp::v6() : tcp::v4(), fd, ec);
     if (ec) ::close(fd);
   }
   if (ec) {  // dropped: a fresh one instead
@@ -196,7 +186,7 @@ std::unique_ptr<ConnectionPool::Conn> ConnectionPool::Take(uint16_t port, const 
   return moved;
 }
 
-void ConnectionPool::Give(uint16_t port, std::unique_ptr<Conn> c) {
+void ConnectionPool::Give(uint32_t server, std::unique_ptr<Conn> c) {
   // Bytes past the answer (a server that sent more than its Content-Length)
   // would be read as the next request's answer.
   if (c->buffer.size() > 0) return;
@@ -204,7 +194,7 @@ void ConnectionPool::Give(uint16_t port, std::unique_ptr<Conn> c) {
   c->idle_since = now;
   std::vector<std::unique_ptr<Conn>> expired;  // (declared before the lock: closed after it)
   std::lock_guard<std::mutex> lk(mu_);
-  auto& v = idle_[port];
+  auto& v = idle_[server];
   if (v.size() < max_idle_) v.push_back(std::move(c));
   if (now - last_sweep_ < kSweepEvery) return;
   last_sweep_ = now;
@@ -233,6 +223,7 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
                                                                     std::string target, std::string body,
                                                                     http::HeaderList headers,
                                                                     std::chrono::milliseconds timeout) {
+  const uint32_t server = ServerKey(port, false);  // (a worker's: on 127.0.0.1)
   for (int round = 0; round < 2; ++round) {
     bool reused = false;
     // Again after a stale kept connection: on a fresh one (another kept one
@@ -240,12 +231,12 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     const net::any_io_executor ex = co_await net::this_coro::executor;
     std::unique_ptr<Conn> c;
     if (round == 0) {
-      c = Take(port, ex, &reused);
+      c = Take(server, ex, &reused);
     } else {
       c = std::make_unique<Conn>(ex);
     }
     beast::error_code ec;
-    if (Status st = co_await Connect(*c, port, timeout); !st.ok()) co_return st;
+    if (Status st = co_await Connect(*c, port, false, timeout); !st.ok()) co_return st;
     auto req = MakeRequest(port, method, target, body, headers);
     c->stream.expires_after(timeout);
     co_await WriteRequest(c->stream, req, ec);
@@ -262,7 +253,7 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     if (ec) {
       // A kept-alive connection the worker closed meanwhile: once more on a fresh one.
       if (reused && round == 0 && ec != beast::error::timeout) {
-        DropIdle(port);
+        DropIdle(server);
         continue;
       }
       co_return Failure(ec, method, target);
@@ -272,7 +263,7 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     out.status = res.result_int();
     for (const auto& f : res) out.headers[Lower(std::string(f.name_string()))] = std::string(f.value());
     out.body = std::move(res.body());
-    if (res.keep_alive() && !write_failed) Give(port, std::move(c));
+    if (res.keep_alive() && !write_failed) Give(server, std::move(c));
     co_return out;
   }
   co_return Status::Unavailable(method + " " + target + ": no connection");
@@ -300,6 +291,8 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     if (control && control->aborted()) return Status::Cancelled(method + " " + target + ": aborted");
     return Failure(ec, method, target);
   };
+  const bool v6 = control && control->ipv6;
+  const uint32_t server = ServerKey(port, v6);
   for (int round = 0; round < 2; ++round) {
     bool reused = false;
     // (No ?: between two class values here: GCC 12 destroys such a temporary
@@ -309,7 +302,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     if ((control && control->fresh_connection) || round > 0) {  // (round 1: after a stale kept one, as Send)
       c = std::make_unique<Conn>(ex);
     } else {
-      c = Take(port, ex, &reused);
+      c = Take(server, ex, &reused);
     }
     if (watch) watch->stream = &c->stream;
     struct Unwatch {
@@ -320,7 +313,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     } unwatch{watch};
     beast::error_code ec;
     if (control) control->connected = control->sent = false;  // (round 0's stale connection: never acted on)
-    if (Status st = co_await Connect(*c, port, std::chrono::seconds(10)); !st.ok()) co_return st;
+    if (Status st = co_await Connect(*c, port, v6, std::chrono::seconds(10)); !st.ok()) co_return st;
     if (control) control->connected = !reused;  // (a kept one may be stale: known once it answers)
     if (control && control->aborted()) co_return failure(net::error::operation_aborted);
     auto req = MakeRequest(port, method, target, body, headers);
@@ -342,7 +335,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     if (ec) {
       const bool aborted = control && control->aborted();
       if (reused && round == 0 && ec != beast::error::timeout && !aborted) {  // closed while idle: once more
-        DropIdle(port);
+        DropIdle(server);
         continue;
       }
       co_return failure(ec);
@@ -371,7 +364,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
       const size_t n = chunk.size() - parser.get().body().size;
       if (n > 0 && !on_data(std::string_view(chunk.data(), n))) co_return Status::Ok();
     }
-    if (parser.keep_alive() && !write_failed && !(control && control->aborted())) Give(port, std::move(c));
+    if (parser.keep_alive() && !write_failed && !(control && control->aborted())) Give(server, std::move(c));
     co_return Status::Ok();
   }
   co_return Status::Unavailable(method + " " + target + ": no connection");

@@ -23,7 +23,6 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,6 +54,11 @@ class StreamControl {
   // sent twice cannot meet a connection the server closed while it was idle
   // (whose failure would leave unknown whether the server acted on it).
   bool fresh_connection = false;
+  // The server listens on the IPv6 loopback ([::1]; an external service's
+  // url says so), not on 127.0.0.1. Per call, not per port: a worker may get
+  // the same port number on 127.0.0.1, and its requests (with its secret)
+  // must never go to the [::1] server.
+  bool ipv6 = false;
   // Out: the request was written whole (the server may have acted on it).
   bool sent = false;
   // Out: the server took the connection the request went on (it is up, even
@@ -72,11 +76,6 @@ class ConnectionPool {
   ~ConnectionPool();
   // Closes the idle connections (before their I/O context goes away).
   void Clear();
-  // The server at `port` listens on the IPv6 loopback ([::1]), not on
-  // 127.0.0.1 (an external service's url names it). Only such ports are
-  // dialled there: a worker's request, with its secret, never goes to
-  // whatever else listens on [::1] at its port.
-  void DialIpv6(uint16_t port);
 
   // One request, the whole answer.
   boost::asio::awaitable<StatusOr<http::ClientResponse>> Send(uint16_t port, std::string method, std::string target,
@@ -98,20 +97,21 @@ class ConnectionPool {
  private:
   struct Conn;
   // A new connection lives on the caller's executor.
-  std::unique_ptr<Conn> Take(uint16_t port, const boost::asio::any_io_executor& ex, bool* reused);
-  void Give(uint16_t port, std::unique_ptr<Conn> c);
+  // Kept connections are listed by server: its port, and whether on [::1].
+  static uint32_t ServerKey(uint16_t port, bool ipv6) { return port | (ipv6 ? 0x10000u : 0u); }
+  std::unique_ptr<Conn> Take(uint32_t server, const boost::asio::any_io_executor& ex, bool* reused);
+  void Give(uint32_t server, std::unique_ptr<Conn> c);
   // `port`'s kept connections, dropped: one of them was found closed by the
   // server, and the others have been idle as long or longer.
-  void DropIdle(uint16_t port);
-  boost::asio::awaitable<Status> Connect(Conn& c, uint16_t port, std::chrono::milliseconds timeout);
+  void DropIdle(uint32_t server);
+  boost::asio::awaitable<Status> Connect(Conn& c, uint16_t port, bool ipv6, std::chrono::milliseconds timeout);
 
   const size_t max_idle_;
   std::mutex mu_;
   // By port, oldest first (each kept at most kMaxIdle; a port no longer
   // used, a worker that restarted elsewhere, is swept).
-  std::map<uint16_t, std::vector<std::unique_ptr<Conn>>> idle_;
+  std::map<uint32_t, std::vector<std::unique_ptr<Conn>>> idle_;
   std::chrono::steady_clock::time_point last_sweep_{};  // (mu_)
-  std::set<uint16_t> ipv6_ports_;  // (mu_)
 };
 
 }  // namespace spillway::upstream

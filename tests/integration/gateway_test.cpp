@@ -300,7 +300,24 @@ TEST(GatewayAccessTest, KeysHostsAndOrigins) {
   auto evil = Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearer sk-test-1"}, {"Host", "evil.example:8480"}});
   EXPECT_EQ(evil.status, 403) << evil.body;
   EXPECT_EQ(Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearer sk-test-1"}, {"Origin", "http://evil.example"}}).status, 403);
-  EXPECT_EQ(Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearer sk-test-1"}, {"Origin", "http://localhost:3000"}}).status, 200);
+  const auto page = Call(p, "GET", "/v1/models", "", {{"Authorization", "Bearer sk-test-1"}, {"Origin", "http://localhost:3000"}});
+  EXPECT_EQ(page.status, 200);
+  // CORS: the allowed page may read the answer, and its preflight (no key) is answered.
+  EXPECT_EQ(page.Header("access-control-allow-origin"), "http://localhost:3000");
+  EXPECT_NE(page.Header("access-control-expose-headers").find("X-Request-Id"), std::string::npos);
+  const auto preflight = Call(p, "OPTIONS", "/v1/chat/completions", "",
+                              {{"Origin", "http://localhost:3000"}, {"Access-Control-Request-Method", "POST"},
+                               {"Access-Control-Request-Headers", "authorization, content-type"}});
+  EXPECT_EQ(preflight.status, 204) << preflight.body;
+  EXPECT_EQ(preflight.Header("access-control-allow-origin"), "http://localhost:3000");
+  EXPECT_NE(preflight.Header("access-control-allow-headers").find("Authorization"), std::string::npos);
+  EXPECT_NE(preflight.Header("access-control-allow-methods").find("POST"), std::string::npos);
+  const auto unkeyed = Call(p, "GET", "/v1/models", "", {{"Origin", "http://localhost:3000"}});
+  EXPECT_EQ(unkeyed.status, 401);
+  EXPECT_EQ(unkeyed.Header("access-control-allow-origin"), "http://localhost:3000") << "the page reads why";
+  const auto foreign = Call(p, "OPTIONS", "/v1/chat/completions", "", {{"Origin", "http://evil.example"}});
+  EXPECT_EQ(foreign.status, 403);
+  EXPECT_EQ(foreign.Header("access-control-allow-origin"), "");
   // An Ollama route is refused in Ollama's shape, {"error": "<message>"}: its
   // clients read the error as a string ("[object Object]" otherwise).
   auto ollama = Call(p, "POST", "/api/chat", R"({"model":"chat","messages":[]})");

@@ -72,19 +72,33 @@ TEST(ConnectionPoolTest, SendsOneRequestAfterAnotherThroughThePool) {
 
 // A server on the IPv6 loopback alone (an external service's url =
 // "http://[::1]:PORT") is reached: the pool dialled 127.0.0.1 only. Only a
-// port named so is dialled there (a worker's request, with its secret, never
-// goes to whatever else listens on [::1] at its port).
+// call named so is dialled there (a worker's request, with its secret, never
+// goes to whatever else listens on [::1] at its port number).
 TEST(ConnectionPoolTest, AServerOnTheIpv6LoopbackAloneIsReachedWhenNamedSo) {
   FakeWorker worker(EchoHandler(), "::1");
   if (!worker.ok()) GTEST_SKIP() << "no IPv6 loopback here";
   net::io_context ioc;
   ConnectionPool pool;
   auto refused = RunCo(ioc, pool.Send(worker.port(), "GET", "/v4", "", {}, std::chrono::seconds(5)));
-  EXPECT_FALSE(refused.ok()) << "dialled [::1] for a port not named so";
-  pool.DialIpv6(worker.port());
-  auto r = RunCo(ioc, pool.Send(worker.port(), "GET", "/v6", "", {}, std::chrono::seconds(5)));
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->body, "{\"echo\":\"/v6\"}");
+  EXPECT_FALSE(refused.ok()) << "dialled [::1] for a call not named so";
+  auto relay = [&](bool ipv6) {
+    StreamControl control;
+    control.ipv6 = ipv6;
+    std::string body;
+    const Status st = RunCo(ioc, pool.Stream(worker.port(), "GET", "/v6", "", {}, [](const http::StreamHead&) { return true; },
+                                             [&](std::string_view d) {
+                                               body.append(d);
+                                               return true;
+                                             },
+                                             std::chrono::seconds(5), nullptr, &control));
+    return st.ok() ? body : st.ToString();
+  };
+  EXPECT_EQ(relay(true), "{\"echo\":\"/v6\"}");
+  // Per call: the same port without the flag (a worker's request, which may
+  // have that port number on 127.0.0.1) is not sent there, even with a
+  // [::1] connection kept.
+  EXPECT_NE(relay(false), "{\"echo\":\"/v6\"}");
+  EXPECT_FALSE(RunCo(ioc, pool.Send(worker.port(), "GET", "/v4", "", {}, std::chrono::seconds(5))).ok());
   pool.Clear();
 }
 

@@ -1,0 +1,45 @@
+#include "gateway/cors_exchange.h"
+
+namespace spillway::gateway {
+
+namespace bhttp = boost::beast::http;
+
+namespace {
+
+constexpr const char* kExposed =
+    "X-Request-Id, Retry-After, Idempotent-Replayed, X-Spillway-Placement, X-Spillway-Decision, "
+    "X-Spillway-Degraded, X-Spillway-Fallback-Model, X-Spillway-Limits, X-Spillway-Estimated-Delay, "
+    "X-Spillway-Attempts, X-Spillway-Queued-Ms, X-Spillway-Timings, X-Spillway-Keep-Alive";
+constexpr const char* kRequestHeaders =
+    "Authorization, Content-Type, Idempotency-Key, X-Request-Id, X-Request-Timeout";
+
+}  // namespace
+
+void CorsExchange::Allow(http::Response& res) const {
+  res.set(bhttp::field::access_control_allow_origin, origin_);
+  res.set(bhttp::field::vary, "Origin");
+  res.set(bhttp::field::access_control_expose_headers, kExposed);
+}
+
+void CorsExchange::Respond(http::Response res) {
+  Allow(res);
+  inner_->Respond(std::move(res));
+}
+
+void CorsExchange::StartStream(http::Response header) {
+  Allow(header);
+  inner_->StartStream(std::move(header));
+}
+
+http::Response CorsPreflight(const http::Request& req, const std::string& origin) {
+  http::Response res{bhttp::status::no_content, req.version()};
+  res.set(bhttp::field::access_control_allow_origin, origin);
+  res.set(bhttp::field::vary, "Origin");
+  res.set(bhttp::field::access_control_allow_methods, "GET, POST, DELETE, OPTIONS");
+  res.set(bhttp::field::access_control_allow_headers, kRequestHeaders);
+  res.set(bhttp::field::access_control_max_age, "600");
+  res.keep_alive(req.keep_alive());
+  return res;
+}
+
+}  // namespace spillway::gateway
