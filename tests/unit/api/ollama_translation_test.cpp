@@ -128,6 +128,25 @@ TEST(OllamaRequestTest, ToolCallsGetIdsAndToolResultsAnswerThemByName) {
   EXPECT_TRUE(ParseChatRequest(named).ok()) << ParseChatRequest(named).status().ToString();
 }
 
+// The worker takes bodies up to twice the gateway's max_body_bytes (and
+// 64 KiB): a translated body never grows past that, even when its tool calls'
+// arguments are all quotes and backslashes (each escaped once more as text).
+TEST(OllamaRequestTest, ATranslatedBodyAtMostDoublesItsSize) {
+  const std::string nasty = std::string(20000, '"') + std::string(20000, '\\') + std::string(20000, '\n');
+  const json body = {{"model", "m"},
+                     {"messages",
+                      {{{"role", "user"}, {"content", "write it"}},
+                       {{"role", "assistant"},
+                        {"content", ""},
+                        {"tool_calls", {{{"function", {{"name", "write_file"}, {"arguments", {{"text", nasty}}}}}}}}},
+                       {{"role", "tool"}, {"tool_name", "write_file"}, {"content", "ok"}}}}};
+  const size_t sent = body.dump().size();
+  const auto c = Translate(OllamaRoute::kChat, body);
+  const size_t forwarded = c.openai.dump(-1, ' ', false, json::error_handler_t::replace).size();
+  EXPECT_GT(forwarded, sent * 3 / 2) << "the case this guards: arguments escaped once more";
+  EXPECT_LE(forwarded, 2 * sent + (64 << 10));
+}
+
 TEST(OllamaRequestTest, WhatSpillwayCannotHonourIsA400NamingTheField) {
   const json user = {{{"role", "user"}, {"content", "x"}}};
   EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "x"}, {"images", {"aGk="}}}}}})
