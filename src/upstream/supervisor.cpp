@@ -152,8 +152,14 @@ std::vector<std::string> Supervisor::Argv(Worker& w, const std::string& port_fil
     // Its port is chosen here and known at once; ready is what its health path says.
     w.view.port = FreeLoopbackPort();
     std::vector<std::string> args;
+    // Never adopted (a later gateway stops it), so tied to this one: it gets
+    // its stop signal when the supervisor's thread ends, the gateway killed
+    // with -9 included, through util-linux's setpriv (the same pid). Else it
+    // held its device memory until some later gateway came.
+    static const bool setpriv = ::access("/usr/bin/setpriv", X_OK) == 0;
+    if (const char* name = sigabbrev_np(w.spec.stop_signal); setpriv && name) args = {"/usr/bin/setpriv", "--pdeathsig", name};
     // Niceness before its first instruction (and so for every thread it starts): through coreutils' nice.
-    if (const int more = NicenessIncrement(w.spec.nice); more > 0) args = {"nice", "-n", std::to_string(more)};
+    if (const int more = NicenessIncrement(w.spec.nice); more > 0) args.insert(args.end(), {"nice", "-n", std::to_string(more)});
     for (const auto& a : w.spec.command) args.push_back(Expand(a, "${PORT}", std::to_string(w.view.port)));
     return args;
   }

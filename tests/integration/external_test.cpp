@@ -300,6 +300,24 @@ TEST_F(ExternalTest, OnDemandStartsWithItsFirstRequestAndStopsWhenIdle) {
   EXPECT_EQ(ExternalStatus(g->port(), "fake")["starts"], 2);
 }
 
+// A server Spillway started is never adopted (the next gateway stops it), so
+// it goes with its gateway, one killed with -9 too: it held its device
+// memory until some later gateway came, or for good.
+TEST_F(ExternalTest, AServerSpillwayStartedEndsWithAGatewayKilledWithoutWarning) {
+  auto g = Start(TestConfig(2, FakeService("fake", log_)));
+  ASSERT_EQ(Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake"})").status, 200);
+  const int pid = ExternalStatus(g->port(), "fake").value("pid", 0);
+  ASSERT_GT(pid, 0);
+  g->Kill9();
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    std::this_thread::sleep_for(50ms);
+    const std::string stat = ReadTextFile("/proc/" + std::to_string(pid) + "/stat");
+    gone = stat.empty() || stat.find(") Z ") != std::string::npos;
+  }
+  EXPECT_TRUE(gone) << "the external server (pid " << pid << ") outlived its gateway";
+}
+
 // An on-demand server that cannot start is started again only for a request
 // that wants it: restarted for nobody, a model that cannot load was reloaded
 // every 30 s for good, unloading other services' models for its room. And
