@@ -129,9 +129,15 @@ void Supervisor::Add(WorkerSpec spec) {
   w.view.on_demand = spec.on_demand;
   w.view.start_timeout_ms = spec.start_timeout_ms;
   ::chmod(w.view.log_path.c_str(), kPrivateFileMode);  // one an older version made 0644
-  w.spec_hash = SpecHash(spec.external() ? spec.command : spec.args);
+  w.spec_hash = SpecHashOf(spec);
   w.spec = std::move(spec);
   workers_[w.view.key] = std::move(w);
+}
+
+std::string SpecHashOf(const WorkerSpec& spec) {
+  std::vector<std::string> hashed = spec.external() ? spec.command : spec.args;
+  if (spec.nice != 0) hashed.insert(hashed.end(), {"--nice", std::to_string(spec.nice)});  // (unset: as before it counted)
+  return SpecHash(hashed);
 }
 
 void Supervisor::Start() {

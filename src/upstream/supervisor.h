@@ -117,6 +117,12 @@ struct WorkerSpec {
   bool external() const { return !command.empty(); }
 };
 
+// What a worker's record keeps to tell whether a later config still asks for
+// the same process: its argv (an external server's command) and, when set,
+// its niceness (a service moved between priorities is started anew at its
+// new niceness, not adopted at its old one).
+std::string SpecHashOf(const WorkerSpec& spec);
+
 class Supervisor : public Workers {
  public:
   Supervisor(std::string worker_binary, std::string state_dir, const Clock& clock);
@@ -201,7 +207,7 @@ class Supervisor : public Workers {
     int64_t listening_ms = 0;  // when its port file appeared (0: not yet)
     int64_t kill_at_ms = 0;  // a released worker still exiting
     uint64_t start_time = 0;  // of its process (/proc/<pid>/stat field 22)
-    std::string spec_hash;    // SpecHash(spec.args)
+    std::string spec_hash;    // SpecHashOf(spec)
     bool announce_ready = false;  // adopted: on_ready_ not told yet
     // Killed (Kill) and not yet ended: reaped by Poll without waiting, and
     // no new process starts for this worker until it has ended (its device

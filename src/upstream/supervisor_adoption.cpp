@@ -154,7 +154,7 @@ std::set<std::string> Supervisor::Adoptable(const std::vector<WorkerSpec>& specs
     if (!f.record.ok()) continue;
     for (const auto& spec : specs) {
       WorkerRecord r = *f.record;
-      if (spec.key == f.key && Judge(r, SpecHash(spec.args), spec.external()).action == AdoptAction::kAdopt) {
+      if (spec.key == f.key && Judge(r, SpecHashOf(spec), spec.external()).action == AdoptAction::kAdopt) {
         out.insert(f.key);
       }
     }
@@ -172,7 +172,7 @@ void Supervisor::StopUnadoptable(const std::vector<WorkerSpec>& specs) {
     bool external = false;
     for (const auto& spec : specs) {
       if (spec.key != f.key) continue;
-      hash = SpecHash(spec.external() ? spec.command : spec.args);
+      hash = SpecHashOf(spec);
       external = spec.external();
     }
     if (const AdoptDecision d = Judge(r, hash, external); d.action == AdoptAction::kStop) {

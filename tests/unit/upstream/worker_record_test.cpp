@@ -88,6 +88,21 @@ TEST(WorkerRecordTest, SpecHashSeesEveryArgumentAndItsBoundaries) {
   EXPECT_NE(SpecHash({"ab", "c"}), SpecHash({"a", "bc"}));
 }
 
+// A worker whose service changed priority is not adopted at its old
+// niceness (an interactive service ran at nice 10 until its next restart);
+// one without a niceness hashes as before it was counted (no restart on upgrade).
+TEST(WorkerRecordTest, TheSpecsHashSeesItsNiceness) {
+  WorkerSpec spec;
+  spec.args = {"--model", "m.gguf", "--ctx", "4096"};
+  EXPECT_EQ(SpecHashOf(spec), SpecHash(spec.args));
+  WorkerSpec batch = spec;
+  batch.nice = 10;
+  EXPECT_NE(SpecHashOf(batch), SpecHashOf(spec));
+  WorkerSpec background = spec;
+  background.nice = 19;
+  EXPECT_NE(SpecHashOf(background), SpecHashOf(batch));
+}
+
 TEST(WorkerRecordTest, ReadsTheRecordsOfADirectory) {
   TempDir d;
   std::ofstream(RecordPath(d.path, "chat.0")) << RecordToJson(Sample());
