@@ -152,22 +152,24 @@ std::vector<admission::PlacementView> PlacementBoard::Views(const config::Servic
 }
 
 bool PlacementBoard::Reserve(const std::string& service, size_t index, const std::string& id, uint32_t cells,
-                             uint32_t prompt_tokens, uint32_t max_tokens) {
+                             uint32_t prompt_tokens, uint32_t max_tokens, const std::function<bool()>& up) {
   std::lock_guard<std::mutex> lk(mu_);
   auto& st = *placements_.at(service).at(index);
   // A free slot too: a shared pool's cells alone let two requests decided on
   // one snapshot (one slot free) both in, and the worker answered one busy.
   if (st.active >= std::max(1, st.cfg.slots)) return false;
+  if (up && !up()) return false;  // released since its port was read
   if (!st.pool.Reserve(id, cells)) return false;
   st.running[id] = {cells, prompt_tokens, max_tokens, clock_.NowMs()};
   ++st.active;
   return true;
 }
 
-bool PlacementBoard::TakeSlot(const std::string& service, size_t index) {
+bool PlacementBoard::TakeSlot(const std::string& service, size_t index, const std::function<bool()>& up) {
   std::lock_guard<std::mutex> lk(mu_);
   auto& st = *placements_.at(service).at(index);
   if (st.active >= std::max(1, st.cfg.slots)) return false;
+  if (up && !up()) return false;  // released since its port was read
   ++st.active;
   return true;
 }

@@ -95,11 +95,15 @@ class PlacementBoard {
   // Commits a decision: reserves `cells` of placement `index` for request
   // `id`, and counts the attempt as holding it. False when another request
   // took them since the snapshot (decide again).
+  // `up` (asked under the board's lock, which an idle release holds too):
+  // whether the placement's worker is still the one the request will be
+  // sent to; false when it was released since (nothing is taken).
   bool Reserve(const std::string& service, size_t index, const std::string& id, uint32_t cells,
-               uint32_t prompt_tokens, uint32_t max_tokens);
+               uint32_t prompt_tokens, uint32_t max_tokens, const std::function<bool()>& up = {});
   // Takes a slot of placement `index` without cells (embeddings, a lone
-  // placement whose worker checks its own pool); false when every slot is taken.
-  bool TakeSlot(const std::string& service, size_t index);
+  // placement whose worker checks its own pool); false when every slot is
+  // taken, or `up` says its worker is gone (as for Reserve).
+  bool TakeSlot(const std::string& service, size_t index, const std::function<bool()>& up = {});
   // Gives back what an attempt held: its cells, its slot, its place in the CPU line.
   void Release(const std::string& service, size_t index, const std::string& id, bool cells, bool slot);
   // The request leaves the service's CPU line (it runs elsewhere, or ends).

@@ -243,8 +243,12 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
         break;
       }
       if (auto port = ready) {
-        if (!g_.board_.TakeSlot(svc_.name, i)) {
-          all_busy = true;
+        // (Its port asked again under the board's lock: an idle release
+        // between the read above and the slot sent the request to a worker
+        // being stopped.)
+        const auto& key = states_[i]->key;
+        if (!g_.board_.TakeSlot(svc_.name, i, [&] { return g_.supervisor_.ReadyPort(key) == port; })) {
+          all_busy |= g_.supervisor_.ReadyPort(key).has_value();  // (released: started again below)
           continue;
         }
         // (As json{...}.dump() writes it, without a document on every request.)
@@ -396,8 +400,8 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
         }
         // The decision is committed on the board; another request may have
         // taken the cells since the snapshot (then: decide again).
-        if (port &&
-            g_.board_.Reserve(svc_.name, d.placement, rec_.id, cells, static_cast<uint32_t>(prompt_tokens), d.max_tokens)) {
+        if (port && g_.board_.Reserve(svc_.name, d.placement, rec_.id, cells, static_cast<uint32_t>(prompt_tokens),
+                                      d.max_tokens, [&] { return g_.supervisor_.ReadyPort(st.key) == port; })) {
           if (body.is_object()) {
             body["max_tokens"] = d.max_tokens;
             body.erase("max_completion_tokens");

@@ -50,6 +50,7 @@ TEST_F(PlacementBoardTest, AReservationThatLostTheRaceIsRefusedAndAReleaseGivesT
   ASSERT_EQ(Views()[0].cells_free, 256u);
   ASSERT_EQ(Views()[0].slots_free, 2u);
   // Two requests decided on the same snapshot: the second finds the cells taken.
+  EXPECT_FALSE(board_->Reserve("chat", 0, "a", 200, 100, 100, [] { return false; })) << "released: nothing taken";
   EXPECT_TRUE(board_->Reserve("chat", 0, "a", 200, 100, 100));
   EXPECT_FALSE(board_->Reserve("chat", 0, "b", 200, 100, 100)) << "over-committed the pool";
   EXPECT_EQ(Views()[0].cells_free, 56u);
@@ -74,7 +75,8 @@ TEST_F(PlacementBoardTest, AReservationNeedsAFreeSlotAsWellAsCells) {
 }
 
 TEST_F(PlacementBoardTest, SlotsWithoutCellsAreBoundedByTheWorkersSlots) {
-  EXPECT_TRUE(board_->TakeSlot("chat", 1));
+  EXPECT_FALSE(board_->TakeSlot("chat", 1, [] { return false; })) << "its worker was released since its port was read";
+  EXPECT_TRUE(board_->TakeSlot("chat", 1, [] { return true; }));
   EXPECT_FALSE(board_->TakeSlot("chat", 1)) << "one slot, taken twice";
   board_->Release("chat", 1, "", /*cells=*/false, /*slot=*/true);
   EXPECT_TRUE(board_->TakeSlot("chat", 1));
