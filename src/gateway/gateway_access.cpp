@@ -61,7 +61,11 @@ std::string Gateway::NewRequestId() { return "req_" + RandomHex(12); }
 std::string Gateway::ClientOf(const http::Request& req) const {
   auto it = req.find(bhttp::field::authorization);
   if (it == req.end()) return "anonymous";
-  return "key:" + Sha256Hex(std::string(it->value())).substr(0, 16);
+  // One key is one client however its scheme is written ("bearer  k" is
+  // "Bearer k"): its places under max_requests_per_key, its requests, its
+  // Idempotency-Keys. (The canonical form is what earlier versions hashed.)
+  const std::string_view token = BearerToken(req);
+  return "key:" + Sha256Hex(token.empty() ? std::string(it->value()) : "Bearer " + std::string(token)).substr(0, 16);
 }
 
 Gateway::Caller Gateway::CallerOf(const http::Request& req) const {

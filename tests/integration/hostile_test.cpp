@@ -184,6 +184,10 @@ TEST_F(HostileTest, EachKeyHasABoundedNumberOfRequestsInFlight) {
   EXPECT_EQ(fourth.status, 429) << fourth.body;
   EXPECT_EQ(fourth.Header("retry-after"), "1");
   EXPECT_NE(fourth.body.find("max_requests_per_key"), std::string::npos);
+  // The same key however its scheme is written: the same places (and requests).
+  auto spelled = Call(p, "POST", "/v1/chat/completions", Chat(2), {{"Authorization", "BEARER   key-a"}});
+  EXPECT_EQ(spelled.status, 429) << spelled.body;
+  EXPECT_EQ(Call(p, "GET", "/v1/requests/per-key-0", "", {{"Authorization", "bearer key-a"}}).status, 200);
   // Another key is not affected.
   auto other = Call(p, "POST", "/v1/embeddings", json{{"model", "embed"}, {"input", "x"}}.dump(), kB);
   EXPECT_EQ(other.status, 200) << other.body;
