@@ -1,5 +1,8 @@
 #include "gateway/metrics.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <sstream>
 
 namespace spillway::gateway {
@@ -21,6 +24,23 @@ void Metrics::Decision(const std::string& service, const std::string& kind) {
   ++decisions_[{service, kind}];
 }
 
+namespace {
+
+// A sample's value as Prometheus reads it back exactly: an integer as one
+// (byte counts of 80 GiB printed "8.58993e+10" at the stream's 6 digits),
+// else with every digit a double holds.
+std::string Value(double v) {
+  char buf[32];
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9.0e15) {
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+  }
+  return buf;
+}
+
+}  // namespace
+
 std::string Metrics::Render(const std::vector<std::tuple<std::string, std::string, double>>& gauges) const {
   std::ostringstream os;
   std::lock_guard<std::mutex> lk(mu_);
@@ -39,7 +59,7 @@ std::string Metrics::Render(const std::vector<std::tuple<std::string, std::strin
          << h.counts[i] << "\n";
     }
     os << "spillway_request_duration_seconds_bucket{service=\"" << service << "\",le=\"+Inf\"} " << h.count << "\n";
-    os << "spillway_request_duration_seconds_sum{service=\"" << service << "\"} " << h.sum << "\n";
+    os << "spillway_request_duration_seconds_sum{service=\"" << service << "\"} " << Value(h.sum) << "\n";
     os << "spillway_request_duration_seconds_count{service=\"" << service << "\"} " << h.count << "\n";
   }
   os << "# HELP spillway_admission_decisions_total Admission decisions by kind.\n"
@@ -47,13 +67,19 @@ std::string Metrics::Render(const std::vector<std::tuple<std::string, std::strin
   for (const auto& [k, v] : decisions_) {
     os << "spillway_admission_decisions_total{service=\"" << k.first << "\",decision=\"" << k.second << "\"} " << v << "\n";
   }
+  // Each name's samples together under one TYPE line, as the text format
+  // requires (they come per service and per device, names interleaved; a
+  // second TYPE line made Prometheus reject the whole scrape).
+  auto sorted = gauges;
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
   std::string last;
-  for (const auto& [name, labels, value] : gauges) {
+  for (const auto& [name, labels, value] : sorted) {
     if (name != last) {
       os << "# TYPE " << name << (name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0 ? " counter\n" : " gauge\n");
       last = name;
     }
-    os << name << (labels.empty() ? "" : "{" + labels + "}") << " " << value << "\n";
+    os << name << (labels.empty() ? "" : "{" + labels + "}") << " " << Value(value) << "\n";
   }
   return os.str();
 }

@@ -10,10 +10,13 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <map>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "api/http_client.h"
@@ -108,6 +111,36 @@ TEST_F(GatewayTest, ServesEveryRouteWithRequestIds) {
   EXPECT_NE(metrics.find("spillway_request_duration_seconds_bucket"), std::string::npos);
   EXPECT_NE(metrics.find("spillway_queue_depth"), std::string::npos);
   EXPECT_NE(metrics.find("spillway_worker_restarts_total"), std::string::npos);
+  // The text format Prometheus parses: one TYPE line per family, each
+  // family's samples together (two services interleaved them, and the
+  // scrape was refused), and values as integers where they are ones.
+  {
+    std::map<std::string, std::string> type_of;
+    std::vector<std::string> families;  // in order, consecutive repeats collapsed
+    std::istringstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("# TYPE ", 0) == 0) {
+        std::istringstream t(line.substr(7));
+        std::string name, type;
+        t >> name >> type;
+        EXPECT_TRUE(type_of.emplace(name, type).second) << "a second TYPE line for " << name;
+        continue;
+      }
+      if (line.empty() || line[0] == '#') continue;
+      std::string name = line.substr(0, line.find_first_of("{ "));
+      for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+        const std::string base = name.substr(0, name.size() - std::min(name.size(), std::strlen(suffix)));
+        if (name.size() > base.size() && name.compare(base.size(), std::string::npos, suffix) == 0 &&
+            type_of.count(base) && type_of[base] == "histogram") {
+          name = base;
+        }
+      }
+      if (families.empty() || families.back() != name) families.push_back(name);
+      EXPECT_EQ(line.find("e+"), std::string::npos) << "an exponent: " << line;
+    }
+    std::set<std::string> seen;
+    for (const auto& f : families) EXPECT_TRUE(seen.insert(f).second) << f << "'s samples are not together";
+  }
   // A client may name its request; a reused name is refused.
   auto named = Call(p, "POST", "/v1/chat/completions", Chat(2), {{"X-Request-Id", "my-request-1"}});
   EXPECT_EQ(named.Header("x-request-id"), "my-request-1");
