@@ -456,6 +456,10 @@ int Serve(const ServeArgs& a) {
   prune_cv.notify_all();
   pruner.join();
   gw.Shutdown();  // before the I/O context goes
+  // (What ran is re-run by the next start, but not counted as cut by a crash.)
+  if (Status st = (*journal)->AttemptsStopped(); !st.ok()) {
+    std::fprintf(stderr, "spillway serve: could not record the stop: %s\n", st.message().c_str());
+  }
   supervisor.Stop();
   return 0;
 }

@@ -200,10 +200,10 @@ StatusOr<std::vector<RequestRecord>> Journal::Recover() {
         // A request that was running at each of the last restarts may be what
         // ends the gateway (a poison request): not run again at every start.
         Stmt poison(*stmts_,
-                    "UPDATE requests SET state='failed', error='running when the gateway stopped ' || ?2 || "
+                    "UPDATE requests SET state='failed', error='running when the gateway crashed ' || ?2 || "
                     "' times; not run again', result_status=503, result_type='application/json', "
                     "result_body='{\"error\":{\"message\":\"request ' || id || ' was running each of the ' || ?2 || "
-                    "' times the gateway stopped; it is not run again (resubmit it to try once more)\",\"type\":"
+                    "' times the gateway crashed; it is not run again (resubmit it, with a new Idempotency-Key if it had one, to try once more)\",\"type\":"
                     "\"server_error\",\"code\":\"gateway_restarted\",\"request_id\":\"' || id || '\"}}', "
                     "updated_ms=?1 WHERE state IN ('queued','running') AND stream=0 AND (SELECT COUNT(*) FROM "
                     "attempts WHERE request_id=requests.id AND outcome='interrupted') >= ?2;");
@@ -237,6 +237,17 @@ StatusOr<std::vector<RequestRecord>> Journal::Recover() {
       Bytes("")));
   for (auto& r : requeued) r.state = State::kQueued;
   return requeued;
+}
+
+Status Journal::AttemptsStopped() {
+  const int64_t now = clock_.NowMs();
+  return Write(
+      [&]() -> Status {
+        Stmt a(*stmts_, "UPDATE attempts SET outcome='stopped', error='gateway stopped', ended_ms=?1 WHERE ended_ms=0;");
+        a.Bind(1, now);
+        return Done(a.Step(), "stop");
+      },
+      Bytes(""));
 }
 
 StatusOr<int> Journal::Prune() {

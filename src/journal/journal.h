@@ -240,6 +240,10 @@ class Journal {
   // restarts is failed instead (it may be what stops the gateway).
   static constexpr int kMaxInterruptedRuns = 3;
   StatusOr<std::vector<RequestRecord>> Recover();
+  // At a clean stop (SIGTERM): the attempts still open end as "stopped",
+  // which Recover re-runs without counting them as cut by a crash (three
+  // quick restarts by an operator are not a poison request).
+  Status AttemptsStopped();
   // Drops expired idempotency keys, then rows older than the retention
   // whose keys (if any) have expired.
   StatusOr<int> Prune();
