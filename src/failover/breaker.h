@@ -42,7 +42,12 @@ class Breaker {
   // the reason changes (one incident reported twice is one ejection).
   void Trip(const std::string& reason);
 
-  BreakerState state() const { return state_; }
+  // As a request would find it: open past its ejection time is half-open
+  // (the next request probes), whether or not one has asked since. (Status,
+  // metrics and incidents said "open" for hours after a night-time crash.)
+  BreakerState state() const {
+    return state_ == BreakerState::kOpen && clock_->NowMs() >= open_until_ms_ ? BreakerState::kHalfOpen : state_;
+  }
   int ejections() const { return ejections_; }
   int64_t open_until_ms() const { return open_until_ms_; }
   const std::string& last_reason() const { return last_reason_; }

@@ -20,6 +20,7 @@ TEST(BreakerTest, OpensAfterConsecutiveFailuresAndProbesAfterEjection) {
   clock.Advance(29999);
   EXPECT_FALSE(b.Usable());
   clock.Advance(1);
+  EXPECT_EQ(b.state(), BreakerState::kHalfOpen) << "shown as a request would find it, before one asks";
   EXPECT_TRUE(b.Usable());
   EXPECT_EQ(b.state(), BreakerState::kHalfOpen);
   b.OnSuccess();
