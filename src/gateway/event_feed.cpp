@@ -120,7 +120,8 @@ void EventFeed::Tick() {
   }
   for (auto& i : DiffStatus(before, snap, now)) log_.Add(std::move(i));
   json recent = json::array();
-  for (const auto& i : log_.Recent(kSnapshotIncidents)) recent.push_back(IncidentJson(i));
+  // (With their owners: each subscriber's view keeps the ids of its own, ViewFor.)
+  for (const auto& i : log_.Recent(kSnapshotIncidents)) recent.push_back(IncidentJson(i, /*with_owner=*/true));
   snap["incidents"] = recent;
   // What changed, apart from the time a snapshot was taken.
   json comparable = snap;
