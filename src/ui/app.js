@@ -317,12 +317,19 @@ async function cancel(id) {
   state.cancelling.add(id);
   if (state.snapshot) renderRequests(state.snapshot.requests || []);
   let text;
+  let ok = false;
   try {
     const res = await fetch(`/v1/requests/${encodeURIComponent(id)}`, { method: 'DELETE', headers: headers() });
     const body = await res.json().catch(() => ({}));
+    ok = res.ok;
     text = res.ok ? `${id}: ${body.state}` : `${id}: ${(body.error && body.error.message) || res.status}`;
   } catch (e) {
     text = `${id}: the gateway did not answer`;
+  }
+  // A cancel that failed can be tried again (the button stayed "Cancelling…").
+  if (!ok) {
+    state.cancelling.delete(id);
+    if (state.snapshot) renderRequests(state.snapshot.requests || []);
   }
   $('action').textContent = text;
 }

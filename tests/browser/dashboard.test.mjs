@@ -150,6 +150,18 @@ test('a waiting request is listed and its Cancel button cancels it in the journa
   })()`, 'the waiting request');
   assert.match(row, /^br-wait-2chatwaiting[12]/);  // id, service, phase, position (2, or 1 once br-run ended)
   await shot('dashboard-waiting.png');
+  // A cancel that fails (the gateway did not answer) can be tried again:
+  // the button comes back instead of staying "Cancelling…".
+  await page.eval(`window.realFetch = window.fetch;
+    window.fetch = (u, o) => (o && o.method === 'DELETE') ? Promise.reject(new Error('down')) : window.realFetch(u, o)`);
+  await page.click('button[data-cancel="br-wait-1"]');
+  await page.waitFor(`document.getElementById('action').textContent === 'br-wait-1: the gateway did not answer'`,
+    'the failed cancel');
+  await page.waitFor(`(() => {
+    const b = document.querySelector('button[data-cancel="br-wait-1"]');
+    return b && !b.disabled && b.textContent === 'Cancel';
+  })()`, 'the Cancel button back');
+  await page.eval(`window.fetch = window.realFetch`);
   await page.click('button[data-cancel="br-wait-2"]');
   // The journal says cancelled, and so does the page.
   let state;
