@@ -56,13 +56,6 @@ struct PlannedWorker {
   std::string service, placement;
 };
 
-// The largest body a worker takes: what the gateway accepted, as the
-// gateway may forward it. An Ollama body is translated (tool-call arguments
-// become JSON text, each quote and backslash escaped again: up to twice as
-// long; a schema `format` nested three levels deeper), and a chat body's
-// tool calls get defaults: a body the gateway took must not be the worker's 413.
-size_t WorkerMaxBody(const config::GatewayConfig& cfg) { return 2 * cfg.max_body_bytes + (64 << 10); }
-
 std::vector<PlannedWorker> PlanWorkers(const config::GatewayConfig& cfg) {
   std::vector<PlannedWorker> out;
   for (const auto& s : cfg.services) {
@@ -75,7 +68,7 @@ std::vector<PlannedWorker> PlanWorkers(const config::GatewayConfig& cfg) {
                                        std::to_string(s.default_max_tokens), "--progress-timeout",
                                        std::to_string(p.progress_timeout_s), "--json-max-depth",
                                        std::to_string(cfg.json_max_depth + 8), "--max-body",
-                                       std::to_string(WorkerMaxBody(cfg))};
+                                       std::to_string(cfg.WorkerMaxBodyBytes())};
       if (!p.mmap) args.push_back("--no-mmap");
       if (p.kv_unified) args.push_back("--kv-unified");
       // The CPU fallback's readiness policy (gateway/readiness.h).

@@ -260,6 +260,11 @@ struct GatewayConfig {
   std::vector<std::string> allowed_hosts = {"localhost", "127.0.0.1", "[::1]"};
   std::vector<std::string> allowed_origins;
   size_t max_body_bytes = 8 << 20;
+  // The largest body a worker takes: what the gateway forwards of a body it
+  // accepted. An Ollama body is translated (tool-call arguments become JSON
+  // text, each quote and backslash escaped again: up to twice as long); the
+  // gateway refuses (413) what would still be larger.
+  size_t WorkerMaxBodyBytes() const { return 2 * max_body_bytes + (64 << 10); }
   int max_queue = 256;
   int json_max_depth = 64;      // nesting of request bodies (gateway and workers); deeper is 400
   int max_connections = 1024;   // open client connections (lowered to fit the file-descriptor limit)

@@ -177,6 +177,12 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
                     : call->endpoint == "completion" ? "/v1/completions"
                                                      : "/v1/embeddings");
   translated.body() = call->openai.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (translated.body().size() > config_.WorkerMaxBodyBytes()) {  // (many small tool calls, each given an id and a type)
+    return out->RespondTranslated(OllamaErrorResponse(
+        Status::PayloadTooLarge("the request as translated for the model (" + std::to_string(translated.body().size()) +
+                                " bytes) exceeds what a worker takes (" + std::to_string(config_.WorkerMaxBodyBytes()) +
+                                " bytes: twice max_body_bytes and 64 KiB)"), v));
+  }
   translated.prepare_payload();
   HandleGeneration(translated, std::move(out), call->endpoint);
 }

@@ -171,7 +171,7 @@ class LifecycleTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
-    auto cfg = config::ParseConfig(kConfig, "lifecycle.toml");
+    auto cfg = config::ParseConfig(config_prefix_ + kConfig, "lifecycle.toml");
     ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
     config_ = *cfg;
     journal::JournalOptions jo;
@@ -259,6 +259,7 @@ class LifecycleTest : public ::testing::Test {
 
   std::filesystem::path dir_;
   std::string peer_ = "127.0.0.1";  // the address the next Send comes from
+  std::string config_prefix_;       // top-level keys before kConfig (set before SetUp)
   int64_t deferred_sync_ms_ = 50;  // JournalOptions' default
   FakeClock clock_;
   config::GatewayConfig config_;
@@ -1084,6 +1085,29 @@ TEST_F(LifecycleTest, AnOllamaStreamCutMidwayIsOneNdjsonStream) {
   EXPECT_EQ(again->header("Content-Type"), "application/x-ndjson");
   EXPECT_NE(again->body().find("\"response\":\"b\""), std::string::npos) << again->body();
   EXPECT_EQ(primary_.calls() + fallback_.calls(), 2u);
+}
+
+// A worker takes twice max_body_bytes (and 64 KiB): an Ollama body whose
+// translation is larger still (tool calls' arguments escaped once more) is
+// the gateway's clear 413, never the worker's after admission.
+class SmallBodyLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    config_prefix_ = "max_body_bytes = 1024\n";
+    LifecycleTest::SetUp();
+  }
+};
+
+TEST_F(SmallBodyLifecycleTest, AnOllamaBodyTooLargeOnceTranslatedIsA413) {
+  const json call = {{"function", {{"name", "write"}, {"arguments", {{"text", std::string(40000, '"')}}}}}};
+  const json body = {{"model", "chat"},
+                     {"stream", false},
+                     {"messages", {{{"role", "user"}, {"content", "x"}}, {{"role", "assistant"}, {"content", ""}, {"tool_calls", {call}}}}}};
+  auto ex = Send("/api/chat", body.dump());
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 413u) << ex->body();
+  EXPECT_NE(ex->body().find("as translated for the model"), std::string::npos) << ex->body();
+  EXPECT_EQ(primary_.calls() + fallback_.calls(), 0u);
 }
 
 TEST_F(LifecycleTest, OllamasErrorsHaveOllamasShape) {
