@@ -1,5 +1,9 @@
 #include "gateway/cors_exchange.h"
 
+#include <algorithm>
+#include <cctype>
+#include <string_view>
+
 namespace spillway::gateway {
 
 namespace bhttp = boost::beast::http;
@@ -36,7 +40,15 @@ http::Response CorsPreflight(const http::Request& req, const std::string& origin
   res.set(bhttp::field::access_control_allow_origin, origin);
   res.set(bhttp::field::vary, "Origin");
   res.set(bhttp::field::access_control_allow_methods, "GET, POST, DELETE, OPTIONS");
-  res.set(bhttp::field::access_control_allow_headers, kRequestHeaders);
+  // The headers the page asks to send (SDKs send their own, such as the
+  // OpenAI SDK's X-Stainless-*), when they are plain header names; the ones
+  // Spillway reads otherwise.
+  const auto asked = req.find(bhttp::field::access_control_request_headers);
+  const std::string_view names = asked == req.end() ? std::string_view() : std::string_view(asked->value().data(), asked->value().size());
+  const bool plain = !names.empty() && names.size() <= 1024 && std::all_of(names.begin(), names.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == ',' || c == ' ';
+  });
+  res.set(bhttp::field::access_control_allow_headers, plain ? std::string(names) : std::string(kRequestHeaders));
   res.set(bhttp::field::access_control_max_age, "600");
   res.keep_alive(req.keep_alive());
   return res;
