@@ -192,8 +192,10 @@ Status Gateway::OllamaCapable(const config::ServiceConfig& svc, const api::Ollam
   const auto tools = call.openai.find("tools");
   const bool uses_tools = tools != call.openai.end() && tools->is_array() && !tools->empty();
   if (!thinks && !uses_tools) return Status::Ok();
-  auto m = model_summaries_.Get(svc.model);
-  if (!m.ok()) return Status::Ok();  // (the file gone: its request says why)
+  // As read at start (or by the last /api/show or /api/tags): never a
+  // header read on this I/O thread.
+  auto m = model_summaries_.Cached(svc.model);
+  if (!m) return Status::Ok();  // (not readable: its request says why)
   const std::string quoted = "\"" + call.model + "\"";
   if (thinks && !m->thinking) return Status::InvalidArgument(quoted + " does not support thinking");
   if (uses_tools && !m->tools) return Status::InvalidArgument(quoted + " does not support tools");

@@ -125,6 +125,13 @@ StatusOr<ModelSummary> SummaryCache::Get(const std::string& path) {
   return s;
 }
 
+std::optional<ModelSummary> SummaryCache::Cached(const std::string& path) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = entries_.find(path);
+  if (it == entries_.end()) return std::nullopt;
+  return it->second;
+}
+
 std::vector<std::string> FindGgufFiles(const std::string& dir, int max_depth) {
   std::vector<std::string> out;
   std::error_code ec;

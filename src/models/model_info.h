@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -52,6 +53,9 @@ StatusOr<ModelSummary> SummarizeFile(const std::string& path);
 class SummaryCache {
  public:
   StatusOr<ModelSummary> Get(const std::string& path);
+  // What Get last read of `path`, without reading the file (nullopt when
+  // never read): for a request's thread, which must not read a header.
+  std::optional<ModelSummary> Cached(const std::string& path);
 
  private:
   std::mutex mu_;
