@@ -564,8 +564,10 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
   for (const auto& h : c.allowed_hosts) {
     // The Host header's port is not compared: "host:8480" could never match.
     const size_t colon = h.rfind(':');
-    const bool ipv6 = h.find(':') != colon || (!h.empty() && h.front() == '[');
-    if (h.empty() || (colon != std::string::npos && !ipv6)) {
+    const bool bracketed = !h.empty() && h.front() == '[';
+    const bool with_port = bracketed ? h.back() != ']'                                        // "[::1]:8480"
+                                     : colon != std::string::npos && h.find(':') == colon;   // "host:8480" (not "::1")
+    if (h.empty() || with_port) {
       return Status::InvalidArgument(Where(source, root.get("allowed_hosts")->source(), "allowed_hosts") +
                                      " names hosts without a port (\"" + h + "\" never matches a Host header)");
     }

@@ -3,6 +3,7 @@
 // supervisor, and whisper.cpp's real whisper-server behind
 // /v1/audio/transcriptions.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <signal.h>
@@ -304,6 +305,7 @@ TEST_F(ExternalTest, OnDemandStartsWithItsFirstRequestAndStopsWhenIdle) {
 // it goes with its gateway, one killed with -9 too: it held its device
 // memory until some later gateway came, or for good.
 TEST_F(ExternalTest, AServerSpillwayStartedEndsWithAGatewayKilledWithoutWarning) {
+  if (::access("/usr/bin/setpriv", X_OK) != 0) GTEST_SKIP() << "no util-linux setpriv here (the supervisor goes without)";
   auto g = Start(TestConfig(2, FakeService("fake", log_)));
   ASSERT_EQ(Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake"})").status, 200);
   const int pid = ExternalStatus(g->port(), "fake").value("pid", 0);

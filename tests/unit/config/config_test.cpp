@@ -67,6 +67,7 @@ TEST(ConfigTest, ErrorsNameFileLineAndKey) {
       {"[[service]]\nname=\"a\"\nmodel=\"m\"\n[[service.placement]]\nslots = 9007199254740993",
        "'service[0].placement[0].slots' must be between"},
       {"allowed_hosts = [\"myhost:8480\"]", "'allowed_hosts' names hosts without a port"},
+      {"allowed_hosts = [\"[::1]:8480\"]", "'allowed_hosts' names hosts without a port"},
       {"listne = \"x\"", "'listne' is not a known key"},
       {"[journal]\nsynchronous = \"sometimes\"", "test.toml:2: 'journal.synchronous'"},
       {"[[service]]\nname = \"a\"", "'service[0].model' is required"},
