@@ -18,6 +18,9 @@ namespace {
 
 constexpr size_t kStatusIncidents = 30;
 
+// The most requests a view lists (its caller's oldest).
+constexpr size_t kMaxListedRequests = 200;
+
 // What a caller may see of a status snapshot: another client's requests are
 // left out, and their ids taken off incidents, unless the caller sees all.
 json ViewFor(const json& snapshot, const std::string& client, bool sees_all) {
@@ -25,8 +28,9 @@ json ViewFor(const json& snapshot, const std::string& client, bool sees_all) {
   auto mine = [&](const json& j) { return sees_all || j.value("_client", "") == client; };
   if (out.contains("requests")) {
     json kept = json::array();
-    for (auto r : out["requests"]) {
+    for (auto r : out["requests"]) {  // (oldest first)
       if (!mine(r)) continue;
+      if (kept.size() >= kMaxListedRequests) break;
       r.erase("_client");
       kept.push_back(std::move(r));
     }

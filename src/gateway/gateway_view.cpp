@@ -17,8 +17,6 @@ namespace spillway::gateway {
 
 namespace {
 
-constexpr size_t kMaxListedRequests = 200;
-
 std::string Words(uint64_t tokens, const char* what) { return std::to_string(tokens) + " " + what; }
 
 // A placement can take a request now: admitted, its worker ready (or an
@@ -64,10 +62,11 @@ json Gateway::LiveRequestsJson() {
   std::vector<std::shared_ptr<Live>> rows;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (const auto& [id, live] : live_) {
-      if (rows.size() >= kMaxListedRequests) break;
-      rows.push_back(live);
-    }
+    // All of them (the queues bound how many): the services' counts and the
+    // positions in line come from these; a caller's view lists the oldest
+    // of its own (ViewFor). Cut here, in id order, they were a random sample.
+    rows.reserve(live_.size());
+    for (const auto& [id, live] : live_) rows.push_back(live);
   }
   const int64_t now = clock_.NowMs();
   json list = json::array();
@@ -91,7 +90,7 @@ json Gateway::LiveRequestsJson() {
     list.push_back(j);
   }
   // Oldest first; a waiting request's position in its service's line.
-  std::sort(list.begin(), list.end(),
+  std::stable_sort(list.begin(), list.end(),
             [](const json& a, const json& b) { return a.value("created_ms", int64_t{0}) < b.value("created_ms", int64_t{0}); });
   std::map<std::string, int> position;
   for (auto& j : list) {

@@ -171,7 +171,7 @@ class LifecycleTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
-    auto cfg = config::ParseConfig(config_prefix_ + kConfig, "lifecycle.toml");
+    auto cfg = config::ParseConfig(config_text_, "lifecycle.toml");
     ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
     config_ = *cfg;
     journal::JournalOptions jo;
@@ -259,7 +259,7 @@ class LifecycleTest : public ::testing::Test {
 
   std::filesystem::path dir_;
   std::string peer_ = "127.0.0.1";  // the address the next Send comes from
-  std::string config_prefix_;       // top-level keys before kConfig (set before SetUp)
+  std::string config_text_ = kConfig;  // (a fixture may change it before SetUp)
   int64_t deferred_sync_ms_ = 50;  // JournalOptions' default
   FakeClock clock_;
   config::GatewayConfig config_;
@@ -947,6 +947,45 @@ TEST_F(LifecycleTest, AClientThatGoesAwayCancelsItsRequest) {
   EXPECT_TRUE(Eventually([&] { return Journaled("r-gone-client").state == journal::State::kCancelled; }));
 }
 
+// Past 200 requests in flight, the status still counts them all and lists
+// the oldest (it kept 200 in id order: a random sample, counts capped).
+class BusyLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    config_text_ = "max_requests_per_key = 1000\nmax_queue = 1000\n" + config_text_;
+    const std::string table = "[service.cpu_path]\n";
+    config_text_.insert(config_text_.find(table) + table.size(), "max_queue = 1000\n");
+    LifecycleTest::SetUp();
+  }
+};
+
+TEST_F(BusyLifecycleTest, TheStatusCountsEveryRequestAndListsTheOldest) {
+  const auto running = TakeEveryPlace("r-full-");
+  ASSERT_EQ(running.size(), 3u);
+  clock_.Advance(1);  // the others came later
+  std::vector<std::shared_ptr<RecordingExchange>> waiting;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 210; ++i) {
+    char id[16];
+    std::snprintf(id, sizeof id, "z-%03d", i);  // (ids sort after the running ones')
+    ids.push_back(id);
+    waiting.push_back(Complete(id));
+  }
+  json st;
+  ASSERT_TRUE(Eventually([&] {
+    auto r = Send("/v1/status", "", "GET");
+    if (!r->Wait()) return false;
+    st = json::parse(r->body(), nullptr, false);
+    const json& n = st["services"][0]["requests"];
+    return st.is_object() && n.value("queued", 0) + n.value("running", 0) == 213;
+  })) << st["services"][0]["requests"].dump();
+  EXPECT_EQ(st["requests"].size(), 200u);
+  EXPECT_EQ(st["requests"][0]["id"].get<std::string>().rfind("r-full-", 0), 0u) << "the oldest first";
+  for (int i = 0; i < 3; ++i) Send("/v1/requests/r-full-" + std::to_string(i), "", "DELETE")->Wait();
+  for (const auto& id : ids) Send("/v1/requests/" + id, "", "DELETE")->Wait();
+  for (const auto& w : waiting) EXPECT_TRUE(w->Wait());
+}
+
 TEST_F(LifecycleTest, AWaitingRequestSaysWhereItIsInLine) {
   // Both slots of the primary and the CPU line's one are taken by held requests; the fourth waits.
   const auto running = TakeEveryPlace("r-run-");
@@ -1093,7 +1132,7 @@ TEST_F(LifecycleTest, AnOllamaStreamCutMidwayIsOneNdjsonStream) {
 class SmallBodyLifecycleTest : public LifecycleTest {
  protected:
   void SetUp() override {
-    config_prefix_ = "max_body_bytes = 1024\n";
+    config_text_ = "max_body_bytes = 1024\n" + config_text_;
     LifecycleTest::SetUp();
   }
 };
