@@ -237,16 +237,26 @@ json Gateway::StatusJson() const {
                   {"rejected_budget", q.rejected_budget}, {"rejected_host", q.rejected_host}};
     });
     // One line on what a client gets now, when it is less than the primary.
+    // (A half-open breaker lets the next request probe it; a stopped
+    // on-demand primary is started by the next request: neither is down. And
+    // the fallback is named only when one can take the requests.)
     std::string degraded;
+    bool other_up = false;
     for (const auto& p : placements) {
-      if (p["role"] == "primary" && (p.value("state", "") != "ready" || !p.value("admitted", true) ||
-                                     (p.contains("breaker") && p["breaker"]["state"] != "closed"))) {
-        degraded = "the primary placement " + p["placement"].get<std::string>() + " is unavailable (" +
-                   (p.contains("breaker") && p["breaker"]["state"] != "closed" ? "breaker " + p["breaker"]["state"].get<std::string>()
-                    : !p.value("admitted", true)                                ? std::string("not admitted")
-                                                                                : "worker " + p.value("state", std::string("stopped"))) +
-                   "); requests go to the fallback placements";
-      }
+      other_up |= p["role"] != "primary" && p.value("state", "") == "ready" && p.value("admitted", true);
+    }
+    for (const auto& p : placements) {
+      if (p["role"] != "primary") continue;
+      const std::string breaker = p.contains("breaker") ? p["breaker"].value("state", "closed") : "closed";
+      const std::string state = p.value("state", std::string("stopped"));
+      const bool waits_for_a_request = state == "stopped" && supervisor_.OnDemand(p["key"].get<std::string>());
+      if (breaker != "open" && p.value("admitted", true) && (state == "ready" || waits_for_a_request)) continue;
+      degraded = "the primary placement " + p["placement"].get<std::string>() + " is unavailable (" +
+                 (breaker == "open"               ? "breaker open"
+                  : !p.value("admitted", true)    ? std::string("not admitted")
+                                                  : "worker " + state) +
+                 (other_up ? "); requests go to the fallback placements"
+                           : "); no other placement can take its requests");
     }
     svc["degraded"] = degraded.empty() ? json(nullptr) : json(degraded);
     services.push_back(svc);

@@ -311,6 +311,8 @@ TEST(DashboardTest, AServiceThatCannotServeIsUnavailableInWords) {
   ASSERT_EQ(status["services"].size(), 3u);
   const json gpu = status["services"][2];
   EXPECT_EQ(gpu["state"], "unavailable") << gpu.dump();
+  // Its one-line reason does not send its requests to a fallback it lacks.
+  EXPECT_EQ(gpu["degraded"].get<std::string>().find("fallback"), std::string::npos) << gpu.dump();
   EXPECT_NE(gpu["serving"]["summary"].get<std::string>().find("503"), std::string::npos) << gpu.dump();
   json cuda;
   for (const auto& d : status["devices"]) {
