@@ -97,7 +97,8 @@ std::optional<double> PlacementBoard::LineWaitS(const std::string& service, uint
 std::optional<double> PlacementBoard::EstimatedWaitS(const Placement& st, uint64_t need) const {
   admission::PoolNow pool;
   pool.cells_free = st.pool.free_for_request();
-  pool.slots_free = static_cast<uint32_t>(std::max<int64_t>(0, st.cfg.slots - static_cast<int64_t>(st.pool.active())));
+  // (Attempts holding a slot: those with cells and those without, TakeSlot's.)
+  pool.slots_free = static_cast<uint32_t>(std::max<int64_t>(0, st.cfg.slots - static_cast<int64_t>(st.active)));
   pool.prompt_tps = st.prompt_tps;
   pool.gen_tps = st.gen_tps;
   const int64_t now = clock_.NowMs();
@@ -131,7 +132,7 @@ std::vector<admission::PlacementView> PlacementBoard::Views(const config::Servic
     v.fallback = st.cfg.role == "fallback";
     v.cells_total = st.pool.request_capacity();
     v.cells_free = st.pool.free_for_request();
-    v.slots_free = static_cast<uint32_t>(std::max<int64_t>(0, st.cfg.slots - static_cast<int64_t>(st.pool.active())));
+    v.slots_free = static_cast<uint32_t>(std::max<int64_t>(0, st.cfg.slots - static_cast<int64_t>(st.active)));
     v.per_slot = !st.cfg.kv_unified;
     if (svc.OnCpuPath(k)) {
       // The CPU path has a line of its own: a busy CPU replica is waited
@@ -165,11 +166,14 @@ bool PlacementBoard::Reserve(const std::string& service, size_t index, const std
   return true;
 }
 
-bool PlacementBoard::TakeSlot(const std::string& service, size_t index, const std::function<bool()>& up) {
+bool PlacementBoard::TakeSlot(const std::string& service, size_t index, const std::string& id, uint32_t max_tokens,
+                              const std::function<bool()>& up) {
   std::lock_guard<std::mutex> lk(mu_);
   auto& st = *placements_.at(service).at(index);
   if (st.active >= std::max(1, st.cfg.slots)) return false;
   if (up && !up()) return false;  // released since its port was read
+  // Running, for the wait estimates (when its slot frees, at the measured pace).
+  st.running[id] = {0, 0, max_tokens, clock_.NowMs()};
   ++st.active;
   return true;
 }
@@ -271,7 +275,7 @@ nlohmann::json PlacementBoard::PlacementJson(const std::string& service, size_t 
           {"est_wait_s", wait ? nlohmann::json(*wait) : nlohmann::json(nullptr)},
           {"admission", st.admission.reason},
           {"predicted_bytes", st.admission.predicted_bytes},
-          {"kv_cells", {{"total", st.pool.total()}, {"reserved", st.pool.reserved()}, {"requests", st.pool.active()},
+          {"kv_cells", {{"total", st.pool.total()}, {"reserved", st.pool.reserved()}, {"requests", st.active},
                         {"per_request", st.pool.request_capacity()}, {"unified", st.cfg.kv_unified}}},
           {"throughput", {{"prompt_tokens_per_s", st.prompt_tps}, {"generated_tokens_per_s", st.gen_tps}}},
           {"breaker", BreakerJson(st.breaker, clock_.NowMs())},

@@ -103,7 +103,9 @@ class PlacementBoard {
   // Takes a slot of placement `index` without cells (embeddings, a lone
   // placement whose worker checks its own pool); false when every slot is
   // taken, or `up` says its worker is gone (as for Reserve).
-  bool TakeSlot(const std::string& service, size_t index, const std::function<bool()>& up = {});
+  // `max_tokens`: what it may generate (for the wait estimates: when its slot frees).
+  bool TakeSlot(const std::string& service, size_t index, const std::string& id, uint32_t max_tokens,
+                const std::function<bool()>& up = {});
   // Gives back what an attempt held: its cells, its slot, its place in the CPU line.
   void Release(const std::string& service, size_t index, const std::string& id, bool cells, bool slot);
   // The request leaves the service's CPU line (it runs elsewhere, or ends).

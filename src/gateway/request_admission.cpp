@@ -247,7 +247,11 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
         // between the read above and the slot sent the request to a worker
         // being stopped.)
         const auto& key = states_[i]->key;
-        if (!g_.board_.TakeSlot(svc_.name, i, [&] { return g_.supervisor_.ReadyPort(key) == port; })) {
+        // (The service's default max_tokens stands for the request's: its
+        // body is not parsed on this path.)
+        const uint32_t max_tokens = rec_.endpoint == "embedding" ? 0 : static_cast<uint32_t>(svc_.default_max_tokens);
+        if (!g_.board_.TakeSlot(svc_.name, i, rec_.id, max_tokens,
+                                [&] { return g_.supervisor_.ReadyPort(key) == port; })) {
           all_busy |= g_.supervisor_.ReadyPort(key).has_value();  // (released: started again below)
           continue;
         }
@@ -271,11 +275,12 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
       }
       if (on_wait_) on_wait_(g_.StartingNote(svc_), 1);
     } else if (on_wait_) {
-      // A stream waiting for a slot hears why, not silence until its answer.
+      // A stream waiting for a slot hears why, not silence until its answer,
+      // and when one frees at the measured pace (1 s until one is measured).
       on_wait_("every slot of '" + svc_.name + "' is busy; waiting for one (" +
                    std::to_string((g_.clock_.NowMs() - t0_) / 1000) + " s so far, " +
                    std::to_string(signal_.waiting()) + " waiting)",
-               1);
+               g_.board_.LineWaitS(svc_.name, 0).value_or(1.0));
     }
     if (WaitedSinceUp() > kQueueWaitMs) break;
     waited |= all_busy;

@@ -75,11 +75,11 @@ TEST_F(PlacementBoardTest, AReservationNeedsAFreeSlotAsWellAsCells) {
 }
 
 TEST_F(PlacementBoardTest, SlotsWithoutCellsAreBoundedByTheWorkersSlots) {
-  EXPECT_FALSE(board_->TakeSlot("chat", 1, [] { return false; })) << "its worker was released since its port was read";
-  EXPECT_TRUE(board_->TakeSlot("chat", 1, [] { return true; }));
-  EXPECT_FALSE(board_->TakeSlot("chat", 1)) << "one slot, taken twice";
-  board_->Release("chat", 1, "", /*cells=*/false, /*slot=*/true);
-  EXPECT_TRUE(board_->TakeSlot("chat", 1));
+  EXPECT_FALSE(board_->TakeSlot("chat", 1, "s1", 64, [] { return false; })) << "its worker was released since its port was read";
+  EXPECT_TRUE(board_->TakeSlot("chat", 1, "s1", 64, [] { return true; }));
+  EXPECT_FALSE(board_->TakeSlot("chat", 1, "s2", 64)) << "one slot, taken twice";
+  board_->Release("chat", 1, "s1", /*cells=*/false, /*slot=*/true);
+  EXPECT_TRUE(board_->TakeSlot("chat", 1, "s3", 64));
 }
 
 TEST_F(PlacementBoardTest, APlacementsBreakerOpensAfterItsFailuresAndComesBackAfterItsEjection) {
@@ -118,6 +118,22 @@ TEST_F(PlacementBoardTest, TheLinesWaitEstimateGrowsWithTheRequestsAhead) {
   EXPECT_NEAR(*fourth, 3.0, 0.01) << "four ahead on two slots: two more rounds of 1 s";
   clock_.Advance(600);
   EXPECT_NEAR(*board_->LineWaitS("chat", 0), 0.4, 0.01) << "time passed counts";
+}
+
+// Slots taken without cells (a lone placement's requests, embeddings) count
+// too: a waiting request was told 0 s (or a constant 1 s) however busy.
+TEST_F(PlacementBoardTest, SlotsTakenWithoutCellsCountInTheWaitEstimate) {
+  ASSERT_TRUE(board_->TakeSlot("chat", 0, "a", 100));
+  ASSERT_TRUE(board_->TakeSlot("chat", 0, "b", 100));
+  ASSERT_TRUE(board_->TakeSlot("chat", 1, "c", 100));
+  board_->RecordThroughput("chat", 0, 500, 50, 500, 51);  // 100 tokens/s each way
+  board_->RecordThroughput("chat", 1, 500, 50, 500, 51);
+  const auto head = board_->LineWaitS("chat", 0);
+  ASSERT_TRUE(head.has_value());
+  EXPECT_NEAR(*head, 1.0, 0.01) << "a slot frees when a request's 100 tokens are out";
+  EXPECT_EQ(board_->PlacementJson("chat", 0, 1)["kv_cells"]["requests"], 2) << "they run";
+  board_->Release("chat", 0, "a", /*cells=*/false, /*slot=*/true);
+  EXPECT_EQ(board_->LineWaitS("chat", 0), 0.0);
 }
 
 }  // namespace
