@@ -205,12 +205,9 @@ int Serve(const ServeArgs& a) {
   gateway::PlacementCalibration calibration;  // what workers really allocated, per (model, device)
   // (The earlier gateway's workers that will not be adopted are stopped
   // first: their memory is not counted against the placements that replace them.)
-  {
-    std::vector<upstream::WorkerSpec> all = specs;
-    for (auto& spec : ExternalSpecs(cfg)) all.push_back(std::move(spec));
-    supervisor.StopUnadoptable(all);
-  }
-  auto admissions = gateway::AdmitPlacements(&calibration, cfg, supervisor.Adoptable(specs));
+  std::vector<upstream::WorkerSpec> all = specs;
+  for (auto& spec : ExternalSpecs(cfg)) all.push_back(std::move(spec));
+  auto admissions = gateway::AdmitPlacements(&calibration, cfg, supervisor.StopUnadoptable(all));
   // What cannot work is refused now, not found out by the first request.
   const std::string where = a.config_path.empty() ? "the demo" : a.config_path;
   const auto problems = gateway::CheckStartup(cfg, fs::path(worker_bin).parent_path().string());

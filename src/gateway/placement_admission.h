@@ -46,7 +46,7 @@ class PlacementCalibration {
 
 // `cal` (may be null: uncalibrated predictions) is applied to every prediction.
 // Keyed by WorkerKey(service, index). `running`: placements whose worker an
-// earlier gateway left serving and that will be adopted (Supervisor::Adoptable):
+// earlier gateway left serving and that will be adopted (Supervisor::StopUnadoptable):
 // admitted as they are, since the memory the device reports in use is theirs.
 std::map<std::string, PlacementAdmission> AdmitPlacements(PlacementCalibration* cal, const config::GatewayConfig& config,
                                                           const std::set<std::string>& running = {});

@@ -145,16 +145,14 @@ class Supervisor : public Workers {
   Status Claim();
   // Passed to every worker it spawns as --orphan-timeout (before Start()); 0: never.
   void SetOrphanTimeout(double seconds) { orphan_timeout_s_ = seconds; }
-  // Which of `specs` have a worker left by an earlier gateway on this state
-  // directory that Start() would adopt. Asked before placement admission,
-  // which must not refuse a placement for the memory its own worker holds.
-  std::set<std::string> Adoptable(const std::vector<WorkerSpec>& specs) const;
-  // Stops (claiming the state directory first) the earlier gateways' workers
-  // that none of `specs` would adopt: a spec changed, a placement gone, one
-  // that never became ready. Before placement admission, which must not
-  // refuse a placement for the memory a worker about to be stopped holds
-  // (the placement was never started, and its device stood empty).
-  void StopUnadoptable(const std::vector<WorkerSpec>& specs);
+  // The workers earlier gateways left on this state directory, sorted out
+  // before placement admission (one pass: each record is judged once here):
+  // those that none of `specs` would adopt (a spec changed, a placement gone,
+  // one that never became ready) are stopped, claiming the state directory
+  // first, so that admission does not refuse their replacements for the
+  // memory they hold; the keys that Start() will adopt are returned, whose
+  // memory admission counts as their placements' own.
+  std::set<std::string> StopUnadoptable(const std::vector<WorkerSpec>& specs);
   // Adopts or stops the workers of earlier gateways (see above), then starts the others.
   void Start();
   // SIGTERM to every worker's group (adopted ones included), SIGKILL after `grace_ms`.

@@ -148,22 +148,9 @@ Status Supervisor::ClearLeftovers(uint16_t port) const {
   return Status::Unavailable("the previous gateway's requests did not end within 10 s of their cancellation");
 }
 
-std::set<std::string> Supervisor::Adoptable(const std::vector<WorkerSpec>& specs) const {
-  std::set<std::string> out;
-  for (const auto& f : ReadWorkerRecords(run_dir_)) {
-    if (!f.record.ok()) continue;
-    for (const auto& spec : specs) {
-      WorkerRecord r = *f.record;
-      if (spec.key == f.key && Judge(r, SpecHashOf(spec), spec.external()).action == AdoptAction::kAdopt) {
-        out.insert(f.key);
-      }
-    }
-  }
-  return out;
-}
-
-void Supervisor::StopUnadoptable(const std::vector<WorkerSpec>& specs) {
-  if (!Claim().ok()) return;  // (Adopt says why, and adopts nothing)
+std::set<std::string> Supervisor::StopUnadoptable(const std::vector<WorkerSpec>& specs) {
+  const bool claimed = Claim().ok();  // (unclaimed: nothing is stopped; Adopt says why)
+  std::set<std::string> adoptable;
   std::vector<Previous> to_stop;
   for (const auto& f : ReadWorkerRecords(run_dir_)) {
     if (!f.record.ok()) continue;  // (Adopt forgets it)
@@ -175,13 +162,16 @@ void Supervisor::StopUnadoptable(const std::vector<WorkerSpec>& specs) {
       hash = SpecHashOf(spec);
       external = spec.external();
     }
-    if (const AdoptDecision d = Judge(r, hash, external); d.action == AdoptAction::kStop) {
+    const AdoptDecision d = Judge(r, hash, external);
+    if (d.action == AdoptAction::kAdopt) adoptable.insert(f.key);
+    if (d.action == AdoptAction::kStop && claimed) {
       to_stop.push_back({r.key, {r.pid, r.start_time, /*child=*/false}, d.reason});
     }
   }
   // (One that could not be stopped keeps its record: Adopt finds it again
   // and keeps its placement from starting beside it.)
   RunSurviving("spillway: stopping the previous gateway's workers", [&] { StopPrevious(to_stop); });
+  return adoptable;
 }
 
 void Supervisor::Adopt() {
