@@ -57,21 +57,22 @@ void ExternalLines::Finished(const std::string& service, const std::string& outc
   ++l.outcomes[outcome];
 }
 
-bool ExternalLines::Idle(const std::string& service, int64_t idle_ms, int64_t now_ms) const {
-  std::lock_guard<std::mutex> lk(mu_);
+bool ExternalLines::IdleLocked(const std::string& service, int64_t idle_ms, int64_t now_ms, bool evicted) const {
   auto it = lines_.find(service);
   if (it == lines_.end()) return false;
   const Line& l = it->second;
-  return l.running == 0 && l.waiting.empty() && now_ms - l.last_used_ms >= idle_ms;
+  return l.running == 0 && (evicted || l.waiting.empty()) && now_ms - l.last_used_ms >= idle_ms;
+}
+
+bool ExternalLines::Idle(const std::string& service, int64_t idle_ms, int64_t now_ms) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return IdleLocked(service, idle_ms, now_ms, /*evicted=*/false);
 }
 
 bool ExternalLines::ReleaseIfIdle(const std::string& service, int64_t idle_ms, int64_t now_ms, bool evicted,
                                   const std::function<void()>& release) {
   std::lock_guard<std::mutex> lk(mu_);
-  auto it = lines_.find(service);
-  if (it == lines_.end()) return false;
-  const Line& l = it->second;
-  if (l.running > 0 || (!evicted && !l.waiting.empty()) || now_ms - l.last_used_ms < idle_ms) return false;
+  if (!IdleLocked(service, idle_ms, now_ms, evicted)) return false;
   release();
   return true;
 }

@@ -67,6 +67,8 @@ class ExternalLines {
     std::map<std::string, uint64_t> outcomes;
     uint64_t resident = 0, peak = 0;  // measured
   };
+  // Idle (`evicted`: waiters or not); mu_ held.
+  bool IdleLocked(const std::string& service, int64_t idle_ms, int64_t now_ms, bool evicted) const;
   mutable std::mutex mu_;
   std::map<std::string, Line> lines_;
 };
