@@ -92,8 +92,7 @@ Status Gateway::CheckAccess(const http::Request& req, bool needs_key) const {
     // The gateway's own page (the dashboard) sends its own origin: the scheme
     // and the very Host this request names, which passed the allow-list above.
     const std::string_view host_value(host->value().data(), host->value().size());
-    bool allowed = origin->value() == "http://" + std::string(host_value);
-    for (const auto& a : config_.allowed_origins) allowed |= a == origin->value();
+    const bool allowed = origin->value() == "http://" + std::string(host_value) || !CorsOrigin(req).empty();
     if (!allowed) return Status::PermissionDenied("Origin '" + std::string(origin->value()) + "' is not allowed (see allowed_origins)");
   }
   if (needs_key && KeysRequired()) {
