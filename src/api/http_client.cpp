@@ -36,12 +36,11 @@ struct Connection::Impl {
     }
     stream.emplace(*ioc);
     stream->expires_after(timeout);
-    // Asynchronously, so that the timeout holds (a synchronous connect to a
+    // Through RunOp, so that the timeout holds (a synchronous connect to a
     // host that drops packets waited out the kernel's SYN retries, ~2 min).
-    ec = net::error::would_block;
-    stream->async_connect(tcp::endpoint(addr, port), [&](beast::error_code e) { ec = e; });
-    ioc->restart();
-    ioc->run();
+    ec = RunOp([&](auto done) {
+      stream->async_connect(tcp::endpoint(addr, port), [done](beast::error_code e) mutable { done(e, 0); });
+    });
     if (ec) {
       stream.reset();
       return Status::Unavailable("connect to " + host + ":" + std::to_string(port) + ": " + ec.message());
