@@ -67,7 +67,7 @@ std::vector<PlannedWorker> PlanWorkers(const config::GatewayConfig& cfg) {
                                        "--batch", std::to_string(p.batch), "--default-max-tokens",
                                        std::to_string(s.default_max_tokens), "--progress-timeout",
                                        std::to_string(p.progress_timeout_s), "--json-max-depth",
-                                       std::to_string(cfg.json_max_depth + 8), "--max-body",
+                                       std::to_string(cfg.WorkerJsonMaxDepth()), "--max-body",
                                        std::to_string(cfg.WorkerMaxBodyBytes())};
       if (!p.mmap) args.push_back("--no-mmap");
       if (p.kv_unified) args.push_back("--kv-unified");

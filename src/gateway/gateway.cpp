@@ -89,7 +89,7 @@ void Gateway::Start(boost::asio::any_io_executor io, std::vector<journal::Reques
   }
   StartEvents();  // before the first transition: the journal tells the incident log
   // The model files' headers, read here (not on an I/O thread): an Ollama
-  // request's capabilities are then a stat of the file.
+  // request's capabilities are then read from this cache (OllamaCapable).
   for (const auto& svc : config_.services) {
     if (!svc.model.empty()) (void)model_summaries_.Get(svc.model);
   }

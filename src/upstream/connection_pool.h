@@ -101,15 +101,15 @@ class ConnectionPool {
   static uint32_t ServerKey(uint16_t port, bool ipv6) { return port | (ipv6 ? 0x10000u : 0u); }
   std::unique_ptr<Conn> Take(uint32_t server, const boost::asio::any_io_executor& ex, bool* reused);
   void Give(uint32_t server, std::unique_ptr<Conn> c);
-  // `port`'s kept connections, dropped: one of them was found closed by the
-  // server, and the others have been idle as long or longer.
+  // `server`'s kept connections, dropped: one of them was found closed by
+  // the server, and the others have been idle as long or longer.
   void DropIdle(uint32_t server);
   boost::asio::awaitable<Status> Connect(Conn& c, uint16_t port, bool ipv6, std::chrono::milliseconds timeout);
 
   const size_t max_idle_;
   std::mutex mu_;
-  // By port, oldest first (each kept at most kMaxIdle; a port no longer
-  // used, a worker that restarted elsewhere, is swept).
+  // By server (ServerKey), oldest first (each kept at most kMaxIdle; a port
+  // no longer used, a worker that restarted elsewhere, is swept).
   std::map<uint32_t, std::vector<std::unique_ptr<Conn>>> idle_;
   std::chrono::steady_clock::time_point last_sweep_{};  // (mu_)
 };
