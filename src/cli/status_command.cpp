@@ -70,11 +70,10 @@ StatusOr<json> Call(const Target& t, const std::string& method, const std::strin
   if (r->status >= 300) {
     // OpenAI's shape ({"error": {"message"}}), Ollama's ({"error": "..."}), or the body as it came.
     std::string why = r->body;
-    if (auto e = body.is_object() ? body.find("error") : body.end(); body.is_object() && e != body.end()) {
-      if (e->is_string()) why = e->get<std::string>();
-      if (auto m = e->is_object() ? e->find("message") : e->end(); e->is_object() && m != e->end() && m->is_string()) {
-        why = m->get<std::string>();
-      }
+    if (body.is_object() && body.contains("error")) {
+      const json& e = body["error"];
+      if (e.is_string()) why = e.get<std::string>();
+      if (e.is_object() && e.contains("message") && e["message"].is_string()) why = e["message"].get<std::string>();
     }
     return Status::Unavailable("the gateway answered " + std::to_string(r->status) + ": " + why +
                                (r->status == 401 ? " (set $SPILLWAY_API_KEY)" : ""));
