@@ -97,6 +97,14 @@ class Exchange {
   virtual boost::asio::any_io_executor executor() const { return {}; }
   // The peer's IP address as text ("127.0.0.1", "::1"); empty when unknown.
   virtual std::string peer_address() const { return {}; }
+  // Who served a stream (`key`: "fallback_model", "limits"), learnt after its
+  // head may have gone: a format that has a place for it in its body (an
+  // NDJSON stream's last line) carries it there. The default drops it: an
+  // SSE stream says it in comments.
+  virtual void Annotate(const std::string& key, const std::string& value) {
+    (void)key;
+    (void)value;
+  }
 };
 
 using Handler = std::function<void(Request req, std::shared_ptr<Exchange> ex)>;

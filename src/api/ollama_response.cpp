@@ -268,7 +268,9 @@ std::string OllamaStreamTranslator::FinalLines(int64_t now_ms) {
   last["done"] = true;
   last["done_reason"] = DoneReason(finish_reason_);
   AddStats(last, ctx_, usage_, spillway_, now_ms);
-  if (!spillway_.empty()) last["spillway"] = spillway_;
+  json meta = spillway_;
+  meta.update(notes_);
+  if (!meta.empty()) last["spillway"] = std::move(meta);
   return out + Line(last);
 }
 

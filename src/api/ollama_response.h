@@ -58,6 +58,8 @@ class OllamaStreamTranslator {
   std::string Feed(std::string_view sse, int64_t now_ms);
   // The stream ended: an error line when it ended without its final line ("" otherwise).
   std::string Finish(int64_t now_ms);
+  // Said in the final line's "spillway" (who served the stream), beside the worker's own.
+  void Annotate(const std::string& key, const std::string& value) { notes_[key] = value; }
   bool done() const { return done_; }
 
  private:
@@ -75,6 +77,7 @@ class OllamaStreamTranslator {
   std::string finish_reason_;
   nlohmann::json usage_ = nlohmann::json::object();
   nlohmann::json spillway_ = nlohmann::json::object();  // the final chunk's, without its token ids
+  nlohmann::json notes_ = nlohmann::json::object();     // the gateway's (Annotate)
   std::map<int, PendingCall> calls_;                      // tool calls arrive in pieces; sent whole
 };
 

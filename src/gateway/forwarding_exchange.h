@@ -25,6 +25,7 @@ class ForwardingExchange : public http::Exchange {
   size_t unsent_bytes() const override { return inner_->unsent_bytes(); }
   boost::asio::any_io_executor executor() const override { return inner_->executor(); }
   std::string peer_address() const override { return inner_->peer_address(); }
+  void Annotate(const std::string& key, const std::string& value) override { inner_->Annotate(key, value); }
 
  protected:
   std::shared_ptr<http::Exchange> inner_;

@@ -59,6 +59,11 @@ void OllamaExchange::Write(std::string data) {
   if (!lines.empty()) inner_->Write(std::move(lines));
 }
 
+void OllamaExchange::Annotate(const std::string& key, const std::string& value) {
+  std::lock_guard<std::mutex> lk(mu_);
+  stream_.Annotate(key, value);
+}
+
 void OllamaExchange::End() {
   std::string tail;
   {

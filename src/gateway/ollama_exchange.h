@@ -7,7 +7,9 @@
 //     with its status; headers (X-Request-Id, X-Spillway-*, Retry-After) stay;
 //   - a stream's head becomes application/x-ndjson, its events NDJSON lines,
 //     its SSE comments (waiting notes) are dropped; an error event becomes an
-//     {"error"} line, the status unchanged;
+//     {"error"} line, the status unchanged; who served it (a fallback model,
+//     the limits applied: Annotate) is in its last line's "spillway", since a
+//     stream that waited sent its head before that was known;
 //   - a stored stream replayed whole (an Idempotency-Key replay) becomes the
 //     NDJSON body it would have streamed.
 //
@@ -42,6 +44,7 @@ class OllamaExchange final : public ForwardingExchange {
   void StartStream(http::Response header) override;
   void Write(std::string data) override;
   void End() override;
+  void Annotate(const std::string& key, const std::string& value) override;
 
  private:
   api::OllamaReplyContext ctx_;

@@ -46,6 +46,9 @@ void ReplyWriter::BeginStream(const ServedBy& served, const std::string& role) {
   if (events_started_) return;
   events_started_ = true;
   if (!ex_) return;
+  // (As a whole answer's body says them: request_lifecycle.cpp, Answered.)
+  if (!served.fallback_model.empty()) ex_->Annotate("fallback_model", served.fallback_model);
+  if (!served.limits.empty()) ex_->Annotate("limits", served.limits);
   if (head_sent_) {  // started while waiting: say where it runs now
     Comment("running on " + served.placement + " (" + role + ")" +
             (served.limits.empty() ? "" : ", limits " + served.limits));

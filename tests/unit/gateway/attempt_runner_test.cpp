@@ -18,6 +18,7 @@
 
 #include "api/openai_response.h"
 #include "fake_worker.h"
+#include "gateway/ollama_exchange.h"
 #include "recording_exchange.h"
 
 namespace spillway::gateway {
@@ -205,6 +206,37 @@ TEST(ReplyWriterTest, AWaitingStreamStartsEarlyAndThenSaysWhereItRuns) {
   EXPECT_EQ(reply.stored(), final_events) << "comments are not stored, the final error is";
   reply.SendFinal(final_events);
   EXPECT_TRUE(client->done());
+}
+
+// An Ollama stream that waited (its head went before anyone chose where it
+// runs) and was then served by a declared fallback model says so in its last
+// line, as a whole answer says it in its body: NDJSON has no comments.
+TEST(ReplyWriterTest, AnOllamaStreamThatWaitedNamesTheFallbackModelInItsLastLine) {
+  auto client = std::make_shared<RecordingExchange>();
+  FakeClock clock;
+  auto ollama = std::make_shared<OllamaExchange>(client, api::OllamaReplyContext{api::OllamaRoute::kGenerate, "chat", 0},
+                                                 clock);
+  ReplyWriter reply(ollama, "req-3", 11);
+  reply.WaitingNote("the GPU is full", 1.0);
+  ServedBy s;
+  s.placement = "cpu:0/99";
+  s.fallback_model = "tiny-chat-b";
+  s.limits = "max_tokens 64";
+  reply.BeginStream(s, "fallback");
+  reply.Event(Chunk("hello", 7));
+  reply.Event(api::SseEvent({{"choices", {{{"index", 0}, {"text", ""}, {"finish_reason", "stop"}}}},
+                             {"spillway", {{"tokens", {8}}, {"timings", json::object()}}}}));
+  reply.Event(api::kSseDone);
+  reply.EndStream();
+  const std::string body = client->body();
+  ASSERT_FALSE(body.empty());
+  const size_t last = body.rfind('\n', body.size() - 2);
+  const json final_line = json::parse(body.substr(last == std::string::npos ? 0 : last + 1));
+  EXPECT_EQ(final_line["done"], true) << body;
+  EXPECT_EQ(final_line["spillway"]["fallback_model"], "tiny-chat-b") << body;
+  EXPECT_EQ(final_line["spillway"]["limits"], "max_tokens 64") << body;
+  EXPECT_EQ(final_line["response"], "") << body;
+  EXPECT_NE(body.find("\"response\":\"hello\""), std::string::npos) << body;
 }
 
 // An error once a stream has begun is its last event: it was a whole HTTP
