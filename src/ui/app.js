@@ -164,7 +164,7 @@ function render() {
   const s = state.snapshot;
   $('updated').textContent = `updated ${clock(s.time_ms || Date.now())}`;
   renderBanners(s.services || []);
-  renderServices(s.services || []);
+  renderServices(s.services || [], s.externals || []);
   renderDevices(s.devices || []);
   renderRequests(s.requests || []);
   renderCharts(s.devices || []);
@@ -207,7 +207,7 @@ function breakerText(b) {
   return b.state + (b.state !== 'closed' && b.last_reason ? `: ${b.last_reason}` : '');
 }
 
-function renderServices(services) {
+function renderServices(services, externals) {
   $('services').replaceChildren(...services.map((s) => {
     const v = s.serving || {};
     const r = s.requests || { queued: 0, running: 0 };
@@ -233,7 +233,34 @@ function renderServices(services) {
       el('table', { class: 'placements' },
         el('thead', {}, el('tr', {}, ['placement', 'role', 'worker', 'breaker', 'host RAM', 'last problem'].map((h) => el('th', { text: h })))),
         el('tbody', {}, rows)));
-  }));
+  }), ...externals.map(externalCard));
+}
+
+// A server behind the gateway that Spillway does not load itself (kind =
+// "external"): started and supervised by Spillway, or already running (url).
+function externalCard(e) {
+  const r = e.requests || {};
+  const m = e.memory || {};
+  const where = e.url ? `already running at ${e.url}` : `started by Spillway${e.pid ? `, pid ${e.pid}` : ''}`;
+  const onDevice = e.device && e.device !== 'cpu'
+    ? `${mib(m.device_bytes > 0 ? m.device_bytes : m.resident_bytes)} on ${e.device}` +
+      (m.device_bytes > 0 ? ' (held now)' : ` (resident, ${m.resident_source || 'declared'})`)
+    : null;
+  return el('div', { class: 'card service external', 'data-service': e.name },
+    el('h3', {}, e.name, el('span', { class: `badge ${e.state || 'stopped'}`, text: e.state || 'stopped' })),
+    el('div', { class: 'summary', text: `external server, ${where}` }),
+    el('dl', {},
+      el('dt', { text: 'routes' }), el('dd', { text: Object.keys(e.routes || {}).join(', ') || '–' }),
+      el('dt', { text: 'requests' }), el('dd', {
+        text: `${r.running || 0} running, ${r.waiting || 0} waiting` + (r.max_queue ? ` of ${r.max_queue}` : ''),
+      }),
+      el('dt', { text: 'memory' }), el('dd', {
+        text: [onDevice, m.host_rss_bytes ? `${mib(m.host_rss_bytes)} host RAM` : null].filter(Boolean).join('; ') || '–',
+      }),
+      e.residency ? el('dt', { text: 'residency' }) : null,
+      e.residency ? el('dd', { text: e.residency + (e.residency !== 'pinned' && e.keep_alive_s ? `, stopped after ${e.keep_alive_s} s idle` : '') }) : null,
+      e.last_error || e.last_exit ? el('dt', { text: 'last problem' }) : null,
+      e.last_error || e.last_exit ? el('dd', { text: [e.last_exit, e.last_error].filter(Boolean).join(': ') }) : null));
 }
 
 // A new request's wait before it starts, from the gateway's rough estimate.
@@ -243,7 +270,16 @@ function waitWords(est, queued) {
 }
 
 const KINDS = ['weights', 'kv', 'compute', 'transient'];
-const KIND_WORDS = { weights: 'weights', kv: 'KV cache', compute: 'compute', transient: 'transient', other: 'not Spillway' };
+const KIND_WORDS = {
+  weights: 'weights', kv: 'KV cache', compute: 'compute', transient: 'transient', external: 'external servers',
+  other: 'not Spillway',
+};
+
+// An external server's memory: what the device says its process holds, else
+// what its config declares (or was measured) as resident.
+function externalBytes(u) {
+  return u.held_bytes > 0 ? u.held_bytes : (u.resident_bytes || 0);
+}
 
 function renderDevices(devices) {
   $('devices').replaceChildren(...devices.map((d) => {
@@ -251,6 +287,15 @@ function renderDevices(devices) {
     const segs = [];
     const pct = (b) => `${total ? (100 * b) / total : 0}%`;
     for (const u of d.services || []) {
+      if (u.kind === 'external') {
+        const b = externalBytes(u);
+        if (b > 0) {
+          const seg = el('div', { class: 'seg external', title: `${u.service} (external server): ${mib(b)}` });
+          seg.style.width = pct(b);
+          segs.push(seg);
+        }
+        continue;
+      }
       for (const k of KINDS) {
         const b = u[`${k}_bytes`] || 0;
         if (b > 0) {
@@ -267,9 +312,14 @@ function renderDevices(devices) {
     }
     const headroom = el('div', { class: 'headroom', title: `headroom kept free: ${mib(d.headroom_bytes)}` });
     headroom.style.width = pct(d.headroom_bytes || 0);
-    const usage = (d.services || []).map((u) => el('tr', {},
-      el('td', { text: `${u.service} · ${u.placement}` }),
-      ...KINDS.map((k) => el('td', { text: mib(u[`${k}_bytes`] || 0) }))));
+    const usage = (d.services || []).map((u) => (u.kind === 'external'
+      ? el('tr', { 'data-external': u.service },
+        el('td', { text: `${u.service} · external server` }),
+        el('td', { colspan: KINDS.length, text: `${mib(externalBytes(u))} ` +
+          (u.held_bytes > 0 ? 'held now' : 'resident, as declared or last measured') }))
+      : el('tr', {},
+        el('td', { text: `${u.service} · ${u.placement}` }),
+        ...KINDS.map((k) => el('td', { text: mib(u[`${k}_bytes`] || 0) })))));
     usage.push(el('tr', {}, el('td', { text: 'other processes' }), el('td', { text: mib(d.other_bytes) }),
       el('td'), el('td'), el('td')));
     return el('div', { class: 'card device', 'data-device': d.name },
@@ -284,7 +334,7 @@ function renderDevices(devices) {
         d.breaker && d.breaker.state !== 'closed' ? el('dt', { text: 'breaker' }) : null,
         d.breaker && d.breaker.state !== 'closed' ? el('dd', { text: breakerText(d.breaker) }) : null),
       el('div', { class: 'bar' }, segs, headroom),
-      el('div', { class: 'legend' }, [...KINDS, 'other'].map((k) => el('span', {}, el('i', { class: k }), KIND_WORDS[k]))),
+      el('div', { class: 'legend' }, [...KINDS, 'external', 'other'].map((k) => el('span', {}, el('i', { class: k }), KIND_WORDS[k]))),
       el('table', { class: 'usage' },
         el('thead', {}, el('tr', {}, el('th', { text: 'service' }), ...KINDS.map((k) => el('th', { text: KIND_WORDS[k] })))),
         el('tbody', {}, usage)));

@@ -17,6 +17,8 @@ import { Browser } from './cdp.mjs';
 import { BIN, MODELS, cpuService, startGateway, stopGateway } from '../clients/gateway.mjs';
 
 const CHROMIUM = process.env.CHROMIUM ?? 'chromium';
+// An external server on the simulated device (tests/fakes/fake_upstream_main.cpp), holding 24 MiB there.
+const FAKE_UPSTREAM = process.env.FAKE_UPSTREAM ?? 'build/tests/fake-upstream';
 const OUT = process.env.SPILLWAY_TEST_OUTPUT ?? 'build/test-output/browser';
 const SECRET = `browser-test-${randomBytes(8).toString('hex')}`;
 let dir, env, gateway, base, browser, page;
@@ -79,7 +81,15 @@ different_model = true
 ctx = 16384
 slots = 2
 threads = 1
-` + cpuService('embed', 'tiny-embed', 512, 1), env));
+` + cpuService('embed', 'tiny-embed', 512, 1) + `
+[[service]]
+name = "rerank"
+kind = "external"
+command = "${FAKE_UPSTREAM} --port \${PORT} --sim-device 0 --resident-mib 24"
+routes = { "/v1/rerank" = "/v1/rerank" }
+device = "sim:0"
+resident_mib = 8
+`, env));
   browser = await Browser.launch(CHROMIUM, join(dir, 'chromium'));
   page = await browser.newPage();
   await page.open(`${base}/`);
@@ -96,15 +106,30 @@ test('the page loads live, without console errors, and shows both demo services 
   await page.waitFor(`document.getElementById('conn').dataset.state === 'live'`, 'the event stream');
   const services = await page.waitFor(`(() => {
     const s = [...document.querySelectorAll('.card.service')].map((e) => e.dataset.service);
-    return s.length === 2 ? s : null;
-  })()`, 'two service cards');
-  assert.deepEqual(services, ['chat', 'embed']);
+    return s.length === 3 ? s : null;
+  })()`, 'three service cards');
+  assert.deepEqual(services, ['chat', 'embed', 'rerank']);
+  // The external server's own card: supervised by Spillway, its memory on the device.
+  const rerank = await page.waitFor(`(() => {
+    const c = document.querySelector('.card.service.external[data-service="rerank"]');
+    return c && c.querySelector('.badge').textContent === 'ready' ? c.textContent : null;
+  })()`, "the external server's card");
+  assert.match(rerank, /external server, started by Spillway, pid [0-9]+/);
+  assert.match(rerank, /24\.0 MiB on sim:0 \(held now\)/);
+  assert.match(rerank, /0 running, 0 waiting of [0-9]+/);
   assert.equal(await page.eval(`document.querySelector('.card.service[data-service="chat"] .badge').textContent`), 'ready');
   assert.equal(await page.eval(`document.getElementById('banners').children.length`), 0);
   const devices = await page.eval(`[...document.querySelectorAll('.card.device')].map((e) => e.dataset.device)`);
   assert.deepEqual(devices, ['sim:0', 'cpu']);
-  // The simulated device's bar holds chat's weights and KV cache.
+  // The simulated device's bar holds chat's weights and KV cache, and the
+  // external server's memory as the device reports it (not its declared 8 MiB).
   assert.ok(await page.eval(`document.querySelectorAll('.card.device[data-device="sim:0"] .bar .seg.weights').length`) >= 1);
+  const external = await page.waitFor(`(() => {
+    const t = document.querySelector('.card.device[data-device="sim:0"] tr[data-external="rerank"]')?.textContent;
+    return t && t.includes('held now') ? t : null;
+  })()`, "the external server's row");
+  assert.equal(external, 'rerank · external server24.0 MiB held now');
+  assert.equal(await page.eval(`document.querySelectorAll('.card.device[data-device="sim:0"] .bar .seg.external').length`), 1);
   assert.equal(await page.waitFor(`document.querySelectorAll('#charts canvas').length`, 'the memory charts'), 2);
   // Each running worker's host RAM, as the supervisor samples it.
   const rss = await page.waitFor(`(() => {
