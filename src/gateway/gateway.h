@@ -151,7 +151,7 @@ class Gateway {
   // Whether accelerator placement `k` of `svc` takes no new requests now,
   // and why (in words too, when `why` is given).
   enum class Hold { kNone, kUnloading, kNoRoom, kOutsideWindow };
-  Hold HeldBack(const config::ServiceConfig& svc, size_t k, std::string* why);
+  Hold HeldBack(const config::ServiceConfig& svc, size_t k, std::string* why) const;
   // A batch/background service outside its windows (or interactive work not idle long enough): why.
   bool OutsideWindow(const config::ResidencyConfig& r, std::string* why, int* opens_in_s = nullptr) const;
   // A residency decision: printed, kept for /v1/status, journaled as an event.

@@ -97,7 +97,7 @@ bool Gateway::OutsideWindow(const config::ResidencyConfig& r, std::string* why, 
   return false;
 }
 
-Gateway::Hold Gateway::HeldBack(const config::ServiceConfig& svc, size_t k, std::string* why) {
+Gateway::Hold Gateway::HeldBack(const config::ServiceConfig& svc, size_t k, std::string* why) const {
   if (svc.placements[k].device == "cpu") return Hold::kNone;
   const std::string key = WorkerKey(svc, k);
   {

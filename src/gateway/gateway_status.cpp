@@ -169,6 +169,9 @@ json Gateway::StatusJson() const {
       json w = {{"key", key}, {"placement", s.placements[i].Name()}, {"device", s.placements[i].device},
                 {"role", s.placements[i].role}};
       w.update(board_.PlacementJson(s.name, i, static_cast<uint64_t>(s.default_max_tokens)));
+      // Taking no requests now while another placement can (request_admission.cpp, RefreshHeld).
+      std::string held_why;
+      w["held_back"] = HeldBack(s, i, &held_why) != Hold::kNone ? json(held_why) : json(nullptr);
       for (const auto& v : workers) {
         if (v.key != key) continue;
         w["state"] = upstream::WorkerStateName(v.state);
@@ -243,20 +246,25 @@ json Gateway::StatusJson() const {
     std::string degraded;
     bool other_up = false;
     for (const auto& p : placements) {
-      other_up |= p["role"] != "primary" && p.value("state", "") == "ready" && p.value("admitted", true);
+      other_up |= p["role"] != "primary" && p.value("state", "") == "ready" && p.value("admitted", true) &&
+                  p["held_back"].is_null();
     }
     for (const auto& p : placements) {
       if (p["role"] != "primary") continue;
       const std::string breaker = p.contains("breaker") ? p["breaker"].value("state", "closed") : "closed";
       const std::string state = p.value("state", std::string("stopped"));
       const bool waits_for_a_request = state == "stopped" && supervisor_.OnDemand(p["key"].get<std::string>());
-      if (breaker != "open" && p.value("admitted", true) && (state == "ready" || waits_for_a_request)) continue;
-      degraded = "the primary placement " + p["placement"].get<std::string>() + " is unavailable (" +
-                 (breaker == "open"               ? "breaker open"
-                  : !p.value("admitted", true)    ? std::string("not admitted")
-                                                  : "worker " + state) +
-                 (other_up ? "); requests go to the fallback placements"
-                           : "); no other placement can take its requests");
+      const bool held = !p["held_back"].is_null();
+      if (breaker != "open" && p.value("admitted", true) && !held && (state == "ready" || waits_for_a_request)) continue;
+      degraded = "the primary placement " + p["placement"].get<std::string>() + " is " +
+                 (held ? "held back (" + p["held_back"].get<std::string>() + ")"
+                       : "unavailable (" +
+                             (breaker == "open"            ? std::string("breaker open")
+                              : !p.value("admitted", true) ? std::string("not admitted")
+                                                           : "worker " + state) +
+                             ")") +
+                 (other_up ? "; requests go to the fallback placements"
+                           : held ? "; its requests wait for it" : "; no other placement can take its requests");
     }
     svc["degraded"] = degraded.empty() ? json(nullptr) : json(degraded);
     services.push_back(svc);

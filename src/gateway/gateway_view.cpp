@@ -24,7 +24,8 @@ std::string Words(uint64_t tokens, const char* what) { return std::to_string(tok
 bool Serving(const json& p) {
   const std::string state = p.value("state", "");
   const bool breaker_open = p.contains("breaker") && p["breaker"].value("state", "") == "open";
-  return p.value("admitted", true) && !breaker_open && (state == "ready" || p.value("on_demand", false));
+  const bool held_back = p.contains("held_back") && !p["held_back"].is_null();
+  return p.value("admitted", true) && !breaker_open && !held_back && (state == "ready" || p.value("on_demand", false));
 }
 
 // Weights, KV cache and compute buffers a worker reports on one side
@@ -303,8 +304,13 @@ void Gateway::AddServiceViews(json& status, const json& requests) {
         view["est_wait_s"] = nullptr;
       }
     }
+    // Unloaded, started again by a request (or held back with nothing else
+    // to serve); one whose fallback serves meanwhile is degraded.
     for (const auto& p : placements) {
-      if (p.value("role", "") == "primary" && p.value("on_demand", false) && p.value("state", "") == "stopped") state = "evicted";
+      if (serving <= 0 && p.value("role", "") == "primary" && p.value("on_demand", false) &&
+          p.value("state", "") == "stopped") {
+        state = "evicted";
+      }
     }
     s["state"] = state;
     s["serving"] = view;

@@ -59,6 +59,14 @@ json Residency(uint16_t port, const std::string& service) {
   return json::object();
 }
 
+json ServiceStatus(uint16_t port, const std::string& service) {
+  const json s = Body(Call(port, "GET", "/v1/status"));
+  for (const auto& svc : s["services"]) {
+    if (svc["name"] == service) return svc;
+  }
+  return json::object();
+}
+
 json Events(uint16_t port) { return Body(Call(port, "GET", "/v1/status"))["residency"]["events"]; }
 
 bool HasEvent(const json& events, const std::string& kind, const std::string& service) {
@@ -226,6 +234,12 @@ TEST_F(ResidencyTest, BatchWorkStaysOffTheAcceleratorOutsideItsWindow) {
     EXPECT_EQ(e.headers["x-spillway-placement"], "cpu") << "outside its window: its CPU path";
     EXPECT_EQ(Residency(g.port(), "embed")["state"], "stopped");
     EXPECT_NE(Residency(g.port(), "embed")["held_back"].get<std::string>().find("window"), std::string::npos);
+    // What a person sees: its fallback serves, and why (not "served by its primary").
+    const json svc = ServiceStatus(g.port(), "embed");
+    EXPECT_EQ(svc["state"], "degraded") << svc.dump();
+    EXPECT_EQ(svc["serving"]["placement"], "cpu") << svc.dump();
+    EXPECT_NE(svc["degraded"].get<std::string>().find("held back"), std::string::npos) << svc.dump();
+    EXPECT_NE(svc["placements"][0]["held_back"].get<std::string>().find("window"), std::string::npos) << svc.dump();
   }
   {
     // outside_window = "wait", no CPU path: told when to come back.
