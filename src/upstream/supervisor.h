@@ -232,6 +232,7 @@ class Supervisor : public Workers {
     std::string key;
     WorkerPid process;
     std::string reason;
+    int stop_signal = 15;  // as its record says
   };
   // `adopted`: the processes adopted so far (one serves one placement);
   // those that must go are added to `to_stop`, for StopPrevious.

@@ -79,7 +79,7 @@ void Supervisor::ReadLoadProgress(Worker& w) const {
 void Supervisor::WriteRecord(const Worker& w) {
   if (w.start_time == 0) return;  // not readable yet (Poll tries again): such a record is refused anyway
   const WorkerRecord r{w.spec.key,     w.view.pid, w.start_time, w.view.port, w.spec_hash,
-                       protocol::kWorkerProtocolVersion, w.spec.external()};
+                       protocol::kWorkerProtocolVersion, w.spec.external(), w.spec.stop_signal};
   if (Status st = WritePrivateFileAtomically(RecordPath(run_dir_, w.spec.key), RecordToJson(r)); !st.ok()) {
     std::fprintf(stderr, "spillway: worker %s will not be adopted after a crash: %s\n", w.spec.key.c_str(),
                  st.message().c_str());
@@ -165,7 +165,7 @@ std::set<std::string> Supervisor::StopUnadoptable(const std::vector<WorkerSpec>&
     const AdoptDecision d = Judge(r, hash, external);
     if (d.action == AdoptAction::kAdopt) adoptable.insert(f.key);
     if (d.action == AdoptAction::kStop && claimed) {
-      to_stop.push_back({r.key, {r.pid, r.start_time, /*child=*/false}, d.reason});
+      to_stop.push_back({r.key, {r.pid, r.start_time, /*child=*/false}, d.reason, r.stop_signal});
     }
   }
   // (One that could not be stopped keeps its record: Adopt finds it again
@@ -189,11 +189,11 @@ void Supervisor::Adopt() {
 
 void Supervisor::StopPrevious(const std::vector<Previous>& previous) {
   std::vector<GroupStop> groups;
-  for (const auto& p : previous) groups.push_back({p.process, SIGTERM});
+  for (const auto& p : previous) groups.push_back({p.process, p.stop_signal});  // (an external server's own)
   // Together: one grace period for all (N hung ones cost seconds, not N times that).
   const std::vector<bool> ended = StopGroups(groups, kStopGraceMs);
   for (size_t i = 0; i < previous.size(); ++i) {
-    const auto& [key, process, reason] = previous[i];
+    [[maybe_unused]] const auto& [key, process, reason, stop_signal] = previous[i];
     LogEvent("worker.previous_stopped",
              nlohmann::json{{"worker", key}, {"pid", process.pid}, {"stopped", ended[i]}, {"reason", reason}}
                  .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
@@ -250,7 +250,7 @@ void Supervisor::AdoptOrStop(const RecordFile& f, std::set<pid_t>* adopted, std:
       RemoveRecord(rec.key);
       return;
     case AdoptAction::kStop:
-      to_stop->push_back({rec.key, {rec.pid, rec.start_time, /*child=*/false}, d.reason});
+      to_stop->push_back({rec.key, {rec.pid, rec.start_time, /*child=*/false}, d.reason, rec.stop_signal});
       return;
     case AdoptAction::kAdopt:
       break;

@@ -33,7 +33,8 @@ std::string RecordToJson(const WorkerRecord& r) {
               {"port", r.port},
               {"spec_hash", r.spec_hash},
               {"protocol_version", r.protocol_version},
-              {"external", r.external}}
+              {"external", r.external},
+              {"stop_signal", r.stop_signal}}
              .dump() +
          "\n";
 }
@@ -65,6 +66,13 @@ StatusOr<WorkerRecord> ParseWorkerRecord(std::string_view text) {
   if (j.contains("external")) {
     if (!j["external"].is_boolean()) return bad("external");
     r.external = j["external"].get<bool>();
+  }
+  if (j.contains("stop_signal")) {  // a standard signal, never 0 (a probe) or a real-time one
+    if (!j["stop_signal"].is_number_integer() || j["stop_signal"].get<int64_t>() < 1 ||
+        j["stop_signal"].get<int64_t>() > 31) {
+      return bad("stop_signal");
+    }
+    r.stop_signal = j["stop_signal"].get<int>();
   }
   return r;
 }

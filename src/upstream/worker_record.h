@@ -34,6 +34,9 @@ struct WorkerRecord {
   // pid and start time alone, never asked anything (false in records
   // written before it was recorded).
   bool external = false;
+  // What stops it (an external server's `stop_signal`; 15 in records
+  // written before it was recorded).
+  int stop_signal = 15;
 };
 
 std::string RecordToJson(const WorkerRecord& r);

@@ -14,8 +14,14 @@
 #include <set>
 #include <thread>
 
+#include <signal.h>
+#include <sys/wait.h>
+
 #include "common/clock.h"
+#include "common/private_files.h"
+#include "devices/sim_ledger.h"
 #include "supervisor_fixture.h"
+#include "upstream/worker_record.h"
 
 namespace spillway::upstream {
 namespace {
@@ -63,6 +69,45 @@ TEST_F(SupervisorTest, AStartThatFallsDueWhileTheGateRunsIsGatedToo) {
   }
   EXPECT_GT(PidOf(sup, "a.ext"), 0);
   sup.Stop(1000);  // before the gate's state above goes
+}
+
+// An external server a previous gateway started and that outlived it (no
+// parent-death signal: a record from before it had one) is stopped with its
+// own stop_signal, as its record says: one that ignores SIGTERM ends at once
+// on SIGINT, instead of being killed after the grace period.
+TEST_F(SupervisorTest, APreviousExternalServerIsStoppedWithItsOwnSignal) {
+  const fs::path said = dir_ / "said";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setpgid(0, 0);  // a group of its own, as the supervisor starts them
+    execl("/bin/sh", "sh", "-c",
+          ("trap '' TERM; trap 'echo int > " + said.string() + "; exit 0' INT; echo ready > " + said.string() +
+           "; while :; do sleep 0.05; done").c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ASSERT_TRUE(Eventually([&] { return fs::exists(said); })) << "its traps are set once it says ready";
+  const uint64_t start_time = devices::ProcessStartTime(pid);
+  WorkerRecord r;
+  r.key = "old.ext";
+  r.pid = pid;
+  r.start_time = start_time;
+  r.spec_hash = std::string(64, 'a');
+  r.protocol_version = 1;
+  r.external = true;
+  r.stop_signal = SIGINT;
+  fs::create_directories(dir_ / "run");
+  ASSERT_TRUE(WritePrivateFileAtomically(RecordPath((dir_ / "run").string(), r.key), RecordToJson(r)).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  sup_->StopUnadoptable({});  // no longer configured
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "killed, not stopped: status " << status;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4)) << "waited out the grace period";
+  std::ifstream f(said);
+  std::string word;
+  EXPECT_TRUE(f >> word && word == "int") << "its INT trap never ran";
 }
 
 // An on-demand server that ends waits, stopped, for the next request; its

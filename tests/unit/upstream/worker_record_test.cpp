@@ -58,6 +58,11 @@ TEST(WorkerRecordTest, RoundTrips) {
   auto e = ParseWorkerRecord(RecordToJson(ext));
   ASSERT_TRUE(e.ok()) << e.status().message();
   EXPECT_TRUE(e->external);
+  EXPECT_EQ(e->stop_signal, 15) << "SIGTERM unless it says otherwise";
+  ext.stop_signal = 2;  // its own stop signal (SIGINT), what a later gateway stops it with
+  auto i = ParseWorkerRecord(RecordToJson(ext));
+  ASSERT_TRUE(i.ok()) << i.status().message();
+  EXPECT_EQ(i->stop_signal, 2);
 }
 
 TEST(WorkerRecordTest, RefusesWhatIsNotACompleteRecord) {
@@ -74,6 +79,9 @@ TEST(WorkerRecordTest, RefusesWhatIsNotACompleteRecord) {
   EXPECT_FALSE(ParseWorkerRecord(with("4242", "9", "70000", h)).ok());
   EXPECT_FALSE(ParseWorkerRecord(with("4242", "9", "1", "abc")).ok());
   EXPECT_FALSE(ParseWorkerRecord(with("4242", "9", "1", h).insert(1, "\"external\":\"yes\",")).ok());
+  EXPECT_FALSE(ParseWorkerRecord(with("4242", "9", "1", h).insert(1, "\"stop_signal\":0,")).ok());   // a probe
+  EXPECT_FALSE(ParseWorkerRecord(with("4242", "9", "1", h).insert(1, "\"stop_signal\":40,")).ok());  // real-time
+  EXPECT_TRUE(ParseWorkerRecord(with("4242", "9", "1", h).insert(1, "\"stop_signal\":2,")).ok());
   EXPECT_FALSE(ParseWorkerRecord("{\"key\":\"chat.0\"").ok());  // truncated
   EXPECT_FALSE(ParseWorkerRecord("[]").ok());
   EXPECT_FALSE(ParseWorkerRecord("").ok());
