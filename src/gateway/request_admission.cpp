@@ -213,10 +213,31 @@ boost::asio::awaitable<bool> RequestAdmission::Run() {
   co_return co_await Decided();
 }
 
+// An embedding bound for a placement on the CPU path takes its place in
+// that path's line first (its concurrency, its bound, its host-RAM budget),
+// as a generation does in Decided: a lost accelerator otherwise sent every
+// embedding at once onto the CPU, past `cpu_path.concurrency`.
+RequestAdmission::CpuStep RequestAdmission::CpuLineStep(size_t i, std::string* note, double* est_wait_s) {
+  admission::Decision d;
+  d.placement = i;
+  d.max_tokens = 0;  // (its inputs are not counted on this path: no prompt bound either)
+  std::string limits;
+  const Gateway::CpuGate gate = g_.CpuPathGate(rec_, svc_, &d, 0, &limits, note, est_wait_s, rejected_);
+  if (gate == Gateway::CpuGate::kGo) return CpuStep::kGo;
+  if (gate == Gateway::CpuGate::kWait) return CpuStep::kWait;
+  g_.metrics_.Decision(svc_.name, "reject");
+  *reject_decision_ = json{{"decision", "reject"}, {"reason", rejected_->message()}, {"status", 503},
+                           {"placement", states_[i]->cfg.Name()}}
+                          .dump();
+  return CpuStep::kReject;
+}
+
 boost::asio::awaitable<bool> RequestAdmission::Slot() {
   // A request waits here (queued, nothing journaled) while every slot of
   // the worker is taken, instead of being sent to be refused as busy.
   bool all_busy = false, waited = false;
+  std::string cpu_note;  // waiting in the CPU path's line: why
+  double cpu_est_s = 1;
   while (true) {
     if (ticket_ && !signal_.IsHead(*ticket_)) {
       if (!co_await WaitBehind(kQueueWaitMs)) co_return false;
@@ -224,6 +245,7 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
       continue;
     }
     all_busy = false;
+    cpu_note.clear();
     RefreshHeld();
     // Placements whose breaker (or device's) is open take nothing; those
     // that failed this request already are skipped while another may take
@@ -247,11 +269,20 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
         // between the read above and the slot sent the request to a worker
         // being stopped.)
         const auto& key = states_[i]->key;
+        const bool cpu_line = rec_.endpoint == "embedding" && svc_.OnCpuPath(i);
+        if (cpu_line) {
+          const CpuStep step = CpuLineStep(i, &cpu_note, &cpu_est_s);
+          if (step == CpuStep::kReject) co_return false;
+          if (step == CpuStep::kWait) continue;
+        } else {
+          g_.board_.LeaveCpuLine(svc_.name, rec_.id);  // (in it until now: the CPU path was all it had)
+        }
         // (The service's default max_tokens stands for the request's: its
         // body is not parsed on this path.)
         const uint32_t max_tokens = rec_.endpoint == "embedding" ? 0 : static_cast<uint32_t>(svc_.default_max_tokens);
         if (!g_.board_.TakeSlot(svc_.name, i, rec_.id, max_tokens,
                                 [&] { return g_.supervisor_.ReadyPort(key) == port; })) {
+          if (cpu_line) g_.board_.LeaveCpuLine(svc_.name, rec_.id);  // (its turn there given up: no slot)
           all_busy |= g_.supervisor_.ReadyPort(key).has_value();  // (released: started again below)
           continue;
         }
@@ -267,7 +298,10 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
     }
     DemandAll();
     if (Stopped()) co_return false;
-    if (!all_busy || loading) {
+    if (!cpu_note.empty() && !loading) {
+      all_busy = true;  // (woken when a place frees, as for a slot)
+      if (on_wait_) on_wait_(cpu_note, cpu_est_s);
+    } else if (!all_busy || loading) {
       // Nothing is up: wait for a start, at most its start timeout, and say so.
       if (Status st = g_.StartTrouble(svc_, g_.clock_.NowMs() - t0_); !st.ok()) {
         *rejected_ = st;
@@ -287,7 +321,11 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
     // Woken when a slot frees; a start is looked at again within 100 ms.
     co_await Wait(TimeLeft(live_.deadline_ms, g_.clock_.NowMs(), all_busy ? 1000 : 100));
   }
-  *rejected_ = all_busy ? Status::ResourceExhausted("every slot of service '" + svc_.name + "' stayed busy for " +
+  *rejected_ = !cpu_note.empty() ? Status::ResourceExhausted("no place came free in the CPU path of service '" +
+                                                              svc_.name + "' within " +
+                                                              std::to_string(kQueueWaitMs / 1000) + " s: " + cpu_note)
+                                       .WithRetryAfter(5)
+               : all_busy ? Status::ResourceExhausted("every slot of service '" + svc_.name + "' stayed busy for " +
                                                     std::to_string(kQueueWaitMs / 1000) + " s").WithRetryAfter(5)
                         : Status::Unavailable("no worker of service '" + svc_.name + "' became ready in time").WithRetryAfter(5);
   co_return false;

@@ -8,7 +8,8 @@
 //                    service's line (capacity_signal.h); only the head decides
 //   Take a slot      embeddings, and a lone placement that cannot shrink:
 //                    the worker checks its own KV pool, so the request only
-//                    waits for a free slot (Slot)
+//                    waits for a free slot (Slot); an embedding bound for
+//                    the CPU path waits for its turn in that path's line too
 //   Decide           otherwise: the prompt's tokens counted by a worker, a
 //                    snapshot of the board for the pure admission::Decide,
 //                    the CPU path's rules (admission/cpu_path.h) when it
@@ -77,6 +78,10 @@ class RequestAdmission {
   int64_t WaitedSinceUp();
   // Embeddings and a lone placement: a free slot is all it waits for.
   boost::asio::awaitable<bool> Slot();
+  // An embedding's turn in the CPU path's line for placement `i` (kReject:
+  // *rejected_ and *reject_decision_ say why; kWait: `note` and the estimate).
+  enum class CpuStep { kGo, kWait, kReject };
+  CpuStep CpuLineStep(size_t i, std::string* note, double* est_wait_s);
   // Counted, decided, committed.
   boost::asio::awaitable<bool> Decided();
   // The prompt's size in tokens from a ready worker (-1: none could say).

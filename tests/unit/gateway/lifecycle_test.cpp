@@ -452,6 +452,38 @@ TEST_F(LifecycleTest, AnEmbeddingThatFailsOnThePrimaryIsServedByTheFallback) {
   EXPECT_EQ(Journaled("r-emb").state, journal::State::kCompleted);
 }
 
+// Embeddings sent to the CPU fallback keep to the CPU path's line: one at a
+// time there (cpu_path.concurrency = 1), though its worker has two slots;
+// the next starts when the first ends. They all went at once before.
+TEST_F(LifecycleTest, EmbeddingsOnTheCpuPathKeepToItsLine) {
+  workers_.Exit("chat.0", "exit 1");  // the accelerator placement is gone
+  fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { fallback_.Hold(req, std::move(ex)); };
+  auto embed = [&](const std::string& id) {
+    return Send("/v1/embeddings", json{{"model", "chat"}, {"input", "hello"}}.dump(), "POST", {{"X-Request-Id", id}});
+  };
+  auto cpu_line = [&] {
+    auto ex = Send("/v1/status", "", "GET");
+    EXPECT_TRUE(ex->Wait());
+    return json::parse(ex->body(), nullptr, false)["services"][0]["cpu_path"];
+  };
+  auto first = embed("e-1");
+  ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 1; }));
+  auto second = embed("e-2");
+  ASSERT_TRUE(Eventually([&] { return cpu_line()["waiting"] == 1; })) << cpu_line().dump();
+  EXPECT_EQ(fallback_.calls(), 1u) << "the second went past the CPU path's line";
+  EXPECT_EQ(cpu_line()["running"], 1);
+  auto held = fallback_.TakeHeld(0);
+  ASSERT_TRUE(held);
+  Answer(held, "one");
+  ASSERT_TRUE(first->Wait());
+  EXPECT_EQ(first->status(), 200u);
+  ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 2; })) << "the second never started";
+  Answer(fallback_.TakeHeld(1), "two");
+  ASSERT_TRUE(second->Wait());
+  EXPECT_EQ(second->status(), 200u) << second->body();
+  EXPECT_EQ(cpu_line()["running"], 0) << "its place was given back";
+}
+
 TEST_F(LifecycleTest, AStreamCutMidwayIsContinuedElsewhereAsOneStream) {
   primary_.behaviour = CutStream({{"a", 11}, {"b", 12}});
   fallback_.behaviour = [](http::Request& req, std::shared_ptr<http::Exchange> ex) {
