@@ -1,6 +1,7 @@
 #include "admission/admission.h"
 
 #include <algorithm>
+#include <optional>
 #include <cmath>
 
 namespace spillway::admission {
@@ -161,7 +162,33 @@ Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const
                                : primary.name + " is unusable and no placement can take " + N(need) + " cells");
 }
 
-Decision Decide(const RequestNeed& r, const std::vector<PlacementView>& ps, const Policy& pol) {
+RequestNeed FitToContext(const RequestNeed& r, const std::vector<PlacementView>& ps) {
+  if (!r.fit_context) return r;
+  const uint32_t wanted = std::min(r.max_tokens, r.min_tokens);
+  // The placements that can take it now, or, with none, all of them (one
+  // that comes back).
+  bool any_usable = false;
+  for (const auto& p : ps) any_usable |= p.usable && p.cells_total > r.prompt_tokens;
+  uint64_t most = 0;
+  std::optional<uint64_t> room;
+  for (const auto& p : ps) {
+    if (p.cells_total <= r.prompt_tokens) continue;  // (unknown, or too small for the prompt)
+    if (any_usable && !p.usable) continue;
+    const uint64_t left = p.cells_total - r.prompt_tokens;
+    if (left >= wanted) {
+      room = left;
+      break;
+    }
+    most = std::max(most, left);
+  }
+  if (!room && most > 0) room = most;
+  RequestNeed out = r;
+  if (room && *room < r.max_tokens) out.max_tokens = static_cast<uint32_t>(*room);
+  return out;
+}
+
+Decision Decide(const RequestNeed& asked, const std::vector<PlacementView>& ps, const Policy& pol) {
+  const RequestNeed r = FitToContext(asked, ps);
   Decision d = Place(r, ps, pol);
   // A primary that is not up yet (starting, restarting) is waited for, not judged.
   if (d.kind == Kind::kReject && d.http_status == 503 && !ps.empty() && ps[0].comes_back && !pol.fail_fast &&

@@ -56,7 +56,18 @@ struct RequestNeed {
   double waited_s = 0;         // how long the request has waited for admission so far
   double deadline_left_s = 0;  // time left before its deadline (0: none)
   uint32_t ahead_in_line = 0;  // earlier requests of the service still waiting (first come, first served)
+  // max_tokens is an upper bound, not a demand (Ollama's num_predict: its
+  // runner stops where the context ends): lowered to the room beside the
+  // prompt in the pool it goes to, never refused for it (FitToContext).
+  bool fit_context = false;
 };
+
+// A fit_context request's max_tokens, lowered to the room beside its prompt
+// in the first usable placement (in order) with room for at least
+// min_tokens of it (or the one with the most room; with none usable, among
+// all): as asked otherwise, and when no pool holds the prompt at all
+// (refused as ever).
+RequestNeed FitToContext(const RequestNeed& r, const std::vector<PlacementView>& ps);
 
 struct Policy {
   bool reroute_on_pressure = true;  // prefer another placement with room over waiting

@@ -166,6 +166,7 @@ Status ParseGeneration(const json& body, GenerationRequest* g) {
   SPILLWAY_RETURN_IF_ERROR(ParseModel(body, &g->model));
   SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "stream", &g->stream));
   SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "ignore_eos", &g->ignore_eos));
+  SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "spillway_fit_context", &g->fit_context));
   if (auto it = body.find("spillway_resume"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return Bad("spillway_resume", "must be an object");
     auto t = it->find("tokens");

@@ -69,6 +69,10 @@ struct GenerationRequest {
   // cut on another placement (set by the gateway).
   std::vector<int32_t> resume_tokens;
   uint64_t resume_text_bytes = 0;
+  // "spillway_fit_context": true: max_tokens is an upper bound, lowered to
+  // the room beside the prompt in the context instead of refused (set by the
+  // gateway for an Ollama request: num_predict is that there).
+  bool fit_context = false;
 };
 
 // One call of a function: in an assistant message of the history (request)

@@ -161,10 +161,16 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
   // As Ollama: thinking or tools asked of a model whose template has none is a 400.
   if (Status st = OllamaCapable(*svc, *call); !st.ok()) return out->RespondTranslated(OllamaErrorResponse(st, v));
   call->openai["model"] = svc->name;
-  if (auto n = call->openai.find("max_tokens"); n != call->openai.end() && n->is_number() && *n > svc->max_tokens) {
-    return out->RespondTranslated(OllamaErrorResponse(
-        Status::InvalidArgument("'options.num_predict' " + n->dump() + " exceeds the cap of service '" + svc->name + "' (" +
-                                std::to_string(svc->max_tokens) + ")"), v));
+  if (call->endpoint != "embedding") {
+    // num_predict is an upper bound, as Ollama's runner takes it: none (or
+    // -1, -2, 0) generates to the end of the context, and a larger one than
+    // the context has room for ends there ("length"), never refused. So: the
+    // service's cap at most, lowered to the room beside the prompt
+    // (admission and the worker, "spillway_fit_context").
+    const auto n = call->openai.find("max_tokens");
+    const int64_t asked = n != call->openai.end() && n->is_number_integer() ? n->get<int64_t>() : svc->max_tokens;
+    call->openai["max_tokens"] = std::min<int64_t>(asked, svc->max_tokens);
+    call->openai["spillway_fit_context"] = true;
   }
   // The OpenAI parser's verdict, with the fields named as the client sent them.
   const Status valid = call->endpoint == "chat"         ? api::ParseChatRequest(call->openai).status()

@@ -257,6 +257,12 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
       others |= usable[i] && !(i < excluded_.size() && excluded_[i]);
     }
     bool loading = false;  // the first placement that may serve loads on demand: waited for, not skipped
+    // Another placement than the CPU path's is up (busy, maybe): an embedding
+    // refused by the CPU path's line waits for it instead.
+    bool others_up = false;
+    for (size_t i = 0; i < states_.size(); ++i) {
+      others_up |= usable[i] && !svc_.OnCpuPath(i) && g_.supervisor_.ReadyPort(states_[i]->key).has_value();
+    }
     for (size_t i = 0; i < states_.size(); ++i) {
       if (!usable[i] || (others && i < excluded_.size() && excluded_[i])) continue;
       const auto ready = g_.supervisor_.ReadyPort(states_[i]->key);
@@ -272,10 +278,16 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
         const bool cpu_line = rec_.endpoint == "embedding" && svc_.OnCpuPath(i);
         if (cpu_line) {
           const CpuStep step = CpuLineStep(i, &cpu_note, &cpu_est_s);
-          if (step == CpuStep::kReject) co_return false;
+          if (step == CpuStep::kReject) {
+            // Final only when the CPU path was all it had: beside a busy
+            // accelerator placement it waits for that one's slot instead.
+            if (!others_up) co_return false;
+            reject_decision_->clear();
+            cpu_note.clear();
+            all_busy = true;
+            continue;
+          }
           if (step == CpuStep::kWait) continue;
-        } else {
-          g_.board_.LeaveCpuLine(svc_.name, rec_.id);  // (in it until now: the CPU path was all it had)
         }
         // (The service's default max_tokens stands for the request's: its
         // body is not parsed on this path.)
@@ -286,6 +298,9 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
           all_busy |= g_.supervisor_.ReadyPort(key).has_value();  // (released: started again below)
           continue;
         }
+        // Taken elsewhere: its place in the CPU path's line (kept while it
+        // waited there, in turn with the accelerator) is given up.
+        if (!cpu_line) g_.board_.LeaveCpuLine(svc_.name, rec_.id);
         // (As json{...}.dump() writes it, without a document on every request.)
         std::string decision = R"({"decision":"admit","placement":)" + api::JsonString(states_[i]->cfg.Name()) +
                                (rec_.endpoint == "embedding" ? R"(,"reason":"embeddings hold no KV cells"})"
@@ -358,10 +373,12 @@ boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& en
 boost::asio::awaitable<bool> RequestAdmission::Decided() {
   json body = json::parse(rec_.body, nullptr, false);
   uint32_t max_tokens = static_cast<uint32_t>(svc_.default_max_tokens);
+  bool fit_context = false;  // (an Ollama request's num_predict: lowered to the room it has, never refused for it)
   if (body.is_object()) {
     for (const char* k : {"max_completion_tokens", "max_tokens"}) {
       if (body.contains(k) && body[k].is_number_integer()) max_tokens = body[k].get<uint32_t>();
     }
+    if (auto f = body.find("spillway_fit_context"); f != body.end() && f->is_boolean()) fit_context = f->get<bool>();
   }
   const std::string endpoint = rec_.endpoint == "chat" ? "chat" : "completion";
   int prompt_tokens = -1;
@@ -389,6 +406,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
           svc_, excluded_, static_cast<uint64_t>(prompt_tokens) + max_tokens, [this](size_t k) { return Startable(k); });
       const int64_t now = g_.clock_.NowMs();
       admission::RequestNeed need{static_cast<uint32_t>(prompt_tokens), max_tokens, svc_.admission.allow_shrink, 16};
+      need.fit_context = fit_context;
       need.waited_s = (now - t0_) / 1000.0;
       // Its place in the service's line; out of it (it was sent to the CPU
       // path's line), a new request would join it at the end.

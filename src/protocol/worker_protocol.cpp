@@ -59,11 +59,24 @@ std::optional<FailurePhase> ParseFailurePhase(std::string_view name) {
 
 namespace {
 
+// The codes the HTTP layer (api/http_server.cpp) answers with before a
+// request reaches the worker's handlers: an overloaded worker is busy (the
+// gateway waits and resends), not failing.
+std::optional<StatusCode> HttpLayerCode(const std::string& code) {
+  if (code == "server_busy" || code == "too_many_connections") return StatusCode::kResourceExhausted;
+  if (code == "body_too_large") return StatusCode::kPayloadTooLarge;
+  if (code == "bad_request") return StatusCode::kInvalidArgument;
+  return std::nullopt;
+}
+
 WorkerError FromErrorObject(int http_status, const json& e) {
   WorkerError w;
   w.http_status = http_status;
   if (e.contains("message") && e["message"].is_string()) w.message = e["message"];
-  if (e.contains("code") && e["code"].is_string()) w.code = ParseStatusCode(e["code"].get<std::string>()).value_or(StatusCode::kInternal);
+  if (e.contains("code") && e["code"].is_string()) {
+    const std::string code = e["code"].get<std::string>();
+    w.code = ParseStatusCode(code).value_or(HttpLayerCode(code).value_or(StatusCode::kInternal));
+  }
   if (e.contains("phase") && e["phase"].is_string()) w.phase = ParseFailurePhase(e["phase"].get<std::string>()).value_or(FailurePhase::kNone);
   return w;
 }

@@ -29,7 +29,10 @@ CpuQueue::JoinResult CpuQueue::Join(const std::string& id, uint64_t bytes) {
     ++rejected_budget_;
     return JoinResult::kOverBudget;
   }
-  if (waiting_.size() >= opts_.max_waiting) {
+  // (One that would start at once does not wait: max_queue = 0, "never
+  // wait", still lets the path run.)
+  const bool starts_now = waiting_.empty() && static_cast<int>(running_.size()) < opts_.concurrency;
+  if (waiting_.size() >= opts_.max_waiting && !starts_now) {
     ++rejected_full_;
     return JoinResult::kFull;
   }

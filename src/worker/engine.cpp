@@ -523,8 +523,14 @@ void Engine::RunGenerationStep() {
         tok = llama_sampler_sample(s.smpl, ctx_, s.batch_index);
       }
     } catch (const std::exception& e) {
-      // A grammar that allows no token throws from its accept.
-      FinishSlot(s, Status::Internal(std::string("sampling failed: ") + e.what()), "");
+      // A grammar that allows no token throws from its accept: the
+      // request's own constraints (its response_format's end banned by
+      // ignore_eos or logit_bias), not the placement's failure (a 500 read
+      // as a compute failure tripped the breakers of every placement).
+      FinishSlot(s, Status::Unprocessable(std::string("sampling failed: no token is allowed here (a response_format "
+                                                      "or tool grammar whose end ignore_eos or logit_bias bans?): ") +
+                                          e.what()),
+                 "");
       continue;
     }
     if (opts_.faults) opts_.faults->OnToken();

@@ -253,6 +253,8 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
   // Unset: what fits beside the prompt in the cells one request may hold (its slot's share, or the whole pool).
   job->max_tokens =
       gen.max_tokens.value_or(std::max(1, std::min(opts_.default_max_tokens, engine_.CellsPerRequest() - n_prompt)));
+  // An upper bound only (an Ollama request's num_predict): what fits beside the prompt.
+  if (gen.fit_context) job->max_tokens = std::max(1, std::min(job->max_tokens, engine_.CellsPerRequest() - n_prompt));
   job->stop = gen.stop;
   job->stop.insert(job->stop.end(), prompt->extra_stops.begin(), prompt->extra_stops.end());
   job->preserved_tokens = std::move(prompt->preserved_tokens);

@@ -20,6 +20,32 @@ TEST(AdmissionTest, AdmitWhenItFits) {
   EXPECT_EQ(d.max_tokens, 200u);
 }
 
+// An Ollama request's num_predict is an upper bound: lowered to the room
+// beside the prompt where it can run, never refused for it.
+TEST(AdmissionTest, AFitContextRequestIsLoweredToTheRoomWhereItCanRun) {
+  RequestNeed r{5, 4096};
+  r.fit_context = true;
+  auto d = Decide(r, {Gpu(128, 128), Cpu(64, 64)}, {});
+  EXPECT_EQ(d.kind, Kind::kAdmit);
+  EXPECT_EQ(d.placement, 0u);
+  EXPECT_EQ(d.max_tokens, 123u);
+  // The accelerator out: the CPU's room, not the accelerator's (which would not fit there).
+  PlacementView gone = Gpu(128, 128);
+  gone.usable = false;
+  d = Decide(r, {gone, Cpu(64, 64)}, {});
+  EXPECT_EQ(d.placement, 1u) << d.reason;
+  EXPECT_EQ(d.max_tokens, 59u) << d.reason;
+  // A long prompt: the larger pool's room.
+  r.prompt_tokens = 120;
+  d = Decide(r, {Gpu(128, 128), Cpu(1024, 1024)}, {});
+  EXPECT_EQ(d.placement, 1u) << d.reason;
+  EXPECT_EQ(d.max_tokens, 904u);
+  // Without the flag: refused as ever (OpenAI's contract).
+  r.fit_context = false;
+  r.prompt_tokens = 5;
+  EXPECT_EQ(Decide(r, {Gpu(128, 128)}, {}).kind, Kind::kReject);
+}
+
 TEST(AdmissionTest, LongPromptBeyondTheGpuPoolGoesToTheLargerCpuPool) {
   auto d = Decide({6000, 500}, {Gpu(4096, 4096), Cpu(16384, 16384)}, {});
   EXPECT_EQ(d.kind, Kind::kReroute);

@@ -1193,11 +1193,6 @@ TEST_F(LifecycleTest, OllamasErrorsHaveOllamasShape) {
   EXPECT_EQ(bad->header("X-Spillway-Keep-Alive"), "") << "a refused request's keep_alive was applied";
   EXPECT_NE(json::parse(bad->body())["error"].get<std::string>().find("'options.temperature'"), std::string::npos)
       << bad->body();
-  auto capped = Send("/api/generate", json{{"model", "chat"}, {"prompt", "x"}, {"options", {{"num_predict", 1000}}}}.dump());
-  ASSERT_TRUE(capped->Wait());
-  EXPECT_EQ(capped->status(), 400u);
-  EXPECT_NE(json::parse(capped->body())["error"].get<std::string>().find("'options.num_predict' 1000 exceeds the cap"),
-            std::string::npos) << capped->body();
   // The worker's own refusal, translated.
   primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
     Refuse(ex, Status::InvalidArgument("prompt too long"));
@@ -1208,6 +1203,45 @@ TEST_F(LifecycleTest, OllamasErrorsHaveOllamasShape) {
   EXPECT_EQ(refused->status(), 400u);
   EXPECT_EQ(json::parse(refused->body()), json({{"error", "prompt too long"}}));
   EXPECT_EQ(fallback_.calls(), 0u);
+}
+
+// Ollama's num_predict is an upper bound: none generates to the end of the
+// context, and one past the service's cap or the context's room is lowered
+// to it, never refused. Every Ollama chat without num_predict (Open WebUI's,
+// ollama-python's default) was cut at the service's default_max_tokens (256),
+// and a num_predict the context had no room for was a 400.
+class OllamaNumPredictTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    config_text_ = std::string(kConfig);
+    config_text_.replace(config_text_.find("max_tokens = 64"), 15, "max_tokens = 4096");
+    LifecycleTest::SetUp();
+  }
+  json SentFor(const json& options) {
+    const size_t before = primary_.calls();
+    json body = {{"model", "chat"}, {"prompt", "x"}, {"stream", false}};
+    if (!options.is_null()) body["options"] = options;
+    auto ex = Send("/api/generate", body.dump());
+    EXPECT_TRUE(ex->Wait());
+    EXPECT_EQ(ex->status(), 200u) << ex->body();
+    std::lock_guard<std::mutex> lk(primary_.mu);
+    return primary_.bodies.size() > before ? primary_.bodies.back() : json();
+  }
+};
+
+TEST_F(OllamaNumPredictTest, IsAnUpperBoundLoweredToTheRoomInTheContext) {
+  // 256 cells in 2 slots: 128 a request, 5 of them the prompt's (the fake worker's count).
+  const json none = SentFor(nullptr);
+  EXPECT_EQ(none["max_tokens"], 123) << none.dump();
+  EXPECT_EQ(none["spillway_fit_context"], true);
+  EXPECT_EQ(SentFor({{"num_predict", -1}})["max_tokens"], 123);
+  EXPECT_EQ(SentFor({{"num_predict", 1000}})["max_tokens"], 123) << "past the room: lowered, not refused";
+  EXPECT_EQ(SentFor({{"num_predict", 100000}})["max_tokens"], 123) << "past the service's cap too";
+  EXPECT_EQ(SentFor({{"num_predict", 8}})["max_tokens"], 8) << "within the room: as asked";
+  // The OpenAI API keeps its contract: max_tokens past the room is refused.
+  auto strict = Send("/v1/completions", json{{"model", "chat"}, {"prompt", "x"}, {"max_tokens", 1000}}.dump());
+  ASSERT_TRUE(strict->Wait());
+  EXPECT_EQ(strict->status(), 400u) << strict->body();
 }
 
 }  // namespace

@@ -33,6 +33,21 @@ TEST(WorkerProtocolTest, ErrorsRoundTripThroughTheWorkersOwnEncoding) {
   EXPECT_FALSE(ParseWorkerError(200, "{}"));
 }
 
+// A worker's HTTP layer refuses before its handlers when it holds too many
+// bodies or connections: a busy worker (waited for, sent again), not an
+// internal error passed on to the client as a 503.
+TEST(WorkerProtocolTest, TheHttpLayersOverloadIsABusyWorker) {
+  for (const char* code : {"server_busy", "too_many_connections"}) {
+    auto e = ParseWorkerError(503, std::string(R"({"error":{"message":"retry shortly","code":")") + code + R"("}})");
+    ASSERT_TRUE(e);
+    EXPECT_TRUE(e->busy()) << code;
+    EXPECT_FALSE(e->placement_failure()) << code;
+  }
+  auto e = ParseWorkerError(413, R"({"error":{"message":"request body too large","code":"body_too_large"}})");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, StatusCode::kPayloadTooLarge);
+}
+
 TEST(WorkerProtocolTest, AnythingElseIsAnErrorWithItsBodyNotABusyWorker) {
   auto e = ParseWorkerError(503, "<html>resource_exhausted</html>");  // no substring matching
   ASSERT_TRUE(e);

@@ -39,6 +39,18 @@ TEST(CpuQueueTest, AFullLineRefusesAndJoiningAgainKeepsThePlace) {
   EXPECT_EQ(q.Join("c", MiB), CpuQueue::JoinResult::kQueued);
 }
 
+// max_queue = 0: nobody waits, but a request that starts at once runs (it
+// refused every request, the path idle or not).
+TEST(CpuQueueTest, ALineOfNoWaitingPlacesStillRunsWhatStartsAtOnce) {
+  FakeClock clock;
+  CpuQueue q({/*max_waiting=*/0, /*concurrency=*/1, 0}, clock);
+  ASSERT_EQ(q.Join("a", MiB), CpuQueue::JoinResult::kQueued);
+  EXPECT_EQ(q.TryStart("a"), CpuQueue::StartResult::kStart);
+  EXPECT_EQ(q.Join("b", MiB), CpuQueue::JoinResult::kFull) << "it would have to wait";
+  q.Leave("a");
+  EXPECT_EQ(q.Join("b", MiB), CpuQueue::JoinResult::kQueued);
+}
+
 TEST(CpuQueueTest, TheRamBudgetHoldsReplicasAndRunningRequests) {
   FakeClock clock;
   CpuQueue q({8, 8, 100 * MiB}, clock);
