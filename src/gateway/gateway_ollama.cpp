@@ -292,7 +292,10 @@ json Gateway::OllamaRunning() const {
                         {"details", m.ok() ? Details(*m) : json::object()},
                         {"expires_at", api::OllamaTimestamp(expires_ms)},
                         {"size_vram", vram},
-                        {"context_length", svc.placements[i].ctx},
+                        // What one request may hold (Ollama's num_ctx): its slot's share of the pool.
+                        {"context_length", svc.placements[i].kv_unified
+                                               ? svc.placements[i].ctx
+                                               : svc.placements[i].ctx / std::max(1, svc.placements[i].slots)},
                         {"spillway", {{"placement", svc.placements[i].Name()}, {"role", svc.placements[i].role}}}});
       break;  // one entry per service: the first ready placement serves it
     }

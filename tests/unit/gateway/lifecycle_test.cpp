@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -74,6 +75,7 @@ struct Worker {
   std::vector<std::shared_ptr<http::Exchange>> held;  // by call: answers held back until a cancel
   std::atomic<bool> hang_tokenize{false};             // a hung worker: /tokenize is never answered
   std::vector<std::shared_ptr<http::Exchange>> hung;
+  std::set<std::string> cancelled_early;  // cancels that found nothing running
   // A behaviour that holds the request running until it is cancelled.
   void Hold(const http::Request& req, std::shared_ptr<http::Exchange> ex) {
     const std::string id(req["x-request-id"]);
@@ -108,6 +110,13 @@ struct Worker {
       }
       if (running) {
         running->Respond(http::MakeResponse(499, api::ErrorBody(Status::Cancelled("cancelled")).dump(), "application/json"));
+      } else {
+        // A cancel that came before its request (the gateway sends it as
+        // soon as it is asked): the request is refused when it arrives, as
+        // a real worker's cancelled_early_ does. (Held instead, it was never
+        // answered: a flaky timeout in BusyLifecycleTest.)
+        std::lock_guard<std::mutex> lk(mu);
+        cancelled_early.insert(id);
       }
       return ex->Respond(http::MakeResponse(200, "{}", "application/json"));
     }
@@ -119,6 +128,12 @@ struct Worker {
       ids.push_back(id == req.end() ? "" : std::string(id->value()));
       held.push_back(nullptr);
       b = behaviour;
+      if (cancelled_early.erase(ids.back()) > 0) {
+        b = [](http::Request&, std::shared_ptr<http::Exchange> early) {
+          early->Respond(http::MakeResponse(499, api::ErrorBody(Status::Cancelled("cancelled before it arrived")).dump(),
+                                            "application/json"));
+        };
+      }
     }
     b(req, std::move(ex));
   }};
