@@ -300,7 +300,7 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
         }
         // Taken elsewhere: its place in the CPU path's line (kept while it
         // waited there, in turn with the accelerator) is given up.
-        if (!cpu_line) g_.board_.LeaveCpuLine(svc_.name, rec_.id);
+        if (!cpu_line && rec_.endpoint == "embedding") g_.board_.LeaveCpuLine(svc_.name, rec_.id);
         // (As json{...}.dump() writes it, without a document on every request.)
         std::string decision = R"({"decision":"admit","placement":)" + api::JsonString(states_[i]->cfg.Name()) +
                                (rec_.endpoint == "embedding" ? R"(,"reason":"embeddings hold no KV cells"})"
