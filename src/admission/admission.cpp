@@ -67,6 +67,20 @@ std::vector<size_t> Alternatives(const std::vector<PlacementView>& ps) {
 }  // namespace
 
 // Where the request goes by the placements' pools alone.
+namespace {
+
+// The tokens a request is given on `p` (its cap, when it has one).
+uint32_t MaxTokensAt(const RequestNeed& r, const PlacementView& p) {
+  return p.max_tokens_cap > 0 ? std::min(r.max_tokens, p.max_tokens_cap) : r.max_tokens;
+}
+
+// The cells a request holds on `p`.
+uint64_t NeedAt(const RequestNeed& r, const PlacementView& p) {
+  return static_cast<uint64_t>(r.prompt_tokens) + MaxTokensAt(r, p);
+}
+
+}  // namespace
+
 Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const Policy& pol) {
   if (ps.empty()) return Reject(503, 5, "no placement is configured");
   const uint64_t need = static_cast<uint64_t>(r.prompt_tokens) + r.max_tokens;
@@ -84,10 +98,10 @@ Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const
   if (need > primary.cells_total) {
     double soonest_s = -1;  // the least wait of a larger pool that is busy now
     for (size_t i : alts) {
-      if (need > ps[i].cells_total) continue;
+      if (NeedAt(r, ps[i]) > ps[i].cells_total) continue;
       const std::string why = N(need) + " cells exceed " + primary.name + "'s pool of " + N(primary.cells_total) +
                               "; " + ps[i].name + " holds " + N(ps[i].cells_total);
-      if (FitsNow(ps[i], need)) return Make(MoveKind(ps[i]), i, r.max_tokens, why);
+      if (FitsNow(ps[i], NeedAt(r, ps[i]))) return Make(MoveKind(ps[i]), i, r.max_tokens, why);
       if (ps[i].est_wait_s <= pol.max_delay_s) {
         Decision d = Make(Kind::kDelay, i, r.max_tokens, why + ", busy now");
         d.retry_after_s = static_cast<int>(std::ceil(ps[i].est_wait_s));
@@ -118,7 +132,7 @@ Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const
     }
     // A larger pool that is not usable now but comes back (its worker restarting, its breaker to probe).
     for (size_t i = 1; i < ps.size() && !pol.fail_fast; ++i) {
-      if (ps[i].usable || !ps[i].comes_back || need > ps[i].cells_total) continue;
+      if (ps[i].usable || !ps[i].comes_back || NeedAt(r, ps[i]) > ps[i].cells_total) continue;
       if (r.waited_s < pol.start_wait_s) {
         Decision d = Make(Kind::kDelay, i, r.max_tokens, sum + " fit only " + ps[i].name + "'s pool of " +
                                                              N(ps[i].cells_total) + ", which is not up yet");
@@ -135,7 +149,7 @@ Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const
   // 3. It fits the primary's pool, but not now (or only under pressure).
   if (pol.reroute_on_pressure || !primary.usable) {
     for (size_t i : alts) {
-      if (FitsNow(ps[i], need) && !UnderPressure(ps[i], need, 1.0)) {
+      if (FitsNow(ps[i], NeedAt(r, ps[i])) && !UnderPressure(ps[i], NeedAt(r, ps[i]), 1.0)) {
         return Make(MoveKind(ps[i]), i, r.max_tokens,
                     primary.name + (primary.usable ? " is under pressure" : " is unusable") + "; " + ps[i].name +
                         " has " + N(ps[i].cells_free) + " free cells");
@@ -203,11 +217,12 @@ Decision Decide(const RequestNeed& asked, const std::vector<PlacementView>& ps, 
   if (d.kind != Kind::kDelay && d.kind != Kind::kReject && r.deadline_left_s > 0) {
     const PlacementView& p = ps[d.placement];
     if (p.prompt_tps > 0 && p.gen_tps > 0) {
-      const double need_s = r.prompt_tokens / p.prompt_tps + d.max_tokens / p.gen_tps;
+      const uint32_t tokens = p.max_tokens_cap > 0 ? std::min(d.max_tokens, p.max_tokens_cap) : d.max_tokens;
+      const double need_s = r.prompt_tokens / p.prompt_tps + tokens / p.gen_tps;
       if (need_s > r.deadline_left_s) {
         return Reject(503, static_cast<int>(std::ceil(need_s)),
                       p.name + " would need about " + N(static_cast<uint64_t>(std::ceil(need_s * 1000))) + " ms for " +
-                          N(r.prompt_tokens) + " prompt + " + N(d.max_tokens) +
+                          N(r.prompt_tokens) + " prompt + " + N(tokens) +
                           " tokens, beyond the request's deadline (" +
                           N(static_cast<uint64_t>(r.deadline_left_s * 1000)) + " ms left)");
       }

@@ -46,6 +46,10 @@ struct PlacementView {
   // false): a request takes a slot's cells whole, so pressure (a shared
   // pool nearly full) does not apply; it is busy when its slots are taken.
   bool per_slot = false;
+  // The most tokens a request is given there (the CPU path's max_tokens; 0:
+  // none): it is judged by what it would hold there, capped, not by what it
+  // asked (the cap itself is applied, and told, when it goes there).
+  uint32_t max_tokens_cap = 0;
 };
 
 struct RequestNeed {

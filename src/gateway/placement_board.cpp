@@ -140,6 +140,7 @@ std::vector<admission::PlacementView> PlacementBoard::Views(const config::Servic
       v.cells_free = v.cells_total;
       v.slots_free = std::max<uint32_t>(1, static_cast<uint32_t>(st.cfg.slots));
       v.own_line = true;
+      if (svc.cpu_path.max_tokens > 0) v.max_tokens_cap = static_cast<uint32_t>(svc.cpu_path.max_tokens);
     }
     // When its pool frees enough, from what runs there and its measured throughput.
     v.est_wait_s = EstimatedWaitS(st, need).value_or(kUnmeasuredWaitS);

@@ -423,12 +423,25 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       }
       if (Goes(d.kind)) {
         if (svc_.OnCpuPath(d.placement)) {
-          // The CPU path's own line orders it from now on (its bound and
-          // positions count from the moment it joins): out of the service's.
-          LeaveServiceLine();
           const Gateway::CpuGate gate =
               g_.CpuPathGate(rec_, svc_, &d, prompt_tokens, &limits, &note, &est_wait_s, rejected_);
-          if (gate == Gateway::CpuGate::kReject) {
+          const uint64_t primary_need = static_cast<uint64_t>(prompt_tokens) + (fit_context ? 1 : max_tokens);
+          const bool primary_later =
+              d.placement != 0 && !views.empty() && views[0].usable && primary_need <= views[0].cells_total;
+          // The CPU path's own line orders it from now on (its bound and
+          // positions count from the moment it joins): out of the service's.
+          if (gate != Gateway::CpuGate::kReject || !primary_later) LeaveServiceLine();
+          if (gate == Gateway::CpuGate::kReject && primary_later) {
+            // Refused by the CPU path (its prompt bound, a full line, host
+            // memory) while the accelerator placement is up, only busy: it
+            // waits for that one in the service's line, as it would have
+            // without a CPU path.
+            g_.board_.LeaveCpuLine(svc_.name, rec_.id);
+            d.kind = admission::Kind::kDelay;
+            d.reason = views[0].name + " is busy and the CPU path refused it (" + rejected_->message() + ")";
+            est_wait_s = views[0].est_wait_s;
+            *rejected_ = Status::Ok();
+          } else if (gate == Gateway::CpuGate::kReject) {
             g_.metrics_.Decision(svc_.name, "reject");
             const json dj = {{"decision", "reject"}, {"reason", rejected_->message()}, {"prompt_tokens", prompt_tokens},
                              {"max_tokens", max_tokens}, {"status", 503}, {"placement", states_[d.placement]->cfg.Name()}};

@@ -46,6 +46,28 @@ TEST(AdmissionTest, AFitContextRequestIsLoweredToTheRoomWhereItCanRun) {
   EXPECT_EQ(Decide(r, {Gpu(128, 128)}, {}).kind, Kind::kReject);
 }
 
+// The CPU path gives at most cpu_path.max_tokens: a request is judged there
+// by what it would hold, capped (the cap is applied and told when it goes).
+// It was judged by what it asked, and refused as one that could never fit.
+TEST(AdmissionTest, TheCpuPathIsJudgedByTheTokensItWouldGiveThere) {
+  PlacementView gone = Gpu(1024, 1024);
+  gone.usable = false;
+  PlacementView cpu = Cpu(1024, 1024);
+  cpu.max_tokens_cap = 512;
+  auto d = Decide({300, 2048}, {gone, cpu}, {});
+  EXPECT_EQ(d.kind, Kind::kReroute) << d.reason;
+  EXPECT_EQ(d.placement, 1u);
+  // Its deadline is judged by the capped answer too: 300/100 + 512/20 = 28.6 s fits 40 s.
+  cpu.prompt_tps = 100;
+  cpu.gen_tps = 20;
+  RequestNeed timed{300, 2048};
+  timed.deadline_left_s = 40;
+  d = Decide(timed, {gone, cpu}, {});
+  EXPECT_EQ(d.kind, Kind::kReroute) << d.reason;
+  cpu.max_tokens_cap = 0;
+  EXPECT_EQ(Decide({300, 2048}, {gone, cpu}, {}).kind, Kind::kReject) << "uncapped, it never fits";
+}
+
 TEST(AdmissionTest, LongPromptBeyondTheGpuPoolGoesToTheLargerCpuPool) {
   auto d = Decide({6000, 500}, {Gpu(4096, 4096), Cpu(16384, 16384)}, {});
   EXPECT_EQ(d.kind, Kind::kReroute);

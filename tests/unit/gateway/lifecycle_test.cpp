@@ -1225,6 +1225,38 @@ TEST_F(LifecycleTest, OllamasErrorsHaveOllamasShape) {
 // to it, never refused. Every Ollama chat without num_predict (Open WebUI's,
 // ollama-python's default) was cut at the service's default_max_tokens (256),
 // and a num_predict the context had no room for was a 400.
+// A request the CPU path refuses (here: its prompt over the path's bound)
+// while the accelerator placement is only busy waits for that one, as it
+// would without a CPU path. It was a 503 at once ("the accelerator path is
+// unavailable"), though the accelerator freed a slot moments later.
+class CpuPromptBoundLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    const std::string table = "[service.cpu_path]\n";
+    config_text_.insert(config_text_.find(table) + table.size(), "max_prompt_tokens = 2\n");
+    LifecycleTest::SetUp();
+  }
+};
+
+TEST_F(CpuPromptBoundLifecycleTest, ARefusalOfTheCpuPathBesideABusyAcceleratorIsAWait) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  auto a = Complete("p-a");
+  auto b = Complete("p-b");
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 2; })) << "both slots of the accelerator taken";
+  auto c = Complete("p-c");
+  EXPECT_FALSE(c->Wait(std::chrono::milliseconds(300))) << "refused at once: " << c->body();
+  Answer(primary_.TakeHeld(0), "a");
+  ASSERT_TRUE(a->Wait());
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 3; })) << "it never went to the freed slot: " << c->body();
+  Answer(primary_.TakeHeld(2), "c");
+  ASSERT_TRUE(c->Wait());
+  EXPECT_EQ(c->status(), 200u) << c->body();
+  EXPECT_EQ(c->header("X-Spillway-Placement"), "sim:0/0");
+  EXPECT_EQ(fallback_.calls(), 0u);
+  Answer(primary_.TakeHeld(1), "b");
+  ASSERT_TRUE(b->Wait());
+}
+
 class OllamaNumPredictTest : public LifecycleTest {
  protected:
   void SetUp() override {
