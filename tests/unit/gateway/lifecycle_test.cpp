@@ -1059,6 +1059,28 @@ TEST_F(LifecycleTest, AWaitingRequestSaysWhereItIsInLine) {
   for (const auto& r : running) EXPECT_TRUE(r->Wait());
 }
 
+// A place in the CPU path's line is kept as long as the line takes (it is
+// bounded by max_queue and the request's deadline), not dropped at the 60 s
+// every other wait is capped at.
+TEST_F(LifecycleTest, APlaceInTheCpuLineOutlastsTheDelayCap) {
+  const auto running = TakeEveryPlace("l-run-");
+  ASSERT_EQ(running.size(), 3u);
+  auto waiting = Complete("l-wait");
+  ASSERT_TRUE(Eventually([&] {
+    auto q = Send("/v1/requests/l-wait", "", "GET");
+    return q->Wait() && json::parse(q->body()).value("queue", json::object()).contains("reason");
+  }));
+  clock_.Advance(90'000);  // the CPU replica's request runs on for 90 s
+  EXPECT_FALSE(waiting->Wait(std::chrono::milliseconds(500))) << "dropped from the CPU line: " << waiting->body();
+  // Its turn: the CPU path's running request ends (cancelled), and it runs there.
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "fallback"); };
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "primary"); };
+  for (int i = 0; i < 3; ++i) Send("/v1/requests/l-run-" + std::to_string(i), "", "DELETE")->Wait();
+  ASSERT_TRUE(waiting->Wait());
+  EXPECT_EQ(waiting->status(), 200u) << waiting->body();
+  for (const auto& r : running) EXPECT_TRUE(r->Wait());
+}
+
 TEST_F(LifecycleTest, AServiceQueueIsBoundedByItsOwnMaxQueue) {
   config_.services[0].max_queue = 1;  // read per request
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
