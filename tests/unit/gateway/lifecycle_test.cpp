@@ -252,6 +252,14 @@ class LifecycleTest : public ::testing::Test {
     if (!Eventually([&] { return primary_.calls() + fallback_.calls() == 3; })) running.clear();
     return running;
   }
+  // Until request `id` waits with a reason (queued at once; its reason once
+  // admission has decided to wait).
+  bool ToldWhyItWaits(const std::string& id) {
+    return Eventually([&] {
+      auto q = Send("/v1/requests/" + id, "", "GET");
+      return q->Wait() && json::parse(q->body()).value("queue", json::object()).contains("reason");
+    });
+  }
   // Both workers begin to load (a model loading since now), and are ready again.
   void EveryWorkerStarting() {
     workers_.SetStarting("chat.0", clock_.NowMs());
@@ -1038,11 +1046,7 @@ TEST_F(LifecycleTest, AWaitingRequestSaysWhereItIsInLine) {
   const auto running = TakeEveryPlace("r-run-");
   ASSERT_EQ(running.size(), 3u);
   auto waiting = Complete("r-wait");
-  ASSERT_TRUE(Eventually([&] {
-    auto q = Send("/v1/requests/r-wait", "", "GET");
-    // Queued at once; its reason once admission has decided to wait.
-    return q->Wait() && json::parse(q->body()).value("queue", json::object()).contains("reason");
-  }));
+  ASSERT_TRUE(ToldWhyItWaits("r-wait"));
   auto q = Send("/v1/requests/r-wait", "", "GET");
   ASSERT_TRUE(q->Wait());
   const json j = json::parse(q->body());
@@ -1066,10 +1070,7 @@ TEST_F(LifecycleTest, APlaceInTheCpuLineOutlastsTheDelayCap) {
   const auto running = TakeEveryPlace("l-run-");
   ASSERT_EQ(running.size(), 3u);
   auto waiting = Complete("l-wait");
-  ASSERT_TRUE(Eventually([&] {
-    auto q = Send("/v1/requests/l-wait", "", "GET");
-    return q->Wait() && json::parse(q->body()).value("queue", json::object()).contains("reason");
-  }));
+  ASSERT_TRUE(ToldWhyItWaits("l-wait"));
   clock_.Advance(90'000);  // the CPU replica's request runs on for 90 s
   EXPECT_FALSE(waiting->Wait(std::chrono::milliseconds(500))) << "dropped from the CPU line: " << waiting->body();
   // Its turn: the CPU path's running request ends (cancelled), and it runs there.
