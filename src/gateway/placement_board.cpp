@@ -74,11 +74,19 @@ bool PlacementBoard::BreakersAllow(Placement& st) {
   return st.breaker.Usable() && device_ok;
 }
 
-std::optional<double> PlacementBoard::LineWaitS(const std::string& service, uint32_t ahead) const {
+std::optional<double> PlacementBoard::LineWaitS(const std::string& service, uint32_t ahead) {
   std::lock_guard<std::mutex> lk(mu_);
   std::optional<double> best;
-  for (const auto& st : placements_.at(service)) {
+  const auto& states = placements_.at(service);
+  for (size_t k = 0; k < states.size(); ++k) {
+    const auto& st = states[k];
     if (!st->admission.admitted) continue;
+    // Not where the service's line is served: the CPU path (a line of its
+    // own, idle while the accelerator serves: its free slot said "0 s" to
+    // every request waiting for the accelerator), or a placement whose
+    // breaker takes nothing.
+    const bool cpu_path = k > 0 && st->cfg.role == "fallback" && st->cfg.device == "cpu";
+    if (cpu_path || !BreakersAllow(*st)) continue;
     // The first slot to free, then the ones ahead served in turn, `slots` at
     // a time, each for as long as the requests running now take on average.
     auto est = EstimatedWaitS(*st, 1);

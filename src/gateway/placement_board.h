@@ -90,8 +90,9 @@ class PlacementBoard {
                                               uint64_t need, const std::function<bool(size_t)>& startable);
   // Seconds until a request with `ahead` others before it in the service's
   // line may start (a slot free for each), on the placement that frees one
-  // soonest; nullopt while no throughput is measured.
-  std::optional<double> LineWaitS(const std::string& service, uint32_t ahead) const;
+  // soonest (not the CPU path, whose line is its own, nor one whose breaker
+  // takes nothing); nullopt while no throughput is measured.
+  std::optional<double> LineWaitS(const std::string& service, uint32_t ahead);
   // Commits a decision: reserves `cells` of placement `index` for request
   // `id`, and counts the attempt as holding it. False when another request
   // took them since the snapshot (decide again).

@@ -136,5 +136,45 @@ TEST_F(PlacementBoardTest, SlotsTakenWithoutCellsCountInTheWaitEstimate) {
   EXPECT_EQ(board_->LineWaitS("chat", 0), 0.0);
 }
 
+// The service's line waits for the placements that serve it: an idle CPU
+// fallback (a line of its own) or a placement whose breaker is open do not
+// make its wait "0 s".
+TEST(PlacementBoardLineTest, TheLinesWaitIgnoresTheCpuPathAndOpenBreakers) {
+  auto cfg = config::ParseConfig(R"(
+[[service]]
+name = "chat"
+model = "/nonexistent/chat.gguf"
+[service.failover]
+breaker_failures = 1
+ejection_s = 10
+[[service.placement]]
+device = "sim:0"
+ctx = 256
+slots = 1
+kv_unified = true
+[[service.placement]]
+role = "fallback"
+device = "cpu"
+ctx = 256
+slots = 1
+kv_unified = true
+[[service.placement]]
+role = "fallback"
+device = "sim:1"
+ctx = 256
+slots = 1
+kv_unified = true
+)", "line.toml");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  FakeClock clock;
+  PlacementBoard board(*cfg, {}, clock);
+  ASSERT_TRUE(board.Reserve("chat", 0, "a", 100, 50, 50));
+  board.RecordThroughput("chat", 0, 500, 50, 500, 51);  // 100 tokens/s: its request ends in 1 s
+  board.AttemptFailed("chat", 2, "compute", "allocation failed");  // sim:1's breaker opens
+  const auto wait = board.LineWaitS("chat", 0);
+  ASSERT_TRUE(wait.has_value());
+  EXPECT_NEAR(*wait, 1.0, 0.01) << "told the idle CPU fallback's or the broken placement's 0 s";
+}
+
 }  // namespace
 }  // namespace spillway::gateway
