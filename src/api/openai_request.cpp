@@ -226,7 +226,7 @@ Status ParseGeneration(const json& body, GenerationRequest* g) {
     if (it->is_string()) {
       g->stop.push_back(it->get<std::string>());
     } else if (it->is_array()) {
-      if (it->size() > kMaxStopStrings) return Bad("stop", "may hold at most 4 strings");
+      if (it->size() > kMaxStopStrings) return Bad("stop", "may hold at most " + std::to_string(kMaxStopStrings) + " strings");
       for (const auto& s : *it) {
         if (!s.is_string()) return Bad("stop", "must be a string or an array of strings");
         g->stop.push_back(s.get<std::string>());

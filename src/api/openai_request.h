@@ -132,7 +132,9 @@ struct EmbeddingRequest {
 
 // Limits on request shape (the JSON itself is bounded by api/json_limits.h) (not on model capacity, which the worker checks).
 inline constexpr int32_t kMaxTokensCap = 1 << 20;
-inline constexpr size_t kMaxStopStrings = 4;
+// More than OpenAI's 4: Ollama takes any number (a Modelfile's stop list,
+// copied by clients, often has 5 to 10), llama-server too.
+inline constexpr size_t kMaxStopStrings = 16;
 inline constexpr size_t kMaxStopLength = 256;
 inline constexpr size_t kMaxMessages = 4096;
 inline constexpr size_t kMaxEmbeddingInputs = 2048;

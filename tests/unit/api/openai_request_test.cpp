@@ -27,6 +27,11 @@ TEST(OpenAiRequestTest, ParsesAFullChatRequest) {
   EXPECT_EQ(*r->gen.sampling.top_k, 20);
   EXPECT_EQ(*r->gen.sampling.seed, 7u);
   EXPECT_EQ(r->gen.stop.size(), 2u);
+  // A Modelfile's stop list (Ollama takes any number): more than OpenAI's 4.
+  auto many = ParseCompletionRequest(
+      json::parse(R"({"prompt":"x","stop":["<|im_end|>","<|endoftext|>","<|fim_prefix|>","<|fim_suffix|>","\n\n"]})"));
+  ASSERT_TRUE(many.ok()) << many.status().ToString();
+  EXPECT_EQ(many->gen.stop.size(), 5u);
   ASSERT_EQ(r->messages.size(), 3u);
   EXPECT_EQ(r->messages[1].content, "hi there");
   EXPECT_EQ(r->messages[2].role, "system");
@@ -83,7 +88,7 @@ TEST(OpenAiRequestTest, RejectsWrongTypesAndOutOfRangeNumbers) {
       {R"({"prompt": "x", "stream": "yes"})", "'stream'"},
       {R"({"prompt": "x", "stream_options": 1})", "'stream_options'"},
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "'stream_options'"},  // not streamed (OpenAI: 400)
-      {R"({"prompt": "x", "stop": ["a","b","c","d","e"]})", "'stop'"},
+      {R"({"prompt": "x", "stop": ["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]})", "'stop'"},
       {R"({"prompt": "x", "stop": [""]})", "'stop'"},
       {R"({"prompt": "x", "stop": 3})", "'stop'"},
       {R"({"prompt": "x", "n": 2})", "'n'"},
