@@ -198,14 +198,19 @@ Status TranslateMessages(const json& messages, json* out) {
       msg["tool_calls"] = oc;
     }
     if (msg.value("role", json()) == "tool") {
-      std::string tool_name;
+      // Its call: the one its tool_call_id names (LangChain's ChatOllama
+      // sends that, and results may come in another order than the calls),
+      // else the first open one of its tool_name, else the first open one.
+      std::string tool_name, call_id;
       SPILLWAY_RETURN_IF_ERROR(OptionalString(m, "tool_name", &tool_name));
-      for (auto p = pending.begin(); p != pending.end(); ++p) {
-        if (tool_name.empty() || p->second == tool_name) {
-          msg["tool_call_id"] = p->first;
-          pending.erase(p);
-          break;
-        }
+      SPILLWAY_RETURN_IF_ERROR(OptionalString(m, "tool_call_id", &call_id));
+      auto p = std::find_if(pending.begin(), pending.end(), [&](const auto& c) { return !call_id.empty() && c.first == call_id; });
+      if (p == pending.end()) {
+        p = std::find_if(pending.begin(), pending.end(), [&](const auto& c) { return tool_name.empty() || c.second == tool_name; });
+      }
+      if (p != pending.end()) {
+        msg["tool_call_id"] = p->first;
+        pending.erase(p);
       }
     }
     result.push_back(std::move(msg));

@@ -128,6 +128,25 @@ TEST(OllamaRequestTest, ToolCallsGetIdsAndToolResultsAnswerThemByName) {
   EXPECT_TRUE(ParseChatRequest(named).ok()) << ParseChatRequest(named).status().ToString();
 }
 
+// LangChain's ChatOllama names a result's call by id (tool_call_id, no
+// tool_name); results may come in another order than the calls. They were
+// matched in order, each result given to the wrong call.
+TEST(OllamaRequestTest, AToolResultNamingItsCallByIdAnswersThatCall) {
+  const json messages = {
+      {{"role", "user"}, {"content", "both?"}},
+      {{"role", "assistant"},
+       {"content", ""},
+       {"tool_calls",
+        {{{"id", "call_a"}, {"function", {{"name", "lookup"}, {"arguments", {{"q", "a"}}}}}},
+         {{"id", "call_b"}, {"function", {{"name", "lookup"}, {"arguments", {{"q", "b"}}}}}}}}},
+      {{"role", "tool"}, {"tool_call_id", "call_b"}, {"content", "B"}},
+      {{"role", "tool"}, {"tool_call_id", "call_a"}, {"content", "A"}}};
+  const auto c = Translate(OllamaRoute::kChat, {{"model", "m"}, {"messages", messages}});
+  const json& m = c.openai["messages"];
+  EXPECT_EQ(m[2]["tool_call_id"], "call_b");
+  EXPECT_EQ(m[3]["tool_call_id"], "call_a");
+}
+
 // The worker takes bodies up to twice the gateway's max_body_bytes (and
 // 64 KiB): a translated body never grows past that, even when its tool calls'
 // arguments are all quotes and backslashes (each escaped once more as text).
