@@ -174,6 +174,13 @@ Status TranslateMessages(const json& messages, json* out) {
       if (m.contains(k)) msg[k] = m[k];
     }
     if (!msg.contains("content") || msg["content"].is_null()) msg["content"] = "";
+    // An assistant's reasoning, echoed back in the history (ollama-python's
+    // messages.append(response.message)): llama.cpp's chat layer reads it as
+    // reasoning_content and hands it to templates that keep it (gpt-oss's
+    // reasoning before a tool call).
+    std::string thinking;
+    SPILLWAY_RETURN_IF_ERROR(OptionalString(m, "thinking", &thinking));
+    if (!thinking.empty() && msg.value("role", json()) == "assistant") msg["reasoning_content"] = thinking;
     if (auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
       if (!calls->is_array()) return Bad(field + ".tool_calls", "must be an array");
       json oc = json::array();

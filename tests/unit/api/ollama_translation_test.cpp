@@ -128,6 +128,25 @@ TEST(OllamaRequestTest, ToolCallsGetIdsAndToolResultsAnswerThemByName) {
   EXPECT_TRUE(ParseChatRequest(named).ok()) << ParseChatRequest(named).status().ToString();
 }
 
+// An assistant message's thinking, echoed back in the history, is the
+// OpenAI shape's reasoning_content (llama.cpp's chat layer reads that); it was
+// dropped, and a reasoning model's thought before its tool call lost.
+TEST(OllamaRequestTest, AnAssistantsThinkingInTheHistoryIsKept) {
+  const json messages = {{{"role", "user"}, {"content", "time?"}},
+                         {{"role", "assistant"}, {"content", ""}, {"thinking", "I should call the clock."},
+                          {"tool_calls", {{{"function", {{"name", "clock"}, {"arguments", json::object()}}}}}}},
+                         {{"role", "tool"}, {"tool_name", "clock"}, {"content", "noon"}}};
+  const auto c = Translate(OllamaRoute::kChat, {{"model", "m"}, {"messages", messages}});
+  EXPECT_EQ(c.openai["messages"][1]["reasoning_content"], "I should call the clock.");
+  EXPECT_FALSE(c.openai["messages"][0].contains("reasoning_content"));
+  json named = c.openai;
+  named["model"] = "m";
+  EXPECT_TRUE(ParseChatRequest(named).ok()) << ParseChatRequest(named).status().ToString();
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"messages", {{{"role", "assistant"}, {"content", ""}, {"thinking", 3}}}}})
+                .find("thinking"),
+            std::string::npos);
+}
+
 // LangChain's ChatOllama names a result's call by id (tool_call_id, no
 // tool_name); results may come in another order than the calls. They were
 // matched in order, each result given to the wrong call.
