@@ -258,11 +258,13 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
     }
     bool loading = false;  // the first placement that may serve loads on demand: waited for, not skipped
     // Another placement than the CPU path's is up (busy, maybe): an embedding
-    // refused by the CPU path's line waits for it instead.
-    bool others_up = false;
-    for (size_t i = 0; i < states_.size(); ++i) {
-      others_up |= usable[i] && !svc_.OnCpuPath(i) && g_.supervisor_.ReadyPort(states_[i]->key).has_value();
-    }
+    // refused by the CPU path's line waits for it instead. (Asked only then.)
+    auto others_up = [&] {
+      for (size_t k = 0; k < states_.size(); ++k) {
+        if (usable[k] && !svc_.OnCpuPath(k) && g_.supervisor_.ReadyPort(states_[k]->key).has_value()) return true;
+      }
+      return false;
+    };
     for (size_t i = 0; i < states_.size(); ++i) {
       if (!usable[i] || (others && i < excluded_.size() && excluded_[i])) continue;
       const auto ready = g_.supervisor_.ReadyPort(states_[i]->key);
@@ -281,7 +283,7 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
           if (step == CpuStep::kReject) {
             // Final only when the CPU path was all it had: beside a busy
             // accelerator placement it waits for that one's slot instead.
-            if (!others_up) co_return false;
+            if (!others_up()) co_return false;
             reject_decision_->clear();
             cpu_note.clear();
             all_busy = true;
@@ -451,6 +453,8 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
             d.kind = admission::Kind::kDelay;
             d.reason = note;
             cpu_line_wait = g_.supervisor_.ReadyPort(states_[d.placement]->key).has_value();
+            // Its replica loads (started for it): waited for within its start timeout.
+            if (!cpu_line_wait) chose_stopped_ = true;
           }
         } else {
           g_.board_.LeaveCpuLine(svc_.name, rec_.id);  // back on the accelerator path

@@ -1082,6 +1082,30 @@ TEST_F(LifecycleTest, APlaceInTheCpuLineOutlastsTheDelayCap) {
   for (const auto& r : running) EXPECT_TRUE(r->Wait());
 }
 
+// An on-demand CPU replica that loads for longer than 60 s (a large model
+// read from disk) is waited for within its start timeout, not dropped at the
+// 60 s delay cap.
+TEST_F(LifecycleTest, ACpuReplicaThatLoadsIsWaitedForWithinItsStartTimeout) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  workers_.Exit("chat.1", "released when idle");
+  workers_.SetOnDemand("chat.1");
+  auto a = Complete("o-a");
+  auto b = Complete("o-b");
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 2; }));
+  auto waiting = Complete("o-wait");
+  ASSERT_TRUE(ToldWhyItWaits("o-wait"));
+  clock_.Advance(70'000);  // the replica loads for 70 s
+  EXPECT_FALSE(waiting->Wait(std::chrono::milliseconds(500))) << "dropped while its replica loaded: " << waiting->body();
+  workers_.SetReadyAgain("chat.1", fallback_.server.port());
+  ASSERT_TRUE(waiting->Wait());
+  EXPECT_EQ(waiting->status(), 200u) << waiting->body();
+  EXPECT_EQ(waiting->header("X-Spillway-Placement"), "cpu");
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "primary"); };
+  for (const char* id : {"o-a", "o-b"}) Send(std::string("/v1/requests/") + id, "", "DELETE")->Wait();
+  EXPECT_TRUE(a->Wait());
+  EXPECT_TRUE(b->Wait());
+}
+
 TEST_F(LifecycleTest, AServiceQueueIsBoundedByItsOwnMaxQueue) {
   config_.services[0].max_queue = 1;  // read per request
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
@@ -1264,6 +1288,7 @@ class CpuPromptBoundLifecycleTest : public LifecycleTest {
 TEST_F(CpuPromptBoundLifecycleTest, ARefusalOfTheCpuPathBesideABusyAcceleratorIsAWait) {
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
   auto a = Complete("p-a");
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));  // (in this order: p-a is held first)
   auto b = Complete("p-b");
   ASSERT_TRUE(Eventually([&] { return primary_.calls() == 2; })) << "both slots of the accelerator taken";
   auto c = Complete("p-c");
