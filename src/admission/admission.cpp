@@ -1,8 +1,8 @@
 #include "admission/admission.h"
 
 #include <algorithm>
-#include <optional>
 #include <cmath>
+#include <optional>
 
 namespace spillway::admission {
 
@@ -66,21 +66,21 @@ std::vector<size_t> Alternatives(const std::vector<PlacementView>& ps) {
 
 }  // namespace
 
-// Where the request goes by the placements' pools alone.
 namespace {
 
-// The tokens a request is given on `p` (its cap, when it has one).
-uint32_t MaxTokensAt(const RequestNeed& r, const PlacementView& p) {
-  return p.max_tokens_cap > 0 ? std::min(r.max_tokens, p.max_tokens_cap) : r.max_tokens;
+// The tokens a request asking `max_tokens` is given on `p` (its cap, when it has one).
+uint32_t MaxTokensAt(uint32_t max_tokens, const PlacementView& p) {
+  return p.max_tokens_cap > 0 ? std::min(max_tokens, p.max_tokens_cap) : max_tokens;
 }
 
 // The cells a request holds on `p`.
 uint64_t NeedAt(const RequestNeed& r, const PlacementView& p) {
-  return static_cast<uint64_t>(r.prompt_tokens) + MaxTokensAt(r, p);
+  return static_cast<uint64_t>(r.prompt_tokens) + MaxTokensAt(r.max_tokens, p);
 }
 
 }  // namespace
 
+// Where the request goes by the placements' pools alone.
 Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const Policy& pol) {
   if (ps.empty()) return Reject(503, 5, "no placement is configured");
   const uint64_t need = static_cast<uint64_t>(r.prompt_tokens) + r.max_tokens;
@@ -217,7 +217,7 @@ Decision Decide(const RequestNeed& asked, const std::vector<PlacementView>& ps, 
   if (d.kind != Kind::kDelay && d.kind != Kind::kReject && r.deadline_left_s > 0) {
     const PlacementView& p = ps[d.placement];
     if (p.prompt_tps > 0 && p.gen_tps > 0) {
-      const uint32_t tokens = p.max_tokens_cap > 0 ? std::min(d.max_tokens, p.max_tokens_cap) : d.max_tokens;
+      const uint32_t tokens = MaxTokensAt(d.max_tokens, p);
       const double need_s = r.prompt_tokens / p.prompt_tps + tokens / p.gen_tps;
       if (need_s > r.deadline_left_s) {
         return Reject(503, static_cast<int>(std::ceil(need_s)),

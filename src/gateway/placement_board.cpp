@@ -42,6 +42,7 @@ PlacementBoard::PlacementBoard(const config::GatewayConfig& config,
       const PlacementAdmission a =
           it != admissions.end() ? it->second : PlacementAdmission{true, s.placements[i].device, 0, 0, ""};
       v.push_back(std::make_unique<Placement>(key, s.placements[i], a, failover::Breaker(BreakerOf(s), clock_)));
+      v.back()->cpu_path = s.OnCpuPath(i);
       const Readiness r = ResolveReadiness(s, i);
       v.back()->readiness = r.policy;
       v.back()->readiness_reason = r.reason;
@@ -77,16 +78,13 @@ bool PlacementBoard::BreakersAllow(Placement& st) {
 std::optional<double> PlacementBoard::LineWaitS(const std::string& service, uint32_t ahead) {
   std::lock_guard<std::mutex> lk(mu_);
   std::optional<double> best;
-  const auto& states = placements_.at(service);
-  for (size_t k = 0; k < states.size(); ++k) {
-    const auto& st = states[k];
+  for (const auto& st : placements_.at(service)) {
     if (!st->admission.admitted) continue;
     // Not where the service's line is served: the CPU path (a line of its
     // own, idle while the accelerator serves: its free slot said "0 s" to
     // every request waiting for the accelerator), or a placement whose
     // breaker takes nothing.
-    const bool cpu_path = k > 0 && st->cfg.role == "fallback" && st->cfg.device == "cpu";
-    if (cpu_path || !BreakersAllow(*st)) continue;
+    if (st->cpu_path || !BreakersAllow(*st)) continue;
     // The first slot to free, then the ones ahead served in turn, `slots` at
     // a time, each for as long as the requests running now take on average.
     auto est = EstimatedWaitS(*st, 1);

@@ -52,6 +52,7 @@ class PlacementBoard {
           breaker(b) {}
     std::string key;
     config::PlacementConfig cfg;
+    bool cpu_path = false;  // on its service's CPU path (ServiceConfig::OnCpuPath): a line of its own
     memory::CellPool pool;
     PlacementAdmission admission;
     failover::Breaker breaker;
