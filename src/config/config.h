@@ -116,6 +116,9 @@ struct PlacementConfig {
   // counted as failed; a request waiting for it waits no longer than this.
   double start_timeout_s = 120;
   std::string Name() const;  // "cpu", "sim:0/99", ...
+  // The context one request may hold: its slot's share of the pool, or the
+  // whole pool when the slots share it (kv_unified).
+  int ContextPerRequest() const { return kv_unified ? ctx : ctx / std::max(1, slots); }
   const std::string& ModelOr(const std::string& service_model) const { return model.empty() ? service_model : model; }
 };
 

@@ -293,9 +293,7 @@ json Gateway::OllamaRunning() const {
                         {"expires_at", api::OllamaTimestamp(expires_ms)},
                         {"size_vram", vram},
                         // What one request may hold (Ollama's num_ctx): its slot's share of the pool.
-                        {"context_length", svc.placements[i].kv_unified
-                                               ? svc.placements[i].ctx
-                                               : svc.placements[i].ctx / std::max(1, svc.placements[i].slots)},
+                        {"context_length", svc.placements[i].ContextPerRequest()},
                         {"spillway", {{"placement", svc.placements[i].Name()}, {"role", svc.placements[i].role}}}});
       break;  // one entry per service: the first ready placement serves it
     }

@@ -40,6 +40,17 @@ device = "cpu"
   EXPECT_EQ(c->services[0].placements[1].Name(), "cpu");
 }
 
+// What one request may hold (Ollama's context_length, the dashboard's limits):
+// its slot's share of the pool, or the whole pool when the slots share it.
+TEST(ConfigTest, AUnifiedPoolGivesOneRequestTheWholeContext) {
+  PlacementConfig p;
+  p.ctx = 8192;
+  p.slots = 4;
+  EXPECT_EQ(p.ContextPerRequest(), 2048);
+  p.kv_unified = true;
+  EXPECT_EQ(p.ContextPerRequest(), 8192);
+}
+
 struct Bad {
   const char* text;
   const char* fragment;
