@@ -490,6 +490,8 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
                                     old.result_type.empty() ? "application/json" : old.result_type, v);
       res.set("X-Request-Id", old.id);
       res.set("Idempotent-Replayed", "true");
+      // A degraded stream says again who served it (a whole answer's body does).
+      if (auto served = ReplyWriter::StoredServedBy(old.result_body)) ReplyWriter::Describe(res, *served);
       co_return in->ex->Respond(std::move(res));
     }
   }

@@ -1,5 +1,7 @@
 #include "gateway/ollama_exchange.h"
 
+#include "gateway/reply_writer.h"
+
 #include <nlohmann/json.hpp>
 
 namespace spillway::gateway {
@@ -19,6 +21,10 @@ void OllamaExchange::Respond(http::Response res) {
   } else if (given.rfind("text/event-stream", 0) == 0) {  // a stored stream, replayed whole
     std::lock_guard<std::mutex> lk(mu_);
     api::OllamaStreamTranslator whole(ctx_);
+    if (auto served = ReplyWriter::StoredServedBy(res.body())) {  // as the stream's last line said it
+      if (!served->fallback_model.empty()) whole.Annotate("fallback_model", served->fallback_model);
+      if (!served->limits.empty()) whole.Annotate("limits", served->limits);
+    }
     const int64_t now = clock_.NowMs();
     body = whole.Feed(res.body(), now);
     body += whole.Finish(now);  // (after Feed: the operands of + are unsequenced)

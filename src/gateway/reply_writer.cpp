@@ -42,9 +42,40 @@ void ReplyWriter::WaitingNote(const std::string& note, double est_delay_s) {
   Comment(note);
 }
 
+namespace {
+constexpr std::string_view kServedComment = ": spillway-served ";
+}  // namespace
+
+std::optional<ServedBy> ReplyWriter::StoredServedBy(std::string_view stored) {
+  if (stored.rfind(kServedComment, 0) != 0) return std::nullopt;
+  stored.remove_prefix(kServedComment.size());
+  const json j = json::parse(stored.substr(0, stored.find('\n')), nullptr, false);
+  if (!j.is_object()) return std::nullopt;
+  ServedBy s;
+  const auto text = [&](const char* key) { return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : ""; };
+  s.placement = text("placement");
+  s.decision = text("decision");
+  s.limits = text("limits");
+  s.degraded = text("degraded");
+  s.fallback_model = text("fallback_model");
+  if (j.contains("attempts") && j["attempts"].is_number_integer()) s.attempts = j["attempts"].get<int>();
+  return s;
+}
+
 void ReplyWriter::BeginStream(const ServedBy& served, const std::string& role) {
   if (events_started_) return;
   events_started_ = true;
+  if (!served.fallback_model.empty() || !served.limits.empty() || !served.degraded.empty()) {
+    stored_ = std::string(kServedComment) +
+              json{{"placement", served.placement},
+                   {"decision", served.decision},
+                   {"attempts", served.attempts},
+                   {"limits", served.limits},
+                   {"degraded", served.degraded},
+                   {"fallback_model", served.fallback_model}}
+                  .dump(-1, ' ', false, json::error_handler_t::replace) +
+              "\n\n" + stored_;
+  }
   if (!ex_) return;
   // (As a whole answer's body says them: request_lifecycle.cpp, Answered.)
   if (!served.fallback_model.empty()) ex_->Annotate("fallback_model", served.fallback_model);

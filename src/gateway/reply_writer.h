@@ -19,7 +19,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "api/http_server.h"
 #include "common/status.h"
@@ -91,6 +93,11 @@ class ReplyWriter {
   void Error(const Status& st);
 
   static void Describe(http::Response& res, const ServedBy& served);
+  // A degraded stream (a fallback, limits) is stored beginning with an SSE
+  // comment that says who served it, so that a replay of it (an
+  // Idempotency-Key) tells its client what the stream's head did. This
+  // reads it back from what was stored (nullopt: none, or not a stream).
+  static std::optional<ServedBy> StoredServedBy(std::string_view stored);
 
  private:
   std::shared_ptr<http::Exchange> ex_;

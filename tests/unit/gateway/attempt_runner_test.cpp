@@ -203,7 +203,8 @@ TEST(ReplyWriterTest, AWaitingStreamStartsEarlyAndThenSaysWhereItRuns) {
   reply.BeginStream(s, "fallback");
   EXPECT_NE(client->body().find(": spillway: running on cpu:0/99 (fallback), limits max_tokens 64"), std::string::npos);
   const std::string final_events = reply.StoreFinalError(api::ErrorBody(Status::Unavailable("gone")));
-  EXPECT_EQ(reply.stored(), final_events) << "comments are not stored, the final error is";
+  EXPECT_EQ(reply.stored().substr(reply.stored().find("\n\n") + 2), final_events)
+      << "comments are not stored, the final error is (after who served it)";
   reply.SendFinal(final_events);
   EXPECT_TRUE(client->done());
 }
@@ -237,6 +238,61 @@ TEST(ReplyWriterTest, AnOllamaStreamThatWaitedNamesTheFallbackModelInItsLastLine
   EXPECT_EQ(final_line["spillway"]["limits"], "max_tokens 64") << body;
   EXPECT_EQ(final_line["response"], "") << body;
   EXPECT_NE(body.find("\"response\":\"hello\""), std::string::npos) << body;
+}
+
+// A degraded stream replayed for its Idempotency-Key tells its client who
+// served it, as its head (SSE) or its last line (Ollama) did: what is stored
+// begins with a comment saying so, which SSE clients ignore.
+TEST(ReplyWriterTest, AReplayedDegradedStreamStillNamesWhoServedIt) {
+  ReplyWriter reply(nullptr, "req-4", 11);  // (a stream whose client is gone is stored alike)
+  ServedBy s;
+  s.placement = "cpu:0/99";
+  s.decision = "reroute";
+  s.attempts = 2;
+  s.degraded = "served by cpu:0/99 (fallback)";
+  s.fallback_model = "tiny-chat-b";
+  s.limits = "max_tokens 64";
+  reply.BeginStream(s, "fallback");
+  reply.Event(Chunk("hello", 7));
+  reply.Event(api::SseEvent({{"choices", {{{"index", 0}, {"text", ""}, {"finish_reason", "stop"}}}},
+                             {"spillway", {{"tokens", {8}}, {"timings", json::object()}}}}));
+  reply.Event(api::kSseDone);
+  const std::string stored = reply.stored();
+  ASSERT_EQ(stored.rfind(": ", 0), 0u) << "an SSE comment first: " << stored;
+
+  // The SSE replay's head, as Gateway::Process builds it.
+  auto res = http::MakeResponse(200, stored, "text/event-stream", 11);
+  auto served = ReplyWriter::StoredServedBy(stored);
+  ASSERT_TRUE(served.has_value());
+  ReplyWriter::Describe(res, *served);
+  EXPECT_EQ(res["X-Spillway-Fallback-Model"], "tiny-chat-b");
+  EXPECT_EQ(res["X-Spillway-Limits"], "max_tokens 64");
+  EXPECT_EQ(res["X-Spillway-Placement"], "cpu:0/99");
+  EXPECT_EQ(res["X-Spillway-Degraded"], "served by cpu:0/99 (fallback)");
+  EXPECT_EQ(res["X-Spillway-Attempts"], "2");
+
+  // The Ollama replay: the stored stream translated whole.
+  auto client = std::make_shared<RecordingExchange>();
+  FakeClock clock;
+  OllamaExchange ollama(client, api::OllamaReplyContext{api::OllamaRoute::kGenerate, "chat", 0}, clock);
+  ollama.Respond(http::MakeResponse(200, stored, "text/event-stream", 11));
+  const std::string body = client->body();
+  ASSERT_FALSE(body.empty());
+  const size_t last = body.rfind('\n', body.size() - 2);
+  const json final_line = json::parse(body.substr(last == std::string::npos ? 0 : last + 1));
+  EXPECT_EQ(final_line["done"], true) << body;
+  EXPECT_EQ(final_line["spillway"]["fallback_model"], "tiny-chat-b") << body;
+  EXPECT_EQ(final_line["spillway"]["limits"], "max_tokens 64") << body;
+  EXPECT_NE(body.find("\"response\":\"hello\""), std::string::npos) << body;
+
+  // A stream served plainly by its primary is stored as it was sent.
+  ReplyWriter plain(nullptr, "req-5", 11);
+  ServedBy primary;
+  primary.placement = "sim:0/99";
+  plain.BeginStream(primary, "primary");
+  plain.Event(Chunk("hi", 3));
+  EXPECT_EQ(plain.stored(), Chunk("hi", 3));
+  EXPECT_FALSE(ReplyWriter::StoredServedBy(plain.stored()).has_value());
 }
 
 // An error once a stream has begun is its last event: it was a whole HTTP
