@@ -209,6 +209,26 @@ TEST(ReplyWriterTest, AWaitingStreamStartsEarlyAndThenSaysWhereItRuns) {
   EXPECT_TRUE(client->done());
 }
 
+// A fallback's one-word answer, as a worker streams it (then its end and [DONE]).
+void SendFallbackAnswer(ReplyWriter& reply) {
+  reply.Event(Chunk("hello", 7));
+  reply.Event(api::SseEvent({{"choices", {{{"index", 0}, {"text", ""}, {"finish_reason", "stop"}}}},
+                             {"spillway", {{"tokens", {8}}, {"timings", json::object()}}}}));
+  reply.Event(api::kSseDone);
+}
+
+// The last line of an Ollama stream, checked to name the fallback.
+void ExpectLastLineNamesTheFallback(const std::string& body) {
+  ASSERT_FALSE(body.empty());
+  const size_t last = body.rfind('\n', body.size() - 2);
+  const json final_line = json::parse(body.substr(last == std::string::npos ? 0 : last + 1));
+  EXPECT_EQ(final_line["done"], true) << body;
+  EXPECT_EQ(final_line["spillway"]["fallback_model"], "tiny-chat-b") << body;
+  EXPECT_EQ(final_line["spillway"]["limits"], "max_tokens 64") << body;
+  EXPECT_EQ(final_line["response"], "") << body;
+  EXPECT_NE(body.find("\"response\":\"hello\""), std::string::npos) << body;
+}
+
 // An Ollama stream that waited (its head went before anyone chose where it
 // runs) and was then served by a declared fallback model says so in its last
 // line, as a whole answer says it in its body: NDJSON has no comments.
@@ -224,20 +244,9 @@ TEST(ReplyWriterTest, AnOllamaStreamThatWaitedNamesTheFallbackModelInItsLastLine
   s.fallback_model = "tiny-chat-b";
   s.limits = "max_tokens 64";
   reply.BeginStream(s, "fallback");
-  reply.Event(Chunk("hello", 7));
-  reply.Event(api::SseEvent({{"choices", {{{"index", 0}, {"text", ""}, {"finish_reason", "stop"}}}},
-                             {"spillway", {{"tokens", {8}}, {"timings", json::object()}}}}));
-  reply.Event(api::kSseDone);
+  SendFallbackAnswer(reply);
   reply.EndStream();
-  const std::string body = client->body();
-  ASSERT_FALSE(body.empty());
-  const size_t last = body.rfind('\n', body.size() - 2);
-  const json final_line = json::parse(body.substr(last == std::string::npos ? 0 : last + 1));
-  EXPECT_EQ(final_line["done"], true) << body;
-  EXPECT_EQ(final_line["spillway"]["fallback_model"], "tiny-chat-b") << body;
-  EXPECT_EQ(final_line["spillway"]["limits"], "max_tokens 64") << body;
-  EXPECT_EQ(final_line["response"], "") << body;
-  EXPECT_NE(body.find("\"response\":\"hello\""), std::string::npos) << body;
+  ExpectLastLineNamesTheFallback(client->body());
 }
 
 // A degraded stream replayed for its Idempotency-Key tells its client who
@@ -253,10 +262,7 @@ TEST(ReplyWriterTest, AReplayedDegradedStreamStillNamesWhoServedIt) {
   s.fallback_model = "tiny-chat-b";
   s.limits = "max_tokens 64";
   reply.BeginStream(s, "fallback");
-  reply.Event(Chunk("hello", 7));
-  reply.Event(api::SseEvent({{"choices", {{{"index", 0}, {"text", ""}, {"finish_reason", "stop"}}}},
-                             {"spillway", {{"tokens", {8}}, {"timings", json::object()}}}}));
-  reply.Event(api::kSseDone);
+  SendFallbackAnswer(reply);
   const std::string stored = reply.stored();
   ASSERT_EQ(stored.rfind(": ", 0), 0u) << "an SSE comment first: " << stored;
 
@@ -276,14 +282,7 @@ TEST(ReplyWriterTest, AReplayedDegradedStreamStillNamesWhoServedIt) {
   FakeClock clock;
   OllamaExchange ollama(client, api::OllamaReplyContext{api::OllamaRoute::kGenerate, "chat", 0}, clock);
   ollama.Respond(http::MakeResponse(200, stored, "text/event-stream", 11));
-  const std::string body = client->body();
-  ASSERT_FALSE(body.empty());
-  const size_t last = body.rfind('\n', body.size() - 2);
-  const json final_line = json::parse(body.substr(last == std::string::npos ? 0 : last + 1));
-  EXPECT_EQ(final_line["done"], true) << body;
-  EXPECT_EQ(final_line["spillway"]["fallback_model"], "tiny-chat-b") << body;
-  EXPECT_EQ(final_line["spillway"]["limits"], "max_tokens 64") << body;
-  EXPECT_NE(body.find("\"response\":\"hello\""), std::string::npos) << body;
+  ExpectLastLineNamesTheFallback(client->body());
 
   // A stream served plainly by its primary is stored as it was sent.
   ReplyWriter plain(nullptr, "req-5", 11);
