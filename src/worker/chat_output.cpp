@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "common/hash.h"
+#include "common/utf8.h"
 
 namespace spillway::worker {
 
@@ -18,39 +19,6 @@ const common_chat_parser_params& ParamsOf(const ChatSyntax& s) {
 api::AssistantMessage ToMessage(const common_chat_msg& m) {
   api::AssistantMessage out{m.content, m.reasoning_content, {}};
   for (const auto& c : m.tool_calls) out.tool_calls.push_back(api::ToolCall{c.id, c.name, c.arguments});
-  return out;
-}
-
-// `text` with every byte that is not part of a valid UTF-8 sequence replaced
-// by U+FFFD. A random (or a broken) model can write invalid bytes; llama.cpp's
-// parsers stop at them, and a stream would then hold everything back until
-// it ends. The replacement is what a JSON answer would carry anyway.
-std::string ValidUtf8(const std::string& text) {
-  std::string out;
-  out.reserve(text.size());
-  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  for (size_t i = 0; i < n;) {
-    const unsigned char c = p[i];
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    bool ok = len > 0 && i + len <= n && !(len == 2 && c < 0xC2) && !(len == 4 && c > 0xF4);
-    for (size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xC0) == 0x80;
-    if (ok && len == 3) {
-      const unsigned char c1 = p[i + 1];
-      ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);  // overlong, surrogates
-    }
-    if (ok && len == 4) {
-      const unsigned char c1 = p[i + 1];
-      ok = !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90);
-    }
-    if (ok) {
-      out.append(text, i, len);
-      i += len;
-    } else {
-      out += "\xEF\xBF\xBD";
-      ++i;
-    }
-  }
   return out;
 }
 
@@ -72,6 +40,8 @@ ChatOutput::~ChatOutput() = default;
 
 std::vector<api::ChatDelta> ChatOutput::Parse(bool partial) {
   const auto& params = ParamsOf(syntax_);
+  // Invalid bytes (a random or broken model's) as U+FFFD: llama.cpp's
+  // parsers stop at them, and a stream would hold everything back until it ends.
   const std::string text = ValidUtf8(text_);
   common_chat_msg next;
   try {

@@ -1,5 +1,7 @@
 #include "worker/reply_writer.h"
 
+#include "common/utf8.h"
+
 namespace spillway::worker {
 
 using nlohmann::json;
@@ -39,8 +41,12 @@ std::string StreamReply::Text(std::string_view text, const std::vector<int32_t>&
   unsent_logprobs_.insert(unsent_logprobs_.end(), logprobs.begin(), logprobs.end());
   if (chat_) return Events(chat_->Append(text));
   if (text.empty()) return "";  // the ids go out with the next event
+  // Invalid bytes (a random or broken model's) go out as U+FFFD, each one
+  // here, not by the JSON writer's own rule: what the client counts is then
+  // what a continuation counts again (Replayed). The engine hands text in
+  // whole characters, so chunk by chunk is the same as all at once.
   api::ChatDelta d;
-  d.content = std::string(text);
+  d.content = ValidUtf8(text);
   return Events({d});
 }
 
@@ -50,7 +56,7 @@ Status StreamReply::Replayed(std::string_view text, uint64_t delivered_bytes) {
     chat_->Replayed(text);
     counted = chat_->message().content.size();
   } else {
-    text_offset_ = text.size();
+    counted = text_offset_ = ValidUtf8(text).size();  // as Text() sent it
   }
   if (counted != delivered_bytes) {
     return Status::Unavailable("the continuation is not reproducible: its replayed tokens make " + std::to_string(counted) +
@@ -78,7 +84,7 @@ std::string StreamReply::Finish(const std::string& finish_reason, json meta, con
 
 json WholeReply(const ReplyHeader& h, const std::string& text, const std::string& finish_reason,
                 const api::Usage& usage, const ChatSyntax* chat, const std::vector<api::TokenLogprob>* logprobs) {
-  api::GenerationResult g{text, finish_reason, usage, std::nullopt, logprobs};
+  api::GenerationResult g{chat ? text : ValidUtf8(text), finish_reason, usage, std::nullopt, logprobs};  // (as streamed)
   if (chat) {
     g.message = ParseAnswer(*chat, text, h.id);
     if (!g.message->tool_calls.empty() && finish_reason == "stop") g.finish_reason = "tool_calls";

@@ -195,6 +195,25 @@ TEST_F(ChatLayerTest, InvalidUtf8DoesNotStallTheStream) {
   EXPECT_EQ(ev[0]["spillway"]["tokens"], json::array({3}));
 }
 
+// A completion stream whose text holds invalid bytes can be continued: the
+// client counted U+FFFD for each (3 bytes), and so does the continuation
+// when it counts the replayed text against it.
+TEST_F(ChatLayerTest, ACompletionWithInvalidUtf8CanBeContinued) {
+  const ReplyHeader h{api::Endpoint::kCompletion, "r", "m", 1};
+  const std::string bad("ok \xE2\x28\xA1 \xF0\x9F\x98\x80 \xC3", 13);  // (a cut sequence, a valid emoji)
+  StreamReply first(h, std::nullopt);
+  auto ev = Events(first.Text(bad, {1, 2}) + first.Finish("length", json::object(), nullptr));
+  ASSERT_EQ(ev.size(), 2u);
+  const std::string delivered = ev[0]["choices"][0]["text"];
+  EXPECT_EQ(delivered, "ok \xEF\xBF\xBD(\xEF\xBF\xBD \xF0\x9F\x98\x80 \xEF\xBF\xBD");
+  StreamReply cont(h, std::nullopt);
+  EXPECT_TRUE(cont.Replayed(bad, delivered.size()).ok());
+  StreamReply wrong(h, std::nullopt);
+  EXPECT_EQ(wrong.Replayed(bad, bad.size()).code(), StatusCode::kUnavailable);
+  // A whole answer carries the same text as the stream.
+  EXPECT_EQ(WholeReply(h, bad, "length", {1, 2}, nullptr)["choices"][0]["text"], delivered);
+}
+
 // A continuation parses what the earlier attempt delivered and sends only
 // what follows, so the client's deltas join up; a count that disagrees is refused.
 TEST_F(ChatLayerTest, AContinuationDeltasJoinTheDeliveredOnes) {
