@@ -288,6 +288,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 1; ++i) io_threads.emplace_back([&ioc] { http::RunLogged(ioc, "spillway-worker"); });
   http::RunLogged(ioc, "spillway-worker");
   for (auto& t : io_threads) t.join();
+  service.Stop();
   engine.Stop();
   // Nothing runs any more. Freeing the model and its device buffers one by
   // one would only delay the exit that frees them all at once (the driver, or

@@ -1,5 +1,7 @@
 #include "worker/worker_service.h"
 
+#include <boost/asio/post.hpp>
+
 #include "protocol/worker_protocol.h"
 
 #include <unistd.h>
@@ -116,6 +118,25 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
   auto respond_error = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
   if (Status st = CheckCaller(req); !st.ok()) return respond_error(st);
   last_caller_.store(std::chrono::steady_clock::now().time_since_epoch().count());
+  const bool prepared = method == bhttp::verb::post &&
+                        (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/embeddings" ||
+                         path == protocol::kTokenizePath || path == protocol::kApplyTemplatePath);
+  if (prepared && req.body().size() > kInlineBodyBytes) {
+    return boost::asio::post(prep_, [this, req = std::move(req), ex = std::move(ex)]() mutable { Route(req, std::move(ex)); });
+  }
+  Route(req, std::move(ex));
+}
+
+void WorkerService::Stop() {
+  prep_.join();  // (it runs what it holds: each answers, or is refused by the engine)
+}
+
+void WorkerService::Route(const http::Request& req, std::shared_ptr<http::Exchange> ex) {
+  const std::string target(req.target());
+  const std::string path = target.substr(0, target.find('?'));
+  const auto method = req.method();
+  const unsigned v = req.version();
+  auto respond_error = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
 
   if (path == protocol::kHealthPath) {
     if (method != bhttp::verb::get) return respond_error(Status(StatusCode::kInvalidArgument, "use GET"));

@@ -16,6 +16,13 @@
 // Requests carry their id in X-Request-Id (the gateway sets it; otherwise the
 // worker makes one). A client that disconnects cancels its request.
 //
+// A large body's preparation (its JSON, the chat template, tokenization:
+// seconds for megabytes) runs on two preparation threads of the service's
+// own, not on the I/O threads, which keep answering health checks and
+// cancels meanwhile: two long prompts held both I/O threads for 7 s, and the
+// supervisor, whose health checks time out after 1 s, took the worker for
+// hung and replaced it, with every request it ran.
+//
 // Callers: the supervising gateway only. Every request needs the worker secret
 // (ServiceOptions::secret) and a loopback Host; a browser's Origin is refused.
 #pragma once
@@ -26,6 +33,8 @@
 #include <random>
 #include <mutex>
 #include <string>
+
+#include <boost/asio/thread_pool.hpp>
 
 #include "api/http_server.h"
 #include "api/json_limits.h"
@@ -52,6 +61,13 @@ class WorkerService {
 
   // The http::Handler. Thread-safe.
   void Handle(http::Request req, std::shared_ptr<http::Exchange> ex);
+  // Runs what the preparation threads still hold, then lets them go; called
+  // before the engine stops (nothing is submitted to it afterwards).
+  void Stop();
+
+  // Bodies above this are prepared on the preparation threads (below: at
+  // once, on the I/O thread, with no hop to another thread).
+  static constexpr size_t kInlineBodyBytes = 64 << 10;
 
   nlohmann::json Info() const;
   // When the last request that passed CheckCaller() arrived (health checks
@@ -63,6 +79,7 @@ class WorkerService {
  private:
   // Loopback Host, no browser Origin, the worker secret.
   Status CheckCaller(const http::Request& req) const;
+  void Route(const http::Request& req, std::shared_ptr<http::Exchange> ex);
   void HandleGeneration(const http::Request& req, std::shared_ptr<http::Exchange> ex, bool chat);
   // A chat/completion body made ready to generate: prompt (chat: rendered
   // by the model's template), its tokens, and what the answer must follow.
@@ -89,6 +106,7 @@ class WorkerService {
   std::mutex rng_mu_;
   std::mt19937_64 rng_;
   std::atomic<uint64_t> requests_{0};
+  boost::asio::thread_pool prep_{2};
   std::atomic<std::chrono::steady_clock::rep> last_caller_{std::chrono::steady_clock::now().time_since_epoch().count()};
 };
 

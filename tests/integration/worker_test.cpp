@@ -10,6 +10,7 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -610,6 +611,39 @@ struct BadCase {
   int status;
   std::string fragment;
 };
+
+// Preparing a long prompt (its JSON, tokenization: seconds for megabytes)
+// does not hold up the worker's health checks, which the supervisor times
+// out after 1 s: two such prompts held both I/O threads for 7 s, and the
+// supervisor replaced a worker that was only busy.
+TEST_F(WorkerTest, LongPromptsDoNotHoldUpHealthChecks) {
+  std::string text;
+  while (text.size() < (4u << 20)) text += "hello world, this is a fairly ordinary sentence with words. ";
+  const std::string body = json{{"prompt", text}, {"max_tokens", 1}}.dump();
+  std::atomic<int> done{0};
+  std::vector<std::future<int>> long_ones;
+  for (int i = 0; i < 2; ++i) {
+    long_ones.push_back(std::async(std::launch::async, [&] {
+      auto r = http::Fetch("127.0.0.1", chat_->port(), "POST", "/v1/completions", body, WorkerAuth(),
+                           std::chrono::seconds(120));
+      done.fetch_add(1);
+      return r.ok() ? r->status : -1;
+    }));
+  }
+  double slowest_ms = 0;
+  int checks = 0;
+  while (done.load() < 2) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto h = Get(*chat_, "/health");
+    EXPECT_EQ(h.status, 200);
+    slowest_ms = std::max(slowest_ms, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    ++checks;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (auto& f : long_ones) EXPECT_EQ(f.get(), 400) << "a prompt longer than the context";
+  EXPECT_GT(checks, 3) << "the long prompts took too little time to tell anything";
+  EXPECT_LT(slowest_ms, 1000) << "a health check waited " << slowest_ms << " ms (the supervisor gives it 1 s)";
+}
 
 TEST_F(WorkerTest, BadInputsGetTheirStatusAndTheWorkerKeepsServing) {
   const std::string big_prompt(40000, 'a');
