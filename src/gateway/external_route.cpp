@@ -102,21 +102,86 @@ std::string PayloadForHash(std::string_view content_type, std::string_view body)
   return out;
 }
 
-StatusOr<std::string> RequestedModel(std::string_view content_type, std::string_view body) {
+namespace {
+
+// Top-level "model" and "stream" of a JSON object, read by a SAX walk (the
+// last of a duplicated key wins, as in a parsed document).
+class TopLevelFields final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  RequestedFields fields;
+  bool object = false;       // the document is an object
+  bool model_wrong = false;  // "model" is neither a string nor null
+
+  bool null() override { return Scalar(Kind::kNull); }
+  bool boolean(bool v) override { return Scalar(v ? Kind::kTrue : Kind::kOther); }
+  bool number_integer(number_integer_t) override { return Scalar(Kind::kOther); }
+  bool number_unsigned(number_unsigned_t) override { return Scalar(Kind::kOther); }
+  bool number_float(number_float_t, const string_t&) override { return Scalar(Kind::kOther); }
+  bool string(string_t& v) override {
+    if (depth_ == 1 && field_ == Field::kModel) {
+      fields.model = v;
+      model_wrong = false;
+      return true;
+    }
+    return Scalar(Kind::kOther);
+  }
+  bool binary(binary_t&) override { return Scalar(Kind::kOther); }
+  bool start_object(std::size_t) override { return Open(true); }
+  bool start_array(std::size_t) override { return Open(false); }
+  bool end_object() override { return Close(); }
+  bool end_array() override { return Close(); }
+  bool key(string_t& k) override {
+    if (depth_ == 1) field_ = k == "model" ? Field::kModel : k == "stream" ? Field::kStream : Field::kNone;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
+  enum class Kind { kNull, kTrue, kOther };
+  enum class Field { kNone, kModel, kStream };
+  bool Scalar(Kind k) {
+    if (depth_ != 1) return true;
+    if (field_ == Field::kModel) {
+      fields.model.clear();
+      model_wrong = k != Kind::kNull;
+    } else if (field_ == Field::kStream) {
+      fields.stream = k == Kind::kTrue;
+    }
+    return true;
+  }
+  bool Open(bool is_object) {
+    if (depth_ == 0) object = is_object;
+    if (depth_ == 1) Scalar(Kind::kOther);  // a container as the value of a top-level key
+    ++depth_;
+    return true;
+  }
+  bool Close() {
+    --depth_;
+    return true;
+  }
+  int depth_ = 0;
+  Field field_ = Field::kNone;
+};
+
+}  // namespace
+
+StatusOr<RequestedFields> ReadRequestedFields(std::string_view content_type, std::string_view body,
+                                              const api::JsonLimits& limits) {
   const std::string boundary = MultipartBoundary(content_type);
-  if (!boundary.empty()) return MultipartField(body, boundary, "model").value_or("");
+  if (!boundary.empty()) return RequestedFields{MultipartField(body, boundary, "model").value_or(""), false};
   if (Lower(Trim(content_type.substr(0, content_type.find(';')))).rfind("multipart/", 0) == 0) {
     return Status::InvalidArgument("a multipart body needs multipart/form-data with a boundary of 1 to 70 characters");
   }
-  if (body.empty()) return std::string();
-  const auto j = nlohmann::json::parse(body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
+  if (body.empty()) return RequestedFields{};
+  std::string why;
+  const api::JsonShape shape = api::CheckJsonLimits(body, limits, &why);
+  if (shape == api::JsonShape::kTooLarge) return Status::InvalidArgument("request body " + why);
+  TopLevelFields walk;
+  if (shape != api::JsonShape::kOk || !nlohmann::json::sax_parse(body, &walk) || !walk.object) {
     return Status::InvalidArgument("the body must be a JSON object or multipart/form-data");
   }
-  auto m = j.find("model");
-  if (m == j.end() || m->is_null()) return std::string();
-  if (!m->is_string()) return Status::InvalidArgument("'model' must be a string");
-  return m->get<std::string>();
+  if (walk.model_wrong) return Status::InvalidArgument("'model' must be a string");
+  return walk.fields;
 }
 
 StatusOr<const config::ExternalConfig*> ChooseExternal(const config::GatewayConfig& config, const std::string& path,

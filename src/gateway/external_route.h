@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "api/json_limits.h"
 #include "common/status.h"
 #include "config/config.h"
 
@@ -28,10 +29,19 @@ std::optional<std::string> MultipartField(std::string_view body, std::string_vie
 // again on each retry, with a new random boundary: the same request).
 std::string PayloadForHash(std::string_view content_type, std::string_view body);
 
-// The model a proxied request names: JSON "model" or the form's "model"
-// field; "" when it names none. InvalidArgument for a body that is neither
-// (or a JSON body that does not parse).
-StatusOr<std::string> RequestedModel(std::string_view content_type, std::string_view body);
+// What routing reads of a proxied request's body.
+struct RequestedFields {
+  std::string model;    // JSON "model" or the form's "model" field; "" when it names none
+  bool stream = false;  // JSON "stream" is true (anything else is the server's to judge)
+};
+
+// The fields of a proxied request: InvalidArgument for a body that is
+// neither JSON nor a form, a JSON body that does not parse or breaks
+// `limits`. A JSON body is walked (limits first, then its top-level fields)
+// and never built: every generation request is read here when an external
+// service is configured, before the lifecycle parses it.
+StatusOr<RequestedFields> ReadRequestedFields(std::string_view content_type, std::string_view body,
+                                              const api::JsonLimits& limits = {});
 
 // The external service for `path` and `model` ("" : the only one serving
 // `path`). NotFound or InvalidArgument with what the client should do.

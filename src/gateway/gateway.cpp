@@ -268,10 +268,14 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   ex->Respond(ErrorResponse(Status::NotFound("no route for " + std::string(req.method_string()) + " " + path), v));
 }
 
-StatusOr<json> Gateway::ParseBody(const http::Request& req) const {
+api::JsonLimits internal::JsonLimitsOf(const config::GatewayConfig& config) {
   api::JsonLimits limits;
-  limits.max_depth = static_cast<size_t>(config_.json_max_depth);
-  return api::ParseJsonBody(req.body(), limits);
+  limits.max_depth = static_cast<size_t>(config.json_max_depth);
+  return limits;
+}
+
+StatusOr<json> Gateway::ParseBody(const http::Request& req) const {
+  return api::ParseJsonBody(req.body(), JsonLimitsOf(config_));
 }
 
 Status Gateway::Intake(const http::Request& req, const std::string& peer, Incoming& in) {

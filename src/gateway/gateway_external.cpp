@@ -126,8 +126,8 @@ std::optional<uint16_t> Gateway::ExternalPort(const config::ExternalConfig& e) c
 bool Gateway::RoutesToExternal(const http::Request& req, const std::string& path) const {
   if (config_.externals.empty()) return false;
   const std::string type(req[bhttp::field::content_type]);
-  auto model = RequestedModel(type, req.body());
-  return model.ok() && config_.FindExternal(*model) != nullptr;
+  auto fields = ReadRequestedFields(type, req.body(), JsonLimitsOf(config_));
+  return fields.ok() && config_.FindExternal(fields->model) != nullptr;
 }
 
 void Gateway::HandleExternal(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& path) {
@@ -135,9 +135,9 @@ void Gateway::HandleExternal(http::Request& req, std::shared_ptr<http::Exchange>
   auto fail = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
   if (req.method() != bhttp::verb::post) return fail(Status::InvalidArgument("use POST for " + path));
   const std::string type(req[bhttp::field::content_type]);
-  auto model = RequestedModel(type, req.body());
-  if (!model.ok()) return fail(model.status());
-  auto svc = ChooseExternal(config_, path, *model);
+  auto fields = ReadRequestedFields(type, req.body(), JsonLimitsOf(config_));
+  if (!fields.ok()) return fail(fields.status());
+  auto svc = ChooseExternal(config_, path, fields->model);
   if (!svc.ok()) return fail(svc.status());
   auto in = std::make_shared<Incoming>();
   if (Status st = Intake(req, ex->peer_address(), *in); !st.ok()) return fail(st);
@@ -146,12 +146,8 @@ void Gateway::HandleExternal(http::Request& req, std::shared_ptr<http::Exchange>
   in->rec.body_type = type.empty() ? "application/json" : type;
   in->rec.body = req.body();
   in->rec.payload_hash = Sha256Hex(path + "\n" + PayloadForHash(in->rec.body_type, in->rec.body));
-  if (in->rec.body_type.rfind("application/json", 0) == 0) {
-    // Forwarded untouched: a "stream" that is not true (null, "true", 1) is the server's to judge.
-    const auto j = nlohmann::json::parse(in->rec.body, nullptr, false);
-    const auto stream = j.is_object() ? j.find("stream") : j.end();
-    in->rec.stream = j.is_object() && stream != j.end() && *stream == true;
-  }
+  // Forwarded untouched: a "stream" that is not true (null, "true", 1) is the server's to judge.
+  in->rec.stream = fields->stream;
   in->ex = ex;
   in->version = v;
   in->started_ms = clock_.NowMs();

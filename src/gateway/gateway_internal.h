@@ -13,6 +13,7 @@
 #include <string>
 
 #include "api/http_server.h"
+#include "api/json_limits.h"
 #include "api/openai_response.h"
 #include "devices/telemetry.h"
 #include "gateway/gateway.h"
@@ -87,6 +88,9 @@ using http::HostOnly;
 StatusOr<devices::DeviceTelemetry*> Telemetry(const std::string& device);
 
 inline std::string Outcome(State s) { return journal::StateName(s); }
+
+// The bounds every request body is checked against (json_max_depth).
+api::JsonLimits JsonLimitsOf(const config::GatewayConfig& config);
 
 // A journal write that fails after acceptance is surprising but survivable:
 // log it; the request's answer still reaches the client.

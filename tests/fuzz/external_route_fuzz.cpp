@@ -16,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string boundary = spillway::gateway::MultipartBoundary(type);
   (void)spillway::gateway::MultipartField(body, boundary, "model");
   (void)spillway::gateway::MultipartField(body, params.substr(0, 70), "file", 8);
-  (void)spillway::gateway::RequestedModel(type, body);
-  (void)spillway::gateway::RequestedModel(params, body);
+  (void)spillway::gateway::ReadRequestedFields(type, body);
+  (void)spillway::gateway::ReadRequestedFields(params, body);
   return 0;
 }

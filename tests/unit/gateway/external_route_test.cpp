@@ -47,12 +47,32 @@ TEST(ExternalRouteTest, APayloadsHashIgnoresItsMultipartBoundary) {
 }
 
 TEST(ExternalRouteTest, RequestedModelAndChoice) {
-  EXPECT_EQ(*RequestedModel("multipart/form-data; boundary=b0", kBody), "whisper");
-  EXPECT_EQ(*RequestedModel("application/json", R"({"model":"r"})"), "r");
-  EXPECT_EQ(*RequestedModel("", R"({"query":"q"})"), "");
-  EXPECT_FALSE(RequestedModel("application/json", "[1]").ok());
-  EXPECT_FALSE(RequestedModel("application/json", R"({"model":3})").ok());
-  EXPECT_FALSE(RequestedModel("multipart/form-data", "x").ok()) << "multipart without a boundary";
+  const auto model = [](std::string_view type, std::string_view body) -> StatusOr<std::string> {
+    auto f = ReadRequestedFields(type, body);
+    if (!f.ok()) return f.status();
+    return f->model;
+  };
+  EXPECT_EQ(*model("multipart/form-data; boundary=b0", kBody), "whisper");
+  EXPECT_EQ(*model("application/json", R"({"model":"r"})"), "r");
+  EXPECT_EQ(*model("", R"({"query":"q"})"), "");
+  EXPECT_EQ(*model("", R"({"model":null})"), "");
+  EXPECT_EQ(*model("", R"({"model":"a","x":{"model":"b"},"model":"c"})"), "c") << "top level, the last one";
+  EXPECT_FALSE(model("application/json", "[1]").ok());
+  EXPECT_FALSE(model("application/json", R"({"model":3})").ok());
+  EXPECT_FALSE(model("application/json", R"({"model":["r"]})").ok());
+  EXPECT_FALSE(model("application/json", R"({"model":"r")").ok()) << "cut short";
+  EXPECT_FALSE(model("multipart/form-data", "x").ok()) << "multipart without a boundary";
+  // "stream": only true is a stream (the rest is the server's to judge).
+  EXPECT_TRUE(ReadRequestedFields("", R"({"stream":true,"x":{"stream":false}})")->stream);
+  EXPECT_FALSE(ReadRequestedFields("", R"({"stream":"true"})")->stream);
+  EXPECT_FALSE(ReadRequestedFields("", R"({"stream":true,"stream":1})")->stream);
+  // The body's limits hold before anything is built: deep nesting is refused by its limit.
+  api::JsonLimits limits;
+  limits.max_depth = 8;
+  const auto deep = ReadRequestedFields("", R"({"model":"r","a":)" + std::string(100, '[') + std::string(100, ']') + "}",
+                                        limits);
+  ASSERT_FALSE(deep.ok());
+  EXPECT_NE(deep.status().message().find("8"), std::string::npos) << deep.status().message();
 
   config::GatewayConfig c;
   config::ExternalConfig a, b;
