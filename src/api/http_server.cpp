@@ -325,6 +325,9 @@ class Session : public std::enable_shared_from_this<Session> {
     // comes): reserving the declared length, or for a chunked body the
     // largest allowed, let a few peers that trickle hold the whole budget.
     const auto length = parser_->content_length();
+    if (opts_.check_head && ((length && *length > 0) || parser_->chunked())) {
+      if (auto refusal = opts_.check_head(parser_->get())) return RefuseAndClose(std::move(*refusal));
+    }
     if (length && *length > opts_.max_body_bytes) return RejectAndClose(413, "request body too large", "body_too_large");
     if (!ReserveBody(length || parser_->chunked() ? std::min(BodyCap(), BodyStep()) : 0)) return RejectBusy();
     if (parser_->is_done()) return OnRead({});
@@ -597,6 +600,16 @@ class Session : public std::enable_shared_from_this<Session> {
     auto res = MakeResponse(status, std::move(body), "application/json");
     if (retry_after > 0) res.set(bhttp::field::retry_after, std::to_string(retry_after));
     res.keep_alive(false);
+    Enqueue({std::make_shared<Response>(std::move(res)), {}, true});
+  }
+
+  // A request refused by its head (ServerOptions::check_head): its answer,
+  // then the connection closes (its body was never read).
+  void RefuseAndClose(Response res) {
+    keep_alive_ = false;
+    exchange_done_ = false;
+    res.keep_alive(false);
+    res.prepare_payload();
     Enqueue({std::make_shared<Response>(std::move(res)), {}, true});
   }
 

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@ namespace spillway::http {
 
 using Request = boost::beast::http::request<boost::beast::http::string_body>;
 using Response = boost::beast::http::response<boost::beast::http::string_body>;
+using RequestHead = boost::beast::http::request_header<>;  // a request's line and fields (a Request is one)
 
 struct ServerOptions {
   size_t max_body_bytes = 1 << 20;
@@ -61,6 +63,12 @@ struct ServerOptions {
   // round). False: a loop may be run by several threads (the worker's), and
   // each connection gets a strand.
   bool one_thread_per_loop = false;
+  // Asked with a request's head, before its body's memory is reserved and
+  // before a 100 Continue, when the request declares a body: an answer
+  // refuses it (sent, then the connection closes, the body unread); none
+  // lets it on. The gateway checks Host, Origin and keys here, so that a
+  // caller without a key cannot hold the bodies' budget.
+  std::function<std::optional<Response>(const RequestHead& head)> check_head;
 };
 
 // Raises the soft file-descriptor limit to the hard one where allowed and

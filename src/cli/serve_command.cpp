@@ -375,6 +375,7 @@ int Serve(const ServeArgs& a) {
   so.max_body_memory_bytes = cfg.max_body_memory_bytes;
   so.max_connections = http::ConnectionCap(static_cast<size_t>(cfg.max_connections), ReservedDescriptors(cfg));
   so.one_thread_per_loop = true;  // ioc and more_loops: one thread each (above)
+  so.check_head = [&gw](const http::RequestHead& head) { return gw.AccessRefusal(head); };
   std::vector<boost::asio::io_context*> loops = {&ioc};
   for (auto& l : more_loops) loops.push_back(l.get());
   http::Server server(

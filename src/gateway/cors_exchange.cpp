@@ -19,19 +19,19 @@ constexpr const char* kRequestHeaders =
 
 }  // namespace
 
-void CorsExchange::Allow(http::Response& res) const {
-  res.set(bhttp::field::access_control_allow_origin, origin_);
+void CorsExchange::Allow(http::Response& res, const std::string& origin) {
+  res.set(bhttp::field::access_control_allow_origin, origin);
   res.set(bhttp::field::vary, "Origin");
   res.set(bhttp::field::access_control_expose_headers, kExposed);
 }
 
 void CorsExchange::Respond(http::Response res) {
-  Allow(res);
+  Allow(res, origin_);
   inner_->Respond(std::move(res));
 }
 
 void CorsExchange::StartStream(http::Response header) {
-  Allow(header);
+  Allow(header, origin_);
   inner_->StartStream(std::move(header));
 }
 

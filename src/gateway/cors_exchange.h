@@ -30,9 +30,10 @@ class CorsExchange final : public ForwardingExchange {
 
   void Respond(http::Response res) override;
   void StartStream(http::Response header) override;
+  // The headers that let a page of `origin` read `res`.
+  static void Allow(http::Response& res, const std::string& origin);
 
  private:
-  void Allow(http::Response& res) const;
   std::string origin_;
 };
 

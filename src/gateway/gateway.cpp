@@ -203,22 +203,31 @@ http::Response Gateway::ReadyResponse(unsigned v) {
   return JsonResponse(ready ? 200 : 503, {{"ready", ready}, {"not_ready", missing}, {"reasons", reasons}}, v);
 }
 
+std::optional<http::Response> Gateway::AccessRefusal(const http::RequestHead& req) const {
+  const std::string target(req.target());
+  const std::string path = target.substr(0, target.find('?'));
+  const bool open_route = path == "/healthz" || path == "/readyz" || IsUiPath(path);  // the page asks for a key itself
+  // A page of an allowed origin reads the answer (CORS, cors_exchange.h); its
+  // preflight carries no key.
+  const std::string cors = CorsOrigin(req);
+  const bool preflight = !cors.empty() && req.method() == bhttp::verb::options;
+  const Status st = CheckAccess(req, !open_route && !preflight);
+  if (st.ok()) return std::nullopt;
+  auto res = api::IsOllamaPath(path) ? OllamaErrorResponse(st, req.version()) : ErrorResponse(st, req.version());
+  if (st.code() == StatusCode::kUnauthenticated) res.set(bhttp::field::www_authenticate, "Bearer");  // (RFC 9110 11.6.1)
+  if (!cors.empty()) CorsExchange::Allow(res, cors);
+  return res;
+}
+
 void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   const std::string target(req.target());
   const std::string path = target.substr(0, target.find('?'));
   const unsigned v = req.version();
   const auto method = req.method();
-  const bool open_route = path == "/healthz" || path == "/readyz" || IsUiPath(path);  // the page asks for a key itself
-  // A page of an allowed origin reads the answer (CORS, cors_exchange.h); its
-  // preflight carries no key.
+  if (auto refusal = AccessRefusal(req)) return ex->Respond(std::move(*refusal));
   const std::string cors = CorsOrigin(req);
   const bool preflight = !cors.empty() && method == bhttp::verb::options;
   if (!cors.empty() && !preflight) ex = std::make_shared<CorsExchange>(std::move(ex), cors);
-  if (Status st = CheckAccess(req, !open_route && !preflight); !st.ok()) {
-    auto res = api::IsOllamaPath(path) ? OllamaErrorResponse(st, v) : ErrorResponse(st, v);
-    if (st.code() == StatusCode::kUnauthenticated) res.set(bhttp::field::www_authenticate, "Bearer");  // (RFC 9110 11.6.1)
-    return ex->Respond(std::move(res));
-  }
   if (preflight) return ex->Respond(CorsPreflight(req, cors));
   if (IsUiPath(path) && method == bhttp::verb::get) return ex->Respond(UiResponse(path, v));
   if (path == "/v1/events" && method == bhttp::verb::get) return HandleEvents(CallerOf(req), std::move(ex), v);

@@ -100,6 +100,10 @@ class Gateway {
   // the server listens.
   void Start(boost::asio::any_io_executor io, std::vector<journal::RequestRecord> recovered);
   void Handle(http::Request req, std::shared_ptr<http::Exchange> ex);
+  // The answer that refuses `req` for its Host, Origin or key (none: it may
+  // go on). Handle asks it, and the server with each head that declares a
+  // body (ServerOptions::check_head), before the body's memory is reserved.
+  std::optional<http::Response> AccessRefusal(const http::RequestHead& req) const;
   // A worker became ready: requests waiting for it decide again at once.
   void WorkerReady(const std::string& key);
   // Residency (gateway_residency.cpp). The supervisor's start gate asks
@@ -290,8 +294,8 @@ class Gateway {
   bool KeysRequired() const;
   // The request's Origin when it is one of allowed_origins (its answer then
   // carries CORS headers, cors_exchange.h); "" otherwise.
-  std::string CorsOrigin(const http::Request& req) const;
-  Status CheckAccess(const http::Request& req, bool needs_key) const;
+  std::string CorsOrigin(const http::RequestHead& req) const;
+  Status CheckAccess(const http::RequestHead& req, bool needs_key) const;
   // Whose max_requests_per_key places a request takes: its API key's where
   // keys are required; else its address's (without keys the Authorization
   // header proves nothing, and a client that varied it had a cap of its own

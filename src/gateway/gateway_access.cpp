@@ -22,7 +22,7 @@ bool EqualsIgnoringCase(std::string_view a, std::string_view b) {
 
 // The scheme is case-insensitive (RFC 9110 11.1: "bearer" is Bearer), and
 // one or more spaces follow it.
-std::string_view BearerToken(const http::Request& req) {
+std::string_view BearerToken(const http::RequestHead& req) {
   auto auth = req.find(bhttp::field::authorization);
   if (auth == req.end()) return {};
   std::string_view v(auth->value().data(), auth->value().size());
@@ -78,7 +78,7 @@ Gateway::Caller Gateway::CallerOf(const http::Request& req) const {
 
 bool Gateway::KeysRequired() const { return !config_.api_keys.empty() || !config_.operator_keys.empty(); }
 
-Status Gateway::CheckAccess(const http::Request& req, bool needs_key) const {
+Status Gateway::CheckAccess(const http::RequestHead& req, bool needs_key) const {
   // DNS rebinding: a page served by another host must not reach this API.
   // Browsers always send Host; a request without one is refused too.
   auto host = req.find(bhttp::field::host);
@@ -105,7 +105,7 @@ Status Gateway::CheckAccess(const http::Request& req, bool needs_key) const {
   return Status::Ok();
 }
 
-std::string Gateway::CorsOrigin(const http::Request& req) const {
+std::string Gateway::CorsOrigin(const http::RequestHead& req) const {
   if (config_.allowed_origins.empty()) return "";
   auto origin = req.find(bhttp::field::origin);
   if (origin == req.end()) return "";

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "api/http_client.h"
@@ -375,6 +376,46 @@ TEST_F(ServerFixture, AnAbortedStreamClosesWithoutItsLastChunk) {
   EXPECT_NE(got.find("data: 0"), std::string::npos) << got;
   EXPECT_NE(got.find("chunked"), std::string::npos) << got;
   EXPECT_EQ(got.find("\r\n0\r\n\r\n"), std::string::npos) << got;
+}
+
+// A server that refuses, by their head, requests without "X-Key: ok" (as
+// the gateway refuses a missing API key).
+class GuardedServer : public ServerFixture {
+ protected:
+  ServerOptions Options() override {
+    ServerOptions o;
+    o.max_body_bytes = 1024;
+    o.check_head = [](const RequestHead& head) -> std::optional<Response> {
+      if (head["X-Key"] == "ok") return std::nullopt;
+      return MakeResponse(401, R"({"error":"a key is required"})", "application/json");
+    };
+    return o;
+  }
+};
+
+// A request refused by its head is answered before its body is read: no
+// 100 Continue, no share of the bodies' budget, and the connection closes
+// (a caller without a key held 64 KiB of it per connection for 30 s).
+TEST_F(GuardedServer, ARequestRefusedByItsHeadHoldsNoBodyBudget) {
+  RawPeer p(server_->port());
+  p.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\nExpect: 100-continue\r\n\r\n");
+  const std::string got = p.ReadAll(std::chrono::milliseconds(2000));
+  EXPECT_EQ(got.find("100 Continue"), std::string::npos) << got;
+  EXPECT_NE(got.find("401"), std::string::npos) << got;
+  EXPECT_NE(got.find("a key is required"), std::string::npos) << got;
+  EXPECT_NE(got.find("Connection: close"), std::string::npos) << got;
+  EXPECT_EQ(server_->body_bytes_held(), 0u);
+
+  RawPeer keyed(server_->port());
+  keyed.Send("POST /echo HTTP/1.1\r\nHost: x\r\nX-Key: ok\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello");
+  const std::string ok = keyed.ReadAll(std::chrono::milliseconds(2000));
+  EXPECT_NE(ok.find("200 OK"), std::string::npos) << ok;
+  EXPECT_NE(ok.find("hello"), std::string::npos) << ok;
+
+  // A request without a body is the handler's to judge (it is not checked here).
+  RawPeer bodiless(server_->port());
+  bodiless.Send("GET /nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(bodiless.ReadAll(std::chrono::milliseconds(2000)).find("404"), std::string::npos);
 }
 
 // A server with small connection and body budgets.
