@@ -238,6 +238,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string raw;                // raw bytes (stream header, chunks)
     std::string head;               // res's start line and fields while it is written (WireHead)
     bool last = false;              // completes the exchange
+    bool head_only = false;         // res answers a HEAD request: its head goes, not its body
     std::shared_ptr<std::atomic<int64_t>> unsent = nullptr;  // counted down once sent (or dropped)
     ~Item() {
       if (unsent) *unsent -= static_cast<int64_t>(raw.size());
@@ -245,7 +246,12 @@ class Session : public std::enable_shared_from_this<Session> {
     Item(std::shared_ptr<Response> r, std::string w, bool l, std::shared_ptr<std::atomic<int64_t>> u = nullptr)
         : res(std::move(r)), raw(std::move(w)), last(l), unsent(std::move(u)) {}
     Item(Item&& o) noexcept
-        : res(std::move(o.res)), raw(std::move(o.raw)), head(std::move(o.head)), last(o.last), unsent(std::move(o.unsent)) {
+        : res(std::move(o.res)),
+          raw(std::move(o.raw)),
+          head(std::move(o.head)),
+          last(o.last),
+          head_only(o.head_only),
+          unsent(std::move(o.unsent)) {
       o.unsent = nullptr;
     }
     Item& operator=(Item&&) = delete;
@@ -253,6 +259,18 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Enqueue(Item item) {
     if (closed_ || exchange_done_) return;
+    if (head_method_) {
+      // A HEAD request's answer is its head alone (RFC 9110 9.3.2): a whole
+      // response without its body; a stream's head, and the stream ends
+      // there with the connection (its events would never come to an end).
+      if (item.res) {
+        item.head_only = true;
+      } else {
+        if (answer_started_) return;
+        item.last = true;
+        keep_alive_ = false;
+      }
+    }
     if (item.last) exchange_done_ = true;
     answer_started_ = true;
     queue_.push_back(std::move(item));
@@ -299,6 +317,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // Reads the header first: the body's bytes are reserved against the
   // server's body budget before any of them is read.
   void DoRead() {
+    head_method_ = false;  // (until a HEAD request is read)
     parser_.emplace();
     parser_->body_limit(opts_.max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(opts_.max_header_bytes));
@@ -324,6 +343,18 @@ class Session : public std::enable_shared_from_this<Session> {
     // A body is reserved as it arrives, a step ahead (its string grows as it
     // comes): reserving the declared length, or for a chunked body the
     // largest allowed, let a few peers that trickle hold the whole budget.
+    // A body coded otherwise than chunked (gzip, or gzip then chunked) is not
+    // read as if it were plain: its bytes would be taken for the next request
+    // (RFC 9112 6.1: 501, and the connection closes).
+    const auto& head = parser_->get();
+    if (auto te = head.find(bhttp::field::transfer_encoding); te != head.end()) {
+      std::string_view coding(te->value().data(), te->value().size());
+      while (!coding.empty() && (coding.front() == ' ' || coding.front() == '\t')) coding.remove_prefix(1);
+      while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t')) coding.remove_suffix(1);
+      if (!beast::iequals(beast::string_view(coding.data(), coding.size()), "chunked") || head.count(bhttp::field::transfer_encoding) > 1) {
+        return RejectAndClose(501, "only Transfer-Encoding: chunked is supported", "not_implemented");
+      }
+    }
     const auto length = parser_->content_length();
     if (opts_.check_head && ((length && *length > 0) || parser_->chunked())) {
       if (auto refusal = opts_.check_head(parser_->get())) return RefuseAndClose(std::move(*refusal));
@@ -420,6 +451,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (Status st = CheckRequestHead(req); !st.ok()) return RejectAndClose(400, st.message());
     version_ = req.version();
     keep_alive_ = req.keep_alive();
+    // A HEAD request is handled as a GET whose answer goes without its body (Enqueue).
+    head_method_ = req.method() == bhttp::verb::head;
+    if (head_method_) req.method(bhttp::verb::get);
     exchange_done_ = false;
     peer_gone_ = false;
     on_disconnect_ = nullptr;
@@ -520,13 +554,14 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     writing_ = true;
     auto& item = queue_.front();
-    if (item.res && !item.res->chunked()) {
+    if (item.res && (!item.res->chunked() || item.head_only)) {
       // Head and body in one gathered write (see http_wire.h), sent at once
       // when the socket takes it all; the rest, if any, asynchronously.
       item.head = WireHead(*item.res);
-      const std::array<net::const_buffer, 2> bufs = {net::buffer(item.head), net::buffer(item.res->body())};
+      const std::array<net::const_buffer, 2> bufs = {
+          net::buffer(item.head), item.head_only ? net::const_buffer() : net::buffer(item.res->body())};
       const size_t sent = SendNow(stream_.socket().native_handle(), bufs);
-      if (sent == item.head.size() + item.res->body().size()) return OnWrite({});
+      if (sent == net::buffer_size(bufs)) return OnWrite({});
       stream_.expires_after(opts_.write_timeout);
       net::async_write(stream_, Consumed(bufs, sent),
                        [self = shared_from_this()](beast::error_code ec, std::size_t) { self->OnWrite(ec); });
@@ -643,6 +678,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool exchange_done_ = true;
   bool peer_gone_ = false;
   bool closed_ = false;
+  bool head_method_ = false;  // the exchange answers a HEAD request
   bool peek_outstanding_ = false;
   bool next_pending_ = false;
   bool read_closed_ = false;  // the peer half-closed (EOF while its request ran)

@@ -36,6 +36,9 @@ class ServerFixture : public ::testing::Test {
     server_ = std::make_unique<Server>(ioc_, Options(), [this](Request req, std::shared_ptr<Exchange> ex) {
       const std::string t(req.target());
       if (t == "/echo") return ex->Respond(MakeResponse(200, req.body(), "text/plain"));
+      if (t == "/hello" && req.method() == boost::beast::http::verb::get) {
+        return ex->Respond(MakeResponse(200, "hello", "text/plain"));
+      }
       if (t == "/stream") {
         ex->StartStream(MakeResponse(200, "", "text/event-stream"));
         std::thread([ex] {
@@ -334,6 +337,47 @@ TEST_F(ServerFixture, ExpectContinueIsAnsweredBeforeTheBody) {
   const std::string got = p.ReadAll(std::chrono::milliseconds(1000));
   EXPECT_NE(got.find("200 OK"), std::string::npos) << got;
   EXPECT_NE(got.find("hello"), std::string::npos) << got;
+}
+
+// HEAD is answered as GET is, without the body (RFC 9110 9.3.2): a client
+// on a kept-alive connection read the body as the start of its next answer.
+// A stream's HEAD gets the stream's head, and the connection closes.
+TEST_F(ServerFixture, HeadGetsTheHeadAloneAndTheConnectionStaysInStep) {
+  RawPeer p(server_->port());
+  p.Send("HEAD /hello HTTP/1.1\r\nHost: x\r\n\r\nGET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string got = p.ReadAll(std::chrono::milliseconds(2000));
+  const size_t second = got.find("HTTP/1.1", 1);
+  ASSERT_NE(second, std::string::npos) << got;
+  const std::string head = got.substr(0, second);
+  EXPECT_NE(head.find("200 OK"), std::string::npos) << got;
+  EXPECT_NE(head.find("Content-Length: 5"), std::string::npos) << got;
+  EXPECT_EQ(head.substr(head.size() - 4), "\r\n\r\n") << "nothing after the head: " << got;
+  EXPECT_NE(got.find("hello", second), std::string::npos) << got;
+  EXPECT_EQ(got.find("hello"), got.rfind("hello")) << "one body, the GET's: " << got;
+
+  RawPeer s(server_->port());
+  s.Send("HEAD /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string stream = s.ReadAll(std::chrono::milliseconds(2000));
+  EXPECT_NE(stream.find("200 OK"), std::string::npos) << stream;
+  EXPECT_EQ(stream.find("data:"), std::string::npos) << stream;
+}
+
+// A body in a coding other than chunked is refused, not read as plain
+// bytes: what followed the head was parsed as the next request (the shape
+// of request smuggling behind a proxy that forwards it).
+TEST_F(ServerFixture, ATransferCodingOtherThanChunkedIs501AndCloses) {
+  for (const std::string te : {"gzip", "gzip, chunked", "chunked, chunked"}) {
+    RawPeer p(server_->port());
+    p.Send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + te +
+           "\r\n\r\nGET /hello HTTP/1.1\r\nHost: x\r\n\r\n");
+    const std::string got = p.ReadAll(std::chrono::milliseconds(2000));
+    EXPECT_NE(got.find("501"), std::string::npos) << te << ": " << got;
+    EXPECT_EQ(got.find("hello"), std::string::npos) << te << ": the body was read as a request: " << got;
+  }
+  RawPeer chunked(server_->port());
+  chunked.Send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\nConnection: close\r\n\r\n"
+               "5\r\nhello\r\n0\r\n\r\n");
+  EXPECT_NE(chunked.ReadAll(std::chrono::milliseconds(2000)).find("hello"), std::string::npos);
 }
 
 // Two pipelined requests, then a half-close (nc -N, a client that sends all
