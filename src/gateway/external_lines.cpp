@@ -44,15 +44,29 @@ void ExternalLines::Leave(const std::string& service, const std::string& id) {
   auto it = lines_.find(service);
   if (it == lines_.end()) return;
   auto& w = it->second.waiting;
-  w.erase(std::remove(w.begin(), w.end(), id), w.end());
+  auto last = std::find(w.rbegin(), w.rend(), id);
+  if (last != w.rend()) w.erase(std::next(last).base());
 }
 
-void ExternalLines::Finished(const std::string& service, const std::string& outcome, int64_t now_ms) {
+void ExternalLines::TookRoom(const std::string& service) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  if (it != lines_.end()) ++it->second.room_takers;
+}
+
+int ExternalLines::RoomTakers(const std::string& service) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  return it == lines_.end() ? 0 : it->second.room_takers;
+}
+
+void ExternalLines::Finished(const std::string& service, const std::string& outcome, int64_t now_ms, bool took_room) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = lines_.find(service);
   if (it == lines_.end()) return;
   Line& l = it->second;
   l.running = std::max(0, l.running - 1);
+  if (took_room) l.room_takers = std::max(0, l.room_takers - 1);
   l.last_used_ms = now_ms;
   ++l.outcomes[outcome];
 }
@@ -98,11 +112,15 @@ int ExternalLines::Waiting(const std::string& service) const {
   return it == lines_.end() ? 0 : static_cast<int>(it->second.waiting.size());
 }
 
-void ExternalLines::Observe(const std::string& service, uint64_t device_bytes) {
+void ExternalLines::Observe(const std::string& service, int64_t pid, uint64_t device_bytes) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = lines_.find(service);
   if (it == lines_.end()) return;
   Line& l = it->second;
+  if (pid != l.pid) {  // another process: its resident size is measured again (the peak it had stays)
+    l.pid = pid;
+    l.resident = 0;
+  }
   if (l.running == 0) {
     l.resident = device_bytes;
   } else if (l.resident > 0 && device_bytes > l.resident) {

@@ -33,10 +33,18 @@ class ExternalLines {
   // until Finished.
   bool TryStart(const std::string& service, const std::string& id, int64_t now_ms,
                 const std::function<bool()>& up = {});
-  // Leaves the line without having run (cancelled, past its deadline).
+  // Leaves the line without having run (cancelled, past its deadline). A
+  // request whose id is in line twice (a client's X-Request-Id sent again
+  // while the first waits: the second is refused) takes its own place out,
+  // the later one, not the first request's.
   void Leave(const std::string& service, const std::string& id);
-  // Gives back a running place. `outcome`: completed | failed | cancelled.
-  void Finished(const std::string& service, const std::string& outcome, int64_t now_ms);
+  // A running request found room on the device for its transient peak and
+  // is sent: the peaks a later one must leave room for (RoomTakers).
+  void TookRoom(const std::string& service);
+  int RoomTakers(const std::string& service) const;
+  // Gives back a running place (and its room, `took_room`). `outcome`:
+  // completed | failed | cancelled.
+  void Finished(const std::string& service, const std::string& outcome, int64_t now_ms, bool took_room = false);
   // Nothing running or waiting, and nothing ran for `idle_ms`.
   bool Idle(const std::string& service, int64_t idle_ms, int64_t now_ms) const;
   // When Idle (or, `evicted`, when nothing runs: its waiters wait for it to
@@ -51,7 +59,11 @@ class ExternalLines {
   // What its process holds on its device now: at rest (nothing running) that
   // is its resident memory; above that while requests run, their transient
   // peak. Measured values replace the declared ones once seen.
-  void Observe(const std::string& service, uint64_t device_bytes);
+  // Measured for the process `pid`, once it is ready (the caller's part: a
+  // server still loading, part of its weights read as its resident size,
+  // made the rest of them a request's "transient peak"). Another process
+  // (a restart, a load) has its resident size measured again.
+  void Observe(const std::string& service, int64_t pid, uint64_t device_bytes);
   // The measured {resident, transient peak}; 0 until seen.
   std::pair<uint64_t, uint64_t> Measured(const std::string& service) const;
   // {"running", "waiting", "concurrency", "max_queue", "idle_s", counts by outcome}
@@ -62,10 +74,12 @@ class ExternalLines {
     int concurrency = 1;
     size_t max_queue = 0;
     int running = 0;
+    int room_takers = 0;  // running ones sent with room for their peak
     std::deque<std::string> waiting;
     int64_t last_used_ms = 0;
     std::map<std::string, uint64_t> outcomes;
-    uint64_t resident = 0, peak = 0;  // measured
+    uint64_t resident = 0, peak = 0;  // measured, of process `pid`
+    int64_t pid = 0;
   };
   // Idle (`evicted`: waiters or not); mu_ held.
   bool IdleLocked(const std::string& service, int64_t idle_ms, int64_t now_ms, bool evicted) const;

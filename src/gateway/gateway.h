@@ -218,7 +218,7 @@ class Gateway {
   // Cancelled, DeadlineExceeded, or how long it waited for what.
   boost::asio::awaitable<StatusOr<uint16_t>> AwaitExternalTurn(const journal::RequestRecord& rec,
                                                                const config::ExternalConfig& svc, Live& live,
-                                                               bool* running);
+                                                               bool* running, bool* took_room);
   // A chat, completion or embedding request whose model names an external service.
   bool RoutesToExternal(const http::Request& req, const std::string& path) const;
   // The port of an external service that can take a request now.

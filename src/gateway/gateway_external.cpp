@@ -167,7 +167,8 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
   const int64_t t0 = clock_.NowMs();
   ReplyWriter reply(std::move(ex), rec.id, 11);
   const bool recovered = !reply.attached();
-  bool running = false;  // holds a running place in the service's line
+  bool running = false;    // holds a running place in the service's line
+  bool took_room = false;  // ... and was sent with room on the device for its peak
   auto control = live->upstream_control;
   if (!control) control = live->upstream_control = std::make_shared<upstream::StreamControl>();
   // A recovered request was never given a place in line (its client is
@@ -193,8 +194,8 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     if (!ended.ok()) WithholdUnrecorded(ended, rec.id, reply, strand);
     live->Enter(LivePhase::kTerminal, clock_.NowMs());
     if (svc && svc->residency.priority == "interactive") last_interactive_ms_ = clock_.NowMs();
-    if (running) external_lines_->Finished(rec.service, Outcome(state), clock_.NowMs());
-    running = false;
+    if (running) external_lines_->Finished(rec.service, Outcome(state), clock_.NowMs(), took_room);
+    running = took_room = false;
     SignalFor(rec.service).Notify();
     metrics_.RequestFinished(rec.service, Outcome(state), svc ? ExternalKey(*svc) : "", (clock_.NowMs() - t0) / 1000.0);
   };
@@ -230,7 +231,7 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
   std::string last_failure;
   while (true) {
     // Its turn, a server that is up, and room on its device for the request's transient peak.
-    const StatusOr<uint16_t> port = co_await AwaitExternalTurn(rec, *svc, *live, &running);
+    const StatusOr<uint16_t> port = co_await AwaitExternalTurn(rec, *svc, *live, &running, &took_room);
     if (!port.ok()) {
       co_return co_await fail(port.status().code() == StatusCode::kCancelled ? State::kCancelled : State::kFailed,
                               port.status());
@@ -322,21 +323,26 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
 
 boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const journal::RequestRecord& rec,
                                                                       const config::ExternalConfig& svc, Live& live,
-                                                                      bool* running) {
+                                                                      bool* running, bool* took_room) {
   const std::string key = ExternalKey(svc);
   const int64_t start_wait_ms = static_cast<int64_t>(svc.start_timeout_s * 1000) + 5000;
   const int64_t waiting_since = clock_.NowMs();
-  int64_t up_since = 0;  // when the server was first up for it: the wait for a turn counts from there, not from its start
+  // Since when it has waited, the server up, for something other than its
+  // turn (the server giving its room away, device memory for its peak):
+  // capped at 60 s. Its place in line is bounded by max_queue and its
+  // deadline only: a request told "position 12" behind 3-minute
+  // transcriptions is not dropped at 60 s.
+  int64_t held_since = 0;
   while (true) {
     if (live.cancelled) co_return Status::Cancelled("request cancelled");
     if (live.PastDeadline(clock_.NowMs())) co_return DeadlinePassed();
     std::string note;
     const std::optional<uint16_t> port = ExternalPort(svc);
-    if (port && up_since == 0) up_since = clock_.NowMs();
-    if (port && clock_.NowMs() - up_since > kQueueWaitMs) {
+    if (port && held_since > 0 && clock_.NowMs() - held_since > kQueueWaitMs) {
       co_return Status::ResourceExhausted("waited " + std::to_string(kQueueWaitMs / 1000) + " s: " + live.WaitState().first)
           .WithRetryAfter(5);
     }
+    bool held = false;  // (this round: waiting for something other than its turn)
     if (!port) {
       supervisor_.Demand(key);  // stopped (on demand, or idle past keep_alive_s): started now
       note = "service '" + svc.name + "' is starting";
@@ -353,6 +359,7 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
       // that it goes idle and unloads (then this request starts it again,
       // once there is room).
       note = "service '" + svc.name + "' is unloading to give its room to another service";
+      held = true;
     } else if (!*running &&
                !external_lines_->TryStart(rec.service, rec.id, clock_.NowMs(), [&] { return ExternalPort(svc) == port; })) {
       note = "waiting for service '" + svc.name + "' (position " +
@@ -360,11 +367,19 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
     } else {
       *running = true;
       live.queue_slot.reset();
+      if (*took_room) co_return *port;  // (sent again: it holds its room)
       // (The device's telemetry is read on the blocking pool: a driver call may be slow.)
       const Status room = co_await Blocking([this, s = &svc] { return TransientRoom(*s); });
-      if (room.ok()) co_return *port;
+      if (room.ok()) {
+        external_lines_->TookRoom(rec.service);
+        *took_room = true;
+        co_return *port;
+      }
       note = room.message();
+      held = true;
     }
+    if (!held) held_since = 0;
+    else if (held_since == 0) held_since = clock_.NowMs();
     live.Waiting(note, 0);
     co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(port ? 250 : 100));
   }
@@ -383,7 +398,8 @@ Status Gateway::TransientRoom(const config::ExternalConfig& svc) {
   const uint64_t headroom = HeadroomOf(dc).For(reading->total);
   const uint64_t measured = external_lines_->Measured(svc.name).second;
   const auto peak = measured > 0 ? measured : static_cast<uint64_t>(svc.transient_mib * 1024 * 1024);
-  const uint64_t others = peak * static_cast<uint64_t>(std::max(0, external_lines_->Running(svc.name) - 1));
+  // (Those already sent: not those that wait for room as this one does.)
+  const uint64_t others = peak * static_cast<uint64_t>(external_lines_->RoomTakers(svc.name));
   const uint64_t need = peak + others + headroom;
   if (reading->free >= need) return Status::Ok();
   char note[200];
@@ -439,7 +455,7 @@ json Gateway::ExternalsJson() const {
       if (auto t = Telemetry(e.device); t.ok()) {
         if (auto r = (*t)->Read(); r.ok()) device_bytes = r->BytesOf(pid);
       }
-      external_lines_->Observe(e.name, device_bytes);
+      if (j["state"] == "ready") external_lines_->Observe(e.name, pid, device_bytes);  // (not while it loads)
     }
     const auto [resident, peak] = external_lines_->Measured(e.name);
     const auto mib = [](double m) { return static_cast<uint64_t>(m * 1024 * 1024); };

@@ -132,12 +132,57 @@ TEST(ExternalLinesTest, FirstComeFirstServedWithinConcurrencyAndQueue) {
   EXPECT_EQ(j["finished"]["completed"], 2);
   EXPECT_EQ(j["finished"]["failed"], 1);
   // Measured memory: at rest the resident bytes, above them while running the peak.
-  lines.Observe("s", 100);
+  lines.Observe("s", 7, 100);
   EXPECT_TRUE(lines.Join("s", "r6"));
   EXPECT_TRUE(lines.TryStart("s", "r6", 200));
-  lines.Observe("s", 160);
-  lines.Observe("s", 130);
+  lines.Observe("s", 7, 160);
+  lines.Observe("s", 7, 130);
   EXPECT_EQ(lines.Measured("s"), (std::pair<uint64_t, uint64_t>{100, 60}));
+  // Another process (a restart): its resident size is measured again before
+  // any peak is taken from it; the peak measured stays meanwhile.
+  lines.Observe("s", 8, 500);
+  EXPECT_EQ(lines.Measured("s"), (std::pair<uint64_t, uint64_t>{0, 60})) << "running: not its size at rest";
+  lines.Finished("s", "completed", 210);
+  lines.Observe("s", 8, 110);
+  EXPECT_EQ(lines.Measured("s"), (std::pair<uint64_t, uint64_t>{110, 60}));
+}
+
+// A client's X-Request-Id sent again while its first request waits: the
+// second (refused as a duplicate) leaves with its own place, the later one;
+// the first keeps its turn.
+TEST(ExternalLinesTest, ASecondRequestUnderAnIdTakesOnlyItsOwnPlaceOut) {
+  ExternalLines lines({OneAtATime(4)}, 0);
+  EXPECT_TRUE(lines.Join("s", "busy"));
+  EXPECT_TRUE(lines.TryStart("s", "busy", 1));
+  EXPECT_TRUE(lines.Join("s", "job-17"));
+  EXPECT_TRUE(lines.Join("s", "other"));
+  EXPECT_TRUE(lines.Join("s", "job-17"));  // the duplicate, refused next by the journal
+  lines.Leave("s", "job-17");
+  EXPECT_EQ(lines.Position("s", "job-17"), 1) << "the first keeps its place";
+  EXPECT_EQ(lines.Waiting("s"), 2);
+  lines.Finished("s", "completed", 2);
+  EXPECT_TRUE(lines.TryStart("s", "job-17", 3));
+}
+
+// Room for a request's transient peak is left for the requests already sent
+// (RoomTakers), not for those that hold a running place while they wait for
+// room themselves: two waiting for room counted each other and neither ran.
+TEST(ExternalLinesTest, OnlyRequestsSentWithRoomCountAgainstTheNext) {
+  auto e = OneAtATime(4);
+  e.concurrency = 2;
+  ExternalLines lines({e}, 0);
+  EXPECT_TRUE(lines.Join("s", "a"));
+  EXPECT_TRUE(lines.Join("s", "b"));
+  EXPECT_TRUE(lines.TryStart("s", "a", 1));
+  EXPECT_TRUE(lines.TryStart("s", "b", 1));
+  EXPECT_EQ(lines.Running("s"), 2);
+  EXPECT_EQ(lines.RoomTakers("s"), 0) << "both wait for room: neither holds any";
+  lines.TookRoom("s");
+  EXPECT_EQ(lines.RoomTakers("s"), 1);
+  lines.Finished("s", "completed", 2, /*took_room=*/false);  // b gave up waiting
+  EXPECT_EQ(lines.RoomTakers("s"), 1);
+  lines.Finished("s", "completed", 3, /*took_room=*/true);
+  EXPECT_EQ(lines.RoomTakers("s"), 0);
 }
 
 // Eviction: a server whose line never empties (batch requests queued all
