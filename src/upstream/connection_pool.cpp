@@ -364,7 +364,10 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
       const size_t n = chunk.size() - parser.get().body().size;
       if (n > 0 && !on_data(std::string_view(chunk.data(), n))) co_return Status::Ok();
     }
-    if (parser.keep_alive() && !write_failed && !(control && control->aborted())) Give(server, std::move(c));
+    // (A fresh connection's request never takes a kept one: it is closed, not kept idle for nobody.)
+    if (parser.keep_alive() && !write_failed && !(control && (control->aborted() || control->fresh_connection))) {
+      Give(server, std::move(c));
+    }
     co_return Status::Ok();
   }
   co_return Status::Unavailable(method + " " + target + ": no connection");

@@ -236,6 +236,42 @@ struct RawServer {
   }
 };
 
+// A request that must go on a fresh connection (an external service that
+// is not idempotent) closes it after its answer: kept, it was never taken
+// again (such requests never take one) and sat idle, up to 64 a server.
+TEST(ConnectionPoolTest, AFreshConnectionIsClosedAfterItsAnswer) {
+  RawServer raw;
+  const uint16_t port = raw.port();
+  std::atomic<bool> closed{false};
+  std::thread server([&] {
+    net::ip::tcp::socket s(raw.ioc);
+    if (!raw.AcceptWithHead(s)) return;
+    boost::system::error_code ec;
+    net::write(s, net::buffer(std::string("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")), ec);
+    timeval tv{3, 0};  // the client's close, within 3 s
+    setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char b = 0;
+    closed = ::recv(s.native_handle(), &b, 1, 0) == 0;
+  });
+  net::io_context ioc;
+  ConnectionPool pool;
+  StreamControl control;
+  control.fresh_connection = true;
+  std::string got;
+  auto st = RunCo(ioc, pool.Stream(
+                           port, "GET", "/x", "", {}, [](const http::StreamHead&) { return true; },
+                           [&](std::string_view d) {
+                             got.append(d);
+                             return true;
+                           },
+                           std::chrono::seconds(5), nullptr, &control));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(got, "ok");
+  server.join();
+  EXPECT_TRUE(closed) << "the connection was kept idle";
+  pool.Clear();
+}
+
 // A server that sends more than its Content-Length: the extra bytes are not
 // read as the next request's answer (the connection was kept with them).
 TEST(ConnectionPoolTest, AConnectionWithBytesPastItsAnswerIsNotKept) {
