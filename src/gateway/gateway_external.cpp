@@ -53,6 +53,7 @@ struct ExternalAnswer {
   std::string type, body;  // body: a kept answer (a relayed one is in the reply's store)
   bool relayed = false;
   bool too_large = false;  // past kMaxAnswerBytes: reading stopped
+  std::string retry_after;  // the server's Retry-After (a 429 or 503 of its own), passed on
 };
 
 boost::asio::awaitable<ExternalAnswer> SendExternal(upstream::ConnectionPool& pool, const Clock& clock,
@@ -74,6 +75,7 @@ boost::asio::awaitable<ExternalAnswer> SendExternal(upstream::ConnectionPool& po
     a.status = h.status;
     auto t = h.headers.find("content-type");
     a.type = t == h.headers.end() ? "application/octet-stream" : t->second;
+    if (auto r = h.headers.find("retry-after"); r != h.headers.end() && r->second.size() <= 64) a.retry_after = r->second;
     a.relayed = RelayedType(a.type) && a.status < 300;
     if (a.relayed) {
       on_relay();
@@ -263,8 +265,9 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
       co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
     }
     if (too_large) {
-      co_return co_await fail(State::kFailed, Status::Unavailable("the answer of service '" + svc->name + "' exceeds " +
-                                                                  std::to_string(kMaxAnswerBytes >> 20) + " MiB"));
+      // (The server did the work: a 502, not a 503 that says to try again.)
+      co_return co_await fail(State::kFailed, Status::BadGateway("the answer of service '" + svc->name + "' exceeds " +
+                                                                 std::to_string(kMaxAnswerBytes >> 20) + " MiB"));
     }
     if (sent.ok() && status > 0) {
       if (relay) {
@@ -277,7 +280,7 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
       const State state = status < 400 ? State::kCompleted : State::kFailed;
       const std::string err = state == State::kCompleted ? "" : body.substr(0, 1000);
       co_await finish(state, status, type, body, err);
-      co_return reply.Answer(status, type, body, &served);
+      co_return reply.Answer(status, type, body, &served, a.retry_after);
     }
     // The transport failed. Sent again only when the server cannot have
     // acted on it, or acting twice is harmless, and nothing reached the client.

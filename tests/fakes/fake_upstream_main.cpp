@@ -156,8 +156,10 @@ int main(int argc, char** argv) {
         ex->Write("data: [DONE]\n\n");
         ex->End();
       } else {
-        ex->Respond(spillway::http::MakeResponse(status > 0 ? static_cast<unsigned>(status) : 200, answer.dump(),
-                                                 "application/json", v));
+        auto res = spillway::http::MakeResponse(status > 0 ? static_cast<unsigned>(status) : 200, answer.dump(),
+                                                "application/json", v);
+        if (status == 429 || status == 503) res.set(boost::beast::http::field::retry_after, "7");  // (busy: a server's own)
+        ex->Respond(std::move(res));
       }
       if (held) ledger->Release(spillway::devices::LedgerKind::kAlloc, "transient", bytes);
     }).detach();

@@ -115,6 +115,10 @@ TEST_F(ExternalTest, MultipartBodiesGoThroughUntouchedAndAreJournaled) {
   r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake","query":"q","documents":["a","b"]})");
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(Body(r)["path"], "/v1/rerank");
+  // The server's own 503 comes with its Retry-After, which the client hears.
+  r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake","query":"q","fake_status":"503"})");
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.headers["retry-after"], "7") << r.body;
   // A chat request naming the external service goes there, unvalidated by the worker's parser.
   r = Call(g->port(), "POST", "/v1/chat/completions", R"({"model":"fake","messages":"not OpenAI's shape"})");
   ASSERT_EQ(r.status, 200) << r.body;
@@ -446,6 +450,10 @@ TEST_F(ExternalTest, LlamaServerStartedBySpillwayAndAServerThatRunsAlready) {
   auto r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"running","query":"q"})");
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(Body(r)["path"], "/v1/rerank");
+  // The server's own 503 comes with its Retry-After, which the client hears.
+  r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake","query":"q","fake_status":"503"})");
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.headers["retry-after"], "7") << r.body;
   EXPECT_EQ(ExternalStatus(g->port(), "running")["state"], "external");
   // Restarted: a request that cannot reach it meanwhile waits (nothing was
   // sent) and is served once it is back. It was answered 502 within a
