@@ -135,6 +135,27 @@ std::pair<uint64_t, uint64_t> ExternalLines::Measured(const std::string& service
   return {it->second.resident, it->second.peak};
 }
 
+void ExternalLines::NoteReach(const std::string& service, bool reached, const std::string& why, int64_t now_ms) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  if (it == lines_.end()) return;
+  Line& l = it->second;
+  if (reached) {
+    l.unreachable_since = 0;
+    l.unreachable_why.clear();
+    return;
+  }
+  if (l.unreachable_since == 0) l.unreachable_since = std::max<int64_t>(1, now_ms);
+  l.unreachable_why = why;
+}
+
+std::pair<int64_t, std::string> ExternalLines::Unreachable(const std::string& service) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  if (it == lines_.end()) return {0, ""};
+  return {it->second.unreachable_since, it->second.unreachable_why};
+}
+
 nlohmann::json ExternalLines::Json(const std::string& service, int64_t now_ms) const {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = lines_.find(service);

@@ -66,6 +66,12 @@ class ExternalLines {
   void Observe(const std::string& service, int64_t pid, uint64_t device_bytes);
   // The measured {resident, transient peak}; 0 until seen.
   std::pair<uint64_t, uint64_t> Measured(const std::string& service) const;
+  // What the last attempt to reach the server found: `reached` (it took
+  // the connection) or not, and why not. A server Spillway does not run (a
+  // `url`) has no health checks: this is how its state is known.
+  void NoteReach(const std::string& service, bool reached, const std::string& why, int64_t now_ms);
+  // Unreachable since when (0: reached at its last attempt, or never tried), and why.
+  std::pair<int64_t, std::string> Unreachable(const std::string& service) const;
   // {"running", "waiting", "concurrency", "max_queue", "idle_s", counts by outcome}
   nlohmann::json Json(const std::string& service, int64_t now_ms) const;
 
@@ -78,6 +84,8 @@ class ExternalLines {
     std::deque<std::string> waiting;
     int64_t last_used_ms = 0;
     std::map<std::string, uint64_t> outcomes;
+    int64_t unreachable_since = 0;  // (NoteReach)
+    std::string unreachable_why;
     uint64_t resident = 0, peak = 0;  // measured, of process `pid`
     int64_t pid = 0;
   };

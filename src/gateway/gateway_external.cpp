@@ -269,6 +269,8 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
       co_return co_await fail(State::kFailed, Status::BadGateway("the answer of service '" + svc->name + "' exceeds " +
                                                                  std::to_string(kMaxAnswerBytes >> 20) + " MiB"));
     }
+    external_lines_->NoteReach(rec.service, (sent.ok() && status > 0) || control->connected, sent.message(),
+                               clock_.NowMs());
     if (sent.ok() && status > 0) {
       if (relay) {
         const State state = State::kCompleted;
@@ -449,7 +451,14 @@ json Gateway::ExternalsJson() const {
       }
     } else {
       j["url"] = e.url;
-      j["state"] = "external";  // not Spillway's to start or stop
+      // Not Spillway's to start or stop, nor health-checked: what its last
+      // request found says whether it is there.
+      const auto [since, why] = external_lines_->Unreachable(e.name);
+      j["state"] = since > 0 ? "unreachable" : "external";
+      if (since > 0) {
+        j["last_error"] = why;
+        j["unreachable_s"] = static_cast<double>(clock_.NowMs() - since) / 1000;
+      }
     }
     // Memory: what its process holds on its device and in host RAM, measured;
     // the declared profile until then.
