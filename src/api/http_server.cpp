@@ -290,7 +290,12 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void ExchangeDropped() {
-    if (!exchange_done_ && !closed_) {
+    if (exchange_done_ || closed_) return;
+    if (answer_started_) {  // a stream begun: it ends as cut (a 500 would land inside its body)
+      CloseAfterExchange();
+      return Enqueue({nullptr, std::string(), true});
+    }
+    {
       auto res = MakeResponse(500, R"({"error":{"message":"no response","type":"server_error","code":"internal"}})",
                               "application/json", version_);
       Enqueue({std::make_shared<Response>(std::move(res)), {}, true});

@@ -58,6 +58,11 @@ class ServerFixture : public ::testing::Test {
         return ex->Abort();
       }
       if (t == "/drop") return;  // the Exchange is dropped unanswered
+      if (t == "/drop-stream") {  // ... once its stream has begun
+        ex->StartStream(MakeResponse(200, "", "text/event-stream"));
+        ex->Write("data: 0\n\n");
+        return;
+      }
       if (t == "/throw") throw std::runtime_error("handler bug");
       ex->Respond(MakeResponse(404, "", "text/plain"));
     });
@@ -229,6 +234,18 @@ struct RawPeer {
   net::io_context ioc;
   net::ip::tcp::socket sock;
 };
+
+// An exchange dropped once its stream has begun (a handler's bug) ends the
+// stream as cut: a 500 written there landed inside the chunked body, and
+// the connection went on as if in step.
+TEST_F(ServerFixture, AStreamDroppedMidwayEndsAsCut) {
+  RawPeer p(server_->port());
+  p.Send("GET /drop-stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string got = p.ReadAll(std::chrono::milliseconds(2000));
+  EXPECT_NE(got.find("data: 0"), std::string::npos) << got;
+  EXPECT_EQ(got.find("500"), std::string::npos) << got;
+  EXPECT_EQ(got.find("0\r\n\r\n"), std::string::npos) << "no last chunk: the stream is cut, not whole: " << got;
+}
 
 TEST_F(ServerFixture, PeerResetRunsTheDisconnectCallback) {
   {
