@@ -406,8 +406,10 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   // Accepted requests that have not started their first attempt are bounded.
   if (waiting_.fetch_add(1) >= config_.max_queue) {
     --waiting_;
-    return fail(Status::ResourceExhausted("the gateway queue is full (" + std::to_string(config_.max_queue) +
-                                          " requests waiting)").WithRetryAfter(2));
+    return ex->Respond(ErrorResponse(Status::ResourceExhausted("the gateway queue is full (" +
+                                                               std::to_string(config_.max_queue) + " requests waiting)")
+                                         .WithRetryAfter(2),
+                                     v, in->rec.id));
   }
   // And the service's own bound: a flood of one service's requests never
   // fills the queue every service shares.
@@ -415,8 +417,11 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   if (svc->max_queue > 0 && mine.fetch_add(1) >= svc->max_queue) {
     --mine;
     --waiting_;
-    return fail(Status::ResourceExhausted("service '" + svc->name + "' has " + std::to_string(svc->max_queue) +
-                                          " requests waiting (its max_queue)").WithRetryAfter(2));
+    return ex->Respond(ErrorResponse(Status::ResourceExhausted("service '" + svc->name + "' has " +
+                                                               std::to_string(svc->max_queue) +
+                                                               " requests waiting (its max_queue)")
+                                         .WithRetryAfter(2),
+                                     v, in->rec.id));
   }
   if (svc->max_queue <= 0) ++mine;
   in->queue_slot = QueuePlace(mine);
@@ -466,7 +471,7 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
   StatusOr<journal::AcceptResult> accepted = Status::Internal("not accepted yet");  // (both branches set it)
   if (unjournaled) {
     // A journal that refuses new requests refuses this one before it runs.
-    if (Status st = journal_.Refusal(); !st.ok()) co_return in->ex->Respond(ErrorResponse(st, v));
+    if (Status st = journal_.Refusal(); !st.ok()) co_return in->ex->Respond(ErrorResponse(st, v, live->id));
     in->rec.created_ms = in->rec.updated_ms = clock_.NowMs();
     accepted = journal::AcceptResult{journal::AcceptOutcome::kNew, std::move(in->rec)};  // (its last use)
   } else {
@@ -481,13 +486,14 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
     });
     accepted = std::move(*result);
   }
-  if (!accepted.ok()) co_return in->ex->Respond(ErrorResponse(accepted.status(), v));
+  if (!accepted.ok()) co_return in->ex->Respond(ErrorResponse(accepted.status(), v, live->id));
   const auto& old = accepted->existing;
   switch (accepted->outcome) {
     case journal::AcceptOutcome::kNew: break;
     case journal::AcceptOutcome::kMismatch:
       co_return in->ex->Respond(ErrorResponse(
-          Status::Unprocessable("Idempotency-Key was used with a different request body (request " + old.id + ")"), v));
+          Status::Unprocessable("Idempotency-Key was used with a different request body (request " + old.id + ")"), v,
+          live->id));
     case journal::AcceptOutcome::kInFlight:
       co_return in->ex->Respond(ErrorResponse(
           Status::Conflict("a request with this Idempotency-Key is still running (request " + old.id + ")").WithRetryAfter(1),

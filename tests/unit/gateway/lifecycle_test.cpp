@@ -985,6 +985,7 @@ TEST_F(RecoveredBacklogTest, RecoveredRequestsCountAgainstMaxQueue) {
   ASSERT_TRUE(refused->Wait());
   EXPECT_EQ(refused->status(), 503u) << refused->body();
   EXPECT_NE(refused->body().find("its max_queue"), std::string::npos) << refused->body();
+  EXPECT_EQ(refused->header("X-Request-Id"), "r-new") << "a client retrying names what it retries";
   EveryWorkerReadyAgain();
   for (const char* id : {"r-backlog-0", "r-backlog-1"}) {
     EXPECT_TRUE(Eventually([&] { return Journaled(id).state == journal::State::kCompleted; })) << id;
