@@ -326,7 +326,8 @@ Status Gateway::Intake(const http::Request& req, const std::string& peer, Incomi
   return Status::Ok();
 }
 
-void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint) {
+void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint,
+                               std::function<void()> on_accepted) {
   const unsigned v = req.version();
   auto fail = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
   auto body = ParseBody(req);
@@ -403,6 +404,7 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   in->ex = ex;
   in->version = v;
   in->started_ms = clock_.NowMs();
+  in->on_accepted = std::move(on_accepted);
   // Accepted requests that have not started their first attempt are bounded.
   if (waiting_.fetch_add(1) >= config_.max_queue) {
     --waiting_;
@@ -514,6 +516,7 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
       co_return in->ex->Respond(std::move(res));
     }
   }
+  if (in->on_accepted) in->on_accepted();
   std::weak_ptr<Live> weak = live;
   in->ex->OnDisconnect([this, weak] {
     if (auto l = weak.lock()) Cancel(l);

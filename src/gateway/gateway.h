@@ -201,7 +201,10 @@ class Gateway {
   void WorkerExited(const std::string& key, const std::string& why);
   // A request's JSON body within the configured limits (api/json_limits.h).
   StatusOr<nlohmann::json> ParseBody(const http::Request& req) const;
-  void HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint);
+  // `on_accepted` runs once the request is taken as new (after every check
+  // that may refuse it, and not for an Idempotency-Key's replay).
+  void HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint,
+                        std::function<void()> on_accepted = {});
   // What every accepted request takes from its head: its id (ours or the
   // client's X-Request-Id), client and place among its client's requests
   // (`peer`: the client's address), Idempotency-Key, X-Request-Timeout. A

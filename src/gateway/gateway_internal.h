@@ -200,6 +200,7 @@ struct Gateway::Incoming {
   std::shared_ptr<void> client_slot;  // the client's place among max_requests_per_key
   std::shared_ptr<void> queue_slot;   // its place among max_queue
   bool own_id = true;                 // the id is the gateway's (no X-Request-Id): it cannot clash
+  std::function<void()> on_accepted;  // once the journal took it as new (not refused, not a replay)
 };
 
 // GCC 12 destroys some temporaries of a co_await expression twice (checked

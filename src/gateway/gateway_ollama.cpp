@@ -121,17 +121,19 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
   // it stays loaded that long once idle, counted from when the last
   // request ended (negative: until told otherwise; 0: unloaded once idle).
   // A pinned service stays as configured.
-  // A request refused as invalid changes nothing.
+  // A request refused (invalid, a full queue, the journal) or replayed for
+  // its Idempotency-Key changes nothing: a generation's is applied once it
+  // is taken (HandleGeneration's on_accepted).
   bool movable = false;
   for (const auto& p : svc->placements) movable |= p.device != "cpu" && svc->residency.mode != "pinned";
-  const auto apply_keep_alive = [&] {
-    if (call->keep_alive_s) {
+  const auto apply_keep_alive = [this, keep_alive_s = call->keep_alive_s, svc, out, movable] {
+    if (keep_alive_s) {
       if (!movable) {
         out->AddHeader("X-Spillway-Keep-Alive", "not applied: service '" + svc->name + "' is " +
                                                     (svc->residency.mode == "pinned" ? "pinned" : "on the CPU only") +
                                                     " (residency is set per service in the config)");
       } else {
-        const double k = *call->keep_alive_s;
+        const double k = *keep_alive_s;
         {
           std::lock_guard<std::mutex> lk(residency_mu_);
           keep_alive_idle_ms_[svc->name] = k < 0 ? INT64_MAX : static_cast<int64_t>(k * 1000);
@@ -177,7 +179,6 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
                        : call->endpoint == "completion" ? api::ParseCompletionRequest(call->openai).status()
                                                         : api::ParseEmbeddingRequest(call->openai).status();
   if (!valid.ok()) return out->RespondTranslated(OllamaErrorResponse(api::OllamaFieldNames(valid, *call), v));
-  apply_keep_alive();
   http::Request translated = req;
   translated.target(call->endpoint == "chat"         ? "/v1/chat/completions"
                     : call->endpoint == "completion" ? "/v1/completions"
@@ -190,7 +191,7 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
                                 " bytes: twice max_body_bytes and 64 KiB)"), v));
   }
   translated.prepare_payload();
-  HandleGeneration(translated, std::move(out), call->endpoint);
+  HandleGeneration(translated, out, call->endpoint, apply_keep_alive);
 }
 
 Status Gateway::OllamaCapable(const config::ServiceConfig& svc, const api::OllamaCall& call) const {

@@ -1254,6 +1254,14 @@ TEST_F(LifecycleTest, OllamasErrorsHaveOllamasShape) {
   ASSERT_TRUE(bad->Wait());
   EXPECT_EQ(bad->status(), 400u);
   EXPECT_EQ(bad->header("X-Spillway-Keep-Alive"), "") << "a refused request's keep_alive was applied";
+  // Refused past the translation (its X-Request-Timeout): nothing applied either.
+  config_.services[0].residency.mode = "keep_alive";  // (read per request) a service whose keep_alive acts
+  auto late = Send("/api/generate", json{{"model", "chat"}, {"prompt", "x"}, {"keep_alive", -1}}.dump(), "POST",
+                   {{"X-Request-Timeout", "abc"}});
+  ASSERT_TRUE(late->Wait());
+  EXPECT_EQ(late->status(), 400u) << late->body();
+  EXPECT_EQ(late->header("X-Spillway-Keep-Alive"), "") << "a refused request's keep_alive was applied";
+  config_.services[0].residency.mode = "pinned";
   EXPECT_NE(json::parse(bad->body())["error"].get<std::string>().find("'options.temperature'"), std::string::npos)
       << bad->body();
   // The worker's own refusal, translated.
