@@ -12,7 +12,9 @@ namespace spillway::gateway {
 
 namespace {
 
-constexpr int64_t kTokenizeWaitMs = 5000;  // the most a request waits for a worker to count its prompt
+constexpr int64_t kTokenizeWaitMs = 5000;  // the most a request waits for a worker to count its prompt ...
+constexpr int64_t kTokenizeMsPerMiB = 2000;  // ... and more for a long one (a worker counts ~1 MiB of text a second)
+constexpr size_t kLongPromptBytes = 1 << 20;  // past this a count that outlasts its wait says the prompt is too long
 
 using nlohmann::json;
 
@@ -349,16 +351,28 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
 }
 
 boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& endpoint, int* prompt_tokens) {
+  // Bounded by the request's deadline, and short: a tokenization takes
+  // milliseconds, and a worker that hangs (it held each request 30 s, past
+  // its X-Request-Timeout and deaf to its cancel) is not asked for long. A
+  // body of megabytes takes seconds (2 s a MiB allowed).
+  const int64_t wait_ms = kTokenizeWaitMs + kTokenizeMsPerMiB * static_cast<int64_t>(rec_.body.size() >> 20);
   for (const auto& st : states_) {
     if (Stopped()) co_return false;
     auto port = st->admission.admitted ? g_.supervisor_.ReadyPort(st->key) : std::nullopt;
     if (!port) continue;
-    // Bounded by the request's deadline, and short: a tokenization takes
-    // milliseconds, and a worker that hangs (it held each request 30 s, past
-    // its X-Request-Timeout and deaf to its cancel) is not asked for long.
     auto r = co_await g_.pool_.Send(*port, "POST", std::string(protocol::kTokenizePath) + "?endpoint=" + endpoint,
                                     rec_.body, g_.supervisor_.AuthHeaders(),
-                                    TimeLeft(live_.deadline_ms, g_.clock_.NowMs(), kTokenizeWaitMs));
+                                    TimeLeft(live_.deadline_ms, g_.clock_.NowMs(), wait_ms));
+    if (!r.ok() && r.status().code() == StatusCode::kDeadlineExceeded && rec_.body.size() > kLongPromptBytes &&
+        !live_.PastDeadline(g_.clock_.NowMs())) {
+      // Not a worker that hangs (it is up, and answers its health checks):
+      // a prompt it could not count in that long. Asked again, every worker
+      // would count it again, and again, until the request's 60 s are gone.
+      *rejected_ = Status::PayloadTooLarge("counting the prompt's tokens (" + std::to_string(rec_.body.size() >> 20) +
+                                           " MiB of request) took more than " + std::to_string(wait_ms / 1000) +
+                                           " s: it is far longer than a context holds; send a shorter one");
+      co_return false;
+    }
     if (!r.ok()) continue;
     if (auto reply = protocol::TokenizeReply::FromJson(json::parse(r->body, nullptr, false)); r->status == 200 && reply) {
       *prompt_tokens = reply->prompt_tokens;

@@ -22,7 +22,9 @@ class FakeWorker {
   using Handler = std::function<void(http::Request& req, std::shared_ptr<http::Exchange> ex)>;
   // `host`: the loopback address it listens on ("::1": IPv6 alone).
   explicit FakeWorker(Handler h, const std::string& host = "127.0.0.1") : handler_(std::move(h)) {
-    server_ = std::make_unique<http::Server>(ioc_, http::ServerOptions{}, [this](http::Request req, std::shared_ptr<http::Exchange> ex) {
+    http::ServerOptions options;
+    options.max_body_bytes = 16 << 20;  // as a worker takes (twice the gateway's 8 MiB, and more)
+    server_ = std::make_unique<http::Server>(ioc_, options, [this](http::Request req, std::shared_ptr<http::Exchange> ex) {
       ++requests_;
       handler_(req, std::move(ex));
     });

@@ -699,6 +699,27 @@ TEST_F(LifecycleTest, AHungWorkerCountingThePromptDoesNotHoldTheRequestPastItsDe
   EXPECT_EQ(primary_.calls() + fallback_.calls(), 0u);
 }
 
+// A prompt of megabytes that a worker (up, answering its health checks)
+// cannot count within its wait is refused as too long (413), once: it was
+// sent to be counted again and again, each worker tokenizing it anew, until
+// the request's 60 s were gone, and then told the service was "starting".
+TEST_F(LifecycleTest, APromptTooLongToCountIsRefusedAsTooLong) {
+  primary_.hang_tokenize = true;  // (counting it never ends here)
+  fallback_.hang_tokenize = true;
+  const std::string prompt((1 << 20) + 1000, 'a');
+  auto ex = Send("/v1/completions", json{{"model", "chat"}, {"prompt", prompt}, {"max_tokens", 8}}.dump(), "POST",
+                 {{"X-Request-Id", "r-huge"}});
+  ASSERT_TRUE(ex->Wait(std::chrono::seconds(20)));  // (its wait is real time: 5 s, and 2 s a MiB)
+  EXPECT_EQ(ex->status(), 413u) << ex->body();
+  EXPECT_NE(ex->body().find("send a shorter one"), std::string::npos) << ex->body();
+  size_t counts = 0;
+  for (Worker* w : {&primary_, &fallback_}) {
+    std::lock_guard<std::mutex> lk(w->mu);
+    counts += w->hung.size();
+  }
+  EXPECT_EQ(counts, 1u) << "counted once, not again and again";
+}
+
 // A request that comes while its workers load (a restart: the requests it
 // recovered too) waits for them as long as their start timeout allows, not
 // the 60 s a wait for a busy worker gets: it ended failed at 60 s while a
