@@ -50,6 +50,8 @@ class Cursor {
     pos_ += len;
     return Status::Ok();
   }
+  // Numeric array entries kept so far in the file (Value::numbers).
+  uint64_t kept_numbers = 0;
   Status Skip(uint64_t n) {
     if (n > left()) return Fail("value runs past the end of the file");
     pos_ += n;
@@ -128,9 +130,17 @@ Status ReadValue(Cursor& c, uint32_t t, const ReaderLimits& lim, Value* v) {
   const uint64_t es = ScalarSize(et);
   uint64_t total = 0;
   if (MulOverflow(n, es, &total) || total > c.left()) return c.Fail("array runs past the end of the file");
-  if (n <= 4096) {
-    v->items.resize(n);
-    for (uint64_t i = 0; i < n; ++i) SPILLWAY_RETURN_IF_ERROR(ReadScalar(c, et, &v->items[i]));
+  if (n <= 4096 && c.kept_numbers + n <= (1u << 20)) {  // (each 8 bytes: 8 MiB at most, however many keys)
+    c.kept_numbers += n;
+    v->numbers.reserve(n);
+    for (uint64_t i = 0; i < n; ++i) {
+      Value x;
+      SPILLWAY_RETURN_IF_ERROR(ReadScalar(c, et, &x));
+      v->numbers.push_back(x.kind == Value::Kind::kUint  ? static_cast<double>(x.u)
+                           : x.kind == Value::Kind::kInt ? static_cast<double>(x.i)
+                           : x.kind == Value::Kind::kBool ? (x.b ? 1.0 : 0.0)
+                                                          : x.f);
+    }
     return Status::Ok();
   }
   return c.Skip(total);

@@ -48,7 +48,10 @@ struct Value {
   std::string s;
   uint32_t array_type = 0;
   uint64_t array_len = 0;
-  std::vector<Value> items;  // numeric arrays up to 4096 entries; string arrays are not kept
+  // A numeric array's entries (integers exactly up to 2^53), for arrays of
+  // up to 4096 entries and 2^20 entries in the whole file; string arrays,
+  // and arrays past those bounds, are not kept (array_len still says how long).
+  std::vector<double> numbers;
 };
 
 struct Metadata {

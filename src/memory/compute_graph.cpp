@@ -209,7 +209,7 @@ ScheduledGraph BuildScheduledGraph(const ModelShape& s, const PlacementSpec& spe
   const bool k_quant = spec.kv_k_x32 != 64 && spec.kv_k_x32 != 128, v_quant = spec.kv_v_x32 != 64 && spec.kv_v_x32 != 128;
   const bool k_f32 = spec.kv_k_x32 == 128, v_f32 = spec.kv_v_x32 == 128;
   int64_t nrot_k = 64;
-  while (hd % (nrot_k * 2) == 0) nrot_k *= 2;
+  while (hd > 0 && nrot_k < (int64_t{1} << 30) && hd % (nrot_k * 2) == 0) nrot_k *= 2;
   const int first_acc = static_cast<int>(L) - layers_on_accelerator;
   auto dev = [&](int64_t il) { return il >= first_acc ? kAcceleratorBackend : kHostBackend; };
 

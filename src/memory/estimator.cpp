@@ -8,6 +8,9 @@ namespace spillway::memory {
 
 namespace {
 constexpr uint32_t kCtxPad = 256;
+constexpr uint64_t kMaxLayers = 4096;      // (the deepest models have a few hundred)
+constexpr uint64_t kMaxHeadDim = 1 << 16;  // (256 is large)
+constexpr uint64_t kMaxWidth = 1 << 24;    // feed-forward width, vocabulary (a few hundred thousand at most)
 uint64_t RoundUp(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 }  // namespace
 
@@ -27,17 +30,59 @@ StatusOr<ModelShape> ShapeFromMetadata(const gguf::Metadata& m) {
     return Status::Ok();
   };
   if (s.architecture.empty()) return Status::InvalidArgument("GGUF lacks general.architecture");
+  // Heads given per layer (hybrid models: Granite 4.0-H, Jamba, whose
+  // recurrent layers have none) are not estimated: llama.cpp judges them
+  // (the same head count for every layer made their KV tens of times too large).
+  for (const char* key : {"attention.head_count", "attention.head_count_kv"}) {
+    if (auto it = m.kv.find(s.architecture + "." + key); it != m.kv.end() && it->second.kind == gguf::Value::Kind::kArray) {
+      return Status::InvalidArgument("GGUF gives " + s.architecture + "." + key +
+                                     " per layer (a hybrid model): Spillway does not estimate its memory yet");
+    }
+  }
   SPILLWAY_RETURN_IF_ERROR(need("block_count", &s.n_layer));
   SPILLWAY_RETURN_IF_ERROR(need("embedding_length", &s.n_embd));
   SPILLWAY_RETURN_IF_ERROR(need("attention.head_count", &s.n_head));
-  s.n_head_kv = static_cast<uint32_t>(m.ArchUint("attention.head_count_kv").value_or(s.n_head));
-  if (s.n_head_kv == 0 || s.n_head_kv > s.n_head) return Status::InvalidArgument("GGUF has an invalid head_count_kv");
-  s.head_dim_k = static_cast<uint32_t>(m.ArchUint("attention.key_length").value_or(s.n_embd / s.n_head));
-  s.head_dim_v = static_cast<uint32_t>(m.ArchUint("attention.value_length").value_or(s.n_embd / s.n_head));
-  s.n_ctx_train = static_cast<uint32_t>(m.ArchUint("context_length").value_or(0));
-  s.n_ff = static_cast<uint32_t>(m.ArchUint("feed_forward_length").value_or(4ull * s.n_embd));
-  if (auto it = m.kv.find("tokenizer.ggml.tokens"); it != m.kv.end()) s.n_vocab = static_cast<uint32_t>(it->second.array_len);
-  if (auto v = m.ArchUint("vocab_size")) s.n_vocab = static_cast<uint32_t>(*v);
+  // Values no model has (checked before anything is sized by them: a
+  // header of a few hundred bytes could ask the estimate for millions of
+  // layers, or divide by a head of no size).
+  auto at_most = [&](const char* key, uint64_t value, uint64_t limit) -> Status {
+    if (value > limit) {
+      return Status::InvalidArgument("GGUF has " + s.architecture + "." + key + " = " + std::to_string(value) +
+                                     ", more than any model has (" + std::to_string(limit) + ")");
+    }
+    return Status::Ok();
+  };
+  SPILLWAY_RETURN_IF_ERROR(at_most("block_count", s.n_layer, kMaxLayers));
+  const uint64_t n_head_kv = m.ArchUint("attention.head_count_kv").value_or(s.n_head);
+  if (n_head_kv == 0 || n_head_kv > s.n_head) return Status::InvalidArgument("GGUF has an invalid head_count_kv");
+  s.n_head_kv = static_cast<uint32_t>(n_head_kv);
+  const uint64_t head_dim_k = m.ArchUint("attention.key_length").value_or(s.n_embd / s.n_head);
+  const uint64_t head_dim_v = m.ArchUint("attention.value_length").value_or(s.n_embd / s.n_head);
+  if (head_dim_k == 0 || head_dim_v == 0) {
+    return Status::InvalidArgument("GGUF gives " + s.architecture + "'s attention heads no size (embedding_length " +
+                                   std::to_string(s.n_embd) + " over head_count " + std::to_string(s.n_head) +
+                                   ", and no key_length/value_length)");
+  }
+  SPILLWAY_RETURN_IF_ERROR(at_most("attention.key_length", head_dim_k, kMaxHeadDim));
+  SPILLWAY_RETURN_IF_ERROR(at_most("attention.value_length", head_dim_v, kMaxHeadDim));
+  s.head_dim_k = static_cast<uint32_t>(head_dim_k);
+  s.head_dim_v = static_cast<uint32_t>(head_dim_v);
+  s.n_ctx_train = static_cast<uint32_t>(std::min<uint64_t>(m.ArchUint("context_length").value_or(0), UINT32_MAX));
+  const uint64_t n_ff = m.ArchUint("feed_forward_length").value_or(4ull * s.n_embd);
+  SPILLWAY_RETURN_IF_ERROR(at_most("feed_forward_length", n_ff, kMaxWidth));
+  s.n_ff = static_cast<uint32_t>(n_ff);
+  uint64_t n_vocab = 0;
+  if (auto it = m.kv.find("tokenizer.ggml.tokens"); it != m.kv.end()) n_vocab = it->second.array_len;
+  if (auto v = m.ArchUint("vocab_size")) n_vocab = *v;
+  SPILLWAY_RETURN_IF_ERROR(at_most("vocab_size", n_vocab, kMaxWidth));
+  s.n_vocab = static_cast<uint32_t>(n_vocab);
+  // With its tensors listed, no more blocks than they have.
+  int64_t last_block = -1;
+  for (const auto& t : m.tensors) last_block = std::max<int64_t>(last_block, t.layer);
+  if (last_block >= 0 && s.n_layer > last_block + 1) {
+    return Status::InvalidArgument("GGUF says " + s.architecture + ".block_count = " + std::to_string(s.n_layer) +
+                                   " but its tensors have " + std::to_string(last_block + 1) + " blocks");
+  }
   s.layer_bytes.assign(s.n_layer, 0);
   bool has_output = false;
   for (const auto& t : m.tensors) {

@@ -93,6 +93,32 @@ std::vector<uint8_t> Start(uint64_t n_tensors, uint64_t n_kv) {
   return v;
 }
 
+// Numeric arrays are kept as numbers (a per-layer head count), 8 bytes
+// each and 2^20 of them in a file at most: kept as whole values (112 bytes
+// each, with no bound across keys) 64 MiB of small arrays took 7 GiB.
+TEST(GgufReaderTest, NumericArraysAreKeptCompactlyAndWithinABound) {
+  const uint64_t keys = 300, each = 4096;  // 1.2 M entries: more than are kept
+  auto v = Start(0, keys);
+  for (uint64_t k = 0; k < keys; ++k) {
+    PutStr(v, "k" + std::to_string(k));
+    Put<uint32_t>(v, 9);   // array
+    Put<uint32_t>(v, 4);   // of u32
+    Put<uint64_t>(v, each);
+    for (uint64_t i = 0; i < each; ++i) Put<uint32_t>(v, static_cast<uint32_t>(i % 7));
+  }
+  auto m = ParseGguf(v.data(), v.size(), v.size());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(m->kv.at("k0").numbers.size(), each);
+  EXPECT_EQ(m->kv.at("k0").numbers[8], 1.0);
+  uint64_t kept = 0;
+  for (const auto& [name, value] : m->kv) {
+    EXPECT_EQ(value.array_len, each) << name;
+    kept += value.numbers.size();
+  }
+  EXPECT_LE(kept, uint64_t{1} << 20);
+  EXPECT_TRUE(m->kv.at("k299").numbers.empty()) << "past the bound: its length only";
+}
+
 TEST(GgufReaderTest, HostileHeadersAreRejectedWithoutAllocating) {
   struct Case {
     std::vector<uint8_t> bytes;

@@ -134,5 +134,72 @@ TEST(EstimatorTest, IncompleteMetadataIsAnError) {
   EXPECT_NE(ShapeFromMetadata(m).status().message().find("block_count"), std::string::npos);
 }
 
+// A header of a few hundred bytes cannot make the estimate divide by a head
+// of no size (it crashed or never ended), or build millions of layers (it
+// took the gateway's memory at start): such values are refused, by name.
+TEST(EstimatorTest, HostileShapesAreRefusedByName) {
+  auto base = [] {
+    gguf::Metadata m;
+    gguf::Value arch;
+    arch.kind = gguf::Value::Kind::kString;
+    arch.s = "llama";
+    m.kv["general.architecture"] = arch;
+    for (const auto& [k, v] : {std::pair<const char*, uint64_t>{"llama.block_count", 1}, {"llama.embedding_length", 64},
+                               {"llama.attention.head_count", 4}}) {
+      gguf::Value u;
+      u.kind = gguf::Value::Kind::kUint;
+      u.u = v;
+      m.kv[k] = u;
+    }
+    return m;
+  };
+  auto with = [&](const char* key, uint64_t value) {
+    gguf::Metadata m = base();
+    gguf::Value u;
+    u.kind = gguf::Value::Kind::kUint;
+    u.u = value;
+    m.kv[key] = u;
+    return ShapeFromMetadata(m);
+  };
+  ASSERT_TRUE(ShapeFromMetadata(base()).ok());
+  const auto no_head_size = with("llama.attention.head_count", 128);  // 64 / 128 = 0 per head
+  ASSERT_FALSE(no_head_size.ok());
+  EXPECT_NE(no_head_size.status().message().find("no size"), std::string::npos) << no_head_size.status().message();
+  const auto deep = with("llama.block_count", 1000000);
+  ASSERT_FALSE(deep.ok());
+  EXPECT_NE(deep.status().message().find("block_count = 1000000"), std::string::npos) << deep.status().message();
+  EXPECT_FALSE(with("llama.attention.key_length", uint64_t{1} << 31).ok());
+  EXPECT_FALSE(with("llama.feed_forward_length", uint64_t{1} << 40).ok());
+  EXPECT_FALSE(with("llama.vocab_size", uint64_t{1} << 40).ok());
+  // Heads given per layer (a hybrid model): not estimated, and said so
+  // (the first layer's count for every layer made its KV 40 times too large).
+  gguf::Metadata hybrid = base();
+  gguf::Value per_layer;
+  per_layer.kind = gguf::Value::Kind::kArray;
+  per_layer.array_len = 1;
+  per_layer.numbers = {0};
+  hybrid.kv["llama.attention.head_count_kv"] = per_layer;
+  const auto h = ShapeFromMetadata(hybrid);
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.status().message().find("per layer"), std::string::npos) << h.status().message();
+  // More blocks than its tensors have.
+  gguf::Metadata listed = base();
+  listed.kv["llama.block_count"].u = 8;
+  gguf::TensorInfo t;
+  t.name = "blk.1.attn_q.weight";
+  t.layer = 1;
+  listed.tensors.push_back(t);
+  const auto more = ShapeFromMetadata(listed);
+  ASSERT_FALSE(more.ok());
+  EXPECT_NE(more.status().message().find("2 blocks"), std::string::npos) << more.status().message();
+  // What passes is estimated without crashing, however odd.
+  auto odd = with("llama.attention.key_length", 3);
+  ASSERT_TRUE(odd.ok());
+  PlacementSpec spec;
+  spec.ctx = 512;
+  spec.slots = 1;
+  EXPECT_GT(EstimatePlacement(*odd, spec).host.total(), 0u);
+}
+
 }  // namespace
 }  // namespace spillway::memory
