@@ -89,6 +89,19 @@ StatusOr<devices::DeviceTelemetry*> Telemetry(const std::string& device);
 
 inline std::string Outcome(State s) { return journal::StateName(s); }
 
+// A placement as /v1/status shows it: whether its breaker, or its device's
+// (a device's failures stop every placement on it), takes nothing now.
+inline bool BreakerOpen(const json& p) {
+  const auto open = [&](const char* k) { return p.contains(k) && p[k].is_object() && p[k].value("state", "") == "open"; };
+  return open("breaker") || open("device_breaker");
+}
+
+// Whether it may take requests at all now: admitted, not held back, no
+// breaker open (its worker's state aside).
+inline bool MayTakeRequests(const json& p) {
+  return p.value("admitted", true) && !BreakerOpen(p) && (!p.contains("held_back") || p["held_back"].is_null());
+}
+
 // The bounds every request body is checked against (json_max_depth).
 api::JsonLimits JsonLimitsOf(const config::GatewayConfig& config);
 

@@ -172,6 +172,7 @@ json Gateway::StatusJson() const {
       // Taking no requests now while another placement can (request_admission.cpp, RefreshHeld).
       std::string held_why;
       w["held_back"] = HeldBack(s, i, &held_why) != Hold::kNone ? json(held_why) : json(nullptr);
+      w["on_demand"] = supervisor_.OnDemand(key);  // (stopped: started by the next request that wants it)
       for (const auto& v : workers) {
         if (v.key != key) continue;
         w["state"] = upstream::WorkerStateName(v.state);
@@ -246,20 +247,27 @@ json Gateway::StatusJson() const {
     std::string degraded;
     bool other_up = false;
     for (const auto& p : placements) {
-      other_up |= p["role"] != "primary" && p.value("state", "") == "ready" && p.value("admitted", true) &&
-                  p["held_back"].is_null();
+      other_up |= p["role"] != "primary" && p.value("state", "") == "ready" && MayTakeRequests(p);
     }
     for (const auto& p : placements) {
       if (p["role"] != "primary") continue;
-      const std::string breaker = p.contains("breaker") ? p["breaker"].value("state", "closed") : "closed";
       const std::string state = p.value("state", std::string("stopped"));
-      const bool waits_for_a_request = state == "stopped" && supervisor_.OnDemand(p["key"].get<std::string>());
+      const bool on_demand = p.value("on_demand", false);
+      if (MayTakeRequests(p) && (state == "ready" || (on_demand && state == "stopped"))) continue;
+      if (MayTakeRequests(p) && on_demand) {  // (loading for its requests, which wait for it)
+        degraded = "the primary placement " + p["placement"].get<std::string>() + " is loading (worker " + state +
+                   "); its requests wait for it";
+        continue;
+      }
       const bool held = !p["held_back"].is_null();
-      if (breaker != "open" && p.value("admitted", true) && !held && (state == "ready" || waits_for_a_request)) continue;
+      const bool device_open = p.contains("device_breaker") && p["device_breaker"].is_object() &&
+                               p["device_breaker"].value("state", "") == "open";
       degraded = "the primary placement " + p["placement"].get<std::string>() + " is " +
                  (held ? "held back (" + p["held_back"].get<std::string>() + ")"
                        : "unavailable (" +
-                             (breaker == "open"            ? std::string("breaker open")
+                             (device_open      ? "its device's breaker is open: " +
+                                                     p["device_breaker"].value("last_reason", std::string("failures"))
+                              : BreakerOpen(p) ? std::string("breaker open")
                               : !p.value("admitted", true) ? std::string("not admitted")
                                                            : "worker " + state) +
                              ")") +

@@ -19,14 +19,6 @@ namespace {
 
 std::string Words(uint64_t tokens, const char* what) { return std::to_string(tokens) + " " + what; }
 
-// A placement can take a request now: admitted, its worker ready (or an
-// on-demand replica that starts when asked) and its breaker not open.
-bool Serving(const json& p) {
-  const std::string state = p.value("state", "");
-  const bool breaker_open = p.contains("breaker") && p["breaker"].value("state", "") == "open";
-  const bool held_back = p.contains("held_back") && !p["held_back"].is_null();
-  return p.value("admitted", true) && !breaker_open && !held_back && (state == "ready" || p.value("on_demand", false));
-}
 
 // Weights, KV cache and compute buffers a worker reports on one side
 // (its device, or the host).
@@ -238,7 +230,6 @@ json Gateway::DevicesJson(const json& status) {
 
 void Gateway::AddServiceViews(json& status, const json& requests) {
   for (auto& s : status["services"]) {
-    for (auto& p : s["placements"]) p["on_demand"] = supervisor_.OnDemand(p["key"].get<std::string>());
     const config::ServiceConfig* svc = config_.FindService(s["name"].get<std::string>());
     if (!svc) continue;
     int queued = 0, running = 0;
@@ -247,13 +238,26 @@ void Gateway::AddServiceViews(json& status, const json& requests) {
       (r["phase"] == "queued" ? queued : running) += 1;
     }
     s["requests"] = {{"queued", queued}, {"running", running}};
-    // What a client gets now: the first placement that can serve.
+    // What a client gets now: the first placement that may take requests
+    // and is ready, or stopped on demand (the next request starts it). One
+    // on demand that starts (or backs off) before it is waited for: its
+    // requests wait for it, as admission has them (request_admission.cpp).
     const json& placements = s["placements"];
     int serving = -1;
     bool loading = false;
     for (size_t i = 0; i < placements.size(); ++i) {
-      if (serving < 0 && Serving(placements[i])) serving = static_cast<int>(i);
-      loading |= placements[i].value("state", "") == "starting";
+      const json& p = placements[i];
+      const std::string st = p.value("state", "");
+      const bool on_demand = p.value("on_demand", false);
+      if (MayTakeRequests(p) && (st == "ready" || (on_demand && st == "stopped"))) {
+        serving = static_cast<int>(i);
+        break;
+      }
+      loading |= st == "starting";
+      if (MayTakeRequests(p) && on_demand) {  // loading for its requests
+        loading = true;
+        break;
+      }
     }
     json view = json::object();
     std::string state;

@@ -278,7 +278,8 @@ nlohmann::json PlacementBoard::PlacementJson(const std::string& service, size_t 
   const auto& st = *placements_.at(service).at(index);
   // The same estimate admission acts on (delay or reject, Retry-After).
   const auto wait = EstimatedWaitS(st, typical_need);
-  return {{"admitted", st.admission.admitted},
+  auto device = device_breakers_.find(st.cfg.device);
+  nlohmann::json out = {{"admitted", st.admission.admitted},
           {"est_wait_s", wait ? nlohmann::json(*wait) : nlohmann::json(nullptr)},
           {"admission", st.admission.reason},
           {"predicted_bytes", st.admission.predicted_bytes},
@@ -288,6 +289,9 @@ nlohmann::json PlacementBoard::PlacementJson(const std::string& service, size_t 
           {"breaker", BreakerJson(st.breaker, clock_.NowMs())},
           {"readiness", {{"policy", st.readiness}, {"reason", st.readiness_reason},
                          {"expected_s", st.readiness_expected_s}, {"active_requests", st.active}}}};
+  // Its device's breaker: open, it stops this placement as its own would.
+  out["device_breaker"] = device == device_breakers_.end() ? nlohmann::json(nullptr) : BreakerJson(device->second, clock_.NowMs());
+  return out;
 }
 
 nlohmann::json PlacementBoard::DevicesJson() const {

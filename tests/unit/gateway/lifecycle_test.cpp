@@ -1253,6 +1253,48 @@ class SmallBodyLifecycleTest : public LifecycleTest {
   }
 };
 
+// Another service on the same device: its failures there count against the
+// device's breaker, which stops every placement on the device.
+class SharedDeviceLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    config_text_ += "[[service]]\nname = \"other\"\nmodel = \"/nonexistent/other.gguf\"\n"
+                    "[[service.placement]]\ndevice = \"sim:0\"\nctx = 256\nslots = 1\n";
+    workers_.SetReady("other.0", other_.server.port());
+    other_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+      Refuse(ex, Status::Unavailable("device lost").WithPhase(FailurePhase::kDevice));
+    };
+    LifecycleTest::SetUp();
+  }
+  Worker other_;
+};
+
+// A device's open breaker sends a service's requests to its fallback though
+// its own placement's breaker is closed and its worker ready: the status
+// says so (it read "ready, served by its primary placement").
+TEST_F(SharedDeviceLifecycleTest, ADevicesOpenBreakerShowsItsServicesDegraded) {
+  auto lost = Send("/v1/completions", json{{"model", "other"}, {"prompt", "x"}, {"max_tokens", 4}}.dump());
+  auto status = [&] {
+    auto st = Send("/v1/status", "", "GET");
+    EXPECT_TRUE(st->Wait());
+    return json::parse(st->body(), nullptr, false);
+  };
+  // (It waits, its one placement ejected: the stepped clock never ends that.)
+  ASSERT_TRUE(Eventually([&] {
+    return status()["services"][0]["placements"][0]["device_breaker"].value("state", "") == "open";
+  })) << status().dump();
+  auto ex = Complete("r-after");
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->header("X-Spillway-Placement"), "cpu") << "the device's breaker is open";
+  const json chat = status()["services"][0];
+  EXPECT_EQ(chat["placements"][0]["breaker"]["state"], "closed");
+  EXPECT_EQ(chat["placements"][0]["device_breaker"]["state"], "open");
+  EXPECT_EQ(chat["state"], "degraded") << chat.dump();
+  EXPECT_EQ(chat["serving"]["placement"], "cpu") << chat["serving"].dump();
+  EXPECT_NE(chat["degraded"].get<std::string>().find("its device's breaker is open"), std::string::npos)
+      << chat["degraded"].dump();
+}
+
 TEST_F(SmallBodyLifecycleTest, AnOllamaBodyTooLargeOnceTranslatedIsA413) {
   const json call = {{"function", {{"name", "write"}, {"arguments", {{"text", std::string(40000, '"')}}}}}};
   const json body = {{"model", "chat"},
