@@ -136,7 +136,17 @@ void EventFeed::Tick() {
     for (const auto& d : snap.value("devices", json::array())) {
       if (!d.contains("total_bytes") || !d.contains("used_bytes")) continue;
       auto& h = history_[d["name"].get<std::string>()];
-      h.push_back({now, d["used_bytes"].get<int64_t>(), d["total_bytes"].get<int64_t>()});
+      // A point per period: samples in between (every request's change
+      // kicks one, up to 4 a second) update the last point, so that the
+      // history's points span history_points periods (10 minutes), not
+      // 150 s on a busy gateway.
+      const std::array<int64_t, 3> point = {now, d["used_bytes"].get<int64_t>(), d["total_bytes"].get<int64_t>()};
+      if (!h.empty() && now - h.back()[0] < opts_.period.count()) {
+        h.back()[1] = point[1];
+        h.back()[2] = point[2];
+      } else {
+        h.push_back(point);
+      }
       while (h.size() > opts_.history_points) h.pop_front();
     }
     latest_ = snap;

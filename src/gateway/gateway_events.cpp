@@ -47,7 +47,8 @@ json ViewFor(const json& snapshot, const std::string& client, bool sees_all) {
 
 json IncidentView(const Incident& i, const std::string& client, bool sees_all) {
   json j = IncidentJson(i);
-  if (!sees_all && !i.client.empty() && i.client != client) j.erase("request_id");
+  // (An owner not known, its journal row unread, is not the caller's: as ViewFor.)
+  if (!sees_all && i.client != client) j.erase("request_id");
   return j;
 }
 

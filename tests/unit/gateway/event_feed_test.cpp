@@ -114,6 +114,29 @@ TEST_F(FeedTest, ASubscriberHearsHistoryAndASnapshotAtOnceThenChangesAndIncident
   EXPECT_TRUE(ex->ended);
 }
 
+// Samples kicked between two periods (each request's change kicks one)
+// update the history's last point: a point per period, so 600 of them are
+// 10 minutes however busy the gateway (150 s on one kicked 4 times a second).
+TEST_F(FeedTest, TheMemoryHistoryKeepsAPointPerPeriod) {
+  auto opts = Fast();
+  opts.period = std::chrono::milliseconds(1000);
+  EventFeed feed([this] { return Sample(); }, log, clock, opts);
+  feed.Start();
+  for (int i = 1; i <= 8; ++i) {  // 2 s by the clock, a sample every 250 ms
+    clock.Advance(250);
+    Set(Snapshot("closed", 100 + i));
+    feed.Kick();
+    ASSERT_TRUE(Eventually([&] {
+      const json h = feed.MemoryHistory();
+      return h.contains("sim:0") && h["sim:0"].back()[1] == 100 + i;
+    })) << i;
+  }
+  const json h = feed.MemoryHistory()["sim:0"];
+  EXPECT_LE(h.size(), 3u) << h.dump();
+  EXPECT_EQ(h.back()[1], 108) << "the last point holds the latest sample";
+  feed.Stop();
+}
+
 TEST_F(FeedTest, AKeepaliveSnapshotComesEvenWithoutAChange) {
   auto opts = Fast();
   opts.keepalive = std::chrono::milliseconds(1000);
