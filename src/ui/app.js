@@ -58,18 +58,31 @@ function setConn(s, text) {
 
 async function connect() {
   setConn('connecting', 'connecting…');
+  // The gateway sends a snapshot at least every 5 s: a stream silent for
+  // 15 s is dead (a laptop that slept, a network that changed without a
+  // reset), and its numbers are not live any more.
+  const abort = new AbortController();
+  let heard = Date.now();
+  const watchdog = setInterval(() => {
+    if (Date.now() - heard > 15000) abort.abort();
+  }, 1000);
   let res;
   try {
-    res = await fetch('/v1/events', { headers: headers(), cache: 'no-store' });
+    res = await fetch('/v1/events', { headers: headers(), cache: 'no-store', signal: abort.signal });
   } catch (e) {
+    clearInterval(watchdog);
     return retry();
   }
   if (res.status === 401 || res.status === 403) {
+    clearInterval(watchdog);
     const body = await res.json().catch(() => ({}));
     askForKey(state.key ? (body.error && body.error.message) || 'the key was refused' : '');
     return;
   }
-  if (!res.ok || !res.body) return retry();
+  if (!res.ok || !res.body) {
+    clearInterval(watchdog);
+    return retry();
+  }
   $('keyform').hidden = true;
   setConn('live', 'live');
   const reader = res.body.getReader();
@@ -79,6 +92,7 @@ async function connect() {
     for (;;) {
       const { value, done } = await reader.read();
       if (done) break;
+      heard = Date.now();
       buffer += decoder.decode(value, { stream: true });
       let end;
       while ((end = buffer.indexOf('\n\n')) >= 0) {
@@ -88,8 +102,9 @@ async function connect() {
       }
     }
   } catch (e) {
-    // the connection dropped: fall through to a retry
+    // the connection dropped (or fell silent and was aborted): fall through to a retry
   }
+  clearInterval(watchdog);
   retry();
 }
 
@@ -182,9 +197,13 @@ function renderBanners(services) {
         `Answers come from ${model} on ${v.placement} (${v.role}). `,
         v.limits ? `Limits: ${v.limits}. ` : '',
         s.degraded ? `Why: ${s.degraded}.` : ''));
-    } else if (s.state === 'unavailable' || s.state === 'evicted') {
+    } else if (s.state === 'unavailable') {
       banners.push(el('div', { class: 'banner down', role: 'alert', 'data-service': s.name },
         el('strong', { text: `${s.name} is ${s.state}.` }), v.summary || ''));
+    } else if (s.state === 'evicted') {  // unloaded (idle, or for another service): the next request loads it
+      banners.push(el('div', { class: 'banner note', 'data-service': s.name },
+        el('strong', { text: `${s.name} is unloaded.` }), 'Its next request loads it again (and waits for the load). ',
+        v.summary || ''));
     }
   }
   $('banners').replaceChildren(...banners);
@@ -260,7 +279,10 @@ function externalCard(e) {
       e.residency ? el('dt', { text: 'residency' }) : null,
       e.residency ? el('dd', { text: e.residency + (e.residency !== 'pinned' && e.keep_alive_s ? `, stopped after ${e.keep_alive_s} s idle` : '') }) : null,
       e.last_error || e.last_exit ? el('dt', { text: 'last problem' }) : null,
-      e.last_error || e.last_exit ? el('dd', { text: [e.last_exit, e.last_error].filter(Boolean).join(': ') }) : null));
+      e.last_error || e.last_exit ? el('dd', {
+        text: (e.state === 'unreachable' && e.unreachable_s >= 0 ? `unreachable for ${Math.round(e.unreachable_s)} s: ` : '') +
+          [e.last_exit, e.last_error].filter(Boolean).join(': '),
+      }) : null));
 }
 
 // A new request's wait before it starts, from the gateway's rough estimate.
@@ -372,7 +394,10 @@ async function cancel(id) {
     const res = await fetch(`/v1/requests/${encodeURIComponent(id)}`, { method: 'DELETE', headers: headers() });
     const body = await res.json().catch(() => ({}));
     ok = res.ok;
-    text = res.ok ? `${id}: ${body.state}` : `${id}: ${(body.error && body.error.message) || res.status}`;
+    const final = ['completed', 'failed', 'failed_resumable', 'cancelled'].includes(body.state);
+    text = !res.ok ? `${id}: ${(body.error && body.error.message) || res.status}`
+      : final ? `${id}: ${body.state}`
+      : `${id}: cancel requested (an answer already on its way may still win)`;
   } catch (e) {
     text = `${id}: the gateway did not answer`;
   }
