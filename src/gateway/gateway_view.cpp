@@ -189,7 +189,11 @@ json Gateway::DevicesJson(const json& status) {
         const uint64_t buffers =
             u["weights_bytes"].get<uint64_t>() + u["kv_bytes"].get<uint64_t>() + u["compute_bytes"].get<uint64_t>();
         if (u["kind"] == "llama") u["transient_bytes"] = held > buffers ? held - buffers : 0;
-        managed += u["kind"] == "llama" ? std::max(held, buffers) : held;
+        // An external server whose own share cannot be read (one already
+        // running at a url has no pid here) counts as its resident size, as
+        // the dashboard draws it, not again among "not Spillway".
+        const uint64_t resident = u.value("resident_bytes", uint64_t{0});
+        managed += u["kind"] == "llama" ? std::max(held, buffers) : held > 0 ? held : resident;
       }
       // Memory held by processes Spillway does not run, by pid and name.
       std::map<int32_t, json> others;
