@@ -155,6 +155,21 @@ std::string StatusTable(const json& status) {
     if (Str(s, "state") != "ready") notes.push_back("  " + Str(s, "name") + ": " + Str(v, "summary", ""));
     if (s.contains("degraded") && s["degraded"].is_string()) notes.push_back("  " + Str(s, "name") + ": why: " + Str(s, "degraded"));
   }
+  // External servers (kind = "external"): their own state, line and last problem.
+  for (const auto& e : status.value("externals", json::array())) {
+    const json r = e.value("requests", json::object());
+    rows.push_back({Str(e, "name"), Str(e, "state"), "external", e.contains("url") ? Str(e, "url") : Str(e, "device", "-"),
+                    Str(r, "running", "0"), Str(r, "waiting", "0"), "-"});
+    const std::string state = Str(e, "state");
+    if (state != "ready" && state != "external" && (e.contains("last_error") || e.contains("last_exit"))) {
+      std::string why = Str(e, "last_exit", "");
+      if (e.contains("last_error")) why += (why.empty() ? "" : ": ") + Str(e, "last_error");
+      if (state == "unreachable" && e.contains("unreachable_s")) {
+        why = "unreachable for " + std::to_string(static_cast<int64_t>(e["unreachable_s"].get<double>())) + " s: " + why;
+      }
+      notes.push_back("  " + Str(e, "name") + ": " + why);
+    }
+  }
   os << Table(rows);
   for (const auto& n : notes) os << n << "\n";
   os << "\n";
@@ -167,6 +182,12 @@ std::string StatusTable(const json& status) {
                     Mib(d.value("free_bytes", json())), Mib(d.value("headroom_bytes", json())),
                     Mib(d.value("other_bytes", json())), breaker});
     for (const auto& u : d.value("services", json::array())) {
+      if (Str(u, "kind", "") == "external") {  // (no buffers it reports: what it holds, or its resident size)
+        const bool held = u.value("held_bytes", uint64_t{0}) > 0;
+        uses.push_back("  " + Str(d, "name") + "  " + Str(u, "service") + " (external): " +
+                       Mib(held ? u["held_bytes"] : u.value("resident_bytes", json())) + (held ? " held" : " resident"));
+        continue;
+      }
       uses.push_back("  " + Str(d, "name") + "  " + Str(u, "service") + " " + Str(u, "placement") + ": weights " +
                      Mib(u.value("weights_bytes", json())) + ", KV " + Mib(u.value("kv_bytes", json())) + ", compute " +
                      Mib(u.value("compute_bytes", json())) +

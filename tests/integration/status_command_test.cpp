@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 
+#include "cli/status_command.h"
 #include "fake_worker.h"
 #include "gateway_calls.h"
 #include "gateway_process.h"
@@ -115,6 +116,26 @@ TEST(StatusCommandTest, TablesJsonWatchAndCancellingARequest) {
 // A --url that answers what a Spillway gateway would not (another server,
 // an Ollama-shaped error, a JSON array): a clear message and exit 1, never
 // an abort and a core dump (nlohmann's type errors were uncaught).
+// External servers have rows of their own: their state (an unreachable one
+// says why and for how long) and, on a device, what they hold or their
+// resident size (they printed as "weights 0.0 MiB, KV 0.0 MiB" and no state).
+TEST(StatusCommandTest, ExternalServersShowTheirStateAndMemory) {
+  const json status = {
+      {"services", json::array()},
+      {"externals",
+       {{{"name", "rerank"}, {"state", "unreachable"}, {"url", "http://127.0.0.1:9"}, {"unreachable_s", 42.0},
+         {"last_error", "connection refused"}, {"requests", {{"running", 0}, {"waiting", 2}}}}}},
+      {"devices",
+       {{{"name", "sim:0"}, {"total_bytes", 1 << 30}, {"used_bytes", 0}, {"free_bytes", 1 << 30},
+         {"services", {{{"kind", "external"}, {"service", "rerank"}, {"held_bytes", 0}, {"resident_bytes", 8 << 20}}}}}}},
+      {"requests", json::array()}};
+  const std::string out = cli::StatusTable(status);
+  EXPECT_NE(out.find("unreachable"), std::string::npos) << out;
+  EXPECT_NE(out.find("rerank: unreachable for 42 s: connection refused"), std::string::npos) << out;
+  EXPECT_NE(out.find("rerank (external): 8.0 MiB resident"), std::string::npos) << out;
+  EXPECT_EQ(out.find("weights"), std::string::npos) << out;
+}
+
 TEST(StatusCommandTest, AServerThatIsNotAGatewayIsAClearError) {
   FakeWorker odd([](http::Request& req, std::shared_ptr<http::Exchange> ex) {
     const std::string target(req.target());
