@@ -99,7 +99,8 @@ int ListModels(const ModelsArgs& a) {
   if (a.json_out) {
     json out = json::array();
     for (const auto& r : rows) out.push_back(RowJson(r));
-    std::printf("%s\n", out.dump(2).c_str());
+    // (A file name or a model's metadata that is not UTF-8 is shown with U+FFFD, not a failed listing.)
+    std::printf("%s\n", out.dump(2, ' ', false, json::error_handler_t::replace).c_str());
     return rc;
   }
   std::printf("%-44s %10s %-10s %-9s %8s %7s %-10s\n", "NAME", "SIZE", "ARCH", "QUANT", "CTX", "PARAMS", "TEMPLATE");

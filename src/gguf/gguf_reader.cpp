@@ -1,5 +1,7 @@
 #include "gguf/gguf_reader.h"
 
+#include <algorithm>
+
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -270,15 +272,27 @@ StatusOr<Metadata> ReadGgufFile(const std::string& path, const ReaderLimits& lim
   std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) return Status::NotFound("cannot open " + path);
   const uint64_t size = static_cast<uint64_t>(f.tellg());
-  const uint64_t want = std::min<uint64_t>(size, 64ull << 20);
-  std::vector<uint8_t> buf(want);
-  f.seekg(0);
-  if (!f.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(want))) {
-    return Status::Unavailable("cannot read " + path);
+  // The header is read in growing parts, 1 MiB first (a model's header is
+  // its vocabulary: a few MiB at most), up to 64 MiB: reading 64 MiB of
+  // weights for every look at a model (each start, each /api/show) cost
+  // tens of milliseconds and the page cache's room.
+  constexpr uint64_t kMaxHeader = 64ull << 20;
+  std::vector<uint8_t> buf;
+  for (uint64_t want = std::min<uint64_t>(size, 1 << 20);; want = std::min<uint64_t>({size, want * 4, kMaxHeader})) {
+    const uint64_t had = buf.size();
+    buf.resize(want);
+    f.clear();
+    f.seekg(static_cast<std::streamoff>(had));
+    if (!f.read(reinterpret_cast<char*>(buf.data() + had), static_cast<std::streamsize>(want - had))) {
+      return Status::Unavailable("cannot read " + path);
+    }
+    auto m = ParseGguf(buf.data(), buf.size(), size, limits);
+    if (m.ok()) return m;
+    if (want < std::min(size, kMaxHeader)) continue;  // (its header may go on past what was read)
+    std::string why = path + ": " + m.status().message();
+    if (want < size) why += " (a header may take 64 MiB at most; this one runs past it, or is damaged)";
+    return Status::InvalidArgument(why);
   }
-  auto m = ParseGguf(buf.data(), buf.size(), size, limits);
-  if (!m.ok()) return Status::InvalidArgument(path + ": " + m.status().message());
-  return m;
 }
 
 }  // namespace spillway::gguf

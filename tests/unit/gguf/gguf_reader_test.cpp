@@ -119,6 +119,30 @@ TEST(GgufReaderTest, NumericArraysAreKeptCompactlyAndWithinABound) {
   EXPECT_TRUE(m->kv.at("k299").numbers.empty()) << "past the bound: its length only";
 }
 
+// The header is read in growing parts: one longer than the first part
+// (a large vocabulary) is read whole, and the weights after it are not.
+TEST(GgufReaderTest, AHeaderPastTheFirstReadIsReadWhole) {
+  auto v = Start(0, 2);
+  PutStr(v, "general.architecture");
+  Put<uint32_t>(v, 8);  // string
+  PutStr(v, "llama");
+  PutStr(v, "big");
+  Put<uint32_t>(v, 8);
+  PutStr(v, std::string(3 << 20, 'x'));  // 3 MiB: past a 1 MiB first read
+  const size_t header = v.size();
+  v.resize(header + (8 << 20), 0);  // "weights"
+  const std::string path = ::testing::TempDir() + "/big-header.gguf";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size()));
+  }
+  auto m = ReadGgufFile(path);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->kv.at("big").s.size(), 3u << 20);
+  EXPECT_EQ(m->architecture(), "llama");
+  std::remove(path.c_str());
+}
+
 TEST(GgufReaderTest, HostileHeadersAreRejectedWithoutAllocating) {
   struct Case {
     std::vector<uint8_t> bytes;

@@ -250,6 +250,23 @@ device = "cpu"
   unsetenv("OLLAMA_MODELS");
 }
 
+// A file name that is not UTF-8 (a folder copied from an old Latin-1 disk)
+// is listed with U+FFFD: the whole --json listing failed on it with
+// "invalid UTF-8 byte at index 0", naming no file.
+TEST(ModelsCommandTest, AFileNameThatIsNotUtf8IsListedNotFatal) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "models-latin1";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(Models() + "/tiny-chat.gguf", dir / "caf\xe9.gguf");
+  auto [rc, out] = RunCommand(Bin() + "/spillway models --no-ollama --json '" + dir.string() + "'");
+  EXPECT_EQ(rc, 0) << out;
+  const json rows = json::parse(out, nullptr, false);
+  ASSERT_TRUE(rows.is_array()) << out;
+  ASSERT_EQ(rows.size(), 1u) << out;
+  EXPECT_NE(rows[0]["name"].get<std::string>().find("caf\xEF\xBF\xBD.gguf"), std::string::npos) << out;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ModelsCommandTest, ListsTheStoreAndFoldersAndPlanTakesTheNames) {
   OllamaStoreLayout store("cli");
   store.Add("registry.ollama.ai/library/tiny", "latest", Models() + "/tiny-chat.gguf");
