@@ -226,7 +226,22 @@ TEST(GgufReaderTest, HostileHeadersAreRejectedWithoutAllocating) {
   cases.push_back({tensor(1, {64}, 4, 0), "unknown type"});
   cases.push_back({tensor(1, {33}, 2, 0), "whole blocks"});
   cases.push_back({tensor(1, {64}, 0, 3), "not aligned"});
-  cases.push_back({tensor(1, {64}, 0, 1ull << 62), "beyond the end"});
+  cases.push_back({tensor(1, {64}, 0, 1ull << 62), "where the tensors before it end at 0"});
+  // Two tensors: the same name twice, or not packed in order (llama.cpp refuses both).
+  auto two = [](const char* second_name, uint64_t second_offset) {
+    auto v = Start(2, 0);
+    for (const auto& [name, offset] : {std::pair<std::string, uint64_t>{"a", 0}, {second_name, second_offset}}) {
+      PutStr(v, name);
+      Put<uint32_t>(v, 1);
+      Put<uint64_t>(v, 8);  // 8 f32: 32 bytes
+      Put<uint32_t>(v, 0);
+      Put<uint64_t>(v, offset);
+    }
+    v.resize(v.size() + 128, 0);
+    return v;
+  };
+  cases.push_back({two("a", 32), "appears twice"});
+  cases.push_back({two("b", 0), "where the tensors before it end at 32"});
   cases.push_back({tensor(1, {1 << 20}, 0, 0), "beyond the end"});
   for (const auto& c : cases) {
     auto m = ParseGguf(c.bytes.data(), c.bytes.size(), c.bytes.size());
