@@ -18,7 +18,7 @@ StatusOr<Fit> PlanFit(const FitQuery& q) {
   auto meta = gguf::ReadGgufFile(q.model_file);
   if (!meta.ok()) return Status::InvalidArgument(meta.status().message());
   auto shape = memory::ShapeFromMetadata(*meta);
-  if (!shape.ok()) return Status::InvalidArgument(shape.status().message());
+  if (!shape.ok()) return Status::InvalidArgument(q.model_file + ": " + shape.status().message());  // (which file: an ollama: name's blob)
   Fit f;
   f.shape = *shape;
   memory::PlacementSpec& spec = f.spec;

@@ -76,8 +76,9 @@ StatusOr<Estimate> EstimateOf(const std::string& path, const memory::PlacementSp
     if (auto it = memo.find(key); it != memo.end()) return it->second;
   }
   auto meta = gguf::ReadGgufFile(path);
-  auto shape = meta.ok() ? memory::ShapeFromMetadata(*meta) : StatusOr<memory::ModelShape>(meta.status());
-  if (!shape.ok()) return shape.status();
+  if (!meta.ok()) return meta.status();  // (it names the file)
+  auto shape = memory::ShapeFromMetadata(*meta);
+  if (!shape.ok()) return Status(shape.status().code(), path + ": " + shape.status().message());
   const auto est = memory::EstimatePlacement(*shape, spec);
   const Estimate e{spec.accelerator ? est.accelerator : est.host, shape->n_vocab};
   if (!key.empty()) {

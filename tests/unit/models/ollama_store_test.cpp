@@ -267,6 +267,39 @@ TEST(ModelsCommandTest, AFileNameThatIsNotUtf8IsListedNotFatal) {
   std::filesystem::remove_all(dir);
 }
 
+// A model file whose shape cannot be estimated is named with the reason
+// (an ollama: name's blob path said nothing of which file was wrong).
+TEST(ModelsCommandTest, PlanNamesTheFileItCannotEstimate) {
+  std::string b = "GGUF";
+  auto put = [&](auto x) { b.append(reinterpret_cast<const char*>(&x), sizeof x); };
+  auto str = [&](const std::string& t) {
+    put(static_cast<uint64_t>(t.size()));
+    b += t;
+  };
+  put(uint32_t{3});
+  put(uint64_t{0});  // tensors
+  put(uint64_t{4});  // keys
+  str("general.architecture");
+  put(uint32_t{8});
+  str("llama");
+  for (const auto& [k, v] : {std::pair<const char*, uint32_t>{"llama.block_count", 1}, {"llama.embedding_length", 8},
+                             {"llama.attention.head_count", 16}}) {  // 8 / 16: heads of no size
+    str(k);
+    put(uint32_t{4});
+    put(v);
+  }
+  const std::string path = ::testing::TempDir() + "/no-head-size.gguf";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << b;
+  }
+  auto [rc, out] = RunCommand(Bin() + "/spillway plan --model " + path + " 2>&1");
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find(path), std::string::npos) << out;
+  EXPECT_NE(out.find("no size"), std::string::npos) << out;
+  std::remove(path.c_str());
+}
+
 TEST(ModelsCommandTest, ListsTheStoreAndFoldersAndPlanTakesTheNames) {
   OllamaStoreLayout store("cli");
   store.Add("registry.ollama.ai/library/tiny", "latest", Models() + "/tiny-chat.gguf");
