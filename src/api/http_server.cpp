@@ -259,6 +259,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Enqueue(Item item) {
     if (closed_ || exchange_done_) return;
+    bool head_of_stream = false;
     if (head_method_) {
       // A HEAD request's answer is its head alone (RFC 9110 9.3.2): a whole
       // response without its body; a stream's head, and the stream ends
@@ -269,12 +270,17 @@ class Session : public std::enable_shared_from_this<Session> {
         if (answer_started_) return;
         item.last = true;
         keep_alive_ = false;
+        head_of_stream = true;
       }
     }
     if (item.last) exchange_done_ = true;
     answer_started_ = true;
     queue_.push_back(std::move(item));
     if (!writing_) DoWrite();
+    // Its writer hears that nobody reads the stream any more: one that
+    // waits for that (an event feed, a generation) lets the exchange, and
+    // with it the connection's place, go.
+    if (head_of_stream) PeerGone();
   }
 
   // The connection closes once this exchange's answer is out (an HTTP/1.0

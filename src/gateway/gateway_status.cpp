@@ -255,8 +255,10 @@ json Gateway::StatusJson() const {
       const bool on_demand = p.value("on_demand", false);
       if (MayTakeRequests(p) && (state == "ready" || (on_demand && state == "stopped"))) continue;
       if (MayTakeRequests(p) && on_demand) {  // (loading for its requests, which wait for it)
-        degraded = "the primary placement " + p["placement"].get<std::string>() + " is loading (worker " + state +
-                   "); its requests wait for it";
+        degraded = "the primary placement " + p["placement"].get<std::string>() +
+                   (state == "backoff" ? " is failing to start (worker backoff: " + p.value("last_exit", std::string("")) + ")"
+                                       : " is loading (worker " + state + ")") +
+                   "; its requests wait for it";
         continue;
       }
       const bool held = !p["held_back"].is_null();

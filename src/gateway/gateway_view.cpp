@@ -137,6 +137,7 @@ json Gateway::DevicesJson(const json& status) {
     json use = {{"kind", "external"}, {"service", e["name"]}, {"key", e.value("key", "")}, {"pid", e.value("pid", 0)},
                 {"state", e.value("state", "")}, {"weights_bytes", 0}, {"kv_bytes", 0}, {"compute_bytes", 0},
                 {"requests", e["requests"].value("running", 0)},
+                {"url", e.contains("url")},  // already running elsewhere (no pid here), not Spillway's to start
                 {"resident_bytes", e["memory"]["resident_bytes"]},
                 {"transient_peak_bytes", e["memory"]["transient_peak_bytes"]}};
     if (e.contains("starts")) use["loads"] = e["starts"];
@@ -192,7 +193,8 @@ json Gateway::DevicesJson(const json& status) {
         // An external server whose own share cannot be read (one already
         // running at a url has no pid here) counts as its resident size, as
         // the dashboard draws it, not again among "not Spillway".
-        const uint64_t resident = u.value("resident_bytes", uint64_t{0});
+        // (Only one at a url: a server Spillway starts holds nothing while stopped or starting.)
+        const uint64_t resident = u.value("url", false) ? u.value("resident_bytes", uint64_t{0}) : 0;
         managed += u["kind"] == "llama" ? std::max(held, buffers) : held > 0 ? held : resident;
       }
       // Memory held by processes Spillway does not run, by pid and name.

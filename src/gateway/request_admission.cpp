@@ -368,9 +368,13 @@ boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& en
       // Not a worker that hangs (it is up, and answers its health checks):
       // a prompt it could not count in that long. Asked again, every worker
       // would count it again, and again, until the request's 60 s are gone.
-      *rejected_ = Status::PayloadTooLarge("counting the prompt's tokens (" + std::to_string(rec_.body.size() >> 20) +
-                                           " MiB of request) took more than " + std::to_string(wait_ms / 1000) +
-                                           " s: it is far longer than a context holds; send a shorter one");
+      // Said once, as what it most likely is, and what else it may be (the
+      // worker prepares long bodies on two threads: others may be ahead).
+      *rejected_ = Status::Unavailable("the prompt's tokens (" + std::to_string(rec_.body.size() >> 20) +
+                                       " MiB of request) could not be counted within " + std::to_string(wait_ms / 1000) +
+                                       " s: a prompt this long is likely far beyond any context (send a shorter "
+                                       "one), or the worker is busy preparing other long prompts")
+                       .WithRetryAfter(10);
       co_return false;
     }
     if (!r.ok()) continue;

@@ -79,7 +79,9 @@ StatusOr<ModelShape> ShapeFromMetadata(const gguf::Metadata& m) {
   // With its tensors listed, no more blocks than they have.
   int64_t last_block = -1;
   for (const auto& t : m.tensors) last_block = std::max<int64_t>(last_block, t.layer);
-  if (last_block >= 0 && s.n_layer > last_block + 1) {
+  // (Not for a split file's first part, which has the blocks of its own part only.)
+  const bool split = m.Uint("split.count").value_or(1) > 1;
+  if (!split && last_block >= 0 && s.n_layer > last_block + 1) {
     return Status::InvalidArgument("GGUF says " + s.architecture + ".block_count = " + std::to_string(s.n_layer) +
                                    " but its tensors have " + std::to_string(last_block + 1) + " blocks");
   }

@@ -299,8 +299,11 @@ const KIND_WORDS = {
 
 // An external server's memory: what the device says its process holds, else
 // what its config declares (or was measured) as resident.
+// What an external server holds on the device: measured, or for one at a
+// url (no pid of its own here) its resident size; one Spillway starts holds
+// nothing while stopped or starting.
 function externalBytes(u) {
-  return u.held_bytes > 0 ? u.held_bytes : (u.resident_bytes || 0);
+  return u.held_bytes > 0 ? u.held_bytes : u.url ? (u.resident_bytes || 0) : 0;
 }
 
 function renderDevices(devices) {

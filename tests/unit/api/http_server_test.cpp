@@ -52,6 +52,12 @@ class ServerFixture : public ::testing::Test {
         for (int i = 0; i < 3; ++i) ex->Write("data: " + std::to_string(i) + "\n\n");
         return ex->End();
       }
+      if (t == "/stream-forever") {  // a stream that ends only when its reader goes
+        ex->StartStream(MakeResponse(200, "", "text/event-stream"));
+        held_ = ex;
+        ex->OnDisconnect([this] { disconnected_ = true; });
+        return;
+      }
       if (t == "/hang") {  // never answers until the peer goes away
         held_ = ex;
         ex->OnDisconnect([this] { disconnected_ = true; });
@@ -382,6 +388,16 @@ TEST_F(ServerFixture, HeadGetsTheHeadAloneAndTheConnectionStaysInStep) {
   const std::string stream = s.ReadAll(std::chrono::milliseconds(2000));
   EXPECT_NE(stream.find("200 OK"), std::string::npos) << stream;
   EXPECT_EQ(stream.find("data:"), std::string::npos) << stream;
+
+  // A stream that never ends (an event feed): its writer hears the peer is
+  // gone, so the exchange and the connection's place are let go (it held
+  // them for good: HEAD /v1/events, repeated, filled the connection cap).
+  RawPeer forever(server_->port());
+  forever.Send("HEAD /stream-forever HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_NE(forever.ReadAll(std::chrono::milliseconds(2000)).find("200 OK"), std::string::npos);
+  for (int i = 0; i < 200 && !disconnected_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(disconnected_) << "the stream's writer was never told";
+  held_.reset();
 }
 
 // A body in a coding other than chunked is refused, not read as plain

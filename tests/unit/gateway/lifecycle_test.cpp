@@ -700,18 +700,20 @@ TEST_F(LifecycleTest, AHungWorkerCountingThePromptDoesNotHoldTheRequestPastItsDe
 }
 
 // A prompt of megabytes that a worker (up, answering its health checks)
-// cannot count within its wait is refused as too long (413), once: it was
+// cannot count within its wait is refused once (503, saying it is likely
+// far too long, or the worker busy with others), not counted again: it was
 // sent to be counted again and again, each worker tokenizing it anew, until
 // the request's 60 s were gone, and then told the service was "starting".
-TEST_F(LifecycleTest, APromptTooLongToCountIsRefusedAsTooLong) {
+TEST_F(LifecycleTest, APromptTooLongToCountIsRefusedOnce) {
   primary_.hang_tokenize = true;  // (counting it never ends here)
   fallback_.hang_tokenize = true;
   const std::string prompt((1 << 20) + 1000, 'a');
   auto ex = Send("/v1/completions", json{{"model", "chat"}, {"prompt", prompt}, {"max_tokens", 8}}.dump(), "POST",
                  {{"X-Request-Id", "r-huge"}});
   ASSERT_TRUE(ex->Wait(std::chrono::seconds(20)));  // (its wait is real time: 5 s, and 2 s a MiB)
-  EXPECT_EQ(ex->status(), 413u) << ex->body();
+  EXPECT_EQ(ex->status(), 503u) << ex->body();
   EXPECT_NE(ex->body().find("send a shorter one"), std::string::npos) << ex->body();
+  EXPECT_EQ(ex->header("Retry-After"), "10");
   size_t counts = 0;
   for (Worker* w : {&primary_, &fallback_}) {
     std::lock_guard<std::mutex> lk(w->mu);

@@ -192,6 +192,11 @@ TEST(EstimatorTest, HostileShapesAreRefusedByName) {
   const auto more = ShapeFromMetadata(listed);
   ASSERT_FALSE(more.ok());
   EXPECT_NE(more.status().message().find("2 blocks"), std::string::npos) << more.status().message();
+  gguf::Value parts;
+  parts.kind = gguf::Value::Kind::kUint;
+  parts.u = 3;
+  listed.kv["split.count"] = parts;  // the first part of a split file: the blocks of its own part only
+  EXPECT_TRUE(ShapeFromMetadata(listed).ok());
   // What passes is estimated without crashing, however odd.
   auto odd = with("llama.attention.key_length", 3);
   ASSERT_TRUE(odd.ok());
