@@ -331,7 +331,11 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
                                                                       bool* running, bool* took_room) {
   const std::string key = ExternalKey(svc);
   const int64_t start_wait_ms = static_cast<int64_t>(svc.start_timeout_s * 1000) + 5000;
-  const int64_t waiting_since = clock_.NowMs();
+  // Since when its server has been down (this streak): a start is waited
+  // for that long, counted from when the server went, not from when the
+  // request came (one that waited its turn for minutes, then saw its server
+  // unloaded for another, failed as "did not start" at once).
+  int64_t down_since = 0;
   // Since when it has waited, the server up, for something other than its
   // turn (the server giving its room away, device memory for its peak):
   // capped at 60 s. Its place in line is bounded by max_queue and its
@@ -348,10 +352,12 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
           .WithRetryAfter(5);
     }
     bool held = false;  // (this round: waiting for something other than its turn)
+    if (!port && down_since == 0) down_since = clock_.NowMs();
+    if (port) down_since = 0;
     if (!port) {
       supervisor_.Demand(key);  // stopped (on demand, or idle past keep_alive_s): started now
       note = "service '" + svc.name + "' is starting";
-      if (clock_.NowMs() - waiting_since > start_wait_ms) {
+      if (clock_.NowMs() - down_since > start_wait_ms) {
         std::string why;
         for (const auto& w : supervisor_.Snapshot()) {
           if (w.key == key) why = w.HowItEnded();
