@@ -301,11 +301,9 @@ class Session : public std::enable_shared_from_this<Session> {
       CloseAfterExchange();
       return Enqueue({nullptr, std::string(), true});
     }
-    {
-      auto res = MakeResponse(500, R"({"error":{"message":"no response","type":"server_error","code":"internal"}})",
-                              "application/json", version_);
-      Enqueue({std::make_shared<Response>(std::move(res)), {}, true});
-    }
+    auto res = MakeResponse(500, R"({"error":{"message":"no response","type":"server_error","code":"internal"}})",
+                            "application/json", version_);
+    Enqueue({std::make_shared<Response>(std::move(res)), {}, true});
   }
 
   net::any_io_executor executor() { return stream_.get_executor(); }
@@ -634,8 +632,6 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void RejectAndClose(unsigned status, const std::string& msg, const char* code = "bad_request", int retry_after = 0) {
-    keep_alive_ = false;
-    exchange_done_ = false;
     // An Ollama route's clients read Ollama's shape, {"error": "<message>"}.
     const auto target = parser_ ? parser_->get().target() : beast::string_view();
     const bool ollama = api::IsOllamaPath(std::string_view(target.data(), target.size()));
@@ -645,12 +641,12 @@ class Session : public std::enable_shared_from_this<Session> {
                                     R"(","code":")" + code + R"("}})";
     auto res = MakeResponse(status, std::move(body), "application/json");
     if (retry_after > 0) res.set(bhttp::field::retry_after, std::to_string(retry_after));
-    res.keep_alive(false);
-    Enqueue({std::make_shared<Response>(std::move(res)), {}, true});
+    RefuseAndClose(std::move(res));
   }
 
-  // A request refused by its head (ServerOptions::check_head): its answer,
-  // then the connection closes (its body was never read).
+  // A request refused before it is handled (by its head, ServerOptions::
+  // check_head, or as malformed): its answer, then the connection closes
+  // (what the peer sent after the head is never read).
   void RefuseAndClose(Response res) {
     keep_alive_ = false;
     exchange_done_ = false;

@@ -268,7 +268,7 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
                                                         : nullptr;
   if (endpoint) {
     if (method != bhttp::verb::post) return ex->Respond(ErrorResponse(Status::InvalidArgument("use POST for " + path), v));
-    if (RoutesToExternal(req, path)) return HandleExternal(req, std::move(ex), path);
+    if (auto fields = ExternalFieldsFor(req)) return HandleExternal(req, std::move(ex), path, std::move(fields));
     return HandleGeneration(req, std::move(ex), endpoint);
   }
   for (const auto& route : config::ExternalRoutes()) {

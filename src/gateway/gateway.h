@@ -57,6 +57,7 @@
 #include "gateway/capacity_signal.h"
 #include "gateway/event_feed.h"
 #include "gateway/external_lines.h"
+#include "gateway/external_route.h"
 #include "gateway/incidents.h"
 #include "gateway/metrics.h"
 #include "failover/breaker.h"
@@ -212,7 +213,9 @@ class Gateway {
   Status Intake(const http::Request& req, const std::string& peer, Incoming& in);
   // External services (gateway_external.cpp): a request to one of
   // config::ExternalRoutes() for them, proxied with its body untouched.
-  void HandleExternal(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& path);
+  // `fields`: the body's model and stream when already read (ExternalFieldsFor).
+  void HandleExternal(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& path,
+                      std::optional<RequestedFields> fields = std::nullopt);
   boost::asio::awaitable<void> RunExternal(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
                                            std::shared_ptr<Live> live, bool unjournaled);
   // Waits until the request may run at `svc`: a server that is up (started
@@ -222,8 +225,9 @@ class Gateway {
   boost::asio::awaitable<StatusOr<uint16_t>> AwaitExternalTurn(const journal::RequestRecord& rec,
                                                                const config::ExternalConfig& svc, Live& live,
                                                                bool* running, bool* took_room);
-  // A chat, completion or embedding request whose model names an external service.
-  bool RoutesToExternal(const http::Request& req, const std::string& path) const;
+  // The body's fields when a chat, completion or embedding request's model
+  // names an external service (read once: HandleExternal takes them).
+  std::optional<RequestedFields> ExternalFieldsFor(const http::Request& req) const;
   // The port of an external service that can take a request now.
   std::optional<uint16_t> ExternalPort(const config::ExternalConfig& e) const;
   // Whether its device has room for one more request's transient peak (the reason when not).

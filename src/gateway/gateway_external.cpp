@@ -125,20 +125,24 @@ std::optional<uint16_t> Gateway::ExternalPort(const config::ExternalConfig& e) c
   return supervisor_.ReadyPort(ExternalKey(e));
 }
 
-bool Gateway::RoutesToExternal(const http::Request& req, const std::string& path) const {
-  if (config_.externals.empty()) return false;
-  const std::string type(req[bhttp::field::content_type]);
-  auto fields = ReadRequestedFields(type, req.body(), JsonLimitsOf(config_));
-  return fields.ok() && config_.FindExternal(fields->model) != nullptr;
+std::optional<RequestedFields> Gateway::ExternalFieldsFor(const http::Request& req) const {
+  if (config_.externals.empty()) return std::nullopt;
+  auto fields = ReadRequestedFields(std::string(req[bhttp::field::content_type]), req.body(), JsonLimitsOf(config_));
+  if (!fields.ok() || !config_.FindExternal(fields->model)) return std::nullopt;
+  return std::move(*fields);
 }
 
-void Gateway::HandleExternal(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& path) {
+void Gateway::HandleExternal(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& path,
+                             std::optional<RequestedFields> fields) {
   const unsigned v = req.version();
   auto fail = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
   if (req.method() != bhttp::verb::post) return fail(Status::InvalidArgument("use POST for " + path));
   const std::string type(req[bhttp::field::content_type]);
-  auto fields = ReadRequestedFields(type, req.body(), JsonLimitsOf(config_));
-  if (!fields.ok()) return fail(fields.status());
+  if (!fields) {
+    auto read = ReadRequestedFields(type, req.body(), JsonLimitsOf(config_));
+    if (!read.ok()) return fail(read.status());
+    fields = std::move(*read);
+  }
   auto svc = ChooseExternal(config_, path, fields->model);
   if (!svc.ok()) return fail(svc.status());
   auto in = std::make_shared<Incoming>();

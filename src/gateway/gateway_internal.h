@@ -89,17 +89,30 @@ StatusOr<devices::DeviceTelemetry*> Telemetry(const std::string& device);
 
 inline std::string Outcome(State s) { return journal::StateName(s); }
 
-// A placement as /v1/status shows it: whether its breaker, or its device's
-// (a device's failures stop every placement on it), takes nothing now.
-inline bool BreakerOpen(const json& p) {
-  const auto open = [&](const char* k) { return p.contains(k) && p[k].is_object() && p[k].value("state", "") == "open"; };
-  return open("breaker") || open("device_breaker");
+// A placement as /v1/status shows it: whether its breaker ("breaker") or
+// its device's ("device_breaker") is open.
+inline bool BreakerIsOpen(const json& p, const char* which) {
+  return p.contains(which) && p[which].is_object() && p[which].value("state", "") == "open";
 }
+
+// Whether either takes nothing now (a device's failures stop every placement on it).
+inline bool BreakerOpen(const json& p) { return BreakerIsOpen(p, "breaker") || BreakerIsOpen(p, "device_breaker"); }
 
 // Whether it may take requests at all now: admitted, not held back, no
 // breaker open (its worker's state aside).
 inline bool MayTakeRequests(const json& p) {
   return p.value("admitted", true) && !BreakerOpen(p) && (!p.contains("held_back") || p["held_back"].is_null());
+}
+
+// Whether it serves now: it may take requests and its worker is ready, or
+// it is on demand and stopped (the next request starts it). One on demand
+// that starts or backs off is waited for instead (LoadsForItsRequests).
+inline bool ServesNow(const json& p) {
+  const std::string state = p.value("state", std::string("stopped"));  // (no worker record yet: not started)
+  return MayTakeRequests(p) && (state == "ready" || (p.value("on_demand", false) && state == "stopped"));
+}
+inline bool LoadsForItsRequests(const json& p) {
+  return MayTakeRequests(p) && p.value("on_demand", false) && !ServesNow(p);
 }
 
 // The bounds every request body is checked against (json_max_depth).

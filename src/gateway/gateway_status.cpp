@@ -252,9 +252,8 @@ json Gateway::StatusJson() const {
     for (const auto& p : placements) {
       if (p["role"] != "primary") continue;
       const std::string state = p.value("state", std::string("stopped"));
-      const bool on_demand = p.value("on_demand", false);
-      if (MayTakeRequests(p) && (state == "ready" || (on_demand && state == "stopped"))) continue;
-      if (MayTakeRequests(p) && on_demand) {  // (loading for its requests, which wait for it)
+      if (ServesNow(p)) continue;
+      if (LoadsForItsRequests(p)) {
         degraded = "the primary placement " + p["placement"].get<std::string>() +
                    (state == "backoff" ? " is failing to start (worker backoff: " + p.value("last_exit", std::string("")) + ")"
                                        : " is loading (worker " + state + ")") +
@@ -262,8 +261,7 @@ json Gateway::StatusJson() const {
         continue;
       }
       const bool held = !p["held_back"].is_null();
-      const bool device_open = p.contains("device_breaker") && p["device_breaker"].is_object() &&
-                               p["device_breaker"].value("state", "") == "open";
+      const bool device_open = BreakerIsOpen(p, "device_breaker");
       degraded = "the primary placement " + p["placement"].get<std::string>() + " is " +
                  (held ? "held back (" + p["held_back"].get<std::string>() + ")"
                        : "unavailable (" +

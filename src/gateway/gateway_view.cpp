@@ -19,7 +19,6 @@ namespace {
 
 std::string Words(uint64_t tokens, const char* what) { return std::to_string(tokens) + " " + what; }
 
-
 // Weights, KV cache and compute buffers a worker reports on one side
 // (its device, or the host).
 json BufferSums(const json& placement, bool host) {
@@ -253,14 +252,12 @@ void Gateway::AddServiceViews(json& status, const json& requests) {
     bool loading = false;
     for (size_t i = 0; i < placements.size(); ++i) {
       const json& p = placements[i];
-      const std::string st = p.value("state", "");
-      const bool on_demand = p.value("on_demand", false);
-      if (MayTakeRequests(p) && (st == "ready" || (on_demand && st == "stopped"))) {
+      if (ServesNow(p)) {
         serving = static_cast<int>(i);
         break;
       }
-      loading |= st == "starting";
-      if (MayTakeRequests(p) && on_demand) {  // loading for its requests
+      loading |= p.value("state", "") == "starting";
+      if (LoadsForItsRequests(p)) {
         loading = true;
         break;
       }
