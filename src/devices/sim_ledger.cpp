@@ -14,12 +14,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <sstream>
 
 #include "common/private_files.h"
+#include "common/proc_file.h"
 
 namespace spillway::devices {
 
@@ -116,8 +116,7 @@ uint64_t UnixMillis() {
 }
 
 uint64_t ProcessStartTime(int32_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string s = ReadSmallFile("/proc/" + std::to_string(pid) + "/stat").value_or("");
   // Field 22 (starttime) counts from after the ")" closing the command name.
   auto close = s.rfind(')');
   if (close == std::string::npos) return 0;
@@ -133,8 +132,9 @@ bool ProcessAlive(int32_t pid, uint64_t start_time) {
   if (pid <= 0) return false;
   if (kill(pid, 0) != 0 && errno == ESRCH) return false;
   // A zombie has released its memory as far as the device is concerned.
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::optional<std::string> stat = ReadSmallFile("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return false;  // reaped since kill() saw it (a read after reaping fails with ESRCH)
+  const std::string& s = *stat;
   auto close = s.rfind(')');
   if (close != std::string::npos && close + 2 < s.size() && s[close + 2] == 'Z') return false;
   return start_time == 0 || ProcessStartTime(pid) == start_time;

@@ -7,9 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
+#include <thread>
 
 namespace spillway::devices {
 namespace {
@@ -80,6 +82,57 @@ TEST(LedgerTest, PidReuseIsDetectedByStartTime) {
   EXPECT_TRUE(ProcessAlive(me, 0));
   EXPECT_FALSE(ProcessAlive(me, start + 1));
   EXPECT_FALSE(ProcessAlive(0, 0));
+}
+
+TEST(LedgerTest, AReapedProcessIsNeitherAliveNorStarted) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    pause();
+    _exit(0);
+  }
+  ASSERT_GT(pid, 0);
+  const uint64_t start = ProcessStartTime(pid);
+  EXPECT_GT(start, 0u);
+  EXPECT_TRUE(ProcessAlive(pid, start));
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  EXPECT_FALSE(ProcessAlive(pid, start));
+  EXPECT_FALSE(ProcessAlive(pid, 0));
+  EXPECT_EQ(ProcessStartTime(pid), 0u);
+}
+
+// A process reaped between the opening of its /proc/<pid>/stat and the read
+// fails the read with ESRCH; that used to escape as an exception and end the
+// chaos harness (CI) or whichever gateway thread asked. Races a reader against
+// the reaping, a few hundred times (about one in five lands in the window).
+TEST(LedgerTest, AProcessReapedWhileItIsReadNeverThrows) {
+  int thrown = 0;
+  for (int i = 0; i < 300; ++i) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      pause();
+      _exit(0);
+    }
+    ASSERT_GT(pid, 0);
+    std::atomic<bool> done{false};
+    std::thread reader([&] {
+      while (!done) {
+        try {
+          ProcessAlive(pid, 0);
+          ProcessStartTime(pid);
+        } catch (...) {
+          ++thrown;
+        }
+      }
+    });
+    usleep(200);
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    usleep(200);
+    done = true;
+    reader.join();
+  }
+  EXPECT_EQ(thrown, 0);
 }
 
 class SimLedgerFileTest : public ::testing::Test {
