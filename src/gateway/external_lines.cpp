@@ -48,10 +48,21 @@ void ExternalLines::Leave(const std::string& service, const std::string& id) {
   if (last != w.rend()) w.erase(std::next(last).base());
 }
 
-void ExternalLines::TookRoom(const std::string& service) {
+bool ExternalLines::BeginRoomCheck(const std::string& service) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = lines_.find(service);
-  if (it != lines_.end()) ++it->second.room_takers;
+  if (it == lines_.end()) return true;
+  if (it->second.checking_room) return false;
+  it->second.checking_room = true;
+  return true;
+}
+
+void ExternalLines::EndRoomCheck(const std::string& service, bool took) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = lines_.find(service);
+  if (it == lines_.end()) return;
+  it->second.checking_room = false;
+  if (took) ++it->second.room_takers;
 }
 
 int ExternalLines::RoomTakers(const std::string& service) const {

@@ -38,9 +38,14 @@ class ExternalLines {
   // while the first waits: the second is refused) takes its own place out,
   // the later one, not the first request's.
   void Leave(const std::string& service, const std::string& id);
-  // A running request found room on the device for its transient peak and
-  // is sent: the peaks a later one must leave room for (RoomTakers).
-  void TookRoom(const std::string& service);
+  // Room checks for a request's transient peak, one at a time per service:
+  // two checked together would each see the same free memory and both pass.
+  // BeginRoomCheck is false while another request's check runs (wait for the
+  // service's signal and try again). EndRoomCheck ends it; `took`: the room
+  // was found and the request is sent, its peak one that later checks leave
+  // room for (RoomTakers) until Finished(took_room).
+  bool BeginRoomCheck(const std::string& service);
+  void EndRoomCheck(const std::string& service, bool took);
   int RoomTakers(const std::string& service) const;
   // Gives back a running place (and its room, `took_room`). `outcome`:
   // completed | failed | cancelled.
@@ -81,6 +86,7 @@ class ExternalLines {
     size_t max_queue = 0;
     int running = 0;
     int room_takers = 0;  // running ones sent with room for their peak
+    bool checking_room = false;  // a request's room check is under way
     std::deque<std::string> waiting;
     int64_t last_used_ms = 0;
     std::map<std::string, uint64_t> outcomes;

@@ -35,6 +35,30 @@ namespace spillway::gateway {
 
 namespace {
 
+// A room check begun (ExternalLines::BeginRoomCheck): ended once, by End or,
+// should the coroutine end another way (an exception, its frame destroyed),
+// by the destructor as "not taken"; the next request's check is woken.
+class RoomCheck {
+ public:
+  RoomCheck(ExternalLines& lines, CapacitySignal& signal, std::string service)
+      : lines_(lines), signal_(signal), service_(std::move(service)) {}
+  RoomCheck(const RoomCheck&) = delete;
+  RoomCheck& operator=(const RoomCheck&) = delete;
+  ~RoomCheck() { End(false); }
+  void End(bool took) {
+    if (ended_) return;
+    ended_ = true;
+    lines_.EndRoomCheck(service_, took);
+    signal_.Notify();
+  }
+
+ private:
+  ExternalLines& lines_;
+  CapacitySignal& signal_;
+  std::string service_;
+  bool ended_ = false;
+};
+
 constexpr size_t kMaxAnswerBytes = 64u << 20;  // a buffered (journaled, then sent) answer
 constexpr int kMaxExternalAttempts = 3;
 
@@ -383,10 +407,17 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
       *running = true;
       live.queue_slot.reset();
       if (*took_room) co_return *port;  // (sent again: it holds its room)
+      if (!external_lines_->BeginRoomCheck(rec.service)) {
+        // (Another request's check is under way; it ends in one telemetry read.)
+        live.Waiting("waiting for service '" + svc.name + "' (another request's room check)", 0);
+        co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(20));
+        continue;
+      }
       // (The device's telemetry is read on the blocking pool: a driver call may be slow.)
+      RoomCheck check(*external_lines_, SignalFor(rec.service), rec.service);  // (ended however this frame ends)
       const Status room = co_await Blocking([this, s = &svc] { return TransientRoom(*s); });
+      check.End(room.ok());
       if (room.ok()) {
-        external_lines_->TookRoom(rec.service);
         *took_room = true;
         co_return *port;
       }

@@ -177,7 +177,14 @@ TEST(ExternalLinesTest, OnlyRequestsSentWithRoomCountAgainstTheNext) {
   EXPECT_TRUE(lines.TryStart("s", "b", 1));
   EXPECT_EQ(lines.Running("s"), 2);
   EXPECT_EQ(lines.RoomTakers("s"), 0) << "both wait for room: neither holds any";
-  lines.TookRoom("s");
+  // One check at a time: two checked together would both see the same free
+  // memory, and both pass where only one peak fits.
+  ASSERT_TRUE(lines.BeginRoomCheck("s"));
+  EXPECT_FALSE(lines.BeginRoomCheck("s")) << "b waits for a's check";
+  lines.EndRoomCheck("s", /*took=*/true);
+  EXPECT_EQ(lines.RoomTakers("s"), 1) << "b's check counts a's peak";
+  ASSERT_TRUE(lines.BeginRoomCheck("s"));
+  lines.EndRoomCheck("s", /*took=*/false);  // no room for b: it waits
   EXPECT_EQ(lines.RoomTakers("s"), 1);
   lines.Finished("s", "completed", 2, /*took_room=*/false);  // b gave up waiting
   EXPECT_EQ(lines.RoomTakers("s"), 1);
