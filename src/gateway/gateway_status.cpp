@@ -119,8 +119,7 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Calle
         for (const auto& [other_id, other] : live_) {
           if (other->service != me.service || other->phase.load() != LivePhase::kQueued) continue;
           ++waiting;
-          const int64_t a = other->phase_since_ms.load(), b = me.phase_since_ms.load();
-          if (a < b || (a == b && other_id < id)) ++ahead;
+          if (WaitsAhead(other->phase_since_ms.load(), other_id, me.phase_since_ms.load(), id)) ++ahead;
         }
         const auto [note, est_s] = me.WaitState();
         json q = {{"position", ahead + 1}, {"waiting", waiting}};

@@ -81,13 +81,21 @@ json Gateway::LiveRequestsJson() {
     j["_client"] = live->client;  // for the caller's view only (see ViewFor)
     list.push_back(j);
   }
-  // Oldest first; a waiting request's position in its service's line.
+  // Oldest first; a waiting request's position in its service's line, in
+  // the order they began to wait (WaitsAhead, as GET /v1/requests/{id}
+  // counts it: a retried request waits again from its retry).
   std::stable_sort(list.begin(), list.end(),
             [](const json& a, const json& b) { return a.value("created_ms", int64_t{0}) < b.value("created_ms", int64_t{0}); });
-  std::map<std::string, int> position;
+  std::vector<std::pair<int64_t, json*>> queued;
   for (auto& j : list) {
-    if (j["phase"] == "queued") j["position"] = ++position[j["service"].get<std::string>()];
+    if (j["phase"] == "queued") queued.emplace_back(now - j["phase_age_ms"].get<int64_t>(), &j);
   }
+  std::sort(queued.begin(), queued.end(), [](const auto& a, const auto& b) {
+    return WaitsAhead(a.first, (*a.second)["id"].template get<std::string>(), b.first,
+                      (*b.second)["id"].template get<std::string>());
+  });
+  std::map<std::string, int> position;
+  for (auto& [since, j] : queued) (*j)["position"] = ++position[(*j)["service"].get<std::string>()];
   return list;
 }
 
