@@ -43,6 +43,10 @@ void Breaker::Trip(const std::string& reason) {
   Open(reason);
 }
 
+void Breaker::Uneject() {
+  if (state_ == BreakerState::kOpen) state_ = BreakerState::kHalfOpen;
+}
+
 void Breaker::Open(const std::string& reason) {
   last_reason_ = reason;
   if (state_ == BreakerState::kClosed && closed_since_ms_ >= 0 && opts_.base_ejection_ms > 0) {

@@ -156,6 +156,7 @@ void Gateway::PostStatus(std::function<void()> f) {
 CapacitySignal& Gateway::SignalFor(const std::string& service) { return *signals_.at(service); }
 
 void Gateway::WorkerReady(const std::string& key) {
+  board_.WorkerReady(key);  // (a new process: the next request probes it)
   if (const auto* e = ExternalOfKey(config_, key)) signals_.at(e->name)->Notify();
   for (const auto& s : config_.services) {
     for (size_t i = 0; i < s.placements.size(); ++i) {

@@ -105,7 +105,8 @@ class Gateway {
   // go on). Handle asks it, and the server with each head that declares a
   // body (ServerOptions::check_head), before the body's memory is reserved.
   std::optional<http::Response> AccessRefusal(const http::RequestHead& req) const;
-  // A worker became ready: requests waiting for it decide again at once.
+  // A worker became ready: requests waiting for it decide again at once, and
+  // its placement's open breaker lets the next one probe it (a new process).
   void WorkerReady(const std::string& key);
   // Residency (gateway_residency.cpp). The supervisor's start gate asks
   // before `key` loads onto an accelerator: Ok when `need_bytes` fit there

@@ -246,6 +246,15 @@ void PlacementBoard::WorkerExited(const std::string& key, const std::string& why
   }
 }
 
+void PlacementBoard::WorkerReady(const std::string& key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [service, states] : placements_) {
+    for (auto& st : states) {
+      if (st->key == key) st->breaker.Uneject();
+    }
+  }
+}
+
 void PlacementBoard::RecordThroughput(const std::string& service, size_t index, double pms, double pt, double gms,
                                       double gt) {
   std::lock_guard<std::mutex> lk(mu_);

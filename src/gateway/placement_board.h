@@ -121,6 +121,9 @@ class PlacementBoard {
   void AttemptSucceeded(const std::string& service, size_t index);
   // A worker exited or was replaced: its breaker opens (and its device's when the device was lost).
   void WorkerExited(const std::string& key, const std::string& why, bool device_lost);
+  // A new worker process for `key` became ready: its placements' open
+  // breakers become half-open (Breaker::Uneject). A device's breaker stays.
+  void WorkerReady(const std::string& key);
   // The worker's timings of one request (`spillway.timings`).
   void RecordThroughput(const std::string& service, size_t index, double prompt_ms, double prompt_tokens,
                         double generation_ms, double generated_tokens);

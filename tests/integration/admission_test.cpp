@@ -135,7 +135,11 @@ TEST_F(AdmissionTest, AKilledGpuWorkerIsNotRestartedIntoMemoryTakenMeanwhile) {
   for (int i = 0; i < 200 && (*devices::SimLedger::Open(0))->Snapshot().used > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  pid_t holder = SpawnTool({"sim", "hold", "sim:0", "--mib", "88", "--seconds", "120"}, "spillway");
+  // (Held here, at once: a spawned `spillway sim hold` could lose the race
+  // with the worker's restart, 500 ms after its death.)
+  auto ledger = devices::SimLedger::Open(0);
+  ASSERT_TRUE(ledger.ok());
+  ASSERT_TRUE((*ledger)->Reserve(devices::LedgerKind::kHold, "test", 88ull << 20));
   json w;
   for (int i = 0; i < 300; ++i) {
     w = Body(*http::Fetch("127.0.0.1", p, "GET", "/v1/status"))["services"][0]["placements"][0];
@@ -149,8 +153,7 @@ TEST_F(AdmissionTest, AKilledGpuWorkerIsNotRestartedIntoMemoryTakenMeanwhile) {
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.Header("x-spillway-placement"), "cpu");
   // The memory comes back: the worker is admitted and restarted.
-  kill(holder, SIGKILL);
-  waitpid(holder, nullptr, 0);
+  (*ledger)->Release(devices::LedgerKind::kHold, "test", 88ull << 20);
   for (int i = 0; i < 500; ++i) {
     w = Body(*http::Fetch("127.0.0.1", p, "GET", "/v1/status"))["services"][0]["placements"][0];
     if (w["state"] == "ready") break;

@@ -171,8 +171,9 @@ TEST_F(HostileTest, EachKeyHasABoundedNumberOfRequestsInFlight) {
   for (int i = 0; i < 3; ++i) {
     http::HeaderList h = kA;
     h.emplace_back("X-Request-Id", "per-key-" + std::to_string(i));
-    // Two run (their cells fit the pool together), the third waits for a slot.
-    held.push_back(std::async(std::launch::async, [p, h] { return Call(p, "POST", "/v1/chat/completions", Chat(1500), h); }));
+    // Two run (their cells fit the pool together), the third waits for a
+    // slot; long enough to be running still at the end, on a loaded machine too.
+    held.push_back(std::async(std::launch::async, [p, h] { return Call(p, "POST", "/v1/chat/completions", Chat(3500), h); }));
   }
   for (int i = 0; i < 500; ++i) {  // all three accepted (running or waiting for a slot)
     int known = 0;

@@ -75,6 +75,31 @@ TEST(BreakerTest, EjectionsAreForgivenWhileItStaysClosed) {
   EXPECT_EQ(b.open_until_ms() - clock.NowMs(), 30000);
 }
 
+// A crashed worker's replacement passed its readiness check: the next
+// request probes it instead of waiting out the ejection (30 s, while the
+// only placement's new worker was ready after one); a failed probe opens it
+// again, for longer.
+TEST(BreakerTest, AReadyReplacementIsProbedBeforeTheEjectionEnds) {
+  FakeClock clock;
+  Breaker b({3, 30000, 300000}, clock);
+  b.Uneject();
+  EXPECT_EQ(b.state(), BreakerState::kClosed) << "nothing to uneject";
+  b.Trip("worker exited: signal 9");
+  clock.Advance(700);
+  EXPECT_FALSE(b.Usable());
+  b.Uneject();
+  EXPECT_EQ(b.state(), BreakerState::kHalfOpen);
+  EXPECT_TRUE(b.Usable());
+  b.OnFailure("worker exited: signal 9");  // the probe crashed it again
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+  EXPECT_EQ(b.ejections(), 2);
+  EXPECT_EQ(b.open_until_ms(), clock.NowMs() + 60000);
+  b.Uneject();
+  EXPECT_TRUE(b.Usable());
+  b.OnSuccess();
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+}
+
 TEST(BreakerTest, OneIncidentReportedTwiceIsOneEjection) {
   FakeClock clock;
   Breaker b({3, 30000, 300000}, clock);

@@ -269,6 +269,11 @@ class LifecycleTest : public ::testing::Test {
     workers_.SetReadyAgain("chat.0", primary_.server.port());
     workers_.SetReadyAgain("chat.1", fallback_.server.port());
   }
+  json StatusNow() {
+    auto st = Send("/v1/status", "", "GET");
+    EXPECT_TRUE(st->Wait());
+    return json::parse(st->body(), nullptr, false);
+  }
   // Waits (briefly, for a condition the gateway reaches on its own threads).
   template <typename F>
   bool Eventually(F f, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
@@ -473,6 +478,23 @@ TEST_F(LifecycleTest, AnEmbeddingThatFailsOnThePrimaryIsServedByTheFallback) {
   EXPECT_EQ(primary_.calls(), 1u);
   EXPECT_EQ(fallback_.calls(), 1u);
   EXPECT_EQ(Journaled("r-emb").state, journal::State::kCompleted);
+}
+
+// A worker that crashed and was started again serves the next request: its
+// placement's breaker, opened by the crash for 30 s, lets a probe through
+// once the new process is ready. Requests went to the fallback for 30 s
+// (and, with no fallback, waited 30 s for a worker that was ready).
+TEST_F(LifecycleTest, ARestartedWorkerIsProbedWithoutWaitingOutItsEjection) {
+  workers_.Exit("chat.0", "signal 9");
+  EXPECT_EQ(StatusNow()["services"][0]["placements"][0]["breaker"]["state"], "open");
+  clock_.Advance(700);  // its backoff, its load
+  workers_.SetReadyAgain("chat.0", primary_.server.port());
+  gateway_->WorkerReady("chat.0");  // (as the supervisor's ready callback does)
+  auto ex = Complete("r-after-restart");
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+  EXPECT_EQ(primary_.calls(), 1u) << "went to the fallback: " << ex->header("X-Spillway-Placement");
+  EXPECT_EQ(StatusNow()["services"][0]["placements"][0]["breaker"]["state"], "closed") << "the probe closed it";
 }
 
 // Embeddings sent to the CPU fallback keep to the CPU path's line: one at a
