@@ -6,6 +6,7 @@
 #
 #   tests/fuzz/run.sh BUILD SECONDS [name...]     make test: 10 s each at -O0 (FUZZ_OPT=0); make fuzz: 300 s each
 #
+# FUZZ_SEED=N: libFuzzer's -seed (make test sets 1, so a run is repeatable).
 # Exit 0: no crash, leak, timeout or sanitizer report. A failing input is kept
 # as BUILD/fuzz[-O0]/artifacts/<name>-crash-*; replay it with BUILD/fuzz[-O0]/<name> FILE.
 # Exit 77 (ctest: skipped) when clang's libFuzzer is not installed.
@@ -103,7 +104,7 @@ fi
 fuzz_one() {  # NAME: 0 when it found nothing
   local name=$1 bin="$OUT/$1" corpus="$OUT/corpus/$1"
   mkdir -p "$corpus"
-  if ! "$bin" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
+  if ! "$bin" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 ${FUZZ_SEED:+-seed=$FUZZ_SEED} \
        -artifact_prefix="$OUT/artifacts/$name-" "$corpus" "$ROOT/tests/fuzz/corpus/$name" >"$OUT/$name.log" 2>&1; then
     echo "[fuzz] $name FAILED:"; tail -40 "$OUT/$name.log"; return 1
   fi
@@ -112,5 +113,6 @@ fuzz_one() {  # NAME: 0 when it found nothing
 }
 export -f fuzz_one
 export OUT SECONDS_EACH
+export FUZZ_SEED=${FUZZ_SEED:-}  # (make test: 1, the same inputs each run; unset: libFuzzer's random seed)
 printf '%s\n' "${NAMES[@]}" | xargs -d '\n' -n1 -P2 bash -c 'fuzz_one "$1"' _ || status=1
 exit $status

@@ -377,7 +377,7 @@ TEST(DashboardTest, TheEstimatedWaitIsAdmissions) {
   EXPECT_EQ(status["services"][0]["placements"][0]["est_wait_s"], 0.0);
   std::atomic<bool> done{false};
   std::thread long_answer([&] {
-    (void)Call(gw.port(), "POST", "/v1/chat/completions", Chat(1500));
+    (void)Call(gw.port(), "POST", "/v1/chat/completions", Chat(3500));  // (still running when asked, loaded too)
     done = true;
   });
   double busy_wait = 0;

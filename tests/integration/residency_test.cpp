@@ -200,7 +200,7 @@ TEST_F(ResidencyTest, AnInteractiveServiceEvictsIdleBatchWorkAndThePinnedOneStay
 
 TEST_F(ResidencyTest, KeepAliveUnloadsAnIdlePlacementAndTheNextRequestLoadsItAgain) {
   ASSERT_TRUE(devices::SimLedger::Create(0, 256ull << 20).ok());
-  GatewayProcess g(kDevice + ChatService() + Embed("residency = \"keep_alive\"\nkeep_alive_s = 1\n"));
+  GatewayProcess g(kDevice + ChatService() + Embed("residency = \"keep_alive\"\nkeep_alive_s = 3\n"));  // (3 s: its first request comes before, loaded too)
   ASSERT_TRUE(g.Start()) << g.Output();
   // keep_alive: loaded at start.
   ASSERT_TRUE(WaitFor([&] { return Residency(g.port(), "embed").value("state", "") == "ready"; })) << g.Output();
@@ -252,7 +252,7 @@ TEST_F(ResidencyTest, BatchWorkStaysOffTheAcceleratorOutsideItsWindow) {
     EXPECT_EQ(e.status, 503) << e.body;
     EXPECT_NE(e.body.find("window"), std::string::npos) << e.body;
     const int retry = std::atoi(e.headers["retry-after"].c_str());
-    EXPECT_GT(retry, 3600 * 2) << "the window opens in about three hours";
+    EXPECT_GT(retry, 3600 * 2 - 120) << "the window opens in two to three hours (its hour began up to 3 h from the test's start)";
     EXPECT_LE(retry, 3600 * 3);
   }
   {

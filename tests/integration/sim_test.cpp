@@ -207,7 +207,7 @@ TEST_F(SimTest, LostDeviceFailsFastAndHealthReportsIt) {
   EXPECT_EQ(Body(health)["status"], "device_lost");
   const auto t0 = std::chrono::steady_clock::now();
   auto later = Complete(w, 4);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(200));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
   EXPECT_EQ(later.status, 503);
   EXPECT_EQ(Body(later)["error"]["phase"], "device");
 }
@@ -216,15 +216,15 @@ TEST_F(SimTest, HangStallsDecodeWhileHealthStillAnswers) {
   MakeDevice(0, 256);
   WorkerProcess w(ModelPath("tiny-chat"), SimArgs("sim:0", 99));
   ASSERT_TRUE(w.running()) << w.Stderr();
-  ASSERT_EQ(Call(w, "POST", "/v1/worker/faults", {{"faults", {"hang=1.2"}}}).status, 200);
+  ASSERT_EQ(Call(w, "POST", "/v1/worker/faults", {{"faults", {"hang=3"}}}).status, 200);
   const auto t0 = std::chrono::steady_clock::now();
   auto pending = std::async(std::launch::async, [&] { return Complete(w, 4); });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const auto h0 = std::chrono::steady_clock::now();
   EXPECT_EQ(Call(w, "GET", "/health").status, 200);  // exactly why health needs token progress too
-  EXPECT_LT(std::chrono::steady_clock::now() - h0, std::chrono::milliseconds(300));
+  EXPECT_LT(std::chrono::steady_clock::now() - h0, std::chrono::seconds(1)) << "waited for the hang";
   EXPECT_EQ(pending.get().status, 200);
-  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1200));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(3000));
 }
 
 TEST_F(SimTest, CompetingHoldReducesFreeMemoryUntilKilled) {

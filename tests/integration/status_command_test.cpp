@@ -69,7 +69,7 @@ TEST(StatusCommandTest, TablesJsonWatchAndCancellingARequest) {
   ASSERT_TRUE(j.is_object()) << r.out;
   EXPECT_EQ(j["services"].size(), 2u);
 
-  r = Spillway(key + " timeout -s INT 1.6", "status --watch 0.5 " + url);
+  r = Spillway(key + " timeout -s INT 3", "status --watch 0.5 " + url);  // (two redraws, loaded too)
   EXPECT_GE(Count(r.out, "\x1b[2J"), 2u) << r.out;
 
   // A running request and one waiting behind it (one slot).

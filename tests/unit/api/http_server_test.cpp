@@ -565,7 +565,7 @@ TEST_F(TightServer, AConnectionThatBeganARequestIsNotEvictedAndTheCapHolds) {
   b.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nb");
   ASSERT_NE(b.ReadUntil("\r\n\r\nb").find("200 OK"), std::string::npos);
   a.Send("POST /echo HTTP/1.1\r\nHost: x\r\n");  // the longest idle begins a request
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (its bytes reach the server first)
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // (its bytes reach the server first, loaded too)
   auto r = Fetch("127.0.0.1", server_->port(), "POST", "/echo", "c");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->status, 200);
