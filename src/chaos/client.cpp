@@ -52,6 +52,17 @@ RequestRecord Run::Send(const PlannedRequest& p) {
   auto ms_since = [&] { return std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - t0).count(); };
   std::thread canceller;
   std::atomic<bool> finished{false};
+  // Joined however Send ends: an answer of an unexpected shape throws from a
+  // json accessor below, and a joinable thread destroyed in the unwinding
+  // called std::terminate (the harness's own catch never ran).
+  struct JoinCanceller {
+    std::thread& t;
+    std::atomic<bool>& finished;
+    ~JoinCanceller() {
+      finished = true;
+      if (t.joinable()) t.join();
+    }
+  } join_canceller{canceller, finished};
   if (p.cancel_after_ms >= 0 && target_ != Target::kLlamaServer) {
     canceller = std::thread([&, port] {
       for (int64_t waited = 0; waited < p.cancel_after_ms && !finished; waited += 10) SleepMs(10);
@@ -168,7 +179,7 @@ RequestRecord Run::Send(const PlannedRequest& p) {
     }
   }
   finished = true;
-  if (canceller.joinable()) canceller.join();
+  if (canceller.joinable()) canceller.join();  // (before the result is read)
   r.tool_executions = tools;
   return r;
 }

@@ -519,6 +519,19 @@ ScenarioResult Run::Go() {
   t0_wall_ = WallMs();
   std::thread monitor([this] { Monitor(); });
   std::thread stall_meter([this] { MeterStalls(); });
+  // Stopped and joined however this ends: an exception below (an answer of
+  // an unexpected shape in CompareWithReference) with these two joinable was
+  // std::terminate, not the chaos command's error message.
+  struct StopMeters {
+    Run* run;
+    std::thread& monitor;
+    std::thread& stall_meter;
+    ~StopMeters() {
+      run->stop_monitor_ = true;
+      if (monitor.joinable()) monitor.join();
+      if (stall_meter.joinable()) stall_meter.join();
+    }
+  } stop_meters{this, monitor, stall_meter};
   std::vector<RequestRecord> records(plan_cache_.size());
   std::atomic<size_t> next{0};
   std::vector<std::thread> clients;

@@ -96,7 +96,7 @@ bool Child::Spawn(const std::vector<std::string>& argv_in, const std::string& lo
   for (auto& e : envs) envp.push_back(e.data());
   envp.push_back(nullptr);
   const pid_t parent = getpid();
-  pid_ = Spawner::Get().Run([&]() -> pid_t {
+  const pid_t spawned = Spawner::Get().Run([&]() -> pid_t {
     const pid_t pid = fork();
     if (pid != 0) return pid;  // -1: failed
     // The child: only async-signal-safe calls until exec.
@@ -111,11 +111,13 @@ bool Child::Spawn(const std::vector<std::string>& argv_in, const std::string& lo
     execve(argv[0], argv.data(), envp.data());
     _exit(127);
   });
-  if (pid_ <= 0) pid_ = -1;
+  std::lock_guard<std::mutex> lk(mu_);
+  pid_ = spawned > 0 ? spawned : -1;
   return pid_ > 0;
 }
 
 bool Child::Alive() {
+  std::lock_guard<std::mutex> lk(mu_);
   if (pid_ <= 0) return false;
   int status = 0;
   if (waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -126,6 +128,7 @@ bool Child::Alive() {
 }
 
 void Child::Kill9() {
+  std::lock_guard<std::mutex> lk(mu_);
   if (pid_ <= 0) return;
   kill(pid_, SIGKILL);
   waitpid(pid_, nullptr, 0);
@@ -133,6 +136,8 @@ void Child::Kill9() {
 }
 
 void Child::Stop(int grace_ms) {
+  // (The lock is held through the grace: Alive and Kill9 wait for the end.)
+  std::lock_guard<std::mutex> lk(mu_);
   if (pid_ <= 0) return;
   kill(-pid_, SIGTERM);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);

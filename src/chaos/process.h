@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,12 +30,19 @@ class Child {
   // `env`: variables set on top of this process's environment.
   bool Spawn(const std::vector<std::string>& argv, const std::string& log_path,
              const std::map<std::string, std::string>& env = {});
+  // Thread-safe: the fault injector kills while the monitor asks Alive. Each
+  // signals the pid it read under the lock (reaped and set to -1 between a
+  // check and a kill, it was kill(-1, SIGKILL): every process we may signal).
   bool Alive();
   void Kill9();                      // the process only (its children see it die)
   void Stop(int grace_ms = 5000);    // SIGTERM to its group, SIGKILL after the grace
-  pid_t pid() const { return pid_; }
+  pid_t pid() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return pid_;
+  }
 
  private:
+  mutable std::mutex mu_;
   pid_t pid_ = -1;
 };
 

@@ -148,8 +148,12 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Calle
   }
   if (journal::IsTerminal(rec->state)) {
     json result = {{"status", rec->result_status}, {"content_type", rec->result_type}};
-    json parsed = json::parse(rec->result_body, nullptr, false);
-    if (!parsed.is_discarded()) result["body"] = parsed;
+    // (An external server's answer is anything it sent: one nested past a
+    // request body's limits is shown as text, never parsed and copied deep.)
+    json parsed = api::CheckJsonLimits(rec->result_body, JsonLimitsOf(config_)) == api::JsonShape::kOk
+                      ? json::parse(rec->result_body, nullptr, false)
+                      : json(json::value_t::discarded);
+    if (!parsed.is_discarded()) result["body"] = std::move(parsed);
     else result["text"] = rec->result_body;
     j["result"] = result;
   }

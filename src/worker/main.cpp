@@ -47,7 +47,9 @@ constexpr int kExitListen = 5;
 int Fatal(int code, const Status& st) {
   nlohmann::json j = {{"fatal", true}, {"code", StatusCodeName(st.code())}, {"message", st.message()},
                       {"phase", FailurePhaseName(st.phase())}, {"exit_code", code}};
-  std::fprintf(stderr, "%s\n", j.dump().c_str());
+  // (A message may quote a model path or a template's error in any bytes:
+  // dump() would throw on invalid UTF-8, and the worker abort unexplained.)
+  std::fprintf(stderr, "%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return code;
 }
 

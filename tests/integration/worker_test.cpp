@@ -863,6 +863,9 @@ TEST(WorkerStartupTest, MissingOrCorruptModelExitsCleanlyWithPhaseLoad) {
   std::string err;
   EXPECT_EQ(RunWorkerToExit({"--model", "/nonexistent.gguf", "--listen", "127.0.0.1:0"}, &err), 3);
   EXPECT_NE(err.find("\"fatal\":true"), std::string::npos) << err;
+  // A path that is not UTF-8 is quoted with U+FFFD: the JSON line's dump threw, and the worker aborted.
+  EXPECT_EQ(RunWorkerToExit({"--model", "/nonexistent-\xff.gguf", "--listen", "127.0.0.1:0"}, &err), 3) << err;
+  EXPECT_NE(err.find("\"fatal\":true"), std::string::npos) << err;
 
   const std::string bad = (std::filesystem::temp_directory_path() / "spillway-corrupt.gguf").string();
   {

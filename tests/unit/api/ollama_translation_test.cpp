@@ -306,6 +306,19 @@ TEST(OllamaResponseTest, AChatAnswerWithToolCallsAndStats) {
   EXPECT_EQ(j["spillway"]["placement"], "cpu") << "who served it stays visible";
 }
 
+// Arguments a model nested a million deep are its text, not a call: parsed,
+// their copy and dump recursed once per level and overflowed the stack.
+TEST(OllamaResponseTest, ToolCallArgumentsBeyondTheJsonLimitsAreText) {
+  const std::string deep = R"({"a":)" + std::string(1'000'000, '[') + std::string(1'000'000, ']') + "}";
+  GenerationResult r;
+  r.finish_reason = "tool_calls";
+  r.message = AssistantMessage{"", "", {{"call_1", "f", deep}}};
+  auto a = OllamaAnswer(kChat, GenerationBody(Endpoint::kChat, "req_1", "chat", 0, r), kChat.started_ms);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_TRUE((*a)["message"].value("tool_calls", json::array()).empty());
+  EXPECT_EQ((*a)["message"]["content"].get<std::string>().size(), deep.size() + std::string(R"({"name":"f","arguments":})").size());
+}
+
 TEST(OllamaResponseTest, GenerateAnswersFromChatOrCompletionBodies) {
   GenerationResult r;
   r.text = "hi there";
