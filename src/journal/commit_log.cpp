@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/survive.h"
 #include "journal/storage_faults.h"
 
 namespace spillway::journal {
@@ -642,9 +643,10 @@ void CommitLog::SyncThread() {
       lk.unlock();
     } else {
       // Only this thread queues records at FULL, and in log order.
-      for (auto& u : batch) u.queued(u.seq);
+      for (auto& u : batch) RunSurviving("spillway: a commit-log record's queued callback", [&] { u.queued(u.seq); });
     }
-    for (auto& u : batch) u.durable(rc, "log sync");
+    // (Each survived: one that threw left the batch's other writers waiting for good.)
+    for (auto& u : batch) RunSurviving("spillway: a commit-log record's durable callback", [&] { u.durable(rc, "log sync"); });
     lk.lock();
     if (rc == SQLITE_OK) queued_seq_ = batch.back().seq;
     done_seq_ = batch.back().seq;

@@ -75,7 +75,6 @@
 #pragma once
 
 #include <atomic>
-#include <optional>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -90,6 +89,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/survive.h"
 #include "journal/storage_faults.h"
 
 struct sqlite3;
@@ -375,8 +375,11 @@ class Journal {
   int64_t retry_at_ms_ = 0;
   std::string synchronous_mode_ = "unknown";
   std::function<void(const Transition&)> observer_;
+  // (Survived: it runs on the journal's thread, or after a commit with the
+  // batch's writers still to be told; a throw there ended the process or
+  // left them waiting for good.)
   void Tell(Transition t) const {
-    if (observer_) observer_(t);
+    if (observer_) RunSurviving("spillway: the journal's observer", [&] { observer_(t); });
   }
 };
 

@@ -625,15 +625,23 @@ void Supervisor::Round() {
     }
     // A worker from another build would be misread: stopped, with the reason where a person looks.
     for (const auto& [k, why] : refused_workers) Refuse(k, why);
+    // Each told on its own: a readiness or an exit is worked out once, from a
+    // change of state, so one that a throw skipped would never be told.
     if (on_ready_) {
-      for (const auto& r : became_ready) on_ready_(r.key, r.port);
+      for (const auto& r : became_ready) {
+        RunSurviving("spillway: telling the gateway a worker is ready", [&] { on_ready_(r.key, r.port); });
+      }
     }
     if (on_exit_) {
-      for (const auto& [k, why] : exits) on_exit_(k, why);
+      for (const auto& [k, why] : exits) {
+        RunSurviving("spillway: telling the gateway a worker exited", [&] { on_exit_(k, why); });
+      }
     }
     if (idle_) {
       for (const auto& k : idle_candidates) {
-        if (idle_(k)) Release(k);
+        RunSurviving("spillway: an idle check", [&] {
+          if (idle_(k)) Release(k);
+        });
       }
     }
     // Health checks run without the lock: callers asking for ports never wait on them.
@@ -656,7 +664,9 @@ void Supervisor::Round() {
         HealthResult(it->second, c.pid, healthy, lost);
         if (was_ready && DownAfterExit(it->second.view.state)) why = it->second.view.last_exit;
       }
-      if (!why.empty() && on_exit_) on_exit_(c.key, why);
+      if (!why.empty() && on_exit_) {
+        RunSurviving("spillway: telling the gateway a worker exited", [&] { on_exit_(c.key, why); });
+      }
       if (healthy && c.info) RefreshInfo(c.key, c.pid, c.port);
     }
   }

@@ -133,9 +133,18 @@ void ForceCallFirst(std::string* gbnf) {
 // parallel_tool_calls false: formats whose calls each have their own markers
 // (Hermes, Qwen: <tool_call>...</tool_call>) get a grammar for one or more
 // calls from llama.cpp whatever the flag says; Spillway allows exactly one.
+// (By hand, not std::regex: libstdc++'s matcher recurses once per character
+// a `.*` takes, and the rule of 128 tools is a line long enough to overflow
+// the stack.)
 void OneCallOnly(std::string* gbnf) {
-  static const std::regex kRepeated(R"((^|\n)tool-calls ::= \((.*)\)\+(\n|$))");
-  *gbnf = std::regex_replace(*gbnf, kRepeated, "$1tool-calls ::= $2$3", std::regex_constants::format_first_only);
+  static const std::string kHead = "tool-calls ::= (";
+  size_t at = gbnf->compare(0, kHead.size(), kHead) == 0 ? 0 : gbnf->find("\n" + kHead);
+  if (at == std::string::npos) return;
+  if (at != 0) ++at;  // (past the newline)
+  const size_t end = std::min(gbnf->find('\n', at), gbnf->size());
+  const size_t inner = at + kHead.size();
+  if (end < inner + 2 || gbnf->compare(end - 2, 2, ")+") != 0) return;  // not "( ... )+"
+  gbnf->replace(at, end - at, "tool-calls ::= " + gbnf->substr(inner, end - 2 - inner));
 }
 
 }  // namespace

@@ -3,9 +3,11 @@
 // there), Flush, and checkpoints kept out of commits.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -119,6 +121,27 @@ TEST_F(AsyncWriteTest, NoTransactionRunsOnAnAsynchronousCallersThread) {
   EXPECT_NE(r.threads[2], std::this_thread::get_id()) << "a requeue committed on its caller's thread";
   std::lock_guard<std::mutex> lk(mu);
   for (const auto& t : told) EXPECT_NE(t, std::this_thread::get_id()) << "the observer ran on the caller's thread";
+}
+
+// An observer that throws (gateway code, run on the journal's thread) is
+// survived: every writer still learns its result and the journal goes on.
+// The throw ended the process (std::terminate on the journal's thread).
+TEST_F(AsyncWriteTest, AnObserverThatThrowsIsSurvived) {
+  Reopen(Mode(false));
+  std::atomic<int> told{0};
+  j_->SetObserver([&](const Transition&) {
+    ++told;
+    throw std::runtime_error("observer failed");
+  });
+  Results r;
+  j_->AcceptAsync(Rec("t"), [add = r.Add()](StatusOr<AcceptResult> a) { add(a.status()); });
+  r.WaitFor(1);
+  j_->SetDecisionAsync("t", R"({"decision":"delay"})", r.Add());
+  r.WaitFor(2);
+  j_->RequeueAsync("t", "worker busy", r.Add());
+  r.WaitFor(3);
+  for (const auto& st : r.got) EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_GT(told.load(), 0);
 }
 
 // Flush returns after everything queued before it.
