@@ -38,6 +38,15 @@ class AsyncWriteTest : public JournalFixture {
       ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(10), [&] { return got.size() >= n; }));
     }
   };
+  // An Accept, then a decision and a requeue each awaited: three results in `r`.
+  void AcceptDecideRequeue(const std::string& id, Results* r) {
+    j_->AcceptAsync(Rec(id), [add = r->Add()](StatusOr<AcceptResult> a) { add(a.status()); });
+    r->WaitFor(1);
+    j_->SetDecisionAsync(id, R"({"decision":"delay"})", r->Add());
+    r->WaitFor(2);
+    j_->RequeueAsync(id, "worker busy", r->Add());
+    r->WaitFor(3);
+  }
   static JournalOptions Mode(bool full) {
     JournalOptions o;
     o.synchronous_full = full;
@@ -110,12 +119,7 @@ TEST_F(AsyncWriteTest, NoTransactionRunsOnAnAsynchronousCallersThread) {
     told.push_back(std::this_thread::get_id());
   });
   Results r;
-  j_->AcceptAsync(Rec("d"), [add = r.Add()](StatusOr<AcceptResult> a) { add(a.status()); });
-  r.WaitFor(1);
-  j_->SetDecisionAsync("d", R"({"decision":"delay"})", r.Add());
-  r.WaitFor(2);
-  j_->RequeueAsync("d", "worker busy", r.Add());
-  r.WaitFor(3);
+  AcceptDecideRequeue("d", &r);
   for (const auto& st : r.got) ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_NE(r.threads[1], std::this_thread::get_id()) << "a decision committed on its caller's thread";
   EXPECT_NE(r.threads[2], std::this_thread::get_id()) << "a requeue committed on its caller's thread";
@@ -134,12 +138,7 @@ TEST_F(AsyncWriteTest, AnObserverThatThrowsIsSurvived) {
     throw std::runtime_error("observer failed");
   });
   Results r;
-  j_->AcceptAsync(Rec("t"), [add = r.Add()](StatusOr<AcceptResult> a) { add(a.status()); });
-  r.WaitFor(1);
-  j_->SetDecisionAsync("t", R"({"decision":"delay"})", r.Add());
-  r.WaitFor(2);
-  j_->RequeueAsync("t", "worker busy", r.Add());
-  r.WaitFor(3);
+  AcceptDecideRequeue("t", &r);
   for (const auto& st : r.got) EXPECT_TRUE(st.ok()) << st.ToString();
   EXPECT_GT(told.load(), 0);
 }
