@@ -26,6 +26,14 @@ struct JsonLimits {
   size_t max_string_bytes = 16 << 20;    // one string or key
 };
 
+// Only nesting bounded, the rest as large as a size goes: for JSON read back
+// (a model's tool-call arguments, a stored answer) whose size was bounded
+// elsewhere, where depth is what overflows a stack (a copy, a dump and a
+// destructor recurse once per level).
+inline JsonLimits DepthOnly(size_t max_depth) {
+  return {max_depth, static_cast<size_t>(-1), static_cast<size_t>(-1), static_cast<size_t>(-1)};
+}
+
 // What the checks found. kMalformed: not JSON at all (the caller decides
 // whether that is an error); kTooLarge: JSON beyond a limit (always an error).
 enum class JsonShape { kOk, kMalformed, kTooLarge };

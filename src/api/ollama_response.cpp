@@ -50,12 +50,13 @@ json ToolCallsJson(const json& openai_calls, std::string* content) {
     const json fn = Object(c, "function");
     json args = json::object();
     if (auto a = fn.find("arguments"); a != fn.end() && a->is_string()) {
-      // (Within the limits a request body has: arguments a model nested
-      // 100,000 deep overflowed the stack of whatever copied or dumped them.)
+      // (At most 512 levels deep, far past any tool's schema: arguments a
+      // model nested a million deep overflowed the stack of whatever copied
+      // or dumped them.)
       const std::string& text = a->get_ref<const std::string&>();
       json parsed = text.empty() ? json::object()
-                    : CheckJsonLimits(text, JsonLimits{}) == JsonShape::kOk ? json::parse(text, nullptr, false)
-                                                                            : json();
+                    : CheckJsonLimits(text, DepthOnly(512)) == JsonShape::kOk ? json::parse(text, nullptr, false)
+                                                                              : json();
       if (!parsed.is_object()) {
         // The call as text: {"name": ..., "arguments": <what the model wrote>}.
         *content += R"({"name":)" + json(Text(fn, "name")).dump(-1, ' ', false, json::error_handler_t::replace) +

@@ -26,7 +26,9 @@ std::optional<std::string> ReadSmallFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return std::nullopt;
   auto out = ReadAll(fd);
+  const int read_errno = errno;
   ::close(fd);
+  errno = read_errno;  // (the caller may ask why: ESRCH, a process reaped meanwhile)
   return out;
 }
 

@@ -16,7 +16,8 @@ namespace spillway {
 std::optional<std::string> ReadAll(int fd);
 
 // Opens `path` read-only, reads it whole, closes it; nullopt when it cannot be
-// opened or read (no such process, a process reaped meanwhile, no permission).
+// opened or read, errno saying why (ENOENT: no such process; ESRCH: reaped
+// meanwhile; EACCES, EMFILE: it may well be there).
 std::optional<std::string> ReadSmallFile(const std::string& path);
 
 }  // namespace spillway

@@ -133,7 +133,12 @@ bool ProcessAlive(int32_t pid, uint64_t start_time) {
   if (kill(pid, 0) != 0 && errno == ESRCH) return false;
   // A zombie has released its memory as far as the device is concerned.
   const std::optional<std::string> stat = ReadSmallFile("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return false;  // reaped since kill() saw it (a read after reaping fails with ESRCH)
+  if (!stat) {
+    // Reaped since kill() saw it (a read after reaping fails with ESRCH).
+    // Another error (no descriptor left, hidepid) says nothing of its death:
+    // alive as kill() said, unless a start time is there to compare.
+    return errno != ENOENT && errno != ESRCH && start_time == 0;
+  }
   const std::string& s = *stat;
   auto close = s.rfind(')');
   if (close != std::string::npos && close + 2 < s.size() && s[close + 2] == 'Z') return false;

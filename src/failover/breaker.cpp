@@ -44,7 +44,7 @@ void Breaker::Trip(const std::string& reason) {
 }
 
 void Breaker::Uneject() {
-  if (state_ == BreakerState::kOpen) state_ = BreakerState::kHalfOpen;
+  if (state_ == BreakerState::kOpen && ejections_ <= 1) state_ = BreakerState::kHalfOpen;
 }
 
 void Breaker::Open(const std::string& reason) {

@@ -42,11 +42,14 @@ class Breaker {
   // the reason changes (one incident reported twice is one ejection).
   void Trip(const std::string& reason);
   // A new process for this placement passed its readiness check (Envoy's
-  // successful_active_health_check_uneject_host): an open breaker becomes
-  // half-open and the next request probes it. An ejection that began with
-  // the crash of the process now gone had every request wait out 30 s
-  // though its replacement was ready in one (the only placement) or go to
-  // the fallback for as long. A probe that fails opens it again, for longer.
+  // successful_active_health_check_uneject_host): a breaker open for its
+  // first ejection becomes half-open and requests probe it. That ejection,
+  // begun with the crash of the process now gone, had every request wait
+  // out 30 s though its replacement was ready in one (the only placement)
+  // or go to the fallback for as long. A probe that fails opens it again,
+  // for longer, and a breaker ejected more than once (a worker that crashes
+  // at its first requests: a crash loop) waits out its ejection whatever
+  // restarts meanwhile.
   void Uneject();
 
   // As a request would find it: open past its ejection time is half-open

@@ -37,7 +37,10 @@ namespace {
 
 // A room check begun (ExternalLines::BeginRoomCheck): ended once, by End or,
 // should the coroutine end another way (an exception, its frame destroyed),
-// by the destructor as "not taken"; the next request's check is woken.
+// by the destructor as "not taken". Waiters are woken only when the room was
+// taken (a failed check woke the other request waiting for room, whose own
+// failed check woke this one: telemetry read back to back); a request
+// waiting for the check to end looks again within 20 ms.
 class RoomCheck {
  public:
   RoomCheck(ExternalLines& lines, CapacitySignal& signal, std::string service)
@@ -49,7 +52,7 @@ class RoomCheck {
     if (ended_) return;
     ended_ = true;
     lines_.EndRoomCheck(service_, took);
-    signal_.Notify();
+    if (took) signal_.Notify();
   }
 
  private:
@@ -58,6 +61,9 @@ class RoomCheck {
   std::string service_;
   bool ended_ = false;
 };
+
+// Only a service with a declared peak on an accelerator has room to check.
+bool NeedsRoomCheck(const config::ExternalConfig& svc) { return svc.transient_mib > 0 && svc.device != "cpu"; }
 
 constexpr size_t kMaxAnswerBytes = 64u << 20;  // a buffered (journaled, then sent) answer
 constexpr int kMaxExternalAttempts = 3;
@@ -407,8 +413,11 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
       *running = true;
       live.queue_slot.reset();
       if (*took_room) co_return *port;  // (sent again: it holds its room)
+      if (!NeedsRoomCheck(svc)) co_return *port;
       if (!external_lines_->BeginRoomCheck(rec.service)) {
-        // (Another request's check is under way; it ends in one telemetry read.)
+        // (Another request's check is under way; it ends in one telemetry
+        // read. Held: a read that never ends is bounded by the 60 s cap.)
+        if (held_since == 0) held_since = clock_.NowMs();
         live.Waiting("waiting for service '" + svc.name + "' (another request's room check)", 0);
         co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(20));
         continue;
@@ -435,7 +444,7 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
 // device's observed free memory, less its headroom and the peaks of the
 // requests already running there (which may not have allocated yet).
 Status Gateway::TransientRoom(const config::ExternalConfig& svc) {
-  if (svc.transient_mib <= 0 || svc.device == "cpu") return Status::Ok();
+  if (!NeedsRoomCheck(svc)) return Status::Ok();
   auto telemetry = Telemetry(svc.device);
   if (!telemetry.ok()) return Status::Ok();  // not observable: nothing to check against
   auto reading = (*telemetry)->Read();

@@ -148,9 +148,11 @@ void Gateway::HandleRequestQuery(const std::string& id, bool cancel, const Calle
   }
   if (journal::IsTerminal(rec->state)) {
     json result = {{"status", rec->result_status}, {"content_type", rec->result_type}};
-    // (An external server's answer is anything it sent: one nested past a
-    // request body's limits is shown as text, never parsed and copied deep.)
-    json parsed = api::CheckJsonLimits(rec->result_body, JsonLimitsOf(config_)) == api::JsonShape::kOk
+    // (An external server's answer is anything it sent: one nested deeper
+    // than a request body may be is shown as text, never parsed and copied
+    // deep. Its size was bounded when it was kept.)
+    json parsed = api::CheckJsonLimits(rec->result_body, api::DepthOnly(JsonLimitsOf(config_).max_depth)) ==
+                          api::JsonShape::kOk
                       ? json::parse(rec->result_body, nullptr, false)
                       : json(json::value_t::discarded);
     if (!parsed.is_discarded()) result["body"] = std::move(parsed);

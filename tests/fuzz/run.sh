@@ -6,7 +6,9 @@
 #
 #   tests/fuzz/run.sh BUILD SECONDS [name...]     make test: 10 s each at -O0 (FUZZ_OPT=0); make fuzz: 300 s each
 #
-# FUZZ_SEED=N: libFuzzer's -seed (make test sets 1, so a run is repeatable).
+# FUZZ_SEED=N: libFuzzer's -seed (make test sets 1: from a clean build the
+# same inputs in the same order, as many as the time allows; a build's own
+# corpus, grown by earlier runs, adds its finds).
 # Exit 0: no crash, leak, timeout or sanitizer report. A failing input is kept
 # as BUILD/fuzz[-O0]/artifacts/<name>-crash-*; replay it with BUILD/fuzz[-O0]/<name> FILE.
 # Exit 77 (ctest: skipped) when clang's libFuzzer is not installed.
@@ -113,6 +115,6 @@ fuzz_one() {  # NAME: 0 when it found nothing
 }
 export -f fuzz_one
 export OUT SECONDS_EACH
-export FUZZ_SEED=${FUZZ_SEED:-}  # (make test: 1, the same inputs each run; unset: libFuzzer's random seed)
+export FUZZ_SEED=${FUZZ_SEED:-}  # (unset: libFuzzer's random seed)
 printf '%s\n' "${NAMES[@]}" | xargs -d '\n' -n1 -P2 bash -c 'fuzz_one "$1"' _ || status=1
 exit $status

@@ -115,6 +115,7 @@ void GatewayProcess::Stop() {
   kill(pid_, SIGKILL);
   waitpid(pid_, nullptr, 0);
   pid_ = -1;
+  crashed_ = true;  // (killed: its workers are ended by the destructor, not left to their orphan timeout)
 }
 
 std::string GatewayProcess::Output() const {

@@ -78,7 +78,8 @@ TEST(BreakerTest, EjectionsAreForgivenWhileItStaysClosed) {
 // A crashed worker's replacement passed its readiness check: the next
 // request probes it instead of waiting out the ejection (30 s, while the
 // only placement's new worker was ready after one); a failed probe opens it
-// again, for longer.
+// again, for longer, and then (a crash loop) it waits that out whatever
+// restarts.
 TEST(BreakerTest, AReadyReplacementIsProbedBeforeTheEjectionEnds) {
   FakeClock clock;
   Breaker b({3, 30000, 300000}, clock);
@@ -94,10 +95,18 @@ TEST(BreakerTest, AReadyReplacementIsProbedBeforeTheEjectionEnds) {
   EXPECT_EQ(b.state(), BreakerState::kOpen);
   EXPECT_EQ(b.ejections(), 2);
   EXPECT_EQ(b.open_until_ms(), clock.NowMs() + 60000);
-  b.Uneject();
+  b.Uneject();  // restarted again: a crash loop keeps its growing ejection
+  EXPECT_FALSE(b.Usable());
+  clock.Advance(60000);
   EXPECT_TRUE(b.Usable());
   b.OnSuccess();
   EXPECT_EQ(b.state(), BreakerState::kClosed);
+  // Ejections forgiven while it stays closed: a crash a day later is a first again.
+  clock.Advance(int64_t{24} * 3600 * 1000);
+  b.Trip("worker exited: signal 9");
+  EXPECT_EQ(b.ejections(), 1);
+  b.Uneject();
+  EXPECT_TRUE(b.Usable());
 }
 
 TEST(BreakerTest, OneIncidentReportedTwiceIsOneEjection) {
