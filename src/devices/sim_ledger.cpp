@@ -115,17 +115,25 @@ uint64_t UnixMillis() {
           .count());
 }
 
-uint64_t ProcessStartTime(int32_t pid) {
-  const std::string s = ReadSmallFile("/proc/" + std::to_string(pid) + "/stat").value_or("");
-  // Field 22 (starttime) counts from after the ")" closing the command name.
+namespace {
+
+// Field 22 (starttime) of a /proc/<pid>/stat text; 0 when it has none.
+uint64_t StartTimeOf(const std::string& s) {
+  // (Counted from after the ")" closing the command name.)
   auto close = s.rfind(')');
-  if (close == std::string::npos) return 0;
+  if (close == std::string::npos || close + 2 > s.size()) return 0;
   std::istringstream rest(s.substr(close + 2));
   std::string field;
   for (int i = 3; i <= 22 && rest >> field; ++i) {
     if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
   }
   return 0;
+}
+
+}  // namespace
+
+uint64_t ProcessStartTime(int32_t pid) {
+  return StartTimeOf(ReadSmallFile("/proc/" + std::to_string(pid) + "/stat").value_or(""));
 }
 
 bool ProcessAlive(int32_t pid, uint64_t start_time) {
@@ -142,7 +150,7 @@ bool ProcessAlive(int32_t pid, uint64_t start_time) {
   const std::string& s = *stat;
   auto close = s.rfind(')');
   if (close != std::string::npos && close + 2 < s.size() && s[close + 2] == 'Z') return false;
-  return start_time == 0 || ProcessStartTime(pid) == start_time;
+  return start_time == 0 || StartTimeOf(s) == start_time;  // (the text read above: one read, one process)
 }
 
 std::string SimLedger::DirPath() {

@@ -41,8 +41,6 @@ inline std::chrono::milliseconds TimeLeft(int64_t deadline_ms, int64_t now_ms, i
   return std::chrono::milliseconds(cap_ms);
 }
 
-// The journaled error of a completed request whose answer was relayed but
-// is too long to keep: an Idempotency-Key does not replay it.
 // A service's line here, in the order its requests began to wait (ties by
 // id): GET /v1/requests/{id}'s queue.position and the live list's position
 // both count by it.
@@ -50,6 +48,8 @@ inline bool WaitsAhead(int64_t since_a, const std::string& id_a, int64_t since_b
   return since_a < since_b || (since_a == since_b && id_a < id_b);
 }
 
+// The journaled error of a completed request whose answer was relayed but
+// is too long to keep: an Idempotency-Key does not replay it.
 inline constexpr std::string_view kAnswerNotKept = "answer not kept: relayed past its bound";
 
 // What a request past its X-Request-Timeout ends with (504), waiting or running.

@@ -62,11 +62,18 @@ json Gateway::LiveRequestsJson() {
   }
   const int64_t now = clock_.NowMs();
   json list = json::array();
+  struct Waiting {
+    int64_t since;
+    const Live* live;
+    size_t index;  // in `list`
+  };
+  std::vector<Waiting> queued;
   for (const auto& live : rows) {
     const std::string phase = LivePhaseName(live->phase.load());
     if (phase == "terminal") continue;
-    json j = {{"id", live->id}, {"service", live->service}, {"phase", phase},
-              {"phase_age_ms", now - live->phase_since_ms.load()}};
+    const int64_t since = live->phase_since_ms.load();
+    if (phase == "queued") queued.push_back({since, live.get(), list.size()});
+    json j = {{"id", live->id}, {"service", live->service}, {"phase", phase}, {"phase_age_ms", now - since}};
     if (const auto [why, est_s] = live->WaitState(); phase == "queued" && !why.empty()) {
       j["reason"] = why;
       j["estimated_wait_s"] = est_s;
@@ -81,21 +88,16 @@ json Gateway::LiveRequestsJson() {
     j["_client"] = live->client;  // for the caller's view only (see ViewFor)
     list.push_back(j);
   }
-  // Oldest first; a waiting request's position in its service's line, in
-  // the order they began to wait (WaitsAhead, as GET /v1/requests/{id}
-  // counts it: a retried request waits again from its retry).
-  std::stable_sort(list.begin(), list.end(),
-            [](const json& a, const json& b) { return a.value("created_ms", int64_t{0}) < b.value("created_ms", int64_t{0}); });
-  std::vector<std::pair<int64_t, json*>> queued;
-  for (auto& j : list) {
-    if (j["phase"] == "queued") queued.emplace_back(now - j["phase_age_ms"].get<int64_t>(), &j);
-  }
-  std::sort(queued.begin(), queued.end(), [](const auto& a, const auto& b) {
-    return WaitsAhead(a.first, (*a.second)["id"].template get<std::string>(), b.first,
-                      (*b.second)["id"].template get<std::string>());
+  // A waiting request's position in its service's line, in the order they
+  // began to wait (WaitsAhead, as GET /v1/requests/{id} counts it: a retried
+  // request waits again from its retry); then the list oldest first.
+  std::sort(queued.begin(), queued.end(), [](const Waiting& a, const Waiting& b) {
+    return WaitsAhead(a.since, a.live->id, b.since, b.live->id);
   });
   std::map<std::string, int> position;
-  for (auto& [since, j] : queued) (*j)["position"] = ++position[(*j)["service"].get<std::string>()];
+  for (const auto& w : queued) list[w.index]["position"] = ++position[w.live->service];
+  std::stable_sort(list.begin(), list.end(),
+            [](const json& a, const json& b) { return a.value("created_ms", int64_t{0}) < b.value("created_ms", int64_t{0}); });
   return list;
 }
 
