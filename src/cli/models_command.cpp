@@ -20,6 +20,7 @@ struct ModelsArgs {
   std::vector<std::string> paths;
   std::string config;
   std::string ollama_dir;
+  bool ollama_dir_given = false;  // --ollama-dir on the command line (else a --config's ollama_models wins)
   bool no_ollama = false, json_out = false;
 };
 
@@ -53,7 +54,7 @@ std::string Size(uint64_t bytes) {
   return buf;
 }
 
-int ListModels(const ModelsArgs& a) {
+int ListModels(ModelsArgs a) {
   std::vector<Row> rows;
   std::set<std::string> seen;
   auto add_file = [&](const std::string& name, const std::string& file) {
@@ -75,6 +76,7 @@ int ListModels(const ModelsArgs& a) {
       std::fprintf(stderr, "spillway models: %s\n", cfg.status().message().c_str());
       return 2;
     }
+    if (!a.ollama_dir_given && !cfg->ollama_models.empty()) a.ollama_dir = cfg->ollama_models;
     for (const auto& d : cfg->model_dirs) add_path(d);
     for (const auto& s : cfg->services) add_file(s.model_name.empty() ? s.model : s.model_name, s.model);
   }
@@ -129,11 +131,15 @@ void AddModelsCommand(CLI::App& app, int* exit_code) {
                 "`spillway plan --model` and a service's `model` accept. Exit 1 when a model cannot be read");
   cmd->add_option("paths", a->paths, "GGUF files, folders to search, or ollama:NAME[:TAG]");
   cmd->add_option("--config", a->config, "also list the config's model_dirs and its services' models");
-  cmd->add_option("--ollama-dir", a->ollama_dir, "Ollama's store ($OLLAMA_MODELS, else ~/.ollama/models)")
+  cmd->add_option("--ollama-dir", a->ollama_dir,
+                  "Ollama's store (a --config's ollama_models, else $OLLAMA_MODELS, else ~/.ollama/models)")
       ->capture_default_str();
   cmd->add_flag("--no-ollama", a->no_ollama, "do not list Ollama's store");
   cmd->add_flag("--json", a->json_out, "print JSON");
-  cmd->callback([a, exit_code] { *exit_code = ListModels(*a); });
+  cmd->callback([a, cmd, exit_code] {
+    a->ollama_dir_given = cmd->get_option("--ollama-dir")->count() > 0;
+    *exit_code = ListModels(*a);
+  });
 }
 
 }  // namespace spillway::cli

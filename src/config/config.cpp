@@ -28,16 +28,6 @@ std::string Where(const std::string& source, const toml::source_region& r, const
   return os.str();
 }
 
-// "ollama:NAME[:TAG]" -> the blob in Ollama's store; `*name` keeps what was written.
-Status ResolveModel(const std::string& source, const toml::node* node, const std::string& key, std::string* model,
-                    std::string* name) {
-  *name = *model;
-  if (!node || !models::IsOllamaName(*model)) return Status::Ok();
-  auto path = models::ResolveModelPath(*model, models::DefaultOllamaStoreRoot());
-  if (!path.ok()) return Status::InvalidArgument(Where(source, node->source(), key) + ": " + path.status().message());
-  *model = *path;
-  return Status::Ok();
-}
 
 bool ValidServiceName(const std::string& name) {
   for (char ch : name) {
@@ -231,9 +221,27 @@ class Reader {
   }
 
   const std::string& source() const { return source_; }
+  // Where "ollama:" names are looked up: the config's `ollama_models`, else
+  // $OLLAMA_MODELS, else ~/.ollama/models (of the user the gateway runs as).
+  void set_ollama_store(std::string root) { ollama_store_ = std::move(root); }
+
+  // "ollama:NAME[:TAG]" -> the blob in Ollama's store; `*name` keeps what was written.
+  Status ResolveModel(const toml::node* node, const std::string& key, std::string* model, std::string* name) const {
+    *name = *model;
+    if (!node || !models::IsOllamaName(*model)) return Status::Ok();
+    auto path = models::ResolveModelPath(*model, ollama_store_);
+    if (!path.ok()) {
+      return Status::InvalidArgument(Where(source_, node->source(), key) + ": " + path.status().message() +
+                                     " (Ollama's store is looked up in the config's ollama_models, else $OLLAMA_MODELS, "
+                                     "else ~/.ollama/models)");
+    }
+    *model = *path;
+    return Status::Ok();
+  }
 
  private:
   std::string source_;
+  std::string ollama_store_ = models::DefaultOllamaStoreRoot();
 };
 
 Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix, PlacementConfig* p) {
@@ -241,7 +249,7 @@ Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix,
       r.OnlyKnown(t, prefix, {"role", "model", "different_model", "device", "gpu_layers", "ctx", "slots", "threads", "batch",
                               "mmap", "progress_timeout_s", "start_timeout_s", "kv_unified"}));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "model", prefix, &p->model, 0, 0));
-  SPILLWAY_RETURN_IF_ERROR(ResolveModel(r.source(), t.get("model"), prefix + "model", &p->model, &p->model_name));
+  SPILLWAY_RETURN_IF_ERROR(r.ResolveModel(t.get("model"), prefix + "model", &p->model, &p->model_name));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "different_model", prefix, &p->different_model, 0, 0));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "progress_timeout_s", prefix, &p->progress_timeout_s, 0.1, 86400));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "start_timeout_s", prefix, &p->start_timeout_s, 1, 86400));
@@ -550,7 +558,8 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
   SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(root, "", {"listen", "state_dir", "api_keys", "allow_unauthenticated_remote",
                                                   "allowed_hosts", "allowed_origins", "max_body_bytes", "max_queue",
                                                   "json_max_depth", "max_connections", "max_body_memory_bytes",
-                                                  "max_requests_per_key", "operator_keys", "model_dirs", "io_threads",
+                                                  "max_requests_per_key", "operator_keys", "model_dirs", "ollama_models",
+                                                  "io_threads",
                                                   "journal", "service", "device"}));
   std::string listen;
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "listen", "", &listen, 0, 0));
@@ -589,6 +598,14 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
     }
   }
   SPILLWAY_RETURN_IF_ERROR(r.Strings(root, "model_dirs", &c.model_dirs));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(root, "ollama_models", "", &c.ollama_models, 0, 0));
+  if (root.get("ollama_models")) {
+    if (c.ollama_models.empty()) {
+      return Status::InvalidArgument(Where(source, root.get("ollama_models")->source(), "ollama_models") +
+                                     " is empty; name Ollama's store (e.g. /usr/share/ollama/.ollama/models) or leave it out");
+    }
+    r.set_ollama_store(c.ollama_models);
+  }
   if (const toml::node* j = root.get("journal")) {
     const toml::table* t = j->as_table();
     if (!t) return Status::InvalidArgument(Where(source, j->source(), "journal") + " must be a table");
@@ -723,7 +740,7 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
       SPILLWAY_RETURN_IF_ERROR(r.Get(*t, "max_queue", prefix, &svc.max_queue, 0, 1 << 20));
       if (svc.name.empty()) return Status::InvalidArgument(Where(source, t->source(), prefix + "name") + " is required");
       if (svc.model.empty()) return Status::InvalidArgument(Where(source, t->source(), prefix + "model") + " is required");
-      SPILLWAY_RETURN_IF_ERROR(ResolveModel(source, t->get("model"), prefix + "model", &svc.model, &svc.model_name));
+      SPILLWAY_RETURN_IF_ERROR(r.ResolveModel(t->get("model"), prefix + "model", &svc.model, &svc.model_name));
       if (const toml::node* p = t->get("placement")) {
         const toml::array* pa = p->as_array();
         if (!pa) return Status::InvalidArgument(Where(source, p->source(), prefix + "placement") + " must be [[service.placement]]");

@@ -10,6 +10,8 @@
 //   max_body_bytes = 8388608
 //   max_queue = 256                      # accepted requests waiting for a worker
 //   model_dirs = ["/models"]             # listed by `spillway models --config` (with Ollama's store)
+//   ollama_models = "/usr/share/ollama/.ollama/models"  # Ollama's store for "ollama:" models (default:
+//                                        # $OLLAMA_MODELS, else ~/.ollama/models of the gateway's user)
 //   [journal]
 //   synchronous = "full"                 # or "normal"
 //   retention_hours = 168
@@ -279,6 +281,7 @@ struct GatewayConfig {
   int max_requests_per_key = 64;  // requests in flight per API key (or per client address without keys); more get 429
   std::vector<std::string> operator_keys;  // may see and cancel every client's requests
   std::vector<std::string> model_dirs;     // folders `spillway models --config` lists GGUF files in
+  std::string ollama_models;               // Ollama's store for "ollama:" models (empty: $OLLAMA_MODELS, else ~/.ollama/models)
   JournalConfig journal;
   std::vector<ServiceConfig> services;    // llama.cpp models served by spillway-worker placements
   std::vector<ExternalConfig> externals;  // [[service]] kind = "external"

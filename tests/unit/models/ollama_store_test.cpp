@@ -250,6 +250,52 @@ device = "cpu"
   unsetenv("OLLAMA_MODELS");
 }
 
+// A config's `ollama_models` names the store: Spillway installed as a
+// service runs as its own user, without the operator's $OLLAMA_MODELS, and
+// a system install of Ollama keeps its store in the ollama user's home.
+// `ollama:` names there could not be used at all. The key wins over the
+// variable, and `spillway models --config` lists that store.
+TEST(OllamaConfigTest, TheConfigsOllamaModelsIsTheStoreNamesAreLookedUpIn) {
+  OllamaStoreLayout store("config-key"), other("config-env");
+  store.Add("registry.ollama.ai/library/tiny", "latest", Models() + "/tiny-chat.gguf");
+  setenv("OLLAMA_MODELS", other.root().c_str(), 1);  // a store without the model
+  const std::string text = "ollama_models = \"" + store.root().string() + R"("
+[[service]]
+name = "chat"
+model = "ollama:tiny"
+[[service.placement]]
+device = "cpu"
+model = "ollama:tiny"
+)";
+  auto cfg = config::ParseConfig(text, "key.toml");
+  unsetenv("OLLAMA_MODELS");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  const std::string blob = *ResolveOllamaModel(store.root().string(), *ParseOllamaName("tiny"));
+  EXPECT_EQ(cfg->services[0].model, blob);
+  EXPECT_EQ(cfg->services[0].placements[0].model, blob);
+  EXPECT_EQ(cfg->ollama_models, store.root().string());
+  // Without the key, the same names are looked up in $OLLAMA_MODELS, and the
+  // error says where a store is looked up.
+  setenv("OLLAMA_MODELS", other.root().c_str(), 1);
+  auto missing = config::ParseConfig(text.substr(text.find('\n') + 1), "key.toml");
+  unsetenv("OLLAMA_MODELS");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("ollama_models"), std::string::npos) << missing.status().message();
+  auto empty = config::ParseConfig("ollama_models = \"\"\n", "key.toml");
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("key.toml:1: 'ollama_models'"), std::string::npos) << empty.status().message();
+
+  const std::string path = (store.root() / "key.toml").string();
+  {
+    std::ofstream f(path);
+    f << text;
+  }
+  auto [rc, out] = RunCommand("OLLAMA_MODELS='" + other.root().string() + "' " + Bin() +
+                              "/spillway models --json --config " + path);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"ollama:tiny:latest\""), std::string::npos) << "the config's store is listed: " << out;
+}
+
 // A file name that is not UTF-8 (a folder copied from an old Latin-1 disk)
 // is listed with U+FFFD: the whole --json listing failed on it with
 // "invalid UTF-8 byte at index 0", naming no file.
