@@ -10,6 +10,7 @@ ExternalLines::ExternalLines(const std::vector<config::ExternalConfig>& services
     l.concurrency = s.concurrency;
     l.max_queue = static_cast<size_t>(s.max_queue);
     l.last_used_ms = now_ms;
+    l.device = s.device;
   }
 }
 
@@ -52,17 +53,24 @@ bool ExternalLines::BeginRoomCheck(const std::string& service) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = lines_.find(service);
   if (it == lines_.end()) return true;
-  if (it->second.checking_room) return false;
-  it->second.checking_room = true;
-  return true;
+  return checking_devices_.insert(it->second.device).second;
 }
 
 void ExternalLines::EndRoomCheck(const std::string& service, bool took) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = lines_.find(service);
   if (it == lines_.end()) return;
-  it->second.checking_room = false;
+  checking_devices_.erase(it->second.device);
   if (took) ++it->second.room_takers;
+}
+
+std::vector<std::pair<std::string, int>> ExternalLines::RoomTakersOn(const std::string& device) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<std::pair<std::string, int>> out;
+  for (const auto& [name, l] : lines_) {
+    if (l.device == device && l.room_takers > 0) out.emplace_back(name, l.room_takers);
+  }
+  return out;
 }
 
 int ExternalLines::RoomTakers(const std::string& service) const {

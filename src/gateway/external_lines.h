@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -38,15 +39,20 @@ class ExternalLines {
   // while the first waits: the second is refused) takes its own place out,
   // the later one, not the first request's.
   void Leave(const std::string& service, const std::string& id);
-  // Room checks for a request's transient peak, one at a time per service:
-  // two checked together would each see the same free memory and both pass.
-  // BeginRoomCheck is false while another request's check runs (wait for the
-  // service's signal and try again). EndRoomCheck ends it; `took`: the room
-  // was found and the request is sent, its peak one that later checks leave
-  // room for (RoomTakers) until Finished(took_room).
+  // Room checks for a request's transient peak, one at a time per device
+  // (the memory they check is the device's): two checked together, of one
+  // service or of two on one device, would each see the same free memory
+  // and both pass. BeginRoomCheck is false while another request's check
+  // runs on the service's device (wait and try again). EndRoomCheck ends it;
+  // `took`: the room was found and the request is sent, its peak one that
+  // later checks on the device leave room for (RoomTakers) until
+  // Finished(took_room).
   bool BeginRoomCheck(const std::string& service);
   void EndRoomCheck(const std::string& service, bool took);
   int RoomTakers(const std::string& service) const;
+  // The services on `device` with requests sent with room for their peak,
+  // and how many each (for the next check on the device).
+  std::vector<std::pair<std::string, int>> RoomTakersOn(const std::string& device) const;
   // Gives back a running place (and its room, `took_room`). `outcome`:
   // completed | failed | cancelled.
   void Finished(const std::string& service, const std::string& outcome, int64_t now_ms, bool took_room = false);
@@ -85,8 +91,8 @@ class ExternalLines {
     int concurrency = 1;
     size_t max_queue = 0;
     int running = 0;
+    std::string device;
     int room_takers = 0;  // running ones sent with room for their peak
-    bool checking_room = false;  // a request's room check is under way
     std::deque<std::string> waiting;
     int64_t last_used_ms = 0;
     std::map<std::string, uint64_t> outcomes;
@@ -98,6 +104,7 @@ class ExternalLines {
   // Idle (`evicted`: waiters or not); mu_ held.
   bool IdleLocked(const std::string& service, int64_t idle_ms, int64_t now_ms, bool evicted) const;
   mutable std::mutex mu_;
+  std::set<std::string> checking_devices_;  // a request's room check is under way on each
   std::map<std::string, Line> lines_;
 };
 

@@ -418,7 +418,7 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
         // (Another request's check is under way; it ends in one telemetry
         // read. Held: a read that never ends is bounded by the 60 s cap.)
         if (held_since == 0) held_since = clock_.NowMs();
-        live.Waiting("waiting for service '" + svc.name + "' (another request's room check)", 0);
+        live.Waiting("waiting for service '" + svc.name + "' (another request's room check on " + svc.device + ")", 0);
         co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(20));
         continue;
       }
@@ -451,10 +451,20 @@ Status Gateway::TransientRoom(const config::ExternalConfig& svc) {
   if (!reading.ok()) return Status::Ok();
   const auto dc = config_.Device(svc.device);
   const uint64_t headroom = HeadroomOf(dc).For(reading->total);
-  const uint64_t measured = external_lines_->Measured(svc.name).second;
-  const auto peak = measured > 0 ? measured : static_cast<uint64_t>(svc.transient_mib * 1024 * 1024);
-  // (Those already sent: not those that wait for room as this one does.)
-  const uint64_t others = peak * static_cast<uint64_t>(external_lines_->RoomTakers(svc.name));
+  auto peak_of = [&](const config::ExternalConfig& e) {
+    const uint64_t measured = external_lines_->Measured(e.name).second;
+    return measured > 0 ? measured : static_cast<uint64_t>(e.transient_mib * 1024 * 1024);
+  };
+  const uint64_t peak = peak_of(svc);
+  // The peaks of the requests already sent on the device, of this service
+  // and of the others there (not of those that wait for room as this one
+  // does): they may not have allocated yet.
+  uint64_t others = 0;
+  for (const auto& [name, takers] : external_lines_->RoomTakersOn(svc.device)) {
+    for (const auto& e : config_.externals) {
+      if (e.name == name) others += peak_of(e) * static_cast<uint64_t>(takers);
+    }
+  }
   const uint64_t need = peak + others + headroom;
   if (reading->free >= need) return Status::Ok();
   char note[200];

@@ -192,6 +192,31 @@ TEST(ExternalLinesTest, OnlyRequestsSentWithRoomCountAgainstTheNext) {
   EXPECT_EQ(lines.RoomTakers("s"), 0);
 }
 
+// The memory a room check reads is the device's: two services on one device
+// check one at a time, and each check leaves room for the peaks already sent
+// by either. (Checked per service, two requests of two services saw the same
+// free memory at once and both passed where one peak fit.)
+TEST(ExternalLinesTest, RoomChecksAreOneAtATimePerDeviceAndCountEveryServiceThere) {
+  auto a = OneAtATime(4), b = OneAtATime(4), c = OneAtATime(4);
+  a.name = "a", b.name = "b", c.name = "c";
+  a.device = b.device = "cuda:0";
+  c.device = "cuda:1";
+  ExternalLines lines({a, b, c}, 0);
+  ASSERT_TRUE(lines.BeginRoomCheck("a"));
+  EXPECT_FALSE(lines.BeginRoomCheck("b")) << "b's device is being checked for a";
+  ASSERT_TRUE(lines.BeginRoomCheck("c")) << "another device is checked meanwhile";
+  lines.EndRoomCheck("c", /*took=*/true);
+  lines.EndRoomCheck("a", /*took=*/true);
+  ASSERT_TRUE(lines.BeginRoomCheck("b"));
+  EXPECT_EQ(lines.RoomTakersOn("cuda:0"), (std::vector<std::pair<std::string, int>>{{"a", 1}}))
+      << "b's check leaves room for a's peak";
+  lines.EndRoomCheck("b", /*took=*/true);
+  EXPECT_EQ(lines.RoomTakersOn("cuda:0"), (std::vector<std::pair<std::string, int>>{{"a", 1}, {"b", 1}}));
+  EXPECT_EQ(lines.RoomTakersOn("cuda:1"), (std::vector<std::pair<std::string, int>>{{"c", 1}}));
+  lines.Finished("a", "completed", 1, /*took_room=*/true);
+  EXPECT_EQ(lines.RoomTakersOn("cuda:0"), (std::vector<std::pair<std::string, int>>{{"b", 1}}));
+}
+
 // Eviction: a server whose line never empties (batch requests queued all
 // day) still goes once nothing runs on it; and the release happens under
 // the line's lock, against a start that asks whether the server is still up
