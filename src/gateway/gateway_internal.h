@@ -266,6 +266,7 @@ struct Gateway::Target {
   std::string decision_json; // journaled with the attempt
   std::string limits;        // limits applied on this placement ("" when none), told to the client
   bool holding = false;      // counted in the placement's `active`
+  uint64_t generation = 0;   // of the worker process it was taken on (PlacementBoard::Placement::generation)
   int64_t waited_ms = 0;     // spent waiting for this placement (a delay, the CPU line)
 };
 

@@ -160,7 +160,8 @@ std::vector<admission::PlacementView> PlacementBoard::Views(const config::Servic
 }
 
 bool PlacementBoard::Reserve(const std::string& service, size_t index, const std::string& id, uint32_t cells,
-                             uint32_t prompt_tokens, uint32_t max_tokens, const std::function<bool()>& up) {
+                             uint32_t prompt_tokens, uint32_t max_tokens, const std::function<bool()>& up,
+                             uint64_t* generation) {
   std::lock_guard<std::mutex> lk(mu_);
   auto& st = *placements_.at(service).at(index);
   // A free slot too: a shared pool's cells alone let two requests decided on
@@ -170,11 +171,12 @@ bool PlacementBoard::Reserve(const std::string& service, size_t index, const std
   if (!st.pool.Reserve(id, cells)) return false;
   st.running[id] = {cells, prompt_tokens, max_tokens, clock_.NowMs()};
   ++st.active;
+  if (generation) *generation = st.generation;
   return true;
 }
 
 bool PlacementBoard::TakeSlot(const std::string& service, size_t index, const std::string& id, uint32_t max_tokens,
-                              const std::function<bool()>& up) {
+                              const std::function<bool()>& up, uint64_t* generation) {
   std::lock_guard<std::mutex> lk(mu_);
   auto& st = *placements_.at(service).at(index);
   if (st.active >= std::max(1, st.cfg.slots)) return false;
@@ -182,6 +184,7 @@ bool PlacementBoard::TakeSlot(const std::string& service, size_t index, const st
   // Running, for the wait estimates (when its slot frees, at the measured pace).
   st.running[id] = {0, 0, max_tokens, clock_.NowMs()};
   ++st.active;
+  if (generation) *generation = st.generation;
   return true;
 }
 
@@ -213,12 +216,17 @@ void PlacementBoard::Touch(const std::string& service, size_t index) {
 }
 
 void PlacementBoard::AttemptFailed(const std::string& service, size_t index, const std::string& phase,
-                                   const std::string& why) {
+                                   const std::string& why, std::optional<uint64_t> generation) {
   std::lock_guard<std::mutex> lk(mu_);
   auto& st = *placements_.at(service).at(index);
   // A lost device or a dead worker cannot serve the next request either.
-  if (phase == "device" || phase == "crash") st.breaker.Trip(why);
-  else st.breaker.OnFailure(why);
+  if (generation && *generation != st.generation) {
+    // (From a process replaced since: not its replacement's failure.)
+  } else if (phase == "device" || phase == "crash") {
+    st.breaker.Trip(why);
+  } else {
+    st.breaker.OnFailure(why);
+  }
   // A lost device is lost for every placement on it.
   if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) {
     if (phase == "device") it->second.Trip(why);
@@ -226,10 +234,10 @@ void PlacementBoard::AttemptFailed(const std::string& service, size_t index, con
   }
 }
 
-void PlacementBoard::AttemptSucceeded(const std::string& service, size_t index) {
+void PlacementBoard::AttemptSucceeded(const std::string& service, size_t index, std::optional<uint64_t> generation) {
   std::lock_guard<std::mutex> lk(mu_);
   auto& st = *placements_.at(service).at(index);
-  st.breaker.OnSuccess();
+  if (!generation || *generation == st.generation) st.breaker.OnSuccess();
   if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.OnSuccess();
 }
 
@@ -250,7 +258,9 @@ void PlacementBoard::WorkerReady(const std::string& key) {
   std::lock_guard<std::mutex> lk(mu_);
   for (auto& [service, states] : placements_) {
     for (auto& st : states) {
-      if (st->key == key) st->breaker.Uneject();
+      if (st->key != key) continue;
+      ++st->generation;
+      st->breaker.Uneject();
     }
   }
 }

@@ -68,6 +68,11 @@ class PlacementBoard {
       int64_t since_ms = 0;
     };
     std::map<std::string, Running> running;
+    // Which process of its worker the placement is served by: counted up by
+    // each WorkerReady. An attempt keeps the one it was sent to, so that a
+    // failure reported late by a process already replaced does not count
+    // against its replacement.
+    uint64_t generation = 0;
     std::string readiness = "warm";  // of this placement's worker: warm | mmap | on-demand
     std::string readiness_reason;
     double readiness_expected_s = 0;
@@ -100,14 +105,16 @@ class PlacementBoard {
   // `up` (asked under the board's lock, which an idle release holds too):
   // whether the placement's worker is still the one the request will be
   // sent to; false when it was released since (nothing is taken).
+  // `generation`: set to the worker process's (Placement::generation) when taken.
   bool Reserve(const std::string& service, size_t index, const std::string& id, uint32_t cells,
-               uint32_t prompt_tokens, uint32_t max_tokens, const std::function<bool()>& up = {});
+               uint32_t prompt_tokens, uint32_t max_tokens, const std::function<bool()>& up = {},
+               uint64_t* generation = nullptr);
   // Takes a slot of placement `index` without cells (embeddings, a lone
   // placement whose worker checks its own pool); false when every slot is
   // taken, or `up` says its worker is gone (as for Reserve).
   // `max_tokens`: what it may generate (for the wait estimates: when its slot frees).
   bool TakeSlot(const std::string& service, size_t index, const std::string& id, uint32_t max_tokens,
-                const std::function<bool()>& up = {});
+                const std::function<bool()>& up = {}, uint64_t* generation = nullptr);
   // Gives back what an attempt held: its cells, its slot, its place in the CPU line.
   void Release(const std::string& service, size_t index, const std::string& id, bool cells, bool slot);
   // The request leaves the service's CPU line (it runs elsewhere, or ends).
@@ -117,12 +124,20 @@ class PlacementBoard {
   // Attempts holding placement `index` now.
   int Active(const std::string& service, size_t index) const;
 
-  void AttemptFailed(const std::string& service, size_t index, const std::string& phase, const std::string& why);
-  void AttemptSucceeded(const std::string& service, size_t index);
+  // An attempt's outcome, from the worker process `generation` it was sent
+  // to (nullopt: the current one). One from a process replaced since says
+  // nothing of its replacement: the placement's breaker does not hear it
+  // (the old process's end already tripped it; a late failure reopened the
+  // replacement's half-open breaker for a second, longer ejection). Its
+  // device's breaker does.
+  void AttemptFailed(const std::string& service, size_t index, const std::string& phase, const std::string& why,
+                     std::optional<uint64_t> generation = std::nullopt);
+  void AttemptSucceeded(const std::string& service, size_t index, std::optional<uint64_t> generation = std::nullopt);
   // A worker exited or was replaced: its breaker opens (and its device's when the device was lost).
   void WorkerExited(const std::string& key, const std::string& why, bool device_lost);
-  // A new worker process for `key` became ready: its placements' open
-  // breakers become half-open (Breaker::Uneject). A device's breaker stays.
+  // A new worker process for `key` became ready: its placements' generation
+  // is counted up and their open breakers become half-open
+  // (Breaker::Uneject). A device's breaker stays.
   void WorkerReady(const std::string& key);
   // The worker's timings of one request (`spillway.timings`).
   void RecordThroughput(const std::string& service, size_t index, double prompt_ms, double prompt_tokens,

@@ -296,8 +296,9 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
         // (The service's default max_tokens stands for the request's: its
         // body is not parsed on this path.)
         const uint32_t max_tokens = rec_.endpoint == "embedding" ? 0 : static_cast<uint32_t>(svc_.default_max_tokens);
+        uint64_t generation = 0;
         if (!g_.board_.TakeSlot(svc_.name, i, rec_.id, max_tokens,
-                                [&] { return g_.supervisor_.ReadyPort(key) == port; })) {
+                                [&] { return g_.supervisor_.ReadyPort(key) == port; }, &generation)) {
           if (cpu_line) g_.board_.LeaveCpuLine(svc_.name, rec_.id);  // (its turn there given up: no slot)
           all_busy |= g_.supervisor_.ReadyPort(key).has_value();  // (released: started again below)
           continue;
@@ -311,6 +312,7 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
                                                              : R"(,"reason":"the only placement; its worker checks its KV pool"})");
         *t_ = {i, states_[i]->key, states_[i]->cfg.Name(), *port, 0, rec_.body, "admit", std::move(decision), ""};
         Hold();
+        t_->generation = generation;
         if (waited) t_->waited_ms = g_.clock_.NowMs() - t0_;
         co_return true;
       }
@@ -498,8 +500,10 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
         }
         // The decision is committed on the board; another request may have
         // taken the cells since the snapshot (then: decide again).
+        uint64_t generation = 0;
         if (port && g_.board_.Reserve(svc_.name, d.placement, rec_.id, cells, static_cast<uint32_t>(prompt_tokens),
-                                      d.max_tokens, [&] { return g_.supervisor_.ReadyPort(st.key) == port; })) {
+                                      d.max_tokens, [&] { return g_.supervisor_.ReadyPort(st.key) == port; },
+                                      &generation)) {
           if (body.is_object()) {
             body["max_tokens"] = d.max_tokens;
             body.erase("max_completion_tokens");
@@ -512,6 +516,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
           *t_ = {d.placement, st.key, st.cfg.Name(), *port, cells,
                  body.is_object() ? body.dump() : rec_.body, admission::KindName(d.kind), dj.dump(), limits};
           Hold();
+          t_->generation = generation;
           t_->waited_ms = waited_ms;
           g_.metrics_.Decision(svc_.name, admission::KindName(d.kind));
           co_return true;

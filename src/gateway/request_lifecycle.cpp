@@ -129,7 +129,7 @@ boost::asio::awaitable<void> RequestLifecycle::DeadlineFailure() {
 boost::asio::awaitable<failover::RetryDecision> RequestLifecycle::AfterFailure(const AttemptResult& r) {
   const std::string why = (r.outcome.delivered ? "mid-stream: " : "") + r.why;
   const failover::RetryDecision d = failover::NextStep(r.outcome, &retry_, budget_, g_.clock_.NowMs());
-  g_.board_.AttemptFailed(rec_.service, target_.index, failover::FailureName(r.outcome.phase), why);
+  g_.board_.AttemptFailed(rec_.service, target_.index, failover::FailureName(r.outcome.phase), why, target_.generation);
   excluded_[target_.index] = true;
   if (d.action == Action::kContinueElsewhere) {
     // Continued only with the model that began it (checked once admission
@@ -261,7 +261,7 @@ boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, 
   if (r.head_refused) co_return co_await DeliverRefusal(r);
   if (rec_.stream) {
     if (r.stream_state == State::kCompleted) {
-      g_.board_.AttemptSucceeded(rec_.service, target_.index);
+      g_.board_.AttemptSucceeded(rec_.service, target_.index, target_.generation);
       g_.RecordThroughput(rec_.service, target_.index, reply_.stored());
     }
     const std::string err = r.stream_state == State::kCompleted ? "" : "stream ended with an error";
@@ -271,7 +271,7 @@ boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, 
   const State state = r.status < 300 ? State::kCompleted : r.status == 499 ? State::kCancelled : State::kFailed;
   std::string body = r.body;
   if (state == State::kCompleted) {
-    g_.board_.AttemptSucceeded(rec_.service, target_.index);
+    g_.board_.AttemptSucceeded(rec_.service, target_.index, target_.generation);
     // From the worker's header only: parsing a whole answer (an embedding's
     // vectors) for them cost more than the rest of the gateway's work.
     if (!r.timings.empty()) g_.RecordThroughput(rec_.service, target_.index, "", r.timings);

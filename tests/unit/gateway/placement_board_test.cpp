@@ -101,6 +101,27 @@ TEST_F(PlacementBoardTest, ALostDeviceTakesEveryPlacementOnItOut) {
   EXPECT_FALSE(Views()[1].usable) << "another placement on the lost device still taken";
 }
 
+// An attempt sent to a worker process that crashed reports its failure
+// late, after the replacement is ready and its breaker half-open: it is the
+// old process's failure (already counted by its exit), not the new one's.
+// It reopened the breaker for a second, longer ejection (20 s here).
+TEST_F(PlacementBoardTest, AFailureOfAReplacedProcessDoesNotCountAgainstItsReplacement) {
+  board_->WorkerReady("chat.0");
+  uint64_t old_process = 0, new_process = 0;
+  ASSERT_TRUE(board_->Reserve("chat", 0, "a", 10, 5, 5, [] { return true; }, &old_process));
+  board_->WorkerExited("chat.0", "crashed (signal 9)", /*device_lost=*/false);
+  EXPECT_FALSE(Views()[0].usable);
+  board_->WorkerReady("chat.0");  // the replacement: half-open, probed by the next request
+  EXPECT_TRUE(Views()[0].usable);
+  board_->AttemptFailed("chat", 0, "none", "connection reset", old_process);
+  board_->Release("chat", 0, "a", /*cells=*/true, /*slot=*/true);
+  EXPECT_TRUE(Views()[0].usable) << "the old process's failure ejected its replacement";
+  ASSERT_TRUE(board_->TakeSlot("chat", 0, "b", 5, [] { return true; }, &new_process));
+  EXPECT_NE(new_process, old_process);
+  board_->AttemptFailed("chat", 0, "none", "connection reset", new_process);
+  EXPECT_FALSE(Views()[0].usable) << "the replacement's own probe failed";
+}
+
 TEST_F(PlacementBoardTest, TheLinesWaitEstimateGrowsWithTheRequestsAhead) {
   EXPECT_EQ(board_->LineWaitS("chat", 0), 0.0) << "a slot is free now";
   ASSERT_TRUE(board_->Reserve("chat", 0, "a", 100, 50, 50));
