@@ -223,7 +223,10 @@ class Reader {
   const std::string& source() const { return source_; }
   // Where "ollama:" names are looked up: the config's `ollama_models`, else
   // $OLLAMA_MODELS, else ~/.ollama/models (of the user the gateway runs as).
-  void set_ollama_store(std::string root) { ollama_store_ = std::move(root); }
+  void set_ollama_store(std::string root) {
+    ollama_store_ = std::move(root);
+    ollama_store_from_ = "the config's ollama_models";
+  }
 
   // "ollama:NAME[:TAG]" -> the blob in Ollama's store; `*name` keeps what was written.
   Status ResolveModel(const toml::node* node, const std::string& key, std::string* model, std::string* name) const {
@@ -231,9 +234,12 @@ class Reader {
     if (!node || !models::IsOllamaName(*model)) return Status::Ok();
     auto path = models::ResolveModelPath(*model, ollama_store_);
     if (!path.ok()) {
-      return Status::InvalidArgument(Where(source_, node->source(), key) + ": " + path.status().message() +
-                                     " (Ollama's store is looked up in the config's ollama_models, else $OLLAMA_MODELS, "
-                                     "else ~/.ollama/models)");
+      // (Where the store came from, when the model is not in it: the config's
+      // key, else $OLLAMA_MODELS, else the home of the user it runs as.)
+      const std::string hint = path.status().code() != StatusCode::kNotFound ? ""
+                               : " (Ollama's store here is " + ollama_store_ + ", from " + ollama_store_from_ +
+                                     "; set ollama_models to the store Ollama uses)";
+      return Status::InvalidArgument(Where(source_, node->source(), key) + ": " + path.status().message() + hint);
     }
     *model = *path;
     return Status::Ok();
@@ -242,6 +248,9 @@ class Reader {
  private:
   std::string source_;
   std::string ollama_store_ = models::DefaultOllamaStoreRoot();
+  std::string ollama_store_from_ = std::getenv("OLLAMA_MODELS") && *std::getenv("OLLAMA_MODELS")
+                                       ? "$OLLAMA_MODELS"
+                                       : "the home of the user Spillway runs as";
 };
 
 Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix, PlacementConfig* p) {
@@ -600,9 +609,10 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
   SPILLWAY_RETURN_IF_ERROR(r.Strings(root, "model_dirs", &c.model_dirs));
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "ollama_models", "", &c.ollama_models, 0, 0));
   if (root.get("ollama_models")) {
-    if (c.ollama_models.empty()) {
+    if (c.ollama_models.empty() || c.ollama_models.front() != '/') {
       return Status::InvalidArgument(Where(source, root.get("ollama_models")->source(), "ollama_models") +
-                                     " is empty; name Ollama's store (e.g. /usr/share/ollama/.ollama/models) or leave it out");
+                                     " must be an absolute path to Ollama's store (e.g. /usr/share/ollama/.ollama/models;"
+                                     " ~ is not expanded), or left out");
     }
     r.set_ollama_store(c.ollama_models);
   }

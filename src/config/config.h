@@ -22,8 +22,8 @@
 //   headroom_pct = 5
 //   [[service]]
 //   name = "chat"
-//   model = "/models/chat.gguf"          # or "ollama:NAME[:TAG]": a model in Ollama's store ($OLLAMA_MODELS,
-//                                        # else ~/.ollama/models), read-only (models/ollama_store.h)
+//   model = "/models/chat.gguf"          # or "ollama:NAME[:TAG]": a model in Ollama's store (ollama_models,
+//                                        # else $OLLAMA_MODELS, else ~/.ollama/models), read-only (models/ollama_store.h)
 //   max_tokens = 4096                    # cap per request
 //   default_max_tokens = 256
 //   max_queue = 0                        # its own bound on waiting requests (0: the gateway's max_queue only)

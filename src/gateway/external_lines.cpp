@@ -53,14 +53,17 @@ bool ExternalLines::BeginRoomCheck(const std::string& service) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = lines_.find(service);
   if (it == lines_.end()) return true;
-  return checking_devices_.insert(it->second.device).second;
+  return checking_devices_.emplace(it->second.device, service).second;
 }
 
 void ExternalLines::EndRoomCheck(const std::string& service, bool took) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = lines_.find(service);
   if (it == lines_.end()) return;
-  checking_devices_.erase(it->second.device);
+  // (Only the check this service began: never another service's on the device.)
+  if (auto c = checking_devices_.find(it->second.device); c != checking_devices_.end() && c->second == service) {
+    checking_devices_.erase(c);
+  }
   if (took) ++it->second.room_takers;
 }
 

@@ -13,7 +13,6 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -104,7 +103,7 @@ class ExternalLines {
   // Idle (`evicted`: waiters or not); mu_ held.
   bool IdleLocked(const std::string& service, int64_t idle_ms, int64_t now_ms, bool evicted) const;
   mutable std::mutex mu_;
-  std::set<std::string> checking_devices_;  // a request's room check is under way on each
+  std::map<std::string, std::string> checking_devices_;  // device -> the service whose request checks its room now
   std::map<std::string, Line> lines_;
 };
 

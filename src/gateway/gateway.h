@@ -233,6 +233,9 @@ class Gateway {
   std::optional<uint16_t> ExternalPort(const config::ExternalConfig& e) const;
   // Whether its device has room for one more request's transient peak (the reason when not).
   Status TransientRoom(const config::ExternalConfig& svc);
+  // Wakes the waiters of every external service on `svc`'s device (only its
+  // own on the CPU): room there, and its room checks, are the device's.
+  void WakeDevicePeers(const config::ExternalConfig& svc);
   // /v1/status's entries for the external services.
   nlohmann::json ExternalsJson() const;
   // Ollama's routes (gateway_ollama.cpp): a generation is translated

@@ -43,8 +43,9 @@ namespace {
 // waiting for the check to end looks again within 20 ms.
 class RoomCheck {
  public:
-  RoomCheck(ExternalLines& lines, CapacitySignal& signal, std::string service)
-      : lines_(lines), signal_(signal), service_(std::move(service)) {}
+  // `wake`: wakes the requests waiting on the device (of every external service there).
+  RoomCheck(ExternalLines& lines, std::function<void()> wake, std::string service)
+      : lines_(lines), wake_(std::move(wake)), service_(std::move(service)) {}
   RoomCheck(const RoomCheck&) = delete;
   RoomCheck& operator=(const RoomCheck&) = delete;
   ~RoomCheck() { End(false); }
@@ -52,12 +53,12 @@ class RoomCheck {
     if (ended_) return;
     ended_ = true;
     lines_.EndRoomCheck(service_, took);
-    if (took) signal_.Notify();
+    if (took) wake_();
   }
 
  private:
   ExternalLines& lines_;
-  CapacitySignal& signal_;
+  std::function<void()> wake_;
   std::string service_;
   bool ended_ = false;
 };
@@ -232,7 +233,9 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     if (svc && svc->residency.priority == "interactive") last_interactive_ms_ = clock_.NowMs();
     if (running) external_lines_->Finished(rec.service, Outcome(state), clock_.NowMs(), took_room);
     running = took_room = false;
-    SignalFor(rec.service).Notify();
+    // (Its room, and its place: other services on the device may wait for the one, this one's line for the other.)
+    if (svc) WakeDevicePeers(*svc);
+    else SignalFor(rec.service).Notify();
     metrics_.RequestFinished(rec.service, Outcome(state), svc ? ExternalKey(*svc) : "", (clock_.NowMs() - t0) / 1000.0);
   };
   auto fail = [&](State state, Status st) -> boost::asio::awaitable<void> {
@@ -423,7 +426,8 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
         continue;
       }
       // (The device's telemetry is read on the blocking pool: a driver call may be slow.)
-      RoomCheck check(*external_lines_, SignalFor(rec.service), rec.service);  // (ended however this frame ends)
+      RoomCheck check(*external_lines_, [this, s = &svc] { WakeDevicePeers(*s); },
+                      rec.service);  // (ended however this frame ends)
       const Status room = co_await Blocking([this, s = &svc] { return TransientRoom(*s); });
       check.End(room.ok());
       if (room.ok()) {
@@ -443,6 +447,12 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
 // Room on the service's device for one more request's transient peak: the
 // device's observed free memory, less its headroom and the peaks of the
 // requests already running there (which may not have allocated yet).
+void Gateway::WakeDevicePeers(const config::ExternalConfig& svc) {
+  for (const auto& e : config_.externals) {
+    if (e.name == svc.name || (svc.device != "cpu" && e.device == svc.device)) SignalFor(e.name).Notify();
+  }
+}
+
 Status Gateway::TransientRoom(const config::ExternalConfig& svc) {
   if (!NeedsRoomCheck(svc)) return Status::Ok();
   auto telemetry = Telemetry(svc.device);
@@ -467,10 +477,13 @@ Status Gateway::TransientRoom(const config::ExternalConfig& svc) {
   }
   const uint64_t need = peak + others + headroom;
   if (reading->free >= need) return Status::Ok();
-  char note[200];
-  std::snprintf(note, sizeof note, "waiting for %.0f MiB free on %s for a request's peak (%.0f MiB free, %.0f MiB headroom)",
-                static_cast<double>(peak) / (1 << 20), svc.device.c_str(), static_cast<double>(reading->free) / (1 << 20),
-                static_cast<double>(headroom) / (1 << 20));
+  char note[300];
+  std::snprintf(note, sizeof note,
+                "waiting for %.0f MiB free on %s: a request's peak of %.0f MiB, %.0f MiB for the peaks of requests "
+                "already sent there and %.0f MiB headroom (%.0f MiB free)",
+                static_cast<double>(need) / (1 << 20), svc.device.c_str(), static_cast<double>(peak) / (1 << 20),
+                static_cast<double>(others) / (1 << 20), static_cast<double>(headroom) / (1 << 20),
+                static_cast<double>(reading->free) / (1 << 20));
   return Status::ResourceExhausted(note);
 }
 

@@ -246,6 +246,7 @@ void PlacementBoard::WorkerExited(const std::string& key, const std::string& why
   for (auto& [service, states] : placements_) {
     for (auto& st : states) {
       if (st->key != key) continue;
+      ++st->generation;  // (its next process: attempts sent to this one are from an older one now)
       st->breaker.Trip("worker " + why);
       if (device_lost) {
         if (auto it = device_breakers_.find(st->cfg.device); it != device_breakers_.end()) it->second.Trip("worker " + why);
@@ -258,9 +259,7 @@ void PlacementBoard::WorkerReady(const std::string& key) {
   std::lock_guard<std::mutex> lk(mu_);
   for (auto& [service, states] : placements_) {
     for (auto& st : states) {
-      if (st->key != key) continue;
-      ++st->generation;
-      st->breaker.Uneject();
+      if (st->key == key) st->breaker.Uneject();
     }
   }
 }

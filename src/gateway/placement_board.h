@@ -69,9 +69,11 @@ class PlacementBoard {
     };
     std::map<std::string, Running> running;
     // Which process of its worker the placement is served by: counted up by
-    // each WorkerReady. An attempt keeps the one it was sent to, so that a
-    // failure reported late by a process already replaced does not count
-    // against its replacement.
+    // each WorkerExited (the next process is a new one; counted at the exit,
+    // not at the next ready, which requests may see through the supervisor
+    // before the board hears of it). An attempt keeps the one it was sent
+    // to, so that a failure reported late by a process already replaced does
+    // not count against its replacement.
     uint64_t generation = 0;
     std::string readiness = "warm";  // of this placement's worker: warm | mmap | on-demand
     std::string readiness_reason;
@@ -133,11 +135,11 @@ class PlacementBoard {
   void AttemptFailed(const std::string& service, size_t index, const std::string& phase, const std::string& why,
                      std::optional<uint64_t> generation = std::nullopt);
   void AttemptSucceeded(const std::string& service, size_t index, std::optional<uint64_t> generation = std::nullopt);
-  // A worker exited or was replaced: its breaker opens (and its device's when the device was lost).
+  // A worker exited or was replaced: its breaker opens (and its device's
+  // when the device was lost), and its placements' generation is counted up.
   void WorkerExited(const std::string& key, const std::string& why, bool device_lost);
-  // A new worker process for `key` became ready: its placements' generation
-  // is counted up and their open breakers become half-open
-  // (Breaker::Uneject). A device's breaker stays.
+  // A new worker process for `key` became ready: its placements' open
+  // breakers become half-open (Breaker::Uneject). A device's breaker stays.
   void WorkerReady(const std::string& key);
   // The worker's timings of one request (`spillway.timings`).
   void RecordThroughput(const std::string& service, size_t index, double prompt_ms, double prompt_tokens,

@@ -98,8 +98,7 @@ namespace {
 StatusOr<std::string> BlobOfManifest(const std::string& root, const std::string& manifest, const std::string& shown) {
   std::error_code ec;
   if (!fs::is_regular_file(manifest, ec)) {
-    return Status::NotFound("ollama model '" + shown + "' not found: no manifest " + manifest +
-                            " (is OLLAMA_MODELS set to the store Ollama uses?)");
+    return Status::NotFound("ollama model '" + shown + "' not found: no manifest " + manifest);
   }
   const auto bytes = fs::file_size(manifest, ec);
   if (ec || bytes > kMaxManifestBytes) return Status::InvalidArgument("manifest " + manifest + " is not a manifest (too large)");

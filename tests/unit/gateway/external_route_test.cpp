@@ -204,6 +204,8 @@ TEST(ExternalLinesTest, RoomChecksAreOneAtATimePerDeviceAndCountEveryServiceTher
   ExternalLines lines({a, b, c}, 0);
   ASSERT_TRUE(lines.BeginRoomCheck("a"));
   EXPECT_FALSE(lines.BeginRoomCheck("b")) << "b's device is being checked for a";
+  lines.EndRoomCheck("b", /*took=*/false);  // (b began none: a's check goes on)
+  EXPECT_FALSE(lines.BeginRoomCheck("b")) << "b ended a's check";
   ASSERT_TRUE(lines.BeginRoomCheck("c")) << "another device is checked meanwhile";
   lines.EndRoomCheck("c", /*took=*/true);
   lines.EndRoomCheck("a", /*took=*/true);

@@ -106,7 +106,6 @@ TEST_F(PlacementBoardTest, ALostDeviceTakesEveryPlacementOnItOut) {
 // old process's failure (already counted by its exit), not the new one's.
 // It reopened the breaker for a second, longer ejection (20 s here).
 TEST_F(PlacementBoardTest, AFailureOfAReplacedProcessDoesNotCountAgainstItsReplacement) {
-  board_->WorkerReady("chat.0");
   uint64_t old_process = 0, new_process = 0;
   ASSERT_TRUE(board_->Reserve("chat", 0, "a", 10, 5, 5, [] { return true; }, &old_process));
   board_->WorkerExited("chat.0", "crashed (signal 9)", /*device_lost=*/false);

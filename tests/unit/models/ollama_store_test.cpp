@@ -280,10 +280,15 @@ model = "ollama:tiny"
   auto missing = config::ParseConfig(text.substr(text.find('\n') + 1), "key.toml");
   unsetenv("OLLAMA_MODELS");
   ASSERT_FALSE(missing.ok());
-  EXPECT_NE(missing.status().message().find("ollama_models"), std::string::npos) << missing.status().message();
-  auto empty = config::ParseConfig("ollama_models = \"\"\n", "key.toml");
-  ASSERT_FALSE(empty.ok());
-  EXPECT_NE(empty.status().message().find("key.toml:1: 'ollama_models'"), std::string::npos) << empty.status().message();
+  EXPECT_NE(missing.status().message().find("Ollama's store here is " + other.root().string() + ", from $OLLAMA_MODELS"),
+            std::string::npos)
+      << missing.status().message();
+  for (const char* bad : {"\"\"", "\"~/.ollama/models\"", "\"store\""}) {
+    auto rejected = config::ParseConfig(std::string("ollama_models = ") + bad + "\n", "key.toml");
+    ASSERT_FALSE(rejected.ok()) << bad;
+    EXPECT_NE(rejected.status().message().find("key.toml:1: 'ollama_models' must be an absolute path"), std::string::npos)
+        << rejected.status().message();
+  }
 
   const std::string path = (store.root() / "key.toml").string();
   {
