@@ -90,13 +90,15 @@ std::string PayloadForHash(std::string_view content_type, std::string_view body)
   const std::string boundary = MultipartBoundary(content_type);
   if (boundary.empty()) return std::string(content_type) + "\n" + std::string(body);
   std::string out = "multipart/form-data\n";
-  out.reserve(out.size() + body.size());
+  out.reserve(out.size() + body.size() + 64);
   const std::string delimiter = "--" + boundary;
   for (size_t at = 0;;) {
     const size_t next = body.find(delimiter, at);
-    out.append(body.substr(at, next == std::string_view::npos ? std::string_view::npos : next - at));
+    const std::string_view piece = body.substr(at, next == std::string_view::npos ? std::string_view::npos : next - at);
+    out += std::to_string(piece.size());
+    out += ':';
+    out.append(piece);
     if (next == std::string_view::npos) break;
-    out += "--";  // the delimiter, whatever its boundary
     at = next + delimiter.size();
   }
   return out;

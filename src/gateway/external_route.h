@@ -26,7 +26,10 @@ std::optional<std::string> MultipartField(std::string_view body, std::string_vie
 
 // What an Idempotency-Key's payload hash covers: the content type and the
 // body, a multipart form's without its boundary (a client builds its upload
-// again on each retry, with a new random boundary: the same request).
+// again on each retry, with a new random boundary: the same request): the
+// pieces between its delimiters, each after its length, so that no content
+// passes for a delimiter (with each delimiter written as "--", a part whose
+// text held "\r\n--\r\n" hashed as two parts).
 std::string PayloadForHash(std::string_view content_type, std::string_view body);
 
 // What routing reads of a proxied request's body.

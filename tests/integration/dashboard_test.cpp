@@ -67,15 +67,20 @@ class EventReader {
     }
     return false;
   }
-  // The data of the last complete event named `name`.
-  json Last(const std::string& name) {
-    const std::string t = Text();
+  // The data of the last event named `name`, once it has come whole (Saw
+  // may have seen its first bytes only: a snapshot of 10 KiB comes in
+  // several reads, and its half was parsed as not JSON).
+  json Last(const std::string& name, int seconds = 5) {
     const std::string tag = "event: " + name + "\ndata: ";
-    const size_t at = t.rfind(tag);
-    if (at == std::string::npos) return nullptr;
-    const size_t end = t.find("\n\n", at);
-    if (end == std::string::npos) return nullptr;
-    return json::parse(t.substr(at + tag.size(), end - at - tag.size()), nullptr, false);
+    for (int i = 0;; ++i) {
+      const std::string t = Text();
+      const size_t at = t.rfind(tag);
+      if (at == std::string::npos) return nullptr;
+      const size_t end = t.find("\n\n", at);
+      if (end != std::string::npos) return json::parse(t.substr(at + tag.size(), end - at - tag.size()), nullptr, false);
+      if (done_ || i >= seconds * 50) return nullptr;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
   int code() const { return code_; }
 

@@ -44,6 +44,10 @@ TEST(ExternalRouteTest, APayloadsHashIgnoresItsMultipartBoundary) {
   EXPECT_EQ(a, PayloadForHash("multipart/form-data; boundary=\"bb22\"", form("bb22", "RIFF...")));
   EXPECT_NE(a, PayloadForHash("multipart/form-data; boundary=bb22", form("bb22", "RIFF!!!")));
   EXPECT_EQ(PayloadForHash("application/json", R"({"a":1})"), "application/json\n{\"a\":1}");
+  // Two parts, and one part whose text holds what a delimiter was written
+  // as ("--"): two payloads, two hashes.
+  const std::string two = "--X\r\nP1\r\n--X\r\nP2\r\n--X--\r\n", one = "--Y\r\nP1\r\n--\r\nP2\r\n--Y--\r\n";
+  EXPECT_NE(PayloadForHash("multipart/form-data; boundary=X", two), PayloadForHash("multipart/form-data; boundary=Y", one));
 }
 
 TEST(ExternalRouteTest, RequestedModelAndChoice) {
