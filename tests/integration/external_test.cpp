@@ -394,6 +394,40 @@ TEST_F(ExternalTest, MemoryOnTheDeviceIsMeasuredAndATransientPeakWaitsForRoom) {
   waitpid(holder, nullptr, 0);
 }
 
+// Two services on one device: a request of the second leaves room for the
+// peak of the first's request already sent there. (Counted per service, it
+// saw 824 MiB free, needed its own 450 and went at once, where the first's
+// 450 MiB peak might still come.)
+TEST_F(ExternalTest, ATransientPeakLeavesRoomForAnotherServicesRequestOnTheDevice) {
+  ScopedSimDir sim("external-two");
+  ASSERT_TRUE(devices::SimLedger::Create(0, 1024ull << 20).ok());
+  const std::string device = "device = \"sim:0\"\nresident_mib = 100\ntransient_mib = 450\n";
+  auto g = Start(TestConfig(2, "[[device]]\nname = \"sim:0\"\nheadroom_mib = 0\nheadroom_pct = 0\n" +
+                                   FakeService("a", log_, device, " --sim-device 0 --resident-mib 100") +
+                                   FakeService("b", log_, device, " --sim-device 0 --resident-mib 100")));
+  for (const char* name : {"a", "b"}) {
+    json st = json::object();
+    for (int i = 0; i < 200 && st.value("state", "") != "ready"; ++i) {
+      std::this_thread::sleep_for(50ms);
+      st = ExternalStatus(g->port(), name);
+    }
+    ASSERT_EQ(st.value("state", ""), "ready") << st.dump();
+  }
+  // 824 MiB free: a's request (its peak declared 450 MiB) goes; b's, while
+  // a's runs, needs 450 more than that and waits for it to end.
+  auto first = std::async(std::launch::async, [&] {
+    return Call(g->port(), "POST", "/v1/rerank", R"({"model":"a","fake_delay_ms":2000})", {{"X-Request-Id", "room-a"}});
+  });
+  for (int i = 0; i < 200 && LinesWith(log_, "room-a") == 0; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(LinesWith(log_, "room-a"), 1) << "a's request never reached its server";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto second = Call(g->port(), "POST", "/v1/rerank", R"({"model":"b"})");
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(second.status, 200) << second.body;
+  EXPECT_EQ(first.get().status, 200);
+  EXPECT_GT(waited, 1s) << "b's request went while a's peak could still come";
+}
+
 TEST_F(ExternalTest, WhisperServerTranscribesBehindTheGateway) {
   if (const std::string why = WhisperServerMissing(); !why.empty()) GTEST_SKIP() << why;
   const std::string model = WriteWhisperModelFile(dir_ + "/tiny-whisper.bin");
