@@ -72,7 +72,9 @@ TEST(JsonLimitsTest, ParseJsonBodyChecksEveryLimitInItsOnePass) {
   const auto refused = [&](const std::string& text, const std::string& what) {
     auto r = ParseJsonBody(text, l);
     EXPECT_FALSE(r.ok()) << text;
-    if (!r.ok()) EXPECT_NE(r.status().message().find(what), std::string::npos) << r.status().message();
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find(what), std::string::npos) << r.status().message();
+    }
   };
   refused(R"({"a":{"b":{"c":{"d":{"e":1}}}}})", "json_max_depth");  // objects (5 levels)
   refused(R"({"a":[[[[1]]]]})", "json_max_depth");                // arrays
