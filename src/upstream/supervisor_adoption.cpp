@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -78,8 +79,13 @@ void Supervisor::ReadLoadProgress(Worker& w) const {
 
 void Supervisor::WriteRecord(const Worker& w) {
   if (w.start_time == 0) return;  // not readable yet (Poll tries again): such a record is refused anyway
-  const WorkerRecord r{w.spec.key,     w.view.pid, w.start_time, w.view.port, w.spec_hash,
-                       protocol::kWorkerProtocolVersion, w.spec.external(), w.spec.stop_signal};
+  WorkerRecord r{w.spec.key,     w.view.pid, w.start_time, w.view.port, w.spec_hash,
+                 protocol::kWorkerProtocolVersion, w.spec.external(), w.spec.stop_signal};
+  struct stat dir {};
+  if (::stat(run_dir_.c_str(), &dir) == 0) {
+    r.dir_dev = static_cast<uint64_t>(dir.st_dev);
+    r.dir_ino = static_cast<uint64_t>(dir.st_ino);
+  }
   if (Status st = WritePrivateFileAtomically(RecordPath(run_dir_, w.spec.key), RecordToJson(r)); !st.ok()) {
     std::fprintf(stderr, "spillway: worker %s will not be adopted after a crash: %s\n", w.spec.key.c_str(),
                  st.message().c_str());
@@ -111,6 +117,14 @@ AdoptDecision Supervisor::Judge(WorkerRecord& record, const std::optional<std::s
   // names a process that is not this placement's, which is never signalled.
   // (An external server's record says so itself: its key may be gone from the config, or be a worker's now.)
   external = external || record.external;
+  if (record.dir_ino != 0) {
+    struct stat dir {};
+    if (::stat(run_dir_.c_str(), &dir) == 0 &&
+        (static_cast<uint64_t>(dir.st_dev) != record.dir_dev || static_cast<uint64_t>(dir.st_ino) != record.dir_ino)) {
+      return {AdoptAction::kForget, "it was recorded in another state directory (this one is a copy of it): pid " +
+                                        std::to_string(record.pid) + " belongs to that directory's gateway"};
+    }
+  }
   const bool alive = devices::ProcessAlive(record.pid, record.start_time) && (external || RunsAsWorkerOf(record));
   // Recorded while it loaded; it may have finished since (its own port file says).
   if (alive && !external && record.port == 0) record.port = PortFromFile(record.key);

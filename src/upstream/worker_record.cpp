@@ -34,7 +34,9 @@ std::string RecordToJson(const WorkerRecord& r) {
               {"spec_hash", r.spec_hash},
               {"protocol_version", r.protocol_version},
               {"external", r.external},
-              {"stop_signal", r.stop_signal}}
+              {"stop_signal", r.stop_signal},
+              {"dir_dev", r.dir_dev},
+              {"dir_ino", r.dir_ino}}
              .dump() +
          "\n";
 }
@@ -73,6 +75,11 @@ StatusOr<WorkerRecord> ParseWorkerRecord(std::string_view text) {
       return bad("stop_signal");
     }
     r.stop_signal = j["stop_signal"].get<int>();
+  }
+  for (const auto& [field, out] : {std::pair<const char*, uint64_t*>{"dir_dev", &r.dir_dev}, {"dir_ino", &r.dir_ino}}) {
+    if (!j.contains(field)) continue;
+    if (!j[field].is_number_unsigned()) return bad(field);
+    *out = j[field].get<uint64_t>();
   }
   return r;
 }

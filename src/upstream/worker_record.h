@@ -37,6 +37,13 @@ struct WorkerRecord {
   // What stops it (an external server's `stop_signal`; 15 in records
   // written before it was recorded).
   int stop_signal = 15;
+  // The state directory's run folder it was written in (device and inode;
+  // 0: not recorded, in records written before). A copy of the state
+  // directory (a backup restored beside it, a test setup) holds the same
+  // records: their processes belong to the gateway of the original, which
+  // a gateway on the copy must neither adopt nor stop. It stopped the
+  // original's external servers (judged by pid and start time alone).
+  uint64_t dir_dev = 0, dir_ino = 0;
 };
 
 std::string RecordToJson(const WorkerRecord& r);

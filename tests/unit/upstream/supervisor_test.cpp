@@ -1,6 +1,7 @@
 // The Supervisor class itself, on shell-command external servers: its start
 // gate, and how the end of an on-demand or keep_alive server is handled.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <chrono>
@@ -108,6 +109,42 @@ TEST_F(SupervisorTest, APreviousExternalServerIsStoppedWithItsOwnSignal) {
   std::ifstream f(said);
   std::string word;
   EXPECT_TRUE(f >> word && word == "int") << "its INT trap never ran";
+}
+
+// A state directory copied beside the original (a backup restored, a test
+// setup) holds the original's records: a gateway on the copy neither adopts
+// nor stops their processes, which belong to the original's gateway. It
+// stopped the original's external servers, judged by pid and start time.
+TEST_F(SupervisorTest, ARecordCopiedFromAnotherStateDirectoryIsNotStopped) {
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setpgid(0, 0);
+    execl("/bin/sh", "sh", "-c", "while :; do sleep 0.05; done", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  uint64_t start_time = 0;
+  ASSERT_TRUE(Eventually([&] { return (start_time = devices::ProcessStartTime(pid)) != 0; }));
+  const fs::path original = dir_ / "original-run";
+  fs::create_directories(original);
+  fs::create_directories(dir_ / "run");
+  struct stat st {};
+  ASSERT_EQ(::stat(original.c_str(), &st), 0);
+  WorkerRecord r;
+  r.key = "old.ext";
+  r.pid = pid;
+  r.start_time = start_time;
+  r.spec_hash = std::string(64, 'a');
+  r.protocol_version = 1;
+  r.external = true;
+  r.dir_dev = st.st_dev;  // written in the original's run folder, then copied here
+  r.dir_ino = st.st_ino;
+  ASSERT_TRUE(WritePrivateFileAtomically(RecordPath((dir_ / "run").string(), r.key), RecordToJson(r)).ok());
+  sup_->StopUnadoptable({});  // (not configured here: it would be stopped were it this directory's)
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // (a stop's SIGTERM ends sh at once)
+  EXPECT_EQ(waitpid(pid, nullptr, WNOHANG), 0) << "the original gateway's server was stopped";
+  kill(-pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
 }
 
 // An on-demand server that ends waits, stopped, for the next request; its
