@@ -72,6 +72,18 @@ TEST_F(SupervisorTest, AStartThatFallsDueWhileTheGateRunsIsGatedToo) {
   sup.Stop(1000);  // before the gate's state above goes
 }
 
+// The record of an external server "old.ext" a previous gateway started.
+WorkerRecord PreviousExternal(pid_t pid, uint64_t start_time) {
+  WorkerRecord r;
+  r.key = "old.ext";
+  r.pid = pid;
+  r.start_time = start_time;
+  r.spec_hash = std::string(64, 'a');
+  r.protocol_version = 1;
+  r.external = true;
+  return r;
+}
+
 // An external server a previous gateway started and that outlived it (no
 // parent-death signal: a record from before it had one) is stopped with its
 // own stop_signal, as its record says: one that ignores SIGTERM ends at once
@@ -90,13 +102,7 @@ TEST_F(SupervisorTest, APreviousExternalServerIsStoppedWithItsOwnSignal) {
   }
   ASSERT_TRUE(Eventually([&] { return fs::exists(said); })) << "its traps are set once it says ready";
   const uint64_t start_time = devices::ProcessStartTime(pid);
-  WorkerRecord r;
-  r.key = "old.ext";
-  r.pid = pid;
-  r.start_time = start_time;
-  r.spec_hash = std::string(64, 'a');
-  r.protocol_version = 1;
-  r.external = true;
+  WorkerRecord r = PreviousExternal(pid, start_time);
   r.stop_signal = SIGINT;
   fs::create_directories(dir_ / "run");
   ASSERT_TRUE(WritePrivateFileAtomically(RecordPath((dir_ / "run").string(), r.key), RecordToJson(r)).ok());
@@ -130,13 +136,7 @@ TEST_F(SupervisorTest, ARecordCopiedFromAnotherStateDirectoryIsNotStopped) {
   fs::create_directories(dir_ / "run");
   struct stat st {};
   ASSERT_EQ(::stat(original.c_str(), &st), 0);
-  WorkerRecord r;
-  r.key = "old.ext";
-  r.pid = pid;
-  r.start_time = start_time;
-  r.spec_hash = std::string(64, 'a');
-  r.protocol_version = 1;
-  r.external = true;
+  WorkerRecord r = PreviousExternal(pid, start_time);
   r.dir_dev = st.st_dev;  // written in the original's run folder, then copied here
   r.dir_ino = st.st_ino;
   ASSERT_TRUE(WritePrivateFileAtomically(RecordPath((dir_ / "run").string(), r.key), RecordToJson(r)).ok());
