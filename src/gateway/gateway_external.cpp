@@ -444,15 +444,15 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
   }
 }
 
-// Room on the service's device for one more request's transient peak: the
-// device's observed free memory, less its headroom and the peaks of the
-// requests already running there (which may not have allocated yet).
 void Gateway::WakeDevicePeers(const config::ExternalConfig& svc) {
   for (const auto& e : config_.externals) {
     if (e.name == svc.name || (svc.device != "cpu" && e.device == svc.device)) SignalFor(e.name).Notify();
   }
 }
 
+// Room on the service's device for one more request's transient peak: the
+// device's observed free memory, less its headroom and the peaks of the
+// requests already running there (which may not have allocated yet).
 Status Gateway::TransientRoom(const config::ExternalConfig& svc) {
   if (!NeedsRoomCheck(svc)) return Status::Ok();
   auto telemetry = Telemetry(svc.device);
@@ -471,9 +471,7 @@ Status Gateway::TransientRoom(const config::ExternalConfig& svc) {
   // does): they may not have allocated yet.
   uint64_t others = 0;
   for (const auto& [name, takers] : external_lines_->RoomTakersOn(svc.device)) {
-    for (const auto& e : config_.externals) {
-      if (e.name == name) others += peak_of(e) * static_cast<uint64_t>(takers);
-    }
+    if (const auto* e = config_.FindExternal(name)) others += peak_of(*e) * static_cast<uint64_t>(takers);
   }
   const uint64_t need = peak + others + headroom;
   if (reading->free >= need) return Status::Ok();

@@ -125,8 +125,9 @@ void RequestAdmission::Demand(size_t k) {
   g_.supervisor_.Demand(states_[k]->key);
 }
 
-void RequestAdmission::Hold() {
+void RequestAdmission::Hold(uint64_t generation) {
   t_->holding = true;
+  t_->generation = generation;
   admitted_ = true;
 }
 
@@ -311,8 +312,7 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
                                (rec_.endpoint == "embedding" ? R"(,"reason":"embeddings hold no KV cells"})"
                                                              : R"(,"reason":"the only placement; its worker checks its KV pool"})");
         *t_ = {i, states_[i]->key, states_[i]->cfg.Name(), *port, 0, rec_.body, "admit", std::move(decision), ""};
-        Hold();
-        t_->generation = generation;
+        Hold(generation);
         if (waited) t_->waited_ms = g_.clock_.NowMs() - t0_;
         co_return true;
       }
@@ -515,8 +515,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
           if (!limits.empty()) dj["limits"] = limits;
           *t_ = {d.placement, st.key, st.cfg.Name(), *port, cells,
                  body.is_object() ? body.dump() : rec_.body, admission::KindName(d.kind), dj.dump(), limits};
-          Hold();
-          t_->generation = generation;
+          Hold(generation);
           t_->waited_ms = waited_ms;
           g_.metrics_.Decision(svc_.name, admission::KindName(d.kind));
           co_return true;

@@ -59,7 +59,9 @@ class RequestAdmission {
   void DemandAll();
   // Starts on-demand placement `k` for this request (touched: not released as idle before it arrives).
   void Demand(size_t k);
-  void Hold();  // admitted: the board counts the attempt as holding the placement
+  // Admitted: the board counts the attempt as holding the placement, taken
+  // on its worker process `generation` (PlacementBoard::Placement::generation).
+  void Hold(uint64_t generation);
   boost::asio::awaitable<void> JoinLine();
   void LeaveServiceLine();
   // Cancelled, or past its deadline (*rejected_ says which).

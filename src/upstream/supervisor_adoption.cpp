@@ -16,7 +16,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "api/http_client.h"
 #include "common/json_log.h"
@@ -36,6 +39,14 @@ namespace {
 constexpr auto kDrainTimeout = std::chrono::seconds(10);
 // A worker of the previous gateway that must go gets this long after SIGTERM.
 constexpr int64_t kStopGraceMs = 5000;
+
+// The folder's device and inode (WorkerRecord::dir_dev, dir_ino); nullopt
+// when it cannot be read.
+std::optional<std::pair<uint64_t, uint64_t>> FolderIdentity(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return std::nullopt;
+  return std::pair<uint64_t, uint64_t>{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
 
 }  // namespace
 
@@ -81,11 +92,7 @@ void Supervisor::WriteRecord(const Worker& w) {
   if (w.start_time == 0) return;  // not readable yet (Poll tries again): such a record is refused anyway
   WorkerRecord r{w.spec.key,     w.view.pid, w.start_time, w.view.port, w.spec_hash,
                  protocol::kWorkerProtocolVersion, w.spec.external(), w.spec.stop_signal};
-  struct stat dir {};
-  if (::stat(run_dir_.c_str(), &dir) == 0) {
-    r.dir_dev = static_cast<uint64_t>(dir.st_dev);
-    r.dir_ino = static_cast<uint64_t>(dir.st_ino);
-  }
+  if (const auto dir = FolderIdentity(run_dir_)) std::tie(r.dir_dev, r.dir_ino) = *dir;
   if (Status st = WritePrivateFileAtomically(RecordPath(run_dir_, w.spec.key), RecordToJson(r)); !st.ok()) {
     std::fprintf(stderr, "spillway: worker %s will not be adopted after a crash: %s\n", w.spec.key.c_str(),
                  st.message().c_str());
@@ -117,10 +124,9 @@ AdoptDecision Supervisor::Judge(WorkerRecord& record, const std::optional<std::s
   // names a process that is not this placement's, which is never signalled.
   // (An external server's record says so itself: its key may be gone from the config, or be a worker's now.)
   external = external || record.external;
-  if (record.dir_ino != 0) {
-    struct stat dir {};
-    if (::stat(run_dir_.c_str(), &dir) == 0 &&
-        (static_cast<uint64_t>(dir.st_dev) != record.dir_dev || static_cast<uint64_t>(dir.st_ino) != record.dir_ino)) {
+  if (record.dir_ino != 0) {  // (recorded: not in records written before it was)
+    const auto dir = FolderIdentity(run_dir_);
+    if (dir && *dir != std::pair<uint64_t, uint64_t>{record.dir_dev, record.dir_ino}) {
       return {AdoptAction::kForget, "it was recorded in another state directory (this one is a copy of it): pid " +
                                         std::to_string(record.pid) + " belongs to that directory's gateway"};
     }
