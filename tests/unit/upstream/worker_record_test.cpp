@@ -63,6 +63,12 @@ TEST(WorkerRecordTest, RoundTrips) {
   auto i = ParseWorkerRecord(RecordToJson(ext));
   ASSERT_TRUE(i.ok()) << i.status().message();
   EXPECT_EQ(i->stop_signal, 2);
+  ext.dir_dev = 2049;  // the run folder it was written in
+  ext.dir_ino = 131077;
+  auto d = ParseWorkerRecord(RecordToJson(ext));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->dir_dev, 2049u);
+  EXPECT_EQ(d->dir_ino, 131077u);
 }
 
 TEST(WorkerRecordTest, RefusesWhatIsNotACompleteRecord) {
@@ -82,6 +88,8 @@ TEST(WorkerRecordTest, RefusesWhatIsNotACompleteRecord) {
   EXPECT_FALSE(ParseWorkerRecord(with("4242", "9", "1", h).insert(1, "\"stop_signal\":0,")).ok());   // a probe
   EXPECT_FALSE(ParseWorkerRecord(with("4242", "9", "1", h).insert(1, "\"stop_signal\":40,")).ok());  // real-time
   EXPECT_TRUE(ParseWorkerRecord(with("4242", "9", "1", h).insert(1, "\"stop_signal\":2,")).ok());
+  EXPECT_FALSE(ParseWorkerRecord(with("4242", "9", "1", h).insert(1, "\"dir_ino\":-1,")).ok());
+  EXPECT_FALSE(ParseWorkerRecord(with("4242", "9", "1", h).insert(1, "\"dir_dev\":\"2049\",")).ok());
   EXPECT_FALSE(ParseWorkerRecord("{\"key\":\"chat.0\"").ok());  // truncated
   EXPECT_FALSE(ParseWorkerRecord("[]").ok());
   EXPECT_FALSE(ParseWorkerRecord("").ok());
