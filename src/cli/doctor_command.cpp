@@ -235,7 +235,9 @@ int Doctor(const DoctorArgs& a) {
     std::printf("FAIL  config   %s\n", loaded.status().message().c_str());
     return 2;
   }
-  const config::GatewayConfig& cfg = *loaded;
+  config::GatewayConfig& cfg = *loaded;
+  // (Its dry run plans the models the metadata cannot size, as serve's does.)
+  cfg.worker_binary = a.worker_bin.empty() ? DefaultWorkerBinary() : a.worker_bin;
   Report r;
   // What the config points at is checked below, one line each, rather than
   // stopping at the first problem as serve does.
@@ -245,7 +247,7 @@ int Doctor(const DoctorArgs& a) {
     r.Line(Verdict::kOk, "config", (a.config_path.empty() ? std::string("the built-in demo") : a.config_path) + ": " +
                                        std::to_string(cfg.services.size()) + " services");
   }
-  const std::string worker = a.worker_bin.empty() ? DefaultWorkerBinary() : a.worker_bin;
+  const std::string& worker = cfg.worker_binary;
   CheckWorkerBinary(worker, r);
   CheckModels(cfg, r);
   CheckDevices(cfg, fs::path(worker).parent_path().string(), r);

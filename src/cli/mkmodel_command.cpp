@@ -27,7 +27,7 @@ struct MkmodelArgs {
 
 // The options that only shape a llama model.
 constexpr const char* kLlamaOnly[] = {"--preset", "--kv-heads", "--ffn", "--embedding", "--pooling", "--chat-template",
-                                      "--mutate-one-weight"};
+                                      "--mutate-one-weight", "--arch"};
 
 // --kind whisper: a whisper.cpp model with the options that apply to it.
 int WriteWhisper(const MkmodelArgs& a, const CLI::App& cmd) {
@@ -82,6 +82,11 @@ void AddMkmodelCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--type", args->overrides.type, "override: f32 | f16 | q8_0 | q4_0 (whisper: f16 | q8_0 | q4_0)");
   cmd->add_option("--seed", args->overrides.seed, "override: weight seed");
   cmd->add_option("--audio-ctx", args->audio_ctx, "whisper only: encoder positions, 50 per second of audio (100)");
+  cmd->add_option("--arch", args->overrides.arch,
+                  "llama, or lfm2: a hybrid whose even layers are short convolutions with a recurrent state "
+                  "instead of attention (LFM2's layout; its KV heads are given per layer)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"llama", "lfm2"}));
   cmd->add_flag("--embedding", args->embedding, "make an embedding model");
   cmd->add_option("--pooling", args->overrides.pooling, "with --embedding: how its vectors are pooled")
       ->capture_default_str()
@@ -118,6 +123,7 @@ void AddMkmodelCommand(CLI::App& app, int* exit_code) {
     if (cmd->count("--ctx")) s.n_ctx_train = o.n_ctx_train;
     if (cmd->count("--type")) s.type = o.type;
     if (cmd->count("--seed")) s.seed = o.seed;
+    s.arch = o.arch;
     if (args->embedding) s.embedding = true;
     if (cmd->count("--pooling") && !s.embedding) {
       std::fprintf(stderr, "spillway mkmodel: --pooling applies to --embedding models only\n");

@@ -10,7 +10,7 @@
 #include "cli/plan_fit.h"
 #include "cli/serve_config.h"
 #include "common/names.h"
-#include "common/run_capture.h"
+#include "memory/exact_plan.h"
 #include "memory/estimator.h"
 #include "models/ollama_store.h"
 
@@ -36,31 +36,21 @@ json BytesJson(const DeviceBytes& b) {
 
 // llama.cpp's exact plan, from `spillway-worker --dry-run`.
 std::optional<std::pair<DeviceBytes, DeviceBytes>> Exact(const PlanArgs& a, int gpu_layers, std::string* error) {
-  // No shell: a model path may hold any character.
-  std::vector<std::string> argv = {DefaultWorkerBinary(), "--model", a.model, "--device", a.device,
-                                   "--gpu-layers", std::to_string(gpu_layers), "--ctx", std::to_string(a.ctx),
-                                   "--slots", std::to_string(a.slots), "--batch", std::to_string(a.batch),
-                                   "--kv-type", a.kv_type, "--dry-run"};
-  if (a.kv_unified) argv.push_back("--kv-unified");
-  auto run = RunCapture(argv);
-  if (!run.ok()) {
-    *error = run.status().message();
+  memory::DryRunArgs d;
+  d.model = a.model;
+  d.device = a.device;
+  d.gpu_layers = gpu_layers;
+  d.ctx = a.ctx;
+  d.slots = a.slots;
+  d.batch = a.batch;
+  d.kv_type = a.kv_type;
+  d.kv_unified = a.kv_unified;
+  auto plan = memory::RunDryRun(DefaultWorkerBinary(), d);
+  if (!plan.ok()) {
+    *error = plan.status().message();
     return std::nullopt;
   }
-  json j = json::parse(run->out, nullptr, false);
-  if (run->exit_code != 0 || j.is_discarded()) {
-    *error = "spillway-worker --dry-run failed (exit " + std::to_string(run->exit_code) + ")";
-    return std::nullopt;
-  }
-  DeviceBytes acc, host;
-  for (const auto& b : j["buffers"]) {
-    const std::string name = b["name"];
-    DeviceBytes& d = name.rfind("CPU", 0) == 0 ? host : acc;
-    d.weights += b["model"].get<uint64_t>();
-    d.kv += b["context"].get<uint64_t>();
-    d.compute += b["compute"].get<uint64_t>();
-  }
-  return std::make_pair(acc, host);
+  return std::make_pair(plan->accelerator, plan->host);
 }
 
 // The whole config: every accelerator's holders, verdicts and evictions.

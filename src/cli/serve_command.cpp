@@ -125,6 +125,7 @@ int Check(const ServeArgs& a) {
     return 2;
   }
   const std::string worker_bin = a.worker_bin.empty() ? DefaultWorkerBinary() : a.worker_bin;
+  loaded->worker_binary = worker_bin;
   const std::string where = a.config_path.empty() ? "the demo" : a.config_path;
   for (const auto& w : loaded->Warnings()) std::fprintf(stderr, "spillway serve: %s: warning: %s\n", where.c_str(), w.c_str());
   const auto problems = gateway::CheckStartup(*loaded, fs::path(worker_bin).parent_path().string());
@@ -172,6 +173,7 @@ int Serve(const ServeArgs& a) {
 
   SystemClock clock;
   const std::string worker_bin = a.worker_bin.empty() ? DefaultWorkerBinary() : a.worker_bin;
+  cfg.worker_binary = worker_bin;  // (its dry run plans the models the metadata cannot size)
   upstream::Supervisor supervisor(worker_bin, cfg.state_dir, clock);
   // One gateway per state directory, claimed before the journal is recovered:
   // a second one would recover the first's open requests and adopt its workers.

@@ -1,5 +1,5 @@
 // Runs a program with arguments (no shell: nothing in them is interpreted)
-// and returns what it wrote on stdout; stderr goes to /dev/null.
+// and returns what it wrote on stdout, and the end of what it wrote on stderr.
 #pragma once
 
 #include <string>
@@ -12,6 +12,7 @@ namespace spillway {
 struct Captured {
   int exit_code = -1;  // -1: ended by a signal
   std::string out;
+  std::string err;  // the last 64 KiB of its stderr
 };
 
 // argv[0] is the program's path (not searched on PATH).

@@ -260,6 +260,10 @@ struct GatewayConfig {
   std::string listen_host = "127.0.0.1";
   uint16_t listen_port = 8480;
   std::string state_dir;
+  // spillway-worker as serve (or doctor) found it, not read from the file:
+  // its dry run plans the models whose metadata cannot size them
+  // (memory/exact_plan.h). Empty: such models have no estimate.
+  std::string worker_binary;
   std::vector<std::string> api_keys;
   bool allow_unauthenticated_remote = false;
   std::vector<std::string> allowed_hosts = {"localhost", "127.0.0.1", "[::1]"};

@@ -12,6 +12,7 @@
 #include "gateway/gateway.h"
 #include "gguf/gguf_reader.h"
 #include "memory/estimator.h"
+#include "memory/exact_plan.h"
 #include "memory/ledger.h"
 
 namespace spillway::gateway {
@@ -53,46 +54,78 @@ struct Estimate {
   uint32_t n_vocab = 0;
 };
 
+// llama.cpp's own plan of a model the metadata cannot size (a hybrid, a
+// recurrent model...): spillway-worker's dry run of the placement.
+StatusOr<Estimate> ExactEstimate(const std::string& worker_binary, const std::string& path,
+                                 const config::PlacementConfig& p, const gguf::Metadata& meta, const std::string& why) {
+  if (worker_binary.empty()) return Status::Unavailable(path + ": the metadata cannot size it (" + why + ")");
+  memory::DryRunArgs args;
+  args.model = path;
+  args.device = p.device;
+  args.gpu_layers = p.gpu_layers;
+  args.ctx = p.ctx;
+  args.slots = p.slots;
+  args.batch = p.batch;
+  args.kv_unified = p.kv_unified;
+  auto plan = memory::RunDryRun(worker_binary, args);
+  if (!plan.ok()) return plan.status();
+  uint64_t n_vocab = 0;
+  if (auto it = meta.kv.find("tokenizer.ggml.tokens"); it != meta.kv.end()) n_vocab = it->second.array_len;
+  return Estimate{p.device != "cpu" ? plan->accelerator : plan->host,
+                  static_cast<uint32_t>(std::min<uint64_t>(n_vocab, UINT32_MAX))};
+}
+
 // Reading a GGUF's metadata (its whole vocabulary) and replaying its compute
-// graph takes milliseconds, and a start gate asks for the same placement
-// again and again while a service waits for room: the estimate is kept per
-// model file (path, device and inode, size, modification and change times:
-// a file replaced under its name, even with its old mtime, is estimated
-// again) and placement shape. Errors are not kept.
-StatusOr<Estimate> EstimateOf(const std::string& path, const memory::PlacementSpec& spec) {
+// graph takes milliseconds (a dry run, a fraction of a second), and a start
+// gate asks for the same placement again and again while a service waits for
+// room: the estimate is kept per model file (path, device and inode, size,
+// modification and change times: a file replaced under its name, even with
+// its old mtime, is estimated again) and placement. Errors are not kept,
+// except a dry run's (the same file fails the same way: not a process start
+// at every ask).
+StatusOr<Estimate> EstimateOf(const std::string& worker_binary, const std::string& path,
+                              const config::PlacementConfig& p) {
   static std::mutex mu;
-  static std::map<std::string, Estimate> memo;
+  static std::map<std::string, StatusOr<Estimate>> memo;
+  const memory::PlacementSpec spec = SpecOf(p);
   struct stat st {};
   std::string key;
   if (::stat(path.c_str(), &st) == 0) {
     char k[256];
-    std::snprintf(k, sizeof k, "|%llu:%llu|%lld|%lld.%09ld|%lld.%09ld|%d|%d|%u|%u|%d|%u|%u|%u|%u",
+    std::snprintf(k, sizeof k, "|%llu:%llu|%lld|%lld.%09ld|%lld.%09ld|%d|%d|%u|%u|%d|%u|%u|%u|%u|",
                   static_cast<unsigned long long>(st.st_dev), static_cast<unsigned long long>(st.st_ino),
                   static_cast<long long>(st.st_size), static_cast<long long>(st.st_mtim.tv_sec), st.st_mtim.tv_nsec,
                   static_cast<long long>(st.st_ctim.tv_sec), st.st_ctim.tv_nsec, spec.accelerator, spec.gpu_layers,
                   spec.ctx, spec.slots, spec.kv_unified, spec.batch, spec.ubatch, spec.kv_k_x32, spec.kv_v_x32);
-    key = path + k;
+    key = path + k + p.device + "|" + worker_binary;
     std::lock_guard<std::mutex> lk(mu);
     if (auto it = memo.find(key); it != memo.end()) return it->second;
   }
   auto meta = gguf::ReadGgufFile(path);
   if (!meta.ok()) return meta.status();  // (it names the file)
-  auto shape = memory::ShapeFromMetadata(*meta);
-  if (!shape.ok()) return Status(shape.status().code(), path + ": " + shape.status().message());
-  const auto est = memory::EstimatePlacement(*shape, spec);
-  const Estimate e{spec.accelerator ? est.accelerator : est.host, shape->n_vocab};
+  StatusOr<Estimate> e = Status::Internal("no estimate");
+  const std::string why = memory::ExactPlanReason(*meta);
+  if (!why.empty()) {
+    e = ExactEstimate(worker_binary, path, p, *meta, why);
+    if (!e.ok() && worker_binary.empty()) return e.status();
+  } else {
+    auto shape = memory::ShapeFromMetadata(*meta);
+    if (!shape.ok()) return Status(shape.status().code(), path + ": " + shape.status().message());
+    const auto est = memory::EstimatePlacement(*shape, spec);
+    e = Estimate{spec.accelerator ? est.accelerator : est.host, shape->n_vocab};
+  }
   if (!key.empty()) {
     std::lock_guard<std::mutex> lk(mu);
     if (memo.size() >= 256) memo.clear();  // configs hold a few placements; a bound, not a policy
-    memo[key] = e;
+    memo.insert_or_assign(key, e);
   }
   return e;
 }
 
 // A placement's predicted bytes on its device (calibrated), or why there is no estimate.
-StatusOr<uint64_t> Predict(const config::ServiceConfig& s, const config::PlacementConfig& p, uint32_t* n_vocab,
-                           PlacementCalibration* cal) {
-  auto e = EstimateOf(p.ModelOr(s.model), SpecOf(p));
+StatusOr<uint64_t> Predict(const std::string& worker_binary, const config::ServiceConfig& s,
+                           const config::PlacementConfig& p, uint32_t* n_vocab, PlacementCalibration* cal) {
+  auto e = EstimateOf(worker_binary, p.ModelOr(s.model), p);
   if (!e.ok()) return e.status();
   memory::DeviceBytes part = e->part;
   if (cal) part = cal->Apply(CalKey(s, p), part);
@@ -135,7 +168,7 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
     for (size_t i = 0; i < s.placements.size(); ++i) {
       const std::string key = WorkerKey(s, i);
       if (!starting.count(key) || (only && key == *only)) continue;
-      auto bytes = Predict(s, s.placements[i], nullptr, cal);
+      auto bytes = Predict(cfg.worker_binary, s, s.placements[i], nullptr, cal);
       memory::DeviceLedger* l = bytes.ok() ? ledger_for(s.placements[i].device) : nullptr;
       if (l) (void)l->Reserve(key, *bytes, 1);  // what does not fit is already over: it holds what is left
     }
@@ -162,7 +195,7 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
       const auto& p = s.placements[i];
       PlacementAdmission a;
       a.device = p.device;
-      auto predicted = Predict(s, p, &a.n_vocab, cal);
+      auto predicted = Predict(cfg.worker_binary, s, p, &a.n_vocab, cal);
       if (!predicted.ok()) {
         // Not a model the estimator understands: let llama.cpp be the judge.
         a.admitted = true;
@@ -221,8 +254,8 @@ void PlacementCalibration::Observe(const std::string& key, const memory::DeviceB
   calibration_.Observe(key, predicted, observed);
 }
 
-StatusOr<uint64_t> PredictPlacementBytes(const config::ServiceConfig& s, size_t i) {
-  return Predict(s, s.placements[i], nullptr, nullptr);
+StatusOr<uint64_t> PredictPlacementBytes(const config::ServiceConfig& s, size_t i, const std::string& worker_binary) {
+  return Predict(worker_binary, s, s.placements[i], nullptr, nullptr);
 }
 
 void RecordObserved(PlacementCalibration& cal, const config::GatewayConfig& cfg, const std::string& key,
@@ -230,7 +263,7 @@ void RecordObserved(PlacementCalibration& cal, const config::GatewayConfig& cfg,
   const config::ServiceConfig* s = nullptr;
   size_t i = 0;
   if (!Find(cfg, key, &s, &i) || observed_bytes == 0) return;
-  auto e = EstimateOf(s->placements[i].ModelOr(s->model), SpecOf(s->placements[i]));
+  auto e = EstimateOf(cfg.worker_binary, s->placements[i].ModelOr(s->model), s->placements[i]);
   if (!e.ok()) return;
   const memory::DeviceBytes predicted = e->part;
   // One factor on the total, carried by the compute term (weights and KV are exact).

@@ -32,6 +32,8 @@ Readiness ResolveReadiness(const config::ServiceConfig& s, size_t i) {
       const auto est = memory::EstimatePlacement(*shape, spec);
       weights = static_cast<double>(est.host.weights);
       context = static_cast<double>(est.host.kv + est.host.compute);
+    } else {
+      weights = static_cast<double>(meta->file_size);  // (a hybrid: its weights are most of its file)
     }
   }
   const double mmap_s = context / kContextBytesPerS + 0.02;

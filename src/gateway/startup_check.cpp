@@ -7,6 +7,7 @@
 #include "devices/sim_ledger.h"
 #include "devices/telemetry.h"
 #include "gateway/gateway.h"
+#include "gateway/placement_admission.h"
 #include "gguf/gguf_reader.h"
 #include "memory/estimator.h"
 
@@ -16,6 +17,7 @@ namespace {
 struct ModelFacts {
   std::string problem;  // empty: the worker can load it
   bool embedding = false;
+  bool exact = false;  // the metadata cannot size it: llama.cpp's dry run plans each placement
 };
 
 // What the file's header says, read once.
@@ -24,6 +26,10 @@ ModelFacts ReadModelFacts(const std::string& path) {
   auto meta = gguf::ReadGgufFile(path);
   if (!meta.ok()) {
     f.problem = meta.status().message();
+  } else if (!memory::ExactPlanReason(*meta).empty()) {
+    // (Whether llama.cpp can run it is its dry run's to say, per placement.)
+    f.exact = true;
+    f.embedding = meta->ArchUint("pooling_type").value_or(0) != 0;
   } else if (auto shape = memory::ShapeFromMetadata(*meta); !shape.ok()) {
     f.problem = "architecture '" + meta->architecture() + "' is not one Spillway can run: " + shape.status().message();
   } else {
@@ -85,8 +91,15 @@ std::vector<StartupProblem> CheckStartup(const config::GatewayConfig& config, co
                        "an embedding model needs ctx (" + std::to_string(p.ctx) + ") to be a multiple of slots (" +
                            std::to_string(p.slots) + ")"});
       }
-      if (std::string d = DeviceProblem(p.device, backend_dir); !d.empty()) {
-        out.push_back({WorkerKey(s, pi), at + prefix + ".placement[" + std::to_string(pi) + "].device", d});
+      const std::string device_problem = DeviceProblem(p.device, backend_dir);
+      if (!device_problem.empty()) {
+        out.push_back({WorkerKey(s, pi), at + prefix + ".placement[" + std::to_string(pi) + "].device", device_problem});
+      } else if (m.problem.empty() && m.exact && !config.worker_binary.empty()) {
+        // Planned now (and kept): llama.cpp refuses here what its worker would refuse at load.
+        if (auto plan = PredictPlacementBytes(s, pi, config.worker_binary); !plan.ok()) {
+          const std::string key = p.model.empty() ? prefix + ".model" : prefix + ".placement[" + std::to_string(pi) + "].model";
+          out.push_back({WorkerKey(s, pi), at + key, plan.status().message()});
+        }
       }
     }
   }

@@ -104,11 +104,25 @@ struct TensorPlan {
   bool is_norm;
 };
 
+void AttentionTensors(const std::string& p, int64_t e, int64_t kv, ggml_type wtype, std::vector<TensorPlan>* t) {
+  t->push_back({p + "attn_q.weight", e, e, wtype, false});
+  t->push_back({p + "attn_k.weight", e, kv, wtype, false});
+  t->push_back({p + "attn_v.weight", e, kv, wtype, false});
+  t->push_back({p + "attn_output.weight", e, e, wtype, false});
+}
+
+constexpr uint32_t kShortConvCache = 3;  // lfm2: the convolution's width (LFM2's own)
+
+// lfm2: the even layers are short convolutions (no attention, no KV cache).
+bool IsConvLayer(const DemoModelSpec& s, uint32_t i) { return s.arch == "lfm2" && i % 2 == 0; }
+
 std::vector<TensorPlan> PlanTensors(const DemoModelSpec& s, int64_t n_vocab, ggml_type wtype) {
   const int64_t e = s.n_embd, kv = int64_t(s.n_embd) / s.n_head * s.n_head_kv, ff = s.n_ff;
+  const bool lfm2 = s.arch == "lfm2";
   std::vector<TensorPlan> t;
   t.push_back({"token_embd.weight", e, n_vocab, wtype, false});
-  t.push_back({"output_norm.weight", e, 1, GGML_TYPE_F32, true});
+  // (LFM2's output norm is named so in llama.cpp.)
+  t.push_back({lfm2 ? "token_embd_norm.weight" : "output_norm.weight", e, 1, GGML_TYPE_F32, true});
   // Untied: with the output matrix equal to the token embeddings, the current
   // token's own logit towers over the rest and the model repeats it forever.
   // (An embedding model pools hidden states and never uses it.)
@@ -116,10 +130,18 @@ std::vector<TensorPlan> PlanTensors(const DemoModelSpec& s, int64_t n_vocab, ggm
   for (uint32_t i = 0; i < s.n_layer; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
     t.push_back({p + "attn_norm.weight", e, 1, GGML_TYPE_F32, true});
-    t.push_back({p + "attn_q.weight", e, e, wtype, false});
-    t.push_back({p + "attn_k.weight", e, kv, wtype, false});
-    t.push_back({p + "attn_v.weight", e, kv, wtype, false});
-    t.push_back({p + "attn_output.weight", e, e, wtype, false});
+    if (IsConvLayer(s, i)) {
+      // (The kernel stays f32, as in LFM2's files: 3 values a row fill no quantization block.)
+      t.push_back({p + "shortconv.conv.weight", kShortConvCache, e, GGML_TYPE_F32, false});
+      t.push_back({p + "shortconv.in_proj.weight", e, 3 * e, wtype, false});
+      t.push_back({p + "shortconv.out_proj.weight", e, e, wtype, false});
+    } else {
+      if (lfm2) {
+        t.push_back({p + "attn_q_norm.weight", e / s.n_head, 1, GGML_TYPE_F32, true});
+        t.push_back({p + "attn_k_norm.weight", e / s.n_head, 1, GGML_TYPE_F32, true});
+      }
+      AttentionTensors(p, e, kv, wtype, &t);
+    }
     t.push_back({p + "ffn_norm.weight", e, 1, GGML_TYPE_F32, true});
     t.push_back({p + "ffn_gate.weight", e, ff, wtype, false});
     t.push_back({p + "ffn_down.weight", ff, e, wtype, false});
@@ -142,6 +164,7 @@ float StdFor(const DemoModelSpec& s, const std::string& name) {
     return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   if (name == "token_embd.weight") return 1.0f;
+  if (ends("shortconv.conv.weight")) return 0.6f;  // (fan-in: its 3 taps)
   if (name == "output.weight") return 3.0f * in_e;
   if (ends("attn_q.weight") || ends("attn_k.weight")) return 1.6f * in_e;
   if (ends("attn_v.weight")) return 1.0f * in_e;
@@ -234,6 +257,9 @@ Status ValidateDemoModelSpec(const DemoModelSpec& s) {
   auto t = ParseType(s.type);
   if (!t.ok()) return t.status();
   if (s.vocab_path.empty()) return bad("a vocabulary file is required");
+  if (s.arch != "llama" && s.arch != "lfm2") return bad("unknown architecture '" + s.arch + "' (use llama or lfm2)");
+  if (s.arch == "lfm2" && s.embedding) return bad("an lfm2 model is not written as an embedding model");
+  if (s.arch == "lfm2" && s.n_layer < 2) return bad("an lfm2 model needs 2 layers or more (a convolution and an attention one)");
   return Status::Ok();
 }
 
@@ -255,26 +281,36 @@ Status WriteDemoModel(const DemoModelSpec& spec, const std::string& out_path) {
     const std::string key = gguf_get_key(out.get(), i);
     if (key.rfind("tokenizer.", 0) != 0) gguf_remove_key(out.get(), key.c_str());
   }
-  gguf_set_val_str(out.get(), "general.architecture", "llama");
+  const std::string arch = spec.arch;
+  auto key = [&](const char* k) { return arch + "." + k; };
+  gguf_set_val_str(out.get(), "general.architecture", arch.c_str());
   gguf_set_val_str(out.get(), "general.name", spec.name.c_str());
   gguf_set_val_str(out.get(), "general.type", "model");
   gguf_set_val_u32(out.get(), "general.file_type", FileTypeFor(wtype));
   if (ggml_is_quantized(wtype)) gguf_set_val_u32(out.get(), "general.quantization_version", GGML_QNT_VERSION);
-  gguf_set_val_u32(out.get(), "llama.vocab_size", static_cast<uint32_t>(n_vocab));
-  gguf_set_val_u32(out.get(), "llama.context_length", spec.n_ctx_train);
-  gguf_set_val_u32(out.get(), "llama.embedding_length", spec.n_embd);
-  gguf_set_val_u32(out.get(), "llama.block_count", spec.n_layer);
-  gguf_set_val_u32(out.get(), "llama.feed_forward_length", spec.n_ff);
-  gguf_set_val_u32(out.get(), "llama.attention.head_count", spec.n_head);
-  gguf_set_val_u32(out.get(), "llama.attention.head_count_kv", spec.n_head_kv);
-  gguf_set_val_u32(out.get(), "llama.rope.dimension_count", spec.n_embd / spec.n_head);
-  gguf_set_val_f32(out.get(), "llama.rope.freq_base", 10000.0f);
-  gguf_set_val_f32(out.get(), "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  gguf_set_val_u32(out.get(), key("vocab_size").c_str(), static_cast<uint32_t>(n_vocab));
+  gguf_set_val_u32(out.get(), key("context_length").c_str(), spec.n_ctx_train);
+  gguf_set_val_u32(out.get(), key("embedding_length").c_str(), spec.n_embd);
+  gguf_set_val_u32(out.get(), key("block_count").c_str(), spec.n_layer);
+  gguf_set_val_u32(out.get(), key("feed_forward_length").c_str(), spec.n_ff);
+  gguf_set_val_u32(out.get(), key("attention.head_count").c_str(), spec.n_head);
+  if (arch == "lfm2") {
+    // Per layer: none for the convolution layers (llama.cpp's sign of a recurrent layer).
+    std::vector<int32_t> kv(spec.n_layer);
+    for (uint32_t i = 0; i < spec.n_layer; ++i) kv[i] = IsConvLayer(spec, i) ? 0 : static_cast<int32_t>(spec.n_head_kv);
+    gguf_set_arr_data(out.get(), key("attention.head_count_kv").c_str(), GGUF_TYPE_INT32, kv.data(), kv.size());
+    gguf_set_val_u32(out.get(), key("shortconv.l_cache").c_str(), kShortConvCache);
+  } else {
+    gguf_set_val_u32(out.get(), key("attention.head_count_kv").c_str(), spec.n_head_kv);
+  }
+  gguf_set_val_u32(out.get(), key("rope.dimension_count").c_str(), spec.n_embd / spec.n_head);
+  gguf_set_val_f32(out.get(), key("rope.freq_base").c_str(), 10000.0f);
+  gguf_set_val_f32(out.get(), key("attention.layer_norm_rms_epsilon").c_str(), 1e-5f);
   gguf_set_val_str(out.get(), "spillway.demo.note", "random weights: output is meaningless text");
   gguf_set_val_u64(out.get(), "spillway.demo.seed", spec.seed);
   if (spec.embedding) {
     // LLAMA_POOLING_TYPE_MEAN, _CLS, _LAST
-    gguf_set_val_u32(out.get(), "llama.pooling_type", spec.pooling == "cls" ? 2 : spec.pooling == "last" ? 3 : 1);
+    gguf_set_val_u32(out.get(), key("pooling_type").c_str(), spec.pooling == "cls" ? 2 : spec.pooling == "last" ? 3 : 1);
   } else {
     gguf_set_val_str(out.get(), "tokenizer.chat_template",
                      spec.chat_template.empty() ? kDemoChatTemplate : spec.chat_template.c_str());

@@ -24,6 +24,11 @@ struct DemoModelSpec {
   uint32_t n_ff = 128;          // multiple of 32
   uint32_t n_ctx_train = 2048;
   std::string type = "f16";     // f32 | f16 | q8_0 | q4_0 (matrices; norms stay f32)
+  // "llama", or "lfm2": a hybrid (LFM2's layout) whose even layers are short
+  // convolutions with a recurrent state instead of attention and a KV cache
+  // (its head_count_kv is given per layer, 0 for those), as Liquid's LFM2,
+  // Granite 4.0-H or Qwen3-Next mix them. Not for embedding models.
+  std::string arch = "llama";
   bool embedding = false;       // announced as an embedding model, pooled by `pooling`
   std::string pooling = "mean";  // embedding models: mean | cls | last (llama.cpp's LLAMA_POOLING_TYPE_*)
   uint64_t seed = 42;

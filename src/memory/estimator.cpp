@@ -3,6 +3,8 @@
 #include "memory/compute_model.h"
 
 #include <algorithm>
+#include <cstring>
+#include <string_view>
 
 namespace spillway::memory {
 
@@ -20,9 +22,45 @@ uint64_t ModelShape::kv_bytes_per_cell_per_layer(uint32_t k_x32, uint32_t v_x32)
   return (k * k_x32 + v * v_x32) / 32;
 }
 
+std::string ExactPlanReason(const gguf::Metadata& m) {
+  const std::string arch = m.architecture();
+  if (arch.empty()) return "";
+  const std::string prefix = arch + ".";
+  // Given per layer (a hybrid's recurrent layers have no heads; DeciLM and
+  // OpenELM vary them): the same count for every layer made a hybrid's KV
+  // tens of times too large.
+  for (const char* key : {"attention.head_count", "attention.head_count_kv", "feed_forward_length",
+                          "attention.key_length", "attention.value_length"}) {
+    if (auto it = m.kv.find(prefix + key); it != m.kv.end() && it->second.kind == gguf::Value::Kind::kArray) {
+      return "it gives " + prefix + key + " per layer";
+    }
+  }
+  // A recurrent state (Mamba's SSM, RWKV's WKV, LFM2's short convolution,
+  // Kimi's KDA), layers that are not all attention, or a sliding window.
+  static constexpr const char* kSections[] = {"ssm.", "wkv.", "shortconv.", "kda."};
+  static constexpr const char* kKeys[] = {"full_attention_interval", "attention.recurrent_layers", "token_shift_count",
+                                          "time_mix_extra_dim", "attention.sliding_window"};
+  for (auto it = m.kv.lower_bound(prefix); it != m.kv.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+    const std::string_view rest = std::string_view(it->first).substr(prefix.size());
+    for (const char* section : kSections) {
+      if (rest.substr(0, std::strlen(section)) == section) return "it keeps a recurrent state (" + it->first + ")";
+    }
+    for (const char* key : kKeys) {
+      if (rest == key) {
+        return std::string_view(key) == "attention.sliding_window" ? "some of its layers attend over a sliding window (" + it->first + ")"
+                                                                     : "not all of its layers are attention (" + it->first + ")";
+      }
+    }
+  }
+  return "";
+}
+
 StatusOr<ModelShape> ShapeFromMetadata(const gguf::Metadata& m) {
   ModelShape s;
   s.architecture = m.architecture();
+  if (std::string why = ExactPlanReason(m); !why.empty()) {
+    return Status::InvalidArgument("the metadata cannot size " + s.architecture + "'s memory: " + why);
+  }
   auto need = [&](const char* key, uint32_t* out) -> Status {
     auto v = m.ArchUint(key);
     if (!v || *v == 0 || *v > (1u << 24)) return Status::InvalidArgument("GGUF lacks a valid " + s.architecture + "." + key);
@@ -30,15 +68,6 @@ StatusOr<ModelShape> ShapeFromMetadata(const gguf::Metadata& m) {
     return Status::Ok();
   };
   if (s.architecture.empty()) return Status::InvalidArgument("GGUF lacks general.architecture");
-  // Heads given per layer (hybrid models: Granite 4.0-H, Jamba, whose
-  // recurrent layers have none) are not estimated: llama.cpp judges them
-  // (the same head count for every layer made their KV tens of times too large).
-  for (const char* key : {"attention.head_count", "attention.head_count_kv"}) {
-    if (auto it = m.kv.find(s.architecture + "." + key); it != m.kv.end() && it->second.kind == gguf::Value::Kind::kArray) {
-      return Status::InvalidArgument("GGUF gives " + s.architecture + "." + key +
-                                     " per layer (a hybrid model): Spillway does not estimate its memory yet");
-    }
-  }
   SPILLWAY_RETURN_IF_ERROR(need("block_count", &s.n_layer));
   SPILLWAY_RETURN_IF_ERROR(need("embedding_length", &s.n_embd));
   SPILLWAY_RETURN_IF_ERROR(need("attention.head_count", &s.n_head));

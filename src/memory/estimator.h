@@ -38,6 +38,15 @@ struct ModelShape {
   uint64_t kv_bytes_per_cell_per_layer(uint32_t type_k_bytes_x32, uint32_t type_v_bytes_x32) const;
 };
 
+// Why the metadata alone cannot size this model, or "" when it can. Hybrid
+// and recurrent models (LFM2, Granite 4.0-H, Jamba, Nemotron-H, Qwen3-Next,
+// Mamba, RWKV...) keep a recurrent state per sequence beside (or instead of)
+// a KV cache, and heads or widths given per layer or attention over a
+// sliding window change what each layer holds. Their memory is llama.cpp's
+// own plan (memory/exact_plan.h), which knows every architecture it runs.
+std::string ExactPlanReason(const gguf::Metadata& m);
+
+// Fails (with ExactPlanReason) for a model the metadata cannot size.
 StatusOr<ModelShape> ShapeFromMetadata(const gguf::Metadata& m);
 
 struct PlacementSpec {

@@ -99,6 +99,41 @@ TEST_F(AdmissionTest, LongPromptBeyondTheGpuPoolGoesToTheCpuPoolBeforeAnyAllocat
   for (const auto& [id, state] : j.state) EXPECT_TRUE(state == "completed" || state == "failed") << id << " " << state;
 }
 
+// A hybrid (LFM2's layout: short-convolution layers with a recurrent state
+// beside attention layers, KV heads given per layer) is one the metadata
+// cannot size: llama.cpp's own dry run plans each placement, and admission
+// works from that plan as from an estimate. (It was refused at start before.)
+TEST_F(AdmissionTest, AHybridModelIsPlannedByLlamaCppAndServedWithAdmission) {
+  ASSERT_TRUE(devices::SimLedger::Create(0, 256 << 20).ok());
+  std::ostringstream os;
+  os << "[[device]]\nname = \"sim:0\"\nheadroom_pct = 5\n"
+     << "[[service]]\nname = \"chat\"\nmodel = \"" << ModelPath("tiny-hybrid") << "\"\n"
+     << "[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 1024\nslots = 2\nthreads = 1\nbatch = 64\n"
+     << "[[service.placement]]\nrole = \"fallback\"\ndevice = \"cpu\"\nctx = 8192\nslots = 2\nthreads = 1\n";
+  GatewayProcess gw(os.str());
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  const uint16_t p = gw.port();
+  WaitAllReady(p);
+  json status = Body(*http::Fetch("127.0.0.1", p, "GET", "/v1/status"));
+  for (const auto& placement : status["services"][0]["placements"]) {
+    ASSERT_TRUE(placement["admitted"].get<bool>()) << placement.dump();
+    EXPECT_NE(placement["admission"].get<std::string>().find("fits"), std::string::npos) << placement.dump();
+  }
+  // The plan is what the worker then allocated on the device.
+  const auto& gpu = status["services"][0]["placements"][0];
+  ASSERT_TRUE(gpu.contains("estimate_error")) << gpu.dump();
+  EXPECT_LT(std::abs(gpu["estimate_error"].get<double>()), 0.03) << gpu.dump();
+  auto small = Post(p, {{"model", "chat"}, {"prompt", Tokens(50)}, {"max_tokens", 20}, {"temperature", 0}});
+  ASSERT_EQ(small.status, 200) << small.body;
+  EXPECT_EQ(small.Header("x-spillway-placement"), "sim:0/99");
+  EXPECT_EQ(Body(small)["usage"]["completion_tokens"], 20) << small.body;
+  // Its attention layers' KV pool bounds a request as any model's does.
+  auto big = Post(p, {{"model", "chat"}, {"prompt", Tokens(800)}, {"max_tokens", 50}, {"temperature", 0}});
+  ASSERT_EQ(big.status, 200) << big.body;
+  EXPECT_EQ(big.Header("x-spillway-placement"), "cpu");
+  EXPECT_EQ(big.Header("x-spillway-decision"), "reroute");
+}
+
 TEST_F(AdmissionTest, ACompetingHoldKeepsTheGpuPlacementFromStartingAndTheCpuServes) {
   ASSERT_TRUE(devices::SimLedger::Create(0, 96 << 20).ok());
   // Another program holds most of the device before Spillway starts.

@@ -134,6 +134,61 @@ TEST(EstimatorTest, IncompleteMetadataIsAnError) {
   EXPECT_NE(ShapeFromMetadata(m).status().message().find("block_count"), std::string::npos);
 }
 
+// What the metadata cannot size goes to llama.cpp's dry run, with the reason:
+// a recurrent state (Mamba, RWKV, LFM2, Kimi), layers that are not all
+// attention, heads or widths per layer, a sliding window. A plain model is
+// sized from its metadata, and a key of another architecture does not count.
+TEST(EstimatorTest, WhatTheMetadataCannotSizeIsNamed) {
+  auto model = [](const std::string& arch) {
+    gguf::Metadata m;
+    gguf::Value a;
+    a.kind = gguf::Value::Kind::kString;
+    a.s = arch;
+    m.kv["general.architecture"] = a;
+    gguf::Value u;
+    u.kind = gguf::Value::Kind::kUint;
+    u.u = 8;
+    for (const char* k : {".block_count", ".embedding_length", ".attention.head_count"}) m.kv[arch + k] = u;
+    return m;
+  };
+  auto with = [&](const std::string& arch, const std::string& key) {
+    gguf::Metadata m = model(arch);
+    gguf::Value u;
+    u.kind = gguf::Value::Kind::kUint;
+    u.u = 4;
+    m.kv[key] = u;
+    return ExactPlanReason(m);
+  };
+  EXPECT_EQ(ExactPlanReason(model("llama")), "");
+  EXPECT_EQ(ExactPlanReason(model("qwen2")), "");
+  EXPECT_EQ(with("llama", "mamba.ssm.state_size"), "");  // (another architecture's key)
+  EXPECT_EQ(with("llama", "llama.rope.freq_base"), "");
+  for (const char* key : {"mamba.ssm.state_size", "rwkv7.wkv.head_size", "lfm2.shortconv.l_cache", "kimi-linear.kda.head_dim"}) {
+    const std::string arch = std::string(key).substr(0, std::string(key).find('.'));
+    const std::string why = with(arch, key);
+    EXPECT_NE(why.find("recurrent state"), std::string::npos) << key << ": " << why;
+    EXPECT_NE(why.find(key), std::string::npos) << why;
+  }
+  EXPECT_NE(with("qwen3next", "qwen3next.full_attention_interval").find("not all of its layers"), std::string::npos);
+  EXPECT_NE(with("gemma3", "gemma3.attention.sliding_window").find("sliding window"), std::string::npos);
+  gguf::Metadata per_layer = model("deci");
+  gguf::Value arr;
+  arr.kind = gguf::Value::Kind::kArray;
+  arr.array_len = 8;
+  per_layer.kv["deci.feed_forward_length"] = arr;
+  EXPECT_NE(ExactPlanReason(per_layer).find("deci.feed_forward_length per layer"), std::string::npos);
+  // The estimate itself refuses such a model with the same reason.
+  const auto shape = ShapeFromMetadata(per_layer);
+  ASSERT_FALSE(shape.ok());
+  EXPECT_NE(shape.status().message().find("per layer"), std::string::npos) << shape.status().message();
+  // The test model written as a hybrid is one of them.
+  const char* dir = std::getenv("SPILLWAY_MODELS");
+  auto hybrid = gguf::ReadGgufFile(std::string(dir ? dir : "build/models") + "/tiny-hybrid.gguf");
+  ASSERT_TRUE(hybrid.ok()) << hybrid.status().ToString();
+  EXPECT_NE(ExactPlanReason(*hybrid).find("lfm2.attention.head_count_kv per layer"), std::string::npos)
+      << ExactPlanReason(*hybrid);
+}
+
 // A header of a few hundred bytes cannot make the estimate divide by a head
 // of no size (it crashed or never ended), or build millions of layers (it
 // took the gateway's memory at start): such values are refused, by name.
