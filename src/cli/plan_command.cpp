@@ -81,7 +81,7 @@ int Plan(PlanArgs a) {
   }
   a.model = *file;
   const FitQuery query = {a.model, a.device, a.gpu_layers, a.kv_type, a.ctx, a.slots, a.batch,
-                          a.headroom_mib, a.headroom_pct, a.kv_unified};
+                          a.headroom_mib, a.headroom_pct, a.kv_unified, DefaultWorkerBinary()};
   auto fit = PlanFit(query);
   if (!fit.ok()) {
     std::fprintf(stderr, "spillway plan: %s\n", fit.status().message().c_str());
@@ -105,7 +105,14 @@ int Plan(PlanArgs a) {
               {"slots", a.slots},
               {"kv_type", a.kv_type},
               {"estimate", {{"accelerator", BytesJson(est.accelerator)}, {"host", BytesJson(est.host)}}},
-              {"kv_bytes_per_token", memory::KvBytesForCells(shape, spec, 1)}};
+              {"kv_bytes_per_token", nullptr}};
+  if (fit->exact_reason.empty()) {
+    out["kv_bytes_per_token"] = memory::KvBytesForCells(shape, spec, 1);
+  } else {
+    // (Its estimate is llama.cpp's own plan: --exact has nothing to compare.)
+    out["planned_by"] = "llama.cpp's dry run: the metadata cannot size it (" + fit->exact_reason + ")";
+    a.exact = false;
+  }
   if (fit->capacity) {
     out["device_capacity"] = *fit->capacity;
     out["device_free"] = *fit->free;
@@ -139,6 +146,7 @@ int Plan(PlanArgs a) {
   std::printf("%s (%s, %d layers) on %s, %d GPU layers (%d repeating + output %s), ctx %u, %u slots, KV %s\n",
               shown.c_str(), shape.architecture.c_str(), L, a.device.c_str(), layers, est.layers_on_accelerator,
               est.output_on_accelerator ? "yes" : "no", a.ctx, a.slots, a.kv_type.c_str());
+  if (out.contains("planned_by")) std::printf("planned by %s\n", out["planned_by"].get<std::string>().c_str());
   std::printf("%-12s %12s %12s %12s %12s\n", "MiB", "weights", "KV", "compute", "total");
   auto row = [](const char* name, const DeviceBytes& b) {
     std::printf("%-12s %12.1f %12.1f %12.1f %12.1f\n", name, b.weights / kMiB, b.kv / kMiB, b.compute / kMiB,

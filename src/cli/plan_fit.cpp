@@ -4,7 +4,9 @@
 #include <cstdio>
 
 #include "devices/telemetry.h"
+#include "cli/serve_config.h"
 #include "gguf/gguf_reader.h"
+#include "memory/exact_plan.h"
 
 namespace spillway::cli {
 
@@ -14,13 +16,53 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 }  // namespace
 
+namespace {
+
+// llama.cpp's plan of one placement, as an estimate (the layer split as the
+// estimator's rule puts it: the dry run reports bytes per device only).
+StatusOr<memory::PlacementEstimate> DryRunEstimate(const FitQuery& q, uint32_t n_layer, const memory::PlacementSpec& spec) {
+  memory::DryRunArgs a;
+  a.model = q.model_file;
+  a.device = q.device;
+  a.gpu_layers = spec.accelerator ? spec.gpu_layers : 0;
+  a.ctx = static_cast<int>(spec.ctx);
+  a.slots = static_cast<int>(spec.slots);
+  a.batch = static_cast<int>(spec.batch);
+  a.kv_type = q.kv_type;
+  a.kv_unified = spec.kv_unified;
+  auto plan = memory::RunDryRun(q.worker_binary.empty() ? DefaultWorkerBinary() : q.worker_binary, a);
+  if (!plan.ok()) return plan.status();
+  memory::PlacementEstimate e;
+  e.accelerator = plan->accelerator;
+  e.host = plan->host;
+  const int L = static_cast<int>(n_layer);
+  const int n_gpu = !spec.accelerator ? 0 : spec.gpu_layers < 0 ? L + 1 : std::min(spec.gpu_layers, L + 1);
+  e.layers_on_accelerator = std::min(n_gpu, L);
+  e.output_on_accelerator = n_gpu >= 1;
+  return e;
+}
+
+}  // namespace
+
 StatusOr<Fit> PlanFit(const FitQuery& q) {
   auto meta = gguf::ReadGgufFile(q.model_file);
   if (!meta.ok()) return Status::InvalidArgument(meta.status().message());
-  auto shape = memory::ShapeFromMetadata(*meta);
-  if (!shape.ok()) return Status::InvalidArgument(q.model_file + ": " + shape.status().message());  // (which file: an ollama: name's blob)
   Fit f;
-  f.shape = *shape;
+  f.exact_reason = memory::ExactPlanReason(*meta);
+  if (f.exact_reason.empty()) {
+    auto shape = memory::ShapeFromMetadata(*meta);
+    if (!shape.ok()) return Status::InvalidArgument(q.model_file + ": " + shape.status().message());  // (which file: an ollama: name's blob)
+    f.shape = *shape;
+  } else {
+    // Sized by llama.cpp: what the metadata tells of the shape is for the report only.
+    f.shape.architecture = meta->architecture();
+    f.shape.n_layer = static_cast<uint32_t>(std::min<uint64_t>(meta->ArchUint("block_count").value_or(0), 4096));
+    f.shape.n_ctx_train = static_cast<uint32_t>(std::min<uint64_t>(meta->ArchUint("context_length").value_or(0), 1u << 22));
+  }
+  auto size = [&](const memory::PlacementSpec& spec) -> StatusOr<memory::PlacementEstimate> {
+    if (f.exact_reason.empty()) return memory::EstimatePlacement(f.shape, spec);
+    return DryRunEstimate(q, f.shape.n_layer, spec);
+  };
   memory::PlacementSpec& spec = f.spec;
   spec.accelerator = q.device != "cpu";
   spec.ctx = q.ctx;
@@ -52,17 +94,27 @@ StatusOr<Fit> PlanFit(const FitQuery& q) {
     f.budget = static_cast<uint64_t>(std::max(0.0, std::min(by_capacity, by_free)));
   }
   auto device_part = [&](const memory::PlacementEstimate& e) { return spec.accelerator ? e.accelerator : e.host; };
+  // Fits the budget (a plan that fails to fit nothing: llama.cpp's refusal is reported below).
+  auto fits = [&](const memory::PlacementSpec& probe) {
+    auto e = size(probe);
+    return e.ok() && device_part(*e).total() <= *f.budget;
+  };
 
   const int L = static_cast<int>(f.shape.n_layer);
   int layers = 0;
   if (q.gpu_layers == "auto") {
     layers = spec.accelerator ? L + 1 : 0;
     if (spec.accelerator && f.budget) {
-      while (layers > 0) {
-        spec.gpu_layers = layers;
-        if (memory::EstimatePlacement(f.shape, spec).accelerator.total() <= *f.budget) break;
-        --layers;
+      // The most layers that fit (more layers never need less): a search, a dry run a step for a model llama.cpp plans.
+      memory::PlacementSpec probe = spec;
+      int lo = 0, hi = L + 1;
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        probe.gpu_layers = mid;
+        if (fits(probe)) lo = mid;
+        else hi = mid - 1;
       }
+      layers = lo;
     }
   } else {
     try {
@@ -72,17 +124,22 @@ StatusOr<Fit> PlanFit(const FitQuery& q) {
     }
   }
   spec.gpu_layers = layers;
-  f.estimate = memory::EstimatePlacement(f.shape, spec);
+  auto estimate = size(spec);
+  if (!estimate.ok()) return Status::InvalidArgument(estimate.status().message());
+  f.estimate = *estimate;
   f.fits = f.budget && device_part(f.estimate).total() <= *f.budget;
 
   // The largest context (KV pool) that fits with these layers.
   if (f.budget) {
     memory::PlacementSpec probe = spec;
+    // (A model llama.cpp plans is searched up to its training context, or the
+    // context asked for: each step is a dry run, and one of millions of cells takes seconds.)
     uint32_t lo = 0, hi = 1u << 22;
+    if (!f.exact_reason.empty()) hi = std::max<uint32_t>({f.shape.n_ctx_train, q.ctx, 256}) / 256 * 256;
     while (lo < hi) {
       const uint32_t mid = (lo + hi + 256) / 512 * 256;
       probe.ctx = std::max<uint32_t>(mid, 256);
-      if (mid > lo && device_part(memory::EstimatePlacement(f.shape, probe)).total() <= *f.budget) lo = mid;
+      if (mid > lo && fits(probe)) lo = mid;
       else hi = mid > lo ? mid - 256 : lo;
     }
     f.max_ctx = lo;

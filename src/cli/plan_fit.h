@@ -1,5 +1,6 @@
 // The fit check of `spillway plan`, for `plan` and `init` alike: a model's
-// memory estimate on a device (memory/estimator.h) against what the device
+// memory estimate on a device (memory/estimator.h; for a model the metadata
+// cannot size, llama.cpp's dry run, memory/exact_plan.h) against what the device
 // (or the host, for "cpu") holds and has free now, with headroom; with
 // gpu_layers "auto", the most layers that fit; the largest context that fits.
 #pragma once
@@ -22,9 +23,13 @@ struct FitQuery {
   uint32_t ctx = 4096, slots = 4, batch = 512;
   double headroom_mib = 0, headroom_pct = 5;
   bool kv_unified = false;
+  std::string worker_binary;     // for the dry runs ("": the one next to spillway)
 };
 
 struct Fit {
+  // Not empty: why the metadata cannot size the model, which llama.cpp's dry
+  // runs then planned (shape holds only its architecture and layer count).
+  std::string exact_reason;
   memory::ModelShape shape;
   memory::PlacementSpec spec;  // as estimated: the layers chosen
   memory::PlacementEstimate estimate;

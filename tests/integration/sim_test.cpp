@@ -303,6 +303,48 @@ TEST_F(SimTest, PlanExactTakesAnyModelPath) {
   EXPECT_TRUE(j.contains("exact")) << j.value("exact_error", out);
 }
 
+// A model the metadata cannot size (a hybrid: short-convolution layers
+// beside attention ones) is planned by llama.cpp's dry runs, said so, and
+// fitted as any other: its plan is exactly what the worker's dry run reports.
+TEST_F(SimTest, PlanAsksLlamaCppForAHybridModel) {
+  MakeDevice(0, 96);
+  int rc = 0;
+  const std::string model = ModelPath("tiny-hybrid");
+  json plan = json::parse(RunCommand(BinDir() + "/spillway plan --model " + model +
+                                         " --device sim:0 --json --ctx 1024 --slots 2 --gpu-layers 99 2>&1",
+                                     &rc),
+                          nullptr, false);
+  ASSERT_EQ(rc, 0) << plan.dump();
+  ASSERT_TRUE(plan.is_object());
+  EXPECT_NE(plan.value("planned_by", "").find("per layer"), std::string::npos) << plan.dump();
+  EXPECT_TRUE(plan["fits"].get<bool>()) << plan.dump();
+  EXPECT_EQ(plan["architecture"], "lfm2");
+  EXPECT_GE(plan["max_ctx"].get<uint32_t>(), 1024u);
+  EXPECT_LE(plan["max_ctx"].get<uint32_t>(), 2048u);  // (searched up to its training context)
+  json dry = json::parse(RunCommand(BinDir() + "/spillway-worker --model " + model +
+                                        " --device sim:0 --gpu-layers 99 --ctx 1024 --slots 2 --batch 512 --dry-run 2>/dev/null",
+                                    &rc),
+                         nullptr, false);
+  ASSERT_EQ(rc, 0);
+  uint64_t on_device = 0;
+  for (const auto& b : dry["buffers"]) {
+    if (b["name"].get<std::string>().rfind("CPU", 0) != 0) {
+      on_device += b["model"].get<uint64_t>() + b["context"].get<uint64_t>() + b["compute"].get<uint64_t>();
+    }
+  }
+  EXPECT_GT(on_device, 0u);
+  EXPECT_EQ(plan["estimate"]["accelerator"]["total"].get<uint64_t>(), on_device) << plan.dump();
+  // A whole config with it: counted on its device, not "no estimate".
+  const std::string cfg = (dir_ / "hybrid.toml").string();
+  std::ofstream(cfg) << "[[device]]\nname = \"sim:0\"\nheadroom_mib = 0\nheadroom_pct = 0\n"
+                     << "[[service]]\nname = \"chat\"\nmodel = \"" << model << "\"\nresidency = \"pinned\"\n"
+                     << "[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 1024\nslots = 2\n";
+  json whole = json::parse(RunCommand(BinDir() + "/spillway plan --json --config " + cfg, &rc), nullptr, false);
+  EXPECT_EQ(rc, 0) << whole.dump();
+  EXPECT_EQ(whole.dump().find("no estimate"), std::string::npos) << whole.dump();
+  EXPECT_NE(whole.dump().find(std::to_string(on_device)), std::string::npos) << whole.dump();
+}
+
 TEST_F(SimTest, PlanMatchesLlamaCppsDryRunAndPicksALayerSplit) {
   MakeDevice(0, 96);
   int rc = 0;
