@@ -29,12 +29,14 @@ class FailoverTest : public ::testing::Test {
   // Deliberate bugs switched on for this fixture's gateway and workers
   // (common/mutation.h); empty for the real thing.
   virtual std::string Mutations() const { return ""; }
+  // The chat service's model (a test model of build/models).
+  virtual std::string Model() const { return "tiny-chat"; }
 
   void SetUp() override {
     sim_ = std::make_unique<ScopedSimDir>("failover");
     ASSERT_TRUE(devices::SimLedger::Create(0, 256 << 20).ok());
     std::ostringstream os;
-    os << "[[service]]\nname = \"chat\"\nmodel = \"" << ModelPath("tiny-chat") << "\"\n"
+    os << "[[service]]\nname = \"chat\"\nmodel = \"" << ModelPath(Model()) << "\"\n"
        << "[service.failover]\nbreaker_failures = 1\nejection_s = 3\n"  // (3 s: its checks fit a loaded machine)
        << "[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 2048\nslots = 2\nthreads = 1\nbatch = 64\n"
        << "progress_timeout_s = 0.5\n"
@@ -398,6 +400,27 @@ TEST(FallbackModelTest, AnUndeclaredDifferentModelIsRefusedADeclaredOneIsAnnounc
   EXPECT_EQ(j["spillway"]["fallback_model"], "tiny-chat-b");
 }
 
+// The same failovers on a hybrid (LFM2's layout): its recurrent state is
+// rebuilt on the CPU from the prompt and the delivered tokens, as a KV cache
+// is, and the client's tokens are the uninterrupted ones.
+class HybridFailoverTest : public FailoverTest {
+  std::string Model() const override { return "tiny-hybrid"; }
+};
+TEST_F(HybridFailoverTest, DeviceLostMidStreamIsContinuedOnTheCpuWithTheSameTokens) {
+  const Continued c = ContinueAfterLoss(*this, "hy-ms-lost");
+  EXPECT_FALSE(c.error_event);
+  EXPECT_EQ(c.got, c.expected);
+  json rec = Request("hy-ms-lost");
+  EXPECT_EQ(rec["state"], "completed");
+  EXPECT_EQ(rec["attempts"], 2);
+  EXPECT_EQ(rec["placement"], "cpu");
+}
+TEST_F(HybridFailoverTest, DeviceLostMidGenerationReplaysOnTheCpuWithTheSameOutput) {
+  const Replayed r = ReplayAfterLoss(*this, "hy-lost");
+  EXPECT_EQ(r.got, r.expected);
+  EXPECT_EQ(Request("hy-lost")["attempts"], 2);
+}
+
 // Mutation checks: each fixture runs the gateway and its workers with one
 // deliberate bug (common/mutation.h) in the code a check above guards, and
 // asserts that the check now fails. A check that cannot fail proves nothing.
@@ -406,6 +429,16 @@ class ContinuationOneSamplerStepBehind : public FailoverTest {
 };
 TEST_F(ContinuationOneSamplerStepBehind, FailsTheMidStreamContinuationCheck) {
   const Continued c = ContinueAfterLoss(*this, "mut-resume");
+  EXPECT_TRUE(c.error_event || c.got != c.expected) << "a continuation one sampler step behind passed as faithful";
+}
+
+// (The hybrid's own tokens depend on its state: the same check fails there too.)
+class HybridContinuationOneSamplerStepBehind : public FailoverTest {
+  std::string Mutations() const override { return "resume-skip-advance"; }
+  std::string Model() const override { return "tiny-hybrid"; }
+};
+TEST_F(HybridContinuationOneSamplerStepBehind, FailsTheMidStreamContinuationCheck) {
+  const Continued c = ContinueAfterLoss(*this, "hy-mut-resume");
   EXPECT_TRUE(c.error_event || c.got != c.expected) << "a continuation one sampler step behind passed as faithful";
 }
 
