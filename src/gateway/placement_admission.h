@@ -1,6 +1,7 @@
 // Placement-level admission (before any worker starts): each placement's
 // predicted memory (weights + KV pool + compute on its device, from GGUF
-// metadata) is reserved in its device's ledger against capacity - headroom
+// metadata, or llama.cpp's dry run for a model the metadata cannot size,
+// with config.worker_binary) is reserved in its device's ledger against capacity - headroom
 // and the device's observed free memory (other services and other programs
 // included). A placement that does not fit is not started, and says why.
 #pragma once

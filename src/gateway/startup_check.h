@@ -1,6 +1,8 @@
 // What `spillway serve` can know at start without loading a model: every
-// model file is a readable GGUF whose shape Spillway understands, every
-// device named exists with a usable backend module. Each problem names the
+// model file is a readable GGUF whose shape Spillway understands (or, for one
+// the metadata cannot size, that llama.cpp's dry run of each placement
+// succeeds, with config.worker_binary), every device named exists with a
+// usable backend module. Each problem names the
 // service, the placement and its config key, so the operator can fix it
 // before any request is accepted (or start with --keep-going, the placement
 // marked unavailable with the same reason).

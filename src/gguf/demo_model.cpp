@@ -111,6 +111,7 @@ void AttentionTensors(const std::string& p, int64_t e, int64_t kv, ggml_type wty
   t->push_back({p + "attn_output.weight", e, e, wtype, false});
 }
 
+constexpr float kQkNormGain = 2.0f;
 constexpr uint32_t kShortConvCache = 3;  // lfm2: the convolution's width (LFM2's own)
 
 // lfm2: the even layers are short convolutions (no attention, no KV cache).
@@ -185,7 +186,10 @@ std::vector<uint8_t> TensorBytes(const DemoModelSpec& s, const TensorPlan& tp) {
   const int64_t n = tp.ne0 * tp.ne1;
   std::vector<float> f(static_cast<size_t>(n));
   if (tp.is_norm) {
-    for (auto& x : f) x = 1.0f;
+    // lfm2's q and k are normalized per head: their gain sets how sharply
+    // attention picks positions (the llama layout's q and k weights do).
+    const bool qk = tp.name.find("attn_q_norm") != std::string::npos || tp.name.find("attn_k_norm") != std::string::npos;
+    for (auto& x : f) x = qk ? kQkNormGain : 1.0f;
     if (s.mutate_one_weight && tp.name == "blk.0.attn_norm.weight") f[0] = 1.5f;
   } else {
     RandomFill(s, tp.name, f);

@@ -146,8 +146,14 @@ class ModelBehaviourTest : public ::testing::TestWithParam<std::string> {
 
   void SetUp() override {
     if (!std::getenv("SPILLWAY_VOCAB")) GTEST_SKIP();
-    auto spec = DemoModelPreset(GetParam());
+    // "tiny-hybrid": the tiny preset as LFM2's hybrid layout (build/models/tiny-hybrid.gguf).
+    const bool hybrid = GetParam() == "tiny-hybrid";
+    auto spec = DemoModelPreset(hybrid ? "tiny" : GetParam());
     ASSERT_TRUE(spec.ok());
+    if (hybrid) {
+      spec->arch = "lfm2";
+      spec->seed = 45;
+    }
     // The benchmark presets take minutes on 2 cores: `make bench` checks them
     // (SPILLWAY_TEST_BENCH_MODELS=1, or =large for bench-large too); make test
     // checks the presets the tests and the demo serve.
@@ -248,7 +254,7 @@ TEST_P(ModelBehaviourTest, OutputIsDiverseSeedSensitiveAndDependsOnTheWholeConte
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, ModelBehaviourTest,
-                         ::testing::Values("tiny", "demo-chat", "bench", "bench-large"),
+                         ::testing::Values("tiny", "tiny-hybrid", "demo-chat", "bench", "bench-large"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');
