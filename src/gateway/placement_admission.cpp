@@ -52,6 +52,7 @@ memory::PlacementSpec SpecOf(const config::PlacementConfig& p) {
 struct Estimate {
   memory::DeviceBytes part;
   uint32_t n_vocab = 0;
+  bool exact = false;  // llama.cpp's dry run planned it (the metadata cannot size the model)
 };
 
 // llama.cpp's own plan of a model the metadata cannot size (a hybrid, a
@@ -72,7 +73,7 @@ StatusOr<Estimate> ExactEstimate(const std::string& worker_binary, const std::st
   uint64_t n_vocab = 0;
   if (auto it = meta.kv.find("tokenizer.ggml.tokens"); it != meta.kv.end()) n_vocab = it->second.array_len;
   return Estimate{p.device != "cpu" ? plan->accelerator : plan->host,
-                  static_cast<uint32_t>(std::min<uint64_t>(n_vocab, UINT32_MAX))};
+                  static_cast<uint32_t>(std::min<uint64_t>(n_vocab, UINT32_MAX)), /*exact=*/true};
 }
 
 // Reading a GGUF's metadata (its whole vocabulary) and replaying its compute
@@ -124,12 +125,14 @@ StatusOr<Estimate> EstimateOf(const std::string& worker_binary, const std::strin
 
 // A placement's predicted bytes on its device (calibrated), or why there is no estimate.
 StatusOr<uint64_t> Predict(const std::string& worker_binary, const config::ServiceConfig& s,
-                           const config::PlacementConfig& p, uint32_t* n_vocab, PlacementCalibration* cal) {
+                           const config::PlacementConfig& p, uint32_t* n_vocab, PlacementCalibration* cal,
+                           bool* exact = nullptr) {
   auto e = EstimateOf(worker_binary, p.ModelOr(s.model), p);
   if (!e.ok()) return e.status();
   memory::DeviceBytes part = e->part;
   if (cal) part = cal->Apply(CalKey(s, p), part);
   if (n_vocab) *n_vocab = e->n_vocab;
+  if (exact) *exact = e->exact;
   return part.total();
 }
 
@@ -195,7 +198,8 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
       const auto& p = s.placements[i];
       PlacementAdmission a;
       a.device = p.device;
-      auto predicted = Predict(cfg.worker_binary, s, p, &a.n_vocab, cal);
+      bool exact = false;
+      auto predicted = Predict(cfg.worker_binary, s, p, &a.n_vocab, cal, &exact);
       if (!predicted.ok()) {
         // Not a model the estimator understands: let llama.cpp be the judge.
         a.admitted = true;
@@ -221,7 +225,8 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
         a.reason = "device memory unknown; admitted without a check";
       } else if (Status st = l->Reserve(WorkerKey(s, i), a.predicted_bytes, 1); st.ok()) {
         a.admitted = true;
-        a.reason = "fits: " + std::to_string(a.predicted_bytes >> 20) + " MiB predicted";
+        a.reason = "fits: " + std::to_string(a.predicted_bytes >> 20) + " MiB " +
+                   (exact ? "planned by llama.cpp's dry run" : "predicted");
         if (!only && movable(s, i)) {
           l->Release(WorkerKey(s, i));  // loads when needed; holds nothing at start
           a.reason += " (loads on demand, beside the pinned services)";
