@@ -214,7 +214,8 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
       cmd->add_flag("--kv-unified", a->kv_unified,
                     "one KV pool shared by the slots, with flash attention (as the worker's --kv-unified)")};
   for (CLI::Option* o : one_model) o->excludes(config);
-  cmd->add_flag("--exact", a->exact, "also run llama.cpp's dry run (spillway-worker --dry-run) and report the estimate's error")
+  cmd->add_flag("--exact", a->exact, "also run llama.cpp's dry run (spillway-worker --dry-run) and report the estimate's error (a model "
+                "the metadata cannot size is planned by that dry run alone: nothing to compare)")
       ->excludes(config);
   cmd->add_flag("--json", a->json_out, "print JSON");
   cmd->callback([a, exit_code] {

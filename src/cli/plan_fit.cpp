@@ -58,6 +58,7 @@ StatusOr<Fit> PlanFit(const FitQuery& q) {
     f.shape.architecture = meta->architecture();
     f.shape.n_layer = static_cast<uint32_t>(std::min<uint64_t>(meta->ArchUint("block_count").value_or(0), 4096));
     f.shape.n_ctx_train = static_cast<uint32_t>(std::min<uint64_t>(meta->ArchUint("context_length").value_or(0), 1u << 22));
+    f.embedding = meta->ArchUint("pooling_type").value_or(0) != 0;
   }
   auto size = [&](const memory::PlacementSpec& spec) -> StatusOr<memory::PlacementEstimate> {
     if (f.exact_reason.empty()) return memory::EstimatePlacement(f.shape, spec);
@@ -94,9 +95,13 @@ StatusOr<Fit> PlanFit(const FitQuery& q) {
     f.budget = static_cast<uint64_t>(std::max(0.0, std::min(by_capacity, by_free)));
   }
   auto device_part = [&](const memory::PlacementEstimate& e) { return spec.accelerator ? e.accelerator : e.host; };
-  // Fits the budget (a plan that fails to fit nothing: llama.cpp's refusal is reported below).
+  // Fits the budget. A dry run that fails is not "does not fit" (nothing is
+  // allocated in one): the search stops, and its reason is the answer.
+  Status probe_failed;
   auto fits = [&](const memory::PlacementSpec& probe) {
+    if (!probe_failed.ok()) return false;
     auto e = size(probe);
+    if (!e.ok()) probe_failed = e.status();
     return e.ok() && device_part(*e).total() <= *f.budget;
   };
 
@@ -115,6 +120,7 @@ StatusOr<Fit> PlanFit(const FitQuery& q) {
         else hi = mid - 1;
       }
       layers = lo;
+      if (!probe_failed.ok()) return Status::InvalidArgument(probe_failed.message());
     }
   } else {
     try {
@@ -135,14 +141,22 @@ StatusOr<Fit> PlanFit(const FitQuery& q) {
     // (A model llama.cpp plans is searched up to its training context, or the
     // context asked for: each step is a dry run, and one of millions of cells takes seconds.)
     uint32_t lo = 0, hi = 1u << 22;
-    if (!f.exact_reason.empty()) hi = std::max<uint32_t>({f.shape.n_ctx_train, q.ctx, 256}) / 256 * 256;
+    if (!f.exact_reason.empty()) hi = (std::max<uint32_t>({f.shape.n_ctx_train, q.ctx, 256}) + 255) / 256 * 256;
+    // (An embedding model's context is a whole number of slots: the worker refuses any other.)
+    const uint32_t unit = f.shape.embedding || f.embedding ? std::max<uint32_t>(1, q.slots) : 1;
+    uint32_t best = 0;
     while (lo < hi) {
       const uint32_t mid = (lo + hi + 256) / 512 * 256;
-      probe.ctx = std::max<uint32_t>(mid, 256);
-      if (mid > lo && fits(probe)) lo = mid;
-      else hi = mid > lo ? mid - 256 : lo;
+      probe.ctx = std::max<uint32_t>(std::max<uint32_t>(mid, 256) / unit * unit, unit);
+      if (mid > lo && fits(probe)) {
+        lo = mid;
+        best = probe.ctx;
+      } else {
+        hi = mid > lo ? mid - 256 : lo;
+      }
     }
-    f.max_ctx = lo;
+    if (!probe_failed.ok()) return Status::InvalidArgument(probe_failed.message());
+    f.max_ctx = best;
   }
   f.per_slot = std::max<uint32_t>(1, q.ctx / std::max<uint32_t>(1, q.slots));
   f.max_slots = f.max_ctx / f.per_slot;

@@ -30,6 +30,7 @@ struct Fit {
   // Not empty: why the metadata cannot size the model, which llama.cpp's dry
   // runs then planned (shape holds only its architecture and layer count).
   std::string exact_reason;
+  bool embedding = false;  // (an exact plan's: the shape's own flag otherwise)
   memory::ModelShape shape;
   memory::PlacementSpec spec;  // as estimated: the layers chosen
   memory::PlacementEstimate estimate;

@@ -72,7 +72,7 @@ std::vector<PlannedWorker> PlanWorkers(const config::GatewayConfig& cfg) {
       if (!p.mmap) args.push_back("--no-mmap");
       if (p.kv_unified) args.push_back("--kv-unified");
       // The CPU fallback's readiness policy (gateway/readiness.h).
-      const gateway::Readiness r = gateway::ResolveReadiness(s, i);
+      const gateway::Readiness r = gateway::ResolveReadiness(s, i, cfg.worker_binary);
       if (r.policy == "mmap") {
         args.insert(args.end(), {"--lazy-context", "--context-idle-s", std::to_string(s.failover.idle_unload_s)});
       }
@@ -351,8 +351,8 @@ int Serve(const ServeArgs& a) {
     if (!typed || !typed->context_created) return;  // unknown, or a lazy context: nothing to compare yet
     const bool on_host = j["placement"]["device"] == "cpu";
     uint64_t observed = 0;
-    for (const auto& b : j["memory"]["buffers"]) {
-      if ((b["name"].get<std::string>().rfind("CPU", 0) == 0) == on_host) observed += b["total"].get<uint64_t>();
+    for (const auto& b : typed->buffers) {
+      if (b.host == on_host) observed += b.total;
     }
     gateway::RecordObserved(calibration, cfg, key, observed);
   });

@@ -1,6 +1,8 @@
 #include "common/run_capture.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -9,13 +11,57 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <string_view>
 
 extern char** environ;
 
 namespace spillway {
 
-StatusOr<Captured> RunCapture(const std::vector<std::string>& argv) {
+std::vector<std::string> HelperEnvironment() {
+  static const char* kPrefixes[] = {"LC_", "GGML_", "LLAMA_", "CUDA_", "NVIDIA_", "HIP_", "ROCR_", "OMP_", "GOMP_"};
+  static const char* kNames[] = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+                                 "LD_LIBRARY_PATH", "SPILLWAY_SIM_DIR", "SPILLWAY_FAULTS",
+                                 "SPILLWAY_MUTATIONS"};
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string_view kv(*e);
+    const std::string_view name = kv.substr(0, kv.find('='));
+    bool keep = false;
+    for (const char* n : kNames) keep |= name == n;
+    for (const char* p : kPrefixes) keep |= name.rfind(p, 0) == 0;
+    if (keep) env.emplace_back(kv);
+  }
+  return env;
+}
+
+namespace {
+
+// Waits for `pid`: its exit code (-1: a signal), or why it could not be
+// waited for. With a deadline, a program still running then (its stdout
+// closed, but not ended) is killed first.
+StatusOr<int> Reap(pid_t pid, std::optional<std::chrono::steady_clock::time_point> deadline, bool* killed) {
+  int status = 0;
+  for (;;) {
+    const pid_t r = ::waitpid(pid, &status, deadline ? WNOHANG : 0);
+    if (r == pid) break;
+    if (r < 0 && errno != EINTR) return Status::Internal(std::string("waitpid: ") + std::strerror(errno));
+    if (r == 0 && std::chrono::steady_clock::now() >= *deadline) {
+      ::kill(pid, SIGKILL);
+      *killed = true;
+      deadline.reset();  // (now it ends: waited for without a deadline)
+    } else if (r == 0) {
+      ::usleep(2000);
+    }
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+StatusOr<Captured> RunCapture(const std::vector<std::string>& argv, const RunOptions& options) {
   if (argv.empty()) return Status::InvalidArgument("RunCapture: no program");
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return Status::Internal(std::string("pipe: ") + std::strerror(errno));
@@ -30,11 +76,17 @@ StatusOr<Captured> RunCapture(const std::vector<std::string>& argv) {
   } else {
     posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
   }
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);  // (descriptors without O_CLOEXEC too)
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  std::vector<char*> envp;
+  if (options.env) {
+    for (const auto& e : *options.env) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+  }
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), environ);
+  const int rc = posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), options.env ? envp.data() : environ);
   posix_spawn_file_actions_destroy(&fa);
   ::close(fds[1]);
   if (rc != 0) {
@@ -43,17 +95,56 @@ StatusOr<Captured> RunCapture(const std::vector<std::string>& argv) {
     return Status::Unavailable("cannot run " + argv[0] + ": " + std::strerror(rc));
   }
   Captured c;
+  Status cut;  // why it was killed, if it was
+  auto too_long = [&] {
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.1f", static_cast<double>(options.timeout_ms) / 1000);
+    return Status::DeadlineExceeded(argv[0] + " did not finish within " + secs + " s: killed");
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.timeout_ms);
   char buf[4096];
   for (;;) {
+    int wait_ms = -1;
+    if (options.timeout_ms > 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        cut = too_long();
+        break;
+      }
+      wait_ms = static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    const int ready = ::poll(&p, 1, wait_ms);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) {
+      cut = Status::Internal(std::string("poll: ") + std::strerror(errno));
+      break;
+    }
+    if (ready == 0) continue;  // (the deadline is checked above)
     const ssize_t n = ::read(fds[0], buf, sizeof buf);
-    if (n > 0) c.out.append(buf, static_cast<size_t>(n));
-    else if (n == 0 || errno != EINTR) break;
+    if (n > 0) {
+      c.out.append(buf, static_cast<size_t>(n));
+      if (c.out.size() > options.max_out) {
+        cut = Status::ResourceExhausted(argv[0] + " wrote more than " + std::to_string(options.max_out) +
+                                        " bytes: killed");
+        break;
+      }
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
   }
   ::close(fds[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  if (!cut.ok()) ::kill(pid, SIGKILL);
+  bool killed = false;
+  auto code = Reap(pid, cut.ok() && options.timeout_ms > 0 ? std::optional(deadline) : std::nullopt, &killed);
+  if (killed) {
+    cut = too_long();
   }
-  c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (!cut.ok() || !code.ok()) {
+    if (err_fd >= 0) ::close(err_fd);
+    return !cut.ok() ? cut : code.status();
+  }
+  c.exit_code = *code;
   if (err_fd >= 0) {
     constexpr off_t kTail = 64 << 10;
     struct stat st {};

@@ -18,6 +18,7 @@
 #include "gateway/ollama_exchange.h"
 #include "models/model_info.h"
 #include "models/ollama_store.h"
+#include "protocol/worker_protocol.h"
 
 namespace spillway::gateway {
 
@@ -278,8 +279,7 @@ json Gateway::OllamaRunning() const {
           if (!b.is_object() || !b.contains("total") || !b["total"].is_number_unsigned()) continue;
           const uint64_t total = b["total"].get<uint64_t>();
           size += total;
-          const bool host = b.contains("name") && b["name"].is_string() && b["name"].get<std::string>().rfind("CPU", 0) == 0;
-          if (!host) vram += total;
+          if (!protocol::IsHostBuffer(b)) vram += total;
         }
       }
       // A warm replica stays while the gateway runs; an on-demand one goes after idle_unload_s.

@@ -217,7 +217,7 @@ json Gateway::StatusJson() const {
               uint64_t observed = 0;
               const bool on_host = s.placements[i].device == "cpu";
               for (const auto& b : info->buffers) {
-                if ((b.name.rfind("CPU", 0) == 0) == on_host) observed += b.total;
+                if (b.host == on_host) observed += b.total;
               }
               w["observed_bytes"] = observed;
               if (observed > 0 && info->context_created) {

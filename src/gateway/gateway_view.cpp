@@ -12,6 +12,7 @@
 #include "gateway/gateway.h"
 #include "gateway/gateway_internal.h"
 #include "memory/ledger.h"
+#include "protocol/worker_protocol.h"
 
 namespace spillway::gateway {
 
@@ -25,8 +26,7 @@ json BufferSums(const json& placement, bool host) {
   uint64_t weights = 0, kv = 0, compute = 0;
   if (placement.contains("memory") && placement["memory"].contains("buffers")) {
     for (const auto& b : placement["memory"]["buffers"]) {
-      const bool host_buffer = b.value("name", "").rfind("CPU", 0) == 0;
-      if (host_buffer != host) continue;
+      if (protocol::IsHostBuffer(b) != host) continue;
       weights += b.value("model", uint64_t{0});
       kv += b.value("context", uint64_t{0});
       compute += b.value("compute", uint64_t{0});

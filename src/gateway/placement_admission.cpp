@@ -82,8 +82,10 @@ StatusOr<Estimate> ExactEstimate(const std::string& worker_binary, const std::st
 // room: the estimate is kept per model file (path, device and inode, size,
 // modification and change times: a file replaced under its name, even with
 // its old mtime, is estimated again) and placement. Errors are not kept,
-// except a dry run's (the same file fails the same way: not a process start
-// at every ask).
+// except a dry run's final refusal (kInvalidArgument: the same file fails the
+// same way, so not a process start at every ask); one that may pass (a
+// device busy or full, a worker that could not start or ran too long) is
+// asked again.
 StatusOr<Estimate> EstimateOf(const std::string& worker_binary, const std::string& path,
                               const config::PlacementConfig& p) {
   static std::mutex mu;
@@ -108,7 +110,7 @@ StatusOr<Estimate> EstimateOf(const std::string& worker_binary, const std::strin
   const std::string why = memory::ExactPlanReason(*meta);
   if (!why.empty()) {
     e = ExactEstimate(worker_binary, path, p, *meta, why);
-    if (!e.ok() && worker_binary.empty()) return e.status();
+    if (!e.ok() && e.status().code() != StatusCode::kInvalidArgument) return e.status();
   } else {
     auto shape = memory::ShapeFromMetadata(*meta);
     if (!shape.ok()) return Status(shape.status().code(), path + ": " + shape.status().message());
@@ -261,6 +263,13 @@ void PlacementCalibration::Observe(const std::string& key, const memory::DeviceB
 
 StatusOr<uint64_t> PredictPlacementBytes(const config::ServiceConfig& s, size_t i, const std::string& worker_binary) {
   return Predict(worker_binary, s, s.placements[i], nullptr, nullptr);
+}
+
+StatusOr<memory::DeviceBytes> PlacementDeviceBytes(const config::ServiceConfig& s, size_t i,
+                                                   const std::string& worker_binary) {
+  auto e = EstimateOf(worker_binary, s.placements[i].ModelOr(s.model), s.placements[i]);
+  if (!e.ok()) return e.status();
+  return e->part;
 }
 
 void RecordObserved(PlacementCalibration& cal, const config::GatewayConfig& cfg, const std::string& key,

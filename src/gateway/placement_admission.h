@@ -63,6 +63,9 @@ inline memory::Headroom HeadroomOf(const config::DeviceConfig& dc) {
 // A model the metadata cannot size is planned by `worker_binary`'s dry run
 // (none: no estimate); the plan is kept, as every estimate is.
 StatusOr<uint64_t> PredictPlacementBytes(const config::ServiceConfig& s, size_t i, const std::string& worker_binary = "");
+// The same, per component (weights, KV, compute) on the placement's device.
+StatusOr<memory::DeviceBytes> PlacementDeviceBytes(const config::ServiceConfig& s, size_t i,
+                                                   const std::string& worker_binary);
 
 // A worker of placement `key` allocated `observed_bytes` on its device.
 void RecordObserved(PlacementCalibration& cal, const config::GatewayConfig& config, const std::string& key,

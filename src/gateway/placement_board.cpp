@@ -43,7 +43,7 @@ PlacementBoard::PlacementBoard(const config::GatewayConfig& config,
           it != admissions.end() ? it->second : PlacementAdmission{true, s.placements[i].device, 0, 0, ""};
       v.push_back(std::make_unique<Placement>(key, s.placements[i], a, failover::Breaker(BreakerOf(s), clock_)));
       v.back()->cpu_path = s.OnCpuPath(i);
-      const Readiness r = ResolveReadiness(s, i);
+      const Readiness r = ResolveReadiness(s, i, config.worker_binary);
       v.back()->readiness = r.policy;
       v.back()->readiness_reason = r.reason;
       v.back()->readiness_expected_s = r.expected_s;

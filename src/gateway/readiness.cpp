@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "gateway/placement_admission.h"
 #include "gguf/gguf_reader.h"
 #include "memory/estimator.h"
 
@@ -17,7 +18,7 @@ std::string Seconds(double s) {
 
 }  // namespace
 
-Readiness ResolveReadiness(const config::ServiceConfig& s, size_t i) {
+Readiness ResolveReadiness(const config::ServiceConfig& s, size_t i, const std::string& worker_binary) {
   if (!s.OnCpuPath(i)) return {"warm", 0, "not a CPU fallback: always loaded"};
   const auto& p = s.placements[i];
   const auto& f = s.failover;
@@ -32,8 +33,12 @@ Readiness ResolveReadiness(const config::ServiceConfig& s, size_t i) {
       const auto est = memory::EstimatePlacement(*shape, spec);
       weights = static_cast<double>(est.host.weights);
       context = static_cast<double>(est.host.kv + est.host.compute);
+    } else if (auto planned = PlacementDeviceBytes(s, i, worker_binary); planned.ok()) {
+      // llama.cpp's dry run (a hybrid, a recurrent model...).
+      weights = static_cast<double>(planned->weights);
+      context = static_cast<double>(planned->kv + planned->compute);
     } else {
-      weights = static_cast<double>(meta->file_size);  // (a hybrid: its weights are most of its file)
+      weights = static_cast<double>(meta->file_size);  // (no plan: its weights are most of its file)
     }
   }
   const double mmap_s = context / kContextBytesPerS + 0.02;

@@ -34,6 +34,8 @@ inline constexpr double kProcessStartS = 0.3;
 
 // Placement `i` of `s`: only CPU-path placements (see ServiceConfig::OnCpuPath)
 // follow the service's policy; every other placement is warm.
-Readiness ResolveReadiness(const config::ServiceConfig& s, size_t i);
+// A model the metadata cannot size is sized by `worker_binary`'s dry run
+// (placement_admission.h: kept, so the gateway's callers agree).
+Readiness ResolveReadiness(const config::ServiceConfig& s, size_t i, const std::string& worker_binary = "");
 
 }  // namespace spillway::gateway

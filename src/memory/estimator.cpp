@@ -36,21 +36,27 @@ std::string ExactPlanReason(const gguf::Metadata& m) {
     }
   }
   // A recurrent state (Mamba's SSM, RWKV's WKV, LFM2's short convolution,
-  // Kimi's KDA), layers that are not all attention, or a sliding window.
+  // Kimi's KDA), or layers that are not all attention.
   static constexpr const char* kSections[] = {"ssm.", "wkv.", "shortconv.", "kda."};
   static constexpr const char* kKeys[] = {"full_attention_interval", "attention.recurrent_layers", "token_shift_count",
-                                          "time_mix_extra_dim", "attention.sliding_window"};
+                                          "time_mix_extra_dim"};
   for (auto it = m.kv.lower_bound(prefix); it != m.kv.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
     const std::string_view rest = std::string_view(it->first).substr(prefix.size());
     for (const char* section : kSections) {
       if (rest.substr(0, std::strlen(section)) == section) return "it keeps a recurrent state (" + it->first + ")";
     }
     for (const char* key : kKeys) {
-      if (rest == key) {
-        return std::string_view(key) == "attention.sliding_window" ? "some of its layers attend over a sliding window (" + it->first + ")"
-                                                                     : "not all of its layers are attention (" + it->first + ")";
-      }
+      if (rest == key) return "not all of its layers are attention (" + it->first + ")";
     }
+  }
+  // A window (Gemma 2 and 3, Phi-3 mini...; written as 0 by converters of
+  // models without one, Phi-4's), or attention compressed into a latent
+  // (DeepSeek's MLA): what a layer keeps per token is not its heads' width.
+  if (m.ArchUint("attention.sliding_window").value_or(0) > 0) {
+    return "some of its layers attend over a sliding window (" + prefix + "attention.sliding_window)";
+  }
+  if (m.ArchUint("attention.kv_lora_rank").value_or(0) > 0) {
+    return "its attention keeps a compressed latent (" + prefix + "attention.kv_lora_rank)";
   }
   return "";
 }

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/run_capture.h"
+#include "protocol/worker_protocol.h"
 
 namespace spillway::memory {
 
@@ -39,8 +40,7 @@ StatusOr<ExactPlan> ParseDryRun(const std::string& out) {
     for (const auto* v : {&model, &context, &compute}) {
       if (!v->ok()) return v->status();
     }
-    const std::string name = b["name"].get<std::string>();
-    DeviceBytes& d = name.rfind("CPU", 0) == 0 ? plan.host : plan.accelerator;
+    DeviceBytes& d = protocol::IsHostBuffer(b) ? plan.host : plan.accelerator;
     d.weights += *model;
     d.kv += *context;
     d.compute += *compute;
@@ -49,21 +49,31 @@ StatusOr<ExactPlan> ParseDryRun(const std::string& out) {
 }
 
 StatusOr<ExactPlan> RunDryRun(const std::string& worker_binary, const DryRunArgs& a) {
-  auto run = RunCapture(DryRunCommand(worker_binary, a));
-  if (!run.ok()) return run.status();
+  RunOptions options;
+  options.timeout_ms = kDryRunTimeoutMs;  // (a hung driver does not hold a start forever)
+  options.env = HelperEnvironment();
+  auto run = RunCapture(DryRunCommand(worker_binary, a), options);
+  const std::string what = "llama.cpp cannot plan " + a.model + " on " + a.device + " (spillway-worker --dry-run";
+  if (!run.ok()) return Status(run.status().code(), what + "): " + run.status().message());
   if (run->exit_code == 0) return ParseDryRun(run->out);
-  // Its reason: the worker's fatal line ({"fatal": true, "message": ...}), the last one written.
-  std::string reason;
+  // Its reason: the worker's fatal line ({"fatal": true, "code": ..., "message": ...}), the last one written.
+  std::string reason, code;
   std::istringstream lines(run->err);
   for (std::string line; std::getline(lines, line);) {
     const json j = json::parse(line, nullptr, false);
     if (j.is_object() && j.value("fatal", false) && j.contains("message") && j["message"].is_string()) {
       reason = j["message"].get<std::string>();
+      code = j.contains("code") && j["code"].is_string() ? j["code"].get<std::string>() : "";
     }
   }
   const std::string exit = run->exit_code < 0 ? "ended by a signal" : "exit " + std::to_string(run->exit_code);
-  return Status::InvalidArgument("llama.cpp cannot plan " + a.model + " on " + a.device + " (spillway-worker --dry-run, " +
-                                 exit + ")" + (reason.empty() ? "" : ": " + reason));
+  const std::string message = what + ", " + exit + ")" + (reason.empty() ? "" : ": " + reason);
+  // A refusal the worker explained, of the file or the placement, is final for
+  // that file; no explanation, a signal, or a lack of resources (a device
+  // busy or full now) may pass.
+  const bool transient = reason.empty() || run->exit_code < 0 || code == "resource_exhausted" || code == "unavailable" ||
+                         code == "internal" || code == "deadline_exceeded";
+  return transient ? Status::Unavailable(message) : Status::InvalidArgument(message);
 }
 
 }  // namespace spillway::memory

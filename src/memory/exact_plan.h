@@ -1,12 +1,16 @@
 // llama.cpp's own plan of a placement: `spillway-worker --dry-run` opens the
-// model with no_alloc (its header and tensor table, never its weights) on the
-// placement's device and reports every buffer llama.cpp would allocate.
-// Exact for every architecture llama.cpp runs, for the price of a process
-// start and a model open (a fraction of a second). The gateway plans so the
-// models whose metadata cannot size them (ExactPlanReason, memory/estimator.h)
-// and keeps each plan; `spillway plan --exact` compares it with the estimate.
+// model with no_alloc (its header, tensor table and vocabulary, never its
+// weights, which it does not hash either) on the placement's device and
+// reports every buffer llama.cpp would allocate, each marked as host memory
+// or not. Exact for every architecture llama.cpp runs, for the price of a
+// process start, the device backend's start (on CUDA that may create a
+// context on the GPU for that moment) and a model open: a fraction of a
+// second on the CPU and sim:N. The gateway plans so the models whose metadata
+// cannot size them (ExactPlanReason, memory/estimator.h) and keeps each plan;
+// `spillway plan --exact` compares it with the estimate of any other model.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -34,12 +38,19 @@ struct ExactPlan {
 
 std::vector<std::string> DryRunCommand(const std::string& worker_binary, const DryRunArgs& a);
 
-// The worker's report (stdout) as bytes per device: buffers named "CPU..."
+// The worker's report (stdout) as bytes per device: the buffers in host
+// memory (its "host" flag: CPU, CPU_Mapped, CUDA_Host's pinned memory...)
 // are the host's, every other one the accelerator's.
 StatusOr<ExactPlan> ParseDryRun(const std::string& out);
 
-// Runs the dry run. A model llama.cpp cannot open fails with the worker's own
-// reason (its fatal line on stderr).
+// Runs the dry run (in the helper environment, killed after kDryRunTimeoutMs).
+// A model llama.cpp cannot open fails with the worker's own reason (its
+// fatal line on stderr): kInvalidArgument when that refusal is final for the
+// file and placement, kUnavailable when it may pass (no reason given, a
+// signal, a device busy or full now); the run's own failures keep their code
+// (a worker that could not be started: kUnavailable; one that ran too long:
+// kDeadlineExceeded).
+inline constexpr int64_t kDryRunTimeoutMs = 120'000;
 StatusOr<ExactPlan> RunDryRun(const std::string& worker_binary, const DryRunArgs& a);
 
 }  // namespace spillway::memory

@@ -222,7 +222,7 @@ std::optional<WorkerInfo> WorkerInfo::FromJson(const json& j) {
             !b["total"].is_number_unsigned()) {
           continue;
         }
-        w.buffers.push_back({b["name"].get<std::string>(), b["total"].get<uint64_t>()});
+        w.buffers.push_back({b["name"].get<std::string>(), b["total"].get<uint64_t>(), IsHostBuffer(b)});
       }
     }
   }

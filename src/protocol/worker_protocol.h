@@ -135,6 +135,7 @@ struct WorkerInfo {
   struct Buffer {
     std::string name;  // the buffer type's ("CPU", "CUDA0", ...)
     uint64_t total = 0;
+    bool host = false;  // in host memory (IsHostBuffer)
   };
   std::vector<Buffer> buffers;
   nlohmann::json memory;
@@ -144,6 +145,18 @@ struct WorkerInfo {
   std::optional<Slots> slots;
   static std::optional<WorkerInfo> FromJson(const nlohmann::json& j);
 };
+// Whether a buffer of the worker's memory breakdown (its info's
+// memory.buffers, its dry run's buffers) is in host memory: its "host" flag
+// (llama.cpp's ggml_backend_buft_is_host: CPU, CPU_Mapped, CPU_REPACK, and
+// CUDA_Host's pinned memory, which is the host's RAM, not the GPU's); from
+// a worker that does not say, a name starting with "CPU".
+inline bool IsHostBuffer(const nlohmann::json& b) {
+  if (!b.is_object()) return false;
+  if (auto h = b.find("host"); h != b.end() && h->is_boolean()) return h->get<bool>();
+  auto n = b.find("name");
+  return n != b.end() && n->is_string() && n->get_ref<const std::string&>().rfind("CPU", 0) == 0;
+}
+
 // Ok when a worker speaking `info` can serve this gateway; otherwise why not.
 Status CheckCompatible(const WorkerInfo& info);
 

@@ -23,6 +23,7 @@
 #include "api/http_client.h"
 #include "common/json_log.h"
 #include "common/private_files.h"
+#include "common/run_capture.h"
 #include "common/secret.h"
 #include "common/survive.h"
 #include "common/utf8.h"
@@ -63,19 +64,7 @@ std::string SecretForWorkers(const std::string& run_dir) {
 
 // The environment a worker needs, and nothing of the gateway's secrets.
 std::vector<std::string> WorkerEnvironment(const std::string& secret) {
-  static const char* kPrefixes[] = {"LC_", "GGML_", "LLAMA_", "CUDA_", "NVIDIA_", "HIP_", "ROCR_", "OMP_", "GOMP_"};
-  static const char* kNames[] = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR",
-                                 "LD_LIBRARY_PATH", "SPILLWAY_SIM_DIR", "SPILLWAY_FAULTS",
-                                 "SPILLWAY_MUTATIONS"};
-  std::vector<std::string> env;
-  for (char** e = environ; e && *e; ++e) {
-    const std::string_view kv(*e);
-    const std::string_view name = kv.substr(0, kv.find('='));
-    bool keep = false;
-    for (const char* n : kNames) keep |= name == n;
-    for (const char* p : kPrefixes) keep |= name.rfind(p, 0) == 0;
-    if (keep) env.emplace_back(kv);
-  }
+  std::vector<std::string> env = HelperEnvironment();
   if (!secret.empty()) env.push_back(std::string(kWorkerSecretEnv) + "=" + secret);
   return env;
 }

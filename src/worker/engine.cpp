@@ -97,7 +97,7 @@ llama_context_params ContextParams(const Model& model, const EngineOptions& opts
 std::vector<MemoryBuffer> Breakdown(const llama_context* ctx) {
   std::vector<MemoryBuffer> out;
   for (const auto& [buft, mb] : llama_get_memory_breakdown(ctx)) {
-    out.push_back({ggml_backend_buft_name(buft), mb.model, mb.context, mb.compute});
+    out.push_back({ggml_backend_buft_name(buft), mb.model, mb.context, mb.compute, ggml_backend_buft_is_host(buft)});
   }
   return out;
 }

@@ -229,7 +229,7 @@ int main(int argc, char** argv) {
     if (!plan.ok()) return Fatal(kExitContext, plan.status());
     nlohmann::json buffers = nlohmann::json::array();
     for (const auto& b : *plan) {
-      buffers.push_back({{"name", b.name}, {"model", b.model}, {"context", b.context}, {"compute", b.compute}});
+      buffers.push_back({{"name", b.name}, {"host", b.host}, {"model", b.model}, {"context", b.context}, {"compute", b.compute}});
     }
     std::printf("%s\n", nlohmann::json{{"placement", placement.ToJson()}, {"buffers", buffers}}.dump().c_str());
     return 0;

@@ -193,7 +193,8 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, const Plac
     if (!chat.ok()) return chat.status();
     m->chat_ = std::move(*chat);
   }
-  SPILLWAY_RETURN_IF_ERROR(m->ComputeFingerprint());
+  // (A dry run plans buffers: hashing a file of gigabytes would be most of its time.)
+  if (!placement.dry_run) SPILLWAY_RETURN_IF_ERROR(m->ComputeFingerprint());
   return m;
 }
 

@@ -415,8 +415,8 @@ json WorkerService::Info() const {
   const auto st = engine_.stats();
   json buffers = json::array();
   for (const auto& b : engine_.memory_breakdown()) {
-    buffers.push_back({{"name", b.name}, {"model", b.model}, {"context", b.context}, {"compute", b.compute},
-                       {"total", b.model + b.context + b.compute}});
+    buffers.push_back({{"name", b.name}, {"host", b.host}, {"model", b.model}, {"context", b.context},
+                       {"compute", b.compute}, {"total", b.model + b.context + b.compute}});
   }
   json devices = json::array();
   auto add_device = [&](ggml_backend_dev_t dev) {

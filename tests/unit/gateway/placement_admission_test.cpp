@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <unistd.h>
 
 #include "gateway/gateway.h"
@@ -23,6 +24,50 @@ config::GatewayConfig OneService(int ctx) {
   s.placements = {p};
   c.services = {s};
   return c;
+}
+
+// A model the metadata cannot size (the hybrid test model) is planned by
+// the worker's dry run once per file and placement; a refusal the worker
+// explained is kept too, one that may pass (a device full now) is asked again.
+TEST(PlacementAdmissionTest, ADryRunPlanIsKeptAndAFailureThatMayPassIsAskedAgain) {
+  namespace fs = std::filesystem;
+  const char* m = std::getenv("SPILLWAY_MODELS");
+  const fs::path dir = fs::temp_directory_path() / ("spillway-exact-memo-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string model = (dir / "hybrid.gguf").string();
+  fs::copy_file(std::string(m ? m : "build/models") + "/tiny-hybrid.gguf", model, fs::copy_options::overwrite_existing);
+  auto cfg = OneService(1024);
+  cfg.services[0].model = model;
+  auto worker = [&](const std::string& name, const std::string& body) {
+    const std::string path = (dir / name).string();
+    std::ofstream(path) << "#!/bin/sh\necho run >> " << path << ".runs\n" << body << "\n";
+    fs::permissions(path, fs::perms::owner_all);
+    return path;
+  };
+  auto runs = [&](const std::string& path) {
+    std::ifstream in(path + ".runs");
+    int n = 0;
+    for (std::string line; std::getline(in, line);) ++n;
+    return n;
+  };
+  const std::string plans = worker("plans", R"(echo '{"buffers":[{"name":"CPU","host":true,"model":7,"context":8,"compute":9}]}')");
+  const std::string refuses = worker("refuses", R"(echo '{"fatal":true,"code":"invalid_argument","message":"no"}' >&2; exit 2)");
+  const std::string busy = worker("busy", R"(echo '{"fatal":true,"code":"resource_exhausted","message":"full"}' >&2; exit 3)");
+  for (int i = 0; i < 2; ++i) {
+    auto planned = PredictPlacementBytes(cfg.services[0], 0, plans);
+    ASSERT_TRUE(planned.ok()) << planned.status().ToString();
+    EXPECT_EQ(*planned, 24u);
+    EXPECT_FALSE(PredictPlacementBytes(cfg.services[0], 0, refuses).ok());
+    EXPECT_FALSE(PredictPlacementBytes(cfg.services[0], 0, busy).ok());
+  }
+  EXPECT_EQ(runs(plans), 1);
+  EXPECT_EQ(runs(refuses), 1);
+  EXPECT_EQ(runs(busy), 2);
+  // Without a worker: no estimate, and why.
+  auto none = PredictPlacementBytes(cfg.services[0], 0, "");
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("per layer"), std::string::npos) << none.status().message();
+  fs::remove_all(dir);
 }
 
 TEST(PlacementAdmissionTest, HostPlacementFitsAndCalibrationIsKept) {

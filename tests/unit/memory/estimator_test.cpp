@@ -171,6 +171,14 @@ TEST(EstimatorTest, WhatTheMetadataCannotSizeIsNamed) {
   }
   EXPECT_NE(with("qwen3next", "qwen3next.full_attention_interval").find("not all of its layers"), std::string::npos);
   EXPECT_NE(with("gemma3", "gemma3.attention.sliding_window").find("sliding window"), std::string::npos);
+  EXPECT_NE(with("deepseek2", "deepseek2.attention.kv_lora_rank").find("compressed latent"), std::string::npos);
+  // Written as 0 for a model without a window (Phi-4's converter does): sized from its metadata.
+  gguf::Metadata phi4 = model("phi3");
+  gguf::Value zero;
+  zero.kind = gguf::Value::Kind::kUint;
+  zero.u = 0;
+  phi4.kv["phi3.attention.sliding_window"] = zero;
+  EXPECT_EQ(ExactPlanReason(phi4), "");
   gguf::Metadata per_layer = model("deci");
   gguf::Value arr;
   arr.kind = gguf::Value::Kind::kArray;

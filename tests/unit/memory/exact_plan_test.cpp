@@ -27,6 +27,18 @@ TEST(ExactPlanTest, BuffersAreTheHostsOrTheAcceleratorsByName) {
   EXPECT_EQ(plan->accelerator.compute, 40u);
 }
 
+// CUDA's pinned host buffers (the CPU layers' weights when not mapped, the
+// host's compute buffer) are RAM, not the GPU's: counted by the worker's flag.
+TEST(ExactPlanTest, PinnedHostBuffersAreTheHosts) {
+  auto plan = ParseDryRun(R"({"buffers":[
+      {"name":"CUDA0","host":false,"model":1000,"context":300,"compute":40},
+      {"name":"CUDA_Host","host":true,"model":500,"context":0,"compute":20}]})");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->accelerator.total(), 1340u);
+  EXPECT_EQ(plan->host.weights, 500u);
+  EXPECT_EQ(plan->host.compute, 20u);
+}
+
 TEST(ExactPlanTest, AReportThatIsNotAPlanIsAnError) {
   for (const char* bad : {"", "not json", "[]", R"({"buffers":{}})", R"({"buffers":[{"model":1,"context":1,"compute":1}]})",
                           R"({"buffers":[{"name":"CPU","model":-1,"context":1,"compute":1}]})",
@@ -93,10 +105,25 @@ TEST_F(DryRunTest, AFailedDryRunSaysTheWorkersReason) {
   EXPECT_NE(m.find("unknown model architecture: lfm9"), std::string::npos) << m;
   EXPECT_NE(m.find("exit 3"), std::string::npos) << m;
   EXPECT_NE(m.find("/models/m.gguf"), std::string::npos) << m;
+  EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);  // (final: kept for the file)
   // No worker there: said so.
   auto missing = RunDryRun((dir_ / "none").string(), a);
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("cannot run"), std::string::npos) << missing.status().message();
+  EXPECT_EQ(missing.status().code(), StatusCode::kUnavailable);  // (may pass: asked again)
+}
+
+// A refusal that may pass (a device busy or full now, no reason given, a
+// signal) is not final: the caller asks again rather than keep it.
+TEST_F(DryRunTest, AFailureThatMayPassIsNotFinal) {
+  DryRunArgs a;
+  a.model = "/models/m.gguf";
+  for (const char* body : {R"(echo '{"fatal":true,"code":"resource_exhausted","message":"no room on cuda:0"}' >&2; exit 3)",
+                           "exit 3", "kill -9 $$"}) {
+    auto plan = RunDryRun(Script(std::string(body) + "\n"), a);
+    ASSERT_FALSE(plan.ok()) << body;
+    EXPECT_EQ(plan.status().code(), StatusCode::kUnavailable) << body << ": " << plan.status().ToString();
+  }
 }
 
 }  // namespace

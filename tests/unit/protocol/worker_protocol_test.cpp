@@ -131,6 +131,26 @@ TEST(WorkerProtocolTest, AWorkerOfAnotherVersionIsRefusedWithTheReason) {
   EXPECT_FALSE(CheckCompatible(*WorkerInfo::FromJson(json::object())).ok());  // no version: an old worker
 }
 
+// Host memory is what llama.cpp says is (its "host" flag): CUDA's pinned
+// CUDA_Host buffers are the host's RAM, though not named CPU; a worker that
+// does not say is read by name, as before.
+TEST(WorkerProtocolTest, HostBuffersAreTheWorkersFlagElseACpuName) {
+  EXPECT_TRUE(IsHostBuffer(json{{"name", "CUDA_Host"}, {"host", true}}));
+  EXPECT_FALSE(IsHostBuffer(json{{"name", "CUDA0"}, {"host", false}}));
+  EXPECT_TRUE(IsHostBuffer(json{{"name", "CPU_Mapped"}}));
+  EXPECT_FALSE(IsHostBuffer(json{{"name", "CUDA_Host"}}));  // (an older worker: by name)
+  EXPECT_FALSE(IsHostBuffer(json{{"name", 3}}));
+  EXPECT_FALSE(IsHostBuffer(json::array()));
+  auto info = WorkerInfo::FromJson({{"memory", {{"buffers", {{{"name", "CUDA0"}, {"host", false}, {"total", 10u}},
+                                                             {{"name", "CUDA_Host"}, {"host", true}, {"total", 5u}},
+                                                             {{"name", "CPU"}, {"total", 1u}}}}}}});
+  ASSERT_TRUE(info);
+  ASSERT_EQ(info->buffers.size(), 3u);
+  EXPECT_FALSE(info->buffers[0].host);
+  EXPECT_TRUE(info->buffers[1].host);
+  EXPECT_TRUE(info->buffers[2].host);
+}
+
 // What the gateway reads of a worker's info, typed: the worker's own shape
 // reads whole; fields of the wrong type read as absent, never throw (they
 // were read with json accessors that threw, dropping the status page).

@@ -354,6 +354,18 @@ TEST(SupervisorStopTest, AWorkerSlowToDieDoesNotHoldUpViews) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_GT(pid(), 0);
+  // Until sh has run its trap and exec'd sleep, a SIGTERM still ends it (the
+  // test then failed under load: Stop had nothing to wait out).
+  auto comm = [&] {
+    std::ifstream in("/proc/" + std::to_string(pid()) + "/comm");
+    std::string name;
+    std::getline(in, name);
+    return name;
+  };
+  while (comm() != "sleep" && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(comm(), "sleep");
   std::atomic<bool> stopped{false};
   std::thread stopper([&] {
     sup.Stop(1500);
