@@ -141,7 +141,10 @@ StatusOr<Fit> PlanFit(const FitQuery& q) {
     // (A model llama.cpp plans is searched up to its training context, or the
     // context asked for: each step is a dry run, and one of millions of cells takes seconds.)
     uint32_t lo = 0, hi = 1u << 22;
-    if (!f.exact_reason.empty()) hi = (std::max<uint32_t>({f.shape.n_ctx_train, q.ctx, 256}) + 255) / 256 * 256;
+    if (!f.exact_reason.empty()) {
+      hi = static_cast<uint32_t>(std::min<uint64_t>((uint64_t{std::max<uint32_t>({f.shape.n_ctx_train, q.ctx, 256})} + 255) / 256 * 256,
+                                                    hi));
+    }
     // (An embedding model's context is a whole number of slots: the worker refuses any other.)
     const uint32_t unit = f.shape.embedding || f.embedding ? std::max<uint32_t>(1, q.slots) : 1;
     uint32_t best = 0;

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string_view>
+#include <thread>
 
 extern char** environ;
 
@@ -39,9 +40,14 @@ std::vector<std::string> HelperEnvironment() {
 
 namespace {
 
+// How long a killed program may take to end before it is left to a thread
+// of its own (one in uninterruptible sleep, in a driver, outlives SIGKILL).
+constexpr auto kKilledGrace = std::chrono::seconds(5);
+
 // Waits for `pid`: its exit code (-1: a signal), or why it could not be
 // waited for. With a deadline, a program still running then (its stdout
-// closed, but not ended) is killed first.
+// closed, but not ended) is killed (*killed), and waited for kKilledGrace
+// more at most.
 StatusOr<int> Reap(pid_t pid, std::optional<std::chrono::steady_clock::time_point> deadline, bool* killed) {
   int status = 0;
   for (;;) {
@@ -49,9 +55,16 @@ StatusOr<int> Reap(pid_t pid, std::optional<std::chrono::steady_clock::time_poin
     if (r == pid) break;
     if (r < 0 && errno != EINTR) return Status::Internal(std::string("waitpid: ") + std::strerror(errno));
     if (r == 0 && std::chrono::steady_clock::now() >= *deadline) {
+      if (*killed) {
+        std::thread([pid] {
+          while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+          }
+        }).detach();
+        return Status::DeadlineExceeded("it did not end when killed");
+      }
       ::kill(pid, SIGKILL);
       *killed = true;
-      deadline.reset();  // (now it ends: waited for without a deadline)
+      deadline = std::chrono::steady_clock::now() + kKilledGrace;
     } else if (r == 0) {
       ::usleep(2000);
     }
@@ -76,7 +89,18 @@ StatusOr<Captured> RunCapture(const std::vector<std::string>& argv, const RunOpt
   } else {
     posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
   }
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addclosefrom_np(&fa, 3);  // (descriptors without O_CLOEXEC too)
+  // Default signal handling and no blocked signals (the caller may ignore SIGPIPE, block others).
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&defaults, sig);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -86,8 +110,9 @@ StatusOr<Captured> RunCapture(const std::vector<std::string>& argv, const RunOpt
     envp.push_back(nullptr);
   }
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), options.env ? envp.data() : environ);
+  const int rc = posix_spawn(&pid, argv[0].c_str(), &fa, &attr, args.data(), options.env ? envp.data() : environ);
   posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
   ::close(fds[1]);
   if (rc != 0) {
     ::close(fds[0]);
@@ -134,12 +159,13 @@ StatusOr<Captured> RunCapture(const std::vector<std::string>& argv, const RunOpt
     }
   }
   ::close(fds[0]);
-  if (!cut.ok()) ::kill(pid, SIGKILL);
-  bool killed = false;
-  auto code = Reap(pid, cut.ok() && options.timeout_ms > 0 ? std::optional(deadline) : std::nullopt, &killed);
-  if (killed) {
-    cut = too_long();
-  }
+  bool killed = !cut.ok();
+  if (killed) ::kill(pid, SIGKILL);
+  std::optional<std::chrono::steady_clock::time_point> reap_by;
+  if (killed) reap_by = std::chrono::steady_clock::now() + kKilledGrace;
+  else if (options.timeout_ms > 0) reap_by = deadline;
+  auto code = Reap(pid, reap_by, &killed);
+  if (killed && cut.ok()) cut = too_long();
   if (!cut.ok() || !code.ok()) {
     if (err_fd >= 0) ::close(err_fd);
     return !cut.ok() ? cut : code.status();

@@ -52,12 +52,12 @@ std::string ExactPlanReason(const gguf::Metadata& m) {
   // A window (Gemma 2 and 3, Phi-3 mini...; written as 0 by converters of
   // models without one, Phi-4's), or attention compressed into a latent
   // (DeepSeek's MLA): what a layer keeps per token is not its heads' width.
-  if (m.ArchUint("attention.sliding_window").value_or(0) > 0) {
+  // (Present as anything but a plain 0, an array or a float too: llama.cpp's to judge.)
+  auto set = [&](const char* key) { return m.kv.count(prefix + key) && m.ArchUint(key).value_or(1) != 0; };
+  if (set("attention.sliding_window")) {
     return "some of its layers attend over a sliding window (" + prefix + "attention.sliding_window)";
   }
-  if (m.ArchUint("attention.kv_lora_rank").value_or(0) > 0) {
-    return "its attention keeps a compressed latent (" + prefix + "attention.kv_lora_rank)";
-  }
+  if (set("attention.kv_lora_rank")) return "its attention keeps a compressed latent (" + prefix + "attention.kv_lora_rank)";
   return "";
 }
 

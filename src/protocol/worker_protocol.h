@@ -147,9 +147,10 @@ struct WorkerInfo {
 };
 // Whether a buffer of the worker's memory breakdown (its info's
 // memory.buffers, its dry run's buffers) is in host memory: its "host" flag
-// (llama.cpp's ggml_backend_buft_is_host: CPU, CPU_Mapped, CPU_REPACK, and
-// CUDA_Host's pinned memory, which is the host's RAM, not the GPU's); from
-// a worker that does not say, a name starting with "CPU".
+// (a host buffer type by llama.cpp's ggml_backend_buft_is_host, as CPU,
+// CPU_Mapped and CUDA_Host's pinned memory, which is the host's RAM, not the
+// GPU's; or one of the CPU device's own, as CPU_REPACK); from a worker that
+// does not say, a name starting with "CPU".
 inline bool IsHostBuffer(const nlohmann::json& b) {
   if (!b.is_object()) return false;
   if (auto h = b.find("host"); h != b.end() && h->is_boolean()) return h->get<bool>();

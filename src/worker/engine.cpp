@@ -97,7 +97,12 @@ llama_context_params ContextParams(const Model& model, const EngineOptions& opts
 std::vector<MemoryBuffer> Breakdown(const llama_context* ctx) {
   std::vector<MemoryBuffer> out;
   for (const auto& [buft, mb] : llama_get_memory_breakdown(ctx)) {
-    out.push_back({ggml_backend_buft_name(buft), mb.model, mb.context, mb.compute, ggml_backend_buft_is_host(buft)});
+    // Host memory: a host buffer type (CPU, CPU_Mapped, CUDA_Host's pinned
+    // RAM), or one of the CPU device's own (CPU_REPACK, AMX, KleidiAI leave
+    // is_host unset, but they are the host's RAM too).
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
+    const bool host = ggml_backend_buft_is_host(buft) || (dev && ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU);
+    out.push_back({ggml_backend_buft_name(buft), mb.model, mb.context, mb.compute, host});
   }
   return out;
 }

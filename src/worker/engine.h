@@ -120,7 +120,7 @@ struct EngineOptions {
 struct MemoryBuffer {
   std::string name;
   size_t model = 0, context = 0, compute = 0;
-  bool host = false;  // in host memory (ggml_backend_buft_is_host: CPU_Mapped, CUDA_Host... too)
+  bool host = false;  // in host memory (CPU, CPU_Mapped, CPU_REPACK, CUDA_Host...: see Breakdown)
 };
 
 struct EngineStats {

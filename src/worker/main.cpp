@@ -199,6 +199,8 @@ int main(int argc, char** argv) {
   worker::LoadProgressFile load_progress(dry_run ? "" : load_progress_file, size_ec ? 0 : model_bytes,
                                          faults.TakeSlowLoadMs());
   auto model = worker::Model::Load(model_path, placement, [&](float f) { load_progress.Report(f); });
+  // (A dry run allocates nothing: a load it fails is a refusal of the file or
+  // placement, not a lack of memory, and its caller keeps it as final.)
   if (!model.ok()) return Fatal(kExitLoad, model.status());
   worker::EngineOptions eo;
   eo.slots = placement.slots;
@@ -226,7 +228,7 @@ int main(int argc, char** argv) {
   eo.context_idle_s = context_idle_s;
   if (dry_run) {
     auto plan = worker::DryRunBreakdown(**model, eo);
-    if (!plan.ok()) return Fatal(kExitContext, plan.status());
+    if (!plan.ok()) return Fatal(kExitContext, Status::InvalidArgument(plan.status().message()));
     nlohmann::json buffers = nlohmann::json::array();
     for (const auto& b : *plan) {
       buffers.push_back({{"name", b.name}, {"host", b.host}, {"model", b.model}, {"context", b.context}, {"compute", b.compute}});

@@ -173,6 +173,11 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, const Plac
   m->model_ = llama_model_load_from_file(path.c_str(), mp);
   if (sim) sim->SetPhase(SPILLWAY_SIM_PHASE_NONE);
   if (!m->model_) {
+    // (A dry run allocates nothing: the file itself is refused.)
+    if (placement.dry_run) {
+      return Status::InvalidArgument("llama.cpp could not open " + path +
+                                     " (an invalid GGUF, or an architecture or tensor layout this llama.cpp does not run)");
+    }
     // llama.cpp reports invalid files and failed buffer allocations the same
     // way; an allocation on an accelerator is the likely cause when one is used.
     return Status::ResourceExhausted("llama.cpp could not load " + path +

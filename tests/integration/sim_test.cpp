@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <unistd.h>
 
 #include <filesystem>
@@ -134,7 +135,8 @@ TEST_F(SimTest, PartialOffloadSplitsMemoryAndMatchesTheCpuOutput) {
   for (const auto& b : info["memory"]["buffers"]) {
     const std::string name = b["name"];
     if (name == "SIM0") sim_model += b["model"].get<size_t>();
-    else if (name.rfind("CPU", 0) == 0) cpu_model += b["model"].get<size_t>();
+    else if (b.value("host", false)) cpu_model += b["model"].get<size_t>();
+    EXPECT_EQ(b.value("host", true), name != "SIM0") << b.dump();  // (the worker says which memory each is in)
   }
   EXPECT_GT(sim_model, 0u) << info["memory"].dump();
   EXPECT_GT(cpu_model, 0u) << info["memory"].dump();
@@ -328,12 +330,25 @@ TEST_F(SimTest, PlanAsksLlamaCppForAHybridModel) {
   ASSERT_EQ(rc, 0);
   uint64_t on_device = 0;
   for (const auto& b : dry["buffers"]) {
-    if (b["name"].get<std::string>().rfind("CPU", 0) != 0) {
+    if (!b["host"].get<bool>()) {
       on_device += b["model"].get<uint64_t>() + b["context"].get<uint64_t>() + b["compute"].get<uint64_t>();
     }
   }
   EXPECT_GT(on_device, 0u);
   EXPECT_EQ(plan["estimate"]["accelerator"]["total"].get<uint64_t>(), on_device) << plan.dump();
+  // One llama.cpp cannot open (its architecture renamed to one it does not
+  // know, the header still a hybrid's): the worker's own reason, exit 2.
+  {
+    std::ifstream in(model, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (size_t at = bytes.find("lfm2"); at != std::string::npos; at = bytes.find("lfm2", at + 4)) bytes[at + 3] = '9';
+    std::ofstream((dir_ / "lfm9.gguf").string(), std::ios::binary) << bytes;
+  }
+  const std::string refused =
+      RunCommand(BinDir() + "/spillway plan --model " + (dir_ / "lfm9.gguf").string() + " --ctx 1024 2>&1", &rc);
+  EXPECT_EQ(rc, 2) << refused;
+  EXPECT_NE(refused.find("llama.cpp cannot plan"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("could not open"), std::string::npos) << refused;
   // A whole config with it: counted on its device, not "no estimate".
   const std::string cfg = (dir_ / "hybrid.toml").string();
   std::ofstream(cfg) << "[[device]]\nname = \"sim:0\"\nheadroom_mib = 0\nheadroom_pct = 0\n"

@@ -118,7 +118,7 @@ StatusOr<Exact> DryRun(const Case& c, const std::string& path) {
   if (!plan.ok()) return plan.status();
   Exact e;
   for (const auto& b : *plan) {
-    DeviceBytes& d = b.name.rfind("CPU", 0) == 0 ? e.host : e.accelerator;
+    DeviceBytes& d = b.host ? e.host : e.accelerator;
     d.weights += b.model;
     d.kv += b.context;
     d.compute += b.compute;
