@@ -34,18 +34,10 @@ json BytesJson(const DeviceBytes& b) {
   return {{"weights", b.weights}, {"kv", b.kv}, {"compute", b.compute}, {"total", b.total()}};
 }
 
-// llama.cpp's exact plan, from `spillway-worker --dry-run`.
-std::optional<std::pair<DeviceBytes, DeviceBytes>> Exact(const PlanArgs& a, int gpu_layers, std::string* error) {
-  memory::DryRunArgs d;
-  d.model = a.model;
-  d.device = a.device;
-  d.gpu_layers = gpu_layers;
-  d.ctx = a.ctx;
-  d.slots = a.slots;
-  d.batch = a.batch;
-  d.kv_type = a.kv_type;
-  d.kv_unified = a.kv_unified;
-  auto plan = memory::RunDryRun(DefaultWorkerBinary(), d);
+// llama.cpp's exact plan of the placement `spec`, from `spillway-worker --dry-run`.
+std::optional<std::pair<DeviceBytes, DeviceBytes>> Exact(const PlanArgs& a, const memory::PlacementSpec& spec,
+                                                         std::string* error) {
+  auto plan = memory::RunDryRun(DefaultWorkerBinary(), memory::DryRunArgsFor(a.model, a.device, spec, a.kv_type));
   if (!plan.ok()) {
     *error = plan.status().message();
     return std::nullopt;
@@ -60,6 +52,7 @@ int PlanConfig(const PlanArgs& a) {
     std::fprintf(stderr, "spillway plan: %s\n", cfg.status().message().c_str());
     return 2;
   }
+  cfg->worker_binary = DefaultWorkerBinary();  // (its dry run plans the models the metadata cannot size, as serve's does)
   std::vector<DevicePlan> plans = CollectDevices(*cfg);
   for (auto& p : plans) PlanDevice(p);
   if (a.json_out) {
@@ -126,7 +119,7 @@ int Plan(PlanArgs a) {
   }
   if (a.exact) {
     std::string err;
-    auto ex = Exact(a, layers, &err);
+    auto ex = Exact(a, spec, &err);
     if (ex) {
       const auto& [acc, host] = *ex;
       out["exact"] = {{"accelerator", BytesJson(acc)}, {"host", BytesJson(host)}};

@@ -4,7 +4,6 @@
 #include <numeric>
 #include <set>
 
-#include "cli/serve_config.h"
 #include "devices/telemetry.h"
 #include "gateway/gateway.h"
 #include "gateway/placement_admission.h"
@@ -117,8 +116,7 @@ std::vector<DevicePlan> CollectDevices(const config::GatewayConfig& cfg) {
       if (p.device == "cpu") continue;
       Holder h = HolderOf(gateway::WorkerKey(s, i), s.name, s.residency);
       h.shape = WithWindows(Shape(p, i), s.residency);
-      if (auto bytes = gateway::PredictPlacementBytes(s, i, cfg.worker_binary.empty() ? DefaultWorkerBinary() : cfg.worker_binary);
-          bytes.ok()) {
+      if (auto bytes = gateway::PredictPlacementBytes(s, i, cfg.worker_binary); bytes.ok()) {
         h.bytes = *bytes;
       } else {
         h.note = "no estimate (" + bytes.status().message() + "): not counted";

@@ -21,16 +21,8 @@ namespace {
 // llama.cpp's plan of one placement, as an estimate (the layer split as the
 // estimator's rule puts it: the dry run reports bytes per device only).
 StatusOr<memory::PlacementEstimate> DryRunEstimate(const FitQuery& q, uint32_t n_layer, const memory::PlacementSpec& spec) {
-  memory::DryRunArgs a;
-  a.model = q.model_file;
-  a.device = q.device;
-  a.gpu_layers = spec.accelerator ? spec.gpu_layers : 0;
-  a.ctx = static_cast<int>(spec.ctx);
-  a.slots = static_cast<int>(spec.slots);
-  a.batch = static_cast<int>(spec.batch);
-  a.kv_type = q.kv_type;
-  a.kv_unified = spec.kv_unified;
-  auto plan = memory::RunDryRun(q.worker_binary.empty() ? DefaultWorkerBinary() : q.worker_binary, a);
+  auto plan = memory::RunDryRun(q.worker_binary.empty() ? DefaultWorkerBinary() : q.worker_binary,
+                                memory::DryRunArgsFor(q.model_file, q.device, spec, q.kv_type));
   if (!plan.ok()) return plan.status();
   memory::PlacementEstimate e;
   e.accelerator = plan->accelerator;
@@ -58,7 +50,7 @@ StatusOr<Fit> PlanFit(const FitQuery& q) {
     f.shape.architecture = meta->architecture();
     f.shape.n_layer = static_cast<uint32_t>(std::min<uint64_t>(meta->ArchUint("block_count").value_or(0), 4096));
     f.shape.n_ctx_train = static_cast<uint32_t>(std::min<uint64_t>(meta->ArchUint("context_length").value_or(0), 1u << 22));
-    f.embedding = meta->ArchUint("pooling_type").value_or(0) != 0;
+    f.embedding = meta->PoolsEmbeddings();
   }
   auto size = [&](const memory::PlacementSpec& spec) -> StatusOr<memory::PlacementEstimate> {
     if (f.exact_reason.empty()) return memory::EstimatePlacement(f.shape, spec);

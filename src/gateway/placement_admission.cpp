@@ -60,15 +60,7 @@ struct Estimate {
 StatusOr<Estimate> ExactEstimate(const std::string& worker_binary, const std::string& path,
                                  const config::PlacementConfig& p, const gguf::Metadata& meta, const std::string& why) {
   if (worker_binary.empty()) return Status::Unavailable(path + ": the metadata cannot size it (" + why + ")");
-  memory::DryRunArgs args;
-  args.model = path;
-  args.device = p.device;
-  args.gpu_layers = p.gpu_layers;
-  args.ctx = p.ctx;
-  args.slots = p.slots;
-  args.batch = p.batch;
-  args.kv_unified = p.kv_unified;
-  auto plan = memory::RunDryRun(worker_binary, args);
+  auto plan = memory::RunDryRun(worker_binary, memory::DryRunArgsFor(path, p.device, SpecOf(p)));
   if (!plan.ok()) return plan.status();
   uint64_t n_vocab = 0;
   if (auto it = meta.kv.find("tokenizer.ggml.tokens"); it != meta.kv.end()) n_vocab = it->second.array_len;

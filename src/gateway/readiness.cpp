@@ -4,7 +4,6 @@
 
 #include "gateway/placement_admission.h"
 #include "gguf/gguf_reader.h"
-#include "memory/estimator.h"
 
 namespace spillway::gateway {
 
@@ -23,23 +22,13 @@ Readiness ResolveReadiness(const config::ServiceConfig& s, size_t i, const std::
   const auto& p = s.placements[i];
   const auto& f = s.failover;
   double weights = 0, context = 0;
-  if (auto meta = gguf::ReadGgufFile(p.ModelOr(s.model)); meta.ok()) {
-    if (auto shape = memory::ShapeFromMetadata(*meta); shape.ok()) {
-      memory::PlacementSpec spec;
-      spec.ctx = static_cast<uint32_t>(p.ctx);
-      spec.slots = static_cast<uint32_t>(p.slots);
-      spec.kv_unified = p.kv_unified;
-      spec.batch = static_cast<uint32_t>(p.batch);
-      const auto est = memory::EstimatePlacement(*shape, spec);
-      weights = static_cast<double>(est.host.weights);
-      context = static_cast<double>(est.host.kv + est.host.compute);
-    } else if (auto planned = PlacementDeviceBytes(s, i, worker_binary); planned.ok()) {
-      // llama.cpp's dry run (a hybrid, a recurrent model...).
-      weights = static_cast<double>(planned->weights);
-      context = static_cast<double>(planned->kv + planned->compute);
-    } else {
-      weights = static_cast<double>(meta->file_size);  // (no plan: its weights are most of its file)
-    }
+  // Its bytes on the host, as admission has them (the metadata estimate, or
+  // llama.cpp's dry run for a hybrid...: kept, so read once).
+  if (auto planned = PlacementDeviceBytes(s, i, worker_binary); planned.ok()) {
+    weights = static_cast<double>(planned->weights);
+    context = static_cast<double>(planned->kv + planned->compute);
+  } else if (auto meta = gguf::ReadGgufFile(p.ModelOr(s.model)); meta.ok()) {
+    weights = static_cast<double>(meta->file_size);  // (no estimate: its weights are most of its file)
   }
   const double mmap_s = context / kContextBytesPerS + 0.02;
   const double on_demand_s = kProcessStartS + weights / kLoadBytesPerS + mmap_s;

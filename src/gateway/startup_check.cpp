@@ -29,7 +29,7 @@ ModelFacts ReadModelFacts(const std::string& path) {
   } else if (!memory::ExactPlanReason(*meta).empty()) {
     // (Whether llama.cpp can run it is its dry run's to say, per placement.)
     f.exact = true;
-    f.embedding = meta->ArchUint("pooling_type").value_or(0) != 0;
+    f.embedding = meta->PoolsEmbeddings();
   } else if (auto shape = memory::ShapeFromMetadata(*meta); !shape.ok()) {
     f.problem = "architecture '" + meta->architecture() + "' is not one Spillway can run: " + shape.status().message();
   } else {

@@ -68,6 +68,9 @@ struct Metadata {
   // The "<architecture>.<suffix>" value, e.g. Arch("block_count").
   std::optional<uint64_t> ArchUint(const std::string& suffix) const;
   std::string architecture() const;
+  // An embedding model: <arch>.pooling_type is set and not none (0,
+  // LLAMA_POOLING_TYPE_NONE), as the worker decides (worker/model.cpp).
+  bool PoolsEmbeddings() const { return ArchUint("pooling_type").value_or(0) != 0; }
   uint64_t TotalTensorBytes() const;
 };
 

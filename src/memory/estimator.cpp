@@ -137,7 +137,7 @@ StatusOr<ModelShape> ShapeFromMetadata(const gguf::Metadata& m) {
   s.tied_output = !has_output;
   // The worker's test (worker/model.cpp) and model_info's: a pooling type
   // other than none (0, LLAMA_POOLING_TYPE_NONE).
-  s.embedding = m.ArchUint("pooling_type").value_or(0) != 0;
+  s.embedding = m.PoolsEmbeddings();
   return s;
 }
 

@@ -11,6 +11,20 @@ namespace spillway::memory {
 
 using nlohmann::json;
 
+DryRunArgs DryRunArgsFor(const std::string& model, const std::string& device, const PlacementSpec& spec,
+                         const std::string& kv_type) {
+  DryRunArgs a;
+  a.model = model;
+  a.device = device;
+  a.gpu_layers = spec.accelerator ? spec.gpu_layers : 0;
+  a.ctx = static_cast<int>(spec.ctx);
+  a.slots = static_cast<int>(spec.slots);
+  a.batch = static_cast<int>(spec.batch);
+  a.kv_type = kv_type;
+  a.kv_unified = spec.kv_unified;
+  return a;
+}
+
 std::vector<std::string> DryRunCommand(const std::string& worker_binary, const DryRunArgs& a) {
   std::vector<std::string> argv = {worker_binary, "--model", a.model, "--device", a.device,
                                    "--gpu-layers", std::to_string(a.gpu_layers), "--ctx", std::to_string(a.ctx),

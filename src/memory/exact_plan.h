@@ -31,6 +31,10 @@ struct DryRunArgs {
   bool kv_unified = false;
 };
 
+// A placement's arguments (the accelerator's layers on an accelerator only).
+DryRunArgs DryRunArgsFor(const std::string& model, const std::string& device, const PlacementSpec& spec,
+                         const std::string& kv_type = "f16");
+
 struct ExactPlan {
   DeviceBytes accelerator;  // zero for a CPU placement
   DeviceBytes host;

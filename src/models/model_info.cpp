@@ -82,7 +82,7 @@ ModelSummary Summarize(const std::string& path, const gguf::Metadata& meta, int6
   s.context_length = meta.ArchUint("context_length").value_or(0);
   const std::string tmpl = meta.String("tokenizer.chat_template").value_or("");
   s.template_family = ChatTemplateFamily(tmpl);
-  s.embedding = meta.ArchUint("pooling_type").value_or(0) != 0;
+  s.embedding = meta.PoolsEmbeddings();
   s.tools = !s.embedding && TemplateTakesTools(tmpl);
   s.thinking = !s.embedding && TemplateThinks(tmpl);
   return s;

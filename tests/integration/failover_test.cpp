@@ -262,18 +262,21 @@ Continued ContinueAfterLoss(FailoverTest& t, const std::string& id) {
   return {Body(healthy)["choices"][0]["text"], StreamText(r.body), error_event};
 }
 
-TEST_F(FailoverTest, DeviceLostMidStreamIsContinuedOnTheCpuWithTheSameTokens) {
-  const Continued c = ContinueAfterLoss(*this, "ms-lost");
+// The stream lost at token 10 was continued on the CPU, faithfully.
+void ExpectContinuedOnTheCpu(FailoverTest& t, const std::string& id) {
+  const Continued c = ContinueAfterLoss(t, id);
   EXPECT_FALSE(c.error_event);
   // Recomputed prompt + delivered tokens with the seeded sampler advanced: the
   // client's text is exactly the uninterrupted one (which a stream and a
   // non-streamed answer share).
   EXPECT_EQ(c.got, c.expected);
-  json rec = Request("ms-lost");
+  json rec = t.Request(id);
   EXPECT_EQ(rec["state"], "completed");
   EXPECT_EQ(rec["attempts"], 2);
   EXPECT_EQ(rec["placement"], "cpu");
 }
+
+TEST_F(FailoverTest, DeviceLostMidStreamIsContinuedOnTheCpuWithTheSameTokens) { ExpectContinuedOnTheCpu(*this, "ms-lost"); }
 
 TEST_F(FailoverTest, StreamFailingBeforeItsFirstTokenRunsOnTheFallback) {
   ArmGpu("fail-next=reserve");
@@ -407,13 +410,7 @@ class HybridFailoverTest : public FailoverTest {
   std::string Model() const override { return "tiny-hybrid"; }
 };
 TEST_F(HybridFailoverTest, DeviceLostMidStreamIsContinuedOnTheCpuWithTheSameTokens) {
-  const Continued c = ContinueAfterLoss(*this, "hy-ms-lost");
-  EXPECT_FALSE(c.error_event);
-  EXPECT_EQ(c.got, c.expected);
-  json rec = Request("hy-ms-lost");
-  EXPECT_EQ(rec["state"], "completed");
-  EXPECT_EQ(rec["attempts"], 2);
-  EXPECT_EQ(rec["placement"], "cpu");
+  ExpectContinuedOnTheCpu(*this, "hy-ms-lost");
 }
 TEST_F(HybridFailoverTest, DeviceLostMidGenerationReplaysOnTheCpuWithTheSameOutput) {
   const Replayed r = ReplayAfterLoss(*this, "hy-lost");
