@@ -3,6 +3,7 @@
 // ownership, per-key concurrency, request ids.
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <mutex>
 
 #include "common/hash.h"
@@ -55,8 +56,17 @@ bool AnyKeyMatches(std::string_view token, const std::vector<std::string>& keys)
 }  // namespace
 
 // Unpredictable: ids are capabilities for GET/DELETE /v1/requests/{id}
-// where no keys are set.
-std::string Gateway::NewRequestId() { return "req_" + RandomHex(12); }
+// where no keys are set; 64 bits from a cryptographic source. Led by the
+// time in seconds (8 hex digits, in order until 2106), so that the journal's
+// indexes on the id take new ids at their end: with random ids each request
+// of a commit dirtied a page of its own in each (about 2.5 pages per request
+// written to the WAL, and its reads), with ordered ones a commit's requests
+// share a few.
+std::string Gateway::NewRequestId() {
+  char when[9];
+  std::snprintf(when, sizeof when, "%08x", static_cast<unsigned>(std::max<int64_t>(0, clock_.NowMs() / 1000)));
+  return "req_" + std::string(when) + RandomHex(8);
+}
 
 std::string Gateway::ClientOf(const http::Request& req) const {
   auto it = req.find(bhttp::field::authorization);

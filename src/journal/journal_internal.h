@@ -63,15 +63,23 @@ class Stmt {
   Stmt(const Stmt&) = delete;
   Stmt& operator=(const Stmt&) = delete;
   bool ok() const { return rc_ == SQLITE_OK; }
+  // A named string outlives the statement's use (the bindings are cleared
+  // when the Stmt goes): SQLite reads it in place. A temporary is copied.
   Stmt& Bind(int i, const std::string& v) {
+    sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_STATIC);
+    return *this;
+  }
+  Stmt& Bind(int i, std::string&& v) {
     sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
     return *this;
   }
+  Stmt& Bind(int i, const std::string&& v) = delete;  // a const temporary: copy it into a named string
   Stmt& BindNullable(int i, const std::string& v) {
     if (v.empty()) sqlite3_bind_null(s_, i);
     else Bind(i, v);
     return *this;
   }
+  Stmt& BindNullable(int i, const std::string&& v) = delete;
   Stmt& Bind(int i, int64_t v) {
     sqlite3_bind_int64(s_, i, v);
     return *this;

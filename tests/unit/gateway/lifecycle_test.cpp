@@ -13,7 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -332,6 +334,26 @@ TEST_F(LifecycleTest, ARequestWithoutAnIdIsJournaledWithItsFirstAttemptInOneComm
   ASSERT_EQ(attempts->size(), 1u);
   EXPECT_EQ((*attempts)[0].outcome, "completed");
   EXPECT_EQ(journal_->stats().logged - logged, 2) << "accept + attempt, then the finish";
+}
+
+// The gateway's ids: `req_` and 24 hex digits, led by the time in seconds so
+// that the journal's indexes take them in order; the rest is random.
+TEST_F(LifecycleTest, TheGatewaysIdsAreLedByTheTimeAndRandomAfterIt) {
+  auto id_of_next = [&] {
+    auto ex = Send("/v1/completions", json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump());
+    EXPECT_TRUE(ex->Wait());
+    return ex->header("X-Request-Id");
+  };
+  const std::string a = id_of_next(), b = id_of_next();
+  clock_.Advance(2000);
+  const std::string c = id_of_next();
+  for (const auto& id : {a, b, c}) EXPECT_TRUE(std::regex_match(id, std::regex("req_[0-9a-f]{24}"))) << id;
+  char now[9];
+  std::snprintf(now, sizeof now, "%08x", static_cast<unsigned>((clock_.NowMs() - 2000) / 1000));
+  EXPECT_EQ(a.substr(4, 8), now);
+  EXPECT_EQ(a.substr(0, 12), b.substr(0, 12)) << "the same second";
+  EXPECT_NE(a.substr(12), b.substr(12)) << "random after the time";
+  EXPECT_LT(b, c) << "a later second sorts after";
 }
 
 // The worker answers while the commit covering the request is still on its
