@@ -15,11 +15,23 @@ const char* BreakerStateName(BreakerState s) {
 
 bool Breaker::Usable() {
   if (state_ == BreakerState::kOpen && clock_->NowMs() >= open_until_ms_) state_ = BreakerState::kHalfOpen;
+  if (state_ == BreakerState::kHalfOpen) return ProbeFree();
   return state_ != BreakerState::kOpen;
+}
+
+void Breaker::BeginProbe(const std::string& id) {
+  if (state_ != BreakerState::kHalfOpen || !ProbeFree()) return;
+  probe_ = id;  // (ids are never empty)
+  probe_since_ms_ = clock_->NowMs();
+}
+
+void Breaker::EndProbe(const std::string& id) {
+  if (Probing(id)) probe_.clear();
 }
 
 void Breaker::OnSuccess() {
   consecutive_ = 0;
+  probe_.clear();
   if (state_ == BreakerState::kHalfOpen) {
     state_ = BreakerState::kClosed;
     closed_since_ms_ = clock_->NowMs();
@@ -54,6 +66,7 @@ void Breaker::Open(const std::string& reason) {
     ejections_ = static_cast<int>(std::max<int64_t>(0, ejections_ - forgiven));
   }
   closed_since_ms_ = -1;
+  probe_.clear();
   ++ejections_;
   consecutive_ = 0;
   state_ = BreakerState::kOpen;

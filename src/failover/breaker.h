@@ -3,6 +3,13 @@
 // device loss, failed health or progress checks) open it; while open, traffic
 // goes elsewhere; after the ejection time it lets traffic through again
 // (half-open) and the next result closes it or opens it again for longer.
+// Half-open lets one request through at a time (resilience4j's permitted
+// calls in the half-open state, here 1; Envoy lets all traffic back at once):
+// the request that takes it (BeginProbe) is the probe, and until its result
+// (OnSuccess, OnFailure) or its end without one (EndProbe) the breaker is
+// not usable for others, for at most probe_hold_ms each. A device that
+// still fails thus fails one request (one per probe_hold_ms), not every
+// request that arrived since the ejection ended.
 // Ejection time = base x times ejected, capped; as in Envoy, the count comes
 // down again while it stays closed: one ejection forgiven per base ejection
 // time closed, so a placement that crashed a few times in its life is not
@@ -22,6 +29,10 @@ struct BreakerOptions {
   int failures = 3;
   int64_t base_ejection_ms = 30000;
   int64_t max_ejection_ms = 300000;
+  // How long a probe holds a half-open breaker without a result; then the
+  // next request probes too. A long answer (a non-streamed one has no first
+  // event) keeps the others out for this long, not for all of it.
+  int64_t probe_hold_ms = 5000;
 };
 
 enum class BreakerState { kClosed, kOpen, kHalfOpen };
@@ -32,8 +43,17 @@ class Breaker {
   Breaker(BreakerOptions opts, const Clock& clock) : opts_(opts), clock_(&clock) {}
 
   // Whether traffic may go here now (an open breaker whose ejection has
-  // elapsed becomes half-open).
+  // elapsed becomes half-open; a half-open one whose probe is out is not).
   bool Usable();
+  // Request `id` goes here: when half-open, it is the probe (the one before
+  // it, held past probe_hold_ms, still counts with its result). Call it only
+  // when Usable() said yes.
+  void BeginProbe(const std::string& id);
+  // Request `id` ended here without a result (cancelled, released, a busy
+  // worker): when it was the probe, the next request probes instead.
+  void EndProbe(const std::string& id);
+  bool Probing(const std::string& id) const { return !probe_.empty() && probe_ == id; }
+  const std::string& probe() const { return probe_; }  // the request probing it; empty when none
   void OnSuccess();
   // Counts towards opening it; while it is open, only the reason changes
   // (attempts in flight when it opened fail with the same incident).
@@ -64,6 +84,7 @@ class Breaker {
 
  private:
   void Open(const std::string& reason);
+  bool ProbeFree() const { return probe_.empty() || clock_->NowMs() - probe_since_ms_ >= opts_.probe_hold_ms; }
 
   BreakerOptions opts_;
   const Clock* clock_;
@@ -73,6 +94,8 @@ class Breaker {
   int64_t open_until_ms_ = 0;
   int64_t closed_since_ms_ = -1;  // when it last closed after a probe (-1: never opened, or not closed since)
   std::string last_reason_;
+  std::string probe_;  // the request probing a half-open breaker (empty: none)
+  int64_t probe_since_ms_ = 0;
 };
 
 }  // namespace spillway::failover

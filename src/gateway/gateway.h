@@ -198,6 +198,10 @@ class Gateway {
   int64_t StartWaitMs(const config::ServiceConfig& svc);
   // Gives back what an attempt held (cells, its place in the CPU line).
   void ReleaseTarget(const std::string& service, const std::string& id, Target* target);
+  // Request `id`'s stream reached its first event on `target`: a half-open
+  // breaker it probes closes (PlacementBoard::Answering) and the requests
+  // waiting for the service are woken.
+  void FirstEvent(const std::string& service, const std::string& id, const Target& target);
   // The supervisor saw a worker exit or replaced it: its breaker opens (and its
   // device's, when the device was lost), even with no request in flight.
   void WorkerExited(const std::string& key, const std::string& why);

@@ -103,6 +103,11 @@ Gateway::CpuGate Gateway::CpuPathGateLocked(const journal::RequestRecord& rec, c
   return CpuGate::kReject;
 }
 
+void Gateway::FirstEvent(const std::string& service, const std::string& id, const Target& t) {
+  if (!board_.Answering(service, t.index, id, t.generation)) return;
+  if (auto it = signals_.find(service); it != signals_.end()) it->second->Notify();
+}
+
 void Gateway::ReleaseTarget(const std::string& service, const std::string& id, Target* t) {
   const bool held = t->cells > 0 || t->holding;
   board_.Release(service, t->index, id, t->cells > 0, t->holding);

@@ -16,6 +16,7 @@ nlohmann::json BreakerJson(const failover::Breaker& b, int64_t now_ms) {
                       {"ejections", b.ejections()},
                       {"last_reason", b.last_reason()}};
   if (b.state() == failover::BreakerState::kOpen) j["retry_in_ms"] = std::max<int64_t>(0, b.open_until_ms() - now_ms);
+  if (!b.probe().empty()) j["probe"] = b.probe();  // the request probing it (half-open)
   return j;
 }
 
@@ -73,6 +74,11 @@ bool PlacementBoard::BreakersAllow(Placement& st) {
   auto it = device_breakers_.find(st.cfg.device);
   const bool device_ok = it == device_breakers_.end() || it->second.Usable();
   return st.breaker.Usable() && device_ok;
+}
+
+void PlacementBoard::BeginProbes(Placement& st, const std::string& id) {
+  st.breaker.BeginProbe(id);
+  if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.BeginProbe(id);
 }
 
 std::optional<double> PlacementBoard::LineWaitS(const std::string& service, uint32_t ahead) {
@@ -167,10 +173,12 @@ bool PlacementBoard::Reserve(const std::string& service, size_t index, const std
   // A free slot too: a shared pool's cells alone let two requests decided on
   // one snapshot (one slot free) both in, and the worker answered one busy.
   if (st.active >= std::max(1, st.cfg.slots)) return false;
+  if (!BreakersAllow(st)) return false;  // opened since the snapshot, or another request probes it
   if (up && !up()) return false;  // released since its port was read
   if (!st.pool.Reserve(id, cells)) return false;
   st.running[id] = {cells, prompt_tokens, max_tokens, clock_.NowMs()};
   ++st.active;
+  BeginProbes(st, id);
   if (generation) *generation = st.generation;
   return true;
 }
@@ -180,10 +188,12 @@ bool PlacementBoard::TakeSlot(const std::string& service, size_t index, const st
   std::lock_guard<std::mutex> lk(mu_);
   auto& st = *placements_.at(service).at(index);
   if (st.active >= std::max(1, st.cfg.slots)) return false;
+  if (!BreakersAllow(st)) return false;  // opened since it was asked, or another request probes it
   if (up && !up()) return false;  // released since its port was read
   // Running, for the wait estimates (when its slot frees, at the measured pace).
   st.running[id] = {0, 0, max_tokens, clock_.NowMs()};
   ++st.active;
+  BeginProbes(st, id);
   if (generation) *generation = st.generation;
   return true;
 }
@@ -193,6 +203,9 @@ void PlacementBoard::Release(const std::string& service, size_t index, const std
   auto& st = *placements_.at(service).at(index);
   if (cells) st.pool.Release(id);
   st.running.erase(id);
+  // A probe that ended without a result (cancelled, refused as busy): the next request probes.
+  st.breaker.EndProbe(id);
+  if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.EndProbe(id);
   if (slot) {
     --st.active;
     st.last_used_ms = clock_.NowMs();
@@ -239,6 +252,21 @@ void PlacementBoard::AttemptSucceeded(const std::string& service, size_t index, 
   auto& st = *placements_.at(service).at(index);
   if (!generation || *generation == st.generation) st.breaker.OnSuccess();
   if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.OnSuccess();
+}
+
+bool PlacementBoard::Answering(const std::string& service, size_t index, const std::string& id, uint64_t generation) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& st = *placements_.at(service).at(index);
+  bool closed = false;
+  if (generation == st.generation && st.breaker.Probing(id)) {
+    st.breaker.OnSuccess();
+    closed = true;
+  }
+  if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end() && it->second.Probing(id)) {
+    it->second.OnSuccess();
+    closed = true;
+  }
+  return closed;
 }
 
 void PlacementBoard::WorkerExited(const std::string& key, const std::string& why, bool device_lost) {

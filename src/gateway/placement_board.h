@@ -103,7 +103,11 @@ class PlacementBoard {
   std::optional<double> LineWaitS(const std::string& service, uint32_t ahead);
   // Commits a decision: reserves `cells` of placement `index` for request
   // `id`, and counts the attempt as holding it. False when another request
-  // took them since the snapshot (decide again).
+  // took them since the snapshot (decide again), or its breaker (or its
+  // device's) takes nothing now: opened since, or half-open with another
+  // request probing it. Taken on a half-open breaker, `id` is its probe
+  // (failover::Breaker): the next requests go elsewhere or wait until the
+  // probe's result, its first streamed event (Answering) or its Release.
   // `up` (asked under the board's lock, which an idle release holds too):
   // whether the placement's worker is still the one the request will be
   // sent to; false when it was released since (nothing is taken).
@@ -113,11 +117,13 @@ class PlacementBoard {
                uint64_t* generation = nullptr);
   // Takes a slot of placement `index` without cells (embeddings, a lone
   // placement whose worker checks its own pool); false when every slot is
-  // taken, or `up` says its worker is gone (as for Reserve).
+  // taken, `up` says its worker is gone, or its breakers take nothing (as
+  // for Reserve, probes included).
   // `max_tokens`: what it may generate (for the wait estimates: when its slot frees).
   bool TakeSlot(const std::string& service, size_t index, const std::string& id, uint32_t max_tokens,
                 const std::function<bool()>& up = {}, uint64_t* generation = nullptr);
-  // Gives back what an attempt held: its cells, its slot, its place in the CPU line.
+  // Gives back what an attempt held: its cells, its slot, its place in the
+  // CPU line, the probe of a half-open breaker it held without a result.
   void Release(const std::string& service, size_t index, const std::string& id, bool cells, bool slot);
   // The request leaves the service's CPU line (it runs elsewhere, or ends).
   void LeaveCpuLine(const std::string& service, const std::string& id);
@@ -135,6 +141,11 @@ class PlacementBoard {
   void AttemptFailed(const std::string& service, size_t index, const std::string& phase, const std::string& why,
                      std::optional<uint64_t> generation = std::nullopt);
   void AttemptSucceeded(const std::string& service, size_t index, std::optional<uint64_t> generation = std::nullopt);
+  // Request `id`'s stream reached its first event on placement `index`: the
+  // placement allocates and computes again. When `id` probes a half-open
+  // breaker (its own or its device's), that breaker closes now, not when a
+  // long stream ends. True when one closed (requests waiting may go).
+  bool Answering(const std::string& service, size_t index, const std::string& id, uint64_t generation);
   // A worker exited or was replaced: its breaker opens (and its device's
   // when the device was lost), and its placements' generation is counted up.
   void WorkerExited(const std::string& key, const std::string& why, bool device_lost);
@@ -172,6 +183,8 @@ class PlacementBoard {
  private:
   // Its own breaker and its device's allow traffic (mu_ held).
   bool BreakersAllow(Placement& st);
+  // Request `id` goes to `st`: it probes whichever of its breakers is half-open (mu_ held).
+  void BeginProbes(Placement& st, const std::string& id);
   std::optional<double> EstimatedWaitS(const Placement& st, uint64_t need) const;  // mu_ held
 
   const Clock& clock_;

@@ -25,7 +25,11 @@ RequestLifecycle::RequestLifecycle(Gateway& g, journal::RequestRecord rec, std::
       reply_(std::move(ex), rec_.id, 11),
       placement_(svc_ ? svc_->placements[0].Name() : ""),
       runner_(g.pool_, reply_, progress_, live_->cancelled,
-              [this] { live_->Enter(LivePhase::kStreaming, g_.clock_.NowMs()); }, kMaxUnsentBytes),
+              [this] {
+                live_->Enter(LivePhase::kStreaming, g_.clock_.NowMs());
+                if (svc_) g_.FirstEvent(rec_.service, rec_.id, target_);
+              },
+              kMaxUnsentBytes),
       excluded_(svc_ ? svc_->placements.size() : 0, false),
       retry_{0, 0, live_->deadline_ms},
       budget_{kMaxAttempts, svc_ && svc_->admission.fail_fast, kQueueWaitMs} {}

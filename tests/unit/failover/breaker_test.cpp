@@ -109,6 +109,49 @@ TEST(BreakerTest, AReadyReplacementIsProbedBeforeTheEjectionEnds) {
   EXPECT_TRUE(b.Usable());
 }
 
+// Half-open lets one request probe at a time: the others find it not usable
+// until the probe's result, or its end without one. All of them went to a
+// device that still failed, each to fail there (Envoy's un-ejection). A
+// probe without a result holds it for probe_hold_ms (5 s) at most.
+TEST(BreakerTest, AHalfOpenBreakerLetsOneProbeThroughAtATime) {
+  FakeClock clock;
+  Breaker b({3, 30000, 300000}, clock);
+  b.BeginProbe("a");
+  EXPECT_TRUE(b.probe().empty()) << "a closed breaker has no probe";
+  b.Trip("out of memory");
+  clock.Advance(30000);
+  ASSERT_TRUE(b.Usable());
+  b.BeginProbe("a");
+  EXPECT_EQ(b.state(), BreakerState::kHalfOpen);
+  EXPECT_FALSE(b.Usable()) << "a second request while the probe is out";
+  b.BeginProbe("b");
+  EXPECT_TRUE(b.Probing("a"));
+  b.EndProbe("b");
+  EXPECT_FALSE(b.Usable()) << "only the probe's own end frees it";
+  b.EndProbe("a");  // cancelled: no result
+  ASSERT_TRUE(b.Usable()) << "the next request probes";
+  b.BeginProbe("b");
+  b.OnFailure("out of memory");
+  EXPECT_EQ(b.state(), BreakerState::kOpen);
+  EXPECT_TRUE(b.probe().empty());
+  clock.Advance(60000);
+  ASSERT_TRUE(b.Usable());
+  b.BeginProbe("c");
+  clock.Advance(4999);
+  EXPECT_FALSE(b.Usable());
+  clock.Advance(1);  // a long answer without a result yet: the next request probes too
+  ASSERT_TRUE(b.Usable());
+  b.BeginProbe("d");
+  EXPECT_TRUE(b.Probing("d"));
+  b.EndProbe("c");
+  EXPECT_FALSE(b.Usable()) << "the earlier probe's end frees nothing";
+  b.OnSuccess();  // (either one's result counts)
+  EXPECT_EQ(b.state(), BreakerState::kClosed);
+  EXPECT_TRUE(b.Usable());
+  b.BeginProbe("e");
+  EXPECT_TRUE(b.Usable()) << "closed: every request goes";
+}
+
 TEST(BreakerTest, OneIncidentReportedTwiceIsOneEjection) {
   FakeClock clock;
   Breaker b({3, 30000, 300000}, clock);

@@ -519,6 +519,47 @@ TEST_F(LifecycleTest, ARestartedWorkerIsProbedWithoutWaitingOutItsEjection) {
   EXPECT_EQ(StatusNow()["services"][0]["placements"][0]["breaker"]["state"], "closed") << "the probe closed it";
 }
 
+// A half-open primary takes one request, its probe, at a time: the next one
+// goes to the fallback instead of to a device that may still fail. The probe
+// closes the breaker with its answer, or a stream with its first event.
+// Every request that came in once the ejection ended went to the primary.
+TEST_F(LifecycleTest, AHalfOpenPrimaryTakesOneProbeAndItsAnswerClosesIt) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  workers_.Exit("chat.0", "signal 9");
+  clock_.Advance(700);
+  workers_.SetReadyAgain("chat.0", primary_.server.port());
+  gateway_->WorkerReady("chat.0");
+  auto probe = Complete("r-probe");
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
+  EXPECT_EQ(StatusNow()["services"][0]["placements"][0]["breaker"]["probe"], "r-probe");
+  auto next = Complete("r-next");
+  ASSERT_TRUE(next->Wait());
+  EXPECT_EQ(next->status(), 200u) << next->body();
+  EXPECT_NE(next->header("X-Spillway-Placement").rfind("sim:0", 0), 0u) << "went to the half-open primary beside its probe";
+  EXPECT_EQ(primary_.calls(), 1u);
+  Answer(primary_.TakeHeld(0), "primary");
+  ASSERT_TRUE(probe->Wait());
+  EXPECT_EQ(probe->status(), 200u);
+  EXPECT_EQ(StatusNow()["services"][0]["placements"][0]["breaker"]["state"], "closed") << "the probe closed it";
+
+  // Crashed again: a second ejection (60 s), then a streamed probe whose
+  // first event closes it while the stream goes on.
+  workers_.Exit("chat.0", "signal 9");
+  clock_.Advance(60'000);
+  workers_.SetReadyAgain("chat.0", primary_.server.port());
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(Chunk("a", 11));
+    primary_.Hold(req, std::move(ex));
+  };
+  auto stream = Complete("r-stream", /*stream=*/true);
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 2; }));
+  ASSERT_TRUE(Eventually([&] { return StatusNow()["services"][0]["placements"][0]["breaker"]["state"] == "closed"; }))
+      << "its first event closed it";
+  auto beside = Complete("r-beside", /*stream=*/true);
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 3; })) << "the next one goes beside the stream";
+}
+
 // Embeddings sent to the CPU fallback keep to the CPU path's line: one at a
 // time there (cpu_path.concurrency = 1), though its worker has two slots;
 // the next starts when the first ends. They all went at once before.

@@ -121,6 +121,44 @@ TEST_F(PlacementBoardTest, AFailureOfAReplacedProcessDoesNotCountAgainstItsRepla
   EXPECT_FALSE(Views()[0].usable) << "the replacement's own probe failed";
 }
 
+// A half-open placement takes one request, its probe; the next goes
+// elsewhere (or waits) until the probe's result: its first streamed event,
+// its success or failure, or its release without one.
+TEST_F(PlacementBoardTest, AHalfOpenPlacementTakesOneProbeAtATime) {
+  board_->WorkerExited("chat.0", "crashed (signal 9)", /*device_lost=*/false);
+  board_->WorkerReady("chat.0");
+  ASSERT_TRUE(Views()[0].usable);
+  uint64_t gen = 0;
+  ASSERT_TRUE(board_->Reserve("chat", 0, "a", 10, 5, 5, [] { return true; }, &gen));
+  EXPECT_FALSE(Views()[0].usable) << "a second request while the probe runs";
+  EXPECT_TRUE(Views()[0].comes_back);
+  EXPECT_FALSE(board_->Reserve("chat", 0, "b", 10, 5, 5)) << "decided on a snapshot from before the probe";
+  EXPECT_FALSE(board_->TakeSlot("chat", 0, "b", 5));
+  EXPECT_EQ(board_->PlacementJson("chat", 0, 16)["breaker"]["probe"], "a");
+  board_->Release("chat", 0, "a", /*cells=*/true, /*slot=*/true);  // cancelled: no result
+  ASSERT_TRUE(Views()[0].usable) << "the next request probes";
+  ASSERT_TRUE(board_->TakeSlot("chat", 0, "b", 5, [] { return true; }, &gen));
+  EXPECT_FALSE(board_->Answering("chat", 0, "x", gen)) << "not the probe";
+  EXPECT_FALSE(Views()[0].usable);
+  EXPECT_TRUE(board_->Answering("chat", 0, "b", gen)) << "its stream's first event";
+  EXPECT_TRUE(Views()[0].usable);
+  EXPECT_EQ(board_->PlacementJson("chat", 0, 16)["breaker"]["state"], "closed");
+  EXPECT_TRUE(board_->Reserve("chat", 0, "c", 10, 5, 5)) << "closed: beside the stream still running";
+}
+
+// A lost device's breaker probes the same way, across its placements.
+TEST_F(PlacementBoardTest, AHalfOpenDeviceTakesOneProbeAcrossItsPlacements) {
+  board_->AttemptFailed("chat", 0, "device", "device lost");
+  EXPECT_FALSE(Views()[1].usable);
+  clock_.Advance(10'000);
+  ASSERT_TRUE(Views()[0].usable && Views()[1].usable);
+  ASSERT_TRUE(board_->Reserve("chat", 1, "a", 10, 5, 5));
+  EXPECT_FALSE(Views()[0].usable) << "the device is probed by the request on the other placement";
+  board_->AttemptSucceeded("chat", 1);
+  EXPECT_TRUE(Views()[0].usable);
+  EXPECT_EQ(board_->DevicesJson()[0]["breaker"]["state"], "closed");
+}
+
 TEST_F(PlacementBoardTest, TheLinesWaitEstimateGrowsWithTheRequestsAhead) {
   EXPECT_EQ(board_->LineWaitS("chat", 0), 0.0) << "a slot is free now";
   ASSERT_TRUE(board_->Reserve("chat", 0, "a", 100, 50, 50));
