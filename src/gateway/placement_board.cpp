@@ -81,6 +81,20 @@ void PlacementBoard::BeginProbes(Placement& st, const std::string& id) {
   if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.BeginProbe(id);
 }
 
+std::string PlacementBoard::ProbeOut(const std::string& service, size_t index) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& st = *placements_.at(service).at(index);
+  if (BreakersAllow(st)) return "";
+  auto it = device_breakers_.find(st.cfg.device);
+  const bool device_ok = it == device_breakers_.end() || it->second.Usable();
+  const bool own_ok = st.breaker.Usable();
+  // Held back by a probe alone: each breaker that stops it is half-open with one out.
+  if ((own_ok || !st.breaker.probe().empty()) && (device_ok || !it->second.probe().empty())) {
+    return !st.breaker.probe().empty() ? st.breaker.probe() : it->second.probe();
+  }
+  return "";
+}
+
 std::optional<double> PlacementBoard::LineWaitS(const std::string& service, uint32_t ahead) {
   std::lock_guard<std::mutex> lk(mu_);
   std::optional<double> best;

@@ -163,6 +163,9 @@ class PlacementBoard {
 
   // Whether placement `index`'s breaker and its device's allow traffic now.
   bool Allows(const std::string& service, size_t index);
+  // The request probing placement `index`'s half-open breaker (or its
+  // device's) while it takes no other; empty when none does.
+  std::string ProbeOut(const std::string& service, size_t index);
   // Read-only access to a placement's start-up decision and readiness (never change after construction).
   const Placement& placement(const std::string& service, size_t index) const;
   // Runs `f` under the board's lock.

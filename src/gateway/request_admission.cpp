@@ -255,9 +255,16 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
     // it (as the decision's views do, placement_board.h).
     std::vector<bool> usable(states_.size());
     bool others = false;
+    std::string probed;  // a placement held back only while one request probes its half-open breaker: busy
     for (size_t i = 0; i < states_.size(); ++i) {
       usable[i] = states_[i]->admission.admitted && !held_[i] && g_.board_.Allows(svc_.name, i);
       others |= usable[i] && !(i < excluded_.size() && excluded_[i]);
+      if (!usable[i] && probed.empty() && states_[i]->admission.admitted && !held_[i]) {
+        if (std::string p = g_.board_.ProbeOut(svc_.name, i); !p.empty()) {
+          probed = states_[i]->cfg.Name() + " is back after a failure, and request " + p +
+                   " probes it first; waiting for its answer";
+        }
+      }
     }
     bool loading = false;  // the first placement that may serve loads on demand: waited for, not skipped
     // Another placement than the CPU path's is up (busy, maybe): an embedding
@@ -319,6 +326,7 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
     }
     DemandAll();
     if (Stopped()) co_return false;
+    all_busy |= !probed.empty();  // (woken by the probe's first event or end, as for a slot)
     if (!cpu_note.empty() && !loading) {
       all_busy = true;  // (woken when a place frees, as for a slot)
       if (on_wait_) on_wait_(cpu_note, cpu_est_s);
@@ -329,6 +337,8 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
         co_return false;
       }
       if (on_wait_) on_wait_(g_.StartingNote(svc_), 1);
+    } else if (on_wait_ && !probed.empty()) {
+      on_wait_(probed, 1);
     } else if (on_wait_) {
       // A stream waiting for a slot hears why, not silence until its answer,
       // and when one frees at the measured pace (1 s until one is measured).

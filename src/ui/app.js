@@ -223,7 +223,8 @@ function placementState(p) {
 
 function breakerText(b) {
   if (!b) return '–';
-  return b.state + (b.state !== 'closed' && b.last_reason ? `: ${b.last_reason}` : '');
+  return b.state + (b.state !== 'closed' && b.last_reason ? `: ${b.last_reason}` : '') +
+    (b.probe ? ` (one request probes it: ${b.probe})` : '');
 }
 
 function renderServices(services, externals) {
@@ -236,7 +237,7 @@ function renderServices(services, externals) {
       el('td', { text: p.placement }),
       el('td', { text: p.role }),
       el('td', {}, el('span', { class: `badge ${p.state || 'stopped'}`, text: placementState(p) })),
-      el('td', {}, el('span', { class: `badge ${(p.breaker && p.breaker.state) || ''}`, text: (p.breaker && p.breaker.state) || '–' })),
+      el('td', {}, el('span', { class: `badge ${(p.breaker && p.breaker.state) || ''}`, title: breakerText(p.breaker), text: (p.breaker && p.breaker.state) || '–' })),
       el('td', { class: 'rss', text: p.rss_bytes ? mib(p.rss_bytes) : '–' }),
       el('td', { text: p.admitted === false ? `not admitted: ${p.admission}` : [p.last_exit, p.last_error].filter(Boolean).join(': ') })));
     return el('div', { class: 'card service', 'data-service': s.name },

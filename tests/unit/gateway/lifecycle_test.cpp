@@ -1382,6 +1382,35 @@ TEST_F(SharedDeviceLifecycleTest, ADevicesOpenBreakerShowsItsServicesDegraded) {
       << chat["degraded"].dump();
 }
 
+// A lone placement (no fallback) whose half-open breaker one request
+// probes: the next request waits, told why, and goes once the probe answers.
+TEST_F(SharedDeviceLifecycleTest, ALonePlacementsNextRequestWaitsForItsProbe) {
+  other_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { other_.Hold(req, std::move(ex)); };
+  workers_.Exit("other.0", "signal 9");
+  clock_.Advance(700);
+  workers_.SetReadyAgain("other.0", other_.server.port());
+  gateway_->WorkerReady("other.0");
+  auto send = [&](const std::string& id) {
+    return Send("/v1/completions", json{{"model", "other"}, {"prompt", "x"}, {"max_tokens", 4}}.dump(), "POST",
+                {{"X-Request-Id", id}});
+  };
+  auto probe = send("o-probe");
+  ASSERT_TRUE(Eventually([&] { return other_.calls() == 1; }));
+  auto next = send("o-next");
+  ASSERT_TRUE(ToldWhyItWaits("o-next"));
+  auto q = Send("/v1/requests/o-next", "", "GET");
+  ASSERT_TRUE(q->Wait());
+  const std::string reason = json::parse(q->body())["queue"]["reason"];
+  EXPECT_NE(reason.find("request o-probe probes it first"), std::string::npos) << reason;
+  EXPECT_EQ(other_.calls(), 1u) << "went beside the probe";
+  Answer(other_.TakeHeld(0), "other");
+  ASSERT_TRUE(probe->Wait());
+  ASSERT_TRUE(Eventually([&] { return other_.calls() == 2; })) << "the probe's answer closed it";
+  Answer(other_.TakeHeld(1), "other");
+  ASSERT_TRUE(next->Wait());
+  EXPECT_EQ(next->status(), 200u) << next->body();
+}
+
 TEST_F(SmallBodyLifecycleTest, AnOllamaBodyTooLargeOnceTranslatedIsA413) {
   const json call = {{"function", {{"name", "write"}, {"arguments", {{"text", std::string(40000, '"')}}}}}};
   const json body = {{"model", "chat"},
