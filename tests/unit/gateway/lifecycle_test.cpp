@@ -262,6 +262,14 @@ class LifecycleTest : public ::testing::Test {
       return q->Wait() && json::parse(q->body()).value("queue", json::object()).contains("reason");
     });
   }
+  // Worker `key` was killed and its replacement (on `port`) is ready 0.7 s
+  // later, as the supervisor's ready callback says: its breaker is half-open.
+  void KilledAndBack(const std::string& key, uint16_t port) {
+    workers_.Exit(key, "signal 9");
+    clock_.Advance(700);  // its backoff, its load
+    workers_.SetReadyAgain(key, port);
+    gateway_->WorkerReady(key);
+  }
   // Both workers begin to load (a model loading since now), and are ready again.
   void EveryWorkerStarting() {
     workers_.SetStarting("chat.0", clock_.NowMs());
@@ -525,10 +533,7 @@ TEST_F(LifecycleTest, ARestartedWorkerIsProbedWithoutWaitingOutItsEjection) {
 // Every request that came in once the ejection ended went to the primary.
 TEST_F(LifecycleTest, AHalfOpenPrimaryTakesOneProbeAndItsAnswerClosesIt) {
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
-  workers_.Exit("chat.0", "signal 9");
-  clock_.Advance(700);
-  workers_.SetReadyAgain("chat.0", primary_.server.port());
-  gateway_->WorkerReady("chat.0");
+  KilledAndBack("chat.0", primary_.server.port());
   auto probe = Complete("r-probe");
   ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
   EXPECT_EQ(StatusNow()["services"][0]["placements"][0]["breaker"]["probe"], "r-probe");
@@ -1386,10 +1391,7 @@ TEST_F(SharedDeviceLifecycleTest, ADevicesOpenBreakerShowsItsServicesDegraded) {
 // probes: the next request waits, told why, and goes once the probe answers.
 TEST_F(SharedDeviceLifecycleTest, ALonePlacementsNextRequestWaitsForItsProbe) {
   other_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { other_.Hold(req, std::move(ex)); };
-  workers_.Exit("other.0", "signal 9");
-  clock_.Advance(700);
-  workers_.SetReadyAgain("other.0", other_.server.port());
-  gateway_->WorkerReady("other.0");
+  KilledAndBack("other.0", other_.server.port());
   auto send = [&](const std::string& id) {
     return Send("/v1/completions", json{{"model", "other"}, {"prompt", "x"}, {"max_tokens", 4}}.dump(), "POST",
                 {{"X-Request-Id", id}});
