@@ -204,12 +204,15 @@ RequestNeed FitToContext(const RequestNeed& r, const std::vector<PlacementView>&
 Decision Decide(const RequestNeed& asked, const std::vector<PlacementView>& ps, const Policy& pol) {
   const RequestNeed r = FitToContext(asked, ps);
   Decision d = Place(r, ps, pol);
-  // A primary that is not up yet (starting, restarting) is waited for, not judged.
-  if (d.kind == Kind::kReject && d.http_status == 503 && !ps.empty() && ps[0].comes_back && !pol.fail_fast &&
-      r.waited_s < pol.start_wait_s) {
-    d = Make(Kind::kDelay, 0, r.max_tokens, ps[0].name + " is not up yet; waited " +
-                                                N(static_cast<uint64_t>(r.waited_s)) + " s of " +
-                                                N(static_cast<uint64_t>(pol.start_wait_s)) + " s for it");
+  // A primary that is not up yet (starting, restarting) is waited for, not
+  // judged; one that a request probes is only busy, waited for by a
+  // fail_fast service too (which waits for a busy primary).
+  if (d.kind == Kind::kReject && d.http_status == 503 && !ps.empty() && ps[0].comes_back &&
+      (!pol.fail_fast || ps[0].probing) && r.waited_s < pol.start_wait_s) {
+    d = Make(Kind::kDelay, 0, r.max_tokens,
+             ps[0].probing ? ps[0].name + " is back after a failure, and one request probes it first; waiting for its answer"
+                           : ps[0].name + " is not up yet; waited " + N(static_cast<uint64_t>(r.waited_s)) + " s of " +
+                                 N(static_cast<uint64_t>(pol.start_wait_s)) + " s for it");
     d.retry_after_s = 1;
     return d;
   }

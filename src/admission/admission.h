@@ -40,6 +40,7 @@ struct PlacementView {
   uint32_t slots_free = 0;
   double est_wait_s = 0;    // when its pool frees enough (from running requests' progress)
   bool comes_back = false;  // not usable now but expected to be (its worker is starting, its breaker will probe)
+  bool probing = false;     // not usable only while one request probes its half-open breaker (comes back within seconds)
   bool own_line = false;    // the CPU path: its own line orders who goes first, not the service's
   double prompt_tps = 0, gen_tps = 0;  // measured throughput (0: not measured yet)
   // Each slot a KV stream of its own (cells_total cells each, kv_unified

@@ -21,17 +21,28 @@ bool Breaker::Usable() {
 
 void Breaker::BeginProbe(const std::string& id) {
   if (state_ != BreakerState::kHalfOpen || !ProbeFree()) return;
-  probe_ = id;  // (ids are never empty)
+  constexpr size_t kMaxProbes = 16;  // (a stuck one past its hold is forgotten first)
+  if (probes_.size() >= kMaxProbes) probes_.erase(probes_.begin());
+  probes_.push_back(id);
   probe_since_ms_ = clock_->NowMs();
 }
 
+bool Breaker::Probing(const std::string& id) const {
+  return std::find(probes_.begin(), probes_.end(), id) != probes_.end();
+}
+
 void Breaker::EndProbe(const std::string& id) {
-  if (Probing(id)) probe_.clear();
+  auto it = std::find(probes_.begin(), probes_.end(), id);
+  if (it == probes_.end()) return;
+  // The latest one ended without a result: the next request probes now
+  // (the earlier ones' holds are over already).
+  if (std::next(it) == probes_.end()) probe_since_ms_ = clock_->NowMs() - opts_.probe_hold_ms;
+  probes_.erase(it);
 }
 
 void Breaker::OnSuccess() {
   consecutive_ = 0;
-  probe_.clear();
+  probes_.clear();
   if (state_ == BreakerState::kHalfOpen) {
     state_ = BreakerState::kClosed;
     closed_since_ms_ = clock_->NowMs();
@@ -66,7 +77,7 @@ void Breaker::Open(const std::string& reason) {
     ejections_ = static_cast<int>(std::max<int64_t>(0, ejections_ - forgiven));
   }
   closed_since_ms_ = -1;
-  probe_.clear();
+  probes_.clear();
   ++ejections_;
   consecutive_ = 0;
   state_ = BreakerState::kOpen;

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 
@@ -45,15 +46,16 @@ class Breaker {
   // Whether traffic may go here now (an open breaker whose ejection has
   // elapsed becomes half-open; a half-open one whose probe is out is not).
   bool Usable();
-  // Request `id` goes here: when half-open, it is the probe (the one before
-  // it, held past probe_hold_ms, still counts with its result). Call it only
-  // when Usable() said yes.
+  // Request `id` goes here: when half-open, it is the probe (those before
+  // it, held past probe_hold_ms, are still probes: their results and first
+  // events count). Call it only when Usable() said yes.
   void BeginProbe(const std::string& id);
   // Request `id` ended here without a result (cancelled, released, a busy
-  // worker): when it was the probe, the next request probes instead.
+  // worker): when it was the latest probe, the next request probes instead.
   void EndProbe(const std::string& id);
-  bool Probing(const std::string& id) const { return !probe_.empty() && probe_ == id; }
-  const std::string& probe() const { return probe_; }  // the request probing it; empty when none
+  bool Probing(const std::string& id) const;
+  // The latest request probing it; empty when none.
+  std::string probe() const { return probes_.empty() ? std::string() : probes_.back(); }
   void OnSuccess();
   // Counts towards opening it; while it is open, only the reason changes
   // (attempts in flight when it opened fail with the same incident).
@@ -84,7 +86,7 @@ class Breaker {
 
  private:
   void Open(const std::string& reason);
-  bool ProbeFree() const { return probe_.empty() || clock_->NowMs() - probe_since_ms_ >= opts_.probe_hold_ms; }
+  bool ProbeFree() const { return probes_.empty() || clock_->NowMs() - probe_since_ms_ >= opts_.probe_hold_ms; }
 
   BreakerOptions opts_;
   const Clock* clock_;
@@ -94,7 +96,9 @@ class Breaker {
   int64_t open_until_ms_ = 0;
   int64_t closed_since_ms_ = -1;  // when it last closed after a probe (-1: never opened, or not closed since)
   std::string last_reason_;
-  std::string probe_;  // the request probing a half-open breaker (empty: none)
+  // The requests probing a half-open breaker, in order (the latest holds it
+  // until probe_hold_ms after probe_since_ms_); a few at most: one per hold.
+  std::vector<std::string> probes_;
   int64_t probe_since_ms_ = 0;
 };
 

@@ -200,7 +200,7 @@ class Gateway {
   void ReleaseTarget(const std::string& service, const std::string& id, Target* target);
   // Request `id`'s stream reached its first event on `target`: a half-open
   // breaker it probes closes (PlacementBoard::Answering) and the requests
-  // waiting for the service are woken.
+  // waiting for the service (every service, for a device's) are woken.
   void FirstEvent(const std::string& service, const std::string& id, const Target& target);
   // The supervisor saw a worker exit or replaced it: its breaker opens (and its
   // device's, when the device was lost), even with no request in flight.

@@ -104,8 +104,11 @@ Gateway::CpuGate Gateway::CpuPathGateLocked(const journal::RequestRecord& rec, c
 }
 
 void Gateway::FirstEvent(const std::string& service, const std::string& id, const Target& t) {
-  if (!board_.Answering(service, t.index, id, t.generation)) return;
-  if (auto it = signals_.find(service); it != signals_.end()) it->second->Notify();
+  const auto closed = board_.Answering(service, t.index, id, t.generation);
+  if (closed == PlacementBoard::Closed::kNone) return;
+  for (auto& [name, signal] : signals_) {
+    if (closed == PlacementBoard::Closed::kDevice || name == service) signal->Notify();
+  }
 }
 
 void Gateway::ReleaseTarget(const std::string& service, const std::string& id, Target* t) {

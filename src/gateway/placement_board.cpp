@@ -83,16 +83,17 @@ void PlacementBoard::BeginProbes(Placement& st, const std::string& id) {
 
 std::string PlacementBoard::ProbeOut(const std::string& service, size_t index) {
   std::lock_guard<std::mutex> lk(mu_);
-  auto& st = *placements_.at(service).at(index);
-  if (BreakersAllow(st)) return "";
+  return ProbeBlocking(*placements_.at(service).at(index));
+}
+
+std::string PlacementBoard::ProbeBlocking(Placement& st) {
   auto it = device_breakers_.find(st.cfg.device);
-  const bool device_ok = it == device_breakers_.end() || it->second.Usable();
-  const bool own_ok = st.breaker.Usable();
+  failover::Breaker* device = it == device_breakers_.end() ? nullptr : &it->second;
+  const bool own_ok = st.breaker.Usable(), device_ok = !device || device->Usable();
+  if (own_ok && device_ok) return "";
   // Held back by a probe alone: each breaker that stops it is half-open with one out.
-  if ((own_ok || !st.breaker.probe().empty()) && (device_ok || !it->second.probe().empty())) {
-    return !st.breaker.probe().empty() ? st.breaker.probe() : it->second.probe();
-  }
-  return "";
+  if ((!own_ok && st.breaker.probe().empty()) || (!device_ok && device->probe().empty())) return "";
+  return !own_ok ? st.breaker.probe() : device->probe();
 }
 
 std::optional<double> PlacementBoard::LineWaitS(const std::string& service, uint32_t ahead) {
@@ -172,6 +173,7 @@ std::vector<admission::PlacementView> PlacementBoard::Views(const config::Servic
     v.est_wait_s = EstimatedWaitS(st, need).value_or(kUnmeasuredWaitS);
     // Admitted to run but not usable now: its worker is starting or restarting, or its breaker will probe.
     v.comes_back = !v.usable && !ex && st.admission.admitted;
+    v.probing = v.comes_back && startable(k) && !ProbeBlocking(st).empty();
     v.prompt_tps = st.prompt_tps;
     v.gen_tps = st.gen_tps;
     views.push_back(v);
@@ -268,17 +270,18 @@ void PlacementBoard::AttemptSucceeded(const std::string& service, size_t index, 
   if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.OnSuccess();
 }
 
-bool PlacementBoard::Answering(const std::string& service, size_t index, const std::string& id, uint64_t generation) {
+PlacementBoard::Closed PlacementBoard::Answering(const std::string& service, size_t index, const std::string& id,
+                                                 uint64_t generation) {
   std::lock_guard<std::mutex> lk(mu_);
   auto& st = *placements_.at(service).at(index);
-  bool closed = false;
+  Closed closed = Closed::kNone;
   if (generation == st.generation && st.breaker.Probing(id)) {
     st.breaker.OnSuccess();
-    closed = true;
+    closed = Closed::kPlacement;
   }
   if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end() && it->second.Probing(id)) {
     it->second.OnSuccess();
-    closed = true;
+    closed = Closed::kDevice;
   }
   return closed;
 }

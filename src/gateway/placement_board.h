@@ -144,8 +144,10 @@ class PlacementBoard {
   // Request `id`'s stream reached its first event on placement `index`: the
   // placement allocates and computes again. When `id` probes a half-open
   // breaker (its own or its device's), that breaker closes now, not when a
-  // long stream ends. True when one closed (requests waiting may go).
-  bool Answering(const std::string& service, size_t index, const std::string& id, uint64_t generation);
+  // long stream ends. What closed (requests waiting may go: the service's,
+  // or every service's when it was the device's breaker).
+  enum class Closed { kNone, kPlacement, kDevice };
+  Closed Answering(const std::string& service, size_t index, const std::string& id, uint64_t generation);
   // A worker exited or was replaced: its breaker opens (and its device's
   // when the device was lost), and its placements' generation is counted up.
   void WorkerExited(const std::string& key, const std::string& why, bool device_lost);
@@ -188,6 +190,8 @@ class PlacementBoard {
   bool BreakersAllow(Placement& st);
   // Request `id` goes to `st`: it probes whichever of its breakers is half-open (mu_ held).
   void BeginProbes(Placement& st, const std::string& id);
+  // The request whose probe alone holds `st` back (its breaker's or its device's); empty otherwise (mu_ held).
+  std::string ProbeBlocking(Placement& st);
   std::optional<double> EstimatedWaitS(const Placement& st, uint64_t need) const;  // mu_ held
 
   const Clock& clock_;

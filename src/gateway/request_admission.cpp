@@ -253,16 +253,19 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
     // Placements whose breaker (or device's) is open take nothing; those
     // that failed this request already are skipped while another may take
     // it (as the decision's views do, placement_board.h).
-    std::vector<bool> usable(states_.size());
+    std::vector<bool> usable(states_.size()), probing(states_.size());
     bool others = false;
     std::string probed;  // a placement held back only while one request probes its half-open breaker: busy
     for (size_t i = 0; i < states_.size(); ++i) {
       usable[i] = states_[i]->admission.admitted && !held_[i] && g_.board_.Allows(svc_.name, i);
       others |= usable[i] && !(i < excluded_.size() && excluded_[i]);
-      if (!usable[i] && probed.empty() && states_[i]->admission.admitted && !held_[i]) {
+      if (!usable[i] && states_[i]->admission.admitted && !held_[i]) {
         if (std::string p = g_.board_.ProbeOut(svc_.name, i); !p.empty()) {
-          probed = states_[i]->cfg.Name() + " is back after a failure, and request " + p +
-                   " probes it first; waiting for its answer";
+          probing[i] = true;
+          if (probed.empty()) {
+            probed = states_[i]->cfg.Name() + " is back after a failure, and request " + p +
+                     " probes it first; waiting for its answer";
+          }
         }
       }
     }
@@ -271,7 +274,9 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
     // refused by the CPU path's line waits for it instead. (Asked only then.)
     auto others_up = [&] {
       for (size_t k = 0; k < states_.size(); ++k) {
-        if (usable[k] && !svc_.OnCpuPath(k) && g_.supervisor_.ReadyPort(states_[k]->key).has_value()) return true;
+        if ((usable[k] || probing[k]) && !svc_.OnCpuPath(k) && g_.supervisor_.ReadyPort(states_[k]->key).has_value()) {
+          return true;  // (one a request probes is busy, not gone)
+        }
       }
       return false;
     };
@@ -460,7 +465,8 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
               g_.CpuPathGate(rec_, svc_, &d, prompt_tokens, &limits, &note, &est_wait_s, rejected_);
           const uint64_t primary_need = static_cast<uint64_t>(prompt_tokens) + (fit_context ? 1 : max_tokens);
           const bool primary_later =
-              d.placement != 0 && !views.empty() && views[0].usable && primary_need <= views[0].cells_total;
+              d.placement != 0 && !views.empty() && (views[0].usable || views[0].probing) &&
+              primary_need <= views[0].cells_total;
           // The CPU path's own line orders it from now on (its bound and
           // positions count from the moment it joins): out of the service's.
           if (gate != Gateway::CpuGate::kReject || !primary_later) LeaveServiceLine();

@@ -211,6 +211,12 @@ TEST(AdmissionTest, APrimaryThatComesBackIsWaitedForWithinTheStartWait) {
   pol.fail_fast = true;
   starting.comes_back = true;
   EXPECT_EQ(Decide(need, {starting}, pol).kind, Kind::kReject);
+  // Held back only while one request probes its half-open breaker: busy,
+  // waited for by a fail_fast service as a busy primary is.
+  starting.probing = true;
+  auto probed = Decide(need, {starting}, pol);
+  EXPECT_EQ(probed.kind, Kind::kDelay) << probed.reason;
+  EXPECT_NE(probed.reason.find("one request probes it first"), std::string::npos) << probed.reason;
 }
 
 TEST(AdmissionTest, ARequestThatCannotFinishBeforeItsDeadlineIsRefusedAtOnce) {

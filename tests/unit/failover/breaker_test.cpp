@@ -143,6 +143,8 @@ TEST(BreakerTest, AHalfOpenBreakerLetsOneProbeThroughAtATime) {
   ASSERT_TRUE(b.Usable());
   b.BeginProbe("d");
   EXPECT_TRUE(b.Probing("d"));
+  EXPECT_TRUE(b.Probing("c")) << "still a probe: its first event or result counts";
+  EXPECT_EQ(b.probe(), "d");
   b.EndProbe("c");
   EXPECT_FALSE(b.Usable()) << "the earlier probe's end frees nothing";
   b.OnSuccess();  // (either one's result counts)

@@ -1495,6 +1495,24 @@ TEST_F(CpuPromptBoundLifecycleTest, ARefusalOfTheCpuPathBesideABusyAcceleratorIs
   ASSERT_TRUE(b->Wait());
 }
 
+// The same beside an accelerator held back only while one request probes
+// its half-open breaker: busy, not gone. It was a 503 at once.
+TEST_F(CpuPromptBoundLifecycleTest, ARefusalOfTheCpuPathBesideAProbedAcceleratorIsAWait) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  KilledAndBack("chat.0", primary_.server.port());
+  auto probe = Complete("p-probe");
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
+  auto c = Complete("p-c");
+  EXPECT_FALSE(c->Wait(std::chrono::milliseconds(300))) << "refused at once: " << c->body();
+  Answer(primary_.TakeHeld(0), "probe");
+  ASSERT_TRUE(probe->Wait());
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 2; })) << "it never went to the primary: " << c->body();
+  Answer(primary_.TakeHeld(1), "c");
+  ASSERT_TRUE(c->Wait());
+  EXPECT_EQ(c->status(), 200u) << c->body();
+  EXPECT_EQ(fallback_.calls(), 0u);
+}
+
 class OllamaNumPredictTest : public LifecycleTest {
  protected:
   void SetUp() override {

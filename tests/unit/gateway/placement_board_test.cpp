@@ -138,9 +138,11 @@ TEST_F(PlacementBoardTest, AHalfOpenPlacementTakesOneProbeAtATime) {
   board_->Release("chat", 0, "a", /*cells=*/true, /*slot=*/true);  // cancelled: no result
   ASSERT_TRUE(Views()[0].usable) << "the next request probes";
   ASSERT_TRUE(board_->TakeSlot("chat", 0, "b", 5, [] { return true; }, &gen));
-  EXPECT_FALSE(board_->Answering("chat", 0, "x", gen)) << "not the probe";
+  EXPECT_EQ(board_->Answering("chat", 0, "x", gen), PlacementBoard::Closed::kNone) << "not the probe";
   EXPECT_FALSE(Views()[0].usable);
-  EXPECT_TRUE(board_->Answering("chat", 0, "b", gen)) << "its stream's first event";
+  EXPECT_TRUE(Views()[0].probing);
+  EXPECT_EQ(board_->ProbeOut("chat", 0), "b");
+  EXPECT_EQ(board_->Answering("chat", 0, "b", gen), PlacementBoard::Closed::kPlacement) << "its stream's first event";
   EXPECT_TRUE(Views()[0].usable);
   EXPECT_EQ(board_->PlacementJson("chat", 0, 16)["breaker"]["state"], "closed");
   EXPECT_TRUE(board_->Reserve("chat", 0, "c", 10, 5, 5)) << "closed: beside the stream still running";
@@ -154,9 +156,17 @@ TEST_F(PlacementBoardTest, AHalfOpenDeviceTakesOneProbeAcrossItsPlacements) {
   ASSERT_TRUE(Views()[0].usable && Views()[1].usable);
   ASSERT_TRUE(board_->Reserve("chat", 1, "a", 10, 5, 5));
   EXPECT_FALSE(Views()[0].usable) << "the device is probed by the request on the other placement";
-  board_->AttemptSucceeded("chat", 1);
-  EXPECT_TRUE(Views()[0].usable);
+  EXPECT_EQ(board_->ProbeOut("chat", 0), "a") << "the device's probe, not the placement's own (none)";
+  clock_.Advance(5'000);  // the device's probe held past its hold: the next request probes too
+  ASSERT_TRUE(Views()[0].usable);
+  ASSERT_TRUE(board_->Reserve("chat", 0, "b", 10, 5, 5));
+  EXPECT_EQ(board_->ProbeOut("chat", 1), "b");
+  EXPECT_EQ(board_->Answering("chat", 1, "a", 0), PlacementBoard::Closed::kDevice)
+      << "the first probe's late first event still closes the device's breaker";
+  EXPECT_TRUE(Views()[1].usable);
   EXPECT_EQ(board_->DevicesJson()[0]["breaker"]["state"], "closed");
+  EXPECT_FALSE(Views()[0].usable) << "its own breaker (tripped by the lost device too) is probed by b";
+  EXPECT_EQ(board_->ProbeOut("chat", 0), "b");
 }
 
 TEST_F(PlacementBoardTest, TheLinesWaitEstimateGrowsWithTheRequestsAhead) {
