@@ -125,7 +125,9 @@ Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const
       const int wait = std::max(1, static_cast<int>(std::ceil(soonest_s)));
       return Reject(503, wait, sum + " fit only a pool that is full for about " + N(wait) + " s");
     }
-    if (shrunk >= r.min_tokens && primary.usable) {  // shrunk, it fits the primary's pool once it frees
+    // Shrunk, it fits the primary's pool once it frees (or once it is back:
+    // restarting, or probed by one request; Decide waits for that).
+    if (shrunk >= r.min_tokens && (primary.usable || primary.comes_back)) {
       const int wait = std::max(1, static_cast<int>(std::ceil(primary.est_wait_s)));
       return Reject(503, wait, sum + " fit " + primary.name + "'s pool only shrunk, and it is full for about " +
                                    N(wait) + " s");

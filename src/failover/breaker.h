@@ -54,8 +54,8 @@ class Breaker {
   // worker): when it was the latest probe, the next request probes instead.
   void EndProbe(const std::string& id);
   bool Probing(const std::string& id) const;
-  // The latest request probing it; empty when none.
-  std::string probe() const { return probes_.empty() ? std::string() : probes_.back(); }
+  // The request whose probe holds it now; empty when none does (the next request may probe).
+  std::string probe() const { return ProbeFree() ? std::string() : probes_.back(); }
   void OnSuccess();
   // Counts towards opening it; while it is open, only the reason changes
   // (attempts in flight when it opened fail with the same incident).

@@ -259,7 +259,10 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
     for (size_t i = 0; i < states_.size(); ++i) {
       usable[i] = states_[i]->admission.admitted && !held_[i] && g_.board_.Allows(svc_.name, i);
       others |= usable[i] && !(i < excluded_.size() && excluded_[i]);
-      if (!usable[i] && states_[i]->admission.admitted && !held_[i]) {
+    }
+    for (size_t i = 0; i < states_.size(); ++i) {
+      // (One that failed this request already, while another may take it, is not waited for.)
+      if (!usable[i] && states_[i]->admission.admitted && !held_[i] && !(others && i < excluded_.size() && excluded_[i])) {
         if (std::string p = g_.board_.ProbeOut(svc_.name, i); !p.empty()) {
           probing[i] = true;
           if (probed.empty()) {

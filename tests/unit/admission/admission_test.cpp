@@ -217,6 +217,14 @@ TEST(AdmissionTest, APrimaryThatComesBackIsWaitedForWithinTheStartWait) {
   auto probed = Decide(need, {starting}, pol);
   EXPECT_EQ(probed.kind, Kind::kDelay) << probed.reason;
   EXPECT_NE(probed.reason.find("one request probes it first"), std::string::npos) << probed.reason;
+  // One larger than the pool that fits it shrunk: waited for too (it was a
+  // 400, "can never fit", while the primary was probed or restarting).
+  RequestNeed shrinkable{1000, 8000, /*allow_shrink=*/true, 16};
+  auto shrunk_later = Decide(shrinkable, {starting}, pol);
+  EXPECT_EQ(shrunk_later.kind, Kind::kDelay) << shrunk_later.reason;
+  pol.fail_fast = false;
+  starting.probing = false;  // restarting
+  EXPECT_EQ(Decide(shrinkable, {starting}, pol).kind, Kind::kDelay);
 }
 
 TEST(AdmissionTest, ARequestThatCannotFinishBeforeItsDeadlineIsRefusedAtOnce) {
