@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <system_error>
 
 #include "cli/chaos_command.h"
 #include "cli/doctor_command.h"
@@ -37,6 +38,15 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  } catch (const std::system_error& e) {
+    // A thread or process that could not start (EAGAIN: the process or user thread limit).
+    if (e.code() == std::errc::resource_unavailable_try_again) {
+      std::fprintf(stderr, "spillway: cannot start a thread: %s (the process or user thread limit, ulimit -u?)\n",
+                   e.what());
+    } else {
+      std::fprintf(stderr, "spillway: %s\n", e.what());
+    }
+    return 1;
   } catch (const std::exception& e) {
     // A command that met what it did not expect (a server's odd answer, a
     // file's odd shape) says so and exits 1: never an abort and a core dump.

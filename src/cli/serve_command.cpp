@@ -20,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <system_error>
 #include <thread>
 
 #include "api/http_client.h"
@@ -434,13 +435,26 @@ int Serve(const ServeArgs& a) {
   });
   std::signal(SIGPIPE, SIG_IGN);
   std::vector<std::thread> loop_threads;
-  for (auto& l : more_loops) {
-    loop_threads.emplace_back([l = l.get()] {
-      auto work = boost::asio::make_work_guard(*l);  // idle until stopped
-      http::RunLogged(*l, "spillway");
-    });
+  int rc = 0;
+  try {
+    for (auto& l : more_loops) {
+      loop_threads.emplace_back([l = l.get()] {
+        auto work = boost::asio::make_work_guard(*l);  // idle until stopped
+        http::RunLogged(*l, "spillway");
+      });
+    }
+  } catch (const std::system_error& e) {
+    // (The process or user thread limit: stopped as SIGTERM stops it, not
+    // ended by std::terminate with its threads running.)
+    std::fprintf(stderr, "spillway serve: cannot start the event loops' threads (%zu of %zu): %s (ulimit -u?)\n",
+                 loop_threads.size(), more_loops.size(), e.what());
+    notifications.Stopping();
+    server.Stop();
+    ioc.stop();
+    for (auto& l : more_loops) l->stop();
+    rc = 1;
   }
-  http::RunLogged(ioc, "spillway");
+  if (rc == 0) http::RunLogged(ioc, "spillway");
   for (auto& t : loop_threads) t.join();
   {
     std::lock_guard<std::mutex> lk(prune_mu);
@@ -454,7 +468,7 @@ int Serve(const ServeArgs& a) {
     std::fprintf(stderr, "spillway serve: could not record the stop: %s\n", st.message().c_str());
   }
   supervisor.Stop();
-  return 0;
+  return rc;
 }
 
 }  // namespace

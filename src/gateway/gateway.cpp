@@ -146,11 +146,11 @@ void Gateway::Spawn(boost::asio::awaitable<void> task, boost::asio::any_io_execu
 }
 
 void Gateway::PostBlocking(std::function<void()> f) {
-  boost::asio::post(blocking_, [f = std::move(f)] { RunSurviving("spillway: a blocking task", f); });
+  boost::asio::post(blocking_.get_executor(), [f = std::move(f)] { RunSurviving("spillway: a blocking task", f); });
 }
 
 void Gateway::PostStatus(std::function<void()> f) {
-  boost::asio::post(status_pool_, [f = std::move(f)] { RunSurviving("spillway: a status task", f); });
+  boost::asio::post(status_pool_.get_executor(), [f = std::move(f)] { RunSurviving("spillway: a status task", f); });
 }
 
 CapacitySignal& Gateway::SignalFor(const std::string& service) { return *signals_.at(service); }

@@ -36,7 +36,6 @@
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
-#include <boost/asio/thread_pool.hpp>
 
 #include <atomic>
 #include <functional>
@@ -52,6 +51,7 @@
 
 #include "api/http_server.h"
 #include "common/clock.h"
+#include "common/thread_pool.h"
 #include "config/config.h"
 #include "admission/admission.h"
 #include "gateway/capacity_signal.h"
@@ -349,8 +349,8 @@ class Gateway {
   const Clock& clock_;
   Metrics metrics_;
   std::optional<boost::asio::any_io_executor> io_;
-  boost::asio::thread_pool blocking_{16};
-  boost::asio::thread_pool status_pool_{2};
+  ThreadPool blocking_{16, "gateway's blocking-work"};
+  ThreadPool status_pool_{2, "gateway's status"};
   upstream::ConnectionPool pool_;
   // Woken when capacity may have changed, per service (an attempt released
   // its cells or slot, a worker came or went, a request was cancelled).

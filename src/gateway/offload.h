@@ -13,7 +13,6 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <exception>
@@ -24,17 +23,18 @@
 #include <utility>
 
 #include "common/status.h"
+#include "common/thread_pool.h"
 
 namespace spillway::gateway {
 
 template <typename F>
-boost::asio::awaitable<std::invoke_result_t<F&>> Offload(boost::asio::thread_pool& pool, F f) {
+boost::asio::awaitable<std::invoke_result_t<F&>> Offload(ThreadPool& pool, F f) {
   using R = std::invoke_result_t<F&>;
   std::optional<R> result;
   std::exception_ptr error;
   co_await boost::asio::async_initiate<decltype(boost::asio::use_awaitable), void()>(
       [&](auto handler) {
-        boost::asio::post(pool, [&, handler = std::move(handler)]() mutable {
+        boost::asio::post(pool.get_executor(), [&, handler = std::move(handler)]() mutable {
           try {
             result.emplace(f());
           } catch (...) {

@@ -123,7 +123,7 @@ void WorkerService::Handle(http::Request req, std::shared_ptr<http::Exchange> ex
                         (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/embeddings" ||
                          path == protocol::kTokenizePath || path == protocol::kApplyTemplatePath);
   if (prepared && req.body().size() > kInlineBodyBytes) {
-    return boost::asio::post(prep_, [this, req = std::move(req), ex = std::move(ex)]() mutable {
+    return boost::asio::post(prep_.get_executor(), [this, req = std::move(req), ex = std::move(ex)]() mutable {
       if (ex->disconnected()) return;  // its caller gave up while it waited (a gateway's count that timed out)
       // (As on the I/O threads: an exception answers 500, never ends the worker.)
       RunSurviving("spillway-worker: preparing a request", [&] { Route(req, std::move(ex)); });

@@ -34,7 +34,7 @@
 #include <mutex>
 #include <string>
 
-#include <boost/asio/thread_pool.hpp>
+#include "common/thread_pool.h"
 
 #include "api/http_server.h"
 #include "api/json_limits.h"
@@ -106,7 +106,7 @@ class WorkerService {
   std::mutex rng_mu_;
   std::mt19937_64 rng_;
   std::atomic<uint64_t> requests_{0};
-  boost::asio::thread_pool prep_{2};
+  ThreadPool prep_{2, "worker's request-preparation"};
   std::atomic<std::chrono::steady_clock::rep> last_caller_{std::chrono::steady_clock::now().time_since_epoch().count()};
 };
 

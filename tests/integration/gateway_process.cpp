@@ -77,6 +77,7 @@ bool GatewayProcess::Start(std::chrono::seconds timeout, bool wait_ready) {
     int status;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
+      exit_status_ = status;
       return false;
     }
     if (!port_) {
@@ -106,7 +107,7 @@ void GatewayProcess::Stop() {
   if (pid_ <= 0) return;
   kill(pid_, SIGTERM);
   for (int i = 0; i < 500; ++i) {
-    if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+    if (waitpid(pid_, &exit_status_, WNOHANG) == pid_) {
       pid_ = -1;
       return;
     }

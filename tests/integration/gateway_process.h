@@ -37,6 +37,8 @@ class GatewayProcess {
   void UnsetEnv(std::string name) { unset_env_.push_back(std::move(name)); }
   const std::string& state_dir() const { return state_dir_; }
   std::string Output() const;
+  // How the process ended (waitpid's status), once Start() saw it exit or Stop() ended it; -1 before.
+  int exit_status() const { return exit_status_; }
 
  private:
   std::string dir_, state_dir_, config_path_;
@@ -45,6 +47,7 @@ class GatewayProcess {
   bool crashed_ = false;  // killed with -9 and not started again: its workers are ours to clean up
   pid_t pid_ = -1;
   uint16_t port_ = 0;
+  int exit_status_ = -1;
 };
 
 }  // namespace spillway::testing
