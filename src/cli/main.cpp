@@ -38,19 +38,13 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
-  } catch (const std::system_error& e) {
-    // A thread or process that could not start (EAGAIN: the process or user thread limit).
-    if (e.code() == std::errc::resource_unavailable_try_again) {
-      std::fprintf(stderr, "spillway: cannot start a thread: %s (the process or user thread limit, ulimit -u?)\n",
-                   e.what());
-    } else {
-      std::fprintf(stderr, "spillway: %s\n", e.what());
-    }
-    return 1;
   } catch (const std::exception& e) {
     // A command that met what it did not expect (a server's odd answer, a
     // file's odd shape) says so and exits 1: never an abort and a core dump.
-    std::fprintf(stderr, "spillway: %s\n", e.what());
+    // A thread that could not start (EAGAIN) names the limit it met.
+    const auto* sys = dynamic_cast<const std::system_error*>(&e);
+    const bool thread_limit = sys && sys->code() == std::errc::resource_unavailable_try_again;
+    std::fprintf(stderr, "spillway: %s%s\n", e.what(), thread_limit ? " (the process or user thread limit, ulimit -u?)" : "");
     return 1;
   }
   return exit_code;

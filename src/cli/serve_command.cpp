@@ -427,12 +427,13 @@ int Serve(const ServeArgs& a) {
     }
   });
 
-  signals.async_wait([&](const boost::system::error_code&, int) {
+  auto stop = [&] {
     notifications.Stopping();
     server.Stop();
     ioc.stop();
     for (auto& l : more_loops) l->stop();
-  });
+  };
+  signals.async_wait([&](const boost::system::error_code&, int) { stop(); });
   std::signal(SIGPIPE, SIG_IGN);
   std::vector<std::thread> loop_threads;
   int rc = 0;
@@ -448,10 +449,7 @@ int Serve(const ServeArgs& a) {
     // ended by std::terminate with its threads running.)
     std::fprintf(stderr, "spillway serve: cannot start the event loops' threads (%zu of %zu): %s (ulimit -u?)\n",
                  loop_threads.size(), more_loops.size(), e.what());
-    notifications.Stopping();
-    server.Stop();
-    ioc.stop();
-    for (auto& l : more_loops) l->stop();
+    stop();
     rc = 1;
   }
   if (rc == 0) http::RunLogged(ioc, "spillway");

@@ -12,8 +12,7 @@ ThreadPool::ThreadPool(size_t threads, std::string name) : work_(ctx_.get_execut
     ctx_.stop();
     for (auto& t : threads_) t.join();
     throw std::system_error(e.code(), "cannot start the " + name + " threads (" + std::to_string(threads_.size()) +
-                                          " of " + std::to_string(threads) + " started; the process or user " +
-                                          "thread limit, ulimit -u?)");
+                                          " of " + std::to_string(threads) + " started)");
   }
 }
 

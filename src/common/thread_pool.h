@@ -1,7 +1,7 @@
 // A few threads running posted work (Asio's thread_pool, minus its start-up
 // hang): when a thread cannot be created (the process or user thread limit),
 // the ones already running are stopped and joined and the constructor
-// throws std::system_error naming the pool. boost::asio::thread_pool's own
+// throws std::system_error naming the pool (main names the limit). boost::asio::thread_pool's own
 // constructor joined its running threads without stopping them first, and
 // hung for ever (the gateway never listened, never said why).
 #pragma once

@@ -81,6 +81,11 @@ void PlacementBoard::BeginProbes(Placement& st, const std::string& id) {
   if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.BeginProbe(id);
 }
 
+void PlacementBoard::EndProbes(Placement& st, const std::string& id) {
+  st.breaker.EndProbe(id);
+  if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.EndProbe(id);
+}
+
 std::string PlacementBoard::ProbeOut(const std::string& service, size_t index) {
   std::lock_guard<std::mutex> lk(mu_);
   return ProbeBlocking(*placements_.at(service).at(index));
@@ -142,10 +147,11 @@ std::vector<admission::PlacementView> PlacementBoard::Views(const config::Servic
   auto& states = placements_.at(svc.name);
   auto is_excluded = [&](size_t k) { return k < excluded.size() && excluded[k]; };
   // Each placement's availability, asked once (a breaker's answer and the worker's port can change between asks).
-  std::vector<bool> available(states.size());
+  std::vector<bool> available(states.size()), can_start(states.size());
   bool others = false;  // is any placement usable that has not failed this request?
   for (size_t k = 0; k < states.size(); ++k) {
-    available[k] = states[k]->admission.admitted && BreakersAllow(*states[k]) && startable(k);
+    can_start[k] = startable(k);
+    available[k] = states[k]->admission.admitted && BreakersAllow(*states[k]) && can_start[k];
     others |= !is_excluded(k) && available[k];
   }
   std::vector<admission::PlacementView> views;
@@ -173,7 +179,7 @@ std::vector<admission::PlacementView> PlacementBoard::Views(const config::Servic
     v.est_wait_s = EstimatedWaitS(st, need).value_or(kUnmeasuredWaitS);
     // Admitted to run but not usable now: its worker is starting or restarting, or its breaker will probe.
     v.comes_back = !v.usable && !ex && st.admission.admitted;
-    v.probing = v.comes_back && startable(k) && !ProbeBlocking(st).empty();
+    v.probing = v.comes_back && can_start[k] && !ProbeBlocking(st).empty();
     v.prompt_tps = st.prompt_tps;
     v.gen_tps = st.gen_tps;
     views.push_back(v);
@@ -219,9 +225,7 @@ void PlacementBoard::Release(const std::string& service, size_t index, const std
   auto& st = *placements_.at(service).at(index);
   if (cells) st.pool.Release(id);
   st.running.erase(id);
-  // A probe that ended without a result (cancelled, refused as busy): the next request probes.
-  st.breaker.EndProbe(id);
-  if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.EndProbe(id);
+  EndProbes(st, id);  // (one that ended without a result, cancelled or refused as busy: the next request probes)
   if (slot) {
     --st.active;
     st.last_used_ms = clock_.NowMs();

@@ -190,6 +190,7 @@ class PlacementBoard {
   bool BreakersAllow(Placement& st);
   // Request `id` goes to `st`: it probes whichever of its breakers is half-open (mu_ held).
   void BeginProbes(Placement& st, const std::string& id);
+  void EndProbes(Placement& st, const std::string& id);  // (mu_ held)
   // The request whose probe alone holds `st` back (its breaker's or its device's); empty otherwise (mu_ held).
   std::string ProbeBlocking(Placement& st);
   std::optional<double> EstimatedWaitS(const Placement& st, uint64_t need) const;  // mu_ held
