@@ -698,11 +698,12 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
         const toml::table* ft = fn->as_table();
         const std::string fp = prefix + "failover.";
         if (!ft) return Status::InvalidArgument(Where(source, fn->source(), fp) + " must be a table");
-        SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(*ft, fp, {"breaker_failures", "ejection_s", "max_ejection_s", "readiness",
+        SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(*ft, fp, {"breaker_failures", "ejection_s", "max_ejection_s", "probe_hold_s", "readiness",
                                                        "recovery_budget_s", "idle_unload_s"}));
         SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "breaker_failures", fp, &svc.failover.breaker_failures, 1, 1000));
         SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "ejection_s", fp, &svc.failover.ejection_s, 0.01, 86400));
         SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "max_ejection_s", fp, &svc.failover.max_ejection_s, 0.01, 86400));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "probe_hold_s", fp, &svc.failover.probe_hold_s, 0.1, 3600));
         SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "readiness", fp, &svc.failover.readiness, 0, 0));
         SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "recovery_budget_s", fp, &svc.failover.recovery_budget_s, 0, 3600));
         SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "idle_unload_s", fp, &svc.failover.idle_unload_s, 1, 86400 * 30));

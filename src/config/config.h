@@ -44,6 +44,7 @@
 //   breaker_failures = 3
 //   ejection_s = 30
 //   max_ejection_s = 300
+//   probe_hold_s = 5                     # a half-open breaker's probe holds it this long without a result
 //   readiness = "warm"                   # warm | mmap | on-demand | auto (of the CPU fallback)
 //   recovery_budget_s = 5                # auto: the lightest policy ready within this
 //   idle_unload_s = 600                  # mmap / on-demand: give the RAM back after this idle time
@@ -139,6 +140,10 @@ struct FailoverConfig {
   int breaker_failures = 3;     // consecutive failures that open a placement's breaker
   double ejection_s = 30;       // x times ejected ...
   double max_ejection_s = 300;  // ... capped (Envoy's defaults)
+  // A half-open breaker lets one request probe it; the next requests go
+  // elsewhere (or wait) until its answer or first streamed event, or this
+  // long without one (then the next request probes too).
+  double probe_hold_s = 5;
   // How the CPU fallback replica is kept ready: "warm" (loaded at start),
   // "mmap" (weights mapped at start, context created on the first request,
   // freed after idle_unload_s), "on-demand" (process started on the first

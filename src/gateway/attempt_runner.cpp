@@ -86,9 +86,11 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
   std::string pending, error_body, failed_phase;
   std::string refused;  // a continuation's error event: the worker would not continue the stream
   int relayed = 0;
+  bool answering = false;  // this attempt's first event reached the client
   auto begin = [&] {
-    if (reply_.events_started()) return;
-    reply_.BeginStream(spec.served, spec.role);
+    if (!reply_.events_started()) reply_.BeginStream(spec.served, spec.role);
+    if (answering) return;
+    answering = true;
     if (on_first_event_) on_first_event_();
   };
   // Returns false to stop reading (a failure to act on).

@@ -72,8 +72,9 @@ struct AttemptResult {
 
 class AttemptRunner {
  public:
-  // `cancelled`: the request's flag; `on_first_event`: called once, when a
-  // stream's first event reaches the client.
+  // `cancelled`: the request's flag; `on_first_event`: called when each
+  // streamed attempt's first event reaches the client (a continuation's
+  // too: the placement it was continued on answers).
   AttemptRunner(upstream::ConnectionPool& pool, ReplyWriter& reply, failover::StreamProgress& progress,
                 const std::atomic<bool>& cancelled, std::function<void()> on_first_event, size_t max_unsent_bytes);
 
@@ -89,7 +90,6 @@ class AttemptRunner {
   const std::atomic<bool>& cancelled_;
   std::function<void()> on_first_event_;
   size_t max_unsent_bytes_;
-  bool first_event_seen_ = false;
 };
 
 }  // namespace spillway::gateway

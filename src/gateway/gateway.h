@@ -196,12 +196,17 @@ class Gateway {
   std::string StartingNote(const config::ServiceConfig& svc);
   // The longest start timeout of the service's runnable placements.
   int64_t StartWaitMs(const config::ServiceConfig& svc);
-  // Gives back what an attempt held (cells, its place in the CPU line).
+  // Gives back what an attempt held (cells, its place in the CPU line, a
+  // probe it held without a result).
   void ReleaseTarget(const std::string& service, const std::string& id, Target* target);
-  // Request `id`'s stream reached its first event on `target`: a half-open
-  // breaker it probes closes (PlacementBoard::Answering) and the requests
-  // waiting for the service (every service, for a device's) are woken.
+  // Request `id`'s stream reached an attempt's first event on `target`: a
+  // half-open breaker it probes closes (PlacementBoard::Answering).
   void FirstEvent(const std::string& service, const std::string& id, const Target& target);
+  // An attempt on `target` succeeded: a half-open breaker closes.
+  void AttemptSucceeded(const std::string& service, const Target& target);
+  // Wakes the requests waiting for what a breaker let through again: the
+  // service's, or every service's for a device's breaker.
+  void Wake(const std::string& service, PlacementBoard::Closed what);
   // The supervisor saw a worker exit or replaced it: its breaker opens (and its
   // device's, when the device was lost), even with no request in flight.
   void WorkerExited(const std::string& key, const std::string& why);

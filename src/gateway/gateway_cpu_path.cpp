@@ -103,21 +103,30 @@ Gateway::CpuGate Gateway::CpuPathGateLocked(const journal::RequestRecord& rec, c
   return CpuGate::kReject;
 }
 
-void Gateway::FirstEvent(const std::string& service, const std::string& id, const Target& t) {
-  const auto closed = board_.Answering(service, t.index, id, t.generation);
-  if (closed == PlacementBoard::Closed::kNone) return;
+void Gateway::Wake(const std::string& service, PlacementBoard::Closed what) {
+  if (what == PlacementBoard::Closed::kNone) return;
   for (auto& [name, signal] : signals_) {
-    if (closed == PlacementBoard::Closed::kDevice || name == service) signal->Notify();
+    if (what == PlacementBoard::Closed::kDevice || name == service) signal->Notify();
   }
+}
+
+void Gateway::FirstEvent(const std::string& service, const std::string& id, const Target& t) {
+  Wake(service, board_.Answering(service, t.index, id, t.generation));
+}
+
+void Gateway::AttemptSucceeded(const std::string& service, const Target& t) {
+  Wake(service, board_.AttemptSucceeded(service, t.index, t.generation));
 }
 
 void Gateway::ReleaseTarget(const std::string& service, const std::string& id, Target* t) {
   const bool held = t->cells > 0 || t->holding;
-  board_.Release(service, t->index, id, t->cells > 0, t->holding);
+  const auto ended = board_.Release(service, t->index, id, t->cells > 0, t->holding);
   t->cells = 0;
   t->holding = false;
-  if (!held) return;  // (nothing freed: the line's head is not woken for nothing)
-  if (auto it = signals_.find(service); it != signals_.end()) it->second->Notify();  // capacity may be free now
+  // Capacity may be free now, and a probe that ended lets the next request
+  // probe (a device's: on any service). Nothing freed: the line's head is
+  // not woken for nothing.
+  Wake(service, held && ended == PlacementBoard::Closed::kNone ? PlacementBoard::Closed::kPlacement : ended);
 }
 
 }  // namespace spillway::gateway

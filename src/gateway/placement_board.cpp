@@ -22,7 +22,7 @@ nlohmann::json BreakerJson(const failover::Breaker& b, int64_t now_ms) {
 
 failover::BreakerOptions BreakerOf(const config::ServiceConfig& s) {
   return {s.failover.breaker_failures, static_cast<int64_t>(s.failover.ejection_s * 1000),
-          static_cast<int64_t>(s.failover.max_ejection_s * 1000)};
+          static_cast<int64_t>(s.failover.max_ejection_s * 1000), static_cast<int64_t>(s.failover.probe_hold_s * 1000)};
 }
 
 // A placement's wait estimate before its throughput is measured.
@@ -81,9 +81,15 @@ void PlacementBoard::BeginProbes(Placement& st, const std::string& id) {
   if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.BeginProbe(id);
 }
 
-void PlacementBoard::EndProbes(Placement& st, const std::string& id) {
+PlacementBoard::Closed PlacementBoard::EndProbes(Placement& st, const std::string& id) {
+  Closed ended = Closed::kNone;
+  if (st.breaker.Probing(id)) ended = Closed::kPlacement;
   st.breaker.EndProbe(id);
-  if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.EndProbe(id);
+  if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) {
+    if (it->second.Probing(id)) ended = Closed::kDevice;
+    it->second.EndProbe(id);
+  }
+  return ended;
 }
 
 std::string PlacementBoard::ProbeOut(const std::string& service, size_t index) {
@@ -220,17 +226,20 @@ bool PlacementBoard::TakeSlot(const std::string& service, size_t index, const st
   return true;
 }
 
-void PlacementBoard::Release(const std::string& service, size_t index, const std::string& id, bool cells, bool slot) {
+PlacementBoard::Closed PlacementBoard::Release(const std::string& service, size_t index, const std::string& id,
+                                               bool cells, bool slot) {
   std::lock_guard<std::mutex> lk(mu_);
   auto& st = *placements_.at(service).at(index);
   if (cells) st.pool.Release(id);
   st.running.erase(id);
-  EndProbes(st, id);  // (one that ended without a result, cancelled or refused as busy: the next request probes)
+  // (One that ended without a result, cancelled or refused as busy: the next request probes.)
+  const Closed ended = EndProbes(st, id);
   if (slot) {
     --st.active;
     st.last_used_ms = clock_.NowMs();
   }
   if (auto it = cpu_lines_.find(service); it != cpu_lines_.end()) it->second->Leave(id);
+  return ended;
 }
 
 void PlacementBoard::LeaveCpuLine(const std::string& service, const std::string& id) {
@@ -267,11 +276,22 @@ void PlacementBoard::AttemptFailed(const std::string& service, size_t index, con
   }
 }
 
-void PlacementBoard::AttemptSucceeded(const std::string& service, size_t index, std::optional<uint64_t> generation) {
+PlacementBoard::Closed PlacementBoard::AttemptSucceeded(const std::string& service, size_t index,
+                                                        std::optional<uint64_t> generation) {
   std::lock_guard<std::mutex> lk(mu_);
   auto& st = *placements_.at(service).at(index);
-  if (!generation || *generation == st.generation) st.breaker.OnSuccess();
-  if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) it->second.OnSuccess();
+  // Whether `b` closes now (a half-open one: an open one's ejection is not over).
+  auto closes = [](failover::Breaker& b) {
+    const bool was = b.state() != failover::BreakerState::kClosed;
+    b.OnSuccess();
+    return was && b.state() == failover::BreakerState::kClosed;
+  };
+  Closed closed = Closed::kNone;
+  if ((!generation || *generation == st.generation) && closes(st.breaker)) closed = Closed::kPlacement;
+  if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end() && closes(it->second)) {
+    closed = Closed::kDevice;
+  }
+  return closed;
 }
 
 PlacementBoard::Closed PlacementBoard::Answering(const std::string& service, size_t index, const std::string& id,

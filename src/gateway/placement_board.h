@@ -122,9 +122,14 @@ class PlacementBoard {
   // `max_tokens`: what it may generate (for the wait estimates: when its slot frees).
   bool TakeSlot(const std::string& service, size_t index, const std::string& id, uint32_t max_tokens,
                 const std::function<bool()>& up = {}, uint64_t* generation = nullptr);
+  // Which breaker an event let traffic through again, so that whoever waits
+  // for it may go: kPlacement (the service's waiters), kDevice (every
+  // service's: the device's breaker covers each placement on it).
+  enum class Closed { kNone, kPlacement, kDevice };
   // Gives back what an attempt held: its cells, its slot, its place in the
-  // CPU line, the probe of a half-open breaker it held without a result.
-  void Release(const std::string& service, size_t index, const std::string& id, bool cells, bool slot);
+  // CPU line, the probe of a half-open breaker it held without a result
+  // (what that probe held back is said: the next request may probe it).
+  Closed Release(const std::string& service, size_t index, const std::string& id, bool cells, bool slot);
   // The request leaves the service's CPU line (it runs elsewhere, or ends).
   void LeaveCpuLine(const std::string& service, const std::string& id);
   // The placement was just chosen: not idle (its replica is not released under it).
@@ -140,13 +145,13 @@ class PlacementBoard {
   // device's breaker does.
   void AttemptFailed(const std::string& service, size_t index, const std::string& phase, const std::string& why,
                      std::optional<uint64_t> generation = std::nullopt);
-  void AttemptSucceeded(const std::string& service, size_t index, std::optional<uint64_t> generation = std::nullopt);
+  // What it closed (a half-open breaker it probed, or that another request
+  // probes: one success closes it).
+  Closed AttemptSucceeded(const std::string& service, size_t index, std::optional<uint64_t> generation = std::nullopt);
   // Request `id`'s stream reached its first event on placement `index`: the
   // placement allocates and computes again. When `id` probes a half-open
   // breaker (its own or its device's), that breaker closes now, not when a
-  // long stream ends. What closed (requests waiting may go: the service's,
-  // or every service's when it was the device's breaker).
-  enum class Closed { kNone, kPlacement, kDevice };
+  // long stream ends. What closed.
   Closed Answering(const std::string& service, size_t index, const std::string& id, uint64_t generation);
   // A worker exited or was replaced: its breaker opens (and its device's
   // when the device was lost), and its placements' generation is counted up.
@@ -190,7 +195,7 @@ class PlacementBoard {
   bool BreakersAllow(Placement& st);
   // Request `id` goes to `st`: it probes whichever of its breakers is half-open (mu_ held).
   void BeginProbes(Placement& st, const std::string& id);
-  void EndProbes(Placement& st, const std::string& id);  // (mu_ held)
+  Closed EndProbes(Placement& st, const std::string& id);  // which probe it ended (mu_ held)
   // The request whose probe alone holds `st` back (its breaker's or its device's); empty otherwise (mu_ held).
   std::string ProbeBlocking(Placement& st);
   std::optional<double> EstimatedWaitS(const Placement& st, uint64_t need) const;  // mu_ held

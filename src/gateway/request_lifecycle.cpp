@@ -265,7 +265,7 @@ boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, 
   if (r.head_refused) co_return co_await DeliverRefusal(r);
   if (rec_.stream) {
     if (r.stream_state == State::kCompleted) {
-      g_.board_.AttemptSucceeded(rec_.service, target_.index, target_.generation);
+      g_.AttemptSucceeded(rec_.service, target_);
       g_.RecordThroughput(rec_.service, target_.index, reply_.stored());
     }
     const std::string err = r.stream_state == State::kCompleted ? "" : "stream ended with an error";
@@ -275,7 +275,7 @@ boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, 
   const State state = r.status < 300 ? State::kCompleted : r.status == 499 ? State::kCancelled : State::kFailed;
   std::string body = r.body;
   if (state == State::kCompleted) {
-    g_.board_.AttemptSucceeded(rec_.service, target_.index, target_.generation);
+    g_.AttemptSucceeded(rec_.service, target_);
     // From the worker's header only: parsing a whole answer (an embedding's
     // vectors) for them cost more than the rest of the gateway's work.
     if (!r.timings.empty()) g_.RecordThroughput(rec_.service, target_.index, "", r.timings);

@@ -185,7 +185,9 @@ TEST(AttemptRunnerTest, AStreamCutInComputeIsAContinuableFailureAndTheContinuati
   const AttemptResult resumed = f.Run("/resume", true);
   EXPECT_EQ(resumed.outcome.kind, Kind::kAnswered);
   EXPECT_EQ(json::parse(f.worker_saw)["spillway_resume"]["tokens"], json({1, 2}));
-  EXPECT_EQ(f.first_events, 1) << "one stream for the client, across attempts";
+  EXPECT_EQ(f.first_events, 2) << "each attempt's first event: the continuation's placement answers too";
+  EXPECT_EQ(f.client->body().rfind(Chunk("a", 1) + Chunk("b", 2) + ": spillway: continued on", 0), 0u)
+      << "one stream for the client, across attempts: " << f.client->body();
   EXPECT_NE(f.client->body().find(": spillway: continued on cpu:0/99 after a failure"), std::string::npos);
   EXPECT_NE(f.client->body().find("resumed after 2"), std::string::npos);
 }

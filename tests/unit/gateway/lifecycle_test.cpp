@@ -565,6 +565,32 @@ TEST_F(LifecycleTest, AHalfOpenPrimaryTakesOneProbeAndItsAnswerClosesIt) {
   ASSERT_TRUE(Eventually([&] { return primary_.calls() == 3; })) << "the next one goes beside the stream";
 }
 
+// A stream cut midway and continued on a half-open placement probes it: the
+// continuation's first event there closes its breaker, as a new stream's
+// would (it held the breaker until its end, or 5 s, the next requests sent
+// elsewhere meanwhile).
+TEST_F(LifecycleTest, AStreamContinuedOnAHalfOpenPlacementClosesItAtItsFirstEventThere) {
+  KilledAndBack("chat.1", fallback_.server.port());
+  primary_.behaviour = CutStream({{"a", 11}});
+  fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(Chunk("b", 12));
+    fallback_.Hold(req, std::move(ex));
+  };
+  auto stream = Complete("r-continued", /*stream=*/true);
+  ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 1; }));
+  auto fallback_breaker = [&] { return StatusNow()["services"][0]["placements"][1]["breaker"]; };
+  ASSERT_TRUE(Eventually([&] { return fallback_breaker()["state"] == "closed"; }, std::chrono::seconds(3)))
+      << "the continuation's first event on it did not close it: " << fallback_breaker().dump();
+  EXPECT_FALSE(stream->Wait(std::chrono::milliseconds(0))) << "while the stream goes on";
+  auto held = fallback_.TakeHeld(0);
+  ASSERT_TRUE(held);
+  held->Write(api::kSseDone);
+  held->End();
+  ASSERT_TRUE(stream->Wait());
+  EXPECT_NE(stream->body().find("\"b\""), std::string::npos) << stream->body();
+}
+
 // Embeddings sent to the CPU fallback keep to the CPU path's line: one at a
 // time there (cpu_path.concurrency = 1), though its worker has two slots;
 // the next starts when the first ends. They all went at once before.
@@ -1411,6 +1437,50 @@ TEST_F(SharedDeviceLifecycleTest, ALonePlacementsNextRequestWaitsForItsProbe) {
   Answer(other_.TakeHeld(1), "other");
   ASSERT_TRUE(next->Wait());
   EXPECT_EQ(next->status(), 200u) << next->body();
+}
+
+// A device's probe that ends, with its answer or without a result
+// (cancelled), lets the requests of every service on the device go at once:
+// a request of another service waiting for that probe goes then, not at its
+// next look (within 1 s).
+TEST_F(SharedDeviceLifecycleTest, ADeviceProbesEndLetsAnotherServicesRequestGoAtOnce) {
+  other_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "other"); };
+  size_t primary_calls = 0, other_calls = 0;
+  // The device is lost, its ejection passes, and chat's request "r-probe-<n>"
+  // probes it (held by its worker) while o-next-<n> waits for it; `end` ends the probe.
+  auto round = [&](int n, int64_t ejection_ms, const std::function<void()>& end) {
+    const std::string probe_id = "r-probe-" + std::to_string(n), next_id = "o-next-" + std::to_string(n);
+    primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+      Refuse(ex, Status::Unavailable("device lost").WithPhase(FailurePhase::kDevice));
+    };
+    auto lost = Complete("r-lost-" + std::to_string(n));
+    ASSERT_TRUE(lost->Wait());
+    ASSERT_EQ(lost->header("X-Spillway-Placement"), "cpu") << lost->body();
+    ASSERT_EQ(StatusNow()["devices"][0]["breaker"]["state"], "open");
+    clock_.Advance(ejection_ms);
+    primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+    primary_calls += 2;
+    auto probe = Complete(probe_id);
+    ASSERT_TRUE(Eventually([&] { return primary_.calls() == primary_calls; }));
+    ASSERT_EQ(StatusNow()["devices"][0]["breaker"]["probe"], probe_id);
+    auto next = Send("/v1/completions", json{{"model", "other"}, {"prompt", "x"}, {"max_tokens", 4}}.dump(), "POST",
+                     {{"X-Request-Id", next_id}});
+    ASSERT_TRUE(ToldWhyItWaits(next_id));
+    EXPECT_EQ(other_.calls(), other_calls) << "went beside the device's probe";
+    end();
+    // (Woken by the probe's end: its next look, within 1 s, is too late here.)
+    EXPECT_TRUE(Eventually([&] { return other_.calls() == other_calls + 1; }, std::chrono::milliseconds(500)))
+        << "round " << n << ": the other service's request was not woken by the device probe's end";
+    ++other_calls;
+    ASSERT_TRUE(next->Wait());
+    EXPECT_EQ(next->status(), 200u) << next->body();
+    ASSERT_TRUE(probe->Wait());
+  };
+  round(1, 30'000, [&] {
+    auto cancel = Send("/v1/requests/r-probe-1", "", "DELETE");
+    ASSERT_TRUE(cancel->Wait());
+  });
+  round(2, 60'000, [&] { Answer(primary_.TakeHeld(primary_calls - 1), "primary"); });
 }
 
 TEST_F(SmallBodyLifecycleTest, AnOllamaBodyTooLargeOnceTranslatedIsA413) {

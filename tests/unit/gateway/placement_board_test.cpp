@@ -135,7 +135,9 @@ TEST_F(PlacementBoardTest, AHalfOpenPlacementTakesOneProbeAtATime) {
   EXPECT_FALSE(board_->Reserve("chat", 0, "b", 10, 5, 5)) << "decided on a snapshot from before the probe";
   EXPECT_FALSE(board_->TakeSlot("chat", 0, "b", 5));
   EXPECT_EQ(board_->PlacementJson("chat", 0, 16)["breaker"]["probe"], "a");
-  board_->Release("chat", 0, "a", /*cells=*/true, /*slot=*/true);  // cancelled: no result
+  EXPECT_EQ(board_->Release("chat", 0, "a", /*cells=*/true, /*slot=*/true),  // cancelled: no result
+            PlacementBoard::Closed::kPlacement)
+      << "what its probe held back is said, for the service's waiters";
   ASSERT_TRUE(Views()[0].usable) << "the next request probes";
   ASSERT_TRUE(board_->TakeSlot("chat", 0, "b", 5, [] { return true; }, &gen));
   EXPECT_EQ(board_->Answering("chat", 0, "x", gen), PlacementBoard::Closed::kNone) << "not the probe";
@@ -146,6 +148,53 @@ TEST_F(PlacementBoardTest, AHalfOpenPlacementTakesOneProbeAtATime) {
   EXPECT_TRUE(Views()[0].usable);
   EXPECT_EQ(board_->PlacementJson("chat", 0, 16)["breaker"]["state"], "closed");
   EXPECT_TRUE(board_->Reserve("chat", 0, "c", 10, 5, 5)) << "closed: beside the stream still running";
+  EXPECT_EQ(board_->Release("chat", 0, "c", true, true), PlacementBoard::Closed::kNone) << "no probe";
+}
+
+// What a probe's end lets through is said, so that the gateway wakes whoever
+// waits for it: a device's breaker covers every service's placements on it.
+TEST_F(PlacementBoardTest, AProbesResultOrReleaseSaysWhichBreakerItLetsThrough) {
+  board_->AttemptFailed("chat", 0, "device", "device lost");
+  clock_.Advance(10'000);
+  ASSERT_TRUE(board_->Reserve("chat", 1, "a", 10, 5, 5));
+  EXPECT_EQ(board_->Release("chat", 1, "a", true, true), PlacementBoard::Closed::kDevice)
+      << "a device's probe released without a result: any service's request may probe it now";
+  ASSERT_TRUE(board_->Reserve("chat", 1, "b", 10, 5, 5));
+  EXPECT_EQ(board_->AttemptSucceeded("chat", 1), PlacementBoard::Closed::kDevice) << "its answer closes it";
+  EXPECT_EQ(board_->DevicesJson()[0]["breaker"]["state"], "closed");
+  EXPECT_EQ(board_->AttemptSucceeded("chat", 1), PlacementBoard::Closed::kNone) << "closed already";
+  board_->WorkerExited("chat.1", "crashed (signal 9)", /*device_lost=*/false);
+  board_->WorkerReady("chat.1");
+  EXPECT_EQ(board_->AttemptSucceeded("chat", 1, /*generation=*/0), PlacementBoard::Closed::kNone)
+      << "an answer of the process replaced since says nothing of its replacement";
+  EXPECT_EQ(board_->AttemptSucceeded("chat", 1, /*generation=*/1), PlacementBoard::Closed::kPlacement);
+  board_->WorkerExited("chat.1", "crashed (signal 9)", /*device_lost=*/false);
+  EXPECT_EQ(board_->AttemptSucceeded("chat", 1, 2), PlacementBoard::Closed::kNone)
+      << "open, its ejection not over: a late success does not close it";
+}
+
+// `probe_hold_s`: how long a probe without a result holds a half-open breaker.
+TEST(PlacementBoardProbeTest, AProbeHoldsItsBreakerForTheConfiguredTime) {
+  auto with_hold = [](const std::string& line) {
+    std::string text = kConfig;
+    text.replace(text.find("ejection_s = 10\n"), 16, "ejection_s = 10\n" + line + "\n");
+    return config::ParseConfig(text, "board.toml");
+  };
+  auto cfg = with_hold("probe_hold_s = 30");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  FakeClock clock;
+  PlacementBoard board(*cfg, {}, clock);
+  auto usable = [&] { return board.Views(cfg->services[0], {}, 16, [](size_t) { return true; })[0].usable; };
+  board.WorkerExited("chat.0", "crashed (signal 9)", false);
+  board.WorkerReady("chat.0");
+  ASSERT_TRUE(board.Reserve("chat", 0, "a", 10, 5, 5));
+  clock.Advance(29'000);
+  EXPECT_FALSE(usable()) << "held for 30 s, not the default 5 s";
+  clock.Advance(1'000);
+  EXPECT_TRUE(usable());
+  auto bad = with_hold("probe_hold_s = 0");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("probe_hold_s"), std::string::npos) << bad.status().ToString();
 }
 
 // A lost device's breaker probes the same way, across its placements.
