@@ -703,7 +703,7 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
         SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "breaker_failures", fp, &svc.failover.breaker_failures, 1, 1000));
         SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "ejection_s", fp, &svc.failover.ejection_s, 0.01, 86400));
         SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "max_ejection_s", fp, &svc.failover.max_ejection_s, 0.01, 86400));
-        SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "probe_hold_s", fp, &svc.failover.probe_hold_s, 0.1, 3600));
+        SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "probe_hold_s", fp, &svc.failover.probe_hold_s, 0.1, 60));
         SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "readiness", fp, &svc.failover.readiness, 0, 0));
         SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "recovery_budget_s", fp, &svc.failover.recovery_budget_s, 0, 3600));
         SPILLWAY_RETURN_IF_ERROR(r.Get(*ft, "idle_unload_s", fp, &svc.failover.idle_unload_s, 1, 86400 * 30));

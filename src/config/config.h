@@ -142,7 +142,9 @@ struct FailoverConfig {
   double max_ejection_s = 300;  // ... capped (Envoy's defaults)
   // A half-open breaker lets one request probe it; the next requests go
   // elsewhere (or wait) until its answer or first streamed event, or this
-  // long without one (then the next request probes too).
+  // long without one (then the next request probes too). At most 60 s, the
+  // longest a request waits in its line for a slot. A device's breaker takes
+  // this (as its ejection) from the first service with a placement on it.
   double probe_hold_s = 5;
   // How the CPU fallback replica is kept ready: "warm" (loaded at start),
   // "mmap" (weights mapped at start, context created on the first request,

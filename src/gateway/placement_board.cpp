@@ -82,11 +82,12 @@ void PlacementBoard::BeginProbes(Placement& st, const std::string& id) {
 }
 
 PlacementBoard::Closed PlacementBoard::EndProbes(Placement& st, const std::string& id) {
+  // (Said only of the probe that holds it: an older one past its hold held nothing back.)
   Closed ended = Closed::kNone;
-  if (st.breaker.Probing(id)) ended = Closed::kPlacement;
+  if (st.breaker.probe() == id) ended = Closed::kPlacement;
   st.breaker.EndProbe(id);
   if (auto it = device_breakers_.find(st.cfg.device); it != device_breakers_.end()) {
-    if (it->second.Probing(id)) ended = Closed::kDevice;
+    if (it->second.probe() == id) ended = Closed::kDevice;
     it->second.EndProbe(id);
   }
   return ended;

@@ -156,8 +156,12 @@ TEST_F(PlacementBoardTest, AHalfOpenPlacementTakesOneProbeAtATime) {
 TEST_F(PlacementBoardTest, AProbesResultOrReleaseSaysWhichBreakerItLetsThrough) {
   board_->AttemptFailed("chat", 0, "device", "device lost");
   clock_.Advance(10'000);
-  ASSERT_TRUE(board_->Reserve("chat", 1, "a", 10, 5, 5));
-  EXPECT_EQ(board_->Release("chat", 1, "a", true, true), PlacementBoard::Closed::kDevice)
+  ASSERT_TRUE(board_->Reserve("chat", 1, "old", 10, 5, 5));
+  clock_.Advance(5'000);  // past its hold: the next request probes too
+  ASSERT_TRUE(board_->Reserve("chat", 0, "a", 10, 5, 5));
+  EXPECT_EQ(board_->Release("chat", 1, "old", true, true), PlacementBoard::Closed::kNone)
+      << "a probe past its hold held nothing back";
+  EXPECT_EQ(board_->Release("chat", 0, "a", true, true), PlacementBoard::Closed::kDevice)
       << "a device's probe released without a result: any service's request may probe it now";
   ASSERT_TRUE(board_->Reserve("chat", 1, "b", 10, 5, 5));
   EXPECT_EQ(board_->AttemptSucceeded("chat", 1), PlacementBoard::Closed::kDevice) << "its answer closes it";
