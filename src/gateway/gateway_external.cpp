@@ -359,6 +359,14 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     }
     Logged(co_await Journaled([&](auto done) { journal_.RequeueAsync(rec.id, last_failure, done); }), "requeue");
     live->Enter(LivePhase::kQueued, clock_.NowMs());
+    // Queued again, told why: it waits out its backoff (it read as waiting
+    // for a turn, with no reason).
+    char in_s[16];
+    std::snprintf(in_s, sizeof in_s, "%.1f", backoff.count() / 1000.0);
+    live->Waiting("service '" + svc->name + "' " +
+                      (control->sent || control->connected ? "failed" : "could not be reached") + " (" +
+                      last_failure + "); trying again in " + in_s + " s",
+                  backoff.count() / 1000.0);
     co_await SignalFor(rec.service).Wait(TimeLeft(live->deadline_ms, clock_.NowMs(), backoff.count()));
   }
 }

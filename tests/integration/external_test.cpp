@@ -496,6 +496,14 @@ TEST_F(ExternalTest, LlamaServerStartedBySpillwayAndAServerThatRunsAlready) {
   for (int i = 0; i < 500 && Body(Call(g->port(), "GET", "/v1/requests/back-1")).value("attempts", 0) < 3; ++i) {
     std::this_thread::sleep_for(10ms);
   }
+  // Queued between its tries, told why (it read as waiting for its turn).
+  std::string reason;
+  for (int i = 0; i < 500 && reason.find("trying again") == std::string::npos; ++i) {
+    reason = Body(Call(g->port(), "GET", "/v1/requests/back-1")).value("queue", json::object()).value("reason", "");
+    if (reason.find("trying again") == std::string::npos) std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_NE(reason.find("service 'running' could not be reached ("), std::string::npos) << reason;
+  EXPECT_NE(reason.find("); trying again in "), std::string::npos) << reason;
   const pid_t back = SpawnProcess({FakeUpstream(), "--port", std::to_string(port), "--log", log_}, dir_ + "/back.out",
                                   dir_ + "/back.err");
   r = waiting.get();
