@@ -5,10 +5,16 @@
 //   state_dir = "/var/lib/spillway"      # journal, worker logs
 //   api_keys = ["sk-local-1"]            # plus $SPILLWAY_API_KEYS (comma-separated)
 //   allow_unauthenticated_remote = false # binding beyond loopback needs keys unless true
-//   allowed_hosts = ["localhost", "127.0.0.1"]   # Host header allow-list (port ignored)
+//   allowed_hosts = ["localhost", "127.0.0.1", "[::1]"]   # Host header allow-list (port ignored)
 //   allowed_origins = []                 # Origin allow-list for browsers (empty: none)
+//   operator_keys = []                   # may see and cancel every key's requests (plus $SPILLWAY_OPERATOR_KEYS)
 //   max_body_bytes = 8388608
+//   max_body_memory_bytes = 33554432     # request bodies held at once, all clients
+//   json_max_depth = 64
 //   max_queue = 256                      # accepted requests waiting for a worker
+//   max_requests_per_key = 64            # in flight per API key (per client address without keys)
+//   max_connections = 1024
+//   io_threads = 2
 //   model_dirs = ["/models"]             # listed by `spillway models --config` (with Ollama's store)
 //   ollama_models = "/usr/share/ollama/.ollama/models"  # Ollama's store for "ollama:" models (default:
 //                                        # $OLLAMA_MODELS, else ~/.ollama/models of the gateway's user)
@@ -18,10 +24,12 @@
 //   idempotency_hours = 24
 //   [[device]]
 //   name = "sim:0"
-//   headroom_mib = 256
+//   headroom_mib = 0                     # kept free: the larger of this and headroom_pct of the device
 //   headroom_pct = 5
+//   exclusive = false                    # one service at a time on it (llama-swap's swap groups)
 //   [[service]]
 //   name = "chat"
+//   kind = "llama"                       # the default: a GGUF model Spillway's workers load ("external": below)
 //   model = "/models/chat.gguf"          # or "ollama:NAME[:TAG]": a model in Ollama's store (ollama_models,
 //                                        # else $OLLAMA_MODELS, else ~/.ollama/models), read-only (models/ollama_store.h)
 //   max_tokens = 4096                    # cap per request
@@ -31,15 +39,17 @@
 //   keep_alive_s = 300                   # keep_alive / on_demand: unloaded after this long idle (0: when room is needed)
 //   priority = "interactive"             # interactive | batch | background (who gives way on the accelerator)
 //   evict_cost = 12.5                    # optional; else measured reload seconds x requests per minute
-//   windows = ["02:00-05:00"]            # batch/background: on the accelerator only then (local time)
-//   interactive_idle_s = 0               # ... and/or once interactive services were idle this long
-//   outside_window = "cpu"               # cpu (its CPU placements serve) | wait
+//   # For a batch or background service only (refused beside priority = "interactive"):
+//   # windows = ["02:00-05:00"]          # on the accelerator only then (local time)
+//   # interactive_idle_s = 0             # ... and/or once interactive services were idle this long
+//   # outside_window = "cpu"             # cpu (its CPU placements serve) | wait
 //   [service.admission]
 //   enabled = true                       # false: a plain proxy (no memory checks)
 //   reroute_on_pressure = true
 //   fail_fast = false
 //   allow_shrink = false
 //   max_delay_s = 30
+//   pressure = 0.9                       # a KV pool fuller than this: another placement is preferred
 //   [service.failover]
 //   breaker_failures = 3
 //   ejection_s = 30
@@ -59,10 +69,16 @@
 //   [[service.placement]]
 //   role = "primary"                     # primary | hybrid | fallback
 //   device = "cpu"                       # cpu | cuda:N | sim:N
+//   model = ""                           # another file than the service's (a replica, or a smaller model:
+//   different_model = false              # ... then declared, and announced to clients)
 //   gpu_layers = 0
 //   ctx = 4096
 //   slots = 4
-//   threads = 0
+//   batch = 512
+//   kv_unified = false
+//   threads = 0                          # CPU threads of its worker (0: one per core)
+//   mmap = true                          # false: weights read into memory, not mapped
+//   progress_timeout_s = 10              # a decode loop without progress this long is hung
 //   start_timeout_s = 120                # not ready by then, nor loading more since: killed (a failed start)
 //
 //   [[service]]                          # an external upstream (external.h): any HTTP server
@@ -78,12 +94,13 @@
 //   residency = "pinned"                 # pinned | keep_alive | on_demand (command only)
 //   keep_alive_s = 300
 //   idempotent = false                   # true: a request it failed may be sent again
-//   concurrency = 2                      # requests at once; more wait in its queue
-//   max_queue = 32
+//   concurrency = 4                      # requests at once; more wait in its queue
+//   max_queue = 64
 //   health_path = "/health"
 //   stop_signal = "SIGTERM"
 //   start_timeout_s = 120
-//   request_timeout_s = 600
+//   request_timeout_s = 600              # the longest it may go without sending a byte
+//   # priority, evict_cost, windows, interactive_idle_s, outside_window: as for a llama service
 #pragma once
 
 #include <algorithm>
