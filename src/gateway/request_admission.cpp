@@ -247,6 +247,9 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
       waited = true;
       continue;
     }
+    // (Woken at its deadline, or cancelled, it takes no slot: it was sent to
+    // the worker with nothing left of its time.)
+    if (Stopped()) co_return false;
     all_busy = false;
     cpu_note.clear();
     RefreshHeld();

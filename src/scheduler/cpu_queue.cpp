@@ -24,7 +24,19 @@ void CpuQueue::SetResident(const std::string& replica, uint64_t bytes) {
 }
 
 CpuQueue::JoinResult CpuQueue::Join(const std::string& id, uint64_t bytes) {
-  if (Waiting(id) || Running(id)) return JoinResult::kQueued;
+  if (Running(id)) return JoinResult::kQueued;
+  if (auto w = std::find_if(waiting_.begin(), waiting_.end(), [&](const Waiter& x) { return x.id == id; });
+      w != waiting_.end()) {
+    // The replicas grew since it joined (one loaded, its RSS rose): one that
+    // no longer fits even with nothing running would never start, and as
+    // the head it held the whole line for good. It leaves, refused.
+    if (opts_.ram_budget_bytes && Resident() + w->bytes > opts_.ram_budget_bytes) {
+      waiting_.erase(w);
+      ++rejected_budget_;
+      return JoinResult::kOverBudget;
+    }
+    return JoinResult::kQueued;
+  }
   if (opts_.ram_budget_bytes && Resident() + bytes > opts_.ram_budget_bytes) {
     ++rejected_budget_;
     return JoinResult::kOverBudget;

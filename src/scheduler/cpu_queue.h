@@ -50,7 +50,8 @@ class CpuQueue {
 
   // Bytes a loaded CPU replica holds (weights, KV pool, compute); 0 when unloaded.
   void SetResident(const std::string& replica, uint64_t bytes);
-  // Idempotent: joining again keeps the place in line.
+  // Idempotent: joining again keeps the place in line, unless the replicas
+  // grew since so that it could never start (kOverBudget: it leaves).
   JoinResult Join(const std::string& id, uint64_t bytes);
   // `host_available`: the host's observed available memory minus its
   // headroom (kUnknown: not known). A started request counts as running.

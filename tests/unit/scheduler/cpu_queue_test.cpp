@@ -51,6 +51,23 @@ TEST(CpuQueueTest, ALineOfNoWaitingPlacesStillRunsWhatStartsAtOnce) {
   EXPECT_EQ(q.Join("b", MiB), CpuQueue::JoinResult::kQueued);
 }
 
+// A waiter the replicas outgrew since it joined (a replica loaded, its RSS
+// rose) can never start: asked again, it is refused and leaves, and the one
+// behind it becomes the head. It held the line's head until its deadline.
+TEST(CpuQueueTest, AWaiterTheReplicasOutgrewIsRefusedAndTheLineMovesOn) {
+  FakeClock clock;
+  CpuQueue q({8, 1, 100 * MiB}, clock);
+  ASSERT_EQ(q.Join("a", 40 * MiB), CpuQueue::JoinResult::kQueued);
+  ASSERT_EQ(q.Join("b", 10 * MiB), CpuQueue::JoinResult::kQueued);
+  q.SetResident("chat.1", 70 * MiB);  // the replica loaded after they joined
+  EXPECT_EQ(q.TryStart("a"), CpuQueue::StartResult::kWait) << "70 + 40 > 100, with nothing running";
+  EXPECT_EQ(q.Join("a", 40 * MiB), CpuQueue::JoinResult::kOverBudget);
+  EXPECT_EQ(q.Position("a"), 0u);
+  EXPECT_EQ(q.stats().rejected_budget, 1u);
+  EXPECT_EQ(q.Join("b", 10 * MiB), CpuQueue::JoinResult::kQueued) << "it still fits";
+  EXPECT_EQ(q.TryStart("b"), CpuQueue::StartResult::kStart);
+}
+
 TEST(CpuQueueTest, TheRamBudgetHoldsReplicasAndRunningRequests) {
   FakeClock clock;
   CpuQueue q({8, 8, 100 * MiB}, clock);
