@@ -569,17 +569,28 @@ void CommitLog::set_lazy_wait(std::chrono::milliseconds wait) {
   lazy_wait_ = wait;
 }
 
-std::vector<std::string> CommitLog::ReadAll(int64_t* last_seq) {
+StatusOr<std::vector<std::string>> CommitLog::ReadAll(int64_t* last_seq) {
   std::lock_guard<std::mutex> lk(mu_);
   // Only records already handed to the journal: the last ones may still be
   // on their way to the disk (a sync that fails tells their callers so).
   *last_seq = queued_seq_;
   std::vector<std::string> out;
   std::string data;
-  if (old_fd_ >= 0 && ReadFile(old_fd_, &data) == 0) out = ParseFile(data).records;
-  if (ReadFile(fd_, &data) == 0) {
-    for (auto& r : ParseFile(data).records) out.push_back(std::move(r));
+  // A file that cannot be read is an error, never fewer records: the
+  // caller counts every record up to `last_seq` applied once it commits
+  // what it got (the missing ones' rows would never be written).
+  auto read = [&](int fd) -> Status {
+    int err = faults_ ? faults_->BeforeLogRead() : 0;
+    if (err == 0) err = ReadFile(fd, &data);
+    if (err != 0) return Status::Unavailable("cannot read the commit log " + path_ + ": " + std::strerror(err));
+    return Status::Ok();
+  };
+  if (old_fd_ >= 0) {
+    SPILLWAY_RETURN_IF_ERROR(read(old_fd_));
+    out = ParseFile(data).records;
   }
+  SPILLWAY_RETURN_IF_ERROR(read(fd_));
+  for (auto& r : ParseFile(data).records) out.push_back(std::move(r));
   const auto unsynced = static_cast<size_t>(last_seq_ - queued_seq_);
   out.resize(out.size() > unsynced ? out.size() - unsynced : 0);
   return out;
@@ -642,13 +653,19 @@ void CommitLog::SyncThread() {
       if (rotated) rotated_ = true;  // the directory, after a rotation: synced again next round
       lk.unlock();
     } else {
+      // Counted as handed to the journal before it is: a replay that reads
+      // the log meanwhile (ReadAll) takes them in (applied twice, as a
+      // replay may), rather than cut them off as not yet synced and then
+      // count them applied, their rows never written.
+      lk.lock();
+      queued_seq_ = batch.back().seq;
+      lk.unlock();
       // Only this thread queues records at FULL, and in log order.
       for (auto& u : batch) RunSurviving("spillway: a commit-log record's queued callback", [&] { u.queued(u.seq); });
     }
     // (Each survived: one that threw left the batch's other writers waiting for good.)
     for (auto& u : batch) RunSurviving("spillway: a commit-log record's durable callback", [&] { u.durable(rc, "log sync"); });
     lk.lock();
-    if (rc == SQLITE_OK) queued_seq_ = batch.back().seq;
     done_seq_ = batch.back().seq;
     syncing_ = false;
     syncing_old_ = -1;

@@ -116,8 +116,9 @@ class CommitLog {
 
   // The records in the files now that are durable and handed to the
   // journal (leftovers not yet applied included) and the sequence number of
-  // the last one, for applying them again after an apply failed.
-  std::vector<std::string> ReadAll(int64_t* last_seq);
+  // the last one, for applying them again after an apply failed; an error
+  // (kUnavailable) when a file cannot be read.
+  StatusOr<std::vector<std::string>> ReadAll(int64_t* last_seq);
 
   // Every record up to `seq` is applied in a committed transaction (and any
   // leftovers before them: call it only once they are). When that is every

@@ -184,8 +184,9 @@ Status Journal::ApplyAll(const std::vector<std::string>& records, std::vector<Tr
 Status Journal::ReplayLocked(std::vector<Transition>* told) {
   if (!log_stuck_) return Status::Ok();
   int64_t last = 0;
-  const std::vector<std::string> records = log_->ReadAll(&last);
-  SPILLWAY_RETURN_IF_ERROR(ApplyAll(records, told));
+  auto records = log_->ReadAll(&last);
+  if (!records.ok()) return Status::Unavailable("journal: " + records.status().message() + " (its records are kept)");
+  SPILLWAY_RETURN_IF_ERROR(ApplyAll(*records, told));
   log_stuck_ = false;
   log_->Applied(last);
   return Status::Ok();

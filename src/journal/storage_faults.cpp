@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 
 #include <atomic>
+#include <cerrno>
 #include <thread>
 
 namespace spillway::journal {
@@ -173,6 +174,18 @@ void StorageFaults::FailSyncs(int n) {
   fail_syncs_ = n;
 }
 
+void StorageFaults::FailLogReads(int n) {
+  std::lock_guard<std::mutex> lk(mu_);
+  fail_log_reads_ = n;
+}
+
+int StorageFaults::BeforeLogRead() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (fail_log_reads_ <= 0) return 0;
+  --fail_log_reads_;
+  return EIO;
+}
+
 void StorageFaults::StallSyncs(std::chrono::milliseconds d) {
   std::lock_guard<std::mutex> lk(mu_);
   stall_ = d;
@@ -203,7 +216,7 @@ bool StorageFaults::WaitForHeldSyncs(int64_t total, std::chrono::milliseconds ti
 
 void StorageFaults::Clear() {
   std::lock_guard<std::mutex> lk(mu_);
-  fail_writes_ = fail_syncs_ = passes_ = 0;
+  fail_writes_ = fail_syncs_ = fail_log_reads_ = passes_ = 0;
   disk_full_ = block_ = false;
   stall_ = std::chrono::milliseconds(0);
   cv_.notify_all();

@@ -10,7 +10,9 @@
 //   StallSyncs(d)     every xSync sleeps d before it syncs (a slow disk);
 //   BlockSyncs()      every xSync waits until the test lets it through with
 //                     PassSyncs(n) or turns blocking off with Unblock(): a
-//                     stall the test controls without sleeping.
+//                     stall the test controls without sleeping;
+//   FailLogReads(n)   the commit log's next n reads of a file (to apply its
+//                     records again) fail with EIO; SQLite's reads pass.
 //
 // Each StorageFaults registers its own VFS ("spillway-faults-<n>") so that
 // journals in one process (parallel tests) never see each other's faults, and
@@ -44,6 +46,7 @@ class StorageFaults {
   void FailSyncs(int n);
   void StallSyncs(std::chrono::milliseconds d);
   void BlockSyncs();
+  void FailLogReads(int n);
   void PassSyncs(int n);  // lets n blocked (or future) syncs through while blocking stays on
   void Unblock();         // blocking off; every waiting sync goes on
   // Waits until `total` syncs in all (since Create) have been held by
@@ -59,6 +62,8 @@ class StorageFaults {
   // or SQLITE_OK to pass it through (after any stall).
   int BeforeWrite();
   int BeforeSync();
+  // Called by the commit log before it reads a file back: an errno, or 0.
+  int BeforeLogRead();
 
   struct Vfs;  // the registered sqlite3_vfs and the VFS it wraps (opaque)
 
@@ -73,6 +78,7 @@ class StorageFaults {
   int fail_writes_ = 0;
   bool disk_full_ = false;
   int fail_syncs_ = 0;
+  int fail_log_reads_ = 0;
   std::chrono::milliseconds stall_{0};
   bool block_ = false;
   int passes_ = 0;

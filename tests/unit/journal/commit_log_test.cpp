@@ -76,6 +76,30 @@ class CommitLogTest : public JournalFixture {
   }
 };
 
+// At FULL a record handed to the journal (its queued callback) is one a
+// replay reads. A replay between the two (the journal applying the log again
+// after a failed commit) counted it as not yet synced, cut it off, and then
+// counted it applied: its rows were never written, its request acknowledged.
+TEST_F(CommitLogTest, ARecordHandedToTheJournalIsOneAReplayReads) {
+  std::vector<std::string> left;
+  auto log = OpenLog(&left, /*sync=*/true);
+  ASSERT_NE(log, nullptr);
+  int64_t seq = 0, last = 0;
+  StatusOr<std::vector<std::string>> read = std::vector<std::string>{};
+  std::promise<int> rc;
+  log->Append(
+      "handed",
+      [&](int64_t s) {
+        seq = s;
+        read = log->ReadAll(&last);  // (as a replay on the journal's thread would, now)
+      },
+      [&](int r, const std::string&) { rc.set_value(r); });
+  ASSERT_EQ(rc.get_future().get(), SQLITE_OK);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(last, seq);
+  EXPECT_EQ(*read, std::vector<std::string>{"handed"});
+}
+
 TEST_F(CommitLogTest, RecordsNotYetAppliedAreWhatTheNextOpenFinds) {
   std::vector<std::string> left;
   {
@@ -531,7 +555,7 @@ TEST_F(CommitLogTest, ARecordWhoseSyncFailedIsNeverReplayed) {
     ASSERT_EQ(AwaitAppend(*log, "after"), SQLITE_OK);
     log->Drain();  // (the sync thread books the round after telling its callers)
     int64_t last = 0;
-    EXPECT_EQ(log->ReadAll(&last), (std::vector<std::string>{"synced", "after"}));
+    EXPECT_EQ(log->ReadAll(&last).value(), (std::vector<std::string>{"synced", "after"}));
   }
   auto log = OpenLog(&left, /*sync=*/true, faults);
   ASSERT_NE(log, nullptr);
@@ -556,7 +580,7 @@ TEST_F(CommitLogTest, ALogThatCannotCutAFailedRecordSaysARestartIsNeeded) {
     // one too: the failed record was left out twice, once as zeros and once
     // by count.
     int64_t last = 0;
-    EXPECT_EQ(log->ReadAll(&last), std::vector<std::string>{"synced"});
+    EXPECT_EQ(log->ReadAll(&last).value(), std::vector<std::string>{"synced"});
     std::string what;
     EXPECT_EQ(AwaitAppend(*log, "refused", &what), SQLITE_IOERR_WRITE);
     EXPECT_NE(what.find("restart spillway"), std::string::npos) << what;
@@ -828,6 +852,28 @@ TEST_F(LoggedWritesTest, RowsThatFailedToCommitAreAppliedAgainWhenTheStorageReco
   EXPECT_TRUE(Eventually([&] { return j_->Get("r").ok(); })) << "the failed rows were never applied again";
   EXPECT_EQ(j_->Get("r")->state, State::kRunning);
   EXPECT_TRUE(Eventually([&] { return CommitLog::ReadRecords((dir_ / "journal.db-log").string()).empty(); }));
+}
+
+// A log that cannot be read back when its records are applied again (the
+// same failing disk) keeps them for the next try: the replay read nothing,
+// committed nothing and counted every record applied, so an acknowledged
+// request's rows were never written and its record was erased.
+TEST_F(LoggedWritesTest, ALogThatCannotBeReadBackKeepsItsRecordsForTheNextReplay) {
+  Reopen(Slow(false));
+  ASSERT_TRUE(NewRunning("r").ok());
+  faults_->SetDiskFull(true);
+  j_->Flush();  // the rows' transaction fails
+  ASSERT_FALSE(j_->Get("r").ok());
+  faults_->SetDiskFull(false);
+  faults_->FailLogReads(1);
+  clock_.Advance(JournalOptions{}.unwritable_retry_ms);
+  const auto refused = j_->Accept(Rec("next"));  // its batch applies the log again: the read fails
+  EXPECT_FALSE(refused.ok()) << "a write went in while the log's records could not be applied";
+  EXPECT_FALSE(CommitLog::ReadRecords((dir_ / "journal.db-log").string()).empty()) << "the records were counted applied";
+  clock_.Advance(JournalOptions{}.unwritable_retry_ms);
+  ASSERT_TRUE(j_->Accept(Rec("after")).ok());  // the log reads again
+  EXPECT_TRUE(Eventually([&] { return j_->Get("r").ok(); })) << "an acknowledged request's rows were never written";
+  EXPECT_EQ(j_->Get("r")->state, State::kRunning);
 }
 
 }  // namespace
