@@ -136,22 +136,26 @@ uint64_t ProcessStartTime(int32_t pid) {
   return StartTimeOf(ReadSmallFile("/proc/" + std::to_string(pid) + "/stat").value_or(""));
 }
 
-bool ProcessAlive(int32_t pid, uint64_t start_time) {
-  if (pid <= 0) return false;
-  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+Liveness ProcessLiveness(int32_t pid, uint64_t start_time) {
+  if (pid <= 0) return Liveness::kGone;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return Liveness::kGone;
   // A zombie has released its memory as far as the device is concerned.
   const std::optional<std::string> stat = ReadSmallFile("/proc/" + std::to_string(pid) + "/stat");
   if (!stat) {
     // Reaped since kill() saw it (a read after reaping fails with ESRCH).
+    if (errno == ENOENT || errno == ESRCH) return Liveness::kGone;
     // Another error (no descriptor left, hidepid) says nothing of its death:
     // alive as kill() said, unless a start time is there to compare.
-    return errno != ENOENT && errno != ESRCH && start_time == 0;
+    return start_time == 0 ? Liveness::kAlive : Liveness::kUnknown;
   }
   const std::string& s = *stat;
   auto close = s.rfind(')');
-  if (close != std::string::npos && close + 2 < s.size() && s[close + 2] == 'Z') return false;
-  return start_time == 0 || StartTimeOf(s) == start_time;  // (the text read above: one read, one process)
+  if (close != std::string::npos && close + 2 < s.size() && s[close + 2] == 'Z') return Liveness::kGone;
+  // (The text read above: one read, one process.)
+  return start_time == 0 || StartTimeOf(s) == start_time ? Liveness::kAlive : Liveness::kGone;
 }
+
+bool ProcessAlive(int32_t pid, uint64_t start_time) { return ProcessLiveness(pid, start_time) == Liveness::kAlive; }
 
 std::string SimLedger::DirPath() {
   const char* d = std::getenv("SPILLWAY_SIM_DIR");

@@ -98,7 +98,12 @@ class SimLedger {
 };
 
 // Process liveness by /proc: alive if /proc/<pid> exists and (when recorded)
-// its start time matches.
+// its start time matches. kUnknown: kill() finds the pid but its /proc entry
+// cannot be read (no descriptor left, hidepid), so whether it is still the
+// recorded process cannot be told: neither signal it nor take it for ended.
+enum class Liveness { kAlive, kGone, kUnknown };
+Liveness ProcessLiveness(int32_t pid, uint64_t start_time);
+// kAlive only: safe to signal.
 bool ProcessAlive(int32_t pid, uint64_t start_time);
 uint64_t ProcessStartTime(int32_t pid);
 uint64_t UnixMillis();

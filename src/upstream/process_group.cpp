@@ -47,7 +47,10 @@ bool Ended(const WorkerPid& p, int* status) {
     const pid_t r = waitpid(p.pid, status, WNOHANG);
     return r == p.pid || (r < 0 && errno == ECHILD);  // (ECHILD: reaped already)
   }
-  return !devices::ProcessAlive(p.pid, p.start_time);  // a zombie counts as ended
+  // A zombie counts as ended; one whose /proc entry cannot be read now (no
+  // descriptor left) does not: it was taken for dead, its record dropped and
+  // a second worker started beside it.
+  return devices::ProcessLiveness(p.pid, p.start_time) == devices::Liveness::kGone;
 }
 
 std::vector<std::string> CommandLine(pid_t pid) {

@@ -3,7 +3,9 @@
 // that is not our child (upstream/process_group.h).
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -263,6 +265,37 @@ TEST(ProcessGroupTest, AnotherStartTimeIsAnotherProcessAndIsNotSignalled) {
   EXPECT_EQ(waitpid(pid, &status, WNOHANG), 0) << "a process with the recorded pid but another start time was signalled";
   kill(-pid, SIGKILL);
   waitpid(pid, &status, 0);
+}
+
+// With no file descriptor left (a connection surge), /proc cannot be read:
+// an adopted worker that runs on is neither taken for ended (its record was
+// dropped and a second worker started beside it) nor signalled.
+TEST(ProcessGroupTest, AnAdoptedProcessWhoseProcEntryCannotBeReadIsNotTakenForEnded) {
+  const pid_t pid = SpawnSleeper();
+  const WorkerPid adopted{pid, devices::ProcessStartTime(pid), /*child=*/false};
+  ASSERT_NE(adopted.start_time, 0u);
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit few = saved;
+  few.rlim_cur = 64;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &few), 0);
+  std::vector<int> taken;  // every descriptor left: an open fails (EMFILE)
+  for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) taken.push_back(fd);
+  const int err = errno;
+  int status = 0;
+  const devices::Liveness seen = devices::ProcessLiveness(pid, adopted.start_time);
+  const bool ended = Ended(adopted, &status);
+  const bool alive = devices::ProcessAlive(pid, adopted.start_time);
+  for (int fd : taken) ::close(fd);
+  setrlimit(RLIMIT_NOFILE, &saved);
+  ASSERT_EQ(err, EMFILE);
+  EXPECT_EQ(seen, devices::Liveness::kUnknown);
+  EXPECT_FALSE(ended) << "a running worker was taken for ended for want of a descriptor";
+  EXPECT_FALSE(alive) << "one that cannot be checked is not signalled";
+  EXPECT_EQ(devices::ProcessLiveness(pid, adopted.start_time), devices::Liveness::kAlive);
+  kill(-pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  EXPECT_EQ(devices::ProcessLiveness(pid, adopted.start_time), devices::Liveness::kGone);
 }
 
 TEST(ProcessGroupTest, AChildIsReapedWithItsStatus) {
