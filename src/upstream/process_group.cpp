@@ -44,8 +44,18 @@ bool Ended(const WorkerPid& p, int* status) {
   *status = -1;
   if (p.pid <= 0) return true;
   if (p.child) {
+    siginfo_t info{};
+    if (waitid(P_PID, static_cast<id_t>(p.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+      return errno == ECHILD;  // (reaped already)
+    }
+    if (info.si_pid != p.pid) return false;  // running
+    // It ended: what it started in its group (a launcher's server, a
+    // shard) ends with it, killed while its zombie still holds the group's
+    // id (no other group can have it). Once reaped, nothing signalled them:
+    // they kept their memory and port past a crash, and past a stop.
+    ::kill(-p.pid, SIGKILL);
     const pid_t r = waitpid(p.pid, status, WNOHANG);
-    return r == p.pid || (r < 0 && errno == ECHILD);  // (ECHILD: reaped already)
+    return r == p.pid || (r < 0 && errno == ECHILD);
   }
   // A zombie counts as ended; one whose /proc entry cannot be read now (no
   // descriptor left) does not: it was taken for dead, its record dropped and

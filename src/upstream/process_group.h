@@ -23,8 +23,9 @@ struct WorkerPid {
   bool child = true;        // spawned by this process (false: adopted)
 };
 
-// Whether it has ended. A child is reaped; `*status` gets its wait status
-// (-1 for an adopted process, whose status is not ours to read).
+// Whether it has ended. A child is reaped, and what is left of its group
+// killed first; `*status` gets its wait status (-1 for an adopted process,
+// whose status is not ours to read).
 bool Ended(const WorkerPid& p, int* status);
 
 // Its command line (/proc/<pid>/cmdline, one string per argument; empty

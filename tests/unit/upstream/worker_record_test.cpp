@@ -298,6 +298,43 @@ TEST(ProcessGroupTest, AnAdoptedProcessWhoseProcEntryCannotBeReadIsNotTakenForEn
   EXPECT_EQ(devices::ProcessLiveness(pid, adopted.start_time), devices::Liveness::kGone);
 }
 
+// A server that ends while what it started runs on in its group (a
+// launcher's engine): that is killed with it, before the leader is reaped.
+// Nothing signalled it once the leader was gone: it kept its memory and
+// port past a crash, and past a stop.
+TEST(ProcessGroupTest, WhatAnEndedChildLeftInItsGroupEndsWithIt) {
+  const std::string pid_file =
+      (std::filesystem::temp_directory_path() / ("spillway-group-" + std::to_string(getpid()))).string();
+  std::filesystem::remove(pid_file);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    const std::string script = "sleep 30 & echo $! > " + pid_file + "; exit 3";
+    execlp("sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  pid_t left = 0;
+  for (int i = 0; i < 5000 && left == 0; ++i) {
+    std::ifstream f(pid_file);
+    if (!(f >> left)) left = 0;
+    if (left == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_GT(left, 0);
+  const WorkerPid p{pid, devices::ProcessStartTime(pid), /*child=*/true};
+  int status = 0;
+  ASSERT_TRUE(WaitEnded(p, std::chrono::steady_clock::now() + std::chrono::seconds(10)));
+  bool gone = false;
+  for (int i = 0; i < 2000 && !gone; ++i) {
+    gone = devices::ProcessLiveness(left, 0) == devices::Liveness::kGone;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(gone) << "what it left in its group runs on";
+  if (!gone) kill(left, SIGKILL);
+  std::filesystem::remove(pid_file);
+  (void)status;
+}
+
 TEST(ProcessGroupTest, AChildIsReapedWithItsStatus) {
   const pid_t pid = SpawnSleeper();
   const WorkerPid p{pid, devices::ProcessStartTime(pid), /*child=*/true};
