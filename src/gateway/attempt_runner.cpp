@@ -87,6 +87,10 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
   std::string refused;  // a continuation's error event: the worker would not continue the stream
   int relayed = 0;
   bool answering = false;  // this attempt's first event reached the client
+  // Cancelled while a slow reader held the relay back: what the worker wrote
+  // before it stopped is not relayed (the client would go on receiving it,
+  // and the slot stay taken, for as long as the reader took to drain it).
+  bool stopped_for_cancel = false;
   auto begin = [&] {
     if (!reply_.events_started()) reply_.BeginStream(spec.served, spec.role);
     if (answering) return;
@@ -140,6 +144,10 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
           error_body.append(data);
           return true;
         }
+        if (cancelled_ && reply_.unsent_bytes() > max_unsent_bytes_) {
+          stopped_for_cancel = true;
+          return false;
+        }
         pending.append(data);
         size_t pos;
         while ((pos = pending.find("\n\n")) != std::string::npos) {
@@ -150,9 +158,13 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
         return true;
       },
       std::chrono::seconds(600),
-      // A slow reader: stop reading the worker while much is unsent to the client.
-      [&] { return reply_.attached() && !reply_.disconnected() && reply_.unsent_bytes() > max_unsent_bytes_; },
+      // A slow reader: stop reading the worker while much is unsent to the
+      // client (not once cancelled: it reads on, to stop).
+      [&] {
+        return !cancelled_ && reply_.attached() && !reply_.disconnected() && reply_.unsent_bytes() > max_unsent_bytes_;
+      },
       spec.bounded ? &control : nullptr);
+  if (stopped_for_cancel) co_return Simple(Kind::kCancelled);
   const bool delivered = reply_.events_started();
   if (!head_ok && st.ok()) {
     // The worker refused the stream before its first event.

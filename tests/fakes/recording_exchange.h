@@ -54,6 +54,9 @@ class RecordingExchange : public http::Exchange {
     on_disconnect_ = std::move(cb);
   }
   bool disconnected() const override { return disconnected_; }
+  // What a slow reader leaves unsent (set by a test; 0: a reader that keeps up).
+  size_t unsent_bytes() const override { return pretend_unsent.load(); }
+  std::atomic<size_t> pretend_unsent{0};
   std::string peer_address() const override { return peer; }
   std::string peer = "127.0.0.1";  // where the client calls from (set before the gateway sees it)
   // The client goes away: the gateway's disconnect hook runs.

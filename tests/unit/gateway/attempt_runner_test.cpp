@@ -192,6 +192,32 @@ TEST(AttemptRunnerTest, AStreamCutInComputeIsAContinuableFailureAndTheContinuati
   EXPECT_NE(f.client->body().find("resumed after 2"), std::string::npos);
 }
 
+// A stream cancelled while a slow reader holds its relay back (much unsent)
+// stops at once: it stayed paused, so the worker's end of the stream was
+// never read, and the request held its slot, and sent the client what the
+// worker wrote before it stopped, for as long as the reader took.
+TEST(AttemptRunnerTest, ACancelEndsAStreamPausedForASlowReader) {
+  Fixture f;
+  f.client->pretend_unsent = 8 << 20;  // a reader that takes nothing now
+  AttemptRunner runner(f.pool, f.reply, f.progress, f.cancelled, [] {}, 1 << 20);
+  AttemptSpec spec;
+  spec.port = f.worker.port();
+  spec.path = "/stream";
+  spec.body = R"({"prompt":"x","max_tokens":3})";
+  spec.stream = true;
+  spec.served.placement = "cpu:0/99";
+  spec.role = "fallback";
+  std::optional<AttemptResult> out;
+  auto co = [&]() -> net::awaitable<void> { out.emplace(co_await runner.Run(spec)); };
+  net::co_spawn(net::make_strand(f.ioc), co(), net::detached);
+  net::steady_timer cancel(f.ioc, std::chrono::milliseconds(100));
+  cancel.async_wait([&](boost::system::error_code) { f.cancelled = true; });
+  f.ioc.run_for(std::chrono::seconds(5));
+  ASSERT_TRUE(out.has_value()) << "a cancelled stream stayed paused for its slow reader";
+  EXPECT_EQ(out->outcome.kind, Kind::kCancelled);
+  EXPECT_EQ(f.client->body().find("\"c\""), std::string::npos) << "relayed after its cancel: " << f.client->body();
+}
+
 TEST(ReplyWriterTest, AWaitingStreamStartsEarlyAndThenSaysWhereItRuns) {
   auto client = std::make_shared<RecordingExchange>();
   ReplyWriter reply(client, "req-2", 11);
