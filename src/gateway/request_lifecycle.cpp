@@ -239,26 +239,31 @@ void RequestLifecycle::OnWait(const std::string& note, double est_s) {
   reply_.WaitingNote(note, est_s);
 }
 
-// The journal cannot write (503, Retry-After; the request's end is recorded
-// as that 503 once it writes again), or someone else cancelled or ended the
-// request meanwhile.
+// Someone else cancelled or ended the request meanwhile (the client hears
+// its end), or the journal could not write (503, Retry-After; another
+// database error, such as a lock another program holds past the busy
+// timeout: 500): then the request's end is recorded as that once the
+// journal writes again.
 boost::asio::awaitable<void> RequestLifecycle::CommitRefused(const Status& st) {
   if (co_await AcceptRefused()) co_return;  // (then the attempt was refused for want of its request)
-  if (st.code() == StatusCode::kUnavailable) {
-    // The journal cannot write. The client hears why, and the request's end
-    // is recorded as that once the journal writes again: left queued or
-    // running, a retry with its Idempotency-Key heard "in flight" for good,
-    // and a restart ran a request its client had been told failed.
-    const bool sent = reply_.head_sent();
-    reply_.Error(st);
-    g_.Spawn(g_.RecordEndWhenWritable(rec_.id, sent ? State::kFailedResumable : State::kFailed, st), strand_);
-    live_->Enter(LivePhase::kTerminal, g_.clock_.NowMs());
-    co_return;
-  }
-  if (reply_.attached()) {
+  if (st.code() != StatusCode::kUnavailable) {
     auto r = co_await g_.Blocking([&] { return g_.journal_.Get(rec_.id); });
-    reply_.Error(Status::Cancelled("request " + (r.ok() ? std::string(journal::StateName(r->state)) : "ended")));
+    if (r.ok() && journal::IsTerminal(r->state)) {
+      reply_.Error(Status::Cancelled("request " + std::string(journal::StateName(r->state))));
+      live_->Enter(LivePhase::kTerminal, g_.clock_.NowMs());
+      co_return;
+    }
+    // (Not ended: it was told "cancelled" and left running, a retry with
+    // its Idempotency-Key heard "in flight" for good, and a restart ran it
+    // again.)
   }
+  // Left queued or running, a retry with its Idempotency-Key heard "in
+  // flight" for good, and a restart ran a request its client had been told
+  // failed: the end is recorded once the journal writes again.
+  const bool sent = reply_.head_sent();
+  reply_.Error(st);
+  g_.Spawn(g_.RecordEndWhenWritable(rec_.id, sent ? State::kFailedResumable : State::kFailed, st), strand_);
+  live_->Enter(LivePhase::kTerminal, g_.clock_.NowMs());
 }
 
 boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, const AttemptSpec& spec) {

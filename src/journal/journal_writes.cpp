@@ -383,8 +383,10 @@ std::function<Status()> Journal::StartOp(std::string id, std::string placement, 
             "decision=CASE WHEN ?4 = '' THEN decision ELSE ?4 END "
             "WHERE id=?1 AND state IN ('queued','running') RETURNING attempts;");
     up.Bind(1, id).Bind(2, placement).Bind(3, now).Bind(4, decision_json);
-    if (up.Step() != SQLITE_ROW) {
-      if (!StorageProblem(sqlite3_extended_errcode(db_)).empty()) return DbError("attempt");
+    if (const int rc = up.Step(); rc != SQLITE_ROW) {
+      // (An error, such as a lock another program held past the busy
+      // timeout, is not "not waiting": it read as the request ended.)
+      if (rc != SQLITE_DONE) return DbError("attempt");
       return Status::NotFound("request '" + id + "' is not waiting to run");
     }
     *n = up.Int(0);

@@ -6,6 +6,7 @@
 #include "gateway/gateway.h"
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -468,6 +469,30 @@ TEST_F(LifecycleTest, AnAttemptTheJournalCannotRecordEndsTheRequestAsItsClientHe
   EXPECT_TRUE(Eventually([&] { return journal::IsTerminal(Journaled("r-unrecorded").state); }, std::chrono::seconds(15)))
       << journal::StateName(Journaled("r-unrecorded").state);
   EXPECT_EQ(Journaled("r-unrecorded").result_status, 503);
+}
+
+// An attempt the journal refuses for another reason than its storage (a
+// lock another program holds past the busy timeout: `sqlite3 journal.db`
+// left in a transaction) ends the request with that error, and its end is
+// recorded once the journal writes again. The client was told "request
+// running", as if someone had cancelled it, and the row stayed running for
+// good (a retry with its key heard "in flight"; a restart ran it again).
+TEST_F(LifecycleTest, AnAttemptTheJournalRefusesForAnotherReasonEndsAndItsEndIsRecordedLater) {
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open_v2((dir_ / "journal.db").c_str(), &other, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+  sqlite3_busy_timeout(other, 10000);  // (the journal's own transaction first)
+  primary_.behaviour = [&](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    EXPECT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE;", nullptr, nullptr, nullptr), SQLITE_OK);  // held from now on
+    Refuse(ex, Status::ResourceExhausted("kv alloc failed").WithPhase(FailurePhase::kKv));  // the fallback next
+  };
+  auto ex = Complete("r-locked");
+  ASSERT_TRUE(ex->Wait(std::chrono::seconds(60)));
+  EXPECT_EQ(ex->status(), 500u) << ex->body();
+  EXPECT_EQ(ex->body().find("request running"), std::string::npos) << ex->body();
+  sqlite3_exec(other, "ROLLBACK;", nullptr, nullptr, nullptr);
+  sqlite3_close(other);
+  EXPECT_TRUE(Eventually([&] { return journal::IsTerminal(Journaled("r-locked").state); }, std::chrono::seconds(30)))
+      << journal::StateName(Journaled("r-locked").state);
 }
 
 TEST_F(LifecycleTest, AnAllocationFailureIsReplayedOnTheFallbackWithTheSameIdAndSeed) {
