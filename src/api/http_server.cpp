@@ -178,7 +178,9 @@ class ExchangeImpl final : public Exchange {
  public:
   // `version`: the request's (HTTP/1.0 gets an unframed stream that ends
   // with the connection: it has no chunked encoding).
-  ExchangeImpl(std::shared_ptr<Session> s, unsigned version) : session_(std::move(s)), http10_(version < 11) {}
+  // `gen`: the session's exchange it is (Session::exchange_gen_ when it began).
+  ExchangeImpl(std::shared_ptr<Session> s, unsigned version, uint64_t gen)
+      : session_(std::move(s)), http10_(version < 11), gen_(gen) {}
   ~ExchangeImpl() override;
   void Respond(Response res) override;
   void StartStream(Response header) override;
@@ -199,6 +201,7 @@ class ExchangeImpl final : public Exchange {
  private:
   std::shared_ptr<Session> session_;
   const bool http10_;
+  const uint64_t gen_;
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -287,7 +290,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // stream's end is the connection's).
   void CloseAfterExchange() { keep_alive_ = false; }
 
-  void SetDisconnectCallback(std::function<void()> cb) {
+  // From exchange `gen`: ignored once that exchange is over (a late call of a
+  // finished one took the callback of the connection's next exchange).
+  void SetDisconnectCallback(std::function<void()> cb, uint64_t gen) {
+    if (gen != exchange_gen_) return;
     if (peer_gone_) {
       if (cb) cb();
       return;
@@ -460,6 +466,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if (Status st = CheckRequestHead(req); !st.ok()) return RejectAndClose(400, st.message());
     version_ = req.version();
     keep_alive_ = req.keep_alive();
+    // HTTP/1.0 has no chunked coding: a Transfer-Encoding there is framing
+    // an HTTP/1.0 proxy in front would not see (it takes the chunks for the
+    // next request). Answered, then closed (RFC 9112 6.1).
+    if (version_ < 11 && req.find(bhttp::field::transfer_encoding) != req.end()) keep_alive_ = false;
     // A HEAD request is handled as a GET whose answer goes without its body (Enqueue).
     head_method_ = req.method() == bhttp::verb::head;
     if (head_method_) req.method(bhttp::verb::get);
@@ -467,7 +477,7 @@ class Session : public std::enable_shared_from_this<Session> {
     peer_gone_ = false;
     on_disconnect_ = nullptr;
     ++exchange_gen_;
-    auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), version_);
+    auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), version_, exchange_gen_);
     current_ = ex;
     WatchPeer();
     // The exchange (if dropped) answers 500.
@@ -648,6 +658,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // check_head, or as malformed): its answer, then the connection closes
   // (what the peer sent after the head is never read).
   void RefuseAndClose(Response res) {
+    // What arrived of the refused body goes now, not with the connection
+    // after its lingering close: its share of max_body_memory_bytes is given
+    // back once the answer is out.
+    if (parser_) std::string().swap(parser_->get().body());
     keep_alive_ = false;
     exchange_done_ = false;
     res.keep_alive(false);
@@ -734,6 +748,7 @@ void ExchangeImpl::Respond(Response res) {
 }
 
 void ExchangeImpl::StartStream(Response header) {
+  if (finished_) return;  // (answered already: its head would land in the next exchange's)
   header.chunked(!http10_);
   if (http10_) header.set(bhttp::field::connection, "close");
   header.body().clear();
@@ -782,7 +797,9 @@ void ExchangeImpl::Abort() {
 
 void ExchangeImpl::OnDisconnect(std::function<void()> cb) {
   auto s = session_;
-  net::dispatch(s->executor(), [s, cb = std::move(cb)]() mutable { s->SetDisconnectCallback(std::move(cb)); });
+  net::dispatch(s->executor(), [s, cb = std::move(cb), gen = gen_]() mutable {
+    s->SetDisconnectCallback(std::move(cb), gen);
+  });
 }
 
 }  // namespace

@@ -68,6 +68,10 @@ class ServerFixture : public ::testing::Test {
         ex->Write("data: 0\n\n");
         return ex->Abort();
       }
+      if (t == "/quick") {  // answered at once; the test keeps the exchange
+        late_ = ex;
+        return ex->Respond(MakeResponse(200, "quick", "text/plain"));
+      }
       if (t == "/drop") return;  // the Exchange is dropped unanswered
       if (t == "/drop-stream") {  // ... once its stream has begun
         ex->StartStream(MakeResponse(200, "", "text/event-stream"));
@@ -82,6 +86,7 @@ class ServerFixture : public ::testing::Test {
   }
   void TearDown() override {
     held_.reset();
+    late_.reset();
     server_->Stop();
     ioc_.stop();
     thread_.join();
@@ -91,6 +96,7 @@ class ServerFixture : public ::testing::Test {
   std::unique_ptr<Server> server_;
   std::thread thread_;
   std::shared_ptr<Exchange> held_;
+  std::shared_ptr<Exchange> late_;  // an exchange answered already
   std::atomic<bool> disconnected_{false};
 };
 
@@ -416,6 +422,43 @@ TEST_F(ServerFixture, ATransferCodingOtherThanChunkedIs501AndCloses) {
   chunked.Send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\nConnection: close\r\n\r\n"
                "5\r\nhello\r\n0\r\n\r\n");
   EXPECT_NE(chunked.ReadAll(std::chrono::milliseconds(2000)).find("hello"), std::string::npos);
+}
+
+// A finished exchange's late call (a worker's thread registering its cancel
+// after the answer went out) touches nothing of the connection's next
+// exchange: it took that one's disconnect callback, and a client that went
+// away did not cancel the request it left running. Nor does a late stream
+// head land in the next exchange.
+TEST_F(ServerFixture, AFinishedExchangesLateCallsLeaveTheNextExchangeAlone) {
+  std::atomic<bool> stolen{false};
+  {
+    RawPeer p(server_->port());
+    p.Send("GET /quick HTTP/1.1\r\nHost: x\r\n\r\n");
+    ASSERT_NE(p.ReadUntil("quick").find("quick"), std::string::npos);
+    p.Send("GET /hang HTTP/1.1\r\nHost: x\r\n\r\n");
+    for (int i = 0; i < 400 && !held_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_TRUE(held_);
+    late_->OnDisconnect([&] { stolen = true; });
+    late_->StartStream(MakeResponse(200, "", "text/event-stream"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (both reach the session's strand)
+    EXPECT_EQ(p.ReadAll(std::chrono::milliseconds(100)), "") << "the finished exchange wrote into the next one";
+  }
+  for (int i = 0; i < 400 && !disconnected_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_TRUE(disconnected_) << "the request running when its client went away was not told";
+  EXPECT_FALSE(stolen);
+}
+
+// HTTP/1.0 has no chunked coding: a request that says Transfer-Encoding is
+// answered and the connection closed (RFC 9112 6.1), so that an HTTP/1.0
+// proxy in front, which takes the chunks for the next request, cannot slip
+// a request past it. It was kept alive and the next request answered.
+TEST_F(ServerFixture, AnHttp10RequestWithATransferEncodingClosesAfterItsAnswer) {
+  RawPeer p(server_->port());
+  p.Send("POST /echo HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n"
+         "5\r\nabcde\r\n0\r\n\r\nGET /hello HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n");
+  const std::string got = p.ReadAll(std::chrono::milliseconds(2000));
+  EXPECT_NE(got.find("abcde"), std::string::npos) << got;
+  EXPECT_EQ(got.find("hello"), std::string::npos) << "answered on after it: " << got;
 }
 
 // Two pipelined requests, then a half-close (nc -N, a client that sends all
