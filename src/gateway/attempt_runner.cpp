@@ -91,6 +91,8 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
   // before it stopped is not relayed (the client would go on receiving it,
   // and the slot stay taken, for as long as the reader took to drain it).
   bool stopped_for_cancel = false;
+  // A slow reader: much is unsent to the client.
+  auto backlogged = [&] { return reply_.unsent_bytes() > max_unsent_bytes_; };
   auto begin = [&] {
     if (!reply_.events_started()) reply_.BeginStream(spec.served, spec.role);
     if (answering) return;
@@ -144,7 +146,7 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
           error_body.append(data);
           return true;
         }
-        if (cancelled_ && reply_.unsent_bytes() > max_unsent_bytes_) {
+        if (cancelled_ && backlogged()) {
           stopped_for_cancel = true;
           return false;
         }
@@ -158,11 +160,8 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
         return true;
       },
       std::chrono::seconds(600),
-      // A slow reader: stop reading the worker while much is unsent to the
-      // client (not once cancelled: it reads on, to stop).
-      [&] {
-        return !cancelled_ && reply_.attached() && !reply_.disconnected() && reply_.unsent_bytes() > max_unsent_bytes_;
-      },
+      // Not read while the client is behind (once cancelled it reads on, to stop).
+      [&] { return !cancelled_ && reply_.attached() && !reply_.disconnected() && backlogged(); },
       spec.bounded ? &control : nullptr);
   if (stopped_for_cancel) co_return Simple(Kind::kCancelled);
   const bool delivered = reply_.events_started();

@@ -104,9 +104,11 @@ Gateway::CpuGate Gateway::CpuPathGateLocked(const journal::RequestRecord& rec, c
 }
 
 void Gateway::Wake(const std::string& service, PlacementBoard::Closed what) {
-  if (what == PlacementBoard::Closed::kNone) return;
-  for (auto& [name, signal] : signals_) {
-    if (what == PlacementBoard::Closed::kDevice || name == service) signal->Notify();
+  if (what == PlacementBoard::Closed::kDevice) {
+    for (auto& [name, signal] : signals_) signal->Notify();
+  } else if (what == PlacementBoard::Closed::kPlacement) {
+    // (Every request's release: one lookup, not a walk over every service.)
+    if (auto it = signals_.find(service); it != signals_.end()) it->second->Notify();
   }
 }
 

@@ -253,9 +253,6 @@ boost::asio::awaitable<void> RequestLifecycle::CommitRefused(const Status& st) {
       live_->Enter(LivePhase::kTerminal, g_.clock_.NowMs());
       co_return;
     }
-    // (Not ended: it was told "cancelled" and left running, a retry with
-    // its Idempotency-Key heard "in flight" for good, and a restart ran it
-    // again.)
   }
   // Left queued or running, a retry with its Idempotency-Key heard "in
   // flight" for good, and a restart ran a request its client had been told

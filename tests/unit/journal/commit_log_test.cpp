@@ -648,6 +648,18 @@ class LoggedWritesTest : public FaultyJournalFixture {
   Status NewRunning(const std::string& id) {
     return Durable([&](auto done) { j_->AcceptAndStartAsync(Rec(id), "cpu", "", std::move(done)); });
   }
+  // Request `id` runs, durable in the log, and its rows failed to commit
+  // (the disk filled after its record was written); the disk takes writes
+  // again. False when it did not come to that.
+  bool RowsFailedToCommit(const std::string& id) {
+    Reopen(Slow(false));
+    if (!NewRunning(id).ok()) return false;
+    faults_->SetDiskFull(true);
+    j_->Flush();  // the rows' transaction fails
+    const bool failed = !j_->Get(id).ok();
+    faults_->SetDiskFull(false);
+    return failed;
+  }
   Status End(const std::string& id, const std::string& answer) {
     return Durable([&](auto done) {
       j_->FinishAsync(id, State::kCompleted, 200, "application/json", answer, "", std::move(done));
@@ -839,14 +851,9 @@ TEST_F(LoggedWritesTest, AClosedJournalLeavesNoRecordsInItsLog) {
 // Rows that fail to commit (the disk filled after the record was written)
 // are applied again from the log once the storage takes writes.
 TEST_F(LoggedWritesTest, RowsThatFailedToCommitAreAppliedAgainWhenTheStorageRecovers) {
-  Reopen(Slow(false));
-  ASSERT_TRUE(NewRunning("r").ok());
-  faults_->SetDiskFull(true);
-  j_->Flush();  // the rows' transaction fails
-  EXPECT_FALSE(j_->Get("r").ok());
+  ASSERT_TRUE(RowsFailedToCommit("r"));
   EXPECT_FALSE(CommitLog::ReadRecords((dir_ / "journal.db-log").string()).empty())
       << "the record was dropped with its failed rows";
-  faults_->SetDiskFull(false);
   clock_.Advance(JournalOptions{}.unwritable_retry_ms);
   ASSERT_TRUE(j_->Accept(Rec("next")).ok());  // a commit: the storage writes again
   EXPECT_TRUE(Eventually([&] { return j_->Get("r").ok(); })) << "the failed rows were never applied again";
@@ -859,12 +866,7 @@ TEST_F(LoggedWritesTest, RowsThatFailedToCommitAreAppliedAgainWhenTheStorageReco
 // committed nothing and counted every record applied, so an acknowledged
 // request's rows were never written and its record was erased.
 TEST_F(LoggedWritesTest, ALogThatCannotBeReadBackKeepsItsRecordsForTheNextReplay) {
-  Reopen(Slow(false));
-  ASSERT_TRUE(NewRunning("r").ok());
-  faults_->SetDiskFull(true);
-  j_->Flush();  // the rows' transaction fails
-  ASSERT_FALSE(j_->Get("r").ok());
-  faults_->SetDiskFull(false);
+  ASSERT_TRUE(RowsFailedToCommit("r"));
   faults_->FailLogReads(1);
   clock_.Advance(JournalOptions{}.unwritable_retry_ms);
   const auto refused = j_->Accept(Rec("next"));  // its batch applies the log again: the read fails
