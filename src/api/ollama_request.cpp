@@ -347,7 +347,8 @@ StatusOr<OllamaCall> TranslateOllamaRequest(OllamaRoute route, const json& body)
   switch (route) {
     case OllamaRoute::kChat: {
       call.endpoint = "chat";
-      SPILLWAY_RETURN_IF_ERROR(TranslateMessages(body.value("messages", json::array()), &call.openai));
+      // (null, as Ollama reads it: no messages, a load)
+      SPILLWAY_RETURN_IF_ERROR(TranslateMessages(Given(body, "messages") ? body["messages"] : json::array(), &call.openai));
       call.load_only = call.openai["messages"].empty();
       if (Given(body, "tools")) call.openai["tools"] = body["tools"];
       SPILLWAY_RETURN_IF_ERROR(TranslateThink(body, &call.openai));
@@ -366,6 +367,9 @@ StatusOr<OllamaCall> TranslateOllamaRequest(OllamaRoute route, const json& body)
   if (call.stream) call.openai["stream_options"] = {{"include_usage", true}};
   SPILLWAY_RETURN_IF_ERROR(TranslateOptions(body, &call));
   SPILLWAY_RETURN_IF_ERROR(TranslateFormat(body, &call.openai));
+  // (The longer first: a name is matched as a prefix.)
+  call.renamed.emplace_back("response_format.json_schema.schema", "format");
+  call.renamed.emplace_back("response_format", "format");
   return call;
 }
 

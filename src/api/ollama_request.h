@@ -49,6 +49,10 @@ struct OllamaCall {
   std::vector<std::pair<std::string, std::string>> renamed;
 };
 
+// The levels of nesting a translation may add to the client's body: a
+// "format" schema becomes response_format.json_schema.schema.
+inline constexpr int kTranslationDepth = 2;
+
 // Translates a parsed Ollama body. kInvalidArgument names the Ollama field.
 StatusOr<OllamaCall> TranslateOllamaRequest(OllamaRoute route, const nlohmann::json& body);
 

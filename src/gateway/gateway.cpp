@@ -284,8 +284,10 @@ api::JsonLimits internal::JsonLimitsOf(const config::GatewayConfig& config) {
   return limits;
 }
 
-StatusOr<json> Gateway::ParseBody(const http::Request& req) const {
-  return api::ParseJsonBody(req.body(), JsonLimitsOf(config_));
+StatusOr<json> Gateway::ParseBody(const http::Request& req, int extra_depth) const {
+  api::JsonLimits limits = JsonLimitsOf(config_);
+  limits.max_depth += static_cast<size_t>(extra_depth);
+  return api::ParseJsonBody(req.body(), limits);
 }
 
 Status Gateway::Intake(const http::Request& req, const std::string& peer, Incoming& in) {
@@ -328,10 +330,10 @@ Status Gateway::Intake(const http::Request& req, const std::string& peer, Incomi
 }
 
 void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint,
-                               std::function<void()> on_accepted) {
+                               std::function<void()> on_accepted, int extra_depth) {
   const unsigned v = req.version();
   auto fail = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
-  auto body = ParseBody(req);
+  auto body = ParseBody(req, extra_depth);
   if (!body.ok()) return fail(body.status());
   // Validate with the same parsers the worker uses, so bad input never
   // reaches the journal.

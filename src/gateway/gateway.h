@@ -152,6 +152,10 @@ class Gateway {
   // a CPU replica after idle_unload_s, an accelerator placement or external
   // server after keep_alive_s, at once when evicted or outside its window.
   bool IdleReplica(const std::string& key);
+  // How long an accelerator placement of `svc` stays loaded once idle (on
+  // demand): the last Ollama request's keep_alive, else keep_alive_s
+  // (INT64_MAX: for good).
+  int64_t KeepAliveMs(const config::ServiceConfig& svc) const;
   // Whether the worker or external server `key` is being evicted (it takes no new requests).
   bool Evicting(const std::string& key);
   // Whether accelerator placement `k` of `svc` takes no new requests now,
@@ -211,11 +215,13 @@ class Gateway {
   // device's, when the device was lost), even with no request in flight.
   void WorkerExited(const std::string& key, const std::string& why);
   // A request's JSON body within the configured limits (api/json_limits.h).
-  StatusOr<nlohmann::json> ParseBody(const http::Request& req) const;
+  // `extra_depth`: levels beyond json_max_depth that a translation added
+  // (the client's own body was checked against the limit).
+  StatusOr<nlohmann::json> ParseBody(const http::Request& req, int extra_depth = 0) const;
   // `on_accepted` runs once the request is taken as new (after every check
   // that may refuse it, and not for an Idempotency-Key's replay).
   void HandleGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& endpoint,
-                        std::function<void()> on_accepted = {});
+                        std::function<void()> on_accepted = {}, int extra_depth = 0);
   // What every accepted request takes from its head: its id (ours or the
   // client's X-Request-Id), client and place among its client's requests
   // (`peer`: the client's address), Idempotency-Key, X-Request-Timeout. A
@@ -374,7 +380,8 @@ class Gateway {
   mutable std::mutex residency_mu_;
   std::set<std::string> evicting_;      // keys chosen to give room: unloaded once idle
   std::set<std::string> room_refused_;  // keys whose start found no room (and no one to evict)
-  std::map<std::string, int64_t> exclusive_waits_;  // keys waiting for their turn on an exclusive device, since
+  // Keys waiting for their turn on an exclusive device: the device, since when.
+  std::map<std::string, std::pair<std::string, int64_t>> exclusive_waits_;
   std::map<std::string, std::deque<int64_t>> request_times_;  // by service, the last 10 minutes
   std::atomic<int64_t> last_interactive_ms_{0};
   // The last Ollama request's keep_alive, by service: how long its

@@ -13,6 +13,15 @@
 namespace spillway::gateway {
 
 void Gateway::WorkerExited(const std::string& key, const std::string& why) {
+  // A victim that ended before it was idle (a crash while it drained) has
+  // given its room: it is no longer unloading, or it would be held back (and
+  // never started again) for good.
+  bool was_evicting = false;
+  {
+    std::lock_guard<std::mutex> lk(residency_mu_);
+    was_evicting = evicting_.erase(key) > 0;
+  }
+  if (was_evicting) NoteResidency("unload", key.substr(0, key.rfind('.')), {{"key", key}, {"reason", "evicted: it ended (" + why + ")"}});
   for (auto& [name, signal] : signals_) signal->Notify();  // waiters decide again without it
   board_.WorkerExited(key, why, why == protocol::kExitDeviceLost);
 }

@@ -153,7 +153,11 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
     apply_keep_alive();
     if (movable && !(call->keep_alive_s && *call->keep_alive_s == 0)) {
       for (size_t i = 0; i < svc->placements.size(); ++i) {
-        if (svc->placements[i].device != "cpu") supervisor_.Demand(WorkerKey(*svc, i));
+        if (svc->placements[i].device == "cpu") continue;
+        // Wanted now, as by a request: idle from here, not from the last
+        // request's end (its replica was released at once once ready).
+        board_.Touch(svc->name, i);
+        supervisor_.Demand(WorkerKey(*svc, i));
       }
     }
     // keep_alive 0 on a model that unloads: Ollama's "unload" (once idle).
@@ -192,7 +196,7 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
                                 " bytes: twice max_body_bytes and 64 KiB)"), v));
   }
   translated.prepare_payload();
-  HandleGeneration(translated, out, call->endpoint, apply_keep_alive);
+  HandleGeneration(translated, out, call->endpoint, apply_keep_alive, api::kTranslationDepth);
 }
 
 Status Gateway::OllamaCapable(const config::ServiceConfig& svc, const api::OllamaCall& call) const {
@@ -282,9 +286,14 @@ json Gateway::OllamaRunning() const {
           if (!protocol::IsHostBuffer(b)) vram += total;
         }
       }
-      // A warm replica stays while the gateway runs; an on-demand one goes after idle_unload_s.
-      const int64_t expires_ms = w->on_demand ? now + static_cast<int64_t>(svc.failover.idle_unload_s * 1000)
-                                              : now + int64_t{100} * 365 * 86400 * 1000;
+      // A pinned or warm replica stays while the gateway runs; an on-demand
+      // one goes once idle for its keep-alive (an accelerator placement's,
+      // IdleReplica) or idle_unload_s (a CPU replica's).
+      const int64_t forever = int64_t{100} * 365 * 86400 * 1000;
+      const int64_t idle_ms = !w->on_demand                         ? forever
+                              : svc.placements[i].device == "cpu" ? static_cast<int64_t>(svc.failover.idle_unload_s * 1000)
+                                                                  : std::min(KeepAliveMs(svc), forever);
+      const int64_t expires_ms = now + idle_ms;
       auto m = model_summaries_.Get(svc.model);
       models.push_back({{"name", OllamaName(svc.name)},
                         {"model", OllamaName(svc.name)},

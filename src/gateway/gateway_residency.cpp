@@ -97,6 +97,15 @@ bool Gateway::OutsideWindow(const config::ResidencyConfig& r, std::string* why, 
   return false;
 }
 
+int64_t Gateway::KeepAliveMs(const config::ServiceConfig& svc) const {
+  // The last Ollama request's keep_alive, when it gave one: that long idle (from its end).
+  {
+    std::lock_guard<std::mutex> lk(residency_mu_);
+    if (auto it = keep_alive_idle_ms_.find(svc.name); it != keep_alive_idle_ms_.end()) return it->second;
+  }
+  return svc.residency.keep_alive_s <= 0 ? INT64_MAX : static_cast<int64_t>(svc.residency.keep_alive_s * 1000);
+}
+
 Gateway::Hold Gateway::HeldBack(const config::ServiceConfig& svc, size_t k, std::string* why) const {
   if (svc.placements[k].device == "cpu") return Hold::kNone;
   const std::string key = WorkerKey(svc, k);
@@ -159,7 +168,13 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
       service = s.name;
       priority = s.residency.PriorityRank();
       std::string why;
-      if (OutsideWindow(s.residency, &why)) return Status::ResourceExhausted(why);
+      if (OutsideWindow(s.residency, &why)) {
+        // Not waiting for a turn meanwhile: an exclusive device's older waiter
+        // would keep every later load off it until the window opened.
+        std::lock_guard<std::mutex> lk(residency_mu_);
+        exclusive_waits_.erase(key);
+        return Status::ResourceExhausted(why);
+      }
     }
   }
   if (const auto* e = ExternalOfKey(config_, key)) {
@@ -239,13 +254,17 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
     // One load at a time, in the order they asked: an older waiter for this device that still wants to start
     // goes first.
     std::lock_guard<std::mutex> lk(residency_mu_);
-    const int64_t since = exclusive_waits_.emplace(key, now).first->second;
+    const int64_t since = exclusive_waits_.emplace(key, std::make_pair(device, now)).first->second.second;
     for (auto it = exclusive_waits_.begin(); it != exclusive_waits_.end();) {
+      if (it->second.first != device) {  // another device's line: not this one's to judge
+        ++it;
+        continue;
+      }
       if (it->first != key && !wanting.count(it->first)) {
         it = exclusive_waits_.erase(it);  // started, or nobody wants it any more
         continue;
       }
-      if (it->first != key && it->second < since) {
+      if (it->first != key && it->second.second < since) {
         return Status::Unavailable("waiting on " + device + ": exclusive device, " + it->first +
                                    " asked first and loads before " + key);
       }
@@ -356,16 +375,7 @@ bool Gateway::IdleReplica(const std::string& key) {
       std::string window;
       const bool outside = accelerator && OutsideWindow(s.residency, &window);
       int64_t idle_ms = static_cast<int64_t>(s.failover.idle_unload_s * 1000);  // a CPU replica
-      if (accelerator) {
-        idle_ms = evicting || outside                 ? 0
-                  : s.residency.keep_alive_s <= 0 ? INT64_MAX
-                                                  : static_cast<int64_t>(s.residency.keep_alive_s * 1000);
-        // The last Ollama request's keep_alive, when it gave one: that long idle (from its end).
-        std::lock_guard<std::mutex> lk(residency_mu_);
-        if (auto it = keep_alive_idle_ms_.find(s.name); it != keep_alive_idle_ms_.end() && !evicting && !outside) {
-          idle_ms = it->second;
-        }
-      }
+      if (accelerator) idle_ms = evicting || outside ? 0 : KeepAliveMs(s);
       // Released under the board's lock: no request can pick its port in between.
       const bool released = board_.ReleaseIfIdle(
           key, [&](const std::string&) { return idle_ms; }, [&] { supervisor_.Release(key); });

@@ -700,6 +700,9 @@ void Supervisor::Release(const std::string& key) {
   auto it = workers_.find(key);
   if (it == workers_.end() || !it->second.spec.on_demand) return;
   auto& w = it->second;
+  // Released already and still exiting: its SIGKILL deadline stands (set
+  // again by every release, one that ignores its stop signal was never killed).
+  if (w.view.state == WorkerState::kStopped && w.view.pid > 0) return;
   if (w.view.pid > 0) SignalGroup(Process(w), w.spec.stop_signal);
   w.view.state = WorkerState::kStopped;
   w.view.port = 0;

@@ -100,6 +100,7 @@ TEST(OllamaRequestTest, GenerateIsAChatWithTheSystemPromptUnlessRaw) {
   EXPECT_FALSE(c.openai.contains("messages"));
   EXPECT_TRUE(Translate(OllamaRoute::kGenerate, {{"model", "m"}}).load_only) << "an empty prompt only loads";
   EXPECT_TRUE(Translate(OllamaRoute::kChat, {{"model", "m"}, {"messages", json::array()}}).load_only);
+  EXPECT_TRUE(Translate(OllamaRoute::kChat, {{"model", "m"}, {"messages", nullptr}}).load_only) << "null: no messages";
 }
 
 TEST(OllamaRequestTest, ToolCallsGetIdsAndToolResultsAnswerThemByName) {
@@ -230,6 +231,10 @@ TEST(OllamaRequestTest, TheOpenAiParsersErrorsNameTheOllamaField) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(st.message().rfind("'options.temperature' must be between", 0), 0u) << st.message();
   EXPECT_EQ(OllamaFieldNames(Status::InvalidArgument("'messages' x"), c).message(), "'messages' x");
+  // The schema's checks name the field the client sent: "format".
+  const Status big = Status::InvalidArgument("'response_format.json_schema.schema' is larger than 65536 bytes");
+  EXPECT_EQ(OllamaFieldNames(big, c).message(), "'format' is larger than 65536 bytes");
+  EXPECT_EQ(OllamaFieldNames(Status::InvalidArgument("'response_format' x"), c).message(), "'format' x");
 }
 
 TEST(OllamaRequestTest, KeepAliveIsSecondsOrAGoDuration) {

@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <ctime>
 #include <filesystem>
 
 #include "admission/eviction.h"
@@ -126,6 +127,103 @@ TEST_F(ExclusiveDeviceTest, ALoadThatHangsDoesNotHoldTheDeviceForEver) {
   clock_.Advance(admission::kExclusiveStartWaitMs);
   const Status st = Room("a.0");
   EXPECT_NE(st.code(), StatusCode::kUnavailable) << "still waiting on a load that never ends: " << st.ToString();
+}
+
+// The minute of day (local time) of `ms`, as "HH:MM".
+std::string LocalHhMm(int64_t ms) {
+  const std::time_t t = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char text[8];
+  std::snprintf(text, sizeof text, "%02d:%02d", tm.tm_hour, tm.tm_min);
+  return text;
+}
+
+// A waiter that falls outside its window gives up its turn: it held the
+// exclusive device's line for every later load until its window opened
+// again (a batch service waiting at 05:59 on a window of 01:00-06:00 kept
+// an interactive one off the device until 01:00 the next day).
+TEST_F(ExclusiveDeviceTest, AWaiterOutsideItsWindowKeepsNoOneWaitingBehindIt) {
+  const int64_t t0 = clock_.NowMs();
+  config_.services[0].residency.priority = "batch";  // (read per call) a, from now for ten minutes
+  config_.services[0].residency.windows = {LocalHhMm(t0) + "-" + LocalHhMm(t0 + 10 * 60'000)};
+  workers_.SetView(View("c.0", upstream::WorkerState::kStarting, ::getpid(), t0));
+  workers_.SetView(View("a.0", upstream::WorkerState::kBackoff, 0, 0));
+  workers_.SetView(View("b.0", upstream::WorkerState::kBackoff, 0, 0));
+  EXPECT_EQ(Room("a.0").code(), StatusCode::kUnavailable);  // behind c's load, first in line
+  clock_.Advance(20 * 60'000);
+  const Status outside = Room("a.0");
+  EXPECT_EQ(outside.code(), StatusCode::kResourceExhausted) << outside.ToString();
+  EXPECT_NE(outside.message().find("outside its accelerator window"), std::string::npos) << outside.message();
+  workers_.SetView(View("c.0", upstream::WorkerState::kStopped, 0, 0));
+  const Status st = Room("b.0");
+  EXPECT_TRUE(st.ok()) << "b waits behind a load that cannot happen: " << st.ToString();
+}
+
+// Two exclusive devices keep two lines: a gate on one left the other's
+// waiters in it (it wiped them as "not wanting this device").
+constexpr const char* kTwoDevices = R"(
+[[device]]
+name = "sim:0"
+exclusive = true
+headroom_mib = 0
+headroom_pct = 0
+[[device]]
+name = "sim:1"
+exclusive = true
+headroom_mib = 0
+headroom_pct = 0
+[[service]]
+name = "a"
+model = "/nonexistent/a.gguf"
+residency = "on_demand"
+[[service.placement]]
+device = "sim:0"
+[[service]]
+name = "b"
+model = "/nonexistent/b.gguf"
+residency = "on_demand"
+[[service.placement]]
+device = "sim:1"
+[[service]]
+name = "c"
+model = "/nonexistent/c.gguf"
+residency = "on_demand"
+[[service.placement]]
+device = "sim:1"
+[[service]]
+name = "d"
+model = "/nonexistent/d.gguf"
+residency = "on_demand"
+[[service.placement]]
+device = "sim:1"
+)";
+
+class TwoExclusiveDevicesTest : public ExclusiveDeviceTest {
+ protected:
+  const char* Config() const override { return kTwoDevices; }
+  void SetUp() override {
+    ExclusiveDeviceTest::SetUp();
+    ASSERT_TRUE(devices::SimLedger::Create(1, 1ull << 30).ok());
+    workers_.SetOnDemand("d.0");
+  }
+};
+
+TEST_F(TwoExclusiveDevicesTest, EachDeviceKeepsItsOwnLine) {
+  const int64_t t0 = clock_.NowMs();
+  workers_.SetView(View("d.0", upstream::WorkerState::kStarting, ::getpid(), t0));  // loading on sim:1
+  workers_.SetView(View("b.0", upstream::WorkerState::kBackoff, 0, 0));
+  workers_.SetView(View("c.0", upstream::WorkerState::kBackoff, 0, 0));
+  workers_.SetView(View("a.0", upstream::WorkerState::kBackoff, 0, 0));
+  EXPECT_EQ(Room("b.0").code(), StatusCode::kUnavailable);  // first in sim:1's line
+  clock_.Advance(10);
+  EXPECT_EQ(Room("c.0").code(), StatusCode::kUnavailable);  // behind b
+  EXPECT_TRUE(Room("a.0").ok());                            // sim:0: nobody else there
+  workers_.SetView(View("d.0", upstream::WorkerState::kStopped, 0, 0));
+  const Status st = Room("c.0");
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << "c went before b, who asked first: " << st.ToString();
+  EXPECT_NE(st.message().find("b.0 asked first"), std::string::npos) << st.message();
+  EXPECT_TRUE(Room("b.0").ok());
 }
 
 // A 1 GiB device shared by a pinned chat model that predicts 800 MiB and an

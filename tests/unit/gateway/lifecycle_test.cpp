@@ -21,14 +21,17 @@
 #include <sstream>
 #include <thread>
 
+#include "api/ollama_response.h"
 #include "api/openai_response.h"
 #include "common/clock.h"
 #include "config/config.h"
+#include "devices/sim_ledger.h"
 #include "fake_worker.h"
 #include "fake_workers.h"
 #include "journal/journal.h"
 #include "protocol/worker_protocol.h"
 #include "recording_exchange.h"
+#include "scoped_sim_dir.h"
 
 namespace spillway::gateway {
 namespace {
@@ -774,6 +777,63 @@ TEST_F(LifecycleTest, AnOllamaKeepAliveCountsFromWhenTheModelIsIdle) {
   EXPECT_TRUE(workers_.IdleCheck("chat.0")) << "still loaded 31 s idle with keep_alive 30s";
 }
 
+// An Ollama load (no prompt) makes the model wanted from now: idle from the
+// load, not from the last request's end. Loaded an hour after its last
+// request, it was released again at its first idle check once ready.
+TEST_F(LifecycleTest, AnOllamaLoadIsIdleFromTheLoadNotFromTheLastRequest) {
+  config_.services[0].residency.mode = "keep_alive";  // (read per request) its GPU placement loads and unloads
+  auto before = Complete("r-before");
+  ASSERT_TRUE(before->Wait());
+  ASSERT_EQ(before->status(), 200u) << before->body();
+  clock_.Advance(3'600'000);
+  ASSERT_TRUE(workers_.IdleCheck("chat.0")) << "still loaded an hour idle";
+  workers_.SetReady("chat.0", primary_.server.port());  // loaded again by what follows
+  auto load = Send("/api/generate", json{{"model", "chat"}}.dump());
+  ASSERT_TRUE(load->Wait());
+  ASSERT_EQ(load->status(), 200u) << load->body();
+  EXPECT_EQ(json::parse(load->body()).value("done_reason", ""), "load") << load->body();
+  EXPECT_FALSE(workers_.IdleCheck("chat.0")) << "released as soon as the load that asked for it was done";
+}
+
+// /api/ps says when an on-demand GPU placement unloads: after its
+// keep_alive_s idle (it said after the CPU replicas' idle_unload_s), or
+// the last Ollama request's keep_alive, or never.
+TEST_F(LifecycleTest, OllamaPsSaysWhenAGpuPlacementUnloads) {
+  config_.services[0].residency.mode = "keep_alive";
+  config_.services[0].residency.keep_alive_s = 120;
+  upstream::WorkerView v;
+  v.key = "chat.0";
+  v.state = upstream::WorkerState::kReady;
+  v.port = primary_.server.port();
+  v.on_demand = true;
+  workers_.SetView(v);
+  auto expires = [&] {
+    auto ps = Send("/api/ps", "", "GET");
+    EXPECT_TRUE(ps->Wait());
+    const json j = json::parse(ps->body(), nullptr, false);
+    return j.is_object() && !j["models"].empty() ? j["models"][0].value("expires_at", "") : "";
+  };
+  EXPECT_EQ(expires(), api::OllamaTimestamp(clock_.NowMs() + 120'000));
+  auto ex = Send("/api/generate", json{{"model", "chat"}, {"keep_alive", "45s"}}.dump());  // a load that sets it
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(expires(), api::OllamaTimestamp(clock_.NowMs() + 45'000));
+}
+
+// An Ollama "format" schema within json_max_depth is not refused for the
+// two levels its translation adds (response_format.json_schema.schema).
+TEST_F(LifecycleTest, AnOllamaFormatWithinTheDepthLimitIsNotRefusedOnceTranslated) {
+  json schema = {{"type", "string"}};  // 1 level
+  for (int i = 0; i < 31; ++i) schema = {{"type", "object"}, {"properties", {{"a", schema}}}};  // 63
+  json body = {{"model", "chat"}, {"prompt", "hi"}, {"raw", true}, {"stream", false}, {"format", schema}};  // 64
+  auto ex = Send("/api/generate", body.dump());
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+  body["format"] = {{"type", "object"}, {"properties", {{"a", schema}}}};  // 66: the client's own body is too deep
+  auto deep = Send("/api/generate", body.dump());
+  ASSERT_TRUE(deep->Wait());
+  EXPECT_EQ(deep->status(), 400u) << deep->body();
+}
+
 // A negative seed (-1: "random" to many UIs) is replaced by a pinned one,
 // journaled with the body, as a missing seed is: a failover replays it.
 TEST_F(LifecycleTest, ANegativeSeedIsPinnedAsAMissingOneIs) {
@@ -1395,6 +1455,55 @@ class SmallBodyLifecycleTest : public LifecycleTest {
     LifecycleTest::SetUp();
   }
 };
+
+// chat and another service on demand on one exclusive device (a simulated
+// one of 1 GiB): a start of either evicts the other.
+class ExclusiveLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(devices::SimLedger::Create(0, 1ull << 30).ok());
+    const std::string on_demand = "max_tokens = 64\nresidency = \"on_demand\"\n";
+    ASSERT_NE(config_text_.find("max_tokens = 64\n"), std::string::npos);
+    config_text_.replace(config_text_.find("max_tokens = 64\n"), 16, on_demand);
+    config_text_ = "[[device]]\nname = \"sim:0\"\nexclusive = true\nheadroom_mib = 0\nheadroom_pct = 0\n" + config_text_ +
+                   "[[service]]\nname = \"other\"\nmodel = \"/nonexistent/other.gguf\"\nresidency = \"on_demand\"\n"
+                   "[[service.placement]]\ndevice = \"sim:0\"\nctx = 256\nslots = 1\n";
+    workers_.SetOnDemand("chat.0");
+    workers_.SetOnDemand("other.0");
+    LifecycleTest::SetUp();
+  }
+  testing::ScopedSimDir sim_{"exclusive-lifecycle"};
+};
+
+// A victim that ends while it drains (a crash, an OOM kill) has given its
+// room: it is no longer "unloading". It stayed so for good: held back from
+// every request and never started again, its service served by its CPU
+// path alone until the gateway restarted.
+TEST_F(ExclusiveLifecycleTest, AVictimThatEndsWhileItDrainsIsNoLongerUnloading) {
+  upstream::WorkerView v;
+  v.key = "chat.0";
+  v.state = upstream::WorkerState::kReady;
+  v.pid = ::getpid();
+  v.port = primary_.server.port();
+  v.on_demand = true;
+  workers_.SetView(v);
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  auto running = Complete("r-drained");
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
+  const Status room = gateway_->RoomFor("other.0", 10u << 20);
+  EXPECT_EQ(room.code(), StatusCode::kResourceExhausted) << room.ToString();  // making room: chat drains first
+  auto held_back = [&] {
+    const json status = StatusNow();
+    for (const auto& s : status["residency"]["services"]) {
+      if (s.value("key", "") == "chat.0") return s["held_back"];
+    }
+    return json("not listed");
+  };
+  EXPECT_NE(held_back().dump().find("unloading"), std::string::npos) << held_back();
+  workers_.Exit("chat.0", "signal 9");
+  EXPECT_TRUE(held_back().is_null()) << "still unloading after it ended: " << held_back();
+  if (auto held = primary_.TakeHeld(0)) Answer(held, "primary");
+}
 
 // Another service on the same device: its failures there count against the
 // device's breaker, which stops every placement on the device.

@@ -197,5 +197,43 @@ TEST_F(SupervisorTest, AKeepAliveServerThatEndsIsStartedAgain) {
   EXPECT_GE(lines(), 2) << "not started again after it ended";
 }
 
+// A released server that ignores its stop signal is killed 5 s after its
+// release, however often it is released again meanwhile: each release set
+// the deadline 5 s further, so one released every few seconds (an exclusive
+// device's gate choosing the same lingering victim round after round) was
+// never killed, and the start waiting for its room never came.
+TEST(SupervisorReleaseTest, ASecondReleaseDoesNotPutOffTheKill) {
+  FakeClock clock;
+  const fs::path dir = fs::temp_directory_path() / ("spillway-release-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    Supervisor sup("", dir.string(), clock);
+    WorkerSpec spec = Sleeper("s.ext");
+    spec.command = {"/bin/sh", "-c", "trap '' TERM; exec sleep 30", "sh", "${PORT}"};
+    sup.Add(spec);
+    ASSERT_TRUE(sup.Claim().ok());
+    sup.Start();
+    sup.Demand("s.ext");
+    pid_t pid = 0;
+    auto comm = [&] {
+      std::ifstream f("/proc/" + std::to_string(pid) + "/comm");
+      std::string name;
+      std::getline(f, name);
+      return name;
+    };
+    // Running `sleep`: past the trap, so the stop signal is ignored.
+    ASSERT_TRUE(Eventually([&] { return (pid = PidOf(sup, "s.ext")) > 0 && comm() == "sleep"; }));
+    sup.Release("s.ext");
+    clock.Advance(3000);
+    sup.Release("s.ext");  // still exiting: released again
+    clock.Advance(2500);   // 5.5 s after the first release, 2.5 s after the second
+    EXPECT_TRUE(Eventually([&] { return PidOf(sup, "s.ext") == 0; }, std::chrono::seconds(5)))
+        << "not killed 5 s after its first release";
+    sup.Stop(1000);
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace spillway::upstream
