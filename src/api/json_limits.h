@@ -19,6 +19,12 @@
 
 namespace spillway::api {
 
+// The config's json_max_depth is at most kMaxJsonDepth; a worker takes
+// kWorkerExtraJsonDepth levels more (an Ollama "format" schema is nested
+// deeper once translated), so its own bound is their sum.
+inline constexpr int kMaxJsonDepth = 512;
+inline constexpr int kWorkerExtraJsonDepth = 8;
+
 struct JsonLimits {
   size_t max_depth = 64;                 // nesting of arrays and objects
   size_t max_elements = (1 << 20) + 64;  // entries of one array or object (a prompt of 2^20 token ids fits)

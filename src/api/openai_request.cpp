@@ -194,13 +194,18 @@ Status ParseGeneration(const json& body, GenerationRequest* g) {
   SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "max_completion_tokens", 1, kMaxTokensCap, &g->max_tokens));
   SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "max_tokens", 1, kMaxTokensCap, &g->max_tokens));
   if (auto it = body.find("n"); it != body.end() && !it->is_null()) {
-    if (!it->is_number_integer() || it->get<int64_t>() != kMaxChoices) {
+    if (!it->is_number() || it->get<double>() != kMaxChoices) {  // (1.0 too, as every integer field)
       return Bad("n", "must be 1: Spillway generates one choice per request (send n requests, with different "
                       "seeds, for n choices)");
     }
   }
   SPILLWAY_RETURN_IF_ERROR(RefuseUnsupportedSampling(body));
   SPILLWAY_RETURN_IF_ERROR(ParseResponseFormat(body, &g->response_format));
+  // Once the JSON is complete, its grammar allows only the end, which
+  // ignore_eos forbids: the sampler would fail after the whole generation.
+  if (g->ignore_eos && g->response_format.type != ResponseFormatType::kText) {
+    return Bad("ignore_eos", "cannot be combined with a JSON response_format (the answer ends where the JSON does)");
+  }
   if (auto it = body.find("user"); it != body.end() && !it->is_null()) {
     if (!it->is_string() || it->get_ref<const std::string&>().size() > 256) {
       return Bad("user", "must be a string of at most 256 bytes");

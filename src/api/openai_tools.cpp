@@ -183,6 +183,11 @@ Status ParseToolFields(const json& body, ChatRequest* r) {
 }
 
 Status ParseMessageToolFields(const json& m, const std::string& field, ChatMessage* msg) {
+  // Not read here, but the worker's chat layer reads them as strings (and
+  // refused another type only once the request was admitted).
+  for (const char* k : {"name", "reasoning_content"}) {
+    if (auto v = m.find(k); v != m.end() && !v->is_null() && !v->is_string()) return Bad(field + "." + k, "must be a string");
+  }
   if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null()) {
     if (!id->is_string() || id->get_ref<const std::string&>().size() > 256) {
       return Bad(field + ".tool_call_id", "must be a string of at most 256 bytes");

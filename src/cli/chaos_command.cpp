@@ -1,3 +1,4 @@
+#include "common/names.h"
 #include "cli/chaos_command.h"
 
 #include <unistd.h>
@@ -69,7 +70,7 @@ int Chaos(const ChaosArgs& a) {
   o.llama_server = a.llama_server;
   o.seed = a.seed;
   o.device = a.device;
-  if (a.device != "sim:0" && a.device.rfind("cuda:", 0) != 0) {
+  if (a.device != "sim:0" && !(a.device.rfind("cuda:", 0) == 0 && KnownDeviceName(a.device))) {
     std::fprintf(stderr, "spillway chaos: --device must be sim:0 or cuda:N\n");
     return 2;
   }

@@ -80,15 +80,19 @@ void CheckModels(const config::GatewayConfig& cfg, Report& r) {
 }
 
 void CheckDevices(const config::GatewayConfig& cfg, const std::string& backend_dir, Report& r) {
-  std::set<std::string> devices;
+  // Each device, and whether a worker runs on it (needs spillway-worker's
+  // backend module); an external server's device counts as serve counts it
+  // (its memory is accounted there; its own binary drives it).
+  std::map<std::string, bool> devices;
   for (const auto& s : cfg.services) {
-    for (const auto& p : s.placements) devices.insert(p.device);
+    for (const auto& p : s.placements) devices[p.device] = true;
   }
+  for (const auto& e : cfg.externals) devices.emplace(e.device, false);
   bool cuda = false;
-  for (const auto& d : devices) {
+  for (const auto& [d, needs_backend] : devices) {
     cuda |= d.rfind("cuda:", 0) == 0;
     if (d == "cpu") continue;
-    const std::string problem = gateway::DeviceProblem(d, backend_dir);
+    const std::string problem = gateway::DeviceProblem(d, backend_dir, needs_backend);
     if (problem.empty()) {
       std::string what = d + " is there";
       if (auto t = devices::OpenDeviceTelemetry(d); t.ok()) {
@@ -110,6 +114,22 @@ void CheckDevices(const config::GatewayConfig& cfg, const std::string& backend_d
   } else {
     r.Line(Verdict::kFail, "nvml", "libnvidia-ml.so.1 cannot be loaded: device memory cannot be observed",
            "install the NVIDIA driver's NVML library (Debian: libnvidia-ml1)");
+  }
+}
+
+// An external server Spillway starts: its program must be there to run (as serve --check says).
+void CheckExternalCommands(const config::GatewayConfig& cfg, Report& r) {
+  for (const auto& e : cfg.externals) {
+    if (e.command.empty()) continue;  // one that runs already: nothing to start
+    const std::string& program = e.command[0];
+    if (program.find('/') == std::string::npos) {
+      r.Line(Verdict::kOk, "external", "service '" + e.name + "': " + program + " is looked up on $PATH when started");
+    } else if (::access(program.c_str(), X_OK) == 0) {
+      r.Line(Verdict::kOk, "external", "service '" + e.name + "': " + program + " is executable");
+    } else {
+      r.Line(Verdict::kFail, "external", "service '" + e.name + "': command " + program + " is not an executable file",
+             "point its command at the server's binary");
+    }
   }
 }
 
@@ -161,7 +181,8 @@ void CheckStateDir(const std::string& dir, Report& r) {
   if (::stat(dir.c_str(), &st) != 0) {
     // It will be created: its nearest existing parent must be writable.
     fs::path parent = fs::path(dir).parent_path();
-    while (!parent.empty() && !fs::exists(parent)) parent = parent.parent_path();
+    std::error_code ec;  // (one it may not look into is not writable either: said below, not thrown)
+    while (!parent.empty() && !fs::exists(parent, ec)) parent = parent.parent_path();
     if (!parent.empty() && ::access(parent.c_str(), W_OK | X_OK) == 0) {
       return r.Line(Verdict::kOk, "state", dir + " does not exist yet; it will be created (mode 0700)");
     }
@@ -251,6 +272,7 @@ int Doctor(const DoctorArgs& a) {
   CheckWorkerBinary(worker, r);
   CheckModels(cfg, r);
   CheckDevices(cfg, fs::path(worker).parent_path().string(), r);
+  CheckExternalCommands(cfg, r);
   CheckPlans(cfg, r);
   CheckHostRam(cfg, r);
   CheckStateDir(cfg.state_dir, r);

@@ -133,7 +133,7 @@ int Plan(PlanArgs a) {
     }
   }
   if (a.json_out) {
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());  // (a path in any bytes)
     return 0;
   }
   std::printf("%s (%s, %d layers) on %s, %d GPU layers (%d repeating + output %s), ctx %u, %u slots, KV %s\n",

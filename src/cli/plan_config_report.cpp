@@ -154,7 +154,7 @@ std::string PlanConfigJson(const std::string& config_file, const std::vector<Dev
     devices.push_back(std::move(d));
   }
   json out = {{"config", config_file}, {"exit_code", code}, {"verdict", Verdict(code)}, {"devices", devices}};
-  return out.dump(2);
+  return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);  // (paths in any bytes)
 }
 
 }  // namespace spillway::cli

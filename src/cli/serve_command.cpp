@@ -488,8 +488,14 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--worker-orphan-timeout", args->worker_orphan_timeout_s,
                   "seconds a worker lives on without hearing from a gateway (the gateway health-checks it every "
                   "0.5 s): workers outlive a crash of the gateway, to be adopted by the next one on the same state "
-                  "directory; one that is never restarted frees its devices after this long (0 = never)")
-      ->check(CLI::Range(0.0, 86400.0 * 365))
+                  "directory; one that is never restarted frees its devices after this long (0 = never; else at "
+                  "least 2, four health checks: less and workers would leave a living gateway)")
+      ->check([](const std::string& v) -> std::string {
+        char* end = nullptr;
+        const double s = std::strtod(v.c_str(), &end);
+        const bool ok = !v.empty() && *end == '\0' && (s == 0 || (s >= 2 && s <= 86400.0 * 365));
+        return ok ? "" : "'" + v + "' must be 0 (never) or 2 to 31536000 seconds";
+      })
       ->capture_default_str();
   cmd->add_flag("--keep-going", args->keep_going,
                 "start even when a placement cannot work (a model file that is not a readable GGUF, a device "

@@ -107,7 +107,7 @@ void AddSimCommand(CLI::App& app, int* exit_code) {
       if (show_json) all.push_back(SnapshotJson(i, snap));
       else PrintSnapshot(i, snap);
     }
-    if (show_json) std::printf("%s\n", all.dump(2).c_str());
+    if (show_json) std::printf("%s\n", all.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     else if (indices.empty()) std::printf("no simulated devices in %s\n", SimLedger::DirPath().c_str());
   });
 

@@ -7,7 +7,10 @@ std::optional<DeviceName> ParseDeviceName(const std::string& name) {
   const auto colon = name.find(':');
   if (colon == std::string::npos || colon == 0) return std::nullopt;
   const std::string digits = name.substr(colon + 1);
-  if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos) {
+  // One spelling per device: "sim:00" beside "sim:0" was a second device
+  // name for the same device (two ledgers, admission counted each apart).
+  if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos ||
+      (digits.size() > 1 && digits[0] == '0')) {
     return std::nullopt;
   }
   return DeviceName{name.substr(0, colon), std::stoi(digits)};

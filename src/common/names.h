@@ -13,7 +13,7 @@ struct DeviceName {
   int index = -1;    // -1 for "cpu"
 };
 
-// "cpu" or "<kind>:<1 to 6 digits>"; nullopt otherwise. The kind is not checked.
+// "cpu" or "<kind>:<1 to 6 digits, no leading zero>"; nullopt otherwise. The kind is not checked.
 std::optional<DeviceName> ParseDeviceName(const std::string& name);
 // A device a placement may name: cpu, cuda:N or sim:N.
 bool KnownDeviceName(const std::string& name);

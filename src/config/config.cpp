@@ -292,7 +292,7 @@ Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix,
   if (!KnownDeviceName(p->device)) {
     const toml::node* n = t.get("device");
     return Status::InvalidArgument(Where(r.source(), n ? n->source() : t.source(), prefix + "device") +
-                                   " must be cpu, cuda:N or sim:N");
+                                   " must be cpu, cuda:N or sim:N (N without leading zeros)");
   }
   return Status::Ok();
 }
@@ -410,10 +410,15 @@ Status ReadExternal(Reader& r, const toml::table& t, const std::string& prefix, 
         return Status::InvalidArgument(Where(source, v.source(), prefix + "routes." + from) +
                                        " is not a route Spillway proxies (" + list + ")");
       }
-      if (!v.is_string() || v.value<std::string>()->empty() || v.value<std::string>()->front() != '/') {
-        return Status::InvalidArgument(Where(source, v.source(), prefix + "routes." + from) + " must be an upstream path (\"/...\")");
+      // A request target's characters (RFC 3986): a space or a control
+      // character would make a malformed request line upstream.
+      const auto bad_char = [](unsigned char c) { return c <= 0x20 || c >= 0x7f; };
+      const std::string to = v.value<std::string>().value_or("");
+      if (!v.is_string() || to.empty() || to.front() != '/' || std::any_of(to.begin(), to.end(), bad_char)) {
+        return Status::InvalidArgument(Where(source, v.source(), prefix + "routes." + from) +
+                                       " must be an upstream path (\"/...\", without spaces or control characters)");
       }
-      e->routes.emplace_back(from, *v.value<std::string>());
+      e->routes.emplace_back(from, to);
     }
   }
   if (e->routes.empty()) {
@@ -422,7 +427,7 @@ Status ReadExternal(Reader& r, const toml::table& t, const std::string& prefix, 
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "device", prefix, &e->device, 0, 0));
   if (!KnownDeviceName(e->device)) {
     return Status::InvalidArgument(Where(source, t.get("device") ? t.get("device")->source() : t.source(), prefix + "device") +
-                                   " must be cpu, cuda:N or sim:N");
+                                   " must be cpu, cuda:N or sim:N (N without leading zeros)");
   }
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "resident_mib", prefix, &e->resident_mib, 0, 1 << 24));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "transient_mib", prefix, &e->transient_mib, 0, 1 << 24));
@@ -593,7 +598,7 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
   SPILLWAY_RETURN_IF_ERROR(r.Strings(root, "allowed_origins", &c.allowed_origins));
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_body_bytes", "", &c.max_body_bytes, 1024, 1 << 30));
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_queue", "", &c.max_queue, 1, 1 << 20));
-  SPILLWAY_RETURN_IF_ERROR(r.Get(root, "json_max_depth", "", &c.json_max_depth, 2, 512));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(root, "json_max_depth", "", &c.json_max_depth, 2, api::kMaxJsonDepth));
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_connections", "", &c.max_connections, 8, 1 << 20));
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "io_threads", "", &c.io_threads, 1, 64));
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_body_memory_bytes", "", &c.max_body_memory_bytes, 1024, double(1ull << 40)));
@@ -657,7 +662,7 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
       if (dc.name.empty()) return Status::InvalidArgument(Where(source, t->source(), prefix + "name") + " is required");
       if (!KnownDeviceName(dc.name)) {
         return Status::InvalidArgument(Where(source, t->get("name")->source(), prefix + "name") + " '" + dc.name +
-                                       "' must be cpu, cuda:N or sim:N (as a placement's device is written)");
+                                       "' must be cpu, cuda:N or sim:N (N without leading zeros, as a placement's device is written)");
       }
       for (const auto& other : c.devices) {
         if (other.name == dc.name) {

@@ -109,6 +109,7 @@
 #include <utility>
 #include <vector>
 
+#include "api/json_limits.h"
 #include "common/names.h"
 #include "common/status.h"
 
@@ -300,7 +301,7 @@ struct GatewayConfig {
   size_t WorkerMaxBodyBytes() const { return 2 * max_body_bytes + (64 << 10); }
   // The deepest body a worker takes, for the same reason (an Ollama
   // `format` schema is nested three levels deeper once translated).
-  int WorkerJsonMaxDepth() const { return json_max_depth + 8; }
+  int WorkerJsonMaxDepth() const { return json_max_depth + api::kWorkerExtraJsonDepth; }
   int max_queue = 256;
   int json_max_depth = 64;      // nesting of request bodies (gateway and workers); deeper is 400
   int max_connections = 1024;   // open client connections (lowered to fit the file-descriptor limit)

@@ -19,9 +19,13 @@ bool ExternalLines::Join(const std::string& service, const std::string& id, bool
   auto it = lines_.find(service);
   if (it == lines_.end()) return false;
   Line& l = it->second;
-  // A request that can run at once never counts against max_queue.
-  const bool runs_now = l.waiting.empty() && l.running < l.concurrency;
-  if (!past_bound && !runs_now && l.waiting.size() >= l.max_queue) return false;
+  // A request that can run at once never counts against max_queue, nor do
+  // those ahead of it that will take the free places (joined, not started
+  // yet: their Accept is being committed). Only who waits beyond them does.
+  const size_t free = l.running < l.concurrency ? static_cast<size_t>(l.concurrency - l.running) : 0;
+  const size_t waits_ahead = l.waiting.size() > free ? l.waiting.size() - free : 0;
+  const bool runs_now = l.waiting.size() < free;
+  if (!past_bound && !runs_now && waits_ahead >= l.max_queue) return false;
   l.waiting.push_back(id);
   return true;
 }
@@ -32,9 +36,14 @@ bool ExternalLines::TryStart(const std::string& service, const std::string& id, 
   auto it = lines_.find(service);
   if (it == lines_.end()) return false;
   Line& l = it->second;
-  if (l.running >= l.concurrency || l.waiting.empty() || l.waiting.front() != id) return false;
+  // Among the first as many as there are free places: one ahead of it that
+  // is still being committed does not hold it back.
+  const auto free = static_cast<size_t>(std::max(0, l.concurrency - l.running));
+  const auto end = l.waiting.begin() + static_cast<std::ptrdiff_t>(std::min(free, l.waiting.size()));
+  const auto place = std::find(l.waiting.begin(), end, id);
+  if (place == end) return false;
   if (up && !up()) return false;
-  l.waiting.pop_front();
+  l.waiting.erase(place);
   ++l.running;
   l.last_used_ms = now_ms;
   return true;

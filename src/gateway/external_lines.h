@@ -27,7 +27,8 @@ class ExternalLines {
   // Takes a place in the service's line; false when max_queue are waiting
   // (`past_bound`: whatever max_queue says, for a request accepted before a restart).
   bool Join(const std::string& service, const std::string& id, bool past_bound = false);
-  // Runs the request if it is first in line, a place is free and `up` (asked
+  // Runs the request if a place is free for it (it is among the first as
+  // many in line as there are free places) and `up` (asked
   // under the line's lock: the server was not released meanwhile) says its
   // server is still there; it then leaves the line and holds a running place
   // until Finished.

@@ -364,6 +364,19 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
     return fail(Status::InvalidArgument("'max_tokens' " + std::to_string(*max_tokens) + " exceeds the cap of service '" +
                                         svc->name + "' (" + std::to_string(svc->max_tokens) + ")"));
   }
+  // Admission re-serializes the body for the worker, which may make it
+  // longer than it came (nlohmann writes 1e9 as 1000000000.0: a body of
+  // short floats grows threefold): one that would outgrow what a worker
+  // takes is refused now, not by the worker after admission. (Measured only
+  // for a large body: a small one cannot grow that far.)
+  if (req.body().size() > config_.WorkerMaxBodyBytes() / 4) {
+    const size_t forwarded = body->dump(-1, ' ', false, json::error_handler_t::replace).size();
+    if (forwarded > config_.WorkerMaxBodyBytes()) {
+      return fail(Status::PayloadTooLarge("the request as forwarded to the model (" + std::to_string(forwarded) +
+                                          " bytes: its numbers written out in full) exceeds what a worker takes (" +
+                                          std::to_string(config_.WorkerMaxBodyBytes()) + " bytes)"));
+    }
+  }
   auto in = std::make_shared<Incoming>();
   if (Status st = Intake(req, ex->peer_address(), *in); !st.ok()) return fail(st);
   in->rec.service = svc->name;

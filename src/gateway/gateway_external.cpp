@@ -182,7 +182,11 @@ void Gateway::HandleExternal(http::Request& req, std::shared_ptr<http::Exchange>
   in->rec.endpoint = path;
   in->rec.body_type = type.empty() ? "application/json" : type;
   in->rec.body = req.body();
-  in->rec.payload_hash = Sha256Hex(path + "\n" + PayloadForHash(in->rec.body_type, in->rec.body));
+  // What tells a retry from another request under the same Idempotency-Key
+  // (a copy and a hash of the whole upload: only when a key asks for it).
+  if (!in->rec.idempotency_key.empty()) {
+    in->rec.payload_hash = Sha256Hex(path + "\n" + PayloadForHash(in->rec.body_type, in->rec.body));
+  }
   // Forwarded untouched: a "stream" that is not true (null, "true", 1) is the server's to judge.
   in->rec.stream = fields->stream;
   in->ex = ex;
@@ -253,7 +257,9 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     if (!accepted.ok()) co_return reply.Error(accepted);
     unjournaled = false;
   }
-  if (recovered && rec.attempts > 0 && !svc->idempotent) {
+  // (Queued after attempts when the gateway stopped: requeued because none
+  // reached the server, so it is sent.)
+  if (recovered && rec.attempts > 0 && rec.was_running && !svc->idempotent) {
     co_return co_await fail(State::kFailed,
                             Status::Unavailable("the gateway restarted while this request was at service '" + svc->name +
                                                 "', which is not idempotent: it is not sent again"));
@@ -390,6 +396,15 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
   while (true) {
     if (live.cancelled) co_return Status::Cancelled("request cancelled");
     if (live.PastDeadline(clock_.NowMs())) co_return DeadlinePassed();
+    // A batch server outside its window is held off the accelerator, and it
+    // has no CPU path: told when to come back (a window may be hours away).
+    std::string window;
+    int opens_in_s = 0;
+    if (svc.device != "cpu" && !*running && OutsideWindow(svc.residency, &window, &opens_in_s)) {
+      co_return Status::ResourceExhausted("service '" + svc.name + "' is " + window +
+                                          " (an external service has no CPU path to serve it meanwhile)")
+          .WithRetryAfter(std::max(1, opens_in_s));
+    }
     std::string note;
     const std::optional<uint16_t> port = ExternalPort(svc);
     if (port && held_since > 0 && clock_.NowMs() - held_since > kQueueWaitMs) {

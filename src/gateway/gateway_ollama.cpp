@@ -116,7 +116,8 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
   const auto* svc = OllamaService(call->model);
   if (!svc) return ex->Respond(OllamaResponse(404, {{"error", "model '" + call->model + "' not found"}}, v));
   const api::OllamaReplyContext ctx{call->route, call->model, clock_.NowMs()};
-  auto out = std::make_shared<OllamaExchange>(std::move(ex), ctx, clock_);
+  auto out = std::make_shared<OllamaExchange>(std::move(ex), ctx, clock_,
+                                              [this](std::function<void()> f) { PostBlocking(std::move(f)); });
   // keep_alive acts on a service whose accelerator placements load and
   // unload (residency keep_alive / on_demand), as Ollama's does on a model:
   // it stays loaded that long once idle, counted from when the last

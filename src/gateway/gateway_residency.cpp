@@ -161,26 +161,28 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
   // Who is asking: an accelerator placement or an external server.
   std::string device, service;
   int priority = 0;
+  const config::ResidencyConfig* residency = nullptr;
   for (const auto& s : config_.services) {
     for (size_t k = 0; k < s.placements.size(); ++k) {
       if (WorkerKey(s, k) != key) continue;
       device = s.placements[k].device;
       service = s.name;
       priority = s.residency.PriorityRank();
-      std::string why;
-      if (OutsideWindow(s.residency, &why)) {
-        // Not waiting for a turn meanwhile: an exclusive device's older waiter
-        // would keep every later load off it until the window opened.
-        std::lock_guard<std::mutex> lk(residency_mu_);
-        exclusive_waits_.erase(key);
-        return Status::ResourceExhausted(why);
-      }
+      residency = &s.residency;
     }
   }
   if (const auto* e = ExternalOfKey(config_, key)) {
     device = e->device;
     service = e->name;
     priority = e->residency.PriorityRank();
+    residency = &e->residency;
+  }
+  if (std::string why; residency && OutsideWindow(*residency, &why)) {
+    // Not waiting for a turn meanwhile: an exclusive device's older waiter
+    // would keep every later load off it until the window opened.
+    std::lock_guard<std::mutex> lk(residency_mu_);
+    exclusive_waits_.erase(key);
+    return Status::ResourceExhausted(why);
   }
   if (device.empty() || device == "cpu") return Status::Ok();
   auto telemetry = Telemetry(device);

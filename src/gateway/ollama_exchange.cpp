@@ -9,10 +9,24 @@ namespace spillway::gateway {
 using nlohmann::json;
 namespace bhttp = boost::beast::http;
 
-OllamaExchange::OllamaExchange(std::shared_ptr<http::Exchange> inner, api::OllamaReplyContext ctx, const Clock& clock)
-    : ForwardingExchange(std::move(inner)), ctx_(ctx), clock_(clock), stream_(std::move(ctx)) {}
+OllamaExchange::OllamaExchange(std::shared_ptr<http::Exchange> inner, api::OllamaReplyContext ctx, const Clock& clock,
+                               Offload offload)
+    : ForwardingExchange(std::move(inner)),
+      offload_(std::move(offload)),
+      ctx_(ctx),
+      clock_(clock),
+      stream_(std::move(ctx)) {}
 
 void OllamaExchange::Respond(http::Response res) {
+  if (offload_ && res.body().size() > kOffloadBytes) {
+    // (The exchange answers from any thread: http::Exchange.)
+    auto task = std::make_shared<http::Response>(std::move(res));
+    return offload_([self = shared_from_this(), task] { self->Translate(std::move(*task)); });
+  }
+  Translate(std::move(res));
+}
+
+void OllamaExchange::Translate(http::Response res) {
   std::string body;
   std::string type = "application/json";
   const std::string given(res[bhttp::field::content_type]);

@@ -17,6 +17,7 @@
 // the disconnect callback and state pass through to the wrapped exchange.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,10 +31,17 @@
 
 namespace spillway::gateway {
 
-class OllamaExchange final : public ForwardingExchange {
+class OllamaExchange final : public ForwardingExchange, public std::enable_shared_from_this<OllamaExchange> {
  public:
-  // `clock` must outlive the exchange (the gateway's).
-  OllamaExchange(std::shared_ptr<http::Exchange> inner, api::OllamaReplyContext ctx, const Clock& clock);
+  // Runs a task on a thread that may block (the gateway's blocking pool).
+  using Offload = std::function<void(std::function<void()>)>;
+  // `clock` must outlive the exchange (the gateway's). `offload`: where a
+  // whole answer larger than kOffloadBytes is translated (an embedding of
+  // many inputs: its parse and dump took the I/O thread, and every
+  // connection on it, for as long); none: in place.
+  OllamaExchange(std::shared_ptr<http::Exchange> inner, api::OllamaReplyContext ctx, const Clock& clock,
+                 Offload offload = {});
+  static constexpr size_t kOffloadBytes = 256 << 10;
 
   // A header every answer carries (set before the exchange is used).
   void AddHeader(std::string name, std::string value) { headers_.emplace_back(std::move(name), std::move(value)); }
@@ -47,6 +55,9 @@ class OllamaExchange final : public ForwardingExchange {
   void Annotate(const std::string& key, const std::string& value) override;
 
  private:
+  // Respond's work: the answer in Ollama's shape, sent.
+  void Translate(http::Response res);
+  Offload offload_;
   api::OllamaReplyContext ctx_;
   const Clock& clock_;
   std::vector<std::pair<std::string, std::string>> headers_;

@@ -419,7 +419,8 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
   bool fit_context = false;  // (an Ollama request's num_predict: lowered to the room it has, never refused for it)
   if (body.is_object()) {
     for (const char* k : {"max_completion_tokens", "max_tokens"}) {
-      if (body.contains(k) && body[k].is_number_integer()) max_tokens = body[k].get<uint32_t>();
+      // (Parsed already: a whole number in range, which a client may write 1000.0.)
+      if (body.contains(k) && body[k].is_number()) max_tokens = static_cast<uint32_t>(body[k].get<double>());
     }
     if (auto f = body.find("spillway_fit_context"); f != body.end() && f->is_boolean()) fit_context = f->get<bool>();
   }

@@ -235,7 +235,10 @@ StatusOr<std::vector<RequestRecord>> Journal::Recover() {
         return Done(fr.Step(), "recover");
       },
       Bytes("")));
-  for (auto& r : requeued) r.state = State::kQueued;
+  for (auto& r : requeued) {
+    r.was_running = r.state == State::kRunning;
+    r.state = State::kQueued;
+  }
   return requeued;
 }
 

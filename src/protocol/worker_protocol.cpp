@@ -1,5 +1,6 @@
 #include "protocol/worker_protocol.h"
 
+#include <climits>
 #include <charconv>
 #include <system_error>
 
@@ -186,10 +187,22 @@ std::optional<Timings> TimingsOf(std::string_view body) {
 
 std::optional<TokenizeReply> TokenizeReply::FromJson(const json& j) {
   if (!j.is_object() || !j.contains("prompt_tokens") || !j["prompt_tokens"].is_number_integer()) return std::nullopt;
+  // (Never throws, as WorkerInfo's: a field of another type, or out of range, is not a reply.)
+  auto whole = [&](const char* k, int64_t* out) {
+    auto it = j.find(k);
+    if (it == j.end()) return true;
+    if (!it->is_number_integer()) return false;
+    *out = it->get<int64_t>();
+    return *out >= 0 && *out <= INT32_MAX;
+  };
+  int64_t prompt = 0, ctx = 0, max_tokens = 0;
+  if (!whole("prompt_tokens", &prompt) || !whole("ctx", &ctx) || !whole("default_max_tokens", &max_tokens)) {
+    return std::nullopt;
+  }
   TokenizeReply r;
-  r.prompt_tokens = j["prompt_tokens"];
-  r.ctx = j.value("ctx", 0);
-  r.default_max_tokens = j.value("default_max_tokens", 0);
+  r.prompt_tokens = static_cast<int>(prompt);
+  r.ctx = static_cast<int>(ctx);
+  r.default_max_tokens = static_cast<int>(max_tokens);
   return r;
 }
 

@@ -39,6 +39,12 @@ struct ConnectionPool::Conn {
 
 namespace {
 
+// An interim answer (100 Continue, 102 Processing, 103 Early Hints) comes
+// before the final one and is skipped: taken for the answer, it ended the
+// request with no body and left the real answer on a kept connection, read
+// by the next request as its own.
+bool Interim(unsigned status) { return status >= 100 && status < 200 && status != 101; }
+
 // A kept connection is used within this or closed: servers close idle
 // keep-alive connections (Spillway's workers after 75 s, http_server.h), and
 // one closed meanwhile costs a failed write and read before the retry.
@@ -60,10 +66,11 @@ std::string Lower(std::string_view s) {
   return out;
 }
 
+// `v6`: the server is on [::1] (its Host says so: a server that checks Host refused 127.0.0.1).
 bhttp::request<bhttp::string_body> MakeRequest(uint16_t port, const std::string& method, const std::string& target,
-                                                std::string body, const http::HeaderList& headers) {
+                                                std::string body, const http::HeaderList& headers, bool v6 = false) {
   bhttp::request<bhttp::string_body> req{bhttp::string_to_verb(method), target, 11};
-  req.set(bhttp::field::host, "127.0.0.1:" + std::to_string(port));
+  req.set(bhttp::field::host, (v6 ? "[::1]:" : "127.0.0.1:") + std::to_string(port));
   req.set(bhttp::field::user_agent, "spillway");
   for (const auto& [k, v] : headers) req.set(k, v);
   if (!body.empty() && req.find(bhttp::field::content_type) == req.end()) {
@@ -243,13 +250,22 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     // A server may answer early (413) and stop reading: a failed write is
     // followed by a read, which returns that answer when there is one.
     const bool write_failed = static_cast<bool>(ec);
-    bhttp::response_parser<bhttp::string_body> parser;
-    parser.body_limit(std::uint64_t{1} << 32);
+    std::optional<bhttp::response_parser<bhttp::string_body>> reader;
+    auto fresh_reader = [&] {
+      reader.emplace();
+      reader->body_limit(std::uint64_t{1} << 32);
+    };
+    fresh_reader();
     if (!ec || ec == net::error::broken_pipe || ec == net::error::connection_reset) {
       beast::error_code rec;
-      co_await bhttp::async_read(c->stream, c->buffer, parser, net::redirect_error(net::use_awaitable, rec));
+      co_await bhttp::async_read(c->stream, c->buffer, *reader, net::redirect_error(net::use_awaitable, rec));
+      while (!rec && Interim(reader->get().result_int())) {
+        fresh_reader();
+        co_await bhttp::async_read(c->stream, c->buffer, *reader, net::redirect_error(net::use_awaitable, rec));
+      }
       if (!rec || !write_failed) ec = rec;
     }
+    auto& parser = *reader;
     if (ec) {
       // A kept-alive connection the worker closed meanwhile: once more on a fresh one.
       if (reused && round == 0 && ec != beast::error::timeout) {
@@ -316,21 +332,30 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     if (Status st = co_await Connect(*c, port, v6, std::chrono::seconds(10)); !st.ok()) co_return st;
     if (control) control->connected = !reused;  // (a kept one may be stale: known once it answers)
     if (control && control->aborted()) co_return failure(net::error::operation_aborted);
-    auto req = MakeRequest(port, method, target, body, headers);
+    auto req = MakeRequest(port, method, target, body, headers, v6);
     c->stream.expires_after(idle_timeout);
     co_await WriteRequest(c->stream, req, ec);
     if (!ec && control) control->sent = true;
-    bhttp::response_parser<bhttp::buffer_body> parser;
-    // Not boost::none: Boost 1.74 compares the length against an empty optional and fails.
-    parser.body_limit(std::uint64_t{1} << 40);
+    std::optional<bhttp::response_parser<bhttp::buffer_body>> reader;
+    auto fresh_reader = [&] {
+      reader.emplace();
+      // Not boost::none: Boost 1.74 compares the length against an empty optional and fails.
+      reader->body_limit(std::uint64_t{1} << 40);
+    };
+    fresh_reader();
     // A server may answer early (413) and stop reading: a failed write is
     // followed by a read, which returns that answer when there is one (as Send does).
     const bool write_failed = static_cast<bool>(ec);
     if (!ec || ec == net::error::broken_pipe || ec == net::error::connection_reset) {
       beast::error_code rec;
-      co_await bhttp::async_read_header(c->stream, c->buffer, parser, net::redirect_error(net::use_awaitable, rec));
+      co_await bhttp::async_read_header(c->stream, c->buffer, *reader, net::redirect_error(net::use_awaitable, rec));
+      while (!rec && Interim(reader->get().result_int())) {
+        fresh_reader();
+        co_await bhttp::async_read_header(c->stream, c->buffer, *reader, net::redirect_error(net::use_awaitable, rec));
+      }
       if (!rec || !write_failed) ec = rec;
     }
+    auto& parser = *reader;
     if (!ec && control) control->connected = true;
     if (ec) {
       const bool aborted = control && control->aborted();

@@ -202,12 +202,17 @@ bool Engine::EnsureContext() {
 
 void Engine::FreeIdleContext() {
   if (!opts_.lazy_context || opts_.context_idle_s <= 0 || !ctx_) return;
-  std::lock_guard<std::mutex> lk(mu_);
-  if (busy_ > 0) return;
-  if (MsSince(idle_since_, Clock::now()) < opts_.context_idle_s * 1000) return;
-  llama_free(ctx_);
-  ctx_ = nullptr;
-  breakdown_.clear();
+  llama_context* idle = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (busy_ > 0) return;
+    if (MsSince(idle_since_, Clock::now()) < opts_.context_idle_s * 1000) return;
+    idle = std::exchange(ctx_, nullptr);  // (only this thread uses the context)
+    breakdown_.clear();
+  }
+  // Freed without the lock: freeing the KV pool and compute buffers takes a
+  // while, and health checks, cancels and submits take the lock.
+  llama_free(idle);
 }
 
 void Engine::Stop() {
@@ -287,6 +292,9 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
   cells_reserved_ += need;
   if (busy_ == 0) progress_ms_ = SteadyMs();  // idle until now: progress counts from here
   ++busy_;
+  if (auto d = std::find(recently_done_.begin(), recently_done_.end(), job->id); d != recently_done_.end()) {
+    recently_done_.erase(d);  // running again under its id: a cancel is about this run now
+  }
   by_id_[job->id] = job;
   pending_.push_back(std::move(job));
   cv_.notify_all();
@@ -298,6 +306,10 @@ bool Engine::Cancel(const std::string& id) {
   auto it = by_id_.find(id);
   auto job = it == by_id_.end() ? nullptr : it->second.lock();
   if (!job) {
+    // Ended a moment ago (its answer on its way: a disconnect racing the
+    // answer's delivery): nothing to remember. Remembered, a re-run under
+    // the id (a restarted gateway's replay) was refused as cancelled.
+    if (std::find(recently_done_.begin(), recently_done_.end(), id) != recently_done_.end()) return false;
     const auto now = Clock::now();
     for (auto e = cancelled_early_.begin(); e != cancelled_early_.end();) {
       e = now - e->second > std::chrono::seconds(30) ? cancelled_early_.erase(e) : std::next(e);
@@ -312,6 +324,8 @@ bool Engine::Cancel(const std::string& id) {
 
 int Engine::CancelAll() {
   std::lock_guard<std::mutex> lk(mu_);
+  // (A new gateway's: what the previous one cancelled early is not about the requests it re-runs.)
+  cancelled_early_.clear();
   int n = 0;
   for (auto& [id, weak] : by_id_) {
     if (auto job = weak.lock(); job && !job->cancelled) {
@@ -359,6 +373,8 @@ void Engine::ReleaseReservation(const Job& job) {
   cells_reserved_ -= CellsNeeded(job);
   --busy_;
   by_id_.erase(job.id);
+  recently_done_.push_back(job.id);
+  if (recently_done_.size() > kRecentlyDone) recently_done_.pop_front();
 }
 
 void Engine::Loop() {
@@ -420,7 +436,7 @@ void Engine::Loop() {
 }
 
 void Engine::AssignPending() {
-  std::vector<Slot*> no_sampler;
+  std::vector<Slot*> assigned;
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& s : slots_) {
@@ -428,18 +444,26 @@ void Engine::AssignPending() {
       if (s.job) continue;
       s.job = std::move(pending_.front());
       pending_.pop_front();
-      s.smpl = BuildSamplerChain(s.job->sampling, model_.vocab(), s.job->ignore_eos);
-      s.out = std::make_unique<OutputText>(s.job->stop);
-      s.n_prompt_done = 0;
-      s.n_past = 0;
-      s.next_token = -1;
-      s.batch_index = -1;
-      s.generated.clear();
-      s.logprobs.clear();
-      s.emitted_tokens = 0;
-      s.t_start = Clock::now();
-      if (!s.smpl) no_sampler.push_back(&s);
+      assigned.push_back(&s);
     }
+  }
+  // The rest without the lock (only this thread uses a slot's sampler and
+  // text): a grammar's parse and compile, or ignore_eos's scan of the
+  // vocabulary, held off health checks, cancels and submits meanwhile.
+  std::vector<Slot*> no_sampler;
+  for (Slot* slot : assigned) {
+    Slot& s = *slot;
+    s.smpl = BuildSamplerChain(s.job->sampling, model_.vocab(), s.job->ignore_eos);
+    s.out = std::make_unique<OutputText>(s.job->stop);
+    s.n_prompt_done = 0;
+    s.n_past = 0;
+    s.next_token = -1;
+    s.batch_index = -1;
+    s.generated.clear();
+    s.logprobs.clear();
+    s.emitted_tokens = 0;
+    s.t_start = Clock::now();
+    if (!s.smpl) no_sampler.push_back(&s);
   }
   // Submitters check grammars first (CheckGrammar); this is the backstop.
   for (Slot* s : no_sampler) FinishSlot(*s, Status::Internal("the sampler chain could not be built (grammar)"), "");
@@ -755,6 +779,9 @@ void Engine::RunEmbeddingJob(const std::shared_ptr<Job>& job) {
     } catch (const std::exception& e) {
       rc = kDecodeThrew;
       what = e.what();
+    } catch (...) {
+      rc = kDecodeThrew;
+      what = "an exception that is not a std::exception";
     }
     llama_batch_free(batch);
     // Each input is a step: a long run of them (a large batch of inputs, back-to-back requests) is not a hang.
@@ -785,8 +812,10 @@ void Engine::RunEmbeddingJob(const std::shared_ptr<Job>& job) {
     else ++failed_;
   }
   ReleaseReservation(*job);
-  job->on_done(std::move(r));
+  // The worker's state first (a lost device marked), then the answer: a
+  // client told "device lost" that asks /health at once hears it too.
   if (rc != 0) HandleDecodeFailure(rc, what);
+  job->on_done(std::move(r));
 }
 
 }  // namespace spillway::worker

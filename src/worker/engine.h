@@ -161,8 +161,10 @@ class Engine {
   // True if a job with this id was queued or running (it will end cancelled).
   // An id not known yet is remembered for a while: a job that arrives after
   // its cancellation (the two crossed on the wire) is refused as cancelled.
+  // One that has just ended is not (its answer is on its way).
   bool Cancel(const std::string& id);
-  // Cancels every queued and running job and remembers no id: a gateway that
+  // Cancels every queued and running job and remembers no id (and forgets
+  // those cancelled early): a gateway that
   // adopts this worker after its predecessor's crash clears what nobody can
   // receive any more, then re-runs journaled requests under their own ids.
   // Returns how many jobs were cancelled.
@@ -205,6 +207,10 @@ class Engine {
   std::deque<std::shared_ptr<Job>> pending_;
   std::map<std::string, std::weak_ptr<Job>> by_id_;
   std::map<std::string, std::chrono::steady_clock::time_point> cancelled_early_;
+  // The ids of the last jobs that ended (their answers may still be on their
+  // way): a cancel of one of them is not remembered as early.
+  std::deque<std::string> recently_done_;
+  static constexpr size_t kRecentlyDone = 256;
   int busy_ = 0;              // pending + running, guarded by mu_
   int32_t cells_reserved_ = 0;
   bool stop_ = false;

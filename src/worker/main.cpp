@@ -22,6 +22,7 @@
 #include <iostream>
 #include <thread>
 
+#include "api/json_limits.h"
 #include "api/http_server.h"
 #include "common/names.h"
 #include "common/private_files.h"
@@ -101,7 +102,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.1, 86400.0))->capture_default_str();
   size_t json_max_depth = 64;
   app.add_option("--json-max-depth", json_max_depth, "deepest nesting of arrays and objects a request body may have")
-      ->check(CLI::Range(2, 512))->capture_default_str();
+      // (the gateway's bound and the levels a translation adds: config.h, WorkerJsonMaxDepth)
+      ->check(CLI::Range(2, spillway::api::kMaxJsonDepth + spillway::api::kWorkerExtraJsonDepth))->capture_default_str();
   std::string kv_type = "f16";
   app.add_option("--kv-type", kv_type, "KV cache type")->check(CLI::IsMember({"f16", "q8_0", "f32"}))->capture_default_str();
   bool kv_unified = false;

@@ -538,6 +538,15 @@ TEST(GatewayStartupTest, DoctorNamesAMissingModelAndPassesAGoodConfig) {
             std::string::npos) << out;
   EXPECT_NE(out.find("fix: "), std::string::npos) << out;
   EXPECT_NE(out.find("ok    model    service 'chat'"), std::string::npos) << out;  // the rest is still checked
+  // An external server's device and command, as serve checks them (doctor said all was well).
+  { std::ofstream(dir + "/ext.toml") << TestConfig(1) << "[[service]]\nname = \"ext\"\nkind = \"external\"\n"
+                                     << "command = \"" << dir << "/no-server --port ${PORT}\"\n"
+                                     << "routes = { \"/v1/rerank\" = \"/v1/rerank\" }\ndevice = \"sim:7\"\n"; }
+  out = RunCommand(BinDir() + "/spillway doctor --config " + dir + "/ext.toml" + common, &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("FAIL  device   "), std::string::npos) << out;
+  EXPECT_NE(out.find("sim:7"), std::string::npos) << out;
+  EXPECT_NE(out.find("service 'ext': command " + dir + "/no-server is not an executable file"), std::string::npos) << out;
   std::filesystem::remove_all(dir);
 }
 

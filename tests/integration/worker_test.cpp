@@ -579,6 +579,21 @@ TEST_F(WorkerTest, CancelFreesTheSlotWhileOthersContinue) {
   EXPECT_EQ(r->status, 404);
 }
 
+// A cancel that found nothing is remembered against the id's arrival, but
+// not past a cancel of everything (a restarted gateway adopting the worker,
+// which then re-runs its journaled requests under their own ids: the one a
+// crashed gateway cancelled as it died was refused as cancelled).
+TEST_F(WorkerTest, ACancelOfEverythingForgetsTheEarlyCancels) {
+  auto early = http::Fetch("127.0.0.1", chat_->port(), "DELETE", "/v1/worker/requests/early-1", "", WorkerAuth());
+  ASSERT_TRUE(early.ok());
+  EXPECT_EQ(early->status, 404);
+  auto all = http::Fetch("127.0.0.1", chat_->port(), "DELETE", std::string(protocol::kCancelAllPath), "", WorkerAuth());
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->status, 200) << all->body;
+  auto rerun = Post(*chat_, "/v1/completions", {{"prompt", "again"}, {"max_tokens", 2}}, {{"X-Request-Id", "early-1"}});
+  EXPECT_EQ(rerun.status, 200) << rerun.body;
+}
+
 TEST_F(WorkerTest, ClientDisconnectCancelsTheRequest) {
   const uint64_t before = Body(Get(*chat_, "/v1/worker/info"))["requests"]["cancelled"];
   {

@@ -92,6 +92,7 @@ TEST(OpenAiRequestTest, RejectsWrongTypesAndOutOfRangeNumbers) {
       {R"({"prompt": "x", "stop": [""]})", "'stop'"},
       {R"({"prompt": "x", "stop": 3})", "'stop'"},
       {R"({"prompt": "x", "n": 2})", "'n'"},
+      {R"({"prompt": "x", "ignore_eos": true, "response_format": {"type": "json_object"}})", "'ignore_eos'"},
       {R"({"prompt": "x", "model": 5})", "'model'"},
   };
   for (const auto& c : cases) {
@@ -100,6 +101,25 @@ TEST(OpenAiRequestTest, RejectsWrongTypesAndOutOfRangeNumbers) {
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(r.status().message().find(c.field), std::string::npos) << c.body << ": " << r.status().message();
   }
+}
+
+// A whole number written as a float is taken as every integer field takes it.
+TEST(OpenAiRequestTest, OneChoiceMayBeWrittenAsAFloat) {
+  auto r = ParseCompletionRequest(json::parse(R"({"prompt": "x", "n": 1.0, "max_tokens": 7.0})"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->gen.max_tokens, 7);
+}
+
+// A message's name and reasoning_content are strings: the worker's chat
+// layer reads them so, and refused another type only after admission.
+TEST(OpenAiRequestTest, AMessagesNameAndReasoningAreStrings) {
+  for (const char* body : {R"({"messages": [{"role": "user", "content": "hi", "name": 5}]})",
+                           R"({"messages": [{"role": "assistant", "content": "a", "reasoning_content": {}}]})"}) {
+    auto r = ParseChatRequest(json::parse(body));
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_NE(r.status().message().find("messages[0]."), std::string::npos) << r.status().message();
+  }
+  EXPECT_TRUE(ParseChatRequest(json::parse(R"({"messages": [{"role": "user", "content": "hi", "name": "ann"}]})")).ok());
 }
 
 TEST(OpenAiRequestTest, RejectsBadMessages) {

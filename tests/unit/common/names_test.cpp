@@ -12,7 +12,7 @@ TEST(NamesTest, DeviceNames) {
   EXPECT_EQ(d->kind, "cuda");
   EXPECT_EQ(d->index, 12);
   EXPECT_EQ(ParseDeviceName("sim:0")->kind, "sim");
-  for (const char* bad : {"", "cuda", "cuda:", ":1", "sim:x", "sim:-1", "sim:+1", "sim:1234567", "cpu:0x"}) {
+  for (const char* bad : {"", "cuda", "cuda:", ":1", "sim:x", "sim:-1", "sim:+1", "sim:1234567", "cpu:0x", "sim:00", "cuda:01"}) {
     EXPECT_FALSE(ParseDeviceName(bad)) << bad;
   }
 }

@@ -215,6 +215,7 @@ TEST(ConfigTest, ValuesThatCannotWorkAreRefusedWithTheirKey) {
   const Case cases[] = {
       {"[[device]]\nname = \"sim:0\"\nheadroom_pct = nan\n", "'device[0].headroom_pct' must be between"},
       {"[[device]]\nname = \"sim0\"\n", "test.toml:2: 'device[0].name' 'sim0' must be cpu, cuda:N or sim:N"},
+      {"[[device]]\nname = \"sim:00\"\n", "'sim:00' must be cpu, cuda:N or sim:N (N without leading zeros"},
       {"[[device]]\nname = \"sim:0\"\n[[device]]\nname = \"sim:0\"\n", "'device[1].name' 'sim:0' has a [[device]] table"},
       {"api_keys = [\"k\", \"\"]\n", "test.toml:1: 'api_keys' holds an empty key"},
       {"operator_keys = [\"\"]\n", "'operator_keys' holds an empty key"},
@@ -324,6 +325,8 @@ url = "http://localhost:9000/"
       {std::string(ext) + "command = \"server 'unclosed ${PORT}\"", "unclosed"},
       {std::string(ext) + "command = \"s ${PORT}\"\nroutes = { \"/v1/files\" = \"/f\" }", "not a route Spillway proxies"},
       {std::string(ext) + "command = \"s ${PORT}\"\nroutes = { \"/v1/rerank\" = \"rerank\" }", "upstream path"},
+      {std::string(ext) + "command = \"s ${PORT}\"\nroutes = { \"/v1/rerank\" = \"/v1/x y\" }", "without spaces"},
+      {std::string(ext) + "command = \"s ${PORT}\"\nroutes = { \"/v1/rerank\" = \"/x\\r\\nHost: evil\" }", "without spaces"},
       {std::string(ext) + "command = \"s ${PORT}\"\nresidency = \"sometimes\"", "'service[0].residency'"},
       {std::string(ext) + "url = \"http://127.0.0.1:1\"\nresidency = \"on_demand\"", "residency applies"},
       {std::string(ext) + "command = \"s ${PORT}\"\nstop_signal = \"SIGSTOP\"", "stop_signal"},

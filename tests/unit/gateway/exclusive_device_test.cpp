@@ -272,5 +272,19 @@ TEST_F(SharedDeviceStartTest, AResidentStillLoadingKeepsWhatItWillTake) {
   EXPECT_EQ(gateway_->RoomFor("ext.ext", 400ull << 20, {"big.0"}).code(), StatusCode::kResourceExhausted);
 }
 
+// Windows hold an external server off the accelerator as they do a llama
+// service's placements: outside its window its start finds no room (it was
+// started, and unloaded again once idle, for every burst of requests).
+TEST_F(SharedDeviceStartTest, AnExternalServerOutsideItsWindowIsNotStarted) {
+  workers_.SetView(View("big.0", upstream::WorkerState::kReady, ::getpid(), clock_.NowMs()));
+  ASSERT_TRUE(gateway_->RoomFor("ext.ext", 400ull << 20).ok());
+  const int64_t later = clock_.NowMs() + 3 * 3600'000;
+  config_.externals[0].residency.priority = "batch";  // (read per call) a window three hours from now
+  config_.externals[0].residency.windows = {LocalHhMm(later) + "-" + LocalHhMm(later + 3600'000)};
+  const Status st = gateway_->RoomFor("ext.ext", 400ull << 20);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
+  EXPECT_NE(st.message().find("outside its accelerator window"), std::string::npos) << st.message();
+}
+
 }  // namespace
 }  // namespace spillway::gateway

@@ -151,6 +151,26 @@ TEST(ExternalLinesTest, FirstComeFirstServedWithinConcurrencyAndQueue) {
   EXPECT_EQ(lines.Measured("s"), (std::pair<uint64_t, uint64_t>{110, 60}));
 }
 
+// Requests that joined and will run at once (their Accept still being
+// committed) do not count against max_queue, and one of them does not hold
+// back another that has a free place: with 4 free places and max_queue 0,
+// the second of two requests arriving together got 503 "0 waiting".
+TEST(ExternalLinesTest, RequestsThatRunAtOnceDoNotCountAgainstTheQueue) {
+  auto e = OneAtATime(0);
+  e.concurrency = 4;
+  ExternalLines lines({e}, 0);
+  EXPECT_TRUE(lines.Join("s", "a"));
+  EXPECT_TRUE(lines.Join("s", "b")) << "refused as if a waited";
+  EXPECT_TRUE(lines.TryStart("s", "b", 1)) << "held back behind a, with places free";
+  EXPECT_TRUE(lines.Join("s", "c"));
+  EXPECT_TRUE(lines.Join("s", "d"));
+  EXPECT_FALSE(lines.Join("s", "e")) << "a, c, d take the three free places: e would wait, and max_queue is 0";
+  EXPECT_TRUE(lines.TryStart("s", "a", 2));
+  EXPECT_TRUE(lines.TryStart("s", "d", 3));
+  EXPECT_TRUE(lines.TryStart("s", "c", 4));
+  EXPECT_EQ(lines.Waiting("s"), 0);
+}
+
 // A client's X-Request-Id sent again while its first request waits: the
 // second (refused as a duplicate) leaves with its own place, the later one;
 // the first keeps its turn.

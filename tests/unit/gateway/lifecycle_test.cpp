@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <regex>
 #include <set>
@@ -538,6 +539,29 @@ TEST_F(LifecycleTest, AnEmbeddingThatFailsOnThePrimaryIsServedByTheFallback) {
   EXPECT_EQ(Journaled("r-emb").state, journal::State::kCompleted);
 }
 
+// An Ollama embedding of many inputs (an answer of megabytes) is translated
+// whole, off the connection's I/O thread (its parse and dump held every
+// other connection on that thread for as long).
+TEST_F(LifecycleTest, ALargeOllamaEmbeddingIsTranslatedWhole) {
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    json data = json::array();
+    for (int i = 0; i < 40; ++i) {
+      data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", std::vector<double>(1024, 0.123456789 + i)}});
+    }
+    json answer = {{"object", "list"}, {"data", data}, {"usage", {{"prompt_tokens", 40}, {"total_tokens", 40}}}};
+    ex->Respond(http::MakeResponse(200, answer.dump(), "application/json"));
+  };
+  auto ex = Send("/api/embed", json{{"model", "chat"}, {"input", std::vector<std::string>(40, "hello")}}.dump());
+  ASSERT_TRUE(ex->Wait());
+  ASSERT_EQ(ex->status(), 200u) << ex->body().substr(0, 300);
+  const json j = json::parse(ex->body(), nullptr, false);
+  ASSERT_TRUE(j.is_object()) << ex->body().substr(0, 300);
+  ASSERT_EQ(j["embeddings"].size(), 40u);
+  EXPECT_EQ(j["embeddings"][39].size(), 1024u);
+  EXPECT_DOUBLE_EQ(j["embeddings"][39][0].get<double>(), 39.123456789);
+  EXPECT_EQ(ex->header("Content-Type"), "application/json");
+}
+
 // A worker that crashed and was started again serves the next request: its
 // placement's breaker, opened by the crash for 30 s, lets a probe through
 // once the new process is ready. Requests went to the fallback for 30 s
@@ -832,6 +856,18 @@ TEST_F(LifecycleTest, AnOllamaFormatWithinTheDepthLimitIsNotRefusedOnceTranslate
   auto deep = Send("/api/generate", body.dump());
   ASSERT_TRUE(deep->Wait());
   EXPECT_EQ(deep->status(), 400u) << deep->body();
+}
+
+// max_tokens written as a float (1000.0, as a client that computes it may
+// send) is the number it says: admission read only integers, took the
+// service's default instead and sent that to the worker.
+TEST_F(LifecycleTest, AMaxTokensWrittenAsAFloatIsTheNumberItSays) {
+  auto ex = Send("/v1/completions", json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 6.0}}.dump(), "POST",
+                 {{"X-Request-Id", "r-float"}});
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+  ASSERT_EQ(primary_.calls(), 1u);
+  EXPECT_EQ(primary_.bodies[0]["max_tokens"], 6) << primary_.bodies[0].dump();
 }
 
 // A negative seed (-1: "random" to many UIs) is replaced by a pinned one,
@@ -1219,6 +1255,88 @@ TEST_F(RecoveredBacklogTest, RecoveredRequestsCountAgainstMaxQueue) {
   EXPECT_EQ(next->status(), 200u) << next->body();
 }
 
+// Requests for an external service that is not idempotent, recovered after
+// a restart: one whose attempt had reached the server is not sent again;
+// one whose attempts never reached it (requeued, waiting for the server
+// when the gateway stopped) is sent. Both were failed.
+class RecoveredExternalTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    config_text_ += "[[service]]\nname = \"rerank\"\nkind = \"external\"\ncommand = \"server --port ${PORT}\"\n"
+                    "routes = { \"/v1/rerank\" = \"/v1/rerank\" }\n";
+    workers_.SetReady("rerank.ext", server_.server.port());
+    server_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+      ex->Respond(http::MakeResponse(200, "{\"results\":[]}", "application/json"));
+    };
+    LifecycleTest::SetUp();
+  }
+  std::vector<journal::RequestRecord> Recovered() override {
+    for (const char* id : {"r-reached", "r-unreached"}) {
+      journal::RequestRecord r;
+      r.id = id;
+      r.payload_hash = "h";
+      r.service = "rerank";
+      r.endpoint = "/v1/rerank";
+      r.body = json{{"model", "rerank"}, {"query", "q"}, {"documents", {"a"}}}.dump();
+      EXPECT_TRUE(journal_->Accept(r).ok());
+      EXPECT_TRUE(journal_->StartAttempt(id, "rerank").ok());
+    }
+    EXPECT_TRUE(journal_->Requeue("r-unreached", "connection refused").ok());
+    auto recovered = journal_->Recover();
+    EXPECT_TRUE(recovered.ok());
+    return recovered.ok() ? *recovered : std::vector<journal::RequestRecord>{};
+  }
+  Worker server_;
+};
+
+TEST_F(RecoveredExternalTest, OnlyARequestThatReachedTheServerIsNotSentAgain) {
+  ASSERT_TRUE(Eventually([&] { return Journaled("r-unreached").state == journal::State::kCompleted; }))
+      << Journaled("r-unreached").error;
+  ASSERT_TRUE(Eventually([&] { return Journaled("r-reached").state == journal::State::kFailed; }))
+      << static_cast<int>(Journaled("r-reached").state) << " " << Journaled("r-reached").error;
+  EXPECT_NE(Journaled("r-reached").error.find("not idempotent"), std::string::npos) << Journaled("r-reached").error;
+  EXPECT_EQ(server_.calls(), 1u);
+}
+
+// A batch external server on an accelerator, outside its window: it has no
+// CPU path, so its requests are told when the window opens (503 with
+// Retry-After) instead of starting it on the accelerator.
+class ExternalWindowTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    const int64_t later = clock_.NowMs() + 3 * 3600'000;
+    auto hhmm = [](int64_t ms) {
+      const std::time_t t = static_cast<std::time_t>(ms / 1000);
+      std::tm tm{};
+      localtime_r(&t, &tm);
+      char text[8];
+      std::snprintf(text, sizeof text, "%02d:%02d", tm.tm_hour, tm.tm_min);
+      return std::string(text);
+    };
+    config_text_ += "[[service]]\nname = \"rerank\"\nkind = \"external\"\ncommand = \"server --port ${PORT}\"\n"
+                    "routes = { \"/v1/rerank\" = \"/v1/rerank\" }\ndevice = \"sim:0\"\nresident_mib = 100\n"
+                    "residency = \"on_demand\"\npriority = \"batch\"\nwindows = [\"" + hhmm(later) + "-" +
+                    hhmm(later + 3600'000) + "\"]\n";
+    workers_.SetReady("rerank.ext", server_.server.port());
+    server_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+      ex->Respond(http::MakeResponse(200, "{\"results\":[]}", "application/json"));
+    };
+    LifecycleTest::SetUp();
+  }
+  Worker server_;
+};
+
+TEST_F(ExternalWindowTest, ARequestOutsideTheWindowIsToldWhenItOpens) {
+  auto ex = Send("/v1/rerank", json{{"model", "rerank"}, {"query", "q"}, {"documents", {"a"}}}.dump());
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 503u) << ex->body();
+  EXPECT_NE(ex->body().find("outside its accelerator window"), std::string::npos) << ex->body();
+  const int retry_after = std::atoi(ex->header("Retry-After").c_str());
+  EXPECT_GT(retry_after, 2 * 3600) << ex->header("Retry-After");
+  EXPECT_LE(retry_after, 3 * 3600 + 60) << ex->header("Retry-After");
+  EXPECT_EQ(server_.calls(), 0u);
+}
+
 TEST_F(LifecycleTest, AClientThatGoesAwayCancelsItsRequest) {
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
   auto ex = Complete("r-gone-client", true);
@@ -1455,6 +1573,35 @@ class SmallBodyLifecycleTest : public LifecycleTest {
     LifecycleTest::SetUp();
   }
 };
+
+// A body within max_body_bytes that admission's re-serialization would make
+// longer than a worker takes (1e9 is written 1000000000.0) is refused before
+// it is journaled, not answered 413 by the worker after admission.
+class MibBodyLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    config_text_ = "max_body_bytes = 1048576\n" + config_text_;
+    LifecycleTest::SetUp();
+  }
+};
+
+TEST_F(MibBodyLifecycleTest, ABodyThatWouldOutgrowWhatAWorkerTakesIsRefusedBeforeItIsJournaled) {
+  std::string pad;
+  for (int i = 0; i < 250'000; ++i) pad += "1e9,";
+  pad.pop_back();
+  const std::string body = R"({"model": "chat", "prompt": "x", "max_tokens": 4, "pad": [)" + pad + "]}";
+  ASSERT_LT(body.size(), 1048576u);
+  auto ex = Send("/v1/completions", body, "POST", {{"X-Request-Id", "r-grows"}});
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 413u) << ex->body().substr(0, 300);
+  EXPECT_NE(ex->body().find("exceeds what a worker takes"), std::string::npos) << ex->body().substr(0, 300);
+  EXPECT_EQ(primary_.calls() + fallback_.calls(), 0u);
+  EXPECT_FALSE(journal_->Get("r-grows").ok()) << "journaled";
+  // A small body with such numbers goes on.
+  auto small = Send("/v1/completions", R"({"model": "chat", "prompt": "x", "max_tokens": 4, "pad": [1e9, 2e9]})");
+  ASSERT_TRUE(small->Wait());
+  EXPECT_EQ(small->status(), 200u) << small->body();
+}
 
 // chat and another service on demand on one exclusive device (a simulated
 // one of 1 GiB): a start of either evicts the other.

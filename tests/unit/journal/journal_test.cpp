@@ -116,6 +116,10 @@ TEST_F(JournalTest, RecoverRequeuesSafeRequestsAndFailsOpenStreams) {
   auto rec = j_->Recover();
   ASSERT_TRUE(rec.ok());
   ASSERT_EQ(rec->size(), 2u);
+  for (const auto& r : *rec) {  // each returned queued, saying whether it ran when the gateway stopped
+    EXPECT_EQ(r.state, State::kQueued) << r.id;
+    EXPECT_EQ(r.was_running, r.id == "running") << r.id;
+  }
   EXPECT_EQ(j_->Get("queued")->state, State::kQueued);
   EXPECT_EQ(j_->Get("running")->state, State::kQueued);
   EXPECT_EQ(j_->Get("stream")->state, State::kFailedResumable);

@@ -199,6 +199,10 @@ TEST(WorkerProtocolTest, TokenizeReply) {
   ASSERT_TRUE(back);
   EXPECT_EQ(back->prompt_tokens, 12);
   EXPECT_FALSE(TokenizeReply::FromJson(json{{"prompt_tokens", "12"}}));
+  // Another field of another type is no reply either (it threw: a type_error out of admission).
+  EXPECT_FALSE(TokenizeReply::FromJson(json{{"prompt_tokens", 12}, {"ctx", "4096"}}));
+  EXPECT_FALSE(TokenizeReply::FromJson(json{{"prompt_tokens", 12}, {"default_max_tokens", 1e12}}));
+  EXPECT_FALSE(TokenizeReply::FromJson(json{{"prompt_tokens", -1}}));
 }
 
 }  // namespace

@@ -102,6 +102,30 @@ TEST(ConnectionPoolTest, AServerOnTheIpv6LoopbackAloneIsReachedWhenNamedSo) {
   pool.Clear();
 }
 
+// Its Host names where it is: [::1] (a server that checks Host refused 127.0.0.1).
+TEST(ConnectionPoolTest, AServerOnTheIpv6LoopbackIsNamedSoInTheHost) {
+  FakeWorker worker(
+      [](http::Request& req, std::shared_ptr<http::Exchange> ex) {
+        ex->Respond(http::MakeResponse(200, std::string(req[boost::beast::http::field::host]), "text/plain"));
+      },
+      "::1");
+  if (!worker.ok()) GTEST_SKIP() << "no IPv6 loopback here";
+  net::io_context ioc;
+  ConnectionPool pool;
+  StreamControl control;
+  control.ipv6 = true;
+  std::string host;
+  const Status st = RunCo(ioc, pool.Stream(worker.port(), "GET", "/", "", {}, [](const http::StreamHead&) { return true; },
+                                           [&](std::string_view d) {
+                                             host.append(d);
+                                             return true;
+                                           },
+                                           std::chrono::seconds(5), nullptr, &control));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(host, "[::1]:" + std::to_string(worker.port()));
+  pool.Clear();
+}
+
 // Each call runs on a strand of its own (RunCo's), as requests of different
 // client connections do: the kept-alive connection moves to the caller's
 // strand and is reused, not replaced.
@@ -296,6 +320,56 @@ TEST(ConnectionPoolTest, AConnectionWithBytesPastItsAnswerIsNotKept) {
   auto second = RunCo(ioc, pool.Send(port, "GET", "/b", "", {}, std::chrono::seconds(5)));
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   EXPECT_EQ(second->body, "fresh");
+  pool.Clear();
+  server.join();
+}
+
+// An interim answer (103 Early Hints, 102 Processing) comes before the
+// final one: taken for the answer, it ended a stream with no body and left
+// the real answer on the kept connection for the next request to read as its own.
+TEST(ConnectionPoolTest, AnInterimAnswerIsSkippedForTheFinalOne) {
+  RawServer raw;
+  const uint16_t port = raw.port();
+  std::thread server([&] {
+    net::ip::tcp::socket s(raw.ioc);
+    if (!raw.AcceptWithHead(s)) return;
+    boost::system::error_code ec;
+    for (int i = 1; i <= 2; ++i) {  // two requests on one kept connection
+      net::write(s, net::buffer(std::string("HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n")), ec);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      net::write(s, net::buffer("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok" + std::to_string(i)), ec);
+      if (i == 2) break;
+      std::string got;  // the next request's head
+      char buf[4096];
+      while (got.find("\r\n\r\n") == std::string::npos) {
+        const size_t n = s.read_some(net::buffer(buf), ec);
+        if (ec) return;
+        got.append(buf, n);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  });
+  net::io_context ioc;
+  ConnectionPool pool;
+  int status = 0;
+  std::string got;
+  auto st = RunCo(ioc, pool.Stream(
+                           port, "POST", "/a", "{}", {},
+                           [&](const http::StreamHead& h) {
+                             status = h.status;
+                             return true;
+                           },
+                           [&](std::string_view d) {
+                             got.append(d);
+                             return true;
+                           }));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(got, "ok1");
+  auto second = RunCo(ioc, pool.Send(port, "GET", "/b", "", {}, std::chrono::seconds(5)));
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->status, 200);
+  EXPECT_EQ(second->body, "ok2");
   pool.Clear();
   server.join();
 }
