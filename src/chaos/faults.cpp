@@ -13,16 +13,19 @@
 
 namespace spillway::chaos {
 
-void Run::Hold(uint64_t mib, double seconds) {
-  if (mib == 0) return;
+bool Run::Hold(uint64_t mib, double seconds) {
+  if (mib == 0) return true;  // (nothing free to take)
   auto h = std::make_unique<Child>();
   std::ostringstream secs;
   secs << seconds;
   if (h->Spawn({o_.bin_dir + "/spillway", "sim", "hold", "sim:0", "--mib", std::to_string(mib), "--seconds", secs.str()},
                dir_ + "/holds.log", env_)) {
     holds_.push_back(std::move(h));
+  } else {
+    return false;
   }
   SleepMs(100);  // the hold is in the ledger
+  return true;
 }
 
 void Run::Inject(const std::string& kind, FaultEvent* ev) {
@@ -76,11 +79,14 @@ void Run::Inject(const std::string& kind, FaultEvent* ev) {
   auto arm = [&](const std::string& spec) {
     auto r = http::Fetch("127.0.0.1", gpu_port, "POST", std::string(protocol::kFaultsPath), json{{"faults", {spec}}}.dump(),
                          WorkerAuth(), std::chrono::seconds(2));
-    if (!r.ok() || r->status != 200) ev->kind += " (not armed: the GPU worker was not ready)";
+    if (!r.ok() || r->status != 200) ev->injected = false;  // the GPU worker was not ready
   };
   auto kill_gpu = [&] {
     if (gpu_pid > 0) kill(gpu_pid, SIGKILL);
-    else ev->kind += " (no GPU worker to kill)";
+    else ev->injected = false;  // no GPU worker to kill
+  };
+  auto hold = [&](uint64_t mib, double seconds) {
+    if (!Hold(mib, seconds)) ev->injected = false;
   };
   if (kind == "compute-error" || kind.rfind("fail-next=", 0) == 0) {
     arm(kind);
@@ -101,24 +107,26 @@ void Run::Inject(const std::string& kind, FaultEvent* ev) {
     // Another program takes the free memory; the GPU worker crashes and may
     // not come back until the memory is released.
     const uint64_t mib = free_mib() > 4 ? free_mib() - 4 : 0;
-    Hold(mib, 2.5);
+    hold(mib, 2.5);
     kill_gpu();
     ev->kind = "sim hold " + std::to_string(mib) + " MiB for 2.5 s + kill -9 GPU worker";
   } else if (kind == "memory-step") {
     // A quarter of what is free goes, until the end of the fault window.
     const uint64_t mib = free_mib() / 4;
     const double left_s = std::max(1.0, (duration_ms_ * 0.8 - static_cast<double>(SinceStart())) / 1000.0);
-    Hold(mib, left_s);
+    hold(mib, left_s);
     kill_gpu();
     ev->kind = "memory step: hold " + std::to_string(mib) + " MiB + kill -9 GPU worker";
   } else if (kind == "gpu-out") {
     const uint64_t mib = free_mib() > 4 ? free_mib() - 4 : 0;
-    Hold(mib, 3.0);
+    hold(mib, 3.0);
     kill_gpu();
     ev->kind = "accelerator out for 3 s (hold " + std::to_string(mib) + " MiB + kill -9 GPU worker)";
   } else {
     ev->kind = kind + " (unknown fault kind)";
+    ev->injected = false;
   }
+  if (!ev->injected) ev->kind += " (not injected: its target was not ready)";
 }
 
 

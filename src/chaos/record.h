@@ -26,6 +26,7 @@ struct RequestRecord {
   bool acknowledged = false;    // the gateway answered with the request id (head or body)
   int http_status = 0;          // 0: no response at all
   std::string first_error;      // transport error or error message, "" when none
+  bool unreadable = false;      // an answer the harness could not read (a 200 of another shape): a failure
   bool connection_survived = false;  // the response arrived whole ([DONE] for streams)
   bool degraded_signal = false; // X-Spillway-Degraded / fallback headers or an SSE comment
   bool cancelled_by_client = false;
@@ -46,6 +47,10 @@ struct FaultEvent {
   int64_t at_ms = 0;            // since the scenario's start
   std::string kind;             // "compute-error", "kill -9 gpu worker", "sim hold 200 MiB", ...
   int64_t recovered_ms = -1;    // primary ready, breaker closed and serving again (-1: not seen)
+  // False when it could not be injected (its worker was not ready to arm it,
+  // no process to kill): not counted as injected, and a scenario none of
+  // whose faults was injected fails (it proved nothing).
+  bool injected = true;
 };
 
 // A residency decision the gateway journaled (/v1/status residency.events).

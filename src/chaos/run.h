@@ -100,7 +100,8 @@ class Run {
   // Records when the host stopped running this process (see Stall).
   void MeterStalls();
   void CompareWithReference(std::vector<RequestRecord>& records);
-  void Hold(uint64_t mib, double seconds);
+  // False when the holding process could not be started.
+  bool Hold(uint64_t mib, double seconds);
   int64_t SinceStart() const {
     return std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - t0_).count();
   }

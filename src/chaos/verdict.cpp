@@ -159,10 +159,14 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
       ++v.unrelated_failed;
       failed_services.insert(q.service);
     }
-    if (q.acknowledged && !terminal) {
+    // Accepted: acknowledged to its client, or journaled (a non-streamed
+    // request is acknowledged only by its answer: one journaled and then cut
+    // by a gateway's crash was accepted, and is lost if it never ends).
+    const bool journaled = o.journal && !q.journal_state.empty();
+    if ((q.acknowledged || journaled) && !terminal) {
       ++v.lost;
-      v.failures.push_back("lost: " + q.id + " was acknowledged and has no terminal result" +
-                           (q.journal_state.empty() ? "" : " (journal: " + q.journal_state + ")"));
+      v.failures.push_back("lost: " + q.id + " was " + (q.acknowledged ? "acknowledged" : "journaled") +
+                           " and has no terminal result" + (q.journal_state.empty() ? "" : " (journal: " + q.journal_state + ")"));
     } else if (!q.acknowledged && !terminal) {
       ++v.unknown;
     }
@@ -174,6 +178,9 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
         v.failures.push_back("retry not finished exactly once: " + q.id + " (" + std::to_string(q.attempts) +
                              " attempts, state " + q.journal_state + ")");
       }
+    }
+    if (q.unreadable) {
+      v.failures.push_back("unreadable answer: " + q.id + " (" + q.first_error + ")");
     }
     if (q.tool_executions > 1) {
       ++v.duplicates;
@@ -210,6 +217,13 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
   if (v.host_ram_budget_bytes > 0 && v.host_ram_peak_bytes > v.host_ram_budget_bytes) {
     v.failures.push_back("host RAM over budget: the CPU path held " + std::to_string(v.host_ram_peak_bytes >> 20) +
                          " MiB of a " + std::to_string(v.host_ram_budget_bytes >> 20) + " MiB budget");
+  }
+  // A scenario with faults that injected none of them (their targets were
+  // never ready) tested nothing: it does not pass.
+  const auto injected = std::count_if(r.faults.begin(), r.faults.end(), [](const FaultEvent& f) { return f.injected; });
+  if (!r.faults.empty() && injected == 0) {
+    v.failures.push_back("none of its " + std::to_string(r.faults.size()) +
+                         " faults was injected (their targets were never ready): it proved nothing");
   }
   std::vector<double> rec;
   for (const auto& f : r.faults) {

@@ -1,8 +1,9 @@
 // The pass rule of `spillway chaos`, computed from what a scenario recorded
 // (pure: no processes, no clock).
 //
-// A scenario passes when: no acknowledged request is lost (acknowledged,
-// with no terminal result after the run settled); every request that was
+// A scenario passes when: no accepted request is lost (acknowledged to its
+// client or known to the journal, with no terminal result after the run
+// settled); every request that was
 // retried finished exactly once under its own id; no tool ran twice for one
 // request (duplicate side effects); every deterministic request that
 // completed produced the reference output; the CPU path never held more

@@ -1,6 +1,7 @@
 #include "common/names.h"
 #include "cli/chaos_command.h"
 
+#include <algorithm>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -85,9 +86,20 @@ int Chaos(const ChaosArgs& a) {
   int with_faults = 0;
   for (const auto* s : scenarios) with_faults += s->fault_kinds.empty() ? 0 : 1;
   o.faults = a.faults < 0 ? 3 : (with_faults ? (a.faults + with_faults - 1) / with_faults : 0);
-  o.work_dir = a.work_dir.empty() ? (fs::temp_directory_path() / ("spillway-chaos-" + std::to_string(getpid()))).string()
-                                  : a.work_dir;
+  // A directory of its own, in the one given (removed at the end: never
+  // the given directory itself, which may hold the user's files).
+  const fs::path scratch_parent = a.work_dir.empty() ? fs::temp_directory_path() : fs::path(a.work_dir);
+  o.work_dir = (scratch_parent / ("spillway-chaos-" + std::to_string(getpid()))).string();
   fs::create_directories(o.work_dir);
+  // Removed however the run ends (a report that cannot be written, an exception), unless --keep.
+  struct Scratch {
+    std::string dir;
+    bool keep;
+    ~Scratch() {
+      std::error_code ec;
+      if (!keep) fs::remove_all(dir, ec);
+    }
+  } scratch{o.work_dir, a.keep};
   o.log = [&](const std::string& line) {
     if (!a.json) std::fprintf(stderr, "chaos: %s\n", line.c_str());
   };
@@ -97,15 +109,17 @@ int Chaos(const ChaosArgs& a) {
   for (size_t i = 0; i < scenarios.size(); ++i) {
     const auto& s = *scenarios[i];
     auto r = chaos::RunScenario(s, chaos::Target::kSpillway, o);
-    injected += static_cast<int>(r.faults.size());
+    for (const auto& f : r.faults) injected += f.injected ? 1 : 0;  // (one whose target was not ready is not)
     all_passed &= r.verdict.passed;
     if (Status st = chaos::WriteScenario(a.report_dir, r); !st.ok()) {
       std::fprintf(stderr, "spillway chaos: %s\n", st.message().c_str());
     }
     if (!a.json) {
-      std::fprintf(stderr, "chaos: %-26s %s  sent %d, success %.0f%%, lost %d, unknown %d, duplicates %d, p95 %.0f ms, %zu faults\n",
+      const auto armed = std::count_if(r.faults.begin(), r.faults.end(), [](const auto& f) { return f.injected; });
+      std::fprintf(stderr, "chaos: %-26s %s  sent %d, success %.0f%%, lost %d, unknown %d, duplicates %d, p95 %.0f ms, %ld of %zu faults injected\n",
                    s.name.c_str(), r.verdict.passed ? "PASS" : "FAIL", r.verdict.sent, r.verdict.success_rate * 100,
-                   r.verdict.lost, r.verdict.unknown, r.verdict.duplicates, r.verdict.p95_ms, r.faults.size());
+                   r.verdict.lost, r.verdict.unknown, r.verdict.duplicates, r.verdict.p95_ms, static_cast<long>(armed),
+                   r.faults.size());
       for (const auto& f : r.verdict.failures) std::fprintf(stderr, "chaos:     %s\n", f.c_str());
     }
     spillway.push_back(std::move(r));
@@ -137,10 +151,6 @@ int Chaos(const ChaosArgs& a) {
     std::printf("%s\n", chaos::MarkdownSummary(spillway, baselines, profiles, a.seed).c_str());
     std::fprintf(stderr, "chaos: %d faults injected; report in %s; %s\n", injected, a.report_dir.c_str(),
                  all_passed ? "every scenario passed" : "SOME SCENARIOS FAILED");
-  }
-  if (!a.keep) {
-    std::error_code ec;
-    fs::remove_all(o.work_dir, ec);
   }
   return all_passed ? 0 : 1;
 }
@@ -175,7 +185,8 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("!--no-profiles", args->profiles, "skip the placement profiles (resident, split, cpu)");
   cmd->add_option("--llama-server", args->llama_server, "llama.cpp's llama-server, for the baseline")->capture_default_str();
   cmd->add_option("--models", args->models_dir, "directory with demo-chat.gguf and demo-embed.gguf (default: the build's)");
-  cmd->add_option("--work-dir", args->work_dir, "scratch directory (configs, journals, logs; default: a temporary one)");
+  cmd->add_option("--work-dir", args->work_dir, "where the scratch directory goes (configs, journals, logs: a spillway-chaos-<pid> directory made in it and "
+                  "removed at the end unless --keep; default: the system's temporary directory)");
   cmd->add_option("--device", args->device,
                   "sim:0 (a fresh simulated device per run) or a real cuda:N; on a real device only kill -9 faults are "
                   "injected and scenarios that need the simulated device are reported as skipped")

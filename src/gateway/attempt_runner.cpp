@@ -122,7 +122,7 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
       noted = true;
     }
     if (continuing && !noted) {
-      reply_.Comment("continued on " + spec.served.placement + " after a failure");
+      reply_.ContinuedOn(spec.served);
       noted = true;
     }
     if (++relayed == 3 && MutationActive("relay-drop-chunk")) return true;  // deliberate bug, for tests only

@@ -164,14 +164,15 @@ void EventFeed::Tick() {
   const std::vector<Incident> incidents = log_.Since(incident_seq_);
   if (!incidents.empty()) incident_seq_ = incidents.back().seq;
   for (auto& s : current) {
+    // A slow reader skips incidents and snapshots alike (the next snapshot
+    // carries the recent incidents): every failed request's incident was
+    // written to it whatever its backlog, which grew for as long as they came.
+    if (s.ex->unsent_bytes() > opts_.max_unsent_bytes) continue;
     for (const auto& i : incidents) {
       const json v = s.incident_view(i);
       if (!v.is_null()) s.ex->Write(Event("incident", v));
     }
-    // A slow reader skips snapshots (the next one says all it missed).
-    if ((changed || due) && s.ex->unsent_bytes() <= opts_.max_unsent_bytes) {
-      s.ex->Write(Event("snapshot", s.snapshot_view(snap)));
-    }
+    if (changed || due) s.ex->Write(Event("snapshot", s.snapshot_view(snap)));
   }
   if (fresh.empty()) return;
   const json history = MemoryHistory();

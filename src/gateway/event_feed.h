@@ -12,8 +12,9 @@
 //
 // Each subscriber sees the snapshot and incidents through its own view (a
 // caller who may not see another client's requests does not). A subscriber
-// whose reader is slow (much unsent) skips snapshots instead of growing the
-// gateway's memory; one that disconnected is dropped.
+// whose reader is slow (much unsent) skips snapshots and incidents instead of
+// growing the gateway's memory (its next snapshot carries the recent
+// incidents); one that disconnected is dropped.
 //
 // Thread-safe. Stop() (or the destructor) joins the thread and ends every stream.
 #pragma once

@@ -3,6 +3,7 @@
 #include "gateway/cors_exchange.h"
 #include "gateway/reply_writer.h"
 
+#include <cctype>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -35,6 +36,32 @@
 namespace spillway::gateway {
 
 namespace {
+
+// A request id in a path: `s` with each %XX replaced by its byte, when that
+// gives an id's characters ([A-Za-z0-9._:-]); else `s` as it is (found by no
+// request either way, and no byte a JSON error could not hold).
+std::string PercentDecoded(std::string_view s) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out += static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  for (const char c : out) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' || c == '-')) return std::string(s);
+  }
+  return out;
+}
 
 // A deadline of `secs` (in (0, 86400]) in whole milliseconds, rounded up:
 // a tiny one is 1 ms, never 0 (which means none).
@@ -212,7 +239,13 @@ std::optional<http::Response> Gateway::AccessRefusal(const http::RequestHead& re
   // preflight carries no key.
   const std::string cors = CorsOrigin(req);
   const bool preflight = !cors.empty() && req.method() == bhttp::verb::options;
-  const Status st = CheckAccess(req, !open_route && !preflight);
+  // A body is never open: its memory comes from the budget all bodies share,
+  // which callers without a key must not be able to hold (POST /healthz, a
+  // forged preflight with a body).
+  const auto length = req.find(bhttp::field::content_length);
+  const bool with_body = req.count(bhttp::field::transfer_encoding) > 0 ||
+                         (length != req.end() && length->value() != "0");
+  const Status st = CheckAccess(req, with_body || (!open_route && !preflight));
   if (st.ok()) return std::nullopt;
   auto res = api::IsOllamaPath(path) ? OllamaErrorResponse(st, req.version()) : ErrorResponse(st, req.version());
   if (st.code() == StatusCode::kUnauthenticated) res.set(bhttp::field::www_authenticate, "Bearer");  // (RFC 9110 11.6.1)
@@ -259,7 +292,8 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   static const std::string kRequests = "/v1/requests/";
   if (path.rfind(kRequests, 0) == 0 && (method == bhttp::verb::get || method == bhttp::verb::delete_)) {
     // Journal reads and a cancel's commit: off the I/O threads.
-    return PostBlocking([this, id = path.substr(kRequests.size()), cancel = method == bhttp::verb::delete_,
+    // (Percent-decoded: a page encodes an id's ':' as %3A, and found no request.)
+    return PostBlocking([this, id = PercentDecoded(path.substr(kRequests.size())), cancel = method == bhttp::verb::delete_,
                          caller = CallerOf(req), ex = std::move(ex), v] { HandleRequestQuery(id, cancel, caller, ex, v); });
   }
   if (api::IsOllamaPath(path)) return HandleOllama(req, std::move(ex), path);
@@ -600,7 +634,14 @@ void Gateway::Cancel(const std::shared_ptr<Live>& live) {
     }
   }
   if (live->upstream_control) return live->upstream_control->Abort();  // its connection closes: the server sees it
-  if (const uint16_t port = live->worker_port.load(); port && io_) {
+  // Only to a worker that is there on that port: the DELETE carries the
+  // workers' secret, and a dead worker's port may be another program's now.
+  const uint16_t port = live->worker_port.load();
+  bool worker_there = false;
+  if (port) {
+    for (const auto& w : supervisor_.Snapshot()) worker_there |= w.port == port && w.state == upstream::WorkerState::kReady;
+  }
+  if (worker_there && io_) {
     // Best effort, without blocking the caller (an I/O thread): a worker that
     // is gone has nothing left to cancel.
     Spawn([](Gateway* g, uint16_t p, std::string id) -> boost::asio::awaitable<void> {

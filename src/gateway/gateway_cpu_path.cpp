@@ -88,7 +88,12 @@ Gateway::CpuGate Gateway::CpuPathGateLocked(const journal::RequestRecord& rec, c
   s.prompt_tps = st.prompt_tps;
   s.gen_tps = st.gen_tps;
   const admission::CpuPathVerdict v = admission::JudgeCpuPath(prompt, d->max_tokens, s, lim);
-  if (v.demand_replica) supervisor_.Demand(st.key);
+  if (v.demand_replica) {
+    // Wanted now (as RequestAdmission::Demand touches it): idle from here, or
+    // the replica, once loaded, is released at once as idle since its last use.
+    st.last_used_ms = clock_.NowMs();
+    supervisor_.Demand(st.key);
+  }
   switch (v.kind) {
     case admission::CpuPathVerdict::Kind::kGo:
       return CpuGate::kGo;

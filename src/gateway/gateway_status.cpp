@@ -250,9 +250,11 @@ json Gateway::StatusJson() const {
     // on-demand primary is started by the next request: neither is down. And
     // the fallback is named only when one can take the requests.)
     std::string degraded;
-    bool other_up = false;
+    bool other_up = false, other_loading = false;  // another placement serves now (or would start for them), or loads
     for (const auto& p : placements) {
-      other_up |= p["role"] != "primary" && p.value("state", "") == "ready" && MayTakeRequests(p);
+      if (p["role"] == "primary") continue;
+      other_up |= ServesNow(p);
+      other_loading |= LoadsForItsRequests(p);
     }
     for (const auto& p : placements) {
       if (p["role"] != "primary") continue;
@@ -276,8 +278,10 @@ json Gateway::StatusJson() const {
                               : !p.value("admitted", true) ? std::string("not admitted")
                                                            : "worker " + state) +
                              ")") +
-                 (other_up ? "; requests go to the fallback placements"
-                           : held ? "; its requests wait for it" : "; no other placement can take its requests");
+                 (other_up        ? "; requests go to the fallback placements"
+                  : other_loading ? "; its requests wait for a fallback placement that is loading"
+                  : held          ? "; its requests wait for it"
+                                  : "; no other placement can take its requests");
     }
     svc["degraded"] = degraded.empty() ? json(nullptr) : json(degraded);
     services.push_back(svc);

@@ -174,10 +174,14 @@ std::vector<Incident> DiffStatus(const json& before, const json& after, int64_t 
     if (s0 == s1) continue;
     const std::string summary = s.contains("serving") ? Str(s["serving"], "summary") : "";
     const std::string why = Str(s, "degraded");
-    if (s1 == "degraded" || s1 == "unavailable" || s1 == "evicted") {
+    // An unloaded primary ("evicted": idle, or its room given to another
+    // service) is no outage: the next request loads it, and its "unloaded"
+    // incident says so. Every idle unload was recorded "unavailable", with
+    // no recovery after the next load.
+    if (s1 == "degraded" || s1 == "unavailable") {
       add(s1 == "degraded" ? "degraded" : "unavailable", name, "", "", s1 + (summary.empty() ? "" : ": " + summary) +
           (why.empty() ? "" : " (" + why + ")"));
-    } else if (s1 == "ready" && (s0 == "degraded" || s0 == "unavailable" || s0 == "evicted")) {
+    } else if (s1 == "ready" && (s0 == "degraded" || s0 == "unavailable")) {
       add("recovered", name, "", "", "served by its primary placement again");
     }
   }

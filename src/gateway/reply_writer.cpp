@@ -105,6 +105,14 @@ void ReplyWriter::BeginRelay(int status, const std::string& type, const ServedBy
   ex_->StartStream(std::move(head));
 }
 
+void ReplyWriter::ContinuedOn(const ServedBy& served) {
+  // Its head went out long ago: what this placement applies (the CPU path's
+  // lower max_tokens) is said here, and in an Ollama stream's last line.
+  if (ex_ && !served.limits.empty()) ex_->Annotate("limits", served.limits);
+  Comment("continued on " + served.placement + " after a failure" +
+          (served.limits.empty() ? "" : ", limits " + served.limits));
+}
+
 void ReplyWriter::Comment(const std::string& text) {
   if (ex_) ex_->Write(": spillway: " + text + "\n\n");  // SSE comment, ignored by clients
 }

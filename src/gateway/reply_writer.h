@@ -66,6 +66,9 @@ class ReplyWriter {
   // An external service's answer relayed as it arrives (its own status and
   // content type; its bytes follow as Event()s, stored as they are).
   void BeginRelay(int status, const std::string& type, const ServedBy& served);
+  // A stream continued on `served` after its attempt failed midway: said
+  // in a comment, with the limits that placement applies.
+  void ContinuedOn(const ServedBy& served);
   // An SSE comment (": spillway: <text>"), not stored.
   void Comment(const std::string& text);
   // One event of the answer: stored, and written.

@@ -308,6 +308,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     if (PastDeadline()) co_return co_await DeadlineFailure();
     if (live_->cancelled) co_return co_await Fail(State::kCancelled, Status::Cancelled("request cancelled"));
     Release();
+    live_->worker_port = 0;  // between attempts: no worker holds it (its port may be another program's by now)
     Status rejected;
     last_comment_ms_ = g_.clock_.NowMs();
     std::string reject_decision;

@@ -276,6 +276,9 @@ Status WriteDemoModel(const DemoModelSpec& spec, const std::string& out_path) {
   if (!vocab) return Status::InvalidArgument("cannot read vocabulary GGUF " + spec.vocab_path);
   const int64_t tok_key = gguf_find_key(vocab.get(), "tokenizer.ggml.tokens");
   if (tok_key < 0) return Status::InvalidArgument(spec.vocab_path + " has no tokenizer.ggml.tokens");
+  if (gguf_get_kv_type(vocab.get(), tok_key) != GGUF_TYPE_ARRAY || gguf_get_arr_type(vocab.get(), tok_key) != GGUF_TYPE_STRING) {
+    return Status::InvalidArgument(spec.vocab_path + ": tokenizer.ggml.tokens is not an array of strings");
+  }
   const int64_t n_vocab = static_cast<int64_t>(gguf_get_arr_n(vocab.get(), tok_key));
 
   GgufPtr out(gguf_init_empty());

@@ -286,7 +286,9 @@ StatusOr<Metadata> ParseGguf(const uint8_t* data, size_t size, uint64_t file_siz
   return m;
 }
 
-StatusOr<Metadata> ReadGgufFile(const std::string& path, const ReaderLimits& limits) {
+namespace {
+
+StatusOr<Metadata> ReadOneGgufFile(const std::string& path, const ReaderLimits& limits) {
   std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) return Status::NotFound("cannot open " + path);
   const uint64_t size = static_cast<uint64_t>(f.tellg());
@@ -311,6 +313,52 @@ StatusOr<Metadata> ReadGgufFile(const std::string& path, const ReaderLimits& lim
     if (want < size) why += " (a header may take 64 MiB at most; this one runs past it, or is damaged)";
     return Status::InvalidArgument(why);
   }
+}
+
+// llama.cpp's name for part `no` (0-based) of `count` (llama_split_path).
+std::string SplitSuffix(uint64_t no, uint64_t count) {
+  char text[48];
+  std::snprintf(text, sizeof text, "-%05llu-of-%05llu.gguf", static_cast<unsigned long long>(no + 1),
+                static_cast<unsigned long long>(count));
+  return text;
+}
+
+}  // namespace
+
+StatusOr<Metadata> ReadGgufFile(const std::string& path, const ReaderLimits& limits) {
+  auto first = ReadOneGgufFile(path, limits);
+  if (!first.ok()) return first;
+  // A split model's first part (llama.cpp loads every part from it): the
+  // other parts' tensors count too. Only the first part's were counted, and
+  // a 75 GB model split in two was admitted as 38 GB.
+  const uint64_t count = first->Uint("split.count").value_or(1);
+  if (count <= 1 || first->Uint("split.no").value_or(0) != 0) return first;
+  constexpr uint64_t kMaxParts = 9999;
+  if (count > kMaxParts) {
+    return Status::InvalidArgument(path + ": split.count " + std::to_string(count) + " is more than " +
+                                   std::to_string(kMaxParts) + " parts");
+  }
+  const std::string own = SplitSuffix(0, count);
+  if (path.size() <= own.size() || path.compare(path.size() - own.size(), own.size(), own) != 0) {
+    return Status::InvalidArgument(path + " is the first of " + std::to_string(count) +
+                                   " parts of a split model but is not named <prefix>" + own +
+                                   " (the name llama.cpp finds the other parts by)");
+  }
+  const std::string prefix = path.substr(0, path.size() - own.size());
+  for (uint64_t no = 1; no < count; ++no) {
+    const std::string part_path = prefix + SplitSuffix(no, count);
+    auto part = ReadOneGgufFile(part_path, limits);
+    if (!part.ok()) {
+      return Status(part.status().code(), "part " + std::to_string(no + 1) + " of " + std::to_string(count) +
+                                              " of split model " + path + ": " + part.status().message());
+    }
+    if (first->tensors.size() + part->tensors.size() > limits.max_tensors) {
+      return Status::InvalidArgument(path + ": its parts hold more than " + std::to_string(limits.max_tensors) + " tensors");
+    }
+    for (auto& t : part->tensors) first->tensors.push_back(std::move(t));
+    first->file_size += part->file_size;
+  }
+  return first;
 }
 
 }  // namespace spillway::gguf

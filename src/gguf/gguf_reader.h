@@ -82,7 +82,11 @@ struct ReaderLimits {
 };
 
 StatusOr<Metadata> ParseGguf(const uint8_t* data, size_t size, uint64_t file_size, const ReaderLimits& limits = {});
-// Reads only the metadata of a file (at most 64 MiB of header), never its weights.
+// Reads only the metadata of a file (at most 64 MiB of header), never its
+// weights. The first part of a split model (split.count > 1, named
+// <prefix>-00001-of-0000N.gguf as llama.cpp names them) brings every part's
+// tensors, and their sizes in file_size; a part that is missing or damaged is
+// an error naming it.
 StatusOr<Metadata> ReadGgufFile(const std::string& path, const ReaderLimits& limits = {});
 
 }  // namespace spillway::gguf

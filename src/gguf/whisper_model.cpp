@@ -100,7 +100,11 @@ StatusOr<std::vector<std::string>> ReadGpt2Vocab(const std::string& path) {
   std::unique_ptr<gguf_context, void (*)(gguf_context*)> v(gguf_init_from_file(path.c_str(), p), &gguf_free);
   if (!v) return Status::InvalidArgument("cannot read vocabulary GGUF " + path);
   const int64_t key = gguf_find_key(v.get(), "tokenizer.ggml.tokens");
-  const int64_t n = key < 0 ? 0 : static_cast<int64_t>(gguf_get_arr_n(v.get(), key));
+  // An array of strings (ggml asserts the element type of what it is asked
+  // for: an array of numbers under the key aborted the process).
+  const bool strings = key >= 0 && gguf_get_kv_type(v.get(), key) == GGUF_TYPE_ARRAY &&
+                       gguf_get_arr_type(v.get(), key) == GGUF_TYPE_STRING;
+  const int64_t n = strings ? static_cast<int64_t>(gguf_get_arr_n(v.get(), key)) : 0;
   if (n <= kGpt2Tokens || std::string(gguf_get_arr_str(v.get(), key, kGpt2Tokens)) != "<|endoftext|>") {
     return Status::InvalidArgument(path + " is not GPT-2's vocabulary (token " + std::to_string(kGpt2Tokens) +
                                    " must be <|endoftext|>; use llama.cpp's models/ggml-vocab-gpt-2.gguf)");

@@ -34,8 +34,9 @@ work="$report/killed-work"
 "$bin/spillway" chaos --seed 1 --duration 30 --scenario short_prompts --baselines none --no-profiles \
   --work-dir "$work" --report "$report/killed" >"$report/killed.log" 2>&1 &
 harness=$!
-for _ in $(seq 1 300); do [ -s "$work/spillway-short_prompts/port" ] && break; sleep 0.1; done
-test -s "$work/spillway-short_prompts/port" || { echo "the killed harness's gateway never started"; kill -9 $harness; exit 1; }
+port_file() { ls "$work"/spillway-chaos-*/spillway-short_prompts/port 2>/dev/null | head -1; }  # (its scratch directory)
+for _ in $(seq 1 300); do [ -s "$(port_file)" ] && break; sleep 0.1; done
+test -s "$(port_file)" || { echo "the killed harness's gateway never started"; kill -9 $harness; exit 1; }
 kill -9 $harness
 wait $harness 2>/dev/null || true
 for _ in $(seq 1 100); do pgrep -f "$work" >/dev/null || break; sleep 0.1; done

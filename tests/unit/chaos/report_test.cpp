@@ -103,8 +103,8 @@ TEST(RecordTest, JsonHasEveryFieldAndNullForUnknownEquivalence) {
   EXPECT_EQ(j["requests"][1]["equivalent"], true);
   EXPECT_EQ(j["requests"][1]["attempt_placements"][1], "cpu");
   EXPECT_EQ(j.size(), 12u);
-  EXPECT_EQ(j["requests"][0].size(), 25u);
-  EXPECT_EQ(j["faults"][0].size(), 3u);
+  EXPECT_EQ(j["requests"][0].size(), 26u);
+  EXPECT_EQ(j["faults"][0].size(), 4u);
   EXPECT_EQ(j["samples"][0].size(), 12u);
   EXPECT_EQ(j["verdict"].size(), 37u);
   EXPECT_EQ(j["requests"][1]["cancelled_by_client"], false);

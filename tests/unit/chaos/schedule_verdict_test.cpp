@@ -137,6 +137,61 @@ TEST(VerdictTest, AnAcknowledgedRequestWithoutATerminalStateIsLostAnUnacknowledg
   EXPECT_NE(v.failures[0].find("lost: lost"), std::string::npos);
 }
 
+// Faults whose targets were never ready (a worker still restarting from
+// the last one) were counted as injected, and the scenario passed having
+// tested nothing.
+TEST(VerdictTest, AScenarioNoneOfWhoseFaultsWasInjectedFails) {
+  ScenarioResult r = Healthy();
+  FaultEvent f;
+  f.at_ms = 100;
+  f.kind = "hang (not injected: its target was not ready)";
+  f.injected = false;
+  r.faults = {f, f};
+  Verdict v = Judge(r, {});
+  EXPECT_FALSE(v.passed);
+  ASSERT_FALSE(v.failures.empty());
+  EXPECT_NE(v.failures.back().find("none of its 2 faults was injected"), std::string::npos) << v.failures.back();
+  r.faults[1].injected = true;  // one was
+  v = Judge(r, {});
+  EXPECT_TRUE(v.passed) << ::testing::PrintToString(v.failures);
+}
+
+// A non-streamed request is acknowledged only by its answer: one the journal
+// accepted and a gateway's crash then cut (no answer) is lost when it never
+// ends; it was counted unknown, and its scenario passed.
+TEST(VerdictTest, AJournaledRequestCutBeforeItsAnswerIsLostIfItNeverEnds) {
+  ScenarioResult r = Healthy();
+  auto cut = Ok("cut");
+  cut.acknowledged = false;
+  cut.http_status = 0;
+  cut.connection_survived = false;
+  cut.journal_state = "queued";
+  auto ended = cut;
+  ended.id = "ended";
+  ended.journal_state = "completed";  // re-run after the restart: its result waits in the journal
+  r.requests = {cut, ended, Ok("fine")};
+  const Verdict v = Judge(r, {});
+  EXPECT_EQ(v.lost, 1);
+  EXPECT_EQ(v.unknown, 0);
+  EXPECT_FALSE(v.passed);
+  ASSERT_FALSE(v.failures.empty());
+  EXPECT_NE(v.failures[0].find("lost: cut was journaled"), std::string::npos) << v.failures[0];
+}
+
+// An answer the harness could not read (a 200 of another shape) fails its
+// scenario: it was swallowed as a controlled failure.
+TEST(VerdictTest, AnUnreadableAnswerFails) {
+  ScenarioResult r = Healthy();
+  auto q = Ok("odd");
+  q.unreadable = true;
+  q.first_error = "harness: [json.exception.type_error.302] type must be string, but is null";
+  r.requests = {q, Ok("fine")};
+  const Verdict v = Judge(r, {});
+  EXPECT_FALSE(v.passed);
+  ASSERT_FALSE(v.failures.empty());
+  EXPECT_NE(v.failures[0].find("unreadable answer"), std::string::npos) << v.failures[0];
+}
+
 TEST(VerdictTest, DuplicatesInequivalenceRamAndASilentSpillFail) {
   ScenarioResult r = Healthy();
   auto dup = Ok("dup");

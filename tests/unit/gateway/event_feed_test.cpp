@@ -159,10 +159,13 @@ TEST_F(FeedTest, ASlowReaderSkipsSnapshotsAndAGoneOneIsDropped) {
   EXPECT_EQ(feed.subscribers(), 2u);
   slow->unsent = 10 << 20;
   gone->gone = true;
+  const size_t incidents_before = slow->Count("event: incident");
   Set(Snapshot("closed", 500));
+  log.Add({0, 1, "cancelled", "chat", "", "", "req_slow", "", "cancelled"});  // (a failed request's, as they keep coming)
   ASSERT_TRUE(Eventually([&] { return feed.subscribers() == 1; }));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(slow->Count("event: snapshot"), 1u) << "a slow reader's backlog must not grow";
+  EXPECT_EQ(slow->Count("event: incident"), incidents_before) << "nor by incidents";
   slow->unsent = 0;
   Set(Snapshot("closed", 600));
   ASSERT_TRUE(Eventually([&] { return slow->Count("event: snapshot") == 2; }));

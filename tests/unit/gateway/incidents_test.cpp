@@ -1,6 +1,8 @@
 // Incidents from status snapshots and from the journal's transitions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "gateway/incidents.h"
 
 namespace spillway::gateway {
@@ -78,8 +80,16 @@ TEST(DiffStatusTest, RecoveryAndARestartBetweenTwoSnapshots) {
 }
 
 TEST(DiffStatusTest, AnIdleUnloadIsNotAFailure) {
-  const auto found = DiffStatus(Status("closed", "ready", 0, "closed"), Status("closed", "stopped", 0, "closed"), 1);
+  auto found = DiffStatus(Status("closed", "ready", 0, "closed"), Status("closed", "stopped", 0, "closed"), 1);
   EXPECT_EQ(Kinds(found), (std::vector<std::string>{"unloaded"}));
+  // As the status shows an unloaded on-demand primary: "evicted" (it was an "unavailable" incident).
+  json unloaded = Status("closed", "stopped", 0, "closed");
+  unloaded["services"][0]["state"] = "evicted";
+  found = DiffStatus(Status("closed", "ready", 0, "closed"), unloaded, 1);
+  EXPECT_EQ(Kinds(found), (std::vector<std::string>{"unloaded"}));
+  const auto loaded = Kinds(DiffStatus(unloaded, Status("closed", "ready", 0, "closed"), 2));
+  EXPECT_EQ(std::count(loaded.begin(), loaded.end(), "recovered"), 0)
+      << "loaded again: no recovery from an outage that was none";
 }
 
 TEST(RequestIncidentsTest, AnAttemptOnAnotherPlacementIsAFailoverWithTheRequeueReason) {

@@ -21,6 +21,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "api/ollama_response.h"
 #include "api/openai_response.h"
@@ -83,6 +84,7 @@ struct Worker {
   std::atomic<bool> hang_tokenize{false};             // a hung worker: /tokenize is never answered
   std::vector<std::shared_ptr<http::Exchange>> hung;
   std::set<std::string> cancelled_early;  // cancels that found nothing running
+  std::atomic<int> cancels{0};            // DELETEs of a request received
   // A behaviour that holds the request running until it is cancelled.
   void Hold(const http::Request& req, std::shared_ptr<http::Exchange> ex) {
     const std::string id(req["x-request-id"]);
@@ -106,6 +108,7 @@ struct Worker {
       return ex->Respond(http::MakeResponse(200, reply.ToJson().dump(), "application/json"));
     }
     if (target.rfind(protocol::kCancelPrefix, 0) == 0) {
+      ++cancels;
       // As a real worker does: the cancelled request ends with 499.
       const std::string id = target.substr(protocol::kCancelPrefix.size());
       std::shared_ptr<http::Exchange> running;
@@ -695,6 +698,29 @@ TEST_F(LifecycleTest, AStreamCutMidwayIsContinuedElsewhereAsOneStream) {
   const auto rec = Journaled("r-cut");
   EXPECT_EQ(rec.state, journal::State::kCompleted);
   EXPECT_EQ(rec.result_body.find(": spillway"), std::string::npos) << "comments are not part of the stored answer";
+}
+
+// A stream continued on the CPU path, whose cpu_path.max_tokens lowers the
+// request's, says so: the head that carried X-Spillway-Limits went out with
+// the first attempt, and the stream just ended early with "length".
+TEST_F(LifecycleTest, AStreamContinuedOnTheCpuPathSaysItsLimits) {
+  config_.services[0].cpu_path.max_tokens = 4;  // (read per request)
+  primary_.behaviour = CutStream({{"a", 11}, {"b", 12}});
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(Chunk("c", 13));
+    ex->Write(api::kSseDone);
+    ex->End();
+  };
+  auto ex = Complete("r-cut-limits", true);
+  ASSERT_TRUE(ex->Wait());
+  ASSERT_EQ(fallback_.calls(), 1u);
+  EXPECT_EQ(fallback_.bodies[0]["max_tokens"], 4) << fallback_.bodies[0].dump();
+  const std::string body = ex->body();
+  const size_t note = body.find(": spillway: continued on cpu");
+  ASSERT_NE(note, std::string::npos) << body;
+  EXPECT_NE(body.find("limits", note), std::string::npos) << body;
+  EXPECT_NE(body.find("max_tokens", note), std::string::npos) << body;
 }
 
 // A continuation the worker ends with an error of its own (it could not
@@ -1337,6 +1363,62 @@ TEST_F(ExternalWindowTest, ARequestOutsideTheWindowIsToldWhenItOpens) {
   EXPECT_EQ(server_.calls(), 0u);
 }
 
+// A fallback that is stopped on demand serves (the next request starts it):
+// the status says the requests go there, not that nothing can take them
+// (the dashboard said both in one banner).
+TEST_F(LifecycleTest, ADegradedServiceWhoseFallbackStartsOnDemandSaysItsRequestsGoThere) {
+  upstream::WorkerView fallback;
+  fallback.key = "chat.1";
+  fallback.state = upstream::WorkerState::kStopped;
+  fallback.on_demand = true;
+  workers_.SetView(fallback);
+  workers_.SetOnDemand("chat.1");
+  workers_.Exit("chat.0", "signal 9");  // its breaker opens
+  const json status = StatusNow();
+  std::string degraded;
+  for (const auto& s : status["services"]) {
+    if (s.value("name", "") == "chat" && s["degraded"].is_string()) degraded = s["degraded"];
+  }
+  EXPECT_NE(degraded.find("requests go to the fallback placements"), std::string::npos) << degraded;
+  EXPECT_EQ(degraded.find("no other placement"), std::string::npos) << degraded;
+}
+
+// The dashboard encodes an id for its path (encodeURIComponent: ':' is
+// %3A): the id is found decoded, and its Cancel button works.
+TEST_F(LifecycleTest, ARequestIdInAPathIsFoundPercentEncoded) {
+  auto ex = Complete("job:42");
+  ASSERT_TRUE(ex->Wait());
+  auto q = Send("/v1/requests/job%3A42", "", "GET");
+  ASSERT_TRUE(q->Wait());
+  EXPECT_EQ(q->status(), 200u) << q->body();
+  EXPECT_EQ(json::parse(q->body(), nullptr, false).value("id", ""), "job:42") << q->body();
+  auto odd = Send("/v1/requests/job%00x", "", "GET");  // not an id's characters once decoded: looked up as sent
+  ASSERT_TRUE(odd->Wait());
+  EXPECT_EQ(odd->status(), 404u) << odd->body();
+}
+
+// A cancel carries the workers' secret: it goes only to a worker that is
+// there on the port the request was sent to. One whose worker has gone (the
+// supervisor shows it elsewhere, or not at all) sent it to whatever listened
+// on that port by then.
+TEST_F(LifecycleTest, ACancelGoesOnlyToAWorkerThatIsStillThere) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  auto ex = Complete("r-moved");
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
+  upstream::WorkerView moved;  // replaced: ready on another port
+  moved.key = "chat.0";
+  moved.state = upstream::WorkerState::kReady;
+  moved.port = fallback_.server.port();
+  workers_.SetView(moved);
+  auto del = Send("/v1/requests/r-moved", "", "DELETE");
+  ASSERT_TRUE(del->Wait());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(primary_.cancels.load(), 0) << "the secret went to a port its worker no longer holds";
+  workers_.SetReadyAgain("chat.0", primary_.server.port());
+  if (auto held = primary_.TakeHeld(0)) Answer(held, "primary");
+  ASSERT_TRUE(ex->Wait());
+}
+
 TEST_F(LifecycleTest, AClientThatGoesAwayCancelsItsRequest) {
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
   auto ex = Complete("r-gone-client", true);
@@ -1477,6 +1559,43 @@ TEST_F(LifecycleTest, AServiceQueueIsBoundedByItsOwnMaxQueue) {
   ASSERT_TRUE(next->Wait());
   EXPECT_EQ(next->status(), 200u) << next->body();
   for (const auto& r : running) EXPECT_TRUE(r->Wait());
+}
+
+// With keys, a route open without one (health, readiness, the dashboard's
+// files, a preflight) takes no body without one: a body's memory comes from
+// the budget every body shares, which keyless callers could hold (eight
+// slow 8 MiB uploads to /healthz, and keyed requests got 503).
+class KeyedLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    config_text_ = "api_keys = [\"k-1234567890abcdef\"]\nallowed_origins = [\"http://app.example\"]\n" + config_text_;
+    LifecycleTest::SetUp();
+  }
+  std::optional<http::Response> Refusal(bhttp::verb method, const std::string& target,
+                                        std::vector<std::pair<std::string, std::string>> headers) {
+    http::Request req{method, target, 11};
+    req.set(bhttp::field::host, "127.0.0.1");
+    for (const auto& [k, v] : headers) req.set(k, v);
+    return gateway_->AccessRefusal(req);
+  }
+};
+
+TEST_F(KeyedLifecycleTest, AnOpenRouteTakesNoBodyWithoutAKey) {
+  EXPECT_FALSE(Refusal(bhttp::verb::get, "/healthz", {})) << "health is open";
+  EXPECT_FALSE(Refusal(bhttp::verb::options, "/v1/chat/completions", {{"Origin", "http://app.example"}}))
+      << "a preflight is open";
+  for (const auto& [method, target, headers] :
+       std::vector<std::tuple<bhttp::verb, std::string, std::vector<std::pair<std::string, std::string>>>>{
+           {bhttp::verb::post, "/healthz", {{"Content-Length", "8388608"}}},
+           {bhttp::verb::post, "/ui/app.js", {{"Transfer-Encoding", "chunked"}}},
+           {bhttp::verb::options, "/v1/chat/completions", {{"Origin", "http://app.example"}, {"Content-Length", "100"}}}}) {
+    auto refusal = Refusal(method, target, headers);
+    ASSERT_TRUE(refusal) << target << ": a keyless body was taken";
+    EXPECT_EQ(refusal->result_int(), 401u) << target;
+  }
+  EXPECT_FALSE(Refusal(bhttp::verb::post, "/healthz",
+                       {{"Content-Length", "10"}, {"Authorization", "Bearer k-1234567890abcdef"}}))
+      << "with its key it goes on (and is answered as the route answers)";
 }
 
 // Without api_keys the Authorization header proves nothing: a client that

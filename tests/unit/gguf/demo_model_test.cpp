@@ -1,12 +1,16 @@
 #include "gguf/demo_model.h"
+#include "gguf/whisper_model.h"
 
 #include <gguf.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
+#include <memory>
 
 namespace spillway {
 namespace {
@@ -75,6 +79,30 @@ TEST(DemoModelTest, InvalidSpecsAreRejected) {
   s.vocab_path = "/nonexistent/vocab.gguf";
   EXPECT_EQ(WriteDemoModel(s, "/tmp/sw-never.gguf").code(), StatusCode::kInvalidArgument);
   EXPECT_FALSE(DemoModelPreset("huge").ok());
+}
+
+// A vocabulary file whose tokens are not strings (an array of numbers under
+// the key) is a clear error: ggml asserted the element type and aborted the
+// process (mkmodel, --kind whisper too).
+TEST(DemoModelTest, AVocabularyWhoseTokensAreNotStringsIsRefused) {
+  const std::string path = (fs::temp_directory_path() / ("sw-bad-vocab-" + std::to_string(::getpid()) + ".gguf")).string();
+  {
+    std::unique_ptr<gguf_context, void (*)(gguf_context*)> g(gguf_init_empty(), &gguf_free);
+    std::vector<int32_t> numbers(60000, 7);
+    gguf_set_arr_data(g.get(), "tokenizer.ggml.tokens", GGUF_TYPE_INT32, numbers.data(), numbers.size());
+    ASSERT_TRUE(gguf_write_to_file(g.get(), path.c_str(), /*only_meta=*/false));
+  }
+  auto s = Tiny(1);
+  s.vocab_path = path;
+  const Status demo = WriteDemoModel(s, path + ".out");
+  EXPECT_EQ(demo.code(), StatusCode::kInvalidArgument) << demo.ToString();
+  WhisperModelSpec w;
+  w.vocab_path = path;
+  const Status whisper = WriteWhisperModel(w, path + ".out");
+  EXPECT_EQ(whisper.code(), StatusCode::kInvalidArgument) << whisper.ToString();
+  std::error_code ec;
+  fs::remove(path, ec);
+  fs::remove(path + ".out", ec);
 }
 
 }  // namespace

@@ -1,13 +1,17 @@
 #include "gguf/gguf_reader.h"
 
 #include <ggml.h>
+#include <gguf.h>
+#include <unistd.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <vector>
 
 namespace spillway::gguf {
 namespace {
@@ -44,6 +48,51 @@ TEST(GgufReaderTest, ReadsTheTinyModel) {
   // Tensor bytes account for the whole data section (up to alignment padding).
   EXPECT_LE(m->data_offset + m->TotalTensorBytes(), m->file_size);
   EXPECT_GT(m->data_offset + m->TotalTensorBytes() + 20 * 32, m->file_size);
+}
+
+// One part of a split model: `names` as small f32 tensors.
+void WriteSplitPart(const std::string& path, uint16_t no, uint16_t count, const std::vector<std::string>& names) {
+  ggml_init_params ip{size_t{1} << 20, nullptr, /*no_alloc=*/false};
+  ggml_context* ctx = ggml_init(ip);
+  gguf_context* g = gguf_init_empty();
+  gguf_set_val_str(g, "general.architecture", "llama");
+  gguf_set_val_u16(g, "split.no", no);
+  gguf_set_val_u16(g, "split.count", count);
+  for (const auto& name : names) {
+    ggml_tensor* t = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 32, 4);
+    ggml_set_name(t, name.c_str());
+    std::memset(t->data, 0, ggml_nbytes(t));
+    gguf_add_tensor(g, t);
+  }
+  ASSERT_TRUE(gguf_write_to_file(g, path.c_str(), /*only_meta=*/false));
+  gguf_free(g);
+  ggml_free(ctx);
+}
+
+// A split model's first part brings every part's tensors (llama.cpp loads
+// them all from it): only its own were counted, and a model split in two was
+// estimated at half its weights.
+TEST(GgufReaderTest, ASplitModelsFirstPartBringsEveryPartsTensors) {
+  const std::string prefix = "/tmp/sw-split-" + std::to_string(::getpid());
+  const std::string first = prefix + "-00001-of-00002.gguf", second = prefix + "-00002-of-00002.gguf";
+  WriteSplitPart(first, 0, 2, {"token_embd.weight", "blk.0.attn_q.weight"});
+  WriteSplitPart(second, 1, 2, {"blk.1.attn_q.weight", "output.weight"});
+  auto m = ReadGgufFile(first);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(m->tensors.size(), 4u);
+  EXPECT_EQ(m->TotalTensorBytes(), 4u * 32 * 4 * 4);
+  EXPECT_EQ(m->tensors.back().name, "output.weight");
+  EXPECT_EQ(m->tensors[2].layer, 1);
+  std::remove(second.c_str());
+  auto missing = ReadGgufFile(first);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("part 2 of 2"), std::string::npos) << missing.status().message();
+  const std::string renamed = prefix + "-first.gguf";  // not a name the other parts can be found by
+  std::rename(first.c_str(), renamed.c_str());
+  auto unnamed = ReadGgufFile(renamed);
+  ASSERT_FALSE(unnamed.ok());
+  EXPECT_NE(unnamed.status().message().find("-00001-of-00002.gguf"), std::string::npos) << unnamed.status().message();
+  std::remove(renamed.c_str());
 }
 
 TEST(GgufReaderTest, TypeTableMatchesGgml) {

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include "common/clock.h"
@@ -226,6 +227,26 @@ TEST_F(WorkerSecretTest, AFileOthersCanReadIsReplaced) {
   struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+// A FIFO under the name (planted, or left by a mistake) is replaced, not
+// waited on: the open blocked until a writer came, and the gateway never started.
+TEST_F(WorkerSecretTest, AFifoUnderItsNameIsReplacedNotWaitedOn) {
+  TempDir d;
+  const std::string path = d.path + "/worker.secret";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  auto s = std::async(std::launch::async, [&] { return WorkerSecretFor(d.path); });
+  if (s.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    const int w = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);  // (a writer lets it go, and the test end)
+    if (w >= 0) ::close(w);
+    s.wait();
+    FAIL() << "blocked on the FIFO";
+  }
+  auto secret = s.get();
+  ASSERT_TRUE(secret.ok()) << secret.status().message();
+  struct stat st {};
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
 }
 
 // A process in its own group, as a worker is.
