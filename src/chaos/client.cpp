@@ -169,13 +169,19 @@ RequestRecord Run::Send(const PlannedRequest& p) {
           return true;
         },
         std::chrono::seconds(120));
+    // A refused stream's body is plain JSON, no event: what is left of it is its error.
+    if (r.http_status != 200 && !pending.empty()) r.first_error += pending;
     r.latency_ms = ms_since();
     r.connection_survived = st.ok() && done;
     if (!st.ok() && r.first_error.empty()) r.first_error = st.message();
     if (!done && r.first_error.empty() && r.http_status == 200) r.first_error = "the stream ended without [DONE]";
     if (r.http_status != 200 && r.http_status != 0) {
       json j = json::parse(r.first_error, nullptr, false);
-      if (j.is_object() && j.contains("error")) r.first_error = j["error"].value("message", r.first_error);
+      if (j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("message") &&
+          j["error"]["message"].is_string()) {
+        r.first_error = j["error"]["message"].get<std::string>();
+      }
+      if (r.first_error.empty()) r.first_error = "HTTP " + std::to_string(r.http_status);
     }
   }
   finished = true;

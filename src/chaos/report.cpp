@@ -196,7 +196,8 @@ void BaselineSection(const std::vector<ScenarioResult>& spillway, const std::vec
     t.Row({b.name, b.target, skipped ? "-" : Fmt("%.1f", v.goodput_per_min), skipped ? "-" : Ms(v.p95_ms),
            skipped ? "-" : Percent(v.success_rate), skipped ? "-" : std::to_string(v.lost),
            Ratio(s ? s->verdict.goodput_per_min : 0, v.goodput_per_min, usable),
-           Ratio(s ? s->verdict.p95_ms : 0, v.p95_ms, usable), note});
+           // (A p95 of 0 is no successes, not a fast run: no ratio, which would read as Spillway's favour.)
+           Ratio(s ? s->verdict.p95_ms : 0, v.p95_ms, usable && s->verdict.succeeded > 0), note});
   };
   std::set<std::string> matched;
   for (const ScenarioResult& s : spillway) {

@@ -411,7 +411,10 @@ void PlacementBoard::Gauges(std::vector<std::tuple<std::string, std::string, dou
   }
   for (const auto& [service, states] : placements_) {
     for (const auto& st : states) {
-      g->emplace_back("spillway_breaker_open", "service=\"" + service + "\",placement=\"" + st->cfg.Name() + "\"",
+      // (With its key: two CPU placements of one service share the name "cpu",
+      // and two series with the same labels are one to Prometheus.)
+      g->emplace_back("spillway_breaker_open",
+                      "service=\"" + service + "\",key=\"" + st->key + "\",placement=\"" + st->cfg.Name() + "\"",
                       st->breaker.state() == failover::BreakerState::kOpen ? 1 : 0);
     }
   }

@@ -358,7 +358,10 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
                    std::to_string(signal_.waiting()) + " waiting)",
                g_.board_.LineWaitS(svc_.name, 0).value_or(1.0));
     }
-    if (WaitedSinceUp() > kQueueWaitMs) break;
+    // (A place in the CPU path's line, its replica up, is bounded by
+    // max_queue and the deadline, as a generation's is: not by this cap.)
+    const bool cpu_line_wait = !cpu_note.empty() && !loading;
+    if (!cpu_line_wait && WaitedSinceUp() > kQueueWaitMs) break;
     waited |= all_busy;
     // Woken when a slot frees; a start is looked at again within 100 ms.
     co_await Wait(TimeLeft(live_.deadline_ms, g_.clock_.NowMs(), all_busy ? 1000 : 100));

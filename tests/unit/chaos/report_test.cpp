@@ -137,6 +137,11 @@ TEST(ReportTest, MarkdownHasRowsVerdictsRatiosAndFailures) {
   EXPECT_TRUE(Contains(md, "0.50x")) << md;  // p95 900 / 1800
   EXPECT_TRUE(Contains(md, "n/a")) << md;
   EXPECT_TRUE(Contains(md, "cannot kill a worker it does not have")) << md;
+  // No success: its p95 of 0 gives no ratio (it printed 0.00x, read as Spillway's favour).
+  ScenarioResult none = Scenario();
+  none.verdict.succeeded = 0;
+  none.verdict.p95_ms = 0;
+  EXPECT_FALSE(Contains(MarkdownSummary({none}, {Baseline("plain-proxy", 6, 1800)}, {}, 42), "0.00x"));
   EXPECT_TRUE(Contains(md, "| resident ")) << md;
   EXPECT_TRUE(Contains(md, " 300 |")) << md;  // device peak MiB of the profile
   EXPECT_TRUE(Contains(md, " 1/1 |")) << md;

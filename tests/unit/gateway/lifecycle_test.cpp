@@ -678,6 +678,32 @@ TEST_F(LifecycleTest, EmbeddingsOnTheCpuPathKeepToItsLine) {
   EXPECT_EQ(cpu_line()["running"], 0) << "its place was given back";
 }
 
+// An embedding's place in the CPU path's line is bounded by max_queue and
+// its deadline, as a generation's is, not by the 60 s other waits are
+// capped at: one behind a long batch got 503 at 60 s.
+TEST_F(LifecycleTest, AnEmbeddingWaitsInTheCpuLinePastSixtySeconds) {
+  workers_.Exit("chat.0", "exit 1");  // the accelerator placement is gone
+  fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { fallback_.Hold(req, std::move(ex)); };
+  auto embed = [&](const std::string& id) {
+    return Send("/v1/embeddings", json{{"model", "chat"}, {"input", "hello"}}.dump(), "POST", {{"X-Request-Id", id}});
+  };
+  auto first = embed("e-long");
+  ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 1; }));
+  auto second = embed("e-behind");
+  ASSERT_TRUE(ToldWhyItWaits("e-behind"));
+  for (int i = 0; i < 4; ++i) {  // 80 s behind the first, looked at again as time passes
+    clock_.Advance(20'000);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  EXPECT_FALSE(second->done()) << "refused while waiting its turn: " << second->body();
+  Answer(fallback_.TakeHeld(0), "one");
+  ASSERT_TRUE(first->Wait());
+  ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 2; })) << "the second never started: " << second->body();
+  Answer(fallback_.TakeHeld(1), "two");
+  ASSERT_TRUE(second->Wait());
+  EXPECT_EQ(second->status(), 200u) << second->body();
+}
+
 TEST_F(LifecycleTest, AStreamCutMidwayIsContinuedElsewhereAsOneStream) {
   primary_.behaviour = CutStream({{"a", 11}, {"b", 12}});
   fallback_.behaviour = [](http::Request& req, std::shared_ptr<http::Exchange> ex) {

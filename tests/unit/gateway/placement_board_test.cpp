@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+#include <tuple>
+
 #include "common/clock.h"
 #include "config/config.h"
 
@@ -45,6 +48,20 @@ class PlacementBoardTest : public ::testing::Test {
   config::GatewayConfig config_;
   std::unique_ptr<PlacementBoard> board_;
 };
+
+// Two placements with the same name (two on one device with the same
+// layers, two CPU ones) are two series: with the same labels Prometheus
+// keeps one of them, and a breaker's state was lost.
+TEST_F(PlacementBoardTest, EachPlacementsBreakerIsASeriesOfItsOwn) {
+  ASSERT_EQ(config_.services[0].placements[0].Name(), config_.services[0].placements[1].Name());
+  std::vector<std::tuple<std::string, std::string, double>> gauges;
+  board_->Gauges(&gauges);
+  std::set<std::string> labels;
+  for (const auto& [name, l, value] : gauges) {
+    if (name == "spillway_breaker_open") labels.insert(l);
+  }
+  EXPECT_EQ(labels.size(), 2u);
+}
 
 TEST_F(PlacementBoardTest, AReservationThatLostTheRaceIsRefusedAndAReleaseGivesTheCellsBack) {
   ASSERT_EQ(Views()[0].cells_free, 256u);
