@@ -661,6 +661,11 @@ ScenarioResult Run::Go() {
     // Routed before admission: nothing tried the accelerator and failed first.
     for (const auto& r : out.requests) {
       if (r.attempts > 1) out.verdict.failures.push_back("routed only after a failed attempt: " + r.id);
+      // One attempt, on the accelerator, that failed and was not moved: tried where it could not fit.
+      if (r.attempts == 1 && r.journal_state == "failed" && !r.attempt_placements.empty() &&
+          r.attempt_placements[0] == PrimaryName()) {
+        out.verdict.failures.push_back("failed on the accelerator instead of being routed: " + r.id);
+      }
     }
     out.verdict.passed = out.verdict.failures.empty();
   }

@@ -9,6 +9,8 @@
 //   fallback-drop-seed    an attempt after the first loses its pinned seed
 //   relay-drop-chunk      the gateway drops the third content event of a stream
 //   protocol-skew         the worker reports the next protocol version (a worker of another build)
+//   admit-unmeasured-prompt  admission takes every prompt for one token (long
+//                         prompts go where they cannot fit, not routed first)
 //
 // Thread-safe: the set is read once, at the first call.
 #pragma once

@@ -1,5 +1,7 @@
 #include "gateway/request_admission.h"
 
+#include "common/mutation.h"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -435,6 +437,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
     // The prompt's size in tokens, from any ready worker of the service (they share the tokenizer).
     if (prompt_tokens < 0) {
       if (!co_await CountPrompt(endpoint, &prompt_tokens)) co_return false;
+      if (prompt_tokens > 1 && MutationActive("admit-unmeasured-prompt")) prompt_tokens = 1;  // deliberate bug, tests only
       if (prompt_tokens < 0) {
         DemandAll();  // nothing is up to count the prompt: start what can be started
         if (Status st = g_.StartTrouble(svc_, g_.clock_.NowMs() - t0_); !st.ok()) {
