@@ -22,7 +22,7 @@ bool ExternalLines::Join(const std::string& service, const std::string& id, bool
   // A request that can run at once never counts against max_queue, nor do
   // those ahead of it that will take the free places (joined, not started
   // yet: their Accept is being committed). Only who waits beyond them does.
-  const size_t free = l.running < l.concurrency ? static_cast<size_t>(l.concurrency - l.running) : 0;
+  const size_t free = l.free_places();
   const size_t waits_ahead = l.waiting.size() > free ? l.waiting.size() - free : 0;
   const bool runs_now = l.waiting.size() < free;
   if (!past_bound && !runs_now && waits_ahead >= l.max_queue) return false;
@@ -38,8 +38,7 @@ bool ExternalLines::TryStart(const std::string& service, const std::string& id, 
   Line& l = it->second;
   // Among the first as many as there are free places: one ahead of it that
   // is still being committed does not hold it back.
-  const auto free = static_cast<size_t>(std::max(0, l.concurrency - l.running));
-  const auto end = l.waiting.begin() + static_cast<std::ptrdiff_t>(std::min(free, l.waiting.size()));
+  const auto end = l.waiting.begin() + static_cast<std::ptrdiff_t>(std::min(l.free_places(), l.waiting.size()));
   const auto place = std::find(l.waiting.begin(), end, id);
   if (place == end) return false;
   if (up && !up()) return false;

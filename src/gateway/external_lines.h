@@ -6,6 +6,7 @@
 // Pure state behind one lock: the clock's time is passed in. Thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -100,6 +101,8 @@ class ExternalLines {
     std::string unreachable_why;
     uint64_t resident = 0, peak = 0;  // measured, of process `pid`
     int64_t pid = 0;
+    // Running places not taken.
+    size_t free_places() const { return static_cast<size_t>(std::max(0, concurrency - running)); }
   };
   // Idle (`evicted`: waiters or not); mu_ held.
   bool IdleLocked(const std::string& service, int64_t idle_ms, int64_t now_ms, bool evicted) const;

@@ -45,6 +45,15 @@ namespace {
 // by the next request as its own.
 bool Interim(unsigned status) { return status >= 100 && status < 200 && status != 101; }
 
+// A parser for the next answer on a connection (one per answer: an interim
+// one is followed by the final one). Not boost::none for no limit: Boost
+// 1.74 compares the length against an empty optional and fails.
+template <class Body>
+void NewReader(std::optional<bhttp::response_parser<Body>>* reader, std::uint64_t body_limit) {
+  reader->emplace();
+  (*reader)->body_limit(body_limit);
+}
+
 // A kept connection is used within this or closed: servers close idle
 // keep-alive connections (Spillway's workers after 75 s, http_server.h), and
 // one closed meanwhile costs a failed write and read before the retry.
@@ -251,16 +260,12 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     // followed by a read, which returns that answer when there is one.
     const bool write_failed = static_cast<bool>(ec);
     std::optional<bhttp::response_parser<bhttp::string_body>> reader;
-    auto fresh_reader = [&] {
-      reader.emplace();
-      reader->body_limit(std::uint64_t{1} << 32);
-    };
-    fresh_reader();
+    NewReader(&reader, std::uint64_t{1} << 32);
     if (!ec || ec == net::error::broken_pipe || ec == net::error::connection_reset) {
       beast::error_code rec;
       co_await bhttp::async_read(c->stream, c->buffer, *reader, net::redirect_error(net::use_awaitable, rec));
       while (!rec && Interim(reader->get().result_int())) {
-        fresh_reader();
+        NewReader(&reader, std::uint64_t{1} << 32);
         co_await bhttp::async_read(c->stream, c->buffer, *reader, net::redirect_error(net::use_awaitable, rec));
       }
       if (!rec || !write_failed) ec = rec;
@@ -337,12 +342,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     co_await WriteRequest(c->stream, req, ec);
     if (!ec && control) control->sent = true;
     std::optional<bhttp::response_parser<bhttp::buffer_body>> reader;
-    auto fresh_reader = [&] {
-      reader.emplace();
-      // Not boost::none: Boost 1.74 compares the length against an empty optional and fails.
-      reader->body_limit(std::uint64_t{1} << 40);
-    };
-    fresh_reader();
+    NewReader(&reader, std::uint64_t{1} << 40);
     // A server may answer early (413) and stop reading: a failed write is
     // followed by a read, which returns that answer when there is one (as Send does).
     const bool write_failed = static_cast<bool>(ec);
@@ -350,7 +350,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
       beast::error_code rec;
       co_await bhttp::async_read_header(c->stream, c->buffer, *reader, net::redirect_error(net::use_awaitable, rec));
       while (!rec && Interim(reader->get().result_int())) {
-        fresh_reader();
+        NewReader(&reader, std::uint64_t{1} << 40);
         co_await bhttp::async_read_header(c->stream, c->buffer, *reader, net::redirect_error(net::use_awaitable, rec));
       }
       if (!rec || !write_failed) ec = rec;
