@@ -9,7 +9,9 @@
 //                  when the request joined it and, with its replica up, asked
 //                  to start; the replica's state and its free KV cells: go,
 //                  wait (why, and for about how long), or refuse (503 with a
-//                  Retry-After from the line's length and measured speed)
+//                  Retry-After from the line's length and measured speed;
+//                  or where loading its replica beside the loaded ones
+//                  would pass the RAM budget)
 //
 // Between the two the gateway commits the request to the line, under the
 // placement board's lock (gateway_cpu_path.cpp): the line's own rules (its
@@ -55,6 +57,11 @@ struct CpuPathState {
   uint64_t request_bytes = 0;     // host bytes the request holds while it runs
   uint64_t host_available = scheduler::CpuQueue::kUnknown;  // above the headroom
   bool replica_ready = false;
+  // What the replica holds once loaded (its prediction), and its share of
+  // line.resident_bytes now (while it starts; 0 while it is stopped): a
+  // stopped replica is started only where it and the request fit the budget
+  // beside the replicas already loaded.
+  uint64_t replica_bytes = 0, replica_counted_bytes = 0;
   std::string replica;            // its placement's name
   std::string readiness;          // how it becomes ready ("loads on demand, ...")
   double readiness_expected_s = 0;

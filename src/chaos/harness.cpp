@@ -660,12 +660,8 @@ ScenarioResult Run::Go() {
   if (s_.name == "routing_before_admission" && target_ == Target::kSpillway) {
     // Routed before admission: nothing tried the accelerator and failed first.
     for (const auto& r : out.requests) {
+      // (One that failed there and was not moved fails by the general rule: failed after it started.)
       if (r.attempts > 1) out.verdict.failures.push_back("routed only after a failed attempt: " + r.id);
-      // One attempt, on the accelerator, that failed and was not moved: tried where it could not fit.
-      if (r.attempts == 1 && r.journal_state == "failed" && !r.attempt_placements.empty() &&
-          r.attempt_placements[0] == PrimaryName()) {
-        out.verdict.failures.push_back("failed on the accelerator instead of being routed: " + r.id);
-      }
     }
     out.verdict.passed = out.verdict.failures.empty();
   }

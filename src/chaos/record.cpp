@@ -23,6 +23,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Sample, t_ms, device_used_bytes, device_capac
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ResidencyEvent, at_ms, kind, service, key, reason, for_service)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Stall, from_ms, to_ms)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Verdict, sent, acknowledged, succeeded, failed_controlled, cancelled, lost, unknown,
+                                   failed_after_start,
                                    retried, retried_not_exactly_once, duplicates, deterministic_compared,
                                    deterministic_equal, degraded_served, degraded_signalled, unrelated_sent,
                                    unrelated_failed, success_rate, p50_ms, p95_ms, goodput_per_min, queue_age_max_ms,

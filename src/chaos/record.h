@@ -91,6 +91,7 @@ struct Verdict {
   int sent = 0, acknowledged = 0, succeeded = 0, failed_controlled = 0, cancelled = 0;
   int lost = 0;                 // accepted (acknowledged or journaled), no terminal result
   int unknown = 0;              // neither acknowledged nor journaled, no terminal result
+  int failed_after_start = 0;   // of failed_controlled: journaled failed after an attempt ran (not a refusal before any)
   int retried = 0;              // attempts > 1
   int retried_not_exactly_once = 0;
   int duplicates = 0;           // requests whose tool ran more than once

@@ -141,7 +141,7 @@ std::string Ratio(double num, double den, bool usable) {
 }
 
 void SpillwaySection(const std::vector<ScenarioResult>& spillway, std::string& out) {
-  MdTable t({"scenario", "verdict", "sent", "success %", "lost", "unknown", "dup", "retried 1x/n", "tokens equal",
+  MdTable t({"scenario", "verdict", "sent", "success %", "lost", "failed (after start)", "unknown", "dup", "retried 1x/n", "tokens equal",
              "degraded signalled", "p50 ms", "p95 ms", "queue age max ms", "host RAM peak/budget MiB",
              "recovery med/max ms"},
             "ll");
@@ -152,12 +152,13 @@ void SpillwaySection(const std::vector<ScenarioResult>& spillway, std::string& o
     std::string recovery =
         v.recovery_median_ms < 0 ? "-" : Ms(v.recovery_median_ms) + " / " + Ms(std::max(0.0, v.recovery_max_ms));
     t.Row({r.name, verdict, std::to_string(v.sent), Percent(v.success_rate), std::to_string(v.lost),
-           std::to_string(v.unknown), std::to_string(v.duplicates), OutOf(v.retried - v.retried_not_exactly_once, v.retried),
+           std::to_string(v.failed_controlled) + " (" + std::to_string(v.failed_after_start) + ")", std::to_string(v.unknown), std::to_string(v.duplicates), OutOf(v.retried - v.retried_not_exactly_once, v.retried),
            OutOf(v.deterministic_equal, v.deterministic_compared), OutOf(v.degraded_signalled, v.degraded_served),
            Ms(v.p50_ms), Ms(v.p95_ms), std::to_string(v.queue_age_max_ms), ram, recovery});
   }
   out += t.Render();
-  out += "\nretried 1x/n: retried requests that ran exactly once / all retried; tokens equal: deterministic "
+  out += "\nfailed (after start): ended failed or resumable / of them, failed after an attempt had run (the others "
+         "were refused before any, or ended resumable with their checkpoint); retried 1x/n: retried requests that ran exactly once / all retried; tokens equal: deterministic "
          "outputs equal to the reference / compared; degraded signalled: told / served by a non-primary placement.\n";
 
   bool any_failed = false;

@@ -151,6 +151,24 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
       ++v.cancelled;
     } else if (terminal) {
       ++v.failed_controlled;
+      // Failed once it had run: the request was taken, an attempt ran, and
+      // the gateway gave up on it (a failover that refused instead of moving
+      // it ends so, and so does a 400 "exceeds the context" from a placement
+      // admission should not have chosen: the harness sends only requests
+      // some placement can serve). A refusal before any attempt (admission
+      // said no, with its reason) is not a loss; a stream that ends
+      // resumable with its checkpoint (a tool call delivered, the gateway
+      // itself killed) is by design. (The other services' failures count
+      // under their own rule, below.)
+      if (!unrelated && o.journal && q.journal_state == "failed" && q.attempts > 0) {
+        ++v.failed_after_start;
+        std::string where;
+        for (const auto& p : q.attempt_placements) where += (where.empty() ? "" : ", ") + p;
+        v.failures.push_back("failed after it started: " + q.id + " (" + std::to_string(q.attempts) + " attempt" +
+                             (q.attempts == 1 ? "" : "s") + (where.empty() ? "" : " on " + where) + "; " +
+                             (q.http_status ? "HTTP " + std::to_string(q.http_status) : std::string("no answer")) +
+                             (q.first_error.empty() ? "" : ": " + q.first_error) + ")");
+      }
     }
     // An unrelated job interrupted: it reached the gateway and did not complete
     // (one that never reached it, while the gateway itself was down, is an

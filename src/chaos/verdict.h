@@ -3,8 +3,10 @@
 //
 // A scenario passes when: no accepted request is lost (acknowledged to its
 // client or known to the journal, with no terminal result after the run
-// settled); every request that was
-// retried finished exactly once under its own id; no tool ran twice for one
+// settled); no request failed once an attempt of it had run (a refusal
+// before any attempt is not; a stream ended resumable with its checkpoint
+// is by design);
+// every request that was retried finished exactly once under its own id; no tool ran twice for one
 // request (duplicate side effects); every deterministic request that
 // completed produced the reference output; the CPU path never held more
 // host RAM than its budget; the accelerator placement was serving again at

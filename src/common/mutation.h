@@ -11,6 +11,8 @@
 //   protocol-skew         the worker reports the next protocol version (a worker of another build)
 //   admit-unmeasured-prompt  admission takes every prompt for one token (long
 //                         prompts go where they cannot fit, not routed first)
+//   failover-give-up      a failed attempt that would run again elsewhere ends
+//                         the request instead (its 5xx goes to the client)
 //
 // Thread-safe: the set is read once, at the first call.
 #pragma once

@@ -201,8 +201,9 @@ class Gateway {
   // The longest start timeout of the service's runnable placements.
   int64_t StartWaitMs(const config::ServiceConfig& svc);
   // Gives back what an attempt held (cells, its place in the CPU line, a
-  // probe it held without a result).
-  void ReleaseTarget(const std::string& service, const std::string& id, Target* target);
+  // probe it held without a result). `keep_cpu_turn`: its CPU worker found
+  // busy, it is sent again and keeps its turn in the CPU line.
+  void ReleaseTarget(const std::string& service, const std::string& id, Target* target, bool keep_cpu_turn = false);
   // Request `id`'s stream reached an attempt's first event on `target`: a
   // half-open breaker it probes closes (PlacementBoard::Answering).
   void FirstEvent(const std::string& service, const std::string& id, const Target& target);

@@ -82,6 +82,8 @@ Gateway::CpuGate Gateway::CpuPathGateLocked(const journal::RequestRecord& rec, c
   s.line = q.stats();
   s.position = q.Position(rec.id);
   s.replica = st.cfg.Name();
+  s.replica_bytes = st.admission.predicted_bytes;
+  s.replica_counted_bytes = q.Resident(st.key);
   s.readiness = st.readiness;
   s.readiness_expected_s = st.readiness_expected_s;
   s.cells_free = st.pool.free_for_request();
@@ -104,6 +106,7 @@ Gateway::CpuGate Gateway::CpuPathGateLocked(const journal::RequestRecord& rec, c
     case admission::CpuPathVerdict::Kind::kReject:
       break;
   }
+  q.Leave(rec.id);  // (a place it took: refused only now, its replica too large beside the loaded ones)
   *rejected = Status::ResourceExhausted(v.why).WithRetryAfter(v.retry_after_s);
   return CpuGate::kReject;
 }
@@ -125,9 +128,9 @@ void Gateway::AttemptSucceeded(const std::string& service, const Target& t) {
   Wake(service, board_.AttemptSucceeded(service, t.index, t.generation));
 }
 
-void Gateway::ReleaseTarget(const std::string& service, const std::string& id, Target* t) {
+void Gateway::ReleaseTarget(const std::string& service, const std::string& id, Target* t, bool keep_cpu_turn) {
   const bool held = t->cells > 0 || t->holding;
-  const auto ended = board_.Release(service, t->index, id, t->cells > 0, t->holding);
+  const auto ended = board_.Release(service, t->index, id, t->cells > 0, t->holding, keep_cpu_turn);
   t->cells = 0;
   t->holding = false;
   // Capacity may be free now, and a probe that ended lets the next request

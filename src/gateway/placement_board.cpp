@@ -228,7 +228,7 @@ bool PlacementBoard::TakeSlot(const std::string& service, size_t index, const st
 }
 
 PlacementBoard::Closed PlacementBoard::Release(const std::string& service, size_t index, const std::string& id,
-                                               bool cells, bool slot) {
+                                               bool cells, bool slot, bool keep_cpu_turn) {
   std::lock_guard<std::mutex> lk(mu_);
   auto& st = *placements_.at(service).at(index);
   if (cells) st.pool.Release(id);
@@ -239,7 +239,7 @@ PlacementBoard::Closed PlacementBoard::Release(const std::string& service, size_
     --st.active;
     st.last_used_ms = clock_.NowMs();
   }
-  if (auto it = cpu_lines_.find(service); it != cpu_lines_.end()) it->second->Leave(id);
+  if (auto it = cpu_lines_.find(service); it != cpu_lines_.end() && !keep_cpu_turn) it->second->Leave(id);
   return ended;
 }
 

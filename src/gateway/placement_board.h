@@ -129,7 +129,10 @@ class PlacementBoard {
   // Gives back what an attempt held: its cells, its slot, its place in the
   // CPU line, the probe of a half-open breaker it held without a result
   // (what that probe held back is said: the next request may probe it).
-  Closed Release(const std::string& service, size_t index, const std::string& id, bool cells, bool slot);
+  // `keep_cpu_turn`: a request its CPU worker found busy (nothing ran) is
+  // sent again at once and keeps its turn in the line.
+  Closed Release(const std::string& service, size_t index, const std::string& id, bool cells, bool slot,
+                 bool keep_cpu_turn = false);
   // The request leaves the service's CPU line (it runs elsewhere, or ends).
   void LeaveCpuLine(const std::string& service, const std::string& id);
   // The placement was just chosen: not idle (its replica is not released under it).

@@ -36,8 +36,8 @@ RequestLifecycle::RequestLifecycle(Gateway& g, journal::RequestRecord rec, std::
 
 RequestLifecycle::~RequestLifecycle() { Release(); }
 
-void RequestLifecycle::Release() {
-  if (svc_) g_.ReleaseTarget(rec_.service, rec_.id, &target_);
+void RequestLifecycle::Release(bool keep_cpu_turn) {
+  if (svc_) g_.ReleaseTarget(rec_.service, rec_.id, &target_, keep_cpu_turn);
 }
 
 // A request not in the journal yet (see Process): its Accept is written with
@@ -132,7 +132,10 @@ boost::asio::awaitable<void> RequestLifecycle::DeadlineFailure() {
 // placement, and a retry is journaled with the policy's reason.
 boost::asio::awaitable<failover::RetryDecision> RequestLifecycle::AfterFailure(const AttemptResult& r) {
   const std::string why = (r.outcome.delivered ? "mid-stream: " : "") + r.why;
-  const failover::RetryDecision d = failover::NextStep(r.outcome, &retry_, budget_, g_.clock_.NowMs());
+  failover::RetryDecision d = failover::NextStep(r.outcome, &retry_, budget_, g_.clock_.NowMs());
+  if (d.action == Action::kRetryElsewhere && MutationActive("failover-give-up")) {  // deliberate bug, tests only
+    d = {Action::kGiveUp, true, d.reason + " (mutation: given up)"};
+  }
   g_.board_.AttemptFailed(rec_.service, target_.index, failover::FailureName(r.outcome.phase), why, target_.generation);
   excluded_[target_.index] = true;
   if (d.action == Action::kContinueElsewhere) {
@@ -307,7 +310,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
   while (true) {
     if (PastDeadline()) co_return co_await DeadlineFailure();
     if (live_->cancelled) co_return co_await Fail(State::kCancelled, Status::Cancelled("request cancelled"));
-    Release();
+    Release(/*keep_cpu_turn=*/busy_retry_);
     live_->worker_port = 0;  // between attempts: no worker holds it (its port may be another program's by now)
     Status rejected;
     last_comment_ms_ = g_.clock_.NowMs();

@@ -60,8 +60,9 @@ class RequestLifecycle {
  private:
   using State = journal::State;
 
-  // Gives back what the current attempt holds.
-  void Release();
+  // Gives back what the current attempt holds (after a busy worker, not its
+  // turn in the CPU line: it is sent again first).
+  void Release(bool keep_cpu_turn = false);
   // Writes the Accept of a request not journaled yet (once).
   void JournalAccept();
   // Awaits that Accept; true when the journal refused it (the client has heard why).

@@ -17,6 +17,11 @@ uint64_t CpuQueue::RunningBytes() const {
   return sum;
 }
 
+uint64_t CpuQueue::Resident(const std::string& replica) const {
+  auto it = resident_.find(replica);
+  return it == resident_.end() ? 0 : it->second;
+}
+
 void CpuQueue::SetResident(const std::string& replica, uint64_t bytes) {
   if (bytes == 0) resident_.erase(replica);
   else resident_[replica] = bytes;

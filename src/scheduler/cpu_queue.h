@@ -50,6 +50,7 @@ class CpuQueue {
 
   // Bytes a loaded CPU replica holds (weights, KV pool, compute); 0 when unloaded.
   void SetResident(const std::string& replica, uint64_t bytes);
+  uint64_t Resident(const std::string& replica) const;
   // Idempotent: joining again keeps the place in line, unless the replicas
   // grew since so that it could never start (kOverBudget: it leaves).
   JoinResult Join(const std::string& id, uint64_t bytes);

@@ -1,8 +1,9 @@
 #!/bin/sh
 # Proves the proving suite's checks can fail: the gateway runs with a
 # deliberate bug (see src/common/mutation.h) and the verdict must name it
-# and fail: a stream that loses one content event ("not equivalent"), and
-# admission that sends long prompts where they cannot fit.
+# and fail: a stream that loses one content event ("not equivalent"),
+# admission that sends long prompts where they cannot fit, and a failover
+# that gives up on a request it could have moved ("failed after it started").
 # Usage: mutation.sh BIN_DIR REPORT_DIR
 set -u
 bin=$1
@@ -35,4 +36,6 @@ expect_failure() {
 
 expect_failure chunk relay-drop-chunk short_prompts "every stream lost a chunk" "not equivalent"
 expect_failure routing admit-unmeasured-prompt routing_before_admission \
-  "admission sent long prompts where they cannot fit" "instead of being routed" "routed only after a failed attempt"
+  "admission sent long prompts where they cannot fit" "failed after it started" "routed only after a failed attempt"
+expect_failure give-up failover-give-up allocation_failure \
+  "failover gave up on requests it could have moved" "failed after it started"

@@ -85,6 +85,30 @@ TEST(CpuPathTest, AStoppedReplicaIsStartedAndWaitedFor) {
   EXPECT_EQ(v.why, "loading the CPU replica cpu (loads on demand, about 3 s)");
 }
 
+// Two CPU replicas of one service: the budget was checked only against the
+// loaded ones, so a request for the stopped one loaded it beside the other,
+// past the budget (its requests then refused, the host short of memory).
+TEST(CpuPathTest, AReplicaIsStartedOnlyWhereItFitsTheBudgetBesideTheLoadedOnes) {
+  FakeClock clock;
+  scheduler::CpuQueue q({2, 1, 100ull << 20}, clock);
+  q.SetResident("chat.1", 60ull << 20);  // the other replica, loaded
+  auto s = Join(q, "a", 1ull << 20, false);
+  s.replica_bytes = 50ull << 20;
+  const auto v = JudgeCpuPath(10, 40, s, Limits());
+  EXPECT_EQ(v.kind, Kind::kReject);
+  EXPECT_FALSE(v.demand_replica);
+  EXPECT_EQ(v.retry_after_s, 30);
+  EXPECT_EQ(v.why, "loading the CPU replica cpu (50 MiB) for a request of 1 MiB beside the loaded ones (60 MiB) would "
+                   "pass the CPU path's host-RAM budget of 100 MiB");
+  s.replica_bytes = 39ull << 20;  // fits: 60 + 39 + 1
+  EXPECT_TRUE(JudgeCpuPath(10, 40, s, Limits()).demand_replica);
+  // While it starts, its own share is counted once.
+  q.SetResident("chat.0", 39ull << 20);
+  s = Join(q, "a", 1ull << 20, false);
+  s.replica_bytes = s.replica_counted_bytes = 39ull << 20;
+  EXPECT_EQ(JudgeCpuPath(10, 40, s, Limits()).kind, Kind::kWait);
+}
+
 TEST(CpuPathTest, TheFirstInLineWaitsForKvCells) {
   FakeClock clock;
   scheduler::CpuQueue q({2, 1, 100ull << 20}, clock);

@@ -106,7 +106,7 @@ TEST(RecordTest, JsonHasEveryFieldAndNullForUnknownEquivalence) {
   EXPECT_EQ(j["requests"][0].size(), 26u);
   EXPECT_EQ(j["faults"][0].size(), 4u);
   EXPECT_EQ(j["samples"][0].size(), 12u);
-  EXPECT_EQ(j["verdict"].size(), 37u);
+  EXPECT_EQ(j["verdict"].size(), 38u);
   EXPECT_EQ(j["requests"][1]["cancelled_by_client"], false);
   EXPECT_EQ(j["requests"][1]["degraded_signal"], true);
   EXPECT_EQ(j["samples"][4]["cpu_queue_running"], 1);

@@ -192,6 +192,51 @@ TEST(VerdictTest, AnUnreadableAnswerFails) {
   EXPECT_NE(v.failures[0].find("unreadable answer"), std::string::npos) << v.failures[0];
 }
 
+// A failover that ended requests with their 5xx instead of moving them
+// passed: a failure the journal recorded counted as "controlled" whatever
+// had happened. One that failed once an attempt of it ran now fails the
+// scenario (a 400 from the placement admission chose, too: the harness sends
+// only requests some placement can serve); a refusal before any attempt and
+// a stream ended resumable (its checkpoint past a delivered tool call) do
+// not.
+TEST(VerdictTest, ARequestThatFailedOnceItRanFailsARefusalDoesNot) {
+  ScenarioResult r = Healthy();
+  auto given_up = Ok("given-up");
+  given_up.journal_state = "failed";
+  given_up.http_status = 503;
+  given_up.first_error = "alloc failure 1 of 3";
+  given_up.attempt_placements = {"sim:0/99"};
+  auto refused = given_up;
+  refused.id = "refused";
+  refused.attempts = 0;
+  refused.attempt_placements.clear();
+  auto too_long = refused;
+  too_long.id = "too-long";
+  too_long.http_status = 400;  // refused at intake: longer than any placement's context
+  auto resumable = given_up;
+  resumable.id = "tool-call";
+  resumable.journal_state = "failed_resumable";
+  r.requests = {refused, too_long, resumable, Ok("fine")};
+  Verdict v = Judge(r, {});
+  EXPECT_TRUE(v.passed) << ::testing::PrintToString(v.failures);
+  EXPECT_EQ(v.failed_controlled, 3);
+  EXPECT_EQ(v.failed_after_start, 0);
+  r.requests.push_back(given_up);
+  v = Judge(r, {});
+  EXPECT_FALSE(v.passed);
+  EXPECT_EQ(v.failed_after_start, 1);
+  ASSERT_EQ(v.failures.size(), 1u);
+  EXPECT_EQ(v.failures[0], "failed after it started: given-up (1 attempt on sim:0/99; HTTP 503: alloc failure 1 of 3)");
+  auto misrouted = given_up;  // sent where it could not fit
+  misrouted.id = "misrouted";
+  misrouted.http_status = 400;
+  r.requests.back() = misrouted;
+  EXPECT_EQ(Judge(r, {}).failed_after_start, 1);
+  VerdictOptions no_journal;  // a baseline without one: what the client saw only
+  no_journal.journal = false;
+  EXPECT_EQ(Judge(r, no_journal).failed_after_start, 0);
+}
+
 TEST(VerdictTest, DuplicatesInequivalenceRamAndASilentSpillFail) {
   ScenarioResult r = Healthy();
   auto dup = Ok("dup");

@@ -678,6 +678,30 @@ TEST_F(LifecycleTest, EmbeddingsOnTheCpuPathKeepToItsLine) {
   EXPECT_EQ(cpu_line()["running"], 0) << "its place was given back";
 }
 
+// A request the CPU worker answered "busy" (its slot not yet free) keeps its
+// turn in the CPU path's line: it left the line and joined again at its end,
+// behind those that came after it (refused with 503 when the line was full).
+TEST_F(LifecycleTest, ARequestTheCpuWorkerFoundBusyKeepsItsTurn) {
+  workers_.Exit("chat.0", "exit 1");  // the accelerator placement is gone
+  fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { fallback_.Hold(req, std::move(ex)); };
+  auto cpu_line = [&] { return StatusNow()["services"][0]["cpu_path"]; };
+  auto first = Complete("r-first");
+  ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 1; }));
+  auto second = Complete("r-second");
+  ASSERT_TRUE(Eventually([&] { return cpu_line()["waiting"] == 1; })) << cpu_line().dump();
+  Refuse(fallback_.TakeHeld(0), Status::ResourceExhausted("every slot is taken"));  // busy: nothing ran
+  ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 2; }));
+  EXPECT_EQ(fallback_.ids[1], "r-first") << "the one behind it went first";
+  EXPECT_EQ(cpu_line()["waiting"], 1) << cpu_line().dump();
+  Answer(fallback_.TakeHeld(1), "one");
+  ASSERT_TRUE(first->Wait());
+  EXPECT_EQ(first->status(), 200u) << first->body();
+  ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 3; }));
+  Answer(fallback_.TakeHeld(2), "two");
+  ASSERT_TRUE(second->Wait());
+  EXPECT_EQ(second->status(), 200u) << second->body();
+}
+
 // An embedding's place in the CPU path's line is bounded by max_queue and
 // its deadline, as a generation's is, not by the 60 s other waits are
 // capped at: one behind a long batch got 503 at 60 s.
