@@ -16,6 +16,11 @@ namespace bhttp = boost::beast::http;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
 
+std::string HostHeader(const std::string& host, uint16_t port) {
+  const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
 struct Connection::Impl {
   std::string host;
   uint16_t port;
@@ -64,7 +69,7 @@ struct Connection::Impl {
                                 const HeaderList& headers, std::chrono::milliseconds timeout) {
     if (!stream) SPILLWAY_RETURN_IF_ERROR(Connect(timeout));
     bhttp::request<bhttp::string_body> req{bhttp::string_to_verb(method), target, 11};
-    req.set(bhttp::field::host, host + ":" + std::to_string(port));
+    req.set(bhttp::field::host, HostHeader(host, port));
     req.set(bhttp::field::user_agent, "spillway");
     bool has_ct = false;
     for (const auto& [k, v] : headers) {
@@ -155,7 +160,7 @@ Status StreamFetch(const std::string& host, uint16_t port, const std::string& me
   ec = run([&](auto h) { stream.async_connect(tcp::endpoint(addr, port), [h](beast::error_code e) mutable { h(e); }); });
   if (ec) return Status::Unavailable("connect to " + host + ":" + std::to_string(port) + ": " + ec.message());
   bhttp::request<bhttp::string_body> req{bhttp::string_to_verb(method), target, 11};
-  req.set(bhttp::field::host, host + ":" + std::to_string(port));
+  req.set(bhttp::field::host, HostHeader(host, port));
   for (const auto& [k, v] : headers) req.set(k, v);
   if (!body.empty() && req.find(bhttp::field::content_type) == req.end()) {
     req.set(bhttp::field::content_type, "application/json");

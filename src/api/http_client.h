@@ -29,6 +29,10 @@ struct ClientResponse {
 
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
 
+// The Host header for `host` (a name or an address) and `port`: an IPv6
+// address in brackets ("[::1]:8480"; "::1:8480" was read as host "").
+std::string HostHeader(const std::string& host, uint16_t port);
+
 // Opens a connection, sends one request and reads the whole response.
 // Transport failures (refused, reset, timeout) return kUnavailable or
 // kDeadlineExceeded; any HTTP status is a successful call.

@@ -274,8 +274,15 @@ class Session : public std::enable_shared_from_this<Session> {
         item.last = true;
         keep_alive_ = false;
         head_of_stream = true;
+        // Said in its head: a client that reused the connection (a monitor's
+        // next HEAD, a pipelined POST) found it shut.
+        if (version_ >= 11 && item.raw.size() >= 2) item.raw.insert(item.raw.size() - 2, "Connection: close\r\n");
       }
     }
+    // An HTTP/1.0 client keeps its connection only when the answer says so
+    // (RFC 9112 9.3, RFC 2068 19.7.1): kept open unsaid, it read until the
+    // end of a connection that stayed open for idle_timeout.
+    if (item.res && version_ < 11) item.res->set(bhttp::field::connection, keep_alive_ ? "keep-alive" : "close");
     if (item.last) exchange_done_ = true;
     answer_started_ = true;
     queue_.push_back(std::move(item));

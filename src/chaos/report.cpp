@@ -1,5 +1,7 @@
 #include "chaos/report.h"
 
+#include "common/utf8.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
@@ -37,14 +39,6 @@ double ToMib(uint64_t bytes) { return bytes / 1048576.0; }
 std::string Ms(double ms) { return Fmt("%.0f", ms); }
 std::string Percent(double fraction) { return Fmt("%.1f", fraction * 100); }
 std::string OutOf(int k, int n) { return std::to_string(k) + "/" + std::to_string(n); }
-
-// Cuts s to at most n bytes (on a UTF-8 character boundary), marking the cut with "...".
-std::string Abbreviate(const std::string& s, size_t n) {
-  if (s.size() <= n || n < 4) return s;
-  size_t cut = n - 3;
-  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
-  return s.substr(0, cut) + "...";
-}
 
 bool AllPassed(const std::vector<ScenarioResult>& results) {
   return !results.empty() &&
@@ -425,7 +419,7 @@ class Chart {
       out += Fmt("<text transform=\"translate(%.1f,%d) rotate(90)\" font-size=\"10\" fill=\"%s\" "
                  "stroke=\"white\" stroke-width=\"3\" paint-order=\"stroke\">",
                  last_x + 3, kTop + 4, kFaultColour) +
-             XmlEscape(Abbreviate(label, (kBottom - kTop - 8) / 6)) + "</text>\n";
+             XmlEscape(Abbreviated(label, (kBottom - kTop - 8) / 6)) + "</text>\n";
     };
     for (const auto& [x, text] : sorted) {
       double p = px(x);
@@ -456,7 +450,7 @@ class Chart {
       else
         out += Fmt("<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke-width=\"2\" ", kRight + 14, y - 4, kRight + 34,
                    y - 4) + Stroke(s) + "/>\n";
-      out += Text(kRight + 40, y, XmlEscape(Abbreviate(s.name, 24)), "font-size=\"11\"");
+      out += Text(kRight + 40, y, XmlEscape(Abbreviated(s.name, 24)), "font-size=\"11\"");
       y += 18;
     };
     for (const Series& s : series_) entry(s);

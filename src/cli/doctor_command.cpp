@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -75,6 +76,24 @@ void CheckModels(const config::GatewayConfig& cfg, Report& r) {
         r.Line(Verdict::kFail, "model", "service '" + s.name + "' (key " + key + "): " + problem,
                "point the key at a GGUF file this user can read");
       }
+    }
+  }
+}
+
+// Each placement's shape, as its worker will judge it at start (an
+// embedding model's ctx a multiple of its slots). Said only when wrong.
+void CheckPlacementShapes(const config::GatewayConfig& cfg, Report& r) {
+  for (size_t si = 0; si < cfg.services.size(); ++si) {
+    const auto& s = cfg.services[si];
+    for (size_t pi = 0; pi < s.placements.size(); ++pi) {
+      const std::string problem = gateway::PlacementShapeProblem(s, pi);
+      if (problem.empty()) continue;
+      const auto& p = s.placements[pi];
+      const int ctx = std::max(p.slots, p.ctx / p.slots * p.slots);
+      r.Line(Verdict::kFail, "shape",
+             "service '" + s.name + "' placement " + std::to_string(pi) + " (" + p.Name() + ", key service[" +
+                 std::to_string(si) + "].placement[" + std::to_string(pi) + "].ctx): " + problem,
+             "set ctx to a multiple of slots (ctx = " + std::to_string(ctx) + ")");
     }
   }
 }
@@ -271,6 +290,7 @@ int Doctor(const DoctorArgs& a) {
   const std::string& worker = cfg.worker_binary;
   CheckWorkerBinary(worker, r);
   CheckModels(cfg, r);
+  CheckPlacementShapes(cfg, r);
   CheckDevices(cfg, fs::path(worker).parent_path().string(), r);
   CheckExternalCommands(cfg, r);
   CheckPlans(cfg, r);

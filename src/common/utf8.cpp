@@ -33,6 +33,14 @@ size_t SequenceAt(std::string_view s, size_t i) {
 
 }  // namespace
 
+std::string Abbreviated(std::string_view s, size_t n) {
+  if (s.size() <= n) return std::string(s);
+  const std::string_view mark = n >= 4 ? "..." : "";  // (no room for it below 4)
+  size_t cut = n - mark.size();
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return std::string(s.substr(0, cut)).append(mark);
+}
+
 std::string ValidUtf8(std::string_view s) {
   std::string out;
   out.reserve(s.size());

@@ -12,4 +12,10 @@ namespace spillway {
 // U+FFFD; valid text comes back unchanged.
 std::string ValidUtf8(std::string_view s);
 
+// `s` cut to at most `n` bytes on a character boundary, the cut marked
+// "..." (within the n, when n >= 4); `s` itself when it fits. (Cut by bytes alone, a
+// character split in two made the text invalid: systemd ignores such a
+// STATUS= line.)
+std::string Abbreviated(std::string_view s, size_t n);
+
 }  // namespace spillway

@@ -240,7 +240,8 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     // (Its room, and its place: other services on the device may wait for the one, this one's line for the other.)
     if (svc) WakeDevicePeers(*svc);
     else SignalFor(rec.service).Notify();
-    metrics_.RequestFinished(rec.service, Outcome(state), svc ? ExternalKey(*svc) : "", (clock_.NowMs() - t0) / 1000.0);
+    const std::string key = svc ? ExternalKey(*svc) : "";
+    metrics_.RequestFinished(rec.service, Outcome(state), key, key, (clock_.NowMs() - t0) / 1000.0);
   };
   auto fail = [&](State state, Status st) -> boost::asio::awaitable<void> {
     co_await finish(state, HttpStatusFor(st.code()), "application/json", ErrorText(st, rec.id), st.message());

@@ -160,6 +160,11 @@ struct Gateway::Live {
   bool stream = false;
   int64_t created_ms = 0;
   int64_t deadline_ms = 0;  // 0: none (X-Request-Timeout)
+  // Its prompt's tokens, counted by admission's first round (a worker's
+  // /tokenize) and kept for the rounds after it: a busy worker's retry, every
+  // 50 ms, sent the whole body to be counted again. -1: not counted yet.
+  // (The request's own strand only.)
+  int prompt_tokens = -1;
   std::atomic<bool> cancelled{false};
   std::atomic<uint16_t> worker_port{0};
   std::atomic<LivePhase> phase{LivePhase::kQueued};

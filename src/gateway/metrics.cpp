@@ -8,9 +8,9 @@
 namespace spillway::gateway {
 
 void Metrics::RequestFinished(const std::string& service, const std::string& outcome, const std::string& placement,
-                              double seconds) {
+                              const std::string& key, double seconds) {
   std::lock_guard<std::mutex> lk(mu_);
-  ++requests_[{service, outcome, placement}];
+  ++requests_[{service, outcome, placement, key}];
   auto& h = latency_[service];
   for (size_t i = 0; i < std::size(kBuckets); ++i) {
     if (seconds <= kBuckets[i]) ++h.counts[i];
@@ -47,9 +47,9 @@ std::string Metrics::Render(const std::vector<std::tuple<std::string, std::strin
   os << "# HELP spillway_requests_total Requests that reached a terminal state.\n"
         "# TYPE spillway_requests_total counter\n";
   for (const auto& [k, v] : requests_) {
-    const auto& [service, outcome, placement] = k;
+    const auto& [service, outcome, placement, key] = k;
     os << "spillway_requests_total{service=\"" << service << "\",outcome=\"" << outcome << "\",placement=\""
-       << placement << "\"} " << v << "\n";
+       << placement << "\",key=\"" << key << "\"} " << v << "\n";
   }
   os << "# HELP spillway_request_duration_seconds Time from acceptance to the last byte.\n"
         "# TYPE spillway_request_duration_seconds histogram\n";

@@ -12,8 +12,10 @@ namespace spillway::gateway {
 
 class Metrics {
  public:
+  // `placement` names where its last attempt ran, `key` which placement that
+  // was (two placements may share a name: two on the CPU); both "" when none ran.
   void RequestFinished(const std::string& service, const std::string& outcome, const std::string& placement,
-                       double seconds);
+                       const std::string& key, double seconds);
   void Decision(const std::string& service, const std::string& kind);
   // Renders every series; `gauges` are (name, labels, value) sampled by the caller.
   std::string Render(const std::vector<std::tuple<std::string, std::string, double>>& gauges) const;
@@ -26,7 +28,7 @@ class Metrics {
     double sum = 0;
   };
   mutable std::mutex mu_;
-  std::map<std::tuple<std::string, std::string, std::string>, uint64_t> requests_;
+  std::map<std::tuple<std::string, std::string, std::string, std::string>, uint64_t> requests_;
   std::map<std::string, Histogram> latency_;
   std::map<std::pair<std::string, std::string>, uint64_t> decisions_;
 };

@@ -268,11 +268,12 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
     for (size_t i = 0; i < states_.size(); ++i) {
       // (One that failed this request already, while another may take it, is not waited for.)
       if (!usable[i] && states_[i]->admission.admitted && !held_[i] && !(others && i < excluded_.size() && excluded_[i])) {
-        if (std::string p = g_.board_.ProbeOut(svc_.name, i); !p.empty()) {
+        if (!g_.board_.ProbeOut(svc_.name, i).empty()) {
           probing[i] = true;
+          // (Not which request: a caller sees only its own ids, as admission's own note says.)
           if (probed.empty()) {
-            probed = states_[i]->cfg.Name() + " is back after a failure, and request " + p +
-                     " probes it first; waiting for its answer";
+            probed = states_[i]->cfg.Name() + " is back after a failure, and one request probes it first; "
+                     "waiting for its answer";
           }
         }
       }
@@ -430,7 +431,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
     if (auto f = body.find("spillway_fit_context"); f != body.end() && f->is_boolean()) fit_context = f->get<bool>();
   }
   const std::string endpoint = rec_.endpoint == "chat" ? "chat" : "completion";
-  int prompt_tokens = -1;
+  int prompt_tokens = live_.prompt_tokens;  // (counted by an earlier round of this request's, or not yet)
   const int64_t decide_cap_ms = std::max<int64_t>(static_cast<int64_t>(svc_.admission.max_delay_s * 1000), kQueueWaitMs);
   while (true) {
     if (Stopped()) co_return false;
@@ -438,6 +439,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
     if (prompt_tokens < 0) {
       if (!co_await CountPrompt(endpoint, &prompt_tokens)) co_return false;
       if (prompt_tokens > 1 && MutationActive("admit-unmeasured-prompt")) prompt_tokens = 1;  // deliberate bug, tests only
+      live_.prompt_tokens = prompt_tokens;
       if (prompt_tokens < 0) {
         DemandAll();  // nothing is up to count the prompt: start what can be started
         if (Status st = g_.StartTrouble(svc_, g_.clock_.NowMs() - t0_); !st.ok()) {

@@ -100,7 +100,7 @@ boost::asio::awaitable<void> RequestLifecycle::Finish(State state, int status, s
   const int64_t now = g_.clock_.NowMs();
   live_->Enter(LivePhase::kTerminal, now);
   if (svc_ && svc_->residency.priority == "interactive") g_.last_interactive_ms_ = now;
-  g_.metrics_.RequestFinished(rec_.service, Outcome(state), placement_, (now - t0_) / 1000.0);
+  g_.metrics_.RequestFinished(rec_.service, Outcome(state), placement_, placement_key_, (now - t0_) / 1000.0);
 }
 
 boost::asio::awaitable<void> RequestLifecycle::EndStreamWithError(State state, json error_body, std::string why) {
@@ -349,6 +349,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     }
     busy_retry_ = false;
     placement_ = target_.placement;
+    placement_key_ = target_.key;
     const std::string key = target_.key;
     // The attempt is journaled before anything of it reaches the client and
     // before anything else about it is journaled. A non-streamed attempt's

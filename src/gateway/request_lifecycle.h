@@ -102,7 +102,7 @@ class RequestLifecycle {
   const int64_t t0_;
   const std::string path_;
   ReplyWriter reply_;
-  std::string placement_;
+  std::string placement_, placement_key_;  // the last attempt's placement: its name, its key (chat.1)
   Gateway::Target target_;
   // The Accept of a request not journaled yet (see JournalAccept), awaited
   // before anything of the request reaches the client.

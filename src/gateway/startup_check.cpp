@@ -44,7 +44,20 @@ const ModelFacts& ReadModel(const std::string& path, std::map<std::string, Model
   return (*seen)[path] = ReadModelFacts(path);
 }
 
+// llama.cpp pads an embedding batch to a multiple of the slots and then
+// aborts in its pooling: the worker refuses it at start.
+std::string ShapeProblem(const ModelFacts& m, const config::PlacementConfig& p) {
+  if (!m.problem.empty() || !m.embedding || p.slots <= 1 || p.ctx % p.slots == 0) return "";
+  return "an embedding model needs ctx (" + std::to_string(p.ctx) + ") to be a multiple of slots (" +
+         std::to_string(p.slots) + ")";
+}
+
 }  // namespace
+
+std::string PlacementShapeProblem(const config::ServiceConfig& s, size_t pi) {
+  const auto& p = s.placements.at(pi);
+  return ShapeProblem(ReadModelFacts(p.ModelOr(s.model)), p);
+}
 
 std::string ModelFileProblem(const std::string& path) { return ReadModelFacts(path).problem; }
 
@@ -84,12 +97,8 @@ std::vector<StartupProblem> CheckStartup(const config::GatewayConfig& config, co
       if (!m.problem.empty()) {
         const std::string key = p.model.empty() ? prefix + ".model" : prefix + ".placement[" + std::to_string(pi) + "].model";
         out.push_back({WorkerKey(s, pi), at + key, m.problem});  // the reader names the file
-      } else if (m.embedding && p.slots > 1 && p.ctx % p.slots != 0) {
-        // llama.cpp pads an embedding batch to a multiple of the slots and
-        // then aborts in its pooling: the worker refuses it at start.
-        out.push_back({WorkerKey(s, pi), at + prefix + ".placement[" + std::to_string(pi) + "].ctx",
-                       "an embedding model needs ctx (" + std::to_string(p.ctx) + ") to be a multiple of slots (" +
-                           std::to_string(p.slots) + ")"});
+      } else if (std::string shape = ShapeProblem(m, p); !shape.empty()) {
+        out.push_back({WorkerKey(s, pi), at + prefix + ".placement[" + std::to_string(pi) + "].ctx", shape});
       }
       const std::string device_problem = DeviceProblem(p.device, backend_dir);
       if (!device_problem.empty()) {

@@ -24,6 +24,10 @@ struct StartupProblem {
 // "" when the file is a readable GGUF of an architecture Spillway can run;
 // otherwise why not (naming the file).
 std::string ModelFileProblem(const std::string& path);
+// "" when placement `pi` of `s` has a shape its worker takes; otherwise why
+// not (an embedding model's ctx must be a multiple of its slots). A model
+// file it cannot read is ModelFileProblem's to say: "" here.
+std::string PlacementShapeProblem(const config::ServiceConfig& s, size_t pi);
 // "" when `device` (cpu | sim:N | cuda:N) exists with a usable backend module
 // in `backend_dir`; otherwise why not, with the fix. Without `needs_backend`
 // (a device another program drives: an external server's), spillway-worker's

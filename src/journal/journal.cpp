@@ -296,9 +296,17 @@ StatusOr<std::vector<Journal::Event>> Journal::RecentEvents(int limit) {
   return out;
 }
 
+Status Journal::RowsBehind() const {
+  if (!log_stuck_) return Status::Ok();
+  return Status::Unavailable("the request journal holds records it cannot apply yet (its storage fails); they are "
+                             "kept, and applied once it writes again")
+      .WithRetryAfter(static_cast<int>(std::max<int64_t>(1, opts_.unwritable_retry_ms / 1000)));
+}
+
 StatusOr<RequestRecord> Journal::Get(const std::string& id) {
   AwaitApplied();
   std::lock_guard<std::mutex> lk(db_mu_);
+  SPILLWAY_RETURN_IF_ERROR(RowsBehind());
   std::string sql = std::string("SELECT ") + kColumns + " FROM requests WHERE id=?1;";
   Stmt q(*stmts_, sql.c_str());
   q.Bind(1, id);
@@ -309,6 +317,7 @@ StatusOr<RequestRecord> Journal::Get(const std::string& id) {
 StatusOr<std::vector<AttemptRecord>> Journal::Attempts(const std::string& id) {
   AwaitApplied();
   std::lock_guard<std::mutex> lk(db_mu_);
+  SPILLWAY_RETURN_IF_ERROR(RowsBehind());
   Stmt q(*stmts_, "SELECT n, placement, outcome, error, started_ms, ended_ms FROM attempts WHERE request_id=?1 ORDER BY n;");
   q.Bind(1, id);
   std::vector<AttemptRecord> out;

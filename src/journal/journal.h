@@ -323,6 +323,9 @@ class Journal {
   // records again when rows of it failed to commit (log_stuck_), what
   // changed in `told`; ok when nothing was due.
   Status ReplayLocked(std::vector<Transition>* told);
+  // Unavailable while rows of the log could not be applied (storage
+  // failing): a read would miss acknowledged requests or misstate them.
+  Status RowsBehind() const;
   void AwaitApplied();  // a read waits for the logged writes queued before it
   void FlushQueue();    // Flush without waiting for the log's syncs
   // What a committed StartAttempt (alone or with its Accept) does: tell the

@@ -189,6 +189,13 @@ Status Journal::ReplayLocked(std::vector<Transition>* told) {
   SPILLWAY_RETURN_IF_ERROR(ApplyAll(*records, told));
   log_stuck_ = false;
   log_->Applied(last);
+  // A replay that committed proves the storage writes again (the batch's
+  // own writes may then change nothing: their rows came with the replay).
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!writable_) {
+    writable_ = true;
+    unwritable_reason_.clear();
+  }
   return Status::Ok();
 }
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -68,6 +69,22 @@ std::vector<std::string> CommandLine(pid_t pid) {
   std::vector<std::string> out;
   for (std::string arg; std::getline(f, arg, '\0');) out.push_back(std::move(arg));
   return out;
+}
+
+CommandLineMatch MatchWorkerCommandLine(const std::vector<std::string>& argv, const std::string& key,
+                                        const std::string& run_dir) {
+  if (argv.empty()) return CommandLineMatch::kGone;
+  // The same file, however the state directory was named (relative, a
+  // link, a trailing slash): compared as files, not as strings.
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] != "--port-file") continue;
+    const std::filesystem::path named(argv[i + 1]);
+    std::error_code ec;
+    if (named.filename() == key + ".port" && std::filesystem::equivalent(named.parent_path(), run_dir, ec)) {
+      return CommandLineMatch::kNamesIt;
+    }
+  }
+  return CommandLineMatch::kOther;
 }
 
 std::string DescribeEnd(int status) {

@@ -32,6 +32,15 @@ bool Ended(const WorkerPid& p, int* status);
 // when it cannot be read).
 std::vector<std::string> CommandLine(pid_t pid);
 
+// Whether `argv` (a recorded process's CommandLine) is key `key`'s worker of
+// the state directory `run_dir`: it names `<run_dir>/<key>.port` after
+// --port-file (compared as files). kGone: it has none (a process exiting:
+// once its memory is released, its command line reads empty while a GPU
+// driver's teardown may hold it in the kernel for seconds).
+enum class CommandLineMatch { kNamesIt, kOther, kGone };
+CommandLineMatch MatchWorkerCommandLine(const std::vector<std::string>& argv, const std::string& key,
+                                        const std::string& run_dir);
+
 // "exit 3", "signal 9", or for -1 "exited (adopted: its exit status is not ours to read)".
 std::string DescribeEnd(int status);
 

@@ -1,5 +1,7 @@
 #include "upstream/startup_progress.h"
 
+#include "common/utf8.h"
+
 namespace spillway::upstream {
 
 namespace {
@@ -11,8 +13,7 @@ std::string Reason(const WorkerView& w) {
   std::string why = w.HowItEnded();
   if (why.empty()) why = "failed to start";
   if (w.failed_starts == 0 && w.crash_looping()) why = "crashed " + std::to_string(w.crashes) + " times soon after starting, " + why;
-  if (why.size() > 120) why = why.substr(0, 117) + "...";
-  return w.key + " (" + why + ")";
+  return w.key + " (" + Abbreviated(ValidUtf8(why), 120) + ")";
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ struct StartupProgress {
 StartupProgress MeasureStartup(const std::vector<WorkerView>& workers, const std::set<std::string>& announced);
 
 // One line: "serving on 127.0.0.1:8480; 1 of 2 workers ready, 1 loading;
-// failing: chat.0 (model file not found)". Reasons are cut to 80 characters.
+// failing: chat.0 (model file not found)". Reasons are cut to 120 bytes, on a character boundary.
 std::string StartupStatusLine(const StartupProgress& progress, const std::string& listening);
 
 }  // namespace spillway::upstream

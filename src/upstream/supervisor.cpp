@@ -707,6 +707,9 @@ void Supervisor::Release(const std::string& key) {
   w.view.state = WorkerState::kStopped;
   w.view.port = 0;
   w.view.last_exit = "released (idle)";
+  // Its next run begins anew: a load that then fails is a failed start, not
+  // the exit of a worker that served (backed off as one, and said so).
+  w.ready_since_ms = 0;
   w.view.info.reset();
   w.kill_at_ms = clock_.NowMs() + 5000;
 }

@@ -239,7 +239,8 @@ class Supervisor : public Workers {
   void AdoptOrStop(const RecordFile& file, std::set<pid_t>* adopted, std::vector<Previous>* to_stop);
   void StopPrevious(const std::vector<Previous>& previous);
   // Whether the record's process was started as this key's worker (its
-  // command line names the key's port file in this state directory).
+  // command line names the key's port file in this state directory), or
+  // may have been: one exiting has no command line left.
   bool RunsAsWorkerOf(const WorkerRecord& record) const;
   // `external`: an external server's record, never asked anything.
   AdoptDecision Judge(WorkerRecord& record, const std::optional<std::string>& configured_hash, bool external) const;

@@ -105,16 +105,11 @@ void Supervisor::RemoveRecord(const std::string& key) {
 }
 
 bool Supervisor::RunsAsWorkerOf(const WorkerRecord& record) const {
-  const std::vector<std::string> argv = CommandLine(record.pid);
-  // The same file, however the state directory was named (relative, a
-  // link, a trailing slash): compared as files, not as strings.
-  for (size_t i = 0; i + 1 < argv.size(); ++i) {
-    if (argv[i] != "--port-file") continue;
-    const fs::path named(argv[i + 1]);
-    std::error_code ec;
-    if (named.filename() == record.key + ".port" && fs::equivalent(named.parent_path(), run_dir_, ec)) return true;
-  }
-  return false;
+  // With its recorded start time, and no command line left: it is exiting
+  // (killed by the last gateway, its GPU memory not yet given back). Taken
+  // for another process, its record was forgotten and a second worker
+  // started beside it; as ours, it is stopped and waited for (StopPrevious).
+  return MatchWorkerCommandLine(CommandLine(record.pid), record.key, run_dir_) != CommandLineMatch::kOther;
 }
 
 AdoptDecision Supervisor::Judge(WorkerRecord& record, const std::optional<std::string>& configured_hash,

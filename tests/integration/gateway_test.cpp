@@ -106,7 +106,7 @@ TEST_F(GatewayTest, ServesEveryRouteWithRequestIds) {
   EXPECT_LT(status["services"][0]["placements"][0]["info_age_ms"].get<int64_t>(), 5000);
   EXPECT_EQ(status["journal"]["synchronous"], "full");
   const std::string metrics = Call(p, "GET", "/metrics").body;
-  EXPECT_NE(metrics.find("spillway_requests_total{service=\"chat\",outcome=\"completed\",placement=\"cpu\"}"),
+  EXPECT_NE(metrics.find("spillway_requests_total{service=\"chat\",outcome=\"completed\",placement=\"cpu\",key=\"chat.0\"}"),
             std::string::npos) << metrics;
   EXPECT_NE(metrics.find("spillway_request_duration_seconds_bucket"), std::string::npos);
   EXPECT_NE(metrics.find("spillway_queue_depth"), std::string::npos);
@@ -547,6 +547,18 @@ TEST(GatewayStartupTest, DoctorNamesAMissingModelAndPassesAGoodConfig) {
   EXPECT_NE(out.find("FAIL  device   "), std::string::npos) << out;
   EXPECT_NE(out.find("sim:7"), std::string::npos) << out;
   EXPECT_NE(out.find("service 'ext': command " + dir + "/no-server is not an executable file"), std::string::npos) << out;
+  // An embedding placement whose ctx is not a multiple of its slots: its worker refuses to start (doctor said OK).
+  std::string odd = TestConfig(1);
+  const auto at = odd.rfind("ctx = 512");
+  ASSERT_NE(at, std::string::npos);
+  odd.replace(at, 9, "ctx = 513");
+  { std::ofstream(dir + "/odd.toml") << odd; }
+  out = RunCommand(BinDir() + "/spillway doctor --config " + dir + "/odd.toml" + common, &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("FAIL  shape    service 'embed' placement 0 (cpu, key service[1].placement[0].ctx): an embedding "
+                     "model needs ctx (513) to be a multiple of slots (2)"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("ctx = 512)"), std::string::npos) << out;
   std::filesystem::remove_all(dir);
 }
 

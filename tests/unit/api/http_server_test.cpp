@@ -100,6 +100,16 @@ class ServerFixture : public ::testing::Test {
   std::atomic<bool> disconnected_{false};
 };
 
+// `spillway status --url http://[::1]:8480` sent "Host: ::1:8480", which
+// the gateway reads as host "" and refuses (403).
+TEST(HttpClientTest, AnIpv6AddressIsBracketedInTheHost) {
+  EXPECT_EQ(HostHeader("::1", 8480), "[::1]:8480");
+  EXPECT_EQ(HostHeader("fe80::1", 80), "[fe80::1]:80");
+  EXPECT_EQ(HostHeader("127.0.0.1", 8480), "127.0.0.1:8480");
+  EXPECT_EQ(HostHeader("localhost", 1), "localhost:1");
+  EXPECT_EQ(HostHeader("[::1]", 8480), "[::1]:8480");
+}
+
 TEST_F(ServerFixture, KeepAliveServesSeveralRequestsOnOneConnection) {
   Connection c("127.0.0.1", server_->port());
   for (int i = 0; i < 5; ++i) {
@@ -394,6 +404,9 @@ TEST_F(ServerFixture, HeadGetsTheHeadAloneAndTheConnectionStaysInStep) {
   const std::string stream = s.ReadAll(std::chrono::milliseconds(2000));
   EXPECT_NE(stream.find("200 OK"), std::string::npos) << stream;
   EXPECT_EQ(stream.find("data:"), std::string::npos) << stream;
+  // The connection closes after it, and its head says so (a client reused it, and found it shut).
+  EXPECT_NE(stream.find("\r\nConnection: close\r\n"), std::string::npos) << stream;
+  EXPECT_EQ(stream.substr(stream.size() - 4), "\r\n\r\n") << stream;
 
   // A stream that never ends (an event feed): its writer hears the peer is
   // gone, so the exchange and the connection's place are let go (it held
@@ -459,6 +472,22 @@ TEST_F(ServerFixture, AnHttp10RequestWithATransferEncodingClosesAfterItsAnswer) 
   const std::string got = p.ReadAll(std::chrono::milliseconds(2000));
   EXPECT_NE(got.find("abcde"), std::string::npos) << got;
   EXPECT_EQ(got.find("hello"), std::string::npos) << "answered on after it: " << got;
+}
+
+// An HTTP/1.0 client keeps its connection only when the answer says
+// "Connection: keep-alive" (ab -k): kept open unsaid, it read until the end
+// of a connection that stayed open for idle_timeout. One that did not ask
+// is told the connection closes.
+TEST_F(ServerFixture, AnHttp10ClientIsToldWhetherItsConnectionStaysOpen) {
+  RawPeer p(server_->port());
+  p.Send("GET /hello HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /hello HTTP/1.0\r\n\r\n");
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string got = p.ReadAll(std::chrono::milliseconds(5000));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4)) << "not closed after the second";
+  const size_t second = got.find("HTTP/1.1", 1);
+  ASSERT_NE(second, std::string::npos) << got;
+  EXPECT_NE(got.substr(0, second).find("\r\nConnection: keep-alive\r\n"), std::string::npos) << got;
+  EXPECT_NE(got.substr(second).find("\r\nConnection: close\r\n"), std::string::npos) << got;
 }
 
 // Two pipelined requests, then a half-close (nc -N, a client that sends all

@@ -24,5 +24,15 @@ TEST(Utf8Test, ValidTextIsUnchangedAndInvalidBytesBecomeReplacementCharacters) {
   }
 }
 
+TEST(Utf8Test, AbbreviatedCutsOnACharacterBoundary) {
+  EXPECT_EQ(Abbreviated("short", 5), "short");
+  EXPECT_EQ(Abbreviated("abcdefgh", 6), "abc...");
+  // "caf\xC3\xA9" cut at 5 bytes would split the \xC3\xA9: it goes whole.
+  EXPECT_EQ(Abbreviated("cafe caf\xC3\xA9 au lait", 12), "cafe caf...");
+  EXPECT_EQ(Abbreviated("\xE2\x96\x88\xE2\x96\x88", 5), "...");
+  EXPECT_EQ(Abbreviated("\xC3\xA9t\xC3\xA9", 2), "\xC3\xA9");  // no room for the mark
+  EXPECT_EQ(ValidUtf8(Abbreviated("\xE2\x96\x88\xE2\x96\x88\xE2\x96\x88", 8)), "\xE2\x96\x88...");
+}
+
 }  // namespace
 }  // namespace spillway

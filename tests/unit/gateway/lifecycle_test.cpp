@@ -85,6 +85,7 @@ struct Worker {
   std::vector<std::shared_ptr<http::Exchange>> hung;
   std::set<std::string> cancelled_early;  // cancels that found nothing running
   std::atomic<int> cancels{0};            // DELETEs of a request received
+  std::atomic<int> tokenizes{0};          // prompts counted
   // A behaviour that holds the request running until it is cancelled.
   void Hold(const http::Request& req, std::shared_ptr<http::Exchange> ex) {
     const std::string id(req["x-request-id"]);
@@ -99,6 +100,7 @@ struct Worker {
   FakeWorker server{[this](http::Request& req, std::shared_ptr<http::Exchange> ex) {
     const std::string target(req.target());
     if (target.rfind(protocol::kTokenizePath, 0) == 0) {
+      ++tokenizes;
       if (hang_tokenize) {
         std::lock_guard<std::mutex> lk(mu);
         hung.push_back(std::move(ex));
@@ -853,6 +855,25 @@ TEST_F(LifecycleTest, AWaitingRequestEndsAtItsDeadlineByTheClock) {
   EXPECT_EQ(rec.state, journal::State::kFailed);
   EXPECT_NE(rec.error.find("X-Request-Timeout"), std::string::npos);
   EXPECT_LE(rec.attempts, 2) << "waiting for a slot is not a new attempt each time";
+}
+
+// A request whose workers answer "busy" is sent again every 50 ms or so; its
+// prompt is counted once. Each round of admission sent the whole body to a
+// worker's /tokenize again (for a long prompt, a worker's preparing thread
+// kept busy for the whole wait, and other requests' counts ran out of time).
+TEST_F(LifecycleTest, APromptIsCountedOnceHoweverOftenItsWorkersAreBusy) {
+  std::atomic<int> sends{0};
+  const Behaviour busy_then_answer = [&sends](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    if (++sends < 6) return Refuse(ex, Status::ResourceExhausted("every slot is taken"));
+    Answer(ex, "at last");
+  };
+  primary_.behaviour = busy_then_answer;
+  fallback_.behaviour = busy_then_answer;
+  auto ex = Complete("r-counted");
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+  EXPECT_GE(sends.load(), 6);
+  EXPECT_EQ(primary_.tokenizes + fallback_.tokenizes, 1) << "counted again for each send";
 }
 
 // An Ollama request's keep_alive counts from when the model became idle (as
@@ -1864,7 +1885,8 @@ TEST_F(SharedDeviceLifecycleTest, ADevicesOpenBreakerShowsItsServicesDegraded) {
 }
 
 // A lone placement (no fallback) whose half-open breaker one request
-// probes: the next request waits, told why, and goes once the probe answers.
+// probes: the next request waits, told why (but not the probe's id: a caller
+// sees only its own), and goes once the probe answers.
 TEST_F(SharedDeviceLifecycleTest, ALonePlacementsNextRequestWaitsForItsProbe) {
   other_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { other_.Hold(req, std::move(ex)); };
   KilledAndBack("other.0", other_.server.port());
@@ -1879,7 +1901,8 @@ TEST_F(SharedDeviceLifecycleTest, ALonePlacementsNextRequestWaitsForItsProbe) {
   auto q = Send("/v1/requests/o-next", "", "GET");
   ASSERT_TRUE(q->Wait());
   const std::string reason = json::parse(q->body())["queue"]["reason"];
-  EXPECT_NE(reason.find("request o-probe probes it first"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("one request probes it first"), std::string::npos) << reason;
+  EXPECT_EQ(reason.find("o-probe"), std::string::npos) << "another caller's request id: " << reason;
   EXPECT_EQ(other_.calls(), 1u) << "went beside the probe";
   Answer(other_.TakeHeld(0), "other");
   ASSERT_TRUE(probe->Wait());

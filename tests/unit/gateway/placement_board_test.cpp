@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "config/config.h"
+#include "gateway/metrics.h"
 
 namespace spillway::gateway {
 namespace {
@@ -61,6 +62,20 @@ TEST_F(PlacementBoardTest, EachPlacementsBreakerIsASeriesOfItsOwn) {
     if (name == "spillway_breaker_open") labels.insert(l);
   }
   EXPECT_EQ(labels.size(), 2u);
+}
+
+// So are their requests: spillway_requests_total merged the two CPU
+// placements' counts into one series.
+TEST(MetricsTest, RequestsOfTwoPlacementsOfOneNameAreTwoSeries) {
+  Metrics m;
+  m.RequestFinished("chat", "completed", "cpu", "chat.1", 0.1);
+  m.RequestFinished("chat", "completed", "cpu", "chat.2", 0.1);
+  m.RequestFinished("chat", "completed", "cpu", "chat.2", 0.1);
+  const std::string text = m.Render({});
+  EXPECT_NE(text.find("spillway_requests_total{service=\"chat\",outcome=\"completed\",placement=\"cpu\",key=\"chat.1\"} 1\n"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("spillway_requests_total{service=\"chat\",outcome=\"completed\",placement=\"cpu\",key=\"chat.2\"} 2\n"),
+            std::string::npos) << text;
 }
 
 TEST_F(PlacementBoardTest, AReservationThatLostTheRaceIsRefusedAndAReleaseGivesTheCellsBack) {

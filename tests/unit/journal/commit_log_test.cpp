@@ -861,6 +861,32 @@ TEST_F(LoggedWritesTest, RowsThatFailedToCommitAreAppliedAgainWhenTheStorageReco
   EXPECT_TRUE(Eventually([&] { return CommitLog::ReadRecords((dir_ / "journal.db-log").string()).empty(); }));
 }
 
+// While rows of the log cannot commit, a read of an acknowledged request
+// says the journal is behind (503, try again): it said "no request" (404),
+// or an ended request's earlier state, though its client had been told the
+// request was durable.
+TEST_F(LoggedWritesTest, AReadWhileRowsCannotCommitSaysTheJournalIsBehindNotThatTheRequestIsUnknown) {
+  Reopen(Slow(false));
+  ASSERT_TRUE(NewRunning("r").ok());
+  faults_->SetDiskFull(true);
+  j_->Flush();  // the rows' transaction fails
+  const auto got = j_->Get("r");
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().ToString();
+  EXPECT_GT(got.status().retry_after_s(), 0);
+  EXPECT_EQ(j_->Attempts("r").status().code(), StatusCode::kUnavailable);
+  faults_->SetDiskFull(false);
+  // Once the storage writes again, the next batch (an end that was on its
+  // way) brings every row, and so proves the journal writable: its own write
+  // changed nothing (its row came with the replay), and new requests were
+  // refused until the next retry time.
+  ASSERT_TRUE(End("r", "answer").ok());
+  j_->Flush();  // (its rows' batch: the replay, then its own write)
+  EXPECT_TRUE(j_->Health().ok()) << j_->Health().ToString();
+  ASSERT_TRUE(j_->Get("r").ok());
+  EXPECT_EQ(j_->Get("r")->state, State::kCompleted);
+}
+
 // A log that cannot be read back when its records are applied again (the
 // same failing disk) keeps them for the next try: the replay read nothing,
 // committed nothing and counted every record applied, so an acknowledged

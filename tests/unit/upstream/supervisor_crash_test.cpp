@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "supervisor_fixture.h"
@@ -73,6 +74,34 @@ TEST_F(SupervisorTest, AServerKilledFromOutsideIsWantedBackSoon) {
     EXPECT_EQ(w.crashes, 0) << "a SIGKILL from outside counted as its own crash";
     EXPECT_EQ(w.last_exit, "signal 9");
   }
+}
+
+// An on-demand server that served, was released and then fails to load
+// again is a failed start: it was counted as the exit of a serving worker
+// (failed_starts 0, "exited", a 2 s backoff), since its readiness of the
+// earlier run was never forgotten, so a request waiting for it was not told.
+TEST_F(SupervisorTest, ALoadThatFailsAfterAReleaseIsAFailedStart) {
+  if (!std::getenv("FAKE_UPSTREAM")) GTEST_SKIP() << "FAKE_UPSTREAM not set (ctest sets it)";
+  Supervisor& sup = *sup_;
+  const std::string broken = (dir_ / "broken").string();
+  WorkerSpec s;
+  s.key = "od.ext";
+  s.on_demand = true;
+  // fake-upstream, until the file `broken` exists: then it exits at once.
+  s.command = {"/bin/sh", "-c", "[ -e " + broken + " ] && exit 4; exec \"$0\" --port \"$1\"",
+               std::getenv("FAKE_UPSTREAM"), "${PORT}"};
+  sup.Add(s);
+  Start();
+  sup.Demand("od.ext");
+  ASSERT_TRUE(Eventually([&] { return ViewOf(sup, "od.ext").state == WorkerState::kReady; }));
+  sup.Release("od.ext");
+  ASSERT_TRUE(Eventually([&] { return PidOf(sup, "od.ext") == 0; })) << "not ended after its release";
+  { std::ofstream(broken) << "x"; }
+  sup.Demand("od.ext");
+  ASSERT_TRUE(Eventually([&] { return ViewOf(sup, "od.ext").last_exit == "exit 4"; }))
+      << ViewOf(sup, "od.ext").last_exit;
+  EXPECT_EQ(ViewOf(sup, "od.ext").failed_starts, 1) << "counted as the exit of a worker that served";
+  EXPECT_EQ(ViewOf(sup, "od.ext").crashes, 0);
 }
 
 }  // namespace

@@ -268,6 +268,26 @@ pid_t SpawnSleeper(bool deaf = false) {
   return pid;
 }
 
+// A recorded process is this placement's worker when its command line names
+// the key's port file in this state directory (however the directory is
+// spelled); one exiting, with no command line left, may be: taken for
+// another process, its record was forgotten and a second worker started
+// beside one whose GPU memory a driver's teardown still held.
+TEST(ProcessGroupTest, AWorkersCommandLineNamesItsPortFileAndAnExitingOneHasNone) {
+  const fs::path dir = fs::temp_directory_path() / ("spillway-cmdline-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "run");
+  const std::string run = (dir / "run").string();
+  const std::vector<std::string> worker = {"spillway-worker", "--model", "m.gguf", "--port-file", run + "/chat.0.port"};
+  EXPECT_EQ(MatchWorkerCommandLine(worker, "chat.0", run), CommandLineMatch::kNamesIt);
+  EXPECT_EQ(MatchWorkerCommandLine({"w", "--port-file", (dir / "run/../run/chat.0.port").string()}, "chat.0", run + "/"),
+            CommandLineMatch::kNamesIt);
+  EXPECT_EQ(MatchWorkerCommandLine(worker, "chat.1", run), CommandLineMatch::kOther) << "another placement's";
+  EXPECT_EQ(MatchWorkerCommandLine(worker, "chat.0", dir.string()), CommandLineMatch::kOther) << "another directory's";
+  EXPECT_EQ(MatchWorkerCommandLine({"sleep", "30"}, "chat.0", run), CommandLineMatch::kOther);
+  EXPECT_EQ(MatchWorkerCommandLine({}, "chat.0", run), CommandLineMatch::kGone);
+  fs::remove_all(dir);
+}
+
 TEST(ProcessGroupTest, StopsAProcessThatIsNotTreatedAsAChild) {
   const pid_t pid = SpawnSleeper();
   const WorkerPid p{pid, devices::ProcessStartTime(pid), /*child=*/false};
