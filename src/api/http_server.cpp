@@ -327,6 +327,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // (true) unless a request began to arrive meanwhile.
   bool EvictIfIdle() {
     if (!waiting_idle_ || buffer_.size() > 0 || closed_) return false;
+    // Bytes of a request in the socket, not read yet (sent as the eviction
+    // was decided): closed now, its sender would get a reset for a request
+    // it had sent, and a POST is not sent again by most clients.
+    beast::error_code ec;
+    if (stream_.socket().available(ec) > 0 && !ec) return false;
     shared_->evicted.fetch_add(1);
     Close();
     return true;
@@ -343,7 +348,9 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->body_limit(opts_.max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(opts_.max_header_bytes));
-    stream_.expires_after(first_request_ ? opts_.read_timeout : opts_.idle_timeout);
+    // A kept-alive connection waits idle_timeout for its next request, unless
+    // bytes of it are here already (pipelined): then its head is being read.
+    stream_.expires_after(first_request_ || buffer_.size() > 0 ? opts_.read_timeout : opts_.idle_timeout);
     // Idle: answered before and nothing of the next request here yet.
     if (!first_request_ && buffer_.size() == 0) {
       waiting_idle_ = true;

@@ -45,7 +45,11 @@ using RequestHead = boost::beast::http::request_header<>;  // a request's line a
 struct ServerOptions {
   size_t max_body_bytes = 1 << 20;
   size_t max_header_bytes = 16 << 10;
-  std::chrono::seconds read_timeout{30};    // header + body of one request
+  // A request's header, and then its body, each within read_timeout (a
+  // kept-alive connection's next header within idle_timeout: its first
+  // byte's arrival is not seen apart from the rest; read_timeout when bytes
+  // of it came with the last request's).
+  std::chrono::seconds read_timeout{30};
   std::chrono::seconds idle_timeout{75};    // keep-alive wait for the next request
   std::chrono::seconds write_timeout{60};   // one write to a slow reader
   // Open connections at once. One more takes the place of the longest-idle

@@ -224,7 +224,14 @@ auto SimLedger::Locked(Fn&& fn) {
     int fd;
     ~Unlock() { flock(fd, LOCK_UN); }
   } unlock{fd_};
-  LedgerReap(data_, ProcessAlive, UnixMillis());
+  // Only a ledger (a file of another shape, written from outside, trusted
+  // for its entry count, had the reap read far past the mapping), and only
+  // holders that are gone: one whose /proc entry cannot be read now (no
+  // descriptor left) still holds its bytes.
+  if (LedgerValid(*data_)) {
+    LedgerReap(data_, [](int32_t pid, uint64_t start) { return ProcessLiveness(pid, start) != Liveness::kGone; },
+               UnixMillis());
+  }
   return fn(data_);
 }
 
@@ -292,13 +299,13 @@ bool SimLedger::Reserve(LedgerKind kind, const std::string& label, uint64_t byte
     cached_start = ProcessStartTime(pid);
   }
   const uint64_t start = cached_start;
-  return Locked([&](LedgerData* d) { return LedgerReserve(d, pid, start, kind, label, bytes, expires_ms); });
+  return Locked([&](LedgerData* d) { return LedgerValid(*d) && LedgerReserve(d, pid, start, kind, label, bytes, expires_ms); });
 }
 
 void SimLedger::Release(LedgerKind kind, const std::string& label, uint64_t bytes) {
   const int32_t pid = getpid();
   Locked([&](LedgerData* d) {
-    LedgerRelease(d, pid, kind, label, bytes);
+    if (LedgerValid(*d)) LedgerRelease(d, pid, kind, label, bytes);
     return 0;
   });
 }
@@ -306,6 +313,7 @@ void SimLedger::Release(LedgerKind kind, const std::string& label, uint64_t byte
 LedgerSnapshot SimLedger::Snapshot() {
   return Locked([](LedgerData* d) {
     LedgerSnapshot s;
+    if (!LedgerValid(*d)) return s;  // (overwritten from outside since it was opened: no capacity to give)
     s.capacity = d->capacity;
     s.used = LedgerUsed(*d);
     s.entries.assign(d->entries, d->entries + d->n_entries);

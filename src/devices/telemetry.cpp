@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "common/names.h"
 #include "devices/sim_ledger.h"
@@ -70,6 +72,7 @@ using NvmlInit = int (*)();
 using NvmlGetHandle = int (*)(unsigned int, void**);
 using NvmlGetMemory = int (*)(void*, NvmlMemory*);
 using NvmlGetProcesses = int (*)(void*, unsigned int*, NvmlProcessInfo*);
+constexpr int kNvmlInsufficientSize = 7;  // NVML_ERROR_INSUFFICIENT_SIZE
 
 class NvmlTelemetry final : public DeviceTelemetry {
  public:
@@ -102,11 +105,23 @@ class NvmlTelemetry final : public DeviceTelemetry {
     if (memory_(dev_, &m) != 0) return Status::Unavailable("NVML memory query failed for " + name_);
     DeviceReading r{name_, m.total, m.free, {}};
     if (procs_) {
-      NvmlProcessInfo info[64];
-      unsigned int n = 64;
-      if (procs_(dev_, &n, info) == 0) {
-        for (unsigned i = 0; i < n && i < 64; ++i) {
-          r.processes.push_back({static_cast<int32_t>(info[i].pid), info[i].used_gpu_memory, ""});
+      // More processes than the buffer holds: NVML says how many
+      // (NVML_ERROR_INSUFFICIENT_SIZE), and is asked again with room for
+      // them (they read as none before).
+      std::vector<NvmlProcessInfo> info(64);
+      unsigned int n = static_cast<unsigned int>(info.size());
+      int rc = procs_(dev_, &n, info.data());
+      if (rc == kNvmlInsufficientSize && n > info.size()) {
+        info.resize(n + 16);
+        n = static_cast<unsigned int>(info.size());
+        rc = procs_(dev_, &n, info.data());
+      }
+      if (rc == 0) {
+        for (unsigned i = 0; i < n && i < info.size(); ++i) {
+          // NVML_VALUE_NOT_AVAILABLE (all ones: WDDM, some MIG setups) is
+          // no byte count: summed, it wrapped; counted as nothing known.
+          const unsigned long long used = info[i].used_gpu_memory;
+          r.processes.push_back({static_cast<int32_t>(info[i].pid), used == ~0ULL ? 0 : used, ""});
         }
       }
     }
@@ -167,12 +182,34 @@ StatusOr<HostReading> HostTelemetry::Read() const {
       std::string path = cg.substr(pos + 3);
       path = path.substr(0, path.find('\n'));
       if (path == "/") path.clear();
-      std::string max, cur;
-      if (ReadWhole(cgroup_root_ + path + "/memory.max", &max) && max.rfind("max", 0) != 0) {
-        r.cgroup_limit = std::strtoull(max.c_str(), nullptr, 10);
-      }
-      if (ReadWhole(cgroup_root_ + path + "/memory.current", &cur)) {
-        r.cgroup_current = std::strtoull(cur.c_str(), nullptr, 10);
+      // The tightest limit of the group and every group above it (a limit
+      // set on a parent slice binds too), each against what its group uses
+      // less its inactive file pages: page cache the kernel reclaims before
+      // it refuses memory (models read, logs written) filled a limited
+      // group's memory.current up to its limit, and its room read as none.
+      std::optional<uint64_t> least_room;
+      for (std::string level = path;;) {
+        std::string max, cur, stat;
+        if (ReadWhole(cgroup_root_ + level + "/memory.max", &max) && max.rfind("max", 0) != 0 &&
+            ReadWhole(cgroup_root_ + level + "/memory.current", &cur)) {
+          const uint64_t limit = std::strtoull(max.c_str(), nullptr, 10);
+          uint64_t used = std::strtoull(cur.c_str(), nullptr, 10);
+          if (ReadWhole(cgroup_root_ + level + "/memory.stat", &stat)) {
+            if (auto at = stat.find("\ninactive_file "); at != std::string::npos || stat.rfind("inactive_file ", 0) == 0) {
+              const size_t from = at == std::string::npos ? 0 : at + 1;
+              const uint64_t inactive = std::strtoull(stat.c_str() + from + std::strlen("inactive_file "), nullptr, 10);
+              used -= std::min(used, inactive);
+            }
+          }
+          const uint64_t room = used >= limit ? 0 : limit - used;
+          if (!least_room || room < *least_room) {
+            least_room = room;
+            r.cgroup_limit = limit;
+            r.cgroup_current = used;
+          }
+        }
+        if (level.empty()) break;
+        level = level.substr(0, level.rfind('/'));
       }
     }
   }

@@ -5,7 +5,8 @@
 //   cuda:N  NVML, loaded with dlopen when present (total/free, per-process use);
 //           absent NVML is a clean kUnavailable, never a crash
 //   host    MemAvailable from /proc/meminfo, cgroup v2 memory.max and
-//           memory.current when a limit is set, per-process RSS
+//           memory.current (less inactive file pages) of the group and its
+//           parents when a limit is set, per-process RSS
 //
 // Readers are cheap to call repeatedly; each Read() is a fresh observation.
 // Not thread-safe: one reader per thread.
@@ -54,8 +55,11 @@ StatusOr<std::unique_ptr<DeviceTelemetry>> OpenDeviceTelemetry(const std::string
 struct HostReading {
   uint64_t total = 0;       // MemTotal
   uint64_t available = 0;   // MemAvailable
+  // The cgroup v2 limit that leaves the least room, of this process's group
+  // and those above it (none: no limit), and what that group uses:
+  // memory.current less its inactive file pages (reclaimable page cache).
   std::optional<uint64_t> cgroup_limit;    // memory.max when not "max"
-  std::optional<uint64_t> cgroup_current;  // memory.current
+  std::optional<uint64_t> cgroup_current;
   // What this process group may still use: MemAvailable, capped by the cgroup.
   uint64_t effective_available() const;
 };

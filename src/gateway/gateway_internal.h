@@ -166,6 +166,9 @@ struct Gateway::Live {
   // (The request's own strand only.)
   int prompt_tokens = -1;
   std::atomic<bool> cancelled{false};
+  // Its Accept, journaled on its own while it waited, was refused (the
+  // journal cannot write): it stops waiting, and its client hears why.
+  std::atomic<bool> accept_refused{false};
   std::atomic<uint16_t> worker_port{0};
   std::atomic<LivePhase> phase{LivePhase::kQueued};
   std::atomic<int64_t> phase_since_ms{0};

@@ -144,6 +144,10 @@ void RequestAdmission::LeaveServiceLine() {
 }
 
 bool RequestAdmission::Stopped() {
+  if (live_.accept_refused) {  // (the lifecycle answers with the journal's refusal)
+    *rejected_ = Status::Unavailable("the request journal refused the request");
+    return true;
+  }
   if (live_.cancelled) {
     *rejected_ = Status::Cancelled("request cancelled");
     return true;

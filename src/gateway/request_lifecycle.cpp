@@ -48,7 +48,16 @@ void RequestLifecycle::JournalAccept() {
   if (!unjournaled_) return;
   unjournaled_ = false;
   accept_ = PendingStatus::Make(strand_);
-  g_.journal_.AcceptAsync(rec_, [done = accept_->Completer()](StatusOr<journal::AcceptResult> r) { done(r.status()); });
+  // Refused while the request waits (in line, for a replica): it stops
+  // waiting at once. It held its place, then ran on a worker, and only then
+  // heard the refusal it could have heard at the start.
+  CapacitySignal* signal = svc_ ? &g_.SignalFor(rec_.service) : nullptr;
+  g_.journal_.AcceptAsync(rec_, [done = accept_->Completer(), live = live_, signal](StatusOr<journal::AcceptResult> r) {
+    const bool refused = !r.ok();
+    if (refused) live->accept_refused = true;
+    done(r.status());
+    if (refused && signal) signal->NotifyAll();
+  });
 }
 
 bool RequestLifecycle::Deferred(const std::shared_ptr<PendingStatus>& commit) const {
@@ -68,6 +77,9 @@ boost::asio::awaitable<bool> RequestLifecycle::AcceptRefused() {
   if (st.ok()) co_return false;
   reply_.Error(st);
   reply_.Detach();
+  live_->Enter(LivePhase::kTerminal, g_.clock_.NowMs());
+  g_.metrics_.RequestFinished(rec_.service, Outcome(State::kFailed), placement_, placement_key_,
+                              (g_.clock_.NowMs() - t0_) / 1000.0);
   co_return true;
 }
 
@@ -262,8 +274,11 @@ boost::asio::awaitable<void> RequestLifecycle::CommitRefused(const Status& st) {
   // failed: the end is recorded once the journal writes again.
   const bool sent = reply_.head_sent();
   reply_.Error(st);
-  g_.Spawn(g_.RecordEndWhenWritable(rec_.id, sent ? State::kFailedResumable : State::kFailed, st), strand_);
-  live_->Enter(LivePhase::kTerminal, g_.clock_.NowMs());
+  const State end = sent ? State::kFailedResumable : State::kFailed;
+  g_.Spawn(g_.RecordEndWhenWritable(rec_.id, end, st), strand_);
+  const int64_t now = g_.clock_.NowMs();
+  live_->Enter(LivePhase::kTerminal, now);
+  g_.metrics_.RequestFinished(rec_.service, Outcome(end), placement_, placement_key_, (now - t0_) / 1000.0);
 }
 
 boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, const AttemptSpec& spec) {
@@ -315,9 +330,11 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     Status rejected;
     last_comment_ms_ = g_.clock_.NowMs();
     std::string reject_decision;
-    if (!co_await g_.Admit(rec_, *svc_, *live_, excluded_, &target_, &rejected, &reject_decision,
-                           [this](const std::string& note, double est_s) { OnWait(note, est_s); },
-                           /*first=*/attempts_ == 0)) {
+    const bool admitted = co_await g_.Admit(rec_, *svc_, *live_, excluded_, &target_, &rejected, &reject_decision,
+                                            [this](const std::string& note, double est_s) { OnWait(note, est_s); },
+                                            /*first=*/attempts_ == 0);
+    if (live_->accept_refused && co_await AcceptRefused()) co_return;  // (what it held goes with the lifecycle)
+    if (!admitted) {
       if (!reject_decision.empty()) {
         JournalAccept();
         Logged(co_await g_.Journaled([&](auto done) { g_.journal_.SetDecisionAsync(rec_.id, reject_decision, done); }),

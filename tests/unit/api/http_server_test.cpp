@@ -572,6 +572,31 @@ TEST_F(GuardedServer, ARequestRefusedByItsHeadHoldsNoBodyBudget) {
   EXPECT_NE(bodiless.ReadAll(std::chrono::milliseconds(2000)).find("404"), std::string::npos);
 }
 
+// A server whose requests must arrive within 1 s, kept-alive connections
+// idle for up to 20 s.
+class QuickReadServer : public ServerFixture {
+ protected:
+  ServerOptions Options() override {
+    ServerOptions o;
+    o.max_body_bytes = 1024;
+    o.read_timeout = std::chrono::seconds(1);
+    o.idle_timeout = std::chrono::seconds(20);
+    return o;
+  }
+};
+
+// A request begun behind the last one (pipelined bytes already read) is
+// being read: its head has read_timeout, not the idle wait of a connection
+// with nothing of its next request yet (a slow sender held it 75 s).
+TEST_F(QuickReadServer, APipelinedRequestsHeadHasTheReadTimeout) {
+  RawPeer p(server_->port());
+  p.Send("GET /hello HTTP/1.1\r\nHost: x\r\n\r\nGET /hel");
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string got = p.ReadAll(std::chrono::milliseconds(8000));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "held for the idle timeout";
+  EXPECT_NE(got.find("hello"), std::string::npos) << got;
+}
+
 // A server with small connection and body budgets.
 class TightServer : public ServerFixture {
  protected:

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <thread>
@@ -193,6 +195,26 @@ TEST_F(SimLedgerFileTest, KilledHolderDoesNotLeak) {
 TEST_F(SimLedgerFileTest, ForeignFileIsRejected) {
   { std::FILE* f = std::fopen((dir_ / "spillway-sim-5.ledger").c_str(), "w"); std::fputs("hello", f); std::fclose(f); }
   EXPECT_FALSE(SimLedger::Open(5).ok());
+}
+
+// A file of a ledger's size whose bytes are not a ledger (a stray dd, a
+// future layout) is refused, and `sim create` makes it one again: the reap
+// trusted its entry count and read far past the mapping (SIGSEGV in the
+// gateway, every sim worker and `sim create` itself).
+TEST_F(SimLedgerFileTest, AForeignFileOfALedgersSizeIsRefusedNotReadPastItsEnd) {
+  std::string junk(sizeof(LedgerData), '\0');
+  for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<char>(0x5A ^ (i * 131));
+  std::memset(junk.data(), 'X', 8);  // not the magic
+  const uint32_t huge = 0x7FFFFFF0;
+  std::memcpy(junk.data() + offsetof(LedgerData, n_entries), &huge, sizeof huge);
+  const int32_t gone = 0;  // entry 0's pid: taken for gone, so the reap removed "the last" entry
+  std::memcpy(junk.data() + offsetof(LedgerData, entries) + offsetof(LedgerEntry, pid), &gone, sizeof gone);
+  { std::FILE* f = std::fopen((dir_ / "spillway-sim-6.ledger").c_str(), "w"); std::fwrite(junk.data(), 1, junk.size(), f); std::fclose(f); }
+  EXPECT_FALSE(SimLedger::Open(6).ok());
+  auto made = SimLedger::Create(6, 1 << 20);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  EXPECT_EQ((*made)->Snapshot().capacity, 1u << 20);
+  EXPECT_TRUE((*made)->Snapshot().entries.empty());
 }
 
 }  // namespace

@@ -50,6 +50,31 @@ TEST_F(FakeTree, CgroupLimitCapsAvailableMemory) {
   EXPECT_FALSE(Host().Read()->cgroup_limit.has_value());
 }
 
+// Page cache the kernel reclaims (a model file read, logs) is not used
+// memory: a limited group's memory.current grows up to its limit with it,
+// and the room read as none (the CPU path refused for "host memory low").
+// A parent's limit binds too.
+TEST_F(FakeTree, CgroupRoomLeavesOutReclaimableCacheAndHonoursAParentsLimit) {
+  Write("proc/meminfo", "MemTotal: 16000000 kB\nMemAvailable: 8000000 kB\n");
+  Write("proc/self/cgroup", "0::/svc\n");
+  Write("cg/svc/memory.max", "2147483648\n");
+  Write("cg/svc/memory.current", "2147483648\n");
+  Write("cg/svc/memory.stat", "anon 536870912\nfile 1610612736\ninactive_file 1073741824\nactive_file 536870912\n");
+  auto r = Host().Read();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->effective_available(), 1073741824ull) << "the inactive cache counted as used";
+  fs::create_directories(root_ / "cg/slice/svc");
+  Write("proc/self/cgroup", "0::/slice/svc\n");
+  Write("cg/slice/svc/memory.max", "max\n");
+  Write("cg/slice/svc/memory.current", "100\n");
+  Write("cg/slice/memory.max", "1073741824\n");
+  Write("cg/slice/memory.current", "805306368\n");
+  r = Host().Read();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->effective_available(), 268435456ull) << "the parent slice's limit was not seen";
+  EXPECT_EQ(*r->cgroup_limit, 1073741824ull);
+}
+
 TEST_F(FakeTree, MissingOrMalformedFilesAreErrors) {
   EXPECT_EQ(Host().Read().status().code(), StatusCode::kUnavailable);
   Write("proc/meminfo", "MemTotal: lots\n");

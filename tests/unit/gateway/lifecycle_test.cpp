@@ -1224,6 +1224,25 @@ TEST_F(LifecycleTest, ACancelOfAWaitingRequestIsEndedByItsLifecycleAlone) {
   for (const auto& r : running) EXPECT_TRUE(r->Wait());
 }
 
+// A request that waits (every place taken) is journaled on its own; when
+// that Accept is refused (the disk full), it stops waiting and its client
+// hears why at once. It kept its place, then ran on a worker, and only then
+// heard the refusal.
+TEST_F(LifecycleTest, ARequestWhoseAcceptIsRefusedWhileItWaitsStopsWaiting) {
+  const auto running = TakeEveryPlace("r-held-");
+  ASSERT_EQ(running.size(), 3u);
+  faults_->SetDiskFull(true);
+  // (No id of its own: journaled only once it waits.)
+  auto waiting = Send("/v1/completions", json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump());
+  ASSERT_TRUE(waiting->Wait()) << "still waiting for a place";
+  EXPECT_EQ(waiting->status(), 503u) << waiting->body();
+  EXPECT_NE(waiting->body().find("journal"), std::string::npos) << waiting->body();
+  faults_->SetDiskFull(false);
+  EXPECT_EQ(primary_.calls() + fallback_.calls(), 3u) << "it ran on a worker";
+  for (int i = 0; i < 3; ++i) Send("/v1/requests/r-held-" + std::to_string(i), "", "DELETE")->Wait();
+  for (const auto& r : running) EXPECT_TRUE(r->Wait());
+}
+
 // The disk fills while a request runs: its end cannot be recorded, so its
 // answer is withheld (503; it was sent, though a crash could have lost
 // it), and the end is recorded as that 503 once the disk has room again
