@@ -128,6 +128,14 @@ Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const
     // Shrunk, it fits the primary's pool once it frees (or once it is back:
     // restarting, or probed by one request; Decide waits for that).
     if (shrunk >= r.min_tokens && (primary.usable || primary.comes_back)) {
+      // Full only briefly: it waits, as any request waits for a busy pool
+      // (it was a 503 however soon a slot freed, and went ahead of its line).
+      if (primary.usable && primary.est_wait_s <= pol.max_delay_s) {
+        Decision d = Make(Kind::kDelay, 0, shrunk, sum + " fit " + primary.name + "'s pool only shrunk; it is full, room in about " +
+                                                       N(static_cast<uint64_t>(std::ceil(primary.est_wait_s))) + " s");
+        d.retry_after_s = static_cast<int>(std::ceil(primary.est_wait_s));
+        return d;
+      }
       const int wait = std::max(1, static_cast<int>(std::ceil(primary.est_wait_s)));
       return Reject(503, wait, sum + " fit " + primary.name + "'s pool only shrunk, and it is full for about " +
                                    N(wait) + " s");
@@ -171,6 +179,19 @@ Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const
                                                          N(static_cast<uint64_t>(std::ceil(primary.est_wait_s))) + " s");
     d.retry_after_s = static_cast<int>(std::ceil(primary.est_wait_s));
     return d;
+  }
+  // The primary out for good (not admitted, or it failed this request): a
+  // placement that holds the request once it frees is waited for, as the
+  // primary would be (every request past a hybrid's slots, or a retry after
+  // a failure beside a GPU fallback busy for 3 s, got a 503 at once).
+  if (!primary.usable) {
+    for (size_t i : alts) {
+      if (NeedAt(r, ps[i]) > ps[i].cells_total || ps[i].est_wait_s > pol.max_delay_s) continue;
+      Decision d = Make(Kind::kDelay, i, r.max_tokens, primary.name + " is unusable; " + ps[i].name + " is full, room in about " +
+                                                           N(static_cast<uint64_t>(std::ceil(ps[i].est_wait_s))) + " s");
+      d.retry_after_s = std::max(1, static_cast<int>(std::ceil(ps[i].est_wait_s)));
+      return d;
+    }
   }
   const double wait = primary.usable ? primary.est_wait_s : pol.max_delay_s;
   return Reject(503, std::max(1, static_cast<int>(std::ceil(wait))),

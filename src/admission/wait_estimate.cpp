@@ -12,7 +12,11 @@ std::optional<double> ExpectedRunS(uint32_t prompt_tokens, uint32_t max_tokens, 
 }
 
 std::optional<double> EstimateWaitS(const PoolNow& pool, uint64_t need, uint64_t ahead_cells, uint32_t ahead_requests) {
-  const uint64_t want = need + ahead_cells;
+  const bool per_slot = pool.per_slot_cells > 0;
+  if (per_slot && need > pool.per_slot_cells) return std::nullopt;  // no slot holds it
+  // Per slot: each request ahead, and this one, takes a slot of its own;
+  // what a running request asked is not what its end frees.
+  const uint64_t want = per_slot ? 0 : need + ahead_cells;
   const uint32_t slots_wanted = 1 + ahead_requests;
   if (pool.cells_free >= want && pool.slots_free >= slots_wanted) return 0.0;
   std::vector<std::pair<double, uint32_t>> frees;  // (seconds from now, cells)

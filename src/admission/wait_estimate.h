@@ -31,6 +31,11 @@ struct PoolNow {
   uint32_t slots_free = 0;     // requests it may still start (0 when every slot is taken)
   double prompt_tps = 0;       // measured (0: not measured yet)
   double gen_tps = 0;
+  // A pool of per-slot cells (kv_unified = false): each request takes a
+  // whole slot of this many whatever it asks, so what frees is slots, and a
+  // request fits once one is free (and never when it needs more). 0: one
+  // pool shared by the slots.
+  uint32_t per_slot_cells = 0;
 };
 
 // A request that is already overdue is expected within this long.

@@ -184,10 +184,13 @@ std::string OllamaStreamTranslator::Line(const json& j) const {
 std::string OllamaStreamTranslator::Feed(std::string_view sse, int64_t now_ms) {
   pending_.append(sse);
   std::string out;
-  size_t pos;
-  while ((pos = pending_.find("\n\n")) != std::string::npos) {
-    const std::string event = pending_.substr(0, pos);
-    pending_.erase(0, pos + 2);
+  // Events are taken from `from` on, and what they used is cut once at the
+  // end: erased one by one, a whole stored stream fed at once (a replay)
+  // moved the rest of it for each event (seconds for a few MB).
+  size_t from = 0, pos;
+  while ((pos = pending_.find("\n\n", from)) != std::string::npos) {
+    const std::string event = pending_.substr(from, pos - from);
+    from = pos + 2;
     // An event's data lines, joined ("data: x" or "data:x"); comments and
     // other fields are dropped.
     std::string payload;
@@ -206,6 +209,7 @@ std::string OllamaStreamTranslator::Feed(std::string_view sse, int64_t now_ms) {
     }
     if (!payload.empty()) out += Event(payload, now_ms);
   }
+  pending_.erase(0, from);
   return out;
 }
 

@@ -87,6 +87,11 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
   std::string refused;  // a continuation's error event: the worker would not continue the stream
   int relayed = 0;
   bool answering = false;  // this attempt's first event reached the client
+  // [DONE] relayed: the client has the whole answer. A transport error after
+  // it (the worker gone before its last chunk's terminator, a deadline
+  // passing while a slow reader drains) is no failure of the stream's: it
+  // was, and a continuation replayed its end or an error followed [DONE].
+  bool done_relayed = false;
   // Cancelled while a slow reader held the relay back: what the worker wrote
   // before it stopped is not relayed (the client would go on receiving it,
   // and the slot stay taken, for as long as the reader took to drain it).
@@ -117,16 +122,16 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
       return false;
     }
     begin();
-    if (!noted && !spec.served.fallback_model.empty()) {
-      reply_.Comment("served by the fallback model " + spec.served.fallback_model);
-      noted = true;
-    }
-    if (continuing && !noted) {
-      reply_.ContinuedOn(spec.served);
+    if (!noted) {
+      // A continuation says where it went on and its limits there (a
+      // fallback model's note alone left the new placement's limits unsaid).
+      if (continuing) reply_.ContinuedOn(spec.served);
+      else if (!spec.served.fallback_model.empty()) reply_.Comment("served by the fallback model " + spec.served.fallback_model);
       noted = true;
     }
     if (++relayed == 3 && MutationActive("relay-drop-chunk")) return true;  // deliberate bug, for tests only
     reply_.Event(event);
+    if (kind == failover::StreamProgress::Event::kDone) done_relayed = true;
     return true;
   };
   progress_.ClearError();
@@ -188,7 +193,7 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
     a.body = progress_.last_error()->message;
     co_return a;
   }
-  if (!st.ok() || !failed_phase.empty()) {
+  if ((!st.ok() && !done_relayed) || !failed_phase.empty()) {
     // The worker failed or vanished: before the first token a fresh run,
     // after it a continuation (the policy decides).
     const FailurePhase phase = failed_phase.empty() ? FailurePhase::kNone

@@ -140,6 +140,7 @@ std::optional<double> PlacementBoard::EstimatedWaitS(const Placement& st, uint64
   pool.slots_free = static_cast<uint32_t>(std::max<int64_t>(0, st.cfg.slots - static_cast<int64_t>(st.active)));
   pool.prompt_tps = st.prompt_tps;
   pool.gen_tps = st.gen_tps;
+  pool.per_slot_cells = st.cfg.kv_unified ? 0 : st.pool.request_capacity();
   const int64_t now = clock_.NowMs();
   for (const auto& [id, r] : st.running) {
     pool.running.push_back({r.cells, r.prompt_tokens, r.max_tokens, (now - r.since_ms) / 1000.0});
@@ -182,8 +183,10 @@ std::vector<admission::PlacementView> PlacementBoard::Views(const config::Servic
       v.own_line = true;
       if (svc.cpu_path.max_tokens > 0) v.max_tokens_cap = static_cast<uint32_t>(svc.cpu_path.max_tokens);
     }
-    // When its pool frees enough, from what runs there and its measured throughput.
-    v.est_wait_s = EstimatedWaitS(st, need).value_or(kUnmeasuredWaitS);
+    // When its pool frees enough, from what runs there and its measured
+    // throughput; for a request larger than the pool, when the whole pool is
+    // free (all it can give it, shrunk: it "never fit", and was told 1 s).
+    v.est_wait_s = EstimatedWaitS(st, std::min<uint64_t>(need, v.cells_total)).value_or(kUnmeasuredWaitS);
     // Admitted to run but not usable now: its worker is starting or restarting, or its breaker will probe.
     v.comes_back = !v.usable && !ex && st.admission.admitted;
     v.probing = v.comes_back && can_start[k] && !ProbeBlocking(st).empty();

@@ -458,11 +458,17 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
     admission::Decision d;
     if (prompt_tokens >= 0) {
       RefreshHeld();
-      // A snapshot of the board (pools, breakers, wait estimates) for the pure decision.
-      const std::vector<admission::PlacementView> views = g_.board_.Views(
-          svc_, excluded_, static_cast<uint64_t>(prompt_tokens) + max_tokens, [this](size_t k) { return Startable(k); });
+      // A snapshot of the board (pools, breakers, wait estimates) for the pure
+      // decision. The waits are for what it will take: an Ollama request's
+      // max_tokens is lowered to the room it finds (FitToContext), so it
+      // waits for its prompt and the least it may be given (waiting for the
+      // whole of max_tokens, it "never fit", and heard "about 1 s" each time).
+      const uint32_t min_tokens = 16;
+      const uint64_t wait_need = static_cast<uint64_t>(prompt_tokens) + (fit_context ? std::min(max_tokens, min_tokens) : max_tokens);
+      const std::vector<admission::PlacementView> views =
+          g_.board_.Views(svc_, excluded_, wait_need, [this](size_t k) { return Startable(k); });
       const int64_t now = g_.clock_.NowMs();
-      admission::RequestNeed need{static_cast<uint32_t>(prompt_tokens), max_tokens, svc_.admission.allow_shrink, 16};
+      admission::RequestNeed need{static_cast<uint32_t>(prompt_tokens), max_tokens, svc_.admission.allow_shrink, min_tokens};
       need.fit_context = fit_context;
       need.waited_s = (now - t0_) / 1000.0;
       // Its place in the service's line; out of it (it was sent to the CPU

@@ -169,6 +169,37 @@ TEST(AdmissionTest, WhatCouldFitLaterIsNeverA400) {
   EXPECT_EQ(Decide({6000, 500}, {Gpu(4096, 4096), Cpu(4096, 4096)}, {}).http_status, 413);
 }
 
+// A request that fits the primary only shrunk, the primary full for a
+// moment: it waits, as any request waits for a busy pool (it got a 503
+// however soon a slot freed).
+TEST(AdmissionTest, AShrinkableRequestWaitsForABrieflyFullPrimary) {
+  RequestNeed shrinkable{3000, 100000, /*allow_shrink=*/true, 16};
+  auto d = Decide(shrinkable, {Gpu(4096, 500, 2, 2)}, {});
+  EXPECT_EQ(d.kind, Kind::kDelay) << d.reason;
+  EXPECT_EQ(d.placement, 0u);
+  EXPECT_EQ(d.retry_after_s, 2);
+  EXPECT_NE(d.reason.find("only shrunk"), std::string::npos) << d.reason;
+}
+
+// The primary out for good (not admitted, or failed by this request), its
+// GPU fallback or hybrid full for a moment: the request waits for that one
+// (it got a 503 at once; an accepted request's retry failed with it).
+TEST(AdmissionTest, ABusyAlternativeIsWaitedForWhenThePrimaryIsOut) {
+  PlacementView gone = Gpu(4096, 4096);
+  gone.usable = false;
+  PlacementView hybrid = Hybrid(2048, 0);
+  hybrid.slots_free = 0;
+  hybrid.est_wait_s = 3;
+  auto d = Decide({100, 200}, {gone, hybrid}, {});
+  EXPECT_EQ(d.kind, Kind::kDelay) << d.reason;
+  EXPECT_EQ(d.placement, 1u);
+  EXPECT_EQ(d.retry_after_s, 3);
+  hybrid.est_wait_s = 100;  // past max_delay_s: a 503
+  d = Decide({100, 200}, {gone, hybrid}, {});
+  EXPECT_EQ(d.kind, Kind::kReject) << d.reason;
+  EXPECT_EQ(d.http_status, 503);
+}
+
 TEST(AdmissionTest, Reject503WhenTheWaitIsTooLong) {
   auto d = Decide({500, 500}, {Gpu(4096, 100, 2, 120)}, {});
   EXPECT_EQ(d.kind, Kind::kReject);

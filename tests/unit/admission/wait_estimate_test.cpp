@@ -34,6 +34,24 @@ TEST(WaitEstimateTest, AFullSlotTableWaitsEvenWithCellsFree) {
   EXPECT_DOUBLE_EQ(*EstimateWaitS(p, 100), 3.0);
 }
 
+// A pool of per-slot cells (kv_unified = false, the default): a request
+// takes a whole slot, so the first slot to free is the wait. Counted by the
+// cells the running requests asked, a request of 600 in slots of 1024
+// waited for three to end (80 s instead of 10), and one of 1020 "never fit"
+// (told "about 1 s").
+TEST(WaitEstimateTest, APerSlotPoolFreesAWholeSlotWhenARequestEnds) {
+  // Four slots of 1024, each running a request of 250 cells (121 s each); they end in 10, 40, 80 and 120 s.
+  PoolNow p = Pool(0, 0, {{250, 100, 1200, 111.0}, {250, 100, 1200, 81.0}, {250, 100, 1200, 41.0}, {250, 100, 1200, 1.0}});
+  p.per_slot_cells = 1024;
+  EXPECT_DOUBLE_EQ(*EstimateWaitS(p, 600), 10.0);
+  EXPECT_DOUBLE_EQ(*EstimateWaitS(p, 1020), 10.0);
+  EXPECT_DOUBLE_EQ(*EstimateWaitS(p, 600, 600, 1), 40.0) << "one ahead takes the first slot";
+  EXPECT_FALSE(EstimateWaitS(p, 1025)) << "no slot holds it";
+  p.cells_free = 1024;
+  p.slots_free = 1;
+  EXPECT_EQ(EstimateWaitS(p, 1000), 0.0);
+}
+
 TEST(WaitEstimateTest, NothingMeasuredIsNoEstimate) {
   PoolNow p = Pool(0, 0, {{150, 100, 50, 1.0}});
   p.gen_tps = 0;

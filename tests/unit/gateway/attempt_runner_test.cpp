@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <optional>
 
 #include "api/openai_response.h"
@@ -67,6 +68,7 @@ FakeWorker Worker(std::string* last_body) {
       ex->Write(Chunk("c", 3));
     }
     ex->Write(api::kSseDone);
+    if (target == "/done-then-gone") return ex->Abort();  // cut after [DONE], before the stream's last chunk
     ex->End();
   });
 }
@@ -82,7 +84,7 @@ struct Fixture {
   std::atomic<bool> cancelled{false};
   int first_events = 0;
 
-  AttemptResult Run(const std::string& path, bool stream) {
+  AttemptResult Run(const std::string& path, bool stream, const std::function<void(AttemptSpec&)>& tweak = nullptr) {
     AttemptRunner runner(pool, reply, progress, cancelled, [this] { ++first_events; }, 1 << 20);
     AttemptSpec spec;
     spec.port = worker.port();
@@ -93,6 +95,7 @@ struct Fixture {
     spec.served.decision = "reroute";
     spec.served.attempts = 2;
     spec.role = "fallback";
+    if (tweak) tweak(spec);
     std::optional<AttemptResult> out;
     auto co = [&]() -> net::awaitable<void> { out.emplace(co_await runner.Run(spec)); };
     net::co_spawn(net::make_strand(ioc), co(), net::detached);
@@ -190,6 +193,37 @@ TEST(AttemptRunnerTest, AStreamCutInComputeIsAContinuableFailureAndTheContinuati
       << "one stream for the client, across attempts: " << f.client->body();
   EXPECT_NE(f.client->body().find(": spillway: continued on cpu:0/99 after a failure"), std::string::npos);
   EXPECT_NE(f.client->body().find("resumed after 2"), std::string::npos);
+}
+
+// [DONE] relayed, then the worker's connection cut before the stream's
+// terminator (the worker gone at that moment, or a deadline passing while a
+// slow reader drains): the client has the whole answer, so the stream
+// completed. It was a failure: a continuation replayed its end (a second
+// finish and [DONE]), or an error event followed [DONE], the request
+// journaled failed.
+TEST(AttemptRunnerTest, AStreamCutAfterItsDoneIsComplete) {
+  Fixture f;
+  const AttemptResult r = f.Run("/done-then-gone", true);
+  EXPECT_EQ(r.outcome.kind, Kind::kAnswered);
+  EXPECT_EQ(r.stream_state, journal::State::kCompleted);
+  EXPECT_EQ(f.client->body(), Chunk("a", 1) + Chunk("b", 2) + Chunk("c", 3) + std::string(api::kSseDone));
+}
+
+// A stream of a declared fallback model, cut and continued on another
+// placement of that model (its CPU replica, with the CPU path's lower
+// max_tokens): the continuation says where it went on and its limits. The
+// fallback model's note took its place, and the limits went unsaid.
+TEST(AttemptRunnerTest, AContinuationOfAFallbackModelsStreamSaysItsLimits) {
+  Fixture f;
+  auto fallback_model = [](AttemptSpec& s) { s.served.fallback_model = "small.gguf"; };
+  ASSERT_EQ(f.Run("/cut", true, fallback_model).outcome.kind, Kind::kFailed);
+  const AttemptResult resumed = f.Run("/resume", true, [&](AttemptSpec& s) {
+    fallback_model(s);
+    s.served.limits = "max_tokens=4 (CPU path)";
+  });
+  EXPECT_EQ(resumed.outcome.kind, Kind::kAnswered);
+  EXPECT_NE(f.client->body().find(": spillway: continued on cpu:0/99 after a failure, limits max_tokens=4 (CPU path)"),
+            std::string::npos) << f.client->body();
 }
 
 // A stream cancelled while a slow reader holds its relay back (much unsent)
