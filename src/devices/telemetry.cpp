@@ -70,6 +70,7 @@ struct NvmlProcessInfo {  // nvmlProcessInfo_v2_t
 };
 using NvmlInit = int (*)();
 using NvmlGetHandle = int (*)(unsigned int, void**);
+using NvmlGetHandleByUuid = int (*)(const char*, void**);
 using NvmlGetMemory = int (*)(void*, NvmlMemory*);
 using NvmlGetProcesses = int (*)(void*, unsigned int*, NvmlProcessInfo*);
 constexpr int kNvmlInsufficientSize = 7;  // NVML_ERROR_INSUFFICIENT_SIZE
@@ -77,16 +78,23 @@ constexpr int kNvmlInsufficientSize = 7;  // NVML_ERROR_INSUFFICIENT_SIZE
 class NvmlTelemetry final : public DeviceTelemetry {
  public:
   static StatusOr<std::unique_ptr<DeviceTelemetry>> Open(const std::string& name, int index) {
+    const CudaDeviceSelector which = SelectCudaDevice(index, std::getenv("CUDA_VISIBLE_DEVICES"));
+    if (!which.error.empty()) return Status::Unavailable("cannot observe " + name + ": " + which.error);
     void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) return Status::Unavailable("NVML (libnvidia-ml.so.1) is not available: cannot observe " + name);
     auto init = reinterpret_cast<NvmlInit>(dlsym(lib, "nvmlInit_v2"));
     auto handle = reinterpret_cast<NvmlGetHandle>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+    auto by_uuid = reinterpret_cast<NvmlGetHandleByUuid>(dlsym(lib, "nvmlDeviceGetHandleByUUID"));
     auto memory = reinterpret_cast<NvmlGetMemory>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
     auto procs = reinterpret_cast<NvmlGetProcesses>(dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v2"));
     void* dev = nullptr;
-    if (!init || !handle || !memory || init() != 0 || handle(static_cast<unsigned>(index), &dev) != 0) {
+    const bool found = which.nvml_index ? handle && handle(*which.nvml_index, &dev) == 0
+                                        : by_uuid && by_uuid(which.uuid.c_str(), &dev) == 0;
+    if (!init || !memory || init() != 0 || !found) {
       dlclose(lib);
-      return Status::Unavailable("NVML cannot open " + name);
+      return Status::Unavailable("NVML cannot open " + name +
+                                 (which.nvml_index ? " (its index " + std::to_string(*which.nvml_index) + ")"
+                                                   : " (" + which.uuid + ")"));
     }
     std::unique_ptr<NvmlTelemetry> t(new NvmlTelemetry());
     t->name_ = name;
@@ -138,6 +146,36 @@ class NvmlTelemetry final : public DeviceTelemetry {
 };
 
 }  // namespace
+
+CudaDeviceSelector SelectCudaDevice(int index, const char* visible) {
+  CudaDeviceSelector s;
+  if (index < 0) {
+    s.error = "no CUDA device " + std::to_string(index);
+    return s;
+  }
+  if (!visible || !*visible) {
+    s.nvml_index = static_cast<unsigned>(index);
+    return s;
+  }
+  std::vector<std::string> entries;
+  std::stringstream in(visible);
+  for (std::string e; std::getline(in, e, ',');) {
+    e.erase(0, e.find_first_not_of(" \t"));
+    e.erase(e.find_last_not_of(" \t") + 1);
+    entries.push_back(e);
+  }
+  if (static_cast<size_t>(index) >= entries.size() || entries[static_cast<size_t>(index)].empty()) {
+    s.error = "cuda:" + std::to_string(index) + " is not among CUDA_VISIBLE_DEVICES=" + visible;
+    return s;
+  }
+  const std::string& e = entries[static_cast<size_t>(index)];
+  if (e.find_first_not_of("0123456789") == std::string::npos && e.size() < 6) {
+    s.nvml_index = static_cast<unsigned>(std::stoul(e));
+  } else {
+    s.uuid = e;  // GPU-... or MIG-...: CUDA takes a UUID (or its prefix); NVML asked by the whole one
+  }
+  return s;
+}
 
 StatusOr<std::unique_ptr<DeviceTelemetry>> OpenDeviceTelemetry(const std::string& device) {
   const auto name = ParseDeviceName(device);

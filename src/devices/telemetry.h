@@ -52,6 +52,20 @@ class DeviceTelemetry {
 // the device cannot be observed (no ledger, no NVML, no such GPU).
 StatusOr<std::unique_ptr<DeviceTelemetry>> OpenDeviceTelemetry(const std::string& device);
 
+// Which GPU NVML must read for `cuda:N`, numbered as the workers' CUDA
+// runtime numbers them: in PCI bus order (workers get
+// CUDA_DEVICE_ORDER=PCI_BUS_ID, as NVML orders its indices; CUDA's default,
+// fastest first, differs on a machine of mixed GPUs), and among
+// CUDA_VISIBLE_DEVICES when the gateway's environment sets it (`visible`):
+// its Nth entry, an index or a GPU-/MIG- UUID. `error` says why there is
+// none (N past the list).
+struct CudaDeviceSelector {
+  std::optional<unsigned> nvml_index;
+  std::string uuid;
+  std::string error;
+};
+CudaDeviceSelector SelectCudaDevice(int index, const char* visible);
+
 struct HostReading {
   uint64_t total = 0;       // MemTotal
   uint64_t available = 0;   // MemAvailable

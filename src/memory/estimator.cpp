@@ -12,6 +12,7 @@ namespace {
 constexpr uint32_t kCtxPad = 256;
 constexpr uint64_t kMaxLayers = 4096;      // (the deepest models have a few hundred)
 constexpr uint64_t kMaxHeadDim = 1 << 16;  // (256 is large)
+constexpr uint64_t kMaxKvWidth = 1 << 20;  // KV elements of one cell in one layer: with ctx <= 2^22 and 4096 layers, no overflow
 constexpr uint64_t kMaxWidth = 1 << 24;    // feed-forward width, vocabulary (a few hundred thousand at most)
 uint64_t RoundUp(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 }  // namespace
@@ -100,6 +101,12 @@ StatusOr<ModelShape> ShapeFromMetadata(const gguf::Metadata& m) {
   }
   SPILLWAY_RETURN_IF_ERROR(at_most("attention.key_length", head_dim_k, kMaxHeadDim));
   SPILLWAY_RETURN_IF_ERROR(at_most("attention.value_length", head_dim_v, kMaxHeadDim));
+  // Each bound alone let their product (a cell's KV width per layer) reach
+  // 2^40: the KV estimate wrapped in 64 bits, and a header of a few hundred
+  // bytes was planned as a small model that fits. (The largest have tens of
+  // thousands: 128 heads of 192.)
+  SPILLWAY_RETURN_IF_ERROR(
+      at_most("attention.head_count_kv x key/value_length", n_head_kv * std::max(head_dim_k, head_dim_v), kMaxKvWidth));
   s.head_dim_k = static_cast<uint32_t>(head_dim_k);
   s.head_dim_v = static_cast<uint32_t>(head_dim_v);
   s.n_ctx_train = static_cast<uint32_t>(std::min<uint64_t>(m.ArchUint("context_length").value_or(0), UINT32_MAX));

@@ -65,6 +65,12 @@ std::string SecretForWorkers(const std::string& run_dir) {
 // The environment a worker needs, and nothing of the gateway's secrets.
 std::vector<std::string> WorkerEnvironment(const std::string& secret) {
   std::vector<std::string> env = HelperEnvironment();
+  // CUDA numbers devices in PCI bus order, as NVML does, so that cuda:N is
+  // the GPU the gateway observes (CUDA's default puts the fastest first).
+  // Set by the operator: left as it is.
+  if (std::none_of(env.begin(), env.end(), [](const std::string& e) { return e.rfind("CUDA_DEVICE_ORDER=", 0) == 0; })) {
+    env.emplace_back("CUDA_DEVICE_ORDER=PCI_BUS_ID");
+  }
   if (!secret.empty()) env.push_back(std::string(kWorkerSecretEnv) + "=" + secret);
   return env;
 }

@@ -88,6 +88,21 @@ TEST_F(FakeTree, ProcessRss) {
   EXPECT_EQ(Host().ProcessRss(-1).status().code(), StatusCode::kNotFound);
 }
 
+// cuda:N is the Nth GPU the workers' CUDA runtime sees: among
+// CUDA_VISIBLE_DEVICES when it is set (NVML read GPU N of all of them:
+// with CUDA_VISIBLE_DEVICES=1, cuda:0 is GPU 1, and admission read GPU 0).
+TEST(CudaDeviceTest, CudaNIsTheNthVisibleDevice) {
+  EXPECT_EQ(SelectCudaDevice(1, nullptr).nvml_index, 1u);
+  EXPECT_EQ(SelectCudaDevice(1, "").nvml_index, 1u);
+  EXPECT_EQ(SelectCudaDevice(0, "1").nvml_index, 1u);
+  EXPECT_EQ(SelectCudaDevice(1, "2, 0").nvml_index, 0u);
+  const auto uuid = SelectCudaDevice(0, "GPU-8f1e2c3a-0000-1111-2222-333344445555");
+  EXPECT_FALSE(uuid.nvml_index);
+  EXPECT_EQ(uuid.uuid, "GPU-8f1e2c3a-0000-1111-2222-333344445555");
+  EXPECT_EQ(SelectCudaDevice(2, "0,1").error, "cuda:2 is not among CUDA_VISIBLE_DEVICES=0,1");
+  EXPECT_FALSE(SelectCudaDevice(-1, nullptr).error.empty());
+}
+
 TEST(HostTelemetryTest, RealHostAndOwnRss) {
   HostTelemetry h;
   auto r = h.Read();

@@ -234,6 +234,19 @@ TEST(EstimatorTest, HostileShapesAreRefusedByName) {
   EXPECT_FALSE(with("llama.attention.key_length", uint64_t{1} << 31).ok());
   EXPECT_FALSE(with("llama.feed_forward_length", uint64_t{1} << 40).ok());
   EXPECT_FALSE(with("llama.vocab_size", uint64_t{1} << 40).ok());
+  // Each within its bound, their product a cell's KV width of 2^36 per
+  // layer: the KV estimate wrapped in 64 bits (a tiny "model" that fits).
+  gguf::Metadata wide = base();
+  for (const auto& [k, v] : {std::pair<const char*, uint64_t>{"llama.attention.head_count", 1 << 20},
+                             {"llama.attention.head_count_kv", 1 << 20}, {"llama.attention.key_length", 1 << 16},
+                             {"llama.attention.value_length", 1 << 16}}) {
+    wide.kv[k].kind = gguf::Value::Kind::kUint;
+    wide.kv[k].u = v;
+  }
+  const auto wrapped = ShapeFromMetadata(wide);
+  ASSERT_FALSE(wrapped.ok());
+  EXPECT_NE(wrapped.status().message().find("head_count_kv x key/value_length"), std::string::npos)
+      << wrapped.status().message();
   // Heads given per layer (a hybrid model): not estimated, and said so
   // (the first layer's count for every layer made its KV 40 times too large).
   gguf::Metadata hybrid = base();
