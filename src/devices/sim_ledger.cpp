@@ -310,6 +310,13 @@ void SimLedger::Release(LedgerKind kind, const std::string& label, uint64_t byte
   });
 }
 
+bool SimLedger::Replaced() const {
+  struct stat open_file {}, named {};
+  if (::fstat(fd_, &open_file) != 0) return true;
+  if (::stat(PathFor(index_).c_str(), &named) != 0) return true;
+  return open_file.st_dev != named.st_dev || open_file.st_ino != named.st_ino;
+}
+
 LedgerSnapshot SimLedger::Snapshot() {
   return Locked([](LedgerData* d) {
     LedgerSnapshot s;

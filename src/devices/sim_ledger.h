@@ -86,6 +86,9 @@ class SimLedger {
   bool Reserve(LedgerKind kind, const std::string& label, uint64_t bytes, uint64_t expires_ms = 0);
   void Release(LedgerKind kind, const std::string& label, uint64_t bytes);
   LedgerSnapshot Snapshot();
+  // Whether its file is no longer the one at PathFor(index) (removed, or
+  // removed and created again: `sim remove` then `sim create`).
+  bool Replaced() const;
 
  private:
   SimLedger(int index, int fd, LedgerData* data) : index_(index), fd_(fd), data_(data) {}

@@ -45,6 +45,14 @@ class SimTelemetry final : public DeviceTelemetry {
   SimTelemetry(std::string name, std::unique_ptr<SimLedger> ledger) : name_(std::move(name)), ledger_(std::move(ledger)) {}
   const std::string& device() const override { return name_; }
   StatusOr<DeviceReading> Read() override {
+    // A reader is kept (one per thread): a device removed and created again
+    // is another file, which it opens again (it went on reading the old,
+    // unlinked one: its old capacity, and none of the new file's holders).
+    if (ledger_->Replaced()) {
+      auto again = SimLedger::Open(ledger_->index());
+      if (!again.ok()) return Status::Unavailable(again.status().message());
+      ledger_ = std::move(*again);
+    }
     auto snap = ledger_->Snapshot();
     DeviceReading r{name_, snap.capacity, snap.free(), {}};
     for (const auto& e : snap.entries) {

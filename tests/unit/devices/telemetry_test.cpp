@@ -127,6 +127,17 @@ TEST_F(FakeTree, SimTelemetryReadsTheLedger) {
   ASSERT_EQ(r->processes.size(), 1u);
   EXPECT_EQ(r->processes[0].pid, getpid());
   EXPECT_EQ(r->processes[0].label, "hold");
+  // `sim remove` and `sim create` again: the kept reader reads the new
+  // device (it read the old, unlinked file: its capacity and holders).
+  ledger->reset();
+  ASSERT_TRUE(SimLedger::Remove(1).ok());
+  EXPECT_EQ((*t)->Read().status().code(), StatusCode::kUnavailable) << "a removed device read as present";
+  auto again = SimLedger::Create(1, 200 << 20);
+  ASSERT_TRUE(again.ok());
+  r = (*t)->Read();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->total, 200u << 20);
+  EXPECT_TRUE(r->processes.empty());
   unsetenv("SPILLWAY_SIM_DIR");
 }
 
