@@ -49,7 +49,8 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Send(const AttemptSpec& spe
   // The worker died or stopped answering: nothing was delivered, so it is safe to run again.
   if (!r.ok()) {
     AttemptResult f = Failed(FailurePhase::kNone, r.status().message(), true);
-    f.deadline = spec.bounded && r.status().code() == StatusCode::kDeadlineExceeded;
+    f.timed_out = r.status().code() == StatusCode::kDeadlineExceeded;
+    f.deadline = spec.bounded && f.timed_out;
     co_return f;
   }
   const auto err = protocol::ParseWorkerError(r->status, r->body);
@@ -200,6 +201,7 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
                                                     : protocol::ParseFailurePhase(failed_phase).value_or(FailurePhase::kCompute);
     AttemptResult f = Failed(phase, !failed_phase.empty() ? "phase " + failed_phase : st.message(), !st.ok());
     f.deadline = control.expired();
+    f.timed_out = failed_phase.empty() && st.code() == StatusCode::kDeadlineExceeded;
     f.outcome.delivered = delivered;
     f.outcome.continuable = progress_.Continuable();
     co_return f;

@@ -58,6 +58,10 @@ struct AttemptResult {
   std::string why;           // kFailed: what failed
   bool unreachable = false;  // kFailed: the worker could not be reached or died (the supervisor checks it)
   bool deadline = false;     // kFailed: stopped at the request's deadline (not the worker's failure)
+  // kFailed: no answer (a stream: no event) within the attempt's bound. With
+  // no deadline of the request's, that bound is the gateway's own (an hour;
+  // a stream silent for 600 s) and says nothing of the worker's health.
+  bool timed_out = false;
   // The worker's answer (kAnswered, kBusy; kFailed when it sent one).
   int status = 0;
   std::string type = "application/json";

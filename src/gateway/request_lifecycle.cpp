@@ -446,6 +446,20 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
       case Kind::kFailed: {
         // A worker that timed out because the deadline passed is not the worker's failure.
         if (r.deadline || (r.unreachable && PastDeadline())) co_return co_await DeadlineFailure();
+        // Past the gateway's own bound on an attempt without a deadline (an
+        // hour's answer; a stream silent for 600 s, a huge prompt on the
+        // CPU): the worker still answers its health checks (a hung one is
+        // replaced by them), so it is no crash of the placement's. It was
+        // taken for one: its breaker tripped, and the request ran again
+        // from scratch, three times, before its 503.
+        if (r.timed_out && !spec.bounded) {
+          g_.Cancel(live_);  // stops the worker's generation, frees its slot
+          live_->cancelled = true;
+          co_return co_await Fail(State::kFailed,
+                                  Status::DeadlineExceeded("the worker gave no " +
+                                                           std::string(rec_.stream ? "event for 600 s" : "answer within an hour") +
+                                                           " (the gateway's bound on a request without X-Request-Timeout): " + r.why));
+        }
         if (r.unreachable) g_.supervisor_.Suspect(key);
         const auto d = co_await AfterFailure(r);
         if (d.action == Action::kDeadline) co_return co_await DeadlineFailure();

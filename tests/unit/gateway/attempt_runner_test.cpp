@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <optional>
+#include <vector>
 
 #include "api/openai_response.h"
 #include "fake_worker.h"
@@ -41,10 +42,11 @@ std::string WorkerErrorBody(Status st) { return api::ErrorBody(st).dump(); }
 // allocation failure), /stream (three tokens), /cut (a stream that fails in
 // compute after two), /refuse (a stream refused with a 400), and /resume
 // (echoes the continuation it was asked for).
-FakeWorker Worker(std::string* last_body) {
-  return FakeWorker([last_body](http::Request& req, std::shared_ptr<http::Exchange> ex) {
+FakeWorker Worker(std::string* last_body, std::vector<std::shared_ptr<http::Exchange>>* held) {
+  return FakeWorker([last_body, held](http::Request& req, std::shared_ptr<http::Exchange> ex) {
     const std::string target(req.target());
     *last_body = req.body();
+    if (target == "/silent") return held->push_back(std::move(ex));  // answers nothing (held until the test ends)
     auto respond = [&](int status, const std::string& body) {
       ex->Respond(http::MakeResponse(static_cast<unsigned>(status), body, "application/json"));
     };
@@ -77,7 +79,10 @@ struct Fixture {
   net::io_context ioc;
   upstream::ConnectionPool pool;
   std::string worker_saw;
-  FakeWorker worker = Worker(&worker_saw);
+  std::vector<std::shared_ptr<http::Exchange>> held_by_worker;
+  FakeWorker worker = Worker(&worker_saw, &held_by_worker);
+  // (Held answers go before the server whose connections they post to.)
+  ~Fixture() { held_by_worker.clear(); }
   std::shared_ptr<RecordingExchange> client = std::make_shared<RecordingExchange>();
   ReplyWriter reply{client, "req-1", 11};
   failover::StreamProgress progress;
@@ -207,6 +212,22 @@ TEST(AttemptRunnerTest, AStreamCutAfterItsDoneIsComplete) {
   EXPECT_EQ(r.outcome.kind, Kind::kAnswered);
   EXPECT_EQ(r.stream_state, journal::State::kCompleted);
   EXPECT_EQ(f.client->body(), Chunk("a", 1) + Chunk("b", 2) + Chunk("c", 3) + std::string(api::kSseDone));
+}
+
+// An attempt without a deadline that outlasts its bound (the gateway's own:
+// an hour, or 600 s of a stream's silence) says it timed out, apart from a
+// worker that could not be reached: the lifecycle ends the request then,
+// instead of taking a healthy placement for a crashed one (its breaker
+// tripped, and the request ran again from scratch, three times).
+TEST(AttemptRunnerTest, AnUnboundedAttemptThatOutlastsItsBoundSaysItTimedOut) {
+  Fixture f;
+  const AttemptResult r = f.Run("/silent", false, [](AttemptSpec& s) {
+    s.timeout = std::chrono::milliseconds(200);
+    s.bounded = false;
+  });
+  EXPECT_EQ(r.outcome.kind, Kind::kFailed);
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_FALSE(r.deadline) << "not the request's deadline: it has none";
 }
 
 // A stream of a declared fallback model, cut and continued on another
