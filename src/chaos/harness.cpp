@@ -325,9 +325,8 @@ void Run::CompareWithReference(std::vector<RequestRecord>& records) {
     eligible.push_back(&r);
   }
   std::vector<RequestRecord*> chosen;
-  for (size_t k = 0; k < std::min(kMaxCompared, eligible.size()); ++k) {
-    chosen.push_back(eligible[k * eligible.size() / std::min(kMaxCompared, eligible.size())]);
-  }
+  const size_t n = std::min(kMaxCompared, eligible.size());
+  for (size_t k = 0; k < n; ++k) chosen.push_back(eligible[k * eligible.size() / n]);
   for (RequestRecord* rp : chosen) {
     RequestRecord& r = *rp;
     PlannedRequest p;
@@ -631,8 +630,7 @@ ScenarioResult Run::Go() {
   for (auto& r : records) {
     ReadJournal(r);
     while (target_ != Target::kLlamaServer && (r.acknowledged || !r.journal_state.empty()) &&
-           r.journal_state != "completed" && r.journal_state != "failed" &&
-           r.journal_state != "failed_resumable" && r.journal_state != "cancelled" && Steady::now() < deadline) {
+           !IsTerminalState(r.journal_state) && Steady::now() < deadline) {
       SleepMs(100);
       ReadJournal(r);
     }

@@ -9,6 +9,10 @@
 
 namespace spillway::chaos {
 
+bool IsTerminalState(const std::string& s) {
+  return s == "completed" || s == "failed" || s == "failed_resumable" || s == "cancelled";
+}
+
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -32,9 +36,6 @@ double PercentileRatioLowerBound(const std::vector<double>& num, const std::vect
 
 namespace {
 
-bool Terminal(const std::string& s) {
-  return s == "completed" || s == "failed" || s == "failed_resumable" || s == "cancelled";
-}
 
 std::string Ms(double ms) {
   char b[32];
@@ -143,7 +144,7 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
     // The outcome: the journal's when there is one, else what the client saw.
     const bool ok_client = q.http_status == 200 && q.connection_survived && q.first_error.empty();
     const bool completed = o.journal ? q.journal_state == "completed" && ok_client : ok_client;
-    const bool terminal = o.journal ? Terminal(q.journal_state) : q.http_status != 0 && q.connection_survived;
+    const bool terminal = o.journal ? IsTerminalState(q.journal_state) : q.http_status != 0 && q.connection_survived;
     if (completed) {
       ++v.succeeded;
       if (q.latency_ms >= 0) latencies.push_back(static_cast<double>(q.latency_ms));
@@ -191,7 +192,7 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
     if (q.attempts > 1) {
       ++v.retried;
       // Exactly once: one terminal state under the same id, every attempt journaled.
-      if (!Terminal(q.journal_state) || static_cast<int>(q.attempt_placements.size()) != q.attempts) {
+      if (!IsTerminalState(q.journal_state) || static_cast<int>(q.attempt_placements.size()) != q.attempts) {
         ++v.retried_not_exactly_once;
         v.failures.push_back("retry not finished exactly once: " + q.id + " (" + std::to_string(q.attempts) +
                              " attempts, state " + q.journal_state + ")");

@@ -46,6 +46,9 @@ struct VerdictOptions {
 
 Verdict Judge(const ScenarioResult& r, const VerdictOptions& opts);
 
+// Whether a journal state ("completed", "failed", ...) is a request's end.
+bool IsTerminalState(const std::string& journal_state);
+
 // Percentile (0..100) of `values` by nearest rank; 0 when empty.
 double Percentile(std::vector<double> values, double p);
 

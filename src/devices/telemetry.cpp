@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -25,19 +24,27 @@ bool ReadWhole(const std::string& path, std::string* out) {
   return true;
 }
 
-// "MemAvailable:   123456 kB" -> bytes
-std::optional<uint64_t> KbField(const std::string& text, const std::string& key) {
+// The number after `key` on the line that begins with it: "MemAvailable:
+// 123456 kB" (/proc/meminfo, key "MemAvailable:"), "inactive_file 4096"
+// (a cgroup's memory.stat, key "inactive_file ").
+std::optional<uint64_t> NumberField(const std::string& text, const std::string& key) {
   size_t pos = 0;
   while ((pos = text.find(key, pos)) != std::string::npos) {
     if (pos == 0 || text[pos - 1] == '\n') {
       std::istringstream line(text.substr(pos + key.size()));
-      uint64_t kb = 0;
-      if (line >> kb) return kb * 1024;
+      uint64_t n = 0;
+      if (line >> n) return n;
       return std::nullopt;
     }
     pos += key.size();
   }
   return std::nullopt;
+}
+
+// "MemAvailable:   123456 kB" -> bytes
+std::optional<uint64_t> KbField(const std::string& text, const std::string& key) {
+  auto kb = NumberField(text, key);
+  return kb ? std::optional<uint64_t>(*kb * 1024) : std::nullopt;
 }
 
 class SimTelemetry final : public DeviceTelemetry {
@@ -241,11 +248,7 @@ StatusOr<HostReading> HostTelemetry::Read() const {
           const uint64_t limit = std::strtoull(max.c_str(), nullptr, 10);
           uint64_t used = std::strtoull(cur.c_str(), nullptr, 10);
           if (ReadWhole(cgroup_root_ + level + "/memory.stat", &stat)) {
-            if (auto at = stat.find("\ninactive_file "); at != std::string::npos || stat.rfind("inactive_file ", 0) == 0) {
-              const size_t from = at == std::string::npos ? 0 : at + 1;
-              const uint64_t inactive = std::strtoull(stat.c_str() + from + std::strlen("inactive_file "), nullptr, 10);
-              used -= std::min(used, inactive);
-            }
+            used -= std::min(used, NumberField(stat, "inactive_file ").value_or(0));
           }
           const uint64_t room = used >= limit ? 0 : limit - used;
           if (!least_room || room < *least_room) {

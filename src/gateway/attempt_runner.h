@@ -39,6 +39,10 @@
 
 namespace spillway::gateway {
 
+// How long a stream's worker may stay silent (no byte) before its attempt
+// ends timed out, whatever its deadline.
+inline constexpr std::chrono::seconds kStreamSilenceBound{600};
+
 struct AttemptSpec {
   uint16_t port = 0;
   std::string path;  // the worker's generation route

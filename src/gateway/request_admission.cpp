@@ -463,13 +463,13 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       // max_tokens is lowered to the room it finds (FitToContext), so it
       // waits for its prompt and the least it may be given (waiting for the
       // whole of max_tokens, it "never fit", and heard "about 1 s" each time).
-      const uint32_t min_tokens = 16;
-      const uint64_t wait_need = static_cast<uint64_t>(prompt_tokens) + (fit_context ? std::min(max_tokens, min_tokens) : max_tokens);
+      admission::RequestNeed need{static_cast<uint32_t>(prompt_tokens), max_tokens, svc_.admission.allow_shrink};
+      need.fit_context = fit_context;
+      const uint64_t wait_need =
+          uint64_t{need.prompt_tokens} + (fit_context ? std::min(max_tokens, need.min_tokens) : max_tokens);
       const std::vector<admission::PlacementView> views =
           g_.board_.Views(svc_, excluded_, wait_need, [this](size_t k) { return Startable(k); });
       const int64_t now = g_.clock_.NowMs();
-      admission::RequestNeed need{static_cast<uint32_t>(prompt_tokens), max_tokens, svc_.admission.allow_shrink, min_tokens};
-      need.fit_context = fit_context;
       need.waited_s = (now - t0_) / 1000.0;
       // Its place in the service's line; out of it (it was sent to the CPU
       // path's line), a new request would join it at the end.

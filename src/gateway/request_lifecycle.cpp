@@ -11,6 +11,9 @@ using nlohmann::json;
 using Kind = failover::AttemptOutcome::Kind;
 using failover::Action;
 
+// An attempt's bound when its request has no deadline (X-Request-Timeout).
+constexpr int64_t kUnboundedAttemptMs = int64_t{3600} * 1000;
+
 RequestLifecycle::RequestLifecycle(Gateway& g, journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
                                    std::shared_ptr<Gateway::Live> live, bool unjournaled,
                                    boost::asio::any_io_executor strand)
@@ -130,7 +133,7 @@ boost::asio::awaitable<void> RequestLifecycle::Fail(State state, Status st) {
 bool RequestLifecycle::PastDeadline() const { return live_->PastDeadline(g_.clock_.NowMs()); }
 
 std::chrono::milliseconds RequestLifecycle::Remaining() const {
-  return TimeLeft(live_->deadline_ms, g_.clock_.NowMs(), int64_t{3600} * 1000);
+  return TimeLeft(live_->deadline_ms, g_.clock_.NowMs(), kUnboundedAttemptMs);
 }
 
 boost::asio::awaitable<void> RequestLifecycle::DeadlineFailure() {
@@ -455,10 +458,12 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
         if (r.timed_out && !spec.bounded) {
           g_.Cancel(live_);  // stops the worker's generation, frees its slot
           live_->cancelled = true;
+          const std::string bound = rec_.stream ? "event for " + std::to_string(kStreamSilenceBound.count()) + " s"
+                                                : "answer within " + std::to_string(kUnboundedAttemptMs / 1000) + " s";
           co_return co_await Fail(State::kFailed,
-                                  Status::DeadlineExceeded("the worker gave no " +
-                                                           std::string(rec_.stream ? "event for 600 s" : "answer within an hour") +
-                                                           " (the gateway's bound on a request without X-Request-Timeout): " + r.why));
+                                  Status::DeadlineExceeded("the worker gave no " + bound +
+                                                           " (the gateway's bound on a request without X-Request-Timeout): " +
+                                                           r.why));
         }
         if (r.unreachable) g_.supervisor_.Suspect(key);
         const auto d = co_await AfterFailure(r);

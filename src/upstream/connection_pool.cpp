@@ -79,7 +79,7 @@ std::string Lower(std::string_view s) {
 bhttp::request<bhttp::string_body> MakeRequest(uint16_t port, const std::string& method, const std::string& target,
                                                 std::string body, const http::HeaderList& headers, bool v6 = false) {
   bhttp::request<bhttp::string_body> req{bhttp::string_to_verb(method), target, 11};
-  req.set(bhttp::field::host, (v6 ? "[::1]:" : "127.0.0.1:") + std::to_string(port));
+  req.set(bhttp::field::host, http::HostHeader(v6 ? "::1" : "127.0.0.1", port));
   req.set(bhttp::field::user_agent, "spillway");
   for (const auto& [k, v] : headers) req.set(k, v);
   if (!body.empty() && req.find(bhttp::field::content_type) == req.end()) {

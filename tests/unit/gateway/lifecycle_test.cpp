@@ -289,6 +289,16 @@ class LifecycleTest : public ::testing::Test {
     workers_.SetReadyAgain("chat.0", primary_.server.port());
     workers_.SetReadyAgain("chat.1", fallback_.server.port());
   }
+  // The accelerator placement gone; the CPU fallback holds what it is sent until the test answers it.
+  void OnlyTheHoldingCpuFallback() {
+    workers_.Exit("chat.0", "exit 1");
+    fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { fallback_.Hold(req, std::move(ex)); };
+  }
+  std::shared_ptr<RecordingExchange> Embed(const std::string& id) {
+    return Send("/v1/embeddings", json{{"model", "chat"}, {"input", "hello"}}.dump(), "POST", {{"X-Request-Id", id}});
+  }
+  // The service's CPU line as /v1/status shows it.
+  json CpuLine() { return StatusNow()["services"][0]["cpu_path"]; }
   json StatusNow() {
     auto st = Send("/v1/status", "", "GET");
     EXPECT_TRUE(st->Wait());
@@ -652,22 +662,13 @@ TEST_F(LifecycleTest, AStreamContinuedOnAHalfOpenPlacementClosesItAtItsFirstEven
 // time there (cpu_path.concurrency = 1), though its worker has two slots;
 // the next starts when the first ends. They all went at once before.
 TEST_F(LifecycleTest, EmbeddingsOnTheCpuPathKeepToItsLine) {
-  workers_.Exit("chat.0", "exit 1");  // the accelerator placement is gone
-  fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { fallback_.Hold(req, std::move(ex)); };
-  auto embed = [&](const std::string& id) {
-    return Send("/v1/embeddings", json{{"model", "chat"}, {"input", "hello"}}.dump(), "POST", {{"X-Request-Id", id}});
-  };
-  auto cpu_line = [&] {
-    auto ex = Send("/v1/status", "", "GET");
-    EXPECT_TRUE(ex->Wait());
-    return json::parse(ex->body(), nullptr, false)["services"][0]["cpu_path"];
-  };
-  auto first = embed("e-1");
+  OnlyTheHoldingCpuFallback();
+  auto first = Embed("e-1");
   ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 1; }));
-  auto second = embed("e-2");
-  ASSERT_TRUE(Eventually([&] { return cpu_line()["waiting"] == 1; })) << cpu_line().dump();
+  auto second = Embed("e-2");
+  ASSERT_TRUE(Eventually([&] { return CpuLine()["waiting"] == 1; })) << CpuLine().dump();
   EXPECT_EQ(fallback_.calls(), 1u) << "the second went past the CPU path's line";
-  EXPECT_EQ(cpu_line()["running"], 1);
+  EXPECT_EQ(CpuLine()["running"], 1);
   auto held = fallback_.TakeHeld(0);
   ASSERT_TRUE(held);
   Answer(held, "one");
@@ -677,24 +678,22 @@ TEST_F(LifecycleTest, EmbeddingsOnTheCpuPathKeepToItsLine) {
   Answer(fallback_.TakeHeld(1), "two");
   ASSERT_TRUE(second->Wait());
   EXPECT_EQ(second->status(), 200u) << second->body();
-  EXPECT_EQ(cpu_line()["running"], 0) << "its place was given back";
+  EXPECT_EQ(CpuLine()["running"], 0) << "its place was given back";
 }
 
 // A request the CPU worker answered "busy" (its slot not yet free) keeps its
 // turn in the CPU path's line: it left the line and joined again at its end,
 // behind those that came after it (refused with 503 when the line was full).
 TEST_F(LifecycleTest, ARequestTheCpuWorkerFoundBusyKeepsItsTurn) {
-  workers_.Exit("chat.0", "exit 1");  // the accelerator placement is gone
-  fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { fallback_.Hold(req, std::move(ex)); };
-  auto cpu_line = [&] { return StatusNow()["services"][0]["cpu_path"]; };
+  OnlyTheHoldingCpuFallback();
   auto first = Complete("r-first");
   ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 1; }));
   auto second = Complete("r-second");
-  ASSERT_TRUE(Eventually([&] { return cpu_line()["waiting"] == 1; })) << cpu_line().dump();
+  ASSERT_TRUE(Eventually([&] { return CpuLine()["waiting"] == 1; })) << CpuLine().dump();
   Refuse(fallback_.TakeHeld(0), Status::ResourceExhausted("every slot is taken"));  // busy: nothing ran
   ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 2; }));
   EXPECT_EQ(fallback_.ids[1], "r-first") << "the one behind it went first";
-  EXPECT_EQ(cpu_line()["waiting"], 1) << cpu_line().dump();
+  EXPECT_EQ(CpuLine()["waiting"], 1) << CpuLine().dump();
   Answer(fallback_.TakeHeld(1), "one");
   ASSERT_TRUE(first->Wait());
   EXPECT_EQ(first->status(), 200u) << first->body();
@@ -708,14 +707,10 @@ TEST_F(LifecycleTest, ARequestTheCpuWorkerFoundBusyKeepsItsTurn) {
 // its deadline, as a generation's is, not by the 60 s other waits are
 // capped at: one behind a long batch got 503 at 60 s.
 TEST_F(LifecycleTest, AnEmbeddingWaitsInTheCpuLinePastSixtySeconds) {
-  workers_.Exit("chat.0", "exit 1");  // the accelerator placement is gone
-  fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { fallback_.Hold(req, std::move(ex)); };
-  auto embed = [&](const std::string& id) {
-    return Send("/v1/embeddings", json{{"model", "chat"}, {"input", "hello"}}.dump(), "POST", {{"X-Request-Id", id}});
-  };
-  auto first = embed("e-long");
+  OnlyTheHoldingCpuFallback();
+  auto first = Embed("e-long");
   ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 1; }));
-  auto second = embed("e-behind");
+  auto second = Embed("e-behind");
   ASSERT_TRUE(ToldWhyItWaits("e-behind"));
   for (int i = 0; i < 4; ++i) {  // 80 s behind the first, looked at again as time passes
     clock_.Advance(20'000);
