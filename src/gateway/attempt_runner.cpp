@@ -165,7 +165,7 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
         }
         return true;
       },
-      kStreamSilenceBound,
+      spec.silence,
       // Not read while the client is behind (once cancelled it reads on, to stop).
       [&] { return !cancelled_ && reply_.attached() && !reply_.disconnected() && backlogged(); },
       spec.bounded ? &control : nullptr);

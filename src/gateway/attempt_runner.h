@@ -31,6 +31,7 @@
 #include <string>
 
 #include "api/http_client.h"
+#include "gateway/attempt_bounds.h"
 #include "failover/retry_policy.h"
 #include "failover/stream_progress.h"
 #include "gateway/reply_writer.h"
@@ -38,10 +39,6 @@
 #include "upstream/connection_pool.h"
 
 namespace spillway::gateway {
-
-// How long a stream's worker may stay silent (no byte) before its attempt
-// ends timed out, whatever its deadline.
-inline constexpr std::chrono::seconds kStreamSilenceBound{600};
 
 struct AttemptSpec {
   uint16_t port = 0;
@@ -51,8 +48,9 @@ struct AttemptSpec {
   bool stream = false;
   // How long the attempt may take: a non-streamed answer's wait, or (when
   // `bounded`) a stream's whole relaying too.
-  std::chrono::milliseconds timeout{3600 * 1000};
+  std::chrono::milliseconds timeout = AttemptBounds{}.answer;
   bool bounded = false;  // `timeout` is what the request's deadline leaves
+  std::chrono::milliseconds silence = AttemptBounds{}.stream_silence;  // a stream's
   ServedBy served;
   std::string role;  // of the placement: primary, hybrid, fallback
 };
@@ -62,9 +60,9 @@ struct AttemptResult {
   std::string why;           // kFailed: what failed
   bool unreachable = false;  // kFailed: the worker could not be reached or died (the supervisor checks it)
   bool deadline = false;     // kFailed: stopped at the request's deadline (not the worker's failure)
-  // kFailed: no answer (a stream: no event) within the attempt's bound. With
-  // no deadline of the request's, that bound is the gateway's own (an hour;
-  // a stream silent for 600 s) and says nothing of the worker's health.
+  // kFailed: no answer (a stream: no byte) within the attempt's bound: the
+  // request's deadline (then `deadline` too), or one of the gateway's own
+  // (AttemptBounds), which says nothing of the worker's health.
   bool timed_out = false;
   // The worker's answer (kAnswered, kBusy; kFailed when it sent one).
   int status = 0;

@@ -54,6 +54,7 @@
 #include "common/thread_pool.h"
 #include "config/config.h"
 #include "admission/admission.h"
+#include "gateway/attempt_bounds.h"
 #include "gateway/capacity_signal.h"
 #include "gateway/event_feed.h"
 #include "gateway/external_lines.h"
@@ -126,6 +127,9 @@ class Gateway {
   // its device once loaded (its admission's prediction; an external
   // server's measured or declared resident bytes).
   uint64_t ExpectedBytes(const std::string& key) const;
+  // The gateway's own bounds on an attempt (defaults: an hour; 600 s of a
+  // stream's silence). Before Start; tests step them down.
+  void SetAttemptBounds(AttemptBounds bounds) { attempt_bounds_ = bounds; }
   // After the I/O threads have stopped, before the I/O context is destroyed:
   // finishes blocking work and drops what holds I/O objects.
   void Shutdown();
@@ -364,6 +368,7 @@ class Gateway {
   ThreadPool blocking_{16, "gateway's blocking-work"};
   ThreadPool status_pool_{2, "gateway's status"};
   upstream::ConnectionPool pool_;
+  AttemptBounds attempt_bounds_;
   // Woken when capacity may have changed, per service (an attempt released
   // its cells or slot, a worker came or went, a request was cancelled).
   std::map<std::string, std::unique_ptr<CapacitySignal>> signals_;

@@ -11,9 +11,6 @@ using nlohmann::json;
 using Kind = failover::AttemptOutcome::Kind;
 using failover::Action;
 
-// An attempt's bound when its request has no deadline (X-Request-Timeout).
-constexpr int64_t kUnboundedAttemptMs = int64_t{3600} * 1000;
-
 RequestLifecycle::RequestLifecycle(Gateway& g, journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
                                    std::shared_ptr<Gateway::Live> live, bool unjournaled,
                                    boost::asio::any_io_executor strand)
@@ -133,7 +130,7 @@ boost::asio::awaitable<void> RequestLifecycle::Fail(State state, Status st) {
 bool RequestLifecycle::PastDeadline() const { return live_->PastDeadline(g_.clock_.NowMs()); }
 
 std::chrono::milliseconds RequestLifecycle::Remaining() const {
-  return TimeLeft(live_->deadline_ms, g_.clock_.NowMs(), kUnboundedAttemptMs);
+  return TimeLeft(live_->deadline_ms, g_.clock_.NowMs(), g_.attempt_bounds_.answer.count());
 }
 
 boost::asio::awaitable<void> RequestLifecycle::DeadlineFailure() {
@@ -420,6 +417,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     spec.stream = rec_.stream;
     spec.timeout = Remaining();
     spec.bounded = live_->deadline_ms != 0;
+    spec.silence = g_.attempt_bounds_.stream_silence;
     spec.served = Served();
     spec.role = svc_->placements[target_.index].role;
     const AttemptResult r = co_await runner_.Run(spec);
@@ -449,21 +447,24 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
       case Kind::kFailed: {
         // A worker that timed out because the deadline passed is not the worker's failure.
         if (r.deadline || (r.unreachable && PastDeadline())) co_return co_await DeadlineFailure();
-        // Past the gateway's own bound on an attempt without a deadline (an
-        // hour's answer; a stream silent for 600 s, a huge prompt on the
-        // CPU): the worker still answers its health checks (a hung one is
-        // replaced by them), so it is no crash of the placement's. It was
-        // taken for one: its breaker tripped, and the request ran again
-        // from scratch, three times, before its 503.
-        if (r.timed_out && !spec.bounded) {
+        // Past one of the gateway's own bounds (AttemptBounds: an hour's
+        // answer without a deadline; a stream silent for 600 s, a huge
+        // prompt on the CPU): the worker still answers its health checks (a
+        // hung one is replaced by them), so it is no crash of the
+        // placement's. It was taken for one: its breaker tripped, and the
+        // request ran again from scratch, three times, before its 503.
+        if (r.timed_out) {
           g_.Cancel(live_);  // stops the worker's generation, frees its slot
           live_->cancelled = true;
-          const std::string bound = rec_.stream ? "event for " + std::to_string(kStreamSilenceBound.count()) + " s"
-                                                : "answer within " + std::to_string(kUnboundedAttemptMs / 1000) + " s";
-          co_return co_await Fail(State::kFailed,
-                                  Status::DeadlineExceeded("the worker gave no " + bound +
-                                                           " (the gateway's bound on a request without X-Request-Timeout): " +
-                                                           r.why));
+          const auto seconds = [](std::chrono::milliseconds d) {
+            const int64_t ms = d.count();
+            return ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms";
+          };
+          const std::string bound =
+              rec_.stream ? "sent nothing for " + seconds(spec.silence) + " (the gateway's bound on a stream's silence)"
+                          : "gave no answer within " + seconds(g_.attempt_bounds_.answer) +
+                                " (the gateway's bound on a request without X-Request-Timeout)";
+          co_return co_await Fail(State::kFailed, Status::DeadlineExceeded("the worker " + bound + ": " + r.why));
         }
         if (r.unreachable) g_.supervisor_.Suspect(key);
         const auto d = co_await AfterFailure(r);

@@ -212,6 +212,7 @@ class LifecycleTest : public ::testing::Test {
     primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "primary"); };
     fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "fallback"); };
     gateway_ = std::make_unique<Gateway>(config_, *journal_, workers_, clock_);
+    gateway_->SetAttemptBounds(attempt_bounds_);
     gateway_->Start(ioc_.get_executor(), Recovered());
     for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { ioc_.run(); });
   }
@@ -319,6 +320,7 @@ class LifecycleTest : public ::testing::Test {
   std::string peer_ = "127.0.0.1";  // the address the next Send comes from
   std::string config_text_ = kConfig;  // (a fixture may change it before SetUp)
   int64_t deferred_sync_ms_ = 50;  // JournalOptions' default
+  AttemptBounds attempt_bounds_;   // the gateway's own (a fixture may step them down before SetUp)
   FakeClock clock_;
   config::GatewayConfig config_;
   std::shared_ptr<journal::StorageFaults> faults_ = journal::StorageFaults::Create();
@@ -402,6 +404,62 @@ TEST_F(LifecycleTest, NothingReachesTheClientBeforeTheRequestIsDurable) {
 // (request + attempt) asks for none and becomes durable in its end's sync,
 // before the answer leaves. A stream shows its first byte only once its
 // request is durable, so its first record is synced on its own.
+// The gateway's own bounds on an attempt (an hour's answer without a
+// deadline; 600 s of a stream's silence), one of them stepped down to 300 ms
+// by each test's fixture (the answer's caps a deadline's attempt too).
+class AttemptBoundLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    LifecycleTest::SetUp();
+    primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  }
+  // The request ended 504 on its one attempt, said why, and cancelled the
+  // worker's generation; nothing took the healthy placement for a crashed one.
+  void EndedAtTheBound(const std::shared_ptr<RecordingExchange>& ex, const std::string& id, const std::string& why) {
+    ASSERT_TRUE(ex->Wait());
+    EXPECT_NE(ex->body().find(why), std::string::npos) << ex->body();
+    const auto rec = Journaled(id);
+    EXPECT_EQ(rec.state, journal::State::kFailed);
+    EXPECT_EQ(primary_.calls(), 1u) << "not run again from scratch";
+    EXPECT_EQ(fallback_.calls(), 0u) << "not moved to the CPU as if the primary had crashed";
+    EXPECT_TRUE(workers_.suspected().empty()) << "the worker answers its health checks";
+    EXPECT_EQ(StatusNow()["services"][0]["placements"][0]["breaker"]["state"], "closed");
+    EXPECT_TRUE(Eventually([&] { return primary_.cancels > 0; })) << "its generation is cancelled";
+  }
+};
+
+// An answer that outlasts the gateway's bound on a request without
+// X-Request-Timeout ends it 504: it was taken for a crash of the placement
+// (breaker tripped, the request run again three times before a 503).
+class AnswerBoundLifecycleTest : public AttemptBoundLifecycleTest {
+ protected:
+  void SetUp() override {
+    attempt_bounds_.answer = std::chrono::milliseconds(300);
+    AttemptBoundLifecycleTest::SetUp();
+  }
+};
+class SilenceBoundLifecycleTest : public AttemptBoundLifecycleTest {
+ protected:
+  void SetUp() override {
+    attempt_bounds_.stream_silence = std::chrono::milliseconds(300);
+    AttemptBoundLifecycleTest::SetUp();
+  }
+};
+
+TEST_F(AnswerBoundLifecycleTest, AnAnswerPastTheGatewaysBoundEndsTheRequest) {
+  auto ex = Complete("r-hour");
+  EndedAtTheBound(ex, "r-hour", "gave no answer within 300 ms (the gateway's bound on a request without X-Request-Timeout)");
+  EXPECT_EQ(ex->status(), 504);
+}
+
+// A stream with a deadline whose worker is silent past the gateway's bound
+// on a stream's silence, well before its deadline: the same. It was counted
+// as the worker's failure, and ran again elsewhere.
+TEST_F(SilenceBoundLifecycleTest, ABoundedStreamSilentPastTheGatewaysBoundEndsTheRequest) {
+  auto ex = Complete("r-silent", true, {{"X-Request-Timeout", "60"}});
+  EndedAtTheBound(ex, "r-silent", "sent nothing for 300 ms (the gateway's bound on a stream's silence)");
+}
+
 class OneSyncLifecycleTest : public LifecycleTest {
  protected:
   void SetUp() override {
