@@ -260,7 +260,7 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
   }
   // (Queued after attempts when the gateway stopped: requeued because none
   // reached the server, so it is sent.)
-  if (recovered && rec.attempts > 0 && rec.was_running && !svc->idempotent) {
+  if (recovered && rec.attempts > 0 && rec.interrupted && !svc->idempotent) {
     co_return co_await fail(State::kFailed,
                             Status::Unavailable("the gateway restarted while this request was at service '" + svc->name +
                                                 "', which is not idempotent: it is not sent again"));

@@ -210,11 +210,20 @@ StatusOr<std::vector<RequestRecord>> Journal::Recover() {
         poison.Bind(1, now);
         poison.Bind(2, int64_t{kMaxInterruptedRuns});
         SPILLWAY_RETURN_IF_ERROR(Done(poison.Step(), "recover"));
+        // Whether an attempt of it was open when a gateway stopped, at this
+        // start or an earlier one: a start that recovered it and stopped
+        // before it ran again left it queued, and it was sent once more
+        // (a non-idempotent server's work done twice).
         std::string sql = std::string("SELECT ") + kColumns +
-                          " FROM requests WHERE state IN ('queued','running') AND stream=0 ORDER BY created_ms;";
+                          ", EXISTS(SELECT 1 FROM attempts WHERE request_id=requests.id AND outcome IN "
+                          "('interrupted','stopped')) FROM requests WHERE state IN ('queued','running') AND stream=0 "
+                          "ORDER BY created_ms;";
         Stmt q(*stmts_, sql.c_str());
         int rc;
-        while ((rc = q.Step()) == SQLITE_ROW) requeued.push_back(ReadRecord(q));
+        while ((rc = q.Step()) == SQLITE_ROW) {
+          requeued.push_back(ReadRecord(q));
+          requeued.back().interrupted = q.Int(detail::kColumnCount) != 0;
+        }
         // (A read that failed part-way is an error, not a shorter list: the
         // rows left out would stay queued, never run, until the next start.)
         SPILLWAY_RETURN_IF_ERROR(Done(rc, "recover"));
@@ -235,10 +244,7 @@ StatusOr<std::vector<RequestRecord>> Journal::Recover() {
         return Done(fr.Step(), "recover");
       },
       Bytes("")));
-  for (auto& r : requeued) {
-    r.was_running = r.state == State::kRunning;
-    r.state = State::kQueued;
-  }
+  for (auto& r : requeued) r.state = State::kQueued;
   return requeued;
 }
 

@@ -123,10 +123,11 @@ struct RequestRecord {
   int64_t created_ms = 0;
   int64_t updated_ms = 0;
   int64_t deadline_ms = 0;      // X-Request-Timeout as a time (unix ms; 0: none): a restart keeps it
-  // Recover: it was running when the gateway stopped (an attempt open, which
-  // may have reached its server), not queued (requeued after attempts that
-  // did not). Recover returns every request queued.
-  bool was_running = false;
+  // Recover: an attempt of it was open when a gateway stopped (this start's
+  // predecessor or an earlier one), which may have reached its server; not
+  // only attempts that did not (requeued after them). Recover returns every
+  // request queued.
+  bool interrupted = false;
 };
 
 struct JournalOptions {

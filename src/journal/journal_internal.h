@@ -110,6 +110,8 @@ inline constexpr const char* kColumns =
     "id, client, COALESCE(idem_key, ''), payload_hash, service, endpoint, stream, body, state, placement, attempts, "
     "error, result_status, result_type, result_body, created_ms, updated_ms, decision, body_type, deadline_ms";
 
+inline constexpr int kColumnCount = 20;  // of kColumns
+
 inline RequestRecord ReadRecord(const Stmt& s) {
   RequestRecord r;
   r.id = s.Text(0);

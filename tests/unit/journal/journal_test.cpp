@@ -104,6 +104,23 @@ TEST_F(JournalTest, AKeyIsBoundOnlyOnceItsRequestRan) {
   EXPECT_EQ(j_->Get("waited")->state, State::kCancelled) << "the row itself stays, for GET";
 }
 
+// A request recovered after a crash, and a start that stopped before it ran
+// again (its port taken, a start-up check failed): the next start still
+// knows it may have reached its server. It came back as only queued, and a
+// non-idempotent external server was sent it again.
+TEST_F(JournalTest, RecoverRemembersAnInterruptedAttemptAcrossStarts) {
+  ASSERT_TRUE(j_->Accept(Rec("sent")).ok());
+  ASSERT_TRUE(j_->StartAttempt("sent", "cpu").ok());
+  ASSERT_TRUE(j_->Accept(Rec("waiting")).ok());
+  for (int start = 1; start <= 2; ++start) {
+    Reopen();  // as after a crash, then a start that gave up
+    auto rec = j_->Recover();
+    ASSERT_TRUE(rec.ok());
+    ASSERT_EQ(rec->size(), 2u);
+    for (const auto& r : *rec) EXPECT_EQ(r.interrupted, r.id == "sent") << r.id << ", start " << start;
+  }
+}
+
 TEST_F(JournalTest, RecoverRequeuesSafeRequestsAndFailsOpenStreams) {
   ASSERT_TRUE(j_->Accept(Rec("queued")).ok());
   ASSERT_TRUE(j_->Accept(Rec("running")).ok());
@@ -118,7 +135,7 @@ TEST_F(JournalTest, RecoverRequeuesSafeRequestsAndFailsOpenStreams) {
   ASSERT_EQ(rec->size(), 2u);
   for (const auto& r : *rec) {  // each returned queued, saying whether it ran when the gateway stopped
     EXPECT_EQ(r.state, State::kQueued) << r.id;
-    EXPECT_EQ(r.was_running, r.id == "running") << r.id;
+    EXPECT_EQ(r.interrupted, r.id == "running") << r.id;
   }
   EXPECT_EQ(j_->Get("queued")->state, State::kQueued);
   EXPECT_EQ(j_->Get("running")->state, State::kQueued);
