@@ -18,7 +18,10 @@ std::optional<DeviceName> ParseDeviceName(const std::string& name) {
 
 bool KnownDeviceName(const std::string& name) {
   const auto d = ParseDeviceName(name);
-  return d && (d->kind == "cpu" || d->kind == "cuda" || d->kind == "sim");
+  // (The host is "cpu" alone: "cpu:0" was taken for an accelerator, every
+  // check of the host's own being `device == "cpu"`, and loaded the whole
+  // model into RAM past the CPU path's budget, unchecked.)
+  return d && ((d->kind == "cpu" && d->index < 0) || d->kind == "cuda" || d->kind == "sim");
 }
 
 bool SplitHostPort(const std::string& s, std::string* host, uint16_t* port) {

@@ -4,6 +4,7 @@
 
 #include "common/hash.h"
 #include "common/names.h"
+#include "common/proc_file.h"
 #include "models/ollama_store.h"
 
 #include <algorithm>
@@ -17,6 +18,10 @@
 #include <set>
 #include <limits>
 #include <sstream>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace spillway::config {
 
@@ -291,8 +296,8 @@ Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix,
   }
   if (!KnownDeviceName(p->device)) {
     const toml::node* n = t.get("device");
-    return Status::InvalidArgument(Where(r.source(), n ? n->source() : t.source(), prefix + "device") +
-                                   " must be cpu, cuda:N or sim:N (N without leading zeros)");
+    return Status::InvalidArgument(Where(r.source(), n ? n->source() : t.source(), prefix + "device") + " '" +
+                                   p->device + "' must be cpu, cuda:N or sim:N (N without leading zeros)");
   }
   return Status::Ok();
 }
@@ -427,7 +432,7 @@ Status ReadExternal(Reader& r, const toml::table& t, const std::string& prefix, 
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "device", prefix, &e->device, 0, 0));
   if (!KnownDeviceName(e->device)) {
     return Status::InvalidArgument(Where(source, t.get("device") ? t.get("device")->source() : t.source(), prefix + "device") +
-                                   " must be cpu, cuda:N or sim:N (N without leading zeros)");
+                                   " '" + e->device + "' must be cpu, cuda:N or sim:N (N without leading zeros)");
   }
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "resident_mib", prefix, &e->resident_mib, 0, 1 << 24));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "transient_mib", prefix, &e->transient_mib, 0, 1 << 24));
@@ -790,11 +795,42 @@ StatusOr<GatewayConfig> LoadConfigFile(const std::string& path) {
   if (std::filesystem::is_directory(path, ec)) {
     return Status::InvalidArgument("config file " + path + " is a directory (give the path of the .toml file)");
   }
-  std::ifstream f(path);
-  if (!f) return Status::NotFound("cannot read config file " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ParseConfig(ss.str(), path);
+  // Non-blocking: a FIFO's open waited for a writer forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return Status::NotFound("cannot read config file " + path + ": " + std::strerror(errno));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return Status::InvalidArgument("config file " + path + " is not a regular file");
+  }
+  // (/dev/zero or a model file given by mistake was read whole, twice over.)
+  constexpr off_t kMaxConfigBytes = off_t{4} << 20;
+  if (st.st_size > kMaxConfigBytes) {
+    return Status::InvalidArgument("config file " + path + " is " + std::to_string(st.st_size) +
+                                   " bytes, more than a config's 4 MiB: is it the .toml file?");
+  }
+  auto text = ReadAll(fd);
+  if (!text) return Status::NotFound("cannot read config file " + path + ": " + std::strerror(errno));
+  auto cfg = ParseConfig(*text, path);
+  if (!cfg.ok()) return cfg;
+  // A relative model path is the working directory's, held absolute from
+  // here on: its errors say where it was looked for, and a worker's
+  // fingerprint (its --model) is the file's, not a string another
+  // directory's gateway read as the same (it adopted a worker serving the
+  // other directory's file).
+  auto absolute = [](std::string& model) {
+    std::error_code ec;
+    if (model.empty() || std::filesystem::path(model).is_absolute()) return;
+    if (auto abs = std::filesystem::absolute(model, ec); !ec) model = abs.lexically_normal().string();
+  };
+  for (auto& svc : cfg->services) {
+    absolute(svc.model);
+    for (auto& p : svc.placements) absolute(p.model);
+  }
+  return cfg;
 }
 
 GatewayConfig DemoConfig(const std::string& models_dir) {

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <set>
@@ -289,6 +290,12 @@ StatusOr<Metadata> ParseGguf(const uint8_t* data, size_t size, uint64_t file_siz
 namespace {
 
 StatusOr<Metadata> ReadOneGgufFile(const std::string& path, const ReaderLimits& limits) {
+  // (A FIFO's open waited for a writer forever: the gateway's admission
+  // too, for a split model's later part.)
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+    return Status::InvalidArgument(path + " is not a regular file");
+  }
   std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) return Status::NotFound("cannot open " + path);
   const uint64_t size = static_cast<uint64_t>(f.tellg());

@@ -69,7 +69,11 @@ StatusOr<ExactPlan> RunDryRun(const std::string& worker_binary, const DryRunArgs
   auto run = RunCapture(DryRunCommand(worker_binary, a), options);
   const std::string what = "llama.cpp cannot plan " + a.model + " on " + a.device + " (spillway-worker --dry-run";
   if (!run.ok()) return Status(run.status().code(), what + "): " + run.status().message());
-  if (run->exit_code == 0) return ParseDryRun(run->out);
+  if (run->exit_code == 0) {
+    auto plan = ParseDryRun(run->out);
+    if (!plan.ok()) return Status(plan.status().code(), what + "): " + plan.status().message());
+    return plan;
+  }
   // Its reason: the worker's fatal line ({"fatal": true, "code": ..., "message": ...}), the last one written.
   std::string reason, code;
   std::istringstream lines(run->err);

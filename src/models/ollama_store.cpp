@@ -158,7 +158,9 @@ std::vector<OllamaStoreEntry> ListOllamaStore(const std::string& root) {
     }
     if (it.depth() != 3 || !it->is_regular_file(ec)) continue;
     // registry/namespace/name/tag
-    const fs::path rel = fs::relative(it->path(), base, ec);
+    // (Lexically: fs::relative follows a symlinked tag, "latest -> 8b",
+    // which was listed as a second "8b" and "latest" lost.)
+    const fs::path rel = it->path().lexically_relative(base);
     std::vector<std::string> parts;
     for (const auto& p : rel) parts.push_back(p.string());
     if (parts.size() != 4) continue;

@@ -15,6 +15,9 @@ TEST(NamesTest, DeviceNames) {
   for (const char* bad : {"", "cuda", "cuda:", ":1", "sim:x", "sim:-1", "sim:+1", "sim:1234567", "cpu:0x", "sim:00", "cuda:01"}) {
     EXPECT_FALSE(ParseDeviceName(bad)) << bad;
   }
+  for (const char* known : {"cpu", "cuda:0", "sim:3"}) EXPECT_TRUE(KnownDeviceName(known)) << known;
+  // The host is "cpu" alone: "cpu:0" was taken for an accelerator.
+  for (const char* unknown : {"cpu:0", "cpu:1", "rocm:0", "sim0"}) EXPECT_FALSE(KnownDeviceName(unknown)) << unknown;
 }
 
 }  // namespace

@@ -6,6 +6,9 @@
 #include <filesystem>
 #include <random>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 namespace spillway::config {
 namespace {
 
@@ -216,6 +219,7 @@ TEST(ConfigTest, ValuesThatCannotWorkAreRefusedWithTheirKey) {
       {"[[device]]\nname = \"sim:0\"\nheadroom_pct = nan\n", "'device[0].headroom_pct' must be between"},
       {"[[device]]\nname = \"sim0\"\n", "test.toml:2: 'device[0].name' 'sim0' must be cpu, cuda:N or sim:N"},
       {"[[device]]\nname = \"sim:00\"\n", "'sim:00' must be cpu, cuda:N or sim:N (N without leading zeros"},
+      {(svc + "[[service.placement]]\ndevice = \"cpu:0\"\n"), "'cpu:0' must be cpu, cuda:N or sim:N"},
       {"[[device]]\nname = \"sim:0\"\n[[device]]\nname = \"sim:0\"\n", "'device[1].name' 'sim:0' has a [[device]] table"},
       {"api_keys = [\"k\", \"\"]\n", "test.toml:1: 'api_keys' holds an empty key"},
       {"operator_keys = [\"\"]\n", "'operator_keys' holds an empty key"},
@@ -251,6 +255,49 @@ TEST(ConfigTest, ValuesThatCannotWorkAreRefusedWithTheirKey) {
   auto dir = LoadConfigFile(std::filesystem::temp_directory_path().string());
   ASSERT_FALSE(dir.ok());
   EXPECT_NE(dir.status().message().find("is a directory"), std::string::npos) << dir.status().message();
+}
+
+// What is not a config file is refused at once by what it is: a FIFO's
+// open waited for a writer forever; /dev/zero, or a model file given by
+// mistake, was read whole (twice over) before any error.
+TEST(ConfigTest, AFileThatIsNoConfigIsRefusedWithoutReadingIt) {
+  const auto dir = std::filesystem::temp_directory_path() / ("sw-config-files-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string fifo = (dir / "fifo.toml").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string big = (dir / "model.gguf").string();
+  { std::FILE* f = std::fopen(big.c_str(), "w"); std::fclose(f); }
+  std::filesystem::resize_file(big, 5u << 20);  // sparse
+  const std::pair<std::string, const char*> cases[] = {
+      {fifo, "is not a regular file"},
+      {"/dev/zero", "is not a regular file"},
+      {big, "more than a config's 4 MiB"},
+      {(dir / "absent.toml").string(), "cannot read config file"},
+  };
+  for (const auto& [path, fragment] : cases) {
+    auto r = LoadConfigFile(path);
+    ASSERT_FALSE(r.ok()) << path;
+    EXPECT_NE(r.status().message().find(fragment), std::string::npos) << path << " -> " << r.status().message();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A relative model path is the working directory's, held absolute: a
+// gateway restarted from another directory read the same string as the same
+// file (and adopted a worker serving the other one).
+TEST(ConfigTest, RelativeModelPathsAreHeldAbsolute) {
+  const auto file = std::filesystem::temp_directory_path() / ("sw-config-rel-" + std::to_string(::getpid()) + ".toml");
+  { std::FILE* f = std::fopen(file.c_str(), "w");
+    std::fputs("[[service]]\nname = \"a\"\nmodel = \"models/../x.gguf\"\n[[service.placement]]\nmodel = \"y.gguf\"\n"
+               "[[service.placement]]\ndevice = \"cpu\"\nmodel = \"/abs/z.gguf\"\n", f);
+    std::fclose(f); }
+  auto cfg = LoadConfigFile(file.string());
+  std::filesystem::remove(file);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  const auto cwd = std::filesystem::current_path();
+  EXPECT_EQ(cfg->services[0].model, (cwd / "x.gguf").string());
+  EXPECT_EQ(cfg->services[0].placements[0].model, (cwd / "y.gguf").string());
+  EXPECT_EQ(cfg->services[0].placements[1].model, "/abs/z.gguf");
 }
 
 TEST(ConfigTest, HostPort) {

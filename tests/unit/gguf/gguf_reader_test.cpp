@@ -2,6 +2,7 @@
 
 #include <ggml.h>
 #include <gguf.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <gtest/gtest.h>
 
@@ -103,6 +104,18 @@ TEST(GgufReaderTest, TypeTableMatchesGgml) {
     EXPECT_EQ(ti->block, static_cast<uint32_t>(ggml_blck_size(static_cast<ggml_type>(t)))) << ti->name;
     EXPECT_EQ(ti->bytes, ggml_type_size(static_cast<ggml_type>(t))) << ti->name;
   }
+}
+
+// A path that is no file (a FIFO: its open waited for a writer forever,
+// `spillway models` and the gateway's admission with it) is refused at once.
+TEST(GgufReaderTest, AFifoIsRefusedWithoutWaiting) {
+  const std::string fifo = ::testing::TempDir() + "sw-gguf-fifo-" + std::to_string(::getpid()) + ".gguf";
+  std::remove(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto m = ReadGgufFile(fifo);
+  std::remove(fifo.c_str());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("is not a regular file"), std::string::npos) << m.status().message();
 }
 
 TEST(GgufReaderTest, EveryTruncationIsACleanError) {

@@ -84,6 +84,14 @@ TEST(OllamaStoreTest, ResolvesAndListsWhatTheStoreHolds) {
   EXPECT_EQ(entries[2].name.Display(), "tiny:latest");
   EXPECT_EQ(entries[2].blob, *blob);
   EXPECT_TRUE(ListOllamaStore((store.root() / "nowhere").string()).empty());
+  // A tag that is a symlink to another tag is listed by its own name (it
+  // was listed as a second copy of its target's).
+  std::filesystem::create_symlink("latest", store.root() / "manifests/registry.ollama.ai/library/tiny/newest");
+  const auto linked = ListOllamaStore(root);
+  ASSERT_EQ(linked.size(), 4u);
+  EXPECT_EQ(linked[2].name.Display(), "tiny:latest");
+  EXPECT_EQ(linked[3].name.Display(), "tiny:newest");
+  EXPECT_EQ(linked[3].blob, *blob);
 }
 
 TEST(OllamaStoreTest, MissingAndCorruptManifestsAreErrorsNamingTheFile) {
