@@ -1,5 +1,7 @@
 #include "worker/engine.h"
 
+#include "common/utf8.h"
+
 #include <llama.h>
 #include <llama-ext.h>
 
@@ -18,6 +20,8 @@
 namespace spillway::worker {
 
 using Clock = std::chrono::steady_clock;
+// How long a cancel of a request not (yet) here is remembered for its arrival.
+constexpr std::chrono::seconds kCancelledEarlyKept{30};
 
 namespace {
 int64_t SteadyMs() {
@@ -148,12 +152,19 @@ Status Engine::CreateContext() {
   if (opts_.sim) opts_.sim->SetPhase(SPILLWAY_SIM_PHASE_COMPUTE);
   if (!ctx_) {
     // llama.cpp returns NULL both for the KV cache and for the compute
-    // buffers; only its log says which.
+    // buffers; only its log says which. Or for the parameters themselves,
+    // before anything is allocated: that was read as the KV cache not
+    // fitting (an allocation failure, at every start).
     const std::string log = RecentLlamaErrors();
+    for (const char* refusal : {"does not divide", "requires flash_attn", "does not support different K", "cannot both be zero"}) {
+      if (log.find(refusal) != std::string::npos) {
+        return Status::InvalidArgument("llama.cpp refused the context's parameters: " + Abbreviated(log, 300));
+      }
+    }
     const bool compute = log.find("compute") != std::string::npos;
     return Status::ResourceExhausted("llama.cpp could not create a context of " + std::to_string(opts_.ctx) +
                                      " cells for " + std::to_string(opts_.slots) + " slots: " +
-                                     (compute ? "the compute buffers" : "the KV cache") + " do not fit")
+                                     (compute ? "the compute buffers do" : "the KV cache does") + " not fit")
         .WithPhase(compute ? FailurePhase::kCompute : FailurePhase::kKv);
   }
   if (threadpool_) llama_attach_threadpool(ctx_, threadpool_, nullptr);
@@ -248,6 +259,9 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
     const bool by_training = trained > 0 && trained < cells_total;
     const int32_t limit = by_training ? trained : cells_total;
     for (const auto& in : job->inputs) {
+      // (A decode of no token fails: it was a compute failure, counted
+      // against the placement, for an input whose tokenizer drops it all.)
+      if (in.empty()) return Status::InvalidArgument("an input is empty after tokenization");
       if (static_cast<int32_t>(in.size()) > limit) {
         return Status::InvalidArgument("input of " + std::to_string(in.size()) + " tokens exceeds " +
                                        (by_training ? "the model's trained context of " : "the context of ") +
@@ -276,8 +290,10 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
     return Status::Conflict("request id '" + job->id + "' is already running");
   }
   if (auto it = cancelled_early_.find(job->id); it != cancelled_early_.end()) {
+    const bool recent = Clock::now() - it->second <= kCancelledEarlyKept;
     cancelled_early_.erase(it);
-    return Status::Cancelled("request cancelled before it arrived");
+    // (An older one was refused for as long as no other early cancel came to sweep it.)
+    if (recent) return Status::Cancelled("request cancelled before it arrived");
   }
   if (busy_ >= opts_.slots) {
     return Status::ResourceExhausted("all " + std::to_string(opts_.slots) + " slots are busy").WithRetryAfter(1);
@@ -312,7 +328,7 @@ bool Engine::Cancel(const std::string& id) {
     if (std::find(recently_done_.begin(), recently_done_.end(), id) != recently_done_.end()) return false;
     const auto now = Clock::now();
     for (auto e = cancelled_early_.begin(); e != cancelled_early_.end();) {
-      e = now - e->second > std::chrono::seconds(30) ? cancelled_early_.erase(e) : std::next(e);
+      e = now - e->second > kCancelledEarlyKept ? cancelled_early_.erase(e) : std::next(e);
     }
     if (cancelled_early_.size() < 4096) cancelled_early_[id] = now;
     return false;

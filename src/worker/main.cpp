@@ -222,6 +222,14 @@ int main(int argc, char** argv) {
                                                        ") is below --slots (" + std::to_string(placement.slots) +
                                                        "): each decode step carries a token of every slot"));
   }
+  // llama.cpp refuses a quantized V cache without flash attention, which the
+  // worker turns on only with a unified pool: its refusal read as the KV
+  // cache not fitting (an allocation failure, at every start).
+  if (!eo.embedding && kv_type == "q8_0" && !kv_unified) {
+    return Fatal(kExitUsage, Status::InvalidArgument("--kv-type q8_0 needs --kv-unified: llama.cpp quantizes the V cache "
+                                                       "only with flash attention, which the worker turns on only "
+                                                       "for one pool shared by the slots"));
+  }
   eo.kv_type = kv_type;
   eo.kv_unified = kv_unified;
   eo.faults = &faults;

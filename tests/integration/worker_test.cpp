@@ -903,6 +903,21 @@ TEST(WorkerStartupTest, MissingOrCorruptModelExitsCleanlyWithPhaseLoad) {
   // past llama.cpp's n_batch (it aborts the worker at the first full step).
   EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("tiny-chat"), "--batch", "2", "--slots", "4", "--dry-run"}, &err), 2);
   EXPECT_NE(err.find("below --slots"), std::string::npos) << err;
+  // A quantized V cache without flash attention (a per-slot pool): refused as
+  // a usage error; llama.cpp's refusal read as the KV cache not fitting (an
+  // allocation failure, phase kv, at every start). With --kv-unified it plans.
+  EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("tiny-chat"), "--kv-type", "q8_0", "--dry-run"}, &err), 2);
+  EXPECT_NE(err.find("--kv-type q8_0 needs --kv-unified"), std::string::npos) << err;
+  EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("demo-chat"), "--kv-type", "q8_0", "--kv-unified", "--dry-run"}, &err), 0)
+      << err;
+  // Parameters llama.cpp refuses before it allocates (q8_0's blocks of 32 do
+  // not divide tiny-chat's heads of 16): no allocation failure either.
+  EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("tiny-chat"), "--kv-type", "q8_0", "--kv-unified", "--listen",
+                             "127.0.0.1:0"},
+                            &err),
+            4);
+  EXPECT_NE(err.find("refused the context's parameters"), std::string::npos) << err;
+  EXPECT_EQ(err.find("\"phase\":\"kv\""), std::string::npos) << err;
 }
 
 }  // namespace
