@@ -154,7 +154,12 @@ void ExternalLines::Observe(const std::string& service, int64_t pid, uint64_t de
   if (l.running == 0) {
     l.resident = device_bytes;
   } else if (l.resident > 0 && device_bytes > l.resident) {
-    l.peak = std::max(l.peak, device_bytes - l.resident);
+    // One request's peak: what is above the resident size is the sum of
+    // every request sent (those holding a place while they wait for room
+    // have allocated nothing). The sum was taken as one request's, and
+    // charged again for each one running beside the next.
+    const uint64_t sent = static_cast<uint64_t>(std::max(1, l.room_takers > 0 ? l.room_takers : l.running));
+    l.peak = std::max(l.peak, (device_bytes - l.resident) / sent);
   }
 }
 

@@ -356,6 +356,13 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     } else {
       const int64_t now = clock_.NowMs();
       if (unreached_since == 0) unreached_since = now;
+      // The server's streak, not only this request's: one known down for
+      // minutes (a `url` has no health checks to say so) held each new
+      // request, with its running place, for a whole start_timeout_s, the
+      // line failing one batch of `concurrency` at a time.
+      if (const int64_t line_since = external_lines_->Unreachable(rec.service).first; line_since > 0) {
+        unreached_since = std::min(unreached_since, line_since);
+      }
       if (now - unreached_since > static_cast<int64_t>(svc->start_timeout_s * 1000)) {
         co_return co_await fail(State::kFailed,
                                 Status::BadGateway("service '" + svc->name + "' could not be reached for " +

@@ -516,6 +516,13 @@ TEST_F(ExternalTest, LlamaServerStartedBySpillwayAndAServerThatRunsAlready) {
   EXPECT_EQ(r.status, 502) << r.body;
   EXPECT_NE(r.body.find("could not be reached"), std::string::npos) << r.body;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 15s);
+  // Known gone for longer than that: the next request is answered at its
+  // first refused connection. It waited its own start_timeout_s again (a
+  // line of them failed one batch of `concurrency` at a time).
+  const auto t1 = std::chrono::steady_clock::now();
+  r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"running","query":"q"})");
+  EXPECT_EQ(r.status, 502) << r.body;
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, 2s) << "its own start_timeout_s waited again";
   // The status says so (it has no health checks: its last request tells).
   const json gone = ExternalStatus(g->port(), "running");
   EXPECT_EQ(gone["state"], "unreachable") << gone.dump();

@@ -216,6 +216,29 @@ TEST(ExternalLinesTest, OnlyRequestsSentWithRoomCountAgainstTheNext) {
   EXPECT_EQ(lines.RoomTakers("s"), 0);
 }
 
+// What is above the resident size while several requests run is their
+// peaks together: one request's is that over the requests sent. The sum was
+// taken as one request's peak, and charged again for each one beside the
+// next (four requests of 200 MiB made the next need 3,200 MiB).
+TEST(ExternalLinesTest, APeakMeasuredWhileSeveralRunIsSharedOutAmongThem) {
+  auto e = OneAtATime(4);
+  e.concurrency = 4;
+  ExternalLines lines({e}, 0);
+  lines.Observe("s", 7, 1000);  // at rest
+  for (const char* id : {"a", "b", "c"}) {
+    ASSERT_TRUE(lines.Join("s", id));
+    ASSERT_TRUE(lines.TryStart("s", id, 1));
+  }
+  for (int i = 0; i < 2; ++i) {  // a and b sent; c holds its place, waiting for room
+    ASSERT_TRUE(lines.BeginRoomCheck("s"));
+    lines.EndRoomCheck("s", /*took=*/true);
+  }
+  lines.Observe("s", 7, 1400);
+  EXPECT_EQ(lines.Measured("s"), (std::pair<uint64_t, uint64_t>{1000, 200}));
+  lines.Observe("s", 7, 1300);
+  EXPECT_EQ(lines.Measured("s").second, 200u) << "the highest stays";
+}
+
 // The memory a room check reads is the device's: two services on one device
 // check one at a time, and each check leaves room for the peaks already sent
 // by either. (Checked per service, two requests of two services saw the same
