@@ -29,8 +29,8 @@ declare -A SOURCES=(
   [http_request]="tests/fuzz/http_request_fuzz.cpp src/api/http_server.cpp src/common/status.cpp"
   [openai_request]="tests/fuzz/openai_request_fuzz.cpp src/api/json_limits.cpp src/api/openai_request.cpp src/api/openai_logit_bias.cpp src/api/openai_tools.cpp src/common/status.cpp"
   [sse_relay]="tests/fuzz/sse_relay_fuzz.cpp src/failover/stream_progress.cpp src/protocol/worker_protocol.cpp src/api/http_client.cpp src/common/status.cpp"
-  [config]="tests/fuzz/config_fuzz.cpp src/config/config.cpp src/common/status.cpp src/common/hash.cpp src/common/names.cpp src/models/ollama_store.cpp"
-  [external_route]="tests/fuzz/external_route_fuzz.cpp src/gateway/external_route.cpp src/api/json_limits.cpp src/config/config.cpp src/common/status.cpp src/common/hash.cpp src/common/names.cpp src/models/ollama_store.cpp"
+  [config]="tests/fuzz/config_fuzz.cpp src/config/config.cpp src/common/status.cpp src/common/hash.cpp src/common/names.cpp src/common/proc_file.cpp src/models/ollama_store.cpp"
+  [external_route]="tests/fuzz/external_route_fuzz.cpp src/gateway/external_route.cpp src/api/json_limits.cpp src/config/config.cpp src/common/status.cpp src/common/hash.cpp src/common/names.cpp src/common/proc_file.cpp src/models/ollama_store.cpp"
   [gguf_reader]="tests/fuzz/gguf_reader_fuzz.cpp src/gguf/gguf_reader.cpp src/common/status.cpp"
   [ollama_api]="tests/fuzz/ollama_api_fuzz.cpp src/api/ollama_request.cpp src/api/ollama_response.cpp src/api/json_limits.cpp src/api/openai_request.cpp src/api/openai_logit_bias.cpp src/api/openai_tools.cpp src/common/status.cpp"
 )
