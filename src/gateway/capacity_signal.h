@@ -41,6 +41,7 @@
 #include <chrono>
 #include <cstddef>
 #include <iterator>
+#include <atomic>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -134,6 +135,12 @@ class CapacitySignal {
   // Everyone in the line too.
   void NotifyAll() { Wake(true); }
 
+  // A request of the service was admitted at `now_ms` (the line moved):
+  // how long a line waits is counted from the last one, not from when each
+  // of its requests came (RequestAdmission::WaitedSinceUp).
+  void Admitted(int64_t now_ms) { last_admitted_ms_.store(now_ms, std::memory_order_relaxed); }
+  int64_t last_admitted_ms() const { return last_admitted_ms_.load(std::memory_order_relaxed); }
+
   // Waiting now, in the line and plain.
   size_t waiting() const {
     std::lock_guard<std::mutex> lk(mu_);
@@ -181,6 +188,7 @@ class CapacitySignal {
   }
 
   mutable std::mutex mu_;
+  std::atomic<int64_t> last_admitted_ms_{0};
   std::list<std::shared_ptr<Waiter>> waiters_;  // plain
   std::list<std::shared_ptr<Waiter>> line_;     // in arrival order
 };

@@ -131,6 +131,7 @@ void RequestAdmission::Hold(uint64_t generation) {
   t_->holding = true;
   t_->generation = generation;
   admitted_ = true;
+  signal_.Admitted(g_.clock_.NowMs());
 }
 
 boost::asio::awaitable<void> RequestAdmission::JoinLine() {
@@ -174,7 +175,12 @@ int64_t RequestAdmission::WaitedSinceUp() {
       if (st->admission.admitted && g_.supervisor_.ReadyPort(st->key)) up_since_ = now;
     }
   }
-  if (up_since_ != 0) return now - up_since_;
+  // Counted from the line's last admission too: a line that moves keeps
+  // its requests (bounded by max_queue and their deadlines), one that
+  // stands still refuses them. Each was refused 60 s after it came, the
+  // line moving or not: embeddings behind a long line of them, all served
+  // in turn, got 503 at a minute.
+  if (up_since_ != 0) return now - std::max(up_since_, signal_.last_admitted_ms());
   // (None up yet: the start timeout bounds it, StartTrouble; this is a last bound.)
   return now - t0_ > kQueueWaitMs + g_.StartWaitMs(svc_) ? now - t0_ : 0;
 }
@@ -184,7 +190,7 @@ boost::asio::awaitable<bool> RequestAdmission::WaitBehind(int64_t cap_ms) {
   const int64_t now = g_.clock_.NowMs();
   const int64_t waited = WaitedSinceUp();
   if (waited > cap_ms) {
-    *rejected_ = Status::ResourceExhausted("no placement of '" + svc_.name + "' could take the request within " +
+    *rejected_ = Status::ResourceExhausted("no placement of '" + svc_.name + "' took a request for " +
                                            std::to_string(cap_ms / 1000) + " s (it waited behind " +
                                            std::to_string(signal_.Ahead(*ticket_)) + " requests that came first)")
                      .WithRetryAfter(5);

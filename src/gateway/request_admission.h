@@ -71,9 +71,10 @@ class RequestAdmission {
   // its deadline, `cap_ms` or a stream's next wait comment. False (with
   // *rejected_) when it stops waiting.
   boost::asio::awaitable<bool> WaitBehind(int64_t cap_ms);
-  // How long it has waited since a worker of its service was first seen up
-  // (0 while none has been): the waits for a slot or a decision count from
-  // there, and a start's own time only against the start timeout
+  // How long it has waited since a worker of its service was first seen up,
+  // or since the service's line last moved (a request admitted), whichever
+  // is later (0 while none has been up): the waits for a slot or a decision
+  // count from there, and a start's own time only against the start timeout
   // (Gateway::StartTrouble). Requests recovered after a restart, or sent
   // while a model loads, ended failed at 60 s while it loaded within its
   // start_timeout_s.
