@@ -1,5 +1,7 @@
 #include "cli/status_command.h"
 
+#include "common/utf8.h"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -239,7 +241,7 @@ void AddStatusCommands(CLI::App& app, int* exit_code) {
       if (watching) std::fputs("\x1b[H\x1b[2J", stdout);
       if (!body.ok()) std::printf("%s\n", body.status().message().c_str());
       else if (target->json_out) std::printf("%s\n", body->dump(watching ? -1 : 2).c_str());
-      else std::fputs(StatusTable(*body).c_str(), stdout);
+      else std::fputs(TerminalSafe(StatusTable(*body)).c_str(), stdout);  // (it quotes servers' words)
       std::fflush(stdout);
       if (!watching) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(period * 1000)));
@@ -251,7 +253,7 @@ void AddStatusCommands(CLI::App& app, int* exit_code) {
   requests->require_subcommand(0, 1);
   requests->fallthrough();  // --url, --json after `list`, `show ID`, `cancel ID` too
   auto print = [target](const json& j, const std::string& text) {
-    std::fputs(target->json_out ? (j.dump(2) + "\n").c_str() : text.c_str(), stdout);
+    std::fputs(target->json_out ? (j.dump(2) + "\n").c_str() : TerminalSafe(text).c_str(), stdout);
   };
   auto list = [target, fail, print] {
     auto body = Call(*target, "GET", "/v1/requests");

@@ -56,4 +56,22 @@ std::string ValidUtf8(std::string_view s) {
   return out;
 }
 
+std::string TerminalSafe(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+        static_cast<unsigned char>(s[i + 1]) <= 0x9F) {
+      out += '?';
+      ++i;
+    } else if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7F) {
+      out += '?';
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 }  // namespace spillway

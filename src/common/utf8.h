@@ -18,4 +18,10 @@ std::string ValidUtf8(std::string_view s);
 // STATUS= line.)
 std::string Abbreviated(std::string_view s, size_t n);
 
+// `s` safe to print on a terminal: each control character but newline and
+// tab (C0, DEL, and C1 as UTF-8: U+0080-U+009F) replaced by '?'. A server's
+// words (an error body, a worker's last line) could carry an escape
+// sequence that set the terminal's title or clipboard.
+std::string TerminalSafe(std::string_view s);
+
 }  // namespace spillway

@@ -6,11 +6,14 @@
 // fetch() and a ReadableStream instead: no ticket, no cookie, no key in a URL.
 #include <cstdio>
 #include <mutex>
+#include <set>
 
 #include "common/json_log.h"
 #include "gateway/event_feed.h"
 #include "gateway/gateway.h"
 #include "gateway/gateway_internal.h"
+
+#include <set>
 
 namespace spillway::gateway {
 
@@ -21,15 +24,30 @@ constexpr size_t kStatusIncidents = 30;
 // The most requests a view lists (its caller's oldest).
 constexpr size_t kMaxListedRequests = 200;
 
+// A breaker's probe (the id of the request probing it) that is not among
+// `own` is left out, wherever a breaker is in `j`: "probing" says one runs.
+void HideOthersProbes(json& j, const std::set<std::string>& own) {
+  if (j.is_object()) {
+    if (auto p = j.find("probe"); p != j.end() && p->is_string() && !own.count(p->get<std::string>())) j.erase(p);
+    for (auto& [_, v] : j.items()) HideOthersProbes(v, own);
+  } else if (j.is_array()) {
+    for (auto& v : j) HideOthersProbes(v, own);
+  }
+}
+
 // What a caller may see of a status snapshot: another client's requests are
-// left out, and their ids taken off incidents, unless the caller sees all.
+// left out, their ids taken off incidents and breakers, and a request
+// incident's reason (which may hold its upstream's echo of the prompt) said
+// without its details, unless the caller sees all.
 json ViewFor(const json& snapshot, const std::string& client, bool sees_all) {
   json out = snapshot;
   auto mine = [&](const json& j) { return sees_all || j.value("_client", "") == client; };
+  std::set<std::string> own;
   if (out.contains("requests")) {
     json kept = json::array();
     for (auto r : out["requests"]) {  // (oldest first)
       if (!mine(r)) continue;
+      own.insert(r.value("id", ""));
       if (kept.size() >= kMaxListedRequests) break;
       r.erase("_client");
       kept.push_back(std::move(r));
@@ -38,17 +56,25 @@ json ViewFor(const json& snapshot, const std::string& client, bool sees_all) {
   }
   if (out.contains("incidents")) {
     for (auto& i : out["incidents"]) {
-      if (i.contains("request_id") && !mine(i)) i.erase("request_id");
+      if (!mine(i)) {
+        i.erase("request_id");
+        if (i.contains("_others_reason")) i["reason"] = i["_others_reason"];
+      }
       i.erase("_client");
+      i.erase("_others_reason");
     }
   }
+  if (!sees_all) HideOthersProbes(out, own);
   return out;
 }
 
 json IncidentView(const Incident& i, const std::string& client, bool sees_all) {
   json j = IncidentJson(i);
   // (An owner not known, its journal row unread, is not the caller's: as ViewFor.)
-  if (!sees_all && i.client != client) j.erase("request_id");
+  if (!sees_all && i.client != client) {
+    j.erase("request_id");
+    if (!i.others_reason.empty()) j["reason"] = i.others_reason;
+  }
   return j;
 }
 

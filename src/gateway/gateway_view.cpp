@@ -322,10 +322,12 @@ void Gateway::AddServiceViews(json& status, const json& requests) {
       }
     }
     // Unloaded, started again by a request (or held back with nothing else
-    // to serve); one whose fallback serves meanwhile is degraded.
+    // to serve); one whose fallback serves meanwhile is degraded. Not one
+    // that takes nothing now (a breaker open, not admitted): its requests
+    // get 503, and it read as unloaded, loaded again by the next request.
     for (const auto& p : placements) {
       if (serving <= 0 && p.value("role", "") == "primary" && p.value("on_demand", false) &&
-          p.value("state", "") == "stopped") {
+          p.value("state", "") == "stopped" && !BreakerOpen(p) && p.value("admitted", true)) {
         state = "evicted";
       }
     }

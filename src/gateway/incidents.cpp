@@ -67,6 +67,7 @@ std::string ExitWords(const json& p) {
 json IncidentJson(const Incident& i, bool with_owner) {
   json j = {{"seq", i.seq}, {"time_ms", i.time_ms}, {"kind", i.kind}, {"reason", i.reason}};
   if (with_owner && !i.client.empty()) j["_client"] = i.client;
+  if (with_owner && !i.others_reason.empty()) j["_others_reason"] = i.others_reason;
   if (!i.service.empty()) j["service"] = i.service;
   if (!i.placement.empty()) j["placement"] = i.placement;
   if (!i.device.empty()) j["device"] = i.device;
@@ -201,8 +202,8 @@ std::vector<Incident> RequestIncidents::Observe(const journal::Transition& t, in
       if (!tr.placement.empty() && tr.placement != t.placement) {
         i.kind = "failover";
         i.placement = t.placement;
-        i.reason = "moved from " + tr.placement + " to " + t.placement + " (attempt " +
-                   std::to_string(t.attempt) + ")" + (tr.requeue_reason.empty() ? "" : ": " + Short(tr.requeue_reason, 240));
+        i.others_reason = "moved from " + tr.placement + " to " + t.placement + " (attempt " + std::to_string(t.attempt) + ")";
+        i.reason = i.others_reason + (tr.requeue_reason.empty() ? "" : ": " + Short(tr.requeue_reason, 240));
         out.push_back(i);
       }
       tr.placement = t.placement;
@@ -220,11 +221,13 @@ std::vector<Incident> RequestIncidents::Observe(const journal::Transition& t, in
       }
       if (t.state == journal::State::kCancelled) {
         i.kind = "cancelled";
+        i.others_reason = "cancelled";
         i.reason = t.error.empty() || t.error == "request cancelled" ? "cancelled" : "cancelled: " + Short(t.error, 200);
         out.push_back(i);
       } else if (t.state == journal::State::kFailed || t.state == journal::State::kFailedResumable) {
         i.kind = "failed";
-        i.reason = std::string(journal::StateName(t.state)) + ": " + Short(t.error, 240);
+        i.others_reason = journal::StateName(t.state);
+        i.reason = i.others_reason + ": " + Short(t.error, 240);
         out.push_back(i);
       }
       break;

@@ -29,10 +29,14 @@ struct Incident {
   std::string service, placement, device, request_id;
   std::string client;     // owner of request_id (never shown: callers who may not see it get no id)
   std::string reason;     // in words
+  // What callers who may not see its request are told instead of `reason`,
+  // which may hold that request's own words (an upstream's error body
+  // echoing the prompt); empty: `reason` is for everyone.
+  std::string others_reason;
 };
 
-// `with_owner`: adds "_client" (the owner of its request), for views that
-// filter by caller and then drop it.
+// `with_owner`: adds "_client" (the owner of its request) and
+// "_others_reason", for views that filter by caller and then drop them.
 nlohmann::json IncidentJson(const Incident& i, bool with_owner = false);
 
 // A bounded, thread-safe log: the newest `capacity` incidents.

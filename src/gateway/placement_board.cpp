@@ -16,7 +16,10 @@ nlohmann::json BreakerJson(const failover::Breaker& b, int64_t now_ms) {
                       {"ejections", b.ejections()},
                       {"last_reason", b.last_reason()}};
   if (b.state() == failover::BreakerState::kOpen) j["retry_in_ms"] = std::max<int64_t>(0, b.open_until_ms() - now_ms);
-  if (!b.probe().empty()) j["probe"] = b.probe();  // the request probing it (half-open)
+  // Half-open: one request probes it ("probe", its id, is left out of the
+  // views of callers who may not see that request).
+  j["probing"] = !b.probe().empty();
+  if (!b.probe().empty()) j["probe"] = b.probe();
   return j;
 }
 

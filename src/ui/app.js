@@ -199,7 +199,8 @@ function renderBanners(services) {
         s.degraded ? `Why: ${s.degraded}.` : ''));
     } else if (s.state === 'unavailable') {
       banners.push(el('div', { class: 'banner down', role: 'alert', 'data-service': s.name },
-        el('strong', { text: `${s.name} is ${s.state}.` }), v.summary || ''));
+        el('strong', { text: `${s.name} is ${s.state}.` }), v.summary || '',
+        s.degraded ? ` Why: ${s.degraded}.` : ''));
     } else if (s.state === 'evicted') {  // unloaded (idle, or for another service): the next request loads it
       banners.push(el('div', { class: 'banner note', 'data-service': s.name },
         el('strong', { text: `${s.name} is unloaded.` }), 'Its next request loads it again (and waits for the load). ',
@@ -224,7 +225,7 @@ function placementState(p) {
 function breakerText(b) {
   if (!b) return '–';
   return b.state + (b.state !== 'closed' && b.last_reason ? `: ${b.last_reason}` : '') +
-    (b.probe ? ` (one request probes it: ${b.probe})` : '');
+    (b.probe ? ` (one request probes it: ${b.probe})` : b.probing ? ' (one request probes it)' : '');
 }
 
 function renderServices(services, externals) {
@@ -394,19 +395,22 @@ async function cancel(id) {
   if (state.snapshot) renderRequests(state.snapshot.requests || []);
   let text;
   let ok = false;
+  let final = false;
   try {
     const res = await fetch(`/v1/requests/${encodeURIComponent(id)}`, { method: 'DELETE', headers: headers() });
     const body = await res.json().catch(() => ({}));
     ok = res.ok;
-    const final = ['completed', 'failed', 'failed_resumable', 'cancelled'].includes(body.state);
+    final = ['completed', 'failed', 'failed_resumable', 'cancelled'].includes(body.state);
     text = !res.ok ? `${id}: ${(body.error && body.error.message) || res.status}`
       : final ? `${id}: ${body.state}`
       : `${id}: cancel requested (an answer already on its way may still win)`;
   } catch (e) {
     text = `${id}: the gateway did not answer`;
   }
-  // A cancel that failed can be tried again (the button stayed "Cancelling…").
-  if (!ok) {
+  // A cancel that failed, or that was only requested (an answer on its way
+  // may still win, and the request run on), can be tried again: the button
+  // stayed "Cancelling…" for the life of the page.
+  if (!ok || !final) {
     state.cancelling.delete(id);
     if (state.snapshot) renderRequests(state.snapshot.requests || []);
   }

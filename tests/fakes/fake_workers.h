@@ -18,6 +18,7 @@ class FakeWorkers : public upstream::Workers {
  public:
   void SetReady(const std::string& key, uint16_t port) {
     std::lock_guard<std::mutex> lk(mu_);
+    views_.erase(key);
     ports_[key] = port;
   }
   // The worker exits: its port is gone, and the gateway is told as the supervisor would.
@@ -91,9 +92,16 @@ class FakeWorkers : public upstream::Workers {
     auto it = demanded_.find(key);
     return it == demanded_.end() ? 0 : it->second;
   }
+  // (An on-demand worker released shows as stopped, as the supervisor's does.)
   void Release(const std::string& key) override {
     std::lock_guard<std::mutex> lk(mu_);
     ports_.erase(key);
+    if (on_demand_.count(key)) {
+      upstream::WorkerView v;
+      v.key = key;
+      v.state = upstream::WorkerState::kStopped;
+      views_[key] = v;
+    }
   }
   bool OnDemand(const std::string& key) const override {
     std::lock_guard<std::mutex> lk(mu_);

@@ -34,5 +34,11 @@ TEST(Utf8Test, AbbreviatedCutsOnACharacterBoundary) {
   EXPECT_EQ(ValidUtf8(Abbreviated("\xE2\x96\x88\xE2\x96\x88\xE2\x96\x88", 8)), "\xE2\x96\x88...");
 }
 
+TEST(Utf8Test, TerminalSafeReplacesControlCharacters) {
+  EXPECT_EQ(TerminalSafe("a\tb\nc caf\xC3\xA9"), "a\tb\nc caf\xC3\xA9") << "text, tabs and lines stay";
+  EXPECT_EQ(TerminalSafe("x\x1b]52;c;ZXZpbA==\x07y"), "x?]52;c;ZXZpbA==?y") << "OSC 52 (the clipboard)";
+  EXPECT_EQ(TerminalSafe("\r\x7f\xC2\x9b" "1m\xC2\xA0"), "???1m\xC2\xA0") << "CR, DEL, C1 CSI; U+00A0 stays";
+}
+
 }  // namespace
 }  // namespace spillway

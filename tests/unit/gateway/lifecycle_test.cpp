@@ -1049,6 +1049,70 @@ TEST_F(LifecycleTest, AStoppedOnDemandPrimaryIsStartedByTheRequestThatChoosesIt)
   EXPECT_NE(ex->body().find("primary"), std::string::npos) << ex->body();
 }
 
+// A service of one placement (no CPU path, whose line has bounds of its
+// own): its requests wait for its worker's slots, in the service's line.
+class OnePlacementLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    config_text_ = "[[service]]\nname = \"chat\"\nmodel = \"/nonexistent/chat.gguf\"\nmax_tokens = 64\n"
+                   "[[service.placement]]\nrole = \"primary\"\ndevice = \"sim:0\"\nctx = 256\nslots = 2\n";
+    LifecycleTest::SetUp();
+    primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  }
+};
+
+// An unloaded on-demand primary is "evicted" (its next request loads it),
+// unless it takes nothing now: with its breaker open its requests get 503,
+// and it read as unloaded, loaded again by the next request.
+TEST_F(OnePlacementLifecycleTest, AnUnloadedPrimaryWhoseBreakerIsOpenIsUnavailable) {
+  workers_.SetOnDemand("chat.0");
+  workers_.Release("chat.0");
+  EXPECT_TRUE(Eventually([&] { return StatusNow()["services"][0]["state"] == "evicted"; }))
+      << StatusNow()["services"][0].dump();
+  workers_.Exit("chat.0", "signal 9");  // its breaker opens
+  ASSERT_EQ(StatusNow()["services"][0]["placements"][0]["breaker"]["state"], "open");
+  EXPECT_TRUE(Eventually([&] { return StatusNow()["services"][0]["state"] == "unavailable"; }))
+      << StatusNow()["services"][0].dump();
+}
+
+// A line that moves keeps its requests past the 60 s a wait gets: the wait
+// counts from the line's last admission. Each was refused 60 s after it
+// came, the line moving or not (embeddings behind a long line of them, all
+// served in turn, got 503 at a minute).
+TEST_F(OnePlacementLifecycleTest, ALineThatMovesKeepsItsRequestsPastTheWaitBound) {
+  auto h0 = Complete("r-hold0");
+  auto h1 = Complete("r-hold1");
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 2; }));
+  auto a = Complete("r-a");
+  ASSERT_TRUE(ToldWhyItWaits("r-a"));
+  auto b = Complete("r-b");
+  ASSERT_TRUE(ToldWhyItWaits("r-b"));
+  clock_.Advance(50'000);
+  Answer(primary_.TakeHeld(0), "primary");  // r-a is admitted 50 s after it came
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 3; }));
+  clock_.Advance(20'000);  // r-b has waited 70 s, the line moved 20 s ago
+  gateway_->WorkerReady("chat.0");  // (a wake: r-b decides again now)
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_FALSE(b->done()) << b->body();
+  Answer(primary_.TakeHeld(1), "primary");
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 4; }));
+  Answer(primary_.TakeHeld(3), "primary");
+  ASSERT_TRUE(b->Wait());
+  EXPECT_EQ(b->status(), 200u) << b->body();
+  // A line that stands still for 60 s refuses its head.
+  auto c = Complete("r-c");  // the slot r-b left
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 5; }));
+  auto d = Complete("r-d");
+  ASSERT_TRUE(ToldWhyItWaits("r-d"));
+  clock_.Advance(61'000);
+  gateway_->WorkerReady("chat.0");
+  ASSERT_TRUE(d->Wait());
+  EXPECT_EQ(d->status(), 503u) << d->body();
+  for (size_t i : {2, 4}) Answer(primary_.TakeHeld(i), "primary");
+  ASSERT_TRUE(a->Wait());
+  ASSERT_TRUE(c->Wait());
+}
+
 // A stream whose workers stay busy past the 60 s a wait gets ends with their
 // 503 and says when to try again, as a non-streamed one does (it had no
 // Retry-After: a stream's refusal carries no header of its own).
@@ -1739,6 +1803,54 @@ TEST_F(KeyedLifecycleTest, AnOpenRouteTakesNoBodyWithoutAKey) {
   EXPECT_FALSE(Refusal(bhttp::verb::post, "/healthz",
                        {{"Content-Length", "10"}, {"Authorization", "Bearer k-1234567890abcdef"}}))
       << "with its key it goes on (and is answered as the route answers)";
+}
+
+// Two clients, each with its own key.
+class TwoKeysLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    config_text_ = "api_keys = [\"k-aaaaaaaaaaaaaaaa\", \"k-bbbbbbbbbbbbbbbb\"]\n" + config_text_;
+    LifecycleTest::SetUp();
+  }
+  static std::vector<std::pair<std::string, std::string>> Key(char c) {
+    return {{"Authorization", "Bearer k-" + std::string(16, c)}};
+  }
+  json StatusOf(char c) {
+    auto st = Send("/v1/status", "", "GET", Key(c));
+    EXPECT_TRUE(st->Wait());
+    return json::parse(st->body(), nullptr, false);
+  }
+};
+
+// What one client's request did is not another's to read in the status: the
+// id of the request probing a half-open breaker, and the words of a failed
+// request's upstream (which may echo its prompt) in the incidents. Both
+// reached every key's /v1/status and dashboard.
+TEST_F(TwoKeysLifecycleTest, AnotherClientsProbeAndFailureWordsAreNotShown) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  KilledAndBack("chat.0", primary_.server.port());
+  auto probe = Complete("r-probe-a", false, Key('a'));
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
+  const json a = StatusOf('a')["services"][0]["placements"][0]["breaker"];
+  EXPECT_EQ(a.value("probe", ""), "r-probe-a") << a.dump();
+  const json b = StatusOf('b')["services"][0]["placements"][0]["breaker"];
+  EXPECT_FALSE(b.contains("probe")) << b.dump();
+  EXPECT_EQ(b.value("probing", false), true) << "that one runs is everyone's to know";
+  Answer(primary_.TakeHeld(0), "primary");
+  ASSERT_TRUE(probe->Wait());
+
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    Refuse(ex, Status::InvalidArgument("the prompt 'my secret plan' is not allowed"));
+  };
+  auto failed = Complete("r-fail-a", false, Key('a'));
+  ASSERT_TRUE(failed->Wait());
+  ASSERT_EQ(failed->status(), 400u) << failed->body();
+  ASSERT_TRUE(Eventually([&] { return StatusOf('a')["incidents"].dump().find("my secret plan") != std::string::npos; }))
+      << StatusOf('a')["incidents"].dump();
+  const json others = StatusOf('b')["incidents"];
+  EXPECT_EQ(others.dump().find("my secret plan"), std::string::npos) << others.dump();
+  EXPECT_EQ(others.dump().find("r-fail-a"), std::string::npos) << others.dump();
+  EXPECT_NE(others.dump().find("\"failed\""), std::string::npos) << "the failure itself is shown: " << others.dump();
 }
 
 // Without api_keys the Authorization header proves nothing: a client that
