@@ -119,8 +119,10 @@ Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const
                                                   " to fit " + primary.name + "'s pool of " + N(primary.cells_total));
       }
     }
-    const std::string sum = "the prompt (" + N(r.prompt_tokens) + " tokens) + max_tokens (" + N(r.max_tokens) +
-                            ") = " + N(need) + " cells";
+    const std::string sum = "the prompt (" + N(r.prompt_tokens) + " tokens) + " +
+                            (r.fit_context ? "the shortest answer (" + N(r.max_tokens) + " tokens)"
+                                           : "max_tokens (" + N(r.max_tokens) + ")") +
+                            " = " + N(need) + " cells";
     if (soonest_s >= 0) {  // a larger pool is busy for longer than max_delay_s
       const int wait = std::max(1, static_cast<int>(std::ceil(soonest_s)));
       return Reject(503, wait, sum + " fit only a pool that is full for about " + N(wait) + " s");
@@ -221,6 +223,10 @@ RequestNeed FitToContext(const RequestNeed& r, const std::vector<PlacementView>&
   if (!room && most > 0) room = most;
   RequestNeed out = r;
   if (room && *room < r.max_tokens) out.max_tokens = static_cast<uint32_t>(*room);
+  // No pool holds even the prompt: judged with the shortest answer it may
+  // be given (its refusal named a max_tokens of the service's cap, which
+  // its client never sent).
+  if (!room) out.max_tokens = wanted;
   return out;
 }
 

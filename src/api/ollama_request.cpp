@@ -74,12 +74,25 @@ Status TranslateOptions(const json& body, OllamaCall* call) {
                                                        "); the request was refused rather than served without it");
     }
   }
+  // An integer option may be written 128.0 (Ollama's decoder takes it, as
+  // the OpenAI parser takes max_tokens: 1000.0).
+  auto whole = [&](const char* name) -> std::optional<int64_t> {
+    const json& n = o[name];
+    if (n.is_number_integer() && !(n.is_number_unsigned() && n.get<uint64_t>() > uint64_t{INT64_MAX})) {
+      return n.get<int64_t>();
+    }
+    if (n.is_number_float()) {
+      const double d = n.get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return static_cast<int64_t>(d);
+    }
+    return std::nullopt;
+  };
   // -1: infinite, -2: fill the context, 0: no limit either (Ollama's runner
   // stops at num_predict only when it is positive); all leave the service's default.
   if (Given(o, "num_predict")) {
-    const json& n = o["num_predict"];
-    if (!n.is_number_integer()) return Bad("options.num_predict", "must be an integer");
-    const int64_t v = n.get<int64_t>();
+    const auto n = whole("num_predict");
+    if (!n) return Bad("options.num_predict", "must be an integer");
+    const int64_t v = *n;
     if (v > 0) {
       out["max_tokens"] = v;
       call->renamed.emplace_back("max_tokens", "options.num_predict");
@@ -88,16 +101,19 @@ Status TranslateOptions(const json& body, OllamaCall* call) {
     }
   }
   if (Given(o, "seed")) {  // a negative seed is Ollama's "random"
-    if (!o["seed"].is_number_integer()) return Bad("options.seed", "must be an integer");
-    if (o["seed"].get<int64_t>() >= 0) {
-      out["seed"] = o["seed"];
+    const bool huge = o["seed"].is_number_unsigned() && o["seed"].get<uint64_t>() > uint64_t{INT64_MAX};
+    const auto n = huge ? std::optional<int64_t>(0) : whole("seed");
+    if (!n) return Bad("options.seed", "must be an integer");
+    if (*n >= 0) {
+      out["seed"] = huge ? o["seed"] : json(*n);
       call->renamed.emplace_back("seed", "options.seed");
     }
   }
   if (Given(o, "repeat_last_n")) {  // -1: the whole context, 0: off
-    if (!o["repeat_last_n"].is_number_integer()) return Bad("options.repeat_last_n", "must be an integer");
-    if (o["repeat_last_n"].get<int64_t>() >= 0) {
-      out["repeat_last_n"] = o["repeat_last_n"];
+    const auto n = whole("repeat_last_n");
+    if (!n) return Bad("options.repeat_last_n", "must be an integer");
+    if (*n >= 0) {
+      out["repeat_last_n"] = *n;
       call->renamed.emplace_back("repeat_last_n", "options.repeat_last_n");
     }
   }

@@ -18,7 +18,9 @@ const char* const kUnsupportedSamplingFields[] = {
     "best_of", "1", "echo", "false", "suffix", "\"\"", "mirostat", "0",
     "typical_p", "1", "typ_p", "1", "tfs_z", "1", "top_n_sigma", "-1", "xtc_probability", "0",
     "dry_multiplier", "0", "dynatemp_range", "0", "grammar", "\"\"", "json_schema", "", "n_probs", "0",
-    "samplers", "", "functions", "", "function_call", "", nullptr};
+    "samplers", "", "functions", "", "function_call", "",
+    "n_predict", "-1",  // (llama-server's max_tokens, which it lets win: use max_tokens)
+    nullptr};
 
 namespace {
 
@@ -43,6 +45,30 @@ Status OptionalNumber(const json& body, const char* field, double lo, double hi,
     return Bad(field, "must be between " + json(lo).dump() + " and " + json(hi).dump());
   }
   *out = static_cast<T>(v);
+  return Status::Ok();
+}
+
+// OpenAI's and Ollama's seeds are 64-bit, llama.cpp's 32 (0xFFFFFFFF its
+// "random"): a larger one is taken modulo 2^32 - 1, the same each time (a
+// seed of 2^32 or more was refused). Not negative here (IsNegativeSeed).
+Status ParseSeed(const json& body, std::optional<uint32_t>* out) {
+  auto it = body.find("seed");
+  if (it == body.end() || it->is_null()) return Status::Ok();
+  uint64_t v = 0;
+  if (it->is_number_unsigned()) {
+    v = it->get<uint64_t>();
+  } else if (it->is_number_integer()) {
+    v = static_cast<uint64_t>(it->get<int64_t>());
+  } else if (it->is_number_float()) {
+    const double d = it->get<double>();
+    if (!std::isfinite(d) || d != std::floor(d) || d < 0 || d >= 18446744073709551616.0) {
+      return Bad("seed", "must be an integer");
+    }
+    v = static_cast<uint64_t>(d);
+  } else {
+    return Bad("seed", "must be an integer");
+  }
+  *out = static_cast<uint32_t>(v % 4294967295u);
   return Status::Ok();
 }
 
@@ -221,10 +247,9 @@ Status ParseGeneration(const json& body, GenerationRequest* g) {
   SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "repeat_last_n", 0, 8192, &s.repeat_last_n));
   SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "frequency_penalty", -2, 2, &s.frequency_penalty));
   SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "presence_penalty", -2, 2, &s.presence_penalty));
-  // 0xFFFFFFFF is llama.cpp's "random seed" sentinel, so it is excluded. A
-  // negative seed (-1: many UIs' "random") is no seed, as in the Ollama
+  // A negative seed (-1: many UIs' "random") is no seed, as in the Ollama
   // API: the gateway pins one in its place.
-  if (!IsNegativeSeed(body)) SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "seed", 0, 4294967294.0, &s.seed));
+  if (!IsNegativeSeed(body)) SPILLWAY_RETURN_IF_ERROR(ParseSeed(body, &s.seed));
   SPILLWAY_RETURN_IF_ERROR(ParseLogitBias(body, &s.logit_bias));
 
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {

@@ -434,11 +434,23 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
   uint32_t max_tokens = static_cast<uint32_t>(svc_.default_max_tokens);
   bool fit_context = false;  // (an Ollama request's num_predict: lowered to the room it has, never refused for it)
   if (body.is_object()) {
+    bool asked = false;
     for (const char* k : {"max_completion_tokens", "max_tokens"}) {
       // (Parsed already: a whole number in range, which a client may write 1000.0.)
-      if (body.contains(k) && body[k].is_number()) max_tokens = static_cast<uint32_t>(body[k].get<double>());
+      if (body.contains(k) && body[k].is_number()) {
+        max_tokens = static_cast<uint32_t>(body[k].get<double>());
+        asked = true;
+      }
     }
     if (auto f = body.find("spillway_fit_context"); f != body.end() && f->is_boolean()) fit_context = f->get<bool>();
+    // None asked: default_max_tokens, or the room beside the prompt when
+    // less (an answer then ends at the context, "length", as OpenAI's and
+    // llama-server's do). It was refused for a max_tokens its client never
+    // sent ("the prompt + max_tokens (256) can never fit").
+    if (!asked && !fit_context) {
+      fit_context = true;
+      body["spillway_fit_context"] = true;  // (the worker lowers it as well)
+    }
   }
   const std::string endpoint = rec_.endpoint == "chat" ? "chat" : "completion";
   int prompt_tokens = live_.prompt_tokens;  // (counted by an earlier round of this request's, or not yet)

@@ -671,7 +671,7 @@ TEST_F(WorkerTest, BadInputsGetTheirStatusAndTheWorkerKeepsServing) {
       {"/v1/completions", R"({"prompt": "x", "max_tokens": 1e12})", 400, "'max_tokens'"},
       {"/v1/completions", R"({"prompt": "x", "temperature": 99})", 400, "'temperature'"},
       {"/v1/completions", R"({"prompt": "x", "top_k": -1})", 400, "'top_k'"},
-      {"/v1/completions", R"({"prompt": "x", "seed": 4294967295})", 400, "'seed'"},  // (-1 is no seed: a random one)
+      {"/v1/completions", R"({"prompt": "x", "seed": 1.5})", 400, "'seed'"},  // (-1 is no seed: a random one)
       {"/v1/completions", R"({"prompt": "x", "stop": [1]})", 400, "'stop'"},
       {"/v1/completions", R"({"prompt": "x", "n": 3})", 400, "'n'"},
       {"/v1/completions", R"({"prompt": [1, 99999999]})", 400, "outside the vocabulary"},

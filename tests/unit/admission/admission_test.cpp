@@ -40,6 +40,14 @@ TEST(AdmissionTest, AFitContextRequestIsLoweredToTheRoomWhereItCanRun) {
   d = Decide(r, {Gpu(128, 128), Cpu(1024, 1024)}, {});
   EXPECT_EQ(d.placement, 1u) << d.reason;
   EXPECT_EQ(d.max_tokens, 904u);
+  // A prompt no pool holds: refused with the shortest answer it may be
+  // given, not the cap it asked (which its client never sent).
+  r.prompt_tokens = 2000;
+  d = Decide(r, {Gpu(128, 128), Cpu(1024, 1024)}, {});
+  EXPECT_EQ(d.kind, Kind::kReject);
+  EXPECT_EQ(d.http_status, 413);
+  EXPECT_NE(d.reason.find("the prompt (2000 tokens) + the shortest answer (16 tokens) = 2016 cells"), std::string::npos)
+      << d.reason;
   // Without the flag: refused as ever (OpenAI's contract).
   r.fit_context = false;
   r.prompt_tokens = 5;

@@ -77,6 +77,20 @@ TEST(OllamaRequestTest, DefaultsAndSentinelsLeaveTheServiceDefaults) {
             false);
 }
 
+// Integer options written as whole floats are taken (Ollama's decoder takes
+// them; they were a 400 "must be an integer"); a 64-bit seed goes on whole.
+TEST(OllamaRequestTest, IntegerOptionsMayBeWrittenAsFloats) {
+  const auto c = Translate(OllamaRoute::kGenerate, {{"model", "m"}, {"prompt", "p"},
+                                                    {"options", {{"num_predict", 128.0}, {"seed", 7.0}, {"repeat_last_n", 32.0}}}});
+  EXPECT_EQ(c.openai["max_tokens"], 128);
+  EXPECT_EQ(c.openai["seed"], 7);
+  EXPECT_EQ(c.openai["repeat_last_n"], 32);
+  EXPECT_EQ(Translate(OllamaRoute::kGenerate, {{"model", "m"}, {"prompt", "p"},
+                                               {"options", {{"seed", uint64_t{18446744073709551615u}}}}})
+                .openai["seed"],
+            uint64_t{18446744073709551615u});
+}
+
 TEST(OllamaRequestTest, AJsonSchemaFormatIsAStrictJsonSchemaResponseFormat) {
   const json schema = {{"type", "object"}, {"properties", {{"n", {{"type", "integer"}}}}}};
   const auto c = Translate(OllamaRoute::kChat, {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "x"}}}},

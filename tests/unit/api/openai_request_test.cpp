@@ -83,8 +83,9 @@ TEST(OpenAiRequestTest, RejectsWrongTypesAndOutOfRangeNumbers) {
       {R"({"prompt": "x", "min_p": -1})", "'min_p'"},
       {R"({"prompt": "x", "repeat_penalty": 0})", "'repeat_penalty'"},
       {R"({"prompt": "x", "presence_penalty": 3})", "'presence_penalty'"},
-      {R"({"prompt": "x", "seed": 4294967295})", "'seed'"},
       {R"({"prompt": "x", "seed": 1.5})", "'seed'"},
+      {R"({"prompt": "x", "seed": "7"})", "'seed'"},
+      {R"({"prompt": "x", "n_predict": 16})", "'n_predict'"},  // (llama-server's; it was ignored)
       {R"({"prompt": "x", "stream": "yes"})", "'stream'"},
       {R"({"prompt": "x", "stream_options": 1})", "'stream_options'"},
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "'stream_options'"},  // not streamed (OpenAI: 400)
@@ -100,6 +101,20 @@ TEST(OpenAiRequestTest, RejectsWrongTypesAndOutOfRangeNumbers) {
     ASSERT_FALSE(r.ok()) << c.body;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(r.status().message().find(c.field), std::string::npos) << c.body << ": " << r.status().message();
+  }
+}
+
+// OpenAI's seed is 64-bit, llama.cpp's 32 (0xFFFFFFFF its "random"): a
+// larger one is taken modulo 2^32 - 1, the same each time (2^32 and more
+// were refused).
+TEST(OpenAiRequestTest, ASixtyFourBitSeedIsFoldedIntoLlamasRange) {
+  for (const auto& [seed, folded] : std::vector<std::pair<json, uint32_t>>{
+           {json(0), 0u}, {json(4294967294u), 4294967294u}, {json(4294967295u), 0u},
+           {json(uint64_t{1} << 40), static_cast<uint32_t>((uint64_t{1} << 40) % 4294967295u)},
+           {json(18446744073709551615u), static_cast<uint32_t>(18446744073709551615u % 4294967295u)}}) {
+    auto r = ParseCompletionRequest(json{{"prompt", "x"}, {"seed", seed}});
+    ASSERT_TRUE(r.ok()) << seed << ": " << r.status().ToString();
+    EXPECT_EQ(*r->gen.sampling.seed, folded) << seed;
   }
 }
 

@@ -2272,6 +2272,13 @@ TEST_F(OllamaNumPredictTest, IsAnUpperBoundLoweredToTheRoomInTheContext) {
   auto strict = Send("/v1/completions", json{{"model", "chat"}, {"prompt", "x"}, {"max_tokens", 1000}}.dump());
   ASSERT_TRUE(strict->Wait());
   EXPECT_EQ(strict->status(), 400u) << strict->body();
+  // One that asks for none gets default_max_tokens (256), or the room beside
+  // its prompt when less: it was refused for a max_tokens it never sent.
+  auto unset = Send("/v1/completions", json{{"model", "chat"}, {"prompt", "x"}}.dump());
+  ASSERT_TRUE(unset->Wait());
+  EXPECT_EQ(unset->status(), 200u) << unset->body();
+  std::lock_guard<std::mutex> lk(primary_.mu);
+  EXPECT_EQ(primary_.bodies.back()["max_tokens"], 123) << primary_.bodies.back().dump();
 }
 
 }  // namespace
