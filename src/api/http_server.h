@@ -117,6 +117,10 @@ class Exchange {
     (void)key;
     (void)value;
   }
+  // Whether a stream's tool calls reach the client only at its end (a
+  // translation that gathers their pieces: Ollama's NDJSON). Until then
+  // none has gone out, and a failed stream may still be continued.
+  virtual bool holds_tool_calls() const { return false; }
 };
 
 using Handler = std::function<void(Request req, std::shared_ptr<Exchange> ex)>;

@@ -25,7 +25,10 @@ class StreamProgress {
 
   const std::vector<int32_t>& tokens() const { return tokens_; }
   uint64_t text_bytes() const { return text_bytes_; }
-  bool tool_calls_delivered() const { return tool_calls_; }
+  bool tool_calls_delivered() const { return tool_calls_ && !tool_calls_held_; }
+  // The client's side gathers tool calls for the stream's end (Ollama's
+  // translation): relayed, they have not reached the client yet.
+  void set_tool_calls_held(bool held) { tool_calls_held_ = held; }
   // The error event of the stream, when one came (the worker ends a stream
   // that failed or was cancelled with one).
   const std::optional<protocol::WorkerError>& last_error() const { return last_error_; }
@@ -33,12 +36,13 @@ class StreamProgress {
   void ClearError() { last_error_.reset(); }
   // A continuation can reproduce what was delivered: token ids are known for
   // all of it and no side effect (tool call) has gone out.
-  bool Continuable() const { return !tool_calls_ && !(text_bytes_ > 0 && tokens_.empty()); }
+  bool Continuable() const { return !tool_calls_delivered() && !(text_bytes_ > 0 && tokens_.empty()); }
 
  private:
   std::vector<int32_t> tokens_;
   uint64_t text_bytes_ = 0;
   bool tool_calls_ = false;
+  bool tool_calls_held_ = false;
   std::optional<protocol::WorkerError> last_error_;
 };
 

@@ -26,6 +26,7 @@ class ForwardingExchange : public http::Exchange {
   boost::asio::any_io_executor executor() const override { return inner_->executor(); }
   std::string peer_address() const override { return inner_->peer_address(); }
   void Annotate(const std::string& key, const std::string& value) override { inner_->Annotate(key, value); }
+  bool holds_tool_calls() const override { return inner_->holds_tool_calls(); }
 
  protected:
   std::shared_ptr<http::Exchange> inner_;

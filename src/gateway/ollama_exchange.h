@@ -49,6 +49,7 @@ class OllamaExchange final : public ForwardingExchange, public std::enable_share
   void RespondTranslated(http::Response res);
 
   void Respond(http::Response res) override;
+  bool holds_tool_calls() const override { return true; }  // (sent with the last line)
   void StartStream(http::Response header) override;
   void Write(std::string data) override;
   void End() override;

@@ -56,6 +56,8 @@ class ReplyWriter {
   // Bytes written to the client and not yet sent (a slow reader).
   size_t unsent_bytes() const;
   bool disconnected() const;
+  // The client's exchange gathers a stream's tool calls for its end (http::Exchange).
+  bool holds_tool_calls() const { return ex_ && ex_->holds_tool_calls(); }
 
   // A stream that waits: its head goes out with the reason and the estimated
   // delay (the first time), then the note as a comment.

@@ -32,7 +32,9 @@ RequestLifecycle::RequestLifecycle(Gateway& g, journal::RequestRecord rec, std::
               kMaxUnsentBytes),
       excluded_(svc_ ? svc_->placements.size() : 0, false),
       retry_{0, 0, live_->deadline_ms},
-      budget_{kMaxAttempts, svc_ && svc_->admission.fail_fast, kQueueWaitMs} {}
+      budget_{kMaxAttempts, svc_ && svc_->admission.fail_fast, kQueueWaitMs} {
+  progress_.set_tool_calls_held(reply_.holds_tool_calls());
+}
 
 RequestLifecycle::~RequestLifecycle() { Release(); }
 

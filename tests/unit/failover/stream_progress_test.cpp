@@ -37,6 +37,12 @@ TEST(StreamProgressTest, DeliveredToolCallsAreNeverContinuedPast) {
   StreamProgress q;
   q.Observe("data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n", nullptr);
   EXPECT_FALSE(q.Continuable());
+  // Held by the client's side until the stream's end (Ollama's translation): not delivered yet.
+  StreamProgress held;
+  held.set_tool_calls_held(true);
+  held.Observe("data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"name\":\"add\"}}]}}],\"spillway\":{\"tokens\":[2]}}\n\n", nullptr);
+  EXPECT_FALSE(held.tool_calls_delivered());
+  EXPECT_TRUE(held.Continuable());
 }
 
 TEST(StreamProgressTest, TextWithoutTokenIdsCannotBeReproduced) {

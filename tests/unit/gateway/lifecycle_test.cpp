@@ -805,6 +805,48 @@ TEST_F(LifecycleTest, AStreamCutMidwayIsContinuedElsewhereAsOneStream) {
   EXPECT_EQ(rec.result_body.find(": spillway"), std::string::npos) << "comments are not part of the stored answer";
 }
 
+// A stream cut after the first piece of a tool call: an OpenAI client has
+// that piece (it may act on it), so the stream is not replayed past it and
+// ends resumable; an Ollama client has nothing yet (its translation sends
+// tool calls with the last line), so it is continued elsewhere. It ended
+// failed, with a checkpoint that said tool calls had been delivered.
+TEST_F(LifecycleTest, AStreamCutInsideAToolCallIsContinuedOnlyWhereTheClientHasNoneYet) {
+  const std::string piece = api::SseEvent(
+      {{"choices", {{{"index", 0}, {"delta", {{"tool_calls", {{{"index", 0}, {"id", "call_1"}, {"type", "function"},
+                                                               {"function", {{"name", "add"}, {"arguments", "{\"a\":"}}}}}}}}}}},
+       {"spillway", {{"tokens", {21}}}}});
+  primary_.behaviour = [piece](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(piece);
+    ex->Write(api::SseEvent(api::ErrorBody(Status::ResourceExhausted("compute").WithPhase(FailurePhase::kCompute))));
+    ex->End();
+  };
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(api::SseEvent({{"choices", {{{"index", 0}, {"delta", {{"tool_calls", {{{"index", 0}, {"function", {{"arguments", "1}"}}}}}}}}}}},
+                             {"spillway", {{"tokens", {22}}}}}));
+    ex->Write(api::SseEvent({{"choices", {{{"index", 0}, {"delta", json::object()}, {"finish_reason", "tool_calls"}}}}}));
+    ex->Write(api::kSseDone);
+    ex->End();
+  };
+  const json messages = {{{"role", "user"}, {"content", "add"}}};
+  auto openai = Send("/v1/chat/completions", json{{"model", "chat"}, {"messages", messages}, {"stream", true}}.dump(),
+                     "POST", {{"X-Request-Id", "t-openai"}});
+  ASSERT_TRUE(openai->Wait());
+  EXPECT_EQ(fallback_.calls(), 0u) << "continued past a tool call its client had";
+  EXPECT_EQ(Journaled("t-openai").state, journal::State::kFailedResumable);
+  EXPECT_NE(openai->body().find("\"tool_calls_delivered\":true"), std::string::npos) << openai->body();
+
+  auto ollama = Send("/api/chat", json{{"model", "chat"}, {"messages", messages}, {"stream", true}}.dump(), "POST",
+                     {{"X-Request-Id", "t-ollama"}});
+  ASSERT_TRUE(ollama->Wait());
+  EXPECT_EQ(fallback_.calls(), 1u) << "not continued: " << ollama->body();
+  EXPECT_EQ(Journaled("t-ollama").state, journal::State::kCompleted) << ollama->body();
+  EXPECT_EQ(ollama->body().find("\"error\""), std::string::npos) << ollama->body();
+  EXPECT_NE(ollama->body().find("\"tool_calls\""), std::string::npos) << ollama->body();
+  EXPECT_NE(ollama->body().find("\"a\":1"), std::string::npos) << "the call, whole: " << ollama->body();
+}
+
 // A stream continued on the CPU path, whose cpu_path.max_tokens lowers the
 // request's, says so: the head that carried X-Spillway-Limits went out with
 // the first attempt, and the stream just ended early with "length".
