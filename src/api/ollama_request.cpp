@@ -231,6 +231,10 @@ Status TranslateMessages(const json& messages, json* out) {
       if (p == pending.end()) {
         p = std::find_if(pending.begin(), pending.end(), [&](const auto& c) { return tool_name.empty() || c.second == tool_name; });
       }
+      // Its function's name for the template (Kimi-K2's, StepFun's print
+      // it; Ollama's templates have .ToolName): its own, else its call's.
+      const std::string named = !tool_name.empty() ? tool_name : p != pending.end() ? p->second : "";
+      if (!named.empty()) msg["name"] = named;
       if (p != pending.end()) {
         msg["tool_call_id"] = p->first;
         pending.erase(p);

@@ -285,7 +285,7 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
   std::lock_guard<std::mutex> lk(mu_);
   if (stop_) return Status::Unavailable("worker is shutting down");
   if (device_lost_) return Status::Unavailable("the device was lost: " + last_error_).WithPhase(FailurePhase::kDevice);
-  if (!healthy_) return Status::Unavailable("worker context is unusable: " + last_error_).WithPhase(FailurePhase::kCompute);
+  if (!healthy_) return Status::Unavailable("worker context is unusable: " + last_error_).WithPhase(unhealthy_phase_);
   if (auto it = by_id_.find(job->id); it != by_id_.end() && !it->second.expired()) {
     return Status::Conflict("request id '" + job->id + "' is already running");
   }
@@ -704,7 +704,11 @@ void Engine::HandleDecodeFailure(int rc, const std::string& what) {
     last_error_ = msg;
     if (!st.ok()) {
       healthy_ = false;
+      unhealthy_phase_ = st.phase() == FailurePhase::kKv ? FailurePhase::kKv : FailurePhase::kCompute;
       last_error_ = msg + "; rebuilding the context failed: " + st.message();
+      // Its buffers are freed: /v1/worker/info said they were held (the
+      // gateway counted the memory), and the context created.
+      breakdown_.clear();
     }
     return;
   }

@@ -215,6 +215,9 @@ class Engine {
   int32_t cells_reserved_ = 0;
   bool stop_ = false;
   bool healthy_ = true;
+  // Why it is not: the phase its context's rebuild failed in (kv or compute),
+  // which every later request is refused with.
+  FailurePhase unhealthy_phase_ = FailurePhase::kCompute;
   bool device_lost_ = false;
   // Progress: the time of the last finished decode step (or of going idle).
   std::atomic<int64_t> progress_ms_{0};

@@ -137,6 +137,9 @@ TEST(OllamaRequestTest, ToolCallsGetIdsAndToolResultsAnswerThemByName) {
   EXPECT_EQ(m[1]["tool_calls"][0]["type"], "function");
   EXPECT_EQ(m[2]["tool_call_id"], m[1]["tool_calls"][1]["id"]);
   EXPECT_EQ(m[3]["tool_call_id"], m[1]["tool_calls"][0]["id"]);
+  // Its function's name goes on for the template (as Ollama's .ToolName): it was dropped.
+  EXPECT_EQ(m[2]["name"], "get_time");
+  EXPECT_EQ(m[3]["name"], "get_weather");
   EXPECT_EQ(c.openai["tools"].size(), 2u);
   json named = c.openai;
   named["model"] = "m";
@@ -179,6 +182,7 @@ TEST(OllamaRequestTest, AToolResultNamingItsCallByIdAnswersThatCall) {
   const json& m = c.openai["messages"];
   EXPECT_EQ(m[2]["tool_call_id"], "call_b");
   EXPECT_EQ(m[3]["tool_call_id"], "call_a");
+  EXPECT_EQ(m[2]["name"], "lookup") << "its call's name, when it names none itself";
 }
 
 // The worker takes bodies up to twice the gateway's max_body_bytes (and
