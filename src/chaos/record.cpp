@@ -15,7 +15,8 @@ namespace spillway::chaos {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RequestRecord, id, scenario, service, kind, stream, deterministic, sent_ms,
                                    latency_ms, ttft_ms, acknowledged, http_status, first_error, connection_survived,
                                    degraded_signal, cancelled_by_client, placement, output, tool_executions, completion_tokens,
-                                   journal_state, attempts, attempt_placements, cpu_start_ms, decision, equivalent, unreadable)
+                                   journal_state, journal_error, journal_unanswered, attempts, attempt_placements, cpu_start_ms,
+                                   decision, equivalent, unreadable)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(FaultEvent, at_ms, kind, recovered_ms, injected)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Sample, t_ms, device_used_bytes, device_capacity_bytes, rss_bytes,
                                    cpu_path_ram_bytes, cpu_path_budget_bytes, cpu_queue_waiting, cpu_queue_running,

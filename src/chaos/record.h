@@ -36,6 +36,8 @@ struct RequestRecord {
   int completion_tokens = -1;   // from the answer's usage (-1: none)
   // From GET /v1/requests/{id} after the scenario settled.
   std::string journal_state;    // "" when the gateway does not know it
+  std::string journal_error;    // its journaled error, "" when none
+  bool journal_unanswered = false;  // the gateway did not answer GET /v1/requests/{id} at all
   int attempts = 0;
   std::vector<std::string> attempt_placements;
   int64_t cpu_start_ms = -1;    // when an attempt on the CPU started (since the scenario's start)

@@ -134,6 +134,8 @@ void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v
 
 Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
   Verdict v;
+  int chat_succeeded = 0;
+  int comparable = 0;  // deterministic requests that completed: each may be compared with its reference
   std::vector<double> latencies;
   std::set<std::string> failed_services;  // besides chat
   for (const auto& q : r.requests) {
@@ -147,9 +149,19 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
     const bool terminal = o.journal ? IsTerminalState(q.journal_state) : q.http_status != 0 && q.connection_survived;
     if (completed) {
       ++v.succeeded;
+      if (!unrelated) ++chat_succeeded;
       if (q.latency_ms >= 0) latencies.push_back(static_cast<double>(q.latency_ms));
-    } else if (q.journal_state == "cancelled" || q.cancelled_by_client) {
+    } else if (q.cancelled_by_client) {
       ++v.cancelled;
+    } else if (q.journal_state == "cancelled") {
+      // Not by its client: the client gave up (its 120 s), or a worker's
+      // 499 ended it. It passed as a client's cancel: a request stuck in a
+      // line until its client left was no failure.
+      ++v.cancelled;
+      if (!unrelated) {
+        v.failures.push_back("cancelled, though its client did not cancel it: " + q.id +
+                             (q.first_error.empty() ? "" : " (its client: " + q.first_error + ")"));
+      }
     } else if (terminal) {
       ++v.failed_controlled;
       // Failed once it had run: the request was taken, an attempt ran, and
@@ -161,6 +173,14 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
       // resumable with its checkpoint (a tool call delivered, the gateway
       // itself killed) is by design. (The other services' failures count
       // under their own rule, below.)
+      // Resumable is by design only for a stream past a tool call its
+      // client ran, or one the gateway's own restart cut; any other (a
+      // continuation that never works, a non-streamed request) passed.
+      if (!unrelated && o.journal && q.journal_state == "failed_resumable" &&
+          (!q.stream || (q.tool_executions == 0 && q.journal_error.find("gateway restarted") == std::string::npos))) {
+        v.failures.push_back("ended resumable, with no tool call delivered and no gateway restart: " + q.id +
+                             (q.journal_error.empty() ? "" : " (" + q.journal_error.substr(0, 200) + ")"));
+      }
       if (!unrelated && o.journal && q.journal_state == "failed" && q.attempts > 0) {
         ++v.failed_after_start;
         std::string where;
@@ -170,6 +190,14 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
                              (q.http_status ? "HTTP " + std::to_string(q.http_status) : std::string("no answer")) +
                              (q.first_error.empty() ? "" : ": " + q.first_error) + ")");
       }
+    }
+    // Completed in the journal, its connection whole, and its client got an
+    // error or a cut stream: what the client got is the answer (a request
+    // the journal calls done was not delivered). (A cut connection, the
+    // gateway killed, is read by id: the journal's completion stands.)
+    if (!unrelated && o.journal && q.journal_state == "completed" && q.connection_survived && !ok_client && !q.unreadable) {
+      v.failures.push_back("completed in the journal, but its client got " +
+                           (q.first_error.empty() ? "HTTP " + std::to_string(q.http_status) : q.first_error) + ": " + q.id);
     }
     // An unrelated job interrupted: it reached the gateway and did not complete
     // (one that never reached it, while the gateway itself was down, is an
@@ -188,6 +216,11 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
                            " and has no terminal result" + (q.journal_state.empty() ? "" : " (journal: " + q.journal_state + ")"));
     } else if (!q.acknowledged && !terminal) {
       ++v.unknown;
+      // Its journal could not be asked, the gateway up at the end: lost or
+      // never accepted, the proof cannot tell, so it does not pass.
+      if (o.journal && q.journal_unanswered) {
+        v.failures.push_back("outcome unknown: the gateway did not answer GET /v1/requests/" + q.id);
+      }
     }
     if (q.attempts > 1) {
       ++v.retried;
@@ -205,6 +238,7 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
       ++v.duplicates;
       v.failures.push_back("duplicate side effect: the tool ran " + std::to_string(q.tool_executions) + " times for " + q.id);
     }
+    if (q.deterministic && completed && !q.cancelled_by_client) ++comparable;
     if (q.equivalent.has_value()) {
       ++v.deterministic_compared;
       if (*q.equivalent) ++v.deterministic_equal;
@@ -218,6 +252,16 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
     }
   }
   if (!o.pressure_ms.empty()) JudgeCompeting(r, o, v);
+  // Equivalence checked on nothing (every reference refused) proved nothing.
+  if (o.journal && comparable > 0 && v.deterministic_compared == 0) {
+    v.failures.push_back("none of its " + std::to_string(comparable) +
+                         " deterministic answers could be compared: no reference answer was given");
+  }
+  // Nothing served proves nothing (a gateway that refused every request
+  // before an attempt lost none).
+  if (v.sent > v.unrelated_sent && chat_succeeded == 0) {
+    v.failures.push_back("none of its " + std::to_string(v.sent - v.unrelated_sent) + " chat requests succeeded");
+  }
   if (v.unrelated_failed > 0) {
     std::string names;
     for (const auto& n : failed_services) names += (names.empty() ? "" : ", ") + n;

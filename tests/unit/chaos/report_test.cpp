@@ -103,7 +103,7 @@ TEST(RecordTest, JsonHasEveryFieldAndNullForUnknownEquivalence) {
   EXPECT_EQ(j["requests"][1]["equivalent"], true);
   EXPECT_EQ(j["requests"][1]["attempt_placements"][1], "cpu");
   EXPECT_EQ(j.size(), 12u);
-  EXPECT_EQ(j["requests"][0].size(), 26u);
+  EXPECT_EQ(j["requests"][0].size(), 28u);
   EXPECT_EQ(j["faults"][0].size(), 4u);
   EXPECT_EQ(j["samples"][0].size(), 12u);
   EXPECT_EQ(j["verdict"].size(), 38u);

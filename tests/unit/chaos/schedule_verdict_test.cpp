@@ -180,6 +180,80 @@ TEST(VerdictTest, AJournaledRequestCutBeforeItsAnswerIsLostIfItNeverEnds) {
 
 // An answer the harness could not read (a 200 of another shape) fails its
 // scenario: it was swallowed as a controlled failure.
+// Endings that passed whatever had happened: a journal's "cancelled" its
+// client never asked for (it gave up at 120 s, a request stuck in a line),
+// a journal's "completed" its client did not get whole over a connection
+// that survived, a resumable end without a tool call or a gateway restart
+// behind it (a continuation that never works), an outcome nobody could
+// read, and a scenario that served nothing.
+TEST(VerdictTest, EndingsTheClientDidNotSeeOrAskForFail) {
+  auto judged = [](RequestRecord q) {
+    ScenarioResult r = Healthy();
+    r.requests = {q, Ok("fine")};
+    return Judge(r, {});
+  };
+  auto gave_up = Ok("gave-up");
+  gave_up.journal_state = "cancelled";
+  gave_up.http_status = 0;
+  gave_up.first_error = "timed out";
+  Verdict v = judged(gave_up);
+  ASSERT_EQ(v.failures.size(), 1u);
+  EXPECT_EQ(v.failures[0], "cancelled, though its client did not cancel it: gave-up (its client: timed out)");
+  gave_up.cancelled_by_client = true;
+  EXPECT_TRUE(judged(gave_up).passed) << "cancelled by its client: as asked";
+
+  auto cut = Ok("cut");
+  cut.stream = true;
+  cut.first_error = "an error event";
+  v = judged(cut);
+  ASSERT_EQ(v.failures.size(), 1u);
+  EXPECT_EQ(v.failures[0], "completed in the journal, but its client got an error event: cut");
+  cut.connection_survived = false;  // the gateway killed: read by id, the journal's completion stands
+  EXPECT_TRUE(judged(cut).passed) << ::testing::PrintToString(judged(cut).failures);
+
+  auto resumable = Ok("resumable");
+  resumable.stream = true;
+  resumable.journal_state = "failed_resumable";
+  resumable.journal_error = "the continuation was refused";
+  EXPECT_FALSE(judged(resumable).passed);
+  resumable.journal_error = "the gateway restarted while the stream was open; resubmit to continue";
+  EXPECT_TRUE(judged(resumable).passed) << ::testing::PrintToString(judged(resumable).failures);
+  resumable.stream = false;
+  EXPECT_FALSE(judged(resumable).passed) << "a non-streamed request has no checkpoint to resume from";
+
+  auto unknown = Ok("unknown");
+  unknown.acknowledged = false;
+  unknown.journal_state.clear();
+  unknown.http_status = 0;
+  unknown.journal_unanswered = true;
+  v = judged(unknown);
+  ASSERT_EQ(v.failures.size(), 1u);
+  EXPECT_EQ(v.failures[0], "outcome unknown: the gateway did not answer GET /v1/requests/unknown");
+  unknown.journal_unanswered = false;  // 404: never accepted
+  EXPECT_TRUE(judged(unknown).passed);
+
+  ScenarioResult none = Healthy();
+  auto refused = Ok("refused");
+  refused.journal_state = "failed";
+  refused.attempts = 0;
+  refused.http_status = 503;
+  none.requests = {refused};
+  v = Judge(none, {});
+  ASSERT_EQ(v.failures.size(), 1u);
+  EXPECT_EQ(v.failures[0], "none of its 1 chat requests succeeded");
+
+  // Equivalence compared on nothing (every reference refused) proved nothing.
+  ScenarioResult unchecked = Healthy();
+  auto seeded = Ok("seeded");
+  seeded.deterministic = true;
+  unchecked.requests = {seeded};
+  v = Judge(unchecked, {});
+  ASSERT_EQ(v.failures.size(), 1u);
+  EXPECT_EQ(v.failures[0], "none of its 1 deterministic answers could be compared: no reference answer was given");
+  unchecked.requests[0].equivalent = true;
+  EXPECT_TRUE(Judge(unchecked, {}).passed);
+}
+
 TEST(VerdictTest, AnUnreadableAnswerFails) {
   ScenarioResult r = Healthy();
   auto q = Ok("odd");
@@ -216,6 +290,8 @@ TEST(VerdictTest, ARequestThatFailedOnceItRanFailsARefusalDoesNot) {
   auto resumable = given_up;
   resumable.id = "tool-call";
   resumable.journal_state = "failed_resumable";
+  resumable.stream = true;
+  resumable.tool_executions = 1;  // its client ran the tool call it was given
   r.requests = {refused, too_long, resumable, Ok("fine")};
   Verdict v = Judge(r, {});
   EXPECT_TRUE(v.passed) << ::testing::PrintToString(v.failures);
