@@ -784,6 +784,18 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
                                          "': the first placement is the primary, and only the first");
         }
       }
+      // Each request the CPU path lets run needs a slot of its replica:
+      // those past the slots held a running place (and its RAM) with none.
+      for (size_t k = 0; k < svc.placements.size(); ++k) {
+        if (svc.OnCpuPath(k) && svc.cpu_path.concurrency > svc.placements[k].slots) {
+          const toml::node* cn = t->get("cpu_path");
+          const toml::node* n = cn && cn->as_table() ? cn->as_table()->get("concurrency") : nullptr;
+          return Status::InvalidArgument(Where(source, n ? n->source() : t->source(), prefix + "cpu_path.concurrency") +
+                                         " (" + std::to_string(svc.cpu_path.concurrency) + ") exceeds the slots (" +
+                                         std::to_string(svc.placements[k].slots) + ") of its CPU placement " +
+                                         std::to_string(k) + ": each running request needs a slot");
+        }
+      }
       c.services.push_back(std::move(svc));
     }
   }

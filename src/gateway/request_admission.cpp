@@ -109,14 +109,23 @@ bool RequestAdmission::Startable(size_t k) const {
          (g_.supervisor_.ReadyPort(states_[k]->key).has_value() || g_.supervisor_.OnDemand(states_[k]->key));
 }
 
-void RequestAdmission::DemandAll() {
+void RequestAdmission::DemandAll(bool cpu_path_too) {
   RefreshHeld();  // as things are now
+  // Unloading or outside its window: not started again now. Short of
+  // room: asked again, so that it comes back once there is room.
+  auto startable = [&](size_t k) {
+    return states_[k]->admission.admitted && holds_[k] != Gateway::Hold::kUnloading &&
+           holds_[k] != Gateway::Hold::kOutsideWindow;
+  };
+  bool other_comes_up = false;  // an accelerator placement: started here, or warm (it starts by itself)
   for (size_t k = 0; k < states_.size(); ++k) {
-    if (!states_[k]->admission.admitted || !g_.supervisor_.OnDemand(states_[k]->key)) continue;
-    // Unloading or outside its window: not started again now. Short of
-    // room: asked again, so that it comes back once there is room.
-    if (holds_[k] == Gateway::Hold::kUnloading || holds_[k] == Gateway::Hold::kOutsideWindow) continue;
-    Demand(k);
+    if (svc_.OnCpuPath(k) || !startable(k)) continue;
+    other_comes_up = true;
+    if (g_.supervisor_.OnDemand(states_[k]->key)) Demand(k);
+  }
+  for (size_t k = 0; k < states_.size(); ++k) {
+    if (!svc_.OnCpuPath(k) || !startable(k) || !g_.supervisor_.OnDemand(states_[k]->key)) continue;
+    if (cpu_path_too || !other_comes_up) Demand(k);
   }
 }
 
@@ -323,7 +332,13 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
             all_busy = true;
             continue;
           }
-          if (step == CpuStep::kWait) continue;
+          if (step == CpuStep::kWait) {
+            // Its turn is the CPU path's line's now: the service's line is
+            // left (as Decided leaves it), else its head waited there and
+            // every later request behind it, out of that line.
+            LeaveServiceLine();
+            continue;
+          }
         }
         // (The service's default max_tokens stands for the request's: its
         // body is not parsed on this path.)
@@ -463,7 +478,12 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       if (prompt_tokens > 1 && MutationActive("admit-unmeasured-prompt")) prompt_tokens = 1;  // deliberate bug, tests only
       live_.prompt_tokens = prompt_tokens;
       if (prompt_tokens < 0) {
-        DemandAll();  // nothing is up to count the prompt: start what can be started
+        // Nothing is up to count the prompt: start what can be started, the
+        // CPU path's replicas only when nothing else can (the CPU path's gate
+        // starts its replica when a request goes there, within its RAM
+        // budget): a cold start loaded the CPU fallback's gigabytes beside
+        // the accelerator's, from the same disk.
+        DemandAll(/*cpu_path_too=*/false);
         if (Status st = g_.StartTrouble(svc_, g_.clock_.NowMs() - t0_); !st.ok()) {
           *rejected_ = st;
           co_return false;

@@ -55,8 +55,10 @@ class RequestAdmission {
   // Which placements are held back now (unloading, outside its window, no room).
   void RefreshHeld();
   bool Startable(size_t k) const;
-  // Starts the on-demand placements that may serve (as things are now).
-  void DemandAll();
+  // Starts the on-demand placements that may serve (as things are now); the
+  // CPU path's replicas only with `cpu_path_too`, or when no accelerator
+  // placement may come up.
+  void DemandAll(bool cpu_path_too = true);
   // Starts on-demand placement `k` for this request (touched: not released as idle before it arrives).
   void Demand(size_t k);
   // Admitted: the board counts the attempt as holding the placement, taken

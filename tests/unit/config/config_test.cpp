@@ -220,6 +220,9 @@ TEST(ConfigTest, ValuesThatCannotWorkAreRefusedWithTheirKey) {
       {"[[device]]\nname = \"sim0\"\n", "test.toml:2: 'device[0].name' 'sim0' must be cpu, cuda:N or sim:N"},
       {"[[device]]\nname = \"sim:00\"\n", "'sim:00' must be cpu, cuda:N or sim:N (N without leading zeros"},
       {(svc + "[[service.placement]]\ndevice = \"cpu:0\"\n"), "'cpu:0' must be cpu, cuda:N or sim:N"},
+      {(svc + "[service.cpu_path]\nconcurrency = 8\n[[service.placement]]\ndevice = \"sim:0\"\n[[service.placement]]\n"
+              "device = \"cpu\"\nslots = 4\n"),
+       "test.toml:5: 'service[0].cpu_path.concurrency' (8) exceeds the slots (4) of its CPU placement 1"},
       {"[[device]]\nname = \"sim:0\"\n[[device]]\nname = \"sim:0\"\n", "'device[1].name' 'sim:0' has a [[device]] table"},
       {"api_keys = [\"k\", \"\"]\n", "test.toml:1: 'api_keys' holds an empty key"},
       {"operator_keys = [\"\"]\n", "'operator_keys' holds an empty key"},

@@ -761,6 +761,25 @@ TEST_F(LifecycleTest, ARequestTheCpuWorkerFoundBusyKeepsItsTurn) {
   EXPECT_EQ(second->status(), 200u) << second->body();
 }
 
+// A cold start of a service whose placements are all on demand starts the
+// accelerator's to count the prompt, not the CPU fallback beside it (the CPU
+// path's gate starts that one when a request goes there, within its RAM
+// budget): both loaded, the fallback's gigabytes from the same disk.
+TEST_F(LifecycleTest, AColdStartLoadsTheAcceleratorNotTheCpuFallbackBesideIt) {
+  for (const char* key : {"chat.0", "chat.1"}) {
+    workers_.SetOnDemand(key);
+    workers_.Release(key);
+  }
+  auto ex = Complete("r-cold");
+  ASSERT_TRUE(Eventually([&] { return workers_.demanded("chat.0") > 0; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(workers_.demanded("chat.1"), 0) << "the CPU fallback was loaded beside it";
+  workers_.SetReady("chat.0", primary_.server.port());
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+  EXPECT_NE(ex->body().find("primary"), std::string::npos) << ex->body();
+}
+
 // An embedding's place in the CPU path's line is bounded by max_queue and
 // its deadline, as a generation's is, not by the 60 s other waits are
 // capped at: one behind a long batch got 503 at 60 s.
@@ -775,12 +794,23 @@ TEST_F(LifecycleTest, AnEmbeddingWaitsInTheCpuLinePastSixtySeconds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
   EXPECT_FALSE(second->done()) << "refused while waiting its turn: " << second->body();
+  // The next joins the CPU path's line behind it: the one waiting there
+  // left the service's line. It held its head, every later request behind
+  // it there, out of the CPU path's line (and its max_queue), refused when
+  // the service's line stood still for 60 s.
+  auto third = Embed("e-third");
+  ASSERT_TRUE(Eventually([&] { return CpuLine()["waiting"] == 2; })) << CpuLine().dump();
   Answer(fallback_.TakeHeld(0), "one");
   ASSERT_TRUE(first->Wait());
   ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 2; })) << "the second never started: " << second->body();
+  EXPECT_EQ(fallback_.ids[1], "e-behind") << "in turn";
   Answer(fallback_.TakeHeld(1), "two");
   ASSERT_TRUE(second->Wait());
   EXPECT_EQ(second->status(), 200u) << second->body();
+  ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 3; }));
+  Answer(fallback_.TakeHeld(2), "three");
+  ASSERT_TRUE(third->Wait());
+  EXPECT_EQ(third->status(), 200u) << third->body();
 }
 
 TEST_F(LifecycleTest, AStreamCutMidwayIsContinuedElsewhereAsOneStream) {
