@@ -140,7 +140,10 @@ void RequestAdmission::Hold(uint64_t generation) {
   t_->holding = true;
   t_->generation = generation;
   admitted_ = true;
-  signal_.Admitted(g_.clock_.NowMs());
+  // The line moved: one of its own was admitted (not a retry, nor one that
+  // left it for the CPU path's line: those flowing kept a head that cannot
+  // be served waiting for good).
+  if (ticket_) signal_.Admitted(g_.clock_.NowMs());
 }
 
 boost::asio::awaitable<void> RequestAdmission::JoinLine() {
