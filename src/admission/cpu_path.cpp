@@ -55,8 +55,12 @@ CpuPathVerdict JudgeCpuPath(uint32_t prompt_tokens, uint32_t max_tokens, const C
                             const CpuPathLimits& limits) {
   using Join = scheduler::CpuQueue::JoinResult;
   using Start = scheduler::CpuQueue::StartResult;
-  // Seconds one request takes there, from the measured throughput (10 s until measured).
-  const double per_request_s = ExpectedRunS(prompt_tokens, max_tokens, s.prompt_tps, s.gen_tps).value_or(10.0);
+  // Seconds one request takes there, from the measured throughput (10 s
+  // until measured). One of no known size (an embedding: its inputs are
+  // not counted on this path) counts a second: it was told "about 0 s" at
+  // any position, and a full line's Retry-After was 1.
+  double per_request_s = ExpectedRunS(prompt_tokens, max_tokens, s.prompt_tps, s.gen_tps).value_or(10.0);
+  if (prompt_tokens == 0 && max_tokens == 0) per_request_s = std::max(per_request_s, 1.0);
   switch (s.join) {
     case Join::kFull: {
       const int lanes = std::max(1, limits.concurrency);

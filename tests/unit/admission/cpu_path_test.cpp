@@ -136,6 +136,19 @@ TEST(CpuPathTest, OverTheRamBudgetOrTheHostsMemoryIsRefused) {
   EXPECT_EQ(q.Position("b"), 0u);  // refused: out of the line
 }
 
+// An embedding's inputs are not counted on this path (0 tokens): each
+// ahead of it counts a second, not nothing ("about 0 s" at any position).
+TEST(CpuPathTest, ARequestOfNoKnownSizeCountsASecond) {
+  FakeClock clock;
+  scheduler::CpuQueue q({2, 1, 100ull << 20}, clock);
+  EXPECT_EQ(JudgeCpuPath(0, 0, Join(q, "a", 1 << 20, true), Limits()).kind, Kind::kGo);
+  const auto b = JudgeCpuPath(0, 0, Join(q, "b", 1 << 20, true), Limits());
+  EXPECT_EQ(b.kind, Kind::kWait);
+  EXPECT_EQ(b.est_wait_s, 1) << b.why;
+  (void)Join(q, "c", 1 << 20, true);
+  EXPECT_EQ(JudgeCpuPath(0, 0, Join(q, "d", 1 << 20, true), Limits()).retry_after_s, 3) << "3 ahead, a second each";
+}
+
 TEST(CpuPathTest, UnmeasuredSpeedCountsTenSecondsARequest) {
   FakeClock clock;
   scheduler::CpuQueue q({2, 1, 0}, clock);
