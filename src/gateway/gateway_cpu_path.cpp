@@ -23,7 +23,12 @@ void Gateway::RefreshCpuResident(const config::ServiceConfig& svc, PlacementBoar
   for (const auto& w : supervisor_.Snapshot()) {
     for (size_t k = 0; k < states.size(); ++k) {
       if (!svc.OnCpuPath(k) || states[k]->key != w.key) continue;
-      const bool running = w.state == upstream::WorkerState::kStarting || w.state == upstream::WorkerState::kReady;
+      // Also one that will be (in backoff: asked to start, or restarting
+      // after a crash) or that still exits (stopped, its process not yet
+      // gone): counted as nothing, a second replica was let load beside it
+      // past the budget.
+      const bool running = w.state == upstream::WorkerState::kStarting || w.state == upstream::WorkerState::kReady ||
+                           w.state == upstream::WorkerState::kBackoff || w.pid > 0;
       uint64_t bytes = running ? states[k]->admission.predicted_bytes : 0;
       if (running) bytes = std::max(bytes, w.rss_bytes);
       q.SetResident(w.key, bytes);

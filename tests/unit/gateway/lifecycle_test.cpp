@@ -211,7 +211,7 @@ class LifecycleTest : public ::testing::Test {
     workers_.SetReady("chat.1", fallback_.server.port());
     primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "primary"); };
     fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "fallback"); };
-    gateway_ = std::make_unique<Gateway>(config_, *journal_, workers_, clock_);
+    gateway_ = std::make_unique<Gateway>(config_, *journal_, workers_, clock_, admissions_);
     gateway_->SetAttemptBounds(attempt_bounds_);
     gateway_->Start(ioc_.get_executor(), Recovered());
     for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { ioc_.run(); });
@@ -321,6 +321,7 @@ class LifecycleTest : public ::testing::Test {
   std::string config_text_ = kConfig;  // (a fixture may change it before SetUp)
   int64_t deferred_sync_ms_ = 50;  // JournalOptions' default
   AttemptBounds attempt_bounds_;   // the gateway's own (a fixture may step them down before SetUp)
+  std::map<std::string, PlacementAdmission> admissions_;  // (none: every placement admitted, 0 bytes predicted)
   FakeClock clock_;
   config::GatewayConfig config_;
   std::shared_ptr<journal::StorageFaults> faults_ = journal::StorageFaults::Create();
@@ -778,6 +779,34 @@ TEST_F(LifecycleTest, AColdStartLoadsTheAcceleratorNotTheCpuFallbackBesideIt) {
   ASSERT_TRUE(ex->Wait());
   EXPECT_EQ(ex->status(), 200u) << ex->body();
   EXPECT_NE(ex->body().find("primary"), std::string::npos) << ex->body();
+}
+
+// The CPU fallback's replica counts against the CPU path's RAM budget while
+// it will hold its bytes (in backoff: asked to start, or restarting) and
+// while its process still exits: counted as nothing, a second replica was
+// let load beside it past the budget.
+class CpuReplicaBytesLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    admissions_["chat.1"] = PlacementAdmission{true, "cpu", 64u << 20, 0, ""};
+    LifecycleTest::SetUp();
+  }
+};
+
+TEST_F(CpuReplicaBytesLifecycleTest, AReplicaAboutToLoadOrStillExitingCountsAgainstTheBudget) {
+  upstream::WorkerView v;
+  v.key = "chat.1";
+  v.state = upstream::WorkerState::kBackoff;
+  workers_.SetView(v);
+  EXPECT_EQ(CpuLine()["ram_resident_bytes"], 64u << 20) << "in backoff";
+  v.state = upstream::WorkerState::kStopped;
+  v.pid = 4242;
+  v.rss_bytes = 80u << 20;
+  workers_.SetView(v);
+  EXPECT_EQ(CpuLine()["ram_resident_bytes"], 80u << 20) << "exiting, its resident set larger";
+  v.pid = 0;
+  workers_.SetView(v);
+  EXPECT_EQ(CpuLine()["ram_resident_bytes"], 0u) << "gone";
 }
 
 // An embedding's place in the CPU path's line is bounded by max_queue and
