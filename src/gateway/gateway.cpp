@@ -566,6 +566,19 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
       co_return in->ex->Respond(std::move(res));
     }
   }
+  if (!in->refused_if_new.ok()) {
+    // New after all: refused before any attempt, its end recorded (its key
+    // binds nothing then: a retry may run).
+    const Status st = in->refused_if_new;
+    const std::string text = ErrorText(st, live->id);
+    Logged(co_await Journaled([&](auto done) {
+             journal_.FinishAsync(live->id, journal::State::kFailed, HttpStatusFor(st.code()), "application/json", text,
+                                  st.message(), done);
+           }),
+           "finish");
+    live->Enter(LivePhase::kTerminal, clock_.NowMs());
+    co_return in->ex->Respond(ErrorResponse(st, v, live->id));
+  }
   if (in->on_accepted) in->on_accepted();
   std::weak_ptr<Live> weak = live;
   in->ex->OnDisconnect([this, weak] {

@@ -193,8 +193,15 @@ void Gateway::HandleExternal(http::Request& req, std::shared_ptr<http::Exchange>
   in->version = v;
   in->started_ms = clock_.NowMs();
   if (!external_lines_->Join(in->rec.service, in->rec.id)) {
-    return fail(Status::ResourceExhausted("service '" + in->rec.service + "' has " + std::to_string((*svc)->max_queue) +
-                                          " requests waiting (its max_queue)").WithRetryAfter(2));
+    const Status full = Status::ResourceExhausted("service '" + in->rec.service + "' has " +
+                                                  std::to_string((*svc)->max_queue) + " requests waiting (its max_queue)")
+                            .WithRetryAfter(2);
+    // A retry under its Idempotency-Key may be a replay of a stored answer,
+    // which the line's bound does not concern: it was refused 503 while the
+    // line was full. Refused still if it turns out new (its key left free).
+    if (in->rec.idempotency_key.empty()) return fail(full);
+    (void)external_lines_->Join(in->rec.service, in->rec.id, /*past_bound=*/true);
+    in->refused_if_new = full;
   }
   const std::string service = in->rec.service, id = in->rec.id;
   in->queue_slot = std::shared_ptr<void>(nullptr, [this, service, id](void*) { external_lines_->Leave(service, id); });

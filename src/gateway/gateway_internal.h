@@ -242,6 +242,9 @@ struct Gateway::Incoming {
   std::shared_ptr<void> queue_slot;   // its place among max_queue
   bool own_id = true;                 // the id is the gateway's (no X-Request-Id): it cannot clash
   std::function<void()> on_accepted;  // once the journal took it as new (not refused, not a replay)
+  // Refused if its Accept says it is new (an external line that was full:
+  // a keyed retry may be a replay, which the line's bound does not concern).
+  Status refused_if_new;
 };
 
 // GCC 12 destroys some temporaries of a co_await expression twice (checked

@@ -1632,6 +1632,58 @@ TEST_F(RecoveredExternalTest, OnlyARequestThatReachedTheServerIsNotSentAgain) {
   EXPECT_EQ(server_.calls(), 1u);
 }
 
+// An external service's line full (max_queue waiting): a retry under its
+// Idempotency-Key is still answered with its stored answer (it was a 503
+// "max_queue"), and a new keyed request is refused as any other, its key
+// left free for its retry.
+class FullExternalLineTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    config_text_ += "[[service]]\nname = \"rerank\"\nkind = \"external\"\ncommand = \"server --port ${PORT}\"\n"
+                    "routes = { \"/v1/rerank\" = \"/v1/rerank\" }\nconcurrency = 1\nmax_queue = 1\n";
+    workers_.SetReady("rerank.ext", server_.server.port());
+    server_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) {
+      if (std::string(req["x-request-id"]).rfind("h-", 0) == 0) return server_.Hold(req, std::move(ex));
+      ex->Respond(http::MakeResponse(200, "{\"results\":[1]}", "application/json"));
+    };
+    LifecycleTest::SetUp();
+  }
+  std::shared_ptr<RecordingExchange> Rerank(const std::string& id, const std::string& key = "") {
+    std::vector<std::pair<std::string, std::string>> h = {{"X-Request-Id", id}};
+    if (!key.empty()) h.emplace_back("Idempotency-Key", key);
+    return Send("/v1/rerank", json{{"model", "rerank"}, {"query", "q"}, {"documents", {"a"}}}.dump(), "POST", h);
+  }
+  Worker server_;
+};
+
+TEST_F(FullExternalLineTest, AKeyedReplayIsAnsweredWhileTheLineIsFull) {
+  auto done = Rerank("r-done", "k-done");
+  ASSERT_TRUE(done->Wait());
+  ASSERT_EQ(done->status(), 200u) << done->body();
+  auto running = Rerank("h-running");
+  ASSERT_TRUE(Eventually([&] { return server_.calls() == 2; }));
+  auto waiting = Rerank("h-waiting");
+  ASSERT_TRUE(ToldWhyItWaits("h-waiting"));
+  auto replay = Rerank("r-again", "k-done");
+  ASSERT_TRUE(replay->Wait());
+  EXPECT_EQ(replay->status(), 200u) << replay->body();
+  EXPECT_EQ(replay->header("Idempotent-Replayed"), "true");
+  auto fresh = Rerank("r-new", "k-new");
+  ASSERT_TRUE(fresh->Wait());
+  EXPECT_EQ(fresh->status(), 503u) << fresh->body();
+  EXPECT_NE(fresh->body().find("max_queue"), std::string::npos) << fresh->body();
+  EXPECT_EQ(Journaled("r-new").state, journal::State::kFailed);
+  Answer(server_.TakeHeld(1), "one");
+  ASSERT_TRUE(running->Wait());
+  ASSERT_TRUE(Eventually([&] { return server_.calls() == 3; }));
+  Answer(server_.TakeHeld(2), "two");
+  ASSERT_TRUE(waiting->Wait());
+  auto retried = Rerank("r-new-2", "k-new");  // its key was left free
+  ASSERT_TRUE(retried->Wait());
+  EXPECT_EQ(retried->status(), 200u) << retried->body();
+  EXPECT_EQ(server_.calls(), 4u);
+}
+
 // A batch external server on an accelerator, outside its window: it has no
 // CPU path, so its requests are told when the window opens (503 with
 // Retry-After) instead of starting it on the accelerator.
