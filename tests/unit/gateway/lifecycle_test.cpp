@@ -1589,6 +1589,12 @@ TEST_F(RecoveredBacklogTest, RecoveredRequestsCountAgainstMaxQueue) {
   EXPECT_EQ(next->status(), 200u) << next->body();
 }
 
+// An external service "rerank" (routes /v1/rerank), with `extra` keys.
+std::string RerankService(const std::string& extra = "") {
+  return "[[service]]\nname = \"rerank\"\nkind = \"external\"\ncommand = \"server --port ${PORT}\"\n"
+         "routes = { \"/v1/rerank\" = \"/v1/rerank\" }\n" + extra;
+}
+
 // Requests for an external service that is not idempotent, recovered after
 // a restart: one whose attempt had reached the server is not sent again;
 // one whose attempts never reached it (requeued, waiting for the server
@@ -1596,8 +1602,7 @@ TEST_F(RecoveredBacklogTest, RecoveredRequestsCountAgainstMaxQueue) {
 class RecoveredExternalTest : public LifecycleTest {
  protected:
   void SetUp() override {
-    config_text_ += "[[service]]\nname = \"rerank\"\nkind = \"external\"\ncommand = \"server --port ${PORT}\"\n"
-                    "routes = { \"/v1/rerank\" = \"/v1/rerank\" }\n";
+    config_text_ += RerankService();
     workers_.SetReady("rerank.ext", server_.server.port());
     server_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
       ex->Respond(http::MakeResponse(200, "{\"results\":[]}", "application/json"));
@@ -1639,8 +1644,7 @@ TEST_F(RecoveredExternalTest, OnlyARequestThatReachedTheServerIsNotSentAgain) {
 class FullExternalLineTest : public LifecycleTest {
  protected:
   void SetUp() override {
-    config_text_ += "[[service]]\nname = \"rerank\"\nkind = \"external\"\ncommand = \"server --port ${PORT}\"\n"
-                    "routes = { \"/v1/rerank\" = \"/v1/rerank\" }\nconcurrency = 1\nmax_queue = 1\n";
+    config_text_ += RerankService("concurrency = 1\nmax_queue = 1\n");
     workers_.SetReady("rerank.ext", server_.server.port());
     server_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) {
       if (std::string(req["x-request-id"]).rfind("h-", 0) == 0) return server_.Hold(req, std::move(ex));
@@ -1699,10 +1703,9 @@ class ExternalWindowTest : public LifecycleTest {
       std::snprintf(text, sizeof text, "%02d:%02d", tm.tm_hour, tm.tm_min);
       return std::string(text);
     };
-    config_text_ += "[[service]]\nname = \"rerank\"\nkind = \"external\"\ncommand = \"server --port ${PORT}\"\n"
-                    "routes = { \"/v1/rerank\" = \"/v1/rerank\" }\ndevice = \"sim:0\"\nresident_mib = 100\n"
+    config_text_ += RerankService("device = \"sim:0\"\nresident_mib = 100\n"
                     "residency = \"on_demand\"\npriority = \"batch\"\nwindows = [\"" + hhmm(later) + "-" +
-                    hhmm(later + 3600'000) + "\"]\n";
+                    hhmm(later + 3600'000) + "\"]\n");
     workers_.SetReady("rerank.ext", server_.server.port());
     server_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
       ex->Respond(http::MakeResponse(200, "{\"results\":[]}", "application/json"));
