@@ -179,13 +179,18 @@ void Gateway::HandleExternal(http::Request& req, std::shared_ptr<http::Exchange>
   auto in = std::make_shared<Incoming>();
   if (Status st = Intake(req, ex->peer_address(), *in); !st.ok()) return fail(st);
   in->rec.service = (*svc)->name;
-  in->rec.endpoint = path;
+  // With its query string, forwarded as sent (options some servers take
+  // there were dropped) and journaled with it (a re-run after a restart
+  // sends it too).
+  const std::string target(req.target());
+  const size_t query = target.find('?');
+  in->rec.endpoint = path + (query == std::string::npos ? "" : target.substr(query));
   in->rec.body_type = type.empty() ? "application/json" : type;
   in->rec.body = req.body();
   // What tells a retry from another request under the same Idempotency-Key
   // (a copy and a hash of the whole upload: only when a key asks for it).
   if (!in->rec.idempotency_key.empty()) {
-    in->rec.payload_hash = Sha256Hex(path + "\n" + PayloadForHash(in->rec.body_type, in->rec.body));
+    in->rec.payload_hash = Sha256Hex(in->rec.endpoint + "\n" + PayloadForHash(in->rec.body_type, in->rec.body));
   }
   // Forwarded untouched: a "stream" that is not true (null, "true", 1) is the server's to judge.
   in->rec.stream = fields->stream;
@@ -273,7 +278,9 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
                                                 "', which is not idempotent: it is not sent again"));
   }
   const std::string key = ExternalKey(*svc);
-  const std::string upstream_path = svc->UpstreamPath(rec.endpoint);
+  const size_t query = rec.endpoint.find('?');  // (the route is the path's; the query goes on as sent)
+  const std::string upstream_path = svc->UpstreamPath(rec.endpoint.substr(0, query)) +
+                                    (query == std::string::npos ? "" : rec.endpoint.substr(query));
   ServedBy served;
   served.placement = svc->name;
   served.decision = "external";

@@ -1688,6 +1688,20 @@ TEST_F(FullExternalLineTest, AKeyedReplayIsAnsweredWhileTheLineIsFull) {
   EXPECT_EQ(server_.calls(), 4u);
 }
 
+// A query string goes on to the external server as sent (some take their
+// options there: it was dropped).
+TEST_F(FullExternalLineTest, TheQueryStringIsForwarded) {
+  server_.behaviour = [](http::Request& req, std::shared_ptr<http::Exchange> ex) {
+    ex->Respond(http::MakeResponse(200, json{{"target", std::string(req.target())}}.dump(), "application/json"));
+  };
+  auto ex = Send("/v1/rerank?top_n=2&return_documents=true",
+                 json{{"model", "rerank"}, {"query", "q"}, {"documents", {"a"}}}.dump(), "POST", {{"X-Request-Id", "r-query"}});
+  ASSERT_TRUE(ex->Wait());
+  ASSERT_EQ(ex->status(), 200u) << ex->body();
+  EXPECT_EQ(json::parse(ex->body())["target"], "/v1/rerank?top_n=2&return_documents=true");
+  EXPECT_EQ(Journaled("r-query").endpoint, "/v1/rerank?top_n=2&return_documents=true");
+}
+
 // A batch external server on an accelerator, outside its window: it has no
 // CPU path, so its requests are told when the window opens (503 with
 // Retry-After) instead of starting it on the accelerator.
