@@ -331,12 +331,10 @@ void Run::CompareWithReference(std::vector<RequestRecord>& records) {
   // first: what a failover changed is what the comparison is for, and an
   // even spread over a long run missed the few around its faults.
   const std::string primary = PrimaryName();
-  std::stable_partition(eligible.begin(), eligible.end(), [&](const RequestRecord* r) {
+  const auto rest_begin = std::stable_partition(eligible.begin(), eligible.end(), [&](const RequestRecord* r) {
     return r->attempts > 1 || (!r->placement.empty() && r->placement != primary);
   });
-  const size_t moved = static_cast<size_t>(std::count_if(eligible.begin(), eligible.end(), [&](const RequestRecord* r) {
-    return r->attempts > 1 || (!r->placement.empty() && r->placement != primary);
-  }));
+  const size_t moved = static_cast<size_t>(rest_begin - eligible.begin());
   std::vector<RequestRecord*> chosen(eligible.begin(), eligible.begin() + std::min(moved, kMaxCompared));
   const size_t rest = eligible.size() - moved, n = std::min(kMaxCompared - chosen.size(), rest);
   for (size_t k = 0; k < n; ++k) chosen.push_back(eligible[moved + k * rest / n]);

@@ -70,7 +70,8 @@ class ExternalLines {
   int Waiting(const std::string& service) const;
   // What its process holds on its device now: at rest (nothing running) that
   // is its resident memory; above that while requests run, their transient
-  // peaks, one request's being that over the requests sent. Measured values replace the declared ones once seen.
+  // peaks (one request's: that over the requests sent). Measured values
+  // replace the declared ones once seen.
   // Measured for the process `pid`, once it is ready (the caller's part: a
   // server still loading, part of its weights read as its resident size,
   // made the rest of them a request's "transient peak"). Another process

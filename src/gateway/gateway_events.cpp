@@ -13,8 +13,6 @@
 #include "gateway/gateway.h"
 #include "gateway/gateway_internal.h"
 
-#include <set>
-
 namespace spillway::gateway {
 
 namespace {

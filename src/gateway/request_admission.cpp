@@ -113,18 +113,18 @@ void RequestAdmission::DemandAll(bool cpu_path_too) {
   RefreshHeld();  // as things are now
   // Unloading or outside its window: not started again now. Short of
   // room: asked again, so that it comes back once there is room.
-  auto startable = [&](size_t k) {
+  auto may_start = [&](size_t k) {
     return states_[k]->admission.admitted && holds_[k] != Gateway::Hold::kUnloading &&
            holds_[k] != Gateway::Hold::kOutsideWindow;
   };
   bool other_comes_up = false;  // an accelerator placement: started here, or warm (it starts by itself)
   for (size_t k = 0; k < states_.size(); ++k) {
-    if (svc_.OnCpuPath(k) || !startable(k)) continue;
+    if (svc_.OnCpuPath(k) || !may_start(k)) continue;
     other_comes_up = true;
     if (g_.supervisor_.OnDemand(states_[k]->key)) Demand(k);
   }
   for (size_t k = 0; k < states_.size(); ++k) {
-    if (!svc_.OnCpuPath(k) || !startable(k) || !g_.supervisor_.OnDemand(states_[k]->key)) continue;
+    if (!svc_.OnCpuPath(k) || !may_start(k) || !g_.supervisor_.OnDemand(states_[k]->key)) continue;
     if (cpu_path_too || !other_comes_up) Demand(k);
   }
 }
