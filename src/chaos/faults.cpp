@@ -28,6 +28,19 @@ bool Run::Hold(uint64_t mib, double seconds) {
   return true;
 }
 
+int64_t Run::WorkerFaultsFired(uint16_t port) const {
+  if (port == 0) return -1;
+  auto r = http::Fetch("127.0.0.1", port, "GET", std::string(protocol::kInfoPath), "", WorkerAuth(),
+                       std::chrono::seconds(1));
+  if (!r.ok() || r->status != 200) return -1;
+  const json info = json::parse(r->body, nullptr, false);
+  try {
+    return info.at("faults").at("faults_fired").get<int64_t>();
+  } catch (const json::exception&) {
+    return -1;  // not a sim device's worker (no fault counters)
+  }
+}
+
 void Run::Inject(const std::string& kind, FaultEvent* ev) {
   ev->kind = kind;
   std::mt19937_64 rng(o_.seed ^ static_cast<uint64_t>(ev->at_ms));
@@ -67,7 +80,7 @@ void Run::Inject(const std::string& kind, FaultEvent* ev) {
   }
   // A fault armed through the worker's routes needs a ready worker (up to
   // 2 s); a kill takes whatever process is there.
-  const bool armed = kind == "compute-error" || kind == "hang" || kind.rfind("fail-next=", 0) == 0 ||
+  const bool armed = kind == "compute-error" || kind == "kv-full" || kind == "hang" || kind.rfind("fail-next=", 0) == 0 ||
                      kind.rfind("lose-", 0) == 0;
   json gpu = Placement(0, 0);
   for (int i = 0; armed && i < 100 && !(gpu.is_object() && gpu.value("state", "") == "ready"); ++i) {
@@ -77,9 +90,16 @@ void Run::Inject(const std::string& kind, FaultEvent* ev) {
   const uint16_t gpu_port = gpu.is_object() ? gpu.value("port", 0) : 0;
   const int gpu_pid = gpu.is_object() ? gpu.value("pid", 0) : 0;
   auto arm = [&](const std::string& spec) {
+    // (Read before the arming: a fault that goes off at once is still seen to fire.)
+    const int64_t fired_before = WorkerFaultsFired(gpu_port);
     auto r = http::Fetch("127.0.0.1", gpu_port, "POST", std::string(protocol::kFaultsPath), json{{"faults", {spec}}}.dump(),
                          WorkerAuth(), std::chrono::seconds(2));
-    if (!r.ok() || r->status != 200) ev->injected = false;  // the GPU worker was not ready
+    if (!r.ok() || r->status != 200) {
+      ev->injected = false;  // the GPU worker was not ready
+    } else if (fired_before >= 0) {
+      ev->worker_pid = gpu_pid;
+      ev->fired_before = fired_before;
+    }
   };
   auto kill_gpu = [&] {
     if (gpu_pid > 0) kill(gpu_pid, SIGKILL);
@@ -88,7 +108,7 @@ void Run::Inject(const std::string& kind, FaultEvent* ev) {
   auto hold = [&](uint64_t mib, double seconds) {
     if (!Hold(mib, seconds)) ev->injected = false;
   };
-  if (kind == "compute-error" || kind.rfind("fail-next=", 0) == 0) {
+  if (kind == "compute-error" || kind == "kv-full" || kind.rfind("fail-next=", 0) == 0) {
     arm(kind);
   } else if (kind == "hang") {
     arm("hang=3");

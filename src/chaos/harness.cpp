@@ -224,6 +224,8 @@ void Run::Monitor() {
           const auto& p0 = chat["placements"][0];
           s.primary_state = p0.value("state", "");
           s.primary_breaker = p0.contains("breaker") ? p0["breaker"].value("state", "") : "";
+          s.primary_pid = p0.value("pid", 0);
+          if (Simulated() && s.primary_pid > 0) s.primary_faults_fired = WorkerFaultsFired(p0.value("port", 0));
           if (chat.contains("cpu_path")) {
             const auto& q = chat["cpu_path"];
             s.cpu_queue_waiting = q.value("waiting", 0);
@@ -235,6 +237,12 @@ void Run::Monitor() {
           for (const auto& svc : st["services"]) {
             for (const auto& p : svc["placements"]) {
               if (p.value("pid", 0) > 0) s.rss_bytes[p.value("key", "")] = RssOf(p.value("pid", 0));
+            }
+          }
+          // What the CPU path's budget covers, measured: the chat service's CPU placements' workers.
+          if (chat.contains("cpu_path")) {
+            for (const auto& p : chat["placements"]) {
+              if (p.value("device", "") == "cpu" && p.value("pid", 0) > 0) s.cpu_path_rss_bytes += s.rss_bytes[p.value("key", "")];
             }
           }
           if (s_.Competing()) PollCompeting(st, s);
@@ -664,6 +672,7 @@ ScenarioResult Run::Go() {
   out.events = events_;
   out.stalls = stalls_;
   Recoveries(out.faults, out.samples);
+  MarkFired(out.faults, out.samples);
   VerdictOptions vo;
   vo.primary_placement = PrimaryName();
   vo.journal = target_ != Target::kLlamaServer;

@@ -53,6 +53,14 @@ struct FaultEvent {
   // no process to kill): not counted as injected, and a scenario none of
   // whose faults was injected fails (it proved nothing).
   bool injected = true;
+  // An armed fault (one the GPU worker's fault route arms, to go off when a
+  // request reaches it): that worker's pid and its count of faults fired just
+  // before the arming (-1: not armed, a kill or a hold that acts at once).
+  int worker_pid = 0;
+  int64_t fired_before = -1;
+  // Whether an armed fault went off before the next fault (MarkFired): its
+  // worker counted it, or was replaced meanwhile. nullopt: not armed.
+  std::optional<bool> fired = std::nullopt;
 };
 
 // A residency decision the gateway journaled (/v1/status residency.events).
@@ -71,6 +79,11 @@ struct Sample {
   std::map<std::string, uint64_t> rss_bytes;  // per worker key ("chat.0", "chat.1", "embed.0")
   uint64_t cpu_path_ram_bytes = 0;    // the gateway's accounting (resident + running)
   uint64_t cpu_path_budget_bytes = 0;
+  uint64_t cpu_path_rss_bytes = 0;    // measured: VmRSS of the service's CPU placements' workers
+  // The accelerator placement's worker and its count of faults fired
+  // (GET /v1/worker/info; -1: not read, 0 pid: none running).
+  int primary_pid = 0;
+  int64_t primary_faults_fired = -1;
   int cpu_queue_waiting = 0, cpu_queue_running = 0;
   int64_t cpu_queue_oldest_ms = 0;
   // What each service's processes hold on the device (competing_services; /v1/status devices[].services).
@@ -104,7 +117,9 @@ struct Verdict {
   double p50_ms = 0, p95_ms = 0;
   double goodput_per_min = 0;   // succeeded per minute of scenario time
   int64_t queue_age_max_ms = 0;
-  uint64_t host_ram_peak_bytes = 0, host_ram_budget_bytes = 0;
+  uint64_t host_ram_peak_bytes = 0, host_ram_budget_bytes = 0;  // the gateway's accounting
+  uint64_t host_ram_measured_peak_bytes = 0;  // the CPU path's workers' RSS summed, at its highest
+  int faults_armed = 0, faults_fired = 0;     // armed through the worker / seen to go off
   double recovery_median_ms = -1, recovery_max_ms = -1;
   bool gpu_restored = false;
   // competing_services: the interactive (chat) service's p95 before the batch

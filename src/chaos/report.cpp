@@ -136,24 +136,28 @@ std::string Ratio(double num, double den, bool usable) {
 
 void SpillwaySection(const std::vector<ScenarioResult>& spillway, std::string& out) {
   MdTable t({"scenario", "verdict", "sent", "success %", "lost", "failed (after start)", "unknown", "dup", "retried 1x/n", "tokens equal",
-             "degraded signalled", "p50 ms", "p95 ms", "queue age max ms", "host RAM peak/budget MiB",
+             "degraded signalled", "p50 ms", "p95 ms", "queue age max ms", "host RAM peak (RSS)/budget MiB", "faults fired/armed",
              "recovery med/max ms"},
             "ll");
   for (const ScenarioResult& r : spillway) {
     const Verdict& v = r.verdict;
     std::string verdict = !r.skipped_reason.empty() ? "SKIP" : v.passed ? "PASS" : "FAIL";
-    std::string ram = Mib(v.host_ram_peak_bytes) + " / " + (v.host_ram_budget_bytes ? Mib(v.host_ram_budget_bytes) : "-");
+    std::string ram = Mib(v.host_ram_peak_bytes) + " (" + Mib(v.host_ram_measured_peak_bytes) + ") / " +
+                      (v.host_ram_budget_bytes ? Mib(v.host_ram_budget_bytes) : "-");
     std::string recovery =
         v.recovery_median_ms < 0 ? "-" : Ms(v.recovery_median_ms) + " / " + Ms(std::max(0.0, v.recovery_max_ms));
     t.Row({r.name, verdict, std::to_string(v.sent), Percent(v.success_rate), std::to_string(v.lost),
            std::to_string(v.failed_controlled) + " (" + std::to_string(v.failed_after_start) + ")", std::to_string(v.unknown), std::to_string(v.duplicates), OutOf(v.retried - v.retried_not_exactly_once, v.retried),
            OutOf(v.deterministic_equal, v.deterministic_compared), OutOf(v.degraded_signalled, v.degraded_served),
-           Ms(v.p50_ms), Ms(v.p95_ms), std::to_string(v.queue_age_max_ms), ram, recovery});
+           Ms(v.p50_ms), Ms(v.p95_ms), std::to_string(v.queue_age_max_ms), ram, OutOf(v.faults_fired, v.faults_armed),
+           recovery});
   }
   out += t.Render();
   out += "\nfailed (after start): ended failed or resumable / of them, failed after an attempt had run (the others "
          "were refused before any, or ended resumable with their checkpoint); retried 1x/n: retried requests that ran exactly once / all retried; tokens equal: deterministic "
-         "outputs equal to the reference / compared; degraded signalled: told / served by a non-primary placement.\n";
+         "outputs equal to the reference / compared; degraded signalled: told / served by a non-primary placement; host RAM: the CPU path's by the gateway's "
+         "accounting (its workers' measured RSS); faults fired/armed: faults armed in the worker that went off / "
+         "armed (kills and holds act at once).\n";
 
   bool any_failed = false;
   for (const ScenarioResult& r : spillway) {
@@ -481,7 +485,7 @@ Chart TimeChart(const std::string& title, const ScenarioResult& r, const std::st
   Chart c(title + " - " + r.name + (r.target.empty() || r.target == kSpillwayTarget ? "" : " (" + r.target + ")"),
           x_label, y_label);
   c.IncludeX(r.duration_ms / 1000.0);
-  for (const FaultEvent& f : r.faults) c.Mark(f.at_ms / 1000.0, f.kind);
+  for (const FaultEvent& f : r.faults) c.Mark(f.at_ms / 1000.0, f.kind + (f.fired == false ? " (did not go off)" : ""));
   return c;
 }
 

@@ -91,6 +91,8 @@ class Run {
       return json();
     }
   }
+  // The count of faults fired by the worker on `port` (its GET /v1/worker/info); -1 when it does not answer.
+  int64_t WorkerFaultsFired(uint16_t port) const;
   void Monitor();
   void Inject(const std::string& kind, FaultEvent* ev);
   RequestRecord Send(const PlannedRequest& p);

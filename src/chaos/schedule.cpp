@@ -12,8 +12,9 @@ const std::vector<Scenario>& AllScenarios() {
     auto add = [&](Scenario s) { v.push_back(std::move(s)); };
     add({"short_prompts", "steady short prompts while the accelerator path fails now and then", 4, 8, 0.5, 0, 0, 0.15, 0,
          8, 32, {"compute-error"}, false});
-    add({"long_prompts", "prompts longer than the accelerator's KV pool, with KV allocation failures", 2, 6, 0.5, 0.5, 0,
-         0.1, 0, 8, 24, {"fail-next=kv"}, false});
+    // (A KV cache's cells are allocated with its context: at run time it fails as full, not as an allocation.)
+    add({"long_prompts", "prompts longer than the accelerator's KV pool, and a KV cache with no room for a batch", 2, 6,
+         0.5, 0.5, 0, 0.1, 0, 8, 24, {"kv-full"}, false});
     add({"concurrent", "many requests at once with compute failures", 8, 16, 0.5, 0, 0, 0.1, 0, 8, 32,
          {"compute-error", "fail-next=compute"}, false});
     add({"other_workload", "another program takes most of the device memory, then lets go", 3, 8, 0.5, 0, 0, 0.15, 0, 8,

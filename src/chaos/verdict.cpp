@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <set>
 #include <tuple>
@@ -275,18 +276,37 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
   for (const auto& s : r.samples) {
     v.queue_age_max_ms = std::max(v.queue_age_max_ms, s.cpu_queue_oldest_ms);
     v.host_ram_peak_bytes = std::max(v.host_ram_peak_bytes, s.cpu_path_ram_bytes);
+    v.host_ram_measured_peak_bytes = std::max(v.host_ram_measured_peak_bytes, s.cpu_path_rss_bytes);
     v.host_ram_budget_bytes = std::max(v.host_ram_budget_bytes, s.cpu_path_budget_bytes);
   }
   if (v.host_ram_budget_bytes > 0 && v.host_ram_peak_bytes > v.host_ram_budget_bytes) {
     v.failures.push_back("host RAM over budget: the CPU path held " + std::to_string(v.host_ram_peak_bytes >> 20) +
                          " MiB of a " + std::to_string(v.host_ram_budget_bytes >> 20) + " MiB budget");
   }
+  // The accounting is the gateway's own: what its workers hold, read from
+  // /proc, is held to the same budget.
+  if (v.host_ram_budget_bytes > 0 && v.host_ram_measured_peak_bytes > v.host_ram_budget_bytes) {
+    v.failures.push_back("host RAM over budget: the CPU path's workers held " +
+                         std::to_string(v.host_ram_measured_peak_bytes >> 20) + " MiB (their RSS) of a " +
+                         std::to_string(v.host_ram_budget_bytes >> 20) + " MiB budget");
+  }
   // A scenario with faults that injected none of them (their targets were
-  // never ready) tested nothing: it does not pass.
+  // never ready) tested nothing: it does not pass. Nor does one whose
+  // injected faults were all armed and none went off (no request reached
+  // them before the next fault or the end).
   const auto injected = std::count_if(r.faults.begin(), r.faults.end(), [](const FaultEvent& f) { return f.injected; });
+  for (const FaultEvent& f : r.faults) {
+    if (!f.injected || !f.fired.has_value()) continue;
+    ++v.faults_armed;
+    if (*f.fired) ++v.faults_fired;
+  }
   if (!r.faults.empty() && injected == 0) {
     v.failures.push_back("none of its " + std::to_string(r.faults.size()) +
                          " faults was injected (their targets were never ready): it proved nothing");
+  } else if (injected > 0 && v.faults_armed == injected && v.faults_fired == 0) {
+    v.failures.push_back("none of its " + std::to_string(v.faults_armed) +
+                         " armed faults went off (no request reached one before the next fault or the end): it "
+                         "proved nothing");
   }
   std::vector<double> rec;
   for (const auto& f : r.faults) {
@@ -304,6 +324,25 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
   }
   v.passed = v.failures.empty();
   return v;
+}
+
+void MarkFired(std::vector<FaultEvent>& faults, const std::vector<Sample>& samples) {
+  for (size_t i = 0; i < faults.size(); ++i) {
+    FaultEvent& f = faults[i];
+    if (!f.injected || f.fired_before < 0) continue;
+    const int64_t next = i + 1 < faults.size() ? faults[i + 1].at_ms : INT64_MAX;
+    bool fired = false;
+    for (const Sample& s : samples) {
+      if (s.t_ms < f.at_ms) continue;
+      if (s.t_ms >= next) break;
+      if (s.primary_state.empty() || s.primary_state == "gateway down") continue;  // nothing to tell
+      if (s.primary_pid != f.worker_pid || s.primary_faults_fired > f.fired_before) {
+        fired = true;
+        break;
+      }
+    }
+    f.fired = fired;
+  }
 }
 
 }  // namespace spillway::chaos

@@ -9,7 +9,9 @@
 // every request that was retried finished exactly once under its own id; no tool ran twice for one
 // request (duplicate side effects); every deterministic request that
 // completed produced the reference output; the CPU path never held more
-// host RAM than its budget; the accelerator placement was serving again at
+// host RAM than its budget, by the gateway's accounting and by its workers'
+// measured RSS; at least one of its faults took effect (was injected, and an
+// armed one went off); the accelerator placement was serving again at
 // the end; and the unrelated service never failed. competing_services adds
 // the rules under VerdictOptions::pressure_ms. Unknown outcomes (never
 // acknowledged, unknown to the journal) are counted apart, as in Jepsen.
@@ -45,6 +47,14 @@ struct VerdictOptions {
 };
 
 Verdict Judge(const ScenarioResult& r, const VerdictOptions& opts);
+
+// Sets `fired` of every armed fault (FaultEvent::fired_before >= 0) from the
+// samples taken between it and the next fault (or the end): true when its
+// worker's count of fired faults rose above the count before the arming, or
+// the accelerator placement ran another worker or none (the fault ended its
+// worker: a lost device, a watchdog's kill); false otherwise. Samples of a
+// gateway that did not answer tell nothing.
+void MarkFired(std::vector<FaultEvent>& faults, const std::vector<Sample>& samples);
 
 // Whether a journal state ("completed", "failed", ...) is a request's end.
 bool IsTerminalState(const std::string& journal_state);

@@ -535,7 +535,8 @@ void Engine::RunGenerationStep() {
   std::string what;
   const int64_t step_started_ms = SteadyMs();
   try {
-    rc = llama_decode(ctx_, batch);
+    // (kv-full: what llama_decode returns when the cache has no room for the batch.)
+    rc = opts_.faults && opts_.faults->TakeKvFull() ? 1 : llama_decode(ctx_, batch);
   } catch (const std::exception& e) {
     rc = kDecodeThrew;
     what = e.what();

@@ -68,6 +68,8 @@ StatusOr<FaultSpec> ParseFault(const std::string& spec) {
   } else if (name == "lose-at-token") {
     f.kind = FaultSpec::kLoseAtToken;
     if (!ParseInt(arg, &f.arg) || f.arg < 1) return Status::InvalidArgument("lose-at-token needs a token count >= 1");
+  } else if (!has_arg && name == "kv-full") {
+    f.kind = FaultSpec::kKvFull;
   } else if (!has_arg && name == "compute-error") {
     f.kind = FaultSpec::kComputeError;
   } else if (!has_arg && name == "compute-abort") {
@@ -78,7 +80,7 @@ StatusOr<FaultSpec> ParseFault(const std::string& spec) {
     f.kind = FaultSpec::kClear;
   } else {
     return Status::InvalidArgument("unknown fault '" + spec +
-                                   "' (fail-next=, fail-after-bytes=, compute-error, compute-abort, hang=, "
+                                   "' (fail-next=, fail-after-bytes=, kv-full, compute-error, compute-abort, hang=, "
                                    "lose-at-token=, lose-device, slow-load=, clear)");
   }
   return f;
@@ -100,6 +102,7 @@ Status FaultInjector::Arm(const std::string& spec) {
       if (f->via_reserve) force_reserve_ = true;
       break;
     case FaultSpec::kFailAfterBytes: sim_->Arm(SPILLWAY_SIM_FAIL_AFTER_BYTES, f->arg); break;
+    case FaultSpec::kKvFull: kv_full_ = true; break;
     case FaultSpec::kComputeError: sim_->Arm(SPILLWAY_SIM_COMPUTE_ERROR); break;
     case FaultSpec::kComputeAbort: sim_->Arm(SPILLWAY_SIM_COMPUTE_ABORT); break;
     case FaultSpec::kHang: sim_->Arm(SPILLWAY_SIM_HANG_MS, f->arg); break;
@@ -109,6 +112,7 @@ Status FaultInjector::Arm(const std::string& spec) {
     case FaultSpec::kClear:
       sim_->Arm(SPILLWAY_SIM_CLEAR);
       lose_at_token_ = -1;
+      kv_full_ = false;
       slow_load_ms_ = 0;
       force_reserve_ = false;
       break;
@@ -129,6 +133,13 @@ Status FaultInjector::ArmAll(const std::string& list) {
     pos = end + 1;
   }
   return Status::Ok();
+}
+
+bool FaultInjector::TakeKvFull() {
+  if (!kv_full_.exchange(false)) return false;
+  ++fired_;
+  Log("fired kv-full: no room in the KV cache");
+  return true;
 }
 
 void FaultInjector::OnToken() {
@@ -154,8 +165,9 @@ json FaultInjector::ToJson() const {
                   {"compute_abort", s.compute_abort != 0},
                   {"grow_compute", s.grow_compute != 0},
                   {"hang_ms", s.hang_ms},
-                  {"lose_at_token", lose_at_token_.load()}};
-    j["faults_fired"] = s.faults_fired;
+                  {"lose_at_token", lose_at_token_.load()},
+                  {"kv_full", kv_full_.load()}};
+    j["faults_fired"] = s.faults_fired + fired_.load();
     j["allocations_failed"] = s.allocations_failed;
     j["last_failure"] = s.last_failure;
     j["device_bytes"] = s.process_bytes;

@@ -9,6 +9,9 @@
 //   fail-next=reserve           as compute, but through a re-reservation inside
 //                                llama_decode, which throws and poisons the context
 //   fail-after-bytes=N          device allocations beyond N bytes (this process) fail
+//   kv-full                     the next decode finds no room in the KV cache
+//                                (llama_decode's 1, what a full cache returns at run
+//                                time: its cells are allocated once, at the context's creation)
 //   compute-error               the next graph compute returns an error
 //   compute-abort               the next graph compute aborts the process (as a CUDA pool failure)
 //   hang=SECONDS                the next graph compute stalls (decimal seconds)
@@ -32,7 +35,7 @@
 namespace spillway::worker {
 
 struct FaultSpec {
-  enum Kind { kFailNext, kFailAfterBytes, kComputeError, kComputeAbort, kHang, kLoseAtToken, kLoseDevice, kSlowLoad, kClear };
+  enum Kind { kFailNext, kFailAfterBytes, kKvFull, kComputeError, kComputeAbort, kHang, kLoseAtToken, kLoseDevice, kSlowLoad, kClear };
   Kind kind;
   int64_t arg = 0;            // bytes, ms, tokens, or a spillway_sim_phase
   bool via_reserve = false;   // fail-next=reserve
@@ -52,6 +55,8 @@ class FaultInjector {
   // Engine hooks (engine thread).
   void OnToken();
   bool TakeForceReserve() { return force_reserve_.exchange(false); }
+  // The kv-full fault, once: the decode it is taken for returns 1 (counted as fired).
+  bool TakeKvFull();
   // The slow-load fault's length (0: none), once: the load it stretches.
   int64_t TakeSlowLoadMs() { return slow_load_ms_.exchange(0); }
 
@@ -65,6 +70,8 @@ class FaultInjector {
   std::vector<nlohmann::json> history_;
   std::atomic<int64_t> lose_at_token_{-1};
   std::atomic<bool> force_reserve_{false};
+  std::atomic<bool> kv_full_{false};
+  std::atomic<uint64_t> fired_{0};  // faults fired in the engine (kv-full); the sim device counts its own
   std::atomic<int64_t> slow_load_ms_{0};
 };
 

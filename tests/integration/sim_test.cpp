@@ -184,6 +184,27 @@ TEST_F(SimTest, InjectedComputeFailuresFailOneRequestAndTheNextSucceeds) {
   EXPECT_GE(info["faults"]["history"].size(), 3u);
 }
 
+// A full KV cache at run time (llama_decode's 1): the batch's requests fail
+// with phase kv, the fault counts as fired, and the next request is served.
+TEST_F(SimTest, AFullKvCacheFailsOneRequestWithPhaseKvAndTheNextSucceeds) {
+  MakeDevice(0, 256);
+  WorkerProcess w(ModelPath("tiny-chat"), SimArgs("sim:0", 99));
+  ASSERT_TRUE(w.running()) << w.Stderr();
+  const std::string expected = Text(Complete(w));
+  const int64_t fired = Body(Call(w, "GET", "/v1/worker/info"))["faults"]["faults_fired"].get<int64_t>();
+  ASSERT_EQ(Call(w, "POST", "/v1/worker/faults", {{"faults", json::array({"kv-full"})}}).status, 200);
+  EXPECT_TRUE(Body(Call(w, "GET", "/v1/worker/info"))["faults"]["armed"]["kv_full"].get<bool>());
+  auto failed = Complete(w);
+  EXPECT_EQ(failed.status, 503) << failed.body;
+  EXPECT_EQ(Body(failed)["error"]["phase"], "kv") << failed.body;
+  auto next = Complete(w);
+  ASSERT_EQ(next.status, 200) << next.body;
+  EXPECT_EQ(Text(next), expected);
+  const json info = Body(Call(w, "GET", "/v1/worker/info"));
+  EXPECT_EQ(info["faults"]["faults_fired"].get<int64_t>(), fired + 1);
+  EXPECT_FALSE(info["faults"]["armed"]["kv_full"].get<bool>());
+}
+
 TEST_F(SimTest, ComputeAbortKillsTheProcessLikeACudaPoolFailure) {
   MakeDevice(0, 256);
   WorkerProcess w(ModelPath("tiny-chat"), SimArgs("sim:0", 99, 512, {"--fault", "compute-abort"}));

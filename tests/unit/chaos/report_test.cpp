@@ -72,6 +72,8 @@ ScenarioResult Scenario() {
   v.degraded_signalled = 1;
   v.success_rate = 0.4, v.p50_ms = 250, v.p95_ms = 900, v.goodput_per_min = 12;
   v.host_ram_peak_bytes = 380 * 1048576ull, v.host_ram_budget_bytes = 512 * 1048576ull;
+  v.host_ram_measured_peak_bytes = 300 * 1048576ull;
+  v.faults_armed = 2, v.faults_fired = 1;
   v.recovery_median_ms = 1500, v.recovery_max_ms = 1500;
   v.passed = false;
   v.failures = {"1 request unknown (e)", "success rate 40% < 90%"};
@@ -104,9 +106,10 @@ TEST(RecordTest, JsonHasEveryFieldAndNullForUnknownEquivalence) {
   EXPECT_EQ(j["requests"][1]["attempt_placements"][1], "cpu");
   EXPECT_EQ(j.size(), 12u);
   EXPECT_EQ(j["requests"][0].size(), 28u);
-  EXPECT_EQ(j["faults"][0].size(), 4u);
-  EXPECT_EQ(j["samples"][0].size(), 12u);
-  EXPECT_EQ(j["verdict"].size(), 38u);
+  EXPECT_EQ(j["faults"][0].size(), 7u);
+  EXPECT_TRUE(j["faults"][0]["fired"].is_null());  // a kill: not armed
+  EXPECT_EQ(j["samples"][0].size(), 15u);
+  EXPECT_EQ(j["verdict"].size(), 41u);
   EXPECT_EQ(j["requests"][1]["cancelled_by_client"], false);
   EXPECT_EQ(j["requests"][1]["degraded_signal"], true);
   EXPECT_EQ(j["samples"][4]["cpu_queue_running"], 1);
@@ -145,7 +148,8 @@ TEST(ReportTest, MarkdownHasRowsVerdictsRatiosAndFailures) {
   EXPECT_TRUE(Contains(md, "| resident ")) << md;
   EXPECT_TRUE(Contains(md, " 300 |")) << md;  // device peak MiB of the profile
   EXPECT_TRUE(Contains(md, " 1/1 |")) << md;
-  EXPECT_TRUE(Contains(md, " 380 / 512 |")) << md;
+  EXPECT_TRUE(Contains(md, " 380 (300) / 512 |")) << md;
+  EXPECT_TRUE(Contains(md, " 1/2 |")) << md;  // faults fired / armed
 
   std::string pass = MarkdownSummary({ok}, {}, {}, 1);
   EXPECT_TRUE(Contains(pass, "**Overall: PASS**")) << pass;

@@ -156,6 +156,76 @@ TEST(VerdictTest, AScenarioNoneOfWhoseFaultsWasInjectedFails) {
   EXPECT_TRUE(v.passed) << ::testing::PrintToString(v.failures);
 }
 
+// A fault armed in the GPU worker goes off only when a request reaches it
+// (a compute, an allocation, the k-th token): one armed before no request
+// came was counted as a fault the scenario survived.
+TEST(VerdictTest, ArmedFaultsGoOffWhenTheirWorkerCountsThemOrIsReplaced) {
+  auto sample = [](int64_t t, int pid, int64_t fired, std::string state = "ready") {
+    Sample s;
+    s.t_ms = t;
+    s.primary_pid = pid;
+    s.primary_faults_fired = fired;
+    s.primary_state = std::move(state);
+    s.primary_breaker = "closed";
+    return s;
+  };
+  auto armed = [](int64_t at, int pid, int64_t before) {
+    FaultEvent f;
+    f.at_ms = at;
+    f.kind = "compute-error";
+    f.worker_pid = pid;
+    f.fired_before = before;
+    return f;
+  };
+  FaultEvent kill;
+  kill.at_ms = 4000;
+  kill.kind = "kill -9 GPU worker";
+  std::vector<FaultEvent> faults = {armed(1000, 7, 2), armed(2000, 7, 3), armed(3000, 7, 3), kill, armed(5000, 9, 0)};
+  const std::vector<Sample> samples = {
+      sample(900, 7, 2), sample(1100, 7, 2), sample(1500, 7, 3),  // the first went off
+      sample(2100, 7, 3), sample(2900, 7, 3),                     // the second did not, before the third was armed
+      sample(3100, 7, 3), sample(3500, 0, -1, "backoff"),         // the third ended its worker
+      sample(5100, 9, 0), sample(5200, 9, 5, "gateway down"),     // the last: nothing seen (a down gateway tells nothing)
+      sample(9000, 9, 0)};
+  MarkFired(faults, samples);
+  EXPECT_EQ(faults[0].fired, std::optional<bool>(true));
+  EXPECT_EQ(faults[1].fired, std::optional<bool>(false));
+  EXPECT_EQ(faults[2].fired, std::optional<bool>(true));
+  EXPECT_EQ(faults[3].fired, std::nullopt);  // a kill acts at once
+  EXPECT_EQ(faults[4].fired, std::optional<bool>(false));
+
+  // The verdict: faults that were armed and went off, counted; a scenario whose every fault was armed and none went off fails.
+  ScenarioResult r = Healthy();
+  r.faults = faults;
+  Verdict v = Judge(r, {});
+  EXPECT_EQ(v.faults_armed, 4);
+  EXPECT_EQ(v.faults_fired, 2);
+  EXPECT_TRUE(v.passed) << ::testing::PrintToString(v.failures);
+  r.faults = {faults[1], faults[4]};
+  v = Judge(r, {});
+  EXPECT_FALSE(v.passed);
+  ASSERT_EQ(v.failures.size(), 1u);
+  EXPECT_NE(v.failures[0].find("none of its 2 armed faults went off"), std::string::npos) << v.failures[0];
+  r.faults.push_back(kill);  // a kill took effect: the scenario tested something
+  v = Judge(r, {});
+  EXPECT_TRUE(v.passed) << ::testing::PrintToString(v.failures);
+}
+
+// The CPU path's RAM rule read only the gateway's own accounting: workers
+// holding more than it counted passed.
+TEST(VerdictTest, TheCpuPathsMeasuredRssIsHeldToItsBudget) {
+  ScenarioResult r = Healthy();  // accounted 50 of a budget of 100
+  r.samples.back().cpu_path_rss_bytes = 100;
+  Verdict v = Judge(r, {});
+  EXPECT_TRUE(v.passed) << ::testing::PrintToString(v.failures);
+  r.samples.back().cpu_path_rss_bytes = 101;
+  v = Judge(r, {});
+  EXPECT_FALSE(v.passed);
+  EXPECT_EQ(v.host_ram_measured_peak_bytes, 101u);
+  ASSERT_EQ(v.failures.size(), 1u);
+  EXPECT_NE(v.failures[0].find("the CPU path's workers held"), std::string::npos) << v.failures[0];
+}
+
 // A non-streamed request is acknowledged only by its answer: one the journal
 // accepted and a gateway's crash then cut (no answer) is lost when it never
 // ends; it was counted unknown, and its scenario passed.

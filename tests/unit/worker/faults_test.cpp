@@ -18,6 +18,7 @@ TEST(FaultSpecTest, ParsesEveryFault) {
   EXPECT_EQ(ParseFault("hang=1.5")->arg, 1500);
   EXPECT_EQ(ParseFault("lose-at-token=7")->arg, 7);
   EXPECT_EQ(ParseFault("compute-error")->kind, FaultSpec::kComputeError);
+  EXPECT_EQ(ParseFault("kv-full")->kind, FaultSpec::kKvFull);
   EXPECT_EQ(ParseFault("compute-abort")->kind, FaultSpec::kComputeAbort);
   EXPECT_EQ(ParseFault("lose-device")->kind, FaultSpec::kLoseDevice);
   EXPECT_EQ(ParseFault("clear")->kind, FaultSpec::kClear);
@@ -25,7 +26,7 @@ TEST(FaultSpecTest, ParsesEveryFault) {
 
 TEST(FaultSpecTest, RejectsBadSpecs) {
   for (const char* bad : {"", "fail-next", "fail-next=disk", "fail-after-bytes=-1", "fail-after-bytes=x", "hang=-2",
-                          "hang=1e9", "lose-at-token=0", "compute-error=1", "explode", "lose-device=now"}) {
+                          "hang=1e9", "lose-at-token=0", "compute-error=1", "kv-full=1", "explode", "lose-device=now"}) {
     EXPECT_FALSE(ParseFault(bad).ok()) << bad;
   }
 }
