@@ -167,7 +167,9 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
       if (!starting.count(key) || (only && key == *only)) continue;
       auto bytes = Predict(cfg.worker_binary, s, s.placements[i], nullptr, cal);
       memory::DeviceLedger* l = bytes.ok() ? ledger_for(s.placements[i].device) : nullptr;
-      if (l) (void)l->Reserve(key, *bytes, 1);  // what does not fit is already over: it holds what is left
+      // One that does not fit is loading into what is left: it holds that
+      // (reserving nothing, it left the whole free memory to the next start).
+      if (l && !l->Reserve(key, *bytes, 1).ok()) (void)l->Reserve(key, l->Available(), 1);
     }
   }
   // At start, placements that load on demand (their service's residency is

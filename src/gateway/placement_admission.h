@@ -74,7 +74,8 @@ void RecordObserved(PlacementCalibration& cal, const config::GatewayConfig& conf
 // One placement again (a restart): its own current use of the device is gone
 // (its worker exited), everything else is as the device reports it now, less
 // the predictions of the placements in `starting` (workers started but not
-// loaded yet: the device does not show their memory so far).
+// loaded yet: the device does not show their memory so far); one whose
+// prediction does not fit holds all that is left.
 PlacementAdmission AdmitPlacement(PlacementCalibration* cal, const config::GatewayConfig& config,
                                   const std::string& key, const std::set<std::string>& starting = {});
 

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <unistd.h>
 
+#include "devices/sim_ledger.h"
 #include "gateway/gateway.h"
 
 namespace spillway::gateway {
@@ -115,6 +116,38 @@ TEST(PlacementAdmissionTest, AModelFileReplacedInPlaceIsEstimatedAgain) {
   cfg.services[0].placements[0].ctx = 1024;  // another shape of the same file
   EXPECT_NE(AdmitPlacement(nullptr, cfg, "chat.0").predicted_bytes, second);
   std::filesystem::remove(path);
+}
+
+// Restart admission counts what the workers starting on the device will
+// hold: one whose prediction does not fit what is free is loading into all of
+// it. It reserved nothing, so a second start was admitted into the same free
+// memory (two workers restarting together after a device loss).
+TEST(PlacementAdmissionTest, AStartingWorkerThatDoesNotFitHoldsWhatIsLeft) {
+  constexpr int kDevice = 7;  // (a device of this test's own)
+  auto cfg = OneService(4096);
+  config::PlacementConfig small = cfg.services[0].placements[0];
+  cfg.services[0].placements[0].device = "sim:" + std::to_string(kDevice);
+  cfg.services[0].placements[0].gpu_layers = 99;
+  small.device = cfg.services[0].placements[0].device;
+  small.gpu_layers = 99;
+  small.ctx = 256;
+  small.role = "fallback";
+  cfg.services[0].placements.push_back(small);
+  ASSERT_TRUE(devices::SimLedger::Create(kDevice, 1ull << 30).ok());
+  const uint64_t big = AdmitPlacement(nullptr, cfg, "chat.0").predicted_bytes;
+  const uint64_t little = AdmitPlacement(nullptr, cfg, "chat.1").predicted_bytes;
+  ASSERT_GT(big, little + (8u << 20)) << "the test needs two sizes apart";
+  // The smallest device where chat.1 fits alone (chat.0 then does not).
+  uint64_t capacity = little;
+  for (; capacity < (1ull << 30); capacity += 1u << 20) {
+    ASSERT_TRUE(devices::SimLedger::Create(kDevice, capacity).ok());
+    if (AdmitPlacement(nullptr, cfg, "chat.1").admitted) break;
+  }
+  EXPECT_TRUE(AdmitPlacement(nullptr, cfg, "chat.1").admitted);
+  EXPECT_FALSE(AdmitPlacement(nullptr, cfg, "chat.0").admitted);
+  const PlacementAdmission beside = AdmitPlacement(nullptr, cfg, "chat.1", {"chat.0"});
+  EXPECT_FALSE(beside.admitted) << "admitted into the memory chat.0 is loading into: " << beside.reason;
+  (void)devices::SimLedger::Remove(kDevice);
 }
 
 }  // namespace
