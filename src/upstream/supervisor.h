@@ -238,6 +238,10 @@ class Supervisor : public Workers {
   // those that must go are added to `to_stop`, for StopPrevious.
   void AdoptOrStop(const RecordFile& file, std::set<pid_t>* adopted, std::vector<Previous>* to_stop);
   void StopPrevious(const std::vector<Previous>& previous);
+  // A previous gateway's process that may still hold `key`'s memory (it
+  // could not be stopped, or cannot be told alive or gone): `key` starts no
+  // worker until Poll sees it ended; `why` is the placement's last exit.
+  void WaitOutPrevious(const std::string& key, const WorkerPid& process, const std::string& why);
   // Whether the record's process was started as this key's worker (its
   // command line names the key's port file in this state directory), or
   // may have been: one exiting has no command line left.

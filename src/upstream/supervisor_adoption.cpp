@@ -126,7 +126,9 @@ AdoptDecision Supervisor::Judge(WorkerRecord& record, const std::optional<std::s
                                         std::to_string(record.pid) + " belongs to that directory's gateway"};
     }
   }
-  const bool alive = devices::ProcessAlive(record.pid, record.start_time) && (external || RunsAsWorkerOf(record));
+  devices::Liveness process = devices::ProcessLiveness(record.pid, record.start_time);
+  if (process == devices::Liveness::kAlive && !external && !RunsAsWorkerOf(record)) process = devices::Liveness::kGone;
+  const bool alive = process == devices::Liveness::kAlive;
   // Recorded while it loaded; it may have finished since (its own port file says).
   if (alive && !external && record.port == 0) record.port = PortFromFile(record.key);
   std::optional<WorkerInfoFacts> info;
@@ -140,7 +142,7 @@ AdoptDecision Supervisor::Judge(WorkerRecord& record, const std::optional<std::s
                             : std::nullopt;
     if (answer) info = WorkerInfoFacts{answer->protocol_version, static_cast<pid_t>(answer->pid)};
   }
-  return DecideAdoption(record, configured_hash, protocol::kWorkerProtocolVersion, alive, info, external);
+  return DecideAdoption(record, configured_hash, protocol::kWorkerProtocolVersion, process, info, external);
 }
 
 Status Supervisor::ClearLeftovers(uint16_t port) const {
@@ -220,17 +222,23 @@ void Supervisor::StopPrevious(const std::vector<Previous>& previous) {
     }
     // Stuck in the kernel, with its memory: its record stays (a later
     // gateway still knows it), and this placement starts no worker beside
-    // it until it has ended (Poll watches it as a killed one).
-    std::lock_guard<std::mutex> lk(mu_);
-    if (auto it = workers_.find(key); it != workers_.end()) {
-      Worker& w = it->second;
-      w.dying = process;
-      if (!w.spec.on_demand) {
-        w.view.state = WorkerState::kBackoff;
-        w.view.next_start_ms = 0;
-      }
-      w.view.last_exit = "the previous gateway's worker (pid " + std::to_string(process.pid) + ") could not be stopped";
+    // it until it has ended.
+    WaitOutPrevious(key, process,
+                    "the previous gateway's worker (pid " + std::to_string(process.pid) + ") could not be stopped");
+  }
+}
+
+void Supervisor::WaitOutPrevious(const std::string& key, const WorkerPid& process, const std::string& why) {
+  // (Poll watches it as a killed one: Ended() takes only a process seen gone.)
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto it = workers_.find(key); it != workers_.end()) {
+    Worker& w = it->second;
+    w.dying = process;
+    if (!w.spec.on_demand) {
+      w.view.state = WorkerState::kBackoff;
+      w.view.next_start_ms = 0;
     }
+    w.view.last_exit = why;
   }
 }
 
@@ -266,6 +274,11 @@ void Supervisor::AdoptOrStop(const RecordFile& f, std::set<pid_t>* adopted, std:
       return;
     case AdoptAction::kStop:
       to_stop->push_back({rec.key, {rec.pid, rec.start_time, /*child=*/false}, d.reason, rec.stop_signal});
+      return;
+    case AdoptAction::kWait:
+      LogEvent("worker.previous_unknown", nlohmann::json{{"worker", rec.key}, {"pid", rec.pid}, {"reason", d.reason}}.dump(),
+               "spillway: worker " + rec.key + " of the previous gateway: " + d.reason);
+      WaitOutPrevious(rec.key, {rec.pid, rec.start_time, /*child=*/false}, "the previous gateway's worker: " + d.reason);
       return;
     case AdoptAction::kAdopt:
       break;

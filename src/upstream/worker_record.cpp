@@ -122,16 +122,23 @@ const char* AdoptActionName(AdoptAction a) {
     case AdoptAction::kAdopt: return "adopt";
     case AdoptAction::kForget: return "forget";
     case AdoptAction::kStop: return "stop";
+    case AdoptAction::kWait: return "wait";
   }
   return "unknown";
 }
 
 AdoptDecision DecideAdoption(const WorkerRecord& record, const std::optional<std::string>& configured_hash,
-                             int protocol_version, bool alive, const std::optional<WorkerInfoFacts>& info,
-                             bool external) {
+                             int protocol_version, devices::Liveness process,
+                             const std::optional<WorkerInfoFacts>& info, bool external) {
   const std::string pid = "pid " + std::to_string(record.pid);
   // First: is it ours at all? A pid that now names another process must never be signalled.
-  if (!alive) {
+  if (process == devices::Liveness::kUnknown) {
+    // (Taken for gone, its record was dropped and a second worker started beside it.)
+    return {AdoptAction::kWait, pid + " is there but its /proc entry cannot be read, so whether it is the one "
+                                      "recorded cannot be told: it is not signalled, and no worker starts beside it "
+                                      "until it has ended"};
+  }
+  if (process == devices::Liveness::kGone) {
     return {AdoptAction::kForget, pid + " is gone or is another process now (start time or command line differs)"};
   }
   if (!configured_hash) return {AdoptAction::kStop, "placement no longer configured or admitted"};

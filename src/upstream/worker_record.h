@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "devices/sim_ledger.h"
 
 namespace spillway::upstream {
 
@@ -74,6 +75,9 @@ enum class AdoptAction {
   kAdopt,   // serve on with it: ready at once, nothing reloaded
   kForget,  // its process is gone or the pid is now another process: drop the record, touch nothing
   kStop,    // ours but not what the config wants now (or not talking): stop its group, start anew
+  kWait,    // its pid is there but /proc cannot tell whose it is (no descriptor left, hidepid): neither
+            // adopted nor signalled; its record is kept, and its placement starts no worker beside it
+            // until it is seen ended (Supervisor's Worker::dying)
 };
 const char* AdoptActionName(AdoptAction a);
 
@@ -84,14 +88,16 @@ struct AdoptDecision {
 
 // `configured_hash`: SpecHash() of the current spec for the record's key,
 // nullopt when the key is no longer configured (or not admitted now).
-// `alive`: the record's pid exists with the record's start time (not a zombie) and,
-// for a worker, was started as the record key's worker (its command line).
+// `process`: kAlive when the record's pid exists with the record's start time
+// (not a zombie) and, for a worker, was started as the record key's worker
+// (its command line); kGone when it does not; kUnknown when its pid exists
+// and its /proc entry cannot be read (ProcessLiveness).
 // `info`: the worker's answer on the record's port, asked only when alive.
 // `external`: the record is an external server's (started by the gateway
 // from its `command`): never asked with the workers' secret, never adopted;
 // stopped when alive, so that it does not hold its memory beside the one started anew.
 AdoptDecision DecideAdoption(const WorkerRecord& record, const std::optional<std::string>& configured_hash,
-                             int protocol_version, bool alive, const std::optional<WorkerInfoFacts>& info,
-                             bool external = false);
+                             int protocol_version, devices::Liveness process,
+                             const std::optional<WorkerInfoFacts>& info, bool external = false);
 
 }  // namespace spillway::upstream

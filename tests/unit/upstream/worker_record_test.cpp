@@ -144,21 +144,36 @@ TEST(AdoptionDecisionTest, AdoptsOnlyItsOwnMatchingAnsweringWorker) {
   const WorkerRecord r = Sample();
   const std::optional<std::string> same = r.spec_hash;
   const WorkerInfoFacts answer{1, r.pid};
-  EXPECT_EQ(DecideAdoption(r, same, 1, true, answer).action, AdoptAction::kAdopt);
+  EXPECT_EQ(DecideAdoption(r, same, 1, devices::Liveness::kAlive, answer).action, AdoptAction::kAdopt);
 }
 
 TEST(AdoptionDecisionTest, GoneOrReusedPidIsForgottenWhateverElseMatches) {
   const WorkerRecord r = Sample();
   // Not alive with the record's start time: never signalled, whatever answers on its port.
-  EXPECT_EQ(DecideAdoption(r, r.spec_hash, 1, false, WorkerInfoFacts{1, r.pid}).action, AdoptAction::kForget);
-  EXPECT_EQ(DecideAdoption(r, std::nullopt, 1, false, std::nullopt).action, AdoptAction::kForget);
+  EXPECT_EQ(DecideAdoption(r, r.spec_hash, 1, devices::Liveness::kGone, WorkerInfoFacts{1, r.pid}).action, AdoptAction::kForget);
+  EXPECT_EQ(DecideAdoption(r, std::nullopt, 1, devices::Liveness::kGone, std::nullopt).action, AdoptAction::kForget);
+}
+
+// With no descriptor left (or /proc mounted hidepid), a living worker's
+// /proc entry cannot be read: it was taken for gone, its record forgotten and
+// a second worker started beside it for the same placement.
+TEST(AdoptionDecisionTest, AProcessThatCannotBeToldAliveOrGoneIsWaitedOutNeitherForgottenNorSignalled) {
+  const WorkerRecord r = Sample();
+  for (const bool external : {false, true}) {
+    const AdoptDecision d =
+        DecideAdoption(r, r.spec_hash, 1, devices::Liveness::kUnknown, WorkerInfoFacts{1, r.pid}, external);
+    EXPECT_EQ(d.action, AdoptAction::kWait) << external;
+    EXPECT_NE(d.reason.find("cannot be read"), std::string::npos) << d.reason;
+  }
+  EXPECT_EQ(DecideAdoption(r, std::nullopt, 1, devices::Liveness::kUnknown, std::nullopt).action, AdoptAction::kWait);
+  EXPECT_STREQ(AdoptActionName(AdoptAction::kWait), "wait");
 }
 
 TEST(AdoptionDecisionTest, OursButNotMatchingIsStopped) {
   const WorkerRecord r = Sample();
   const WorkerInfoFacts answer{1, r.pid};
   auto action = [&](const WorkerRecord& rec, std::optional<std::string> hash, int version,
-                    std::optional<WorkerInfoFacts> info) { return DecideAdoption(rec, hash, version, true, info).action; };
+                    std::optional<WorkerInfoFacts> info) { return DecideAdoption(rec, hash, version, devices::Liveness::kAlive, info).action; };
   EXPECT_EQ(action(r, std::nullopt, 1, answer), AdoptAction::kStop);  // placement gone or not admitted
   EXPECT_EQ(action(r, SpecHash({"--ctx", "8192"}), 1, answer), AdoptAction::kStop);  // config changed
   EXPECT_EQ(action(r, r.spec_hash, 2, WorkerInfoFacts{2, r.pid}), AdoptAction::kStop);  // started for version 1
@@ -168,7 +183,7 @@ TEST(AdoptionDecisionTest, OursButNotMatchingIsStopped) {
   EXPECT_EQ(action(r, r.spec_hash, 1, std::nullopt), AdoptAction::kStop);  // no answer with the secret
   EXPECT_EQ(action(r, r.spec_hash, 1, WorkerInfoFacts{1, r.pid + 1}), AdoptAction::kStop);  // another process's port
   EXPECT_EQ(action(r, r.spec_hash, 1, WorkerInfoFacts{2, r.pid}), AdoptAction::kStop);  // it speaks another version
-  EXPECT_FALSE(DecideAdoption(r, SpecHash({"x"}), 1, true, answer).reason.empty());
+  EXPECT_FALSE(DecideAdoption(r, SpecHash({"x"}), 1, devices::Liveness::kAlive, answer).reason.empty());
 }
 
 // An external server (started from the config's command) is stopped, not
@@ -176,10 +191,10 @@ TEST(AdoptionDecisionTest, OursButNotMatchingIsStopped) {
 // gateway never asks it anything with the workers' secret (Judge).
 TEST(AdoptionDecisionTest, AnExternalServerIsStoppedNotAdopted) {
   const WorkerRecord r = Sample();
-  const AdoptDecision d = DecideAdoption(r, r.spec_hash, 1, true, std::nullopt, /*external=*/true);
+  const AdoptDecision d = DecideAdoption(r, r.spec_hash, 1, devices::Liveness::kAlive, std::nullopt, /*external=*/true);
   EXPECT_EQ(d.action, AdoptAction::kStop);
   EXPECT_NE(d.reason.find("external server"), std::string::npos) << d.reason;
-  EXPECT_EQ(DecideAdoption(r, r.spec_hash, 1, false, std::nullopt, true).action, AdoptAction::kForget);
+  EXPECT_EQ(DecideAdoption(r, r.spec_hash, 1, devices::Liveness::kGone, std::nullopt, true).action, AdoptAction::kForget);
 }
 
 class WorkerSecretTest : public ::testing::Test {
