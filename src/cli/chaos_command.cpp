@@ -115,11 +115,14 @@ int Chaos(const ChaosArgs& a) {
       std::fprintf(stderr, "spillway chaos: %s\n", st.message().c_str());
     }
     if (!a.json) {
-      const auto armed = std::count_if(r.faults.begin(), r.faults.end(), [](const auto& f) { return f.injected; });
-      std::fprintf(stderr, "chaos: %-26s %s  sent %d, success %.0f%%, lost %d, unknown %d, duplicates %d, p95 %.0f ms, %ld of %zu faults injected\n",
+      const auto done = std::count_if(r.faults.begin(), r.faults.end(), [](const auto& f) { return f.injected; });
+      std::fprintf(stderr, "chaos: %-26s %s  sent %d, success %.0f%%, lost %d, unknown %d, duplicates %d, p95 %.0f ms, %ld of %zu faults injected%s\n",
                    s.name.c_str(), r.verdict.passed ? "PASS" : "FAIL", r.verdict.sent, r.verdict.success_rate * 100,
-                   r.verdict.lost, r.verdict.unknown, r.verdict.duplicates, r.verdict.p95_ms, static_cast<long>(armed),
-                   r.faults.size());
+                   r.verdict.lost, r.verdict.unknown, r.verdict.duplicates, r.verdict.p95_ms, static_cast<long>(done),
+                   r.faults.size(),
+                   r.verdict.faults_armed ? (" (" + std::to_string(r.verdict.faults_fired) + " of " +
+                                             std::to_string(r.verdict.faults_armed) + " armed went off)").c_str()
+                                          : "");
       for (const auto& f : r.verdict.failures) std::fprintf(stderr, "chaos:     %s\n", f.c_str());
     }
     spillway.push_back(std::move(r));
