@@ -132,7 +132,11 @@ boost::asio::awaitable<void> RequestLifecycle::Fail(State state, Status st) {
 bool RequestLifecycle::PastDeadline() const { return live_->PastDeadline(g_.clock_.NowMs()); }
 
 std::chrono::milliseconds RequestLifecycle::Remaining() const {
-  return TimeLeft(live_->deadline_ms, g_.clock_.NowMs(), g_.attempt_bounds_.answer.count());
+  // A deadline bounds the attempt alone; the gateway's bound on an answer is
+  // for a request without one (capped by it, X-Request-Timeout: 7200 ended
+  // 504 "past its deadline" at an hour, an hour early).
+  if (!live_->deadline_ms) return g_.attempt_bounds_.answer;
+  return TimeLeft(live_->deadline_ms, g_.clock_.NowMs(), kMaxRequestTimeoutMs);
 }
 
 boost::asio::awaitable<void> RequestLifecycle::DeadlineFailure() {

@@ -407,7 +407,7 @@ TEST_F(LifecycleTest, NothingReachesTheClientBeforeTheRequestIsDurable) {
 // request is durable, so its first record is synced on its own.
 // The gateway's own bounds on an attempt (an hour's answer without a
 // deadline; 600 s of a stream's silence), one of them stepped down to 300 ms
-// by each test's fixture (the answer's caps a deadline's attempt too).
+// by each test's fixture.
 class AttemptBoundLifecycleTest : public LifecycleTest {
  protected:
   void SetUp() override {
@@ -451,6 +451,33 @@ TEST_F(AnswerBoundLifecycleTest, AnAnswerPastTheGatewaysBoundEndsTheRequest) {
   auto ex = Complete("r-hour");
   EndedAtTheBound(ex, "r-hour", "gave no answer within 300 ms (the gateway's bound on a request without X-Request-Timeout)");
   EXPECT_EQ(ex->status(), 504);
+}
+
+// The bound on an answer is for a request without X-Request-Timeout: one
+// with a deadline runs until it. Capped by the bound, X-Request-Timeout: 7200
+// ended 504 "did not finish within its X-Request-Timeout" at an hour.
+TEST_F(AnswerBoundLifecycleTest, ARequestWithADeadlineRunsPastTheBoundUntilItsDeadline) {
+  for (const bool stream : {false, true}) {
+    const std::string id = stream ? "r-long-stream" : "r-long";
+    const size_t call = primary_.calls();
+    auto ex = Complete(id, stream, {{"X-Request-Timeout", "60"}});
+    ASSERT_TRUE(Eventually([&] { return primary_.calls() > call; }));
+    EXPECT_FALSE(ex->Wait(std::chrono::milliseconds(600))) << "ended at the answer's bound: " << ex->body();
+    auto held = primary_.TakeHeld(call);
+    ASSERT_TRUE(held) << "cancelled at the answer's bound";
+    if (stream) {
+      held->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+      held->Write(Chunk("late", 7));
+      held->Write("data: [DONE]\n\n");
+      held->End();
+    } else {
+      Answer(held, "late");
+    }
+    ASSERT_TRUE(ex->Wait());
+    EXPECT_EQ(ex->status(), 200u) << ex->body();
+    EXPECT_NE(ex->body().find("late"), std::string::npos) << ex->body();
+    EXPECT_EQ(Journaled(id).state, journal::State::kCompleted);
+  }
 }
 
 // A stream with a deadline whose worker is silent past the gateway's bound
