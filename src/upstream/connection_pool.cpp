@@ -30,7 +30,13 @@ struct ConnectionPool::Conn {
   // Reads of up to 16 KiB: Beast reads max(512, free capacity) bytes at a
   // time and the parser empties the buffer as it goes, so it would stay at
   // 512 (an embedding's answer took a read and a timer reset per 512 bytes).
-  explicit Conn(net::any_io_executor ex) : stream(ex) { buffer.reserve(16 * 1024); }
+  // Bounded: the parser takes a body out as it reads, so what stays is an
+  // answer's head (8 KiB, Beast's limit) or a chunk's size line or trailer,
+  // which Beast does not bound; a server sending one without end grew it
+  // until the gateway ran out of memory (every request lost with it). Past
+  // the bound the read fails (buffer_overflow) and the connection is dropped.
+  static constexpr size_t kBufferLimit = 256 * 1024;
+  explicit Conn(net::any_io_executor ex) : stream(ex), buffer(kBufferLimit) { buffer.reserve(16 * 1024); }
   beast::tcp_stream stream;
   beast::flat_buffer buffer;
   bool connected = false;
@@ -284,7 +290,7 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     out.status = res.result_int();
     for (const auto& f : res) out.headers[Lower(std::string(f.name_string()))] = std::string(f.value());
     out.body = std::move(res.body());
-    if (res.keep_alive() && !write_failed) Give(server, std::move(c));
+    if (res.keep_alive() && out.status != 101 && !write_failed) Give(server, std::move(c));
     co_return out;
   }
   co_return Status::Unavailable(method + " " + target + ": no connection");
@@ -390,7 +396,9 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
       if (n > 0 && !on_data(std::string_view(chunk.data(), n))) co_return Status::Ok();
     }
     // (A fresh connection's request never takes a kept one: it is closed, not kept idle for nobody.)
-    if (parser.keep_alive() && !write_failed && !(control && (control->aborted() || control->fresh_connection))) {
+    // (Nor one that switched protocols: the next request's answer would not be HTTP.)
+    if (parser.keep_alive() && parser.get().result_int() != 101 && !write_failed &&
+        !(control && (control->aborted() || control->fresh_connection))) {
       Give(server, std::move(c));
     }
     co_return Status::Ok();

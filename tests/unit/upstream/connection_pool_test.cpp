@@ -455,6 +455,44 @@ TEST(ConnectionPoolTest, AnEarlyAnswerToAnUploadIsHeardByARelay) {
   pool.Clear();
 }
 
+// A server whose chunk-size line (or trailer) never ends: Beast keeps
+// asking for more without consuming it, so nothing reaches on_data (and its
+// answer cap) and each read grew the connection's buffer, until the gateway
+// ran out of memory. The read fails at the buffer's bound instead.
+TEST(ConnectionPoolTest, AChunkLineWithoutEndFailsTheAnswerInsteadOfGrowingWithoutBound) {
+  RawServer raw;
+  const uint16_t port = raw.port();
+  std::atomic<size_t> sent{0};
+  std::thread server([&] {
+    net::ip::tcp::socket s(raw.ioc);
+    if (!raw.AcceptWithHead(s)) return;
+    boost::system::error_code ec;
+    net::write(s, net::buffer(std::string("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                          "Transfer-Encoding: chunked\r\n\r\n1;")), ec);
+    const std::string ext(64 * 1024, 'a');
+    while (!ec && sent < (64u << 20)) {  // (64 MiB at most: the test's own bound)
+      net::write(s, net::buffer(ext), ec);
+      if (!ec) sent += ext.size();
+    }
+  });
+  net::io_context ioc;
+  ConnectionPool pool;
+  StreamControl control;
+  size_t got = 0;
+  const Status st = RunCo(ioc, pool.Stream(
+                                   port, "GET", "/events", "", {}, [](const http::StreamHead&) { return true; },
+                                   [&](std::string_view d) {
+                                     got += d.size();
+                                     return true;
+                                   },
+                                   std::chrono::seconds(10), nullptr, &control));
+  server.join();
+  EXPECT_FALSE(st.ok()) << "an endless chunk line was taken for an answer";
+  EXPECT_EQ(got, 0u);
+  EXPECT_LT(sent.load(), 16u << 20) << "the gateway read " << (sent >> 20) << " MiB of one chunk line";
+  pool.Clear();
+}
+
 // A waiter is woken by Notify, not by its bound; one that nobody notifies
 // wakes at its bound.
 TEST(CapacitySignalTest, NotifyWakesWaitersAtOnceAndTheBoundEndsAForgottenWait) {
