@@ -107,7 +107,9 @@ boost::asio::awaitable<ExternalAnswer> SendExternal(upstream::ConnectionPool& po
     auto t = h.headers.find("content-type");
     a.type = t == h.headers.end() ? "application/octet-stream" : t->second;
     if (auto r = h.headers.find("retry-after"); r != h.headers.end() && r->second.size() <= 64) a.retry_after = r->second;
-    a.relayed = RelayedType(a.type) && a.status < 300;
+    // (2xx with a body: a 204 relayed as a chunked stream sent its client a
+    // body it must not have, read as the next answer on its connection.)
+    a.relayed = RelayedType(a.type) && a.status >= 200 && a.status < 300 && a.status != 204 && a.status != 205;
     if (a.relayed) {
       on_relay();
       reply.BeginRelay(a.status, a.type, served);

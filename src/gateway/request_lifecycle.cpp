@@ -105,7 +105,9 @@ boost::asio::awaitable<void> RequestLifecycle::Finish(State state, int status, s
     } else if (!ended.ok()) {
       g_.WithholdUnrecorded(ended, rec_.id, reply_, strand_);
     }
-  } else if (!co_await AcceptRefused()) {
+  } else if (co_await AcceptRefused()) {
+    co_return;  // (ended there, and counted: once, not again below)
+  } else {
     const Status ended = co_await g_.Journaled([&](auto done) {
       g_.journal_.FinishAsync(rec_.id, state, status, type, body, err, done);
     });

@@ -598,6 +598,8 @@ TEST_F(LifecycleTest, AnAttemptTheJournalRefusesForAnotherReasonEndsAndItsEndIsR
   sqlite3_close(other);
   EXPECT_TRUE(Eventually([&] { return journal::IsTerminal(Journaled("r-locked").state); }, std::chrono::seconds(30)))
       << journal::StateName(Journaled("r-locked").state);
+  // As its client heard it (a keyed retry replays this): it was journaled as 503.
+  EXPECT_EQ(Journaled("r-locked").result_status, 500);
 }
 
 TEST_F(LifecycleTest, AnAllocationFailureIsReplayedOnTheFallbackWithTheSameIdAndSeed) {
@@ -1717,6 +1719,20 @@ TEST_F(FullExternalLineTest, AKeyedReplayIsAnsweredWhileTheLineIsFull) {
 
 // A query string goes on to the external server as sent (some take their
 // options there: it was dropped).
+// A server's 204 (an SSE server's "do not reconnect") is answered as one: relayed
+// as a stream, it went out chunked, with a body a 204 must not have, which its
+// client read as the next answer on the connection.
+TEST_F(FullExternalLineTest, ANoContentAnswerOfAnEventStreamIsNotRelayedAsAStream) {
+  server_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->Respond(http::MakeResponse(204, "", "text/event-stream"));
+  };
+  auto ex = Rerank("r-204");
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 204u) << ex->body();
+  EXPECT_FALSE(ex->streamed());
+  EXPECT_TRUE(ex->body().empty()) << ex->body();
+}
+
 TEST_F(FullExternalLineTest, TheQueryStringIsForwarded) {
   server_.behaviour = [](http::Request& req, std::shared_ptr<http::Exchange> ex) {
     ex->Respond(http::MakeResponse(200, json{{"target", std::string(req.target())}}.dump(), "application/json"));
