@@ -397,6 +397,13 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
         g_.journal_.StartAttemptAsync(rec_.id, placement_, target_.decision_json, commit->Completer());
       }
     }
+    // Refused at once (a log that cannot write, a record it can never hold):
+    // not sent, so that no worker spends its generation on an answer that
+    // would be thrown away.
+    if (commit && commit->result() && !commit->result()->ok()) {
+      const Status st = *commit->result();
+      co_return co_await CommitRefused(st);
+    }
     if (commit && rec_.stream) {
       if (const Status st = co_await commit->Wait(); !st.ok()) co_return co_await CommitRefused(st);
       commit.reset();

@@ -502,6 +502,11 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
     lk.unlock();
     return durable(SQLITE_MISUSE, "the commit log is stopped");
   }
+  if (static_cast<int64_t>(rec.size()) > max_bytes_ || payload.size() > kMaxRecord) {
+    lk.unlock();
+    return durable(kTooLargeRc, "a record of " + std::to_string(rec.size() >> 20) + " MiB, larger than the " +
+                                    std::to_string(max_bytes_ >> 20) + " MiB the commit log holds");
+  }
   if (size_ - kHeaderBytes + old_size_ + static_cast<int64_t>(rec.size()) > max_bytes_) {
     lk.unlock();
     return durable(kCapRc, "the commit log holds " + std::to_string(max_bytes_ >> 20) +

@@ -71,6 +71,10 @@ class CommitLog {
   // SQLITE_FULL with an extended code of its own, so that the journal says
   // "commit log full", not "disk full", while the disk may have room.
   static constexpr int kCapRc = 13 /* SQLITE_FULL */ | (64 << 8);
+  // The result of a record larger than the log could hold even empty (a
+  // body past it): that request's refusal alone (SQLITE_TOOBIG's family), not
+  // a storage failure, which refused every request for a while.
+  static constexpr int kTooLargeRc = 18 /* SQLITE_TOOBIG */ | (64 << 8);
 
   // Opens (creating it 0600, never through a symbolic link) the log at
   // `path`; the records a previous process left are put in `leftover`, in

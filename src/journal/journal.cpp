@@ -316,8 +316,12 @@ StatusOr<RequestRecord> Journal::Get(const std::string& id) {
   std::string sql = std::string("SELECT ") + kColumns + " FROM requests WHERE id=?1;";
   Stmt q(*stmts_, sql.c_str());
   q.Bind(1, id);
-  if (q.Step() != SQLITE_ROW) return Status::NotFound("no request '" + id + "'");
-  return ReadRecord(q);
+  // (A read that failed is not "no such request": told 404, a client that
+  // polls before resubmitting ran its request twice.)
+  const int rc = q.Step();
+  if (rc == SQLITE_ROW) return ReadRecord(q);
+  if (rc == SQLITE_DONE) return Status::NotFound("no request '" + id + "'");
+  return DbError("request " + id);
 }
 
 StatusOr<std::vector<AttemptRecord>> Journal::Attempts(const std::string& id) {
@@ -327,7 +331,11 @@ StatusOr<std::vector<AttemptRecord>> Journal::Attempts(const std::string& id) {
   Stmt q(*stmts_, "SELECT n, placement, outcome, error, started_ms, ended_ms FROM attempts WHERE request_id=?1 ORDER BY n;");
   q.Bind(1, id);
   std::vector<AttemptRecord> out;
-  while (q.Step() == SQLITE_ROW) out.push_back({static_cast<int>(q.Int(0)), q.Text(1), q.Text(2), q.Text(3), q.Int(4), q.Int(5)});
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    out.push_back({static_cast<int>(q.Int(0)), q.Text(1), q.Text(2), q.Text(3), q.Int(4), q.Int(5)});
+  }
+  if (rc != SQLITE_DONE) return DbError("attempts of " + id);  // (not a shorter list)
   return out;
 }
 

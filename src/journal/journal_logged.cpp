@@ -133,6 +133,8 @@ void Journal::AppendLogged(std::string payload, size_t bytes, OnCommit durable, 
         Submit(std::move(op), bytes, std::move(applied), Lead::kNever, seq);
       },
       [this, durable = std::move(durable)](int rc, const std::string& what) {
+        // (Too large for the log is this request's alone: the journal writes on.)
+        if (rc == CommitLog::kTooLargeRc) return durable(Status::PayloadTooLarge("the request journal cannot hold " + what));
         if (rc != SQLITE_OK) return durable(StorageFailure(rc, what));
         {
           std::lock_guard<std::mutex> lk(mu_);

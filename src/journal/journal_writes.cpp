@@ -348,7 +348,9 @@ std::function<Status()> Journal::AcceptOp(std::shared_ptr<const RequestRecord> r
       std::string sql = std::string("SELECT ") + kColumns + " FROM requests WHERE client=?1 AND idem_key=?2;";
       Stmt q(*stmts_, sql.c_str());
       q.Bind(1, r.client).Bind(2, r.idempotency_key);
-      if (q.Step() == SQLITE_ROW) {
+      const int found = q.Step();
+      if (found != SQLITE_ROW && found != SQLITE_DONE) return DbError("idempotency key");  // (not "no such key")
+      if (found == SQLITE_ROW) {
         RequestRecord old = ReadRecord(q);
         AcceptOutcome o = old.payload_hash != r.payload_hash ? AcceptOutcome::kMismatch
                           : IsTerminal(old.state)            ? AcceptOutcome::kReplay

@@ -536,6 +536,15 @@ TEST_F(CommitLogTest, PastItsBoundTheLogRefusesRecordsAsAFullDiskDoes) {
   log->Applied(3);
   log->EmptyIfApplied();  // emptied: room again
   EXPECT_EQ(Append(*log, kb), 4);
+  // A record the log could not hold even empty is that record's refusal, not
+  // a full log's: the journal took it for a storage failure and refused every
+  // request for a while (one huge body, sent now and then, kept it refusing).
+  log->Append(std::string(4 * (1000 + kRecordHeader), 'x'), [](int64_t) { ADD_FAILURE() << "a refused record was queued"; },
+              [&](int r, const std::string& w) { rc = r, what = w; });
+  EXPECT_EQ(rc, CommitLog::kTooLargeRc);
+  EXPECT_TRUE(detail::StorageProblem(rc).empty()) << "taken for the storage's failure: " << detail::StorageProblem(rc);
+  EXPECT_NE(what.find("larger than"), std::string::npos) << what;
+  EXPECT_EQ(Append(*log, kb), 5);
 }
 
 // A record whose sync failed was answered "failed": no replay may apply it,
