@@ -384,6 +384,7 @@ class Session : public std::enable_shared_from_this<Session> {
         return RejectAndClose(501, "only Transfer-Encoding: chunked is supported", "not_implemented");
       }
     }
+    head_fields_ = static_cast<size_t>(std::distance(head.begin(), head.end()));
     const auto length = parser_->content_length();
     if (opts_.check_head && ((length && *length > 0) || parser_->chunked())) {
       if (auto refusal = opts_.check_head(parser_->get())) return RefuseAndClose(std::move(*refusal));
@@ -477,6 +478,12 @@ class Session : public std::enable_shared_from_this<Session> {
     answer_started_ = false;
     auto parsed = parser_->release();
     Request req(std::move(parsed.base()), std::move(parsed.body()));
+    // A chunked body's trailer fields join the head's, past its checks and
+    // its size limit (thousands of fields): none is taken.
+    if (head_fields_ && static_cast<size_t>(std::distance(req.begin(), req.end())) > head_fields_) {
+      return RejectAndClose(400, "malformed HTTP request: trailer fields after a chunked body are not accepted");
+    }
+    head_fields_ = 0;
     if (Status st = CheckRequestHead(req); !st.ok()) return RejectAndClose(400, st.message());
     version_ = req.version();
     keep_alive_ = req.keep_alive();
@@ -699,6 +706,7 @@ class Session : public std::enable_shared_from_this<Session> {
   const ServerOptions& opts_;
   const Handler handler_;
   size_t reserved_ = 0;  // body bytes held against the shared budget
+  size_t head_fields_ = 0;  // the fields of the request's head, once read (0: its head had none read apart)
   beast::flat_buffer buffer_;
   std::array<char, 16384> discard_;
   std::array<char, 4096> peek_;
@@ -899,12 +907,47 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
              "Retry-After: 1\r\nConnection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
     }();
     auto sock = std::make_shared<tcp::socket>(std::move(s));
-    net::async_write(*sock, net::buffer(kFull), [sock](beast::error_code, std::size_t) {
-      beast::error_code ec;
+    net::async_write(*sock, net::buffer(kFull), [sock](beast::error_code ec, std::size_t) {
+      // Closed with its request unread, the socket sent a reset that often
+      // destroyed the 503 before the client read it (it saw ECONNRESET, not
+      // Retry-After). It lingers as a served connection's refusal does, a
+      // bounded number at a time: the cap is there to bound sockets.
+      if (!ec && lingering_refusals.fetch_add(1) < kMaxLingeringRefusals) {
+        sock->shutdown(tcp::socket::shutdown_send, ec);
+        auto linger = std::make_shared<Linger>(std::move(*sock));
+        linger->timer.expires_after(std::chrono::seconds(2));
+        linger->timer.async_wait([linger](beast::error_code) {
+          beast::error_code ignored;
+          linger->sock.close(ignored);
+        });
+        return linger->Drain();
+      }
+      if (!ec) --lingering_refusals;
       sock->shutdown(tcp::socket::shutdown_both, ec);
       sock->close(ec);
     });
   }
+
+  // A refused connection's last 2 s: what its client still sends is read
+  // and dropped; it closes at its end or the timer's.
+  static constexpr int kMaxLingeringRefusals = 64;
+  static inline std::atomic<int> lingering_refusals{0};
+  struct Linger : std::enable_shared_from_this<Linger> {
+    explicit Linger(tcp::socket s) : sock(std::move(s)), timer(sock.get_executor()) {}
+    ~Linger() { --lingering_refusals; }
+    void Drain() {
+      sock.async_read_some(net::buffer(discard), [self = shared_from_this()](beast::error_code ec, std::size_t) {
+        if (ec) {
+          self->timer.cancel();  // (its handler closes the socket)
+          return;
+        }
+        self->Drain();
+      });
+    }
+    tcp::socket sock;
+    net::steady_timer timer;
+    std::array<char, 4096> discard;
+  };
 
   std::vector<net::io_context*> loops;
   std::vector<std::shared_ptr<LoopTick>> ticks;  // one per loop while listening

@@ -365,6 +365,24 @@ TEST_F(ServerFixture, AChunkSizeLineThatNeverEndsIsRefusedNotBuffered) {
   EXPECT_NE(got.find("400"), std::string::npos) << "no answer: the line was buffered for the read timeout";
 }
 
+// A chunked body's trailer fields joined the head's after its checks and
+// past its size limit (the first of a name wins, so a trailer could add an
+// Idempotency-Key or a timeout the head did not carry): refused.
+TEST_F(ServerFixture, TrailerFieldsAfterAChunkedBodyAreRefused) {
+  RawPeer p(server_->port());
+  p.Send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+         "5\r\nabcde\r\n0\r\nIdempotency-Key: late\r\n\r\n");
+  const std::string got = p.ReadAll(std::chrono::milliseconds(2000));
+  EXPECT_NE(got.find("400"), std::string::npos) << got;
+  EXPECT_NE(got.find("trailer"), std::string::npos) << got;
+  EXPECT_EQ(got.find("abcde"), std::string::npos) << "answered: " << got;
+  // Without trailer fields, the same body is read.
+  RawPeer q(server_->port());
+  q.Send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+         "5\r\nabcde\r\n0\r\n\r\n");
+  EXPECT_NE(q.ReadAll(std::chrono::milliseconds(2000)).find("abcde"), std::string::npos);
+}
+
 // A client that asks leave to send its body (Expect: 100-continue, as curl
 // does for large ones) gets it at once; it waited out its own timeout (a
 // second for curl) before sending anyway.
@@ -627,6 +645,27 @@ TEST_F(TightServer, ConnectionsBeyondTheCapAre503AndClosed) {
     if (status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(status, 200);
+}
+
+// A client refused at the cap that is sending its request (a POST and its
+// body) reads the 503: the socket was closed with its bytes unread, which
+// sends a reset that destroyed the answer before the client read it (it saw
+// ECONNRESET, and an SDK does not retry a POST on that).
+TEST_F(TightServer, AClientRefusedAtTheCapWhileSendingItsBodyReadsThe503) {
+  RawPeer a(server_->port()), b(server_->port());
+  a.Send("POST /echo HTTP/1.1\r\nHost: x\r\n");  // (both begun: neither is evicted for the newcomer)
+  b.Send("POST /echo HTTP/1.1\r\nHost: x\r\n");
+  for (int i = 0; i < 1000 && server_->accepted() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(server_->accepted(), 2u);
+  // As an SDK does: the whole request written (more than the sockets'
+  // buffers hold), then the answer read; a failed write is its error.
+  RawPeer c(server_->port());
+  boost::system::error_code ec;
+  const std::string body(1 << 20, 'x');
+  net::write(c.sock, net::buffer(std::string("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 16777216\r\n\r\n")), ec);
+  for (int i = 0; i < 16 && !ec; ++i) net::write(c.sock, net::buffer(body), ec);
+  EXPECT_FALSE(ec) << "refused with a reset while it sent its body: " << ec.message();
+  EXPECT_NE(c.ReadAll(std::chrono::milliseconds(3000)).find("503"), std::string::npos);
 }
 
 // At the cap a new client takes the place of the longest-idle keep-alive
