@@ -393,6 +393,14 @@ std::function<Status()> Journal::StartOp(std::string id, std::string placement, 
     }
     *n = up.Int(0);
     up.Step();
+    // An attempt still open (its requeue could not be recorded) ended before
+    // this one began: left open beside it, a crash interrupted both, and the
+    // poison rule counted two restarts for one.
+    Stmt open(*stmts_,
+              "UPDATE attempts SET outcome='failed', error='its end was not recorded', ended_ms=?2 "
+              "WHERE request_id=?1 AND ended_ms=0;");
+    open.Bind(1, id).Bind(2, now);
+    SPILLWAY_RETURN_IF_ERROR(Done(open.Step(), "attempt"));
     Stmt at(*stmts_, "INSERT INTO attempts(request_id, n, placement, started_ms) VALUES(?1,?2,?3,?4);");
     at.Bind(1, id).Bind(2, *n).Bind(3, placement).Bind(4, now);
     return Done(at.Step(), "attempt");

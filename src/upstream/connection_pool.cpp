@@ -285,12 +285,15 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
       }
       co_return Failure(ec, method, target);
     }
+    // (The parser's keep_alive: an answer framed by the connection's end is
+    // not kept, where the message's own said HTTP/1.1 keeps it.)
+    const bool keep = parser.keep_alive();
     auto res = parser.release();
     http::ClientResponse out;
     out.status = res.result_int();
     for (const auto& f : res) out.headers[Lower(std::string(f.name_string()))] = std::string(f.value());
     out.body = std::move(res.body());
-    if (res.keep_alive() && out.status != 101 && !write_failed) Give(server, std::move(c));
+    if (keep && out.status != 101 && !write_failed) Give(server, std::move(c));
     co_return out;
   }
   co_return Status::Unavailable(method + " " + target + ": no connection");

@@ -36,6 +36,27 @@ TEST_F(JournalTest, LifecycleIsRecordedWithAttempts) {
   EXPECT_EQ(j_->Get("nope").status().code(), StatusCode::kNotFound);
 }
 
+// An attempt whose requeue could not be recorded (a lagging disk) was left
+// open beside the next one: a crash then interrupted both, and the poison rule
+// counted two restarts for one. The next attempt ends it.
+TEST_F(JournalTest, AnAttemptLeftOpenEndsWhenTheNextOneStarts) {
+  ASSERT_TRUE(j_->Accept(Rec("r-open")).ok());
+  ASSERT_TRUE(j_->StartAttempt("r-open", "sim:0/99").ok());
+  ASSERT_TRUE(j_->StartAttempt("r-open", "cpu").ok());  // (no Requeue between: it was not recorded)
+  auto attempts = j_->Attempts("r-open");
+  ASSERT_TRUE(attempts.ok());
+  ASSERT_EQ(attempts->size(), 2u);
+  EXPECT_EQ((*attempts)[0].outcome, "failed");
+  EXPECT_NE((*attempts)[0].ended_ms, 0);
+  EXPECT_EQ((*attempts)[1].outcome, "running");
+  Reopen();  // a crash
+  ASSERT_TRUE(j_->Recover().ok());
+  attempts = j_->Attempts("r-open");
+  ASSERT_TRUE(attempts.ok());
+  EXPECT_EQ(std::count_if(attempts->begin(), attempts->end(), [](const auto& a) { return a.outcome == "interrupted"; }), 1)
+      << "one crash counted as two";
+}
+
 // A request running at every restart may be what stops the gateway: after
 // kMaxInterruptedRuns it is failed, not run again at each start for good.
 TEST_F(JournalTest, ARequestCutByEveryRestartIsNotRunForever) {
