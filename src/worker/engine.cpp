@@ -235,14 +235,24 @@ void Engine::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+int32_t RequestCellLimit(int32_t stream_cells, int32_t n_ctx_train, bool rotary_positions) {
+  return !rotary_positions && n_ctx_train > 0 && n_ctx_train < stream_cells ? n_ctx_train : stream_cells;
+}
+
+int32_t Engine::StreamCells() const {
+  return opts_.kv_unified || opts_.embedding ? opts_.ctx : opts_.ctx / std::max(1, opts_.slots);
+}
+
 int32_t Engine::CellsNeeded(const Job& job) const {
   if (job.embedding) return 0;  // embedding jobs run one at a time on a cleared cache
-  if (!opts_.kv_unified) return CellsPerRequest();  // the slot's whole stream
+  if (!opts_.kv_unified) return StreamCells();  // the slot's whole stream
   return static_cast<int32_t>(job.prompt.size()) + job.max_tokens;
 }
 
 int32_t Engine::CellsPerRequest() const {
-  return opts_.kv_unified || opts_.embedding ? opts_.ctx : opts_.ctx / std::max(1, opts_.slots);
+  // (An embedding's inputs have their own check against n_ctx_train, below.)
+  if (opts_.embedding) return StreamCells();
+  return RequestCellLimit(StreamCells(), model_.n_ctx_train(), model_.rotary_positions());
 }
 
 Status Engine::Submit(std::shared_ptr<Job> job) {
@@ -279,7 +289,9 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
       return Status::InvalidArgument("prompt (" + std::to_string(job->prompt.size()) + " tokens) + max_tokens (" +
                                      std::to_string(job->max_tokens) + ") = " + std::to_string(need) +
                                      " exceeds the context of " + std::to_string(cells_total) + " tokens" +
-                                     (opts_.kv_unified ? "" : " per slot"));
+                                     (cells_total < StreamCells() ? " the model was trained on (its positions are not rotary)"
+                                      : opts_.kv_unified          ? ""
+                                                                  : " per slot"));
     }
   }
   std::lock_guard<std::mutex> lk(mu_);

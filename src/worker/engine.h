@@ -145,6 +145,14 @@ struct EngineStats {
 // with Placement::dry_run: nothing is allocated.
 StatusOr<std::vector<MemoryBuffer>> DryRunBreakdown(const Model& model, const EngineOptions& opts);
 
+// The most cells (prompt + answer) one request may use out of `stream_cells`
+// (a slot's share, or the whole pool): all of them, but no position past
+// `n_ctx_train` for a model whose positions are not rotary: such a model
+// looks its positions up in a table of that many rows (GPT-2, StarCoder, MPT),
+// and llama.cpp's CPU backend aborts past it (ggml_get_rows' assert), every
+// request of the worker lost with it.
+int32_t RequestCellLimit(int32_t stream_cells, int32_t n_ctx_train, bool rotary_positions);
+
 class Engine {
  public:
   Engine(const Model& model, EngineOptions opts);
@@ -173,7 +181,10 @@ class Engine {
   EngineStats stats() const;
   std::vector<MemoryBuffer> memory_breakdown() const;
   const EngineOptions& options() const { return opts_; }
-  int32_t CellsPerRequest() const;  // the most one request may hold (a slot's share, or the whole pool)
+  // The most one request may hold: a slot's share, or the whole pool
+  // (RequestCellLimit: within the model's trained context when its positions
+  // are not rotary).
+  int32_t CellsPerRequest() const;
 
  private:
   struct Slot;
@@ -194,6 +205,7 @@ class Engine {
   bool DeviceLost() const;
   void ReleaseReservation(const Job& job);
   int32_t CellsNeeded(const Job& job) const;
+  int32_t StreamCells() const;  // a slot's stream, or the whole pool (unified, embeddings)
 
   const Model& model_;
   EngineOptions opts_;

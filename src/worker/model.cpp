@@ -38,7 +38,10 @@ namespace {
 std::mutex g_log_mu;
 std::string g_recent_errors;
 int g_log_level = GGML_LOG_LEVEL_WARN;
-ggml_log_level g_last_level = GGML_LOG_LEVEL_NONE;
+// Per thread: a continuation line (GGML_LOG_LEVEL_CONT) belongs to its own
+// thread's last line (the HTTP threads tokenize while the engine decodes; a
+// shared one was a data race, and could file an error's rest as a warning).
+thread_local ggml_log_level g_last_level = GGML_LOG_LEVEL_NONE;
 
 void LlamaLog(ggml_log_level level, const char* text, void*) {
   const ggml_log_level effective = level == GGML_LOG_LEVEL_CONT ? g_last_level : level;
@@ -204,6 +207,7 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, const Plac
 }
 
 int Model::n_ctx_train() const { return llama_model_n_ctx_train(model_); }
+bool Model::rotary_positions() const { return llama_model_rope_type(model_) != LLAMA_ROPE_TYPE_NONE; }
 int Model::n_embd() const { return llama_model_n_embd(model_); }
 int Model::n_embd_out() const { return llama_model_n_embd_out(model_); }
 

@@ -74,6 +74,9 @@ class Model {
   const std::string& name() const { return name_; }
   bool is_embedding() const { return embedding_; }
   int n_ctx_train() const;
+  // Whether its positions are rotary (RoPE): a model without (a table of
+  // learned positions: GPT-2, StarCoder; or ALiBi) has none past n_ctx_train.
+  bool rotary_positions() const;
   int n_embd() const;
   // An embedding model's vector width (llama.cpp's n_embd_out: a projection may follow the pooling).
   int n_embd_out() const;

@@ -51,6 +51,10 @@ std::string StreamReply::Text(std::string_view text, const std::vector<int32_t>&
 }
 
 Status StreamReply::Replayed(std::string_view text, uint64_t delivered_bytes) {
+  // What was delivered began the message, its role with it: a continuation's
+  // first delta carried the role again (clients that begin a message at each
+  // role split the answer in two).
+  first_ = false;
   uint64_t counted = text.size();
   if (chat_) {
     chat_->Replayed(text);

@@ -219,11 +219,17 @@ TEST_F(ChatLayerTest, ACompletionWithInvalidUtf8CanBeContinued) {
 TEST_F(ChatLayerTest, AContinuationDeltasJoinTheDeliveredOnes) {
   ChatSyntax syntax = Render({{"tool_choice", "auto"}}).syntax;
   StreamReply whole(Chat(), syntax);
-  std::string full = whole.Text("Hello there", {1}) + whole.Text(", friend", {2});
+  std::string full = whole.Text("Hello there", {1});
+  full += whole.Text(", friend", {2});  // (after the first: the operands of + are evaluated in any order)
   StreamReply cont(Chat(), syntax);
   ASSERT_TRUE(cont.Replayed("Hello there", 11).ok());
   std::string rest = cont.Text(", friend", {2});
   EXPECT_EQ(Events(rest)[0]["choices"][0]["delta"]["content"], Events(full)[1]["choices"][0]["delta"]["content"]);
+  // The role came with the first delivered delta: a continuation's first
+  // delta carried it again, and clients that begin a message at each role
+  // split the answer in two.
+  EXPECT_TRUE(Events(full)[0]["choices"][0]["delta"].contains("role")) << full;
+  EXPECT_FALSE(Events(rest)[0]["choices"][0]["delta"].contains("role")) << rest;
   StreamReply wrong(Chat(), syntax);
   EXPECT_EQ(wrong.Replayed("Hello there", 5).code(), StatusCode::kUnavailable);
 }
