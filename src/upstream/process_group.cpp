@@ -122,7 +122,13 @@ bool WaitEnded(const WorkerPid& p, Clock::time_point deadline) {
 
 void SignalGroup(const WorkerPid& p, int sig) {
   int status = 0;
-  if (!Ended(p, &status)) ::kill(-p.pid, sig);
+  if (Ended(p, &status)) return;
+  // Not ended, and not known alive either (its /proc entry unreadable: no
+  // descriptor left): not ours to tell, so not signalled. (A previous
+  // gateway's worker that adoption could not judge got SIGKILL at shutdown,
+  // though its pid may be another process's by then.)
+  if (!p.child && !devices::ProcessAlive(p.pid, p.start_time)) return;
+  ::kill(-p.pid, sig);
 }
 
 std::vector<bool> StopGroups(const std::vector<GroupStop>& groups, int64_t grace_ms) {

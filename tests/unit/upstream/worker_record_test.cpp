@@ -342,13 +342,16 @@ TEST(ProcessGroupTest, AnAdoptedProcessWhoseProcEntryCannotBeReadIsNotTakenForEn
   const devices::Liveness seen = devices::ProcessLiveness(pid, adopted.start_time);
   const bool ended = Ended(adopted, &status);
   const bool alive = devices::ProcessAlive(pid, adopted.start_time);
+  SignalGroup(adopted, SIGKILL);  // (a gateway stopping: one it cannot tell is not signalled)
   for (int fd : taken) ::close(fd);
   setrlimit(RLIMIT_NOFILE, &saved);
   ASSERT_EQ(err, EMFILE);
   EXPECT_EQ(seen, devices::Liveness::kUnknown);
   EXPECT_FALSE(ended) << "a running worker was taken for ended for want of a descriptor";
   EXPECT_FALSE(alive) << "one that cannot be checked is not signalled";
-  EXPECT_EQ(devices::ProcessLiveness(pid, adopted.start_time), devices::Liveness::kAlive);
+  // (A kill takes effect when the process next runs: give it the time to show.)
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(devices::ProcessLiveness(pid, adopted.start_time), devices::Liveness::kAlive) << "signalled";
   kill(-pid, SIGKILL);
   waitpid(pid, &status, 0);
   EXPECT_EQ(devices::ProcessLiveness(pid, adopted.start_time), devices::Liveness::kGone);
