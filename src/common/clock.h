@@ -13,12 +13,35 @@ class Clock {
   virtual int64_t NowMs() const = 0;  // wall clock, unix milliseconds
 };
 
+// Unix milliseconds read from the wall clock once, then moved by a monotonic
+// clock. What the gateway measures with its clock is intervals (health
+// checks, start and stop timeouts, backoff, breakers, waits, deadlines), so a
+// step of the wall clock (NTP's makestep at boot, a board without a
+// real-time clock, a manual change) must not move them: a forward step fired
+// every start timeout at once (each loading worker killed as a failed start),
+// a backward one held every health check back until the workers' orphan
+// timeout ended them. A step after the start shows in the absolute times
+// (journal timestamps) until the next start. `wall_ms` and `mono_ms` are for
+// tests; by default the system and steady clocks.
 class SystemClock final : public Clock {
  public:
-  int64_t NowMs() const override {
+  using Source = int64_t (*)();
+  explicit SystemClock(Source wall_ms = &WallMs, Source mono_ms = &MonoMs)
+      : mono_ms_(mono_ms), offset_(wall_ms() - mono_ms()) {}
+  int64_t NowMs() const override { return mono_ms_() + offset_; }
+
+  static int64_t WallMs() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(
                std::chrono::system_clock::now().time_since_epoch()).count();
   }
+  static int64_t MonoMs() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+
+ private:
+  Source mono_ms_;
+  int64_t offset_;  // unix ms at the monotonic clock's zero, as read at construction
 };
 
 class FakeClock final : public Clock {
