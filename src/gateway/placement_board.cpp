@@ -111,16 +111,20 @@ std::string PlacementBoard::ProbeBlocking(Placement& st) {
   return !own_ok ? st.breaker.probe() : device->probe();
 }
 
-std::optional<double> PlacementBoard::LineWaitS(const std::string& service, uint32_t ahead) {
+std::optional<double> PlacementBoard::LineWaitS(const std::string& service, uint32_t ahead,
+                                                const std::function<bool(size_t)>& serving) {
   std::lock_guard<std::mutex> lk(mu_);
   std::optional<double> best;
-  for (const auto& st : placements_.at(service)) {
+  const auto& states = placements_.at(service);
+  for (size_t k = 0; k < states.size(); ++k) {
+    const auto& st = states[k];
     if (!st->admission.admitted) continue;
     // Not where the service's line is served: the CPU path (a line of its
     // own, idle while the accelerator serves: its free slot said "0 s" to
     // every request waiting for the accelerator), or a placement whose
-    // breaker takes nothing.
-    if (st->cpu_path || !BreakersAllow(*st)) continue;
+    // breaker takes nothing, or one not serving (loading, stopped), or one
+    // whose pace is not measured yet.
+    if (st->cpu_path || !BreakersAllow(*st) || !serving(k) || !(st->gen_tps > 0)) continue;
     // The first slot to free, then the ones ahead served in turn, `slots` at
     // a time, each for as long as the requests running now take on average.
     auto est = EstimatedWaitS(*st, 1);

@@ -98,9 +98,13 @@ class PlacementBoard {
                                               uint64_t need, const std::function<bool(size_t)>& startable);
   // Seconds until a request with `ahead` others before it in the service's
   // line may start (a slot free for each), on the placement that frees one
-  // soonest (not the CPU path, whose line is its own, nor one whose breaker
-  // takes nothing); nullopt while no throughput is measured.
-  std::optional<double> LineWaitS(const std::string& service, uint32_t ahead);
+  // soonest among those serving now (`serving(k)`: its worker is ready; not
+  // the CPU path, whose line is its own, nor one whose breaker takes
+  // nothing); nullopt while none of them has measured its throughput (a free
+  // slot of a placement still loading said "about 0 s" to a line waiting for
+  // its load).
+  std::optional<double> LineWaitS(const std::string& service, uint32_t ahead,
+                                  const std::function<bool(size_t)>& serving);
   // Commits a decision: reserves `cells` of placement `index` for request
   // `id`, and counts the attempt as holding it. False when another request
   // took them since the snapshot (decide again), or its breaker (or its

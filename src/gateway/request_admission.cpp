@@ -104,6 +104,10 @@ void RequestAdmission::RefreshHeld() {
   }
 }
 
+std::function<bool(size_t)> RequestAdmission::serving_now() const {
+  return [this](size_t k) { return k < states_.size() && g_.supervisor_.ReadyPort(states_[k]->key).has_value(); };
+}
+
 bool RequestAdmission::Startable(size_t k) const {
   return !held_[k] &&
          (g_.supervisor_.ReadyPort(states_[k]->key).has_value() || g_.supervisor_.OnDemand(states_[k]->key));
@@ -216,7 +220,7 @@ boost::asio::awaitable<bool> RequestAdmission::WaitBehind(int64_t cap_ms) {
     const size_t ahead = signal_.Ahead(*ticket_);
     on_wait_(std::to_string(ahead) + " earlier request" + (ahead == 1 ? "" : "s") + " of '" + svc_.name +
                  "' waiting ahead of it (first come, first served)",
-             g_.board_.LineWaitS(svc_.name, static_cast<uint32_t>(ahead)).value_or(1.0));
+             g_.board_.LineWaitS(svc_.name, static_cast<uint32_t>(ahead), serving_now()).value_or(1.0));
   }
   // Until it is the head (told at once), its deadline, its cap, or a stream's next wait comment.
   co_await signal_.WaitInLine(*ticket_, TimeLeft(live_.deadline_ms, now, std::min<int64_t>(cap_ms - waited + 1,
@@ -387,7 +391,7 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
       on_wait_("every slot of '" + svc_.name + "' is busy; waiting for one (" +
                    std::to_string((g_.clock_.NowMs() - t0_) / 1000) + " s so far, " +
                    std::to_string(signal_.waiting()) + " waiting)",
-               g_.board_.LineWaitS(svc_.name, 0).value_or(1.0));
+               g_.board_.LineWaitS(svc_.name, 0, serving_now()).value_or(1.0));
     }
     // (A place in the CPU path's line, its replica up, is bounded by
     // max_queue and the deadline, as a generation's is: not by this cap.)
@@ -521,7 +525,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       policy.start_wait_s = std::min(kQueueWaitMs, g_.StartWaitMs(svc_)) / 1000.0;
       d = admission::Decide(need, views, policy);
       if (d.behind_line) {  // its turn comes when those ahead have gone, at the measured pace
-        est_wait_s = g_.board_.LineWaitS(svc_.name, need.ahead_in_line).value_or(1.0);
+        est_wait_s = g_.board_.LineWaitS(svc_.name, need.ahead_in_line, serving_now()).value_or(1.0);
       } else if (d.kind == admission::Kind::kDelay && d.placement < views.size()) {
         est_wait_s = views[d.placement].est_wait_s;
       }
@@ -561,6 +565,13 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
         } else {
           g_.board_.LeaveCpuLine(svc_.name, rec_.id);  // back on the accelerator path
         }
+      } else if (d.placement < states_.size() && !svc_.OnCpuPath(d.placement)) {
+        // Waiting for the accelerator (delayed there): its place in the CPU
+        // path's line is given up, and a lane it had started there with it.
+        // Kept, it held the strict line's head (every request behind it,
+        // those only the CPU can hold too) for as long as it waited for the
+        // accelerator. Should the CPU path be chosen again, it joins anew.
+        g_.board_.LeaveCpuLine(svc_.name, rec_.id);
       }
       if (d.behind_line) {
         g_.board_.LeaveCpuLine(svc_.name, rec_.id);  // bound for the accelerator, behind others

@@ -275,8 +275,15 @@ TEST(AdmissionTest, ARequestThatCannotFinishBeforeItsDeadlineIsRefusedAtOnce) {
   auto d = Decide(need, {gpu}, {});
   EXPECT_EQ(d.kind, Kind::kReject);
   EXPECT_EQ(d.http_status, 503);
-  EXPECT_EQ(d.retry_after_s, 5);
+  EXPECT_EQ(d.retry_after_s, 2) << "what it lacks (5 s of run, 3 left), not its run time";
   EXPECT_NE(d.reason.find("beyond the request's deadline"), std::string::npos) << d.reason;
+  // A pace measured near zero (2 tokens over hours): no Retry-After of hours,
+  // nor one past any integer.
+  PlacementView crawling = gpu;
+  crawling.gen_tps = 1e-9;
+  d = Decide(need, {crawling}, {});
+  EXPECT_EQ(d.kind, Kind::kReject);
+  EXPECT_EQ(d.retry_after_s, 30);
   need.deadline_left_s = 6;
   EXPECT_EQ(Decide(need, {gpu}, {}).kind, Kind::kAdmit);
   gpu.gen_tps = 0;  // not measured yet: no guess

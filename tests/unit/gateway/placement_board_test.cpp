@@ -254,23 +254,41 @@ TEST_F(PlacementBoardTest, AHalfOpenDeviceTakesOneProbeAcrossItsPlacements) {
   EXPECT_EQ(board_->ProbeOut("chat", 0), "b");
 }
 
+bool All(size_t) { return true; }
+
 TEST_F(PlacementBoardTest, TheLinesWaitEstimateGrowsWithTheRequestsAhead) {
-  EXPECT_EQ(board_->LineWaitS("chat", 0), 0.0) << "a slot is free now";
+  EXPECT_FALSE(board_->LineWaitS("chat", 0, All).has_value()) << "a slot is free, but no pace measured yet";
   ASSERT_TRUE(board_->Reserve("chat", 0, "a", 100, 50, 50));
   ASSERT_TRUE(board_->Reserve("chat", 0, "b", 100, 50, 50));
   ASSERT_TRUE(board_->Reserve("chat", 1, "c", 100, 50, 50));
-  EXPECT_FALSE(board_->LineWaitS("chat", 0).has_value()) << "every slot taken, no throughput measured yet";
+  EXPECT_FALSE(board_->LineWaitS("chat", 0, All).has_value()) << "every slot taken, no throughput measured yet";
   // 100 tokens/s each way: a request of 50 + 50 runs 1 s.
   board_->RecordThroughput("chat", 0, 500, 50, 500, 51);  // (the first token is counted with the prompt)
   board_->RecordThroughput("chat", 1, 500, 50, 500, 51);
-  const auto head = board_->LineWaitS("chat", 0);
+  const auto head = board_->LineWaitS("chat", 0, All);
   ASSERT_TRUE(head.has_value());
   EXPECT_NEAR(*head, 1.0, 0.01) << "the first slot frees when a running request ends";
-  const auto fourth = board_->LineWaitS("chat", 4);
+  const auto fourth = board_->LineWaitS("chat", 4, All);
   ASSERT_TRUE(fourth.has_value());
   EXPECT_NEAR(*fourth, 3.0, 0.01) << "four ahead on two slots: two more rounds of 1 s";
   clock_.Advance(600);
-  EXPECT_NEAR(*board_->LineWaitS("chat", 0), 0.4, 0.01) << "time passed counts";
+  EXPECT_NEAR(*board_->LineWaitS("chat", 0, All), 0.4, 0.01) << "time passed counts";
+}
+
+// A line waiting for a placement that is loading (an on-demand primary
+// gone cold) heard "about 0 s" from its free slots, for the whole load.
+TEST_F(PlacementBoardTest, TheLinesWaitCountsOnlyPlacementsThatServeNow) {
+  board_->RecordThroughput("chat", 0, 500, 50, 500, 51);  // measured before it was released
+  board_->RecordThroughput("chat", 1, 500, 50, 500, 51);
+  EXPECT_EQ(board_->LineWaitS("chat", 0, All), 0.0) << "both serve, with free slots";
+  const auto loading = [](size_t) { return false; };
+  EXPECT_FALSE(board_->LineWaitS("chat", 0, loading).has_value()) << "told 0 s while nothing serves";
+  ASSERT_TRUE(board_->Reserve("chat", 0, "a", 100, 50, 50));
+  ASSERT_TRUE(board_->Reserve("chat", 0, "b", 100, 50, 50));
+  const auto first_only = [](size_t k) { return k == 0; };  // the other, free, is loading
+  const auto wait = board_->LineWaitS("chat", 0, first_only);
+  ASSERT_TRUE(wait.has_value());
+  EXPECT_NEAR(*wait, 1.0, 0.01) << "the one serving is full: a slot frees when a request ends";
 }
 
 // Slots taken without cells (a lone placement's requests, embeddings) count
@@ -281,12 +299,12 @@ TEST_F(PlacementBoardTest, SlotsTakenWithoutCellsCountInTheWaitEstimate) {
   ASSERT_TRUE(board_->TakeSlot("chat", 1, "c", 100));
   board_->RecordThroughput("chat", 0, 500, 50, 500, 51);  // 100 tokens/s each way
   board_->RecordThroughput("chat", 1, 500, 50, 500, 51);
-  const auto head = board_->LineWaitS("chat", 0);
+  const auto head = board_->LineWaitS("chat", 0, All);
   ASSERT_TRUE(head.has_value());
   EXPECT_NEAR(*head, 1.0, 0.01) << "a slot frees when a request's 100 tokens are out";
   EXPECT_EQ(board_->PlacementJson("chat", 0, 1)["kv_cells"]["requests"], 2) << "they run";
   board_->Release("chat", 0, "a", /*cells=*/false, /*slot=*/true);
-  EXPECT_EQ(board_->LineWaitS("chat", 0), 0.0);
+  EXPECT_EQ(board_->LineWaitS("chat", 0, All), 0.0);
 }
 
 // The service's line waits for the placements that serve it: an idle CPU
@@ -324,7 +342,7 @@ kv_unified = true
   ASSERT_TRUE(board.Reserve("chat", 0, "a", 100, 50, 50));
   board.RecordThroughput("chat", 0, 500, 50, 500, 51);  // 100 tokens/s: its request ends in 1 s
   board.AttemptFailed("chat", 2, "compute", "allocation failed");  // sim:1's breaker opens
-  const auto wait = board.LineWaitS("chat", 0);
+  const auto wait = board.LineWaitS("chat", 0, All);
   ASSERT_TRUE(wait.has_value());
   EXPECT_NEAR(*wait, 1.0, 0.01) << "told the idle CPU fallback's or the broken placement's 0 s";
 }
