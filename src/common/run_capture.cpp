@@ -74,6 +74,17 @@ StatusOr<int> Reap(pid_t pid, std::optional<std::chrono::steady_clock::time_poin
 
 }  // namespace
 
+void ResetSignalsOnSpawn(posix_spawnattr_t* attr, short flags) {
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigfillset(&defaults);  // (every signal a process may set; glibc keeps its own two out)
+  sigdelset(&defaults, SIGKILL);
+  sigdelset(&defaults, SIGSTOP);
+  posix_spawnattr_setsigmask(attr, &none);
+  posix_spawnattr_setsigdefault(attr, &defaults);
+  posix_spawnattr_setflags(attr, static_cast<short>(flags | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF));
+}
+
 StatusOr<Captured> RunCapture(const std::vector<std::string>& argv, const RunOptions& options) {
   if (argv.empty()) return Status::InvalidArgument("RunCapture: no program");
   int fds[2];
@@ -94,13 +105,7 @@ StatusOr<Captured> RunCapture(const std::vector<std::string>& argv, const RunOpt
   // Default signal handling and no blocked signals (the caller may ignore SIGPIPE, block others).
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigemptyset(&defaults);
-  for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&defaults, sig);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  ResetSignalsOnSpawn(&attr);
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);

@@ -4,6 +4,8 @@
 // sockets and files stay its own) and, when given, only the environment asked.
 #pragma once
 
+#include <spawn.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -27,6 +29,12 @@ struct RunOptions {
 
 // argv[0] is the program's path (not searched on PATH).
 StatusOr<Captured> RunCapture(const std::vector<std::string>& argv, const RunOptions& options = {});
+
+// What a child of the gateway starts with, whatever the gateway's own
+// state: no blocked signal, and the default action for those a server or
+// the gateway may have changed (SIGPIPE ignored, SIGINT under `&`, ...).
+// Sets `attr`'s flags to `flags` plus the two this needs.
+void ResetSignalsOnSpawn(posix_spawnattr_t* attr, short flags = 0);
 
 // The environment a helper process of the gateway needs (locale, paths,
 // ggml's, llama.cpp's and the GPU runtimes' settings, the simulated

@@ -197,6 +197,10 @@ void Supervisor::Spawn(Worker& w) {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, w.view.log_path.c_str(), kPrivateAppendFlags, kPrivateFileMode);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  // Not the gateway's stdin either (a terminal, a harness's pipe): a worker
+  // outlives the gateway, and one reading a terminal it is in the background
+  // of would be stopped (SIGTTIN).
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   // Nothing else of the gateway's: a worker outlives a crash of the gateway,
   // and one that held the gateway's listening socket (Asio's are not
   // close-on-exec) would leave clients of the dead gateway queued on it
@@ -204,7 +208,10 @@ void Supervisor::Spawn(Worker& w) {
   posix_spawn_file_actions_addclosefrom_np(&fa, 3);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  // Its signals as a fresh process's: the gateway ignores SIGPIPE, and one
+  // started with `&` from a script ignores SIGINT and SIGQUIT, which an
+  // external server (restarted by the gateway) inherited.
+  ResetSignalsOnSpawn(&attr, POSIX_SPAWN_SETPGROUP);
   posix_spawnattr_setpgroup(&attr, 0);
   // An external server is not ours to trust with the workers' secret.
   std::vector<std::string> env = WorkerEnvironment(w.spec.external() ? "" : secret_);
@@ -420,7 +427,12 @@ void Supervisor::HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lo
   if (w.view.pid != pid || w.view.state != WorkerState::kReady) return;  // it changed meanwhile
   w.health_failures = healthy ? 0 : w.health_failures + 1;
   if (healthy) w.view.failed_starts = 0;  // it started and serves
-  if (healthy && clock_.NowMs() - w.ready_since_ms > kCrashWindowMs) w.view.crashes = 0;  // and has served a while
+  if (healthy && clock_.NowMs() - w.ready_since_ms > kCrashWindowMs) {  // and has served a while
+    w.view.crashes = 0;
+    // (Its end after an idle release counts as no service at all: the level
+    // that failed loads left grew over days to 30 s for the next lone one.)
+    w.backoff_level = 0;
+  }
   if (w.health_failures >= 3 || device_lost) {
     Kill(w, device_lost ? std::string(protocol::kExitDeviceLost) : "unhealthy");
   }

@@ -197,6 +197,41 @@ TEST_F(SupervisorTest, AKeepAliveServerThatEndsIsStartedAgain) {
   EXPECT_GE(lines(), 2) << "not started again after it ended";
 }
 
+// A server starts as a fresh process would: stdin is /dev/null (a worker
+// outlives the gateway; one reading the gateway's terminal from the
+// background is stopped), and no signal ignored or blocked (the gateway
+// ignores SIGPIPE; under `&` a shell makes it ignore SIGINT and SIGQUIT).
+TEST_F(SupervisorTest, AServerStartsWithoutTheGatewaysStdinOrSignalState) {
+  Supervisor& sup = *sup_;
+  const std::string said = (dir_ / "said").string();
+  struct sigaction ignore {}, pipe_before {}, quit_before {};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ignore, &pipe_before);  // as `spillway serve` does
+  sigaction(SIGQUIT, &ignore, &quit_before);  // as a shell's `&` does
+  WorkerSpec spec = Sleeper("s.ext");
+  spec.command = {"/bin/sh", "-c",
+                  "readlink /proc/$$/fd/0 > " + said + ".tmp; grep -E '^Sig(Ign|Blk)' /proc/$$/status >> " + said +
+                      ".tmp; mv " + said + ".tmp " + said + "; exec sleep 30",
+                  "sh", "${PORT}"};
+  sup.Add(spec);
+  Start();
+  sup.Demand("s.ext");
+  const bool started = Eventually([&] { return fs::exists(said); });
+  sigaction(SIGPIPE, &pipe_before, nullptr);
+  sigaction(SIGQUIT, &quit_before, nullptr);
+  ASSERT_TRUE(started);
+  std::ifstream f(said);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("/dev/null"), std::string::npos) << text;
+  // (Masks of signals 1 to 31, bit n-1 for signal n: above them glibc's own, not ours to reset.)
+  auto mask = [&](const std::string& name) {
+    const size_t at = text.find(name + ":\t");
+    return at == std::string::npos ? ~0ull : std::stoull(text.substr(at + name.size() + 2, 16), nullptr, 16) & 0x7fffffffull;
+  };
+  EXPECT_EQ(mask("SigBlk"), 0u) << text;
+  EXPECT_EQ(mask("SigIgn"), 0u) << text;
+}
+
 // A released server that ignores its stop signal is killed 5 s after its
 // release, however often it is released again meanwhile: each release set
 // the deadline 5 s further, so one released every few seconds (an exclusive
