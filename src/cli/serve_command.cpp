@@ -362,6 +362,13 @@ int Serve(const ServeArgs& a) {
   // once it serves, instead of killing it and orphaning its workers.
   boost::asio::signal_set signals(ioc, SIGINT, SIGTERM);
   supervisor.Start();
+  // However this ends (an exception below too), the supervisor's thread is
+  // stopped before what its callbacks use (the notifications, the I/O
+  // context, the gateway) is destroyed. (Stop is idempotent.)
+  struct StopSupervisor {
+    upstream::Supervisor& s;
+    ~StopSupervisor() { s.Stop(); }
+  } stop_supervisor{supervisor};
   // keep_alive: loaded now, unloaded when idle.
   for (const auto& e : cfg.externals) {
     if (e.Started() && e.residency.mode == "keep_alive") supervisor.Demand(gateway::ExternalKey(e));
@@ -460,12 +467,14 @@ int Serve(const ServeArgs& a) {
   }
   prune_cv.notify_all();
   pruner.join();
+  // The workers first: stopped, the supervisor no longer calls into the
+  // gateway (its start gate, idle checks, readiness) while that shuts down.
+  supervisor.Stop();
   gw.Shutdown();  // before the I/O context goes
   // (What ran is re-run by the next start, but not counted as cut by a crash.)
   if (Status st = (*journal)->AttemptsStopped(); !st.ok()) {
     std::fprintf(stderr, "spillway serve: could not record the stop: %s\n", st.message().c_str());
   }
-  supervisor.Stop();
   return rc;
 }
 
