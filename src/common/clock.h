@@ -10,7 +10,12 @@ namespace spillway {
 class Clock {
  public:
   virtual ~Clock() = default;
-  virtual int64_t NowMs() const = 0;  // wall clock, unix milliseconds
+  // Unix milliseconds, for intervals and timestamps (SystemClock: moved by
+  // a monotonic clock from one wall reading).
+  virtual int64_t NowMs() const = 0;
+  // The wall clock as it reads now, for what is a time of day (a service's
+  // accelerator window); NowMs where the two are one (FakeClock).
+  virtual int64_t WallMs() const { return NowMs(); }
 };
 
 // Unix milliseconds read from the wall clock once, then moved by a monotonic
@@ -21,16 +26,18 @@ class Clock {
 // every start timeout at once (each loading worker killed as a failed start),
 // a backward one held every health check back until the workers' orphan
 // timeout ended them. A step after the start shows in the absolute times
-// (journal timestamps) until the next start. `wall_ms` and `mono_ms` are for
-// tests; by default the system and steady clocks.
+// (journal timestamps) until the next start; a time of day is read from the
+// wall clock itself (WallMs). `wall_ms` and `mono_ms` are for tests; by
+// default the system and steady clocks.
 class SystemClock final : public Clock {
  public:
   using Source = int64_t (*)();
-  explicit SystemClock(Source wall_ms = &WallMs, Source mono_ms = &MonoMs)
-      : mono_ms_(mono_ms), offset_(wall_ms() - mono_ms()) {}
+  explicit SystemClock(Source wall_ms = &SystemMs, Source mono_ms = &MonoMs)
+      : wall_ms_(wall_ms), mono_ms_(mono_ms), offset_(wall_ms() - mono_ms()) {}
   int64_t NowMs() const override { return mono_ms_() + offset_; }
+  int64_t WallMs() const override { return wall_ms_(); }
 
-  static int64_t WallMs() {
+  static int64_t SystemMs() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(
                std::chrono::system_clock::now().time_since_epoch()).count();
   }
@@ -40,7 +47,7 @@ class SystemClock final : public Clock {
   }
 
  private:
-  Source mono_ms_;
+  Source wall_ms_, mono_ms_;
   int64_t offset_;  // unix ms at the monotonic clock's zero, as read at construction
 };
 

@@ -65,7 +65,8 @@ double Gateway::RequestsPerMinute(const std::string& service) const {
 bool Gateway::OutsideWindow(const config::ResidencyConfig& r, std::string* why, int* opens_in_s) const {
   if (r.priority == "interactive") return false;
   const int64_t now = clock_.NowMs();
-  const int minute = LocalMinute(now);
+  const int64_t wall = clock_.WallMs();
+  const int minute = LocalMinute(wall);  // (a time of day: the wall clock's, stepped or not)
   if (!admission::InWindow(r.windows, minute)) {
     std::string list;
     for (const auto& w : r.windows) list += (list.empty() ? "" : ", ") + w;
@@ -78,7 +79,7 @@ bool Gateway::OutsideWindow(const config::ResidencyConfig& r, std::string* why, 
           break;
         }
       }
-      *opens_in_s = wait * 60 - static_cast<int>((now / 1000) % 60);
+      *opens_in_s = wait * 60 - static_cast<int>((wall / 1000) % 60);
     }
     return true;
   }

@@ -27,6 +27,8 @@ TEST(SystemClockTest, IntervalsFollowTheMonotonicClockWhateverTheWallClockDoes) 
   g_wall -= 7'200'000;  // and two back
   g_mono += 10;
   EXPECT_EQ(clock.NowMs(), 1'700'000'001'520);
+  // A time of day (an accelerator window) is the wall clock's, as it reads now.
+  EXPECT_EQ(clock.WallMs(), g_wall);
   // The real one: unix milliseconds of today, moving forward.
   const SystemClock real;
   const int64_t a = real.NowMs();
