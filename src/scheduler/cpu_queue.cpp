@@ -37,20 +37,20 @@ CpuQueue::JoinResult CpuQueue::Join(const std::string& id, uint64_t bytes) {
     // the head it held the whole line for good. It leaves, refused.
     if (opts_.ram_budget_bytes && Resident() + w->bytes > opts_.ram_budget_bytes) {
       waiting_.erase(w);
-      ++rejected_budget_;
+      CountRefusal(id, &rejected_budget_);
       return JoinResult::kOverBudget;
     }
     return JoinResult::kQueued;
   }
   if (opts_.ram_budget_bytes && Resident() + bytes > opts_.ram_budget_bytes) {
-    ++rejected_budget_;
+    CountRefusal(id, &rejected_budget_);
     return JoinResult::kOverBudget;
   }
   // (One that would start at once does not wait: max_queue = 0, "never
   // wait", still lets the path run.)
   const bool starts_now = waiting_.empty() && static_cast<int>(running_.size()) < opts_.concurrency;
   if (waiting_.size() >= opts_.max_waiting && !starts_now) {
-    ++rejected_full_;
+    CountRefusal(id, &rejected_full_);
     return JoinResult::kFull;
   }
   waiting_.push_back({id, bytes, clock_->NowMs()});
@@ -69,7 +69,7 @@ CpuQueue::StartResult CpuQueue::TryStart(const std::string& id, uint64_t host_av
   if (!MayStart(id)) return StartResult::kWait;
   const Waiter& w = waiting_.front();
   if (host_available != kUnknown && w.bytes > host_available) {
-    ++rejected_host_;
+    CountRefusal(id, &rejected_host_);
     waiting_.pop_front();
     return StartResult::kHostLow;
   }
@@ -78,6 +78,11 @@ CpuQueue::StartResult CpuQueue::TryStart(const std::string& id, uint64_t host_av
   ++started_;
   peak_ = std::max(peak_, Resident() + RunningBytes());
   return StartResult::kStart;
+}
+
+void CpuQueue::CountRefusal(const std::string& id, uint64_t* counter) {
+  if (refused_.size() >= kMaxRefusedIds) refused_.clear();
+  if (refused_.insert(id).second) ++*counter;
 }
 
 void CpuQueue::Leave(const std::string& id) {

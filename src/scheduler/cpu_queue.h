@@ -19,6 +19,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 
 #include "common/clock.h"
@@ -83,6 +84,10 @@ class CpuQueue {
   };
   uint64_t Resident() const;
   uint64_t RunningBytes() const;
+  // Counts `id`'s refusal once: a request refused while it waits for the
+  // accelerator asks again every round (100 ms), and each ask was counted,
+  // thousands of refusals for requests served on the accelerator in the end.
+  void CountRefusal(const std::string& id, uint64_t* counter);
 
   CpuQueueOptions opts_;
   const Clock* clock_;
@@ -91,6 +96,8 @@ class CpuQueue {
   std::map<std::string, uint64_t> resident_;
   uint64_t peak_ = 0;
   uint64_t rejected_full_ = 0, rejected_budget_ = 0, rejected_host_ = 0, started_ = 0;
+  std::set<std::string> refused_;  // ids whose refusal was counted (forgotten past kMaxRefusedIds)
+  static constexpr size_t kMaxRefusedIds = 4096;
 };
 
 }  // namespace spillway::scheduler
