@@ -95,7 +95,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> fault_specs;
   app.add_option("--fault", fault_specs,
                  "arm a fault on a sim device (repeatable; also $SPILLWAY_FAULTS): fail-next=load|kv|compute|reserve, "
-                 "fail-after-bytes=N, compute-error, compute-abort, hang=SECONDS, lose-at-token=K, lose-device");
+                 "fail-after-bytes=N, kv-full, compute-error, compute-abort, hang=SECONDS, lose-at-token=K, lose-device, "
+                 "slow-load=SECONDS (any device), clear");
   double progress_timeout_s = 10;
   app.add_option("--progress-timeout", progress_timeout_s,
                  "seconds without a finished decode step, with work waiting, after which /health reports \"stalled\"")
