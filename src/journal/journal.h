@@ -85,6 +85,7 @@
 #include <thread>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/clock.h"
@@ -305,6 +306,11 @@ class Journal {
                                    std::shared_ptr<std::optional<AcceptResult>> out, int64_t now);
   std::function<Status()> StartOp(std::string id, std::string placement, std::string decision_json, int64_t now,
                                   std::shared_ptr<int64_t> n);
+  // Ends request `id`'s open attempts (ended_ms 0) as `outcome` with
+  // `error` (a finish, a requeue, the next attempt's start). `what` names the
+  // step in a database error.
+  Status EndOpenAttempts(const std::string& id, std::string_view outcome, const std::string& error, int64_t now,
+                         const char* what);
   // The commit log (journal_logged.cpp). A request's end, in rows.
   Status FinishRows(const std::string& id, State state, int64_t status, const std::string& content_type,
                     const std::string& body, const std::string& error, int64_t now, bool* changed);

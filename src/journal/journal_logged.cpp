@@ -42,11 +42,16 @@ bool IsDamaged(const Status& st) {
 
 }  // namespace
 
+Status Journal::EndOpenAttempts(const std::string& id, std::string_view outcome, const std::string& error, int64_t now,
+                                const char* what) {
+  Stmt a(*stmts_, "UPDATE attempts SET outcome=?2, error=?3, ended_ms=?4 WHERE request_id=?1 AND ended_ms=0;");
+  a.Bind(1, id).Bind(2, std::string(outcome)).Bind(3, error).Bind(4, now);
+  return Done(a.Step(), what);
+}
+
 Status Journal::FinishRows(const std::string& id, State state, int64_t status, const std::string& content_type,
                            const std::string& body, const std::string& error, int64_t now, bool* changed) {
-  Stmt a(*stmts_, "UPDATE attempts SET outcome=?2, error=?3, ended_ms=?4 WHERE request_id=?1 AND ended_ms=0;");
-  a.Bind(1, id).Bind(2, std::string(StateName(state))).Bind(3, error).Bind(4, now);
-  SPILLWAY_RETURN_IF_ERROR(Done(a.Step(), "finish"));
+  SPILLWAY_RETURN_IF_ERROR(EndOpenAttempts(id, StateName(state), error, now, "finish"));
   // Only a non-terminal request changes: the first terminal state wins. One
   // that failed or was cancelled before any attempt ran (its client went
   // away while it waited, admission refused it) leaves its Idempotency-Key

@@ -396,11 +396,7 @@ std::function<Status()> Journal::StartOp(std::string id, std::string placement, 
     // An attempt still open (its requeue could not be recorded) ended before
     // this one began: left open beside it, a crash interrupted both, and the
     // poison rule counted two restarts for one.
-    Stmt open(*stmts_,
-              "UPDATE attempts SET outcome='failed', error='its end was not recorded', ended_ms=?2 "
-              "WHERE request_id=?1 AND ended_ms=0;");
-    open.Bind(1, id).Bind(2, now);
-    SPILLWAY_RETURN_IF_ERROR(Done(open.Step(), "attempt"));
+    SPILLWAY_RETURN_IF_ERROR(EndOpenAttempts(id, "failed", "its end was not recorded", now, "attempt"));
     Stmt at(*stmts_, "INSERT INTO attempts(request_id, n, placement, started_ms) VALUES(?1,?2,?3,?4);");
     at.Bind(1, id).Bind(2, *n).Bind(3, placement).Bind(4, now);
     return Done(at.Step(), "attempt");
@@ -484,9 +480,7 @@ void Journal::RequeueImpl(std::string id, std::string error, OnCommit done, Lead
   auto changed = std::make_shared<bool>(false);
   const size_t bytes = Bytes(error);
   auto op = [this, id, error, now, changed]() -> Status {
-    Stmt a(*stmts_, "UPDATE attempts SET outcome='failed', error=?2, ended_ms=?3 WHERE request_id=?1 AND ended_ms=0;");
-    a.Bind(1, id).Bind(2, error).Bind(3, now);
-    SPILLWAY_RETURN_IF_ERROR(Done(a.Step(), "requeue"));
+    SPILLWAY_RETURN_IF_ERROR(EndOpenAttempts(id, "failed", error, now, "requeue"));
     Stmt up(*stmts_,
             "UPDATE requests SET state='queued', error=?2, updated_ms=?3 WHERE id=?1 AND state IN ('queued','running');");
     up.Bind(1, id).Bind(2, error).Bind(3, now);

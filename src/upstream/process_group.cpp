@@ -122,13 +122,13 @@ bool WaitEnded(const WorkerPid& p, Clock::time_point deadline) {
 
 void SignalGroup(const WorkerPid& p, int sig) {
   int status = 0;
-  if (Ended(p, &status)) return;
-  // Not ended, and not known alive either (its /proc entry unreadable: no
-  // descriptor left): not ours to tell, so not signalled. (A previous
+  // A child: unless it has ended. Another process: only one seen alive with
+  // its start time; one whose /proc entry cannot be read (no descriptor
+  // left) is not ours to tell, and is not signalled either (a previous
   // gateway's worker that adoption could not judge got SIGKILL at shutdown,
-  // though its pid may be another process's by then.)
-  if (!p.child && !devices::ProcessAlive(p.pid, p.start_time)) return;
-  ::kill(-p.pid, sig);
+  // though its pid may be another process's by then).
+  const bool ours = p.child ? !Ended(p, &status) : devices::ProcessAlive(p.pid, p.start_time);
+  if (ours) ::kill(-p.pid, sig);
 }
 
 std::vector<bool> StopGroups(const std::vector<GroupStop>& groups, int64_t grace_ms) {
