@@ -6,8 +6,11 @@
 // end the gateway's supervisor) with std::terminate. These report it instead.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace spillway {
 
@@ -19,5 +22,20 @@ std::optional<std::string> ReadAll(int fd);
 // opened or read, errno saying why (ENOENT: no such process; ESRCH: reaped
 // meanwhile; EACCES, EMFILE: it may well be there).
 std::optional<std::string> ReadSmallFile(const std::string& path);
+
+// The fields of /proc/<pid>/stat that Spillway reads (proc(5)).
+struct ProcStat {
+  char state = '?';  // 'Z': a zombie
+  int32_t ppid = 0, pgrp = 0, session = 0;
+  uint64_t start_time = 0;  // field 22, clock ticks since boot
+};
+// nullopt for a text that is not a stat line.
+std::optional<ProcStat> ParseProcStat(const std::string& text);
+// `<proc_root>/<pid>/stat`; nullopt (errno as ReadSmallFile's) when it cannot be read or parsed.
+std::optional<ProcStat> ReadProcStat(int32_t pid, const std::string& proc_root = "/proc");
+
+// Every process of process group `pgid` (zombies left out), with its stat
+// fields: one walk of `proc_root`.
+std::vector<std::pair<int32_t, ProcStat>> ProcessesOfGroup(int32_t pgid, const std::string& proc_root = "/proc");
 
 }  // namespace spillway

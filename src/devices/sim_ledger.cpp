@@ -119,15 +119,8 @@ namespace {
 
 // Field 22 (starttime) of a /proc/<pid>/stat text; 0 when it has none.
 uint64_t StartTimeOf(const std::string& s) {
-  // (Counted from after the ")" closing the command name.)
-  auto close = s.rfind(')');
-  if (close == std::string::npos || close + 2 > s.size()) return 0;
-  std::istringstream rest(s.substr(close + 2));
-  std::string field;
-  for (int i = 3; i <= 22 && rest >> field; ++i) {
-    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
-  }
-  return 0;
+  const auto f = ParseProcStat(s);
+  return f ? f->start_time : 0;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/names.h"
+#include "common/proc_file.h"
 #include "devices/sim_ledger.h"
 
 namespace spillway::devices {
@@ -263,6 +264,29 @@ StatusOr<HostReading> HostTelemetry::Read() const {
     }
   }
   return r;
+}
+
+StatusOr<uint64_t> HostTelemetry::GroupRss(int32_t pgid) const {
+  const auto members = ProcessesOfGroup(pgid, proc_root_);
+  if (members.empty()) return Status::NotFound("no process in group " + std::to_string(pgid));
+  uint64_t sum = 0;
+  for (const auto& m : members) {
+    if (auto rss = ProcessRss(m.first); rss.ok()) sum += *rss;  // (one gone meanwhile holds nothing)
+  }
+  return sum;
+}
+
+uint64_t DeviceReading::BytesOfGroup(int32_t pgid) const {
+  uint64_t bytes = 0;
+  for (const auto& p : processes) {
+    if (pgid <= 0 || p.pid <= 0) continue;
+    if (p.pid == pgid) {
+      bytes += p.bytes;
+    } else if (const auto f = ReadProcStat(p.pid); f && f->pgrp == pgid) {
+      bytes += p.bytes;
+    }
+  }
+  return bytes;
 }
 
 StatusOr<uint64_t> HostTelemetry::ProcessRss(int32_t pid) const {

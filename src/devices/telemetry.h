@@ -39,6 +39,10 @@ struct DeviceReading {
     for (const auto& p : processes) bytes += pid > 0 && p.pid == pid ? p.bytes : 0;
     return bytes;
   }
+  // What process group `pgid` holds: its leader's entries and those of every
+  // process in its group (an external server's, whose memory may be its
+  // children's: a wrapper script's server, a server's runner processes).
+  uint64_t BytesOfGroup(int32_t pgid) const;
 };
 
 class DeviceTelemetry {
@@ -85,6 +89,9 @@ class HostTelemetry {
   StatusOr<HostReading> Read() const;
   // Resident set size of a process (VmRSS), kNotFound when it is gone.
   StatusOr<uint64_t> ProcessRss(int32_t pid) const;
+  // The resident sets of every process in group `pgid` together (one walk of
+  // the process tree), kNotFound when none is there.
+  StatusOr<uint64_t> GroupRss(int32_t pgid) const;
 
  private:
   std::string proc_root_, cgroup_root_;

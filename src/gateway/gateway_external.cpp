@@ -578,12 +578,12 @@ json Gateway::ExternalsJson() const {
         j["unreachable_s"] = static_cast<double>(clock_.NowMs() - since) / 1000;
       }
     }
-    // Memory: what its process holds on its device and in host RAM, measured;
+    // Memory: what its process group holds on its device and in host RAM, measured;
     // the declared profile until then.
     uint64_t device_bytes = 0;
     if (pid > 0 && e.device != "cpu") {
       if (auto t = Telemetry(e.device); t.ok()) {
-        if (auto r = (*t)->Read(); r.ok()) device_bytes = r->BytesOf(pid);
+        if (auto r = (*t)->Read(); r.ok()) device_bytes = r->BytesOfGroup(pid);  // (it leads its group)
       }
       if (j["state"] == "ready") external_lines_->Observe(e.name, pid, device_bytes);  // (not while it loads)
     }

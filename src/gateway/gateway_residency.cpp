@@ -213,7 +213,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
       r.reload_s = static_cast<double>(w.last_start_ms) / 1000;
       r.starting = w.state == upstream::WorkerState::kStarting;
       r.state_ms = r.starting ? now - w.starting_since_ms : w.ready_since_ms > 0 ? now - w.ready_since_ms : 0;
-      r.bytes += reading->BytesOf(w.pid);
+      r.bytes += reading->BytesOfGroup(w.pid);  // (each leads its group: an external server's children count)
     }
     std::lock_guard<std::mutex> lk(residency_mu_);
     r.evicting = evicting_.count(r.key) > 0;

@@ -8,6 +8,7 @@
 #include <set>
 #include <cstdio>
 
+#include "common/proc_file.h"
 #include "devices/telemetry.h"
 #include "gateway/gateway.h"
 #include "gateway/gateway_internal.h"
@@ -192,7 +193,7 @@ json Gateway::DevicesJson(const json& status) {
       std::set<int32_t> known;
       for (auto& u : d["services"]) {
         const int32_t pid = u["pid"].get<int32_t>();
-        const uint64_t held = reading->BytesOf(pid);
+        const uint64_t held = reading->BytesOfGroup(pid);  // (each leads its group: an external server's children count)
         if (pid > 0) known.insert(pid);
         u["held_bytes"] = held;
         // What a worker holds beyond its buffers is transient (graph scratch, allocator slack).
@@ -211,6 +212,7 @@ json Gateway::DevicesJson(const json& status) {
       uint64_t other = 0;
       for (const auto& proc : reading->processes) {
         if (known.count(proc.pid)) continue;
+        if (const auto f = ReadProcStat(proc.pid); f && known.count(f->pgrp)) continue;  // (counted with its group)
         json& o = others[proc.pid];
         if (o.is_null()) {
           std::string comm;

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/proc_file.h"
 #include "devices/sim_ledger.h"
 
 namespace spillway::upstream {
@@ -41,9 +42,25 @@ int OpenPidfd(const WorkerPid& p) {
 
 }  // namespace
 
+std::vector<pid_t> OrphanedGroup(const WorkerPid& leader) {
+  if (leader.pid <= 1) return {};
+  if (const auto own = ReadProcStat(leader.pid)) {
+    if (own->state != 'Z' || own->start_time != leader.start_time) return {};  // not ended, or not the leader
+  } else if (errno != ENOENT && errno != ESRCH) {
+    return {};  // (no descriptor left, hidepid: nothing can be told)
+  }
+  std::vector<pid_t> left;
+  for (const auto& [pid, f] : ProcessesOfGroup(leader.pid)) {
+    if (f.start_time < leader.start_time || (leader.session != 0 && f.session != leader.session)) continue;
+    left.push_back(pid);
+  }
+  return left;
+}
+
 bool Ended(const WorkerPid& p, int* status) {
   *status = -1;
   if (p.pid <= 0) return true;
+  if (p.leader_gone) return OrphanedGroup(p).empty();
   if (p.child) {
     siginfo_t info{};
     if (waitid(P_PID, static_cast<id_t>(p.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
@@ -96,7 +113,7 @@ bool AwaitEnd(const WorkerPid& p, std::chrono::milliseconds bound) {
   if (p.pid <= 0) return true;
   if (bound.count() <= 0) return false;
   const int fd = OpenPidfd(p);
-  if (fd < 0) {  // gone already (or no pidfd_open: one short round)
+  if (fd < 0) {  // gone already (or no pidfd_open, or a group whose leader is gone: one short round)
     std::this_thread::sleep_for(std::min(bound, std::chrono::milliseconds(10)));
     return true;
   }
@@ -121,6 +138,10 @@ bool WaitEnded(const WorkerPid& p, Clock::time_point deadline) {
 }
 
 void SignalGroup(const WorkerPid& p, int sig) {
+  if (p.leader_gone) {  // while they are there, the group's id is theirs (see OrphanedGroup)
+    if (!OrphanedGroup(p).empty()) ::kill(-p.pid, sig);
+    return;
+  }
   int status = 0;
   // A child: unless it has ended. Another process: only one seen alive with
   // its start time; one whose /proc entry cannot be read (no descriptor

@@ -21,7 +21,22 @@ struct WorkerPid {
   pid_t pid = 0;
   uint64_t start_time = 0;  // /proc/<pid>/stat field 22
   bool child = true;        // spawned by this process (false: adopted)
+  // Adopted, with its leader (`pid`) ended and processes it started in its
+  // group living on (a wrapper script that did not exec its server, killed
+  // with the gateway that started it): judged and signalled through those
+  // (OrphanedGroup), whose group id no new group can take while they hold it.
+  bool leader_gone = false;
+  pid_t session = 0;  // (leader_gone) the session they must be in; 0: any
 };
+
+// The processes left in `leader`'s group once its leader has ended: those
+// whose process group is `leader.pid`, of `leader.session` (0: any), started
+// no earlier than the leader, zombies left out. Empty while the leader's pid
+// names a live process (the leader itself, whose group is stopped through
+// it, or another process, whose pid could not have been handed out while
+// the leader's group was there, so that group is not the leader's), and
+// when /proc cannot tell.
+std::vector<pid_t> OrphanedGroup(const WorkerPid& leader);
 
 // Whether it has ended. A child is reaped, and what is left of its group
 // killed first; `*status` gets its wait status (-1 for an adopted process,
@@ -47,7 +62,8 @@ std::string DescribeEnd(int status);
 // Blocks until it has ended (a child is reaped) or `deadline` passes;
 // returns whether it has ended. A waiter, not a sleep loop: it polls a
 // pidfd (pidfd_open, Linux 5.3) that becomes readable when the process
-// ends; only a kernel without pidfd_open gets 10 ms rounds.
+// ends; only a kernel without pidfd_open, and a group whose leader has gone
+// (WorkerPid::leader_gone), get 10 ms rounds.
 bool WaitEnded(const WorkerPid& p, std::chrono::steady_clock::time_point deadline);
 
 // Blocks until it has ended or `bound` passes, without reaping it (a

@@ -501,7 +501,7 @@ void Supervisor::Round() {
     std::vector<Ready> became_ready, listening, probes;
     std::vector<std::string> idle_candidates;
     std::vector<std::pair<std::string, std::string>> exits;
-    std::vector<std::pair<std::string, pid_t>> rss_due;
+    std::vector<std::tuple<std::string, pid_t, bool>> rss_due;  // key, pid, its whole group (an external server)
     // Restarts due now pass the start gate first (it may read telemetry: no lock held).
     std::vector<std::string> due;
     {
@@ -554,7 +554,7 @@ void Supervisor::Round() {
         if ((w.view.state == WorkerState::kStarting || w.view.state == WorkerState::kReady) && w.view.pid > 0 &&
             now >= w.next_rss_ms) {
           w.next_rss_ms = now + kRssPeriodMs;
-          rss_due.emplace_back(k, w.view.pid);
+          rss_due.emplace_back(k, w.view.pid, w.spec.external());
         }
         if (w.view.state == WorkerState::kReady && now >= w.next_health_ms) {
           w.next_health_ms = now + kHealthPeriodMs;
@@ -576,8 +576,9 @@ void Supervisor::Round() {
       }
     }
     // Resident sets, read with no lock held (procfs), kept for admission.
-    for (const auto& [k, pid] : rss_due) {
-      const auto rss = devices::HostTelemetry().ProcessRss(pid);
+    for (const auto& [k, pid, group] : rss_due) {
+      // An external server's children too (a wrapper's server, a server's runners): a worker has none.
+      const auto rss = group ? devices::HostTelemetry().GroupRss(pid) : devices::HostTelemetry().ProcessRss(pid);
       if (!rss.ok()) continue;
       std::lock_guard<std::mutex> lk(mu_);
       auto it = workers_.find(k);

@@ -40,6 +40,16 @@ constexpr auto kDrainTimeout = std::chrono::seconds(10);
 // A worker of the previous gateway that must go gets this long after SIGTERM.
 constexpr int64_t kStopGraceMs = 5000;
 
+// The group a record's process led, once that process has ended (OrphanedGroup).
+WorkerPid LeaderGone(const WorkerRecord& r) {
+  return {r.pid, r.start_time, /*child=*/false, /*leader_gone=*/true, r.session};
+}
+
+// What stops a recorded process: its group through it, or through what it left there.
+WorkerPid ToStop(const WorkerRecord& r, const AdoptDecision& d) {
+  return d.leader_gone ? LeaderGone(r) : WorkerPid{r.pid, r.start_time, /*child=*/false};
+}
+
 // The folder's device and inode (WorkerRecord::dir_dev, dir_ino); nullopt
 // when it cannot be read.
 std::optional<std::pair<uint64_t, uint64_t>> FolderIdentity(const std::string& dir) {
@@ -93,6 +103,7 @@ void Supervisor::WriteRecord(const Worker& w) {
   WorkerRecord r{w.spec.key,     w.view.pid, w.start_time, w.view.port, w.spec_hash,
                  protocol::kWorkerProtocolVersion, w.spec.external(), w.spec.stop_signal};
   if (const auto dir = FolderIdentity(run_dir_)) std::tie(r.dir_dev, r.dir_ino) = *dir;
+  if (const pid_t sid = ::getsid(w.view.pid); sid > 0) r.session = sid;
   if (Status st = WritePrivateFileAtomically(RecordPath(run_dir_, w.spec.key), RecordToJson(r)); !st.ok()) {
     std::fprintf(stderr, "spillway: worker %s will not be adopted after a crash: %s\n", w.spec.key.c_str(),
                  st.message().c_str());
@@ -142,7 +153,10 @@ AdoptDecision Supervisor::Judge(WorkerRecord& record, const std::optional<std::s
                             : std::nullopt;
     if (answer) info = WorkerInfoFacts{answer->protocol_version, static_cast<pid_t>(answer->pid)};
   }
-  return DecideAdoption(record, configured_hash, protocol::kWorkerProtocolVersion, process, info, external);
+  // Gone: what it may have left in its group (a wrapper's server) is looked for.
+  const size_t orphans =
+      process == devices::Liveness::kGone ? OrphanedGroup(LeaderGone(record)).size() : size_t{0};
+  return DecideAdoption(record, configured_hash, protocol::kWorkerProtocolVersion, process, info, external, orphans);
 }
 
 Status Supervisor::ClearLeftovers(uint16_t port) const {
@@ -182,7 +196,7 @@ std::set<std::string> Supervisor::StopUnadoptable(const std::vector<WorkerSpec>&
     const AdoptDecision d = Judge(r, hash, external);
     if (d.action == AdoptAction::kAdopt) adoptable.insert(f.key);
     if (d.action == AdoptAction::kStop && claimed) {
-      to_stop.push_back({r.key, {r.pid, r.start_time, /*child=*/false}, d.reason, r.stop_signal});
+      to_stop.push_back({r.key, ToStop(r, d), d.reason, r.stop_signal});
     }
   }
   // (One that could not be stopped keeps its record: Adopt finds it again
@@ -273,7 +287,7 @@ void Supervisor::AdoptOrStop(const RecordFile& f, std::set<pid_t>* adopted, std:
       RemoveRecord(rec.key);
       return;
     case AdoptAction::kStop:
-      to_stop->push_back({rec.key, {rec.pid, rec.start_time, /*child=*/false}, d.reason, rec.stop_signal});
+      to_stop->push_back({rec.key, ToStop(rec, d), d.reason, rec.stop_signal});
       return;
     case AdoptAction::kWait:
       LogEvent("worker.previous_unknown", nlohmann::json{{"worker", rec.key}, {"pid", rec.pid}, {"reason", d.reason}}.dump(),

@@ -36,7 +36,8 @@ std::string RecordToJson(const WorkerRecord& r) {
               {"external", r.external},
               {"stop_signal", r.stop_signal},
               {"dir_dev", r.dir_dev},
-              {"dir_ino", r.dir_ino}}
+              {"dir_ino", r.dir_ino},
+              {"session", r.session}}
              .dump() +
          "\n";
 }
@@ -80,6 +81,13 @@ StatusOr<WorkerRecord> ParseWorkerRecord(std::string_view text) {
     if (!j.contains(field)) continue;
     if (!j[field].is_number_unsigned()) return bad(field);
     *out = j[field].get<uint64_t>();
+  }
+  if (j.contains("session")) {
+    if (!j["session"].is_number_integer() || j["session"].get<int64_t>() < 0 ||
+        j["session"].get<int64_t>() > (int64_t{1} << 22)) {
+      return bad("session");
+    }
+    r.session = static_cast<pid_t>(j["session"].get<int64_t>());
   }
   return r;
 }
@@ -129,7 +137,7 @@ const char* AdoptActionName(AdoptAction a) {
 
 AdoptDecision DecideAdoption(const WorkerRecord& record, const std::optional<std::string>& configured_hash,
                              int protocol_version, devices::Liveness process,
-                             const std::optional<WorkerInfoFacts>& info, bool external) {
+                             const std::optional<WorkerInfoFacts>& info, bool external, size_t orphans) {
   const std::string pid = "pid " + std::to_string(record.pid);
   // First: is it ours at all? A pid that now names another process must never be signalled.
   if (process == devices::Liveness::kUnknown) {
@@ -137,6 +145,13 @@ AdoptDecision DecideAdoption(const WorkerRecord& record, const std::optional<std
     return {AdoptAction::kWait, pid + " is there but its /proc entry cannot be read, so whether it is the one "
                                       "recorded cannot be told: it is not signalled, and no worker starts beside it "
                                       "until it has ended"};
+  }
+  if (process == devices::Liveness::kGone && orphans > 0) {
+    return {AdoptAction::kStop,
+            pid + " has ended, but " + std::to_string(orphans) + (orphans == 1 ? " process" : " processes") +
+                " it started in its group outlived it (a wrapper that does not exec its server): stopped, so that "
+                "nothing of it runs beside what starts anew",
+            /*leader_gone=*/true};
   }
   if (process == devices::Liveness::kGone) {
     return {AdoptAction::kForget, pid + " is gone or is another process now (start time or command line differs)"};

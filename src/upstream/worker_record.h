@@ -45,6 +45,10 @@ struct WorkerRecord {
   // a gateway on the copy must neither adopt nor stop. It stopped the
   // original's external servers (judged by pid and start time alone).
   uint64_t dir_dev = 0, dir_ino = 0;
+  // Its session when it was recorded (0: not recorded, in records written
+  // before). Processes an external server left in its group after it ended
+  // are stopped only in this session (OrphanedGroup).
+  pid_t session = 0;
 };
 
 std::string RecordToJson(const WorkerRecord& r);
@@ -84,6 +88,8 @@ const char* AdoptActionName(AdoptAction a);
 struct AdoptDecision {
   AdoptAction action;
   std::string reason;  // why, for the log line
+  // kStop of a group whose leader has ended, through what it left in its group (WorkerPid::leader_gone).
+  bool leader_gone = false;
 };
 
 // `configured_hash`: SpecHash() of the current spec for the record's key,
@@ -96,8 +102,12 @@ struct AdoptDecision {
 // `external`: the record is an external server's (started by the gateway
 // from its `command`): never asked with the workers' secret, never adopted;
 // stopped when alive, so that it does not hold its memory beside the one started anew.
+// `orphans`: with `process` kGone, how many processes it started live on in
+// its group (OrphanedGroup): they are stopped (its server, which a wrapper
+// script started and which outlived it, would run beside the one started
+// anew, with its memory), the record forgotten only once none is left.
 AdoptDecision DecideAdoption(const WorkerRecord& record, const std::optional<std::string>& configured_hash,
                              int protocol_version, devices::Liveness process,
-                             const std::optional<WorkerInfoFacts>& info, bool external = false);
+                             const std::optional<WorkerInfoFacts>& info, bool external = false, size_t orphans = 0);
 
 }  // namespace spillway::upstream

@@ -21,6 +21,7 @@
 
 #include "common/hash.h"
 #include "devices/sim_ledger.h"
+#include "devices/telemetry.h"
 #include "gateway_calls.h"
 #include "gateway_process.h"
 #include "scoped_sim_dir.h"
@@ -322,6 +323,98 @@ TEST_F(ExternalTest, AServerSpillwayStartedEndsWithAGatewayKilledWithoutWarning)
     gone = stat.empty() || stat.find(") Z ") != std::string::npos;
   }
   EXPECT_TRUE(gone) << "the external server (pid " << pid << ") outlived its gateway";
+}
+
+// A server started through a wrapper script that does not exec it: killed
+// with the gateway, the wrapper ends and the server runs on in its group.
+// The next gateway saw the wrapper gone, forgot it, and started a second
+// server beside the first, which kept its memory and port for good. It now
+// stops what the wrapper left in its group before it starts the server anew.
+TEST_F(ExternalTest, WhatAWrapperLeftRunningIsStoppedByTheNextGateway) {
+  const std::string script = dir_ + "/wrap.sh";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\n\"$@\" &\necho $! >> " << dir_ << "/servers\nwait\n";
+  }
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  const std::string config = TestConfig(2, "[[service]]\nname = \"fake\"\nkind = \"external\"\ncommand = \"" + script +
+                                               " " + FakeUpstream() + " --port ${PORT} --log " + log_ +
+                                               "\"\nroutes = { \"/v1/rerank\" = \"/v1/rerank\" }\n");
+  GatewayProcess g(config);
+  ASSERT_TRUE(g.Start()) << g.Output();
+  ASSERT_EQ(Call(g.port(), "POST", "/v1/rerank", R"({"model":"fake"})").status, 200);
+  const int wrapper = ExternalStatus(g.port(), "fake").value("pid", 0);
+  pid_t server = 0;
+  {
+    std::ifstream f(dir_ + "/servers");
+    f >> server;
+  }
+  ASSERT_GT(server, 0);
+  ASSERT_NE(server, wrapper);
+  auto running = [](pid_t pid) {
+    const std::string stat = ReadTextFile("/proc/" + std::to_string(pid) + "/stat");
+    return !stat.empty() && stat.find(") Z ") == std::string::npos;
+  };
+  g.Kill9();
+  if (::access("/usr/bin/setpriv", X_OK) == 0) {  // (without it, the wrapper runs on too: stopped as before)
+    for (int i = 0; i < 100 && running(wrapper); ++i) std::this_thread::sleep_for(50ms);
+    ASSERT_FALSE(running(wrapper)) << "the wrapper outlived its gateway";
+  }
+  ASSERT_TRUE(running(server)) << "the wrapper's server did not outlive it: nothing to test";
+  ASSERT_TRUE(g.Start()) << g.Output();
+  EXPECT_FALSE(running(server)) << "the server a wrapper left (pid " << server << ") runs beside the new one";
+  EXPECT_NE(g.Output().find("outlived it"), std::string::npos) << g.Output();
+  ASSERT_EQ(Call(g.port(), "POST", "/v1/rerank", R"({"model":"fake"})").status, 200);
+  if (running(server)) kill(server, SIGKILL);
+}
+
+// What a server started through a wrapper holds is its, not the wrapper's
+// (measured by the leader's pid alone, it read 0: the declared profile stood
+// in for good, and the server's memory was listed as another program's).
+// So for a server whose memory is in processes it starts (Ollama's runners).
+TEST_F(ExternalTest, AWrappedServersMemoryIsMeasuredWithItsGroup) {
+  ScopedSimDir sim("external-group");
+  ASSERT_TRUE(devices::SimLedger::Create(0, 1024ull << 20).ok());
+  const std::string script = dir_ + "/wrap.sh";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\n\"$@\" &\necho $! >> " << dir_ << "/servers\nwait\n";
+  }
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  auto g = Start(TestConfig(2, "[[device]]\nname = \"sim:0\"\nheadroom_mib = 0\nheadroom_pct = 0\n"
+                               "[[service]]\nname = \"fake\"\nkind = \"external\"\ncommand = \"" + script + " " +
+                               FakeUpstream() + " --port ${PORT} --log " + log_ + " --sim-device 0 --resident-mib 300" +
+                               "\"\nroutes = { \"/v1/rerank\" = \"/v1/rerank\" }\ndevice = \"sim:0\"\nresident_mib = 50\n"));
+  json st = json::object();
+  for (int i = 0; i < 100 && st.value("resident_source", "") != "measured"; ++i) {
+    std::this_thread::sleep_for(50ms);
+    st = ExternalStatus(g->port(), "fake").value("memory", json::object());
+  }
+  EXPECT_EQ(st["resident_bytes"], 300ull << 20) << "the server's, not its wrapper's: " << st.dump();
+  EXPECT_EQ(st["resident_source"], "measured");
+  pid_t server = 0;
+  {
+    std::ifstream f(dir_ + "/servers");
+    f >> server;
+  }
+  ASSERT_GT(server, 0);
+  json dev;
+  const json status = Body(Call(g->port(), "GET", "/v1/status"));
+  for (const auto& d : status["devices"]) {
+    if (d["name"] == "sim:0") dev = d;
+  }
+  ASSERT_TRUE(dev.is_object()) << status.dump();
+  for (const auto& o : dev.value("other_processes", json::array())) {
+    EXPECT_NE(o["pid"], server) << "the wrapped server is listed as another program: " << dev.dump(1);
+  }
+  // Its host RAM too: the server's resident set, not the shell's alone.
+  const auto server_rss = devices::HostTelemetry().ProcessRss(server);
+  ASSERT_TRUE(server_rss.ok());
+  for (int i = 0; i < 60 && ExternalStatus(g->port(), "fake")["memory"].value("host_rss_bytes", uint64_t{0}) < *server_rss;
+       ++i) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_GE(ExternalStatus(g->port(), "fake")["memory"].value("host_rss_bytes", uint64_t{0}), *server_rss * 9 / 10);
 }
 
 // An on-demand server that cannot start is started again only for a request

@@ -72,6 +72,14 @@ TEST(WorkerRecordTest, RoundTrips) {
   ASSERT_TRUE(d.ok()) << d.status().message();
   EXPECT_EQ(d->dir_dev, 2049u);
   EXPECT_EQ(d->dir_ino, 131077u);
+  EXPECT_EQ(d->session, 0) << "no session unless recorded";
+  ext.session = 3170;  // its session: what it leaves in its group is stopped only there
+  auto s = ParseWorkerRecord(RecordToJson(ext));
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->session, 3170);
+  EXPECT_FALSE(ParseWorkerRecord(R"({"key":"chat.0","pid":4242,"start_time":1,"port":0,"spec_hash":")" + ext.spec_hash +
+                                 R"(","protocol_version":1,"session":-1})")
+                   .ok());
 }
 
 TEST(WorkerRecordTest, RefusesWhatIsNotACompleteRecord) {
@@ -195,6 +203,25 @@ TEST(AdoptionDecisionTest, AnExternalServerIsStoppedNotAdopted) {
   EXPECT_EQ(d.action, AdoptAction::kStop);
   EXPECT_NE(d.reason.find("external server"), std::string::npos) << d.reason;
   EXPECT_EQ(DecideAdoption(r, r.spec_hash, 1, devices::Liveness::kGone, std::nullopt, true).action, AdoptAction::kForget);
+}
+
+// A wrapper script that does not exec its server, killed with the gateway
+// that started it, leaves the server running in its group: forgotten with
+// its leader, that ran on beside the server the next gateway started, with
+// its device memory. It is stopped, configured or not.
+TEST(AdoptionDecisionTest, WhatAnEndedServerLeftInItsGroupIsStoppedNotForgotten) {
+  const WorkerRecord r = Sample();
+  for (const std::optional<std::string>& hash : {std::optional<std::string>(r.spec_hash), std::optional<std::string>()}) {
+    const AdoptDecision d = DecideAdoption(r, hash, 1, devices::Liveness::kGone, std::nullopt, true, /*orphans=*/2);
+    EXPECT_EQ(d.action, AdoptAction::kStop);
+    EXPECT_TRUE(d.leader_gone);
+    EXPECT_NE(d.reason.find("2 processes"), std::string::npos) << d.reason;
+  }
+  const AdoptDecision gone = DecideAdoption(r, r.spec_hash, 1, devices::Liveness::kGone, std::nullopt, true, 0);
+  EXPECT_EQ(gone.action, AdoptAction::kForget);
+  EXPECT_FALSE(gone.leader_gone);
+  EXPECT_FALSE(DecideAdoption(r, r.spec_hash, 1, devices::Liveness::kAlive, std::nullopt, true, 1).leader_gone)
+      << "a leader still there is stopped through itself";
 }
 
 class WorkerSecretTest : public ::testing::Test {
@@ -392,6 +419,55 @@ TEST(ProcessGroupTest, WhatAnEndedChildLeftInItsGroupEndsWithIt) {
   if (!gone) kill(left, SIGKILL);
   std::filesystem::remove(pid_file);
   (void)status;
+}
+
+// What a group's leader left there once it has ended and is reaped (a
+// wrapper script's server, after the gateway that started it was killed):
+// found by its group, session and start time, and stopped through it.
+TEST(ProcessGroupTest, WhatAnEndedLeaderLeftInItsGroupIsFoundAndStopped) {
+  const std::string pid_file =
+      (std::filesystem::temp_directory_path() / ("spillway-orphans-" + std::to_string(getpid()))).string();
+  std::filesystem::remove(pid_file);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    const std::string script = "sleep 30 & echo $! > " + pid_file + "; sleep 0.2; exit 3";
+    execlp("sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  const uint64_t started = devices::ProcessStartTime(pid);
+  ASSERT_NE(started, 0u);
+  const WorkerPid leader{pid, started, /*child=*/false, /*leader_gone=*/true, ::getsid(0)};
+  EXPECT_TRUE(OrphanedGroup(leader).empty()) << "while the leader runs, nothing is orphaned";
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);  // ended and reaped: its pid is held by its group alone
+  pid_t left = 0;
+  {
+    std::ifstream f(pid_file);
+    f >> left;
+  }
+  ASSERT_GT(left, 0);
+  EXPECT_EQ(OrphanedGroup(leader), std::vector<pid_t>{left});
+  WorkerPid elsewhere = leader;
+  elsewhere.session = ::getsid(0) + 1;
+  EXPECT_TRUE(OrphanedGroup(elsewhere).empty()) << "another session's group is not its";
+  WorkerPid later = leader;
+  later.start_time = devices::ProcessStartTime(left) + 1;
+  EXPECT_TRUE(OrphanedGroup(later).empty()) << "nothing started before the leader is its";
+  EXPECT_FALSE(Ended(leader, &status));
+  EXPECT_TRUE(StopGroup(leader, 2000));
+  EXPECT_TRUE(OrphanedGroup(leader).empty());
+  EXPECT_EQ(devices::ProcessLiveness(left, 0), devices::Liveness::kGone);
+  std::filesystem::remove(pid_file);
+  // A pid that names a live process is not an ended leader: its group is not looked at, nor signalled.
+  const pid_t live = SpawnSleeper();
+  const WorkerPid not_gone{live, devices::ProcessStartTime(live) + 1, false, true, 0};
+  EXPECT_TRUE(OrphanedGroup(not_gone).empty());
+  SignalGroup(not_gone, SIGKILL);
+  EXPECT_EQ(waitpid(live, &status, WNOHANG), 0) << "signalled";
+  kill(-live, SIGKILL);
+  waitpid(live, &status, 0);
 }
 
 TEST(ProcessGroupTest, AChildIsReapedWithItsStatus) {
