@@ -406,6 +406,15 @@ class Session : public std::enable_shared_from_this<Session> {
       if (sent > 0 && static_cast<size_t>(sent) < kContinue.size()) return Close();  // half a line: unusable
     }
     if (parser_->chunked() || *length > BodyStep()) return ReadInSteps();
+    // A body that came whole with its head (a small request's, as a rule) is
+    // parsed from the buffer at once: an asynchronous read that needs no I/O
+    // completes through rounds of the loop (Beast posts its completions, and
+    // each round is an epoll_wait), two of them on every such request's way.
+    if (buffer_.size() >= *length) {
+      beast::error_code pec;
+      buffer_.consume(parser_->put(buffer_.data(), pec));
+      if (pec || parser_->is_done()) return OnRead(pec);
+    }
     bhttp::async_read(stream_, buffer_, *parser_,  // all of it reserved
                       [self = shared_from_this()](beast::error_code ec, std::size_t) { self->OnRead(ec); });
   }

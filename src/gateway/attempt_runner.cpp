@@ -45,7 +45,7 @@ AttemptResult Simple(Kind kind) {
 }  // namespace
 
 boost::asio::awaitable<AttemptResult> AttemptRunner::Send(const AttemptSpec& spec) {
-  auto r = co_await pool_.Send(spec.port, "POST", spec.path, spec.body, spec.headers, spec.timeout);
+  auto r = co_await pool_.Send(spec.port, "POST", spec.path, spec.body, spec.headers, spec.timeout, spec.on_sent);
   // The worker died or stopped answering: nothing was delivered, so it is safe to run again.
   if (!r.ok()) {
     AttemptResult f = Failed(FailurePhase::kNone, r.status().message(), true);

@@ -53,6 +53,9 @@ struct AttemptSpec {
   std::chrono::milliseconds silence = AttemptBounds{}.stream_silence;  // a stream's
   ServedBy served;
   std::string role;  // of the placement: primary, hybrid, fallback
+  // A non-streamed attempt's: runs once the request is written whole to the
+  // worker, while it computes (ConnectionPool::Send).
+  std::function<void()> on_sent;
 };
 
 struct AttemptResult {

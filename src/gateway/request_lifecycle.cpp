@@ -1,6 +1,8 @@
 #include "gateway/request_lifecycle.h"
 
 #include <algorithm>
+#include <functional>
+#include <utility>
 
 #include "common/mutation.h"
 #include "protocol/worker_protocol.h"
@@ -382,20 +384,33 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     // awaited before its outcome is acted on; a stream's is awaited first,
     // since its events reach the client as they come.
     std::shared_ptr<PendingStatus> commit;
+    std::function<void()> write_commit;  // asks for the commit (once); set with `commit`
     if (!same_attempt) {  // (same_attempt: still running attempt `attempts_` on `placement_`)
       commit = PendingStatus::Make(strand_);
-      if (unjournaled_) {  // admitted at once: the request and its attempt in one commit
+      const bool accept = unjournaled_;  // admitted at once: the request and its attempt in one commit
+      if (accept) {
         unjournaled_ = false;
         accept_ = commit;
         // A non-streamed request shows nothing before its end: its record
         // waits for the end's to share one sync (Finish). (With an
         // idempotency key it is a transaction of its own, not a log record.)
         accept_deferred_ = !rec_.stream && rec_.idempotency_key.empty();
-        g_.journal_.AcceptAndStartAsync(rec_, placement_, target_.decision_json, commit->Completer(),
-                                        accept_deferred_);
-      } else {
-        g_.journal_.StartAttemptAsync(rec_.id, placement_, target_.decision_json, commit->Completer());
       }
+      write_commit = [this, accept, done = commit->Completer(), asked = false]() mutable {
+        if (std::exchange(asked, true)) return;
+        if (accept) {
+          g_.journal_.AcceptAndStartAsync(rec_, placement_, target_.decision_json, std::move(done), accept_deferred_);
+        } else {
+          g_.journal_.StartAttemptAsync(rec_.id, placement_, target_.decision_json, std::move(done));
+        }
+      };
+      // A non-streamed attempt's commit is asked for once the worker has the
+      // request, while it computes: its writing is off the request's way
+      // (nothing reaches the client before the commit, awaited below). A
+      // stream's goes first: its events reach the client as they come. So
+      // does any commit while the journal refuses writes: such an attempt is
+      // never sent.
+      if (rec_.stream || live_->cancelled || !g_.journal_.Refusal().ok()) write_commit();
     }
     // Refused at once (a log that cannot write, a record it can never hold):
     // not sent, so that no worker spends its generation on an answer that
@@ -417,6 +432,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     live_->worker_port = target_.port;
     if (live_->cancelled) {
       if (commit) {
+        write_commit();
         SyncIfDeferred(commit);
         if (const Status st = co_await commit->Wait(); !st.ok()) co_return co_await CommitRefused(st);
       }
@@ -435,7 +451,9 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     spec.silence = g_.attempt_bounds_.stream_silence;
     spec.served = Served();
     spec.role = svc_->placements[target_.index].role;
+    if (write_commit && !rec_.stream) spec.on_sent = [&write_commit] { write_commit(); };
     const AttemptResult r = co_await runner_.Run(spec);
+    if (write_commit) write_commit();  // (not sent: it could not be written to the worker)
     // The worker's answer waits for the commit that covers it; refused, the
     // answer is dropped (nothing of it reached the client). A deferred
     // Accept followed by the request's answer is awaited in Finish, synced

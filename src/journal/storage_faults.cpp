@@ -196,6 +196,11 @@ void StorageFaults::BlockSyncs() {
   block_ = true;
 }
 
+void StorageFaults::BlockWrites() {
+  std::lock_guard<std::mutex> lk(mu_);
+  block_writes_ = true;
+}
+
 void StorageFaults::PassSyncs(int n) {
   std::lock_guard<std::mutex> lk(mu_);
   passes_ += n;
@@ -204,7 +209,7 @@ void StorageFaults::PassSyncs(int n) {
 
 void StorageFaults::Unblock() {
   std::lock_guard<std::mutex> lk(mu_);
-  block_ = false;
+  block_ = block_writes_ = false;
   passes_ = 0;
   cv_.notify_all();
 }
@@ -217,7 +222,7 @@ bool StorageFaults::WaitForHeldSyncs(int64_t total, std::chrono::milliseconds ti
 void StorageFaults::Clear() {
   std::lock_guard<std::mutex> lk(mu_);
   fail_writes_ = fail_syncs_ = fail_log_reads_ = passes_ = 0;
-  disk_full_ = block_ = false;
+  disk_full_ = block_ = block_writes_ = false;
   stall_ = std::chrono::milliseconds(0);
   cv_.notify_all();
 }
@@ -233,7 +238,8 @@ int64_t StorageFaults::syncs() const {
 }
 
 int StorageFaults::BeforeWrite() {
-  std::lock_guard<std::mutex> lk(mu_);
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return !block_writes_; });
   if (disk_full_) return SQLITE_FULL;
   if (fail_writes_ > 0) {
     --fail_writes_;

@@ -11,6 +11,9 @@
 //   BlockSyncs()      every xSync waits until the test lets it through with
 //                     PassSyncs(n) or turns blocking off with Unblock(): a
 //                     stall the test controls without sleeping;
+//   BlockWrites()     every xWrite and commit-log write waits until the test
+//                     calls Unblock() (or Clear()): which work a pending
+//                     write holds up, seen without sleeping;
 //   FailLogReads(n)   the commit log's next n reads of a file (to apply its
 //                     records again) fail with EIO; SQLite's reads pass.
 //
@@ -46,9 +49,10 @@ class StorageFaults {
   void FailSyncs(int n);
   void StallSyncs(std::chrono::milliseconds d);
   void BlockSyncs();
+  void BlockWrites();
   void FailLogReads(int n);
   void PassSyncs(int n);  // lets n blocked (or future) syncs through while blocking stays on
-  void Unblock();         // blocking off; every waiting sync goes on
+  void Unblock();         // blocking off; every waiting sync and write goes on
   // Waits until `total` syncs in all (since Create) have been held by
   // BlockSyncs (false on timeout): e.g. a commit has reached its fsync.
   bool WaitForHeldSyncs(int64_t total, std::chrono::milliseconds timeout);
@@ -81,6 +85,7 @@ class StorageFaults {
   int fail_log_reads_ = 0;
   std::chrono::milliseconds stall_{0};
   bool block_ = false;
+  bool block_writes_ = false;
   int passes_ = 0;
   int64_t held_total_ = 0;
   int64_t writes_ = 0;

@@ -244,7 +244,8 @@ net::awaitable<void> WriteRequest(beast::tcp_stream& stream, const bhttp::reques
 net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t port, std::string method,
                                                                     std::string target, std::string body,
                                                                     http::HeaderList headers,
-                                                                    std::chrono::milliseconds timeout) {
+                                                                    std::chrono::milliseconds timeout,
+                                                                    std::function<void()> on_sent) {
   const uint32_t server = ServerKey(port, false);  // (a worker's: on 127.0.0.1)
   for (int round = 0; round < 2; ++round) {
     bool reused = false;
@@ -265,6 +266,7 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     // A server may answer early (413) and stop reading: a failed write is
     // followed by a read, which returns that answer when there is one.
     const bool write_failed = static_cast<bool>(ec);
+    if (!write_failed && on_sent) std::exchange(on_sent, nullptr)();
     std::optional<bhttp::response_parser<bhttp::string_body>> reader;
     NewReader(&reader, std::uint64_t{1} << 32);
     if (!ec || ec == net::error::broken_pipe || ec == net::error::connection_reset) {

@@ -77,10 +77,13 @@ class ConnectionPool {
   // Closes the idle connections (before their I/O context goes away).
   void Clear();
 
-  // One request, the whole answer.
+  // One request, the whole answer. `on_sent` (when set) runs once the
+  // request is written whole, while the server works on it (at most once,
+  // and not when the request was never written).
   boost::asio::awaitable<StatusOr<http::ClientResponse>> Send(uint16_t port, std::string method, std::string target,
                                                               std::string body, http::HeaderList headers,
-                                                              std::chrono::milliseconds timeout);
+                                                              std::chrono::milliseconds timeout,
+                                                              std::function<void()> on_sent = nullptr);
   // One request whose answer is handed over as it arrives (SSE relaying):
   // `on_head` sees status and headers, `on_data` each piece of the body
   // (de-chunked); either returning false stops reading (the connection is

@@ -536,6 +536,32 @@ TEST_F(OneSyncLifecycleTest, ARunningRequestWhoseRecordWaitsForItsEndIsFoundByIt
   ASSERT_TRUE(ex->Wait());
 }
 
+// A non-streamed request's first record is written while the worker
+// computes, not on the request's way to it: with every write held, the
+// worker has the request already. Its answer waits for the record (the
+// client hears nothing the journal does not hold). A stream's record goes
+// first: its events reach the client as they come.
+TEST_F(LifecycleTest, ARequestReachesItsWorkerWhileItsRecordIsWritten) {
+  faults_->BlockWrites();
+  auto ex = Send("/v1/completions", json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump());
+  const bool reached = Eventually([&] { return primary_.calls() == 1; });
+  EXPECT_FALSE(ex->done()) << "answered before its record was written";
+  faults_->Unblock();
+  EXPECT_TRUE(reached) << "the worker got the request only once its record was written";
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+  EXPECT_EQ(Journaled(ex->header("X-Request-Id")).state, journal::State::kCompleted);
+
+  faults_->BlockWrites();
+  auto stream = Send("/v1/completions",
+                     json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}, {"stream", true}}.dump());
+  EXPECT_FALSE(Eventually([&] { return primary_.calls() == 2; }, std::chrono::milliseconds(300)))
+      << "a stream went to its worker before its record was written";
+  faults_->Unblock();
+  ASSERT_TRUE(stream->Wait());
+  EXPECT_EQ(stream->status(), 200u);
+}
+
 // A journal that cannot write: the request that finds out gets a 503 (never
 // the worker's answer); the next one is refused before it runs.
 TEST_F(LifecycleTest, AJournalThatCannotWriteRefusesNewRequests) {
@@ -545,8 +571,10 @@ TEST_F(LifecycleTest, AJournalThatCannotWriteRefusesNewRequests) {
   ASSERT_TRUE(first->Wait());
   EXPECT_EQ(first->status(), 503u) << first->body();
   EXPECT_EQ(first->body().find("primary"), std::string::npos) << "the worker's answer reached the client";
-  // Its commit was refused as it was asked: not sent (the worker generated an answer thrown away).
-  EXPECT_EQ(primary_.calls(), 0u);
+  // Its commit is asked for while the worker computes (off the request's
+  // way): the first request to find the disk full went to the worker, whose
+  // answer was thrown away. No later one goes, while the journal refuses.
+  EXPECT_LE(primary_.calls(), 1u);
   const size_t calls = primary_.calls();
   auto second = Send("/v1/completions", body);
   ASSERT_TRUE(second->Wait());
