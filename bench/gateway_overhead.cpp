@@ -11,12 +11,17 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "api/http_client.h"
 #include "bench_gateway.h"
@@ -24,6 +29,8 @@
 #include "journal/journal.h"
 #include "nginx_proxy.h"
 #include "worker_secret.h"
+
+extern char** environ;
 
 using nlohmann::json;
 using namespace spillway::bench;
@@ -121,12 +128,39 @@ struct Added {
   double gateway_p50 = 0, nginx_p50 = -1;  // microseconds over the direct call; nginx -1: not measured
   double gateway_p99 = 0;
   double gateway_cpu = 0, nginx_cpu = 0;   // microseconds of the proxy's CPU per request
+  double bare_p50 = -1, bare_cpu = 0;      // the bare Asio proxy's (-1: not measured)
 };
+
+// The bare Asio proxy (bare_proxy.cpp, beside this benchmark) in front of
+// `worker`: its pid and port, or {-1, 0} when it cannot start.
+std::pair<pid_t, uint16_t> StartBareProxy(uint16_t worker) {
+  const fs::path self = fs::read_symlink("/proc/self/exe");
+  const std::string bin = (self.parent_path() / "bare_proxy").string();
+  const uint16_t port = FreePort();
+  if (::access(bin.c_str(), X_OK) != 0 || port == 0) return {-1, 0};
+  std::vector<std::string> args = DiesWithBench({bin, std::to_string(port), std::to_string(worker)});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return {-1, 0};
+  for (int i = 0; i < 200; ++i) {  // listening?
+    if (spillway::http::Fetch("127.0.0.1", port, "GET", "/health", "", spillway::bench::WorkerAuth(),
+                              std::chrono::seconds(1)).ok()) {
+      return {pid, port};
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return {-1, 0};
+}
 
 // The gateway, its worker called directly and (when there is one) nginx in
 // front of that same worker.
 Added Measure(const std::string& label, pid_t gw_pid, uint16_t gw_port, uint16_t worker_port, pid_t nginx_pid,
               uint16_t nginx_port, int n) {
+  const auto [bare_pid, bare_port] = StartBareProxy(worker_port);
   const json direct_body = {{"prompt", "x"}, {"max_tokens", 1}, {"temperature", 0}};
   json gw_body = direct_body, stream_body = {{"prompt", "x"}, {"max_tokens", 4}, {"stream", true}};
   gw_body["model"] = "chat";
@@ -134,8 +168,10 @@ Added Measure(const std::string& label, pid_t gw_pid, uint16_t gw_port, uint16_t
   stream_body["model"] = "chat";
   Side gw{gw_port, gw_body.dump(), stream_body.dump(), {}, gw_pid};
   Side nginx{nginx_port, direct.body, direct.stream_body, {}, nginx_pid, true};  // nginx adds the worker's secret itself
+  Side bare{bare_port, direct.body, direct.stream_body, spillway::bench::WorkerAuth(), bare_pid};  // (forwards the secret)
   std::vector<Side*> sides = {&direct, &gw};
   if (nginx_port) sides.push_back(&nginx);
+  if (bare_port) sides.push_back(&bare);
   Interleave(sides, n);
   PrintRow(label, direct, gw, n);
   Added a{Pct(gw.latency, .5) - Pct(direct.latency, .5)};
@@ -145,6 +181,15 @@ Added Measure(const std::string& label, pid_t gw_pid, uint16_t gw_port, uint16_t
     PrintRow("  nginx, same worker", direct, nginx, n);
     a.nginx_p50 = Pct(nginx.latency, .5) - Pct(direct.latency, .5);
     a.nginx_cpu = nginx.cpu_ns / 1000.0 / (n + n / 4);
+  }
+  if (bare_port) {
+    PrintRow("  bare Asio proxy", direct, bare, n);
+    a.bare_p50 = Pct(bare.latency, .5) - Pct(direct.latency, .5);
+    a.bare_cpu = bare.cpu_ns / 1000.0 / (n + n / 4);
+    kill(bare_pid, SIGKILL);
+    waitpid(bare_pid, nullptr, 0);
+  } else {
+    std::printf("  (no bare_proxy beside this benchmark: its row is skipped)\n");
   }
   return a;
 }
@@ -252,6 +297,13 @@ int main(int argc, char** argv) {
                 mode.c_str(), a.gateway_p50, a.nginx_p50, ratio, a.gateway_p50 <= a.nginx_p50 ? "yes" : "no (MISSED)");
     std::printf("  CPU per request, journal %-6s: Spillway %.0f us, nginx %.0f us; Spillway/nginx %.2fx\n", mode.c_str(),
                 a.gateway_cpu, a.nginx_cpu, a.nginx_cpu > 0 ? a.gateway_cpu / a.nginx_cpu : 0.0);
+  }
+  // The floor of a hop through one Asio loop, and what the gateway's own work adds above it.
+  for (const auto& [mode, a] : added) {
+    if (a.bare_p50 < 0) continue;
+    std::printf("vs a bare Asio proxy, journal %-6s: it adds %.0f us p50 (CPU %.0f us a request); Spillway's own work "
+                "%.0f us p50 (CPU %.0f us) above it\n",
+                mode.c_str(), a.bare_p50, a.bare_cpu, a.gateway_p50 - a.bare_p50, a.gateway_cpu - a.bare_cpu);
   }
   JournalAlone(true, 200);
   JournalAlone(false, 200);
