@@ -1,6 +1,7 @@
 #include "common/proc_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -56,18 +57,34 @@ std::optional<ProcStat> ReadProcStat(int32_t pid, const std::string& proc_root) 
   return ParseProcStat(*text);
 }
 
-std::vector<std::pair<int32_t, ProcStat>> ProcessesOfGroup(int32_t pgid, const std::string& proc_root) {
+std::optional<std::vector<std::pair<int32_t, ProcStat>>> ProcessesOfGroup(int32_t pgid,
+                                                                          const std::string& proc_root) {
   std::vector<std::pair<int32_t, ProcStat>> out;
   if (pgid <= 0) return out;
   std::error_code ec;
-  for (std::filesystem::directory_iterator it(proc_root, ec), end; !ec && it != end; it.increment(ec)) {
+  std::filesystem::directory_iterator it(proc_root, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.empty() || name.size() > 9 || name.find_first_not_of("0123456789") != std::string::npos) continue;
     const auto pid = static_cast<int32_t>(std::stol(name));
     const auto f = ReadProcStat(pid, proc_root);
-    if (f && f->pgrp == pgid && f->state != 'Z') out.emplace_back(pid, *f);
+    if (!f) {
+      if (errno == ENOENT || errno == ESRCH) continue;  // ended meanwhile
+      return std::nullopt;
+    }
+    if (f->pgrp == pgid && f->state != 'Z') out.emplace_back(pid, *f);
   }
+  if (ec) return std::nullopt;
   return out;
+}
+
+std::string BootIdentity() {
+  std::optional<std::string> boot = ReadSmallFile("/proc/sys/kernel/random/boot_id");
+  struct stat ns {};
+  if (!boot || ::stat("/proc/self/ns/pid", &ns) != 0) return "";
+  while (!boot->empty() && (boot->back() == '\n' || boot->back() == ' ')) boot->pop_back();
+  if (boot->empty()) return "";
+  return *boot + ":" + std::to_string(static_cast<uint64_t>(ns.st_ino));
 }
 
 }  // namespace spillway

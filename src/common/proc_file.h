@@ -35,7 +35,14 @@ std::optional<ProcStat> ParseProcStat(const std::string& text);
 std::optional<ProcStat> ReadProcStat(int32_t pid, const std::string& proc_root = "/proc");
 
 // Every process of process group `pgid` (zombies left out), with its stat
-// fields: one walk of `proc_root`.
-std::vector<std::pair<int32_t, ProcStat>> ProcessesOfGroup(int32_t pgid, const std::string& proc_root = "/proc");
+// fields: one walk of `proc_root`. nullopt when the walk cannot tell (the
+// directory cannot be read, or a process's stat cannot for another reason
+// than its end: no descriptor left, hidepid).
+std::optional<std::vector<std::pair<int32_t, ProcStat>>> ProcessesOfGroup(int32_t pgid,
+                                                                          const std::string& proc_root = "/proc");
+
+// This boot and this pid namespace ("<boot_id>:<pid namespace inode>"): pids
+// and start times compare only within one. Empty when either cannot be read.
+std::string BootIdentity();
 
 }  // namespace spillway

@@ -268,9 +268,10 @@ StatusOr<HostReading> HostTelemetry::Read() const {
 
 StatusOr<uint64_t> HostTelemetry::GroupRss(int32_t pgid) const {
   const auto members = ProcessesOfGroup(pgid, proc_root_);
-  if (members.empty()) return Status::NotFound("no process in group " + std::to_string(pgid));
+  if (!members) return Status::Unavailable("the processes of group " + std::to_string(pgid) + " cannot be read");
+  if (members->empty()) return Status::NotFound("no process in group " + std::to_string(pgid));
   uint64_t sum = 0;
-  for (const auto& m : members) {
+  for (const auto& m : *members) {
     if (auto rss = ProcessRss(m.first); rss.ok()) sum += *rss;  // (one gone meanwhile holds nothing)
   }
   return sum;

@@ -90,7 +90,8 @@ class HostTelemetry {
   // Resident set size of a process (VmRSS), kNotFound when it is gone.
   StatusOr<uint64_t> ProcessRss(int32_t pid) const;
   // The resident sets of every process in group `pgid` together (one walk of
-  // the process tree), kNotFound when none is there.
+  // the process tree), kNotFound when none is there, kUnavailable when the
+  // walk cannot tell.
   StatusOr<uint64_t> GroupRss(int32_t pgid) const;
 
  private:

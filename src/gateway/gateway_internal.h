@@ -32,6 +32,9 @@ inline constexpr int64_t kQueueWaitMs = 60000;  // how long an accepted request 
 inline constexpr int kMaxAttempts = 3;          // attempts on worker failures, per request
 inline constexpr int64_t kMaxRequestTimeoutMs = int64_t{86400} * 1000;  // X-Request-Timeout's bound
 inline constexpr size_t kMaxUnsentBytes = 256 << 10;  // of a stream to a slow reader, before the relay pauses
+// A non-streamed request body up to this size has its first record written while the worker computes
+// (RequestLifecycle::Run); a larger one's first, so that one the journal refuses is never sent.
+inline constexpr size_t kOverlappedCommitMaxBody = 64 << 10;
 
 // How long a request with X-Request-Timeout's `deadline_ms` (unix ms; 0:
 // none) may still wait or run: at most `cap_ms`, less when its deadline

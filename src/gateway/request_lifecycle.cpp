@@ -404,13 +404,18 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
           g_.journal_.StartAttemptAsync(rec_.id, placement_, target_.decision_json, std::move(done));
         }
       };
-      // A non-streamed attempt's commit is asked for once the worker has the
-      // request, while it computes: its writing is off the request's way
+      // A small non-streamed attempt's commit is asked for once the worker has
+      // the request, while it computes: its writing is off the request's way
       // (nothing reaches the client before the commit, awaited below). A
       // stream's goes first: its events reach the client as they come. So
-      // does any commit while the journal refuses writes: such an attempt is
-      // never sent.
-      if (rec_.stream || live_->cancelled || !g_.journal_.Refusal().ok()) write_commit();
+      // does any commit while the journal refuses writes, and a large body's
+      // (one the log may never hold, refused at once): such an attempt is
+      // never sent. (The first request to find a disk full is: its answer is
+      // thrown away.)
+      if (rec_.stream || live_->cancelled || rec_.body.size() > kOverlappedCommitMaxBody ||
+          !g_.journal_.Refusal().ok()) {
+        write_commit();
+      }
     }
     // Refused at once (a log that cannot write, a record it can never hold):
     // not sent, so that no worker spends its generation on an answer that

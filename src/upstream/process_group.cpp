@@ -42,17 +42,18 @@ int OpenPidfd(const WorkerPid& p) {
 
 }  // namespace
 
-std::vector<pid_t> OrphanedGroup(const WorkerPid& leader) {
-  if (leader.pid <= 1) return {};
+std::optional<std::vector<pid_t>> OrphanedGroup(const WorkerPid& leader) {
+  if (leader.pid <= 1 || leader.session <= 0) return std::vector<pid_t>{};
   if (const auto own = ReadProcStat(leader.pid)) {
-    if (own->state != 'Z' || own->start_time != leader.start_time) return {};  // not ended, or not the leader
+    if (own->state != 'Z' || own->start_time != leader.start_time) return std::vector<pid_t>{};  // not ended, or not it
   } else if (errno != ENOENT && errno != ESRCH) {
-    return {};  // (no descriptor left, hidepid: nothing can be told)
+    return std::nullopt;
   }
+  const auto members = ProcessesOfGroup(leader.pid);
+  if (!members) return std::nullopt;
   std::vector<pid_t> left;
-  for (const auto& [pid, f] : ProcessesOfGroup(leader.pid)) {
-    if (f.start_time < leader.start_time || (leader.session != 0 && f.session != leader.session)) continue;
-    left.push_back(pid);
+  for (const auto& [pid, f] : *members) {
+    if (f.start_time >= leader.start_time && f.session == leader.session) left.push_back(pid);
   }
   return left;
 }
@@ -60,7 +61,10 @@ std::vector<pid_t> OrphanedGroup(const WorkerPid& leader) {
 bool Ended(const WorkerPid& p, int* status) {
   *status = -1;
   if (p.pid <= 0) return true;
-  if (p.leader_gone) return OrphanedGroup(p).empty();
+  if (p.leader_gone) {  // (one that /proc cannot tell about has not ended)
+    const auto left = OrphanedGroup(p);
+    return left && left->empty();
+  }
   if (p.child) {
     siginfo_t info{};
     if (waitid(P_PID, static_cast<id_t>(p.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
@@ -139,7 +143,7 @@ bool WaitEnded(const WorkerPid& p, Clock::time_point deadline) {
 
 void SignalGroup(const WorkerPid& p, int sig) {
   if (p.leader_gone) {  // while they are there, the group's id is theirs (see OrphanedGroup)
-    if (!OrphanedGroup(p).empty()) ::kill(-p.pid, sig);
+    if (const auto left = OrphanedGroup(p); left && !left->empty()) ::kill(-p.pid, sig);
     return;
   }
   int status = 0;

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,17 +27,19 @@ struct WorkerPid {
   // with the gateway that started it): judged and signalled through those
   // (OrphanedGroup), whose group id no new group can take while they hold it.
   bool leader_gone = false;
-  pid_t session = 0;  // (leader_gone) the session they must be in; 0: any
+  pid_t session = 0;  // (leader_gone) the session they must be in (0: none is theirs)
 };
 
 // The processes left in `leader`'s group once its leader has ended: those
-// whose process group is `leader.pid`, of `leader.session` (0: any), started
-// no earlier than the leader, zombies left out. Empty while the leader's pid
+// whose process group is `leader.pid`, in `leader.session`, started no
+// earlier than the leader, zombies left out. Empty while the leader's pid
 // names a live process (the leader itself, whose group is stopped through
 // it, or another process, whose pid could not have been handed out while
 // the leader's group was there, so that group is not the leader's), and
-// when /proc cannot tell.
-std::vector<pid_t> OrphanedGroup(const WorkerPid& leader);
+// without a session to match (a record written before it was recorded).
+// nullopt when /proc cannot tell (no descriptor left, hidepid): such a group
+// is neither taken for ended nor signalled.
+std::optional<std::vector<pid_t>> OrphanedGroup(const WorkerPid& leader);
 
 // Whether it has ended. A child is reaped, and what is left of its group
 // killed first; `*status` gets its wait status (-1 for an adopted process,

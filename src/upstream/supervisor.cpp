@@ -553,7 +553,8 @@ void Supervisor::Round() {
         if (w.spec.on_demand && w.view.state == WorkerState::kReady) idle_candidates.push_back(k);
         if ((w.view.state == WorkerState::kStarting || w.view.state == WorkerState::kReady) && w.view.pid > 0 &&
             now >= w.next_rss_ms) {
-          w.next_rss_ms = now + kRssPeriodMs;
+          // (An external server's group is a walk of all /proc: once every few seconds.)
+          w.next_rss_ms = now + (w.spec.external() ? kGroupRssPeriodMs : kRssPeriodMs);
           rss_due.emplace_back(k, w.view.pid, w.spec.external());
         }
         if (w.view.state == WorkerState::kReady && now >= w.next_health_ms) {

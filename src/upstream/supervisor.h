@@ -218,6 +218,7 @@ class Supervisor : public Workers {
   static constexpr int64_t kHealthPeriodMs = 500;
   static constexpr int64_t kInfoPeriodMs = 1000;
   static constexpr int64_t kRssPeriodMs = 100;  // WorkerView::rss_bytes
+  static constexpr int64_t kGroupRssPeriodMs = 2000;  // an external server's: its whole process group
   static constexpr int64_t kStartProbePeriodMs = 200;  // an external server's health path while it starts
   WorkerPid Process(const Worker& w) const { return {w.view.pid, w.start_time, !w.view.adopted}; }
   // Whether nothing killed before still holds `w`'s memory (w.dying ended,

@@ -24,6 +24,7 @@
 #include "api/http_client.h"
 #include "common/json_log.h"
 #include "common/private_files.h"
+#include "common/proc_file.h"
 #include "common/survive.h"
 #include "devices/sim_ledger.h"
 #include "protocol/worker_protocol.h"
@@ -45,7 +46,7 @@ WorkerPid LeaderGone(const WorkerRecord& r) {
   return {r.pid, r.start_time, /*child=*/false, /*leader_gone=*/true, r.session};
 }
 
-// What stops a recorded process: its group through it, or through what it left there.
+// A recorded process as it is stopped or waited out: its group through it, or through what it left there.
 WorkerPid ToStop(const WorkerRecord& r, const AdoptDecision& d) {
   return d.leader_gone ? LeaderGone(r) : WorkerPid{r.pid, r.start_time, /*child=*/false};
 }
@@ -104,6 +105,7 @@ void Supervisor::WriteRecord(const Worker& w) {
                  protocol::kWorkerProtocolVersion, w.spec.external(), w.spec.stop_signal};
   if (const auto dir = FolderIdentity(run_dir_)) std::tie(r.dir_dev, r.dir_ino) = *dir;
   if (const pid_t sid = ::getsid(w.view.pid); sid > 0) r.session = sid;
+  r.boot = BootIdentity();
   if (Status st = WritePrivateFileAtomically(RecordPath(run_dir_, w.spec.key), RecordToJson(r)); !st.ok()) {
     std::fprintf(stderr, "spillway: worker %s will not be adopted after a crash: %s\n", w.spec.key.c_str(),
                  st.message().c_str());
@@ -153,9 +155,14 @@ AdoptDecision Supervisor::Judge(WorkerRecord& record, const std::optional<std::s
                             : std::nullopt;
     if (answer) info = WorkerInfoFacts{answer->protocol_version, static_cast<pid_t>(answer->pid)};
   }
-  // Gone: what it may have left in its group (a wrapper's server) is looked for.
-  const size_t orphans =
-      process == devices::Liveness::kGone ? OrphanedGroup(LeaderGone(record)).size() : size_t{0};
+  // Gone: what it may have left in its group (a wrapper's server) is looked
+  // for, in the boot and pid namespace it was recorded in (elsewhere its pid
+  // and start time name nothing of it).
+  std::optional<size_t> orphans = 0;
+  if (process == devices::Liveness::kGone && !record.boot.empty() && record.boot == BootIdentity()) {
+    const auto left = OrphanedGroup(LeaderGone(record));
+    orphans = left ? std::optional<size_t>(left->size()) : std::nullopt;
+  }
   return DecideAdoption(record, configured_hash, protocol::kWorkerProtocolVersion, process, info, external, orphans);
 }
 
@@ -292,7 +299,7 @@ void Supervisor::AdoptOrStop(const RecordFile& f, std::set<pid_t>* adopted, std:
     case AdoptAction::kWait:
       LogEvent("worker.previous_unknown", nlohmann::json{{"worker", rec.key}, {"pid", rec.pid}, {"reason", d.reason}}.dump(),
                "spillway: worker " + rec.key + " of the previous gateway: " + d.reason);
-      WaitOutPrevious(rec.key, {rec.pid, rec.start_time, /*child=*/false}, "the previous gateway's worker: " + d.reason);
+      WaitOutPrevious(rec.key, ToStop(rec, d), "the previous gateway's worker: " + d.reason);
       return;
     case AdoptAction::kAdopt:
       break;

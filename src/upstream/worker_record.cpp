@@ -37,7 +37,8 @@ std::string RecordToJson(const WorkerRecord& r) {
               {"stop_signal", r.stop_signal},
               {"dir_dev", r.dir_dev},
               {"dir_ino", r.dir_ino},
-              {"session", r.session}}
+              {"session", r.session},
+              {"boot", r.boot}}
              .dump() +
          "\n";
 }
@@ -89,6 +90,10 @@ StatusOr<WorkerRecord> ParseWorkerRecord(std::string_view text) {
     }
     r.session = static_cast<pid_t>(j["session"].get<int64_t>());
   }
+  if (j.contains("boot")) {
+    if (!j["boot"].is_string() || j["boot"].get<std::string>().size() > 128) return bad("boot");
+    r.boot = j["boot"].get<std::string>();
+  }
   return r;
 }
 
@@ -137,7 +142,8 @@ const char* AdoptActionName(AdoptAction a) {
 
 AdoptDecision DecideAdoption(const WorkerRecord& record, const std::optional<std::string>& configured_hash,
                              int protocol_version, devices::Liveness process,
-                             const std::optional<WorkerInfoFacts>& info, bool external, size_t orphans) {
+                             const std::optional<WorkerInfoFacts>& info, bool external,
+                             std::optional<size_t> orphans) {
   const std::string pid = "pid " + std::to_string(record.pid);
   // First: is it ours at all? A pid that now names another process must never be signalled.
   if (process == devices::Liveness::kUnknown) {
@@ -146,9 +152,15 @@ AdoptDecision DecideAdoption(const WorkerRecord& record, const std::optional<std
                                       "recorded cannot be told: it is not signalled, and no worker starts beside it "
                                       "until it has ended"};
   }
-  if (process == devices::Liveness::kGone && orphans > 0) {
+  if (process == devices::Liveness::kGone && !orphans) {
+    return {AdoptAction::kWait,
+            pid + " has ended, and whether processes it started live on in its group cannot be told (/proc cannot "
+                  "be read): they are not signalled, and no worker starts beside them until that can be told",
+            /*leader_gone=*/true};
+  }
+  if (process == devices::Liveness::kGone && *orphans > 0) {
     return {AdoptAction::kStop,
-            pid + " has ended, but " + std::to_string(orphans) + (orphans == 1 ? " process" : " processes") +
+            pid + " has ended, but " + std::to_string(*orphans) + (*orphans == 1 ? " process" : " processes") +
                 " it started in its group outlived it (a wrapper that does not exec its server): stopped, so that "
                 "nothing of it runs beside what starts anew",
             /*leader_gone=*/true};

@@ -49,6 +49,10 @@ struct WorkerRecord {
   // before). Processes an external server left in its group after it ended
   // are stopped only in this session (OrphanedGroup).
   pid_t session = 0;
+  // The boot and pid namespace it was recorded in (BootIdentity(); empty in
+  // records written before): what its group left is looked for only in the
+  // same, where its pid and start time mean the same process.
+  std::string boot;
 };
 
 std::string RecordToJson(const WorkerRecord& r);
@@ -105,9 +109,11 @@ struct AdoptDecision {
 // `orphans`: with `process` kGone, how many processes it started live on in
 // its group (OrphanedGroup): they are stopped (its server, which a wrapper
 // script started and which outlived it, would run beside the one started
-// anew, with its memory), the record forgotten only once none is left.
+// anew, with its memory), the record forgotten only once none is left;
+// nullopt when /proc cannot tell: waited out, as a process it cannot tell about.
 AdoptDecision DecideAdoption(const WorkerRecord& record, const std::optional<std::string>& configured_hash,
                              int protocol_version, devices::Liveness process,
-                             const std::optional<WorkerInfoFacts>& info, bool external = false, size_t orphans = 0);
+                             const std::optional<WorkerInfoFacts>& info, bool external = false,
+                             std::optional<size_t> orphans = 0);
 
 }  // namespace spillway::upstream

@@ -63,9 +63,10 @@ struct WorkerView {
   // pages read a cache instead of asking each worker; null until fetched.
   std::shared_ptr<const std::string> info;
   int64_t info_ms = 0;  // clock time it was fetched
-  // Its process's resident set, sampled by the supervisor every
-  // kRssPeriodMs while it starts or runs (0: not sampled yet, or no process
-  // of its own), so that admission reads no procfs file under its lock.
+  // Its process's resident set (an external server's: its process group's),
+  // sampled by the supervisor every kRssPeriodMs (kGroupRssPeriodMs) while it
+  // starts or runs (0: not sampled yet, or no process of its own), so that
+  // admission reads no procfs file under its lock.
   uint64_t rss_bytes = 0;
 };
 

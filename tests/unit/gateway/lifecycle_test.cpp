@@ -560,6 +560,16 @@ TEST_F(LifecycleTest, ARequestReachesItsWorkerWhileItsRecordIsWritten) {
   faults_->Unblock();
   ASSERT_TRUE(stream->Wait());
   EXPECT_EQ(stream->status(), 200u);
+
+  // A large body's record goes first too (one the log could never hold is refused before it is sent).
+  faults_->BlockWrites();
+  auto large = Send("/v1/completions",
+                    json{{"model", "chat"}, {"prompt", std::string(100'000, 'x')}, {"max_tokens", 8}}.dump());
+  EXPECT_FALSE(Eventually([&] { return primary_.calls() == 3; }, std::chrono::milliseconds(300)))
+      << "a large body went to its worker before its record was written";
+  faults_->Unblock();
+  ASSERT_TRUE(large->Wait());
+  EXPECT_EQ(large->status(), 200u) << large->body();
 }
 
 // A journal that cannot write: the request that finds out gets a 503 (never
