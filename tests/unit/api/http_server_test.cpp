@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "api/http_client.h"
 
@@ -41,10 +42,14 @@ class ServerFixture : public ::testing::Test {
       }
       if (t == "/stream") {
         ex->StartStream(MakeResponse(200, "", "text/event-stream"));
-        std::thread([ex] {
+        // Joined at TearDown: detached, it could drop the last reference to
+        // its session after the test's I/O context was gone (a crash in the
+        // next test, seen under load).
+        std::lock_guard<std::mutex> lk(writers_mu_);
+        writers_.emplace_back([ex] {
           for (int i = 0; i < 3; ++i) ex->Write("data: " + std::to_string(i) + "\n\n");
           ex->End();
-        }).detach();
+        });
         return;
       }
       if (t == "/stream-here") {  // a stream written whole by the handler itself
@@ -85,6 +90,10 @@ class ServerFixture : public ::testing::Test {
     thread_ = std::thread([this] { ioc_.run(); });
   }
   void TearDown() override {
+    {
+      std::lock_guard<std::mutex> lk(writers_mu_);
+      for (auto& w : writers_) w.join();
+    }
     held_.reset();
     late_.reset();
     server_->Stop();
@@ -98,6 +107,8 @@ class ServerFixture : public ::testing::Test {
   std::shared_ptr<Exchange> held_;
   std::shared_ptr<Exchange> late_;  // an exchange answered already
   std::atomic<bool> disconnected_{false};
+  std::mutex writers_mu_;
+  std::vector<std::thread> writers_;  // threads writing a /stream
 };
 
 // `spillway status --url http://[::1]:8480` sent "Host: ::1:8480", which
