@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "api/http_client.h"
+#include "common/proc_file.h"
 
 extern char** environ;
 
@@ -45,17 +46,6 @@ double TasksCpuNs(pid_t pid) {
   return ns;
 }
 
-pid_t ParentOf(const fs::path& proc_dir) {
-  std::ifstream f(proc_dir / "stat");
-  std::string line;
-  std::getline(f, line);
-  const auto close = line.rfind(')');  // the name may hold spaces
-  if (close == std::string::npos) return -1;
-  char state = 0;
-  int ppid = -1;
-  return std::sscanf(line.c_str() + close + 1, " %c %d", &state, &ppid) == 2 ? ppid : -1;
-}
-
 }  // namespace
 
 double CpuNs(pid_t pid, bool children) {
@@ -65,7 +55,8 @@ double CpuNs(pid_t pid, bool children) {
   for (const auto& e : fs::directory_iterator("/proc", ec)) {
     const std::string name = e.path().filename();
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (ParentOf(e.path()) == pid) ns += TasksCpuNs(std::stoi(name));
+    const pid_t child = std::stoi(name);
+    if (const auto stat = ReadProcStat(child); stat && stat->ppid == pid) ns += TasksCpuNs(child);
   }
   return ns;
 }

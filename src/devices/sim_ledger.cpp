@@ -16,7 +16,6 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
-#include <sstream>
 
 #include "common/private_files.h"
 #include "common/proc_file.h"
@@ -115,18 +114,9 @@ uint64_t UnixMillis() {
           .count());
 }
 
-namespace {
-
-// Field 22 (starttime) of a /proc/<pid>/stat text; 0 when it has none.
-uint64_t StartTimeOf(const std::string& s) {
-  const auto f = ParseProcStat(s);
-  return f ? f->start_time : 0;
-}
-
-}  // namespace
-
 uint64_t ProcessStartTime(int32_t pid) {
-  return StartTimeOf(ReadSmallFile("/proc/" + std::to_string(pid) + "/stat").value_or(""));
+  const auto f = ReadProcStat(pid);
+  return f ? f->start_time : 0;
 }
 
 Liveness ProcessLiveness(int32_t pid, uint64_t start_time) {
@@ -141,11 +131,9 @@ Liveness ProcessLiveness(int32_t pid, uint64_t start_time) {
     // alive as kill() said, unless a start time is there to compare.
     return start_time == 0 ? Liveness::kAlive : Liveness::kUnknown;
   }
-  const std::string& s = *stat;
-  auto close = s.rfind(')');
-  if (close != std::string::npos && close + 2 < s.size() && s[close + 2] == 'Z') return Liveness::kGone;
-  // (The text read above: one read, one process.)
-  return start_time == 0 || StartTimeOf(s) == start_time ? Liveness::kAlive : Liveness::kGone;
+  const std::optional<ProcStat> f = ParseProcStat(*stat);  // (the text read above: one read, one process)
+  if (f && f->state == 'Z') return Liveness::kGone;
+  return start_time == 0 || (f ? f->start_time : 0) == start_time ? Liveness::kAlive : Liveness::kGone;
 }
 
 bool ProcessAlive(int32_t pid, uint64_t start_time) { return ProcessLiveness(pid, start_time) == Liveness::kAlive; }

@@ -279,8 +279,9 @@ StatusOr<uint64_t> HostTelemetry::GroupRss(int32_t pgid) const {
 
 uint64_t DeviceReading::BytesOfGroup(int32_t pgid) const {
   uint64_t bytes = 0;
+  if (pgid <= 0) return bytes;
   for (const auto& p : processes) {
-    if (pgid <= 0 || p.pid <= 0) continue;
+    if (p.pid <= 0) continue;
     if (p.pid == pgid) {
       bytes += p.bytes;
     } else if (const auto f = ReadProcStat(p.pid); f && f->pgrp == pgid) {

@@ -33,15 +33,10 @@ struct DeviceReading {
   uint64_t total = 0;
   uint64_t free = 0;
   std::vector<ProcessMemory> processes;
-  // What process `pid` holds on the device (all its entries); 0 for pid <= 0.
-  uint64_t BytesOf(int32_t pid) const {
-    uint64_t bytes = 0;
-    for (const auto& p : processes) bytes += pid > 0 && p.pid == pid ? p.bytes : 0;
-    return bytes;
-  }
-  // What process group `pgid` holds: its leader's entries and those of every
-  // process in its group (an external server's, whose memory may be its
-  // children's: a wrapper script's server, a server's runner processes).
+  // What process group `pgid` holds (0 for pgid <= 0): its leader's entries
+  // and those of every process in its group (an external server's, whose
+  // memory may be its children's: a wrapper script's server, a server's
+  // runner processes; a worker has none).
   uint64_t BytesOfGroup(int32_t pgid) const;
 };
 

@@ -319,6 +319,21 @@ pid_t SpawnSleeper(bool deaf = false) {
   return pid;
 }
 
+// Whether child `pid` (a SpawnSleeper) ends within `within`: a kill takes
+// effect when the process next runs, so one is looked for a while, not once.
+// It is reaped either way (killed with its group first when it ran on).
+bool EndsWithin(pid_t pid, std::chrono::milliseconds within) {
+  int status = 0;
+  const auto until = std::chrono::steady_clock::now() + within;
+  while (std::chrono::steady_clock::now() < until) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  kill(-pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return false;
+}
+
 // A recorded process is this placement's worker when its command line names
 // the key's port file in this state directory (however the directory is
 // spelled); one exiting, with no command line left, may be: taken for
@@ -354,16 +369,8 @@ TEST(ProcessGroupTest, AnotherStartTimeIsAnotherProcessAndIsNotSignalled) {
   int status = 0;
   EXPECT_TRUE(Ended(stranger, &status));
   EXPECT_TRUE(StopGroup(stranger, 0));
-  bool killed = false;  // (a kill takes effect when the process next runs: looked for a while)
-  for (int i = 0; i < 150 && !killed; ++i) {
-    killed = waitpid(pid, &status, WNOHANG) == pid;
-    if (!killed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  EXPECT_FALSE(killed) << "a process with the recorded pid but another start time was signalled";
-  if (!killed) {
-    kill(-pid, SIGKILL);
-    waitpid(pid, &status, 0);
-  }
+  EXPECT_FALSE(EndsWithin(pid, std::chrono::milliseconds(150)))
+      << "a process with the recorded pid but another start time was signalled";
 }
 
 // With no file descriptor left (a connection surge), /proc cannot be read:
@@ -484,16 +491,7 @@ TEST(ProcessGroupTest, WhatAnEndedLeaderLeftInItsGroupIsFoundAndStopped) {
   const WorkerPid not_gone{live, devices::ProcessStartTime(live) + 1, false, true, ::getsid(0)};
   EXPECT_EQ(OrphanedGroup(not_gone), none);
   SignalGroup(not_gone, SIGKILL);
-  bool killed = false;  // (a kill takes effect when the process next runs: looked for a while)
-  for (int i = 0; i < 150 && !killed; ++i) {
-    killed = waitpid(live, &status, WNOHANG) == live;
-    if (!killed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  EXPECT_FALSE(killed) << "signalled";
-  if (!killed) {
-    kill(-live, SIGKILL);
-    waitpid(live, &status, 0);
-  }
+  EXPECT_FALSE(EndsWithin(live, std::chrono::milliseconds(150))) << "signalled";
 }
 
 TEST(ProcessGroupTest, AChildIsReapedWithItsStatus) {
