@@ -393,13 +393,11 @@ int Serve(const ServeArgs& a) {
       loops);
   if (Status st = server.Listen(cfg.listen_host, cfg.listen_port); !st.ok()) {
     std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());
-    supervisor.Stop();
-    return 1;
+    return 1;  // (the supervisor stops with stop_supervisor)
   }
   if (!a.port_file.empty()) {
     if (Status st = WritePrivateFileAtomically(a.port_file, std::to_string(server.port()) + "\n"); !st.ok()) {
       std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());
-      supervisor.Stop();
       return 1;
     }
   }
