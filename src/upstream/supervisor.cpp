@@ -211,8 +211,15 @@ void Supervisor::Spawn(Worker& w) {
   // Its signals as a fresh process's: the gateway ignores SIGPIPE, and one
   // started with `&` from a script ignores SIGINT and SIGQUIT, which an
   // external server (restarted by the gateway) inherited.
-  ResetSignalsOnSpawn(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
+  //
+  // Its own session, so its own process group too (setsid): its group id and
+  // its session id are its pid, which every pid namespace it is seen from
+  // can read. What it leaves in its group is told by both (OrphanedGroup).
+  // The gateway's session could not serve: where the gateway runs in a pid
+  // namespace whose session leader is outside it (a container, a CI
+  // sandbox), its session reads as 0, and a wrapper's server was left
+  // running. No terminal's hangup or job control reaches it either.
+  ResetSignalsOnSpawn(&attr, POSIX_SPAWN_SETSID);
   // An external server is not ours to trust with the workers' secret.
   std::vector<std::string> env = WorkerEnvironment(w.spec.external() ? "" : secret_);
   std::vector<char*> envp;

@@ -2,10 +2,10 @@
 // health-checks them every 0.5 s, restarts a dead or unresponsive worker with backoff
 // without touching the others, and stops them all on shutdown.
 //
-// Each worker runs in its own process group (posix_spawn, SETPGROUP), binds
-// port 0 and writes its port to <state_dir>/run/<key>.port; its stdout/stderr
-// are appended to <state_dir>/logs/<key>.log (mode 0600, never through a
-// symbolic link).
+// Each worker runs in its own session and process group (posix_spawn,
+// SETSID), binds port 0 and writes its port to <state_dir>/run/<key>.port;
+// its stdout/stderr are appended to <state_dir>/logs/<key>.log (mode 0600,
+// never through a symbolic link).
 //
 // What survives a crash of the gateway. Workers are not tied to the gateway
 // (no parent-death signal): a gateway killed with -9 leaves them serving, and

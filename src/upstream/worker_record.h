@@ -46,8 +46,9 @@ struct WorkerRecord {
   // original's external servers (judged by pid and start time alone).
   uint64_t dir_dev = 0, dir_ino = 0;
   // Its session when it was recorded (0: not recorded, in records written
-  // before). Processes an external server left in its group after it ended
-  // are stopped only in this session (OrphanedGroup).
+  // before; its own pid since workers lead their own session). Processes an
+  // external server left in its group after it ended are stopped only in
+  // this session (OrphanedGroup).
   pid_t session = 0;
   // The boot and pid namespace it was recorded in (BootIdentity(); empty in
   // records written before): what its group left is looked for only in the

@@ -453,15 +453,20 @@ TEST(ProcessGroupTest, WhatAnEndedLeaderLeftInItsGroupIsFoundAndStopped) {
   std::filesystem::remove(pid_file);
   const pid_t pid = fork();
   if (pid == 0) {
-    setpgid(0, 0);
+    setsid();  // as the supervisor spawns it: its own session and group
     const std::string script = "sleep 30 & echo $! > " + pid_file + "; sleep 0.2; exit 3";
     execlp("sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
-  setpgid(pid, pid);
   const uint64_t started = devices::ProcessStartTime(pid);
   ASSERT_NE(started, 0u);
-  const WorkerPid leader{pid, started, /*child=*/false, /*leader_gone=*/true, ::getsid(0)};
+  pid_t session = 0;  // (once its setsid has run)
+  for (int i = 0; i < 2000 && session != pid; ++i) {
+    session = ::getsid(pid);
+    if (session != pid) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(session, pid);
+  const WorkerPid leader{pid, started, /*child=*/false, /*leader_gone=*/true, session};
   const std::optional<std::vector<pid_t>> none = std::vector<pid_t>{};
   EXPECT_EQ(OrphanedGroup(leader), none) << "while the leader runs, nothing is orphaned";
   int status = 0;
@@ -474,7 +479,7 @@ TEST(ProcessGroupTest, WhatAnEndedLeaderLeftInItsGroupIsFoundAndStopped) {
   ASSERT_GT(left, 0);
   EXPECT_EQ(OrphanedGroup(leader), std::optional<std::vector<pid_t>>(std::vector<pid_t>{left}));
   WorkerPid elsewhere = leader;
-  elsewhere.session = ::getsid(0) + 1;
+  elsewhere.session = session + 1;
   EXPECT_EQ(OrphanedGroup(elsewhere), none) << "another session's group is not its";
   elsewhere.session = 0;
   EXPECT_EQ(OrphanedGroup(elsewhere), none) << "without a recorded session, no group is its";
