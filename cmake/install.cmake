@@ -2,6 +2,7 @@
 #
 #   bin/spillway                               the CLI and gateway (RUNPATH $ORIGIN/../lib/spillway)
 #   lib/spillway/spillway-worker               found by the gateway there (cli/serve_config.h)
+#   lib/spillway/spillway-tie                  external servers start through it (upstream/tie_main.cpp)
 #   lib/spillway/lib{llama,ggml,...}.so*       llama.cpp's libraries and backend modules (RUNPATH $ORIGIN)
 #   lib/spillway/libggml-sim.so                the simulated accelerator's module
 #   lib/systemd/system/spillway.service        the unit, with this prefix written in at install time
@@ -27,7 +28,7 @@ install(CODE [[
 set_target_properties(spillway PROPERTIES INSTALL_RPATH "$ORIGIN/../${_pkglib}")
 set_target_properties(spillway-worker ggml-sim PROPERTIES INSTALL_RPATH "$ORIGIN")
 install(TARGETS spillway RUNTIME DESTINATION bin)
-install(TARGETS spillway-worker RUNTIME DESTINATION "${_pkglib}")
+install(TARGETS spillway-worker spillway-tie RUNTIME DESTINATION "${_pkglib}")
 install(TARGETS ggml-sim LIBRARY DESTINATION "${_pkglib}")
 
 # llama.cpp's runtime from its cache prefix (symbolic links kept): what the

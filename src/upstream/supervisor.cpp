@@ -153,13 +153,33 @@ std::vector<std::string> Supervisor::Argv(Worker& w, const std::string& port_fil
     // Its port is chosen here and known at once; ready is what its health path says.
     w.view.port = FreeLoopbackPort();
     std::vector<std::string> args;
-    // Never adopted (a later gateway stops it), so tied to this one: it gets
-    // its stop signal when the supervisor's thread ends, the gateway killed
-    // with -9 included, through util-linux's setpriv (the same pid). Else it
-    // held its device memory until some later gateway came.
+    // Never adopted (a later gateway stops it), so tied to this one: its
+    // whole group gets its stop signal when the gateway dies, killed with -9
+    // included, through spillway-tie beside the worker binary (it leads the
+    // group; a wrapper script that does not exec its server left the server
+    // running with util-linux's setpriv, which ties only the process it
+    // execs: setpriv is what stands in where spillway-tie is missing). Else
+    // it held its device memory until some later gateway came.
+    // (spillway-tie first: it reads the gateway's death from its parent.)
+    const fs::path worker_dir = fs::path(binary_).parent_path();
+    const std::string tie = worker_dir.empty() ? "" : (fs::absolute(worker_dir) / "spillway-tie").string();
     static const bool setpriv = ::access("/usr/bin/setpriv", X_OK) == 0;
-    if (const char* name = sigabbrev_np(w.spec.stop_signal); setpriv && name) args = {"/usr/bin/setpriv", "--pdeathsig", name};
-    // Niceness before its first instruction (and so for every thread it starts): through coreutils' nice.
+    if (!tie.empty() && ::access(tie.c_str(), X_OK) == 0) {
+      args = {tie, std::to_string(::getpid()), std::to_string(w.spec.stop_signal), "--"};
+    } else {
+      static std::once_flag said;
+      std::call_once(said, [&] {
+        std::fprintf(stderr,
+                     "spillway: no spillway-tie beside the worker binary (%s): external servers are tied to the "
+                     "gateway %s, not what they start (a wrapper script's server outlives a gateway killed with -9)\n",
+                     binary_.c_str(), setpriv ? "by util-linux's setpriv" : "by nothing (no setpriv either)");
+      });
+      if (const char* name = sigabbrev_np(w.spec.stop_signal); setpriv && name) {
+        args = {"/usr/bin/setpriv", "--pdeathsig", name};
+      }
+    }
+    // Niceness before its first instruction (and so for every thread and
+    // process it starts): through coreutils' nice, which execs the rest.
     if (const int more = NicenessIncrement(w.spec.nice); more > 0) args.insert(args.end(), {"nice", "-n", std::to_string(more)});
     for (const auto& a : w.spec.command) args.push_back(Expand(a, "${PORT}", std::to_string(w.view.port)));
     return args;

@@ -103,8 +103,10 @@ struct WorkerSpec {
   // `command` is its whole argv (found on $PATH), ${PORT} replaced by a free
   // loopback port chosen at each start; it is ready, and healthy, while GET
   // `health_path` answers 200; `stop_signal` stops it. It gets no worker
-  // secret and has no /info. Left behind by a crashed gateway, it is stopped
-  // (not adopted) by the next one.
+  // secret and has no /info. It runs under spillway-tie (upstream/tie_main.cpp,
+  // beside the worker binary), which leads its group and stops the whole
+  // group when the gateway dies. Left behind anyway (that leader killed
+  // too), it is stopped (not adopted) by the next gateway.
   std::vector<std::string> command;
   std::string health_path = "/health";
   int stop_signal = 15;  // SIGTERM

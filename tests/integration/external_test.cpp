@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <memory>
@@ -33,6 +34,22 @@ namespace {
 
 using json = nlohmann::json;
 using namespace std::chrono_literals;
+
+// The process whose parent is `parent` (the first found), 0 when none.
+pid_t ChildOf(pid_t parent) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = ReadTextFile("/proc/" + name + "/stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    if (rest >> state >> ppid && ppid == parent) return static_cast<pid_t>(std::stol(name));
+  }
+  return 0;
+}
 
 std::string FakeUpstream() { return EnvOr("FAKE_UPSTREAM"); }
 
@@ -285,16 +302,20 @@ TEST_F(ExternalTest, OnDemandStartsWithItsFirstRequestAndStopsWhenIdle) {
   st = ExternalStatus(g->port(), "fake");
   EXPECT_EQ(st["starts"], 1);
   EXPECT_GE(st["measured_load_s"].get<double>(), 0.3) << "ready once its health path answered";
-  // A background service's server runs at niceness 19 (started through coreutils' nice: the same pid).
-  const int pid = st.value("pid", 0);
-  ASSERT_GT(pid, 0) << st.dump();
+  // A background service's server runs at niceness 19 (started through
+  // coreutils' nice, which execs it: spillway-tie's child).
+  const int leader = st.value("pid", 0);
+  ASSERT_GT(leader, 0) << st.dump();
+  const pid_t pid = ChildOf(leader);
+  ASSERT_GT(pid, 0) << "no server under " << leader;
   std::istringstream stat(ReadTextFile("/proc/" + std::to_string(pid) + "/stat"));
   std::string field;
   std::getline(stat, field, ')');
   for (int i = 3; i <= 19 && stat >> field; ++i) {
   }
   EXPECT_EQ(std::atoi(field.c_str()), 19);
-  EXPECT_NE(ReadTextFile("/proc/" + std::to_string(pid) + "/cmdline").find("fake"), std::string::npos);
+  EXPECT_NE(ReadTextFile("/proc/" + std::to_string(pid) + "/cmdline").find("fake-upstream"), std::string::npos);
+  EXPECT_EQ(ReadTextFile("/proc/" + std::to_string(pid) + "/cmdline").find("spillway-tie"), std::string::npos);
   // Idle past keep_alive_s: stopped; the next request starts it again.
   for (int i = 0; i < 100 && st["state"] != "stopped"; ++i) {
     std::this_thread::sleep_for(100ms);
@@ -310,7 +331,6 @@ TEST_F(ExternalTest, OnDemandStartsWithItsFirstRequestAndStopsWhenIdle) {
 // it goes with its gateway, one killed with -9 too: it held its device
 // memory until some later gateway came, or for good.
 TEST_F(ExternalTest, AServerSpillwayStartedEndsWithAGatewayKilledWithoutWarning) {
-  if (::access("/usr/bin/setpriv", X_OK) != 0) GTEST_SKIP() << "no util-linux setpriv here (the supervisor goes without)";
   auto g = Start(TestConfig(2, FakeService("fake", log_)));
   ASSERT_EQ(Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake"})").status, 200);
   const int pid = ExternalStatus(g->port(), "fake").value("pid", 0);
@@ -325,48 +345,90 @@ TEST_F(ExternalTest, AServerSpillwayStartedEndsWithAGatewayKilledWithoutWarning)
   EXPECT_TRUE(gone) << "the external server (pid " << pid << ") outlived its gateway";
 }
 
-// A server started through a wrapper script that does not exec it: killed
-// with the gateway, the wrapper ends and the server runs on in its group.
-// The next gateway saw the wrapper gone, forgot it, and started a second
-// server beside the first, which kept its memory and port for good. It now
-// stops what the wrapper left in its group before it starts the server anew.
-TEST_F(ExternalTest, WhatAWrapperLeftRunningIsStoppedByTheNextGateway) {
-  const std::string script = dir_ + "/wrap.sh";
+// A wrapper script (one whose server it starts without exec) and what it
+// starts live in one process group, led by spillway-tie. Written once for
+// the tests below: the server's pid goes to `servers`.
+std::string WrapperConfig(const std::string& dir, const std::string& log) {
+  const std::string script = dir + "/wrap.sh";
   {
     std::ofstream f(script);
-    f << "#!/bin/sh\n\"$@\" &\necho $! >> " << dir_ << "/servers\nwait\n";
+    f << "#!/bin/sh\n\"$@\" &\necho $! >> " << dir << "/servers\nwait\n";
   }
   std::filesystem::permissions(script, std::filesystem::perms::owner_all);
-  const std::string config = TestConfig(2, "[[service]]\nname = \"fake\"\nkind = \"external\"\ncommand = \"" + script +
-                                               " " + FakeUpstream() + " --port ${PORT} --log " + log_ +
-                                               "\"\nroutes = { \"/v1/rerank\" = \"/v1/rerank\" }\n");
-  GatewayProcess g(config);
-  ASSERT_TRUE(g.Start()) << g.Output();
-  ASSERT_EQ(Call(g.port(), "POST", "/v1/rerank", R"({"model":"fake"})").status, 200);
-  const int wrapper = ExternalStatus(g.port(), "fake").value("pid", 0);
-  pid_t server = 0;
-  {
-    std::ifstream f(dir_ + "/servers");
-    f >> server;
-  }
-  ASSERT_GT(server, 0);
-  ASSERT_NE(server, wrapper);
-  auto running = [](pid_t pid) {
-    const std::string stat = ReadTextFile("/proc/" + std::to_string(pid) + "/stat");
-    return !stat.empty() && stat.find(") Z ") == std::string::npos;
-  };
+  return TestConfig(2, "[[service]]\nname = \"fake\"\nkind = \"external\"\ncommand = \"" + script + " " +
+                           FakeUpstream() + " --port ${PORT} --log " + log +
+                           "\"\nroutes = { \"/v1/rerank\" = \"/v1/rerank\" }\n");
+}
+
+// The pids of a wrapped server started by `g` (one request served): the
+// group's leader, as /v1/status shows it, and the server the wrapper
+// started (written to `dir`/servers); 0 for what was not found.
+struct Wrapped {
+  pid_t leader = 0, server = 0;
+};
+Wrapped StartWrapped(GatewayProcess& g, const std::string& dir) {
+  Wrapped w;
+  if (!g.Start() || Call(g.port(), "POST", "/v1/rerank", R"({"model":"fake"})").status != 200) return w;
+  w.leader = ExternalStatus(g.port(), "fake").value("pid", 0);
+  std::ifstream f(dir + "/servers");
+  for (pid_t p = 0; f >> p;) w.server = p;
+  return w;
+}
+
+bool Running(pid_t pid) {
+  const std::string stat = ReadTextFile("/proc/" + std::to_string(pid) + "/stat");
+  return !stat.empty() && stat.find(") Z ") == std::string::npos;
+}
+
+// Killed with -9, the gateway takes a wrapper's server with it, not only
+// the wrapper: util-linux's setpriv tied only the process it execs (the
+// wrapper), and the server ran on in its group with its port and device
+// memory until some later gateway came, or for good.
+TEST_F(ExternalTest, AWrappedServerEndsWithAGatewayKilledWithoutWarning) {
+  GatewayProcess g(WrapperConfig(dir_, log_));
+  const auto [leader, server] = StartWrapped(g, dir_);
+  ASSERT_GT(server, 0) << g.Output();
+  ASSERT_NE(server, leader);
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink("/proc/" + std::to_string(leader) + "/exe", ec).string();
+  EXPECT_NE(exe.find("spillway-tie"), std::string::npos) << "the group's leader is " << exe;
   g.Kill9();
-  const bool setpriv = ::access("/usr/bin/setpriv", X_OK) == 0;
-  if (setpriv) {  // (without it, the wrapper runs on too, and is stopped with its group as before)
-    for (int i = 0; i < 100 && running(wrapper); ++i) std::this_thread::sleep_for(50ms);
-    ASSERT_FALSE(running(wrapper)) << "the wrapper outlived its gateway";
+  for (int i = 0; i < 160 && (Running(server) || Running(leader)); ++i) std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(Running(server)) << "the wrapper's server (pid " << server << ") outlived its gateway";
+  EXPECT_FALSE(Running(leader)) << "its group's leader (pid " << leader << ") outlived its gateway";
+  if (Running(server)) kill(server, SIGKILL);
+}
+
+// What a wrapper left in its group when its leader went without stopping it
+// (spillway-tie killed with the gateway, as the OOM killer might: it had no
+// moment to act) is stopped by the next gateway before it starts the
+// server anew. It saw the leader gone, forgot it, and started a second
+// server beside the first, which kept its memory and port for good.
+TEST_F(ExternalTest, WhatAWrapperLeftRunningIsStoppedByTheNextGateway) {
+  GatewayProcess g(WrapperConfig(dir_, log_));
+  const auto [leader, server] = StartWrapped(g, dir_);
+  ASSERT_GT(server, 0) << g.Output();
+  ASSERT_NE(server, leader);
+  struct KillLeft {  // (however the test ends)
+    pid_t server;
+    ~KillLeft() {
+      if (Running(server)) kill(server, SIGKILL);
+    }
+  } kill_left{server};
+  // Stopped first, the leader cannot act on its gateway's death; then killed.
+  ASSERT_EQ(kill(leader, SIGSTOP), 0);
+  for (int i = 0; i < 200 && ReadTextFile("/proc/" + std::to_string(leader) + "/stat").find(") T ") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(5ms);
   }
-  ASSERT_TRUE(running(server)) << "the wrapper's server did not outlive it: nothing to test";
+  g.Kill9();
+  ASSERT_EQ(kill(leader, SIGKILL), 0);
+  for (int i = 0; i < 100 && Running(leader); ++i) std::this_thread::sleep_for(20ms);
+  ASSERT_FALSE(Running(leader));
+  ASSERT_TRUE(Running(server)) << "the wrapper's server did not outlive its leader: nothing to test";
   ASSERT_TRUE(g.Start()) << g.Output();
-  EXPECT_FALSE(running(server)) << "the server a wrapper left (pid " << server << ") runs beside the new one";
-  if (setpriv) EXPECT_NE(g.Output().find("outlived it"), std::string::npos) << g.Output();
+  EXPECT_FALSE(Running(server)) << "the server a wrapper left (pid " << server << ") runs beside the new one";
+  EXPECT_NE(g.Output().find("outlived it"), std::string::npos) << g.Output();
   ASSERT_EQ(Call(g.port(), "POST", "/v1/rerank", R"({"model":"fake"})").status, 200);
-  if (running(server)) kill(server, SIGKILL);
 }
 
 // What a server started through a wrapper holds is its, not the wrapper's

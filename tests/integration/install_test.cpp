@@ -91,7 +91,7 @@ int InstallTest::install_rc_ = -1;
 TEST_F(InstallTest, LaysOutTheTree) {
   const std::string& p = *prefix_;
   for (const std::string f :
-       {"bin/spillway", "lib/spillway/spillway-worker", "lib/spillway/libllama.so.0", "lib/spillway/libggml-base.so.0",
+       {"bin/spillway", "lib/spillway/spillway-worker", "lib/spillway/spillway-tie", "lib/spillway/libllama.so.0", "lib/spillway/libggml-base.so.0",
         "lib/spillway/libllama-common.so.0", "lib/spillway/libggml-cpu.so", "lib/spillway/libggml-sim.so",
         "lib/systemd/system/spillway.service", "lib/sysusers.d/spillway.conf", "share/spillway/models/demo-chat.gguf",
         "share/spillway/models/demo-embed.gguf", "share/spillway/spillway.example.toml", "share/doc/spillway/README.md"}) {
