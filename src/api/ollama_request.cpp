@@ -289,7 +289,9 @@ Status TranslateEmbed(const json& body, OllamaCall* call) {
   if (!input.is_string() && !input.is_array()) return Bad("input", "must be a string or an array of strings");
   call->load_only = input.empty() || (input.is_string() && input.get_ref<const std::string&>().empty());
   call->openai["input"] = input;
+  // Ollama's default: an input past the model's context is cut, not refused.
   if (Given(body, "truncate") && !body["truncate"].is_boolean()) return Bad("truncate", "must be a boolean");
+  call->openai["truncate"] = Given(body, "truncate") ? body["truncate"].get<bool>() : true;
   if (Given(body, "dimensions")) return Bad("dimensions", "is not supported by Spillway: vectors have the model's width");
   return Status::Ok();
 }

@@ -373,6 +373,10 @@ StatusOr<EmbeddingRequest> ParseEmbeddingRequest(const json& body) {
     if (!f->is_string() || (*f != "float" && *f != "base64")) return Bad("encoding_format", "must be 'float' or 'base64'");
     r.base64 = *f == "base64";
   }
+  if (auto t = body.find("truncate"); t != body.end() && !t->is_null()) {
+    if (!t->is_boolean()) return Bad("truncate", "must be a boolean");
+    r.truncate = t->get<bool>();
+  }
   auto it = body.find("input");
   if (it == body.end()) return Bad("input", "is required");
   if (it->is_string()) {

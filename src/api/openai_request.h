@@ -128,6 +128,11 @@ struct EmbeddingRequest {
   std::vector<std::string> inputs;
   bool input_was_array = false;
   bool base64 = false;  // encoding_format "base64": little-endian float32, base64 (the OpenAI SDKs' default)
+  // "truncate": true (a Spillway extension, under text-embeddings-inference's
+  // name; Ollama's /api/embed sends it by default): an input longer than the
+  // model takes is cut to what it takes (its end token kept) instead of
+  // refused; usage.prompt_tokens counts what was embedded.
+  bool truncate = false;
 };
 
 // Limits on request shape (the JSON itself is bounded by api/json_limits.h) (not on model capacity, which the worker checks).

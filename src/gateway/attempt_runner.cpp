@@ -71,6 +71,7 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Send(const AttemptSpec& spe
   a.body = std::move(r->body);
   a.retry_after = r->Header("retry-after");
   a.timings = r->Header("x-spillway-timings");
+  a.truncated_inputs = r->Header("x-spillway-truncated-inputs");
   co_return a;
 }
 

@@ -73,6 +73,7 @@ struct AttemptResult {
   std::string body;
   std::string retry_after;
   std::string timings;  // a non-streamed answer's protocol::kTimingsHeader ("" when it has none)
+  std::string truncated_inputs;  // an embeddings answer's protocol::kTruncatedInputsHeader ("": none)
   // kAnswered, a stream: how it ended (completed, or the worker's error event:
   // failed or cancelled), and whether its head was refused (no event came).
   journal::State stream_state = journal::State::kCompleted;

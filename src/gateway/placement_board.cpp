@@ -111,30 +111,44 @@ std::string PlacementBoard::ProbeBlocking(Placement& st) {
   return !own_ok ? st.breaker.probe() : device->probe();
 }
 
-std::optional<double> PlacementBoard::LineWaitS(const std::string& service, uint32_t ahead,
+std::optional<double> PlacementBoard::LineWaitS(const std::string& service, uint32_t ahead, uint64_t need,
                                                 const std::function<bool(size_t)>& serving) {
   std::lock_guard<std::mutex> lk(mu_);
-  std::optional<double> best;
   const auto& states = placements_.at(service);
+  // Not where the service's line is served: the CPU path (a line of its
+  // own, idle while the accelerator serves: its free slot said "0 s" to
+  // every request waiting for the accelerator), or a placement whose
+  // breaker takes nothing, or one not serving (loading, stopped), or one
+  // whose pace is not measured yet.
+  auto serves_line = [&](size_t k) {
+    auto& st = *states[k];
+    return st.admission.admitted && !st.cpu_path && BreakersAllow(st) && serving(k) && st.gen_tps > 0;
+  };
+  need = std::max<uint64_t>(1, need);
+  // One whose pool can never hold `need` is no way in while another can
+  // (its free slot in 1 s said nothing of the 30 s the request would wait
+  // for the one that takes it); when none can, each is counted whole.
+  bool one_holds_it = false;
+  for (size_t k = 0; k < states.size(); ++k) one_holds_it |= serves_line(k) && states[k]->pool.request_capacity() >= need;
+  std::optional<double> best;
   for (size_t k = 0; k < states.size(); ++k) {
+    if (!serves_line(k)) continue;
     const auto& st = states[k];
-    if (!st->admission.admitted) continue;
-    // Not where the service's line is served: the CPU path (a line of its
-    // own, idle while the accelerator serves: its free slot said "0 s" to
-    // every request waiting for the accelerator), or a placement whose
-    // breaker takes nothing, or one not serving (loading, stopped), or one
-    // whose pace is not measured yet.
-    if (st->cpu_path || !BreakersAllow(*st) || !serving(k) || !(st->gen_tps > 0)) continue;
-    // The first slot to free, then the ones ahead served in turn, `slots` at
-    // a time, each for as long as the requests running now take on average.
-    auto est = EstimatedWaitS(*st, 1);
+    const uint64_t capacity = std::max<uint64_t>(1, st->pool.request_capacity());
+    if (one_holds_it && capacity < need) continue;
+    const uint64_t wanted = std::min(need, capacity);
+    // The first slot (and cells) to free, then the ones ahead served in
+    // turn, as many at a time as its slots and its pool hold such requests,
+    // each for as long as the requests running now take on average.
+    auto est = EstimatedWaitS(*st, wanted);
     if (!est) continue;
     double sum = 0;
     int n = 0;
     for (const auto& [id, r] : st->running) {
       if (auto run = admission::ExpectedRunS(r.prompt_tokens, r.max_tokens, st->prompt_tps, st->gen_tps)) sum += *run, ++n;
     }
-    if (n > 0) *est += static_cast<double>(ahead / static_cast<uint32_t>(std::max(1, st->cfg.slots))) * (sum / n);
+    const uint64_t at_once = std::max<uint64_t>(1, std::min<uint64_t>(std::max(1, st->cfg.slots), capacity / wanted));
+    if (n > 0) *est += static_cast<double>(ahead / at_once) * (sum / n);
     if (!best || *est < *best) best = est;
   }
   return best;

@@ -97,13 +97,15 @@ class PlacementBoard {
   std::vector<admission::PlacementView> Views(const config::ServiceConfig& svc, const std::vector<bool>& excluded,
                                               uint64_t need, const std::function<bool(size_t)>& startable);
   // Seconds until a request with `ahead` others before it in the service's
-  // line may start (a slot free for each), on the placement that frees one
-  // soonest among those serving now (`serving(k)`: its worker is ready; not
-  // the CPU path, whose line is its own, nor one whose breaker takes
-  // nothing); nullopt while none of them has measured its throughput (a free
-  // slot of a placement still loading said "about 0 s" to a line waiting for
-  // its load).
-  std::optional<double> LineWaitS(const std::string& service, uint32_t ahead,
+  // line may start (a slot and `need` cells free for each: the asking
+  // request's own, as the line's requests are taken alike; a slot with
+  // too few cells told a line whose head waits for cells "0 s"), on the
+  // placement that frees them soonest among those serving now (`serving(k)`:
+  // its worker is ready; not the CPU path, whose line is its own, nor one
+  // whose breaker takes nothing); nullopt while none of them has measured
+  // its throughput (a free slot of a placement still loading said "about
+  // 0 s" to a line waiting for its load). `need` 1: a slot alone.
+  std::optional<double> LineWaitS(const std::string& service, uint32_t ahead, uint64_t need,
                                   const std::function<bool(size_t)>& serving);
   // Commits a decision: reserves `cells` of placement `index` for request
   // `id`, and counts the attempt as holding it. False when another request

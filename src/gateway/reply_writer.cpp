@@ -4,6 +4,7 @@
 
 #include "api/openai_response.h"
 #include "gateway/gateway_internal.h"
+#include "protocol/worker_protocol.h"
 
 namespace spillway::gateway {
 
@@ -157,12 +158,13 @@ void ReplyWriter::Abort() {
 }
 
 void ReplyWriter::Answer(int status, const std::string& type, const std::string& body, const ServedBy* served,
-                         const std::string& retry_after) {
+                         const std::string& retry_after, const std::string& truncated_inputs) {
   if (!ex_) return;
   auto res = http::MakeResponse(static_cast<unsigned>(status), body, type, version_);
   res.set("X-Request-Id", id_);
   if (served) Describe(res, *served);
   if (!retry_after.empty()) res.set(bhttp::field::retry_after, retry_after);
+  if (!truncated_inputs.empty()) res.set(std::string(protocol::kTruncatedInputsHeader), truncated_inputs);
   ex_->Respond(std::move(res));
 }
 

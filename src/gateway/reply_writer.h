@@ -91,8 +91,10 @@ class ReplyWriter {
   void Abort();
 
   // A whole answer (not a stream): the worker's, with who served it.
+  // `truncated_inputs`: how many of an embeddings request's inputs the
+  // worker cut (protocol::kTruncatedInputsHeader, said to the client too).
   void Answer(int status, const std::string& type, const std::string& body, const ServedBy* served,
-              const std::string& retry_after = "");
+              const std::string& retry_after = "", const std::string& truncated_inputs = "");
   // An error of the gateway's own: an answer, or, once a stream has begun,
   // its last event (a relayed answer's stream ends as cut, see Abort).
   void Error(const Status& st);

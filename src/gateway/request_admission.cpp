@@ -220,7 +220,7 @@ boost::asio::awaitable<bool> RequestAdmission::WaitBehind(int64_t cap_ms) {
     const size_t ahead = signal_.Ahead(*ticket_);
     on_wait_(std::to_string(ahead) + " earlier request" + (ahead == 1 ? "" : "s") + " of '" + svc_.name +
                  "' waiting ahead of it (first come, first served)",
-             g_.board_.LineWaitS(svc_.name, static_cast<uint32_t>(ahead), serving_now()).value_or(1.0));
+             g_.board_.LineWaitS(svc_.name, static_cast<uint32_t>(ahead), line_need_, serving_now()).value_or(1.0));
   }
   // Until it is the head (told at once), its deadline, its cap, or a stream's next wait comment.
   co_await signal_.WaitInLine(*ticket_, TimeLeft(live_.deadline_ms, now, std::min<int64_t>(cap_ms - waited + 1,
@@ -391,7 +391,7 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
       on_wait_("every slot of '" + svc_.name + "' is busy; waiting for one (" +
                    std::to_string((g_.clock_.NowMs() - t0_) / 1000) + " s so far, " +
                    std::to_string(signal_.waiting()) + " waiting)",
-               g_.board_.LineWaitS(svc_.name, 0, serving_now()).value_or(1.0));
+               g_.board_.LineWaitS(svc_.name, 0, 1, serving_now()).value_or(1.0));
     }
     // (A place in the CPU path's line, its replica up, is bounded by
     // max_queue and the deadline, as a generation's is: not by this cap.)
@@ -512,6 +512,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       need.fit_context = fit_context;
       const uint64_t wait_need =
           uint64_t{need.prompt_tokens} + (fit_context ? std::min(max_tokens, need.min_tokens) : max_tokens);
+      line_need_ = std::max<uint64_t>(1, wait_need);  // (for its wait in line, WaitBehind)
       const std::vector<admission::PlacementView> views =
           g_.board_.Views(svc_, excluded_, wait_need, [this](size_t k) { return Startable(k); });
       const int64_t now = g_.clock_.NowMs();
@@ -525,7 +526,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       policy.start_wait_s = std::min(kQueueWaitMs, g_.StartWaitMs(svc_)) / 1000.0;
       d = admission::Decide(need, views, policy);
       if (d.behind_line) {  // its turn comes when those ahead have gone, at the measured pace
-        est_wait_s = g_.board_.LineWaitS(svc_.name, need.ahead_in_line, serving_now()).value_or(1.0);
+        est_wait_s = g_.board_.LineWaitS(svc_.name, need.ahead_in_line, wait_need, serving_now()).value_or(1.0);
       } else if (d.kind == admission::Kind::kDelay && d.placement < views.size()) {
         est_wait_s = views[d.placement].est_wait_s;
       }

@@ -118,6 +118,7 @@ class RequestAdmission {
   // so that a cancel wakes it alone.
   std::unique_ptr<CapacitySignal::Ticket> ticket_;
   int64_t told_place_ms_ = -1;
+  uint64_t line_need_ = 1;  // its cells, as last decided: what its wait in line is estimated for (WaitBehind)
   bool admitted_ = false;
 };
 

@@ -309,8 +309,9 @@ boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, 
     // From the worker's header only: parsing a whole answer (an embedding's
     // vectors) for them cost more than the rest of the gateway's work.
     if (!r.timings.empty()) g_.RecordThroughput(rec_.service, target_.index, "", r.timings);
-    // A fallback model and the limits applied are said in the answer too.
-    if (!spec.served.fallback_model.empty() || !target_.limits.empty()) {
+    // A fallback model, the limits applied and inputs cut are said in the
+    // answer too (its journaled body: a replay says them again).
+    if (!spec.served.fallback_model.empty() || !target_.limits.empty() || !r.truncated_inputs.empty()) {
       json j = json::parse(body, nullptr, false);
       if (j.is_object()) {
         if (!spec.served.fallback_model.empty()) {
@@ -318,13 +319,14 @@ boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, 
           j["spillway"]["fallback_model"] = spec.served.fallback_model;
         }
         if (!target_.limits.empty()) j["spillway"]["limits"] = target_.limits;
+        if (!r.truncated_inputs.empty()) j["spillway"]["truncated_inputs"] = std::atoi(r.truncated_inputs.c_str());
         body = j.dump(-1, ' ', false, json::error_handler_t::replace);
       }
     }
   }
   const std::string err = state == State::kCompleted ? "" : body;  // (a named value: see Blocking's note on GCC 12)
   co_await Finish(state, r.status, r.type, body, err);
-  reply_.Answer(r.status, r.type, body, &spec.served, RetryAfterOf(r));
+  reply_.Answer(r.status, r.type, body, &spec.served, RetryAfterOf(r), r.truncated_inputs);
 }
 
 boost::asio::awaitable<void> RequestLifecycle::Run() {

@@ -108,6 +108,9 @@ struct Timings {
   static std::optional<Timings> FromHeader(std::string_view value);
 };
 inline constexpr std::string_view kTimingsHeader = "X-Spillway-Timings";
+// An embeddings answer's count of inputs cut to what the model takes (its
+// request's "truncate"); absent when none was. Passed on to the client.
+inline constexpr std::string_view kTruncatedInputsHeader = "X-Spillway-Truncated-Inputs";
 // The timings in a finished answer: a JSON body's `spillway.timings`, or the
 // last stream event that carries them.
 std::optional<Timings> TimingsOf(std::string_view body);

@@ -255,6 +255,25 @@ int32_t Engine::CellsPerRequest() const {
   return RequestCellLimit(StreamCells(), model_.n_ctx_train(), model_.rotary_positions());
 }
 
+int32_t Engine::EmbeddingInputLimit(bool* by_training) const {
+  // No input past the positions the model was trained on: a BERT-style
+  // model looks its positions up in a table of that size (llama.cpp aborts
+  // beyond it), and a rotary one's vectors mean little there.
+  const int32_t cells_total = CellsPerRequest();
+  const int32_t trained = model_.n_ctx_train();
+  const bool trained_less = trained > 0 && trained < cells_total;
+  if (by_training) *by_training = trained_less;
+  return trained_less ? trained : cells_total;
+}
+
+void TruncateInput(std::vector<int32_t>* tokens, size_t limit, bool keep_end) {
+  limit = std::max<size_t>(1, limit);
+  if (tokens->size() <= limit) return;
+  const int32_t last = tokens->back();
+  tokens->resize(limit);
+  if (keep_end && limit > 1) tokens->back() = last;
+}
+
 Status Engine::Submit(std::shared_ptr<Job> job) {
   const int32_t cells_total = CellsPerRequest();
   if (job->embedding != opts_.embedding) {
@@ -262,12 +281,8 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
                                                    : "this worker serves a generative model, not embeddings");
   }
   if (job->embedding) {
-    // No input past the positions the model was trained on: a BERT-style
-    // model looks its positions up in a table of that size (llama.cpp aborts
-    // beyond it), and a rotary one's vectors mean little there.
-    const int32_t trained = model_.n_ctx_train();
-    const bool by_training = trained > 0 && trained < cells_total;
-    const int32_t limit = by_training ? trained : cells_total;
+    bool by_training = false;
+    const int32_t limit = EmbeddingInputLimit(&by_training);
     for (const auto& in : job->inputs) {
       // (A decode of no token fails: it was a compute failure, counted
       // against the placement, for an input whose tokenizer drops it all.)

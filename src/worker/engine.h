@@ -153,6 +153,11 @@ StatusOr<std::vector<MemoryBuffer>> DryRunBreakdown(const Model& model, const En
 // request of the worker lost with it.
 int32_t RequestCellLimit(int32_t stream_cells, int32_t n_ctx_train, bool rotary_positions);
 
+// An embedding input cut to `limit` tokens (at least 1): its first ones,
+// and its last when `keep_end` (a model whose tokenizer ends every input
+// with its end or separator token pools, or reads, that token).
+void TruncateInput(std::vector<int32_t>* tokens, size_t limit, bool keep_end);
+
 class Engine {
  public:
   Engine(const Model& model, EngineOptions opts);
@@ -185,6 +190,9 @@ class Engine {
   // (RequestCellLimit: within the model's trained context when its positions
   // are not rotary).
   int32_t CellsPerRequest() const;
+  // The most tokens one embedding input may have: the pool, within the
+  // positions the model was trained on (`by_training`: that is the bound).
+  int32_t EmbeddingInputLimit(bool* by_training = nullptr) const;
 
  private:
   struct Slot;

@@ -257,6 +257,10 @@ Status Model::ComputeFingerprint() {
   return Status::Ok();
 }
 
+bool Model::IsEndToken(int32_t token) const {
+  return token != LLAMA_TOKEN_NULL && (token == llama_vocab_eos(vocab_) || token == llama_vocab_sep(vocab_));
+}
+
 StatusOr<std::vector<int32_t>> Model::Tokenize(const std::string& text, bool add_special) const {
   if (text.size() > static_cast<size_t>(INT32_MAX / 2)) return Status::PayloadTooLarge("text too long");
   std::vector<llama_token> out(text.size() + 8);

@@ -89,6 +89,10 @@ class Model {
   // it has none); null for an embedding model.
   const ChatTemplates* chat() const { return chat_.get(); }
   StatusOr<std::vector<int32_t>> Tokenize(const std::string& text, bool add_special) const;
+  // Whether `token` is the vocabulary's end or separator token (BERT's
+  // [SEP], an EOS some embedding models pool at): one Tokenize(...,
+  // add_special) may end an input with.
+  bool IsEndToken(int32_t token) const;
   // Returns the tokens when every id is in the vocabulary.
   StatusOr<std::vector<int32_t>> CheckTokens(std::vector<int32_t> tokens) const;
   // A token's text; `special`: control tokens as their text too (a chat

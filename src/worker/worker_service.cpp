@@ -388,18 +388,27 @@ void WorkerService::HandleEmbeddings(const http::Request& req, std::shared_ptr<h
   auto job = std::make_shared<Job>();
   job->id = RequestId(req);
   job->embedding = true;
+  // Asked to, an input longer than the model takes is cut (its end token
+  // kept), and the answer says how many were.
+  const size_t limit = static_cast<size_t>(std::max(1, engine_.EmbeddingInputLimit()));
+  int truncated = 0;
   for (const auto& in : r->inputs) {
     auto t = model_.Tokenize(in, true);
     if (!t.ok()) return fail(t.status());
+    if (r->truncate && t->size() > limit) {
+      TruncateInput(&*t, limit, model_.IsEndToken(t->back()));  // (what the tokenizer put there, not its flags)
+      ++truncated;
+    }
     job->inputs.push_back(std::move(*t));
   }
   const std::string model_name = r->model.empty() ? model_.name() : r->model;
   const std::string id = job->id;
   const bool base64 = r->base64;
-  job->on_done = [ex, v, model_name, id, base64](JobResult res) {
+  job->on_done = [ex, v, model_name, id, base64, truncated](JobResult res) {
     if (!res.status.ok()) return ex->Respond(ErrorResponse(res.status, v));
     auto out = JsonResponse(200, api::EmbeddingsBody(model_name, res.embeddings, res.prompt_tokens, base64), v);
     out.set("X-Request-Id", id);
+    if (truncated > 0) out.set(std::string(protocol::kTruncatedInputsHeader), std::to_string(truncated));
     // The gateway's throughput estimate, without parsing the vectors.
     out.set(std::string(protocol::kTimingsHeader),
             protocol::Timings{res.prompt_ms, 0, static_cast<double>(res.prompt_tokens), 0}.ToHeader());

@@ -107,6 +107,41 @@ test('embed and the legacy embeddings', async () => {
   assert.deepEqual(legacy.embedding, e.embeddings[0]);
 });
 
+test('embed cuts an input past the context, as Ollama does unless told not to', async () => {
+  const long = Array.from({ length: 700 }, (_, i) => `w${i}`).join(' ');  // past the service's 512 cells
+  const cut = await ollama.embed({ model: 'embed', input: [long, 'one'] });
+  assert.equal(cut.embeddings.length, 2);
+  const one = await ollama.embed({ model: 'embed', input: 'one' });
+  assert.equal(cut.prompt_eval_count, 512 + one.prompt_eval_count, 'the long input counted as cut to 512');
+  const res = await fetch(`${base}/api/embed`, {
+    method: 'POST',
+    body: JSON.stringify({ model: 'embed', input: long }),
+  });
+  assert.equal(res.status, 200);
+  assert.equal(res.headers.get('x-spillway-truncated-inputs'), '1', 'the client is told');
+  await assert.rejects(ollama.embed({ model: 'embed', input: long, truncate: false }), /exceeds/);
+  // The OpenAI route cuts when asked; the answer's body says so too, and so
+  // does its replay under the same Idempotency-Key.
+  const ask = () => fetch(`${base}/v1/embeddings`, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', 'Idempotency-Key': 'cut-once' },
+    body: JSON.stringify({ model: 'embed', input: [long], truncate: true }),
+  });
+  const first = await ask();
+  assert.equal(first.status, 200);
+  assert.equal(first.headers.get('x-spillway-truncated-inputs'), '1');
+  assert.equal((await first.json()).spillway.truncated_inputs, 1);
+  const again = await ask();
+  assert.equal(again.headers.get('idempotent-replayed'), 'true');
+  assert.equal((await again.json()).spillway.truncated_inputs, 1, 'the replay says it too');
+  const refused = await fetch(`${base}/v1/embeddings`, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ model: 'embed', input: long }),
+  });
+  assert.equal(refused.status, 400, 'without truncate, as OpenAI: refused');
+});
+
 test('tags, show and ps', async () => {
   const tags = await ollama.list();
   const chat = tags.models.find((m) => m.name === 'chat:latest');

@@ -872,6 +872,16 @@ TEST(WorkerEmbeddingTest, PooledAsTheModelSaysWithinItsTrainedContext) {
   EXPECT_NE(r.body.find("trained context of 256 tokens"), std::string::npos) << r.body.substr(0, 300);
   r = Post(w, "/v1/embeddings", {{"input", fits}});
   EXPECT_EQ(r.status, 200) << r.body.substr(0, 300);
+  // Asked to ("truncate", Ollama's default), the long one is cut to the
+  // trained context instead, and the answer says so.
+  r = Post(w, "/v1/embeddings", {{"input", json::array({too_long, fits})}, {"truncate", true}});
+  ASSERT_EQ(r.status, 200) << r.body.substr(0, 300);
+  EXPECT_EQ(r.Header("x-spillway-truncated-inputs"), "1");
+  const auto fits_tokens = Body(Post(w, "/v1/embeddings", {{"input", fits}}))["usage"]["prompt_tokens"].get<int>();
+  EXPECT_EQ(Body(r)["usage"]["prompt_tokens"], 256 + fits_tokens) << "the long one counted as cut";
+  r = Post(w, "/v1/embeddings", {{"input", fits}, {"truncate", true}});
+  EXPECT_EQ(r.Header("x-spillway-truncated-inputs"), "") << "nothing cut, nothing said";
+  EXPECT_EQ(Post(w, "/v1/embeddings", {{"input", fits}, {"truncate", "yes"}}).status, 400);
 }
 
 TEST(WorkerStartupTest, MissingOrCorruptModelExitsCleanlyWithPhaseLoad) {

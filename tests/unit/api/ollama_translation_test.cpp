@@ -280,6 +280,10 @@ TEST(OllamaRequestTest, EmbedAndLegacyEmbeddings) {
   EXPECT_FALSE(c.stream);
   EXPECT_EQ(c.openai["input"], json({"a", "b"}));
   EXPECT_FALSE(c.openai.contains("encoding_format")) << "floats, not base64";
+  EXPECT_EQ(c.openai["truncate"], true);
+  // Ollama cuts an input past the context unless told not to.
+  EXPECT_EQ(Translate(OllamaRoute::kEmbed, {{"model", "e"}, {"input", "a"}}).openai["truncate"], true);
+  EXPECT_EQ(Translate(OllamaRoute::kEmbed, {{"model", "e"}, {"input", "a"}, {"truncate", false}}).openai["truncate"], false);
   c = Translate(OllamaRoute::kEmbeddings, {{"model", "e"}, {"prompt", "one"}});
   EXPECT_EQ(c.openai["input"], "one");
   EXPECT_TRUE(Translate(OllamaRoute::kEmbeddings, {{"model", "e"}}).load_only);

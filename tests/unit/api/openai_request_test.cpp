@@ -286,6 +286,10 @@ TEST(OpenAiRequestTest, Embeddings) {
   EXPECT_TRUE(ParseEmbeddingRequest(json::parse(R"({"input": "x", "encoding_format": "base64"})"))->base64);
   EXPECT_FALSE(ParseEmbeddingRequest(json::parse(R"({"input": "x", "encoding_format": "hex"})")).ok());
   EXPECT_FALSE(ParseEmbeddingRequest(json::parse(R"({})")).ok());
+  EXPECT_FALSE(r->truncate) << "an input too long is refused unless truncation is asked for";
+  EXPECT_TRUE(ParseEmbeddingRequest(json::parse(R"({"input": "x", "truncate": true})"))->truncate);
+  EXPECT_FALSE(ParseEmbeddingRequest(json::parse(R"({"input": "x", "truncate": null})"))->truncate);
+  EXPECT_FALSE(ParseEmbeddingRequest(json::parse(R"({"input": "x", "truncate": 1})")).ok());
   // Vectors of another width than asked would fail a client's store later, far from here: refused now.
   auto dims = ParseEmbeddingRequest(json::parse(R"({"input": "x", "dimensions": 256})"));
   ASSERT_FALSE(dims.ok());

@@ -257,22 +257,39 @@ TEST_F(PlacementBoardTest, AHalfOpenDeviceTakesOneProbeAcrossItsPlacements) {
 bool All(size_t) { return true; }
 
 TEST_F(PlacementBoardTest, TheLinesWaitEstimateGrowsWithTheRequestsAhead) {
-  EXPECT_FALSE(board_->LineWaitS("chat", 0, All).has_value()) << "a slot is free, but no pace measured yet";
+  EXPECT_FALSE(board_->LineWaitS("chat", 0, 1, All).has_value()) << "a slot is free, but no pace measured yet";
   ASSERT_TRUE(board_->Reserve("chat", 0, "a", 100, 50, 50));
   ASSERT_TRUE(board_->Reserve("chat", 0, "b", 100, 50, 50));
   ASSERT_TRUE(board_->Reserve("chat", 1, "c", 100, 50, 50));
-  EXPECT_FALSE(board_->LineWaitS("chat", 0, All).has_value()) << "every slot taken, no throughput measured yet";
+  EXPECT_FALSE(board_->LineWaitS("chat", 0, 1, All).has_value()) << "every slot taken, no throughput measured yet";
   // 100 tokens/s each way: a request of 50 + 50 runs 1 s.
   board_->RecordThroughput("chat", 0, 500, 50, 500, 51);  // (the first token is counted with the prompt)
   board_->RecordThroughput("chat", 1, 500, 50, 500, 51);
-  const auto head = board_->LineWaitS("chat", 0, All);
+  const auto head = board_->LineWaitS("chat", 0, 1, All);
   ASSERT_TRUE(head.has_value());
   EXPECT_NEAR(*head, 1.0, 0.01) << "the first slot frees when a running request ends";
-  const auto fourth = board_->LineWaitS("chat", 4, All);
+  const auto fourth = board_->LineWaitS("chat", 4, 1, All);
   ASSERT_TRUE(fourth.has_value());
   EXPECT_NEAR(*fourth, 3.0, 0.01) << "four ahead on two slots: two more rounds of 1 s";
   clock_.Advance(600);
-  EXPECT_NEAR(*board_->LineWaitS("chat", 0, All), 0.4, 0.01) << "time passed counts";
+  EXPECT_NEAR(*board_->LineWaitS("chat", 0, 1, All), 0.4, 0.01) << "time passed counts";
+}
+
+// A line whose requests need more cells than a free slot has left waits
+// for the cells: it heard "0 s" from that slot for as long as it waited.
+TEST_F(PlacementBoardTest, TheLinesWaitIsForTheCellsItsRequestsNeedNotASlotAlone) {
+  board_->RecordThroughput("chat", 0, 500, 50, 500, 51);  // 100 tokens/s each way
+  board_->RecordThroughput("chat", 1, 500, 50, 500, 51);
+  ASSERT_TRUE(board_->Reserve("chat", 0, "a", 200, 50, 150));  // 2 s; its second slot free, with 56 cells
+  ASSERT_TRUE(board_->Reserve("chat", 1, "c", 100, 50, 50));   // 1 s; its only slot
+  auto wait = [&](uint64_t need) { return board_->LineWaitS("chat", 0, need, All).value_or(-1); };
+  EXPECT_EQ(wait(1), 0.0) << "a slot alone is free now";
+  EXPECT_NEAR(wait(100), 1.0, 0.01) << "100 cells: when c ends (a's end frees them later)";
+  EXPECT_NEAR(wait(200), 2.0, 0.01) << "only the first pool holds 200 cells: when a ends, not c";
+  EXPECT_NEAR(wait(100000), 1.0, 0.01) << "more than any pool holds: the whole of the one that frees first";
+  // Those ahead are served as many at a time as the pool holds them.
+  EXPECT_NEAR(board_->LineWaitS("chat", 2, 200, All).value_or(-1), 2.0 + 2 * 2.0, 0.01)
+      << "two ahead, one at a time in 256 cells (not two, its slots), each as long as a's run";
 }
 
 // A line waiting for a placement that is loading (an on-demand primary
@@ -280,13 +297,13 @@ TEST_F(PlacementBoardTest, TheLinesWaitEstimateGrowsWithTheRequestsAhead) {
 TEST_F(PlacementBoardTest, TheLinesWaitCountsOnlyPlacementsThatServeNow) {
   board_->RecordThroughput("chat", 0, 500, 50, 500, 51);  // measured before it was released
   board_->RecordThroughput("chat", 1, 500, 50, 500, 51);
-  EXPECT_EQ(board_->LineWaitS("chat", 0, All), 0.0) << "both serve, with free slots";
+  EXPECT_EQ(board_->LineWaitS("chat", 0, 1, All), 0.0) << "both serve, with free slots";
   const auto loading = [](size_t) { return false; };
-  EXPECT_FALSE(board_->LineWaitS("chat", 0, loading).has_value()) << "told 0 s while nothing serves";
+  EXPECT_FALSE(board_->LineWaitS("chat", 0, 1, loading).has_value()) << "told 0 s while nothing serves";
   ASSERT_TRUE(board_->Reserve("chat", 0, "a", 100, 50, 50));
   ASSERT_TRUE(board_->Reserve("chat", 0, "b", 100, 50, 50));
   const auto first_only = [](size_t k) { return k == 0; };  // the other, free, is loading
-  const auto wait = board_->LineWaitS("chat", 0, first_only);
+  const auto wait = board_->LineWaitS("chat", 0, 1, first_only);
   ASSERT_TRUE(wait.has_value());
   EXPECT_NEAR(*wait, 1.0, 0.01) << "the one serving is full: a slot frees when a request ends";
 }
@@ -299,12 +316,12 @@ TEST_F(PlacementBoardTest, SlotsTakenWithoutCellsCountInTheWaitEstimate) {
   ASSERT_TRUE(board_->TakeSlot("chat", 1, "c", 100));
   board_->RecordThroughput("chat", 0, 500, 50, 500, 51);  // 100 tokens/s each way
   board_->RecordThroughput("chat", 1, 500, 50, 500, 51);
-  const auto head = board_->LineWaitS("chat", 0, All);
+  const auto head = board_->LineWaitS("chat", 0, 1, All);
   ASSERT_TRUE(head.has_value());
   EXPECT_NEAR(*head, 1.0, 0.01) << "a slot frees when a request's 100 tokens are out";
   EXPECT_EQ(board_->PlacementJson("chat", 0, 1)["kv_cells"]["requests"], 2) << "they run";
   board_->Release("chat", 0, "a", /*cells=*/false, /*slot=*/true);
-  EXPECT_EQ(board_->LineWaitS("chat", 0, All), 0.0);
+  EXPECT_EQ(board_->LineWaitS("chat", 0, 1, All), 0.0);
 }
 
 // The service's line waits for the placements that serve it: an idle CPU
@@ -342,7 +359,7 @@ kv_unified = true
   ASSERT_TRUE(board.Reserve("chat", 0, "a", 100, 50, 50));
   board.RecordThroughput("chat", 0, 500, 50, 500, 51);  // 100 tokens/s: its request ends in 1 s
   board.AttemptFailed("chat", 2, "compute", "allocation failed");  // sim:1's breaker opens
-  const auto wait = board.LineWaitS("chat", 0, All);
+  const auto wait = board.LineWaitS("chat", 0, 1, All);
   ASSERT_TRUE(wait.has_value());
   EXPECT_NEAR(*wait, 1.0, 0.01) << "told the idle CPU fallback's or the broken placement's 0 s";
 }

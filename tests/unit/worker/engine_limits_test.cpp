@@ -19,5 +19,22 @@ TEST(EngineLimitsTest, ARequestStaysWithinTheTrainedContextOfAModelWithoutRotary
   EXPECT_EQ(RequestCellLimit(8192, 4096, true), 8192);
 }
 
+// An embedding input past what the model takes, when its request asks for
+// truncation: its first tokens, and its end token when the tokenizer adds
+// one (a BERT-style model's [SEP], an EOS some models pool at).
+TEST(EngineLimitsTest, ATruncatedInputKeepsItsStartAndItsEndToken) {
+  std::vector<int32_t> t = {1, 10, 11, 12, 13, 2};
+  TruncateInput(&t, 4, /*keep_end=*/true);
+  EXPECT_EQ(t, (std::vector<int32_t>{1, 10, 11, 2}));
+  t = {1, 10, 11, 12, 13, 2};
+  TruncateInput(&t, 4, /*keep_end=*/false);
+  EXPECT_EQ(t, (std::vector<int32_t>{1, 10, 11, 12}));
+  t = {1, 10, 11};
+  TruncateInput(&t, 4, true);
+  EXPECT_EQ(t, (std::vector<int32_t>{1, 10, 11})) << "one that fits is left alone";
+  TruncateInput(&t, 0, true);
+  EXPECT_EQ(t, (std::vector<int32_t>{1})) << "at least one token";
+}
+
 }  // namespace
 }  // namespace spillway::worker
