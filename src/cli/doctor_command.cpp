@@ -137,9 +137,11 @@ void CheckDevices(const config::GatewayConfig& cfg, const std::string& backend_d
 }
 
 // An external server Spillway starts: its program must be there to run (as serve --check says).
-void CheckExternalCommands(const config::GatewayConfig& cfg, Report& r) {
+void CheckExternalCommands(const config::GatewayConfig& cfg, const std::string& worker, Report& r) {
+  bool starts_one = false;
   for (const auto& e : cfg.externals) {
     if (e.command.empty()) continue;  // one that runs already: nothing to start
+    starts_one = true;
     const std::string& program = e.command[0];
     if (program.find('/') == std::string::npos) {
       r.Line(Verdict::kOk, "external", "service '" + e.name + "': " + program + " is looked up on $PATH when started");
@@ -149,6 +151,18 @@ void CheckExternalCommands(const config::GatewayConfig& cfg, Report& r) {
       r.Line(Verdict::kFail, "external", "service '" + e.name + "': command " + program + " is not an executable file",
              "point its command at the server's binary");
     }
+  }
+  // What ties them to the gateway with all they start (supervisor.cpp, Argv).
+  if (!starts_one) return;
+  const std::string tie = (fs::path(worker).parent_path() / "spillway-tie").string();
+  if (::access(tie.c_str(), X_OK) == 0) {
+    r.Line(Verdict::kOk, "external", "the servers it starts end with the gateway, with all they start (" + tie + ")");
+  } else {
+    r.Line(Verdict::kWarn, "external",
+           tie + ": " + std::strerror(errno) +
+               "; what an external server's command starts (a wrapper script's server) outlives a gateway killed "
+               "with -9",
+           "build it (make build) or install Spillway again");
   }
 }
 
@@ -292,7 +306,7 @@ int Doctor(const DoctorArgs& a) {
   CheckModels(cfg, r);
   CheckPlacementShapes(cfg, r);
   CheckDevices(cfg, fs::path(worker).parent_path().string(), r);
-  CheckExternalCommands(cfg, r);
+  CheckExternalCommands(cfg, worker, r);
   CheckPlans(cfg, r);
   CheckHostRam(cfg, r);
   CheckStateDir(cfg.state_dir, r);

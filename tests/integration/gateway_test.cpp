@@ -547,6 +547,7 @@ TEST(GatewayStartupTest, DoctorNamesAMissingModelAndPassesAGoodConfig) {
   EXPECT_NE(out.find("FAIL  device   "), std::string::npos) << out;
   EXPECT_NE(out.find("sim:7"), std::string::npos) << out;
   EXPECT_NE(out.find("service 'ext': command " + dir + "/no-server is not an executable file"), std::string::npos) << out;
+  EXPECT_NE(out.find("ok    external the servers it starts end with the gateway"), std::string::npos) << out;
   // An embedding placement whose ctx is not a multiple of its slots: its worker refuses to start (doctor said OK).
   std::string odd = TestConfig(1);
   const auto at = odd.rfind("ctx = 512");
