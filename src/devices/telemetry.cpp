@@ -272,9 +272,17 @@ StatusOr<uint64_t> HostTelemetry::GroupRss(int32_t pgid) const {
   if (members->empty()) return Status::NotFound("no process in group " + std::to_string(pgid));
   uint64_t sum = 0;
   for (const auto& m : *members) {
-    if (auto rss = ProcessRss(m.first); rss.ok()) sum += *rss;  // (one gone meanwhile holds nothing)
+    if (auto pss = ProcessPss(m.first); pss.ok()) sum += *pss;  // (one gone meanwhile holds nothing)
   }
   return sum;
+}
+
+StatusOr<uint64_t> HostTelemetry::ProcessPss(int32_t pid) const {
+  std::string rollup;
+  if (pid > 0 && ReadWhole(proc_root_ + "/" + std::to_string(pid) + "/smaps_rollup", &rollup)) {
+    if (auto pss = KbField(rollup, "Pss:")) return *pss;
+  }
+  return ProcessRss(pid);  // (a kernel before 4.14, or not ours to read)
 }
 
 uint64_t DeviceReading::BytesOfGroup(int32_t pgid) const {

@@ -84,9 +84,14 @@ class HostTelemetry {
   StatusOr<HostReading> Read() const;
   // Resident set size of a process (VmRSS), kNotFound when it is gone.
   StatusOr<uint64_t> ProcessRss(int32_t pid) const;
-  // The resident sets of every process in group `pgid` together (one walk of
-  // the process tree), kNotFound when none is there, kUnavailable when the
-  // walk cannot tell.
+  // Its proportional set size (smaps_rollup's Pss: a page it shares with
+  // N-1 other processes counts 1/N), VmRSS where smaps_rollup cannot be read;
+  // kNotFound when it is gone.
+  StatusOr<uint64_t> ProcessPss(int32_t pid) const;
+  // What every process in group `pgid` holds together, each page once: their
+  // Pss summed (their VmRSS summed counted a forking server's shared and
+  // copy-on-write pages once per process). One walk of the process tree;
+  // kNotFound when none is there, kUnavailable when the walk cannot tell.
   StatusOr<uint64_t> GroupRss(int32_t pgid) const;
 
  private:

@@ -470,8 +470,8 @@ TEST_F(ExternalTest, AWrappedServersMemoryIsMeasuredWithItsGroup) {
   for (const auto& o : dev.value("other_processes", json::array())) {
     EXPECT_NE(o["pid"], server) << "the wrapped server is listed as another program: " << dev.dump(1);
   }
-  // Its host RAM too: the server's resident set, not the shell's alone.
-  const auto server_rss = devices::HostTelemetry().ProcessRss(server);
+  // Its host RAM too: the server's (proportional) resident set, not the shell's alone.
+  const auto server_rss = devices::HostTelemetry().ProcessPss(server);
   ASSERT_TRUE(server_rss.ok());
   for (int i = 0; i < 60 && ExternalStatus(g->port(), "fake")["memory"].value("host_rss_bytes", uint64_t{0}) < *server_rss;
        ++i) {

@@ -1,7 +1,14 @@
 #include "devices/telemetry.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
 
 #include <filesystem>
 #include <fstream>
@@ -86,6 +93,47 @@ TEST_F(FakeTree, ProcessRss) {
   EXPECT_EQ(*Host().ProcessRss(42), 2048u * 1024);
   EXPECT_EQ(Host().ProcessRss(43).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(Host().ProcessRss(-1).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(*Host().ProcessPss(42), 2048u * 1024) << "no smaps_rollup: its VmRSS";
+  Write("proc/42/smaps_rollup", "00400000-7fff0000 ---p 00000000 00:00 0  [rollup]\nRss:  2048 kB\n"
+                                "Pss:  1024 kB\nPss_Anon:  512 kB\n");
+  EXPECT_EQ(*Host().ProcessPss(42), 1024u * 1024);
+  EXPECT_EQ(Host().ProcessPss(43).status().code(), StatusCode::kNotFound);
+}
+
+// A server that forks (Ollama's runners, a Python server's workers): what
+// its group holds counts each shared page once. Its members' VmRSS summed
+// counted the copy-on-write pages of a fork twice.
+TEST(HostTelemetryTest, AForkedCopyIsCountedOnceInItsGroup) {
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  constexpr size_t kBytes = 48u << 20;
+  const pid_t leader = fork();
+  if (leader == 0) {
+    setpgid(0, 0);
+    char* p = static_cast<char*>(std::malloc(kBytes));
+    std::memset(p, 1, kBytes);  // resident, then shared with the copy
+    if (fork() == 0) {
+      pause();
+      _exit(0);
+    }
+    (void)!write(ready[1], "x", 1);
+    pause();
+    _exit(0);
+  }
+  setpgid(leader, leader);
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (the copy's own pages settle)
+  HostTelemetry h;
+  const auto group = h.GroupRss(leader);
+  const auto leader_rss = h.ProcessRss(leader);
+  kill(-leader, SIGKILL);
+  waitpid(leader, nullptr, 0);
+  close(ready[0]);
+  close(ready[1]);
+  ASSERT_TRUE(group.ok() && leader_rss.ok());
+  EXPECT_GE(*group, kBytes * 9 / 10) << "the pages are there";
+  EXPECT_LT(*group, *leader_rss * 3 / 2) << "counted once, not once per process: " << *group << " vs " << *leader_rss;
 }
 
 // cuda:N is the Nth GPU the workers' CUDA runtime sees: among
