@@ -21,6 +21,7 @@
 #include "gateway/gateway.h"
 #include "gateway/placement_admission.h"
 #include "gateway/startup_check.h"
+#include "upstream/supervisor.h"
 
 namespace spillway::cli {
 
@@ -154,12 +155,13 @@ void CheckExternalCommands(const config::GatewayConfig& cfg, const std::string& 
   }
   // What ties them to the gateway with all they start (supervisor.cpp, Argv).
   if (!starts_one) return;
-  const std::string tie = (fs::path(worker).parent_path() / "spillway-tie").string();
-  if (::access(tie.c_str(), X_OK) == 0) {
+  const std::string tie = upstream::TieBeside(worker);
+  if (!tie.empty() && ::access(tie.c_str(), X_OK) == 0) {
     r.Line(Verdict::kOk, "external", "the servers it starts end with the gateway, with all they start (" + tie + ")");
   } else {
     r.Line(Verdict::kWarn, "external",
-           tie + ": " + std::strerror(errno) +
+           (tie.empty() ? "spillway-tie: the worker binary " + worker + " names no folder to look in"
+                        : tie + ": " + std::strerror(errno)) +
                "; what an external server's command starts (a wrapper script's server) outlives a gateway killed "
                "with -9",
            "build it (make build) or install Spillway again");

@@ -120,19 +120,20 @@ std::optional<double> PlacementBoard::LineWaitS(const std::string& service, uint
   // every request waiting for the accelerator), or a placement whose
   // breaker takes nothing, or one not serving (loading, stopped), or one
   // whose pace is not measured yet.
-  auto serves_line = [&](size_t k) {
-    auto& st = *states[k];
-    return st.admission.admitted && !st.cpu_path && BreakersAllow(st) && serving(k) && st.gen_tps > 0;
-  };
+  std::vector<bool> serves_line(states.size());
   need = std::max<uint64_t>(1, need);
   // One whose pool can never hold `need` is no way in while another can
   // (its free slot in 1 s said nothing of the 30 s the request would wait
   // for the one that takes it); when none can, each is counted whole.
   bool one_holds_it = false;
-  for (size_t k = 0; k < states.size(); ++k) one_holds_it |= serves_line(k) && states[k]->pool.request_capacity() >= need;
+  for (size_t k = 0; k < states.size(); ++k) {
+    auto& st = *states[k];
+    serves_line[k] = st.admission.admitted && !st.cpu_path && BreakersAllow(st) && serving(k) && st.gen_tps > 0;
+    one_holds_it |= serves_line[k] && st.pool.request_capacity() >= need;
+  }
   std::optional<double> best;
   for (size_t k = 0; k < states.size(); ++k) {
-    if (!serves_line(k)) continue;
+    if (!serves_line[k]) continue;
     const auto& st = states[k];
     const uint64_t capacity = std::max<uint64_t>(1, st->pool.request_capacity());
     if (one_holds_it && capacity < need) continue;

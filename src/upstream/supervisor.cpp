@@ -129,6 +129,11 @@ void Supervisor::Add(WorkerSpec spec) {
   workers_[w.view.key] = std::move(w);
 }
 
+std::string TieBeside(const std::string& worker_binary) {
+  const fs::path dir = fs::path(worker_binary).parent_path();
+  return dir.empty() ? "" : (fs::absolute(dir) / "spillway-tie").string();
+}
+
 std::string SpecHashOf(const WorkerSpec& spec) {
   std::vector<std::string> hashed = spec.external() ? spec.command : spec.args;
   if (spec.nice != 0) hashed.insert(hashed.end(), {"--nice", std::to_string(spec.nice)});  // (unset: as before it counted)
@@ -161,8 +166,7 @@ std::vector<std::string> Supervisor::Argv(Worker& w, const std::string& port_fil
     // execs: setpriv is what stands in where spillway-tie is missing). Else
     // it held its device memory until some later gateway came.
     // (spillway-tie first: it reads the gateway's death from its parent.)
-    const fs::path worker_dir = fs::path(binary_).parent_path();
-    const std::string tie = worker_dir.empty() ? "" : (fs::absolute(worker_dir) / "spillway-tie").string();
+    const std::string tie = TieBeside(binary_);
     static const bool setpriv = ::access("/usr/bin/setpriv", X_OK) == 0;
     if (!tie.empty() && ::access(tie.c_str(), X_OK) == 0) {
       args = {tie, std::to_string(::getpid()), std::to_string(w.spec.stop_signal), "--"};

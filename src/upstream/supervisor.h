@@ -125,6 +125,11 @@ struct WorkerSpec {
 // new niceness, not adopted at its old one).
 std::string SpecHashOf(const WorkerSpec& spec);
 
+// Where spillway-tie (upstream/tie_main.cpp), which every external server is
+// started through, is looked for: beside the worker binary, as an absolute
+// path; "" for a binary named without a folder.
+std::string TieBeside(const std::string& worker_binary);
+
 class Supervisor : public Workers {
  public:
   Supervisor(std::string worker_binary, std::string state_dir, const Clock& clock);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/hash.h"
+#include "common/proc_file.h"
 #include "devices/sim_ledger.h"
 #include "devices/telemetry.h"
 #include "gateway_calls.h"
@@ -40,13 +41,8 @@ pid_t ChildOf(pid_t parent) {
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     const std::string name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string stat = ReadTextFile("/proc/" + name + "/stat");
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close + 2));
-    std::string state;
-    pid_t ppid = 0;
-    if (rest >> state >> ppid && ppid == parent) return static_cast<pid_t>(std::stol(name));
+    const auto pid = static_cast<pid_t>(std::stol(name));
+    if (const auto f = ReadProcStat(pid); f && f->ppid == parent) return pid;
   }
   return 0;
 }
@@ -336,13 +332,8 @@ TEST_F(ExternalTest, AServerSpillwayStartedEndsWithAGatewayKilledWithoutWarning)
   const int pid = ExternalStatus(g->port(), "fake").value("pid", 0);
   ASSERT_GT(pid, 0);
   g->Kill9();
-  bool gone = false;
-  for (int i = 0; i < 100 && !gone; ++i) {
-    std::this_thread::sleep_for(50ms);
-    const std::string stat = ReadTextFile("/proc/" + std::to_string(pid) + "/stat");
-    gone = stat.empty() || stat.find(") Z ") != std::string::npos;
-  }
-  EXPECT_TRUE(gone) << "the external server (pid " << pid << ") outlived its gateway";
+  for (int i = 0; i < 100 && devices::ProcessAlive(pid, 0); ++i) std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(devices::ProcessAlive(pid, 0)) << "the external server (pid " << pid << ") outlived its gateway";
 }
 
 // A wrapper script (one whose server it starts without exec) and what it
@@ -375,10 +366,8 @@ Wrapped StartWrapped(GatewayProcess& g, const std::string& dir) {
   return w;
 }
 
-bool Running(pid_t pid) {
-  const std::string stat = ReadTextFile("/proc/" + std::to_string(pid) + "/stat");
-  return !stat.empty() && stat.find(") Z ") == std::string::npos;
-}
+// Alive, not a zombie.
+bool Running(pid_t pid) { return devices::ProcessAlive(pid, 0); }
 
 // Killed with -9, the gateway takes a wrapper's server with it, not only
 // the wrapper: util-linux's setpriv tied only the process it execs (the
@@ -417,9 +406,11 @@ TEST_F(ExternalTest, WhatAWrapperLeftRunningIsStoppedByTheNextGateway) {
   } kill_left{server};
   // Stopped first, the leader cannot act on its gateway's death; then killed.
   ASSERT_EQ(kill(leader, SIGSTOP), 0);
-  for (int i = 0; i < 200 && ReadTextFile("/proc/" + std::to_string(leader) + "/stat").find(") T ") == std::string::npos; ++i) {
-    std::this_thread::sleep_for(5ms);
-  }
+  auto stopped = [&] {
+    const auto f = ReadProcStat(leader);
+    return f && f->state == 'T';
+  };
+  for (int i = 0; i < 200 && !stopped(); ++i) std::this_thread::sleep_for(5ms);
   g.Kill9();
   ASSERT_EQ(kill(leader, SIGKILL), 0);
   for (int i = 0; i < 100 && Running(leader); ++i) std::this_thread::sleep_for(20ms);

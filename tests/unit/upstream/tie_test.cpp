@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "devices/sim_ledger.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -39,11 +41,7 @@ std::string Tie() {
 }
 
 
-bool Running(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return !stat.empty() && stat.find(") Z ") == std::string::npos;
-}
+bool Running(pid_t pid) { return spillway::devices::ProcessAlive(pid, 0); }  // (alive, not a zombie)
 
 pid_t ReadPid(const std::string& file) {
   pid_t pid = 0;
