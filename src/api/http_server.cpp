@@ -509,9 +509,16 @@ class Session : public std::enable_shared_from_this<Session> {
     ++exchange_gen_;
     auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), version_, exchange_gen_);
     current_ = ex;
-    WatchPeer();
     // The exchange (if dropped) answers 500.
     RunSurviving("spillway: a request handler", [&] { handler_(std::move(req), std::move(ex)); });
+    // The peer is watched once the handler's work has gone its way: a
+    // request's lifecycle starts in a handler posted before this one (on
+    // this loop, or another) and usually sends to its worker first; the
+    // watch's read (a system call) goes after it, off the request's way. An
+    // exchange answered meanwhile is not watched.
+    net::post(stream_.get_executor(), [self = shared_from_this(), gen = exchange_gen_] {
+      if (gen == self->exchange_gen_ && !self->exchange_done_ && !self->closed_) self->WatchPeer();
+    });
   }
 
   // While a request is being handled, keep a read outstanding: an error (a
