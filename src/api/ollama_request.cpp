@@ -373,6 +373,10 @@ StatusOr<OllamaCall> TranslateOllamaRequest(OllamaRoute route, const json& body)
       SPILLWAY_RETURN_IF_ERROR(TranslateMessages(Given(body, "messages") ? body["messages"] : json::array(), &call.openai));
       call.load_only = call.openai["messages"].empty();
       if (Given(body, "tools")) call.openai["tools"] = body["tools"];
+      // Ollama's default: a conversation past the context loses its oldest
+      // messages (never a system message or the last one), not refused.
+      if (Given(body, "truncate") && !body["truncate"].is_boolean()) return Bad("truncate", "must be a boolean");
+      call.openai["truncate"] = Given(body, "truncate") ? body["truncate"].get<bool>() : true;
       SPILLWAY_RETURN_IF_ERROR(TranslateThink(body, &call.openai));
       break;
     }

@@ -328,6 +328,16 @@ StatusOr<ChatRequest> ParseChatRequest(const json& body) {
     ++i;
   }
   SPILLWAY_RETURN_IF_ERROR(ParseToolFields(body, &r));
+  if (auto t = body.find("truncate"); t != body.end() && !t->is_null()) {
+    if (!t->is_boolean()) return Bad("truncate", "must be a boolean");
+    r.truncate = t->get<bool>();
+  }
+  if (auto d = body.find("spillway_drop_messages"); d != body.end() && !d->is_null()) {
+    if (!d->is_number_integer() || d->get<int64_t>() < 0 || d->get<int64_t>() > static_cast<int64_t>(kMaxMessages)) {
+      return Bad("spillway_drop_messages", "must be a whole number of messages");
+    }
+    r.drop_messages = d->get<int32_t>();
+  }
   return r;
 }
 

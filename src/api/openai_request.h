@@ -115,6 +115,15 @@ struct ChatRequest {
   // "reasoning_effort" ("none" turns thinking off, others go to the template).
   std::vector<std::pair<std::string, std::string>> chat_template_kwargs;
   std::string reasoning_effort;
+  // "truncate": true (Ollama's /api/chat default; an extension here): a
+  // conversation longer than the context loses its oldest messages, never
+  // its system messages nor its last one, rather than being refused.
+  bool truncate = false;
+  // "spillway_drop_messages" (internal, the gateway's): leave out exactly this
+  // many of the oldest messages that are not system messages, as the worker
+  // that counted the prompt for admission did, so that every placement reads
+  // the same prompt.
+  std::optional<int32_t> drop_messages;
 };
 
 struct CompletionRequest {
@@ -133,6 +142,11 @@ struct EmbeddingRequest {
   // model takes is cut to what it takes (its end token kept) instead of
   // refused; usage.prompt_tokens counts what was embedded.
   bool truncate = false;
+  // "spillway_drop_messages" (internal, the gateway's): leave out exactly this
+  // many of the oldest messages that are not system messages, as the worker
+  // that counted the prompt for admission did, so that every placement reads
+  // the same prompt.
+  std::optional<int32_t> drop_messages;
 };
 
 // Limits on request shape (the JSON itself is bounded by api/json_limits.h) (not on model capacity, which the worker checks).

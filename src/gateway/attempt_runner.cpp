@@ -72,6 +72,7 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Send(const AttemptSpec& spe
   a.retry_after = r->Header("retry-after");
   a.timings = r->Header("x-spillway-timings");
   a.truncated_inputs = r->Header("x-spillway-truncated-inputs");
+  a.dropped_messages = r->Header("x-spillway-dropped-messages");
   co_return a;
 }
 
@@ -81,6 +82,9 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
   if (continuing) {
     json b = json::parse(spec.body, nullptr, false);
     b["spillway_resume"] = {{"tokens", progress_.tokens()}, {"text_bytes", progress_.text_bytes()}};
+    if (!dropped_messages_.empty() && b.is_object() && !b.contains("spillway_drop_messages")) {
+      b["spillway_drop_messages"] = std::atoi(dropped_messages_.c_str());
+    }
     body = b.dump();
   }
   int status = 0;
@@ -100,8 +104,9 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
   bool stopped_for_cancel = false;
   // A slow reader: much is unsent to the client.
   auto backlogged = [&] { return reply_.unsent_bytes() > max_unsent_bytes_; };
+  ServedBy served = spec.served;  // (and what the worker's head says: messages it dropped)
   auto begin = [&] {
-    if (!reply_.events_started()) reply_.BeginStream(spec.served, spec.role);
+    if (!reply_.events_started()) reply_.BeginStream(served, spec.role);
     if (answering) return;
     answering = true;
     if (on_first_event_) on_first_event_();
@@ -146,6 +151,10 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
       [&](const http::StreamHead& h) {
         status = h.status;
         head_ok = status == 200;
+        if (auto d = h.headers.find("x-spillway-dropped-messages"); d != h.headers.end() && head_ok) {
+          served.dropped_messages = d->second;
+          if (!continuing) dropped_messages_ = d->second;
+        }
         return true;
       },
       [&](std::string_view data) {

@@ -74,6 +74,7 @@ struct AttemptResult {
   std::string retry_after;
   std::string timings;  // a non-streamed answer's protocol::kTimingsHeader ("" when it has none)
   std::string truncated_inputs;  // an embeddings answer's protocol::kTruncatedInputsHeader ("": none)
+  std::string dropped_messages;  // a chat answer's protocol::kDroppedMessagesHeader ("": none)
   // kAnswered, a stream: how it ended (completed, or the worker's error event:
   // failed or cancelled), and whether its head was refused (no event came).
   journal::State stream_state = journal::State::kCompleted;
@@ -100,6 +101,10 @@ class AttemptRunner {
   const std::atomic<bool>& cancelled_;
   std::function<void()> on_first_event_;
   size_t max_unsent_bytes_;
+  // The messages the stream's first worker left out (its head's
+  // protocol::kDroppedMessagesHeader): a continuation leaves out as many, on
+  // whatever placement it runs.
+  std::string dropped_messages_;
 };
 
 }  // namespace spillway::gateway

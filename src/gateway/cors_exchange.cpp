@@ -14,7 +14,7 @@ constexpr const char* kExposed =
     "X-Request-Id, Retry-After, Idempotent-Replayed, X-Spillway-Placement, X-Spillway-Decision, "
     "X-Spillway-Degraded, X-Spillway-Fallback-Model, X-Spillway-Limits, X-Spillway-Estimated-Delay, "
     "X-Spillway-Attempts, X-Spillway-Queued-Ms, X-Spillway-Timings, X-Spillway-Keep-Alive, "
-    "X-Spillway-Truncated-Inputs";
+    "X-Spillway-Truncated-Inputs, X-Spillway-Dropped-Messages";
 constexpr const char* kRequestHeaders =
     "Authorization, Content-Type, Idempotency-Key, X-Request-Id, X-Request-Timeout";
 

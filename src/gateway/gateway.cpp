@@ -425,6 +425,7 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   // Internal fields (a continuation's delivered tokens) come only from the
   // gateway itself: a client's are dropped before the journal sees them.
   bool rewritten = body->erase("spillway_resume") > 0;
+  rewritten |= body->erase("spillway_drop_messages") > 0;
   // As llama.cpp's chat layer in the worker reads it (a null it would refuse after admission is "unset").
   if (endpoint == "chat") rewritten |= api::NormalizeChatForWorker(&*body);
   std::optional<uint32_t> seed;
@@ -563,6 +564,7 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
       res.set("Idempotent-Replayed", "true");
       // A degraded stream says again who served it (a whole answer's body does).
       if (auto served = ReplyWriter::StoredServedBy(old.result_body)) ReplyWriter::Describe(res, *served);
+      ReplyWriter::DescribeStoredCuts(res, old.result_body);
       co_return in->ex->Respond(std::move(res));
     }
   }

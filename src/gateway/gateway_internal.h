@@ -168,6 +168,9 @@ struct Gateway::Live {
   // 50 ms, sent the whole body to be counted again. -1: not counted yet.
   // (The request's own strand only.)
   int prompt_tokens = -1;
+  // A chat with "truncate": its oldest messages the counting worker left out
+  // (prompt_tokens counts what is left), pinned in the body every placement gets.
+  int dropped_messages = 0;
   std::atomic<bool> cancelled{false};
   // Its Accept, journaled on its own while it waited, was refused (the
   // journal cannot write): it stops waiting, and its client hears why.

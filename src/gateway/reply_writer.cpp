@@ -22,6 +22,7 @@ void ReplyWriter::Describe(http::Response& res, const ServedBy& s) {
   if (s.waited_ms > 0) res.set("X-Spillway-Queued-Ms", std::to_string(s.waited_ms));
   if (!s.degraded.empty()) res.set("X-Spillway-Degraded", s.degraded);
   if (!s.fallback_model.empty()) res.set("X-Spillway-Fallback-Model", s.fallback_model);
+  if (!s.dropped_messages.empty()) res.set(std::string(protocol::kDroppedMessagesHeader), s.dropped_messages);
   // A request that was delayed hears the estimate it was delayed with (a
   // stream heard it at once, in its early head).
   if (s.estimated_delay_s >= 0) {
@@ -61,6 +62,24 @@ std::optional<ServedBy> ReplyWriter::StoredServedBy(std::string_view stored) {
   s.fallback_model = text("fallback_model");
   if (j.contains("attempts") && j["attempts"].is_number_integer()) s.attempts = j["attempts"].get<int>();
   return s;
+}
+
+void ReplyWriter::DescribeStoredCuts(http::Response& res, std::string_view stored) {
+  // (Parsed only when it says either: an embedding's answer may be megabytes.)
+  if (stored.find("\"truncated_inputs\"") == std::string_view::npos &&
+      stored.find("\"dropped_messages\"") == std::string_view::npos) {
+    return;
+  }
+  const json j = json::parse(stored, nullptr, false);
+  if (!j.is_object() || !j.contains("spillway") || !j["spillway"].is_object()) return;
+  const json& s = j["spillway"];
+  const auto count = [&](const char* key, std::string_view header) {
+    if (auto it = s.find(key); it != s.end() && it->is_number_integer() && it->get<int64_t>() > 0) {
+      res.set(std::string(header), std::to_string(it->get<int64_t>()));
+    }
+  };
+  count("truncated_inputs", protocol::kTruncatedInputsHeader);
+  count("dropped_messages", protocol::kDroppedMessagesHeader);
 }
 
 void ReplyWriter::BeginStream(const ServedBy& served, const std::string& role) {

@@ -38,6 +38,7 @@ struct ServedBy {
   std::string degraded;        // "served by cpu:0/99 (fallback)" when not the primary
   std::string fallback_model;  // a declared different model, announced as such
   double estimated_delay_s = -1;  // what it was told when it first had to wait (-1: it did not wait)
+  std::string dropped_messages;   // a chat's oldest messages the worker left out to fit ("": none)
 };
 
 class ReplyWriter {
@@ -105,6 +106,11 @@ class ReplyWriter {
   // Idempotency-Key) tells its client what the stream's head did. This
   // reads it back from what was stored (nullopt: none, or not a stream).
   static std::optional<ServedBy> StoredServedBy(std::string_view stored);
+  // A whole answer replayed (an Idempotency-Key) says again what its
+  // `spillway` object records of how it was cut: the inputs of an embedding
+  // (protocol::kTruncatedInputsHeader), the messages of a chat
+  // (kDroppedMessagesHeader), as the first answer's headers did.
+  static void DescribeStoredCuts(http::Response& res, std::string_view stored);
 
  private:
   std::shared_ptr<http::Exchange> ex_;

@@ -441,6 +441,7 @@ boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& en
     if (!r.ok()) continue;
     if (auto reply = protocol::TokenizeReply::FromJson(json::parse(r->body, nullptr, false)); r->status == 200 && reply) {
       *prompt_tokens = reply->prompt_tokens;
+      live_.dropped_messages = reply->dropped_messages;
       co_return true;
     }
     if (auto err = protocol::ParseWorkerError(r->status, r->body); err && err->http_status == 400) {
@@ -601,6 +602,8 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
           if (body.is_object()) {
             body["max_tokens"] = d.max_tokens;
             body.erase("max_completion_tokens");
+            // The prompt counted is the one every placement reads.
+            if (live_.dropped_messages > 0) body["spillway_drop_messages"] = live_.dropped_messages;
           }
           const int64_t waited_ms = g_.clock_.NowMs() - t0_;
           json dj = {{"decision", admission::KindName(d.kind)}, {"placement", st.cfg.Name()},

@@ -326,7 +326,9 @@ boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, 
   }
   const std::string err = state == State::kCompleted ? "" : body;  // (a named value: see Blocking's note on GCC 12)
   co_await Finish(state, r.status, r.type, body, err);
-  reply_.Answer(r.status, r.type, body, &spec.served, RetryAfterOf(r), r.truncated_inputs);
+  ServedBy served = spec.served;
+  served.dropped_messages = r.dropped_messages;
+  reply_.Answer(r.status, r.type, body, &served, RetryAfterOf(r), r.truncated_inputs);
 }
 
 boost::asio::awaitable<void> RequestLifecycle::Run() {

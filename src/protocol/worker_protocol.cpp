@@ -195,19 +195,23 @@ std::optional<TokenizeReply> TokenizeReply::FromJson(const json& j) {
     *out = it->get<int64_t>();
     return *out >= 0 && *out <= INT32_MAX;
   };
-  int64_t prompt = 0, ctx = 0, max_tokens = 0;
-  if (!whole("prompt_tokens", &prompt) || !whole("ctx", &ctx) || !whole("default_max_tokens", &max_tokens)) {
+  int64_t prompt = 0, ctx = 0, max_tokens = 0, dropped = 0;
+  if (!whole("prompt_tokens", &prompt) || !whole("ctx", &ctx) || !whole("default_max_tokens", &max_tokens) ||
+      !whole("dropped_messages", &dropped)) {
     return std::nullopt;
   }
   TokenizeReply r;
   r.prompt_tokens = static_cast<int>(prompt);
   r.ctx = static_cast<int>(ctx);
   r.default_max_tokens = static_cast<int>(max_tokens);
+  r.dropped_messages = static_cast<int>(dropped);
   return r;
 }
 
 json TokenizeReply::ToJson() const {
-  return {{"prompt_tokens", prompt_tokens}, {"ctx", ctx}, {"default_max_tokens", default_max_tokens}};
+  json j = {{"prompt_tokens", prompt_tokens}, {"ctx", ctx}, {"default_max_tokens", default_max_tokens}};
+  if (dropped_messages > 0) j["dropped_messages"] = dropped_messages;
+  return j;
 }
 
 std::optional<WorkerInfo> WorkerInfo::FromJson(const json& j) {

@@ -111,6 +111,9 @@ inline constexpr std::string_view kTimingsHeader = "X-Spillway-Timings";
 // An embeddings answer's count of inputs cut to what the model takes (its
 // request's "truncate"); absent when none was. Passed on to the client.
 inline constexpr std::string_view kTruncatedInputsHeader = "X-Spillway-Truncated-Inputs";
+// How many of a chat's oldest messages the worker left out to fit its context
+// (a request with "truncate": true); absent when none.
+inline constexpr std::string_view kDroppedMessagesHeader = "X-Spillway-Dropped-Messages";
 // The timings in a finished answer: a JSON body's `spillway.timings`, or the
 // last stream event that carries them.
 std::optional<Timings> TimingsOf(std::string_view body);
@@ -119,6 +122,7 @@ struct TokenizeReply {
   int prompt_tokens = 0;
   int ctx = 0;
   int default_max_tokens = 0;
+  int dropped_messages = 0;  // a chat with "truncate": its oldest messages left out to fit (what prompt_tokens counts)
   static std::optional<TokenizeReply> FromJson(const nlohmann::json& j);
   nlohmann::json ToJson() const;
 };

@@ -15,6 +15,7 @@
 #include "api/openai_response.h"
 #include "common/mutation.h"
 #include "common/secret.h"
+#include "worker/chat_fit.h"
 #include "worker/reply_writer.h"
 #include "worker/sampling.h"
 
@@ -185,7 +186,7 @@ void WorkerService::Route(const http::Request& req, std::shared_ptr<http::Exchan
     auto prompt = PromptFor(req.body(), chat);
     if (!prompt.ok()) return respond_error(prompt.status());
     const protocol::TokenizeReply reply{static_cast<int>(prompt->tokens.size()), static_cast<int>(engine_.options().ctx),
-                                        static_cast<int>(opts_.default_max_tokens)};
+                                        static_cast<int>(opts_.default_max_tokens), prompt->dropped_messages};
     return ex->Respond(JsonResponse(200, reply.ToJson(), v));
   }
   if (path == protocol::kApplyTemplatePath && method == bhttp::verb::post) {
@@ -224,19 +225,73 @@ StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text
   if (!body.ok()) return body.status();
   Prompt p;
   std::vector<int32_t> given_tokens;
+  std::optional<std::vector<int32_t>> known_tokens;  // chat: counted already
   if (chat) {
     auto r = api::ParseChatRequest(*body);
     if (!r.ok()) return r.status();
     if (!model_.chat()) return Status::InvalidArgument("this model has no chat template");
     const json none;
     auto tools = body->find("tools");
-    auto plan = model_.chat()->Render(body->at("messages"), tools == body->end() ? none : *tools, *r);
-    if (!plan.ok()) return plan.status();
-    p.text = std::move(plan->prompt);
-    p.grammar = std::move(plan->grammar);
-    p.preserved_tokens = std::move(plan->preserved_tokens);
-    p.extra_stops = std::move(plan->stops);
-    p.chat = std::move(plan->syntax);
+    const json& tool_list = tools == body->end() ? none : *tools;
+    const json& messages = body->at("messages");
+    auto render = [&](const json& m) -> StatusOr<std::pair<ChatPlan, std::vector<int32_t>>> {
+      auto plan = model_.chat()->Render(m, tool_list, *r);
+      if (!plan.ok()) return plan.status();
+      auto tokens = model_.Tokenize(plan->prompt, /*add_special=*/true);
+      if (!tokens.ok()) return tokens.status();
+      return std::make_pair(std::move(*plan), std::move(*tokens));
+    };
+    // As many left out as the worker that counted the prompt left (the
+    // gateway's pin: every placement reads the same prompt).
+    auto rendered = r->drop_messages ? [&] {
+      KeptMessages kept = WithoutOldest(messages, *r->drop_messages);
+      p.dropped_messages = kept.dropped;
+      return render(kept.messages);
+    }() : render(messages);
+    if (!rendered.ok()) return rendered.status();
+    if (r->truncate && !r->drop_messages) {
+      // Beside the prompt: the answer's max_tokens, or, when that is an upper
+      // bound (an Ollama request's num_predict) or unset, a quarter of the
+      // cells at most (Ollama's runner shifts its context while it
+      // generates; a worker does not, so a kept tail leaves room up front).
+      // And a continuation's delivered tokens and one more.
+      const int32_t cells = engine_.CellsPerRequest();
+      int32_t room = r->gen.max_tokens && !r->gen.fit_context
+                         ? *r->gen.max_tokens
+                         : std::min(r->gen.max_tokens.value_or(opts_.default_max_tokens), std::max(1, cells / 4));
+      room = std::max(room, static_cast<int32_t>(r->gen.resume_tokens.size()) + 1);
+      const int64_t limit = int64_t{cells} - room;
+      if (static_cast<int64_t>(rendered->second.size()) > limit && limit > 0) {
+        Status refused;  // the last candidate's refusal by the template
+        std::optional<std::pair<ChatPlan, std::vector<int32_t>>> best;  // (the last that fit is the one kept)
+        auto kept = KeepLatestThatFit(messages, [&](const json& candidate) {
+          auto c = render(candidate);
+          if (!c.ok()) {
+            refused = c.status();
+            return false;
+          }
+          if (static_cast<int64_t>(c->second.size()) > limit) return false;
+          best = std::move(*c);
+          return true;
+        });
+        if (!kept) {
+          return Status::InvalidArgument(
+              "the conversation (" + std::to_string(rendered->second.size()) + " tokens) does not fit the " +
+              std::to_string(cells) + " tokens of context beside " + std::to_string(room) +
+              " for the answer, and no tail of it that keeps its last message does either" +
+              (refused.ok() ? "" : " (the chat template refused one: " + refused.message() + ")"));
+        }
+        rendered = std::move(*best);
+        p.dropped_messages = kept->dropped;
+      }
+    }
+    auto& plan = rendered->first;
+    known_tokens = std::move(rendered->second);
+    p.text = std::move(plan.prompt);
+    p.grammar = std::move(plan.grammar);
+    p.preserved_tokens = std::move(plan.preserved_tokens);
+    p.extra_stops = std::move(plan.stops);
+    p.chat = std::move(plan.syntax);
     p.gen = std::move(r->gen);
   } else {
     auto r = api::ParseCompletionRequest(*body);
@@ -250,6 +305,10 @@ StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text
   }
   if (!p.grammar.empty()) SPILLWAY_RETURN_IF_ERROR(CheckGrammar(p.grammar, model_.vocab()));
   SPILLWAY_RETURN_IF_ERROR(CheckLogitBias(p.gen.sampling.logit_bias, model_.vocab()));
+  if (known_tokens) {
+    p.tokens = std::move(*known_tokens);
+    return p;
+  }
   auto tokens = given_tokens.empty() ? model_.Tokenize(p.text, /*add_special=*/true) : model_.CheckTokens(given_tokens);
   if (!tokens.ok()) return tokens.status();
   p.tokens = std::move(*tokens);
@@ -307,6 +366,8 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
                {"seed", job->sampling.seed},
                {"max_tokens", job->max_tokens},
                {"fingerprint", model_.fingerprint().id}};
+  const int dropped = prompt->dropped_messages;
+  if (dropped > 0) meta["dropped_messages"] = dropped;
 
   auto timings_of = [](const JobResult& r) {
     return protocol::Timings{r.prompt_ms, r.generation_ms, static_cast<double>(r.prompt_tokens),
@@ -326,7 +387,7 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
   if (!gen.stream) {
     auto syntax = prompt->chat ? std::make_shared<ChatSyntax>(*prompt->chat) : nullptr;
     const bool logprobs = gen.logprobs;
-    job->on_done = [ex, v, header, syntax, logprobs, finish_meta, timings_of](JobResult r) {
+    job->on_done = [ex, v, header, syntax, logprobs, finish_meta, timings_of, dropped](JobResult r) {
       if (!r.status.ok()) return ex->Respond(ErrorResponse(r.status, v));
       json out = WholeReply(header, r.text, r.finish_reason, {r.prompt_tokens, r.completion_tokens}, syntax.get(),
                             logprobs ? &r.logprobs : nullptr);
@@ -334,6 +395,7 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
       auto res = JsonResponse(200, out, v);
       res.set("X-Request-Id", header.id);
       res.set(std::string(protocol::kTimingsHeader), timings_of(r).ToHeader());
+      if (dropped > 0) res.set(std::string(protocol::kDroppedMessagesHeader), std::to_string(dropped));
       ex->Respond(std::move(res));
     };
   } else {
@@ -371,6 +433,7 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
     auto head = http::MakeResponse(200, "", "text/event-stream", v);
     head.set(bhttp::field::cache_control, "no-cache");
     head.set("X-Request-Id", id);
+    if (dropped > 0) head.set(std::string(protocol::kDroppedMessagesHeader), std::to_string(dropped));
     ex->StartStream(std::move(head));
   }
   header_lock.unlock();

@@ -91,6 +91,7 @@ class WorkerService {
     GrammarSpec grammar;            // tool calls or response_format
     std::vector<int32_t> preserved_tokens;
     std::vector<std::string> extra_stops;  // the chat format's own stop strings
+    int dropped_messages = 0;       // chat with "truncate": its oldest messages left out to fit
   };
   StatusOr<Prompt> PromptFor(const std::string& body, bool chat) const;
   void HandleEmbeddings(const http::Request& req, std::shared_ptr<http::Exchange> ex);

@@ -133,13 +133,64 @@ test('embed cuts an input past the context, as Ollama does unless told not to', 
   assert.equal((await first.json()).spillway.truncated_inputs, 1);
   const again = await ask();
   assert.equal(again.headers.get('idempotent-replayed'), 'true');
-  assert.equal((await again.json()).spillway.truncated_inputs, 1, 'the replay says it too');
+  assert.equal(again.headers.get('x-spillway-truncated-inputs'), '1', 'the replay says it too');
+  assert.equal((await again.json()).spillway.truncated_inputs, 1, 'and its body');
+  const ollamaReplay = () => fetch(`${base}/api/embed`, {
+    method: 'POST',
+    headers: { 'Idempotency-Key': 'cut-ollama' },
+    body: JSON.stringify({ model: 'embed', input: long }),
+  });
+  assert.equal((await ollamaReplay()).headers.get('x-spillway-truncated-inputs'), '1');
+  const ollamaAgain = await ollamaReplay();
+  assert.equal(ollamaAgain.headers.get('idempotent-replayed'), 'true');
+  assert.equal(ollamaAgain.headers.get('x-spillway-truncated-inputs'), '1', 'an Ollama replay too');
   const refused = await fetch(`${base}/v1/embeddings`, {
     method: 'POST',
     headers: { 'Content-Type': 'application/json' },
     body: JSON.stringify({ model: 'embed', input: long }),
   });
   assert.equal(refused.status, 400, 'without truncate, as OpenAI: refused');
+});
+
+test('a chat past the context loses its oldest messages, as Ollama does unless told not to', async () => {
+  // Past the chat service's 4096 cells a request (8192 over 2 slots): an
+  // Open WebUI conversation that has gone on long enough.
+  const messages = [{ role: 'system', content: 'You keep a lighthouse.' }];
+  for (let i = 0; i < 60; i++) {
+    const words = Array.from({ length: 12 }, (_, k) => `turn${i}word${k}`).join(' ');
+    messages.push({ role: 'user', content: `question ${words}` }, { role: 'assistant', content: `answer ${words}` });
+  }
+  messages.push({ role: 'user', content: 'And the storm tonight?' });
+  const r = await ollama.chat({ model: 'chat', messages, options: { temperature: 0, num_predict: 4 } });
+  assert.equal(r.done, true);
+  const dropped = r.spillway?.dropped_messages;
+  assert.ok(dropped > 0 && dropped % 2 === 0, `dropped ${dropped}`);
+  assert.ok(r.prompt_eval_count < 4096 && r.prompt_eval_count > 3000, `prompt_eval_count ${r.prompt_eval_count}`);
+  // Streamed: the same, in the last line; and the header says it.
+  let last = null;
+  for await (const part of await ollama.chat({ model: 'chat', messages, stream: true, options: { num_predict: 2 } })) last = part;
+  assert.equal(last.spillway?.dropped_messages, dropped);
+  const res = await fetch(`${base}/api/chat`, {
+    method: 'POST',
+    body: JSON.stringify({ model: 'chat', messages, stream: false, options: { num_predict: 2 } }),
+  });
+  assert.equal(res.status, 200);
+  assert.equal(res.headers.get('x-spillway-dropped-messages'), String(dropped));
+  await assert.rejects(ollama.chat({ model: 'chat', messages, truncate: false, options: { num_predict: 2 } }), /does not fit/);
+  // The OpenAI route keeps OpenAI's refusal unless asked.
+  const openai = (extra, key) => fetch(`${base}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', ...(key ? { 'Idempotency-Key': key } : {}) },
+    body: JSON.stringify({ model: 'chat', messages, max_tokens: 2, ...extra }),
+  });
+  assert.equal((await openai({})).status, 400);
+  const asked = await openai({ truncate: true }, 'long-chat');
+  assert.equal(asked.status, 200);
+  assert.equal(asked.headers.get('x-spillway-dropped-messages'), String(dropped));
+  assert.equal((await asked.json()).spillway.dropped_messages, dropped);
+  const replayed = await openai({ truncate: true }, 'long-chat');
+  assert.equal(replayed.headers.get('idempotent-replayed'), 'true');
+  assert.equal(replayed.headers.get('x-spillway-dropped-messages'), String(dropped), 'a replay says it again');
 });
 
 test('tags, show and ps', async () => {

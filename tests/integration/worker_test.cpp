@@ -774,6 +774,100 @@ TEST(WorkerSlotsTest, AnUnsetMaxTokensFitsTheSlotsShare) {
   EXPECT_EQ(u["prompt_tokens"].get<int>() + u["completion_tokens"].get<int>(), 128) << u.dump();
 }
 
+// "truncate": true (Ollama's /api/chat default, which the gateway sets): a
+// conversation past the context loses its oldest messages, never the system
+// message nor the last, and says how many; without it, a 400 as before.
+TEST(WorkerChatFitTest, ALongConversationLosesItsOldestMessagesWhenAskedTo) {
+  WorkerProcess w(ModelPath("tiny-chat"), {"--slots", "1", "--ctx", "512", "--threads", "1"});
+  ASSERT_TRUE(w.running()) << w.Stderr();
+  json messages = json::array({{{"role", "system"}, {"content", "Answer as a lighthouse keeper would."}}});
+  for (int i = 0; i < 24; ++i) {
+    std::string words;
+    for (int k = 0; k < 12; ++k) words += "turn" + std::to_string(i) + "word" + std::to_string(k) + " ";
+    messages.push_back({{"role", "user"}, {"content", "question " + words}});
+    messages.push_back({{"role", "assistant"}, {"content", "answer " + words}});
+  }
+  messages.push_back({{"role", "user"}, {"content", "And the storm tonight?"}});
+  json req = {{"messages", messages}, {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true}};
+
+  auto refused = Post(w, "/v1/chat/completions", req);
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("does not fit the context"), std::string::npos) << refused.body;
+
+  req["truncate"] = true;
+  auto r = Post(w, "/v1/chat/completions", req);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = Body(r);
+  const int dropped = j["spillway"].value("dropped_messages", 0);
+  EXPECT_GT(dropped, 0) << j.dump();
+  EXPECT_EQ(dropped % 2, 0) << "a kept tail begins at a user's message";
+  EXPECT_EQ(r.Header("x-spillway-dropped-messages"), std::to_string(dropped));
+  const int prompt_tokens = j["usage"]["prompt_tokens"];
+  EXPECT_LE(prompt_tokens + 4, 512);
+  // The longest tail that fits: one more question and its answer would not.
+  json longer = {{"messages", json::array({messages[0]})}};
+  for (size_t i = 1 + dropped - 2; i < messages.size(); ++i) longer["messages"].push_back(messages[i]);
+  auto longer_count = Post(w, std::string(protocol::kTokenizePath) + "?endpoint=chat", longer);
+  ASSERT_EQ(longer_count.status, 200) << longer_count.body;
+  EXPECT_GT(Body(longer_count)["prompt_tokens"].get<int>() + 4, 512) << "kept " << prompt_tokens << " tokens of 512";
+
+  // What was kept: the system message, the last one, none of the oldest.
+  auto shown = Post(w, std::string(protocol::kApplyTemplatePath), req);
+  ASSERT_EQ(shown.status, 200) << shown.body;
+  const std::string prompt = Body(shown)["prompt"];
+  EXPECT_NE(prompt.find("lighthouse keeper"), std::string::npos);
+  EXPECT_NE(prompt.find("storm tonight"), std::string::npos);
+  EXPECT_EQ(prompt.find("turn0word"), std::string::npos);
+  EXPECT_NE(prompt.find("turn23word"), std::string::npos);
+  // The gateway's count for admission is the kept prompt's.
+  auto counted = Post(w, std::string(protocol::kTokenizePath) + "?endpoint=chat", req);
+  ASSERT_EQ(counted.status, 200) << counted.body;
+  EXPECT_EQ(Body(counted)["prompt_tokens"], prompt_tokens);
+
+  // A stream says it in its head and in its last chunk's meta.
+  json sreq = req;
+  sreq["stream"] = true;
+  auto s = Post(w, "/v1/chat/completions", sreq);
+  ASSERT_EQ(s.status, 200) << s.body;
+  EXPECT_EQ(s.Header("x-spillway-dropped-messages"), std::to_string(dropped));
+  EXPECT_NE(s.body.find("\"dropped_messages\":" + std::to_string(dropped)), std::string::npos) << s.body;
+
+  // A max_tokens that is not an upper bound keeps its room beside the prompt.
+  req["max_tokens"] = 200;
+  auto roomy = Post(w, "/v1/chat/completions", req);
+  ASSERT_EQ(roomy.status, 200) << roomy.body;
+  EXPECT_LE(Body(roomy)["usage"]["prompt_tokens"].get<int>() + 200, 512);
+  EXPECT_GT(Body(roomy)["spillway"]["dropped_messages"].get<int>(), dropped);
+
+  // An upper bound (an Ollama request's num_predict) leaves the answer a
+  // quarter of the cells (128 of 512), not one token.
+  // (Short turns: a tail of one token's room would be far longer.)
+  json short_turns = json::array();
+  for (int i = 0; i < 60; ++i) {
+    short_turns.push_back({{"role", "user"}, {"content", "q" + std::to_string(i)}});
+    short_turns.push_back({{"role", "assistant"}, {"content", "a" + std::to_string(i)}});
+  }
+  short_turns.push_back({{"role", "user"}, {"content", "last"}});
+  json bounded = {{"messages", short_turns}, {"truncate", true}, {"max_tokens", 400}, {"spillway_fit_context", true},
+                  {"temperature", 0}};
+  auto fitted = Post(w, "/v1/chat/completions", bounded);
+  ASSERT_EQ(fitted.status, 200) << fitted.body;
+  const json fj = Body(fitted);
+  EXPECT_LE(fj["usage"]["prompt_tokens"].get<int>(), 512 - 128);
+  EXPECT_GT(fj["usage"]["prompt_tokens"].get<int>(), 512 - 128 - 30);
+  EXPECT_EQ(fj["spillway"]["max_tokens"].get<int>(), 512 - fj["usage"]["prompt_tokens"].get<int>()) << fj.dump();
+
+  // A last message that cannot fit alone is refused, saying so.
+  req["messages"].back()["content"] = std::string(4000, 'z') + " end";
+  req["max_tokens"] = 4;
+  auto alone = Post(w, "/v1/chat/completions", req);
+  EXPECT_EQ(alone.status, 400) << alone.body;
+  EXPECT_NE(alone.body.find("no tail of it that keeps its last message does either"), std::string::npos) << alone.body;
+  auto bad = Post(w, "/v1/chat/completions", {{"messages", messages}, {"truncate", "yes"}});
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_NE(bad.body.find("'truncate' must be a boolean"), std::string::npos) << bad.body;
+}
+
 std::string FingerprintOf(const std::string& model) {
   WorkerProcess w(model, {"--slots", "1", "--ctx", "256", "--threads", "1"});
   EXPECT_TRUE(w.running()) << w.Stderr();

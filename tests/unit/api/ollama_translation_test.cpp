@@ -54,10 +54,28 @@ TEST(OllamaRequestTest, AChatStreamsByDefaultAndItsOptionsBecomeOpenAiFields) {
   EXPECT_EQ(o["min_p"], 0.05);
   EXPECT_FALSE(o.contains("num_ctx")) << "load-time options are the placement's";
   EXPECT_EQ(o["response_format"], json({{"type", "json_object"}}));
+  EXPECT_EQ(o["truncate"], true) << "Ollama's default: a conversation past the context loses its oldest messages";
   // What the gateway's own parser then accepts.
   json named = o;
   named["model"] = "chat";
   EXPECT_TRUE(ParseChatRequest(named).ok());
+  EXPECT_TRUE(ParseChatRequest(named)->truncate);
+}
+
+TEST(OllamaRequestTest, AChatsTruncateIsItsOwnOrTrue) {
+  const json hi = {{{"role", "user"}, {"content", "hi"}}};
+  EXPECT_EQ(Translate(OllamaRoute::kChat, {{"model", "m"}, {"messages", hi}, {"truncate", false}}).openai["truncate"], false);
+  EXPECT_EQ(Translate(OllamaRoute::kChat, {{"model", "m"}, {"messages", hi}, {"truncate", nullptr}}).openai["truncate"], true);
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"messages", hi}, {"truncate", "no"}}).find("'truncate'"),
+            std::string::npos);
+  // The OpenAI route's: off unless asked for.
+  const json openai = {{"model", "m"}, {"messages", hi}};
+  EXPECT_FALSE(ParseChatRequest(openai)->truncate);
+  json asked = openai;
+  asked["truncate"] = true;
+  EXPECT_TRUE(ParseChatRequest(asked)->truncate);
+  asked["truncate"] = 1;
+  EXPECT_FALSE(ParseChatRequest(asked).ok());
 }
 
 TEST(OllamaRequestTest, DefaultsAndSentinelsLeaveTheServiceDefaults) {

@@ -86,6 +86,7 @@ struct Worker {
   std::set<std::string> cancelled_early;  // cancels that found nothing running
   std::atomic<int> cancels{0};            // DELETEs of a request received
   std::atomic<int> tokenizes{0};          // prompts counted
+  std::atomic<int> drops{0};              // a chat's oldest messages its count leaves out ("truncate")
   // A behaviour that holds the request running until it is cancelled.
   void Hold(const http::Request& req, std::shared_ptr<http::Exchange> ex) {
     const std::string id(req["x-request-id"]);
@@ -106,7 +107,7 @@ struct Worker {
         hung.push_back(std::move(ex));
         return;
       }
-      const protocol::TokenizeReply reply{5, 256, 16};
+      const protocol::TokenizeReply reply{5, 256, 16, drops.load()};
       return ex->Respond(http::MakeResponse(200, reply.ToJson().dump(), "application/json"));
     }
     if (target.rfind(protocol::kCancelPrefix, 0) == 0) {
@@ -931,6 +932,49 @@ TEST_F(LifecycleTest, AStreamCutMidwayIsContinuedElsewhereAsOneStream) {
   const auto rec = Journaled("r-cut");
   EXPECT_EQ(rec.state, journal::State::kCompleted);
   EXPECT_EQ(rec.result_body.find(": spillway"), std::string::npos) << "comments are not part of the stored answer";
+}
+
+// A chat whose oldest messages its counting worker left out ("truncate"):
+// every placement is told to leave out as many (the prompt admission
+// counted), a continuation too, and the client hears how many.
+TEST_F(LifecycleTest, AChatsLeftOutMessagesArePinnedForEveryPlacementItRunsOn) {
+  primary_.drops = 4;
+  fallback_.drops = 6;  // (a smaller context would leave out more)
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    auto head = http::MakeResponse(200, "", "text/event-stream");
+    head.set(std::string(protocol::kDroppedMessagesHeader), "4");
+    ex->StartStream(std::move(head));
+    ex->Write(Chunk("a", 11));
+    ex->Write(api::SseEvent(api::ErrorBody(Status::ResourceExhausted("compute").WithPhase(FailurePhase::kCompute))));
+    ex->End();
+  };
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(Chunk("b", 12));
+    ex->Write(api::kSseDone);
+    ex->End();
+  };
+  json messages = json::array();
+  for (int i = 0; i < 4; ++i) {
+    messages.push_back({{"role", "user"}, {"content", "q" + std::to_string(i)}});
+    messages.push_back({{"role", "assistant"}, {"content", "a" + std::to_string(i)}});
+  }
+  messages.push_back({{"role", "user"}, {"content", "last"}});
+  auto ex = Send("/v1/chat/completions",
+                 json{{"model", "chat"}, {"messages", messages}, {"truncate", true}, {"max_tokens", 8}, {"stream", true},
+                      {"spillway_drop_messages", 1}}.dump(),
+                 "POST", {{"X-Request-Id", "r-pinned"}});
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_NE(ex->body().find("\"b\""), std::string::npos) << ex->body();
+  EXPECT_EQ(primary_.tokenizes + fallback_.tokenizes, 1);
+  const int counted = primary_.tokenizes ? 4 : 6;
+  ASSERT_EQ(primary_.calls(), 1u);
+  ASSERT_EQ(fallback_.calls(), 1u);
+  EXPECT_EQ(primary_.bodies[0]["spillway_drop_messages"], counted) << "the client's own is dropped; the count's is pinned";
+  EXPECT_EQ(fallback_.bodies[0]["spillway_drop_messages"], counted);
+  EXPECT_EQ(ex->header("X-Spillway-Dropped-Messages"), "4") << "as the worker that began the stream said";
+  EXPECT_FALSE(Journaled("r-pinned").body.find("spillway_drop_messages") != std::string::npos)
+      << "the journal keeps the request as its client sent it, less internal fields";
 }
 
 // A stream cut after the first piece of a tool call: an OpenAI client has

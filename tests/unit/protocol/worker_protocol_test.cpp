@@ -198,6 +198,10 @@ TEST(WorkerProtocolTest, TokenizeReply) {
   auto back = TokenizeReply::FromJson(r.ToJson());
   ASSERT_TRUE(back);
   EXPECT_EQ(back->prompt_tokens, 12);
+  EXPECT_EQ(back->dropped_messages, 0);
+  const TokenizeReply cut{300, 512, 256, 6};
+  EXPECT_EQ(TokenizeReply::FromJson(cut.ToJson())->dropped_messages, 6);
+  EXPECT_FALSE(TokenizeReply::FromJson(json{{"prompt_tokens", 12}, {"dropped_messages", -2}}));
   EXPECT_FALSE(TokenizeReply::FromJson(json{{"prompt_tokens", "12"}}));
   // Another field of another type is no reply either (it threw: a type_error out of admission).
   EXPECT_FALSE(TokenizeReply::FromJson(json{{"prompt_tokens", 12}, {"ctx", "4096"}}));
