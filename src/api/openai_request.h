@@ -142,11 +142,6 @@ struct EmbeddingRequest {
   // model takes is cut to what it takes (its end token kept) instead of
   // refused; usage.prompt_tokens counts what was embedded.
   bool truncate = false;
-  // "spillway_drop_messages" (internal, the gateway's): leave out exactly this
-  // many of the oldest messages that are not system messages, as the worker
-  // that counted the prompt for admission did, so that every placement reads
-  // the same prompt.
-  std::optional<int32_t> drop_messages;
 };
 
 // Limits on request shape (the JSON itself is bounded by api/json_limits.h) (not on model capacity, which the worker checks).

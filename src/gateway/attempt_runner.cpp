@@ -151,9 +151,10 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
       [&](const http::StreamHead& h) {
         status = h.status;
         head_ok = status == 200;
-        if (auto d = h.headers.find("x-spillway-dropped-messages"); d != h.headers.end() && head_ok) {
-          served.dropped_messages = d->second;
-          if (!continuing) dropped_messages_ = d->second;
+        if (head_ok) {
+          const auto d = h.headers.find("x-spillway-dropped-messages");
+          if (d != h.headers.end()) served.dropped_messages = d->second;
+          if (!continuing) dropped_messages_ = d != h.headers.end() ? d->second : "";  // (this attempt's, none included)
         }
         return true;
       },

@@ -169,8 +169,11 @@ struct Gateway::Live {
   // (The request's own strand only.)
   int prompt_tokens = -1;
   // A chat with "truncate": its oldest messages the counting worker left out
-  // (prompt_tokens counts what is left), pinned in the body every placement gets.
+  // for the largest context of its model's placements (prompt_tokens counts
+  // what is left), pinned in the body each placement of that model gets; and
+  // that model (the file a placement runs).
   int dropped_messages = 0;
+  std::string counted_model;
   std::atomic<bool> cancelled{false};
   // Its Accept, journaled on its own while it waited, was refused (the
   // journal cannot write): it stops waiting, and its client hears why.

@@ -411,17 +411,32 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
   co_return false;
 }
 
-boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& endpoint, int* prompt_tokens) {
+boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& endpoint, int* prompt_tokens,
+                                                           bool truncating) {
   // Bounded by the request's deadline, and short: a tokenization takes
   // milliseconds, and a worker that hangs (it held each request 30 s, past
   // its X-Request-Timeout and deaf to its cancel) is not asked for long. A
   // body of megabytes takes seconds (2 s a MiB allowed).
-  const int64_t wait_ms = kTokenizeWaitMs + kTokenizeMsPerMiB * static_cast<int64_t>(rec_.body.size() >> 20);
+  const int64_t wait_ms =
+      kTokenizeWaitMs + (truncating ? 3 : 1) * kTokenizeMsPerMiB * static_cast<int64_t>(rec_.body.size() >> 20);
+  // A chat that may leave out its oldest messages ("truncate") is cut for the
+  // largest context among the placements of the counting worker's model:
+  // the most of its history any of them can read (a smaller one, were it
+  // chosen, could not hold what is counted; Decide sees that).
+  const auto model_of = [this](const PlacementBoard::Placement& p) { return p.cfg.different_model ? p.cfg.ModelOr(svc_.model) : svc_.model; };
   for (const auto& st : states_) {
     if (Stopped()) co_return false;
     auto port = st->admission.admitted ? g_.supervisor_.ReadyPort(st->key) : std::nullopt;
     if (!port) continue;
-    auto r = co_await g_.pool_.Send(*port, "POST", std::string(protocol::kTokenizePath) + "?endpoint=" + endpoint,
+    int64_t fit_cells = 0;
+    for (const auto& other : states_) {
+      if (model_of(*other) != model_of(*st)) continue;
+      const auto& c = other->cfg;
+      fit_cells = std::max<int64_t>(fit_cells, c.kv_unified || c.slots <= 1 ? c.ctx : c.ctx / c.slots);
+    }
+    auto r = co_await g_.pool_.Send(*port, "POST",
+                                    std::string(protocol::kTokenizePath) + "?endpoint=" + endpoint +
+                                        "&fit_cells=" + std::to_string(fit_cells),
                                     rec_.body, g_.supervisor_.AuthHeaders(),
                                     TimeLeft(live_.deadline_ms, g_.clock_.NowMs(), wait_ms));
     if (!r.ok() && r.status().code() == StatusCode::kDeadlineExceeded && rec_.body.size() > kLongPromptBytes &&
@@ -442,6 +457,7 @@ boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& en
     if (auto reply = protocol::TokenizeReply::FromJson(json::parse(r->body, nullptr, false)); r->status == 200 && reply) {
       *prompt_tokens = reply->prompt_tokens;
       live_.dropped_messages = reply->dropped_messages;
+      live_.counted_model = model_of(*st);
       co_return true;
     }
     if (auto err = protocol::ParseWorkerError(r->status, r->body); err && err->http_status == 400) {
@@ -482,7 +498,9 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
     if (Stopped()) co_return false;
     // The prompt's size in tokens, from any ready worker of the service (they share the tokenizer).
     if (prompt_tokens < 0) {
-      if (!co_await CountPrompt(endpoint, &prompt_tokens)) co_return false;
+      const auto t = body.is_object() ? body.find("truncate") : body.end();
+      const bool truncating = body.is_object() && t != body.end() && t->is_boolean() && t->get<bool>();
+      if (!co_await CountPrompt(endpoint, &prompt_tokens, truncating)) co_return false;
       if (prompt_tokens > 1 && MutationActive("admit-unmeasured-prompt")) prompt_tokens = 1;  // deliberate bug, tests only
       live_.prompt_tokens = prompt_tokens;
       if (prompt_tokens < 0) {
@@ -602,8 +620,14 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
           if (body.is_object()) {
             body["max_tokens"] = d.max_tokens;
             body.erase("max_completion_tokens");
-            // The prompt counted is the one every placement reads.
-            if (live_.dropped_messages > 0) body["spillway_drop_messages"] = live_.dropped_messages;
+            // The prompt counted is the one each placement of its model reads
+            // (none left out included); another model's counts its own.
+            const auto& p = svc_.placements[d.placement];
+            const std::string& model = p.different_model ? p.ModelOr(svc_.model) : svc_.model;
+            const auto truncate = body.find("truncate");
+            if (truncate != body.end() && truncate->is_boolean() && truncate->get<bool>() && model == live_.counted_model) {
+              body["spillway_drop_messages"] = live_.dropped_messages;
+            }
           }
           const int64_t waited_ms = g_.clock_.NowMs() - t0_;
           json dj = {{"decision", admission::KindName(d.kind)}, {"placement", st.cfg.Name()},

@@ -93,7 +93,9 @@ class RequestAdmission {
   boost::asio::awaitable<bool> Decided();
   // The prompt's size in tokens from a ready worker (-1: none could say).
   // False when the prompt is refused as invalid.
-  boost::asio::awaitable<bool> CountPrompt(const std::string& endpoint, int* prompt_tokens);
+  // `truncating`: a chat with "truncate", whose count may render it a few
+  // times over (chat_fit.h), and is given three times as long.
+  boost::asio::awaitable<bool> CountPrompt(const std::string& endpoint, int* prompt_tokens, bool truncating);
 
   Gateway& g_;
   const journal::RequestRecord& rec_;

@@ -183,10 +183,17 @@ void WorkerService::Route(const http::Request& req, std::shared_ptr<http::Exchan
     // The prompt's token count for the gateway's admission decision, for the
     // same body a generation route would get (?endpoint=chat|completion).
     const bool chat = target.find("endpoint=completion") == std::string::npos;
-    auto prompt = PromptFor(req.body(), chat);
+    // (fit_cells: the context a chat with "truncate" is cut for, the largest of its model's placements.)
+    int32_t fit_cells = 0;
+    if (const auto f = target.find("fit_cells="); f != std::string::npos) {
+      const long long n = std::atoll(target.c_str() + f + 10);
+      fit_cells = n > 0 && n <= INT32_MAX ? static_cast<int32_t>(n) : 0;
+    }
+    auto prompt = PromptFor(req.body(), chat, fit_cells);
     if (!prompt.ok()) return respond_error(prompt.status());
     const protocol::TokenizeReply reply{static_cast<int>(prompt->tokens.size()), static_cast<int>(engine_.options().ctx),
-                                        static_cast<int>(opts_.default_max_tokens), prompt->dropped_messages};
+                                        static_cast<int>(opts_.default_max_tokens),
+                                        std::max(0, prompt->dropped_messages)};
     return ex->Respond(JsonResponse(200, reply.ToJson(), v));
   }
   if (path == protocol::kApplyTemplatePath && method == bhttp::verb::post) {
@@ -220,7 +227,7 @@ void WorkerService::Route(const http::Request& req, std::shared_ptr<http::Exchan
   return respond_error(Status::NotFound("no route for " + std::string(req.method_string()) + " " + path));
 }
 
-StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text, bool chat) const {
+StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text, bool chat, int32_t fit_cells) const {
   auto body = api::ParseJsonBody(text, opts_.json_limits);
   if (!body.ok()) return body.status();
   Prompt p;
@@ -249,17 +256,30 @@ StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text
       return render(kept.messages);
     }() : render(messages);
     if (!rendered.ok()) return rendered.status();
+    // What an answer needs beside its prompt at the least: its max_tokens,
+    // or (an upper bound, or none) one token; and a continuation's
+    // delivered tokens and one more.
+    const int32_t resumed = static_cast<int32_t>(r->gen.resume_tokens.size());
+    const int32_t least = std::max(r->gen.max_tokens && !r->gen.fit_context ? *r->gen.max_tokens : 1, resumed + 1);
+    if (r->drop_messages && static_cast<int64_t>(rendered->second.size()) + least > engine_.CellsPerRequest()) {
+      return Status::InvalidArgument(
+          "without the " + std::to_string(p.dropped_messages) + " oldest messages the gateway's count left out, the " +
+          "conversation is " + std::to_string(rendered->second.size()) + " tokens, more than the " +
+          std::to_string(engine_.CellsPerRequest()) + " tokens of this placement's context hold beside " +
+          std::to_string(least) + " for the answer");
+    }
     if (r->truncate && !r->drop_messages) {
+      p.dropped_messages = 0;
       // Beside the prompt: the answer's max_tokens, or, when that is an upper
       // bound (an Ollama request's num_predict) or unset, a quarter of the
       // cells at most (Ollama's runner shifts its context while it
       // generates; a worker does not, so a kept tail leaves room up front).
       // And a continuation's delivered tokens and one more.
-      const int32_t cells = engine_.CellsPerRequest();
+      const int32_t cells = fit_cells > 0 ? fit_cells : engine_.CellsPerRequest();
       int32_t room = r->gen.max_tokens && !r->gen.fit_context
                          ? *r->gen.max_tokens
                          : std::min(r->gen.max_tokens.value_or(opts_.default_max_tokens), std::max(1, cells / 4));
-      room = std::max(room, static_cast<int32_t>(r->gen.resume_tokens.size()) + 1);
+      room = std::max(room, resumed + 1);
       const int64_t limit = int64_t{cells} - room;
       if (static_cast<int64_t>(rendered->second.size()) > limit && limit > 0) {
         Status refused;  // the last candidate's refusal by the template
@@ -366,7 +386,7 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
                {"seed", job->sampling.seed},
                {"max_tokens", job->max_tokens},
                {"fingerprint", model_.fingerprint().id}};
-  const int dropped = prompt->dropped_messages;
+  const int dropped = prompt->dropped_messages;  // (-1: no "truncate")
   if (dropped > 0) meta["dropped_messages"] = dropped;
 
   auto timings_of = [](const JobResult& r) {
@@ -395,7 +415,7 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
       auto res = JsonResponse(200, out, v);
       res.set("X-Request-Id", header.id);
       res.set(std::string(protocol::kTimingsHeader), timings_of(r).ToHeader());
-      if (dropped > 0) res.set(std::string(protocol::kDroppedMessagesHeader), std::to_string(dropped));
+      if (dropped >= 0) res.set(std::string(protocol::kDroppedMessagesHeader), std::to_string(dropped));
       ex->Respond(std::move(res));
     };
   } else {
@@ -433,7 +453,7 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
     auto head = http::MakeResponse(200, "", "text/event-stream", v);
     head.set(bhttp::field::cache_control, "no-cache");
     head.set("X-Request-Id", id);
-    if (dropped > 0) head.set(std::string(protocol::kDroppedMessagesHeader), std::to_string(dropped));
+    if (dropped >= 0) head.set(std::string(protocol::kDroppedMessagesHeader), std::to_string(dropped));
     ex->StartStream(std::move(head));
   }
   header_lock.unlock();

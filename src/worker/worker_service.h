@@ -91,9 +91,12 @@ class WorkerService {
     GrammarSpec grammar;            // tool calls or response_format
     std::vector<int32_t> preserved_tokens;
     std::vector<std::string> extra_stops;  // the chat format's own stop strings
-    int dropped_messages = 0;       // chat with "truncate": its oldest messages left out to fit
+    int dropped_messages = -1;      // chat with "truncate": its oldest messages left out to fit (-1: not asked)
   };
-  StatusOr<Prompt> PromptFor(const std::string& body, bool chat) const;
+  // `fit_cells` (> 0): the context a chat with "truncate" is cut for, in
+  // place of this worker's (the gateway's count, for the largest placement
+  // of the model).
+  StatusOr<Prompt> PromptFor(const std::string& body, bool chat, int32_t fit_cells = 0) const;
   void HandleEmbeddings(const http::Request& req, std::shared_ptr<http::Exchange> ex);
   std::string RequestId(const http::Request& req);
   uint32_t FreshSeed();

@@ -819,10 +819,35 @@ TEST(WorkerChatFitTest, ALongConversationLosesItsOldestMessagesWhenAskedTo) {
   EXPECT_NE(prompt.find("storm tonight"), std::string::npos);
   EXPECT_EQ(prompt.find("turn0word"), std::string::npos);
   EXPECT_NE(prompt.find("turn23word"), std::string::npos);
-  // The gateway's count for admission is the kept prompt's.
+  // The gateway's count for admission is the kept prompt's; for a larger
+  // placement of the model (fit_cells), fewer are left out.
   auto counted = Post(w, std::string(protocol::kTokenizePath) + "?endpoint=chat", req);
   ASSERT_EQ(counted.status, 200) << counted.body;
   EXPECT_EQ(Body(counted)["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(Body(counted)["dropped_messages"], dropped);
+  auto for_larger = Post(w, std::string(protocol::kTokenizePath) + "?endpoint=chat&fit_cells=2048", req);
+  ASSERT_EQ(for_larger.status, 200) << for_larger.body;
+  EXPECT_LT(Body(for_larger).value("dropped_messages", 0), dropped);
+  EXPECT_GT(Body(for_larger)["prompt_tokens"].get<int>(), 512);
+  // The gateway's pin: exactly that many left out; one that leaves too much
+  // for this placement is refused, saying so.
+  json pinned = req;
+  pinned["spillway_drop_messages"] = dropped + 2;
+  auto p2 = Post(w, "/v1/chat/completions", pinned);
+  ASSERT_EQ(p2.status, 200) << p2.body;
+  EXPECT_EQ(Body(p2)["spillway"]["dropped_messages"], dropped + 2);
+  EXPECT_EQ(p2.Header("x-spillway-dropped-messages"), std::to_string(dropped + 2));
+  pinned["spillway_drop_messages"] = 0;
+  auto p0 = Post(w, "/v1/chat/completions", pinned);
+  EXPECT_EQ(p0.status, 400) << p0.body;
+  EXPECT_NE(p0.body.find("the gateway's count left out"), std::string::npos) << p0.body;
+  // Asked and nothing to leave out: said as 0.
+  json short_chat = req;
+  short_chat["messages"] = json::array({messages[0], messages.back()});
+  auto none = Post(w, "/v1/chat/completions", short_chat);
+  ASSERT_EQ(none.status, 200) << none.body;
+  EXPECT_EQ(none.Header("x-spillway-dropped-messages"), "0");
+  EXPECT_FALSE(Body(none)["spillway"].contains("dropped_messages"));
 
   // A stream says it in its head and in its last chunk's meta.
   json sreq = req;

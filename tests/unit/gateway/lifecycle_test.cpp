@@ -87,6 +87,7 @@ struct Worker {
   std::atomic<int> cancels{0};            // DELETEs of a request received
   std::atomic<int> tokenizes{0};          // prompts counted
   std::atomic<int> drops{0};              // a chat's oldest messages its count leaves out ("truncate")
+  std::vector<std::string> tokenize_targets;
   // A behaviour that holds the request running until it is cancelled.
   void Hold(const http::Request& req, std::shared_ptr<http::Exchange> ex) {
     const std::string id(req["x-request-id"]);
@@ -102,6 +103,10 @@ struct Worker {
     const std::string target(req.target());
     if (target.rfind(protocol::kTokenizePath, 0) == 0) {
       ++tokenizes;
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        tokenize_targets.push_back(target);
+      }
       if (hang_tokenize) {
         std::lock_guard<std::mutex> lk(mu);
         hung.push_back(std::move(ex));
@@ -973,8 +978,43 @@ TEST_F(LifecycleTest, AChatsLeftOutMessagesArePinnedForEveryPlacementItRunsOn) {
   EXPECT_EQ(primary_.bodies[0]["spillway_drop_messages"], counted) << "the client's own is dropped; the count's is pinned";
   EXPECT_EQ(fallback_.bodies[0]["spillway_drop_messages"], counted);
   EXPECT_EQ(ex->header("X-Spillway-Dropped-Messages"), "4") << "as the worker that began the stream said";
+  const auto& counter = primary_.tokenizes ? primary_ : fallback_;
+  ASSERT_EQ(counter.tokenize_targets.size(), 1u);
+  EXPECT_NE(counter.tokenize_targets[0].find("fit_cells=128"), std::string::npos)
+      << counter.tokenize_targets[0] << ": cut for the largest placement of the model (256 cells over 2 slots)";
   EXPECT_FALSE(Journaled("r-pinned").body.find("spillway_drop_messages") != std::string::npos)
       << "the journal keeps the request as its client sent it, less internal fields";
+}
+
+// A fallback declared as a different model reads its own prompt: the count
+// (and what it left out) is the primary's model's, not pinned on it.
+class DifferentModelLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    config_text_ = std::string(kConfig) + "model = \"/nonexistent/small.gguf\"\ndifferent_model = true\n";
+    LifecycleTest::SetUp();
+  }
+};
+
+TEST_F(DifferentModelLifecycleTest, APinIsForThePlacementsOfTheModelThatCounted) {
+  primary_.drops = 4;
+  fallback_.drops = 6;
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    Refuse(ex, Status::ResourceExhausted("no KV cells").WithPhase(FailurePhase::kKv));
+  };
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "small"); };
+  const json messages = {{{"role", "user"}, {"content", "q"}}, {{"role", "assistant"}, {"content", "a"}},
+                         {{"role", "user"}, {"content", "last"}}};
+  auto ex = Send("/v1/chat/completions",
+                 json{{"model", "chat"}, {"messages", messages}, {"truncate", true}, {"max_tokens", 8}}.dump(), "POST",
+                 {{"X-Request-Id", "r-other-model"}});
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+  ASSERT_EQ(primary_.tokenizes.load(), 1) << "the primary is the first to count";
+  ASSERT_GE(primary_.calls(), 1u);
+  ASSERT_GE(fallback_.calls(), 1u);
+  EXPECT_EQ(primary_.bodies[0]["spillway_drop_messages"], 4);
+  EXPECT_FALSE(fallback_.bodies[0].contains("spillway_drop_messages")) << fallback_.bodies[0].dump();
 }
 
 // A stream cut after the first piece of a tool call: an OpenAI client has
