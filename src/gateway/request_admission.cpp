@@ -418,21 +418,26 @@ boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& en
   // its X-Request-Timeout and deaf to its cancel) is not asked for long. A
   // body of megabytes takes seconds (2 s a MiB allowed).
   const int64_t wait_ms =
-      kTokenizeWaitMs + (truncating ? 3 : 1) * kTokenizeMsPerMiB * static_cast<int64_t>(rec_.body.size() >> 20);
+      (truncating ? 3 : 1) * (kTokenizeWaitMs + kTokenizeMsPerMiB * static_cast<int64_t>(rec_.body.size() >> 20));
   // A chat that may leave out its oldest messages ("truncate") is cut for the
-  // largest context among the placements of the counting worker's model:
-  // the most of its history any of them can read (a smaller one, were it
-  // chosen, could not hold what is counted; Decide sees that).
+  // context of the first admitted placement of the counting worker's model,
+  // in the service's order (its primary, as a rule), whichever worker counts
+  // it: the placement the service is built around, not whichever is up (a
+  // small CPU fallback would cut the history the primary can read), nor the
+  // largest (a large CPU fallback would take every long chat from the
+  // accelerator). A placement with less room, were it chosen, cannot hold
+  // what is counted: Decide sees that.
   const auto model_of = [this](const PlacementBoard::Placement& p) { return p.cfg.different_model ? p.cfg.ModelOr(svc_.model) : svc_.model; };
   for (const auto& st : states_) {
     if (Stopped()) co_return false;
     auto port = st->admission.admitted ? g_.supervisor_.ReadyPort(st->key) : std::nullopt;
     if (!port) continue;
     int64_t fit_cells = 0;
-    for (const auto& other : states_) {
-      if (model_of(*other) != model_of(*st)) continue;
-      const auto& c = other->cfg;
-      fit_cells = std::max<int64_t>(fit_cells, c.kv_unified || c.slots <= 1 ? c.ctx : c.ctx / c.slots);
+    for (const auto& first : states_) {
+      if (!first->admission.admitted || model_of(*first) != model_of(*st)) continue;
+      const auto& c = first->cfg;
+      fit_cells = c.kv_unified || c.slots <= 1 ? c.ctx : c.ctx / c.slots;
+      break;
     }
     auto r = co_await g_.pool_.Send(*port, "POST",
                                     std::string(protocol::kTokenizePath) + "?endpoint=" + endpoint +

@@ -94,7 +94,9 @@ class RequestAdmission {
   // The prompt's size in tokens from a ready worker (-1: none could say).
   // False when the prompt is refused as invalid.
   // `truncating`: a chat with "truncate", whose count may render it a few
-  // times over (chat_fit.h), and is given three times as long.
+  // times over (chat_fit.h), and is given three times as long. Such a chat
+  // is cut for the context of the first admitted placement of the counting
+  // worker's model.
   boost::asio::awaitable<bool> CountPrompt(const std::string& endpoint, int* prompt_tokens, bool truncating);
 
   Gateway& g_;

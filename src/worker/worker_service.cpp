@@ -183,7 +183,7 @@ void WorkerService::Route(const http::Request& req, std::shared_ptr<http::Exchan
     // The prompt's token count for the gateway's admission decision, for the
     // same body a generation route would get (?endpoint=chat|completion).
     const bool chat = target.find("endpoint=completion") == std::string::npos;
-    // (fit_cells: the context a chat with "truncate" is cut for, the largest of its model's placements.)
+    // (fit_cells: the context a chat with "truncate" is cut for, its service's primary's.)
     int32_t fit_cells = 0;
     if (const auto f = target.find("fit_cells="); f != std::string::npos) {
       const long long n = std::atoll(target.c_str() + f + 10);
@@ -275,7 +275,9 @@ StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text
       // cells at most (Ollama's runner shifts its context while it
       // generates; a worker does not, so a kept tail leaves room up front).
       // And a continuation's delivered tokens and one more.
-      const int32_t cells = fit_cells > 0 ? fit_cells : engine_.CellsPerRequest();
+      // (Another placement's context, within the positions the model was trained on, as this one's is.)
+      const int32_t cells = fit_cells > 0 ? RequestCellLimit(fit_cells, model_.n_ctx_train(), model_.rotary_positions())
+                                          : engine_.CellsPerRequest();
       int32_t room = r->gen.max_tokens && !r->gen.fit_context
                          ? *r->gen.max_tokens
                          : std::min(r->gen.max_tokens.value_or(opts_.default_max_tokens), std::max(1, cells / 4));

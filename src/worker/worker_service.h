@@ -94,8 +94,8 @@ class WorkerService {
     int dropped_messages = -1;      // chat with "truncate": its oldest messages left out to fit (-1: not asked)
   };
   // `fit_cells` (> 0): the context a chat with "truncate" is cut for, in
-  // place of this worker's (the gateway's count, for the largest placement
-  // of the model).
+  // place of this worker's (the gateway's count, for the service's primary
+  // placement of the model).
   StatusOr<Prompt> PromptFor(const std::string& body, bool chat, int32_t fit_cells = 0) const;
   void HandleEmbeddings(const http::Request& req, std::shared_ptr<http::Exchange> ex);
   std::string RequestId(const http::Request& req);

@@ -1017,6 +1017,41 @@ TEST_F(DifferentModelLifecycleTest, APinIsForThePlacementsOfTheModelThatCounted)
   EXPECT_FALSE(fallback_.bodies[0].contains("spillway_drop_messages")) << fallback_.bodies[0].dump();
 }
 
+// A chat is cut for its primary's context (the first admitted placement of
+// the model), not for a larger CPU fallback's: that one would take every
+// long chat from the accelerator.
+class LargerFallbackLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    config_text_ = kConfig;
+    const std::string cpu = "device = \"cpu\"\nctx = 256";
+    config_text_.replace(config_text_.find(cpu), cpu.size(), "device = \"cpu\"\nctx = 1024");
+    LifecycleTest::SetUp();
+  }
+};
+
+TEST_F(LargerFallbackLifecycleTest, AChatIsCutForItsPrimarysContext) {
+  primary_.drops = 2;
+  const json messages = {{{"role", "user"}, {"content", "q"}}, {{"role", "assistant"}, {"content", "a"}},
+                         {{"role", "user"}, {"content", "last"}}};
+  auto ex = Send("/v1/chat/completions",
+                 json{{"model", "chat"}, {"messages", messages}, {"truncate", true}, {"max_tokens", 8}}.dump(), "POST",
+                 {{"X-Request-Id", "r-cut-for-primary"}});
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+  ASSERT_EQ(primary_.tokenize_targets.size(), 1u);
+  const std::string& target = primary_.tokenize_targets[0];
+  EXPECT_EQ(target.substr(target.size() - 14), "&fit_cells=128") << target;
+  ASSERT_EQ(primary_.calls(), 1u);
+  EXPECT_EQ(primary_.bodies[0]["spillway_drop_messages"], 2);
+  // Without "truncate": counted as it is, nothing pinned.
+  auto plain = Send("/v1/chat/completions", json{{"model", "chat"}, {"messages", messages}, {"max_tokens", 8}}.dump(),
+                    "POST", {{"X-Request-Id", "r-not-cut"}});
+  ASSERT_TRUE(plain->Wait());
+  ASSERT_EQ(primary_.calls(), 2u);
+  EXPECT_FALSE(primary_.bodies[1].contains("spillway_drop_messages"));
+}
+
 // A stream cut after the first piece of a tool call: an OpenAI client has
 // that piece (it may act on it), so the stream is not replayed past it and
 // ends resumable; an Ollama client has nothing yet (its translation sends
