@@ -246,6 +246,13 @@ Status TranslateMessages(const json& messages, json* out) {
   return Status::Ok();
 }
 
+// "truncate" as Ollama reads it: true unless false is given (null: unset).
+Status TranslateTruncate(const json& body, json* openai) {
+  if (Given(body, "truncate") && !body["truncate"].is_boolean()) return Bad("truncate", "must be a boolean");
+  (*openai)["truncate"] = Given(body, "truncate") ? body["truncate"].get<bool>() : true;
+  return Status::Ok();
+}
+
 Status TranslateGenerate(const json& body, OllamaCall* call) {
   SPILLWAY_RETURN_IF_ERROR(RefuseNonEmpty(body, "images", "it serves text models"));
   SPILLWAY_RETURN_IF_ERROR(RefuseNonEmpty(body, "template", "prompts use the model's own chat template"));
@@ -290,8 +297,7 @@ Status TranslateEmbed(const json& body, OllamaCall* call) {
   call->load_only = input.empty() || (input.is_string() && input.get_ref<const std::string&>().empty());
   call->openai["input"] = input;
   // Ollama's default: an input past the model's context is cut, not refused.
-  if (Given(body, "truncate") && !body["truncate"].is_boolean()) return Bad("truncate", "must be a boolean");
-  call->openai["truncate"] = Given(body, "truncate") ? body["truncate"].get<bool>() : true;
+  SPILLWAY_RETURN_IF_ERROR(TranslateTruncate(body, &call->openai));
   if (Given(body, "dimensions")) return Bad("dimensions", "is not supported by Spillway: vectors have the model's width");
   return Status::Ok();
 }
@@ -375,8 +381,7 @@ StatusOr<OllamaCall> TranslateOllamaRequest(OllamaRoute route, const json& body)
       if (Given(body, "tools")) call.openai["tools"] = body["tools"];
       // Ollama's default: a conversation past the context loses its oldest
       // messages (never a system message or the last one), not refused.
-      if (Given(body, "truncate") && !body["truncate"].is_boolean()) return Bad("truncate", "must be a boolean");
-      call.openai["truncate"] = Given(body, "truncate") ? body["truncate"].get<bool>() : true;
+      SPILLWAY_RETURN_IF_ERROR(TranslateTruncate(body, &call.openai));
       SPILLWAY_RETURN_IF_ERROR(TranslateThink(body, &call.openai));
       break;
     }

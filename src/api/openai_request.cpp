@@ -328,10 +328,7 @@ StatusOr<ChatRequest> ParseChatRequest(const json& body) {
     ++i;
   }
   SPILLWAY_RETURN_IF_ERROR(ParseToolFields(body, &r));
-  if (auto t = body.find("truncate"); t != body.end() && !t->is_null()) {
-    if (!t->is_boolean()) return Bad("truncate", "must be a boolean");
-    r.truncate = t->get<bool>();
-  }
+  SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "truncate", &r.truncate));
   if (auto d = body.find("spillway_drop_messages"); d != body.end() && !d->is_null()) {
     if (!d->is_number_integer() || d->get<int64_t>() < 0 || d->get<int64_t>() > static_cast<int64_t>(kMaxMessages)) {
       return Bad("spillway_drop_messages", "must be a whole number of messages");
@@ -383,10 +380,7 @@ StatusOr<EmbeddingRequest> ParseEmbeddingRequest(const json& body) {
     if (!f->is_string() || (*f != "float" && *f != "base64")) return Bad("encoding_format", "must be 'float' or 'base64'");
     r.base64 = *f == "base64";
   }
-  if (auto t = body.find("truncate"); t != body.end() && !t->is_null()) {
-    if (!t->is_boolean()) return Bad("truncate", "must be a boolean");
-    r.truncate = t->get<bool>();
-  }
+  SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "truncate", &r.truncate));
   auto it = body.find("input");
   if (it == body.end()) return Bad("input", "is required");
   if (it->is_string()) {

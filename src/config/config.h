@@ -239,6 +239,11 @@ struct ServiceConfig {
   // How placement `i`'s model is named to clients: an ollama: name as
   // configured, else the file's stem.
   std::string ModelLabel(size_t i) const;
+  // The model file placement `i` serves: its own when declared a different
+  // model, else the service's (a copy of another file refuses to start).
+  const std::string& ModelOf(size_t i) const {
+    return placements[i].different_model ? placements[i].ModelOr(model) : model;
+  }
   bool OnCpuPath(size_t i) const { return i > 0 && placements[i].role == "fallback" && placements[i].device == "cpu"; }
 };
 

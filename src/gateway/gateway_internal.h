@@ -169,9 +169,9 @@ struct Gateway::Live {
   // (The request's own strand only.)
   int prompt_tokens = -1;
   // A chat with "truncate": its oldest messages the counting worker left out
-  // for the largest context of its model's placements (prompt_tokens counts
-  // what is left), pinned in the body each placement of that model gets; and
-  // that model (the file a placement runs).
+  // for the context of the first admitted placement of its model (prompt_tokens
+  // counts what is left), pinned in the body each placement of that model
+  // gets; and that model (ServiceConfig::ModelOf).
   int dropped_messages = 0;
   std::string counted_model;
   std::atomic<bool> cancelled{false};

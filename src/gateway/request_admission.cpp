@@ -427,16 +427,15 @@ boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& en
   // largest (a large CPU fallback would take every long chat from the
   // accelerator). A placement with less room, were it chosen, cannot hold
   // what is counted: Decide sees that.
-  const auto model_of = [this](const PlacementBoard::Placement& p) { return p.cfg.different_model ? p.cfg.ModelOr(svc_.model) : svc_.model; };
-  for (const auto& st : states_) {
+  for (size_t k = 0; k < states_.size(); ++k) {
     if (Stopped()) co_return false;
+    const auto& st = states_[k];
     auto port = st->admission.admitted ? g_.supervisor_.ReadyPort(st->key) : std::nullopt;
     if (!port) continue;
-    int64_t fit_cells = 0;
-    for (const auto& first : states_) {
-      if (!first->admission.admitted || model_of(*first) != model_of(*st)) continue;
-      const auto& c = first->cfg;
-      fit_cells = c.kv_unified || c.slots <= 1 ? c.ctx : c.ctx / c.slots;
+    uint32_t fit_cells = 0;
+    for (size_t first = 0; first < states_.size(); ++first) {
+      if (!states_[first]->admission.admitted || svc_.ModelOf(first) != svc_.ModelOf(k)) continue;
+      fit_cells = states_[first]->pool.request_capacity();  // (fixed by its config: read without the board's lock)
       break;
     }
     auto r = co_await g_.pool_.Send(*port, "POST",
@@ -462,7 +461,7 @@ boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& en
     if (auto reply = protocol::TokenizeReply::FromJson(json::parse(r->body, nullptr, false)); r->status == 200 && reply) {
       *prompt_tokens = reply->prompt_tokens;
       live_.dropped_messages = reply->dropped_messages;
-      live_.counted_model = model_of(*st);
+      live_.counted_model = svc_.ModelOf(k);
       co_return true;
     }
     if (auto err = protocol::ParseWorkerError(r->status, r->body); err && err->http_status == 400) {
@@ -497,14 +496,15 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
     }
   }
   const std::string endpoint = rec_.endpoint == "chat" ? "chat" : "completion";
+  // A chat that may leave out its oldest messages: counted so, and its count pinned.
+  const auto truncate = body.is_object() ? body.find("truncate") : body.end();
+  const bool truncating = truncate != body.end() && truncate->is_boolean() && truncate->get<bool>();
   int prompt_tokens = live_.prompt_tokens;  // (counted by an earlier round of this request's, or not yet)
   const int64_t decide_cap_ms = std::max<int64_t>(static_cast<int64_t>(svc_.admission.max_delay_s * 1000), kQueueWaitMs);
   while (true) {
     if (Stopped()) co_return false;
     // The prompt's size in tokens, from any ready worker of the service (they share the tokenizer).
     if (prompt_tokens < 0) {
-      const auto t = body.is_object() ? body.find("truncate") : body.end();
-      const bool truncating = body.is_object() && t != body.end() && t->is_boolean() && t->get<bool>();
       if (!co_await CountPrompt(endpoint, &prompt_tokens, truncating)) co_return false;
       if (prompt_tokens > 1 && MutationActive("admit-unmeasured-prompt")) prompt_tokens = 1;  // deliberate bug, tests only
       live_.prompt_tokens = prompt_tokens;
@@ -627,10 +627,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
             body.erase("max_completion_tokens");
             // The prompt counted is the one each placement of its model reads
             // (none left out included); another model's counts its own.
-            const auto& p = svc_.placements[d.placement];
-            const std::string& model = p.different_model ? p.ModelOr(svc_.model) : svc_.model;
-            const auto truncate = body.find("truncate");
-            if (truncate != body.end() && truncate->is_boolean() && truncate->get<bool>() && model == live_.counted_model) {
+            if (truncating && svc_.ModelOf(d.placement) == live_.counted_model) {
               body["spillway_drop_messages"] = live_.dropped_messages;
             }
           }

@@ -197,12 +197,7 @@ ServedBy RequestLifecycle::Served() const {
   return s;
 }
 
-// Placements not declared a different model serve the service's model (a
-// copy of another file refuses to start); a declared one serves its own file.
-std::string RequestLifecycle::ModelOf(size_t index) const {
-  const auto& p = svc_->placements[index];
-  return p.different_model ? p.ModelOr(svc_->model) : svc_->model;
-}
+std::string RequestLifecycle::ModelOf(size_t index) const { return svc_->ModelOf(index); }
 
 // A cut stream's last event: the error, and what the client has (to resume from).
 json RequestLifecycle::CheckpointError(const Status& st) const {

@@ -112,7 +112,7 @@ inline constexpr std::string_view kTimingsHeader = "X-Spillway-Timings";
 // request's "truncate"); absent when none was. Passed on to the client.
 inline constexpr std::string_view kTruncatedInputsHeader = "X-Spillway-Truncated-Inputs";
 // How many of a chat's oldest messages the worker left out to fit its context
-// (a request with "truncate": true); absent when none.
+// (a request with "truncate": true; 0 when none was); absent without it.
 inline constexpr std::string_view kDroppedMessagesHeader = "X-Spillway-Dropped-Messages";
 // The timings in a finished answer: a JSON body's `spillway.timings`, or the
 // last stream event that carries them.
