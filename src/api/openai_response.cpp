@@ -171,8 +171,11 @@ json EmbeddingsBody(const std::string& model, const std::vector<std::vector<floa
 json ErrorBody(const Status& status) {
   json err = {{"message", status.message()},
               {"type", OpenAiErrorType(status.code())},
-              {"code", StatusCodeName(status.code())},
+              {"code", status.reason().empty() ? StatusCodeName(status.code()) : status.reason()},
               {"param", nullptr}};
+  // With a reason in "code", the code's name is said beside it (the worker
+  // protocol reads it back: protocol::ParseWorkerError).
+  if (!status.reason().empty()) err["status"] = StatusCodeName(status.code());
   if (status.phase() != FailurePhase::kNone) err["phase"] = FailurePhaseName(status.phase());
   return {{"error", std::move(err)}};
 }

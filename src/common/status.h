@@ -68,6 +68,11 @@ class [[nodiscard]] Status {
   Status& WithPhase(FailurePhase p) { phase_ = p; return *this; }
   int retry_after_s() const { return retry_after_s_; }
   Status& WithRetryAfter(int s) { retry_after_s_ = s; return *this; }
+  // A cause more precise than the code that clients branch on, said as the
+  // error body's "code" in place of the code's name (OpenAI's
+  // "context_length_exceeded"); empty for none.
+  const std::string& reason() const { return reason_; }
+  Status& WithReason(std::string r) { reason_ = std::move(r); return *this; }
 
   std::string ToString() const;
 
@@ -76,7 +81,13 @@ class [[nodiscard]] Status {
   std::string message_;
   FailurePhase phase_ = FailurePhase::kNone;
   int retry_after_s_ = 0;
+  std::string reason_;
 };
+
+// Status::reason of a prompt (with its room for an answer) past the context
+// that could ever hold it: OpenAI's code for it, which clients look for to
+// shorten a conversation.
+inline constexpr const char kContextLengthExceeded[] = "context_length_exceeded";
 
 // The single mapping from StatusCode to HTTP status.
 int HttpStatusFor(StatusCode code);

@@ -3,6 +3,7 @@
 #include "gateway/cors_exchange.h"
 #include "gateway/reply_writer.h"
 
+#include <algorithm>
 #include <cctype>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <string_view>
 #include <thread>
 
 #include <boost/asio/co_spawn.hpp>
@@ -599,16 +601,21 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
   co_await lifecycle.Run();
 }
 
+Status Gateway::Unrecorded(const Status& why, const std::string& id, std::string_view what,
+                           std::string_view withheld) {
+  return Status::Unavailable("the journal could not record " + std::string(what) + " (" + why.message() + "); " +
+                             std::string(withheld) +
+                             ". The journal still holds the request as not ended, and a restart before its end is "
+                             "recorded runs it again: GET /v1/requests/" + id +
+                             " says how it ends; send it again (with a new Idempotency-Key if it had one) only once "
+                             "that says failed")
+      .WithRetryAfter(std::max(why.retry_after_s(), 5));
+}
+
 void Gateway::WithholdUnrecorded(const Status& why, const std::string& id, ReplyWriter& reply,
                                  boost::asio::any_io_executor where) {
   Logged(why, "finish");
-  const Status told =
-      Status::Unavailable("the journal could not record how the request ended (" + why.message() +
-                          "); its answer is withheld, since a crash could lose it. The journal still holds the request "
-                          "as not ended, and a restart before its end is recorded runs it again: GET /v1/requests/" + id +
-                          " says how it ends; send it again (with a new Idempotency-Key if it had one) only once that "
-                          "says failed")
-          .WithRetryAfter(5);
+  const Status told = Unrecorded(why, id, "how the request ended", "its answer is withheld, since a crash could lose it");
   const bool sent = reply.head_sent();
   if (!sent) {
     reply.Error(told);

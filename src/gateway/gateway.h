@@ -295,6 +295,12 @@ class Gateway {
   // own on `where` (the request's end does not wait for the disk).
   void WithholdUnrecorded(const Status& why, const std::string& id, ReplyWriter& reply,
                           boost::asio::any_io_executor where);
+  // What the client of request `id` hears when the journal could not record
+  // `what` (why: the journal cannot write) and `withheld` follows: the
+  // request is still held as not ended, a restart before its end is recorded
+  // runs it again, and how to tell when sending it again is safe.
+  static Status Unrecorded(const Status& why, const std::string& id, std::string_view what,
+                           std::string_view withheld);
   // WithholdUnrecorded's task: tries every unwritable_retry_ms.
   boost::asio::awaitable<void> RecordEndWhenWritable(std::string id, journal::State state, Status told);
   // Runs `f` on the blocking pool, detached (a handler that touches the journal).

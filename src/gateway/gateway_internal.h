@@ -169,11 +169,17 @@ struct Gateway::Live {
   // (The request's own strand only.)
   int prompt_tokens = -1;
   // A chat with "truncate": its oldest messages the counting worker left out
-  // for the context of the first admitted placement of its model (prompt_tokens
-  // counts what is left), pinned in the body each placement of that model
-  // gets; and that model (ServiceConfig::ModelOf).
+  // for the context of the first admitted placement of its model, or a
+  // smaller one's when that cannot take it (RequestAdmission::RecountCells;
+  // prompt_tokens counts what is left), pinned in the body each placement of
+  // that model gets; and that model (ServiceConfig::ModelOf).
   int dropped_messages = 0;
   std::string counted_model;
+  uint32_t counted_cells = 0;  // the context it was cut for (fit_cells; 0: not cut)
+  bool recount_refused = false;  // counted again once, and that count stood no better (RecountCells)
+  // A stream's first event reached its client: a continuation reads the
+  // prompt it began with (never counted again). (Its own strand only.)
+  bool began = false;
   std::atomic<bool> cancelled{false};
   // Its Accept, journaled on its own while it waited, was refused (the
   // journal cannot write): it stops waiting, and its client hears why.

@@ -60,6 +60,7 @@ std::optional<ServedBy> ReplyWriter::StoredServedBy(std::string_view stored) {
   s.limits = text("limits");
   s.degraded = text("degraded");
   s.fallback_model = text("fallback_model");
+  s.dropped_messages = text("dropped_messages");
   if (j.contains("attempts") && j["attempts"].is_number_integer()) s.attempts = j["attempts"].get<int>();
   return s;
 }
@@ -85,14 +86,18 @@ void ReplyWriter::DescribeStoredCuts(http::Response& res, std::string_view store
 void ReplyWriter::BeginStream(const ServedBy& served, const std::string& role) {
   if (events_started_) return;
   events_started_ = true;
-  if (!served.fallback_model.empty() || !served.limits.empty() || !served.degraded.empty()) {
+  // (A chat's dropped messages too, when any: its replay's head says them
+  // again, as a whole answer's replay does.)
+  const bool dropped = !served.dropped_messages.empty() && served.dropped_messages != "0";
+  if (!served.fallback_model.empty() || !served.limits.empty() || !served.degraded.empty() || dropped) {
     stored_ = std::string(kServedComment) +
               json{{"placement", served.placement},
                    {"decision", served.decision},
                    {"attempts", served.attempts},
                    {"limits", served.limits},
                    {"degraded", served.degraded},
-                   {"fallback_model", served.fallback_model}}
+                   {"fallback_model", served.fallback_model},
+                   {"dropped_messages", served.dropped_messages}}
                   .dump(-1, ' ', false, json::error_handler_t::replace) +
               "\n\n" + stored_;
   }
@@ -101,8 +106,10 @@ void ReplyWriter::BeginStream(const ServedBy& served, const std::string& role) {
   if (!served.fallback_model.empty()) ex_->Annotate("fallback_model", served.fallback_model);
   if (!served.limits.empty()) ex_->Annotate("limits", served.limits);
   if (head_sent_) {  // started while waiting: say where it runs now
+    // (Its head went out without X-Spillway-Dropped-Messages: said here.)
     Comment("running on " + served.placement + " (" + role + ")" +
-            (served.limits.empty() ? "" : ", limits " + served.limits));
+            (served.limits.empty() ? "" : ", limits " + served.limits) +
+            (dropped ? ", its " + served.dropped_messages + " oldest messages left out to fit its context" : ""));
     return;
   }
   head_sent_ = true;

@@ -412,7 +412,7 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
 }
 
 boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& endpoint, int* prompt_tokens,
-                                                           bool truncating) {
+                                                           bool truncating, uint32_t cap_cells) {
   // Bounded by the request's deadline, and short: a tokenization takes
   // milliseconds, and a worker that hangs (it held each request 30 s, past
   // its X-Request-Timeout and deaf to its cancel) is not asked for long. A
@@ -430,6 +430,8 @@ boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& en
   for (size_t k = 0; k < states_.size(); ++k) {
     if (Stopped()) co_return false;
     const auto& st = states_[k];
+    // (A recount is the counted model's: another model's worker would cut for itself.)
+    if (cap_cells && svc_.ModelOf(k) != live_.counted_model) continue;
     auto port = st->admission.admitted ? g_.supervisor_.ReadyPort(st->key) : std::nullopt;
     if (!port) continue;
     uint32_t fit_cells = 0;
@@ -438,6 +440,7 @@ boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& en
       fit_cells = states_[first]->pool.request_capacity();  // (fixed by its config: read without the board's lock)
       break;
     }
+    if (cap_cells) fit_cells = std::min(fit_cells, cap_cells);
     auto r = co_await g_.pool_.Send(*port, "POST",
                                     std::string(protocol::kTokenizePath) + "?endpoint=" + endpoint +
                                         "&fit_cells=" + std::to_string(fit_cells),
@@ -462,14 +465,33 @@ boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& en
       *prompt_tokens = reply->prompt_tokens;
       live_.dropped_messages = reply->dropped_messages;
       live_.counted_model = svc_.ModelOf(k);
+      live_.counted_cells = truncating ? fit_cells : 0;
       co_return true;
     }
     if (auto err = protocol::ParseWorkerError(r->status, r->body); err && err->http_status == 400) {
-      *rejected_ = Status::InvalidArgument(err->message);
+      *rejected_ = Status::InvalidArgument(err->message).WithReason(err->reason);
       co_return false;
     }
   }
   co_return true;
+}
+
+uint32_t RequestAdmission::RecountCells(const std::vector<admission::PlacementView>& views) const {
+  // (fail_fast: only the primary is ever chosen, so a smaller context never runs it.)
+  if (live_.counted_cells == 0 || live_.began || live_.recount_refused || svc_.admission.fail_fast) return 0;
+  uint32_t cells = 0;
+  for (size_t k = 0; k < views.size() && k < states_.size(); ++k) {
+    if (svc_.ModelOf(k) != live_.counted_model) continue;
+    const auto& v = views[k];
+    if (v.cells_total >= live_.counted_cells) {
+      // One that holds what was counted is up (busy, if anything), or back
+      // within seconds (one request probes its breaker): it waits for that.
+      if (v.usable || v.probing) return 0;
+      continue;
+    }
+    if (v.usable) cells = std::max(cells, v.cells_total);  // (one that cannot take it now is no reason to cut)
+  }
+  return cells;
 }
 
 boost::asio::awaitable<bool> RequestAdmission::Decided() {
@@ -549,6 +571,33 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
                                svc_.admission.pressure};
       policy.start_wait_s = std::min(kQueueWaitMs, g_.StartWaitMs(svc_)) / 1000.0;
       d = admission::Decide(need, views, policy);
+      // Cut for a context that is not there now, and a smaller one is:
+      // counted again for that one, so that it runs (a failover), its
+      // oldest messages left out, not refused or kept waiting for the one
+      // it was cut for. Once: a count it cannot hold either stands.
+      if (truncating && !Goes(d.kind)) {
+        if (const uint32_t cap = RecountCells(views); cap) {
+          const int dropped = live_.dropped_messages;
+          const std::string model = live_.counted_model;
+          const uint32_t cells = live_.counted_cells;
+          int recounted = -1;
+          if (co_await CountPrompt(endpoint, &recounted, truncating, cap)) {
+            if (recounted >= 0) {
+              prompt_tokens = live_.prompt_tokens = recounted;
+              continue;  // decided again, for the prompt now counted
+            }
+          } else {
+            // No tail of it fits there (its last message alone is too long),
+            // or it could not be counted in time: the count it had stands.
+            if (Stopped()) co_return false;
+            *rejected_ = Status::Ok();
+            live_.dropped_messages = dropped;
+            live_.counted_model = model;
+            live_.counted_cells = cells;
+          }
+          live_.recount_refused = true;
+        }
+      }
       if (d.behind_line) {  // its turn comes when those ahead have gone, at the measured pace
         est_wait_s = g_.board_.LineWaitS(svc_.name, need.ahead_in_line, wait_need, serving_now()).value_or(1.0);
       } else if (d.kind == admission::Kind::kDelay && d.placement < views.size()) {
@@ -667,6 +716,13 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       *rejected_ = d.http_status == 413   ? Status::PayloadTooLarge(d.reason)
                    : d.http_status == 400 ? Status::InvalidArgument(d.reason)
                                           : Status::ResourceExhausted(d.reason).WithRetryAfter(std::max(1, d.retry_after_s));
+      // Past the context of every placement it could run on (not only of
+      // those left after this request's failures): OpenAI's code for it.
+      if (d.http_status == 400 || d.http_status == 413) {
+        bool held = false;  // (line_need_: its prompt and the least answer it takes, as decided)
+        for (const auto* st : states_) held |= st->admission.admitted && line_need_ <= st->pool.request_capacity();
+        if (!held) rejected_->WithReason(kContextLengthExceeded);
+      }
       co_return false;
     }
     if (on_wait_) on_wait_(d.reason, est_wait_s);

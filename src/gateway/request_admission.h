@@ -96,8 +96,17 @@ class RequestAdmission {
   // `truncating`: a chat with "truncate", whose count may render it a few
   // times over (chat_fit.h), and is given three times as long. Such a chat
   // is cut for the context of the first admitted placement of the counting
-  // worker's model.
-  boost::asio::awaitable<bool> CountPrompt(const std::string& endpoint, int* prompt_tokens, bool truncating);
+  // worker's model, or for `cap_cells` when that is less (a recount).
+  boost::asio::awaitable<bool> CountPrompt(const std::string& endpoint, int* prompt_tokens, bool truncating,
+                                           uint32_t cap_cells = 0);
+  // A chat cut for a context that no placement usable now offers (the one it
+  // was cut for failed this request, or is down: its worker restarting, its
+  // breaker open) while a placement of its model with less room is usable or
+  // comes back: that one's context, to count the chat again for (more of its
+  // oldest messages left out, as its answer says). 0 otherwise, and always
+  // once any of it reached its client: a continuation reads the prompt its
+  // stream began with.
+  uint32_t RecountCells(const std::vector<admission::PlacementView>& views) const;
 
   Gateway& g_;
   const journal::RequestRecord& rec_;

@@ -28,6 +28,7 @@ RequestLifecycle::RequestLifecycle(Gateway& g, journal::RequestRecord rec, std::
       placement_(svc_ ? svc_->placements[0].Name() : ""),
       runner_(g.pool_, reply_, progress_, live_->cancelled,
               [this] {
+                live_->began = true;
                 live_->Enter(LivePhase::kStreaming, g_.clock_.NowMs());
                 if (svc_) g_.FirstEvent(rec_.service, rec_.id, target_);
               },
@@ -277,10 +278,18 @@ boost::asio::awaitable<void> RequestLifecycle::CommitRefused(const Status& st) {
   // Left queued or running, a retry with its Idempotency-Key heard "in
   // flight" for good, and a restart ran a request its client had been told
   // failed: the end is recorded once the journal writes again.
+  // A non-streamed request's client hears that as well: told only that the
+  // journal cannot write, it sent the request again while a restart could
+  // still run the first. (A restart never runs a stream again: it marks it
+  // failed_resumable; the journal's refusal is all there is to say.)
+  const Status told = st.code() == StatusCode::kUnavailable && !rec_.stream
+                          ? Gateway::Unrecorded(st, rec_.id, "its next attempt",
+                                                "nothing of that attempt reaches the client")
+                          : st;
   const bool sent = reply_.head_sent();
-  reply_.Error(st);
+  reply_.Error(told);
   const State end = sent ? State::kFailedResumable : State::kFailed;
-  g_.Spawn(g_.RecordEndWhenWritable(rec_.id, end, st), strand_);
+  g_.Spawn(g_.RecordEndWhenWritable(rec_.id, end, told), strand_);
   const int64_t now = g_.clock_.NowMs();
   live_->Enter(LivePhase::kTerminal, now);
   g_.metrics_.RequestFinished(rec_.service, Outcome(end), placement_, placement_key_, (now - t0_) / 1000.0);

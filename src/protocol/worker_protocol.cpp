@@ -77,6 +77,12 @@ WorkerError FromErrorObject(int http_status, const json& e) {
   if (e.contains("code") && e["code"].is_string()) {
     const std::string code = e["code"].get<std::string>();
     w.code = ParseStatusCode(code).value_or(HttpLayerCode(code).value_or(StatusCode::kInternal));
+    // A reason in "code" (api::ErrorBody), the code's name in "status".
+    if (auto named = e.contains("status") && e["status"].is_string() ? ParseStatusCode(e["status"].get<std::string>())
+                                                                     : std::nullopt) {
+      w.code = *named;
+      w.reason = code;
+    }
   }
   if (e.contains("phase") && e["phase"].is_string()) w.phase = ParseFailurePhase(e["phase"].get<std::string>()).value_or(FailurePhase::kNone);
   return w;
@@ -86,7 +92,7 @@ WorkerError FromErrorObject(int http_status, const json& e) {
 
 Status WorkerError::ToStatus() const {
   Status st(code, message);
-  st.WithPhase(phase);
+  st.WithPhase(phase).WithReason(reason);
   return st;
 }
 

@@ -15,8 +15,10 @@
 //   POST   /v1/worker/faults                                        fault injection (tests)
 //   POST   /apply-template                                          {"prompt", "tokens"} of a chat body
 //
-// Errors are `{"error": {"message", "type", "code", "phase"?}}` (api::ErrorBody),
-// in a body or as a stream's last SSE event; WorkerError is their typed form.
+// Errors are `{"error": {"message", "type", "code", "phase"?, "status"?}}`
+// (api::ErrorBody): "code" is the status code's name, or a reason that refines
+// it (Status::reason) with the name in "status"; in a body or as a stream's
+// last SSE event; WorkerError is their typed form.
 // The gateway reads worker answers only through this header, never by
 // searching a body for a substring.
 #pragma once
@@ -77,6 +79,7 @@ struct WorkerError {
   StatusCode code = StatusCode::kInternal;
   FailurePhase phase = FailurePhase::kNone;
   std::string message;
+  std::string reason;  // Status::reason ("context_length_exceeded"), empty for none
 
   // Every slot or KV cell is taken right now: wait and send again (no attempt is spent).
   bool busy() const { return code == StatusCode::kResourceExhausted && phase == FailurePhase::kNone; }

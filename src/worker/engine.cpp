@@ -290,7 +290,8 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
       if (static_cast<int32_t>(in.size()) > limit) {
         return Status::InvalidArgument("input of " + std::to_string(in.size()) + " tokens exceeds " +
                                        (by_training ? "the model's trained context of " : "the context of ") +
-                                       std::to_string(limit) + " tokens");
+                                       std::to_string(limit) + " tokens")
+            .WithReason(kContextLengthExceeded);
       }
     }
   } else {
@@ -306,7 +307,8 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
                                      " exceeds the context of " + std::to_string(cells_total) + " tokens" +
                                      (cells_total < StreamCells() ? " the model was trained on (its positions are not rotary)"
                                       : opts_.kv_unified          ? ""
-                                                                  : " per slot"));
+                                                                  : " per slot"))
+          .WithReason(kContextLengthExceeded);
     }
   }
   std::lock_guard<std::mutex> lk(mu_);

@@ -266,7 +266,8 @@ StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text
           "without the " + std::to_string(p.dropped_messages) + " oldest messages the gateway's count left out, the " +
           "conversation is " + std::to_string(rendered->second.size()) + " tokens, more than the " +
           std::to_string(engine_.CellsPerRequest()) + " tokens of this placement's context hold beside " +
-          std::to_string(least) + " for the answer");
+          std::to_string(least) + " for the answer")
+          .WithReason(kContextLengthExceeded);
     }
     if (r->truncate && !r->drop_messages) {
       p.dropped_messages = 0;
@@ -301,7 +302,8 @@ StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text
               "the conversation (" + std::to_string(rendered->second.size()) + " tokens) does not fit the " +
               std::to_string(cells) + " tokens of context beside " + std::to_string(room) +
               " for the answer, and no tail of it that keeps its last message does either" +
-              (refused.ok() ? "" : " (the chat template refused one: " + refused.message() + ")"));
+              (refused.ok() ? "" : " (the chat template refused one: " + refused.message() + ")"))
+              .WithReason(kContextLengthExceeded);
         }
         rendered = std::move(*best);
         p.dropped_messages = kept->dropped;
@@ -351,7 +353,8 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
   const int n_prompt = static_cast<int>(prompt->tokens.size());
   if (n_prompt >= ctx) {
     return fail(Status::InvalidArgument("prompt of " + std::to_string(n_prompt) + " tokens does not fit the context of " +
-                                        std::to_string(ctx) + " tokens"));
+                                        std::to_string(ctx) + " tokens")
+                    .WithReason(kContextLengthExceeded));
   }
 
   auto job = std::make_shared<Job>();

@@ -183,7 +183,9 @@ test('a chat past the context loses its oldest messages, as Ollama does unless t
     headers: { 'Content-Type': 'application/json', ...(key ? { 'Idempotency-Key': key } : {}) },
     body: JSON.stringify({ model: 'chat', messages, max_tokens: 2, ...extra }),
   });
-  assert.equal((await openai({})).status, 400);
+  const refused = await openai({});
+  assert.equal(refused.status, 400);
+  assert.equal((await refused.json()).error.code, 'context_length_exceeded', "OpenAI's code, which clients look for");
   const asked = await openai({ truncate: true }, 'long-chat');
   assert.equal(asked.status, 200);
   assert.equal(asked.headers.get('x-spillway-dropped-messages'), String(dropped));

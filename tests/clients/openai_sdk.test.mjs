@@ -151,7 +151,24 @@ test('an error status surfaces as the SDK error class', async () => {
     (e) => e instanceof OpenAI.NotFoundError && e.status === 404);
   await assert.rejects(
     client.chat.completions.create({ model: 'chat', messages: [{ role: 'user', content: 'x' }], temperature: 9 }),
-    (e) => e instanceof OpenAI.BadRequestError && /temperature/.test(e.message));
+    (e) => e instanceof OpenAI.BadRequestError && /temperature/.test(e.message) && e.code === 'invalid_argument');
+});
+
+test("a prompt past the context is OpenAI's 400 with code context_length_exceeded, whole and streamed", async () => {
+  // Past the 4096 cells one request holds (8192 over 2 slots).
+  const messages = [];
+  for (let i = 0; i < 60; i++) {
+    const words = Array.from({ length: 12 }, (_, k) => `turn${i}word${k}`).join(' ');
+    messages.push({ role: 'user', content: `question ${words}` }, { role: 'assistant', content: `answer ${words}` });
+  }
+  messages.push({ role: 'user', content: 'And now?' });
+  const past = (e) => e instanceof OpenAI.BadRequestError && e.code === 'context_length_exceeded';
+  await assert.rejects(client.chat.completions.create({ model: 'chat', messages, max_tokens: 2 }), past);
+  await assert.rejects(async () => {
+    for await (const _ of await client.chat.completions.create({ model: 'chat', messages, max_tokens: 2, stream: true }));
+  }, past);
+  // A short prompt whose max_tokens no context holds.
+  await assert.rejects(client.completions.create({ model: 'chat', prompt: 'Hi', max_tokens: 4096 }), past);
 });
 
 async function waitUntilRunning(id) {

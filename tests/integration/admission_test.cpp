@@ -89,6 +89,7 @@ TEST_F(AdmissionTest, LongPromptBeyondTheGpuPoolGoesToTheCpuPoolBeforeAnyAllocat
   auto never = Post(p, {{"model", "chat"}, {"prompt", Tokens(3000)}, {"max_tokens", 2000}});
   EXPECT_EQ(never.status, 400) << never.body;
   EXPECT_NE(Body(never)["error"]["message"].get<std::string>().find("can never fit"), std::string::npos) << never.body;
+  EXPECT_EQ(Body(never)["error"]["code"], "context_length_exceeded") << never.body;
   const std::string metrics = http::Fetch("127.0.0.1", p, "GET", "/metrics")->body;
   EXPECT_NE(metrics.find("spillway_admission_decisions_total{service=\"chat\",decision=\"reroute\"} 1"), std::string::npos)
       << metrics;

@@ -694,6 +694,10 @@ TEST_F(WorkerTest, BadInputsGetTheirStatusAndTheWorkerKeepsServing) {
         << c.body << " -> " << r->body;
     EXPECT_TRUE(e["error"].contains("type"));
     EXPECT_TRUE(e["error"].contains("code"));
+    // A prompt (and its max_tokens) past the context carries OpenAI's code,
+    // which clients look for; nothing else does.
+    const bool past_context = c.fragment.find("the context") != std::string::npos;
+    EXPECT_EQ(e["error"].value("code", "") == "context_length_exceeded", past_context) << c.body << " -> " << r->body;
   }
   // A body over the limit is refused before it is read whole.
   auto huge = http::Fetch("127.0.0.1", chat_->port(), "POST", "/v1/completions", std::string(9 << 20, 'x'), WorkerAuth());
@@ -793,6 +797,9 @@ TEST(WorkerChatFitTest, ALongConversationLosesItsOldestMessagesWhenAskedTo) {
   auto refused = Post(w, "/v1/chat/completions", req);
   EXPECT_EQ(refused.status, 400) << refused.body;
   EXPECT_NE(refused.body.find("does not fit the context"), std::string::npos) << refused.body;
+  // OpenAI's code, which clients look for; the code's name beside it for the gateway.
+  EXPECT_EQ(Body(refused)["error"]["code"], "context_length_exceeded") << refused.body;
+  EXPECT_EQ(Body(refused)["error"]["status"], "invalid_argument") << refused.body;
 
   req["truncate"] = true;
   auto r = Post(w, "/v1/chat/completions", req);

@@ -377,6 +377,30 @@ TEST(ReplyWriterTest, AReplayedDegradedStreamStillNamesWhoServedIt) {
   EXPECT_FALSE(ReplyWriter::StoredServedBy(plain.stored()).has_value());
 }
 
+// A chat stream that left out its oldest messages says so in its head
+// (X-Spillway-Dropped-Messages), and its replay's head again; one whose head
+// went out while it waited says it in the comment that says where it runs.
+TEST(ReplyWriterTest, AStreamsDroppedMessagesAreSaidInItsReplayAndAfterAnEarlyHead) {
+  ReplyWriter reply(nullptr, "req-6", 11);
+  ServedBy s;
+  s.placement = "sim:0/99";
+  s.dropped_messages = "4";
+  reply.BeginStream(s, "primary");
+  reply.Event(Chunk("hi", 3));
+  auto res = http::MakeResponse(200, reply.stored(), "text/event-stream", 11);
+  auto served = ReplyWriter::StoredServedBy(reply.stored());
+  ASSERT_TRUE(served.has_value()) << reply.stored();
+  ReplyWriter::Describe(res, *served);
+  EXPECT_EQ(res["X-Spillway-Dropped-Messages"], "4");
+
+  auto client = std::make_shared<RecordingExchange>();
+  ReplyWriter early(client, "req-7", 11);
+  early.WaitingNote("every slot is busy", 2);
+  early.BeginStream(s, "primary");
+  EXPECT_NE(client->body().find(": running on sim:0/99 (primary), its 4 oldest messages left out"), std::string::npos)
+      << client->body();
+}
+
 // An error once a stream has begun is its last event: it was a whole HTTP
 // answer written inside the stream's body (a waiting stream whose attempt
 // the journal could not record). A relayed answer's stream, in the server's

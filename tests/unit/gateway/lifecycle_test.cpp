@@ -88,6 +88,10 @@ struct Worker {
   std::atomic<int> tokenizes{0};          // prompts counted
   std::atomic<int> drops{0};              // a chat's oldest messages its count leaves out ("truncate")
   std::vector<std::string> tokenize_targets;
+  // When set, what a count says for the context it is asked to cut for
+  // (fit_cells; 0 when none is given; prompt_tokens < 0: no tail fits, a
+  // 400); otherwise 5 tokens and `drops`.
+  std::function<protocol::TokenizeReply(uint32_t)> count;
   // A behaviour that holds the request running until it is cancelled.
   void Hold(const http::Request& req, std::shared_ptr<http::Exchange> ex) {
     const std::string id(req["x-request-id"]);
@@ -112,7 +116,15 @@ struct Worker {
         hung.push_back(std::move(ex));
         return;
       }
-      const protocol::TokenizeReply reply{5, 256, 16, drops.load()};
+      protocol::TokenizeReply reply{5, 256, 16, drops.load()};
+      if (count) {
+        const size_t at = target.find("fit_cells=");
+        reply = count(at == std::string::npos ? 0 : static_cast<uint32_t>(std::stoul(target.substr(at + 10))));
+        if (reply.prompt_tokens < 0) {
+          const Status none = Status::InvalidArgument("no tail of it fits").WithReason(kContextLengthExceeded);
+          return ex->Respond(http::MakeResponse(400, api::ErrorBody(none).dump(), "application/json"));
+        }
+      }
       return ex->Respond(http::MakeResponse(200, reply.ToJson().dump(), "application/json"));
     }
     if (target.rfind(protocol::kCancelPrefix, 0) == 0) {
@@ -603,24 +615,47 @@ TEST_F(LifecycleTest, AJournalThatCannotWriteRefusesNewRequests) {
 // disk filled after its Accept) ends with a 503, and the journal says so once
 // it writes again: left running, a retry with its Idempotency-Key heard "in
 // flight" for good, and a restart ran what its client had been told failed.
-TEST_F(LifecycleTest, AnAttemptTheJournalCannotRecordEndsTheRequestAsItsClientHeard) {
+// Streamed or not (a restart runs a request not streamed again, never a
+// stream: it marks it failed_resumable).
+class AttemptUnrecordedTest : public LifecycleTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(AttemptUnrecordedTest, AnAttemptTheJournalCannotRecordEndsTheRequestAsItsClientHeard) {
+  const bool stream = GetParam();
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
-  const std::string body = json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}, {"stream", true}}.dump();
+  const std::string body = json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}, {"stream", stream}}.dump();
   auto ex = Send("/v1/completions", body, "POST", {{"X-Request-Id", "r-unrecorded"}});
   ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
-  ASSERT_TRUE(Eventually([&] { return journal_->Get("r-unrecorded").ok(); }));  // accepted: durable
+  ASSERT_TRUE(Eventually([&] {  // accepted, its first attempt durable
+    auto r = journal_->Get("r-unrecorded");
+    return r.ok() && r->state == journal::State::kRunning;
+  }));
   faults_->SetDiskFull(true);
   std::shared_ptr<http::Exchange> held = primary_.TakeHeld(0);
   ASSERT_TRUE(held);
   Refuse(held, Status::ResourceExhausted("kv alloc failed").WithPhase(FailurePhase::kKv));  // the fallback next
   ASSERT_TRUE(ex->Wait());
-  EXPECT_NE(ex->body().find("journal"), std::string::npos) << ex->body();
-  EXPECT_EQ(fallback_.calls(), 0u) << "an attempt the journal did not record was sent";
+  EXPECT_EQ(ex->status(), 503u) << ex->body();
+  if (stream) {
+    EXPECT_NE(ex->body().find("journal cannot write"), std::string::npos) << ex->body();
+    EXPECT_EQ(ex->body().find("runs it again"), std::string::npos) << "untrue of a stream: " << ex->body();
+  } else {
+    // The client hears that the request may still run again (a restart
+    // before its end is recorded) and how to tell when a resend is safe.
+    EXPECT_NE(ex->body().find("could not record its next attempt"), std::string::npos) << ex->body();
+    EXPECT_NE(ex->body().find("GET /v1/requests/r-unrecorded"), std::string::npos) << ex->body();
+  }
+  // A stream's attempt is journaled before it is sent; a whole one's commit
+  // is asked for while its worker computes, and the first to find the disk
+  // full was sent (its answer thrown away: AJournalThatCannotWrite...).
+  EXPECT_EQ(fallback_.calls(), stream ? 0u : 1u) << "an attempt the journal did not record was sent";
   faults_->SetDiskFull(false);
   EXPECT_TRUE(Eventually([&] { return journal::IsTerminal(Journaled("r-unrecorded").state); }, std::chrono::seconds(15)))
       << journal::StateName(Journaled("r-unrecorded").state);
   EXPECT_EQ(Journaled("r-unrecorded").result_status, 503);
 }
+
+INSTANTIATE_TEST_SUITE_P(Requests, AttemptUnrecordedTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Streamed" : "Whole"; });
 
 // An attempt the journal refuses for another reason than its storage (a
 // lock another program holds past the busy timeout: `sqlite3 journal.db`
@@ -1050,6 +1085,134 @@ TEST_F(LargerFallbackLifecycleTest, AChatIsCutForItsPrimarysContext) {
   ASSERT_TRUE(plain->Wait());
   ASSERT_EQ(primary_.calls(), 2u);
   EXPECT_FALSE(primary_.bodies[1].contains("spillway_drop_messages"));
+}
+
+// A prompt only the larger fallback holds, which that fallback failed (no KV
+// cells): the 400 that no placement left can hold it is not OpenAI's
+// context_length_exceeded, which tells a client to shorten its conversation
+// for good; a prompt no placement could ever hold is.
+TEST_F(LargerFallbackLifecycleTest, OnlyAPromptPastEveryContextIsContextLengthExceeded) {
+  for (Worker* w : {&primary_, &fallback_}) w->count = [](uint32_t) { return protocol::TokenizeReply{300, 1024, 16, 0}; };
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    Refuse(ex, Status::ResourceExhausted("no KV cells").WithPhase(FailurePhase::kKv));
+  };
+  const std::string body = json{{"model", "chat"}, {"prompt", "long"}, {"max_tokens", 8}}.dump();
+  auto failed = Send("/v1/completions", body);
+  ASSERT_TRUE(failed->Wait());
+  EXPECT_EQ(fallback_.calls(), 1u);
+  EXPECT_NE(json::parse(failed->body(), nullptr, false)["error"].value("code", ""), "context_length_exceeded")
+      << failed->body();
+  for (Worker* w : {&primary_, &fallback_}) w->count = [](uint32_t) { return protocol::TokenizeReply{510, 1024, 16, 0}; };
+  auto never = Send("/v1/completions", body);  // 510 + 8 past the largest context: 512 a request
+  ASSERT_TRUE(never->Wait());
+  EXPECT_EQ(never->status(), 400u) << never->body();
+  EXPECT_EQ(json::parse(never->body(), nullptr, false)["error"].value("code", ""), "context_length_exceeded")
+      << never->body();
+  EXPECT_EQ(fallback_.calls(), 1u);
+}
+
+// A chat cut for its primary's context, when the primary cannot take it
+// (here it failed the request: no KV cells), is counted again for the
+// fallback's smaller context and runs there, more of its oldest messages
+// left out: a failover, not a refusal. Primary: 256 cells a request; the
+// CPU fallback: 128. The count (as a worker's would): 200 tokens without its
+// 2 oldest messages within 256 cells, 100 without its 6 oldest within 128.
+class SmallerFallbackLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    config_text_ = kConfig;
+    const std::string sim = "device = \"sim:0\"\nctx = 256";
+    config_text_.replace(config_text_.find(sim), sim.size(), "device = \"sim:0\"\nctx = 512");
+    LifecycleTest::SetUp();
+    for (Worker* w : {&primary_, &fallback_}) {
+      w->count = [](uint32_t fit) {
+        return fit >= 256 ? protocol::TokenizeReply{200, 512, 16, 2} : protocol::TokenizeReply{100, 256, 16, 6};
+      };
+    }
+  }
+  std::shared_ptr<RecordingExchange> Chat(const std::string& id, bool truncate, bool stream = false) {
+    json messages = json::array();
+    for (int i = 0; i < 4; ++i) {
+      messages.push_back({{"role", "user"}, {"content", "q" + std::to_string(i)}});
+      messages.push_back({{"role", "assistant"}, {"content", "a" + std::to_string(i)}});
+    }
+    messages.push_back({{"role", "user"}, {"content", "last"}});
+    json body = {{"model", "chat"}, {"messages", messages}, {"max_tokens", 8}, {"stream", stream}};
+    if (truncate) body["truncate"] = true;
+    return Send("/v1/chat/completions", body.dump(), "POST", {{"X-Request-Id", id}});
+  }
+  std::vector<std::string> FitsAskedFor() {
+    std::vector<std::string> fits;
+    for (Worker* w : {&primary_, &fallback_}) {
+      std::lock_guard<std::mutex> lk(w->mu);
+      for (const auto& t : w->tokenize_targets) fits.push_back(t.substr(t.find("fit_cells=") + 10));
+    }
+    std::sort(fits.begin(), fits.end());
+    return fits;
+  }
+};
+
+TEST_F(SmallerFallbackLifecycleTest, AChatItsPrimaryCannotTakeIsCountedAgainForTheFallback) {
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    Refuse(ex, Status::ResourceExhausted("no KV cells").WithPhase(FailurePhase::kKv));
+  };
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "fallback"); };
+  auto ex = Chat("r-recounted", true);
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+  EXPECT_NE(ex->body().find("fallback"), std::string::npos) << ex->body();
+  EXPECT_EQ(FitsAskedFor(), (std::vector<std::string>{"128", "256"}));
+  ASSERT_EQ(primary_.calls(), 1u);
+  EXPECT_EQ(primary_.bodies[0]["spillway_drop_messages"], 2);
+  ASSERT_EQ(fallback_.calls(), 1u);
+  EXPECT_EQ(fallback_.bodies[0]["spillway_drop_messages"], 6) << "the fallback reads the prompt counted for it";
+  EXPECT_EQ(json::parse(Journaled("r-recounted").decision, nullptr, false).value("prompt_tokens", 0), 100);
+
+  // Without "truncate" nothing is left out: the fallback cannot hold it.
+  auto plain = Chat("r-whole", false);
+  ASSERT_TRUE(plain->Wait());
+  EXPECT_NE(plain->status(), 200u) << plain->body();
+  EXPECT_EQ(fallback_.calls(), 1u) << "sent to a fallback whose context cannot hold it";
+  EXPECT_EQ(FitsAskedFor().size(), 3u) << "counted again without truncate";
+}
+
+// A count again that finds no tail to fit the smaller context (the last
+// message alone is too long there) stands no better: the request ends as it
+// would have without it (no placement can take it: a 503), not with that
+// count's 400, and is not counted again and again.
+TEST_F(SmallerFallbackLifecycleTest, ARecountThatFitsNothingLeavesTheRequestAsItWas) {
+  for (Worker* w : {&primary_, &fallback_}) {
+    w->count = [](uint32_t fit) {
+      return fit >= 256 ? protocol::TokenizeReply{200, 512, 16, 2} : protocol::TokenizeReply{-1, 256, 16, 0};
+    };
+  }
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    Refuse(ex, Status::ResourceExhausted("no KV cells").WithPhase(FailurePhase::kKv));
+  };
+  auto ex = Chat("r-nothing-fits", true);
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 503u) << ex->body();
+  // (What it was decided with: the first count's 200 tokens and max_tokens.)
+  EXPECT_NE(ex->body().find("208 cells"), std::string::npos) << ex->body();
+  EXPECT_EQ(FitsAskedFor(), (std::vector<std::string>{"128", "256"}));
+  EXPECT_EQ(fallback_.calls(), 0u);
+}
+
+// A stream whose first events reached its client is continued on the
+// prompt it began with, or not at all: never counted again.
+TEST_F(SmallerFallbackLifecycleTest, AStreamThatHasBegunIsNeverCountedAgain) {
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(Chunk("begun", 21));
+    ex->Write(api::SseEvent(api::ErrorBody(Status::ResourceExhausted("compute").WithPhase(FailurePhase::kCompute))));
+    ex->End();
+  };
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "fallback"); };
+  auto ex = Chat("r-begun", true, true);
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_NE(ex->body().find("begun"), std::string::npos) << ex->body();
+  EXPECT_EQ(FitsAskedFor(), (std::vector<std::string>{"256"}));
+  EXPECT_EQ(fallback_.calls(), 0u) << "continued on another prompt than the one its stream began with";
 }
 
 // A stream cut after the first piece of a tool call: an OpenAI client has
@@ -1669,7 +1832,13 @@ TEST_P(EndUnrecordedTest, AnAnswerWhoseEndCannotBeRecordedIsWithheld) {
     std::lock_guard<std::mutex> lk(primary_.mu);
     id = primary_.ids[0];
   }
-  ASSERT_TRUE(Eventually([&] { return journal_->Get(id).ok(); }));  // its first record is on disk
+  // Its attempt is on disk (a client's id: its attempt's commit is asked for
+  // once the worker has the request; a disk full before it refuses the
+  // attempt instead, AnAttemptTheJournalCannotRecord... below).
+  ASSERT_TRUE(Eventually([&] {
+    auto r = journal_->Get(id);
+    return r.ok() && r->state == journal::State::kRunning;
+  }));
   faults_->SetDiskFull(true);
   std::shared_ptr<http::Exchange> held = primary_.TakeHeld(0);
   ASSERT_TRUE(held);
@@ -1677,7 +1846,8 @@ TEST_P(EndUnrecordedTest, AnAnswerWhoseEndCannotBeRecordedIsWithheld) {
   ASSERT_TRUE(ex->Wait());
   EXPECT_EQ(ex->status(), 503u) << ex->body();
   EXPECT_EQ(ex->body().find("primary"), std::string::npos) << "an answer whose end is not durable reached the client";
-  EXPECT_NE(ex->body().find("could not record"), std::string::npos) << ex->body();
+  EXPECT_NE(ex->body().find("could not record how the request ended"), std::string::npos) << ex->body();
+  EXPECT_NE(ex->body().find("GET /v1/requests/" + id), std::string::npos) << ex->body();
   faults_->SetDiskFull(false);
   EXPECT_TRUE(Eventually([&] { return Journaled(id).state == journal::State::kFailed; }, std::chrono::seconds(15)));
   EXPECT_EQ(Journaled(id).result_status, 503);

@@ -33,6 +33,32 @@ TEST(WorkerProtocolTest, ErrorsRoundTripThroughTheWorkersOwnEncoding) {
   EXPECT_FALSE(ParseWorkerError(200, "{}"));
 }
 
+// A reason (OpenAI's context_length_exceeded) is the body's "code" that
+// clients read; the code it refines rides beside it and is read back, so a
+// worker's 400 stays an invalid argument (and a 503 with a reason stays busy).
+TEST(WorkerProtocolTest, AReasonIsTheClientsCodeAndTheStatusCodeIsKept) {
+  const Status past = Status::InvalidArgument("prompt of 9000 tokens does not fit").WithReason(kContextLengthExceeded);
+  const json body = api::ErrorBody(past);
+  EXPECT_EQ(body["error"]["code"], "context_length_exceeded");
+  EXPECT_EQ(body["error"]["status"], "invalid_argument");
+  EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+  auto e = ParseWorkerError(400, body.dump());
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->reason, "context_length_exceeded");
+  EXPECT_EQ(e->ToStatus().reason(), "context_length_exceeded");
+  e = ParseWorkerError(503, api::ErrorBody(Status::ResourceExhausted("full").WithReason("kv_full")).dump());
+  ASSERT_TRUE(e);
+  EXPECT_TRUE(e->busy());
+  // Without a reason: no "status", and "code" is the code's name, as before.
+  const json plain = api::ErrorBody(Status::InvalidArgument("x"));
+  EXPECT_EQ(plain["error"]["code"], "invalid_argument");
+  EXPECT_FALSE(plain["error"].contains("status"));
+  e = ParseWorkerError(400, plain.dump());
+  ASSERT_TRUE(e);
+  EXPECT_TRUE(e->reason.empty());
+}
+
 // A worker's HTTP layer refuses before its handlers when it holds too many
 // bodies or connections: a busy worker (waited for, sent again), not an
 // internal error passed on to the client as a 503.
