@@ -9,6 +9,8 @@
 #include <cctype>
 #include <optional>
 
+#include "api/growing_body.h"
+
 namespace spillway::http {
 
 namespace beast = boost::beast;
@@ -83,7 +85,7 @@ struct Connection::Impl {
 
     stream->expires_after(timeout);
     auto ec = RunOp([&](auto h) { bhttp::async_write(*stream, req, h); });
-    bhttp::response_parser<bhttp::string_body> parser;
+    bhttp::response_parser<GrowingBody> parser;  // (a declared length is not reserved at once)
     parser.body_limit(1ull << 32);
     // A server may answer early (413) and stop reading: a failed write is
     // followed by a read, which returns that answer when there is one.

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <optional>
 
+#include "api/growing_body.h"
 #include "api/http_wire.h"
 #include "api/ollama_request.h"
 #include "common/survive.h"
@@ -88,47 +89,6 @@ void RunLogged(net::io_context& ioc, const char* who) {
 namespace {
 
 class Session;
-
-// Beast's string_body, except that a declared Content-Length is not taken
-// at once: the string grows as the body arrives (doubling, at most to that
-// length), so a peer that declares 8 MiB and then trickles holds what it
-// sent, not 8 MiB (see Session::ReadInSteps).
-struct GrowingBody {
-  using value_type = std::string;
-  static std::uint64_t size(const value_type& v) { return v.size(); }
-  class reader {
-   public:
-    template <bool isRequest, class Fields>
-    reader(bhttp::header<isRequest, Fields>&, value_type& body) : body_(body) {}
-    void init(const boost::optional<std::uint64_t>& length, beast::error_code& ec) {
-      limit_ = length ? *length : 0;
-      ec = {};
-    }
-    template <class ConstBufferSequence>
-    std::size_t put(const ConstBufferSequence& buffers, beast::error_code& ec) {
-      const size_t n = net::buffer_size(buffers);
-      const size_t want = body_.size() + n;
-      if (want > body_.capacity()) {
-        size_t grown = std::max(want, body_.capacity() * 2);
-        if (limit_ > 0) grown = std::max<size_t>(want, std::min<uint64_t>(grown, limit_));
-        // Exactly that: reserve() on a string that holds some would take
-        // at least twice its capacity (libstdc++), past a declared length.
-        std::string bigger;
-        bigger.reserve(grown);
-        bigger.append(body_);
-        body_.swap(bigger);
-      }
-      for (const auto b : beast::buffers_range_ref(buffers)) body_.append(static_cast<const char*>(b.data()), b.size());
-      ec = {};
-      return n;
-    }
-    void finish(beast::error_code& ec) { ec = {}; }
-
-   private:
-    value_type& body_;
-    uint64_t limit_ = 0;  // the declared length (0: none)
-  };
-};
 
 std::string PeerOf(const tcp::socket& s) {
   beast::error_code ec;

@@ -17,6 +17,7 @@
 #include <iterator>
 #include <optional>
 
+#include "api/growing_body.h"
 #include "api/http_wire.h"
 
 namespace spillway::upstream {
@@ -267,7 +268,9 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     // followed by a read, which returns that answer when there is one.
     const bool write_failed = static_cast<bool>(ec);
     if (!write_failed && on_sent) std::exchange(on_sent, nullptr)();
-    std::optional<bhttp::response_parser<bhttp::string_body>> reader;
+    // (A declared Content-Length is not reserved at once: a server that
+    // says 4 GB and sends less holds what it sent.)
+    std::optional<bhttp::response_parser<http::GrowingBody>> reader;
     NewReader(&reader, std::uint64_t{1} << 32);
     if (!ec || ec == net::error::broken_pipe || ec == net::error::connection_reset) {
       beast::error_code rec;

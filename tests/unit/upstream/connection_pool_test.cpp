@@ -11,8 +11,12 @@
 #include <boost/asio/strand.hpp>
 #include <boost/asio/detached.hpp>
 
+#include <sys/resource.h>
+
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <thread>
 
@@ -491,6 +495,43 @@ TEST(ConnectionPoolTest, AChunkLineWithoutEndFailsTheAnswerInsteadOfGrowingWitho
   EXPECT_EQ(got, 0u);
   EXPECT_LT(sent.load(), 16u << 20) << "the gateway read " << (sent >> 20) << " MiB of one chunk line";
   pool.Clear();
+}
+
+// A server that declares an answer of 4 GB and sends a few bytes (a broken
+// or hostile server behind the gateway): the answer fails, and nothing near
+// 4 GB is allocated for it. Beast's string_body reserved the declared length
+// at once (a bad_alloc that ended the gateway where memory is short); run in
+// a child whose address space is bounded, so that a reservation ends it.
+TEST(ConnectionPoolTest, ADeclaredLengthIsNotAllocatedBeforeItArrives) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        RawServer raw;
+        const uint16_t port = raw.port();
+        std::thread server([&] {
+          net::ip::tcp::socket s(raw.ioc);
+          if (!raw.AcceptWithHead(s)) return;
+          boost::system::error_code ec;
+          net::write(s, net::buffer(std::string("HTTP/1.1 200 OK\r\nContent-Length: 4000000000\r\n\r\nshort")), ec);
+          s.shutdown(net::ip::tcp::socket::shutdown_both, ec);
+        });
+        rlimit bound{};
+        getrlimit(RLIMIT_AS, &bound);
+        std::ifstream status("/proc/self/status");
+        uint64_t vm_kib = 0;
+        for (std::string line; std::getline(status, line);) {
+          if (line.rfind("VmSize:", 0) == 0) vm_kib = std::stoull(line.substr(7));
+        }
+        bound.rlim_cur = (vm_kib << 10) + (1ull << 30);  // what it holds now, and 1 GiB
+        setrlimit(RLIMIT_AS, &bound);
+        net::io_context ioc;
+        ConnectionPool pool;
+        auto r = RunCo(ioc, pool.Send(port, "GET", "/huge", "", {}, std::chrono::seconds(5)));
+        server.join();
+        pool.Clear();
+        std::_Exit(r.ok() ? 2 : 0);  // (a body cut short is a failed answer)
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 // A waiter is woken by Notify, not by its bound; one that nobody notifies
