@@ -88,6 +88,10 @@ class [[nodiscard]] Status {
 // that could ever hold it: OpenAI's code for it, which clients look for to
 // shorten a conversation.
 inline constexpr const char kContextLengthExceeded[] = "context_length_exceeded";
+// Status::reason of an answer withheld because the journal could not record
+// the request's attempt or end: the request may still run again after a
+// restart, so it is not to be sent again blindly (see Gateway::Unrecorded).
+inline constexpr const char kAnswerWithheld[] = "answer_withheld";
 
 // The single mapping from StatusCode to HTTP status.
 int HttpStatusFor(StatusCode code);

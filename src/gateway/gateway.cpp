@@ -609,7 +609,8 @@ Status Gateway::Unrecorded(const Status& why, const std::string& id, std::string
                              "recorded runs it again: GET /v1/requests/" + id +
                              " says how it ends; send it again (with a new Idempotency-Key if it had one) only once "
                              "that says failed")
-      .WithRetryAfter(std::max(why.retry_after_s(), 5));
+      .WithRetryAfter(std::max(why.retry_after_s(), 5))
+      .WithReason(kAnswerWithheld);
 }
 
 void Gateway::WithholdUnrecorded(const Status& why, const std::string& id, ReplyWriter& reply,

@@ -80,6 +80,9 @@ inline http::Response ErrorResponse(const Status& st, unsigned version, const st
   auto res = JsonResponse(static_cast<unsigned>(HttpStatusFor(st.code())), ErrorJson(st, request_id), version);
   if (st.retry_after_s() > 0) res.set(bhttp::field::retry_after, std::to_string(st.retry_after_s()));
   if (!request_id.empty()) res.set("X-Request-Id", request_id);
+  // The OpenAI SDKs send a 5xx again on their own, as a new request, unless
+  // told not to: a withheld answer's request may still run again.
+  if (st.reason() == kAnswerWithheld) res.set("X-Should-Retry", "false");
   return res;
 }
 

@@ -430,8 +430,10 @@ boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& en
   for (size_t k = 0; k < states_.size(); ++k) {
     if (Stopped()) co_return false;
     const auto& st = states_[k];
-    // (A recount is the counted model's: another model's worker would cut for itself.)
-    if (cap_cells && svc_.ModelOf(k) != live_.counted_model) continue;
+    // (A recount is the counted model's: another model's worker would cut
+    // for itself; and not the worker of a placement this request failed on,
+    // which is why it is counted again: it may hang.)
+    if (cap_cells && (svc_.ModelOf(k) != live_.counted_model || (k < excluded_.size() && excluded_[k]))) continue;
     auto port = st->admission.admitted ? g_.supervisor_.ReadyPort(st->key) : std::nullopt;
     if (!port) continue;
     uint32_t fit_cells = 0;
@@ -469,14 +471,19 @@ boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& en
       co_return true;
     }
     if (auto err = protocol::ParseWorkerError(r->status, r->body); err && err->http_status == 400) {
-      *rejected_ = Status::InvalidArgument(err->message).WithReason(err->reason);
+      *rejected_ = Status::InvalidArgument(err->message);
+      // Past the context it was cut for: OpenAI's code only when no placement
+      // has a larger one (a larger fallback's is no reason to shorten for good).
+      bool larger = false;
+      for (const auto* other : states_) larger |= other->admission.admitted && other->pool.request_capacity() > fit_cells;
+      if (!larger || !truncating) rejected_->WithReason(err->reason);
       co_return false;
     }
   }
   co_return true;
 }
 
-uint32_t RequestAdmission::RecountCells(const std::vector<admission::PlacementView>& views) const {
+uint32_t RequestAdmission::RecountCells(const std::vector<admission::PlacementView>& views, uint64_t need) const {
   // (fail_fast: only the primary is ever chosen, so a smaller context never runs it.)
   if (live_.counted_cells == 0 || live_.began || live_.recount_refused || svc_.admission.fail_fast) return 0;
   uint32_t cells = 0;
@@ -489,7 +496,9 @@ uint32_t RequestAdmission::RecountCells(const std::vector<admission::PlacementVi
       if (v.usable || v.probing) return 0;
       continue;
     }
-    if (v.usable) cells = std::max(cells, v.cells_total);  // (one that cannot take it now is no reason to cut)
+    if (!v.usable) continue;  // (one that cannot take it now is no reason to cut)
+    if (v.cells_total >= need) return 0;  // it holds the prompt as counted: nothing to leave out for it
+    cells = std::max(cells, v.cells_total);
   }
   return cells;
 }
@@ -576,7 +585,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       // oldest messages left out, not refused or kept waiting for the one
       // it was cut for. Once: a count it cannot hold either stands.
       if (truncating && !Goes(d.kind)) {
-        if (const uint32_t cap = RecountCells(views); cap) {
+        if (const uint32_t cap = RecountCells(views, wait_need); cap) {
           const int dropped = live_.dropped_messages;
           const std::string model = live_.counted_model;
           const uint32_t cells = live_.counted_cells;
@@ -720,7 +729,9 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       // those left after this request's failures): OpenAI's code for it.
       if (d.http_status == 400 || d.http_status == 413) {
         bool held = false;  // (line_need_: its prompt and the least answer it takes, as decided)
-        for (const auto* st : states_) held |= st->admission.admitted && line_need_ <= st->pool.request_capacity();
+        for (size_t k = 0; k < states_.size() && !(k > 0 && svc_.admission.fail_fast); ++k) {  // (fail_fast: its primary alone)
+          held |= states_[k]->admission.admitted && line_need_ <= states_[k]->pool.request_capacity();
+        }
         if (!held) rejected_->WithReason(kContextLengthExceeded);
       }
       co_return false;

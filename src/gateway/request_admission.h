@@ -101,12 +101,13 @@ class RequestAdmission {
                                            uint32_t cap_cells = 0);
   // A chat cut for a context that no placement usable now offers (the one it
   // was cut for failed this request, or is down: its worker restarting, its
-  // breaker open) while a placement of its model with less room is usable or
-  // comes back: that one's context, to count the chat again for (more of its
-  // oldest messages left out, as its answer says). 0 otherwise, and always
-  // once any of it reached its client: a continuation reads the prompt its
-  // stream began with.
-  uint32_t RecountCells(const std::vector<admission::PlacementView>& views) const;
+  // breaker open) while a placement of its model with less room, too little
+  // for `need` (the prompt as counted and its least answer), is usable now:
+  // that one's context, to count the chat again for (more of its oldest
+  // messages left out, as its answer says). 0 otherwise, and always once any
+  // of it reached its client: a continuation reads the prompt its stream
+  // began with.
+  uint32_t RecountCells(const std::vector<admission::PlacementView>& views, uint64_t need) const;
 
   Gateway& g_;
   const journal::RequestRecord& rec_;

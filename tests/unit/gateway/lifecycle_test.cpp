@@ -643,6 +643,9 @@ TEST_P(AttemptUnrecordedTest, AnAttemptTheJournalCannotRecordEndsTheRequestAsIts
     // before its end is recorded) and how to tell when a resend is safe.
     EXPECT_NE(ex->body().find("could not record its next attempt"), std::string::npos) << ex->body();
     EXPECT_NE(ex->body().find("GET /v1/requests/r-unrecorded"), std::string::npos) << ex->body();
+    // Not sent again on their own by the OpenAI SDKs (which retry a 5xx).
+    EXPECT_EQ(ex->header("X-Should-Retry"), "false");
+    EXPECT_EQ(json::parse(ex->body(), nullptr, false)["error"].value("code", ""), "answer_withheld") << ex->body();
   }
   // A stream's attempt is journaled before it is sent; a whole one's commit
   // is asked for while its worker computes, and the first to find the disk
@@ -1109,6 +1112,16 @@ TEST_F(LargerFallbackLifecycleTest, OnlyAPromptPastEveryContextIsContextLengthEx
   EXPECT_EQ(json::parse(never->body(), nullptr, false)["error"].value("code", ""), "context_length_exceeded")
       << never->body();
   EXPECT_EQ(fallback_.calls(), 1u);
+  // A chat whose last message alone is past its primary's context (the
+  // count, cut for the primary, fits nothing): refused, but not with that
+  // code, since the larger fallback's context is larger.
+  for (Worker* w : {&primary_, &fallback_}) w->count = [](uint32_t) { return protocol::TokenizeReply{-1, 1024, 16, 0}; };
+  const json messages = {{{"role", "user"}, {"content", "a very long question"}}};
+  auto cut = Send("/v1/chat/completions",
+                  json{{"model", "chat"}, {"messages", messages}, {"truncate", true}, {"max_tokens", 8}}.dump());
+  ASSERT_TRUE(cut->Wait());
+  EXPECT_EQ(cut->status(), 400u) << cut->body();
+  EXPECT_NE(json::parse(cut->body(), nullptr, false)["error"].value("code", ""), "context_length_exceeded") << cut->body();
 }
 
 // A chat cut for its primary's context, when the primary cannot take it
@@ -1162,6 +1175,7 @@ TEST_F(SmallerFallbackLifecycleTest, AChatItsPrimaryCannotTakeIsCountedAgainForT
   EXPECT_EQ(ex->status(), 200u) << ex->body();
   EXPECT_NE(ex->body().find("fallback"), std::string::npos) << ex->body();
   EXPECT_EQ(FitsAskedFor(), (std::vector<std::string>{"128", "256"}));
+  EXPECT_EQ(primary_.tokenizes.load(), 1) << "counted again by the worker that failed it (it may hang)";
   ASSERT_EQ(primary_.calls(), 1u);
   EXPECT_EQ(primary_.bodies[0]["spillway_drop_messages"], 2);
   ASSERT_EQ(fallback_.calls(), 1u);
@@ -1174,6 +1188,29 @@ TEST_F(SmallerFallbackLifecycleTest, AChatItsPrimaryCannotTakeIsCountedAgainForT
   EXPECT_NE(plain->status(), 200u) << plain->body();
   EXPECT_EQ(fallback_.calls(), 1u) << "sent to a fallback whose context cannot hold it";
   EXPECT_EQ(FitsAskedFor().size(), 3u) << "counted again without truncate";
+}
+
+// A chat whose count already fits the smaller fallback is not counted again
+// (nothing more is left out than its primary's count left out). Two rules
+// keep it so: the decision sends it there as counted, and RecountCells
+// finds nothing to cut for one that holds it (for a fallback busy now); it
+// goes red only without both (a busy fallback is not staged here).
+TEST_F(SmallerFallbackLifecycleTest, AChatTheFallbackHoldsAsCountedIsNotCountedAgain) {
+  for (Worker* w : {&primary_, &fallback_}) {
+    w->count = [](uint32_t fit) {
+      return fit >= 256 ? protocol::TokenizeReply{100, 512, 16, 2} : protocol::TokenizeReply{60, 256, 16, 6};
+    };
+  }
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    Refuse(ex, Status::ResourceExhausted("no KV cells").WithPhase(FailurePhase::kKv));
+  };
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "fallback"); };
+  auto ex = Chat("r-held-as-counted", true);
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+  EXPECT_EQ(FitsAskedFor(), (std::vector<std::string>{"256"}));
+  ASSERT_EQ(fallback_.calls(), 1u);
+  EXPECT_EQ(fallback_.bodies[0]["spillway_drop_messages"], 2);
 }
 
 // A count again that finds no tail to fit the smaller context (the last
@@ -1848,6 +1885,7 @@ TEST_P(EndUnrecordedTest, AnAnswerWhoseEndCannotBeRecordedIsWithheld) {
   EXPECT_EQ(ex->body().find("primary"), std::string::npos) << "an answer whose end is not durable reached the client";
   EXPECT_NE(ex->body().find("could not record how the request ended"), std::string::npos) << ex->body();
   EXPECT_NE(ex->body().find("GET /v1/requests/" + id), std::string::npos) << ex->body();
+  EXPECT_EQ(ex->header("X-Should-Retry"), "false");
   faults_->SetDiskFull(false);
   EXPECT_TRUE(Eventually([&] { return Journaled(id).state == journal::State::kFailed; }, std::chrono::seconds(15)));
   EXPECT_EQ(Journaled(id).result_status, 503);

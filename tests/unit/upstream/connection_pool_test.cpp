@@ -523,13 +523,13 @@ TEST(ConnectionPoolTest, ADeclaredLengthIsNotAllocatedBeforeItArrives) {
           if (line.rfind("VmSize:", 0) == 0) vm_kib = std::stoull(line.substr(7));
         }
         bound.rlim_cur = (vm_kib << 10) + (1ull << 30);  // what it holds now, and 1 GiB
-        setrlimit(RLIMIT_AS, &bound);
+        if (vm_kib == 0 || setrlimit(RLIMIT_AS, &bound) != 0) std::_Exit(3);  // (not bounded: proves nothing)
         net::io_context ioc;
         ConnectionPool pool;
         auto r = RunCo(ioc, pool.Send(port, "GET", "/huge", "", {}, std::chrono::seconds(5)));
-        server.join();
-        pool.Clear();
-        std::_Exit(r.ok() ? 2 : 0);  // (a body cut short is a failed answer)
+        // A body cut short is a failed answer (not a refused connection, nor a
+        // timeout). (Not joined: a server still waiting to accept ends here.)
+        std::_Exit(!r.ok() && r.status().message().find("partial message") != std::string::npos ? 0 : 2);
       },
       ::testing::ExitedWithCode(0), "");
 }
