@@ -474,13 +474,20 @@ boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& en
       *rejected_ = Status::InvalidArgument(err->message);
       // Past the context it was cut for: OpenAI's code only when no placement
       // has a larger one (a larger fallback's is no reason to shorten for good).
-      bool larger = false;
-      for (const auto* other : states_) larger |= other->admission.admitted && other->pool.request_capacity() > fit_cells;
-      if (!larger || !truncating) rejected_->WithReason(err->reason);
+      if (!truncating || LargestCells(/*primary_only=*/false) <= fit_cells) rejected_->WithReason(err->reason);
       co_return false;
     }
   }
   co_return true;
+}
+
+uint32_t RequestAdmission::LargestCells(bool primary_only) const {
+  uint32_t cells = 0;
+  for (size_t k = 0; k < states_.size() && !(primary_only && k > 0); ++k) {
+    // (Fixed by its config: read without the board's lock.)
+    if (states_[k]->admission.admitted) cells = std::max(cells, states_[k]->pool.request_capacity());
+  }
+  return cells;
 }
 
 uint32_t RequestAdmission::RecountCells(const std::vector<admission::PlacementView>& views, uint64_t need) const {
@@ -586,9 +593,6 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       // it was cut for. Once: a count it cannot hold either stands.
       if (truncating && !Goes(d.kind)) {
         if (const uint32_t cap = RecountCells(views, wait_need); cap) {
-          const int dropped = live_.dropped_messages;
-          const std::string model = live_.counted_model;
-          const uint32_t cells = live_.counted_cells;
           int recounted = -1;
           if (co_await CountPrompt(endpoint, &recounted, truncating, cap)) {
             if (recounted >= 0) {
@@ -597,12 +601,10 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
             }
           } else {
             // No tail of it fits there (its last message alone is too long),
-            // or it could not be counted in time: the count it had stands.
+            // or it could not be counted in time: the count it had stands
+            // (CountPrompt changes it only when it counts).
             if (Stopped()) co_return false;
             *rejected_ = Status::Ok();
-            live_.dropped_messages = dropped;
-            live_.counted_model = model;
-            live_.counted_cells = cells;
           }
           live_.recount_refused = true;
         }
@@ -727,12 +729,9 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
                                           : Status::ResourceExhausted(d.reason).WithRetryAfter(std::max(1, d.retry_after_s));
       // Past the context of every placement it could run on (not only of
       // those left after this request's failures): OpenAI's code for it.
-      if (d.http_status == 400 || d.http_status == 413) {
-        bool held = false;  // (line_need_: its prompt and the least answer it takes, as decided)
-        for (size_t k = 0; k < states_.size() && !(k > 0 && svc_.admission.fail_fast); ++k) {  // (fail_fast: its primary alone)
-          held |= states_[k]->admission.admitted && line_need_ <= states_[k]->pool.request_capacity();
-        }
-        if (!held) rejected_->WithReason(kContextLengthExceeded);
+      // (line_need_: its prompt and the least answer it takes, as decided; fail_fast: its primary alone.)
+      if ((d.http_status == 400 || d.http_status == 413) && line_need_ > LargestCells(svc_.admission.fail_fast)) {
+        rejected_->WithReason(kContextLengthExceeded);
       }
       co_return false;
     }

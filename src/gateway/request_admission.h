@@ -108,6 +108,10 @@ class RequestAdmission {
   // of it reached its client: a continuation reads the prompt its stream
   // began with.
   uint32_t RecountCells(const std::vector<admission::PlacementView>& views, uint64_t need) const;
+  // The most cells one request may hold on any admitted placement (on the
+  // primary alone, with `primary_only`): past it, a prompt and its least
+  // answer can never run here (OpenAI's context_length_exceeded).
+  uint32_t LargestCells(bool primary_only) const;
 
   Gateway& g_;
   const journal::RequestRecord& rec_;

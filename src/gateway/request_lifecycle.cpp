@@ -164,8 +164,8 @@ boost::asio::awaitable<failover::RetryDecision> RequestLifecycle::AfterFailure(c
   if (d.action == Action::kContinueElsewhere) {
     // Continued only with the model that began it (checked once admission
     // has chosen, see Run); placements of other models are avoided.
-    if (stream_model_.empty()) stream_model_ = ModelOf(target_.index);
-    for (size_t i = 0; i < excluded_.size(); ++i) excluded_[i] = excluded_[i] || ModelOf(i) != stream_model_;
+    if (stream_model_.empty()) stream_model_ = svc_->ModelOf(target_.index);
+    for (size_t i = 0; i < excluded_.size(); ++i) excluded_[i] = excluded_[i] || svc_->ModelOf(i) != stream_model_;
   }
   if (d.action == Action::kRetryElsewhere || d.action == Action::kContinueElsewhere) {
     const std::string note = why + " (" + d.reason + ")";
@@ -198,7 +198,6 @@ ServedBy RequestLifecycle::Served() const {
   return s;
 }
 
-std::string RequestLifecycle::ModelOf(size_t index) const { return svc_->ModelOf(index); }
 
 // A cut stream's last event: the error, and what the client has (to resume from).
 json RequestLifecycle::CheckpointError(const Status& st) const {
@@ -370,7 +369,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     // replayed into another vocabulary, a coincidental byte match). Checked
     // on the placement admission chose (which may fall back to one it
     // avoids, when nothing else can take the request).
-    if (!stream_model_.empty() && ModelOf(target_.index) != stream_model_) {
+    if (!stream_model_.empty() && svc_->ModelOf(target_.index) != stream_model_) {
       co_return co_await EndResumable("no placement of the model that began the stream could continue it");
     }
     live_->queue_slot.reset();  // running now: no longer among the waiting

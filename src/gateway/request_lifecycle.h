@@ -85,7 +85,6 @@ class RequestLifecycle {
   boost::asio::awaitable<void> DeliverRefusal(const AttemptResult& r);
   nlohmann::json CheckpointError(const Status& st) const;
   boost::asio::awaitable<void> EndResumable(const std::string& what, std::string why = "");
-  std::string ModelOf(size_t placement) const;  // the model file it serves
   // Called by admission before every round spent waiting.
   void OnWait(const std::string& note, double est_s);
   // A refused attempt commit: the journal cannot write, or the request was ended meanwhile.
