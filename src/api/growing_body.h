@@ -4,6 +4,10 @@
 // and then trickles holds what it sent, not 8 MiB (http_server.cpp's
 // Session::ReadInSteps), and an answer that declares 4 GB (a broken or
 // hostile server behind the gateway) allocates nothing it did not send.
+// A body with no declared length (chunked) grows at most to its `cap` (the
+// parser's body limit, set by whoever reads it): doubling past that let a
+// chunked request body hold twice the limit, where the server's budget
+// counted a body as at most its limit.
 #pragma once
 
 #include <boost/asio/buffer.hpp>
@@ -19,14 +23,18 @@
 namespace spillway::http {
 
 struct GrowingBody {
-  using value_type = std::string;
+  // The body's string, and the most it grows to with no declared length
+  // (0: unbounded). Moves into a std::string as it is.
+  struct value_type : std::string {
+    size_t cap = 0;
+  };
   static std::uint64_t size(const value_type& v) { return v.size(); }
   class reader {
    public:
     template <bool isRequest, class Fields>
     reader(boost::beast::http::header<isRequest, Fields>&, value_type& body) : body_(body) {}
     void init(const boost::optional<std::uint64_t>& length, boost::beast::error_code& ec) {
-      limit_ = length ? *length : 0;
+      limit_ = length ? *length : body_.cap;
       ec = {};
     }
     template <class ConstBufferSequence>
@@ -41,7 +49,7 @@ struct GrowingBody {
         std::string bigger;
         bigger.reserve(grown);
         bigger.append(body_);
-        body_.swap(bigger);
+        static_cast<std::string&>(body_).swap(bigger);
       }
       for (const auto b : boost::beast::buffers_range_ref(buffers)) body_.append(static_cast<const char*>(b.data()), b.size());
       ec = {};
@@ -51,7 +59,7 @@ struct GrowingBody {
 
    private:
     value_type& body_;
-    uint64_t limit_ = 0;  // the declared length (0: none)
+    uint64_t limit_ = 0;  // the declared length, else the body's cap (0: none)
   };
 };
 

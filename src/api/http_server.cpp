@@ -307,6 +307,7 @@ class Session : public std::enable_shared_from_this<Session> {
     head_method_ = false;  // (until a HEAD request is read)
     parser_.emplace();
     parser_->body_limit(opts_.max_body_bytes);
+    parser_->get().body().cap = opts_.max_body_bytes;  // a chunked body's string grows no further
     parser_->header_limit(static_cast<std::uint32_t>(opts_.max_header_bytes));
     // A kept-alive connection waits idle_timeout for its next request, unless
     // bytes of it are here already (pipelined): then its head is being read.

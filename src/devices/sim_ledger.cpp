@@ -205,6 +205,15 @@ auto SimLedger::Locked(Fn&& fn) {
     int fd;
     ~Unlock() { flock(fd, LOCK_UN); }
   } unlock{fd_};
+  // A file cut short from outside since it was mapped (a `truncate`, a
+  // copy over it) faults on the pages past its end (SIGBUS in the gateway
+  // and every sim worker): read as no ledger until `sim create` sizes it
+  // again.
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(LedgerData)) {
+    auto none = std::make_unique<LedgerData>();  // zeroed: no magic, not valid
+    return fn(none.get());
+  }
   // Only a ledger (a file of another shape, written from outside, trusted
   // for its entry count, had the reap read far past the mapping), and only
   // holders that are gone: one whose /proc entry cannot be read now (no

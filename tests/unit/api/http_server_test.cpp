@@ -778,5 +778,23 @@ TEST_F(TightServer, AChunkedBodyHoldsTheBudgetForWhatItSent) {
   EXPECT_EQ(server_->body_bytes_held(), 0u);
 }
 
+// A chunked body's string grows no further than the body limit: its
+// doubling took 1200 bytes for 900 (limit 1024), counted against the budget
+// as more than any one body may hold.
+TEST_F(TightServer, AChunkedBodyHoldsNoMoreThanTheBodyLimit) {
+  RawPeer a(server_->port());
+  a.Send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + std::string(600, 'x').insert(0, "258\r\n") +
+         "\r\n");
+  for (int i = 0; i < 1000 && server_->body_bytes_held() < 600; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  a.Send(std::string(300, 'y').insert(0, "12c\r\n") + "\r\n");  // 0x12c = 300: 900 in all
+  for (int i = 0; i < 1000 && server_->body_bytes_held() < 900; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_GE(server_->body_bytes_held(), 900u);
+  EXPECT_LE(server_->body_bytes_held(), 1024u);
+  a.Send("0\r\n\r\n");
+  const std::string got = a.ReadUntil(std::string(300, 'y'));
+  EXPECT_NE(got.find("200 OK"), std::string::npos) << got.substr(0, 200);
+  EXPECT_NE(got.find(std::string(600, 'x') + std::string(300, 'y')), std::string::npos);
+}
+
 }  // namespace
 }  // namespace spillway::http

@@ -217,5 +217,23 @@ TEST_F(SimLedgerFileTest, AForeignFileOfALedgersSizeIsRefusedNotReadPastItsEnd) 
   EXPECT_TRUE((*made)->Snapshot().entries.empty());
 }
 
+// A ledger cut short from outside while mapped reads as no ledger: every
+// access touched the pages past its end (SIGBUS, the gateway and each sim
+// worker killed). `sim create` makes it whole again.
+TEST_F(SimLedgerFileTest, ALedgerCutShortWhileMappedReadsAsNoLedger) {
+  auto l = SimLedger::Create(7, 64 * kMiB);
+  ASSERT_TRUE(l.ok());
+  ASSERT_TRUE((*l)->Reserve(LedgerKind::kAlloc, "alloc", kMiB));
+  ASSERT_EQ(::truncate((dir_ / "spillway-sim-7.ledger").c_str(), 0), 0);
+  EXPECT_EQ((*l)->Snapshot().capacity, 0u);
+  EXPECT_FALSE((*l)->Reserve(LedgerKind::kAlloc, "alloc", kMiB));
+  (*l)->Release(LedgerKind::kAlloc, "alloc", kMiB);
+  EXPECT_FALSE(SimLedger::Open(7).ok());
+  auto again = SimLedger::Create(7, 64 * kMiB);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*l)->Snapshot().capacity, 64 * kMiB);
+  EXPECT_TRUE((*l)->Reserve(LedgerKind::kAlloc, "alloc", kMiB));
+}
+
 }  // namespace
 }  // namespace spillway::devices
