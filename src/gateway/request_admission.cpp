@@ -426,7 +426,8 @@ boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& en
   // small CPU fallback would cut the history the primary can read), nor the
   // largest (a large CPU fallback would take every long chat from the
   // accelerator). A placement with less room, were it chosen, cannot hold
-  // what is counted: Decide sees that.
+  // what is counted: Decide sees that. A chat of which no tail fits that
+  // context is cut for the next larger one (below).
   for (size_t k = 0; k < states_.size(); ++k) {
     if (Stopped()) co_return false;
     const auto& st = states_[k];
@@ -443,39 +444,56 @@ boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& en
       break;
     }
     if (cap_cells) fit_cells = std::min(fit_cells, cap_cells);
-    auto r = co_await g_.pool_.Send(*port, "POST",
-                                    std::string(protocol::kTokenizePath) + "?endpoint=" + endpoint +
-                                        "&fit_cells=" + std::to_string(fit_cells),
-                                    rec_.body, g_.supervisor_.AuthHeaders(),
-                                    TimeLeft(live_.deadline_ms, g_.clock_.NowMs(), wait_ms));
-    if (!r.ok() && r.status().code() == StatusCode::kDeadlineExceeded && rec_.body.size() > kLongPromptBytes &&
-        !live_.PastDeadline(g_.clock_.NowMs())) {
-      // Not a worker that hangs (it is up, and answers its health checks):
-      // a prompt it could not count in that long. Asked again, every worker
-      // would count it again, and again, until the request's 60 s are gone.
-      // Said once, as what it most likely is, and what else it may be (the
-      // worker prepares long bodies on two threads: others may be ahead).
-      *rejected_ = Status::Unavailable("the prompt's tokens (" + std::to_string(rec_.body.size() >> 20) +
-                                       " MiB of request) could not be counted within " + std::to_string(wait_ms / 1000) +
-                                       " s: a prompt this long is likely far beyond any context (send a shorter "
-                                       "one), or the worker is busy preparing other long prompts")
-                       .WithRetryAfter(10);
-      co_return false;
-    }
-    if (!r.ok()) continue;
-    if (auto reply = protocol::TokenizeReply::FromJson(json::parse(r->body, nullptr, false)); r->status == 200 && reply) {
-      *prompt_tokens = reply->prompt_tokens;
-      live_.dropped_messages = reply->dropped_messages;
-      live_.counted_model = svc_.ModelOf(k);
-      live_.counted_cells = truncating ? fit_cells : 0;
-      co_return true;
-    }
-    if (auto err = protocol::ParseWorkerError(r->status, r->body); err && err->http_status == 400) {
-      *rejected_ = Status::InvalidArgument(err->message);
-      // Past the context it was cut for: OpenAI's code only when no placement
-      // has a larger one (a larger fallback's is no reason to shorten for good).
-      if (!truncating || LargestCells(/*primary_only=*/false) <= fit_cells) rejected_->WithReason(err->reason);
-      co_return false;
+    // (Asked again, cut for a larger context, when no tail fits this one.)
+    for (bool count = true; count;) {
+      count = false;
+      auto r = co_await g_.pool_.Send(*port, "POST",
+                                      std::string(protocol::kTokenizePath) + "?endpoint=" + endpoint +
+                                          "&fit_cells=" + std::to_string(fit_cells),
+                                      rec_.body, g_.supervisor_.AuthHeaders(),
+                                      TimeLeft(live_.deadline_ms, g_.clock_.NowMs(), wait_ms));
+      if (!r.ok() && r.status().code() == StatusCode::kDeadlineExceeded && rec_.body.size() > kLongPromptBytes &&
+          !live_.PastDeadline(g_.clock_.NowMs())) {
+        // Not a worker that hangs (it is up, and answers its health checks):
+        // a prompt it could not count in that long. Asked again, every worker
+        // would count it again, and again, until the request's 60 s are gone.
+        // Said once, as what it most likely is, and what else it may be (the
+        // worker prepares long bodies on two threads: others may be ahead).
+        *rejected_ = Status::Unavailable("the prompt's tokens (" + std::to_string(rec_.body.size() >> 20) +
+                                         " MiB of request) could not be counted within " +
+                                         std::to_string(wait_ms / 1000) +
+                                         " s: a prompt this long is likely far beyond any context (send a shorter "
+                                         "one), or the worker is busy preparing other long prompts")
+                         .WithRetryAfter(10);
+        co_return false;
+      }
+      if (!r.ok()) break;  // (the next worker)
+      if (auto reply = protocol::TokenizeReply::FromJson(json::parse(r->body, nullptr, false)); r->status == 200 && reply) {
+        *prompt_tokens = reply->prompt_tokens;
+        live_.dropped_messages = reply->dropped_messages;
+        live_.counted_model = svc_.ModelOf(k);
+        live_.counted_cells = truncating ? fit_cells : 0;
+        co_return true;
+      }
+      if (auto err = protocol::ParseWorkerError(r->status, r->body); err && err->http_status == 400) {
+        // No tail of a truncated chat fits (its last message alone is past
+        // the context): cut for the next larger context of the model's
+        // admitted placements (a CPU fallback with a longer one), and run
+        // there, rather than refused where a placement could hold it (not
+        // under fail_fast: only the primary ever runs it).
+        if (truncating && !cap_cells && !svc_.admission.fail_fast && err->reason == kContextLengthExceeded) {
+          if (const uint32_t larger = NextLargerCells(svc_.ModelOf(k), fit_cells); larger) {
+            fit_cells = larger;
+            count = true;
+            continue;
+          }
+        }
+        *rejected_ = Status::InvalidArgument(err->message);
+        // Past the context it was cut for: OpenAI's code only when no placement
+        // has a larger one (a larger fallback's is no reason to shorten for good).
+        if (!truncating || LargestCells(/*primary_only=*/false) <= fit_cells) rejected_->WithReason(err->reason);
+        co_return false;
+      }
     }
   }
   co_return true;
@@ -488,6 +506,16 @@ uint32_t RequestAdmission::LargestCells(bool primary_only) const {
     if (states_[k]->admission.admitted) cells = std::max(cells, states_[k]->pool.request_capacity());
   }
   return cells;
+}
+
+uint32_t RequestAdmission::NextLargerCells(const std::string& model, uint32_t cells) const {
+  uint32_t next = 0;
+  for (size_t k = 0; k < states_.size(); ++k) {
+    if (!states_[k]->admission.admitted || svc_.ModelOf(k) != model) continue;
+    const uint32_t c = states_[k]->pool.request_capacity();  // (fixed by its config: read without the board's lock)
+    if (c > cells && (next == 0 || c < next)) next = c;
+  }
+  return next;
 }
 
 uint32_t RequestAdmission::RecountCells(const std::vector<admission::PlacementView>& views, uint64_t need) const {

@@ -108,6 +108,9 @@ class RequestAdmission {
   // of it reached its client: a continuation reads the prompt its stream
   // began with.
   uint32_t RecountCells(const std::vector<admission::PlacementView>& views, uint64_t need) const;
+  // The smallest request capacity above `cells` among the admitted
+  // placements of `model`; 0 when none is larger.
+  uint32_t NextLargerCells(const std::string& model, uint32_t cells) const;
   // The most cells one request may hold on any admitted placement (on the
   // primary alone, with `primary_only`): past it, a prompt and its least
   // answer can never run here (OpenAI's context_length_exceeded).

@@ -1112,16 +1112,39 @@ TEST_F(LargerFallbackLifecycleTest, OnlyAPromptPastEveryContextIsContextLengthEx
   EXPECT_EQ(json::parse(never->body(), nullptr, false)["error"].value("code", ""), "context_length_exceeded")
       << never->body();
   EXPECT_EQ(fallback_.calls(), 1u);
-  // A chat whose last message alone is past its primary's context (the
-  // count, cut for the primary, fits nothing): refused, but not with that
-  // code, since the larger fallback's context is larger.
+  // A chat whose last message alone is past every context (no tail fits
+  // the primary's, nor, counted again, the larger fallback's): that code.
   for (Worker* w : {&primary_, &fallback_}) w->count = [](uint32_t) { return protocol::TokenizeReply{-1, 1024, 16, 0}; };
   const json messages = {{{"role", "user"}, {"content", "a very long question"}}};
   auto cut = Send("/v1/chat/completions",
                   json{{"model", "chat"}, {"messages", messages}, {"truncate", true}, {"max_tokens", 8}}.dump());
   ASSERT_TRUE(cut->Wait());
   EXPECT_EQ(cut->status(), 400u) << cut->body();
-  EXPECT_NE(json::parse(cut->body(), nullptr, false)["error"].value("code", ""), "context_length_exceeded") << cut->body();
+  EXPECT_EQ(json::parse(cut->body(), nullptr, false)["error"].value("code", ""), "context_length_exceeded") << cut->body();
+}
+
+// A chat whose last message alone is past its primary's context (no tail of
+// it fits there) is counted again for the larger fallback's context and
+// runs there, as many of its oldest messages left out as that count says.
+// It was refused (400) where a placement could hold it.
+TEST_F(LargerFallbackLifecycleTest, AChatNoTailOfWhichFitsThePrimaryRunsOnALargerFallback) {
+  for (Worker* w : {&primary_, &fallback_}) {
+    w->count = [](uint32_t fit) { return fit <= 128 ? protocol::TokenizeReply{-1, 1024, 16, 0} : protocol::TokenizeReply{300, 1024, 16, 1}; };
+  }
+  const json messages = {{{"role", "user"}, {"content", "old"}},
+                         {{"role", "assistant"}, {"content", "a"}},
+                         {{"role", "user"}, {"content", "a very long question"}}};
+  auto ex = Send("/v1/chat/completions",
+                 json{{"model", "chat"}, {"messages", messages}, {"truncate", true}, {"max_tokens", 8}}.dump(), "POST",
+                 {{"X-Request-Id", "r-past-the-primary"}});
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_EQ(ex->status(), 200u) << ex->body();
+  EXPECT_EQ(primary_.calls(), 0u);
+  ASSERT_EQ(fallback_.calls(), 1u);
+  EXPECT_EQ(fallback_.bodies[0]["spillway_drop_messages"], 1) << fallback_.bodies[0].dump();
+  ASSERT_EQ(primary_.tokenize_targets.size(), 2u);
+  EXPECT_NE(primary_.tokenize_targets[0].find("fit_cells=128"), std::string::npos) << primary_.tokenize_targets[0];
+  EXPECT_NE(primary_.tokenize_targets[1].find("fit_cells=512"), std::string::npos) << primary_.tokenize_targets[1];
 }
 
 // A chat cut for its primary's context, when the primary cannot take it
