@@ -75,6 +75,10 @@ namespace spillway::api {
 struct OllamaCall;  // api/ollama_request.h
 }  // namespace spillway::api
 
+namespace spillway::devices {
+struct DeviceReading;  // devices/telemetry.h
+}  // namespace spillway::devices
+
 namespace spillway::gateway {
 
 class PendingStatus;  // offload.h
@@ -253,6 +257,14 @@ class Gateway {
   std::optional<uint16_t> ExternalPort(const config::ExternalConfig& e) const;
   // Whether its device has room for one more request's transient peak (the reason when not).
   Status TransientRoom(const config::ExternalConfig& svc);
+  // One request's transient peak on an external server: measured once seen, else declared.
+  uint64_t PeakOf(const config::ExternalConfig& e) const;
+  // The peaks of the external requests sent on `device` with room for them
+  // (they may not have allocated yet).
+  uint64_t SentPeaksOn(const std::string& device) const;
+  // What the processes still loading on `device` will take beyond what
+  // `reading` shows them holding.
+  uint64_t LoadingBytesOn(const std::string& device, const devices::DeviceReading& reading) const;
   // Wakes the waiters of every external service on `svc`'s device (only its
   // own on the CPU): room there, and its room checks, are the device's.
   void WakeDevicePeers(const config::ExternalConfig& svc);

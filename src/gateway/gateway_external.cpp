@@ -161,7 +161,11 @@ std::optional<uint16_t> Gateway::ExternalPort(const config::ExternalConfig& e) c
 std::optional<RequestedFields> Gateway::ExternalFieldsFor(const http::Request& req) const {
   if (config_.externals.empty()) return std::nullopt;
   auto fields = ReadRequestedFields(std::string(req[bhttp::field::content_type]), req.body(), JsonLimitsOf(config_));
-  if (!fields.ok() || !config_.FindExternal(fields->model)) return std::nullopt;
+  if (!fields.ok()) return std::nullopt;
+  // No model named, and no model of Spillway's own serves the route: an
+  // external's (ChooseExternal takes the only one, or says several do).
+  // It was a 400 ("'model' is required") where one external serves it.
+  if (fields->model.empty() ? !config_.services.empty() : !config_.FindExternal(fields->model)) return std::nullopt;
   return std::move(*fields);
 }
 
@@ -224,6 +228,21 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
   const bool recovered = !reply.attached();
   bool running = false;    // holds a running place in the service's line
   bool took_room = false;  // ... and was sent with room on the device for its peak
+  // A frame that ends by an exception (a bad_alloc building an answer)
+  // gives its running place and room back too, as `finish` does: they were
+  // held for good, and with concurrency 1 every later request waited.
+  struct GiveBackPlace {
+    Gateway* g;
+    const config::ExternalConfig* svc;
+    const std::string& service;
+    const bool& running;
+    const bool& took_room;
+    ~GiveBackPlace() {
+      if (!running) return;
+      g->external_lines_->Finished(service, "failed", g->clock_.NowMs(), took_room);
+      if (svc) g->WakeDevicePeers(*svc);
+    }
+  } give_back{this, svc, rec.service, running, took_room};
   auto control = live->upstream_control;
   if (!control) control = live->upstream_control = std::make_shared<upstream::StreamControl>();
   // A recovered request was never given a place in line (its client is
@@ -508,28 +527,56 @@ Status Gateway::TransientRoom(const config::ExternalConfig& svc) {
   if (!reading.ok()) return Status::Ok();
   const auto dc = config_.Device(svc.device);
   const uint64_t headroom = HeadroomOf(dc).For(reading->total);
-  auto peak_of = [&](const config::ExternalConfig& e) {
-    const uint64_t measured = external_lines_->Measured(e.name).second;
-    return measured > 0 ? measured : static_cast<uint64_t>(e.transient_mib * 1024 * 1024);
-  };
-  const uint64_t peak = peak_of(svc);
+  const uint64_t peak = PeakOf(svc);
   // The peaks of the requests already sent on the device, of this service
   // and of the others there (not of those that wait for room as this one
-  // does): they may not have allocated yet.
-  uint64_t others = 0;
-  for (const auto& [name, takers] : external_lines_->RoomTakersOn(svc.device)) {
-    if (const auto* e = config_.FindExternal(name)) others += peak_of(*e) * static_cast<uint64_t>(takers);
-  }
-  const uint64_t need = peak + others + headroom;
+  // does): they may not have allocated yet. And what servers still loading
+  // there will take beyond what they hold now: the start gate let them
+  // load on memory that reads free until they have.
+  const uint64_t others = SentPeaksOn(svc.device);
+  const uint64_t loading = LoadingBytesOn(svc.device, *reading);
+  const uint64_t need = peak + others + loading + headroom;
   if (reading->free >= need) return Status::Ok();
-  char note[300];
+  char note[360];
   std::snprintf(note, sizeof note,
                 "waiting for %.0f MiB free on %s: a request's peak of %.0f MiB, %.0f MiB for the peaks of requests "
-                "already sent there and %.0f MiB headroom (%.0f MiB free)",
+                "already sent there, %.0f MiB for servers still loading there and %.0f MiB headroom (%.0f MiB free)",
                 static_cast<double>(need) / (1 << 20), svc.device.c_str(), static_cast<double>(peak) / (1 << 20),
-                static_cast<double>(others) / (1 << 20), static_cast<double>(headroom) / (1 << 20),
-                static_cast<double>(reading->free) / (1 << 20));
+                static_cast<double>(others) / (1 << 20), static_cast<double>(loading) / (1 << 20),
+                static_cast<double>(headroom) / (1 << 20), static_cast<double>(reading->free) / (1 << 20));
   return Status::ResourceExhausted(note);
+}
+
+uint64_t Gateway::PeakOf(const config::ExternalConfig& e) const {
+  const uint64_t measured = external_lines_->Measured(e.name).second;
+  return measured > 0 ? measured : static_cast<uint64_t>(e.transient_mib * 1024 * 1024);
+}
+
+uint64_t Gateway::SentPeaksOn(const std::string& device) const {
+  uint64_t bytes = 0;
+  for (const auto& [name, takers] : external_lines_->RoomTakersOn(device)) {
+    if (const auto* e = config_.FindExternal(name)) bytes += PeakOf(*e) * static_cast<uint64_t>(takers);
+  }
+  return bytes;
+}
+
+uint64_t Gateway::LoadingBytesOn(const std::string& device, const devices::DeviceReading& reading) const {
+  auto device_of = [&](const std::string& key) -> std::string {
+    for (const auto& s : config_.services) {
+      for (size_t k = 0; k < s.placements.size(); ++k) {
+        if (WorkerKey(s, k) == key) return s.placements[k].device;
+      }
+    }
+    const auto* e = ExternalOfKey(config_, key);
+    return e ? e->device : "";
+  };
+  uint64_t bytes = 0;
+  for (const auto& w : supervisor_.Snapshot()) {
+    if (w.state != upstream::WorkerState::kStarting || w.pid <= 0 || device_of(w.key) != device) continue;
+    const uint64_t expected = ExpectedBytes(w.key), held = reading.BytesOfGroup(w.pid);
+    if (expected > held) bytes += expected - held;
+  }
+  return bytes;
 }
 
 uint64_t Gateway::ExternalResidentBytes(const config::ExternalConfig& e) const {

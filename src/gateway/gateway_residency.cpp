@@ -283,6 +283,9 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
     const uint64_t expected = ExpectedBytes(r.key);
     if (expected > r.bytes) upcoming += expected - r.bytes;
   }
+  // Nor is the room external requests were sent with for their peaks (they
+  // may not have allocated yet): a load beside them counted on it too.
+  upcoming += SentPeaksOn(device);
   available = available > upcoming ? available - upcoming : 0;
   const admission::EvictionPlan plan = admission::PlanEviction(need, available, priority, key, residents, dc.exclusive);
   if (!plan.fits && !plan.wait) {

@@ -153,6 +153,23 @@ TEST_F(ExternalTest, MultipartBodiesGoThroughUntouchedAndAreJournaled) {
   EXPECT_TRUE(listed);
 }
 
+// With external services alone, a chat, completion or embedding request
+// may leave out its model when one service serves the route, as any other
+// route's: it was a 400 ("'model' is required"), Spillway's own services'
+// rule. Two that serve it: the 400 says so.
+TEST_F(ExternalTest, WithExternalsAloneAChatToTheOnlyServerMayLeaveOutItsModel) {
+  auto g = Start("max_queue = 64\n" + FakeService("fake", log_));
+  auto r = Call(g->port(), "POST", "/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}]})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["path"], "/v1/chat/completions");
+  EXPECT_EQ(r.headers["x-spillway-placement"], "fake");
+  g.reset();
+  auto two = Start("max_queue = 64\n" + FakeService("fake", log_) + FakeService("other", dir_ + "/other.log"));
+  r = Call(two->port(), "POST", "/v1/chat/completions", R"({"messages":[]})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("several services serve"), std::string::npos) << r.body;
+}
+
 TEST_F(ExternalTest, ANonIdempotentRequestThatReachedTheServerIsNeverSentAgain) {
   auto g = Start(TestConfig(2, FakeService("fake", log_) + FakeService("fake-idem", dir_ + "/idem.log", "idempotent = true\n")));
   auto r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake","fake_crash":1})", {{"X-Request-Id", "crash-1"}});
@@ -573,6 +590,40 @@ TEST_F(ExternalTest, ATransientPeakLeavesRoomForAnotherServicesRequestOnTheDevic
   EXPECT_EQ(second.status, 200) << second.body;
   EXPECT_EQ(first.get().status, 200);
   EXPECT_GT(waited, 1s) << "b's request went while a's peak could still come";
+}
+
+// A server's start leaves room for the peak of a request already sent on
+// the device: b (on demand, 500 MiB) waits for a's request (its peak
+// declared 450 MiB, not allocated yet) to end before it loads. The start
+// gate read 924 MiB free and started b at once, on the room a's request
+// was sent with.
+TEST_F(ExternalTest, AServersStartLeavesRoomForAPeakAlreadySentOnTheDevice) {
+  ScopedSimDir sim("external-start");
+  ASSERT_TRUE(devices::SimLedger::Create(0, 1024ull << 20).ok());
+  auto g = Start(TestConfig(2, "[[device]]\nname = \"sim:0\"\nheadroom_mib = 0\nheadroom_pct = 0\n" +
+                                   FakeService("a", log_, "device = \"sim:0\"\nresident_mib = 100\ntransient_mib = 450\n",
+                                               " --sim-device 0 --resident-mib 100") +
+                                   FakeService("b", log_,
+                                               "device = \"sim:0\"\nresident_mib = 500\nresidency = \"on_demand\"\n",
+                                               " --sim-device 0 --resident-mib 500")));
+  json st = json::object();
+  for (int i = 0; i < 200 && st.value("state", "") != "ready"; ++i) {
+    std::this_thread::sleep_for(50ms);
+    st = ExternalStatus(g->port(), "a");
+  }
+  ASSERT_EQ(st.value("state", ""), "ready") << st.dump();
+  ASSERT_EQ(ExternalStatus(g->port(), "b").value("state", ""), "stopped");
+  auto first = std::async(std::launch::async, [&] {
+    return Call(g->port(), "POST", "/v1/rerank", R"({"model":"a","fake_delay_ms":2000})", {{"X-Request-Id", "start-a"}});
+  });
+  for (int i = 0; i < 200 && LinesWith(log_, "start-a") == 0; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(LinesWith(log_, "start-a"), 1) << "a's request never reached its server";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto second = Call(g->port(), "POST", "/v1/rerank", R"({"model":"b"})");
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(second.status, 200) << second.body;
+  EXPECT_EQ(first.get().status, 200);
+  EXPECT_GT(waited, 1s) << "b loaded while a's peak could still come";
 }
 
 TEST_F(ExternalTest, WhisperServerTranscribesBehindTheGateway) {
