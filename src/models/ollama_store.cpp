@@ -2,9 +2,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -95,9 +99,25 @@ std::string ManifestPath(const std::string& root, const OllamaName& name) {
 
 namespace {
 
+// What `p` is (following links); `ec` set only when that cannot be told for
+// another reason than its absence (permissions, a symlink loop).
+fs::file_type TypeOf(const fs::path& p, std::error_code* ec) {
+  const fs::file_status st = fs::status(p, *ec);
+  if (st.type() == fs::file_type::not_found) ec->clear();
+  return st.type();
+}
+
+std::string Unreadable() {
+  return " (Ollama's store must be readable by the user Spillway runs as: a system install keeps it in the ollama "
+         "user's home)";
+}
+
 StatusOr<std::string> BlobOfManifest(const std::string& root, const std::string& manifest, const std::string& shown) {
   std::error_code ec;
-  if (!fs::is_regular_file(manifest, ec)) {
+  if (const auto type = TypeOf(manifest, &ec); type != fs::file_type::regular) {
+    // A store the user Spillway runs as cannot read (a system install's,
+    // in the ollama user's home) is not a model that is missing.
+    if (ec) return Status::PermissionDenied("cannot read manifest " + manifest + ": " + ec.message() + Unreadable());
     return Status::NotFound("ollama model '" + shown + "' not found: no manifest " + manifest);
   }
   const auto bytes = fs::file_size(manifest, ec);
@@ -105,6 +125,9 @@ StatusOr<std::string> BlobOfManifest(const std::string& root, const std::string&
   std::ifstream in(manifest, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
+  if (!in.is_open()) {
+    return Status::PermissionDenied("cannot read manifest " + manifest + ": " + std::strerror(errno) + Unreadable());
+  }
   if (!in && !in.eof()) return Status::InvalidArgument("manifest " + manifest + " cannot be read");
   const json j = json::parse(text.str(), nullptr, false);
   if (j.is_discarded()) return Status::InvalidArgument("manifest " + manifest + " is not valid JSON");
@@ -124,8 +147,12 @@ StatusOr<std::string> BlobOfManifest(const std::string& root, const std::string&
                                      "' is not sha256:<64 hex digits>");
     }
     const std::string blob = (fs::path(root) / "blobs" / ("sha256-" + d.substr(7))).string();
-    if (!fs::is_regular_file(blob, ec)) {
-      return Status::NotFound("blob " + blob + " (the model layer of manifest " + manifest + ") not found");
+    if (TypeOf(blob, &ec) != fs::file_type::regular) {
+      if (ec) return Status::PermissionDenied("cannot read blob " + blob + ": " + ec.message() + Unreadable());
+      // (The store is the right one: it holds the manifest. Not "not found",
+      // which has a config's error say to point ollama_models elsewhere.)
+      return Status::InvalidArgument("blob " + blob + " (the model layer of manifest " + manifest +
+                                     ") is missing: an interrupted or pruned pull? (`ollama pull " + shown + "`)");
     }
     if (auto size = layer.find("size"); size != layer.end() && size->is_number_unsigned()) {
       const auto actual = fs::file_size(blob, ec);
@@ -145,11 +172,18 @@ StatusOr<std::string> ResolveOllamaModel(const std::string& root, const OllamaNa
   return BlobOfManifest(root, ManifestPath(root, name), name.Display());
 }
 
-std::vector<OllamaStoreEntry> ListOllamaStore(const std::string& root) {
+StatusOr<std::vector<OllamaStoreEntry>> ListOllamaStore(const std::string& root) {
   std::vector<OllamaStoreEntry> out;
   const fs::path base = fs::path(root) / "manifests";
   std::error_code ec;
-  if (!fs::is_directory(base, ec)) return out;
+  if (TypeOf(base, &ec) != fs::file_type::directory) {
+    if (ec) return Status::PermissionDenied("cannot read Ollama's store at " + root + ": " + ec.message() + Unreadable());
+    return out;  // (no store there)
+  }
+  // (The iterator skips what it may not read: the top it must.)
+  if (::access(base.c_str(), R_OK | X_OK) != 0) {
+    return Status::PermissionDenied("cannot read Ollama's store at " + root + ": " + std::strerror(errno) + Unreadable());
+  }
   for (fs::recursive_directory_iterator it(base, fs::directory_options::skip_permission_denied, ec), end;
        !ec && it != end; it.increment(ec)) {
     if (it.depth() > 3) {

@@ -44,8 +44,9 @@ std::string DefaultOllamaStoreRoot();
 // The manifest file a name maps to (not checked).
 std::string ManifestPath(const std::string& root, const OllamaName& name);
 
-// The GGUF blob of `name`: kNotFound when the manifest or blob is missing,
-// kInvalidArgument when the manifest is corrupt (both naming the file).
+// The GGUF blob of `name`: kNotFound when the manifest is missing,
+// kInvalidArgument when it is corrupt or its blob is missing or cut short,
+// kPermissionDenied when the store cannot be read (each naming the file).
 StatusOr<std::string> ResolveOllamaModel(const std::string& root, const OllamaName& name);
 
 // What the store holds: every manifest under root/manifests, resolved (an
@@ -56,7 +57,8 @@ struct OllamaStoreEntry {
   std::string blob;  // empty when `error` is set
   Status error;
 };
-std::vector<OllamaStoreEntry> ListOllamaStore(const std::string& root);
+// Empty when root holds no store; kPermissionDenied when it cannot be read.
+StatusOr<std::vector<OllamaStoreEntry>> ListOllamaStore(const std::string& root);
 
 // A service's `model` as configured -> the file to load: an ollama: name is
 // resolved in `root`, a path is returned unchanged.

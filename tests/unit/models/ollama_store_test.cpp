@@ -75,7 +75,7 @@ TEST(OllamaStoreTest, ResolvesAndListsWhatTheStoreHolds) {
   EXPECT_EQ(*ResolveModelPath("ollama:tiny:latest", root), *blob);
   EXPECT_EQ(*ResolveModelPath("/a/file.gguf", root), "/a/file.gguf") << "paths are not the store's";
 
-  const auto entries = ListOllamaStore(root);
+  const auto entries = *ListOllamaStore(root);
   ASSERT_EQ(entries.size(), 3u);
   EXPECT_EQ(entries[0].name.Display(), "broken:latest");
   EXPECT_FALSE(entries[0].error.ok());
@@ -83,11 +83,11 @@ TEST(OllamaStoreTest, ResolvesAndListsWhatTheStoreHolds) {
   EXPECT_TRUE(entries[1].error.ok()) << entries[1].error.ToString();
   EXPECT_EQ(entries[2].name.Display(), "tiny:latest");
   EXPECT_EQ(entries[2].blob, *blob);
-  EXPECT_TRUE(ListOllamaStore((store.root() / "nowhere").string()).empty());
+  EXPECT_TRUE(ListOllamaStore((store.root() / "nowhere").string())->empty());
   // A tag that is a symlink to another tag is listed by its own name (it
   // was listed as a second copy of its target's).
   std::filesystem::create_symlink("latest", store.root() / "manifests/registry.ollama.ai/library/tiny/newest");
-  const auto linked = ListOllamaStore(root);
+  const auto linked = *ListOllamaStore(root);
   ASSERT_EQ(linked.size(), 4u);
   EXPECT_EQ(linked[2].name.Display(), "tiny:latest");
   EXPECT_EQ(linked[3].name.Display(), "tiny:newest");
@@ -129,7 +129,8 @@ TEST(OllamaStoreTest, MissingAndCorruptManifestsAreErrorsNamingTheFile) {
   const auto m4 = store.Write("registry.ollama.ai/library/noblob", "latest",
                               R"({"layers":[{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:)" + hex + R"("}]})");
   st = err("ollama:noblob");
-  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << "the store holds its manifest: not a model missing from it";
+  EXPECT_NE(st.message().find("ollama pull noblob:latest"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find(root + "/blobs/sha256-" + hex), std::string::npos) << st.message();
   EXPECT_NE(st.message().find(m4.string()), std::string::npos);
 
@@ -229,6 +230,32 @@ TEST(ModelInfoTest, ThinkingAndToolsAreReadOffRealTemplates) {
   auto embed = SummarizeFile(Models() + "/tiny-embed.gguf");
   ASSERT_TRUE(embed.ok());
   EXPECT_FALSE(embed->tools || embed->thinking) << "an embedding model has neither";
+}
+
+// A store that cannot be read (a system install's, in the ollama user's
+// home; here a directory that is a symlink loop, since tests run as root)
+// says so: it was "not found: no manifest", and a listing of it was empty,
+// "no models found; set OLLAMA_MODELS" where OLLAMA_MODELS was right.
+TEST(OllamaStoreTest, AStoreThatCannotBeReadSaysSoAndIsNotEmpty) {
+  OllamaStoreLayout store("unreadable");
+  store.Add("registry.ollama.ai/library/tiny", "latest", Models() + "/tiny-chat.gguf");
+  const std::filesystem::path library = store.root() / "manifests/registry.ollama.ai/library";
+  std::filesystem::create_symlink("loop", library / "loop");
+  const std::string root = store.root().string();
+  auto r = ResolveOllamaModel(root, *ParseOllamaName("ollama:loop"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("cannot read manifest"), std::string::npos) << r.status().message();
+  std::filesystem::rename(store.root() / "manifests", store.root() / "kept");
+  std::filesystem::create_symlink("manifests", store.root() / "manifests");
+  auto listed = ListOllamaStore(root);
+  ASSERT_FALSE(listed.ok());
+  EXPECT_EQ(listed.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(listed.status().message().find(root), std::string::npos) << listed.status().message();
+  const auto [rc, out] = RunCommand(Bin() + "/spillway models --ollama-dir " + root + " 2>&1");
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("cannot read Ollama's store"), std::string::npos) << out;
+  EXPECT_EQ(out.find("no models found"), std::string::npos) << out;
 }
 
 TEST(OllamaConfigTest, AServicesOllamaModelIsItsBlobAndABrokenOneNamesConfigAndManifest) {
