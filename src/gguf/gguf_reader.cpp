@@ -30,6 +30,9 @@ enum GgufType : uint32_t { kU8, kI8, kU16, kI16, kU32, kI32, kF32, kBool, kStrin
 
 bool MulOverflow(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
 
+// Status::reason of a parse that ran out of the bytes it was given.
+constexpr char kShort[] = "gguf_short";
+
 class Cursor {
  public:
   Cursor(const uint8_t* d, size_t n) : d_(d), n_(n) {}
@@ -39,9 +42,15 @@ class Cursor {
   Status Fail(const std::string& what) const {
     return Status::InvalidArgument("GGUF: " + what + " at byte " + std::to_string(pos_));
   }
+  // Past the bytes given: a file read in part may have more (kShort).
+  Status Short(const std::string& what) const {
+    Status st = Fail(what);
+    st.WithReason(kShort);
+    return st;
+  }
   template <typename T>
   Status Read(T* out) {
-    if (left() < sizeof(T)) return Fail("truncated file");
+    if (left() < sizeof(T)) return Short("truncated file");
     std::memcpy(out, d_ + pos_, sizeof(T));
     pos_ += sizeof(T);
     return Status::Ok();
@@ -50,7 +59,7 @@ class Cursor {
     uint64_t len = 0;
     SPILLWAY_RETURN_IF_ERROR(Read(&len));
     if (len > max) return Fail("string of " + std::to_string(len) + " bytes exceeds the limit");
-    if (len > left()) return Fail("string runs past the end of the file");
+    if (len > left()) return Short("string runs past the end of the file");
     out->assign(reinterpret_cast<const char*>(d_ + pos_), len);
     pos_ += len;
     return Status::Ok();
@@ -58,7 +67,7 @@ class Cursor {
   // Numeric array entries kept so far in the file (Value::numbers).
   uint64_t kept_numbers = 0;
   Status Skip(uint64_t n) {
-    if (n > left()) return Fail("value runs past the end of the file");
+    if (n > left()) return Short("value runs past the end of the file");
     pos_ += n;
     return Status::Ok();
   }
@@ -123,7 +132,7 @@ Status ReadValue(Cursor& c, uint32_t t, const ReaderLimits& lim, Value* v) {
   if (et == kString) {
     // Each string needs at least its 8-byte length: reject impossible counts before looping.
     uint64_t min_bytes = 0;
-    if (MulOverflow(n, 8, &min_bytes) || min_bytes > c.left()) return c.Fail("string array runs past the end");
+    if (MulOverflow(n, 8, &min_bytes) || min_bytes > c.left()) return c.Short("string array runs past the end");
     for (uint64_t i = 0; i < n; ++i) {
       uint64_t len = 0;
       SPILLWAY_RETURN_IF_ERROR(c.Read(&len));
@@ -134,7 +143,7 @@ Status ReadValue(Cursor& c, uint32_t t, const ReaderLimits& lim, Value* v) {
   }
   const uint64_t es = ScalarSize(et);
   uint64_t total = 0;
-  if (MulOverflow(n, es, &total) || total > c.left()) return c.Fail("array runs past the end of the file");
+  if (MulOverflow(n, es, &total) || total > c.left()) return c.Short("array runs past the end of the file");
   if (n <= 4096 && c.kept_numbers + n <= (1u << 20)) {  // (each 8 bytes: 8 MiB at most, however many keys)
     c.kept_numbers += n;
     v->numbers.reserve(n);
@@ -228,12 +237,14 @@ StatusOr<Metadata> ParseGguf(const uint8_t* data, size_t size, uint64_t file_siz
     if (!m.kv.emplace(key, std::move(v)).second) return c.Fail("duplicate key '" + key + "'");
   }
   if (auto a = m.Uint("general.alignment")) {
-    if (*a == 0 || *a > (1u << 16) || (*a & (*a - 1))) return c.Fail("alignment " + std::to_string(*a) + " is not a power of two");
+    if (*a == 0 || *a > (1u << 16) || (*a & (*a - 1))) {
+      return c.Fail("alignment " + std::to_string(*a) + " is not a power of two of at most 65536");
+    }
     m.alignment = static_cast<uint32_t>(*a);
   }
   // Each tensor description takes at least 8 (name) + 4 (dims) + 4 (type) + 8 (offset) bytes.
   uint64_t min_bytes = 0;
-  if (MulOverflow(n_tensors, 24, &min_bytes) || min_bytes > c.left()) return c.Fail("tensor table runs past the end");
+  if (MulOverflow(n_tensors, 24, &min_bytes) || min_bytes > c.left()) return c.Short("tensor table runs past the end");
   m.tensors.reserve(n_tensors);
   for (uint64_t i = 0; i < n_tensors; ++i) {
     TensorInfo t;
@@ -315,9 +326,13 @@ StatusOr<Metadata> ReadOneGgufFile(const std::string& path, const ReaderLimits& 
     }
     auto m = ParseGguf(buf.data(), buf.size(), size, limits);
     if (m.ok()) return m;
-    if (want < std::min(size, kMaxHeader)) continue;  // (its header may go on past what was read)
+    // Only a parse that ran out of what was read reads more: its header may
+    // go on past it. Any other error (not GGUF at all, a safetensors file
+    // given by mistake) stands at once, and is not blamed on the header's size.
+    const bool short_read = m.status().reason() == kShort;
+    if (short_read && want < std::min(size, kMaxHeader)) continue;
     std::string why = path + ": " + m.status().message();
-    if (want < size) why += " (a header may take 64 MiB at most; this one runs past it, or is damaged)";
+    if (short_read && want < size) why += " (a header may take 64 MiB at most; this one runs past it, or is damaged)";
     return Status::InvalidArgument(why);
   }
 }
@@ -358,6 +373,16 @@ StatusOr<Metadata> ReadGgufFile(const std::string& path, const ReaderLimits& lim
     if (!part.ok()) {
       return Status(part.status().code(), "part " + std::to_string(no + 1) + " of " + std::to_string(count) +
                                               " of split model " + path + ": " + part.status().message());
+    }
+    // Each part says which it is: a copy of (or a link to) the first, or a
+    // part of another download, counted its tensors twice or wrongly, and
+    // llama.cpp's loader refuses it.
+    if (part->Uint("split.no").value_or(~0ull) != no || part->Uint("split.count").value_or(0) != count) {
+      return Status::InvalidArgument("part " + std::to_string(no + 1) + " of " + std::to_string(count) +
+                                     " of split model " + path + ": " + part_path + " says it is " +
+                                     (part->Uint("split.no") ? "part " + std::to_string(*part->Uint("split.no") + 1)
+                                                             : std::string("no part")) +
+                                     " of " + std::to_string(part->Uint("split.count").value_or(1)));
     }
     if (first->tensors.size() + part->tensors.size() > limits.max_tensors) {
       return Status::InvalidArgument(path + ": its parts hold more than " + std::to_string(limits.max_tensors) + " tensors");

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -84,6 +85,13 @@ TEST(GgufReaderTest, ASplitModelsFirstPartBringsEveryPartsTensors) {
   EXPECT_EQ(m->TotalTensorBytes(), 4u * 32 * 4 * 4);
   EXPECT_EQ(m->tensors.back().name, "output.weight");
   EXPECT_EQ(m->tensors[2].layer, 1);
+  // A part that is not the part its name says (a link to the first, a
+  // part of another download) is refused: its tensors were counted too.
+  std::remove(second.c_str());
+  ASSERT_EQ(::symlink(first.c_str(), second.c_str()), 0);
+  auto twice = ReadGgufFile(first);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("says it is part 1 of 2"), std::string::npos) << twice.status().message();
   std::remove(second.c_str());
   auto missing = ReadGgufFile(first);
   ASSERT_FALSE(missing.ok());
@@ -94,6 +102,23 @@ TEST(GgufReaderTest, ASplitModelsFirstPartBringsEveryPartsTensors) {
   ASSERT_FALSE(unnamed.ok());
   EXPECT_NE(unnamed.status().message().find("-00001-of-00002.gguf"), std::string::npos) << unnamed.status().message();
   std::remove(renamed.c_str());
+}
+
+// A large file that is not GGUF at all (a safetensors or zip file given by
+// mistake) is refused on its first read, for what it is: it was read again
+// up to 64 MiB and blamed on a header too long ("bad magic at byte 4 (a
+// header may take 64 MiB at most...)").
+TEST(GgufReaderTest, ALargeFileThatIsNotGgufIsRefusedForWhatItIs) {
+  const std::string path = ::testing::TempDir() + "sw-not-gguf-" + std::to_string(::getpid()) + ".gguf";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << "PK\x03\x04 not a model";
+  }
+  std::filesystem::resize_file(path, 100ull << 20);  // (sparse)
+  auto m = ReadGgufFile(path);
+  std::remove(path.c_str());
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().message().find("64 MiB"), std::string::npos) << m.status().message();
 }
 
 TEST(GgufReaderTest, TypeTableMatchesGgml) {
