@@ -277,11 +277,13 @@ boost::asio::awaitable<void> RequestLifecycle::CommitRefused(const Status& st) {
   // Left queued or running, a retry with its Idempotency-Key heard "in
   // flight" for good, and a restart ran a request its client had been told
   // failed: the end is recorded once the journal writes again.
-  // A non-streamed request's client hears that as well: told only that the
-  // journal cannot write, it sent the request again while a restart could
-  // still run the first. (A restart never runs a stream again: it marks it
-  // failed_resumable; the journal's refusal is all there is to say.)
-  const Status told = st.code() == StatusCode::kUnavailable && !rec_.stream
+  // A non-streamed request's client hears that as well, whatever the
+  // journal's error (its storage's, or a lock another program held past the
+  // busy timeout): told only the error, it sent the request again while a
+  // restart could still run the first. (A restart never runs a stream
+  // again: it marks it failed_resumable; the journal's refusal is all there
+  // is to say.)
+  const Status told = !rec_.stream
                           ? Gateway::Unrecorded(st, rec_.id, "its next attempt",
                                                 "nothing of that attempt reaches the client")
                           : st;
