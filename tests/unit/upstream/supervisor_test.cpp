@@ -209,9 +209,13 @@ TEST_F(SupervisorTest, AServerStartsWithoutTheGatewaysStdinOrSignalState) {
   sigaction(SIGPIPE, &ignore, &pipe_before);  // as `spillway serve` does
   sigaction(SIGQUIT, &ignore, &quit_before);  // as a shell's `&` does
   WorkerSpec spec = Sleeper("s.ext");
+  // (Its masks read by the shell's builtins alone: a shell blocks every
+  // signal while it starts a command, and a grep of its status read that
+  // now and then, as if it had been started so.)
   spec.command = {"/bin/sh", "-c",
-                  "readlink /proc/$$/fd/0 > " + said + ".tmp; grep -E '^Sig(Ign|Blk)' /proc/$$/status >> " + said +
-                      ".tmp; mv " + said + ".tmp " + said + "; exec sleep 30",
+                  "readlink /proc/$$/fd/0 > " + said + ".tmp; exec 3< /proc/$$/status; "
+                  "while read -r k v <&3; do case \"$k\" in SigIgn:|SigBlk:) printf '%s\\t%s\\n' \"$k\" \"$v\" >> " +
+                      said + ".tmp;; esac; done; exec 3<&-; mv " + said + ".tmp " + said + "; exec sleep 30",
                   "sh", "${PORT}"};
   sup.Add(spec);
   Start();
