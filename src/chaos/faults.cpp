@@ -99,11 +99,17 @@ void Run::Inject(const std::string& kind, FaultEvent* ev) {
     } else if (fired_before >= 0) {
       ev->worker_pid = gpu_pid;
       ev->fired_before = fired_before;
+    } else {
+      // Armed, but whether it goes off cannot be told (its count was not
+      // read): not counted as injected. Counted so, as if it acted at once,
+      // it let a scenario whose faults never met a request pass.
+      ev->injected = false;
+      ev->kind += " (its worker's count of fired faults could not be read: not counted)";
     }
   };
   auto kill_gpu = [&] {
-    if (gpu_pid > 0) kill(gpu_pid, SIGKILL);
-    else ev->injected = false;  // no GPU worker to kill
+    // (Counted only when the signal was sent: a worker gone meanwhile was not killed by it.)
+    if (gpu_pid <= 0 || kill(gpu_pid, SIGKILL) != 0) ev->injected = false;
   };
   auto hold = [&](uint64_t mib, double seconds) {
     if (!Hold(mib, seconds)) ev->injected = false;

@@ -231,7 +231,9 @@ void Run::Monitor() {
             s.cpu_queue_waiting = q.value("waiting", 0);
             s.cpu_queue_running = q.value("running", 0);
             s.cpu_queue_oldest_ms = q.value("oldest_wait_ms", int64_t{0});
-            s.cpu_path_ram_bytes = q.value("ram_resident_bytes", uint64_t{0}) + q.value("ram_running_bytes", uint64_t{0});
+            // (Its peak too: one between two samples was missed, and passed the budget check.)
+            s.cpu_path_ram_bytes = std::max(q.value("ram_resident_bytes", uint64_t{0}) + q.value("ram_running_bytes", uint64_t{0}),
+                                            q.value("ram_peak_bytes", uint64_t{0}));
             s.cpu_path_budget_bytes = q.value("ram_budget_bytes", uint64_t{0});
           }
           for (const auto& svc : st["services"]) {
@@ -327,8 +329,8 @@ void Run::Settle() {
 }
 
 void Run::CompareWithReference(std::vector<RequestRecord>& records) {
-  // At most kMaxCompared of them, spread evenly over the run (the first 40
-  // all came before most faults).
+  // At most kMaxCompared of them: those a failover moved first, the rest
+  // spread evenly over the run (the first 40 all came before most faults).
   constexpr size_t kMaxCompared = 40;
   std::vector<RequestRecord*> eligible;
   for (auto& r : records) {
@@ -361,13 +363,21 @@ void Run::CompareWithReference(std::vector<RequestRecord>& records) {
     const std::string path = p.kind == "completion" ? "/v1/completions" : "/v1/chat/completions";
     auto res = http::Fetch("127.0.0.1", port_.load(), "POST", path, body.dump(), {{"X-Request-Id", r.id + "-ref"}},
                            std::chrono::seconds(60));
-    if (!res.ok() || res->status != 200) continue;
-    // (Read without assuming its shape: a reference of another shape skips the comparison, it does not end the run.)
+    // (Said, not skipped: a comparison that did not happen proved nothing.)
+    if (!res.ok() || res->status != 200) {
+      r.reference_error = res.ok() ? "HTTP " + std::to_string(res->status) + ": " + res->body.substr(0, 200)
+                                   : res.status().message();
+      continue;
+    }
+    // (Read without assuming its shape: a reference of another shape is said, it does not end the run.)
     const json j = json::parse(res->body, nullptr, false);
     const json* choices = j.is_object() && j.contains("choices") && j["choices"].is_array() && !j["choices"].empty()
                               ? &j["choices"][0]
                               : nullptr;
-    if (!choices || !choices->is_object()) continue;
+    if (!choices || !choices->is_object()) {
+      r.reference_error = "an answer without choices: " + res->body.substr(0, 200);
+      continue;
+    }
     const json& c = *choices;
     std::optional<std::string> ref;
     if (c.contains("text") && c["text"].is_string()) {
@@ -377,6 +387,7 @@ void Run::CompareWithReference(std::vector<RequestRecord>& records) {
       ref = m.contains("content") && m["content"].is_string() ? m["content"].get<std::string>() : "";
     }
     if (ref) r.equivalent = *ref == r.output;
+    else r.reference_error = "an answer without text: " + res->body.substr(0, 200);
   }
 }
 

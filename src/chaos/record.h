@@ -43,6 +43,7 @@ struct RequestRecord {
   int64_t cpu_start_ms = -1;    // when an attempt on the CPU started (since the scenario's start)
   std::string decision;         // admission decision kind
   std::optional<bool> equivalent;  // deterministic and completed: same text as the reference
+  std::string reference_error;  // chosen for comparison, and its reference could not be had (why)
 };
 
 struct FaultEvent {

@@ -131,6 +131,21 @@ void JudgeCompeting(const ScenarioResult& r, const VerdictOptions& o, Verdict& v
   }
 }
 
+// Whether a kill of the gateway fell within the request's life, from its
+// sending to its end (one that never ended: to the scenario's end), or it
+// was sent while the gateway was down (killed, not yet serving again): its
+// client's connection went with the process, and its outcome is the
+// journal's, read by id.
+bool GatewayKilledDuring(const RequestRecord& q, const ScenarioResult& r) {
+  const int64_t end = q.latency_ms >= 0 ? q.sent_ms + q.latency_ms : INT64_MAX;
+  for (const auto& f : r.faults) {
+    if (f.kind.rfind("kill-gateway", 0) != 0) continue;
+    const int64_t back = f.recovered_ms >= 0 ? f.recovered_ms : INT64_MAX;
+    if (f.at_ms <= end && q.sent_ms <= back) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
@@ -192,11 +207,14 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
                              (q.first_error.empty() ? "" : ": " + q.first_error) + ")");
       }
     }
-    // Completed in the journal, its connection whole, and its client got an
-    // error or a cut stream: what the client got is the answer (a request
-    // the journal calls done was not delivered). (A cut connection, the
-    // gateway killed, is read by id: the journal's completion stands.)
-    if (!unrelated && o.journal && q.journal_state == "completed" && q.connection_survived && !ok_client && !q.unreadable) {
+    // Completed in the journal, and its client got an error or a cut
+    // stream, or nothing: the answer was not delivered. Only a request the
+    // gateway's own kill cut (its connection gone with the process) is read
+    // by id, its journaled completion standing; any other cut passed,
+    // however its client fared.
+    const bool cut_by_kill = GatewayKilledDuring(q, r);
+    if (!unrelated && o.journal && q.journal_state == "completed" && !ok_client && !q.unreadable &&
+        !q.cancelled_by_client && (q.connection_survived || !cut_by_kill)) {
       v.failures.push_back("completed in the journal, but its client got " +
                            (q.first_error.empty() ? "HTTP " + std::to_string(q.http_status) : q.first_error) + ": " + q.id);
     }
@@ -221,6 +239,11 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
       // never accepted, the proof cannot tell, so it does not pass.
       if (o.journal && q.journal_unanswered) {
         v.failures.push_back("outcome unknown: the gateway did not answer GET /v1/requests/" + q.id);
+      } else if (o.journal && !unrelated && !q.cancelled_by_client && !cut_by_kill) {
+        // Neither answered nor journaled while the gateway was up (no kill
+        // of it during the request): dropped before it was recorded.
+        v.failures.push_back("no answer and no journal record, the gateway up throughout: " + q.id +
+                             (q.first_error.empty() ? "" : " (its client: " + q.first_error.substr(0, 200) + ")"));
       }
     }
     if (q.attempts > 1) {
@@ -240,6 +263,9 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
       v.failures.push_back("duplicate side effect: the tool ran " + std::to_string(q.tool_executions) + " times for " + q.id);
     }
     if (q.deterministic && completed && !q.cancelled_by_client) ++comparable;
+    if (!q.reference_error.empty()) {
+      v.failures.push_back("not compared: " + q.id + "'s reference answer could not be had (" + q.reference_error + ")");
+    }
     if (q.equivalent.has_value()) {
       ++v.deterministic_compared;
       if (*q.equivalent) ++v.deterministic_equal;

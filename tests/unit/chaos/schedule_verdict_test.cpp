@@ -92,6 +92,15 @@ RequestRecord Ok(const std::string& id, const std::string& placement = "sim:0/99
   return r;
 }
 
+// The gateway killed at `at_ms` (and serving again at `back_ms`; -1: not seen).
+FaultEvent KillGateway(int64_t at_ms, int64_t back_ms = -1) {
+  FaultEvent f;
+  f.at_ms = at_ms;
+  f.kind = "kill-gateway";
+  f.recovered_ms = back_ms;
+  return f;
+}
+
 ScenarioResult Healthy() {
   ScenarioResult r;
   r.duration_ms = 60000;
@@ -129,12 +138,27 @@ TEST(VerdictTest, AnAcknowledgedRequestWithoutATerminalStateIsLostAnUnacknowledg
   unknown.http_status = 0;
   unknown.journal_state = "";
   r.requests = {lost, unknown, Ok("fine")};
-  const Verdict v = Judge(r, {});
+  r.faults = {KillGateway(50)};  // (unknown: sent into the kill, never journaled)
+  Verdict v = Judge(r, {});
   EXPECT_EQ(v.lost, 1);
   EXPECT_EQ(v.unknown, 1);
   EXPECT_FALSE(v.passed);
   ASSERT_EQ(v.failures.size(), 1u);
   EXPECT_NE(v.failures[0].find("lost: lost"), std::string::npos);
+  // With the gateway up throughout, an answer neither given nor journaled
+  // is a request it dropped before recording it: it passed as "unknown".
+  r.requests = {unknown, Ok("fine")};
+  r.faults.clear();
+  v = Judge(r, {});
+  EXPECT_EQ(v.unknown, 1);
+  ASSERT_EQ(v.failures.size(), 1u);
+  EXPECT_EQ(v.failures[0], "no answer and no journal record, the gateway up throughout: unknown");
+  // One sent after the gateway was serving again is not covered by its kill.
+  r.faults = {KillGateway(50, 80)};
+  r.requests[0].sent_ms = 90;
+  EXPECT_FALSE(Judge(r, {}).passed);
+  r.requests[0].sent_ms = 70;  // sent while it was down
+  EXPECT_TRUE(Judge(r, {}).passed) << ::testing::PrintToString(Judge(r, {}).failures);
 }
 
 // Faults whose targets were never ready (a worker still restarting from
@@ -240,6 +264,7 @@ TEST(VerdictTest, AJournaledRequestCutBeforeItsAnswerIsLostIfItNeverEnds) {
   ended.id = "ended";
   ended.journal_state = "completed";  // re-run after the restart: its result waits in the journal
   r.requests = {cut, ended, Ok("fine")};
+  r.faults = {KillGateway(50)};
   const Verdict v = Judge(r, {});
   EXPECT_EQ(v.lost, 1);
   EXPECT_EQ(v.unknown, 0);
@@ -257,9 +282,10 @@ TEST(VerdictTest, AJournaledRequestCutBeforeItsAnswerIsLostIfItNeverEnds) {
 // behind it (a continuation that never works), an outcome nobody could
 // read, and a scenario that served nothing.
 TEST(VerdictTest, EndingsTheClientDidNotSeeOrAskForFail) {
-  auto judged = [](RequestRecord q) {
+  auto judged = [](RequestRecord q, bool killed = false) {
     ScenarioResult r = Healthy();
     r.requests = {q, Ok("fine")};
+    if (killed) r.faults = {KillGateway(50)};
     return Judge(r, {});
   };
   auto gave_up = Ok("gave-up");
@@ -279,7 +305,12 @@ TEST(VerdictTest, EndingsTheClientDidNotSeeOrAskForFail) {
   ASSERT_EQ(v.failures.size(), 1u);
   EXPECT_EQ(v.failures[0], "completed in the journal, but its client got an error event: cut");
   cut.connection_survived = false;  // the gateway killed: read by id, the journal's completion stands
-  EXPECT_TRUE(judged(cut).passed) << ::testing::PrintToString(judged(cut).failures);
+  EXPECT_TRUE(judged(cut, true).passed) << ::testing::PrintToString(judged(cut, true).failures);
+  // Cut with the gateway up (a client's timeout, a reset): not delivered.
+  // It passed, whatever cut it, for the kill's sake.
+  v = judged(cut);
+  ASSERT_EQ(v.failures.size(), 1u);
+  EXPECT_EQ(v.failures[0], "completed in the journal, but its client got an error event: cut");
 
   auto resumable = Ok("resumable");
   resumable.stream = true;
@@ -299,8 +330,8 @@ TEST(VerdictTest, EndingsTheClientDidNotSeeOrAskForFail) {
   v = judged(unknown);
   ASSERT_EQ(v.failures.size(), 1u);
   EXPECT_EQ(v.failures[0], "outcome unknown: the gateway did not answer GET /v1/requests/unknown");
-  unknown.journal_unanswered = false;  // 404: never accepted
-  EXPECT_TRUE(judged(unknown).passed);
+  unknown.journal_unanswered = false;  // 404: never accepted (sent into the gateway's kill)
+  EXPECT_TRUE(judged(unknown, true).passed);
 
   ScenarioResult none = Healthy();
   auto refused = Ok("refused");
@@ -322,6 +353,13 @@ TEST(VerdictTest, EndingsTheClientDidNotSeeOrAskForFail) {
   EXPECT_EQ(v.failures[0], "none of its 1 deterministic answers could be compared: no reference answer was given");
   unchecked.requests[0].equivalent = true;
   EXPECT_TRUE(Judge(unchecked, {}).passed);
+  // A comparison whose reference could not be had is said, not skipped.
+  unchecked.requests.push_back(seeded);
+  unchecked.requests[1].id = "unreferenced";
+  unchecked.requests[1].reference_error = "HTTP 503: busy";
+  v = Judge(unchecked, {});
+  ASSERT_EQ(v.failures.size(), 1u);
+  EXPECT_EQ(v.failures[0], "not compared: unreferenced's reference answer could not be had (HTTP 503: busy)");
 }
 
 TEST(VerdictTest, AnUnreadableAnswerFails) {
