@@ -268,7 +268,11 @@ Status TranslateGenerate(const json& body, OllamaCall* call) {
     raw = body["raw"].get<bool>();
   }
   call->load_only = prompt.empty();
-  if (raw) {  // no template: the prompt as given (Ollama ignores `system` too)
+  // (Ollama's own words: a system prompt needs the template raw leaves out.)
+  if (raw && !system.empty()) {  // (a non-empty template or context is refused above)
+    return Status::InvalidArgument("raw mode does not support template, system, or context");
+  }
+  if (raw) {  // no template: the prompt as given
     call->endpoint = "completion";
     call->openai["prompt"] = prompt;
     return Status::Ok();

@@ -230,6 +230,28 @@ json Gateway::OllamaTags() const {
   return {{"models", models}};
 }
 
+namespace {
+
+// A GGUF array as Ollama's /api/show gives it unless asked to be verbose:
+// up to 5 entries as they are, a longer one empty (a tokenizer's vocabulary
+// is not sent). A short array of strings is not kept by the reader: empty
+// too. (It was null: a client iterating it failed.)
+json ShortArray(const gguf::Value& v) {
+  json out = json::array();
+  if (v.array_len > 5 || v.numbers.size() != v.array_len) return out;
+  // (GGUF's types: 0-5, 10 and 11 integers, 7 bool, 6 and 12 floats.)
+  const uint32_t t = v.array_type;
+  const bool integer = t <= 5 || t == 10 || t == 11;
+  for (const double d : v.numbers) {
+    if (t == 7) out.push_back(d != 0);
+    else if (integer) out.push_back(static_cast<int64_t>(d));
+    else out.push_back(d);
+  }
+  return out;
+}
+
+}  // namespace
+
 StatusOr<json> Gateway::OllamaShow(const config::ServiceConfig& svc) const {
   auto meta = gguf::ReadGgufFile(svc.model);
   if (!meta.ok()) return Status::Unavailable(meta.status().message());
@@ -244,7 +266,7 @@ StatusOr<json> Gateway::OllamaShow(const config::ServiceConfig& svc) const {
       case Kind::kFloat: info[key] = value.f; break;
       case Kind::kBool: info[key] = value.b; break;
       case Kind::kString: info[key] = value.s; break;
-      case Kind::kArray: info[key] = nullptr; break;  // Ollama leaves arrays out unless verbose
+      case Kind::kArray: info[key] = ShortArray(value); break;
     }
   }
   info["general.parameter_count"] = m.parameters;

@@ -209,6 +209,8 @@ test('tags, show and ps', async () => {
   const show = await ollama.show({ model: 'chat' });
   assert.ok(show.template.includes('im_start'));
   assert.equal(show.model_info['general.architecture'], 'llama');
+  // Arrays as Ollama gives them unless verbose: a long one (the vocabulary) empty, not null.
+  assert.deepEqual(show.model_info['tokenizer.ggml.tokens'], []);
   assert.ok(show.capabilities.includes('completion'));
   assert.ok((await ollama.show({ model: 'embed' })).capabilities.includes('embedding'));
 

@@ -126,10 +126,13 @@ TEST(OllamaRequestTest, GenerateIsAChatWithTheSystemPromptUnlessRaw) {
   EXPECT_EQ(c.openai["messages"],
             json({{{"role", "system"}, {"content", "sys"}}, {{"role", "user"}, {"content", "why?"}}}));
   EXPECT_EQ(c.openai["reasoning_effort"], "none");
-  c = Translate(OllamaRoute::kGenerate, {{"model", "m"}, {"prompt", "raw text"}, {"system", "ignored"}, {"raw", true}});
+  c = Translate(OllamaRoute::kGenerate, {{"model", "m"}, {"prompt", "raw text"}, {"system", ""}, {"raw", true}});
   EXPECT_EQ(c.endpoint, "completion");
   EXPECT_EQ(c.openai["prompt"], "raw text");
   EXPECT_FALSE(c.openai.contains("messages"));
+  // A system prompt with raw is Ollama's 400, in its words: it was dropped unsaid.
+  EXPECT_EQ(Error(OllamaRoute::kGenerate, {{"model", "m"}, {"prompt", "raw text"}, {"system", "sys"}, {"raw", true}}),
+            "raw mode does not support template, system, or context");
   EXPECT_TRUE(Translate(OllamaRoute::kGenerate, {{"model", "m"}}).load_only) << "an empty prompt only loads";
   EXPECT_TRUE(Translate(OllamaRoute::kChat, {{"model", "m"}, {"messages", json::array()}}).load_only);
   EXPECT_TRUE(Translate(OllamaRoute::kChat, {{"model", "m"}, {"messages", nullptr}}).load_only) << "null: no messages";
