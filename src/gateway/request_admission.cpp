@@ -121,10 +121,26 @@ void RequestAdmission::DemandAll(bool cpu_path_too) {
     return states_[k]->admission.admitted && holds_[k] != Gateway::Hold::kUnloading &&
            holds_[k] != Gateway::Hold::kOutsideWindow;
   };
-  bool other_comes_up = false;  // an accelerator placement: started here, or warm (it starts by itself)
+  // An accelerator placement comes up (started here, or warm: it starts by
+  // itself) unless it is in trouble: its worker failing to start or
+  // crashing, or its breaker (or its device's) open, its worker lost. Then
+  // the CPU path's replicas are started too: counted as coming up, a dead
+  // accelerator kept a stopped on-demand fallback stopped, and every
+  // request waited for the start timeout and got a 503 instead of failing
+  // over.
+  const auto workers = g_.supervisor_.Snapshot();
+  auto troubled = [&](size_t k) {
+    for (const auto& w : workers) {
+      if (w.key != states_[k]->key) continue;
+      if (w.state == upstream::WorkerState::kReady) break;
+      if (w.failed_starts > 0 || w.crash_looping()) return true;
+    }
+    return !g_.board_.Allows(svc_.name, k);
+  };
+  bool other_comes_up = false;
   for (size_t k = 0; k < states_.size(); ++k) {
     if (svc_.OnCpuPath(k) || !may_start(k)) continue;
-    other_comes_up = true;
+    if (!troubled(k)) other_comes_up = true;
     if (g_.supervisor_.OnDemand(states_[k]->key)) Demand(k);
   }
   for (size_t k = 0; k < states_.size(); ++k) {

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -258,6 +260,31 @@ TEST_F(CpuPathTest, AnOnDemandReplicaStartsForTheFirstRequestAndStopsWhenIdle) {
   ASSERT_TRUE(WaitFor([&] { return Fallback()["state"] == "stopped"; }, 10000)) << Fallback().dump();
   auto again = Post(Long(8), "od-2");
   EXPECT_EQ(again.status, 200) << again.body;
+}
+
+// An accelerator that is lost (its worker killed, and no room on its device
+// to start again) does not keep a stopped on-demand CPU fallback stopped:
+// the next request starts it and runs there. It waited for the start
+// timeout and got a 503: the lost accelerator counted as "coming up", and
+// with no worker up to count the prompt, nothing else started the fallback.
+TEST_F(CpuPathTest, ALostAcceleratorStartsTheOnDemandFallbackForTheNextRequest) {
+  ASSERT_TRUE(devices::SimLedger::Create(0, 4ull << 30).ok());  // room for the accelerator placement
+  StartGateway(Config("", "readiness = \"on-demand\"\n"));
+  json gpu = Status()["services"][0]["placements"][0];
+  ASSERT_TRUE(WaitFor([&] {
+    gpu = Status()["services"][0]["placements"][0];
+    return gpu.value("state", "") == "ready";
+  })) << gpu.dump();
+  ASSERT_EQ(Fallback()["state"], "stopped");
+  // The device shrinks to nothing (another program took it): no restart fits.
+  ASSERT_TRUE(devices::SimLedger::Create(0, 1 << 20).ok());
+  ASSERT_EQ(::kill(gpu.value("pid", 0), SIGKILL), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = Post(Long(8), "lost-1");
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("x-spillway-placement"), "cpu");
+  EXPECT_LT(took, std::chrono::seconds(30)) << "it waited for a start timeout first";
 }
 
 TEST_F(CpuPathTest, AnMmapReplicaCreatesItsContextForTheFirstRequestAndFreesItWhenIdle) {
