@@ -77,10 +77,13 @@ CpuPathVerdict JudgeCpuPath(uint32_t prompt_tokens, uint32_t max_tokens, const C
       break;
   }
   if (!s.replica_ready) {  // an on-demand replica is started now, where it fits the budget
-    const uint64_t others = s.line.resident_bytes - std::min(s.line.resident_bytes, s.replica_counted_bytes);
+    // The loaded replicas, and the requests running on them: the budget
+    // holds both (the line's own check, resident + running + one more).
+    const uint64_t others =
+        s.line.resident_bytes - std::min(s.line.resident_bytes, s.replica_counted_bytes) + s.line.running_bytes;
     if (limits.budget_bytes > 0 && others + s.replica_bytes + s.request_bytes > limits.budget_bytes) {
       return Refuse("loading the CPU replica " + s.replica + " (" + Mib(s.replica_bytes) + ") for a request of " +
-                        Mib(s.request_bytes) + " beside the loaded ones (" + Mib(others) +
+                        Mib(s.request_bytes) + " beside the loaded ones and their running requests (" + Mib(others) +
                         ") would pass the CPU path's host-RAM budget of " + Mib(limits.budget_bytes),
                     30);
     }

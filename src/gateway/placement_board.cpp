@@ -268,9 +268,10 @@ PlacementBoard::Closed PlacementBoard::Release(const std::string& service, size_
   return ended;
 }
 
-void PlacementBoard::LeaveCpuLine(const std::string& service, const std::string& id) {
+bool PlacementBoard::LeaveCpuLine(const std::string& service, const std::string& id) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (auto it = cpu_lines_.find(service); it != cpu_lines_.end()) it->second->Leave(id);
+  auto it = cpu_lines_.find(service);
+  return it != cpu_lines_.end() && it->second->Leave(id);
 }
 
 int PlacementBoard::Active(const std::string& service, size_t index) const {

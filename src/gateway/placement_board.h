@@ -139,8 +139,8 @@ class PlacementBoard {
   // sent again at once and keeps its turn in the line.
   Closed Release(const std::string& service, size_t index, const std::string& id, bool cells, bool slot,
                  bool keep_cpu_turn = false);
-  // The request leaves the service's CPU line (it runs elsewhere, or ends).
-  void LeaveCpuLine(const std::string& service, const std::string& id);
+  // The request leaves the service's CPU line (it runs elsewhere, or ends): whether it held a place.
+  bool LeaveCpuLine(const std::string& service, const std::string& id);
   // The placement was just chosen: not idle (its replica is not released under it).
   void Touch(const std::string& service, size_t index);
   // Attempts holding placement `index` now.

@@ -46,8 +46,10 @@ RequestAdmission::RequestAdmission(Gateway& g, const journal::RequestRecord& rec
 
 RequestAdmission::~RequestAdmission() {
   live_.SetLineWaiter(nullptr);
-  // Whatever the outcome, a request that is not admitted holds no place in the CPU line.
-  if (!admitted_) g_.board_.LeaveCpuLine(svc_.name, rec_.id);
+  // Whatever the outcome, a request that is not admitted holds no place in
+  // the CPU line; one that held a place there (cancelled, past its
+  // deadline) wakes the line: its next head noticed only at its next poll.
+  if (!admitted_ && g_.board_.LeaveCpuLine(svc_.name, rec_.id)) g_.Wake(svc_.name, PlacementBoard::Closed::kPlacement);
 }
 
 bool RequestAdmission::RefusedAtOnce() {

@@ -85,10 +85,12 @@ void CpuQueue::CountRefusal(const std::string& id, uint64_t* counter) {
   if (refused_.insert(id).second) ++*counter;
 }
 
-void CpuQueue::Leave(const std::string& id) {
+bool CpuQueue::Leave(const std::string& id) {
+  const size_t before = running_.size() + waiting_.size();
   running_.erase(id);
   waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), [&](const Waiter& w) { return w.id == id; }),
                  waiting_.end());
+  return running_.size() + waiting_.size() < before;
 }
 
 bool CpuQueue::Waiting(const std::string& id) const {

@@ -62,7 +62,7 @@ class CpuQueue {
   // head of the line, with a lane and its bytes within the RAM budget free.
   // (The host's memory is read only then: not per waiter per round.)
   bool MayStart(const std::string& id) const;
-  void Leave(const std::string& id);
+  bool Leave(const std::string& id);  // whether it held a place
 
   bool Waiting(const std::string& id) const;
   bool Running(const std::string& id) const { return running_.count(id) > 0; }

@@ -98,10 +98,14 @@ TEST(CpuPathTest, AReplicaIsStartedOnlyWhereItFitsTheBudgetBesideTheLoadedOnes) 
   EXPECT_EQ(v.kind, Kind::kReject);
   EXPECT_FALSE(v.demand_replica);
   EXPECT_EQ(v.retry_after_s, 30);
-  EXPECT_EQ(v.why, "loading the CPU replica cpu (50 MiB) for a request of 1 MiB beside the loaded ones (60 MiB) would "
-                   "pass the CPU path's host-RAM budget of 100 MiB");
+  EXPECT_EQ(v.why, "loading the CPU replica cpu (50 MiB) for a request of 1 MiB beside the loaded ones and their "
+                   "running requests (60 MiB) would pass the CPU path's host-RAM budget of 100 MiB");
   s.replica_bytes = 39ull << 20;  // fits: 60 + 39 + 1
   EXPECT_TRUE(JudgeCpuPath(10, 40, s, Limits()).demand_replica);
+  // The requests running on the loaded replica count too: 60 + 2 running + 39 + 1 does not fit.
+  s.line.running_bytes = 2ull << 20;
+  EXPECT_EQ(JudgeCpuPath(10, 40, s, Limits()).kind, Kind::kReject);
+  s.line.running_bytes = 0;
   // While it starts, its own share is counted once.
   q.SetResident("chat.0", 39ull << 20);
   s = Join(q, "a", 1ull << 20, false);
