@@ -575,12 +575,20 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
     // binds nothing then: a retry may run).
     const Status st = in->refused_if_new;
     const std::string text = ErrorText(st, live->id);
-    Logged(co_await Journaled([&](auto done) {
-             journal_.FinishAsync(live->id, journal::State::kFailed, HttpStatusFor(st.code()), "application/json", text,
-                                  st.message(), done);
-           }),
-           "finish");
+    const Status ended = co_await Journaled([&](auto done) {
+      journal_.FinishAsync(live->id, journal::State::kFailed, HttpStatusFor(st.code()), "application/json", text,
+                           st.message(), done);
+    });
     live->Enter(LivePhase::kTerminal, clock_.NowMs());
+    if (!ended.ok()) {
+      // Its Accept is on disk, its end is not: a restart would run it, and
+      // its key answered "in flight" meanwhile. Told so, and its end
+      // recorded once the journal writes again, as any unrecorded end.
+      Logged(ended, "finish");
+      const Status told = Unrecorded(ended, live->id, "that it was refused (" + st.message() + ")", "it has not run");
+      Spawn(RecordEndWhenWritable(live->id, journal::State::kFailed, told), co_await boost::asio::this_coro::executor);
+      co_return in->ex->Respond(ErrorResponse(told, v, live->id));
+    }
     co_return in->ex->Respond(ErrorResponse(st, v, live->id));
   }
   if (in->on_accepted) in->on_accepted();
