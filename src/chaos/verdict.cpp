@@ -336,7 +336,11 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
   }
   std::vector<double> rec;
   for (const auto& f : r.faults) {
-    if (f.recovered_ms >= 0) rec.push_back(static_cast<double>(f.recovered_ms - f.at_ms));
+    // (An armed fault that never went off disrupted nothing to recover
+    // from: its "0 ms" pulled the median down.)
+    if (f.recovered_ms >= 0 && f.injected && f.fired.value_or(true)) {
+      rec.push_back(static_cast<double>(f.recovered_ms - f.at_ms));
+    }
   }
   v.recovery_median_ms = rec.empty() ? -1 : Percentile(rec, 50);
   v.recovery_max_ms = rec.empty() ? -1 : *std::max_element(rec.begin(), rec.end());

@@ -479,6 +479,13 @@ TEST(VerdictTest, RecoveryComesFromTheFaults) {
   const Verdict v = Judge(r, {});
   EXPECT_DOUBLE_EQ(v.recovery_max_ms, 800);
   EXPECT_DOUBLE_EQ(v.recovery_median_ms, 400);  // nearest rank of {400, 800}
+  // An armed fault that never went off recovered from nothing: not a 0 ms recovery.
+  FaultEvent unfired{12000, "compute-error", 12000};
+  unfired.fired = false;
+  r.faults.push_back(unfired);
+  unfired.at_ms = unfired.recovered_ms = 13000;
+  r.faults.push_back(unfired);
+  EXPECT_DOUBLE_EQ(Judge(r, {}).recovery_median_ms, 400);  // (of {0, 0, 400, 800}: 0)
 }
 
 // Services competing: ten chat requests alone (100 ms each, from 0 ms), ten
