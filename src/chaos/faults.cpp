@@ -56,6 +56,7 @@ void Run::Inject(const std::string& kind, FaultEvent* ev) {
       SleepMs(200);
       if (!StartServer()) ev->kind += " (restart failed)";
     }
+    ev->back_ms = SinceStart();  // (serving again, or given up on: its down time ends here)
     return;
   }
   if (target_ == Target::kLlamaServer) {

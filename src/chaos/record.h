@@ -50,6 +50,7 @@ struct FaultEvent {
   int64_t at_ms = 0;            // since the scenario's start
   std::string kind;             // "compute-error", "kill -9 gpu worker", "sim hold 200 MiB", ...
   int64_t recovered_ms = -1;    // primary ready, breaker closed and serving again (-1: not seen)
+  int64_t back_ms = -1;         // a kill of the server itself: when its restart returned (-1: not one)
   // False when it could not be injected (its worker was not ready to arm it,
   // no process to kill): not counted as injected, and a scenario none of
   // whose faults was injected fails (it proved nothing).

@@ -140,7 +140,9 @@ bool GatewayKilledDuring(const RequestRecord& q, const ScenarioResult& r) {
   const int64_t end = q.latency_ms >= 0 ? q.sent_ms + q.latency_ms : INT64_MAX;
   for (const auto& f : r.faults) {
     if (f.kind.rfind("kill-gateway", 0) != 0) continue;
-    const int64_t back = f.recovered_ms >= 0 ? f.recovered_ms : INT64_MAX;
+    // (Up again when its restart returned; not when its accelerator
+    // placement recovered, which may be much later, or read as at once.)
+    const int64_t back = f.back_ms >= 0 ? f.back_ms : INT64_MAX;
     if (f.at_ms <= end && q.sent_ms <= back) return true;
   }
   return false;
@@ -239,9 +241,10 @@ Verdict Judge(const ScenarioResult& r, const VerdictOptions& o) {
       // never accepted, the proof cannot tell, so it does not pass.
       if (o.journal && q.journal_unanswered) {
         v.failures.push_back("outcome unknown: the gateway did not answer GET /v1/requests/" + q.id);
-      } else if (o.journal && !unrelated && !q.cancelled_by_client && !cut_by_kill) {
-        // Neither answered nor journaled while the gateway was up (no kill
-        // of it during the request): dropped before it was recorded.
+      } else if (o.journal && !unrelated && !q.cancelled_by_client && !cut_by_kill && q.http_status == 0) {
+        // Neither answered at all nor journaled while the gateway was up (no
+        // kill of it during the request): dropped before it was recorded. (A
+        // refusal before the journal, without the id echoed, was answered.)
         v.failures.push_back("no answer and no journal record, the gateway up throughout: " + q.id +
                              (q.first_error.empty() ? "" : " (its client: " + q.first_error.substr(0, 200) + ")"));
       }

@@ -647,7 +647,7 @@ boost::asio::awaitable<void> Gateway::RecordEndWhenWritable(std::string id, jour
     boost::system::error_code ec;
     co_await timer.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
     const Status st = co_await Journaled([&](auto done) {
-      // (The status its client was told: 503 for a journal that could not write, 500 for another database error.)
+      // (The status its client was told: 503 for a journal that could not write; a stream's other database error: 500.)
       journal_.FinishAsync(id, state, HttpStatusFor(told.code()), "application/json", body, told.message(), done);
     });
     if (st.ok()) co_return;

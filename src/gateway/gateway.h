@@ -260,8 +260,9 @@ class Gateway {
   // One request's transient peak on an external server: measured once seen, else declared.
   uint64_t PeakOf(const config::ExternalConfig& e) const;
   // The peaks of the external requests sent on `device` with room for them
-  // (they may not have allocated yet).
-  uint64_t SentPeaksOn(const std::string& device) const;
+  // that `reading` does not show them holding yet (they may not have
+  // allocated yet).
+  uint64_t SentPeaksOn(const std::string& device, const devices::DeviceReading& reading) const;
   // What the processes still loading on `device` will take beyond what
   // `reading` shows them holding.
   uint64_t LoadingBytesOn(const std::string& device, const devices::DeviceReading& reading) const;

@@ -530,10 +530,10 @@ Status Gateway::TransientRoom(const config::ExternalConfig& svc) {
   const uint64_t peak = PeakOf(svc);
   // The peaks of the requests already sent on the device, of this service
   // and of the others there (not of those that wait for room as this one
-  // does): they may not have allocated yet. And what servers still loading
+  // does), less what they hold already: they may not have allocated yet. And what servers still loading
   // there will take beyond what they hold now: the start gate let them
   // load on memory that reads free until they have.
-  const uint64_t others = SentPeaksOn(svc.device);
+  const uint64_t others = SentPeaksOn(svc.device, *reading);
   const uint64_t loading = LoadingBytesOn(svc.device, *reading);
   const uint64_t need = peak + others + loading + headroom;
   if (reading->free >= need) return Status::Ok();
@@ -552,10 +552,21 @@ uint64_t Gateway::PeakOf(const config::ExternalConfig& e) const {
   return measured > 0 ? measured : static_cast<uint64_t>(e.transient_mib * 1024 * 1024);
 }
 
-uint64_t Gateway::SentPeaksOn(const std::string& device) const {
+uint64_t Gateway::SentPeaksOn(const std::string& device, const devices::DeviceReading& reading) const {
   uint64_t bytes = 0;
+  const auto workers = supervisor_.Snapshot();
   for (const auto& [name, takers] : external_lines_->RoomTakersOn(device)) {
-    if (const auto* e = config_.FindExternal(name)) bytes += PeakOf(*e) * static_cast<uint64_t>(takers);
+    const auto* e = config_.FindExternal(name);
+    if (!e) continue;
+    uint64_t outstanding = PeakOf(*e) * static_cast<uint64_t>(takers);
+    // What its requests hold already (its group's bytes above its size at
+    // rest) is in the reading's used memory: not counted a second time.
+    for (const auto& w : workers) {
+      if (w.key != ExternalKey(*e) || w.pid <= 0) continue;
+      const uint64_t held = reading.BytesOfGroup(w.pid), rest = ExternalResidentBytes(*e);
+      if (held > rest) outstanding -= std::min(outstanding, held - rest);
+    }
+    bytes += outstanding;
   }
   return bytes;
 }

@@ -285,7 +285,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
   }
   // Nor is the room external requests were sent with for their peaks (they
   // may not have allocated yet): a load beside them counted on it too.
-  upcoming += SentPeaksOn(device);
+  upcoming += SentPeaksOn(device, *reading);
   available = available > upcoming ? available - upcoming : 0;
   const admission::EvictionPlan plan = admission::PlanEviction(need, available, priority, key, residents, dc.exclusive);
   if (!plan.fits && !plan.wait) {

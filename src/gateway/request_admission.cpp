@@ -130,11 +130,17 @@ void RequestAdmission::DemandAll(bool cpu_path_too) {
   // accelerator kept a stopped on-demand fallback stopped, and every
   // request waited for the start timeout and got a 503 instead of failing
   // over.
+  // Held back for want of room (its device full: it may never start) is
+  // trouble too; its breaker half-opens after its ejection whether or not
+  // it could start. A worker released when idle is not in trouble for what
+  // its counters still say of an earlier crash.
   const auto workers = g_.supervisor_.Snapshot();
   auto troubled = [&](size_t k) {
+    if (holds_[k] == Gateway::Hold::kNoRoom) return true;
     for (const auto& w : workers) {
       if (w.key != states_[k]->key) continue;
       if (w.state == upstream::WorkerState::kReady) break;
+      if (w.state == upstream::WorkerState::kStopped && w.last_exit.rfind("released", 0) == 0) break;
       if (w.failed_starts > 0 || w.crash_looping()) return true;
     }
     return !g_.board_.Allows(svc_.name, k);

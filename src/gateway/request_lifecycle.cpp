@@ -260,10 +260,11 @@ void RequestLifecycle::OnWait(const std::string& note, double est_s) {
 }
 
 // Someone else cancelled or ended the request meanwhile (the client hears
-// its end), or the journal could not write (503, Retry-After; another
+// its end), or the journal could not write (its storage, or another
 // database error, such as a lock another program holds past the busy
-// timeout: 500): then the request's end is recorded as that once the
-// journal writes again.
+// timeout: 503, Retry-After; a non-streamed request's client hears that a
+// restart could run it again): then the request's end is recorded as that
+// once the journal writes again.
 boost::asio::awaitable<void> RequestLifecycle::CommitRefused(const Status& st) {
   if (co_await AcceptRefused()) co_return;  // (then the attempt was refused for want of its request)
   if (st.code() != StatusCode::kUnavailable) {

@@ -107,27 +107,32 @@ fs::file_type TypeOf(const fs::path& p, std::error_code* ec) {
   return st.type();
 }
 
-std::string Unreadable() {
-  return " (Ollama's store must be readable by the user Spillway runs as: a system install keeps it in the ollama "
-         "user's home)";
+// `what` (a manifest, a blob, the store) cannot be read: for want of
+// permission (with what to do about it), or for another reason (a symbolic
+// link loop, an I/O error), said as it is.
+Status CannotRead(const std::string& what, const std::error_code& ec) {
+  const std::string text = "cannot read " + what + ": " + ec.message();
+  if (ec != std::errc::permission_denied) return Status::Unavailable(text);
+  return Status::PermissionDenied(text +
+                                  " (Ollama's store must be readable by the user Spillway runs as: a system install "
+                                  "keeps it in the ollama user's home)");
 }
+std::error_code LastError() { return {errno, std::generic_category()}; }
 
 StatusOr<std::string> BlobOfManifest(const std::string& root, const std::string& manifest, const std::string& shown) {
   std::error_code ec;
   if (const auto type = TypeOf(manifest, &ec); type != fs::file_type::regular) {
     // A store the user Spillway runs as cannot read (a system install's,
     // in the ollama user's home) is not a model that is missing.
-    if (ec) return Status::PermissionDenied("cannot read manifest " + manifest + ": " + ec.message() + Unreadable());
+    if (ec) return CannotRead("manifest " + manifest, ec);
     return Status::NotFound("ollama model '" + shown + "' not found: no manifest " + manifest);
   }
   const auto bytes = fs::file_size(manifest, ec);
   if (ec || bytes > kMaxManifestBytes) return Status::InvalidArgument("manifest " + manifest + " is not a manifest (too large)");
   std::ifstream in(manifest, std::ios::binary);
+  if (!in.is_open()) return CannotRead("manifest " + manifest, LastError());  // (errno: the open's)
   std::stringstream text;
   text << in.rdbuf();
-  if (!in.is_open()) {
-    return Status::PermissionDenied("cannot read manifest " + manifest + ": " + std::strerror(errno) + Unreadable());
-  }
   if (!in && !in.eof()) return Status::InvalidArgument("manifest " + manifest + " cannot be read");
   const json j = json::parse(text.str(), nullptr, false);
   if (j.is_discarded()) return Status::InvalidArgument("manifest " + manifest + " is not valid JSON");
@@ -148,7 +153,7 @@ StatusOr<std::string> BlobOfManifest(const std::string& root, const std::string&
     }
     const std::string blob = (fs::path(root) / "blobs" / ("sha256-" + d.substr(7))).string();
     if (TypeOf(blob, &ec) != fs::file_type::regular) {
-      if (ec) return Status::PermissionDenied("cannot read blob " + blob + ": " + ec.message() + Unreadable());
+      if (ec) return CannotRead("blob " + blob, ec);
       // (The store is the right one: it holds the manifest. Not "not found",
       // which has a config's error say to point ollama_models elsewhere.)
       return Status::InvalidArgument("blob " + blob + " (the model layer of manifest " + manifest +
@@ -177,12 +182,12 @@ StatusOr<std::vector<OllamaStoreEntry>> ListOllamaStore(const std::string& root)
   const fs::path base = fs::path(root) / "manifests";
   std::error_code ec;
   if (TypeOf(base, &ec) != fs::file_type::directory) {
-    if (ec) return Status::PermissionDenied("cannot read Ollama's store at " + root + ": " + ec.message() + Unreadable());
+    if (ec) return CannotRead("Ollama's store at " + root, ec);
     return out;  // (no store there)
   }
   // (The iterator skips what it may not read: the top it must.)
   if (::access(base.c_str(), R_OK | X_OK) != 0) {
-    return Status::PermissionDenied("cannot read Ollama's store at " + root + ": " + std::strerror(errno) + Unreadable());
+    return CannotRead("Ollama's store at " + root, LastError());
   }
   for (fs::recursive_directory_iterator it(base, fs::directory_options::skip_permission_denied, ec), end;
        !ec && it != end; it.increment(ec)) {

@@ -46,7 +46,8 @@ std::string ManifestPath(const std::string& root, const OllamaName& name);
 
 // The GGUF blob of `name`: kNotFound when the manifest is missing,
 // kInvalidArgument when it is corrupt or its blob is missing or cut short,
-// kPermissionDenied when the store cannot be read (each naming the file).
+// kPermissionDenied when the store may not be read, kUnavailable when it
+// cannot be for another reason (each naming the file).
 StatusOr<std::string> ResolveOllamaModel(const std::string& root, const OllamaName& name);
 
 // What the store holds: every manifest under root/manifests, resolved (an
@@ -57,7 +58,7 @@ struct OllamaStoreEntry {
   std::string blob;  // empty when `error` is set
   Status error;
 };
-// Empty when root holds no store; kPermissionDenied when it cannot be read.
+// Empty when root holds no store; an error (as ResolveOllamaModel's) when it cannot be read.
 StatusOr<std::vector<OllamaStoreEntry>> ListOllamaStore(const std::string& root);
 
 // A service's `model` as configured -> the file to load: an ollama: name is

@@ -269,7 +269,10 @@ TEST_F(CpuPathTest, AnOnDemandReplicaStartsForTheFirstRequestAndStopsWhenIdle) {
 // with no worker up to count the prompt, nothing else started the fallback.
 TEST_F(CpuPathTest, ALostAcceleratorStartsTheOnDemandFallbackForTheNextRequest) {
   ASSERT_TRUE(devices::SimLedger::Create(0, 4ull << 30).ok());  // room for the accelerator placement
-  StartGateway(Config("", "readiness = \"on-demand\"\n"));
+  // (Ejected for 1 s: the accelerator's breaker half-opens long before the end.)
+  std::string config = Config("", "readiness = \"on-demand\"\nidle_unload_s = 1\n");
+  config.replace(config.find("ejection_s = 60"), 15, "ejection_s = 1");
+  StartGateway(config);
   json gpu = Status()["services"][0]["placements"][0];
   ASSERT_TRUE(WaitFor([&] {
     gpu = Status()["services"][0]["placements"][0];
@@ -285,6 +288,16 @@ TEST_F(CpuPathTest, ALostAcceleratorStartsTheOnDemandFallbackForTheNextRequest) 
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.Header("x-spillway-placement"), "cpu");
   EXPECT_LT(took, std::chrono::seconds(30)) << "it waited for a start timeout first";
+  // Later, the fallback released when idle and the accelerator's breaker
+  // half-open again (nothing failed since: it never had room to start),
+  // the next request starts the fallback again: the accelerator held back
+  // for want of room is no more "coming up" than a crashing one.
+  ASSERT_TRUE(WaitFor([&] { return Fallback()["state"] == "stopped"; }, 15000)) << Fallback().dump();
+  const auto t1 = std::chrono::steady_clock::now();
+  auto again = Post(Long(8), "lost-2");
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(again.Header("x-spillway-placement"), "cpu");
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(30)) << "it waited for a start timeout first";
 }
 
 TEST_F(CpuPathTest, AnMmapReplicaCreatesItsContextForTheFirstRequestAndFreesItWhenIdle) {

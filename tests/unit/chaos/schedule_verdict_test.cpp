@@ -97,7 +97,8 @@ FaultEvent KillGateway(int64_t at_ms, int64_t back_ms = -1) {
   FaultEvent f;
   f.at_ms = at_ms;
   f.kind = "kill-gateway";
-  f.recovered_ms = back_ms;
+  f.back_ms = back_ms;
+  f.recovered_ms = at_ms;  // (its accelerator placement seen ready at once: not when the gateway was back)
   return f;
 }
 
@@ -158,6 +159,10 @@ TEST(VerdictTest, AnAcknowledgedRequestWithoutATerminalStateIsLostAnUnacknowledg
   r.requests[0].sent_ms = 90;
   EXPECT_FALSE(Judge(r, {}).passed);
   r.requests[0].sent_ms = 70;  // sent while it was down
+  EXPECT_TRUE(Judge(r, {}).passed) << ::testing::PrintToString(Judge(r, {}).failures);
+  // Refused before the journal took it (a 429 without the id echoed): answered, not unknown.
+  r.faults.clear();
+  r.requests[0].http_status = 429;
   EXPECT_TRUE(Judge(r, {}).passed) << ::testing::PrintToString(Judge(r, {}).failures);
 }
 
