@@ -10,6 +10,7 @@
 
 #include "devices/telemetry.h"
 #include "gateway/gateway.h"
+#include "gateway/readiness.h"
 #include "gguf/gguf_reader.h"
 #include "memory/estimator.h"
 #include "memory/exact_plan.h"
@@ -187,6 +188,11 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
       }
     }
   }
+  // Per service, what its warm CPU replicas admitted so far hold: loaded at
+  // start together, they are held to the CPU path's budget together (each
+  // was held to it alone, and two of 0.6 of it both loaded, past it; the
+  // line then refused every request for good).
+  std::map<std::string, uint64_t> warm_cpu;
   for (const auto& [sp, i] : order) {
     {
       const config::ServiceConfig& s = *sp;
@@ -212,6 +218,12 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
       } else if (budget && a.predicted_bytes > budget) {
         a.reason = "the CPU replica needs " + std::to_string(a.predicted_bytes >> 20) +
                    " MiB, beyond the CPU path's RAM budget of " + std::to_string(budget >> 20) + " MiB";
+      } else if (const bool warm = budget && ResolveReadiness(s, i, cfg.worker_binary).policy == "warm";
+                 warm && warm_cpu[s.name] + a.predicted_bytes > budget) {
+        a.reason = "the CPU replica needs " + std::to_string(a.predicted_bytes >> 20) + " MiB, and beside the " +
+                   std::to_string(warm_cpu[s.name] >> 20) + " MiB of the service's other warm CPU replicas that " +
+                   "passes the CPU path's RAM budget of " + std::to_string(budget >> 20) +
+                   " MiB (make it on-demand or mmap, or raise ram_budget_mib)";
       } else if (running.count(WorkerKey(s, i))) {
         a.admitted = true;
         a.reason = "running already (adopted from the previous gateway): its " +
@@ -229,6 +241,9 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
         }
       } else {
         a.reason = st.message();
+      }
+      if (a.admitted && budget && ResolveReadiness(s, i, cfg.worker_binary).policy == "warm") {
+        warm_cpu[s.name] += a.predicted_bytes;
       }
       out[WorkerKey(s, i)] = a;
     }

@@ -90,6 +90,32 @@ TEST(PlacementAdmissionTest, HostPlacementFitsAndCalibrationIsKept) {
   EXPECT_EQ(AdmitPlacement(&fresh, cfg, "chat.0").predicted_bytes, a.predicted_bytes);
 }
 
+// A service's warm CPU replicas load at start together: held to the CPU
+// path's RAM budget together. Each was held to it alone, and two that
+// together passed it both loaded (the line then refused every request).
+TEST(PlacementAdmissionTest, WarmCpuReplicasAreHeldToTheBudgetTogether) {
+  auto cfg = OneService(2048);
+  auto& s = cfg.services[0];
+  config::PlacementConfig fallback = s.placements[0];
+  fallback.device = "cpu";
+  fallback.role = "fallback";
+  s.placements.push_back(fallback);  // chat.1 and chat.2: the CPU path's replicas
+  s.placements.push_back(fallback);
+  PlacementCalibration cal;
+  const uint64_t one = AdmitPlacements(&cal, cfg)["chat.1"].predicted_bytes;
+  ASSERT_GT(one, 0u);
+  s.cpu_path.ram_budget_mib = static_cast<double>(one + one / 2) / (1 << 20);  // one fits, two do not
+  s.failover.readiness = "warm";
+  auto both = AdmitPlacements(&cal, cfg);
+  EXPECT_TRUE(both["chat.1"].admitted) << both["chat.1"].reason;
+  EXPECT_FALSE(both["chat.2"].admitted);
+  EXPECT_NE(both["chat.2"].reason.find("other warm CPU replicas"), std::string::npos) << both["chat.2"].reason;
+  // Replicas that load on demand are judged when they load, beside the loaded ones.
+  s.failover.readiness = "on-demand";
+  auto lazy = AdmitPlacements(&cal, cfg);
+  EXPECT_TRUE(lazy["chat.1"].admitted && lazy["chat.2"].admitted) << lazy["chat.2"].reason;
+}
+
 TEST(PlacementAdmissionTest, AnUnreadableModelIsLeftToLlamaCpp) {
   auto cfg = OneService(512);
   cfg.services[0].model = "/nonexistent.gguf";
