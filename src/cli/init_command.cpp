@@ -72,11 +72,14 @@ Status FindModels(const InitArgs& a, InitInput* in) {
   if (a.ollama) {
     in->searched.push_back("Ollama's store at " + a.ollama_dir);
     auto store = models::ListOllamaStore(a.ollama_dir);
-    if (!store.ok()) in->skipped.push_back(store.status().message());
-    for (const auto& e : store.ok() ? *store : std::vector<models::OllamaStoreEntry>{}) {
-      const std::string label = std::string(models::kOllamaPrefix) + e.name.Display();
-      if (e.error.ok()) add(e.blob, label);
-      else in->skipped.push_back(label + ": " + e.error.message());
+    if (!store.ok()) {
+      in->skipped.push_back(store.status().message());
+    } else {
+      for (const auto& e : *store) {
+        const std::string label = std::string(models::kOllamaPrefix) + e.name.Display();
+        if (e.error.ok()) add(e.blob, label);
+        else in->skipped.push_back(label + ": " + e.error.message());
+      }
     }
   }
   return Status::Ok();

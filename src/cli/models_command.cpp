@@ -92,11 +92,14 @@ int ListModels(ModelsArgs a) {
   }
   if (!a.no_ollama) {
     auto store = models::ListOllamaStore(a.ollama_dir);
-    if (!store.ok()) rows.push_back({"ollama store", a.ollama_dir, store.status()});
-    for (const auto& e : store.ok() ? *store : std::vector<models::OllamaStoreEntry>{}) {
-      const std::string name = std::string(models::kOllamaPrefix) + e.name.Display();
-      if (e.error.ok()) add_file(name, e.blob);
-      else if (seen.insert(name).second) rows.push_back({name, e.manifest, e.error});
+    if (!store.ok()) {
+      rows.push_back({"ollama store", a.ollama_dir, store.status()});
+    } else {
+      for (const auto& e : *store) {
+        const std::string name = std::string(models::kOllamaPrefix) + e.name.Display();
+        if (e.error.ok()) add_file(name, e.blob);
+        else if (seen.insert(name).second) rows.push_back({name, e.manifest, e.error});
+      }
     }
   }
   for (const auto& r : rows) rc = r.summary.ok() ? rc : 1;

@@ -187,11 +187,9 @@ CapacitySignal& Gateway::SignalFor(const std::string& service) { return *signals
 void Gateway::WorkerReady(const std::string& key) {
   board_.WorkerReady(key);  // (a new process: the next request probes it)
   if (const auto* e = ExternalOfKey(config_, key)) signals_.at(e->name)->Notify();
-  for (const auto& s : config_.services) {
-    for (size_t i = 0; i < s.placements.size(); ++i) {
-      if (WorkerKey(s, i) == key) signals_.at(s.name)->Notify();
-    }
-  }
+  const config::ServiceConfig* s = nullptr;
+  size_t i = 0;
+  if (FindPlacement(config_, key, &s, &i)) signals_.at(s->name)->Notify();
 }
 
 http::Response Gateway::ReadyResponse(unsigned v) {

@@ -88,6 +88,10 @@ class ReplyWriter;    // reply_writer.h
 // the external service a supervisor key belongs to (null: none).
 std::string ExternalKey(const config::ExternalConfig& e);
 const config::ExternalConfig* ExternalOfKey(const config::GatewayConfig& config, const std::string& key);
+// The service and placement index of a worker key; false when no placement
+// has it (placement_admission.cpp).
+bool FindPlacement(const config::GatewayConfig& cfg, const std::string& key, const config::ServiceConfig** s,
+                   size_t* i);
 
 // The dashboard's paths (/, /ui, /ui/...) and their compiled-in files (gateway_ui.cpp).
 bool IsUiPath(const std::string& path);
@@ -261,11 +265,13 @@ class Gateway {
   uint64_t PeakOf(const config::ExternalConfig& e) const;
   // The peaks of the external requests sent on `device` with room for them
   // that `reading` does not show them holding yet (they may not have
-  // allocated yet).
-  uint64_t SentPeaksOn(const std::string& device, const devices::DeviceReading& reading) const;
+  // allocated yet). `workers`: the supervisor's snapshot.
+  uint64_t SentPeaksOn(const std::string& device, const devices::DeviceReading& reading,
+                       const std::vector<upstream::WorkerView>& workers) const;
   // What the processes still loading on `device` will take beyond what
   // `reading` shows them holding.
-  uint64_t LoadingBytesOn(const std::string& device, const devices::DeviceReading& reading) const;
+  uint64_t LoadingBytesOn(const std::string& device, const devices::DeviceReading& reading,
+                          const std::vector<upstream::WorkerView>& workers) const;
   // Wakes the waiters of every external service on `svc`'s device (only its
   // own on the CPU): room there, and its room checks, are the device's.
   void WakeDevicePeers(const config::ExternalConfig& svc);

@@ -533,8 +533,9 @@ Status Gateway::TransientRoom(const config::ExternalConfig& svc) {
   // does), less what they hold already: they may not have allocated yet. And what servers still loading
   // there will take beyond what they hold now: the start gate let them
   // load on memory that reads free until they have.
-  const uint64_t others = SentPeaksOn(svc.device, *reading);
-  const uint64_t loading = LoadingBytesOn(svc.device, *reading);
+  const auto workers = supervisor_.Snapshot();
+  const uint64_t others = SentPeaksOn(svc.device, *reading, workers);
+  const uint64_t loading = LoadingBytesOn(svc.device, *reading, workers);
   const uint64_t need = peak + others + loading + headroom;
   if (reading->free >= need) return Status::Ok();
   char note[360];
@@ -552,9 +553,9 @@ uint64_t Gateway::PeakOf(const config::ExternalConfig& e) const {
   return measured > 0 ? measured : static_cast<uint64_t>(e.transient_mib * 1024 * 1024);
 }
 
-uint64_t Gateway::SentPeaksOn(const std::string& device, const devices::DeviceReading& reading) const {
+uint64_t Gateway::SentPeaksOn(const std::string& device, const devices::DeviceReading& reading,
+                              const std::vector<upstream::WorkerView>& workers) const {
   uint64_t bytes = 0;
-  const auto workers = supervisor_.Snapshot();
   for (const auto& [name, takers] : external_lines_->RoomTakersOn(device)) {
     const auto* e = config_.FindExternal(name);
     if (!e) continue;
@@ -571,18 +572,17 @@ uint64_t Gateway::SentPeaksOn(const std::string& device, const devices::DeviceRe
   return bytes;
 }
 
-uint64_t Gateway::LoadingBytesOn(const std::string& device, const devices::DeviceReading& reading) const {
+uint64_t Gateway::LoadingBytesOn(const std::string& device, const devices::DeviceReading& reading,
+                                 const std::vector<upstream::WorkerView>& workers) const {
   auto device_of = [&](const std::string& key) -> std::string {
-    for (const auto& s : config_.services) {
-      for (size_t k = 0; k < s.placements.size(); ++k) {
-        if (WorkerKey(s, k) == key) return s.placements[k].device;
-      }
-    }
+    const config::ServiceConfig* s = nullptr;
+    size_t k = 0;
+    if (FindPlacement(config_, key, &s, &k)) return s->placements[k].device;
     const auto* e = ExternalOfKey(config_, key);
     return e ? e->device : "";
   };
   uint64_t bytes = 0;
-  for (const auto& w : supervisor_.Snapshot()) {
+  for (const auto& w : workers) {
     if (w.state != upstream::WorkerState::kStarting || w.pid <= 0 || device_of(w.key) != device) continue;
     const uint64_t expected = ExpectedBytes(w.key), held = reading.BytesOfGroup(w.pid);
     if (expected > held) bytes += expected - held;

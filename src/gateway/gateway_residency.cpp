@@ -149,11 +149,9 @@ void Gateway::NoteResidency(const std::string& kind, const std::string& service,
 }
 
 uint64_t Gateway::ExpectedBytes(const std::string& key) const {
-  for (const auto& s : config_.services) {
-    for (size_t k = 0; k < s.placements.size(); ++k) {
-      if (WorkerKey(s, k) == key) return board_.placement(s.name, k).admission.predicted_bytes;
-    }
-  }
+  const config::ServiceConfig* s = nullptr;
+  size_t k = 0;
+  if (FindPlacement(config_, key, &s, &k)) return board_.placement(s->name, k).admission.predicted_bytes;
   if (const auto* e = ExternalOfKey(config_, key)) return ExternalResidentBytes(*e);
   return 0;
 }
@@ -163,14 +161,13 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
   std::string device, service;
   int priority = 0;
   const config::ResidencyConfig* residency = nullptr;
-  for (const auto& s : config_.services) {
-    for (size_t k = 0; k < s.placements.size(); ++k) {
-      if (WorkerKey(s, k) != key) continue;
-      device = s.placements[k].device;
-      service = s.name;
-      priority = s.residency.PriorityRank();
-      residency = &s.residency;
-    }
+  const config::ServiceConfig* own = nullptr;
+  size_t own_index = 0;
+  if (FindPlacement(config_, key, &own, &own_index)) {
+    device = own->placements[own_index].device;
+    service = own->name;
+    priority = own->residency.PriorityRank();
+    residency = &own->residency;
   }
   if (const auto* e = ExternalOfKey(config_, key)) {
     device = e->device;
@@ -285,7 +282,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
   }
   // Nor is the room external requests were sent with for their peaks (they
   // may not have allocated yet): a load beside them counted on it too.
-  upcoming += SentPeaksOn(device, *reading);
+  upcoming += SentPeaksOn(device, *reading, workers);
   available = available > upcoming ? available - upcoming : 0;
   const admission::EvictionPlan plan = admission::PlanEviction(need, available, priority, key, residents, dc.exclusive);
   if (!plan.fits && !plan.wait) {

@@ -24,20 +24,6 @@ std::string CalKey(const config::ServiceConfig& s, const config::PlacementConfig
   return p.ModelOr(s.model) + "|" + p.device;
 }
 
-// Finds the service and placement of a worker key.
-bool Find(const config::GatewayConfig& cfg, const std::string& key, const config::ServiceConfig** s, size_t* i) {
-  for (const auto& svc : cfg.services) {
-    for (size_t k = 0; k < svc.placements.size(); ++k) {
-      if (WorkerKey(svc, k) == key) {
-        *s = &svc;
-        *i = k;
-        return true;
-      }
-    }
-  }
-  return false;
-}
-
 memory::PlacementSpec SpecOf(const config::PlacementConfig& p) {
   memory::PlacementSpec spec;
   spec.accelerator = p.device != "cpu";
@@ -212,14 +198,14 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
       a.predicted_bytes = *predicted;
       memory::DeviceLedger* l = ledger_for(p.device);
       const uint64_t budget = s.OnCpuPath(i) ? CpuPathBudgetBytes(s) : 0;
+      const bool warm = budget && ResolveReadiness(s, i, cfg.worker_binary).policy == "warm";  // (loads at start)
       if (!s.admission.enabled) {
         a.admitted = true;
         a.reason = "admission disabled: started without a memory check";
       } else if (budget && a.predicted_bytes > budget) {
         a.reason = "the CPU replica needs " + std::to_string(a.predicted_bytes >> 20) +
                    " MiB, beyond the CPU path's RAM budget of " + std::to_string(budget >> 20) + " MiB";
-      } else if (const bool warm = budget && ResolveReadiness(s, i, cfg.worker_binary).policy == "warm";
-                 warm && warm_cpu[s.name] + a.predicted_bytes > budget) {
+      } else if (warm && warm_cpu[s.name] + a.predicted_bytes > budget) {
         a.reason = "the CPU replica needs " + std::to_string(a.predicted_bytes >> 20) + " MiB, and beside the " +
                    std::to_string(warm_cpu[s.name] >> 20) + " MiB of the service's other warm CPU replicas that " +
                    "passes the CPU path's RAM budget of " + std::to_string(budget >> 20) +
@@ -242,9 +228,7 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
       } else {
         a.reason = st.message();
       }
-      if (a.admitted && budget && ResolveReadiness(s, i, cfg.worker_binary).policy == "warm") {
-        warm_cpu[s.name] += a.predicted_bytes;
-      }
+      if (a.admitted && warm) warm_cpu[s.name] += a.predicted_bytes;
       out[WorkerKey(s, i)] = a;
     }
   }
@@ -252,6 +236,20 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
 }
 
 }  // namespace
+
+bool FindPlacement(const config::GatewayConfig& cfg, const std::string& key, const config::ServiceConfig** s,
+                   size_t* i) {
+  for (const auto& svc : cfg.services) {
+    for (size_t k = 0; k < svc.placements.size(); ++k) {
+      if (WorkerKey(svc, k) == key) {
+        *s = &svc;
+        *i = k;
+        return true;
+      }
+    }
+  }
+  return false;
+}
 
 uint64_t CpuPathBudgetBytes(const config::ServiceConfig& s) {
   if (s.cpu_path.ram_budget_mib > 0) return static_cast<uint64_t>(s.cpu_path.ram_budget_mib * 1024 * 1024);
@@ -285,7 +283,7 @@ void RecordObserved(PlacementCalibration& cal, const config::GatewayConfig& cfg,
                     uint64_t observed_bytes) {
   const config::ServiceConfig* s = nullptr;
   size_t i = 0;
-  if (!Find(cfg, key, &s, &i) || observed_bytes == 0) return;
+  if (!FindPlacement(cfg, key, &s, &i) || observed_bytes == 0) return;
   auto e = EstimateOf(cfg.worker_binary, s->placements[i].ModelOr(s->model), s->placements[i]);
   if (!e.ok()) return;
   const memory::DeviceBytes predicted = e->part;

@@ -377,12 +377,13 @@ StatusOr<Metadata> ReadGgufFile(const std::string& path, const ReaderLimits& lim
     // Each part says which it is: a copy of (or a link to) the first, or a
     // part of another download, counted its tensors twice or wrongly, and
     // llama.cpp's loader refuses it.
-    if (part->Uint("split.no").value_or(~0ull) != no || part->Uint("split.count").value_or(0) != count) {
+    const auto part_no = part->Uint("split.no");
+    const uint64_t part_count = part->Uint("split.count").value_or(1);
+    if (part_no.value_or(~0ull) != no || part_count != count) {
       return Status::InvalidArgument("part " + std::to_string(no + 1) + " of " + std::to_string(count) +
                                      " of split model " + path + ": " + part_path + " says it is " +
-                                     (part->Uint("split.no") ? "part " + std::to_string(*part->Uint("split.no") + 1)
-                                                             : std::string("no part")) +
-                                     " of " + std::to_string(part->Uint("split.count").value_or(1)));
+                                     (part_no ? "part " + std::to_string(*part_no + 1) : std::string("no part")) +
+                                     " of " + std::to_string(part_count));
     }
     if (first->tensors.size() + part->tensors.size() > limits.max_tensors) {
       return Status::InvalidArgument(path + ": its parts hold more than " + std::to_string(limits.max_tensors) + " tensors");

@@ -88,6 +88,16 @@ json ExternalStatus(uint16_t port, const std::string& name) {
   return json();
 }
 
+// Its status once its state is ready, or the last read after `tries` reads 50 ms apart.
+json WaitExternalReady(uint16_t port, const std::string& name, int tries = 200) {
+  json st = json::object();
+  for (int i = 0; i < tries && st.value("state", "") != "ready"; ++i) {
+    std::this_thread::sleep_for(50ms);
+    st = ExternalStatus(port, name);
+  }
+  return st;
+}
+
 class ExternalTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -533,11 +543,7 @@ TEST_F(ExternalTest, MemoryOnTheDeviceIsMeasuredAndATransientPeakWaitsForRoom) {
   auto g = Start(TestConfig(2, "[[device]]\nname = \"sim:0\"\nheadroom_mib = 0\nheadroom_pct = 0\n" +
                                    FakeService("fake", log_, "device = \"sim:0\"\nresident_mib = 50\ntransient_mib = 600\n",
                                                " --sim-device 0 --resident-mib 300")));
-  json st = json::object();
-  for (int i = 0; i < 100 && st.value("state", "") != "ready"; ++i) {
-    std::this_thread::sleep_for(50ms);
-    st = ExternalStatus(g->port(), "fake");
-  }
+  json st = WaitExternalReady(g->port(), "fake", 100);
   EXPECT_EQ(st["memory"]["resident_bytes"], 300ull << 20) << "measured replaces the declared 50 MiB: " << st.dump();
   EXPECT_EQ(st["memory"]["resident_source"], "measured");
   // 724 MiB free: a request's declared 600 MiB peak fits; while someone else
@@ -570,11 +576,7 @@ TEST_F(ExternalTest, ATransientPeakLeavesRoomForAnotherServicesRequestOnTheDevic
                                    FakeService("a", log_, device, " --sim-device 0 --resident-mib 100") +
                                    FakeService("b", log_, device, " --sim-device 0 --resident-mib 100")));
   for (const char* name : {"a", "b"}) {
-    json st = json::object();
-    for (int i = 0; i < 200 && st.value("state", "") != "ready"; ++i) {
-      std::this_thread::sleep_for(50ms);
-      st = ExternalStatus(g->port(), name);
-    }
+    const json st = WaitExternalReady(g->port(), name);
     ASSERT_EQ(st.value("state", ""), "ready") << st.dump();
   }
   // 824 MiB free: a's request (its peak declared 450 MiB) goes; b's, while
@@ -606,11 +608,7 @@ TEST_F(ExternalTest, AServersStartLeavesRoomForAPeakAlreadySentOnTheDevice) {
                                    FakeService("b", log_,
                                                "device = \"sim:0\"\nresident_mib = 500\nresidency = \"on_demand\"\n",
                                                " --sim-device 0 --resident-mib 500")));
-  json st = json::object();
-  for (int i = 0; i < 200 && st.value("state", "") != "ready"; ++i) {
-    std::this_thread::sleep_for(50ms);
-    st = ExternalStatus(g->port(), "a");
-  }
+  const json st = WaitExternalReady(g->port(), "a");
   ASSERT_EQ(st.value("state", ""), "ready") << st.dump();
   ASSERT_EQ(ExternalStatus(g->port(), "b").value("state", ""), "stopped");
   auto first = std::async(std::launch::async, [&] {
