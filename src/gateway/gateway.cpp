@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <string_view>
 #include <thread>
 
@@ -263,21 +264,23 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   const bool preflight = !cors.empty() && method == bhttp::verb::options;
   if (!cors.empty() && !preflight) ex = std::make_shared<CorsExchange>(std::move(ex), cors);
   if (preflight) return ex->Respond(CorsPreflight(req, cors));
-  if (IsUiPath(path) && method == bhttp::verb::get) return ex->Respond(UiResponse(path, v));
+  // A HEAD is answered as its GET, head alone (the HTTP server drops the body).
+  const bool get = method == bhttp::verb::get || method == bhttp::verb::head;
+  if (IsUiPath(path) && get) return ex->Respond(UiResponse(path, v));
   if (path == "/v1/events" && method == bhttp::verb::get) return HandleEvents(CallerOf(req), std::move(ex), v);
-  if (path == "/v1/requests" && method == bhttp::verb::get) return HandleRequestList(CallerOf(req), std::move(ex), v);
+  if (path == "/v1/requests" && get) return HandleRequestList(CallerOf(req), std::move(ex), v);
 
   if (path == "/healthz") return ex->Respond(JsonResponse(200, {{"status", "ok"}}, v));
   if (path == "/readyz") {
     // The journal's health may probe the disk: off the I/O threads.
     return PostStatus([this, ex, v] { ex->Respond(ReadyResponse(v)); });
   }
-  if (path == "/metrics" && method == bhttp::verb::get) {
+  if (path == "/metrics" && get) {
     // It reads device telemetry (a ledger's lock, NVML): off the I/O threads.
     return PostStatus([this, ex, v] { ex->Respond(http::MakeResponse(200, RenderMetrics(), "text/plain; version=0.0.4", v)); });
   }
-  if (path == "/v1/status" && method == bhttp::verb::get) return HandleStatusView(CallerOf(req), std::move(ex), v);
-  if (path == "/v1/models" && method == bhttp::verb::get) {
+  if (path == "/v1/status" && get) return HandleStatusView(CallerOf(req), std::move(ex), v);
+  if (path == "/v1/models" && get) {
     json data = json::array();
     for (const auto& s : config_.services) {
       data.push_back({{"id", s.name}, {"object", "model"}, {"created", 0}, {"owned_by", "spillway"}});
@@ -290,7 +293,7 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
     return ex->Respond(JsonResponse(200, {{"object", "list"}, {"data", data}}, v));
   }
   static const std::string kRequests = "/v1/requests/";
-  if (path.rfind(kRequests, 0) == 0 && (method == bhttp::verb::get || method == bhttp::verb::delete_)) {
+  if (path.rfind(kRequests, 0) == 0 && (get || method == bhttp::verb::delete_)) {
     // Journal reads and a cancel's commit: off the I/O threads.
     // (Percent-decoded: a page encodes an id's ':' as %3A, and found no request.)
     return PostBlocking([this, id = PercentDecoded(path.substr(kRequests.size())), cancel = method == bhttp::verb::delete_,
@@ -302,14 +305,30 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
                          : path == "/v1/embeddings"     ? "embedding"
                                                         : nullptr;
   if (endpoint) {
-    if (method != bhttp::verb::post) return ex->Respond(ErrorResponse(Status::InvalidArgument("use POST for " + path), v));
+    if (method != bhttp::verb::post) return ex->Respond(MethodNotAllowed(req.method_string(), path, "POST", false, v));
     if (auto fields = ExternalFieldsFor(req)) return HandleExternal(req, std::move(ex), path, std::move(fields));
     return HandleGeneration(req, std::move(ex), endpoint);
   }
   for (const auto& route : config::ExternalRoutes()) {
     if (path == route) return HandleExternal(req, std::move(ex), path);
   }
+  if (const char* allow = AllowedMethods(path)) return ex->Respond(MethodNotAllowed(req.method_string(), path, allow, false, v));
   ex->Respond(ErrorResponse(Status::NotFound("no route for " + std::string(req.method_string()) + " " + path), v));
+}
+
+const char* internal::AllowedMethods(const std::string& path) {
+  static const std::set<std::string> kPost = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/chat",
+                                              "/api/generate",        "/api/embed",      "/api/embeddings", "/api/show"};
+  static const std::set<std::string> kGet = {"/v1/models", "/v1/status", "/v1/requests", "/metrics",
+                                             "/api/tags",  "/api/ps",    "/api/version"};
+  if (kPost.count(path)) return "POST";
+  for (const auto& route : config::ExternalRoutes()) {
+    if (path == route) return "POST";
+  }
+  if (kGet.count(path) || IsUiPath(path)) return "GET, HEAD";
+  if (path == "/v1/events") return "GET";  // (a stream: no HEAD)
+  if (path.rfind("/v1/requests/", 0) == 0) return "GET, HEAD, DELETE";
+  return nullptr;
 }
 
 api::JsonLimits internal::JsonLimitsOf(const config::GatewayConfig& config) {

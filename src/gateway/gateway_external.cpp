@@ -173,7 +173,7 @@ void Gateway::HandleExternal(http::Request& req, std::shared_ptr<http::Exchange>
                              std::optional<RequestedFields> fields) {
   const unsigned v = req.version();
   auto fail = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
-  if (req.method() != bhttp::verb::post) return fail(Status::InvalidArgument("use POST for " + path));
+  if (req.method() != bhttp::verb::post) return ex->Respond(MethodNotAllowed(req.method_string(), path, "POST", false, v));
   const std::string type(req[bhttp::field::content_type]);
   if (!fields) {
     auto read = ReadRequestedFields(type, req.body(), JsonLimitsOf(config_));

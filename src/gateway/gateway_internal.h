@@ -11,6 +11,7 @@
 #include <mutex>
 #include <utility>
 #include <string>
+#include <string_view>
 
 #include "api/http_server.h"
 #include "api/json_limits.h"
@@ -94,6 +95,19 @@ inline http::Response OllamaErrorResponse(const Status& st, unsigned version) {
   return res;
 }
 
+// A known route asked with a method it does not take: a 405 that names the
+// methods it takes (RFC 9110 15.5.6: Allow), in the API's own error shape.
+// (Ollama's router answers 405 too.) `allow` as the Allow header lists them.
+inline http::Response MethodNotAllowed(boost::beast::string_view method, const std::string& path, const char* allow, bool ollama,
+                                       unsigned version) {
+  const Status st =
+      Status::InvalidArgument(std::string(method) + " is not allowed on " + path + " (it takes " + allow + ")");
+  auto res = ollama ? OllamaErrorResponse(st, version) : ErrorResponse(st, version);
+  res.result(bhttp::status::method_not_allowed);
+  res.set(bhttp::field::allow, allow);
+  return res;
+}
+
 using http::HostOnly;
 
 // A telemetry reader per device and thread (readers are not thread-safe;
@@ -127,6 +141,10 @@ inline bool ServesNow(const json& p) {
 inline bool LoadsForItsRequests(const json& p) {
   return MayTakeRequests(p) && p.value("on_demand", false) && !ServesNow(p);
 }
+
+// The methods a route of the gateway's takes, as an Allow header lists them
+// (nullptr: no such route). HEAD with every GET.
+const char* AllowedMethods(const std::string& path);
 
 // The bounds every request body is checked against (json_max_depth).
 api::JsonLimits JsonLimitsOf(const config::GatewayConfig& config);

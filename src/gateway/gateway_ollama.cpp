@@ -72,15 +72,17 @@ void Gateway::HandleOllama(http::Request& req, std::shared_ptr<http::Exchange> e
   auto blocking = [&](std::function<http::Response()> answer) {
     PostStatus([ex, answer = std::move(answer)] { ex->Respond(answer()); });
   };
-  if (path == "/api/version" && method == bhttp::verb::get) {
+  // A HEAD is answered as its GET, head alone (Ollama's clients ask HEAD /api/version and /api/tags).
+  const bool get = method == bhttp::verb::get || method == bhttp::verb::head;
+  if (path == "/api/version" && get) {
     return ex->Respond(OllamaResponse(200, {{"version", kOllamaApiVersion}, {"spillway", "ollama-api"}}, v));
   }
-  if (path == "/api/tags" && method == bhttp::verb::get) return blocking([this, v] { return OllamaResponse(200, OllamaTags(), v); });
-  if (path == "/api/ps" && method == bhttp::verb::get) return blocking([this, v] { return OllamaResponse(200, OllamaRunning(), v); });
+  if (path == "/api/tags" && get) return blocking([this, v] { return OllamaResponse(200, OllamaTags(), v); });
+  if (path == "/api/ps" && get) return blocking([this, v] { return OllamaResponse(200, OllamaRunning(), v); });
   const bool generation =
       path == "/api/chat" || path == "/api/generate" || path == "/api/embed" || path == "/api/embeddings";
   if ((generation || path == "/api/show") && method != bhttp::verb::post) {
-    return ex->Respond(OllamaErrorResponse(Status::InvalidArgument("use POST for " + path), v));
+    return ex->Respond(MethodNotAllowed(req.method_string(), path, "POST", true, v));
   }
   if (generation) return HandleOllamaGeneration(req, std::move(ex), path);
   if (path == "/api/show") {
@@ -103,6 +105,7 @@ void Gateway::HandleOllama(http::Request& req, std::shared_ptr<http::Exchange> e
                           "config names (files, or ollama:NAME:TAG read from Ollama's store)"}}, v));
     }
   }
+  if (const char* allow = AllowedMethods(path)) return ex->Respond(MethodNotAllowed(req.method_string(), path, allow, true, v));
   ex->Respond(OllamaErrorResponse(Status::NotFound("no route for " + std::string(req.method_string()) + " " + path), v));
 }
 

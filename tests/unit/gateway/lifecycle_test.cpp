@@ -250,8 +250,7 @@ class LifecycleTest : public ::testing::Test {
 
   std::shared_ptr<RecordingExchange> Send(const std::string& target, const std::string& body, const std::string& method = "POST",
                                           std::vector<std::pair<std::string, std::string>> headers = {}) {
-    http::Request req{method == "POST" ? bhttp::verb::post : method == "GET" ? bhttp::verb::get : bhttp::verb::delete_,
-                      target, 11};
+    http::Request req{bhttp::string_to_verb(method), target, 11};
     req.set(bhttp::field::host, "127.0.0.1");
     for (const auto& [k, v] : headers) req.set(k, v);
     req.body() = body;
@@ -728,6 +727,39 @@ TEST_F(LifecycleTest, AnEmbeddingThatFailsOnThePrimaryIsServedByTheFallback) {
   EXPECT_EQ(primary_.calls(), 1u);
   EXPECT_EQ(fallback_.calls(), 1u);
   EXPECT_EQ(Journaled("r-emb").state, journal::State::kCompleted);
+}
+
+// A route asked with a method it does not take is a 405 naming those it
+// takes (RFC 9110; Ollama's router answers so), in each API's error shape; a
+// HEAD is answered as its GET; an unknown path stays a 404.
+TEST_F(LifecycleTest, ARouteAskedWithAMethodItDoesNotTakeIsA405ThatNamesTheMethods) {
+  struct Case {
+    const char* method;
+    const char* target;
+    const char* allow;
+  };
+  for (const Case& c : {Case{"GET", "/v1/chat/completions", "POST"}, Case{"GET", "/api/chat", "POST"},
+                        Case{"PUT", "/api/show", "POST"}, Case{"POST", "/api/tags", "GET, HEAD"},
+                        Case{"POST", "/v1/models", "GET, HEAD"}, Case{"PUT", "/v1/requests/abc", "GET, HEAD, DELETE"},
+                        Case{"POST", "/v1/events", "GET"}}) {
+    auto ex = Send(c.target, "", c.method);
+    ASSERT_TRUE(ex->Wait()) << c.target;
+    EXPECT_EQ(ex->status(), 405u) << c.method << " " << c.target;
+    EXPECT_EQ(ex->header("Allow"), c.allow) << c.target;
+    const json body = json::parse(ex->body(), nullptr, false);
+    const bool ollama = std::string(c.target).rfind("/api/", 0) == 0;
+    const json message = ollama ? body.value("error", json()) : body.value("error", json::object()).value("message", json());
+    ASSERT_TRUE(message.is_string()) << ex->body();
+    EXPECT_NE(message.get<std::string>().find(std::string(c.method) + " is not allowed on"), std::string::npos) << ex->body();
+  }
+  for (const char* target : {"/api/version", "/api/tags", "/v1/models", "/"}) {
+    auto head = Send(target, "", "HEAD");
+    ASSERT_TRUE(head->Wait());
+    EXPECT_EQ(head->status(), 200u) << "HEAD " << target;
+  }
+  auto nowhere = Send("/v1/nowhere", "", "GET");
+  ASSERT_TRUE(nowhere->Wait());
+  EXPECT_EQ(nowhere->status(), 404u);
 }
 
 // An Ollama embedding of many inputs (an answer of megabytes) is translated
