@@ -174,6 +174,18 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
       }
     }
   }
+  // At start, what the adopted workers of movable placements hold on each
+  // device: the start gate may unload an idle one to load another, so a
+  // movable placement is checked beside the pinned ones, not beside them (an
+  // on-demand service that did not fit beside one adopted after a restart was
+  // refused for good, each of its requests a 503).
+  std::map<std::string, uint64_t> evictable;
+  for (const auto& [sp, i] : order) {
+    if (only || !movable(*sp, i) || !running.count(WorkerKey(*sp, i))) continue;
+    if (auto bytes = Predict(cfg.worker_binary, *sp, sp->placements[i], nullptr, cal); bytes.ok()) {
+      evictable[sp->placements[i].device] += *bytes;
+    }
+  }
   // Per service, what its warm CPU replicas admitted so far hold: loaded at
   // start together, they are held to the CPU path's budget together (each
   // was held to it alone, and two of 0.6 of it both loaded, past it; the
@@ -225,6 +237,11 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
           l->Release(WorkerKey(s, i));  // loads when needed; holds nothing at start
           a.reason += " (loads on demand, beside the pinned services)";
         }
+      } else if (!only && movable(s, i) && a.predicted_bytes <= l->Available() + evictable[p.device]) {
+        a.admitted = true;
+        a.reason = "fits: " + std::to_string(a.predicted_bytes >> 20) + " MiB " +
+                   (exact ? "planned by llama.cpp's dry run" : "predicted") +
+                   " (loads on demand, once an idle on-demand service adopted from the previous gateway unloads)";
       } else {
         a.reason = st.message();
       }

@@ -176,5 +176,42 @@ TEST(PlacementAdmissionTest, AStartingWorkerThatDoesNotFitHoldsWhatIsLeft) {
   (void)devices::SimLedger::Remove(kDevice);
 }
 
+// After a gateway restart, an adopted on-demand worker holds its memory: a
+// second on-demand service that fits the device once that one unloads is
+// admitted (the start gate makes room for it when it loads), not refused for
+// good beside memory the gate may take back.
+TEST(PlacementAdmissionTest, AnOnDemandPlacementFitsBesideAnAdoptedOneTheGateMayUnload) {
+  constexpr int kDevice = 9;  // (a device of this test's own)
+  auto cfg = OneService(1024);
+  auto& chat = cfg.services[0];
+  chat.residency.mode = "on_demand";
+  chat.placements[0].device = "sim:" + std::to_string(kDevice);
+  chat.placements[0].gpu_layers = 99;
+  config::ServiceConfig other = chat;
+  other.name = "other";
+  cfg.services.push_back(other);
+  ASSERT_TRUE(devices::SimLedger::Create(kDevice, 1ull << 30).ok());
+  const uint64_t predicted = AdmitPlacement(nullptr, cfg, "other.0").predicted_bytes;
+  ASSERT_GT(predicted, 0u);
+  // The smallest device where one fits, plus half of one: never two at once.
+  uint64_t capacity = predicted;
+  for (; capacity < (1ull << 30); capacity += 1u << 20) {
+    ASSERT_TRUE(devices::SimLedger::Create(kDevice, capacity).ok());
+    if (AdmitPlacement(nullptr, cfg, "other.0").admitted) break;
+  }
+  capacity += predicted / 2;
+  auto ledger = devices::SimLedger::Create(kDevice, capacity);
+  ASSERT_TRUE(ledger.ok());
+  ASSERT_TRUE((*ledger)->Reserve(devices::LedgerKind::kAlloc, "adopted chat.0", predicted));  // chat.0's worker, adopted
+  auto start = AdmitPlacements(nullptr, cfg, {"chat.0"});
+  EXPECT_TRUE(start["chat.0"].admitted) << start["chat.0"].reason;
+  EXPECT_TRUE(start["other.0"].admitted) << "refused beside memory the start gate may unload: " << start["other.0"].reason;
+  // Pinned, the adopted one is there for good: the other does not fit beside it.
+  cfg.services[0].residency.mode = "pinned";
+  start = AdmitPlacements(nullptr, cfg, {"chat.0"});
+  EXPECT_FALSE(start["other.0"].admitted) << start["other.0"].reason;
+  (void)devices::SimLedger::Remove(kDevice);
+}
+
 }  // namespace
 }  // namespace spillway::gateway
