@@ -159,6 +159,18 @@ std::map<std::string, PlacementAdmission> Admit(PlacementCalibration* cal, const
       if (l && !l->Reserve(key, *bytes, 1).ok()) (void)l->Reserve(key, l->Available(), 1);
     }
   }
+  // At start, the pinned external servers Spillway starts load beside the
+  // pinned placements, with no start gate of their own: their declared
+  // resident memory is held first, so that no placement counts on it (the
+  // two loaded together past the device). One that does not fit holds what
+  // is left, as a starting worker does.
+  for (const auto& e : cfg.externals) {
+    if (only || !e.Started() || e.residency.mode != "pinned" || e.device == "cpu" || e.resident_mib <= 0) continue;
+    if (memory::DeviceLedger* l = ledger_for(e.device)) {
+      const auto bytes = static_cast<uint64_t>(e.resident_mib * 1024 * 1024);
+      if (!l->Reserve(ExternalKey(e), bytes, 1).ok()) (void)l->Reserve(ExternalKey(e), l->Available(), 1);
+    }
+  }
   // At start, placements that load on demand (their service's residency is
   // not pinned) come last and reserve nothing: each must fit beside the
   // pinned ones when it loads, not beside every other on-demand one (the

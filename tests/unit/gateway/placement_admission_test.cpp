@@ -213,5 +213,36 @@ TEST(PlacementAdmissionTest, AnOnDemandPlacementFitsBesideAnAdoptedOneTheGateMay
   (void)devices::SimLedger::Remove(kDevice);
 }
 
+// A pinned external server Spillway starts loads at start beside the pinned
+// placements, with no start gate of its own: a placement does not count on
+// the memory it declares (the two loaded together past the device).
+TEST(PlacementAdmissionTest, APinnedPlacementDoesNotCountOnAPinnedExternalsMemory) {
+  constexpr int kDevice = 10;  // (a device of this test's own)
+  auto cfg = OneService(1024);
+  cfg.services[0].placements[0].device = "sim:" + std::to_string(kDevice);
+  cfg.services[0].placements[0].gpu_layers = 99;
+  ASSERT_TRUE(devices::SimLedger::Create(kDevice, 1ull << 30).ok());
+  const uint64_t predicted = AdmitPlacement(nullptr, cfg, "chat.0").predicted_bytes;
+  ASSERT_GT(predicted, 0u);
+  uint64_t capacity = predicted;  // the smallest device where chat.0 fits
+  for (; capacity < (1ull << 30); capacity += 1u << 20) {
+    ASSERT_TRUE(devices::SimLedger::Create(kDevice, capacity).ok());
+    if (AdmitPlacement(nullptr, cfg, "chat.0").admitted) break;
+  }
+  config::ExternalConfig whisper;
+  whisper.name = "whisper";
+  whisper.command = {"/bin/true"};
+  whisper.device = cfg.services[0].placements[0].device;
+  whisper.resident_mib = static_cast<double>(predicted >> 20) / 2;
+  cfg.externals.push_back(whisper);
+  auto start = AdmitPlacements(nullptr, cfg, {});
+  EXPECT_FALSE(start["chat.0"].admitted) << "counted on the pinned external's memory: " << start["chat.0"].reason;
+  // One that loads with its first request has the start gate: it holds nothing at start.
+  cfg.externals[0].residency.mode = "on_demand";
+  start = AdmitPlacements(nullptr, cfg, {});
+  EXPECT_TRUE(start["chat.0"].admitted) << start["chat.0"].reason;
+  (void)devices::SimLedger::Remove(kDevice);
+}
+
 }  // namespace
 }  // namespace spillway::gateway
