@@ -618,7 +618,14 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
 
 boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
                                           std::shared_ptr<Live> live, bool unjournaled) {
-  CountRequest(rec.service);
+  // Interactive work while this frame lives, whatever ends it (OutsideWindow).
+  struct Running {
+    std::atomic<int>* n;
+    ~Running() {
+      if (n) --*n;
+    }
+  } running{CountRequest(rec.service) ? &interactive_running_ : nullptr};
+  if (running.n) ++*running.n;
   if (config_.FindExternal(rec.service)) co_return co_await RunExternal(std::move(rec), std::move(ex), live, unjournaled);
   // Lives in this coroutine's frame until the request has ended.
   RequestLifecycle lifecycle(*this, std::move(rec), std::move(ex), std::move(live), unjournaled,

@@ -182,7 +182,7 @@ class Gateway {
   void KeepEvent(nlohmann::json detail, int64_t at_ms);
   static constexpr size_t kRecentEvents = 50;
   // A request for `service` begins (request rates for eviction costs; interactive idleness for windows).
-  void CountRequest(const std::string& service);
+  bool CountRequest(const std::string& service);  // true: an interactive service's
   double RequestsPerMinute(const std::string& service) const;
   nlohmann::json ResidencyJson();
   // From the answer's timings header when it has one (see protocol::Timings), else from its body.
@@ -415,6 +415,7 @@ class Gateway {
   std::map<std::string, std::pair<std::string, int64_t>> exclusive_waits_;
   std::map<std::string, std::deque<int64_t>> request_times_;  // by service, the last 10 minutes
   std::atomic<int64_t> last_interactive_ms_{0};
+  std::atomic<int> interactive_running_{0};  // interactive requests between Run's start and end (OutsideWindow)
   // The last Ollama request's keep_alive, by service: how long its
   // accelerator placements stay loaded once idle (INT64_MAX: kept; 0:
   // unloaded once idle), counted from when the last request ended, as Ollama does.

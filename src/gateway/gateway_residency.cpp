@@ -41,7 +41,7 @@ int LocalMinute(int64_t now_ms) {
 
 }  // namespace
 
-void Gateway::CountRequest(const std::string& service) {
+bool Gateway::CountRequest(const std::string& service) {
   const int64_t now = clock_.NowMs();
   bool interactive = false;
   if (const auto* s = config_.FindService(service)) interactive = s->residency.priority == "interactive";
@@ -51,6 +51,7 @@ void Gateway::CountRequest(const std::string& service) {
   auto& q = request_times_[service];
   q.push_back(now);
   while (!q.empty() && (now - q.front() > kRateWindowMs || q.size() > 10000)) q.pop_front();
+  return interactive;
 }
 
 double Gateway::RequestsPerMinute(const std::string& service) const {
@@ -84,12 +85,21 @@ bool Gateway::OutsideWindow(const config::ResidencyConfig& r, std::string* why, 
     return true;
   }
   if (r.interactive_idle_s > 0) {
+    // An interactive request still running is interactive work now, however
+    // long ago it came (a long stream let batch work onto the accelerator
+    // once interactive_idle_s had passed since its start).
+    const bool running = interactive_running_.load() > 0;
     const int64_t last = last_interactive_ms_.load();
-    const double idle_s = last == 0 ? 1e18 : static_cast<double>(now - last) / 1000;
+    const double idle_s = running ? 0 : last == 0 ? 1e18 : static_cast<double>(now - last) / 1000;
     if (idle_s < r.interactive_idle_s) {
       char text[160];
-      std::snprintf(text, sizeof text, "interactive work %.0f s ago (it waits for %.0f s of interactive idleness)", idle_s,
-                    r.interactive_idle_s);
+      if (running) {
+        std::snprintf(text, sizeof text, "interactive work running (it waits for %.0f s of interactive idleness)",
+                      r.interactive_idle_s);
+      } else {
+        std::snprintf(text, sizeof text, "interactive work %.0f s ago (it waits for %.0f s of interactive idleness)",
+                      idle_s, r.interactive_idle_s);
+      }
       if (why) *why = text;
       if (opens_in_s) *opens_in_s = static_cast<int>(r.interactive_idle_s - idle_s) + 1;
       return true;

@@ -2050,6 +2050,42 @@ std::string RerankService(const std::string& extra = "") {
          "routes = { \"/v1/rerank\" = \"/v1/rerank\" }\n" + extra;
 }
 
+// A batch service held off the accelerator until interactive work has been
+// idle interactive_idle_s: an interactive request still running is
+// interactive work now, however long ago it came (a 5 s stream let batch
+// work onto the accelerator once 2 s had passed since it began).
+class InteractiveIdleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    config_text_ += RerankService("device = \"sim:0\"\nresident_mib = 100\npriority = \"batch\"\ninteractive_idle_s = 2\n");
+    LifecycleTest::SetUp();
+  }
+  json HeldBack() {
+    const json status = StatusNow();
+    for (const auto& r : status["residency"]["services"]) {
+      if (r.value("service", "") == "rerank") return r["held_back"];
+    }
+    return "no rerank in /v1/status";
+  }
+};
+
+TEST_F(InteractiveIdleTest, AnInteractiveRequestStillRunningHoldsBatchWorkOffTheAccelerator) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  auto running = Complete("r-long");
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
+  clock_.Advance(10'000);  // long past interactive_idle_s since it came
+  const json held = HeldBack();
+  ASSERT_TRUE(held.is_string()) << "batch work let onto the accelerator while an interactive request runs: " << held;
+  EXPECT_NE(held.get<std::string>().find("running"), std::string::npos) << held;
+  auto answer = primary_.TakeHeld(0);
+  ASSERT_TRUE(answer);
+  Answer(answer, "done");
+  ASSERT_TRUE(running->Wait());
+  EXPECT_TRUE(HeldBack().is_string()) << "idle for 0 s of its 2";
+  clock_.Advance(2'500);
+  EXPECT_TRUE(HeldBack().is_null()) << HeldBack();
+}
+
 // Requests for an external service that is not idempotent, recovered after
 // a restart: one whose attempt had reached the server is not sent again;
 // one whose attempts never reached it (requeued, waiting for the server
