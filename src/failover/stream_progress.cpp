@@ -34,7 +34,10 @@ StreamProgress::Event StreamProgress::Observe(const std::string& event, std::str
     } else if (c.contains("text") && c["text"].is_string()) {
       text_bytes_ += c["text"].get_ref<const std::string&>().size();
     }
-    if (c.value("finish_reason", json()).is_string() && c["finish_reason"] == "tool_calls") tool_calls_ = true;
+    if (c.value("finish_reason", json()).is_string()) {
+      finished_ = true;
+      if (c["finish_reason"] == "tool_calls") tool_calls_ = true;
+    }
   }
   return Event::kChunk;
 }

@@ -26,6 +26,9 @@ class StreamProgress {
   const std::vector<int32_t>& tokens() const { return tokens_; }
   uint64_t text_bytes() const { return text_bytes_; }
   bool tool_calls_delivered() const { return tool_calls_ && !tool_calls_held_; }
+  // A chunk with a finish_reason has come: the answer is whole (what may
+  // follow it is a usage chunk and [DONE]).
+  bool finished() const { return finished_; }
   // The client's side gathers tool calls for the stream's end (Ollama's
   // translation): relayed, they have not reached the client yet.
   void set_tool_calls_held(bool held) { tool_calls_held_ = held; }
@@ -42,6 +45,7 @@ class StreamProgress {
   std::vector<int32_t> tokens_;
   uint64_t text_bytes_ = 0;
   bool tool_calls_ = false;
+  bool finished_ = false;
   bool tool_calls_held_ = false;
   std::optional<protocol::WorkerError> last_error_;
 };

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/openai_response.h"
 #include "common/mutation.h"
 #include "protocol/worker_protocol.h"
 
@@ -205,7 +206,12 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
     a.body = progress_.last_error()->message;
     co_return a;
   }
-  if ((!st.ok() && !done_relayed) || !failed_phase.empty()) {
+  // The worker gone after its answer's last chunk (its finish_reason
+  // relayed) but before [DONE]: the client has the whole answer. A
+  // continuation would replay its end, a second finish_reason (or, ended
+  // for its length, refuse with an error after a whole answer).
+  const bool finish_relayed = !done_relayed && progress_.finished() && !st.ok() && failed_phase.empty();
+  if ((!st.ok() && !done_relayed && !finish_relayed) || !failed_phase.empty()) {
     // The worker failed or vanished: before the first token a fresh run,
     // after it a continuation (the policy decides).
     const FailurePhase phase = failed_phase.empty() ? FailurePhase::kNone
@@ -217,7 +223,11 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
     f.outcome.continuable = progress_.Continuable();
     co_return f;
   }
-  if (!pending.empty()) reply_.Event(pending);
+  if (finish_relayed) {
+    reply_.Event(std::string(api::kSseDone));  // (a cut event's part, in pending, is not the client's)
+  } else if (!pending.empty()) {
+    reply_.Event(pending);
+  }
   begin();
   // The worker ends a stream with an error event when it failed or was cancelled.
   AttemptResult a = Simple(Kind::kAnswered);

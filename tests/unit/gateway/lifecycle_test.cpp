@@ -1013,6 +1013,39 @@ TEST_F(LifecycleTest, AStreamCutMidwayIsContinuedElsewhereAsOneStream) {
   EXPECT_EQ(rec.result_body.find(": spillway"), std::string::npos) << "comments are not part of the stored answer";
 }
 
+// A worker gone after its answer's last chunk (its finish_reason) but before
+// [DONE]: the client has the whole answer. It is completed, with the [DONE]
+// the worker did not send, not continued elsewhere (a continuation replayed
+// the end: a second finish_reason; ended for its length, an error after a
+// whole answer).
+TEST_F(LifecycleTest, AStreamCutAfterItsFinishIsCompletedNotContinued) {
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(Chunk("a", 11));
+    ex->Write(api::SseEvent({{"choices", {{{"index", 0}, {"text", ""}, {"finish_reason", "stop"}}}}}));
+    ex->Abort();
+  };
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(api::SseEvent({{"choices", {{{"index", 0}, {"text", ""}, {"finish_reason", "stop"}}}}}));
+    ex->Write(api::kSseDone);
+    ex->End();
+  };
+  auto ex = Complete("r-finished", true);
+  ASSERT_TRUE(ex->Wait());
+  const std::string body = ex->body();
+  size_t finishes = 0;
+  for (size_t at = body.find("\"finish_reason\":\"stop\""); at != std::string::npos;
+       at = body.find("\"finish_reason\":\"stop\"", at + 1)) {
+    ++finishes;
+  }
+  EXPECT_EQ(finishes, 1u) << body;
+  EXPECT_EQ(fallback_.calls(), 0u) << "continued after its end";
+  ASSERT_GE(body.size(), std::string(api::kSseDone).size());
+  EXPECT_EQ(body.substr(body.size() - std::string(api::kSseDone).size()), api::kSseDone) << body;
+  EXPECT_EQ(Journaled("r-finished").state, journal::State::kCompleted);
+}
+
 // A chat whose oldest messages its counting worker left out ("truncate"):
 // every placement is told to leave out as many (the prompt admission
 // counted), a continuation too, and the client hears how many.
