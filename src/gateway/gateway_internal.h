@@ -198,6 +198,13 @@ struct Gateway::Live {
   std::string counted_model;
   uint32_t counted_cells = 0;  // the context it was cut for (fit_cells; 0: not cut)
   bool recount_refused = false;  // counted again once, and that count stood no better (RecountCells)
+  // A stream cut after its first token goes on only with the model that
+  // began it (ServiceConfig::ModelOf; empty: any). Admission holds back the
+  // service's placements of another model, not only avoids them while
+  // another may take it: the one that failed is waited for while it comes
+  // back (with a different-model fallback beside it, the stream was ended
+  // at once). (Its own strand only.)
+  std::string only_model;
   // A stream's first event reached its client: a continuation reads the
   // prompt it began with (never counted again). (Its own strand only.)
   bool began = false;

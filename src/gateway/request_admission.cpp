@@ -96,14 +96,20 @@ void RequestAdmission::RefreshHeld() {
   bool other = false;
   for (size_t k = 0; k < states_.size(); ++k) {
     holds_[k] = g_.HeldBack(svc_, k, nullptr);
-    held_[k] = holds_[k] != Gateway::Hold::kNone;
+    held_[k] = holds_[k] != Gateway::Hold::kNone || OtherModel(k);
     other |= !held_[k] && states_[k]->admission.admitted &&
              (g_.supervisor_.ReadyPort(states_[k]->key).has_value() || g_.supervisor_.OnDemand(states_[k]->key));
   }
   // Nothing else can serve: a placement short of room is still waited for.
   if (!other) {
-    for (size_t k = 0; k < states_.size(); ++k) held_[k] = held_[k] && holds_[k] != Gateway::Hold::kNoRoom;
+    for (size_t k = 0; k < states_.size(); ++k) {
+      held_[k] = held_[k] && (holds_[k] != Gateway::Hold::kNoRoom || OtherModel(k));
+    }
   }
+}
+
+bool RequestAdmission::OtherModel(size_t k) const {
+  return !live_.only_model.empty() && svc_.ModelOf(k) != live_.only_model;
 }
 
 std::function<bool(size_t)> RequestAdmission::serving_now() const {
@@ -121,7 +127,7 @@ void RequestAdmission::DemandAll(bool cpu_path_too) {
   // room: asked again, so that it comes back once there is room.
   auto may_start = [&](size_t k) {
     return states_[k]->admission.admitted && holds_[k] != Gateway::Hold::kUnloading &&
-           holds_[k] != Gateway::Hold::kOutsideWindow;
+           holds_[k] != Gateway::Hold::kOutsideWindow && !OtherModel(k);
   };
   // An accelerator placement comes up (started here, or warm: it starts by
   // itself) unless it is in trouble: its worker failing to start or

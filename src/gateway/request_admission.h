@@ -55,6 +55,8 @@ class RequestAdmission {
   // Which placements are held back now (unloading, outside its window, no room).
   void RefreshHeld();
   bool Startable(size_t k) const;
+  // Placement k is of another model than the one a cut stream goes on with (Live::only_model).
+  bool OtherModel(size_t k) const;
   // Whether placement k's worker is ready (serving now), as LineWaitS asks it.
   std::function<bool(size_t)> serving_now() const;
   // Starts the on-demand placements that may serve (as things are now); the

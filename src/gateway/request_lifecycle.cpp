@@ -165,6 +165,7 @@ boost::asio::awaitable<failover::RetryDecision> RequestLifecycle::AfterFailure(c
     // Continued only with the model that began it (checked once admission
     // has chosen, see Run); placements of other models are avoided.
     if (stream_model_.empty()) stream_model_ = svc_->ModelOf(target_.index);
+    live_->only_model = stream_model_;
     for (size_t i = 0; i < excluded_.size(); ++i) excluded_[i] = excluded_[i] || svc_->ModelOf(i) != stream_model_;
   }
   if (d.action == Action::kRetryElsewhere || d.action == Action::kContinueElsewhere) {

@@ -1124,6 +1124,37 @@ TEST_F(DifferentModelLifecycleTest, APinIsForThePlacementsOfTheModelThatCounted)
   EXPECT_FALSE(fallback_.bodies[0].contains("spillway_drop_messages")) << fallback_.bodies[0].dump();
 }
 
+// A stream cut on the primary goes on only with the primary's model: with a
+// different-model fallback beside it, the primary is waited for while it
+// comes back and the stream goes on there. (The fallback counted as usable
+// while the primary's breaker was open: the stream was ended resumable at once,
+// where the same service without that fallback waited and went on.)
+TEST_F(DifferentModelLifecycleTest, AStreamCutOnThePrimaryGoesOnThereOnceItIsBack) {
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  primary_.behaviour = [calls](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    if ((*calls)++ == 0) {
+      ex->Write(Chunk("a", 11));
+      ex->Abort();  // its worker gone mid-stream
+      return;
+    }
+    ex->Write(Chunk("b", 12));
+    ex->Write(api::kSseDone);
+    ex->End();
+  };
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "small"); };
+  auto ex = Complete("r-cut-primary", true);
+  ASSERT_TRUE(ex->WaitFor("\"a\""));
+  ASSERT_TRUE(Eventually([&] { return Journaled("r-cut-primary").state == journal::State::kQueued || ex->done(); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // (admission's first round decided)
+  EXPECT_FALSE(ex->done()) << "ended while its primary comes back: " << ex->body();
+  KilledAndBack("chat.0", primary_.server.port());
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_NE(ex->body().find("\"b\""), std::string::npos) << ex->body();
+  EXPECT_EQ(fallback_.calls(), 0u) << "another model's worker was sent a continuation";
+  EXPECT_EQ(Journaled("r-cut-primary").state, journal::State::kCompleted);
+}
+
 // A chat is cut for its primary's context (the first admitted placement of
 // the model), not for a larger CPU fallback's: that one would take every
 // long chat from the accelerator.
@@ -1449,12 +1480,19 @@ TEST_F(LifecycleTest, AStreamCancelledWhileItIsContinuedEndsCancelled) {
 // fallback model would splice another model's text into the answer. With no
 // placement of the same model left, it ends resumable, with its checkpoint.
 // Here the primary's device is lost (its breaker opens), so admission has
-// only the other model to offer, as in the main failover case.
+// only the other model to offer, as in the main failover case: the primary
+// is waited for as it would be without that fallback, and once the wait for
+// it is over the stream ends.
 TEST_F(LifecycleTest, AStreamIsNotContinuedOnADifferentModel) {
   config_.services[0].placements[1].model = "/nonexistent/smaller.gguf";  // read per request
   config_.services[0].placements[1].different_model = true;
   primary_.behaviour = CutStream({{"a", 11}}, Status::Unavailable("device lost").WithPhase(FailurePhase::kDevice));
   auto ex = Complete("r-other-model", true);
+  ASSERT_TRUE(ex->WaitFor("\"a\""));
+  for (int i = 0; i < 40 && !ex->done(); ++i) {  // past the wait for a primary that comes back
+    clock_.Advance(10'000);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   ASSERT_TRUE(ex->Wait());
   const std::string body = ex->body();
   EXPECT_NE(body.find("\"a\""), std::string::npos) << body;
