@@ -237,6 +237,7 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
   a.stream_state = !stream_error ? journal::State::kCompleted
                    : (cancelled_ || stream_error->cancelled()) ? journal::State::kCancelled
                                                                : journal::State::kFailed;
+  if (stream_error) a.why = stream_error->message;  // (the journal's error for the request)
   co_return a;
 }
 

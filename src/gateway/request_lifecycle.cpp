@@ -305,7 +305,12 @@ boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, 
       g_.AttemptSucceeded(rec_.service, target_);
       g_.RecordThroughput(rec_.service, target_.index, reply_.stored());
     }
-    const std::string err = r.stream_state == State::kCompleted ? "" : "stream ended with an error";
+    // Ended by the worker's error event: its words (a cancelled stream said
+    // "stream ended with an error", where a cancelled answer says it was cancelled).
+    const std::string err = r.stream_state == State::kCompleted ? ""
+                            : r.stream_state == State::kCancelled ? "request cancelled"
+                            : !r.why.empty()                      ? r.why
+                                                                  : "stream ended with an error";
     co_await Finish(r.stream_state, 200, "text/event-stream", reply_.stored(), err);
     co_return reply_.EndStream();
   }

@@ -1460,6 +1460,31 @@ TEST_F(LifecycleTest, AContinuationTheWorkerRefusesMidStreamEndsResumable) {
   EXPECT_EQ(Journaled("r-refused-mid").state, journal::State::kFailedResumable);
 }
 
+// A stream cancelled while it runs is journaled with why it ended (the
+// worker's cancelled error event): cancelled, as an answer cancelled is, not
+// "stream ended with an error" (what `spillway requests show` and the
+// dashboard said of every DELETE'd stream).
+TEST_F(LifecycleTest, ACancelledStreamIsJournaledAsCancelledNotAsAnError) {
+  auto stream = std::make_shared<std::shared_ptr<http::Exchange>>();
+  primary_.behaviour = [stream](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(Chunk("a", 11));
+    *stream = std::move(ex);  // running until the test ends it
+  };
+  auto ex = Complete("r-cancel-stream", true);
+  ASSERT_TRUE(ex->WaitFor("\"a\""));
+  auto cancel = Send("/v1/requests/r-cancel-stream", "", "DELETE");
+  ASSERT_TRUE(cancel->Wait());
+  ASSERT_TRUE(Eventually([&] { return primary_.cancels.load() == 1; }));
+  (*stream)->Write(api::SseEvent(api::ErrorBody(Status::Cancelled("request cancelled"))));  // as a worker ends it
+  (*stream)->Write(api::kSseDone);
+  (*stream)->End();
+  stream->reset();
+  ASSERT_TRUE(ex->Wait());
+  ASSERT_TRUE(Eventually([&] { return Journaled("r-cancel-stream").state == journal::State::kCancelled; }));
+  EXPECT_EQ(Journaled("r-cancel-stream").error, "request cancelled");
+}
+
 // A stream cancelled while it is continued elsewhere (its fallback answers
 // the cancel with 499 before its first event) ends cancelled, as the client
 // asked: it was journaled failed_resumable, as if to be resumed.
