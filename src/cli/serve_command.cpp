@@ -159,7 +159,9 @@ int Check(const ServeArgs& a) {
 int Serve(const ServeArgs& a) {
   // Everything the gateway writes (journal, logs, port files) is its user's only.
   ::umask(077);
-  auto loaded = LoadServeConfig(a.config_path, a.listen, a.state_dir);
+  // --keep-going: a model file that is missing is a placement that cannot
+  // work, not started (CheckStartup says why), as one that is not a GGUF.
+  auto loaded = LoadServeConfig(a.config_path, a.listen, a.state_dir, /*validate=*/true, /*model_files=*/!a.keep_going);
   if (!loaded.ok()) {
     std::fprintf(stderr, "spillway serve: %s\n", loaded.status().message().c_str());
     return 2;
@@ -505,7 +507,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       })
       ->capture_default_str();
   cmd->add_flag("--keep-going", args->keep_going,
-                "start even when a placement cannot work (a model file that is not a readable GGUF, a device "
+                "start even when a placement cannot work (a model file that is missing or not a readable GGUF, a device "
                 "that does not exist): that placement is marked unavailable with the reason instead of "
                 "refusing to start");
   cmd->add_option("--log-format", args->log_format,

@@ -69,7 +69,7 @@ size_t ReservedDescriptors(const config::GatewayConfig& cfg) {
 }
 
 StatusOr<config::GatewayConfig> LoadServeConfig(const std::string& config_path, const std::string& listen,
-                                                const std::string& state_dir, bool validate) {
+                                                const std::string& state_dir, bool validate, bool model_files) {
   StatusOr<config::GatewayConfig> loaded =
       config_path.empty() ? StatusOr<config::GatewayConfig>(config::DemoConfig(DemoModelsDir()))
                           : config::LoadConfigFile(config_path);
@@ -88,7 +88,7 @@ StatusOr<config::GatewayConfig> LoadServeConfig(const std::string& config_path, 
   }
   AddKeysFromEnv("SPILLWAY_API_KEYS", &cfg.api_keys);
   AddKeysFromEnv("SPILLWAY_OPERATOR_KEYS", &cfg.operator_keys);
-  if (validate) SPILLWAY_RETURN_IF_ERROR(config::Validate(cfg));
+  if (validate) SPILLWAY_RETURN_IF_ERROR(config::Validate(cfg, model_files));
   return cfg;
 }
 

@@ -30,7 +30,9 @@ std::string DemoModelsDir();
 // running an attempt) and health checks.
 size_t ReservedDescriptors(const config::GatewayConfig& cfg);
 
+// `model_files` false: services' model files are not looked for (serve --keep-going).
 StatusOr<config::GatewayConfig> LoadServeConfig(const std::string& config_path, const std::string& listen,
-                                                const std::string& state_dir, bool validate = true);
+                                                const std::string& state_dir, bool validate = true,
+                                                bool model_files = true);
 
 }  // namespace spillway::cli

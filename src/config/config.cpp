@@ -867,7 +867,7 @@ GatewayConfig DemoConfig(const std::string& models_dir) {
   return c;
 }
 
-Status Validate(const GatewayConfig& c) {
+Status Validate(const GatewayConfig& c, bool model_files) {
   if (c.services.empty() && c.externals.empty()) return Status::InvalidArgument(c.source + ": no [[service]] is declared");
   std::set<std::string> names;
   for (const auto& e : c.externals) {
@@ -890,13 +890,19 @@ Status Validate(const GatewayConfig& c) {
       return Status::InvalidArgument(c.source + ": service name '" + s.name + "' may hold only letters, digits, - _ .");
     }
     std::error_code ec;
-    if (!std::filesystem::is_regular_file(s.model, ec)) {
-      return Status::InvalidArgument(c.source + ": service '" + s.name + "': model file " + s.model + " not found");
+    // (A folder given as the model was "not found", though it is there.)
+    auto missing = [&](const std::string& path) {
+      return std::filesystem::exists(path, ec) ? " is not a regular file (the model is a .gguf file)" : " not found";
+    };
+    if (model_files && !std::filesystem::is_regular_file(s.model, ec)) {
+      return Status::InvalidArgument(c.source + ": service '" + s.name + "': model file " + s.model + missing(s.model) +
+                                     " (serve --keep-going starts without it)");
     }
     for (const auto& p : s.placements) {
-      if (p.model.empty() || p.model == s.model) continue;
+      if (!model_files || p.model.empty() || p.model == s.model) continue;
       if (!std::filesystem::is_regular_file(p.model, ec)) {
-        return Status::InvalidArgument(c.source + ": service '" + s.name + "': placement model " + p.model + " not found");
+        return Status::InvalidArgument(c.source + ": service '" + s.name + "': placement model " + p.model +
+                                       missing(p.model) + " (serve --keep-going starts without it)");
       }
       // A replica must be the same model (its fingerprint starts with the
       // file's hash); another model is allowed only when declared as such.

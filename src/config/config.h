@@ -345,7 +345,10 @@ StatusOr<std::string> TomlSafeText(const std::string& text, const std::string& s
 GatewayConfig DemoConfig(const std::string& models_dir);
 
 // Checks cross-field rules (unique names, files exist, keys for remote binds).
-Status Validate(const GatewayConfig& c);
+// `model_files` false: a service's model file is not looked for (serve
+// --keep-going: a missing one is a placement that cannot work, reported by
+// the start-up check and not started, as a file that is not a GGUF is).
+Status Validate(const GatewayConfig& c, bool model_files = true);
 
 using ::spillway::SplitHostPort;  // common/names.h
 

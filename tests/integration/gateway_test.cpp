@@ -401,7 +401,15 @@ TEST(GatewayStartupTest, ANonGgufModelOrAMissingDeviceIsRefusedAtStartOrMarkedUn
   EXPECT_NE(refused.Output().find("service[2].placement[0].device"), std::string::npos) << refused.Output();
   EXPECT_NE(refused.Output().find("cuda"), std::string::npos) << refused.Output();
 
-  GatewayProcess kept(gpu);
+  // A model file that is missing is such a placement too (a typo in a path:
+  // --keep-going refused it as a config error, every other service down with it).
+  const std::string missing = "/nonexistent/spillway-gone.gguf";
+  GatewayProcess gone("[[service]]\nname = \"gone\"\nmodel = \"" + missing + "\"\n[[service.placement]]\ndevice = \"cpu\"\n");
+  EXPECT_FALSE(gone.Start(std::chrono::seconds(10)));
+  EXPECT_NE(gone.Output().find(missing + " not found"), std::string::npos) << gone.Output();
+  EXPECT_NE(gone.Output().find("--keep-going"), std::string::npos) << gone.Output();
+  GatewayProcess kept(gpu + "[[service]]\nname = \"gone\"\nmodel = \"" + missing +
+                      "\"\n[[service.placement]]\ndevice = \"cpu\"\n");
   kept.SetExtraArgs({"--keep-going"});
   ASSERT_TRUE(kept.Start(std::chrono::seconds(60), /*wait_ready=*/false)) << kept.Output();
   const uint16_t p = kept.port();
@@ -417,6 +425,10 @@ TEST(GatewayStartupTest, ANonGgufModelOrAMissingDeviceIsRefusedAtStartOrMarkedUn
   EXPECT_EQ(r.status, 503) << r.body;
   EXPECT_NE(r.body.find("unavailable"), std::string::npos) << r.body;
   EXPECT_NE(r.body.find("cuda"), std::string::npos) << r.body;
+  body["model"] = "gone";
+  r = Call(p, "POST", "/v1/chat/completions", body.dump());
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_NE(r.body.find(missing), std::string::npos) << r.body;
 }
 
 // A worker that cannot start (here a stand-in that says why and exits, as a
