@@ -303,6 +303,9 @@ int Doctor(const DoctorArgs& a) {
     r.Line(Verdict::kOk, "config", (a.config_path.empty() ? std::string("the built-in demo") : a.config_path) + ": " +
                                        std::to_string(cfg.services.size()) + " services");
   }
+  if (const std::string note = UnreadConfigNote(a.config_path); !note.empty()) {
+    r.Line(Verdict::kWarn, "config", note, "spillway doctor --config spillway.toml");
+  }
   const std::string& worker = cfg.worker_binary;
   CheckWorkerBinary(worker, r);
   CheckModels(cfg, r);

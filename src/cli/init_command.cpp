@@ -165,8 +165,9 @@ int Init(const InitArgs& a) {
     return 0;
   }
   std::printf("spillway init: wrote %s (%zu model%s found; plan's verdict at its top).\n"
-              "Check it: spillway serve --check --config %s\n",
-              a.out.c_str(), in.models.size(), in.models.size() == 1 ? "" : "s", a.out.c_str());
+              "Check it: spillway serve --check --config %s\n"
+              "Start it: spillway serve --config %s\n",
+              a.out.c_str(), in.models.size(), in.models.size() == 1 ? "" : "s", a.out.c_str(), a.out.c_str());
   return 0;
 }
 

@@ -129,6 +129,9 @@ int Check(const ServeArgs& a) {
   loaded->worker_binary = worker_bin;
   const std::string where = a.config_path.empty() ? "the demo" : a.config_path;
   for (const auto& w : loaded->Warnings()) std::fprintf(stderr, "spillway serve: %s: warning: %s\n", where.c_str(), w.c_str());
+  if (const std::string note = UnreadConfigNote(a.config_path); !note.empty()) {
+    std::fprintf(stderr, "spillway serve: warning: %s\n", note.c_str());
+  }
   const auto problems = gateway::CheckStartup(*loaded, fs::path(worker_bin).parent_path().string());
   for (const auto& p : problems) {
     std::fprintf(stderr, "spillway serve: %s: %s: %s\n", where.c_str(), p.where.c_str(), p.reason.c_str());
@@ -168,6 +171,9 @@ int Serve(const ServeArgs& a) {
   }
   config::GatewayConfig cfg = std::move(*loaded);
   for (const auto& w : cfg.Warnings()) std::fprintf(stderr, "spillway serve: warning: %s\n", w.c_str());
+  if (const std::string note = UnreadConfigNote(a.config_path); !note.empty()) {
+    std::fprintf(stderr, "spillway serve: warning: %s\n", note.c_str());
+  }
 
   if (Status st = EnsurePrivateDir(cfg.state_dir); !st.ok()) {
     std::fprintf(stderr, "spillway serve: %s\n", st.message().c_str());

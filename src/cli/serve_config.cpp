@@ -68,6 +68,12 @@ size_t ReservedDescriptors(const config::GatewayConfig& cfg) {
   return 192 + 40 * workers;
 }
 
+std::string UnreadConfigNote(const std::string& config_path) {
+  std::error_code ec;
+  if (!config_path.empty() || !std::filesystem::is_regular_file("spillway.toml", ec)) return "";
+  return "./spillway.toml is not read: without --config the built-in demo runs (use --config spillway.toml)";
+}
+
 StatusOr<config::GatewayConfig> LoadServeConfig(const std::string& config_path, const std::string& listen,
                                                 const std::string& state_dir, bool validate, bool model_files) {
   StatusOr<config::GatewayConfig> loaded =

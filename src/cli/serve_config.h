@@ -30,6 +30,11 @@ std::string DemoModelsDir();
 // running an attempt) and health checks.
 size_t ReservedDescriptors(const config::GatewayConfig& cfg);
 
+// Without --config the built-in demo runs: when a spillway.toml (what
+// `spillway init` writes) is in the working directory, a line saying it is
+// not read and how to use it; "" otherwise.
+std::string UnreadConfigNote(const std::string& config_path);
+
 // `model_files` false: services' model files are not looked for (serve --keep-going).
 StatusOr<config::GatewayConfig> LoadServeConfig(const std::string& config_path, const std::string& listen,
                                                 const std::string& state_dir, bool validate = true,

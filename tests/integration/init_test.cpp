@@ -52,6 +52,7 @@ TEST_F(InitTest, WritesAConfigThatServeChecksAndServes) {
   std::string out = Spillway("init --models " + models_ + " --devices cpu -o " + cfg, &rc);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_TRUE(Has(out, "wrote " + cfg)) << out;
+  EXPECT_TRUE(Has(out, "spillway serve --config " + cfg)) << "how to start it: " << out;
   const std::string text = ReadTextFile(cfg);
   // plan's verdict for each placement, in comments at the top.
   EXPECT_TRUE(Has(text, "# spillway plan's verdict for each placement")) << text;
@@ -67,6 +68,11 @@ TEST_F(InitTest, WritesAConfigThatServeChecksAndServes) {
   out = Spillway("serve --check --config " + cfg, &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_TRUE(Has(out, "ok (2 services, 2 placements")) << out;
+  // Where init wrote it, without --config: the demo runs, and says so.
+  out = RunCommand("cd " + dir_ + " && " + BinDir() + "/spillway serve --check 2>&1", &rc);
+  EXPECT_TRUE(Has(out, "./spillway.toml is not read")) << out;
+  out = RunCommand("cd " + dir_ + " && " + BinDir() + "/spillway doctor 2>&1", &rc);
+  EXPECT_TRUE(Has(out, "./spillway.toml is not read")) << out;
 
   GatewayProcess gw(text);
   ASSERT_TRUE(gw.Start()) << gw.Output();
