@@ -224,7 +224,10 @@ std::vector<Incident> RequestIncidents::Observe(const journal::Transition& t, in
         i.others_reason = "cancelled";
         i.reason = t.error.empty() || t.error == "request cancelled" ? "cancelled" : "cancelled: " + Short(t.error, 200);
         out.push_back(i);
-      } else if (t.state == journal::State::kFailed || t.state == journal::State::kFailedResumable) {
+      } else if ((t.state == journal::State::kFailed || t.state == journal::State::kFailedResumable) &&
+                 !(t.status >= 400 && t.status < 500 && t.status != 408 && t.status != 429)) {
+        // (A client's own mistake, a 4xx a worker answered, is no incident:
+        // a buggy client pushed real failovers and crashes off the list.)
         i.kind = "failed";
         i.others_reason = journal::StateName(t.state);
         i.reason = i.others_reason + ": " + Short(t.error, 240);

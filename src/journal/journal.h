@@ -186,6 +186,7 @@ struct Transition {
   State state = State::kQueued;  // kFinished: the terminal state
   std::string error;      // kRequeued, kFinished: why
   std::string decision_json;  // kAttempt: its admission decision, as journaled ("" when none)
+  int64_t status = 0;         // kFinished: the answer's HTTP status (0: not known)
 };
 
 class Journal {

@@ -108,7 +108,7 @@ Status Journal::ApplyRecord(const std::string& payload, std::optional<Transition
     }
     bool changed = false;
     SPILLWAY_RETURN_IF_ERROR(FinishRows(id, StateOf(state), status, content_type, body, error, now, &changed));
-    if (told && changed) *told = Transition{Transition::Kind::kFinished, id, "", 0, StateOf(state), error, ""};
+    if (told && changed) *told = Transition{Transition::Kind::kFinished, id, "", 0, StateOf(state), error, "", status};
     return Status::Ok();
   }
   return Damaged("a log record of unknown type " + std::to_string(type));

@@ -504,10 +504,10 @@ void Journal::FinishImpl(std::string id, State state, int status, std::string co
   auto op = [this, id, state, status, content_type = std::move(content_type), body = std::move(body), error, now,
              changed]() -> Status { return FinishRows(id, state, status, content_type, body, error, now, changed.get()); };
   Submit(std::move(op), bytes,
-         [this, id, state, error, changed, done = std::move(done)](Status st) {
+         [this, id, state, status, error, changed, done = std::move(done)](Status st) {
            if (!st.ok()) return done(std::move(st));
            if (!*changed) return done(Status::Conflict("request '" + id + "' had already ended"));
-           Tell({Transition::Kind::kFinished, id, "", 0, state, error, ""});
+           Tell({Transition::Kind::kFinished, id, "", 0, state, error, "", status});
            done(Status::Ok());
          },
          lead);

@@ -121,6 +121,13 @@ TEST(RequestIncidentsTest, CancelledAndFailedEndsAreIncidents) {
   EXPECT_EQ(f[0].kind, "failed");
   EXPECT_EQ(f[0].placement, "cpu");
   EXPECT_EQ(f[0].reason, "failed_resumable: the stream failed");
+  // A client's own mistake (a prompt past the context, a worker's 400) is no incident; a 503 is.
+  Transition mistake = T(Transition::Kind::kFinished, "req_4", "", 0, State::kFailed, "prompt past the context");
+  mistake.status = 400;
+  EXPECT_TRUE(r.Observe(mistake, 3).empty());
+  Transition down = T(Transition::Kind::kFinished, "req_5", "", 0, State::kFailed, "no placement could be started");
+  down.status = 503;
+  EXPECT_EQ(r.Observe(down, 4).size(), 1u);
 }
 
 TEST(IncidentLogTest, KeepsTheNewestInOrderWithIncreasingNumbers) {
