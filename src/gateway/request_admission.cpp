@@ -73,8 +73,11 @@ bool RequestAdmission::RefusedAtOnce() {
     why += (why.empty() ? "" : "; ") + st->cfg.Name() + ": " + st->admission.reason;
   }
   if (!any) {
-    *rejected_ = Status::ResourceExhausted("no placement of '" + svc_.name + "' could be started (" + why + ")")
-                     .WithRetryAfter(30);
+    // Found at start, and so until a restart: no retry helps (a Retry-After
+    // of 30 s had SDKs and Ollama clients retry a config error for good).
+    *rejected_ = Status::Unavailable("no placement of '" + svc_.name + "' could be started (" + why +
+                                     "); fix it and restart the gateway")
+                     .WithReason(kServiceUnavailable);
     return true;
   }
   // Nothing can take it now and nothing is about to (only looked at then: not on the hot path).
