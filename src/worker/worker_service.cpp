@@ -297,7 +297,12 @@ StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text
           best = std::move(*c);
           return true;
         });
-        if (!kept) {
+        // Nothing kept fits beside the room a truncate leaves, but the whole
+        // conversation fits beside the least answer (that room was a default,
+        // or an upper bound): served whole, its answer shortened to what is
+        // left, as it is without truncate (asking never does worse than not).
+        const bool whole_fits = static_cast<int64_t>(rendered->second.size()) + least <= int64_t{cells};
+        if (!kept && !whole_fits) {
           return Status::InvalidArgument(
               "the conversation (" + std::to_string(rendered->second.size()) + " tokens) does not fit the " +
               std::to_string(cells) + " tokens of context beside " + std::to_string(room) +
@@ -305,8 +310,10 @@ StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text
               (refused.ok() ? "" : " (the chat template refused one: " + refused.message() + ")"))
               .WithReason(kContextLengthExceeded);
         }
-        rendered = std::move(*best);
-        p.dropped_messages = kept->dropped;
+        if (kept) {
+          rendered = std::move(*best);
+          p.dropped_messages = kept->dropped;
+        }
       }
     }
     auto& plan = rendered->first;

@@ -889,6 +889,33 @@ TEST(WorkerChatFitTest, ALongConversationLosesItsOldestMessagesWhenAskedTo) {
   EXPECT_GT(fj["usage"]["prompt_tokens"].get<int>(), 512 - 128 - 30);
   EXPECT_EQ(fj["spillway"]["max_tokens"].get<int>(), 512 - fj["usage"]["prompt_tokens"].get<int>()) << fj.dump();
 
+  // A conversation that fits only beside a shorter answer than the room a
+  // truncate leaves by default (no max_tokens asked: a quarter of the cells)
+  // is served whole, its answer shortened, as it is without truncate:
+  // asking to truncate never does worse than not asking (it was a 400).
+  {
+    json one = json::array({{{"role", "user"}, {"content", ""}}});
+    std::string words;
+    int tokens = 0;
+    for (int k = 0; k < 400 && tokens < 440; ++k) {
+      words += "storm" + std::to_string(k % 10) + " ";
+      one[0]["content"] = words;
+      auto c = Post(w, std::string(protocol::kTokenizePath) + "?endpoint=chat", {{"messages", one}});
+      ASSERT_EQ(c.status, 200) << c.body;
+      tokens = Body(c)["prompt_tokens"].get<int>();
+    }
+    ASSERT_GE(tokens, 440);
+    ASSERT_LT(tokens, 500);
+    json whole = {{"messages", one}, {"temperature", 0}};
+    auto plain = Post(w, "/v1/chat/completions", whole);
+    ASSERT_EQ(plain.status, 200) << plain.body;
+    whole["truncate"] = true;
+    auto asked = Post(w, "/v1/chat/completions", whole);
+    ASSERT_EQ(asked.status, 200) << "refused with truncate, served without: " << asked.body;
+    EXPECT_EQ(Body(asked)["usage"]["prompt_tokens"], Body(plain)["usage"]["prompt_tokens"]);
+    EXPECT_EQ(asked.Header("x-spillway-dropped-messages"), "0");
+  }
+
   // A last message that cannot fit alone is refused, saying so.
   req["messages"].back()["content"] = std::string(4000, 'z') + " end";
   req["max_tokens"] = 4;
