@@ -284,6 +284,12 @@ class Gateway {
   void HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& path);
   // The service an Ollama model name means ("chat", "chat:latest"); null when none.
   const config::ServiceConfig* OllamaService(const std::string& model) const;
+  // What one request may hold on placement i of `svc` (Ollama's num_ctx, the
+  // dashboard's limit): its slot's share of the pool; for an embedding model
+  // the whole pool (embeddings run one at a time on a cleared cache), within
+  // the positions it was trained on, as its worker reads it
+  // (Engine::EmbeddingInputLimit). It said half of what the worker took.
+  int RequestContext(const config::ServiceConfig& svc, size_t i) const;
   // Ollama's 400 for thinking or tools asked of a model whose template has none.
   Status OllamaCapable(const config::ServiceConfig& svc, const api::OllamaCall& call) const;
   // /api/tags, /api/show, /api/ps: blocking (model files, worker info), never on an I/O thread.

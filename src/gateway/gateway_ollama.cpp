@@ -61,6 +61,15 @@ std::string Digest(const config::ServiceConfig& svc, const models::ModelSummary&
 
 }  // namespace
 
+int Gateway::RequestContext(const config::ServiceConfig& svc, size_t i) const {
+  const auto& p = svc.placements[i];
+  if (auto m = model_summaries_.Get(p.ModelOr(svc.model)); m.ok() && m->embedding) {
+    const int trained = static_cast<int>(std::min<uint64_t>(m->context_length, 1u << 30));
+    return trained > 0 ? std::min(p.ctx, trained) : p.ctx;
+  }
+  return p.ContextPerRequest();
+}
+
 const config::ServiceConfig* Gateway::OllamaService(const std::string& model) const {
   if (const auto* svc = config_.FindService(model)) return svc;
   return config_.FindService(api::WithoutLatestTag(model));
@@ -329,7 +338,7 @@ json Gateway::OllamaRunning() const {
                         {"expires_at", api::OllamaTimestamp(expires_ms)},
                         {"size_vram", vram},
                         // What one request may hold (Ollama's num_ctx): its slot's share of the pool.
-                        {"context_length", svc.placements[i].ContextPerRequest()},
+                        {"context_length", RequestContext(svc, i)},
                         {"spillway", {{"placement", svc.placements[i].Name()}, {"role", svc.placements[i].role}}}});
       break;  // one entry per service: the first ready placement serves it
     }

@@ -295,7 +295,10 @@ void Gateway::AddServiceViews(json& status, const json& requests) {
         limits.push_back(cp.concurrency == 1 ? "one request at a time" : std::to_string(cp.concurrency) + " requests at a time");
         limits.push_back("at most " + std::to_string(cp.max_queue) + " waiting");
       }
-      if (p.slots > 0) limits.push_back(std::to_string(p.ContextPerRequest()) + " tokens of context per request");
+      if (p.slots > 0) {
+        limits.push_back(std::to_string(RequestContext(*svc, static_cast<size_t>(serving))) +
+                         " tokens of context per request");
+      }
       std::string words;
       for (const auto& l : limits) words += (words.empty() ? "" : ", ") + l;
       view["limits"] = words;

@@ -1155,6 +1155,34 @@ TEST_F(DifferentModelLifecycleTest, AStreamCutOnThePrimaryGoesOnThereOnceItIsBac
   EXPECT_EQ(Journaled("r-cut-primary").state, journal::State::kCompleted);
 }
 
+// What one request may hold, as /api/ps (Ollama's context_length) and the
+// dashboard's limits say it: an embedding model's input takes its worker's
+// whole pool (embeddings run one at a time), within its trained positions,
+// not its slot's share (they said 512 where the worker took 1024).
+class EmbedModelLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    const char* models = std::getenv("SPILLWAY_MODELS");
+    config_text_ = kConfig;
+    const std::string model = "model = \"/nonexistent/chat.gguf\"";
+    config_text_.replace(config_text_.find(model), model.size(),
+                         "model = \"" + std::string(models ? models : "build/models") + "/tiny-embed.gguf\"");
+    const std::string ctx = "device = \"sim:0\"\nctx = 256";
+    config_text_.replace(config_text_.find(ctx), ctx.size(), "device = \"sim:0\"\nctx = 1024");
+    LifecycleTest::SetUp();
+  }
+};
+
+TEST_F(EmbedModelLifecycleTest, AnEmbeddingsContextPerRequestIsItsWorkersWholePool) {
+  auto ps = Send("/api/ps", "", "GET");
+  ASSERT_TRUE(ps->Wait());
+  const json models = json::parse(ps->body(), nullptr, false).value("models", json::array());
+  ASSERT_EQ(models.size(), 1u) << ps->body();
+  EXPECT_EQ(models[0]["context_length"], 1024) << "ctx 1024 in 2 slots, trained on 2048";
+  const json view = StatusNow()["services"][0];
+  EXPECT_NE(view.dump().find("1024 tokens of context per request"), std::string::npos) << view.dump();
+}
+
 // A chat is cut for its primary's context (the first admitted placement of
 // the model), not for a larger CPU fallback's: that one would take every
 // long chat from the accelerator.
