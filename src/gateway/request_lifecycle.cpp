@@ -230,7 +230,7 @@ std::string RetryAfterOf(const AttemptResult& r) {
 }  // namespace
 
 // The client hears the worker's error, as an error event when its stream has begun.
-boost::asio::awaitable<void> RequestLifecycle::DeliverRefusal(const AttemptResult& r) {
+boost::asio::awaitable<void> RequestLifecycle::DeliverRefusal(const AttemptResult& r, const ServedBy& served) {
   // Cancelled meanwhile (the worker refused it for that: a continuation's
   // cancel can reach the worker before the request does): it ends as asked.
   if (live_->cancelled) co_return co_await Fail(State::kCancelled, Status::Cancelled("request cancelled"));
@@ -243,7 +243,7 @@ boost::asio::awaitable<void> RequestLifecycle::DeliverRefusal(const AttemptResul
     co_return co_await EndStreamWithError(r.stream_state, error_event, r.body);
   }
   co_await Finish(r.stream_state, r.status, "application/json", r.body, r.body);
-  reply_.Answer(r.status, "application/json", r.body, nullptr, RetryAfterOf(r));
+  reply_.Answer(r.status, "application/json", r.body, &served, RetryAfterOf(r));
 }
 
 void RequestLifecycle::OnWait(const std::string& note, double est_s) {
@@ -299,7 +299,7 @@ boost::asio::awaitable<void> RequestLifecycle::CommitRefused(const Status& st) {
 }
 
 boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, const AttemptSpec& spec) {
-  if (r.head_refused) co_return co_await DeliverRefusal(r);
+  if (r.head_refused) co_return co_await DeliverRefusal(r, spec.served);
   if (rec_.stream) {
     if (r.stream_state == State::kCompleted) {
       g_.AttemptSucceeded(rec_.service, target_);
@@ -524,7 +524,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
         const auto d = co_await AfterFailure(r);
         if (d.action == Action::kDeadline) co_return co_await DeadlineFailure();
         if (d.action == Action::kRetryElsewhere || d.action == Action::kContinueElsewhere) continue;
-        if (r.head_refused) co_return co_await DeliverRefusal(r);
+        if (r.head_refused) co_return co_await DeliverRefusal(r, spec.served);
         if (!rec_.stream && r.unreachable) {
           co_return co_await Fail(State::kFailed, Status::Unavailable("the worker failed " +
                                                                       std::to_string(retry_.failures) + " times: " +
@@ -532,7 +532,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
         }
         if (!rec_.stream) {  // the worker's own account of its failure is the answer
           co_await Finish(State::kFailed, r.status, "application/json", r.body, r.body);
-          co_return reply_.Answer(r.status, "application/json", r.body, nullptr, RetryAfterOf(r));
+          co_return reply_.Answer(r.status, "application/json", r.body, &spec.served, RetryAfterOf(r));
         }
         // A stream cut where no placement may continue it: never past delivered tool calls.
         const Status err = Status::Unavailable(

@@ -82,7 +82,8 @@ class RequestLifecycle {
   // Who serves this attempt, as the answer's headers say.
   ServedBy Served() const;
   // A stream the worker refused before its first event.
-  boost::asio::awaitable<void> DeliverRefusal(const AttemptResult& r);
+  // `served`: who refused it, said in its head as any answer's (X-Spillway-*).
+  boost::asio::awaitable<void> DeliverRefusal(const AttemptResult& r, const ServedBy& served);
   nlohmann::json CheckpointError(const Status& st) const;
   boost::asio::awaitable<void> EndResumable(const std::string& what, std::string why = "");
   // Called by admission before every round spent waiting.

@@ -1513,6 +1513,26 @@ TEST_F(LifecycleTest, ACancelledStreamIsJournaledAsCancelledNotAsAnError) {
   EXPECT_EQ(Journaled("r-cancel-stream").error, "request cancelled");
 }
 
+// A refusal relayed from the placement a request failed over to says who
+// refused it, as any answer does (invariant 6): it came with no
+// X-Spillway-* header at all.
+TEST_F(LifecycleTest, ARefusalFromTheFallbackSaysWhereItCameFrom) {
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    Refuse(ex, Status::ResourceExhausted("no KV cells").WithPhase(FailurePhase::kKv));
+  };
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    Refuse(ex, Status::InvalidArgument("a sampler setting this placement refuses"));
+  };
+  for (const bool stream : {false, true}) {
+    auto ex = Complete(stream ? "r-refused-stream" : "r-refused-there", stream);
+    ASSERT_TRUE(ex->Wait());
+    EXPECT_EQ(ex->status(), 400u) << ex->body();
+    EXPECT_EQ(ex->header("X-Spillway-Placement"), "cpu") << "stream " << stream;
+    EXPECT_EQ(ex->header("X-Spillway-Attempts"), "2") << "stream " << stream;
+    EXPECT_FALSE(ex->header("X-Spillway-Degraded").empty()) << "stream " << stream;
+  }
+}
+
 // A stream cancelled while it is continued elsewhere (its fallback answers
 // the cancel with 499 before its first event) ends cancelled, as the client
 // asked: it was journaled failed_resumable, as if to be resumed.
