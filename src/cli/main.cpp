@@ -1,9 +1,12 @@
 // spillway: the command-line entry point. Subcommands register themselves here.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <string>
 #include <system_error>
+#include <vector>
 
 #include "cli/chaos_command.h"
 #include "cli/doctor_command.h"
@@ -18,6 +21,26 @@
 #ifndef SPILLWAY_VERSION
 #define SPILLWAY_VERSION "unknown"
 #endif
+
+namespace {
+
+// Levenshtein's distance between two words (a command's typo).
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Spillway: a gateway and resource manager for local AI servers.\n"
@@ -34,6 +57,27 @@ int main(int argc, char** argv) {
   spillway::cli::AddDoctorCommand(app, &exit_code);
   spillway::cli::AddInitCommand(app, &exit_code);
   spillway::cli::AddStatusCommands(app, &exit_code);
+  // A word that names no command (a typo: `spillway serv`) says so, and the
+  // closest command; CLI11 said only "A subcommand is required".
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    const std::string word = argv[1];
+    if (std::find(names.begin(), names.end(), word) == names.end()) {
+      std::string closest, all;
+      size_t best = 3;  // at most two edits away
+      for (const auto& n : names) {
+        all += (all.empty() ? "" : ", ") + n;
+        if (const size_t d = EditDistance(word, n); d < best) {
+          best = d;
+          closest = n;
+        }
+      }
+      std::fprintf(stderr, "spillway: no command '%s'%s; the commands: %s (spillway --help)\n", word.c_str(),
+                   closest.empty() ? "" : (" (did you mean '" + closest + "'?)").c_str(), all.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -66,7 +66,12 @@ StatusOr<json> Call(const Target& t, const std::string& method, const std::strin
   if (const char* key = std::getenv("SPILLWAY_API_KEY"); key && *key) headers.emplace_back("Authorization", std::string("Bearer ") + key);
   auto r = http::Fetch(ep->host, ep->port, method, path, "", headers, std::chrono::seconds(10));
   if (!r.ok()) {
-    return Status::Unavailable("no gateway answers at " + ep->host + ":" + std::to_string(ep->port) + ": " + r.status().message());
+    // (One started on another address, or on port 0, is not found here by itself.)
+    const std::string hint = t.url.empty() ? " (is it running? one on another address: --url http://HOST:PORT, or "
+                                             "--config with its spillway.toml)"
+                                           : " (is it running?)";
+    return Status::Unavailable("no gateway answers at " + ep->host + ":" + std::to_string(ep->port) + ": " +
+                               r.status().message() + hint);
   }
   json body = json::parse(r->body, nullptr, false);
   if (r->status >= 300) {

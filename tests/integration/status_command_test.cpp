@@ -62,6 +62,11 @@ TEST(StatusCommandTest, TablesJsonWatchAndCancellingARequest) {
   r = Spillway(key, "status --url http://127.0.0.1:1");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("no gateway answers at 127.0.0.1:1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("is it running?"), std::string::npos) << r.out;
+  // A command's typo says so, and the closest command (it said "A subcommand is required").
+  r = Spillway("", "statsu");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("no command 'statsu' (did you mean 'status'?)"), std::string::npos) << r.out;
 
   r = Spillway(key, "status --json " + url);
   ASSERT_EQ(r.code, 0) << r.out;
