@@ -457,6 +457,29 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
       ex->End();
     };
   }
+  // A streamed continuation that holds max_tokens tokens already (its new
+  // placement's cap, a CPU path's, at or below what was delivered) is at its
+  // length: it ends so ("length"; its usage, the delivered tokens), as a run
+  // under that cap would have, with nothing new to generate. The engine
+  // refused it, and the client's stream ended as failed after its answer.
+  if (gen.stream && !job->resume_tokens.empty() &&
+      static_cast<int64_t>(job->resume_tokens.size()) >= int64_t{job->max_tokens}) {
+    auto reply = std::make_shared<StreamReply>(header, prompt->chat);
+    JobResult r;
+    r.finish_reason = "length";
+    r.prompt_tokens = static_cast<int>(job->prompt.size());
+    r.completion_tokens = static_cast<int>(job->resume_tokens.size());
+    auto head = http::MakeResponse(200, "", "text/event-stream", v);
+    head.set(bhttp::field::cache_control, "no-cache");
+    head.set("X-Request-Id", id);
+    if (dropped >= 0) head.set(std::string(protocol::kDroppedMessagesHeader), std::to_string(dropped));
+    ex->StartStream(std::move(head));
+    const api::Usage usage{r.prompt_tokens, r.completion_tokens};
+    ex->Write(reply->Finish(r.finish_reason, finish_meta(r), gen.include_usage ? &usage : nullptr));
+    ex->Write(api::kSseDone);
+    ex->End();
+    return;
+  }
   auto cancel = CancelUnlessAnswered(&engine_, *job);
   std::unique_lock<std::mutex> header_lock(*gate);
   Status st = engine_.Submit(job);

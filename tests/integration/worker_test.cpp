@@ -446,6 +446,20 @@ TEST_F(WorkerTest, AChatStreamContinuesWhereItsDeliveredDeltasEnd) {
   resume["spillway_resume"]["text_bytes"] = delivered.size() + 1;
   auto bad = Post(*chat_, "/v1/chat/completions", resume, {{"X-Request-Id", "cont-chat"}});
   EXPECT_NE(bad.body.find("not reproducible"), std::string::npos) << bad.body;
+  // Continued where its cap (a CPU path's) is at or below what was delivered:
+  // at its length, it ends so, with nothing new (it was refused, and the
+  // client's stream ended failed after its answer).
+  json capped = resume;
+  capped["spillway_resume"]["text_bytes"] = delivered.size();
+  capped["max_tokens"] = static_cast<int>(cut_ids.size());
+  capped["stream_options"] = {{"include_usage", true}};
+  auto at_length = Post(*chat_, "/v1/chat/completions", capped, {{"X-Request-Id", "cont-chat"}});
+  ASSERT_EQ(at_length.status, 200) << at_length.body;
+  EXPECT_NE(at_length.body.find("\"finish_reason\":\"length\""), std::string::npos) << at_length.body;
+  EXPECT_EQ(ReadStream(at_length.body).content, "") << at_length.body;
+  EXPECT_NE(at_length.body.find("\"completion_tokens\":" + std::to_string(cut_ids.size())), std::string::npos)
+      << at_length.body;
+  EXPECT_EQ(at_length.body.find("error"), std::string::npos) << at_length.body;
 }
 
 constexpr int kEndToken = 2;  // </s> in llama.cpp's SPM vocabulary, which the generated models use
