@@ -476,10 +476,24 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   in->started_ms = clock_.NowMs();
   in->on_accepted = std::move(on_accepted);
   // Accepted requests that have not started their first attempt are bounded.
-  if (waiting_.fetch_add(1) >= config_.max_queue) {
+  // Each other service keeps a share of that bound (max_queue / 2n of n
+  // services) that this one's requests cannot take: a flood of one busy
+  // service filled the queue every service shares, and every other
+  // service's requests, idle ones too, got 503.
+  int kept = 0;
+  if (waiting_by_service_.size() > 1) {
+    const int share = std::max(1, config_.max_queue / (2 * static_cast<int>(waiting_by_service_.size())));
+    for (const auto& [name, n] : waiting_by_service_) {
+      if (name != svc->name) kept += std::max(0, share - n->load());
+    }
+  }
+  if (waiting_.fetch_add(1) + kept >= config_.max_queue) {
     --waiting_;
-    return ex->Respond(ErrorResponse(Status::ResourceExhausted("the gateway queue is full (" +
-                                                               std::to_string(config_.max_queue) + " requests waiting)")
+    return ex->Respond(ErrorResponse(Status::ResourceExhausted(
+                                         "the gateway queue is full (" + std::to_string(config_.max_queue) +
+                                         " requests waiting" +
+                                         (kept ? ", " + std::to_string(kept) + " places of them kept for other services" : "") +
+                                         ")")
                                          .WithRetryAfter(2),
                                      v, in->rec.id));
   }

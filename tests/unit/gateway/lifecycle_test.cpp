@@ -2150,6 +2150,37 @@ TEST_F(RecoveredLateTest, ARecoveredRequestPastItsDeadlineEndsWithoutRunning) {
   EXPECT_EQ(primary_.calls() + fallback_.calls(), 0u);
 }
 
+// One busy service cannot fill the queue every service shares: each other
+// service keeps a share of max_queue (max_queue / 2n) (a flood of one
+// service's waiting requests had every other service's requests refused).
+class SharedQueueLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    config_text_ = "max_queue = 4\n" + std::string(kConfig) +
+                   "[[service]]\nname = \"other\"\nmodel = \"/nonexistent/other.gguf\"\n"
+                   "[[service.placement]]\ndevice = \"cpu\"\nctx = 256\nslots = 1\n";
+    workers_.SetReady("other.0", fallback_.server.port());
+    LifecycleTest::SetUp();
+  }
+};
+
+TEST_F(SharedQueueLifecycleTest, ABusyServiceLeavesTheOthersTheirShareOfTheQueue) {
+  EveryWorkerStarting();  // chat's requests wait
+  std::vector<std::shared_ptr<RecordingExchange>> waiting;
+  for (int i = 0; i < 3; ++i) waiting.push_back(Complete("r-wait-" + std::to_string(i)));
+  ASSERT_TRUE(Eventually([&] { return StatusNow()["queue"].value("waiting", 0) == 3; })) << StatusNow()["queue"];
+  auto fourth = Complete("r-wait-3");
+  ASSERT_TRUE(fourth->Wait());
+  EXPECT_EQ(fourth->status(), 503u) << fourth->body();
+  EXPECT_NE(fourth->body().find("kept for other services"), std::string::npos) << fourth->body();
+  auto other = Send("/v1/completions", json{{"model", "other"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump(), "POST",
+                    {{"X-Request-Id", "r-other"}});
+  ASSERT_TRUE(other->Wait());
+  EXPECT_EQ(other->status(), 200u) << "refused by another service's flood: " << other->body();
+  EveryWorkerReadyAgain();
+  for (auto& w : waiting) EXPECT_TRUE(w->Wait());
+}
+
 // Requests recovered after a restart wait for their workers like any other:
 // they count against max_queue (new clients got the whole bound on top of
 // the recovered backlog).
