@@ -518,6 +518,12 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
               rec_.stream ? "sent nothing for " + seconds(spec.silence) + " (the gateway's bound on a stream's silence)"
                           : "gave no answer within " + seconds(g_.attempt_bounds_.answer) +
                                 " (the gateway's bound on a request without X-Request-Timeout)";
+          // A stream the client has tokens of (a continuation replaying many
+          // on a slow placement) ends resumable, with its checkpoint, as any
+          // cut stream that goes no further: it ended failed, with none.
+          if (reply_.events_started() && !progress_.tokens().empty() && !progress_.tool_calls_delivered()) {
+            co_return co_await EndResumable("the worker " + bound);
+          }
           co_return co_await Fail(State::kFailed, Status::DeadlineExceeded("the worker " + bound + ": " + r.why));
         }
         if (r.unreachable) g_.supervisor_.Suspect(key);

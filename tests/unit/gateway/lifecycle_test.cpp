@@ -505,6 +505,23 @@ TEST_F(SilenceBoundLifecycleTest, ABoundedStreamSilentPastTheGatewaysBoundEndsTh
   EndedAtTheBound(ex, "r-silent", "sent nothing for 300 ms (the gateway's bound on a stream's silence)");
 }
 
+// A stream the client has tokens of, silent past the bound where it goes on
+// (a continuation replaying many tokens on a slow CPU), ends resumable with
+// its checkpoint, as a cut stream that goes no further does: it ended
+// failed, with none.
+TEST_F(SilenceBoundLifecycleTest, AContinuationSilentPastTheBoundEndsResumable) {
+  primary_.behaviour = CutStream({{"a", 11}, {"b", 12}});
+  fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));  // and nothing more: replaying
+    fallback_.Hold(req, std::move(ex));
+  };
+  auto ex = Complete("r-slow-replay", true, {{"X-Request-Timeout", "60"}});
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_NE(ex->body().find("checkpoint"), std::string::npos) << ex->body();
+  EXPECT_NE(ex->body().find("the gateway's bound on a stream's silence"), std::string::npos) << ex->body();
+  EXPECT_EQ(Journaled("r-slow-replay").state, journal::State::kFailedResumable);
+}
+
 class OneSyncLifecycleTest : public LifecycleTest {
  protected:
   void SetUp() override {
