@@ -2707,13 +2707,17 @@ TEST_F(TwoKeysLifecycleTest, AnotherClientsProbeAndFailureWordsAreNotShown) {
   ASSERT_TRUE(probe->Wait());
 
   primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
-    Refuse(ex, Status::InvalidArgument("the prompt 'my secret plan' is not allowed"));
+    // (A server's failure, on both: a client's own mistake, a 4xx, is no incident.)
+    Refuse(ex, Status::Internal("the prompt 'my secret plan' broke the template"));
   };
+  fallback_.behaviour = primary_.behaviour;
   auto failed = Complete("r-fail-a", false, Key('a'));
   ASSERT_TRUE(failed->Wait());
-  ASSERT_EQ(failed->status(), 400u) << failed->body();
-  ASSERT_TRUE(Eventually([&] { return StatusOf('a')["incidents"].dump().find("my secret plan") != std::string::npos; }))
-      << StatusOf('a')["incidents"].dump();
+  ASSERT_GE(failed->status(), 500u) << failed->body();
+  ASSERT_TRUE(Eventually([&] {
+    const std::string mine = StatusOf('a')["incidents"].dump();
+    return mine.find("my secret plan") != std::string::npos && mine.find("\"failed\"") != std::string::npos;
+  })) << StatusOf('a')["incidents"].dump();
   const json others = StatusOf('b')["incidents"];
   EXPECT_EQ(others.dump().find("my secret plan"), std::string::npos) << others.dump();
   EXPECT_EQ(others.dump().find("r-fail-a"), std::string::npos) << others.dump();
