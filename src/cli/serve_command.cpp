@@ -259,17 +259,23 @@ int Serve(const ServeArgs& a) {
     const int64_t now = clock.NowMs();
     for (auto it = admitted_starts->begin(); it != admitted_starts->end();) {
       // Spawned since (it is in the snapshot while it starts, and holds its
-      // memory once ready), released, or not spawned after all: not counted again.
-      if (now - it->second > 1000 || not_waiting.count(it->first)) {
+      // memory once ready), released, or not spawned after all: not counted
+      // again. (Not after 1 s: a later gate call of the same round may wait
+      // seconds for a victim's release, and the round spawns after its last
+      // gate call; starts admitted before it were dropped, and admitted again
+      // on the memory they were about to take.)
+      if (now - it->second > gateway::Gateway::kGrantedSpawnMs || not_waiting.count(it->first)) {
         it = admitted_starts->erase(it);
       } else {
         if (it->first != key) starting.insert(it->first);
         ++it;
       }
     }
+    uint64_t need = 0;  // what it is let start with (calibrated)
     if (const auto* e = gateway::ExternalOfKey(cfg, key)) {
       // An external server: its resident memory (measured, else declared) must fit its device.
       if (Status room = gw.RoomFor(key, gw.ExternalResidentBytes(*e), starting); !room.ok()) return room;
+      need = gw.ExternalResidentBytes(*e);
     } else {
       auto a = gateway::AdmitPlacement(&calibration, cfg, key, starting);
       // An exclusive device (one service at a time) unloads the others even when there would be room, and
@@ -284,8 +290,9 @@ int Serve(const ServeArgs& a) {
         if (!a.admitted) a = gateway::AdmitPlacement(&calibration, cfg, key, starting);  // room there now: judged again
       }
       if (!a.admitted) return Status::ResourceExhausted(a.reason);
+      need = a.predicted_bytes;
     }
-    gw.RoomGranted(key);
+    gw.RoomGranted(key, need);
     (*admitted_starts)[key] = now;  // the gate runs on the supervisor's thread only
     return Status::Ok();
   });

@@ -127,12 +127,19 @@ class Gateway {
   // device the loads wait their turn, first come first served (Unavailable:
   // asked again next round). Supervisor thread.
   Status RoomFor(const std::string& key, uint64_t need_bytes, const std::set<std::string>& starting = {});
-  // The gate let `key` start: no longer held back for want of room.
-  void RoomGranted(const std::string& key);
+  // The gate let `key` start, expecting it to hold `bytes` (its calibrated
+  // prediction; 0: not known): no longer held back for want of room, and
+  // counted as loading on its device from now, before its process exists
+  // (LoadingBytesOn), at those bytes (ExpectedBytes).
+  void RoomGranted(const std::string& key, uint64_t bytes = 0);
+  // How long a start the gate let through counts as about to load before its
+  // process is seen (the round that spawns it may wait out other gate calls).
+  static constexpr int64_t kGrantedSpawnMs = 10'000;
   // What an external server holds on its device: measured once seen, else declared.
   uint64_t ExternalResidentBytes(const config::ExternalConfig& e) const;
   // What the worker or external server under `key` is expected to hold on
-  // its device once loaded (its admission's prediction; an external
+  // its device once loaded (what the gate last let it start with,
+  // calibrated; else its admission's prediction at start; an external
   // server's measured or declared resident bytes).
   uint64_t ExpectedBytes(const std::string& key) const;
   // The gateway's own bounds on an attempt (defaults: an hour; 600 s of a
@@ -417,6 +424,11 @@ class Gateway {
   mutable std::mutex residency_mu_;
   std::set<std::string> evicting_;      // keys chosen to give room: unloaded once idle
   std::set<std::string> room_refused_;  // keys whose start found no room (and no one to evict)
+  struct Granted {
+    uint64_t bytes = 0;
+    int64_t at_ms = 0;
+  };
+  std::map<std::string, Granted> granted_;  // what the gate last let each key start with (RoomGranted)
   // Keys waiting for their turn on an exclusive device: the device, since when.
   std::map<std::string, std::pair<std::string, int64_t>> exclusive_waits_;
   std::map<std::string, std::deque<int64_t>> request_times_;  // by service, the last 10 minutes

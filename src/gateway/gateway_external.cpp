@@ -582,10 +582,30 @@ uint64_t Gateway::LoadingBytesOn(const std::string& device, const devices::Devic
     return e ? e->device : "";
   };
   uint64_t bytes = 0;
+  std::set<std::string> loading;
   for (const auto& w : workers) {
     if (w.state != upstream::WorkerState::kStarting || w.pid <= 0 || device_of(w.key) != device) continue;
+    loading.insert(w.key);
     const uint64_t expected = ExpectedBytes(w.key), held = reading.BytesOfGroup(w.pid);
     if (expected > held) bytes += expected - held;
+  }
+  // And the starts the gate let through whose process is not there yet (a
+  // supervisor round spawns after its last gate call, which may wait seconds
+  // for another's release): they hold nothing yet and will take it all. A
+  // request's room check counted on that memory.
+  std::vector<std::string> granted;
+  {
+    std::lock_guard<std::mutex> lk(residency_mu_);
+    const int64_t now = clock_.NowMs();
+    for (const auto& [key, g] : granted_) {
+      if (now - g.at_ms <= kGrantedSpawnMs) granted.push_back(key);
+    }
+  }
+  for (const auto& key : granted) {
+    if (loading.count(key) || device_of(key) != device) continue;
+    bool spawned = false;
+    for (const auto& w : workers) spawned |= w.key == key && (w.pid > 0 || w.state == upstream::WorkerState::kReady);
+    if (!spawned) bytes += ExpectedBytes(key);
   }
   return bytes;
 }

@@ -161,7 +161,15 @@ void Gateway::NoteResidency(const std::string& kind, const std::string& service,
 uint64_t Gateway::ExpectedBytes(const std::string& key) const {
   const config::ServiceConfig* s = nullptr;
   size_t k = 0;
-  if (FindPlacement(config_, key, &s, &k)) return board_.placement(s->name, k).admission.predicted_bytes;
+  if (FindPlacement(config_, key, &s, &k)) {
+    // The calibrated need the gate let it start with (what workers really
+    // allocated), not the start-up prediction, which never changes.
+    {
+      std::lock_guard<std::mutex> lk(residency_mu_);
+      if (auto g = granted_.find(key); g != granted_.end() && g->second.bytes > 0) return g->second.bytes;
+    }
+    return board_.placement(s->name, k).admission.predicted_bytes;
+  }
   if (const auto* e = ExternalOfKey(config_, key)) return ExternalResidentBytes(*e);
   return 0;
 }
@@ -342,10 +350,11 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
   return Status::ResourceExhausted("making room on " + device + ": " + plan.reason);
 }
 
-void Gateway::RoomGranted(const std::string& key) {
+void Gateway::RoomGranted(const std::string& key, uint64_t bytes) {
   std::lock_guard<std::mutex> lk(residency_mu_);
   room_refused_.erase(key);
   exclusive_waits_.erase(key);
+  granted_[key] = {bytes, clock_.NowMs()};
 }
 
 bool Gateway::Evicting(const std::string& key) {
