@@ -249,12 +249,14 @@ int Serve(const ServeArgs& a) {
   // Workers started but not loaded yet show no memory on their device: each
   // start counts them (and the starts admitted moments ago, not spawned yet),
   // so that two restarts at once cannot over-commit a device.
-  auto admitted_starts = std::make_shared<std::map<std::string, int64_t>>();
+  auto admitted_starts = std::make_shared<std::map<std::string, std::pair<int64_t, int>>>();  // (when, spawns then)
   supervisor.SetStartGate([&cfg, &supervisor, &clock, &calibration, &gw, admitted_starts](const std::string& key) -> Status {
     std::set<std::string> starting, not_waiting;
+    std::map<std::string, int> spawns;
     for (const auto& w : supervisor.Snapshot()) {
       if (w.state == upstream::WorkerState::kStarting && w.key != key) starting.insert(w.key);
       if (w.state != upstream::WorkerState::kBackoff) not_waiting.insert(w.key);
+      spawns[w.key] = w.starts;
     }
     const int64_t now = clock.NowMs();
     for (auto it = admitted_starts->begin(); it != admitted_starts->end();) {
@@ -264,7 +266,8 @@ int Serve(const ServeArgs& a) {
       // seconds for a victim's release, and the round spawns after its last
       // gate call; starts admitted before it were dropped, and admitted again
       // on the memory they were about to take.)
-      if (now - it->second > gateway::Gateway::kGrantedSpawnMs || not_waiting.count(it->first)) {
+      if (now - it->second.first > gateway::Gateway::kGrantedSpawnMs || not_waiting.count(it->first) ||
+          spawns[it->first] > it->second.second) {  // (spawned and gone already: a start that failed)
         it = admitted_starts->erase(it);
       } else {
         if (it->first != key) starting.insert(it->first);
@@ -293,7 +296,7 @@ int Serve(const ServeArgs& a) {
       need = a.predicted_bytes;
     }
     gw.RoomGranted(key, need);
-    (*admitted_starts)[key] = now;  // the gate runs on the supervisor's thread only
+    (*admitted_starts)[key] = {now, spawns[key]};  // the gate runs on the supervisor's thread only
     return Status::Ok();
   });
   // io_threads event loops, one thread each (concurrency hint 1: no

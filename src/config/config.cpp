@@ -899,8 +899,11 @@ Status Validate(const GatewayConfig& c, bool model_files) {
                                      " (serve --keep-going starts without it)");
     }
     for (const auto& p : s.placements) {
-      if (!model_files || p.model.empty() || p.model == s.model) continue;
-      if (!std::filesystem::is_regular_file(p.model, ec)) {
+      if (p.model.empty() || p.model == s.model) continue;
+      if (!std::filesystem::is_regular_file(p.model, ec) || !std::filesystem::is_regular_file(s.model, ec)) {
+        // (--keep-going: a missing file is a placement that cannot work; its
+        // fingerprint is checked once it is there.)
+        if (!model_files) continue;
         return Status::InvalidArgument(c.source + ": service '" + s.name + "': placement model " + p.model +
                                        missing(p.model) + " (serve --keep-going starts without it)");
       }

@@ -482,7 +482,8 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   // service's requests, idle ones too, got 503.
   int kept = 0;
   if (waiting_by_service_.size() > 1) {
-    const int share = std::max(1, config_.max_queue / (2 * static_cast<int>(waiting_by_service_.size())));
+    // (No floor: a max_queue under 2n keeps nothing, and never all of itself.)
+    const int share = config_.max_queue / (2 * static_cast<int>(waiting_by_service_.size()));
     for (const auto& [name, n] : waiting_by_service_) {
       if (name != svc->name) kept += std::max(0, share - n->load());
     }

@@ -427,6 +427,7 @@ class Gateway {
   struct Granted {
     uint64_t bytes = 0;
     int64_t at_ms = 0;
+    int starts = 0;  // its worker's spawns then: one more is the spawn it was let through for
   };
   std::map<std::string, Granted> granted_;  // what the gate last let each key start with (RoomGranted)
   // Keys waiting for their turn on an exclusive device: the device, since when.

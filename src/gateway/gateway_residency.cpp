@@ -351,10 +351,14 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
 }
 
 void Gateway::RoomGranted(const std::string& key, uint64_t bytes) {
+  int starts = 0;
+  for (const auto& w : supervisor_.Snapshot()) {
+    if (w.key == key) starts = w.starts;
+  }
   std::lock_guard<std::mutex> lk(residency_mu_);
   room_refused_.erase(key);
   exclusive_waits_.erase(key);
-  granted_[key] = {bytes, clock_.NowMs()};
+  granted_[key] = {bytes, clock_.NowMs(), starts};
 }
 
 bool Gateway::Evicting(const std::string& key) {

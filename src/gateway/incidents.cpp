@@ -225,9 +225,11 @@ std::vector<Incident> RequestIncidents::Observe(const journal::Transition& t, in
         i.reason = t.error.empty() || t.error == "request cancelled" ? "cancelled" : "cancelled: " + Short(t.error, 200);
         out.push_back(i);
       } else if ((t.state == journal::State::kFailed || t.state == journal::State::kFailedResumable) &&
-                 !(t.status >= 400 && t.status < 500 && t.status != 408 && t.status != 429)) {
-        // (A client's own mistake, a 4xx a worker answered, is no incident:
-        // a buggy client pushed real failovers and crashes off the list.)
+                 t.status != 400 && t.status != 413 && t.status != 422) {
+        // (A client's own mistake, a request a worker found invalid, too
+        // large or unprocessable, is no incident: a buggy client pushed real
+        // failovers and crashes off the list. A 403 or 404 may be the
+        // gateway's own trouble, a secret or a service gone: kept.)
         i.kind = "failed";
         i.others_reason = journal::StateName(t.state);
         i.reason = i.others_reason + ": " + Short(t.error, 240);

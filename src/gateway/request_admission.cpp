@@ -229,6 +229,10 @@ int64_t RequestAdmission::WaitedSinceUp() {
   // stands still refuses them. Each was refused 60 s after it came, the
   // line moving or not: embeddings behind a long line of them, all served
   // in turn, got 503 at a minute.
+  // A cut stream that goes on only with its model waits from when it began
+  // to: the line moving (for the placements of another model) is not its
+  // turn coming, and a lost primary kept it waiting for good.
+  if (!live_.only_model.empty()) return now - t0_;
   if (up_since_ != 0) return now - std::max(up_since_, signal_.last_admitted_ms());
   // (None up yet: the start timeout bounds it, StartTrouble; this is a last bound.)
   return now - t0_ > kQueueWaitMs + g_.StartWaitMs(svc_) ? now - t0_ : 0;

@@ -290,7 +290,7 @@ Status Engine::Submit(std::shared_ptr<Job> job) {
       if (static_cast<int32_t>(in.size()) > limit) {
         return Status::InvalidArgument("input of " + std::to_string(in.size()) + " tokens exceeds " +
                                        (by_training ? "the model's trained context of " : "the context of ") +
-                                       std::to_string(limit) + " tokens")
+                                       std::to_string(limit) + " tokens (\"truncate\": true cuts an input to fit)")
             .WithReason(kContextLengthExceeded);
       }
     }

@@ -465,6 +465,7 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
   if (gen.stream && !job->resume_tokens.empty() &&
       static_cast<int64_t>(job->resume_tokens.size()) >= int64_t{job->max_tokens}) {
     auto reply = std::make_shared<StreamReply>(header, prompt->chat);
+    (void)reply->Replayed("", 0);  // the message began with what was delivered: no role again
     JobResult r;
     r.finish_reason = "length";
     r.prompt_tokens = static_cast<int>(job->prompt.size());

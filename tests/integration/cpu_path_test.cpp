@@ -226,7 +226,9 @@ TEST_F(CpuPathTest, AReplicaBeyondTheRamBudgetIsNotLoadedAndRequestsGetAClear503
   auto r = Post(Long(10), "over-budget");
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));  // told at once, not left waiting
   EXPECT_EQ(r.status, 503) << r.body;
-  EXPECT_FALSE(r.Header("retry-after").empty());
+  // Until a restart with a larger budget: clients are told not to retry it.
+  EXPECT_EQ(r.Header("x-should-retry"), "false") << r.body;
+  EXPECT_TRUE(r.Header("retry-after").empty());
   EXPECT_EQ(State("over-budget"), "failed");
 }
 

@@ -460,6 +460,7 @@ TEST_F(WorkerTest, AChatStreamContinuesWhereItsDeliveredDeltasEnd) {
   EXPECT_NE(at_length.body.find("\"completion_tokens\":" + std::to_string(cut_ids.size())), std::string::npos)
       << at_length.body;
   EXPECT_EQ(at_length.body.find("error"), std::string::npos) << at_length.body;
+  EXPECT_EQ(at_length.body.find("\"role\""), std::string::npos) << "the message began before: " << at_length.body;
 }
 
 constexpr int kEndToken = 2;  // </s> in llama.cpp's SPM vocabulary, which the generated models use
@@ -1037,6 +1038,7 @@ TEST(WorkerEmbeddingTest, PooledAsTheModelSaysWithinItsTrainedContext) {
   r = Post(w, "/v1/embeddings", {{"input", too_long}});
   EXPECT_EQ(r.status, 400) << r.body.substr(0, 300);
   EXPECT_NE(r.body.find("trained context of 256 tokens"), std::string::npos) << r.body.substr(0, 300);
+  EXPECT_NE(r.body.find("truncate"), std::string::npos) << "what to do about it: " << r.body.substr(0, 300);
   r = Post(w, "/v1/embeddings", {{"input", fits}});
   EXPECT_EQ(r.status, 200) << r.body.substr(0, 300);
   // Asked to ("truncate", Ollama's default), the long one is cut to the

@@ -2196,6 +2196,13 @@ TEST_F(SharedQueueLifecycleTest, ABusyServiceLeavesTheOthersTheirShareOfTheQueue
   EXPECT_EQ(other->status(), 200u) << "refused by another service's flood: " << other->body();
   EveryWorkerReadyAgain();
   for (auto& w : waiting) EXPECT_TRUE(w->Wait());
+  // A max_queue under 2n keeps nothing for the others (it kept all of
+  // itself: every request of every service got 503).
+  config_.max_queue = 1;  // read per request
+  auto alone = Send("/v1/completions", json{{"model", "other"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump(), "POST",
+                    {{"X-Request-Id", "r-alone"}});
+  ASSERT_TRUE(alone->Wait());
+  EXPECT_EQ(alone->status(), 200u) << alone->body();
 }
 
 // Requests recovered after a restart wait for their workers like any other:
