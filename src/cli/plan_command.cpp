@@ -10,6 +10,7 @@
 #include "cli/plan_fit.h"
 #include "cli/serve_config.h"
 #include "common/names.h"
+#include "gateway/startup_check.h"
 #include "memory/exact_plan.h"
 #include "memory/estimator.h"
 #include "models/ollama_store.h"
@@ -106,6 +107,19 @@ int Plan(PlanArgs a) {
     out["planned_by"] = "llama.cpp's dry run: the metadata cannot size it (" + fit->exact_reason + ")";
     a.exact = false;
   }
+  // A shape serve refuses at start (an embedding model's ctx not a multiple
+  // of its slots): planned as FITS, exit 0, it was no plan at all.
+  std::string shape_problem;
+  {
+    config::ServiceConfig svc;
+    svc.model = a.model;
+    config::PlacementConfig p;
+    p.ctx = static_cast<int>(a.ctx);
+    p.slots = static_cast<int>(a.slots);
+    svc.placements = {p};
+    shape_problem = gateway::PlacementShapeProblem(svc, 0);
+  }
+  if (!shape_problem.empty()) out["shape_problem"] = shape_problem;
   if (fit->capacity) {
     out["device_capacity"] = *fit->capacity;
     out["device_free"] = *fit->free;
@@ -134,7 +148,7 @@ int Plan(PlanArgs a) {
   }
   if (a.json_out) {
     std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());  // (a path in any bytes)
-    return 0;
+    return shape_problem.empty() ? 0 : 1;
   }
   std::printf("%s (%s, %d layers) on %s, %d GPU layers (%d repeating + output %s), ctx %u, %u slots, KV %s\n",
               shown.c_str(), shape.architecture.c_str(), L, a.device.c_str(), layers, est.layers_on_accelerator,
@@ -156,6 +170,10 @@ int Plan(PlanArgs a) {
     row("host", host);
   }
   for (const auto& line : FitVerdict(query, *fit)) std::printf("%s\n", line.c_str());
+  if (!shape_problem.empty()) {
+    std::printf("this shape cannot work: %s (spillway serve refuses it)\n", shape_problem.c_str());
+    return 1;
+  }
   return 0;
 }
 
@@ -166,7 +184,8 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "plan",
       "Memory plan for a model on a device: bytes per component and device, whether it fits with headroom, the "
-      "largest context and layer split that fit. With --config: whether a whole config's services fit together on "
+      "largest context and layer split that fit (exit 1: a shape serve refuses, such as an embedding model's ctx "
+      "that is not a multiple of its slots). With --config: whether a whole config's services fit together on "
       "each accelerator, which combinations fit, and what would be evicted first (exit 0: all fit together, 1: "
       "only by switching, 2: the pinned ones do not fit or the config is invalid, 3: a device's memory is unknown)");
   auto* model = cmd->add_option("--model", a->model, "GGUF file, or ollama:NAME[:TAG] from Ollama's store "

@@ -78,6 +78,19 @@ class PlanConfigTest : public ::testing::Test {
   std::string dir_;
 };
 
+// One model's plan refuses what serve refuses at start: an embedding
+// model's ctx that is not a multiple of its slots (it said FITS, exit 0).
+TEST_F(PlanConfigTest, OneModelsPlanSaysAShapeServeRefusesCannotWork) {
+  int rc = -1;
+  std::string out = Spillway("plan --model " + ModelPath("tiny-embed") + " --device cpu --ctx 1000 --slots 3", &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("this shape cannot work: an embedding model needs ctx (1000) to be a multiple of slots (3)"),
+            std::string::npos) << out;
+  out = Spillway("plan --model " + ModelPath("tiny-embed") + " --device cpu --ctx 1020 --slots 3", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out.find("cannot work"), std::string::npos) << out;
+}
+
 TEST_F(PlanConfigTest, EverythingFitsOnABigDeviceAndSwitchingOnASmallOne) {
   int rc = -1;
   std::string out = Spillway("sim create sim:0 --capacity-mib 4096", &rc);
