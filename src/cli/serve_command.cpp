@@ -295,7 +295,7 @@ int Serve(const ServeArgs& a) {
       if (!a.admitted) return Status::ResourceExhausted(a.reason);
       need = a.predicted_bytes;
     }
-    gw.RoomGranted(key, need);
+    gw.RoomGranted(key, need, spawns[key]);
     (*admitted_starts)[key] = {now, spawns[key]};  // the gate runs on the supervisor's thread only
     return Status::Ok();
   });

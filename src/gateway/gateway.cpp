@@ -304,13 +304,13 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
                          : path == "/v1/completions"    ? "completion"
                          : path == "/v1/embeddings"     ? "embedding"
                                                         : nullptr;
-  if (endpoint) {
-    if (method != bhttp::verb::post) return ex->Respond(MethodNotAllowed(req.method_string(), path, "POST", false, v));
+  // (Asked with another method, a route falls through to its 405: AllowedMethods.)
+  if (endpoint && method == bhttp::verb::post) {
     if (auto fields = ExternalFieldsFor(req)) return HandleExternal(req, std::move(ex), path, std::move(fields));
     return HandleGeneration(req, std::move(ex), endpoint);
   }
   for (const auto& route : config::ExternalRoutes()) {
-    if (path == route) return HandleExternal(req, std::move(ex), path);
+    if (path == route && method == bhttp::verb::post) return HandleExternal(req, std::move(ex), path);
   }
   if (const char* allow = AllowedMethods(path)) return ex->Respond(MethodNotAllowed(req.method_string(), path, allow, false, v));
   ex->Respond(ErrorResponse(Status::NotFound("no route for " + std::string(req.method_string()) + " " + path), v));

@@ -131,7 +131,9 @@ class Gateway {
   // prediction; 0: not known): no longer held back for want of room, and
   // counted as loading on its device from now, before its process exists
   // (LoadingBytesOn), at those bytes (ExpectedBytes).
-  void RoomGranted(const std::string& key, uint64_t bytes = 0);
+  // `starts`: its worker's spawns so far, in the gate's snapshot (one more is
+  // the spawn it was let through for).
+  void RoomGranted(const std::string& key, uint64_t bytes, int starts);
   // How long a start the gate let through counts as about to load before its
   // process is seen (the round that spawns it may wait out other gate calls).
   static constexpr int64_t kGrantedSpawnMs = 10'000;
@@ -248,7 +250,8 @@ class Gateway {
   // refusal says why.
   Status Intake(const http::Request& req, const std::string& peer, Incoming& in);
   // External services (gateway_external.cpp): a request to one of
-  // config::ExternalRoutes() for them, proxied with its body untouched.
+  // config::ExternalRoutes() for them (a POST: Handle sends other methods
+  // to their 405), proxied with its body untouched.
   // `fields`: the body's model and stream when already read (ExternalFieldsFor).
   void HandleExternal(http::Request& req, std::shared_ptr<http::Exchange> ex, const std::string& path,
                       std::optional<RequestedFields> fields = std::nullopt);

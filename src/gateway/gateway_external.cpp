@@ -173,7 +173,6 @@ void Gateway::HandleExternal(http::Request& req, std::shared_ptr<http::Exchange>
                              std::optional<RequestedFields> fields) {
   const unsigned v = req.version();
   auto fail = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
-  if (req.method() != bhttp::verb::post) return ex->Respond(MethodNotAllowed(req.method_string(), path, "POST", false, v));
   const std::string type(req[bhttp::field::content_type]);
   if (!fields) {
     auto read = ReadRequestedFields(type, req.body(), JsonLimitsOf(config_));
@@ -582,10 +581,8 @@ uint64_t Gateway::LoadingBytesOn(const std::string& device, const devices::Devic
     return e ? e->device : "";
   };
   uint64_t bytes = 0;
-  std::set<std::string> loading;
   for (const auto& w : workers) {
     if (w.state != upstream::WorkerState::kStarting || w.pid <= 0 || device_of(w.key) != device) continue;
-    loading.insert(w.key);
     const uint64_t expected = ExpectedBytes(w.key), held = reading.BytesOfGroup(w.pid);
     if (expected > held) bytes += expected - held;
   }
@@ -602,9 +599,9 @@ uint64_t Gateway::LoadingBytesOn(const std::string& device, const devices::Devic
     }
   }
   for (const auto& [key, starts] : granted) {
-    if (loading.count(key) || device_of(key) != device) continue;
-    // Spawned since (running, or spawned and gone already: a start that
-    // failed takes nothing): not about to load.
+    if (device_of(key) != device) continue;
+    // Spawned since (loading, counted above; running; or spawned and gone
+    // already: a start that failed takes nothing): not about to load.
     bool spawned = false;
     for (const auto& w : workers) {
       spawned |= w.key == key && (w.pid > 0 || w.state == upstream::WorkerState::kReady || w.starts > starts);

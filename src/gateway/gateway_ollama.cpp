@@ -90,11 +90,10 @@ void Gateway::HandleOllama(http::Request& req, std::shared_ptr<http::Exchange> e
   if (path == "/api/ps" && get) return blocking([this, v] { return OllamaResponse(200, OllamaRunning(), v); });
   const bool generation =
       path == "/api/chat" || path == "/api/generate" || path == "/api/embed" || path == "/api/embeddings";
-  if ((generation || path == "/api/show") && method != bhttp::verb::post) {
-    return ex->Respond(MethodNotAllowed(req.method_string(), path, "POST", true, v));
-  }
-  if (generation) return HandleOllamaGeneration(req, std::move(ex), path);
-  if (path == "/api/show") {
+  // (Asked with another method, a route falls through to its 405: AllowedMethods.)
+  const bool post = method == bhttp::verb::post;
+  if (generation && post) return HandleOllamaGeneration(req, std::move(ex), path);
+  if (path == "/api/show" && post) {
     auto body = ParseBody(req);
     if (!body.ok()) return ex->Respond(OllamaErrorResponse(body.status(), v));
     // "name" is the older clients' spelling of "model".

@@ -350,11 +350,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
   return Status::ResourceExhausted("making room on " + device + ": " + plan.reason);
 }
 
-void Gateway::RoomGranted(const std::string& key, uint64_t bytes) {
-  int starts = 0;
-  for (const auto& w : supervisor_.Snapshot()) {
-    if (w.key == key) starts = w.starts;
-  }
+void Gateway::RoomGranted(const std::string& key, uint64_t bytes, int starts) {
   std::lock_guard<std::mutex> lk(residency_mu_);
   room_refused_.erase(key);
   exclusive_waits_.erase(key);

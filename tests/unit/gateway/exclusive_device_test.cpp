@@ -113,7 +113,7 @@ TEST_F(ExclusiveDeviceTest, LoadsWaitForOneInProgressAndTakeTurnsInTheOrderTheyA
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
   EXPECT_NE(st.message().find("a.0 asked first"), std::string::npos) << st.message();
   EXPECT_TRUE(Room("a.0").ok());
-  gateway_->RoomGranted("a.0");
+  gateway_->RoomGranted("a.0", 0, 0);
   // Let through in this round, no process yet: b does not load beside it.
   st = Room("b.0", {"a.0"});
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
