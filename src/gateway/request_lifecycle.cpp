@@ -164,9 +164,9 @@ boost::asio::awaitable<failover::RetryDecision> RequestLifecycle::AfterFailure(c
   if (d.action == Action::kContinueElsewhere) {
     // Continued only with the model that began it (checked once admission
     // has chosen, see Run); placements of other models are avoided.
-    if (stream_model_.empty()) stream_model_ = svc_->ModelOf(target_.index);
-    live_->only_model = stream_model_;
-    for (size_t i = 0; i < excluded_.size(); ++i) excluded_[i] = excluded_[i] || svc_->ModelOf(i) != stream_model_;
+    if (live_->only_model.empty()) live_->only_model = svc_->ModelOf(target_.index);
+    const std::string& model = live_->only_model;
+    for (size_t i = 0; i < excluded_.size(); ++i) excluded_[i] = excluded_[i] || svc_->ModelOf(i) != model;
   }
   if (d.action == Action::kRetryElsewhere || d.action == Action::kContinueElsewhere) {
     const std::string note = why + " (" + d.reason + ")";
@@ -378,7 +378,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     // replayed into another vocabulary, a coincidental byte match). Checked
     // on the placement admission chose (which may fall back to one it
     // avoids, when nothing else can take the request).
-    if (!stream_model_.empty() && svc_->ModelOf(target_.index) != stream_model_) {
+    if (!live_->only_model.empty() && svc_->ModelOf(target_.index) != live_->only_model) {
       co_return co_await EndResumable("no placement of the model that began the stream could continue it");
     }
     live_->queue_slot.reset();  // running now: no longer among the waiting

@@ -117,7 +117,6 @@ class RequestLifecycle {
   failover::StreamProgress progress_;
   AttemptRunner runner_;
   std::vector<bool> excluded_;  // placements that failed this request
-  std::string stream_model_;    // the model file a cut stream began on (continued on it alone)
   int attempts_ = 0;
   double first_estimate_s_ = -1;  // the wait estimate when the request first had to wait
   bool busy_retry_ = false;       // the last send found the worker busy; its attempt stays open
