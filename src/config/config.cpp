@@ -204,6 +204,7 @@ class Reader {
       }
       if (!(v >= lo && v <= hi)) {  // NaN too
         std::ostringstream os;
+        os.precision(15);  // a bound as a config writes it: 4194304, not 4.1943e+06
         os << Where(source_, n->source(), name) << " must be between " << lo << " and " << hi;
         return Status::InvalidArgument(os.str());
       }

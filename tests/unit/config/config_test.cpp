@@ -89,6 +89,8 @@ TEST(ConfigTest, ErrorsNameFileLineAndKey) {
       {"[[service]]\nname=\"a\"\nmodel=\"m\"\n[[service.placement]]\nslots = 0", "'service[0].placement[0].slots' must be between"},
       {"[[service]]\nname=\"a\"\nmodel=\"m\"\nslot = 3", "test.toml:4: 'service[0].slot' is not a known key"},
       {"this is not toml", "test.toml:1:"},
+      // Its bounds as written in a config (4194304, not 4.1943e+06).
+      {"[[service]]\nname=\"a\"\nmodel=\"m\"\n[[service.placement]]\nctx = 5", "must be between 16 and 4194304"},
   };
   for (const auto& c : cases) {
     auto r = ParseConfig(c.text, "test.toml");
