@@ -1172,6 +1172,38 @@ TEST_F(DifferentModelLifecycleTest, AStreamCutOnThePrimaryGoesOnThereOnceItIsBac
   EXPECT_EQ(Journaled("r-cut-primary").state, journal::State::kCompleted);
 }
 
+// ... and for a primary that does not come back (restarting, its start
+// allowed ten minutes) it waits out the start bound (60 s), the fallback's
+// line moving meanwhile, then ends resumable with its checkpoint: neither at
+// once nor for as long as the primary's start could take.
+TEST_F(DifferentModelLifecycleTest, AStreamCutOnAPrimaryThatStaysDownEndsResumableAtTheStartBound) {
+  primary_.behaviour = [this](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(Chunk("a", 11));
+    workers_.SetStarting("chat.0", clock_.NowMs(), 600'000);  // restarting
+    ex->Abort();  // its worker gone mid-stream
+  };
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "small"); };
+  const int64_t t0 = clock_.NowMs();
+  auto ex = Complete("r-cut-gone", true);
+  ASSERT_TRUE(ex->WaitFor("\"a\""));
+  ASSERT_TRUE(Eventually([&] { return Journaled("r-cut-gone").state == journal::State::kQueued || ex->done(); }));
+  // The line moves: every 10 s another request is served by the fallback.
+  for (int i = 0; i < 6; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (its round at this time decided)
+    ASSERT_FALSE(ex->done()) << "ended " << (clock_.NowMs() - t0) / 1000 << " s after its cut: " << ex->body();
+    clock_.Advance(10'000);
+    auto other = Complete("r-other-" + std::to_string(i));
+    ASSERT_TRUE(other->Wait());
+    EXPECT_EQ(other->status(), 200u) << other->body();
+  }
+  ASSERT_TRUE(ex->Wait()) << "still waiting 60 s on: " << ex->body();
+  EXPECT_EQ(primary_.calls(), 1u);
+  EXPECT_EQ(fallback_.calls(), 6u) << "another model's worker was sent a continuation";
+  EXPECT_NE(ex->body().find("\"checkpoint\""), std::string::npos) << ex->body();
+  EXPECT_EQ(Journaled("r-cut-gone").state, journal::State::kFailedResumable);
+}
+
 // What one request may hold, as /api/ps (Ollama's context_length) and the
 // dashboard's limits say it: an embedding model's input takes its worker's
 // whole pool (embeddings run one at a time), within its trained positions,
