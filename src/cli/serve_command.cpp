@@ -244,61 +244,8 @@ int Serve(const ServeArgs& a) {
   }
   for (auto& spec : ExternalSpecs(cfg)) supervisor.Add(std::move(spec));
   gateway::Gateway gw(cfg, **journal, supervisor, clock, admissions);
-  // Restarts are admitted again against fresh telemetry: memory taken by
-  // others meanwhile keeps a worker from restarting into an allocation failure.
-  // Workers started but not loaded yet show no memory on their device: each
-  // start counts them (and the starts admitted moments ago, not spawned yet),
-  // so that two restarts at once cannot over-commit a device.
-  auto admitted_starts = std::make_shared<std::map<std::string, std::pair<int64_t, int>>>();  // (when, spawns then)
-  supervisor.SetStartGate([&cfg, &supervisor, &clock, &calibration, &gw, admitted_starts](const std::string& key) -> Status {
-    std::set<std::string> starting, not_waiting;
-    std::map<std::string, int> spawns;
-    for (const auto& w : supervisor.Snapshot()) {
-      if (w.state == upstream::WorkerState::kStarting && w.key != key) starting.insert(w.key);
-      if (w.state != upstream::WorkerState::kBackoff) not_waiting.insert(w.key);
-      spawns[w.key] = w.starts;
-    }
-    const int64_t now = clock.NowMs();
-    for (auto it = admitted_starts->begin(); it != admitted_starts->end();) {
-      // Spawned since (it is in the snapshot while it starts, and holds its
-      // memory once ready), released, or not spawned after all: not counted
-      // again. (Not after 1 s: a later gate call of the same round may wait
-      // seconds for a victim's release, and the round spawns after its last
-      // gate call; starts admitted before it were dropped, and admitted again
-      // on the memory they were about to take.)
-      if (now - it->second.first > gateway::Gateway::kGrantedSpawnMs || not_waiting.count(it->first) ||
-          spawns[it->first] > it->second.second) {  // (spawned and gone already: a start that failed)
-        it = admitted_starts->erase(it);
-      } else {
-        if (it->first != key) starting.insert(it->first);
-        ++it;
-      }
-    }
-    uint64_t need = 0;  // what it is let start with (calibrated)
-    if (const auto* e = gateway::ExternalOfKey(cfg, key)) {
-      // An external server: its resident memory (measured, else declared) must fit its device.
-      if (Status room = gw.RoomFor(key, gw.ExternalResidentBytes(*e), starting); !room.ok()) return room;
-      need = gw.ExternalResidentBytes(*e);
-    } else {
-      auto a = gateway::AdmitPlacement(&calibration, cfg, key, starting);
-      // An exclusive device (one service at a time) unloads the others even when there would be room, and
-      // whatever the estimate (none: 0 bytes).
-      const bool exclusive = !a.device.empty() && cfg.Device(a.device).exclusive;
-      // The device's own view too (RoomFor): it counts what a resident still
-      // loading will take, external servers included, which AdmitPlacement
-      // (llama placements only) does not see.
-      if (a.predicted_bytes > 0 || exclusive) {
-        // Not enough memory now: maybe another service can give room (residency, priorities).
-        if (Status room = gw.RoomFor(key, a.predicted_bytes, starting); !room.ok()) return room;
-        if (!a.admitted) a = gateway::AdmitPlacement(&calibration, cfg, key, starting);  // room there now: judged again
-      }
-      if (!a.admitted) return Status::ResourceExhausted(a.reason);
-      need = a.predicted_bytes;
-    }
-    gw.RoomGranted(key, need, spawns[key]);
-    (*admitted_starts)[key] = {now, spawns[key]};  // the gate runs on the supervisor's thread only
-    return Status::Ok();
-  });
+  // Every start, restarts included, passes the gateway's start gate (start_gate.cpp).
+  supervisor.SetStartGate([&gw, &calibration](const std::string& key) { return gw.StartGate(key, &calibration); });
   // io_threads event loops, one thread each (concurrency hint 1: no
   // thread hands a loop's work to another). `ioc` also runs the gateway's
   // own timers and signals; client connections go to each in turn. The

@@ -75,6 +75,16 @@ void ExternalLines::EndRoomCheck(const std::string& service, bool took) {
   if (took) ++it->second.room_takers;
 }
 
+bool ExternalLines::BeginDeviceCheck(const std::string& device, const std::string& who) {
+  std::lock_guard<std::mutex> lk(mu_);
+  return checking_devices_.emplace(device, who).second;
+}
+
+void ExternalLines::EndDeviceCheck(const std::string& device, const std::string& who) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto c = checking_devices_.find(device); c != checking_devices_.end() && c->second == who) checking_devices_.erase(c);
+}
+
 std::vector<std::pair<std::string, int>> ExternalLines::RoomTakersOn(const std::string& device) const {
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<std::pair<std::string, int>> out;

@@ -50,6 +50,13 @@ class ExternalLines {
   // Finished(took_room).
   bool BeginRoomCheck(const std::string& service);
   void EndRoomCheck(const std::string& service, bool took);
+  // The same one-at-a-time check of `device`'s memory, by another than a
+  // request (`who`: the start gate, for a load there): while it runs, no
+  // request's check begins there, and it begins only when none runs (false:
+  // try again). A load and a request's peak checked together each counted
+  // on the same free memory.
+  bool BeginDeviceCheck(const std::string& device, const std::string& who);
+  void EndDeviceCheck(const std::string& device, const std::string& who);
   int RoomTakers(const std::string& service) const;
   // The services on `device` with requests sent with room for their peak,
   // and how many each (for the next check on the device).
@@ -108,7 +115,7 @@ class ExternalLines {
   // Idle (`evicted`: waiters or not); mu_ held.
   bool IdleLocked(const std::string& service, int64_t idle_ms, int64_t now_ms, bool evicted) const;
   mutable std::mutex mu_;
-  std::map<std::string, std::string> checking_devices_;  // device -> the service whose request checks its room now
+  std::map<std::string, std::string> checking_devices_;  // device -> who checks its room now (a request's service, or the start gate)
   std::map<std::string, Line> lines_;
 };
 

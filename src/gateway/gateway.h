@@ -117,6 +117,22 @@ class Gateway {
   // A worker became ready: requests waiting for it decide again at once, and
   // its placement's open breaker lets the next one probe it (a new process).
   void WorkerReady(const std::string& key);
+  // The supervisor's start gate (start_gate.cpp): may `key` (a placement's
+  // worker or an external server) start now? Asked of every start, restarts
+  // included, against fresh telemetry, so that memory taken by others
+  // meanwhile keeps a worker from restarting into an allocation failure:
+  // the placement's calibrated prediction (AdmitPlacement, beside the
+  // starts let through moments ago: PendingStarts) and the device's own
+  // view (RoomFor: who gives room). Ok: let through (RoomGranted).
+  // Unavailable: asked again next round; otherwise refused for now.
+  // Supervisor thread.
+  Status StartGate(const std::string& key, PlacementCalibration* calibration);
+  // The starts the gate let through whose spawn has not happened yet: in
+  // `workers` (a supervisor snapshot) still waiting to be spawned, no
+  // process, no spawn tried since. They hold nothing on their device yet
+  // and will take all they need. (A worker loading now is not among them:
+  // its device shows what it has loaded, and RoomFor counts the rest.)
+  std::set<std::string> PendingStarts(const std::vector<upstream::WorkerView>& workers) const;
   // Residency (gateway_residency.cpp). The supervisor's start gate asks
   // before `key` loads onto an accelerator: Ok when `need_bytes` fit there
   // now; otherwise why not, after choosing who gives room (admission/
@@ -131,12 +147,14 @@ class Gateway {
   // prediction; 0: not known): no longer held back for want of room, and
   // counted as loading on its device from now, before its process exists
   // (LoadingBytesOn), at those bytes (ExpectedBytes).
-  // `starts`: its worker's spawns so far, in the gate's snapshot (one more is
-  // the spawn it was let through for).
-  void RoomGranted(const std::string& key, uint64_t bytes, int starts);
-  // How long a start the gate let through counts as about to load before its
-  // process is seen (the round that spawns it may wait out other gate calls).
-  static constexpr int64_t kGrantedSpawnMs = 10'000;
+  // `attempts`: its worker's spawn attempts so far, in the gate's snapshot
+  // (one more is the spawn it was let through for).
+  void RoomGranted(const std::string& key, uint64_t bytes, int attempts);
+  // The longest a start the gate let through counts as about to load
+  // without its spawn being seen (a safety net: a round spawns what its
+  // gate let through once its last gate call returns, and one gate call
+  // may wait seconds for a victim's release, or minutes for a dry run).
+  static constexpr int64_t kGrantedSpawnMs = 300'000;
   // What an external server holds on its device: measured once seen, else declared.
   uint64_t ExternalResidentBytes(const config::ExternalConfig& e) const;
   // What the worker or external server under `key` is expected to hold on
@@ -430,7 +448,7 @@ class Gateway {
   struct Granted {
     uint64_t bytes = 0;
     int64_t at_ms = 0;
-    int starts = 0;  // its worker's spawns then: one more is the spawn it was let through for
+    int attempts = 0;  // its worker's spawn attempts then: one more is the spawn it was let through for
   };
   std::map<std::string, Granted> granted_;  // what the gate last let each key start with (RoomGranted)
   // Keys waiting for their turn on an exclusive device: the device, since when.

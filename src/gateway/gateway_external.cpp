@@ -590,23 +590,8 @@ uint64_t Gateway::LoadingBytesOn(const std::string& device, const devices::Devic
   // supervisor round spawns after its last gate call, which may wait seconds
   // for another's release): they hold nothing yet and will take it all. A
   // request's room check counted on that memory.
-  std::vector<std::pair<std::string, int>> granted;  // (key, its spawns when let through)
-  {
-    std::lock_guard<std::mutex> lk(residency_mu_);
-    const int64_t now = clock_.NowMs();
-    for (const auto& [key, g] : granted_) {
-      if (now - g.at_ms <= kGrantedSpawnMs) granted.emplace_back(key, g.starts);
-    }
-  }
-  for (const auto& [key, starts] : granted) {
-    if (device_of(key) != device) continue;
-    // Spawned since (loading, counted above; running; or spawned and gone
-    // already: a start that failed takes nothing): not about to load.
-    bool spawned = false;
-    for (const auto& w : workers) {
-      spawned |= w.key == key && (w.pid > 0 || w.state == upstream::WorkerState::kReady || w.starts > starts);
-    }
-    if (!spawned) bytes += ExpectedBytes(key);
+  for (const auto& key : PendingStarts(workers)) {
+    if (device_of(key) == device) bytes += ExpectedBytes(key);
   }
   return bytes;
 }

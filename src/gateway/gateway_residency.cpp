@@ -350,11 +350,28 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
   return Status::ResourceExhausted("making room on " + device + ": " + plan.reason);
 }
 
-void Gateway::RoomGranted(const std::string& key, uint64_t bytes, int starts) {
+void Gateway::RoomGranted(const std::string& key, uint64_t bytes, int attempts) {
   std::lock_guard<std::mutex> lk(residency_mu_);
   room_refused_.erase(key);
   exclusive_waits_.erase(key);
-  granted_[key] = {bytes, clock_.NowMs(), starts};
+  granted_[key] = {bytes, clock_.NowMs(), attempts};
+}
+
+std::set<std::string> Gateway::PendingStarts(const std::vector<upstream::WorkerView>& workers) const {
+  std::set<std::string> out;
+  std::lock_guard<std::mutex> lk(residency_mu_);
+  const int64_t now = clock_.NowMs();
+  for (const auto& w : workers) {
+    auto g = granted_.find(w.key);
+    if (g == granted_.end() || now - g->second.at_ms > kGrantedSpawnMs) continue;
+    // Spawned since (loading, ready, or gone again: a spawn that failed at
+    // once takes nothing), or no longer wanted (released, stopped): not
+    // about to load.
+    if (w.state == upstream::WorkerState::kBackoff && w.pid <= 0 && w.spawn_attempts == g->second.attempts) {
+      out.insert(w.key);
+    }
+  }
+  return out;
 }
 
 bool Gateway::Evicting(const std::string& key) {

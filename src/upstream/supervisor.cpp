@@ -200,6 +200,7 @@ std::vector<std::string> Supervisor::Argv(Worker& w, const std::string& port_fil
 }
 
 void Supervisor::Spawn(Worker& w) {
+  ++w.view.spawn_attempts;
   struct stat log_stat {};
   w.log_from = ::stat(w.view.log_path.c_str(), &log_stat) == 0 ? static_cast<int64_t>(log_stat.st_size) : 0;
   const std::string port_file = run_dir_ + "/" + w.spec.key + ".port";

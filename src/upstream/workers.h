@@ -28,6 +28,10 @@ struct WorkerView {
   uint16_t port = 0;
   int restarts = 0;
   int starts = 0;  // processes spawned for it (loads), restarts and on-demand starts included
+  // Spawns tried for it, those that failed at once (no free port, no
+  // binary) included: a start the gate let through has happened, one way
+  // or the other, once this moves (Gateway::PendingStarts).
+  int spawn_attempts = 0;
   std::string last_exit;  // "exit 3", "signal 9", "unhealthy", ...
   std::string last_error;  // the worker's last stderr line before its last exit (its own reason)
   int failed_starts = 0;   // exits in a row without ever becoming ready

@@ -266,6 +266,29 @@ TEST(ExternalLinesTest, RoomChecksAreOneAtATimePerDeviceAndCountEveryServiceTher
   EXPECT_EQ(lines.RoomTakersOn("cuda:0"), (std::vector<std::pair<std::string, int>>{{"b", 1}}));
 }
 
+// A load's start (the start gate) checks the device's memory one at a time
+// with the requests' checks there: each counted on the same free memory (the
+// request sent with room for its peak, the load let through).
+TEST(ExternalLinesTest, TheStartGatesCheckOfADeviceExcludesTheRequestsChecksThere) {
+  auto a = OneAtATime(4), c = OneAtATime(4);
+  a.name = "a", c.name = "c";
+  a.device = "cuda:0";
+  c.device = "cuda:1";
+  ExternalLines lines({a, c}, 0);
+  ASSERT_TRUE(lines.BeginDeviceCheck("cuda:0", "the start of x.0"));
+  EXPECT_FALSE(lines.BeginRoomCheck("a")) << "a request's check while a load's runs";
+  EXPECT_FALSE(lines.BeginDeviceCheck("cuda:0", "the start of y.0")) << "two loads' checks at once";
+  EXPECT_TRUE(lines.BeginRoomCheck("c")) << "another device is checked meanwhile";
+  lines.EndRoomCheck("c", /*took=*/false);
+  lines.EndDeviceCheck("cuda:0", "the start of y.0");  // (not the one that runs: it goes on)
+  EXPECT_FALSE(lines.BeginRoomCheck("a"));
+  lines.EndDeviceCheck("cuda:0", "the start of x.0");
+  ASSERT_TRUE(lines.BeginRoomCheck("a"));
+  EXPECT_FALSE(lines.BeginDeviceCheck("cuda:0", "the start of x.0")) << "a load's check while a request's runs";
+  lines.EndRoomCheck("a", /*took=*/true);
+  EXPECT_TRUE(lines.BeginDeviceCheck("cuda:0", "the start of x.0"));
+}
+
 // Eviction: a server whose line never empties (batch requests queued all
 // day) still goes once nothing runs on it; and the release happens under
 // the line's lock, against a start that asks whether the server is still up

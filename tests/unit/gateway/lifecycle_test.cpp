@@ -20,6 +20,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <condition_variable>
 #include <thread>
 #include <tuple>
 
@@ -92,16 +93,25 @@ struct Worker {
   // (fit_cells; 0 when none is given; prompt_tokens < 0: no tail fits, a
   // 400); otherwise 5 tokens and `drops`.
   std::function<protocol::TokenizeReply(uint32_t)> count;
+  std::vector<bool> handled;  // by call: its behaviour has returned (its answer held, or given)
+  std::condition_variable handled_cv;
   // A behaviour that holds the request running until it is cancelled.
   void Hold(const http::Request& req, std::shared_ptr<http::Exchange> ex) {
     const std::string id(req["x-request-id"]);
-    std::lock_guard<std::mutex> lk(mu);
-    for (size_t i = ids.size(); i-- > 0;) {
-      if (ids[i] == id) {
-        held[i] = std::move(ex);
-        return;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      // Cancelled between its call being counted and held here: ended as a
+      // real worker ends it (held, it was never answered).
+      if (cancelled_early.erase(id) == 0) {
+        for (size_t i = ids.size(); i-- > 0;) {
+          if (ids[i] == id) {
+            held[i] = std::move(ex);
+            return;
+          }
+        }
       }
     }
+    if (ex) ex->Respond(http::MakeResponse(499, api::ErrorBody(Status::Cancelled("cancelled")).dump(), "application/json"));
   }
   FakeWorker server{[this](http::Request& req, std::shared_ptr<http::Exchange> ex) {
     const std::string target(req.target());
@@ -151,8 +161,11 @@ struct Worker {
       return ex->Respond(http::MakeResponse(200, "{}", "application/json"));
     }
     Behaviour b;
+    size_t call = 0;
     {
       std::lock_guard<std::mutex> lk(mu);
+      call = bodies.size();
+      handled.push_back(false);
       bodies.push_back(json::parse(req.body(), nullptr, false));
       auto id = req.find("x-request-id");
       ids.push_back(id == req.end() ? "" : std::string(id->value()));
@@ -166,10 +179,18 @@ struct Worker {
       }
     }
     b(req, std::move(ex));
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      handled[call] = true;
+    }
+    handled_cv.notify_all();
   }};
   // Call `i`'s held answer, taken to answer it (null when none is held).
+  // A call counted (calls()) is waited for until its behaviour has run: its
+  // answer is held only then (taken in between, there was none: a crash).
   std::shared_ptr<http::Exchange> TakeHeld(size_t i) {
-    std::lock_guard<std::mutex> lk(mu);
+    std::unique_lock<std::mutex> lk(mu);
+    handled_cv.wait_for(lk, std::chrono::seconds(10), [&] { return i >= handled.size() || handled[i]; });
     return i < held.size() ? std::exchange(held[i], nullptr) : nullptr;
   }
   size_t calls() {
@@ -188,10 +209,12 @@ struct Worker {
 };
 
 void Answer(std::shared_ptr<http::Exchange> ex, const std::string& text) {
+  if (!ex) return ADD_FAILURE() << "no answer held to give \"" << text << "\"";
   ex->Respond(http::MakeResponse(200, json{{"object", "text_completion"}, {"choices", {{{"text", text}}}}}.dump(),
                                  "application/json"));
 }
 void Refuse(std::shared_ptr<http::Exchange> ex, Status st) {
+  if (!ex) return ADD_FAILURE() << "no answer held to refuse with " << st.ToString();
   ex->Respond(http::MakeResponse(static_cast<unsigned>(HttpStatusFor(st.code())), api::ErrorBody(st).dump(),
                                  "application/json"));
 }

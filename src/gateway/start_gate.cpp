@@ -1,0 +1,81 @@
+// The supervisor's start gate (Gateway::StartGate, gateway.h): every start
+// of a worker or external server, restarts included, is judged against the
+// device as it is now, and the starts let through moments ago that have no
+// process yet (PendingStarts: one record of them, the gateway's, which the
+// requests' own room checks read too).
+#include <chrono>
+#include <thread>
+
+#include "gateway/gateway.h"
+
+namespace spillway::gateway {
+
+namespace {
+
+// How long the gate waits for a request's room check on its device to end
+// (one telemetry read) before it is asked again next round.
+constexpr int kDeviceCheckWaitMs = 1000;
+
+}  // namespace
+
+Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibration) {
+  const auto workers = supervisor_.Snapshot();
+  int attempts = 0;
+  for (const auto& w : workers) {
+    if (w.key == key) attempts = w.spawn_attempts;
+  }
+  std::set<std::string> starting = PendingStarts(workers);
+  starting.erase(key);
+  const auto* ext = ExternalOfKey(config_, key);
+  std::string device;
+  const config::ServiceConfig* s = nullptr;
+  size_t k = 0;
+  if (ext) device = ext->device;
+  else if (FindPlacement(config_, key, &s, &k)) device = s->placements[k].device;
+  // The device's memory is checked by one at a time: a request's room check
+  // for an external server's peak and this load each counted on the same
+  // free memory (the request sent, the load let through). Held until the
+  // start is recorded as granted, which the requests' checks then count.
+  struct DeviceCheck {
+    ExternalLines& lines;
+    std::string device, who;
+    bool held = false;
+    ~DeviceCheck() {
+      if (held) lines.EndDeviceCheck(device, who);
+    }
+  } check{*external_lines_, device, "the start of " + key};
+  if (!device.empty() && device != "cpu") {
+    for (int waited = 0; !(check.held = external_lines_->BeginDeviceCheck(device, check.who)); waited += 5) {
+      if (waited >= kDeviceCheckWaitMs) {
+        return Status::Unavailable("waiting on " + device + ": a request's room check is under way");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  uint64_t need = 0;  // what it is let start with (calibrated)
+  if (ext) {
+    // An external server: its resident memory (measured, else declared) must fit its device.
+    need = ExternalResidentBytes(*ext);
+    if (Status room = RoomFor(key, need, starting); !room.ok()) return room;
+  } else {
+    auto a = AdmitPlacement(calibration, config_, key, starting);
+    // An exclusive device (one service at a time) unloads the others even
+    // when there would be room, and whatever the estimate (none: 0 bytes).
+    const bool exclusive = !a.device.empty() && config_.Device(a.device).exclusive;
+    // The device's own view too (RoomFor): it counts what a resident still
+    // loading will take, external servers included, which AdmitPlacement
+    // (llama placements only, and only the starts with no process yet) does
+    // not see.
+    if (a.predicted_bytes > 0 || exclusive) {
+      // Not enough memory now: maybe another service can give room (residency, priorities).
+      if (Status room = RoomFor(key, a.predicted_bytes, starting); !room.ok()) return room;
+      if (!a.admitted) a = AdmitPlacement(calibration, config_, key, starting);  // room there now: judged again
+    }
+    if (!a.admitted) return Status::ResourceExhausted(a.reason);
+    need = a.predicted_bytes;
+  }
+  RoomGranted(key, need, attempts);
+  return Status::Ok();
+}
+
+}  // namespace spillway::gateway

@@ -1,0 +1,143 @@
+// The supervisor's start gate (Gateway::StartGate) on a simulated shared
+// device: two services of the tiny chat model (a pinned, b on demand),
+// each predicted P bytes. A
+// start it let through counts on the device until its spawn is seen, and no
+// longer; a start beside one still loading counts only the rest of that
+// load. A real Gateway and Journal, fake workers, a stepped clock, a
+// simulated device's ledger that this process allocates on (as a loading
+// worker would).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "common/clock.h"
+#include "config/config.h"
+#include "devices/sim_ledger.h"
+#include "fake_workers.h"
+#include "gateway/gateway.h"
+#include "gateway/placement_admission.h"
+#include "journal/journal.h"
+#include "scoped_sim_dir.h"
+
+namespace spillway::gateway {
+namespace {
+
+std::string Config() {
+  const char* m = std::getenv("SPILLWAY_MODELS");
+  const std::string model = std::string(m ? m : "build/models") + "/tiny-chat.gguf";
+  std::string c = "[[device]]\nname = \"sim:0\"\nheadroom_mib = 0\nheadroom_pct = 0\n";
+  // (a pinned: not unloaded to make room for b.)
+  for (const char* name : {"a", "b"}) {
+    c += "[[service]]\nname = \"" + std::string(name) + "\"\nmodel = \"" + model + "\"\nresidency = \"" +
+         (name[0] == 'a' ? "pinned" : "on_demand") +
+         "\"\n[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 512\n";
+  }
+  return c;
+}
+
+upstream::WorkerView View(const std::string& key, upstream::WorkerState state, pid_t pid, int attempts) {
+  upstream::WorkerView v;
+  v.key = key;
+  v.state = state;
+  v.pid = pid;
+  v.spawn_attempts = attempts;
+  return v;
+}
+
+class StartGateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("spillway-start-gate-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    auto cfg = config::ParseConfig(Config(), "start-gate.toml");
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    config_ = *cfg;
+    // What one start needs, on a device with room for it.
+    ASSERT_TRUE(devices::SimLedger::Create(0, 8ull << 30).ok());
+    const PlacementAdmission one = AdmitPlacement(nullptr, config_, "a.0");
+    p_ = one.predicted_bytes;
+    ASSERT_GT(p_, 0u) << one.reason;
+    auto j = journal::Journal::Open((dir_ / "journal.db").string(), {}, clock_);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    journal_ = std::move(*j);
+    workers_.SetOnDemand("b.0");
+    for (const char* k : {"a.0", "b.0"}) workers_.SetView(View(k, upstream::WorkerState::kBackoff, 0, 0));  // due to start
+    gateway_ = std::make_unique<Gateway>(config_, *journal_, workers_, clock_, std::map<std::string, PlacementAdmission>{});
+  }
+  void TearDown() override {
+    if (ledger_) ledger_->Release(devices::LedgerKind::kAlloc, "a.0", ~0ull);
+    ledger_.reset();
+    gateway_->Shutdown();
+    std::filesystem::remove_all(dir_);
+  }
+  // The device holds `capacity` bytes; this process (a's worker, loading) has allocated `loaded` of them.
+  void Device(uint64_t capacity, uint64_t loaded = 0) {
+    ASSERT_TRUE(devices::SimLedger::Create(0, capacity).ok());
+    auto l = devices::SimLedger::Open(0);
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    ledger_ = std::move(*l);
+    if (loaded > 0) ASSERT_TRUE(ledger_->Reserve(devices::LedgerKind::kAlloc, "a.0", loaded));
+  }
+  Status Gate(const std::string& key) { return gateway_->StartGate(key, nullptr); }
+
+  testing::ScopedSimDir sim_{"start-gate"};
+  std::filesystem::path dir_;
+  FakeClock clock_;
+  config::GatewayConfig config_;
+  std::unique_ptr<journal::Journal> journal_;
+  testing::FakeWorkers workers_;
+  std::unique_ptr<Gateway> gateway_;
+  std::unique_ptr<devices::SimLedger> ledger_;
+  uint64_t p_ = 0;  // one start's predicted bytes
+};
+
+// Let through and not spawned yet, a start holds nothing on the device but
+// will: the next start does not count on that memory.
+TEST_F(StartGateTest, AStartLetThroughCountsUntilItsSpawn) {
+  Device(p_ + p_ / 2);  // room for one
+  ASSERT_TRUE(Gate("a.0").ok());
+  const Status st = Gate("b.0");
+  EXPECT_FALSE(st.ok()) << "two starts let through on the memory of one";
+  EXPECT_EQ(gateway_->PendingStarts(workers_.Snapshot()), std::set<std::string>{"a.0"});
+}
+
+// A start let through whose spawn failed at once (no free port, no binary:
+// tried, no process) takes nothing: the next start is not refused for it
+// (for 10 s, again at every retry).
+TEST_F(StartGateTest, AStartWhoseSpawnFailedAtOnceCountsNoLonger) {
+  Device(p_ + p_ / 2);
+  ASSERT_TRUE(Gate("a.0").ok());
+  workers_.SetView(View("a.0", upstream::WorkerState::kBackoff, 0, 1));  // tried, failed, waiting to try again
+  EXPECT_TRUE(gateway_->PendingStarts(workers_.Snapshot()).empty());
+  const Status st = Gate("b.0");
+  EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+// One still loading holds part of its memory already: a start beside it
+// counts the rest of that load, not the whole of it again (loads that
+// fitted together were let through one at a time).
+TEST_F(StartGateTest, AStartBesideOneStillLoadingCountsOnlyTheRestOfThatLoad) {
+  Device(2 * p_ + p_ / 4);  // room for both, loaded or not
+  ASSERT_TRUE(Gate("a.0").ok());
+  Device(2 * p_ + p_ / 4, p_ / 2);  // a is loading: half of it is on the device
+  workers_.SetView(View("a.0", upstream::WorkerState::kStarting, ::getpid(), 1));
+  const Status st = Gate("b.0");
+  EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+// ... and not on memory it is about to take: with room for one and a half,
+// b waits for a's load.
+TEST_F(StartGateTest, AStartBesideOneStillLoadingDoesNotTakeWhatThatOneWillLoad) {
+  Device(p_ + p_ / 2);
+  ASSERT_TRUE(Gate("a.0").ok());
+  Device(p_ + p_ / 2, p_ / 2);
+  workers_.SetView(View("a.0", upstream::WorkerState::kStarting, ::getpid(), 1));
+  EXPECT_FALSE(Gate("b.0").ok());
+}
+
+}  // namespace
+}  // namespace spillway::gateway
