@@ -1,5 +1,7 @@
 #include "worker/sampling.h"
 
+#include "worker/grammar_bounds.h"
+
 #include <llama.h>
 
 #include <cmath>
@@ -26,8 +28,10 @@ SamplerSettings ResolveSampling(const api::SamplingRequest& r, const SamplerSett
 
 namespace {
 
-// The grammar sampler, prefilled; null when llama.cpp refuses the grammar.
+// The grammar sampler, prefilled; null when llama.cpp refuses the grammar
+// (or would parse it without end: grammar_bounds.h).
 llama_sampler* GrammarSampler(const GrammarSpec& g, const llama_vocab* vocab) {
+  if (!CheckRepetitionBounds(g.gbnf).ok()) return nullptr;
   llama_sampler* grammar = nullptr;
   if (g.lazy) {
     std::vector<const char*> patterns;
@@ -92,6 +96,7 @@ llama_sampler* BuildSamplerChain(const SamplerSettings& s, const llama_vocab* vo
 }
 
 Status CheckGrammar(const GrammarSpec& grammar, const llama_vocab* vocab) {
+  SPILLWAY_RETURN_IF_ERROR(CheckRepetitionBounds(grammar.gbnf));
   llama_sampler* g = GrammarSampler(grammar, vocab);
   if (!g) return Status::InvalidArgument("llama.cpp rejected the grammar built for this request (tools or response_format)");
   llama_sampler_free(g);
