@@ -39,6 +39,9 @@ StatusOr<memory::PlacementEstimate> DryRunEstimate(const FitQuery& q, uint32_t n
 StatusOr<Fit> PlanFit(const FitQuery& q) {
   auto meta = gguf::ReadGgufFile(q.model_file);
   if (!meta.ok()) return Status::InvalidArgument(meta.status().message());
+  if (std::string none = memory::NoWeightsReason(*meta); !none.empty()) {
+    return Status::InvalidArgument(q.model_file + ": " + none);
+  }
   Fit f;
   f.exact_reason = memory::ExactPlanReason(*meta);
   if (f.exact_reason.empty()) {

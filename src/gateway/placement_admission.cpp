@@ -85,6 +85,7 @@ StatusOr<Estimate> EstimateOf(const std::string& worker_binary, const std::strin
   }
   auto meta = gguf::ReadGgufFile(path);
   if (!meta.ok()) return meta.status();  // (it names the file)
+  if (std::string none = memory::NoWeightsReason(*meta); !none.empty()) return Status::InvalidArgument(path + ": " + none);
   StatusOr<Estimate> e = Status::Internal("no estimate");
   const std::string why = memory::ExactPlanReason(*meta);
   if (!why.empty()) {

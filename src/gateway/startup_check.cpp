@@ -26,6 +26,8 @@ ModelFacts ReadModelFacts(const std::string& path) {
   auto meta = gguf::ReadGgufFile(path);
   if (!meta.ok()) {
     f.problem = meta.status().message();
+  } else if (std::string none = memory::NoWeightsReason(*meta); !none.empty()) {
+    f.problem = path + ": " + none;
   } else if (!memory::ExactPlanReason(*meta).empty()) {
     // (Whether llama.cpp can run it is its dry run's to say, per placement.)
     f.exact = true;

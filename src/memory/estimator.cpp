@@ -62,6 +62,10 @@ std::string ExactPlanReason(const gguf::Metadata& m) {
   return "";
 }
 
+std::string NoWeightsReason(const gguf::Metadata& m) {
+  return m.tensors.empty() ? "it holds no tensors (no weights: a vocabulary-only GGUF?), so no model loads from it" : "";
+}
+
 StatusOr<ModelShape> ShapeFromMetadata(const gguf::Metadata& m) {
   ModelShape s;
   s.architecture = m.architecture();

@@ -45,6 +45,11 @@ struct ModelShape {
 // sliding window change what each layer holds. Their memory is llama.cpp's
 // own plan (memory/exact_plan.h), which knows every architecture it runs.
 std::string ExactPlanReason(const gguf::Metadata& m);
+// Why no model loads from the file whatever its placement (it holds no
+// tensors: a vocabulary-only GGUF, or a damaged one), or "" when none is
+// known. A file of no weights planned as fitting in 0 MiB, and its worker
+// failed at every start.
+std::string NoWeightsReason(const gguf::Metadata& m);
 
 // Fails (with ExactPlanReason) for a model the metadata cannot size.
 StatusOr<ModelShape> ShapeFromMetadata(const gguf::Metadata& m);

@@ -3,6 +3,7 @@
 #include <ggml-backend.h>
 #include <llama.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -133,6 +134,15 @@ StatusOr<std::vector<ggml_backend_dev_t>> DevicesFor(const std::string& device) 
   return out;
 }
 
+// The first non-empty line of `text` (llama.cpp's cause; the lines after
+// it say that the load failed), without its line break.
+std::string FirstLine(const std::string& text) {
+  const size_t start = text.find_first_not_of("\r\n ");
+  if (start == std::string::npos) return "";
+  const size_t end = text.find_first_of("\r\n", start);
+  return text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+}
+
 std::string MetaString(const llama_model* m, const char* key) {
   char buf[512];
   int n = llama_model_meta_val_str(m, key, buf, sizeof buf);
@@ -173,18 +183,28 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, const Plac
   mp.progress_callback_user_data = const_cast<std::function<void(float)>*>(&on_progress);
   auto sim = SimControl::Find();
   if (sim) sim->SetPhase(SPILLWAY_SIM_PHASE_LOAD);
+  ClearLlamaErrors();  // (what llama.cpp reports from here on is this load's)
   m->model_ = llama_model_load_from_file(path.c_str(), mp);
   if (sim) sim->SetPhase(SPILLWAY_SIM_PHASE_NONE);
   if (!m->model_) {
+    // llama.cpp returns the same NULL for an invalid file and for a failed
+    // buffer allocation: its own error lines tell them apart ("unable to
+    // allocate ... buffer"; "tensor 'token_embd.weight' not found").
+    const std::string errors = RecentLlamaErrors();
+    const std::string why = FirstLine(errors);
+    std::string lower = errors;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const bool memory = lower.find("alloc") != std::string::npos || lower.find("out of memory") != std::string::npos;
     // (A dry run allocates nothing: the file itself is refused.)
-    if (placement.dry_run) {
-      return Status::InvalidArgument("llama.cpp could not open " + path +
-                                     " (an invalid GGUF, or an architecture or tensor layout this llama.cpp does not run)");
+    if (placement.dry_run || (!memory && !why.empty())) {
+      return Status::InvalidArgument("llama.cpp could not open " + path + ": " +
+                                     (why.empty() ? "an invalid GGUF, or an architecture or tensor layout this "
+                                                    "llama.cpp does not run"
+                                                  : why))
+          .WithPhase(FailurePhase::kLoad);
     }
-    // llama.cpp reports invalid files and failed buffer allocations the same
-    // way; an allocation on an accelerator is the likely cause when one is used.
-    return Status::ResourceExhausted("llama.cpp could not load " + path +
-                                     " (invalid GGUF or weights do not fit on " + placement.device + ")")
+    return Status::ResourceExhausted("llama.cpp could not load " + path + " (the weights do not fit on " +
+                                     placement.device + (why.empty() ? "" : ": " + why) + ")")
         .WithPhase(FailurePhase::kLoad);
   }
   m->vocab_ = llama_model_get_vocab(m->model_);

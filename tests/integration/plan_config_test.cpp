@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <vector>
 
@@ -236,7 +237,19 @@ TEST_F(PlanConfigTest, UnobservableDevicesAndInvalidConfigs) {
   // One model's flags with --config are refused, not ignored; a device or a
   // layer count that is not one is an error, not a plan.
   const std::string model = ModelPath("tiny-chat");
+  // A model of no weights (its tensor count 0): nothing loads from it. It
+  // was planned as fitting in 0 MiB, and its worker failed at every start.
+  const std::string empty = dir_ + "/no-weights.gguf";
+  {
+    std::ifstream in(model, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    bytes.replace(8, 8, std::string(8, '\0'));
+    std::ofstream(empty, std::ios::binary) << bytes;
+  }
+  const std::string no_weights = Write("no-weights.toml", "[[service]]\nname = \"chat\"\nmodel = \"" + empty + "\"\n");
   const std::pair<std::string, std::string> wrong[] = {
+      {"plan --model " + empty, "holds no tensors"},
+      {"serve --check --config " + no_weights, "holds no tensors"},
       {"plan --config " + missing + " --ctx 99999", "--config excludes --ctx"},
       {"plan --config " + missing + " --device cpu", "--config excludes --device"},
       {"plan --config " + missing + " --headroom-pct 80", "--config excludes --headroom-pct"},

@@ -83,6 +83,7 @@ TEST_F(SimTest, WeightsOverCapacityFailToLoadWithPhaseLoad) {
   EXPECT_EQ(RunWorkerToExit(args, &err), 3) << err;  // a clean exit, not a signal
   EXPECT_NE(err.find("\"phase\":\"load\""), std::string::npos) << err;
   EXPECT_NE(err.find("out of memory"), std::string::npos) << err;
+  EXPECT_NE(err.find("\"code\":\"resource_exhausted\""), std::string::npos) << err;
   EXPECT_EQ(Used(0), 0u);  // nothing leaked
 }
 

@@ -1068,6 +1068,18 @@ TEST(WorkerStartupTest, MissingOrCorruptModelExitsCleanlyWithPhaseLoad) {
   }
   EXPECT_EQ(RunWorkerToExit({"--model", bad, "--listen", "127.0.0.1:0"}, &err), 3);
   EXPECT_NE(err.find("\"phase\":\"load\""), std::string::npos) << err;
+  // A whole header whose weights are gone (no tensors): an invalid model, in
+  // llama.cpp's own words, not "the weights do not fit" (a lack of memory,
+  // which a gateway retries and its clients hear as one).
+  {
+    std::ifstream in(ModelPath("tiny-chat"), std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    bytes.replace(8, 8, std::string(8, '\0'));  // the tensor count
+    std::ofstream(bad, std::ios::binary) << bytes;
+  }
+  EXPECT_EQ(RunWorkerToExit({"--model", bad, "--listen", "127.0.0.1:0"}, &err), 3);
+  EXPECT_NE(err.find("\"code\":\"invalid_argument\""), std::string::npos) << err;
+  EXPECT_NE(err.find("token_embd.weight"), std::string::npos) << err;
   std::filesystem::remove(bad);
 
   EXPECT_EQ(RunWorkerToExit({"--model", ModelPath("tiny-chat"), "--listen", "0.0.0.0:0"}, &err), 2);
