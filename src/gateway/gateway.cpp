@@ -270,8 +270,8 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   if (path == "/v1/events" && method == bhttp::verb::get) return HandleEvents(CallerOf(req), std::move(ex), v);
   if (path == "/v1/requests" && get) return HandleRequestList(CallerOf(req), std::move(ex), v);
 
-  if (path == "/healthz") return ex->Respond(JsonResponse(200, {{"status", "ok"}}, v));
-  if (path == "/readyz") {
+  if (path == "/healthz" && get) return ex->Respond(JsonResponse(200, {{"status", "ok"}}, v));
+  if (path == "/readyz" && get) {
     // The journal's health may probe the disk: off the I/O threads.
     return PostStatus([this, ex, v] { ex->Respond(ReadyResponse(v)); });
   }
@@ -319,8 +319,8 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
 const char* internal::AllowedMethods(const std::string& path) {
   static const std::set<std::string> kPost = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/chat",
                                               "/api/generate",        "/api/embed",      "/api/embeddings", "/api/show"};
-  static const std::set<std::string> kGet = {"/v1/models", "/v1/status", "/v1/requests", "/metrics",
-                                             "/api/tags",  "/api/ps",    "/api/version"};
+  static const std::set<std::string> kGet = {"/v1/models", "/v1/status", "/v1/requests", "/metrics", "/healthz",
+                                             "/readyz",    "/api/tags",  "/api/ps",      "/api/version"};
   if (kPost.count(path)) return "POST";
   for (const auto& route : config::ExternalRoutes()) {
     if (path == route) return "POST";
@@ -372,9 +372,12 @@ Status Gateway::Intake(const http::Request& req, const std::string& peer, Incomi
   in.rec.idempotency_key = key;
   if (auto t = req.find("x-request-timeout"); t != req.end()) {
     const std::string text(t->value());
+    // Decimal seconds only (strtod also took "0x10" as 16, "1e3", "inf").
+    const bool decimal = !text.empty() && text.find_first_not_of("0123456789.") == std::string::npos &&
+                         std::count(text.begin(), text.end(), '.') <= 1 && text != ".";
     char* end = nullptr;
-    const double secs = std::strtod(text.c_str(), &end);
-    if (text.empty() || *end || !(secs > 0) || secs * 1000 > kMaxRequestTimeoutMs) {
+    const double secs = decimal ? std::strtod(text.c_str(), &end) : 0;
+    if (!decimal || *end || !(secs > 0) || secs * 1000 > kMaxRequestTimeoutMs) {
       return Status::InvalidArgument("X-Request-Timeout must be seconds in (0, 86400]");
     }
     in.timeout_ms = TimeoutMs(secs);

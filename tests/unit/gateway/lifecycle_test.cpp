@@ -781,7 +781,8 @@ TEST_F(LifecycleTest, ARouteAskedWithAMethodItDoesNotTakeIsA405ThatNamesTheMetho
   for (const Case& c : {Case{"GET", "/v1/chat/completions", "POST"}, Case{"GET", "/api/chat", "POST"},
                         Case{"PUT", "/api/show", "POST"}, Case{"POST", "/api/tags", "GET, HEAD"},
                         Case{"POST", "/v1/models", "GET, HEAD"}, Case{"PUT", "/v1/requests/abc", "GET, HEAD, DELETE"},
-                        Case{"POST", "/v1/events", "GET"}}) {
+                        Case{"POST", "/v1/events", "GET"}, Case{"DELETE", "/healthz", "GET, HEAD"},
+                        Case{"POST", "/readyz", "GET, HEAD"}}) {
     auto ex = Send(c.target, "", c.method);
     ASSERT_TRUE(ex->Wait()) << c.target;
     EXPECT_EQ(ex->status(), 405u) << c.method << " " << c.target;
@@ -792,7 +793,7 @@ TEST_F(LifecycleTest, ARouteAskedWithAMethodItDoesNotTakeIsA405ThatNamesTheMetho
     ASSERT_TRUE(message.is_string()) << ex->body();
     EXPECT_NE(message.get<std::string>().find(std::string(c.method) + " is not allowed on"), std::string::npos) << ex->body();
   }
-  for (const char* target : {"/api/version", "/api/tags", "/v1/models", "/"}) {
+  for (const char* target : {"/api/version", "/api/tags", "/v1/models", "/", "/healthz"}) {
     auto head = Send(target, "", "HEAD");
     ASSERT_TRUE(head->Wait());
     EXPECT_EQ(head->status(), 200u) << "HEAD " << target;
@@ -800,6 +801,21 @@ TEST_F(LifecycleTest, ARouteAskedWithAMethodItDoesNotTakeIsA405ThatNamesTheMetho
   auto nowhere = Send("/v1/nowhere", "", "GET");
   ASSERT_TRUE(nowhere->Wait());
   EXPECT_EQ(nowhere->status(), 404u);
+}
+
+// X-Request-Timeout is decimal seconds: strtod also took "0x10" (16 s),
+// "1e3" and "inf" (refused later as past a day, by luck).
+TEST_F(LifecycleTest, XRequestTimeoutIsDecimalSeconds) {
+  for (const char* bad : {"0x10", "1e3", "inf", "nan", ".", "1.2.3", "-1", "0", "5s"}) {
+    auto ex = Complete(std::string("r-timeout-bad"), false, {{"X-Request-Timeout", bad}});
+    ASSERT_TRUE(ex->Wait());
+    EXPECT_EQ(ex->status(), 400u) << "'" << bad << "': " << ex->body();
+  }
+  for (const char* good : {"5", "2.5", "0.3", "86400"}) {
+    auto ex = Complete(std::string("r-timeout-") + good, false, {{"X-Request-Timeout", good}});
+    ASSERT_TRUE(ex->Wait());
+    EXPECT_EQ(ex->status(), 200u) << good << ": " << ex->body();
+  }
 }
 
 // An Ollama embedding of many inputs (an answer of megabytes) is translated
