@@ -42,7 +42,11 @@ Status OptionalNumber(const json& body, const char* field, double lo, double hi,
   }
   const double v = it->get<double>();
   if (!std::isfinite(v) || v < lo || v > hi) {
-    return Bad(field, "must be between " + json(lo).dump() + " and " + json(hi).dump());
+    // (An integer field's bounds as integers: "between 1 and 1048576", not 1.0 and 1048576.0.)
+    auto text = [](double x) {
+      return std::is_integral_v<T> ? std::to_string(static_cast<long long>(x)) : json(x).dump();
+    };
+    return Bad(field, "must be between " + text(lo) + " and " + text(hi));
   }
   *out = static_cast<T>(v);
   return Status::Ok();
@@ -61,9 +65,8 @@ Status ParseSeed(const json& body, std::optional<uint32_t>* out) {
     v = static_cast<uint64_t>(it->get<int64_t>());
   } else if (it->is_number_float()) {
     const double d = it->get<double>();
-    if (!std::isfinite(d) || d != std::floor(d) || d < 0 || d >= 18446744073709551616.0) {
-      return Bad("seed", "must be an integer");
-    }
+    if (!std::isfinite(d) || d != std::floor(d) || d < 0) return Bad("seed", "must be an integer");
+    if (d >= 18446744073709551616.0) return Bad("seed", "must be below 2^64 (it is taken modulo 2^32 - 1)");
     v = static_cast<uint64_t>(d);
   } else {
     return Bad("seed", "must be an integer");

@@ -116,6 +116,22 @@ TEST(OpenAiRequestTest, ASixtyFourBitSeedIsFoldedIntoLlamasRange) {
     ASSERT_TRUE(r.ok()) << seed << ": " << r.status().ToString();
     EXPECT_EQ(*r->gen.sampling.seed, folded) << seed;
   }
+  // Past 2^64 (a float in JSON) it is whole, but too large: said so (it heard "must be an integer").
+  auto huge = ParseCompletionRequest(json::parse(R"({"prompt": "x", "seed": 1e30})"));
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("must be below 2^64"), std::string::npos) << huge.status().message();
+}
+
+// An integer field's bounds are written as integers ("between 1 and
+// 1048576", not "1.0 and 1048576.0"); a float field's as it has them.
+TEST(OpenAiRequestTest, RangeErrorsWriteIntegerBoundsAsIntegers) {
+  auto r = ParseCompletionRequest(json::parse(R"({"prompt": "x", "max_tokens": 0})"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message().find(".0"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("between 1 and "), std::string::npos) << r.status().message();
+  auto t = ParseCompletionRequest(json::parse(R"({"prompt": "x", "top_p": 1.5})"));
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("between 0.0 and 1.0"), std::string::npos) << t.status().message();
 }
 
 // A whole number written as a float is taken as every integer field takes it.
