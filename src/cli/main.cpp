@@ -78,6 +78,25 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // An option that takes a value, followed by another option instead
+  // (`serve --state-dir --check`): CLI11 took "--check" as the value, and
+  // serve started on the demo with a state directory named --check. Said so
+  // instead; `--state-dir=--check` still means it.
+  if (argc > 2) {
+    if (const CLI::App* sub = app.get_subcommand_ptr(argv[1]).get()) {
+      for (int i = 2; i + 1 < argc; ++i) {
+        const std::string arg = argv[i], next = argv[i + 1];
+        if (arg.rfind("--", 0) != 0 || arg.find('=') != std::string::npos || next.rfind("--", 0) != 0) continue;
+        for (const CLI::Option* opt : sub->get_options()) {
+          if (opt->get_items_expected_min() > 0 && opt->check_lname(arg.substr(2))) {
+            std::fprintf(stderr, "spillway %s: %s needs a value, and '%s' is an option (write %s=%s if you mean it)\n",
+                         argv[1], arg.c_str(), next.c_str(), arg.c_str(), next.c_str());
+            return 2;
+          }
+        }
+      }
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

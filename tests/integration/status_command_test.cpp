@@ -67,6 +67,15 @@ TEST(StatusCommandTest, TablesJsonWatchAndCancellingARequest) {
   r = Spillway("", "statsu");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("no command 'statsu' (did you mean 'status'?)"), std::string::npos) << r.out;
+  // An option without its value, another option after it: refused, not
+  // taken as the value (serve started on the demo with a state directory
+  // named --check). A flag before an option is no such case.
+  r = Spillway("", "serve --state-dir --check");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--state-dir needs a value, and '--check' is an option"), std::string::npos) << r.out;
+  r = Spillway("", "serve --check --config /nonexistent/spillway.toml");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("cannot read config file /nonexistent/spillway.toml"), std::string::npos) << r.out;
 
   r = Spillway(key, "status --json " + url);
   ASSERT_EQ(r.code, 0) << r.out;
