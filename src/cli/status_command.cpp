@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,24 @@ namespace spillway::cli {
 using nlohmann::json;
 
 namespace {
+
+// A request id as one path segment: every byte but the unreserved ones
+// percent-encoded (the gateway decodes it). Sent as typed, "ID?x" asked for
+// request ID, and CR/LF went into the request line.
+std::string PathSegment(const std::string& id) {
+  static const char* kHex = "0123456789ABCDEF";
+  std::string out;
+  for (const unsigned char c : id) {
+    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~' || c == ':') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
 
 struct Target {
   std::string url, config_path;
@@ -274,7 +293,7 @@ void AddStatusCommands(CLI::App& app, int* exit_code) {
   CLI::App* show = requests->add_subcommand("show", "one request: state, placement, attempts, admission, result");
   show->add_option("id", *id, "request id")->required();
   show->callback([target, id, fail, print] {
-    auto body = Call(*target, "GET", "/v1/requests/" + *id);
+    auto body = Call(*target, "GET", "/v1/requests/" + PathSegment(*id));
     if (!body.ok()) return fail(body.status());
     std::string text = Str(*body, "id") + "  " + Str(*body, "state") + "  service " + Str(*body, "service") + "  placement " +
                        Str(*body, "placement", "-") + "  attempts " + Str(*body, "attempts", "0") + "\n";
@@ -294,7 +313,7 @@ void AddStatusCommands(CLI::App& app, int* exit_code) {
   CLI::App* cancel = requests->add_subcommand("cancel", "cancel a waiting or running request");
   cancel->add_option("id", *id, "request id")->required();
   cancel->callback([target, id, fail, print] {
-    auto body = Call(*target, "DELETE", "/v1/requests/" + *id);
+    auto body = Call(*target, "DELETE", "/v1/requests/" + PathSegment(*id));
     if (!body.ok()) return fail(body.status());
     print(*body, Str(*body, "id") + ": " + Str(*body, "state") + "\n");
   });

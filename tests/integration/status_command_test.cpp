@@ -114,6 +114,11 @@ TEST(StatusCommandTest, TablesJsonWatchAndCancellingARequest) {
   r = Spillway(key, "requests show nope " + url);
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("404"), std::string::npos) << r.out;
+  // An id is one path segment: "cli-waiting?x=1" is not request cli-waiting
+  // (as typed, its query was dropped and cli-waiting shown, or cancelled).
+  r = Spillway(key, "requests show 'cli-waiting?x=1' " + url);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("404"), std::string::npos) << r.out;
   EXPECT_EQ(Spillway(key, "requests cancel cli-running " + url).code, 0);
   a.join();
   b.join();
