@@ -55,6 +55,9 @@ Status CheckRequestHead(const Request& req) {
   if (req.version() >= 11 && req.find(bhttp::field::host) == req.end()) {
     return Status::InvalidArgument("HTTP/1.1 requests need a Host header");
   }
+  // RFC 9112 3.2: more than one Host is a 400 (which one the allow-lists
+  // judged, and which one a proxy in front routed by, could differ).
+  if (req.count(bhttp::field::host) > 1) return Status::InvalidArgument("a request has one Host header, not several");
   return Status::Ok();
 }
 
@@ -455,6 +458,13 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     head_fields_ = 0;
     if (Status st = CheckRequestHead(req); !st.ok()) return RejectAndClose(400, st.message());
+    // A body in a content coding (gzip, br) is not read as if it were plain:
+    // its bytes were taken for JSON ("not valid JSON at byte 1"), and a plain
+    // body labelled gzip was taken as plain (RFC 9110 15.5.16: 415).
+    if (auto ce = req.find(bhttp::field::content_encoding); ce != req.end() && !beast::iequals(ce->value(), "identity")) {
+      return RejectAndClose(415, "Content-Encoding '" + std::string(ce->value().substr(0, 32)) +
+                                     "' is not supported: send the body uncompressed", "unsupported_media_type");
+    }
     version_ = req.version();
     keep_alive_ = req.keep_alive();
     // HTTP/1.0 has no chunked coding: a Transfer-Encoding there is framing

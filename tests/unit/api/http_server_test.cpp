@@ -311,12 +311,23 @@ TEST_F(ServerFixture, HalfClosedPeerKeepsItsRequestAndGetsTheAnswer) {
   EXPECT_NE(got.find("late answer"), std::string::npos) << got;
 }
 
-TEST_F(ServerFixture, Http11WithoutHostIs400) {
+TEST_F(ServerFixture, AMissingOrDoubledHostAndACodedBodyAreRefused) {
   RawPeer p(server_->port());
   p.Send("POST /echo HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi");
   const std::string got = p.ReadAll();
   EXPECT_NE(got.find("400 Bad Request"), std::string::npos) << got;
   EXPECT_NE(got.find("Host"), std::string::npos) << got;
+  // Two are as bad (RFC 9112 3.2).
+  RawPeer two(server_->port());
+  two.Send("POST /echo HTTP/1.1\r\nHost: a\r\nHost: b\r\nContent-Length: 2\r\n\r\nhi");
+  const std::string twice = two.ReadAll();
+  EXPECT_NE(twice.find("400 Bad Request"), std::string::npos) << twice;
+  EXPECT_NE(twice.find("one Host header"), std::string::npos) << twice;
+  // A compressed body is not read as plain (RFC 9110: 415).
+  RawPeer gz(server_->port());
+  gz.Send("POST /echo HTTP/1.1\r\nHost: a\r\nContent-Encoding: gzip\r\nContent-Length: 2\r\n\r\nhi");
+  const std::string coded = gz.ReadAll();
+  EXPECT_NE(coded.find("415 Unsupported Media Type"), std::string::npos) << coded;
   // HTTP/1.0 has no Host requirement.
   RawPeer q(server_->port());
   q.Send("POST /echo HTTP/1.0\r\nContent-Length: 2\r\n\r\nhi");
