@@ -458,6 +458,13 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     head_fields_ = 0;
     if (Status st = CheckRequestHead(req); !st.ok()) return RejectAndClose(400, st.message());
+    // The absolute form (GET http://host/path, as a proxy sends it) is taken
+    // as its path and query (RFC 9112 3.2.2: a server accepts it); it was a 404.
+    if (const beast::string_view t = req.target();
+        t.size() > 7 && (beast::iequals(t.substr(0, 7), "http://") || beast::iequals(t.substr(0, 8), "https://"))) {
+      const size_t path = t.find('/', t.find("://") + 3);
+      req.target(path == beast::string_view::npos ? std::string("/") : std::string(t.substr(path)));
+    }
     // A body in a content coding (gzip, br) is not read as if it were plain:
     // its bytes were taken for JSON ("not valid JSON at byte 1"), and a plain
     // body labelled gzip was taken as plain (RFC 9110 15.5.16: 415).

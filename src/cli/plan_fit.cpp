@@ -39,9 +39,6 @@ StatusOr<memory::PlacementEstimate> DryRunEstimate(const FitQuery& q, uint32_t n
 StatusOr<Fit> PlanFit(const FitQuery& q) {
   auto meta = gguf::ReadGgufFile(q.model_file);
   if (!meta.ok()) return Status::InvalidArgument(meta.status().message());
-  if (std::string none = memory::NoWeightsReason(*meta); !none.empty()) {
-    return Status::InvalidArgument(q.model_file + ": " + none);
-  }
   Fit f;
   f.exact_reason = memory::ExactPlanReason(*meta);
   if (f.exact_reason.empty()) {
@@ -54,6 +51,10 @@ StatusOr<Fit> PlanFit(const FitQuery& q) {
     f.shape.n_layer = static_cast<uint32_t>(std::min<uint64_t>(meta->ArchUint("block_count").value_or(0), 4096));
     f.shape.n_ctx_train = static_cast<uint32_t>(std::min<uint64_t>(meta->ArchUint("context_length").value_or(0), 1u << 22));
     f.embedding = meta->PoolsEmbeddings();
+  }
+  // (After its shape: a header whose shape cannot be is named for that first.)
+  if (std::string none = memory::NoWeightsReason(*meta); !none.empty()) {
+    return Status::InvalidArgument(q.model_file + ": " + none);
   }
   auto size = [&](const memory::PlacementSpec& spec) -> StatusOr<memory::PlacementEstimate> {
     if (f.exact_reason.empty()) return memory::EstimatePlacement(f.shape, spec);

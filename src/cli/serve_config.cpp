@@ -82,7 +82,7 @@ StatusOr<config::GatewayConfig> LoadServeConfig(const std::string& config_path, 
   if (!loaded.ok()) return loaded.status();
   config::GatewayConfig cfg = std::move(*loaded);
   if (!listen.empty() && !config::SplitHostPort(listen, &cfg.listen_host, &cfg.listen_port)) {
-    return Status::InvalidArgument("--listen must be HOST:PORT");
+    return Status::InvalidArgument("--listen must be HOST:PORT, its port 0 to 65535 (127.0.0.1:8480)");
   }
   if (!state_dir.empty()) cfg.state_dir = state_dir;
   if (cfg.state_dir.empty()) cfg.state_dir = DefaultStateDir();

@@ -584,7 +584,7 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
   std::string listen;
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "listen", "", &listen, 0, 0));
   if (!listen.empty() && !SplitHostPort(listen, &c.listen_host, &c.listen_port)) {
-    return Status::InvalidArgument(Where(source, root.get("listen")->source(), "listen") + " must be HOST:PORT");
+    return Status::InvalidArgument(Where(source, root.get("listen")->source(), "listen") + " must be HOST:PORT, its port 0 to 65535 (127.0.0.1:8480)");
   }
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "state_dir", "", &c.state_dir, 0, 0));
   SPILLWAY_RETURN_IF_ERROR(r.Strings(root, "api_keys", &c.api_keys));

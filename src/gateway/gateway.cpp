@@ -583,7 +583,7 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
     case journal::AcceptOutcome::kMismatch:
       co_return in->ex->Respond(ErrorResponse(
           Status::Unprocessable("Idempotency-Key was used with a different request body (request " + old.id + ")"), v,
-          live->id));
+          old.id));  // (the request the key belongs to: this one's id was never recorded)
     case journal::AcceptOutcome::kInFlight:
       co_return in->ex->Respond(ErrorResponse(
           Status::Conflict("a request with this Idempotency-Key is still running (request " + old.id + ")").WithRetryAfter(1),

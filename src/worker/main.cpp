@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
 
   std::string host;
   uint16_t port = 0;
-  if (!SplitHostPort(listen, &host, &port)) return Fatal(kExitUsage, Status::InvalidArgument("--listen must be HOST:PORT"));
+  if (!SplitHostPort(listen, &host, &port)) return Fatal(kExitUsage, Status::InvalidArgument("--listen must be HOST:PORT, its port 0 to 65535 (127.0.0.1:8480)"));
   if (!http::IsLoopbackAddress(host)) {
     return Fatal(kExitUsage, Status::InvalidArgument("--listen must be a loopback address: the worker has no "
                                                      "authentication; expose it through the gateway"));

@@ -311,7 +311,7 @@ TEST_F(ServerFixture, HalfClosedPeerKeepsItsRequestAndGetsTheAnswer) {
   EXPECT_NE(got.find("late answer"), std::string::npos) << got;
 }
 
-TEST_F(ServerFixture, AMissingOrDoubledHostAndACodedBodyAreRefused) {
+TEST_F(ServerFixture, RequestHeadsAreTakenAsRfc9112AndRfc9110Say) {
   RawPeer p(server_->port());
   p.Send("POST /echo HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi");
   const std::string got = p.ReadAll();
@@ -328,6 +328,11 @@ TEST_F(ServerFixture, AMissingOrDoubledHostAndACodedBodyAreRefused) {
   gz.Send("POST /echo HTTP/1.1\r\nHost: a\r\nContent-Encoding: gzip\r\nContent-Length: 2\r\n\r\nhi");
   const std::string coded = gz.ReadAll();
   EXPECT_NE(coded.find("415 Unsupported Media Type"), std::string::npos) << coded;
+  // The absolute form is its path (RFC 9112 3.2.2; it was a 404 "no route").
+  RawPeer absolute(server_->port());
+  absolute.Send("POST http://a:1/echo HTTP/1.1\r\nHost: a:1\r\nConnection: close\r\nContent-Length: 2\r\n\r\nhi");
+  const std::string routed = absolute.ReadAll();
+  EXPECT_NE(routed.find("200 OK"), std::string::npos) << routed;
   // HTTP/1.0 has no Host requirement.
   RawPeer q(server_->port());
   q.Send("POST /echo HTTP/1.0\r\nContent-Length: 2\r\n\r\nhi");
