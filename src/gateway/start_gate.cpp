@@ -15,6 +15,8 @@ namespace {
 // How long the gate waits for a request's room check on its device to end
 // (one telemetry read) before it is asked again next round.
 constexpr int kDeviceCheckWaitMs = 1000;
+// Failed starts in a row past which a pinned worker's restart holds no memory.
+constexpr int kRestartsHoldingMemory = 3;
 
 }  // namespace
 
@@ -25,6 +27,21 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
     if (w.key == key) attempts = w.spawn_attempts;
   }
   std::set<std::string> starting = PendingStarts(workers);
+  // A pinned worker restarting (its process gone: a crash, a lost device)
+  // keeps its memory for its restart from the starts of movable services:
+  // an on-demand one loaded into it, and the pinned one then waited until
+  // that went idle (for good, when it outranked it). One whose starts keep
+  // failing, or that crashes again and again, holds nothing. Pinned starts
+  // do not hold memory so from each other: two restarting together would
+  // each have kept the other's, and neither started.
+  if (supervisor_.OnDemand(key)) {
+    for (const auto& w : workers) {
+      if (w.state == upstream::WorkerState::kBackoff && w.pid <= 0 && !supervisor_.OnDemand(w.key) &&
+          w.failed_starts < kRestartsHoldingMemory && !w.crash_looping()) {
+        starting.insert(w.key);
+      }
+    }
+  }
   starting.erase(key);
   const auto* ext = ExternalOfKey(config_, key);
   std::string device;

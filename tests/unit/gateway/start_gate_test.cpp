@@ -1,11 +1,11 @@
 // The supervisor's start gate (Gateway::StartGate) on a simulated shared
-// device: two services of the tiny chat model (a pinned, b on demand),
-// each predicted P bytes. A
-// start it let through counts on the device until its spawn is seen, and no
-// longer; a start beside one still loading counts only the rest of that
-// load. A real Gateway and Journal, fake workers, a stepped clock, a
-// simulated device's ledger that this process allocates on (as a loading
-// worker would).
+// device: three services of the tiny chat model (a pinned, b and c on
+// demand), each predicted P bytes. A start it let through counts on the
+// device until its spawn is seen, and no longer; a start beside one still
+// loading counts only the rest of that load; a pinned worker restarting
+// keeps its memory from on-demand starts. A real Gateway and Journal, fake
+// workers, a stepped clock, a simulated device's ledger that this process
+// allocates on (as a loading worker would).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -30,7 +30,7 @@ std::string Config() {
   const std::string model = std::string(m ? m : "build/models") + "/tiny-chat.gguf";
   std::string c = "[[device]]\nname = \"sim:0\"\nheadroom_mib = 0\nheadroom_pct = 0\n";
   // (a pinned: not unloaded to make room for b.)
-  for (const char* name : {"a", "b"}) {
+  for (const char* name : {"a", "b", "c"}) {
     c += "[[service]]\nname = \"" + std::string(name) + "\"\nmodel = \"" + model + "\"\nresidency = \"" +
          (name[0] == 'a' ? "pinned" : "on_demand") +
          "\"\n[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 512\n";
@@ -64,8 +64,12 @@ class StartGateTest : public ::testing::Test {
     auto j = journal::Journal::Open((dir_ / "journal.db").string(), {}, clock_);
     ASSERT_TRUE(j.ok()) << j.status().ToString();
     journal_ = std::move(*j);
-    workers_.SetOnDemand("b.0");
-    for (const char* k : {"a.0", "b.0"}) workers_.SetView(View(k, upstream::WorkerState::kBackoff, 0, 0));  // due to start
+    // b and c due to start; a (pinned) not wanting to start unless a test says so.
+    workers_.SetView(View("a.0", upstream::WorkerState::kStopped, 0, 0));
+    for (const char* k : {"b.0", "c.0"}) {
+      workers_.SetOnDemand(k);
+      workers_.SetView(View(k, upstream::WorkerState::kBackoff, 0, 0));
+    }
     gateway_ = std::make_unique<Gateway>(config_, *journal_, workers_, clock_, std::map<std::string, PlacementAdmission>{});
   }
   void TearDown() override {
@@ -99,10 +103,10 @@ class StartGateTest : public ::testing::Test {
 // will: the next start does not count on that memory.
 TEST_F(StartGateTest, AStartLetThroughCountsUntilItsSpawn) {
   Device(p_ + p_ / 2);  // room for one
-  ASSERT_TRUE(Gate("a.0").ok());
+  ASSERT_TRUE(Gate("c.0").ok());
   const Status st = Gate("b.0");
   EXPECT_FALSE(st.ok()) << "two starts let through on the memory of one";
-  EXPECT_EQ(gateway_->PendingStarts(workers_.Snapshot()), std::set<std::string>{"a.0"});
+  EXPECT_EQ(gateway_->PendingStarts(workers_.Snapshot()), std::set<std::string>{"c.0"});
 }
 
 // A start let through whose spawn failed at once (no free port, no binary:
@@ -110,11 +114,26 @@ TEST_F(StartGateTest, AStartLetThroughCountsUntilItsSpawn) {
 // (for 10 s, again at every retry).
 TEST_F(StartGateTest, AStartWhoseSpawnFailedAtOnceCountsNoLonger) {
   Device(p_ + p_ / 2);
-  ASSERT_TRUE(Gate("a.0").ok());
-  workers_.SetView(View("a.0", upstream::WorkerState::kBackoff, 0, 1));  // tried, failed, waiting to try again
+  ASSERT_TRUE(Gate("c.0").ok());
+  workers_.SetView(View("c.0", upstream::WorkerState::kBackoff, 0, 1));  // tried, failed, waiting to try again
   EXPECT_TRUE(gateway_->PendingStarts(workers_.Snapshot()).empty());
   const Status st = Gate("b.0");
   EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+// A pinned worker restarting (its process gone) keeps its memory from an
+// on-demand start: b loaded into it, and a then waited for b to go idle (for
+// good, when b outranked it). One whose starts keep failing holds none.
+TEST_F(StartGateTest, APinnedWorkerRestartingKeepsItsMemoryFromAnOnDemandStart) {
+  Device(p_ + p_ / 2);  // room for one
+  workers_.SetView(View("a.0", upstream::WorkerState::kBackoff, 0, 1));  // crashed, its restart due
+  const Status held = Gate("b.0");
+  EXPECT_FALSE(held.ok()) << "b loaded into the memory of pinned a, restarting";
+  auto failing = View("a.0", upstream::WorkerState::kBackoff, 0, 3);
+  failing.failed_starts = 3;
+  workers_.SetView(failing);
+  const Status st = Gate("b.0");
+  EXPECT_TRUE(st.ok()) << "a pinned worker that cannot start held the device: " << st.ToString();
 }
 
 // One still loading holds part of its memory already: a start beside it
