@@ -462,8 +462,11 @@ class Session : public std::enable_shared_from_this<Session> {
     // as its path and query (RFC 9112 3.2.2: a server accepts it); it was a 404.
     if (const beast::string_view t = req.target();
         t.size() > 7 && (beast::iequals(t.substr(0, 7), "http://") || beast::iequals(t.substr(0, 8), "https://"))) {
-      const size_t path = t.find('/', t.find("://") + 3);
-      req.target(path == beast::string_view::npos ? std::string("/") : std::string(t.substr(path)));
+      // (Its path begins at the first '/' or '?' after the authority: "http://h?x=1" is "/?x=1".)
+      const size_t path = t.find_first_of("/?", t.find("://") + 3);
+      req.target(path == beast::string_view::npos ? std::string("/")
+                 : t[path] == '?'                ? "/" + std::string(t.substr(path))
+                                                 : std::string(t.substr(path)));
     }
     // A body in a content coding (gzip, br) is not read as if it were plain:
     // its bytes were taken for JSON ("not valid JSON at byte 1"), and a plain

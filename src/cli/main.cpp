@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   // (`serve --state-dir --check`): CLI11 took "--check" as the value, and
   // serve started on the demo with a state directory named --check. Said so
   // instead; `--state-dir=--check` still means it.
-  if (argc > 2) {
+  if (argc > 2 && argv[1][0] != '-') {  // (a command, named above: CLI11 throws for a name it has not)
     if (const CLI::App* sub = app.get_subcommand_ptr(argv[1]).get()) {
       for (int i = 2; i + 1 < argc; ++i) {
         const std::string arg = argv[i], next = argv[i + 1];

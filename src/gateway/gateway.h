@@ -449,6 +449,7 @@ class Gateway {
     uint64_t bytes = 0;
     int64_t at_ms = 0;
     int attempts = 0;  // its worker's spawn attempts then: one more is the spawn it was let through for
+    bool pending = true;  // not refused by a later gate call (its bytes stay: ExpectedBytes)
   };
   std::map<std::string, Granted> granted_;  // what the gate last let each key start with (RoomGranted)
   // Keys waiting for their turn on an exclusive device: the device, since when.

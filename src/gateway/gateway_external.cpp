@@ -483,10 +483,11 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
       if (*took_room) co_return *port;  // (sent again: it holds its room)
       if (!NeedsRoomCheck(svc)) co_return *port;
       if (!external_lines_->BeginRoomCheck(rec.service)) {
-        // (Another request's check is under way; it ends in one telemetry
-        // read. Held: a read that never ends is bounded by the 60 s cap.)
+        // (Another request's check is under way, which ends in one telemetry
+        // read, or a load's start gate, which may wait seconds for a
+        // victim's release. Held: one that never ends is bounded by the 60 s cap.)
         if (held_since == 0) held_since = clock_.NowMs();
-        live.Waiting("waiting for service '" + svc.name + "' (another request's room check on " + svc.device + ")", 0);
+        live.Waiting("waiting for service '" + svc.name + "' (another room check on " + svc.device + ")", 0);
         co_await SignalFor(rec.service).Wait(std::chrono::milliseconds(20));
         continue;
       }

@@ -363,7 +363,7 @@ std::set<std::string> Gateway::PendingStarts(const std::vector<upstream::WorkerV
   const int64_t now = clock_.NowMs();
   for (const auto& w : workers) {
     auto g = granted_.find(w.key);
-    if (g == granted_.end() || now - g->second.at_ms > kGrantedSpawnMs) continue;
+    if (g == granted_.end() || !g->second.pending || now - g->second.at_ms > kGrantedSpawnMs) continue;
     // Spawned since (loading, ready, or gone again: a spawn that failed at
     // once takes nothing), or no longer wanted (released, stopped): not
     // about to load.

@@ -15,31 +15,61 @@ namespace {
 // How long the gate waits for a request's room check on its device to end
 // (one telemetry read) before it is asked again next round.
 constexpr int kDeviceCheckWaitMs = 1000;
-// Failed starts in a row past which a pinned worker's restart holds no memory.
+// A pinned worker's restart holds its memory from on-demand starts for this
+// long after its process ended, and while fewer starts than this in a row
+// failed: one that cannot come back (memory another program took, a model
+// that does not load) does not keep every on-demand service off the device.
+constexpr int64_t kPinnedHoldMs = 60'000;
 constexpr int kRestartsHoldingMemory = 3;
 
 }  // namespace
 
 Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibration) {
+  // Refused now, a start let through before (its round then spawned
+  // nothing) is no longer about to load.
+  struct Refused {
+    Gateway& g;
+    const std::string& key;
+    bool granted = false;
+    ~Refused() {
+      if (granted) return;
+      std::lock_guard<std::mutex> lk(g.residency_mu_);
+      if (auto it = g.granted_.find(key); it != g.granted_.end()) it->second.pending = false;
+    }
+  } refused{*this, key};
   const auto workers = supervisor_.Snapshot();
   int attempts = 0;
   for (const auto& w : workers) {
     if (w.key == key) attempts = w.spawn_attempts;
   }
   std::set<std::string> starting = PendingStarts(workers);
+  const int64_t now = clock_.NowMs();
   // A pinned worker restarting (its process gone: a crash, a lost device)
   // keeps its memory for its restart from the starts of movable services:
   // an on-demand one loaded into it, and the pinned one then waited until
-  // that went idle (for good, when it outranked it). One whose starts keep
-  // failing, or that crashes again and again, holds nothing. Pinned starts
-  // do not hold memory so from each other: two restarting together would
-  // each have kept the other's, and neither started.
+  // that went idle (for good, when it outranked it). Not for long, nor one
+  // whose starts keep failing or that crashes again and again (kPinnedHoldMs).
+  // Pinned starts do not hold memory so from each other: two restarting
+  // together would each have kept the other's, and neither started.
   if (supervisor_.OnDemand(key)) {
     for (const auto& w : workers) {
       if (w.state == upstream::WorkerState::kBackoff && w.pid <= 0 && !supervisor_.OnDemand(w.key) &&
-          w.failed_starts < kRestartsHoldingMemory && !w.crash_looping()) {
+          w.down_since_ms > 0 && now - w.down_since_ms < kPinnedHoldMs && w.failed_starts < kRestartsHoldingMemory &&
+          !w.crash_looping()) {
         starting.insert(w.key);
       }
+    }
+  }
+  // The host's memory is not RoomFor's to judge (it judges accelerators):
+  // a CPU worker still loading counts there at its whole prediction, as
+  // AdmitPlacement reserves it (what it loaded so far shows as used too:
+  // counted twice for a moment, not on memory it is about to take).
+  for (const auto& w : workers) {
+    const config::ServiceConfig* ws = nullptr;
+    size_t wk = 0;
+    if (w.state == upstream::WorkerState::kStarting && FindPlacement(config_, w.key, &ws, &wk) &&
+        ws->placements[wk].device == "cpu") {
+      starting.insert(w.key);
     }
   }
   starting.erase(key);
@@ -61,6 +91,9 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
       if (held) lines.EndDeviceCheck(device, who);
     }
   } check{*external_lines_, device, "the start of " + key};
+  // (Its estimate first, outside the device's check: a model the metadata
+  // cannot size is planned by a dry run of up to minutes, once.)
+  if (s) (void)PredictPlacementBytes(*s, k, config_.worker_binary);
   if (!device.empty() && device != "cpu") {
     for (int waited = 0; !(check.held = external_lines_->BeginDeviceCheck(device, check.who)); waited += 5) {
       if (waited >= kDeviceCheckWaitMs) {
@@ -92,6 +125,7 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
     need = a.predicted_bytes;
   }
   RoomGranted(key, need, attempts);
+  refused.granted = true;
   return Status::Ok();
 }
 

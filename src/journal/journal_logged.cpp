@@ -55,13 +55,13 @@ Status Journal::FinishRows(const std::string& id, State state, int64_t status, c
   // Only a non-terminal request changes: the first terminal state wins. One
   // that failed or was cancelled before any attempt ran (its client went
   // away while it waited, admission refused it), or that its worker refused
-  // as invalid (400, 413, 422: it did not run either), leaves its
+  // as invalid (400, 413: it did not run either), leaves its
   // Idempotency-Key free: a retry with the key runs, rather than replay an
   // end it never reached (Stripe's rule: a result is kept only once the
   // request ran; its corrected body heard "used with a different body").
   Stmt up(*stmts_,
           "UPDATE requests SET state=?2, result_status=?3, result_type=?4, result_body=?5, error=?6, "
-          "updated_ms=?7, idem_key=CASE WHEN ?2 IN ('failed','cancelled') AND (attempts=0 OR ?3 IN (400,413,422)) "
+          "updated_ms=?7, idem_key=CASE WHEN ?2 IN ('failed','cancelled') AND (attempts=0 OR ?3 IN (400,413)) "
           "THEN NULL ELSE idem_key END "
           "WHERE id=?1 AND state IN ('queued','running');");
   up.Bind(1, id).Bind(2, std::string(StateName(state))).Bind(3, status).Bind(4, content_type);

@@ -321,6 +321,7 @@ void Supervisor::Exited(Worker& w, const std::string& why, bool by_itself) {
   const bool wait_for_demand = w.spec.on_demand && !w.spec.restart_on_exit;
   w.view.state = wait_for_demand ? WorkerState::kStopped : WorkerState::kBackoff;
   const int64_t now = clock_.NowMs();
+  w.view.down_since_ms = now;
   const bool was_serving = w.ready_since_ms != 0;
   const bool served_long = was_serving && now - w.ready_since_ms > kCrashWindowMs;
   if (served_long) w.backoff_level = 0;

@@ -48,6 +48,7 @@ struct WorkerView {
     return last_error.empty() ? last_exit : last_exit.empty() ? last_error : last_exit + ": " + last_error;
   }
   int64_t next_start_ms = 0;  // clock time of the next start (while in backoff)
+  int64_t down_since_ms = 0;  // clock time its last process ended (0: none has)
   std::string log_path;
   bool on_demand = false;
   int64_t last_start_ms = 0;  // how long its last start took (spawn to ready), measured

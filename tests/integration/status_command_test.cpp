@@ -73,6 +73,8 @@ TEST(StatusCommandTest, TablesJsonWatchAndCancellingARequest) {
   r = Spillway("", "serve --state-dir --check");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("--state-dir needs a value, and '--check' is an option"), std::string::npos) << r.out;
+  r = Spillway("", "--help serve");  // (no command first: the check above looked it up, and aborted)
+  EXPECT_EQ(r.code, 0) << r.out;
   r = Spillway("", "serve --check --config /nonexistent/spillway.toml");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("cannot read config file /nonexistent/spillway.toml"), std::string::npos) << r.out;

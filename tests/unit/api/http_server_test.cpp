@@ -333,6 +333,10 @@ TEST_F(ServerFixture, RequestHeadsAreTakenAsRfc9112AndRfc9110Say) {
   absolute.Send("POST http://a:1/echo HTTP/1.1\r\nHost: a:1\r\nConnection: close\r\nContent-Length: 2\r\n\r\nhi");
   const std::string routed = absolute.ReadAll();
   EXPECT_NE(routed.find("200 OK"), std::string::npos) << routed;
+  RawPeer query(server_->port());  // (a '/' in its query is not its path)
+  query.Send("POST http://a:1?next=/echo HTTP/1.1\r\nHost: a:1\r\nConnection: close\r\nContent-Length: 2\r\n\r\nhi");
+  const std::string rooted = query.ReadAll();
+  EXPECT_EQ(rooted.find("200 OK"), std::string::npos) << "taken as /echo: " << rooted;
   // HTTP/1.0 has no Host requirement.
   RawPeer q(server_->port());
   q.Send("POST /echo HTTP/1.0\r\nContent-Length: 2\r\n\r\nhi");

@@ -123,17 +123,35 @@ TEST_F(StartGateTest, AStartWhoseSpawnFailedAtOnceCountsNoLonger) {
 
 // A pinned worker restarting (its process gone) keeps its memory from an
 // on-demand start: b loaded into it, and a then waited for b to go idle (for
-// good, when b outranked it). One whose starts keep failing holds none.
-TEST_F(StartGateTest, APinnedWorkerRestartingKeepsItsMemoryFromAnOnDemandStart) {
+// good, when b outranked it). Not for long, nor one whose starts keep
+// failing: one that cannot come back (memory another program took) kept
+// every on-demand service off the device.
+TEST_F(StartGateTest, APinnedWorkerRestartingKeepsItsMemoryFromAnOnDemandStartForAWhile) {
   Device(p_ + p_ / 2);  // room for one
-  workers_.SetView(View("a.0", upstream::WorkerState::kBackoff, 0, 1));  // crashed, its restart due
+  auto crashed = View("a.0", upstream::WorkerState::kBackoff, 0, 1);  // its restart due
+  crashed.down_since_ms = clock_.NowMs();
+  workers_.SetView(crashed);
   const Status held = Gate("b.0");
   EXPECT_FALSE(held.ok()) << "b loaded into the memory of pinned a, restarting";
-  auto failing = View("a.0", upstream::WorkerState::kBackoff, 0, 3);
-  failing.failed_starts = 3;
-  workers_.SetView(failing);
-  const Status st = Gate("b.0");
-  EXPECT_TRUE(st.ok()) << "a pinned worker that cannot start held the device: " << st.ToString();
+  clock_.Advance(60'000);
+  const Status later = Gate("b.0");
+  EXPECT_TRUE(later.ok()) << "a pinned worker down for a minute held the device: " << later.ToString();
+  workers_.SetView(View("b.0", upstream::WorkerState::kStopped, 0, 1));  // (b came and went)
+  crashed.down_since_ms = clock_.NowMs();
+  crashed.failed_starts = 3;
+  workers_.SetView(crashed);
+  const Status failing = Gate("c.0");
+  EXPECT_TRUE(failing.ok()) << "a pinned worker that cannot start held the device: " << failing.ToString();
+}
+
+// A start let through whose round spawned nothing (a later gate call
+// failed), refused when asked again: no longer about to load.
+TEST_F(StartGateTest, AStartRefusedAfterItWasLetThroughCountsNoLonger) {
+  Device(p_ + p_ / 2);
+  ASSERT_TRUE(Gate("c.0").ok());
+  Device(p_ / 2);  // another program took the device meanwhile: c is refused when asked again
+  EXPECT_FALSE(Gate("c.0").ok());
+  EXPECT_TRUE(gateway_->PendingStarts(workers_.Snapshot()).empty());
 }
 
 // One still loading holds part of its memory already: a start beside it

@@ -123,16 +123,21 @@ TEST_F(JournalTest, AKeyIsBoundOnlyOnceItsRequestRan) {
   ASSERT_TRUE(j_->Finish("ran", State::kFailed, 502, "application/json", "{}").ok());
   EXPECT_EQ(j_->Accept(Rec("retry3", "k-ran", "h"))->outcome, AcceptOutcome::kReplay);
   EXPECT_EQ(j_->Get("waited")->state, State::kCancelled) << "the row itself stays, for GET";
-  // A worker that refused it as invalid (400, 413, 422: its schema, its
+  // A worker that refused it as invalid (400, 413: its schema, its
   // logit_bias, a prompt past the context) did not run it: the corrected
-  // request may take the key (it heard "used with a different body" for a day).
-  for (int status : {400, 413, 422}) {
+  // request may take the key (it heard "used with a different body" for a
+  // day). A 422 is the engine's sampling failing as it generated: it ran.
+  for (int status : {400, 413}) {
     const std::string id = "invalid-" + std::to_string(status), key = "k-" + id;
     ASSERT_TRUE(j_->Accept(Rec(id, key, "h")).ok());
     ASSERT_TRUE(j_->StartAttempt(id, "cpu").ok());
     ASSERT_TRUE(j_->Finish(id, State::kFailed, status, "application/json", "{}").ok());
     EXPECT_EQ(j_->Accept(Rec("fixed-" + id, key, "other body"))->outcome, AcceptOutcome::kNew) << status;
   }
+  ASSERT_TRUE(j_->Accept(Rec("sampled", "k-sampled", "h")).ok());
+  ASSERT_TRUE(j_->StartAttempt("sampled", "cpu").ok());
+  ASSERT_TRUE(j_->Finish("sampled", State::kFailed, 422, "application/json", "{}").ok());
+  EXPECT_EQ(j_->Accept(Rec("retry4", "k-sampled", "h"))->outcome, AcceptOutcome::kReplay);
 }
 
 // A request recovered after a crash, and a start that stopped before it ran
