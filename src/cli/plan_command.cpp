@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <optional>
 
@@ -179,6 +181,18 @@ int Plan(PlanArgs a) {
 
 }  // namespace
 
+// A number that is one: CLI11's Range lets NaN through (every comparison
+// false), and a headroom of nan planned a budget of 0 ("DOES NOT FIT").
+static CLI::Validator Finite() {
+  return CLI::Validator(
+      [](std::string& text) {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        return end != text.c_str() && *end == '\0' && std::isfinite(v) ? std::string() : "must be a finite number";
+      },
+      "NUMBER");
+}
+
 void AddPlanCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<PlanArgs>();
   CLI::App* cmd = app.add_subcommand(
@@ -218,10 +232,10 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
           ->capture_default_str(),
       cmd->add_option("--kv-type", a->kv_type)->check(CLI::IsMember({"f16", "q8_0", "f32"}))->capture_default_str(),
       cmd->add_option("--headroom-mib", a->headroom_mib, "kept free on the device")
-          ->check(CLI::Range(0.0, 1e9))
+          ->check(Finite() & CLI::Range(0.0, 1e9))
           ->capture_default_str(),
       cmd->add_option("--headroom-pct", a->headroom_pct, "kept free, percent of capacity")
-          ->check(CLI::Range(0.0, 90.0))
+          ->check(Finite() & CLI::Range(0.0, 90.0))
           ->capture_default_str(),
       cmd->add_flag("--kv-unified", a->kv_unified,
                     "one KV pool shared by the slots, with flash attention (as the worker's --kv-unified)")};

@@ -257,6 +257,7 @@ TEST_F(PlanConfigTest, UnobservableDevicesAndInvalidConfigs) {
       {"plan --model " + model + " --gpu-layers 3x", "--gpu-layers must be a number"},
       {"plan --model " + model + " --gpu-layers -5", "--gpu-layers must be a number"},
       {"plan --model " + model + " --gpu-layers=-", "--gpu-layers must be a number"},
+      {"plan --model " + model + " --headroom-mib nan", "--headroom-mib: must be a finite number"},
   };
   for (const auto& [args, says] : wrong) {
     out = Spillway(args, &rc);
