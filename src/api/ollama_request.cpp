@@ -103,7 +103,7 @@ Status TranslateOptions(const json& body, OllamaCall* call) {
   if (Given(o, "seed")) {  // a negative seed is Ollama's "random"
     const bool huge = o["seed"].is_number_unsigned() && o["seed"].get<uint64_t>() > uint64_t{INT64_MAX};
     const auto n = huge ? std::optional<int64_t>(0) : whole("seed");
-    if (!n) return Bad("options.seed", "must be an integer");
+    if (!n) return Bad("options.seed", "must be an integer below 2^64");
     if (*n >= 0) {
       out["seed"] = huge ? o["seed"] : json(*n);
       call->renamed.emplace_back("seed", "options.seed");
@@ -111,7 +111,7 @@ Status TranslateOptions(const json& body, OllamaCall* call) {
   }
   if (Given(o, "repeat_last_n")) {  // -1: the whole context, 0: off
     const auto n = whole("repeat_last_n");
-    if (!n) return Bad("options.repeat_last_n", "must be an integer");
+    if (!n || *n < -1) return Bad("options.repeat_last_n", "must be -1 (the whole context), 0 (off) or a count of tokens");
     if (*n >= 0) {
       out["repeat_last_n"] = *n;
       call->renamed.emplace_back("repeat_last_n", "options.repeat_last_n");

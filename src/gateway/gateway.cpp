@@ -344,6 +344,11 @@ StatusOr<json> Gateway::ParseBody(const http::Request& req, int extra_depth) con
 }
 
 Status Gateway::Intake(const http::Request& req, const std::string& peer, Incoming& in) {
+  // Sent twice, which one names the request is anyone's guess (the first
+  // was taken, the second ignored in silence).
+  for (const char* once : {"idempotency-key", "x-request-id", "x-request-timeout"}) {
+    if (req.count(once) > 1) return Status::InvalidArgument(std::string("the header ") + once + " was sent more than once");
+  }
   auto idem = req.find("idempotency-key");
   std::string key;
   if (idem != req.end()) {

@@ -56,9 +56,10 @@ inline bool WaitsAhead(int64_t since_a, const std::string& id_a, int64_t since_b
 // is too long to keep: an Idempotency-Key does not replay it.
 inline constexpr std::string_view kAnswerNotKept = "answer not kept: relayed past its bound";
 
-// What a request past its X-Request-Timeout ends with (504), waiting or running.
+// What a request past its deadline ends with (504), waiting or running.
 inline Status DeadlinePassed() {
-  return Status::DeadlineExceeded("the request did not finish within its X-Request-Timeout");
+  return Status::DeadlineExceeded(
+      "the request did not finish within its deadline (its X-Request-Timeout, or its body's spillway_timeout_s)");
 }
 
 inline http::Response JsonResponse(unsigned status, const json& body, unsigned version) {

@@ -256,6 +256,11 @@ TEST(OllamaRequestTest, WrongBodiesAreClear400s) {
             std::string::npos);
   EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"options", {{"num_predict", -3}}}}).find("'options.num_predict'"),
             std::string::npos);
+  // -2 is no repeat window Ollama knows (-1: the whole context); it was taken as -1.
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"options", {{"repeat_last_n", -2}}}}).find("'options.repeat_last_n'"),
+            std::string::npos);
+  EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"options", {{"seed", 1e30}}}}).find("below 2^64"),
+            std::string::npos);
   EXPECT_NE(Error(OllamaRoute::kChat, {{"model", "m"}, {"keep_alive", "5 fortnights"}}).find("'keep_alive'"),
             std::string::npos);
   EXPECT_NE(Error(OllamaRoute::kEmbed, {{"model", "m"}, {"input", 5}}).find("'input'"), std::string::npos);

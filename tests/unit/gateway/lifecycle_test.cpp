@@ -818,6 +818,26 @@ TEST_F(LifecycleTest, XRequestTimeoutIsDecimalSeconds) {
   }
 }
 
+// A header that names the request, sent twice, is a 400: which one counts
+// was anyone's guess (the first was taken, the second ignored in silence).
+TEST_F(LifecycleTest, AHeaderThatNamesTheRequestSentTwiceIsRefused) {
+  for (const char* name : {"X-Request-Id", "Idempotency-Key", "X-Request-Timeout"}) {
+    http::Request req{bhttp::verb::post, "/v1/completions", 11};
+    req.set(bhttp::field::host, "127.0.0.1");
+    req.insert(name, "5");
+    req.insert(name, "6");
+    req.body() = json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump();
+    req.prepare_payload();
+    auto ex = std::make_shared<RecordingExchange>();
+    ex->peer = peer_;
+    gateway_->Handle(std::move(req), ex);
+    ASSERT_TRUE(ex->Wait());
+    EXPECT_EQ(ex->status(), 400u) << name << ": " << ex->body();
+    EXPECT_NE(ex->body().find("sent more than once"), std::string::npos) << ex->body();
+  }
+  EXPECT_EQ(primary_.calls() + fallback_.calls(), 0u);
+}
+
 // An Ollama embedding of many inputs (an answer of megabytes) is translated
 // whole, off the connection's I/O thread (its parse and dump held every
 // other connection on that thread for as long).
