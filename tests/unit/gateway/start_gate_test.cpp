@@ -29,10 +29,12 @@ std::string Config() {
   const char* m = std::getenv("SPILLWAY_MODELS");
   const std::string model = std::string(m ? m : "build/models") + "/tiny-chat.gguf";
   std::string c = "[[device]]\nname = \"sim:0\"\nheadroom_mib = 0\nheadroom_pct = 0\n";
-  // (a pinned: not unloaded to make room for b.)
-  for (const char* name : {"a", "b", "c"}) {
+  // (a pinned: not unloaded to make room for b. b and c keep_alive: loaded
+  // and unloaded as on-demand ones are, but not only for a request. d on
+  // demand: loaded for the requests that wait for it.)
+  for (const char* name : {"a", "b", "c", "d"}) {
     c += "[[service]]\nname = \"" + std::string(name) + "\"\nmodel = \"" + model + "\"\nresidency = \"" +
-         (name[0] == 'a' ? "pinned" : "on_demand") +
+         (name[0] == 'a' ? "pinned" : name[0] == 'd' ? "on_demand" : "keep_alive") +
          "\"\n[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 512\n";
   }
   return c;
@@ -66,6 +68,8 @@ class StartGateTest : public ::testing::Test {
     journal_ = std::move(*j);
     // b and c due to start; a (pinned) not wanting to start unless a test says so.
     workers_.SetView(View("a.0", upstream::WorkerState::kStopped, 0, 0));
+    workers_.SetOnDemand("d.0");
+    workers_.SetView(View("d.0", upstream::WorkerState::kStopped, 0, 0));
     for (const char* k : {"b.0", "c.0"}) {
       workers_.SetOnDemand(k);
       workers_.SetView(View(k, upstream::WorkerState::kBackoff, 0, 0));
@@ -142,6 +146,16 @@ TEST_F(StartGateTest, APinnedWorkerRestartingKeepsItsMemoryFromAnOnDemandStartFo
   workers_.SetView(crashed);
   const Status failing = Gate("c.0");
   EXPECT_TRUE(failing.ok()) << "a pinned worker that cannot start held the device: " << failing.ToString();
+}
+
+// An on-demand load is for the requests that wait for it: asked again
+// after they were served elsewhere (the CPU fallback), it is not let
+// through (it loaded for nobody once room came, evicting another).
+TEST_F(StartGateTest, AnOnDemandStartNobodyWaitsForIsCancelled) {
+  Device(4 * p_);
+  const Status st = Gate("d.0");
+  EXPECT_EQ(st.code(), StatusCode::kCancelled) << st.ToString();
+  EXPECT_TRUE(Gate("b.0").ok()) << "a keep_alive service loads for no request";
 }
 
 // A start let through whose round spawned nothing (a later gate call
