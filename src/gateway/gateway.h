@@ -124,10 +124,10 @@ class Gateway {
   // the placement's calibrated prediction (AdmitPlacement, beside the
   // starts let through moments ago: PendingStarts) and the device's own
   // view (RoomFor: who gives room). Ok: let through (RoomGranted).
-  // Unavailable: asked again next round; otherwise refused for now.
-  // Supervisor thread.
-  // Cancelled: an on-demand start (residency on_demand, on an accelerator)
-  // that no request waits for any more; the supervisor stops it.
+  // Unavailable: asked again next round. Cancelled: an on-demand start
+  // (residency on_demand, on an accelerator) that no request waits for any
+  // more; the supervisor stops it. Otherwise refused for now. Supervisor
+  // thread.
   Status StartGate(const std::string& key, PlacementCalibration* calibration);
   // Whether a request of `service` waits for a place to run (queued, or
   // queued again after a failed attempt).

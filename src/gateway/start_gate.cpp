@@ -37,6 +37,21 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
       if (auto it = g.granted_.find(key); it != g.granted_.end()) it->second.pending = false;
     }
   } refused{*this, key};
+  const auto* ext = ExternalOfKey(config_, key);
+  std::string device;
+  const config::ServiceConfig* s = nullptr;
+  size_t k = 0;
+  if (ext) device = ext->device;
+  else if (FindPlacement(config_, key, &s, &k)) device = s->placements[k].device;
+  // An on-demand load is for the requests that wait for it. One refused for
+  // room was asked again each second after its requests had gone to the
+  // CPU fallback, and loaded for nobody once room came (it evicted a
+  // service that had just served, which then loaded again for its next one).
+  const bool for_requests = device != "cpu" && (ext ? ext->residency.mode == "on_demand"
+                                                    : s && s->residency.mode == "on_demand");
+  if (for_requests && !AnyoneWaits(ext ? ext->name : s->name)) {
+    return Status::Cancelled("nobody waits for it any more (its requests were served elsewhere)");
+  }
   const auto workers = supervisor_.Snapshot();
   int attempts = 0;
   for (const auto& w : workers) {
@@ -73,21 +88,6 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
     }
   }
   starting.erase(key);
-  const auto* ext = ExternalOfKey(config_, key);
-  std::string device;
-  const config::ServiceConfig* s = nullptr;
-  size_t k = 0;
-  if (ext) device = ext->device;
-  else if (FindPlacement(config_, key, &s, &k)) device = s->placements[k].device;
-  // An on-demand load is for the requests that wait for it. One refused for
-  // room was asked again each second after its requests had gone to the
-  // CPU fallback, and loaded for nobody once room came (it evicted a
-  // service that had just served, which then loaded again for its next one).
-  const bool for_requests = device != "cpu" && (ext ? ext->residency.mode == "on_demand"
-                                                    : s && s->residency.mode == "on_demand");
-  if (for_requests && !AnyoneWaits(ext ? ext->name : s->name)) {
-    return Status::Cancelled("nobody waits for it any more (its requests were served elsewhere)");
-  }
   // The device's memory is checked by one at a time: a request's room check
   // for an external server's peak and this load each counted on the same
   // free memory (the request sent, the load let through). Held until the
@@ -123,8 +123,8 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
     const bool exclusive = !a.device.empty() && config_.Device(a.device).exclusive;
     // The device's own view too (RoomFor): it counts what a resident still
     // loading will take, external servers included, which AdmitPlacement
-    // (llama placements only, and only the starts with no process yet) does
-    // not see.
+    // (llama placements only, and on an accelerator only the starts with no
+    // process yet) does not see.
     if (a.predicted_bytes > 0 || exclusive) {
       // Not enough memory now: maybe another service can give room (residency, priorities).
       if (Status room = RoomFor(key, a.predicted_bytes, starting); !room.ok()) return room;

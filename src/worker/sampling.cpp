@@ -96,9 +96,11 @@ llama_sampler* BuildSamplerChain(const SamplerSettings& s, const llama_vocab* vo
 }
 
 Status CheckGrammar(const GrammarSpec& grammar, const llama_vocab* vocab) {
-  SPILLWAY_RETURN_IF_ERROR(CheckRepetitionBounds(grammar.gbnf));
   llama_sampler* g = GrammarSampler(grammar, vocab);
-  if (!g) return Status::InvalidArgument("llama.cpp rejected the grammar built for this request (tools or response_format)");
+  if (!g) {
+    SPILLWAY_RETURN_IF_ERROR(CheckRepetitionBounds(grammar.gbnf));  // (why, when it was that: GrammarSampler refused it)
+    return Status::InvalidArgument("llama.cpp rejected the grammar built for this request (tools or response_format)");
+  }
   llama_sampler_free(g);
   return Status::Ok();
 }

@@ -14,6 +14,19 @@
 
 namespace spillway::testing {
 
+// How a worker looks to the gateway (FakeWorkers::SetView): its state, pid,
+// when its current start began, and how many spawns were tried for it.
+inline upstream::WorkerView ViewOf(const std::string& key, upstream::WorkerState state, pid_t pid,
+                                   int64_t starting_since_ms = 0, int spawn_attempts = 0) {
+  upstream::WorkerView v;
+  v.key = key;
+  v.state = state;
+  v.pid = pid;
+  v.starting_since_ms = starting_since_ms;
+  v.spawn_attempts = spawn_attempts;
+  return v;
+}
+
 class FakeWorkers : public upstream::Workers {
  public:
   void SetReady(const std::string& key, uint16_t port) {

@@ -51,15 +51,6 @@ residency = "on_demand"
 device = "sim:0"
 )";
 
-upstream::WorkerView View(const std::string& key, upstream::WorkerState state, pid_t pid, int64_t since_ms) {
-  upstream::WorkerView v;
-  v.key = key;
-  v.state = state;
-  v.pid = pid;
-  v.starting_since_ms = since_ms;
-  return v;
-}
-
 class ExclusiveDeviceTest : public ::testing::Test {
  protected:
   virtual const char* Config() const { return kConfig; }
@@ -97,9 +88,9 @@ class ExclusiveDeviceTest : public ::testing::Test {
 
 TEST_F(ExclusiveDeviceTest, LoadsWaitForOneInProgressAndTakeTurnsInTheOrderTheyAsked) {
   const int64_t t0 = clock_.NowMs();
-  workers_.SetView(View("c.0", upstream::WorkerState::kStarting, ::getpid(), t0));
-  workers_.SetView(View("a.0", upstream::WorkerState::kBackoff, 0, 0));
-  workers_.SetView(View("b.0", upstream::WorkerState::kBackoff, 0, 0));
+  workers_.SetView(testing::ViewOf("c.0", upstream::WorkerState::kStarting, ::getpid(), t0));
+  workers_.SetView(testing::ViewOf("a.0", upstream::WorkerState::kBackoff, 0, 0));
+  workers_.SetView(testing::ViewOf("b.0", upstream::WorkerState::kBackoff, 0, 0));
   // c is loading: a waits (asked again next round), and b, asking later, waits behind a.
   Status st = Room("a.0");
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
@@ -108,7 +99,7 @@ TEST_F(ExclusiveDeviceTest, LoadsWaitForOneInProgressAndTakeTurnsInTheOrderTheyA
   st = Room("b.0");
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
   // c is gone: a, first in line, loads; b still waits its turn.
-  workers_.SetView(View("c.0", upstream::WorkerState::kStopped, 0, 0));
+  workers_.SetView(testing::ViewOf("c.0", upstream::WorkerState::kStopped, 0, 0));
   st = Room("b.0");
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
   EXPECT_NE(st.message().find("a.0 asked first"), std::string::npos) << st.message();
@@ -121,8 +112,8 @@ TEST_F(ExclusiveDeviceTest, LoadsWaitForOneInProgressAndTakeTurnsInTheOrderTheyA
 }
 
 TEST_F(ExclusiveDeviceTest, ALoadThatHangsDoesNotHoldTheDeviceForEver) {
-  workers_.SetView(View("c.0", upstream::WorkerState::kStarting, ::getpid(), clock_.NowMs()));
-  workers_.SetView(View("a.0", upstream::WorkerState::kBackoff, 0, 0));
+  workers_.SetView(testing::ViewOf("c.0", upstream::WorkerState::kStarting, ::getpid(), clock_.NowMs()));
+  workers_.SetView(testing::ViewOf("a.0", upstream::WorkerState::kBackoff, 0, 0));
   EXPECT_EQ(Room("a.0").code(), StatusCode::kUnavailable);
   clock_.Advance(admission::kExclusiveStartWaitMs);
   const Status st = Room("a.0");
@@ -147,15 +138,15 @@ TEST_F(ExclusiveDeviceTest, AWaiterOutsideItsWindowKeepsNoOneWaitingBehindIt) {
   const int64_t t0 = clock_.NowMs();
   config_.services[0].residency.priority = "batch";  // (read per call) a, from now for ten minutes
   config_.services[0].residency.windows = {LocalHhMm(t0) + "-" + LocalHhMm(t0 + 10 * 60'000)};
-  workers_.SetView(View("c.0", upstream::WorkerState::kStarting, ::getpid(), t0));
-  workers_.SetView(View("a.0", upstream::WorkerState::kBackoff, 0, 0));
-  workers_.SetView(View("b.0", upstream::WorkerState::kBackoff, 0, 0));
+  workers_.SetView(testing::ViewOf("c.0", upstream::WorkerState::kStarting, ::getpid(), t0));
+  workers_.SetView(testing::ViewOf("a.0", upstream::WorkerState::kBackoff, 0, 0));
+  workers_.SetView(testing::ViewOf("b.0", upstream::WorkerState::kBackoff, 0, 0));
   EXPECT_EQ(Room("a.0").code(), StatusCode::kUnavailable);  // behind c's load, first in line
   clock_.Advance(20 * 60'000);
   const Status outside = Room("a.0");
   EXPECT_EQ(outside.code(), StatusCode::kResourceExhausted) << outside.ToString();
   EXPECT_NE(outside.message().find("outside its accelerator window"), std::string::npos) << outside.message();
-  workers_.SetView(View("c.0", upstream::WorkerState::kStopped, 0, 0));
+  workers_.SetView(testing::ViewOf("c.0", upstream::WorkerState::kStopped, 0, 0));
   const Status st = Room("b.0");
   EXPECT_TRUE(st.ok()) << "b waits behind a load that cannot happen: " << st.ToString();
 }
@@ -211,15 +202,15 @@ class TwoExclusiveDevicesTest : public ExclusiveDeviceTest {
 
 TEST_F(TwoExclusiveDevicesTest, EachDeviceKeepsItsOwnLine) {
   const int64_t t0 = clock_.NowMs();
-  workers_.SetView(View("d.0", upstream::WorkerState::kStarting, ::getpid(), t0));  // loading on sim:1
-  workers_.SetView(View("b.0", upstream::WorkerState::kBackoff, 0, 0));
-  workers_.SetView(View("c.0", upstream::WorkerState::kBackoff, 0, 0));
-  workers_.SetView(View("a.0", upstream::WorkerState::kBackoff, 0, 0));
+  workers_.SetView(testing::ViewOf("d.0", upstream::WorkerState::kStarting, ::getpid(), t0));  // loading on sim:1
+  workers_.SetView(testing::ViewOf("b.0", upstream::WorkerState::kBackoff, 0, 0));
+  workers_.SetView(testing::ViewOf("c.0", upstream::WorkerState::kBackoff, 0, 0));
+  workers_.SetView(testing::ViewOf("a.0", upstream::WorkerState::kBackoff, 0, 0));
   EXPECT_EQ(Room("b.0").code(), StatusCode::kUnavailable);  // first in sim:1's line
   clock_.Advance(10);
   EXPECT_EQ(Room("c.0").code(), StatusCode::kUnavailable);  // behind b
   EXPECT_TRUE(Room("a.0").ok());                            // sim:0: nobody else there
-  workers_.SetView(View("d.0", upstream::WorkerState::kStopped, 0, 0));
+  workers_.SetView(testing::ViewOf("d.0", upstream::WorkerState::kStopped, 0, 0));
   const Status st = Room("c.0");
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << "c went before b, who asked first: " << st.ToString();
   EXPECT_NE(st.message().find("b.0 asked first"), std::string::npos) << st.message();
@@ -261,14 +252,14 @@ class SharedDeviceStartTest : public ExclusiveDeviceTest {
 // external server's start beside it must not count on the memory the model
 // is about to take (it did: the gate read only what the device showed free).
 TEST_F(SharedDeviceStartTest, AResidentStillLoadingKeepsWhatItWillTake) {
-  workers_.SetView(View("big.0", upstream::WorkerState::kStarting, ::getpid(), clock_.NowMs()));
+  workers_.SetView(testing::ViewOf("big.0", upstream::WorkerState::kStarting, ::getpid(), clock_.NowMs()));
   const Status loading = gateway_->RoomFor("ext.ext", 400ull << 20);
   EXPECT_EQ(loading.code(), StatusCode::kResourceExhausted) << loading.ToString();
   // Loaded (ready, not starting): what it holds is what the device shows; here nothing, so there is room.
-  workers_.SetView(View("big.0", upstream::WorkerState::kReady, ::getpid(), clock_.NowMs()));
+  workers_.SetView(testing::ViewOf("big.0", upstream::WorkerState::kReady, ::getpid(), clock_.NowMs()));
   EXPECT_TRUE(gateway_->RoomFor("ext.ext", 400ull << 20).ok());
   // A start the gate let through without a process yet counts too.
-  workers_.SetView(View("big.0", upstream::WorkerState::kBackoff, 0, 0));
+  workers_.SetView(testing::ViewOf("big.0", upstream::WorkerState::kBackoff, 0, 0));
   EXPECT_EQ(gateway_->RoomFor("ext.ext", 400ull << 20, {"big.0"}).code(), StatusCode::kResourceExhausted);
 }
 
@@ -276,7 +267,7 @@ TEST_F(SharedDeviceStartTest, AResidentStillLoadingKeepsWhatItWillTake) {
 // service's placements: outside its window its start finds no room (it was
 // started, and unloaded again once idle, for every burst of requests).
 TEST_F(SharedDeviceStartTest, AnExternalServerOutsideItsWindowIsNotStarted) {
-  workers_.SetView(View("big.0", upstream::WorkerState::kReady, ::getpid(), clock_.NowMs()));
+  workers_.SetView(testing::ViewOf("big.0", upstream::WorkerState::kReady, ::getpid(), clock_.NowMs()));
   ASSERT_TRUE(gateway_->RoomFor("ext.ext", 400ull << 20).ok());
   const int64_t later = clock_.NowMs() + 3 * 3600'000;
   config_.externals[0].residency.priority = "batch";  // (read per call) a window three hours from now

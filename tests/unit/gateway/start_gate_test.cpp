@@ -40,15 +40,6 @@ std::string Config() {
   return c;
 }
 
-upstream::WorkerView View(const std::string& key, upstream::WorkerState state, pid_t pid, int attempts) {
-  upstream::WorkerView v;
-  v.key = key;
-  v.state = state;
-  v.pid = pid;
-  v.spawn_attempts = attempts;
-  return v;
-}
-
 class StartGateTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -67,12 +58,12 @@ class StartGateTest : public ::testing::Test {
     ASSERT_TRUE(j.ok()) << j.status().ToString();
     journal_ = std::move(*j);
     // b and c due to start; a (pinned) not wanting to start unless a test says so.
-    workers_.SetView(View("a.0", upstream::WorkerState::kStopped, 0, 0));
+    workers_.SetView(testing::ViewOf("a.0", upstream::WorkerState::kStopped, 0));
     workers_.SetOnDemand("d.0");
-    workers_.SetView(View("d.0", upstream::WorkerState::kStopped, 0, 0));
+    workers_.SetView(testing::ViewOf("d.0", upstream::WorkerState::kStopped, 0));
     for (const char* k : {"b.0", "c.0"}) {
       workers_.SetOnDemand(k);
-      workers_.SetView(View(k, upstream::WorkerState::kBackoff, 0, 0));
+      workers_.SetView(testing::ViewOf(k, upstream::WorkerState::kBackoff, 0));
     }
     gateway_ = std::make_unique<Gateway>(config_, *journal_, workers_, clock_, std::map<std::string, PlacementAdmission>{});
   }
@@ -119,7 +110,7 @@ TEST_F(StartGateTest, AStartLetThroughCountsUntilItsSpawn) {
 TEST_F(StartGateTest, AStartWhoseSpawnFailedAtOnceCountsNoLonger) {
   Device(p_ + p_ / 2);
   ASSERT_TRUE(Gate("c.0").ok());
-  workers_.SetView(View("c.0", upstream::WorkerState::kBackoff, 0, 1));  // tried, failed, waiting to try again
+  workers_.SetView(testing::ViewOf("c.0", upstream::WorkerState::kBackoff, 0, 0, 1));  // tried, failed, waiting to try again
   EXPECT_TRUE(gateway_->PendingStarts(workers_.Snapshot()).empty());
   const Status st = Gate("b.0");
   EXPECT_TRUE(st.ok()) << st.ToString();
@@ -132,7 +123,7 @@ TEST_F(StartGateTest, AStartWhoseSpawnFailedAtOnceCountsNoLonger) {
 // every on-demand service off the device.
 TEST_F(StartGateTest, APinnedWorkerRestartingKeepsItsMemoryFromAnOnDemandStartForAWhile) {
   Device(p_ + p_ / 2);  // room for one
-  auto crashed = View("a.0", upstream::WorkerState::kBackoff, 0, 1);  // its restart due
+  auto crashed = testing::ViewOf("a.0", upstream::WorkerState::kBackoff, 0, 0, 1);  // its restart due
   crashed.down_since_ms = clock_.NowMs();
   workers_.SetView(crashed);
   const Status held = Gate("b.0");
@@ -140,7 +131,7 @@ TEST_F(StartGateTest, APinnedWorkerRestartingKeepsItsMemoryFromAnOnDemandStartFo
   clock_.Advance(60'000);
   const Status later = Gate("b.0");
   EXPECT_TRUE(later.ok()) << "a pinned worker down for a minute held the device: " << later.ToString();
-  workers_.SetView(View("b.0", upstream::WorkerState::kStopped, 0, 1));  // (b came and went)
+  workers_.SetView(testing::ViewOf("b.0", upstream::WorkerState::kStopped, 0, 0, 1));  // (b came and went)
   crashed.down_since_ms = clock_.NowMs();
   crashed.failed_starts = 3;
   workers_.SetView(crashed);
@@ -175,7 +166,7 @@ TEST_F(StartGateTest, AStartBesideOneStillLoadingCountsOnlyTheRestOfThatLoad) {
   Device(2 * p_ + p_ / 4);  // room for both, loaded or not
   ASSERT_TRUE(Gate("a.0").ok());
   Device(2 * p_ + p_ / 4, p_ / 2);  // a is loading: half of it is on the device
-  workers_.SetView(View("a.0", upstream::WorkerState::kStarting, ::getpid(), 1));
+  workers_.SetView(testing::ViewOf("a.0", upstream::WorkerState::kStarting, ::getpid(), 0, 1));
   const Status st = Gate("b.0");
   EXPECT_TRUE(st.ok()) << st.ToString();
 }
@@ -186,7 +177,7 @@ TEST_F(StartGateTest, AStartBesideOneStillLoadingDoesNotTakeWhatThatOneWillLoad)
   Device(p_ + p_ / 2);
   ASSERT_TRUE(Gate("a.0").ok());
   Device(p_ + p_ / 2, p_ / 2);
-  workers_.SetView(View("a.0", upstream::WorkerState::kStarting, ::getpid(), 1));
+  workers_.SetView(testing::ViewOf("a.0", upstream::WorkerState::kStarting, ::getpid(), 0, 1));
   EXPECT_FALSE(Gate("b.0").ok());
 }
 
