@@ -124,14 +124,9 @@ class Gateway {
   // the placement's calibrated prediction (AdmitPlacement, beside the
   // starts let through moments ago: PendingStarts) and the device's own
   // view (RoomFor: who gives room). Ok: let through (RoomGranted).
-  // Unavailable: asked again next round. Cancelled: an on-demand start
-  // (residency on_demand, on an accelerator) that no request waits for any
-  // more; the supervisor stops it. Otherwise refused for now. Supervisor
-  // thread.
+  // Unavailable: asked again next round; otherwise refused for now.
+  // Supervisor thread.
   Status StartGate(const std::string& key, PlacementCalibration* calibration);
-  // Whether a request of `service` waits for a place to run (queued, or
-  // queued again after a failed attempt).
-  bool AnyoneWaits(const std::string& service);
   // The starts the gate let through whose spawn has not happened yet: in
   // `workers` (a supervisor snapshot) still waiting to be spawned, no
   // process, no spawn tried since. They hold nothing on their device yet

@@ -43,15 +43,6 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
   size_t k = 0;
   if (ext) device = ext->device;
   else if (FindPlacement(config_, key, &s, &k)) device = s->placements[k].device;
-  // An on-demand load is for the requests that wait for it. One refused for
-  // room was asked again each second after its requests had gone to the
-  // CPU fallback, and loaded for nobody once room came (it evicted a
-  // service that had just served, which then loaded again for its next one).
-  const bool for_requests = device != "cpu" && (ext ? ext->residency.mode == "on_demand"
-                                                    : s && s->residency.mode == "on_demand");
-  if (for_requests && !AnyoneWaits(ext ? ext->name : s->name)) {
-    return Status::Cancelled("nobody waits for it any more (its requests were served elsewhere)");
-  }
   const auto workers = supervisor_.Snapshot();
   int attempts = 0;
   for (const auto& w : workers) {

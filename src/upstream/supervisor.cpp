@@ -558,14 +558,6 @@ void Supervisor::Round() {
       const int64_t now = clock_.NowMs();
       for (auto& [k, w] : workers_) {
         if (auto it = refused.find(k); it != refused.end()) {
-          // Cancelled: an on-demand start nobody waits for any more (its
-          // requests were served elsewhere): stopped, not tried again each
-          // second until it loads for nobody (evicting another for it).
-          if (it->second.code() == StatusCode::kCancelled && w.spec.on_demand && !w.spec.restart_on_exit) {
-            w.view.state = WorkerState::kStopped;
-            w.view.last_exit = "not started: " + it->second.message();
-            continue;
-          }
           w.view.last_exit = "not admitted: " + it->second.message();
           // Unavailable: waiting on another start that is about to finish (asked again next round); else no room.
           w.view.next_start_ms = now + (it->second.code() == StatusCode::kUnavailable ? 0 : 1000);

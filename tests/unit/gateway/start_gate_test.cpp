@@ -139,16 +139,6 @@ TEST_F(StartGateTest, APinnedWorkerRestartingKeepsItsMemoryFromAnOnDemandStartFo
   EXPECT_TRUE(failing.ok()) << "a pinned worker that cannot start held the device: " << failing.ToString();
 }
 
-// An on-demand load is for the requests that wait for it: asked again
-// after they were served elsewhere (the CPU fallback), it is not let
-// through (it loaded for nobody once room came, evicting another).
-TEST_F(StartGateTest, AnOnDemandStartNobodyWaitsForIsCancelled) {
-  Device(4 * p_);
-  const Status st = Gate("d.0");
-  EXPECT_EQ(st.code(), StatusCode::kCancelled) << st.ToString();
-  EXPECT_TRUE(Gate("b.0").ok()) << "a keep_alive service loads for no request";
-}
-
 // A start let through whose round spawned nothing (a later gate call
 // failed), refused when asked again: no longer about to load.
 TEST_F(StartGateTest, AStartRefusedAfterItWasLetThroughCountsNoLonger) {

@@ -72,31 +72,6 @@ TEST_F(SupervisorTest, AStartThatFallsDueWhileTheGateRunsIsGatedToo) {
   sup.Stop(1000);  // before the gate's state above goes
 }
 
-// A start the gate cancels (an on-demand load nobody waits for any more) is
-// stopped, not asked again each second until it loads for nobody.
-TEST_F(SupervisorTest, AnOnDemandStartTheGateCancelsIsStoppedNotRetried) {
-  Supervisor& sup = *sup_;
-  sup.Add(Sleeper("a.ext"));
-  std::atomic<int> asked{0};
-  sup.SetStartGate([&](const std::string&) {
-    ++asked;
-    return Status::Cancelled("nobody waits for it any more");
-  });
-  Start();
-  sup.Demand("a.ext");
-  for (int i = 0; i < 500 && asked == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_GT(asked.load(), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // (a refusal for room is asked again each second)
-  EXPECT_EQ(asked.load(), 1) << "asked again for nobody";
-  for (const auto& w : sup.Snapshot()) {
-    if (w.key != "a.ext") continue;
-    EXPECT_EQ(w.state, WorkerState::kStopped) << WorkerStateName(w.state);
-    EXPECT_NE(w.last_exit.find("nobody waits"), std::string::npos) << w.last_exit;
-  }
-  EXPECT_LE(PidOf(sup, "a.ext"), 0);
-  sup.Stop(1000);
-}
-
 // The record of an external server "old.ext" a previous gateway started.
 WorkerRecord PreviousExternal(pid_t pid, uint64_t start_time) {
   WorkerRecord r;
