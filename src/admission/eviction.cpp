@@ -32,8 +32,14 @@ std::string Mib(uint64_t b) {
 }  // namespace
 
 EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_priority, const std::string& requester_key,
-                          const std::vector<Resident>& residents, bool exclusive) {
+                          const std::vector<Resident>& residents, bool exclusive, bool awaited) {
   EvictionPlan plan;
+  // Who may give room at all: not a pinned one, nor one that outranks the
+  // requester, nor (for a load nobody waits for) one of its own rank.
+  auto may_give = [&](const Resident& r) {
+    return !r.pinned && r.key != requester_key &&
+           (awaited ? r.priority >= requester_priority : r.priority > requester_priority);
+  };
   if (exclusive) {
     // Every other service loaded there, even one that holds nothing yet (still starting, once it has had its
     // time); not the requester's own other placements (keys are "<service>.<n>").
@@ -53,6 +59,11 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
     std::string names;
     for (const auto& r : residents) {
       if (r.pinned || r.key == requester_key || r.service == own) continue;
+      if (!awaited && !may_give(r)) {
+        plan = EvictionPlan{};
+        plan.reason = "exclusive device: " + r.service + " is loaded there and no request waits for this load";
+        return plan;
+      }
       plan.evict.push_back(r.key);
       if (r.running > 0) plan.drain.push_back(r.key);
       plan.freed += r.bytes;
@@ -76,7 +87,7 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
   }
   std::vector<const Resident*> allowed;
   for (const auto& r : residents) {
-    if (r.pinned || r.key == requester_key || r.priority < requester_priority || r.bytes == 0) continue;
+    if (!may_give(r) || r.bytes == 0) continue;
     if (r.InUse() && r.priority <= requester_priority) continue;  // busy: only for a higher priority
     allowed.push_back(&r);
   }
@@ -94,7 +105,8 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
   }
   if (freed < missing) {
     plan.reason = "needs " + Mib(need) + ", " + Mib(available) + " available, and unloading every service it may (" +
-                  std::to_string(allowed.size()) + ") would free only " + Mib(freed);
+                  std::to_string(allowed.size()) + ") would free only " + Mib(freed) +
+                  (awaited ? "" : " (no request waits for this load: none of its own priority is unloaded for it)");
     return plan;
   }
   plan.fits = true;

@@ -7,6 +7,11 @@
 //
 //   never    a pinned service, one of higher priority than the requester
 //            (interactive > batch > background), the requester itself;
+//            for a load no request waits for (`awaited` false: an
+//            on-demand start asked again after its requests went to the CPU
+//            path), one of its own priority too: it loads only when room
+//            comes or a lower class gives it, never by unloading a peer that
+//            would load again for its own next request;
 //   busy     a service with requests running, or still loading, or just
 //            loaded with requests waiting for it (InUse), is taken only by
 //            a requester of strictly higher priority (interactive over
@@ -22,7 +27,8 @@
 //
 // An exclusive device (`exclusive = true`, llama-swap's "swap" group: one
 // model at a time) has one rule instead: every other service loaded there
-// that is not pinned is unloaded, whatever its priority and whether or not
+// that is not pinned is unloaded, whatever its priority (for a load nobody
+// waits for, only lower ones: else it is refused) and whether or not
 // the room would suffice, busy ones after their running requests end. A
 // service still loading (for at most kExclusiveStartWaitMs), or loaded less
 // than kExclusiveServeFirstMs ago with requests waiting for it and none
@@ -78,7 +84,7 @@ inline constexpr int64_t kExclusiveStartWaitMs = 120000;
 inline constexpr int64_t kExclusiveServeFirstMs = 2000;
 
 EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_priority, const std::string& requester_key,
-                          const std::vector<Resident>& residents, bool exclusive = false);
+                          const std::vector<Resident>& residents, bool exclusive = false, bool awaited = true);
 
 // Whether `minute_of_day` (0..1439, local time) falls in one of `windows`
 // ("HH:MM-HH:MM", end exclusive; a range that ends before it starts crosses

@@ -148,9 +148,13 @@ int Plan(PlanArgs a) {
       out["exact_error"] = err;
     }
   }
+  // Exit 3: no fit check (a device whose memory cannot be read: no such
+  // device, no driver), as --config says of one; a plan that says nothing
+  // of the device is no yes.
+  const int unchecked = fit->capacity ? 0 : 3;
   if (a.json_out) {
     std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());  // (a path in any bytes)
-    return shape_problem.empty() ? 0 : 1;
+    return shape_problem.empty() ? unchecked : 1;
   }
   std::printf("%s (%s, %d layers) on %s, %d GPU layers (%d repeating + output %s), ctx %u, %u slots, KV %s\n",
               shown.c_str(), shape.architecture.c_str(), L, a.device.c_str(), layers, est.layers_on_accelerator,
@@ -176,7 +180,7 @@ int Plan(PlanArgs a) {
     std::printf("this shape cannot work: %s (spillway serve refuses it)\n", shape_problem.c_str());
     return 1;
   }
-  return 0;
+  return unchecked;
 }
 
 }  // namespace
@@ -199,7 +203,7 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
       "plan",
       "Memory plan for a model on a device: bytes per component and device, whether it fits with headroom, the "
       "largest context and layer split that fit (exit 1: a shape serve refuses, such as an embedding model's ctx "
-      "that is not a multiple of its slots). With --config: whether a whole config's services fit together on "
+      "that is not a multiple of its slots; 3: the device's memory is unknown, no fit check). With --config: whether a whole config's services fit together on "
       "each accelerator, which combinations fit, and what would be evicted first (exit 0: all fit together, 1: "
       "only by switching, 2: the pinned ones do not fit or the config is invalid, 3: a device's memory is unknown)");
   auto* model = cmd->add_option("--model", a->model, "GGUF file, or ollama:NAME[:TAG] from Ollama's store "

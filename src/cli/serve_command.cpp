@@ -286,7 +286,10 @@ int Serve(const ServeArgs& a) {
     notifications.WorkerReady(key);
     {
       std::lock_guard<std::mutex> lk(*ready_mu);
-      if (first_ready->insert(key).second) {
+      // Every load is logged (a restart's and each on-demand load's too);
+      // the count of workers loaded only on the way to "every worker is ready".
+      const bool first = first_ready->insert(key).second;
+      {
         size_t total = 0, on_demand = 0, loaded = 0;
         const auto workers = supervisor.Snapshot();
         for (const auto& w : workers) {
@@ -301,12 +304,15 @@ int Serve(const ServeArgs& a) {
           } else if (w.on_demand) {
             std::printf("spillway: on-demand worker %s ready after %.1f s\n", key.c_str(),
                         static_cast<double>(w.last_start_ms) / 1000);
+          } else if (!first) {
+            std::printf("spillway: worker %s ready again after %.1f s (restart %d: %s)\n", key.c_str(),
+                        static_cast<double>(w.last_start_ms) / 1000, w.restarts, w.last_exit.c_str());
           } else {
             std::printf("spillway: worker %s ready after %.1f s (%zu of %zu loaded)\n", key.c_str(),
                         static_cast<double>(w.last_start_ms) / 1000, loaded, total);
           }
         }
-        if (loaded == total && !supervisor.OnDemand(key)) {
+        if (first && loaded == total && !supervisor.OnDemand(key)) {
           std::printf("spillway: every worker is ready%s\n",
                       on_demand ? " (on-demand replicas start with their first request)" : "");
         }

@@ -141,8 +141,12 @@ class Gateway {
   // and the gate asks again. `starting`: keys the gate let start that have no
   // process yet (an exclusive device counts them as loading). On an exclusive
   // device the loads wait their turn, first come first served (Unavailable:
-  // asked again next round). Supervisor thread.
-  Status RoomFor(const std::string& key, uint64_t need_bytes, const std::set<std::string>& starting = {});
+  // asked again next round). `awaited`: a request waits for this load
+  // (false: an on-demand load asked again after its requests went
+  // elsewhere, which unloads no service of its own priority; eviction.h).
+  // Supervisor thread.
+  Status RoomFor(const std::string& key, uint64_t need_bytes, const std::set<std::string>& starting = {},
+                 bool awaited = true);
   // The gate let `key` start, expecting it to hold `bytes` (its calibrated
   // prediction; 0: not known): no longer held back for want of room, and
   // counted as loading on its device from now, before its process exists
@@ -237,6 +241,9 @@ class Gateway {
   Status StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms);
   // What a request waiting for a start is told ("sim:0/99 is starting (3 s of its 120 s start timeout)").
   std::string StartingNote(const config::ServiceConfig& svc);
+  // Whether a request of `service` waits for a place to run (queued, or
+  // queued again after a failed attempt, or in an external server's line).
+  bool AnyoneWaits(const std::string& service);
   // The longest start timeout of the service's runnable placements.
   int64_t StartWaitMs(const config::ServiceConfig& svc);
   // Gives back what an attempt held (cells, its place in the CPU line, a

@@ -70,6 +70,16 @@ std::string Gateway::StartingNote(const config::ServiceConfig& svc) {
   return note.empty() ? "waiting for a worker of '" + svc.name + "' to start" : "waiting for a worker: " + note;
 }
 
+bool Gateway::AnyoneWaits(const std::string& service) {
+  if (auto it = waiting_by_service_.find(service); it != waiting_by_service_.end() && it->second->load() > 0) return true;
+  if (config_.FindExternal(service) && external_lines_->Waiting(service) > 0) return true;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [id, live] : live_) {
+    if (live->service == service && live->phase.load() == LivePhase::kQueued) return true;
+  }
+  return false;
+}
+
 Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms) {
   // Every placement that may run keeps failing to start (a device that is
   // gone, a driver that refuses), or the wait has outlasted the start

@@ -174,7 +174,7 @@ uint64_t Gateway::ExpectedBytes(const std::string& key) const {
   return 0;
 }
 
-Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<std::string>& starting) {
+Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<std::string>& starting, bool awaited) {
   // Who is asking: an accelerator placement or an external server.
   std::string device, service;
   int priority = 0;
@@ -302,7 +302,8 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
   // may not have allocated yet): a load beside them counted on it too.
   upcoming += SentPeaksOn(device, *reading, workers);
   available = available > upcoming ? available - upcoming : 0;
-  const admission::EvictionPlan plan = admission::PlanEviction(need, available, priority, key, residents, dc.exclusive);
+  const admission::EvictionPlan plan =
+      admission::PlanEviction(need, available, priority, key, residents, dc.exclusive, awaited);
   if (!plan.fits && !plan.wait) {
     std::lock_guard<std::mutex> lk(residency_mu_);
     exclusive_waits_.erase(key);  // it cannot load even alone: it keeps no one waiting behind it

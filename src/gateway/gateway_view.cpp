@@ -330,10 +330,16 @@ void Gateway::AddServiceViews(json& status, const json& requests) {
     // to serve); one whose fallback serves meanwhile is degraded. Not one
     // that takes nothing now (a breaker open, not admitted): its requests
     // get 503, and it read as unloaded, loaded again by the next request.
+    // Never loaded since the gateway started (a service whose first request
+    // loads it): "standby", not "evicted" (nothing was unloaded).
     for (const auto& p : placements) {
       if (serving <= 0 && p.value("role", "") == "primary" && p.value("on_demand", false) &&
           p.value("state", "") == "stopped" && !BreakerOpen(p) && p.value("admitted", true)) {
-        state = "evicted";
+        state = p.value("loads", 0) > 0 ? "evicted" : "standby";
+        if (state == "standby" && serving == 0) {
+          view["summary"] = "not loaded yet: its first request loads " + p.value("placement", std::string()) +
+                            " (on demand) and waits for the load";
+        }
       }
     }
     s["state"] = state;

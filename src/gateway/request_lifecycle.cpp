@@ -122,14 +122,18 @@ boost::asio::awaitable<void> RequestLifecycle::Finish(State state, int status, s
   g_.metrics_.RequestFinished(rec_.service, Outcome(state), placement_, placement_key_, (now - t0_) / 1000.0);
 }
 
-boost::asio::awaitable<void> RequestLifecycle::EndStreamWithError(State state, json error_body, std::string why) {
+boost::asio::awaitable<void> RequestLifecycle::EndStreamWithError(State state, json error_body, std::string why,
+                                                                  int refused) {
   const std::string ev = reply_.StoreFinalError(error_body);
-  co_await Finish(state, 200, "text/event-stream", reply_.stored(), why);
+  const int recorded = refused == 400 || refused == 413 ? refused : 200;
+  co_await Finish(state, recorded, "text/event-stream", reply_.stored(), why);
   reply_.SendFinal(ev);
 }
 
 boost::asio::awaitable<void> RequestLifecycle::Fail(State state, Status st) {
-  if (reply_.head_sent()) co_return co_await EndStreamWithError(state, ErrorJson(st, rec_.id), st.message());
+  if (reply_.head_sent()) {
+    co_return co_await EndStreamWithError(state, ErrorJson(st, rec_.id), st.message(), HttpStatusFor(st.code()));
+  }
   co_await Finish(state, HttpStatusFor(st.code()), "application/json", ErrorText(st, rec_.id), st.message());
   reply_.Error(st);
 }
@@ -240,7 +244,7 @@ boost::asio::awaitable<void> RequestLifecycle::DeliverRefusal(const AttemptResul
   if (reply_.head_sent()) {
     const json eb = json::parse(r.body, nullptr, false);
     const json error_event = eb.is_object() ? eb : ErrorJson(Status::Unavailable(r.body), rec_.id);
-    co_return co_await EndStreamWithError(r.stream_state, error_event, r.body);
+    co_return co_await EndStreamWithError(r.stream_state, error_event, r.body, r.status);
   }
   co_await Finish(r.stream_state, r.status, "application/json", r.body, r.body);
   reply_.Answer(r.status, "application/json", r.body, &served, RetryAfterOf(r));

@@ -70,7 +70,12 @@ class RequestLifecycle {
   // The one place a request ends: the journal first, then (by the caller) the client.
   boost::asio::awaitable<void> Finish(State state, int status, std::string type, std::string body, std::string err);
   // A stream the client already has (it may have started while waiting) ends with an error event.
-  boost::asio::awaitable<void> EndStreamWithError(State state, nlohmann::json error_body, std::string why);
+  // `refused`: the status its error would have had before the head went
+  // out; recorded (400 and 413 only: refused as invalid, it did not run)
+  // so that its Idempotency-Key is left free for the corrected request, as
+  // for one refused before its head.
+  boost::asio::awaitable<void> EndStreamWithError(State state, nlohmann::json error_body, std::string why,
+                                                  int refused = 200);
   boost::asio::awaitable<void> Fail(State state, Status st);
   bool PastDeadline() const;
   std::chrono::milliseconds Remaining() const;

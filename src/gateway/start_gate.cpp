@@ -57,15 +57,21 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
   // whose starts keep failing or that crashes again and again (kPinnedHoldMs).
   // Pinned starts do not hold memory so from each other: two restarting
   // together would each have kept the other's, and neither started.
+  std::string held_for;  // (named in a refusal: the memory looked free)
   if (supervisor_.OnDemand(key)) {
     for (const auto& w : workers) {
       if (w.state == upstream::WorkerState::kBackoff && w.pid <= 0 && !supervisor_.OnDemand(w.key) &&
           w.down_since_ms > 0 && now - w.down_since_ms < kPinnedHoldMs && w.failed_starts < kRestartsHoldingMemory &&
           !w.crash_looping()) {
-        starting.insert(w.key);
+        if (starting.insert(w.key).second) held_for += (held_for.empty() ? "" : ", ") + w.key;
       }
     }
   }
+  auto refuse = [&](const Status& st) {
+    if (held_for.empty()) return st;
+    return Status(st.code(), st.message() + " (memory held for the restart of pinned " + held_for + ", down " +
+                                 "for less than " + std::to_string(kPinnedHoldMs / 1000) + " s)");
+  };
   // The host's memory is not RoomFor's to judge (it judges accelerators):
   // a CPU worker still loading counts there at its whole prediction, as
   // AdmitPlacement reserves it (what it loaded so far shows as used too:
@@ -102,11 +108,16 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
+  // An on-demand load is for the requests waiting for it. Asked again each
+  // second after they went to the CPU path, it unloads no peer of its own
+  // class for nobody (which would load again for its own next request).
+  const config::ResidencyConfig* residency = ext ? &ext->residency : s ? &s->residency : nullptr;
+  const bool awaited = !(residency && residency->mode == "on_demand") || AnyoneWaits(ext ? ext->name : s->name);
   uint64_t need = 0;  // what it is let start with (calibrated)
   if (ext) {
     // An external server: its resident memory (measured, else declared) must fit its device.
     need = ExternalResidentBytes(*ext);
-    if (Status room = RoomFor(key, need, starting); !room.ok()) return room;
+    if (Status room = RoomFor(key, need, starting, awaited); !room.ok()) return refuse(room);
   } else {
     auto a = AdmitPlacement(calibration, config_, key, starting);
     // An exclusive device (one service at a time) unloads the others even
@@ -118,10 +129,10 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
     // process yet) does not see.
     if (a.predicted_bytes > 0 || exclusive) {
       // Not enough memory now: maybe another service can give room (residency, priorities).
-      if (Status room = RoomFor(key, a.predicted_bytes, starting); !room.ok()) return room;
+      if (Status room = RoomFor(key, a.predicted_bytes, starting, awaited); !room.ok()) return refuse(room);
       if (!a.admitted) a = AdmitPlacement(calibration, config_, key, starting);  // room there now: judged again
     }
-    if (!a.admitted) return Status::ResourceExhausted(a.reason);
+    if (!a.admitted) return refuse(Status::ResourceExhausted(a.reason));
     need = a.predicted_bytes;
   }
   RoomGranted(key, need, attempts);

@@ -219,6 +219,8 @@ function placementState(p) {
   // A crash loop shows as one, not as a worker that restarts now and then.
   if (p.crashes > 1) return `${p.state} (crashed ${p.crashes}× in a row soon after starting)`;
   if (p.failed_starts > 1) return `${p.state} (failed to start ${p.failed_starts}× in a row)`;
+  // On demand and stopped is no fault: its next request loads it.
+  if (p.state === 'stopped' && p.on_demand) return p.loads > 0 ? 'unloaded (on demand)' : 'not loaded yet (on demand)';
   return p.state || 'not started';
 }
 
@@ -237,7 +239,7 @@ function renderServices(services, externals) {
     const rows = (s.placements || []).map((p) => el('tr', {},
       el('td', { text: p.placement }),
       el('td', { text: p.role }),
-      el('td', {}, el('span', { class: `badge ${p.state || 'stopped'}`, text: placementState(p) })),
+      el('td', {}, el('span', { class: `badge ${p.state === 'stopped' && p.on_demand ? 'standby' : p.state || 'stopped'}`, text: placementState(p) })),
       el('td', {}, el('span', { class: `badge ${(p.breaker && p.breaker.state) || ''}`, title: breakerText(p.breaker), text: (p.breaker && p.breaker.state) || '–' })),
       el('td', { class: 'rss', text: p.rss_bytes ? mib(p.rss_bytes) : '–' }),
       el('td', { text: p.admitted === false ? `not admitted: ${p.admission}` : [p.last_exit, p.last_error].filter(Boolean).join(': ') })));

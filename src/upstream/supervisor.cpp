@@ -302,10 +302,10 @@ std::string LastLogLine(const std::string& path, int64_t written_from) {
 
 }  // namespace
 
-void Supervisor::Exited(Worker& w, const std::string& why, bool by_itself) {
+void Supervisor::Exited(Worker& w, const std::string& why, bool by_itself, bool log_says_why) {
   if (!w.dying) memory_freed_ = true;  // (a killed one's memory is free once Poll reaps it)
   w.view.last_exit = why;
-  w.view.last_error = LastLogLine(w.view.log_path, w.log_from);
+  w.view.last_error = log_says_why ? LastLogLine(w.view.log_path, w.log_from) : "";
   w.view.pid = 0;
   w.view.port = 0;
   w.view.adopted = false;
@@ -413,8 +413,11 @@ void Supervisor::Poll(Worker& w, bool may_start) {
     return;
   }
   if (Ended(Process(w), &status)) {
-    // (-1: an adopted process, whose status is not ours to read: not counted as a crash)
-    Exited(w, DescribeEnd(status), status != -1 && !(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
+    // (-1: an adopted process, whose status is not ours to read: not counted
+    // as a crash. SIGKILL, which Spillway did not send here: the kernel's
+    // OOM killer, or a person.)
+    const bool killed = status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    Exited(w, DescribeEnd(status), status != -1 && !killed, /*log_says_why=*/!killed);
     return;
   }
   if (w.view.state == WorkerState::kStarting) {

@@ -273,7 +273,10 @@ class Supervisor : public Workers {
   void Poll(Worker& w, bool may_start);
   // `by_itself`: it ended on its own (an exit, a signal other than SIGKILL),
   // not killed from outside or by the supervisor.
-  void Exited(Worker& w, const std::string& why, bool by_itself = false);
+  // `log_says_why`: the worker's last log line is kept as its own reason
+  // (last_error); not for a kill from outside, about which its log knows
+  // nothing (its last line was whatever it printed last: its banner).
+  void Exited(Worker& w, const std::string& why, bool by_itself = false, bool log_says_why = true);
   // SIGKILL to its group, without waiting for its end (the lock is held:
   // a process stuck in the kernel must not stall callers; see Worker::dying),
   // then Exited(w, why).

@@ -634,10 +634,16 @@ TEST(GatewaySupervisorTest, KilledWorkerIsRestartedAndOtherServicesAreUnaffected
   EXPECT_NE(after["pid"], pid);
   EXPECT_EQ(after["restarts"], 1);
   EXPECT_EQ(after["last_exit"], "signal 9");
+  EXPECT_FALSE(after.contains("last_error")) << "its log's last line (its banner) is no reason for a kill from outside";
   EXPECT_GT(embed_ok.load(), 0);
   EXPECT_EQ(embed_bad.load(), 0) << first_bad;
   EXPECT_EQ(Call(p, "POST", "/v1/chat/completions", Chat(4)).status, 200);
   EXPECT_NE(Call(p, "GET", "/metrics").body.find("spillway_worker_restarts_total{worker=\"chat.0\"} 1"), std::string::npos);
+  // (Logged once the gateway has taken it back, a moment after its status read ready.)
+  for (int i = 0; i < 250 && gw.Output().find("worker chat.0 ready again after") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_NE(gw.Output().find("worker chat.0 ready again after"), std::string::npos) << "its restart's load was not logged";
 }
 
 TEST(GatewayQueueTest, CancelWhileQueuedLeavesTheRunningRequestAlone) {

@@ -408,6 +408,14 @@ TEST_F(SimTest, PlanMatchesLlamaCppsDryRunAndPicksALayerSplit) {
   EXPECT_FALSE(held["fits"].get<bool>()) << held.dump();
   kill(holder, SIGKILL);
   waitpid(holder, nullptr, 0);
+  // A device whose memory cannot be read (sim:9 has no ledger): the estimate, no fit check, exit 3.
+  const std::string none = RunCommand(BinDir() + "/spillway plan --model " + ModelPath("demo-chat") + " --device sim:9", &rc);
+  EXPECT_EQ(rc, 3) << none;
+  EXPECT_NE(none.find("no fit check"), std::string::npos) << none;
+  json unknown = json::parse(RunCommand(BinDir() + "/spillway plan --json --model " + ModelPath("demo-chat") +
+                                        " --device sim:9 2>/dev/null", &rc), nullptr, false);
+  EXPECT_EQ(rc, 3);
+  EXPECT_TRUE(unknown.is_object() && unknown["fits"].is_null()) << unknown.dump();
   // Bad input: a clear error, exit 2.
   RunCommand(BinDir() + "/spillway plan --model /nonexistent.gguf 2>&1", &rc);
   EXPECT_EQ(rc, 2);

@@ -152,6 +152,34 @@ TEST(EvictionTest, AnExclusiveDeviceUnloadsEveryOtherServiceEvenWhenTheRoomSuffi
   EXPECT_TRUE(no.evict.empty());
 }
 
+// An on-demand load asked again after its requests went to the CPU path is
+// for nobody: it unloads no idle peer of its own class (which would load
+// again for its own next request), only a lower one; a waiting request's
+// load still may.
+TEST(EvictionTest, ALoadNobodyWaitsForUnloadsOnlyALowerClass) {
+  const std::vector<Resident> rs = {R("interactive-idle", 0, 400), R("batch-idle", 1, 200)};
+  auto p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, /*awaited=*/false);
+  EXPECT_FALSE(p.fits) << "only the batch service (200 MiB) may give room: not enough";
+  EXPECT_TRUE(p.evict.empty());
+  EXPECT_NE(p.reason.find("no request waits for this load"), std::string::npos) << p.reason;
+  p = PlanEviction(300 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, /*awaited=*/false);
+  ASSERT_TRUE(p.fits) << p.reason;
+  EXPECT_EQ(p.evict, (std::vector<std::string>{"batch-idle.0"}));
+  p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, /*awaited=*/true);
+  ASSERT_TRUE(p.fits) << p.reason;
+  EXPECT_EQ(p.evict, (std::vector<std::string>{"batch-idle.0", "interactive-idle.0"}));
+  // Room enough without unloading anyone: it loads either way.
+  EXPECT_TRUE(PlanEviction(50 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, false).fits);
+  // An exclusive device: a peer of its class stays; a lower one alone is unloaded.
+  p = PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", rs, /*exclusive=*/true, /*awaited=*/false);
+  EXPECT_FALSE(p.fits);
+  EXPECT_TRUE(p.evict.empty());
+  EXPECT_NE(p.reason.find("interactive-idle is loaded there and no request waits"), std::string::npos) << p.reason;
+  p = PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {R("batch-idle", 1, 200)}, true, false);
+  ASSERT_TRUE(p.fits) << p.reason;
+  EXPECT_EQ(p.evict, (std::vector<std::string>{"batch-idle.0"}));
+}
+
 TEST(EvictionTest, Windows) {
   EXPECT_TRUE(InWindow({}, 720));
   EXPECT_TRUE(InWindow({"02:00-05:00"}, 2 * 60));

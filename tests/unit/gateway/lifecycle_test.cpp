@@ -1089,6 +1089,36 @@ TEST_F(LifecycleTest, AStreamCutMidwayIsContinuedElsewhereAsOneStream) {
   EXPECT_EQ(rec.result_body.find(": spillway"), std::string::npos) << "comments are not part of the stored answer";
 }
 
+// A stream that waited long enough to start early (its head and wait
+// comments out) and that its worker then refused as invalid (400: it did
+// not run) leaves its Idempotency-Key free, as one refused before its head
+// does: the corrected request under the key runs (it heard "used with a
+// different body", 422, and had to draw a new key).
+TEST_F(LifecycleTest, AnEarlyStreamItsWorkerRefusedAsInvalidLeavesItsKeyFree) {
+  auto running = TakeEveryPlace("e-");
+  ASSERT_EQ(running.size(), 3u);
+  auto early = Complete("r-early", true, {{"Idempotency-Key", "k-early"}});
+  ASSERT_TRUE(ToldWhyItWaits("r-early"));
+  clock_.Advance(5000);  // past wait_comment_s: its next note (at most 2 s on) starts the stream
+  ASSERT_TRUE(Eventually([&] { return early->streamed(); })) << "the stream did not start early";
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    Refuse(ex, Status::InvalidArgument("logit_bias names token 999999"));
+  };
+  Answer(primary_.TakeHeld(0), "one");
+  ASSERT_TRUE(early->Wait());
+  EXPECT_NE(early->body().find("999999"), std::string::npos) << early->body();
+  EXPECT_EQ(Journaled("r-early").state, journal::State::kFailed);
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "corrected"); };
+  auto again = Send("/v1/completions", json{{"model", "chat"}, {"prompt", "hello again"}, {"max_tokens", 8}}.dump(),
+                    "POST", {{"Idempotency-Key", "k-early"}, {"X-Request-Id", "r-corrected"}});
+  ASSERT_TRUE(again->Wait());
+  EXPECT_EQ(again->status(), 200u) << again->body();
+  EXPECT_NE(again->body().find("corrected"), std::string::npos) << again->body();
+  Answer(primary_.TakeHeld(1), "two");
+  Answer(fallback_.TakeHeld(0), "three");
+  for (auto& r : running) EXPECT_TRUE(r->Wait());
+}
+
 // A worker gone after its answer's last chunk (its finish_reason) but before
 // [DONE]: the client has the whole answer. It is completed, with the [DONE]
 // the worker did not send, not continued elsewhere (a continuation replayed
@@ -1863,10 +1893,18 @@ class OnePlacementLifecycleTest : public LifecycleTest {
 
 // An unloaded on-demand primary is "evicted" (its next request loads it),
 // unless it takes nothing now: with its breaker open its requests get 503,
-// and it read as unloaded, loaded again by the next request.
+// and it read as unloaded, loaded again by the next request. One never
+// loaded since the gateway started is "standby" (it read as evicted).
 TEST_F(OnePlacementLifecycleTest, AnUnloadedPrimaryWhoseBreakerIsOpenIsUnavailable) {
   workers_.SetOnDemand("chat.0");
   workers_.Release("chat.0");
+  EXPECT_TRUE(Eventually([&] { return StatusNow()["services"][0]["state"] == "standby"; }))
+      << StatusNow()["services"][0].dump();
+  EXPECT_NE(StatusNow()["services"][0]["serving"]["summary"].get<std::string>().find("not loaded yet"), std::string::npos)
+      << StatusNow()["services"][0].dump();
+  auto loaded_once = testing::ViewOf("chat.0", upstream::WorkerState::kStopped, 0);
+  loaded_once.starts = 1;
+  workers_.SetView(loaded_once);
   EXPECT_TRUE(Eventually([&] { return StatusNow()["services"][0]["state"] == "evicted"; }))
       << StatusNow()["services"][0].dump();
   workers_.Exit("chat.0", "signal 9");  // its breaker opens

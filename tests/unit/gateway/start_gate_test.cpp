@@ -1,6 +1,6 @@
 // The supervisor's start gate (Gateway::StartGate) on a simulated shared
-// device: three services of the tiny chat model (a pinned, b and c on
-// demand), each predicted P bytes. A start it let through counts on the
+// device: four services of the tiny chat model (a pinned, b and c
+// keep_alive, d on demand), each predicted P bytes. A start it let through counts on the
 // device until its spawn is seen, and no longer; a start beside one still
 // loading counts only the rest of that load; a pinned worker restarting
 // keeps its memory from on-demand starts. A real Gateway and Journal, fake
@@ -128,6 +128,8 @@ TEST_F(StartGateTest, APinnedWorkerRestartingKeepsItsMemoryFromAnOnDemandStartFo
   workers_.SetView(crashed);
   const Status held = Gate("b.0");
   EXPECT_FALSE(held.ok()) << "b loaded into the memory of pinned a, restarting";
+  EXPECT_NE(held.message().find("held for the restart of pinned a.0"), std::string::npos)
+      << "the refusal does not say why the free memory is not b's: " << held.ToString();
   clock_.Advance(60'000);
   const Status later = Gate("b.0");
   EXPECT_TRUE(later.ok()) << "a pinned worker down for a minute held the device: " << later.ToString();
@@ -137,6 +139,23 @@ TEST_F(StartGateTest, APinnedWorkerRestartingKeepsItsMemoryFromAnOnDemandStartFo
   workers_.SetView(crashed);
   const Status failing = Gate("c.0");
   EXPECT_TRUE(failing.ok()) << "a pinned worker that cannot start held the device: " << failing.ToString();
+}
+
+// An on-demand load is for the requests that wait for it. Asked again after
+// they were served elsewhere (the CPU fallback), it unloads no idle service
+// of its own class for nobody (found live: it did, and that one loaded again
+// for its own next request).
+TEST_F(StartGateTest, AnOnDemandStartNobodyWaitsForUnloadsNoPeer) {
+  Device(p_ + p_ / 2, p_);  // b, loaded and idle, holds p of it (this process stands for b's worker)
+  auto b = testing::ViewOf("b.0", upstream::WorkerState::kReady, ::getpid(), 0, 1);
+  b.ready_since_ms = clock_.NowMs() - 60'000;
+  workers_.SetView(b);
+  const Status st = Gate("d.0");
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
+  EXPECT_NE(st.message().find("no request waits for this load"), std::string::npos) << st.ToString();
+  for (const auto& w : workers_.Snapshot()) {
+    if (w.key == "b.0") EXPECT_EQ(w.state, upstream::WorkerState::kReady) << "b was unloaded for a load nobody waits for";
+  }
 }
 
 // A start let through whose round spawned nothing (a later gate call

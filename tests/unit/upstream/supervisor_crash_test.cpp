@@ -73,6 +73,8 @@ TEST_F(SupervisorTest, AServerKilledFromOutsideIsWantedBackSoon) {
     const WorkerView w = ViewOf(sup, "killed.ext");
     EXPECT_EQ(w.crashes, 0) << "a SIGKILL from outside counted as its own crash";
     EXPECT_EQ(w.last_exit, "signal 9");
+    // Its log knows nothing of a kill from outside: its last line ("fake-upstream listening on ...") is no reason.
+    EXPECT_EQ(w.last_error, "") << "kill " << kill_n;
   }
 }
 
