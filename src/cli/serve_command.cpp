@@ -298,7 +298,10 @@ int Serve(const ServeArgs& a) {
         }
         for (const auto& w : workers) {
           if (w.key != key) continue;
-          if (w.adopted) {
+          if (w.adopted && w.on_demand) {  // (not among the workers loaded at start: no count)
+            std::printf("spillway: on-demand worker %s ready: adopted from the previous gateway, nothing reloaded\n",
+                        key.c_str());
+          } else if (w.adopted) {
             std::printf("spillway: worker %s ready: adopted from the previous gateway, nothing reloaded (%zu of %zu)\n",
                         key.c_str(), loaded, total);
           } else if (w.on_demand) {

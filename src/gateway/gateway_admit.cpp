@@ -52,7 +52,8 @@ std::string Gateway::StartingNote(const config::ServiceConfig& svc) {
       const auto* st = &board_.placement(svc.name, k);
       if (w.key != st->key || !st->admission.admitted || w.state == upstream::WorkerState::kReady) continue;
       const int64_t now = clock_.NowMs();
-      std::string part = st->cfg.Name() + " is " + upstream::WorkerStateName(w.state);
+      std::string part = st->cfg.Name();
+      if (w.state != upstream::WorkerState::kBackoff) part += std::string(" is ") + upstream::WorkerStateName(w.state);
       if (w.state == upstream::WorkerState::kStarting) {
         part += " (";
         if (w.load_total_bytes > 0) {
@@ -60,9 +61,12 @@ std::string Gateway::StartingNote(const config::ServiceConfig& svc) {
         }
         part += std::to_string((now - w.starting_since_ms) / 1000) + " s of its " +
                 std::to_string(w.start_timeout_ms / 1000) + " s start timeout)";
-      } else if (w.state == upstream::WorkerState::kBackoff && !w.last_exit.empty()) {
-        part += " after " + w.last_exit + ", next start in " +
-                std::to_string(std::max<int64_t>(0, (w.next_start_ms - now + 999) / 1000)) + " s";
+      } else if (w.state == upstream::WorkerState::kBackoff) {
+        // Refused by the start gate (no room: "not admitted: ..."), or backing off after a failure.
+        const std::string in = std::to_string(std::max<int64_t>(0, (w.next_start_ms - now + 999) / 1000)) + " s";
+        part += w.last_exit.empty()                          ? " waits to start (in " + in + ")"
+                : w.last_exit.rfind("not admitted", 0) == 0 ? " waits to start (" + w.last_exit + "; asked again in " + in + ")"
+                                                            : " is backing off after " + w.last_exit + ", next start in " + in;
       }
       note += (note.empty() ? "" : "; ") + part;
     }

@@ -185,7 +185,8 @@ json Gateway::StatusJson() const {
         w["port"] = v.port;
         w["rss_bytes"] = v.rss_bytes;  // its host RAM, as the supervisor last sampled it
         w["restarts"] = v.restarts;
-        w["loads"] = v.starts;  // processes spawned for it (0: never loaded since the gateway started)
+        w["loads"] = v.starts;  // processes spawned for it
+        w["ever_ready"] = v.ever_ready;  // false: never loaded since the gateway started (adopted: loaded)
         w["adopted"] = v.adopted;  // serving since before this gateway started (a crash), not reloaded
         w["last_exit"] = v.last_exit;
         if (!v.last_error.empty()) w["last_error"] = v.last_error;

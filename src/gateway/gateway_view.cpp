@@ -279,8 +279,24 @@ void Gateway::AddServiceViews(json& status, const json& requests) {
     if (serving < 0) {
       state = loading ? "loading" : "unavailable";
       // How far a load is: the share of the model loaded, and seconds of its start timeout.
+      // Nothing serves: requests wait for a placement to come back (a
+      // breaker's ejection ending, a worker restarting, room on its device)
+      // up to the admission's bound or their deadline; it said "get 503".
+      std::string back;
+      for (const auto& p : placements) {
+        for (const char* b : {"breaker", "device_breaker"}) {
+          if (!BreakerIsOpen(p, b) || !p[b].contains("retry_in_ms")) continue;
+          back += "; " + p.value("placement", std::string()) + (b[0] == 'd' ? "'s device breaker" : "'s breaker") +
+                  " lets a request through again in " +
+                  std::to_string((p[b]["retry_in_ms"].get<int64_t>() + 999) / 1000) + " s";
+          break;
+        }
+      }
+      const int cap_s = static_cast<int>(std::max(svc->admission.max_delay_s, kQueueWaitMs / 1000.0));
       view["summary"] = loading ? "no placement is ready yet, requests wait; " + StartingNote(*svc)
-                                : "no placement can serve now; requests get 503 with the reason";
+                                : "no placement can serve now" + back + "; requests wait up to " +
+                                      std::to_string(cap_s) + " s (or their deadline) for one to come back, then get " +
+                                      "503 with the reason";
     } else {
       const auto& p = svc->placements[static_cast<size_t>(serving)];
       const std::string model = svc->ModelLabel(static_cast<size_t>(serving));
@@ -335,10 +351,12 @@ void Gateway::AddServiceViews(json& status, const json& requests) {
     for (const auto& p : placements) {
       if (serving <= 0 && p.value("role", "") == "primary" && p.value("on_demand", false) &&
           p.value("state", "") == "stopped" && !BreakerOpen(p) && p.value("admitted", true)) {
-        state = p.value("loads", 0) > 0 ? "evicted" : "standby";
-        if (state == "standby" && serving == 0) {
-          view["summary"] = "not loaded yet: its first request loads " + p.value("placement", std::string()) +
-                            " (on demand) and waits for the load";
+        state = p.value("ever_ready", false) ? "evicted" : "standby";
+        if (serving == 0) {
+          view["summary"] = (state == "standby" ? "not loaded yet: its first request loads "
+                                                : "unloaded (idle, or its room given to another service): its next "
+                                                  "request loads ") +
+                            p.value("placement", std::string()) + " again (on demand) and waits for the load";
         }
       }
     }

@@ -662,6 +662,7 @@ void Supervisor::Round() {
       Worker& w = it->second;
       const int64_t now = clock_.NowMs();
       w.view.state = WorkerState::kReady;
+      w.view.ever_ready = true;
       w.view.last_start_ms = now - w.spawned_ms;
       w.ready_since_ms = now;
       w.next_health_ms = now + kHealthPeriodMs;  // its first passed health check ends the failed-start count

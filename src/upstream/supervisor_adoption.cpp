@@ -310,6 +310,7 @@ void Supervisor::AdoptOrStop(const RecordFile& f, std::set<pid_t>* adopted, std:
   w.view.pid = rec.pid;
   w.view.port = rec.port;
   w.view.state = WorkerState::kReady;
+  w.view.ever_ready = true;
   w.view.adopted = true;
   w.view.last_start_ms = 0;  // nothing was loaded
   w.start_time = rec.start_time;

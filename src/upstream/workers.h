@@ -28,6 +28,7 @@ struct WorkerView {
   uint16_t port = 0;
   int restarts = 0;
   int starts = 0;  // processes spawned for it (loads), restarts and on-demand starts included
+  bool ever_ready = false;  // ready at least once since the gateway started (adopted included)
   // Spawns tried for it, those that failed at once (no free port, no
   // binary) included: a start the gate let through has happened, one way
   // or the other, once this moves (Gateway::PendingStarts).

@@ -117,6 +117,7 @@ TEST(WorkerAdoptionTest, Kill9ThenRestartServesOnTheSameWorkersWithoutReload) {
     const json& w = after.at(key);
     EXPECT_EQ(PidOf(w), pid) << key << " was started again: " << w.dump();
     EXPECT_TRUE(w["adopted"].get<bool>()) << w.dump();
+    EXPECT_TRUE(w["ever_ready"].get<bool>()) << "adopted, it was loaded (unloaded later, it read as never loaded)";
     EXPECT_EQ(w["state"], "ready");
     EXPECT_EQ(w["restarts"], 0);
   }

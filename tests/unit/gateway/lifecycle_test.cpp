@@ -1903,14 +1903,20 @@ TEST_F(OnePlacementLifecycleTest, AnUnloadedPrimaryWhoseBreakerIsOpenIsUnavailab
   EXPECT_NE(StatusNow()["services"][0]["serving"]["summary"].get<std::string>().find("not loaded yet"), std::string::npos)
       << StatusNow()["services"][0].dump();
   auto loaded_once = testing::ViewOf("chat.0", upstream::WorkerState::kStopped, 0);
-  loaded_once.starts = 1;
+  loaded_once.ever_ready = true;  // (loaded once: by this gateway, or adopted from the one before)
   workers_.SetView(loaded_once);
   EXPECT_TRUE(Eventually([&] { return StatusNow()["services"][0]["state"] == "evicted"; }))
       << StatusNow()["services"][0].dump();
+  EXPECT_NE(StatusNow()["services"][0]["serving"]["summary"].get<std::string>().find("unloaded"), std::string::npos)
+      << "an unloaded placement was said to serve: " << StatusNow()["services"][0].dump();
   workers_.Exit("chat.0", "signal 9");  // its breaker opens
   ASSERT_EQ(StatusNow()["services"][0]["placements"][0]["breaker"]["state"], "open");
   EXPECT_TRUE(Eventually([&] { return StatusNow()["services"][0]["state"] == "unavailable"; }))
       << StatusNow()["services"][0].dump();
+  // Its requests wait for the breaker's ejection to end (it said they get 503).
+  const std::string summary = StatusNow()["services"][0]["serving"]["summary"];
+  EXPECT_NE(summary.find("breaker lets a request through again in"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("requests wait up to 60 s"), std::string::npos) << summary;
 }
 
 // A line that moves keeps its requests past the 60 s a wait gets: the wait
