@@ -32,13 +32,15 @@ std::string Mib(uint64_t b) {
 }  // namespace
 
 EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_priority, const std::string& requester_key,
-                          const std::vector<Resident>& residents, bool exclusive, bool awaited) {
+                          const std::vector<Resident>& residents, bool exclusive, Demand demand) {
   EvictionPlan plan;
+  const bool awaited = demand.awaited;
   // Who may give room at all: not a pinned one, nor one that outranks the
-  // requester, nor (for a load nobody waits for) one of its own rank.
+  // requester, nor (for a load nobody waits for) one of its own rank that
+  // is used as much as the requester or more.
   auto may_give = [&](const Resident& r) {
-    return !r.pinned && r.key != requester_key &&
-           (awaited ? r.priority >= requester_priority : r.priority > requester_priority);
+    if (r.pinned || r.key == requester_key || r.priority < requester_priority) return false;
+    return awaited || r.priority > requester_priority || r.requests_per_min < demand.requests_per_min;
   };
   if (exclusive) {
     // Every other service loaded there, even one that holds nothing yet (still starting, once it has had its
@@ -61,7 +63,7 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
       if (r.pinned || r.key == requester_key || r.service == own) continue;
       if (!awaited && !may_give(r)) {
         plan = EvictionPlan{};
-        plan.reason = "exclusive device: " + r.service + " is loaded there and no request waits for this load";
+        plan.reason = "exclusive device: " + r.service + " is loaded there, used as much, and no request waits for this load";
         return plan;
       }
       plan.evict.push_back(r.key);
@@ -106,7 +108,8 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
   if (freed < missing) {
     plan.reason = "needs " + Mib(need) + ", " + Mib(available) + " available, and unloading every service it may (" +
                   std::to_string(allowed.size()) + ") would free only " + Mib(freed) +
-                  (awaited ? "" : " (no request waits for this load: none of its own priority is unloaded for it)");
+                  (awaited ? ""
+                           : " (no request waits for this load: none of its own priority used as much is unloaded for it)");
     return plan;
   }
   plan.fits = true;

@@ -7,11 +7,12 @@
 //
 //   never    a pinned service, one of higher priority than the requester
 //            (interactive > batch > background), the requester itself;
-//            for a load no request waits for (`awaited` false: an
+//            for a load no request waits for (Demand::awaited false: an
 //            on-demand start asked again after its requests went to the CPU
-//            path), one of its own priority too: it loads only when room
-//            comes or a lower class gives it, never by unloading a peer that
-//            would load again for its own next request;
+//            path), one of its own priority too, unless that one is used
+//            less (fewer requests a minute than the requester's): a peer
+//            that just served stays (it would load again for its own next
+//            request), an idle model does not keep a used one on the CPU;
 //   busy     a service with requests running, or still loading, or just
 //            loaded with requests waiting for it (InUse), is taken only by
 //            a requester of strictly higher priority (interactive over
@@ -28,7 +29,7 @@
 // An exclusive device (`exclusive = true`, llama-swap's "swap" group: one
 // model at a time) has one rule instead: every other service loaded there
 // that is not pinned is unloaded, whatever its priority (for a load nobody
-// waits for, only lower ones: else it is refused) and whether or not
+// waits for, only those the rule above lets go: else it is refused) and whether or not
 // the room would suffice, busy ones after their running requests end. A
 // service still loading (for at most kExclusiveStartWaitMs), or loaded less
 // than kExclusiveServeFirstMs ago with requests waiting for it and none
@@ -83,8 +84,15 @@ struct EvictionPlan {
 inline constexpr int64_t kExclusiveStartWaitMs = 120000;
 inline constexpr int64_t kExclusiveServeFirstMs = 2000;
 
+// Who a load is for: requests that wait for it, or (awaited false) none any
+// more, the requester's recent rate then saying how much it is used.
+struct Demand {
+  bool awaited = true;
+  double requests_per_min = 0;
+};
+
 EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_priority, const std::string& requester_key,
-                          const std::vector<Resident>& residents, bool exclusive = false, bool awaited = true);
+                          const std::vector<Resident>& residents, bool exclusive = false, Demand demand = {});
 
 // Whether `minute_of_day` (0..1439, local time) falls in one of `windows`
 // ("HH:MM-HH:MM", end exclusive; a range that ends before it starts crosses

@@ -54,6 +54,7 @@
 #include "common/thread_pool.h"
 #include "config/config.h"
 #include "admission/admission.h"
+#include "admission/eviction.h"
 #include "gateway/attempt_bounds.h"
 #include "gateway/capacity_signal.h"
 #include "gateway/event_feed.h"
@@ -141,12 +142,12 @@ class Gateway {
   // and the gate asks again. `starting`: keys the gate let start that have no
   // process yet (an exclusive device counts them as loading). On an exclusive
   // device the loads wait their turn, first come first served (Unavailable:
-  // asked again next round). `awaited`: a request waits for this load
-  // (false: an on-demand load asked again after its requests went
-  // elsewhere, which unloads no service of its own priority; eviction.h).
-  // Supervisor thread.
+  // asked again next round). `demand`: whether a request waits for this
+  // load (not: an on-demand load asked again after its requests went
+  // elsewhere, which unloads a service of its own priority only when that
+  // one is used less; eviction.h). Supervisor thread.
   Status RoomFor(const std::string& key, uint64_t need_bytes, const std::set<std::string>& starting = {},
-                 bool awaited = true);
+                 admission::Demand demand = {});
   // The gate let `key` start, expecting it to hold `bytes` (its calibrated
   // prediction; 0: not known): no longer held back for want of room, and
   // counted as loading on its device from now, before its process exists

@@ -174,7 +174,8 @@ uint64_t Gateway::ExpectedBytes(const std::string& key) const {
   return 0;
 }
 
-Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<std::string>& starting, bool awaited) {
+Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<std::string>& starting,
+                        admission::Demand demand) {
   // Who is asking: an accelerator placement or an external server.
   std::string device, service;
   int priority = 0;
@@ -303,7 +304,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
   upcoming += SentPeaksOn(device, *reading, workers);
   available = available > upcoming ? available - upcoming : 0;
   const admission::EvictionPlan plan =
-      admission::PlanEviction(need, available, priority, key, residents, dc.exclusive, awaited);
+      admission::PlanEviction(need, available, priority, key, residents, dc.exclusive, demand);
   if (!plan.fits && !plan.wait) {
     std::lock_guard<std::mutex> lk(residency_mu_);
     exclusive_waits_.erase(key);  // it cannot load even alone: it keeps no one waiting behind it

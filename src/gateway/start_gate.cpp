@@ -109,15 +109,21 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
     }
   }
   // An on-demand load is for the requests waiting for it. Asked again each
-  // second after they went to the CPU path, it unloads no peer of its own
-  // class for nobody (which would load again for its own next request).
+  // second after they went to the CPU path, it unloads a peer of its own
+  // class only when that one is used less (a peer that just served would
+  // load again for its own next request; an idle one would keep it on the
+  // CPU for good).
   const config::ResidencyConfig* residency = ext ? &ext->residency : s ? &s->residency : nullptr;
-  const bool awaited = !(residency && residency->mode == "on_demand") || AnyoneWaits(ext ? ext->name : s->name);
+  admission::Demand demand;
+  if (residency && residency->mode == "on_demand") {
+    const std::string& name = ext ? ext->name : s->name;
+    demand = {AnyoneWaits(name), RequestsPerMinute(name)};
+  }
   uint64_t need = 0;  // what it is let start with (calibrated)
   if (ext) {
     // An external server: its resident memory (measured, else declared) must fit its device.
     need = ExternalResidentBytes(*ext);
-    if (Status room = RoomFor(key, need, starting, awaited); !room.ok()) return refuse(room);
+    if (Status room = RoomFor(key, need, starting, demand); !room.ok()) return refuse(room);
   } else {
     auto a = AdmitPlacement(calibration, config_, key, starting);
     // An exclusive device (one service at a time) unloads the others even
@@ -129,7 +135,7 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
     // process yet) does not see.
     if (a.predicted_bytes > 0 || exclusive) {
       // Not enough memory now: maybe another service can give room (residency, priorities).
-      if (Status room = RoomFor(key, a.predicted_bytes, starting, awaited); !room.ok()) return refuse(room);
+      if (Status room = RoomFor(key, a.predicted_bytes, starting, demand); !room.ok()) return refuse(room);
       if (!a.admitted) a = AdmitPlacement(calibration, config_, key, starting);  // room there now: judged again
     }
     if (!a.admitted) return refuse(Status::ResourceExhausted(a.reason));

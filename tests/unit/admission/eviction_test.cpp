@@ -153,29 +153,36 @@ TEST(EvictionTest, AnExclusiveDeviceUnloadsEveryOtherServiceEvenWhenTheRoomSuffi
 }
 
 // An on-demand load asked again after its requests went to the CPU path is
-// for nobody: it unloads no idle peer of its own class (which would load
-// again for its own next request), only a lower one; a waiting request's
-// load still may.
-TEST(EvictionTest, ALoadNobodyWaitsForUnloadsOnlyALowerClass) {
-  const std::vector<Resident> rs = {R("interactive-idle", 0, 400), R("batch-idle", 1, 200)};
-  auto p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, /*awaited=*/false);
+// for nobody: it unloads a lower class, and an idle peer of its own class
+// only when that one is used less (a peer that just served would load again
+// for its own next request; an idle model kept a used one on the CPU for
+// good); a waiting request's load still may take any idle peer.
+TEST(EvictionTest, ALoadNobodyWaitsForUnloadsALowerClassOrAPeerUsedLess) {
+  const std::vector<Resident> rs = {R("interactive-idle", 0, 400, 0, 1, /*rate=*/2), R("batch-idle", 1, 200)};
+  const Demand nobody{/*awaited=*/false, /*requests_per_min=*/2};  // used as much as the peer
+  auto p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, nobody);
   EXPECT_FALSE(p.fits) << "only the batch service (200 MiB) may give room: not enough";
   EXPECT_TRUE(p.evict.empty());
   EXPECT_NE(p.reason.find("no request waits for this load"), std::string::npos) << p.reason;
-  p = PlanEviction(300 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, /*awaited=*/false);
+  p = PlanEviction(300 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, nobody);
   ASSERT_TRUE(p.fits) << p.reason;
   EXPECT_EQ(p.evict, (std::vector<std::string>{"batch-idle.0"}));
-  p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, /*awaited=*/true);
+  // Used more than the peer: the idle peer gives its room.
+  p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, Demand{false, 3});
+  ASSERT_TRUE(p.fits) << p.reason;
+  EXPECT_EQ(p.evict, (std::vector<std::string>{"batch-idle.0", "interactive-idle.0"}));
+  // A request waits: as before.
+  p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, Demand{});
   ASSERT_TRUE(p.fits) << p.reason;
   EXPECT_EQ(p.evict, (std::vector<std::string>{"batch-idle.0", "interactive-idle.0"}));
   // Room enough without unloading anyone: it loads either way.
-  EXPECT_TRUE(PlanEviction(50 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, false).fits);
-  // An exclusive device: a peer of its class stays; a lower one alone is unloaded.
-  p = PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", rs, /*exclusive=*/true, /*awaited=*/false);
+  EXPECT_TRUE(PlanEviction(50 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, nobody).fits);
+  // An exclusive device: a peer of its class used as much stays; a lower one alone is unloaded.
+  p = PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", rs, /*exclusive=*/true, nobody);
   EXPECT_FALSE(p.fits);
   EXPECT_TRUE(p.evict.empty());
-  EXPECT_NE(p.reason.find("interactive-idle is loaded there and no request waits"), std::string::npos) << p.reason;
-  p = PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {R("batch-idle", 1, 200)}, true, false);
+  EXPECT_NE(p.reason.find("interactive-idle is loaded there, used as much"), std::string::npos) << p.reason;
+  p = PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {R("batch-idle", 1, 200)}, true, nobody);
   ASSERT_TRUE(p.fits) << p.reason;
   EXPECT_EQ(p.evict, (std::vector<std::string>{"batch-idle.0"}));
 }

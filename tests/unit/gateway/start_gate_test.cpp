@@ -143,8 +143,9 @@ TEST_F(StartGateTest, APinnedWorkerRestartingKeepsItsMemoryFromAnOnDemandStartFo
 
 // An on-demand load is for the requests that wait for it. Asked again after
 // they were served elsewhere (the CPU fallback), it unloads no idle service
-// of its own class for nobody (found live: it did, and that one loaded again
-// for its own next request).
+// of its own class used as much as it is (here: neither had a request) for
+// nobody (found live: it did, and that one loaded again for its own next
+// request).
 TEST_F(StartGateTest, AnOnDemandStartNobodyWaitsForUnloadsNoPeer) {
   Device(p_ + p_ / 2, p_);  // b, loaded and idle, holds p of it (this process stands for b's worker)
   auto b = testing::ViewOf("b.0", upstream::WorkerState::kReady, ::getpid(), 0, 1);
