@@ -396,6 +396,11 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   auto fail = [&](const Status& st) { ex->Respond(ErrorResponse(st, v)); };
   auto body = ParseBody(req, extra_depth);
   if (!body.ok()) return fail(body.status());
+  // Internal fields (a continuation's delivered tokens) come only from the
+  // gateway itself: a client's are dropped before anything reads them (a
+  // malformed one was refused with 400, a well-formed one dropped).
+  bool rewritten = body->is_object() && body->erase("spillway_resume") > 0;
+  if (body->is_object()) rewritten |= body->erase("spillway_drop_messages") > 0;
   // Validate with the same parsers the worker uses, so bad input never
   // reaches the journal.
   std::string model;
@@ -449,10 +454,6 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   // An unseeded generation gets its seed here, journaled with the body, so
   // that a replay on another placement (or after a crash) samples the same
   // tokens the first attempt would have.
-  // Internal fields (a continuation's delivered tokens) come only from the
-  // gateway itself: a client's are dropped before the journal sees them.
-  bool rewritten = body->erase("spillway_resume") > 0;
-  rewritten |= body->erase("spillway_drop_messages") > 0;
   // As llama.cpp's chat layer in the worker reads it (a null it would refuse after admission is "unset").
   if (endpoint == "chat") rewritten |= api::NormalizeChatForWorker(&*body);
   std::optional<uint32_t> seed;

@@ -209,6 +209,13 @@ TEST_F(HostileTest, InternalFieldsFromClientsAreDropped) {
   ASSERT_EQ(a.status, 200) << a.body;
   ASSERT_EQ(b.status, 200) << b.body;  // not a continuation, not an error naming a token
   EXPECT_EQ(Body(a)["choices"][0]["text"], Body(b)["choices"][0]["text"]);
+  // Malformed, dropped as well (it was refused: 400 naming a field the client need not know).
+  json malformed = plain;
+  malformed["spillway_resume"] = "not an object";
+  malformed["spillway_drop_messages"] = {{"x", 1}};
+  auto c = Call(p, "POST", "/v1/completions", malformed.dump(), kA);
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(Body(a)["choices"][0]["text"], Body(c)["choices"][0]["text"]);
 }
 
 TEST_F(HostileTest, WorkersAnswerOnlyTheirGateway) {
