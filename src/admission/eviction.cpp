@@ -40,7 +40,8 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
   // is used as much as the requester or more.
   auto may_give = [&](const Resident& r) {
     if (r.pinned || r.key == requester_key || r.priority < requester_priority) return false;
-    return awaited || r.priority > requester_priority || r.requests_per_min < demand.requests_per_min;
+    return awaited || r.priority > requester_priority ||
+           (demand.recently_used && r.requests_per_min < demand.requests_per_min);
   };
   if (exclusive) {
     // Every other service loaded there, even one that holds nothing yet (still starting, once it has had its
@@ -61,7 +62,7 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
     std::string names;
     for (const auto& r : residents) {
       if (r.pinned || r.key == requester_key || r.service == own) continue;
-      if (!awaited && !may_give(r)) {
+      if (!awaited && !r.evicting && !may_give(r)) {
         plan = EvictionPlan{};
         plan.reason = "exclusive device: " + r.service + " is loaded there, used as much, and no request waits for this load";
         return plan;

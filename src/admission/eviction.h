@@ -9,7 +9,8 @@
 //            (interactive > batch > background), the requester itself;
 //            for a load no request waits for (Demand::awaited false: an
 //            on-demand start asked again after its requests went to the CPU
-//            path), one of its own priority too, unless that one is used
+//            path), one of its own priority too, unless the requester is
+//            in use (a request in the last minute) and that one is used
 //            less (fewer requests a minute than the requester's): a peer
 //            that just served stays (it would load again for its own next
 //            request), an idle model does not keep a used one on the CPU;
@@ -89,7 +90,12 @@ inline constexpr int64_t kExclusiveServeFirstMs = 2000;
 struct Demand {
   bool awaited = true;
   double requests_per_min = 0;
+  // Its last request came within kRecentUseMs: it is in use now. (Rates
+  // fall as old requests leave their window: without it, a peer's could
+  // fall below the requester's minutes after the requester's last request.)
+  bool recently_used = false;
 };
+inline constexpr int64_t kRecentUseMs = 60000;
 
 EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_priority, const std::string& requester_key,
                           const std::vector<Resident>& residents, bool exclusive = false, Demand demand = {});

@@ -216,6 +216,7 @@ class Gateway {
   // A request for `service` begins (request rates for eviction costs; interactive idleness for windows).
   bool CountRequest(const std::string& service);  // true: an interactive service's
   double RequestsPerMinute(const std::string& service) const;
+  int64_t LastRequestMs(const std::string& service) const;  // 0: none in the rate window
   nlohmann::json ResidencyJson();
   // From the answer's timings header when it has one (see protocol::Timings), else from its body.
   void RecordThroughput(const std::string& service, size_t index, const std::string& body,

@@ -63,6 +63,12 @@ double Gateway::RequestsPerMinute(const std::string& service) const {
   return static_cast<double>(n) / (kRateWindowMs / 60000.0);
 }
 
+int64_t Gateway::LastRequestMs(const std::string& service) const {
+  std::lock_guard<std::mutex> lk(residency_mu_);
+  auto it = request_times_.find(service);
+  return it == request_times_.end() || it->second.empty() ? 0 : it->second.back();
+}
+
 bool Gateway::OutsideWindow(const config::ResidencyConfig& r, std::string* why, int* opens_in_s) const {
   if (r.priority == "interactive") return false;
   const int64_t now = clock_.NowMs();
@@ -446,6 +452,10 @@ json Gateway::ResidencyJson() {
     }
     for (const auto& w : workers) {
       if (w.key != key) continue;
+      // The gate's own words for the latest refusal (a peer used as much, a pinned restart's hold...).
+      if (j["held_back"] == "no room on its device now" && w.last_exit.rfind("not admitted: ", 0) == 0) {
+        j["held_back"] = "no room on its device now (" + w.last_exit.substr(14) + ")";
+      }
       j["state"] = upstream::WorkerStateName(w.state);
       j["loads"] = w.starts;  // switches onto the device
       if (w.last_start_ms > 0) j["measured_load_s"] = static_cast<double>(w.last_start_ms) / 1000;

@@ -356,7 +356,8 @@ void Gateway::AddServiceViews(json& status, const json& requests) {
           view["summary"] = (state == "standby" ? "not loaded yet: its first request loads "
                                                 : "unloaded (idle, or its room given to another service): its next "
                                                   "request loads ") +
-                            p.value("placement", std::string()) + " again (on demand) and waits for the load";
+                            p.value("placement", std::string()) + (state == "standby" ? "" : " again") +
+                            " (on demand) and waits for the load";
         }
       }
     }

@@ -67,8 +67,10 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
       }
     }
   }
-  auto refuse = [&](const Status& st) {
-    if (held_for.empty()) return st;
+  // (Added to a refusal for memory only: not to a window's, nor to an exclusive device's turn.)
+  auto refuse = [&](const Status& st, bool for_memory = false) {
+    for_memory |= st.code() == StatusCode::kResourceExhausted && st.message().rfind("no room", 0) == 0;
+    if (held_for.empty() || !for_memory) return st;
     return Status(st.code(), st.message() + " (memory held for the restart of pinned " + held_for + ", down " +
                                  "for less than " + std::to_string(kPinnedHoldMs / 1000) + " s)");
   };
@@ -117,7 +119,8 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
   admission::Demand demand;
   if (residency && residency->mode == "on_demand") {
     const std::string& name = ext ? ext->name : s->name;
-    demand = {AnyoneWaits(name), RequestsPerMinute(name)};
+    const int64_t last = LastRequestMs(name);
+    demand = {AnyoneWaits(name), RequestsPerMinute(name), last > 0 && now - last < admission::kRecentUseMs};
   }
   uint64_t need = 0;  // what it is let start with (calibrated)
   if (ext) {
@@ -138,7 +141,7 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
       if (Status room = RoomFor(key, a.predicted_bytes, starting, demand); !room.ok()) return refuse(room);
       if (!a.admitted) a = AdmitPlacement(calibration, config_, key, starting);  // room there now: judged again
     }
-    if (!a.admitted) return refuse(Status::ResourceExhausted(a.reason));
+    if (!a.admitted) return refuse(Status::ResourceExhausted(a.reason), /*for_memory=*/true);
     need = a.predicted_bytes;
   }
   RoomGranted(key, need, attempts);

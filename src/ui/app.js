@@ -203,8 +203,7 @@ function renderBanners(services) {
         s.degraded ? ` Why: ${s.degraded}.` : ''));
     } else if (s.state === 'evicted') {  // unloaded (idle, or for another service): the next request loads it
       banners.push(el('div', { class: 'banner note', 'data-service': s.name },
-        el('strong', { text: `${s.name} is unloaded.` }), 'Its next request loads it again (and waits for the load). ',
-        v.summary || ''));
+        el('strong', { text: `${s.name} is unloaded.` }), v.summary || 'Its next request loads it again (and waits for the load).'));
     }
   }
   $('banners').replaceChildren(...banners);
@@ -220,7 +219,7 @@ function placementState(p) {
   if (p.crashes > 1) return `${p.state} (crashed ${p.crashes}× in a row soon after starting)`;
   if (p.failed_starts > 1) return `${p.state} (failed to start ${p.failed_starts}× in a row)`;
   // On demand and stopped is no fault: its next request loads it.
-  if (p.state === 'stopped' && p.on_demand) return p.loads > 0 ? 'unloaded (on demand)' : 'not loaded yet (on demand)';
+  if (p.state === 'stopped' && p.on_demand) return p.ever_ready ? 'unloaded (on demand)' : 'not loaded yet (on demand)';
   return p.state || 'not started';
 }
 

@@ -159,7 +159,7 @@ TEST(EvictionTest, AnExclusiveDeviceUnloadsEveryOtherServiceEvenWhenTheRoomSuffi
 // good); a waiting request's load still may take any idle peer.
 TEST(EvictionTest, ALoadNobodyWaitsForUnloadsALowerClassOrAPeerUsedLess) {
   const std::vector<Resident> rs = {R("interactive-idle", 0, 400, 0, 1, /*rate=*/2), R("batch-idle", 1, 200)};
-  const Demand nobody{/*awaited=*/false, /*requests_per_min=*/2};  // used as much as the peer
+  const Demand nobody{/*awaited=*/false, /*requests_per_min=*/2, /*recently_used=*/true};  // used as much as the peer
   auto p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, nobody);
   EXPECT_FALSE(p.fits) << "only the batch service (200 MiB) may give room: not enough";
   EXPECT_TRUE(p.evict.empty());
@@ -167,10 +167,16 @@ TEST(EvictionTest, ALoadNobodyWaitsForUnloadsALowerClassOrAPeerUsedLess) {
   p = PlanEviction(300 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, nobody);
   ASSERT_TRUE(p.fits) << p.reason;
   EXPECT_EQ(p.evict, (std::vector<std::string>{"batch-idle.0"}));
-  // Used more than the peer: the idle peer gives its room.
-  p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, Demand{false, 3});
+  // Used more than the peer, and in use now: the idle peer gives its room.
+  p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, Demand{false, 3, true});
   ASSERT_TRUE(p.fits) << p.reason;
   EXPECT_EQ(p.evict, (std::vector<std::string>{"batch-idle.0", "interactive-idle.0"}));
+  // Its last request minutes ago (its rate only looks higher as the peer's old requests age out): the peer stays.
+  EXPECT_FALSE(PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, Demand{false, 3, false}).fits);
+  // A peer already being unloaded blocks nobody on an exclusive device.
+  Resident going = R("interactive-idle", 0, 400, 0, 1, 2);
+  going.evicting = true;
+  EXPECT_TRUE(PlanEviction(10 * kMiB, 900 * kMiB, 0, "me.0", {going}, true, nobody).fits);
   // A request waits: as before.
   p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, Demand{});
   ASSERT_TRUE(p.fits) << p.reason;

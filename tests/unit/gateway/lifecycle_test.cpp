@@ -3006,6 +3006,16 @@ class ExclusiveLifecycleTest : public LifecycleTest {
     workers_.SetOnDemand("other.0");
     LifecycleTest::SetUp();
   }
+  // chat's worker loaded on the device (this process stands for it).
+  void ChatLoaded() {
+    upstream::WorkerView v;
+    v.key = "chat.0";
+    v.state = upstream::WorkerState::kReady;
+    v.pid = ::getpid();
+    v.port = primary_.server.port();
+    v.on_demand = true;
+    workers_.SetView(v);
+  }
   testing::ScopedSimDir sim_{"exclusive-lifecycle"};
 };
 
@@ -3014,13 +3024,7 @@ class ExclusiveLifecycleTest : public LifecycleTest {
 // every request and never started again, its service served by its CPU
 // path alone until the gateway restarted.
 TEST_F(ExclusiveLifecycleTest, AVictimThatEndsWhileItDrainsIsNoLongerUnloading) {
-  upstream::WorkerView v;
-  v.key = "chat.0";
-  v.state = upstream::WorkerState::kReady;
-  v.pid = ::getpid();
-  v.port = primary_.server.port();
-  v.on_demand = true;
-  workers_.SetView(v);
+  ChatLoaded();
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
   auto running = Complete("r-drained");
   ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
@@ -3037,6 +3041,27 @@ TEST_F(ExclusiveLifecycleTest, AVictimThatEndsWhileItDrainsIsNoLongerUnloading) 
   workers_.Exit("chat.0", "signal 9");
   EXPECT_TRUE(held_back().is_null()) << "still unloading after it ended: " << held_back();
   if (auto held = primary_.TakeHeld(0)) Answer(held, "primary");
+}
+
+// A load nobody waits for, refused because a peer used as much holds the
+// device: the residency view says so in the gate's words, not only "no
+// room" (found live: nothing said why an idle peer kept it off).
+TEST_F(ExclusiveLifecycleTest, ALoadRefusedForAPeerUsedAsMuchSaysSo) {
+  ChatLoaded();
+  const Status room = gateway_->RoomFor("other.0", 10u << 20, {}, admission::Demand{/*awaited=*/false, 0});
+  ASSERT_EQ(room.code(), StatusCode::kResourceExhausted) << room.ToString();
+  auto other = testing::ViewOf("other.0", upstream::WorkerState::kBackoff, 0);
+  other.last_exit = "not admitted: " + room.message();  // (as the supervisor records a refusal)
+  workers_.SetView(other);
+  json held = "not listed";
+  const json status = StatusNow();
+  for (const auto& s : status["residency"]["services"]) {
+    if (s.value("key", "") == "other.0") held = s["held_back"];
+  }
+  EXPECT_NE(held.dump().find("no room on its device now (no room on sim:0: exclusive device: chat is loaded there, used "
+                             "as much, and no request waits for this load)"),
+            std::string::npos)
+      << held;
 }
 
 // Another service on the same device: its failures there count against the
