@@ -3064,6 +3064,34 @@ TEST_F(ExclusiveLifecycleTest, ALoadRefusedForAPeerUsedAsMuchSaysSo) {
       << held;
 }
 
+// The start gate judges a load nobody waits for by the requester's own
+// use: other, with no request, leaves idle chat loaded; other with a
+// request a moment ago (served elsewhere, or given up: nobody waits now)
+// is in use, more than chat, and chat gives it the device.
+TEST_F(ExclusiveLifecycleTest, TheGateWeighsALoadNobodyWaitsForByItsRequestersUse) {
+  ChatLoaded();
+  workers_.SetView(testing::ViewOf("other.0", upstream::WorkerState::kBackoff, 0));
+  auto chat_state = [&] {
+    for (const auto& w : workers_.Snapshot()) {
+      if (w.key == "chat.0") return w.state;
+    }
+    return upstream::WorkerState::kStopped;
+  };
+  EXPECT_FALSE(gateway_->StartGate("other.0", nullptr).ok());
+  EXPECT_EQ(chat_state(), upstream::WorkerState::kReady) << "chat unloaded for a service nobody used";
+  auto asked = Send("/v1/completions", json{{"model", "other"}, {"prompt", "x"}, {"max_tokens", 2}}.dump(), "POST",
+                    {{"X-Request-Id", "r-other"}});
+  ASSERT_TRUE(Eventually([&] {
+    auto q = Send("/v1/requests/r-other", "", "GET");
+    return q->Wait() && q->status() == 200u;
+  }));
+  auto cancel = Send("/v1/requests/r-other", "", "DELETE");
+  ASSERT_TRUE(cancel->Wait());
+  ASSERT_TRUE(asked->Wait());  // (nobody waits for other's load now)
+  (void)gateway_->StartGate("other.0", nullptr);
+  EXPECT_EQ(chat_state(), upstream::WorkerState::kStopped) << "chat kept the device from a service in use";
+}
+
 // Another service on the same device: its failures there count against the
 // device's breaker, which stops every placement on the device.
 class SharedDeviceLifecycleTest : public LifecycleTest {
