@@ -289,38 +289,36 @@ int Serve(const ServeArgs& a) {
       // Every load is logged (a restart's and each on-demand load's too);
       // the count of workers loaded only on the way to "every worker is ready".
       const bool first = first_ready->insert(key).second;
-      {
-        size_t total = 0, on_demand = 0, loaded = 0;
-        const auto workers = supervisor.Snapshot();
-        for (const auto& w : workers) {
-          (w.on_demand ? on_demand : total) += 1;
-          loaded += !w.on_demand && first_ready->count(w.key);
-        }
-        for (const auto& w : workers) {
-          if (w.key != key) continue;
-          if (w.adopted && w.on_demand) {  // (not among the workers loaded at start: no count)
-            std::printf("spillway: on-demand worker %s ready: adopted from the previous gateway, nothing reloaded\n",
-                        key.c_str());
-          } else if (w.adopted) {
-            std::printf("spillway: worker %s ready: adopted from the previous gateway, nothing reloaded (%zu of %zu)\n",
-                        key.c_str(), loaded, total);
-          } else if (w.on_demand) {
-            std::printf("spillway: on-demand worker %s ready after %.1f s\n", key.c_str(),
-                        static_cast<double>(w.last_start_ms) / 1000);
-          } else if (!first) {
-            std::printf("spillway: worker %s ready again after %.1f s (restart %d: %s)\n", key.c_str(),
-                        static_cast<double>(w.last_start_ms) / 1000, w.restarts, w.last_exit.c_str());
-          } else {
-            std::printf("spillway: worker %s ready after %.1f s (%zu of %zu loaded)\n", key.c_str(),
-                        static_cast<double>(w.last_start_ms) / 1000, loaded, total);
-          }
-        }
-        if (first && loaded == total && !supervisor.OnDemand(key)) {
-          std::printf("spillway: every worker is ready%s\n",
-                      on_demand ? " (on-demand replicas start with their first request)" : "");
-        }
-        std::fflush(stdout);
+      size_t total = 0, on_demand = 0, loaded = 0;
+      const auto workers = supervisor.Snapshot();
+      for (const auto& w : workers) {
+        (w.on_demand ? on_demand : total) += 1;
+        loaded += !w.on_demand && first_ready->count(w.key);
       }
+      for (const auto& w : workers) {
+        if (w.key != key) continue;
+        if (w.adopted && w.on_demand) {  // (not among the workers loaded at start: no count)
+          std::printf("spillway: on-demand worker %s ready: adopted from the previous gateway, nothing reloaded\n",
+                      key.c_str());
+        } else if (w.adopted) {
+          std::printf("spillway: worker %s ready: adopted from the previous gateway, nothing reloaded (%zu of %zu)\n",
+                      key.c_str(), loaded, total);
+        } else if (w.on_demand) {
+          std::printf("spillway: on-demand worker %s ready after %.1f s\n", key.c_str(),
+                      static_cast<double>(w.last_start_ms) / 1000);
+        } else if (!first) {
+          std::printf("spillway: worker %s ready again after %.1f s (restart %d: %s)\n", key.c_str(),
+                      static_cast<double>(w.last_start_ms) / 1000, w.restarts, w.last_exit.c_str());
+        } else {
+          std::printf("spillway: worker %s ready after %.1f s (%zu of %zu loaded)\n", key.c_str(),
+                      static_cast<double>(w.last_start_ms) / 1000, loaded, total);
+        }
+      }
+      if (first && loaded == total && !supervisor.OnDemand(key)) {
+        std::printf("spillway: every worker is ready%s\n",
+                    on_demand ? " (on-demand replicas start with their first request)" : "");
+      }
+      std::fflush(stdout);
     }
     // Calibrate: what llama.cpp really allocated on the placement's device.
     if (!typed || !typed->context_created) return;  // unknown, or a lazy context: nothing to compare yet

@@ -97,6 +97,10 @@ inline constexpr const char kAnswerWithheld[] = "answer_withheld";
 // is not there or too small, found at start): no retry helps until the
 // gateway is restarted with it fixed, so clients are told not to retry.
 inline constexpr const char kServiceUnavailable[] = "service_unavailable";
+// Status::reason of the start gate's refusal for want of memory on a device
+// (Gateway::RoomFor, AdmitPlacement's verdict): not a window's, nor an
+// exclusive device's turn.
+inline constexpr const char kNoRoom[] = "no_room";
 
 // The single mapping from StatusCode to HTTP status.
 int HttpStatusFor(StatusCode code);

@@ -64,9 +64,9 @@ std::string Gateway::StartingNote(const config::ServiceConfig& svc) {
       } else if (w.state == upstream::WorkerState::kBackoff) {
         // Refused by the start gate (no room: "not admitted: ..."), or backing off after a failure.
         const std::string in = std::to_string(std::max<int64_t>(0, (w.next_start_ms - now + 999) / 1000)) + " s";
-        part += w.last_exit.empty()                          ? " waits to start (in " + in + ")"
-                : w.last_exit.rfind("not admitted", 0) == 0 ? " waits to start (" + w.last_exit + "; asked again in " + in + ")"
-                                                            : " is backing off after " + w.last_exit + ", next start in " + in;
+        part += w.last_exit.empty()               ? " waits to start (in " + in + ")"
+                : !w.NotAdmittedWhy().empty() ? " waits to start (" + w.last_exit + "; asked again in " + in + ")"
+                                              : " is backing off after " + w.last_exit + ", next start in " + in;
       }
       note += (note.empty() ? "" : "; ") + part;
     }

@@ -324,7 +324,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
       first = room_refused_.insert(key).second;
     }
     if (first) NoteResidency("room_refused", service, {{"key", key}, {"device", device}, {"reason", plan.reason}});
-    return Status::ResourceExhausted("no room on " + device + ": " + plan.reason);
+    return Status::ResourceExhausted("no room on " + device + ": " + plan.reason).WithReason(kNoRoom);
   }
   std::vector<std::string> newly;
   {
@@ -445,16 +445,18 @@ json Gateway::ResidencyJson() {
     std::string why;
     j["held_back"] = nullptr;
     if (accelerator && OutsideWindow(r, &why)) j["held_back"] = why;
+    bool no_room = false;
     {
       std::lock_guard<std::mutex> lk(residency_mu_);
       if (evicting_.count(key)) j["held_back"] = "unloading: its room goes to another service";
-      if (room_refused_.count(key)) j["held_back"] = "no room on its device now";
+      no_room = room_refused_.count(key) > 0;
     }
+    if (no_room) j["held_back"] = "no room on its device now";
     for (const auto& w : workers) {
       if (w.key != key) continue;
       // The gate's own words for the latest refusal (a peer used as much, a pinned restart's hold...).
-      if (j["held_back"] == "no room on its device now" && w.last_exit.rfind("not admitted: ", 0) == 0) {
-        j["held_back"] = "no room on its device now (" + w.last_exit.substr(14) + ")";
+      if (no_room && !w.NotAdmittedWhy().empty()) {
+        j["held_back"] = "no room on its device now (" + std::string(w.NotAdmittedWhy()) + ")";
       }
       j["state"] = upstream::WorkerStateName(w.state);
       j["loads"] = w.starts;  // switches onto the device

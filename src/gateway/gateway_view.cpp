@@ -352,12 +352,12 @@ void Gateway::AddServiceViews(json& status, const json& requests) {
       if (serving <= 0 && p.value("role", "") == "primary" && p.value("on_demand", false) &&
           p.value("state", "") == "stopped" && !BreakerOpen(p) && p.value("admitted", true)) {
         state = p.value("ever_ready", false) ? "evicted" : "standby";
-        if (serving == 0) {
-          view["summary"] = (state == "standby" ? "not loaded yet: its first request loads "
-                                                : "unloaded (idle, or its room given to another service): its next "
-                                                  "request loads ") +
-                            p.value("placement", std::string()) + (state == "standby" ? "" : " again") +
-                            " (on demand) and waits for the load";
+        const std::string placement = p.value("placement", std::string());
+        if (serving == 0 && state == "standby") {
+          view["summary"] = "not loaded yet: its first request loads " + placement + " (on demand) and waits for the load";
+        } else if (serving == 0) {
+          view["summary"] = "unloaded (idle, or its room given to another service): its next request loads " + placement +
+                            " again (on demand) and waits for the load";
         }
       }
     }

@@ -67,10 +67,9 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
       }
     }
   }
-  // (Added to a refusal for memory only: not to a window's, nor to an exclusive device's turn.)
-  auto refuse = [&](const Status& st, bool for_memory = false) {
-    for_memory |= st.code() == StatusCode::kResourceExhausted && st.message().rfind("no room", 0) == 0;
-    if (held_for.empty() || !for_memory) return st;
+  // (Added to a refusal for memory only, kNoRoom: not to a window's, nor to an exclusive device's turn.)
+  auto refuse = [&](const Status& st) {
+    if (held_for.empty() || st.reason() != kNoRoom) return st;
     return Status(st.code(), st.message() + " (memory held for the restart of pinned " + held_for + ", down " +
                                  "for less than " + std::to_string(kPinnedHoldMs / 1000) + " s)");
   };
@@ -141,7 +140,7 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
       if (Status room = RoomFor(key, a.predicted_bytes, starting, demand); !room.ok()) return refuse(room);
       if (!a.admitted) a = AdmitPlacement(calibration, config_, key, starting);  // room there now: judged again
     }
-    if (!a.admitted) return refuse(Status::ResourceExhausted(a.reason), /*for_memory=*/true);
+    if (!a.admitted) return refuse(Status::ResourceExhausted(a.reason).WithReason(kNoRoom));
     need = a.predicted_bytes;
   }
   RoomGranted(key, need, attempts);

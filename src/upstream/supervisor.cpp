@@ -561,7 +561,7 @@ void Supervisor::Round() {
       const int64_t now = clock_.NowMs();
       for (auto& [k, w] : workers_) {
         if (auto it = refused.find(k); it != refused.end()) {
-          w.view.last_exit = "not admitted: " + it->second.message();
+          w.view.last_exit = std::string(kNotAdmitted) + it->second.message();
           // Unavailable: waiting on another start that is about to finish (asked again next round); else no room.
           w.view.next_start_ms = now + (it->second.code() == StatusCode::kUnavailable ? 0 : 1000);
           continue;
@@ -606,7 +606,7 @@ void Supervisor::Round() {
       if (memory_freed_) {
         memory_freed_ = false;
         for (auto& [k, w] : workers_) {
-          if (w.view.state == WorkerState::kBackoff && w.view.last_exit.rfind("not admitted", 0) == 0) {
+          if (w.view.state == WorkerState::kBackoff && !w.view.NotAdmittedWhy().empty()) {
             w.view.next_start_ms = std::min(w.view.next_start_ms, now);
           }
         }

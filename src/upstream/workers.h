@@ -13,10 +13,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 namespace spillway::upstream {
+
+// How last_exit says a start the gate refused ("not admitted: <why>").
+inline constexpr std::string_view kNotAdmitted = "not admitted: ";
 
 enum class WorkerState { kStarting, kReady, kBackoff, kStopped };
 const char* WorkerStateName(WorkerState s);
@@ -33,7 +37,12 @@ struct WorkerView {
   // binary) included: a start the gate let through has happened, one way
   // or the other, once this moves (Gateway::PendingStarts).
   int spawn_attempts = 0;
-  std::string last_exit;  // "exit 3", "signal 9", "unhealthy", ...
+  std::string last_exit;  // "exit 3", "signal 9", "unhealthy", ..., kNotAdmitted + why
+  // Why the start gate last refused it, when that is how its last start ended; empty otherwise.
+  std::string_view NotAdmittedWhy() const {
+    return last_exit.rfind(kNotAdmitted, 0) == 0 ? std::string_view(last_exit).substr(kNotAdmitted.size())
+                                                 : std::string_view();
+  }
   std::string last_error;  // the worker's last stderr line before its last exit (its own reason)
   int failed_starts = 0;   // exits in a row without ever becoming ready
   // Ends in a row by its own hand (an exit, a signal other than SIGKILL)

@@ -50,6 +50,13 @@ class FakeWorkers : public upstream::Workers {
     std::lock_guard<std::mutex> lk(mu_);
     views_[v.key] = v;
   }
+  // Its state as the gateway sees it (a worker shown only by a port: ready).
+  upstream::WorkerState StateOf(const std::string& key) const {
+    for (const auto& w : Snapshot()) {
+      if (w.key == key) return w.state;
+    }
+    return upstream::WorkerState::kStopped;
+  }
   // The worker is starting (a model loading since `since_ms`): no port yet.
   void SetStarting(const std::string& key, int64_t since_ms, int64_t start_timeout_ms = 120'000) {
     std::lock_guard<std::mutex> lk(mu_);

@@ -3071,14 +3071,8 @@ TEST_F(ExclusiveLifecycleTest, ALoadRefusedForAPeerUsedAsMuchSaysSo) {
 TEST_F(ExclusiveLifecycleTest, TheGateWeighsALoadNobodyWaitsForByItsRequestersUse) {
   ChatLoaded();
   workers_.SetView(testing::ViewOf("other.0", upstream::WorkerState::kBackoff, 0));
-  auto chat_state = [&] {
-    for (const auto& w : workers_.Snapshot()) {
-      if (w.key == "chat.0") return w.state;
-    }
-    return upstream::WorkerState::kStopped;
-  };
   EXPECT_FALSE(gateway_->StartGate("other.0", nullptr).ok());
-  EXPECT_EQ(chat_state(), upstream::WorkerState::kReady) << "chat unloaded for a service nobody used";
+  EXPECT_EQ(workers_.StateOf("chat.0"), upstream::WorkerState::kReady) << "chat unloaded for a service nobody used";
   auto asked = Send("/v1/completions", json{{"model", "other"}, {"prompt", "x"}, {"max_tokens", 2}}.dump(), "POST",
                     {{"X-Request-Id", "r-other"}});
   ASSERT_TRUE(Eventually([&] {
@@ -3089,7 +3083,7 @@ TEST_F(ExclusiveLifecycleTest, TheGateWeighsALoadNobodyWaitsForByItsRequestersUs
   ASSERT_TRUE(cancel->Wait());
   ASSERT_TRUE(asked->Wait());  // (nobody waits for other's load now)
   (void)gateway_->StartGate("other.0", nullptr);
-  EXPECT_EQ(chat_state(), upstream::WorkerState::kStopped) << "chat kept the device from a service in use";
+  EXPECT_EQ(workers_.StateOf("chat.0"), upstream::WorkerState::kStopped) << "chat kept the device from a service in use";
 }
 
 // Another service on the same device: its failures there count against the

@@ -154,9 +154,7 @@ TEST_F(StartGateTest, AnOnDemandStartNobodyWaitsForUnloadsNoPeer) {
   const Status st = Gate("d.0");
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
   EXPECT_NE(st.message().find("no request waits for this load"), std::string::npos) << st.ToString();
-  for (const auto& w : workers_.Snapshot()) {
-    if (w.key == "b.0") EXPECT_EQ(w.state, upstream::WorkerState::kReady) << "b was unloaded for a load nobody waits for";
-  }
+  EXPECT_EQ(workers_.StateOf("b.0"), upstream::WorkerState::kReady) << "b was unloaded for a load nobody waits for";
 }
 
 // A start let through whose round spawned nothing (a later gate call
