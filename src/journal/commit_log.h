@@ -228,6 +228,9 @@ class CommitLog {
 // out of bounds (a record from a damaged file is rejected, never trusted).
 class RecordWriter {
  public:
+  RecordWriter() = default;
+  // Room for `bytes` of fields: a record of known size grows once.
+  explicit RecordWriter(size_t bytes) { out_.reserve(bytes); }
   RecordWriter& U8(uint8_t v);
   RecordWriter& I64(int64_t v);
   RecordWriter& Str(const std::string& s);

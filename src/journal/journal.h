@@ -160,6 +160,7 @@ struct JournalStats {
   int64_t logged = 0;          // commit-log records durable (their rows follow in commits)
   int64_t failed_commits = 0;  // batches that did not commit
   int64_t largest_batch = 0;
+  int64_t paired = 0;          // requests whose start and end rows were applied together
   int64_t queued = 0;          // writes queued now, the running batch included
 };
 
@@ -297,8 +298,11 @@ class Journal {
   // asynchronous call), or when nothing else is being written (a blocking
   // call: it waits anyway).
   enum class Lead { kNever, kWhenIdle };
-  // `log_seq`: the commit-log record the write applies (0: none).
-  void Submit(std::function<Status()> op, size_t bytes, OnCommit done, Lead lead, int64_t log_seq = 0);
+  // `log_seq`: the commit-log record the write applies (0: none), `record`
+  // that record and `told` what its rows tell once committed.
+  void Submit(std::function<Status()> op, size_t bytes, OnCommit done, Lead lead, int64_t log_seq = 0,
+              std::shared_ptr<const std::string> record = nullptr,
+              std::shared_ptr<std::optional<Transition>> told = nullptr);
   // Submit, then wait for the result (the blocking calls).
   Status Write(std::function<Status()> op, size_t bytes);
   // The write behind each public call; `lead` as in Submit.
@@ -320,6 +324,16 @@ class Journal {
   // rows an Accept then a StartAttempt would leave), or a request's end.
   // Idempotent. `told`: the transition to tell once committed, if any.
   Status ApplyRecord(const std::string& payload, std::optional<Transition>* told);
+  // A new request's record and its end's record in one batch (what a short
+  // request leaves): the start's write applies both as the rows they come to
+  // (one insert each, not two inserts and two updates), the end's write runs
+  // nothing. Only across logged writes: an unlogged one between them may be
+  // about the same request.
+  void PairLogged(const std::vector<Writer*>& batch);
+  // Both records' rows at once, told as each alone would tell; applied one by
+  // one when the request's row is there already (a replay came first).
+  Status ApplyPair(const std::string& start, const std::string& end, std::optional<Transition>* told_start,
+                   std::optional<Transition>* told_end);
   // Appends the record; `durable` once it is; its rows queued for the journal's thread.
   void AppendLogged(std::string payload, size_t bytes, OnCommit durable, bool defer_sync = false);
   void AcceptAndStartLogged(const RequestRecord& r, const std::string& placement, const std::string& decision_json,

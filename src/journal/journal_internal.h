@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -163,6 +165,12 @@ struct Journal::Writer {
   std::function<void(Status)> done;
   int64_t log_seq = 0;  // the commit-log record it applies (0: none)
   std::chrono::steady_clock::time_point queued_at = std::chrono::steady_clock::now();
+  // A logged write: its record, and the transition its rows tell once committed.
+  std::shared_ptr<const std::string> record;
+  std::shared_ptr<std::optional<Transition>> told;
+  // A request's end applied with its start's rows by that write (PairLogged):
+  // it runs nothing of its own and shares that write's result.
+  Writer* absorbed_by = nullptr;
 };
 
 }  // namespace spillway::journal

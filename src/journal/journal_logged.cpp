@@ -71,25 +71,62 @@ Status Journal::FinishRows(const std::string& id, State state, int64_t status, c
   return Status::Ok();
 }
 
+namespace {
+
+// A record's fields, read back; false when it is damaged.
+struct StartRecord {
+  RequestRecord r;
+  std::string placement, decision;
+  int64_t stream = 0, now = 0;
+};
+bool Read(RecordReader& in, StartRecord* x) {
+  RequestRecord& r = x->r;
+  return in.Str(&r.id) && in.Str(&r.client) && in.Str(&r.payload_hash) && in.Str(&r.service) && in.Str(&r.endpoint) &&
+         in.I64(&x->stream) && in.Str(&r.body) && in.Str(&r.body_type) && in.Str(&x->placement) &&
+         in.Str(&x->decision) && in.I64(&x->now) && (in.done() || in.I64(&r.deadline_ms)) && in.done();
+  // (a record written before deadlines has none)
+}
+struct EndRecord {
+  std::string id, content_type, body, error;
+  int64_t state = 0, status = 0, now = 0;
+};
+bool Read(RecordReader& in, EndRecord* x) {
+  return in.Str(&x->id) && in.I64(&x->state) && in.I64(&x->status) && in.Str(&x->content_type) && in.Str(&x->body) &&
+         in.Str(&x->error) && in.I64(&x->now) && in.done() && IsTerminal(StateOf(x->state));
+}
+
+Transition Started(const StartRecord& x) {
+  return Transition{Transition::Kind::kAttempt, x.r.id, x.placement, 1, State::kRunning, "", x.decision};
+}
+Transition Ended(const EndRecord& x) {
+  return Transition{Transition::Kind::kFinished, x.id, "", 0, StateOf(x.state), x.error, "", x.status};
+}
+
+// The type of a record and the request it is about ("" when damaged).
+std::pair<uint8_t, std::string> TypeAndId(const std::string& payload) {
+  RecordReader in(payload);
+  uint8_t type = 0;
+  std::string id;
+  if (!in.U8(&type) || !in.Str(&id)) return {0, ""};
+  return {type, std::move(id)};
+}
+
+}  // namespace
+
 Status Journal::ApplyRecord(const std::string& payload, std::optional<Transition>* told) {
   RecordReader in(payload);
   uint8_t type = 0;
   if (!in.U8(&type)) return Damaged("an empty log record");
   if (type == kNewRunning) {
-    RequestRecord r;
-    std::string placement, decision;
-    int64_t stream = 0, now = 0;
-    if (!in.Str(&r.id) || !in.Str(&r.client) || !in.Str(&r.payload_hash) || !in.Str(&r.service) ||
-        !in.Str(&r.endpoint) || !in.I64(&stream) || !in.Str(&r.body) || !in.Str(&r.body_type) || !in.Str(&placement) ||
-        !in.Str(&decision) || !in.I64(&now) || (!in.done() && !in.I64(&r.deadline_ms)) || !in.done()) {
-      return Damaged("a damaged log record");  // (a record written before deadlines has none)
-    }
+    StartRecord x;
+    if (!Read(in, &x)) return Damaged("a damaged log record");
+    const RequestRecord& r = x.r;
     Stmt ins(*stmts_,
              "INSERT INTO requests(id, client, payload_hash, service, endpoint, stream, body, state, placement, "
              "attempts, decision, created_ms, updated_ms, body_type, deadline_ms) "
              "VALUES(?1,?2,?3,?4,?5,?6,?7,'running',?8,1,?9,?10,?10,?11,?12);");
     ins.Bind(1, r.id).Bind(2, r.client).Bind(3, r.payload_hash).Bind(4, r.service).Bind(5, r.endpoint);
-    ins.Bind(6, stream).Bind(7, r.body).Bind(8, placement).Bind(9, decision).Bind(10, now).Bind(11, r.body_type);
+    ins.Bind(6, x.stream).Bind(7, r.body).Bind(8, x.placement).Bind(9, x.decision).Bind(10, x.now).Bind(11, r.body_type);
     ins.Bind(12, r.deadline_ms);
     if (ins.Step() != SQLITE_DONE) {
       // Applied before (a replay): the row is there, with whatever came after.
@@ -97,24 +134,94 @@ Status Journal::ApplyRecord(const std::string& payload, std::optional<Transition
       return DbError("insert");
     }
     Stmt at(*stmts_, "INSERT INTO attempts(request_id, n, placement, started_ms) VALUES(?1,1,?2,?3);");
-    at.Bind(1, r.id).Bind(2, placement).Bind(3, now);
+    at.Bind(1, r.id).Bind(2, x.placement).Bind(3, x.now);
     SPILLWAY_RETURN_IF_ERROR(Done(at.Step(), "attempt"));
-    if (told) *told = Transition{Transition::Kind::kAttempt, r.id, placement, 1, State::kRunning, "", decision};
+    if (told) *told = Started(x);
     return Status::Ok();
   }
   if (type == kFinish) {
-    std::string id, content_type, body, error;
-    int64_t state = 0, status = 0, now = 0;
-    if (!in.Str(&id) || !in.I64(&state) || !in.I64(&status) || !in.Str(&content_type) || !in.Str(&body) ||
-        !in.Str(&error) || !in.I64(&now) || !in.done() || !IsTerminal(StateOf(state))) {
-      return Damaged("a damaged log record");
-    }
+    EndRecord x;
+    if (!Read(in, &x)) return Damaged("a damaged log record");
     bool changed = false;
-    SPILLWAY_RETURN_IF_ERROR(FinishRows(id, StateOf(state), status, content_type, body, error, now, &changed));
-    if (told && changed) *told = Transition{Transition::Kind::kFinished, id, "", 0, StateOf(state), error, "", status};
+    SPILLWAY_RETURN_IF_ERROR(
+        FinishRows(x.id, StateOf(x.state), x.status, x.content_type, x.body, x.error, x.now, &changed));
+    if (told && changed) *told = Ended(x);
     return Status::Ok();
   }
   return Damaged("a log record of unknown type " + std::to_string(type));
+}
+
+Status Journal::ApplyPair(const std::string& start, const std::string& end, std::optional<Transition>* told_start,
+                          std::optional<Transition>* told_end) {
+  auto one_by_one = [&]() -> Status {
+    SPILLWAY_RETURN_IF_ERROR(ApplyRecord(start, told_start));
+    return ApplyRecord(end, told_end);
+  };
+  RecordReader in_start(start), in_end(end);
+  uint8_t type_start = 0, type_end = 0;
+  StartRecord s;
+  EndRecord e;
+  if (!in_start.U8(&type_start) || type_start != kNewRunning || !Read(in_start, &s) || !in_end.U8(&type_end) ||
+      type_end != kFinish || !Read(in_end, &e) || e.id != s.r.id) {
+    return one_by_one();  // (each says what is wrong with it)
+  }
+  const RequestRecord& r = s.r;
+  // The rows FinishRows would leave over ApplyRecord's: the end's state and
+  // answer, the attempt ended as it. (Its Idempotency-Key rule has nothing to
+  // do: a logged start never has a key.)
+  Stmt ins(*stmts_,
+           "INSERT INTO requests(id, client, payload_hash, service, endpoint, stream, body, state, placement, "
+           "attempts, decision, created_ms, updated_ms, body_type, deadline_ms, result_status, result_type, "
+           "result_body, error) "
+           "VALUES(?1,?2,?3,?4,?5,?6,?7,?13,?8,1,?9,?10,?14,?11,?12,?15,?16,?17,?18);");
+  ins.Bind(1, r.id).Bind(2, r.client).Bind(3, r.payload_hash).Bind(4, r.service).Bind(5, r.endpoint);
+  ins.Bind(6, s.stream).Bind(7, r.body).Bind(8, s.placement).Bind(9, s.decision).Bind(10, s.now).Bind(11, r.body_type);
+  ins.Bind(12, r.deadline_ms).Bind(13, std::string(StateName(StateOf(e.state)))).Bind(14, e.now);
+  ins.Bind(15, e.status).Bind(16, e.content_type).Bind(17, e.body).Bind(18, e.error);
+  if (ins.Step() != SQLITE_DONE) {
+    // Applied before (a replay of the log came first in this batch).
+    if (sqlite3_extended_errcode(db_) == SQLITE_CONSTRAINT_PRIMARYKEY) return one_by_one();
+    return DbError("insert");
+  }
+  Stmt at(*stmts_,
+          "INSERT INTO attempts(request_id, n, placement, outcome, error, started_ms, ended_ms) "
+          "VALUES(?1,1,?2,?3,?4,?5,?6);");
+  at.Bind(1, r.id).Bind(2, s.placement).Bind(3, std::string(StateName(StateOf(e.state)))).Bind(4, e.error);
+  at.Bind(5, s.now).Bind(6, e.now);
+  SPILLWAY_RETURN_IF_ERROR(Done(at.Step(), "attempt"));
+  if (told_start) *told_start = Started(s);
+  if (told_end) *told_end = Ended(e);
+  return Status::Ok();
+}
+
+void Journal::PairLogged(const std::vector<Writer*>& batch) {
+  std::map<std::string, Writer*> started;  // request id: its start's write, earlier in the batch
+  int64_t paired = 0;
+  for (Writer* x : batch) {
+    if (!x->record) {
+      started.clear();  // (an unlogged write may be about any request)
+      continue;
+    }
+    auto [type, id] = TypeAndId(*x->record);
+    if (id.empty()) continue;
+    if (type == kNewRunning) {
+      started[id] = x;
+      continue;
+    }
+    auto it = started.find(id);
+    if (type != kFinish || it == started.end()) continue;
+    Writer* s = it->second;
+    started.erase(it);
+    s->op = [this, start = s->record, end = x->record, told_start = s->told, told_end = x->told] {
+      return ApplyPair(*start, *end, told_start.get(), told_end.get());
+    };
+    x->absorbed_by = s;
+    ++paired;
+  }
+  if (paired) {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.paired += paired;
+  }
 }
 
 void Journal::AppendLogged(std::string payload, size_t bytes, OnCommit durable, bool defer_sync) {
@@ -137,8 +244,8 @@ void Journal::AppendLogged(std::string payload, size_t bytes, OnCommit durable, 
   }
   log_->Append(
       *record,
-      [this, op = std::move(op), bytes, applied = std::move(applied)](int64_t seq) mutable {
-        Submit(std::move(op), bytes, std::move(applied), Lead::kNever, seq);
+      [this, op = std::move(op), bytes, applied = std::move(applied), record, told](int64_t seq) mutable {
+        Submit(std::move(op), bytes, std::move(applied), Lead::kNever, seq, record, told);
       },
       [this, durable = std::move(durable)](int rc, const std::string& what) {
         // (Too large for the log is this request's alone: the journal writes on.)
@@ -155,7 +262,8 @@ void Journal::AppendLogged(std::string payload, size_t bytes, OnCommit durable, 
 
 void Journal::AcceptAndStartLogged(const RequestRecord& r, const std::string& placement, const std::string& decision_json,
                                    int64_t now, OnCommit done, bool defer_sync) {
-  RecordWriter w;
+  RecordWriter w(64 + 4 * 10 + 8 * 3 + r.id.size() + r.client.size() + r.payload_hash.size() + r.service.size() +
+                 r.endpoint.size() + r.body.size() + r.body_type.size() + placement.size() + decision_json.size());
   w.U8(kNewRunning).Str(r.id).Str(r.client).Str(r.payload_hash).Str(r.service).Str(r.endpoint);
   w.I64(int64_t{r.stream}).Str(r.body).Str(r.body_type).Str(placement).Str(decision_json).I64(now).I64(r.deadline_ms);
   AppendLogged(std::move(w.out()), Bytes(r.body, decision_json), std::move(done), defer_sync);
@@ -163,7 +271,7 @@ void Journal::AcceptAndStartLogged(const RequestRecord& r, const std::string& pl
 
 void Journal::FinishAsync(std::string id, State state, int status, std::string content_type, std::string body,
                           std::string error, OnCommit done) {
-  RecordWriter w;
+  RecordWriter w(64 + 4 * 4 + 8 * 4 + id.size() + content_type.size() + body.size() + error.size());
   w.U8(kFinish).Str(id).I64(static_cast<int64_t>(state)).I64(status).Str(content_type).Str(body).Str(error);
   w.I64(clock_.NowMs());
   AppendLogged(std::move(w.out()), Bytes(body, error), std::move(done));

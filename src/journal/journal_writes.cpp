@@ -57,8 +57,15 @@ T AwaitResult(Start start) {
 
 // --- group commit ---
 
-void Journal::Submit(std::function<Status()> op, size_t bytes, OnCommit done, Lead lead, int64_t log_seq) {
-  auto* w = new Writer{std::move(op), bytes, Status::Ok(), std::move(done), log_seq};
+void Journal::Submit(std::function<Status()> op, size_t bytes, OnCommit done, Lead lead, int64_t log_seq,
+                     std::shared_ptr<const std::string> record, std::shared_ptr<std::optional<Transition>> told) {
+  auto* w = new Writer;
+  w->op = std::move(op);
+  w->bytes = bytes;
+  w->done = std::move(done);
+  w->log_seq = log_seq;
+  w->record = std::move(record);
+  w->told = std::move(told);
   if (log_seq) ++deferred_;
   std::unique_lock<std::mutex> lk(mu_);
   writers_.push_back(w);
@@ -108,6 +115,7 @@ void Journal::LeadBatch(std::unique_lock<std::mutex>& lk, std::unique_lock<std::
   if (Status st = ReplayLocked(&replayed); !st.ok() && st.code() == StatusCode::kUnavailable) {
     for (Writer* x : batch) x->status = st;
   } else {
+    PairLogged(batch);
     CommitBatch(batch);
   }
   // Logged writes whose rows committed: their records are no longer needed
@@ -166,6 +174,10 @@ void Journal::CommitBatch(const std::vector<Writer*>& batch) {
   // transaction is rolled back, which is it.
   const bool alone = batch.size() == 1;
   for (Writer* x : batch) {
+    if (x->absorbed_by) {  // (an earlier write of the batch applied it)
+      x->status = x->absorbed_by->status;
+      continue;
+    }
     if (!alone && exec("SAVEPOINT w;") != SQLITE_OK) {
       x->status = DbError("savepoint");
     } else {

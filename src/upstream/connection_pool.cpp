@@ -76,7 +76,7 @@ void TakeExpired(V& v, std::chrono::steady_clock::time_point cutoff, V* out) {
   v.erase(v.begin(), end);
 }
 
-std::string Lower(std::string_view s) {
+std::string Lower(beast::string_view s) {
   std::string out(s);
   for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
@@ -296,7 +296,7 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     auto res = parser.release();
     http::ClientResponse out;
     out.status = res.result_int();
-    for (const auto& f : res) out.headers[Lower(std::string(f.name_string()))] = std::string(f.value());
+    for (const auto& f : res) out.headers[Lower(f.name_string())] = std::string(f.value());
     out.body = std::move(res.body());
     if (keep && out.status != 101 && !write_failed) Give(server, std::move(c));
     co_return out;
@@ -381,7 +381,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     }
     http::StreamHead head;
     head.status = parser.get().result_int();
-    for (const auto& f : parser.get()) head.headers[Lower(std::string(f.name_string()))] = std::string(f.value());
+    for (const auto& f : parser.get()) head.headers[Lower(f.name_string())] = std::string(f.value());
     if (!on_head(head)) co_return Status::Ok();  // the connection is dropped mid-answer
     std::vector<char> chunk(16384);
     std::optional<net::steady_timer> pause_timer;

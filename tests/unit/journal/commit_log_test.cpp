@@ -13,6 +13,7 @@
 #include <fstream>
 #include <future>
 #include <map>
+#include <tuple>
 #include <thread>
 
 #include "journal/commit_log.h"
@@ -735,6 +736,130 @@ TEST_F(LoggedWritesTest, WhatWasToldDurableIsReadBackAtOnceAndTheObserverHearsOf
     std::lock_guard<std::mutex> lk(m);
     EXPECT_EQ(told, (std::vector<Transition::Kind>{Transition::Kind::kAttempt, Transition::Kind::kFinished}));
   }
+}
+
+// A request's start and end in one batch (a short request's rows, waiting
+// together) are applied as the rows they come to, one insert each: the
+// rows are what the two records applied one after the other leave, and the
+// observer hears the same two transitions.
+TEST_F(LoggedWritesTest, AStartAndItsEndInOneBatchLeaveTheRowsEachAloneWouldLeave) {
+  Reopen(Slow(false));
+  using Heard = std::vector<std::tuple<Transition::Kind, std::string, State, int64_t, std::string>>;
+  auto heard = std::make_shared<std::pair<std::mutex, Heard>>();
+  j_->SetObserver([heard](const Transition& t) {
+    std::lock_guard<std::mutex> lk(heard->first);
+    heard->second.emplace_back(t.kind, t.id, t.state, t.status, t.placement + "|" + t.error + "|" + t.decision_json);
+  });
+  auto end = [&](const std::string& id, bool failed) {
+    return Durable([&](auto done) {
+      if (failed) return j_->FinishAsync(id, State::kFailed, 502, "application/json", "{\"error\":1}", "boom", std::move(done));
+      j_->FinishAsync(id, State::kCompleted, 200, "application/json", "the answer", "", std::move(done));
+    });
+  };
+  auto start = [&](const std::string& id) {
+    RequestRecord r = Rec(id);
+    r.deadline_ms = 1234;
+    r.body = "{\"prompt\":\"x\"}";
+    return Durable([&](auto done) { j_->AcceptAndStartAsync(r, "chat.0", "{\"d\":1}", std::move(done)); });
+  };
+  for (bool failed : {false, true}) {
+    SCOPED_TRACE(failed ? "failed" : "completed");
+    const std::string apart = failed ? "apart-failed" : "apart", paired = failed ? "paired-failed" : "paired";
+    const int64_t before = j_->stats().paired;
+    ASSERT_TRUE(start(apart).ok());
+    j_->Flush();  // its start's rows alone
+    clock_.Advance(7);
+    ASSERT_TRUE(end(apart, failed).ok());
+    j_->Flush();
+    clock_.Advance(-7);
+    ASSERT_TRUE(start(paired).ok());
+    clock_.Advance(7);
+    ASSERT_TRUE(end(paired, failed).ok());
+    j_->Flush();  // both in one batch
+    EXPECT_EQ(j_->stats().paired, before + 1);
+    auto a = j_->Get(apart);
+    auto p = j_->Get(paired);
+    ASSERT_TRUE(a.ok() && p.ok());
+    auto fields = [](const RequestRecord& r) {
+      return std::make_tuple(r.client, r.idempotency_key, r.payload_hash, r.service, r.endpoint, r.stream, r.body,
+                             r.body_type, StateName(r.state), r.placement, r.attempts, r.error, r.result_status,
+                             r.result_type, r.result_body, r.decision, r.created_ms, r.updated_ms, r.deadline_ms);
+    };
+    EXPECT_EQ(fields(*a), fields(*p));
+    EXPECT_EQ(p->state, failed ? State::kFailed : State::kCompleted);
+    EXPECT_EQ(p->updated_ms - p->created_ms, 7);
+    auto aa = j_->Attempts(apart);
+    auto pa = j_->Attempts(paired);
+    ASSERT_TRUE(aa.ok() && pa.ok());
+    ASSERT_EQ(pa->size(), 1u);
+    ASSERT_EQ(aa->size(), 1u);
+    for (auto* at : {&(*aa)[0], &(*pa)[0]}) {
+      EXPECT_EQ(at->outcome, failed ? "failed" : "completed");
+    }
+    EXPECT_EQ((*aa)[0].error, (*pa)[0].error);
+    EXPECT_EQ((*aa)[0].placement, (*pa)[0].placement);
+    EXPECT_EQ((*aa)[0].started_ms, (*pa)[0].started_ms);
+    EXPECT_EQ((*aa)[0].ended_ms, (*pa)[0].ended_ms);
+    clock_.Advance(-7);
+  }
+  EXPECT_TRUE(j_->Recover()->empty());
+  std::lock_guard<std::mutex> lk(heard->first);
+  Heard apart, paired;
+  for (const auto& h : heard->second) {
+    auto x = h;
+    const std::string id = std::get<1>(x);
+    std::get<1>(x) = "";
+    (id.rfind("apart", 0) == 0 ? apart : paired).push_back(x);
+  }
+  EXPECT_EQ(apart, paired);
+  EXPECT_EQ(paired.size(), 4u);
+}
+
+// An unlogged write between a start and its end (a second attempt begun)
+// keeps them apart: it may be about the same request, and must see the
+// start's rows and be seen by the end's.
+TEST_F(LoggedWritesTest, AnUnloggedWriteBetweenAStartAndItsEndKeepsThemApart) {
+  Reopen(Slow(false));
+  for (int i = 0; i < 20; ++i) {
+    const std::string id = "r" + std::to_string(i);
+    ASSERT_TRUE(NewRunning(id).ok());
+    std::promise<Status> second;
+    j_->StartAttemptAsync(id, "gpu", "", [&](Status st) { second.set_value(st); });
+    ASSERT_TRUE(End(id, "answer").ok());
+    ASSERT_TRUE(second.get_future().get().ok());
+    auto attempts = j_->Attempts(id);
+    ASSERT_TRUE(attempts.ok());
+    ASSERT_EQ(attempts->size(), 2u);
+    EXPECT_EQ((*attempts)[1].placement, "gpu");
+    EXPECT_EQ((*attempts)[1].outcome, "completed");
+    EXPECT_NE((*attempts)[1].ended_ms, 0);
+    EXPECT_EQ(j_->Get(id)->state, State::kCompleted);
+    EXPECT_EQ(j_->Get(id)->attempts, 2);
+  }
+}
+
+// A pair whose rows a replay of the log brought first (the batch after
+// rows failed to commit): applied one by one, changing nothing, and not
+// told twice.
+TEST_F(LoggedWritesTest, APairAReplayBroughtFirstIsToldOnce) {
+  ASSERT_TRUE(RowsFailedToCommit("a"));
+  clock_.Advance(JournalOptions{}.unwritable_retry_ms);
+  auto heard = std::make_shared<std::pair<std::mutex, std::vector<std::string>>>();
+  j_->SetObserver([heard](const Transition& t) {
+    std::lock_guard<std::mutex> lk(heard->first);
+    heard->second.push_back(t.id + (t.kind == Transition::Kind::kAttempt ? " attempt" : " end"));
+  });
+  ASSERT_TRUE(NewRunning("b").ok());
+  ASSERT_TRUE(End("b", "answer").ok());
+  j_->Flush();
+  ASSERT_TRUE(j_->Get("b").ok());
+  EXPECT_EQ(j_->Get("b")->state, State::kCompleted);
+  EXPECT_EQ(j_->Get("b")->result_body, "answer");
+  EXPECT_EQ(j_->Attempts("b")->size(), 1u);
+  EXPECT_EQ(j_->Get("a")->state, State::kRunning);
+  std::lock_guard<std::mutex> lk(heard->first);
+  EXPECT_EQ(std::count(heard->second.begin(), heard->second.end(), "b attempt"), 1);
+  EXPECT_EQ(std::count(heard->second.begin(), heard->second.end(), "b end"), 1);
 }
 
 // A process that dies after the records are durable and before their rows
