@@ -1,4 +1,5 @@
 #include "bench_gateway.h"
+#include "worker_secret.h"
 
 #include <nlohmann/json.hpp>
 
@@ -61,21 +62,31 @@ double CpuNs(pid_t pid, bool children) {
   return ns;
 }
 
+std::string OneChatOnCpu(const std::string& model, bool full_journal) {
+  return "[journal]\nsynchronous = \"" + std::string(full_journal ? "full" : "normal") + "\"\n" +
+         "[[service]]\nname = \"chat\"\nmodel = \"" + model + "\"\n" +
+         "[[service.placement]]\ndevice = \"cpu\"\nctx = 1024\nslots = 1\nthreads = 1\n";
+}
+
 std::vector<std::string> DiesWithBench(std::vector<std::string> args) {
   if (::access("/usr/bin/setpriv", X_OK) == 0) args.insert(args.begin(), {"/usr/bin/setpriv", "--pdeathsig", "TERM", "--"});
   return args;
 }
 
 GatewayRun StartGateway(const std::string& bin_dir, const std::string& config_toml, const std::string& tag,
-                        std::chrono::seconds timeout) {
+                        std::chrono::seconds timeout, const std::vector<std::string>& wrap) {
   GatewayRun g;
   g.dir = fs::temp_directory_path() / ("spillway-bench-" + tag + "-" + std::to_string(getpid()));
   fs::remove_all(g.dir);
   fs::create_directories(g.dir);
   std::ofstream(g.dir + "/c.toml") << config_toml;
-  std::vector<std::string> args = DiesWithBench({bin_dir + "/spillway", "serve", "--config", g.dir + "/c.toml",
-                                                  "--state-dir", g.dir + "/state", "--listen", "127.0.0.1:0",
-                                                  "--port-file", g.dir + "/port"});
+  std::vector<std::string> cmd = wrap;
+  for (std::string a : {bin_dir + "/spillway", std::string("serve"), std::string("--config"), g.dir + "/c.toml",
+                        std::string("--state-dir"), g.dir + "/state", std::string("--listen"),
+                        std::string("127.0.0.1:0"), std::string("--port-file"), g.dir + "/port"}) {
+    cmd.push_back(std::move(a));
+  }
+  std::vector<std::string> args = DiesWithBench(std::move(cmd));
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -139,6 +150,30 @@ uint16_t WorkerPort(uint16_t gateway_port, const std::string& service) {
     if (s.value("name", "") == service && !s["placements"].empty()) return s["placements"][0].value("port", uint16_t{0});
   }
   return 0;
+}
+
+std::pair<pid_t, uint16_t> StartBareProxy(uint16_t worker, const std::vector<std::string>& wrap) {
+  const fs::path self = fs::read_symlink("/proc/self/exe");
+  const std::string bin = (self.parent_path() / "bare_proxy").string();
+  const uint16_t port = FreePort();
+  if (::access(bin.c_str(), X_OK) != 0 || port == 0) return {-1, 0};
+  std::vector<std::string> cmd = wrap;
+  for (std::string a : {bin, std::to_string(port), std::to_string(worker)}) cmd.push_back(std::move(a));
+  std::vector<std::string> args = DiesWithBench(std::move(cmd));
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return {-1, 0};
+  for (int i = 0; i < 1000; ++i) {  // listening? (10 s: under valgrind it starts slowly)
+    if (http::Fetch("127.0.0.1", port, "GET", "/health", "", WorkerAuth(), std::chrono::seconds(1)).ok()) {
+      return {pid, port};
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return {-1, 0};
 }
 
 uint16_t FreePort() {

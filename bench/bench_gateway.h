@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace spillway::bench {
@@ -29,11 +30,17 @@ struct GatewayRun {
 // running to skew the next measurement; `args` as they are without setpriv.
 std::vector<std::string> DiesWithBench(std::vector<std::string> args);
 
+// A config of one chat service of `model` on the CPU, one slot (the worker
+// does nothing but the benchmark's requests), the journal at FULL or NORMAL.
+std::string OneChatOnCpu(const std::string& model, bool full_journal);
+
 // Starts `<bin_dir>/spillway serve` with `config_toml` in a fresh temporary
 // directory named after `tag`, and waits for /readyz (every worker loaded).
 // The workers take $SPILLWAY_WORKER_SECRET from this process's environment.
+// `wrap`: a command the gateway runs under (valgrind), its workers not.
 GatewayRun StartGateway(const std::string& bin_dir, const std::string& config_toml, const std::string& tag,
-                        std::chrono::seconds timeout = std::chrono::seconds(120));
+                        std::chrono::seconds timeout = std::chrono::seconds(120),
+                        const std::vector<std::string>& wrap = {});
 // SIGTERM (the gateway stops its workers), waited for; SIGKILL after 30 s.
 // Removes the directory unless `keep_dir`.
 void StopGateway(GatewayRun& g, bool keep_dir = false);
@@ -45,6 +52,11 @@ uint16_t WorkerPort(uint16_t gateway_port, const std::string& service);
 // `children` those of its direct children too (nginx's worker under its
 // master), in nanoseconds (schedstat: finer than the clock ticks of /proc/PID/stat).
 double CpuNs(pid_t pid, bool children = false);
+
+// The bare Asio proxy (bare_proxy.cpp, beside the running benchmark) in
+// front of `worker`, under `wrap` if any: its pid and port, or {-1, 0} when
+// it cannot start.
+std::pair<pid_t, uint16_t> StartBareProxy(uint16_t worker, const std::vector<std::string>& wrap = {});
 
 // A TCP port on 127.0.0.1 that was free a moment ago (for servers that cannot take port 0).
 uint16_t FreePort();

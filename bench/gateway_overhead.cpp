@@ -38,12 +38,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// One chat service on the CPU, one slot: the worker does nothing but these requests.
-std::string Config(const std::string& model, bool full) {
-  return "[journal]\nsynchronous = \"" + std::string(full ? "full" : "normal") + "\"\n" +
-         "[[service]]\nname = \"chat\"\nmodel = \"" + model + "\"\n" +
-         "[[service.placement]]\ndevice = \"cpu\"\nctx = 1024\nslots = 1\nthreads = 1\n";
-}
 
 // Where one side of the comparison sends its requests, and what it measured.
 struct Side {
@@ -130,31 +124,6 @@ struct Added {
   double gateway_cpu = 0, nginx_cpu = 0;   // microseconds of the proxy's CPU per request
   double bare_p50 = -1, bare_cpu = 0;      // the bare Asio proxy's (-1: not measured)
 };
-
-// The bare Asio proxy (bare_proxy.cpp, beside this benchmark) in front of
-// `worker`: its pid and port, or {-1, 0} when it cannot start.
-std::pair<pid_t, uint16_t> StartBareProxy(uint16_t worker) {
-  const fs::path self = fs::read_symlink("/proc/self/exe");
-  const std::string bin = (self.parent_path() / "bare_proxy").string();
-  const uint16_t port = FreePort();
-  if (::access(bin.c_str(), X_OK) != 0 || port == 0) return {-1, 0};
-  std::vector<std::string> args = DiesWithBench({bin, std::to_string(port), std::to_string(worker)});
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return {-1, 0};
-  for (int i = 0; i < 200; ++i) {  // listening?
-    if (spillway::http::Fetch("127.0.0.1", port, "GET", "/health", "", spillway::bench::WorkerAuth(),
-                              std::chrono::seconds(1)).ok()) {
-      return {pid, port};
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-  return {-1, 0};
-}
 
 // The gateway, its worker called directly and (when there is one) nginx in
 // front of that same worker.
@@ -275,7 +244,7 @@ int main(int argc, char** argv) {
               "p99 dir", "p99 gw", "added", "ttft dir", "ttft gw", "added", "cpu/req");
   std::vector<std::pair<std::string, Added>> added;
   for (bool full : {true, false}) {
-    GatewayRun g = StartGateway(bin, Config(model, full), full ? "overhead-full" : "overhead-normal");
+    GatewayRun g = StartGateway(bin, OneChatOnCpu(model, full), full ? "overhead-full" : "overhead-normal");
     const uint16_t worker = g.port ? WorkerPort(g.port, "chat") : 0;
     if (!worker) {
       StopGateway(g, /*keep_dir=*/true);

@@ -33,7 +33,7 @@ std::string NginxProxy::Binary() {
   return access("/usr/sbin/nginx", X_OK) == 0 ? "/usr/sbin/nginx" : "";
 }
 
-NginxProxy::NginxProxy(uint16_t worker_port, const std::string& worker_secret) {
+NginxProxy::NginxProxy(uint16_t worker_port, const std::string& worker_secret, const std::vector<std::string>& wrap) {
   const std::string bin = Binary();
   if (bin.empty()) {
     why_ = "nginx is not installed (scripts/deps.sh installs it)";
@@ -48,6 +48,7 @@ NginxProxy::NginxProxy(uint16_t worker_port, const std::string& worker_secret) {
   // I/O threads on the same two cores. Run as root, the master would hand
   // the worker to `nobody`; keep this user so it can use the temp paths.
   if (geteuid() == 0) conf << "user root;\n";
+  if (!wrap.empty()) conf << "master_process off;\n";
   conf << "daemon off;\nworker_processes 1;\npid " << dir_ << "/nginx.pid;\nerror_log " << dir_ << "/error.log warn;\n"
        << "events { worker_connections 1024; }\n"
        << "http {\n  access_log off;\n"
@@ -65,7 +66,12 @@ NginxProxy::NginxProxy(uint16_t worker_port, const std::string& worker_secret) {
        // How nginx is set up in front of an SSE server: events pass as they come.
        << "      proxy_buffering off;\n    }\n  }\n}\n";
   conf.close();
-  std::vector<std::string> args = DiesWithBench({bin, "-p", dir_, "-c", dir_ + "/nginx.conf", "-e", dir_ + "/error.log"});
+  std::vector<std::string> cmd = wrap;
+  for (std::string a : {bin, std::string("-p"), dir_, std::string("-c"), dir_ + "/nginx.conf", std::string("-e"),
+                        dir_ + "/error.log"}) {
+    cmd.push_back(std::move(a));
+  }
+  std::vector<std::string> args = DiesWithBench(std::move(cmd));
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -79,7 +85,7 @@ NginxProxy::NginxProxy(uint16_t worker_port, const std::string& worker_secret) {
     why_ = "cannot run " + bin;
     return;
   }
-  for (int i = 0; i < 250; ++i) {  // 5 s
+  for (int i = 0; i < 1000; ++i) {  // 20 s (under valgrind it starts slowly)
     if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
       pid_ = -1;
       why_ = "nginx exited at start; see " + dir_ + "/error.log";
@@ -92,7 +98,7 @@ NginxProxy::NginxProxy(uint16_t worker_port, const std::string& worker_secret) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  why_ = "nginx did not answer within 5 s; see " + dir_ + "/error.log";
+  why_ = "nginx did not answer within 20 s; see " + dir_ + "/error.log";
 }
 
 NginxProxy::~NginxProxy() {

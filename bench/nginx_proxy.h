@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace spillway::bench {
 
@@ -16,7 +17,9 @@ class NginxProxy {
   // keep-alive upstream connections, the worker's secret added as a bearer
   // token. running() is false when nginx is not installed or did not start
   // (why() says which).
-  NginxProxy(uint16_t worker_port, const std::string& worker_secret);
+  // `wrap`: a command nginx runs under (valgrind); nginx is then one process
+  // (master_process off), the one that serves, so that pid() is measured.
+  NginxProxy(uint16_t worker_port, const std::string& worker_secret, const std::vector<std::string>& wrap = {});
   ~NginxProxy();
   NginxProxy(const NginxProxy&) = delete;
   NginxProxy& operator=(const NginxProxy&) = delete;

@@ -6,6 +6,7 @@ PKGS=(build-essential cmake ninja-build git ca-certificates pkg-config ccache
       libssl-dev libsqlite3-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
       clang libclang-rt-14-dev  # the fuzz targets (tests/fuzz/run.sh): clang's libFuzzer
       nginx  # bench/gateway_overhead's yardstick proxy: it starts its own nginx, never the system's service
+      valgrind  # bench/gateway_instructions counts each proxy's instructions under callgrind
       chromium)  # the dashboard's browser test (tests/browser), headless over the DevTools protocol
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,0 +1,223 @@
+// Benchmark: the CPU instructions a proxy spends on one request, counted by
+// valgrind's callgrind, for spillway serve (journal at NORMAL and at FULL),
+// Debian's nginx (proxy_pass, keep-alive upstream) and a bare Asio proxy,
+// each in front of the same kind of worker (the worker not counted), in the
+// same run. Counted instructions do not depend on the machine's scheduling,
+// which blurs gateway_overhead's times and CPU times by about ±10 %: a change
+// of a few per cent to the request path shows here, and the ratio to nginx is
+// the same from run to run. (Instructions are not time: a syscall counts as
+// one, and cache misses not at all. gateway_overhead says what a request
+// waits.)
+//
+// Each side: a warm-up, then its counters zeroed, N sequential requests on one
+// keep-alive connection, and a dump; what the process does while idle (the
+// gateway's event feed and supervisor) is counted over as long with no
+// requests and subtracted. --keep leaves the dumps for callgrind_annotate.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "api/http_client.h"
+#include "bench_gateway.h"
+#include "nginx_proxy.h"
+#include "worker_secret.h"
+
+using nlohmann::json;
+using namespace spillway::bench;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string OnPath(const std::string& name) {
+  std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
+  path += ":/usr/bin";
+  size_t from = 0;
+  while (from <= path.size()) {
+    const size_t to = std::min(path.find(':', from), path.size());
+    const std::string candidate = path.substr(from, to - from) + "/" + name;
+    if (to > from && ::access(candidate.c_str(), X_OK) == 0) return candidate;
+    from = to + 1;
+  }
+  return "";
+}
+
+// One process counted under callgrind: its dumps are <out>.1, <out>.2, ...
+struct Counted {
+  explicit Counted(std::string what) : label(std::move(what)) {}
+  std::string label;
+  pid_t pid = -1;
+  uint16_t port = 0;
+  std::string out;
+  std::string body;
+  spillway::http::HeaderList headers;
+  int dumps = 0;
+};
+
+std::vector<std::string> Callgrind(const std::string& valgrind, const std::string& out) {
+  return {valgrind, "-q", "--tool=callgrind", "--callgrind-out-file=" + out, "--dump-instr=no"};
+}
+
+bool Control(const std::string& tool, const char* flag, pid_t pid) {
+  const std::string cmd = tool + " " + flag + " " + std::to_string(pid) + " >/dev/null 2>&1";
+  return std::system(cmd.c_str()) == 0;
+}
+
+// The instructions of the process's last dump ("totals:" line), or nullopt.
+std::optional<double> Totals(const std::string& file) {
+  for (int i = 0; i < 100; ++i) {  // the dump is written asynchronously
+    std::ifstream f(file);
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.rfind("totals:", 0) == 0) return std::stod(line.substr(7));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return std::nullopt;
+}
+
+// Counts since the last zeroing, dumped now.
+std::optional<double> Dump(const std::string& tool, Counted& c) {
+  if (!Control(tool, "-d", c.pid)) return std::nullopt;
+  return Totals(c.out + "." + std::to_string(++c.dumps));
+}
+
+// Instructions per request, the idle share subtracted; nullopt (said why) when it could not be counted.
+std::optional<double> PerRequest(const std::string& tool, Counted& c, int n) {
+  spillway::http::Connection conn("127.0.0.1", c.port);
+  auto send = [&] {
+    auto r = conn.Send("POST", "/v1/completions", c.body, c.headers);
+    if (!r.ok() || r->status != 200) {
+      std::printf("  %s: a request failed: %s\n", c.label.c_str(),
+                  r.ok() ? r->body.c_str() : r.status().message().c_str());
+      return false;
+    }
+    return true;
+  };
+  for (int i = 0; i < 50; ++i) {
+    if (!send()) return std::nullopt;
+  }
+  if (!Control(tool, "-z", c.pid)) return std::nullopt;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    if (!send()) return std::nullopt;
+  }
+  const double busy_s = Us(t0, Clock::now()) / 1e6;
+  const auto busy = Dump(tool, c);
+  // As long again with no requests: what the process does meanwhile anyway.
+  if (!Control(tool, "-z", c.pid)) return std::nullopt;
+  const auto i0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(busy_s));
+  const double idle_s = Us(i0, Clock::now()) / 1e6;
+  const auto idle = Dump(tool, c);
+  if (!busy || !idle) {
+    std::printf("  %s: callgrind's counts could not be read (%s.*)\n", c.label.c_str(), c.out.c_str());
+    return std::nullopt;
+  }
+  const double idle_part = *idle / idle_s * busy_s;
+  std::printf("  %-34s %9.1fk instructions a request  (%d requests in %.1f s; idle work subtracted: %.1fk a request)\n",
+              c.label.c_str(), (*busy - idle_part) / n / 1000, n, busy_s, idle_part / n / 1000);
+  return (*busy - idle_part) / n;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Gateway instructions: CPU instructions per request of spillway serve, nginx and a bare Asio proxy "
+               "(valgrind's callgrind)"};
+  std::string bin = "build/bin", model = "build/models/tiny-chat.gguf";
+  int n = 500;
+  bool keep = false;
+  app.add_option("--bin", bin)->capture_default_str();
+  app.add_option("--model", model)->capture_default_str();
+  app.add_option("-n", n, "requests per side")->capture_default_str()->check(CLI::Range(1, 1000000));
+  app.add_flag("--keep", keep, "keep the callgrind dumps (their directory is printed)");
+  CLI11_PARSE(app, argc, argv);
+  const std::string valgrind = OnPath("valgrind"), control = OnPath("callgrind_control");
+  if (valgrind.empty() || control.empty()) {
+    std::printf("valgrind is not installed (apt-get install valgrind): nothing counted\n");
+    return 1;
+  }
+  WorkerSecret();  // the gateway's workers take it; the bare proxy's calls send it
+  const fs::path dir = fs::temp_directory_path() / ("spillway-bench-instructions-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string gw_body = json{{"model", "chat"}, {"prompt", "x"}, {"max_tokens", 1}, {"temperature", 0}}.dump();
+  const std::string direct_body = json{{"prompt", "x"}, {"max_tokens", 1}, {"temperature", 0}}.dump();
+  std::printf("non-streaming 1-token completion, loopback, keep-alive; each proxy in front of the same kind of worker, "
+              "under callgrind\n");
+  std::optional<double> normal, full, nginx, bare;
+  for (bool is_full : {false, true}) {
+    Counted gw(is_full ? "spillway serve, journal FULL" : "spillway serve, journal NORMAL");
+    gw.out = (dir / (is_full ? "gateway-full" : "gateway-normal")).string();
+    gw.body = gw_body;
+    GatewayRun g = StartGateway(bin, OneChatOnCpu(model, is_full), is_full ? "instructions-full" : "instructions-normal",
+                                std::chrono::seconds(300), Callgrind(valgrind, gw.out));
+    const uint16_t worker = g.port ? WorkerPort(g.port, "chat") : 0;
+    if (!worker) {
+      StopGateway(g, /*keep_dir=*/true);
+      return 1;
+    }
+    gw.pid = g.pid;
+    gw.port = g.port;
+    (is_full ? full : normal) = PerRequest(control, gw, n);
+    if (!is_full) {
+      // The yardsticks, in front of this gateway's worker (its secret added by nginx, sent to the bare proxy).
+      Counted x("nginx proxy_pass");
+      x.out = (dir / "nginx").string();
+      x.body = direct_body;
+      {
+        NginxProxy proxy(worker, WorkerSecret(), Callgrind(valgrind, x.out));
+        if (proxy.running()) {
+          x.pid = proxy.pid();
+          x.port = proxy.port();
+          nginx = PerRequest(control, x, n);
+        } else {
+          std::printf("  nginx: %s; its row is skipped\n", proxy.why().c_str());
+        }
+      }
+      Counted b("bare Asio proxy");
+      b.out = (dir / "bare").string();
+      b.body = direct_body;
+      b.headers = WorkerAuth();
+      const auto [pid, port] = StartBareProxy(worker, Callgrind(valgrind, b.out));
+      if (pid > 0) {
+        b.pid = pid;
+        b.port = port;
+        bare = PerRequest(control, b, n);
+        kill(pid, SIGTERM);
+        waitpid(pid, nullptr, 0);
+      } else {
+        std::printf("  bare Asio proxy: it did not start; its row is skipped\n");
+      }
+    }
+    StopGateway(g);
+  }
+  if (normal && nginx && *nginx > 0) {
+    std::printf("vs nginx: Spillway/nginx instructions a request: %.2fx at NORMAL", *normal / *nginx);
+    if (full) std::printf(", %.2fx at FULL", *full / *nginx);
+    std::printf("\n");
+  }
+  if (normal && bare) {
+    std::printf("vs a bare Asio proxy: Spillway's own work above it: %.1fk instructions a request at NORMAL\n",
+                (*normal - *bare) / 1000);
+  }
+  if (keep) {
+    std::printf("callgrind dumps kept in %s (callgrind_annotate --inclusive=yes <file>)\n", dir.c_str());
+  } else {
+    fs::remove_all(dir);
+  }
+  return normal ? 0 : 1;
+}
