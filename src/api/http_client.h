@@ -21,9 +21,10 @@ struct ClientResponse {
   int status = 0;
   std::map<std::string, std::string> headers;  // lower-case names
   std::string body;                            // chunked bodies arrive de-chunked
-  std::string Header(const std::string& lower_name) const {
+  const std::string& Header(const std::string& lower_name) const {
+    static const std::string kNone;
     auto it = headers.find(lower_name);
-    return it == headers.end() ? std::string() : it->second;
+    return it == headers.end() ? kNone : it->second;
   }
 };
 

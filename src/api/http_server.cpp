@@ -142,8 +142,8 @@ class ExchangeImpl final : public Exchange {
   // `version`: the request's (HTTP/1.0 gets an unframed stream that ends
   // with the connection: it has no chunked encoding).
   // `gen`: the session's exchange it is (Session::exchange_gen_ when it began).
-  ExchangeImpl(std::shared_ptr<Session> s, unsigned version, uint64_t gen)
-      : session_(std::move(s)), http10_(version < 11), gen_(gen) {}
+  ExchangeImpl(std::shared_ptr<Session> s, unsigned version, uint64_t gen, bool head_checked)
+      : session_(std::move(s)), http10_(version < 11), gen_(gen), head_checked_(head_checked) {}
   ~ExchangeImpl() override;
   void Respond(Response res) override;
   void StartStream(Response header) override;
@@ -155,6 +155,7 @@ class ExchangeImpl final : public Exchange {
   size_t unsent_bytes() const override { return static_cast<size_t>(std::max<int64_t>(0, unsent_->load())); }
   net::any_io_executor executor() const override;
   std::string peer_address() const override;
+  bool head_checked() const override { return head_checked_; }
 
   std::atomic<bool> disconnected_{false};
   // Shared with the session's queue items, which count down as they are sent.
@@ -165,6 +166,7 @@ class ExchangeImpl final : public Exchange {
   std::shared_ptr<Session> session_;
   const bool http10_;
   const uint64_t gen_;
+  const bool head_checked_;
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -350,8 +352,10 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     head_fields_ = static_cast<size_t>(std::distance(head.begin(), head.end()));
     const auto length = parser_->content_length();
+    head_checked_ = false;
     if (opts_.check_head && ((length && *length > 0) || parser_->chunked())) {
       if (auto refusal = opts_.check_head(parser_->get())) return RefuseAndClose(std::move(*refusal));
+      head_checked_ = true;
     }
     if (length && *length > opts_.max_body_bytes) return RejectAndClose(413, "request body too large", "body_too_large");
     if (!ReserveBody(length || parser_->chunked() ? std::min(BodyCap(), BodyStep()) : 0)) return RejectBusy();
@@ -488,7 +492,7 @@ class Session : public std::enable_shared_from_this<Session> {
     peer_gone_ = false;
     on_disconnect_ = nullptr;
     ++exchange_gen_;
-    auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), version_, exchange_gen_);
+    auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), version_, exchange_gen_, head_checked_);
     current_ = ex;
     // The exchange (if dropped) answers 500.
     RunSurviving("spillway: a request handler", [&] { handler_(std::move(req), std::move(ex)); });
@@ -704,6 +708,7 @@ class Session : public std::enable_shared_from_this<Session> {
   const Handler handler_;
   size_t reserved_ = 0;  // body bytes held against the shared budget
   size_t head_fields_ = 0;  // the fields of the request's head, once read (0: its head had none read apart)
+  bool head_checked_ = false;  // opts_.check_head passed for the request's head (one with a body)
   beast::flat_buffer buffer_;
   std::array<char, 16384> discard_;
   std::array<char, 4096> peek_;

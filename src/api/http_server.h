@@ -107,6 +107,10 @@ class Exchange {
   // the request's work may run there too and answer without a hop to
   // another thread; none (the default) when it has no such place.
   virtual boost::asio::any_io_executor executor() const { return {}; }
+  // The server's check_head passed for this request's head (it runs for a
+  // request with a body, before the body is read): its handler need not run
+  // the same check again.
+  virtual bool head_checked() const { return false; }
   // The peer's IP address as text ("127.0.0.1", "::1"); empty when unknown.
   virtual std::string peer_address() const { return {}; }
   // Who served a stream (`key`: "fallback_model", "limits"), learnt after its

@@ -259,7 +259,10 @@ void Gateway::Handle(http::Request req, std::shared_ptr<http::Exchange> ex) {
   const std::string path = target.substr(0, target.find('?'));
   const unsigned v = req.version();
   const auto method = req.method();
-  if (auto refusal = AccessRefusal(req)) return ex->Respond(std::move(*refusal));
+  // (Checked already by the server when the request has a body: serve's check_head.)
+  if (!ex->head_checked()) {
+    if (auto refusal = AccessRefusal(req)) return ex->Respond(std::move(*refusal));
+  }
   const std::string cors = CorsOrigin(req);
   const bool preflight = !cors.empty() && method == bhttp::verb::options;
   if (!cors.empty() && !preflight) ex = std::make_shared<CorsExchange>(std::move(ex), cors);

@@ -19,6 +19,7 @@
 
 #include "api/growing_body.h"
 #include "api/http_wire.h"
+#include "upstream/request_head.h"
 
 namespace spillway::upstream {
 
@@ -82,21 +83,6 @@ std::string Lower(beast::string_view s) {
   return out;
 }
 
-// `v6`: the server is on [::1] (its Host says so: a server that checks Host refused 127.0.0.1).
-bhttp::request<bhttp::string_body> MakeRequest(uint16_t port, const std::string& method, const std::string& target,
-                                                std::string body, const http::HeaderList& headers, bool v6 = false) {
-  bhttp::request<bhttp::string_body> req{bhttp::string_to_verb(method), target, 11};
-  req.set(bhttp::field::host, http::HostHeader(v6 ? "::1" : "127.0.0.1", port));
-  req.set(bhttp::field::user_agent, "spillway");
-  for (const auto& [k, v] : headers) req.set(k, v);
-  if (!body.empty() && req.find(bhttp::field::content_type) == req.end()) {
-    req.set(bhttp::field::content_type, "application/json");
-  }
-  req.body() = std::move(body);
-  req.prepare_payload();
-  req.keep_alive(true);
-  return req;
-}
 
 Status Failure(const beast::error_code& ec, const std::string& method, const std::string& target) {
   if (ec == beast::error::timeout) return Status::DeadlineExceeded(method + " " + target + ": timed out");
@@ -230,13 +216,12 @@ void ConnectionPool::Give(uint32_t server, std::unique_ptr<Conn> c) {
 namespace {
 
 // The request in one gathered write: its head as Beast writes it (http_wire.h), then its body.
-net::awaitable<void> WriteRequest(beast::tcp_stream& stream, const bhttp::request<bhttp::string_body>& req,
+net::awaitable<void> WriteRequest(beast::tcp_stream& stream, const std::string& head, const std::string& body,
                                   beast::error_code& ec) {
-  const std::string head = http::WireHead(req);
-  const std::array<net::const_buffer, 2> bufs = {net::buffer(head), net::buffer(req.body())};
+  const std::array<net::const_buffer, 2> bufs = {net::buffer(head), net::buffer(body)};
   // At once when the socket takes it all (http_wire.h's SendNow), else the rest asynchronously.
   const size_t sent = http::SendNow(stream.socket().native_handle(), bufs);
-  if (sent == head.size() + req.body().size()) co_return;
+  if (sent == head.size() + body.size()) co_return;
   co_await net::async_write(stream, http::Consumed(bufs, sent), net::redirect_error(net::use_awaitable, ec));
 }
 
@@ -261,9 +246,9 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     }
     beast::error_code ec;
     if (Status st = co_await Connect(*c, port, false, timeout); !st.ok()) co_return st;
-    auto req = MakeRequest(port, method, target, body, headers);
+    const std::string head = RequestHead(port, method, target, body.size(), headers);
     c->stream.expires_after(timeout);
-    co_await WriteRequest(c->stream, req, ec);
+    co_await WriteRequest(c->stream, head, body, ec);
     // A server may answer early (413) and stop reading: a failed write is
     // followed by a read, which returns that answer when there is one.
     const bool write_failed = static_cast<bool>(ec);
@@ -351,9 +336,9 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     if (Status st = co_await Connect(*c, port, v6, std::chrono::seconds(10)); !st.ok()) co_return st;
     if (control) control->connected = !reused;  // (a kept one may be stale: known once it answers)
     if (control && control->aborted()) co_return failure(net::error::operation_aborted);
-    auto req = MakeRequest(port, method, target, body, headers, v6);
+    const std::string request_head = RequestHead(port, method, target, body.size(), headers, v6);
     c->stream.expires_after(idle_timeout);
-    co_await WriteRequest(c->stream, req, ec);
+    co_await WriteRequest(c->stream, request_head, body, ec);
     if (!ec && control) control->sent = true;
     std::optional<bhttp::response_parser<bhttp::buffer_body>> reader;
     NewReader(&reader, std::uint64_t{1} << 40);
