@@ -10,9 +10,10 @@
 // waits.)
 //
 // Each side: a warm-up, then its counters zeroed, N sequential requests on one
-// keep-alive connection, and a dump; what the process does while idle (the
-// gateway's event feed and supervisor) is counted over as long with no
-// requests and subtracted. --keep leaves the dumps for callgrind_annotate.
+// keep-alive connection, and a dump. In the gateway only the threads that
+// work on requests count (kRequestThreads); what is still counted while idle
+// is counted over as long with no requests and subtracted. --keep leaves the
+// dumps for callgrind_annotate.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -24,6 +25,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -54,6 +56,15 @@ std::string OnPath(const std::string& name) {
   return "";
 }
 
+// The gateway's threads that work on requests: the I/O threads, the
+// journal's row thread and its commit log's sync thread (at FULL); not the
+// event feed, the supervisor or the status refresher, whose work comes with
+// time, not with requests.
+const std::vector<std::pair<std::string, std::string>> kRequestThreads = {
+    {"spillway::http::RunLogged", "I/O threads"},
+    {"spillway::journal::Journal::RunThread", "journal rows"},
+    {"spillway::journal::CommitLog::SyncThread", "log syncs"}};
+
 // One process counted under callgrind: its dumps are <out>.1, <out>.2, ...
 struct Counted {
   explicit Counted(std::string what) : label(std::move(what)) {}
@@ -64,10 +75,20 @@ struct Counted {
   std::string body;
   spillway::http::HeaderList headers;
   int dumps = 0;
+  // The gateway's request threads, by a function each runs (its dumps are per thread): what each kind counted.
+  std::vector<std::pair<std::string, std::string>> threads;  // {function name in the dump, label}
+  std::vector<std::string> thread_kinds;
 };
 
-std::vector<std::string> Callgrind(const std::string& valgrind, const std::string& out) {
-  return {valgrind, "-q", "--tool=callgrind", "--callgrind-out-file=" + out, "--dump-instr=no"};
+// `threads`: count only inside these functions (the threads they run), not
+// the process's other threads, each thread in a dump of its own.
+std::vector<std::string> Callgrind(const std::string& valgrind, const std::string& out,
+                                   const std::vector<std::pair<std::string, std::string>>& threads = {}) {
+  std::vector<std::string> args = {valgrind, "-q", "--tool=callgrind", "--callgrind-out-file=" + out, "--dump-instr=no"};
+  // (Names uncompressed: a compressed one is spelled out once, in whichever thread's dump comes first.)
+  if (!threads.empty()) args.insert(args.end(), {"--collect-atstart=no", "--separate-threads=yes", "--compress-strings=no"});
+  for (const auto& [fn, label] : threads) args.push_back("--toggle-collect=*" + fn + "*");
+  return args;
 }
 
 bool Control(const std::string& tool, const char* flag, pid_t pid) {
@@ -75,23 +96,55 @@ bool Control(const std::string& tool, const char* flag, pid_t pid) {
   return std::system(cmd.c_str()) == 0;
 }
 
-// The instructions of the process's last dump ("totals:" line), or nullopt.
-std::optional<double> Totals(const std::string& file) {
+// What one dump counted: in all, and by the kind of thread (kRequestThreads'
+// names) when the threads were dumped apart (--separate-threads).
+struct Counts {
+  double total = 0;
+  std::map<std::string, double> by_thread;
+};
+
+// The instructions a dump file counted ("totals:" line), and which of
+// `kinds` its thread ran (the first whose name it holds; "" for none).
+std::optional<std::pair<double, std::string>> ReadDump(const std::string& file, const std::vector<std::string>& kinds) {
   for (int i = 0; i < 100; ++i) {  // the dump is written asynchronously
     std::ifstream f(file);
-    std::string line;
+    std::string line, kind;
+    std::optional<double> total;
     while (std::getline(f, line)) {
-      if (line.rfind("totals:", 0) == 0) return std::stod(line.substr(7));
+      if (line.rfind("totals:", 0) == 0) total = std::stod(line.substr(7));
+      if (kind.empty() && line.rfind("fn=", 0) == 0) {
+        for (const auto& k : kinds) {
+          if (line.find(k) != std::string::npos) kind = k;
+        }
+      }
     }
+    if (total) return std::make_pair(*total, kind);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return std::nullopt;
 }
 
 // Counts since the last zeroing, dumped now.
-std::optional<double> Dump(const std::string& tool, Counted& c) {
+std::optional<Counts> Dump(const std::string& tool, Counted& c) {
   if (!Control(tool, "-d", c.pid)) return std::nullopt;
-  return Totals(c.out + "." + std::to_string(++c.dumps));
+  const std::string name = fs::path(c.out).filename().string() + "." + std::to_string(++c.dumps);
+  std::vector<std::string> files;
+  for (int i = 0; i < 100 && files.empty(); ++i) {  // (written asynchronously)
+    for (const auto& e : fs::directory_iterator(fs::path(c.out).parent_path())) {
+      const std::string f = e.path().filename().string();
+      if (f == name || f.rfind(name + "-", 0) == 0) files.push_back(e.path().string());
+    }
+    if (files.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (files.empty()) return std::nullopt;
+  Counts out;
+  for (const auto& f : files) {
+    auto d = ReadDump(f, c.thread_kinds);
+    if (!d) return std::nullopt;
+    out.total += d->first;
+    if (!d->second.empty()) out.by_thread[d->second] += d->first;
+  }
+  return out;
 }
 
 // Instructions per request, the idle share subtracted; nullopt (said why) when it could not be counted.
@@ -126,10 +179,18 @@ std::optional<double> PerRequest(const std::string& tool, Counted& c, int n) {
     std::printf("  %s: callgrind's counts could not be read (%s.*)\n", c.label.c_str(), c.out.c_str());
     return std::nullopt;
   }
-  const double idle_part = *idle / idle_s * busy_s;
+  const double idle_part = idle->total / idle_s * busy_s;
   std::printf("  %-34s %9.1fk instructions a request  (%d requests in %.1f s; idle work subtracted: %.1fk a request)\n",
-              c.label.c_str(), (*busy - idle_part) / n / 1000, n, busy_s, idle_part / n / 1000);
-  return (*busy - idle_part) / n;
+              c.label.c_str(), (busy->total - idle_part) / n / 1000, n, busy_s, idle_part / n / 1000);
+  if (!c.threads.empty()) {
+    std::printf("  %-34s", "");
+    for (const auto& [fn, label] : c.threads) {
+      auto it = busy->by_thread.find(fn);
+      std::printf(" %s %.1fk", label.c_str(), (it == busy->by_thread.end() ? 0.0 : it->second) / n / 1000);
+    }
+    std::printf("\n");
+  }
+  return (busy->total - idle_part) / n;
 }
 
 }  // namespace
@@ -163,8 +224,10 @@ int main(int argc, char** argv) {
     Counted gw(is_full ? "spillway serve, journal FULL" : "spillway serve, journal NORMAL");
     gw.out = (dir / (is_full ? "gateway-full" : "gateway-normal")).string();
     gw.body = gw_body;
+    gw.threads = kRequestThreads;
+    for (const auto& [fn, label] : kRequestThreads) gw.thread_kinds.push_back(fn);
     GatewayRun g = StartGateway(bin, OneChatOnCpu(model, is_full), is_full ? "instructions-full" : "instructions-normal",
-                                std::chrono::seconds(300), Callgrind(valgrind, gw.out));
+                                std::chrono::seconds(300), Callgrind(valgrind, gw.out, kRequestThreads));
     const uint16_t worker = g.port ? WorkerPort(g.port, "chat") : 0;
     if (!worker) {
       StopGateway(g, /*keep_dir=*/true);

@@ -298,11 +298,11 @@ class Journal {
   // asynchronous call), or when nothing else is being written (a blocking
   // call: it waits anyway).
   enum class Lead { kNever, kWhenIdle };
-  // `log_seq`: the commit-log record the write applies (0: none), `record`
-  // that record and `told` what its rows tell once committed.
-  void Submit(std::function<Status()> op, size_t bytes, OnCommit done, Lead lead, int64_t log_seq = 0,
-              std::shared_ptr<const std::string> record = nullptr,
-              std::shared_ptr<std::optional<Transition>> told = nullptr);
+  void Submit(std::function<Status()> op, size_t bytes, OnCommit done, Lead lead);
+  // Queues `w` (taken), as Submit does; a logged write's once its record is durable.
+  void Enqueue(Writer* w, Lead lead);
+  // What `x` does inside the batch's transaction.
+  Status Apply(Writer* x);
   // Submit, then wait for the result (the blocking calls).
   Status Write(std::function<Status()> op, size_t bytes);
   // The write behind each public call; `lead` as in Submit.

@@ -165,11 +165,15 @@ struct Journal::Writer {
   std::function<void(Status)> done;
   int64_t log_seq = 0;  // the commit-log record it applies (0: none)
   std::chrono::steady_clock::time_point queued_at = std::chrono::steady_clock::now();
-  // A logged write: its record, and the transition its rows tell once committed.
-  std::shared_ptr<const std::string> record;
-  std::shared_ptr<std::optional<Transition>> told;
-  // A request's end applied with its start's rows by that write (PairLogged):
-  // it runs nothing of its own and shares that write's result.
+  // A logged write (log_seq set; no op, no done): its record, the transition
+  // its rows tell once committed, and its caller when it waits for its rows
+  // too (a backlog: AppendLogged).
+  std::string record;
+  std::optional<Transition> told;
+  std::function<void(Status)> paced;
+  // A request's start whose end's rows it applies with its own (PairLogged),
+  // and that end, which runs nothing of its own and shares the start's result.
+  Writer* pair_end = nullptr;
   Writer* absorbed_by = nullptr;
 };
 

@@ -198,11 +198,11 @@ void Journal::PairLogged(const std::vector<Writer*>& batch) {
   std::map<std::string, Writer*> started;  // request id: its start's write, earlier in the batch
   int64_t paired = 0;
   for (Writer* x : batch) {
-    if (!x->record) {
+    if (!x->log_seq) {
       started.clear();  // (an unlogged write may be about any request)
       continue;
     }
-    auto [type, id] = TypeAndId(*x->record);
+    auto [type, id] = TypeAndId(x->record);
     if (id.empty()) continue;
     if (type == kNewRunning) {
       started[id] = x;
@@ -210,12 +210,9 @@ void Journal::PairLogged(const std::vector<Writer*>& batch) {
     }
     auto it = started.find(id);
     if (type != kFinish || it == started.end()) continue;
-    Writer* s = it->second;
+    it->second->pair_end = x;
+    x->absorbed_by = it->second;
     started.erase(it);
-    s->op = [this, start = s->record, end = x->record, told_start = s->told, told_end = x->told] {
-      return ApplyPair(*start, *end, told_start.get(), told_end.get());
-    };
-    x->absorbed_by = s;
     ++paired;
   }
   if (paired) {
@@ -225,37 +222,35 @@ void Journal::PairLogged(const std::vector<Writer*>& batch) {
 }
 
 void Journal::AppendLogged(std::string payload, size_t bytes, OnCommit durable, bool defer_sync) {
-  auto told = std::make_shared<std::optional<Transition>>();
-  auto record = std::make_shared<const std::string>(std::move(payload));
-  std::function<Status()> op = [this, record, told]() -> Status { return ApplyRecord(*record, told.get()); };
+  // The queue's entry, handed to it once the record is durable (`queued`),
+  // and deleted here when the record is not written (then `queued` never runs).
+  auto* w = new Writer;
+  w->bytes = bytes;
+  w->record = std::move(payload);
   // A backlog: this one's caller waits for its rows too (the log still holds it first).
-  std::shared_ptr<OnCommit> paced;
-  if (deferred_.load() >= kMaxDeferred) paced = std::make_shared<OnCommit>(std::move(durable));
-  // Told once its rows are committed, on the thread that committed them.
-  OnCommit applied = [this, told, paced](Status st) {
-    if (st.ok() && told->has_value()) Tell(**told);
-    // Durable either way: the record is in the log (rows that failed come again from it).
-    if (paced) (*paced)(Status::Ok());
-  };
-  if (paced) {
-    durable = [paced](Status st) {
-      if (!st.ok()) (*paced)(std::move(st));  // not written: its rows never come
-    };
-  }
+  const bool paced = deferred_.load() >= kMaxDeferred;
+  if (paced) w->paced = std::move(durable);
   log_->Append(
-      *record,
-      [this, op = std::move(op), bytes, applied = std::move(applied), record, told](int64_t seq) mutable {
-        Submit(std::move(op), bytes, std::move(applied), Lead::kNever, seq, record, told);
+      w->record,  // (read before `queued` hands it on)
+      [this, w](int64_t seq) {
+        w->log_seq = seq;
+        Enqueue(w, Lead::kNever);
       },
-      [this, durable = std::move(durable)](int rc, const std::string& what) {
-        // (Too large for the log is this request's alone: the journal writes on.)
-        if (rc == CommitLog::kTooLargeRc) return durable(Status::PayloadTooLarge("the request journal cannot hold " + what));
-        if (rc != SQLITE_OK) return durable(StorageFailure(rc, what));
+      [this, w, paced, durable = std::move(durable)](int rc, const std::string& what) {
+        if (rc != SQLITE_OK) {
+          // Not written: its rows never come. (Too large for the log is this
+          // request's alone: the journal writes on.)
+          std::unique_ptr<Writer> owned(w);
+          Status st = rc == CommitLog::kTooLargeRc ? Status::PayloadTooLarge("the request journal cannot hold " + what)
+                                                   : StorageFailure(rc, what);
+          return paced ? w->paced(std::move(st)) : durable(std::move(st));
+        }
+        // (`w` is the queue's now, perhaps applied and gone already.)
         {
           std::lock_guard<std::mutex> lk(mu_);
           ++stats_.logged;
         }
-        durable(Status::Ok());
+        if (!paced) durable(Status::Ok());
       },
       defer_sync);
 }

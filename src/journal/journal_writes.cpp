@@ -57,21 +57,22 @@ T AwaitResult(Start start) {
 
 // --- group commit ---
 
-void Journal::Submit(std::function<Status()> op, size_t bytes, OnCommit done, Lead lead, int64_t log_seq,
-                     std::shared_ptr<const std::string> record, std::shared_ptr<std::optional<Transition>> told) {
+void Journal::Submit(std::function<Status()> op, size_t bytes, OnCommit done, Lead lead) {
   auto* w = new Writer;
   w->op = std::move(op);
   w->bytes = bytes;
   w->done = std::move(done);
-  w->log_seq = log_seq;
-  w->record = std::move(record);
-  w->told = std::move(told);
-  if (log_seq) ++deferred_;
+  Enqueue(w, lead);
+}
+
+void Journal::Enqueue(Writer* w, Lead lead) {
+  const bool logged = w->log_seq != 0;
+  if (logged) ++deferred_;
   std::unique_lock<std::mutex> lk(mu_);
   writers_.push_back(w);
-  if (!log_seq) ++urgent_;
+  if (!logged) ++urgent_;
   if (leading_) return;  // the leader (or a checkpoint) hands the queue on when done
-  if (log_seq) {
+  if (logged) {
     // The journal's thread needs to hear of the first (it times the wait) and of a full batch.
     if (writers_.size() == 1 || writers_.size() >= kApplyBatch) lead_cv_.notify_one();
     return;
@@ -80,6 +81,12 @@ void Journal::Submit(std::function<Status()> op, size_t bytes, OnCommit done, Le
     if (lead == Lead::kWhenIdle) return LeadBatch(lk, std::unique_lock<std::mutex>(db_mu_, std::defer_lock));
   }
   lead_cv_.notify_one();
+}
+
+Status Journal::Apply(Writer* x) {
+  if (x->pair_end) return ApplyPair(x->record, x->pair_end->record, &x->told, &x->pair_end->told);
+  if (x->log_seq) return ApplyRecord(x->record, &x->told);
+  return x->op();
 }
 
 Status Journal::Write(std::function<Status()> op, size_t bytes) {
@@ -151,6 +158,13 @@ void Journal::LeadBatch(std::unique_lock<std::mutex>& lk, std::unique_lock<std::
   for (const auto& t : replayed) Tell(t);
   for (Writer* x : batch) {
     std::unique_ptr<Writer> owned(x);
+    if (x->log_seq) {
+      // Durable before (its record); told once its rows are committed, on this thread.
+      if (x->status.ok() && x->told) Tell(*x->told);
+      // Its caller, when it waited for its rows too: durable either way (rows that failed come again from the log).
+      if (x->paced) x->paced(Status::Ok());
+      continue;
+    }
     if (x->done) x->done(std::move(x->status));
   }
   lk.lock();
@@ -181,7 +195,7 @@ void Journal::CommitBatch(const std::vector<Writer*>& batch) {
     if (!alone && exec("SAVEPOINT w;") != SQLITE_OK) {
       x->status = DbError("savepoint");
     } else {
-      x->status = x->op();
+      x->status = Apply(x);
       // A failed write is undone alone: the others of the batch stay.
       if (alone && !x->status.ok()) {
         if (!sqlite3_get_autocommit(db_)) (void)exec("ROLLBACK;");

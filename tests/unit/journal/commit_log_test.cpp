@@ -838,6 +838,24 @@ TEST_F(LoggedWritesTest, AnUnloggedWriteBetweenAStartAndItsEndKeepsThemApart) {
   }
 }
 
+// A record the log cannot write fails its caller (its rows never come), and
+// the writes after it go on once the disk takes them.
+TEST_F(LoggedWritesTest, ARecordTheLogCannotWriteFailsItsCallerAlone) {
+  Reopen(Slow(false));
+  faults_->SetDiskFull(true);
+  const Status refused = NewRunning("lost");
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.ToString();
+  faults_->SetDiskFull(false);
+  clock_.Advance(JournalOptions{}.unwritable_retry_ms);
+  ASSERT_TRUE(NewRunning("kept").ok());
+  ASSERT_TRUE(End("kept", "answer").ok());
+  j_->Flush();
+  EXPECT_EQ(j_->Get("lost").status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(j_->Get("kept").ok());
+  EXPECT_EQ(j_->Get("kept")->state, State::kCompleted);
+  EXPECT_EQ(j_->stats().logged, 2);
+}
+
 // A pair whose rows a replay of the log brought first (the batch after
 // rows failed to commit): applied one by one, changing nothing, and not
 // told twice.
