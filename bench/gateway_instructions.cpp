@@ -60,10 +60,13 @@ std::string OnPath(const std::string& name) {
 // journal's row thread and its commit log's sync thread (at FULL); not the
 // event feed, the supervisor or the status refresher, whose work comes with
 // time, not with requests.
+// (Whole signatures: callgrind turns counting on and off at every entry and
+// exit of a function whose name matches, and a pattern like *RunLogged*
+// matches lambdas and templates inside it too, turning it off again.)
 const std::vector<std::pair<std::string, std::string>> kRequestThreads = {
-    {"spillway::http::RunLogged", "I/O threads"},
-    {"spillway::journal::Journal::RunThread", "journal rows"},
-    {"spillway::journal::CommitLog::SyncThread", "log syncs"}};
+    {"spillway::http::RunLogged(boost::asio::io_context&, char const*)", "I/O threads"},
+    {"spillway::journal::Journal::RunThread()", "journal rows"},
+    {"spillway::journal::CommitLog::SyncThread()", "log syncs"}};
 
 // One process counted under callgrind: its dumps are <out>.1, <out>.2, ...
 struct Counted {
@@ -87,13 +90,23 @@ std::vector<std::string> Callgrind(const std::string& valgrind, const std::strin
   std::vector<std::string> args = {valgrind, "-q", "--tool=callgrind", "--callgrind-out-file=" + out, "--dump-instr=no"};
   // (Names uncompressed: a compressed one is spelled out once, in whichever thread's dump comes first.)
   if (!threads.empty()) args.insert(args.end(), {"--collect-atstart=no", "--separate-threads=yes", "--compress-strings=no"});
-  for (const auto& [fn, label] : threads) args.push_back("--toggle-collect=*" + fn + "*");
+  for (const auto& [fn, label] : threads) args.push_back("--toggle-collect=" + fn);
   return args;
 }
 
+// callgrind_control's exit status says nothing (0 for a pid it did not
+// find): its answer does, "OK." once the command was done.
 bool Control(const std::string& tool, const char* flag, pid_t pid) {
-  const std::string cmd = tool + " " + flag + " " + std::to_string(pid) + " >/dev/null 2>&1";
-  return std::system(cmd.c_str()) == 0;
+  const std::string cmd = tool + " " + flag + " " + std::to_string(pid) + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return false;
+  std::string out;
+  char buf[512];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  ::pclose(p);
+  const bool ok = out.find("OK.") != std::string::npos;
+  if (!ok) std::printf("  callgrind_control %s %d: %s\n", flag, static_cast<int>(pid), out.c_str());
+  return ok;
 }
 
 // What one dump counted: in all, and by the kind of thread (kRequestThreads'
@@ -185,8 +198,11 @@ std::optional<double> PerRequest(const std::string& tool, Counted& c, int n) {
   if (!c.threads.empty()) {
     std::printf("  %-34s", "");
     for (const auto& [fn, label] : c.threads) {
-      auto it = busy->by_thread.find(fn);
-      std::printf(" %s %.1fk", label.c_str(), (it == busy->by_thread.end() ? 0.0 : it->second) / n / 1000);
+      auto counted = [&](const Counts& k) {
+        auto it = k.by_thread.find(fn);
+        return it == k.by_thread.end() ? 0.0 : it->second;
+      };
+      std::printf(" %s %.1fk", label.c_str(), (counted(*busy) - counted(*idle) / idle_s * busy_s) / n / 1000);
     }
     std::printf("\n");
   }
@@ -230,8 +246,8 @@ int main(int argc, char** argv) {
                                 std::chrono::seconds(300), Callgrind(valgrind, gw.out, kRequestThreads));
     const uint16_t worker = g.port ? WorkerPort(g.port, "chat") : 0;
     if (!worker) {
-      StopGateway(g, /*keep_dir=*/true);
-      return 1;
+      StopGateway(g, /*keep_dir=*/true);  // (its log says why)
+      break;  // what was counted so far is still printed
     }
     gw.pid = g.pid;
     gw.port = g.port;

@@ -67,6 +67,8 @@ void Journal::Submit(std::function<Status()> op, size_t bytes, OnCommit done, Le
 
 void Journal::Enqueue(Writer* w, Lead lead) {
   const bool logged = w->log_seq != 0;
+  // (A logged write's wait for company counts from here, not from its record's write: at FULL that was up to a sync earlier.)
+  if (logged) w->queued_at = std::chrono::steady_clock::now();
   if (logged) ++deferred_;
   std::unique_lock<std::mutex> lk(mu_);
   writers_.push_back(w);
