@@ -80,7 +80,6 @@ struct Counted {
   int dumps = 0;
   // The gateway's request threads, by a function each runs (its dumps are per thread): what each kind counted.
   std::vector<std::pair<std::string, std::string>> threads;  // {function name in the dump, label}
-  std::vector<std::string> thread_kinds;
 };
 
 // `threads`: count only inside these functions (the threads they run), not
@@ -117,8 +116,9 @@ struct Counts {
 };
 
 // The instructions a dump file counted ("totals:" line), and which of
-// `kinds` its thread ran (the first whose name it holds; "" for none).
-std::optional<std::pair<double, std::string>> ReadDump(const std::string& file, const std::vector<std::string>& kinds) {
+// `threads`' functions its thread ran (the first whose name it holds; "" for none).
+std::optional<std::pair<double, std::string>> ReadDump(const std::string& file,
+                                                       const std::vector<std::pair<std::string, std::string>>& threads) {
   for (int i = 0; i < 100; ++i) {  // the dump is written asynchronously
     std::ifstream f(file);
     std::string line, kind;
@@ -126,8 +126,8 @@ std::optional<std::pair<double, std::string>> ReadDump(const std::string& file, 
     while (std::getline(f, line)) {
       if (line.rfind("totals:", 0) == 0) total = std::stod(line.substr(7));
       if (kind.empty() && line.rfind("fn=", 0) == 0) {
-        for (const auto& k : kinds) {
-          if (line.find(k) != std::string::npos) kind = k;
+        for (const auto& [fn, label] : threads) {
+          if (line.find(fn) != std::string::npos) kind = fn;
         }
       }
     }
@@ -152,7 +152,7 @@ std::optional<Counts> Dump(const std::string& tool, Counted& c) {
   if (files.empty()) return std::nullopt;
   Counts out;
   for (const auto& f : files) {
-    auto d = ReadDump(f, c.thread_kinds);
+    auto d = ReadDump(f, c.threads);
     if (!d) return std::nullopt;
     out.total += d->first;
     if (!d->second.empty()) out.by_thread[d->second] += d->first;
@@ -241,7 +241,6 @@ int main(int argc, char** argv) {
     gw.out = (dir / (is_full ? "gateway-full" : "gateway-normal")).string();
     gw.body = gw_body;
     gw.threads = kRequestThreads;
-    for (const auto& [fn, label] : kRequestThreads) gw.thread_kinds.push_back(fn);
     GatewayRun g = StartGateway(bin, OneChatOnCpu(model, is_full), is_full ? "instructions-full" : "instructions-normal",
                                 std::chrono::seconds(300), Callgrind(valgrind, gw.out, kRequestThreads));
     const uint16_t worker = g.port ? WorkerPort(g.port, "chat") : 0;

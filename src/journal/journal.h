@@ -98,6 +98,10 @@ struct sqlite3;
 namespace spillway::journal {
 
 class CommitLog;
+namespace detail {
+struct StartRecord;  // a logged start's fields, read back (journal_logged.cpp)
+struct EndRecord;    // a logged end's
+}  // namespace detail
 
 enum class State { kQueued, kRunning, kCompleted, kFailedResumable, kFailed, kCancelled };
 const char* StateName(State s);
@@ -334,6 +338,9 @@ class Journal {
   // one when the request's row is there already (a replay came first).
   Status ApplyPair(const std::string& start, const std::string& end, std::optional<Transition>* told_start,
                    std::optional<Transition>* told_end);
+  // A logged start's rows: running, or (with `end`) already ended as it.
+  // `*existed`, and nothing written, when its request's row is there (a replay).
+  Status InsertStarted(const detail::StartRecord& s, const detail::EndRecord* end, bool* existed);
   // Appends the record; `durable` once it is; its rows queued for the journal's thread.
   void AppendLogged(std::string payload, size_t bytes, OnCommit durable, bool defer_sync = false);
   void AcceptAndStartLogged(const RequestRecord& r, const std::string& placement, const std::string& decision_json,

@@ -71,14 +71,26 @@ Status Journal::FinishRows(const std::string& id, State state, int64_t status, c
   return Status::Ok();
 }
 
-namespace {
+namespace detail {
 
-// A record's fields, read back; false when it is damaged.
 struct StartRecord {
   RequestRecord r;
   std::string placement, decision;
   int64_t stream = 0, now = 0;
 };
+struct EndRecord {
+  std::string id, content_type, body, error;
+  int64_t state = 0, status = 0, now = 0;
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::EndRecord;
+using detail::StartRecord;
+
+// A record's fields, read back; false when it is damaged.
 bool Read(RecordReader& in, StartRecord* x) {
   RequestRecord& r = x->r;
   return in.Str(&r.id) && in.Str(&r.client) && in.Str(&r.payload_hash) && in.Str(&r.service) && in.Str(&r.endpoint) &&
@@ -86,10 +98,6 @@ bool Read(RecordReader& in, StartRecord* x) {
          in.Str(&x->decision) && in.I64(&x->now) && (in.done() || in.I64(&r.deadline_ms)) && in.done();
   // (a record written before deadlines has none)
 }
-struct EndRecord {
-  std::string id, content_type, body, error;
-  int64_t state = 0, status = 0, now = 0;
-};
 bool Read(RecordReader& in, EndRecord* x) {
   return in.Str(&x->id) && in.I64(&x->state) && in.I64(&x->status) && in.Str(&x->content_type) && in.Str(&x->body) &&
          in.Str(&x->error) && in.I64(&x->now) && in.done() && IsTerminal(StateOf(x->state));
@@ -113,6 +121,37 @@ std::pair<uint8_t, std::string> TypeAndId(const std::string& payload) {
 
 }  // namespace
 
+Status Journal::InsertStarted(const StartRecord& s, const EndRecord* end, bool* existed) {
+  // Ended: the rows FinishRows would leave over these, the end's state and
+  // answer, the attempt ended as it. (Its Idempotency-Key rule has nothing to
+  // do: a logged start never has a key.) Running: the columns' defaults.
+  const RequestRecord& r = s.r;
+  const std::string state = end ? StateName(StateOf(end->state)) : StateName(State::kRunning);
+  const std::string none;
+  Stmt ins(*stmts_,
+           "INSERT INTO requests(id, client, payload_hash, service, endpoint, stream, body, state, placement, "
+           "attempts, decision, created_ms, updated_ms, body_type, deadline_ms, result_status, result_type, "
+           "result_body, error) "
+           "VALUES(?1,?2,?3,?4,?5,?6,?7,?13,?8,1,?9,?10,?14,?11,?12,?15,?16,?17,?18);");
+  ins.Bind(1, r.id).Bind(2, r.client).Bind(3, r.payload_hash).Bind(4, r.service).Bind(5, r.endpoint);
+  ins.Bind(6, s.stream).Bind(7, r.body).Bind(8, s.placement).Bind(9, s.decision).Bind(10, s.now).Bind(11, r.body_type);
+  ins.Bind(12, r.deadline_ms).Bind(13, state).Bind(14, end ? end->now : s.now);
+  ins.Bind(15, end ? end->status : int64_t{0}).Bind(16, end ? end->content_type : none);
+  ins.Bind(17, end ? end->body : none).Bind(18, end ? end->error : none);
+  *existed = false;
+  if (ins.Step() != SQLITE_DONE) {
+    if (sqlite3_extended_errcode(db_) != SQLITE_CONSTRAINT_PRIMARYKEY) return DbError("insert");
+    *existed = true;
+    return Status::Ok();
+  }
+  Stmt at(*stmts_,
+          "INSERT INTO attempts(request_id, n, placement, outcome, error, started_ms, ended_ms) "
+          "VALUES(?1,1,?2,?3,?4,?5,?6);");
+  at.Bind(1, r.id).Bind(2, s.placement).Bind(3, state).Bind(4, end ? end->error : none);
+  at.Bind(5, s.now).Bind(6, end ? end->now : int64_t{0});
+  return Done(at.Step(), "attempt");
+}
+
 Status Journal::ApplyRecord(const std::string& payload, std::optional<Transition>* told) {
   RecordReader in(payload);
   uint8_t type = 0;
@@ -120,23 +159,10 @@ Status Journal::ApplyRecord(const std::string& payload, std::optional<Transition
   if (type == kNewRunning) {
     StartRecord x;
     if (!Read(in, &x)) return Damaged("a damaged log record");
-    const RequestRecord& r = x.r;
-    Stmt ins(*stmts_,
-             "INSERT INTO requests(id, client, payload_hash, service, endpoint, stream, body, state, placement, "
-             "attempts, decision, created_ms, updated_ms, body_type, deadline_ms) "
-             "VALUES(?1,?2,?3,?4,?5,?6,?7,'running',?8,1,?9,?10,?10,?11,?12);");
-    ins.Bind(1, r.id).Bind(2, r.client).Bind(3, r.payload_hash).Bind(4, r.service).Bind(5, r.endpoint);
-    ins.Bind(6, x.stream).Bind(7, r.body).Bind(8, x.placement).Bind(9, x.decision).Bind(10, x.now).Bind(11, r.body_type);
-    ins.Bind(12, r.deadline_ms);
-    if (ins.Step() != SQLITE_DONE) {
-      // Applied before (a replay): the row is there, with whatever came after.
-      if (sqlite3_extended_errcode(db_) == SQLITE_CONSTRAINT_PRIMARYKEY) return Status::Ok();
-      return DbError("insert");
-    }
-    Stmt at(*stmts_, "INSERT INTO attempts(request_id, n, placement, started_ms) VALUES(?1,1,?2,?3);");
-    at.Bind(1, r.id).Bind(2, x.placement).Bind(3, x.now);
-    SPILLWAY_RETURN_IF_ERROR(Done(at.Step(), "attempt"));
-    if (told) *told = Started(x);
+    bool existed = false;
+    SPILLWAY_RETURN_IF_ERROR(InsertStarted(x, nullptr, &existed));
+    // (Applied before, a replay: the row is there, with whatever came after.)
+    if (told && !existed) *told = Started(x);
     return Status::Ok();
   }
   if (type == kFinish) {
@@ -165,30 +191,9 @@ Status Journal::ApplyPair(const std::string& start, const std::string& end, std:
       type_end != kFinish || !Read(in_end, &e) || e.id != s.r.id) {
     return one_by_one();  // (each says what is wrong with it)
   }
-  const RequestRecord& r = s.r;
-  // The rows FinishRows would leave over ApplyRecord's: the end's state and
-  // answer, the attempt ended as it. (Its Idempotency-Key rule has nothing to
-  // do: a logged start never has a key.)
-  Stmt ins(*stmts_,
-           "INSERT INTO requests(id, client, payload_hash, service, endpoint, stream, body, state, placement, "
-           "attempts, decision, created_ms, updated_ms, body_type, deadline_ms, result_status, result_type, "
-           "result_body, error) "
-           "VALUES(?1,?2,?3,?4,?5,?6,?7,?13,?8,1,?9,?10,?14,?11,?12,?15,?16,?17,?18);");
-  ins.Bind(1, r.id).Bind(2, r.client).Bind(3, r.payload_hash).Bind(4, r.service).Bind(5, r.endpoint);
-  ins.Bind(6, s.stream).Bind(7, r.body).Bind(8, s.placement).Bind(9, s.decision).Bind(10, s.now).Bind(11, r.body_type);
-  ins.Bind(12, r.deadline_ms).Bind(13, std::string(StateName(StateOf(e.state)))).Bind(14, e.now);
-  ins.Bind(15, e.status).Bind(16, e.content_type).Bind(17, e.body).Bind(18, e.error);
-  if (ins.Step() != SQLITE_DONE) {
-    // Applied before (a replay of the log came first in this batch).
-    if (sqlite3_extended_errcode(db_) == SQLITE_CONSTRAINT_PRIMARYKEY) return one_by_one();
-    return DbError("insert");
-  }
-  Stmt at(*stmts_,
-          "INSERT INTO attempts(request_id, n, placement, outcome, error, started_ms, ended_ms) "
-          "VALUES(?1,1,?2,?3,?4,?5,?6);");
-  at.Bind(1, r.id).Bind(2, s.placement).Bind(3, std::string(StateName(StateOf(e.state)))).Bind(4, e.error);
-  at.Bind(5, s.now).Bind(6, e.now);
-  SPILLWAY_RETURN_IF_ERROR(Done(at.Step(), "attempt"));
+  bool existed = false;
+  SPILLWAY_RETURN_IF_ERROR(InsertStarted(s, &e, &existed));
+  if (existed) return one_by_one();  // (a replay of the log came first in this batch)
   if (told_start) *told_start = Started(s);
   if (told_end) *told_end = Ended(e);
   return Status::Ok();
