@@ -125,27 +125,60 @@ struct Added {
   double bare_p50 = -1, bare_cpu = 0;      // the bare Asio proxy's (-1: not measured)
 };
 
-// The gateway, its worker called directly and (when there is one) nginx in
-// front of that same worker.
-Added Measure(const std::string& label, pid_t gw_pid, uint16_t gw_port, uint16_t worker_port, pid_t nginx_pid,
-              uint16_t nginx_port, int n) {
-  const auto [bare_pid, bare_port] = StartBareProxy(worker_port);
+// A gateway under test: its process, its port and its own worker's.
+struct UnderTest {
+  std::string label;
+  pid_t pid;
+  uint16_t port, worker;
+};
+
+// What one gateway adds over its own worker called directly, in the same rounds.
+struct Pair {
+  Side direct, gw;
+};
+
+// The gateways (the build measured and, with --against, another build
+// beside it: each in front of its own worker, every worker also called
+// directly) and, for one gateway, nginx and the bare Asio proxy in front of
+// its worker, all in the same rounds. Two gateways are measured without
+// nginx and the bare proxy: a worker that serves more of each round than
+// the other is warmer, and what its gateway adds looked larger by 50-120 us
+// in an A/B of one build against itself. Returns what each gateway added,
+// nginx and the bare proxy in the first one's figures.
+std::vector<Added> Measure(const std::vector<UnderTest>& gateways, pid_t nginx_pid, uint16_t nginx_port, int n) {
+  const uint16_t worker_port = gateways.front().worker;
+  const bool ab = gateways.size() > 1;
+  if (ab) nginx_port = 0;
+  const auto [bare_pid, bare_port] = ab ? std::pair<pid_t, uint16_t>{-1, 0} : StartBareProxy(worker_port);
   const json direct_body = {{"prompt", "x"}, {"max_tokens", 1}, {"temperature", 0}};
   json gw_body = direct_body, stream_body = {{"prompt", "x"}, {"max_tokens", 4}, {"stream", true}};
   gw_body["model"] = "chat";
-  Side direct{worker_port, direct_body.dump(), stream_body.dump(), spillway::bench::WorkerAuth()};
+  const std::string direct_stream = stream_body.dump();
   stream_body["model"] = "chat";
-  Side gw{gw_port, gw_body.dump(), stream_body.dump(), {}, gw_pid};
+  std::vector<std::unique_ptr<Pair>> pairs;
+  std::vector<Side*> sides;
+  for (const auto& u : gateways) {
+    pairs.push_back(std::make_unique<Pair>(Pair{Side{u.worker, direct_body.dump(), direct_stream, spillway::bench::WorkerAuth()},
+                                                Side{u.port, gw_body.dump(), stream_body.dump(), {}, u.pid}}));
+    sides.push_back(&pairs.back()->direct);
+    sides.push_back(&pairs.back()->gw);
+  }
+  const Side& direct = pairs.front()->direct;
   Side nginx{nginx_port, direct.body, direct.stream_body, {}, nginx_pid, true};  // nginx adds the worker's secret itself
   Side bare{bare_port, direct.body, direct.stream_body, spillway::bench::WorkerAuth(), bare_pid};  // (forwards the secret)
-  std::vector<Side*> sides = {&direct, &gw};
   if (nginx_port) sides.push_back(&nginx);
   if (bare_port) sides.push_back(&bare);
   Interleave(sides, n);
-  PrintRow(label, direct, gw, n);
-  Added a{Pct(gw.latency, .5) - Pct(direct.latency, .5)};
-  a.gateway_p99 = Pct(gw.latency, .99) - Pct(direct.latency, .99);
-  a.gateway_cpu = gw.cpu_ns / 1000.0 / (n + n / 4);
+  std::vector<Added> out;
+  for (size_t i = 0; i < gateways.size(); ++i) {
+    const Pair& p = *pairs[i];
+    PrintRow(gateways[i].label, p.direct, p.gw, n);
+    Added a{Pct(p.gw.latency, .5) - Pct(p.direct.latency, .5)};
+    a.gateway_p99 = Pct(p.gw.latency, .99) - Pct(p.direct.latency, .99);
+    a.gateway_cpu = p.gw.cpu_ns / 1000.0 / (n + n / 4);
+    out.push_back(a);
+  }
+  Added& a = out.front();
   if (nginx_port) {
     PrintRow("  nginx, same worker", direct, nginx, n);
     a.nginx_p50 = Pct(nginx.latency, .5) - Pct(direct.latency, .5);
@@ -157,10 +190,10 @@ Added Measure(const std::string& label, pid_t gw_pid, uint16_t gw_port, uint16_t
     a.bare_cpu = bare.cpu_ns / 1000.0 / (n + n / 4);
     kill(bare_pid, SIGKILL);
     waitpid(bare_pid, nullptr, 0);
-  } else {
+  } else if (!ab) {
     std::printf("  (no bare_proxy beside this benchmark: its row is skipped)\n");
   }
-  return a;
+  return out;
 }
 
 void JournalAlone(bool full, int n) {
@@ -233,8 +266,13 @@ void Verdict(const char* what, double value, double target, const std::string& n
 int main(int argc, char** argv) {
   CLI::App app{"Gateway overhead: latency added by spillway serve over calling the worker directly"};
   std::string bin = "build/bin", model = "build/models/tiny-chat.gguf";
+  std::string against;
   int n = 400;
   app.add_option("--bin", bin)->capture_default_str();
+  app.add_option("--against", against,
+                 "another build's bin directory: its gateway runs beside the first, each in front of its own "
+                 "worker, in the same rounds, and the difference of what they add is printed (an A/B of two builds "
+                 "that the spread between runs would hide)");
   app.add_option("--model", model)->capture_default_str();
   app.add_option("-n", n, "requests per side")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -243,19 +281,42 @@ int main(int argc, char** argv) {
   std::printf("%-22s %9s %9s %9s %8s | %9s %9s %9s | %9s %9s %9s | %7s\n", "journal", "p50 dir", "p50 gw", "added", "ratio",
               "p99 dir", "p99 gw", "added", "ttft dir", "ttft gw", "added", "cpu/req");
   std::vector<std::pair<std::string, Added>> added;
+  std::vector<std::pair<std::string, Added>> other;  // --against's, in the same rounds
   for (bool full : {true, false}) {
-    GatewayRun g = StartGateway(bin, OneChatOnCpu(model, full), full ? "overhead-full" : "overhead-normal");
-    const uint16_t worker = g.port ? WorkerPort(g.port, "chat") : 0;
-    if (!worker) {
-      StopGateway(g, /*keep_dir=*/true);
-      return 1;
+    const std::string mode = full ? "FULL" : "NORMAL", label = full ? "FULL (default)" : "NORMAL";
+    std::vector<GatewayRun> runs = {StartGateway(bin, OneChatOnCpu(model, full), "overhead-" + mode)};
+    if (!against.empty()) runs.push_back(StartGateway(against, OneChatOnCpu(model, full), "overhead-against-" + mode));
+    std::vector<UnderTest> gateways;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const uint16_t worker = runs[i].port ? WorkerPort(runs[i].port, "chat") : 0;
+      if (!worker) {
+        std::printf("%s: the gateway did not start; its directory is kept: %s\n", i ? against.c_str() : bin.c_str(),
+                    runs[i].dir.c_str());
+        for (size_t j = 0; j < runs.size(); ++j) StopGateway(runs[j], /*keep_dir=*/j == i);
+        return 1;
+      }
+      gateways.push_back({i ? label + ", against" : label, runs[i].pid, runs[i].port, worker});
     }
-    {
-      NginxProxy nginx(worker, spillway::bench::WorkerSecret());
+    if (gateways.size() > 1) {  // (nginx left out: Measure)
+      const auto a = Measure(gateways, -1, 0, n);
+      added.emplace_back(mode, a.front());
+      other.emplace_back(mode, a.back());
+    } else {
+      NginxProxy nginx(gateways.front().worker, spillway::bench::WorkerSecret());
       if (!nginx.running()) std::printf("nginx: %s; its rows are skipped\n", nginx.why().c_str());
-      added.emplace_back(full ? "FULL" : "NORMAL", Measure(full ? "FULL (default)" : "NORMAL", g.pid, g.port, worker, nginx.pid(), nginx.port(), n));
+      const auto a = Measure(gateways, nginx.pid(), nginx.port(), n);
+      added.emplace_back(mode, a.front());
     }
-    StopGateway(g);
+    for (auto& r : runs) StopGateway(r);
+  }
+  // Two builds side by side: what --bin adds less what --against adds.
+  for (size_t i = 0; i < other.size(); ++i) {
+    const Added &a = added[i].second, &b = other[i].second;
+    // (Not p99: a difference of two p99s is mostly the two workers' own tails.)
+    std::printf("%s vs --against %s, journal %-6s: added p50 %.0f vs %.0f us (%+.0f), CPU a request %.0f vs %.0f us "
+                "(%+.0f)\n",
+                bin.c_str(), against.c_str(), added[i].first.c_str(), a.gateway_p50, b.gateway_p50,
+                a.gateway_p50 - b.gateway_p50, a.gateway_cpu, b.gateway_cpu, a.gateway_cpu - b.gateway_cpu);
   }
   // The yardstick: what a plain reverse proxy adds to the same call.
   for (const auto& [mode, a] : added) {

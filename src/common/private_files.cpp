@@ -80,6 +80,35 @@ Status WriteFileAtomically(const std::string& path, const std::string& content, 
   return Status::Ok();
 }
 
+StatusOr<std::string> ReadPrivateFile(const std::string& path, size_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return Status::NotFound(path + " is not there");
+    return Status::Unavailable("cannot open " + path + ": " + std::strerror(errno));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::Unavailable(path + " is not a regular file");
+  }
+  std::string out(max_bytes, '\0');
+  size_t got = 0;
+  while (got < max_bytes) {
+    const ssize_t n = ::read(fd, out.data() + got, max_bytes - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      return Status::Unavailable("cannot read " + path + ": " + std::strerror(e));
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  out.resize(got);
+  return out;
+}
+
 Status WritePrivateFileAtomically(const std::string& path, const std::string& content) {
   return WriteFileAtomically(path, content, kPrivateFileMode);
 }

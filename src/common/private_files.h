@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 
+#include <cstddef>
 #include <string>
 
 #include "common/status.h"
@@ -31,6 +32,14 @@ Status WriteFileAtomically(const std::string& path, const std::string& content, 
 
 // WriteFileAtomically with mode 0600, replacing what is there.
 Status WritePrivateFileAtomically(const std::string& path, const std::string& content);
+
+// The first `max_bytes` of a regular file in the state directory (a port
+// file, a load-progress file a worker writes): opened without blocking and
+// never through a symbolic link, so that a FIFO or a link planted there
+// (or left by a worker gone wrong) cannot stall or mislead the reader.
+// kNotFound when it is not there; kUnavailable, naming the path, when it is
+// not a regular file or cannot be read.
+StatusOr<std::string> ReadPrivateFile(const std::string& path, size_t max_bytes);
 
 // Flags for opening a log or data file for appending: never through a
 // symbolic link, never inherited by children that did not ask for it.

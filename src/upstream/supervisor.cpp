@@ -117,7 +117,7 @@ Supervisor::~Supervisor() {
 }
 
 void Supervisor::Add(WorkerSpec spec) {
-  std::lock_guard<std::mutex> lk(mu_);
+  Held lk(*this);
   Worker w;
   w.view.key = spec.key;
   w.view.log_path = state_dir_ + "/logs/" + spec.key + ".log";
@@ -476,7 +476,7 @@ void Supervisor::HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lo
 
 void Supervisor::Loop() {
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    Held lk(*this);
     for (auto& [k, w] : workers_) {
       // Adopted: serving already. A previous gateway's worker that could
       // not be stopped: started once it has ended (Poll).
@@ -496,12 +496,12 @@ void Supervisor::Loop() {
       RunSurviving("spillway: rotating worker logs", [this] { RotateLogs(); });
       next_rotation_ms = clock_.NowMs() + 10000;
     }
-    std::unique_lock<std::mutex> lk(mu_);
+    Held lk(*this);
     // While a worker starts, its readiness is looked for every 10 ms: a
     // request waiting for a load (on demand, after an eviction) gets it sooner.
     bool starting = false;
     for (const auto& [k, w] : workers_) starting |= w.view.state == WorkerState::kStarting;
-    cv_.wait_for(lk, std::chrono::milliseconds(starting ? 10 : 50), [&] { return stop_.load() || wake_; });
+    cv_.wait_for(lk.lock(), std::chrono::milliseconds(starting ? 10 : 50), [&] { return stop_.load() || wake_; });
     wake_ = false;
   }
 }
@@ -510,7 +510,7 @@ void Supervisor::Loop() {
 void Supervisor::RotateLogs() {
   std::vector<std::string> paths;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    Held lk(*this);
     for (const auto& [k, w] : workers_) paths.push_back(w.view.log_path);
   }
   for (const auto& p : paths) {
@@ -541,7 +541,7 @@ void Supervisor::Round() {
     // Restarts due now pass the start gate first (it may read telemetry: no lock held).
     std::vector<std::string> due;
     {
-      std::lock_guard<std::mutex> lk(mu_);
+      Held lk(*this);
       for (auto& [k, w] : workers_) {
         // (Not while its killed process lives: its memory is not free yet.)
         if (w.view.state == WorkerState::kBackoff && !w.dying && clock_.NowMs() >= w.view.next_start_ms) {
@@ -557,7 +557,7 @@ void Supervisor::Round() {
       }
     }
     {
-      std::unique_lock<std::mutex> lk(mu_);
+      Held lk(*this);
       const int64_t now = clock_.NowMs();
       for (auto& [k, w] : workers_) {
         if (auto it = refused.find(k); it != refused.end()) {
@@ -617,7 +617,7 @@ void Supervisor::Round() {
       // An external server's children too (a wrapper's server, a server's runners): a worker has none.
       const auto rss = group ? devices::HostTelemetry().GroupRss(pid) : devices::HostTelemetry().ProcessRss(pid);
       if (!rss.ok()) continue;
-      std::lock_guard<std::mutex> lk(mu_);
+      Held lk(*this);
       auto it = workers_.find(k);
       if (it == workers_.end() || it->second.view.pid != pid) continue;  // replaced meanwhile
       it->second.view.rss_bytes = *rss;
@@ -656,7 +656,7 @@ void Supervisor::Round() {
           continue;
         }
       }
-      std::lock_guard<std::mutex> lk(mu_);
+      Held lk(*this);
       auto it = workers_.find(r.key);
       if (it == workers_.end() || it->second.view.pid != r.pid || it->second.view.state != WorkerState::kStarting) continue;
       Worker& w = it->second;
@@ -703,7 +703,7 @@ void Supervisor::Round() {
       const bool lost = !external && r.ok() && protocol::HealthReport::FromBody(r->body).replace_now();
       std::string why;
       {
-        std::lock_guard<std::mutex> lk(mu_);
+        Held lk(*this);
         auto it = workers_.find(c.key);
         if (it == workers_.end()) continue;
         const bool was_ready = it->second.view.state == WorkerState::kReady;
@@ -722,7 +722,7 @@ std::shared_ptr<const std::string> Supervisor::RefreshInfo(const std::string& ke
                                                            int* http_status) {
   if (http_status) *http_status = 0;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    Held lk(*this);
     auto it = workers_.find(key);
     if (it == workers_.end() || it->second.spec.external()) return nullptr;  // no /info
   }
@@ -731,7 +731,7 @@ std::shared_ptr<const std::string> Supervisor::RefreshInfo(const std::string& ke
   if (r.ok() && http_status) *http_status = r->status;
   if (!r.ok() || r->status != 200) return nullptr;
   auto body = std::make_shared<const std::string>(std::move(r->body));
-  std::lock_guard<std::mutex> lk(mu_);
+  Held lk(*this);
   auto it = workers_.find(key);
   if (it == workers_.end() || it->second.view.pid != pid) return nullptr;  // replaced meanwhile: not its info
   it->second.view.info = body;
@@ -740,7 +740,7 @@ std::shared_ptr<const std::string> Supervisor::RefreshInfo(const std::string& ke
 }
 
 void Supervisor::Demand(const std::string& key) {
-  std::lock_guard<std::mutex> lk(mu_);
+  Held lk(*this);
   auto it = workers_.find(key);
   if (it == workers_.end() || it->second.view.state != WorkerState::kStopped || stop_) return;
   auto& w = it->second;
@@ -753,7 +753,7 @@ void Supervisor::Demand(const std::string& key) {
 }
 
 void Supervisor::Release(const std::string& key) {
-  std::lock_guard<std::mutex> lk(mu_);
+  Held lk(*this);
   auto it = workers_.find(key);
   if (it == workers_.end() || !it->second.spec.on_demand) return;
   auto& w = it->second;
@@ -776,7 +776,7 @@ bool Supervisor::WaitReleased(const std::string& key, int64_t timeout_ms) {
   while (true) {
     WorkerPid process;
     {
-      std::lock_guard<std::mutex> lk(mu_);
+      Held lk(*this);
       auto it = workers_.find(key);
       if (it == workers_.end()) return true;
       Worker& w = it->second;
@@ -802,20 +802,19 @@ bool Supervisor::WaitReleased(const std::string& key, int64_t timeout_ms) {
 }
 
 bool Supervisor::Running(const std::string& key) const {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = workers_.find(key);
-  return it != workers_.end() &&
-         (it->second.view.state == WorkerState::kStarting || it->second.view.state == WorkerState::kReady);
+  const auto table = published_.load();
+  const WorkerView* v = Find(*table, key);
+  return v && (v->state == WorkerState::kStarting || v->state == WorkerState::kReady);
 }
 
 bool Supervisor::OnDemand(const std::string& key) const {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = workers_.find(key);
-  return it != workers_.end() && it->second.spec.on_demand;
+  const auto table = published_.load();
+  const WorkerView* v = Find(*table, key);
+  return v && v->on_demand;
 }
 
 void Supervisor::Refuse(const std::string& key, const std::string& why) {
-  std::lock_guard<std::mutex> lk(mu_);
+  Held lk(*this);
   auto it = workers_.find(key);
   if (it == workers_.end() || it->second.view.pid <= 0) return;
   auto& w = it->second;
@@ -824,7 +823,7 @@ void Supervisor::Refuse(const std::string& key, const std::string& why) {
 }
 
 void Supervisor::Suspect(const std::string& key) {
-  std::lock_guard<std::mutex> lk(mu_);
+  Held lk(*this);
   auto it = workers_.find(key);
   if (it != workers_.end()) it->second.next_health_ms = 0;
 }
@@ -842,7 +841,7 @@ void Supervisor::Stop(int64_t grace_ms) {
   std::vector<std::string> keys;  // whose record each one's is ("": none left)
   std::vector<GroupStop> ending;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    Held lk(*this);
     for (auto& [k, w] : workers_) {
       int status = 0;
       if (w.dying) {  // killed before (its record gone), or a previous gateway's that would not stop (its record kept)
@@ -877,21 +876,34 @@ void Supervisor::Stop(int64_t grace_ms) {
 }
 
 std::optional<uint16_t> Supervisor::ReadyPort(const std::string& key) const {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = workers_.find(key);
-  if (it == workers_.end() || it->second.view.state != WorkerState::kReady) return std::nullopt;
-  return it->second.view.port;
+  const auto table = published_.load();
+  const WorkerView* v = Find(*table, key);
+  if (!v || v->state != WorkerState::kReady) return std::nullopt;
+  return v->port;
 }
 
-std::vector<WorkerView> Supervisor::Snapshot() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  std::vector<WorkerView> out;
-  for (const auto& [k, w] : workers_) {
-    out.push_back(w.view);
-    out.back().ready_since_ms = w.view.state == WorkerState::kReady ? w.ready_since_ms : 0;
-    if (w.rss_pid != w.view.pid) out.back().rss_bytes = 0;  // an earlier process's
+std::vector<WorkerView> Supervisor::Snapshot() const { return published_.load()->views; }
+
+void Supervisor::Publish() noexcept {
+  try {
+    auto table = std::make_shared<Published>();
+    table->views.reserve(workers_.size());
+    for (const auto& [k, w] : workers_) {
+      table->views.push_back(w.view);
+      table->views.back().ready_since_ms = w.view.state == WorkerState::kReady ? w.ready_since_ms : 0;
+      if (w.rss_pid != w.view.pid) table->views.back().rss_bytes = 0;  // an earlier process's
+    }
+    published_.store(std::move(table));
+  } catch (const std::exception& e) {
+    // Out of memory: the readers keep the last table until a later scope publishes.
+    std::fprintf(stderr, "spillway: the workers' state could not be published: %s\n", e.what());
   }
-  return out;
+}
+
+const WorkerView* Supervisor::Find(const Published& table, const std::string& key) {
+  auto it = std::lower_bound(table.views.begin(), table.views.end(), key,
+                             [](const WorkerView& v, const std::string& k) { return v.key < k; });
+  return it != table.views.end() && it->key == key ? &*it : nullptr;
 }
 
 }  // namespace spillway::upstream

@@ -62,7 +62,9 @@
 // kills (unhealthy, device lost) keep the 2 s. The backoff resets after 60 s
 // of readiness.
 //
-// Thread-safe. One background thread polls every 50 ms.
+// Thread-safe. One background thread polls every 50 ms. The readers the
+// request path calls (ReadyPort, OnDemand, Running, Snapshot) take no lock:
+// they read a table published whenever a change under the lock is done.
 #pragma once
 
 #include <sys/types.h>
@@ -195,6 +197,13 @@ class Supervisor : public Workers {
   std::vector<std::pair<std::string, std::string>> AuthHeaders() const override {
     return {{"Authorization", "Bearer " + secret_}};
   }
+  // Runs `f` with the supervisor's lock held, as its own thread holds it
+  // while it spawns, kills and writes records (tests: the readers above
+  // answer meanwhile).
+  void TEST_WhileLocked(const std::function<void()>& f) {
+    Held lk(*this);
+    f();
+  }
 
  private:
   struct Worker {
@@ -293,6 +302,31 @@ class Supervisor : public Workers {
   // as crashing (WorkerView::crashes); serving this long clears the count and the backoff.
   static constexpr int64_t kCrashWindowMs = 60000;
 
+  // mu_ held over the workers. When it is released, what the readers
+  // (ReadyPort, OnDemand, Running, Snapshot: the request path) see is
+  // published anew from workers_ (Publish), so they take no lock: they never
+  // wait for this thread's spawns, kills, waits and record files under it,
+  // nor for its being descheduled while it holds it, and they see every
+  // change once the scope that made it ends, as before.
+  class Held {
+   public:
+    explicit Held(Supervisor& s) : s_(s), lk_(s.mu_) {}
+    ~Held() { s_.Publish(); }
+    Held(const Held&) = delete;
+    Held& operator=(const Held&) = delete;
+    std::unique_lock<std::mutex>& lock() { return lk_; }
+
+   private:
+    Supervisor& s_;
+    std::unique_lock<std::mutex> lk_;
+  };
+  // The workers' views as Snapshot() returns them, in workers_'s (key) order.
+  struct Published {
+    std::vector<WorkerView> views;
+  };
+  void Publish() noexcept;  // mu_ held
+  static const WorkerView* Find(const Published& table, const std::string& key);
+
   bool memory_freed_ = false;  // a worker's process ended since the last round (under mu_)
   std::function<Status(const std::string&)> gate_;
   std::function<void(const std::string&, uint16_t)> on_ready_;
@@ -304,6 +338,7 @@ class Supervisor : public Workers {
   const Clock& clock_;
   mutable std::mutex mu_;
   std::map<std::string, Worker> workers_;
+  std::atomic<std::shared_ptr<const Published>> published_{std::make_shared<const Published>()};
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> restarts_{0};
   std::atomic<uint64_t> adopted_{0};

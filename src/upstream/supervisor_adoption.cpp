@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -85,13 +86,18 @@ Status Supervisor::Claim() {
 }
 
 uint16_t Supervisor::PortFromFile(const std::string& key) const {
-  std::ifstream f(run_dir_ + "/" + key + ".port");  // in the private state directory
+  // (Read under the lock: a FIFO there must not stall it, ReadPrivateFile.)
+  const auto text = ReadPrivateFile(run_dir_ + "/" + key + ".port", 32);
+  if (!text.ok()) return 0;
+  std::istringstream f(*text);
   int port = 0;
   return f >> port && port > 0 && port <= 65535 ? static_cast<uint16_t>(port) : 0;
 }
 
 void Supervisor::ReadLoadProgress(Worker& w) const {
-  std::ifstream f(run_dir_ + "/" + w.spec.key + ".load");  // "LOADED TOTAL", rewritten atomically
+  const auto text = ReadPrivateFile(run_dir_ + "/" + w.spec.key + ".load", 64);  // "LOADED TOTAL", rewritten atomically
+  if (!text.ok()) return;
+  std::istringstream f(*text);
   uint64_t loaded = 0, total = 0;
   if (f >> loaded >> total && total > 0 && loaded <= total) {
     w.view.load_bytes = loaded;
@@ -251,7 +257,7 @@ void Supervisor::StopPrevious(const std::vector<Previous>& previous) {
 
 void Supervisor::WaitOutPrevious(const std::string& key, const WorkerPid& process, const std::string& why) {
   // (Poll watches it as a killed one: Ended() takes only a process seen gone.)
-  std::lock_guard<std::mutex> lk(mu_);
+  Held lk(*this);
   if (auto it = workers_.find(key); it != workers_.end()) {
     Worker& w = it->second;
     w.dying = process;
@@ -273,7 +279,7 @@ void Supervisor::AdoptOrStop(const RecordFile& f, std::set<pid_t>* adopted, std:
   std::optional<std::string> hash;
   bool external = false;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    Held lk(*this);
     if (auto it = workers_.find(rec.key); it != workers_.end()) {
       hash = it->second.spec_hash;
       external = it->second.spec.external();
@@ -304,7 +310,7 @@ void Supervisor::AdoptOrStop(const RecordFile& f, std::set<pid_t>* adopted, std:
     case AdoptAction::kAdopt:
       break;
   }
-  std::lock_guard<std::mutex> lk(mu_);
+  Held lk(*this);
   Worker& w = workers_.at(rec.key);
   const int64_t now = clock_.NowMs();
   w.view.pid = rec.pid;

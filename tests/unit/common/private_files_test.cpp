@@ -98,5 +98,26 @@ TEST_F(PrivateFilesTest, WritesWithTheModeGivenAndReplacesOnlyWhenAsked) {
   EXPECT_EQ(WriteFileAtomically(root_ + "/no/such/x", "d", 0644).code(), StatusCode::kUnavailable);
 }
 
+// A port or progress file is read only as the regular file it should be:
+// a FIFO is refused at once (not waited on for a writer), a symbolic link is
+// not followed, and a file longer than asked for is cut.
+TEST_F(PrivateFilesTest, ReadsOnlyARegularFileAndNoMoreThanAsked) {
+  const std::string p = root_ + "/w.port";
+  std::ofstream(p) << "41234\n";
+  auto read = ReadPrivateFile(p, 32);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(*read, "41234\n");
+  EXPECT_EQ(*ReadPrivateFile(p, 3), "412");
+  EXPECT_EQ(ReadPrivateFile(root_ + "/none", 32).status().code(), StatusCode::kNotFound);
+  const std::string fifo = root_ + "/f.port";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto from_fifo = ReadPrivateFile(fifo, 32);
+  EXPECT_EQ(from_fifo.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(from_fifo.status().message().find(fifo), std::string::npos) << from_fifo.status().message();
+  const std::string link = root_ + "/l.port";
+  ASSERT_EQ(::symlink(p.c_str(), link.c_str()), 0);
+  EXPECT_FALSE(ReadPrivateFile(link, 32).ok());
+}
+
 }  // namespace
 }  // namespace spillway

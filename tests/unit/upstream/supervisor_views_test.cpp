@@ -1,0 +1,107 @@
+// What the request path reads of the workers (ports, on-demand, views) never
+// waits for the supervisor's own thread, and nothing a worker leaves in the
+// run directory stalls that thread.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "supervisor_fixture.h"
+
+namespace spillway::upstream {
+namespace {
+
+// The supervisor holds its lock while it spawns a process, kills one, waits
+// for one and writes its record; a request asks for its worker's port
+// several times on its way. Those questions are answered from the published
+// table meanwhile, not after the supervisor is done (a stall of the I/O
+// thread that every request behind it paid).
+TEST_F(SupervisorTest, ViewsAnswerWhileTheSupervisorHoldsItsLock) {
+  Supervisor& sup = *sup_;
+  sup.Add(Sleeper("a.ext"));
+  Start();
+  sup.Demand("a.ext");
+  ASSERT_TRUE(Eventually([&] { return PidOf(sup, "a.ext") > 0; }));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool holding = false, release = false;
+  std::thread holder([&] {
+    sup.TEST_WhileLocked([&] {
+      std::unique_lock<std::mutex> lk(mu);
+      holding = true;
+      cv.notify_all();
+      cv.wait_for(lk, std::chrono::seconds(30), [&] { return release; });
+    });
+  });
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(10), [&] { return holding; }));
+  }
+  auto asked = std::async(std::launch::async, [&] {
+    return std::make_tuple(sup.ReadyPort("a.ext"), sup.OnDemand("a.ext"), sup.Running("a.ext"), PidOf(sup, "a.ext"));
+  });
+  const bool answered = asked.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    release = true;
+  }
+  cv.notify_all();
+  holder.join();
+  ASSERT_TRUE(answered) << "the readers waited for the supervisor's lock";
+  const auto [port, on_demand, running, pid] = asked.get();
+  EXPECT_FALSE(port.has_value());  // starting: its health path never answers
+  EXPECT_TRUE(on_demand);
+  EXPECT_TRUE(running);
+  EXPECT_GT(pid, 0);
+}
+
+// A worker's port file is read under the supervisor's lock. A FIFO there
+// (a worker gone wrong, a file planted in the run directory) is not a
+// port file: it is not opened for a reading that would wait for a writer
+// forever, holding the lock and with it every start, stop and health check.
+TEST_F(SupervisorTest, AFifoAtAPortFileStallsNothing) {
+  // A worker that makes its port file a FIFO and then never writes a port.
+  const std::string script = (dir_ / "fifo-worker.sh").string();
+  {
+    std::ofstream(script) << "#!/bin/sh\n"
+                             "while [ $# -gt 0 ]; do [ \"$1\" = --port-file ] && mkfifo \"$2\"; shift; done\n"
+                             "exec sleep 30\n";
+  }
+  ASSERT_EQ(::chmod(script.c_str(), 0755), 0);
+  Supervisor sup(script, (dir_ / "state").string(), clock_);
+  WorkerSpec spec;
+  spec.key = "fifo.0";
+  spec.args = {"--model", "none.gguf"};
+  sup.Add(spec);
+  ASSERT_TRUE(sup.Claim().ok());
+  sup.Start();
+  const std::string fifo = (dir_ / "state" / "run" / "fifo.0.port").string();
+  struct stat st {};
+  ASSERT_TRUE(Eventually([&] { return ::stat(fifo.c_str(), &st) == 0 && S_ISFIFO(st.st_mode); }))
+      << "the worker did not make its FIFO";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a few rounds of reading it
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    sup.Stop(1000);
+    stopped = true;
+  });
+  const bool in_time = Eventually([&] { return stopped.load(); }, std::chrono::seconds(10));
+  if (!in_time) {
+    // A reader stuck in open(): a writer releases it, so that the test ends.
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+  }
+  stopper.join();
+  EXPECT_TRUE(in_time) << "the supervisor's thread was stuck on the FIFO";
+}
+
+}  // namespace
+}  // namespace spillway::upstream
