@@ -126,8 +126,14 @@ class Gateway {
   // starts let through moments ago: PendingStarts) and the device's own
   // view (RoomFor: who gives room). Ok: let through (RoomGranted).
   // Unavailable: asked again next round; otherwise refused for now.
-  // Supervisor thread.
+  // Idle services unloaded to make room are waited for (their processes'
+  // end, up to 2 s each) without the device's check held, so that the
+  // requests' room checks there go on meanwhile, and the start is then
+  // judged again on what they gave back. Supervisor thread.
   Status StartGate(const std::string& key, PlacementCalibration* calibration);
+  // One judgment of StartGate's, with the device's check held; the idle
+  // victims it released (RoomFor) in `unloading`.
+  Status JudgeStart(const std::string& key, PlacementCalibration* calibration, std::vector<std::string>* unloading);
   // The starts the gate let through whose spawn has not happened yet: in
   // `workers` (a supervisor snapshot) still waiting to be spawned, no
   // process, no spawn tried since. They hold nothing on their device yet
@@ -145,9 +151,12 @@ class Gateway {
   // asked again next round). `demand`: whether a request waits for this
   // load (not: an on-demand load asked again after its requests went
   // elsewhere, which unloads a service of its own priority only when that
-  // one is used less; eviction.h). Supervisor thread.
+  // one is used less; eviction.h). Idle victims are released here and
+  // added to `unloading` when given (their processes may not have ended
+  // yet: the caller waits for them, StartGate), the answer then "making
+  // room". Supervisor thread.
   Status RoomFor(const std::string& key, uint64_t need_bytes, const std::set<std::string>& starting = {},
-                 admission::Demand demand = {});
+                 admission::Demand demand = {}, std::vector<std::string>* unloading = nullptr);
   // The gate let `key` start, expecting it to hold `bytes` (its calibrated
   // prediction; 0: not known): no longer held back for want of room, and
   // counted as loading on its device from now, before its process exists

@@ -181,7 +181,7 @@ uint64_t Gateway::ExpectedBytes(const std::string& key) const {
 }
 
 Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<std::string>& starting,
-                        admission::Demand demand) {
+                        admission::Demand demand, std::vector<std::string>* unloading) {
   // Who is asking: an accelerator placement or an external server.
   std::string device, service;
   int priority = 0;
@@ -343,18 +343,14 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
   for (auto& [name, signal] : signals_) signal->Notify();  // their waiters decide again without them
   // Idle victims unload now, and the start goes ahead as soon as their
   // processes have ended (a switch costs an unload and a load, not rounds of
-  // polling); busy ones drain first and unload when idle (IdleReplica).
-  bool all_gone = plan.drain.empty();
+  // polling: StartGate waits for them, then judges again); busy ones drain
+  // first and unload when idle (IdleReplica).
   for (const auto& v : plan.evict) {
     if (std::find(plan.drain.begin(), plan.drain.end(), v) != plan.drain.end()) continue;
-    if (!IdleReplica(v)) {
-      all_gone = false;
-      continue;
-    }
+    if (!IdleReplica(v)) continue;
     supervisor_.Release(v);  // (IdleReplica released it already: idempotent)
-    if (!supervisor_.WaitReleased(v, 2000)) all_gone = false;
+    if (unloading) unloading->push_back(v);
   }
-  if (all_gone) return Status::Ok();
   return Status::ResourceExhausted("making room on " + device + ": " + plan.reason);
 }
 

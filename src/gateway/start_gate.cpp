@@ -25,6 +25,23 @@ constexpr int kRestartsHoldingMemory = 3;
 }  // namespace
 
 Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibration) {
+  std::vector<std::string> unloading;
+  const Status first = JudgeStart(key, calibration, &unloading);
+  if (unloading.empty()) return first;
+  // Idle services released to make room: their processes' end (their memory
+  // free) is waited for here, without the device's check, which an external
+  // server's requests need for their own room checks (held, they waited for
+  // up to 2 s a victim). Then the start is judged again, on fresh
+  // telemetry: a request may have taken some of that room meanwhile.
+  for (const auto& v : unloading) {
+    if (!supervisor_.WaitReleased(v, 2000)) return first;  // still exiting: asked again next round
+  }
+  unloading.clear();
+  return JudgeStart(key, calibration, &unloading);  // (more victims: making room, asked again next round)
+}
+
+Status Gateway::JudgeStart(const std::string& key, PlacementCalibration* calibration,
+                           std::vector<std::string>* unloading) {
   // Refused now, a start let through before (its round then spawned
   // nothing) is no longer about to load.
   struct Refused {
@@ -125,7 +142,7 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
   if (ext) {
     // An external server: its resident memory (measured, else declared) must fit its device.
     need = ExternalResidentBytes(*ext);
-    if (Status room = RoomFor(key, need, starting, demand); !room.ok()) return refuse(room);
+    if (Status room = RoomFor(key, need, starting, demand, unloading); !room.ok()) return refuse(room);
   } else {
     auto a = AdmitPlacement(calibration, config_, key, starting);
     // An exclusive device (one service at a time) unloads the others even
@@ -137,7 +154,7 @@ Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibrat
     // process yet) does not see.
     if (a.predicted_bytes > 0 || exclusive) {
       // Not enough memory now: maybe another service can give room (residency, priorities).
-      if (Status room = RoomFor(key, a.predicted_bytes, starting, demand); !room.ok()) return refuse(room);
+      if (Status room = RoomFor(key, a.predicted_bytes, starting, demand, unloading); !room.ok()) return refuse(room);
       if (!a.admitted) a = AdmitPlacement(calibration, config_, key, starting);  // room there now: judged again
     }
     if (!a.admitted) return refuse(Status::ResourceExhausted(a.reason).WithReason(kNoRoom));

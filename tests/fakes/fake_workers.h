@@ -123,6 +123,20 @@ class FakeWorkers : public upstream::Workers {
       views_[key] = v;
     }
   }
+  // After Release(): what waiting for its process's end does (default: it
+  // ended at once). The hook runs on the caller's thread.
+  void SetWaitReleased(std::function<bool(const std::string&)> f) {
+    std::lock_guard<std::mutex> lk(mu_);
+    wait_released_ = std::move(f);
+  }
+  bool WaitReleased(const std::string& key, int64_t) override {
+    std::function<bool(const std::string&)> f;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      f = wait_released_;
+    }
+    return !f || f(key);
+  }
   bool OnDemand(const std::string& key) const override {
     std::lock_guard<std::mutex> lk(mu_);
     return on_demand_.count(key) > 0;
@@ -161,6 +175,7 @@ class FakeWorkers : public upstream::Workers {
   std::set<std::string> on_demand_;
   std::map<std::string, int> demanded_;  // Demand() calls per key
   std::function<bool(const std::string&)> idle_check_;
+  std::function<bool(const std::string&)> wait_released_;
   std::vector<std::string> suspected_;
   std::function<void(const std::string&, const std::string&)> on_exit_;
 };

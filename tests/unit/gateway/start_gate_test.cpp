@@ -157,6 +157,34 @@ TEST_F(StartGateTest, AnOnDemandStartNobodyWaitsForUnloadsNoPeer) {
   EXPECT_EQ(workers_.StateOf("b.0"), upstream::WorkerState::kReady) << "b was unloaded for a load nobody waits for";
 }
 
+// A start that unloads an idle service waits for that one's process to end
+// (its memory to be free) without the device's check held: an external
+// server's requests there need it for their own room checks, and waited up
+// to 2 s a victim. It is then judged again, on the memory given back.
+TEST_F(StartGateTest, TheGateWaitsForItsVictimsWithoutHoldingTheDevice) {
+  Device(p_ + p_ / 2, p_);  // b, loaded and idle, holds p of it (this process stands for b's worker)
+  auto b = testing::ViewOf("b.0", upstream::WorkerState::kReady, ::getpid(), 0, 1);
+  b.ready_since_ms = clock_.NowMs() - 60'000;
+  workers_.SetView(b);
+  Status beside = Status::Ok();
+  int waits = 0;
+  workers_.SetWaitReleased([&](const std::string& key) {
+    ++waits;
+    EXPECT_EQ(key, "b.0");
+    // Another check of the device meanwhile (here another start's): not
+    // kept waiting behind this one.
+    beside = Gate("d.0");
+    ledger_->Release(devices::LedgerKind::kAlloc, "a.0", ~0ull);  // b's process ended: its memory is free
+    return true;
+  });
+  const Status st = Gate("c.0");
+  EXPECT_EQ(waits, 1);
+  EXPECT_EQ(beside.message().find("room check is under way"), std::string::npos)
+      << "the device's check was held while b unloaded: " << beside.ToString();
+  EXPECT_TRUE(st.ok()) << "not judged again once b had given its room: " << st.ToString();
+  EXPECT_EQ(workers_.StateOf("b.0"), upstream::WorkerState::kStopped);
+}
+
 // A start let through whose round spawned nothing (a later gate call
 // failed), refused when asked again: no longer about to load.
 TEST_F(StartGateTest, AStartRefusedAfterItWasLetThroughCountsNoLonger) {
