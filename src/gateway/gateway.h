@@ -249,7 +249,9 @@ class Gateway {
   // enough to answer: every runnable placement failed to start twice, or the
   // request has waited (`waited_ms`) past the longest start timeout. Ok while
   // a start may still succeed.
-  Status StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms);
+  // `only_model`: a cut stream goes on only with that model (Live::only_model):
+  // another model's placements, ready or not, give it no hope.
+  Status StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms, const std::string& only_model = "");
   // What a request waiting for a start is told ("sim:0/99 is starting (3 s of its 120 s start timeout)").
   std::string StartingNote(const config::ServiceConfig& svc);
   // Whether a request of `service` waits for a place to run (queued, or

@@ -84,7 +84,7 @@ bool Gateway::AnyoneWaits(const std::string& service) {
   return false;
 }
 
-Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms) {
+Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms, const std::string& only_model) {
   // Every placement that may run keeps failing to start (a device that is
   // gone, a driver that refuses), or the wait has outlasted the start
   // timeout: say why, never a silent wait.
@@ -95,7 +95,7 @@ Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms
   const auto workers = supervisor_.Snapshot();
   for (size_t k = 0; k < svc.placements.size(); ++k) {
     const auto* st = &board_.placement(svc.name, k);
-    if (!st->admission.admitted) continue;
+    if (!st->admission.admitted || (!only_model.empty() && svc.ModelOf(k) != only_model)) continue;
     bool found = false;
     for (const auto& w : workers) {
       if (w.key != st->key) continue;

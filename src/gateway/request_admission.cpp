@@ -84,7 +84,7 @@ bool RequestAdmission::RefusedAtOnce() {
   bool any_startable = false;
   for (size_t k = 0; k < states_.size(); ++k) any_startable |= states_[k]->admission.admitted && Startable(k);
   if (!any_startable) {
-    if (Status st = g_.StartTrouble(svc_, g_.clock_.NowMs() - t0_); !st.ok()) {
+    if (Status st = g_.StartTrouble(svc_, g_.clock_.NowMs() - t0_, live_.only_model); !st.ok()) {
       *rejected_ = st;
       return true;
     }
@@ -415,7 +415,7 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
       if (on_wait_) on_wait_(cpu_note, cpu_est_s);
     } else if (!all_busy || loading) {
       // Nothing is up: wait for a start, at most its start timeout, and say so.
-      if (Status st = g_.StartTrouble(svc_, g_.clock_.NowMs() - t0_); !st.ok()) {
+      if (Status st = g_.StartTrouble(svc_, g_.clock_.NowMs() - t0_, live_.only_model); !st.ok()) {
         *rejected_ = st;
         co_return false;
       }
@@ -618,7 +618,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
         // budget): a cold start loaded the CPU fallback's gigabytes beside
         // the accelerator's, from the same disk.
         DemandAll(/*cpu_path_too=*/false);
-        if (Status st = g_.StartTrouble(svc_, g_.clock_.NowMs() - t0_); !st.ok()) {
+        if (Status st = g_.StartTrouble(svc_, g_.clock_.NowMs() - t0_, live_.only_model); !st.ok()) {
           *rejected_ = st;
           co_return false;
         }
@@ -773,7 +773,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
     } else {
       // No worker ready to count tokens yet: waited for while one may
       // start, within the start timeout (then: why).
-      if (Status st = g_.StartTrouble(svc_, g_.clock_.NowMs() - t0_); !st.ok()) {
+      if (Status st = g_.StartTrouble(svc_, g_.clock_.NowMs() - t0_, live_.only_model); !st.ok()) {
         *rejected_ = st;
         co_return false;
       }

@@ -1293,6 +1293,35 @@ TEST_F(DifferentModelLifecycleTest, AStreamCutOnAPrimaryThatStaysDownEndsResumab
   EXPECT_EQ(Journaled("r-cut-gone").state, journal::State::kFailedResumable);
 }
 
+// ... and for a primary whose starts keep failing (twice: no hope), it
+// ends at once with that reason, resumable: another model's worker being
+// ready gave it hope it could not use, and it waited out the start bound
+// saying nothing of why.
+TEST_F(DifferentModelLifecycleTest, AStreamCutOnAPrimaryThatCannotStartEndsWithWhy) {
+  primary_.behaviour = [this](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(Chunk("a", 11));
+    upstream::WorkerView v;
+    v.key = "chat.0";
+    v.state = upstream::WorkerState::kBackoff;
+    v.failed_starts = 2;
+    v.last_exit = "exit 1";
+    v.last_error = "cannot allocate the model's weights";
+    v.next_start_ms = clock_.NowMs() + 30'000;
+    workers_.SetStarting("chat.0", clock_.NowMs());  // (its port gone)
+    workers_.SetView(v);  // its restarts fail
+    ex->Abort();  // its worker gone mid-stream
+  };
+  fallback_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) { Answer(ex, "small"); };
+  auto ex = Complete("r-cut-failing", true);
+  ASSERT_TRUE(ex->WaitFor("\"a\""));
+  ASSERT_TRUE(ex->Wait()) << "still waiting on a primary that cannot start: " << ex->body();
+  EXPECT_NE(ex->body().find("failed to start 2 times"), std::string::npos) << ex->body();
+  EXPECT_NE(ex->body().find("\"checkpoint\""), std::string::npos) << ex->body();
+  EXPECT_EQ(fallback_.calls(), 0u) << "another model's worker was sent a continuation";
+  EXPECT_EQ(Journaled("r-cut-failing").state, journal::State::kFailedResumable);
+}
+
 // What one request may hold, as /api/ps (Ollama's context_length) and the
 // dashboard's limits say it: an embedding model's input takes its worker's
 // whole pool (embeddings run one at a time), within its trained positions,
