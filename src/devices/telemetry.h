@@ -77,6 +77,11 @@ struct HostReading {
   uint64_t effective_available() const;
 };
 
+// The host's memory as the kernel tells it. With $SPILLWAY_SIM_HOST_MEMINFO
+// set, the default one reads the host's memory (Read) from that file, in
+// /proc/meminfo's format, and no cgroup limit: a simulated host whose free
+// memory a test or a demo sets, as a `sim:N` device's ledger does for an
+// accelerator. Processes' sizes are still read from /proc.
 class HostTelemetry {
  public:
   // The roots are parameters so that tests can point them at fake trees.
@@ -96,6 +101,8 @@ class HostTelemetry {
 
  private:
   std::string proc_root_, cgroup_root_;
+  std::string meminfo_;  // proc_root_'s meminfo, or the simulated host's
+  bool cgroups_ = true;  // (a simulated host has none)
 };
 
 }  // namespace spillway::devices
