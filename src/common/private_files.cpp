@@ -81,15 +81,23 @@ Status WriteFileAtomically(const std::string& path, const std::string& content, 
 }
 
 StatusOr<std::string> ReadPrivateFile(const std::string& path, size_t max_bytes) {
+  // Not opened at all unless it is a regular file (a device's open may do
+  // something), and checked again once open (it may have been replaced).
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::NotFound(path + " is not there");
+    return Status::Unavailable("cannot read " + path + ": " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) return Status::Unavailable(path + " is not a regular file");
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return Status::NotFound(path + " is not there");
     return Status::Unavailable("cannot open " + path + ": " + std::strerror(errno));
   }
-  struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const std::string why = S_ISREG(st.st_mode) ? std::string(std::strerror(errno)) : "not a regular file";
     ::close(fd);
-    return Status::Unavailable(path + " is not a regular file");
+    return Status::Unavailable(path + ": " + why);
   }
   std::string out(max_bytes, '\0');
   size_t got = 0;

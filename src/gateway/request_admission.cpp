@@ -149,7 +149,7 @@ void RequestAdmission::DemandAll(bool cpu_path_too) {
     for (const auto& w : workers) {
       if (w.key != states_[k]->key) continue;
       if (w.state == upstream::WorkerState::kReady) break;
-      if (w.state == upstream::WorkerState::kStopped && w.last_exit.rfind("released", 0) == 0) break;
+      if (w.state == upstream::WorkerState::kStopped && w.released_idle) break;
       if (w.failed_starts > 0 || w.crash_looping()) return true;
     }
     return !g_.board_.Allows(svc_.name, k);

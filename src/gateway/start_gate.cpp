@@ -25,19 +25,23 @@ constexpr int kRestartsHoldingMemory = 3;
 }  // namespace
 
 Status Gateway::StartGate(const std::string& key, PlacementCalibration* calibration) {
-  std::vector<std::string> unloading;
-  const Status first = JudgeStart(key, calibration, &unloading);
-  if (unloading.empty()) return first;
   // Idle services released to make room: their processes' end (their memory
   // free) is waited for here, without the device's check, which an external
   // server's requests need for their own room checks (held, they waited for
   // up to 2 s a victim). Then the start is judged again, on fresh
-  // telemetry: a request may have taken some of that room meanwhile.
-  for (const auto& v : unloading) {
-    if (!supervisor_.WaitReleased(v, 2000)) return first;  // still exiting: asked again next round
+  // telemetry: a request may have taken some of that room meanwhile, and
+  // more may be unloaded for it (waited for as well, once: then it is asked
+  // again next round, with no victim of its still exiting and judged a
+  // resident again).
+  Status st = Status::Ok();
+  for (int judgment = 0; judgment < 2; ++judgment) {
+    std::vector<std::string> unloading;
+    st = JudgeStart(key, calibration, &unloading);
+    bool ended = true;
+    for (const auto& v : unloading) ended = supervisor_.WaitReleased(v, 2000) && ended;
+    if (unloading.empty() || !ended) break;  // (still exiting: asked again next round)
   }
-  unloading.clear();
-  return JudgeStart(key, calibration, &unloading);  // (more victims: making room, asked again next round)
+  return st;
 }
 
 Status Gateway::JudgeStart(const std::string& key, PlacementCalibration* calibration,
@@ -131,9 +135,14 @@ Status Gateway::JudgeStart(const std::string& key, PlacementCalibration* calibra
   // class only when that one is used less (a peer that just served would
   // load again for its own next request; an idle one would keep it on the
   // CPU for good).
+  // So is a keep_alive service's once it was unloaded when idle (or for
+  // another's room): requests load it again, as they do an on-demand one.
+  // (At the gateway's start, or after a crash, it loads by its configuration.)
   const config::ResidencyConfig* residency = ext ? &ext->residency : s ? &s->residency : nullptr;
+  bool released = false;
+  for (const auto& w : workers) released |= w.key == key && w.released_idle;
   admission::Demand demand;
-  if (residency && residency->mode == "on_demand") {
+  if (residency && (residency->mode == "on_demand" || (residency->mode == "keep_alive" && released))) {
     const std::string& name = ext ? ext->name : s->name;
     const int64_t last = LastRequestMs(name);
     demand = {AnyoneWaits(name), RequestsPerMinute(name), last > 0 && now - last < admission::kRecentUseMs};

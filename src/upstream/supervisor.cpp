@@ -201,6 +201,7 @@ std::vector<std::string> Supervisor::Argv(Worker& w, const std::string& port_fil
 
 void Supervisor::Spawn(Worker& w) {
   ++w.view.spawn_attempts;
+  w.view.released_idle = false;  // (loading again: a crash from now restarts it by its configuration)
   struct stat log_stat {};
   w.log_from = ::stat(w.view.log_path.c_str(), &log_stat) == 0 ? static_cast<int64_t>(log_stat.st_size) : 0;
   const std::string port_file = run_dir_ + "/" + w.spec.key + ".port";
@@ -764,6 +765,7 @@ void Supervisor::Release(const std::string& key) {
   w.view.state = WorkerState::kStopped;
   w.view.port = 0;
   w.view.last_exit = "released (idle)";
+  w.view.released_idle = true;
   // Its next run begins anew: a load that then fails is a failed start, not
   // the exit of a worker that served (backed off as one, and said so).
   w.ready_since_ms = 0;

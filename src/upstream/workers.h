@@ -61,6 +61,10 @@ struct WorkerView {
   int64_t down_since_ms = 0;  // clock time its last process ended (0: none has)
   std::string log_path;
   bool on_demand = false;
+  // Stopped when idle or to give its room (Release), and not spawned since
+  // (the start gate's refusals meanwhile included): what loads it again is
+  // a request that wants it.
+  bool released_idle = false;
   int64_t last_start_ms = 0;  // how long its last start took (spawn to ready), measured
   int64_t start_timeout_ms = 0;  // of its spec
   int64_t starting_since_ms = 0;  // clock time of its current start (while starting)

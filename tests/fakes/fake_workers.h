@@ -120,6 +120,7 @@ class FakeWorkers : public upstream::Workers {
       upstream::WorkerView v;
       v.key = key;
       v.state = upstream::WorkerState::kStopped;
+      v.released_idle = true;
       views_[key] = v;
     }
   }

@@ -58,7 +58,7 @@ class StartGateHostTest : public ::testing::Test {
     gateway_ = std::make_unique<Gateway>(config_, *journal_, workers_, clock_, std::map<std::string, PlacementAdmission>{});
   }
   void TearDown() override {
-    gateway_->Shutdown();
+    if (gateway_) gateway_->Shutdown();
     ::unsetenv("SPILLWAY_SIM_HOST_MEMINFO");
     std::filesystem::remove_all(dir_);
   }
@@ -100,11 +100,13 @@ TEST_F(StartGateHostTest, TwoStartsThatFitOnlyOneAtATimeAreLetThroughOneAtATime)
   Host(64ull << 30, p_ + p_ / 2);
   ASSERT_TRUE(Gate("x.0").ok());
   const Status second = Gate("y.0");
-  EXPECT_FALSE(second.ok()) << "two starts let through on the host memory of one";
+  EXPECT_EQ(second.reason(), kNoRoom) << "two starts let through on the host memory of one: " << second.ToString();
   // x's worker loading now: it counts at its whole prediction, as the host's
   // reading shows only part of it (here: none yet).
   workers_.SetView(testing::ViewOf("x.0", upstream::WorkerState::kStarting, ::getpid(), clock_.NowMs(), 1));
-  EXPECT_FALSE(Gate("y.0").ok()) << "a start beside a CPU worker still loading counted on its memory";
+  const Status beside = Gate("y.0");
+  EXPECT_EQ(beside.reason(), kNoRoom) << "a start beside a CPU worker still loading counted on its memory: "
+                                      << beside.ToString();
   // x gone again (its load failed and freed its memory): y fits.
   workers_.SetView(testing::ViewOf("x.0", upstream::WorkerState::kBackoff, 0, 0, 1));
   const Status after = Gate("y.0");

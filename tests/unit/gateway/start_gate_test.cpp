@@ -157,6 +157,30 @@ TEST_F(StartGateTest, AnOnDemandStartNobodyWaitsForUnloadsNoPeer) {
   EXPECT_EQ(workers_.StateOf("b.0"), upstream::WorkerState::kReady) << "b was unloaded for a load nobody waits for";
 }
 
+// A keep_alive service unloaded when idle is loaded again by its requests,
+// as an on-demand one: asked again after they went elsewhere, it unloads no
+// idle peer of its own class used as much (it did, as if its requests
+// waited, and that peer loaded again for its own next request). Its first
+// load, by its configuration, still may (TheGateWaitsForItsVictims...).
+TEST_F(StartGateTest, AKeepAliveServiceUnloadedWhenIdleLoadsAgainOnlyForItsRequests) {
+  Device(p_ + p_ / 2, p_);  // b, loaded and idle, holds p of it (this process stands for b's worker)
+  auto b = testing::ViewOf("b.0", upstream::WorkerState::kReady, ::getpid(), 0, 1);
+  b.ready_since_ms = clock_.NowMs() - 60'000;
+  workers_.SetView(b);
+  auto c = testing::ViewOf("c.0", upstream::WorkerState::kBackoff, 0, 0, 1);
+  c.released_idle = true;  // loaded before, stopped when idle; wanted again
+  c.last_exit = "released (idle)";
+  workers_.SetView(c);
+  for (int round = 0; round < 2; ++round) {  // (a refusal changes its last_exit, not what it is)
+    const Status st = Gate("c.0");
+    EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
+    EXPECT_NE(st.message().find("no request waits for this load"), std::string::npos) << st.ToString();
+    EXPECT_EQ(workers_.StateOf("b.0"), upstream::WorkerState::kReady) << "b was unloaded for a load nobody waits for";
+    c.last_exit = "not admitted: " + st.message();
+    workers_.SetView(c);
+  }
+}
+
 // A start that unloads an idle service waits for that one's process to end
 // (its memory to be free) without the device's check held: an external
 // server's requests there need it for their own room checks, and waited up

@@ -41,9 +41,19 @@ TEST_F(SupervisorTest, ViewsAnswerWhileTheSupervisorHoldsItsLock) {
       cv.wait_for(lk, std::chrono::seconds(30), [&] { return release; });
     });
   });
+  bool held = false;
   {
     std::unique_lock<std::mutex> lk(mu);
-    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(10), [&] { return holding; }));
+    held = cv.wait_for(lk, std::chrono::seconds(10), [&] { return holding; });
+  }
+  if (!held) {  // (the holder let go, and joined, before the test ends)
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      release = true;
+    }
+    cv.notify_all();
+    holder.join();
+    FAIL() << "the supervisor's lock was never taken";
   }
   auto asked = std::async(std::launch::async, [&] {
     return std::make_tuple(sup.ReadyPort("a.ext"), sup.OnDemand("a.ext"), sup.Running("a.ext"), PidOf(sup, "a.ext"));
@@ -61,6 +71,32 @@ TEST_F(SupervisorTest, ViewsAnswerWhileTheSupervisorHoldsItsLock) {
   EXPECT_TRUE(on_demand);
   EXPECT_TRUE(running);
   EXPECT_GT(pid, 0);
+}
+
+// A worker stopped when idle (or for another's room) says so in its view
+// until it is spawned again: its next load is for the requests that want
+// it (the start gate judges it as an on-demand one's), and a refusal of
+// that load meanwhile does not change what it is.
+TEST_F(SupervisorTest, AReleasedWorkerSaysSoUntilItIsSpawnedAgain) {
+  Supervisor& sup = *sup_;
+  sup.Add(Sleeper("a.ext"));
+  std::atomic<bool> refuse{false};
+  sup.SetStartGate([&](const std::string&) { return refuse.load() ? Status::ResourceExhausted("no room") : Status::Ok(); });
+  Start();
+  sup.Demand("a.ext");
+  ASSERT_TRUE(Eventually([&] { return PidOf(sup, "a.ext") > 0; }));
+  EXPECT_FALSE(ViewOf(sup, "a.ext").released_idle);
+  sup.Release("a.ext");
+  EXPECT_TRUE(ViewOf(sup, "a.ext").released_idle);
+  ASSERT_TRUE(sup.WaitReleased("a.ext", 10'000));
+  refuse = true;
+  sup.Demand("a.ext");
+  ASSERT_TRUE(Eventually([&] { return ViewOf(sup, "a.ext").last_exit.rfind("not admitted", 0) == 0; }));
+  EXPECT_TRUE(ViewOf(sup, "a.ext").released_idle) << "a refused start made it look loaded by its configuration";
+  refuse = false;
+  ASSERT_TRUE(Eventually([&] { return PidOf(sup, "a.ext") > 0; }));
+  EXPECT_FALSE(ViewOf(sup, "a.ext").released_idle) << "still marked released once spawned again";
+  sup.Stop(1000);  // (before the gate's state goes)
 }
 
 // A worker's port file is read under the supervisor's lock. A FIFO there
