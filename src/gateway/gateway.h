@@ -257,8 +257,8 @@ class Gateway {
   // Whether a request of `service` waits for a place to run (queued, or
   // queued again after a failed attempt, or in an external server's line).
   bool AnyoneWaits(const std::string& service);
-  // The longest start timeout of the service's runnable placements.
-  int64_t StartWaitMs(const config::ServiceConfig& svc);
+  // The longest start timeout of the service's runnable placements (of `only_model`'s, when given).
+  int64_t StartWaitMs(const config::ServiceConfig& svc, const std::string& only_model = "");
   // Gives back what an attempt held (cells, its place in the CPU line, a
   // probe it held without a result). `keep_cpu_turn`: its CPU worker found
   // busy, it is sent again and keeps its turn in the CPU line.

@@ -35,10 +35,10 @@ void Gateway::RecordThroughput(const std::string& service, size_t index, const s
   }
 }
 
-int64_t Gateway::StartWaitMs(const config::ServiceConfig& svc) {
+int64_t Gateway::StartWaitMs(const config::ServiceConfig& svc, const std::string& only_model) {
   int64_t ms = 0;
   for (size_t k = 0; k < svc.placements.size(); ++k) {
-    if (board_.placement(svc.name, k).admission.admitted) {
+    if (board_.placement(svc.name, k).admission.admitted && (only_model.empty() || svc.ModelOf(k) == only_model)) {
       ms = std::max(ms, static_cast<int64_t>(svc.placements[k].start_timeout_s * 1000));
     }
   }
@@ -118,7 +118,7 @@ Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms
     }
     hope |= !found;
   }
-  const int64_t limit_ms = StartWaitMs(svc);
+  const int64_t limit_ms = StartWaitMs(svc, only_model);
   if (hope && (waited_ms <= limit_ms || loading)) return Status::Ok();
   if (why.empty()) return Status::Ok();  // stopped on-demand replicas: the caller starts them
   const int64_t wait_s = next_ms == INT64_MAX ? 5 : std::max<int64_t>(1, (next_ms - now + 999) / 1000);

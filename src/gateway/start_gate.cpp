@@ -81,7 +81,9 @@ Status Gateway::JudgeStart(const std::string& key, PlacementCalibration* calibra
   std::string held_for;  // (named in a refusal: the memory looked free)
   if (supervisor_.OnDemand(key)) {
     for (const auto& w : workers) {
-      if (w.state == upstream::WorkerState::kBackoff && w.pid <= 0 && !supervisor_.OnDemand(w.key) &&
+      // (Not while its killed process still exits: its memory shows in use
+      // on the device, and counted again here it refused starts that fit.)
+      if (w.state == upstream::WorkerState::kBackoff && w.pid <= 0 && !w.exiting && !supervisor_.OnDemand(w.key) &&
           w.down_since_ms > 0 && now - w.down_since_ms < kPinnedHoldMs && w.failed_starts < kRestartsHoldingMemory &&
           !w.crash_looping()) {
         if (starting.insert(w.key).second) held_for += (held_for.empty() ? "" : ", ") + w.key;

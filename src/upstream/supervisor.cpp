@@ -368,6 +368,7 @@ void Supervisor::Kill(Worker& w, const std::string& why) {
   if (!Ended(p, &status)) {  // (checked first: an adopted pid may be someone else's now)
     kill(-p.pid, SIGKILL);
     w.dying = p;
+    w.view.exiting = true;
   }
   Exited(w, why);
 }
@@ -377,6 +378,7 @@ bool Supervisor::DyingEnded(Worker& w) {
   int status = 0;
   if (!Ended(*w.dying, &status)) return false;
   w.dying.reset();
+  w.view.exiting = false;
   memory_freed_ = true;
   if (w.view.pid <= 0) RemoveRecord(w.spec.key);  // (a previous gateway's worker kept its record until now)
   return true;
@@ -851,6 +853,7 @@ void Supervisor::Stop(int64_t grace_ms) {
         ending.push_back({*w.dying, SIGKILL});
       }
       w.dying.reset();
+      w.view.exiting = false;
       if (w.view.pid > 0) {
         if (Ended(Process(w), &status)) {
           RemoveRecord(k);  // reaped: its pid is no longer ours to signal

@@ -261,6 +261,7 @@ void Supervisor::WaitOutPrevious(const std::string& key, const WorkerPid& proces
   if (auto it = workers_.find(key); it != workers_.end()) {
     Worker& w = it->second;
     w.dying = process;
+    w.view.exiting = true;
     if (!w.spec.on_demand) {
       w.view.state = WorkerState::kBackoff;
       w.view.next_start_ms = 0;

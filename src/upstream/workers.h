@@ -59,6 +59,9 @@ struct WorkerView {
   }
   int64_t next_start_ms = 0;  // clock time of the next start (while in backoff)
   int64_t down_since_ms = 0;  // clock time its last process ended (0: none has)
+  // Killed, and its process not ended yet: what that process holds is still
+  // in use on its device (where it shows), and no new one starts before.
+  bool exiting = false;
   std::string log_path;
   bool on_demand = false;
   // Stopped when idle or to give its room (Release), and not spawned since

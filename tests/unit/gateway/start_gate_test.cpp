@@ -141,6 +141,20 @@ TEST_F(StartGateTest, APinnedWorkerRestartingKeepsItsMemoryFromAnOnDemandStartFo
   EXPECT_TRUE(failing.ok()) << "a pinned worker that cannot start held the device: " << failing.ToString();
 }
 
+// ... but not twice while its killed process still exits: that process's
+// memory shows in use on the device, and its restart takes it back. Counted
+// again, the hold refused a start that fits beside the restart.
+TEST_F(StartGateTest, APinnedWorkerStillExitingIsNotHeldTwice) {
+  Device(2 * p_ + p_ / 2, p_);  // a's killed process still holds p (this process stands for it)
+  auto killed = testing::ViewOf("a.0", upstream::WorkerState::kBackoff, 0, 0, 1);
+  killed.down_since_ms = clock_.NowMs();
+  killed.exiting = true;
+  workers_.SetView(killed);
+  const Status st = Gate("b.0");
+  EXPECT_TRUE(st.ok()) << "a's memory counted twice, in use and held for its restart: " << st.ToString();
+  // (Once it has ended, its restart is held for again: APinnedWorkerRestartingKeeps... above.)
+}
+
 // An on-demand load is for the requests that wait for it. Asked again after
 // they were served elsewhere (the CPU fallback), it unloads no idle service
 // of its own class used as much as it is (here: neither had a request) for

@@ -99,6 +99,24 @@ TEST_F(SupervisorTest, AReleasedWorkerSaysSoUntilItIsSpawnedAgain) {
   sup.Stop(1000);  // (before the gate's state goes)
 }
 
+// A worker killed by the supervisor says so (exiting) until its process has
+// ended: the memory that process holds is still in use on its device, and
+// the start gate does not hold that memory a second time for its restart.
+TEST_F(SupervisorTest, AKilledWorkerIsExitingUntilItsProcessEnds) {
+  Supervisor& sup = *sup_;
+  sup.Add(Sleeper("a.ext"));
+  Start();
+  sup.Demand("a.ext");
+  ASSERT_TRUE(Eventually([&] { return PidOf(sup, "a.ext") > 0; }));
+  const pid_t pid = PidOf(sup, "a.ext");
+  EXPECT_FALSE(ViewOf(sup, "a.ext").exiting);
+  sup.Refuse("a.ext", "refused by the test");  // SIGKILL, not waited for
+  // (Read at once: the round that reaps it comes up to 50 ms later.)
+  EXPECT_TRUE(ViewOf(sup, "a.ext").exiting) << "killed, and not told as still exiting";
+  ASSERT_TRUE(Eventually([&] { return !ViewOf(sup, "a.ext").exiting; })) << "still exiting once it had ended";
+  EXPECT_NE(::kill(pid, 0), 0) << "no longer exiting while its process lives";
+}
+
 // A worker's port file is read under the supervisor's lock. A FIFO there
 // (a worker gone wrong, a file planted in the run directory) is not a
 // port file: it is not opened for a reading that would wait for a writer
