@@ -36,6 +36,7 @@
 #include "journal/journal.h"
 #include "protocol/worker_protocol.h"
 #include "upstream/supervisor.h"
+#include "common/thread_name.h"
 
 namespace spillway::cli {
 
@@ -396,6 +397,7 @@ int Serve(const ServeArgs& a) {
   std::condition_variable prune_cv;
   bool stopping = false;
   std::thread pruner([&] {
+    NameThisThread("sw-prune");
     std::unique_lock<std::mutex> lk(prune_mu);
     while (!prune_cv.wait_for(lk, std::chrono::minutes(10), [&] { return stopping; })) {
       lk.unlock();
@@ -417,6 +419,7 @@ int Serve(const ServeArgs& a) {
   try {
     for (auto& l : more_loops) {
       loop_threads.emplace_back([l = l.get()] {
+        NameThisThread("sw-io");
         auto work = boost::asio::make_work_guard(*l);  // idle until stopped
         http::RunLogged(*l, "spillway");
       });

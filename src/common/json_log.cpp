@@ -1,4 +1,5 @@
 #include "common/json_log.h"
+#include "common/thread_name.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -46,6 +47,7 @@ void WriteAll(int fd, const std::string& s) {
 
 // Reads both pipes until both are closed; each complete line goes out as JSON.
 void Pump() {
+  NameThisThread("sw-json-log");
   std::string pending[2];
   bool open[2] = {true, true};
   const char* names[2] = {"stdout", "stderr"};

@@ -1,13 +1,19 @@
 #include "common/thread_pool.h"
+#include "common/thread_name.h"
 
 #include <system_error>
 
 namespace spillway {
 
-ThreadPool::ThreadPool(size_t threads, std::string name) : work_(ctx_.get_executor()) {
+ThreadPool::ThreadPool(size_t threads, std::string name, std::string thread_name) : work_(ctx_.get_executor()) {
   threads_.reserve(threads);
   try {
-    for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { ctx_.run(); });
+    for (size_t i = 0; i < threads; ++i) {
+      threads_.emplace_back([this, thread_name] {
+        NameThisThread(thread_name);
+        ctx_.run();
+      });
+    }
   } catch (const std::system_error& e) {
     ctx_.stop();
     for (auto& t : threads_) t.join();

@@ -21,7 +21,9 @@ class ThreadPool {
  public:
   using executor_type = boost::asio::io_context::executor_type;
 
-  ThreadPool(size_t threads, std::string name);
+  // `name` says whose threads they are in an error; `thread_name` is what
+  // each thread is called (common/thread_name.h: top -H, perf).
+  ThreadPool(size_t threads, std::string name, std::string thread_name = "sw-pool");
   ~ThreadPool();  // stops (work not begun is dropped) and joins
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

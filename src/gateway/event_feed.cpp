@@ -1,4 +1,5 @@
 #include "gateway/event_feed.h"
+#include "common/thread_name.h"
 
 #include <cstdio>
 #include <exception>
@@ -94,6 +95,7 @@ size_t EventFeed::subscribers() const {
 }
 
 void EventFeed::Loop() {
+  NameThisThread("sw-events");
   std::unique_lock<std::mutex> lk(mu_);
   while (!stop_) {
     lk.unlock();

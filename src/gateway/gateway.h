@@ -444,8 +444,8 @@ class Gateway {
   const Clock& clock_;
   Metrics metrics_;
   std::optional<boost::asio::any_io_executor> io_;
-  ThreadPool blocking_{16, "gateway's blocking-work"};
-  ThreadPool status_pool_{2, "gateway's status"};
+  ThreadPool blocking_{16, "gateway's blocking-work", "sw-blocking"};
+  ThreadPool status_pool_{2, "gateway's status", "sw-status"};
   upstream::ConnectionPool pool_;
   AttemptBounds attempt_bounds_;
   // Woken when capacity may have changed, per service (an attempt released

@@ -14,6 +14,7 @@
 
 #include "common/survive.h"
 #include "journal/storage_faults.h"
+#include "common/thread_name.h"
 
 namespace spillway::journal {
 
@@ -602,6 +603,7 @@ StatusOr<std::vector<std::string>> CommitLog::ReadAll(int64_t* last_seq) {
 }
 
 void CommitLog::SyncThread() {
+  NameThisThread("sw-log-sync");
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
     // Records that asked for their sync go at once; deferred ones alone wait

@@ -13,6 +13,7 @@
 #include "journal/commit_log.h"
 #include "journal/journal.h"
 #include "journal/journal_internal.h"
+#include "common/thread_name.h"
 
 namespace spillway::journal {
 
@@ -232,6 +233,7 @@ int Journal::OnWalCommit(void* self, sqlite3*, const char*, int pages) {
 }
 
 void Journal::RunThread() {
+  NameThisThread("sw-journal");
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
     auto work = [&] { return !leading_ && (stop_ || checkpoint_wanted_ || !writers_.empty()); };

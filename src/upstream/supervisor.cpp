@@ -32,6 +32,7 @@
 #include "protocol/worker_protocol.h"
 #include "upstream/log_rotation.h"
 #include "upstream/worker_secret.h"
+#include "common/thread_name.h"
 
 extern char** environ;
 
@@ -478,6 +479,7 @@ void Supervisor::HealthResult(Worker& w, pid_t pid, bool healthy, bool device_lo
 }
 
 void Supervisor::Loop() {
+  NameThisThread("sw-supervisor");
   {
     Held lk(*this);
     for (auto& [k, w] : workers_) {

@@ -16,6 +16,7 @@
 #include "worker/faults.h"
 #include "worker/output_text.h"
 #include "worker/sim_control.h"
+#include "common/thread_name.h"
 
 namespace spillway::worker {
 
@@ -423,6 +424,7 @@ void Engine::ReleaseReservation(const Job& job) {
 }
 
 void Engine::Loop() {
+  NameThisThread("sw-decode");
   while (true) {
     {
       std::unique_lock<std::mutex> lk(mu_);

@@ -33,6 +33,7 @@
 #include "worker/sim_control.h"
 #include "worker/model.h"
 #include "worker/worker_service.h"
+#include "common/thread_name.h"
 
 namespace {
 
@@ -300,7 +301,10 @@ int main(int argc, char** argv) {
   if (orphan_timeout_s > 0) watch_orphan();
   std::signal(SIGPIPE, SIG_IGN);
   std::vector<std::thread> io_threads;
-  for (int i = 0; i < 1; ++i) io_threads.emplace_back([&ioc] { http::RunLogged(ioc, "spillway-worker"); });
+  for (int i = 0; i < 1; ++i) io_threads.emplace_back([&ioc] {
+    NameThisThread("sw-io");
+    http::RunLogged(ioc, "spillway-worker");
+  });
   http::RunLogged(ioc, "spillway-worker");
   for (auto& t : io_threads) t.join();
   service.Stop();

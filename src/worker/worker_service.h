@@ -110,7 +110,7 @@ class WorkerService {
   std::mutex rng_mu_;
   std::mt19937_64 rng_;
   std::atomic<uint64_t> requests_{0};
-  ThreadPool prep_{2, "worker's request-preparation"};
+  ThreadPool prep_{2, "worker's request-preparation", "sw-prep"};
   std::atomic<std::chrono::steady_clock::rep> last_caller_{std::chrono::steady_clock::now().time_since_epoch().count()};
 };
 
