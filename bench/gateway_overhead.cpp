@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -148,7 +149,6 @@ struct Pair {
 std::vector<Added> Measure(const std::vector<UnderTest>& gateways, pid_t nginx_pid, uint16_t nginx_port, int n) {
   const uint16_t worker_port = gateways.front().worker;
   const bool ab = gateways.size() > 1;
-  if (ab) nginx_port = 0;
   const auto [bare_pid, bare_port] = ab ? std::pair<pid_t, uint16_t>{-1, 0} : StartBareProxy(worker_port);
   const json direct_body = {{"prompt", "x"}, {"max_tokens", 1}, {"temperature", 0}};
   json gw_body = direct_body, stream_body = {{"prompt", "x"}, {"max_tokens", 4}, {"stream", true}};
@@ -297,15 +297,15 @@ int main(int argc, char** argv) {
       }
       gateways.push_back({i ? label + ", against" : label, runs[i].pid, runs[i].port, worker});
     }
-    if (gateways.size() > 1) {  // (nginx left out: Measure)
-      const auto a = Measure(gateways, -1, 0, n);
+    {
+      std::optional<NginxProxy> nginx;  // (left out of an A/B of two builds: Measure)
+      if (gateways.size() == 1) {
+        nginx.emplace(gateways.front().worker, spillway::bench::WorkerSecret());
+        if (!nginx->running()) std::printf("nginx: %s; its rows are skipped\n", nginx->why().c_str());
+      }
+      const auto a = Measure(gateways, nginx ? nginx->pid() : -1, nginx ? nginx->port() : 0, n);
       added.emplace_back(mode, a.front());
-      other.emplace_back(mode, a.back());
-    } else {
-      NginxProxy nginx(gateways.front().worker, spillway::bench::WorkerSecret());
-      if (!nginx.running()) std::printf("nginx: %s; its rows are skipped\n", nginx.why().c_str());
-      const auto a = Measure(gateways, nginx.pid(), nginx.port(), n);
-      added.emplace_back(mode, a.front());
+      if (a.size() > 1) other.emplace_back(mode, a.back());
     }
     for (auto& r : runs) StopGateway(r);
   }

@@ -27,6 +27,7 @@
 #include "api/http_server.h"
 #include "common/clock.h"
 #include "common/private_files.h"
+#include "common/thread_name.h"
 #include "config/config.h"
 #include "common/json_log.h"
 #include "gateway/gateway.h"
@@ -36,7 +37,6 @@
 #include "journal/journal.h"
 #include "protocol/worker_protocol.h"
 #include "upstream/supervisor.h"
-#include "common/thread_name.h"
 
 namespace spillway::cli {
 

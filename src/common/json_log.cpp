@@ -1,5 +1,4 @@
 #include "common/json_log.h"
-#include "common/thread_name.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -12,6 +11,8 @@
 #include <cstdio>
 #include <ctime>
 #include <thread>
+
+#include "common/thread_name.h"
 
 namespace spillway {
 

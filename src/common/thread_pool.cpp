@@ -1,7 +1,8 @@
 #include "common/thread_pool.h"
-#include "common/thread_name.h"
 
 #include <system_error>
+
+#include "common/thread_name.h"
 
 namespace spillway {
 

@@ -244,6 +244,9 @@ struct ServiceConfig {
   const std::string& ModelOf(size_t i) const {
     return placements[i].different_model ? placements[i].ModelOr(model) : model;
   }
+  // Whether placement `i` may serve a request bound to `only_model` (a cut
+  // stream goes on only with the model that began it; empty: any model).
+  bool Serves(size_t i, const std::string& only_model) const { return only_model.empty() || ModelOf(i) == only_model; }
   bool OnCpuPath(size_t i) const { return i > 0 && placements[i].role == "fallback" && placements[i].device == "cpu"; }
 };
 

@@ -1,8 +1,9 @@
 #include "gateway/event_feed.h"
-#include "common/thread_name.h"
 
 #include <cstdio>
 #include <exception>
+
+#include "common/thread_name.h"
 
 namespace spillway::gateway {
 

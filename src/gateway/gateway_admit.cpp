@@ -38,7 +38,7 @@ void Gateway::RecordThroughput(const std::string& service, size_t index, const s
 int64_t Gateway::StartWaitMs(const config::ServiceConfig& svc, const std::string& only_model) {
   int64_t ms = 0;
   for (size_t k = 0; k < svc.placements.size(); ++k) {
-    if (board_.placement(svc.name, k).admission.admitted && (only_model.empty() || svc.ModelOf(k) == only_model)) {
+    if (board_.placement(svc.name, k).admission.admitted && svc.Serves(k, only_model)) {
       ms = std::max(ms, static_cast<int64_t>(svc.placements[k].start_timeout_s * 1000));
     }
   }
@@ -95,7 +95,7 @@ Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms
   const auto workers = supervisor_.Snapshot();
   for (size_t k = 0; k < svc.placements.size(); ++k) {
     const auto* st = &board_.placement(svc.name, k);
-    if (!st->admission.admitted || (!only_model.empty() && svc.ModelOf(k) != only_model)) continue;
+    if (!st->admission.admitted || !svc.Serves(k, only_model)) continue;
     bool found = false;
     for (const auto& w : workers) {
       if (w.key != st->key) continue;

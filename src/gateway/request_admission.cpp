@@ -112,7 +112,7 @@ void RequestAdmission::RefreshHeld() {
 }
 
 bool RequestAdmission::OtherModel(size_t k) const {
-  return !live_.only_model.empty() && svc_.ModelOf(k) != live_.only_model;
+  return !svc_.Serves(k, live_.only_model);
 }
 
 std::function<bool(size_t)> RequestAdmission::serving_now() const {

@@ -382,7 +382,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     // replayed into another vocabulary, a coincidental byte match). Checked
     // on the placement admission chose (which may fall back to one it
     // avoids, when nothing else can take the request).
-    if (!live_->only_model.empty() && svc_->ModelOf(target_.index) != live_->only_model) {
+    if (!svc_->Serves(target_.index, live_->only_model)) {
       co_return co_await EndResumable("no placement of the model that began the stream could continue it");
     }
     live_->queue_slot.reset();  // running now: no longer among the waiting

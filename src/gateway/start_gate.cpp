@@ -65,9 +65,9 @@ Status Gateway::JudgeStart(const std::string& key, PlacementCalibration* calibra
   if (ext) device = ext->device;
   else if (FindPlacement(config_, key, &s, &k)) device = s->placements[k].device;
   const auto workers = supervisor_.Snapshot();
-  int attempts = 0;
+  const upstream::WorkerView* own = nullptr;  // its own worker, as the supervisor sees it
   for (const auto& w : workers) {
-    if (w.key == key) attempts = w.spawn_attempts;
+    if (w.key == key) own = &w;
   }
   std::set<std::string> starting = PendingStarts(workers);
   const int64_t now = clock_.NowMs();
@@ -141,10 +141,8 @@ Status Gateway::JudgeStart(const std::string& key, PlacementCalibration* calibra
   // another's room): requests load it again, as they do an on-demand one.
   // (At the gateway's start, or after a crash, it loads by its configuration.)
   const config::ResidencyConfig* residency = ext ? &ext->residency : s ? &s->residency : nullptr;
-  bool released = false;
-  for (const auto& w : workers) released |= w.key == key && w.released_idle;
   admission::Demand demand;
-  if (residency && (residency->mode == "on_demand" || (residency->mode == "keep_alive" && released))) {
+  if (residency && (residency->mode == "on_demand" || (residency->mode == "keep_alive" && own && own->released_idle))) {
     const std::string& name = ext ? ext->name : s->name;
     const int64_t last = LastRequestMs(name);
     demand = {AnyoneWaits(name), RequestsPerMinute(name), last > 0 && now - last < admission::kRecentUseMs};
@@ -171,7 +169,7 @@ Status Gateway::JudgeStart(const std::string& key, PlacementCalibration* calibra
     if (!a.admitted) return refuse(Status::ResourceExhausted(a.reason).WithReason(kNoRoom));
     need = a.predicted_bytes;
   }
-  RoomGranted(key, need, attempts);
+  RoomGranted(key, need, own ? own->spawn_attempts : 0);
   refused.granted = true;
   return Status::Ok();
 }

@@ -13,8 +13,8 @@
 #include <cstring>
 
 #include "common/survive.h"
-#include "journal/storage_faults.h"
 #include "common/thread_name.h"
+#include "journal/storage_faults.h"
 
 namespace spillway::journal {
 

@@ -10,10 +10,10 @@
 #include <optional>
 #include <utility>
 
+#include "common/thread_name.h"
 #include "journal/commit_log.h"
 #include "journal/journal.h"
 #include "journal/journal_internal.h"
-#include "common/thread_name.h"
 
 namespace spillway::journal {
 

@@ -26,13 +26,13 @@
 #include "common/run_capture.h"
 #include "common/secret.h"
 #include "common/survive.h"
+#include "common/thread_name.h"
 #include "common/utf8.h"
 #include "devices/sim_ledger.h"
 #include "devices/telemetry.h"
 #include "protocol/worker_protocol.h"
 #include "upstream/log_rotation.h"
 #include "upstream/worker_secret.h"
-#include "common/thread_name.h"
 
 extern char** environ;
 

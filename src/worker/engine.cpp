@@ -1,5 +1,6 @@
 #include "worker/engine.h"
 
+#include "common/thread_name.h"
 #include "common/utf8.h"
 
 #include <llama.h>
@@ -16,7 +17,6 @@
 #include "worker/faults.h"
 #include "worker/output_text.h"
 #include "worker/sim_control.h"
-#include "common/thread_name.h"
 
 namespace spillway::worker {
 

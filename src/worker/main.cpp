@@ -27,13 +27,13 @@
 #include "common/names.h"
 #include "common/private_files.h"
 #include "common/secret.h"
+#include "common/thread_name.h"
 #include "worker/engine.h"
 #include "worker/faults.h"
 #include "worker/load_progress.h"
 #include "worker/sim_control.h"
 #include "worker/model.h"
 #include "worker/worker_service.h"
-#include "common/thread_name.h"
 
 namespace {
 
