@@ -15,6 +15,12 @@ bool Resident::InUse() const {
          (!starting && waiting > 0 && state_ms < kExclusiveServeFirstMs);
 }
 
+bool Resident::TurnIsOver(int64_t waited_ms) const {
+  // Served (loaded and ready) a whole turn, while the other's requests
+  // waited one: a service still loading has had no turn yet.
+  return !starting && state_ms >= kFairTurnMs && waited_ms >= kFairTurnMs;
+}
+
 double Resident::Cost() const {
   if (evict_cost >= 0) return evict_cost;
   // An idle service still costs its reload once: at least one request a minute.
@@ -89,9 +95,17 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
     return plan;
   }
   std::vector<const Resident*> allowed;
+  std::string turns;  // busy peers of the requester's priority whose turn is not over yet
   for (const auto& r : residents) {
     if (!may_give(r) || r.bytes == 0) continue;
-    if (r.InUse() && r.priority <= requester_priority) continue;  // busy: only for a higher priority
+    if (r.InUse() && r.priority <= requester_priority) {
+      // Busy: only for a higher priority, or its own priority's turn (awaited loads only).
+      const bool turn_over = awaited && r.priority == requester_priority && r.TurnIsOver(demand.waited_ms);
+      if (!turn_over) {
+        if (awaited && r.priority == requester_priority && !r.starting) turns += (turns.empty() ? "" : ", ") + r.service;
+        continue;
+      }
+    }
     allowed.push_back(&r);
   }
   std::sort(allowed.begin(), allowed.end(), [](const Resident* a, const Resident* b) {
@@ -111,6 +125,11 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
                   std::to_string(allowed.size()) + ") would free only " + Mib(freed) +
                   (awaited ? ""
                            : " (no request waits for this load: none of its own priority used as much is unloaded for it)");
+    if (!turns.empty()) {
+      plan.reason += "; busy with its priority: " + turns + ", which gives way once it has served " +
+                     std::to_string(kFairTurnMs / 1000) + " s and this load's requests have waited as long (" +
+                     std::to_string(std::max<int64_t>(0, demand.waited_ms) / 1000) + " s so far)";
+    }
     return plan;
   }
   plan.fits = true;

@@ -19,6 +19,14 @@
 //            a requester of strictly higher priority (interactive over
 //            batch), and is drained first: its new requests go to its CPU
 //            path, it unloads when its running ones end;
+//   turns    except by its own priority's turn: a busy service that has
+//            served at least kFairTurnMs since it loaded gives way to a
+//            requester of the same priority whose requests have waited that
+//            long for this load (Demand::waited_ms). Two services of one
+//            class that do not fit together then take turns of at least
+//            that long; without it, one kept busy kept the other's
+//            requests waiting until they timed out, for as long as its own
+//            traffic lasted;
 //   prefer   idle over busy, lower priority over higher, then the lowest
 //            cost: the declared evict_cost, else measured reload seconds x
 //            requests per minute (a big model reloaded often costs most),
@@ -71,6 +79,9 @@ struct Resident {
   double Cost() const;
   // Running requests, loading, or just loaded with requests waiting (the bounds below).
   bool InUse() const;
+  // Busy, and has had its turn against a requester of its priority whose
+  // requests have waited `waited_ms` (see "turns" above).
+  bool TurnIsOver(int64_t waited_ms) const;
 };
 
 struct EvictionPlan {
@@ -94,8 +105,18 @@ struct Demand {
   // fall as old requests leave their window: without it, a peer's could
   // fall below the requester's minutes after the requester's last request.)
   bool recently_used = false;
+  // How long the oldest of the requests waiting for this load has waited
+  // (awaited loads only): a busy peer of its priority gives way to it from
+  // kFairTurnMs on.
+  int64_t waited_ms = 0;
 };
 inline constexpr int64_t kRecentUseMs = 60000;
+// A busy service's turn on a device that cannot hold it beside a peer of
+// its priority whose requests wait: at least this long served, and the
+// peer's requests waiting at least this long, before it is drained for
+// that peer. Well inside a request's default wait for a start (120 s), so
+// that the drain and the load fit in what is left.
+inline constexpr int64_t kFairTurnMs = 30000;
 
 EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_priority, const std::string& requester_key,
                           const std::vector<Resident>& residents, bool exclusive = false, Demand demand = {});

@@ -131,6 +131,10 @@ class Gateway {
   // requests' room checks there go on meanwhile, and the start is then
   // judged again on what they gave back. Supervisor thread.
   Status StartGate(const std::string& key, PlacementCalibration* calibration);
+  // Who a start of `key` is for, as the gate weighs it (admission::Demand):
+  // whether requests wait for it, how much it is used, how long its oldest
+  // request has waited. `released_idle`: its worker was unloaded when idle.
+  admission::Demand LoadDemand(const std::string& key, bool released_idle = false);
   // One judgment of StartGate's, with the device's check held; the idle
   // victims it released (RoomFor) in `unloading`.
   Status JudgeStart(const std::string& key, PlacementCalibration* calibration, std::vector<std::string>* unloading);
@@ -257,6 +261,9 @@ class Gateway {
   // Whether a request of `service` waits for a place to run (queued, or
   // queued again after a failed attempt, or in an external server's line).
   bool AnyoneWaits(const std::string& service);
+  // How long the oldest of `service`'s queued requests has waited (0: none
+  // waits); a busy peer's turn on a device ends by it (admission::Demand).
+  int64_t OldestWaitMs(const std::string& service);
   // The longest start timeout of the service's runnable placements (of `only_model`'s, when given).
   int64_t StartWaitMs(const config::ServiceConfig& svc, const std::string& only_model = "");
   // Gives back what an attempt held (cells, its place in the CPU line, a

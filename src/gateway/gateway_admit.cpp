@@ -84,6 +84,18 @@ bool Gateway::AnyoneWaits(const std::string& service) {
   return false;
 }
 
+int64_t Gateway::OldestWaitMs(const std::string& service) {
+  const int64_t now = clock_.NowMs();
+  int64_t oldest = now;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [id, live] : live_) {
+    if (live->service == service && live->phase.load() == LivePhase::kQueued) {
+      oldest = std::min(oldest, live->phase_since_ms.load());
+    }
+  }
+  return now - oldest;
+}
+
 Status Gateway::StartTrouble(const config::ServiceConfig& svc, int64_t waited_ms, const std::string& only_model) {
   // Every placement that may run keeps failing to start (a device that is
   // gone, a driver that refuses), or the wait has outlasted the start

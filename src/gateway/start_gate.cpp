@@ -132,21 +132,7 @@ Status Gateway::JudgeStart(const std::string& key, PlacementCalibration* calibra
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
-  // An on-demand load is for the requests waiting for it. Asked again each
-  // second after they went to the CPU path, it unloads a peer of its own
-  // class only when that one is used less (a peer that just served would
-  // load again for its own next request; an idle one would keep it on the
-  // CPU for good).
-  // So is a keep_alive service's once it was unloaded when idle (or for
-  // another's room): requests load it again, as they do an on-demand one.
-  // (At the gateway's start, or after a crash, it loads by its configuration.)
-  const config::ResidencyConfig* residency = ext ? &ext->residency : s ? &s->residency : nullptr;
-  admission::Demand demand;
-  if (residency && (residency->mode == "on_demand" || (residency->mode == "keep_alive" && own && own->released_idle))) {
-    const std::string& name = ext ? ext->name : s->name;
-    const int64_t last = LastRequestMs(name);
-    demand = {AnyoneWaits(name), RequestsPerMinute(name), last > 0 && now - last < admission::kRecentUseMs};
-  }
+  const admission::Demand demand = LoadDemand(key, own && own->released_idle);
   uint64_t need = 0;  // what it is let start with (calibrated)
   if (ext) {
     // An external server: its resident memory (measured, else declared) must fit its device.
@@ -172,6 +158,32 @@ Status Gateway::JudgeStart(const std::string& key, PlacementCalibration* calibra
   RoomGranted(key, need, own ? own->spawn_attempts : 0);
   refused.granted = true;
   return Status::Ok();
+}
+
+admission::Demand Gateway::LoadDemand(const std::string& key, bool released_idle) {
+  const auto* ext = ExternalOfKey(config_, key);
+  const config::ServiceConfig* s = nullptr;
+  size_t k = 0;
+  if (!ext && !FindPlacement(config_, key, &s, &k)) return {};
+  // An on-demand load is for the requests waiting for it. Asked again each
+  // second after they went to the CPU path, it unloads a peer of its own
+  // class only when that one is used less (a peer that just served would
+  // load again for its own next request; an idle one would keep it on the
+  // CPU for good).
+  // So is a keep_alive service's once it was unloaded when idle (or for
+  // another's room): requests load it again, as they do an on-demand one.
+  // (At the gateway's start, or after a crash, it loads by its configuration.)
+  const config::ResidencyConfig& residency = ext ? ext->residency : s->residency;
+  const std::string& name = ext ? ext->name : s->name;
+  admission::Demand demand;
+  if (residency.mode == "on_demand" || (residency.mode == "keep_alive" && released_idle)) {
+    const int64_t last = LastRequestMs(name);
+    demand = {AnyoneWaits(name), RequestsPerMinute(name), last > 0 && clock_.NowMs() - last < admission::kRecentUseMs};
+  }
+  // A busy peer of its priority gives way once these requests have waited a
+  // turn (an external server's too: its requests are live as a model's are).
+  demand.waited_ms = OldestWaitMs(name);
+  return demand;
 }
 
 }  // namespace spillway::gateway

@@ -193,6 +193,54 @@ TEST(EvictionTest, ALoadNobodyWaitsForUnloadsALowerClassOrAPeerUsedLess) {
   EXPECT_EQ(p.evict, (std::vector<std::string>{"batch-idle.0"}));
 }
 
+// Two services of one priority that do not fit together take turns: a busy
+// one that has served a turn (kFairTurnMs since it was ready) is drained for
+// a peer whose requests have waited a turn. Without it, a service kept busy
+// kept its peer's requests waiting until they timed out, for as long as its
+// own traffic lasted.
+TEST(EvictionTest, ABusyPeerOfOnePriorityGivesWayAfterItsTurn) {
+  Resident busy = R("a", 0, 600, /*running=*/2);
+  busy.state_ms = kFairTurnMs;  // ready, and served a whole turn
+  Demand waited;
+  waited.waited_ms = kFairTurnMs;
+  auto p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {busy}, false, waited);
+  ASSERT_TRUE(p.fits) << p.reason;
+  EXPECT_EQ(p.evict, (std::vector<std::string>{"a.0"}));
+  EXPECT_EQ(p.drain, (std::vector<std::string>{"a.0"})) << "its running requests end first";
+
+  // Not before the waiting requests have waited a turn; the refusal says when.
+  waited.waited_ms = kFairTurnMs - 1;
+  p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {busy}, false, waited);
+  EXPECT_FALSE(p.fits);
+  EXPECT_TRUE(p.evict.empty());
+  EXPECT_NE(p.reason.find("busy with its priority: a, which gives way once it has served 30 s"), std::string::npos)
+      << p.reason;
+  // Not before the busy one has served a turn since it loaded.
+  waited.waited_ms = 10 * kFairTurnMs;
+  busy.state_ms = kFairTurnMs - 1;
+  EXPECT_FALSE(PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {busy}, false, waited).fits);
+  // Nor while it is still loading, however long.
+  Resident loading = busy;
+  loading.starting = true;
+  loading.state_ms = 2 * kFairTurnMs;
+  EXPECT_FALSE(PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {loading}, false, waited).fits);
+  busy.state_ms = kFairTurnMs;
+  // Never for a lower priority, nor for a load no request waits for.
+  EXPECT_FALSE(PlanEviction(500 * kMiB, 100 * kMiB, /*batch*/ 1, "b.0", {busy}, false, waited).fits);
+  Demand nobody = waited;
+  nobody.awaited = false;
+  EXPECT_FALSE(PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {busy}, false, nobody).fits);
+  // Idle peers still go first: a busy one is drained only when they are not enough.
+  p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {busy, R("idle", 0, 500)}, false, waited);
+  ASSERT_TRUE(p.fits) << p.reason;
+  EXPECT_EQ(p.evict, (std::vector<std::string>{"idle.0"}));
+  // A higher priority still takes a busy batch service at once, turn or not.
+  Resident batch = R("batch", 1, 600, 1);
+  p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {batch}, false, Demand{});
+  ASSERT_TRUE(p.fits) << p.reason;
+  EXPECT_EQ(p.drain, (std::vector<std::string>{"batch.0"}));
+}
+
 TEST(EvictionTest, Windows) {
   EXPECT_TRUE(InWindow({}, 720));
   EXPECT_TRUE(InWindow({"02:00-05:00"}, 2 * 60));

@@ -268,6 +268,19 @@ class LifecycleTest : public ::testing::Test {
     // gateway, as `spillway serve` does.
   }
 
+  // (Before SetUp.) chat on demand, and another service, other, on demand
+  // on chat's device sim:0 (which is `exclusive` or shared, without headroom).
+  void ChatAndOtherOnDemand(bool exclusive) {
+    const std::string on_demand = "max_tokens = 64\nresidency = \"on_demand\"\n";
+    ASSERT_NE(config_text_.find("max_tokens = 64\n"), std::string::npos);
+    config_text_.replace(config_text_.find("max_tokens = 64\n"), 16, on_demand);
+    config_text_ = "[[device]]\nname = \"sim:0\"\nexclusive = " + std::string(exclusive ? "true" : "false") +
+                   "\nheadroom_mib = 0\nheadroom_pct = 0\n" + config_text_ +
+                   "[[service]]\nname = \"other\"\nmodel = \"/nonexistent/other.gguf\"\nresidency = \"on_demand\"\n"
+                   "[[service.placement]]\ndevice = \"sim:0\"\nctx = 256\nslots = 1\n";
+    workers_.SetOnDemand("chat.0");
+    workers_.SetOnDemand("other.0");
+  }
   // What the journal holds from "before a restart" (run by Start).
   virtual std::vector<journal::RequestRecord> Recovered() { return {}; }
 
@@ -3025,14 +3038,7 @@ class ExclusiveLifecycleTest : public LifecycleTest {
  protected:
   void SetUp() override {
     ASSERT_TRUE(devices::SimLedger::Create(0, 1ull << 30).ok());
-    const std::string on_demand = "max_tokens = 64\nresidency = \"on_demand\"\n";
-    ASSERT_NE(config_text_.find("max_tokens = 64\n"), std::string::npos);
-    config_text_.replace(config_text_.find("max_tokens = 64\n"), 16, on_demand);
-    config_text_ = "[[device]]\nname = \"sim:0\"\nexclusive = true\nheadroom_mib = 0\nheadroom_pct = 0\n" + config_text_ +
-                   "[[service]]\nname = \"other\"\nmodel = \"/nonexistent/other.gguf\"\nresidency = \"on_demand\"\n"
-                   "[[service.placement]]\ndevice = \"sim:0\"\nctx = 256\nslots = 1\n";
-    workers_.SetOnDemand("chat.0");
-    workers_.SetOnDemand("other.0");
+    ASSERT_NO_FATAL_FAILURE(ChatAndOtherOnDemand(/*exclusive=*/true));
     LifecycleTest::SetUp();
   }
   // chat's worker loaded on the device (this process stands for it).
@@ -3113,6 +3119,79 @@ TEST_F(ExclusiveLifecycleTest, TheGateWeighsALoadNobodyWaitsForByItsRequestersUs
   ASSERT_TRUE(asked->Wait());  // (nobody waits for other's load now)
   (void)gateway_->StartGate("other.0", nullptr);
   EXPECT_EQ(workers_.StateOf("chat.0"), upstream::WorkerState::kStopped) << "chat kept the device from a service in use";
+}
+
+// chat and another service of its priority, both on demand, on a shared
+// device (a simulated one of 1 GiB) that holds one of them: chat loaded
+// there and busy, other's request waiting for its load.
+class FairTurnLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(devices::SimLedger::Create(0, 1ull << 30).ok());
+    auto l = devices::SimLedger::Open(0);
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    ledger_ = std::move(*l);
+    ASSERT_TRUE(ledger_->Reserve(devices::LedgerKind::kAlloc, "chat.0", 800u << 20));  // this process stands for chat's worker
+    ASSERT_NO_FATAL_FAILURE(ChatAndOtherOnDemand(/*exclusive=*/false));
+    workers_.SetView(testing::ViewOf("other.0", upstream::WorkerState::kStopped, 0));
+    LifecycleTest::SetUp();
+    upstream::WorkerView v = testing::ViewOf("chat.0", upstream::WorkerState::kReady, ::getpid());
+    v.port = primary_.server.port();
+    v.on_demand = true;
+    v.ready_since_ms = clock_.NowMs();
+    workers_.SetView(v);
+  }
+  void TearDown() override {
+    if (ledger_) ledger_->Release(devices::LedgerKind::kAlloc, "chat.0", ~0ull);
+    LifecycleTest::TearDown();
+  }
+  // Whether chat is being unloaded, as the residency view says.
+  bool ChatUnloading() {
+    const json status = StatusNow();
+    for (const auto& s : status["residency"]["services"]) {
+      if (s.value("key", "") == "chat.0") return s["held_back"].dump().find("unloading") != std::string::npos;
+    }
+    return false;
+  }
+  testing::ScopedSimDir sim_{"fair-turn-lifecycle"};
+  std::unique_ptr<devices::SimLedger> ledger_;
+};
+
+// Kept busy, chat gives the device to other once it has served a turn and
+// other's request has waited one (admission::kFairTurnMs): it is drained
+// (its running request ends first). Before, a busy service gave way only
+// to a higher priority, and other's requests waited until they timed out
+// for as long as chat's traffic lasted.
+TEST_F(FairTurnLifecycleTest, ABusyServiceGivesTheDeviceToAPeerWhoseRequestsWaitedATurn) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  auto running = Complete("r-busy");
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
+  auto waiting = Send("/v1/completions", json{{"model", "other"}, {"prompt", "x"}, {"max_tokens", 2}}.dump(), "POST",
+                      {{"X-Request-Id", "r-other"}});
+  ASSERT_TRUE(Eventually([&] { return workers_.demanded("other.0") > 0; }));
+  constexpr uint64_t kNeed = 500u << 20;
+  EXPECT_EQ(gateway_->LoadDemand("other.0").waited_ms, 0);
+  Status room = gateway_->RoomFor("other.0", kNeed, {}, gateway_->LoadDemand("other.0"));
+  EXPECT_EQ(room.code(), StatusCode::kResourceExhausted) << room.ToString();
+  EXPECT_NE(room.message().find("busy with its priority: chat, which gives way once it has served 30 s"),
+            std::string::npos)
+      << room.ToString();
+  EXPECT_FALSE(ChatUnloading());
+  clock_.Advance(admission::kFairTurnMs - 1000);
+  room = gateway_->RoomFor("other.0", kNeed, {}, gateway_->LoadDemand("other.0"));
+  EXPECT_EQ(room.code(), StatusCode::kResourceExhausted) << room.ToString();
+  EXPECT_FALSE(ChatUnloading()) << "drained before its turn was over";
+  clock_.Advance(1000);
+  EXPECT_GE(gateway_->LoadDemand("other.0").waited_ms, admission::kFairTurnMs);
+  room = gateway_->RoomFor("other.0", kNeed, {}, gateway_->LoadDemand("other.0"));
+  EXPECT_NE(room.message().find("unloading chat (800 MiB, draining"), std::string::npos) << room.ToString();
+  EXPECT_TRUE(ChatUnloading()) << "chat kept the device from a peer whose request waited a turn";
+  if (auto held = primary_.TakeHeld(0)) Answer(held, "primary");
+  ASSERT_TRUE(running->Wait());
+  EXPECT_EQ(running->status(), 200u) << "the drained service's running request was not served: " << running->body();
+  auto cancel = Send("/v1/requests/r-other", "", "DELETE");
+  ASSERT_TRUE(cancel->Wait());
+  ASSERT_TRUE(waiting->Wait());
 }
 
 // Another service on the same device: its failures there count against the
