@@ -103,7 +103,11 @@ std::string Config(const std::string& models, int streams, int slots, int max_to
   const int room = streams + 256;
   // Each slot holds a whole generation: ctx/slots cells per request.
   const int ctx_per_slot = ((max_tokens + 256) / 1024 + 1) * 1024;
-  std::string c = "max_queue = " + std::to_string(room) + "\nmax_connections = " + std::to_string(room) +
+  // max_queue keeps a quarter of itself for embed (each of two services
+  // keeps max_queue / 4 that the other's waiting requests cannot take):
+  // twice the room leaves chat's streams all of theirs (with room alone, 244
+  // of 2000 were refused at once).
+  std::string c = "max_queue = " + std::to_string(2 * room) + "\nmax_connections = " + std::to_string(room) +
                   "\nmax_requests_per_key = " + std::to_string(room) + "\n[journal]\nsynchronous = \"" + journal + "\"\n";
   c += "[[service]]\nname = \"chat\"\nmodel = \"" + models + "/tiny-chat.gguf\"\nmax_tokens = " + std::to_string(max_tokens) +
        "\ndefault_max_tokens = " + std::to_string(max_tokens) +

@@ -41,6 +41,8 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
                           const std::vector<Resident>& residents, bool exclusive, Demand demand) {
   EvictionPlan plan;
   const bool awaited = demand.awaited;
+  // The requester's service (keys are "<service>.<n>"): never takes a turn from itself.
+  const std::string own = requester_key.substr(0, requester_key.rfind('.'));
   // Who may give room at all: not a pinned one, nor one that outranks the
   // requester, nor (for a load nobody waits for) one of its own rank that
   // is used as much as the requester or more.
@@ -51,8 +53,7 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
   };
   if (exclusive) {
     // Every other service loaded there, even one that holds nothing yet (still starting, once it has had its
-    // time); not the requester's own other placements (keys are "<service>.<n>").
-    const std::string own = requester_key.substr(0, requester_key.rfind('.'));
+    // time); not the requester's own other placements.
     for (const auto& r : residents) {
       if (r.pinned || r.key == requester_key || r.service == own) continue;
       if (r.evicting) continue;
@@ -100,9 +101,9 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
     if (!may_give(r) || r.bytes == 0) continue;
     if (r.InUse() && r.priority <= requester_priority) {
       // Busy: only for a higher priority, or its own priority's turn (awaited loads only).
-      const bool turn_over = awaited && r.priority == requester_priority && r.TurnIsOver(demand.waited_ms);
-      if (!turn_over) {
-        if (awaited && r.priority == requester_priority && !r.starting) turns += (turns.empty() ? "" : ", ") + r.service;
+      const bool peer = awaited && r.priority == requester_priority && r.service != own;
+      if (!peer || !r.TurnIsOver(demand.waited_ms)) {
+        if (peer && !r.starting) turns += (turns.empty() ? "" : ", ") + r.service;
         continue;
       }
     }
@@ -128,7 +129,9 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
     if (!turns.empty()) {
       plan.reason += "; busy with its priority: " + turns + ", which gives way once it has served " +
                      std::to_string(kFairTurnMs / 1000) + " s and this load's requests have waited as long (" +
-                     std::to_string(std::max<int64_t>(0, demand.waited_ms) / 1000) + " s so far)";
+                     std::to_string(std::max<int64_t>(0, demand.waited_ms) / 1000) + " s so far" +
+                     (demand.turn_of.empty() ? "" : "; the next turn is " + demand.turn_of + "'s, whose requests waited longer") +
+                     ")";
     }
     return plan;
   }

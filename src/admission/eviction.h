@@ -21,12 +21,15 @@
 //            path, it unloads when its running ones end;
 //   turns    except by its own priority's turn: a busy service that has
 //            served at least kFairTurnMs since it loaded gives way to a
-//            requester of the same priority whose requests have waited that
-//            long for this load (Demand::waited_ms). Two services of one
-//            class that do not fit together then take turns of at least
-//            that long; without it, one kept busy kept the other's
-//            requests waiting until they timed out, for as long as its own
-//            traffic lasted;
+//            requester of the same priority (another service) whose
+//            requests have waited that long for this load
+//            (Demand::waited_ms). Services of one class that do not fit
+//            together then take turns of at least that long, the one whose
+//            requests waited longest first (the gateway gives the others'
+//            demand no wait: Demand::turn_of); without it, one kept busy
+//            kept the other's requests waiting until they timed out, for as
+//            long as its own traffic lasted. (On an exclusive device busy
+//            services are drained at once, below.);
 //   prefer   idle over busy, lower priority over higher, then the lowest
 //            cost: the declared evict_cost, else measured reload seconds x
 //            requests per minute (a big model reloaded often costs most),
@@ -109,13 +112,18 @@ struct Demand {
   // (awaited loads only): a busy peer of its priority gives way to it from
   // kFairTurnMs on.
   int64_t waited_ms = 0;
+  // Another service waiting for the same device whose requests have waited
+  // longer, and that a busy peer's turn would let load: the turn is its
+  // (waited_ms is then 0 here). In words, for the refusal.
+  std::string turn_of;
 };
 inline constexpr int64_t kRecentUseMs = 60000;
 // A busy service's turn on a device that cannot hold it beside a peer of
 // its priority whose requests wait: at least this long served, and the
 // peer's requests waiting at least this long, before it is drained for
-// that peer. Well inside a request's default wait for a start (120 s), so
-// that the drain and the load fit in what is left.
+// that peer. Well inside a request's default wait for a start (120 s),
+// leaving the rest for the drain (as long as the busy one's running
+// requests last: not bounded here) and the load.
 inline constexpr int64_t kFairTurnMs = 30000;
 
 EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_priority, const std::string& requester_key,

@@ -135,6 +135,12 @@ class Gateway {
   // whether requests wait for it, how much it is used, how long its oldest
   // request has waited. `released_idle`: its worker was unloaded when idle.
   admission::Demand LoadDemand(const std::string& key, bool released_idle = false);
+  // `demand` (of `key`, `service` at `priority`), with no wait for a turn
+  // when another service waiting for the device (`wanting`: keys whose start
+  // is due) has waited longer and the turn would let it load (Demand::turn_of).
+  admission::Demand TurnAmongWaiters(const std::string& key, const std::string& service, int priority,
+                                     admission::Demand demand, const std::set<std::string>& wanting,
+                                     const std::vector<admission::Resident>& residents, uint64_t available);
   // One judgment of StartGate's, with the device's check held; the idle
   // victims it released (RoomFor) in `unloading`.
   Status JudgeStart(const std::string& key, PlacementCalibration* calibration, std::vector<std::string>* unloading);

@@ -180,6 +180,42 @@ uint64_t Gateway::ExpectedBytes(const std::string& key) const {
   return 0;
 }
 
+admission::Demand Gateway::TurnAmongWaiters(const std::string& key, const std::string& service, int priority,
+                                            admission::Demand demand, const std::set<std::string>& wanting,
+                                            const std::vector<admission::Resident>& residents, uint64_t available) {
+  if (!demand.awaited || demand.waited_ms < admission::kFairTurnMs) return demand;
+  // A busy peer's turn goes to the service whose requests have waited
+  // longest: another of this priority whose start on the device is wanted,
+  // that waited longer, and that the turn would let load (one that cannot
+  // fit even so keeps no one from it). Without it, the first of them in the
+  // supervisor's order took every turn and the others waited out their
+  // requests.
+  for (const auto& other : wanting) {
+    if (other == key) continue;
+    std::string name;
+    int rank = -1;
+    const config::ServiceConfig* s = nullptr;
+    size_t k = 0;
+    if (FindPlacement(config_, other, &s, &k)) {
+      name = s->name;
+      rank = s->residency.PriorityRank();
+    } else if (const auto* e = ExternalOfKey(config_, other)) {
+      name = e->name;
+      rank = e->residency.PriorityRank();
+    }
+    if (name.empty() || name == service || rank != priority) continue;
+    const int64_t theirs = OldestWaitMs(name);
+    if (theirs <= demand.waited_ms) continue;
+    admission::Demand d = demand;
+    d.waited_ms = theirs;
+    if (!admission::PlanEviction(ExpectedBytes(other), available, rank, other, residents, false, d).fits) continue;
+    demand.turn_of = name;
+    demand.waited_ms = 0;
+    break;
+  }
+  return demand;
+}
+
 Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<std::string>& starting,
                         admission::Demand demand, std::vector<std::string>* unloading) {
   // Who is asking: an accelerator placement or an external server.
@@ -309,6 +345,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
   // may not have allocated yet): a load beside them counted on it too.
   upcoming += SentPeaksOn(device, *reading, workers);
   available = available > upcoming ? available - upcoming : 0;
+  if (!dc.exclusive) demand = TurnAmongWaiters(key, service, priority, demand, wanting, residents, available);
   const admission::EvictionPlan plan =
       admission::PlanEviction(need, available, priority, key, residents, dc.exclusive, demand);
   if (!plan.fits && !plan.wait) {

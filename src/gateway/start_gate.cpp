@@ -181,8 +181,12 @@ admission::Demand Gateway::LoadDemand(const std::string& key, bool released_idle
     demand = {AnyoneWaits(name), RequestsPerMinute(name), last > 0 && clock_.NowMs() - last < admission::kRecentUseMs};
   }
   // A busy peer of its priority gives way once these requests have waited a
-  // turn (an external server's too: its requests are live as a model's are).
-  demand.waited_ms = OldestWaitMs(name);
+  // turn (an external server's too: its requests are live as a model's are),
+  // unless a placement of the service is serving already: its requests then
+  // wait for a slot there, and it has its turn.
+  bool serving = false;
+  for (size_t i = 0; s && i < s->placements.size(); ++i) serving |= supervisor_.ReadyPort(WorkerKey(*s, i)).has_value();
+  if (!serving) demand.waited_ms = OldestWaitMs(name);
   return demand;
 }
 

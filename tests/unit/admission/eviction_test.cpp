@@ -230,6 +230,15 @@ TEST(EvictionTest, ABusyPeerOfOnePriorityGivesWayAfterItsTurn) {
   Demand nobody = waited;
   nobody.awaited = false;
   EXPECT_FALSE(PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {busy}, false, nobody).fits);
+  // A load nobody waits for gets no turn, however much more its service is used.
+  nobody.recently_used = true;
+  nobody.requests_per_min = 100;
+  EXPECT_FALSE(PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {busy}, false, nobody).fits);
+  // A service takes no turn from itself: its own busy placement there stays.
+  Resident own = busy;
+  own.key = "b.1";
+  own.service = "b";
+  EXPECT_FALSE(PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {own}, false, waited).fits);
   // Idle peers still go first: a busy one is drained only when they are not enough.
   p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {busy, R("idle", 0, 500)}, false, waited);
   ASSERT_TRUE(p.fits) << p.reason;

@@ -3133,6 +3133,10 @@ class FairTurnLifecycleTest : public LifecycleTest {
     ledger_ = std::move(*l);
     ASSERT_TRUE(ledger_->Reserve(devices::LedgerKind::kAlloc, "chat.0", 800u << 20));  // this process stands for chat's worker
     ASSERT_NO_FATAL_FAILURE(ChatAndOtherOnDemand(/*exclusive=*/false));
+    config_text_ += "[[service]]\nname = \"third\"\nmodel = \"/nonexistent/third.gguf\"\nresidency = \"on_demand\"\n"
+                    "[[service.placement]]\ndevice = \"sim:0\"\nctx = 256\nslots = 1\n";
+    workers_.SetOnDemand("third.0");
+    workers_.SetView(testing::ViewOf("third.0", upstream::WorkerState::kStopped, 0));
     workers_.SetView(testing::ViewOf("other.0", upstream::WorkerState::kStopped, 0));
     LifecycleTest::SetUp();
     upstream::WorkerView v = testing::ViewOf("chat.0", upstream::WorkerState::kReady, ::getpid());
@@ -3153,6 +3157,12 @@ class FairTurnLifecycleTest : public LifecycleTest {
     }
     return false;
   }
+  // A completion for service `model`, which waits for its load.
+  std::shared_ptr<RecordingExchange> Ask(const std::string& model, const std::string& id) {
+    return Send("/v1/completions", json{{"model", model}, {"prompt", "x"}, {"max_tokens", 2}}.dump(), "POST",
+                {{"X-Request-Id", id}});
+  }
+  static constexpr uint64_t kNeed = 500u << 20;  // what other's or third's load needs
   testing::ScopedSimDir sim_{"fair-turn-lifecycle"};
   std::unique_ptr<devices::SimLedger> ledger_;
 };
@@ -3166,10 +3176,9 @@ TEST_F(FairTurnLifecycleTest, ABusyServiceGivesTheDeviceToAPeerWhoseRequestsWait
   primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
   auto running = Complete("r-busy");
   ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
-  auto waiting = Send("/v1/completions", json{{"model", "other"}, {"prompt", "x"}, {"max_tokens", 2}}.dump(), "POST",
-                      {{"X-Request-Id", "r-other"}});
+  clock_.Advance(20'000);  // chat has served 20 s when other's request comes
+  auto waiting = Ask("other", "r-other");
   ASSERT_TRUE(Eventually([&] { return workers_.demanded("other.0") > 0; }));
-  constexpr uint64_t kNeed = 500u << 20;
   EXPECT_EQ(gateway_->LoadDemand("other.0").waited_ms, 0);
   Status room = gateway_->RoomFor("other.0", kNeed, {}, gateway_->LoadDemand("other.0"));
   EXPECT_EQ(room.code(), StatusCode::kResourceExhausted) << room.ToString();
@@ -3177,7 +3186,7 @@ TEST_F(FairTurnLifecycleTest, ABusyServiceGivesTheDeviceToAPeerWhoseRequestsWait
             std::string::npos)
       << room.ToString();
   EXPECT_FALSE(ChatUnloading());
-  clock_.Advance(admission::kFairTurnMs - 1000);
+  clock_.Advance(admission::kFairTurnMs - 1000);  // chat has served 49 s, but other's request waited 29
   room = gateway_->RoomFor("other.0", kNeed, {}, gateway_->LoadDemand("other.0"));
   EXPECT_EQ(room.code(), StatusCode::kResourceExhausted) << room.ToString();
   EXPECT_FALSE(ChatUnloading()) << "drained before its turn was over";
@@ -3192,6 +3201,53 @@ TEST_F(FairTurnLifecycleTest, ABusyServiceGivesTheDeviceToAPeerWhoseRequestsWait
   auto cancel = Send("/v1/requests/r-other", "", "DELETE");
   ASSERT_TRUE(cancel->Wait());
   ASSERT_TRUE(waiting->Wait());
+}
+
+// A service that a placement serves already has its turn: its requests
+// queued for a slot there give another placement's load no wait for one.
+TEST_F(FairTurnLifecycleTest, AServiceAlreadyServingWaitsForASlotNotForATurn) {
+  auto running = TakeEveryPlace("r-busy");
+  ASSERT_EQ(running.size(), 3u);
+  auto queued = Complete("r-queued");
+  ASSERT_TRUE(ToldWhyItWaits("r-queued"));
+  clock_.Advance(2 * admission::kFairTurnMs);
+  EXPECT_EQ(gateway_->LoadDemand("chat.0").waited_ms, 0) << "its queued request counted as waiting for a turn";
+  for (size_t i = 0; i < 3; ++i) {
+    if (auto held = primary_.TakeHeld(i)) Answer(held, "primary");
+    if (auto held = fallback_.TakeHeld(i)) Answer(held, "fallback");
+  }
+  ASSERT_TRUE(Send("/v1/requests/r-queued", "", "DELETE")->Wait());
+  ASSERT_TRUE(queued->Wait());
+  for (auto& r : running) ASSERT_TRUE(r->Wait());
+}
+
+// With two services waiting for chat's turn, the one whose request waited
+// longer gets it, whichever asks first (the supervisor asks in key order,
+// and the first to ask took every turn).
+TEST_F(FairTurnLifecycleTest, TheTurnGoesToWhoseRequestsWaitedLongest) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  auto running = Complete("r-busy");
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
+  auto first = Ask("third", "r-third");
+  ASSERT_TRUE(Eventually([&] { return workers_.demanded("third.0") > 0; }));
+  workers_.SetView(testing::ViewOf("third.0", upstream::WorkerState::kBackoff, 0));  // its start wanted, refused for room
+  clock_.Advance(10'000);
+  auto second = Ask("other", "r-other");
+  ASSERT_TRUE(Eventually([&] { return workers_.demanded("other.0") > 0; }));
+  clock_.Advance(admission::kFairTurnMs);  // chat served 40 s; third's request waited 40 s, other's 30 s
+  Status room = gateway_->RoomFor("other.0", kNeed, {}, gateway_->LoadDemand("other.0"));
+  EXPECT_EQ(room.code(), StatusCode::kResourceExhausted) << room.ToString();
+  EXPECT_NE(room.message().find("the next turn is third's, whose requests waited longer"), std::string::npos)
+      << room.ToString();
+  EXPECT_FALSE(ChatUnloading()) << "the turn went to other, whose request waited less";
+  room = gateway_->RoomFor("third.0", kNeed, {}, gateway_->LoadDemand("third.0"));
+  EXPECT_NE(room.message().find("unloading chat (800 MiB, draining"), std::string::npos) << room.ToString();
+  EXPECT_TRUE(ChatUnloading());
+  if (auto held = primary_.TakeHeld(0)) Answer(held, "primary");
+  ASSERT_TRUE(running->Wait());
+  for (const char* id : {"r-third", "r-other"}) ASSERT_TRUE(Send(std::string("/v1/requests/") + id, "", "DELETE")->Wait());
+  ASSERT_TRUE(first->Wait());
+  ASSERT_TRUE(second->Wait());
 }
 
 // Another service on the same device: its failures there count against the
