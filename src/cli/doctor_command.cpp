@@ -123,7 +123,7 @@ void CheckDevices(const config::GatewayConfig& cfg, const std::string& backend_d
       r.Line(Verdict::kOk, "device", what);
     } else {
       r.Line(Verdict::kFail, "device", problem,
-             d.rfind("sim:", 0) == 0 ? "spillway sim create " + d : "use a device this machine has, or device = \"cpu\"");
+             d.rfind("sim:", 0) == 0 ? "spillway sim create " + d + " --capacity-mib N" : "use a device this machine has, or device = \"cpu\"");
     }
   }
   if (!cuda) return;
@@ -195,17 +195,23 @@ void CheckHostRam(const config::GatewayConfig& cfg, Report& r) {
   auto host = devices::HostTelemetry().Read();
   if (!host.ok()) return r.Line(Verdict::kWarn, "host-ram", host.status().message(), "run on Linux with /proc mounted");
   uint64_t budgets = 0;
+  std::string by_default;  // services whose CPU path has the default budget (half of the host's memory each)
   for (const auto& s : cfg.services) {
     bool has_cpu_path = false;
     for (size_t i = 0; i < s.placements.size(); ++i) has_cpu_path |= s.OnCpuPath(i);
-    if (has_cpu_path) budgets += gateway::CpuPathBudgetBytes(s);
+    if (!has_cpu_path) continue;
+    budgets += gateway::CpuPathBudgetBytes(s);
+    if (s.cpu_path.ram_budget_mib <= 0) by_default += (by_default.empty() ? "" : ", ") + s.name;
   }
   const uint64_t avail = host->effective_available();
   const std::string what = MiB(avail) + " available of " + MiB(host->total) +
                            (budgets ? ", CPU paths' budgets " + MiB(budgets) : ", no CPU fallback path");
   if (budgets > avail) {
     r.Line(Verdict::kWarn, "host-ram", what + ": the CPU paths may not get what they are allowed",
-           "lower [service.cpu_path] ram_budget_mib, or free host memory");
+           by_default.empty()
+               ? "lower [service.cpu_path] ram_budget_mib, or free host memory"
+               : "set ram_budget_mib under [service.cpu_path] for " + by_default +
+                     " (without it each service's CPU path may take half of the host's memory), or free host memory");
   } else {
     r.Line(Verdict::kOk, "host-ram", what);
   }
@@ -288,7 +294,10 @@ void CheckFileLimit(const config::GatewayConfig& cfg, Report& r) {
 int Doctor(const DoctorArgs& a) {
   auto loaded = LoadServeConfig(a.config_path, a.listen, a.state_dir, /*validate=*/false);
   if (!loaded.ok()) {
-    std::printf("FAIL  config   %s\n", loaded.status().message().c_str());
+    // (Nothing else can be checked without a config: the other checks need what it declares.)
+    std::printf("FAIL  config   %s\n                fix: correct the file there (README, \"spillway serve\": every key), then run "
+                "doctor again for the other checks\n",
+                loaded.status().message().c_str());
     return 2;
   }
   config::GatewayConfig& cfg = *loaded;

@@ -171,7 +171,8 @@ StatusOr<std::pair<int, LedgerData*>> MapFile(const std::string& path, bool crea
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0666);
   if (fd < 0) {
     if (!create && errno == ENOENT) {
-      return Status::NotFound("simulated device ledger " + path + " does not exist (run `spillway sim create`)");
+      return Status::NotFound("simulated device ledger " + path +
+                              " does not exist (run `spillway sim create sim:N --capacity-mib M`)");
     }
     return Status::Unavailable("cannot open " + path + ": " + std::strerror(errno));
   }

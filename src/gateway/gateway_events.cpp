@@ -106,7 +106,11 @@ void Gateway::LogTransition(const journal::Transition& t, const journal::Request
     j["service"] = rec->service;
     j["placement"] = t.kind == Kind::kAttempt ? t.placement : rec->placement;
     j["attempt"] = t.kind == Kind::kAttempt ? t.attempt : rec->attempts;
-    j["state"] = journal::StateName(rec->state);
+    // The state this transition put it in, not the row's now: the row of a
+    // short request is already at its end when its attempt is logged.
+    j["state"] = journal::StateName(t.kind == Kind::kAttempt     ? journal::State::kRunning
+                                    : t.kind == Kind::kRequeued ? journal::State::kQueued
+                                                                : rec->state);
   }
   if (t.kind == Kind::kAttempt) {
     const json d = json::parse(t.decision_json, nullptr, false);

@@ -68,7 +68,7 @@ std::string DeviceProblem(const std::string& device, const std::string& backend_
   if (!d || d->kind == "cpu") return "";
   if (d->kind == "sim") {
     auto ledger = devices::SimLedger::Open(d->index);
-    if (!ledger.ok()) return "no simulated device " + device + " (create it with `spillway sim create " + device + "`): " +
+    if (!ledger.ok()) return "no simulated device " + device + " (create it with `spillway sim create " + device + " --capacity-mib N`): " +
                              ledger.status().message();
     return "";
   }

@@ -356,11 +356,14 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
   auto prompt = PromptFor(req.body(), chat);
   if (!prompt.ok()) return fail(prompt.status());
   api::GenerationRequest& gen = prompt->gen;
-  const int ctx = engine_.options().ctx;
+  // What one request may hold: its slot's share of the context (the whole
+  // context said instead, a prompt under it was refused later "per slot").
+  const int ctx = engine_.CellsPerRequest();
   const int n_prompt = static_cast<int>(prompt->tokens.size());
   if (n_prompt >= ctx) {
     return fail(Status::InvalidArgument("prompt of " + std::to_string(n_prompt) + " tokens does not fit the context of " +
-                                        std::to_string(ctx) + " tokens")
+                                        std::to_string(ctx) + " tokens" +
+                                        (ctx < engine_.options().ctx && !engine_.options().kv_unified ? " per slot" : ""))
                     .WithReason(kContextLengthExceeded));
   }
 

@@ -63,6 +63,7 @@ TEST(JsonLogTest, EveryLineIsJsonAndRequestLinesCarryTheirFields) {
       EXPECT_EQ(j["placement"], "cpu");
       EXPECT_EQ(j["attempt"], 1);
       EXPECT_EQ(j["decision"], "admit");
+      EXPECT_EQ(j["state"], "running") << "the attempt's line said the row's later state: " << j.dump();
     }
     if (j["event"] == "request.finished") {
       finished = true;
