@@ -173,9 +173,9 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--scenario", args->scenario, "a scenario, a comma-separated list, or all:" + names)->capture_default_str();
   cmd->add_option("--seed", args->seed, "fixes every request and fault; a failing seed replays the same run")->capture_default_str();
   cmd->add_option("--duration", args->duration_s, "seconds of traffic per scenario")
-      ->check(CLI::Range(2.0, 3600.0))->capture_default_str();
+      ->check(CLI::Number)->check(CLI::Range(2.0, 3600.0))->capture_default_str();
   cmd->add_option("--faults", args->faults, "faults to inject in all (spread over the scenarios; default 3 each)")
-      ->check(CLI::Range(1, 1000000));  // (none: a fault scenario that proves nothing)
+      ->check(CLI::Number)->check(CLI::Range(1, 1000000));  // (none: a fault scenario that proves nothing)
   cmd->add_option("--report", args->report_dir, "directory for summary.md, report.json, per-scenario JSON and SVG plots")
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print the whole report as JSON on stdout instead of the summary");

@@ -219,10 +219,10 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
           })
           ->capture_default_str(),
       cmd->add_option("--ctx", a->ctx, "KV cells in all (ctx/slots per slot unless --kv-unified)")
-          ->check(CLI::Range(16u, 1u << 22))
+          ->check(CLI::Number)->check(CLI::Range(16u, 1u << 22))
           ->capture_default_str(),
-      cmd->add_option("--slots", a->slots)->check(CLI::Range(1u, 256u))->capture_default_str(),
-      cmd->add_option("--batch", a->batch)->check(CLI::Range(1u, 65536u))->capture_default_str(),
+      cmd->add_option("--slots", a->slots)->check(CLI::Number)->check(CLI::Range(1u, 256u))->capture_default_str(),
+      cmd->add_option("--batch", a->batch)->check(CLI::Number)->check(CLI::Range(1u, 65536u))->capture_default_str(),
       cmd->add_option("--gpu-layers", a->gpu_layers, "N (-1: all) or auto (the most that fit)")
           ->check([](const std::string& v) -> std::string {
             if (v == "auto") return "";

@@ -6,6 +6,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -48,6 +50,7 @@ struct ServeArgs {
   std::string config_path, listen, state_dir, port_file, worker_bin;
   bool keep_going = false, check = false;
   double worker_orphan_timeout_s = 180;
+  double shutdown_grace_s = -1;  // < 0: the config's
   std::string log_format = "text";
 };
 
@@ -171,6 +174,7 @@ int Serve(const ServeArgs& a) {
     return 2;
   }
   config::GatewayConfig cfg = std::move(*loaded);
+  if (a.shutdown_grace_s >= 0) cfg.shutdown_grace_s = a.shutdown_grace_s;
   for (const auto& w : cfg.Warnings()) std::fprintf(stderr, "spillway serve: warning: %s\n", w.c_str());
   if (const std::string note = UnreadConfigNote(a.config_path); !note.empty()) {
     std::fprintf(stderr, "spillway serve: warning: %s\n", note.c_str());
@@ -384,8 +388,14 @@ int Serve(const ServeArgs& a) {
       std::printf("spillway: %llu worker%s adopted from the previous gateway (no reload)\n",
                   static_cast<unsigned long long>(adopted), adopted == 1 ? "" : "s");
     }
-    std::printf("spillway: loading %zu worker%s; requests wait for them meanwhile (GET /readyz, /v1/status)\n", starting,
-                starting == 1 ? "" : "s");
+    // (Every worker the supervisor has: adopted, loading, or started by a request, on demand.)
+    if (supervisor.Snapshot().empty() && !cfg.services.empty() && cfg.externals.empty()) {
+      std::printf("spillway: no worker can start (see the problems above, GET /readyz): requests get 503 with the "
+                  "reason\n");
+    } else {
+      std::printf("spillway: loading %zu worker%s; requests wait for them meanwhile (GET /readyz, /v1/status)\n",
+                  starting, starting == 1 ? "" : "s");
+    }
   }
   std::fflush(stdout);
   notifications.Start(cfg.listen_host + ":" + std::to_string(server.port()));
@@ -406,13 +416,51 @@ int Serve(const ServeArgs& a) {
     }
   });
 
+  // A stop (SIGTERM, SIGINT) takes no new connection or request (503 and
+  // Retry-After on a kept-alive one) and lets those under way finish for up
+  // to shutdown_grace_s, as nginx's graceful quit and Envoy's drain do; a
+  // second signal stops at once. (Cut at the end, a stream's request is
+  // recovered by the next start as after a crash.)
+  bool draining = false;
   auto stop = [&] {
-    notifications.Stopping();
+    if (!draining) notifications.Stopping();
     server.Stop();
     ioc.stop();
     for (auto& l : more_loops) l->stop();
   };
-  signals.async_wait([&](const boost::system::error_code&, int) { stop(); });
+  boost::asio::steady_timer drain_timer(ioc);
+  std::chrono::steady_clock::time_point drain_until{};
+  std::function<void()> drain_tick = [&] {
+    const size_t left = gw.LiveRequests();
+    if (left == 0 || std::chrono::steady_clock::now() >= drain_until) {
+      if (left > 0) std::printf("spillway: stopping with %zu request%s still under way (shutdown_grace_s)\n", left,
+                                left == 1 ? "" : "s");
+      std::fflush(stdout);
+      return stop();
+    }
+    drain_timer.expires_after(std::chrono::milliseconds(20));
+    drain_timer.async_wait([&](const boost::system::error_code& ec) {
+      if (!ec) drain_tick();
+    });
+  };
+  std::function<void(const boost::system::error_code&, int)> on_signal = [&](const boost::system::error_code& ec, int) {
+    if (ec) return;
+    if (draining || cfg.shutdown_grace_s <= 0) return stop();
+    draining = true;
+    notifications.Stopping();
+    server.Stop();
+    gw.BeginStop();
+    if (const size_t left = gw.LiveRequests()) {
+      std::printf("spillway: stopping: %zu request%s under way may finish for up to %g s (a second signal stops at once)\n",
+                  left, left == 1 ? "" : "s", cfg.shutdown_grace_s);
+      std::fflush(stdout);
+    }
+    drain_until = std::chrono::steady_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(cfg.shutdown_grace_s * 1000));
+    signals.async_wait(on_signal);
+    drain_tick();
+  };
+  signals.async_wait(on_signal);
   std::signal(SIGPIPE, SIG_IGN);
   std::vector<std::thread> loop_threads;
   int rc = 0;
@@ -479,6 +527,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
         return ok ? "" : "'" + v + "' must be 0 (never) or 2 to 31536000 seconds";
       })
       ->capture_default_str();
+  cmd->add_option("--shutdown-grace", args->shutdown_grace_s,
+                  "seconds the requests under way may finish after SIGTERM or SIGINT, no new one taken meanwhile "
+                  "(overrides the config's shutdown_grace_s, default 10; 0: stop at once; a second signal stops at once)")
+      ->check(CLI::Number)
+      ->check(CLI::Range(0.0, 3600.0));
   cmd->add_flag("--keep-going", args->keep_going,
                 "start even when a placement cannot work (a model file that is missing or not a readable GGUF, a device "
                 "that does not exist): that placement is marked unavailable with the reason instead of "

@@ -78,7 +78,7 @@ void AddSimCommand(CLI::App& app, int* exit_code) {
 
   CLI::App* create = sim->add_subcommand("create", "Create sim:N with a capacity (or change its capacity)");
   create->add_option("device", create_dev, "sim:N")->required();
-  create->add_option("--capacity-mib", capacity_mib, "device memory in MiB")->required()->check(CLI::Range(1.0, 16.0 * 1024 * 1024));
+  create->add_option("--capacity-mib", capacity_mib, "device memory in MiB")->required()->check(CLI::Number)->check(CLI::Range(1.0, 16.0 * 1024 * 1024));
   create->callback([=] {
     int i = device_index(create_dev);
     if (i < 0) return;
@@ -114,8 +114,8 @@ void AddSimCommand(CLI::App& app, int* exit_code) {
   CLI::App* hold = sim->add_subcommand(
       "hold", "Hold N MiB of sim:N for T seconds, as another GPU workload would; released on exit, kill or expiry");
   hold->add_option("device", hold_dev, "sim:N")->required();
-  hold->add_option("--mib", hold_mib, "MiB to hold")->required()->check(CLI::Range(0.0, 16.0 * 1024 * 1024));
-  hold->add_option("--seconds", hold_seconds, "how long (0 = until interrupted)")->check(CLI::Range(0.0, 365.0 * 86400));
+  hold->add_option("--mib", hold_mib, "MiB to hold")->required()->check(CLI::Number)->check(CLI::Range(0.0, 16.0 * 1024 * 1024));
+  hold->add_option("--seconds", hold_seconds, "how long (0 = until interrupted)")->check(CLI::Number)->check(CLI::Range(0.0, 365.0 * 86400));
   hold->callback([=] {
     int i = device_index(hold_dev);
     if (i < 0) return;

@@ -255,7 +255,7 @@ void AddStatusCommands(CLI::App& app, int* exit_code) {
                 "(API key from $SPILLWAY_API_KEY)");
   add_target(status);
   status->add_option("--watch", *watch, "redraw every SECONDS until interrupted")
-      ->expected(0, 1)->default_str("2")->type_name("[SECONDS]")->check(CLI::Range(0.2, 3600.0));
+      ->expected(0, 1)->default_str("2")->type_name("[SECONDS]")->check(CLI::Number)->check(CLI::Range(0.2, 3600.0));
   status->callback([target, watch, fail, status] {
     const bool watching = status->count("--watch") > 0;
     const double period = *watch > 0 ? *watch : 2.0;

@@ -579,7 +579,7 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
                                                   "allowed_hosts", "allowed_origins", "max_body_bytes", "max_queue",
                                                   "json_max_depth", "max_connections", "max_body_memory_bytes",
                                                   "max_requests_per_key", "operator_keys", "model_dirs", "ollama_models",
-                                                  "io_threads",
+                                                  "io_threads", "shutdown_grace_s",
                                                   "journal", "service", "device"}));
   std::string listen;
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "listen", "", &listen, 0, 0));
@@ -607,6 +607,7 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "json_max_depth", "", &c.json_max_depth, 2, api::kMaxJsonDepth));
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_connections", "", &c.max_connections, 8, 1 << 20));
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "io_threads", "", &c.io_threads, 1, 64));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(root, "shutdown_grace_s", "", &c.shutdown_grace_s, 0, 3600));
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_body_memory_bytes", "", &c.max_body_memory_bytes, 1024, double(1ull << 40)));
   SPILLWAY_RETURN_IF_ERROR(r.Get(root, "max_requests_per_key", "", &c.max_requests_per_key, 1, 1 << 20));
   SPILLWAY_RETURN_IF_ERROR(r.Strings(root, "operator_keys", &c.operator_keys));

@@ -15,6 +15,7 @@
 //   max_requests_per_key = 64            # in flight per API key (per client address without keys)
 //   max_connections = 1024
 //   io_threads = 2
+//   shutdown_grace_s = 10                # on SIGTERM: how long running requests may finish (0: stop at once)
 //   model_dirs = ["/models"]             # listed by `spillway models --config` (with Ollama's store)
 //   ollama_models = "/usr/share/ollama/.ollama/models"  # Ollama's store for "ollama:" models (default:
 //                                        # $OLLAMA_MODELS, else ~/.ollama/models of the gateway's user)
@@ -314,6 +315,10 @@ struct GatewayConfig {
   int json_max_depth = 64;      // nesting of request bodies (gateway and workers); deeper is 400
   int max_connections = 1024;   // open client connections (lowered to fit the file-descriptor limit)
   int io_threads = 2;           // event loops, a thread each; a client connection stays on one
+  // On SIGTERM, how long requests under way may finish (no new connection or
+  // request is taken meanwhile) before the gateway stops; a second signal
+  // stops it at once. 0: at once.
+  double shutdown_grace_s = 10;
   size_t max_body_memory_bytes = 32 << 20;  // request bodies held at once, all clients together (each costs ~7x in parsing)
   int max_requests_per_key = 64;  // requests in flight per API key (or per client address without keys); more get 429
   std::vector<std::string> operator_keys;  // may see and cancel every client's requests

@@ -211,7 +211,12 @@ http::Response Gateway::ReadyResponse(unsigned v) {
         if (!w.last_error.empty()) r += ": " + w.last_error;
         why.push_back(r);
       }
-      if (!supervised) why.push_back(s.placements[i].Name() + ": not started (see /v1/status)");
+      if (!supervised) {
+        // Not admitted at start (a model file missing under --keep-going, no room on its device): why.
+        const auto& adm = board_.placement(s.name, i).admission;
+        why.push_back(s.placements[i].Name() + ": not started" +
+                      (!adm.admitted && !adm.reason.empty() ? " (" + adm.reason + ")" : " (see /v1/status)"));
+      }
     }
     if (!ready) {
       missing.push_back(s.name);
@@ -228,7 +233,9 @@ http::Response Gateway::ReadyResponse(unsigned v) {
   // either, whatever the workers. (Health probes the disk when a retry is due.)
   const Status journal = journal_.Health();
   if (!journal.ok()) reasons["journal"] = json::array({journal.message()});
-  const bool ready = missing.empty() && journal.ok();
+  // Stopping (SIGTERM): a load balancer sends new requests elsewhere.
+  if (stopping_) reasons["gateway"] = json::array({"stopping: it takes no new request, those under way finish"});
+  const bool ready = missing.empty() && journal.ok() && !stopping_;
   return JsonResponse(ready ? 200 : 503, {{"ready", ready}, {"not_ready", missing}, {"reasons", reasons}}, v);
 }
 
@@ -346,7 +353,17 @@ StatusOr<json> Gateway::ParseBody(const http::Request& req, int extra_depth) con
   return api::ParseJsonBody(req.body(), limits);
 }
 
+size_t Gateway::LiveRequests() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return live_.size();
+}
+
 Status Gateway::Intake(const http::Request& req, const std::string& peer, Incoming& in) {
+  if (stopping_) {
+    return Status::Unavailable("the gateway is stopping (it lets the requests under way finish first); send it again "
+                               "once it is back")
+        .WithRetryAfter(5);
+  }
   // Sent twice, which one names the request is anyone's guess (the first
   // was taken, the second ignored in silence).
   for (const char* once : {"idempotency-key", "x-request-id", "x-request-timeout"}) {

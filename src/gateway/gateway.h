@@ -192,6 +192,11 @@ class Gateway {
   // After the I/O threads have stopped, before the I/O context is destroyed:
   // finishes blocking work and drops what holds I/O objects.
   void Shutdown();
+  // A graceful stop begins (SIGTERM): new requests are refused with 503 and
+  // Retry-After, those under way go on. LiveRequests: how many are under way
+  // (accepted, not ended), for the stop to wait on.
+  void BeginStop() { stopping_ = true; }
+  size_t LiveRequests() const;
 
  private:
   friend class RequestLifecycle;  // one request's life (request_lifecycle.h)
@@ -466,8 +471,9 @@ class Gateway {
   std::map<std::string, std::unique_ptr<CapacitySignal>> signals_;
   // Accepted requests not yet running their first attempt (max_queue bounds them).
   std::atomic<int> waiting_{0};
+  std::atomic<bool> stopping_{false};  // BeginStop
   std::map<std::string, std::unique_ptr<std::atomic<int>>> waiting_by_service_;  // of waiting_, by llama service
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Live>> live_;
   std::map<std::string, int> in_flight_by_client_;  // guarded by mu_
   std::mt19937_64 rng_;  // seeds only (they are returned to clients); ids come from RandomHex

@@ -75,24 +75,24 @@ int main(int argc, char** argv) {
   app.add_option("--device", placement.device, "cpu, cuda:N or sim:N (simulated accelerator, see `spillway sim`)")
       ->capture_default_str();
   app.add_option("--gpu-layers", placement.gpu_layers, "layers to offload to --device (-1 = all)")
-      ->check(CLI::Range(-1, 100000))->capture_default_str();
+      ->check(CLI::Number)->check(CLI::Range(-1, 100000))->capture_default_str();
   app.add_option("--ctx", placement.ctx, "KV cache cells in all (ctx/slots per slot unless --kv-unified)")
-      ->check(CLI::Range(16, 1 << 22))->capture_default_str();
-  app.add_option("--slots", placement.slots, "concurrent requests")->check(CLI::Range(1, 256))->capture_default_str();
+      ->check(CLI::Number)->check(CLI::Range(16, 1 << 22))->capture_default_str();
+  app.add_option("--slots", placement.slots, "concurrent requests")->check(CLI::Number)->check(CLI::Range(1, 256))->capture_default_str();
   app.add_option("--threads", placement.threads, "CPU threads (0 = all cores)")
-      ->check(CLI::Range(0, 1024))->capture_default_str();
-  app.add_option("--batch", placement.batch, "tokens per llama_decode")->check(CLI::Range(1, 1 << 16))
+      ->check(CLI::Number)->check(CLI::Range(0, 1024))->capture_default_str();
+  app.add_option("--batch", placement.batch, "tokens per llama_decode")->check(CLI::Number)->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
   app.add_flag("--no-mmap", no_mmap, "read the weights into memory instead of mapping the file");
   app.add_option("--default-max-tokens", default_max_tokens, "max_tokens when a request sets none")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+      ->check(CLI::Number)->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--max-body", max_body, "largest accepted request body in bytes")->capture_default_str();
   app.add_option("--backend-dir", backend_dir, "directory with the ggml backend modules (default: next to this binary)");
   int nice = 0;
   app.add_option("--nice", nice,
                  "run at this CPU niceness (a batch service's workers: 10, background: 19), set before any thread "
                  "starts; never lowered below the niceness it was started with")
-      ->check(CLI::Range(0, 19));
+      ->check(CLI::Number)->check(CLI::Range(0, 19));
   std::vector<std::string> fault_specs;
   app.add_option("--fault", fault_specs,
                  "arm a fault on a sim device (repeatable; also $SPILLWAY_FAULTS): fail-next=load|kv|compute|reserve, "
@@ -101,11 +101,11 @@ int main(int argc, char** argv) {
   double progress_timeout_s = 10;
   app.add_option("--progress-timeout", progress_timeout_s,
                  "seconds without a finished decode step, with work waiting, after which /health reports \"stalled\"")
-      ->check(CLI::Range(0.1, 86400.0))->capture_default_str();
+      ->check(CLI::Number)->check(CLI::Range(0.1, 86400.0))->capture_default_str();
   size_t json_max_depth = 64;
   app.add_option("--json-max-depth", json_max_depth, "deepest nesting of arrays and objects a request body may have")
       // (the gateway's bound and the levels a translation adds: config.h, WorkerJsonMaxDepth)
-      ->check(CLI::Range(2, spillway::api::kMaxJsonDepth + spillway::api::kWorkerExtraJsonDepth))->capture_default_str();
+      ->check(CLI::Number)->check(CLI::Range(2, spillway::api::kMaxJsonDepth + spillway::api::kWorkerExtraJsonDepth))->capture_default_str();
   std::string kv_type = "f16";
   app.add_option("--kv-type", kv_type, "KV cache type")->check(CLI::IsMember({"f16", "q8_0", "f32"}))->capture_default_str();
   bool kv_unified = false;
@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   double context_idle_s = 0;
   app.add_option("--context-idle-s", context_idle_s,
                  "with --lazy-context: free the context after this many idle seconds (0 = keep it)")
-      ->check(CLI::Range(0.0, 86400.0 * 30))->capture_default_str();
+      ->check(CLI::Number)->check(CLI::Range(0.0, 86400.0 * 30))->capture_default_str();
   bool dry_run = false;
   app.add_flag("--dry-run", dry_run,
                "print llama.cpp's exact buffer plan for this placement as JSON (no_alloc: nothing is allocated) and exit");
@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
                  "exit after this many seconds without an authenticated request, health checks included (a "
                  "supervising gateway checks every 0.5 s): a worker whose gateway crashed and was not restarted "
                  "frees its device; 0 = never (spillway serve passes its --worker-orphan-timeout, 180 s)")
-      ->check(CLI::Range(0.0, 86400.0 * 365))->capture_default_str();
+      ->check(CLI::Number)->check(CLI::Range(0.0, 86400.0 * 365))->capture_default_str();
   app.add_flag("-v,--verbose", verbose, "log llama.cpp's info messages");
   bool no_auth = false;
   app.add_flag("--no-auth", no_auth,

@@ -38,6 +38,10 @@ GatewayProcess::GatewayProcess(const std::string& config_toml, std::string state
   std::string tmpl = (fs::temp_directory_path() / "spillway-gw-XXXXXX").string();
   dir_ = mkdtemp(tmpl.data());
   config_path_ = dir_ + "/spillway.toml";
+  // Stopped at once (Stop, the destructor) unless a test asks for the
+  // graceful stop: a test that ends with requests still waiting waited out
+  // the default shutdown_grace_s (Start passes --shutdown-grace 0).
+  grace_set_ = config_toml.find("shutdown_grace_s") != std::string::npos;
   std::ofstream(config_path_) << config_toml;
   own_state_ = state_dir.empty();
   state_dir_ = own_state_ ? dir_ + "/state" : state_dir;
@@ -48,6 +52,7 @@ bool GatewayProcess::Start(std::chrono::seconds timeout, bool wait_ready) {
   fs::remove(port_file);
   std::vector<std::string> args = {BinDir() + "/spillway", "serve", "--config", config_path_, "--state-dir",
                                    state_dir_, "--listen", "127.0.0.1:0", "--port-file", port_file};
+  if (!grace_set_) args.insert(args.end(), {"--shutdown-grace", "0"});
   TestWorkerSecret();  // its workers require the test's secret, so tests may call them too
   args.insert(args.begin(), prefix_.begin(), prefix_.end());
   args.insert(args.end(), extra_.begin(), extra_.end());
@@ -101,6 +106,19 @@ void GatewayProcess::Kill9() {
   waitpid(pid_, nullptr, 0);
   pid_ = -1;
   crashed_ = true;
+}
+
+bool GatewayProcess::WaitExit(std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (pid_ > 0) {
+    if (waitpid(pid_, &exit_status_, WNOHANG) == pid_) {
+      pid_ = -1;
+      return true;
+    }
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
 }
 
 void GatewayProcess::Stop() {

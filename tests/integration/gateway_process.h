@@ -26,6 +26,9 @@ class GatewayProcess {
   // orphan timeout.
   void Kill9();
   void Stop();    // SIGTERM and wait
+  // Waits (without a signal) for the process to end on its own: false when it
+  // still runs after `timeout`.
+  bool WaitExit(std::chrono::milliseconds timeout);
   uint16_t port() const { return port_; }
   pid_t pid() const { return pid_; }
   // Runs the gateway through a wrapper, e.g. {"/usr/bin/prlimit", "--nofile=200:200", "--"} (before Start()).
@@ -44,6 +47,7 @@ class GatewayProcess {
   std::string dir_, state_dir_, config_path_;
   std::vector<std::string> prefix_, extra_, unset_env_;
   bool own_state_ = false;
+  bool grace_set_ = false;  // the config sets shutdown_grace_s (else it is 0 here)
   bool crashed_ = false;  // killed with -9 and not started again: its workers are ours to clean up
   pid_t pid_ = -1;
   uint16_t port_ = 0;

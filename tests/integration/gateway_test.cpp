@@ -432,6 +432,10 @@ TEST(GatewayStartupTest, ANonGgufModelOrAMissingDeviceIsRefusedAtStartOrMarkedUn
   r = Call(p, "POST", "/v1/chat/completions", body.dump());
   EXPECT_EQ(r.status, 503) << r.body;
   EXPECT_NE(r.body.find(missing), std::string::npos) << r.body;
+  // /readyz gives each such placement's reason (it said "see /v1/status").
+  const json ready = Body(Call(p, "GET", "/readyz"));
+  EXPECT_NE(ready["reasons"].value("gone", json::array()).dump().find(missing), std::string::npos) << ready.dump();
+  EXPECT_NE(ready["reasons"].value("gpu", json::array()).dump().find("cuda"), std::string::npos) << ready.dump();
 }
 
 // A worker that cannot start (here a stand-in that says why and exits, as a

@@ -193,6 +193,15 @@ TEST_F(PlanConfigTest, TransientPeaksWindowsAndAnExclusiveDevice) {
   EXPECT_FALSE(Has(out, "evicts chat.0")) << out;
 }
 
+// A flag's number that is no number is said to be none (it was "not in range 16 to 4194304").
+TEST_F(PlanConfigTest, ANumberFlagThatIsNoNumberSaysSo) {
+  int rc = -1;
+  const std::string out = Spillway("plan --model " + ModelPath("tiny-chat") + " --ctx abc", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_TRUE(Has(out, "--ctx: Failed parsing abc as a")) << out;  // (CLI11: "... as a FLOAT")
+  EXPECT_FALSE(Has(out, "not in range")) << out;
+}
+
 TEST_F(PlanConfigTest, PinnedServicesBeyondTheDeviceAreAnError) {
   int rc = -1;
   std::string out = Spillway("sim create sim:2 --capacity-mib 512", &rc);
