@@ -135,6 +135,7 @@ struct Shared {
   std::atomic<uint64_t> accepted{0};
   std::atomic<size_t> body_bytes{0};
   std::atomic<uint64_t> evicted{0};
+  std::atomic<size_t> writing{0};  // connections with answer bytes queued and not sent yet (Session::SetWriting)
 };
 
 class ExchangeImpl final : public Exchange {
@@ -191,6 +192,7 @@ class Session : public std::enable_shared_from_this<Session> {
     shared_->accepted.fetch_add(1);
   }
   ~Session() {
+    SetWriting(false);
     ReleaseBody();
     if (waiting_idle_) Unlist();
     shared_->connections.fetch_sub(1);
@@ -588,12 +590,20 @@ class Session : public std::enable_shared_from_this<Session> {
     if (cb) cb();
   }
 
+  // writing_, counted in the server's Shared::writing (a graceful stop waits for it).
+  void SetWriting(bool w) {
+    if (w == writing_) return;
+    writing_ = w;
+    if (w) shared_->writing.fetch_add(1);
+    else shared_->writing.fetch_sub(1);
+  }
+
   void DoWrite() {
     if (queue_.empty()) {
-      writing_ = false;
+      SetWriting(false);
       return;
     }
-    writing_ = true;
+    SetWriting(true);
     auto& item = queue_.front();
     if (item.res && (!item.res->chunked() || item.head_only)) {
       // Head and body in one gathered write (see http_wire.h), sent at once
@@ -621,14 +631,14 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.expires_never();
     if (ec) {
       queue_.clear();
-      writing_ = false;
+      SetWriting(false);
       PeerGone();
       return Close();
     }
     const bool last = queue_.front().last;
     queue_.pop_front();
     if (last) {
-      writing_ = false;
+      SetWriting(false);
       queue_.clear();
       ReleaseBody();
       ++exchange_gen_;  // retires the peer watch
@@ -995,6 +1005,7 @@ uint16_t Server::port() const {
 uint64_t Server::accepted() const { return impl_->shared->accepted.load(); }
 uint64_t Server::evicted() const { return impl_->shared->evicted.load(); }
 size_t Server::body_bytes_held() const { return impl_->shared->body_bytes.load(); }
+size_t Server::writing() const { return impl_->shared->writing.load(); }
 
 void Server::Stop() {
   auto impl = impl_;

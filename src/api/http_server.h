@@ -150,6 +150,9 @@ class Server {
   uint64_t evicted() const;
   // Body bytes the connections hold now, reserved against max_body_memory_bytes (tests).
   size_t body_bytes_held() const;
+  // Connections with answer bytes queued and not sent yet (a graceful stop
+  // waits for them: a request's end is not its answer's last byte).
+  size_t writing() const;
   void Stop();
 
  private:

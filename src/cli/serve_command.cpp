@@ -430,9 +430,13 @@ int Serve(const ServeArgs& a) {
   };
   boost::asio::steady_timer drain_timer(ioc);
   std::chrono::steady_clock::time_point drain_until{};
+  int quiet_ticks = 0;  // ticks in a row with no request under way and no answer unsent
   std::function<void()> drain_tick = [&] {
     const size_t left = gw.LiveRequests();
-    if (left == 0 || std::chrono::steady_clock::now() >= drain_until) {
+    // Twice in a row: an answer handed to another loop's connection may not
+    // be queued there yet when its request ends.
+    quiet_ticks = left == 0 && server.writing() == 0 ? quiet_ticks + 1 : 0;
+    if (quiet_ticks >= 2 || std::chrono::steady_clock::now() >= drain_until) {
       if (left > 0) std::printf("spillway: stopping with %zu request%s still under way (shutdown_grace_s)\n", left,
                                 left == 1 ? "" : "s");
       std::fflush(stdout);

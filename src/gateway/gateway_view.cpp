@@ -268,7 +268,12 @@ void Gateway::AddServiceViews(json& status, const json& requests) {
         serving = static_cast<int>(i);
         break;
       }
-      loading |= p.value("state", "") == "starting";
+      // (A first start due, its process not spawned yet, is loading too: said
+      // "unavailable", the first view of every start ended in a "recovered"
+      // incident with no outage before it.)
+      const bool first_start_due = p.value("state", "") == "stopped" && !p.value("on_demand", false) &&
+                                   !p.value("ever_ready", true) && p.value("last_exit", "").empty();
+      loading |= p.value("state", "") == "starting" || first_start_due;
       if (LoadsForItsRequests(p)) {
         loading = true;
         break;

@@ -39,16 +39,6 @@ std::map<std::string, std::pair<std::string, json>> PlacementsByKey(const json& 
   return out;
 }
 
-// Whether some placement of a service (its /v1/status entry) has been ready
-// since the gateway started: "unavailable" before the first load of all
-// (its start due, not begun yet) is no outage, and its end no recovery.
-bool EverServed(const json& service) {
-  for (const auto& p : service.value("placements", json::array())) {
-    if (p.value("ever_ready", true)) return true;
-  }
-  return false;
-}
-
 std::string BreakerState(const json& p) {
   return p.contains("breaker") && p["breaker"].is_object() ? Str(p["breaker"], "state") : "";
 }
@@ -192,7 +182,7 @@ std::vector<Incident> DiffStatus(const json& before, const json& after, int64_t 
     if (s1 == "degraded" || s1 == "unavailable") {
       add(s1 == "degraded" ? "degraded" : "unavailable", name, "", "", s1 + (summary.empty() ? "" : ": " + summary) +
           (why.empty() ? "" : " (" + why + ")"));
-    } else if (s1 == "ready" && (s0 == "degraded" || s0 == "unavailable") && EverServed(it->second)) {
+    } else if (s1 == "ready" && (s0 == "degraded" || s0 == "unavailable")) {
       add("recovered", name, "", "", "served by its primary placement again");
     }
   }

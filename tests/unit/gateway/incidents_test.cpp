@@ -69,13 +69,6 @@ TEST(DiffStatusTest, AFirstLoadIsNoRecovery) {
   loading["services"][0]["state"] = "loading";
   const auto found = DiffStatus(loading, Status("closed", "ready", 0, "closed"), 1);
   EXPECT_EQ(Kinds(found), (std::vector<std::string>{"loaded"}));
-  // The first snapshot of all, before the worker's first spawn: "unavailable",
-  // never ready. Its end was told "recovered: served by its primary
-  // placement again" at every start.
-  json due = Status("closed", "backoff", 0, "closed");
-  due["services"][0]["state"] = "unavailable";
-  due["services"][0]["placements"][0]["ever_ready"] = false;
-  EXPECT_EQ(Kinds(DiffStatus(due, Status("closed", "ready", 0, "closed"), 1)), (std::vector<std::string>{"loaded"}));
 }
 
 TEST(DiffStatusTest, RecoveryAndARestartBetweenTwoSnapshots) {

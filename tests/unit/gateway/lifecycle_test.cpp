@@ -1004,6 +1004,25 @@ TEST_F(LifecycleTest, ARequestTheCpuWorkerFoundBusyKeepsItsTurn) {
 // accelerator's to count the prompt, not the CPU fallback beside it (the CPU
 // path's gate starts that one when a request goes there, within its RAM
 // budget): both loaded, the fallback's gigabytes from the same disk.
+// A service whose workers' first start is due (not spawned yet, never
+// ready) is loading, not unavailable: the first view of every start said
+// "unavailable", and the gateway logged "recovered: served by its primary
+// placement again" once it loaded, with no outage before. Once a start has
+// failed, it is unavailable.
+TEST_F(LifecycleTest, AServiceWhoseFirstStartIsDueIsLoading) {
+  for (const char* key : {"chat.0", "chat.1"}) {
+    workers_.Exit(key, "");
+    workers_.SetView(testing::ViewOf(key, upstream::WorkerState::kStopped, 0));  // (never ready, nothing exited)
+  }
+  EXPECT_EQ(StatusNow()["services"][0].value("state", ""), "loading");
+  for (const char* key : {"chat.0", "chat.1"}) {
+    auto v = testing::ViewOf(key, upstream::WorkerState::kBackoff, 0);
+    v.last_exit = "exit 1";
+    workers_.SetView(v);
+  }
+  EXPECT_EQ(StatusNow()["services"][0].value("state", ""), "unavailable");
+}
+
 TEST_F(LifecycleTest, AColdStartLoadsTheAcceleratorNotTheCpuFallbackBesideIt) {
   for (const char* key : {"chat.0", "chat.1"}) {
     workers_.SetOnDemand(key);
