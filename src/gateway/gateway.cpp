@@ -359,11 +359,7 @@ size_t Gateway::LiveRequests() const {
 }
 
 Status Gateway::Intake(const http::Request& req, const std::string& peer, Incoming& in) {
-  if (stopping_) {
-    return Status::Unavailable("the gateway is stopping (it lets the requests under way finish first); send it again "
-                               "once it is back")
-        .WithRetryAfter(5);
-  }
+  if (stopping_) return StoppingRefusal();
   // Sent twice, which one names the request is anyone's guess (the first
   // was taken, the second ignored in silence).
   for (const char* once : {"idempotency-key", "x-request-id", "x-request-timeout"}) {

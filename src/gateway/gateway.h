@@ -93,6 +93,18 @@ const config::ExternalConfig* ExternalOfKey(const config::GatewayConfig& config,
 // has it (placement_admission.cpp).
 bool FindPlacement(const config::GatewayConfig& cfg, const std::string& key, const config::ServiceConfig** s,
                    size_t* i);
+// Whose a supervisor key is: a model service's placement (`svc`, `index`)
+// or an external server (`external`), its device and residency; nullopt
+// when neither (gateway_external.cpp).
+struct KeyOwner {
+  std::string service;
+  std::string device;
+  const config::ResidencyConfig* residency = nullptr;
+  const config::ServiceConfig* svc = nullptr;
+  size_t index = 0;
+  const config::ExternalConfig* external = nullptr;
+};
+std::optional<KeyOwner> OwnerOfKey(const config::GatewayConfig& cfg, const std::string& key);
 
 // The dashboard's paths (/, /ui, /ui/...) and their compiled-in files (gateway_ui.cpp).
 bool IsUiPath(const std::string& path);
@@ -196,6 +208,12 @@ class Gateway {
   // Retry-After, those under way go on. LiveRequests: how many are under way
   // (accepted, not ended), for the stop to wait on.
   void BeginStop() { stopping_ = true; }
+  // Why a new request (or an Ollama model load) is refused while stopping.
+  static Status StoppingRefusal() {
+    return Status::Unavailable("the gateway is stopping (it lets the requests under way finish first); send it again "
+                               "once it is back")
+        .WithRetryAfter(5);
+  }
   size_t LiveRequests() const;
 
  private:

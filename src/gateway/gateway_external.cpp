@@ -153,6 +153,23 @@ const config::ExternalConfig* ExternalOfKey(const config::GatewayConfig& config,
   return nullptr;
 }
 
+std::optional<KeyOwner> OwnerOfKey(const config::GatewayConfig& cfg, const std::string& key) {
+  KeyOwner o;
+  if (FindPlacement(cfg, key, &o.svc, &o.index)) {
+    o.service = o.svc->name;
+    o.device = o.svc->placements[o.index].device;
+    o.residency = &o.svc->residency;
+    return o;
+  }
+  if ((o.external = ExternalOfKey(cfg, key))) {
+    o.service = o.external->name;
+    o.device = o.external->device;
+    o.residency = &o.external->residency;
+    return o;
+  }
+  return std::nullopt;
+}
+
 std::optional<uint16_t> Gateway::ExternalPort(const config::ExternalConfig& e) const {
   if (!e.Started()) return e.UrlPort();
   return supervisor_.ReadyPort(ExternalKey(e));

@@ -162,11 +162,8 @@ void Gateway::HandleOllamaGeneration(http::Request& req, std::shared_ptr<http::E
     }
   };
   if (call->load_only) {  // Ollama loads the model (or, with keep_alive 0, unloads it)
-    if (stopping_) {  // (a load begun now would be stopped with the gateway)
-      return out->Respond(OllamaErrorResponse(Status::Unavailable("the gateway is stopping; load the model once it is back")
-                                            .WithRetryAfter(5),
-                                        v));
-    }
+    // (A load begun now would be stopped with the gateway.)
+    if (stopping_) return out->Respond(OllamaErrorResponse(StoppingRefusal(), v));
     apply_keep_alive();
     if (movable && !(call->keep_alive_s && *call->keep_alive_s == 0)) {
       for (size_t i = 0; i < svc->placements.size(); ++i) {

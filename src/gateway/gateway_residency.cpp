@@ -192,18 +192,11 @@ admission::Demand Gateway::TurnAmongWaiters(const std::string& key, const std::s
   // requests.
   for (const auto& other : wanting) {
     if (other == key) continue;
-    std::string name;
-    int rank = -1;
-    const config::ServiceConfig* s = nullptr;
-    size_t k = 0;
-    if (FindPlacement(config_, other, &s, &k)) {
-      name = s->name;
-      rank = s->residency.PriorityRank();
-    } else if (const auto* e = ExternalOfKey(config_, other)) {
-      name = e->name;
-      rank = e->residency.PriorityRank();
-    }
-    if (name.empty() || name == service || rank != priority) continue;
+    const auto owner = OwnerOfKey(config_, other);
+    if (!owner || owner->service == service) continue;
+    const std::string& name = owner->service;
+    const int rank = owner->residency->PriorityRank();
+    if (rank != priority) continue;
     const int64_t theirs = OldestWaitMs(name);
     if (theirs <= demand.waited_ms) continue;
     admission::Demand d = demand;
@@ -219,23 +212,10 @@ admission::Demand Gateway::TurnAmongWaiters(const std::string& key, const std::s
 Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<std::string>& starting,
                         admission::Demand demand, std::vector<std::string>* unloading) {
   // Who is asking: an accelerator placement or an external server.
-  std::string device, service;
-  int priority = 0;
-  const config::ResidencyConfig* residency = nullptr;
-  const config::ServiceConfig* own = nullptr;
-  size_t own_index = 0;
-  if (FindPlacement(config_, key, &own, &own_index)) {
-    device = own->placements[own_index].device;
-    service = own->name;
-    priority = own->residency.PriorityRank();
-    residency = &own->residency;
-  }
-  if (const auto* e = ExternalOfKey(config_, key)) {
-    device = e->device;
-    service = e->name;
-    priority = e->residency.PriorityRank();
-    residency = &e->residency;
-  }
+  const auto owner = OwnerOfKey(config_, key);
+  const std::string device = owner ? owner->device : "", service = owner ? owner->service : "";
+  const config::ResidencyConfig* residency = owner ? owner->residency : nullptr;
+  const int priority = residency ? residency->PriorityRank() : 0;
   if (std::string why; residency && OutsideWindow(*residency, &why)) {
     // Not waiting for a turn meanwhile: an exclusive device's older waiter
     // would keep every later load off it until the window opened.

@@ -161,10 +161,8 @@ Status Gateway::JudgeStart(const std::string& key, PlacementCalibration* calibra
 }
 
 admission::Demand Gateway::LoadDemand(const std::string& key, bool released_idle) {
-  const auto* ext = ExternalOfKey(config_, key);
-  const config::ServiceConfig* s = nullptr;
-  size_t k = 0;
-  if (!ext && !FindPlacement(config_, key, &s, &k)) return {};
+  const auto owner = OwnerOfKey(config_, key);
+  if (!owner) return {};
   // An on-demand load is for the requests waiting for it. Asked again each
   // second after they went to the CPU path, it unloads a peer of its own
   // class only when that one is used less (a peer that just served would
@@ -173,8 +171,8 @@ admission::Demand Gateway::LoadDemand(const std::string& key, bool released_idle
   // So is a keep_alive service's once it was unloaded when idle (or for
   // another's room): requests load it again, as they do an on-demand one.
   // (At the gateway's start, or after a crash, it loads by its configuration.)
-  const config::ResidencyConfig& residency = ext ? ext->residency : s->residency;
-  const std::string& name = ext ? ext->name : s->name;
+  const config::ResidencyConfig& residency = *owner->residency;
+  const std::string& name = owner->service;
   admission::Demand demand;
   if (residency.mode == "on_demand" || (residency.mode == "keep_alive" && released_idle)) {
     const int64_t last = LastRequestMs(name);
@@ -185,7 +183,9 @@ admission::Demand Gateway::LoadDemand(const std::string& key, bool released_idle
   // unless a placement of the service is serving already: its requests then
   // wait for a slot there, and it has its turn.
   bool serving = false;
-  for (size_t i = 0; s && i < s->placements.size(); ++i) serving |= supervisor_.ReadyPort(WorkerKey(*s, i)).has_value();
+  for (size_t i = 0; owner->svc && i < owner->svc->placements.size(); ++i) {
+    serving |= supervisor_.ReadyPort(WorkerKey(*owner->svc, i)).has_value();
+  }
   if (!serving) demand.waited_ms = OldestWaitMs(name);
   return demand;
 }
