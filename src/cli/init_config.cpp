@@ -6,6 +6,7 @@
 
 #include "cli/plan_fit.h"
 #include "common/utf8.h"
+#include "memory/estimator.h"
 
 namespace spillway::cli {
 
@@ -15,6 +16,8 @@ struct PlacementPlan {
   std::string device, role;
   int gpu_layers = 0;
   uint32_t ctx = 0, slots = 0;
+  uint64_t bytes = 0;      // plan's estimate of its part on the device (the host for "cpu")
+  uint32_t n_vocab = 0;
   std::vector<std::string> verdict;  // plan's lines and how it was chosen
 };
 
@@ -73,7 +76,7 @@ FitQuery Query(const FoundModel& m, const std::string& device, uint32_t ctx, uin
 // with at least one layer there).
 PlacementPlan Place(const FoundModel& m, const std::string& device, const std::string& role, uint32_t ctx,
                     uint32_t slots, bool* fits) {
-  PlacementPlan p{device, role, 0, ctx, slots, {}};
+  PlacementPlan p{device, role, 0, ctx, slots, 0, 0, {}};
   FitQuery q = Query(m, device, ctx, slots);
   auto fit = PlanFit(q);
   if (fit.ok() && device != "cpu" && fit->spec.gpu_layers == 0) {
@@ -86,6 +89,8 @@ PlacementPlan Place(const FoundModel& m, const std::string& device, const std::s
     return p;
   }
   p.gpu_layers = device == "cpu" ? 0 : fit->spec.gpu_layers;
+  p.bytes = fit->DevicePart().total();
+  p.n_vocab = fit->shape.n_vocab;
   *fits = fit->fits;
   const int all = static_cast<int>(fit->shape.n_layer) + 1;
   std::string what = "needs " + MiB(fit->DevicePart().total()) + " there";
@@ -145,6 +150,22 @@ ServicePlan Plan(const std::string& name, std::vector<const FoundModel*> candida
   return s;
 }
 
+// The host-RAM budget for a service's CPU path (its CPU fallback, loaded warm,
+// and one request at a time: [service.cpu_path] concurrency's default), in
+// whole MiB: plan's estimate and a tenth more, at least 64 MiB more (the
+// worker's runtime and libraries, which a small model's estimate does not
+// cover; the budget counts a replica's resident set where it is larger).
+// 0 without a CPU fallback.
+uint64_t CpuPathBudget(const ServicePlan& s) {
+  for (size_t i = 1; i < s.placements.size(); ++i) {
+    const PlacementPlan& p = s.placements[i];
+    if (p.role != "fallback" || p.device != "cpu") continue;
+    const uint64_t need = p.bytes + memory::RequestHostBytes(p.n_vocab, p.ctx);
+    return (need + std::max<uint64_t>(need / 10, uint64_t{64} << 20) + (1 << 20) - 1) >> 20 << 20;
+  }
+  return 0;
+}
+
 void Header(std::ostringstream& os, const InitInput& in, const std::vector<ServicePlan>& services) {
   os << "# Spillway configuration written by `spillway init`.\n#\n";
   os << "# Models found: " << in.models.size() << " (searched: ";
@@ -183,6 +204,12 @@ void Service(std::ostringstream& os, const ServicePlan& s) {
     os << "device = " << TomlString(p.device) << "\n";
     if (p.device != "cpu") os << "gpu_layers = " << p.gpu_layers << "\n";
     os << "ctx = " << p.ctx << "\nslots = " << p.slots << "\n";
+  }
+  if (const uint64_t budget = CpuPathBudget(s)) {
+    // Without it each service's CPU path may take half of the host's memory,
+    // and doctor warns for two services that their budgets pass the host's.
+    os << "[service.cpu_path]\nram_budget_mib = " << (budget >> 20)
+       << "  # the CPU fallback and one request (plan's estimate), with room to spare\n";
   }
   os << "\n";
 }

@@ -104,9 +104,15 @@ TEST_F(InitTest, PlacesOnTheAcceleratorWithACpuFallback) {
   EXPECT_TRUE(Has(text, "#   service 'chat' on cpu (fallback, ctx 2048, 1 slot):")) << text;
   EXPECT_TRUE(Has(text, "device = \"sim:0\"\ngpu_layers = ")) << text;
   EXPECT_TRUE(Has(text, "role = \"fallback\"\ndevice = \"cpu\"\nctx = 2048\nslots = 1")) << text;
+  // Each CPU path gets a budget of its own (without one each may take half of
+  // the host's memory, and doctor warned on init's own file for two services).
+  EXPECT_TRUE(Has(text, "slots = 1\n[service.cpu_path]\nram_budget_mib = ")) << text;
   out = Spillway("serve --check --config " + cfg, &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_TRUE(Has(out, "ok (2 services, 4 placements")) << out;
+  out = Spillway("doctor --config " + cfg, &rc);
+  EXPECT_TRUE(Has(out, "ok    host-ram ")) << out;
+  EXPECT_FALSE(Has(out, "set ram_budget_mib")) << out;
 
   out = Spillway("init --models " + models_ + " --devices sim:1 -o " + dir_ + "/small.toml", &rc);
   ASSERT_EQ(rc, 0) << out;
