@@ -419,9 +419,14 @@ int Serve(const ServeArgs& a) {
   // A stop (SIGTERM, SIGINT) takes no new connection or request (503 and
   // Retry-After on a kept-alive one) and lets those under way finish for up
   // to shutdown_grace_s, as nginx's graceful quit and Envoy's drain do; a
-  // second signal stops at once. (Cut at the end, a stream's request is
-  // recovered by the next start as after a crash.)
+  // second signal stops at once. Those still under way then are ended, each
+  // client told why (Gateway::CutForStop), within kCutWait; what is left
+  // after that (an external service's request, a worker that does not stop)
+  // is cut with its connection and recovered by the next start as after a
+  // crash.
+  constexpr auto kCutWait = std::chrono::seconds(2);
   bool draining = false;
+  bool cut = false;
   auto stop = [&] {
     if (!draining) notifications.Stopping();
     server.Stop();
@@ -436,9 +441,18 @@ int Serve(const ServeArgs& a) {
     // Twice in a row: an answer handed to another loop's connection may not
     // be queued there yet when its request ends.
     quiet_ticks = left == 0 && server.writing() == 0 ? quiet_ticks + 1 : 0;
-    if (quiet_ticks >= 2 || std::chrono::steady_clock::now() >= drain_until) {
-      if (left > 0) std::printf("spillway: stopping with %zu request%s still under way (shutdown_grace_s)\n", left,
-                                left == 1 ? "" : "s");
+    const auto now = std::chrono::steady_clock::now();
+    if (quiet_ticks >= 2) return stop();
+    if (now >= drain_until && !cut) {
+      cut = true;
+      const size_t n = gw.CutForStop();
+      std::printf("spillway: shutdown_grace_s passed: ending the %zu request%s still under way (a stream resumable, "
+                  "a request not streamed to run again at the next start)\n",
+                  n, n == 1 ? "" : "s");
+      std::fflush(stdout);
+      drain_until = now + kCutWait;  // for their ends to be journaled and written
+    } else if (now >= drain_until) {
+      std::printf("spillway: stopping with %zu request%s still under way\n", left, left == 1 ? "" : "s");
       std::fflush(stdout);
       return stop();
     }

@@ -120,6 +120,11 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
       failed_phase = phase;
       return false;  // an allocation failure or a lost device: move
     }
+    if (kind == failover::StreamProgress::Event::kError && spec.cut_for_stop && *spec.cut_for_stop &&
+        progress_.last_error()->cancelled()) {
+      stopped_for_cancel = true;  // (the lifecycle's end says the gateway stopped)
+      return false;
+    }
     // A continuation the worker ends with an error of its own before any
     // new event (it could not reproduce what was delivered) is a refused
     // continuation, as one refused before its first event is: the stream ends resumable, with its

@@ -56,6 +56,9 @@ struct AttemptSpec {
   // A non-streamed attempt's: runs once the request is written whole to the
   // worker, while it computes (ConnectionPool::Send).
   std::function<void()> on_sent;
+  // Set once the gateway's stop cuts the request (Gateway::CutForStop): the
+  // worker's own "cancelled" event is not relayed (the request's end says why).
+  const std::atomic<bool>* cut_for_stop = nullptr;
 };
 
 struct AttemptResult {

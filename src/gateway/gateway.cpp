@@ -358,6 +358,19 @@ size_t Gateway::LiveRequests() const {
   return live_.size();
 }
 
+size_t Gateway::CutForStop() {
+  cut_for_stop_ = true;
+  std::vector<std::shared_ptr<Live>> cut;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& [id, live] : live_) {
+      if (!live->upstream_control) cut.push_back(live);
+    }
+  }
+  for (const auto& live : cut) Cancel(live);
+  return cut.size();
+}
+
 Status Gateway::Intake(const http::Request& req, const std::string& peer, Incoming& in) {
   if (stopping_) return StoppingRefusal();
   // Sent twice, which one names the request is anyone's guess (the first

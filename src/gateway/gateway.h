@@ -215,6 +215,11 @@ class Gateway {
         .WithRetryAfter(5);
   }
   size_t LiveRequests() const;
+  // The stop's grace has passed: every generation request still under way
+  // is cancelled and ends as RequestLifecycle::EndForStop says (its client
+  // hears why, and what the next start does with it). An external service's
+  // is left to be cut with its connection, as before. Returns how many.
+  size_t CutForStop();
 
  private:
   friend class RequestLifecycle;  // one request's life (request_lifecycle.h)
@@ -490,6 +495,7 @@ class Gateway {
   // Accepted requests not yet running their first attempt (max_queue bounds them).
   std::atomic<int> waiting_{0};
   std::atomic<bool> stopping_{false};  // BeginStop
+  std::atomic<bool> cut_for_stop_{false};  // CutForStop
   std::map<std::string, std::unique_ptr<std::atomic<int>>> waiting_by_service_;  // of waiting_, by llama service
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Live>> live_;

@@ -131,6 +131,7 @@ boost::asio::awaitable<void> RequestLifecycle::EndStreamWithError(State state, j
 }
 
 boost::asio::awaitable<void> RequestLifecycle::Fail(State state, Status st) {
+  if (state == State::kCancelled && g_.cut_for_stop_) co_return co_await EndForStop();
   if (reply_.head_sent()) {
     co_return co_await EndStreamWithError(state, ErrorJson(st, rec_.id), st.message(), HttpStatusFor(st.code()));
   }
@@ -223,6 +224,35 @@ boost::asio::awaitable<void> RequestLifecycle::EndResumable(const std::string& w
   co_await EndStreamWithError(State::kFailedResumable, CheckpointError(err), std::move(why));
 }
 
+boost::asio::awaitable<void> RequestLifecycle::EndForStop() {
+  const std::string what = "the gateway stopped (its shutdown_grace_s passed)";
+  if (attempts_ == 0) {
+    co_return co_await Fail(State::kFailed,
+                            Status::Unavailable(what + " before the request ran; send it again once it is back")
+                                .WithRetryAfter(5));
+  }
+  if (rec_.stream) {
+    if (reply_.head_sent()) co_return co_await EndResumable(what);
+    co_return co_await Fail(State::kFailedResumable,
+                            Status::Unavailable(what + " before the stream's first event; resume it with the request id")
+                                .WithRetryAfter(5));
+  }
+  // Its record is durable first (a non-streamed request's waits for its
+  // end's sync): the next start finds it running and runs it again.
+  Release();
+  live_->queue_slot.reset();
+  if (co_await AcceptRefused()) co_return;
+  reply_.Error(Status::Unavailable(what + " while the request ran; its answer is withheld. The journal still holds the "
+                                   "request as not ended, and the next start runs it again: GET /v1/requests/" +
+                                   rec_.id + " says how it ends; send it again (with a new Idempotency-Key if it had "
+                                   "one) only once that says failed")
+                   .WithRetryAfter(5)
+                   .WithReason(kAnswerWithheld));
+  const int64_t now = g_.clock_.NowMs();
+  live_->Enter(LivePhase::kTerminal, now);
+  g_.metrics_.RequestFinished(rec_.service, Outcome(State::kFailed), placement_, placement_key_, (now - t0_) / 1000.0);
+}
+
 namespace {
 
 // A worker's 503 passed on says when to try again: its own Retry-After, or
@@ -304,6 +334,10 @@ boost::asio::awaitable<void> RequestLifecycle::CommitRefused(const Status& st) {
 
 boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, const AttemptSpec& spec) {
   if (r.head_refused) co_return co_await DeliverRefusal(r, spec.served);
+  if (g_.cut_for_stop_ && (rec_.stream ? r.stream_state : r.status == 499 ? State::kCancelled : State::kCompleted) ==
+                              State::kCancelled) {
+    co_return co_await EndForStop();  // (the worker's end of a cancelled attempt)
+  }
   if (rec_.stream) {
     if (r.stream_state == State::kCompleted) {
       g_.AttemptSucceeded(rec_.service, target_);
@@ -476,6 +510,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     spec.silence = g_.attempt_bounds_.stream_silence;
     spec.served = Served();
     spec.role = svc_->placements[target_.index].role;
+    spec.cut_for_stop = &g_.cut_for_stop_;
     if (write_commit && !rec_.stream) spec.on_sent = [&write_commit] { write_commit(); };
     const AttemptResult r = co_await runner_.Run(spec);
     if (write_commit) write_commit();  // (not sent: it could not be written to the worker)

@@ -14,6 +14,9 @@
 //   queued       a cut stream admitted on another model's placement, terminal     Finish (failed_resumable)
 //                or its continuation refused by the worker
 //   any          answered, given up, cancelled or past its deadline  terminal     Finish, then the client
+//   any          cut by the gateway's stop (its grace passed):        terminal     Finish, or none: a
+//                EndForStop                                                       non-streamed one that
+//                                                                                 ran stays running
 //
 // Each transition that matters after a crash is journaled before it takes
 // effect. A request ends in exactly one place (Finish: the journal's
@@ -91,6 +94,12 @@ class RequestLifecycle {
   boost::asio::awaitable<void> DeliverRefusal(const AttemptResult& r, const ServedBy& served);
   nlohmann::json CheckpointError(const Status& st) const;
   boost::asio::awaitable<void> EndResumable(const std::string& what, std::string why = "");
+  // Cancelled by the gateway's stop (Gateway::CutForStop), as a restart
+  // would find it: one that never ran is refused (503, Retry-After); a
+  // stream ends resumable, with its checkpoint (failed_resumable); a
+  // non-streamed one that ran has its answer withheld (503, answer_withheld)
+  // and stays running in the journal, so that the next start runs it again.
+  boost::asio::awaitable<void> EndForStop();
   // Called by admission before every round spent waiting.
   void OnWait(const std::string& note, double est_s);
   // A refused attempt commit: the journal cannot write, or the request was ended meanwhile.
