@@ -18,7 +18,7 @@ bool Resident::InUse() const {
 bool Resident::TurnIsOver(int64_t waited_ms) const {
   // Served (loaded and ready) a whole turn, while the other's requests
   // waited one: a service still loading has had no turn yet.
-  return !starting && state_ms >= kFairTurnMs && waited_ms >= kFairTurnMs;
+  return turn_ms > 0 && !starting && state_ms >= turn_ms && waited_ms >= turn_ms;  // (0: no turns)
 }
 
 double Resident::Cost() const {
@@ -32,6 +32,14 @@ namespace {
 std::string Mib(uint64_t b) {
   char s[32];
   std::snprintf(s, sizeof s, "%.0f MiB", static_cast<double>(b) / (1 << 20));
+  return s;
+}
+
+// "30 s", "1.5 s".
+std::string Seconds(int64_t ms) {
+  char s[32];
+  if (ms % 1000 == 0) std::snprintf(s, sizeof s, "%lld s", static_cast<long long>(ms / 1000));
+  else std::snprintf(s, sizeof s, "%.1f s", static_cast<double>(ms) / 1000);
   return s;
 }
 
@@ -97,13 +105,17 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
   }
   std::vector<const Resident*> allowed;
   std::string turns;  // busy peers of the requester's priority whose turn is not over yet
+  int64_t turn_ms = 0;  // the longest of their turns
   for (const auto& r : residents) {
     if (!may_give(r) || r.bytes == 0) continue;
     if (r.InUse() && r.priority <= requester_priority) {
       // Busy: only for a higher priority, or its own priority's turn (awaited loads only).
       const bool peer = awaited && r.priority == requester_priority && r.service != own;
       if (!peer || !r.TurnIsOver(demand.waited_ms)) {
-        if (peer && !r.starting) turns += (turns.empty() ? "" : ", ") + r.service;
+        if (peer && !r.starting) {
+          turns += (turns.empty() ? "" : ", ") + r.service;
+          turn_ms = std::max(turn_ms, r.turn_ms);
+        }
         continue;
       }
     }
@@ -126,9 +138,11 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
                   std::to_string(allowed.size()) + ") would free only " + Mib(freed) +
                   (awaited ? ""
                            : " (no request waits for this load: none of its own priority used as much is unloaded for it)");
-    if (!turns.empty()) {
+    if (!turns.empty() && turn_ms <= 0) {
+      plan.reason += "; busy with its priority: " + turns + ", which gives way only to a higher priority (fair_turn_s = 0)";
+    } else if (!turns.empty()) {
       plan.reason += "; busy with its priority: " + turns + ", which gives way once it has served " +
-                     std::to_string(kFairTurnMs / 1000) + " s and this load's requests have waited as long (" +
+                     Seconds(turn_ms) + " and this load's requests have waited as long (" +
                      std::to_string(std::max<int64_t>(0, demand.waited_ms) / 1000) + " s so far" +
                      (demand.turn_of.empty() ? "" : "; the next turn is " + demand.turn_of + "'s, whose requests waited longer") +
                      ")";

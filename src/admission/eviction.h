@@ -20,7 +20,8 @@
 //            batch), and is drained first: its new requests go to its CPU
 //            path, it unloads when its running ones end;
 //   turns    except by its own priority's turn: a busy service that has
-//            served at least kFairTurnMs since it loaded gives way to a
+//            served at least its turn (Resident::turn_ms, the service's
+//            fair_turn_s; kFairTurnMs by default) since it loaded gives way to a
 //            requester of the same priority (another service) whose
 //            requests have waited that long for this load
 //            (Demand::waited_ms). Services of one class that do not fit
@@ -79,6 +80,9 @@ struct Resident {
   int64_t state_ms = 0;
   int waiting = 0;
   bool evicting = false;
+  // Its turn against a requester of its priority while busy (fair_turn_s;
+  // 0: it never gives way to one).
+  int64_t turn_ms = 30000;
   double Cost() const;
   // Running requests, loading, or just loaded with requests waiting (the bounds below).
   bool InUse() const;
@@ -110,7 +114,7 @@ struct Demand {
   bool recently_used = false;
   // How long the oldest of the requests waiting for this load has waited
   // (awaited loads only): a busy peer of its priority gives way to it from
-  // kFairTurnMs on.
+  // the peer's turn on (Resident::turn_ms).
   int64_t waited_ms = 0;
   // Another service waiting for the same device whose requests have waited
   // longer, and that a busy peer's turn would let load: the turn is its
@@ -119,11 +123,11 @@ struct Demand {
 };
 inline constexpr int64_t kRecentUseMs = 60000;
 // A busy service's turn on a device that cannot hold it beside a peer of
-// its priority whose requests wait: at least this long served, and the
-// peer's requests waiting at least this long, before it is drained for
-// that peer. Well inside a request's default wait for a start (120 s),
-// leaving the rest for the drain (as long as the busy one's running
-// requests last: not bounded here) and the load.
+// its priority whose requests wait, by default (fair_turn_s): at least this
+// long served, and the peer's requests waiting at least this long, before it
+// is drained for that peer. Well inside a request's default wait for a
+// start (120 s), leaving the rest for the drain (as long as the busy one's
+// running requests last: not bounded here) and the load.
 inline constexpr int64_t kFairTurnMs = 30000;
 
 EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_priority, const std::string& requester_key,

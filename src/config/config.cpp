@@ -357,6 +357,7 @@ Status ReadResidency(Reader& r, const toml::table& t, const std::string& prefix,
                                    " must be \"interactive\", \"batch\" or \"background\"");
   }
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "evict_cost", prefix, &rc->evict_cost, 0, 1e12));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "fair_turn_s", prefix, &rc->fair_turn_s, 0, 86400));
   SPILLWAY_RETURN_IF_ERROR(r.Strings(t, "windows", &rc->windows));
   for (const auto& w : rc->windows) {
     if (!ValidWindow(w)) {
@@ -383,7 +384,7 @@ Status ReadExternal(Reader& r, const toml::table& t, const std::string& prefix, 
   const std::string& source = r.source();
   SPILLWAY_RETURN_IF_ERROR(r.OnlyKnown(
       t, prefix, {"name", "kind", "url", "command", "model", "routes", "device", "resident_mib", "transient_mib",
-                  "residency", "keep_alive_s", "priority", "evict_cost", "windows", "interactive_idle_s", "outside_window",
+                  "residency", "keep_alive_s", "priority", "evict_cost", "fair_turn_s", "windows", "interactive_idle_s", "outside_window",
                   "idempotent", "concurrency", "max_queue", "health_path", "stop_signal",
                   "start_timeout_s", "request_timeout_s"}));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "name", prefix, &e->name, 0, 0));
@@ -703,7 +704,7 @@ StatusOr<GatewayConfig> ParseConfig(const std::string& text, const std::string& 
       ServiceConfig svc;
       SPILLWAY_RETURN_IF_ERROR(
           r.OnlyKnown(*t, prefix, {"name", "kind", "model", "max_tokens", "default_max_tokens", "max_queue", "placement", "admission",
-                                   "failover", "cpu_path", "residency", "keep_alive_s", "priority", "evict_cost",
+                                   "failover", "cpu_path", "residency", "keep_alive_s", "priority", "evict_cost", "fair_turn_s",
                                    "windows", "interactive_idle_s", "outside_window"}));
       SPILLWAY_RETURN_IF_ERROR(ReadResidency(r, *t, prefix, &svc.residency));
       if (const toml::node* fn = t->get("failover")) {

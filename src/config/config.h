@@ -40,6 +40,7 @@
 //   keep_alive_s = 300                   # keep_alive / on_demand: unloaded after this long idle (0: when room is needed)
 //   priority = "interactive"             # interactive | batch | background (who gives way on the accelerator)
 //   evict_cost = 12.5                    # optional; else measured reload seconds x requests per minute
+//   fair_turn_s = 30                     # busy, it gives way to a waiting service of its priority after this long (0: never)
 //   # For a batch or background service only (refused beside priority = "interactive"):
 //   # windows = ["02:00-05:00"]          # on the accelerator only then (local time)
 //   # interactive_idle_s = 0             # ... and/or once interactive services were idle this long
@@ -101,7 +102,7 @@
 //   stop_signal = "SIGTERM"
 //   start_timeout_s = 120
 //   request_timeout_s = 600              # the longest it may go without sending a byte
-//   # priority, evict_cost, windows, interactive_idle_s, outside_window: as for a llama service
+//   # priority, evict_cost, fair_turn_s, windows, interactive_idle_s, outside_window: as for a llama service
 #pragma once
 
 #include <algorithm>
@@ -200,6 +201,10 @@ struct ResidencyConfig {
   std::string mode = "pinned";
   double keep_alive_s = 300;
   std::string priority = "interactive";  // interactive | batch | background
+  // Busy on a device that cannot hold it beside another service of its
+  // priority whose requests wait: it gives way once it has served this long
+  // and their requests have waited as long (0: never; admission/eviction.h).
+  double fair_turn_s = 30;
   double evict_cost = -1;                // declared cost of unloading it (< 0: measured reload time x request rate)
   // batch/background: on the accelerator only inside these local-time windows
   // ("02:00-05:00"; empty: always) and/or once interactive services have been
@@ -209,6 +214,7 @@ struct ResidencyConfig {
   double interactive_idle_s = 0;
   std::string outside_window = "cpu";
   int PriorityRank() const { return priority == "interactive" ? 0 : priority == "batch" ? 1 : 2; }
+  int64_t FairTurnMs() const { return static_cast<int64_t>(fair_turn_s * 1000); }
   // The niceness of its processes: batch 10, background 19 (they yield the host's cores to interactive work).
   int Niceness() const { return PriorityRank() == 0 ? 0 : PriorityRank() == 1 ? 10 : 19; }
 };

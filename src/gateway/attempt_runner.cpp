@@ -120,8 +120,8 @@ boost::asio::awaitable<AttemptResult> AttemptRunner::Relay(const AttemptSpec& sp
       failed_phase = phase;
       return false;  // an allocation failure or a lost device: move
     }
-    if (kind == failover::StreamProgress::Event::kError && spec.cut_for_stop && *spec.cut_for_stop &&
-        progress_.last_error()->cancelled()) {
+    if (kind == failover::StreamProgress::Event::kError && spec.cancel_cause &&
+        spec.cancel_cause->load() == CancelCause::kStop && progress_.last_error()->cancelled()) {
       stopped_for_cancel = true;  // (the lifecycle's end says the gateway stopped)
       return false;
     }

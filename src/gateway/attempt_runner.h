@@ -32,6 +32,7 @@
 
 #include "api/http_client.h"
 #include "gateway/attempt_bounds.h"
+#include "gateway/cancel_cause.h"
 #include "failover/retry_policy.h"
 #include "failover/stream_progress.h"
 #include "gateway/reply_writer.h"
@@ -56,9 +57,9 @@ struct AttemptSpec {
   // A non-streamed attempt's: runs once the request is written whole to the
   // worker, while it computes (ConnectionPool::Send).
   std::function<void()> on_sent;
-  // Set once the gateway's stop cuts the request (Gateway::CutForStop): the
-  // worker's own "cancelled" event is not relayed (the request's end says why).
-  const std::atomic<bool>* cut_for_stop = nullptr;
+  // The request's: once the gateway's stop has cut it (CancelCause::kStop),
+  // the worker's own "cancelled" event is not relayed (the request's end says why).
+  const std::atomic<CancelCause>* cancel_cause = nullptr;
 };
 
 struct AttemptResult {

@@ -359,7 +359,6 @@ size_t Gateway::LiveRequests() const {
 }
 
 size_t Gateway::CutForStop() {
-  cut_for_stop_ = true;
   std::vector<std::shared_ptr<Live>> cut;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -367,7 +366,7 @@ size_t Gateway::CutForStop() {
       if (!live->upstream_control) cut.push_back(live);
     }
   }
-  for (const auto& live : cut) Cancel(live);
+  for (const auto& live : cut) Cancel(live, CancelCause::kStop);
   return cut.size();
 }
 
@@ -731,7 +730,9 @@ boost::asio::awaitable<void> Gateway::RecordEndWhenWritable(std::string id, jour
   }
 }
 
-void Gateway::Cancel(const std::shared_ptr<Live>& live) {
+void Gateway::Cancel(const std::shared_ptr<Live>& live, CancelCause cause) {
+  CancelCause none = CancelCause::kNone;
+  live->cancel_cause.compare_exchange_strong(none, cause);  // (before the flag: who sees it sees why)
   if (live->cancelled.exchange(true)) return;
   // A request waiting for capacity hears it now, wherever it stands in its
   // line, or as a plain waiter (a retry); a running one frees what it holds

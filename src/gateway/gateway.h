@@ -56,6 +56,7 @@
 #include "admission/admission.h"
 #include "admission/eviction.h"
 #include "gateway/attempt_bounds.h"
+#include "gateway/cancel_cause.h"
 #include "gateway/capacity_signal.h"
 #include "gateway/event_feed.h"
 #include "gateway/external_lines.h"
@@ -436,7 +437,8 @@ class Gateway {
                           unsigned v);
   // A live request's state for `rec` (received at `now_ms`), not yet registered.
   std::shared_ptr<Live> MakeLive(const journal::RequestRecord& rec, int64_t now_ms) const;
-  void Cancel(const std::shared_ptr<Live>& live);
+  // `cause`: why, if it is the first to cancel it (Live::cancel_cause).
+  void Cancel(const std::shared_ptr<Live>& live, CancelCause cause = CancelCause::kAsked);
   // The request running here under `id`, when `caller` may see it (null otherwise).
   std::shared_ptr<Live> LiveFor(const std::string& id, const Caller& caller);
   std::string NewRequestId();
@@ -495,7 +497,6 @@ class Gateway {
   // Accepted requests not yet running their first attempt (max_queue bounds them).
   std::atomic<int> waiting_{0};
   std::atomic<bool> stopping_{false};  // BeginStop
-  std::atomic<bool> cut_for_stop_{false};  // CutForStop
   std::map<std::string, std::unique_ptr<std::atomic<int>>> waiting_by_service_;  // of waiting_, by llama service
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Live>> live_;

@@ -17,6 +17,7 @@
 #include "api/json_limits.h"
 #include "api/openai_response.h"
 #include "devices/telemetry.h"
+#include "gateway/cancel_cause.h"
 #include "gateway/gateway.h"
 #include "gateway/offload.h"
 #include "journal/journal.h"
@@ -210,6 +211,7 @@ struct Gateway::Live {
   // prompt it began with (never counted again). (Its own strand only.)
   bool began = false;
   std::atomic<bool> cancelled{false};
+  std::atomic<CancelCause> cancel_cause{CancelCause::kNone};  // (Gateway::Cancel)
   // Its Accept, journaled on its own while it waited, was refused (the
   // journal cannot write): it stops waiting, and its client hears why.
   std::atomic<bool> accept_refused{false};

@@ -183,7 +183,11 @@ uint64_t Gateway::ExpectedBytes(const std::string& key) const {
 admission::Demand Gateway::TurnAmongWaiters(const std::string& key, const std::string& service, int priority,
                                             admission::Demand demand, const std::set<std::string>& wanting,
                                             const std::vector<admission::Resident>& residents, uint64_t available) {
-  if (!demand.awaited || demand.waited_ms < admission::kFairTurnMs) return demand;
+  int64_t shortest = 0;  // the shortest turn there (no turn can be over before it)
+  for (const auto& r : residents) {
+    if (r.turn_ms > 0 && (shortest == 0 || r.turn_ms < shortest)) shortest = r.turn_ms;
+  }
+  if (!demand.awaited || shortest == 0 || demand.waited_ms < shortest) return demand;
   // A busy peer's turn goes to the service whose requests have waited
   // longest: another of this priority whose start on the device is wanted,
   // that waited longer, and that the turn would let load (one that cannot
@@ -272,6 +276,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
       r.running = board_.Active(s.name, k);
       r.requests_per_min = RequestsPerMinute(s.name);
       r.evict_cost = s.residency.evict_cost;
+      r.turn_ms = s.residency.FairTurnMs();
       residents.push_back(r);
     }
   }
@@ -289,6 +294,7 @@ Status Gateway::RoomFor(const std::string& key, uint64_t need, const std::set<st
     r.running = external_lines_->Running(e.name);
     r.requests_per_min = RequestsPerMinute(e.name);
     r.evict_cost = e.residency.evict_cost;
+    r.turn_ms = e.residency.FairTurnMs();
     residents.push_back(r);
   }
   if (dc.exclusive) {

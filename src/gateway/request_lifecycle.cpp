@@ -131,7 +131,7 @@ boost::asio::awaitable<void> RequestLifecycle::EndStreamWithError(State state, j
 }
 
 boost::asio::awaitable<void> RequestLifecycle::Fail(State state, Status st) {
-  if (state == State::kCancelled && g_.cut_for_stop_) co_return co_await EndForStop();
+  if (state == State::kCancelled && live_->cancel_cause == CancelCause::kStop) co_return co_await EndForStop();
   if (reply_.head_sent()) {
     co_return co_await EndStreamWithError(state, ErrorJson(st, rec_.id), st.message(), HttpStatusFor(st.code()));
   }
@@ -226,19 +226,34 @@ boost::asio::awaitable<void> RequestLifecycle::EndResumable(const std::string& w
 
 boost::asio::awaitable<void> RequestLifecycle::EndForStop() {
   const std::string what = "the gateway stopped (its shutdown_grace_s passed)";
-  if (attempts_ == 0) {
-    co_return co_await Fail(State::kFailed,
-                            Status::Unavailable(what + " before the request ran; send it again once it is back")
-                                .WithRetryAfter(5));
+  const int64_t now = g_.clock_.NowMs();
+  if (!reply_.attached()) {
+    // Recovered at start (a request not streamed; its client is gone): left
+    // as it is in the journal, for the next start to run it again, as this
+    // one did. Failed here, its Idempotency-Key replayed that failure.
+    Release();
+    live_->queue_slot.reset();
+    live_->Enter(LivePhase::kTerminal, now);
+    co_return;
+  }
+  if (attempts_ == 0) {  // (its key stays free, as after any refusal before an attempt)
+    co_return co_await Fail(State::kFailed, Status::Unavailable(what + " before the request ran; send it again once "
+                                                                       "it is back").WithRetryAfter(5));
   }
   if (rec_.stream) {
-    if (reply_.head_sent()) co_return co_await EndResumable(what);
-    co_return co_await Fail(State::kFailedResumable,
-                            Status::Unavailable(what + " before the stream's first event; resume it with the request id")
-                                .WithRetryAfter(5));
+    if (reply_.events_started() && !progress_.tokens().empty()) {
+      if (!progress_.tool_calls_delivered()) co_return co_await EndResumable(what);
+      const Status err = Status::Unavailable(what + " after " + std::to_string(progress_.tokens().size()) +
+                                             " delivered tokens; tool calls were delivered, so it is not replayed "
+                                             "past them; resume from the checkpoint with the request id");
+      co_return co_await EndStreamWithError(State::kFailedResumable, CheckpointError(err), err.message());
+    }
+    co_return co_await Fail(State::kFailed, Status::Unavailable(what + " before the stream's first token; send it "
+                                                                       "again (with a new Idempotency-Key if it had "
+                                                                       "one) once it is back").WithRetryAfter(5));
   }
   // Its record is durable first (a non-streamed request's waits for its
-  // end's sync): the next start finds it running and runs it again.
+  // end's sync): the next start finds it unfinished and runs it again.
   Release();
   live_->queue_slot.reset();
   if (co_await AcceptRefused()) co_return;
@@ -248,9 +263,9 @@ boost::asio::awaitable<void> RequestLifecycle::EndForStop() {
                                    "one) only once that says failed")
                    .WithRetryAfter(5)
                    .WithReason(kAnswerWithheld));
-  const int64_t now = g_.clock_.NowMs();
-  live_->Enter(LivePhase::kTerminal, now);
-  g_.metrics_.RequestFinished(rec_.service, Outcome(State::kFailed), placement_, placement_key_, (now - t0_) / 1000.0);
+  live_->Enter(LivePhase::kTerminal, g_.clock_.NowMs());
+  g_.metrics_.RequestFinished(rec_.service, Outcome(State::kFailed), placement_, placement_key_,
+                              (g_.clock_.NowMs() - t0_) / 1000.0);
 }
 
 namespace {
@@ -334,10 +349,8 @@ boost::asio::awaitable<void> RequestLifecycle::CommitRefused(const Status& st) {
 
 boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, const AttemptSpec& spec) {
   if (r.head_refused) co_return co_await DeliverRefusal(r, spec.served);
-  if (g_.cut_for_stop_ && (rec_.stream ? r.stream_state : r.status == 499 ? State::kCancelled : State::kCompleted) ==
-                              State::kCancelled) {
-    co_return co_await EndForStop();  // (the worker's end of a cancelled attempt)
-  }
+  // The worker's end of an attempt the stop cancelled (a stream's cancel event ended it as kCancelled already).
+  if (!rec_.stream && r.status == 499 && live_->cancel_cause == CancelCause::kStop) co_return co_await EndForStop();
   if (rec_.stream) {
     if (r.stream_state == State::kCompleted) {
       g_.AttemptSucceeded(rec_.service, target_);
@@ -510,7 +523,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     spec.silence = g_.attempt_bounds_.stream_silence;
     spec.served = Served();
     spec.role = svc_->placements[target_.index].role;
-    spec.cut_for_stop = &g_.cut_for_stop_;
+    spec.cancel_cause = &live_->cancel_cause;
     if (write_commit && !rec_.stream) spec.on_sent = [&write_commit] { write_commit(); };
     const AttemptResult r = co_await runner_.Run(spec);
     if (write_commit) write_commit();  // (not sent: it could not be written to the worker)

@@ -176,7 +176,9 @@ admission::Demand Gateway::LoadDemand(const std::string& key, bool released_idle
   admission::Demand demand;
   if (residency.mode == "on_demand" || (residency.mode == "keep_alive" && released_idle)) {
     const int64_t last = LastRequestMs(name);
-    demand = {AnyoneWaits(name), RequestsPerMinute(name), last > 0 && clock_.NowMs() - last < admission::kRecentUseMs};
+    demand.awaited = AnyoneWaits(name);
+    demand.requests_per_min = RequestsPerMinute(name);
+    demand.recently_used = last > 0 && clock_.NowMs() - last < admission::kRecentUseMs;
   }
   // A busy peer of its priority gives way once these requests have waited a
   // turn (an external server's too: its requests are live as a model's are),

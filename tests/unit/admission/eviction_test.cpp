@@ -250,6 +250,34 @@ TEST(EvictionTest, ABusyPeerOfOnePriorityGivesWayAfterItsTurn) {
   EXPECT_EQ(p.drain, (std::vector<std::string>{"batch.0"}));
 }
 
+// A service's own turn (fair_turn_s): a model that takes long to load wants
+// longer turns, or each swap costs more than the turn serves; 0 keeps it
+// until its requests stop (only a higher priority takes it).
+TEST(EvictionTest, ATurnIsTheBusyServicesOwn) {
+  Resident busy = R("a", 0, 600, /*running=*/2);
+  busy.turn_ms = 2 * kFairTurnMs;
+  busy.state_ms = kFairTurnMs;
+  Demand waited;
+  waited.waited_ms = kFairTurnMs;
+  auto p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {busy}, false, waited);
+  EXPECT_FALSE(p.fits) << "drained after the default turn, not its own";
+  EXPECT_NE(p.reason.find("which gives way once it has served 60 s"), std::string::npos) << p.reason;
+  busy.state_ms = 2 * kFairTurnMs;
+  EXPECT_FALSE(PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {busy}, false, waited).fits)
+      << "the waiting requests have not waited its turn";
+  waited.waited_ms = 2 * kFairTurnMs;
+  EXPECT_TRUE(PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {busy}, false, waited).fits);
+
+  busy.turn_ms = 0;
+  waited.waited_ms = busy.state_ms = 100 * kFairTurnMs;
+  p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {busy}, false, waited);
+  EXPECT_FALSE(p.fits) << "fair_turn_s = 0 gave a turn";
+  EXPECT_NE(p.reason.find("which gives way only to a higher priority (fair_turn_s = 0)"), std::string::npos) << p.reason;
+  Resident batch = busy;
+  batch.priority = 1;
+  EXPECT_TRUE(PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {batch}, false, Demand{}).fits);
+}
+
 TEST(EvictionTest, Windows) {
   EXPECT_TRUE(InWindow({}, 720));
   EXPECT_TRUE(InWindow({"02:00-05:00"}, 2 * 60));

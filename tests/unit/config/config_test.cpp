@@ -237,6 +237,8 @@ TEST(ConfigTest, ValuesThatCannotWorkAreRefusedWithTheirKey) {
        "'02:00-02:00' must be \"HH:MM-HH:MM\""},
       {(svc + "residency = \"on_demand\"\npriority = \"batch\"\nwindows = [\"00:00-24:30\"]\n"),
        "'00:00-24:30' must be"},
+      {(svc + "fair_turn_s = -1\n"), "'service[0].fair_turn_s' must be between 0 and 86400"},
+      {(svc + "fair_turn_s = \"long\"\n"), "'service[0].fair_turn_s'"},
   };
   for (const auto& c : cases) {
     auto r = ParseConfig(c.text, "test.toml");
@@ -249,6 +251,10 @@ TEST(ConfigTest, ValuesThatCannotWorkAreRefusedWithTheirKey) {
   ASSERT_TRUE(fine.ok()) << fine.status().message();
   // An unset default_max_tokens (256) follows a lower cap instead of failing on a key nobody wrote.
   EXPECT_EQ(fine->services[0].default_max_tokens, 128);
+  EXPECT_EQ(fine->services[0].residency.FairTurnMs(), 30000);
+  auto turns = ParseConfig(svc + "fair_turn_s = 120\n", "test.toml");
+  ASSERT_TRUE(turns.ok()) << turns.status().message();
+  EXPECT_EQ(turns->services[0].residency.FairTurnMs(), 120000);
   auto capped = ParseConfig(svc + "max_tokens = 128\ndefault_max_tokens = 200\n", "test.toml");
   ASSERT_TRUE(capped.ok());
   const std::string model = (std::filesystem::temp_directory_path() / "sw-config-capped.gguf").string();

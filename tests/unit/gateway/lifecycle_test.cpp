@@ -283,6 +283,22 @@ class LifecycleTest : public ::testing::Test {
   }
   // What the journal holds from "before a restart" (run by Start).
   virtual std::vector<journal::RequestRecord> Recovered() { return {}; }
+  // For Recovered: completions for chat accepted "before the restart", as Recover returns them.
+  std::vector<journal::RequestRecord> RecoverCompletions(const std::vector<std::string>& ids, int64_t deadline_ms = 0) {
+    for (const auto& id : ids) {
+      journal::RequestRecord r;
+      r.id = id;
+      r.payload_hash = "h";
+      r.service = "chat";
+      r.endpoint = "completion";
+      r.body = json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump();
+      r.deadline_ms = deadline_ms;
+      EXPECT_TRUE(journal_->Accept(r).ok());
+    }
+    auto recovered = journal_->Recover();
+    EXPECT_TRUE(recovered.ok());
+    return recovered.ok() ? *recovered : std::vector<journal::RequestRecord>{};
+  }
 
   std::shared_ptr<RecordingExchange> Send(const std::string& target, const std::string& body, const std::string& method = "POST",
                                           std::vector<std::pair<std::string, std::string>> headers = {}) {
@@ -2341,17 +2357,7 @@ TEST_F(LifecycleTest, TheStatusAnswersWhileTheJournalsDiskStalls) {
 class RecoveredLateTest : public LifecycleTest {
  protected:
   std::vector<journal::RequestRecord> Recovered() override {
-    journal::RequestRecord r;
-    r.id = "r-recovered-late";
-    r.payload_hash = "h";
-    r.service = "chat";
-    r.endpoint = "completion";
-    r.body = json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump();
-    r.deadline_ms = clock_.NowMs() - 1000;  // its deadline passed while the gateway was down
-    EXPECT_TRUE(journal_->Accept(r).ok());
-    auto recovered = journal_->Recover();
-    EXPECT_TRUE(recovered.ok());
-    return recovered.ok() ? *recovered : std::vector<journal::RequestRecord>{};
+    return RecoverCompletions({"r-recovered-late"}, clock_.NowMs() - 1000);  // its deadline passed while the gateway was down
   }
 };
 
@@ -2360,6 +2366,52 @@ TEST_F(RecoveredLateTest, ARecoveredRequestPastItsDeadlineEndsWithoutRunning) {
   const auto rec = Journaled("r-recovered-late");
   EXPECT_EQ(rec.result_status, 504);
   EXPECT_NE(rec.error.find("X-Request-Timeout"), std::string::npos) << rec.error;
+  EXPECT_EQ(primary_.calls() + fallback_.calls(), 0u);
+}
+
+// The gateway's stop cuts what is still under way when its grace ends
+// (Gateway::CutForStop): a request not streamed that ran has its answer
+// withheld and stays unfinished in the journal, for the next start to run
+// again; one its client cancelled first ends cancelled, as asked (the stop
+// was one flag for the whole gateway, and a cancel it met ran again at the
+// next start).
+TEST_F(LifecycleTest, TheStopsCutLeavesARequestThatRanForTheNextStartAndACancelledOneCancelled) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  auto cut = Complete("r-cut");
+  auto asked = Complete("r-asked");
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 2; }));
+  auto cancel = Send("/v1/requests/r-asked", "", "DELETE");
+  ASSERT_TRUE(cancel->Wait());
+  EXPECT_EQ(gateway_->CutForStop(), 2u);
+  // Each worker answers its cancel as a worker does.
+  for (size_t i = 0; i < 2; ++i) Refuse(primary_.TakeHeld(i), Status::Cancelled("request cancelled"));
+  ASSERT_TRUE(cut->Wait());
+  ASSERT_TRUE(asked->Wait());
+  EXPECT_EQ(cut->status(), 503u) << cut->body();
+  EXPECT_NE(cut->body().find("answer_withheld"), std::string::npos) << cut->body();
+  EXPECT_NE(cut->body().find("the next start runs it again"), std::string::npos) << cut->body();
+  EXPECT_EQ(Journaled("r-cut").state, journal::State::kRunning);
+  EXPECT_EQ(asked->status(), 499u) << asked->body();
+  EXPECT_EQ(Journaled("r-asked").state, journal::State::kCancelled);
+}
+
+// A request the start recovered (its client gone) that still waits when the
+// stop cuts it is left as it is for the next start: failed, it was lost,
+// and its Idempotency-Key replayed the failure.
+class RecoveredThenStoppedTest : public LifecycleTest {
+ protected:
+  std::vector<journal::RequestRecord> Recovered() override {
+    EveryWorkerStarting();  // (before Start runs it: it waits for a worker)
+    return RecoverCompletions({"r-recovered-waits"});
+  }
+};
+
+TEST_F(RecoveredThenStoppedTest, ARecoveredRequestCutByTheStopStaysForTheNextStart) {
+  ASSERT_TRUE(Eventually([&] { return gateway_->LiveRequests() == 1; }));
+  EXPECT_EQ(gateway_->CutForStop(), 1u);
+  ASSERT_TRUE(Eventually([&] { return gateway_->LiveRequests() == 0; }));
+  const auto rec = Journaled("r-recovered-waits");
+  EXPECT_FALSE(journal::IsTerminal(rec.state)) << journal::StateName(rec.state) << ": " << rec.error;
   EXPECT_EQ(primary_.calls() + fallback_.calls(), 0u);
 }
 
@@ -2409,18 +2461,7 @@ class RecoveredBacklogTest : public LifecycleTest {
   std::vector<journal::RequestRecord> Recovered() override {
     config_.services[0].max_queue = 2;  // read per request
     EveryWorkerStarting();
-    for (const char* id : {"r-backlog-0", "r-backlog-1"}) {
-      journal::RequestRecord r;
-      r.id = id;
-      r.payload_hash = "h";
-      r.service = "chat";
-      r.endpoint = "completion";
-      r.body = json{{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}}.dump();
-      EXPECT_TRUE(journal_->Accept(r).ok());
-    }
-    auto recovered = journal_->Recover();
-    EXPECT_TRUE(recovered.ok());
-    return recovered.ok() ? *recovered : std::vector<journal::RequestRecord>{};
+    return RecoverCompletions({"r-backlog-0", "r-backlog-1"});
   }
 };
 
@@ -3102,7 +3143,9 @@ TEST_F(ExclusiveLifecycleTest, AVictimThatEndsWhileItDrainsIsNoLongerUnloading) 
 // room" (found live: nothing said why an idle peer kept it off).
 TEST_F(ExclusiveLifecycleTest, ALoadRefusedForAPeerUsedAsMuchSaysSo) {
   ChatLoaded();
-  const Status room = gateway_->RoomFor("other.0", 10u << 20, {}, admission::Demand{/*awaited=*/false, 0});
+  admission::Demand nobody_waits;
+  nobody_waits.awaited = false;
+  const Status room = gateway_->RoomFor("other.0", 10u << 20, {}, nobody_waits);
   ASSERT_EQ(room.code(), StatusCode::kResourceExhausted) << room.ToString();
   auto other = testing::ViewOf("other.0", upstream::WorkerState::kBackoff, 0);
   other.last_exit = "not admitted: " + room.message();  // (as the supervisor records a refusal)
@@ -3152,6 +3195,8 @@ class FairTurnLifecycleTest : public LifecycleTest {
     ledger_ = std::move(*l);
     ASSERT_TRUE(ledger_->Reserve(devices::LedgerKind::kAlloc, "chat.0", 800u << 20));  // this process stands for chat's worker
     ASSERT_NO_FATAL_FAILURE(ChatAndOtherOnDemand(/*exclusive=*/false));
+    const size_t chat_residency = config_text_.find("residency = \"on_demand\"\n");  // (chat's: the first service)
+    config_text_.insert(chat_residency, chat_turn_);
     config_text_ += "[[service]]\nname = \"third\"\nmodel = \"/nonexistent/third.gguf\"\nresidency = \"on_demand\"\n"
                     "[[service.placement]]\ndevice = \"sim:0\"\nctx = 256\nslots = 1\n";
     workers_.SetOnDemand("third.0");
@@ -3182,6 +3227,7 @@ class FairTurnLifecycleTest : public LifecycleTest {
                 {{"X-Request-Id", id}});
   }
   static constexpr uint64_t kNeed = 500u << 20;  // what other's or third's load needs
+  std::string chat_turn_;  // chat's fair_turn_s line, if any (set before SetUp)
   testing::ScopedSimDir sim_{"fair-turn-lifecycle"};
   std::unique_ptr<devices::SimLedger> ledger_;
 };
@@ -3267,6 +3313,33 @@ TEST_F(FairTurnLifecycleTest, TheTurnGoesToWhoseRequestsWaitedLongest) {
   for (const char* id : {"r-third", "r-other"}) ASSERT_TRUE(Send(std::string("/v1/requests/") + id, "", "DELETE")->Wait());
   ASSERT_TRUE(first->Wait());
   ASSERT_TRUE(second->Wait());
+}
+
+// Chat's own turn (fair_turn_s = 60) is what it serves before it gives way.
+class LongFairTurnLifecycleTest : public FairTurnLifecycleTest {
+ protected:
+  LongFairTurnLifecycleTest() { chat_turn_ = "fair_turn_s = 60\n"; }
+};
+
+TEST_F(LongFairTurnLifecycleTest, ABusyServiceServesItsOwnTurn) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { primary_.Hold(req, std::move(ex)); };
+  auto running = Complete("r-busy");
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 1; }));
+  auto waiting = Ask("other", "r-other");
+  ASSERT_TRUE(Eventually([&] { return workers_.demanded("other.0") > 0; }));
+  clock_.Advance(2 * admission::kFairTurnMs - 1000);  // both 59 s: past the default turn, not chat's
+  Status room = gateway_->RoomFor("other.0", kNeed, {}, gateway_->LoadDemand("other.0"));
+  EXPECT_EQ(room.code(), StatusCode::kResourceExhausted) << room.ToString();
+  EXPECT_NE(room.message().find("which gives way once it has served 60 s"), std::string::npos) << room.ToString();
+  EXPECT_FALSE(ChatUnloading()) << "drained after the default turn, not its own";
+  clock_.Advance(1000);
+  room = gateway_->RoomFor("other.0", kNeed, {}, gateway_->LoadDemand("other.0"));
+  EXPECT_NE(room.message().find("unloading chat (800 MiB, draining"), std::string::npos) << room.ToString();
+  EXPECT_TRUE(ChatUnloading());
+  if (auto held = primary_.TakeHeld(0)) Answer(held, "primary");
+  ASSERT_TRUE(running->Wait());
+  ASSERT_TRUE(Send("/v1/requests/r-other", "", "DELETE")->Wait());
+  ASSERT_TRUE(waiting->Wait());
 }
 
 // Another service on the same device: its failures there count against the
