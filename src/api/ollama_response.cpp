@@ -220,7 +220,16 @@ std::string OllamaStreamTranslator::Event(const std::string& payload, int64_t no
   if (!j.is_object()) return "";
   if (j.contains("error")) {  // Ollama's mid-stream error: one line, the status unchanged
     done_ = true;
-    return Line(OllamaError(payload));
+    json line = OllamaError(payload);
+    // A resumable end's checkpoint (what was delivered) and the request's id
+    // go on in the line's "spillway", as the final line's notes do: the
+    // message tells the client to resume from them.
+    if (const auto e = j.find("error"); e->is_object()) {
+      for (const char* key : {"checkpoint", "request_id"}) {
+        if (auto v = e->find(key); v != e->end()) line["spillway"][key] = *v;
+      }
+    }
+    return Line(line);
   }
   if (auto u = j.find("usage"); u != j.end() && u->is_object()) usage_ = *u;
   if (auto s = j.find("spillway"); s != j.end() && s->is_object()) {

@@ -498,6 +498,17 @@ TEST(OllamaResponseTest, AStreamErrorIsAnErrorLineAndAStreamCutShortSaysSo) {
   lines = Lines(cut.Finish(0));
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_TRUE(lines[0].contains("error"));
+  // A resumable end keeps what the client resumes from (it was dropped with the rest of the error object).
+  OllamaStreamTranslator resumable(kGenerate);
+  json err = ErrorBody(Status::Unavailable("cut after 1 delivered tokens; resume from the checkpoint"));
+  err["error"]["request_id"] = "r";
+  err["error"]["checkpoint"] = {{"tokens_delivered", 1}, {"text_bytes", 1}, {"tool_calls_delivered", false}};
+  out = resumable.Feed(SseEvent(GenerationChunk(Endpoint::kCompletion, "r", "chat", 0, "x", false, std::nullopt)), 0);
+  lines = Lines(out + resumable.Feed(SseEvent(err) + kSseDone, 0));
+  ASSERT_EQ(lines.size(), 2u) << out;
+  EXPECT_EQ(lines[1]["error"], "cut after 1 delivered tokens; resume from the checkpoint");
+  EXPECT_EQ(lines[1]["spillway"]["request_id"], "r");
+  EXPECT_EQ(lines[1]["spillway"]["checkpoint"]["tokens_delivered"], 1) << lines[1].dump();
 }
 
 }  // namespace
