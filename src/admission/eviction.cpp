@@ -104,18 +104,14 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
     return plan;
   }
   std::vector<const Resident*> allowed;
-  std::string turns;  // busy peers of the requester's priority whose turn is not over yet
-  int64_t turn_ms = 0;  // the longest of their turns
+  std::vector<const Resident*> turns;  // busy peers of the requester's priority whose turn is not over yet
   for (const auto& r : residents) {
     if (!may_give(r) || r.bytes == 0) continue;
     if (r.InUse() && r.priority <= requester_priority) {
       // Busy: only for a higher priority, or its own priority's turn (awaited loads only).
       const bool peer = awaited && r.priority == requester_priority && r.service != own;
       if (!peer || !r.TurnIsOver(demand.waited_ms)) {
-        if (peer && !r.starting) {
-          turns += (turns.empty() ? "" : ", ") + r.service;
-          turn_ms = std::max(turn_ms, r.turn_ms);
-        }
+        if (peer && !r.starting) turns.push_back(&r);
         continue;
       }
     }
@@ -138,12 +134,18 @@ EvictionPlan PlanEviction(uint64_t need, uint64_t available, int requester_prior
                   std::to_string(allowed.size()) + ") would free only " + Mib(freed) +
                   (awaited ? ""
                            : " (no request waits for this load: none of its own priority used as much is unloaded for it)");
-    if (!turns.empty() && turn_ms <= 0) {
-      plan.reason += "; busy with its priority: " + turns + ", which gives way only to a higher priority (fair_turn_s = 0)";
-    } else if (!turns.empty()) {
-      plan.reason += "; busy with its priority: " + turns + ", which gives way once it has served " +
-                     Seconds(turn_ms) + " and this load's requests have waited as long (" +
-                     std::to_string(std::max<int64_t>(0, demand.waited_ms) / 1000) + " s so far" +
+    // Each busy peer with its own turn (fair_turn_s), then how long this load's requests have waited.
+    std::string busy;
+    bool takes_turns = false;
+    for (const Resident* r : turns) {
+      busy += (busy.empty() ? "" : "; ") + r->service + ", which gives way ";
+      busy += r->turn_ms <= 0 ? std::string("only to a higher priority (fair_turn_s = 0)")
+                              : "once it has served " + Seconds(r->turn_ms) + " and this load's requests have waited as long";
+      takes_turns |= r->turn_ms > 0;
+    }
+    if (!busy.empty()) plan.reason += "; busy with its priority: " + busy;
+    if (takes_turns) {
+      plan.reason += " (" + std::to_string(std::max<int64_t>(0, demand.waited_ms) / 1000) + " s so far" +
                      (demand.turn_of.empty() ? "" : "; the next turn is " + demand.turn_of + "'s, whose requests waited longer") +
                      ")";
     }

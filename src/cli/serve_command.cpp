@@ -421,9 +421,8 @@ int Serve(const ServeArgs& a) {
   // to shutdown_grace_s, as nginx's graceful quit and Envoy's drain do; a
   // second signal stops at once. Those still under way then are ended, each
   // client told why (Gateway::CutForStop), within kCutWait; what is left
-  // after that (an external service's request, a worker that does not stop)
-  // is cut with its connection and recovered by the next start as after a
-  // crash.
+  // after that (a request whose worker does not stop) is cut with its
+  // connection and recovered by the next start as after a crash.
   constexpr auto kCutWait = std::chrono::seconds(2);
   bool draining = false;
   bool cut = false;

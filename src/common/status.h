@@ -92,6 +92,10 @@ inline constexpr const char kContextLengthExceeded[] = "context_length_exceeded"
 // the request's attempt or end: the request may still run again after a
 // restart, so it is not to be sent again blindly (see Gateway::Unrecorded).
 inline constexpr const char kAnswerWithheld[] = "answer_withheld";
+// Status::reason of a failure after the request reached a service that is
+// not idempotent (or whose answer was cut midway): it may have acted on it,
+// so clients are told not to send it again on their own.
+inline constexpr const char kMayHaveRun[] = "may_have_run";
 // Status::reason of a refusal for a service none of whose placements could be
 // started at all (a model file that is missing or not a GGUF, a device that
 // is not there or too small, found at start): no retry helps until the

@@ -358,6 +358,10 @@ Status ReadResidency(Reader& r, const toml::table& t, const std::string& prefix,
   }
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "evict_cost", prefix, &rc->evict_cost, 0, 1e12));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "fair_turn_s", prefix, &rc->fair_turn_s, 0, 86400));
+  if (rc->fair_turn_s > 0 && rc->fair_turn_s < 1) {
+    return Status::InvalidArgument(Where(source, t.get("fair_turn_s")->source(), prefix + "fair_turn_s") +
+                                   " must be 0 (no turns) or at least 1 second");
+  }
   SPILLWAY_RETURN_IF_ERROR(r.Strings(t, "windows", &rc->windows));
   for (const auto& w : rc->windows) {
     if (!ValidWindow(w)) {

@@ -362,9 +362,7 @@ size_t Gateway::CutForStop() {
   std::vector<std::shared_ptr<Live>> cut;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (const auto& [id, live] : live_) {
-      if (!live->upstream_control) cut.push_back(live);
-    }
+    for (const auto& [id, live] : live_) cut.push_back(live);
   }
   for (const auto& live : cut) Cancel(live, CancelCause::kStop);
   return cut.size();

@@ -216,10 +216,10 @@ class Gateway {
         .WithRetryAfter(5);
   }
   size_t LiveRequests() const;
-  // The stop's grace has passed: every generation request still under way
-  // is cancelled and ends as RequestLifecycle::EndForStop says (its client
-  // hears why, and what the next start does with it). An external service's
-  // is left to be cut with its connection, as before. Returns how many.
+  // The stop's grace has passed: every request still under way is cancelled
+  // and ends as RequestLifecycle::EndForStop says (an external service's, as
+  // its route's `stopped` says): its client hears why, and what the next
+  // start does with it. Returns how many.
   size_t CutForStop();
 
  private:

@@ -84,6 +84,7 @@ struct ExternalAnswer {
   std::string type, body;  // body: a kept answer (a relayed one is in the reply's store)
   bool relayed = false;
   bool too_large = false;  // past kMaxAnswerBytes: reading stopped
+  bool cut = false;        // cancelled while its answer was read: reading stopped
   std::string retry_after;  // the server's Retry-After (a 429 or 503 of its own), passed on
 };
 
@@ -118,7 +119,10 @@ boost::asio::awaitable<ExternalAnswer> SendExternal(upstream::ConnectionPool& po
     return true;
   };
   auto on_data = [&](std::string_view d) {
-    if (cancelled) return false;
+    if (cancelled) {
+      a.cut = true;
+      return false;
+    }
     if (a.body.size() + d.size() > kMaxAnswerBytes) {
       a.too_large = true;
       return false;
@@ -326,10 +330,53 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
   int64_t unreached_since = 0;   // when attempts began to fail before reaching the server (0: they do not)
   int unreached = 0;
   std::string last_failure;
+  // Cut by the gateway's stop (CutForStop), it ends as the next start would
+  // find it (as a generation's: RequestLifecycle::EndForStop). Recovered
+  // (no client): left as it is. Not sent this time: refused, to be sent
+  // again. Sent to an idempotent server, nothing of its answer relayed: its
+  // answer is withheld and the next start sends it again. Otherwise (a
+  // server that is not idempotent, an answer relayed in part) it fails.
+  auto stopped = [&](bool sent_to_server) -> boost::asio::awaitable<void> {
+    const std::string what = "the gateway stopped (its shutdown_grace_s passed)";
+    if (!reply.attached()) {
+      live->queue_slot.reset();
+      live->Enter(LivePhase::kTerminal, clock_.NowMs());
+      co_return;
+    }
+    if (!sent_to_server) {
+      // (One that had an attempt keeps its Idempotency-Key bound to this end.)
+      std::string again = "send it again once it is back";
+      if (attempts > 0) again = "send it again (with a new Idempotency-Key if it had one) once it is back";
+      co_return co_await fail(State::kFailed, Status::Unavailable(what + " before the request reached service '" +
+                                                                  svc->name + "'; " + again)
+                                                  .WithRetryAfter(5));
+    }
+    if (reply.head_sent() || rec.stream || !svc->idempotent) {
+      // (No ?: between two strings here: GCC 12 destroys such a temporary twice in a coroutine.)
+      std::string why = "its answer was cut";
+      if (!reply.head_sent()) why = "a stream is not sent again";
+      if (!reply.head_sent() && !svc->idempotent) why = "the service is not idempotent, so it is not sent again";
+      co_return co_await fail(State::kFailed, Status::Unavailable(what + " while service '" + svc->name +
+                                                                  "' had the request, which it may have acted on; " +
+                                                                  why)
+                                                  .WithReason(kMayHaveRun));
+    }
+    live->queue_slot.reset();
+    reply.Error(Status::Unavailable(what + " while service '" + svc->name + "' had the request; its answer is "
+                                    "withheld. The journal still holds the request as not ended, and the next start "
+                                    "sends it again: GET /v1/requests/" + rec.id + " says how it ends; send it again "
+                                    "(with a new Idempotency-Key if it had one) only once that says failed")
+                    .WithRetryAfter(5)
+                    .WithReason(kAnswerWithheld));
+    live->Enter(LivePhase::kTerminal, clock_.NowMs());
+    metrics_.RequestFinished(rec.service, Outcome(State::kFailed), ExternalKey(*svc), ExternalKey(*svc),
+                             (clock_.NowMs() - t0) / 1000.0);
+  };
   while (true) {
     // Its turn, a server that is up, and room on its device for the request's transient peak.
     const StatusOr<uint16_t> port = co_await AwaitExternalTurn(rec, *svc, *live, &running, &took_room);
     if (!port.ok()) {
+      if (live->cancel_cause == CancelCause::kStop) co_return co_await stopped(/*sent_to_server=*/false);
       co_return co_await fail(port.status().code() == StatusCode::kCancelled ? State::kCancelled : State::kFailed,
                               port.status());
     }
@@ -356,7 +403,11 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     if (control->expired()) {  // the deadline's, not the server's failure: not suspected, not sent again
       co_return co_await fail(State::kFailed, DeadlinePassed());
     }
-    if (live->cancelled || sent.code() == StatusCode::kCancelled) {
+    // (An answer read whole before the stop's cut is the request's answer.)
+    const bool whole = sent.ok() && status > 0 && !a.cut && !too_large;
+    if ((live->cancelled || sent.code() == StatusCode::kCancelled) &&
+        !(whole && live->cancel_cause == CancelCause::kStop)) {
+      if (live->cancel_cause == CancelCause::kStop) co_return co_await stopped(control->sent);
       co_return co_await fail(State::kCancelled, Status::Cancelled("request cancelled"));
     }
     if (too_large) {
@@ -390,7 +441,8 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     if (control->sent && !svc->idempotent) {
       co_return co_await fail(State::kFailed,
                               Status::BadGateway("service '" + svc->name + "' failed after the request reached it (" +
-                                                 last_failure + "); it is not idempotent, so it is not sent again"));
+                                                 last_failure + "); it is not idempotent, so it is not sent again")
+                                  .WithReason(kMayHaveRun));
     }
     // One that reached the server counts towards the resends; one that
     // never did (refused: the server restarts, its backlog is full) waits,

@@ -85,7 +85,9 @@ inline http::Response ErrorResponse(const Status& st, unsigned version, const st
   if (!request_id.empty()) res.set("X-Request-Id", request_id);
   // The OpenAI SDKs send a 5xx again on their own, as a new request, unless
   // told not to: a withheld answer's request may still run again.
-  if (st.reason() == kAnswerWithheld || st.reason() == kServiceUnavailable) res.set("X-Should-Retry", "false");
+  if (st.reason() == kAnswerWithheld || st.reason() == kServiceUnavailable || st.reason() == kMayHaveRun) {
+    res.set("X-Should-Retry", "false");
+  }
   return res;
 }
 

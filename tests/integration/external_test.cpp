@@ -185,6 +185,7 @@ TEST_F(ExternalTest, ANonIdempotentRequestThatReachedTheServerIsNeverSentAgain) 
   auto r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake","fake_crash":1})", {{"X-Request-Id", "crash-1"}});
   EXPECT_EQ(r.status, 502) << r.body;
   EXPECT_NE(r.body.find("not idempotent"), std::string::npos) << r.body;
+  EXPECT_EQ(r.headers["x-should-retry"], "false") << "an SDK would send it again on its own";
   EXPECT_EQ(LinesWith(log_, "crash-1"), 1) << "delivered once, never again";
   EXPECT_EQ(WaitTerminal(g->port(), "crash-1")["state"], "failed");
   // The supervisor brings the server back: the next request is served.
@@ -224,6 +225,57 @@ TEST_F(ExternalTest, CancelClosesTheUpstreamConnectionAndStreamsAreRelayed) {
   EXPECT_NE(s.body.find("{\"event\":3}"), std::string::npos) << s.body;
   const json rec = WaitTerminal(g->port(), "st-1");
   EXPECT_EQ(rec["state"], "completed");
+}
+
+// Past the stop's grace, an external service's requests end as the next
+// start will find them, each client told why (they were cut with their
+// connections): sent to an idempotent server, the answer is withheld and
+// the next start sends it again; sent to one that is not idempotent, it
+// fails; still waiting for its turn, it is refused, to be sent again.
+TEST_F(ExternalTest, TheStopsCutTellsEachClientWhatTheNextStartDoes) {
+  const std::string idem_log = dir_ + "/idem.log";
+  GatewayProcess gw(TestConfig(2, "shutdown_grace_s = 0.3\n" + FakeService("fake", log_) +
+                                      FakeService("fake-idem", idem_log, "idempotent = true\nconcurrency = 1\n")));
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  auto send = [port = gw.port()](const std::string& model, const std::string& id, int delay_ms) {
+    return std::async(std::launch::async, [=] {
+      auto r = http::Fetch("127.0.0.1", port, "POST", "/v1/rerank",
+                           json{{"model", model}, {"fake_delay_ms", delay_ms}}.dump(), {{"X-Request-Id", id}}, 30s);
+      return r.ok() ? *r : http::ClientResponse{};
+    });
+  };
+  auto once = send("fake", "ext-once", 20000);
+  auto idem = send("fake-idem", "ext-idem", 3000);
+  for (int i = 0; i < 250 && (LinesWith(log_, "ext-once") == 0 || LinesWith(idem_log, "ext-idem") == 0); ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_EQ(LinesWith(idem_log, "ext-idem"), 1);
+  auto waits = send("fake-idem", "ext-waits", 0);  // behind ext-idem (concurrency 1)
+  for (int i = 0; i < 250 && Body(Call(gw.port(), "GET", "/v1/requests/ext-waits")).value("state", "") != "queued"; ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_EQ(::kill(gw.pid(), SIGTERM), 0);
+
+  const auto i = idem.get();
+  EXPECT_EQ(i.status, 503) << i.body;
+  EXPECT_NE(i.body.find("answer_withheld"), std::string::npos) << i.body;
+  EXPECT_NE(i.body.find("the next start sends it again"), std::string::npos) << i.body;
+  const auto o = once.get();
+  EXPECT_EQ(o.status, 503) << o.body;
+  EXPECT_NE(o.body.find("not idempotent, so it is not sent again"), std::string::npos) << o.body;
+  EXPECT_EQ(o.Header("x-should-retry"), "false") << "an SDK would send it again on its own";
+  const auto w = waits.get();
+  EXPECT_EQ(w.status, 503) << w.body;
+  EXPECT_NE(w.body.find("before the request reached service 'fake-idem'; send it again"), std::string::npos) << w.body;
+  EXPECT_EQ(w.Header("retry-after"), "5");
+  ASSERT_TRUE(gw.WaitExit(std::chrono::seconds(30))) << gw.Output();
+
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  EXPECT_EQ(WaitTerminal(gw.port(), "ext-idem").value("state", ""), "completed");
+  EXPECT_EQ(LinesWith(idem_log, "ext-idem"), 2) << "sent again by the next start";
+  EXPECT_EQ(Body(Call(gw.port(), "GET", "/v1/requests/ext-once")).value("state", ""), "failed");
+  EXPECT_EQ(Body(Call(gw.port(), "GET", "/v1/requests/ext-waits")).value("state", ""), "failed");
+  EXPECT_EQ(LinesWith(log_, "ext-once"), 1) << "never sent again";
 }
 
 // A relayed stream the server cuts short ends as cut for the client too: its

@@ -276,6 +276,16 @@ TEST(EvictionTest, ATurnIsTheBusyServicesOwn) {
   Resident batch = busy;
   batch.priority = 1;
   EXPECT_TRUE(PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {batch}, false, Demand{}).fits);
+  // Two busy peers, each said with its own turn (the longest was said of both).
+  Resident other = R("c", 0, 600, 1);
+  other.turn_ms = 2 * kFairTurnMs;
+  waited.waited_ms = 0;
+  p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "b.0", {busy, other}, false, waited);
+  EXPECT_NE(p.reason.find("busy with its priority: a, which gives way only to a higher priority (fair_turn_s = 0); "
+                          "c, which gives way once it has served 60 s and this load's requests have waited as long "
+                          "(0 s so far)"),
+            std::string::npos)
+      << p.reason;
 }
 
 TEST(EvictionTest, Windows) {

@@ -239,6 +239,7 @@ TEST(ConfigTest, ValuesThatCannotWorkAreRefusedWithTheirKey) {
        "'00:00-24:30' must be"},
       {(svc + "fair_turn_s = -1\n"), "'service[0].fair_turn_s' must be between 0 and 86400"},
       {(svc + "fair_turn_s = \"long\"\n"), "'service[0].fair_turn_s'"},
+      {(svc + "fair_turn_s = 0.0001\n"), "'service[0].fair_turn_s' must be 0 (no turns) or at least 1 second"},
   };
   for (const auto& c : cases) {
     auto r = ParseConfig(c.text, "test.toml");
