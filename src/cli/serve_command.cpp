@@ -545,8 +545,9 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       })
       ->capture_default_str();
   cmd->add_option("--shutdown-grace", args->shutdown_grace_s,
-                  "seconds the requests under way may finish after SIGTERM or SIGINT, no new one taken meanwhile "
-                  "(overrides the config's shutdown_grace_s, default 10; 0: stop at once; a second signal stops at once)")
+                  "seconds the requests under way may finish after SIGTERM or SIGINT, no new one taken meanwhile; "
+                  "those left then end, each client told why (overrides the config's shutdown_grace_s, default 10; "
+                  "0: stop at once; a second signal stops at once)")
       ->check(CLI::Number)
       ->check(CLI::Range(0.0, 3600.0));
   cmd->add_flag("--keep-going", args->keep_going,
