@@ -686,11 +686,8 @@ boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::share
 Status Gateway::Unrecorded(const Status& why, const std::string& id, std::string_view what,
                            std::string_view withheld) {
   return Status::Unavailable("the journal could not record " + std::string(what) + " (" + why.message() + "); " +
-                             std::string(withheld) +
-                             ". The journal still holds the request as not ended, and a restart before its end is "
-                             "recorded runs it again: GET /v1/requests/" + id +
-                             " says how it ends; send it again (with a new Idempotency-Key if it had one) only once "
-                             "that says failed")
+                             std::string(withheld) + ". " +
+                             NotEndedAdvice("a restart before its end is recorded runs", id))
       .WithRetryAfter(std::max(why.retry_after_s(), 5))
       .WithReason(kAnswerWithheld);
 }

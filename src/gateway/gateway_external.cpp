@@ -337,7 +337,7 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
   // answer is withheld and the next start sends it again. Otherwise (a
   // server that is not idempotent, an answer relayed in part) it fails.
   auto stopped = [&](bool sent_to_server) -> boost::asio::awaitable<void> {
-    const std::string what = "the gateway stopped (its shutdown_grace_s passed)";
+    const std::string what = kStoppedByGrace;
     if (!reply.attached()) {
       live->queue_slot.reset();
       live->Enter(LivePhase::kTerminal, clock_.NowMs());
@@ -362,12 +362,7 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
                                                   .WithReason(kMayHaveRun));
     }
     live->queue_slot.reset();
-    reply.Error(Status::Unavailable(what + " while service '" + svc->name + "' had the request; its answer is "
-                                    "withheld. The journal still holds the request as not ended, and the next start "
-                                    "sends it again: GET /v1/requests/" + rec.id + " says how it ends; send it again "
-                                    "(with a new Idempotency-Key if it had one) only once that says failed")
-                    .WithRetryAfter(5)
-                    .WithReason(kAnswerWithheld));
+    reply.Error(StopWithheld("service '" + svc->name + "' had the request", rec.id, "the next start sends"));
     live->Enter(LivePhase::kTerminal, clock_.NowMs());
     metrics_.RequestFinished(rec.service, Outcome(State::kFailed), ExternalKey(*svc), ExternalKey(*svc),
                              (clock_.NowMs() - t0) / 1000.0);

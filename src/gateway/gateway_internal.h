@@ -79,6 +79,25 @@ inline std::string ErrorText(const Status& st, const std::string& request_id = "
   return ErrorJson(st, request_id).dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// What a client whose answer is withheld may do: the journal keeps request
+// `id` unfinished, and `reruns` ("the next start runs") it again.
+inline std::string NotEndedAdvice(std::string_view reruns, const std::string& id) {
+  return "The journal still holds the request as not ended, and " + std::string(reruns) + " it again: GET /v1/requests/" +
+         id + " says how it ends; send it again (with a new Idempotency-Key if it had one) only once that says failed";
+}
+
+// The gateway's stop cut a request (its grace passed: Gateway::CutForStop).
+inline constexpr const char kStoppedByGrace[] = "the gateway stopped (its shutdown_grace_s passed)";
+
+// A request the stop cut after it reached its worker (or server, `where`):
+// its answer is withheld, and the next start `reruns` it.
+inline Status StopWithheld(std::string_view where, const std::string& id, std::string_view reruns) {
+  return Status::Unavailable(std::string(kStoppedByGrace) + " while " + std::string(where) +
+                             "; its answer is withheld. " + NotEndedAdvice(reruns, id))
+      .WithRetryAfter(5)
+      .WithReason(kAnswerWithheld);
+}
+
 inline http::Response ErrorResponse(const Status& st, unsigned version, const std::string& request_id = "") {
   auto res = JsonResponse(static_cast<unsigned>(HttpStatusFor(st.code())), ErrorJson(st, request_id), version);
   if (st.retry_after_s() > 0) res.set(bhttp::field::retry_after, std::to_string(st.retry_after_s()));

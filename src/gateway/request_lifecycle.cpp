@@ -225,7 +225,7 @@ boost::asio::awaitable<void> RequestLifecycle::EndResumable(const std::string& w
 }
 
 boost::asio::awaitable<void> RequestLifecycle::EndForStop() {
-  const std::string what = "the gateway stopped (its shutdown_grace_s passed)";
+  const std::string what = kStoppedByGrace;
   const int64_t now = g_.clock_.NowMs();
   if (!reply_.attached()) {
     // Recovered at start (a request not streamed; its client is gone): left
@@ -257,12 +257,7 @@ boost::asio::awaitable<void> RequestLifecycle::EndForStop() {
   Release();
   live_->queue_slot.reset();
   if (co_await AcceptRefused()) co_return;
-  reply_.Error(Status::Unavailable(what + " while the request ran; its answer is withheld. The journal still holds the "
-                                   "request as not ended, and the next start runs it again: GET /v1/requests/" +
-                                   rec_.id + " says how it ends; send it again (with a new Idempotency-Key if it had "
-                                   "one) only once that says failed")
-                   .WithRetryAfter(5)
-                   .WithReason(kAnswerWithheld));
+  reply_.Error(StopWithheld("the request ran", rec_.id, "the next start runs"));
   live_->Enter(LivePhase::kTerminal, g_.clock_.NowMs());
   g_.metrics_.RequestFinished(rec_.service, Outcome(State::kFailed), placement_, placement_key_,
                               (g_.clock_.NowMs() - t0_) / 1000.0);
@@ -349,8 +344,6 @@ boost::asio::awaitable<void> RequestLifecycle::CommitRefused(const Status& st) {
 
 boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, const AttemptSpec& spec) {
   if (r.head_refused) co_return co_await DeliverRefusal(r, spec.served);
-  // The worker's end of an attempt the stop cancelled (a stream's cancel event ended it as kCancelled already).
-  if (!rec_.stream && r.status == 499 && live_->cancel_cause == CancelCause::kStop) co_return co_await EndForStop();
   if (rec_.stream) {
     if (r.stream_state == State::kCompleted) {
       g_.AttemptSucceeded(rec_.service, target_);
