@@ -18,6 +18,7 @@
 #include <thread>
 
 #include <boost/asio/co_spawn.hpp>
+#include <boost/version.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/this_coro.hpp>
@@ -161,18 +162,62 @@ void Gateway::Shutdown() {
   for (auto& [name, signal] : signals_) signal->NotifyAll();
 }
 
+namespace {
+
+void LifecycleFailed(std::exception_ptr e) {
+  if (!e) return;
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    std::fprintf(stderr, "spillway: a request's lifecycle failed: %s\n", x.what());
+  } catch (...) {
+    std::fprintf(stderr, "spillway: a request's lifecycle failed\n");
+  }
+}
+
+#if BOOST_VERSION == 107400
+// What co_spawn's entry point does, less its first step: co_spawn first
+// posts the coroutine's start (a round of the event loop, with an
+// epoll_wait of its own, before a request reaches its worker; some 10 us
+// of a request's way here: bench/path_timeline). The work guard keeps the
+// loop running while the task waits for something that is not an I/O
+// object's (a commit's completion, posted from the journal's thread).
+boost::asio::awaitable<void> Guarded(boost::asio::awaitable<void> task, boost::asio::any_io_executor where) {
+  auto work = boost::asio::detail::make_co_spawn_work_guard(where);
+  std::exception_ptr e;
+  try {
+    co_await std::move(task);
+  } catch (...) {
+    e = std::current_exception();
+  }
+  LifecycleFailed(e);
+}
+#endif
+
+}  // namespace
+
 void Gateway::Spawn(boost::asio::awaitable<void> task, boost::asio::any_io_executor where) {
   if (!where) where = boost::asio::make_strand(*io_);
-  boost::asio::co_spawn(where, std::move(task), [](std::exception_ptr e) {
-    if (!e) return;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-      std::fprintf(stderr, "spillway: a request's lifecycle failed: %s\n", x.what());
-    } catch (...) {
-      std::fprintf(stderr, "spillway: a request's lifecycle failed\n");
-    }
-  });
+  boost::asio::co_spawn(where, std::move(task), LifecycleFailed);
+}
+
+// Boost 1.74's co_spawn (Debian's) posts a coroutine's start; Asio's own
+// thread of execution runs it here instead, up to its first wait (for a
+// request: its send to the worker). Its caller must expect that: the task
+// may answer, or fail, before StartHere returns. Another Boost, or not on
+// `where`'s loop thread: co_spawn.
+void Gateway::StartHere(boost::asio::awaitable<void> task, boost::asio::any_io_executor where) {
+#if BOOST_VERSION == 107400
+  // Only on the loop `where` is, from its own thread (an HTTP session's);
+  // anything else (a strand, a test's caller) is posted as before.
+  const auto* loop = where ? where.target<boost::asio::io_context::executor_type>() : nullptr;
+  if (loop && loop->running_in_this_thread()) {
+    boost::asio::detail::awaitable_handler<boost::asio::any_io_executor, void>(Guarded(std::move(task), where), where)
+        .launch();
+    return;
+  }
+#endif
+  Spawn(std::move(task), std::move(where));
 }
 
 void Gateway::PostBlocking(std::function<void()> f) {
@@ -547,7 +592,9 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   }
   if (svc->max_queue <= 0) ++mine;
   in->queue_slot = QueuePlace(mine);
-  Spawn(Process(in), ex->executor());
+  // Started here, not posted: nothing of HandleGeneration's callers (the
+  // HTTP session's handler, the Ollama translation) comes after this call.
+  StartHere(Process(in), ex->executor());
 }
 
 boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {

@@ -395,6 +395,9 @@ class Gateway {
   // request's answer needs no hop to another thread), else on a strand of
   // its own; an exception is logged.
   void Spawn(boost::asio::awaitable<void> task, boost::asio::any_io_executor where = {});
+  // `task` run at once, up to its first wait, when this thread is the loop
+  // `where` runs on (else, and with another Boost than Debian's, Spawn).
+  void StartHere(boost::asio::awaitable<void> task, boost::asio::any_io_executor where);
   // Blocking work (journal reads, status snapshots) off the I/O threads.
   template <typename F>
   boost::asio::awaitable<std::invoke_result_t<F&>> Blocking(F f);
