@@ -6,10 +6,15 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <future>
 #include <string>
 #include <thread>
@@ -59,6 +64,67 @@ TEST(GracefulStopTest, ARequestUnderWayFinishesAfterSigterm) {
   ASSERT_TRUE(gw.WaitExit(std::chrono::seconds(30))) << "still running after its last request ended: " << gw.Output();
   EXPECT_TRUE(WIFEXITED(gw.exit_status()) && WEXITSTATUS(gw.exit_status()) == 0) << gw.exit_status();
   EXPECT_LT(std::chrono::steady_clock::now() - signalled, std::chrono::seconds(30)) << "it waited out the grace";
+}
+
+// An answer the gateway still writes to a client that reads slowly is
+// written whole before it stops: its request has ended, but the drain
+// waits for the bytes too (up to the grace). Stopping once no request was
+// under way cut such an answer at whatever the kernel had taken of it.
+TEST(GracefulStopTest, AnAnswerStillBeingWrittenToASlowReaderIsWrittenWholeFirst) {
+  GatewayProcess gw(TestConfig(1, "shutdown_grace_s = 60"));
+  ASSERT_TRUE(gw.Start()) << gw.Output();
+  // A client that takes little at a time: 512 embeddings (about 700 KB)
+  // cannot all fit in the sockets' buffers, so the gateway holds the rest.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  // (A small window, and small segments: loopback's 64 KB segments give
+  // the sender megabytes of buffer from the start.)
+  const int small = 4096, segment = 536;
+  ASSERT_EQ(::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+  ASSERT_EQ(::setsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &segment, sizeof segment), 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(gw.port());
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  json inputs = json::array();
+  for (int i = 0; i < 512; ++i) inputs.push_back("word " + std::to_string(i));
+  const std::string body = json{{"model", "embed"}, {"input", inputs}}.dump();
+  const std::string request = "POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                              "X-Request-Id: slow-reader\r\nContent-Length: " +
+                              std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  // Ended (journaled, answered): nothing is under way, only bytes to write.
+  for (int i = 0; i < 2000; ++i) {
+    if (Body(Call(gw.port(), "GET", "/v1/requests/slow-reader")).value("state", "") == "completed") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(Body(Call(gw.port(), "GET", "/v1/requests/slow-reader")).value("state", ""), "completed");
+  ASSERT_EQ(::kill(gw.pid(), SIGTERM), 0);
+  // Its drain looks every 20 ms; a gateway that did not wait for the bytes
+  // was gone within two looks.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_FALSE(gw.WaitExit(std::chrono::milliseconds(0))) << "it stopped with the answer unsent: " << gw.Output();
+  std::string got;
+  char buf[65536];
+  size_t want = std::string::npos;
+  while (got.size() < want) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+    const size_t head_end = got.find("\r\n\r\n");
+    if (want == std::string::npos && head_end != std::string::npos) {
+      const size_t cl = got.find("Content-Length: ");
+      if (cl != std::string::npos && cl < head_end) want = head_end + 4 + std::strtoull(got.c_str() + cl + 16, nullptr, 10);
+    }
+  }
+  ::close(fd);
+  ASSERT_NE(want, std::string::npos) << got.substr(0, 300);
+  EXPECT_EQ(got.size(), want) << "the answer was cut at " << got.size() << " of " << want << " bytes";
+  const json answer = json::parse(got.substr(got.find("\r\n\r\n") + 4), nullptr, false);
+  EXPECT_EQ(answer.is_object() ? answer.value("data", json::array()).size() : 0, 512u);
+  ASSERT_TRUE(gw.WaitExit(std::chrono::seconds(30))) << "still running after its answer was written: " << gw.Output();
+  EXPECT_TRUE(WIFEXITED(gw.exit_status()) && WEXITSTATUS(gw.exit_status()) == 0) << gw.exit_status();
 }
 
 TEST(GracefulStopTest, ASecondSignalStopsAtOnce) {
