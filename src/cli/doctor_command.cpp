@@ -19,6 +19,7 @@
 #include "cli/serve_config.h"
 #include "devices/telemetry.h"
 #include "gateway/gateway.h"
+#include "gateway/gateway_internal.h"
 #include "gateway/placement_admission.h"
 #include "gateway/startup_check.h"
 #include "upstream/supervisor.h"
@@ -217,6 +218,60 @@ void CheckHostRam(const config::GatewayConfig& cfg, Report& r) {
   }
 }
 
+// Two busy services of one priority on a device that cannot hold both take
+// turns (admission/eviction.h), but a turn comes only while the other's
+// request still waits for its load: at most its start_timeout_s and a
+// minute (gateway_internal.h, kQueueWaitMs). A fair_turn_s longer than that
+// wait lets the busy one keep the device while the other's requests are
+// refused, one after another.
+void CheckTurns(const config::GatewayConfig& cfg, Report& r) {
+  struct Member {
+    std::string name, device, priority;
+    double turn_s, wait_s;  // its fair_turn_s; how long its requests wait for a load
+  };
+  std::vector<Member> members;
+  auto add = [&](const std::string& name, const std::string& device, const config::ResidencyConfig& res,
+                 double start_timeout_s) {
+    // A pinned service is never unloaded: it neither gives way nor waits for a load.
+    if (device == "cpu" || device.empty() || res.mode == "pinned" || cfg.Device(device).exclusive) return;
+    for (auto& m : members) {
+      if (m.name == name && m.device == device) {
+        m.wait_s = std::max(m.wait_s, start_timeout_s + gateway::kQueueWaitMs / 1000.0);
+        return;
+      }
+    }
+    members.push_back({name, device, res.priority, res.fair_turn_s, start_timeout_s + gateway::kQueueWaitMs / 1000.0});
+  };
+  for (const auto& s : cfg.services) {
+    for (const auto& p : s.placements) add(s.name, p.device, s.residency, p.start_timeout_s);
+  }
+  for (const auto& e : cfg.externals) add(e.name, e.device, e.residency, e.start_timeout_s);
+  bool shared = false, warned = false;
+  auto seconds = [](double v) {
+    char t[32];
+    std::snprintf(t, sizeof t, "%g s", v);
+    return std::string(t);
+  };
+  for (const auto& busy : members) {
+    for (const auto& waiting : members) {
+      if (&busy == &waiting || busy.name == waiting.name || busy.device != waiting.device ||
+          busy.priority != waiting.priority) {
+        continue;
+      }
+      shared = true;
+      if (busy.turn_s <= 0 || busy.turn_s <= waiting.wait_s) continue;
+      warned = true;
+      r.Line(Verdict::kWarn, "turns",
+             "on " + busy.device + ", service '" + busy.name + "' serves turns of " + seconds(busy.turn_s) +
+                 " (fair_turn_s), but a request of '" + waiting.name + "' waits at most " + seconds(waiting.wait_s) +
+                 " for its load (start_timeout_s and a minute): while '" + busy.name +
+                 "' stays busy, they are refused before its turn ends",
+             "lower fair_turn_s of '" + busy.name + "', or raise start_timeout_s of '" + waiting.name + "'");
+    }
+  }
+  if (shared && !warned) r.Line(Verdict::kOk, "turns", "services that take turns on a device wait long enough for them");
+}
+
 void CheckStateDir(const std::string& dir, Report& r) {
   struct stat st{};
   if (::stat(dir.c_str(), &st) != 0) {
@@ -323,6 +378,7 @@ int Doctor(const DoctorArgs& a) {
   CheckExternalCommands(cfg, worker, r);
   CheckPlans(cfg, r);
   CheckHostRam(cfg, r);
+  CheckTurns(cfg, r);
   CheckStateDir(cfg.state_dir, r);
   CheckPort(cfg, r);
   CheckFileLimit(cfg, r);
@@ -335,9 +391,10 @@ void AddDoctorCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<DoctorArgs>();
   CLI::App* cmd = app.add_subcommand(
       "doctor", "Check this machine for what a configuration needs: model files, devices and backends, NVML, each\n"
-                "placement's memory plan against its device, host RAM for the CPU paths, the state directory, the\n"
-                "port, the file-descriptor limit. One line per check with a fix; exit status 1 when something would\n"
-                "fail. Without --config it checks the built-in demo.");
+                "placement's memory plan against its device, host RAM for the CPU paths, services that take turns\n"
+                "on a device (each turn within the other's wait), the state directory, the port, the file-descriptor\n"
+                "limit. One line per check with a fix; exit status 1 when something would fail. Without --config it\n"
+                "checks the built-in demo.");
   cmd->add_option("--config", args->config_path, "TOML configuration file");
   cmd->add_option("--listen", args->listen, "HOST:PORT (overrides the config)");
   cmd->add_option("--state-dir", args->state_dir, "state directory (overrides the config)");

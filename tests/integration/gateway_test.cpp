@@ -582,6 +582,42 @@ TEST(GatewayStartupTest, DoctorNamesAMissingModelAndPassesAGoodConfig) {
   std::filesystem::remove_all(dir);
 }
 
+// Two services that take turns on a device: a turn longer than the other's
+// requests wait for its load (its start_timeout_s and a minute) is never
+// reached while the first stays busy; doctor says so, with both keys.
+TEST(GatewayStartupTest, DoctorWarnsOfATurnLongerThanTheOthersRequestsWait) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("spillway-doctor-turns-" + std::to_string(getpid()))).string();
+  std::filesystem::create_directories(dir);
+  auto config = [&](double turn_s, double start_timeout_s) {
+    std::ostringstream os;
+    os << "[[device]]\nname = \"sim:0\"\n";
+    for (const char* name : {"chat", "chat2"}) {
+      os << "[[service]]\nname = \"" << name << "\"\nmodel = \"" << ModelPath("tiny-chat") << "\"\n"
+         << "residency = \"on_demand\"\nfair_turn_s = " << (std::string(name) == "chat" ? turn_s : 30) << "\n"
+         << "[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 512\nslots = 1\nthreads = 1\n"
+         << "start_timeout_s = " << start_timeout_s << "\n";
+    }
+    return os.str();
+  };
+  const std::string common = " --listen 127.0.0.1:0 --state-dir " + dir + "/state 2>&1";
+  int rc = -1;
+  { std::ofstream(dir + "/long.toml") << config(600, 120); }
+  std::string out = RunCommand(BinDir() + "/spillway doctor --config " + dir + "/long.toml" + common, &rc);
+  EXPECT_NE(out.find("warn  turns    on sim:0, service 'chat' serves turns of 600 s (fair_turn_s), but a request of "
+                     "'chat2' waits at most 180 s for its load"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("fix: lower fair_turn_s of 'chat', or raise start_timeout_s of 'chat2'"), std::string::npos) << out;
+  EXPECT_EQ(out.find("service 'chat2' serves turns"), std::string::npos) << "its 30 s turn fits: " << out;
+  EXPECT_EQ(out.find("ok    turns"), std::string::npos) << out;
+  // The other's wait raised past the turn: nothing to say.
+  { std::ofstream(dir + "/waits.toml") << config(600, 600); }
+  out = RunCommand(BinDir() + "/spillway doctor --config " + dir + "/waits.toml" + common, &rc);
+  EXPECT_EQ(out.find("warn  turns"), std::string::npos) << out;
+  EXPECT_NE(out.find("ok    turns    services that take turns on a device wait long enough for them"), std::string::npos)
+      << out;
+  std::filesystem::remove_all(dir);
+}
+
 // A worker that speaks another protocol version (here: a deliberate skew) is
 // refused before it becomes ready, with the reason in the log and the
 // status, and is never sent a request.
