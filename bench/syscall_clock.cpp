@@ -6,8 +6,8 @@
 // (n counts the dumps from 0) and empties them: a benchmark signals once
 // after its warm-up (dump 0, ignored) and once after its requests (dump 1).
 // The handler uses only open, write and close (async-signal-safe); a call
-// that a background thread makes while it runs may be lost, which the
-// benchmark's threads (stopped by then) do not.
+// that a thread makes while it runs may be lost (the benchmark sends no
+// request then; a loop's timer tick may come).
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/epoll.h>
@@ -67,10 +67,12 @@ ThreadLog* Log() {
 void Record(ClockKind kind, int fd, int64_t t0, int64_t t1, long result) {
   ThreadLog* l = Log();
   if (!l) return;
-  const uint32_t i = l->n.load(std::memory_order_relaxed);
+  uint32_t i = l->n.load(std::memory_order_relaxed);
   if (i >= kPerThread) return;
   l->ev[i] = ClockEvent{t0, t1, l->tid, static_cast<int32_t>(kind), fd, static_cast<int32_t>(result)};
-  l->n.store(i + 1, std::memory_order_release);
+  // (A dump that emptied the buffer meanwhile wins: this call is dropped,
+  // not the count set back past what the dump already wrote.)
+  l->n.compare_exchange_strong(i, i + 1, std::memory_order_release, std::memory_order_relaxed);
 }
 
 template <typename F>

@@ -220,32 +220,42 @@ void CheckHostRam(const config::GatewayConfig& cfg, Report& r) {
 
 // Two busy services of one priority on a device that cannot hold both take
 // turns (admission/eviction.h), but a turn comes only while the other's
-// request still waits for its load: at most its start_timeout_s and a
-// minute (gateway_internal.h, kQueueWaitMs). A fair_turn_s longer than that
-// wait lets the busy one keep the device while the other's requests are
-// refused, one after another.
+// request still waits for its load, and that wait is bounded: a llama
+// service's request by its start_timeout_s (the longest of its placements')
+// and a minute, or its admission's max_delay_s if longer
+// (request_admission.cpp); an external server's by its start_timeout_s and
+// 5 s (gateway_external.cpp). A fair_turn_s past the other's bound lets the
+// busy one keep the device while the other's requests are refused, one
+// after another. (Whether the two fit on the device together is not known
+// here: the line says "if".)
 void CheckTurns(const config::GatewayConfig& cfg, Report& r) {
   struct Member {
     std::string name, device, priority;
     double turn_s, wait_s;  // its fair_turn_s; how long its requests wait for a load
+    std::string bound;      // what sets wait_s
   };
   std::vector<Member> members;
   auto add = [&](const std::string& name, const std::string& device, const config::ResidencyConfig& res,
-                 double start_timeout_s) {
-    // A pinned service is never unloaded: it neither gives way nor waits for a load.
+                 double wait_s, const std::string& bound) {
+    // A pinned service is never unloaded: it neither gives way nor waits for
+    // a load. An exclusive device drains a busy service at once: no turns.
     if (device == "cpu" || device.empty() || res.mode == "pinned" || cfg.Device(device).exclusive) return;
-    for (auto& m : members) {
-      if (m.name == name && m.device == device) {
-        m.wait_s = std::max(m.wait_s, start_timeout_s + gateway::kQueueWaitMs / 1000.0);
-        return;
-      }
+    for (const auto& m : members) {
+      if (m.name == name && m.device == device) return;
     }
-    members.push_back({name, device, res.priority, res.fair_turn_s, start_timeout_s + gateway::kQueueWaitMs / 1000.0});
+    members.push_back({name, device, res.priority, res.fair_turn_s, wait_s, bound});
   };
   for (const auto& s : cfg.services) {
-    for (const auto& p : s.placements) add(s.name, p.device, s.residency, p.start_timeout_s);
+    double start_s = 0;
+    for (const auto& p : s.placements) start_s = std::max(start_s, p.start_timeout_s);
+    const double queue_s = gateway::kQueueWaitMs / 1000.0;
+    const bool by_delay = s.admission.max_delay_s > start_s + queue_s;
+    for (const auto& p : s.placements) {
+      add(s.name, p.device, s.residency, by_delay ? s.admission.max_delay_s : start_s + queue_s,
+          by_delay ? "its admission's max_delay_s" : "start_timeout_s and a minute");
+    }
   }
-  for (const auto& e : cfg.externals) add(e.name, e.device, e.residency, e.start_timeout_s);
+  for (const auto& e : cfg.externals) add(e.name, e.device, e.residency, e.start_timeout_s + 5, "start_timeout_s and 5 s");
   bool shared = false, warned = false;
   auto seconds = [](double v) {
     char t[32];
@@ -254,22 +264,22 @@ void CheckTurns(const config::GatewayConfig& cfg, Report& r) {
   };
   for (const auto& busy : members) {
     for (const auto& waiting : members) {
-      if (&busy == &waiting || busy.name == waiting.name || busy.device != waiting.device ||
-          busy.priority != waiting.priority) {
-        continue;
-      }
+      if (busy.name == waiting.name || busy.device != waiting.device || busy.priority != waiting.priority) continue;
       shared = true;
-      if (busy.turn_s <= 0 || busy.turn_s <= waiting.wait_s) continue;
+      if (busy.turn_s <= 0 || busy.turn_s < waiting.wait_s) continue;
       warned = true;
       r.Line(Verdict::kWarn, "turns",
              "on " + busy.device + ", service '" + busy.name + "' serves turns of " + seconds(busy.turn_s) +
                  " (fair_turn_s), but a request of '" + waiting.name + "' waits at most " + seconds(waiting.wait_s) +
-                 " for its load (start_timeout_s and a minute): while '" + busy.name +
-                 "' stays busy, they are refused before its turn ends",
-             "lower fair_turn_s of '" + busy.name + "', or raise start_timeout_s of '" + waiting.name + "'");
+                 " for its load (" + waiting.bound + "): if the two do not fit there together, '" + waiting.name +
+                 "' gets no turn while '" + busy.name + "' stays busy, its requests refused one after another",
+             "lower fair_turn_s of '" + busy.name + "' well below " + seconds(waiting.wait_s) +
+                 " (the drain and the load come after it), or raise start_timeout_s of '" + waiting.name + "'");
     }
   }
-  if (shared && !warned) r.Line(Verdict::kOk, "turns", "services that take turns on a device wait long enough for them");
+  if (shared && !warned) {
+    r.Line(Verdict::kOk, "turns", "each turn on a shared device ends before the other services' requests stop waiting");
+  }
 }
 
 void CheckStateDir(const std::string& dir, Report& r) {

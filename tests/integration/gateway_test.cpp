@@ -604,17 +604,29 @@ TEST(GatewayStartupTest, DoctorWarnsOfATurnLongerThanTheOthersRequestsWait) {
   { std::ofstream(dir + "/long.toml") << config(600, 120); }
   std::string out = RunCommand(BinDir() + "/spillway doctor --config " + dir + "/long.toml" + common, &rc);
   EXPECT_NE(out.find("warn  turns    on sim:0, service 'chat' serves turns of 600 s (fair_turn_s), but a request of "
-                     "'chat2' waits at most 180 s for its load"),
+                     "'chat2' waits at most 180 s for its load (start_timeout_s and a minute)"),
             std::string::npos) << out;
-  EXPECT_NE(out.find("fix: lower fair_turn_s of 'chat', or raise start_timeout_s of 'chat2'"), std::string::npos) << out;
+  EXPECT_NE(out.find("fix: lower fair_turn_s of 'chat' well below 180 s"), std::string::npos) << out;
+  EXPECT_NE(out.find("or raise start_timeout_s of 'chat2'"), std::string::npos) << out;
   EXPECT_EQ(out.find("service 'chat2' serves turns"), std::string::npos) << "its 30 s turn fits: " << out;
   EXPECT_EQ(out.find("ok    turns"), std::string::npos) << out;
+  // An external server's request waits for its start only its start_timeout_s and 5 s.
+  {
+    std::ofstream(dir + "/ext.toml") << config(30, 120) << "[[service]]\nname = \"ext\"\nkind = \"external\"\n"
+                                     << "command = \"/bin/true ${PORT}\"\nroutes = { \"/v1/rerank\" = \"/v1/rerank\" }\n"
+                                     << "device = \"sim:0\"\nresidency = \"on_demand\"\nstart_timeout_s = 20\n";
+  }
+  out = RunCommand(BinDir() + "/spillway doctor --config " + dir + "/ext.toml" + common, &rc);
+  EXPECT_NE(out.find("service 'chat' serves turns of 30 s (fair_turn_s), but a request of 'ext' waits at most 25 s for "
+                     "its load (start_timeout_s and 5 s)"),
+            std::string::npos) << out;
+  EXPECT_EQ(out.find("but a request of 'chat' waits"), std::string::npos) << "ext's 30 s turn fits chat's 180 s: " << out;
   // The other's wait raised past the turn: nothing to say.
   { std::ofstream(dir + "/waits.toml") << config(600, 600); }
   out = RunCommand(BinDir() + "/spillway doctor --config " + dir + "/waits.toml" + common, &rc);
   EXPECT_EQ(out.find("warn  turns"), std::string::npos) << out;
-  EXPECT_NE(out.find("ok    turns    services that take turns on a device wait long enough for them"), std::string::npos)
-      << out;
+  EXPECT_NE(out.find("ok    turns    each turn on a shared device ends before the other services' requests stop waiting"),
+            std::string::npos) << out;
   std::filesystem::remove_all(dir);
 }
 
