@@ -55,12 +55,17 @@ struct Cut {
   int on_way_writes = 0;  // file writes inside the two phases
   std::string calls_request, calls_answer;  // the phases' calls in order, e.g. "r:c poll w:f s:w"
   std::vector<std::pair<int, double>> marks;  // an experimental build's marks: id, us since its phase's wake-up
+  // At FULL: the answer phase's last file write (the end's record) to the
+  // start of the fdatasync that covers it (on the log's own thread), the
+  // sync itself, and its end to the serving thread's next wake-up; -1: none.
+  double to_sync = -1, sync = -1, from_sync = -1;
 };
 
 // A call as "kind:whose": r(ecv) s(end) w(rite to a file) poll wait; c(lient) w(orker) f(ile or other).
 std::string Name(const ClockEvent& e, int client, int worker) {
   static const char* kinds[] = {"s", "r", "w", "poll", "wait"};
   if (Is(e, ClockKind::kMark)) return "m" + std::to_string(e.fd);
+  if (Is(e, ClockKind::kSync)) return "sync";
   const char* kind = e.kind >= 0 && e.kind < 5 ? kinds[e.kind] : "?";
   if (Is(e, ClockKind::kPoll) || Is(e, ClockKind::kWait)) return kind;
   return std::string(kind) + ":" + (e.fd == client ? "c" : e.fd == worker ? "w" : "f") + (e.result < 0 ? "-" : "");
@@ -86,6 +91,11 @@ std::vector<Cut> CutRequests(const std::vector<ClockEvent>& all) {
     if (e.tid == tid) ev.push_back(e);
   }
   std::sort(ev.begin(), ev.end(), [](auto& a, auto& b) { return a.start_ns < b.start_ns; });
+  std::vector<ClockEvent> syncs;  // any thread's (the commit log syncs on a thread of its own)
+  for (const auto& e : all) {
+    if (Is(e, ClockKind::kSync)) syncs.push_back(e);
+  }
+  std::sort(syncs.begin(), syncs.end(), [](auto& a, auto& b) { return a.start_ns < b.start_ns; });
   // The two descriptors it sends to most: the client's and the worker's.
   // The client's reads are its requests, shorter than the worker's answers
   // (a one-token completion's JSON).
@@ -136,6 +146,28 @@ std::vector<Cut> CutRequests(const std::vector<ClockEvent>& all) {
     }
     Cut c{(sw.start_ns - wake1) / 1e3, (sc.start_ns - wake2) / 1e3, (sw.end_ns - sw.start_ns) / 1e3,
           (sc.end_ns - sc.start_ns) / 1e3, calls, writes, "", "", {}};
+    // The answer phase's last file write, the sync that began after it, and
+    // the serving thread's first wake-up after that sync.
+    const ClockEvent* last_write = nullptr;
+    for (size_t k = answer_read; k < i; ++k) {
+      if (Is(ev[k], ClockKind::kFileWrite)) last_write = &ev[k];
+    }
+    if (last_write) {
+      const auto sync = std::lower_bound(syncs.begin(), syncs.end(), last_write->end_ns,
+                                         [](const ClockEvent& e, int64_t t) { return e.start_ns < t; });
+      if (sync != syncs.end() && sync->end_ns <= sc.start_ns) {
+        int64_t woke = -1;
+        for (size_t k = answer_read; k < i; ++k) {
+          if (Is(ev[k], ClockKind::kWait) && ev[k].end_ns >= sync->end_ns) {
+            woke = ev[k].end_ns;
+            break;
+          }
+        }
+        c.to_sync = (sync->start_ns - last_write->end_ns) / 1e3;
+        c.sync = (sync->end_ns - sync->start_ns) / 1e3;
+        if (woke >= 0) c.from_sync = (woke - sync->end_ns) / 1e3;
+      }
+    }
     for (size_t k = first; ev[k].start_ns < sw.start_ns; ++k) c.calls_request += Name(ev[k], client, worker) + " ";
     for (size_t k = answer_read; ev[k].start_ns < sc.start_ns; ++k) c.calls_answer += Name(ev[k], client, worker) + " ";
     for (size_t k = first; k < i; ++k) {
@@ -350,6 +382,19 @@ int main(int argc, char** argv) {
     own[k] = Pct(sum.request, .5) + Pct(sum.answer, .5);
     PrintRow(sides[k].label.c_str(), sum, Pct(sides[k].latency, .5) - Pct(sides[sides[k].direct].latency, .5));
   }
+  for (size_t k : proxies) {
+    std::vector<double> to, sync, from;
+    for (const auto& c : sides[k].cuts) {
+      if (c.sync < 0) continue;
+      to.push_back(c.to_sync);
+      sync.push_back(c.sync);
+      if (c.from_sync >= 0) from.push_back(c.from_sync);
+    }
+    if (sync.size() < sides[k].cuts.size() / 2) continue;
+    std::printf("%s, its answer phase's fdatasync (%zu of %zu requests), p50: end record written -> sync begins %.1f us "
+                "(the log's thread woken), the sync %.1f us, sync done -> serving thread awake %.1f us\n",
+                sides[k].label.c_str(), sync.size(), sides[k].cuts.size(), Pct(to, .5), Pct(sync, .5), Pct(from, .5));
+  }
   for (size_t i = 1; i < proxies.size(); ++i) {
     const size_t a = proxies[0], b = proxies[i];
     std::printf("own time on the way, p50: %s %.0f us, %s %.0f us (%.2fx)\n", sides[a].label.c_str(), own[a],
@@ -361,7 +406,7 @@ int main(int argc, char** argv) {
               "client's p50 over calling its worker directly (%.0f us) in the same rounds\n",
               Pct(sides[0].latency, .5));
   std::printf("each phase's calls, commonest first (r/s/w: read, send, file write; c/w/f: client, worker, file; - "
-              "failed, e.g. EAGAIN; poll: epoll_wait that does not sleep; wait: one that sleeps):\n");
+              "failed, e.g. EAGAIN; poll: epoll_wait that does not sleep; wait: one that sleeps; sync: fdatasync):\n");
   for (size_t k : proxies) PrintSequences(sides[k].label.c_str(), sides[k].cuts);
   for (size_t k : proxies) PrintMarks(sides[k].label.c_str(), sides[k].cuts);
   return 0;

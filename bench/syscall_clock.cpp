@@ -1,4 +1,4 @@
-// libsyscall_clock.so: times the socket, file-write and epoll calls of a
+// libsyscall_clock.so: times the socket, file-write, sync and epoll calls of a
 // process started with LD_PRELOAD, for bench/path_timeline. Each call's
 // start and end (CLOCK_MONOTONIC, the vDSO's: no system call of its own),
 // its kind, descriptor and result go to a buffer of the calling thread.
@@ -189,6 +189,14 @@ ssize_t pwrite64(int fd, const void* b, size_t n, off_t o) {
 ssize_t pwrite(int fd, const void* b, size_t n, off_t o) {
   static const auto real = Next<ssize_t (*)(int, const void*, size_t, off_t)>("pwrite");
   return Timed(ClockKind::kFileWrite, fd, real, fd, b, n, o);
+}
+int fdatasync(int fd) {
+  static const auto real = Next<int (*)(int)>("fdatasync");
+  return Timed(ClockKind::kSync, fd, real, fd);
+}
+int fsync(int fd) {
+  static const auto real = Next<int (*)(int)>("fsync");
+  return Timed(ClockKind::kSync, fd, real, fd);
 }
 int epoll_wait(int fd, epoll_event* ev, int max, int timeout) {
   static const auto real = Next<int (*)(int, epoll_event*, int, int)>("epoll_wait");

@@ -14,6 +14,7 @@ enum class ClockKind : int32_t {
   kPoll = 3,       // epoll_wait with a zero timeout (nothing waited for)
   kWait = 4,       // epoll_wait that may block: the thread sleeps until woken
   kMark = 5,       // no call: a point an experimental build marks (below), its id as `fd`
+  kSync = 6,       // fdatasync, fsync
 };
 
 // An experimental build (never a committed one) can timestamp a point of its
