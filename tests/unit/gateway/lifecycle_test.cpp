@@ -6,6 +6,8 @@
 #include "gateway/gateway.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <sqlite3.h>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -234,9 +236,10 @@ Behaviour CutStream(std::vector<std::pair<std::string, int>> chunks,
 class LifecycleTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("spillway-lifecycle-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    // (A parameterized test's name is "Name/0": one directory, not one in another that stays behind.)
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');
+    dir_ = std::filesystem::temp_directory_path() / ("spillway-lifecycle-" + std::to_string(::getpid()) + "-" + name);
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     auto cfg = config::ParseConfig(config_text_, "lifecycle.toml");
