@@ -46,9 +46,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// One request as the proxy's serving thread saw it, in microseconds.
 bool Is(const ClockEvent& e, ClockKind k) { return e.kind == static_cast<int32_t>(k); }
 
+// One request as the proxy's serving thread saw it, in microseconds.
 struct Cut {
   double request = 0, answer = 0, send_worker = 0, send_client = 0;
   int calls = 0;         // system calls between the two wake-ups' ends and the reply's send, waits not counted
@@ -79,8 +79,7 @@ std::vector<ClockEvent> ReadDump(const std::string& path) {
   return ev;
 }
 
-
-// The serving thread is the one that sent most.
+// Each request of the serving thread (the one that sent most), cut at its calls.
 std::vector<Cut> CutRequests(const std::vector<ClockEvent>& all) {
   std::map<int32_t, int> sends;
   for (const auto& e : all) sends[e.tid] += Is(e, ClockKind::kSend);
@@ -230,10 +229,13 @@ void PrintMarks(const char* label, const std::vector<Cut>& cuts) {
   }
 }
 
-void PrintRow(const char* label, const Summary& s, double added_p50) {
+// Returns the own time it printed: the two phases' p50s together.
+double PrintRow(const char* label, const Summary& s, double added_p50) {
+  const double own = Pct(s.request, .5) + Pct(s.answer, .5);
   std::printf("%-26s %7.1f %7.1f | %7.1f %7.1f | %7.1f | %6.1f %6.1f | %5.1f %5.1f | %7.0f\n", label, Pct(s.request, .5),
-              Pct(s.request, .9), Pct(s.answer, .5), Pct(s.answer, .9), Pct(s.request, .5) + Pct(s.answer, .5),
-              Pct(s.send_worker, .5), Pct(s.send_client, .5), Mean(s.calls), Mean(s.writes), added_p50);
+              Pct(s.request, .9), Pct(s.answer, .5), Pct(s.answer, .9), own, Pct(s.send_worker, .5),
+              Pct(s.send_client, .5), Mean(s.calls), Mean(s.writes), added_p50);
+  return own;
 }
 
 }  // namespace
@@ -283,12 +285,11 @@ int main(int argc, char** argv) {
   const std::string gw_body = R"({"model":"chat","prompt":"x","max_tokens":1,"temperature":0})";
   std::vector<GatewayRun> runs;
   std::vector<Side> sides;
+  pid_t bare_pid = -1;
   const auto stop_all = [&] {
-    for (auto& s : sides) {
-      if (s.label == "bare Asio proxy") {
-        kill(s.pid, SIGTERM);
-        waitpid(s.pid, nullptr, 0);
-      }
+    if (bare_pid > 0) {
+      kill(bare_pid, SIGTERM);
+      waitpid(bare_pid, nullptr, 0);
     }
     for (auto& r : runs) StopGateway(r);
     if (!keep) fs::remove_all(out_dir);
@@ -319,7 +320,8 @@ int main(int argc, char** argv) {
     } else {
       std::printf("nginx: %s; its row is skipped\n", nginx->why().c_str());
     }
-    const auto [bare_pid, bare_port] = StartBareProxy(worker, wrap("bare"));
+    const auto [bare, bare_port] = StartBareProxy(worker, wrap("bare"));
+    bare_pid = bare;
     if (bare_port == 0) {
       std::printf("the bare proxy did not start\n");
       stop_all();
@@ -378,9 +380,8 @@ int main(int argc, char** argv) {
   for (size_t k = 0; k < sides.size(); ++k) {
     if (sides[k].pid <= 0) continue;
     proxies.push_back(k);
-    const Summary sum = Summarize(sides[k].cuts);
-    own[k] = Pct(sum.request, .5) + Pct(sum.answer, .5);
-    PrintRow(sides[k].label.c_str(), sum, Pct(sides[k].latency, .5) - Pct(sides[sides[k].direct].latency, .5));
+    own[k] = PrintRow(sides[k].label.c_str(), Summarize(sides[k].cuts),
+                      Pct(sides[k].latency, .5) - Pct(sides[sides[k].direct].latency, .5));
   }
   for (size_t k : proxies) {
     std::vector<double> to, sync, from;

@@ -224,7 +224,7 @@ void CheckHostRam(const config::GatewayConfig& cfg, Report& r) {
 // service's request by its start_timeout_s (the longest of its placements')
 // and a minute, or its admission's max_delay_s if longer
 // (request_admission.cpp); an external server's by its start_timeout_s and
-// 5 s (gateway_external.cpp). A fair_turn_s past the other's bound lets the
+// kExternalStartSlackMs (gateway_external.cpp). A fair_turn_s past the other's bound lets the
 // busy one keep the device while the other's requests are refused, one
 // after another. (Whether the two fit on the device together is not known
 // here: the line says "if".)
@@ -255,7 +255,10 @@ void CheckTurns(const config::GatewayConfig& cfg, Report& r) {
           by_delay ? "its admission's max_delay_s" : "start_timeout_s and a minute");
     }
   }
-  for (const auto& e : cfg.externals) add(e.name, e.device, e.residency, e.start_timeout_s + 5, "start_timeout_s and 5 s");
+  for (const auto& e : cfg.externals) {
+    add(e.name, e.device, e.residency, e.start_timeout_s + gateway::kExternalStartSlackMs / 1000.0,
+        "start_timeout_s and " + std::to_string(gateway::kExternalStartSlackMs / 1000) + " s");
+  }
   bool shared = false, warned = false;
   auto seconds = [](double v) {
     char t[32];

@@ -18,10 +18,10 @@
 #include <thread>
 
 #include <boost/asio/co_spawn.hpp>
-#include <boost/version.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/this_coro.hpp>
+#include <boost/version.hpp>
 
 #include "api/http_client.h"
 #include "api/json_text.h"

@@ -487,7 +487,7 @@ boost::asio::awaitable<StatusOr<uint16_t>> Gateway::AwaitExternalTurn(const jour
                                                                       const config::ExternalConfig& svc, Live& live,
                                                                       bool* running, bool* took_room) {
   const std::string key = ExternalKey(svc);
-  const int64_t start_wait_ms = static_cast<int64_t>(svc.start_timeout_s * 1000) + 5000;
+  const int64_t start_wait_ms = static_cast<int64_t>(svc.start_timeout_s * 1000) + kExternalStartSlackMs;
   // Since when its server has been down (this streak): a start is waited
   // for that long, counted from when the server went, not from when the
   // request came (one that waited its turn for minutes, then saw its server

@@ -31,6 +31,8 @@ using journal::State;
 namespace internal {
 
 inline constexpr int64_t kQueueWaitMs = 60000;  // how long an accepted request may wait for a worker
+// How much longer than its start_timeout_s a request waits for an external server to start.
+inline constexpr int64_t kExternalStartSlackMs = 5000;
 inline constexpr int kMaxAttempts = 3;          // attempts on worker failures, per request
 inline constexpr int64_t kMaxRequestTimeoutMs = int64_t{86400} * 1000;  // X-Request-Timeout's bound
 inline constexpr size_t kMaxUnsentBytes = 256 << 10;  // of a stream to a slow reader, before the relay pauses
