@@ -7,7 +7,7 @@ CMAKE_FLAGS ?=
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all deps build test run install bench chaos fuzz clean
+.PHONY: all deps build test run install bench pgo chaos fuzz clean
 
 all: build
 
@@ -36,6 +36,12 @@ bench: build
 	SPILLWAY_TEST_BENCH_MODELS=1 ctest --test-dir $(BUILD) -R model_behaviour_test --output-on-failure
 	bench/worker_vs_llama.sh $(BUILD)
 
+# Rebuilds BUILD with profile-guided optimisation (GCC): an instrumented gateway trained on
+# bench/gateway_overhead's workload, then BUILD built with its profile (scripts/pgo.sh). It stays on for
+# later builds of BUILD; off again: cmake -DSPILLWAY_PGO= $(BUILD).
+pgo: deps
+	@scripts/pgo.sh "$(BUILD)"
+
 # The proving suite's long form: every scenario for a minute, more than 1000
 # injected faults, against both baselines; report in chaos-report/.
 CHAOS_SEED ?= 1
@@ -48,4 +54,4 @@ fuzz: build
 	tests/fuzz/run.sh $(BUILD) $(FUZZ_SECONDS)
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(BUILD)-pgo-gen
