@@ -40,7 +40,7 @@ bench: build
 # bench/gateway_overhead's workload, then BUILD built with its profile (scripts/pgo.sh). It stays on for
 # later builds of BUILD; off again: cmake -DSPILLWAY_PGO= $(BUILD).
 pgo: deps
-	@scripts/pgo.sh "$(BUILD)"
+	@CMAKE_FLAGS="$(CMAKE_FLAGS)" scripts/pgo.sh "$(BUILD)"
 
 # The proving suite's long form: every scenario for a minute, more than 1000
 # injected faults, against both baselines; report in chaos-report/.
