@@ -67,12 +67,10 @@ bool RequestAdmission::RefusedAtOnce() {
   RefreshHeld();
   // Nothing was admitted to run (the memory is not there): say so at once.
   bool any = false;
-  why.clear();
-  for (const auto& st : states_) {
-    any |= st->admission.admitted;
-    why += (why.empty() ? "" : "; ") + st->cfg.Name() + ": " + st->admission.reason;
-  }
+  for (const auto& st : states_) any |= st->admission.admitted;
   if (!any) {
+    why.clear();  // (the reasons written out only here: every request passes this point)
+    for (const auto& st : states_) why += (why.empty() ? "" : "; ") + st->cfg.Name() + ": " + st->admission.reason;
     // Found at start, and so until a restart: no retry helps (a Retry-After
     // of 30 s had SDKs and Ollama clients retry a config error for good).
     *rejected_ = Status::Unavailable("no placement of '" + svc_.name + "' could be started (" + why +

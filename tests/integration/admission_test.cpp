@@ -158,6 +158,32 @@ TEST_F(AdmissionTest, ACompetingHoldKeepsTheGpuPlacementFromStartingAndTheCpuSer
   waitpid(holder, nullptr, 0);
 }
 
+// A service none of whose placements could be admitted at start (the device
+// too small for it) refuses each request at once with every placement's
+// reason, and no Retry-After: only a change of config or device helps.
+TEST_F(AdmissionTest, AServiceWithNoPlacementThatFitsSaysWhyAtOnce) {
+  ASSERT_TRUE(devices::SimLedger::Create(0, 4 << 20).ok());
+  std::ostringstream cfg;
+  cfg << "[[device]]\nname = \"sim:0\"\nheadroom_pct = 5\n"
+      << "[[service]]\nname = \"chat\"\nmodel = \"" << ModelPath("tiny-chat") << "\"\n"
+      << "[[service.placement]]\ndevice = \"sim:0\"\ngpu_layers = 99\nctx = 1024\nslots = 2\nthreads = 1\n";
+  GatewayProcess gw(cfg.str());
+  ASSERT_TRUE(gw.Start(std::chrono::seconds(60), /*wait_ready=*/false)) << gw.Output();
+  json status = Body(*http::Fetch("127.0.0.1", gw.port(), "GET", "/v1/status"));
+  const auto& gpu = status["services"][0]["placements"][0];
+  ASSERT_FALSE(gpu["admitted"].get<bool>()) << status.dump();
+  const std::string reason = gpu["admission"].get<std::string>();
+  ASSERT_FALSE(reason.empty()) << gpu.dump();
+  auto r = Post(gw.port(), {{"model", "chat"}, {"prompt", "hello"}, {"max_tokens", 8}});
+  EXPECT_EQ(r.status, 503) << r.body;
+  const std::string message = Body(r)["error"]["message"].get<std::string>();
+  EXPECT_NE(message.find("no placement of 'chat' could be started (" + gpu["placement"].get<std::string>() + ": " + reason +
+                         "); fix it and restart the gateway"),
+            std::string::npos)
+      << message << "\n" << gpu.dump();
+  EXPECT_EQ(r.Header("retry-after"), "") << r.body;
+}
+
 TEST_F(AdmissionTest, AKilledGpuWorkerIsNotRestartedIntoMemoryTakenMeanwhile) {
   ASSERT_TRUE(devices::SimLedger::Create(0, 96 << 20).ok());
   GatewayProcess gw(Config());
