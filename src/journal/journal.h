@@ -237,8 +237,8 @@ class Journal {
   // A commit-log record (see above): `done` hears that it is durable; a
   // request that had already ended keeps its first terminal state (the
   // blocking Finish says Conflict instead).
-  void FinishAsync(std::string id, State state, int status, std::string content_type, std::string body,
-                   std::string error, OnCommit done);
+  void FinishAsync(const std::string& id, State state, int status, const std::string& content_type,
+                   const std::string& body, const std::string& error, OnCommit done);
   // Returns once every write queued before the call has committed or failed.
   void Flush();
 

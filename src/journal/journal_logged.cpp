@@ -269,8 +269,9 @@ void Journal::AcceptAndStartLogged(const RequestRecord& r, const std::string& pl
   AppendLogged(std::move(w.out()), Bytes(r.body, decision_json), std::move(done), defer_sync);
 }
 
-void Journal::FinishAsync(std::string id, State state, int status, std::string content_type, std::string body,
-                          std::string error, OnCommit done) {
+void Journal::FinishAsync(const std::string& id, State state, int status, const std::string& content_type,
+                          const std::string& body, const std::string& error, OnCommit done) {
+  // (Read once, into the record: the strings are not kept.)
   RecordWriter w(64 + 4 * 4 + 8 * 4 + id.size() + content_type.size() + body.size() + error.size());
   w.U8(kFinish).Str(id).I64(static_cast<int64_t>(state)).I64(status).Str(content_type).Str(body).Str(error);
   w.I64(clock_.NowMs());

@@ -194,9 +194,7 @@ class Supervisor : public Workers {
   // health-checked at once.
   void Suspect(const std::string& key) override;
   // What every request to a worker carries: Authorization: Bearer <secret>.
-  std::vector<std::pair<std::string, std::string>> AuthHeaders() const override {
-    return {{"Authorization", "Bearer " + secret_}};
-  }
+  const std::vector<std::pair<std::string, std::string>>& AuthHeaders() const override { return auth_headers_; }
   // Runs `f` with the supervisor's lock held, as its own thread holds it
   // while it spawns, kills and writes records (tests: the readers above
   // answer meanwhile).
@@ -334,6 +332,7 @@ class Supervisor : public Workers {
   std::function<void(const std::string&, const std::string&)> on_exit_;
   const std::string binary_, state_dir_, run_dir_;
   const std::string secret_;
+  const std::vector<std::pair<std::string, std::string>> auth_headers_{{"Authorization", "Bearer " + secret_}};
   double orphan_timeout_s_ = 0;
   const Clock& clock_;
   mutable std::mutex mu_;

@@ -119,7 +119,7 @@ class Workers {
   // Stops every worker (and asks the callbacks above nothing more).
   virtual void Stop() = 0;
   // What every request to a worker carries.
-  virtual std::vector<std::pair<std::string, std::string>> AuthHeaders() const = 0;
+  virtual const std::vector<std::pair<std::string, std::string>>& AuthHeaders() const = 0;
 };
 
 }  // namespace spillway::upstream

@@ -165,8 +165,9 @@ class FakeWorkers : public upstream::Workers {
     return f && f(key);
   }
   void Stop() override {}
-  std::vector<std::pair<std::string, std::string>> AuthHeaders() const override {
-    return {{"Authorization", "Bearer fake-secret"}};
+  const std::vector<std::pair<std::string, std::string>>& AuthHeaders() const override {
+    static const std::vector<std::pair<std::string, std::string>> kAuth = {{"Authorization", "Bearer fake-secret"}};
+    return kAuth;
   }
 
  private:
