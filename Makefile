@@ -36,9 +36,9 @@ bench: build
 	SPILLWAY_TEST_BENCH_MODELS=1 ctest --test-dir $(BUILD) -R model_behaviour_test --output-on-failure
 	bench/worker_vs_llama.sh $(BUILD)
 
-# Rebuilds BUILD with profile-guided optimisation (GCC): an instrumented gateway trained on
-# bench/gateway_overhead's workload, then BUILD built with its profile (scripts/pgo.sh). It stays on for
-# later builds of BUILD; off again: cmake -DSPILLWAY_PGO= $(BUILD).
+# Rebuilds BUILD's gateway with profile-guided and link-time optimisation (GCC): an instrumented gateway
+# trained on bench/gateway_overhead's workload, then BUILD built with its profile (scripts/pgo.sh). Both stay
+# on for later builds of BUILD; off again: cmake -DSPILLWAY_PGO= -DSPILLWAY_LTO=OFF $(BUILD).
 pgo: deps
 	@CMAKE_FLAGS="$(CMAKE_FLAGS)" scripts/pgo.sh "$(BUILD)"
 
