@@ -9,6 +9,14 @@
 // one, and cache misses not at all. gateway_overhead says what a request
 // waits.)
 //
+// Beside the instructions, the code a request runs through: the distinct
+// 64-byte lines of machine code that ran (in the gateway, on its I/O threads),
+// over the N requests, which take the same path each time. In the timed
+// benchmarks the worker runs between two requests and evicts the proxy's
+// code, so each of those lines is a cache miss a request; own time has
+// followed this count more closely than the instructions (docs/BENCHMARKS.md,
+// session 50), though code that is smaller but slower (-Os) is not faster.
+//
 // Each side: a warm-up, then its counters zeroed, N sequential requests on one
 // keep-alive connection, and a dump. In the gateway only the threads that
 // work on requests count (kRequestThreads); what is still counted while idle
@@ -27,6 +35,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -86,9 +95,11 @@ struct Counted {
 // the process's other threads, each thread in a dump of its own.
 std::vector<std::string> Callgrind(const std::string& valgrind, const std::string& out,
                                    const std::vector<std::pair<std::string, std::string>>& threads = {}) {
-  std::vector<std::string> args = {valgrind, "-q", "--tool=callgrind", "--callgrind-out-file=" + out, "--dump-instr=no"};
-  // (Names uncompressed: a compressed one is spelled out once, in whichever thread's dump comes first.)
-  if (!threads.empty()) args.insert(args.end(), {"--collect-atstart=no", "--separate-threads=yes", "--compress-strings=no"});
+  // (Each instruction's address, uncompressed, for the code lines; names uncompressed: a compressed one is
+  // spelled out once, in whichever thread's dump comes first.)
+  std::vector<std::string> args = {valgrind,         "-q", "--tool=callgrind", "--callgrind-out-file=" + out,
+                                   "--dump-instr=yes", "--compress-pos=no", "--compress-strings=no"};
+  if (!threads.empty()) args.insert(args.end(), {"--collect-atstart=no", "--separate-threads=yes"});
   for (const auto& [fn, label] : threads) args.push_back("--toggle-collect=" + fn);
   return args;
 }
@@ -113,25 +124,44 @@ bool Control(const std::string& tool, const char* flag, pid_t pid) {
 struct Counts {
   double total = 0;
   std::map<std::string, double> by_thread;
+  // The code that ran on the serving threads (all of a process's without `threads`; the gateway's I/O
+  // threads): {object file, address / 64}.
+  std::set<std::pair<std::string, uint64_t>> code_lines;
 };
 
-// The instructions a dump file counted ("totals:" line), and which of
-// `threads`' functions its thread ran (the first whose name it holds; "" for none).
-std::optional<std::pair<double, std::string>> ReadDump(const std::string& file,
-                                                       const std::vector<std::pair<std::string, std::string>>& threads) {
+struct Dumped {
+  double total = 0;
+  std::string kind;  // which of `threads`' functions its thread ran; "" for none
+  std::set<std::pair<std::string, uint64_t>> code_lines;
+};
+
+// The instructions a dump file counted ("totals:" line), which of `threads`' functions its thread ran (the
+// first whose name it holds), and the code lines its instructions are on. A cost line is "0x<address> <line>
+// <count>"; the one after a "calls=" line is the call's inclusive cost at the call site, not code that ran
+// there.
+std::optional<Dumped> ReadDump(const std::string& file, const std::vector<std::pair<std::string, std::string>>& threads) {
   for (int i = 0; i < 100; ++i) {  // the dump is written asynchronously
     std::ifstream f(file);
-    std::string line, kind;
-    std::optional<double> total;
+    std::string line, object;
+    Dumped d;
+    bool total = false, call_cost = false;
     while (std::getline(f, line)) {
-      if (line.rfind("totals:", 0) == 0) total = std::stod(line.substr(7));
-      if (kind.empty() && line.rfind("fn=", 0) == 0) {
+      if (line.rfind("0x", 0) == 0) {
+        if (!std::exchange(call_cost, false)) d.code_lines.emplace(object, std::stoull(line, nullptr, 16) / 64);
+      } else if (line.rfind("calls=", 0) == 0) {
+        call_cost = true;
+      } else if (line.rfind("ob=", 0) == 0) {
+        object = line.substr(3);
+      } else if (line.rfind("totals:", 0) == 0) {
+        d.total = std::stod(line.substr(7));
+        total = true;
+      } else if (d.kind.empty() && line.rfind("fn=", 0) == 0) {
         for (const auto& [fn, label] : threads) {
-          if (line.find(fn) != std::string::npos) kind = fn;
+          if (line.find(fn) != std::string::npos) d.kind = fn;
         }
       }
     }
-    if (total) return std::make_pair(*total, kind);
+    if (total) return d;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return std::nullopt;
@@ -154,14 +184,22 @@ std::optional<Counts> Dump(const std::string& tool, Counted& c) {
   for (const auto& f : files) {
     auto d = ReadDump(f, c.threads);
     if (!d) return std::nullopt;
-    out.total += d->first;
-    if (!d->second.empty()) out.by_thread[d->second] += d->first;
+    out.total += d->total;
+    if (!d->kind.empty()) out.by_thread[d->kind] += d->total;
+    if (c.threads.empty() || d->kind == c.threads.front().first) out.code_lines.merge(d->code_lines);
   }
   return out;
 }
 
-// Instructions per request, the idle share subtracted; nullopt (said why) when it could not be counted.
-std::optional<double> PerRequest(const std::string& tool, Counted& c, int n) {
+// What a side spent on a request: instructions, the idle share subtracted; the code lines its serving
+// threads ran through (over all N requests: one path, taken N times).
+struct PerRequestCounts {
+  double instructions = 0;
+  size_t code_lines = 0;
+};
+
+// nullopt (said why) when it could not be counted.
+std::optional<PerRequestCounts> PerRequest(const std::string& tool, Counted& c, int n) {
   spillway::http::Connection conn("127.0.0.1", c.port);
   auto send = [&] {
     auto r = conn.Send("POST", "/v1/completions", c.body, c.headers);
@@ -206,7 +244,9 @@ std::optional<double> PerRequest(const std::string& tool, Counted& c, int n) {
     }
     std::printf("\n");
   }
-  return (busy->total - idle_part) / n;
+  std::printf("  %-34s %9zu code lines run (%.0f KiB)%s\n", "", busy->code_lines.size(),
+              busy->code_lines.size() * 64 / 1024.0, c.threads.empty() ? "" : ", the I/O threads");
+  return PerRequestCounts{(busy->total - idle_part) / n, busy->code_lines.size()};
 }
 
 }  // namespace
@@ -235,7 +275,7 @@ int main(int argc, char** argv) {
   const std::string direct_body = json{{"prompt", "x"}, {"max_tokens", 1}, {"temperature", 0}}.dump();
   std::printf("non-streaming 1-token completion, loopback, keep-alive; each proxy in front of the same kind of worker, "
               "under callgrind\n");
-  std::optional<double> normal, full, nginx, bare;
+  std::optional<PerRequestCounts> normal, full, nginx, bare;
   for (bool is_full : {false, true}) {
     Counted gw(is_full ? "spillway serve, journal FULL" : "spillway serve, journal NORMAL");
     gw.out = (dir / (is_full ? "gateway-full" : "gateway-normal")).string();
@@ -283,14 +323,16 @@ int main(int argc, char** argv) {
     }
     StopGateway(g);
   }
-  if (normal && nginx && *nginx > 0) {
-    std::printf("vs nginx: Spillway/nginx instructions a request: %.2fx at NORMAL", *normal / *nginx);
-    if (full) std::printf(", %.2fx at FULL", *full / *nginx);
+  if (normal && nginx && nginx->instructions > 0 && nginx->code_lines > 0) {
+    std::printf("vs nginx: Spillway/nginx instructions a request: %.2fx at NORMAL", normal->instructions / nginx->instructions);
+    if (full) std::printf(", %.2fx at FULL", full->instructions / nginx->instructions);
+    std::printf("; code lines run: %.2fx at NORMAL", static_cast<double>(normal->code_lines) / nginx->code_lines);
+    if (full) std::printf(", %.2fx at FULL", static_cast<double>(full->code_lines) / nginx->code_lines);
     std::printf("\n");
   }
   if (normal && bare) {
     std::printf("vs a bare Asio proxy: Spillway's own work above it: %.1fk instructions a request at NORMAL\n",
-                (*normal - *bare) / 1000);
+                (normal->instructions - bare->instructions) / 1000);
   }
   if (keep) {
     std::printf("callgrind dumps kept in %s (callgrind_annotate --inclusive=yes <file>)\n", dir.c_str());
