@@ -107,8 +107,15 @@ void Supervisor::ReadLoadProgress(Worker& w) const {
 
 void Supervisor::WriteRecord(const Worker& w) {
   if (w.start_time == 0) return;  // not readable yet (Poll tries again): such a record is refused anyway
-  WorkerRecord r{w.spec.key,     w.view.pid, w.start_time, w.view.port, w.spec_hash,
-                 protocol::kWorkerProtocolVersion, w.spec.external(), w.spec.stop_signal};
+  WorkerRecord r;
+  r.key = w.spec.key;
+  r.pid = w.view.pid;
+  r.start_time = w.start_time;
+  r.port = w.view.port;
+  r.spec_hash = w.spec_hash;
+  r.protocol_version = protocol::kWorkerProtocolVersion;
+  r.external = w.spec.external();
+  r.stop_signal = w.spec.stop_signal;
   if (const auto dir = FolderIdentity(run_dir_)) std::tie(r.dir_dev, r.dir_ino) = *dir;
   if (const pid_t sid = ::getsid(w.view.pid); sid > 0) r.session = sid;
   r.boot = BootIdentity();

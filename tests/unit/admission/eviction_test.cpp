@@ -152,6 +152,15 @@ TEST(EvictionTest, AnExclusiveDeviceUnloadsEveryOtherServiceEvenWhenTheRoomSuffi
   EXPECT_TRUE(no.evict.empty());
 }
 
+// A load no request waits for, of a service used `rate` times a minute.
+Demand NotAwaited(double rate, bool recently_used) {
+  Demand d;
+  d.awaited = false;
+  d.requests_per_min = rate;
+  d.recently_used = recently_used;
+  return d;
+}
+
 // An on-demand load asked again after its requests went to the CPU path is
 // for nobody: it unloads a lower class, and an idle peer of its own class
 // only when that one is used less (a peer that just served would load again
@@ -159,7 +168,7 @@ TEST(EvictionTest, AnExclusiveDeviceUnloadsEveryOtherServiceEvenWhenTheRoomSuffi
 // good); a waiting request's load still may take any idle peer.
 TEST(EvictionTest, ALoadNobodyWaitsForUnloadsALowerClassOrAPeerUsedLess) {
   const std::vector<Resident> rs = {R("interactive-idle", 0, 400, 0, 1, /*rate=*/2), R("batch-idle", 1, 200)};
-  const Demand nobody{/*awaited=*/false, /*requests_per_min=*/2, /*recently_used=*/true};  // used as much as the peer
+  const Demand nobody = NotAwaited(2, /*recently_used=*/true);  // used as much as the peer
   auto p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, nobody);
   EXPECT_FALSE(p.fits) << "only the batch service (200 MiB) may give room: not enough";
   EXPECT_TRUE(p.evict.empty());
@@ -168,11 +177,11 @@ TEST(EvictionTest, ALoadNobodyWaitsForUnloadsALowerClassOrAPeerUsedLess) {
   ASSERT_TRUE(p.fits) << p.reason;
   EXPECT_EQ(p.evict, (std::vector<std::string>{"batch-idle.0"}));
   // Used more than the peer, and in use now: the idle peer gives its room.
-  p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, Demand{false, 3, true});
+  p = PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, NotAwaited(3, /*recently_used=*/true));
   ASSERT_TRUE(p.fits) << p.reason;
   EXPECT_EQ(p.evict, (std::vector<std::string>{"batch-idle.0", "interactive-idle.0"}));
   // Its last request minutes ago (its rate only looks higher as the peer's old requests age out): the peer stays.
-  EXPECT_FALSE(PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, Demand{false, 3, false}).fits);
+  EXPECT_FALSE(PlanEviction(500 * kMiB, 100 * kMiB, 0, "chat.0", rs, false, NotAwaited(3, false)).fits);
   // A peer already being unloaded blocks nobody on an exclusive device.
   Resident going = R("interactive-idle", 0, 400, 0, 1, 2);
   going.evicting = true;

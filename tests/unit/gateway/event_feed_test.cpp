@@ -107,7 +107,7 @@ TEST_F(FeedTest, ASubscriberHearsHistoryAndASnapshotAtOnceThenChangesAndIncident
   ASSERT_TRUE(h.contains("sim:0"));
   EXPECT_EQ(h["sim:0"].back()[1], 300);
   // An incident from elsewhere (the journal) reaches the stream too.
-  log.Add({0, 1, "cancelled", "chat", "", "", "req_9", "", "cancelled"});
+  log.Add({0, 1, "cancelled", "chat", "", "", "req_9", "", "cancelled", ""});
   feed.Kick();
   ASSERT_TRUE(Eventually([&] { return ex->Text().find("req_9") != std::string::npos; }));
   feed.Stop();
@@ -161,7 +161,7 @@ TEST_F(FeedTest, ASlowReaderSkipsSnapshotsAndAGoneOneIsDropped) {
   gone->gone = true;
   const size_t incidents_before = slow->Count("event: incident");
   Set(Snapshot("closed", 500));
-  log.Add({0, 1, "cancelled", "chat", "", "", "req_slow", "", "cancelled"});  // (a failed request's, as they keep coming)
+  log.Add({0, 1, "cancelled", "chat", "", "", "req_slow", "", "cancelled", ""});  // (a failed request's, as they keep coming)
   ASSERT_TRUE(Eventually([&] { return feed.subscribers() == 1; }));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(slow->Count("event: snapshot"), 1u) << "a slow reader's backlog must not grow";

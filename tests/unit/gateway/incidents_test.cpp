@@ -132,7 +132,7 @@ TEST(RequestIncidentsTest, CancelledAndFailedEndsAreIncidents) {
 
 TEST(IncidentLogTest, KeepsTheNewestInOrderWithIncreasingNumbers) {
   IncidentLog log(3);
-  for (int i = 0; i < 5; ++i) log.Add({0, i, "worker", "", "", "", "", "", std::to_string(i)});
+  for (int i = 0; i < 5; ++i) log.Add({0, i, "worker", "", "", "", "", "", std::to_string(i), ""});
   const auto recent = log.Recent(10);
   ASSERT_EQ(recent.size(), 3u);
   EXPECT_EQ(recent.front().reason, "2");

@@ -337,6 +337,12 @@ class LifecycleTest : public ::testing::Test {
     if (!Eventually([&] { return primary_.calls() + fallback_.calls() == 3; })) running.clear();
     return running;
   }
+  // GET /v1/requests/{id}'s answer, waited for (a journal read: answered
+  // from the blocking pool, after Handle returns); "" if none came.
+  std::string Queried(const std::string& id) {
+    auto q = Send("/v1/requests/" + id, "", "GET");
+    return q->Wait() ? q->body() : "";
+  }
   // Until request `id` waits with a reason (queued at once; its reason once
   // admission has decided to wait).
   bool ToldWhyItWaits(const std::string& id) {
@@ -2105,7 +2111,7 @@ TEST_F(LifecycleTest, APromptTooLongToCountIsRefusedOnce) {
 TEST_F(LifecycleTest, ARequestWaitsForItsWorkersToLoadWithinTheirStartTimeout) {
   EveryWorkerStarting();
   auto ex = Complete("r-loading");
-  auto reason = [&] { return Send("/v1/requests/r-loading", "", "GET")->body(); };
+  auto reason = [&] { return Queried("r-loading"); };
   ASSERT_TRUE(Eventually([&] { return reason().find("0 s of its 120 s start timeout") != std::string::npos; }));
   clock_.Advance(90'000);  // loading for 90 s
   ASSERT_TRUE(Eventually([&] { return reason().find("90 s of its 120 s start timeout") != std::string::npos; }))
@@ -2118,7 +2124,7 @@ TEST_F(LifecycleTest, ARequestWaitsForItsWorkersToLoadWithinTheirStartTimeout) {
   EveryWorkerStarting();
   auto late = Complete("r-never");
   ASSERT_TRUE(Eventually([&] {
-    return Send("/v1/requests/r-never", "", "GET")->body().find("0 s of its 120 s start timeout") != std::string::npos;
+    return Queried("r-never").find("0 s of its 120 s start timeout") != std::string::npos;
   }));
   clock_.Advance(121'000);
   ASSERT_TRUE(late->Wait());

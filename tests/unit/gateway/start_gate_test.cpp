@@ -79,7 +79,9 @@ class StartGateTest : public ::testing::Test {
     auto l = devices::SimLedger::Open(0);
     ASSERT_TRUE(l.ok()) << l.status().ToString();
     ledger_ = std::move(*l);
-    if (loaded > 0) ASSERT_TRUE(ledger_->Reserve(devices::LedgerKind::kAlloc, "a.0", loaded));
+    if (loaded > 0) {
+      ASSERT_TRUE(ledger_->Reserve(devices::LedgerKind::kAlloc, "a.0", loaded));
+    }
   }
   Status Gate(const std::string& key) { return gateway_->StartGate(key, nullptr); }
 

@@ -31,7 +31,14 @@ namespace {
 namespace fs = std::filesystem;
 
 WorkerRecord Sample() {
-  return {"chat.0", 4242, 987654, 40123, SpecHash({"--model", "m.gguf", "--ctx", "4096"}), 1};
+  WorkerRecord r;
+  r.key = "chat.0";
+  r.pid = 4242;
+  r.start_time = 987654;
+  r.port = 40123;
+  r.spec_hash = SpecHash({"--model", "m.gguf", "--ctx", "4096"});
+  r.protocol_version = 1;
+  return r;
 }
 
 struct TempDir {
