@@ -2,6 +2,8 @@
 // body or stream) and lets a test wait until the answer is complete.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -91,16 +93,30 @@ class RecordingExchange : public http::Exchange {
     std::lock_guard<std::mutex> lk(mu_);
     return done_;
   }
+  // The answer's status, a header, the body (so far, of a stream): read
+  // only once there is an answer or a stream. Many routes answer on another
+  // thread after Handle returns (a journal read, a coroutine), so a read
+  // before Wait() would pass or fail by which thread ran first; such a read
+  // fails the test at once, every time.
   unsigned status() const {
     std::lock_guard<std::mutex> lk(mu_);
+    AnsweredOrStreaming("status()");
     return status_;
   }
   std::string header(const std::string& name) const {
     std::lock_guard<std::mutex> lk(mu_);
+    AnsweredOrStreaming("header()");
     auto it = head_.find(name);
     return it == head_.end() ? "" : std::string(it->value());
   }
   std::string body() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    AnsweredOrStreaming("body()");
+    return body_;
+  }
+  // What reached the client so far, answered or not: for checks that
+  // nothing (or nothing more) did.
+  std::string received() const {
     std::lock_guard<std::mutex> lk(mu_);
     return body_;
   }
@@ -110,6 +126,10 @@ class RecordingExchange : public http::Exchange {
   }
 
  private:
+  void AnsweredOrStreaming(const char* what) const {
+    if (!done_ && !streamed_) ADD_FAILURE() << "RecordingExchange::" << what << " read before any answer: Wait() first";
+  }
+
   mutable std::mutex mu_;
   std::condition_variable cv_;
   unsigned status_ = 0;
