@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <vector>
+#include <algorithm>
 
 #include "common/hash.h"
 
@@ -73,16 +73,25 @@ void DrawRandom(unsigned char* out, size_t n) {
 
 }  // namespace
 
+void AppendRandomHex(std::string& out, size_t bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  unsigned char chunk[32];
+  while (bytes > 0) {
+    const size_t n = std::min(bytes, sizeof chunk);
+    DrawRandom(chunk, n);
+    for (size_t i = 0; i < n; ++i) {
+      out += kHex[chunk[i] >> 4];
+      out += kHex[chunk[i] & 15];
+    }
+    OPENSSL_cleanse(chunk, n);
+    bytes -= n;
+  }
+}
+
 std::string RandomHex(size_t bytes) {
-  std::vector<unsigned char> raw(bytes);
-  if (bytes > 0) DrawRandom(raw.data(), bytes);
-  static const char* kHex = "0123456789abcdef";
   std::string out;
   out.reserve(2 * bytes);
-  for (unsigned char c : raw) {
-    out += kHex[c >> 4];
-    out += kHex[c & 15];
-  }
+  AppendRandomHex(out, bytes);
   return out;
 }
 

@@ -13,6 +13,8 @@ namespace spillway {
 // Draws of up to 32 bytes come from a per-thread store of the kernel's bytes
 // (each byte handed out once; refilled after a fork).
 std::string RandomHex(size_t bytes);
+// RandomHex(bytes) appended to `out` (no string of its own).
+void AppendRandomHex(std::string& out, size_t bytes);
 
 // Whether `given` equals `expected`, in time that depends on neither content
 // nor where they differ (both are hashed first, so not on `given`'s length either).

@@ -426,10 +426,11 @@ Status Gateway::Intake(const http::Request& req, const std::string& peer, Incomi
     key = std::string(idem->value());
     if (key.empty() || key.size() > 255) return Status::InvalidArgument("Idempotency-Key must be 1 to 255 characters");
   }
-  in.rec.id = NewRequestId();
   // A client may name its request (X-Request-Id), so it knows the id before
   // any answer arrives; a reused id is refused by the journal (409).
-  if (auto rid = req.find("x-request-id"); rid != req.end()) {
+  if (auto rid = req.find("x-request-id"); rid == req.end()) {
+    in.rec.id = NewRequestId();
+  } else {
     const std::string given(rid->value());
     const bool valid = !given.empty() && given.size() <= 128 &&
                        given.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.:") ==

@@ -10,7 +10,12 @@ namespace spillway::gateway {
 void Metrics::RequestFinished(const std::string& service, const std::string& outcome, const std::string& placement,
                               const std::string& key, double seconds) {
   std::lock_guard<std::mutex> lk(mu_);
-  ++requests_[{service, outcome, placement, key}];
+  const auto labels = std::tie(service, outcome, placement, key);
+  if (auto it = requests_.find(labels); it != requests_.end()) {
+    ++it->second;
+  } else {
+    requests_.emplace(labels, 1);
+  }
   auto& h = latency_[service];
   for (size_t i = 0; i < std::size(kBuckets); ++i) {
     if (seconds <= kBuckets[i]) ++h.counts[i];

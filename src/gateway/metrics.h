@@ -28,7 +28,8 @@ class Metrics {
     double sum = 0;
   };
   mutable std::mutex mu_;
-  std::map<std::tuple<std::string, std::string, std::string, std::string>, uint64_t> requests_;
+  // (std::less<>: a request finds its series by references to its strings; strings are made only for a new one.)
+  std::map<std::tuple<std::string, std::string, std::string, std::string>, uint64_t, std::less<>> requests_;
   std::map<std::string, Histogram> latency_;
   std::map<std::pair<std::string, std::string>, uint64_t> decisions_;
 };
