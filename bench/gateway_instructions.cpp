@@ -16,6 +16,8 @@
 // code, so each of those lines is a cache miss a request; own time has
 // followed this count more closely than the instructions (docs/BENCHMARKS.md,
 // session 50), though code that is smaller but slower (-Os) is not faster.
+// Unlike the instructions, no idle share is taken off: the lines of the I/O
+// threads' own timers that ran meanwhile are counted too (a few dozen).
 //
 // Each side: a warm-up, then its counters zeroed, N sequential requests on one
 // keep-alive connection, and a dump. In the gateway only the threads that
@@ -186,6 +188,7 @@ std::optional<Counts> Dump(const std::string& tool, Counted& c) {
     if (!d) return std::nullopt;
     out.total += d->total;
     if (!d->kind.empty()) out.by_thread[d->kind] += d->total;
+    // (The code a request runs through is the serving threads': kRequestThreads' first, the I/O threads.)
     if (c.threads.empty() || d->kind == c.threads.front().first) out.code_lines.merge(d->code_lines);
   }
   return out;

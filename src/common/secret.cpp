@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
+#include <vector>
 
 #include "common/hash.h"
 
@@ -75,22 +75,22 @@ void DrawRandom(unsigned char* out, size_t n) {
 
 void AppendRandomHex(std::string& out, size_t bytes) {
   static constexpr char kHex[] = "0123456789abcdef";
-  unsigned char chunk[32];
-  while (bytes > 0) {
-    const size_t n = std::min(bytes, sizeof chunk);
-    DrawRandom(chunk, n);
-    for (size_t i = 0; i < n; ++i) {
-      out += kHex[chunk[i] >> 4];
-      out += kHex[chunk[i] & 15];
-    }
-    OPENSSL_cleanse(chunk, n);
-    bytes -= n;
+  // A small draw (a request id's 8 bytes) on the stack; a larger one, drawn
+  // straight from the kernel (DrawRandom), on the heap. Wiped after use.
+  unsigned char small[32];
+  std::vector<unsigned char> large(bytes > sizeof small ? bytes : 0);
+  unsigned char* raw = large.empty() ? small : large.data();
+  if (bytes > 0) DrawRandom(raw, bytes);
+  out.reserve(out.size() + 2 * bytes);
+  for (size_t i = 0; i < bytes; ++i) {
+    out += kHex[raw[i] >> 4];
+    out += kHex[raw[i] & 15];
   }
+  if (bytes > 0) OPENSSL_cleanse(raw, bytes);
 }
 
 std::string RandomHex(size_t bytes) {
   std::string out;
-  out.reserve(2 * bytes);
   AppendRandomHex(out, bytes);
   return out;
 }

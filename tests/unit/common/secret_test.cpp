@@ -20,14 +20,14 @@ TEST(SecretTest, RandomHexIsHexOfTheRightLengthAndDoesNotRepeat) {
   }
 }
 
-// Larger draws than one piece of the store (32 bytes), appended after what a string holds.
+// Draws larger than the per-thread store hands out (32 bytes), appended after what a string holds.
 TEST(SecretTest, AppendRandomHexAppendsAnyLength) {
   std::string id = "req_";
   AppendRandomHex(id, 40);
   ASSERT_EQ(id.size(), 4u + 80u);
   EXPECT_EQ(id.rfind("req_", 0), 0u);
   EXPECT_EQ(id.find_first_not_of("0123456789abcdef", 4), std::string::npos);
-  EXPECT_NE(id.substr(4 + 64, 16), id.substr(4, 16)) << "the second piece is drawn anew, not the first again";
+  EXPECT_NE(id.substr(4 + 64, 16), id.substr(4, 16)) << "its bytes do not repeat";
   EXPECT_EQ(RandomHex(0), "");
   EXPECT_EQ(RandomHex(100).size(), 200u);
 }

@@ -1113,7 +1113,7 @@ TEST_F(LifecycleTest, AnEmbeddingWaitsInTheCpuLinePastSixtySeconds) {
   ASSERT_TRUE(Eventually([&] { return CpuLine()["waiting"] == 2; })) << CpuLine().dump();
   Answer(fallback_.TakeHeld(0), "one");
   ASSERT_TRUE(first->Wait());
-  ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 2; })) << "the second never started: " << second->body();
+  ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 2; })) << "the second never started: " << second->received();
   EXPECT_EQ(fallback_.ids[1], "e-behind") << "in turn";
   Answer(fallback_.TakeHeld(1), "two");
   ASSERT_TRUE(second->Wait());
@@ -3536,7 +3536,7 @@ TEST_F(CpuPromptBoundLifecycleTest, ARefusalOfTheCpuPathBesideABusyAcceleratorIs
   EXPECT_FALSE(c->Wait(std::chrono::milliseconds(300))) << "refused at once: " << c->body();
   Answer(primary_.TakeHeld(0), "a");
   ASSERT_TRUE(a->Wait());
-  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 3; })) << "it never went to the freed slot: " << c->body();
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 3; })) << "it never went to the freed slot: " << c->received();
   Answer(primary_.TakeHeld(2), "c");
   ASSERT_TRUE(c->Wait());
   EXPECT_EQ(c->status(), 200u) << c->body();
@@ -3557,7 +3557,7 @@ TEST_F(CpuPromptBoundLifecycleTest, ARefusalOfTheCpuPathBesideAProbedAccelerator
   EXPECT_FALSE(c->Wait(std::chrono::milliseconds(300))) << "refused at once: " << c->body();
   Answer(primary_.TakeHeld(0), "probe");
   ASSERT_TRUE(probe->Wait());
-  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 2; })) << "it never went to the primary: " << c->body();
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 2; })) << "it never went to the primary: " << c->received();
   Answer(primary_.TakeHeld(1), "c");
   ASSERT_TRUE(c->Wait());
   EXPECT_EQ(c->status(), 200u) << c->body();
