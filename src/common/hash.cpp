@@ -15,14 +15,23 @@ struct MdCtxFree {
 };
 
 std::string Hex(const unsigned char* d, unsigned n) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string out(n * 2, '0');
-  for (unsigned i = 0; i < n; ++i) {
-    out[2 * i] = kDigits[d[i] >> 4];
-    out[2 * i + 1] = kDigits[d[i] & 15];
-  }
+  std::string out;
+  AppendHex(out, d, n);
   return out;
 }
+
+}  // namespace
+
+void AppendHex(std::string& out, const unsigned char* data, size_t n) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  out.reserve(out.size() + 2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    out += kDigits[data[i] >> 4];
+    out += kDigits[data[i] & 15];
+  }
+}
+
+namespace {
 
 // Fetched once: EVP_sha256() makes OpenSSL 3 look the algorithm up again on
 // every digest (a global lock and a table search), which costs more than

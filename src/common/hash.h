@@ -8,6 +8,9 @@
 
 namespace spillway {
 
+// `n` bytes as lowercase hex (2 * n characters), appended to `out`.
+void AppendHex(std::string& out, const unsigned char* data, size_t n);
+
 // The raw 32-byte digest of `data`.
 void Sha256(std::string_view data, unsigned char (&out)[32]);
 std::string Sha256Hex(std::string_view data);

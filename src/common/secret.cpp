@@ -74,19 +74,15 @@ void DrawRandom(unsigned char* out, size_t n) {
 }  // namespace
 
 void AppendRandomHex(std::string& out, size_t bytes) {
-  static constexpr char kHex[] = "0123456789abcdef";
   // A small draw (a request id's 8 bytes) on the stack; a larger one, drawn
   // straight from the kernel (DrawRandom), on the heap. Wiped after use.
   unsigned char small[32];
   std::vector<unsigned char> large(bytes > sizeof small ? bytes : 0);
   unsigned char* raw = large.empty() ? small : large.data();
-  if (bytes > 0) DrawRandom(raw, bytes);
-  out.reserve(out.size() + 2 * bytes);
-  for (size_t i = 0; i < bytes; ++i) {
-    out += kHex[raw[i] >> 4];
-    out += kHex[raw[i] & 15];
-  }
-  if (bytes > 0) OPENSSL_cleanse(raw, bytes);
+  if (bytes == 0) return;
+  DrawRandom(raw, bytes);
+  AppendHex(out, raw, bytes);
+  OPENSSL_cleanse(raw, bytes);
 }
 
 std::string RandomHex(size_t bytes) {

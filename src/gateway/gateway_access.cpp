@@ -64,12 +64,13 @@ bool AnyKeyMatches(std::string_view token, const std::vector<std::string>& keys)
 // share a few.
 std::string Gateway::NewRequestId() {
   // "req_", the second as 8 hex digits (ids sort by when they were made), 8 random bytes.
-  static constexpr char kHex[] = "0123456789abcdef";
   const auto when = static_cast<uint32_t>(std::max<int64_t>(0, clock_.NowMs() / 1000));
+  const unsigned char big_endian[4] = {static_cast<unsigned char>(when >> 24), static_cast<unsigned char>(when >> 16),
+                                       static_cast<unsigned char>(when >> 8), static_cast<unsigned char>(when)};
   std::string id;
   id.reserve(4 + 8 + 16);
   id += "req_";
-  for (int shift = 28; shift >= 0; shift -= 4) id += kHex[(when >> shift) & 15];
+  AppendHex(id, big_endian, sizeof big_endian);
   AppendRandomHex(id, 8);
   return id;
 }

@@ -347,8 +347,8 @@ class LifecycleTest : public ::testing::Test {
   // admission has decided to wait).
   bool ToldWhyItWaits(const std::string& id) {
     return Eventually([&] {
-      auto q = Send("/v1/requests/" + id, "", "GET");
-      return q->Wait() && json::parse(q->body()).value("queue", json::object()).contains("reason");
+      const std::string answer = Queried(id);
+      return !answer.empty() && json::parse(answer).value("queue", json::object()).contains("reason");
     });
   }
   // Worker `key` was killed and its replacement (on `port`) is ready 0.7 s
