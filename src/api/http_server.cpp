@@ -106,6 +106,9 @@ std::string PeerOf(const tcp::socket& s) {
 // A connection's read buffer (see Session's constructor).
 constexpr size_t kReadBufferBytes = 8 * 1024;
 constexpr size_t kMaxReadBytes = 64 * 1024;  // what Beast reads at most at once
+constexpr size_t kPeekBytes = 4096;            // what the peer watch reads at once (Session::WatchPeer)
+constexpr size_t kDrainBytes = 16 * 1024;      // what a lingering close reads (and drops) at once
+constexpr size_t kJoinBytes = 64 * 1024;       // a queued piece of a stream grows by joining up to this (Session::Enqueue)
 
 // What all connections of one server share: how many are open, how many
 // body bytes they hold, which wait idle for their next request.
@@ -183,7 +186,7 @@ class Session : public std::enable_shared_from_this<Session> {
         // line or a trailer that never ends would grow the buffer with every
         // byte (past the bound Beast reports buffer_overflow: a 400). It holds
         // a head, a peek's bytes and one read.
-        buffer_(opts_.max_header_bytes + sizeof peek_ + kMaxReadBytes) {
+        buffer_(opts_.max_header_bytes + kPeekBytes + kMaxReadBytes) {
     // Beast reads max(512, free capacity) bytes at a time, and a parser that
     // takes each body chunk out of the buffer keeps it from growing: without
     // this a 20 KB body took 40 reads, each with its own timer reset.
@@ -252,6 +255,17 @@ class Session : public std::enable_shared_from_this<Session> {
     if (item.res && version_ < 11) item.res->set(bhttp::field::connection, keep_alive_ ? "keep-alive" : "close");
     if (item.last) exchange_done_ = true;
     answer_started_ = true;
+    // A stream's piece joins the one queued before it (not the one being
+    // written): to a slow reader thousands of small events wait, and each
+    // as its own item held its own allocations and took its own write.
+    if (!item.res && !item.last && queue_.size() >= 2) {
+      Item& back = queue_.back();
+      if (!back.res && !back.last && back.unsent == item.unsent && back.raw.size() + item.raw.size() <= kJoinBytes) {
+        back.raw += item.raw;
+        item.raw.clear();  // (counted as unsent in back now)
+        return;
+      }
+    }
     queue_.push_back(std::move(item));
     if (!writing_) DoWrite();
     // Its writer hears that nobody reads the stream any more: one that
@@ -522,15 +536,14 @@ class Session : public std::enable_shared_from_this<Session> {
     if (buffer_.size() >= opts_.max_header_bytes) return;
     const uint64_t gen = exchange_gen_;
     peek_outstanding_ = true;
+    // Straight into the buffer the next request is parsed from (nothing
+    // else uses it while the exchange runs): no buffer of its own per
+    // connection, which thousands of open streams would each hold.
     stream_.socket().async_read_some(
-        net::buffer(peek_), net::bind_executor(stream_.get_executor(),
+        buffer_.prepare(kPeekBytes), net::bind_executor(stream_.get_executor(),
         [self = shared_from_this(), gen](beast::error_code ec, std::size_t n) {
           self->peek_outstanding_ = false;
-          if (n > 0) {
-            auto dst = self->buffer_.prepare(n);
-            std::memcpy(dst.data(), self->peek_.data(), n);
-            self->buffer_.commit(n);
-          }
+          self->buffer_.commit(n);
           if (ec == net::error::eof) {
             self->read_closed_ = true;  // nothing more comes; what it sent is still answered
           }
@@ -666,8 +679,10 @@ class Session : public std::enable_shared_from_this<Session> {
     Drain();
   }
 
+  // (Into the read buffer, whose bytes are no longer wanted: no buffer of its own per connection.)
   void Drain() {
-    stream_.async_read_some(net::buffer(discard_), [self = shared_from_this()](beast::error_code ec, std::size_t) {
+    buffer_.consume(buffer_.size());
+    stream_.async_read_some(buffer_.prepare(kDrainBytes), [self = shared_from_this()](beast::error_code ec, std::size_t) {
       if (ec) return self->Close();
       self->Drain();
     });
@@ -720,8 +735,6 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t head_fields_ = 0;  // the fields of the request's head, once read (0: its head had none read apart)
   bool head_checked_ = false;  // opts_.check_head passed for the request's head (one with a body)
   beast::flat_buffer buffer_;
-  std::array<char, 16384> discard_;
-  std::array<char, 4096> peek_;
   std::optional<bhttp::request_parser<GrowingBody>> parser_;
   std::deque<Item> queue_;
   std::function<void()> on_disconnect_;

@@ -285,6 +285,53 @@ TEST_F(ServerFixture, AStreamDroppedMidwayEndsAsCut) {
   EXPECT_EQ(got.find("0\r\n\r\n"), std::string::npos) << "no last chunk: the stream is cut, not whole: " << got;
 }
 
+// A stream to a reader that does not read: its events queue in the server,
+// where each joins the one queued before it (Session::Enqueue). They still
+// arrive whole, as their own chunks and in order, and what counts as unsent
+// goes back to nothing once they are out (a joined event counted twice, or
+// not at all, would pause a generation's relay for good or never).
+TEST_F(ServerFixture, EventsQueuedForASlowReaderArriveWholeAndInOrder) {
+  RawPeer p(server_->port());
+  p.Send("GET /stream-forever HTTP/1.1\r\nHost: x\r\n\r\n");
+  for (int i = 0; i < 200 && !held_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(held_);
+  constexpr int kEvents = 40000;  // about 8 MiB: more than loopback's socket buffers take
+  const std::string pad(200, 'x');
+  for (int i = 0; i < kEvents; ++i) held_->Write("data: " + std::to_string(i) + pad + "\n\n");
+  size_t queued = 0;
+  for (int i = 0; i < 200 && queued == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    queued = held_->unsent_bytes();
+  }
+  EXPECT_GT(queued, 0u) << "nothing waited in the server: the test did not queue events";
+  held_->End();
+  const std::string got = p.ReadUntil("\r\n0\r\n\r\n");
+  const size_t head_end = got.find("\r\n\r\n");
+  ASSERT_NE(head_end, std::string::npos) << got.substr(0, 200);
+  // The chunked body, chunk by chunk: each event is one chunk.
+  std::vector<std::string> chunks;
+  for (size_t at = head_end + 4; at < got.size();) {
+    const size_t eol = got.find("\r\n", at);
+    ASSERT_NE(eol, std::string::npos);
+    const size_t n = std::stoul(got.substr(at, eol - at), nullptr, 16);
+    if (n == 0) break;
+    ASSERT_LE(eol + 2 + n + 2, got.size());
+    chunks.push_back(got.substr(eol + 2, n));
+    ASSERT_EQ(got.substr(eol + 2 + n, 2), "\r\n");
+    at = eol + 2 + n + 2;
+  }
+  ASSERT_EQ(chunks.size(), static_cast<size_t>(kEvents));
+  for (int i = 0; i < kEvents; ++i) {
+    ASSERT_EQ(chunks[i], "data: " + std::to_string(i) + pad + "\n\n") << "chunk " << i;
+  }
+  size_t left = held_->unsent_bytes();
+  for (int i = 0; i < 200 && left != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    left = held_->unsent_bytes();
+  }
+  EXPECT_EQ(left, 0u);
+}
+
 TEST_F(ServerFixture, PeerResetRunsTheDisconnectCallback) {
   {
     RawPeer p(server_->port());
