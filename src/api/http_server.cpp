@@ -108,7 +108,7 @@ constexpr size_t kReadBufferBytes = 8 * 1024;
 constexpr size_t kMaxReadBytes = 64 * 1024;  // what Beast reads at most at once
 constexpr size_t kPeekBytes = 4096;            // what the peer watch reads at once (Session::WatchPeer)
 constexpr size_t kDrainBytes = 16 * 1024;      // what a lingering close reads (and drops) at once
-constexpr size_t kJoinBytes = 64 * 1024;       // a queued piece of a stream grows by joining up to this (Session::Enqueue)
+constexpr size_t kJoinBytes = 64 * 1024;       // a queued piece of a stream joins events up to this (Session::Enqueue; its string's capacity up to twice that)
 
 // What all connections of one server share: how many are open, how many
 // body bytes they hold, which wait idle for their next request.
@@ -516,7 +516,9 @@ class Session : public std::enable_shared_from_this<Session> {
     // request's lifecycle starts in a handler posted before this one (on
     // this loop, or another) and usually sends to its worker first; the
     // watch's read (a system call) goes after it, off the request's way. An
-    // exchange answered meanwhile is not watched.
+    // exchange answered meanwhile is not watched: the watch reads into the
+    // buffer the next request's head is read from, and an answer already out
+    // has started that read (the two must never overlap).
     net::post(stream_.get_executor(), [self = shared_from_this(), gen = exchange_gen_] {
       if (gen == self->exchange_gen_ && !self->exchange_done_ && !self->closed_) self->WatchPeer();
     });
@@ -631,13 +633,25 @@ class Session : public std::enable_shared_from_this<Session> {
                        [self = shared_from_this()](beast::error_code ec, std::size_t) { self->OnWrite(ec); });
       return;
     }
+    if (!item.res) return WriteRaw(0);
     stream_.expires_after(opts_.write_timeout);
     auto done = [self = shared_from_this()](beast::error_code ec, std::size_t) { self->OnWrite(ec); };
-    if (item.res) {
-      bhttp::async_write(stream_, *item.res, std::move(done));
-    } else {
-      net::async_write(stream_, net::buffer(item.raw), std::move(done));
-    }
+    bhttp::async_write(stream_, *item.res, std::move(done));
+  }
+
+  // A raw piece (a stream's events, joined while its reader was slow) goes
+  // out by as much as the socket takes at a time, each part within
+  // write_timeout: the bound is on a reader that takes nothing, not on one
+  // that is slow (64 KiB of events whole, to a reader of one event a
+  // second, took minutes). The front item stays while it is written: only
+  // OnWrite takes it off, and joins go to the back (Enqueue).
+  void WriteRaw(size_t from) {
+    stream_.expires_after(opts_.write_timeout);
+    stream_.async_write_some(net::buffer(queue_.front().raw) + from,
+                             [self = shared_from_this(), from](beast::error_code ec, std::size_t n) {
+                               if (!ec && from + n < self->queue_.front().raw.size()) return self->WriteRaw(from + n);
+                               self->OnWrite(ec);
+                             });
   }
 
   void OnWrite(beast::error_code ec) {
@@ -920,6 +934,9 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   void Start(tcp::socket s) {
     beast::error_code ec;
     s.set_option(tcp::no_delay(true), ec);
+    if (shared->opts.send_buffer_bytes > 0) {
+      s.set_option(net::socket_base::send_buffer_size(shared->opts.send_buffer_bytes), ec);
+    }
     std::make_shared<Session>(std::move(s), shared, handler)->Start();
   }
 

@@ -51,7 +51,13 @@ struct ServerOptions {
   // of it came with the last request's).
   std::chrono::seconds read_timeout{30};
   std::chrono::seconds idle_timeout{75};    // keep-alive wait for the next request
-  std::chrono::seconds write_timeout{60};   // one write to a slow reader
+  // A write to a slow reader that makes no progress for this long ends the
+  // connection (a stream's piece: each part the socket takes; a whole answer: all of it).
+  std::chrono::seconds write_timeout{60};
+  // Each connection's socket send buffer (SO_SNDBUF); 0: the kernel's own,
+  // grown as it sees fit (about 1.3 MiB on loopback). Tests set a small one
+  // to see what waits in the server for a slow reader rather than in the kernel.
+  int send_buffer_bytes = 0;
   // Open connections at once. One more takes the place of the longest-idle
   // keep-alive connection (closed), or, when none is idle, is answered 503
   // and closed. Keep it below the file-descriptor limit (see ConnectionCap).

@@ -273,6 +273,31 @@ struct RawPeer {
   net::ip::tcp::socket sock;
 };
 
+// A chunked answer's body, chunk by chunk, from the bytes after its head
+// (up to the last chunk). Fails the test on a malformed frame.
+std::vector<std::string> Chunks(const std::string& answer) {
+  std::vector<std::string> chunks;
+  const size_t head_end = answer.find("\r\n\r\n");
+  EXPECT_NE(head_end, std::string::npos) << answer.substr(0, 200);
+  if (head_end == std::string::npos) return chunks;
+  for (size_t at = head_end + 4; at < answer.size();) {
+    const size_t eol = answer.find("\r\n", at);
+    if (eol == std::string::npos) {
+      ADD_FAILURE() << "a chunk-size line without its end at byte " << at;
+      break;
+    }
+    const size_t n = std::stoul(answer.substr(at, eol - at), nullptr, 16);
+    if (n == 0) break;
+    if (eol + 2 + n + 2 > answer.size() || answer.compare(eol + 2 + n, 2, "\r\n") != 0) {
+      ADD_FAILURE() << "a chunk of " << n << " bytes not framed whole at byte " << at;
+      break;
+    }
+    chunks.push_back(answer.substr(eol + 2, n));
+    at = eol + 2 + n + 2;
+  }
+  return chunks;
+}
+
 // An exchange dropped once its stream has begun (a handler's bug) ends the
 // stream as cut: a 500 written there landed inside the chunked body, and
 // the connection went on as if in step.
@@ -305,21 +330,7 @@ TEST_F(ServerFixture, EventsQueuedForASlowReaderArriveWholeAndInOrder) {
   }
   EXPECT_GT(queued, 0u) << "nothing waited in the server: the test did not queue events";
   held_->End();
-  const std::string got = p.ReadUntil("\r\n0\r\n\r\n");
-  const size_t head_end = got.find("\r\n\r\n");
-  ASSERT_NE(head_end, std::string::npos) << got.substr(0, 200);
-  // The chunked body, chunk by chunk: each event is one chunk.
-  std::vector<std::string> chunks;
-  for (size_t at = head_end + 4; at < got.size();) {
-    const size_t eol = got.find("\r\n", at);
-    ASSERT_NE(eol, std::string::npos);
-    const size_t n = std::stoul(got.substr(at, eol - at), nullptr, 16);
-    if (n == 0) break;
-    ASSERT_LE(eol + 2 + n + 2, got.size());
-    chunks.push_back(got.substr(eol + 2, n));
-    ASSERT_EQ(got.substr(eol + 2 + n, 2), "\r\n");
-    at = eol + 2 + n + 2;
-  }
+  const std::vector<std::string> chunks = Chunks(p.ReadUntil("\r\n0\r\n\r\n"));
   ASSERT_EQ(chunks.size(), static_cast<size_t>(kEvents));
   for (int i = 0; i < kEvents; ++i) {
     ASSERT_EQ(chunks[i], "data: " + std::to_string(i) + pad + "\n\n") << "chunk " << i;
@@ -680,6 +691,60 @@ class QuickReadServer : public ServerFixture {
     return o;
   }
 };
+
+// write_timeout bounds a reader that takes nothing, not one that is slow:
+// the events queued for a slow reader are joined into pieces of up to
+// 64 KiB, and a piece is written by what the socket takes at a time, each
+// part within the bound. (Written whole with one bound, a piece to a reader
+// slower than 64 KiB per write_timeout was cut.)
+class SlowWriteServer : public ServerFixture {
+ protected:
+  ServerOptions Options() override {
+    ServerOptions o;
+    o.max_body_bytes = 1024;
+    o.write_timeout = std::chrono::seconds(1);
+    o.send_buffer_bytes = 8192;  // (the kernel's own, about 1.3 MiB here, would hold the whole stream)
+    return o;
+  }
+};
+
+TEST_F(SlowWriteServer, AReaderSlowerThanAPiecePerWriteTimeoutIsNotCut) {
+  net::io_context ioc;
+  net::ip::tcp::socket sock(ioc);
+  sock.open(net::ip::tcp::v4());
+  sock.set_option(net::socket_base::receive_buffer_size(4096));  // (before connecting: the window it offers)
+  sock.connect({net::ip::make_address("127.0.0.1"), server_->port()});
+  net::write(sock, net::buffer(std::string("GET /stream-forever HTTP/1.1\r\nHost: x\r\n\r\n")));
+  for (int i = 0; i < 200 && !held_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(held_);
+  constexpr int kEvents = 2000;  // 1 MiB: most of it waits in the server
+  const std::string pad(500, 'y');
+  for (int i = 0; i < kEvents; ++i) held_->Write("data: " + std::to_string(i) + pad + "\n\n");
+  held_->End();
+  timeval tv{3, 0};
+  setsockopt(sock.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string got;
+  char buf[4096];
+  // 2.5 s at 16 KiB a second: a 64 KiB piece written whole would take 4 s.
+  const auto slow_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2500);
+  while (std::chrono::steady_clock::now() < slow_until) {
+    const ssize_t n = ::recv(sock.native_handle(), buf, sizeof buf, 0);
+    ASSERT_GT(n, 0) << "the server closed the connection to a slow reader after " << got.size() << " bytes";
+    got.append(buf, static_cast<size_t>(n));
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  while (got.find("\r\n0\r\n\r\n") == std::string::npos) {
+    const ssize_t n = ::recv(sock.native_handle(), buf, sizeof buf, 0);
+    ASSERT_GT(n, 0) << "the server closed the connection to a slow reader after " << got.size() << " bytes";
+    got.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_FALSE(disconnected_);
+  const std::vector<std::string> chunks = Chunks(got);
+  ASSERT_EQ(chunks.size(), static_cast<size_t>(kEvents));
+  for (int i = 0; i < kEvents; ++i) {
+    ASSERT_EQ(chunks[i], "data: " + std::to_string(i) + pad + "\n\n") << "chunk " << i;
+  }
+}
 
 // A request begun behind the last one (pipelined bytes already read) is
 // being read: its head has read_timeout, not the idle wait of a connection
