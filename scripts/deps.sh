@@ -5,6 +5,7 @@ PKGS=(build-essential cmake ninja-build git ca-certificates pkg-config ccache
       libboost-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libspdlog-dev libfmt-dev
       libssl-dev libsqlite3-dev zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
       clang libclang-rt-14-dev  # the fuzz targets (tests/fuzz/run.sh): clang's libFuzzer
+      lld  # links the gateway with its hot functions laid out together (cmake/hot-functions.txt)
       nginx  # bench/gateway_overhead's yardstick proxy: it starts its own nginx, never the system's service
       valgrind  # bench/gateway_instructions counts each proxy's instructions under callgrind
       chromium)  # the dashboard's browser test (tests/browser), headless over the DevTools protocol

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Writes cmake/hot-functions.txt, the order in which the linker lays out the gateway's hot functions
+# (CMakeLists.txt's SPILLWAY_HOT_ORDER), from a callgrind profile of one-token completions: the I/O
+# threads' dumps of gateway_instructions (spillway serve at NORMAL), ordered by bench/hot_functions.cpp.
+# Run it on a plain build (not make pgo's) when the request's way has changed; a list gone stale only
+# loses part of its gain (names the binary no longer has are skipped).
+#   bench/hot_functions.sh [BUILD_DIR]
+set -euo pipefail
+BUILD=${1:-build}
+cmake --build "$BUILD" --target gateway_instructions hot_functions >/dev/null  # benchmarks are not part of make build
+report=$("$BUILD/bench/gateway_instructions" --bin "$BUILD/bin" --model "$BUILD/models/tiny-chat.gguf" -n "${N:-500}" --keep)
+dir=$(sed -n 's/^callgrind dumps kept in \([^ ]*\).*/\1/p' <<<"$report")
+[[ -d "$dir" ]] || { echo "$report"; echo "hot_functions.sh: no dumps kept" >&2; exit 1; }
+trap 'rm -rf "$dir"' EXIT
+# The NORMAL run's dumps of the threads that served requests.
+mapfile -t dumps < <(grep -l '^fn=spillway::gateway::Gateway::HandleGeneration' "$dir"/gateway-normal.*)
+[[ ${#dumps[@]} -gt 0 ]] || { echo "hot_functions.sh: no dump of a thread that served requests in $dir" >&2; exit 1; }
+args=()
+for d in "${dumps[@]}"; do args+=(--dump "$d"); done
+"$BUILD/bench/hot_functions" --bin "$(realpath "$BUILD/bin/spillway")" "${args[@]}" -o cmake/hot-functions.txt
