@@ -13,13 +13,15 @@
 // The order: call-chain clustering (Ottoni and Maher, "Optimizing function
 // placement for large-scale data-center applications", CGO 2017, as HHVM and
 // BOLT do it): the calls taken most often first, each merging the callee's
-// cluster after the caller's while the two together stay within a page;
+// cluster after the caller's while the two together take at most a page
+// (4 KiB);
 // then clusters by instructions run per byte, densest first. Only functions
 // of the gateway's own binary, named as the linker knows them (nm: the
 // dump's names are demangled).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -109,7 +111,7 @@ std::unordered_map<std::string, std::pair<std::string, uint64_t>> Symbols(const 
       if (!rest || *rest != ' ') continue;
       char* rest2 = nullptr;
       const uint64_t size = std::strtoull(rest + 1, &rest2, 16);
-      if (!rest2 || rest2[0] != ' ' || !std::strchr("tTwW", rest2[1]) || rest2[2] != ' ') continue;
+      if (!rest2 || rest2[0] != ' ' || rest2[1] == '\0' || !std::strchr("tTwW", rest2[1]) || rest2[2] != ' ') continue;
       by_addr.emplace(addr, std::make_pair(std::string(rest2 + 3), size));
     }
     return by_addr;
@@ -131,11 +133,18 @@ int main(int argc, char** argv) {
   std::string bin = "build/bin/spillway", out = "cmake/hot-functions.txt";
   uint64_t page = 4096;
   app.add_option("--dump", dumps, "callgrind dumps of the gateway's I/O threads serving requests")->required();
-  app.add_option("--bin", bin, "the gateway's binary the dumps ran (its absolute path, as the dumps name it)")
-      ->capture_default_str();
+  app.add_option("--bin", bin, "the gateway's binary the dumps ran")->capture_default_str();
   app.add_option("-o,--out", out, "where the order goes")->capture_default_str();
   app.add_option("--cluster-bytes", page, "the most bytes one chain of calls is merged to")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  // (A dump names each object by its absolute path, links resolved.)
+  std::error_code ec;
+  const auto resolved = std::filesystem::canonical(bin, ec);
+  if (ec) {
+    std::cerr << "hot_functions: " << bin << ": " << ec.message() << "\n";
+    return 1;
+  }
+  bin = resolved.string();
 
   Profile all;
   for (const auto& d : dumps) {
@@ -192,6 +201,10 @@ int main(int argc, char** argv) {
   auto density = [&](size_t i) { return cost[i] / static_cast<double>(std::max<uint64_t>(bytes[i], 1)); };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return density(a) > density(b); });
 
+  if (order.empty()) {  // (the list is left as it was: an empty one would undo the order)
+    std::cerr << "hot_functions: no function of " << bin << " ran in the dumps: not the binary they profiled?\n";
+    return 1;
+  }
   std::ofstream o(out);
   if (!o) {
     std::cerr << "hot_functions: cannot write " << out << "\n";

@@ -6,9 +6,15 @@
 # loses part of its gain (names the binary no longer has are skipped).
 #   bench/hot_functions.sh [BUILD_DIR]
 set -euo pipefail
-BUILD=${1:-build}
+BUILD=$(realpath "${1:-build}")
+cd "$(dirname "$0")/.."  # (the list is the repository's)
 cmake --build "$BUILD" --target gateway_instructions hot_functions >/dev/null  # benchmarks are not part of make build
-report=$("$BUILD/bench/gateway_instructions" --bin "$BUILD/bin" --model "$BUILD/models/tiny-chat.gguf" -n "${N:-500}" --keep)
+if ! report=$("$BUILD/bench/gateway_instructions" --bin "$BUILD/bin" --model "$BUILD/models/tiny-chat.gguf" \
+              -n "${N:-500}" --keep); then
+  echo "$report"
+  echo "hot_functions.sh: gateway_instructions failed; cmake/hot-functions.txt is unchanged" >&2
+  exit 1
+fi
 dir=$(sed -n 's/^callgrind dumps kept in \([^ ]*\).*/\1/p' <<<"$report")
 [[ -d "$dir" ]] || { echo "$report"; echo "hot_functions.sh: no dumps kept" >&2; exit 1; }
 trap 'rm -rf "$dir"' EXIT
@@ -17,4 +23,4 @@ mapfile -t dumps < <(grep -l '^fn=spillway::gateway::Gateway::HandleGeneration' 
 [[ ${#dumps[@]} -gt 0 ]] || { echo "hot_functions.sh: no dump of a thread that served requests in $dir" >&2; exit 1; }
 args=()
 for d in "${dumps[@]}"; do args+=(--dump "$d"); done
-"$BUILD/bench/hot_functions" --bin "$(realpath "$BUILD/bin/spillway")" "${args[@]}" -o cmake/hot-functions.txt
+"$BUILD/bench/hot_functions" --bin "$BUILD/bin/spillway" "${args[@]}" -o cmake/hot-functions.txt
