@@ -23,7 +23,8 @@
 // keep-alive connection, and a dump. In the gateway only the threads that
 // work on requests count (kRequestThreads); what is still counted while idle
 // is counted over as long with no requests and subtracted. --keep leaves the
-// dumps for callgrind_annotate.
+// dumps for callgrind_annotate; --stream sends streamed 4-token completions
+// (the relay's way) instead of one-token answers.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -259,11 +260,12 @@ int main(int argc, char** argv) {
                "(valgrind's callgrind)"};
   std::string bin = "build/bin", model = "build/models/tiny-chat.gguf";
   int n = 500;
-  bool keep = false;
+  bool keep = false, stream = false;
   app.add_option("--bin", bin)->capture_default_str();
   app.add_option("--model", model)->capture_default_str();
   app.add_option("-n", n, "requests per side")->capture_default_str()->check(CLI::Range(1, 1000000));
   app.add_flag("--keep", keep, "keep the callgrind dumps (their directory is printed)");
+  app.add_flag("--stream", stream, "streamed completions of 4 tokens (the answer relayed as events) instead of one-token answers");
   CLI11_PARSE(app, argc, argv);
   const std::string valgrind = OnPath("valgrind"), control = OnPath("callgrind_control");
   if (valgrind.empty() || control.empty()) {
@@ -274,10 +276,13 @@ int main(int argc, char** argv) {
   const fs::path dir = fs::temp_directory_path() / ("spillway-bench-instructions-" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const std::string gw_body = json{{"model", "chat"}, {"prompt", "x"}, {"max_tokens", 1}, {"temperature", 0}}.dump();
-  const std::string direct_body = json{{"prompt", "x"}, {"max_tokens", 1}, {"temperature", 0}}.dump();
-  std::printf("non-streaming 1-token completion, loopback, keep-alive; each proxy in front of the same kind of worker, "
-              "under callgrind\n");
+  json direct = {{"prompt", "x"}, {"max_tokens", stream ? 4 : 1}, {"temperature", 0}};
+  if (stream) direct["stream"] = true;
+  json gw_json = direct;
+  gw_json["model"] = "chat";
+  const std::string gw_body = gw_json.dump(), direct_body = direct.dump();
+  std::printf("%s, loopback, keep-alive; each proxy in front of the same kind of worker, under callgrind\n",
+              stream ? "streamed 4-token completion" : "non-streaming 1-token completion");
   std::optional<PerRequestCounts> normal, full, nginx, bare;
   for (bool is_full : {false, true}) {
     Counted gw(is_full ? "spillway serve, journal FULL" : "spillway serve, journal NORMAL");

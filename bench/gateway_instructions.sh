@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # CPU instructions per request (valgrind's callgrind): spillway serve against
 # nginx and a bare Asio proxy in front of the same kind of worker, same run.
-#   bench/gateway_instructions.sh [BUILD_DIR]      # N=500; KEEP=1 keeps the dumps for callgrind_annotate
+#   bench/gateway_instructions.sh [BUILD_DIR]      # N=500; KEEP=1 keeps the dumps for callgrind_annotate;
+#                                                  # STREAM=1: streamed 4-token completions instead of one-token answers
 set -euo pipefail
 BUILD=${1:-build}
 cmake --build "$BUILD" --target gateway_instructions >/dev/null  # benchmarks are not part of make build
-keep=()
-[[ -n "${KEEP:-}" ]] && keep=(--keep)
-"$BUILD/bench/gateway_instructions" --bin "$BUILD/bin" --model "$BUILD/models/tiny-chat.gguf" -n "${N:-500}" "${keep[@]}"
+flags=()
+[[ -n "${KEEP:-}" ]] && flags+=(--keep)
+[[ -n "${STREAM:-}" ]] && flags+=(--stream)
+"$BUILD/bench/gateway_instructions" --bin "$BUILD/bin" --model "$BUILD/models/tiny-chat.gguf" -n "${N:-500}" "${flags[@]}"
