@@ -2,6 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "stream_progress_reference.h"
+
 namespace spillway::failover {
 namespace {
 
@@ -71,6 +79,86 @@ TEST(StreamProgressTest, GarbageIsIgnored) {
   EXPECT_EQ(p.Observe("data: {not json\n\n", nullptr), StreamProgress::Event::kOther);
   EXPECT_EQ(p.Observe("data: {\"choices\":5,\"spillway\":{\"tokens\":\"x\"}}\n\n", nullptr), StreamProgress::Event::kChunk);
   EXPECT_TRUE(p.tokens().empty());
+}
+
+// Observe reads an event's few members as it parses (SAX); the reference
+// (tests/fakes/stream_progress_reference.h) reads the whole parsed document,
+// as Observe did before. Random events built from the members it reads
+// (duplicated, nested, of other types, cut short) must leave both with the
+// same progress.
+// A random JSON text whose keys are mostly the ones Observe reads.
+std::string RandomValue(std::mt19937& rng, int depth) {
+  static const char* kKeys[] = {"choices", "spillway", "tokens", "delta", "content", "text", "finish_reason",
+                                "tool_calls", "error", "message", "index", "x"};
+  static const char* kScalars[] = {"1", "-7", "4294967297", "2.5", "1e2", "true", "false", "null", "\"\"",
+                                   "\"ab\"", "\"tool_calls\"", "\"stop\"", "\"h\\u00e9\\n\""};
+  const int pick = static_cast<int>(rng() % 10);
+  if (depth > 4 || pick < 4) return kScalars[rng() % (sizeof kScalars / sizeof *kScalars)];
+  std::string out;
+  if (pick < 7) {  // an object, keys may repeat
+    out = "{";
+    const int n = static_cast<int>(rng() % 5);
+    for (int i = 0; i < n; ++i) {
+      if (i) out += ",";
+      out += std::string("\"") + kKeys[rng() % (sizeof kKeys / sizeof *kKeys)] + "\":" + RandomValue(rng, depth + 1);
+    }
+    return out + "}";
+  }
+  out = "[";
+  const int n = static_cast<int>(rng() % 4);
+  for (int i = 0; i < n; ++i) out += (i ? "," : "") + RandomValue(rng, depth + 1);
+  return out + "]";
+}
+
+TEST(StreamProgressTest, ReadsWhatTheWholeParsedEventSays) {
+  std::mt19937 rng(51);
+  int chunks = 0, errors = 0, with_tokens = 0, with_text = 0, with_tool_calls = 0, finished = 0;
+  for (int i = 0; i < 30000; ++i) {
+    std::string body;
+    auto scalar = [&] { return RandomValue(rng, 5); };  // (past the depth: a scalar)
+    auto tokens = [&] {
+      std::string t = "[";
+      for (int k = static_cast<int>(rng() % 3); k > 0; --k) t += std::to_string(rng() % 50000) + (k > 1 ? "," : "");
+      return rng() % 4 ? t + "]" : RandomValue(rng, 2);
+    };
+    switch (rng() % 8) {  // mostly an object at the top, as the worker's events are
+      case 0: body = RandomValue(rng, 0); break;
+      case 1: body = "{\"choices\":[{\"delta\":{\"content\":" + scalar() + ",\"tool_calls\":" + RandomValue(rng, 3) +
+                     "},\"finish_reason\":" + scalar() + "}],\"spillway\":{\"tokens\":" + tokens() + "}}"; break;
+      case 2: body = "{\"choices\":[{\"text\":" + scalar() + ",\"finish_reason\":" + scalar() + "}," + RandomValue(rng, 2) +
+                     "],\"spillway\":{\"tokens\":" + tokens() + "}}"; break;
+      case 3: body = rng() % 2 ? "{\"error\":{\"message\":\"m\",\"phase\":\"device\"},\"x\":" + RandomValue(rng, 2) + "}"
+                               : "{\"error\":" + RandomValue(rng, 1) + ",\"choices\":[{\"text\":\"t\"}]}"; break;
+      default: body = "{\"choices\":" + RandomValue(rng, 1) + ",\"spillway\":" + RandomValue(rng, 1) + "," +
+                      std::string(rng() % 2 ? "\"choices\"" : "\"x\"") + ":" + RandomValue(rng, 1) + "}"; break;
+    }
+    if (rng() % 10 == 0) body.resize(rng() % (body.size() + 1));  // cut short
+    const std::string event = "data: " + body + "\n\n";
+    StreamProgress p;  // (each event alone: what one says is not hidden by what earlier ones set)
+    StreamProgressReference r;
+    std::string phase;
+    const auto got = p.Observe(event, &phase);
+    const auto want = r.Observe(event);
+    ASSERT_EQ(got, want) << event;
+    ASSERT_EQ(p.tokens(), r.tokens) << event;
+    ASSERT_EQ(p.text_bytes(), r.text_bytes) << event;
+    ASSERT_EQ(p.tool_calls_delivered(), r.tool_calls) << event;
+    ASSERT_EQ(p.finished(), r.finished) << event;
+    ASSERT_EQ(p.last_error().has_value(), r.error) << event;
+    chunks += got == StreamProgress::Event::kChunk;
+    errors += got == StreamProgress::Event::kError;
+    with_tokens += !r.tokens.empty();
+    with_text += r.text_bytes > 0;
+    with_tool_calls += r.tool_calls;
+    finished += r.finished;
+  }
+  // (The corpus reaches each kind of event: a generator that stopped doing so would prove nothing.)
+  EXPECT_GT(chunks, 5000);
+  EXPECT_GT(errors, 100);
+  EXPECT_GT(with_tokens, 300);
+  EXPECT_GT(with_text, 300);
+  EXPECT_GT(with_tool_calls, 100);
+  EXPECT_GT(finished, 300);
 }
 
 }  // namespace
