@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -110,6 +111,36 @@ std::string RandomValue(std::mt19937& rng, int depth) {
   return out + "]";
 }
 
+TEST(StreamProgressTest, EdgeEventsReadAsTheWholeParsedEventSays) {
+  const char* kEvents[] = {
+      "data: {\"choices\":[{\"delta\":{\"content\":\"ab\",\"content\":1}}]}\n\n",
+      "data: {\"choices\":[{\"finish_reason\":\"tool_calls\",\"finish_reason\":null}]}\n\n",
+      "data: {\"spillway\":{\"tokens\":[1]},\"spillway\":2}\n\n",
+      "data: {\"spillway\":{\"tokens\":[1],\"tokens\":[2,3]}}\n\n",
+      "data: {\"spillway\":{\"tokens\":[[4],-4294967297,4294967297,1.0,5]}}\n\n",
+      "data: {\"error\":{},\"error\":\"s\",\"choices\":[{\"text\":\"t\"}]}\n\n",
+      "data: {\"error\":\"s\",\"error\":{\"message\":\"m\",\"phase\":\"device\"}}\n\n",
+      "data: {\"choices\":[5,{\"text\":\"later\"}]}\n\n",
+      "data: {\"choices\":[{\"delta\":{\"tool_calls\":[]}},{\"delta\":{\"tool_calls\":[1]}}]}\n\n",
+      "data: {\"choices\":[{\"delta\":5,\"text\":\"h\\u00e9\"}]}\n\n",
+      "data: {\"\\u0063hoices\":[{\"text\":\"escaped key\"}]}\n\n",
+      "data: {\"choices\":[{\"text\":\"x\"}]} trailing\n\n",
+      "data: {\"choices\":[{\"text\":\"one\"}]}\ndata: {\"choices\":[{\"text\":\"two\"}]}\n\n",
+      "data: [1,2]\n\n", "data: \"x\"\n\n", "data: \n\n", ": comment\n\n", "data: [DONE]\n\n",
+  };
+  for (const char* event : kEvents) {
+    StreamProgress p;
+    StreamProgressReference r;
+    std::string phase;
+    EXPECT_EQ(p.Observe(event, &phase), r.Observe(event)) << event;
+    EXPECT_EQ(p.tokens(), r.tokens) << event;
+    EXPECT_EQ(p.text_bytes(), r.text_bytes) << event;
+    EXPECT_EQ(p.tool_calls_delivered(), r.tool_calls) << event;
+    EXPECT_EQ(p.finished(), r.finished) << event;
+    EXPECT_EQ(p.last_error().has_value(), r.error) << event;
+  }
+}
+
 TEST(StreamProgressTest, ReadsWhatTheWholeParsedEventSays) {
   std::mt19937 rng(51);
   int chunks = 0, errors = 0, with_tokens = 0, with_text = 0, with_tool_calls = 0, finished = 0;
@@ -121,7 +152,17 @@ TEST(StreamProgressTest, ReadsWhatTheWholeParsedEventSays) {
       for (int k = static_cast<int>(rng() % 3); k > 0; --k) t += std::to_string(rng() % 50000) + (k > 1 ? "," : "");
       return rng() % 4 ? t + "]" : RandomValue(rng, 2);
     };
-    switch (rng() % 8) {  // mostly an object at the top, as the worker's events are
+    // A member given twice, the second time maybe of another type (the last one counts).
+    auto twice = [&](const char* key, const std::function<std::string()>& value) {
+      std::string m = std::string("\"") + key + "\":" + value();
+      return rng() % 2 ? m + ",\"" + key + "\":" + (rng() % 2 ? value() : RandomValue(rng, 3)) : m;
+    };
+    switch (rng() % 9) {  // mostly an object at the top, as the worker's events are
+      case 8: body = "{\"choices\":[{\"delta\":{" + twice("content", scalar) + "," + twice("tool_calls", [&] { return RandomValue(rng, 3); }) +
+                     "}," + twice("text", scalar) + "," + twice("finish_reason", scalar) +
+                     (rng() % 4 ? std::string() : ",\"delta\":" + RandomValue(rng, 2)) + "}]," +
+                     twice("spillway", [&] { return "{" + twice("tokens", tokens) + "}"; }) + "," +
+                     twice("error", [&] { return RandomValue(rng, 2); }) + "}"; break;
       case 0: body = RandomValue(rng, 0); break;
       case 1: body = "{\"choices\":[{\"delta\":{\"content\":" + scalar() + ",\"tool_calls\":" + RandomValue(rng, 3) +
                      "},\"finish_reason\":" + scalar() + "}],\"spillway\":{\"tokens\":" + tokens() + "}}"; break;
