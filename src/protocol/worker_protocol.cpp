@@ -161,16 +161,108 @@ json Timings::ToJson() const {
           {"generated_tokens", generated_tokens}};
 }
 
-std::optional<Timings> TimingsOf(std::string_view body) {
-  auto from = [](const json& j) -> std::optional<Timings> {
-    if (j.is_object() && j.contains("spillway") && j["spillway"].is_object() && j["spillway"].contains("timings")) {
-      return Timings::FromJson(j["spillway"]["timings"]);
+namespace {
+
+// A JSON text's "spillway"."timings", read as it is parsed (SAX): a whole
+// document of a stream's last event (its placement, fingerprint, text) cost
+// more than the rest of the stream's own handling at its end. What
+// Timings::FromJson would make of it (a later duplicate key winning, as in
+// a parsed document): `found` when "timings" is an object; a member that is
+// not a number counts 0.
+class TimingsFacts : public nlohmann::json_sax<json> {
+ public:
+  bool top_object = false, spillway_object = false, found = false;
+  Timings t{};
+
+  bool null() override { return Scalar(); }
+  bool boolean(bool) override { return Scalar(); }
+  bool number_integer(number_integer_t v) override { return Number(static_cast<double>(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return Number(static_cast<double>(v)); }
+  bool number_float(number_float_t v, const string_t&) override { return Number(v); }
+  bool string(string_t&) override { return Scalar(); }
+  bool binary(binary_t&) override { return Scalar(); }
+  bool start_object(std::size_t) override {
+    field_ = nullptr;
+    Level inside = Level::kOther;
+    switch (Here()) {
+      case Level::kTopValue: top_object = true; inside = Level::kTop; break;
+      case Level::kSpillway: spillway_object = true; inside = Level::kSpillway; break;
+      case Level::kTimings: found = true; t = Timings{}; inside = Level::kTimings; break;
+      default: break;
     }
-    return std::nullopt;
+    stack_.push_back({true, inside, Level::kOther});
+    return true;
+  }
+  bool key(string_t& k) override {
+    Frame& f = stack_.back();
+    f.next = Level::kOther;
+    field_ = nullptr;
+    if (f.level == Level::kTop && k == "spillway") {
+      f.next = Level::kSpillway;
+      spillway_object = found = false;
+    } else if (f.level == Level::kSpillway && k == "timings") {
+      f.next = Level::kTimings;
+      found = false;
+    } else if (f.level == Level::kTimings) {
+      field_ = k == "prompt_ms" ? &t.prompt_ms : k == "generation_ms" ? &t.generation_ms
+               : k == "prompt_tokens" ? &t.prompt_tokens : k == "generated_tokens" ? &t.generated_tokens : nullptr;
+      if (field_) *field_ = 0;  // (given again, and not as a number: 0, as FromJson reads it)
+    }
+    return true;
+  }
+  bool end_object() override {
+    stack_.pop_back();
+    field_ = nullptr;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    field_ = nullptr;
+    stack_.push_back({false, Level::kOther, Level::kOther});
+    return true;
+  }
+  bool end_array() override {
+    stack_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
+  enum class Level { kOther, kTopValue, kTop, kSpillway, kTimings };
+  struct Frame {
+    bool object;
+    Level level;  // what this container is
+    Level next;   // (an object) what its current key's value is
   };
+  Level Here() const { return stack_.empty() ? Level::kTopValue : stack_.back().object ? stack_.back().next : Level::kOther; }
+  bool Scalar() {
+    field_ = nullptr;
+    return true;
+  }
+  bool Number(double v) {
+    if (field_ && !stack_.empty() && stack_.back().level == Level::kTimings) *field_ = v;
+    field_ = nullptr;
+    return true;
+  }
+
+  std::vector<Frame> stack_;
+  double* field_ = nullptr;  // the timings member whose value comes next
+};
+
+// nullopt when the text is not JSON (`parsed` false) or has no timings.
+std::optional<Timings> TimingsIn(std::string_view text, bool* parsed) {
+  TimingsFacts f;
+  *parsed = json::sax_parse(text, &f);
+  if (!*parsed || !f.top_object || !f.spillway_object || !f.found) return std::nullopt;
+  return f.t;
+}
+
+}  // namespace
+
+std::optional<Timings> TimingsOf(std::string_view body) {
+  bool parsed = false;
   if (!body.empty() && body.front() != 'd') {  // (not an event stream, which begins "data:")
-    json j = json::parse(body, nullptr, false);
-    if (!j.is_discarded()) return from(j);
+    auto t = TimingsIn(body, &parsed);
+    if (parsed) return t;
   }
   // The last event that carries them, looked for line by line from the end
   // (the worker sends them in its final chunk): a long stream's text is
@@ -183,7 +275,7 @@ std::optional<Timings> TimingsOf(std::string_view body) {
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.rfind("data:", 0) == 0 && line.find("\"timings\"") != std::string_view::npos) {
       line.remove_prefix(5);
-      if (auto t = from(json::parse(line, nullptr, false))) return t;
+      if (auto t = TimingsIn(line, &parsed)) return t;
     }
     if (start == 0) break;
     end = start - 1;

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+#include <string>
+
 #include "api/openai_response.h"
 
 namespace spillway::protocol {
@@ -123,6 +126,76 @@ TEST(WorkerProtocolTest, TimingsFromABodyOrAStreamsLastEvent) {
   EXPECT_FALSE(TimingsOf(""));
   EXPECT_FALSE(TimingsOf("\n\n"));
   EXPECT_FALSE(TimingsOf("{\"choices\":[]}"));
+}
+
+// TimingsOf reads the timings as it parses (SAX); the reference is what it
+// did before with a document, from the whole parse (Timings::FromJson).
+// Random documents built from the members it reads (duplicated, nested, of
+// other types, cut short), alone and as a stream's event, must give the
+// same timings. (Finding the event in a stream is unchanged, and tested above.)
+std::optional<Timings> ReferenceTimingsIn(const std::string& doc) {
+  json j = json::parse(doc, nullptr, false);
+  if (j.is_object() && j.contains("spillway") && j["spillway"].is_object() && j["spillway"].contains("timings")) {
+    return Timings::FromJson(j["spillway"]["timings"]);
+  }
+  return std::nullopt;
+}
+
+std::string RandomTimingsJson(std::mt19937& rng, int depth) {
+  static const char* kKeys[] = {"spillway", "timings", "prompt_ms", "generation_ms", "prompt_tokens",
+                                "generated_tokens", "choices", "x"};
+  static const char* kScalars[] = {"1", "-7", "18446744073709551615", "2.5", "1e2", "true", "null", "\"t\""};
+  const int pick = static_cast<int>(rng() % 10);
+  if (depth > 4 || pick < 3) return kScalars[rng() % (sizeof kScalars / sizeof *kScalars)];
+  if (pick < 9) {  // an object, keys may repeat
+    std::string out = "{";
+    for (int i = 0, n = static_cast<int>(rng() % 6); i < n; ++i) {
+      out += (i ? ",\"" : "\"") + std::string(kKeys[rng() % (sizeof kKeys / sizeof *kKeys)]) + "\":" +
+             RandomTimingsJson(rng, depth + 1);
+    }
+    return out + "}";
+  }
+  std::string out = "[";
+  for (int i = 0, n = static_cast<int>(rng() % 3); i < n; ++i) out += (i ? "," : "") + RandomTimingsJson(rng, depth + 1);
+  return out + "]";
+}
+
+TEST(WorkerProtocolTest, TimingsReadAsTheWholeParsedDocumentSays) {
+  std::mt19937 rng(51);
+  int found = 0;
+  for (int i = 0; i < 30000; ++i) {
+    auto doc = [&] {
+      std::string members;  // the timings' own, maybe given twice
+      for (int k = static_cast<int>(rng() % 6); k > 0; --k) {
+        static const char* kNames[] = {"prompt_ms", "generation_ms", "prompt_tokens", "generated_tokens"};
+        members += std::string(members.empty() ? "" : ",") + "\"" + kNames[rng() % 4] + "\":" +
+                   (rng() % 3 ? std::to_string(rng() % 1000) + (rng() % 2 ? ".25" : "") : RandomTimingsJson(rng, 3));
+      }
+      switch (rng() % 4) {
+        case 0: return RandomTimingsJson(rng, 0);
+        case 1: return "{\"spillway\":" + RandomTimingsJson(rng, 1) + ",\"x\":1}";
+        default: return "{\"choices\":[],\"spillway\":{\"timings\":{" + members + "}" +
+                        (rng() % 4 ? std::string() : ",\"timings\":" + RandomTimingsJson(rng, 2)) + "}" +
+                        (rng() % 6 ? std::string() : ",\"spillway\":" + RandomTimingsJson(rng, 1)) + "}";
+      }
+    };
+    std::string body = doc();
+    if (rng() % 10 == 0) body.resize(rng() % (body.size() + 1));  // cut short
+    const auto want = ReferenceTimingsIn(body);
+    const bool named = body.find("\"timings\"") != std::string::npos;  // (a stream's event is read when it names them)
+    for (const auto& [got, expected] : {std::pair{TimingsOf(body), want},
+                                        std::pair{TimingsOf("data: " + body + "\n\ndata: [DONE]\n\n"),
+                                                  named ? want : std::nullopt}}) {
+      ASSERT_EQ(got.has_value(), expected.has_value()) << body;
+      if (!expected) continue;
+      ASSERT_EQ(got->prompt_ms, expected->prompt_ms) << body;
+      ASSERT_EQ(got->generation_ms, expected->generation_ms) << body;
+      ASSERT_EQ(got->prompt_tokens, expected->prompt_tokens) << body;
+      ASSERT_EQ(got->generated_tokens, expected->generated_tokens) << body;
+    }
+    found += want.has_value();
+  }
+  EXPECT_GT(found, 3000);  // (the corpus reaches the timings: one that stopped doing so would prove nothing)
 }
 
 // The header form carries the same numbers exactly (shortest round-trip form).
