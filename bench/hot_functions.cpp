@@ -6,7 +6,7 @@
 // Why: between two requests the worker evicts the gateway's code from the
 // core's caches, so each distinct line of code a request runs is a miss
 // (docs/BENCHMARKS.md, sessions 48-51). Laid out together, in the order they
-// call each other, the ~500 functions a request runs share pages and lines
+// call each other, the ~600 functions requests run share pages and lines
 // with each other instead of with code that never runs, and the hardware's
 // sequential prefetch fetches ahead along the way.
 //

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/http_client.h"
+#include "common/json_members.h"
 
 namespace spillway::failover {
 
@@ -10,12 +11,18 @@ using nlohmann::json;
 
 namespace {
 
-// What Observe reads of one event's JSON, gathered as it is parsed (SAX):
-// building the whole document for these few members cost about 40 % of a
-// streamed request's instructions (an event a token). The same members as a
-// parsed document would give, a later duplicate key winning as it does there.
-class EventFacts : public nlohmann::json_sax<json> {
- public:
+// What Observe reads of one event's JSON, gathered as it is parsed
+// (common/json_members.h): building the whole document for these few members
+// cost about 40 % of a streamed request's instructions (an event a token).
+// The same members as a parsed document would give, a later duplicate key
+// winning as it does there.
+enum class EventRole {
+  kOther, kDocument, kTop, kSpillway, kTokens, kToken, kChoices, kChoice, kDelta, kContent, kToolCalls, kText,
+  kFinish, kError
+};
+
+struct EventFacts : JsonMembers<EventFacts, EventRole> {
+  using Role = EventRole;
   bool top_object = false;
   bool error_object = false;  // "error" is an object: the event is the stream's error
   bool spillway_object = false, tokens_array = false;
@@ -27,14 +34,86 @@ class EventFacts : public nlohmann::json_sax<json> {
   size_t text_bytes = 0;
   bool finish_string = false, finish_tool_calls = false;
 
-  bool null() override { return Value(Kind::kScalar); }
-  bool boolean(bool) override { return Value(Kind::kScalar); }
-  bool number_integer(number_integer_t v) override { return Integer(static_cast<int32_t>(v)); }
-  bool number_unsigned(number_unsigned_t v) override { return Integer(static_cast<int32_t>(v)); }
-  bool number_float(number_float_t, const string_t&) override { return Value(Kind::kScalar); }
-  bool binary(binary_t&) override { return Value(Kind::kScalar); }
-  bool string(string_t& s) override {
-    const Role at = Place();
+  Role Member(Role object, const std::string& k) {
+    if (object == Role::kTop) {
+      if (k == "spillway") {
+        spillway_object = tokens_array = false;
+        tokens.clear();
+        return Role::kSpillway;
+      }
+      if (k == "choices") {
+        choices_array = choice_object = false;
+        ResetDelta();
+        text_string = finish_string = finish_tool_calls = false;
+        text_bytes = 0;
+        return Role::kChoices;
+      }
+      if (k == "error") {
+        error_object = false;
+        return Role::kError;
+      }
+    } else if (object == Role::kSpillway && k == "tokens") {
+      tokens_array = false;
+      tokens.clear();
+      return Role::kTokens;
+    } else if (object == Role::kChoice) {
+      if (k == "delta") {
+        ResetDelta();
+        return Role::kDelta;
+      }
+      if (k == "text") {
+        text_string = false;
+        text_bytes = 0;
+        return Role::kText;
+      }
+      if (k == "finish_reason") {
+        finish_string = finish_tool_calls = false;
+        return Role::kFinish;
+      }
+    } else if (object == Role::kDelta) {
+      if (k == "content") {
+        content_string = false;
+        content_bytes = 0;
+        return Role::kContent;
+      }
+      if (k == "tool_calls") {
+        tool_calls_array = tool_calls_any = false;
+        return Role::kToolCalls;
+      }
+    }
+    return Role::kOther;
+  }
+  Role Element(Role array, size_t index) const {
+    if (array == Role::kTokens) return Role::kToken;
+    return array == Role::kChoices && index == 0 ? Role::kChoice : Role::kOther;
+  }
+  Role Opened(Role at, bool object) {
+    bool* seen = nullptr;  // (what was found there, as the container it had to be)
+    Role inside = Role::kOther;
+    if (object) {
+      switch (at) {
+        case Role::kDocument: seen = &top_object; inside = Role::kTop; break;
+        case Role::kSpillway: seen = &spillway_object; inside = Role::kSpillway; break;
+        case Role::kChoice: seen = &choice_object; inside = Role::kChoice; break;
+        case Role::kDelta: seen = &delta_object; inside = Role::kDelta; break;
+        case Role::kError: seen = &error_object; break;
+        default: break;
+      }
+    } else {
+      switch (at) {
+        case Role::kTokens: seen = &tokens_array; inside = Role::kTokens; break;
+        case Role::kChoices: seen = &choices_array; inside = Role::kChoices; break;
+        case Role::kToolCalls: seen = &tool_calls_array; inside = Role::kToolCalls; break;
+        default: break;
+      }
+    }
+    if (seen) *seen = true;
+    return inside;
+  }
+  void Closed(Role container, size_t values) {
+    if (container == Role::kToolCalls && values > 0) tool_calls_any = true;
+  }
+  void String(Role at, const std::string& s) {
     if (at == Role::kContent) {
       content_string = true;
       content_bytes = s.size();
@@ -45,140 +124,20 @@ class EventFacts : public nlohmann::json_sax<json> {
       finish_string = true;
       finish_tool_calls = s == "tool_calls";
     }
-    return Value(Kind::kScalar, at);
   }
-  bool start_object(std::size_t) override {
-    const Role at = Place();
-    Role inside = Role::kOther;
-    switch (at) {
-      case Role::kTopValue: top_object = true; inside = Role::kTop; break;
-      case Role::kSpillway: spillway_object = true; inside = Role::kSpillway; break;
-      case Role::kChoice: choice_object = true; inside = Role::kChoice; break;
-      case Role::kDelta: delta_object = true; inside = Role::kDelta; break;
-      case Role::kError: error_object = true; break;
-      default: break;
-    }
-    Value(Kind::kContainer, at);
-    stack_.push_back({true, inside, Role::kOther, 0});
-    return true;
+  // (A token id is an integer directly in the tokens array, as json's get<int32_t> casts it.)
+  void Integer(Role at, int64_t v) {
+    if (at == Role::kToken) tokens.push_back(static_cast<int32_t>(v));
   }
-  bool key(string_t& k) override {
-    Frame& f = stack_.back();
-    f.next = Role::kOther;
-    // A key met again replaces what its earlier value said (as a parsed document keeps the last).
-    if (f.role == Role::kTop) {
-      if (k == "spillway") {
-        f.next = Role::kSpillway;
-        spillway_object = tokens_array = false;
-        tokens.clear();
-      } else if (k == "choices") {
-        f.next = Role::kChoices;
-        choices_array = false;
-        ResetChoice();
-      } else if (k == "error") {
-        f.next = Role::kError;
-        error_object = false;
-      }
-    } else if (f.role == Role::kSpillway && k == "tokens") {
-      f.next = Role::kTokens;
-      tokens_array = false;
-      tokens.clear();
-    } else if (f.role == Role::kChoice) {
-      if (k == "delta") {
-        f.next = Role::kDelta;
-        delta_object = content_string = tool_calls_array = tool_calls_any = false;
-        content_bytes = 0;
-      } else if (k == "text") {
-        f.next = Role::kText;
-        text_string = false;
-        text_bytes = 0;
-      } else if (k == "finish_reason") {
-        f.next = Role::kFinish;
-        finish_string = finish_tool_calls = false;
-      }
-    } else if (f.role == Role::kDelta) {
-      if (k == "content") {
-        f.next = Role::kContent;
-        content_string = false;
-        content_bytes = 0;
-      } else if (k == "tool_calls") {
-        f.next = Role::kToolCalls;
-        tool_calls_array = tool_calls_any = false;
-      }
-    }
-    return true;
+  void Unsigned(Role at, uint64_t v) {
+    if (at == Role::kToken) tokens.push_back(static_cast<int32_t>(v));
   }
-  bool end_object() override {
-    stack_.pop_back();
-    return true;
-  }
-  bool start_array(std::size_t) override {
-    const Role at = Place();
-    Role inside = Role::kOther;
-    if (at == Role::kTokens) {
-      tokens_array = true;
-      inside = Role::kTokens;
-    } else if (at == Role::kChoices) {
-      choices_array = true;
-      inside = Role::kChoices;
-    } else if (at == Role::kToolCalls) {
-      tool_calls_array = true;
-      inside = Role::kToolCalls;
-    }
-    Value(Kind::kContainer, at);
-    stack_.push_back({false, inside, Role::kOther, 0});
-    return true;
-  }
-  bool end_array() override {
-    stack_.pop_back();
-    return true;
-  }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
 
  private:
-  // Where a value sits, as far as Observe cares.
-  enum class Role {
-    kOther, kTopValue, kTop, kSpillway, kTokens, kChoices, kChoice, kDelta, kContent, kToolCalls, kText,
-    kFinish, kError
-  };
-  enum class Kind { kScalar, kContainer };
-  struct Frame {
-    bool object;
-    Role role;      // what this container is
-    Role next;      // (an object) what its current key's value is
-    size_t count;   // (an array) values so far
-  };
-
-  void ResetChoice() {
-    choice_object = delta_object = content_string = tool_calls_array = tool_calls_any = false;
-    text_string = finish_string = finish_tool_calls = false;
-    content_bytes = text_bytes = 0;
+  void ResetDelta() {
+    delta_object = content_string = tool_calls_array = tool_calls_any = false;
+    content_bytes = 0;
   }
-  // The role of the value about to be read.
-  Role Place() const {
-    if (stack_.empty()) return Role::kTopValue;
-    const Frame& f = stack_.back();
-    if (f.object) return f.next;
-    if (f.role == Role::kChoices && f.count == 0) return Role::kChoice;
-    return Role::kOther;
-  }
-  // A value was read: an array counts it; any value in the tool calls' list makes it non-empty.
-  bool Value(Kind, Role = Role::kOther) {
-    if (stack_.empty()) return true;
-    Frame& f = stack_.back();
-    if (!f.object) {
-      if (f.role == Role::kToolCalls) tool_calls_any = true;
-      ++f.count;
-    }
-    return true;
-  }
-  // (A token id is an integer directly in the tokens array; any other number is read past.)
-  bool Integer(int32_t v) {
-    if (!stack_.empty() && !stack_.back().object && stack_.back().role == Role::kTokens) tokens.push_back(v);
-    return Value(Kind::kScalar);
-  }
-
-  std::vector<Frame> stack_;
 };
 
 }  // namespace

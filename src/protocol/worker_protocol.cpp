@@ -4,6 +4,8 @@
 #include <charconv>
 #include <system_error>
 
+#include "common/json_members.h"
+
 namespace spillway::protocol {
 
 using nlohmann::json;
@@ -163,89 +165,65 @@ json Timings::ToJson() const {
 
 namespace {
 
-// A JSON text's "spillway"."timings", read as it is parsed (SAX): a whole
-// document of a stream's last event (its placement, fingerprint, text) cost
-// more than the rest of the stream's own handling at its end. What
-// Timings::FromJson would make of it (a later duplicate key winning, as in
-// a parsed document): `found` when "timings" is an object; a member that is
-// not a number counts 0.
-class TimingsFacts : public nlohmann::json_sax<json> {
- public:
+// A JSON text's "spillway"."timings", read as it is parsed
+// (common/json_members.h): a whole document of a stream's last event (its
+// placement, fingerprint, text) cost more than the rest of the stream's own
+// handling at its end. What Timings::FromJson would make of it (a later
+// duplicate key winning, as in a parsed document): `found` when "timings"
+// is an object; a member that is not a number counts 0.
+enum class TimingsRole {
+  kOther, kDocument, kTop, kSpillway, kTimings, kPromptMs, kGenerationMs, kPromptTokens, kGeneratedTokens
+};
+
+struct TimingsFacts : JsonMembers<TimingsFacts, TimingsRole> {
+  using Role = TimingsRole;
   bool top_object = false, spillway_object = false, found = false;
   Timings t{};
 
-  bool null() override { return Scalar(); }
-  bool boolean(bool) override { return Scalar(); }
-  bool number_integer(number_integer_t v) override { return Number(static_cast<double>(v)); }
-  bool number_unsigned(number_unsigned_t v) override { return Number(static_cast<double>(v)); }
-  bool number_float(number_float_t v, const string_t&) override { return Number(v); }
-  bool string(string_t&) override { return Scalar(); }
-  bool binary(binary_t&) override { return Scalar(); }
-  bool start_object(std::size_t) override {
-    field_ = nullptr;
-    Level inside = Level::kOther;
-    switch (Here()) {
-      case Level::kTopValue: top_object = true; inside = Level::kTop; break;
-      case Level::kSpillway: spillway_object = true; inside = Level::kSpillway; break;
-      case Level::kTimings: found = true; t = Timings{}; inside = Level::kTimings; break;
-      default: break;
-    }
-    stack_.push_back({true, inside, Level::kOther});
-    return true;
-  }
-  bool key(string_t& k) override {
-    Frame& f = stack_.back();
-    f.next = Level::kOther;
-    field_ = nullptr;
-    if (f.level == Level::kTop && k == "spillway") {
-      f.next = Level::kSpillway;
+  Role Member(Role object, const std::string& k) {
+    if (object == Role::kTop && k == "spillway") {
       spillway_object = found = false;
-    } else if (f.level == Level::kSpillway && k == "timings") {
-      f.next = Level::kTimings;
-      found = false;
-    } else if (f.level == Level::kTimings) {
-      field_ = k == "prompt_ms" ? &t.prompt_ms : k == "generation_ms" ? &t.generation_ms
-               : k == "prompt_tokens" ? &t.prompt_tokens : k == "generated_tokens" ? &t.generated_tokens : nullptr;
-      if (field_) *field_ = 0;  // (given again, and not as a number: 0, as FromJson reads it)
+      return Role::kSpillway;
     }
-    return true;
+    if (object == Role::kSpillway && k == "timings") {
+      found = false;
+      return Role::kTimings;
+    }
+    if (object != Role::kTimings) return Role::kOther;
+    const Role field = k == "prompt_ms"          ? Role::kPromptMs
+                       : k == "generation_ms"    ? Role::kGenerationMs
+                       : k == "prompt_tokens"    ? Role::kPromptTokens
+                       : k == "generated_tokens" ? Role::kGeneratedTokens
+                                                 : Role::kOther;
+    if (double* f = Field(field)) *f = 0;  // (given again, and not as a number: 0, as FromJson reads it)
+    return field;
   }
-  bool end_object() override {
-    stack_.pop_back();
-    field_ = nullptr;
-    return true;
+  Role Opened(Role at, bool object) {
+    if (!object) return Role::kOther;
+    switch (at) {
+      case Role::kDocument: top_object = true; return Role::kTop;
+      case Role::kSpillway: spillway_object = true; return Role::kSpillway;
+      case Role::kTimings: found = true; t = Timings{}; return Role::kTimings;
+      default: return Role::kOther;
+    }
   }
-  bool start_array(std::size_t) override {
-    field_ = nullptr;
-    stack_.push_back({false, Level::kOther, Level::kOther});
-    return true;
-  }
-  bool end_array() override {
-    stack_.pop_back();
-    return true;
-  }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+  void Integer(Role at, int64_t v) { Number(at, static_cast<double>(v)); }
+  void Unsigned(Role at, uint64_t v) { Number(at, static_cast<double>(v)); }
+  void Float(Role at, double v) { Number(at, v); }
 
  private:
-  enum class Level { kOther, kTopValue, kTop, kSpillway, kTimings };
-  struct Frame {
-    bool object;
-    Level level;  // what this container is
-    Level next;   // (an object) what its current key's value is
-  };
-  Level Here() const { return stack_.empty() ? Level::kTopValue : stack_.back().object ? stack_.back().next : Level::kOther; }
-  bool Scalar() {
-    field_ = nullptr;
-    return true;
+  double* Field(Role r) {
+    switch (r) {
+      case Role::kPromptMs: return &t.prompt_ms;
+      case Role::kGenerationMs: return &t.generation_ms;
+      case Role::kPromptTokens: return &t.prompt_tokens;
+      case Role::kGeneratedTokens: return &t.generated_tokens;
+      default: return nullptr;
+    }
   }
-  bool Number(double v) {
-    if (field_ && !stack_.empty() && stack_.back().level == Level::kTimings) *field_ = v;
-    field_ = nullptr;
-    return true;
+  void Number(Role at, double v) {
+    if (double* f = Field(at)) *f = v;
   }
-
-  std::vector<Frame> stack_;
-  double* field_ = nullptr;  // the timings member whose value comes next
 };
 
 // nullopt when the text is not JSON (`parsed` false) or has no timings.
