@@ -179,6 +179,7 @@ class Session : public std::enable_shared_from_this<Session> {
       : stream_(std::move(socket)),
         peer_(PeerOf(stream_.socket())),
         probe_timer_(stream_.get_executor()),
+        head_timer_(stream_.get_executor()),
         shared_(std::move(shared)),
         opts_(shared_->opts),
         handler_(handler),
@@ -332,7 +333,7 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->header_limit(static_cast<std::uint32_t>(opts_.max_header_bytes));
     // A kept-alive connection waits idle_timeout for its next request, unless
     // bytes of it are here already (pipelined): then its head is being read.
-    stream_.expires_after(first_request_ || buffer_.size() > 0 ? opts_.read_timeout : opts_.idle_timeout);
+    HeadDeadline(first_request_ || buffer_.size() > 0 ? opts_.read_timeout : opts_.idle_timeout);
     // Idle: answered before and nothing of the next request here yet.
     if (!first_request_ && buffer_.size() == 0) {
       waiting_idle_ = true;
@@ -340,11 +341,68 @@ class Session : public std::enable_shared_from_this<Session> {
       idle_it_ = shared_->idle.insert(shared_->idle.end(), weak_from_this());
     }
     first_request_ = false;
-    bhttp::async_read_header(stream_, buffer_, *parser_,
-                             [self = shared_from_this()](beast::error_code ec, std::size_t) { self->OnHeader(ec); });
+    reading_head_ = true;
+    // A pipelined request's head, here already, is parsed in a handler of its
+    // own: answered at once, each would read the next one inside the last
+    // one's answer, a stack frame deeper each time.
+    if (buffer_.size() > 0) return net::post(stream_.get_executor(), [self = shared_from_this()] { self->ParseHead(); });
+    ParseHead();
+  }
+
+  // The head is parsed from what the buffer holds (a pipelined request's
+  // bytes, or what the last read brought) and read by the socket's own
+  // reads until it is whole: what Beast's composed read does, without its
+  // layers of operations and its timer armed around every read (the head's
+  // deadline is HeadDeadline's). The parser is Beast's, and its errors are
+  // what they were.
+  void ParseHead() {
+    if (buffer_.size() > 0) {
+      beast::error_code ec;
+      buffer_.consume(parser_->put(buffer_.data(), ec));
+      if (ec ? ec != bhttp::error::need_more : parser_->is_header_done()) return OnHeader(ec);
+    }
+    // As Beast reads: the buffer's free room, at least 512 bytes, within its bound.
+    const size_t room = buffer_.max_size() - buffer_.size();
+    const size_t size = std::min({std::max<size_t>(512, buffer_.capacity() - buffer_.size()), room, kMaxReadBytes});
+    if (size == 0) return OnHeader(bhttp::error::buffer_overflow);
+    stream_.socket().async_read_some(buffer_.prepare(size), [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+      self->buffer_.commit(n);
+      if (ec == net::error::eof) {
+        // Within a head: cut short (a 400's quiet close); between requests: the peer is done.
+        if (!self->parser_->got_some()) return self->OnHeader(bhttp::error::end_of_stream);
+        ec = {};
+        self->parser_->put_eof(ec);
+        return self->OnHeader(ec ? ec : bhttp::error::partial_message);
+      }
+      if (ec) return self->OnHeader(ec);
+      self->ParseHead();
+    });
+  }
+
+  // The head's read timeout: one timer a connection, armed when none is
+  // (its handler arms it again for a deadline that has moved on): a
+  // request's read moves the deadline, not the timer. Past it, while a head
+  // is still being read, the connection closes (its read ends, aborted).
+  void HeadDeadline(std::chrono::seconds within) {
+    head_deadline_ = std::chrono::steady_clock::now() + within;
+    if (!deadline_armed_) ArmHeadDeadline();
+  }
+
+  void ArmHeadDeadline() {
+    deadline_armed_ = true;
+    head_timer_.expires_at(head_deadline_);
+    head_timer_.async_wait([weak = weak_from_this()](beast::error_code ec) {
+      const auto self = weak.lock();
+      if (!self) return;
+      self->deadline_armed_ = false;
+      if (ec || self->closed_ || !self->reading_head_) return;
+      if (std::chrono::steady_clock::now() < self->head_deadline_) return self->ArmHeadDeadline();
+      self->Close();
+    });
   }
 
   void OnHeader(beast::error_code ec) {
+    reading_head_ = false;
     if (waiting_idle_) {
       waiting_idle_ = false;
       Unlist();
@@ -734,6 +792,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (closed_) return;
     closed_ = true;
     probe_timer_.cancel();
+    head_timer_.cancel();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.socket().close(ec);
@@ -742,6 +801,10 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::tcp_stream stream_;
   const std::string peer_;  // the peer's address (set once, read from any thread)
   net::steady_timer probe_timer_;  // checks a half-closed peer for a reset
+  net::steady_timer head_timer_;   // the head's read timeout (HeadDeadline)
+  std::chrono::steady_clock::time_point head_deadline_;
+  bool deadline_armed_ = false;    // head_timer_ waits
+  bool reading_head_ = false;      // a request's head is being read (DoRead to OnHeader)
   const std::shared_ptr<Shared> shared_;
   const ServerOptions& opts_;
   const Handler handler_;

@@ -89,6 +89,67 @@ Status Failure(const beast::error_code& ec, const std::string& method, const std
   return Status::Unavailable(method + " " + target + ": " + ec.message());
 }
 
+// A read's time limit: once `at` passes, the socket's read in flight is
+// cancelled and `expired` set (the read then reports a timeout). One timer
+// for a whole answer, armed once, where Beast's stream armed and cancelled
+// its timer around each of its reads. Stop() before the socket goes away.
+struct ReadDeadline : std::enable_shared_from_this<ReadDeadline> {
+  ReadDeadline(const net::any_io_executor& ex, tcp::socket* s) : timer(ex), sock(s) {}
+  void Arm(std::chrono::steady_clock::time_point at) {
+    timer.expires_at(at);
+    timer.async_wait([self = shared_from_this()](const beast::error_code& ec) {
+      if (ec || !self->sock) return;
+      self->expired = true;
+      beast::error_code ignored;
+      self->sock->cancel(ignored);
+    });
+  }
+  void Stop() {
+    sock = nullptr;
+    timer.cancel();
+  }
+  net::steady_timer timer;
+  tcp::socket* sock;
+  bool expired = false;
+};
+
+// Reads one whole answer into `p` from what `b` holds and what the socket
+// brings: Beast's read (its parser, its errors), by the socket's own reads
+// rather than through Beast's composed operations and its stream's timer
+// (the caller bounds it: ReadDeadline).
+template <class Parser>
+net::awaitable<void> ReadAnswer(tcp::socket& sock, beast::flat_buffer& b, Parser& p, beast::error_code& ec) {
+  for (;;) {
+    if (b.size() > 0) {
+      const size_t used = p.put(b.data(), ec);
+      b.consume(used);
+      if (ec ? ec != bhttp::error::need_more : p.is_done()) co_return;
+      ec = {};
+      if (used > 0 && b.size() > 0) continue;  // (the head parsed: its body next)
+    }
+    // As Beast reads: the buffer's free room, at least 512 bytes, within its bound.
+    const size_t size = std::min({std::max<size_t>(512, b.capacity() - b.size()), b.max_size() - b.size(),
+                                  size_t{64} << 10});
+    if (size == 0) {
+      ec = bhttp::error::buffer_overflow;
+      co_return;
+    }
+    const size_t n = co_await sock.async_read_some(b.prepare(size), net::redirect_error(net::use_awaitable, ec));
+    b.commit(n);
+    if (ec == net::error::eof) {
+      // An answer framed by the connection's end completes; one cut short is partial.
+      if (!p.got_some()) {
+        ec = bhttp::error::end_of_stream;
+        co_return;
+      }
+      ec = {};
+      p.put_eof(ec);
+      co_return;
+    }
+    if (ec) co_return;
+  }
+}
+
 // Watches a StreamControl on the call's own executor (the request's strand,
 // where the stream lives): once aborted, the stream is cancelled. `done` is
 // set, on that executor, before the stream goes away.
@@ -248,6 +309,7 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     if (Status st = co_await Connect(*c, port, false, timeout); !st.ok()) co_return st;
     const std::string head = RequestHead(port, method, target, body.size(), headers);
     c->stream.expires_after(timeout);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
     co_await WriteRequest(c->stream, head, body, ec);
     // A server may answer early (413) and stop reading: a failed write is
     // followed by a read, which returns that answer when there is one.
@@ -259,11 +321,15 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     NewReader(&reader, std::uint64_t{1} << 32);
     if (!ec || ec == net::error::broken_pipe || ec == net::error::connection_reset) {
       beast::error_code rec;
-      co_await bhttp::async_read(c->stream, c->buffer, *reader, net::redirect_error(net::use_awaitable, rec));
+      const auto limit = std::make_shared<ReadDeadline>(ex, &c->stream.socket());
+      limit->Arm(deadline);
+      co_await ReadAnswer(c->stream.socket(), c->buffer, *reader, rec);
       while (!rec && Interim(reader->get().result_int())) {
         NewReader(&reader, std::uint64_t{1} << 32);
-        co_await bhttp::async_read(c->stream, c->buffer, *reader, net::redirect_error(net::use_awaitable, rec));
+        co_await ReadAnswer(c->stream.socket(), c->buffer, *reader, rec);
       }
+      limit->Stop();
+      if (rec == net::error::operation_aborted && limit->expired) rec = beast::error::timeout;
       if (!rec || !write_failed) ec = rec;
     }
     auto& parser = *reader;

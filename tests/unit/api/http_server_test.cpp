@@ -758,6 +758,46 @@ TEST_F(QuickReadServer, APipelinedRequestsHeadHasTheReadTimeout) {
   EXPECT_NE(got.find("hello"), std::string::npos) << got;
 }
 
+// read_timeout bounds a whole head, not each read of it: a peer that
+// sends a byte now and then (within the bound each time) is closed once the
+// head has taken longer than the bound, unanswered.
+TEST_F(QuickReadServer, AHeadTrickledAByteAtATimeIsClosedAtItsReadTimeout) {
+  RawPeer p(server_->port());
+  const std::string head = "GET /hello HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  bool closed = false;
+  for (char c : head) {
+    boost::system::error_code ec;
+    net::write(p.sock, net::buffer(&c, 1), ec);
+    if (ec) {
+      closed = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));  // 4 s in all at most
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(2500)) break;
+  }
+  // Closed by now (one write after a close may still succeed): the read
+  // sees the end at once, not its own timeout.
+  const auto t1 = std::chrono::steady_clock::now();
+  const std::string got = p.ReadAll(std::chrono::milliseconds(4000));
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::milliseconds(2000)) << "still open";
+  EXPECT_EQ(got, "") << "a head cut by its timeout is closed quietly";
+  (void)closed;
+}
+
+// Between two requests a kept-alive connection waits idle_timeout, not the
+// head's read_timeout: the deadline moves with each request.
+TEST_F(QuickReadServer, AKeptAliveConnectionIdleLongerThanTheReadTimeoutServesItsNextRequest) {
+  RawPeer p(server_->port());
+  p.Send("GET /hello HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_NE(p.ReadUntil("hello").find("hello"), std::string::npos);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past read_timeout (1 s) twice
+  p.Send("GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string got = p.ReadAll(std::chrono::milliseconds(3000));
+  EXPECT_NE(got.find("hello"), std::string::npos) << "closed while idle within idle_timeout";
+  EXPECT_EQ(server_->accepted(), 1u);
+}
+
 // A server with small connection and body budgets.
 class TightServer : public ServerFixture {
  protected:
