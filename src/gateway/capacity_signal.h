@@ -71,12 +71,14 @@ class CapacitySignal {
     std::list<std::shared_ptr<Waiter>>::iterator it_;
   };
 
-  // Joins the line at its end, on the calling coroutine's executor.
-  boost::asio::awaitable<std::unique_ptr<Ticket>> Join() {
-    auto w = std::make_shared<Waiter>(co_await boost::asio::this_coro::executor);
+  // Joins the line at its end; woken on `ex` (the waiting coroutine's executor).
+  std::unique_ptr<Ticket> Join(const boost::asio::any_io_executor& ex) {
+    auto w = std::make_shared<Waiter>(ex);
     std::lock_guard<std::mutex> lk(mu_);
-    co_return std::unique_ptr<Ticket>(new Ticket(this, line_.insert(line_.end(), std::move(w))));
+    return std::unique_ptr<Ticket>(new Ticket(this, line_.insert(line_.end(), std::move(w))));
   }
+  // The same, on the calling coroutine's executor.
+  boost::asio::awaitable<std::unique_ptr<Ticket>> Join() { co_return Join(co_await boost::asio::this_coro::executor); }
 
   bool IsHead(const Ticket& t) const {
     std::lock_guard<std::mutex> lk(mu_);

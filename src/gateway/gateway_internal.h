@@ -332,6 +332,12 @@ boost::asio::awaitable<Status> Gateway::Journaled(F start) {
   static_assert(std::is_trivially_destructible_v<F>, "capture by reference only (see above)");
   auto pending = PendingStatus::Make(co_await boost::asio::this_coro::executor);
   start(pending->Completer());
+  // Written at once (journal NORMAL: the log's write is its durability):
+  // no wait, and no coroutine of Wait's to run for it.
+  if (const auto& now = pending->result()) {
+    Status st = *now;
+    co_return st;
+  }
   co_return co_await pending->Wait();
 }
 

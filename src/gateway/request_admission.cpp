@@ -181,8 +181,8 @@ void RequestAdmission::Hold(uint64_t generation) {
   if (ticket_) signal_.Admitted(g_.clock_.NowMs());
 }
 
-boost::asio::awaitable<void> RequestAdmission::JoinLine() {
-  ticket_ = co_await signal_.Join();
+void RequestAdmission::JoinLine(const boost::asio::any_io_executor& ex) {
+  ticket_ = signal_.Join(ex);
   live_.SetLineWaiter(signal_.Handle(*ticket_));
 }
 
@@ -269,7 +269,7 @@ boost::asio::awaitable<bool> RequestAdmission::Run() {
   // its head decides. A retry does not queue behind new requests: it was
   // admitted once (and after a failure it may wait for another placement
   // than they do).
-  if (first_) co_await JoinLine();
+  if (first_) JoinLine(co_await boost::asio::this_coro::executor);
   // Embeddings hold no KV between requests, and a lone placement without
   // shrinking has nothing to choose: its worker checks its own KV pool (busy
   // -> 503, the request waits; never fits -> 400 with the numbers), so the
@@ -725,7 +725,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
         g_.board_.LeaveCpuLine(svc_.name, rec_.id);  // bound for the accelerator, behind others
         // It waited in the CPU path's line and the accelerator has room now:
         // not ahead of those waiting for the accelerator (at the end of their line).
-        if (!ticket_) co_await JoinLine();
+        if (!ticket_) JoinLine(co_await boost::asio::this_coro::executor);
       }
       if (cpu_reject.empty() && Goes(d.kind)) {
         const auto& st = *states_[d.placement];

@@ -68,7 +68,7 @@ class RequestAdmission {
   // Admitted: the board counts the attempt as holding the placement, taken
   // on its worker process `generation` (PlacementBoard::Placement::generation).
   void Hold(uint64_t generation);
-  boost::asio::awaitable<void> JoinLine();
+  void JoinLine(const boost::asio::any_io_executor& ex);  // (woken on `ex`: the coroutine's)
   void LeaveServiceLine();
   // Cancelled, or past its deadline (*rejected_ says which).
   bool Stopped();

@@ -73,9 +73,14 @@ void RequestLifecycle::SyncIfDeferred(const std::shared_ptr<PendingStatus>& comm
   if (Deferred(commit) && !commit->result()) g_.journal_.SyncNow();
 }
 
-boost::asio::awaitable<bool> RequestLifecycle::AcceptRefused() {
+bool RequestLifecycle::AcceptDurable() {
   JournalAccept();
-  if (!accept_) co_return false;
+  if (accept_ && accept_->result() && accept_->result()->ok()) accept_.reset();
+  return !accept_;
+}
+
+boost::asio::awaitable<bool> RequestLifecycle::AcceptRefused() {
+  if (AcceptDurable()) co_return false;
   SyncIfDeferred(accept_);
   const Status st = co_await accept_->Wait();
   accept_.reset();
@@ -108,9 +113,12 @@ boost::asio::awaitable<void> RequestLifecycle::Finish(State state, int status, s
     } else if (!ended.ok()) {
       g_.WithholdUnrecorded(ended, rec_.id, reply_, strand_);
     }
-  } else if (co_await AcceptRefused()) {
-    co_return;  // (ended there, and counted: once, not again below)
   } else {
+    // (Durable already: no coroutine to run for it. Not `a && co_await b`:
+    // no co_await inside a condition's short circuit, as with ?: in GCC 12.)
+    if (!AcceptDurable()) {
+      if (co_await AcceptRefused()) co_return;  // (ended there, and counted: once, not again below)
+    }
     const Status ended = co_await g_.Journaled([&](auto done) {
       g_.journal_.FinishAsync(rec_.id, state, status, type, body, err, done);
     });

@@ -70,6 +70,9 @@ class RequestLifecycle {
   void JournalAccept();
   // Awaits that Accept; true when the journal refused it (the client has heard why).
   boost::asio::awaitable<bool> AcceptRefused();
+  // The request's Accept is durable (or it has none to wait for), known
+  // without waiting; false: AcceptRefused() tells.
+  bool AcceptDurable();
   // The one place a request ends: the journal first, then (by the caller) the client.
   boost::asio::awaitable<void> Finish(State state, int status, std::string type, std::string body, std::string err);
   // A stream the client already has (it may have started while waiting) ends with an error event.

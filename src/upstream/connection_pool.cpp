@@ -89,65 +89,117 @@ Status Failure(const beast::error_code& ec, const std::string& method, const std
   return Status::Unavailable(method + " " + target + ": " + ec.message());
 }
 
-// A read's time limit: once `at` passes, the socket's read in flight is
-// cancelled and `expired` set (the read then reports a timeout). One timer
-// for a whole answer, armed once, where Beast's stream armed and cancelled
-// its timer around each of its reads. Stop() before the socket goes away.
+// A connection's read deadline: once it passes, the socket's read in flight
+// is cancelled and `expired` set (the read then reports a timeout). One
+// timer, armed when none waits and again by its own handler when the
+// deadline has moved on meanwhile, where Beast's stream armed and cancelled
+// its timer around each read: a stream's reads move the deadline, not the
+// timer. Stop() before the socket goes away or is kept for another request.
 struct ReadDeadline : std::enable_shared_from_this<ReadDeadline> {
   ReadDeadline(const net::any_io_executor& ex, tcp::socket* s) : timer(ex), sock(s) {}
-  void Arm(std::chrono::steady_clock::time_point at) {
-    timer.expires_at(at);
-    timer.async_wait([self = shared_from_this()](const beast::error_code& ec) {
-      if (ec || !self->sock) return;
-      self->expired = true;
-      beast::error_code ignored;
-      self->sock->cancel(ignored);
-    });
+  // Reads from now on end by `when`.
+  void Set(std::chrono::steady_clock::time_point when) {
+    at = when;
+    expired = false;
+    if (!armed) Arm();
   }
   void Stop() {
     sock = nullptr;
     timer.cancel();
   }
+  // A read's error, told as a timeout when this deadline ended it.
+  void Tell(beast::error_code& ec) const {
+    if (ec == net::error::operation_aborted && expired) ec = beast::error::timeout;
+  }
   net::steady_timer timer;
   tcp::socket* sock;
+  std::chrono::steady_clock::time_point at;
+  bool armed = false;
   bool expired = false;
+
+ private:
+  void Arm() {
+    armed = true;
+    timer.expires_at(at);
+    timer.async_wait([self = shared_from_this()](const beast::error_code& ec) {
+      self->armed = false;
+      if (ec || !self->sock) return;
+      if (std::chrono::steady_clock::now() < self->at) return self->Arm();
+      self->expired = true;
+      beast::error_code ignored;
+      self->sock->cancel(ignored);
+    });
+  }
 };
 
-// Reads one whole answer into `p` from what `b` holds and what the socket
-// brings: Beast's read (its parser, its errors), by the socket's own reads
-// rather than through Beast's composed operations and its stream's timer
-// (the caller bounds it: ReadDeadline).
+// Stops a ReadDeadline when the scope ends (a coroutine's every way out).
+struct DeadlineStop {
+  std::shared_ptr<ReadDeadline>& d;
+  ~DeadlineStop() {
+    if (d) d->Stop();
+  }
+};
+
+// What one read of the socket into `b` takes, as Beast reads: the buffer's
+// free room, at least 512 bytes, within its bound; 0 when it is full.
+size_t ReadSize(const beast::flat_buffer& b) {
+  return std::min({std::max<size_t>(512, b.capacity() - b.size()), b.max_size() - b.size(), size_t{64} << 10});
+}
+
+// A read's end of file: the message ends there (an answer framed by the
+// connection's end) or is cut (partial_message); none begun: end_of_stream.
 template <class Parser>
-net::awaitable<void> ReadAnswer(tcp::socket& sock, beast::flat_buffer& b, Parser& p, beast::error_code& ec) {
+void AtEndOfFile(Parser& p, beast::error_code& ec) {
+  if (!p.got_some()) {
+    ec = bhttp::error::end_of_stream;
+    return;
+  }
+  ec = {};
+  p.put_eof(ec);
+}
+
+// Reads into `p` until `done(p)` from what `b` holds and what the socket
+// brings: Beast's parser and its errors, by the socket's own reads rather
+// than through Beast's composed operations and its stream's timer (the
+// caller bounds them: ReadDeadline). `piece`: a body's next piece
+// (buffer_body; Beast's read_some): back once the parser has taken
+// anything, need_buffer when the piece's buffer is full. One coroutine, no
+// layers under it: each is a frame and a resumption on a request's way.
+template <class Parser, class Done>
+net::awaitable<void> ReadUntil(tcp::socket& sock, beast::flat_buffer& b, Parser& p, beast::error_code& ec, Done done,
+                               bool piece = false) {
   for (;;) {
     if (b.size() > 0) {
       const size_t used = p.put(b.data(), ec);
       b.consume(used);
-      if (ec ? ec != bhttp::error::need_more : p.is_done()) co_return;
+      if (piece ? ec != bhttp::error::need_more : ec ? ec != bhttp::error::need_more : done(p)) co_return;
       ec = {};
       if (used > 0 && b.size() > 0) continue;  // (the head parsed: its body next)
     }
-    // As Beast reads: the buffer's free room, at least 512 bytes, within its bound.
-    const size_t size = std::min({std::max<size_t>(512, b.capacity() - b.size()), b.max_size() - b.size(),
-                                  size_t{64} << 10});
+    const size_t size = ReadSize(b);
     if (size == 0) {
       ec = bhttp::error::buffer_overflow;
       co_return;
     }
-    const size_t n = co_await sock.async_read_some(b.prepare(size), net::redirect_error(net::use_awaitable, ec));
-    b.commit(n);
-    if (ec == net::error::eof) {
-      // An answer framed by the connection's end completes; one cut short is partial.
-      if (!p.got_some()) {
-        ec = bhttp::error::end_of_stream;
-        co_return;
-      }
-      ec = {};
-      p.put_eof(ec);
-      co_return;
-    }
-    if (ec) co_return;
+    b.commit(co_await sock.async_read_some(b.prepare(size), net::redirect_error(net::use_awaitable, ec)));
+    if (ec == net::error::eof) AtEndOfFile(p, ec);
+    if (ec || done(p)) co_return;  // (done: ended by the end of file)
   }
+}
+
+template <class Parser>
+net::awaitable<void> ReadAnswer(tcp::socket& sock, beast::flat_buffer& b, Parser& p, beast::error_code& ec) {
+  return ReadUntil(sock, b, p, ec, [](const Parser& q) { return q.is_done(); });
+}
+
+template <class Parser>
+net::awaitable<void> ReadHead(tcp::socket& sock, beast::flat_buffer& b, Parser& p, beast::error_code& ec) {
+  return ReadUntil(sock, b, p, ec, [](const Parser& q) { return q.is_header_done(); });
+}
+
+template <class Parser>
+net::awaitable<void> ReadBodyPiece(tcp::socket& sock, beast::flat_buffer& b, Parser& p, beast::error_code& ec) {
+  return ReadUntil(sock, b, p, ec, [](const Parser& q) { return q.is_done(); }, true);
 }
 
 // Watches a StreamControl on the call's own executor (the request's strand,
@@ -276,13 +328,18 @@ void ConnectionPool::Give(uint32_t server, std::unique_ptr<Conn> c) {
 
 namespace {
 
-// The request in one gathered write: its head as Beast writes it (http_wire.h), then its body.
-net::awaitable<void> WriteRequest(beast::tcp_stream& stream, const std::string& head, const std::string& body,
-                                  beast::error_code& ec) {
+// The request in one gathered write: its head as Beast writes it
+// (http_wire.h), then its body; at once when the socket takes it all
+// (http_wire.h's SendNow: true), else the caller writes the rest (WriteRest).
+bool WriteNow(beast::tcp_stream& stream, const std::string& head, const std::string& body, size_t* sent) {
   const std::array<net::const_buffer, 2> bufs = {net::buffer(head), net::buffer(body)};
-  // At once when the socket takes it all (http_wire.h's SendNow), else the rest asynchronously.
-  const size_t sent = http::SendNow(stream.socket().native_handle(), bufs);
-  if (sent == head.size() + body.size()) co_return;
+  *sent = http::SendNow(stream.socket().native_handle(), bufs);
+  return *sent == head.size() + body.size();
+}
+
+net::awaitable<void> WriteRest(beast::tcp_stream& stream, const std::string& head, const std::string& body, size_t sent,
+                               beast::error_code& ec) {
+  const std::array<net::const_buffer, 2> bufs = {net::buffer(head), net::buffer(body)};
   co_await net::async_write(stream, http::Consumed(bufs, sent), net::redirect_error(net::use_awaitable, ec));
 }
 
@@ -306,11 +363,13 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
       c = std::make_unique<Conn>(ex);
     }
     beast::error_code ec;
-    if (Status st = co_await Connect(*c, port, false, timeout); !st.ok()) co_return st;
+    if (!c->connected) {  // (a kept one is: no coroutine to call for nothing)
+      if (Status st = co_await Connect(*c, port, false, timeout); !st.ok()) co_return st;
+    }
     const std::string head = RequestHead(port, method, target, body.size(), headers);
     c->stream.expires_after(timeout);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    co_await WriteRequest(c->stream, head, body, ec);
+    if (size_t sent = 0; !WriteNow(c->stream, head, body, &sent)) co_await WriteRest(c->stream, head, body, sent, ec);
     // A server may answer early (413) and stop reading: a failed write is
     // followed by a read, which returns that answer when there is one.
     const bool write_failed = static_cast<bool>(ec);
@@ -321,15 +380,15 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     NewReader(&reader, std::uint64_t{1} << 32);
     if (!ec || ec == net::error::broken_pipe || ec == net::error::connection_reset) {
       beast::error_code rec;
-      const auto limit = std::make_shared<ReadDeadline>(ex, &c->stream.socket());
-      limit->Arm(deadline);
+      auto limit = std::make_shared<ReadDeadline>(ex, &c->stream.socket());
+      const DeadlineStop stop{limit};
+      limit->Set(deadline);
       co_await ReadAnswer(c->stream.socket(), c->buffer, *reader, rec);
       while (!rec && Interim(reader->get().result_int())) {
         NewReader(&reader, std::uint64_t{1} << 32);
         co_await ReadAnswer(c->stream.socket(), c->buffer, *reader, rec);
       }
-      limit->Stop();
-      if (rec == net::error::operation_aborted && limit->expired) rec = beast::error::timeout;
+      limit->Tell(rec);
       if (!rec || !write_failed) ec = rec;
     }
     auto& parser = *reader;
@@ -404,7 +463,11 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     if (control && control->aborted()) co_return failure(net::error::operation_aborted);
     const std::string request_head = RequestHead(port, method, target, body.size(), headers, v6);
     c->stream.expires_after(idle_timeout);
-    co_await WriteRequest(c->stream, request_head, body, ec);
+    if (size_t sent = 0; !WriteNow(c->stream, request_head, body, &sent)) {
+      co_await WriteRest(c->stream, request_head, body, sent, ec);
+    }
+    auto limit = std::make_shared<ReadDeadline>(ex, &c->stream.socket());
+    const DeadlineStop stop{limit};
     if (!ec && control) control->sent = true;
     std::optional<bhttp::response_parser<bhttp::buffer_body>> reader;
     NewReader(&reader, std::uint64_t{1} << 40);
@@ -413,11 +476,13 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     const bool write_failed = static_cast<bool>(ec);
     if (!ec || ec == net::error::broken_pipe || ec == net::error::connection_reset) {
       beast::error_code rec;
-      co_await bhttp::async_read_header(c->stream, c->buffer, *reader, net::redirect_error(net::use_awaitable, rec));
+      limit->Set(std::chrono::steady_clock::now() + idle_timeout);
+      co_await ReadHead(c->stream.socket(), c->buffer, *reader, rec);
       while (!rec && Interim(reader->get().result_int())) {
         NewReader(&reader, std::uint64_t{1} << 40);
-        co_await bhttp::async_read_header(c->stream, c->buffer, *reader, net::redirect_error(net::use_awaitable, rec));
+        co_await ReadHead(c->stream.socket(), c->buffer, *reader, rec);
       }
+      limit->Tell(rec);
       if (!rec || !write_failed) ec = rec;
     }
     auto& parser = *reader;
@@ -447,8 +512,9 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
       if (control && control->aborted()) co_return failure(net::error::operation_aborted);
       parser.get().body().data = chunk.data();
       parser.get().body().size = chunk.size();
-      c->stream.expires_after(idle_timeout);
-      co_await bhttp::async_read_some(c->stream, c->buffer, parser, net::redirect_error(net::use_awaitable, ec));
+      limit->Set(std::chrono::steady_clock::now() + idle_timeout);
+      co_await ReadBodyPiece(c->stream.socket(), c->buffer, parser, ec);
+      limit->Tell(ec);
       if (ec == bhttp::error::need_buffer) ec = {};
       if (ec) co_return failure(ec);
       const size_t n = chunk.size() - parser.get().body().size;
@@ -458,6 +524,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     // (Nor one that switched protocols: the next request's answer would not be HTTP.)
     if (parser.keep_alive() && parser.get().result_int() != 101 && !write_failed &&
         !(control && (control->aborted() || control->fresh_connection))) {
+      limit->Stop();  // (before another request may take the connection)
       Give(server, std::move(c));
     }
     co_return Status::Ok();

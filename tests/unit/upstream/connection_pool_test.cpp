@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -40,10 +41,35 @@ T RunCo(net::io_context& ioc, net::awaitable<T> a) {
   return std::move(*out);
 }
 
+// Streams written from threads of their own ("/trickle"), joined when the handler goes.
+struct Writers {
+  std::mutex mu;
+  std::vector<std::thread> threads;
+  ~Writers() {
+    for (auto& t : threads) t.join();
+  }
+};
+
 FakeWorker::Handler EchoHandler() {
   auto held = std::make_shared<std::vector<std::shared_ptr<http::Exchange>>>();  // "/slow": never answered
-  return [held](http::Request& req, std::shared_ptr<http::Exchange> ex) {
+  auto writers = std::make_shared<Writers>();
+  return [held, writers](http::Request& req, std::shared_ptr<http::Exchange> ex) {
     const std::string target(req.target());
+    if (target == "/trickle" || target == "/stall") {
+      // "/trickle": six events 150 ms apart; "/stall": one, then nothing while the test runs.
+      ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+      ex->Write("data: 0\n\n");
+      if (target == "/stall") return held->push_back(std::move(ex));
+      std::lock_guard lk(writers->mu);
+      writers->threads.emplace_back([ex] {
+        for (int i = 1; i < 6; ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(150));
+          ex->Write("data: " + std::to_string(i) + "\n\n");
+        }
+        ex->End();
+      });
+      return;
+    }
     if (target == "/stream") {
       auto head = http::MakeResponse(200, "", "text/event-stream");
       ex->StartStream(std::move(head));
@@ -220,6 +246,31 @@ TEST(ConnectionPoolTest, APausedRelayReadsNothingUntilResumed) {
   EXPECT_TRUE(st.ok()) << st.ToString();
   EXPECT_GT(polls, 20);
   EXPECT_GT(pieces, 0);
+  pool.Clear();
+}
+
+// A relay's idle_timeout bounds each wait for the worker, not the whole
+// answer: pieces 150 ms apart go through a 400 ms bound for as long as they
+// come; a worker that stops sending is a timeout once the bound passes.
+TEST(ConnectionPoolTest, ARelaysIdleTimeoutBoundsEachWaitNotTheWholeAnswer) {
+  FakeWorker worker = Echo();
+  net::io_context ioc;
+  ConnectionPool pool;
+  std::string got;
+  auto keep = [&](std::string_view d) {
+    got.append(d);
+    return true;
+  };
+  auto head = [](const http::StreamHead&) { return true; };
+  Status st = RunCo(ioc, pool.Stream(worker.port(), "GET", "/trickle", "", {}, head, keep, std::chrono::milliseconds(400)));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_NE(got.find("data: 5\n\n"), std::string::npos) << got;
+  got.clear();
+  const auto t0 = std::chrono::steady_clock::now();
+  st = RunCo(ioc, pool.Stream(worker.port(), "GET", "/stall", "", {}, head, keep, std::chrono::milliseconds(400)));
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  EXPECT_EQ(got, "data: 0\n\n");
   pool.Clear();
 }
 
