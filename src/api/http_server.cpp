@@ -381,19 +381,21 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // The head's read timeout: one timer a connection, armed when none is
   // (its handler arms it again for a deadline that has moved on): a
-  // request's read moves the deadline, not the timer. Past it, while a head
-  // is still being read, the connection closes (its read ends, aborted).
+  // request's read moves the deadline later without touching the timer. An
+  // earlier one (a pipelined head's read_timeout after an idle wait's
+  // idle_timeout) arms it again. Past it, while a head is still being read,
+  // the connection closes (its read ends, aborted).
   void HeadDeadline(std::chrono::seconds within) {
     head_deadline_ = std::chrono::steady_clock::now() + within;
-    if (!deadline_armed_) ArmHeadDeadline();
+    if (!deadline_armed_ || head_deadline_ < head_timer_.expiry()) ArmHeadDeadline();
   }
 
   void ArmHeadDeadline() {
     deadline_armed_ = true;
-    head_timer_.expires_at(head_deadline_);
-    head_timer_.async_wait([weak = weak_from_this()](beast::error_code ec) {
+    head_timer_.expires_at(head_deadline_);  // (a wait it replaces ends, and is told apart by its number)
+    head_timer_.async_wait([weak = weak_from_this(), armed = ++deadline_arms_](beast::error_code ec) {
       const auto self = weak.lock();
-      if (!self) return;
+      if (!self || armed != self->deadline_arms_) return;
       self->deadline_armed_ = false;
       if (ec || self->closed_ || !self->reading_head_) return;
       if (std::chrono::steady_clock::now() < self->head_deadline_) return self->ArmHeadDeadline();
@@ -407,6 +409,9 @@ class Session : public std::enable_shared_from_this<Session> {
       waiting_idle_ = false;
       Unlist();
     }
+    // Closed meanwhile (its deadline passed as the head's last bytes came in
+    // a read already done): nobody would hear its answer.
+    if (closed_) return;
     if (ec) return OnRead(ec);
     stream_.expires_after(opts_.read_timeout);
     // A body is reserved as it arrives, a step ahead (its string grows as it
@@ -804,6 +809,7 @@ class Session : public std::enable_shared_from_this<Session> {
   net::steady_timer head_timer_;   // the head's read timeout (HeadDeadline)
   std::chrono::steady_clock::time_point head_deadline_;
   bool deadline_armed_ = false;    // head_timer_ waits
+  uint64_t deadline_arms_ = 0;     // head_timer_'s waits so far (the latest is the one that counts)
   bool reading_head_ = false;      // a request's head is being read (DoRead to OnHeader)
   const std::shared_ptr<Shared> shared_;
   const ServerOptions& opts_;

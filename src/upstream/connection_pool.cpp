@@ -111,6 +111,10 @@ struct ReadDeadline : std::enable_shared_from_this<ReadDeadline> {
   void Tell(beast::error_code& ec) const {
     if (ec == net::error::operation_aborted && expired) ec = beast::error::timeout;
   }
+  // Past the deadline: asked before each read, since the timer's cancel
+  // finds nothing to cancel when the read in flight has just completed
+  // (with bytes, its completion queued): the next read would have no bound.
+  bool Passed() const { return expired || std::chrono::steady_clock::now() >= at; }
   net::steady_timer timer;
   tcp::socket* sock;
   std::chrono::steady_clock::time_point at;
@@ -160,14 +164,15 @@ void AtEndOfFile(Parser& p, beast::error_code& ec) {
 
 // Reads into `p` until `done(p)` from what `b` holds and what the socket
 // brings: Beast's parser and its errors, by the socket's own reads rather
-// than through Beast's composed operations and its stream's timer (the
-// caller bounds them: ReadDeadline). `piece`: a body's next piece
-// (buffer_body; Beast's read_some): back once the parser has taken
-// anything, need_buffer when the piece's buffer is full. One coroutine, no
-// layers under it: each is a frame and a resumption on a request's way.
+// than through Beast's composed operations and its stream's timer. `limit`
+// bounds them (its timer cancels a read in flight; a read is not begun past
+// it: beast::error::timeout). `piece`: a body's next piece (buffer_body;
+// Beast's read_some): back once the parser has taken anything, need_buffer
+// when the piece's buffer is full. One coroutine, no layers under it: each
+// is a frame and a resumption on a request's way.
 template <class Parser, class Done>
-net::awaitable<void> ReadUntil(tcp::socket& sock, beast::flat_buffer& b, Parser& p, beast::error_code& ec, Done done,
-                               bool piece = false) {
+net::awaitable<void> ReadUntil(tcp::socket& sock, beast::flat_buffer& b, Parser& p, const ReadDeadline& limit,
+                               beast::error_code& ec, Done done, bool piece = false) {
   for (;;) {
     if (b.size() > 0) {
       const size_t used = p.put(b.data(), ec);
@@ -181,6 +186,10 @@ net::awaitable<void> ReadUntil(tcp::socket& sock, beast::flat_buffer& b, Parser&
       ec = bhttp::error::buffer_overflow;
       co_return;
     }
+    if (limit.Passed()) {
+      ec = beast::error::timeout;
+      co_return;
+    }
     b.commit(co_await sock.async_read_some(b.prepare(size), net::redirect_error(net::use_awaitable, ec)));
     if (ec == net::error::eof) AtEndOfFile(p, ec);
     if (ec || done(p)) co_return;  // (done: ended by the end of file)
@@ -188,18 +197,21 @@ net::awaitable<void> ReadUntil(tcp::socket& sock, beast::flat_buffer& b, Parser&
 }
 
 template <class Parser>
-net::awaitable<void> ReadAnswer(tcp::socket& sock, beast::flat_buffer& b, Parser& p, beast::error_code& ec) {
-  return ReadUntil(sock, b, p, ec, [](const Parser& q) { return q.is_done(); });
+net::awaitable<void> ReadAnswer(tcp::socket& sock, beast::flat_buffer& b, Parser& p, const ReadDeadline& limit,
+                                beast::error_code& ec) {
+  return ReadUntil(sock, b, p, limit, ec, [](const Parser& q) { return q.is_done(); });
 }
 
 template <class Parser>
-net::awaitable<void> ReadHead(tcp::socket& sock, beast::flat_buffer& b, Parser& p, beast::error_code& ec) {
-  return ReadUntil(sock, b, p, ec, [](const Parser& q) { return q.is_header_done(); });
+net::awaitable<void> ReadHead(tcp::socket& sock, beast::flat_buffer& b, Parser& p, const ReadDeadline& limit,
+                              beast::error_code& ec) {
+  return ReadUntil(sock, b, p, limit, ec, [](const Parser& q) { return q.is_header_done(); });
 }
 
 template <class Parser>
-net::awaitable<void> ReadBodyPiece(tcp::socket& sock, beast::flat_buffer& b, Parser& p, beast::error_code& ec) {
-  return ReadUntil(sock, b, p, ec, [](const Parser& q) { return q.is_done(); }, true);
+net::awaitable<void> ReadBodyPiece(tcp::socket& sock, beast::flat_buffer& b, Parser& p, const ReadDeadline& limit,
+                                   beast::error_code& ec) {
+  return ReadUntil(sock, b, p, limit, ec, [](const Parser& q) { return q.is_done(); }, true);
 }
 
 // Watches a StreamControl on the call's own executor (the request's strand,
@@ -383,10 +395,10 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
       auto limit = std::make_shared<ReadDeadline>(ex, &c->stream.socket());
       const DeadlineStop stop{limit};
       limit->Set(deadline);
-      co_await ReadAnswer(c->stream.socket(), c->buffer, *reader, rec);
+      co_await ReadAnswer(c->stream.socket(), c->buffer, *reader, *limit, rec);
       while (!rec && Interim(reader->get().result_int())) {
         NewReader(&reader, std::uint64_t{1} << 32);
-        co_await ReadAnswer(c->stream.socket(), c->buffer, *reader, rec);
+        co_await ReadAnswer(c->stream.socket(), c->buffer, *reader, *limit, rec);
       }
       limit->Tell(rec);
       if (!rec || !write_failed) ec = rec;
@@ -477,10 +489,10 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     if (!ec || ec == net::error::broken_pipe || ec == net::error::connection_reset) {
       beast::error_code rec;
       limit->Set(std::chrono::steady_clock::now() + idle_timeout);
-      co_await ReadHead(c->stream.socket(), c->buffer, *reader, rec);
+      co_await ReadHead(c->stream.socket(), c->buffer, *reader, *limit, rec);
       while (!rec && Interim(reader->get().result_int())) {
         NewReader(&reader, std::uint64_t{1} << 40);
-        co_await ReadHead(c->stream.socket(), c->buffer, *reader, rec);
+        co_await ReadHead(c->stream.socket(), c->buffer, *reader, *limit, rec);
       }
       limit->Tell(rec);
       if (!rec || !write_failed) ec = rec;
@@ -513,7 +525,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
       parser.get().body().data = chunk.data();
       parser.get().body().size = chunk.size();
       limit->Set(std::chrono::steady_clock::now() + idle_timeout);
-      co_await ReadBodyPiece(c->stream.socket(), c->buffer, parser, ec);
+      co_await ReadBodyPiece(c->stream.socket(), c->buffer, parser, *limit, ec);
       limit->Tell(ec);
       if (ec == bhttp::error::need_buffer) ec = {};
       if (ec) co_return failure(ec);

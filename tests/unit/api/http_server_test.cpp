@@ -798,6 +798,21 @@ TEST_F(QuickReadServer, AKeptAliveConnectionIdleLongerThanTheReadTimeoutServesIt
   EXPECT_EQ(server_->accepted(), 1u);
 }
 
+// A pipelined head after an idle wait has read_timeout too: the head's
+// timer, waiting for the idle wait's later deadline, is brought forward
+// (moved only later, it held the half-sent head for idle_timeout).
+TEST_F(QuickReadServer, APipelinedHeadAfterAnIdleWaitHasTheReadTimeout) {
+  RawPeer p(server_->port());
+  p.Send("GET /hello HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_NE(p.ReadUntil("hello").find("hello"), std::string::npos);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // idle past read_timeout (1 s), within idle_timeout (20 s)
+  p.Send("GET /hello HTTP/1.1\r\nHost: x\r\n\r\nGET /hel");
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string got = p.ReadAll(std::chrono::milliseconds(8000));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4)) << "held for the idle timeout";
+  EXPECT_NE(got.find("hello"), std::string::npos) << got;
+}
+
 // A server with small connection and body budgets.
 class TightServer : public ServerFixture {
  protected:

@@ -88,6 +88,10 @@ struct Worker {
   std::vector<std::shared_ptr<http::Exchange>> hung;
   std::set<std::string> cancelled_early;  // cancels that found nothing running
   std::atomic<int> cancels{0};            // DELETEs of a request received
+  // While set, a cancelled request's 499 waits for ReleaseCancelled(): a
+  // test sees what the gateway does between a cancel and its request's end.
+  std::atomic<bool> hold_cancelled{false};
+  std::vector<std::shared_ptr<http::Exchange>> cancelled_held;
   std::atomic<int> tokenizes{0};          // prompts counted
   std::atomic<int> drops{0};              // a chat's oldest messages its count leaves out ("truncate")
   std::vector<std::string> tokenize_targets;
@@ -150,7 +154,10 @@ struct Worker {
           if (ids[i] == id && held[i]) running = std::exchange(held[i], nullptr);
         }
       }
-      if (running) {
+      if (running && hold_cancelled) {
+        std::lock_guard<std::mutex> lk(mu);
+        cancelled_held.push_back(std::move(running));
+      } else if (running) {
         running->Respond(http::MakeResponse(499, api::ErrorBody(Status::Cancelled("cancelled")).dump(), "application/json"));
       } else {
         // A cancel that came before its request (the gateway sends it as
@@ -187,6 +194,18 @@ struct Worker {
     }
     handled_cv.notify_all();
   }};
+  // The 499s held by hold_cancelled, answered now (and no more held).
+  void ReleaseCancelled() {
+    hold_cancelled = false;
+    std::vector<std::shared_ptr<http::Exchange>> release;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      release.swap(cancelled_held);
+    }
+    for (auto& ex : release) {
+      ex->Respond(http::MakeResponse(499, api::ErrorBody(Status::Cancelled("cancelled")).dump(), "application/json"));
+    }
+  }
   // Call `i`'s held answer, taken to answer it (null when none is held).
   // A call counted (calls()) is waited for until its behaviour has run: its
   // answer is held only then (taken in between, there was none: a crash).
@@ -2389,10 +2408,17 @@ TEST_F(LifecycleTest, TheStopsCutLeavesARequestThatRanForTheNextStartAndACancell
   auto cut = Complete("r-cut");
   auto asked = Complete("r-asked");
   ASSERT_TRUE(Eventually([&] { return primary_.calls() == 2; }));
+  // The client's cancel reaches the worker, whose 499 waits until after the
+  // cut: the cut meets a request its client cancelled (answered at once, the
+  // 499 could end it before the cut, which then found one request).
+  primary_.hold_cancelled = true;
   auto cancel = Send("/v1/requests/r-asked", "", "DELETE");
   ASSERT_TRUE(cancel->Wait());
+  ASSERT_TRUE(Eventually([&] { return primary_.cancels.load() == 1; }));
   EXPECT_EQ(gateway_->CutForStop(), 2u);
+  ASSERT_TRUE(Eventually([&] { return primary_.cancels.load() == 2; }));  // (the cut's, of r-cut)
   // (The worker answers each cancel, the client's and the cut's, with 499, as a worker does.)
+  primary_.ReleaseCancelled();
   ASSERT_TRUE(cut->Wait());
   ASSERT_TRUE(asked->Wait());
   EXPECT_EQ(cut->status(), 503u) << cut->body();
@@ -2932,7 +2958,9 @@ class TwoKeysLifecycleTest : public LifecycleTest {
     LifecycleTest::SetUp();
   }
   static std::vector<std::pair<std::string, std::string>> Key(char c) {
-    return {{"Authorization", "Bearer k-" + std::string(16, c)}};
+    std::string bearer = "Bearer k-";
+    bearer.append(16, c);  // (not "..." + std::string: GCC 12 warns of a memcpy past its bounds there)
+    return {{"Authorization", bearer}};
   }
   json StatusOf(char c) {
     auto st = Send("/v1/status", "", "GET", Key(c));

@@ -315,6 +315,40 @@ struct RawServer {
   }
 };
 
+// An answer's deadline holds when it passes while bytes are still coming:
+// the timer's cancel then finds no read to cancel (the one in flight has
+// just completed with bytes), and the next read, begun past the deadline,
+// had no bound: a server that then stalled held the request for good. Here
+// the loop is busy (a handler that sleeps) while the server sends more than
+// a read takes and the deadline passes; the server then stalls, its
+// connection open.
+TEST(ConnectionPoolTest, AnAnswersDeadlineHoldsWhenItPassesWhileBytesStillCome) {
+  RawServer raw;
+  const uint16_t port = raw.port();
+  std::atomic<bool> done{false};
+  std::thread server([&] {
+    net::ip::tcp::socket s(raw.ioc);
+    if (!raw.AcceptWithHead(s)) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));  // (the client's loop sleeps meanwhile)
+    boost::system::error_code ec;
+    net::write(s, net::buffer("HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n" + std::string(200 << 10, 'x')), ec);
+    for (int i = 0; i < 400 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));  // stalls, open
+  });
+  net::io_context ioc;
+  ConnectionPool pool;
+  net::steady_timer busy(ioc, std::chrono::milliseconds(100));
+  busy.async_wait([](const boost::system::error_code&) { std::this_thread::sleep_for(std::chrono::milliseconds(350)); });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = RunCo(ioc, pool.Send(port, "GET", "/big", "", {}, std::chrono::milliseconds(300)));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  done = true;
+  server.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDeadlineExceeded) << r.status().ToString();
+  EXPECT_LT(took, std::chrono::milliseconds(2500)) << "held past its deadline until the server gave up";
+  pool.Clear();
+}
+
 // A request that must go on a fresh connection (an external service that
 // is not idempotent) closes it after its answer: kept, it was never taken
 // again (such requests never take one) and sat idle, up to 64 a server.
