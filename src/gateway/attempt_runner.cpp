@@ -21,9 +21,10 @@ AttemptRunner::AttemptRunner(upstream::ConnectionPool& pool, ReplyWriter& reply,
       on_first_event_(std::move(on_first_event)),
       max_unsent_bytes_(max_unsent_bytes) {}
 
+// (Not a coroutine: the one it returns is the attempt's, a frame less on its way.)
 boost::asio::awaitable<AttemptResult> AttemptRunner::Run(const AttemptSpec& spec) {
-  if (spec.stream) co_return co_await Relay(spec);
-  co_return co_await Send(spec);
+  if (spec.stream) return Relay(spec);
+  return Send(spec);
 }
 
 namespace {

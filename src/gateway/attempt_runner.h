@@ -1,5 +1,5 @@
 // Runs one attempt of a request on one worker and says how it ended, typed:
-// the lifecycle (Gateway::Run) hands the outcome to the pure retry policy
+// the lifecycle (request_lifecycle.h) hands the outcome to the pure retry policy
 // (failover/retry_policy.h) and acts on its decision. The runner decides
 // nothing about retries, the journal or breakers.
 //

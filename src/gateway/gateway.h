@@ -269,21 +269,6 @@ class Gateway {
   // From the answer's timings header when it has one (see protocol::Timings), else from its body.
   void RecordThroughput(const std::string& service, size_t index, const std::string& body,
                         std::string_view timings_header = {});
-  // Chooses a placement for one attempt (admission decision), reserving its
-  // cells; delays inside. False when the request is rejected: `rejected` says
-  // why, and `reject_decision` is the decision to journal (JSON; empty when
-  // none). Writes nothing to the journal itself.
-  // `excluded`: placements that already failed this request (ignored when no
-  // other placement could take it).
-  // `on_wait(note, est_s)` is called before every round spent waiting.
-  // `first`: the request has not run an attempt yet, so it takes its place
-  // at the end of the service's line (capacity_signal.h); a retry (after a
-  // failure, or a worker that answered busy) does not queue behind newer ones.
-  // (A RequestAdmission does it: request_admission.h.)
-  boost::asio::awaitable<bool> Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc, Live& live,
-                                     const std::vector<bool>& excluded, Target* target, Status* rejected,
-                                     std::string* reject_decision,
-                                     const std::function<void(const std::string&, double)>& on_wait, bool first);
   // Why no worker of the service can take a request now, when that is final
   // enough to answer: every runnable placement failed to start twice, or the
   // request has waited (`waited_ms`) past the longest start timeout. Ok while

@@ -1,5 +1,5 @@
 // The one writer of a request's reply to its client: response headers, the
-// stream's events and SSE comments, error answers. The lifecycle (Gateway::Run)
+// stream's events and SSE comments, error answers. The lifecycle (request_lifecycle.h)
 // decides what to say and journals it first; this says it, consistently:
 //
 //   - every answer carries X-Request-Id; one that a placement served carries

@@ -24,15 +24,6 @@ bool Goes(admission::Kind k) { return k != admission::Kind::kDelay && k != admis
 
 }  // namespace
 
-boost::asio::awaitable<bool> Gateway::Admit(const journal::RequestRecord& rec, const config::ServiceConfig& svc,
-                                           Live& live, const std::vector<bool>& excluded, Target* t, Status* rejected,
-                                           std::string* reject_decision,
-                                           const std::function<void(const std::string&, double)>& on_wait,
-                                           bool first) {
-  RequestAdmission admission(*this, rec, svc, live, excluded, t, rejected, reject_decision, on_wait, first);
-  co_return co_await admission.Run();
-}
-
 RequestAdmission::RequestAdmission(Gateway& g, const journal::RequestRecord& rec, const config::ServiceConfig& svc,
                                    Gateway::Live& live, const std::vector<bool>& excluded, Gateway::Target* target,
                                    Status* rejected, std::string* reject_decision, const OnWait& on_wait, bool first)
@@ -263,20 +254,24 @@ boost::asio::awaitable<bool> RequestAdmission::WaitBehind(int64_t cap_ms) {
   co_return true;
 }
 
-boost::asio::awaitable<bool> RequestAdmission::Run() {
-  if (RefusedAtOnce()) co_return false;
+namespace {
+boost::asio::awaitable<bool> Refused() { co_return false; }
+}  // namespace
+
+boost::asio::awaitable<bool> RequestAdmission::Run(const boost::asio::any_io_executor& ex) {
+  if (RefusedAtOnce()) return Refused();
   // The service's line (capacity_signal.h): first come, first served; only
   // its head decides. A retry does not queue behind new requests: it was
   // admitted once (and after a failure it may wait for another placement
   // than they do).
-  if (first_) JoinLine(co_await boost::asio::this_coro::executor);
+  if (first_) JoinLine(ex);
   // Embeddings hold no KV between requests, and a lone placement without
   // shrinking has nothing to choose: its worker checks its own KV pool (busy
   // -> 503, the request waits; never fits -> 400 with the numbers), so the
   // token count is not asked for.
   const bool nothing_to_choose = (states_.size() == 1 && !svc_.admission.allow_shrink) || !svc_.admission.enabled;
-  if (rec_.endpoint == "embedding" || nothing_to_choose) co_return co_await Slot();
-  co_return co_await Decided();
+  if (rec_.endpoint == "embedding" || nothing_to_choose) return Slot();
+  return Decided();
 }
 
 // An embedding bound for a placement on the CPU path takes its place in

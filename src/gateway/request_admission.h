@@ -1,4 +1,4 @@
-// One admission of one request (Gateway::Admit builds one per call): where it
+// One admission of one request (its lifecycle builds one per attempt): where it
 // runs, when, or why not. Its steps:
 //
 //   Refusals first   a batch service outside its window that would rather
@@ -39,7 +39,18 @@ namespace spillway::gateway {
 class RequestAdmission {
  public:
   using OnWait = std::function<void(const std::string&, double)>;
-  // See Gateway::Admit for the arguments.
+  // One admission of `rec` for one attempt, run by Run(): it chooses a
+  // placement (the admission decision) and reserves its cells, delaying
+  // inside. False when the request is rejected: `rejected` says why, and
+  // `reject_decision` is the decision to journal (JSON; empty when none).
+  // Writes nothing to the journal itself.
+  // `excluded`: placements that already failed this request (ignored when no
+  // other placement could take it).
+  // `on_wait(note, est_s)` is called before every round spent waiting.
+  // `first`: the request has not run an attempt yet, so it takes its place
+  // at the end of the service's line (capacity_signal.h); a retry (after a
+  // failure, or a worker that answered busy) does not queue behind newer ones.
+  // The caller keeps it (and what it refers to) until Run's awaitable is done.
   RequestAdmission(Gateway& g, const journal::RequestRecord& rec, const config::ServiceConfig& svc, Gateway::Live& live,
                    const std::vector<bool>& excluded, Gateway::Target* target, Status* rejected,
                    std::string* reject_decision, const OnWait& on_wait, bool first);
@@ -47,7 +58,10 @@ class RequestAdmission {
   RequestAdmission(const RequestAdmission&) = delete;
   RequestAdmission& operator=(const RequestAdmission&) = delete;
 
-  boost::asio::awaitable<bool> Run();
+  // `ex`: the calling coroutine's executor (where its waits are woken). Not
+  // a coroutine itself: the one it returns is the admission's way (Slot or
+  // Decided), a frame less on every request's way.
+  boost::asio::awaitable<bool> Run(const boost::asio::any_io_executor& ex);
 
  private:
   // Refused before any wait (*rejected_ says why), or Ok.

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/mutation.h"
+#include "gateway/request_admission.h"
 #include "protocol/worker_protocol.h"
 
 namespace spillway::gateway {
@@ -119,9 +120,15 @@ boost::asio::awaitable<void> RequestLifecycle::Finish(State state, int status, s
     if (!AcceptDurable()) {
       if (co_await AcceptRefused()) co_return;  // (ended there, and counted: once, not again below)
     }
-    const Status ended = co_await g_.Journaled([&](auto done) {
-      g_.journal_.FinishAsync(rec_.id, state, status, type, body, err, done);
-    });
+    // (As Journaled does, without its coroutine: at NORMAL the record is written at once.)
+    auto end = PendingStatus::Make(strand_);
+    g_.journal_.FinishAsync(rec_.id, state, status, type, body, err, end->Completer());
+    Status ended;
+    if (end->result()) {
+      ended = *end->result();
+    } else {
+      ended = co_await end->Wait();
+    }
     if (!ended.ok()) g_.WithholdUnrecorded(ended, rec_.id, reply_, strand_);
   }
   const int64_t now = g_.clock_.NowMs();
@@ -408,9 +415,13 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     Status rejected;
     last_comment_ms_ = g_.clock_.NowMs();
     std::string reject_decision;
-    const bool admitted = co_await g_.Admit(rec_, *svc_, *live_, excluded_, &target_, &rejected, &reject_decision,
-                                            [this](const std::string& note, double est_s) { OnWait(note, est_s); },
-                                            /*first=*/attempts_ == 0);
+    bool admitted = false;
+    {  // (the admission lives here, in this frame, until it is done: no coroutine of its own around it)
+      const RequestAdmission::OnWait on_wait = [this](const std::string& note, double est_s) { OnWait(note, est_s); };
+      RequestAdmission admission(g_, rec_, *svc_, *live_, excluded_, &target_, &rejected, &reject_decision, on_wait,
+                                 /*first=*/attempts_ == 0);
+      admitted = co_await admission.Run(strand_);
+    }
     if (live_->accept_refused && co_await AcceptRefused()) co_return;  // (what it held goes with the lifecycle)
     if (!admitted) {
       if (!reject_decision.empty()) {
