@@ -24,7 +24,9 @@
 // work on requests count (kRequestThreads); what is still counted while idle
 // is counted over as long with no requests and subtracted. --keep leaves the
 // dumps for callgrind_annotate; --stream sends streamed 4-token completions
-// (the relay's way) instead of one-token answers.
+// (the relay's way) instead of one-token answers; --by-owner K lists the
+// gateway's code lines by whose code they are (a class or namespace of its
+// own binary, or a library), the K largest: where a cut would count.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -32,6 +34,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -92,6 +95,9 @@ struct Counted {
   int dumps = 0;
   // The gateway's request threads, by a function each runs (its dumps are per thread): what each kind counted.
   std::vector<std::pair<std::string, std::string>> threads;  // {function name in the dump, label}
+  // --by-owner: its program's path as dumps name it, and how many owners to list (0: none).
+  std::string program;
+  int by_owner = 0;
 };
 
 // `threads`: count only inside these functions (the threads they run), not
@@ -124,33 +130,93 @@ bool Control(const std::string& tool, const char* flag, pid_t pid) {
 
 // What one dump counted: in all, and by the kind of thread (kRequestThreads'
 // names) when the threads were dumped apart (--separate-threads).
+using CodeLines = std::set<std::pair<std::string, uint64_t>>;  // {object file, address / 64}
+
 struct Counts {
   double total = 0;
   std::map<std::string, double> by_thread;
   // The code that ran on the serving threads (all of a process's without `threads`; the gateway's I/O
-  // threads): {object file, address / 64}.
-  std::set<std::pair<std::string, uint64_t>> code_lines;
+  // threads).
+  CodeLines code_lines;
+  std::map<std::string, CodeLines> by_owner;  // the same lines by whose code they are (OwnerOf)
 };
 
 struct Dumped {
   double total = 0;
   std::string kind;  // which of `threads`' functions its thread ran; "" for none
-  std::set<std::pair<std::string, uint64_t>> code_lines;
+  CodeLines code_lines;
+  std::map<std::string, CodeLines> by_owner;
 };
+
+// Whose code a function of a dump is: a library's (its file's name), or in the
+// program, its class or namespace without template arguments
+// ("spillway::gateway::RequestLifecycle", "boost::beast::http", "std").
+std::string OwnerOf(const std::string& object, const std::string& fn, const std::string& program) {
+  if (object != program) return fs::path(object).filename().string();
+  // The name: after the return type (the last space outside <>), up to the
+  // parameters' '(' ("(anonymous namespace)" is a part of the name).
+  size_t begin = 0, end = fn.size();
+  int depth = 0;
+  for (size_t i = 0; i < fn.size(); ++i) {
+    const char ch = fn[i];
+    if (ch == '<') {
+      ++depth;
+    } else if (ch == '>') {
+      --depth;
+    } else if (depth == 0 && ch == '(') {
+      if (fn.compare(i, 21, "(anonymous namespace)") == 0) {
+        i += 20;
+        continue;
+      }
+      end = i;
+      break;
+    } else if (depth == 0 && ch == ' ') {
+      begin = i + 1;
+    }
+  }
+  std::string name;
+  depth = 0;
+  for (size_t i = begin; i < end; ++i) {  // (template arguments left out)
+    if (fn[i] == '<') {
+      ++depth;
+    } else if (fn[i] == '>') {
+      --depth;
+    } else if (depth == 0) {
+      name += fn[i];
+    }
+  }
+  std::vector<std::string> parts;
+  for (size_t at = 0;;) {
+    const size_t next = name.find("::", at);
+    parts.push_back(name.substr(at, next == std::string::npos ? std::string::npos : next - at));
+    if (next == std::string::npos) break;
+    at = next + 2;
+  }
+  if (parts.size() >= 3 && (parts[0] == "spillway" || parts[0] == "boost")) {
+    return parts[0] + "::" + parts[1] + "::" + parts[2];
+  }
+  return parts[0];
+}
 
 // The instructions a dump file counted ("totals:" line), which of `threads`' functions its thread ran (the
 // first whose name it holds), and the code lines its instructions are on. A cost line is "0x<address> <line>
 // <count>"; the one after a "calls=" line is the call's inclusive cost at the call site, not code that ran
 // there.
-std::optional<Dumped> ReadDump(const std::string& file, const std::vector<std::pair<std::string, std::string>>& threads) {
+// `program`: the gateway's binary as the dump names it, for by_owner (empty: not kept).
+std::optional<Dumped> ReadDump(const std::string& file, const std::vector<std::pair<std::string, std::string>>& threads,
+                               const std::string& program) {
   for (int i = 0; i < 100; ++i) {  // the dump is written asynchronously
     std::ifstream f(file);
-    std::string line, object;
+    std::string line, object, owner;
     Dumped d;
     bool total = false, call_cost = false;
     while (std::getline(f, line)) {
       if (line.rfind("0x", 0) == 0) {
-        if (!std::exchange(call_cost, false)) d.code_lines.emplace(object, std::stoull(line, nullptr, 16) / 64);
+        if (!std::exchange(call_cost, false)) {
+          const std::pair<std::string, uint64_t> code{object, std::stoull(line, nullptr, 16) / 64};
+          d.code_lines.insert(code);
+          if (!program.empty()) d.by_owner[owner].insert(code);
+        }
       } else if (line.rfind("calls=", 0) == 0) {
         call_cost = true;
       } else if (line.rfind("ob=", 0) == 0) {
@@ -158,9 +224,10 @@ std::optional<Dumped> ReadDump(const std::string& file, const std::vector<std::p
       } else if (line.rfind("totals:", 0) == 0) {
         d.total = std::stod(line.substr(7));
         total = true;
-      } else if (d.kind.empty() && line.rfind("fn=", 0) == 0) {
+      } else if (line.rfind("fn=", 0) == 0) {
+        if (!program.empty()) owner = OwnerOf(object, line.substr(3), program);
         for (const auto& [fn, label] : threads) {
-          if (line.find(fn) != std::string::npos) d.kind = fn;
+          if (d.kind.empty() && line.find(fn) != std::string::npos) d.kind = fn;
         }
       }
     }
@@ -185,12 +252,15 @@ std::optional<Counts> Dump(const std::string& tool, Counted& c) {
   if (files.empty()) return std::nullopt;
   Counts out;
   for (const auto& f : files) {
-    auto d = ReadDump(f, c.threads);
+    auto d = ReadDump(f, c.threads, c.by_owner > 0 ? c.program : "");
     if (!d) return std::nullopt;
     out.total += d->total;
     if (!d->kind.empty()) out.by_thread[d->kind] += d->total;
     // (The code a request runs through is the serving threads': kRequestThreads' first, the I/O threads.)
-    if (c.threads.empty() || d->kind == c.threads.front().first) out.code_lines.merge(d->code_lines);
+    if (c.threads.empty() || d->kind == c.threads.front().first) {
+      out.code_lines.merge(d->code_lines);
+      for (auto& [owner, lines] : d->by_owner) out.by_owner[owner].merge(lines);
+    }
   }
   return out;
 }
@@ -250,6 +320,15 @@ std::optional<PerRequestCounts> PerRequest(const std::string& tool, Counted& c, 
   }
   std::printf("  %-34s %9zu code lines run (%.0f KiB)%s\n", "", busy->code_lines.size(),
               busy->code_lines.size() * 64 / 1024.0, c.threads.empty() ? "" : ", the I/O threads");
+  if (c.by_owner > 0) {
+    // (A line shared by two owners' functions counts for each.)
+    std::vector<std::pair<size_t, std::string>> owners;
+    for (const auto& [owner, lines] : busy->by_owner) owners.emplace_back(lines.size(), owner);
+    std::sort(owners.rbegin(), owners.rend());
+    for (size_t i = 0; i < owners.size() && i < static_cast<size_t>(c.by_owner); ++i) {
+      std::printf("  %-34s %9zu  %s\n", i == 0 ? "  code lines by owner:" : "", owners[i].first, owners[i].second.c_str());
+    }
+  }
   return PerRequestCounts{(busy->total - idle_part) / n, busy->code_lines.size()};
 }
 
@@ -266,6 +345,10 @@ int main(int argc, char** argv) {
   app.add_option("-n", n, "requests per side")->capture_default_str()->check(CLI::Range(1, 1000000));
   app.add_flag("--keep", keep, "keep the callgrind dumps (their directory is printed)");
   app.add_flag("--stream", stream, "streamed completions of 4 tokens (the answer relayed as events) instead of one-token answers");
+  int by_owner = 0;
+  app.add_option("--by-owner", by_owner,
+                 "list the gateway's code lines by whose code they are (its classes and namespaces, libraries): the K largest")
+      ->check(CLI::Range(0, 1000));
   CLI11_PARSE(app, argc, argv);
   const std::string valgrind = OnPath("valgrind"), control = OnPath("callgrind_control");
   if (valgrind.empty() || control.empty()) {
@@ -289,6 +372,9 @@ int main(int argc, char** argv) {
     gw.out = (dir / (is_full ? "gateway-full" : "gateway-normal")).string();
     gw.body = gw_body;
     gw.threads = kRequestThreads;
+    gw.by_owner = by_owner;
+    std::error_code canonical_ec;
+    gw.program = fs::canonical(fs::path(bin) / "spillway", canonical_ec).string();  // (as the dump names it)
     GatewayRun g = StartGateway(bin, OneChatOnCpu(model, is_full), is_full ? "instructions-full" : "instructions-normal",
                                 std::chrono::seconds(300), Callgrind(valgrind, gw.out, kRequestThreads));
     const uint16_t worker = g.port ? WorkerPort(g.port, "chat") : 0;
