@@ -1,4 +1,4 @@
-// One admission of one request (its lifecycle builds one per attempt): where it
+// One admission of one request (its lifecycle builds one each time it asks): where it
 // runs, when, or why not. Its steps:
 //
 //   Refusals first   a batch service outside its window that would rather
