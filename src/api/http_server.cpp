@@ -25,6 +25,7 @@
 #include "api/growing_body.h"
 #include "api/http_wire.h"
 #include "api/ollama_request.h"
+#include "api/socket_read.h"
 #include "common/survive.h"
 
 namespace spillway::http {
@@ -179,7 +180,6 @@ class Session : public std::enable_shared_from_this<Session> {
       : stream_(std::move(socket)),
         peer_(PeerOf(stream_.socket())),
         probe_timer_(stream_.get_executor()),
-        head_timer_(stream_.get_executor()),
         shared_(std::move(shared)),
         opts_(shared_->opts),
         handler_(handler),
@@ -198,6 +198,7 @@ class Session : public std::enable_shared_from_this<Session> {
   ~Session() {
     SetWriting(false);
     ReleaseBody();
+    if (head_deadline_) head_deadline_->Stop();  // (its timer's wait ends with the session, as a member's did)
     if (waiting_idle_) Unlist();
     shared_->connections.fetch_sub(1);
   }
@@ -351,56 +352,40 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // The head is parsed from what the buffer holds (a pipelined request's
   // bytes, or what the last read brought) and read by the socket's own
-  // reads until it is whole: what Beast's composed read does, without its
-  // layers of operations and its timer armed around every read (the head's
-  // deadline is HeadDeadline's). The parser is Beast's, and its errors are
-  // what they were.
+  // reads until it is whole (socket_read.h): what Beast's composed read
+  // does, without its layers of operations and its timer armed around every
+  // read (the head's deadline is HeadDeadline's). The parser is Beast's, and
+  // its errors are what they were.
   void ParseHead() {
     if (buffer_.size() > 0) {
       beast::error_code ec;
       buffer_.consume(parser_->put(buffer_.data(), ec));
       if (ec ? ec != bhttp::error::need_more : parser_->is_header_done()) return OnHeader(ec);
     }
-    // As Beast reads: the buffer's free room, at least 512 bytes, within its bound.
-    const size_t room = buffer_.max_size() - buffer_.size();
-    const size_t size = std::min({std::max<size_t>(512, buffer_.capacity() - buffer_.size()), room, kMaxReadBytes});
+    const size_t size = ReadSize(buffer_, kMaxReadBytes);
     if (size == 0) return OnHeader(bhttp::error::buffer_overflow);
     stream_.socket().async_read_some(buffer_.prepare(size), [self = shared_from_this()](beast::error_code ec, std::size_t n) {
       self->buffer_.commit(n);
       if (ec == net::error::eof) {
         // Within a head: cut short (a 400's quiet close); between requests: the peer is done.
-        if (!self->parser_->got_some()) return self->OnHeader(bhttp::error::end_of_stream);
-        ec = {};
-        self->parser_->put_eof(ec);
-        return self->OnHeader(ec ? ec : bhttp::error::partial_message);
+        AtEndOfFile(*self->parser_, ec);
+        return self->OnHeader(ec ? ec : bhttp::error::partial_message);  // (a head is never framed by the end)
       }
       if (ec) return self->OnHeader(ec);
       self->ParseHead();
     });
   }
 
-  // The head's read timeout: one timer a connection, armed when none is
-  // (its handler arms it again for a deadline that has moved on): a
-  // request's read moves the deadline later without touching the timer. An
-  // earlier one (a pipelined head's read_timeout after an idle wait's
-  // idle_timeout) arms it again. Past it, while a head is still being read,
-  // the connection closes (its read ends, aborted).
+  // The head's read timeout (socket_read.h's ReadDeadline, one a
+  // connection): a request's read moves it, not its timer. Past it, while a
+  // head is still being read, the connection closes (its read ends, aborted).
   void HeadDeadline(std::chrono::seconds within) {
-    head_deadline_ = std::chrono::steady_clock::now() + within;
-    if (!deadline_armed_ || head_deadline_ < head_timer_.expiry()) ArmHeadDeadline();
-  }
-
-  void ArmHeadDeadline() {
-    deadline_armed_ = true;
-    head_timer_.expires_at(head_deadline_);  // (a wait it replaces ends, and is told apart by its number)
-    head_timer_.async_wait([weak = weak_from_this(), armed = ++deadline_arms_](beast::error_code ec) {
-      const auto self = weak.lock();
-      if (!self || armed != self->deadline_arms_) return;
-      self->deadline_armed_ = false;
-      if (ec || self->closed_ || !self->reading_head_) return;
-      if (std::chrono::steady_clock::now() < self->head_deadline_) return self->ArmHeadDeadline();
-      self->Close();
-    });
+    if (!head_deadline_) {
+      head_deadline_ = ReadDeadline::Make(stream_.get_executor(), [weak = weak_from_this()] {
+        if (const auto self = weak.lock(); self && self->reading_head_) self->Close();
+      });
+    }
+    head_deadline_->Set(std::chrono::steady_clock::now() + within);
   }
 
   void OnHeader(beast::error_code ec) {
@@ -797,7 +782,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (closed_) return;
     closed_ = true;
     probe_timer_.cancel();
-    head_timer_.cancel();
+    if (head_deadline_) head_deadline_->Stop();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.socket().close(ec);
@@ -806,10 +791,7 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::tcp_stream stream_;
   const std::string peer_;  // the peer's address (set once, read from any thread)
   net::steady_timer probe_timer_;  // checks a half-closed peer for a reset
-  net::steady_timer head_timer_;   // the head's read timeout (HeadDeadline)
-  std::chrono::steady_clock::time_point head_deadline_;
-  bool deadline_armed_ = false;    // head_timer_ waits
-  uint64_t deadline_arms_ = 0;     // head_timer_'s waits so far (the latest is the one that counts)
+  std::shared_ptr<ReadDeadline> head_deadline_;  // the head's read timeout (HeadDeadline; made with the first)
   bool reading_head_ = false;      // a request's head is being read (DoRead to OnHeader)
   const std::shared_ptr<Shared> shared_;
   const ServerOptions& opts_;

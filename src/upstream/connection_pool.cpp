@@ -19,6 +19,7 @@
 
 #include "api/growing_body.h"
 #include "api/http_wire.h"
+#include "api/socket_read.h"
 #include "upstream/request_head.h"
 
 namespace spillway::upstream {
@@ -89,52 +90,18 @@ Status Failure(const beast::error_code& ec, const std::string& method, const std
   return Status::Unavailable(method + " " + target + ": " + ec.message());
 }
 
-// A connection's read deadline: once it passes, the socket's read in flight
-// is cancelled and `expired` set (the read then reports a timeout). One
-// timer, armed when none waits and again by its own handler when the
-// deadline has moved on meanwhile, where Beast's stream armed and cancelled
-// its timer around each read: a stream's reads move the deadline, not the
-// timer. Stop() before the socket goes away or is kept for another request.
-struct ReadDeadline : std::enable_shared_from_this<ReadDeadline> {
-  ReadDeadline(const net::any_io_executor& ex, tcp::socket* s) : timer(ex), sock(s) {}
-  // Reads from now on end by `when`.
-  void Set(std::chrono::steady_clock::time_point when) {
-    at = when;
-    expired = false;
-    if (!armed) Arm();
-  }
-  void Stop() {
-    sock = nullptr;
-    timer.cancel();
-  }
-  // A read's error, told as a timeout when this deadline ended it.
-  void Tell(beast::error_code& ec) const {
-    if (ec == net::error::operation_aborted && expired) ec = beast::error::timeout;
-  }
-  // Past the deadline: asked before each read, since the timer's cancel
-  // finds nothing to cancel when the read in flight has just completed
-  // (with bytes, its completion queued): the next read would have no bound.
-  bool Passed() const { return expired || std::chrono::steady_clock::now() >= at; }
-  net::steady_timer timer;
-  tcp::socket* sock;
-  std::chrono::steady_clock::time_point at;
-  bool armed = false;
-  bool expired = false;
+using http::AtEndOfFile;
+using http::ReadDeadline;
+using http::ReadSize;
 
- private:
-  void Arm() {
-    armed = true;
-    timer.expires_at(at);
-    timer.async_wait([self = shared_from_this()](const beast::error_code& ec) {
-      self->armed = false;
-      if (ec || !self->sock) return;
-      if (std::chrono::steady_clock::now() < self->at) return self->Arm();
-      self->expired = true;
-      beast::error_code ignored;
-      self->sock->cancel(ignored);
-    });
-  }
-};
+// A deadline for reads of `sock`: once it passes, the read in flight is
+// cancelled (it then reports a timeout: ReadDeadline::Tell).
+std::shared_ptr<ReadDeadline> SocketDeadline(const net::any_io_executor& ex, tcp::socket* sock) {
+  return ReadDeadline::Make(ex, [sock] {
+    beast::error_code ignored;
+    sock->cancel(ignored);
+  });
+}
 
 // Stops a ReadDeadline when the scope ends (a coroutine's every way out).
 struct DeadlineStop {
@@ -143,24 +110,6 @@ struct DeadlineStop {
     if (d) d->Stop();
   }
 };
-
-// What one read of the socket into `b` takes, as Beast reads: the buffer's
-// free room, at least 512 bytes, within its bound; 0 when it is full.
-size_t ReadSize(const beast::flat_buffer& b) {
-  return std::min({std::max<size_t>(512, b.capacity() - b.size()), b.max_size() - b.size(), size_t{64} << 10});
-}
-
-// A read's end of file: the message ends there (an answer framed by the
-// connection's end) or is cut (partial_message); none begun: end_of_stream.
-template <class Parser>
-void AtEndOfFile(Parser& p, beast::error_code& ec) {
-  if (!p.got_some()) {
-    ec = bhttp::error::end_of_stream;
-    return;
-  }
-  ec = {};
-  p.put_eof(ec);
-}
 
 // Reads into `p` until `done(p)` from what `b` holds and what the socket
 // brings: Beast's parser and its errors, by the socket's own reads rather
@@ -392,7 +341,7 @@ net::awaitable<StatusOr<http::ClientResponse>> ConnectionPool::Send(uint16_t por
     NewReader(&reader, std::uint64_t{1} << 32);
     if (!ec || ec == net::error::broken_pipe || ec == net::error::connection_reset) {
       beast::error_code rec;
-      auto limit = std::make_shared<ReadDeadline>(ex, &c->stream.socket());
+      auto limit = SocketDeadline(ex, &c->stream.socket());
       const DeadlineStop stop{limit};
       limit->Set(deadline);
       co_await ReadAnswer(c->stream.socket(), c->buffer, *reader, *limit, rec);
@@ -478,7 +427,7 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
     if (size_t sent = 0; !WriteNow(c->stream, request_head, body, &sent)) {
       co_await WriteRest(c->stream, request_head, body, sent, ec);
     }
-    auto limit = std::make_shared<ReadDeadline>(ex, &c->stream.socket());
+    auto limit = SocketDeadline(ex, &c->stream.socket());
     const DeadlineStop stop{limit};
     if (!ec && control) control->sent = true;
     std::optional<bhttp::response_parser<bhttp::buffer_body>> reader;
