@@ -30,16 +30,19 @@
 // which replaces it by a rename; a spare left behind is deleted.
 //
 // On disk, <db>-log:
-//   header (32 bytes): "SPWLOG2\n" | u64 generation | u32 CRC-32 of the 16 bytes before | zeros
+//   header (32 bytes): "SPWLOG3\n" | u64 generation | u32 CRC-32C of the 16 bytes before | zeros
 //   records back to back:
-//     u32 payload length | u32 CRC-32 of the payload then the generation | u64 generation | payload
+//     u32 payload length | u32 CRC-32C of the payload then the generation | u64 generation | payload
 //   (little-endian)
+// The version before ("SPWLOG2\n") is the same with CRC-32 (zlib's) in
+// place of CRC-32C; Open reads it (a log an earlier release left) and
+// replaces it as it replaces any file.
 // A replay ends at the first record that fails its length, generation or CRC
 // check: a torn last record (a crash in mid-write: its caller never heard it
 // was durable), zeros, or a record of an earlier generation. The generation is
 // random, so no payload (clients' text is in them) can pass for a record of
 // a later one. A header that does not check out (damage) over a first record
-// that does is read by that record's generation, so that damage to the
+// that does is read by that record's generation (and checksum), so that damage to the
 // header hides no record; Open says so and keeps the file as
 // <db>-log.damaged. A file without the header is an earlier version's:
 // records back to back, each CRC over its payload alone; Open reads it and

@@ -53,6 +53,23 @@ class CommitLogTest : public JournalFixture {
     f.seekp(offset);
     f.put(c);
   }
+  // The log holding "first" and "second", written by an earlier release, is
+  // read, and replaced by one of this version's format that takes records.
+  void ExpectReadAndReplaced() {
+    EXPECT_EQ(OnDisk(), (std::vector<std::string>{"first", "second"}));
+    std::vector<std::string> left;
+    {
+      auto log = OpenLog(&left);
+      EXPECT_EQ(left, (std::vector<std::string>{"first", "second"}));
+      ASSERT_GT(Append(*log, "third"), 0);
+    }
+    std::ifstream f(LogPath(), std::ios::binary);
+    std::string magic(8, '\0');
+    f.read(magic.data(), 8);
+    EXPECT_EQ(magic, "SPWLOG3\n");
+    OpenLog(&left);
+    EXPECT_EQ(left, (std::vector<std::string>{"first", "second", "third"}));
+  }
   static constexpr int64_t kHeader = 32, kRecordHeader = 16;
   static ino_t Inode(const std::string& path) {
     struct stat st {};
@@ -180,36 +197,50 @@ TEST_F(CommitLogTest, ARecordOfAnEarlierGenerationIsNeverReplayed) {
   EXPECT_EQ(left, std::vector<std::string>{"new one"});
 }
 
-// A log written by an earlier version (no header; each CRC over its payload
-// alone) is read, and replaced by one of this version's format.
+// Logs an earlier release left, written with zlib's CRC-32 (boost's
+// crc_32_type computes the same).
+std::string Crc32Le(const std::string& bytes) {
+  boost::crc_32_type c;
+  c.process_bytes(bytes.data(), bytes.size());
+  const uint32_t v = c.checksum();
+  std::string out;
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  return out;
+}
+
+std::string U32Le(uint32_t v) {
+  std::string out;
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  return out;
+}
+
+// The first version: no header, each CRC-32 over its payload alone.
 TEST_F(CommitLogTest, ALogOfTheEarlierFormatIsReadAndReplaced) {
   {
     std::ofstream f(LogPath(), std::ios::binary);
+    for (const std::string p : {"first", "second"}) f << U32Le(static_cast<uint32_t>(p.size())) << Crc32Le(p) << p;
+  }
+  ExpectReadAndReplaced();
+}
+
+// The version before this one ("SPWLOG2", CRC-32 where this one has CRC-32C),
+// with its header sound or damaged.
+TEST_F(CommitLogTest, ALogOfThePreviousVersionIsReadAndReplaced) {
+  const uint64_t gen = 0x0123456789abcdefull;
+  const std::string gen_le = U32Le(static_cast<uint32_t>(gen)) + U32Le(static_cast<uint32_t>(gen >> 32));
+  for (const bool damaged : {false, true}) {
+    SCOPED_TRACE(damaged ? "a damaged header" : "a sound header");
+    std::string file = "SPWLOG2\n" + gen_le;
+    file += Crc32Le(file);
+    file.resize(kHeader, '\0');
     for (const std::string p : {"first", "second"}) {
-      std::string rec;
-      const uint32_t len = static_cast<uint32_t>(p.size()), crc = [&] {
-        boost::crc_32_type c;
-        c.process_bytes(p.data(), p.size());
-        return c.checksum();
-      }();
-      for (int i = 0; i < 4; ++i) rec.push_back(static_cast<char>((len >> (8 * i)) & 0xFF));
-      for (int i = 0; i < 4; ++i) rec.push_back(static_cast<char>((crc >> (8 * i)) & 0xFF));
-      f << rec << p;
+      file += U32Le(static_cast<uint32_t>(p.size())) + Crc32Le(p + gen_le) + gen_le + p;
     }
+    if (damaged) file[3] = 'X';
+    std::ofstream(LogPath(), std::ios::binary | std::ios::trunc) << file;
+    ExpectReadAndReplaced();
+    fs::remove(LogPath() + ".damaged");
   }
-  EXPECT_EQ(OnDisk(), (std::vector<std::string>{"first", "second"}));
-  std::vector<std::string> left;
-  {
-    auto log = OpenLog(&left);
-    EXPECT_EQ(left, (std::vector<std::string>{"first", "second"}));
-    ASSERT_GT(Append(*log, "third"), 0);
-  }
-  std::ifstream f(LogPath(), std::ios::binary);
-  std::string magic(8, '\0');
-  f.read(magic.data(), 8);
-  EXPECT_EQ(magic, "SPWLOG2\n");
-  OpenLog(&left);
-  EXPECT_EQ(left, (std::vector<std::string>{"first", "second", "third"}));
 }
 
 // Under a steady load the file may never be all applied at once: past 256
