@@ -40,7 +40,17 @@ RequestLifecycle::RequestLifecycle(Gateway& g, journal::RequestRecord rec, std::
   progress_.set_tool_calls_held(reply_.holds_tool_calls());
 }
 
-RequestLifecycle::~RequestLifecycle() { Release(); }
+// After the client's answer went out (its send is synchronous when the
+// socket takes it: ReplyWriter, http_server.cpp): what only the gateway
+// needs of a request's end is done here, off the answer's way.
+RequestLifecycle::~RequestLifecycle() {
+  Release();
+  if (!ended_) return;
+  const int64_t now = g_.clock_.NowMs();
+  live_->Enter(LivePhase::kTerminal, now);
+  if (svc_ && svc_->residency.priority == "interactive") g_.last_interactive_ms_ = now;
+  g_.metrics_.RequestFinished(rec_.service, Outcome(*ended_), placement_, placement_key_, (now - t0_) / 1000.0);
+}
 
 void RequestLifecycle::Release(bool keep_cpu_turn) {
   if (svc_) g_.ReleaseTarget(rec_.service, rec_.id, &target_, keep_cpu_turn);
@@ -96,9 +106,9 @@ boost::asio::awaitable<bool> RequestLifecycle::AcceptRefused() {
 
 boost::asio::awaitable<void> RequestLifecycle::Finish(State state, int status, std::string type, std::string body,
                                                       std::string err) {
-  Release();
   live_->queue_slot.reset();
   if (Deferred(accept_) && !accept_->result()) {
+    Release();  // (before the sync's wait: the next request may run meanwhile)
     // The request's record waits in the log for this one, whose sync makes
     // both durable (one fdatasync for the request at FULL); nothing of the
     // request reached anyone before. Refused: the end's record, if written,
@@ -123,18 +133,19 @@ boost::asio::awaitable<void> RequestLifecycle::Finish(State state, int status, s
     // (As Journaled does, without its coroutine: at NORMAL the record is written at once.)
     auto end = PendingStatus::Make(strand_);
     g_.journal_.FinishAsync(rec_.id, state, status, type, body, err, end->Completer());
+    // Written at once (NORMAL): what the attempt holds goes back after the
+    // answer is sent (the destructor); a sync to wait for (FULL): before it.
     Status ended;
     if (end->result()) {
       ended = *end->result();
     } else {
+      Release();
       ended = co_await end->Wait();
     }
     if (!ended.ok()) g_.WithholdUnrecorded(ended, rec_.id, reply_, strand_);
   }
-  const int64_t now = g_.clock_.NowMs();
-  live_->Enter(LivePhase::kTerminal, now);
-  if (svc_ && svc_->residency.priority == "interactive") g_.last_interactive_ms_ = now;
-  g_.metrics_.RequestFinished(rec_.service, Outcome(state), placement_, placement_key_, (now - t0_) / 1000.0);
+  // Its phase (terminal) and its count follow the answer (the destructor).
+  ended_ = state;
 }
 
 boost::asio::awaitable<void> RequestLifecycle::EndStreamWithError(State state, json error_body, std::string why,
@@ -377,9 +388,6 @@ boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, 
   std::string body = r.body;
   if (state == State::kCompleted) {
     g_.AttemptSucceeded(rec_.service, target_);
-    // From the worker's header only: parsing a whole answer (an embedding's
-    // vectors) for them cost more than the rest of the gateway's work.
-    if (!r.timings.empty()) g_.RecordThroughput(rec_.service, target_.index, "", r.timings);
     // A fallback model, the limits applied and inputs cut are said in the
     // answer too (its journaled body: a replay says them again).
     if (!spec.served.fallback_model.empty() || !target_.limits.empty() || !r.truncated_inputs.empty()) {
@@ -400,6 +408,12 @@ boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, 
   ServedBy served = spec.served;
   served.dropped_messages = r.dropped_messages;
   reply_.Answer(r.status, r.type, body, &served, RetryAfterOf(r), r.truncated_inputs);
+  // From the worker's header only (parsing a whole answer, an embedding's
+  // vectors, for them cost more than the rest of the gateway's work), once
+  // the client has its answer.
+  if (state == State::kCompleted && !r.timings.empty()) {
+    g_.RecordThroughput(rec_.service, target_.index, "", r.timings);
+  }
 }
 
 boost::asio::awaitable<void> RequestLifecycle::Run() {

@@ -27,7 +27,10 @@
 // follows; the client hears everything through one ReplyWriter
 // (reply_writer.h). What an attempt holds (cells, its place in the CPU
 // line) goes back whatever the outcome (the destructor too), which wakes the
-// requests waiting for that capacity.
+// requests waiting for that capacity. On an answer's way is only what the
+// answer needs (its end durable in the journal): what the attempt held
+// (unless a sync is waited for), the request's terminal phase, its count
+// in the metrics and the placement's measured throughput follow its send.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -35,6 +38,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -137,6 +141,9 @@ class RequestLifecycle {
   int attempts_ = 0;
   double first_estimate_s_ = -1;  // the wait estimate when the request first had to wait
   bool busy_retry_ = false;       // the last send found the worker busy; its attempt stays open
+  // How Finish recorded its end: the destructor, after the answer went
+  // out, marks it terminal and counts it (none: the way that ended it did).
+  std::optional<State> ended_;
   // What happens after an attempt is the pure policy's decision.
   failover::RetryState retry_;
   const failover::RetryBudget budget_;
