@@ -8,6 +8,8 @@
 #include <limits>
 #include <string>
 
+#include "api/json_member.h"
+
 namespace spillway::api {
 
 using nlohmann::json;
@@ -59,8 +61,8 @@ Status ParseBias(const json& v, const std::string& field, float* bias) {
 }  // namespace
 
 Status ParseLogitBias(const json& body, std::vector<TokenBias>* out) {
-  auto it = body.find("logit_bias");
-  if (it == body.end() || it->is_null()) return Status::Ok();
+  const json* it = GivenMember(body, "logit_bias");
+  if (!it) return Status::Ok();
   if (!it->is_object() && !it->is_array()) return Bad("logit_bias", kShape);
   if (it->size() > kMaxLogitBias) {
     return Bad("logit_bias", "has " + std::to_string(it->size()) + " entries; at most " +

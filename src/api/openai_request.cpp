@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "api/json_member.h"
 #include "api/openai_logit_bias.h"
 #include "api/openai_tools.h"
 
@@ -31,8 +32,8 @@ Status Bad(const std::string& field, const std::string& what) {
 // Reads an optional number field in [lo, hi]; null counts as absent.
 template <typename T>
 Status OptionalNumber(const json& body, const char* field, double lo, double hi, std::optional<T>* out) {
-  auto it = body.find(field);
-  if (it == body.end() || it->is_null()) return Status::Ok();
+  const json* it = GivenMember(body, field);
+  if (!it) return Status::Ok();
   if (!it->is_number()) return Bad(field, "must be a number");
   if constexpr (std::is_integral_v<T>) {
     if (it->is_number_float()) {
@@ -56,8 +57,8 @@ Status OptionalNumber(const json& body, const char* field, double lo, double hi,
 // "random"): a larger one is taken modulo 2^32 - 1, the same each time (a
 // seed of 2^32 or more was refused). Not negative here (IsNegativeSeed).
 Status ParseSeed(const json& body, std::optional<uint32_t>* out) {
-  auto it = body.find("seed");
-  if (it == body.end() || it->is_null()) return Status::Ok();
+  const json* it = GivenMember(body, "seed");
+  if (!it) return Status::Ok();
   uint64_t v = 0;
   if (it->is_number_unsigned()) {
     v = it->get<uint64_t>();
@@ -76,16 +77,16 @@ Status ParseSeed(const json& body, std::optional<uint32_t>* out) {
 }
 
 Status OptionalBool(const json& body, const char* field, bool* out) {
-  auto it = body.find(field);
-  if (it == body.end() || it->is_null()) return Status::Ok();
+  const json* it = GivenMember(body, field);
+  if (!it) return Status::Ok();
   if (!it->is_boolean()) return Bad(field, "must be a boolean");
   *out = it->get<bool>();
   return Status::Ok();
 }
 
 Status ParseModel(const json& body, std::string* model) {
-  auto it = body.find("model");
-  if (it == body.end() || it->is_null()) return Status::Ok();
+  const json* it = GivenMember(body, "model");
+  if (!it) return Status::Ok();
   if (!it->is_string()) return Bad("model", "must be a string");
   *model = it->get<std::string>();
   if (model->size() > 256) return Bad("model", "is longer than 256 characters");
@@ -94,8 +95,8 @@ Status ParseModel(const json& body, std::string* model) {
 
 Status RefuseUnsupportedSampling(const json& body) {
   for (const char* const* f = kUnsupportedSamplingFields; *f; f += 2) {
-    auto it = body.find(f[0]);
-    if (it == body.end() || it->is_null()) continue;
+    const json* it = GivenMember(body, f[0]);
+    if (!it) continue;
     if (*f[1] && *it == json::parse(f[1])) continue;
     return Bad(f[0], "is not supported by Spillway; the request was refused rather than served without it");
   }
@@ -103,8 +104,8 @@ Status RefuseUnsupportedSampling(const json& body) {
 }
 
 Status ParseResponseFormat(const json& body, ResponseFormat* out) {
-  auto it = body.find("response_format");
-  if (it == body.end() || it->is_null()) return Status::Ok();
+  const json* it = GivenMember(body, "response_format");
+  if (!it) return Status::Ok();
   static const char* kShape = "must be {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}";
   if (!it->is_object()) return Bad("response_format", kShape);
   auto type = it->find("type");
@@ -121,14 +122,14 @@ Status ParseResponseFormat(const json& body, ResponseFormat* out) {
     out->type = ResponseFormatType::kText;
   } else if (*type == "json_object") {
     out->type = ResponseFormatType::kJsonObject;
-    if (auto s = it->find("schema"); s != it->end() && !s->is_null()) {
+    if (const json* s = GivenMember(*it, "schema")) {
       SPILLWAY_RETURN_IF_ERROR(schema_text(*s, "response_format.schema"));
     }
   } else if (*type == "json_schema") {
     out->type = ResponseFormatType::kJsonSchema;
     auto js = it->find("json_schema");
     if (js == it->end() || !js->is_object()) return Bad("response_format.json_schema", "must be an object with a 'schema'");
-    if (auto n = js->find("name"); n != js->end() && !n->is_null()) {
+    if (const json* n = GivenMember(*js, "name")) {
       if (!n->is_string() || n->get_ref<const std::string&>().size() > 64) {
         return Bad("response_format.json_schema.name", "must be a string of at most 64 characters");
       }
@@ -146,7 +147,7 @@ Status ParseResponseFormat(const json& body, ResponseFormat* out) {
 
 // Chat: "logprobs": bool, "top_logprobs": 0..20. Completions: "logprobs": 0..5.
 Status ParseLogprobs(const json& body, bool chat, GenerationRequest* g) {
-  auto it = body.find("logprobs");
+  const json* it = GivenMember(body, "logprobs");
   if (chat) {
     SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "logprobs", &g->logprobs));
     std::optional<int32_t> top;
@@ -155,7 +156,7 @@ Status ParseLogprobs(const json& body, bool chat, GenerationRequest* g) {
     g->top_logprobs = top.value_or(0);
     return Status::Ok();
   }
-  if (it == body.end() || it->is_null()) return Status::Ok();
+  if (!it) return Status::Ok();
   if (it->is_boolean()) return Bad("logprobs", "must be an integer from 0 to 5 on /v1/completions");
   std::optional<int32_t> n;
   SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "logprobs", 0, 5, &n));
@@ -167,19 +168,19 @@ Status ParseLogprobs(const json& body, bool chat, GenerationRequest* g) {
 // llama-server's chat extensions: "reasoning_format", "chat_template_kwargs",
 // and OpenAI's "reasoning_effort".
 Status ParseReasoningFields(const json& body, ChatRequest* r) {
-  if (auto it = body.find("reasoning_format"); it != body.end() && !it->is_null()) {
+  if (const json* it = GivenMember(body, "reasoning_format")) {
     if (!it->is_string() || (*it != "none" && *it != "auto" && *it != "deepseek" && *it != "deepseek-legacy")) {
       return Bad("reasoning_format", "must be one of none, auto, deepseek, deepseek-legacy");
     }
     r->reasoning_format = it->get<std::string>();
   }
-  if (auto it = body.find("reasoning_effort"); it != body.end() && !it->is_null()) {
+  if (const json* it = GivenMember(body, "reasoning_effort")) {
     if (!it->is_string() || it->get_ref<const std::string&>().size() > 32) {
       return Bad("reasoning_effort", "must be a string such as none, low, medium or high");
     }
     r->reasoning_effort = it->get<std::string>();
   }
-  if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
+  if (const json* it = GivenMember(body, "chat_template_kwargs")) {
     if (!it->is_object() || it->size() > 64) return Bad("chat_template_kwargs", "must be an object of at most 64 entries");
     for (const auto& [k, v] : it->items()) {
       if (k == "enable_thinking" && !v.is_boolean()) {
@@ -196,7 +197,7 @@ Status ParseGeneration(const json& body, GenerationRequest* g) {
   SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "stream", &g->stream));
   SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "ignore_eos", &g->ignore_eos));
   SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "spillway_fit_context", &g->fit_context));
-  if (auto it = body.find("spillway_resume"); it != body.end() && !it->is_null()) {
+  if (const json* it = GivenMember(body, "spillway_resume")) {
     if (!it->is_object()) return Bad("spillway_resume", "must be an object");
     auto t = it->find("tokens");
     if (t == it->end() || !t->is_array() || t->size() > kMaxTokensCap) {
@@ -214,7 +215,7 @@ Status ParseGeneration(const json& body, GenerationRequest* g) {
     }
     if (b != it->end()) g->resume_text_bytes = b->get<uint64_t>();
   }
-  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+  if (const json* it = GivenMember(body, "stream_options")) {
     if (!it->is_object()) return Bad("stream_options", "must be an object");
     if (!g->stream) return Bad("stream_options", "is only allowed when 'stream' is true (as on OpenAI's API)");
     SPILLWAY_RETURN_IF_ERROR(OptionalBool(*it, "include_usage", &g->include_usage));
@@ -222,7 +223,7 @@ Status ParseGeneration(const json& body, GenerationRequest* g) {
   // max_completion_tokens is the newer name; max_tokens wins if both are set.
   SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "max_completion_tokens", 1, kMaxTokensCap, &g->max_tokens));
   SPILLWAY_RETURN_IF_ERROR(OptionalNumber(body, "max_tokens", 1, kMaxTokensCap, &g->max_tokens));
-  if (auto it = body.find("n"); it != body.end() && !it->is_null()) {
+  if (const json* it = GivenMember(body, "n")) {
     if (!it->is_number() || it->get<double>() != kMaxChoices) {  // (1.0 too, as every integer field)
       return Bad("n", "must be 1: Spillway generates one choice per request (send n requests, with different "
                       "seeds, for n choices)");
@@ -235,7 +236,7 @@ Status ParseGeneration(const json& body, GenerationRequest* g) {
   if (g->ignore_eos && g->response_format.type != ResponseFormatType::kText) {
     return Bad("ignore_eos", "cannot be combined with a JSON response_format (the answer ends where the JSON does)");
   }
-  if (auto it = body.find("user"); it != body.end() && !it->is_null()) {
+  if (const json* it = GivenMember(body, "user")) {
     if (!it->is_string() || it->get_ref<const std::string&>().size() > 256) {
       return Bad("user", "must be a string of at most 256 bytes");
     }
@@ -255,7 +256,7 @@ Status ParseGeneration(const json& body, GenerationRequest* g) {
   if (!IsNegativeSeed(body)) SPILLWAY_RETURN_IF_ERROR(ParseSeed(body, &s.seed));
   SPILLWAY_RETURN_IF_ERROR(ParseLogitBias(body, &s.logit_bias));
 
-  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+  if (const json* it = GivenMember(body, "stop")) {
     if (it->is_string()) {
       g->stop.push_back(it->get<std::string>());
     } else if (it->is_array()) {
@@ -302,16 +303,16 @@ StatusOr<ChatRequest> ParseChatRequest(const json& body) {
   SPILLWAY_RETURN_IF_ERROR(ParseGeneration(body, &r.gen));
   SPILLWAY_RETURN_IF_ERROR(ParseLogprobs(body, /*chat=*/true, &r.gen));
   SPILLWAY_RETURN_IF_ERROR(ParseReasoningFields(body, &r));
-  auto it = body.find("messages");
-  if (it == body.end()) return Bad("messages", "is required");
+  const json* it = Member(body, "messages");
+  if (!it) return Bad("messages", "is required");
   if (!it->is_array() || it->empty()) return Bad("messages", "must be a non-empty array");
   if (it->size() > kMaxMessages) return Bad("messages", "has more than 4096 entries");
   size_t i = 0;
   for (const auto& m : *it) {
     const std::string field = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) return Bad(field, "must be an object");
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string()) return Bad(field + ".role", "must be a string");
+    const json* role = Member(m, "role");
+    if (!role || !role->is_string()) return Bad(field + ".role", "must be a string");
     const std::string rs = role->get<std::string>();
     if (rs != "system" && rs != "user" && rs != "assistant" && rs != "tool" && rs != "developer") {
       return Bad(field + ".role", "must be one of system, developer, user, assistant, tool");
@@ -319,10 +320,10 @@ StatusOr<ChatRequest> ParseChatRequest(const json& body) {
     ChatMessage msg;
     msg.role = rs == "developer" ? "system" : rs;
     SPILLWAY_RETURN_IF_ERROR(ParseMessageToolFields(m, field, &msg));
-    auto content = m.find("content");
+    const json* content = Member(m, "content");
     // An assistant message that called functions may leave content out.
-    if (content == m.end() && msg.tool_calls.empty()) return Bad(field + ".content", "is required");
-    if (content != m.end()) {
+    if (!content && msg.tool_calls.empty()) return Bad(field + ".content", "is required");
+    if (content) {
       auto text = ContentText(*content, i);
       if (!text.ok()) return text.status();
       msg.content = std::move(*text);
@@ -332,7 +333,7 @@ StatusOr<ChatRequest> ParseChatRequest(const json& body) {
   }
   SPILLWAY_RETURN_IF_ERROR(ParseToolFields(body, &r));
   SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "truncate", &r.truncate));
-  if (auto d = body.find("spillway_drop_messages"); d != body.end() && !d->is_null()) {
+  if (const json* d = GivenMember(body, "spillway_drop_messages")) {
     if (!d->is_number_integer() || d->get<int64_t>() < 0 || d->get<int64_t>() > static_cast<int64_t>(kMaxMessages)) {
       return Bad("spillway_drop_messages", "must be a whole number of messages");
     }
@@ -345,8 +346,8 @@ StatusOr<CompletionRequest> ParseCompletionRequest(const json& body) {
   CompletionRequest r;
   SPILLWAY_RETURN_IF_ERROR(ParseGeneration(body, &r.gen));
   SPILLWAY_RETURN_IF_ERROR(ParseLogprobs(body, /*chat=*/false, &r.gen));
-  auto it = body.find("prompt");
-  if (it == body.end()) return Bad("prompt", "is required");
+  const json* it = Member(body, "prompt");
+  if (!it) return Bad("prompt", "is required");
   if (it->is_string()) {
     r.prompt = it->get<std::string>();
   } else if (it->is_array() && it->size() == 1 && (*it)[0].is_string()) {
@@ -367,8 +368,8 @@ StatusOr<CompletionRequest> ParseCompletionRequest(const json& body) {
 }
 
 bool IsNegativeSeed(const json& body) {
-  auto it = body.find("seed");
-  return it != body.end() && it->is_number() && it->get<double>() < 0;
+  const json* it = Member(body, "seed");
+  return it && it->is_number() && it->get<double>() < 0;
 }
 
 StatusOr<EmbeddingRequest> ParseEmbeddingRequest(const json& body) {
@@ -376,16 +377,16 @@ StatusOr<EmbeddingRequest> ParseEmbeddingRequest(const json& body) {
   SPILLWAY_RETURN_IF_ERROR(ParseModel(body, &r.model));
   // Accepted and ignored, a client's vector store would get vectors of
   // another width than it asked for and fail later, far from the cause.
-  if (auto d = body.find("dimensions"); d != body.end() && !d->is_null()) {
+  if (GivenMember(body, "dimensions")) {
     return Bad("dimensions", "is not supported by Spillway: vectors have the model's width");
   }
-  if (auto f = body.find("encoding_format"); f != body.end() && !f->is_null()) {
+  if (const json* f = GivenMember(body, "encoding_format")) {
     if (!f->is_string() || (*f != "float" && *f != "base64")) return Bad("encoding_format", "must be 'float' or 'base64'");
     r.base64 = *f == "base64";
   }
   SPILLWAY_RETURN_IF_ERROR(OptionalBool(body, "truncate", &r.truncate));
-  auto it = body.find("input");
-  if (it == body.end()) return Bad("input", "is required");
+  const json* it = Member(body, "input");
+  if (!it) return Bad("input", "is required");
   if (it->is_string()) {
     r.inputs.push_back(it->get<std::string>());
   } else if (it->is_array()) {

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "api/json_limits.h"
+#include "api/json_member.h"
 
 namespace spillway::api {
 
@@ -23,7 +24,7 @@ Status ParseSchema(const json& p, const std::string& field, std::string* out) {
   if (auto t = p.find("type"); t != p.end() && !(t->is_string() && *t == "object")) {
     return Bad(field + ".type", "must be 'object'");
   }
-  if (auto props = p.find("properties"); props != p.end() && !props->is_null()) {
+  if (const json* props = GivenMember(p, "properties")) {
     if (!props->is_object()) return Bad(field + ".properties", "must be an object");
     if (props->size() > kMaxToolProperties) {
       return Bad(field + ".properties", "has more than " + std::to_string(kMaxToolProperties) + " entries");
@@ -33,7 +34,7 @@ Status ParseSchema(const json& p, const std::string& field, std::string* out) {
       if (!schema.is_object()) return Bad(field + ".properties." + name, "must be an object");
     }
   }
-  if (auto req = p.find("required"); req != p.end() && !req->is_null()) {
+  if (const json* req = GivenMember(p, "required")) {
     if (!req->is_array()) return Bad(field + ".required", "must be an array of property names");
     for (const auto& n : *req) {
       if (!n.is_string()) return Bad(field + ".required", "must be an array of property names");
@@ -55,14 +56,14 @@ Status ParseTool(const json& t, const std::string& field, ToolFunction* out) {
     return Bad(field + ".function.name", "must match [A-Za-z0-9_.-]{1,64}");
   }
   out->name = name->get<std::string>();
-  if (auto d = fn->find("description"); d != fn->end() && !d->is_null()) {
+  if (const json* d = GivenMember(*fn, "description")) {
     if (!d->is_string()) return Bad(field + ".function.description", "must be a string");
     if (d->get_ref<const std::string&>().size() > kMaxToolDescription) {
       return Bad(field + ".function.description", "is longer than " + std::to_string(kMaxToolDescription) + " bytes");
     }
     out->description = d->get<std::string>();
   }
-  if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null()) {
+  if (const json* p = GivenMember(*fn, "parameters")) {
     SPILLWAY_RETURN_IF_ERROR(ParseSchema(*p, field + ".function.parameters", &out->parameters));
   }
   return Status::Ok();
@@ -157,7 +158,7 @@ bool ValidFunctionName(std::string_view name) {
 }
 
 Status ParseToolFields(const json& body, ChatRequest* r) {
-  if (auto it = body.find("tools"); it != body.end() && !it->is_null()) {
+  if (const json* it = GivenMember(body, "tools")) {
     if (!it->is_array()) return Bad("tools", "must be an array");
     if (it->size() > kMaxTools) return Bad("tools", "has more than " + std::to_string(kMaxTools) + " entries");
     std::set<std::string> names;
@@ -170,10 +171,10 @@ Status ParseToolFields(const json& body, ChatRequest* r) {
     }
   }
   r->tool_choice = r->tools.empty() ? ToolChoice::kNone : ToolChoice::kAuto;
-  if (auto it = body.find("tool_choice"); it != body.end() && !it->is_null()) {
+  if (const json* it = GivenMember(body, "tool_choice")) {
     SPILLWAY_RETURN_IF_ERROR(ParseToolChoice(*it, r));
   }
-  if (auto it = body.find("parallel_tool_calls"); it != body.end() && !it->is_null()) {
+  if (const json* it = GivenMember(body, "parallel_tool_calls")) {
     if (!it->is_boolean()) return Bad("parallel_tool_calls", "must be a boolean");
     r->parallel_tool_calls = it->get<bool>();
   }
@@ -186,16 +187,16 @@ Status ParseMessageToolFields(const json& m, const std::string& field, ChatMessa
   // Not read here, but the worker's chat layer reads them as strings (and
   // refused another type only once the request was admitted).
   for (const char* k : {"name", "reasoning_content"}) {
-    if (auto v = m.find(k); v != m.end() && !v->is_null() && !v->is_string()) return Bad(field + "." + k, "must be a string");
+    if (const json* v = GivenMember(m, k); v && !v->is_string()) return Bad(field + "." + k, "must be a string");
   }
-  if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null()) {
+  if (const json* id = GivenMember(m, "tool_call_id")) {
     if (!id->is_string() || id->get_ref<const std::string&>().size() > 256) {
       return Bad(field + ".tool_call_id", "must be a string of at most 256 bytes");
     }
     msg->tool_call_id = id->get<std::string>();
   }
-  auto calls = m.find("tool_calls");
-  if (calls == m.end() || calls->is_null()) return Status::Ok();
+  const json* calls = GivenMember(m, "tool_calls");
+  if (!calls) return Status::Ok();
   if (msg->role != "assistant") return Bad(field + ".tool_calls", "is only allowed on assistant messages");
   if (!calls->is_array()) return Bad(field + ".tool_calls", "must be an array");
   if (calls->size() > kMaxToolCallsPerMessage) {
@@ -209,7 +210,7 @@ Status ParseMessageToolFields(const json& m, const std::string& field, ChatMessa
       return Bad(f + ".type", "must be 'function'");
     }
     ToolCall call;
-    if (auto id = c.find("id"); id != c.end() && !id->is_null()) {
+    if (const json* id = GivenMember(c, "id")) {
       if (!id->is_string() || id->get_ref<const std::string&>().size() > 256) {
         return Bad(f + ".id", "must be a string of at most 256 bytes");
       }

@@ -24,6 +24,7 @@
 #include <boost/version.hpp>
 
 #include "api/http_client.h"
+#include "api/json_member.h"
 #include "api/json_text.h"
 #include "api/ollama_request.h"
 #include "api/openai_request.h"
@@ -471,8 +472,9 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   // Internal fields (a continuation's delivered tokens) come only from the
   // gateway itself: a client's are dropped before anything reads them (a
   // malformed one was refused with 400, a well-formed one dropped).
-  bool rewritten = body->is_object() && body->erase("spillway_resume") > 0;
-  if (body->is_object()) rewritten |= body->erase("spillway_drop_messages") > 0;
+  auto drop = [&](const char* name) { return api::Member(*body, name) && body->erase(name) > 0; };
+  bool rewritten = drop("spillway_resume");
+  rewritten |= drop("spillway_drop_messages");
   // Validate with the same parsers the worker uses, so bad input never
   // reaches the journal.
   std::string model;
@@ -529,8 +531,9 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
   // As llama.cpp's chat layer in the worker reads it (a null it would refuse after admission is "unset").
   if (endpoint == "chat") rewritten |= api::NormalizeChatForWorker(&*body);
   std::optional<uint32_t> seed;
-  const bool has_seed = body->contains("seed");
-  if (endpoint != "embedding" && (!has_seed || (*body)["seed"].is_null() || api::IsNegativeSeed(*body))) {
+  const json* given_seed = api::Member(*body, "seed");
+  const bool has_seed = given_seed != nullptr;
+  if (endpoint != "embedding" && (!has_seed || given_seed->is_null() || api::IsNegativeSeed(*body))) {
     std::lock_guard<std::mutex> lk(mu_);
     seed = static_cast<uint32_t>(rng_() % 0xFFFFFFFFull);
   }
@@ -545,7 +548,7 @@ void Gateway::HandleGeneration(http::Request& req, std::shared_ptr<http::Exchang
     in->rec.body = rewritten || seed ? body->dump() : req.body();
   }
   // The same deadline as a body field, for clients that cannot set headers (the earlier of the two wins).
-  if (auto f = body->find("spillway_timeout_s"); f != body->end()) {
+  if (const json* f = api::Member(*body, "spillway_timeout_s")) {
     if (!f->is_number() || !(f->get<double>() > 0) || f->get<double>() * 1000 > kMaxRequestTimeoutMs) {
       return fail(Status::InvalidArgument("spillway_timeout_s must be seconds in (0, 86400]"));
     }

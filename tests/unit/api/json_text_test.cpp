@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <string>
+
+#include "api/json_member.h"
+
 namespace spillway::api {
 namespace {
 
@@ -39,6 +43,25 @@ TEST(JsonTextTest, JsonStringEscapesAsTheJsonLibraryDoes) {
   for (const std::string& s : {std::string(), all, std::string("cpu:0 \"x\" \u00e9\u4e2d"), std::string("a\0b", 3)}) {
     EXPECT_EQ(JsonString(s), json(s).dump()) << s;
     EXPECT_EQ(json::parse(JsonString(s)).get<std::string>(), s);
+  }
+}
+
+// Member and GivenMember, in a small object (scanned) and a large one (its
+// tree): what nlohmann's find says, a null member there for Member only.
+TEST(JsonMemberTest, FindsWhatFindFindsInSmallAndLargeObjects) {
+  for (const int extra : {0, 20}) {
+    json obj = {{"model", "chat"}, {"prompt", nullptr}, {"top_k", 3}, {"", "empty"}};
+    for (int i = 0; i < extra; ++i) obj["k" + std::to_string(i)] = i;
+    for (const std::string name : {"model", "prompt", "top_k", "", "top_p", "mode", "models", "k7", "k"}) {
+      const auto it = obj.find(name);
+      const json* m = Member(obj, name);
+      ASSERT_EQ(m != nullptr, it != obj.end()) << name << " in " << obj.size();
+      if (m) EXPECT_EQ(m, &*it) << name;
+      EXPECT_EQ(GivenMember(obj, name) != nullptr, it != obj.end() && !it->is_null()) << name;
+    }
+  }
+  for (const json& other : {json(nullptr), json::array({"model"}), json("model"), json(1)}) {
+    EXPECT_EQ(Member(other, "model"), nullptr) << other;
   }
 }
 
