@@ -53,6 +53,9 @@ RequestLifecycle::~RequestLifecycle() {
 }
 
 void RequestLifecycle::Release(bool keep_cpu_turn) {
+  // (Told before the hold ends: a probe that succeeded closes its breaker,
+  // where one that ends without a result lets the next request probe.)
+  if (std::exchange(succeeded_, false)) g_.AttemptSucceeded(rec_.service, target_);
   if (svc_) g_.ReleaseTarget(rec_.service, rec_.id, &target_, keep_cpu_turn);
 }
 
@@ -372,7 +375,7 @@ boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, 
   if (r.head_refused) co_return co_await DeliverRefusal(r, spec.served);
   if (rec_.stream) {
     if (r.stream_state == State::kCompleted) {
-      g_.AttemptSucceeded(rec_.service, target_);
+      succeeded_ = true;  // (the breaker told as the attempt's hold ends: Release)
       g_.RecordThroughput(rec_.service, target_.index, reply_.stored());
     }
     // Ended by the worker's error event: its words (a cancelled stream said
@@ -387,7 +390,7 @@ boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, 
   const State state = r.status < 300 ? State::kCompleted : r.status == 499 ? State::kCancelled : State::kFailed;
   std::string body = r.body;
   if (state == State::kCompleted) {
-    g_.AttemptSucceeded(rec_.service, target_);
+    succeeded_ = true;  // (the breaker told as the attempt's hold ends, after the answer's send at NORMAL: Release)
     // A fallback model, the limits applied and inputs cut are said in the
     // answer too (its journaled body: a replay says them again).
     if (!spec.served.fallback_model.empty() || !target_.limits.empty() || !r.truncated_inputs.empty()) {

@@ -29,8 +29,9 @@
 // line) goes back whatever the outcome (the destructor too), which wakes the
 // requests waiting for that capacity. On an answer's way is only what the
 // answer needs (its end durable in the journal): what the attempt held
-// (unless a sync is waited for), the request's terminal phase, its count
-// in the metrics and the placement's measured throughput follow its send.
+// (unless a sync is waited for), the breaker told of the success, the
+// request's terminal phase, its count in the metrics and the placement's
+// measured throughput follow its send.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -144,6 +145,9 @@ class RequestLifecycle {
   // How Finish recorded its end: the destructor, after the answer went
   // out, marks it terminal and counts it (none: the way that ended it did).
   std::optional<State> ended_;
+  // The attempt answered: its placement's breaker hears of the success when
+  // the attempt's hold ends (Release), not on the answer's way.
+  bool succeeded_ = false;
   // What happens after an attempt is the pure policy's decision.
   failover::RetryState retry_;
   const failover::RetryBudget budget_;
