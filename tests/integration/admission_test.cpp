@@ -286,7 +286,13 @@ TEST_F(AdmissionTest, DeadlineAwareRoutingRefusesWhatTheCpuCannotFinishInTime) {
   auto warm = Post(p, {{"model", "chat"}, {"prompt", Tokens(700)}, {"max_tokens", 40}, {"ignore_eos", true}});
   ASSERT_EQ(warm.status, 200) << warm.body;
   ASSERT_EQ(warm.Header("x-spillway-placement"), "cpu");
-  json cpu = Body(*http::Fetch("127.0.0.1", p, "GET", "/v1/status"))["services"][0]["placements"][1];
+  // (Its throughput is noted once the answer has gone out: a few microseconds after, at most.)
+  json cpu;
+  for (int i = 0; i < 200; ++i) {
+    cpu = Body(*http::Fetch("127.0.0.1", p, "GET", "/v1/status"))["services"][0]["placements"][1];
+    if (cpu["throughput"]["generated_tokens_per_s"].get<double>() > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   ASSERT_GT(cpu["throughput"]["generated_tokens_per_s"].get<double>(), 0) << cpu.dump();
   // 3000 tokens cannot be generated in 50 ms: a controlled capacity error, not a silent wait.
   auto r = http::Fetch("127.0.0.1", p, "POST", "/v1/completions",

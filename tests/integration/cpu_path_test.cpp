@@ -148,6 +148,8 @@ TEST_F(CpuPathTest, ALineOfItsOwnWithLimitsCommentsCancellationAndA503WhenFull) 
   EXPECT_EQ(State("line-1"), "completed");
   EXPECT_EQ(State("line-3"), "completed");
   EXPECT_EQ(State("line-4"), "failed");
+  // (Each answer's place in the line is given back once the answer has gone out.)
+  EXPECT_TRUE(WaitFor([&] { return CpuPath()["running"] == 0; }));
   const json q = CpuPath();
   EXPECT_EQ(q["rejected_full"], 1);
   EXPECT_EQ(q["waiting"], 0);
