@@ -155,12 +155,13 @@ Interval P50DifferenceInterval(const std::vector<double>& x, const std::vector<d
 }
 
 struct Added {
-  double gateway_p50 = 0, nginx_p50 = -1;  // microseconds over the direct call; nginx -1: not measured
+  double gateway_p50 = 0, nginx_p50 = 0;  // microseconds over the direct call (below 0 here too: the direct call's bias)
+  bool nginx = false, bare = false;        // measured in these rounds
   Interval gateway_p50_range;               // P50DifferenceInterval of gateway_p50
   Interval over_nginx;                      // of the gateway's p50 less nginx's (nginx measured)
   double gateway_p99 = 0;
   double gateway_cpu = 0, nginx_cpu = 0;   // microseconds of the proxy's CPU per request
-  double bare_p50 = -1, bare_cpu = 0;      // the bare Asio proxy's (-1: not measured)
+  double bare_p50 = 0, bare_cpu = 0;       // the bare Asio proxy's
 };
 
 // A gateway under test: its process, its port and its own worker's.
@@ -210,7 +211,8 @@ std::vector<Added> Measure(const std::vector<UnderTest>& gateways, pid_t nginx_p
   for (size_t i = 0; i < gateways.size(); ++i) {
     const Pair& p = *pairs[i];
     PrintRow(gateways[i].label, p.direct, p.gw, n);
-    Added a{Pct(p.gw.latency, .5) - Pct(p.direct.latency, .5)};
+    Added a;
+    a.gateway_p50 = Pct(p.gw.latency, .5) - Pct(p.direct.latency, .5);
     a.gateway_p50_range = P50DifferenceInterval(p.gw.latency, p.direct.latency);
     a.gateway_p99 = Pct(p.gw.latency, .99) - Pct(p.direct.latency, .99);
     a.gateway_cpu = p.gw.cpu_ns / 1000.0 / (n + n / 4);
@@ -219,12 +221,14 @@ std::vector<Added> Measure(const std::vector<UnderTest>& gateways, pid_t nginx_p
   Added& a = out.front();
   if (nginx_port) {
     PrintRow("  nginx, same worker", direct, nginx, n);
+    a.nginx = true;
     a.nginx_p50 = Pct(nginx.latency, .5) - Pct(direct.latency, .5);
     a.over_nginx = P50DifferenceInterval(pairs.front()->gw.latency, nginx.latency);
     a.nginx_cpu = nginx.cpu_ns / 1000.0 / (n + n / 4);
   }
   if (bare_port) {
     PrintRow("  bare Asio proxy", direct, bare, n);
+    a.bare = true;
     a.bare_p50 = Pct(bare.latency, .5) - Pct(direct.latency, .5);
     a.bare_cpu = bare.cpu_ns / 1000.0 / (n + n / 4);
     kill(bare_pid, SIGKILL);
@@ -376,8 +380,8 @@ int main(int argc, char** argv) {
   }
   // The yardstick: what a plain reverse proxy adds to the same call.
   for (const auto& [mode, a] : added) {
-    if (a.nginx_p50 < 0) continue;
-    char ratio[32] = "n/a (nginx added nothing)";
+    if (!a.nginx) continue;  // (measured, an "added" below 0 too: it was skipped as unmeasured)
+    char ratio[48] = "n/a (nginx added nothing here)";
     if (a.nginx_p50 > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", a.gateway_p50 / a.nginx_p50);
     // (By the two p50s through the proxies, rounds paired: the direct call's own spread drops out.)
     const char* within = a.over_nginx.hi <= 0 ? "yes" : a.over_nginx.lo > 0 ? "no (MISSED)" : "inconclusive";
@@ -389,7 +393,7 @@ int main(int argc, char** argv) {
   }
   // The floor of a hop through one Asio loop, and what the gateway's own work adds above it.
   for (const auto& [mode, a] : added) {
-    if (a.bare_p50 < 0) continue;
+    if (!a.bare) continue;
     std::printf("vs a bare Asio proxy, journal %-6s: it adds %.0f us p50 (CPU %.0f us a request); Spillway's own work "
                 "%.0f us p50 (CPU %.0f us) above it\n",
                 mode.c_str(), a.bare_p50, a.bare_cpu, a.gateway_p50 - a.bare_p50, a.gateway_cpu - a.bare_cpu);
@@ -402,7 +406,7 @@ int main(int argc, char** argv) {
   for (const auto& [mode, a] : added) {
     char note[160] = "";
     if (mode == "NORMAL") {
-      if (a.nginx_p50 >= 0) std::snprintf(note, sizeof note, "  (nginx's own hop here: %.0f us)", a.nginx_p50);
+      if (a.nginx) std::snprintf(note, sizeof note, "  (nginx's own hop here: %.0f us)", a.nginx_p50);
       Verdict("NORMAL p50 <= 50 us:", a.gateway_p50, a.gateway_p50_range, 50, note);
       Verdict("NORMAL p99 <= 500 us:", a.gateway_p99, 500, "");
     } else {
