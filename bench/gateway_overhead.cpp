@@ -134,24 +134,33 @@ struct Interval {
   double lo = 0, hi = 0;
 };
 
-Interval P50DifferenceInterval(const std::vector<double>& x, const std::vector<double>& y, int rounds = 1000) {
-  const size_t n = std::min(x.size(), y.size());
+// The interval of a sum of p50s measured in the same rounds, each with its
+// sign (+1 or -1): the rounds resampled together.
+Interval P50SumInterval(const std::vector<const std::vector<double>*>& series, const std::vector<double>& signs,
+                        int rounds = 1000) {
+  size_t n = series.empty() ? 0 : series.front()->size();
+  for (const auto* v : series) n = std::min(n, v->size());
   if (n == 0) return {};
   std::mt19937_64 rng(42);  // (repeatable: the same samples give the same interval)
   std::uniform_int_distribution<size_t> pick(0, n - 1);
-  std::vector<double> diffs, a(n), b(n);
+  std::vector<double> sums, idx_values(n);
+  std::vector<size_t> idx(n);
   const size_t mid = n / 2;  // (Pct's rank for p = 0.5)
   for (int r = 0; r < rounds; ++r) {
-    for (size_t i = 0; i < n; ++i) {
-      const size_t k = pick(rng);
-      a[i] = x[k];
-      b[i] = y[k];
+    for (auto& k : idx) k = pick(rng);
+    double sum = 0;
+    for (size_t j = 0; j < series.size(); ++j) {
+      for (size_t i = 0; i < n; ++i) idx_values[i] = (*series[j])[idx[i]];
+      std::nth_element(idx_values.begin(), idx_values.begin() + static_cast<std::ptrdiff_t>(mid), idx_values.end());
+      sum += signs[j] * idx_values[mid];
     }
-    std::nth_element(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(mid), a.end());
-    std::nth_element(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(mid), b.end());
-    diffs.push_back(a[mid] - b[mid]);
+    sums.push_back(sum);
   }
-  return {Pct(diffs, .05), Pct(diffs, .95)};
+  return {Pct(sums, .05), Pct(sums, .95)};
+}
+
+Interval P50DifferenceInterval(const std::vector<double>& x, const std::vector<double>& y) {
+  return P50SumInterval({&x, &y}, {1, -1});
 }
 
 struct Added {
@@ -159,6 +168,7 @@ struct Added {
   bool nginx = false, bare = false;        // measured in these rounds
   Interval gateway_p50_range;               // P50DifferenceInterval of gateway_p50
   Interval over_nginx;                      // of the gateway's p50 less nginx's (nginx measured)
+  Interval over_other;                      // an A/B: of this gateway's added p50 less the other's
   double gateway_p99 = 0;
   double gateway_cpu = 0, nginx_cpu = 0;   // microseconds of the proxy's CPU per request
   double bare_p50 = 0, bare_cpu = 0;       // the bare Asio proxy's
@@ -217,6 +227,11 @@ std::vector<Added> Measure(const std::vector<UnderTest>& gateways, pid_t nginx_p
     a.gateway_p99 = Pct(p.gw.latency, .99) - Pct(p.direct.latency, .99);
     a.gateway_cpu = p.gw.cpu_ns / 1000.0 / (n + n / 4);
     out.push_back(a);
+  }
+  if (ab) {  // (each gateway's added p50 over its own worker's, both in the same rounds)
+    const Pair &x = *pairs.front(), &y = *pairs.back();
+    out.front().over_other = P50SumInterval({&x.gw.latency, &x.direct.latency, &y.gw.latency, &y.direct.latency},
+                                            {1, -1, -1, 1});
   }
   Added& a = out.front();
   if (nginx_port) {
@@ -373,10 +388,11 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < other.size(); ++i) {
     const Added &a = added[i].second, &b = other[i].second;
     // (Not p99: a difference of two p99s is mostly the two workers' own tails.)
-    std::printf("%s vs --against %s, journal %-6s: added p50 %.0f vs %.0f us (%+.0f), CPU a request %.0f vs %.0f us "
-                "(%+.0f)\n",
+    std::printf("%s vs --against %s, journal %-6s: added p50 %.0f vs %.0f us (%+.0f; 90%% interval %+.0f..%+.0f), CPU a "
+                "request %.0f vs %.0f us (%+.0f)\n",
                 bin.c_str(), against.c_str(), added[i].first.c_str(), a.gateway_p50, b.gateway_p50,
-                a.gateway_p50 - b.gateway_p50, a.gateway_cpu, b.gateway_cpu, a.gateway_cpu - b.gateway_cpu);
+                a.gateway_p50 - b.gateway_p50, a.over_other.lo, a.over_other.hi, a.gateway_cpu, b.gateway_cpu,
+                a.gateway_cpu - b.gateway_cpu);
   }
   // The yardstick: what a plain reverse proxy adds to the same call.
   for (const auto& [mode, a] : added) {
