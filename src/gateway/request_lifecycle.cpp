@@ -42,7 +42,7 @@ RequestLifecycle::RequestLifecycle(Gateway& g, journal::RequestRecord rec, std::
 
 // After the client's answer went out (its send is synchronous when the
 // socket takes it: ReplyWriter, http_server.cpp): what only the gateway
-// needs of a request's end is done here, off the answer's way.
+// shows of a request's end is done here, off the answer's way.
 RequestLifecycle::~RequestLifecycle() {
   Release();
   if (!ended_) return;
@@ -109,9 +109,13 @@ boost::asio::awaitable<bool> RequestLifecycle::AcceptRefused() {
 
 boost::asio::awaitable<void> RequestLifecycle::Finish(State state, int status, std::string type, std::string body,
                                                       std::string err) {
+  // What the attempt held goes back before the client hears its answer: a
+  // client's next request, sent the moment it has it, finds the slot and
+  // the cells free (after the send, on another connection, it found them
+  // held while this thread was preempted, and could be sent elsewhere).
+  Release();
   live_->queue_slot.reset();
   if (Deferred(accept_) && !accept_->result()) {
-    Release();  // (before the sync's wait: the next request may run meanwhile)
     // The request's record waits in the log for this one, whose sync makes
     // both durable (one fdatasync for the request at FULL); nothing of the
     // request reached anyone before. Refused: the end's record, if written,
@@ -136,13 +140,10 @@ boost::asio::awaitable<void> RequestLifecycle::Finish(State state, int status, s
     // (As Journaled does, without its coroutine: at NORMAL the record is written at once.)
     auto end = PendingStatus::Make(strand_);
     g_.journal_.FinishAsync(rec_.id, state, status, type, body, err, end->Completer());
-    // Written at once (NORMAL): what the attempt holds goes back after the
-    // answer is sent (the destructor); a sync to wait for (FULL): before it.
     Status ended;
     if (end->result()) {
       ended = *end->result();
     } else {
-      Release();
       ended = co_await end->Wait();
     }
     if (!ended.ok()) g_.WithholdUnrecorded(ended, rec_.id, reply_, strand_);
@@ -390,7 +391,7 @@ boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, 
   const State state = r.status < 300 ? State::kCompleted : r.status == 499 ? State::kCancelled : State::kFailed;
   std::string body = r.body;
   if (state == State::kCompleted) {
-    succeeded_ = true;  // (the breaker told as the attempt's hold ends, after the answer's send at NORMAL: Release)
+    succeeded_ = true;  // (the breaker told as the attempt's hold ends: Release, in Finish)
     // A fallback model, the limits applied and inputs cut are said in the
     // answer too (its journaled body: a replay says them again).
     if (!spec.served.fallback_model.empty() || !target_.limits.empty() || !r.truncated_inputs.empty()) {

@@ -27,11 +27,10 @@
 // follows; the client hears everything through one ReplyWriter
 // (reply_writer.h). What an attempt holds (cells, its place in the CPU
 // line) goes back whatever the outcome (the destructor too), which wakes the
-// requests waiting for that capacity. On an answer's way is only what the
-// answer needs (its end durable in the journal): what the attempt held
-// (unless a sync is waited for), the breaker told of the success, the
-// request's terminal phase, its count in the metrics and the placement's
-// measured throughput follow its send.
+// requests waiting for that capacity (before the client hears the answer:
+// its next request finds it free). What only the gateway shows of the end,
+// the request's terminal phase, its count in the metrics and the
+// placement's measured throughput, follows the answer's send.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -146,7 +145,7 @@ class RequestLifecycle {
   // out, marks it terminal and counts it (none: the way that ended it did).
   std::optional<State> ended_;
   // The attempt answered: its placement's breaker hears of the success when
-  // the attempt's hold ends (Release), not on the answer's way.
+  // the attempt's hold ends (Release), before the hold's cells go back.
   bool succeeded_ = false;
   // What happens after an attempt is the pure policy's decision.
   failover::RetryState retry_;

@@ -77,8 +77,8 @@ bool SimpleAnswer::Head(const char* p, size_t n) {
       if (v > kMaxBody) return false;
       length = true;
       remaining_ = v;
-    } else if (name == "transfer-encoding") {
-      return false;
+    } else if (name == "transfer-encoding" || name == "proxy-connection") {
+      return false;  // (Beast reads Proxy-Connection as it reads Connection: its to say)
     } else if (name == "connection") {
       if (EqualsLower(value, "close")) {
         keep_alive_ = false;

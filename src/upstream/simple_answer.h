@@ -1,7 +1,8 @@
 // A worker's answer in its commonest form, read without Beast's parser:
 // HTTP/1.1, a final status with a body (200-599, not 204 or 304), header
-// lines as RFC 9112 writes them, one Content-Length, no Transfer-Encoding,
-// and a Connection header of "keep-alive" or "close" at most. That is every
+// lines as RFC 9112 writes them, one Content-Length, no Transfer-Encoding
+// or Proxy-Connection, and a Connection header of "keep-alive" or "close" at
+// most. That is every
 // one-shot answer a Spillway worker sends, and on a request's way Beast's
 // response parser and its fields (an allocation a field, copied again into
 // the ClientResponse) were some 150 lines of code run cold each time.

@@ -127,6 +127,7 @@ TEST(SimpleAnswerTest, LeavesEveryOtherAnswerToBeastUntaken) {
       "HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n",
       "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok",
       "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: upgrade\r\n\r\nok",
+      "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nProxy-Connection: close\r\n\r\nok",
       "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Folded: a\r\n b\r\n\r\nok",
       "HTTP/1.1 200 OK\r\nContent-Length : 2\r\n\r\nok",
       "HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\nok",
@@ -168,6 +169,7 @@ TEST(SimpleAnswerTest, WhateverItTakesBeastReadsTheSameWay) {
       "X-Tab:\tv\t",            "Retry-After: 1",                 "X-Obs: caf\xc3\xa9",   "X-Dup: 1",
       "X-Dup: 2",               "Content-Length: 0",              "content-length: 0003", "Transfer-Encoding: identity",
       "X-Bad Name: v",          "X-Colon:: v",                    ": v",                  "X-Ctl: a\x01",
+      "Proxy-Connection: close", "Proxy-Connection: a b",
   };
   const std::string chars = "HTP/1. 0239:\r\nabcXx-\t\x7f\x80";
   int taken = 0;
