@@ -544,7 +544,9 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     AttemptSpec spec;
     spec.port = target_.port;
     spec.path = path_;
-    spec.body = target_.body;
+    // (Moved, not copied: a long chat's body was copied once more per attempt.
+    // Nothing reads it from the target after this; the next admission sets it again.)
+    spec.body = std::move(target_.body);
     spec.headers = g_.supervisor_.AuthHeaders();
     spec.headers.emplace_back("X-Request-Id", rec_.id);
     spec.stream = rec_.stream;
