@@ -327,10 +327,14 @@ void Verdict(const char* what, double value, double target, const std::string& n
   std::printf("  %-24s %6.0f us  %-12s%s\n", what, value, value <= target ? "met" : "MISSED", note.c_str());
 }
 
-// A p50's goal: met where the whole interval is within it, missed where
-// none of it is, else inconclusive (this run cannot tell).
+// Whether a measured interval is within `bound` (met, 1), beyond it (missed,
+// -1), or on both sides (this run cannot tell, 0).
+int Judged(Interval range, double bound) { return range.hi <= bound ? 1 : range.lo > bound ? -1 : 0; }
+
+// A p50's goal, judged by its interval.
 void Verdict(const char* what, double value, Interval range, double target, const std::string& note) {
-  const char* said = range.hi <= target ? "met" : range.lo > target ? "MISSED" : "inconclusive";
+  const int j = Judged(range, target);
+  const char* said = j > 0 ? "met" : j < 0 ? "MISSED" : "inconclusive";
   char interval[64];
   std::snprintf(interval, sizeof interval, " (90%% interval %.0f..%.0f us)", range.lo, range.hi);
   std::printf("  %-24s %6.0f us  %-12s%s%s\n", what, value, said, interval, note.c_str());
@@ -400,7 +404,8 @@ int main(int argc, char** argv) {
     char ratio[48] = "n/a (nginx added nothing here)";
     if (a.nginx_p50 > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", a.gateway_p50 / a.nginx_p50);
     // (By the two p50s through the proxies, rounds paired: the direct call's own spread drops out.)
-    const char* within = a.over_nginx.hi <= 0 ? "yes" : a.over_nginx.lo > 0 ? "no (MISSED)" : "inconclusive";
+    const int j = Judged(a.over_nginx, 0);
+    const char* within = j > 0 ? "yes" : j < 0 ? "no (MISSED)" : "inconclusive";
     std::printf("vs nginx, journal %-6s: Spillway added p50 %.0f us, nginx %.0f us; Spillway/nginx %s; Spillway's p50 "
                 "over nginx's %.0f..%.0f us (90%% interval); Spillway <= nginx: %s\n",
                 mode.c_str(), a.gateway_p50, a.nginx_p50, ratio, a.over_nginx.lo, a.over_nginx.hi, within);

@@ -53,9 +53,6 @@ RequestLifecycle::~RequestLifecycle() {
 }
 
 void RequestLifecycle::Release(bool keep_cpu_turn) {
-  // (Told before the hold ends: a probe that succeeded closes its breaker,
-  // where one that ends without a result lets the next request probe.)
-  if (std::exchange(succeeded_, false)) g_.AttemptSucceeded(rec_.service, target_);
   if (svc_) g_.ReleaseTarget(rec_.service, rec_.id, &target_, keep_cpu_turn);
 }
 
@@ -111,8 +108,9 @@ boost::asio::awaitable<void> RequestLifecycle::Finish(State state, int status, s
                                                       std::string err) {
   // What the attempt held goes back before the client hears its answer: a
   // client's next request, sent the moment it has it, finds the slot and
-  // the cells free (after the send, on another connection, it found them
-  // held while this thread was preempted, and could be sent elsewhere).
+  // the cells free. (Given back after the send, a next request on another
+  // connection found them held while this thread was preempted, and could
+  // be sent elsewhere.)
   Release();
   live_->queue_slot.reset();
   if (Deferred(accept_) && !accept_->result()) {
@@ -376,7 +374,7 @@ boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, 
   if (r.head_refused) co_return co_await DeliverRefusal(r, spec.served);
   if (rec_.stream) {
     if (r.stream_state == State::kCompleted) {
-      succeeded_ = true;  // (the breaker told as the attempt's hold ends: Release)
+      g_.AttemptSucceeded(rec_.service, target_);
       g_.RecordThroughput(rec_.service, target_.index, reply_.stored());
     }
     // Ended by the worker's error event: its words (a cancelled stream said
@@ -391,7 +389,7 @@ boost::asio::awaitable<void> RequestLifecycle::Answered(const AttemptResult& r, 
   const State state = r.status < 300 ? State::kCompleted : r.status == 499 ? State::kCancelled : State::kFailed;
   std::string body = r.body;
   if (state == State::kCompleted) {
-    succeeded_ = true;  // (the breaker told as the attempt's hold ends: Release, in Finish)
+    g_.AttemptSucceeded(rec_.service, target_);
     // A fallback model, the limits applied and inputs cut are said in the
     // answer too (its journaled body: a replay says them again).
     if (!spec.served.fallback_model.empty() || !target_.limits.empty() || !r.truncated_inputs.empty()) {

@@ -144,9 +144,6 @@ class RequestLifecycle {
   // How Finish recorded its end: the destructor, after the answer went
   // out, marks it terminal and counts it (none: the way that ended it did).
   std::optional<State> ended_;
-  // The attempt answered: its placement's breaker hears of the success when
-  // the attempt's hold ends (Release), before the hold's cells go back.
-  bool succeeded_ = false;
   // What happens after an attempt is the pure policy's decision.
   failover::RetryState retry_;
   const failover::RetryBudget budget_;

@@ -1,6 +1,7 @@
 #include "upstream/simple_answer.h"
 
 #include <boost/asio/error.hpp>
+#include <boost/beast/core/string.hpp>
 #include <boost/beast/http/error.hpp>
 
 #include <algorithm>
@@ -8,6 +9,8 @@
 #include <string_view>
 
 namespace spillway::upstream {
+
+namespace beast = boost::beast;
 
 namespace {
 
@@ -20,14 +23,6 @@ bool TokenChar(unsigned char c) {
 
 // A field value's bytes: visible, obs-text, space and tab (no CR, LF, NUL or other controls).
 bool ValueChar(unsigned char c) { return c >= 0x20 ? c != 0x7f : c == '\t'; }
-
-bool EqualsLower(std::string_view s, std::string_view lower) {
-  if (s.size() != lower.size()) return false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if ((static_cast<unsigned char>(s[i]) | 0x20) != static_cast<unsigned char>(lower[i])) return false;
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -80,9 +75,10 @@ bool SimpleAnswer::Head(const char* p, size_t n) {
     } else if (name == "transfer-encoding" || name == "proxy-connection") {
       return false;  // (Beast reads Proxy-Connection as it reads Connection: its to say)
     } else if (name == "connection") {
-      if (EqualsLower(value, "close")) {
+      const beast::string_view token(value.data(), value.size());  // (Boost 1.74's, not std's)
+      if (beast::iequals(token, "close")) {
         keep_alive_ = false;
-      } else if (!EqualsLower(value, "keep-alive")) {
+      } else if (!beast::iequals(token, "keep-alive")) {
         return false;
       }
     }
