@@ -17,6 +17,11 @@
 // hop costs besides (wake-ups, the kernel's loopback) is the bare proxy's
 // too. Unlike gateway_instructions' count this is time, with the caches as
 // they are when a request arrives (cold: the worker ran in between).
+// The way between the three, placed by the client's own clock beside the
+// proxy's calls: the client's send to the proxy awake with it, the proxy's
+// send to the worker to the proxy awake with the answer, the proxy's send to
+// the client to the client's return, and how long the proxy stays awake
+// after each of its sends: what the end-to-end time holds besides own time.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -59,6 +64,13 @@ struct Cut {
   // start of the fdatasync that covers it (on the log's own thread), the
   // sync itself, and its end to the serving thread's next wake-up; -1: none.
   double to_sync = -1, sync = -1, from_sync = -1;
+  // Times (CLOCK_MONOTONIC, ns) that place the request among the client's
+  // and the worker's: the wake-up with the request, the end of the send to
+  // the worker, the wake-up with its answer, the end of the send to the
+  // client, and the start of the serving thread's first sleep after each
+  // send (0: none before the next request).
+  int64_t wake1_ns = 0, sent_worker_ns = 0, wake2_ns = 0, sent_client_ns = 0, slept_after_worker_ns = 0,
+          slept_after_client_ns = 0;
 };
 
 // A call as "kind:whose": r(ecv) s(end) w(rite to a file) poll wait; c(lient) w(orker) f(ile or other).
@@ -145,6 +157,22 @@ std::vector<Cut> CutRequests(const std::vector<ClockEvent>& all) {
     }
     Cut c{(sw.start_ns - wake1) / 1e3, (sc.start_ns - wake2) / 1e3, (sw.end_ns - sw.start_ns) / 1e3,
           (sc.end_ns - sc.start_ns) / 1e3, calls, writes, "", "", {}};
+    c.wake1_ns = wake1;
+    c.sent_worker_ns = sw.end_ns;
+    c.wake2_ns = wake2;
+    c.sent_client_ns = sc.end_ns;
+    for (size_t k = first; k < answer_read; ++k) {
+      if (Is(ev[k], ClockKind::kWait) && ev[k].start_ns >= sw.end_ns) {
+        c.slept_after_worker_ns = ev[k].start_ns;
+        break;
+      }
+    }
+    for (size_t k = i; k < ev.size() && !(Is(ev[k], ClockKind::kRecv) && ev[k].fd == client && ev[k].result > 0); ++k) {
+      if (Is(ev[k], ClockKind::kWait)) {
+        c.slept_after_client_ns = ev[k].start_ns;
+        break;
+      }
+    }
     // The answer phase's last file write, the sync that began after it, and
     // the serving thread's first wake-up after that sync.
     const ClockEvent* last_write = nullptr;
@@ -229,6 +257,34 @@ void PrintMarks(const char* label, const std::vector<Cut>& cuts) {
   }
 }
 
+int64_t Ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+// A request's way between the client, the proxy and the worker, p50s in
+// microseconds: the client's send to the proxy awake with it; the proxy's send
+// to the worker to the proxy awake with its answer (the worker's own time and
+// both wake-ups); the proxy's send to the client to the client's return; and
+// how long the proxy stays awake after each of its two sends (what a peer woken
+// on its core waits for).
+void PrintLegs(const char* label, const std::vector<Cut>& cuts, const std::vector<std::pair<int64_t, int64_t>>& spans) {
+  std::vector<double> in, worker, out, after_w, after_c;
+  for (const auto& c : cuts) {
+    auto it = std::upper_bound(spans.begin(), spans.end(), c.wake1_ns,
+                               [](int64_t t, const std::pair<int64_t, int64_t>& s) { return t < s.first; });
+    if (it == spans.begin()) continue;
+    --it;
+    if (c.sent_client_ns > it->second) continue;  // (not within this request's span)
+    in.push_back((c.wake1_ns - it->first) / 1e3);
+    worker.push_back((c.wake2_ns - c.sent_worker_ns) / 1e3);
+    out.push_back((it->second - c.sent_client_ns) / 1e3);
+    if (c.slept_after_worker_ns) after_w.push_back((c.slept_after_worker_ns - c.sent_worker_ns) / 1e3);
+    if (c.slept_after_client_ns) after_c.push_back((c.slept_after_client_ns - c.sent_client_ns) / 1e3);
+  }
+  std::printf("%-26s %7.1f | %7.1f | %7.1f | %9.1f %9.1f | %zu\n", label, Pct(in, .5), Pct(worker, .5), Pct(out, .5),
+              Pct(after_w, .5), Pct(after_c, .5), in.size());
+}
+
 // Returns the own time it printed: the two phases' p50s together.
 double PrintRow(const char* label, const Summary& s, double added_p50) {
   const double own = Pct(s.request, .5) + Pct(s.answer, .5);
@@ -278,6 +334,7 @@ int main(int argc, char** argv) {
     const std::string* body;
     spillway::http::HeaderList headers;
     std::vector<double> latency;
+    std::vector<std::pair<int64_t, int64_t>> spans;  // each timed request's send start and answer's end, ns
     std::vector<Cut> cuts;
     size_t direct = 0;  // the side that calls this one's worker directly (what "added" is over)
   };
@@ -307,16 +364,16 @@ int main(int argc, char** argv) {
       stop_all();
       return 1;
     }
-    sides.push_back({who + "'s worker, directly", "", -1, worker, &direct_body, WorkerAuth(), {}, {}, sides.size()});
+    sides.push_back({who + "'s worker, directly", "", -1, worker, &direct_body, WorkerAuth(), {}, {}, {}, sides.size()});
     sides.push_back({runs.size() == 1 ? "spillway serve" : "spillway serve, against", who, runs.back().pid,
-                     runs.back().port, &gw_body, {}, {}, {}, sides.size() - 1});
+                     runs.back().port, &gw_body, {}, {}, {}, {}, sides.size() - 1});
   }
   const uint16_t worker = sides.front().port;  // the first gateway's, which nginx and the bare proxy front too
   std::optional<NginxProxy> nginx;
   if (against.empty()) {  // (an A/B of two builds measures the two alone, as gateway_overhead does)
     nginx.emplace(worker, WorkerSecret(), wrap("nginx"));
     if (nginx->running()) {
-      sides.push_back({"nginx proxy_pass", "nginx", nginx->pid(), nginx->port(), &direct_body, {}, {}, {}, 0});
+      sides.push_back({"nginx proxy_pass", "nginx", nginx->pid(), nginx->port(), &direct_body, {}, {}, {}, {}, 0});
     } else {
       std::printf("nginx: %s; its row is skipped\n", nginx->why().c_str());
     }
@@ -327,7 +384,7 @@ int main(int argc, char** argv) {
       stop_all();
       return 1;
     }
-    sides.push_back({"bare Asio proxy", "bare", bare_pid, bare_port, &direct_body, WorkerAuth(), {}, {}, 0});
+    sides.push_back({"bare Asio proxy", "bare", bare_pid, bare_port, &direct_body, WorkerAuth(), {}, {}, {}, 0});
   }
   std::vector<std::unique_ptr<spillway::http::Connection>> conns;
   for (auto& s : sides) conns.push_back(std::make_unique<spillway::http::Connection>("127.0.0.1", s.port));
@@ -341,7 +398,9 @@ int main(int argc, char** argv) {
         if (!r.ok() || r->status != 200) {
           ++failed;
         } else if (timed) {
-          sides[k].latency.push_back(Us(t0, Clock::now()));
+          const auto t1 = Clock::now();
+          sides[k].latency.push_back(Us(t0, t1));
+          sides[k].spans.emplace_back(Ns(t0), Ns(t1));
         }
       }
     }
@@ -410,5 +469,12 @@ int main(int argc, char** argv) {
               "failed, e.g. EAGAIN; poll: epoll_wait that does not sleep; wait: one that sleeps; sync: fdatasync):\n");
   for (size_t k : proxies) PrintSequences(sides[k].label.c_str(), sides[k].cuts);
   for (size_t k : proxies) PrintMarks(sides[k].label.c_str(), sides[k].cuts);
+  std::printf("the way between client, proxy and worker, p50s in microseconds (the worker called directly: %.1f us):\n",
+              Pct(sides[0].latency, .5));
+  std::printf("%-26s %7s | %7s | %7s | %9s %9s | %s\n", "", "in", "worker", "out", "awake w", "awake c", "matched");
+  for (size_t k : proxies) PrintLegs(sides[k].label.c_str(), sides[k].cuts, sides[k].spans);
+  std::printf("in: the client's send to the proxy awake with the request; worker: the send to the worker to the proxy "
+              "awake with its answer; out: the send to the client to the client's return; awake w/c: how long the "
+              "proxy stays awake after its send to the worker and to the client\n");
   return 0;
 }
