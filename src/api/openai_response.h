@@ -18,6 +18,10 @@ enum class Endpoint { kChat, kCompletion };
 struct Usage {
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  // Of prompt_tokens, those found in the worker's cache instead of computed
+  // (OpenAI's usage.prompt_tokens_details.cached_tokens, as llama-server
+  // writes it); < 0: not said.
+  int cached_tokens = -1;
 };
 
 // A chat answer read by the model's own format: content, the reasoning

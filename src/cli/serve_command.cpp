@@ -76,6 +76,7 @@ std::vector<PlannedWorker> PlanWorkers(const config::GatewayConfig& cfg) {
                                        std::to_string(cfg.WorkerMaxBodyBytes())};
       if (!p.mmap) args.push_back("--no-mmap");
       if (p.kv_unified) args.push_back("--kv-unified");
+      if (!p.prefix_reuse) args.push_back("--no-prefix-reuse");
       // The CPU fallback's readiness policy (gateway/readiness.h).
       const gateway::Readiness r = gateway::ResolveReadiness(s, i, cfg.worker_binary);
       if (r.policy == "mmap") {

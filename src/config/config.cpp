@@ -262,7 +262,7 @@ class Reader {
 Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix, PlacementConfig* p) {
   SPILLWAY_RETURN_IF_ERROR(
       r.OnlyKnown(t, prefix, {"role", "model", "different_model", "device", "gpu_layers", "ctx", "slots", "threads", "batch",
-                              "mmap", "progress_timeout_s", "start_timeout_s", "kv_unified"}));
+                              "mmap", "progress_timeout_s", "start_timeout_s", "kv_unified", "prefix_reuse"}));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "model", prefix, &p->model, 0, 0));
   SPILLWAY_RETURN_IF_ERROR(r.ResolveModel(t.get("model"), prefix + "model", &p->model, &p->model_name));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "different_model", prefix, &p->different_model, 0, 0));
@@ -281,6 +281,7 @@ Status ReadPlacement(Reader& r, const toml::table& t, const std::string& prefix,
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "batch", prefix, &p->batch, 1, 1 << 16));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "mmap", prefix, &p->mmap, 0, 0));
   SPILLWAY_RETURN_IF_ERROR(r.Get(t, "kv_unified", prefix, &p->kv_unified, 0, 0));
+  SPILLWAY_RETURN_IF_ERROR(r.Get(t, "prefix_reuse", prefix, &p->prefix_reuse, 0, 0));
   // Each slot needs cells of its own: llama.cpp aborts the worker otherwise.
   if (p->slots > p->ctx) {
     const toml::node* n = t.get("slots") ? t.get("slots") : t.get("ctx");

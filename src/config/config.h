@@ -78,6 +78,7 @@
 //   slots = 4
 //   batch = 512
 //   kv_unified = false
+//   prefix_reuse = true                  # a request starts from what its slot's cache holds of its prompt
 //   threads = 0                          # CPU threads of its worker (0: one per core)
 //   mmap = true                          # false: weights read into memory, not mapped
 //   progress_timeout_s = 10              # a decode loop without progress this long is hung
@@ -134,6 +135,12 @@ struct PlacementConfig {
   // pool of ctx cells shared by the slots (longer single prompts fit, but a
   // request's tokens may depend on what runs beside it).
   bool kv_unified = false;
+  // A request starts from what its slot's cache holds of its prompt (a
+  // chat's earlier turns): exact, since decoding is batch-invariant. Off:
+  // every prompt computed whole, and no request answers sooner because
+  // another's prompt began as its own (who can time requests cannot tell).
+  // Never with kv_unified (the worker's --no-prefix-reuse).
+  bool prefix_reuse = true;
   double progress_timeout_s = 10;  // a decode loop without progress this long is hung
   // A worker not ready this long after it was started is killed and its start
   // counted as failed; a request waiting for it waits no longer than this.

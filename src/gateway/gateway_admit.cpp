@@ -31,7 +31,9 @@ void Gateway::RecordThroughput(const std::string& service, size_t index, const s
   // The worker's timings: its header (a non-streamed answer), or a stream's last chunk.
   const auto t = timings_header.empty() ? protocol::TimingsOf(body) : protocol::Timings::FromHeader(timings_header);
   if (t) {
-    board_.RecordThroughput(service, index, t->prompt_ms, t->prompt_tokens, t->generation_ms, t->generated_tokens);
+    // (The prompt's time is its computed tokens': those found in the worker's cache took none.)
+    board_.RecordThroughput(service, index, t->prompt_ms, t->computed_prompt_tokens(), t->generation_ms,
+                            t->generated_tokens);
   }
 }
 

@@ -121,7 +121,8 @@ std::optional<WorkerError> ParseStreamError(const json& payload) {
 std::optional<Timings> Timings::FromJson(const json& j) {
   if (!j.is_object()) return std::nullopt;
   auto num = [&](const char* k) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : 0.0; };
-  return Timings{num("prompt_ms"), num("generation_ms"), num("prompt_tokens"), num("generated_tokens")};
+  return Timings{num("prompt_ms"), num("generation_ms"), num("prompt_tokens"), num("generated_tokens"),
+                 num("cached_tokens")};
 }
 
 std::string Timings::ToHeader() const {
@@ -135,6 +136,7 @@ std::string Timings::ToHeader() const {
   add("generation_ms", generation_ms);
   add("prompt_tokens", prompt_tokens);
   add("generated_tokens", generated_tokens);
+  if (cached_tokens > 0) add("cached_tokens", cached_tokens);
   return out;
 }
 
@@ -153,14 +155,15 @@ std::optional<Timings> Timings::FromHeader(std::string_view value) {
     if (key == "prompt_ms") t.prompt_ms = v;
     else if (key == "generation_ms") t.generation_ms = v;
     else if (key == "prompt_tokens") t.prompt_tokens = v;
-    else if (key == "generated_tokens") t.generated_tokens = v;  // other keys: a later worker's, ignored
+    else if (key == "generated_tokens") t.generated_tokens = v;
+    else if (key == "cached_tokens") t.cached_tokens = v;  // other keys: a later worker's, ignored
   }
   return t;
 }
 
 json Timings::ToJson() const {
   return {{"prompt_ms", prompt_ms}, {"generation_ms", generation_ms}, {"prompt_tokens", prompt_tokens},
-          {"generated_tokens", generated_tokens}};
+          {"generated_tokens", generated_tokens}, {"cached_tokens", cached_tokens}};
 }
 
 namespace {
@@ -172,7 +175,8 @@ namespace {
 // duplicate key winning, as in a parsed document): `found` when "timings"
 // is an object; a member that is not a number counts 0.
 enum class TimingsRole {
-  kOther, kDocument, kTop, kSpillway, kTimings, kPromptMs, kGenerationMs, kPromptTokens, kGeneratedTokens
+  kOther, kDocument, kTop, kSpillway, kTimings, kPromptMs, kGenerationMs, kPromptTokens, kGeneratedTokens,
+  kCachedTokens
 };
 
 struct TimingsFacts : JsonMembers<TimingsFacts, TimingsRole> {
@@ -194,6 +198,7 @@ struct TimingsFacts : JsonMembers<TimingsFacts, TimingsRole> {
                        : k == "generation_ms"    ? Role::kGenerationMs
                        : k == "prompt_tokens"    ? Role::kPromptTokens
                        : k == "generated_tokens" ? Role::kGeneratedTokens
+                       : k == "cached_tokens"    ? Role::kCachedTokens
                                                  : Role::kOther;
     if (double* f = Field(field)) *f = 0;  // (given again, and not as a number: 0, as FromJson reads it)
     return field;
@@ -218,6 +223,7 @@ struct TimingsFacts : JsonMembers<TimingsFacts, TimingsRole> {
       case Role::kGenerationMs: return &t.generation_ms;
       case Role::kPromptTokens: return &t.prompt_tokens;
       case Role::kGeneratedTokens: return &t.generated_tokens;
+      case Role::kCachedTokens: return &t.cached_tokens;
       default: return nullptr;
     }
   }

@@ -101,6 +101,11 @@ std::optional<WorkerError> ParseStreamError(const nlohmann::json& payload);
 struct Timings {
   double prompt_ms = 0, generation_ms = 0;
   double prompt_tokens = 0, generated_tokens = 0;
+  // Of prompt_tokens, those the worker found in its cache (a slot's earlier
+  // request): prompt_ms is the rest's time. 0 from a worker that says none.
+  double cached_tokens = 0;
+  // The prompt tokens prompt_ms was spent on.
+  double computed_prompt_tokens() const { return prompt_tokens > cached_tokens ? prompt_tokens - cached_tokens : 0; }
   static std::optional<Timings> FromJson(const nlohmann::json& j);
   nlohmann::json ToJson() const;
   // The same in a header of a non-streamed answer (kTimingsHeader,

@@ -48,7 +48,24 @@ struct Engine::Slot {
   size_t emitted_tokens = 0;  // generated[0..emitted_tokens) were handed to on_text
   std::vector<api::TokenLogprob> logprobs;  // of generated[], when the job asked for them
   Clock::time_point t_submit, t_start, t_prompt_done;
+  // What the slot's cache holds, positions 0.. (prefix_reuse), from its last
+  // job, and when it was used last (use_count_); `reused`: how many of the
+  // running job's prompt tokens came from it.
+  std::vector<int32_t> cached;
+  uint64_t last_used = 0;
+  size_t reused = 0;
 };
+
+namespace {
+
+size_t CommonPrefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return i;
+}
+
+}  // namespace
 
 Engine::Engine(const Model& model, EngineOptions opts) : model_(model), opts_(opts) {
   slots_.resize(static_cast<size_t>(opts_.slots));
@@ -143,6 +160,7 @@ Status Engine::CreateContext() {
       }
     }
   }
+  ForgetCachedPrefixes();  // (a new context's cache holds nothing)
   if (opts_.sim) opts_.sim->SetPhase(SPILLWAY_SIM_PHASE_KV);
   ClearLlamaErrors();
   try {
@@ -222,6 +240,7 @@ void Engine::FreeIdleContext() {
     idle = std::exchange(ctx_, nullptr);  // (only this thread uses the context)
     breakdown_.clear();
   }
+  ForgetCachedPrefixes();
   // Freed without the lock: freeing the KV pool and compute buffers takes a
   // while, and health checks, cancels and submits take the lock.
   llama_free(idle);
@@ -397,6 +416,7 @@ EngineStats Engine::stats() const {
   s.failed = failed_;
   s.cancelled = cancelled_;
   s.contexts_rebuilt = rebuilt_;
+  s.reused_prompt_tokens = reused_tokens_.load();
   // A hung decode (a stuck driver) still answers HTTP: only progress tells.
   if (busy_ > 0) s.stalled_ms = std::max<int64_t>(0, SteadyMs() - progress_ms_.load());
   s.longest_step_ms = longest_step_ms_.load();
@@ -486,12 +506,24 @@ void Engine::AssignPending() {
   std::vector<Slot*> assigned;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto& s : slots_) {
-      if (pending_.empty()) break;
-      if (s.job) continue;
-      s.job = std::move(pending_.front());
+    const bool reuse = ReusesPrefixes();
+    while (!pending_.empty()) {
+      // The free slot whose cache shares the most with the prompt; else the
+      // one used least recently (the others keep their conversations).
+      Slot* to = nullptr;
+      size_t best = 0;
+      for (auto& s : slots_) {
+        if (s.job) continue;
+        const size_t common = reuse ? CommonPrefix(s.cached, pending_.front()->prompt) : 0;
+        if (!to || common > best || (common == best && reuse && s.last_used < to->last_used)) {
+          to = &s;
+          best = common;
+        }
+      }
+      if (!to) break;
+      to->job = std::move(pending_.front());
       pending_.pop_front();
-      assigned.push_back(&s);
+      assigned.push_back(to);
     }
   }
   // The rest without the lock (only this thread uses a slot's sampler and
@@ -502,8 +534,19 @@ void Engine::AssignPending() {
     Slot& s = *slot;
     s.smpl = BuildSamplerChain(s.job->sampling, model_.vocab(), s.job->ignore_eos);
     s.out = std::make_unique<OutputText>(s.job->stop);
-    s.n_prompt_done = 0;
-    s.n_past = 0;
+    // What the cache holds of the prompt stays; the rest of the cache goes.
+    // All of the prompt found: its last token is computed again, for the
+    // logits the first sample reads.
+    const auto& prompt = s.job->prompt;
+    size_t keep = ReusesPrefixes() ? std::min(CommonPrefix(s.cached, prompt), prompt.empty() ? 0 : prompt.size() - 1) : 0;
+    llama_memory_t mem = llama_get_memory(ctx_);
+    if (keep > 0 && !llama_memory_seq_rm(mem, s.id, static_cast<llama_pos>(keep), -1)) keep = 0;
+    if (keep == 0) llama_memory_seq_rm(mem, s.id, -1, -1);
+    s.cached.clear();
+    s.reused = keep;
+    reused_tokens_ += keep;
+    s.n_prompt_done = keep;
+    s.n_past = static_cast<int>(keep);
     s.next_token = -1;
     s.batch_index = -1;
     s.generated.clear();
@@ -753,7 +796,20 @@ void Engine::HandleDecodeFailure(int rc, const std::string& what) {
 void Engine::FinishSlot(Slot& s, Status status, const std::string& finish_reason) {
   auto job = std::move(s.job);
   s.job.reset();
-  if (ctx_) llama_memory_seq_rm(llama_get_memory(ctx_), s.id, -1, -1);
+  // The cache keeps what the job left (its prompt, then the tokens fed back
+  // after it, n_past in all) for the slot's next job; without reuse it is
+  // emptied.
+  s.cached.clear();
+  const size_t held = static_cast<size_t>(std::max(0, s.n_past));
+  if (ctx_ && ReusesPrefixes() && held <= job->prompt.size() + s.generated.size()) {
+    const size_t from_prompt = std::min(held, job->prompt.size());
+    s.cached.assign(job->prompt.begin(), job->prompt.begin() + static_cast<std::ptrdiff_t>(from_prompt));
+    s.cached.insert(s.cached.end(), s.generated.begin(),
+                    s.generated.begin() + static_cast<std::ptrdiff_t>(held - from_prompt));
+  } else if (ctx_) {
+    llama_memory_seq_rm(llama_get_memory(ctx_), s.id, -1, -1);
+  }
+  s.last_used = ++use_count_;
   if (s.smpl) {
     llama_sampler_free(s.smpl);
     s.smpl = nullptr;
@@ -772,6 +828,7 @@ void Engine::FinishSlot(Slot& s, Status status, const std::string& finish_reason
   r.text = s.out->text();
   r.finish_reason = finish_reason;
   r.prompt_tokens = static_cast<int>(job->prompt.size());
+  r.cached_tokens = static_cast<int>(s.reused);
   r.completion_tokens = static_cast<int>(s.generated.size());
   r.tokens = std::move(s.generated);
   r.logprobs = std::move(s.logprobs);
@@ -802,6 +859,16 @@ void Engine::FailAllActive(const Status& status) {
     if (s.job) FinishSlot(s, status, "");
   }
   if (ctx_) llama_memory_clear(llama_get_memory(ctx_), true);
+  ForgetCachedPrefixes();
+}
+
+bool Engine::ReusesPrefixes() const {
+  return opts_.prefix_reuse && !opts_.kv_unified && !opts_.embedding && !llama_model_is_recurrent(model_.raw()) &&
+         !llama_model_is_hybrid(model_.raw());
+}
+
+void Engine::ForgetCachedPrefixes() {
+  for (auto& s : slots_) s.cached.clear();
 }
 
 void Engine::RunEmbeddingJob(const std::shared_ptr<Job>& job) {

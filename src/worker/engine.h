@@ -9,6 +9,16 @@
 // fit now is refused with kResourceExhausted (503, retry later), one that can
 // never fit with kInvalidArgument (400, with the numbers).
 //
+// Prompt prefixes (EngineOptions::prefix_reuse, on by default with per-slot
+// streams): a slot keeps what its last request left in its cache, and a new
+// job goes to the free slot whose cache shares the longest beginning with
+// its prompt; only the rest of the prompt is computed (a chat's next turn
+// resends the whole conversation). A prompt found whole keeps all but its
+// last token, whose logits the first sample needs. Exact, not approximate:
+// decoding is batch-invariant, so a cell computed with another request's
+// chunking holds what a fresh prefill would write there. A job's
+// `cached_tokens` says how many of its prompt tokens were taken so.
+//
 // Ownership: Submit() takes the job on success and then calls its on_done
 // exactly once, from the engine thread; on failure the caller keeps it and no
 // callback runs. Cancel() may be called from any thread.
@@ -54,6 +64,7 @@ struct JobResult {
   std::string finish_reason;  // "stop" | "length" (when status is OK)
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;  // of prompt_tokens: found in the slot's cache, not computed again (prefix_reuse)
   std::vector<int32_t> tokens;                   // generated token ids
   std::vector<api::TokenLogprob> logprobs;       // one per generated token, when the job asked for them
   std::vector<std::vector<float>> embeddings;    // embedding jobs
@@ -108,6 +119,11 @@ struct EngineOptions {
   // shared by the slots, flash attention as llama.cpp chooses; a request's
   // tokens may then depend on its neighbours.
   bool kv_unified = false;
+  // A new job starts from what its slot's cache already holds of its prompt
+  // (see the top of this file). Only with per-slot streams and a model whose
+  // cache can lose its tail (not recurrent or hybrid): with one shared pool,
+  // kept cells would hold room the gateway counts as free.
+  bool prefix_reuse = true;
   FaultInjector* faults = nullptr;   // optional; must outlive the engine
   const SimControl* sim = nullptr;   // set when the placement is on a sim device
   // The "mmap" readiness policy: the context (KV pool, compute buffers) is
@@ -129,6 +145,7 @@ struct EngineStats {
   int cells_per_request = 0;  // ctx/slots with per-slot streams, ctx when unified
   bool kv_unified = false;
   uint64_t completed = 0, failed = 0, cancelled = 0, contexts_rebuilt = 0;
+  uint64_t reused_prompt_tokens = 0;  // prompt tokens taken from slots' caches (prefix_reuse), all jobs together
   bool healthy = true;
   bool device_lost = false;
   int64_t stalled_ms = 0;  // work waiting and no decode step finished for this long
@@ -193,6 +210,9 @@ class Engine {
   // The most tokens one embedding input may have: the pool, within the
   // positions the model was trained on (`by_training`: that is the bound).
   int32_t EmbeddingInputLimit(bool* by_training = nullptr) const;
+  // Whether a job starts from what its slot's cache holds (prefix_reuse, and
+  // the cache and model allow it).
+  bool ReusesPrefixes() const;
 
  private:
   struct Slot;
@@ -214,6 +234,7 @@ class Engine {
   void ReleaseReservation(const Job& job);
   int32_t CellsNeeded(const Job& job) const;
   int32_t StreamCells() const;  // a slot's stream, or the whole pool (unified, embeddings)
+  void ForgetCachedPrefixes();  // the context's cache was cleared, or the context is gone
 
   const Model& model_;
   EngineOptions opts_;
@@ -247,6 +268,8 @@ class Engine {
   std::string last_error_;
   uint64_t completed_ = 0, failed_ = 0, cancelled_ = 0, rebuilt_ = 0;
   uint64_t contexts_created_ = 0;
+  std::atomic<uint64_t> reused_tokens_{0};  // EngineStats::reused_prompt_tokens
+  uint64_t use_count_ = 0;  // slots' last use, in order (engine thread)
   double last_context_ms_ = 0;
   std::chrono::steady_clock::time_point idle_since_ = std::chrono::steady_clock::now();
   std::thread thread_;

@@ -113,6 +113,11 @@ int main(int argc, char** argv) {
                "one KV pool of --ctx cells shared by the slots, with flash attention (default: a stream of ctx/slots "
                "cells per slot, no flash attention: a request's tokens never depend on what runs beside it, which "
                "failover replay and continuation rely on)");
+  bool no_prefix_reuse = false;
+  app.add_flag("--no-prefix-reuse", no_prefix_reuse,
+               "compute every prompt whole (default: a new request starts from what its slot's cache holds of its "
+               "prompt, a chat's earlier turns; exact, since decoding is batch-invariant; never with --kv-unified "
+               "or a recurrent or hybrid model)");
   bool lazy_context = false;
   app.add_flag("--lazy-context", lazy_context,
                "create the context (KV cache, compute buffers) on the first request instead of at start "
@@ -234,6 +239,7 @@ int main(int argc, char** argv) {
   }
   eo.kv_type = kv_type;
   eo.kv_unified = kv_unified;
+  eo.prefix_reuse = !no_prefix_reuse;
   eo.faults = &faults;
   eo.sim = sim.get();
   eo.lazy_context = lazy_context;

@@ -406,12 +406,13 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
 
   auto timings_of = [](const JobResult& r) {
     return protocol::Timings{r.prompt_ms, r.generation_ms, static_cast<double>(r.prompt_tokens),
-                             static_cast<double>(r.completion_tokens)};
+                             static_cast<double>(r.completion_tokens), static_cast<double>(r.cached_tokens)};
   };
   auto finish_meta = [meta](const JobResult& r) {
     json m = meta;
     m["timings"] = {{"prompt_ms", r.prompt_ms}, {"generation_ms", r.generation_ms},
-                    {"prompt_tokens", r.prompt_tokens}, {"generated_tokens", r.completion_tokens}};
+                    {"prompt_tokens", r.prompt_tokens}, {"generated_tokens", r.completion_tokens},
+                    {"cached_tokens", r.cached_tokens}};
     return m;
   };
 
@@ -424,7 +425,7 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
     const bool logprobs = gen.logprobs;
     job->on_done = [ex, v, header, syntax, logprobs, finish_meta, timings_of, dropped](JobResult r) {
       if (!r.status.ok()) return ex->Respond(ErrorResponse(r.status, v));
-      json out = WholeReply(header, r.text, r.finish_reason, {r.prompt_tokens, r.completion_tokens}, syntax.get(),
+      json out = WholeReply(header, r.text, r.finish_reason, {r.prompt_tokens, r.completion_tokens, r.cached_tokens}, syntax.get(),
                             logprobs ? &r.logprobs : nullptr);
       out["spillway"] = finish_meta(r);
       auto res = JsonResponse(200, out, v);
@@ -453,7 +454,7 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
       if (!r.status.ok()) {
         ex->Write(api::SseEvent(api::ErrorBody(r.status)));
       } else {
-        const api::Usage usage{r.prompt_tokens, r.completion_tokens};
+        const api::Usage usage{r.prompt_tokens, r.completion_tokens, r.cached_tokens};
         ex->Write(reply->Finish(r.finish_reason, finish_meta(r), include_usage ? &usage : nullptr));
       }
       ex->Write(api::kSseDone);
@@ -570,6 +571,7 @@ json WorkerService::Info() const {
                         {"per_request", st.cells_per_request}, {"unified", st.kv_unified}}},
           {"requests", {{"received", requests_.load()}, {"completed", st.completed}, {"failed", st.failed},
                         {"cancelled", st.cancelled}}},
+          {"prefix_reuse", {{"on", engine_.ReusesPrefixes()}, {"reused_prompt_tokens", st.reused_prompt_tokens}}},
           {"health", {{"ok", st.healthy}, {"device_lost", st.device_lost}, {"stalled_ms", st.stalled_ms},
                       {"longest_step_ms", st.longest_step_ms},
                       {"contexts_rebuilt", st.contexts_rebuilt},

@@ -557,6 +557,67 @@ TEST_F(WorkerTest, ARequestsTokensDoNotDependOnWhatRunsBesideIt) {
   WaitIdle(*chat_);
 }
 
+// Prefix reuse: a chat's next turn starts from what its slot's cache holds of
+// the conversation. Each turn's answer (text and every token's log
+// probabilities) must be what a worker that computes every prompt whole
+// gives, and the cached tokens must say so: the conversation's turns, the
+// same request again (all of the prompt found), a prompt that leaves the
+// cached one halfway (the cache's tail dropped), and a shorter one.
+TEST_F(WorkerTest, AChatsNextTurnReusesItsCachedBeginningAndAnswersAsAFreshPrefill) {
+  WorkerProcess fresh(ModelPath("tiny-chat"),
+                      {"--slots", "4", "--ctx", "8192", "--threads", "2", "--no-prefix-reuse"});
+  ASSERT_TRUE(fresh.running()) << fresh.Stderr();
+  auto ask = [](const WorkerProcess& w, const json& messages) {
+    const json req = {{"messages", messages}, {"max_tokens", 24}, {"temperature", 0.9}, {"seed", 11},
+                      {"ignore_eos", true}, {"logprobs", true}, {"top_logprobs", 2}};
+    auto r = Post(w, "/v1/chat/completions", req);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return Body(r);
+  };
+  auto cached = [](const json& answer) { return answer["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(); };
+  auto same = [&](const json& reused, const json& whole, const std::string& what) {
+    EXPECT_EQ(reused["choices"][0]["message"], whole["choices"][0]["message"]) << what;
+    EXPECT_EQ(reused["choices"][0]["logprobs"], whole["choices"][0]["logprobs"]) << what;
+    EXPECT_EQ(reused["usage"]["prompt_tokens"], whole["usage"]["prompt_tokens"]) << what;
+    EXPECT_EQ(cached(whole), 0) << what;
+  };
+  json conversation = json::array({{{"role", "user"}, {"content", "Tell me about the sea in winter, at length."}}});
+  int last_prompt = 0;
+  for (const char* next : {"And the mountains?", "Which of the two is colder?", "Thank you."}) {
+    const json reused = ask(*chat_, conversation), whole = ask(fresh, conversation);
+    same(reused, whole, "turn " + std::to_string(conversation.size() / 2 + 1));
+    if (last_prompt > 0) {
+      // The earlier turns' prompt at least (the reply, as the template writes it again, may differ in its last tokens).
+      EXPECT_GE(cached(reused), last_prompt) << reused.dump();
+    }
+    last_prompt = reused["usage"]["prompt_tokens"].get<int>();
+    conversation.push_back({{"role", "assistant"}, {"content", reused["choices"][0]["message"]["content"]}});
+    conversation.push_back({{"role", "user"}, {"content", next}});
+  }
+  // The same request twice: the second finds all of its prompt but the last token.
+  const json turn = ask(*chat_, conversation);
+  EXPECT_GE(cached(turn), last_prompt);
+  const json again = ask(*chat_, conversation), again_whole = ask(fresh, conversation);
+  same(turn, again_whole, "the last turn");
+  same(again, again_whole, "the same request again");
+  EXPECT_EQ(cached(again), again["usage"]["prompt_tokens"].get<int>() - 1);
+  // Leaving it halfway: the first answer changed, the rest as it was.
+  json other = conversation;
+  other[1]["content"] = "Something else entirely.";
+  const json diverged = ask(*chat_, other), diverged_whole = ask(fresh, other);
+  same(diverged, diverged_whole, "a conversation that leaves the cached one");
+  EXPECT_GT(cached(diverged), 0);
+  EXPECT_LT(cached(diverged), diverged["usage"]["prompt_tokens"].get<int>() - 1);
+  // Shorter than what is cached: its first turn alone.
+  const json first = ask(*chat_, json::array({conversation[0]})), first_whole = ask(fresh, json::array({conversation[0]}));
+  same(first, first_whole, "the first turn again");
+  const json info = Body(Get(*chat_, "/v1/worker/info"));
+  EXPECT_TRUE(info["prefix_reuse"]["on"].get<bool>());
+  EXPECT_GT(info["prefix_reuse"]["reused_prompt_tokens"].get<int>(), 0);
+  EXPECT_FALSE(Body(Get(fresh, "/v1/worker/info"))["prefix_reuse"]["on"].get<bool>());
+  WaitIdle(*chat_);
+}
+
 // The check above can fail: with one KV pool shared by the slots (cells of
 // concurrent requests interleaved) and flash attention, tokens do depend on
 // the neighbours.

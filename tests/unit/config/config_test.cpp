@@ -31,9 +31,12 @@ gpu_layers = 99
 ctx = 8192
 [[service.placement]]
 device = "cpu"
+prefix_reuse = false
 )", "test.toml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->listen_port, 9000);
+  EXPECT_TRUE(c->services[0].placements[0].prefix_reuse);  // (the default)
+  EXPECT_FALSE(c->services[0].placements[1].prefix_reuse);
   EXPECT_EQ(c->api_keys.size(), 1u);
   EXPECT_FALSE(c->journal.synchronous_full);
   ASSERT_EQ(c->services.size(), 1u);
@@ -233,6 +236,7 @@ TEST(ConfigTest, ValuesThatCannotWorkAreRefusedWithTheirKey) {
       {(svc + "[[service.placement]]\nctx = 16\nslots = 17\n"), "'service[0].placement[0].slots' (17) exceeds ctx (16)"},
       {(svc + "[[service.placement]]\nbatch = 2\nslots = 4\n"), "test.toml:5: 'service[0].placement[0].batch' (2) is below slots (4)"},
       {(svc + "[[service.placement]]\nprogress_timeout_s = nan\n"), "progress_timeout_s' must be between"},
+      {(svc + "[[service.placement]]\nprefix_reuse = \"yes\"\n"), "'service[0].placement[0].prefix_reuse'"},
       {(svc + "residency = \"on_demand\"\npriority = \"batch\"\nwindows = [\"02:00-02:00\"]\n"),
        "'02:00-02:00' must be \"HH:MM-HH:MM\""},
       {(svc + "residency = \"on_demand\"\npriority = \"batch\"\nwindows = [\"00:00-24:30\"]\n"),

@@ -128,6 +128,25 @@ TEST(WorkerProtocolTest, TimingsFromABodyOrAStreamsLastEvent) {
   EXPECT_FALSE(TimingsOf("{\"choices\":[]}"));
 }
 
+// The prompt tokens a worker found in its cache (prefix reuse) travel in the
+// header and the body; the time per prompt token is the computed ones'.
+TEST(WorkerProtocolTest, TimingsCarryTheCachedPromptTokens) {
+  const Timings sent{12.5, 3, 900, 4, 880};
+  const auto back = Timings::FromHeader(sent.ToHeader());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->cached_tokens, 880);
+  EXPECT_EQ(back->computed_prompt_tokens(), 20);
+  const auto in_body = TimingsOf(json{{"spillway", {{"timings", sent.ToJson()}}}}.dump());
+  ASSERT_TRUE(in_body);
+  EXPECT_EQ(in_body->cached_tokens, 880);
+  // An older worker's header has none: all of the prompt was computed.
+  const auto old = Timings::FromHeader("prompt_ms=2;generation_ms=1;prompt_tokens=7;generated_tokens=1");
+  ASSERT_TRUE(old);
+  EXPECT_EQ(old->cached_tokens, 0);
+  EXPECT_EQ(old->computed_prompt_tokens(), 7);
+  EXPECT_EQ(Timings{}.ToHeader().find("cached_tokens"), std::string::npos);  // (said only when there are some)
+}
+
 // TimingsOf reads the timings as it parses (SAX); the reference is what it
 // did before with a document, from the whole parse (Timings::FromJson).
 // Random documents built from the members it reads (duplicated, nested, of
@@ -143,7 +162,7 @@ std::optional<Timings> ReferenceTimingsIn(const std::string& doc) {
 
 std::string RandomTimingsJson(std::mt19937& rng, int depth) {
   static const char* kKeys[] = {"spillway", "timings", "prompt_ms", "generation_ms", "prompt_tokens",
-                                "generated_tokens", "choices", "x"};
+                                "generated_tokens", "cached_tokens", "choices", "x"};
   static const char* kScalars[] = {"1", "-7", "18446744073709551615", "2.5", "1e2", "true", "null", "\"t\""};
   const int pick = static_cast<int>(rng() % 10);
   if (depth > 4 || pick < 3) return kScalars[rng() % (sizeof kScalars / sizeof *kScalars)];
@@ -167,8 +186,9 @@ TEST(WorkerProtocolTest, TimingsReadAsTheWholeParsedDocumentSays) {
     auto doc = [&] {
       std::string members;  // the timings' own, maybe given twice
       for (int k = static_cast<int>(rng() % 6); k > 0; --k) {
-        static const char* kNames[] = {"prompt_ms", "generation_ms", "prompt_tokens", "generated_tokens"};
-        members += std::string(members.empty() ? "" : ",") + "\"" + kNames[rng() % 4] + "\":" +
+        static const char* kNames[] = {"prompt_ms", "generation_ms", "prompt_tokens", "generated_tokens",
+                                       "cached_tokens"};
+        members += std::string(members.empty() ? "" : ",") + "\"" + kNames[rng() % 5] + "\":" +
                    (rng() % 3 ? std::to_string(rng() % 1000) + (rng() % 2 ? ".25" : "") : RandomTimingsJson(rng, 3));
       }
       switch (rng() % 4) {
@@ -192,6 +212,7 @@ TEST(WorkerProtocolTest, TimingsReadAsTheWholeParsedDocumentSays) {
       ASSERT_EQ(got->generation_ms, expected->generation_ms) << body;
       ASSERT_EQ(got->prompt_tokens, expected->prompt_tokens) << body;
       ASSERT_EQ(got->generated_tokens, expected->generated_tokens) << body;
+      ASSERT_EQ(got->cached_tokens, expected->cached_tokens) << body;
     }
     found += want.has_value();
   }
