@@ -35,6 +35,7 @@ bench: build
 	@cmake --build $(BUILD) --target benches model_behaviour_test
 	SPILLWAY_TEST_BENCH_MODELS=1 ctest --test-dir $(BUILD) -R model_behaviour_test --output-on-failure
 	bench/worker_vs_llama.sh $(BUILD)
+	bench/chat_turns.sh $(BUILD)
 
 # Rebuilds BUILD's gateway with profile-guided and link-time optimisation (GCC): an instrumented gateway
 # trained on bench/gateway_overhead's workload, then BUILD built with its profile (scripts/pgo.sh). Both stay

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# A chat's turns (the whole conversation resent each turn): spillway-worker, with and without prompt
+# prefix reuse, against llama-server built from the same llama.cpp source (same model, threads, context).
+#   bench/chat_turns.sh [BUILD_DIR] [MODEL]      MODEL: a GGUF (default: the build's tiny-chat test model)
+#   TURNS=8 ROUNDS=5 MAX_TOKENS=16 REPLY_WORDS=120 THREADS=$(nproc)
+set -euo pipefail
+BUILD=${1:-build}
+cmake --build "$BUILD" --target chat_turns >/dev/null  # benchmarks are not part of make build
+source "$BUILD/bench/bench.env"
+MODEL=${2:-$BUILD/models/tiny-chat.gguf}
+"$BUILD/bench/chat_turns" --model "$MODEL" --worker "$BUILD/bin/spillway-worker" --llama-server "$LLAMA_SERVER" \
+  --threads "${THREADS:-$(nproc)}" --turns "${TURNS:-8}" --rounds "${ROUNDS:-5}" --max-tokens "${MAX_TOKENS:-16}" \
+  --reply-words "${REPLY_WORDS:-120}"
