@@ -83,22 +83,6 @@ uint16_t WaitReady(const Server& s, const std::string& port_file, uint16_t fixed
   return 0;
 }
 
-uint16_t FreePort() {
-  // Bind port 0 and let it go: llama-server takes a port number, not a port file.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  uint16_t port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,7 +120,7 @@ int main(int argc, char** argv) {
   }
   {
     Server& s = servers[2];
-    const uint16_t port = FreePort();
+    const uint16_t port = spillway::http::FreeLoopbackPort();  // (llama-server takes a number, not port 0)
     s.pid = Spawn({llama_server, "-m", model, "--host", "127.0.0.1", "--port", std::to_string(port), "-t", t, "-tb", t,
                    "-c", c, "-np", "1", "-fa", "off", "--no-webui"},
                   (dir / "llama-server.log").string());

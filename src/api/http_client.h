@@ -73,4 +73,9 @@ Status StreamFetch(const std::string& host, uint16_t port, const std::string& me
 // Parses a text/event-stream body into the payloads of its "data:" lines.
 std::vector<std::string> ParseSseData(const std::string& body);
 
+// A loopback TCP port free right now (0: none found), for a server that
+// takes a port number rather than binding port 0 itself. Another process
+// may take it before that server binds it: its start then fails.
+uint16_t FreeLoopbackPort();
+
 }  // namespace spillway::http

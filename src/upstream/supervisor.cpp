@@ -76,25 +76,6 @@ std::vector<std::string> WorkerEnvironment(const std::string& secret) {
   return env;
 }
 
-// A loopback port free right now, for an external server's ${PORT}. (Another
-// process may take it before the server binds it: that start then fails and
-// is retried after a backoff with another port.)
-uint16_t FreeLoopbackPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  uint16_t port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
-
 std::string Expand(std::string s, const std::string& name, const std::string& value) {
   for (size_t at = s.find(name); at != std::string::npos; at = s.find(name, at + value.size())) s.replace(at, name.size(), value);
   return s;
@@ -157,7 +138,9 @@ static int NicenessIncrement(int nice) {
 std::vector<std::string> Supervisor::Argv(Worker& w, const std::string& port_file, const std::string& load_file) {
   if (w.spec.external()) {
     // Its port is chosen here and known at once; ready is what its health path says.
-    w.view.port = FreeLoopbackPort();
+    // (A port free now, for the server's ${PORT}: another process may take it first; that start then
+    // fails and is retried after a backoff with another port.)
+    w.view.port = http::FreeLoopbackPort();
     std::vector<std::string> args;
     // Never adopted (a later gateway stops it), so tied to this one: its
     // whole group gets its stop signal when the gateway dies, killed with -9
