@@ -508,18 +508,25 @@ void Engine::AssignPending() {
     std::lock_guard<std::mutex> lk(mu_);
     const bool reuse = ReusesPrefixes();
     while (!pending_.empty()) {
-      // The free slot whose cache shares the most with the prompt; else the
-      // one used least recently (the others keep their conversations).
+      // The free slot whose cache the prompt continues (more than half of
+      // what it holds is the prompt's beginning: the same conversation),
+      // the longest such; else the one used least recently, so that a
+      // beginning shared by chance (a system prompt, a template's first
+      // tokens) does not take another conversation's cache (llama-server's
+      // rule, its slot_prompt_similarity of 0.5).
       Slot* to = nullptr;
+      Slot* oldest = nullptr;
       size_t best = 0;
       for (auto& s : slots_) {
         if (s.job) continue;
+        if (!oldest || s.last_used < oldest->last_used) oldest = &s;
         const size_t common = reuse ? CommonPrefix(s.cached, pending_.front()->prompt) : 0;
-        if (!to || common > best || (common == best && reuse && s.last_used < to->last_used)) {
+        if (common > 0 && 2 * common > s.cached.size() && common > best) {
           to = &s;
           best = common;
         }
       }
+      if (!to) to = oldest;
       if (!to) break;
       to->job = std::move(pending_.front());
       pending_.pop_front();

@@ -11,9 +11,10 @@
 //
 // Prompt prefixes (EngineOptions::prefix_reuse, on by default with per-slot
 // streams): a slot keeps what its last request left in its cache, and a new
-// job goes to the free slot whose cache shares the longest beginning with
-// its prompt; only the rest of the prompt is computed (a chat's next turn
-// resends the whole conversation). A prompt found whole keeps all but its
+// job goes to the free slot whose cache it continues (more than half of it
+// is the prompt's beginning), else to the least recently used one; only
+// the rest of the prompt is computed (a chat's next turn resends the whole
+// conversation). A prompt found whole keeps all but its
 // last token, whose logits the first sample needs. Exact, not approximate:
 // decoding is batch-invariant, so a cell computed with another request's
 // chunking holds what a fresh prefill would write there. A job's

@@ -561,8 +561,9 @@ TEST_F(WorkerTest, ARequestsTokensDoNotDependOnWhatRunsBesideIt) {
 // the conversation. Each turn's answer (text and every token's log
 // probabilities) must be what a worker that computes every prompt whole
 // gives, and the cached tokens must say so: the conversation's turns, the
-// same request again (all of the prompt found), a prompt that leaves the
-// cached one halfway (the cache's tail dropped), and a shorter one.
+// same request again (all of the prompt found), one that leaves the cached
+// conversation near its end (the cache's tail dropped), and a prompt that
+// shares only its beginning, which must leave the conversation's slot alone.
 TEST_F(WorkerTest, AChatsNextTurnReusesItsCachedBeginningAndAnswersAsAFreshPrefill) {
   WorkerProcess fresh(ModelPath("tiny-chat"),
                       {"--slots", "4", "--ctx", "8192", "--threads", "2", "--no-prefix-reuse"});
@@ -601,16 +602,20 @@ TEST_F(WorkerTest, AChatsNextTurnReusesItsCachedBeginningAndAnswersAsAFreshPrefi
   same(turn, again_whole, "the last turn");
   same(again, again_whole, "the same request again");
   EXPECT_EQ(cached(again), again["usage"]["prompt_tokens"].get<int>() - 1);
-  // Leaving it halfway: the first answer changed, the rest as it was.
+  // Leaving it near its end (its last message changed): the cache's tail goes.
   json other = conversation;
-  other[1]["content"] = "Something else entirely.";
+  other.back()["content"] = "Something else entirely.";
   const json diverged = ask(*chat_, other), diverged_whole = ask(fresh, other);
   same(diverged, diverged_whole, "a conversation that leaves the cached one");
   EXPECT_GT(cached(diverged), 0);
   EXPECT_LT(cached(diverged), diverged["usage"]["prompt_tokens"].get<int>() - 1);
-  // Shorter than what is cached: its first turn alone.
+  // A prompt that shares only a short beginning with it (its first turn
+  // alone) goes to another slot: the conversation's cache stays whole.
   const json first = ask(*chat_, json::array({conversation[0]})), first_whole = ask(fresh, json::array({conversation[0]}));
   same(first, first_whole, "the first turn again");
+  const json resumed = ask(*chat_, other);
+  same(resumed, diverged_whole, "the conversation after another prompt");
+  EXPECT_EQ(cached(resumed), resumed["usage"]["prompt_tokens"].get<int>() - 1);
   const json info = Body(Get(*chat_, "/v1/worker/info"));
   EXPECT_TRUE(info["prefix_reuse"]["on"].get<bool>());
   EXPECT_GT(info["prefix_reuse"]["reused_prompt_tokens"].get<int>(), 0);
