@@ -1,6 +1,7 @@
 #include "gateway/placement_board.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "admission/wait_estimate.h"
 #include "gateway/readiness.h"
@@ -365,7 +366,12 @@ void PlacementBoard::RecordThroughput(const std::string& service, size_t index, 
   std::lock_guard<std::mutex> lk(mu_);
   auto& st = *placements_.at(service).at(index);
   auto ewma = [](double old, double sample) { return old == 0 ? sample : 0.7 * old + 0.3 * sample; };
-  if (pms > 0 && pt > 0) st.prompt_tps = ewma(st.prompt_tps, pt / (pms / 1000.0));
+  if (pms > 0 && pt > 0) {
+    const double keep = std::pow(0.7, pt / 512.0);
+    st.prompt_tokens_seen = keep * st.prompt_tokens_seen + pt;
+    st.prompt_ms_seen = keep * st.prompt_ms_seen + pms;
+    st.prompt_tps = st.prompt_tokens_seen / (st.prompt_ms_seen / 1000.0);
+  }
   if (gms > 0 && gt > 1) st.gen_tps = ewma(st.gen_tps, (gt - 1) / (gms / 1000.0));
 }
 

@@ -58,6 +58,13 @@ class PlacementBoard {
     failover::Breaker breaker;
     // Measured throughput (tokens/s, EWMA; 0 = not measured yet).
     double prompt_tps = 0, gen_tps = 0;
+    // The prompt's pace, weighted by tokens: sums of the computed prompt
+    // tokens and their milliseconds, the older decayed by the tokens that
+    // came since (to 0.7 every 512; prompt_tps is their ratio). A sample of a
+    // few tokens (a chat's next turn, a prompt found whole in the worker's
+    // cache), whose time is mostly a decode step's fixed cost, moves it by
+    // what it weighs, not as much as a prefill of thousands.
+    double prompt_tokens_seen = 0, prompt_ms_seen = 0;
     // Attempts holding this placement now, and when the last one ended
     // (an idle on-demand replica is released after idle_unload_s).
     int active = 0;

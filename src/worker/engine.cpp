@@ -99,6 +99,10 @@ llama_context_params ContextParams(const Model& model, const EngineOptions& opts
   // from the batch's shape, each rounding differently: off for batch-invariant
   // decoding.
   if (!cp.kv_unified) cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  // A sliding-window model keeps every cell of its window's cache, not just
+  // the window (llama.cpp's default, stated): a kept prompt prefix
+  // (prefix_reuse) holds cells a pruned window would have dropped.
+  cp.swa_full = true;
   cp.no_perf = true;
   const ggml_type kv = opts_.kv_type == "q8_0" ? GGML_TYPE_Q8_0 : opts_.kv_type == "f32" ? GGML_TYPE_F32 : GGML_TYPE_F16;
   cp.type_k = cp.type_v = kv;
@@ -521,6 +525,7 @@ void Engine::AssignPending() {
         if (s.job) continue;
         if (!oldest || s.last_used < oldest->last_used) oldest = &s;
         const size_t common = reuse ? CommonPrefix(s.cached, pending_.front()->prompt) : 0;
+        s.reused = common;  // (a free slot's: taken below by the one chosen)
         if (common > 0 && 2 * common > s.cached.size() && common > best) {
           to = &s;
           best = common;
@@ -545,13 +550,12 @@ void Engine::AssignPending() {
     // All of the prompt found: its last token is computed again, for the
     // logits the first sample reads.
     const auto& prompt = s.job->prompt;
-    size_t keep = ReusesPrefixes() ? std::min(CommonPrefix(s.cached, prompt), prompt.empty() ? 0 : prompt.size() - 1) : 0;
+    size_t keep = std::min(s.reused, prompt.empty() ? 0 : prompt.size() - 1);  // (its match, found as it was chosen)
     llama_memory_t mem = llama_get_memory(ctx_);
     if (keep > 0 && !llama_memory_seq_rm(mem, s.id, static_cast<llama_pos>(keep), -1)) keep = 0;
     if (keep == 0) llama_memory_seq_rm(mem, s.id, -1, -1);
     s.cached.clear();
     s.reused = keep;
-    reused_tokens_ += keep;
     s.n_prompt_done = keep;
     s.n_past = static_cast<int>(keep);
     s.next_token = -1;
@@ -823,6 +827,7 @@ void Engine::FinishSlot(Slot& s, Status status, const std::string& finish_reason
   }
   const auto now = Clock::now();
   JobResult r;
+  if (status.ok()) reused_tokens_ += s.reused;  // (a job that failed or was cancelled may not have run)
   if (status.ok()) {
     // The rest of the text, and the ids of tokens that made none (so every id goes out once).
     std::string rest = s.out->TakeRest();

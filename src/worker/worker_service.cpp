@@ -479,7 +479,7 @@ void WorkerService::HandleGeneration(const http::Request& req, std::shared_ptr<h
     head.set("X-Request-Id", id);
     if (dropped >= 0) head.set(std::string(protocol::kDroppedMessagesHeader), std::to_string(dropped));
     ex->StartStream(std::move(head));
-    const api::Usage usage{r.prompt_tokens, r.completion_tokens};
+    const api::Usage usage{r.prompt_tokens, r.completion_tokens, r.cached_tokens};  // (nothing computed: 0 cached)
     ex->Write(reply->Finish(r.finish_reason, finish_meta(r), gen.include_usage ? &usage : nullptr));
     ex->Write(api::kSseDone);
     ex->End();

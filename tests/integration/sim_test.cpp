@@ -206,6 +206,32 @@ TEST_F(SimTest, AFullKvCacheFailsOneRequestWithPhaseKvAndTheNextSucceeds) {
   EXPECT_FALSE(info["faults"]["armed"]["kv_full"].get<bool>());
 }
 
+// A decode that fails empties the cache: the prefixes the slots kept are
+// forgotten with it (prefix reuse), and the same prompt is then computed
+// whole and answers as before. Kept, they would place the next prompt after
+// cells that are gone.
+TEST_F(SimTest, AFailedDecodeForgetsTheCachedPromptPrefixes) {
+  MakeDevice(0, 256);
+  WorkerProcess w(ModelPath("tiny-chat"), SimArgs("sim:0", 99));
+  ASSERT_TRUE(w.running()) << w.Stderr();
+  const std::string prompt = "The sim device holds the cache of a conversation that goes on for a while";
+  auto cached = [](const http::ClientResponse& r) {
+    return Body(r)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+  };
+  const auto first = Complete(w, 8, prompt);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const auto again = Complete(w, 8, prompt);
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(Text(again), Text(first));
+  EXPECT_EQ(cached(again), Body(again)["usage"]["prompt_tokens"].get<int>() - 1);
+  ASSERT_EQ(Call(w, "POST", "/v1/worker/faults", {{"faults", json::array({"kv-full"})}}).status, 200);
+  EXPECT_EQ(Complete(w, 8, prompt + " and on").status, 503);
+  const auto after = Complete(w, 8, prompt);
+  ASSERT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(Text(after), Text(first));
+  EXPECT_EQ(cached(after), 0);
+}
+
 TEST_F(SimTest, ComputeAbortKillsTheProcessLikeACudaPoolFailure) {
   MakeDevice(0, 256);
   WorkerProcess w(ModelPath("tiny-chat"), SimArgs("sim:0", 99, 512, {"--fault", "compute-abort"}));

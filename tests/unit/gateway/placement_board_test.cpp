@@ -275,6 +275,23 @@ TEST_F(PlacementBoardTest, TheLinesWaitEstimateGrowsWithTheRequestsAhead) {
   EXPECT_NEAR(*board_->LineWaitS("chat", 0, 1, All), 0.4, 0.01) << "time passed counts";
 }
 
+// The prompt's pace is weighed by tokens: a chat's next turns, a few tokens
+// each (the rest found in the worker's cache) and mostly a decode step's
+// fixed cost, do not drag the pace a prefill of thousands measured down to
+// theirs (which, divided into a long prompt, refused requests past their
+// deadlines). Prompts that are all short are measured as they run.
+TEST_F(PlacementBoardTest, ThePromptsPaceIsWeighedByItsTokens) {
+  auto pace = [&](size_t index) { return board_->PlacementJson("chat", index, 1)["throughput"]["prompt_tokens_per_s"].get<double>(); };
+  board_->RecordThroughput("chat", 0, 1000, 2000, 100, 11);  // 2000 tokens/s
+  EXPECT_NEAR(pace(0), 2000, 1);
+  for (int i = 0; i < 10; ++i) board_->RecordThroughput("chat", 0, 5, 1, 100, 11);  // 1 token in 5 ms each
+  EXPECT_GT(pace(0), 1800);
+  for (int i = 0; i < 10; ++i) board_->RecordThroughput("chat", 1, 5, 1, 100, 11);
+  EXPECT_NEAR(pace(1), 200, 1);
+  board_->RecordThroughput("chat", 1, 1000, 2000, 100, 11);  // a long prefill outweighs them at once
+  EXPECT_GT(pace(1), 1500);
+}
+
 // A line whose requests need more cells than a free slot has left waits
 // for the cells: it heard "0 s" from that slot for as long as it waited.
 TEST_F(PlacementBoardTest, TheLinesWaitIsForTheCellsItsRequestsNeedNotASlotAlone) {
