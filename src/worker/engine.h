@@ -15,9 +15,10 @@
 // is the prompt's beginning), else to the least recently used one; only
 // the rest of the prompt is computed (a chat's next turn resends the whole
 // conversation). A prompt found whole keeps all but its
-// last token, whose logits the first sample needs. Exact, not approximate:
-// decoding is batch-invariant, so a cell computed with another request's
-// chunking holds what a fresh prefill would write there. A job's
+// last token, whose logits the first sample needs. Exact on the CPU:
+// decoding is batch-invariant there, so a cell computed with another
+// request's chunking holds what a fresh prefill would write (a GPU's kernels
+// may round with the batch's size, as they do with neighbours). A job's
 // `cached_tokens` says how many of its prompt tokens were taken so.
 //
 // Ownership: Submit() takes the job on success and then calls its on_done
