@@ -230,6 +230,7 @@ json Gateway::StatusJson() const {
                 w["slots"] = {{"total", info->slots->total}, {"busy", info->slots->busy}, {"queued", info->slots->queued}};
               }
               w["fingerprint"] = info->fingerprint_id.empty() ? json(nullptr) : json(info->fingerprint_id);
+              if (!info->prefix_reuse.is_null()) w["prefix_reuse"] = info->prefix_reuse;
             }
           }
         }

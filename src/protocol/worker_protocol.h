@@ -158,6 +158,9 @@ struct WorkerInfo {
     int total = 0, busy = 0, queued = 0;
   };
   std::optional<Slots> slots;
+  // Prompt prefixes kept in its slots' caches: {"on", "reused_prompt_tokens"}
+  // as the worker says it (null from a worker that does not).
+  nlohmann::json prefix_reuse;
   static std::optional<WorkerInfo> FromJson(const nlohmann::json& j);
 };
 // Whether a buffer of the worker's memory breakdown (its info's

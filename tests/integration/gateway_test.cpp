@@ -78,6 +78,11 @@ TEST_F(GatewayTest, ServesEveryRouteWithRequestIds) {
   EXPECT_EQ(rec["placement"], "cpu");
   EXPECT_EQ(rec["result"]["body"]["choices"][0]["message"]["content"], Body(chat)["choices"][0]["message"]["content"]);
 
+  // The same chat again: its prompt is found in the worker's cache, and the usage says so (passed on as the worker wrote it).
+  auto again = Call(p, "POST", "/v1/chat/completions", Chat(8));
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(Body(again)["usage"]["prompt_tokens_details"]["cached_tokens"], Body(again)["usage"]["prompt_tokens"].get<int>() - 1);
+
   auto stream = Call(p, "POST", "/v1/chat/completions", Chat(8, true));
   ASSERT_EQ(stream.status, 200);
   EXPECT_EQ(http::ParseSseData(stream.body).back(), "[DONE]");
@@ -98,10 +103,13 @@ TEST_F(GatewayTest, ServesEveryRouteWithRequestIds) {
   json status;
   for (int i = 0; i < 200; ++i) {
     status = Body(Call(p, "GET", "/v1/status"));
-    if (!status["services"][0]["placements"][0]["memory"].is_null()) break;
+    const json& w = status["services"][0]["placements"][0];
+    if (!w["memory"].is_null() && w.contains("prefix_reuse") && w["prefix_reuse"]["reused_prompt_tokens"].get<int>() > 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_EQ(status["services"][0]["placements"][0]["state"], "ready");
+  EXPECT_TRUE(status["services"][0]["placements"][0]["prefix_reuse"]["on"].get<bool>());
+  EXPECT_GT(status["services"][0]["placements"][0]["prefix_reuse"]["reused_prompt_tokens"].get<int>(), 0);
   EXPECT_FALSE(status["services"][0]["placements"][0]["memory"].is_null());
   EXPECT_LT(status["services"][0]["placements"][0]["info_age_ms"].get<int64_t>(), 5000);
   EXPECT_EQ(status["journal"]["synchronous"], "full");
