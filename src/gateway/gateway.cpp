@@ -140,9 +140,10 @@ void Gateway::Start(boost::asio::any_io_executor io, std::vector<journal::Reques
     }
     // Nothing answers a client: the result waits in the journal.
     Spawn([](Gateway* g, journal::RequestRecord r, std::shared_ptr<Live> l) -> boost::asio::awaitable<void> {
-      co_await g->Run(r, nullptr, l);
+      const std::string id = r.id;
+      co_await g->Run(std::move(r), nullptr, l);
       std::lock_guard<std::mutex> lk(g->mu_);
-      g->live_.erase(r.id);
+      g->live_.erase(id);
     }(this, std::move(rec), live));
   }
 }
@@ -641,12 +642,14 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
         Status::Conflict("request id '" + in->rec.id + "' is in use by a request still running").WithRetryAfter(1), v,
         in->rec.id));
   }
+  // The record Run takes: this one's own, or the journal's after its Accept.
+  journal::RequestRecord* record = &in->rec;
   StatusOr<journal::AcceptResult> accepted = Status::Internal("not accepted yet");  // (both branches set it)
   if (unjournaled) {
     // A journal that refuses new requests refuses this one before it runs.
     if (Status st = journal_.Refusal(); !st.ok()) co_return in->ex->Respond(ErrorResponse(st, v, live->id));
     in->rec.created_ms = in->rec.updated_ms = clock_.NowMs();
-    accepted = journal::AcceptResult{journal::AcceptOutcome::kNew, std::move(in->rec)};  // (its last use)
+    accepted = journal::AcceptResult{journal::AcceptOutcome::kNew, {}};  // (the record stays in `in`, not moved twice)
   } else {
     // Awaited, not run on the blocking pool: a keyed request holds no
     // thread while its transaction waits for the disk.
@@ -658,6 +661,7 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
       });
     });
     accepted = std::move(*result);
+    if (accepted.ok()) record = &accepted->existing;
   }
   if (!accepted.ok()) co_return in->ex->Respond(ErrorResponse(accepted.status(), v, live->id));
   const auto& old = accepted->existing;
@@ -714,10 +718,10 @@ boost::asio::awaitable<void> Gateway::Process(std::shared_ptr<Incoming> in) {
   in->ex->OnDisconnect([this, weak] {
     if (auto l = weak.lock()) Cancel(l);
   });
-  co_await Run(std::move(accepted->existing), in->ex, live, unjournaled);
+  co_await Run(std::move(*record), in->ex, live, unjournaled);  // (`in` and `accepted` outlive it: this frame awaits it)
 }
 
-boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
+boost::asio::awaitable<void> Gateway::Run(journal::RequestRecord&& rec, std::shared_ptr<http::Exchange> ex,
                                           std::shared_ptr<Live> live, bool unjournaled) {
   // Interactive work while this frame lives, whatever ends it (OutsideWindow).
   struct Running {

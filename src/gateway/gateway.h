@@ -373,8 +373,9 @@ class Gateway {
   nlohmann::json OllamaRunning() const;
   boost::asio::awaitable<void> Process(std::shared_ptr<Incoming> in);
   // `unjournaled`: the request is not in the journal yet (see Process); Run
-  // writes its Accept.
-  boost::asio::awaitable<void> Run(journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
+  // writes its Accept. `rec` is taken (moved into the request's lifecycle),
+  // not copied: it must outlive the call, as a caller that awaits it keeps it.
+  boost::asio::awaitable<void> Run(journal::RequestRecord&& rec, std::shared_ptr<http::Exchange> ex,
                                    std::shared_ptr<Live> live, bool unjournaled = false);
   // Starts a coroutine on `where` (a client connection's strand, so that a
   // request's answer needs no hop to another thread), else on a strand of

@@ -14,7 +14,7 @@ using nlohmann::json;
 using Kind = failover::AttemptOutcome::Kind;
 using failover::Action;
 
-RequestLifecycle::RequestLifecycle(Gateway& g, journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
+RequestLifecycle::RequestLifecycle(Gateway& g, journal::RequestRecord&& rec, std::shared_ptr<http::Exchange> ex,
                                    std::shared_ptr<Gateway::Live> live, bool unjournaled,
                                    boost::asio::any_io_executor strand)
     : g_(g),

@@ -55,7 +55,7 @@ class RequestLifecycle {
  public:
   // `unjournaled`: its Accept is not written yet (see Gateway::Process); the
   // lifecycle writes it with its first attempt, or before it first waits.
-  RequestLifecycle(Gateway& g, journal::RequestRecord rec, std::shared_ptr<http::Exchange> ex,
+  RequestLifecycle(Gateway& g, journal::RequestRecord&& rec, std::shared_ptr<http::Exchange> ex,
                    std::shared_ptr<Gateway::Live> live, bool unjournaled, boost::asio::any_io_executor strand);
   ~RequestLifecycle();
   RequestLifecycle(const RequestLifecycle&) = delete;
