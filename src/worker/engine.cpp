@@ -539,12 +539,13 @@ void Engine::AssignPending() {
     }
   }
   // The rest without the lock (only this thread uses a slot's sampler and
-  // text): a grammar's parse and compile, or ignore_eos's scan of the
-  // vocabulary, held off health checks, cancels and submits meanwhile.
+  // text): a grammar's parse and compile held off health checks, cancels
+  // and submits meanwhile.
   std::vector<Slot*> no_sampler;
   for (Slot* slot : assigned) {
     Slot& s = *slot;
-    s.smpl = BuildSamplerChain(s.job->sampling, model_.vocab(), s.job->ignore_eos);
+    s.smpl = BuildSamplerChain(s.job->sampling, model_.vocab(),
+                               s.job->ignore_eos ? &model_.end_of_generation_tokens() : nullptr);
     s.out = std::make_unique<OutputText>(s.job->stop);
     // What the cache holds of the prompt stays; the rest of the cache goes.
     // All of the prompt found: its last token is computed again, for the

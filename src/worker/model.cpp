@@ -267,9 +267,11 @@ Status Model::ComputeFingerprint() {
   fingerprint_.quantization = std::string(desc) + " (file_type " + fingerprint_.quantization + ")";
   fingerprint_.sampler_defaults = SamplingJson(sampler_defaults_, false);
   json eog = json::array();
+  eog_tokens_.clear();
   for (int i = 0; i < n; ++i) {
-    if (llama_vocab_is_eog(vocab_, i)) eog.push_back(i);
+    if (llama_vocab_is_eog(vocab_, i)) eog_tokens_.push_back(i);
   }
+  for (int32_t t : eog_tokens_) eog.push_back(t);
   fingerprint_.stop_rules = {{"eog_tokens", eog}, {"stop_strings_from_request", true}};
   json all = fingerprint_.ToJson();
   all.erase("id");

@@ -99,6 +99,10 @@ class Model {
   // format's preserved tokens, logprobs), otherwise as nothing.
   std::string TokenPiece(int32_t token, bool special = false) const;
   bool IsEndOfGeneration(int32_t token) const;
+  // Every end-of-generation token, found once at load (a scan of the whole
+  // vocabulary, which ran on the decode thread for each request that bans
+  // them, ignore_eos, before).
+  const std::vector<int32_t>& end_of_generation_tokens() const { return eog_tokens_; }
 
   const Fingerprint& fingerprint() const { return fingerprint_; }
   const SamplerSettings& sampler_defaults() const { return sampler_defaults_; }
@@ -117,6 +121,7 @@ class Model {
   SamplerSettings sampler_defaults_;
   Fingerprint fingerprint_;
   std::unique_ptr<ChatTemplates> chat_;
+  std::vector<int32_t> eog_tokens_;
 };
 
 }  // namespace spillway::worker

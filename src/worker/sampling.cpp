@@ -53,7 +53,7 @@ llama_sampler* GrammarSampler(const GrammarSpec& g, const llama_vocab* vocab) {
 
 }  // namespace
 
-llama_sampler* BuildSamplerChain(const SamplerSettings& s, const llama_vocab* vocab, bool ban_end_of_generation) {
+llama_sampler* BuildSamplerChain(const SamplerSettings& s, const llama_vocab* vocab, const std::vector<int32_t>* banned) {
   auto params = llama_sampler_chain_default_params();
   params.no_perf = true;
   llama_sampler* chain = llama_sampler_chain_init(params);
@@ -62,9 +62,9 @@ llama_sampler* BuildSamplerChain(const SamplerSettings& s, const llama_vocab* vo
   for (const auto& b : s.logit_bias) {
     if (b.token >= 0 && b.token < n_vocab) bias.push_back({b.token, b.bias});  // checked before; never trusted
   }
-  if (ban_end_of_generation) {
-    for (int32_t t = 0; t < n_vocab; ++t) {
-      if (llama_vocab_is_eog(vocab, t)) bias.push_back({t, -INFINITY});
+  if (banned) {
+    for (int32_t t : *banned) {
+      if (t >= 0 && t < n_vocab) bias.push_back({t, -INFINITY});
     }
   }
   if (!bias.empty()) {

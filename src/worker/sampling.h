@@ -55,14 +55,15 @@ SamplerSettings ResolveSampling(const api::SamplingRequest& req, const SamplerSe
 // Order (as llama-server's default): penalties, top_k, top_p, min_p, temperature, dist;
 // temperature 0: penalties, greedy. First of all, one logit-bias sampler (as
 // llama-server merges them) adds the request's logit_bias and, with
-// `ban_end_of_generation` (benchmarks' ignore_eos), -inf on every
-// end-of-generation token.
+// `banned` (null: none): tokens at -inf, every end-of-generation token for
+// ignore_eos (benchmarks'), the model's list found once at load.
 // A grammar comes before all of them: every sampler sees only tokens it
 // allows, and as a member of the chain it advances with every accepted token,
 // so a continuation that samples the delivered tokens again replays it too.
 // The caller owns the chain (llama_sampler_free); null when the grammar does
 // not parse (CheckGrammar tells why first).
-llama_sampler* BuildSamplerChain(const SamplerSettings& s, const llama_vocab* vocab, bool ban_end_of_generation);
+llama_sampler* BuildSamplerChain(const SamplerSettings& s, const llama_vocab* vocab,
+                                 const std::vector<int32_t>* banned = nullptr);
 
 // Whether llama.cpp accepts `grammar` (and its prefill) for `vocab`
 // (kInvalidArgument if not: e.g. a schema the converter turned into a grammar

@@ -58,7 +58,7 @@ std::vector<Tokens> Generate(const Model& model, const std::vector<Tokens>& prom
   }
   std::vector<llama_sampler*> samplers;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    samplers.push_back(worker::BuildSamplerChain(settings(i), model.vocab(), /*ban_end_of_generation=*/true));
+    samplers.push_back(worker::BuildSamplerChain(settings(i), model.vocab(), &model.end_of_generation_tokens()));
   }
   std::vector<Tokens> out(prompts.size());
   std::vector<int32_t> logit_row(prompts.size(), -1);
