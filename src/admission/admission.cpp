@@ -250,14 +250,17 @@ Decision Decide(const RequestNeed& asked, const std::vector<PlacementView>& ps, 
     const PlacementView& p = ps[d.placement];
     if (p.prompt_tps > 0 && p.gen_tps > 0) {
       const uint32_t tokens = MaxTokensAt(d.max_tokens, p);
+      // (What its worker holds of the prompt in the slot's cache is not computed again.)
+      const uint32_t computed =
+          d.placement == r.cached_at ? r.prompt_tokens - std::min(r.prompt_tokens, r.cached_tokens) : r.prompt_tokens;
       // (Bounded before any conversion: a pace measured near zero made it past any integer.)
-      const double need_s = std::min(r.prompt_tokens / p.prompt_tps + tokens / p.gen_tps, 1e9);
+      const double need_s = std::min(computed / p.prompt_tps + tokens / p.gen_tps, 1e9);
       if (need_s > r.deadline_left_s) {
         // Sent again as it is, it needs as long: Retry-After is a short look
         // again (the pace may change), not its run time (minutes for a slow CPU).
         return Reject(503, static_cast<int>(std::clamp(std::ceil(need_s - r.deadline_left_s), 1.0, 30.0)),
                       p.name + " would need about " + N(static_cast<uint64_t>(std::ceil(need_s * 1000))) + " ms for " +
-                          N(r.prompt_tokens) + " prompt + " + N(tokens) +
+                          N(computed) + " prompt + " + N(tokens) +
                           " tokens, beyond the request's deadline (" +
                           N(static_cast<uint64_t>(r.deadline_left_s * 1000)) + " ms left)");
       }

@@ -65,6 +65,11 @@ struct RequestNeed {
   // runner stops where the context ends): lowered to the room beside the
   // prompt in the pool it goes to, never refused for it (FitToContext).
   bool fit_context = false;
+  // Of prompt_tokens, those the worker of placement `cached_at` holds in the
+  // cache of the slot a run there would take (its count said so: prefix
+  // reuse): a run there computes only the rest. Elsewhere, all of them.
+  uint32_t cached_tokens = 0;
+  size_t cached_at = SIZE_MAX;
 };
 
 // A fit_context request's max_tokens, lowered to the room beside its prompt

@@ -222,6 +222,11 @@ struct Gateway::Live {
   int dropped_messages = 0;
   std::string counted_model;
   uint32_t counted_cells = 0;  // the context it was cut for (fit_cells; 0: not cut)
+  // Of prompt_tokens, those the counting worker (of placement counted_at)
+  // said a run there now would find in its cache (prefix reuse): a run
+  // there computes only the rest.
+  int cached_tokens = 0;
+  size_t counted_at = SIZE_MAX;
   bool recount_refused = false;  // counted again once, and that count stood no better (RecountCells)
   // A stream cut after its first token goes on only with the model that
   // began it (ServiceConfig::ModelOf; empty: any). Admission holds back the

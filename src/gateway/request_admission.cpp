@@ -501,6 +501,8 @@ boost::asio::awaitable<bool> RequestAdmission::CountPrompt(const std::string& en
       if (auto reply = protocol::TokenizeReply::FromJson(json::parse(r->body, nullptr, false)); r->status == 200 && reply) {
         *prompt_tokens = reply->prompt_tokens;
         live_.dropped_messages = reply->dropped_messages;
+        live_.cached_tokens = reply->cached_tokens;
+        live_.counted_at = k;
         live_.counted_model = svc_.ModelOf(k);
         live_.counted_cells = truncating ? fit_cells : 0;
         co_return true;
@@ -630,6 +632,8 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       // whole of max_tokens, it "never fit", and heard "about 1 s" each time).
       admission::RequestNeed need{static_cast<uint32_t>(prompt_tokens), max_tokens, svc_.admission.allow_shrink};
       need.fit_context = fit_context;
+      need.cached_tokens = static_cast<uint32_t>(std::max(0, live_.cached_tokens));
+      need.cached_at = live_.counted_at;
       const uint64_t wait_need =
           uint64_t{need.prompt_tokens} + (fit_context ? std::min(max_tokens, need.min_tokens) : max_tokens);
       line_need_ = std::max<uint64_t>(1, wait_need);  // (for its wait in line, WaitBehind)

@@ -277,9 +277,9 @@ std::optional<TokenizeReply> TokenizeReply::FromJson(const json& j) {
     *out = it->get<int64_t>();
     return *out >= 0 && *out <= INT32_MAX;
   };
-  int64_t prompt = 0, ctx = 0, max_tokens = 0, dropped = 0;
+  int64_t prompt = 0, ctx = 0, max_tokens = 0, dropped = 0, cached = 0;
   if (!whole("prompt_tokens", &prompt) || !whole("ctx", &ctx) || !whole("default_max_tokens", &max_tokens) ||
-      !whole("dropped_messages", &dropped)) {
+      !whole("dropped_messages", &dropped) || !whole("cached_tokens", &cached)) {
     return std::nullopt;
   }
   TokenizeReply r;
@@ -287,12 +287,14 @@ std::optional<TokenizeReply> TokenizeReply::FromJson(const json& j) {
   r.ctx = static_cast<int>(ctx);
   r.default_max_tokens = static_cast<int>(max_tokens);
   r.dropped_messages = static_cast<int>(dropped);
+  r.cached_tokens = static_cast<int>(std::min(cached, prompt));
   return r;
 }
 
 json TokenizeReply::ToJson() const {
   json j = {{"prompt_tokens", prompt_tokens}, {"ctx", ctx}, {"default_max_tokens", default_max_tokens}};
   if (dropped_messages > 0) j["dropped_messages"] = dropped_messages;
+  if (cached_tokens > 0) j["cached_tokens"] = cached_tokens;
   return j;
 }
 

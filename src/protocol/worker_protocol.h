@@ -131,6 +131,9 @@ struct TokenizeReply {
   int ctx = 0;
   int default_max_tokens = 0;
   int dropped_messages = 0;  // a chat with "truncate": its oldest messages left out to fit (what prompt_tokens counts)
+  // Of prompt_tokens, those a run sent now would find in the cache of the
+  // slot it would take (prefix reuse; an estimate: another may take it first).
+  int cached_tokens = 0;
   static std::optional<TokenizeReply> FromJson(const nlohmann::json& j);
   nlohmann::json ToJson() const;
 };

@@ -49,10 +49,12 @@ struct Engine::Slot {
   std::vector<api::TokenLogprob> logprobs;  // of generated[], when the job asked for them
   Clock::time_point t_submit, t_start, t_prompt_done;
   // What the slot's cache holds, positions 0.. (prefix_reuse), from its last
-  // job, and when it was used last (use_count_); `reused`: how many of the
-  // running job's prompt tokens came from it.
+  // job, when it was used last (use_count_), and whether it is free: under
+  // mu_ (CachedPrefixFor reads them from other threads). `reused`: how many
+  // of the running job's prompt tokens came from the cache (engine thread).
   std::vector<int32_t> cached;
   uint64_t last_used = 0;
+  bool idle = true;
   size_t reused = 0;
 };
 
@@ -66,6 +68,39 @@ size_t CommonPrefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b
 }
 
 }  // namespace
+
+// The free slot a job with `prompt` goes to: the one whose cache it
+// continues (more than half of what the slot holds is the prompt's
+// beginning: the same conversation), the longest such; else the one used
+// least recently, so that a beginning shared by chance (a system prompt, a
+// template's first tokens) does not take another conversation's cache
+// (llama-server's rule, its slot_prompt_similarity of 0.5). `common`: how
+// much of the prompt its cache holds. Under mu_.
+template <typename Slots>
+auto* ChooseSlot(Slots& slots, const std::vector<int32_t>& prompt, bool reuse, size_t* common) {
+  decltype(&slots[0]) to = nullptr;
+  decltype(&slots[0]) oldest = nullptr;
+  size_t best = 0;
+  for (auto& s : slots) {
+    if (!s.idle) continue;
+    if (!oldest || s.last_used < oldest->last_used) oldest = &s;
+    const size_t c = reuse ? CommonPrefix(s.cached, prompt) : 0;
+    if (c > 0 && 2 * c > s.cached.size() && c > best) {
+      to = &s;
+      best = c;
+    }
+  }
+  if (!to) to = oldest;
+  *common = to && reuse ? CommonPrefix(to->cached, prompt) : 0;
+  return to;
+}
+
+int32_t Engine::CachedPrefixFor(const std::vector<int32_t>& prompt) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  size_t common = 0;
+  if (!ReusesPrefixes() || !ChooseSlot(slots_, prompt, true, &common)) return 0;
+  return static_cast<int32_t>(std::min(common, prompt.empty() ? size_t{0} : prompt.size() - 1));
+}
 
 Engine::Engine(const Model& model, EngineOptions opts) : model_(model), opts_(opts) {
   slots_.resize(static_cast<size_t>(opts_.slots));
@@ -512,27 +547,12 @@ void Engine::AssignPending() {
     std::lock_guard<std::mutex> lk(mu_);
     const bool reuse = ReusesPrefixes();
     while (!pending_.empty()) {
-      // The free slot whose cache the prompt continues (more than half of
-      // what it holds is the prompt's beginning: the same conversation),
-      // the longest such; else the one used least recently, so that a
-      // beginning shared by chance (a system prompt, a template's first
-      // tokens) does not take another conversation's cache (llama-server's
-      // rule, its slot_prompt_similarity of 0.5).
-      Slot* to = nullptr;
-      Slot* oldest = nullptr;
-      size_t best = 0;
-      for (auto& s : slots_) {
-        if (s.job) continue;
-        if (!oldest || s.last_used < oldest->last_used) oldest = &s;
-        const size_t common = reuse ? CommonPrefix(s.cached, pending_.front()->prompt) : 0;
-        s.reused = common;  // (a free slot's: taken below by the one chosen)
-        if (common > 0 && 2 * common > s.cached.size() && common > best) {
-          to = &s;
-          best = common;
-        }
-      }
-      if (!to) to = oldest;
+      size_t common = 0;
+      Slot* to = ChooseSlot(slots_, pending_.front()->prompt, reuse, &common);
       if (!to) break;
+      to->reused = common;  // (kept below as far as the prompt allows)
+      to->idle = false;
+      to->cached.clear();  // (what it held stays in the cache as far as `reused`: dropped below past that)
       to->job = std::move(pending_.front());
       pending_.pop_front();
       assigned.push_back(to);
@@ -555,7 +575,6 @@ void Engine::AssignPending() {
     llama_memory_t mem = llama_get_memory(ctx_);
     if (keep > 0 && !llama_memory_seq_rm(mem, s.id, static_cast<llama_pos>(keep), -1)) keep = 0;
     if (keep == 0) llama_memory_seq_rm(mem, s.id, -1, -1);
-    s.cached.clear();
     s.reused = keep;
     s.n_prompt_done = keep;
     s.n_past = static_cast<int>(keep);
@@ -811,17 +830,21 @@ void Engine::FinishSlot(Slot& s, Status status, const std::string& finish_reason
   // The cache keeps what the job left (its prompt, then the tokens fed back
   // after it, n_past in all) for the slot's next job; without reuse it is
   // emptied.
-  s.cached.clear();
+  std::vector<int32_t> kept;
   const size_t held = static_cast<size_t>(std::max(0, s.n_past));
   if (ctx_ && ReusesPrefixes() && held <= job->prompt.size() + s.generated.size()) {
     const size_t from_prompt = std::min(held, job->prompt.size());
-    s.cached.assign(job->prompt.begin(), job->prompt.begin() + static_cast<std::ptrdiff_t>(from_prompt));
-    s.cached.insert(s.cached.end(), s.generated.begin(),
-                    s.generated.begin() + static_cast<std::ptrdiff_t>(held - from_prompt));
+    kept.assign(job->prompt.begin(), job->prompt.begin() + static_cast<std::ptrdiff_t>(from_prompt));
+    kept.insert(kept.end(), s.generated.begin(), s.generated.begin() + static_cast<std::ptrdiff_t>(held - from_prompt));
   } else if (ctx_) {
     llama_memory_seq_rm(llama_get_memory(ctx_), s.id, -1, -1);
   }
-  s.last_used = ++use_count_;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    s.cached = std::move(kept);
+    s.last_used = ++use_count_;
+    s.idle = true;
+  }
   if (s.smpl) {
     llama_sampler_free(s.smpl);
     s.smpl = nullptr;
@@ -881,6 +904,7 @@ bool Engine::ReusesPrefixes() const {
 }
 
 void Engine::ForgetCachedPrefixes() {
+  std::lock_guard<std::mutex> lk(mu_);
   for (auto& s : slots_) s.cached.clear();
 }
 

@@ -215,6 +215,10 @@ class Engine {
   // Whether a job starts from what its slot's cache holds (prefix_reuse, and
   // the cache and model allow it).
   bool ReusesPrefixes() const;
+  // How many of `prompt`'s tokens a job submitted now would find in the
+  // cache of the slot it would take (an estimate: another job may take that
+  // slot first). Any thread.
+  int32_t CachedPrefixFor(const std::vector<int32_t>& prompt) const;
 
  private:
   struct Slot;
@@ -271,7 +275,7 @@ class Engine {
   uint64_t completed_ = 0, failed_ = 0, cancelled_ = 0, rebuilt_ = 0;
   uint64_t contexts_created_ = 0;
   std::atomic<uint64_t> reused_tokens_{0};  // EngineStats::reused_prompt_tokens
-  uint64_t use_count_ = 0;  // slots' last use, in order (engine thread)
+  uint64_t use_count_ = 0;  // slots' last use, in order (under mu_)
   double last_context_ms_ = 0;
   std::chrono::steady_clock::time_point idle_since_ = std::chrono::steady_clock::now();
   std::thread thread_;

@@ -193,7 +193,7 @@ void WorkerService::Route(const http::Request& req, std::shared_ptr<http::Exchan
     if (!prompt.ok()) return respond_error(prompt.status());
     const protocol::TokenizeReply reply{static_cast<int>(prompt->tokens.size()), static_cast<int>(engine_.options().ctx),
                                         static_cast<int>(opts_.default_max_tokens),
-                                        std::max(0, prompt->dropped_messages)};
+                                        std::max(0, prompt->dropped_messages), engine_.CachedPrefixFor(prompt->tokens)};
     return ex->Respond(JsonResponse(200, reply.ToJson(), v));
   }
   if (path == protocol::kApplyTemplatePath && method == bhttp::verb::post) {

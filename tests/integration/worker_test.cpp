@@ -616,6 +616,16 @@ TEST_F(WorkerTest, AChatsNextTurnReusesItsCachedBeginningAndAnswersAsAFreshPrefi
   const json resumed = ask(*chat_, other);
   same(resumed, diverged_whole, "the conversation after another prompt");
   EXPECT_EQ(cached(resumed), resumed["usage"]["prompt_tokens"].get<int>() - 1);
+  // What the gateway's count hears: how much a run sent now would find cached
+  // (the conversation's slot), and nothing much for a prompt of its own.
+  auto count = [&](const json& messages) {
+    const json c = Body(Post(*chat_, std::string(protocol::kTokenizePath) + "?endpoint=chat", {{"messages", messages}}));
+    return std::make_pair(c.value("cached_tokens", 0), c["prompt_tokens"].get<int>());
+  };
+  const auto [held, counted] = count(other);
+  EXPECT_EQ(held, counted - 1);
+  const auto [held_new, counted_new] = count(json::array({{{"role", "user"}, {"content", "A question of its own."}}}));
+  EXPECT_LT(held_new, counted_new / 2);
   const json info = Body(Get(*chat_, "/v1/worker/info"));
   EXPECT_TRUE(info["prefix_reuse"]["on"].get<bool>());
   EXPECT_GT(info["prefix_reuse"]["reused_prompt_tokens"].get<int>(), 0);

@@ -291,6 +291,28 @@ TEST(AdmissionTest, ARequestThatCannotFinishBeforeItsDeadlineIsRefusedAtOnce) {
   EXPECT_EQ(Decide(need, {gpu}, {}).kind, Kind::kAdmit);
 }
 
+// A chat's next turn: what the worker that counted its prompt holds of it in
+// a slot's cache (prefix reuse) is not computed again there, so its run is
+// judged by the rest. Only there: another placement computes it whole.
+TEST(AdmissionTest, ACachedPromptBeginningCountsOnlyWhereItIsCached) {
+  PlacementView gpu = Gpu(8192, 8192);
+  gpu.prompt_tps = 1000;
+  gpu.gen_tps = 50;
+  RequestNeed need{5000, 50};  // 5 s of prompt + 1 s of generation
+  need.deadline_left_s = 3;
+  EXPECT_EQ(Decide(need, {gpu}, {}).kind, Kind::kReject);
+  need.cached_tokens = 4800;  // 0.2 s of prompt left
+  need.cached_at = 0;
+  EXPECT_EQ(Decide(need, {gpu}, {}).kind, Kind::kAdmit);
+  need.cached_at = 1;  // cached by another placement's worker
+  const auto d = Decide(need, {gpu}, {});
+  EXPECT_EQ(d.kind, Kind::kReject);
+  EXPECT_NE(d.reason.find("for 5000 prompt"), std::string::npos) << d.reason;
+  need.cached_at = 0;
+  need.cached_tokens = 90000;  // (more than the prompt: all of it, no wrap-around)
+  EXPECT_EQ(Decide(need, {gpu}, {}).kind, Kind::kAdmit);
+}
+
 TEST(AdmissionTest, RoomGoesToEarlierRequestsFirstExceptOnALineOfItsOwn) {
   RequestNeed need{100, 200};
   need.ahead_in_line = 2;

@@ -327,6 +327,12 @@ TEST(WorkerProtocolTest, TokenizeReply) {
   EXPECT_FALSE(TokenizeReply::FromJson(json{{"prompt_tokens", 12}, {"ctx", "4096"}}));
   EXPECT_FALSE(TokenizeReply::FromJson(json{{"prompt_tokens", 12}, {"default_max_tokens", 1e12}}));
   EXPECT_FALSE(TokenizeReply::FromJson(json{{"prompt_tokens", -1}}));
+  // What a run now would find cached (prefix reuse): never more than the prompt; none from an older worker.
+  const TokenizeReply cached{900, 4096, 256, 0, 880};
+  EXPECT_EQ(TokenizeReply::FromJson(cached.ToJson())->cached_tokens, 880);
+  EXPECT_EQ(TokenizeReply::FromJson(json{{"prompt_tokens", 12}})->cached_tokens, 0);
+  EXPECT_EQ(TokenizeReply::FromJson(json{{"prompt_tokens", 12}, {"cached_tokens", 50}})->cached_tokens, 12);
+  EXPECT_FALSE(TokenizeReply::FromJson(json{{"prompt_tokens", 12}, {"cached_tokens", "5"}}));
 }
 
 }  // namespace
