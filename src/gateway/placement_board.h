@@ -69,7 +69,9 @@ class PlacementBoard {
     // (an idle on-demand replica is released after idle_unload_s).
     int active = 0;
     int64_t last_used_ms = 0;
-    // What runs on its pool now (by request id), for the wait estimate.
+    // What runs on its pool now (by request id), for the wait estimate
+    // (prompt_tokens: those its run computes, what its worker's cache holds
+    // of them left out).
     struct Running {
       uint32_t cells = 0, prompt_tokens = 0, max_tokens = 0;
       int64_t since_ms = 0;
@@ -125,6 +127,7 @@ class PlacementBoard {
   // whether the placement's worker is still the one the request will be
   // sent to; false when it was released since (nothing is taken).
   // `generation`: set to the worker process's (Placement::generation) when taken.
+  // `prompt_tokens`: those its run will compute (for the wait estimates).
   bool Reserve(const std::string& service, size_t index, const std::string& id, uint32_t cells,
                uint32_t prompt_tokens, uint32_t max_tokens, const std::function<bool()>& up = {},
                uint64_t* generation = nullptr);
