@@ -251,8 +251,7 @@ Decision Decide(const RequestNeed& asked, const std::vector<PlacementView>& ps, 
     if (p.prompt_tps > 0 && p.gen_tps > 0) {
       const uint32_t tokens = MaxTokensAt(d.max_tokens, p);
       // (What its worker holds of the prompt in the slot's cache is not computed again.)
-      const uint32_t computed =
-          d.placement == r.cached_at ? r.prompt_tokens - std::min(r.prompt_tokens, r.cached_tokens) : r.prompt_tokens;
+      const uint32_t computed = r.ComputedPromptTokens(d.placement);
       // (Bounded before any conversion: a pace measured near zero made it past any integer.)
       const double need_s = std::min(computed / p.prompt_tps + tokens / p.gen_tps, 1e9);
       if (need_s > r.deadline_left_s) {

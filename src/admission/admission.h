@@ -21,6 +21,7 @@
 // Pure: a function of its inputs.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -70,6 +71,10 @@ struct RequestNeed {
   // reuse): a run there computes only the rest. Elsewhere, all of them.
   uint32_t cached_tokens = 0;
   size_t cached_at = SIZE_MAX;
+  // The prompt tokens a run at `placement` computes.
+  uint32_t ComputedPromptTokens(size_t placement) const {
+    return placement == cached_at ? prompt_tokens - std::min(prompt_tokens, cached_tokens) : prompt_tokens;
+  }
 };
 
 // A fit_context request's max_tokens, lowered to the room beside its prompt

@@ -743,10 +743,9 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
         uint64_t generation = 0;
         // (The prompt tokens its run computes, for the waits estimated
         // behind it: not what its worker's cache holds of them, there.)
-        const int cached = d.placement == live_.counted_at ? std::min(live_.cached_tokens, prompt_tokens) : 0;
-        if (port && g_.board_.Reserve(svc_.name, d.placement, rec_.id, cells,
-                                      static_cast<uint32_t>(std::max(0, prompt_tokens - cached)), d.max_tokens,
-                                      [&] { return g_.supervisor_.ReadyPort(st.key) == port; }, &generation)) {
+        if (port && g_.board_.Reserve(svc_.name, d.placement, rec_.id, cells, need.ComputedPromptTokens(d.placement),
+                                      d.max_tokens, [&] { return g_.supervisor_.ReadyPort(st.key) == port; },
+                                      &generation)) {
           // (What the count found cached was this attempt's: a later attempt
           // of the request, after a failure, counts its prompt whole again.)
           live_.cached_tokens = 0;

@@ -74,32 +74,39 @@ size_t CommonPrefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b
 // beginning: the same conversation), the longest such; else the one used
 // least recently, so that a beginning shared by chance (a system prompt, a
 // template's first tokens) does not take another conversation's cache
-// (llama-server's rule, its slot_prompt_similarity of 0.5). `common`: how
-// much of the prompt its cache holds. Under mu_.
+// (llama-server's rule, its slot_prompt_similarity of 0.5). `keep`: how
+// much of the prompt its cache holds, all of it but the last token at most
+// (whose logits the first sample reads). Under mu_.
 template <typename Slots>
-auto* ChooseSlot(Slots& slots, const std::vector<int32_t>& prompt, bool reuse, size_t* common) {
+auto* ChooseSlot(Slots& slots, const std::vector<int32_t>& prompt, bool reuse, size_t* keep) {
   decltype(&slots[0]) to = nullptr;
   decltype(&slots[0]) oldest = nullptr;
-  size_t best = 0;
+  size_t best = 0, oldest_common = 0;
   for (auto& s : slots) {
     if (!s.idle) continue;
-    if (!oldest || s.last_used < oldest->last_used) oldest = &s;
     const size_t c = reuse ? CommonPrefix(s.cached, prompt) : 0;
+    if (!oldest || s.last_used < oldest->last_used) {
+      oldest = &s;
+      oldest_common = c;
+    }
     if (c > 0 && 2 * c > s.cached.size() && c > best) {
       to = &s;
       best = c;
     }
   }
-  if (!to) to = oldest;
-  *common = to && reuse ? CommonPrefix(to->cached, prompt) : 0;
+  if (!to) {
+    to = oldest;
+    best = oldest_common;
+  }
+  *keep = std::min(best, prompt.empty() ? size_t{0} : prompt.size() - 1);
   return to;
 }
 
 int32_t Engine::CachedPrefixFor(const std::vector<int32_t>& prompt) const {
   std::lock_guard<std::mutex> lk(mu_);
-  size_t common = 0;
-  if (!ReusesPrefixes() || !ChooseSlot(slots_, prompt, true, &common)) return 0;
-  return static_cast<int32_t>(std::min(common, prompt.empty() ? size_t{0} : prompt.size() - 1));
+  size_t keep = 0;
+  if (!ReusesPrefixes() || !ChooseSlot(slots_, prompt, true, &keep)) return 0;
+  return static_cast<int32_t>(keep);
 }
 
 Engine::Engine(const Model& model, EngineOptions opts) : model_(model), opts_(opts) {
@@ -547,10 +554,10 @@ void Engine::AssignPending() {
     std::lock_guard<std::mutex> lk(mu_);
     const bool reuse = ReusesPrefixes();
     while (!pending_.empty()) {
-      size_t common = 0;
-      Slot* to = ChooseSlot(slots_, pending_.front()->prompt, reuse, &common);
+      size_t keep = 0;
+      Slot* to = ChooseSlot(slots_, pending_.front()->prompt, reuse, &keep);
       if (!to) break;
-      to->reused = common;  // (kept below as far as the prompt allows)
+      to->reused = keep;  // (what its cache holds of the prompt: kept below)
       to->idle = false;
       to->cached.clear();  // (what it held stays in the cache as far as `reused`: dropped below past that)
       to->job = std::move(pending_.front());
@@ -567,11 +574,9 @@ void Engine::AssignPending() {
     s.smpl = BuildSamplerChain(s.job->sampling, model_.vocab(),
                                s.job->ignore_eos ? &model_.end_of_generation_tokens() : nullptr);
     s.out = std::make_unique<OutputText>(s.job->stop);
-    // What the cache holds of the prompt stays; the rest of the cache goes.
-    // All of the prompt found: its last token is computed again, for the
-    // logits the first sample reads.
-    const auto& prompt = s.job->prompt;
-    size_t keep = std::min(s.reused, prompt.empty() ? 0 : prompt.size() - 1);  // (its match, found as it was chosen)
+    // What the cache holds of the prompt stays (found as the slot was
+    // chosen); the rest of the cache goes.
+    size_t keep = s.reused;
     llama_memory_t mem = llama_get_memory(ctx_);
     if (keep > 0 && !llama_memory_seq_rm(mem, s.id, static_cast<llama_pos>(keep), -1)) keep = 0;
     if (keep == 0) llama_memory_seq_rm(mem, s.id, -1, -1);
