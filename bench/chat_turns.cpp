@@ -11,6 +11,13 @@
 // prompts. Non-streamed, max_tokens generated tokens (ignore_eos). Prints, per
 // turn, the p50 of each server's time for the whole answer and the prompt
 // tokens it computed, and the conversation's time against llama-server's.
+//
+// --count-first: each turn to a worker is counted first, as the gateway counts
+// a chat for admission when its service has more than one placement (POST
+// /v1/worker/tokenize with the same body, then the run), its time the pair's;
+// the second worker then keeps no renderings (--rendered-prompts 0: the count
+// and the run each render and tokenize the conversation) in place of
+// --no-prefix-reuse. llama-server, which counts nothing, is asked as before.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -98,14 +105,19 @@ int main(int argc, char** argv) {
   app.add_option("--max-tokens", max_tokens)->check(CLI::Range(1, 512))->capture_default_str();
   app.add_option("--reply-words", reply_words, "words of each assistant reply appended")->capture_default_str();
   app.add_option("--ctx", ctx)->capture_default_str();
+  bool count_first = false;
+  app.add_flag("--count-first", count_first,
+               "count each worker turn first (its tokenize call, as a gateway with several placements does); the "
+               "second worker keeps no renderings instead of reusing no prefixes");
   CLI11_PARSE(app, argc, argv);
+  const std::string other = count_first ? "without kept renderings" : "without reuse";
 
   const fs::path dir = fs::temp_directory_path() / ("spillway-bench-turns-" + std::to_string(getpid()));
   fs::create_directories(dir);
   spillway::bench::WorkerSecret();  // the workers take it from the environment
   std::vector<Server> servers(3);
   servers[0].label = "spillway-worker";
-  servers[1].label = "  --no-prefix-reuse";
+  servers[1].label = count_first ? "  --rendered-prompts 0" : "  --no-prefix-reuse";
   servers[2].label = "llama-server";
   const std::string t = std::to_string(threads), c = std::to_string(ctx);
   for (int i = 0; i < 2; ++i) {
@@ -114,7 +126,8 @@ int main(int argc, char** argv) {
     const std::string port_file = (dir / ("port" + std::to_string(i))).string();
     std::vector<std::string> args = {worker, "--model", model, "--listen", "127.0.0.1:0", "--port-file", port_file,
                                      "--threads", t, "--slots", "1", "--ctx", c};
-    if (i == 1) args.push_back("--no-prefix-reuse");
+    if (i == 1 && count_first) args.insert(args.end(), {"--rendered-prompts", "0"});
+    if (i == 1 && !count_first) args.push_back("--no-prefix-reuse");
     s.pid = Spawn(args, (dir / ("worker" + std::to_string(i) + ".log")).string());
     s.port = s.pid > 0 ? WaitReady(s, port_file, 0) : 0;
   }
@@ -155,6 +168,10 @@ int main(int argc, char** argv) {
   auto ask = [&](Server& s, const json& messages, double* ms, double* compute_ms) -> double {
     const json body = {{"messages", messages}, {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}};
     const auto t0 = std::chrono::steady_clock::now();
+    if (s.worker && count_first) {
+      auto c = s.conn->Send("POST", "/v1/worker/tokenize?endpoint=chat", body.dump(), spillway::bench::WorkerAuth());
+      if (!c.ok() || c->status != 200) return -1;
+    }
     auto r = s.conn->Send("POST", "/v1/chat/completions", body.dump(),
                           s.worker ? spillway::bench::WorkerAuth() : spillway::http::HeaderList{});
     *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -200,8 +217,9 @@ int main(int argc, char** argv) {
   }
   fs::remove_all(dir);
   std::printf("model %s, %d threads, ctx %d, one slot; %d conversations of %d turns, %d-word replies appended, "
-              "%d tokens generated a turn\n",
-              model.c_str(), threads, ctx, rounds, turns, reply_words, max_tokens);
+              "%d tokens generated a turn%s\n",
+              model.c_str(), threads, ctx, rounds, turns, reply_words, max_tokens,
+              count_first ? "; each worker turn counted first (tokenize, then the run), as a gateway does" : "");
   std::printf("%-5s", "turn");
   for (const auto& s : servers) std::printf(" | %28s", s.label.c_str());
   std::printf("\n%-5s", "");
@@ -221,14 +239,15 @@ int main(int argc, char** argv) {
     std::printf("\n");
   }
   std::printf("of it computing (the servers' own prompt and generation times, p50s summed): spillway-worker %.0f ms, "
-              "without reuse %.0f ms, llama-server %.0f ms; the rest (the request's handling: template, tokens, "
+              "%s %.0f ms, llama-server %.0f ms; the rest (the request's handling: template, tokens, "
               "HTTP) %.0f, %.0f and %.0f ms\n",
-              compute[0], compute[1], compute[2], total[0] - compute[0], total[1] - compute[1], total[2] - compute[2]);
-  std::printf("conversation (p50s summed): spillway-worker %.0f ms, without reuse %.0f ms, llama-server %.0f ms\n",
-              total[0], total[1], total[2]);
+              compute[0], other.c_str(), compute[1], compute[2], total[0] - compute[0], total[1] - compute[1],
+              total[2] - compute[2]);
+  std::printf("conversation (p50s summed): spillway-worker %.0f ms, %s %.0f ms, llama-server %.0f ms\n", total[0],
+              other.c_str(), total[1], total[2]);
   std::printf("spillway-worker / llama-server: %.2fx the whole conversation, %.2fx its turns after the first; "
-              "without prefix reuse %.2fx and %.2fx\n",
-              total[0] / total[2], later[0] / later[2], total[1] / total[2], later[1] / later[2]);
+              "%s %.2fx and %.2fx\n",
+              total[0] / total[2], later[0] / later[2], other.c_str(), total[1] / total[2], later[1] / later[2]);
   std::printf("goal: spillway-worker's conversation within 1.10x llama-server's: %s\n",
               total[0] <= 1.10 * total[2] ? "met" : "MISSED");
   std::printf("computed: the prompt tokens each server computed (its own count: spillway.timings' prompt_tokens less "

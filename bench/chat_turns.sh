@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A chat's turns (the whole conversation resent each turn): spillway-worker, with and without prompt
-# prefix reuse, against llama-server built from the same llama.cpp source (same model, threads, context).
+# prefix reuse, against llama-server built from the same llama.cpp source (same model, threads, context);
+# then again with each worker turn counted first (tokenize, then the run, as a gateway with several
+# placements does), with and without the worker's kept renderings.
 #   bench/chat_turns.sh [BUILD_DIR] [MODEL]      MODEL: a GGUF (default: the build's tiny-chat test model)
 #   TURNS=8 ROUNDS=5 MAX_TOKENS=16 REPLY_WORDS=120 THREADS=$(nproc)
 set -euo pipefail
@@ -11,3 +13,7 @@ MODEL=${2:-$BUILD/models/tiny-chat.gguf}
 "$BUILD/bench/chat_turns" --model "$MODEL" --worker "$BUILD/bin/spillway-worker" --llama-server "$LLAMA_SERVER" \
   --threads "${THREADS:-$(nproc)}" --turns "${TURNS:-8}" --rounds "${ROUNDS:-5}" --max-tokens "${MAX_TOKENS:-16}" \
   --reply-words "${REPLY_WORDS:-120}"
+echo
+"$BUILD/bench/chat_turns" --model "$MODEL" --worker "$BUILD/bin/spillway-worker" --llama-server "$LLAMA_SERVER" \
+  --threads "${THREADS:-$(nproc)}" --turns "${TURNS:-8}" --rounds "${ROUNDS:-5}" --max-tokens "${MAX_TOKENS:-16}" \
+  --reply-words "${REPLY_WORDS:-120}" --count-first

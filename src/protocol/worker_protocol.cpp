@@ -336,6 +336,7 @@ std::optional<WorkerInfo> WorkerInfo::FromJson(const json& j) {
     if (auto t = count("total"), b = count("busy"), q = count("queued"); t && b && q) w.slots = Slots{*t, *b, *q};
   }
   if (object("prefix_reuse")) w.prefix_reuse = j["prefix_reuse"];
+  if (object("rendered_prompts")) w.rendered_prompts = j["rendered_prompts"];
   return w;
 }
 

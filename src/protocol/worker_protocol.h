@@ -164,6 +164,10 @@ struct WorkerInfo {
   // Prompt prefixes kept in its slots' caches: {"on", "reused_prompt_tokens"}
   // as the worker says it (null from a worker that does not).
   nlohmann::json prefix_reuse;
+  // Chat renderings kept for the run after a count: {"kept", "bytes", "hits",
+  // "misses"} (null from a worker of a build without them; zeros with
+  // --rendered-prompts 0).
+  nlohmann::json rendered_prompts;
   static std::optional<WorkerInfo> FromJson(const nlohmann::json& j);
 };
 // Whether a buffer of the worker's memory breakdown (its info's

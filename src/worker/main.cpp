@@ -118,6 +118,12 @@ int main(int argc, char** argv) {
                "compute every prompt whole (default: a new request starts from what its slot's cache holds of its "
                "prompt, a chat's earlier turns; exact, since decoding is batch-invariant; never with --kv-unified "
                "or a recurrent or hybrid model)");
+  size_t rendered_prompts = 8;
+  app.add_option("--rendered-prompts", rendered_prompts,
+                 "chat renderings (the template's prompt and its tokens) and completions' tokens kept for 30 s, so "
+                 "that the gateway's count of a prompt and its run, or a retry of it, render and tokenize it once "
+                 "(0: none kept)")
+      ->check(CLI::Range(0, 1024))->capture_default_str();
   bool lazy_context = false;
   app.add_flag("--lazy-context", lazy_context,
                "create the context (KV cache, compute buffers) on the first request instead of at start "
@@ -262,6 +268,7 @@ int main(int argc, char** argv) {
   service_opts.progress_timeout_s = progress_timeout_s;
   service_opts.json_limits.max_depth = json_max_depth;
   service_opts.secret = secret;
+  service_opts.rendered_prompts = rendered_prompts;
   worker::WorkerService service(**model, engine, placement, service_opts, &faults);
   boost::asio::io_context ioc;
   http::ServerOptions so;

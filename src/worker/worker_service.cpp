@@ -26,6 +26,11 @@ namespace bhttp = boost::beast::http;
 
 namespace {
 
+// What the kept renderings may hold, and for how long (rendered_prompts.h):
+// the count and its run are milliseconds apart, a retry seconds.
+constexpr size_t kRenderedPromptBytes = 32 << 20;
+constexpr int64_t kRenderedPromptMs = 30'000;
+
 http::Response JsonResponse(unsigned status, const json& body, unsigned version) {
   return http::MakeResponse(status, body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json",
                             version);
@@ -73,7 +78,8 @@ WorkerService::WorkerService(const Model& model, Engine& engine, Placement place
       opts_(opts),
       faults_(faults),
       started_(std::chrono::system_clock::now()),
-      rng_(std::random_device{}()) {}
+      rng_(std::random_device{}()),
+      rendered_(clock_, opts_.rendered_prompts, kRenderedPromptBytes, kRenderedPromptMs) {}
 
 std::string WorkerService::RequestId(const http::Request& req) {
   auto it = req.find("x-request-id");
@@ -241,11 +247,17 @@ StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text
     auto tools = body->find("tools");
     const json& tool_list = tools == body->end() ? none : *tools;
     const json& messages = body->at("messages");
-    auto render = [&](const json& m) -> StatusOr<std::pair<ChatPlan, std::vector<int32_t>>> {
+    // A rendering kept from the gateway's count of this chat, or an earlier
+    // try of it; kept for the next (`keep`: not a tail that "truncate" tried
+    // and may not take, which would only push out others' renderings).
+    auto render = [&](const json& m, bool keep = true) -> StatusOr<std::pair<ChatPlan, std::vector<int32_t>>> {
+      const std::string key = rendered_.enabled() ? RenderedPrompts::KeyOf(*body, m) : std::string();
+      if (auto kept = rendered_.Find(key)) return std::make_pair(kept->plan, kept->tokens);
       auto plan = model_.chat()->Render(m, tool_list, *r);
       if (!plan.ok()) return plan.status();
       auto tokens = model_.Tokenize(plan->prompt, /*add_special=*/true);
       if (!tokens.ok()) return tokens.status();
+      if (keep) rendered_.Put(key, *plan, *tokens);
       return std::make_pair(std::move(*plan), std::move(*tokens));
     };
     // As many left out as the worker that counted the prompt left (the
@@ -288,7 +300,7 @@ StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text
         Status refused;  // the last candidate's refusal by the template
         std::optional<std::pair<ChatPlan, std::vector<int32_t>>> best;  // (the last that fit is the one kept)
         auto kept = KeepLatestThatFit(messages, [&](const json& candidate) {
-          auto c = render(candidate);
+          auto c = render(candidate, /*keep=*/false);
           if (!c.ok()) {
             refused = c.status();
             return false;
@@ -313,6 +325,9 @@ StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text
         if (kept) {
           rendered = std::move(*best);
           p.dropped_messages = kept->dropped;
+          if (rendered_.enabled()) {  // (the tail taken: what the run, pinned to it, renders)
+            rendered_.Put(RenderedPrompts::KeyOf(*body, kept->messages), rendered->first, rendered->second);
+          }
         }
       }
     }
@@ -340,8 +355,21 @@ StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text
     p.tokens = std::move(*known_tokens);
     return p;
   }
-  auto tokens = given_tokens.empty() ? model_.Tokenize(p.text, /*add_special=*/true) : model_.CheckTokens(given_tokens);
+  if (!given_tokens.empty()) {
+    auto checked = model_.CheckTokens(given_tokens);
+    if (!checked.ok()) return checked.status();
+    p.tokens = std::move(*checked);
+    return p;
+  }
+  // A completion's text, tokenized for its count and its run once too.
+  const std::string key = rendered_.enabled() ? RenderedPrompts::KeyOfText(p.text) : std::string();
+  if (auto kept = rendered_.Find(key)) {
+    p.tokens = kept->tokens;
+    return p;
+  }
+  auto tokens = model_.Tokenize(p.text, /*add_special=*/true);
   if (!tokens.ok()) return tokens.status();
+  rendered_.Put(key, ChatPlan{}, *tokens);
   p.tokens = std::move(*tokens);
   return p;
 }
@@ -545,6 +573,7 @@ void WorkerService::HandleEmbeddings(const http::Request& req, std::shared_ptr<h
 
 json WorkerService::Info() const {
   const auto st = engine_.stats();
+  const auto rendered = rendered_.stats();
   json buffers = json::array();
   for (const auto& b : engine_.memory_breakdown()) {
     buffers.push_back({{"name", b.name}, {"host", b.host}, {"model", b.model}, {"context", b.context},
@@ -572,6 +601,8 @@ json WorkerService::Info() const {
           {"requests", {{"received", requests_.load()}, {"completed", st.completed}, {"failed", st.failed},
                         {"cancelled", st.cancelled}}},
           {"prefix_reuse", {{"on", engine_.ReusesPrefixes()}, {"reused_prompt_tokens", st.reused_prompt_tokens}}},
+          {"rendered_prompts", {{"kept", rendered.entries}, {"bytes", rendered.bytes}, {"hits", rendered.hits},
+                                {"misses", rendered.misses}}},
           {"health", {{"ok", st.healthy}, {"device_lost", st.device_lost}, {"stalled_ms", st.stalled_ms},
                       {"longest_step_ms", st.longest_step_ms},
                       {"contexts_rebuilt", st.contexts_rebuilt},

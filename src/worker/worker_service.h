@@ -42,6 +42,7 @@
 #include "worker/faults.h"
 #include "worker/model.h"
 #include "worker/chat_template.h"
+#include "worker/rendered_prompts.h"
 
 namespace spillway::worker {
 
@@ -52,6 +53,9 @@ struct ServiceOptions {
   // Every request must carry "Authorization: Bearer <secret>". Empty (--no-auth):
   // anyone local may call, but internal fields and fault routes are refused.
   std::string secret;
+  // Chat renderings kept for a moment (rendered_prompts.h): the gateway's
+  // count of a chat and the run that follows render it once. 0: none kept.
+  size_t rendered_prompts = 8;
 };
 
 class WorkerService {
@@ -110,6 +114,8 @@ class WorkerService {
   std::mutex rng_mu_;
   std::mt19937_64 rng_;
   std::atomic<uint64_t> requests_{0};
+  SystemClock clock_;
+  mutable RenderedPrompts rendered_;
   ThreadPool prep_{2, "worker's request-preparation", "sw-prep"};
   std::atomic<std::chrono::steady_clock::rep> last_caller_{std::chrono::steady_clock::now().time_since_epoch().count()};
 };

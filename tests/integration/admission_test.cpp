@@ -76,6 +76,23 @@ TEST_F(AdmissionTest, LongPromptBeyondTheGpuPoolGoesToTheCpuPoolBeforeAnyAllocat
   ASSERT_EQ(small.status, 200) << small.body;
   EXPECT_EQ(small.Header("x-spillway-placement"), "sim:0/99");
   EXPECT_EQ(small.Header("x-spillway-decision"), "admit");
+  // Counted before it is sent (there are two placements to choose from), a
+  // chat is rendered and tokenized once: its run takes its count's
+  // rendering, though the gateway set the run's max_tokens and
+  // spillway_fit_context (none asked). A member the gateway added to the
+  // run alone (not one a template never reads) would make every run miss.
+  const json chat = {{"model", "chat"}, {"messages", json::array({{{"role", "user"}, {"content", "Hello there."}}})}};
+  auto chatted = http::Fetch("127.0.0.1", p, "POST", "/v1/chat/completions", chat.dump(), {}, std::chrono::seconds(60));
+  ASSERT_TRUE(chatted.ok() && chatted->status == 200) << (chatted.ok() ? chatted->body : chatted.status().ToString());
+  EXPECT_EQ(chatted->Header("x-spillway-placement"), "sim:0/99");
+  json rendered;
+  for (int i = 0; i < 300; ++i) {  // (the supervisor fetches the worker's info every second)
+    rendered = Body(*http::Fetch("127.0.0.1", p, "GET", "/v1/status"))["services"][0]["placements"][0]["rendered_prompts"];
+    if (rendered.is_object() && rendered["hits"].get<int>() > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(rendered["hits"], 1) << rendered.dump();
+  EXPECT_EQ(rendered["misses"], 1) << rendered.dump();
   // 800 prompt tokens + 50 can never fit the sim placement's 512 cells; the CPU pool holds 4096.
   auto big = Post(p, {{"model", "chat"}, {"prompt", Tokens(800)}, {"max_tokens", 50}, {"temperature", 0}});
   ASSERT_EQ(big.status, 200) << big.body;
@@ -96,7 +113,7 @@ TEST_F(AdmissionTest, LongPromptBeyondTheGpuPoolGoesToTheCpuPoolBeforeAnyAllocat
   // Invariant 1: each of them ended in exactly one terminal state, the rejected one too.
   const JournalCheck j = CheckJournal(gw.state_dir());
   EXPECT_TRUE(j.problems.empty()) << ::testing::PrintToString(j.problems);
-  EXPECT_EQ(j.state.size(), 3u);
+  EXPECT_EQ(j.state.size(), 4u);
   for (const auto& [id, state] : j.state) EXPECT_TRUE(state == "completed" || state == "failed") << id << " " << state;
 }
 

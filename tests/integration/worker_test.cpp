@@ -633,6 +633,131 @@ TEST_F(WorkerTest, AChatsNextTurnReusesItsCachedBeginningAndAnswersAsAFreshPrefi
   WaitIdle(*chat_);
 }
 
+// A chat the gateway counts first (its tokenize call) and then runs is
+// rendered and tokenized once: the run finds the count's rendering. Whatever
+// is found must be what a worker that renders every time gives: the count,
+// the answer and its log probabilities, for bodies that differ from a kept
+// one only where a template never reads (max_tokens, the seed, the gateway's
+// own members) and for bodies that render otherwise (tools, tool_choice,
+// response_format, a tail that "truncate" keeps).
+TEST_F(WorkerTest, AChatCountedThenRunIsRenderedOnceAndAnswersAsRenderedAnew) {
+  WorkerProcess fresh(ModelPath("tiny-chat"),
+                      {"--slots", "4", "--ctx", "8192", "--threads", "2", "--rendered-prompts", "0"});
+  ASSERT_TRUE(fresh.running()) << fresh.Stderr();
+  auto rendered = [](const WorkerProcess& w) { return Body(Get(w, "/v1/worker/info"))["rendered_prompts"]; };
+  const json before = rendered(*chat_);
+  json messages = json::array({{{"role", "system"}, {"content", "You keep a lighthouse."}}});
+  for (int i = 0; i < 6; ++i) {
+    messages.push_back({{"role", "user"}, {"content", "Question " + std::to_string(i) + " about the storm?"}});
+    messages.push_back({{"role", "assistant"}, {"content", "Answer " + std::to_string(i) + ": the sea is rough."}});
+  }
+  messages.push_back({{"role", "user"}, {"content", "And tonight?"}});
+  const json tools = json::array({{{"type", "function"},
+                                   {"function", {{"name", "get_weather"},
+                                                 {"parameters", {{"type", "object"},
+                                                                 {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
+  // Each body: counted, then run as the gateway sends it (max_tokens set, its own members added).
+  // (fit_cells: a "truncate" counted for a placement of that context, whose
+  // tail the run is pinned to, as the gateway pins it.)
+  // (shown: the run's body's rendering, prompt and tokens, by the worker's /apply-template.)
+  auto count_and_run = [&](const WorkerProcess& w, json body, int* counted, json* shown, int fit_cells = 0) {
+    auto c = Post(w, std::string(protocol::kTokenizePath) + "?endpoint=chat" +
+                         (fit_cells ? "&fit_cells=" + std::to_string(fit_cells) : ""), body);
+    EXPECT_EQ(c.status, 200) << c.body;
+    *counted = Body(c)["prompt_tokens"].get<int>();
+    if (fit_cells) {
+      EXPECT_GT(Body(c).value("dropped_messages", 0), 0) << c.body;
+      body["spillway_drop_messages"] = Body(c).value("dropped_messages", 0);
+    }
+    body["max_tokens"] = 12;
+    body["spillway_fit_context"] = true;
+    auto r = Post(w, "/v1/chat/completions", body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    auto a = Post(w, std::string(protocol::kApplyTemplatePath), body);
+    EXPECT_EQ(a.status, 200) << a.body;
+    *shown = Body(a);
+    return Body(r);
+  };
+  const json base = {{"messages", messages}, {"temperature", 0.9}, {"seed", 5}, {"logprobs", true}, {"top_logprobs", 2}};
+  json with_tools = base;
+  with_tools["tools"] = tools;
+  json no_tool = with_tools;
+  no_tool["tool_choice"] = "none";
+  json as_json = base;
+  as_json["response_format"] = {{"type", "json_object"}};
+  json long_answer = base;  // (ignore_eos is not for a JSON answer, which ends where the JSON does)
+  long_answer["ignore_eos"] = true;
+  json reseeded = base;
+  reseeded["seed"] = 6;
+  json asked_max = base;
+  asked_max["max_tokens"] = 40;
+  json truncated = base;
+  truncated["truncate"] = true;
+  int base_tokens = 0;
+  for (const auto& [what, body] : std::vector<std::pair<std::string, json>>{{"the conversation", base},
+                                                                          {"with tools", with_tools},
+                                                                          {"tool_choice none", no_tool},
+                                                                          {"response_format", as_json},
+                                                                          {"ignore_eos", long_answer},
+                                                                          {"another seed", reseeded},
+                                                                          {"its own max_tokens", asked_max},
+                                                                          {"the conversation again", base},
+                                                                          {"a kept tail", truncated}}) {
+    int kept_count = 0, fresh_count = 0;
+    json kept_shown, fresh_shown;
+    const int fit = what == "a kept tail" ? 160 : 0;
+    const json kept = count_and_run(*chat_, body, &kept_count, &kept_shown, fit),
+               anew = count_and_run(fresh, body, &fresh_count, &fresh_shown, fit);
+    EXPECT_EQ(kept_count, fresh_count) << what;
+    EXPECT_EQ(kept_shown, fresh_shown) << what;
+    EXPECT_EQ(kept["usage"]["prompt_tokens"], anew["usage"]["prompt_tokens"]) << what;
+    EXPECT_EQ(kept["usage"]["prompt_tokens"].get<int>(), kept_count) << what;
+    EXPECT_EQ(kept["choices"][0]["message"], anew["choices"][0]["message"]) << what;
+    EXPECT_EQ(kept["choices"][0]["logprobs"], anew["choices"][0]["logprobs"]) << what;
+    if (what == "the conversation") base_tokens = kept_count;
+    if (what == "with tools") {
+      EXPECT_GT(kept_count, base_tokens) << "the tools are in the prompt";
+    }
+    if (what == "a kept tail") {
+      EXPECT_LT(kept_count, base_tokens) << "the oldest messages left out";
+    }
+  }
+  // Each body's run (and its /apply-template) found its count's rendering
+  // (the kept tail's too); the reseeded, the max_tokens and the repeated one
+  // found the first's at their count too. (The truncated body's count
+  // rendered the whole conversation and tails: misses of its own.)
+  const json after = rendered(*chat_);
+  EXPECT_EQ(after["hits"].get<int>() - before["hits"].get<int>(), 21) << after.dump();
+  EXPECT_GT(after["misses"].get<int>() - before["misses"].get<int>(), 5) << after.dump();
+  EXPECT_GE(after["kept"].get<int>(), 1);
+  // A completion's text is tokenized once for its count and its run too
+  // (and another text is another key).
+  json completion = {{"temperature", 0.9}, {"seed", 3}, {"logprobs", 2}};
+  auto count_and_complete = [&](const WorkerProcess& w, int* counted) {
+    auto c = Post(w, std::string(protocol::kTokenizePath) + "?endpoint=completion", completion);
+    EXPECT_EQ(c.status, 200) << c.body;
+    *counted = Body(c)["prompt_tokens"].get<int>();
+    json run = completion;
+    run["max_tokens"] = 12;
+    auto r = Post(w, "/v1/completions", run);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return Body(r);
+  };
+  for (const char* text : {"The storm came in from the west, and the keeper", "Fog, then a bell across the water"}) {
+    completion["prompt"] = text;
+    int kept_count = 0, fresh_count = 0;
+    const json kept = count_and_complete(*chat_, &kept_count), anew = count_and_complete(fresh, &fresh_count);
+    EXPECT_EQ(kept_count, fresh_count) << text;
+    EXPECT_EQ(kept["usage"]["prompt_tokens"], anew["usage"]["prompt_tokens"]) << text;
+    EXPECT_EQ(kept["choices"][0]["text"], anew["choices"][0]["text"]) << text;
+    EXPECT_EQ(kept["choices"][0]["logprobs"], anew["choices"][0]["logprobs"]) << text;
+  }
+  EXPECT_EQ(rendered(*chat_)["hits"].get<int>() - after["hits"].get<int>(), 2);
+  EXPECT_EQ(rendered(fresh)["hits"], 0);
+  EXPECT_EQ(rendered(fresh)["kept"], 0);
+  WaitIdle(*chat_);
+}
+
 // The check above can fail: with one KV pool shared by the slots (cells of
 // concurrent requests interleaved) and flash attention, tokens do depend on
 // the neighbours.
