@@ -86,8 +86,7 @@ void RenderedPrompts::Put(const std::string& key, const ChatPlan& plan, const st
   const size_t bytes = BytesOf(key, plan, tokens);
   if (bytes > max_bytes_ / 4) return;
   // (Copied, and the key too, before the lock: others' Find need not wait for that.)
-  auto value = std::make_shared<const RenderedPrompt>(RenderedPrompt{plan, tokens});
-  Entry fresh{key, value, 0, 0, bytes};
+  Entry fresh{key, std::make_shared<const RenderedPrompt>(RenderedPrompt{plan, tokens}), 0, 0, bytes};
   std::vector<Entry> gone;  // (freed after the lock)
   std::lock_guard lk(mu_);
   const int64_t now = clock_.NowMs();
@@ -95,7 +94,7 @@ void RenderedPrompts::Put(const std::string& key, const ChatPlan& plan, const st
   for (auto& e : entries_) {
     if (e.key == key) {  // (rendered twice at once: the later one stays)
       bytes_ = bytes_ - e.bytes + bytes;
-      std::swap(e.value, value);  // (the earlier one freed after the lock)
+      std::swap(e.value, fresh.value);  // (the earlier one freed after the lock)
       e.stored_ms = now;
       e.used = ++uses_;
       e.bytes = bytes;

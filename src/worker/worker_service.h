@@ -53,8 +53,9 @@ struct ServiceOptions {
   // Every request must carry "Authorization: Bearer <secret>". Empty (--no-auth):
   // anyone local may call, but internal fields and fault routes are refused.
   std::string secret;
-  // Chat renderings kept for a moment (rendered_prompts.h): the gateway's
-  // count of a chat and the run that follows render it once. 0: none kept.
+  // Chat renderings and completions' tokens kept for a moment
+  // (rendered_prompts.h): the gateway's count of a prompt and the run that
+  // follows render and tokenize it once. 0: none kept.
   size_t rendered_prompts = 8;
 };
 
