@@ -7,26 +7,38 @@ CMAKE_FLAGS ?=
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all deps build test run install bench pgo chaos fuzz clean
+.PHONY: all deps deps-app app build test run install bench pgo chaos fuzz clean
 
 all: build
 
 deps:
 	@scripts/deps.sh
 
+deps-app:
+	@scripts/deps.sh --app
+
+# Everything, the tests included (SPILLWAY_TESTS=ON, also where make run configured BUILD without them).
 build: deps
-	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_TESTS=ON $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD)
 
 test: build
 	@ctest --test-dir $(BUILD) --output-on-failure
 
-run: build
+# What make run and make install need (target app: the gateway, the worker, the demo's models). A BUILD not
+# configured yet is configured without the tests (no test packages, whisper.cpp or test compiles: minutes
+# less before a first run); one that has them keeps them.
+app: deps-app
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  $(if $(wildcard $(BUILD)/CMakeCache.txt),,-DSPILLWAY_TESTS=OFF) $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) --target app
+
+run: app
 	$(BUILD)/bin/spillway serve --listen $(LISTEN)
 
 # Builds, then installs into PREFIX (staged under DESTDIR when set): binaries, llama.cpp's libraries and
 # modules, the demo models, the systemd unit and user (README "Install as a service").
-install: build
+install: app
 	@scripts/install.sh "$(BUILD)" "$(PREFIX)" "$(DESTDIR)"
 
 # Builds the benchmarks, checks the bench preset's behaviour (make test checks

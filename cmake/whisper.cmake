@@ -1,12 +1,13 @@
 # Imports whisper.cpp's whisper-server built by scripts/whisper.sh into a cache
 # prefix: a second kind of service for tests (tests/integration/whisper_test.cpp).
 # WHISPER_PREFIX may be given; otherwise the script is run (it builds on a miss).
-# -DSPILLWAY_WHISPER=OFF skips it, and the tests that need it skip.
+# -DSPILLWAY_WHISPER=OFF skips it, and the tests that need it skip; a build without the
+# tests (SPILLWAY_TESTS=OFF, make run's) skips it too.
 option(SPILLWAY_WHISPER "Build whisper.cpp's whisper-server (scripts/whisper.sh) for the tests" ON)
 set(WHISPER_PREFIX "" CACHE PATH "whisper.cpp cache prefix from scripts/whisper.sh (empty: run the script)")
 
 set(WHISPER_SERVER_BIN "")
-if(SPILLWAY_WHISPER)
+if(SPILLWAY_WHISPER AND SPILLWAY_TESTS)
   if(NOT WHISPER_PREFIX)
     message(STATUS "spillway: preparing the pinned whisper.cpp (first time: several minutes)")
     execute_process(

@@ -8,7 +8,7 @@ fail() { echo "make install: $*" >&2; exit 2; }
 [ -n "$prefix" ] || fail "PREFIX is empty (e.g. make install PREFIX=/usr/local)"
 case "$prefix" in /*) ;; *) fail "PREFIX must be an absolute path, not '$prefix'" ;; esac
 case "$destdir" in "" | /*) ;; *) fail "DESTDIR must be an absolute path, not '$destdir'" ;; esac
-[ -f "$build/cmake_install.cmake" ] || fail "no build in $build (make build BUILD=$build first)"
+[ -f "$build/cmake_install.cmake" ] || fail "no build in $build (make app BUILD=$build first)"
 # The nearest folder that exists must be one this user may write into.
 target="$destdir$prefix"
 dir="$target"

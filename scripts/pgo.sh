@@ -35,7 +35,7 @@ fi
 
 say "1/5 the usual gateway and worker in $BUILD, and its gateway_overhead"
 # (Profiles and LTO off: an earlier `make pgo` left them on in BUILD's cache, and step 5 compares with this one.)
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "${EXTRA[@]}" -DSPILLWAY_PGO= -DSPILLWAY_LTO=OFF >/dev/null
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_TESTS=ON "${EXTRA[@]}" -DSPILLWAY_PGO= -DSPILLWAY_LTO=OFF >/dev/null
 cmake --build "$BUILD" --target spillway spillway-worker llama_runtime models gateway_overhead
 
 say "2/5 an instrumented gateway in $GEN"
