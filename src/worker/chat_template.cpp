@@ -171,6 +171,11 @@ StatusOr<std::unique_ptr<ChatTemplates>> ChatTemplates::ForModel(const llama_mod
   const auto caps = common_chat_templates_get_caps(t->tmpls_);
   auto it = caps.find("supports_parallel_tool_calls");
   t->parallel_calls_ = it != caps.end() && it->second;
+  try {
+    t->thinking_ = common_chat_templates_support_enable_thinking(t->tmpls_);
+  } catch (const std::exception&) {
+    t->thinking_ = false;  // (a template that cannot render a plain chat says so at each request's rendering)
+  }
   return t;
 }
 
@@ -201,7 +206,7 @@ StatusOr<ChatPlan> ChatTemplates::Render(const nlohmann::json& messages, const n
     }
     in.reasoning_format = r.reasoning_format.empty() ? COMMON_REASONING_FORMAT_DEEPSEEK
                                                      : common_reasoning_format_from_name(r.reasoning_format);
-    in.enable_thinking = common_chat_templates_support_enable_thinking(tmpls_);
+    in.enable_thinking = thinking_;
     in.chat_template_kwargs["preserve_reasoning"] = "true";  // llama-server's default
     for (const auto& [k, v] : r.chat_template_kwargs) in.chat_template_kwargs[k] = v;
     if (auto k = in.chat_template_kwargs.find("enable_thinking"); k != in.chat_template_kwargs.end()) {

@@ -61,6 +61,10 @@ class ChatTemplates {
   const llama_model* model_ = nullptr;
   std::string source_;
   bool parallel_calls_ = false;  // the template's own default for parallel_tool_calls
+  // Whether the template thinks when asked (enable_thinking's default), found once when the
+  // model loads, as llama-server finds it: llama.cpp renders a chat to tell, which cost each
+  // request about a quarter of its rendering when it was asked again every time.
+  bool thinking_ = false;
 };
 
 // A completion's response_format as a grammar (no template involved).
