@@ -124,6 +124,13 @@ int main(int argc, char** argv) {
                  "that the gateway's count of a prompt and its run, or a retry of it, render and tokenize it once "
                  "(0: none kept)")
       ->check(CLI::Range(0, 1024))->capture_default_str();
+  size_t kept_prompt_tokens = 4;
+  app.add_option("--kept-prompt-tokens", kept_prompt_tokens,
+                 "prompts whose text and tokens are kept, so that a chat's next turn, which sends the conversation "
+                 "again, is tokenized only from its last special token (such as <|im_start|>) that both have in "
+                 "common; exact: the rest is tokenized as before (0: every prompt tokenized whole; only SPM and BPE "
+                 "vocabularies that add no end token)")
+      ->check(CLI::Range(0, 1024))->capture_default_str();
   bool lazy_context = false;
   app.add_flag("--lazy-context", lazy_context,
                "create the context (KV cache, compute buffers) on the first request instead of at start "
@@ -269,6 +276,7 @@ int main(int argc, char** argv) {
   service_opts.json_limits.max_depth = json_max_depth;
   service_opts.secret = secret;
   service_opts.rendered_prompts = rendered_prompts;
+  service_opts.kept_prompt_tokens = kept_prompt_tokens;
   worker::WorkerService service(**model, engine, placement, service_opts, &faults);
   boost::asio::io_context ioc;
   http::ServerOptions so;

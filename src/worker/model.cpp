@@ -12,6 +12,7 @@
 
 #include "common/hash.h"
 #include "common/names.h"
+#include "worker/prompt_tokens.h"
 #include "worker/sim_control.h"
 
 namespace spillway::worker {
@@ -284,18 +285,7 @@ bool Model::IsEndToken(int32_t token) const {
 }
 
 StatusOr<std::vector<int32_t>> Model::Tokenize(const std::string& text, bool add_special) const {
-  if (text.size() > static_cast<size_t>(INT32_MAX / 2)) return Status::PayloadTooLarge("text too long");
-  std::vector<llama_token> out(text.size() + 8);
-  int n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), out.data(),
-                         static_cast<int32_t>(out.size()), add_special, /*parse_special=*/true);
-  if (n < 0) {
-    out.resize(static_cast<size_t>(-n));
-    n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), out.data(),
-                       static_cast<int32_t>(out.size()), add_special, true);
-  }
-  if (n < 0) return Status::InvalidArgument("text could not be tokenized");
-  out.resize(static_cast<size_t>(n));
-  return std::vector<int32_t>(out.begin(), out.end());
+  return TokenizeText(vocab_, text, add_special);
 }
 
 StatusOr<std::vector<int32_t>> Model::CheckTokens(std::vector<int32_t> tokens) const {

@@ -29,6 +29,9 @@ namespace {
 // What the kept renderings may hold, and for how long (rendered_prompts.h):
 // the count and its run are milliseconds apart, a retry seconds.
 constexpr size_t kRenderedPromptBytes = 32 << 20;
+// What the kept prompts' texts and tokens may hold (prompt_tokens.h): a
+// 100,000-token conversation is about 0.8 MB of both.
+constexpr size_t kKeptPromptTokenBytes = 32 << 20;
 constexpr int64_t kRenderedPromptMs = 30'000;
 
 http::Response JsonResponse(unsigned status, const json& body, unsigned version) {
@@ -79,7 +82,8 @@ WorkerService::WorkerService(const Model& model, Engine& engine, Placement place
       faults_(faults),
       started_(std::chrono::system_clock::now()),
       rng_(std::random_device{}()),
-      rendered_(clock_, opts_.rendered_prompts, kRenderedPromptBytes, kRenderedPromptMs) {}
+      rendered_(clock_, opts_.rendered_prompts, kRenderedPromptBytes, kRenderedPromptMs),
+      prompt_tokens_(model.vocab(), opts_.kept_prompt_tokens, kKeptPromptTokenBytes) {}
 
 std::string WorkerService::RequestId(const http::Request& req) {
   auto it = req.find("x-request-id");
@@ -255,7 +259,7 @@ StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text
       if (auto kept = rendered_.Find(key)) return std::make_pair(kept->plan, kept->tokens);
       auto plan = model_.chat()->Render(m, tool_list, *r);
       if (!plan.ok()) return plan.status();
-      auto tokens = model_.Tokenize(plan->prompt, /*add_special=*/true);
+      auto tokens = prompt_tokens_.Tokenize(plan->prompt);
       if (!tokens.ok()) return tokens.status();
       if (keep) rendered_.Put(key, *plan, *tokens);
       return std::make_pair(std::move(*plan), std::move(*tokens));
@@ -367,7 +371,7 @@ StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text
     p.tokens = kept->tokens;
     return p;
   }
-  auto tokens = model_.Tokenize(p.text, /*add_special=*/true);
+  auto tokens = prompt_tokens_.Tokenize(p.text);
   if (!tokens.ok()) return tokens.status();
   rendered_.Put(key, ChatPlan{}, *tokens);
   p.tokens = std::move(*tokens);
@@ -574,6 +578,7 @@ void WorkerService::HandleEmbeddings(const http::Request& req, std::shared_ptr<h
 json WorkerService::Info() const {
   const auto st = engine_.stats();
   const auto rendered = rendered_.stats();
+  const auto kept_tokens = prompt_tokens_.stats();
   json buffers = json::array();
   for (const auto& b : engine_.memory_breakdown()) {
     buffers.push_back({{"name", b.name}, {"host", b.host}, {"model", b.model}, {"context", b.context},
@@ -603,6 +608,9 @@ json WorkerService::Info() const {
           {"prefix_reuse", {{"on", engine_.ReusesPrefixes()}, {"reused_prompt_tokens", st.reused_prompt_tokens}}},
           {"rendered_prompts", {{"kept", rendered.entries}, {"bytes", rendered.bytes}, {"hits", rendered.hits},
                                 {"misses", rendered.misses}}},
+          {"prompt_tokens", {{"on", prompt_tokens_.enabled()}, {"kept", kept_tokens.entries},
+                             {"bytes", kept_tokens.bytes}, {"continued", kept_tokens.hits},
+                             {"whole", kept_tokens.misses}, {"reused_tokens", kept_tokens.reused_tokens}}},
           {"health", {{"ok", st.healthy}, {"device_lost", st.device_lost}, {"stalled_ms", st.stalled_ms},
                       {"longest_step_ms", st.longest_step_ms},
                       {"contexts_rebuilt", st.contexts_rebuilt},

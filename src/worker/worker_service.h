@@ -42,6 +42,7 @@
 #include "worker/faults.h"
 #include "worker/model.h"
 #include "worker/chat_template.h"
+#include "worker/prompt_tokens.h"
 #include "worker/rendered_prompts.h"
 
 namespace spillway::worker {
@@ -57,6 +58,9 @@ struct ServiceOptions {
   // (rendered_prompts.h): the gateway's count of a prompt and the run that
   // follows render and tokenize it once. 0: none kept.
   size_t rendered_prompts = 8;
+  // Prompts' texts and tokens kept (prompt_tokens.h): a chat's next turn is
+  // tokenized from where it differs from an earlier one. 0: none kept.
+  size_t kept_prompt_tokens = 4;
 };
 
 class WorkerService {
@@ -117,6 +121,7 @@ class WorkerService {
   std::atomic<uint64_t> requests_{0};
   SystemClock clock_;
   mutable RenderedPrompts rendered_;
+  mutable PromptTokens prompt_tokens_;
   ThreadPool prep_{2, "worker's request-preparation", "sw-prep"};
   std::atomic<std::chrono::steady_clock::rep> last_caller_{std::chrono::steady_clock::now().time_since_epoch().count()};
 };

@@ -179,8 +179,15 @@ TEST_P(ChatParityTest, MatchesLlamaServer) {
   forced["chat_template_kwargs"]["enable_thinking"] = false;  // a random model's reasoning never ends
   forced["max_tokens"] = 160;  // random models write a lot of the whitespace JSON allows
 
+  // A next turn: the conversation sent again with an answer and a question
+  // more; the worker tokenizes it on from where the first one's tokens stop
+  // being the same (worker/prompt_tokens.h), which must not change a token.
+  json next_turn = plain;
+  next_turn["messages"].push_back({{"role", "assistant"}, {"content", "Blue."}});
+  next_turn["messages"].push_back({{"role", "user"}, {"content", "And another one?"}});
+
   // Prompt and tokens: every request shape.
-  for (const json* body : std::initializer_list<const json*>{&plain, &with_tools, &forced}) {
+  for (const json* body : std::initializer_list<const json*>{&plain, &with_tools, &forced, &next_turn}) {
     SCOPED_TRACE(body->dump());
     const json theirs = server.Post("/apply-template", *body);
     const json ours = WorkerPost(worker, "/apply-template", *body);
@@ -188,6 +195,18 @@ TEST_P(ChatParityTest, MatchesLlamaServer) {
     EXPECT_EQ(ours["prompt"], theirs["prompt"]);
     const json tokens = server.Post("/tokenize", {{"content", theirs["prompt"]}, {"add_special", true}, {"parse_special", true}});
     EXPECT_EQ(ours["tokens"], tokens["tokens"]);
+  }
+  // The next turn was continued where the vocabulary has the template's
+  // markers as special tokens (Llama 3's, Qwen's, Phi's; the tiny SPM and
+  // GPT-2 vocabularies hold other families' markers as plain text, and Qwen's
+  // holds DeepSeek-R1's <｜User｜> so).
+  const std::string vocab = f.vocab;
+  if ((vocab == "llama-bpe" || vocab == "qwen2" || vocab == "phi-3") && std::string(f.name) != "deepseek-r1") {
+    auto info = http::Fetch("127.0.0.1", worker.port(), "GET", "/v1/worker/info", "", WorkerAuth(), std::chrono::seconds(10));
+    ASSERT_TRUE(info.ok() && info->status == 200);
+    const json kept = json::parse(info->body)["prompt_tokens"];
+    EXPECT_GE(kept["continued"].get<int>(), 1) << kept.dump();
+    EXPECT_GT(kept["reused_tokens"].get<int>(), 0) << kept.dump();
   }
   // Greedy answers, plain and with tools offered ("auto": the lazy grammar
   // and the format's parser): identical. Families whose parser rejects text
