@@ -175,7 +175,11 @@ int main(int argc, char** argv) {
     auto r = s.conn->Send("POST", "/v1/chat/completions", body.dump(),
                           s.worker ? spillway::bench::WorkerAuth() : spillway::http::HeaderList{});
     *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (!r.ok() || r->status != 200) return -1;
+    if (!r.ok() || r->status != 200) {
+      std::fprintf(stderr, "%s: %s\n", s.label.c_str(),
+                   r.ok() ? (std::to_string(r->status) + " " + r->body.substr(0, 300)).c_str() : r.status().ToString().c_str());
+      return -1;
+    }
     const json j = json::parse(r->body, nullptr, false);
     if (s.worker) {
       const json& tm = j["spillway"]["timings"];
