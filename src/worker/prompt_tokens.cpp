@@ -52,10 +52,17 @@ PromptTokens::PromptTokens(const llama_vocab* vocab, size_t max_entries, size_t 
   // The tokens tokenizer_st_partition cuts at (llama_vocab::impl's cache_special_tokens).
   const int32_t n = llama_vocab_n_tokens(vocab);
   const int kSpecial = LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_USER_DEFINED | LLAMA_TOKEN_ATTR_UNKNOWN;
+  std::vector<char> piece(256);
   for (int32_t id = 0; id < n; ++id) {
     if (!(llama_vocab_get_attr(vocab, id) & kSpecial)) continue;
-    const char* text = llama_vocab_get_text(vocab, id);
-    if (text && *text) special_texts_.emplace_back(text);
+    // (Its whole text, as the partition matches it: llama_vocab_get_text
+    // stops at a NUL. A special token's piece is its text.)
+    int32_t len = llama_token_to_piece(vocab, id, piece.data(), static_cast<int32_t>(piece.size()), 0, true);
+    if (len < 0) {
+      piece.resize(static_cast<size_t>(-len));
+      len = llama_token_to_piece(vocab, id, piece.data(), static_cast<int32_t>(piece.size()), 0, true);
+    }
+    if (len > 0) special_texts_.emplace_back(piece.data(), static_cast<size_t>(len));
   }
   for (const std::string& t : special_texts_) max_length_ = std::max(max_length_, t.size());
   by_length_.resize(max_length_ + 1);
@@ -104,24 +111,31 @@ size_t PromptTokens::CutBetween(std::string_view a, std::string_view b) const {
     if (!first_byte_[ch] || IsSpace(ch)) continue;
     if (++probes > kMaxProbes) break;
     const std::string_view s = SpecialAt(b, c, common);
-    if (s.empty()) continue;
+    // (Nor one that ends with whitespace: a longer special token after it
+    // with lstrip, taken first, could strip that whitespace and so S.)
+    if (s.empty() || IsSpace(static_cast<unsigned char>(s.back()))) continue;
     if (AloneAt(a, c, s.size()) && AloneAt(b, c, s.size())) return c;
     if (++tried >= kMaxCandidates) break;
   }
   return std::string_view::npos;
 }
 
-StatusOr<std::vector<int32_t>> PromptTokens::Tokenize(const std::string& text) {
+StatusOr<std::vector<int32_t>> PromptTokens::Tokenize(const std::string& text, bool keep) {
   if (!enabled_) return TokenizeText(vocab_, text, true);
   // The kept prompt that leaves the least to tokenize: its text after the
   // common beginning (tokenized again, to find where its tokens for that part
   // begin) and this one's. None if that is not well under tokenizing this one
   // whole (a short prompt after a long one that begins alike).
-  std::shared_ptr<const Entry> best;
+  std::vector<std::shared_ptr<const Entry>> kept;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    size_t least = text.size() / 2;
-    for (const auto& e : kept_) {
+    kept = kept_;  // (compared outside the lock)
+  }
+  std::shared_ptr<const Entry> best;
+  const size_t most = text.size() / 2;  // what may be left to tokenize
+  {
+    size_t least = most;
+    for (const auto& e : kept) {
       if (e->text == text) {
         best = e;
         break;
@@ -135,15 +149,16 @@ StatusOr<std::vector<int32_t>> PromptTokens::Tokenize(const std::string& text) {
     }
   }
   std::vector<int32_t> tokens;
-  bool reused = false;
+  bool repeated = false, reused = false;
   size_t taken = 0;
   if (best && best->text == text) {
     tokens = best->tokens;
-    reused = true;
-    taken = tokens.size();
+    repeated = true;
   } else if (best) {
     const size_t c = CutBetween(best->text, text);
-    if (c != std::string_view::npos) {
+    // (The place may lie well before the common beginning's end: what is
+    // then left to tokenize must still be under the bound.)
+    if (c != std::string_view::npos && (best->text.size() - c) + (text.size() - c) < most) {
       auto old_rest = TokenizeText(vocab_, std::string_view(best->text).substr(c), false);
       // (A's tokens must end with those of A from c on: they do where the cut holds.)
       if (old_rest.ok() && old_rest->size() <= best->tokens.size() &&
@@ -158,24 +173,28 @@ StatusOr<std::vector<int32_t>> PromptTokens::Tokenize(const std::string& text) {
       }
     }
   }
-  if (!reused) {
+  if (!reused && !repeated) {
     auto whole = TokenizeText(vocab_, text, true);
     if (!whole.ok()) return whole.status();
     tokens = std::move(*whole);
   }
-  auto entry = std::make_shared<Entry>();
-  entry->text = text;
-  entry->tokens = tokens;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (reused) {
+    if (repeated) {
+      ++stats_.repeats;
+    } else if (reused) {
       ++stats_.hits;
       stats_.reused_tokens += taken;
     } else {
       ++stats_.misses;
     }
   }
-  Keep(std::move(entry));
+  if (keep && text.size() + tokens.size() * sizeof(int32_t) <= max_bytes_ / 4) {
+    auto entry = std::make_shared<Entry>();
+    entry->text = text;
+    entry->tokens = tokens;
+    Keep(std::move(entry));
+  }
   return tokens;
 }
 

@@ -16,7 +16,8 @@
 // So where the new text B and a kept text A (tokens TA) agree up to L, and
 // both have at the same place c (c + |S| <= L) the text of a special token S
 // that no special token's text overlaps in either but that S itself (and S
-// does not begin with whitespace), both are cut at c the same way: their
+// neither begins nor ends with whitespace, which a neighbour's rstrip or
+// lstrip could take), both are cut at c the same way: their
 // pieces before c are the same, and what follows c is S and the pieces after
 // it, which nothing before c touches. Then tokenize(B) is TA's tokens before
 // c (TA less the tokens of A from c on, which must be TA's end) followed by
@@ -26,8 +27,8 @@
 // vocabulary in llama.cpp's models/ (texts built to trip each condition).
 //
 // The kept prompt used is the one that leaves the least to tokenize (its own
-// text after the common beginning and the new one's); none when that is half
-// the new prompt or more. The kept texts are the last `max_entries` prompts tokenized (and at most
+// text after the common beginning and the new one's); none when that, or
+// what is left after the place found, is half the new prompt or more. The kept texts are the last `max_entries` prompts tokenized (and at most
 // `max_bytes` of text and tokens; a prompt over a quarter of that is not
 // kept), least recently used leaving first. No lifetime: a text's tokens
 // never change. Thread-safe.
@@ -56,6 +57,7 @@ class PromptTokens {
  public:
   struct Stats {
     uint64_t hits = 0;            // prompts continued from a kept one
+    uint64_t repeats = 0;         // prompts that were a kept one's text
     uint64_t misses = 0;          // prompts tokenized whole
     uint64_t reused_tokens = 0;   // tokens taken from kept prompts, in all
     size_t entries = 0, bytes = 0;
@@ -65,8 +67,9 @@ class PromptTokens {
   PromptTokens(const llama_vocab* vocab, size_t max_entries, size_t max_bytes);
 
   // TokenizeText(vocab, text, /*add_special=*/true), continued from a kept
-  // prompt's tokens where it can be; the text is kept.
-  StatusOr<std::vector<int32_t>> Tokenize(const std::string& text);
+  // prompt's tokens where it can be; the text is kept when `keep` (not a
+  // candidate that "truncate" tries and may not take).
+  StatusOr<std::vector<int32_t>> Tokenize(const std::string& text, bool keep = true);
 
   // Where `a` and `b` are both cut alike (see above): the place c, or npos.
   size_t CutBetween(std::string_view a, std::string_view b) const;

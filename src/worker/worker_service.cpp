@@ -259,7 +259,7 @@ StatusOr<WorkerService::Prompt> WorkerService::PromptFor(const std::string& text
       if (auto kept = rendered_.Find(key)) return std::make_pair(kept->plan, kept->tokens);
       auto plan = model_.chat()->Render(m, tool_list, *r);
       if (!plan.ok()) return plan.status();
-      auto tokens = prompt_tokens_.Tokenize(plan->prompt);
+      auto tokens = prompt_tokens_.Tokenize(plan->prompt, keep);
       if (!tokens.ok()) return tokens.status();
       if (keep) rendered_.Put(key, *plan, *tokens);
       return std::make_pair(std::move(*plan), std::move(*tokens));
@@ -610,7 +610,8 @@ json WorkerService::Info() const {
                                 {"misses", rendered.misses}}},
           {"prompt_tokens", {{"on", prompt_tokens_.enabled()}, {"kept", kept_tokens.entries},
                              {"bytes", kept_tokens.bytes}, {"continued", kept_tokens.hits},
-                             {"whole", kept_tokens.misses}, {"reused_tokens", kept_tokens.reused_tokens}}},
+                             {"whole", kept_tokens.misses}, {"repeated", kept_tokens.repeats},
+                             {"reused_tokens", kept_tokens.reused_tokens}}},
           {"health", {{"ok", st.healthy}, {"device_lost", st.device_lost}, {"stalled_ms", st.stalled_ms},
                       {"longest_step_ms", st.longest_step_ms},
                       {"contexts_rebuilt", st.contexts_rebuilt},

@@ -155,7 +155,7 @@ TEST_F(PromptTokensTest, AContinuedPromptHasTheTokensOfItsWholeTokenization) {
     }
     // Many pairs were continued, not tokenized whole (one whose common
     // beginning is short is tokenized whole: PromptTokens' choice).
-    EXPECT_GT(tried, 160u) << file;
+    EXPECT_GT(tried, 100u) << file;
   }
   EXPECT_GE(cut_vocabs, 8u);  // (SPM and BPE vocabularies of llama.cpp's models/)
 }
@@ -169,7 +169,9 @@ TEST_F(PromptTokensTest, AChatsTurnsAreContinuedFromTheTurnBefore) {
   ASSERT_NE(v.vocab, nullptr);
   PromptTokens kept(v.vocab, 4, 32 << 20);
   ASSERT_TRUE(kept.enabled());
-  std::string conversation = "<|im_start|>system\nYou answer briefly.<|im_end|>\n";
+  std::string conversation = "<|im_start|>system\nYou answer briefly. You are a helpful assistant who knows about "
+                             "rivers, mountains, lakes, forests, deserts, oceans, islands and the weather over all of "
+                             "them, and you say so in plain words, one sentence at a time.<|im_end|>\n";
   size_t reused = 0;
   std::string before;  // the turn before's prompt
   for (int turn = 0; turn < 8; ++turn) {
@@ -191,6 +193,17 @@ TEST_F(PromptTokensTest, AChatsTurnsAreContinuedFromTheTurnBefore) {
   }
   EXPECT_EQ(kept.stats().hits, 7u);
   EXPECT_EQ(kept.stats().misses, 1u);
+  // A long document after the last marker, edited at its end: the place is
+  // far back, so continuing would tokenize more than the prompt whole.
+  std::string doc;
+  for (int i = 0; i < 2000; ++i) doc += "word" + std::to_string(i) + " ";
+  const std::string head = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n" + doc;
+  ASSERT_TRUE(kept.Tokenize(head + "first ending").ok());
+  const auto edited = kept.Tokenize(head + "second ending");
+  ASSERT_TRUE(edited.ok());
+  EXPECT_EQ(*edited, *TokenizeText(v.vocab, head + "second ending", true));
+  EXPECT_EQ(kept.stats().hits, 7u);
+  EXPECT_EQ(kept.stats().misses, 3u);
 }
 
 // GPT-NeoX's vocabulary has runs of 2 to 24 spaces as special tokens: the
@@ -229,7 +242,8 @@ TEST_F(PromptTokensTest, WithoutASpecialTokenInCommonAPromptIsTokenizedWhole) {
   EXPECT_EQ(kept.stats().hits, 0u);
   // The same text again is its kept tokens.
   ASSERT_TRUE(kept.Tokenize(a).ok());
-  EXPECT_EQ(kept.stats().hits, 1u);
+  EXPECT_EQ(kept.stats().repeats, 1u);
+  EXPECT_EQ(kept.stats().hits, 0u);
   // At most two kept.
   ASSERT_TRUE(kept.Tokenize("one").ok());
   ASSERT_TRUE(kept.Tokenize("two").ok());
