@@ -109,15 +109,26 @@ int main(int argc, char** argv) {
   app.add_flag("--count-first", count_first,
                "count each worker turn first (its tokenize call, as a gateway with several placements does); the "
                "second worker keeps no renderings instead of reusing no prefixes");
+  bool count_only = false;
+  app.add_flag("--count-only", count_only,
+               "only count each turn: a worker's tokenize call against llama-server's /apply-template and /tokenize; "
+               "the second worker tokenizes every prompt whole (--kept-prompt-tokens 0) instead of reusing no "
+               "prefixes (a model whose vocabulary holds its template's markers as special tokens shows the "
+               "difference)")
+      ->excludes("--count-first");
   CLI11_PARSE(app, argc, argv);
-  const std::string other = count_first ? "without kept renderings" : "without reuse";
+  const std::string other = count_only    ? "tokenized whole"
+                            : count_first ? "without kept renderings"
+                                          : "without reuse";
 
   const fs::path dir = fs::temp_directory_path() / ("spillway-bench-turns-" + std::to_string(getpid()));
   fs::create_directories(dir);
   spillway::bench::WorkerSecret();  // the workers take it from the environment
   std::vector<Server> servers(3);
   servers[0].label = "spillway-worker";
-  servers[1].label = count_first ? "  --rendered-prompts 0" : "  --no-prefix-reuse";
+  servers[1].label = count_only    ? "  --kept-prompt-tokens 0"
+                      : count_first ? "  --rendered-prompts 0"
+                                    : "  --no-prefix-reuse";
   servers[2].label = "llama-server";
   const std::string t = std::to_string(threads), c = std::to_string(ctx);
   for (int i = 0; i < 2; ++i) {
@@ -127,7 +138,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> args = {worker, "--model", model, "--listen", "127.0.0.1:0", "--port-file", port_file,
                                      "--threads", t, "--slots", "1", "--ctx", c};
     if (i == 1 && count_first) args.insert(args.end(), {"--rendered-prompts", "0"});
-    if (i == 1 && !count_first) args.push_back("--no-prefix-reuse");
+    if (i == 1 && count_only) args.insert(args.end(), {"--kept-prompt-tokens", "0"});
+    if (i == 1 && !count_first && !count_only) args.push_back("--no-prefix-reuse");
     s.pid = Spawn(args, (dir / ("worker" + std::to_string(i) + ".log")).string());
     s.port = s.pid > 0 ? WaitReady(s, port_file, 0) : 0;
   }
@@ -168,6 +180,25 @@ int main(int argc, char** argv) {
   auto ask = [&](Server& s, const json& messages, double* ms, double* compute_ms) -> double {
     const json body = {{"messages", messages}, {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}};
     const auto t0 = std::chrono::steady_clock::now();
+    if (count_only) {  // the count alone: its tokens (what llama-server's two calls give)
+      double n = -1;
+      if (s.worker) {
+        auto c = s.conn->Send("POST", "/v1/worker/tokenize?endpoint=chat", body.dump(), spillway::bench::WorkerAuth());
+        if (c.ok() && c->status == 200) n = json::parse(c->body, nullptr, false).value("prompt_tokens", -1.0);
+      } else {
+        auto a = s.conn->Send("POST", "/apply-template", body.dump(), {});
+        const json prompt = a.ok() && a->status == 200 ? json::parse(a->body, nullptr, false) : json();
+        if (prompt.contains("prompt")) {
+          const json tk = {{"content", prompt["prompt"]}, {"add_special", true}, {"parse_special", true}};
+          auto t = s.conn->Send("POST", "/tokenize", tk.dump(), {});
+          if (t.ok() && t->status == 200) n = static_cast<double>(json::parse(t->body, nullptr, false)["tokens"].size());
+        }
+      }
+      *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      *compute_ms = 0;
+      if (n < 0) std::fprintf(stderr, "%s: the count failed\n", s.label.c_str());
+      return n;
+    }
     if (s.worker && count_first) {
       auto c = s.conn->Send("POST", "/v1/worker/tokenize?endpoint=chat", body.dump(), spillway::bench::WorkerAuth());
       if (!c.ok() || c->status != 200) return -1;
@@ -220,10 +251,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   fs::remove_all(dir);
-  std::printf("model %s, %d threads, ctx %d, one slot; %d conversations of %d turns, %d-word replies appended, "
-              "%d tokens generated a turn%s\n",
-              model.c_str(), threads, ctx, rounds, turns, reply_words, max_tokens,
-              count_first ? "; each worker turn counted first (tokenize, then the run), as a gateway does" : "");
+  std::printf("model %s, %d threads, ctx %d, one slot; %d conversations of %d turns, %d-word replies appended%s%s\n",
+              model.c_str(), threads, ctx, rounds, turns, reply_words,
+              count_only ? "" : (", " + std::to_string(max_tokens) + " tokens generated a turn").c_str(),
+              count_only    ? "; each turn only counted (its prompt rendered and tokenized), nothing generated"
+              : count_first ? "; each worker turn counted first (tokenize, then the run), as a gateway does"
+                            : "");
   std::printf("%-5s", "turn");
   for (const auto& s : servers) std::printf(" | %28s", s.label.c_str());
   std::printf("\n%-5s", "");
@@ -242,7 +275,7 @@ int main(int argc, char** argv) {
     }
     std::printf("\n");
   }
-  std::printf("of it computing (the servers' own prompt and generation times, p50s summed): spillway-worker %.0f ms, "
+  if (!count_only) std::printf("of it computing (the servers' own prompt and generation times, p50s summed): spillway-worker %.0f ms, "
               "%s %.0f ms, llama-server %.0f ms; the rest (the request's handling: template, tokens, "
               "HTTP) %.0f, %.0f and %.0f ms\n",
               compute[0], other.c_str(), compute[1], compute[2], total[0] - compute[0], total[1] - compute[1],
@@ -252,9 +285,15 @@ int main(int argc, char** argv) {
   std::printf("spillway-worker / llama-server: %.2fx the whole conversation, %.2fx its turns after the first; "
               "%s %.2fx and %.2fx\n",
               total[0] / total[2], later[0] / later[2], other.c_str(), total[1] / total[2], later[1] / later[2]);
-  std::printf("goal: spillway-worker's conversation within 1.10x llama-server's: %s\n",
-              total[0] <= 1.10 * total[2] ? "met" : "MISSED");
-  std::printf("computed: the prompt tokens each server computed (its own count: spillway.timings' prompt_tokens less "
+  if (count_only) {
+    std::printf("spillway-worker / %s: %.2fx the conversation's counts, %.2fx its turns after the first\n",
+                other.c_str(), total[0] / total[1], later[0] / later[1]);
+  } else {
+    std::printf("goal: spillway-worker's conversation within 1.10x llama-server's: %s\n",
+                total[0] <= 1.10 * total[2] ? "met" : "MISSED");
+  }
+  std::printf("%s", count_only ? "computed: the prompt's tokens, as each server counted them\n" : "");
+  if (!count_only) std::printf("computed: the prompt tokens each server computed (its own count: spillway.timings' prompt_tokens less "
               "cached_tokens; llama-server's timings.prompt_n)\n");
   return 0;
 }
