@@ -232,6 +232,7 @@ json Gateway::StatusJson() const {
               w["fingerprint"] = info->fingerprint_id.empty() ? json(nullptr) : json(info->fingerprint_id);
               if (!info->prefix_reuse.is_null()) w["prefix_reuse"] = info->prefix_reuse;
               if (!info->rendered_prompts.is_null()) w["rendered_prompts"] = info->rendered_prompts;
+              if (!info->prompt_tokens.is_null()) w["prompt_tokens"] = info->prompt_tokens;
             }
           }
         }

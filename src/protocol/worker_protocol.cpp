@@ -337,6 +337,7 @@ std::optional<WorkerInfo> WorkerInfo::FromJson(const json& j) {
   }
   if (object("prefix_reuse")) w.prefix_reuse = j["prefix_reuse"];
   if (object("rendered_prompts")) w.rendered_prompts = j["rendered_prompts"];
+  if (object("prompt_tokens")) w.prompt_tokens = j["prompt_tokens"];
   return w;
 }
 

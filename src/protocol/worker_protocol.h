@@ -168,6 +168,10 @@ struct WorkerInfo {
   // "misses"} (null from a worker of a build without them; zeros with
   // --rendered-prompts 0).
   nlohmann::json rendered_prompts;
+  // Prompts tokenized on from an earlier one's tokens (worker/prompt_tokens.h):
+  // {"on", "kept", "bytes", "continued", "whole", "repeated", "reused_tokens"}
+  // (null from a worker of a build without them).
+  nlohmann::json prompt_tokens;
   static std::optional<WorkerInfo> FromJson(const nlohmann::json& j);
 };
 // Whether a buffer of the worker's memory breakdown (its info's

@@ -93,6 +93,13 @@ TEST_F(AdmissionTest, LongPromptBeyondTheGpuPoolGoesToTheCpuPoolBeforeAnyAllocat
   }
   EXPECT_EQ(rendered["hits"], 1) << rendered.dump();
   EXPECT_EQ(rendered["misses"], 1) << rendered.dump();
+  // Beside it, the worker's prompt tokens: its count tokenized the chat whole
+  // (the tiny model's vocabulary holds ChatML's markers as plain text).
+  const json kept = Body(*http::Fetch("127.0.0.1", p, "GET", "/v1/status"))["services"][0]["placements"][0]["prompt_tokens"];
+  ASSERT_TRUE(kept.is_object()) << kept.dump();
+  EXPECT_EQ(kept["on"], true) << kept.dump();
+  EXPECT_EQ(kept["whole"], 1) << kept.dump();
+  EXPECT_EQ(kept["continued"], 0) << kept.dump();
   // 800 prompt tokens + 50 can never fit the sim placement's 512 cells; the CPU pool holds 4096.
   auto big = Post(p, {{"model", "chat"}, {"prompt", Tokens(800)}, {"max_tokens", 50}, {"temperature", 0}});
   ASSERT_EQ(big.status, 200) << big.body;
