@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Spillway builds with, only those missing.
-#   scripts/deps.sh          what make build and make test need: the build's and the tests' and benchmarks'
+#   scripts/deps.sh          what make build and make test (and bench, pgo, chaos, fuzz) need: the build's,
+#                            the tests' and the benchmarks'
 #   scripts/deps.sh --app    what make run and make install need: the build's only
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build git ca-certificates pkg-config ccache
