@@ -189,7 +189,9 @@ StatusOr<std::vector<int32_t>> PromptTokens::Tokenize(const std::string& text, b
       ++stats_.misses;
     }
   }
-  if (keep && text.size() + tokens.size() * sizeof(int32_t) <= max_bytes_ / 4) {
+  if (repeated) {
+    if (keep) Keep(std::move(best));  // (the kept entry itself, now the most recent: nothing copied)
+  } else if (keep && Entry::BytesOf(text, tokens) <= max_bytes_ / 4) {
     auto entry = std::make_shared<Entry>();
     entry->text = text;
     entry->tokens = tokens;
@@ -199,15 +201,15 @@ StatusOr<std::vector<int32_t>> PromptTokens::Tokenize(const std::string& text, b
 }
 
 void PromptTokens::Keep(std::shared_ptr<const Entry> e) {
-  const size_t size = e->text.size() + e->tokens.size() * sizeof(int32_t);
+  const size_t size = e->bytes();
   if (size > max_bytes_ / 4) return;
   std::vector<std::shared_ptr<const Entry>> gone;  // (freed outside the lock)
   std::lock_guard<std::mutex> lk(mu_);
   // The same text again: the kept one moves to the end.
   for (auto it = kept_.begin(); it != kept_.end(); ++it) {
-    if ((*it)->text == e->text) {
+    if (*it == e || (*it)->text == e->text) {
       gone.push_back(std::move(*it));
-      bytes_ -= gone.back()->text.size() + gone.back()->tokens.size() * sizeof(int32_t);
+      bytes_ -= gone.back()->bytes();
       kept_.erase(it);
       break;
     }
@@ -216,7 +218,7 @@ void PromptTokens::Keep(std::shared_ptr<const Entry> e) {
   bytes_ += size;
   while (!kept_.empty() && (kept_.size() > max_entries_ || bytes_ > max_bytes_)) {
     gone.push_back(std::move(kept_.front()));
-    bytes_ -= gone.back()->text.size() + gone.back()->tokens.size() * sizeof(int32_t);
+    bytes_ -= gone.back()->bytes();
     kept_.erase(kept_.begin());
   }
 }

@@ -81,6 +81,10 @@ class PromptTokens {
   struct Entry {
     std::string text;
     std::vector<int32_t> tokens;
+    static size_t BytesOf(const std::string& text, const std::vector<int32_t>& tokens) {
+      return text.size() + tokens.size() * sizeof(int32_t);
+    }
+    size_t bytes() const { return BytesOf(text, tokens); }
   };
   // The special token's text that begins at `at` in `t` and ends by `limit`
   // (empty: none, or more than one).
