@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <sstream>
@@ -70,12 +71,94 @@ std::optional<std::vector<std::pair<int32_t, ProcStat>>> ProcessesOfGroup(int32_
     const auto f = ReadProcStat(pid, proc_root);
     if (!f) {
       if (errno == ENOENT || errno == ESRCH) continue;  // ended meanwhile
+      // Another user's (hidepid=1: its entry is listed, its files are not
+      // readable): not one this user started, as under hidepid=2, which
+      // leaves it out of the listing. (Left to "cannot tell", no worker's
+      // placement started again once one had ended.)
+      if (errno == EACCES || errno == EPERM) {
+        const auto owner = ProcOwner(pid, proc_root);
+        if (!owner) continue;  // (gone meanwhile)
+        if (*owner != ::geteuid()) continue;
+      }
       return std::nullopt;
     }
     if (f->pgrp == pgid && f->state != 'Z') out.emplace_back(pid, *f);
   }
   if (ec) return std::nullopt;
   return out;
+}
+
+std::optional<uint32_t> ProcOwner(int32_t pid, const std::string& proc_root) {
+  struct stat st {};
+  if (::stat((proc_root + "/" + std::to_string(pid)).c_str(), &st) != 0) return std::nullopt;
+  return static_cast<uint32_t>(st.st_uid);
+}
+
+namespace {
+
+// The inodes of the sockets listening on local port `port` in one of
+// /proc/net/tcp or tcp6 (proc(5): "sl local_address rem_address st ...
+// inode", addresses as hex "ADDR:PORT", LISTEN is state 0A); nullopt when
+// the table cannot be read or is not in that form.
+std::optional<std::vector<uint64_t>> ListeningInodes(const std::string& table, uint16_t port) {
+  const auto text = ReadSmallFile(table);
+  if (!text) return std::nullopt;
+  std::vector<uint64_t> out;
+  std::istringstream in(*text);
+  std::string line;
+  std::getline(in, line);  // the header
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string sl, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+    if (!(fields >> sl >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode)) {
+      return std::nullopt;
+    }
+    const size_t colon = local.rfind(':');
+    if (colon == std::string::npos || state != "0A") continue;
+    unsigned long local_port = 0;
+    try {
+      local_port = std::stoul(local.substr(colon + 1), nullptr, 16);
+      if (local_port == port) out.push_back(std::stoull(inode));
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<bool> ListensAlone(int32_t pid, uint16_t port, const std::string& proc_root) {
+  std::vector<uint64_t> listening;
+  for (const char* table : {"/net/tcp", "/net/tcp6"}) {
+    auto inodes = ListeningInodes(proc_root + table, port);
+    if (!inodes) {
+      if (std::string(table) == "/net/tcp6" && errno == ENOENT) continue;  // (a kernel without IPv6)
+      return std::nullopt;
+    }
+    listening.insert(listening.end(), inodes->begin(), inodes->end());
+  }
+  if (listening.empty()) return false;
+  std::vector<uint64_t> own;
+  std::error_code ec;
+  const std::string fds = proc_root + "/" + std::to_string(pid) + "/fd";
+  std::filesystem::directory_iterator it(fds, ec), end;
+  if (ec) return std::nullopt;
+  for (; !ec && it != end; it.increment(ec)) {
+    std::error_code link_ec;
+    const std::string target = std::filesystem::read_symlink(it->path(), link_ec).string();
+    // "socket:[INODE]"
+    if (link_ec || target.rfind("socket:[", 0) != 0 || target.back() != ']') continue;
+    try {
+      own.push_back(std::stoull(target.substr(8, target.size() - 9)));
+    } catch (const std::exception&) {
+    }
+  }
+  if (ec) return std::nullopt;
+  for (const uint64_t inode : listening) {
+    if (std::find(own.begin(), own.end(), inode) == own.end()) return false;
+  }
+  return true;
 }
 
 std::string BootIdentity() {

@@ -41,6 +41,20 @@ std::optional<ProcStat> ReadProcStat(int32_t pid, const std::string& proc_root =
 std::optional<std::vector<std::pair<int32_t, ProcStat>>> ProcessesOfGroup(int32_t pgid,
                                                                           const std::string& proc_root = "/proc");
 
+// The owner of `<proc_root>/<pid>`: its process's effective uid (root's for a
+// process that is not dumpable). Readable under hidepid=1 (noaccess), where
+// the entry's files are not; nullopt when it cannot be stat'ed (gone, or
+// hidden by hidepid=2).
+std::optional<uint32_t> ProcOwner(int32_t pid, const std::string& proc_root = "/proc");
+
+// Whether process `pid` alone listens on TCP port `port`: every socket in
+// LISTEN state on that local port (IPv4 and IPv6, any address) is one of its
+// open files, and there is at least one. Before a secret is sent to a port
+// recorded for a process: another program (another user's) bound there
+// since would get it. nullopt when /proc cannot tell (the sockets' tables
+// or the process's descriptors cannot be read).
+std::optional<bool> ListensAlone(int32_t pid, uint16_t port, const std::string& proc_root = "/proc");
+
 // This boot and this pid namespace ("<boot_id>:<pid namespace inode>"): pids
 // and start times compare only within one. Empty when either cannot be read.
 std::string BootIdentity();

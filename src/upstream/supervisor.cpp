@@ -349,8 +349,8 @@ void Supervisor::Exited(Worker& w, const std::string& why, bool by_itself, bool 
 void Supervisor::Kill(Worker& w, const std::string& why) {
   const WorkerPid p = Process(w);
   int status = 0;
-  if (!Ended(p, &status)) {  // (checked first: an adopted pid may be someone else's now)
-    kill(-p.pid, SIGKILL);
+  if (!Ended(p, &status)) {
+    SignalGroup(p, SIGKILL);  // (an adopted pid that /proc cannot tell is not signalled: it may be someone else's now)
     w.dying = p;
     w.view.exiting = true;
   }
@@ -394,9 +394,7 @@ void Supervisor::Poll(Worker& w, bool may_start) {
   if (w.view.pid <= 0) return;
   int status = 0;
   if (w.view.state == WorkerState::kStopped) {  // released: reap it, SIGKILL when it lingers
-    if (!ReleasedEnded(w) && now >= w.kill_at_ms) {
-      kill(-w.view.pid, SIGKILL);
-    }
+    if (!ReleasedEnded(w) && now >= w.kill_at_ms) SignalGroup(Process(w), SIGKILL);
     return;
   }
   if (Ended(Process(w), &status)) {
@@ -641,6 +639,19 @@ void Supervisor::Round() {
                                                       " is not a spillway-worker's: " + info->substr(0, 200));
         if (!st.ok()) {
           refused_workers.emplace_back(r.key, st.message());
+          continue;
+        }
+        // Another process answers its port file's port: a worker of an
+        // earlier gateway that has no record (its write failed, or that
+        // gateway died before it) wrote the file after this one's spawn
+        // cleared it. Not ready: nothing is served from a process this
+        // gateway does not know, and this one's start timeout ends the wait.
+        if (typed->pid != 0 && typed->pid != r.pid) {
+          std::fprintf(stderr,
+                       "spillway: worker %s: port %u is answered by pid %lld, not by the worker started (pid %d); "
+                       "not taken for ready\n",
+                       r.key.c_str(), static_cast<unsigned>(r.port), static_cast<long long>(typed->pid),
+                       static_cast<int>(r.pid));
           continue;
         }
       }

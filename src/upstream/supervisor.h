@@ -82,6 +82,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/http_client.h"
 #include "common/clock.h"
 #include "common/status.h"
 #include "upstream/process_group.h"
@@ -263,7 +264,12 @@ class Supervisor : public Workers {
   bool RunsAsWorkerOf(const WorkerRecord& record) const;
   // `external`: an external server's record, never asked anything.
   AdoptDecision Judge(WorkerRecord& record, const std::optional<std::string>& configured_hash, bool external) const;
-  Status ClearLeftovers(uint16_t port) const;
+  // Cancels what an adopted worker still runs for the previous gateway and waits for its slots to empty.
+  Status ClearLeftovers(pid_t pid, uint16_t port) const;
+  // A request with the worker secret to `port`, only while process `pid`
+  // alone listens there (ListensAlone); PermissionDenied, nothing sent, otherwise.
+  StatusOr<http::ClientResponse> FetchFromWorker(pid_t pid, uint16_t port, const std::string& method,
+                                                 const std::string& path) const;
   uint16_t PortFromFile(const std::string& key) const;
   void ReadLoadProgress(Worker& w) const;  // the worker's --load-progress-file, while it starts
   void WriteRecord(const Worker& w);

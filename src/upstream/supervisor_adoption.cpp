@@ -152,17 +152,33 @@ AdoptDecision Supervisor::Judge(WorkerRecord& record, const std::optional<std::s
                                         std::to_string(record.pid) + " belongs to that directory's gateway"};
     }
   }
+  // Pids and start times name a process only within the boot and pid
+  // namespace they were read in: elsewhere the recorded pid is some other
+  // process's (an external server's record has no command line to tell).
+  if (!record.boot.empty()) {
+    const std::string boot = BootIdentity();
+    if (!boot.empty() && boot != record.boot) {
+      return {AdoptAction::kForget, "it was recorded in another boot or pid namespace: pid " +
+                                        std::to_string(record.pid) + " names another process here"};
+    }
+  }
   devices::Liveness process = devices::ProcessLiveness(record.pid, record.start_time);
   if (process == devices::Liveness::kAlive && !external && !RunsAsWorkerOf(record)) process = devices::Liveness::kGone;
+  // Its /proc entry unreadable, and owned by another user (hidepid=1): the pid is another user's process now, not a worker
+  // this user started. (Taken for "cannot tell", its placement never started again.)
+  if (process == devices::Liveness::kUnknown && ::geteuid() != 0) {
+    if (const auto owner = ProcOwner(record.pid); owner && *owner != ::geteuid()) process = devices::Liveness::kGone;
+  }
   const bool alive = process == devices::Liveness::kAlive;
   // Recorded while it loaded; it may have finished since (its own port file says).
   if (alive && !external && record.port == 0) record.port = PortFromFile(record.key);
   std::optional<WorkerInfoFacts> info;
+  std::string not_held;  // why the secret was not sent to its port
   // An external server is never asked: it is not ours to trust with the
   // workers' secret (Spawn withholds it too), and it is not adopted.
   if (alive && !external && configured_hash == record.spec_hash && record.port != 0) {
-    auto r = http::Fetch("127.0.0.1", record.port, "GET", std::string(protocol::kInfoPath), "", AuthHeaders(),
-                         std::chrono::seconds(2));
+    auto r = FetchFromWorker(record.pid, record.port, "GET", std::string(protocol::kInfoPath));
+    if (!r.ok() && r.status().code() == StatusCode::kPermissionDenied) not_held = r.status().message();
     const auto answer = r.ok() && r->status == 200
                             ? protocol::WorkerInfo::FromJson(nlohmann::json::parse(r->body, nullptr, false))
                             : std::nullopt;
@@ -176,20 +192,38 @@ AdoptDecision Supervisor::Judge(WorkerRecord& record, const std::optional<std::s
     const auto left = OrphanedGroup(LeaderGone(record));
     orphans = left ? std::optional<size_t>(left->size()) : std::nullopt;
   }
-  return DecideAdoption(record, configured_hash, protocol::kWorkerProtocolVersion, process, info, external, orphans);
+  AdoptDecision d =
+      DecideAdoption(record, configured_hash, protocol::kWorkerProtocolVersion, process, info, external, orphans);
+  if (d.action == AdoptAction::kStop && !info && !not_held.empty()) d.reason = not_held;
+  return d;
 }
 
-Status Supervisor::ClearLeftovers(uint16_t port) const {
-  auto r = http::Fetch("127.0.0.1", port, "DELETE", std::string(protocol::kCancelAllPath), "", AuthHeaders(),
-                       std::chrono::seconds(2));
+StatusOr<http::ClientResponse> Supervisor::FetchFromWorker(pid_t pid, uint16_t port, const std::string& method,
+                                                          const std::string& path) const {
+  // The secret goes only to a port the recorded worker holds alone: the
+  // port of a worker that has closed its listener (exiting) or ended may
+  // be bound by any local program, another user's too, which would get the
+  // secret of every worker of this state directory.
+  const std::optional<bool> alone = ListensAlone(pid, port);
+  if (alone != true) {
+    return Status::PermissionDenied(
+        "port " + std::to_string(port) + (alone ? " is not held by pid " + std::to_string(pid) + " alone"
+                                                : " could not be told to be pid " + std::to_string(pid) +
+                                                      "'s (/proc cannot be read)") +
+        ": the worker secret is not sent there");
+  }
+  return http::Fetch("127.0.0.1", port, method, path, "", AuthHeaders(), std::chrono::seconds(2));
+}
+
+Status Supervisor::ClearLeftovers(pid_t pid, uint16_t port) const {
+  auto r = FetchFromWorker(pid, port, "DELETE", std::string(protocol::kCancelAllPath));
   if (!r.ok() || r->status != 200) {
     return Status::Unavailable("it did not cancel the previous gateway's requests (" +
                                (r.ok() ? "HTTP " + std::to_string(r->status) : r.status().message()) + ")");
   }
   const auto deadline = std::chrono::steady_clock::now() + kDrainTimeout;
   while (std::chrono::steady_clock::now() < deadline) {
-    auto info = http::Fetch("127.0.0.1", port, "GET", std::string(protocol::kInfoPath), "", AuthHeaders(),
-                            std::chrono::seconds(2));
+    auto info = FetchFromWorker(pid, port, "GET", std::string(protocol::kInfoPath));
     const auto w = info.ok() && info->status == 200
                        ? protocol::WorkerInfo::FromJson(nlohmann::json::parse(info->body, nullptr, false))
                        : std::nullopt;
@@ -301,7 +335,7 @@ void Supervisor::AdoptOrStop(const RecordFile& f, std::set<pid_t>* adopted, std:
     std::fprintf(stderr, "spillway: ignoring worker record %s: %s\n", f.path.c_str(), d.reason.c_str());
   }
   if (d.action == AdoptAction::kAdopt) {
-    if (Status st = ClearLeftovers(rec.port); !st.ok()) d = {AdoptAction::kStop, st.message()};
+    if (Status st = ClearLeftovers(rec.pid, rec.port); !st.ok()) d = {AdoptAction::kStop, st.message()};
   }
   switch (d.action) {
     case AdoptAction::kForget:

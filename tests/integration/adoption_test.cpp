@@ -5,7 +5,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +21,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -292,6 +297,88 @@ TEST(WorkerAdoptionTest, ARecordNamingAnotherPlacementsWorkerIsNotAdopted) {
   kill(-chat, SIGKILL);  // its record was overwritten: the test's to clean up
   EXPECT_EQ(Call(gw.port(), "POST", "/v1/chat/completions", Chat(4)).status, 200);
   EXPECT_TRUE(Alive(embed)) << "a worker adopted for its own placement was signalled for another";
+}
+
+// A socket on 127.0.0.1 that takes connections and keeps what they send:
+// another program on a worker's recorded port.
+class Eavesdropper {
+ public:
+  Eavesdropper() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd_ >= 0 && ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd_, 8) == 0 &&
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+      port_ = ntohs(a.sin_port);
+    }
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, 50) <= 0) continue;
+        const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) continue;
+        ++connections_;
+        char buf[4096];
+        pollfd q{c, POLLIN, 0};
+        while (::poll(&q, 1, 500) > 0) {
+          const ssize_t n = ::read(c, buf, sizeof buf);
+          if (n <= 0) break;
+          std::lock_guard<std::mutex> lk(mu_);
+          heard_.append(buf, static_cast<size_t>(n));
+        }
+        ::close(c);
+      }
+    });
+  }
+  ~Eavesdropper() {
+    stop_ = true;
+    thread_.join();
+    if (fd_ >= 0) ::close(fd_);
+  }
+  uint16_t port() const { return port_; }
+  int connections() const { return connections_; }
+  std::string heard() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return heard_;
+  }
+
+ private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> connections_{0};
+  std::mutex mu_;
+  std::string heard_;
+  std::thread thread_;
+};
+
+// A worker's recorded port held by another program (the worker closed its
+// listener as it exited, and another user bound the port meanwhile; here a
+// record whose port was changed): the restarted gateway sends the worker
+// secret only to a port the recorded worker holds alone, so that program
+// hears nothing, and the worker, not adoptable, is stopped and replaced.
+TEST(WorkerAdoptionTest, TheWorkerSecretGoesOnlyToAPortTheRecordedWorkerHolds) {
+  CrashedGateway crashed;
+  auto& [state, gw, chat, embed] = crashed;
+  ASSERT_TRUE(chat && embed);
+  Eavesdropper other;
+  ASSERT_NE(other.port(), 0);
+  json record = json::parse(std::ifstream(state.path + "/run/chat.0.json"), nullptr, false);
+  ASSERT_TRUE(record.is_object());
+  record["port"] = other.port();
+  std::ofstream(state.path + "/run/chat.0.json", std::ios::trunc) << record.dump();
+
+  const auto after = Started(gw);
+  EXPECT_EQ(other.connections(), 0) << "the restarted gateway called another program's port";
+  EXPECT_EQ(other.heard().find(TestWorkerSecret()), std::string::npos) << "the worker secret went to another program";
+  ASSERT_TRUE(after.count("chat.0"));
+  EXPECT_FALSE(after.at("chat.0")["adopted"].get<bool>());
+  EXPECT_NE(PidOf(after.at("chat.0")), chat) << "a worker whose port is another's was adopted";
+  EXPECT_TRUE(WaitFor([&] { return !Alive(chat); }, std::chrono::seconds(30))) << "the unadoptable worker was not stopped";
+  EXPECT_TRUE(after.at("embed.0")["adopted"].get<bool>());
+  EXPECT_EQ(Call(gw.port(), "POST", "/v1/chat/completions", Chat(4)).status, 200);
 }
 
 // The same state directory named another way (here with a "/." more) is

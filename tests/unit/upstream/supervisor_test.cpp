@@ -18,8 +18,13 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <boost/asio/io_context.hpp>
+#include <nlohmann/json.hpp>
+
+#include "api/http_server.h"
 #include "common/clock.h"
 #include "common/private_files.h"
+#include "protocol/worker_protocol.h"
 #include "devices/sim_ledger.h"
 #include "supervisor_fixture.h"
 #include "upstream/worker_record.h"
@@ -72,6 +77,50 @@ TEST_F(SupervisorTest, AStartThatFallsDueWhileTheGateRunsIsGatedToo) {
   sup.Stop(1000);  // before the gate's state above goes
 }
 
+// A worker's port file that names another process's port (a worker of an
+// earlier gateway with no record wrote it after this one's spawn cleared
+// it): the process there answers /info with its own pid, not the spawned
+// worker's, and the worker is not taken for ready (nothing is served from a
+// process the supervisor does not know).
+TEST(SupervisorReadinessTest, AWorkerWhosePortIsAnsweredByAnotherPidIsNotReady) {
+  // The other process: an /info that says pid 1.
+  boost::asio::io_context ioc;
+  std::atomic<int> asked{0};
+  http::Server other(ioc, {}, [&](http::Request req, std::shared_ptr<http::Exchange> ex) {
+    ++asked;
+    nlohmann::json info = {{"protocol_version", protocol::kWorkerProtocolVersion}, {"pid", 1}};
+    ex->Respond(http::MakeResponse(200, info.dump(), "application/json", req.version()));
+  });
+  ASSERT_TRUE(other.Listen("127.0.0.1", 0).ok());
+  std::thread io([&] { ioc.run(); });
+  const fs::path dir = fs::temp_directory_path() / ("spillway-readiness-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // The "worker": writes that port into the port file it is given, then waits.
+  const fs::path worker = dir / "worker.sh";
+  std::ofstream(worker) << "#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = --port-file ] && f=$2; shift; done\n"
+                        << "echo " << other.port() << " > \"$f\"\nexec sleep 30\n";
+  fs::permissions(worker, fs::perms::owner_all);
+  SystemClock clock;
+  {
+    Supervisor sup(worker.string(), (dir / "state").string(), clock);
+    WorkerSpec spec;
+    spec.key = "w.0";
+    sup.Add(spec);
+    ASSERT_TRUE(sup.Claim().ok());
+    sup.Start();
+    EXPECT_TRUE(Eventually([&] { return asked >= 3; })) << "its /info was never asked";
+    const WorkerView v = ViewOf(sup, "w.0");
+    EXPECT_NE(v.state, WorkerState::kReady) << "ready, served by pid 1 instead of the worker started (pid " << v.pid << ")";
+    EXPECT_GT(v.pid, 0);
+    sup.Stop(1000);
+  }
+  other.Stop();
+  ioc.stop();
+  io.join();
+  fs::remove_all(dir);
+}
+
 // The record of an external server "old.ext" a previous gateway started.
 WorkerRecord PreviousExternal(pid_t pid, uint64_t start_time) {
   WorkerRecord r;
@@ -115,6 +164,30 @@ TEST_F(SupervisorTest, APreviousExternalServerIsStoppedWithItsOwnSignal) {
   std::ifstream f(said);
   std::string word;
   EXPECT_TRUE(f >> word && word == "int") << "its INT trap never ran";
+}
+
+// Pids name a process only within the boot (and pid namespace) they were
+// read in: a record from another one names whatever has that pid now (an
+// external server's record has no command line to tell it by), so it is
+// forgotten, and that process is not signalled.
+TEST_F(SupervisorTest, ARecordFromAnotherBootIsForgottenNotStopped) {
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setpgid(0, 0);
+    execl("/bin/sh", "sh", "-c", "exec sleep 30", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ASSERT_TRUE(Eventually([&] { return devices::ProcessStartTime(pid) != 0; }));
+  WorkerRecord r = PreviousExternal(pid, devices::ProcessStartTime(pid));
+  r.boot = "00000000-0000-0000-0000-000000000000:4026531836";  // not this boot
+  fs::create_directories(dir_ / "run");
+  ASSERT_TRUE(WritePrivateFileAtomically(RecordPath((dir_ / "run").string(), r.key), RecordToJson(r)).ok());
+  sup_->StopUnadoptable({});
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, WNOHANG), 0) << "a process named by another boot's record was stopped";
+  kill(-pid, SIGKILL);
+  waitpid(pid, &status, 0);
 }
 
 // A state directory copied beside the original (a backup restored, a test
