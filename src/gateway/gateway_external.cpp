@@ -105,6 +105,9 @@ boost::asio::awaitable<ExternalAnswer> SendExternal(upstream::ConnectionPool& po
   }
   auto on_head = [&](const http::StreamHead& h) {
     a.status = h.status;
+    // (101 Switching Protocols, or no HTTP status: nothing of it is read or relayed,
+    // and its connection, in another protocol now, is dropped; RunExternal answers 502.)
+    if (h.status < 200 || h.status > 599) return false;
     auto t = h.headers.find("content-type");
     a.type = t == h.headers.end() ? "application/octet-stream" : t->second;
     if (auto r = h.headers.find("retry-after"); r != h.headers.end() && r->second.size() <= 64) a.retry_after = r->second;
@@ -395,8 +398,14 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     const std::string& type = a.type;
     const std::string& body = a.body;
     const bool relay = a.relayed, too_large = a.too_large;
+    // Past this point a request a server that is not idempotent received
+    // whole may have been acted on: its error says so (may_have_run, with
+    // X-Should-Retry: false, so that an OpenAI SDK does not send it again).
+    const bool may_have_run = control->sent && !svc->idempotent;
     if (control->expired()) {  // the deadline's, not the server's failure: not suspected, not sent again
-      co_return co_await fail(State::kFailed, DeadlinePassed());
+      Status st = DeadlinePassed();
+      if (may_have_run) st = st.WithReason(kMayHaveRun);
+      co_return co_await fail(State::kFailed, st);
     }
     // (An answer read whole before the stop's cut is the request's answer.)
     const bool whole = sent.ok() && status > 0 && !a.cut && !too_large;
@@ -407,8 +416,18 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
     }
     if (too_large) {
       // (The server did the work: a 502, not a 503 that says to try again.)
-      co_return co_await fail(State::kFailed, Status::BadGateway("the answer of service '" + svc->name + "' exceeds " +
-                                                                 std::to_string(kMaxAnswerBytes >> 20) + " MiB"));
+      Status st = Status::BadGateway("the answer of service '" + svc->name + "' exceeds " +
+                                     std::to_string(kMaxAnswerBytes >> 20) + " MiB");
+      if (may_have_run) st = st.WithReason(kMayHaveRun);
+      co_return co_await fail(State::kFailed, st);
+    }
+    // Not an HTTP answer to a request (101 Switching Protocols, or a status
+    // outside 200-599): nothing to relay as one.
+    if (sent.ok() && status > 0 && (status < 200 || status > 599)) {
+      Status st = Status::BadGateway("service '" + svc->name + "' answered with status " + std::to_string(status) +
+                                     ", not a final HTTP answer");
+      if (may_have_run) st = st.WithReason(kMayHaveRun);
+      co_return co_await fail(State::kFailed, st);
     }
     external_lines_->NoteReach(rec.service, (sent.ok() && status > 0) || control->connected, sent.message(),
                                clock_.NowMs());
@@ -479,7 +498,10 @@ boost::asio::awaitable<void> Gateway::RunExternal(journal::RequestRecord rec, st
                       (control->sent || control->connected ? "failed" : "could not be reached") + " (" +
                       last_failure + "); trying again in " + in_s + " s",
                   backoff.count() / 1000.0);
-    co_await SignalFor(rec.service).Wait(TimeLeft(live->deadline_ms, clock_.NowMs(), backoff.count()));
+    // (Cancelled while the requeue was written: its turn's wait says so at once, not after the backoff.)
+    if (!live->cancelled) {
+      co_await SignalFor(rec.service).Wait(TimeLeft(live->deadline_ms, clock_.NowMs(), backoff.count()));
+    }
   }
 }
 

@@ -184,17 +184,18 @@ struct AbortWatch : std::enable_shared_from_this<AbortWatch> {
   void Arm() {
     auto at = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
     const auto deadline = control->deadline;
-    if (deadline != std::chrono::steady_clock::time_point{}) at = std::min(at, deadline);
+    if (deadline != std::chrono::steady_clock::time_point{} && !control->aborted()) at = std::min(at, deadline);
     timer.expires_at(at);
     timer.async_wait([self = shared_from_this(), deadline](const beast::error_code&) {
       if (self->done) return;
       if (deadline != std::chrono::steady_clock::time_point{} && std::chrono::steady_clock::now() >= deadline) {
         self->control->Expire();
       }
-      if (self->control->aborted()) {
-        if (self->stream) self->stream->cancel();
-        return;
-      }
+      // Cancelled again every 50 ms until the call ends: a cancel finds only
+      // the operation waiting then, and one whose completion was already
+      // queued (a write done, a piece of the head read) goes on to the next
+      // read, which waited for the server's head for up to the idle timeout.
+      if (self->control->aborted() && self->stream) self->stream->cancel();
       self->Arm();
     });
   }
@@ -439,7 +440,10 @@ net::awaitable<Status> ConnectionPool::Stream(uint16_t port, std::string method,
       }
     } unwatch{watch};
     beast::error_code ec;
-    if (control) control->connected = control->sent = false;  // (round 0's stale connection: never acted on)
+    // (`sent` stays as round 0 left it: a request written whole on a kept
+    // connection that then closed may have been read, and crashed its
+    // server; counted as reached, it counts toward the three sends.)
+    if (control) control->connected = false;
     if (Status st = co_await Connect(*c, port, v6, std::chrono::seconds(10)); !st.ok()) co_return st;
     if (control) control->connected = !reused;  // (a kept one may be stale: known once it answers)
     if (control && control->aborted()) co_return failure(net::error::operation_aborted);

@@ -319,7 +319,17 @@ TEST_F(ExternalTest, ARelayedAnswerTooLongToKeepIsNotReplayedAsANote) {
 // upstream's connection is closed at the deadline and the answer is 504,
 // sent once, the server not suspected (it kept its 20 s answer before).
 TEST_F(ExternalTest, ADeadlineEndsARequestAtTheServerWith504) {
-  auto g = Start(TestConfig(2, FakeService("fake", log_, "idempotent = true\n")));
+  auto g = Start(TestConfig(2, FakeService("fake", log_, "idempotent = true\n") +
+                                   FakeService("fake-once", dir_ + "/once.log")));
+  {
+    // Past its deadline after a server that is not idempotent had it whole:
+    // it may have acted on it, so an SDK must not send it again on its own.
+    auto r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake-once","fake_delay_ms":20000})",
+                  {{"X-Request-Id", "late-once"}, {"X-Request-Timeout", "1"}});
+    EXPECT_EQ(r.status, 504) << r.body;
+    EXPECT_EQ(r.headers["x-should-retry"], "false") << "an SDK would send it again on its own";
+    EXPECT_NE(r.body.find("may_have_run"), std::string::npos) << r.body;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   auto r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake","fake_delay_ms":20000})",
                 {{"X-Request-Id", "late-1"}, {"X-Request-Timeout", "1"}});
@@ -332,6 +342,19 @@ TEST_F(ExternalTest, ADeadlineEndsARequestAtTheServerWith504) {
   EXPECT_EQ(next.status, 200) << next.body;
   const std::string passed_on = Body(next).value("request_timeout", "");  // what is left of it
   EXPECT_TRUE(passed_on.rfind("30.", 0) == 0 || passed_on.rfind("29.", 0) == 0) << next.body;
+}
+
+// A server that answers 101 Switching Protocols (or no HTTP status) gave no
+// answer to relay: 502, and its connection, in another protocol now, is not kept.
+TEST_F(ExternalTest, AnAnswerThatIsNotAFinalOneIs502) {
+  auto g = Start(TestConfig(2, FakeService("fake", log_)));
+  auto r = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake","fake_status":101})", {{"X-Request-Id", "up-1"}});
+  EXPECT_EQ(r.status, 502) << r.body;
+  EXPECT_NE(r.body.find("status 101"), std::string::npos) << r.body;
+  EXPECT_EQ(r.headers["x-should-retry"], "false") << "the server had it: an SDK must not send it again";
+  EXPECT_EQ(WaitTerminal(g->port(), "up-1")["state"], "failed");
+  const auto next = Call(g->port(), "POST", "/v1/rerank", R"({"model":"fake"})");
+  EXPECT_EQ(next.status, 200) << next.body;
 }
 
 TEST_F(ExternalTest, EachServiceHasItsOwnLineAndABusyOneStarvesNoOther) {
