@@ -233,9 +233,10 @@ class Gateway {
   // For a decision that chose a CPU-path placement: applies the CPU path's
   // limits (lowering d->max_tokens, said in *limits), and takes the
   // request's place in line (under the board's lock).
-  CpuGate CpuPathGate(const journal::RequestRecord& rec, const config::ServiceConfig& svc, admission::Decision* d,
+  // `failover`: the request ran an attempt elsewhere already (it joins a full line: CpuQueue::Join's past_bound).
+  CpuGate CpuPathGate(const journal::RequestRecord& rec, bool failover, const config::ServiceConfig& svc, admission::Decision* d,
                       int prompt_tokens, std::string* limits, std::string* note, double* est_wait_s, Status* rejected);
-  CpuGate CpuPathGateLocked(const journal::RequestRecord& rec, const config::ServiceConfig& svc,
+  CpuGate CpuPathGateLocked(const journal::RequestRecord& rec, bool failover, const config::ServiceConfig& svc,
                             PlacementBoard::Locked& board, admission::Decision* d, int prompt_tokens,
                             std::string* limits, std::string* note, double* est_wait_s, Status* rejected);
   // The CPU replicas' resident bytes in the service's line (under the board's lock).

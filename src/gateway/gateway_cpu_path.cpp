@@ -36,15 +36,15 @@ void Gateway::RefreshCpuResident(const config::ServiceConfig& svc, PlacementBoar
   }
 }
 
-Gateway::CpuGate Gateway::CpuPathGate(const journal::RequestRecord& rec, const config::ServiceConfig& svc,
+Gateway::CpuGate Gateway::CpuPathGate(const journal::RequestRecord& rec, bool failover, const config::ServiceConfig& svc,
                                       admission::Decision* d, int prompt_tokens, std::string* limits,
                                       std::string* note, double* est_wait_s, Status* rejected) {
   return board_.WithLock([&](PlacementBoard::Locked& board) {
-    return CpuPathGateLocked(rec, svc, board, d, prompt_tokens, limits, note, est_wait_s, rejected);
+    return CpuPathGateLocked(rec, failover, svc, board, d, prompt_tokens, limits, note, est_wait_s, rejected);
   });
 }
 
-Gateway::CpuGate Gateway::CpuPathGateLocked(const journal::RequestRecord& rec, const config::ServiceConfig& svc,
+Gateway::CpuGate Gateway::CpuPathGateLocked(const journal::RequestRecord& rec, bool failover, const config::ServiceConfig& svc,
                                             PlacementBoard::Locked& board, admission::Decision* d, int prompt_tokens,
                                             std::string* limits, std::string* note, double* est_wait_s,
                                             Status* rejected) {
@@ -71,7 +71,7 @@ Gateway::CpuGate Gateway::CpuPathGateLocked(const journal::RequestRecord& rec, c
   RefreshCpuResident(svc, board);
   admission::CpuPathState s;
   s.request_bytes = memory::RequestHostBytes(st.admission.n_vocab, uint64_t{prompt} + d->max_tokens);
-  s.join = q.Join(rec.id, s.request_bytes);
+  s.join = q.Join(rec.id, s.request_bytes, /*past_bound=*/failover);
   s.replica_ready = supervisor_.ReadyPort(st.key).has_value();
   if (admission::NeedsStart(s.join, s.replica_ready)) {
     // Procfs and cgroup files, read under the board's lock on an I/O thread:

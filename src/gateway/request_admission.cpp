@@ -283,7 +283,7 @@ RequestAdmission::CpuStep RequestAdmission::CpuLineStep(size_t i, std::string* n
   d.placement = i;
   d.max_tokens = 0;  // (its inputs are not counted on this path: no prompt bound either)
   std::string limits;
-  const Gateway::CpuGate gate = g_.CpuPathGate(rec_, svc_, &d, 0, &limits, note, est_wait_s, rejected_);
+  const Gateway::CpuGate gate = g_.CpuPathGate(rec_, /*failover=*/!first_, svc_, &d, 0, &limits, note, est_wait_s, rejected_);
   if (gate == Gateway::CpuGate::kGo) return CpuStep::kGo;
   if (gate == Gateway::CpuGate::kWait) return CpuStep::kWait;
   g_.metrics_.Decision(svc_.name, "reject");
@@ -679,7 +679,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       if (Goes(d.kind)) {
         if (svc_.OnCpuPath(d.placement)) {
           const Gateway::CpuGate gate =
-              g_.CpuPathGate(rec_, svc_, &d, prompt_tokens, &limits, &note, &est_wait_s, rejected_);
+              g_.CpuPathGate(rec_, /*failover=*/!first_, svc_, &d, prompt_tokens, &limits, &note, &est_wait_s, rejected_);
           const uint64_t primary_need = static_cast<uint64_t>(prompt_tokens) + (fit_context ? 1 : max_tokens);
           const bool primary_later =
               d.placement != 0 && !views.empty() && (views[0].usable || views[0].probing) &&

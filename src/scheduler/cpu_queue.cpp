@@ -28,7 +28,7 @@ void CpuQueue::SetResident(const std::string& replica, uint64_t bytes) {
   peak_ = std::max(peak_, Resident() + RunningBytes());
 }
 
-CpuQueue::JoinResult CpuQueue::Join(const std::string& id, uint64_t bytes) {
+CpuQueue::JoinResult CpuQueue::Join(const std::string& id, uint64_t bytes, bool past_bound) {
   if (Running(id)) return JoinResult::kQueued;
   if (auto w = std::find_if(waiting_.begin(), waiting_.end(), [&](const Waiter& x) { return x.id == id; });
       w != waiting_.end()) {
@@ -49,7 +49,7 @@ CpuQueue::JoinResult CpuQueue::Join(const std::string& id, uint64_t bytes) {
   // (One that would start at once does not wait: max_queue = 0, "never
   // wait", still lets the path run.)
   const bool starts_now = waiting_.empty() && static_cast<int>(running_.size()) < opts_.concurrency;
-  if (waiting_.size() >= opts_.max_waiting && !starts_now) {
+  if (waiting_.size() >= opts_.max_waiting && !starts_now && !past_bound) {
     CountRefusal(id, &rejected_full_);
     return JoinResult::kFull;
   }

@@ -3,8 +3,9 @@
 // own, fewer requests at once than the accelerator, and a host-RAM budget.
 //
 //   Join      a request routed to the CPU path takes a place in line
-//             (refused when the line is full, or when it could never fit
-//             the budget even alone);
+//             (refused when the line is full, unless it is a failover of
+//             a request already taken on, or when it could never fit the
+//             budget even alone);
 //   TryStart  the first in line starts when fewer than `concurrency` run and
 //             the replicas' resident bytes + the running requests' bytes +
 //             its own stay within the budget, and the host's observed
@@ -54,7 +55,11 @@ class CpuQueue {
   uint64_t Resident(const std::string& replica) const;
   // Idempotent: joining again keeps the place in line, unless the replicas
   // grew since so that it could never start (kOverBudget: it leaves).
-  JoinResult Join(const std::string& id, uint64_t bytes);
+  // `past_bound`: a request the gateway took on already, whose attempt
+  // elsewhere failed (a failover), joins a full line too: the bound refuses
+  // new load, not accepted work (there are at most as many as the other
+  // placements ran at once). The RAM budget still holds.
+  JoinResult Join(const std::string& id, uint64_t bytes, bool past_bound = false);
   // `host_available`: the host's observed available memory minus its
   // headroom (kUnknown: not known). A started request counts as running.
   StartResult TryStart(const std::string& id, uint64_t host_available = kUnknown);

@@ -145,7 +145,12 @@ AdoptDecision Supervisor::Judge(WorkerRecord& record, const std::optional<std::s
   // names a process that is not this placement's, which is never signalled.
   // (An external server's record says so itself: its key may be gone from the config, or be a worker's now.)
   external = external || record.external;
-  if (record.dir_ino != 0) {  // (recorded: not in records written before it was)
+  // (An external server's record only: a worker's command line names its
+  // state directory, compared as files below, which a copy's does not; the
+  // folder's device number may change while workers live, on a remount of
+  // a network or overlay file system, and its workers were forgotten,
+  // running on beside their replacements.)
+  if (external && record.dir_ino != 0) {  // (recorded: not in records written before it was)
     const auto dir = FolderIdentity(run_dir_);
     if (dir && *dir != std::pair<uint64_t, uint64_t>{record.dir_dev, record.dir_ino}) {
       return {AdoptAction::kForget, "it was recorded in another state directory (this one is a copy of it): pid " +

@@ -173,7 +173,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "spillway-worker: cannot set niceness %d: %s\n", nice, std::strerror(errno));
     }
   }
-  // The secret is read once and leaves the environment (children, /proc readers of it later).
+  // The secret is read once and leaves the environment its children would
+  // inherit. (/proc/<pid>/environ keeps the start's copy: readable by this
+  // user and root only, who can read the state directory's worker.secret anyway.)
   std::string secret;
   if (const char* s = std::getenv(kWorkerSecretEnv); s && *s) secret = s;
   ::unsetenv(kWorkerSecretEnv);

@@ -44,6 +44,28 @@ TEST(CpuQueueTest, AFullLineRefusesAndJoiningAgainKeepsThePlace) {
   EXPECT_EQ(q.Join("c", MiB), CpuQueue::JoinResult::kQueued);
 }
 
+// A failover (a request the gateway took on, whose accelerator attempt
+// failed) joins a full line at its end: the bound refuses new requests, not
+// accepted ones (the proving suite's cancel_in_cpu_queue, seed 7: four
+// accepted requests ended 503 "the CPU path is full"). The budget still holds.
+TEST(CpuQueueTest, AFailoverJoinsAFullLineButNotPastTheBudget) {
+  FakeClock clock;
+  CpuQueue q({/*max_waiting=*/1, /*concurrency=*/1, /*ram_budget_bytes=*/8 * MiB}, clock);
+  ASSERT_EQ(q.Join("a", MiB), CpuQueue::JoinResult::kQueued);
+  ASSERT_EQ(q.TryStart("a"), CpuQueue::StartResult::kStart);
+  ASSERT_EQ(q.Join("b", MiB), CpuQueue::JoinResult::kQueued);
+  EXPECT_EQ(q.Join("new", MiB), CpuQueue::JoinResult::kFull);
+  EXPECT_EQ(q.Join("failover", MiB, /*past_bound=*/true), CpuQueue::JoinResult::kQueued);
+  EXPECT_EQ(q.Position("failover"), 2u) << "at the end of the line, not ahead of those waiting";
+  EXPECT_EQ(q.Join("new", MiB), CpuQueue::JoinResult::kFull) << "the line is still full for new requests";
+  EXPECT_EQ(q.Join("huge", 9 * MiB, /*past_bound=*/true), CpuQueue::JoinResult::kOverBudget);
+  q.Leave("a");
+  EXPECT_EQ(q.TryStart("b"), CpuQueue::StartResult::kStart);
+  EXPECT_EQ(q.TryStart("failover"), CpuQueue::StartResult::kWait);
+  q.Leave("b");
+  EXPECT_EQ(q.TryStart("failover"), CpuQueue::StartResult::kStart);
+}
+
 // max_queue = 0: nobody waits, but a request that starts at once runs (it
 // refused every request, the path idle or not).
 TEST(CpuQueueTest, ALineOfNoWaitingPlacesStillRunsWhatStartsAtOnce) {
