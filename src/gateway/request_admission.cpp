@@ -22,13 +22,20 @@ using nlohmann::json;
 
 bool Goes(admission::Kind k) { return k != admission::Kind::kDelay && k != admission::Kind::kReject; }
 
+// The delay an accepted request may wait for room (RequestAdmission's
+// `accepted`): no bound of its own, a year (its deadline and its client's
+// patience bound it).
+constexpr int64_t kAcceptedMaxDelayS = 365LL * 24 * 3600;
+
 }  // namespace
 
 RequestAdmission::RequestAdmission(Gateway& g, const journal::RequestRecord& rec, const config::ServiceConfig& svc,
                                    Gateway::Live& live, const std::vector<bool>& excluded, Gateway::Target* target,
-                                   Status* rejected, std::string* reject_decision, const OnWait& on_wait, bool first)
+                                   Status* rejected, std::string* reject_decision, const OnWait& on_wait, bool first,
+                                   bool accepted)
     : g_(g), rec_(rec), svc_(svc), live_(live), excluded_(excluded), t_(target), rejected_(rejected),
-      reject_decision_(reject_decision), on_wait_(on_wait), first_(first), signal_(g.SignalFor(svc.name)),
+      reject_decision_(reject_decision), on_wait_(on_wait), first_(first), accepted_(accepted || !first),
+      signal_(g.SignalFor(svc.name)),
       t0_(g.clock_.NowMs()) {
   for (size_t k = 0; k < svc.placements.size(); ++k) states_.push_back(&g_.board_.placement(svc.name, k));
   holds_.assign(states_.size(), Gateway::Hold::kNone);
@@ -50,7 +57,9 @@ bool RequestAdmission::RefusedAtOnce() {
   int opens_in_s = 0;
   bool accelerator = false;
   for (const auto& p : svc_.placements) accelerator |= p.device != "cpu";
-  if (accelerator && svc_.residency.outside_window == "wait" && g_.OutsideWindow(svc_.residency, &why, &opens_in_s)) {
+  // (Not one accepted before the window closed: it runs, or waits for the accelerator, as it would have.)
+  if (accelerator && !accepted_ && svc_.residency.outside_window == "wait" &&
+      g_.OutsideWindow(svc_.residency, &why, &opens_in_s)) {
     *rejected_ = Status::ResourceExhausted("service '" + svc_.name + "' is " + why + " (outside_window = \"wait\")")
                      .WithRetryAfter(std::max(1, opens_in_s));
     return true;
@@ -229,6 +238,7 @@ int64_t RequestAdmission::WaitedSinceUp() {
 
 boost::asio::awaitable<bool> RequestAdmission::WaitBehind(int64_t cap_ms) {
   if (Stopped()) co_return false;
+  if (accepted_) cap_ms = kAcceptedMaxDelayS * 1000;  // (its deadline bounds it: the waits below)
   const int64_t now = g_.clock_.NowMs();
   const int64_t waited = WaitedSinceUp();
   if (waited > cap_ms) {
@@ -283,7 +293,7 @@ RequestAdmission::CpuStep RequestAdmission::CpuLineStep(size_t i, std::string* n
   d.placement = i;
   d.max_tokens = 0;  // (its inputs are not counted on this path: no prompt bound either)
   std::string limits;
-  const Gateway::CpuGate gate = g_.CpuPathGate(rec_, /*failover=*/!first_, svc_, &d, 0, &limits, note, est_wait_s, rejected_);
+  const Gateway::CpuGate gate = g_.CpuPathGate(rec_, /*failover=*/accepted_, svc_, &d, 0, &limits, note, est_wait_s, rejected_);
   if (gate == Gateway::CpuGate::kGo) return CpuStep::kGo;
   if (gate == Gateway::CpuGate::kWait) return CpuStep::kWait;
   g_.metrics_.Decision(svc_.name, "reject");
@@ -426,7 +436,7 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
     // (A place in the CPU path's line, its replica up, is bounded by
     // max_queue and the deadline, as a generation's is: not by this cap.)
     const bool cpu_line_wait = !cpu_note.empty() && !loading;
-    if (!cpu_line_wait && WaitedSinceUp() > kQueueWaitMs) break;
+    if (!cpu_line_wait && !accepted_ && WaitedSinceUp() > kQueueWaitMs) break;
     waited |= all_busy;
     // Woken when a slot frees; a start is looked at again within 100 ms.
     co_await Wait(TimeLeft(live_.deadline_ms, g_.clock_.NowMs(), all_busy ? 1000 : 100));
@@ -598,7 +608,8 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
   const auto truncate = body.is_object() ? body.find("truncate") : body.end();
   const bool truncating = truncate != body.end() && truncate->is_boolean() && truncate->get<bool>();
   int prompt_tokens = live_.prompt_tokens;  // (counted by an earlier round of this request's, or not yet)
-  const int64_t decide_cap_ms = std::max<int64_t>(static_cast<int64_t>(svc_.admission.max_delay_s * 1000), kQueueWaitMs);
+  const int64_t decide_cap_ms = accepted_ ? kAcceptedMaxDelayS * 1000
+                                          : std::max<int64_t>(static_cast<int64_t>(svc_.admission.max_delay_s * 1000), kQueueWaitMs);
   while (true) {
     if (Stopped()) co_return false;
     // The prompt's size in tokens, from any ready worker of the service (they share the tokenizer).
@@ -645,8 +656,10 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       // path's line), a new request would join it at the end.
       need.ahead_in_line = static_cast<uint32_t>(ticket_ ? signal_.Ahead(*ticket_) : first_ ? signal_.in_line() : 0);
       if (live_.deadline_ms) need.deadline_left_s = std::max(0.001, (live_.deadline_ms - now) / 1000.0);
-      admission::Policy policy{svc_.admission.reroute_on_pressure, svc_.admission.fail_fast, svc_.admission.max_delay_s,
-                               svc_.admission.pressure};
+      // An accepted request waits for room however long (its deadline and
+      // its client bound it): max_delay_s turns new requests away, not it.
+      admission::Policy policy{svc_.admission.reroute_on_pressure, svc_.admission.fail_fast,
+                               accepted_ ? kAcceptedMaxDelayS : svc_.admission.max_delay_s, svc_.admission.pressure};
       policy.start_wait_s = std::min(kQueueWaitMs, g_.StartWaitMs(svc_)) / 1000.0;
       d = admission::Decide(need, views, policy);
       // Cut for a context that is not there now, and a smaller one is:
@@ -679,7 +692,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       if (Goes(d.kind)) {
         if (svc_.OnCpuPath(d.placement)) {
           const Gateway::CpuGate gate =
-              g_.CpuPathGate(rec_, /*failover=*/!first_, svc_, &d, prompt_tokens, &limits, &note, &est_wait_s, rejected_);
+              g_.CpuPathGate(rec_, /*failover=*/accepted_, svc_, &d, prompt_tokens, &limits, &note, &est_wait_s, rejected_);
           const uint64_t primary_need = static_cast<uint64_t>(prompt_tokens) + (fit_context ? 1 : max_tokens);
           const bool primary_later =
               d.placement != 0 && !views.empty() && (views[0].usable || views[0].probing) &&
@@ -808,7 +821,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
     // (A place in the CPU path's line is bounded by that line, max_queue
     // long, and by the request's deadline: a request told "position 3,
     // about 100 s" is not dropped at 60 s.)
-    if (!cpu_line_wait && waited_s > std::max({svc_.admission.max_delay_s, kQueueWaitMs / 1000.0, start_s})) {
+    if (!cpu_line_wait && !accepted_ && waited_s > std::max({svc_.admission.max_delay_s, kQueueWaitMs / 1000.0, start_s})) {
       *rejected_ = Status::ResourceExhausted("no placement of '" + svc_.name + "' could take the request within " +
                                              std::to_string(static_cast<int>(waited_s)) + " s: " + d.reason)
                        .WithRetryAfter(5);

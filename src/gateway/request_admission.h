@@ -50,10 +50,15 @@ class RequestAdmission {
   // `first`: the request has not run an attempt yet, so it takes its place
   // at the end of the service's line (capacity_signal.h); a retry (after a
   // failure, or a worker that answered busy) does not queue behind newer ones.
+  // `accepted`: the gateway took the request on already (an attempt of it
+  // ran, or it was recovered from the journal after a restart): bounds that
+  // refuse new load do not refuse it (a full CPU line, max_delay_s, the 60 s
+  // a line may stand still, a batch window that closed meanwhile); its
+  // deadline, its cancel, a start that fails and a size nothing can hold do.
   // The caller keeps it (and what it refers to) until Run's awaitable is done.
   RequestAdmission(Gateway& g, const journal::RequestRecord& rec, const config::ServiceConfig& svc, Gateway::Live& live,
                    const std::vector<bool>& excluded, Gateway::Target* target, Status* rejected,
-                   std::string* reject_decision, const OnWait& on_wait, bool first);
+                   std::string* reject_decision, const OnWait& on_wait, bool first, bool accepted);
   ~RequestAdmission();
   RequestAdmission(const RequestAdmission&) = delete;
   RequestAdmission& operator=(const RequestAdmission&) = delete;
@@ -142,6 +147,7 @@ class RequestAdmission {
   std::string* reject_decision_;
   const OnWait& on_wait_;
   const bool first_;
+  const bool accepted_;
   CapacitySignal& signal_;
   // The placements' fixed parts (key, config, start-up admission); what
   // changes (pools, breakers, throughput) is read through the board's views.

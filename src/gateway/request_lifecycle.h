@@ -118,6 +118,9 @@ class RequestLifecycle {
   journal::RequestRecord rec_;
   std::shared_ptr<Gateway::Live> live_;
   bool unjournaled_;
+  // Recovered from the journal after a restart (no client): the gateway took
+  // it on before, as it did a request with an attempt (RequestAdmission's `accepted`).
+  bool recovered_ = false;
   const boost::asio::any_io_executor strand_;
   const config::ServiceConfig* const svc_;
   const int64_t t0_;

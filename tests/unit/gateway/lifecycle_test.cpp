@@ -1143,6 +1143,53 @@ TEST_F(LifecycleTest, AnEmbeddingWaitsInTheCpuLinePastSixtySeconds) {
   EXPECT_EQ(third->status(), 200u) << third->body();
 }
 
+// The CPU path's line is bounded for new requests, not for the gateway's
+// own failovers: a request whose attempt on the accelerator failed joins the
+// line's end when max_queue are waiting already (the proving suite's
+// cancel_in_cpu_queue, seed 7: such requests ended 503 "the CPU path is
+// full" after their attempt). A new request is refused as before.
+class FullCpuLineLifecycleTest : public LifecycleTest {
+ protected:
+  void SetUp() override {
+    config_text_ = std::string(kConfig);
+    config_text_.replace(config_text_.find("host_headroom_mib = 0\n"), 22, "host_headroom_mib = 0\nmax_queue = 1\n");
+    LifecycleTest::SetUp();
+  }
+};
+
+TEST_F(FullCpuLineLifecycleTest, AFailoverJoinsAFullCpuLineANewRequestDoesNot) {
+  primary_.behaviour = [](http::Request&, std::shared_ptr<http::Exchange> ex) {
+    Refuse(ex, Status::ResourceExhausted("kv alloc failed").WithPhase(FailurePhase::kKv));
+  };
+  fallback_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) { fallback_.Hold(req, std::move(ex)); };
+  auto first = Complete("r-1");
+  ASSERT_TRUE(Eventually([&] { return fallback_.calls() == 1; }));
+  auto second = Complete("r-2");
+  ASSERT_TRUE(Eventually([&] { return CpuLine()["waiting"] == 1; })) << CpuLine().dump();
+  // The line is full (max_queue 1). A third fails on the accelerator (its
+  // breaker opens with it) and goes to the CPU path all the same.
+  auto third = Complete("r-3");
+  ASSERT_TRUE(Eventually([&] { return primary_.calls() == 3; }));
+  ASSERT_TRUE(Eventually([&] { return CpuLine()["waiting"] == 2 || third->done(); })) << CpuLine().dump();
+  EXPECT_FALSE(third->done()) << "a failover refused for the CPU path's line: " << third->body();
+  // A new request (the accelerator's breaker open now: it goes to the CPU path first) is refused.
+  auto fourth = Complete("r-4");
+  ASSERT_TRUE(fourth->Wait());
+  EXPECT_EQ(fourth->status(), 503u) << fourth->body();
+  EXPECT_NE(fourth->body().find("full"), std::string::npos) << fourth->body();
+  EXPECT_EQ(primary_.calls(), 3u) << "a new request went to the ejected accelerator";
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(Eventually([&] { return fallback_.calls() == i + 1; })) << "call " << i << " never came";
+    Answer(fallback_.TakeHeld(i), "cpu " + std::to_string(i));
+  }
+  for (auto* ex : {&first, &second, &third}) {
+    ASSERT_TRUE((*ex)->Wait());
+    EXPECT_EQ((*ex)->status(), 200u) << (*ex)->body();
+  }
+  EXPECT_EQ(Journaled("r-3").state, journal::State::kCompleted);
+  EXPECT_EQ(Journaled("r-3").attempts, 2);
+}
+
 TEST_F(LifecycleTest, AStreamCutMidwayIsContinuedElsewhereAsOneStream) {
   primary_.behaviour = CutStream({{"a", 11}, {"b", 12}});
   fallback_.behaviour = [](http::Request& req, std::shared_ptr<http::Exchange> ex) {
