@@ -17,8 +17,8 @@ namespace {
 // The same members as a parsed document would give, a later duplicate key
 // winning as it does there.
 enum class EventRole {
-  kOther, kDocument, kTop, kSpillway, kTokens, kToken, kChoices, kChoice, kDelta, kContent, kToolCalls, kText,
-  kFinish, kError
+  kOther, kDocument, kTop, kSpillway, kTokens, kToken, kChoices, kChoice, kDelta, kContent, kReasoning, kToolCalls,
+  kText, kFinish, kError
 };
 
 struct EventFacts : JsonMembers<EventFacts, EventRole> {
@@ -30,6 +30,7 @@ struct EventFacts : JsonMembers<EventFacts, EventRole> {
   bool choices_array = false, choice_object = false;  // "choices"[0]
   bool delta_object = false, content_string = false, tool_calls_array = false, tool_calls_any = false;
   size_t content_bytes = 0;
+  size_t reasoning_bytes = 0;  // delta.reasoning_content, when a string
   bool text_string = false;
   size_t text_bytes = 0;
   bool finish_string = false, finish_tool_calls = false;
@@ -80,6 +81,10 @@ struct EventFacts : JsonMembers<EventFacts, EventRole> {
         tool_calls_array = tool_calls_any = false;
         return Role::kToolCalls;
       }
+      if (k == "reasoning_content") {
+        reasoning_bytes = 0;
+        return Role::kReasoning;
+      }
     }
     return Role::kOther;
   }
@@ -117,6 +122,8 @@ struct EventFacts : JsonMembers<EventFacts, EventRole> {
     if (at == Role::kContent) {
       content_string = true;
       content_bytes = s.size();
+    } else if (at == Role::kReasoning) {
+      reasoning_bytes = s.size();
     } else if (at == Role::kText) {
       text_string = true;
       text_bytes = s.size();
@@ -136,7 +143,7 @@ struct EventFacts : JsonMembers<EventFacts, EventRole> {
  private:
   void ResetDelta() {
     delta_object = content_string = tool_calls_array = tool_calls_any = false;
-    content_bytes = 0;
+    content_bytes = reasoning_bytes = 0;
   }
 };
 
@@ -155,19 +162,25 @@ StreamProgress::Event StreamProgress::Observe(const std::string& event, std::str
       return Event::kError;
     }
   }
-  if (e.spillway_object && e.tokens_array) tokens_.insert(tokens_.end(), e.tokens.begin(), e.tokens.end());
+  const bool with_tokens = e.spillway_object && e.tokens_array && !e.tokens.empty();
+  if (with_tokens) tokens_.insert(tokens_.end(), e.tokens.begin(), e.tokens.end());
+  bool delivers = false;  // text, reasoning or a tool call's piece reaches the client with it
   if (e.choices_array && e.choice_object) {
     if (e.delta_object) {
       if (e.content_string) text_bytes_ += e.content_bytes;
       if (e.tool_calls_array && e.tool_calls_any) tool_calls_ = true;
+      delivers = (e.content_string && e.content_bytes > 0) || e.reasoning_bytes > 0 || (e.tool_calls_array && e.tool_calls_any);
     } else if (e.text_string) {
       text_bytes_ += e.text_bytes;
+      delivers = e.text_bytes > 0;
     }
     if (e.finish_string) {
       finished_ = true;
       if (e.finish_tool_calls) tool_calls_ = true;
     }
   }
+  if (with_tokens) ids_pending_ = false;
+  else if (delivers) ids_pending_ = true;
   return Event::kChunk;
 }
 

@@ -37,9 +37,19 @@ class StreamProgress {
   const std::optional<protocol::WorkerError>& last_error() const { return last_error_; }
   // A new attempt begins: an earlier attempt's error is not this one's.
   void ClearError() { last_error_.reset(); }
+  // Something was delivered whose token ids have not come yet: the worker
+  // puts a step's ids on the last of the events that step produced (its
+  // reasoning, then its text; one tool call's last arguments, then the
+  // next's start), so a stream cut between them delivered text no id
+  // stands for.
+  bool ids_pending() const { return ids_pending_; }
   // A continuation can reproduce what was delivered: token ids are known for
-  // all of it and no side effect (tool call) has gone out.
-  bool Continuable() const { return !tool_calls_delivered() && !(text_bytes_ > 0 && tokens_.empty()); }
+  // all of it and no side effect (tool call) has gone out. (Cut with ids
+  // pending, a continuation replayed the ids it had and generated the rest
+  // of that step again: its reasoning twice, a tool call's arguments twice.)
+  bool Continuable() const {
+    return !tool_calls_delivered() && !(text_bytes_ > 0 && tokens_.empty()) && !ids_pending_;
+  }
 
  private:
   std::vector<int32_t> tokens_;
@@ -47,6 +57,7 @@ class StreamProgress {
   bool tool_calls_ = false;
   bool finished_ = false;
   bool tool_calls_held_ = false;
+  bool ids_pending_ = false;
   std::optional<protocol::WorkerError> last_error_;
 };
 

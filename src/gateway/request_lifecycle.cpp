@@ -603,9 +603,12 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
                                 " (the gateway's bound on a request without X-Request-Timeout)";
           // A stream the client has tokens of (a continuation replaying many
           // on a slow placement) ends resumable, with its checkpoint, as any
-          // cut stream that goes no further: it ended failed, with none.
-          if (reply_.events_started() && !progress_.tokens().empty() && !progress_.tool_calls_delivered()) {
-            co_return co_await EndResumable("the worker " + bound);
+          // cut stream that goes no further: it ended failed, with none. So
+          // does one past delivered tool calls (the checkpoint says they were).
+          if (reply_.events_started() && !progress_.tokens().empty()) {
+            co_return co_await EndResumable(
+                "the worker " + bound +
+                (progress_.tool_calls_delivered() ? " (tool calls were delivered: it is not replayed past them)" : ""));
           }
           co_return co_await Fail(State::kFailed, Status::DeadlineExceeded("the worker " + bound + ": " + r.why));
         }

@@ -62,6 +62,34 @@ TEST(StreamProgressTest, TextWithoutTokenIdsCannotBeReproduced) {
   EXPECT_TRUE(none.Continuable());  // nothing delivered: a fresh run is fine
 }
 
+// The worker puts one step's token ids on the last of the events the step
+// made (its reasoning, then its text; a tool call's last arguments, then
+// the next one's start): a stream cut between them delivered text no id
+// stands for, and a continuation would generate that step again (its
+// reasoning twice; in Ollama's held tool calls, arguments appended twice).
+TEST(StreamProgressTest, TextWhoseIdsHaveNotComeYetIsNotContinued) {
+  StreamProgress p;
+  p.Observe("data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n", nullptr);
+  EXPECT_TRUE(p.Continuable()) << "a role chunk delivers nothing";
+  p.Observe("data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"Let me\"}}]}\n\n", nullptr);
+  EXPECT_TRUE(p.ids_pending());
+  EXPECT_FALSE(p.Continuable()) << "reasoning delivered, no id for it yet (cut here, a continuation was a fresh run)";
+  p.Observe("data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}],\"spillway\":{\"tokens\":[7,8,9]}}\n\n", nullptr);
+  EXPECT_FALSE(p.ids_pending());
+  EXPECT_TRUE(p.Continuable());
+  p.Observe("data: {\"choices\":[{\"delta\":{\"reasoning_content\":\" think\"}}]}\n\n", nullptr);
+  EXPECT_FALSE(p.Continuable()) << "cut between a step's reasoning and its text";
+  p.Observe("data: {\"choices\":[{\"text\":\"\"}],\"spillway\":{\"tokens\":[10]}}\n\n", nullptr);
+  EXPECT_TRUE(p.Continuable());
+  // Held tool calls (Ollama's translation): continuable only once their step's ids came.
+  StreamProgress held;
+  held.set_tool_calls_held(true);
+  held.Observe("data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"1}\"}}]}}]}\n\n", nullptr);
+  EXPECT_FALSE(held.Continuable()) << "the first call's last arguments, the ids on the next event";
+  held.Observe("data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":1,\"function\":{\"name\":\"b\"}}]}}],\"spillway\":{\"tokens\":[3]}}\n\n", nullptr);
+  EXPECT_TRUE(held.Continuable());
+}
+
 TEST(StreamProgressTest, TheStreamsErrorEventIsTypedAndClearedForTheNextAttempt) {
   StreamProgress p;
   std::string phase;
@@ -137,6 +165,7 @@ TEST(StreamProgressTest, EdgeEventsReadAsTheWholeParsedEventSays) {
     EXPECT_EQ(p.text_bytes(), r.text_bytes) << event;
     EXPECT_EQ(p.tool_calls_delivered(), r.tool_calls) << event;
     EXPECT_EQ(p.finished(), r.finished) << event;
+    EXPECT_EQ(p.ids_pending(), r.ids_pending) << event;
     EXPECT_EQ(p.last_error().has_value(), r.error) << event;
   }
 }
@@ -185,6 +214,7 @@ TEST(StreamProgressTest, ReadsWhatTheWholeParsedEventSays) {
     ASSERT_EQ(p.text_bytes(), r.text_bytes) << event;
     ASSERT_EQ(p.tool_calls_delivered(), r.tool_calls) << event;
     ASSERT_EQ(p.finished(), r.finished) << event;
+    ASSERT_EQ(p.ids_pending(), r.ids_pending) << event;
     ASSERT_EQ(p.last_error().has_value(), r.error) << event;
     chunks += got == StreamProgress::Event::kChunk;
     errors += got == StreamProgress::Event::kError;

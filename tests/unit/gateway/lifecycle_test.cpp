@@ -602,6 +602,24 @@ TEST_F(SilenceBoundLifecycleTest, AContinuationSilentPastTheBoundEndsResumable) 
   EXPECT_EQ(Journaled("r-slow-replay").state, journal::State::kFailedResumable);
 }
 
+// The same past delivered tool calls: resumable with its checkpoint (which
+// says they were delivered), as a cut stream past them ends; it ended
+// failed, with no checkpoint.
+TEST_F(SilenceBoundLifecycleTest, AStreamSilentAfterItsToolCallsEndsResumable) {
+  primary_.behaviour = [this](http::Request& req, std::shared_ptr<http::Exchange> ex) {
+    ex->StartStream(http::MakeResponse(200, "", "text/event-stream"));
+    ex->Write(api::SseEvent({{"choices", {{{"index", 0}, {"delta", {{"tool_calls", {{{"index", 0}, {"function", {{"name", "add"}}}}}}}}}}},
+                             {"spillway", {{"tokens", {21, 22}}}}}));
+    primary_.Hold(req, std::move(ex));  // and then nothing
+  };
+  auto ex = Complete("r-tool-silent", true, {{"X-Request-Timeout", "60"}});
+  ASSERT_TRUE(ex->Wait());
+  EXPECT_NE(ex->body().find("checkpoint"), std::string::npos) << ex->body();
+  EXPECT_NE(ex->body().find("tool calls were delivered"), std::string::npos) << ex->body();
+  EXPECT_EQ(Journaled("r-tool-silent").state, journal::State::kFailedResumable);
+  EXPECT_EQ(fallback_.calls(), 0u) << "replayed past a delivered tool call";
+}
+
 class OneSyncLifecycleTest : public LifecycleTest {
  protected:
   void SetUp() override {
