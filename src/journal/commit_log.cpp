@@ -534,6 +534,10 @@ void CommitLog::Append(const std::string& payload, Queued queued, Durable durabl
   }
   if (size_ - kHeaderBytes + old_size_ + static_cast<int64_t>(rec.size()) > max_bytes_) {
     lk.unlock();
+    if (static_cast<int64_t>(rec.size()) > max_bytes_ / 4) {
+      return durable(kNoRoomRc, "a record of " + std::to_string(rec.size() >> 20) + " MiB, with no room for it now in the " +
+                                    std::to_string(max_bytes_ >> 20) + " MiB the commit log holds");
+    }
     return durable(kCapRc, "the commit log holds " + std::to_string(max_bytes_ >> 20) +
                                     " MiB of records whose rows have not committed");
   }

@@ -78,6 +78,13 @@ class CommitLog {
   // body past it): that request's refusal alone (SQLITE_TOOBIG's family), not
   // a storage failure, which refused every request for a while.
   static constexpr int kTooLargeRc = 18 /* SQLITE_TOOBIG */ | (64 << 8);
+  // The result of a large record (over a quarter of the cap) that does not
+  // fit beside the records the log holds now: that request's refusal alone,
+  // to be sent again (it fits once they are applied), not a full log's. A
+  // body of 100 MiB, where max_body_bytes allows one, made the whole journal
+  // refuse every request for a while each time it came while some records
+  // were there. Not a storage failure either (SQLITE_TOOBIG's family).
+  static constexpr int kNoRoomRc = 18 /* SQLITE_TOOBIG */ | (65 << 8);
 
   // Opens (creating it 0600, never through a symbolic link) the log at
   // `path`; the records a previous process left are put in `leftover`, in

@@ -243,11 +243,14 @@ void Journal::AppendLogged(std::string payload, size_t bytes, OnCommit durable, 
       },
       [this, w, paced, durable = std::move(durable)](int rc, const std::string& what) {
         if (rc != SQLITE_OK) {
-          // Not written: its rows never come. (Too large for the log is this
-          // request's alone: the journal writes on.)
+          // Not written: its rows never come. (Too large for the log, or a
+          // large record with no room now, is this request's alone: the
+          // journal writes on.)
           std::unique_ptr<Writer> owned(w);
           Status st = rc == CommitLog::kTooLargeRc ? Status::PayloadTooLarge("the request journal cannot hold " + what)
-                                                   : StorageFailure(rc, what);
+                      : rc == CommitLog::kNoRoomRc
+                          ? Status::Unavailable("the request journal cannot take " + what).WithRetryAfter(5)
+                          : StorageFailure(rc, what);
           return paced ? w->paced(std::move(st)) : durable(std::move(st));
         }
         // (`w` is the queue's now, perhaps applied and gone already.)

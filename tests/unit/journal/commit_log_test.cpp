@@ -551,11 +551,10 @@ TEST_F(CommitLogTest, RecordsWrittenAfterATornOneAreFoundAgain) {
 TEST_F(CommitLogTest, PastItsBoundTheLogRefusesRecordsAsAFullDiskDoes) {
   std::vector<std::string> left;
   auto log = OpenLog(&left);
-  log->set_max_bytes(3 * (1000 + kRecordHeader));
+  const int64_t kRecord = 1000 + kRecordHeader;
+  log->set_max_bytes(8 * kRecord);
   const std::string kb(1000, 'x');
-  ASSERT_EQ(Append(*log, kb), 1);
-  ASSERT_EQ(Append(*log, kb), 2);
-  ASSERT_EQ(Append(*log, kb), 3);
+  for (int64_t i = 1; i <= 8; ++i) ASSERT_EQ(Append(*log, kb), i);
   int rc = SQLITE_OK;
   std::string what;
   log->Append(kb, [](int64_t) { ADD_FAILURE() << "a refused record reached the journal"; },
@@ -565,18 +564,27 @@ TEST_F(CommitLogTest, PastItsBoundTheLogRefusesRecordsAsAFullDiskDoes) {
   EXPECT_EQ(detail::StorageProblem(rc), "commit log full");
   EXPECT_EQ(detail::StorageProblem(SQLITE_FULL), "disk full");
   EXPECT_NE(what.find("have not committed"), std::string::npos) << what;
-  log->Applied(3);
+  // A large record (over a quarter of the cap) that does not fit beside the
+  // records there now is refused alone, to be sent again: it made the whole
+  // journal refuse every request for a while, as a full log does.
+  log->Append(std::string(3 * kRecord, 'x'), [](int64_t) { ADD_FAILURE() << "a refused record was queued"; },
+              [&](int r, const std::string& w) { rc = r, what = w; });
+  EXPECT_EQ(rc, CommitLog::kNoRoomRc);
+  EXPECT_TRUE(detail::StorageProblem(rc).empty()) << "taken for the storage's failure: " << detail::StorageProblem(rc);
+  EXPECT_NE(what.find("no room for it now"), std::string::npos) << what;
+  log->Applied(8);
   log->EmptyIfApplied();  // emptied: room again
-  EXPECT_EQ(Append(*log, kb), 4);
+  EXPECT_EQ(Append(*log, kb), 9);
+  EXPECT_EQ(Append(*log, std::string(3 * kRecord - kRecordHeader, 'x')), 10) << "taken once there is room";
   // A record the log could not hold even empty is that record's refusal, not
   // a full log's: the journal took it for a storage failure and refused every
   // request for a while (one huge body, sent now and then, kept it refusing).
-  log->Append(std::string(4 * (1000 + kRecordHeader), 'x'), [](int64_t) { ADD_FAILURE() << "a refused record was queued"; },
+  log->Append(std::string(9 * kRecord, 'x'), [](int64_t) { ADD_FAILURE() << "a refused record was queued"; },
               [&](int r, const std::string& w) { rc = r, what = w; });
   EXPECT_EQ(rc, CommitLog::kTooLargeRc);
   EXPECT_TRUE(detail::StorageProblem(rc).empty()) << "taken for the storage's failure: " << detail::StorageProblem(rc);
   EXPECT_NE(what.find("larger than"), std::string::npos) << what;
-  EXPECT_EQ(Append(*log, kb), 5);
+  EXPECT_EQ(Append(*log, kb), 11);
 }
 
 // A record whose sync failed was answered "failed": no replay may apply it,
