@@ -90,16 +90,7 @@ void ReplyWriter::BeginStream(const ServedBy& served, const std::string& role) {
   // again, as a whole answer's replay does.)
   const bool dropped = !served.dropped_messages.empty() && served.dropped_messages != "0";
   if (!served.fallback_model.empty() || !served.limits.empty() || !served.degraded.empty() || dropped) {
-    stored_ = std::string(kServedComment) +
-              json{{"placement", served.placement},
-                   {"decision", served.decision},
-                   {"attempts", served.attempts},
-                   {"limits", served.limits},
-                   {"degraded", served.degraded},
-                   {"fallback_model", served.fallback_model},
-                   {"dropped_messages", served.dropped_messages}}
-                  .dump(-1, ' ', false, json::error_handler_t::replace) +
-              "\n\n" + stored_;
+    StoreServed(served);
   }
   if (!ex_) return;
   // (As a whole answer's body says them: request_lifecycle.cpp, Answered.)
@@ -132,7 +123,31 @@ void ReplyWriter::BeginRelay(int status, const std::string& type, const ServedBy
   ex_->StartStream(std::move(head));
 }
 
+void ReplyWriter::StoreServed(const ServedBy& served) {
+  std::string record = std::string(kServedComment) +
+                       json{{"placement", served.placement},
+                            {"decision", served.decision},
+                            {"attempts", served.attempts},
+                            {"limits", served.limits},
+                            {"degraded", served.degraded},
+                            {"fallback_model", served.fallback_model},
+                            {"dropped_messages", served.dropped_messages}}
+                           .dump(-1, ' ', false, json::error_handler_t::replace) +
+                       "\n\n";
+  // (One record, at the head: a continuation's replaces the first placement's.)
+  if (stored_.rfind(kServedComment, 0) == 0) {
+    const size_t end = stored_.find("\n\n");
+    stored_.erase(0, end == std::string::npos ? stored_.size() : end + 2);
+  }
+  stored_ = record + stored_;
+}
+
 void ReplyWriter::ContinuedOn(const ServedBy& served) {
+  // The stored stream (an Idempotency-Key's replay, GET /v1/requests/{id})
+  // says the placement that finished it and what it applied, as the live
+  // stream's comment and an Ollama stream's last line did: it said the
+  // first placement's, or nothing.
+  if (relayed_bytes_ <= max_stored_) StoreServed(served);
   // Its head went out long ago: what this placement applies (the CPU path's
   // lower max_tokens) is said here, and in an Ollama stream's last line.
   if (ex_ && !served.limits.empty()) ex_->Annotate("limits", served.limits);

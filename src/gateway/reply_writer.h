@@ -70,7 +70,8 @@ class ReplyWriter {
   // content type; its bytes follow as Event()s, stored as they are).
   void BeginRelay(int status, const std::string& type, const ServedBy& served);
   // A stream continued on `served` after its attempt failed midway: said
-  // in a comment, with the limits that placement applies.
+  // in a comment, with the limits that placement applies, and in the stored
+  // stream's served-by record (its replay's head says it).
   void ContinuedOn(const ServedBy& served);
   // An SSE comment (": spillway: <text>"), not stored.
   void Comment(const std::string& text);
@@ -113,6 +114,9 @@ class ReplyWriter {
   static void DescribeStoredCuts(http::Response& res, std::string_view stored);
 
  private:
+  // The stored stream's served-by record (": spillway-served {...}" at its
+  // head, read by StoredServedBy), put there or replaced.
+  void StoreServed(const ServedBy& served);
   std::shared_ptr<http::Exchange> ex_;
   std::string id_;
   unsigned version_;

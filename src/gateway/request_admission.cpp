@@ -259,8 +259,9 @@ boost::asio::awaitable<bool> RequestAdmission::WaitBehind(int64_t cap_ms) {
              g_.board_.LineWaitS(svc_.name, static_cast<uint32_t>(ahead), line_need_, serving_now()).value_or(1.0));
   }
   // Until it is the head (told at once), its deadline, its cap, or a stream's next wait comment.
-  co_await signal_.WaitInLine(*ticket_, TimeLeft(live_.deadline_ms, now, std::min<int64_t>(cap_ms - waited + 1,
-                                                                                          rec_.stream ? comment_ms : cap_ms)));
+  int64_t slice = std::min<int64_t>(cap_ms - waited + 1, rec_.stream ? comment_ms : cap_ms);
+  if (accepted_) slice = std::min<int64_t>(slice, kQueueWaitMs);  // (looked at again now and then: no cap ends its wait)
+  co_await signal_.WaitInLine(*ticket_, TimeLeft(live_.deadline_ms, now, slice));
   co_return true;
 }
 

@@ -4,6 +4,7 @@
 // path through the lifecycle table in gateway_internal.h, checked from both
 // ends: what the client got and what the journal says.
 #include "gateway/gateway.h"
+#include "gateway/reply_writer.h"
 
 #include <gtest/gtest.h>
 
@@ -1227,7 +1228,11 @@ TEST_F(LifecycleTest, AStreamCutMidwayIsContinuedElsewhereAsOneStream) {
   EXPECT_EQ(fallback_.bodies[0]["spillway_resume"]["tokens"], json({11, 12}));
   const auto rec = Journaled("r-cut");
   EXPECT_EQ(rec.state, journal::State::kCompleted);
-  EXPECT_EQ(rec.result_body.find(": spillway"), std::string::npos) << "comments are not part of the stored answer";
+  // The live comments are not part of the stored answer; its served-by record (the placement that finished it) is.
+  EXPECT_EQ(rec.result_body.find(": spillway: "), std::string::npos) << "comments are not part of the stored answer";
+  const auto served = ReplyWriter::StoredServedBy(rec.result_body);
+  ASSERT_TRUE(served) << rec.result_body;
+  EXPECT_EQ(served->placement, "cpu");
 }
 
 // A stream that waited long enough to start early (its head and wait
@@ -1774,6 +1779,12 @@ TEST_F(LifecycleTest, AStreamContinuedOnTheCpuPathSaysItsLimits) {
   ASSERT_NE(note, std::string::npos) << body;
   EXPECT_NE(body.find("limits", note), std::string::npos) << body;
   EXPECT_NE(body.find("max_tokens", note), std::string::npos) << body;
+  // The stored stream (what its Idempotency-Key replays) says so too: it said nothing of the CPU path.
+  const auto served = ReplyWriter::StoredServedBy(Journaled("r-cut-limits").result_body);
+  ASSERT_TRUE(served) << Journaled("r-cut-limits").result_body;
+  EXPECT_EQ(served->placement, "cpu");
+  EXPECT_NE(served->limits.find("max_tokens=4"), std::string::npos) << served->limits;
+  EXPECT_FALSE(served->degraded.empty());
 }
 
 // A continuation the worker ends with an error of its own (it could not
