@@ -22,6 +22,9 @@ namespace {
 
 std::string N(uint64_t v) { return std::to_string(v); }
 
+// A pool free in `wait_s` is waited for (a delay), within the policy's bound.
+bool Within(const Policy& pol, double wait_s) { return pol.unbounded_delay || wait_s <= pol.max_delay_s; }
+
 bool FitsNow(const PlacementView& p, uint64_t need) { return p.usable && p.slots_free > 0 && need <= p.cells_free; }
 
 bool UnderPressure(const PlacementView& p, uint64_t need, double pressure) {
@@ -102,7 +105,7 @@ Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const
       const std::string why = N(need) + " cells exceed " + primary.name + "'s pool of " + N(primary.cells_total) +
                               "; " + ps[i].name + " holds " + N(ps[i].cells_total);
       if (FitsNow(ps[i], NeedAt(r, ps[i]))) return Make(MoveKind(ps[i]), i, r.max_tokens, why);
-      if (ps[i].est_wait_s <= pol.max_delay_s) {
+      if (Within(pol, ps[i].est_wait_s)) {
         Decision d = Make(Kind::kDelay, i, r.max_tokens, why + ", busy now");
         d.retry_after_s = static_cast<int>(std::ceil(ps[i].est_wait_s));
         return d;
@@ -132,7 +135,7 @@ Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const
     if (shrunk >= r.min_tokens && (primary.usable || primary.comes_back)) {
       // Full only briefly: it waits, as any request waits for a busy pool
       // (it was a 503 however soon a slot freed, and went ahead of its line).
-      if (primary.usable && primary.est_wait_s <= pol.max_delay_s) {
+      if (primary.usable && Within(pol, primary.est_wait_s)) {
         Decision d = Make(Kind::kDelay, 0, shrunk, sum + " fit " + primary.name + "'s pool only shrunk; it is full, room in about " +
                                                        N(static_cast<uint64_t>(std::ceil(primary.est_wait_s))) + " s");
         d.retry_after_s = static_cast<int>(std::ceil(primary.est_wait_s));
@@ -176,7 +179,7 @@ Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const
     const uint32_t shrunk = primary.cells_free - r.prompt_tokens;
     return Make(Kind::kShrink, 0, shrunk, "max_tokens lowered from " + N(r.max_tokens) + " to " + N(shrunk) + " to start now on " + primary.name);
   }
-  if (primary.usable && primary.est_wait_s <= pol.max_delay_s) {
+  if (primary.usable && Within(pol, primary.est_wait_s)) {
     Decision d = Make(Kind::kDelay, 0, r.max_tokens, primary.name + " is full; " + N(need) + " cells free in about " +
                                                          N(static_cast<uint64_t>(std::ceil(primary.est_wait_s))) + " s");
     d.retry_after_s = static_cast<int>(std::ceil(primary.est_wait_s));
@@ -188,7 +191,7 @@ Decision Place(const RequestNeed& r, const std::vector<PlacementView>& ps, const
   // a failure beside a GPU fallback busy for 3 s, got a 503 at once).
   if (!primary.usable) {
     for (size_t i : alts) {
-      if (NeedAt(r, ps[i]) > ps[i].cells_total || ps[i].est_wait_s > pol.max_delay_s) continue;
+      if (NeedAt(r, ps[i]) > ps[i].cells_total || !Within(pol, ps[i].est_wait_s)) continue;
       Decision d = Make(Kind::kDelay, i, r.max_tokens, primary.name + " is unusable; " + ps[i].name + " is full, room in about " +
                                                            N(static_cast<uint64_t>(std::ceil(ps[i].est_wait_s))) + " s");
       d.retry_after_s = std::max(1, static_cast<int>(std::ceil(ps[i].est_wait_s)));

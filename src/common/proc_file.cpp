@@ -55,7 +55,9 @@ std::optional<ProcStat> ParseProcStat(const std::string& text) {
 std::optional<ProcStat> ReadProcStat(int32_t pid, const std::string& proc_root) {
   const std::optional<std::string> text = ReadSmallFile(proc_root + "/" + std::to_string(pid) + "/stat");
   if (!text) return std::nullopt;
-  return ParseProcStat(*text);
+  auto stat = ParseProcStat(*text);
+  if (!stat) errno = EINVAL;  // (read, but not a stat line: not the errno of an earlier call)
+  return stat;
 }
 
 std::optional<std::vector<std::pair<int32_t, ProcStat>>> ProcessesOfGroup(int32_t pgid,
@@ -111,6 +113,7 @@ std::optional<std::vector<uint64_t>> ListeningInodes(const std::string& table, u
     std::istringstream fields(line);
     std::string sl, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
     if (!(fields >> sl >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode)) {
+      errno = EINVAL;  // (not proc(5)'s form: no errno of the read's to mistake for a missing table)
       return std::nullopt;
     }
     const size_t colon = local.rfind(':');
@@ -120,6 +123,7 @@ std::optional<std::vector<uint64_t>> ListeningInodes(const std::string& table, u
       local_port = std::stoul(local.substr(colon + 1), nullptr, 16);
       if (local_port == port) out.push_back(std::stoull(inode));
     } catch (const std::exception&) {
+      errno = EINVAL;
       return std::nullopt;
     }
   }

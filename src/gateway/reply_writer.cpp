@@ -147,7 +147,13 @@ void ReplyWriter::ContinuedOn(const ServedBy& served) {
   // says the placement that finished it and what it applied, as the live
   // stream's comment and an Ollama stream's last line did: it said the
   // first placement's, or nothing.
-  if (relayed_bytes_ <= max_stored_) StoreServed(served);
+  if (relayed_bytes_ <= max_stored_) {
+    ServedBy now = served;  // (what the first placement left out of the chat stays left out: its count goes on)
+    if (now.dropped_messages.empty()) {
+      if (auto before = StoredServedBy(stored_)) now.dropped_messages = before->dropped_messages;
+    }
+    StoreServed(now);
+  }
   // Its head went out long ago: what this placement applies (the CPU path's
   // lower max_tokens) is said here, and in an Ollama stream's last line.
   if (ex_ && !served.limits.empty()) ex_->Annotate("limits", served.limits);

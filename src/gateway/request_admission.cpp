@@ -22,10 +22,7 @@ using nlohmann::json;
 
 bool Goes(admission::Kind k) { return k != admission::Kind::kDelay && k != admission::Kind::kReject; }
 
-// The delay an accepted request may wait for room (RequestAdmission's
-// `accepted`): no bound of its own, a year (its deadline and its client's
-// patience bound it).
-constexpr int64_t kAcceptedMaxDelayS = 365LL * 24 * 3600;
+
 
 }  // namespace
 
@@ -236,9 +233,11 @@ int64_t RequestAdmission::WaitedSinceUp() {
   return now - t0_ > kQueueWaitMs + g_.StartWaitMs(svc_) ? now - t0_ : 0;
 }
 
+int64_t RequestAdmission::AcceptedCapMs() const { return g_.attempt_bounds_.answer.count(); }
+
 boost::asio::awaitable<bool> RequestAdmission::WaitBehind(int64_t cap_ms) {
   if (Stopped()) co_return false;
-  if (accepted_) cap_ms = kAcceptedMaxDelayS * 1000;  // (its deadline bounds it: the waits below)
+  if (accepted_) cap_ms = AcceptedCapMs();  // (and its deadline: the waits below)
   const int64_t now = g_.clock_.NowMs();
   const int64_t waited = WaitedSinceUp();
   if (waited > cap_ms) {
@@ -437,7 +436,10 @@ boost::asio::awaitable<bool> RequestAdmission::Slot() {
     // (A place in the CPU path's line, its replica up, is bounded by
     // max_queue and the deadline, as a generation's is: not by this cap.)
     const bool cpu_line_wait = !cpu_note.empty() && !loading;
-    if (!cpu_line_wait && !accepted_ && WaitedSinceUp() > kQueueWaitMs) break;
+    // (An accepted request is held by its deadline and the gateway's bound
+    // on an answer, unless what it waits for is a start: that is bounded as
+    // for any request.)
+    if (!cpu_line_wait && WaitedSinceUp() > (accepted_ && !loading ? AcceptedCapMs() : kQueueWaitMs)) break;
     waited |= all_busy;
     // Woken when a slot frees; a start is looked at again within 100 ms.
     co_await Wait(TimeLeft(live_.deadline_ms, g_.clock_.NowMs(), all_busy ? 1000 : 100));
@@ -609,7 +611,7 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
   const auto truncate = body.is_object() ? body.find("truncate") : body.end();
   const bool truncating = truncate != body.end() && truncate->is_boolean() && truncate->get<bool>();
   int prompt_tokens = live_.prompt_tokens;  // (counted by an earlier round of this request's, or not yet)
-  const int64_t decide_cap_ms = accepted_ ? kAcceptedMaxDelayS * 1000
+  const int64_t decide_cap_ms = accepted_ ? AcceptedCapMs()
                                           : std::max<int64_t>(static_cast<int64_t>(svc_.admission.max_delay_s * 1000), kQueueWaitMs);
   while (true) {
     if (Stopped()) co_return false;
@@ -659,8 +661,9 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       if (live_.deadline_ms) need.deadline_left_s = std::max(0.001, (live_.deadline_ms - now) / 1000.0);
       // An accepted request waits for room however long (its deadline and
       // its client bound it): max_delay_s turns new requests away, not it.
-      admission::Policy policy{svc_.admission.reroute_on_pressure, svc_.admission.fail_fast,
-                               accepted_ ? kAcceptedMaxDelayS : svc_.admission.max_delay_s, svc_.admission.pressure};
+      admission::Policy policy{svc_.admission.reroute_on_pressure, svc_.admission.fail_fast, svc_.admission.max_delay_s,
+                               svc_.admission.pressure};
+      policy.unbounded_delay = accepted_;
       policy.start_wait_s = std::min(kQueueWaitMs, g_.StartWaitMs(svc_)) / 1000.0;
       d = admission::Decide(need, views, policy);
       // Cut for a context that is not there now, and a smaller one is:
@@ -822,7 +825,11 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
     // (A place in the CPU path's line is bounded by that line, max_queue
     // long, and by the request's deadline: a request told "position 3,
     // about 100 s" is not dropped at 60 s.)
-    if (!cpu_line_wait && !accepted_ && waited_s > std::max({svc_.admission.max_delay_s, kQueueWaitMs / 1000.0, start_s})) {
+    // (An accepted request: its deadline and the gateway's bound on an
+    // answer, and for a start it waits for, that start's bound as for any.)
+    const double cap_s = accepted_ ? (chose_stopped_ ? kQueueWaitMs / 1000.0 + start_s : AcceptedCapMs() / 1000.0)
+                                   : std::max({svc_.admission.max_delay_s, kQueueWaitMs / 1000.0, start_s});
+    if (!cpu_line_wait && waited_s > cap_s) {
       *rejected_ = Status::ResourceExhausted("no placement of '" + svc_.name + "' could take the request within " +
                                              std::to_string(static_cast<int>(waited_s)) + " s: " + d.reason)
                        .WithRetryAfter(5);

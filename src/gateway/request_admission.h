@@ -51,10 +51,12 @@ class RequestAdmission {
   // at the end of the service's line (capacity_signal.h); a retry (after a
   // failure, or a worker that answered busy) does not queue behind newer ones.
   // `accepted`: the gateway took the request on already (an attempt of it
-  // ran, or it was recovered from the journal after a restart): bounds that
-  // refuse new load do not refuse it (a full CPU line, max_delay_s, the 60 s
-  // a line may stand still, a batch window that closed meanwhile); its
-  // deadline, its cancel, a start that fails and a size nothing can hold do.
+  // failed, or it was recovered from the journal after a restart): bounds
+  // that refuse new load do not refuse it (a full CPU line, max_delay_s, the
+  // 60 s a line may stand still, a batch window that closed meanwhile); its
+  // deadline, its cancel, the gateway's bound on an answer (AcceptedCapMs),
+  // a start that does not come within its bound, and a size nothing can
+  // hold do.
   // The caller keeps it (and what it refers to) until Run's awaitable is done.
   RequestAdmission(Gateway& g, const journal::RequestRecord& rec, const config::ServiceConfig& svc, Gateway::Live& live,
                    const std::vector<bool>& excluded, Gateway::Target* target, Status* rejected,
@@ -104,6 +106,10 @@ class RequestAdmission {
   // while a model loads, ended failed at 60 s while it loaded within its
   // start_timeout_s.
   int64_t WaitedSinceUp();
+  // How long an accepted request may wait for room (`accepted`): the
+  // gateway's bound on an answer without a deadline (an hour), as it would
+  // wait for its worker's answer; its deadline, when it has one, comes first.
+  int64_t AcceptedCapMs() const;
   // Embeddings and a lone placement: a free slot is all it waits for.
   boost::asio::awaitable<bool> Slot();
   // An embedding's turn in the CPU path's line for placement `i` (kReject:

@@ -436,7 +436,7 @@ boost::asio::awaitable<void> RequestLifecycle::Run() {
     {  // (the admission lives here, in this frame, until it is done: no coroutine of its own around it)
       const RequestAdmission::OnWait on_wait = [this](const std::string& note, double est_s) { OnWait(note, est_s); };
       RequestAdmission admission(g_, rec_, *svc_, *live_, excluded_, &target_, &rejected, &reject_decision, on_wait,
-                                 /*first=*/attempts_ == 0, /*accepted=*/attempts_ > 0 || recovered_);
+                                 /*first=*/attempts_ == 0, /*accepted=*/retry_.failures > 0 || recovered_);
       admitted = co_await admission.Run(strand_);
     }
     if (live_->accept_refused && co_await AcceptRefused()) co_return;  // (what it held goes with the lifecycle)

@@ -350,7 +350,14 @@ void Supervisor::Kill(Worker& w, const std::string& why) {
   const WorkerPid p = Process(w);
   int status = 0;
   if (!Ended(p, &status)) {
-    SignalGroup(p, SIGKILL);  // (an adopted pid that /proc cannot tell is not signalled: it may be someone else's now)
+    // A child not reaped (just seen): its group's id is its own. An adopted
+    // pid goes through SignalGroup: one /proc cannot tell may be someone
+    // else's now. (SignalGroup on a child would reap it, its status lost.)
+    if (p.child) {
+      kill(-p.pid, SIGKILL);
+    } else {
+      SignalGroup(p, SIGKILL);
+    }
     w.dying = p;
     w.view.exiting = true;
   }
@@ -394,7 +401,14 @@ void Supervisor::Poll(Worker& w, bool may_start) {
   if (w.view.pid <= 0) return;
   int status = 0;
   if (w.view.state == WorkerState::kStopped) {  // released: reap it, SIGKILL when it lingers
-    if (!ReleasedEnded(w) && now >= w.kill_at_ms) SignalGroup(Process(w), SIGKILL);
+    if (!ReleasedEnded(w) && now >= w.kill_at_ms) {
+      const WorkerPid p = Process(w);
+      if (p.child) {
+        kill(-p.pid, SIGKILL);  // (not reaped: ReleasedEnded just looked)
+      } else {
+        SignalGroup(p, SIGKILL);
+      }
+    }
     return;
   }
   if (Ended(Process(w), &status)) {
@@ -647,11 +661,14 @@ void Supervisor::Round() {
         // cleared it. Not ready: nothing is served from a process this
         // gateway does not know, and this one's start timeout ends the wait.
         if (typed->pid != 0 && typed->pid != r.pid) {
-          std::fprintf(stderr,
-                       "spillway: worker %s: port %u is answered by pid %lld, not by the worker started (pid %d); "
-                       "not taken for ready\n",
-                       r.key.c_str(), static_cast<unsigned>(r.port), static_cast<long long>(typed->pid),
-                       static_cast<int>(r.pid));
+          // (Said once per start: asked again every probe until its start timeout.)
+          if (std::exchange(foreign_port_said_[r.key], r.pid) != r.pid) {
+            std::fprintf(stderr,
+                         "spillway: worker %s: port %u is answered by pid %lld, not by the worker started (pid %d); "
+                         "not taken for ready\n",
+                         r.key.c_str(), static_cast<unsigned>(r.port), static_cast<long long>(typed->pid),
+                         static_cast<int>(r.pid));
+          }
           continue;
         }
       }

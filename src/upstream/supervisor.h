@@ -266,6 +266,9 @@ class Supervisor : public Workers {
   AdoptDecision Judge(WorkerRecord& record, const std::optional<std::string>& configured_hash, bool external) const;
   // Cancels what an adopted worker still runs for the previous gateway and waits for its slots to empty.
   Status ClearLeftovers(pid_t pid, uint16_t port) const;
+  // The start (key: its pid) whose port file names another process's port,
+  // already said (the supervisor's thread only: Round's readiness probes).
+  std::map<std::string, pid_t> foreign_port_said_;
   // A request with the worker secret to `port`, only while process `pid`
   // alone listens there (ListensAlone); PermissionDenied, nothing sent, otherwise.
   StatusOr<http::ClientResponse> FetchFromWorker(pid_t pid, uint16_t port, const std::string& method,

@@ -231,6 +231,29 @@ TEST(AdmissionTest, NoSlotMeansNotNow) {
   EXPECT_EQ(Decide({}, {}, {}).kind, Kind::kReject);
 }
 
+// A request the gateway took on already (a failover; one recovered after a
+// restart) waits for a busy pool however long: a delay, not a 503, past
+// max_delay_s. A refusal it still gets (nothing can ever hold it) keeps a
+// Retry-After of max_delay_s: it was a year, the unbounded wait's.
+TEST(AdmissionTest, AnAcceptedRequestWaitsPastMaxDelayAndARefusalsRetryAfterStaysBounded) {
+  PlacementView failed = Gpu(4096, 4096);
+  failed.usable = false;  // (it failed this request)
+  const PlacementView busy_fallback = Gpu(4096, 0, 2, /*wait=*/45);
+  Policy pol;
+  pol.max_delay_s = 30;
+  const RequestNeed need{100, 100};
+  EXPECT_EQ(Decide(need, {failed, busy_fallback}, pol).kind, Kind::kReject) << "a new request past max_delay_s";
+  pol.unbounded_delay = true;
+  const auto d = Decide(need, {failed, busy_fallback}, pol);
+  EXPECT_EQ(d.kind, Kind::kDelay) << d.reason;
+  EXPECT_EQ(d.placement, 1u);
+  EXPECT_EQ(Decide(need, {Gpu(4096, 0, 2, 45)}, pol).kind, Kind::kDelay) << "a busy primary, too";
+  // Nowhere to go at all: still refused, with a bounded Retry-After.
+  const auto refused = Decide(need, {failed, Gpu(150, 150)}, pol);
+  EXPECT_EQ(refused.kind, Kind::kReject) << refused.reason;
+  EXPECT_LE(refused.retry_after_s, 30) << refused.reason;
+}
+
 TEST(AdmissionTest, APrimaryThatComesBackIsWaitedForWithinTheStartWait) {
   PlacementView starting = Gpu(4096, 4096);
   starting.usable = false;

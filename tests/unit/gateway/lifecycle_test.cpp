@@ -1209,6 +1209,30 @@ TEST_F(FullCpuLineLifecycleTest, AFailoverJoinsAFullCpuLineANewRequestDoesNot) {
   EXPECT_EQ(Journaled("r-3").attempts, 2);
 }
 
+// A continued stream's stored served-by record names the placement that
+// finished it, and keeps what the first one left out of the chat (its
+// dropped messages: the continuation's own served-by does not carry them).
+TEST(ReplyWriterTest, AContinuationsServedByRecordKeepsTheDroppedMessages) {
+  ReplyWriter reply(nullptr, "r-1", 11);
+  ServedBy first;
+  first.placement = "sim:0/99";
+  first.dropped_messages = "3";
+  reply.BeginStream(first, "primary");
+  reply.Event("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n");
+  ServedBy then;
+  then.placement = "cpu";
+  then.limits = "max_tokens=4 (CPU path)";
+  then.degraded = "served by cpu (fallback)";
+  reply.ContinuedOn(then);
+  const auto served = ReplyWriter::StoredServedBy(reply.stored());
+  ASSERT_TRUE(served) << reply.stored();
+  EXPECT_EQ(served->placement, "cpu");
+  EXPECT_EQ(served->limits, then.limits);
+  EXPECT_EQ(served->dropped_messages, "3") << reply.stored();
+  EXPECT_EQ(reply.stored().find(": spillway-served", 1), std::string::npos) << "two records: " << reply.stored();
+  EXPECT_NE(reply.stored().find("\"a\""), std::string::npos) << "the events kept";
+}
+
 TEST_F(LifecycleTest, AStreamCutMidwayIsContinuedElsewhereAsOneStream) {
   primary_.behaviour = CutStream({{"a", 11}, {"b", 12}});
   fallback_.behaviour = [](http::Request& req, std::shared_ptr<http::Exchange> ex) {
