@@ -88,13 +88,13 @@ struct Policy {
   bool reroute_on_pressure = true;  // prefer another placement with room over waiting
   bool fail_fast = false;           // "GPU or error": never leave the primary
   double max_delay_s = 30;
+  double pressure = 0.9;            // admitting past this pool utilisation counts as pressure
+  double start_wait_s = 60;         // how long a primary that comes back is waited for
   // A request the gateway took on already (a failover, one recovered after
   // a restart) waits for a pool however long (its deadline and the
   // gateway's bound on an answer end it): a busy pool is a delay, never a
   // 503, for it. (max_delay_s still sets a refusal's Retry-After.)
   bool unbounded_delay = false;
-  double pressure = 0.9;            // admitting past this pool utilisation counts as pressure
-  double start_wait_s = 60;         // how long a primary that comes back is waited for
 };
 
 struct Decision {

@@ -22,8 +22,6 @@ using nlohmann::json;
 
 bool Goes(admission::Kind k) { return k != admission::Kind::kDelay && k != admission::Kind::kReject; }
 
-
-
 }  // namespace
 
 RequestAdmission::RequestAdmission(Gateway& g, const journal::RequestRecord& rec, const config::ServiceConfig& svc,
@@ -31,7 +29,7 @@ RequestAdmission::RequestAdmission(Gateway& g, const journal::RequestRecord& rec
                                    Status* rejected, std::string* reject_decision, const OnWait& on_wait, bool first,
                                    bool accepted)
     : g_(g), rec_(rec), svc_(svc), live_(live), excluded_(excluded), t_(target), rejected_(rejected),
-      reject_decision_(reject_decision), on_wait_(on_wait), first_(first), accepted_(accepted || !first),
+      reject_decision_(reject_decision), on_wait_(on_wait), first_(first), accepted_(accepted),
       signal_(g.SignalFor(svc.name)),
       t0_(g.clock_.NowMs()) {
   for (size_t k = 0; k < svc.placements.size(); ++k) states_.push_back(&g_.board_.placement(svc.name, k));
@@ -258,9 +256,8 @@ boost::asio::awaitable<bool> RequestAdmission::WaitBehind(int64_t cap_ms) {
              g_.board_.LineWaitS(svc_.name, static_cast<uint32_t>(ahead), line_need_, serving_now()).value_or(1.0));
   }
   // Until it is the head (told at once), its deadline, its cap, or a stream's next wait comment.
-  int64_t slice = std::min<int64_t>(cap_ms - waited + 1, rec_.stream ? comment_ms : cap_ms);
-  if (accepted_) slice = std::min<int64_t>(slice, kQueueWaitMs);  // (looked at again now and then: no cap ends its wait)
-  co_await signal_.WaitInLine(*ticket_, TimeLeft(live_.deadline_ms, now, slice));
+  co_await signal_.WaitInLine(*ticket_, TimeLeft(live_.deadline_ms, now, std::min<int64_t>(cap_ms - waited + 1,
+                                                                                          rec_.stream ? comment_ms : cap_ms)));
   co_return true;
 }
 
@@ -659,12 +656,15 @@ boost::asio::awaitable<bool> RequestAdmission::Decided() {
       // path's line), a new request would join it at the end.
       need.ahead_in_line = static_cast<uint32_t>(ticket_ ? signal_.Ahead(*ticket_) : first_ ? signal_.in_line() : 0);
       if (live_.deadline_ms) need.deadline_left_s = std::max(0.001, (live_.deadline_ms - now) / 1000.0);
-      // An accepted request waits for room however long (its deadline and
-      // its client bound it): max_delay_s turns new requests away, not it.
-      admission::Policy policy{svc_.admission.reroute_on_pressure, svc_.admission.fail_fast, svc_.admission.max_delay_s,
-                               svc_.admission.pressure};
-      policy.unbounded_delay = accepted_;
-      policy.start_wait_s = std::min(kQueueWaitMs, g_.StartWaitMs(svc_)) / 1000.0;
+      // An accepted request waits for a busy pool past max_delay_s, which
+      // turns new requests away (its bounds: the caps below, its deadline).
+      // (Named, not by position: a field added to Policy took `pressure`.)
+      const admission::Policy policy{.reroute_on_pressure = svc_.admission.reroute_on_pressure,
+                                     .fail_fast = svc_.admission.fail_fast,
+                                     .max_delay_s = svc_.admission.max_delay_s,
+                                     .pressure = svc_.admission.pressure,
+                                     .start_wait_s = std::min(kQueueWaitMs, g_.StartWaitMs(svc_)) / 1000.0,
+                                     .unbounded_delay = accepted_};
       d = admission::Decide(need, views, policy);
       // Cut for a context that is not there now, and a smaller one is:
       // counted again for that one, so that it runs (a failover), its

@@ -120,7 +120,7 @@ class RequestLifecycle {
   bool unjournaled_;
   // Recovered from the journal after a restart (no client): the gateway took
   // it on before, as it did a request with an attempt (RequestAdmission's `accepted`).
-  bool recovered_ = false;
+  const bool recovered_;
   const boost::asio::any_io_executor strand_;
   const config::ServiceConfig* const svc_;
   const int64_t t0_;

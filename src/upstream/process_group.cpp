@@ -146,13 +146,21 @@ void SignalGroup(const WorkerPid& p, int sig) {
     if (const auto left = OrphanedGroup(p); left && !left->empty()) ::kill(-p.pid, sig);
     return;
   }
-  int status = 0;
-  // A child: unless it has ended. Another process: only one seen alive with
-  // its start time; one whose /proc entry cannot be read (no descriptor
-  // left) is not ours to tell, and is not signalled either (a previous
-  // gateway's worker that adoption could not judge got SIGKILL at shutdown,
-  // though its pid may be another process's by then).
-  const bool ours = p.child ? !Ended(p, &status) : devices::ProcessAlive(p.pid, p.start_time);
+  // A child: unless it has been reaped (until then its pid, and its group's
+  // id, are its own; an ended one's group may still hold what it started).
+  // It is not reaped here: its exit status stays for Ended, whose caller
+  // reports it (reaped here, it was lost). Another process: only one seen
+  // alive with its start time; one whose /proc entry cannot be read (no
+  // descriptor left) is not ours to tell, and is not signalled either (a
+  // previous gateway's worker that adoption could not judge got SIGKILL at
+  // shutdown, though its pid may be another process's by then).
+  bool ours = false;
+  if (p.child) {
+    siginfo_t info{};
+    ours = waitid(P_PID, static_cast<id_t>(p.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0;
+  } else {
+    ours = devices::ProcessAlive(p.pid, p.start_time);
+  }
   if (ours) ::kill(-p.pid, sig);
 }
 

@@ -350,14 +350,7 @@ void Supervisor::Kill(Worker& w, const std::string& why) {
   const WorkerPid p = Process(w);
   int status = 0;
   if (!Ended(p, &status)) {
-    // A child not reaped (just seen): its group's id is its own. An adopted
-    // pid goes through SignalGroup: one /proc cannot tell may be someone
-    // else's now. (SignalGroup on a child would reap it, its status lost.)
-    if (p.child) {
-      kill(-p.pid, SIGKILL);
-    } else {
-      SignalGroup(p, SIGKILL);
-    }
+    SignalGroup(p, SIGKILL);  // (an adopted pid that /proc cannot tell is not signalled: it may be someone else's now)
     w.dying = p;
     w.view.exiting = true;
   }
@@ -401,14 +394,7 @@ void Supervisor::Poll(Worker& w, bool may_start) {
   if (w.view.pid <= 0) return;
   int status = 0;
   if (w.view.state == WorkerState::kStopped) {  // released: reap it, SIGKILL when it lingers
-    if (!ReleasedEnded(w) && now >= w.kill_at_ms) {
-      const WorkerPid p = Process(w);
-      if (p.child) {
-        kill(-p.pid, SIGKILL);  // (not reaped: ReleasedEnded just looked)
-      } else {
-        SignalGroup(p, SIGKILL);
-      }
-    }
+    if (!ReleasedEnded(w) && now >= w.kill_at_ms) SignalGroup(Process(w), SIGKILL);
     return;
   }
   if (Ended(Process(w), &status)) {

@@ -266,9 +266,6 @@ class Supervisor : public Workers {
   AdoptDecision Judge(WorkerRecord& record, const std::optional<std::string>& configured_hash, bool external) const;
   // Cancels what an adopted worker still runs for the previous gateway and waits for its slots to empty.
   Status ClearLeftovers(pid_t pid, uint16_t port) const;
-  // The start (key: its pid) whose port file names another process's port,
-  // already said (the supervisor's thread only: Round's readiness probes).
-  std::map<std::string, pid_t> foreign_port_said_;
   // A request with the worker secret to `port`, only while process `pid`
   // alone listens there (ListensAlone); PermissionDenied, nothing sent, otherwise.
   StatusOr<http::ClientResponse> FetchFromWorker(pid_t pid, uint16_t port, const std::string& method,
@@ -353,6 +350,9 @@ class Supervisor : public Workers {
   int lock_fd_ = -1;  // the claim on the state directory
   std::condition_variable cv_;
   bool wake_ = false;  // under mu_: a round is wanted now (a demand), not at the next tick
+  // The start (key: its pid) whose port file names another process's port,
+  // already said (the supervisor's thread only: Round's readiness probes).
+  std::map<std::string, pid_t> foreign_port_said_;
   std::thread thread_;
 };
 
